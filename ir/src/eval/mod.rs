@@ -1,0 +1,209 @@
+//! The reference interpreter: runs a graph on concrete tensors, op by op. Correct first and clear;
+//! it is the oracle that compiled code is tested against, and the engine of constant folding.
+//!
+//! Each op first has its result types inferred from the concrete operands (so shape rules live in
+//! one place, `infer`), then its data computed on ndarray views. Floats are computed in f64 and
+//! rounded to the result type; integers in i128 with wrap-around, as C and numpy do.
+
+mod contraction;
+mod elementwise;
+mod movement;
+mod normalize;
+mod reduce;
+mod window;
+
+use std::collections::HashMap;
+
+use ndarray::{ArrayD, ArrayViewD, IxDyn};
+
+use crate::infer::{self, Operand};
+use crate::{Dim, Element, Graph, IrError, Op, Result, Tensor, TensorType, ValueId};
+
+/// Runs `graph` on `inputs` (in graph-input order) and returns its outputs in graph-output order.
+pub fn run(graph: &Graph, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
+    check_inputs(graph, inputs)?;
+    let order = graph.topo_order()?;
+    // How many times each value is still to be read, so intermediates are dropped early.
+    let mut uses: HashMap<ValueId, usize> = HashMap::new();
+    for &id in &order {
+        for v in graph.operands(id).into_iter().flatten() {
+            *uses.entry(v).or_default() += 1;
+        }
+    }
+    for (_, v) in graph.outputs() {
+        *uses.entry(*v).or_default() += 1;
+    }
+    let mut values: HashMap<ValueId, Tensor> = HashMap::new();
+    for (i, &id) in graph.inputs().iter().enumerate() {
+        values.insert(id.into(), inputs[i].clone());
+    }
+    for id in order {
+        let node = graph.node(id);
+        if matches!(node.op, Op::Input) {
+            continue;
+        }
+        let operand_ids = graph.operands(id);
+        let results = {
+            let operands: Vec<Option<&Tensor>> = operand_ids.iter().map(|o| o.map(|v| &values[&v])).collect();
+            eval_op(&node.op, &operands, node.outputs.len())
+                .map_err(|msg| IrError::Eval { node: node.name.clone(), op: node.op.name(), msg })?
+        };
+        for v in operand_ids.into_iter().flatten() {
+            let n = uses.get_mut(&v).expect("counted above");
+            *n -= 1;
+            if *n == 0 {
+                values.remove(&v);
+            }
+        }
+        for (i, t) in results.into_iter().enumerate() {
+            let v = ValueId::new(id, i);
+            if uses.get(&v).copied().unwrap_or(0) > 0 {
+                values.insert(v, t);
+            }
+        }
+    }
+    Ok(graph.outputs().iter().map(|(_, v)| values[v].clone()).collect())
+}
+
+/// Runs `graph` on inputs given by name.
+pub fn run_named(graph: &Graph, inputs: &HashMap<String, Tensor>) -> Result<Vec<Tensor>> {
+    let mut ordered = Vec::with_capacity(graph.inputs().len());
+    for &id in graph.inputs() {
+        let name = &graph.node(id).name;
+        let t = inputs
+            .get(name)
+            .ok_or_else(|| IrError::Input { name: name.clone(), msg: format!("missing (expected {})", graph.node(id).outputs[0]) })?;
+        ordered.push(t.clone());
+    }
+    if let Some(extra) = inputs.keys().find(|k| !graph.inputs().iter().any(|&id| &graph.node(id).name == *k)) {
+        return Err(IrError::Input { name: extra.clone(), msg: "the graph has no input of this name".into() });
+    }
+    run(graph, &ordered)
+}
+
+/// Checks inputs against the declared types; a symbol must stand for the same size everywhere.
+pub fn check_inputs(graph: &Graph, inputs: &[Tensor]) -> Result<()> {
+    if inputs.len() != graph.inputs().len() {
+        let names: Vec<String> = graph.inputs().iter().map(|&id| format!("{}: {}", graph.node(id).name, graph.node(id).outputs[0])).collect();
+        return Err(IrError::Input {
+            name: graph.name.clone(),
+            msg: format!("the graph takes {} inputs ({}), {} given", names.len(), names.join(", "), inputs.len()),
+        });
+    }
+    let mut bound: HashMap<&str, usize> = HashMap::new();
+    for (&id, t) in graph.inputs().iter().zip(inputs) {
+        let node = graph.node(id);
+        let want = &node.outputs[0];
+        let bad = |msg: String| IrError::Input { name: node.name.clone(), msg };
+        if t.dtype() != want.dtype || t.rank() != want.rank() {
+            return Err(bad(format!("expected {want}, got {}", t.ty())));
+        }
+        for (d, &n) in want.shape.dims().iter().zip(t.dims()) {
+            match d {
+                Dim::Fixed(m) if *m != n => return Err(bad(format!("expected {want}, got {}", t.ty()))),
+                Dim::Sym(s) => {
+                    if let Some(&prev) = bound.get(&**s) {
+                        if prev != n {
+                            return Err(bad(format!("`{s}` is {prev} in an earlier input but {n} here ({})", t.ty())));
+                        }
+                    }
+                    bound.insert(s, n);
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Evaluates one op on concrete operands; returns its first `num_outputs` results.
+pub fn eval_op(op: &Op, operands: &[Option<&Tensor>], num_outputs: usize) -> Result<Vec<Tensor>, String> {
+    match op {
+        Op::Input => return Err("graph inputs are not evaluated".into()),
+        Op::Constant(t) => return Ok(vec![t.clone()]),
+        _ => {}
+    }
+    let types: Vec<TensorType> = operands.iter().map(|o| o.map(|t| t.ty()).unwrap_or_else(|| TensorType::new(crate::DType::F32, crate::Shape::scalar()))).collect();
+    let infer_ops: Vec<Option<Operand>> =
+        operands.iter().zip(&types).map(|(o, ty)| o.map(|t| Operand { ty, value: Some(t) })).collect();
+    let out_types = infer::infer(op, &infer_ops, "eval")?;
+    let out_dims: Vec<Vec<usize>> = out_types
+        .iter()
+        .map(|t| t.shape.as_fixed().ok_or_else(|| format!("result shape {t} is not known from the operands")))
+        .collect::<Result<_, String>>()?;
+    let x = || operands[0].expect("inference checked operand 0");
+    let mut results = match op {
+        Op::Input | Op::Constant(_) => unreachable!("handled above"),
+        Op::Unary(u) => vec![elementwise::unary(*u, x(), out_types[0].dtype)?],
+        Op::Binary(b) => vec![elementwise::binary(*b, x(), operands[1].expect("checked"), &out_dims[0])?],
+        Op::Clip => vec![elementwise::clip(x(), operands.get(1).copied().flatten(), operands.get(2).copied().flatten())],
+        Op::Where => vec![elementwise::where_(x(), operands[1].expect("checked"), operands[2].expect("checked"), &out_dims[0])],
+        Op::Cast { to } => vec![x().cast(*to)],
+        Op::Identity => vec![x().clone()],
+        Op::MatMul => vec![contraction::matmul(x(), operands[1].expect("checked"), &out_dims[0])?],
+        Op::Gemm(g) => vec![contraction::gemm(g, x(), operands[1].expect("checked"), operands.get(2).copied().flatten())?],
+        Op::Conv(c) => vec![window::conv(c, x(), operands[1].expect("checked"), operands.get(2).copied().flatten(), &out_dims[0])?],
+        Op::Pool(p) => vec![window::pool(p, x(), &out_dims[0])?],
+        Op::GlobalPool(k) => vec![window::global_pool(*k, x())],
+        Op::Softmax { axis } => vec![normalize::softmax(x(), *axis)],
+        Op::LayerNorm { axis, epsilon } => normalize::layer_norm(x(), operands[1].expect("checked"), operands.get(2).copied().flatten(), *axis, *epsilon, &out_types)?,
+        Op::BatchNorm { epsilon } => vec![normalize::batch_norm(x(), &operands[1..5].iter().map(|o| o.expect("checked")).collect::<Vec<_>>(), *epsilon)],
+        Op::Reduce(r) => vec![reduce::reduce(r, x(), operands.get(1).copied().flatten(), &out_dims[0])?],
+        Op::Reshape { .. } | Op::Flatten { .. } | Op::Squeeze | Op::Unsqueeze => {
+            vec![x().reshape(&out_dims[0]).map_err(|e| e.to_string())?]
+        }
+        Op::Transpose { perm } => vec![movement::transpose(x(), perm)],
+        Op::Concat { axis } => vec![movement::concat(&operands.iter().map(|o| o.expect("checked")).collect::<Vec<_>>(), *axis)],
+        Op::Split { axis, .. } => movement::split(x(), *axis, &out_dims),
+        Op::Slice => vec![movement::slice(x(), &operands[1..].iter().map(|o| o.map(|t| t.to_i64s())).collect::<Vec<_>>())?],
+        Op::Gather { axis } => vec![movement::gather(x(), operands[1].expect("checked"), *axis, &out_dims[0])?],
+        Op::Expand => vec![movement::expand(x(), &out_dims[0])],
+    };
+    results.truncate(num_outputs);
+    Ok(results)
+}
+
+// ----- helpers shared by the op families -----
+
+/// A zero-copy ndarray view of a tensor of element type `T`.
+pub(crate) fn view<T: Element>(t: &Tensor) -> ArrayViewD<'_, T> {
+    ArrayViewD::from_shape(IxDyn(t.dims()), t.as_slice::<T>().expect("dispatched on the tensor's dtype")).expect("dims match the data")
+}
+
+/// A tensor from an ndarray array (copied into row-major order).
+pub(crate) fn tensor<T: Element>(a: ArrayD<T>) -> Tensor {
+    let dims = a.shape().to_vec();
+    let a = a.as_standard_layout();
+    Tensor::from_slice(&dims, a.as_slice().expect("standard layout is contiguous")).expect("dims match the data")
+}
+
+/// Calls `$f::<T>(args)` for the Rust type `T` of a runtime dtype.
+macro_rules! typed {
+    ($dt:expr, $f:ident($($arg:expr),* $(,)?)) => {
+        match $dt {
+            $crate::DType::F32 => $f::<f32>($($arg),*),
+            $crate::DType::F64 => $f::<f64>($($arg),*),
+            $crate::DType::F16 => $f::<$crate::f16>($($arg),*),
+            $crate::DType::BF16 => $f::<$crate::bf16>($($arg),*),
+            $crate::DType::I8 => $f::<i8>($($arg),*),
+            $crate::DType::I16 => $f::<i16>($($arg),*),
+            $crate::DType::I32 => $f::<i32>($($arg),*),
+            $crate::DType::I64 => $f::<i64>($($arg),*),
+            $crate::DType::U8 => $f::<u8>($($arg),*),
+            $crate::DType::U16 => $f::<u16>($($arg),*),
+            $crate::DType::U32 => $f::<u32>($($arg),*),
+            $crate::DType::U64 => $f::<u64>($($arg),*),
+            $crate::DType::Bool => $f::<bool>($($arg),*),
+        }
+    };
+}
+pub(crate) use typed;
+
+/// Row-major strides of `dims`.
+pub(crate) fn strides(dims: &[usize]) -> Vec<usize> {
+    let mut s = vec![1; dims.len()];
+    for i in (0..dims.len().saturating_sub(1)).rev() {
+        s[i] = s[i + 1] * dims[i + 1];
+    }
+    s
+}

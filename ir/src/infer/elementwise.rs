@@ -1,0 +1,61 @@
+//! Elementwise ops: broadcasting and type rules.
+
+use super::{same_dtype, Infer, Operands};
+use crate::op::{BinaryOp, TypeClass, UnaryOp};
+use crate::{broadcast, DType, TensorType};
+
+fn accept(class: TypeClass, ty: &TensorType) -> Result<(), String> {
+    if !class.contains(ty.dtype) {
+        return Err(format!("needs {}, got {ty}", class.describe()));
+    }
+    Ok(())
+}
+
+pub(super) fn unary(u: UnaryOp, ops: &Operands) -> Infer {
+    let x = ops.get(0)?.ty;
+    accept(u.accepts(), x)?;
+    let dtype = if u.returns_bool() { DType::Bool } else { x.dtype };
+    Ok(vec![TensorType::new(dtype, x.shape.clone())])
+}
+
+pub(super) fn binary(b: BinaryOp, ops: &Operands) -> Infer {
+    let (l, r) = (ops.get(0)?.ty, ops.get(1)?.ty);
+    accept(b.accepts(), l)?;
+    if b == BinaryOp::Pow {
+        accept(TypeClass::Numeric, r)?;
+    } else {
+        same_dtype("both operands", l, r)?;
+    }
+    let shape = broadcast(&l.shape, &r.shape).ok_or_else(|| format!("cannot broadcast {l} with {r}"))?;
+    let dtype = if b.returns_bool() { DType::Bool } else { l.dtype };
+    Ok(vec![TensorType::new(dtype, shape)])
+}
+
+pub(super) fn clip(ops: &Operands) -> Infer {
+    let x = ops.get(0)?.ty;
+    accept(TypeClass::Numeric, x)?;
+    for (i, what) in [(1, "min"), (2, "max")] {
+        if let Some(b) = ops.opt(i) {
+            same_dtype(&format!("input and {what}"), x, b.ty)?;
+            if b.ty.shape.numel() != Some(1) || b.ty.rank() > 1 {
+                return Err(format!("{what} must be a scalar, got {}", b.ty));
+            }
+        }
+    }
+    Ok(vec![x.clone()])
+}
+
+pub(super) fn where_(ops: &Operands) -> Infer {
+    let (c, x, y) = (ops.get(0)?.ty, ops.get(1)?.ty, ops.get(2)?.ty);
+    if c.dtype != DType::Bool {
+        return Err(format!("the condition must be bool, got {c}"));
+    }
+    same_dtype("both branches", x, y)?;
+    let xy = broadcast(&x.shape, &y.shape).ok_or_else(|| format!("cannot broadcast {x} with {y}"))?;
+    let shape = broadcast(&c.shape, &xy).ok_or_else(|| format!("cannot broadcast condition {c} with {}{xy}", x.dtype))?;
+    Ok(vec![TensorType::new(x.dtype, shape)])
+}
+
+pub(super) fn cast(to: DType, ops: &Operands) -> Infer {
+    Ok(vec![TensorType::new(to, ops.get(0)?.ty.shape.clone())])
+}

@@ -1,0 +1,163 @@
+//! Shape and type inference, one op family a file. Each rule takes the operands' types (and their
+//! values when they are constants: Reshape's shape, the axes of a reduction...) and returns the
+//! types of every result, or a message that names the offending shapes; the graph wraps it with the
+//! node and op.
+
+mod contraction;
+mod elementwise;
+mod movement;
+mod normalize;
+mod reduce;
+mod window;
+
+pub use movement::{equal_split, slice_axis};
+pub(crate) use reduce::reduced_axes;
+
+use crate::{Dim, Op, Shape, Tensor, TensorType};
+
+/// What inference knows about one operand.
+#[derive(Clone, Copy, Debug)]
+pub struct Operand<'a> {
+    pub ty: &'a TensorType,
+    /// The value, when it is a constant.
+    pub value: Option<&'a Tensor>,
+}
+
+/// Context for one node's inference: how to name sizes that cannot be known before run time.
+pub(crate) struct Ctx<'a> {
+    node: &'a str,
+}
+
+impl Ctx<'_> {
+    /// A symbol for result dimension `i` whose size depends on run-time values.
+    pub(crate) fn fresh(&self, i: usize) -> Dim {
+        Dim::sym(&format!("{}.d{i}", self.node))
+    }
+
+    /// A shape of `rank` fresh symbols.
+    pub(crate) fn fresh_shape(&self, rank: usize) -> Shape {
+        Shape((0..rank).map(|i| self.fresh(i)).collect())
+    }
+}
+
+pub(crate) type Infer = Result<Vec<TensorType>, String>;
+
+/// The types of every result of `op` applied to `operands` (`None` = omitted optional operand).
+/// `node` names the node, for the symbols of sizes known only at run time.
+pub fn infer(op: &Op, operands: &[Option<Operand>], node: &str) -> Result<Vec<TensorType>, String> {
+    let ctx = Ctx { node };
+    let ops = Operands(operands);
+    match op {
+        Op::Input | Op::Constant(_) => Err("Input and Constant nodes carry their own types".into()),
+        Op::Unary(u) => elementwise::unary(*u, &ops),
+        Op::Binary(b) => elementwise::binary(*b, &ops),
+        Op::Clip => elementwise::clip(&ops),
+        Op::Where => elementwise::where_(&ops),
+        Op::Cast { to } => elementwise::cast(*to, &ops),
+        Op::Identity => Ok(vec![ops.get(0)?.ty.clone()]),
+        Op::MatMul => contraction::matmul(&ops),
+        Op::Gemm(g) => contraction::gemm(g, &ops),
+        Op::Conv(c) => window::conv(c, &ops, &ctx),
+        Op::Pool(p) => window::pool(p, &ops, &ctx),
+        Op::GlobalPool(_) => window::global_pool(&ops),
+        Op::Softmax { axis } => normalize::softmax(*axis, &ops),
+        Op::LayerNorm { axis, .. } => normalize::layer_norm(*axis, &ops),
+        Op::BatchNorm { .. } => normalize::batch_norm(&ops),
+        Op::Reduce(r) => reduce::reduce(r, &ops, &ctx),
+        Op::Reshape { allowzero } => movement::reshape(*allowzero, &ops, &ctx),
+        Op::Flatten { axis } => movement::flatten(*axis, &ops, &ctx),
+        Op::Transpose { perm } => movement::transpose(perm, &ops),
+        Op::Squeeze => movement::squeeze(&ops),
+        Op::Unsqueeze => movement::unsqueeze(&ops),
+        Op::Concat { axis } => movement::concat(*axis, &ops, &ctx),
+        Op::Split { axis, num_outputs } => movement::split(*axis, *num_outputs, &ops, &ctx),
+        Op::Slice => movement::slice(&ops, &ctx),
+        Op::Gather { axis } => movement::gather(*axis, &ops),
+        Op::Expand => movement::expand(&ops, &ctx),
+    }
+}
+
+/// The operand list with checked accessors.
+pub(crate) struct Operands<'o, 'a>(&'o [Option<Operand<'a>>]);
+
+impl<'a> Operands<'_, 'a> {
+    pub(crate) fn get(&self, i: usize) -> Result<Operand<'a>, String> {
+        self.opt(i).ok_or_else(|| format!("operand {i} is missing"))
+    }
+
+    pub(crate) fn opt(&self, i: usize) -> Option<Operand<'a>> {
+        self.0.get(i).copied().flatten()
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// A constant integer vector operand: `Ok(None)` if absent, `Err` if not 1-D integer,
+    /// `Ok(Some(None))` if present but only known at run time.
+    pub(crate) fn ints(&self, i: usize, what: &str) -> Result<Option<Option<Vec<i64>>>, String> {
+        let Some(o) = self.opt(i) else { return Ok(None) };
+        if !o.ty.dtype.is_int() {
+            return Err(format!("{what} must be an integer tensor, got {}", o.ty));
+        }
+        if o.ty.rank() > 1 {
+            return Err(format!("{what} must be 1-D, got {}", o.ty));
+        }
+        Ok(Some(o.value.map(|t| t.to_i64s())))
+    }
+}
+
+/// A type check shared by many rules.
+pub(crate) fn same_dtype(what: &str, a: &TensorType, b: &TensorType) -> Result<(), String> {
+    if a.dtype != b.dtype {
+        return Err(format!("{what} must have the same element type, got {a} and {b}"));
+    }
+    Ok(())
+}
+
+/// Normalises an axis or explains why it is out of range.
+pub(crate) fn axis(axis: i64, ty: &TensorType) -> Result<usize, String> {
+    ty.shape.axis(axis).ok_or_else(|| format!("axis {axis} is out of range for {ty}"))
+}
+
+/// A product of dimensions kept symbolically: a fixed factor and the symbols (as a multiset).
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct DimProduct {
+    pub fixed: usize,
+    pub syms: Vec<Dim>,
+}
+
+impl DimProduct {
+    pub(crate) fn of(dims: &[Dim]) -> DimProduct {
+        let mut p = DimProduct { fixed: 1, syms: Vec::new() };
+        for d in dims {
+            match d {
+                Dim::Fixed(n) => p.fixed *= n,
+                s => p.syms.push(s.clone()),
+            }
+        }
+        p
+    }
+
+    /// The product as one dimension, if it is a size or a single symbol.
+    pub(crate) fn as_dim(&self) -> Option<Dim> {
+        match (self.syms.len(), self.fixed) {
+            (0, n) => Some(Dim::Fixed(n)),
+            (1, 1) => Some(self.syms[0].clone()),
+            _ => None,
+        }
+    }
+
+    /// `self / other` when it is exact.
+    pub(crate) fn div(&self, other: &DimProduct) -> Option<DimProduct> {
+        let mut syms = self.syms.clone();
+        for s in &other.syms {
+            let i = syms.iter().position(|x| x == s)?;
+            syms.remove(i);
+        }
+        if other.fixed == 0 || self.fixed % other.fixed != 0 {
+            return None;
+        }
+        Some(DimProduct { fixed: self.fixed / other.fixed, syms })
+    }
+}

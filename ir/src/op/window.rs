@@ -1,0 +1,130 @@
+//! Sliding-window geometry shared by convolution and pooling: padding rules and output sizes.
+
+/// How ONNX derives padding when `auto_pad` is set.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum AutoPad {
+    /// Use the explicit `pads`.
+    #[default]
+    NotSet,
+    /// Output size `ceil(in / stride)`, the odd padding at the end.
+    SameUpper,
+    /// Output size `ceil(in / stride)`, the odd padding at the start.
+    SameLower,
+    /// No padding.
+    Valid,
+}
+
+impl AutoPad {
+    pub fn name(self) -> &'static str {
+        match self {
+            AutoPad::NotSet => "NOTSET",
+            AutoPad::SameUpper => "SAME_UPPER",
+            AutoPad::SameLower => "SAME_LOWER",
+            AutoPad::Valid => "VALID",
+        }
+    }
+
+    pub fn from_name(s: &str) -> Option<AutoPad> {
+        [AutoPad::NotSet, AutoPad::SameUpper, AutoPad::SameLower, AutoPad::Valid]
+            .into_iter()
+            .find(|p| p.name() == s)
+    }
+}
+
+/// The sliding-window geometry shared by convolution and pooling. Every list has one entry per
+/// spatial dimension (`pads` two: all begins, then all ends), filled in by whoever builds the op.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Window {
+    pub strides: Vec<usize>,
+    pub dilations: Vec<usize>,
+    pub pads: Vec<usize>,
+    pub auto_pad: AutoPad,
+}
+
+impl Window {
+    /// Stride 1, dilation 1, no padding, for `spatial` dimensions.
+    pub fn unit(spatial: usize) -> Window {
+        Window { strides: vec![1; spatial], dilations: vec![1; spatial], pads: vec![0; 2 * spatial], auto_pad: AutoPad::NotSet }
+    }
+
+    pub fn spatial_rank(&self) -> usize {
+        self.strides.len()
+    }
+}
+
+
+/// One spatial axis of a window resolved against a concrete input size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SpatialAxis {
+    pub input: usize,
+    pub kernel: usize,
+    pub stride: usize,
+    pub dilation: usize,
+    pub pad_begin: usize,
+    pub pad_end: usize,
+    pub output: usize,
+}
+
+impl Window {
+    pub fn stride(&self, i: usize) -> usize {
+        self.strides.get(i).copied().unwrap_or(1)
+    }
+
+    pub fn dilation(&self, i: usize) -> usize {
+        self.dilations.get(i).copied().unwrap_or(1)
+    }
+
+    /// Checks the attribute lists against the number of spatial dimensions.
+    pub fn check(&self, spatial: usize) -> Result<(), String> {
+        let check = |name: &str, v: &[usize], want: usize| {
+            if !v.is_empty() && v.len() != want {
+                return Err(format!("{name} has {} entries, {want} expected", v.len()));
+            }
+            Ok(())
+        };
+        check("strides", &self.strides, spatial)?;
+        check("dilations", &self.dilations, spatial)?;
+        check("pads", &self.pads, 2 * spatial)?;
+        if self.strides.contains(&0) || self.dilations.contains(&0) {
+            return Err("strides and dilations must be positive".into());
+        }
+        Ok(())
+    }
+
+    /// Resolves spatial axis `i` for an input of size `input` and a kernel of size `kernel`,
+    /// following ONNX (auto_pad, and ceil_mode for pooling: a last window that would start in the
+    /// end padding is dropped, as PyTorch and onnxruntime do).
+    pub fn resolve(&self, i: usize, input: usize, kernel: usize, ceil_mode: bool) -> Result<SpatialAxis, String> {
+        let (stride, dilation) = (self.stride(i), self.dilation(i));
+        let extent = dilation * (kernel.max(1) - 1) + 1;
+        let (pad_begin, pad_end) = match self.auto_pad {
+            AutoPad::NotSet => {
+                let half = self.pads.len() / 2;
+                (self.pads.get(i).copied().unwrap_or(0), self.pads.get(half + i).copied().unwrap_or(0))
+            }
+            AutoPad::Valid => (0, 0),
+            AutoPad::SameUpper | AutoPad::SameLower => {
+                let out = input.div_ceil(stride);
+                let total = ((out.max(1) - 1) * stride + extent).saturating_sub(input);
+                let small = total / 2;
+                if self.auto_pad == AutoPad::SameUpper {
+                    (small, total - small)
+                } else {
+                    (total - small, small)
+                }
+            }
+        };
+        let padded = input + pad_begin + pad_end;
+        if padded < extent {
+            return Err(format!(
+                "the window ({extent} wide with dilation) does not fit the padded input ({padded}) on spatial axis {i}"
+            ));
+        }
+        let span = padded - extent;
+        let mut output = if ceil_mode { span.div_ceil(stride) + 1 } else { span / stride + 1 };
+        if ceil_mode && (output - 1) * stride >= input + pad_begin {
+            output -= 1;
+        }
+        Ok(SpatialAxis { input, kernel, stride, dilation, pad_begin, pad_end, output })
+    }
+}

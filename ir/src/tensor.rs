@@ -1,0 +1,449 @@
+//! Tensors: a type plus shared, immutable bytes. Cloning a tensor shares its data (weights are never
+//! copied per pass); typed views borrow it.
+
+use std::fmt;
+use std::sync::Arc;
+
+use half::{bf16, f16};
+
+use crate::{DType, IrError, Shape, TensorType};
+
+/// A Rust type that can be a tensor element.
+///
+/// Sealed: implemented for the numeric types of [`DType`] and `bool`. Every bit pattern of the
+/// numeric types is valid; `bool` tensors are kept normalised to bytes 0/1 on construction, so a
+/// typed view is always sound.
+pub trait Element: Copy + Send + Sync + fmt::Debug + PartialEq + 'static + sealed::Sealed {
+    const DTYPE: DType;
+    fn to_f64(self) -> f64;
+    /// Converts with `as`-cast semantics (saturating float-to-int, NaN to 0).
+    fn from_f64(v: f64) -> Self;
+    /// The value as an integer, exactly, for integer and bool types; `None` for floats.
+    fn to_i128(self) -> Option<i128>;
+    /// Converts with wrap-around for integers (C and numpy semantics).
+    fn from_i128(v: i128) -> Self;
+}
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+macro_rules! float_element {
+    ($t:ty, $d:ident, $to:expr, $from:expr) => {
+        impl sealed::Sealed for $t {}
+        impl Element for $t {
+            const DTYPE: DType = DType::$d;
+            fn to_f64(self) -> f64 {
+                ($to)(self)
+            }
+            fn from_f64(v: f64) -> Self {
+                ($from)(v)
+            }
+            fn to_i128(self) -> Option<i128> {
+                None
+            }
+            fn from_i128(v: i128) -> Self {
+                Self::from_f64(v as f64)
+            }
+        }
+    };
+}
+
+float_element!(f32, F32, |x: f32| x as f64, |v: f64| v as f32);
+float_element!(f64, F64, |x: f64| x, |v: f64| v);
+float_element!(f16, F16, |x: f16| x.to_f64(), f16::from_f64);
+float_element!(bf16, BF16, |x: bf16| x.to_f64(), bf16::from_f64);
+
+macro_rules! int_element {
+    ($t:ty, $d:ident) => {
+        impl sealed::Sealed for $t {}
+        impl Element for $t {
+            const DTYPE: DType = DType::$d;
+            fn to_f64(self) -> f64 {
+                self as f64
+            }
+            fn from_f64(v: f64) -> Self {
+                v as $t
+            }
+            fn to_i128(self) -> Option<i128> {
+                Some(self as i128)
+            }
+            fn from_i128(v: i128) -> Self {
+                v as $t
+            }
+        }
+    };
+}
+
+int_element!(i8, I8);
+int_element!(i16, I16);
+int_element!(i32, I32);
+int_element!(i64, I64);
+int_element!(u8, U8);
+int_element!(u16, U16);
+int_element!(u32, U32);
+int_element!(u64, U64);
+
+impl sealed::Sealed for bool {}
+impl Element for bool {
+    const DTYPE: DType = DType::Bool;
+    fn to_f64(self) -> f64 {
+        self as u8 as f64
+    }
+    fn from_f64(v: f64) -> Self {
+        v != 0.0
+    }
+    fn to_i128(self) -> Option<i128> {
+        Some(self as i128)
+    }
+    fn from_i128(v: i128) -> Self {
+        v != 0
+    }
+}
+
+/// Immutable bytes with 8-byte alignment (enough for every element type), shared by reference count.
+#[derive(Clone)]
+struct Storage {
+    words: Arc<[u64]>,
+    len: usize,
+}
+
+impl Storage {
+    fn from_bytes(bytes: &[u8]) -> Storage {
+        let mut words = vec![0u64; bytes.len().div_ceil(8)];
+        bytemuck::cast_slice_mut::<u64, u8>(&mut words)[..bytes.len()].copy_from_slice(bytes);
+        Storage { words: words.into(), len: bytes.len() }
+    }
+
+    fn bytes(&self) -> &[u8] {
+        &bytemuck::cast_slice::<u64, u8>(&self.words)[..self.len]
+    }
+}
+
+/// A tensor with concrete dimensions and row-major (C order) data.
+#[derive(Clone)]
+pub struct Tensor {
+    dtype: DType,
+    dims: Vec<usize>,
+    data: Storage,
+}
+
+impl Tensor {
+    /// A tensor from raw little-endian bytes; the length must match the type.
+    pub fn from_bytes(dtype: DType, dims: &[usize], bytes: &[u8]) -> Result<Tensor, IrError> {
+        let want = dims.iter().product::<usize>() * dtype.size();
+        if bytes.len() != want {
+            return Err(IrError::Tensor(format!(
+                "{dtype}{} needs {want} bytes, got {}",
+                Shape::fixed(dims),
+                bytes.len()
+            )));
+        }
+        let mut t = Tensor { dtype, dims: dims.to_vec(), data: Storage::from_bytes(bytes) };
+        if dtype == DType::Bool && t.data.bytes().iter().any(|&b| b > 1) {
+            let norm: Vec<u8> = t.data.bytes().iter().map(|&b| (b != 0) as u8).collect();
+            t.data = Storage::from_bytes(&norm);
+        }
+        Ok(t)
+    }
+
+    /// A tensor from typed values; `values.len()` must be the product of `dims`.
+    pub fn from_vec<T: Element>(dims: &[usize], values: Vec<T>) -> Result<Tensor, IrError> {
+        Self::from_slice(dims, &values)
+    }
+
+    pub fn from_slice<T: Element>(dims: &[usize], values: &[T]) -> Result<Tensor, IrError> {
+        let n: usize = dims.iter().product();
+        if values.len() != n {
+            return Err(IrError::Tensor(format!(
+                "shape {} holds {n} elements, got {} values",
+                Shape::fixed(dims),
+                values.len()
+            )));
+        }
+        // SAFETY: every Element is plain data with no padding (bool is one byte 0/1).
+        let bytes = unsafe {
+            std::slice::from_raw_parts(values.as_ptr() as *const u8, std::mem::size_of_val(values))
+        };
+        Ok(Tensor { dtype: T::DTYPE, dims: dims.to_vec(), data: Storage::from_bytes(bytes) })
+    }
+
+    pub fn scalar<T: Element>(v: T) -> Tensor {
+        Self::from_slice(&[], &[v]).expect("one value fills a scalar")
+    }
+
+    /// A 1-D tensor.
+    pub fn vector<T: Element>(values: &[T]) -> Tensor {
+        Self::from_slice(&[values.len()], values).expect("a vector holds its values")
+    }
+
+    pub fn zeros(dtype: DType, dims: &[usize]) -> Tensor {
+        let n = dims.iter().product::<usize>() * dtype.size();
+        Tensor { dtype, dims: dims.to_vec(), data: Storage { words: vec![0u64; n.div_ceil(8)].into(), len: n } }
+    }
+
+    /// Every element set to `v` (converted to `dtype`).
+    pub fn full(dtype: DType, dims: &[usize], v: f64) -> Tensor {
+        let n: usize = dims.iter().product();
+        Tensor::from_f64s(dtype, dims, &vec![v; n]).expect("length matches")
+    }
+
+    /// Deterministic pseudo-random values (uniform in [-1, 1) for floats, small integers otherwise),
+    /// the same on every machine for the same seed.
+    pub fn random(dtype: DType, dims: &[usize], seed: u64) -> Tensor {
+        let n: usize = dims.iter().product();
+        let mut rng = SplitMix64(seed);
+        let values: Vec<f64> = (0..n)
+            .map(|_| {
+                let u = (rng.next() >> 11) as f64 / (1u64 << 53) as f64;
+                if dtype.is_float() {
+                    u * 2.0 - 1.0
+                } else if dtype == DType::Bool {
+                    (u < 0.5) as u8 as f64
+                } else if dtype.is_unsigned_int() {
+                    (u * 10.0).floor()
+                } else {
+                    (u * 10.0).floor() - 5.0
+                }
+            })
+            .collect();
+        Tensor::from_f64s(dtype, dims, &values).expect("length matches")
+    }
+
+    /// Values converted from f64 with `as`-cast semantics.
+    pub fn from_f64s(dtype: DType, dims: &[usize], values: &[f64]) -> Result<Tensor, IrError> {
+        macro_rules! conv {
+            ($t:ty) => {
+                Tensor::from_vec::<$t>(dims, values.iter().map(|&v| <$t>::from_f64(v)).collect())
+            };
+        }
+        with_dtype!(dtype, conv)
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    pub fn dims(&self) -> &[usize] {
+        &self.dims
+    }
+
+    pub fn rank(&self) -> usize {
+        self.dims.len()
+    }
+
+    pub fn len(&self) -> usize {
+        self.dims.iter().product()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn ty(&self) -> TensorType {
+        TensorType::new(self.dtype, Shape::fixed(&self.dims))
+    }
+
+    /// The raw little-endian bytes.
+    pub fn bytes(&self) -> &[u8] {
+        self.data.bytes()
+    }
+
+    /// A typed view; the element type must match exactly.
+    pub fn as_slice<T: Element>(&self) -> Result<&[T], IrError> {
+        if T::DTYPE != self.dtype {
+            return Err(IrError::Tensor(format!(
+                "a {} tensor viewed as {}",
+                self.dtype,
+                T::DTYPE
+            )));
+        }
+        let bytes = self.data.bytes();
+        // SAFETY: storage is 8-byte aligned, the length is a multiple of size_of::<T>() (checked on
+        // construction), and every stored bit pattern is a valid T (bools normalised to 0/1).
+        Ok(unsafe { std::slice::from_raw_parts(bytes.as_ptr() as *const T, self.len()) })
+    }
+
+    /// The same data under other dimensions with the same element count (no copy).
+    pub fn reshape(&self, dims: &[usize]) -> Result<Tensor, IrError> {
+        if dims.iter().product::<usize>() != self.len() {
+            return Err(IrError::Tensor(format!(
+                "cannot reshape {} to {}",
+                self.ty(),
+                Shape::fixed(dims)
+            )));
+        }
+        Ok(Tensor { dtype: self.dtype, dims: dims.to_vec(), data: self.data.clone() })
+    }
+
+    /// Every element as f64 (exact for all types but the largest 64-bit integers).
+    pub fn to_f64s(&self) -> Vec<f64> {
+        macro_rules! conv {
+            ($t:ty) => {
+                self.as_slice::<$t>().expect("dtype matches").iter().map(|v| v.to_f64()).collect()
+            };
+        }
+        with_dtype!(self.dtype, conv)
+    }
+
+    /// Every element as i64 (integer and bool tensors exactly; floats truncated).
+    pub fn to_i64s(&self) -> Vec<i64> {
+        match self.dtype {
+            DType::I64 => self.as_slice::<i64>().expect("dtype matches").to_vec(),
+            DType::U64 => self.as_slice::<u64>().expect("dtype matches").iter().map(|&v| v as i64).collect(),
+            _ => self.to_f64s().into_iter().map(|v| v as i64).collect(),
+        }
+    }
+
+    /// Converts to another element type with ONNX `Cast` semantics for the common cases
+    /// (float to int truncates toward zero and saturates, int to int wraps, to bool is `!= 0`).
+    pub fn cast(&self, to: DType) -> Tensor {
+        if to == self.dtype {
+            return self.clone();
+        }
+        macro_rules! from {
+            ($src:ty) => {{
+                let s = self.as_slice::<$src>().expect("dtype matches");
+                macro_rules! to {
+                    ($t:ty) => {
+                        Tensor::from_vec::<$t>(&self.dims, s.iter().map(|&v| cast_element::<$src, $t>(v)).collect())
+                            .expect("length matches")
+                    };
+                }
+                with_dtype!(to, to)
+            }};
+        }
+        with_dtype!(self.dtype, from)
+    }
+
+    /// A short human summary: type, count, range. Used where weights print.
+    pub fn summary(&self) -> String {
+        if self.is_empty() {
+            return format!("{} (empty)", self.ty());
+        }
+        let v = self.to_f64s();
+        let (lo, hi) = v.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), &x| (l.min(x), h.max(x)));
+        format!("{}, {} values in [{}, {}]", self.ty(), v.len(), fmt_g(lo), fmt_g(hi))
+    }
+
+    /// A stable 64-bit digest of type and bytes (FNV-1a), for summaries and cache keys.
+    pub fn digest(&self) -> u64 {
+        let mut h = Fnv64::new();
+        h.write(self.dtype.name().as_bytes());
+        for d in &self.dims {
+            h.write(&(*d as u64).to_le_bytes());
+        }
+        h.write(self.bytes());
+        h.finish()
+    }
+}
+
+/// One element converted: exactly through i128 between integers, through f64 otherwise.
+pub fn cast_element<S: Element, T: Element>(v: S) -> T {
+    match (v.to_i128(), T::DTYPE.is_float()) {
+        (Some(i), false) => T::from_i128(i),
+        _ => T::from_f64(v.to_f64()),
+    }
+}
+
+/// Formats a float compactly and round-trippably.
+pub(crate) fn fmt_g(v: f64) -> String {
+    if v.is_finite() && v == v.trunc() && v.abs() < 1e15 {
+        format!("{v:.0}")
+    } else {
+        format!("{v:.4}")
+    }
+}
+
+pub(crate) struct Fnv64(u64);
+
+impl Fnv64 {
+    pub(crate) fn new() -> Fnv64 {
+        Fnv64(0xcbf2_9ce4_8422_2325)
+    }
+    pub(crate) fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 ^= b as u64;
+            self.0 = self.0.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    pub(crate) fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// SplitMix64: tiny, fast and fixed forever, so seeded tensors are the same everywhere.
+struct SplitMix64(u64);
+
+impl SplitMix64 {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+}
+
+impl PartialEq for Tensor {
+    /// Same type and same bytes (so NaNs with equal bits compare equal).
+    fn eq(&self, other: &Tensor) -> bool {
+        self.dtype == other.dtype && self.dims == other.dims && self.bytes() == other.bytes()
+    }
+}
+
+impl fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.len() <= 16 {
+            write!(f, "Tensor({} {:?})", self.ty(), self.to_f64s())
+        } else {
+            write!(f, "Tensor({})", self.summary())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn typed_views_and_sharing() {
+        let t = Tensor::from_vec(&[2, 3], vec![1f32, 2., 3., 4., 5., 6.]).unwrap();
+        assert_eq!(t.as_slice::<f32>().unwrap(), &[1., 2., 3., 4., 5., 6.]);
+        assert!(t.as_slice::<f64>().is_err());
+        let r = t.reshape(&[3, 2]).unwrap();
+        assert_eq!(r.bytes().as_ptr(), t.bytes().as_ptr(), "reshape shares data");
+        assert!(t.reshape(&[4]).is_err());
+    }
+
+    #[test]
+    fn construction_checks_length() {
+        assert!(Tensor::from_vec(&[2, 2], vec![1i64, 2, 3]).is_err());
+        assert!(Tensor::from_bytes(DType::F32, &[2], &[0u8; 7]).is_err());
+    }
+
+    #[test]
+    fn bool_bytes_are_normalised() {
+        let t = Tensor::from_bytes(DType::Bool, &[3], &[0, 7, 1]).unwrap();
+        assert_eq!(t.as_slice::<bool>().unwrap(), &[false, true, true]);
+    }
+
+    #[test]
+    fn casts_follow_onnx() {
+        let t = Tensor::vector(&[-1.7f32, 2.5, 300.0]);
+        assert_eq!(t.cast(DType::I32).as_slice::<i32>().unwrap(), &[-1, 2, 300]);
+        assert_eq!(t.cast(DType::Bool).as_slice::<bool>().unwrap(), &[true, true, true]);
+        let big = Tensor::vector(&[i64::MAX, -1]);
+        assert_eq!(big.cast(DType::U64).as_slice::<u64>().unwrap(), &[i64::MAX as u64, u64::MAX]);
+        let h = Tensor::vector(&[1.5f32]).cast(DType::F16);
+        assert_eq!(h.as_slice::<f16>().unwrap(), &[f16::from_f32(1.5)]);
+    }
+
+    #[test]
+    fn random_is_deterministic() {
+        let a = Tensor::random(DType::F32, &[8], 7);
+        assert_eq!(a, Tensor::random(DType::F32, &[8], 7));
+        assert_ne!(a, Tensor::random(DType::F32, &[8], 8));
+        assert!(a.to_f64s().iter().all(|v| (-1.0..1.0).contains(v)));
+    }
+}

@@ -1,0 +1,46 @@
+//! kiln-ir's test suite (one binary): op rules and interpreter values, broadcasting, errors,
+//! the tracing API, and the text form.
+
+mod builder;
+mod errors;
+mod ops;
+mod text;
+
+use kiln_ir::builder::{GraphBuilder, Traced};
+use kiln_ir::{eval, DType, Tensor};
+
+/// An f32 tensor.
+pub fn f32s(dims: &[usize], v: &[f32]) -> Tensor {
+    Tensor::from_slice(dims, v).expect("test data matches its shape")
+}
+
+/// Asserts `t` has `dims` and values within `tol` of `want`.
+#[track_caller]
+pub fn assert_close(t: &Tensor, dims: &[usize], want: &[f64], tol: f64) {
+    assert_eq!(t.dims(), dims, "shape");
+    let got = t.to_f64s();
+    assert_eq!(got.len(), want.len());
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!((g - w).abs() <= tol || (g.is_nan() && w.is_nan()), "element {i}: got {g}, want {w} (all: {got:?})");
+    }
+}
+
+/// Traces `f` over inputs of the given tensors' types, runs the graph on them, returns output 0.
+pub fn run_traced(inputs: &[Tensor], f: impl for<'g> Fn(&'g GraphBuilder, &[Traced<'g>]) -> Traced<'g>) -> Tensor {
+    let g = GraphBuilder::new("t");
+    let xs: Vec<Traced> = inputs.iter().enumerate().map(|(i, t)| g.input(&format!("x{i}"), t.dtype(), t.dims())).collect();
+    let y = f(&g, &xs);
+    g.output("y", y);
+    let graph = g.build().expect("the test graph is valid");
+    eval::run(&graph, inputs).expect("the test graph runs").remove(0)
+}
+
+/// The inferred type of output 0 of a traced graph, or the build error's text.
+pub fn traced_type(inputs: &[(DType, &[usize])], f: impl for<'g> Fn(&'g GraphBuilder, &[Traced<'g>]) -> Traced<'g>) -> Result<String, String> {
+    let g = GraphBuilder::new("t");
+    let xs: Vec<Traced> = inputs.iter().enumerate().map(|(i, (d, s))| g.input(&format!("x{i}"), *d, *s)).collect();
+    let y = f(&g, &xs);
+    g.output("y", y);
+    let graph = g.build().map_err(|e| e.to_string())?;
+    Ok(graph.value_type(graph.outputs()[0].1).to_string())
+}

@@ -1,0 +1,3 @@
+//! kiln's integration tests: one binary for everything that links MLIR/LLVM.
+
+mod toolchain;
