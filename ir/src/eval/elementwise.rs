@@ -77,6 +77,7 @@ pub fn unary_float(u: UnaryOp, x: f64) -> f64 {
         UnaryOp::Softsign => x / (1.0 + x.abs()),
         UnaryOp::Mish => x * softplus(x).tanh(),
         UnaryOp::HardSwish => x * (x / 6.0 + 0.5).clamp(0.0, 1.0),
+        UnaryOp::Swish { alpha } => x * sigmoid(alpha as f64 * x),
         UnaryOp::Gelu { tanh: false } => 0.5 * x * (1.0 + erf(x / std::f64::consts::SQRT_2)),
         UnaryOp::Gelu { tanh: true } => {
             let c = (2.0 / std::f64::consts::PI).sqrt();

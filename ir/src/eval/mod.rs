@@ -6,10 +6,16 @@
 //! rounded to the result type; integers in i128 with wrap-around, as C and numpy do.
 
 mod contraction;
+mod control;
 mod elementwise;
+mod generate;
+mod indexing;
+mod loss;
 mod movement;
 mod normalize;
 mod reduce;
+mod resize;
+mod sequence;
 mod window;
 
 use std::collections::HashMap;
@@ -143,6 +149,7 @@ pub fn eval_op(op: &Op, operands: &[Option<&Tensor>], num_outputs: usize) -> Res
         Op::MatMul => vec![contraction::matmul(x(), operands[1].expect("checked"), &out_dims[0])?],
         Op::Gemm(g) => vec![contraction::gemm(g, x(), operands[1].expect("checked"), operands.get(2).copied().flatten())?],
         Op::Conv(c) => vec![window::conv(c, x(), operands[1].expect("checked"), operands.get(2).copied().flatten(), &out_dims[0])?],
+        Op::Pool(p) if num_outputs > 1 => return Err(format!("{}'s indices result is not implemented yet", op.name())),
         Op::Pool(p) => vec![window::pool(p, x(), &out_dims[0])?],
         Op::GlobalPool(k) => vec![window::global_pool(*k, x())],
         Op::Softmax { axis } => vec![normalize::softmax(x(), *axis)],
@@ -158,6 +165,31 @@ pub fn eval_op(op: &Op, operands: &[Option<&Tensor>], num_outputs: usize) -> Res
         Op::Slice => vec![movement::slice(x(), &operands[1..].iter().map(|o| o.map(|t| t.to_i64s())).collect::<Vec<_>>())?],
         Op::Gather { axis } => vec![movement::gather(x(), operands[1].expect("checked"), *axis, &out_dims[0])?],
         Op::Expand => vec![movement::expand(x(), &out_dims[0])],
+        Op::Einsum { equation } => contraction::einsum(equation, operands, &out_types)?,
+        Op::ConvTranspose(c) => window::conv_transpose(c, operands, &out_types)?,
+        Op::LogSoftmax { .. } | Op::Hardmax { .. } => normalize::eval(op, operands, &out_types)?,
+        Op::InstanceNorm { .. } | Op::GroupNorm { .. } | Op::RmsNorm { .. } | Op::Lrn(_) | Op::LpNorm { .. } | Op::MeanVarianceNorm { .. } => {
+            normalize::eval(op, operands, &out_types)?
+        }
+        Op::ArgReduce(_) | Op::Cumulative(_) | Op::TopK { .. } => reduce::eval(op, operands, &out_types)?,
+        Op::Shape { .. } | Op::Size | Op::ConstantOfShape { .. } | Op::Range | Op::EyeLike { .. } => generate::eval(op, operands, &out_types)?,
+        Op::GatherElements { .. }
+        | Op::GatherNd { .. }
+        | Op::ScatterElements { .. }
+        | Op::ScatterNd { .. }
+        | Op::Tile
+        | Op::Pad { .. }
+        | Op::OneHot { .. }
+        | Op::Trilu { .. }
+        | Op::DepthToSpace { .. }
+        | Op::SpaceToDepth { .. }
+        | Op::NonZero
+        | Op::Compress { .. }
+        | Op::ReverseSequence { .. } => indexing::eval(op, operands, &out_types)?,
+        Op::Resize(r) => resize::eval(r, operands, &out_types)?,
+        Op::Rnn(_) | Op::Attention(_) | Op::RotaryEmbedding(_) => sequence::eval(op, operands, &out_types)?,
+        Op::NllLoss(_) | Op::SoftmaxCrossEntropyLoss(_) => loss::eval(op, operands, &out_types)?,
+        Op::If { .. } => control::eval(op, operands, &out_types)?,
     };
     results.truncate(num_outputs);
     Ok(results)
@@ -198,6 +230,11 @@ macro_rules! typed {
     };
 }
 pub(crate) use typed;
+
+/// What an op without an interpreter yet reports.
+pub(crate) fn not_yet(op: &Op) -> Result<Vec<Tensor>, String> {
+    Err(format!("{} is not implemented yet", op.name()))
+}
 
 /// Row-major strides of `dims`.
 pub(crate) fn strides(dims: &[usize]) -> Vec<usize> {

@@ -141,6 +141,7 @@ pub(super) fn pool(p: &Pool, x: &Tensor, out: &[usize]) -> Result<Tensor, String
             let cells = (0..nk).filter_map(|k| table[k * no + o].map(|off| xs[base + off]));
             y.push(match p.kind {
                 PoolKind::Max => cells.fold(f64::NEG_INFINITY, |m, v| if v > m || v.is_nan() { v } else { m }),
+                PoolKind::Lp { p } => cells.map(|v| v.abs().powi(p as i32)).sum::<f64>().powf(1.0 / p as f64),
                 PoolKind::Average { count_include_pad } => {
                     let (sum, count) = cells.fold((0.0, 0usize), |(s, c), v| (s + v, c + 1));
                     let divisor = if count_include_pad { (0..nk).filter(|&k| in_padded[k * no + o]).count() } else { count };
@@ -182,6 +183,7 @@ pub(super) fn global_pool(kind: PoolKind, x: &Tensor) -> Tensor {
             let cells = &xs[p * image..(p + 1) * image];
             match kind {
                 PoolKind::Max => cells.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+                PoolKind::Lp { p } => cells.iter().map(|v| v.abs().powi(p as i32)).sum::<f64>().powf(1.0 / p as f64),
                 PoolKind::Average { .. } => cells.iter().sum::<f64>() / image as f64,
             }
         })
@@ -189,4 +191,8 @@ pub(super) fn global_pool(kind: PoolKind, x: &Tensor) -> Tensor {
     let mut dims = x.dims()[..2].to_vec();
     dims.resize(x.rank(), 1);
     Tensor::from_f64s(x.dtype(), &dims, &y).expect("one value per plane")
+}
+
+pub(super) fn conv_transpose(_c: &crate::op::ConvTranspose, _operands: &[Option<&Tensor>], _out: &[crate::TensorType]) -> Result<Vec<Tensor>, String> {
+    Err("ConvTranspose is not implemented yet".into())
 }

@@ -4,10 +4,16 @@
 //! node and op.
 
 mod contraction;
+mod control;
 mod elementwise;
+mod generate;
+mod indexing;
+mod loss;
 mod movement;
 mod normalize;
 mod reduce;
+mod resize;
+mod sequence;
 mod window;
 
 pub use movement::{equal_split, slice_axis};
@@ -42,6 +48,11 @@ impl Ctx<'_> {
 
 pub(crate) type Infer = Result<Vec<TensorType>, String>;
 
+/// What an op without its rules yet reports.
+pub(crate) fn not_yet(op: &Op) -> Infer {
+    Err(format!("{} is not implemented yet", op.name()))
+}
+
 /// The types of every result of `op` applied to `operands` (`None` = omitted optional operand).
 /// `node` names the node, for the symbols of sizes known only at run time.
 pub fn infer(op: &Op, operands: &[Option<Operand>], node: &str) -> Result<Vec<TensorType>, String> {
@@ -74,6 +85,31 @@ pub fn infer(op: &Op, operands: &[Option<Operand>], node: &str) -> Result<Vec<Te
         Op::Slice => movement::slice(&ops, &ctx),
         Op::Gather { axis } => movement::gather(*axis, &ops),
         Op::Expand => movement::expand(&ops, &ctx),
+        Op::Einsum { equation } => contraction::einsum(equation, &ops, &ctx),
+        Op::ConvTranspose(c) => window::conv_transpose(c, &ops, &ctx),
+        Op::LogSoftmax { axis } | Op::Hardmax { axis } => normalize::softmax(*axis, &ops),
+        Op::InstanceNorm { .. } | Op::GroupNorm { .. } | Op::RmsNorm { .. } | Op::Lrn(_) | Op::LpNorm { .. } | Op::MeanVarianceNorm { .. } => {
+            normalize::infer(op, &ops, &ctx)
+        }
+        Op::ArgReduce(_) | Op::Cumulative(_) | Op::TopK { .. } => reduce::infer(op, &ops, &ctx),
+        Op::Shape { .. } | Op::Size | Op::ConstantOfShape { .. } | Op::Range | Op::EyeLike { .. } => generate::infer(op, &ops, &ctx),
+        Op::GatherElements { .. }
+        | Op::GatherNd { .. }
+        | Op::ScatterElements { .. }
+        | Op::ScatterNd { .. }
+        | Op::Tile
+        | Op::Pad { .. }
+        | Op::OneHot { .. }
+        | Op::Trilu { .. }
+        | Op::DepthToSpace { .. }
+        | Op::SpaceToDepth { .. }
+        | Op::NonZero
+        | Op::Compress { .. }
+        | Op::ReverseSequence { .. } => indexing::infer(op, &ops, &ctx),
+        Op::Resize(r) => resize::infer(r, &ops, &ctx),
+        Op::Rnn(_) | Op::Attention(_) | Op::RotaryEmbedding(_) => sequence::infer(op, &ops, &ctx),
+        Op::NllLoss(_) | Op::SoftmaxCrossEntropyLoss(_) => loss::infer(op, &ops, &ctx),
+        Op::If { .. } => control::infer(op, &ops, &ctx),
     }
 }
 

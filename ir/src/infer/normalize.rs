@@ -1,6 +1,7 @@
 //! Softmax and the normalisations.
 
-use super::{axis, same_dtype, Infer, Operands};
+use super::{axis, not_yet, same_dtype, Ctx, Infer, Operands};
+use crate::Op;
 use crate::{broadcast, DType, Dim, Shape, TensorType};
 
 pub(super) fn softmax(ax: i64, ops: &Operands) -> Infer {
@@ -56,4 +57,9 @@ pub(super) fn batch_norm(ops: &Operands) -> Infer {
         }
     }
     Ok(vec![x.clone()])
+}
+
+/// InstanceNormalization, GroupNormalization, RMSNormalization, LRN, LpNormalization, MeanVarianceNormalization.
+pub(super) fn infer(op: &Op, _ops: &Operands, _ctx: &Ctx) -> Infer {
+    not_yet(op)
 }

@@ -1,6 +1,7 @@
 //! Reductions.
 
-use super::{Ctx, Infer, Operands};
+use super::{not_yet, Ctx, Infer, Operands};
+use crate::Op;
 use crate::op::Reduce;
 use crate::{Dim, Shape, TensorType};
 
@@ -44,4 +45,9 @@ pub(super) fn reduce(r: &Reduce, ops: &Operands, ctx: &Ctx) -> Infer {
         None => return Err("axes known only at run time need keepdims = 1".into()),
     };
     Ok(vec![TensorType::new(x.dtype, shape)])
+}
+
+/// ArgMax/ArgMin, CumSum/CumProd, TopK.
+pub(super) fn infer(op: &Op, _ops: &Operands, _ctx: &Ctx) -> Infer {
+    not_yet(op)
 }

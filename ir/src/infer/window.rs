@@ -1,7 +1,7 @@
 //! Convolution and pooling.
 
 use super::{same_dtype, Ctx, Infer, Operands};
-use crate::op::{Conv, Pool, Window};
+use crate::op::{Conv, ConvTranspose, Pool, PoolKind, Window};
 use crate::{Dim, Shape, TensorType};
 
 /// Output spatial sizes for `x` of shape [N, C, spatial...] and kernel sizes `kernel`.
@@ -68,7 +68,13 @@ pub(super) fn pool(p: &Pool, ops: &Operands, ctx: &Ctx) -> Infer {
     let kernel: Vec<Dim> = p.kernel.iter().map(|&k| Dim::Fixed(k)).collect();
     let mut dims = x.shape.0[..2].to_vec();
     dims.extend(spatial_out(&p.window, x, &kernel, p.ceil_mode, ctx)?);
-    Ok(vec![TensorType::new(x.dtype, Shape(dims))])
+    let y = TensorType::new(x.dtype, Shape(dims));
+    if p.kind == PoolKind::Max {
+        // MaxPool's optional second result: the flat index of each maximum.
+        let indices = TensorType::new(crate::DType::I64, y.shape.clone());
+        return Ok(vec![y, indices]);
+    }
+    Ok(vec![y])
 }
 
 pub(super) fn global_pool(ops: &Operands) -> Infer {
@@ -79,4 +85,8 @@ pub(super) fn global_pool(ops: &Operands) -> Infer {
     let mut dims = x.shape.0[..2].to_vec();
     dims.resize(x.rank(), Dim::Fixed(1));
     Ok(vec![TensorType::new(x.dtype, Shape(dims))])
+}
+
+pub(super) fn conv_transpose(_c: &ConvTranspose, _ops: &Operands, _ctx: &Ctx) -> Infer {
+    Err("ConvTranspose is not implemented yet".into())
 }

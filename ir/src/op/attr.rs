@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use super::{AutoPad, BinaryOp, Conv, Gemm, Op, Pool, PoolKind, Reduce, ReduceKind, UnaryOp, Window};
+use super::*;
 use crate::{DType, Tensor};
 
 /// One attribute value.
@@ -16,6 +16,8 @@ pub enum Attr {
     Str(String),
     Type(DType),
     Tensor(Tensor),
+    Strs(Vec<String>),
+    Graph(Subgraph),
 }
 
 impl Attr {
@@ -28,6 +30,8 @@ impl Attr {
             Attr::Str(_) => "a string",
             Attr::Type(_) => "a type",
             Attr::Tensor(_) => "a tensor",
+            Attr::Strs(_) => "a list of strings",
+            Attr::Graph(_) => "a graph",
         }
     }
 }
@@ -108,6 +112,70 @@ impl Attrs {
             .collect()
     }
 
+    pub fn floats(&mut self, name: &str) -> Result<Option<Vec<f32>>, String> {
+        match self.take(name) {
+            None => Ok(None),
+            Some(Attr::Floats(v)) => Ok(Some(v)),
+            // An empty list prints the same whatever its element type.
+            Some(Attr::Ints(v)) => Ok(Some(v.iter().map(|&x| x as f32).collect())),
+            Some(a) => Err(Self::wrong(name, "a list of floats", &a)),
+        }
+    }
+
+    pub fn strings(&mut self, name: &str) -> Result<Option<Vec<String>>, String> {
+        match self.take(name) {
+            None => Ok(None),
+            Some(Attr::Strs(v)) => Ok(Some(v)),
+            Some(Attr::Ints(v)) if v.is_empty() => Ok(Some(Vec::new())),
+            Some(a) => Err(Self::wrong(name, "a list of strings", &a)),
+        }
+    }
+
+    pub fn graph(&mut self, name: &str) -> Result<Subgraph, String> {
+        match self.take(name) {
+            None => Err(format!("attribute `{name}` is required")),
+            Some(Attr::Graph(g)) => Ok(g),
+            Some(a) => Err(Self::wrong(name, "a graph", &a)),
+        }
+    }
+
+    /// An optional type attribute.
+    pub fn opt_dtype(&mut self, name: &str) -> Result<Option<DType>, String> {
+        match self.take(name) {
+            None => Ok(None),
+            Some(Attr::Type(v)) => Ok(Some(v)),
+            Some(a) => Err(Self::wrong(name, "a type", &a)),
+        }
+    }
+
+    /// An optional integer attribute.
+    pub fn opt_int(&mut self, name: &str) -> Result<Option<i64>, String> {
+        match self.take(name) {
+            None => Ok(None),
+            Some(Attr::Int(v)) => Ok(Some(v)),
+            Some(a) => Err(Self::wrong(name, "an integer", &a)),
+        }
+    }
+
+    /// An optional float attribute.
+    pub fn opt_float(&mut self, name: &str) -> Result<Option<f32>, String> {
+        match self.take(name) {
+            None => Ok(None),
+            Some(Attr::Float(v)) => Ok(Some(v)),
+            Some(Attr::Int(v)) => Ok(Some(v as f32)),
+            Some(a) => Err(Self::wrong(name, "a float", &a)),
+        }
+    }
+
+    /// A string attribute naming one variant of a named enum.
+    pub fn named<T>(&mut self, name: &str, default: T, parse: impl Fn(&str) -> Option<T>) -> Result<T, String> {
+        match self.take(name) {
+            None => Ok(default),
+            Some(Attr::Str(s)) => parse(&s).ok_or_else(|| format!("attribute `{name}` has the unknown value `{s}`")),
+            Some(a) => Err(Self::wrong(name, "a string", &a)),
+        }
+    }
+
     pub fn string(&mut self, name: &str, default: &str) -> Result<String, String> {
         match self.take(name) {
             None => Ok(default.to_string()),
@@ -161,6 +229,8 @@ impl fmt::Display for Attr {
             Attr::Str(v) => write!(f, "{v:?}"),
             Attr::Type(v) => write!(f, "{v}"),
             Attr::Tensor(t) => f.write_str(&crate::text::tensor_literal(t, true)),
+            Attr::Strs(v) => list(f, v, |x| format!("{x:?}")),
+            Attr::Graph(g) => f.write_str(crate::text::print(&g.0, crate::text::Weights::Full).trim_end()),
         }
     }
 }
@@ -178,13 +248,57 @@ pub(crate) fn float_literal(v: f64, as_f32: bool) -> String {
     s
 }
 
+/// Prints an RNN activation as ONNX names it, with its parameters: `LeakyRelu(0.1)`.
+fn activation_text(u: &UnaryOp) -> String {
+    let params: Vec<String> = u.attrs_list().into_iter().map(|(_, v)| float_literal(v as f64, true)).collect();
+    if params.is_empty() {
+        u.name().to_string()
+    } else {
+        format!("{}({})", u.name(), params.join(", "))
+    }
+}
+
+fn activation_from_text(s: &str) -> Result<UnaryOp, String> {
+    let (name, params) = match s.find('(') {
+        Some(i) if s.ends_with(')') => (&s[..i], s[i + 1..s.len() - 1].split(',').map(|p| p.trim().parse::<f32>()).collect::<Result<Vec<_>, _>>().map_err(|_| format!("bad activation `{s}`"))?),
+        _ => (s, Vec::new()),
+    };
+    let u = UnaryOp::from_name(name).ok_or_else(|| format!("unknown activation `{name}`"))?;
+    let mut a = Attrs::new();
+    for ((key, _), v) in u.attrs_list().into_iter().zip(params) {
+        a.push(key, Attr::Float(v));
+    }
+    match Op::from_attrs(name, a)? {
+        Op::Unary(u) => Ok(u),
+        _ => Err(format!("`{name}` is not an activation")),
+    }
+}
+
+impl UnaryOp {
+    /// The float parameters of a parameterised unary op, by ONNX attribute name.
+    pub fn attrs_list(&self) -> Vec<(&'static str, f32)> {
+        match *self {
+            UnaryOp::LeakyRelu { alpha } | UnaryOp::Elu { alpha } | UnaryOp::Celu { alpha } | UnaryOp::ThresholdedRelu { alpha } | UnaryOp::Swish { alpha } => {
+                vec![("alpha", alpha)]
+            }
+            UnaryOp::Selu { alpha, gamma } => vec![("alpha", alpha), ("gamma", gamma)],
+            UnaryOp::HardSigmoid { alpha, beta } => vec![("alpha", alpha), ("beta", beta)],
+            UnaryOp::Shrink { bias, lambd } => vec![("bias", bias), ("lambd", lambd)],
+            _ => Vec::new(),
+        }
+    }
+}
+
 impl Op {
     /// The op's attributes, every one of them, in a fixed order.
     pub fn attrs(&self) -> Attrs {
         let mut a = Attrs::new();
-        let f = |v: f32| Attr::Float(v);
+        let f = Attr::Float;
         let b = |v: bool| Attr::Int(v as i64);
+        let int = Attr::Int;
+        let size = |v: usize| Attr::Int(v as i64);
         let sizes = |v: &[usize]| Attr::Ints(v.iter().map(|&x| x as i64).collect());
+        let s = |v: &str| Attr::Str(v.to_string());
         let window = |a: &mut Attrs, w: &Window| {
             a.push("auto_pad", Attr::Str(w.auto_pad.name().into()));
             a.push("dilations", sizes(&w.dilations));
@@ -194,34 +308,25 @@ impl Op {
         match self {
             Op::Input | Op::Constant(_) => {}
             Op::Unary(u) => match *u {
-                UnaryOp::Gelu { tanh } => a.push("approximate", Attr::Str(if tanh { "tanh" } else { "none" }.into())),
-                UnaryOp::LeakyRelu { alpha } | UnaryOp::Elu { alpha } | UnaryOp::Celu { alpha } => a.push("alpha", f(alpha)),
-                UnaryOp::ThresholdedRelu { alpha } => a.push("alpha", f(alpha)),
-                UnaryOp::Selu { alpha, gamma } => {
-                    a.push("alpha", f(alpha));
-                    a.push("gamma", f(gamma));
-                }
-                UnaryOp::HardSigmoid { alpha, beta } => {
-                    a.push("alpha", f(alpha));
-                    a.push("beta", f(beta));
-                }
-                UnaryOp::Shrink { bias, lambd } => {
-                    a.push("bias", f(bias));
-                    a.push("lambd", f(lambd));
-                }
+                UnaryOp::Gelu { tanh } => a.push("approximate", s(if tanh { "tanh" } else { "none" })),
                 UnaryOp::IsInf { detect_positive, detect_negative } => {
                     a.push("detect_negative", b(detect_negative));
                     a.push("detect_positive", b(detect_positive));
                 }
-                _ => {}
+                u => {
+                    for (k, v) in u.attrs_list() {
+                        a.push(k, f(v));
+                    }
+                }
             },
             Op::Binary(bin) => match *bin {
                 BinaryOp::Mod { fmod } => a.push("fmod", b(fmod)),
-                BinaryOp::BitShiftLeft => a.push("direction", Attr::Str("LEFT".into())),
-                BinaryOp::BitShiftRight => a.push("direction", Attr::Str("RIGHT".into())),
+                BinaryOp::BitShiftLeft => a.push("direction", s("LEFT")),
+                BinaryOp::BitShiftRight => a.push("direction", s("RIGHT")),
                 _ => {}
             },
             Op::Clip | Op::Where | Op::MatMul | Op::Squeeze | Op::Unsqueeze | Op::Slice | Op::Expand | Op::Identity => {}
+            Op::Tile | Op::Size | Op::Range | Op::NonZero => {}
             Op::Cast { to } => a.push("to", Attr::Type(*to)),
             Op::Gemm(g) => {
                 a.push("alpha", f(g.alpha));
@@ -229,58 +334,188 @@ impl Op {
                 a.push("transA", b(g.trans_a));
                 a.push("transB", b(g.trans_b));
             }
+            Op::Einsum { equation } => a.push("equation", s(equation)),
             Op::Conv(c) => {
                 window(&mut a, &c.window);
-                a.push("group", Attr::Int(c.group as i64));
+                a.push("group", size(c.group));
+            }
+            Op::ConvTranspose(c) => {
+                window(&mut a, &c.window);
+                a.push("group", size(c.group));
+                a.push("output_padding", sizes(&c.output_padding));
+                a.push("output_shape", sizes(&c.output_shape));
             }
             Op::Pool(p) => {
                 window(&mut a, &p.window);
                 a.push("ceil_mode", b(p.ceil_mode));
-                if let PoolKind::Average { count_include_pad } = p.kind {
-                    a.push("count_include_pad", b(count_include_pad));
+                match p.kind {
+                    PoolKind::Average { count_include_pad } => a.push("count_include_pad", b(count_include_pad)),
+                    PoolKind::Lp { p } => a.push("p", int(p as i64)),
+                    PoolKind::Max => a.push("storage_order", b(p.column_major_indices)),
                 }
                 a.push("kernel_shape", sizes(&p.kernel));
             }
-            Op::GlobalPool(_) => {}
-            Op::Softmax { axis } | Op::Flatten { axis } | Op::Concat { axis } | Op::Gather { axis } => {
-                a.push("axis", Attr::Int(*axis))
+            Op::GlobalPool(k) => {
+                if let PoolKind::Lp { p } = k {
+                    a.push("p", int(*p as i64));
+                }
             }
-            Op::LayerNorm { axis, epsilon } => {
-                a.push("axis", Attr::Int(*axis));
+            Op::Softmax { axis } | Op::LogSoftmax { axis } | Op::Hardmax { axis } | Op::Flatten { axis } | Op::Concat { axis } => {
+                a.push("axis", int(*axis))
+            }
+            Op::Gather { axis } | Op::GatherElements { axis } | Op::OneHot { axis } => a.push("axis", int(*axis)),
+            Op::LayerNorm { axis, epsilon } | Op::RmsNorm { axis, epsilon } => {
+                a.push("axis", int(*axis));
                 a.push("epsilon", f(*epsilon));
             }
-            Op::BatchNorm { epsilon } => a.push("epsilon", f(*epsilon)),
+            Op::BatchNorm { epsilon } | Op::InstanceNorm { epsilon } => a.push("epsilon", f(*epsilon)),
+            Op::GroupNorm { num_groups, epsilon } => {
+                a.push("epsilon", f(*epsilon));
+                a.push("num_groups", size(*num_groups));
+            }
+            Op::Lrn(l) => {
+                a.push("alpha", f(l.alpha));
+                a.push("beta", f(l.beta));
+                a.push("bias", f(l.bias));
+                a.push("size", size(l.size));
+            }
+            Op::LpNorm { axis, p } => {
+                a.push("axis", int(*axis));
+                a.push("p", int(*p as i64));
+            }
+            Op::MeanVarianceNorm { axes } => a.push("axes", Attr::Ints(axes.clone())),
             Op::Reduce(r) => {
                 a.push("keepdims", b(r.keepdims));
                 a.push("noop_with_empty_axes", b(r.noop_with_empty_axes));
             }
+            Op::ArgReduce(r) => {
+                a.push("axis", int(r.axis));
+                a.push("keepdims", b(r.keepdims));
+                a.push("select_last_index", b(r.select_last_index));
+            }
+            Op::Cumulative(c) => {
+                a.push("exclusive", b(c.exclusive));
+                a.push("reverse", b(c.reverse));
+            }
+            Op::TopK { axis, largest, sorted } => {
+                a.push("axis", int(*axis));
+                a.push("largest", b(*largest));
+                a.push("sorted", b(*sorted));
+            }
             Op::Reshape { allowzero } => a.push("allowzero", b(*allowzero)),
             Op::Transpose { perm } => a.push("perm", sizes(perm)),
             Op::Split { axis, num_outputs } => {
-                a.push("axis", Attr::Int(*axis));
-                a.push("num_outputs", Attr::Int(*num_outputs as i64));
+                a.push("axis", int(*axis));
+                a.push("num_outputs", size(*num_outputs));
+            }
+            Op::GatherNd { batch_dims } => a.push("batch_dims", size(*batch_dims)),
+            Op::ScatterElements { axis, reduction } => {
+                a.push("axis", int(*axis));
+                a.push("reduction", s(reduction.name()));
+            }
+            Op::ScatterNd { reduction } => a.push("reduction", s(reduction.name())),
+            Op::Pad { mode } => a.push("mode", s(mode.name())),
+            Op::Shape { start, end } => {
+                if let Some(e) = end {
+                    a.push("end", int(*e));
+                }
+                a.push("start", int(*start));
+            }
+            Op::ConstantOfShape { value } => a.push("value", Attr::Tensor(value.clone())),
+            Op::Trilu { upper } => a.push("upper", b(*upper)),
+            Op::EyeLike { dtype, k } => {
+                if let Some(d) = dtype {
+                    a.push("dtype", Attr::Type(*d));
+                }
+                a.push("k", int(*k));
+            }
+            Op::DepthToSpace { blocksize, crd } => {
+                a.push("blocksize", size(*blocksize));
+                a.push("mode", s(if *crd { "CRD" } else { "DCR" }));
+            }
+            Op::SpaceToDepth { blocksize } => a.push("blocksize", size(*blocksize)),
+            Op::Resize(r) => {
+                a.push("antialias", b(r.antialias));
+                a.push("axes", Attr::Ints(r.axes.clone()));
+                a.push("coordinate_transformation_mode", s(r.coordinate_transform.name()));
+                a.push("cubic_coeff_a", f(r.cubic_coeff_a));
+                a.push("exclude_outside", b(r.exclude_outside));
+                a.push("extrapolation_value", f(r.extrapolation_value));
+                a.push("keep_aspect_ratio_policy", s(r.keep_aspect_ratio_policy.name()));
+                a.push("mode", s(r.mode.name()));
+                a.push("nearest_mode", s(r.nearest_mode.name()));
+            }
+            Op::Compress { axis } => {
+                if let Some(x) = axis {
+                    a.push("axis", int(*x));
+                }
+            }
+            Op::ReverseSequence { batch_axis, time_axis } => {
+                a.push("batch_axis", size(*batch_axis));
+                a.push("time_axis", size(*time_axis));
+            }
+            Op::Rnn(r) => {
+                a.push("activations", Attr::Strs(r.activations.iter().map(activation_text).collect()));
+                if let Some(c) = r.clip {
+                    a.push("clip", f(c));
+                }
+                a.push("direction", s(r.direction.name()));
+                a.push("hidden_size", size(r.hidden_size));
+                match r.cell {
+                    RnnCell::Lstm { input_forget } => a.push("input_forget", b(input_forget)),
+                    RnnCell::Gru { linear_before_reset } => a.push("linear_before_reset", b(linear_before_reset)),
+                    RnnCell::Simple => {}
+                }
+                a.push("layout", b(r.batch_first));
+            }
+            Op::Attention(t) => {
+                a.push("is_causal", b(t.is_causal));
+                a.push("kv_num_heads", size(t.kv_num_heads));
+                a.push("q_num_heads", size(t.q_num_heads));
+                a.push("qk_matmul_output_mode", int(t.qk_matmul_output_mode));
+                if let Some(sc) = t.scale {
+                    a.push("scale", f(sc));
+                }
+                a.push("softcap", f(t.softcap));
+                if let Some(p) = t.softmax_precision {
+                    a.push("softmax_precision", Attr::Type(p));
+                }
+            }
+            Op::RotaryEmbedding(r) => {
+                a.push("interleaved", b(r.interleaved));
+                a.push("num_heads", size(r.num_heads));
+                a.push("rotary_embedding_dim", size(r.rotary_embedding_dim));
+            }
+            Op::NllLoss(l) | Op::SoftmaxCrossEntropyLoss(l) => {
+                if let Some(i) = l.ignore_index {
+                    a.push("ignore_index", int(i));
+                }
+                a.push("reduction", s(l.reduction.name()));
+            }
+            Op::If { then_branch, else_branch } => {
+                a.push("else_branch", Attr::Graph(else_branch.clone()));
+                a.push("then_branch", Attr::Graph(then_branch.clone()));
             }
         }
         a
     }
 
-    /// The op named `name` (its ONNX name) with these attributes; missing ones take ONNX's defaults.
-    /// `Input` and `Constant` are not built this way.
+    /// The op named `name` (its ONNX name) with these attributes; missing ones take ONNX's
+    /// defaults, unknown ones are an error. `Input` and `Constant` are not built this way.
     pub fn from_attrs(name: &str, mut a: Attrs) -> Result<Op, String> {
         let window = |a: &mut Attrs| -> Result<Window, String> {
-            let auto = a.string("auto_pad", "NOTSET")?;
             Ok(Window {
-                auto_pad: AutoPad::from_name(&auto).ok_or_else(|| format!("unknown auto_pad `{auto}`"))?,
+                auto_pad: a.named("auto_pad", AutoPad::NotSet, AutoPad::from_name)?,
                 dilations: a.sizes("dilations")?,
                 pads: a.sizes("pads")?,
                 strides: a.sizes("strides")?,
             })
         };
-        let reduce = |a: &mut Attrs, kind| -> Result<Op, String> {
-            Ok(Op::Reduce(Reduce { kind, keepdims: a.flag("keepdims", true)?, noop_with_empty_axes: a.flag("noop_with_empty_axes", false)? }))
+        let loss = |a: &mut Attrs| -> Result<Loss, String> {
+            Ok(Loss { ignore_index: a.opt_int("ignore_index")?, reduction: a.named("reduction", LossReduction::Mean, LossReduction::from_name)? })
         };
         let op = if let Some(u) = UnaryOp::from_name(name) {
-            Op::Unary(match u {
+            let u = match u {
                 UnaryOp::Gelu { .. } => match a.string("approximate", "none")?.as_str() {
                     "none" => UnaryOp::Gelu { tanh: false },
                     "tanh" => UnaryOp::Gelu { tanh: true },
@@ -289,18 +524,15 @@ impl Op {
                 UnaryOp::LeakyRelu { alpha } => UnaryOp::LeakyRelu { alpha: a.float("alpha", alpha)? },
                 UnaryOp::Elu { alpha } => UnaryOp::Elu { alpha: a.float("alpha", alpha)? },
                 UnaryOp::Celu { alpha } => UnaryOp::Celu { alpha: a.float("alpha", alpha)? },
+                UnaryOp::Swish { alpha } => UnaryOp::Swish { alpha: a.float("alpha", alpha)? },
                 UnaryOp::ThresholdedRelu { alpha } => UnaryOp::ThresholdedRelu { alpha: a.float("alpha", alpha)? },
                 UnaryOp::Selu { alpha, gamma } => UnaryOp::Selu { alpha: a.float("alpha", alpha)?, gamma: a.float("gamma", gamma)? },
-                UnaryOp::HardSigmoid { alpha, beta } => {
-                    UnaryOp::HardSigmoid { alpha: a.float("alpha", alpha)?, beta: a.float("beta", beta)? }
-                }
+                UnaryOp::HardSigmoid { alpha, beta } => UnaryOp::HardSigmoid { alpha: a.float("alpha", alpha)?, beta: a.float("beta", beta)? },
                 UnaryOp::Shrink { bias, lambd } => UnaryOp::Shrink { bias: a.float("bias", bias)?, lambd: a.float("lambd", lambd)? },
-                UnaryOp::IsInf { .. } => UnaryOp::IsInf {
-                    detect_negative: a.flag("detect_negative", true)?,
-                    detect_positive: a.flag("detect_positive", true)?,
-                },
+                UnaryOp::IsInf { .. } => UnaryOp::IsInf { detect_negative: a.flag("detect_negative", true)?, detect_positive: a.flag("detect_positive", true)? },
                 other => other,
-            })
+            };
+            Op::Unary(u)
         } else if let Some(bin) = BinaryOp::from_name(name) {
             Op::Binary(match bin {
                 BinaryOp::Mod { .. } => BinaryOp::Mod { fmod: a.flag("fmod", false)? },
@@ -312,7 +544,7 @@ impl Op {
                 other => other,
             })
         } else if let Some(kind) = ReduceKind::ALL.into_iter().find(|k| k.op_name() == name) {
-            reduce(&mut a, kind)?
+            Op::Reduce(Reduce { kind, keepdims: a.flag("keepdims", true)?, noop_with_empty_axes: a.flag("noop_with_empty_axes", false)? })
         } else {
             match name {
                 "Clip" => Op::Clip,
@@ -325,28 +557,55 @@ impl Op {
                     trans_a: a.flag("transA", false)?,
                     trans_b: a.flag("transB", false)?,
                 }),
+                "Einsum" => Op::Einsum { equation: a.string("equation", "")? },
                 "Conv" => {
                     let window = window(&mut a)?;
                     Op::Conv(Conv { window, group: a.size("group", 1)? })
                 }
-                "MaxPool" | "AveragePool" => {
+                "ConvTranspose" => {
                     let window = window(&mut a)?;
-                    let kind = if name == "MaxPool" {
-                        PoolKind::Max
-                    } else {
-                        PoolKind::Average { count_include_pad: a.flag("count_include_pad", false)? }
+                    Op::ConvTranspose(ConvTranspose {
+                        window,
+                        group: a.size("group", 1)?,
+                        output_padding: a.sizes("output_padding")?,
+                        output_shape: a.sizes("output_shape")?,
+                    })
+                }
+                "MaxPool" | "AveragePool" | "LpPool" => {
+                    let window = window(&mut a)?;
+                    let (kind, column_major_indices) = match name {
+                        "MaxPool" => (PoolKind::Max, a.flag("storage_order", false)?),
+                        "AveragePool" => (PoolKind::Average { count_include_pad: a.flag("count_include_pad", false)? }, false),
+                        _ => (PoolKind::Lp { p: a.size("p", 2)? as u32 }, false),
                     };
                     let kernel = a.sizes("kernel_shape")?;
                     if kernel.is_empty() {
                         return Err(format!("{name} needs `kernel_shape`"));
                     }
-                    Op::Pool(Pool { kind, kernel, window, ceil_mode: a.flag("ceil_mode", false)? })
+                    Op::Pool(Pool { kind, kernel, window, ceil_mode: a.flag("ceil_mode", false)?, column_major_indices })
                 }
                 "GlobalMaxPool" => Op::GlobalPool(PoolKind::Max),
                 "GlobalAveragePool" => Op::GlobalPool(PoolKind::Average { count_include_pad: false }),
+                "GlobalLpPool" => Op::GlobalPool(PoolKind::Lp { p: a.size("p", 2)? as u32 }),
                 "Softmax" => Op::Softmax { axis: a.int("axis", -1)? },
+                "LogSoftmax" => Op::LogSoftmax { axis: a.int("axis", -1)? },
+                "Hardmax" => Op::Hardmax { axis: a.int("axis", -1)? },
                 "LayerNormalization" => Op::LayerNorm { axis: a.int("axis", -1)?, epsilon: a.float("epsilon", 1e-5)? },
                 "BatchNormalization" => Op::BatchNorm { epsilon: a.float("epsilon", 1e-5)? },
+                "InstanceNormalization" => Op::InstanceNorm { epsilon: a.float("epsilon", 1e-5)? },
+                "GroupNormalization" => Op::GroupNorm { epsilon: a.float("epsilon", 1e-5)?, num_groups: a.size("num_groups", 0)? },
+                "RMSNormalization" => Op::RmsNorm { axis: a.int("axis", -1)?, epsilon: a.float("epsilon", 1e-5)? },
+                "LRN" => Op::Lrn(Lrn { alpha: a.float("alpha", 1e-4)?, beta: a.float("beta", 0.75)?, bias: a.float("bias", 1.0)?, size: a.size("size", 0)? }),
+                "LpNormalization" => Op::LpNorm { axis: a.int("axis", -1)?, p: a.size("p", 2)? as u32 },
+                "MeanVarianceNormalization" => Op::MeanVarianceNorm { axes: a.ints("axes")?.unwrap_or_else(|| vec![0, 2, 3]) },
+                "ArgMax" | "ArgMin" => Op::ArgReduce(ArgReduce {
+                    max: name == "ArgMax",
+                    axis: a.int("axis", 0)?,
+                    keepdims: a.flag("keepdims", true)?,
+                    select_last_index: a.flag("select_last_index", false)?,
+                }),
+                "CumSum" | "CumProd" => Op::Cumulative(Cumulative { prod: name == "CumProd", exclusive: a.flag("exclusive", false)?, reverse: a.flag("reverse", false)? }),
+                "TopK" => Op::TopK { axis: a.int("axis", -1)?, largest: a.flag("largest", true)?, sorted: a.flag("sorted", true)? },
                 "Reshape" => Op::Reshape { allowzero: a.flag("allowzero", false)? },
                 "Flatten" => Op::Flatten { axis: a.int("axis", 1)? },
                 "Transpose" => Op::Transpose { perm: a.sizes("perm")? },
@@ -356,8 +615,80 @@ impl Op {
                 "Split" => Op::Split { axis: a.int("axis", 0)?, num_outputs: a.size("num_outputs", 0)? },
                 "Slice" => Op::Slice,
                 "Gather" => Op::Gather { axis: a.int("axis", 0)? },
+                "GatherElements" => Op::GatherElements { axis: a.int("axis", 0)? },
+                "GatherND" => Op::GatherNd { batch_dims: a.size("batch_dims", 0)? },
+                "ScatterElements" => Op::ScatterElements { axis: a.int("axis", 0)?, reduction: a.named("reduction", ScatterReduction::None, ScatterReduction::from_name)? },
+                "ScatterND" => Op::ScatterNd { reduction: a.named("reduction", ScatterReduction::None, ScatterReduction::from_name)? },
                 "Expand" => Op::Expand,
+                "Tile" => Op::Tile,
+                "Pad" => Op::Pad { mode: a.named("mode", PadMode::Constant, PadMode::from_name)? },
+                "Shape" => Op::Shape { end: a.opt_int("end")?, start: a.int("start", 0)? },
+                "Size" => Op::Size,
+                "ConstantOfShape" => Op::ConstantOfShape { value: a.tensor("value")?.unwrap_or_else(|| Tensor::vector(&[0f32])) },
+                "Range" => Op::Range,
+                "OneHot" => Op::OneHot { axis: a.int("axis", -1)? },
+                "Trilu" => Op::Trilu { upper: a.flag("upper", true)? },
+                "EyeLike" => Op::EyeLike { dtype: a.opt_dtype("dtype")?, k: a.int("k", 0)? },
+                "DepthToSpace" => Op::DepthToSpace {
+                    blocksize: a.size("blocksize", 0)?,
+                    crd: match a.string("mode", "DCR")?.as_str() {
+                        "DCR" => false,
+                        "CRD" => true,
+                        other => return Err(format!("DepthToSpace mode must be DCR or CRD, got `{other}`")),
+                    },
+                },
+                "SpaceToDepth" => Op::SpaceToDepth { blocksize: a.size("blocksize", 0)? },
+                "Resize" => {
+                    let d = Resize::default();
+                    Op::Resize(Resize {
+                        antialias: a.flag("antialias", false)?,
+                        axes: a.ints("axes")?.unwrap_or_default(),
+                        coordinate_transform: a.named("coordinate_transformation_mode", d.coordinate_transform, CoordinateTransform::from_name)?,
+                        cubic_coeff_a: a.float("cubic_coeff_a", d.cubic_coeff_a)?,
+                        exclude_outside: a.flag("exclude_outside", false)?,
+                        extrapolation_value: a.float("extrapolation_value", 0.0)?,
+                        keep_aspect_ratio_policy: a.named("keep_aspect_ratio_policy", d.keep_aspect_ratio_policy, AspectRatioPolicy::from_name)?,
+                        mode: a.named("mode", d.mode, ResizeMode::from_name)?,
+                        nearest_mode: a.named("nearest_mode", d.nearest_mode, NearestMode::from_name)?,
+                    })
+                }
+                "NonZero" => Op::NonZero,
+                "Compress" => Op::Compress { axis: a.opt_int("axis")? },
+                "ReverseSequence" => Op::ReverseSequence { batch_axis: a.size("batch_axis", 1)?, time_axis: a.size("time_axis", 0)? },
                 "Identity" => Op::Identity,
+                "RNN" | "GRU" | "LSTM" => {
+                    let activations = a.strings("activations")?.unwrap_or_default().iter().map(|s| activation_from_text(s)).collect::<Result<Vec<_>, _>>()?;
+                    let cell = match name {
+                        "RNN" => RnnCell::Simple,
+                        "GRU" => RnnCell::Gru { linear_before_reset: a.flag("linear_before_reset", false)? },
+                        _ => RnnCell::Lstm { input_forget: a.flag("input_forget", false)? },
+                    };
+                    Op::Rnn(Rnn {
+                        cell,
+                        activations,
+                        clip: a.opt_float("clip")?,
+                        direction: a.named("direction", RnnDirection::Forward, RnnDirection::from_name)?,
+                        hidden_size: a.size("hidden_size", 0)?,
+                        batch_first: a.flag("layout", false)?,
+                    })
+                }
+                "Attention" => Op::Attention(Attention {
+                    is_causal: a.flag("is_causal", false)?,
+                    kv_num_heads: a.size("kv_num_heads", 0)?,
+                    q_num_heads: a.size("q_num_heads", 0)?,
+                    qk_matmul_output_mode: a.int("qk_matmul_output_mode", 0)?,
+                    scale: a.opt_float("scale")?,
+                    softcap: a.float("softcap", 0.0)?,
+                    softmax_precision: a.opt_dtype("softmax_precision")?,
+                }),
+                "RotaryEmbedding" => Op::RotaryEmbedding(RotaryEmbedding {
+                    interleaved: a.flag("interleaved", false)?,
+                    num_heads: a.size("num_heads", 0)?,
+                    rotary_embedding_dim: a.size("rotary_embedding_dim", 0)?,
+                }),
+                "NegativeLogLikelihoodLoss" => Op::NllLoss(loss(&mut a)?),
+                "SoftmaxCrossEntropyLoss" => Op::SoftmaxCrossEntropyLoss(loss(&mut a)?),
+                "If" => Op::If { else_branch: a.graph("else_branch")?, then_branch: a.graph("then_branch")? },
                 _ => return Err(format!("unknown op `{name}`")),
             }
         };

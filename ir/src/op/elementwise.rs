@@ -32,6 +32,8 @@ pub enum UnaryOp {
     Softsign,
     Mish,
     HardSwish,
+    /// `x * sigmoid(alpha * x)`.
+    Swish { alpha: f32 },
     /// `approximate = "tanh"` uses the tanh formula.
     Gelu { tanh: bool },
     LeakyRelu { alpha: f32 },
@@ -49,7 +51,7 @@ pub enum UnaryOp {
 
 impl UnaryOp {
     /// Every parameterless variant, plus the parameterised ones with ONNX's default attributes.
-    pub const ALL: [UnaryOp; 41] = [
+    pub const ALL: [UnaryOp; 42] = [
         UnaryOp::Abs,
         UnaryOp::Neg,
         UnaryOp::Sign,
@@ -79,6 +81,7 @@ impl UnaryOp {
         UnaryOp::Softsign,
         UnaryOp::Mish,
         UnaryOp::HardSwish,
+        UnaryOp::Swish { alpha: 1.0 },
         UnaryOp::Gelu { tanh: false },
         UnaryOp::LeakyRelu { alpha: 0.01 },
         UnaryOp::Elu { alpha: 1.0 },
@@ -124,6 +127,7 @@ impl UnaryOp {
             UnaryOp::Softsign => "Softsign",
             UnaryOp::Mish => "Mish",
             UnaryOp::HardSwish => "HardSwish",
+            UnaryOp::Swish { .. } => "Swish",
             UnaryOp::Gelu { .. } => "Gelu",
             UnaryOp::LeakyRelu { .. } => "LeakyRelu",
             UnaryOp::Elu { .. } => "Elu",

@@ -8,21 +8,39 @@
 
 pub(crate) mod attr;
 mod elementwise;
+mod params;
 mod window;
 
 pub use attr::{Attr, Attrs};
 pub use elementwise::{BinaryOp, TypeClass, UnaryOp};
+pub use params::*;
 pub use window::{AutoPad, SpatialAxis, Window};
 
-use crate::{DType, Tensor};
+use std::sync::Arc;
 
-/// One operator with its attributes. Operands and results are described per variant.
+use crate::{DType, Graph, Tensor};
+
+/// A graph inside an op (the branches of `If`). Two subgraphs are equal when they print the same.
+#[derive(Clone, Debug)]
+pub struct Subgraph(pub Arc<Graph>);
+
+impl PartialEq for Subgraph {
+    fn eq(&self, other: &Subgraph) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+            || crate::text::print(&self.0, crate::text::Weights::Full) == crate::text::print(&other.0, crate::text::Weights::Full)
+    }
+}
+
+/// One operator with its attributes. Operands and results are described per variant; `?` marks
+/// an optional operand.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Op {
     /// A graph input (no operands; its type is the node's output type).
     Input,
     /// A constant tensor (weights, shapes, scalars).
     Constant(Tensor),
+
+    // ----- elementwise -----
     /// `(x) -> y`, elementwise.
     Unary(UnaryOp),
     /// `(a, b) -> y`, elementwise with numpy broadcasting.
@@ -33,24 +51,60 @@ pub enum Op {
     Where,
     /// `(x) -> y` converted to `to`.
     Cast { to: DType },
+
+    // ----- contractions -----
     /// `(a, b) -> y`, numpy matmul (batched, 1-D operands promoted).
     MatMul,
     /// `(a, b, c?) -> alpha * a' b' + beta * c`.
     Gemm(Gemm),
+    /// `(x...) -> y`, Einstein summation (`"ij,jk->ik"`).
+    Einsum { equation: String },
+
+    // ----- windows -----
     /// `(x, w, b?) -> y`, N-d convolution with groups.
     Conv(Conv),
-    /// `(x) -> y`: MaxPool, AveragePool.
+    /// `(x, w, b?) -> y`, N-d transposed convolution with groups.
+    ConvTranspose(ConvTranspose),
+    /// `(x) -> (y, indices)`: MaxPool (indices only for Max), AveragePool, LpPool.
     Pool(Pool),
     /// `(x) -> y`: pooling over every spatial dimension, kept as size 1.
     GlobalPool(PoolKind),
+
+    // ----- normalisations -----
     /// `(x) -> y`, along one axis.
     Softmax { axis: i64 },
+    /// `(x) -> y`, `log(softmax(x))` along one axis.
+    LogSoftmax { axis: i64 },
+    /// `(x) -> y`, one-hot of the first maximum along one axis.
+    Hardmax { axis: i64 },
     /// `(x, scale, bias?) -> (y, mean, inv_std_dev)`, normalising over axes `axis..rank`.
     LayerNorm { axis: i64, epsilon: f32 },
     /// `(x, scale, bias, mean, var) -> y`, inference form.
     BatchNorm { epsilon: f32 },
+    /// `(x, scale, bias) -> y`, per sample and channel over the spatial axes.
+    InstanceNorm { epsilon: f32 },
+    /// `(x, scale, bias) -> y`, over channel groups; scale and bias are per channel.
+    GroupNorm { num_groups: usize, epsilon: f32 },
+    /// `(x, scale) -> y`, `x / sqrt(mean(x^2) + epsilon) * scale` over axes `axis..rank`.
+    RmsNorm { axis: i64, epsilon: f32 },
+    /// `(x) -> y`, local response normalisation across channels.
+    Lrn(Lrn),
+    /// `(x) -> y`, `x / ||x||_p` along one axis.
+    LpNorm { axis: i64, p: u32 },
+    /// `(x) -> y`, `(x - mean) / std` over `axes`.
+    MeanVarianceNorm { axes: Vec<i64> },
+
+    // ----- reductions and scans -----
     /// `(x, axes?) -> y`.
     Reduce(Reduce),
+    /// `(x) -> indices (i64)`: ArgMax, ArgMin.
+    ArgReduce(ArgReduce),
+    /// `(x, axis) -> y`: CumSum, CumProd.
+    Cumulative(Cumulative),
+    /// `(x, k) -> (values, indices)`.
+    TopK { axis: i64, largest: bool, sorted: bool },
+
+    // ----- data movement -----
     /// `(x, shape) -> y`; `0` copies a dimension unless `allowzero`, `-1` is inferred.
     Reshape { allowzero: bool },
     /// `(x) -> y`, 2-D: dims before `axis` times dims from `axis`.
@@ -69,10 +123,67 @@ pub enum Op {
     Slice,
     /// `(x, indices) -> y`, taking along `axis`.
     Gather { axis: i64 },
+    /// `(x, indices) -> y`, `y[i][j] = x[indices[i][j]][j]` along `axis`.
+    GatherElements { axis: i64 },
+    /// `(x, indices) -> y`, indexing the leading dimensions by index tuples.
+    GatherNd { batch_dims: usize },
+    /// `(x, indices, updates) -> y` along `axis`.
+    ScatterElements { axis: i64, reduction: ScatterReduction },
+    /// `(x, indices, updates) -> y` at index tuples.
+    ScatterNd { reduction: ScatterReduction },
     /// `(x, shape) -> y`, broadcast to `shape`.
     Expand,
+    /// `(x, repeats) -> y`.
+    Tile,
+    /// `(x, pads, value?, axes?) -> y`.
+    Pad { mode: PadMode },
+    /// `(x) -> i64[n]`, the dimensions `start..end`.
+    Shape { start: i64, end: Option<i64> },
+    /// `(x) -> i64[]`, the element count.
+    Size,
+    /// `(shape) -> y` filled with `value` (a one-element tensor that also gives the type).
+    ConstantOfShape { value: Tensor },
+    /// `(start, limit, delta) -> y`.
+    Range,
+    /// `(indices, depth, values) -> y`, a new axis `axis` of size `depth`.
+    OneHot { axis: i64 },
+    /// `(x, k?) -> y`, the upper or lower triangle of the last two axes.
+    Trilu { upper: bool },
+    /// `(x) -> y` of x's shape (2-D): ones on diagonal `k`, of type `dtype` (x's if `None`).
+    EyeLike { dtype: Option<DType>, k: i64 },
+    /// `(x) -> y`, channels to space in blocks (`crd`: column-row-depth order, else depth-column-row).
+    DepthToSpace { blocksize: usize, crd: bool },
+    /// `(x) -> y`, space to channels in blocks.
+    SpaceToDepth { blocksize: usize },
+    /// `(x, roi?, scales?, sizes?) -> y`.
+    Resize(Resize),
+    /// `(x) -> i64[rank, n]`, the indices of the non-zero elements.
+    NonZero,
+    /// `(x, condition) -> y`, the slices where `condition` holds (flattened without `axis`).
+    Compress { axis: Option<i64> },
+    /// `(x, sequence_lens) -> y`, each batch entry's first `len` steps reversed.
+    ReverseSequence { batch_axis: usize, time_axis: usize },
     /// `(x) -> x`.
     Identity,
+
+    // ----- sequence models -----
+    /// `(x, w, r, b?, sequence_lens?, initial_h?, initial_c?, p?) -> (y, y_h, y_c)`: RNN, GRU, LSTM.
+    Rnn(Rnn),
+    /// `(q, k, v, attn_mask?, past_key?, past_value?) -> (y, present_key, present_value, qk)`.
+    Attention(Attention),
+    /// `(x, cos_cache, sin_cache, position_ids?) -> y`.
+    RotaryEmbedding(RotaryEmbedding),
+
+    // ----- losses -----
+    /// `(input, target, weight?) -> loss`.
+    NllLoss(Loss),
+    /// `(scores, labels, weights?) -> (loss, log_prob)`.
+    SoftmaxCrossEntropyLoss(Loss),
+
+    // ----- control flow -----
+    /// `(cond, captured...) -> results`: runs one branch. Each branch takes the captured values
+    /// as its inputs, in order, and has one output per result.
+    If { then_branch: Subgraph, else_branch: Subgraph },
 }
 
 /// `Gemm` attributes.
@@ -97,20 +208,24 @@ pub struct Conv {
     pub group: usize,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PoolKind {
     Max,
     /// `count_include_pad`: padded cells count in the divisor.
     Average { count_include_pad: bool },
+    /// The p-norm of the window.
+    Lp { p: u32 },
 }
 
-/// `MaxPool` / `AveragePool` attributes.
+/// `MaxPool` / `AveragePool` / `LpPool` attributes.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Pool {
     pub kind: PoolKind,
     pub kernel: Vec<usize>,
     pub window: Window,
     pub ceil_mode: bool,
+    /// MaxPool's indices count in column-major order (ONNX `storage_order = 1`).
+    pub column_major_indices: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -180,19 +295,46 @@ impl Op {
             Op::Cast { .. } => "Cast",
             Op::MatMul => "MatMul",
             Op::Gemm(_) => "Gemm",
+            Op::Einsum { .. } => "Einsum",
             Op::Conv(_) => "Conv",
+            Op::ConvTranspose(_) => "ConvTranspose",
             Op::Pool(p) => match p.kind {
                 PoolKind::Max => "MaxPool",
                 PoolKind::Average { .. } => "AveragePool",
+                PoolKind::Lp { .. } => "LpPool",
             },
             Op::GlobalPool(k) => match k {
                 PoolKind::Max => "GlobalMaxPool",
                 PoolKind::Average { .. } => "GlobalAveragePool",
+                PoolKind::Lp { .. } => "GlobalLpPool",
             },
             Op::Softmax { .. } => "Softmax",
+            Op::LogSoftmax { .. } => "LogSoftmax",
+            Op::Hardmax { .. } => "Hardmax",
             Op::LayerNorm { .. } => "LayerNormalization",
             Op::BatchNorm { .. } => "BatchNormalization",
+            Op::InstanceNorm { .. } => "InstanceNormalization",
+            Op::GroupNorm { .. } => "GroupNormalization",
+            Op::RmsNorm { .. } => "RMSNormalization",
+            Op::Lrn(_) => "LRN",
+            Op::LpNorm { .. } => "LpNormalization",
+            Op::MeanVarianceNorm { .. } => "MeanVarianceNormalization",
             Op::Reduce(r) => r.kind.op_name(),
+            Op::ArgReduce(a) => {
+                if a.max {
+                    "ArgMax"
+                } else {
+                    "ArgMin"
+                }
+            }
+            Op::Cumulative(c) => {
+                if c.prod {
+                    "CumProd"
+                } else {
+                    "CumSum"
+                }
+            }
+            Op::TopK { .. } => "TopK",
             Op::Reshape { .. } => "Reshape",
             Op::Flatten { .. } => "Flatten",
             Op::Transpose { .. } => "Transpose",
@@ -202,33 +344,80 @@ impl Op {
             Op::Split { .. } => "Split",
             Op::Slice => "Slice",
             Op::Gather { .. } => "Gather",
+            Op::GatherElements { .. } => "GatherElements",
+            Op::GatherNd { .. } => "GatherND",
+            Op::ScatterElements { .. } => "ScatterElements",
+            Op::ScatterNd { .. } => "ScatterND",
             Op::Expand => "Expand",
+            Op::Tile => "Tile",
+            Op::Pad { .. } => "Pad",
+            Op::Shape { .. } => "Shape",
+            Op::Size => "Size",
+            Op::ConstantOfShape { .. } => "ConstantOfShape",
+            Op::Range => "Range",
+            Op::OneHot { .. } => "OneHot",
+            Op::Trilu { .. } => "Trilu",
+            Op::EyeLike { .. } => "EyeLike",
+            Op::DepthToSpace { .. } => "DepthToSpace",
+            Op::SpaceToDepth { .. } => "SpaceToDepth",
+            Op::Resize(_) => "Resize",
+            Op::NonZero => "NonZero",
+            Op::Compress { .. } => "Compress",
+            Op::ReverseSequence { .. } => "ReverseSequence",
             Op::Identity => "Identity",
+            Op::Rnn(r) => match r.cell {
+                RnnCell::Simple => "RNN",
+                RnnCell::Gru { .. } => "GRU",
+                RnnCell::Lstm { .. } => "LSTM",
+            },
+            Op::Attention(_) => "Attention",
+            Op::RotaryEmbedding(_) => "RotaryEmbedding",
+            Op::NllLoss(_) => "NegativeLogLikelihoodLoss",
+            Op::SoftmaxCrossEntropyLoss(_) => "SoftmaxCrossEntropyLoss",
+            Op::If { .. } => "If",
         }
     }
 
     /// How many operands the op takes: (required, maximum). `usize::MAX` means variadic.
     pub fn arity(&self) -> (usize, usize) {
+        const ANY: usize = usize::MAX;
         match self {
             Op::Input | Op::Constant(_) => (0, 0),
-            Op::Unary(_) | Op::Cast { .. } | Op::Pool(_) | Op::GlobalPool(_) | Op::Softmax { .. } => (1, 1),
-            Op::Flatten { .. } | Op::Transpose { .. } | Op::Identity => (1, 1),
-            Op::Binary(_) | Op::MatMul | Op::Gather { .. } | Op::Expand | Op::Unsqueeze => (2, 2),
-            Op::Reshape { .. } => (2, 2),
+            Op::Unary(_) | Op::Cast { .. } | Op::Pool(_) | Op::GlobalPool(_) | Op::Identity => (1, 1),
+            Op::Softmax { .. } | Op::LogSoftmax { .. } | Op::Hardmax { .. } => (1, 1),
+            Op::Lrn(_) | Op::LpNorm { .. } | Op::MeanVarianceNorm { .. } | Op::ArgReduce(_) => (1, 1),
+            Op::Flatten { .. } | Op::Transpose { .. } | Op::Shape { .. } | Op::Size => (1, 1),
+            Op::ConstantOfShape { .. } | Op::EyeLike { .. } | Op::NonZero => (1, 1),
+            Op::DepthToSpace { .. } | Op::SpaceToDepth { .. } => (1, 1),
+            Op::Binary(_) | Op::MatMul | Op::Gather { .. } | Op::Expand | Op::Unsqueeze | Op::Reshape { .. } => (2, 2),
+            Op::GatherElements { .. } | Op::GatherNd { .. } | Op::Tile | Op::Cumulative(_) | Op::TopK { .. } => (2, 2),
+            Op::RmsNorm { .. } | Op::Compress { .. } | Op::ReverseSequence { .. } => (2, 2),
             Op::Clip => (1, 3),
-            Op::Where => (3, 3),
-            Op::Gemm(_) | Op::Conv(_) | Op::LayerNorm { .. } => (2, 3),
+            Op::Where | Op::Range | Op::OneHot { .. } => (3, 3),
+            Op::ScatterElements { .. } | Op::ScatterNd { .. } | Op::InstanceNorm { .. } | Op::GroupNorm { .. } => (3, 3),
+            Op::Gemm(_) | Op::Conv(_) | Op::ConvTranspose(_) | Op::LayerNorm { .. } => (2, 3),
+            Op::NllLoss(_) | Op::SoftmaxCrossEntropyLoss(_) => (2, 3),
             Op::BatchNorm { .. } => (5, 5),
-            Op::Reduce(_) | Op::Squeeze | Op::Split { .. } => (1, 2),
-            Op::Concat { .. } => (1, usize::MAX),
+            Op::Reduce(_) | Op::Squeeze | Op::Split { .. } | Op::Trilu { .. } => (1, 2),
+            Op::Pad { .. } => (2, 4),
+            Op::Resize(_) => (1, 4),
             Op::Slice => (3, 5),
+            Op::Rnn(r) => (3, if matches!(r.cell, RnnCell::Lstm { .. }) { 8 } else { 6 }),
+            Op::Attention(_) => (3, 7),
+            Op::RotaryEmbedding(_) => (3, 4),
+            Op::Concat { .. } | Op::Einsum { .. } => (1, ANY),
+            Op::If { .. } => (1, ANY),
         }
     }
 
-    /// How many results a node of this op has when its user asks for nothing else.
+    /// How many results a node of this op has when its user asks for nothing else (ops with
+    /// optional extra results, such as LayerNormalization's statistics, keep only the first).
     pub fn default_num_outputs(&self) -> usize {
         match self {
             Op::Split { num_outputs, .. } => *num_outputs,
+            Op::TopK { .. } => 2,
+            Op::Rnn(_) => 2,
+            Op::If { then_branch, .. } => then_branch.0.outputs().len(),
             _ => 1,
         }
     }

@@ -2,7 +2,9 @@
 
 use std::collections::HashMap;
 
-use crate::op::{Attr, Attrs};
+use std::sync::Arc;
+
+use crate::op::{Attr, Attrs, Subgraph};
 use crate::{DType, Dim, Graph, IrError, Op, Result, Shape, Tensor, TensorType, ValueId};
 
 /// Parses a graph in kiln's text form. Errors give the line and column.
@@ -480,6 +482,10 @@ impl Parser {
             Tok::Str(s) => Ok(Attr::Str(s)),
             Tok::Num(n) => number_attr(&n).ok_or_else(|| err_at(&at, format!("bad number `{n}`"))),
             Tok::Word(w) if w == "nan" || w == "inf" => Ok(Attr::Float(float(&Tok::Word(w)).expect("nan/inf parse") as f32)),
+            Tok::Word(w) if w == "graph" => {
+                self.pos -= 1;
+                Ok(Attr::Graph(Subgraph(Arc::new(self.graph()?))))
+            }
             Tok::Word(w) => match DType::from_name(&w) {
                 // A dtype alone is a type attribute; one followed by a shape starts a tensor.
                 Some(d) if self.peek() == Some(&Tok::Punct('[')) => {
@@ -501,6 +507,9 @@ impl Parser {
                         }
                         self.expect(',')?;
                     }
+                }
+                if !items.is_empty() && items.iter().all(|t| matches!(t, Tok::Str(_))) {
+                    return Ok(Attr::Strs(items.into_iter().map(|t| if let Tok::Str(s) = t { s } else { unreachable!() }).collect()));
                 }
                 let is_float = items.iter().any(|t| matches!(t, Tok::Num(n) if n.contains(['.', 'e', 'E'])) || matches!(t, Tok::Word(_)));
                 if is_float {

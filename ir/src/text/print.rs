@@ -4,16 +4,18 @@ use std::fmt::Write;
 
 use super::{name_literal, Weights, INLINE_LIMIT};
 use crate::op::attr::float_literal;
+use crate::op::Attr;
 use crate::{DType, Graph, Op, Tensor, ValueId};
 
 /// Prints `graph` in kiln's text form.
 pub fn print(graph: &Graph, weights: Weights) -> String {
     let mut out = String::new();
-    print_graph(graph, weights, &mut out);
+    print_graph(graph, weights, "", &mut out);
     out
 }
 
-fn print_graph(graph: &Graph, weights: Weights, out: &mut String) {
+/// Prints `graph` with every line after the first indented by `indent` (nested graphs).
+fn print_graph(graph: &Graph, weights: Weights, indent: &str, out: &mut String) {
     let value = |v: ValueId| match v.output {
         0 => format!("%{}", name_literal(&graph.node(v.node).name)),
         i => format!("%{}#{i}", name_literal(&graph.node(v.node).name)),
@@ -21,7 +23,7 @@ fn print_graph(graph: &Graph, weights: Weights, out: &mut String) {
     writeln!(out, "graph {} {{", name_literal(&graph.name)).expect("writing to a String");
     for &id in graph.inputs() {
         let node = graph.node(id);
-        writeln!(out, "  input %{}: {}", name_literal(&node.name), node.outputs[0]).expect("writing to a String");
+        writeln!(out, "{indent}  input %{}: {}", name_literal(&node.name), node.outputs[0]).expect("writing to a String");
     }
     // A graph that cannot be ordered (a cycle) still prints, in insertion order, so it can be seen.
     let order = graph.topo_order().unwrap_or_else(|_| graph.nodes().map(|(id, _)| id).collect());
@@ -34,7 +36,7 @@ fn print_graph(graph: &Graph, weights: Weights, out: &mut String) {
             [one] => one.to_string(),
             many => format!("({})", many.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(", ")),
         };
-        write!(out, "  %{}: {types} = {}", name_literal(&node.name), node.op.name()).expect("writing to a String");
+        write!(out, "{indent}  %{}: {types} = {}", name_literal(&node.name), node.op.name()).expect("writing to a String");
         if let Op::Constant(t) = &node.op {
             writeln!(out, " {}", tensor_data(t, weights)).expect("writing to a String");
             continue;
@@ -43,7 +45,18 @@ fn print_graph(graph: &Graph, weights: Weights, out: &mut String) {
         write!(out, "({})", operands.join(", ")).expect("writing to a String");
         let attrs = node.op.attrs();
         if !attrs.0.is_empty() {
-            let list: Vec<String> = attrs.0.iter().map(|(n, a)| format!("{n} = {a}")).collect();
+            let list: Vec<String> = attrs
+                .0
+                .iter()
+                .map(|(n, a)| match a {
+                    Attr::Graph(g) => {
+                        let mut nested = String::new();
+                        print_graph(&g.0, weights, &format!("{indent}    "), &mut nested);
+                        format!("{n} = {}", nested.trim_end())
+                    }
+                    a => format!("{n} = {a}"),
+                })
+                .collect();
             write!(out, " {{{}}}", list.join(", ")).expect("writing to a String");
         }
         out.push('\n');
@@ -51,12 +64,12 @@ fn print_graph(graph: &Graph, weights: Weights, out: &mut String) {
     for (name, v) in graph.outputs() {
         let v = value(*v);
         if v[1..] == name_literal(name) {
-            writeln!(out, "  output {v}").expect("writing to a String");
+            writeln!(out, "{indent}  output {v}").expect("writing to a String");
         } else {
-            writeln!(out, "  output %{} = {v}", name_literal(name)).expect("writing to a String");
+            writeln!(out, "{indent}  output %{} = {v}", name_literal(name)).expect("writing to a String");
         }
     }
-    out.push_str("}\n");
+    writeln!(out, "{indent}}}").expect("writing to a String");
 }
 
 /// A tensor's type and data, as attributes print it: `f32[2] [1.0, 2.5]`.

@@ -4,6 +4,10 @@
 mod builder;
 mod errors;
 mod ops;
+mod ops_generate;
+mod ops_indexing;
+mod ops_sequence;
+mod ops_windows;
 mod text;
 
 use kiln_ir::builder::{GraphBuilder, Traced};

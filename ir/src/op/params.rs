@@ -1,0 +1,224 @@
+//! Attribute types of the larger ops, and the small enums ONNX spells as strings.
+
+use super::{UnaryOp, Window};
+use crate::DType;
+
+/// An enum whose variants ONNX names with strings; `name` and `from_name` convert.
+macro_rules! named_enum {
+    ($(#[$doc:meta])* $name:ident { $($(#[$vdoc:meta])* $variant:ident = $text:literal),* $(,)? }) => {
+        $(#[$doc])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub enum $name {
+            $($(#[$vdoc])* $variant),*
+        }
+
+        impl $name {
+            pub const ALL: &'static [$name] = &[$($name::$variant),*];
+
+            pub fn name(self) -> &'static str {
+                match self {
+                    $($name::$variant => $text),*
+                }
+            }
+
+            pub fn from_name(s: &str) -> Option<$name> {
+                match s {
+                    $($text => Some($name::$variant),)*
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+
+/// `ConvTranspose` attributes (the kernel shape is the weight's).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConvTranspose {
+    pub window: Window,
+    pub group: usize,
+    /// Extra size added to one side of each spatial output dimension.
+    pub output_padding: Vec<usize>,
+    /// When set, the spatial output size, and the padding is derived from it.
+    pub output_shape: Vec<usize>,
+}
+
+/// `LRN` attributes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Lrn {
+    pub alpha: f32,
+    pub beta: f32,
+    pub bias: f32,
+    pub size: usize,
+}
+
+/// `ArgMax` / `ArgMin` attributes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ArgReduce {
+    pub max: bool,
+    pub axis: i64,
+    pub keepdims: bool,
+    /// Ties go to the last index instead of the first.
+    pub select_last_index: bool,
+}
+
+/// `CumSum` / `CumProd` attributes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Cumulative {
+    pub prod: bool,
+    pub exclusive: bool,
+    pub reverse: bool,
+}
+
+named_enum! {
+    /// How scatter ops combine an update with the existing value.
+    ScatterReduction { None = "none", Add = "add", Mul = "mul", Max = "max", Min = "min" }
+}
+
+named_enum! {
+    /// How `Pad` fills.
+    PadMode { Constant = "constant", Reflect = "reflect", Edge = "edge", Wrap = "wrap" }
+}
+
+named_enum! {
+    /// Resize interpolation.
+    ResizeMode { Nearest = "nearest", Linear = "linear", Cubic = "cubic" }
+}
+
+named_enum! {
+    /// How Resize maps an output coordinate to an input coordinate.
+    CoordinateTransform {
+        HalfPixel = "half_pixel",
+        HalfPixelSymmetric = "half_pixel_symmetric",
+        PytorchHalfPixel = "pytorch_half_pixel",
+        AlignCorners = "align_corners",
+        Asymmetric = "asymmetric",
+        TfCropAndResize = "tf_crop_and_resize",
+    }
+}
+
+named_enum! {
+    /// How Resize's nearest mode rounds.
+    NearestMode { RoundPreferFloor = "round_prefer_floor", RoundPreferCeil = "round_prefer_ceil", Floor = "floor", Ceil = "ceil" }
+}
+
+named_enum! {
+    /// How Resize treats `sizes` on the axes it resizes.
+    AspectRatioPolicy { Stretch = "stretch", NotLarger = "not_larger", NotSmaller = "not_smaller" }
+}
+
+/// `Resize` attributes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Resize {
+    pub mode: ResizeMode,
+    pub coordinate_transform: CoordinateTransform,
+    pub nearest_mode: NearestMode,
+    pub cubic_coeff_a: f32,
+    pub exclude_outside: bool,
+    pub extrapolation_value: f32,
+    pub antialias: bool,
+    /// The axes `scales`/`sizes` refer to; empty means all.
+    pub axes: Vec<i64>,
+    pub keep_aspect_ratio_policy: AspectRatioPolicy,
+}
+
+impl Default for Resize {
+    fn default() -> Resize {
+        Resize {
+            mode: ResizeMode::Nearest,
+            coordinate_transform: CoordinateTransform::HalfPixel,
+            nearest_mode: NearestMode::RoundPreferFloor,
+            cubic_coeff_a: -0.75,
+            exclude_outside: false,
+            extrapolation_value: 0.0,
+            antialias: false,
+            axes: Vec::new(),
+            keep_aspect_ratio_policy: AspectRatioPolicy::Stretch,
+        }
+    }
+}
+
+/// The recurrent cell of an `Rnn` op.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RnnCell {
+    /// ONNX `RNN`: `h = f(x W + h R + b)`.
+    Simple,
+    /// ONNX `GRU`.
+    Gru { linear_before_reset: bool },
+    /// ONNX `LSTM`; `input_forget` couples the input and forget gates.
+    Lstm { input_forget: bool },
+}
+
+named_enum! {
+    RnnDirection { Forward = "forward", Reverse = "reverse", Bidirectional = "bidirectional" }
+}
+
+/// `RNN` / `GRU` / `LSTM` attributes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Rnn {
+    pub cell: RnnCell,
+    pub direction: RnnDirection,
+    pub hidden_size: usize,
+    /// The cell's activation functions (f, g[, h]) for each direction, in ONNX order; empty means
+    /// ONNX's defaults. Each is an elementwise op with its parameters.
+    pub activations: Vec<UnaryOp>,
+    /// Inputs to activations are clipped to `[-clip, clip]`.
+    pub clip: Option<f32>,
+    /// ONNX `layout = 1`: batch-major inputs and outputs.
+    pub batch_first: bool,
+}
+
+impl Rnn {
+    /// The activations in effect (ONNX's defaults when none were given), one list per direction.
+    pub fn effective_activations(&self) -> Vec<UnaryOp> {
+        if !self.activations.is_empty() {
+            return self.activations.clone();
+        }
+        let one: &[UnaryOp] = match self.cell {
+            RnnCell::Simple => &[UnaryOp::Tanh],
+            RnnCell::Gru { .. } => &[UnaryOp::Sigmoid, UnaryOp::Tanh],
+            RnnCell::Lstm { .. } => &[UnaryOp::Sigmoid, UnaryOp::Tanh, UnaryOp::Tanh],
+        };
+        let dirs = if self.direction == RnnDirection::Bidirectional { 2 } else { 1 };
+        one.iter().copied().cycle().take(one.len() * dirs).collect()
+    }
+}
+
+/// `Attention` (opset 23) attributes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Attention {
+    pub is_causal: bool,
+    /// Heads of K and V when they come as 3-D [batch, seq, heads * size] (0: 4-D inputs).
+    pub kv_num_heads: usize,
+    /// Heads of Q when it comes as 3-D.
+    pub q_num_heads: usize,
+    /// Which intermediate the optional fourth result holds (0: QK, 1: +mask, 2: +softcap, 3: softmax).
+    pub qk_matmul_output_mode: i64,
+    /// The scale of QK; `None` means `1/sqrt(head_size)`.
+    pub scale: Option<f32>,
+    /// Softcapping of QK (`softcap * tanh(qk / softcap)`); 0 disables it.
+    pub softcap: f32,
+    /// The type softmax is computed in; `None` means the input's.
+    pub softmax_precision: Option<DType>,
+}
+
+/// `RotaryEmbedding` (opset 23) attributes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RotaryEmbedding {
+    pub interleaved: bool,
+    /// Heads when the input is 3-D (0: 4-D input).
+    pub num_heads: usize,
+    /// How many leading features of each head rotate (0: all).
+    pub rotary_embedding_dim: usize,
+}
+
+named_enum! {
+    LossReduction { None = "none", Sum = "sum", Mean = "mean" }
+}
+
+/// `NegativeLogLikelihoodLoss` / `SoftmaxCrossEntropyLoss` attributes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Loss {
+    pub reduction: LossReduction,
+    /// Targets equal to this contribute nothing.
+    pub ignore_index: Option<i64>,
+}

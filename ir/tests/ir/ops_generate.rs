@@ -1,0 +1,1 @@
+//! Shape, Size, ConstantOfShape, Range, EyeLike, ArgMax/ArgMin, CumSum/CumProd, TopK, Einsum, Swish.

@@ -1,0 +1,1 @@
+//! GatherElements, GatherND, ScatterElements, ScatterND, Tile, Pad, OneHot, Trilu, DepthToSpace, SpaceToDepth, NonZero, Compress, ReverseSequence.

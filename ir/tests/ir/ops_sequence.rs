@@ -1,0 +1,1 @@
+//! RNN, GRU, LSTM, Attention, RotaryEmbedding, the losses.

@@ -1,0 +1,1 @@
+//! ConvTranspose, LpPool, MaxPool indices, the normalisations, Resize.
