@@ -2,8 +2,9 @@
 
 use ndarray::{Array2, ArrayView2, Axis};
 
-use crate::op::{Conv, Pool, PoolKind, SpatialAxis, Window};
-use crate::{DType, Tensor};
+use crate::infer::{transpose_axis, TransposeAxis};
+use crate::op::{Conv, ConvTranspose, Pool, PoolKind, SpatialAxis, Window};
+use crate::{DType, Tensor, TensorType};
 
 /// For each spatial axis, for each kernel offset, for each output position: the input position it
 /// reads, or `None` in the padding.
@@ -122,7 +123,10 @@ pub(super) fn conv(c: &Conv, x: &Tensor, w: &Tensor, b: Option<&Tensor>, out: &[
     Ok(y.cast(x.dtype()))
 }
 
-pub(super) fn pool(p: &Pool, x: &Tensor, out: &[usize]) -> Result<Tensor, String> {
+/// Pooling; with `want_indices` (MaxPool's second result) also the flat index of each maximum in
+/// the whole input tensor, as ONNX defines it: padding does not count, the first maximum in window
+/// order wins, and `column_major_indices` numbers each image's cells column-major.
+pub(super) fn pool(p: &Pool, x: &Tensor, out: &[usize], want_indices: bool) -> Result<Vec<Tensor>, String> {
     let axes = resolve(&p.window, &x.dims()[2..], &p.kernel, p.ceil_mode)?;
     let (table, nk, no) = offsets(&axes);
     let planes = x.dims()[0] * x.dims()[1];
@@ -135,22 +139,58 @@ pub(super) fn pool(p: &Pool, x: &Tensor, out: &[usize]) -> Result<Tensor, String
         _ => Vec::new(),
     };
     let mut y = Vec::with_capacity(planes * no);
+    let mut indices: Vec<i64> = Vec::with_capacity(if want_indices { planes * no } else { 0 });
     for plane in 0..planes {
         let base = plane * image;
         for o in 0..no {
-            let cells = (0..nk).filter_map(|k| table[k * no + o].map(|off| xs[base + off]));
+            let cells = (0..nk).filter_map(|k| table[k * no + o].map(|off| (off, xs[base + off])));
             y.push(match p.kind {
-                PoolKind::Max => cells.fold(f64::NEG_INFINITY, |m, v| if v > m || v.is_nan() { v } else { m }),
-                PoolKind::Lp { p } => cells.map(|v| v.abs().powi(p as i32)).sum::<f64>().powf(1.0 / p as f64),
+                PoolKind::Max => {
+                    // NaN propagates; otherwise only a strictly larger value replaces the maximum.
+                    let (at, m) = cells.fold((None, f64::NEG_INFINITY), |(at, m), (off, v)| {
+                        if at.is_none() || v > m || (v.is_nan() && !m.is_nan()) {
+                            (Some(off), v)
+                        } else {
+                            (at, m)
+                        }
+                    });
+                    if want_indices {
+                        let off = at.map_or(-1, |off| {
+                            let off = if p.column_major_indices { column_major(off, &axes) } else { off };
+                            (base + off) as i64
+                        });
+                        indices.push(off);
+                    }
+                    m
+                }
+                PoolKind::Lp { p } => cells.map(|(_, v)| v.abs().powi(p as i32)).sum::<f64>().powf(1.0 / p as f64),
                 PoolKind::Average { count_include_pad } => {
-                    let (sum, count) = cells.fold((0.0, 0usize), |(s, c), v| (s + v, c + 1));
+                    let (sum, count) = cells.fold((0.0, 0usize), |(s, c), (_, v)| (s + v, c + 1));
                     let divisor = if count_include_pad { (0..nk).filter(|&k| in_padded[k * no + o]).count() } else { count };
                     sum / divisor.max(1) as f64
                 }
             });
         }
     }
-    Tensor::from_f64s(x.dtype(), out, &y).map_err(|e| e.to_string())
+    let mut results = vec![Tensor::from_f64s(x.dtype(), out, &y).map_err(|e| e.to_string())?];
+    if want_indices {
+        results.push(Tensor::from_vec(out, indices).map_err(|e| e.to_string())?);
+    }
+    Ok(results)
+}
+
+/// A row-major offset within one image renumbered column-major (the first spatial axis fastest).
+fn column_major(off: usize, axes: &[SpatialAxis]) -> usize {
+    let (mut rest, mut col, mut stride) = (off, 0, 1);
+    let dims: Vec<usize> = axes.iter().map(|a| a.input).collect();
+    let row_strides = super::strides(&dims);
+    for d in 0..dims.len() {
+        let coord = rest / row_strides[d];
+        rest %= row_strides[d];
+        col += coord * stride;
+        stride *= dims[d];
+    }
+    col
 }
 
 /// For each (kernel offset, output position): whether the cell lies inside the padded input.
@@ -193,6 +233,110 @@ pub(super) fn global_pool(kind: PoolKind, x: &Tensor) -> Tensor {
     Tensor::from_f64s(x.dtype(), &dims, &y).expect("one value per plane")
 }
 
-pub(super) fn conv_transpose(_c: &crate::op::ConvTranspose, _operands: &[Option<&Tensor>], _out: &[crate::TensorType]) -> Result<Vec<Tensor>, String> {
-    Err("ConvTranspose is not implemented yet".into())
+/// Transposed convolution: per group, a GEMM of the weights' transpose with the input gives every
+/// (output channel, kernel offset, input position) product, which col2im adds into the output.
+pub(super) fn conv_transpose(c: &ConvTranspose, operands: &[Option<&Tensor>], out: &[TensorType]) -> Result<Vec<Tensor>, String> {
+    let (x, w) = match (operands.first().copied().flatten(), operands.get(1).copied().flatten()) {
+        (Some(x), Some(w)) => (x, w),
+        _ => return Err("ConvTranspose needs an input and a weight".into()),
+    };
+    let b = operands.get(2).copied().flatten();
+    let out_dims = out[0].shape.as_fixed().ok_or("the result shape is not known")?;
+    let spatial = x.rank() - 2;
+    let (n, cin) = (x.dims()[0], x.dims()[1]);
+    let m = out_dims[1];
+    let group = c.group;
+    let (cg, mg) = (cin / group, m / group);
+    let kdims = &w.dims()[2..];
+    let idims = &x.dims()[2..];
+    let axes: Vec<TransposeAxis> =
+        (0..spatial).map(|i| transpose_axis(c, i, spatial, idims[i], kdims[i])).collect::<Result<_, _>>()?;
+    let odims: Vec<usize> = axes.iter().map(|a| a.output).collect();
+    let table = scatter_table(&axes, idims, kdims, &odims);
+    let (nk, ni, no) = (kdims.iter().product::<usize>(), idims.iter().product::<usize>(), odims.iter().product::<usize>());
+    let f64_path = x.dtype() == DType::F64;
+    // Compute in f32 unless the tensors are f64, as Conv does.
+    let to = if f64_path { DType::F64 } else { DType::F32 };
+    let (xc, wc) = (x.cast(to), w.cast(to));
+    macro_rules! run {
+        ($t:ty) => {{
+            let xs = xc.as_slice::<$t>().expect("cast");
+            let ws = wc.as_slice::<$t>().expect("cast");
+            let mut y = vec![0 as $t; n * m * no];
+            for g in 0..group {
+                // The group's weights [cg, mg * nk], transposed.
+                let wg = ArrayView2::from_shape((cg, mg * nk), &ws[g * cg * mg * nk..(g + 1) * cg * mg * nk]).expect("weight layout");
+                let wt = wg.t();
+                for ni_ in 0..n {
+                    let start = (ni_ * cin + g * cg) * ni;
+                    let xg = ArrayView2::from_shape((cg, ni), &xs[start..start + cg * ni]).expect("input layout");
+                    let cols = wt.dot(&xg);
+                    for mi in 0..mg {
+                        let dst = &mut y[(ni_ * m + g * mg + mi) * no..][..no];
+                        for kf in 0..nk {
+                            let row = cols.row(mi * nk + kf);
+                            for (i, v) in row.iter().enumerate() {
+                                if let Some(o) = table[kf * ni + i] {
+                                    dst[o] += *v;
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            if let Some(b) = b {
+                let bc = b.cast(to);
+                let bs = bc.as_slice::<$t>().expect("cast");
+                for (i, chunk) in y.chunks_mut(no).enumerate() {
+                    let bias = bs[i % m];
+                    chunk.iter_mut().for_each(|v| *v += bias);
+                }
+            }
+            Tensor::from_vec(&out_dims, y).map_err(|e| e.to_string())?
+        }};
+    }
+    let y = if f64_path { run!(f64) } else { run!(f32) };
+    Ok(vec![y.cast(x.dtype())])
+}
+
+/// For each (kernel offset, input position): the output offset it adds into, or `None` when it
+/// falls outside the output (cut by padding).
+fn scatter_table(axes: &[TransposeAxis], idims: &[usize], kdims: &[usize], odims: &[usize]) -> Vec<Option<usize>> {
+    // Per axis: [kernel offset][input position] -> output position.
+    let per_axis: Vec<Vec<Vec<Option<usize>>>> = axes
+        .iter()
+        .enumerate()
+        .map(|(d, a)| {
+            (0..kdims[d])
+                .map(|k| {
+                    (0..idims[d])
+                        .map(|i| {
+                            let o = (i * a.stride + k * a.dilation) as i64 - a.pad_begin;
+                            (0..a.output as i64).contains(&o).then_some(o as usize)
+                        })
+                        .collect()
+                })
+                .collect()
+        })
+        .collect();
+    let out_strides = super::strides(odims);
+    let (nk, ni) = (kdims.iter().product::<usize>(), idims.iter().product::<usize>());
+    let mut table = Vec::with_capacity(nk * ni);
+    let mut k = vec![0; kdims.len()];
+    for _ in 0..nk {
+        let mut i = vec![0; idims.len()];
+        for _ in 0..ni {
+            let mut off = Some(0);
+            for d in 0..axes.len() {
+                off = match (off, per_axis[d][k[d]][i[d]]) {
+                    (Some(acc), Some(p)) => Some(acc + p * out_strides[d]),
+                    _ => None,
+                };
+            }
+            table.push(off);
+            advance(&mut i, idims);
+        }
+        advance(&mut k, kdims);
+    }
+    table
 }

@@ -18,6 +18,8 @@ mod window;
 
 pub use movement::{equal_split, slice_axis};
 pub(crate) use reduce::reduced_axes;
+pub(crate) use resize::{resize_plan, ResizePlan};
+pub(crate) use window::{transpose_axis, TransposeAxis};
 
 use crate::{Dim, Op, Shape, Tensor, TensorType};
 
@@ -70,7 +72,7 @@ pub fn infer(op: &Op, operands: &[Option<Operand>], node: &str) -> Result<Vec<Te
         Op::Gemm(g) => contraction::gemm(g, &ops),
         Op::Conv(c) => window::conv(c, &ops, &ctx),
         Op::Pool(p) => window::pool(p, &ops, &ctx),
-        Op::GlobalPool(_) => window::global_pool(&ops),
+        Op::GlobalPool(k) => window::global_pool(*k, &ops),
         Op::Softmax { axis } => normalize::softmax(*axis, &ops),
         Op::LayerNorm { axis, .. } => normalize::layer_norm(*axis, &ops),
         Op::BatchNorm { .. } => normalize::batch_norm(&ops),

@@ -60,6 +60,79 @@ pub(super) fn batch_norm(ops: &Operands) -> Infer {
 }
 
 /// InstanceNormalization, GroupNormalization, RMSNormalization, LRN, LpNormalization, MeanVarianceNormalization.
-pub(super) fn infer(op: &Op, _ops: &Operands, _ctx: &Ctx) -> Infer {
-    not_yet(op)
+pub(super) fn infer(op: &Op, ops: &Operands, _ctx: &Ctx) -> Infer {
+    let x = ops.get(0)?.ty;
+    if !x.dtype.is_float() {
+        return Err(format!("needs a float type, got {x}"));
+    }
+    match op {
+        Op::InstanceNorm { .. } => {
+            channel_params(x, ops, 1)?;
+        }
+        Op::GroupNorm { num_groups, .. } => {
+            let c = channel_params(x, ops, 1)?;
+            if *num_groups == 0 {
+                return Err("num_groups must be positive".into());
+            }
+            if let Dim::Fixed(c) = c {
+                if c % num_groups != 0 {
+                    return Err(format!("{c} channels of {x} do not split into {num_groups} groups"));
+                }
+            }
+        }
+        Op::RmsNorm { axis: ax, .. } => {
+            axis(*ax, x)?;
+            let scale = ops.get(1)?.ty;
+            same_dtype("input and scale", x, scale)?;
+            // Scale broadcasts to X one way (ONNX: unidirectional broadcasting).
+            if scale.rank() > x.rank() || broadcast(&scale.shape, &x.shape).as_ref() != Some(&x.shape) {
+                return Err(format!("scale {scale} does not broadcast to the input {x}"));
+            }
+        }
+        Op::Lrn(l) => {
+            if x.rank() < 3 {
+                return Err(format!("input must be [N, C, spatial...], got {x}"));
+            }
+            if l.size == 0 {
+                return Err("size must be positive".into());
+            }
+        }
+        Op::LpNorm { axis: ax, p } => {
+            axis(*ax, x)?;
+            if !matches!(p, 1 | 2) {
+                return Err(format!("p must be 1 or 2, got {p}"));
+            }
+        }
+        Op::MeanVarianceNorm { axes } => {
+            let mut seen = vec![false; x.rank()];
+            for &a in axes {
+                let i = axis(a, x)?;
+                if std::mem::replace(&mut seen[i], true) {
+                    return Err(format!("axes {axes:?} name axis {i} twice"));
+                }
+            }
+        }
+        _ => return not_yet(op),
+    }
+    Ok(vec![x.clone()])
+}
+
+/// Checks an [N, C, ...] input and per-channel [C] parameters at operands `first..`; returns C.
+fn channel_params(x: &TensorType, ops: &Operands, first: usize) -> Result<Dim, String> {
+    if x.rank() < 2 {
+        return Err(format!("input must be [N, C, ...], got {x}"));
+    }
+    let c = x.shape.0[1].clone();
+    for (i, what) in [(first, "scale"), (first + 1, "bias")] {
+        let p = ops.get(i)?.ty;
+        same_dtype(&format!("input and {what}"), x, p)?;
+        let ok = p.rank() == 1 && match (&p.shape.0[0], &c) {
+            (Dim::Fixed(a), Dim::Fixed(b)) => a == b,
+            _ => true,
+        };
+        if !ok {
+            return Err(format!("{what} must be [C] = [{c}] for input {x}, got {p}"));
+        }
+    }
+    Ok(c)
 }

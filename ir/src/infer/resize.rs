@@ -1,8 +1,186 @@
-//! Resize.
+//! Resize: `(x, roi?, scales?, sizes?) -> y`, following ONNX's reference implementation
+//! (onnx/reference/ops/op_resize.py) for output sizes, `axes` and `keep_aspect_ratio_policy`.
 
-use super::{Ctx, Infer, Operands};
-use crate::op::Resize;
+use super::{Ctx, Infer, Operand, Operands};
+use crate::op::{AspectRatioPolicy, CoordinateTransform, Resize, ResizeMode};
+use crate::{normalize_axis, Dim, Shape, TensorType};
 
-pub(super) fn infer(_r: &Resize, _ops: &Operands, _ctx: &Ctx) -> Infer {
-    Err("Resize is not implemented yet".into())
+/// How a Resize maps its input to its output, resolved against concrete operands: one entry per
+/// axis of the input.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct ResizePlan {
+    pub out: Vec<usize>,
+    /// The scale each axis's coordinates are transformed with (`out / in` when sizes were given).
+    pub scales: Vec<f64>,
+    /// Region of interest per axis (start, end), in the input's normalised coordinates.
+    pub roi: Option<Vec<(f64, f64)>>,
+    /// The roi was f32: the reference combines its values in f32.
+    pub roi_f32: bool,
+    /// The axes to interpolate, in order (the reference resizes one axis at a time).
+    pub order: Vec<usize>,
+}
+
+/// The axes `scales`/`sizes`/`roi` refer to, normalised, in attribute order.
+fn resized_axes(r: &Resize, rank: usize) -> Result<Vec<usize>, String> {
+    if r.axes.is_empty() {
+        return Ok((0..rank).collect());
+    }
+    let mut out = Vec::with_capacity(r.axes.len());
+    for &a in &r.axes {
+        let i = normalize_axis(a, rank).ok_or_else(|| format!("axes {:?}: {a} is out of range for rank {rank}", r.axes))?;
+        if out.contains(&i) {
+            return Err(format!("axes {:?} name axis {i} twice", r.axes));
+        }
+        out.push(i);
+    }
+    Ok(out)
+}
+
+/// Resolves a Resize for an input of dimensions `input`. `roi` holds all starts then all ends
+/// (f32 values are combined in f32, as the reference does); exactly one of `scales` and `sizes`.
+pub(crate) fn resize_plan(r: &Resize, input: &[usize], roi: Option<(&[f64], bool)>, scales: Option<&[f64]>, sizes: Option<&[i64]>) -> Result<ResizePlan, String> {
+    let rank = input.len();
+    let axes = resized_axes(r, rank)?;
+    let n = axes.len();
+    let mut out = input.to_vec();
+    let mut factors = vec![1.0; rank];
+    match (scales, sizes) {
+        (Some(_), Some(_)) => return Err("give scales or sizes, not both".into()),
+        (None, None) => return Err("needs scales or sizes".into()),
+        (Some(s), None) => {
+            if s.len() != n {
+                return Err(format!("scales has {} entries, {n} expected (one per resized axis)", s.len()));
+            }
+            for (&a, &f) in axes.iter().zip(s) {
+                if !(f > 0.0 && f.is_finite()) {
+                    return Err(format!("scales must be positive, got {s:?}"));
+                }
+                factors[a] = f;
+                let size = (f * input[a] as f64).floor();
+                if size > usize::MAX as f64 / 2.0 {
+                    return Err(format!("scale {f} makes axis {a} too large"));
+                }
+                out[a] = size as usize;
+            }
+        }
+        (None, Some(s)) => {
+            if s.len() != n {
+                return Err(format!("sizes has {} entries, {n} expected (one per resized axis)", s.len()));
+            }
+            for (&a, &size) in axes.iter().zip(s) {
+                if size < 0 {
+                    return Err(format!("sizes must not be negative, got {s:?}"));
+                }
+                if input[a] == 0 {
+                    return Err(format!("cannot resize axis {a} of size 0 to a given size"));
+                }
+                factors[a] = size as f64 / input[a] as f64;
+                out[a] = size as usize;
+            }
+            if r.keep_aspect_ratio_policy != AspectRatioPolicy::Stretch {
+                // One scale for every resized axis: the smallest or the largest, sizes rounded half up.
+                let pick = axes.iter().map(|&a| factors[a]);
+                let f = if r.keep_aspect_ratio_policy == AspectRatioPolicy::NotLarger {
+                    pick.fold(f64::INFINITY, f64::min)
+                } else {
+                    pick.fold(f64::NEG_INFINITY, f64::max)
+                };
+                for &a in &axes {
+                    factors[a] = f;
+                    out[a] = (f * input[a] as f64 + 0.5).floor() as usize;
+                }
+            }
+        }
+    }
+    // Only tf_crop_and_resize reads the region of interest.
+    let crop = r.coordinate_transform == CoordinateTransform::TfCropAndResize;
+    let full_roi = match roi.filter(|_| crop) {
+        None => None,
+        Some((v, _)) => {
+            if v.len() != 2 * n {
+                return Err(format!("roi has {} entries, {} expected (starts and ends of the resized axes)", v.len(), 2 * n));
+            }
+            let mut full = vec![(0.0, 1.0); rank];
+            for (i, &a) in axes.iter().enumerate() {
+                full[a] = (v[i], v[n + i]);
+            }
+            Some(full)
+        }
+    };
+    let roi_f32 = roi.is_some_and(|(_, f)| f);
+    Ok(ResizePlan { out, scales: factors, roi: full_roi, roi_f32, order: axes })
+}
+
+/// An optional operand with no elements counts as absent (exporters pass empty roi and scales).
+fn given<'a>(o: Option<Operand<'a>>) -> Option<Operand<'a>> {
+    o.filter(|o| o.ty.shape.numel() != Some(0))
+}
+
+pub(super) fn infer(r: &Resize, ops: &Operands, ctx: &Ctx) -> Infer {
+    let x = ops.get(0)?.ty;
+    if x.rank() == 0 {
+        return Err(format!("cannot resize a scalar {x}"));
+    }
+    let (roi, scales, sizes) = (given(ops.opt(1)), given(ops.opt(2)), given(ops.opt(3)));
+    for (o, what) in [(roi, "roi"), (scales, "scales")] {
+        if let Some(o) = o {
+            if !o.ty.dtype.is_float() || o.ty.rank() != 1 {
+                return Err(format!("{what} must be a 1-D float tensor, got {}", o.ty));
+            }
+        }
+    }
+    if let Some(o) = sizes {
+        if !o.ty.dtype.is_int() || o.ty.rank() != 1 {
+            return Err(format!("sizes must be a 1-D integer tensor, got {}", o.ty));
+        }
+    }
+    if scales.is_some() == sizes.is_some() {
+        return Err("needs exactly one of scales and sizes".into());
+    }
+    if r.mode == ResizeMode::Nearest && r.antialias {
+        return Err("antialias applies to the linear and cubic modes, not nearest".into());
+    }
+    let axes = resized_axes(r, x.rank())?;
+    let n = axes.len();
+    // Lengths known from the types are checked even when the values are not.
+    let roi = roi.filter(|_| r.coordinate_transform == CoordinateTransform::TfCropAndResize);
+    if r.coordinate_transform == CoordinateTransform::TfCropAndResize && roi.is_none() {
+        return Err("tf_crop_and_resize needs roi".into());
+    }
+    for (o, what, want) in [(scales, "scales", n), (sizes, "sizes", n), (roi, "roi", 2 * n)] {
+        if let Some(Dim::Fixed(len)) = o.map(|o| &o.ty.shape.0[0]) {
+            if *len != want {
+                return Err(format!("{what} has {len} entries, {want} expected for {x} with axes {:?}", r.axes));
+            }
+        }
+    }
+    let scale_values = scales.and_then(|o| o.value).map(|t| t.to_f64s());
+    let size_values = sizes.and_then(|o| o.value).map(|t| t.to_i64s());
+    if let Some(s) = &scale_values {
+        if s.iter().any(|f| !(*f > 0.0 && f.is_finite())) {
+            return Err(format!("scales must be positive, got {s:?}"));
+        }
+    }
+    if let Some(s) = &size_values {
+        if s.iter().any(|&v| v < 0) {
+            return Err(format!("sizes must not be negative, got {s:?}"));
+        }
+    }
+    let known = scale_values.is_some() || size_values.is_some();
+    if let (true, Some(input)) = (known, x.shape.as_fixed()) {
+        let roi_values = roi.and_then(|o| o.value).map(|t| (t.to_f64s(), t.dtype() == crate::DType::F32));
+        let plan = resize_plan(r, &input, roi_values.as_ref().map(|(v, f)| (v.as_slice(), *f)), scale_values.as_deref(), size_values.as_deref())?;
+        return Ok(vec![TensorType::new(x.dtype, Shape::fixed(&plan.out))]);
+    }
+    // Partly known: axes not resized keep their size; a stretched size or a unit scale is known.
+    let mut dims = x.shape.0.clone();
+    for (i, &a) in axes.iter().enumerate() {
+        dims[a] = match (&size_values, &scale_values, &x.shape.0[a]) {
+            (Some(s), _, _) if r.keep_aspect_ratio_policy == AspectRatioPolicy::Stretch => Dim::Fixed(s[i] as usize),
+            (_, Some(s), d) if s[i] == 1.0 => d.clone(),
+            (_, Some(s), Dim::Fixed(d)) => Dim::Fixed((s[i] * *d as f64).floor() as usize),
+            _ => ctx.fresh(a),
+        };
+    }
+    Ok(vec![TensorType::new(x.dtype, Shape(dims))])
 }

@@ -1,7 +1,7 @@
 //! Convolution and pooling.
 
 use super::{same_dtype, Ctx, Infer, Operands};
-use crate::op::{Conv, ConvTranspose, Pool, PoolKind, Window};
+use crate::op::{AutoPad, Conv, ConvTranspose, Pool, PoolKind, Window};
 use crate::{Dim, Shape, TensorType};
 
 /// Output spatial sizes for `x` of shape [N, C, spatial...] and kernel sizes `kernel`.
@@ -65,6 +65,12 @@ pub(super) fn pool(p: &Pool, ops: &Operands, ctx: &Ctx) -> Infer {
     if p.kernel.len() != x.rank() - 2 {
         return Err(format!("kernel_shape {:?} does not match the {} spatial dimensions of {x}", p.kernel, x.rank() - 2));
     }
+    if p.kernel.contains(&0) {
+        return Err(format!("kernel_shape {:?} has a zero size", p.kernel));
+    }
+    if p.kind == (PoolKind::Lp { p: 0 }) {
+        return Err("LpPool needs p >= 1".into());
+    }
     let kernel: Vec<Dim> = p.kernel.iter().map(|&k| Dim::Fixed(k)).collect();
     let mut dims = x.shape.0[..2].to_vec();
     dims.extend(spatial_out(&p.window, x, &kernel, p.ceil_mode, ctx)?);
@@ -77,8 +83,14 @@ pub(super) fn pool(p: &Pool, ops: &Operands, ctx: &Ctx) -> Infer {
     Ok(vec![y])
 }
 
-pub(super) fn global_pool(ops: &Operands) -> Infer {
+pub(super) fn global_pool(kind: PoolKind, ops: &Operands) -> Infer {
     let x = ops.get(0)?.ty;
+    if !x.dtype.is_numeric() {
+        return Err(format!("needs a numeric type, got {x}"));
+    }
+    if kind == (PoolKind::Lp { p: 0 }) {
+        return Err("GlobalLpPool needs p >= 1".into());
+    }
     if x.rank() < 3 {
         return Err(format!("input must be [N, C, spatial...], got {x}"));
     }
@@ -87,6 +99,122 @@ pub(super) fn global_pool(ops: &Operands) -> Infer {
     Ok(vec![TensorType::new(x.dtype, Shape(dims))])
 }
 
-pub(super) fn conv_transpose(_c: &ConvTranspose, _ops: &Operands, _ctx: &Ctx) -> Infer {
-    Err("ConvTranspose is not implemented yet".into())
+/// The spatial geometry of a transposed convolution on one axis: where input position 0 lands
+/// (`-pad_begin`) and the output size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct TransposeAxis {
+    pub stride: usize,
+    pub dilation: usize,
+    /// May be negative: the output then starts before the full result (ONNX derives negative
+    /// padding when `output_shape` or SAME asks for more than the full size).
+    pub pad_begin: i64,
+    pub output: usize,
+}
+
+/// Checks ConvTranspose's attribute lists for `spatial` spatial dimensions.
+fn check_transpose_attrs(c: &ConvTranspose, spatial: usize) -> Result<(), String> {
+    c.window.check(spatial)?;
+    if !c.output_padding.is_empty() && c.output_padding.len() != spatial {
+        return Err(format!("output_padding has {} entries, {spatial} expected", c.output_padding.len()));
+    }
+    // ONNX allows output_shape with or without the N and C dimensions.
+    if !c.output_shape.is_empty() && c.output_shape.len() != spatial && c.output_shape.len() != spatial + 2 {
+        return Err(format!("output_shape {:?} must have {spatial} spatial entries", c.output_shape));
+    }
+    Ok(())
+}
+
+/// Resolves spatial axis `i` of a transposed convolution for input size `input` and kernel size
+/// `kernel`, following the ONNX reference: with `output_shape` or SAME_*, the total padding is
+/// `full - output` split in half (the odd one at the end for SAME_UPPER, else at the start), with
+/// floor division, so it may be negative; otherwise the explicit pads (VALID: none).
+pub(crate) fn transpose_axis(c: &ConvTranspose, i: usize, spatial: usize, input: usize, kernel: usize) -> Result<TransposeAxis, String> {
+    let (stride, dilation) = (c.window.stride(i), c.window.dilation(i));
+    if input == 0 || kernel == 0 {
+        return Err(format!("spatial axis {i} has input size {input} and kernel size {kernel}; both must be positive"));
+    }
+    let adj = c.output_padding.get(i).copied().unwrap_or(0);
+    let full = (stride * (input - 1) + adj + dilation * (kernel - 1) + 1) as i64;
+    let wanted = if !c.output_shape.is_empty() {
+        Some(c.output_shape[c.output_shape.len() - spatial + i])
+    } else if matches!(c.window.auto_pad, AutoPad::SameUpper | AutoPad::SameLower) {
+        Some(input * stride)
+    } else {
+        None
+    };
+    let (pad_begin, output) = match wanted {
+        Some(out) => {
+            let total = full - out as i64;
+            let half = total.div_euclid(2);
+            let begin = if c.window.auto_pad == AutoPad::SameUpper { half } else { total - half };
+            (begin, out)
+        }
+        None => {
+            let (begin, end) = match c.window.auto_pad {
+                AutoPad::Valid => (0, 0),
+                _ => (c.window.pads.get(i).copied().unwrap_or(0), c.window.pads.get(spatial + i).copied().unwrap_or(0)),
+            };
+            let out = full - (begin + end) as i64;
+            if out <= 0 {
+                return Err(format!("pads {begin} and {end} remove the whole output ({full}) on spatial axis {i}"));
+            }
+            (begin as i64, out as usize)
+        }
+    };
+    if output == 0 {
+        return Err(format!("output_shape gives size 0 on spatial axis {i}"));
+    }
+    Ok(TransposeAxis { stride, dilation, pad_begin, output })
+}
+
+pub(super) fn conv_transpose(c: &ConvTranspose, ops: &Operands, ctx: &Ctx) -> Infer {
+    let (x, w) = (ops.get(0)?.ty, ops.get(1)?.ty);
+    same_dtype("input and weight", x, w)?;
+    if !x.dtype.is_float() {
+        return Err(format!("needs a float type, got {x}"));
+    }
+    if x.rank() < 3 || w.rank() != x.rank() {
+        return Err(format!("input [N, C, spatial...] and weight [C, M/group, kernel...] must have the same rank of 3 or more, got {x} and {w}"));
+    }
+    if c.group == 0 {
+        return Err("group must be positive".into());
+    }
+    let spatial = x.rank() - 2;
+    check_transpose_attrs(c, spatial)?;
+    if let Dim::Fixed(cin) = x.shape.0[1] {
+        if cin % c.group != 0 {
+            return Err(format!("{cin} input channels of {x} do not split into {} groups", c.group));
+        }
+        if let Dim::Fixed(cw) = w.shape.0[0] {
+            if cw != cin {
+                return Err(format!("input {x} has {cin} channels but weight {w} is for {cw}"));
+            }
+        }
+    }
+    let m = match &w.shape.0[1] {
+        Dim::Fixed(mg) => Dim::Fixed(mg * c.group),
+        d if c.group == 1 => d.clone(),
+        _ => ctx.fresh(1),
+    };
+    if let Some(b) = ops.opt(2) {
+        same_dtype("input and bias", x, b.ty)?;
+        let ok = b.ty.rank() == 1 && match (&b.ty.shape.0[0], &m) {
+            (Dim::Fixed(a), Dim::Fixed(b)) => a == b,
+            _ => true,
+        };
+        if !ok {
+            return Err(format!("bias must be [M] = [{m}], got {}", b.ty));
+        }
+    }
+    let mut dims = vec![x.shape.0[0].clone(), m];
+    for i in 0..spatial {
+        let d = match (&x.shape.0[2 + i], w.shape.0[2 + i].fixed()) {
+            (Dim::Fixed(n), Some(k)) => Dim::Fixed(transpose_axis(c, i, spatial, *n, k)?.output),
+            // The output size is known without the input's when output_shape gives it.
+            _ if !c.output_shape.is_empty() => Dim::Fixed(c.output_shape[c.output_shape.len() - spatial + i]),
+            _ => ctx.fresh(2 + i),
+        };
+        dims.push(d);
+    }
+    Ok(vec![TensorType::new(x.dtype, Shape(dims))])
 }
