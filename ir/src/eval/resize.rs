@@ -97,16 +97,48 @@ fn source_coordinate(mode: CoordinateTransform, y: f64, scale: f64, input: usize
     (x, false)
 }
 
-/// The cubic convolution kernel with parameter `a` at distance `x`.
-fn cubic(x: f64, a: f64) -> f64 {
-    let x = x.abs();
-    if x <= 1.0 {
+/// The cubic convolution kernel with parameter `a` at distance `x`. The reference (and
+/// onnxruntime) compute cubic weights in f32, as `cubic_coeff_a` is f32; so does this, so that
+/// results agree to rounding even where they nearly cancel.
+fn cubic(x: f64, a: f32) -> f64 {
+    let x = x.abs() as f32;
+    (if x <= 1.0 {
         ((a + 2.0) * x - (a + 3.0)) * x * x + 1.0
     } else if x < 2.0 {
         ((a * x - 5.0 * a) * x + 8.0 * a) * x - 4.0 * a
     } else {
         0.0
-    }
+    }) as f64
+}
+
+/// Normalised cubic weights at distances `xs` for antialiasing, rounded as the reference's numpy
+/// arithmetic rounds them: kernel values and their sum in f32; the quotients in f32 unless a
+/// weight is an exact (f64) zero, which makes numpy divide in f64.
+fn cubic_antialias(xs: impl Iterator<Item = f64>, a: f32) -> Vec<f64> {
+    let values: Vec<Option<f32>> = xs
+        .map(|x| {
+            let x = x.abs();
+            let x2 = x * x;
+            let x3 = x * x2;
+            if x <= 1.0 {
+                Some((a + 2.0) * x3 as f32 - (a + 3.0) * x2 as f32 + 1.0)
+            } else if x < 2.0 {
+                Some(a * x3 as f32 - 5.0 * a * x2 as f32 + 8.0 * a * x as f32 - 4.0 * a)
+            } else {
+                None
+            }
+        })
+        .collect();
+    let sum = values.iter().fold(0f32, |acc, v| acc + v.unwrap_or(0.0));
+    let exact_zero = values.iter().any(Option::is_none);
+    values
+        .into_iter()
+        .map(|v| match v {
+            None => 0.0,
+            Some(v) if exact_zero => v as f64 / sum as f64,
+            Some(v) => (v / sum) as f64,
+        })
+        .collect()
 }
 
 /// The weights of the neighbours `base + 1 - n/2 ..= base + n/2` of a point `ratio` past `base`
@@ -141,12 +173,11 @@ fn coefficients(r: &Resize, ratio: f64, scale: f64) -> Vec<f64> {
         ResizeMode::Cubic if r.antialias => {
             let s = scale.min(1.0);
             let start = (-2.0 / s).floor() as i64 + 1;
-            let a = r.cubic_coeff_a as f64;
-            normalise((start..2 - start).map(|i| cubic(s * (i as f64 - ratio), a)).collect())
+            cubic_antialias((start..2 - start).map(|i| s * (i as f64 - ratio)), r.cubic_coeff_a)
         }
         ResizeMode::Cubic => {
-            let a = r.cubic_coeff_a as f64;
-            vec![cubic(ratio + 1.0, a), cubic(ratio, a), cubic(1.0 - ratio, a), cubic(2.0 - ratio, a)]
+            let a = r.cubic_coeff_a;
+            vec![cubic(ratio + 1.0, a), cubic(ratio, a), cubic(1.0 - ratio, a), cubic(1.0 - ratio + 1.0, a)]
         }
     }
 }
