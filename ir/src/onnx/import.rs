@@ -26,6 +26,16 @@ pub(super) fn import_model(model: &ModelProto, base_dir: Option<&Path>) -> Resul
 
 /// Lists every node, in every subgraph, whose op kiln does not support; an error if any.
 fn check_supported(graph: &GraphProto, opsets: &[(String, i64)]) -> Result<()> {
+    let found = check_supported_list(graph, opsets);
+    if found.is_empty() {
+        Ok(())
+    } else {
+        Err(IrError::Unsupported(found))
+    }
+}
+
+/// The ops of `graph` (and its subgraphs) kiln does not support, each with the nodes using it.
+pub(super) fn check_supported_list(graph: &GraphProto, opsets: &[(String, i64)]) -> Vec<UnsupportedOp> {
     let mut found: Vec<UnsupportedOp> = Vec::new();
     let mut visit = |node: &NodeProto| {
         let domain = node.domain.clone().unwrap_or_default();
@@ -43,11 +53,7 @@ fn check_supported(graph: &GraphProto, opsets: &[(String, i64)]) -> Result<()> {
         }
     };
     walk_nodes(graph, &mut visit);
-    if found.is_empty() {
-        Ok(())
-    } else {
-        Err(IrError::Unsupported(found))
-    }
+    found
 }
 
 /// Calls `f` on every node of `graph` and of its subgraphs.
@@ -105,6 +111,58 @@ pub(super) fn free_values(graph: &GraphProto) -> Vec<String> {
     free
 }
 
+/// The order to import nodes in: as given when that is topological (the spec requires it),
+/// else a topological order; a cycle or a name nothing defines is an error naming the node.
+fn node_order(g: &GraphProto, known: &HashSet<&str>) -> Result<Vec<usize>> {
+    let mut defined: HashSet<&str> = known.clone();
+    let mut in_order = true;
+    for n in &g.node {
+        if n.input.iter().any(|i| !i.is_empty() && !defined.contains(i.as_str())) {
+            in_order = false;
+            break;
+        }
+        defined.extend(n.output.iter().map(String::as_str));
+    }
+    if in_order {
+        return Ok((0..g.node.len()).collect());
+    }
+    let producer: HashMap<&str, usize> = g.node.iter().enumerate().flat_map(|(i, n)| n.output.iter().filter(|o| !o.is_empty()).map(move |o| (o.as_str(), i))).collect();
+    let mut order = Vec::with_capacity(g.node.len());
+    // 0: not visited, 1: on the current path, 2: done.
+    let mut state = vec![0u8; g.node.len()];
+    fn visit<'g>(i: usize, g: &'g GraphProto, known: &HashSet<&str>, producer: &HashMap<&str, usize>, state: &mut [u8], order: &mut Vec<usize>) -> Result<()> {
+        match state[i] {
+            2 => return Ok(()),
+            1 => return Err(IrError::Onnx(format!("the graph has a cycle through node `{}`", node_label(&g.node[i])))),
+            _ => {}
+        }
+        state[i] = 1;
+        for (k, input) in g.node[i].input.iter().enumerate() {
+            if input.is_empty() || known.contains(input.as_str()) {
+                continue;
+            }
+            match producer.get(input.as_str()) {
+                Some(&p) => visit(p, g, known, producer, state, order)?,
+                None => {
+                    let n = &g.node[i];
+                    return Err(IrError::Onnx(format!(
+                        "node `{}` ({}): input {k} `{input}` is not defined by any node, initializer or graph input",
+                        node_label(n),
+                        n.op_type.as_deref().unwrap_or("")
+                    )));
+                }
+            }
+        }
+        state[i] = 2;
+        order.push(i);
+        Ok(())
+    }
+    for i in 0..g.node.len() {
+        visit(i, g, known, &producer, &mut state, &mut order)?;
+    }
+    Ok(order)
+}
+
 /// Builds one kiln graph from one ONNX graph.
 pub(super) struct GraphImporter<'a> {
     pub(super) graph: Graph,
@@ -152,8 +210,9 @@ impl<'a> GraphImporter<'a> {
             let v = self.graph.add_input(&kiln_name, ty)?;
             self.values.insert(name, v);
         }
-        for node in &g.node {
-            self.node(node)?;
+        let known: HashSet<&str> = self.values.keys().map(String::as_str).collect();
+        for i in node_order(g, &known)? {
+            self.node(&g.node[i])?;
         }
         for output in &g.output {
             let name = output.name.clone().unwrap_or_default();
@@ -169,7 +228,7 @@ impl<'a> GraphImporter<'a> {
         let op_type = node.op_type.clone().unwrap_or_default();
         for (i, name) in node.input.iter().enumerate() {
             if !name.is_empty() && !self.values.contains_key(name) {
-                return Err(IrError::Onnx(format!("node `{label}` ({op_type}): input {i} `{name}` is not defined before the node (the graph is not in topological order, or the name dangles)")));
+                return Err(IrError::Onnx(format!("node `{label}` ({op_type}): input {i} `{name}` is not available (its producer does not make it)")));
             }
         }
         ops::convert(self, node, &op_type).map_err(|e| match e {
@@ -181,7 +240,7 @@ impl<'a> GraphImporter<'a> {
 
     /// The kiln value of operand `i` of `node`; `None` when it is omitted.
     pub(super) fn operand(&self, node: &NodeProto, i: usize) -> Option<ValueId> {
-        node.input.get(i).filter(|n| !n.is_empty()).map(|n| self.values[n])
+        node.input.get(i).filter(|n| !n.is_empty()).and_then(|n| self.values.get(n).copied())
     }
 
     pub(super) fn operands(&self, node: &NodeProto) -> Vec<Option<ValueId>> {

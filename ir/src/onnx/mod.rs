@@ -10,6 +10,7 @@
 //! - A corrupt, truncated or non-ONNX file is an error that says so, never a panic.
 
 mod import;
+mod inspect;
 mod ops;
 pub mod proto;
 mod tensor;
@@ -19,6 +20,7 @@ use std::path::Path;
 
 use prost::Message;
 
+pub use inspect::{inspect, Summary};
 pub use tensor::{dtype_of, onnx_type_of};
 
 use crate::{Graph, IrError, Result, Tensor};

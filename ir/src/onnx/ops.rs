@@ -88,11 +88,7 @@ pub(super) fn convert(im: &mut GraphImporter, node: &NodeProto, op_type: &str) -
         }
         "Sum" | "Mean" | "Max" | "Min" => variadic(im, node, op_type, a),
         "Add" | "Sub" | "Mul" | "Div" | "Pow" | "And" | "Or" | "Xor" | "Equal" | "Less" | "Greater" | "PRelu" if opset < 7 => {
-            a.remove("broadcast");
-            if a.contains("axis") {
-                return Err(unsupported("the legacy `axis` broadcast of opsets before 7 is not supported"));
-            }
-            generic(im, node, op_type, a, n_out)
+            legacy_broadcast(im, node, op_type, a)
         }
         "Gemm" => {
             a.remove("broadcast");
@@ -256,6 +252,35 @@ fn type_attr(a: &mut Attrs, name: &str) -> Result<Option<DType>> {
         Some(Attr::Type(t)) => Ok(Some(t)),
         Some(other) => Err(err(format!("attribute `{name}` must name a data type, got {other}"))),
     }
+}
+
+/// Before opset 7, `broadcast = 1` aligned the second operand with the first starting at `axis`
+/// (default: at the end), and PRelu's slope was per channel. Both become numpy broadcasting by
+/// giving the second operand trailing unit dimensions.
+fn legacy_broadcast(im: &mut GraphImporter, node: &NodeProto, op_type: &str, mut a: Attrs) -> Result<()> {
+    let broadcast = a.remove("broadcast").map(|v| int_of(&v)).transpose()?.unwrap_or(0) != 0;
+    let axis = a.remove("axis").map(|v| int_of(&v)).transpose()?;
+    let (x, b) = match (im.operand(node, 0), im.operand(node, 1)) {
+        (Some(x), Some(b)) => (x, b),
+        _ => return Err(err("needs two operands")),
+    };
+    let (ra, rb) = (im.ty(x).rank() as i64, im.ty(b).rank() as i64);
+    let start = match (op_type, axis) {
+        ("PRelu", _) if rb == 1 && ra > 2 => Some(1),
+        (_, Some(ax)) if broadcast => Some(if ax < 0 { ax + ra } else { ax }),
+        _ => None,
+    };
+    let b = match start {
+        Some(start) if start + rb < ra && start >= 0 => {
+            let dims = im.ty(b).shape.as_fixed().ok_or_else(|| err("a legacy broadcast operand needs a known shape"))?;
+            let mut shape: Vec<i64> = dims.iter().map(|&d| d as i64).collect();
+            shape.extend(std::iter::repeat_n(1, (ra - start - rb) as usize));
+            let s = im.constant(node, "aligned_shape", Tensor::vector(&shape))?;
+            im.add(node, "aligned", Op::Reshape { allowzero: false }, &[Some(b), Some(s)], 1)?.into()
+        }
+        _ => b,
+    };
+    with_operands(im, node, op_type, a, vec![Some(x), Some(b)], 1)
 }
 
 /// Older opsets give axes as an attribute; kiln takes them as a constant operand.
@@ -498,7 +523,7 @@ fn if_(im: &mut GraphImporter, node: &NodeProto, a: Attrs) -> Result<()> {
     let (then_branch, else_branch) = (import(then_g, "then")?, import(else_g, "else")?);
     let cond = im.operand(node, 0).ok_or_else(|| err("operand 0 (cond) is missing"))?;
     let mut operands = vec![Some(cond)];
-    operands.extend(names.iter().map(|n| Some(im.values[n])));
+    operands.extend(names.iter().map(|n| im.values.get(n).copied()));
     let n_out = node.output.len();
     emit(im, node, Op::If { then_branch, else_branch }, &operands, n_out)
 }

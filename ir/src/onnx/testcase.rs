@@ -191,7 +191,12 @@ fn panic_text(p: &Box<dyn std::any::Any + Send>) -> String {
     p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_else(|| "?".into())
 }
 
-/// A test's name: its folder's name.
+/// A test's name: `suite/test`, its parent folder's name and its own (`node/test_abs`), so tests
+/// of several suites can share one ratchet list.
 pub fn test_name(dir: &Path) -> String {
-    dir.file_name().map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().to_string())
+    let own = dir.file_name().map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().to_string());
+    match dir.parent().and_then(|p| p.file_name()) {
+        Some(suite) => format!("{}/{own}", suite.to_string_lossy()),
+        None => own,
+    }
 }
