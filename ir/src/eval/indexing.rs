@@ -291,10 +291,11 @@ fn scatter_nd(xd: &[usize], indices: &Tensor) -> Result<Vec<usize>, String> {
 /// For each result coordinate along one axis, the operand coordinate it copies (`None`: the
 /// constant). Negative pads crop first and the other modes pad what is left, as onnxruntime does.
 fn pad_axis(mode: PadMode, n: usize, lo: i64, hi: i64, size: usize) -> Vec<Option<usize>> {
-    let n = n as i64;
+    // In i128 so that pads near the ends of the i64 range cannot overflow.
+    let (n, lo, hi) = (n as i128, lo as i128, hi as i128);
     let (start, end) = ((-lo).max(0), n - (-hi).max(0));
     let len = end - start;
-    (0..size as i64)
+    (0..size as i128)
         .map(|o| {
             let c = o - lo;
             if (start..end).contains(&c) {

@@ -303,6 +303,16 @@ fn pad_longer_than_the_axis_repeats_as_numpy_does() {
 }
 
 #[test]
+fn pads_at_the_ends_of_the_i64_range_do_not_overflow() {
+    // Crop everything from the front, pad i64::MAX at the back: 1 + MIN + MAX = 0 elements.
+    let y = pad(PadMode::Constant, Tensor::vector(&[1i64]), &[i64::MIN, i64::MAX]);
+    assert_eq!(y.dims(), [0]);
+    let y = pad(PadMode::Constant, Tensor::vector(&[1i64, 2]), &[i64::MIN + 1, i64::MAX]);
+    // 2 + (MIN + 1) + MAX = 2: everything cropped, two zeros padded.
+    assert_eq!((y.dims(), vals::<i64>(&y)), (&[2][..], vec![0, 0]));
+}
+
+#[test]
 fn negative_pads_crop_before_padding() {
     // Values from onnxruntime 1.31 (numpy's pad has no negative pads): crop, then pad what is left.
     let x = || f32s(&[1, 6], &[1., 2., 3., 4., 5., 6.]);
