@@ -17,6 +17,7 @@ mod sequence;
 mod window;
 
 pub use movement::{equal_split, slice_axis};
+pub(crate) use indexing::pad_amounts;
 pub(crate) use reduce::reduced_axes;
 
 use crate::{Dim, Op, Shape, Tensor, TensorType};
