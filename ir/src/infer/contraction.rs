@@ -97,6 +97,7 @@ pub(crate) struct EinsumSpec {
 
 /// One side of `->` or one operand's term: letters, and where `...` sits among them.
 struct Term {
+    text: String,
     letters: Vec<u8>,
     ellipsis: Option<usize>,
 }
@@ -119,7 +120,7 @@ fn parse_term(text: &str, what: &str) -> Result<Term, String> {
             return Err(format!("{what} `{text}` has the invalid character {:?}", text[text.len() - rest.len()..].chars().next().unwrap_or('?')));
         }
     }
-    Ok(Term { letters, ellipsis })
+    Ok(Term { text: text.to_string(), letters, ellipsis })
 }
 
 impl EinsumSpec {
@@ -142,8 +143,7 @@ impl EinsumSpec {
                 None => s.rank() == t.letters.len(),
             };
             if !fits {
-                let term = String::from_utf8_lossy(&t.letters);
-                return Err(format!("term {i} `{}` does not fit operand {i} of shape {s}", if t.ellipsis.is_some() { format!("{term} with ...") } else { term.into_owned() }));
+                return Err(format!("term {i} `{}` does not fit operand {i} of shape {s}", t.text));
             }
             if let Some(p) = t.ellipsis {
                 any_ellipsis = true;

@@ -515,6 +515,7 @@ fn einsum_rejects_bad_equations() {
     let p = "node `einsum` (Einsum): ";
     assert_eq!(e("ij,jk->ik", &[a()]), format!("{p}equation `ij,jk->ik` has 2 input terms for 1 operands"));
     assert_eq!(e("ijk->i", &[a()]), format!("{p}term 0 `ijk` does not fit operand 0 of shape [2,3]"));
+    assert_eq!(e("...ijk", &[a()]), format!("{p}term 0 `...ijk` does not fit operand 0 of shape [2,3]"));
     assert_eq!(e("ij,ij->i", &[a(), f32s(&[3, 2], &[0.; 6])]), format!("{p}letter `i` stands for sizes 2 and 3 (operand 1 of shape [3,2])"));
     assert_eq!(e("ii->i", &[a()]), format!("{p}letter `i` of operand 0 of shape [2,3] stands for sizes 2 and 3"));
     assert_eq!(e("ij->k", &[a()]), format!("{p}output letter `k` is in no input term"));
