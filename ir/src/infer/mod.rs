@@ -19,6 +19,8 @@ mod window;
 pub use movement::{equal_split, slice_axis};
 pub(crate) use indexing::pad_amounts;
 pub(crate) use reduce::reduced_axes;
+pub(crate) use generate::{range_count, shape_interval, Scalar};
+pub(crate) use contraction::EinsumSpec;
 
 use crate::{Dim, Op, Shape, Tensor, TensorType};
 
