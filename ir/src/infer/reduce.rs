@@ -2,7 +2,7 @@
 
 use super::{not_yet, Ctx, Infer, Operands};
 use crate::Op;
-use crate::op::Reduce;
+use crate::op::{Reduce, ReduceKind};
 use crate::{Dim, Shape, TensorType};
 
 /// The axes a reduction reduces, normalised and sorted; `None` when they are known only at run time.
@@ -29,7 +29,9 @@ pub(crate) fn reduced_axes(noop_with_empty_axes: bool, axes: Option<Option<Vec<i
 
 pub(super) fn reduce(r: &Reduce, ops: &Operands, ctx: &Ctx) -> Infer {
     let x = ops.get(0)?.ty;
-    if !x.dtype.is_numeric() {
+    // ReduceMax/ReduceMin also take bool (opset 20).
+    let bool_ok = matches!(r.kind, ReduceKind::Max | ReduceKind::Min);
+    if !x.dtype.is_numeric() && !bool_ok {
         return Err(format!("needs a numeric type, got {x}"));
     }
     let axes = reduced_axes(r.noop_with_empty_axes, ops.ints(1, "axes")?, x)?;
@@ -42,7 +44,11 @@ pub(super) fn reduce(r: &Reduce, ops: &Operands, ctx: &Ctx) -> Infer {
             }).collect(),
         ),
         None if r.keepdims => ctx.fresh_shape(x.rank()),
-        None => return Err("axes known only at run time need keepdims = 1".into()),
+        // Without keepdims the rank still follows from how many axes there are.
+        None => match ops.get(1)?.ty.shape.dims() {
+            [Dim::Fixed(k)] if *k > 0 && *k <= x.rank() => ctx.fresh_shape(x.rank() - k),
+            _ => return Err(format!("axes {} known only at run time need keepdims = 1 or a known count", ops.get(1)?.ty)),
+        },
     };
     Ok(vec![TensorType::new(x.dtype, shape)])
 }
