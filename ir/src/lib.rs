@@ -39,11 +39,13 @@ pub mod builder;
 pub mod eval;
 pub mod infer;
 pub mod models;
+#[cfg(feature = "onnx")]
+pub mod onnx;
 pub mod op;
 pub mod text;
 
 pub use dtype::DType;
-pub use error::{IrError, Result};
+pub use error::{IrError, Result, UnsupportedOp};
 pub use graph::{Edge, Graph, Node, NodeId, ValueId};
 pub use half::{bf16, f16};
 pub use op::{BinaryOp, Op, UnaryOp};

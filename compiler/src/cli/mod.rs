@@ -1,6 +1,8 @@
 //! The `kiln` command line (clap). Each subcommand lives in its own file.
 
+mod check;
 mod demo;
+mod info;
 
 use clap::{Parser, Subcommand};
 
@@ -21,6 +23,10 @@ struct Cli {
 enum Command {
     /// Trace the built-in CIFAR-10 CNN, print its graph, and run it.
     Demo(demo::Args),
+    /// Describe an ONNX model: inputs, outputs, opsets, ops, parameters, unsupported ops.
+    Info(info::Args),
+    /// Run ONNX backend-style test directories and compare the outputs.
+    Check(check::Args),
 }
 
 /// Runs the CLI on the process arguments; returns the exit code.
@@ -32,6 +38,11 @@ pub fn main() -> i32 {
             Ok(())
         }
         Some(Command::Demo(args)) => demo::run(&args),
+        Some(Command::Info(args)) => info::run(&args),
+        Some(Command::Check(args)) => match check::run(&args) {
+            Ok(code) => return code,
+            Err(e) => Err(e),
+        },
         None => {
             use clap::CommandFactory;
             let _ = Cli::command().print_help();

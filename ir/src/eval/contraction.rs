@@ -1,9 +1,11 @@
-//! MatMul and Gemm. Floats multiply in f32 (f64 for f64 tensors) with ndarray's GEMM; integers
+//! MatMul, Gemm and Einsum. Floats multiply in f32 (f64 for f64 tensors) with ndarray's GEMM; integers
 //! accumulate in i64 with wrap-around.
 
 use ndarray::{Array2, Array3, ArrayD, Axis, Ix2, IxDyn, Zip};
 
+use super::reduce::Nums;
 use super::{tensor, view};
+use crate::infer::EinsumSpec;
 use crate::op::Gemm;
 use crate::{DType, Tensor};
 
@@ -106,6 +108,80 @@ pub(super) fn gemm(g: &Gemm, a: &Tensor, b: &Tensor, c: Option<&Tensor>) -> Resu
     Ok(tensor(y).cast(a.dtype()))
 }
 
-pub(super) fn einsum(_equation: &str, _operands: &[Option<&Tensor>], _out: &[crate::TensorType]) -> Result<Vec<Tensor>, String> {
-    Err("Einsum is not implemented yet".into())
+/// Einstein summation by direct iteration over every label: each result element sums, over the
+/// labels absent from the result, the product of the operands' elements. Floats in f64, integers
+/// exactly (wrapping as the element type would).
+pub(super) fn einsum(equation: &str, operands: &[Option<&Tensor>], out: &[crate::TensorType]) -> Result<Vec<Tensor>, String> {
+    let xs: Vec<&Tensor> = operands.iter().map(|o| o.ok_or("an operand is missing")).collect::<Result<_, _>>()?;
+    let shapes: Vec<crate::Shape> = xs.iter().map(|t| crate::Shape::fixed(t.dims())).collect();
+    let spec = EinsumSpec::new(equation, &shapes.iter().collect::<Vec<_>>())?;
+    let sizes: Vec<usize> = spec.sizes.iter().map(|d| d.fixed().ok_or("sizes are known")).collect::<Result<_, _>>()?;
+    let summed: Vec<usize> = (0..sizes.len()).filter(|l| !spec.output.contains(l)).collect();
+    // Iteration order: result labels (outermost first), then summed ones.
+    let order: Vec<usize> = spec.output.iter().chain(&summed).copied().collect();
+    let dims: Vec<usize> = order.iter().map(|&l| sizes[l]).collect();
+    // Each operand's stride for each label in `order`: a repeated label adds its strides (a
+    // diagonal), a broadcast axis of size 1 has stride 0.
+    let strides: Vec<Vec<usize>> = xs
+        .iter()
+        .zip(&spec.operands)
+        .map(|(t, labels)| {
+            let st = super::strides(t.dims());
+            let mut s = vec![0; order.len()];
+            for (axis, &l) in labels.iter().enumerate() {
+                if t.dims()[axis] == sizes[l] {
+                    let k = order.iter().position(|&o| o == l).expect("every label is ordered");
+                    s[k] += st[axis];
+                }
+            }
+            s
+        })
+        .collect();
+    let count = |d: &[usize]| d.iter().try_fold(1usize, |a, &n| a.checked_mul(n)).ok_or_else(|| format!("equation `{equation}` over sizes {dims:?} is too large"));
+    let (n_out, n_sum) = (count(&dims[..spec.output.len()])?, count(&dims[spec.output.len()..])?);
+    count(&[n_out, n_sum])?;
+    let nums: Vec<Nums> = xs.iter().map(|t| Nums::of(t)).collect();
+    let out_dims = out[0].shape.as_fixed().ok_or("the result shape is known")?;
+    let mut idx = vec![0usize; order.len()];
+    let offset = |idx: &[usize], k: usize| idx.iter().zip(&strides[k]).map(|(i, s)| i * s).sum::<usize>();
+    // Advances the odometer over `idx[range]`, last position fastest.
+    let step = |idx: &mut [usize], from: usize, to: usize| {
+        for p in (from..to).rev() {
+            idx[p] += 1;
+            if idx[p] < dims[p] {
+                return;
+            }
+            idx[p] = 0;
+        }
+    };
+    let n_labels = order.len();
+    let k_out = spec.output.len();
+    let result = if nums.iter().all(|n| matches!(n, Nums::Int(_))) {
+        let vals: Vec<&Vec<i128>> = nums.iter().map(|n| if let Nums::Int(v) = n { v } else { unreachable!("checked") }).collect();
+        let mut y = Vec::with_capacity(n_out);
+        for _ in 0..n_out {
+            let mut acc = 0i128;
+            for _ in 0..n_sum {
+                acc = acc.wrapping_add(vals.iter().enumerate().fold(1i128, |p, (k, v)| p.wrapping_mul(v[offset(&idx, k)])));
+                step(&mut idx, k_out, n_labels);
+            }
+            y.push(acc);
+            step(&mut idx, 0, k_out);
+        }
+        Nums::Int(y)
+    } else {
+        let vals: Vec<Vec<f64>> = nums.into_iter().map(|n| match n { Nums::Float(v) => v, Nums::Int(v) => v.into_iter().map(|x| x as f64).collect() }).collect();
+        let mut y = Vec::with_capacity(n_out);
+        for _ in 0..n_out {
+            let mut acc = 0.0;
+            for _ in 0..n_sum {
+                acc += vals.iter().enumerate().fold(1.0, |p, (k, v)| p * v[offset(&idx, k)]);
+                step(&mut idx, k_out, n_labels);
+            }
+            y.push(acc);
+            step(&mut idx, 0, k_out);
+        }
+        Nums::Float(y)
+    };
+    Ok(vec![result.to_tensor(xs[0].dtype(), &out_dims)])
 }

@@ -1,8 +1,56 @@
 //! Ops that make tensors from shapes and scalars: Shape, Size, ConstantOfShape, Range, EyeLike.
 
-use super::not_yet;
-use crate::{Op, Tensor, TensorType};
+use super::typed;
+use crate::infer::{range_count, shape_interval, Scalar};
+use crate::{DType, Element, Op, Tensor, TensorType};
 
-pub(super) fn eval(op: &Op, _operands: &[Option<&Tensor>], _out: &[TensorType]) -> Result<Vec<Tensor>, String> {
-    not_yet(op)
+pub(super) fn eval(op: &Op, operands: &[Option<&Tensor>], out: &[TensorType]) -> Result<Vec<Tensor>, String> {
+    let x = operands[0].ok_or("operand 0 is missing")?;
+    let dims = out[0].shape.as_fixed().ok_or("the result shape is known")?;
+    let t = match op {
+        Op::Shape { start, end } => {
+            let (s, e) = shape_interval(x.rank(), *start, *end);
+            Tensor::vector(&x.dims()[s..e].iter().map(|&d| d as i64).collect::<Vec<_>>())
+        }
+        Op::Size => Tensor::scalar(x.len() as i64),
+        Op::ConstantOfShape { value } => {
+            fn fill<T: Element>(value: &Tensor, dims: &[usize]) -> Tensor {
+                let v = value.as_slice::<T>().expect("dispatched on the dtype")[0];
+                Tensor::from_vec(dims, vec![v; dims.iter().product()]).expect("length matches")
+            }
+            typed!(value.dtype(), fill(value, &dims))
+        }
+        Op::Range => {
+            let s: Vec<Scalar> = operands[..3].iter().map(|o| o.map(Scalar::of).ok_or("operand missing")).collect::<Result<_, _>>()?;
+            let n = range_count(s[0], s[1], s[2])?;
+            range_values(x.dtype(), s[0], s[2], n)
+        }
+        Op::EyeLike { k, .. } => {
+            let (rows, cols) = (dims[0] as i64, dims[1] as i64);
+            let mut v = vec![0.0; dims[0] * dims[1]];
+            // Ones where column - row == k.
+            for r in 0..rows {
+                let c = r.saturating_add(*k);
+                if (0..cols).contains(&c) {
+                    v[(r * cols + c) as usize] = 1.0;
+                }
+            }
+            Tensor::from_f64s(out[0].dtype, &dims, &v).map_err(|e| e.to_string())?
+        }
+        _ => unreachable!("dispatched by eval_op()"),
+    };
+    Ok(vec![t])
+}
+
+/// `start + i * delta` for `i < n`: exactly for integers, in f64 (rounded once) for floats.
+fn range_values(dtype: DType, start: Scalar, delta: Scalar, n: usize) -> Tensor {
+    fn go<T: Element>(start: Scalar, delta: Scalar, n: usize) -> Tensor {
+        let v: Vec<T> = match (start, delta) {
+            (Scalar::Int(s), Scalar::Int(d)) => (0..n).map(|i| T::from_i128(s + i as i128 * d)).collect(),
+            (Scalar::Float(s), Scalar::Float(d)) => (0..n).map(|i| T::from_f64(s + i as f64 * d)).collect(),
+            _ => unreachable!("start and delta have one type"),
+        };
+        Tensor::from_vec(&[n], v).expect("length matches")
+    }
+    typed!(dtype, go(start, delta, n))
 }

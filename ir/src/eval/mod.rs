@@ -236,7 +236,7 @@ pub(crate) fn not_yet(op: &Op) -> Result<Vec<Tensor>, String> {
 }
 
 /// Row-major strides of `dims`.
-pub(crate) fn strides(dims: &[usize]) -> Vec<usize> {
+pub fn strides(dims: &[usize]) -> Vec<usize> {
     let mut s = vec![1; dims.len()];
     for i in (0..dims.len().saturating_sub(1)).rev() {
         s[i] = s[i + 1] * dims[i + 1];

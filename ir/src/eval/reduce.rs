@@ -1,9 +1,11 @@
 //! Reductions: the reduced axes are moved last, then each row is folded.
 
-use super::view;
+use std::cmp::Ordering;
+
+use super::{typed, view};
 use crate::infer::reduced_axes;
 use crate::op::{Reduce, ReduceKind};
-use crate::{DType, Tensor};
+use crate::{normalize_axis, DType, Element, Op, Tensor, TensorType};
 
 pub(super) fn reduce(r: &Reduce, x: &Tensor, axes: Option<&Tensor>, out: &[usize]) -> Result<Tensor, String> {
     let axes = reduced_axes(r.noop_with_empty_axes, axes.map(|a| Some(a.to_i64s())), &x.ty())?.expect("constant axes");
@@ -11,7 +13,7 @@ pub(super) fn reduce(r: &Reduce, x: &Tensor, axes: Option<&Tensor>, out: &[usize
     let perm: Vec<usize> = kept.iter().chain(&axes).copied().collect();
     let reduced: usize = axes.iter().map(|&a| x.dims()[a]).product();
     let rows: usize = kept.iter().map(|&a| x.dims()[a]).product();
-    let exact_ints = x.dtype().is_int() && matches!(r.kind, ReduceKind::Sum | ReduceKind::Prod | ReduceKind::Max | ReduceKind::Min | ReduceKind::SumSquare | ReduceKind::L1);
+    let exact_ints = (x.dtype().is_int() || x.dtype() == DType::Bool) && matches!(r.kind, ReduceKind::Sum | ReduceKind::Prod | ReduceKind::Max | ReduceKind::Min | ReduceKind::SumSquare | ReduceKind::L1);
     if exact_ints {
         let xi = x.cast(DType::I64);
         let v = view::<i64>(&xi).permuted_axes(perm).as_standard_layout().to_owned();
@@ -61,6 +63,158 @@ fn fold_int(kind: ReduceKind, v: &[i64]) -> i64 {
 }
 
 /// ArgMax/ArgMin, CumSum/CumProd, TopK.
-pub(super) fn eval(op: &crate::Op, _operands: &[Option<&Tensor>], _out: &[crate::TensorType]) -> Result<Vec<Tensor>, String> {
-    super::not_yet(op)
+pub(super) fn eval(op: &Op, operands: &[Option<&Tensor>], out: &[TensorType]) -> Result<Vec<Tensor>, String> {
+    let x = operands[0].ok_or("operand 0 is missing")?;
+    let dims = |i: usize| out[i].shape.as_fixed().ok_or("the result shape is known");
+    let at = |i: usize| operands.get(i).copied().flatten().ok_or_else(|| format!("operand {i} is missing"));
+    match op {
+        Op::ArgReduce(r) => {
+            let a = normalize_axis(r.axis, x.rank()).ok_or("axis checked by inference")?;
+            let (outer, n, inner) = split_at_axis(x.dims(), a);
+            if n == 0 && outer * inner > 0 {
+                return Err(format!("{} of an empty axis {a} of {}", op.name(), x.ty()));
+            }
+            let v = Nums::of(x);
+            let mut y = Vec::with_capacity(outer * inner);
+            for o in 0..outer {
+                for i in 0..inner {
+                    let at = |j: usize| (o * n + j) * inner + i;
+                    let mut best = 0;
+                    for j in 1..n {
+                        // ArgMax and ArgMin both pick NaN first, as numpy does.
+                        let c = if r.max { v.cmp(at(j), at(best)) } else { v.cmp_nan_least(at(best), at(j)) };
+                        if c == Ordering::Greater || (c == Ordering::Equal && r.select_last_index) {
+                            best = j;
+                        }
+                    }
+                    y.push(best as i64);
+                }
+            }
+            Ok(vec![Tensor::from_vec(&dims(0)?, y).map_err(|e| e.to_string())?])
+        }
+        Op::Cumulative(c) => {
+            let axis = at(1)?.to_i64s().first().copied().ok_or("axis must hold one value")?;
+            let a = normalize_axis(axis, x.rank()).ok_or_else(|| format!("axis {axis} is out of range for {}", x.ty()))?;
+            let (outer, n, inner) = split_at_axis(x.dims(), a);
+            let mut v = Nums::of(x);
+            for o in 0..outer {
+                for i in 0..inner {
+                    let at = |j: usize| (o * n + j) * inner + i;
+                    let order: Vec<usize> = if c.reverse { (0..n).rev().map(at).collect() } else { (0..n).map(at).collect() };
+                    v.scan(&order, c.prod, c.exclusive);
+                }
+            }
+            Ok(vec![v.to_tensor(x.dtype(), x.dims())])
+        }
+        Op::TopK { axis, largest, .. } => {
+            let a = normalize_axis(*axis, x.rank()).ok_or("axis checked by inference")?;
+            let k = dims(0)?[a];
+            let (outer, n, inner) = split_at_axis(x.dims(), a);
+            let v = Nums::of(x);
+            // Source positions of the results, in result order.
+            let mut picks = vec![0; outer * k * inner];
+            let mut indices = vec![0i64; outer * k * inner];
+            for o in 0..outer {
+                for i in 0..inner {
+                    let at = |j: usize| (o * n + j) * inner + i;
+                    let mut order: Vec<usize> = (0..n).collect();
+                    // A stable sort keeps equal values in index order.
+                    if *largest {
+                        order.sort_by(|&p, &q| v.cmp(at(q), at(p)));
+                    } else {
+                        order.sort_by(|&p, &q| v.cmp(at(p), at(q)));
+                    }
+                    for (r, &j) in order[..k].iter().enumerate() {
+                        picks[(o * k + r) * inner + i] = at(j);
+                        indices[(o * k + r) * inner + i] = j as i64;
+                    }
+                }
+            }
+            fn take<T: Element>(x: &Tensor, picks: &[usize], dims: &[usize]) -> Tensor {
+                let s = x.as_slice::<T>().expect("dispatched on the dtype");
+                Tensor::from_vec(dims, picks.iter().map(|&p| s[p]).collect()).expect("length matches")
+            }
+            let d = dims(0)?;
+            let values = typed!(x.dtype(), take(x, &picks, &d));
+            Ok(vec![values, Tensor::from_vec(&d, indices).map_err(|e| e.to_string())?])
+        }
+        _ => unreachable!("dispatched by eval_op()"),
+    }
+}
+
+/// `dims` as (product before `axis`, size of `axis`, product after).
+pub(super) fn split_at_axis(dims: &[usize], axis: usize) -> (usize, usize, usize) {
+    (dims[..axis].iter().product(), dims[axis], dims[axis + 1..].iter().product())
+}
+
+/// A tensor's elements in an exact compute type: i128 for integers (wrapping as the element type
+/// would), f64 for floats.
+pub(super) enum Nums {
+    Int(Vec<i128>),
+    Float(Vec<f64>),
+}
+
+impl Nums {
+    pub(super) fn of(t: &Tensor) -> Nums {
+        fn go<T: Element>(t: &Tensor) -> Nums {
+            let s = t.as_slice::<T>().expect("dispatched on the dtype");
+            if T::DTYPE.is_float() {
+                Nums::Float(s.iter().map(|v| v.to_f64()).collect())
+            } else {
+                Nums::Int(s.iter().map(|v| v.to_i128().unwrap_or(0)).collect())
+            }
+        }
+        typed!(t.dtype(), go(t))
+    }
+
+    /// Rounds (floats) or wraps (integers) back to `dtype`.
+    pub(super) fn to_tensor(&self, dtype: DType, dims: &[usize]) -> Tensor {
+        fn go<T: Element>(n: &Nums, dims: &[usize]) -> Tensor {
+            let v: Vec<T> = match n {
+                Nums::Int(v) => v.iter().map(|&x| T::from_i128(x)).collect(),
+                Nums::Float(v) => v.iter().map(|&x| T::from_f64(x)).collect(),
+            };
+            Tensor::from_vec(dims, v).expect("length matches")
+        }
+        typed!(dtype, go(self, dims))
+    }
+
+    /// Orders elements `a` and `b`; NaN is greater than everything (numpy's sort order).
+    fn cmp(&self, a: usize, b: usize) -> Ordering {
+        match self {
+            Nums::Int(v) => v[a].cmp(&v[b]),
+            Nums::Float(v) => match (v[a].is_nan(), v[b].is_nan()) {
+                (false, false) => v[a].partial_cmp(&v[b]).unwrap_or(Ordering::Equal),
+                (x, y) => x.cmp(&y),
+            },
+        }
+    }
+
+    /// Like `cmp`, but NaN is less than everything.
+    fn cmp_nan_least(&self, a: usize, b: usize) -> Ordering {
+        match self {
+            Nums::Float(v) if v[a].is_nan() || v[b].is_nan() => v[b].is_nan().cmp(&v[a].is_nan()),
+            _ => self.cmp(a, b),
+        }
+    }
+
+    /// A running sum or product over the elements at `order`, in place; `exclusive` leaves each
+    /// element out of its own result.
+    fn scan(&mut self, order: &[usize], prod: bool, exclusive: bool) {
+        macro_rules! run {
+            ($v:expr, $zero:expr, $one:expr, $op:expr) => {{
+                let mut acc = if prod { $one } else { $zero };
+                for &p in order {
+                    let x = $v[p];
+                    let next = $op(acc, x);
+                    $v[p] = if exclusive { acc } else { next };
+                    acc = next;
+                }
+            }};
+        }
+        match self {
+            Nums::Int(v) => run!(v, 0i128, 1i128, |a: i128, x: i128| if prod { a.wrapping_mul(x) } else { a.wrapping_add(x) }),
+            Nums::Float(v) => run!(v, 0.0f64, 1.0f64, |a: f64, x: f64| if prod { a * x } else { a + x }),
+        }
+    }
 }

@@ -1,4 +1,4 @@
-//! MatMul and Gemm.
+//! MatMul, Gemm and Einsum.
 
 use super::{same_dtype, Ctx, Infer, Operands};
 use crate::{broadcast, Dim, Shape, TensorType};
@@ -67,6 +67,173 @@ pub(super) fn gemm(g: &crate::op::Gemm, ops: &Operands) -> Infer {
     Ok(vec![TensorType::new(a.dtype, out)])
 }
 
-pub(super) fn einsum(_equation: &str, _ops: &Operands, _ctx: &Ctx) -> Infer {
-    Err("Einsum is not implemented yet".into())
+pub(super) fn einsum(equation: &str, ops: &Operands, _ctx: &Ctx) -> Infer {
+    let types: Vec<&TensorType> = (0..ops.len()).map(|i| ops.get(i).map(|o| o.ty)).collect::<Result<_, _>>()?;
+    let first = types.first().ok_or("needs at least one operand")?;
+    for (i, t) in types.iter().enumerate() {
+        same_dtype("all operands", first, t)?;
+        if !t.dtype.is_numeric() {
+            return Err(format!("needs numeric operands, got operand {i} {t}"));
+        }
+    }
+    let shapes: Vec<&Shape> = types.iter().map(|t| &t.shape).collect();
+    let spec = EinsumSpec::new(equation, &shapes)?;
+    let out = Shape(spec.output.iter().map(|&l| spec.sizes[l].clone()).collect());
+    Ok(vec![TensorType::new(first.dtype, out)])
+}
+
+/// An Einsum equation resolved against its operands' shapes. Every axis gets a label: the
+/// dimensions under `...` (broadcast across operands, numpy style) are labels `0..ellipsis_rank`,
+/// the letters follow in order of first appearance.
+#[derive(Debug)]
+pub(crate) struct EinsumSpec {
+    /// The size of each label.
+    pub sizes: Vec<Dim>,
+    /// For each operand, the label of each axis (a repeated label takes a diagonal).
+    pub operands: Vec<Vec<usize>>,
+    /// The label of each result axis; labels absent from it are summed over.
+    pub output: Vec<usize>,
+}
+
+/// One side of `->` or one operand's term: letters, and where `...` sits among them.
+struct Term {
+    text: String,
+    letters: Vec<u8>,
+    ellipsis: Option<usize>,
+}
+
+fn parse_term(text: &str, what: &str) -> Result<Term, String> {
+    let mut letters = Vec::new();
+    let mut ellipsis = None;
+    let mut rest = text.as_bytes();
+    while let Some(&c) = rest.first() {
+        if rest.starts_with(b"...") {
+            if ellipsis.is_some() {
+                return Err(format!("{what} `{text}` has more than one `...`"));
+            }
+            ellipsis = Some(letters.len());
+            rest = &rest[3..];
+        } else if c.is_ascii_alphabetic() {
+            letters.push(c);
+            rest = &rest[1..];
+        } else {
+            return Err(format!("{what} `{text}` has the invalid character {:?}", text[text.len() - rest.len()..].chars().next().unwrap_or('?')));
+        }
+    }
+    Ok(Term { text: text.to_string(), letters, ellipsis })
+}
+
+impl EinsumSpec {
+    pub(crate) fn new(equation: &str, shapes: &[&Shape]) -> Result<EinsumSpec, String> {
+        let eq: String = equation.chars().filter(|c| !c.is_whitespace()).collect();
+        let (lhs, rhs) = match eq.split_once("->") {
+            Some((l, r)) => (l, Some(r)),
+            None => (eq.as_str(), None),
+        };
+        let terms: Vec<Term> = lhs.split(',').map(|t| parse_term(t, "term")).collect::<Result<_, _>>()?;
+        if terms.len() != shapes.len() {
+            return Err(format!("equation `{equation}` has {} input terms for {} operands", terms.len(), shapes.len()));
+        }
+        // Each operand's ellipsis dimensions, then their broadcast (right-aligned).
+        let mut ellipsis = Shape::scalar();
+        let mut any_ellipsis = false;
+        for (i, (t, s)) in terms.iter().zip(shapes).enumerate() {
+            let fits = match t.ellipsis {
+                Some(_) => s.rank() >= t.letters.len(),
+                None => s.rank() == t.letters.len(),
+            };
+            if !fits {
+                return Err(format!("term {i} `{}` does not fit operand {i} of shape {s}", t.text));
+            }
+            if let Some(p) = t.ellipsis {
+                any_ellipsis = true;
+                let e = s.rank() - t.letters.len();
+                let dims = Shape(s.0[p..p + e].to_vec());
+                ellipsis = broadcast(&ellipsis, &dims).ok_or_else(|| format!("the `...` dimensions {ellipsis} and {dims} (operand {i}) do not broadcast"))?;
+            }
+        }
+        let e_rank = ellipsis.rank();
+        let mut sizes: Vec<Dim> = ellipsis.0.clone();
+        let mut letter_label = [usize::MAX; 128];
+        let mut operands = Vec::with_capacity(terms.len());
+        for (i, (t, s)) in terms.iter().zip(shapes).enumerate() {
+            let e = s.rank() - t.letters.len();
+            let mut labels = Vec::with_capacity(s.rank());
+            // This operand's size for each letter; a repeated letter takes a diagonal, so its
+            // sizes must be equal.
+            let mut own: Vec<(u8, Dim)> = Vec::new();
+            for (axis, d) in s.0.iter().enumerate() {
+                let letter = match t.ellipsis {
+                    Some(p) if axis >= p && axis < p + e => {
+                        labels.push(e_rank - e + (axis - p));
+                        continue;
+                    }
+                    Some(p) if axis >= p + e => t.letters[axis - e],
+                    _ => t.letters[axis],
+                };
+                match own.iter_mut().find(|(c, _)| *c == letter) {
+                    Some((_, prev)) => match (&*prev, d) {
+                        (Dim::Fixed(a), Dim::Fixed(b)) if a != b => {
+                            return Err(format!("letter `{}` of operand {i} of shape {s} stands for sizes {a} and {b}", letter as char));
+                        }
+                        (Dim::Sym(_), Dim::Fixed(_)) => *prev = d.clone(),
+                        _ => {}
+                    },
+                    None => own.push((letter, d.clone())),
+                }
+                if letter_label[letter as usize] == usize::MAX {
+                    letter_label[letter as usize] = sizes.len();
+                    sizes.push(Dim::Fixed(1));
+                }
+                labels.push(letter_label[letter as usize]);
+            }
+            // Across operands, a size 1 broadcasts (as numpy does).
+            for (letter, d) in own {
+                let l = letter_label[letter as usize];
+                sizes[l] = broadcast(&Shape(vec![sizes[l].clone()]), &Shape(vec![d.clone()])).map(|s| s.0[0].clone()).ok_or_else(|| {
+                    format!("letter `{}` stands for sizes {} and {d} (operand {i} of shape {s})", letter as char, sizes[l])
+                })?;
+            }
+            operands.push(labels);
+        }
+        let output = match rhs {
+            Some(r) => {
+                let t = parse_term(r, "output")?;
+                let mut out = Vec::new();
+                if e_rank > 0 && t.ellipsis.is_none() {
+                    return Err(format!("output `{r}` needs `...` for the broadcast dimensions {ellipsis}"));
+                }
+                for (j, &c) in t.letters.iter().enumerate() {
+                    if t.ellipsis == Some(j) {
+                        out.extend(0..e_rank);
+                    }
+                    let l = letter_label[c as usize];
+                    if l == usize::MAX {
+                        return Err(format!("output letter `{}` is in no input term", c as char));
+                    }
+                    if out.contains(&l) {
+                        return Err(format!("output letter `{}` is repeated", c as char));
+                    }
+                    out.push(l);
+                }
+                if t.ellipsis == Some(t.letters.len()) {
+                    out.extend(0..e_rank);
+                }
+                out
+            }
+            None => {
+                // Implicit output: the `...` dimensions, then the letters used once, in ASCII order.
+                let mut count = [0usize; 128];
+                for t in &terms {
+                    for &c in &t.letters {
+                        count[c as usize] += 1;
+                    }
+                }
+                let mut out: Vec<usize> = if any_ellipsis { (0..e_rank).collect() } else { Vec::new() };
+                out.extend((0..128).filter(|&c| count[c] == 1).map(|c| letter_label[c]));
+                out
+            }
+        };
+        Ok(EinsumSpec { sizes, operands, output })
+    }
 }

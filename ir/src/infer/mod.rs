@@ -17,7 +17,10 @@ mod sequence;
 mod window;
 
 pub use movement::{equal_split, slice_axis};
+pub(crate) use indexing::pad_amounts;
 pub(crate) use reduce::reduced_axes;
+pub(crate) use generate::{range_count, shape_interval, Scalar};
+pub(crate) use contraction::EinsumSpec;
 pub(crate) use resize::{resize_plan, ResizePlan};
 pub(crate) use window::{transpose_axis, TransposeAxis};
 
@@ -80,8 +83,8 @@ pub fn infer(op: &Op, operands: &[Option<Operand>], node: &str) -> Result<Vec<Te
         Op::Reshape { allowzero } => movement::reshape(*allowzero, &ops, &ctx),
         Op::Flatten { axis } => movement::flatten(*axis, &ops, &ctx),
         Op::Transpose { perm } => movement::transpose(perm, &ops),
-        Op::Squeeze => movement::squeeze(&ops),
-        Op::Unsqueeze => movement::unsqueeze(&ops),
+        Op::Squeeze => movement::squeeze(&ops, &ctx),
+        Op::Unsqueeze => movement::unsqueeze(&ops, &ctx),
         Op::Concat { axis } => movement::concat(*axis, &ops, &ctx),
         Op::Split { axis, num_outputs } => movement::split(*axis, *num_outputs, &ops, &ctx),
         Op::Slice => movement::slice(&ops, &ctx),

@@ -89,11 +89,15 @@ fn axes_for(axes: &[i64], rank: usize, what: &str) -> Result<Vec<usize>, String>
     Ok(out)
 }
 
-pub(super) fn squeeze(ops: &Operands) -> Infer {
+pub(super) fn squeeze(ops: &Operands, ctx: &Ctx) -> Infer {
     let x = ops.get(0)?.ty;
     let dims = match ops.ints(1, "axes")? {
         None => x.shape.0.iter().filter(|d| !d.is_one()).cloned().collect(),
-        Some(None) => return Err("Squeeze axes must be constant".into()),
+        // Axes known at run time only: the rank follows from their count.
+        Some(None) => match ops.get(1)?.ty.shape.dims() {
+            [Dim::Fixed(k)] if *k <= x.rank() => return Ok(vec![TensorType::new(x.dtype, ctx.fresh_shape(x.rank() - k))]),
+            _ => return Err(format!("Squeeze axes {} must be constant or of known length", ops.get(1)?.ty)),
+        },
         Some(Some(axes)) => {
             let axes = axes_for(&axes, x.rank(), "squeeze")?;
             for &a in &axes {
@@ -109,10 +113,14 @@ pub(super) fn squeeze(ops: &Operands) -> Infer {
     Ok(vec![TensorType::new(x.dtype, Shape(dims))])
 }
 
-pub(super) fn unsqueeze(ops: &Operands) -> Infer {
+pub(super) fn unsqueeze(ops: &Operands, ctx: &Ctx) -> Infer {
     let x = ops.get(0)?.ty;
     let Some(Some(axes)) = ops.ints(1, "axes")? else {
-        return Err("Unsqueeze axes must be constant".into());
+        // Axes known at run time only: the rank follows from their count.
+        return match ops.get(1)?.ty.shape.dims() {
+            [Dim::Fixed(k)] => Ok(vec![TensorType::new(x.dtype, ctx.fresh_shape(x.rank() + k))]),
+            _ => Err(format!("Unsqueeze axes {} must be constant or of known length", ops.get(1)?.ty)),
+        };
     };
     let rank = x.rank() + axes.len();
     let axes = axes_for(&axes, rank, "unsqueeze")?;

@@ -1,9 +1,9 @@
 //! Reductions.
 
-use super::{not_yet, Ctx, Infer, Operands};
+use super::{Ctx, Infer, Operands};
 use crate::Op;
-use crate::op::Reduce;
-use crate::{Dim, Shape, TensorType};
+use crate::op::{Reduce, ReduceKind};
+use crate::{DType, Dim, Shape, TensorType};
 
 /// The axes a reduction reduces, normalised and sorted; `None` when they are known only at run time.
 pub(crate) fn reduced_axes(noop_with_empty_axes: bool, axes: Option<Option<Vec<i64>>>, x: &TensorType) -> Result<Option<Vec<usize>>, String> {
@@ -29,7 +29,9 @@ pub(crate) fn reduced_axes(noop_with_empty_axes: bool, axes: Option<Option<Vec<i
 
 pub(super) fn reduce(r: &Reduce, ops: &Operands, ctx: &Ctx) -> Infer {
     let x = ops.get(0)?.ty;
-    if !x.dtype.is_numeric() {
+    // ReduceMax/ReduceMin also take bool (opset 20).
+    let bool_ok = matches!(r.kind, ReduceKind::Max | ReduceKind::Min);
+    if !x.dtype.is_numeric() && !bool_ok {
         return Err(format!("needs a numeric type, got {x}"));
     }
     let axes = reduced_axes(r.noop_with_empty_axes, ops.ints(1, "axes")?, x)?;
@@ -42,12 +44,68 @@ pub(super) fn reduce(r: &Reduce, ops: &Operands, ctx: &Ctx) -> Infer {
             }).collect(),
         ),
         None if r.keepdims => ctx.fresh_shape(x.rank()),
-        None => return Err("axes known only at run time need keepdims = 1".into()),
+        // Without keepdims the rank still follows from how many axes there are.
+        None => match ops.get(1)?.ty.shape.dims() {
+            [Dim::Fixed(k)] if *k > 0 && *k <= x.rank() => ctx.fresh_shape(x.rank() - k),
+            _ => return Err(format!("axes {} known only at run time need keepdims = 1 or a known count", ops.get(1)?.ty)),
+        },
     };
     Ok(vec![TensorType::new(x.dtype, shape)])
 }
 
 /// ArgMax/ArgMin, CumSum/CumProd, TopK.
-pub(super) fn infer(op: &Op, _ops: &Operands, _ctx: &Ctx) -> Infer {
-    not_yet(op)
+pub(super) fn infer(op: &Op, ops: &Operands, ctx: &Ctx) -> Infer {
+    let x = ops.get(0)?.ty;
+    if !x.dtype.is_numeric() {
+        return Err(format!("needs a numeric type, got {x}"));
+    }
+    match op {
+        Op::ArgReduce(r) => {
+            let a = super::axis(r.axis, x)?;
+            let mut dims = x.shape.0.clone();
+            if r.keepdims {
+                dims[a] = Dim::Fixed(1);
+            } else {
+                dims.remove(a);
+            }
+            Ok(vec![TensorType::new(DType::I64, Shape(dims))])
+        }
+        Op::Cumulative(_) => {
+            // The axis is checked when known; the result has x's type either way.
+            if let Some(a) = one_int(ops, 1, "axis")? {
+                super::axis(a, x)?;
+            }
+            Ok(vec![x.clone()])
+        }
+        Op::TopK { axis, .. } => {
+            let a = super::axis(*axis, x)?;
+            let mut dims = x.shape.0.clone();
+            dims[a] = match one_int(ops, 1, "k")? {
+                Some(k) if k < 0 => return Err(format!("k {k} is negative")),
+                Some(k) => match &x.shape.0[a] {
+                    Dim::Fixed(n) if k as u64 > *n as u64 => return Err(format!("k {k} exceeds axis {a} of {x}")),
+                    _ => Dim::Fixed(k as usize),
+                },
+                None => ctx.fresh(a),
+            };
+            let shape = Shape(dims);
+            Ok(vec![TensorType::new(x.dtype, shape.clone()), TensorType::new(DType::I64, shape)])
+        }
+        _ => unreachable!("dispatched by infer()"),
+    }
+}
+
+/// A one-element integer operand (0-D, or 1-D of length 1): its value if it is a constant.
+fn one_int(ops: &Operands, i: usize, what: &str) -> Result<Option<i64>, String> {
+    let o = ops.get(i)?;
+    let values = ops.ints(i, what)?.flatten();
+    let one = match o.ty.shape.0.as_slice() {
+        [] | [Dim::Fixed(1)] => true,
+        [Dim::Sym(_)] => values.is_none(),
+        _ => false,
+    };
+    if !one || values.as_ref().is_some_and(|v| v.len() != 1) {
+        return Err(format!("{what} must hold one value, got {}", o.ty));
+    }
+    Ok(values.map(|v| v[0]))
 }

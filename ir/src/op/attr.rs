@@ -50,6 +50,21 @@ impl Attrs {
         self.0.push((name.to_string(), value));
     }
 
+    /// Removes and returns the attribute `name`, if present.
+    pub fn remove(&mut self, name: &str) -> Option<Attr> {
+        self.take(name)
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.0.iter().any(|(n, _)| n == name)
+    }
+
+    /// Sets `name` to `value`, replacing any earlier value.
+    pub fn set(&mut self, name: &str, value: Attr) {
+        self.take(name);
+        self.push(name, value);
+    }
+
     fn take(&mut self, name: &str) -> Option<Attr> {
         let i = self.0.iter().position(|(n, _)| n == name)?;
         Some(self.0.remove(i).1)

@@ -191,7 +191,8 @@ pub struct Attention {
     pub kv_num_heads: usize,
     /// Heads of Q when it comes as 3-D.
     pub q_num_heads: usize,
-    /// Which intermediate the optional fourth result holds (0: QK, 1: +mask, 2: +softcap, 3: softmax).
+    /// Which intermediate the optional fourth result holds (0: QK, 1: softcapped, 2: softcapped + mask,
+    /// 3: softmax); opset 24 applies the softcap before the mask.
     pub qk_matmul_output_mode: i64,
     /// The scale of QK; `None` means `1/sqrt(head_size)`.
     pub scale: Option<f32>,

@@ -3,6 +3,7 @@
 
 mod builder;
 mod errors;
+mod onnx;
 mod ops;
 mod ops_generate;
 mod ops_indexing;

@@ -1,0 +1,75 @@
+//! `kiln info MODEL`: inputs and outputs, opsets, op histogram, parameters, unsupported ops.
+
+use std::path::PathBuf;
+
+use kiln_ir::onnx;
+
+use crate::Result;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// An ONNX model.
+    model: PathBuf,
+}
+
+pub fn run(args: &Args) -> Result<()> {
+    let s = onnx::inspect(&args.model)?;
+    println!("model: {}", args.model.display());
+    if !s.producer.is_empty() {
+        println!("producer: {}", s.producer);
+    }
+    let opsets: Vec<String> = s.opsets.iter().map(|(d, v)| format!("{} {v}", if d.is_empty() { "ai.onnx" } else { d })).collect();
+    println!("ir version {}, opsets: {}", s.ir_version, opsets.join(", "));
+    println!("inputs:");
+    for (name, ty) in &s.inputs {
+        println!("  {name}: {ty}");
+    }
+    println!("outputs:");
+    for (name, ty) in &s.outputs {
+        println!("  {name}: {ty}");
+    }
+    let mut hist: Vec<(&String, &usize)> = s.ops.iter().collect();
+    hist.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+    let hist: Vec<String> = hist.iter().map(|(op, n)| format!("{op} {n}")).collect();
+    println!("ops ({} node{}): {}", s.nodes, if s.nodes == 1 { "" } else { "s" }, hist.join(", "));
+    println!("parameters: {} ({})", group_digits(s.parameters), human_bytes(s.parameter_bytes));
+    if s.unsupported.is_empty() {
+        println!("unsupported ops: none");
+    } else {
+        println!("unsupported ops:");
+        for u in &s.unsupported {
+            println!("  {u}");
+        }
+    }
+    if let Some(e) = &s.import_error {
+        println!("import error: {e}");
+    }
+    Ok(())
+}
+
+fn group_digits(n: usize) -> String {
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+pub(crate) fn human_bytes(b: usize) -> String {
+    const UNITS: [&str; 4] = ["B", "KiB", "MiB", "GiB"];
+    let mut v = b as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}

@@ -1,0 +1,378 @@
+//! Graph import: initializers, inputs, nodes in order, outputs; subgraphs with captured values.
+
+use std::collections::{HashMap, HashSet};
+use std::path::Path;
+
+use super::proto::{self, attribute_type as at, type_proto, GraphProto, ModelProto, NodeProto};
+use super::tensor::{dtype_of, sparse_to_dense, tensor_from_proto};
+use super::{ops, Model};
+use crate::op::{Attr, Attrs};
+use crate::{Dim, Graph, IrError, NodeId, Op, Result, Shape, TensorType, UnsupportedOp, ValueId};
+
+pub(super) fn import_model(model: &ModelProto, base_dir: Option<&Path>) -> Result<Model> {
+    let opsets: Vec<(String, i64)> = model.opset_import.iter().map(|o| (o.domain.clone().unwrap_or_default(), o.version.unwrap_or(1))).collect();
+    let opset = opsets.iter().find(|(d, _)| d.is_empty() || d == "ai.onnx").map_or(1, |(_, v)| *v);
+    let graph = model.graph.as_ref().expect("decode_model checked the graph");
+    check_supported(graph, &opsets)?;
+    let name = graph.name.clone().filter(|n| !n.is_empty()).unwrap_or_else(|| "model".into());
+    let imported = GraphImporter::new(&name, opset, base_dir).import(graph, &[])?;
+    Ok(Model {
+        graph: imported,
+        ir_version: model.ir_version.unwrap_or(0),
+        opsets,
+        producer: [model.producer_name.clone().unwrap_or_default(), model.producer_version.clone().unwrap_or_default()].join(" ").trim().to_string(),
+    })
+}
+
+/// Lists every node, in every subgraph, whose op kiln does not support; an error if any.
+fn check_supported(graph: &GraphProto, opsets: &[(String, i64)]) -> Result<()> {
+    let found = check_supported_list(graph, opsets);
+    if found.is_empty() {
+        Ok(())
+    } else {
+        Err(IrError::Unsupported(found))
+    }
+}
+
+/// The ops of `graph` (and its subgraphs) kiln does not support, each with the nodes using it.
+pub(super) fn check_supported_list(graph: &GraphProto, opsets: &[(String, i64)]) -> Vec<UnsupportedOp> {
+    let mut found: Vec<UnsupportedOp> = Vec::new();
+    let mut visit = |node: &NodeProto| {
+        let domain = node.domain.clone().unwrap_or_default();
+        let op_type = node.op_type.clone().unwrap_or_default();
+        let default_domain = domain.is_empty() || domain == "ai.onnx";
+        if default_domain && ops::is_supported(&op_type) {
+            return;
+        }
+        let shown_domain = if default_domain { "ai.onnx".to_string() } else { domain.clone() };
+        let opset = opsets.iter().find(|(d, _)| *d == domain || (default_domain && (d.is_empty() || d == "ai.onnx"))).map_or(0, |(_, v)| *v);
+        let name = node_label(node);
+        match found.iter_mut().find(|u| u.op_type == op_type && u.domain == shown_domain) {
+            Some(u) => u.nodes.push(name),
+            None => found.push(UnsupportedOp { op_type, domain: shown_domain, opset, nodes: vec![name] }),
+        }
+    };
+    walk_nodes(graph, &mut visit);
+    found
+}
+
+/// Calls `f` on every node of `graph` and of its subgraphs.
+fn walk_nodes(graph: &GraphProto, f: &mut impl FnMut(&NodeProto)) {
+    for node in &graph.node {
+        f(node);
+        for a in &node.attribute {
+            if let Some(g) = &a.g {
+                walk_nodes(g, f);
+            }
+            for g in &a.graphs {
+                walk_nodes(g, f);
+            }
+        }
+    }
+}
+
+/// A node's name for messages: its name, else its first output.
+pub(super) fn node_label(node: &NodeProto) -> String {
+    match node.name.as_deref() {
+        Some(n) if !n.is_empty() => n.to_string(),
+        _ => node.output.iter().find(|o| !o.is_empty()).cloned().unwrap_or_else(|| node.op_type.clone().unwrap_or_default()),
+    }
+}
+
+/// The names a graph reads from enclosing scopes, in order of first use.
+pub(super) fn free_values(graph: &GraphProto) -> Vec<String> {
+    let mut defined: HashSet<&str> = graph.initializer.iter().filter_map(|t| t.name.as_deref()).collect();
+    defined.extend(graph.sparse_initializer.iter().filter_map(|s| s.values.as_ref().and_then(|v| v.name.as_deref())));
+    defined.extend(graph.input.iter().filter_map(|i| i.name.as_deref()));
+    let mut free: Vec<String> = Vec::new();
+    let need = |name: &str, defined: &HashSet<&str>, free: &mut Vec<String>| {
+        if !name.is_empty() && !defined.contains(name) && !free.iter().any(|f| f == name) {
+            free.push(name.to_string());
+        }
+    };
+    for node in &graph.node {
+        for i in &node.input {
+            need(i, &defined, &mut free);
+        }
+        for a in &node.attribute {
+            for g in a.g.iter().chain(&a.graphs) {
+                for name in free_values(g) {
+                    need(&name, &defined, &mut free);
+                }
+            }
+        }
+        defined.extend(node.output.iter().map(String::as_str));
+    }
+    for o in &graph.output {
+        if let Some(n) = &o.name {
+            need(n, &defined, &mut free);
+        }
+    }
+    free
+}
+
+/// The order to import nodes in: as given when that is topological (the spec requires it),
+/// else a topological order; a cycle or a name nothing defines is an error naming the node.
+fn node_order(g: &GraphProto, known: &HashSet<&str>) -> Result<Vec<usize>> {
+    let mut defined: HashSet<&str> = known.clone();
+    let mut in_order = true;
+    for n in &g.node {
+        if n.input.iter().any(|i| !i.is_empty() && !defined.contains(i.as_str())) {
+            in_order = false;
+            break;
+        }
+        defined.extend(n.output.iter().map(String::as_str));
+    }
+    if in_order {
+        return Ok((0..g.node.len()).collect());
+    }
+    let producer: HashMap<&str, usize> = g.node.iter().enumerate().flat_map(|(i, n)| n.output.iter().filter(|o| !o.is_empty()).map(move |o| (o.as_str(), i))).collect();
+    let mut order = Vec::with_capacity(g.node.len());
+    // 0: not visited, 1: on the current path, 2: done.
+    let mut state = vec![0u8; g.node.len()];
+    fn visit<'g>(i: usize, g: &'g GraphProto, known: &HashSet<&str>, producer: &HashMap<&str, usize>, state: &mut [u8], order: &mut Vec<usize>) -> Result<()> {
+        match state[i] {
+            2 => return Ok(()),
+            1 => return Err(IrError::Onnx(format!("the graph has a cycle through node `{}`", node_label(&g.node[i])))),
+            _ => {}
+        }
+        state[i] = 1;
+        for (k, input) in g.node[i].input.iter().enumerate() {
+            if input.is_empty() || known.contains(input.as_str()) {
+                continue;
+            }
+            match producer.get(input.as_str()) {
+                Some(&p) => visit(p, g, known, producer, state, order)?,
+                None => {
+                    let n = &g.node[i];
+                    return Err(IrError::Onnx(format!(
+                        "node `{}` ({}): input {k} `{input}` is not defined by any node, initializer or graph input",
+                        node_label(n),
+                        n.op_type.as_deref().unwrap_or("")
+                    )));
+                }
+            }
+        }
+        state[i] = 2;
+        order.push(i);
+        Ok(())
+    }
+    for i in 0..g.node.len() {
+        visit(i, g, known, &producer, &mut state, &mut order)?;
+    }
+    Ok(order)
+}
+
+/// Builds one kiln graph from one ONNX graph.
+pub(super) struct GraphImporter<'a> {
+    pub(super) graph: Graph,
+    /// ONNX value name -> kiln value.
+    pub(super) values: HashMap<String, ValueId>,
+    pub(super) opset: i64,
+    pub(super) base_dir: Option<&'a Path>,
+}
+
+impl<'a> GraphImporter<'a> {
+    pub(super) fn new(name: &str, opset: i64, base_dir: Option<&'a Path>) -> GraphImporter<'a> {
+        GraphImporter { graph: Graph::new(name), values: HashMap::new(), opset, base_dir }
+    }
+
+    /// Imports `g`; `captures` are values of enclosing graphs it reads, which become its first inputs.
+    pub(super) fn import(mut self, g: &GraphProto, captures: &[(String, TensorType)]) -> Result<Graph> {
+        let onnx_err = |m: String| IrError::Onnx(m);
+        for (name, ty) in captures {
+            let kiln_name = self.graph.unique_name(name);
+            let v = self.graph.add_input(&kiln_name, ty.clone())?;
+            self.values.insert(name.clone(), v);
+        }
+        for t in &g.initializer {
+            let name = t.name.clone().filter(|n| !n.is_empty()).ok_or_else(|| onnx_err("an initializer has no name".into()))?;
+            let tensor = tensor_from_proto(t, self.base_dir)?;
+            let kiln_name = self.graph.unique_name(&name);
+            let v = self.graph.add_constant(&kiln_name, tensor)?;
+            self.values.insert(name, v);
+        }
+        for s in &g.sparse_initializer {
+            let name = s.values.as_ref().and_then(|v| v.name.clone()).filter(|n| !n.is_empty()).ok_or_else(|| onnx_err("a sparse initializer has no name".into()))?;
+            let tensor = sparse_to_dense(s, self.base_dir)?;
+            let kiln_name = self.graph.unique_name(&name);
+            let v = self.graph.add_constant(&kiln_name, tensor)?;
+            self.values.insert(name, v);
+        }
+        for input in &g.input {
+            let name = input.name.clone().filter(|n| !n.is_empty()).ok_or_else(|| onnx_err("a graph input has no name".into()))?;
+            // Old exporters list initializers as inputs too: the initializer wins (a constant).
+            if self.values.contains_key(&name) {
+                continue;
+            }
+            let ty = value_type(input).map_err(|e| IrError::NotSupported(format!("graph input `{name}`: {e}")))?;
+            let kiln_name = self.graph.unique_name(&name);
+            let v = self.graph.add_input(&kiln_name, ty)?;
+            self.values.insert(name, v);
+        }
+        let known: HashSet<&str> = self.values.keys().map(String::as_str).collect();
+        for i in node_order(g, &known)? {
+            self.node(&g.node[i])?;
+        }
+        for output in &g.output {
+            let name = output.name.clone().unwrap_or_default();
+            let v = *self.values.get(&name).ok_or_else(|| onnx_err(format!("graph output `{name}` is not produced by any node")))?;
+            let out_name = if self.graph.outputs().iter().any(|(n, _)| *n == name) { self.graph.unique_name(&name) } else { name };
+            self.graph.add_output(&out_name, v)?;
+        }
+        Ok(self.graph)
+    }
+
+    fn node(&mut self, node: &NodeProto) -> Result<()> {
+        let label = node_label(node);
+        let op_type = node.op_type.clone().unwrap_or_default();
+        for (i, name) in node.input.iter().enumerate() {
+            if !name.is_empty() && !self.values.contains_key(name) {
+                return Err(IrError::Onnx(format!("node `{label}` ({op_type}): input {i} `{name}` is not available (its producer does not make it)")));
+            }
+        }
+        ops::convert(self, node, &op_type).map_err(|e| match e {
+            IrError::Onnx(m) => IrError::Onnx(format!("node `{label}` ({op_type}): {m}")),
+            IrError::NotSupported(m) => IrError::NotSupported(format!("node `{label}` ({op_type}): {m}")),
+            other => other,
+        })
+    }
+
+    /// The kiln value of operand `i` of `node`; `None` when it is omitted.
+    pub(super) fn operand(&self, node: &NodeProto, i: usize) -> Option<ValueId> {
+        node.input.get(i).filter(|n| !n.is_empty()).and_then(|n| self.values.get(n).copied())
+    }
+
+    pub(super) fn operands(&self, node: &NodeProto) -> Vec<Option<ValueId>> {
+        (0..node.input.len()).map(|i| self.operand(node, i)).collect()
+    }
+
+    pub(super) fn ty(&self, v: ValueId) -> &TensorType {
+        self.graph.value_type(v)
+    }
+
+    /// A fresh kiln node name for `node`, with `suffix` for the extra nodes of a decomposition.
+    pub(super) fn name_for(&self, node: &NodeProto, suffix: &str) -> String {
+        let base = node_label(node);
+        let base = if suffix.is_empty() { base } else { format!("{base}/{suffix}") };
+        self.graph.unique_name(&base)
+    }
+
+    /// Adds a kiln node for (part of) an ONNX node.
+    pub(super) fn add(&mut self, node: &NodeProto, suffix: &str, op: Op, operands: &[Option<ValueId>], num_outputs: usize) -> Result<NodeId> {
+        let name = self.name_for(node, suffix);
+        self.graph.add_node_with_outputs(&name, op, operands, num_outputs)
+    }
+
+    /// Adds a constant for (part of) an ONNX node.
+    pub(super) fn constant(&mut self, node: &NodeProto, suffix: &str, t: crate::Tensor) -> Result<ValueId> {
+        let name = self.name_for(node, suffix);
+        self.graph.add_constant(&name, t)
+    }
+
+    /// Binds the ONNX node's outputs to kiln values, in order; empty names are skipped.
+    pub(super) fn bind(&mut self, node: &NodeProto, values: &[ValueId]) -> Result<()> {
+        for (name, v) in node.output.iter().zip(values) {
+            if !name.is_empty() {
+                self.values.insert(name.clone(), *v);
+            }
+        }
+        Ok(())
+    }
+
+    /// How many results the node declares (trailing omitted ones do not count).
+    pub(super) fn num_outputs(node: &NodeProto) -> usize {
+        node.output.iter().rposition(|o| !o.is_empty()).map_or(0, |i| i + 1)
+    }
+
+    /// The types of every value visible here, for the captures of a subgraph.
+    pub(super) fn visible_type(&self, name: &str) -> Option<TensorType> {
+        self.values.get(name).map(|v| self.ty(*v).clone())
+    }
+}
+
+/// The declared type of a graph input.
+fn value_type(v: &proto::ValueInfoProto) -> std::result::Result<TensorType, String> {
+    let name = v.name.as_deref().unwrap_or("");
+    match v.r#type.as_ref().and_then(|t| t.value.as_ref()) {
+        Some(type_proto::Value::TensorType(t)) => {
+            let dtype = dtype_of(t.elem_type.unwrap_or(0))?;
+            let shape = match &t.shape {
+                // No shape at all: kiln needs the rank.
+                None => return Err("an input without a shape is not supported (kiln needs the rank)".into()),
+                Some(s) => Shape(
+                    s.dim
+                        .iter()
+                        .enumerate()
+                        .map(|(i, d)| {
+                            use proto::tensor_shape_proto::dimension::Value;
+                            match &d.value {
+                                Some(Value::DimValue(n)) if *n >= 0 => Ok(Dim::Fixed(*n as usize)),
+                                Some(Value::DimValue(n)) => Err(format!("the negative dimension {n} is invalid")),
+                                Some(Value::DimParam(p)) if !p.is_empty() && p != "?" => Ok(Dim::sym(p)),
+                                _ => Ok(Dim::sym(&format!("{name}_d{i}"))),
+                            }
+                        })
+                        .collect::<std::result::Result<_, String>>()?,
+                ),
+            };
+            Ok(TensorType::new(dtype, shape))
+        }
+        Some(type_proto::Value::SequenceType(_)) => Err("a sequence is not supported (tensors only)".into()),
+        Some(type_proto::Value::MapType(_)) => Err("a map is not supported (tensors only)".into()),
+        Some(type_proto::Value::OptionalType(_)) => Err("an optional is not supported (tensors only)".into()),
+        Some(type_proto::Value::SparseTensorType(_)) => Err("a sparse tensor is not supported (dense tensors only)".into()),
+        None => Err("an input without a type is not supported".into()),
+    }
+}
+
+/// A node's attributes as kiln attributes (graphs stay out: the ops that take them read them).
+pub(super) fn attrs_of(node: &NodeProto, base_dir: Option<&Path>) -> Result<Attrs> {
+    let mut out = Attrs::new();
+    for a in &node.attribute {
+        let name = a.name.clone().unwrap_or_default();
+        if a.ref_attr_name.as_deref().is_some_and(|r| !r.is_empty()) {
+            return Err(IrError::NotSupported(format!("attribute `{name}` refers to a function attribute, which is not supported")));
+        }
+        let ty = a.r#type.unwrap_or_else(|| guess_type(a));
+        let utf8 = |b: &[u8]| String::from_utf8(b.to_vec()).map_err(|_| IrError::Onnx(format!("attribute `{name}` is not UTF-8")));
+        let value = match ty {
+            at::FLOAT => Attr::Float(a.f.unwrap_or(0.0)),
+            at::INT => Attr::Int(a.i.unwrap_or(0)),
+            at::STRING => Attr::Str(utf8(a.s.as_deref().unwrap_or_default())?),
+            at::FLOATS => Attr::Floats(a.floats.clone()),
+            at::INTS => Attr::Ints(a.ints.clone()),
+            at::STRINGS => Attr::Strs(a.strings.iter().map(|s| utf8(s)).collect::<std::result::Result<_, _>>()?),
+            at::TENSOR => Attr::Tensor(tensor_from_proto(a.t.as_ref().ok_or_else(|| IrError::Onnx(format!("attribute `{name}` has no tensor")))?, base_dir)?),
+            at::SPARSE_TENSOR => Attr::Tensor(sparse_to_dense(a.sparse_tensor.as_ref().ok_or_else(|| IrError::Onnx(format!("attribute `{name}` has no tensor")))?, base_dir)?),
+            at::GRAPH => continue,
+            at::TENSORS | at::GRAPHS | at::SPARSE_TENSORS | at::TYPE_PROTO | at::TYPE_PROTOS => {
+                return Err(IrError::NotSupported(format!("attribute `{name}` is a list of tensors, graphs or types, which is not supported")));
+            }
+            other => return Err(IrError::Onnx(format!("attribute `{name}` has an unknown type {other}"))),
+        };
+        out.push(&name, value);
+    }
+    Ok(out)
+}
+
+/// Very old models leave `type` unset; the field that is present tells.
+fn guess_type(a: &proto::AttributeProto) -> i32 {
+    if a.t.is_some() {
+        at::TENSOR
+    } else if a.g.is_some() {
+        at::GRAPH
+    } else if a.s.is_some() {
+        at::STRING
+    } else if a.f.is_some() {
+        at::FLOAT
+    } else if !a.ints.is_empty() {
+        at::INTS
+    } else if !a.floats.is_empty() {
+        at::FLOATS
+    } else if !a.strings.is_empty() {
+        at::STRINGS
+    } else {
+        at::INT
+    }
+}

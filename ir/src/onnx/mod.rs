@@ -1,0 +1,111 @@
+//! The ONNX frontend: ONNX protobuf to a kiln [`Graph`](crate::Graph).
+//!
+//! - Messages are prost-derived structs ([`proto`]); no build-time codegen, no protoc.
+//! - Tensors stored inline (typed fields), in `raw_data`, or as external data in a file beside
+//!   the model (the PyTorch exporter writes `model.onnx.data`).
+//! - Opset differences are resolved at import: attributes that later opsets turned into operands
+//!   become constant operands, old semantics (Softmax's 2-D coercion, Upsample) are rewritten.
+//! - Dynamic dimensions become symbols (`batch`, or `<input>_d<i>` when unnamed).
+//! - Every unsupported op of a model is reported at once, with the nodes using it.
+//! - A corrupt, truncated or non-ONNX file is an error that says so, never a panic.
+
+mod import;
+mod inspect;
+mod ops;
+pub mod proto;
+mod tensor;
+pub mod testcase;
+
+use std::path::Path;
+
+use prost::Message;
+
+pub use inspect::{inspect, Summary};
+pub use tensor::{dtype_of, onnx_type_of};
+
+use crate::{Graph, IrError, Result, Tensor};
+
+/// An imported model.
+#[derive(Debug, Clone)]
+pub struct Model {
+    pub graph: Graph,
+    pub ir_version: i64,
+    /// (domain, version) of every opset the model imports; `""` is the default domain.
+    pub opsets: Vec<(String, i64)>,
+    pub producer: String,
+}
+
+impl Model {
+    /// The version of the default ONNX opset the model was written for.
+    pub fn default_opset(&self) -> i64 {
+        self.opsets.iter().find(|(d, _)| d.is_empty() || d == "ai.onnx").map_or(1, |(_, v)| *v)
+    }
+}
+
+/// Loads an ONNX model from a file; external data is read from the file's directory.
+pub fn load(path: impl AsRef<Path>) -> Result<Model> {
+    let path = path.as_ref();
+    let bytes = std::fs::read(path).map_err(|e| IrError::Onnx(format!("{}: {e}", path.display())))?;
+    let dir = path.parent().map(|p| if p.as_os_str().is_empty() { Path::new(".") } else { p });
+    load_bytes(&bytes, dir).map_err(|e| match e {
+        IrError::Onnx(m) => IrError::Onnx(format!("{}: {m}", path.display())),
+        other => other,
+    })
+}
+
+/// Loads an ONNX model from its bytes; `base_dir` is where external data files are looked for.
+pub fn load_bytes(bytes: &[u8], base_dir: Option<&Path>) -> Result<Model> {
+    let model = decode_model(bytes)?;
+    import::import_model(&model, base_dir)
+}
+
+/// Decodes a ModelProto and checks it looks like an ONNX model.
+pub(crate) fn decode_model(bytes: &[u8]) -> Result<proto::ModelProto> {
+    if bytes.is_empty() {
+        return Err(IrError::Onnx("the file is empty, not an ONNX model".into()));
+    }
+    let model = proto::ModelProto::decode(bytes).map_err(|e| IrError::Onnx(format!("not a valid ONNX model (corrupt or truncated protobuf: {e})")))?;
+    if model.graph.is_none() {
+        return Err(IrError::Onnx("not an ONNX model: it has no graph".into()));
+    }
+    if model.ir_version.unwrap_or(0) <= 0 || model.opset_import.is_empty() && model.ir_version.unwrap_or(0) >= 3 {
+        return Err(IrError::Onnx(format!(
+            "not an ONNX model: ir_version {:?} and {} opset imports",
+            model.ir_version,
+            model.opset_import.len()
+        )));
+    }
+    Ok(model)
+}
+
+/// Reads a serialized TensorProto (the `.pb` files of ONNX test data).
+pub fn read_tensor(path: impl AsRef<Path>) -> Result<Tensor> {
+    let path = path.as_ref();
+    let bytes = std::fs::read(path).map_err(|e| IrError::Onnx(format!("{}: {e}", path.display())))?;
+    decode_tensor(&bytes, path.parent()).map_err(|e| match e {
+        IrError::Onnx(m) => IrError::Onnx(format!("{}: {m}", path.display())),
+        IrError::NotSupported(m) => IrError::NotSupported(format!("{}: {m}", path.display())),
+        other => other,
+    })
+}
+
+/// Decodes a serialized TensorProto.
+pub fn decode_tensor(bytes: &[u8], base_dir: Option<&Path>) -> Result<Tensor> {
+    let t = proto::TensorProto::decode(bytes).map_err(|e| IrError::Onnx(format!("not a valid ONNX tensor (corrupt or truncated protobuf: {e})")))?;
+    if t.data_type.is_none() {
+        return Err(IrError::Onnx("not an ONNX tensor: it has no data type".into()));
+    }
+    tensor::tensor_from_proto(&t, base_dir)
+}
+
+/// Serializes a tensor as a TensorProto (raw data).
+pub fn encode_tensor(t: &Tensor, name: &str) -> Vec<u8> {
+    proto::TensorProto {
+        dims: t.dims().iter().map(|&d| d as i64).collect(),
+        data_type: Some(onnx_type_of(t.dtype())),
+        name: Some(name.to_string()),
+        raw_data: Some(t.bytes().to_vec()),
+        ..Default::default()
+    }
+    .encode_to_vec()
+}

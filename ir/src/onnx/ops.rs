@@ -1,0 +1,529 @@
+//! ONNX nodes to kiln ops, across opsets. Most ops map one to one through `Op::from_attrs` (kiln's
+//! attribute names and defaults are ONNX's); the rest are rewritten here: attributes that later
+//! opsets made operands, variadic ops, old semantics, and attributes that do not matter at
+//! inference (which are dropped explicitly, so an unknown attribute is still an error).
+
+use std::sync::Arc;
+
+use super::import::{attrs_of, free_values, GraphImporter};
+use super::proto::NodeProto;
+use super::tensor::dtype_of;
+use crate::op::{Attr, Attrs, CoordinateTransform, NearestMode, Resize, ResizeMode, Subgraph};
+use crate::{BinaryOp, DType, IrError, Op, Result, Tensor, TensorType, ValueId};
+
+/// Every ONNX op type (default domain) the importer converts.
+const SUPPORTED: &[&str] = &[
+    // elementwise
+    "Abs", "Neg", "Sign", "Ceil", "Floor", "Round", "Exp", "Log", "Sqrt", "Reciprocal", "Sin", "Cos", "Tan", "Asin", "Acos", "Atan", "Sinh",
+    "Cosh", "Tanh", "Asinh", "Acosh", "Atanh", "Erf", "Sigmoid", "Relu", "Softplus", "Softsign", "Mish", "HardSwish", "Swish", "Gelu",
+    "LeakyRelu", "Elu", "Selu", "Celu", "HardSigmoid", "ThresholdedRelu", "Shrink", "Not", "BitwiseNot", "IsNaN", "IsInf", "Add", "Sub",
+    "Mul", "Div", "Pow", "Max", "Min", "Mod", "PRelu", "Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "And", "Or", "Xor",
+    "BitwiseAnd", "BitwiseOr", "BitwiseXor", "BitShift", "Sum", "Mean", "Clip", "Where", "Cast", "CastLike",
+    // contractions, windows, normalisations
+    "MatMul", "Gemm", "Einsum", "Conv", "ConvTranspose", "MaxPool", "AveragePool", "LpPool", "GlobalMaxPool", "GlobalAveragePool",
+    "GlobalLpPool", "Softmax", "LogSoftmax", "Hardmax", "LayerNormalization", "BatchNormalization", "InstanceNormalization",
+    "GroupNormalization", "RMSNormalization", "LRN", "LpNormalization", "MeanVarianceNormalization",
+    // reductions and scans
+    "ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp",
+    "ReduceSumSquare", "ArgMax", "ArgMin", "CumSum", "CumProd", "TopK",
+    // data movement
+    "Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Concat", "Split", "Slice", "Gather", "GatherElements", "GatherND",
+    "ScatterElements", "Scatter", "ScatterND", "Expand", "Tile", "Pad", "Shape", "Size", "ConstantOfShape", "Range", "OneHot", "Trilu",
+    "EyeLike", "DepthToSpace", "SpaceToDepth", "Resize", "Upsample", "NonZero", "Compress", "ReverseSequence", "Identity", "Dropout",
+    "Constant",
+    // sequence models, losses, control flow
+    "RNN", "GRU", "LSTM", "Attention", "RotaryEmbedding", "NegativeLogLikelihoodLoss", "SoftmaxCrossEntropyLoss", "If",
+];
+
+pub(super) fn is_supported(op_type: &str) -> bool {
+    SUPPORTED.contains(&op_type)
+}
+
+fn err(msg: impl Into<String>) -> IrError {
+    IrError::Onnx(msg.into())
+}
+
+/// A valid use of a supported op that kiln does not handle (a training mode, a legacy form).
+fn unsupported(msg: impl Into<String>) -> IrError {
+    IrError::NotSupported(msg.into())
+}
+
+/// Converts one node, binding its outputs.
+pub(super) fn convert(im: &mut GraphImporter, node: &NodeProto, op_type: &str) -> Result<()> {
+    let mut a = attrs_of(node, im.base_dir)?;
+    let opset = im.opset;
+    let n_out = GraphImporter::num_outputs(node).max(1);
+    let x0 = im.operand(node, 0);
+    let x = || x0.ok_or_else(|| err("operand 0 is missing"));
+    // Attributes that never change inference results.
+    for ignored in ["consumed_inputs", "is_test", "seed"] {
+        a.remove(ignored);
+    }
+    match op_type {
+        "Constant" => constant(im, node, a),
+        "Dropout" => dropout(im, node, a, opset),
+        "Cast" | "CastLike" => {
+            a.remove("saturate");
+            a.remove("round_mode");
+            let to = if op_type == "Cast" {
+                type_attr(&mut a, "to")?.ok_or_else(|| err("attribute `to` is required"))?
+            } else {
+                let target = im.operand(node, 1).ok_or_else(|| err("operand 1 (target_type) is missing"))?;
+                im.ty(target).dtype
+            };
+            a.finish(op_type).map_err(err)?;
+            emit(im, node, Op::Cast { to }, &[Some(x()?)], 1)
+        }
+        "EyeLike" => {
+            if let Some(d) = type_attr(&mut a, "dtype")? {
+                a.set("dtype", Attr::Type(d));
+            }
+            generic(im, node, op_type, a, n_out)
+        }
+        "Attention" => {
+            if let Some(d) = type_attr(&mut a, "softmax_precision")? {
+                a.set("softmax_precision", Attr::Type(d));
+            }
+            generic(im, node, op_type, a, n_out)
+        }
+        "Sum" | "Mean" | "Max" | "Min" => variadic(im, node, op_type, a),
+        "Add" | "Sub" | "Mul" | "Div" | "Pow" | "And" | "Or" | "Xor" | "Equal" | "Less" | "Greater" | "PRelu" if opset < 7 => {
+            legacy_broadcast(im, node, op_type, a)
+        }
+        "Gemm" => {
+            a.remove("broadcast");
+            generic(im, node, op_type, a, n_out)
+        }
+        "Reshape" if opset < 5 => {
+            let shape = ints_attr(&mut a, "shape")?.ok_or_else(|| err("attribute `shape` is required"))?;
+            let s = im.constant(node, "shape", Tensor::vector(&shape))?;
+            with_operands(im, node, op_type, a, vec![Some(x()?), Some(s)], 1)
+        }
+        "Clip" if opset < 11 => {
+            let dtype = im.ty(x()?).dtype;
+            let lo = a.remove("min").map(|v| float_of(&v)).transpose()?;
+            let hi = a.remove("max").map(|v| float_of(&v)).transpose()?;
+            let lo = lo.map(|v| im.constant(node, "min", Tensor::full(dtype, &[], v as f64))).transpose()?;
+            let hi = hi.map(|v| im.constant(node, "max", Tensor::full(dtype, &[], v as f64))).transpose()?;
+            with_operands(im, node, op_type, a, vec![Some(x()?), lo, hi], 1)
+        }
+        "Split" => {
+            let mut operands = vec![Some(x()?), im.operand(node, 1)];
+            if opset < 13 {
+                if let Some(split) = ints_attr(&mut a, "split")? {
+                    operands[1] = Some(im.constant(node, "split", Tensor::vector(&split))?);
+                }
+            }
+            if !a.contains("num_outputs") {
+                a.push("num_outputs", Attr::Int(node.output.len() as i64));
+            }
+            with_operands(im, node, op_type, a, operands, node.output.len())
+        }
+        "Squeeze" | "Unsqueeze" if opset < 13 => axes_to_operand(im, node, op_type, a),
+        "ReduceSum" if opset < 13 => axes_to_operand(im, node, op_type, a),
+        "ReduceMean" | "ReduceMax" | "ReduceMin" | "ReduceProd" | "ReduceL1" | "ReduceL2" | "ReduceLogSum" | "ReduceLogSumExp" | "ReduceSumSquare"
+            if opset < 18 =>
+        {
+            axes_to_operand(im, node, op_type, a)
+        }
+        "Pad" if opset < 11 => {
+            let pads = ints_attr(&mut a, "pads")?.or(ints_attr(&mut a, "paddings")?).ok_or_else(|| err("attribute `pads` is required"))?;
+            let value = a.remove("value").map(|v| float_of(&v)).transpose()?.unwrap_or(0.0);
+            let dtype = im.ty(x()?).dtype;
+            let p = im.constant(node, "pads", Tensor::vector(&pads))?;
+            let v = im.constant(node, "value", Tensor::full(dtype, &[], value as f64))?;
+            with_operands(im, node, op_type, a, vec![Some(x()?), Some(p), Some(v)], 1)
+        }
+        "Slice" if opset < 10 => {
+            let starts = ints_attr(&mut a, "starts")?.ok_or_else(|| err("attribute `starts` is required"))?;
+            let ends = ints_attr(&mut a, "ends")?.ok_or_else(|| err("attribute `ends` is required"))?;
+            let s = im.constant(node, "starts", Tensor::vector(&starts))?;
+            let e = im.constant(node, "ends", Tensor::vector(&ends))?;
+            let axes = ints_attr(&mut a, "axes")?.map(|v| im.constant(node, "axes", Tensor::vector(&v))).transpose()?;
+            with_operands(im, node, op_type, a, vec![Some(x()?), Some(s), Some(e), axes], 1)
+        }
+        "TopK" if opset < 10 => {
+            let k = a.remove("k").map(|v| int_of(&v)).transpose()?.ok_or_else(|| err("attribute `k` is required"))?;
+            let kc = im.constant(node, "k", Tensor::vector(&[k]))?;
+            with_operands(im, node, op_type, a, vec![Some(x()?), Some(kc)], n_out)
+        }
+        "Softmax" | "LogSoftmax" | "Hardmax" if opset < 13 => softmax_v1(im, node, op_type, a),
+        "Conv" | "ConvTranspose" => {
+            if let Some(k) = ints_attr(&mut a, "kernel_shape")? {
+                let w = im.operand(node, 1).ok_or_else(|| err("operand 1 (the weight) is missing"))?;
+                let wd = im.ty(w).shape.dims()[2..].to_vec();
+                let agrees = k.len() == wd.len() && k.iter().zip(&wd).all(|(&k, d)| d.fixed().is_none_or(|n| n as i64 == k));
+                if !agrees {
+                    return Err(err(format!("kernel_shape {k:?} does not match the weight {}", im.ty(w))));
+                }
+            }
+            generic(im, node, op_type, a, n_out)
+        }
+        "LpPool" | "GlobalLpPool" => {
+            if let Some(p) = a.remove("p") {
+                a.push("p", Attr::Int(float_of(&p)? as i64));
+            }
+            generic(im, node, op_type, a, n_out)
+        }
+        "BatchNormalization" => {
+            a.remove("momentum");
+            if a.remove("training_mode").is_some_and(|v| int_of(&v).unwrap_or(0) != 0) {
+                return Err(unsupported("training mode is not supported (kiln compiles inference)"));
+            }
+            if a.remove("spatial").is_some_and(|v| int_of(&v).unwrap_or(1) != 1) {
+                return Err(unsupported("spatial = 0 (per-activation statistics) is not supported"));
+            }
+            if n_out > 1 {
+                return Err(unsupported("the running statistics results exist only in training mode, which is not supported"));
+            }
+            generic(im, node, op_type, a, 1)
+        }
+        "LayerNormalization" | "RMSNormalization" => {
+            a.remove("stash_type");
+            generic(im, node, op_type, a, n_out)
+        }
+        "GroupNormalization" => group_norm(im, node, a, opset),
+        "Scatter" => generic_as(im, node, "ScatterElements", a, 1),
+        "Upsample" => upsample(im, node, a, opset),
+        "Resize" => resize(im, node, a, opset),
+        "RNN" | "GRU" | "LSTM" => {
+            a.remove("output_sequence");
+            rnn_activations(&mut a)?;
+            generic(im, node, op_type, a, n_out)
+        }
+        "If" => if_(im, node, a),
+        _ => generic(im, node, op_type, a, n_out),
+    }
+}
+
+/// `Op::from_attrs` on the node's own operands.
+fn generic(im: &mut GraphImporter, node: &NodeProto, op_type: &str, a: Attrs, n_out: usize) -> Result<()> {
+    generic_as(im, node, op_type, a, n_out)
+}
+
+fn generic_as(im: &mut GraphImporter, node: &NodeProto, kiln_name: &str, a: Attrs, n_out: usize) -> Result<()> {
+    let operands = im.operands(node);
+    with_operands(im, node, kiln_name, a, operands, n_out)
+}
+
+fn with_operands(im: &mut GraphImporter, node: &NodeProto, kiln_name: &str, a: Attrs, operands: Vec<Option<ValueId>>, n_out: usize) -> Result<()> {
+    let op = Op::from_attrs(kiln_name, a).map_err(err)?;
+    emit(im, node, op, &operands, n_out)
+}
+
+/// Adds the node's one kiln node and binds every declared output.
+fn emit(im: &mut GraphImporter, node: &NodeProto, op: Op, operands: &[Option<ValueId>], n_out: usize) -> Result<()> {
+    // Trailing omitted operands are just absent.
+    let used = operands.iter().rposition(Option::is_some).map_or(0, |i| i + 1);
+    let id = im.add(node, "", op, &operands[..used], n_out)?;
+    let values: Vec<ValueId> = (0..n_out).map(|i| ValueId::new(id, i)).collect();
+    im.bind(node, &values)
+}
+
+fn int_of(a: &Attr) -> Result<i64> {
+    match a {
+        Attr::Int(v) => Ok(*v),
+        Attr::Float(v) => Ok(*v as i64),
+        other => Err(err(format!("expected an integer attribute, got {other}"))),
+    }
+}
+
+fn float_of(a: &Attr) -> Result<f32> {
+    match a {
+        Attr::Float(v) => Ok(*v),
+        Attr::Int(v) => Ok(*v as f32),
+        other => Err(err(format!("expected a float attribute, got {other}"))),
+    }
+}
+
+fn ints_attr(a: &mut Attrs, name: &str) -> Result<Option<Vec<i64>>> {
+    match a.remove(name) {
+        None => Ok(None),
+        Some(Attr::Ints(v)) => Ok(Some(v)),
+        Some(other) => Err(err(format!("attribute `{name}` must be a list of integers, got {other}"))),
+    }
+}
+
+/// An integer attribute that names an ONNX data type.
+fn type_attr(a: &mut Attrs, name: &str) -> Result<Option<DType>> {
+    match a.remove(name) {
+        None => Ok(None),
+        Some(Attr::Int(t)) => dtype_of(t as i32).map(Some).map_err(|e| unsupported(format!("attribute `{name}`: {e}"))),
+        Some(Attr::Type(t)) => Ok(Some(t)),
+        Some(other) => Err(err(format!("attribute `{name}` must name a data type, got {other}"))),
+    }
+}
+
+/// Before opset 7, `broadcast = 1` aligned the second operand with the first starting at `axis`
+/// (default: at the end), and PRelu's slope was per channel. Both become numpy broadcasting by
+/// giving the second operand trailing unit dimensions.
+fn legacy_broadcast(im: &mut GraphImporter, node: &NodeProto, op_type: &str, mut a: Attrs) -> Result<()> {
+    let broadcast = a.remove("broadcast").map(|v| int_of(&v)).transpose()?.unwrap_or(0) != 0;
+    let axis = a.remove("axis").map(|v| int_of(&v)).transpose()?;
+    let (x, b) = match (im.operand(node, 0), im.operand(node, 1)) {
+        (Some(x), Some(b)) => (x, b),
+        _ => return Err(err("needs two operands")),
+    };
+    let (ra, rb) = (im.ty(x).rank() as i64, im.ty(b).rank() as i64);
+    let start = match (op_type, axis) {
+        ("PRelu", _) if rb == 1 && ra > 2 => Some(1),
+        (_, Some(ax)) if broadcast => Some(if ax < 0 { ax + ra } else { ax }),
+        _ => None,
+    };
+    let b = match start {
+        Some(start) if start + rb < ra && start >= 0 => {
+            let dims = im.ty(b).shape.as_fixed().ok_or_else(|| err("a legacy broadcast operand needs a known shape"))?;
+            let mut shape: Vec<i64> = dims.iter().map(|&d| d as i64).collect();
+            shape.extend(std::iter::repeat_n(1, (ra - start - rb) as usize));
+            let s = im.constant(node, "aligned_shape", Tensor::vector(&shape))?;
+            im.add(node, "aligned", Op::Reshape { allowzero: false }, &[Some(b), Some(s)], 1)?.into()
+        }
+        _ => b,
+    };
+    with_operands(im, node, op_type, a, vec![Some(x), Some(b)], 1)
+}
+
+/// Older opsets give axes as an attribute; kiln takes them as a constant operand.
+fn axes_to_operand(im: &mut GraphImporter, node: &NodeProto, op_type: &str, mut a: Attrs) -> Result<()> {
+    let x = im.operand(node, 0).ok_or_else(|| err("operand 0 is missing"))?;
+    let axes = ints_attr(&mut a, "axes")?.map(|v| im.constant(node, "axes", Tensor::vector(&v))).transpose()?;
+    with_operands(im, node, op_type, a, vec![Some(x), axes], 1)
+}
+
+fn constant(im: &mut GraphImporter, node: &NodeProto, mut a: Attrs) -> Result<()> {
+    let value = if let Some(v) = a.remove("value").or_else(|| a.remove("sparse_value")) {
+        match v {
+            Attr::Tensor(t) => t,
+            other => return Err(err(format!("`value` must be a tensor, got {other}"))),
+        }
+    } else if let Some(v) = a.remove("value_float") {
+        Tensor::scalar(float_of(&v)?)
+    } else if let Some(v) = a.remove("value_int") {
+        Tensor::scalar(int_of(&v)?)
+    } else if let Some(v) = a.remove("value_floats") {
+        match v {
+            Attr::Floats(f) => Tensor::vector(&f),
+            Attr::Ints(i) if i.is_empty() => Tensor::vector::<f32>(&[]),
+            other => return Err(err(format!("`value_floats` must be floats, got {other}"))),
+        }
+    } else if let Some(v) = ints_attr(&mut a, "value_ints")? {
+        Tensor::vector(&v)
+    } else if a.contains("value_string") || a.contains("value_strings") {
+        return Err(unsupported("string constants are not supported"));
+    } else {
+        return Err(err("a Constant needs one of value, value_float(s), value_int(s), sparse_value"));
+    };
+    a.finish("Constant").map_err(err)?;
+    let name = node.output.first().filter(|o| !o.is_empty()).cloned().unwrap_or_else(|| im.name_for(node, ""));
+    let kiln_name = im.graph.unique_name(&name);
+    let v = im.graph.add_constant(&kiln_name, value)?;
+    im.bind(node, &[v])
+}
+
+/// Dropout is the identity at inference; its mask, when asked for, is all true.
+fn dropout(im: &mut GraphImporter, node: &NodeProto, mut a: Attrs, opset: i64) -> Result<()> {
+    a.remove("ratio");
+    a.finish("Dropout").map_err(err)?;
+    let x = im.operand(node, 0).ok_or_else(|| err("operand 0 is missing"))?;
+    if opset >= 12 {
+        if let Some(t) = im.operand(node, 2) {
+            match im.graph.constant_value(t).map(|t| t.to_f64s()) {
+                Some(v) if v.iter().all(|&b| b == 0.0) => {}
+                Some(_) => return Err(unsupported("training_mode = true drops values at random; kiln compiles inference")),
+                None => return Err(unsupported("a training_mode known only at run time is not supported (kiln compiles inference)")),
+            }
+        }
+    }
+    let y = im.add(node, "", Op::Identity, &[Some(x)], 1)?;
+    let mut outs = vec![ValueId::from(y)];
+    if GraphImporter::num_outputs(node) > 1 {
+        let shape = im.add(node, "mask_shape", Op::Shape { start: 0, end: None }, &[Some(x)], 1)?;
+        let mask = im.add(node, "mask", Op::ConstantOfShape { value: Tensor::vector(&[true]) }, &[Some(shape.into())], 1)?;
+        outs.push(mask.into());
+    }
+    im.bind(node, &outs)
+}
+
+/// Sum, Mean, Max, Min over any number of operands, as a chain of binary ops.
+fn variadic(im: &mut GraphImporter, node: &NodeProto, op_type: &str, a: Attrs) -> Result<()> {
+    a.finish(op_type).map_err(err)?;
+    let xs: Vec<ValueId> = im.operands(node).into_iter().flatten().collect();
+    let first = *xs.first().ok_or_else(|| err("needs at least one operand"))?;
+    let b = match op_type {
+        "Sum" | "Mean" => BinaryOp::Add,
+        "Max" => BinaryOp::Max,
+        _ => BinaryOp::Min,
+    };
+    let mut acc = first;
+    if xs.len() == 1 {
+        acc = im.add(node, if op_type == "Mean" { "sum" } else { "" }, Op::Identity, &[Some(first)], 1)?.into();
+    }
+    for (i, &next) in xs.iter().enumerate().skip(1) {
+        let last = i == xs.len() - 1 && op_type != "Mean";
+        acc = im.add(node, if last { "" } else { "step" }, Op::Binary(b), &[Some(acc), Some(next)], 1)?.into();
+    }
+    if op_type == "Mean" {
+        let dtype = im.ty(acc).dtype;
+        let n = im.constant(node, "count", Tensor::full(dtype, &[], xs.len() as f64))?;
+        acc = im.add(node, "", Op::Binary(BinaryOp::Div), &[Some(acc), Some(n)], 1)?.into();
+    }
+    im.bind(node, &[acc])
+}
+
+/// Softmax-family ops before opset 13 flatten the input to 2-D at `axis` (default 1).
+fn softmax_v1(im: &mut GraphImporter, node: &NodeProto, op_type: &str, mut a: Attrs) -> Result<()> {
+    let axis = a.remove("axis").map(|v| int_of(&v)).transpose()?.unwrap_or(1);
+    a.finish(op_type).map_err(err)?;
+    let x = im.operand(node, 0).ok_or_else(|| err("operand 0 is missing"))?;
+    let rank = im.ty(x).rank() as i64;
+    let axis_n = if axis < 0 { axis + rank } else { axis };
+    let make = |axis: i64| match op_type {
+        "Softmax" => Op::Softmax { axis },
+        "LogSoftmax" => Op::LogSoftmax { axis },
+        _ => Op::Hardmax { axis },
+    };
+    // Normalising over the last axis only is the same in both semantics.
+    if axis_n == rank - 1 {
+        return emit(im, node, make(axis_n), &[Some(x)], 1);
+    }
+    let flat = im.add(node, "flatten", Op::Flatten { axis }, &[Some(x)], 1)?;
+    let y = im.add(node, "2d", make(1), &[Some(flat.into())], 1)?;
+    let shape = im.add(node, "shape", Op::Shape { start: 0, end: None }, &[Some(x)], 1)?;
+    let out = im.add(node, "", Op::Reshape { allowzero: false }, &[Some(y.into()), Some(shape.into())], 1)?;
+    im.bind(node, &[out.into()])
+}
+
+/// GroupNormalization before opset 21 has one scale and bias per group; kiln's (21) has one per
+/// channel, so constant per-group parameters are repeated over each group's channels.
+fn group_norm(im: &mut GraphImporter, node: &NodeProto, mut a: Attrs, opset: i64) -> Result<()> {
+    a.remove("stash_type");
+    let mut operands = im.operands(node);
+    if opset < 21 {
+        let x = operands.first().copied().flatten().ok_or_else(|| err("operand 0 is missing"))?;
+        let channels = im.ty(x).shape.dims().get(1).and_then(|d| d.fixed()).ok_or_else(|| err("the channel count must be known"))?;
+        for (i, what) in [(1, "scale"), (2, "bias")] {
+            let v = operands.get(i).copied().flatten().ok_or_else(|| err(format!("{what} is missing")))?;
+            let t = im.graph.constant_value(v).cloned().ok_or_else(|| err(format!("a per-group {what} (opset {opset}) must be a constant")))?;
+            let groups = t.len();
+            if groups == 0 || channels % groups != 0 {
+                return Err(err(format!("{what} has {groups} entries for {channels} channels")));
+            }
+            let per = t.to_f64s().iter().flat_map(|&v| std::iter::repeat_n(v, channels / groups)).collect::<Vec<_>>();
+            let c = im.constant(node, what, Tensor::from_f64s(t.dtype(), &[channels], &per)?)?;
+            operands[i] = Some(c);
+        }
+    }
+    with_operands(im, node, "GroupNormalization", a, operands, 1)
+}
+
+/// Upsample (opsets 7-9) is Resize with asymmetric coordinates and floor rounding.
+fn upsample(im: &mut GraphImporter, node: &NodeProto, mut a: Attrs, opset: i64) -> Result<()> {
+    let x = im.operand(node, 0).ok_or_else(|| err("operand 0 is missing"))?;
+    let mode = match a.remove("mode") {
+        None => ResizeMode::Nearest,
+        Some(Attr::Str(m)) if m == "nearest" => ResizeMode::Nearest,
+        Some(Attr::Str(m)) if m == "linear" || m == "bilinear" => ResizeMode::Linear,
+        Some(other) => return Err(err(format!("unknown Upsample mode {other}"))),
+    };
+    let scales = if opset < 9 {
+        match a.remove("scales") {
+            Some(Attr::Floats(s)) => im.constant(node, "scales", Tensor::vector(&s))?,
+            _ => return Err(err("attribute `scales` is required")),
+        }
+    } else {
+        im.operand(node, 1).ok_or_else(|| err("operand 1 (scales) is missing"))?
+    };
+    a.finish("Upsample").map_err(err)?;
+    let op = Op::Resize(Resize { mode, coordinate_transform: CoordinateTransform::Asymmetric, nearest_mode: NearestMode::Floor, ..Resize::default() });
+    emit(im, node, op, &[Some(x), None, Some(scales)], 1)
+}
+
+fn resize(im: &mut GraphImporter, node: &NodeProto, a: Attrs, opset: i64) -> Result<()> {
+    let x = im.operand(node, 0).ok_or_else(|| err("operand 0 is missing"))?;
+    if opset < 11 {
+        // Resize-10: (X, scales), asymmetric coordinates, nearest rounds down.
+        let mut a = a;
+        let mode = a.remove("mode").map(|m| match m {
+            Attr::Str(s) => ResizeMode::from_name(&s).ok_or_else(|| err(format!("unknown Resize mode `{s}`"))),
+            other => Err(err(format!("mode must be a string, got {other}"))),
+        });
+        let mode = mode.transpose()?.unwrap_or(ResizeMode::Nearest);
+        a.finish("Resize").map_err(err)?;
+        let scales = im.operand(node, 1).ok_or_else(|| err("operand 1 (scales) is missing"))?;
+        let op = Op::Resize(Resize { mode, coordinate_transform: CoordinateTransform::Asymmetric, nearest_mode: NearestMode::Floor, ..Resize::default() });
+        return emit(im, node, op, &[Some(x), None, Some(scales)], 1);
+    }
+    // Empty roi/scales tensors stand for "absent" in opsets 11-12.
+    let mut operands = im.operands(node);
+    for v in operands.iter_mut().skip(1) {
+        if let Some(id) = *v {
+            if im.ty(id).shape.numel() == Some(0) {
+                *v = None;
+            }
+        }
+    }
+    with_operands(im, node, "Resize", a, operands, 1)
+}
+
+/// RNN activations come as names plus `activation_alpha`/`activation_beta` lists indexed like
+/// the names; kiln spells each with its parameters (`LeakyRelu(0.1)`).
+fn rnn_activations(a: &mut Attrs) -> Result<()> {
+    let names = match a.remove("activations") {
+        None => return Ok(()),
+        Some(Attr::Strs(v)) => v,
+        Some(other) => return Err(err(format!("activations must be strings, got {other}"))),
+    };
+    let floats = |a: &mut Attrs, n: &str| -> Result<Vec<f32>> {
+        match a.remove(n) {
+            None => Ok(Vec::new()),
+            Some(Attr::Floats(v)) => Ok(v),
+            Some(Attr::Ints(v)) => Ok(v.iter().map(|&x| x as f32).collect()),
+            Some(other) => Err(err(format!("`{n}` must be floats, got {other}"))),
+        }
+    };
+    let (alpha, beta) = (floats(a, "activation_alpha")?, floats(a, "activation_beta")?);
+    let mut spelled = Vec::new();
+    for (i, name) in names.iter().enumerate() {
+        let u = crate::UnaryOp::from_name(name).ok_or_else(|| unsupported(format!("RNN activation `{name}` is not supported")))?;
+        let params = u.attrs_list();
+        let text = match params.len() {
+            0 => name.clone(),
+            1 => format!("{name}({:?})", alpha.get(i).copied().unwrap_or(params[0].1)),
+            _ => format!("{name}({:?}, {:?})", alpha.get(i).copied().unwrap_or(params[0].1), beta.get(i).copied().unwrap_or(params[1].1)),
+        };
+        spelled.push(text);
+    }
+    a.push("activations", Attr::Strs(spelled));
+    Ok(())
+}
+
+/// If: each branch becomes a graph whose inputs are the outer values it reads.
+fn if_(im: &mut GraphImporter, node: &NodeProto, a: Attrs) -> Result<()> {
+    a.finish("If").map_err(err)?;
+    let branch = |name: &str| {
+        node.attribute.iter().find(|x| x.name.as_deref() == Some(name)).and_then(|x| x.g.as_ref()).ok_or_else(|| err(format!("attribute `{name}` is required")))
+    };
+    let (then_g, else_g) = (branch("then_branch")?, branch("else_branch")?);
+    let mut names = free_values(then_g);
+    for n in free_values(else_g) {
+        if !names.contains(&n) {
+            names.push(n);
+        }
+    }
+    let mut captures: Vec<(String, TensorType)> = Vec::new();
+    for n in &names {
+        let ty = im.visible_type(n).ok_or_else(|| err(format!("a branch reads `{n}`, which is not defined before the If")))?;
+        captures.push((n.clone(), ty));
+    }
+    let import = |g: &super::proto::GraphProto, label: &str| -> Result<Subgraph> {
+        let name = g.name.clone().filter(|n| !n.is_empty()).unwrap_or_else(|| label.to_string());
+        let graph = GraphImporter::new(&name, im.opset, im.base_dir).import(g, &captures)?;
+        Ok(Subgraph(Arc::new(graph)))
+    };
+    let (then_branch, else_branch) = (import(then_g, "then")?, import(else_g, "else")?);
+    let cond = im.operand(node, 0).ok_or_else(|| err("operand 0 (cond) is missing"))?;
+    let mut operands = vec![Some(cond)];
+    operands.extend(names.iter().map(|n| im.values.get(n).copied()));
+    let n_out = node.output.len();
+    emit(im, node, Op::If { then_branch, else_branch }, &operands, n_out)
+}

@@ -1,0 +1,202 @@
+//! ONNX backend-style test directories (`model.onnx` + `test_data_set_*/{input,output}_N.pb`):
+//! finding them, running them on any engine, and comparing outputs.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use crate::{DType, Graph, IrError, Tensor};
+
+/// Comparison tolerance for float outputs: `|got - want| <= atol + rtol * |want|`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Tolerance {
+    pub rtol: f64,
+    pub atol: f64,
+}
+
+impl Default for Tolerance {
+    fn default() -> Tolerance {
+        Tolerance { rtol: 1e-3, atol: 1e-5 }
+    }
+}
+
+/// How one test ended.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Outcome {
+    Pass,
+    /// Ran and was wrong, or failed to run: the reason.
+    Fail(String),
+    /// Uses something kiln does not support: the reason (an op, a type).
+    Skip(String),
+}
+
+/// One test's result.
+#[derive(Clone, Debug)]
+pub struct CaseResult {
+    pub name: String,
+    pub outcome: Outcome,
+    pub time: Duration,
+}
+
+/// The test directories under `paths`: each path is a test (it holds `model.onnx`) or a folder of
+/// tests (its subfolders that hold one), sorted by name.
+pub fn find_tests(paths: &[PathBuf]) -> Result<Vec<PathBuf>, IrError> {
+    let mut out = Vec::new();
+    for p in paths {
+        if p.join("model.onnx").is_file() {
+            out.push(p.clone());
+            continue;
+        }
+        let entries = std::fs::read_dir(p).map_err(|e| IrError::Onnx(format!("{}: {e}", p.display())))?;
+        let mut found: Vec<PathBuf> = entries.filter_map(|e| e.ok()).map(|e| e.path()).filter(|d| d.join("model.onnx").is_file()).collect();
+        if found.is_empty() {
+            return Err(IrError::Onnx(format!("{}: no model.onnx in it or in its subfolders", p.display())));
+        }
+        found.sort();
+        out.extend(found);
+    }
+    Ok(out)
+}
+
+/// The engine a test runs on: the graph and its inputs in, the outputs out.
+pub type Engine<'a> = dyn Fn(&Graph, &[Tensor]) -> Result<Vec<Tensor>, IrError> + Sync + 'a;
+
+/// Runs one test directory on `engine` and compares every data set's outputs.
+pub fn run_case(dir: &Path, engine: &Engine, tol: Tolerance) -> Outcome {
+    let model = match super::load(dir.join("model.onnx")) {
+        Ok(m) => m,
+        Err(e) => return classify(e),
+    };
+    let graph = &model.graph;
+    let mut sets: Vec<PathBuf> = match std::fs::read_dir(dir) {
+        Ok(entries) => entries.filter_map(|e| e.ok()).map(|e| e.path()).filter(|p| p.is_dir() && p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("test_data_set_"))).collect(),
+        Err(e) => return Outcome::Fail(format!("{}: {e}", dir.display())),
+    };
+    sets.sort();
+    if sets.is_empty() {
+        return Outcome::Fail("no test_data_set_* folder".into());
+    }
+    for set in &sets {
+        let read = |prefix: &str| -> Result<Vec<Tensor>, IrError> {
+            let mut v = Vec::new();
+            while set.join(format!("{prefix}_{}.pb", v.len())).is_file() {
+                v.push(super::read_tensor(set.join(format!("{prefix}_{}.pb", v.len())))?);
+            }
+            Ok(v)
+        };
+        let (inputs, expected) = match (read("input"), read("output")) {
+            (Ok(i), Ok(o)) => (i, o),
+            (Err(e), _) | (_, Err(e)) => return classify(e),
+        };
+        let got = match engine(graph, &inputs) {
+            Ok(g) => g,
+            Err(e) => return classify(e),
+        };
+        if got.len() < expected.len() {
+            return Outcome::Fail(format!("{} outputs, {} expected", got.len(), expected.len()));
+        }
+        for (i, (want, have)) in expected.iter().zip(&got).enumerate() {
+            if let Err(why) = compare(want, have, tol) {
+                let name = graph.outputs().get(i).map_or("?", |(n, _)| n.as_str());
+                let set_name = set.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
+                return Outcome::Fail(format!("{set_name}: output {i} `{name}`: {why}"));
+            }
+        }
+    }
+    Outcome::Pass
+}
+
+/// Unsupported ops and features skip a test; anything else fails it.
+fn classify(e: IrError) -> Outcome {
+    match e {
+        IrError::Unsupported(ops) => {
+            Outcome::Skip(format!("unsupported op{} {}", if ops.len() == 1 { "" } else { "s" }, ops.iter().map(|o| o.op_type.as_str()).collect::<Vec<_>>().join(", ")))
+        }
+        IrError::NotSupported(m) => Outcome::Skip(m),
+        other => Outcome::Fail(other.to_string()),
+    }
+}
+
+/// Compares an output with its reference: same dtype and shape; floats within `tol` (NaN matches
+/// NaN, infinities must be equal); integers and bools exactly.
+pub fn compare(want: &Tensor, got: &Tensor, tol: Tolerance) -> Result<(), String> {
+    if want.dtype() != got.dtype() || want.dims() != got.dims() {
+        return Err(format!("got {}, expected {}", got.ty(), want.ty()));
+    }
+    let float = want.dtype().is_float();
+    let (w, g) = if float || want.dtype() == DType::Bool { (want.to_f64s(), got.to_f64s()) } else { (Vec::new(), Vec::new()) };
+    let mut bad = 0usize;
+    let mut first: Option<String> = None;
+    let at = |i: usize| {
+        let strides = crate::eval::strides(want.dims());
+        let idx: Vec<usize> = strides.iter().zip(want.dims()).map(|(s, d)| (i / s) % d.max(&1)).collect();
+        format!("{idx:?}")
+    };
+    if float || want.dtype() == DType::Bool {
+        for i in 0..w.len() {
+            let (a, b) = (w[i], g[i]);
+            let ok = if a.is_nan() || b.is_nan() {
+                a.is_nan() && b.is_nan()
+            } else if a.is_infinite() || b.is_infinite() {
+                a == b
+            } else if float {
+                (a - b).abs() <= tol.atol + tol.rtol * a.abs()
+            } else {
+                a == b
+            };
+            if !ok {
+                bad += 1;
+                first.get_or_insert_with(|| format!("element {} is {b}, expected {a}", at(i)));
+            }
+        }
+    } else {
+        let (w, g) = (want.to_i64s(), got.to_i64s());
+        for i in 0..w.len() {
+            if w[i] != g[i] {
+                bad += 1;
+                first.get_or_insert_with(|| format!("element {} is {}, expected {}", at(i), g[i], w[i]));
+            }
+        }
+    }
+    match first {
+        None => Ok(()),
+        Some(f) => Err(format!("{f} ({bad} of {} elements differ)", want.len())),
+    }
+}
+
+/// Runs every test on `engine` with `threads` workers; `done` is told of each result as it comes.
+/// Results come back in the order of `tests`. A panic in the engine fails that test only.
+pub fn run_all(tests: &[PathBuf], engine: &Engine, tol: Tolerance, threads: usize, done: &(dyn Fn(&CaseResult) + Sync)) -> Vec<CaseResult> {
+    let next = AtomicUsize::new(0);
+    let results: Mutex<Vec<Option<CaseResult>>> = Mutex::new(vec![None; tests.len()]);
+    std::thread::scope(|s| {
+        for _ in 0..threads.max(1) {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(dir) = tests.get(i) else { break };
+                let start = Instant::now();
+                let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_case(dir, engine, tol)))
+                    .unwrap_or_else(|p| Outcome::Fail(format!("panicked: {}", panic_text(&p))));
+                let r = CaseResult { name: test_name(dir), outcome, time: start.elapsed() };
+                done(&r);
+                results.lock().expect("no worker panics while holding the lock")[i] = Some(r);
+            });
+        }
+    });
+    results.into_inner().expect("workers finished").into_iter().map(|r| r.expect("every test ran")).collect()
+}
+
+fn panic_text(p: &Box<dyn std::any::Any + Send>) -> String {
+    p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_else(|| "?".into())
+}
+
+/// A test's name: `suite/test`, its parent folder's name and its own (`node/test_abs`), so tests
+/// of several suites can share one ratchet list.
+pub fn test_name(dir: &Path) -> String {
+    let own = dir.file_name().map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().to_string());
+    match dir.parent().and_then(|p| p.file_name()) {
+        Some(suite) => format!("{}/{own}", suite.to_string_lossy()),
+        None => own,
+    }
+}

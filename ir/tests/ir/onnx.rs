@@ -1,0 +1,274 @@
+//! The ONNX frontend: models built here with the prost messages, imported and run; opset
+//! rewrites; and malformed input, which must give clear errors, never panics.
+
+use kiln_ir::onnx::proto::*;
+use kiln_ir::onnx::{self, proto::tensor_shape_proto::dimension::Value as DimValue};
+use kiln_ir::{eval, DType, IrError, Tensor};
+use prost::Message;
+
+use super::{assert_close, f32s};
+
+fn tensor_type(elem: i32, dims: &[Option<i64>], params: &[&str]) -> TypeProto {
+    let dim = dims
+        .iter()
+        .enumerate()
+        .map(|(i, d)| tensor_shape_proto::Dimension {
+            value: match d {
+                Some(n) => Some(DimValue::DimValue(*n)),
+                None => params.get(i).filter(|p| !p.is_empty()).map(|p| DimValue::DimParam(p.to_string())),
+            },
+        })
+        .collect();
+    TypeProto { value: Some(type_proto::Value::TensorType(type_proto::Tensor { elem_type: Some(elem), shape: Some(TensorShapeProto { dim }) })) }
+}
+
+fn value(name: &str, elem: i32, dims: &[i64]) -> ValueInfoProto {
+    ValueInfoProto { name: Some(name.into()), r#type: Some(tensor_type(elem, &dims.iter().map(|&d| Some(d)).collect::<Vec<_>>(), &[])) }
+}
+
+fn node(op: &str, name: &str, inputs: &[&str], outputs: &[&str], attrs: Vec<AttributeProto>) -> NodeProto {
+    NodeProto {
+        input: inputs.iter().map(|s| s.to_string()).collect(),
+        output: outputs.iter().map(|s| s.to_string()).collect(),
+        name: Some(name.into()),
+        op_type: Some(op.into()),
+        domain: None,
+        attribute: attrs,
+    }
+}
+
+fn ints(name: &str, v: &[i64]) -> AttributeProto {
+    AttributeProto { name: Some(name.into()), r#type: Some(attribute_type::INTS), ints: v.to_vec(), ..Default::default() }
+}
+
+fn float(name: &str, v: f32) -> AttributeProto {
+    AttributeProto { name: Some(name.into()), r#type: Some(attribute_type::FLOAT), f: Some(v), ..Default::default() }
+}
+
+fn int(name: &str, v: i64) -> AttributeProto {
+    AttributeProto { name: Some(name.into()), r#type: Some(attribute_type::INT), i: Some(v), ..Default::default() }
+}
+
+fn f32_init(name: &str, dims: &[i64], v: &[f32]) -> TensorProto {
+    TensorProto { name: Some(name.into()), dims: dims.to_vec(), data_type: Some(data_type::FLOAT), float_data: v.to_vec(), ..Default::default() }
+}
+
+fn model(opset: i64, nodes: Vec<NodeProto>, inputs: Vec<ValueInfoProto>, outputs: Vec<ValueInfoProto>, init: Vec<TensorProto>) -> Vec<u8> {
+    ModelProto {
+        ir_version: Some(8),
+        opset_import: vec![OperatorSetIdProto { domain: Some(String::new()), version: Some(opset) }],
+        producer_name: Some("kiln-tests".into()),
+        graph: Some(GraphProto { node: nodes, name: Some("g".into()), initializer: init, input: inputs, output: outputs, ..Default::default() }),
+        ..Default::default()
+    }
+    .encode_to_vec()
+}
+
+fn load(bytes: &[u8]) -> Result<onnx::Model, IrError> {
+    onnx::load_bytes(bytes, None)
+}
+
+/// y = relu(x * w + b) with w, b initializers.
+fn small_model() -> Vec<u8> {
+    model(
+        17,
+        vec![
+            node("Mul", "mul", &["x", "w"], &["xw"], vec![]),
+            node("Add", "add", &["xw", "b"], &["pre"], vec![]),
+            node("Relu", "relu", &["pre"], &["y"], vec![]),
+        ],
+        vec![value("x", data_type::FLOAT, &[2, 3])],
+        vec![value("y", data_type::FLOAT, &[2, 3])],
+        vec![f32_init("w", &[3], &[1., -1., 2.]), f32_init("b", &[1], &[0.5])],
+    )
+}
+
+#[test]
+fn a_small_model_imports_and_runs() {
+    let m = load(&small_model()).unwrap();
+    assert_eq!(m.default_opset(), 17);
+    assert_eq!(m.producer, "kiln-tests");
+    let y = eval::run(&m.graph, &[f32s(&[2, 3], &[1., 2., 3., -1., -2., -3.])]).unwrap();
+    assert_close(&y[0], &[2, 3], &[1.5, 0., 6.5, 0., 2.5, 0.], 0.0);
+    insta::assert_snapshot!("onnx_small_model", m.graph.to_string());
+}
+
+#[test]
+fn symbolic_and_unnamed_dimensions_become_symbols() {
+    let bytes = model(
+        17,
+        vec![node("Relu", "r", &["x"], &["y"], vec![])],
+        vec![ValueInfoProto { name: Some("x".into()), r#type: Some(tensor_type(data_type::FLOAT, &[None, None, Some(4)], &["batch", ""])) }],
+        vec![value("y", data_type::FLOAT, &[])],
+        vec![],
+    );
+    let m = load(&bytes).unwrap();
+    assert_eq!(m.graph.node(m.graph.inputs()[0]).outputs[0].to_string(), "f32[batch,x_d1,4]");
+    let y = eval::run(&m.graph, &[Tensor::zeros(DType::F32, &[2, 5, 4])]).unwrap();
+    assert_eq!(y[0].dims(), &[2, 5, 4]);
+}
+
+#[test]
+fn every_unsupported_op_is_reported_at_once() {
+    let bytes = model(
+        17,
+        vec![
+            node("DFT", "dft1", &["x"], &["a"], vec![]),
+            node("Relu", "r", &["a"], &["b"], vec![]),
+            node("DFT", "dft2", &["b"], &["c"], vec![]),
+            NodeProto { domain: Some("com.example".into()), ..node("Fancy", "f", &["c"], &["y"], vec![]) },
+        ],
+        vec![value("x", data_type::FLOAT, &[4])],
+        vec![value("y", data_type::FLOAT, &[4])],
+        vec![],
+    );
+    let e = load(&bytes).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "the model uses 2 unsupported ops:\n  DFT (domain ai.onnx, opset 17): 2 nodes (dft1, dft2)\n  Fancy (domain com.example, opset 0): 1 node (f)"
+    );
+}
+
+#[test]
+fn malformed_files_are_clear_errors() {
+    let good = small_model();
+    let e = load(&good[..good.len() / 2]).unwrap_err().to_string();
+    assert!(e.starts_with("not a valid ONNX model (corrupt or truncated protobuf"), "{e}");
+    let noise: Vec<u8> = (0..4096u32).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
+    let e = load(&noise).unwrap_err().to_string();
+    assert!(e.starts_with("not a valid ONNX model") || e.starts_with("not an ONNX model"), "{e}");
+    assert_eq!(load(&[]).unwrap_err().to_string(), "the file is empty, not an ONNX model");
+    // A valid protobuf that is not a model: a tensor.
+    let e = load(&onnx::encode_tensor(&Tensor::scalar(1f32), "t")).unwrap_err().to_string();
+    assert!(e.starts_with("not an ONNX model") || e.starts_with("not a valid ONNX model"), "{e}");
+    let e = onnx::load("/nonexistent/model.onnx").unwrap_err().to_string();
+    assert!(e.starts_with("/nonexistent/model.onnx: No such file"), "{e}");
+}
+
+#[test]
+fn a_tensor_whose_data_does_not_match_its_type_is_an_error() {
+    let mut w = f32_init("w", &[3], &[]);
+    w.int64_data = vec![1, 2, 3];
+    let bytes = model(
+        17,
+        vec![node("Mul", "mul", &["x", "w"], &["y"], vec![])],
+        vec![value("x", data_type::FLOAT, &[3])],
+        vec![value("y", data_type::FLOAT, &[3])],
+        vec![w],
+    );
+    assert_eq!(load(&bytes).unwrap_err().to_string(), "tensor `w`: f32[3] needs 3 values, the file holds 0");
+    let mut raw = f32_init("w", &[3], &[]);
+    raw.raw_data = Some(vec![0; 11]);
+    let bytes = model(17, vec![node("Mul", "mul", &["x", "w"], &["y"], vec![])], vec![value("x", data_type::FLOAT, &[3])], vec![value("y", data_type::FLOAT, &[3])], vec![raw]);
+    assert_eq!(load(&bytes).unwrap_err().to_string(), "tensor `w`: f32[3] needs 12 bytes of raw data, the file holds 11");
+}
+
+#[test]
+fn external_data_is_read_beside_the_model_and_its_absence_is_named() {
+    let dir = std::env::temp_dir().join(format!("kiln-onnx-external-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut w = TensorProto { name: Some("w".into()), dims: vec![3], data_type: Some(data_type::FLOAT), data_location: Some(1), ..Default::default() };
+    let entry = |k: &str, v: &str| StringStringEntryProto { key: Some(k.into()), value: Some(v.into()) };
+    w.external_data = vec![entry("location", "model.onnx.data"), entry("offset", "4"), entry("length", "12")];
+    let bytes = model(17, vec![node("Mul", "mul", &["x", "w"], &["y"], vec![])], vec![value("x", data_type::FLOAT, &[3])], vec![value("y", data_type::FLOAT, &[3])], vec![w]);
+    std::fs::write(dir.join("model.onnx"), &bytes).unwrap();
+    let e = onnx::load(dir.join("model.onnx")).unwrap_err().to_string();
+    assert!(e.contains("tensor `w`: cannot read external data file") && e.contains("model.onnx.data"), "{e}");
+    let mut data = vec![0u8; 4];
+    for v in [1f32, 2., 3.] {
+        data.extend_from_slice(&v.to_le_bytes());
+    }
+    std::fs::write(dir.join("model.onnx.data"), &data[..10]).unwrap();
+    let e = onnx::load(dir.join("model.onnx")).unwrap_err().to_string();
+    assert!(e.contains("holds 10 bytes, bytes 4..16 wanted (truncated?)"), "{e}");
+    std::fs::write(dir.join("model.onnx.data"), &data).unwrap();
+    let m = onnx::load(dir.join("model.onnx")).unwrap();
+    let y = eval::run(&m.graph, &[f32s(&[3], &[1., 1., 1.])]).unwrap();
+    assert_close(&y[0], &[3], &[1., 2., 3.], 0.0);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn cycles_and_dangling_names_are_errors_but_unsorted_nodes_are_fine() {
+    let io = || (vec![value("x", data_type::FLOAT, &[2])], vec![value("y", data_type::FLOAT, &[2])]);
+    let (i, o) = io();
+    let cycle = model(17, vec![node("Relu", "a", &["y"], &["t"], vec![]), node("Neg", "b", &["t"], &["y"], vec![])], i, o, vec![]);
+    assert_eq!(load(&cycle).unwrap_err().to_string(), "the graph has a cycle through node `a`");
+    let (i, o) = io();
+    let dangling = model(17, vec![node("Add", "a", &["x", "nowhere"], &["y"], vec![])], i, o, vec![]);
+    assert_eq!(load(&dangling).unwrap_err().to_string(), "node `a` (Add): input 1 `nowhere` is not defined by any node, initializer or graph input");
+    let (i, o) = io();
+    let unsorted = model(17, vec![node("Neg", "b", &["t"], &["y"], vec![]), node("Relu", "a", &["x"], &["t"], vec![])], i, o, vec![]);
+    let m = load(&unsorted).unwrap();
+    assert_close(&eval::run(&m.graph, &[f32s(&[2], &[-1., 2.])]).unwrap()[0], &[2], &[0., -2.], 0.0);
+}
+
+#[test]
+fn shape_errors_name_the_onnx_node() {
+    let bytes = model(
+        17,
+        vec![node("MatMul", "/layer/MatMul", &["x", "w"], &["y"], vec![])],
+        vec![value("x", data_type::FLOAT, &[2, 3])],
+        vec![value("y", data_type::FLOAT, &[2, 2])],
+        vec![f32_init("w", &[4, 2], &[0.; 8])],
+    );
+    assert_eq!(load(&bytes).unwrap_err().to_string(), "node `/layer/MatMul` (MatMul): inner dimensions differ: f32[2,3] times f32[4,2]");
+}
+
+#[test]
+fn attributes_that_became_operands_are_rewritten() {
+    // Opset 6 Clip (bounds as attributes), opset 11 Split (sizes as an attribute), opset 12
+    // ReduceSum (axes as an attribute), opset 4 Reshape (shape as an attribute).
+    let clip = model(6, vec![node("Clip", "c", &["x"], &["y"], vec![float("min", -1.0), float("max", 2.0)])], vec![value("x", data_type::FLOAT, &[3])], vec![value("y", data_type::FLOAT, &[3])], vec![]);
+    let m = load(&clip).unwrap();
+    assert_close(&eval::run(&m.graph, &[f32s(&[3], &[-5., 0.5, 9.])]).unwrap()[0], &[3], &[-1., 0.5, 2.], 0.0);
+
+    let split = model(11, vec![node("Split", "s", &["x"], &["a", "b"], vec![int("axis", 0), ints("split", &[1, 2])])], vec![value("x", data_type::FLOAT, &[3])], vec![value("b", data_type::FLOAT, &[2])], vec![]);
+    let m = load(&split).unwrap();
+    assert_close(&eval::run(&m.graph, &[f32s(&[3], &[1., 2., 3.])]).unwrap()[0], &[2], &[2., 3.], 0.0);
+
+    let reduce = model(12, vec![node("ReduceSum", "r", &["x"], &["y"], vec![ints("axes", &[1]), int("keepdims", 0)])], vec![value("x", data_type::FLOAT, &[2, 2])], vec![value("y", data_type::FLOAT, &[2])], vec![]);
+    let m = load(&reduce).unwrap();
+    assert_close(&eval::run(&m.graph, &[f32s(&[2, 2], &[1., 2., 3., 4.])]).unwrap()[0], &[2], &[3., 7.], 0.0);
+
+    let reshape = model(4, vec![node("Reshape", "r", &["x"], &["y"], vec![ints("shape", &[4])])], vec![value("x", data_type::FLOAT, &[2, 2])], vec![value("y", data_type::FLOAT, &[4])], vec![]);
+    assert_eq!(load(&reshape).unwrap().graph.value_type(load(&reshape).unwrap().graph.outputs()[0].1).to_string(), "f32[4]");
+}
+
+#[test]
+fn old_softmax_normalises_the_flattened_input() {
+    // Opset 11 Softmax with axis 1 on [2, 2, 2]: over the last four elements of each batch row.
+    let bytes = model(11, vec![node("Softmax", "s", &["x"], &["y"], vec![int("axis", 1)])], vec![value("x", data_type::FLOAT, &[2, 2, 2])], vec![value("y", data_type::FLOAT, &[2, 2, 2])], vec![]);
+    let m = load(&bytes).unwrap();
+    let y = eval::run(&m.graph, &[Tensor::zeros(DType::F32, &[2, 2, 2])]).unwrap();
+    assert_close(&y[0], &[2, 2, 2], &[0.25; 8], 1e-7);
+}
+
+#[test]
+fn variadic_ops_and_cast_like() {
+    let bytes = model(
+        17,
+        vec![node("Mean", "m", &["a", "b", "c"], &["mean"], vec![]), node("CastLike", "c2", &["mean", "i"], &["y"], vec![])],
+        vec![value("a", data_type::FLOAT, &[2]), value("b", data_type::FLOAT, &[2]), value("c", data_type::FLOAT, &[2]), value("i", data_type::INT32, &[1])],
+        vec![value("y", data_type::INT32, &[2])],
+        vec![],
+    );
+    let m = load(&bytes).unwrap();
+    let y = eval::run(&m.graph, &[f32s(&[2], &[1., 10.]), f32s(&[2], &[2., 20.]), f32s(&[2], &[3., 30.]), Tensor::vector(&[0i32])]).unwrap();
+    assert_eq!(y[0].as_slice::<i32>().unwrap(), &[2, 20]);
+}
+
+#[test]
+fn tensor_files_round_trip_and_bad_ones_are_named() {
+    let t = Tensor::from_vec(&[2, 2], vec![1i64, -2, 3, i64::MAX]).unwrap();
+    let bytes = onnx::encode_tensor(&t, "t");
+    assert_eq!(onnx::decode_tensor(&bytes, None).unwrap(), t);
+    let e = onnx::decode_tensor(&bytes[..bytes.len() - 3], None).unwrap_err().to_string();
+    assert!(e.contains("raw data") || e.contains("truncated"), "{e}");
+    let e = onnx::decode_tensor(&[], None).unwrap_err().to_string();
+    assert_eq!(e, "not an ONNX tensor: it has no data type");
+    let f8 = TensorProto { dims: vec![1], data_type: Some(17), raw_data: Some(vec![0]), ..Default::default() }.encode_to_vec();
+    let e = onnx::decode_tensor(&f8, None).unwrap_err();
+    assert!(matches!(e, IrError::NotSupported(_)), "{e}");
+    assert_eq!(e.to_string(), "a tensor: element type FLOAT8E4M3FN is not supported");
+}
