@@ -134,17 +134,19 @@ pub(crate) fn transpose_axis(c: &ConvTranspose, i: usize, spatial: usize, input:
         return Err(format!("spatial axis {i} has input size {input} and kernel size {kernel}; both must be positive"));
     }
     let adj = c.output_padding.get(i).copied().unwrap_or(0);
-    let full = (stride * (input - 1) + adj + dilation * (kernel - 1) + 1) as i64;
+    // In i128 so that absurd attribute values are an error, not an overflow.
+    let wide = |v: usize| v as i128;
+    let full = wide(stride) * (wide(input) - 1) + wide(adj) + wide(dilation) * (wide(kernel) - 1) + 1;
     let wanted = if !c.output_shape.is_empty() {
-        Some(c.output_shape[c.output_shape.len() - spatial + i])
+        Some(wide(c.output_shape[c.output_shape.len() - spatial + i]))
     } else if matches!(c.window.auto_pad, AutoPad::SameUpper | AutoPad::SameLower) {
-        Some(input * stride)
+        Some(wide(input) * wide(stride))
     } else {
         None
     };
     let (pad_begin, output) = match wanted {
         Some(out) => {
-            let total = full - out as i64;
+            let total = full - out;
             let half = total.div_euclid(2);
             let begin = if c.window.auto_pad == AutoPad::SameUpper { half } else { total - half };
             (begin, out)
@@ -154,17 +156,23 @@ pub(crate) fn transpose_axis(c: &ConvTranspose, i: usize, spatial: usize, input:
                 AutoPad::Valid => (0, 0),
                 _ => (c.window.pads.get(i).copied().unwrap_or(0), c.window.pads.get(spatial + i).copied().unwrap_or(0)),
             };
-            let out = full - (begin + end) as i64;
+            let out = full - wide(begin) - wide(end);
             if out <= 0 {
                 return Err(format!("pads {begin} and {end} remove the whole output ({full}) on spatial axis {i}"));
             }
-            (begin as i64, out as usize)
+            (wide(begin), out)
         }
     };
     if output == 0 {
         return Err(format!("output_shape gives size 0 on spatial axis {i}"));
     }
-    Ok(TransposeAxis { stride, dilation, pad_begin, output })
+    let too_big = || format!("the output of spatial axis {i} is too large");
+    Ok(TransposeAxis {
+        stride,
+        dilation,
+        pad_begin: i64::try_from(pad_begin).map_err(|_| too_big())?,
+        output: usize::try_from(output).ok().filter(|&o| o <= isize::MAX as usize).ok_or_else(too_big)?,
+    })
 }
 
 pub(super) fn conv_transpose(c: &ConvTranspose, ops: &Operands, ctx: &Ctx) -> Infer {

@@ -616,3 +616,25 @@ fn resize_errors() {
     assert_err(with(resize_op(ResizeMode::Linear, CoordinateTransform::TfCropAndResize), scales(), None), "tf_crop_and_resize needs roi");
     assert_err(with(Resize { antialias: true, ..Resize::default() }, scales(), None), "antialias applies to the linear and cubic modes");
 }
+
+#[test]
+fn empty_tensors_give_empty_results() {
+    let e = |dims: &[usize]| Tensor::zeros(DType::F32, dims);
+    let run = |op: Op, operands: &[Tensor]| {
+        let refs: Vec<Option<&Tensor>> = operands.iter().map(Some).collect();
+        eval::eval_op(&op, &refs, 1).map(|mut r| r.remove(0).dims().to_vec())
+    };
+    assert_eq!(run(Op::InstanceNorm { epsilon: 1e-5 }, &[e(&[1, 0, 2]), e(&[0]), e(&[0])]), Ok(vec![1, 0, 2]));
+    assert_eq!(run(Op::GroupNorm { num_groups: 2, epsilon: 1e-5 }, &[e(&[2, 4, 0]), e(&[4]), e(&[4])]), Ok(vec![2, 4, 0]));
+    assert_eq!(run(Op::LogSoftmax { axis: 1 }, &[e(&[0, 3])]), Ok(vec![0, 3]));
+    assert_eq!(run(Op::Hardmax { axis: 1 }, &[e(&[2, 0])]), Ok(vec![2, 0]));
+    assert_eq!(run(Op::MeanVarianceNorm { axes: vec![0] }, &[e(&[0, 2])]), Ok(vec![0, 2]));
+    assert_eq!(run(Op::Lrn(Lrn { alpha: 1e-4, beta: 0.75, bias: 1.0, size: 3 }), &[e(&[1, 0, 2])]), Ok(vec![1, 0, 2]));
+    assert_eq!(run(Op::Resize(Resize::default()), &[e(&[0, 2]), e(&[0]), Tensor::vector(&[1f32, 2.])]), Ok(vec![0, 4]));
+    let err = run(Op::Resize(Resize::default()), &[e(&[0, 2]), e(&[0]), e(&[0]), Tensor::vector(&[3i64, 2])]).unwrap_err();
+    assert!(err.contains("cannot resize axis 0 of size 0 to a given size"), "{err}");
+    let ct = Op::ConvTranspose(conv_t(&[1], &[], AutoPad::NotSet));
+    assert_eq!(run(ct.clone(), &[e(&[0, 1, 3]), e(&[1, 2, 2])]), Ok(vec![0, 2, 4]));
+    let err = run(ct, &[e(&[1, 1, 0]), e(&[1, 2, 2])]).unwrap_err();
+    assert!(err.contains("spatial axis 0 has input size 0"), "{err}");
+}
