@@ -465,8 +465,9 @@ fn resize(im: &mut GraphImporter, node: &NodeProto, a: Attrs, opset: i64) -> Res
     with_operands(im, node, "Resize", a, operands, 1)
 }
 
-/// RNN activations come as names plus `activation_alpha`/`activation_beta` lists indexed like
-/// the names; kiln spells each with its parameters (`LeakyRelu(0.1)`).
+/// RNN activations come as names plus `activation_alpha`/`activation_beta` lists that the
+/// activations taking parameters consume in order (as onnxruntime reads the spec); kiln spells
+/// each activation with its parameters (`LeakyRelu(0.1)`).
 fn rnn_activations(a: &mut Attrs) -> Result<()> {
     let names = match a.remove("activations") {
         None => return Ok(()),
@@ -482,14 +483,15 @@ fn rnn_activations(a: &mut Attrs) -> Result<()> {
         }
     };
     let (alpha, beta) = (floats(a, "activation_alpha")?, floats(a, "activation_beta")?);
+    let (mut alphas, mut betas) = (alpha.into_iter(), beta.into_iter());
     let mut spelled = Vec::new();
-    for (i, name) in names.iter().enumerate() {
+    for name in &names {
         let u = crate::UnaryOp::from_name(name).ok_or_else(|| unsupported(format!("RNN activation `{name}` is not supported")))?;
         let params = u.attrs_list();
         let text = match params.len() {
             0 => name.clone(),
-            1 => format!("{name}({:?})", alpha.get(i).copied().unwrap_or(params[0].1)),
-            _ => format!("{name}({:?}, {:?})", alpha.get(i).copied().unwrap_or(params[0].1), beta.get(i).copied().unwrap_or(params[1].1)),
+            1 => format!("{name}({:?})", alphas.next().unwrap_or(params[0].1)),
+            _ => format!("{name}({:?}, {:?})", alphas.next().unwrap_or(params[0].1), betas.next().unwrap_or(params[1].1)),
         };
         spelled.push(text);
     }
