@@ -6,7 +6,7 @@ CARGO ?= cargo
 
 SUITES := node pytorch-converted pytorch-operator simple
 
-.PHONY: setup demo test check-runtime-deps conformance ratchet
+.PHONY: setup demo test check-runtime-deps conformance ratchet ops-doc
 
 setup:
 	@./scripts/setup.sh
@@ -34,3 +34,8 @@ ratchet:
 # The runtime must load artifacts without MLIR or LLVM (docs/architecture.md).
 check-runtime-deps:
 	@./scripts/check-runtime-deps.sh
+
+# Regenerates docs/ops.md, the op coverage table.
+ops-doc:
+	@d=$$(./scripts/fetch-onnx-tests.sh) && \
+	  $(CARGO) run -q -p kiln-ir --release --example ops_table -- $$d/node > docs/ops.md

@@ -12,7 +12,7 @@ use crate::op::{Attr, Attrs, CoordinateTransform, NearestMode, Resize, ResizeMod
 use crate::{BinaryOp, DType, IrError, Op, Result, Tensor, TensorType, ValueId};
 
 /// Every ONNX op type (default domain) the importer converts.
-const SUPPORTED: &[&str] = &[
+pub(super) const SUPPORTED: &[&str] = &[
     // elementwise
     "Abs", "Neg", "Sign", "Ceil", "Floor", "Round", "Exp", "Log", "Sqrt", "Reciprocal", "Sin", "Cos", "Tan", "Asin", "Acos", "Atan", "Sinh",
     "Cosh", "Tanh", "Asinh", "Acosh", "Atanh", "Erf", "Sigmoid", "Relu", "Softplus", "Softsign", "Mish", "HardSwish", "Swish", "Gelu",
