@@ -293,6 +293,39 @@ impl Graph {
         Ok(())
     }
 
+    /// Copies `sub` into this graph: its inputs are `inputs` (values of this graph, in order), its
+    /// nodes are added under `prefix/name`, and its outputs' values here are returned.
+    pub fn inline(&mut self, sub: &Graph, inputs: &[ValueId], prefix: &str) -> Result<Vec<ValueId>> {
+        if inputs.len() != sub.inputs().len() {
+            return Err(IrError::Graph(format!("graph `{}` takes {} inputs, {} given", sub.name, sub.inputs().len(), inputs.len())));
+        }
+        let mut map: HashMap<NodeId, NodeId> = HashMap::new();
+        let mut input_of: HashMap<NodeId, ValueId> = HashMap::new();
+        for (&id, &v) in sub.inputs().iter().zip(inputs) {
+            input_of.insert(id, v);
+        }
+        let translate = |v: ValueId, map: &HashMap<NodeId, NodeId>, input_of: &HashMap<NodeId, ValueId>| match input_of.get(&v.node) {
+            Some(&outer) => outer,
+            None => ValueId::new(map[&v.node], v.output),
+        };
+        for id in sub.topo_order()? {
+            let node = sub.node(id);
+            if input_of.contains_key(&id) {
+                continue;
+            }
+            let name = self.unique_name(&format!("{prefix}/{}", node.name));
+            let new = match &node.op {
+                Op::Constant(t) => self.add_constant(&name, t.clone())?.node,
+                op => {
+                    let operands: Vec<Option<ValueId>> = sub.operands(id).into_iter().map(|o| o.map(|v| translate(v, &map, &input_of))).collect();
+                    self.add_node_with_outputs(&name, op.clone(), &operands, node.outputs.len())?
+                }
+            };
+            map.insert(id, new);
+        }
+        Ok(sub.outputs().iter().map(|(_, v)| translate(*v, &map, &input_of)).collect())
+    }
+
     /// Renames a node; the new name must be unused.
     pub fn rename_node(&mut self, id: NodeId, name: &str) -> Result<()> {
         let old = self.graph.node_weight(id).ok_or_else(|| IrError::Graph("renaming a node that does not exist".into()))?.name.clone();

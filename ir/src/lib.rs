@@ -37,6 +37,7 @@ mod tensor;
 
 pub mod builder;
 pub mod eval;
+pub mod fold;
 pub mod infer;
 pub mod models;
 #[cfg(feature = "onnx")]

@@ -127,6 +127,12 @@ pub fn eval_op(op: &Op, operands: &[Option<&Tensor>], num_outputs: usize) -> Res
     match op {
         Op::Input => return Err("graph inputs are not evaluated".into()),
         Op::Constant(t) => return Ok(vec![t.clone()]),
+        // A branch's result shapes are known once it has run.
+        Op::If { .. } => {
+            let mut r = control::eval(op, operands)?;
+            r.truncate(num_outputs);
+            return Ok(r);
+        }
         _ => {}
     }
     let types: Vec<TensorType> = operands.iter().map(|o| o.map(|t| t.ty()).unwrap_or_else(|| TensorType::new(crate::DType::F32, crate::Shape::scalar()))).collect();
@@ -188,7 +194,7 @@ pub fn eval_op(op: &Op, operands: &[Option<&Tensor>], num_outputs: usize) -> Res
         Op::Resize(r) => resize::eval(r, operands, &out_types)?,
         Op::Rnn(_) | Op::Attention(_) | Op::RotaryEmbedding(_) => sequence::eval(op, operands, &out_types)?,
         Op::NllLoss(_) | Op::SoftmaxCrossEntropyLoss(_) => loss::eval(op, operands, &out_types)?,
-        Op::If { .. } => control::eval(op, operands, &out_types)?,
+        Op::If { .. } => unreachable!("handled above"),
     };
     results.truncate(num_outputs);
     Ok(results)

@@ -1,8 +1,50 @@
 //! Control flow: If.
 
-use super::{not_yet, Ctx, Infer, Operands};
-use crate::Op;
+use super::{Ctx, Infer, Operands};
+use crate::{DType, Dim, Op, Shape, TensorType};
 
-pub(super) fn infer(op: &Op, _ops: &Operands, _ctx: &Ctx) -> Infer {
-    not_yet(op)
+pub(super) fn infer(op: &Op, ops: &Operands, ctx: &Ctx) -> Infer {
+    let Op::If { then_branch, else_branch } = op else { unreachable!("dispatched by infer()") };
+    let (t, e) = (&then_branch.0, &else_branch.0);
+    let cond = ops.get(0)?.ty;
+    if cond.dtype != DType::Bool || cond.shape.numel() != Some(1) {
+        return Err(format!("the condition must be one bool, got {cond}"));
+    }
+    let captures = ops.len() - 1;
+    for (g, which) in [(t, "then"), (e, "else")] {
+        if g.inputs().len() != captures {
+            return Err(format!("the {which} branch takes {} values, {captures} are passed", g.inputs().len()));
+        }
+        for (i, &id) in g.inputs().iter().enumerate() {
+            let want = &g.node(id).outputs[0];
+            let have = ops.get(i + 1)?.ty;
+            if want.dtype != have.dtype || want.rank() != have.rank() {
+                return Err(format!("the {which} branch reads value {i} as {want}, it is {have}"));
+            }
+        }
+    }
+    if t.outputs().len() != e.outputs().len() {
+        return Err(format!("the branches have {} and {} results", t.outputs().len(), e.outputs().len()));
+    }
+    // Each result: the branches' types merged (a size they disagree on is known at run time only).
+    t.outputs()
+        .iter()
+        .zip(e.outputs())
+        .enumerate()
+        .map(|(i, ((_, a), (_, b)))| {
+            let (a, b) = (t.value_type(*a), e.value_type(*b));
+            if a.dtype != b.dtype || a.rank() != b.rank() {
+                return Err(format!("result {i} is {a} in one branch and {b} in the other"));
+            }
+            let dims = a.shape.dims().iter().zip(b.shape.dims()).enumerate().map(|(d, (x, y))| if x == y { x.clone() } else { fresh(ctx, i, d) }).collect();
+            Ok(TensorType::new(a.dtype, Shape(dims)))
+        })
+        .collect()
+}
+
+fn fresh(ctx: &Ctx, result: usize, dim: usize) -> Dim {
+    match ctx.fresh(dim) {
+        Dim::Sym(s) if result > 0 => Dim::sym(&format!("{s}.r{result}")),
+        d => d,
+    }
 }

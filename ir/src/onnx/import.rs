@@ -7,7 +7,7 @@ use super::proto::{self, attribute_type as at, type_proto, GraphProto, ModelProt
 use super::tensor::{dtype_of, sparse_to_dense, tensor_from_proto};
 use super::{ops, Model};
 use crate::op::{Attr, Attrs};
-use crate::{Dim, Graph, IrError, NodeId, Op, Result, Shape, TensorType, UnsupportedOp, ValueId};
+use crate::{Dim, Graph, IrError, Op, Result, Shape, TensorType, UnsupportedOp, ValueId};
 
 pub(super) fn import_model(model: &ModelProto, base_dir: Option<&Path>) -> Result<Model> {
     let opsets: Vec<(String, i64)> = model.opset_import.iter().map(|o| (o.domain.clone().unwrap_or_default(), o.version.unwrap_or(1))).collect();
@@ -258,10 +258,20 @@ impl<'a> GraphImporter<'a> {
         self.graph.unique_name(&base)
     }
 
-    /// Adds a kiln node for (part of) an ONNX node.
-    pub(super) fn add(&mut self, node: &NodeProto, suffix: &str, op: Op, operands: &[Option<ValueId>], num_outputs: usize) -> Result<NodeId> {
+    /// Adds a kiln node for (part of) an ONNX node, or constants when its results are known now
+    /// (shape arithmetic collapses this way, so later nodes see real shapes); returns its results.
+    pub(super) fn add(&mut self, node: &NodeProto, suffix: &str, op: Op, operands: &[Option<ValueId>], num_outputs: usize) -> Result<Vec<ValueId>> {
         let name = self.name_for(node, suffix);
-        self.graph.add_node_with_outputs(&name, op, operands, num_outputs)
+        if let Some(results) = crate::fold::fold(&self.graph, &op, operands, num_outputs) {
+            let mut out = Vec::with_capacity(results.len());
+            for (i, t) in results.into_iter().enumerate() {
+                let n = if i == 0 { name.clone() } else { self.graph.unique_name(&format!("{name}#{i}")) };
+                out.push(self.graph.add_constant(&n, t)?);
+            }
+            return Ok(out);
+        }
+        let id = self.graph.add_node_with_outputs(&name, op, operands, num_outputs)?;
+        Ok((0..num_outputs).map(|i| ValueId::new(id, i)).collect())
     }
 
     /// Adds a constant for (part of) an ONNX node.

@@ -42,6 +42,11 @@ impl Model {
     }
 }
 
+/// Every ONNX op type (default domain) the importer converts.
+pub fn supported_ops() -> &'static [&'static str] {
+    ops::SUPPORTED
+}
+
 /// Loads an ONNX model from a file; external data is read from the file's directory.
 pub fn load(path: impl AsRef<Path>) -> Result<Model> {
     let path = path.as_ref();

@@ -12,7 +12,7 @@ use crate::op::{Attr, Attrs, CoordinateTransform, NearestMode, Resize, ResizeMod
 use crate::{BinaryOp, DType, IrError, Op, Result, Tensor, TensorType, ValueId};
 
 /// Every ONNX op type (default domain) the importer converts.
-const SUPPORTED: &[&str] = &[
+pub(super) const SUPPORTED: &[&str] = &[
     // elementwise
     "Abs", "Neg", "Sign", "Ceil", "Floor", "Round", "Exp", "Log", "Sqrt", "Reciprocal", "Sin", "Cos", "Tan", "Asin", "Acos", "Atan", "Sinh",
     "Cosh", "Tanh", "Asinh", "Acosh", "Atanh", "Erf", "Sigmoid", "Relu", "Softplus", "Softsign", "Mish", "HardSwish", "Swish", "Gelu",
@@ -215,8 +215,7 @@ fn with_operands(im: &mut GraphImporter, node: &NodeProto, kiln_name: &str, a: A
 fn emit(im: &mut GraphImporter, node: &NodeProto, op: Op, operands: &[Option<ValueId>], n_out: usize) -> Result<()> {
     // Trailing omitted operands are just absent.
     let used = operands.iter().rposition(Option::is_some).map_or(0, |i| i + 1);
-    let id = im.add(node, "", op, &operands[..used], n_out)?;
-    let values: Vec<ValueId> = (0..n_out).map(|i| ValueId::new(id, i)).collect();
+    let values = im.add(node, "", op, &operands[..used], n_out)?;
     im.bind(node, &values)
 }
 
@@ -276,7 +275,7 @@ fn legacy_broadcast(im: &mut GraphImporter, node: &NodeProto, op_type: &str, mut
             let mut shape: Vec<i64> = dims.iter().map(|&d| d as i64).collect();
             shape.extend(std::iter::repeat_n(1, (ra - start - rb) as usize));
             let s = im.constant(node, "aligned_shape", Tensor::vector(&shape))?;
-            im.add(node, "aligned", Op::Reshape { allowzero: false }, &[Some(b), Some(s)], 1)?.into()
+            im.add(node, "aligned", Op::Reshape { allowzero: false }, &[Some(b), Some(s)], 1)?[0]
         }
         _ => b,
     };
@@ -334,12 +333,12 @@ fn dropout(im: &mut GraphImporter, node: &NodeProto, mut a: Attrs, opset: i64) -
             }
         }
     }
-    let y = im.add(node, "", Op::Identity, &[Some(x)], 1)?;
-    let mut outs = vec![ValueId::from(y)];
+    let y = im.add(node, "", Op::Identity, &[Some(x)], 1)?[0];
+    let mut outs = vec![y];
     if GraphImporter::num_outputs(node) > 1 {
-        let shape = im.add(node, "mask_shape", Op::Shape { start: 0, end: None }, &[Some(x)], 1)?;
-        let mask = im.add(node, "mask", Op::ConstantOfShape { value: Tensor::vector(&[true]) }, &[Some(shape.into())], 1)?;
-        outs.push(mask.into());
+        let shape = im.add(node, "mask_shape", Op::Shape { start: 0, end: None }, &[Some(x)], 1)?[0];
+        let mask = im.add(node, "mask", Op::ConstantOfShape { value: Tensor::vector(&[true]) }, &[Some(shape)], 1)?[0];
+        outs.push(mask);
     }
     im.bind(node, &outs)
 }
@@ -356,16 +355,16 @@ fn variadic(im: &mut GraphImporter, node: &NodeProto, op_type: &str, a: Attrs) -
     };
     let mut acc = first;
     if xs.len() == 1 {
-        acc = im.add(node, if op_type == "Mean" { "sum" } else { "" }, Op::Identity, &[Some(first)], 1)?.into();
+        acc = im.add(node, if op_type == "Mean" { "sum" } else { "" }, Op::Identity, &[Some(first)], 1)?[0];
     }
     for (i, &next) in xs.iter().enumerate().skip(1) {
         let last = i == xs.len() - 1 && op_type != "Mean";
-        acc = im.add(node, if last { "" } else { "step" }, Op::Binary(b), &[Some(acc), Some(next)], 1)?.into();
+        acc = im.add(node, if last { "" } else { "step" }, Op::Binary(b), &[Some(acc), Some(next)], 1)?[0];
     }
     if op_type == "Mean" {
         let dtype = im.ty(acc).dtype;
         let n = im.constant(node, "count", Tensor::full(dtype, &[], xs.len() as f64))?;
-        acc = im.add(node, "", Op::Binary(BinaryOp::Div), &[Some(acc), Some(n)], 1)?.into();
+        acc = im.add(node, "", Op::Binary(BinaryOp::Div), &[Some(acc), Some(n)], 1)?[0];
     }
     im.bind(node, &[acc])
 }
@@ -386,11 +385,11 @@ fn softmax_v1(im: &mut GraphImporter, node: &NodeProto, op_type: &str, mut a: At
     if axis_n == rank - 1 {
         return emit(im, node, make(axis_n), &[Some(x)], 1);
     }
-    let flat = im.add(node, "flatten", Op::Flatten { axis }, &[Some(x)], 1)?;
-    let y = im.add(node, "2d", make(1), &[Some(flat.into())], 1)?;
-    let shape = im.add(node, "shape", Op::Shape { start: 0, end: None }, &[Some(x)], 1)?;
-    let out = im.add(node, "", Op::Reshape { allowzero: false }, &[Some(y.into()), Some(shape.into())], 1)?;
-    im.bind(node, &[out.into()])
+    let flat = im.add(node, "flatten", Op::Flatten { axis }, &[Some(x)], 1)?[0];
+    let y = im.add(node, "2d", make(1), &[Some(flat)], 1)?[0];
+    let shape = im.add(node, "shape", Op::Shape { start: 0, end: None }, &[Some(x)], 1)?[0];
+    let out = im.add(node, "", Op::Reshape { allowzero: false }, &[Some(y), Some(shape)], 1)?[0];
+    im.bind(node, &[out])
 }
 
 /// GroupNormalization before opset 21 has one scale and bias per group; kiln's (21) has one per
@@ -465,8 +464,9 @@ fn resize(im: &mut GraphImporter, node: &NodeProto, a: Attrs, opset: i64) -> Res
     with_operands(im, node, "Resize", a, operands, 1)
 }
 
-/// RNN activations come as names plus `activation_alpha`/`activation_beta` lists indexed like
-/// the names; kiln spells each with its parameters (`LeakyRelu(0.1)`).
+/// RNN activations come as names plus `activation_alpha`/`activation_beta` lists that the
+/// activations taking parameters consume in order (as onnxruntime reads the spec); kiln spells
+/// each activation with its parameters (`LeakyRelu(0.1)`).
 fn rnn_activations(a: &mut Attrs) -> Result<()> {
     let names = match a.remove("activations") {
         None => return Ok(()),
@@ -482,14 +482,15 @@ fn rnn_activations(a: &mut Attrs) -> Result<()> {
         }
     };
     let (alpha, beta) = (floats(a, "activation_alpha")?, floats(a, "activation_beta")?);
+    let (mut alphas, mut betas) = (alpha.into_iter(), beta.into_iter());
     let mut spelled = Vec::new();
-    for (i, name) in names.iter().enumerate() {
+    for name in &names {
         let u = crate::UnaryOp::from_name(name).ok_or_else(|| unsupported(format!("RNN activation `{name}` is not supported")))?;
         let params = u.attrs_list();
         let text = match params.len() {
             0 => name.clone(),
-            1 => format!("{name}({:?})", alpha.get(i).copied().unwrap_or(params[0].1)),
-            _ => format!("{name}({:?}, {:?})", alpha.get(i).copied().unwrap_or(params[0].1), beta.get(i).copied().unwrap_or(params[1].1)),
+            1 => format!("{name}({:?})", alphas.next().unwrap_or(params[0].1)),
+            _ => format!("{name}({:?}, {:?})", alphas.next().unwrap_or(params[0].1), betas.next().unwrap_or(params[1].1)),
         };
         spelled.push(text);
     }
@@ -504,6 +505,22 @@ fn if_(im: &mut GraphImporter, node: &NodeProto, a: Attrs) -> Result<()> {
         node.attribute.iter().find(|x| x.name.as_deref() == Some(name)).and_then(|x| x.g.as_ref()).ok_or_else(|| err(format!("attribute `{name}` is required")))
     };
     let (then_g, else_g) = (branch("then_branch")?, branch("else_branch")?);
+    let cond = im.operand(node, 0).ok_or_else(|| err("operand 0 (cond) is missing"))?;
+    // A condition known now: only the taken branch is imported, inline (the other may not even
+    // type-check for these shapes, as in the expanded AffineGrid).
+    if let Some(c) = im.graph.constant_value(cond) {
+        let taken = if c.to_f64s().first().copied().unwrap_or(0.0) != 0.0 { then_g } else { else_g };
+        let names = free_values(taken);
+        let mut captures = Vec::new();
+        for n in &names {
+            captures.push((n.clone(), im.visible_type(n).ok_or_else(|| err(format!("a branch reads `{n}`, which is not defined before the If")))?));
+        }
+        let graph = GraphImporter::new("branch", im.opset, im.base_dir).import(taken, &captures)?;
+        let inputs: Vec<ValueId> = names.iter().map(|n| im.values[n]).collect();
+        let prefix = im.name_for(node, "");
+        let outs = im.graph.inline(&graph, &inputs, &prefix)?;
+        return im.bind(node, &outs);
+    }
     let mut names = free_values(then_g);
     for n in free_values(else_g) {
         if !names.contains(&n) {
@@ -521,7 +538,6 @@ fn if_(im: &mut GraphImporter, node: &NodeProto, a: Attrs) -> Result<()> {
         Ok(Subgraph(Arc::new(graph)))
     };
     let (then_branch, else_branch) = (import(then_g, "then")?, import(else_g, "else")?);
-    let cond = im.operand(node, 0).ok_or_else(|| err("operand 0 (cond) is missing"))?;
     let mut operands = vec![Some(cond)];
     operands.extend(names.iter().map(|n| im.values.get(n).copied()));
     let n_out = node.output.len();
