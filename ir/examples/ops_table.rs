@@ -71,7 +71,13 @@ fn main() {
         let yes = supported.contains(&op.as_str());
         let cell = |pass: usize, total: usize| if total == 0 { "-".to_string() } else { format!("{pass}/{total}") };
         let why: Vec<String> = row.reasons.iter().map(|(r, n)| format!("{n} {r}")).collect();
-        println!("| {op} | {} | {} | {} | {} |", if yes { "yes" } else { "no" }, cell(row.pass, row.total), cell(row.expanded_pass, row.expanded_total), why.join("; "));
+        println!(
+            "| {op} | {} | {} | {} | {} |",
+            if yes { "yes" } else { "no" },
+            cell(row.pass, row.total),
+            cell(row.expanded_pass, row.expanded_total),
+            why.join("; ")
+        );
         p += row.pass + row.expanded_pass;
         t += row.total + row.expanded_total;
     }

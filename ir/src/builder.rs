@@ -71,7 +71,12 @@ impl ConvOptions {
     }
 
     fn window(&self, spatial: usize) -> Window {
-        Window { strides: vec![self.stride; spatial], dilations: vec![self.dilation; spatial], pads: vec![self.pad; 2 * spatial], auto_pad: AutoPad::NotSet }
+        Window {
+            strides: vec![self.stride; spatial],
+            dilations: vec![self.dilation; spatial],
+            pads: vec![self.pad; 2 * spatial],
+            auto_pad: AutoPad::NotSet,
+        }
     }
 }
 
@@ -319,7 +324,8 @@ impl<'g> Traced<'g> {
     fn pool(self, kind: PoolKind, kernel: usize, stride: usize, pad: usize) -> Traced<'g> {
         let spatial = self.ty().map_or(0, |t| t.rank().saturating_sub(2));
         let window = ConvOptions { stride, pad, ..ConvOptions::default() }.window(spatial);
-        self.builder.apply1(Op::Pool(Pool { kind, kernel: vec![kernel; spatial], window, ceil_mode: false, column_major_indices: false }), &[Some(self)])
+        self.builder
+            .apply1(Op::Pool(Pool { kind, kernel: vec![kernel; spatial], window, ceil_mode: false, column_major_indices: false }), &[Some(self)])
     }
 
     /// Max pooling with a square window.

@@ -61,6 +61,15 @@ impl std::fmt::Display for UnsupportedOp {
         if names.is_empty() {
             names.push("?");
         }
-        write!(f, "{} (domain {}, opset {}): {} node{} ({}{extra})", self.op_type, self.domain, self.opset, self.nodes.len(), if self.nodes.len() == 1 { "" } else { "s" }, names.join(", "))
+        write!(
+            f,
+            "{} (domain {}, opset {}): {} node{} ({}{extra})",
+            self.op_type,
+            self.domain,
+            self.opset,
+            self.nodes.len(),
+            if self.nodes.len() == 1 { "" } else { "s" },
+            names.join(", ")
+        )
     }
 }

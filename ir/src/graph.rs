@@ -131,16 +131,20 @@ impl Graph {
         let (min, max) = op.arity();
         let present = operands.iter().filter(|o| o.is_some()).count();
         if operands.len() > max || operands.len() < min || operands.iter().take(min).any(|o| o.is_none()) {
-            let want = if min == max { format!("{min}") } else if max == usize::MAX { format!("at least {min}") } else { format!("{min} to {max}") };
+            let want = if min == max {
+                format!("{min}")
+            } else if max == usize::MAX {
+                format!("at least {min}")
+            } else {
+                format!("{min} to {max}")
+            };
             return Err(shape_err(format!("takes {want} operands, got {present} (of {} slots)", operands.len())));
         }
         for v in operands.iter().flatten() {
             self.check_value(*v).map_err(|e| shape_err(e.to_string()))?;
         }
-        let ops: Vec<Option<Operand>> = operands
-            .iter()
-            .map(|o| o.map(|v| Operand { ty: self.value_type(v), value: self.constant_value(v) }))
-            .collect();
+        let ops: Vec<Option<Operand>> =
+            operands.iter().map(|o| o.map(|v| Operand { ty: self.value_type(v), value: self.constant_value(v) })).collect();
         let mut types = infer::infer(op, &ops, name).map_err(shape_err)?;
         if num_outputs == 0 || num_outputs > types.len() {
             return Err(shape_err(format!("has {} results, {num_outputs} asked for", types.len())));

@@ -54,8 +54,7 @@ impl fmt::Display for Dim {
 /// Symbols print bare when they look like identifiers, quoted otherwise.
 pub(crate) fn is_plain_symbol(s: &str) -> bool {
     let mut chars = s.chars();
-    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
-        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_') && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
 /// A list of dimensions; rank 0 is a scalar.

@@ -133,11 +133,7 @@ impl Tensor {
     pub fn from_bytes(dtype: DType, dims: &[usize], bytes: &[u8]) -> Result<Tensor, IrError> {
         let want = dims.iter().product::<usize>() * dtype.size();
         if bytes.len() != want {
-            return Err(IrError::Tensor(format!(
-                "{dtype}{} needs {want} bytes, got {}",
-                Shape::fixed(dims),
-                bytes.len()
-            )));
+            return Err(IrError::Tensor(format!("{dtype}{} needs {want} bytes, got {}", Shape::fixed(dims), bytes.len())));
         }
         let mut t = Tensor { dtype, dims: dims.to_vec(), data: Storage::from_bytes(bytes) };
         if dtype == DType::Bool && t.data.bytes().iter().any(|&b| b > 1) {
@@ -155,16 +151,10 @@ impl Tensor {
     pub fn from_slice<T: Element>(dims: &[usize], values: &[T]) -> Result<Tensor, IrError> {
         let n: usize = dims.iter().product();
         if values.len() != n {
-            return Err(IrError::Tensor(format!(
-                "shape {} holds {n} elements, got {} values",
-                Shape::fixed(dims),
-                values.len()
-            )));
+            return Err(IrError::Tensor(format!("shape {} holds {n} elements, got {} values", Shape::fixed(dims), values.len())));
         }
         // SAFETY: every Element is plain data with no padding (bool is one byte 0/1).
-        let bytes = unsafe {
-            std::slice::from_raw_parts(values.as_ptr() as *const u8, std::mem::size_of_val(values))
-        };
+        let bytes = unsafe { std::slice::from_raw_parts(values.as_ptr() as *const u8, std::mem::size_of_val(values)) };
         Ok(Tensor { dtype: T::DTYPE, dims: dims.to_vec(), data: Storage::from_bytes(bytes) })
     }
 
@@ -252,11 +242,7 @@ impl Tensor {
     /// A typed view; the element type must match exactly.
     pub fn as_slice<T: Element>(&self) -> Result<&[T], IrError> {
         if T::DTYPE != self.dtype {
-            return Err(IrError::Tensor(format!(
-                "a {} tensor viewed as {}",
-                self.dtype,
-                T::DTYPE
-            )));
+            return Err(IrError::Tensor(format!("a {} tensor viewed as {}", self.dtype, T::DTYPE)));
         }
         let bytes = self.data.bytes();
         // SAFETY: storage is 8-byte aligned, the length is a multiple of size_of::<T>() (checked on
@@ -267,11 +253,7 @@ impl Tensor {
     /// The same data under other dimensions with the same element count (no copy).
     pub fn reshape(&self, dims: &[usize]) -> Result<Tensor, IrError> {
         if dims.iter().product::<usize>() != self.len() {
-            return Err(IrError::Tensor(format!(
-                "cannot reshape {} to {}",
-                self.ty(),
-                Shape::fixed(dims)
-            )));
+            return Err(IrError::Tensor(format!("cannot reshape {} to {}", self.ty(), Shape::fixed(dims))));
         }
         Ok(Tensor { dtype: self.dtype, dims: dims.to_vec(), data: self.data.clone() })
     }
@@ -306,8 +288,7 @@ impl Tensor {
                 let s = self.as_slice::<$src>().expect("dtype matches");
                 macro_rules! to {
                     ($t:ty) => {
-                        Tensor::from_vec::<$t>(&self.dims, s.iter().map(|&v| cast_element::<$src, $t>(v)).collect())
-                            .expect("length matches")
+                        Tensor::from_vec::<$t>(&self.dims, s.iter().map(|&v| cast_element::<$src, $t>(v)).collect()).expect("length matches")
                     };
                 }
                 with_dtype!(to, to)

@@ -75,7 +75,11 @@ pub(super) fn matmul(a: &Tensor, b: &Tensor, out: &[usize]) -> Result<Tensor, St
     c.reshape(out).map_err(|e| e.to_string())
 }
 
-fn batched<T: ndarray::LinalgScalar>(a: &Array3<T>, b: &Array3<T>, f: impl Fn(ndarray::ArrayView2<T>, ndarray::ArrayView2<T>) -> Array2<T>) -> Array3<T> {
+fn batched<T: ndarray::LinalgScalar>(
+    a: &Array3<T>,
+    b: &Array3<T>,
+    f: impl Fn(ndarray::ArrayView2<T>, ndarray::ArrayView2<T>) -> Array2<T>,
+) -> Array3<T> {
     let (batch, m, n) = (a.len_of(Axis(0)), a.len_of(Axis(1)), b.len_of(Axis(2)));
     let mut out = Array3::from_elem((batch, m, n), T::zero());
     for i in 0..batch {
@@ -137,7 +141,9 @@ pub(super) fn einsum(equation: &str, operands: &[Option<&Tensor>], out: &[crate:
             s
         })
         .collect();
-    let count = |d: &[usize]| d.iter().try_fold(1usize, |a, &n| a.checked_mul(n)).ok_or_else(|| format!("equation `{equation}` over sizes {dims:?} is too large"));
+    let count = |d: &[usize]| {
+        d.iter().try_fold(1usize, |a, &n| a.checked_mul(n)).ok_or_else(|| format!("equation `{equation}` over sizes {dims:?} is too large"))
+    };
     let (n_out, n_sum) = (count(&dims[..spec.output.len()])?, count(&dims[spec.output.len()..])?);
     count(&[n_out, n_sum])?;
     let nums: Vec<Nums> = xs.iter().map(|t| Nums::of(t)).collect();
@@ -170,7 +176,13 @@ pub(super) fn einsum(equation: &str, operands: &[Option<&Tensor>], out: &[crate:
         }
         Nums::Int(y)
     } else {
-        let vals: Vec<Vec<f64>> = nums.into_iter().map(|n| match n { Nums::Float(v) => v, Nums::Int(v) => v.into_iter().map(|x| x as f64).collect() }).collect();
+        let vals: Vec<Vec<f64>> = nums
+            .into_iter()
+            .map(|n| match n {
+                Nums::Float(v) => v,
+                Nums::Int(v) => v.into_iter().map(|x| x as f64).collect(),
+            })
+            .collect();
         let mut y = Vec::with_capacity(n_out);
         for _ in 0..n_out {
             let mut acc = 0.0;

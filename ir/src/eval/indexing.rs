@@ -47,9 +47,7 @@ pub(super) fn eval(op: &Op, operands: &[Option<&Tensor>], out: &[TensorType]) ->
             let maps: Vec<Vec<Option<usize>>> =
                 x.dims().iter().zip(&amounts).zip(&dims).map(|((&n, &(lo, hi)), &size)| pad_axis(*mode, n, lo, hi, size)).collect();
             let st = strides(x.dims());
-            let offs = offsets(&dims, |pos| {
-                pos.iter().zip(&maps).zip(&st).try_fold(0, |acc, ((&p, map), &s)| map[p].map(|i| acc + i * s))
-            });
+            let offs = offsets(&dims, |pos| pos.iter().zip(&maps).zip(&st).try_fold(0, |acc, ((&p, map), &s)| map[p].map(|i| acc + i * s)));
             typed!(x.dtype(), pick_or(x, &offs, opt(2), &dims))
         }
         Op::OneHot { axis } => {
@@ -64,11 +62,7 @@ pub(super) fn eval(op: &Op, operands: &[Option<&Tensor>], out: &[TensorType]) ->
         Op::DepthToSpace { blocksize: b, crd } => {
             let [n, c, h, w] = <[usize; 4]>::try_from(x.dims()).map_err(|_| format!("{} is not 4-D", x.ty()))?;
             let c = c / (b * b);
-            let (tmp, perm) = if *crd {
-                ([n, c, *b, *b, h, w], [0, 1, 4, 2, 5, 3])
-            } else {
-                ([n, *b, *b, c, h, w], [0, 3, 4, 1, 5, 2])
-            };
+            let (tmp, perm) = if *crd { ([n, c, *b, *b, h, w], [0, 1, 4, 2, 5, 3]) } else { ([n, *b, *b, c, h, w], [0, 3, 4, 1, 5, 2]) };
             typed!(x.dtype(), rearrange(x, &tmp, &perm, &dims))
         }
         Op::SpaceToDepth { blocksize: b } => {

@@ -60,7 +60,8 @@ fn nll(l: &Loss, x: &[f64], targets: &[i64], weight: Option<&[f64]>, n: usize, c
             if l.ignore_index == Some(t) {
                 continue;
             }
-            let k = usize::try_from(t).ok().filter(|&k| k < c).ok_or_else(|| format!("target {t} is not a class in 0..{c} (and not ignore_index)"))?;
+            let k =
+                usize::try_from(t).ok().filter(|&k| k < c).ok_or_else(|| format!("target {t} is not a class in 0..{c} (and not ignore_index)"))?;
             let w = weight.map_or(1.0, |w| w[k]);
             losses[b * inner + i] = -w * x[(b * c + k) * inner + i];
             weight_sum += w;

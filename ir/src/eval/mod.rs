@@ -51,8 +51,7 @@ pub fn run(graph: &Graph, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
         let operand_ids = graph.operands(id);
         let results = {
             let operands: Vec<Option<&Tensor>> = operand_ids.iter().map(|o| o.map(|v| &values[&v])).collect();
-            eval_op(&node.op, &operands, node.outputs.len())
-                .map_err(|msg| IrError::Eval { node: node.name.clone(), op: node.op.name(), msg })?
+            eval_op(&node.op, &operands, node.outputs.len()).map_err(|msg| IrError::Eval { node: node.name.clone(), op: node.op.name(), msg })?
         };
         for v in operand_ids.into_iter().flatten() {
             let n = uses.get_mut(&v).expect("counted above");
@@ -135,9 +134,9 @@ pub fn eval_op(op: &Op, operands: &[Option<&Tensor>], num_outputs: usize) -> Res
         }
         _ => {}
     }
-    let types: Vec<TensorType> = operands.iter().map(|o| o.map(|t| t.ty()).unwrap_or_else(|| TensorType::new(crate::DType::F32, crate::Shape::scalar()))).collect();
-    let infer_ops: Vec<Option<Operand>> =
-        operands.iter().zip(&types).map(|(o, ty)| o.map(|t| Operand { ty, value: Some(t) })).collect();
+    let types: Vec<TensorType> =
+        operands.iter().map(|o| o.map(|t| t.ty()).unwrap_or_else(|| TensorType::new(crate::DType::F32, crate::Shape::scalar()))).collect();
+    let infer_ops: Vec<Option<Operand>> = operands.iter().zip(&types).map(|(o, ty)| o.map(|t| Operand { ty, value: Some(t) })).collect();
     let out_types = infer::infer(op, &infer_ops, "eval")?;
     let out_dims: Vec<Vec<usize>> = out_types
         .iter()
@@ -158,8 +157,12 @@ pub fn eval_op(op: &Op, operands: &[Option<&Tensor>], num_outputs: usize) -> Res
         Op::Pool(p) => window::pool(p, x(), &out_dims[0], num_outputs > 1)?,
         Op::GlobalPool(k) => vec![window::global_pool(*k, x())],
         Op::Softmax { axis } => vec![normalize::softmax(x(), *axis)],
-        Op::LayerNorm { axis, epsilon } => normalize::layer_norm(x(), operands[1].expect("checked"), operands.get(2).copied().flatten(), *axis, *epsilon, &out_types)?,
-        Op::BatchNorm { epsilon } => vec![normalize::batch_norm(x(), &operands[1..5].iter().map(|o| o.expect("checked")).collect::<Vec<_>>(), *epsilon)],
+        Op::LayerNorm { axis, epsilon } => {
+            normalize::layer_norm(x(), operands[1].expect("checked"), operands.get(2).copied().flatten(), *axis, *epsilon, &out_types)?
+        }
+        Op::BatchNorm { epsilon } => {
+            vec![normalize::batch_norm(x(), &operands[1..5].iter().map(|o| o.expect("checked")).collect::<Vec<_>>(), *epsilon)]
+        }
         Op::Reduce(r) => vec![reduce::reduce(r, x(), operands.get(1).copied().flatten(), &out_dims[0])?],
         Op::Reshape { .. } | Op::Flatten { .. } | Op::Squeeze | Op::Unsqueeze => {
             vec![x().reshape(&out_dims[0]).map_err(|e| e.to_string())?]

@@ -32,7 +32,14 @@ pub(super) fn softmax(x: &Tensor, axis: i64) -> Tensor {
 }
 
 /// Y, Mean and InvStdDev (the last two as `types` says).
-pub(super) fn layer_norm(x: &Tensor, scale: &Tensor, bias: Option<&Tensor>, axis: i64, eps: f32, types: &[TensorType]) -> Result<Vec<Tensor>, String> {
+pub(super) fn layer_norm(
+    x: &Tensor,
+    scale: &Tensor,
+    bias: Option<&Tensor>,
+    axis: i64,
+    eps: f32,
+    types: &[TensorType],
+) -> Result<Vec<Tensor>, String> {
     let a = normalize_axis(axis, x.rank()).expect("inferred");
     let outer: usize = x.dims()[..a].iter().product();
     let norm_dims = &x.dims()[a..];

@@ -13,7 +13,8 @@ pub(super) fn reduce(r: &Reduce, x: &Tensor, axes: Option<&Tensor>, out: &[usize
     let perm: Vec<usize> = kept.iter().chain(&axes).copied().collect();
     let reduced: usize = axes.iter().map(|&a| x.dims()[a]).product();
     let rows: usize = kept.iter().map(|&a| x.dims()[a]).product();
-    let exact_ints = (x.dtype().is_int() || x.dtype() == DType::Bool) && matches!(r.kind, ReduceKind::Sum | ReduceKind::Prod | ReduceKind::Max | ReduceKind::Min | ReduceKind::SumSquare | ReduceKind::L1);
+    let exact_ints = (x.dtype().is_int() || x.dtype() == DType::Bool)
+        && matches!(r.kind, ReduceKind::Sum | ReduceKind::Prod | ReduceKind::Max | ReduceKind::Min | ReduceKind::SumSquare | ReduceKind::L1);
     if exact_ints {
         let xi = x.cast(DType::I64);
         let v = view::<i64>(&xi).permuted_axes(perm).as_standard_layout().to_owned();

@@ -43,9 +43,7 @@ pub(super) fn eval(r: &Resize, operands: &[Option<&Tensor>], _out: &[TensorType]
 /// change and its region of interest is the whole axis.
 fn skip_axis(plan: &ResizePlan, axis: usize, input: usize) -> bool {
     let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * a.abs().max(b.abs());
-    close(plan.scales[axis], 1.0)
-        && plan.out[axis] == input
-        && plan.roi.as_ref().is_none_or(|roi| roi[axis].0 == 0.0 && close(roi[axis].1, 1.0))
+    close(plan.scales[axis], 1.0) && plan.out[axis] == input && plan.roi.as_ref().is_none_or(|roi| roi[axis].0 == 0.0 && close(roi[axis].1, 1.0))
 }
 
 /// The input coordinate of output position `y` on one axis, and whether it lies outside the input
@@ -212,14 +210,7 @@ fn resize_axis(r: &Resize, plan: &ResizePlan, data: &[f64], dims: &[usize], axis
                 coeffs.iter_mut().for_each(|c| *c /= sum);
             }
             // Zero weights are dropped, so nearest picks a value (0 * inf would give NaN).
-            Some(
-                coeffs
-                    .into_iter()
-                    .enumerate()
-                    .filter(|(_, c)| *c != 0.0)
-                    .map(|(j, c)| ((first + j as i64).clamp(0, last) as usize, c))
-                    .collect(),
-            )
+            Some(coeffs.into_iter().enumerate().filter(|(_, c)| *c != 0.0).map(|(j, c)| ((first + j as i64).clamp(0, last) as usize, c)).collect())
         })
         .collect();
     let extrapolation = r.extrapolation_value as f64;

@@ -249,8 +249,7 @@ pub(super) fn conv_transpose(c: &ConvTranspose, operands: &[Option<&Tensor>], ou
     let (cg, mg) = (cin / group, m / group);
     let kdims = &w.dims()[2..];
     let idims = &x.dims()[2..];
-    let axes: Vec<TransposeAxis> =
-        (0..spatial).map(|i| transpose_axis(c, i, spatial, idims[i], kdims[i])).collect::<Result<_, _>>()?;
+    let axes: Vec<TransposeAxis> = (0..spatial).map(|i| transpose_axis(c, i, spatial, idims[i], kdims[i])).collect::<Result<_, _>>()?;
     let odims: Vec<usize> = axes.iter().map(|a| a.output).collect();
     let table = scatter_table(&axes, idims, kdims, &odims);
     let (nk, ni, no) = (kdims.iter().product::<usize>(), idims.iter().product::<usize>(), odims.iter().product::<usize>());

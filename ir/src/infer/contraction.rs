@@ -149,7 +149,8 @@ impl EinsumSpec {
                 any_ellipsis = true;
                 let e = s.rank() - t.letters.len();
                 let dims = Shape(s.0[p..p + e].to_vec());
-                ellipsis = broadcast(&ellipsis, &dims).ok_or_else(|| format!("the `...` dimensions {ellipsis} and {dims} (operand {i}) do not broadcast"))?;
+                ellipsis = broadcast(&ellipsis, &dims)
+                    .ok_or_else(|| format!("the `...` dimensions {ellipsis} and {dims} (operand {i}) do not broadcast"))?;
             }
         }
         let e_rank = ellipsis.rank();
@@ -190,9 +191,9 @@ impl EinsumSpec {
             // Across operands, a size 1 broadcasts (as numpy does).
             for (letter, d) in own {
                 let l = letter_label[letter as usize];
-                sizes[l] = broadcast(&Shape(vec![sizes[l].clone()]), &Shape(vec![d.clone()])).map(|s| s.0[0].clone()).ok_or_else(|| {
-                    format!("letter `{}` stands for sizes {} and {d} (operand {i} of shape {s})", letter as char, sizes[l])
-                })?;
+                sizes[l] = broadcast(&Shape(vec![sizes[l].clone()]), &Shape(vec![d.clone()]))
+                    .map(|s| s.0[0].clone())
+                    .ok_or_else(|| format!("letter `{}` stands for sizes {} and {d} (operand {i} of shape {s})", letter as char, sizes[l]))?;
             }
             operands.push(labels);
         }

@@ -36,7 +36,8 @@ pub(super) fn infer(op: &Op, ops: &Operands, ctx: &Ctx) -> Infer {
             if a.dtype != b.dtype || a.rank() != b.rank() {
                 return Err(format!("result {i} is {a} in one branch and {b} in the other"));
             }
-            let dims = a.shape.dims().iter().zip(b.shape.dims()).enumerate().map(|(d, (x, y))| if x == y { x.clone() } else { fresh(ctx, i, d) }).collect();
+            let dims =
+                a.shape.dims().iter().zip(b.shape.dims()).enumerate().map(|(d, (x, y))| if x == y { x.clone() } else { fresh(ctx, i, d) }).collect();
             Ok(TensorType::new(a.dtype, Shape(dims)))
         })
         .collect()

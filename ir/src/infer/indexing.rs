@@ -254,7 +254,8 @@ fn one_hot(ax: i64, ops: &Operands, ctx: &Ctx) -> Infer {
     }
     let r = idx.rank() as i64;
     // The new axis may be anywhere in the result, whose rank is one more.
-    let a = normalize_axis(ax, idx.rank() + 1).ok_or_else(|| format!("axis {ax} is out of range for the result of rank {} from indices {idx}", r + 1))?;
+    let a =
+        normalize_axis(ax, idx.rank() + 1).ok_or_else(|| format!("axis {ax} is out of range for the result of rank {} from indices {idx}", r + 1))?;
     let d = match depth.value {
         Some(t) => {
             // A float depth is truncated, as ONNX casts it to int64.

@@ -16,11 +16,11 @@ mod resize;
 mod sequence;
 mod window;
 
-pub use movement::{equal_split, slice_axis};
-pub(crate) use indexing::pad_amounts;
-pub(crate) use reduce::reduced_axes;
-pub(crate) use generate::{range_count, shape_interval, Scalar};
 pub(crate) use contraction::EinsumSpec;
+pub(crate) use generate::{range_count, shape_interval, Scalar};
+pub(crate) use indexing::pad_amounts;
+pub use movement::{equal_split, slice_axis};
+pub(crate) use reduce::reduced_axes;
 pub(crate) use resize::{resize_plan, ResizePlan};
 pub(crate) use window::{transpose_axis, TransposeAxis};
 

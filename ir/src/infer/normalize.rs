@@ -48,10 +48,11 @@ pub(super) fn batch_norm(ops: &Operands) -> Infer {
         if !p.dtype.is_float() {
             return Err(format!("{what} must be a float tensor, got {}", p));
         }
-        let ok = p.rank() == 1 && match (&p.shape.0[0], c) {
-            (Dim::Fixed(a), Dim::Fixed(b)) => a == b,
-            _ => true,
-        };
+        let ok = p.rank() == 1
+            && match (&p.shape.0[0], c) {
+                (Dim::Fixed(a), Dim::Fixed(b)) => a == b,
+                _ => true,
+            };
         if !ok {
             return Err(format!("{what} must be [C] = [{c}] for input {x}, got {}", p));
         }
@@ -126,10 +127,11 @@ fn channel_params(x: &TensorType, ops: &Operands, first: usize) -> Result<Dim, S
     for (i, what) in [(first, "scale"), (first + 1, "bias")] {
         let p = ops.get(i)?.ty;
         same_dtype(&format!("input and {what}"), x, p)?;
-        let ok = p.rank() == 1 && match (&p.shape.0[0], &c) {
-            (Dim::Fixed(a), Dim::Fixed(b)) => a == b,
-            _ => true,
-        };
+        let ok = p.rank() == 1
+            && match (&p.shape.0[0], &c) {
+                (Dim::Fixed(a), Dim::Fixed(b)) => a == b,
+                _ => true,
+            };
         if !ok {
             return Err(format!("{what} must be [C] = [{c}] for input {x}, got {p}"));
         }

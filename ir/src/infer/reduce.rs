@@ -1,8 +1,8 @@
 //! Reductions.
 
 use super::{Ctx, Infer, Operands};
-use crate::Op;
 use crate::op::{Reduce, ReduceKind};
+use crate::Op;
 use crate::{DType, Dim, Shape, TensorType};
 
 /// The axes a reduction reduces, normalised and sorted; `None` when they are known only at run time.
@@ -37,11 +37,16 @@ pub(super) fn reduce(r: &Reduce, ops: &Operands, ctx: &Ctx) -> Infer {
     let axes = reduced_axes(r.noop_with_empty_axes, ops.ints(1, "axes")?, x)?;
     let shape = match axes {
         Some(axes) => Shape(
-            x.shape.0.iter().enumerate().filter_map(|(i, d)| match (axes.contains(&i), r.keepdims) {
-                (false, _) => Some(d.clone()),
-                (true, true) => Some(Dim::Fixed(1)),
-                (true, false) => None,
-            }).collect(),
+            x.shape
+                .0
+                .iter()
+                .enumerate()
+                .filter_map(|(i, d)| match (axes.contains(&i), r.keepdims) {
+                    (false, _) => Some(d.clone()),
+                    (true, true) => Some(Dim::Fixed(1)),
+                    (true, false) => None,
+                })
+                .collect(),
         ),
         None if r.keepdims => ctx.fresh_shape(x.rank()),
         // Without keepdims the rank still follows from how many axes there are.

@@ -38,7 +38,13 @@ fn resized_axes(r: &Resize, rank: usize) -> Result<Vec<usize>, String> {
 
 /// Resolves a Resize for an input of dimensions `input`. `roi` holds all starts then all ends
 /// (f32 values are combined in f32, as the reference does); exactly one of `scales` and `sizes`.
-pub(crate) fn resize_plan(r: &Resize, input: &[usize], roi: Option<(&[f64], bool)>, scales: Option<&[f64]>, sizes: Option<&[i64]>) -> Result<ResizePlan, String> {
+pub(crate) fn resize_plan(
+    r: &Resize,
+    input: &[usize],
+    roi: Option<(&[f64], bool)>,
+    scales: Option<&[f64]>,
+    sizes: Option<&[i64]>,
+) -> Result<ResizePlan, String> {
     let rank = input.len();
     let axes = resized_axes(r, rank)?;
     let n = axes.len();

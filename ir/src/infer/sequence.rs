@@ -69,7 +69,8 @@ fn rnn(r: &Rnn, ops: &Operands) -> Infer {
         let want = if r.batch_first { "[batch, seq, input]" } else { "[seq, batch, input]" };
         return Err(format!("X must be 3-D {want}, got {x}"));
     }
-    let (seq, batch, input) = if r.batch_first { (&x.shape.0[1], &x.shape.0[0], &x.shape.0[2]) } else { (&x.shape.0[0], &x.shape.0[1], &x.shape.0[2]) };
+    let (seq, batch, input) =
+        if r.batch_first { (&x.shape.0[1], &x.shape.0[0], &x.shape.0[2]) } else { (&x.shape.0[0], &x.shape.0[1], &x.shape.0[2]) };
     let dirs = if r.direction == RnnDirection::Bidirectional { 2 } else { 1 };
     let g = gates(r.cell);
     let (w, rr) = (ops.get(1)?.ty, ops.get(2)?.ty);
@@ -98,7 +99,8 @@ fn rnn(r: &Rnn, ops: &Operands) -> Infer {
         }
         expect_shape("sequence_lens", s.ty, &[Some(batch.clone())], "batch", x)?;
     }
-    let state = if r.batch_first { vec![batch.clone(), Dim::Fixed(dirs), hidden.clone()] } else { vec![Dim::Fixed(dirs), batch.clone(), hidden.clone()] };
+    let state =
+        if r.batch_first { vec![batch.clone(), Dim::Fixed(dirs), hidden.clone()] } else { vec![Dim::Fixed(dirs), batch.clone(), hidden.clone()] };
     let state_layout = if r.batch_first { "batch, dirs, hidden" } else { "dirs, batch, hidden" };
     let is_lstm = matches!(r.cell, RnnCell::Lstm { .. });
     let mut states = vec![(5, "initial_h")];
@@ -191,7 +193,10 @@ fn attention_dims(a: &Attention, ops: &Operands, ctx: &Ctx) -> Result<AttentionD
         let head_size = split_heads(&qs[2], a.q_num_heads, &format!("Q {q} hidden"), ctx.fresh(3))?;
         let k_head = split_heads(&ks[2], a.kv_num_heads, &format!("K {k} hidden"), head_size.clone())?;
         if !agree(&head_size, &k_head) {
-            return Err(format!("Q and K head sizes differ: {q} has {} heads of {head_size}, {k} has {} heads of {k_head}", a.q_num_heads, a.kv_num_heads));
+            return Err(format!(
+                "Q and K head sizes differ: {q} has {} heads of {head_size}, {k} has {} heads of {k_head}",
+                a.q_num_heads, a.kv_num_heads
+            ));
         }
         // Y's last dimension is q_heads * v_head_size; name V's head size only when it is needed.
         let v_head_size = split_heads(&vs[2], a.kv_num_heads, &format!("V {v} hidden"), Dim::sym(&format!("{}.v_head_size", ctx.node)))?;

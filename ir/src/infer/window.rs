@@ -41,10 +41,11 @@ pub(super) fn conv(c: &Conv, ops: &Operands, ctx: &Ctx) -> Infer {
     }
     if let Some(b) = ops.opt(2) {
         same_dtype("input and bias", x, b.ty)?;
-        let ok = b.ty.rank() == 1 && match (&b.ty.shape.0[0], &m) {
-            (Dim::Fixed(a), Dim::Fixed(b)) => a == b,
-            _ => true,
-        };
+        let ok = b.ty.rank() == 1
+            && match (&b.ty.shape.0[0], &m) {
+                (Dim::Fixed(a), Dim::Fixed(b)) => a == b,
+                _ => true,
+            };
         if !ok {
             return Err(format!("bias must be [M] = [{m}], got {}", b.ty));
         }
@@ -206,10 +207,11 @@ pub(super) fn conv_transpose(c: &ConvTranspose, ops: &Operands, ctx: &Ctx) -> In
     };
     if let Some(b) = ops.opt(2) {
         same_dtype("input and bias", x, b.ty)?;
-        let ok = b.ty.rank() == 1 && match (&b.ty.shape.0[0], &m) {
-            (Dim::Fixed(a), Dim::Fixed(b)) => a == b,
-            _ => true,
-        };
+        let ok = b.ty.rank() == 1
+            && match (&b.ty.shape.0[0], &m) {
+                (Dim::Fixed(a), Dim::Fixed(b)) => a == b,
+                _ => true,
+            };
         if !ok {
             return Err(format!("bias must be [M] = [{m}], got {}", b.ty));
         }

@@ -126,11 +126,19 @@ fn node_order(g: &GraphProto, known: &HashSet<&str>) -> Result<Vec<usize>> {
     if in_order {
         return Ok((0..g.node.len()).collect());
     }
-    let producer: HashMap<&str, usize> = g.node.iter().enumerate().flat_map(|(i, n)| n.output.iter().filter(|o| !o.is_empty()).map(move |o| (o.as_str(), i))).collect();
+    let producer: HashMap<&str, usize> =
+        g.node.iter().enumerate().flat_map(|(i, n)| n.output.iter().filter(|o| !o.is_empty()).map(move |o| (o.as_str(), i))).collect();
     let mut order = Vec::with_capacity(g.node.len());
     // 0: not visited, 1: on the current path, 2: done.
     let mut state = vec![0u8; g.node.len()];
-    fn visit<'g>(i: usize, g: &'g GraphProto, known: &HashSet<&str>, producer: &HashMap<&str, usize>, state: &mut [u8], order: &mut Vec<usize>) -> Result<()> {
+    fn visit<'g>(
+        i: usize,
+        g: &'g GraphProto,
+        known: &HashSet<&str>,
+        producer: &HashMap<&str, usize>,
+        state: &mut [u8],
+        order: &mut Vec<usize>,
+    ) -> Result<()> {
         match state[i] {
             2 => return Ok(()),
             1 => return Err(IrError::Onnx(format!("the graph has a cycle through node `{}`", node_label(&g.node[i])))),
@@ -193,7 +201,12 @@ impl<'a> GraphImporter<'a> {
             self.values.insert(name, v);
         }
         for s in &g.sparse_initializer {
-            let name = s.values.as_ref().and_then(|v| v.name.clone()).filter(|n| !n.is_empty()).ok_or_else(|| onnx_err("a sparse initializer has no name".into()))?;
+            let name = s
+                .values
+                .as_ref()
+                .and_then(|v| v.name.clone())
+                .filter(|n| !n.is_empty())
+                .ok_or_else(|| onnx_err("a sparse initializer has no name".into()))?;
             let tensor = sparse_to_dense(s, self.base_dir)?;
             let kiln_name = self.graph.unique_name(&name);
             let v = self.graph.add_constant(&kiln_name, tensor)?;
@@ -228,7 +241,9 @@ impl<'a> GraphImporter<'a> {
         let op_type = node.op_type.clone().unwrap_or_default();
         for (i, name) in node.input.iter().enumerate() {
             if !name.is_empty() && !self.values.contains_key(name) {
-                return Err(IrError::Onnx(format!("node `{label}` ({op_type}): input {i} `{name}` is not available (its producer does not make it)")));
+                return Err(IrError::Onnx(format!(
+                    "node `{label}` ({op_type}): input {i} `{name}` is not available (its producer does not make it)"
+                )));
             }
         }
         ops::convert(self, node, &op_type).map_err(|e| match e {
@@ -353,8 +368,13 @@ pub(super) fn attrs_of(node: &NodeProto, base_dir: Option<&Path>) -> Result<Attr
             at::FLOATS => Attr::Floats(a.floats.clone()),
             at::INTS => Attr::Ints(a.ints.clone()),
             at::STRINGS => Attr::Strs(a.strings.iter().map(|s| utf8(s)).collect::<std::result::Result<_, _>>()?),
-            at::TENSOR => Attr::Tensor(tensor_from_proto(a.t.as_ref().ok_or_else(|| IrError::Onnx(format!("attribute `{name}` has no tensor")))?, base_dir)?),
-            at::SPARSE_TENSOR => Attr::Tensor(sparse_to_dense(a.sparse_tensor.as_ref().ok_or_else(|| IrError::Onnx(format!("attribute `{name}` has no tensor")))?, base_dir)?),
+            at::TENSOR => {
+                Attr::Tensor(tensor_from_proto(a.t.as_ref().ok_or_else(|| IrError::Onnx(format!("attribute `{name}` has no tensor")))?, base_dir)?)
+            }
+            at::SPARSE_TENSOR => Attr::Tensor(sparse_to_dense(
+                a.sparse_tensor.as_ref().ok_or_else(|| IrError::Onnx(format!("attribute `{name}` has no tensor")))?,
+                base_dir,
+            )?),
             at::GRAPH => continue,
             at::TENSORS | at::GRAPHS | at::SPARSE_TENSORS | at::TYPE_PROTO | at::TYPE_PROTOS => {
                 return Err(IrError::NotSupported(format!("attribute `{name}` is a list of tensors, graphs or types, which is not supported")));

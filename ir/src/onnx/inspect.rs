@@ -47,7 +47,12 @@ pub fn inspect(path: impl AsRef<Path>) -> Result<Summary> {
         parameter_bytes += n * dtype_of(t.data_type.unwrap_or(0)).map_or(0, |d| d.size());
     }
     let declared = |v: &ValueInfoProto| declared_type(v);
-    let inputs = g.input.iter().filter(|i| !initializers.contains(&i.name.as_deref().unwrap_or(""))).map(|i| (i.name.clone().unwrap_or_default(), declared(i))).collect();
+    let inputs = g
+        .input
+        .iter()
+        .filter(|i| !initializers.contains(&i.name.as_deref().unwrap_or("")))
+        .map(|i| (i.name.clone().unwrap_or_default(), declared(i)))
+        .collect();
     let unsupported = check_supported_list(g, &opsets);
     let (outputs, import_error) = match super::load(path) {
         Ok(m) => (m.graph.outputs().iter().map(|(n, v)| (n.clone(), m.graph.value_type(*v).to_string())).collect(), None),

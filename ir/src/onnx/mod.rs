@@ -69,16 +69,13 @@ pub(crate) fn decode_model(bytes: &[u8]) -> Result<proto::ModelProto> {
     if bytes.is_empty() {
         return Err(IrError::Onnx("the file is empty, not an ONNX model".into()));
     }
-    let model = proto::ModelProto::decode(bytes).map_err(|e| IrError::Onnx(format!("not a valid ONNX model (corrupt or truncated protobuf: {e})")))?;
+    let model =
+        proto::ModelProto::decode(bytes).map_err(|e| IrError::Onnx(format!("not a valid ONNX model (corrupt or truncated protobuf: {e})")))?;
     if model.graph.is_none() {
         return Err(IrError::Onnx("not an ONNX model: it has no graph".into()));
     }
     if model.ir_version.unwrap_or(0) <= 0 || model.opset_import.is_empty() && model.ir_version.unwrap_or(0) >= 3 {
-        return Err(IrError::Onnx(format!(
-            "not an ONNX model: ir_version {:?} and {} opset imports",
-            model.ir_version,
-            model.opset_import.len()
-        )));
+        return Err(IrError::Onnx(format!("not an ONNX model: ir_version {:?} and {} opset imports", model.ir_version, model.opset_import.len())));
     }
     Ok(model)
 }

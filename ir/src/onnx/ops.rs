@@ -14,25 +14,158 @@ use crate::{BinaryOp, DType, IrError, Op, Result, Tensor, TensorType, ValueId};
 /// Every ONNX op type (default domain) the importer converts.
 pub(super) const SUPPORTED: &[&str] = &[
     // elementwise
-    "Abs", "Neg", "Sign", "Ceil", "Floor", "Round", "Exp", "Log", "Sqrt", "Reciprocal", "Sin", "Cos", "Tan", "Asin", "Acos", "Atan", "Sinh",
-    "Cosh", "Tanh", "Asinh", "Acosh", "Atanh", "Erf", "Sigmoid", "Relu", "Softplus", "Softsign", "Mish", "HardSwish", "Swish", "Gelu",
-    "LeakyRelu", "Elu", "Selu", "Celu", "HardSigmoid", "ThresholdedRelu", "Shrink", "Not", "BitwiseNot", "IsNaN", "IsInf", "Add", "Sub",
-    "Mul", "Div", "Pow", "Max", "Min", "Mod", "PRelu", "Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "And", "Or", "Xor",
-    "BitwiseAnd", "BitwiseOr", "BitwiseXor", "BitShift", "Sum", "Mean", "Clip", "Where", "Cast", "CastLike",
+    "Abs",
+    "Neg",
+    "Sign",
+    "Ceil",
+    "Floor",
+    "Round",
+    "Exp",
+    "Log",
+    "Sqrt",
+    "Reciprocal",
+    "Sin",
+    "Cos",
+    "Tan",
+    "Asin",
+    "Acos",
+    "Atan",
+    "Sinh",
+    "Cosh",
+    "Tanh",
+    "Asinh",
+    "Acosh",
+    "Atanh",
+    "Erf",
+    "Sigmoid",
+    "Relu",
+    "Softplus",
+    "Softsign",
+    "Mish",
+    "HardSwish",
+    "Swish",
+    "Gelu",
+    "LeakyRelu",
+    "Elu",
+    "Selu",
+    "Celu",
+    "HardSigmoid",
+    "ThresholdedRelu",
+    "Shrink",
+    "Not",
+    "BitwiseNot",
+    "IsNaN",
+    "IsInf",
+    "Add",
+    "Sub",
+    "Mul",
+    "Div",
+    "Pow",
+    "Max",
+    "Min",
+    "Mod",
+    "PRelu",
+    "Equal",
+    "Less",
+    "LessOrEqual",
+    "Greater",
+    "GreaterOrEqual",
+    "And",
+    "Or",
+    "Xor",
+    "BitwiseAnd",
+    "BitwiseOr",
+    "BitwiseXor",
+    "BitShift",
+    "Sum",
+    "Mean",
+    "Clip",
+    "Where",
+    "Cast",
+    "CastLike",
     // contractions, windows, normalisations
-    "MatMul", "Gemm", "Einsum", "Conv", "ConvTranspose", "MaxPool", "AveragePool", "LpPool", "GlobalMaxPool", "GlobalAveragePool",
-    "GlobalLpPool", "Softmax", "LogSoftmax", "Hardmax", "LayerNormalization", "BatchNormalization", "InstanceNormalization",
-    "GroupNormalization", "RMSNormalization", "LRN", "LpNormalization", "MeanVarianceNormalization",
+    "MatMul",
+    "Gemm",
+    "Einsum",
+    "Conv",
+    "ConvTranspose",
+    "MaxPool",
+    "AveragePool",
+    "LpPool",
+    "GlobalMaxPool",
+    "GlobalAveragePool",
+    "GlobalLpPool",
+    "Softmax",
+    "LogSoftmax",
+    "Hardmax",
+    "LayerNormalization",
+    "BatchNormalization",
+    "InstanceNormalization",
+    "GroupNormalization",
+    "RMSNormalization",
+    "LRN",
+    "LpNormalization",
+    "MeanVarianceNormalization",
     // reductions and scans
-    "ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp",
-    "ReduceSumSquare", "ArgMax", "ArgMin", "CumSum", "CumProd", "TopK",
+    "ReduceSum",
+    "ReduceMean",
+    "ReduceMax",
+    "ReduceMin",
+    "ReduceProd",
+    "ReduceL1",
+    "ReduceL2",
+    "ReduceLogSum",
+    "ReduceLogSumExp",
+    "ReduceSumSquare",
+    "ArgMax",
+    "ArgMin",
+    "CumSum",
+    "CumProd",
+    "TopK",
     // data movement
-    "Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Concat", "Split", "Slice", "Gather", "GatherElements", "GatherND",
-    "ScatterElements", "Scatter", "ScatterND", "Expand", "Tile", "Pad", "Shape", "Size", "ConstantOfShape", "Range", "OneHot", "Trilu",
-    "EyeLike", "DepthToSpace", "SpaceToDepth", "Resize", "Upsample", "NonZero", "Compress", "ReverseSequence", "Identity", "Dropout",
+    "Reshape",
+    "Flatten",
+    "Transpose",
+    "Squeeze",
+    "Unsqueeze",
+    "Concat",
+    "Split",
+    "Slice",
+    "Gather",
+    "GatherElements",
+    "GatherND",
+    "ScatterElements",
+    "Scatter",
+    "ScatterND",
+    "Expand",
+    "Tile",
+    "Pad",
+    "Shape",
+    "Size",
+    "ConstantOfShape",
+    "Range",
+    "OneHot",
+    "Trilu",
+    "EyeLike",
+    "DepthToSpace",
+    "SpaceToDepth",
+    "Resize",
+    "Upsample",
+    "NonZero",
+    "Compress",
+    "ReverseSequence",
+    "Identity",
+    "Dropout",
     "Constant",
     // sequence models, losses, control flow
-    "RNN", "GRU", "LSTM", "Attention", "RotaryEmbedding", "NegativeLogLikelihoodLoss", "SoftmaxCrossEntropyLoss", "If",
+    "RNN",
+    "GRU",
+    "LSTM",
+    "Attention",
+    "RotaryEmbedding",
+    "NegativeLogLikelihoodLoss",
+    "SoftmaxCrossEntropyLoss",
+    "If",
 ];
 
 pub(super) fn is_supported(op_type: &str) -> bool {
@@ -121,7 +254,8 @@ pub(super) fn convert(im: &mut GraphImporter, node: &NodeProto, op_type: &str) -
         }
         "Squeeze" | "Unsqueeze" if opset < 13 => axes_to_operand(im, node, op_type, a),
         "ReduceSum" if opset < 13 => axes_to_operand(im, node, op_type, a),
-        "ReduceMean" | "ReduceMax" | "ReduceMin" | "ReduceProd" | "ReduceL1" | "ReduceL2" | "ReduceLogSum" | "ReduceLogSumExp" | "ReduceSumSquare"
+        "ReduceMean" | "ReduceMax" | "ReduceMin" | "ReduceProd" | "ReduceL1" | "ReduceL2" | "ReduceLogSum" | "ReduceLogSumExp"
+        | "ReduceSumSquare"
             if opset < 18 =>
         {
             axes_to_operand(im, node, op_type, a)
@@ -433,7 +567,8 @@ fn upsample(im: &mut GraphImporter, node: &NodeProto, mut a: Attrs, opset: i64) 
         im.operand(node, 1).ok_or_else(|| err("operand 1 (scales) is missing"))?
     };
     a.finish("Upsample").map_err(err)?;
-    let op = Op::Resize(Resize { mode, coordinate_transform: CoordinateTransform::Asymmetric, nearest_mode: NearestMode::Floor, ..Resize::default() });
+    let op =
+        Op::Resize(Resize { mode, coordinate_transform: CoordinateTransform::Asymmetric, nearest_mode: NearestMode::Floor, ..Resize::default() });
     emit(im, node, op, &[Some(x), None, Some(scales)], 1)
 }
 
@@ -449,7 +584,8 @@ fn resize(im: &mut GraphImporter, node: &NodeProto, a: Attrs, opset: i64) -> Res
         let mode = mode.transpose()?.unwrap_or(ResizeMode::Nearest);
         a.finish("Resize").map_err(err)?;
         let scales = im.operand(node, 1).ok_or_else(|| err("operand 1 (scales) is missing"))?;
-        let op = Op::Resize(Resize { mode, coordinate_transform: CoordinateTransform::Asymmetric, nearest_mode: NearestMode::Floor, ..Resize::default() });
+        let op =
+            Op::Resize(Resize { mode, coordinate_transform: CoordinateTransform::Asymmetric, nearest_mode: NearestMode::Floor, ..Resize::default() });
         return emit(im, node, op, &[Some(x), None, Some(scales)], 1);
     }
     // Empty roi/scales tensors stand for "absent" in opsets 11-12.
@@ -502,7 +638,11 @@ fn rnn_activations(a: &mut Attrs) -> Result<()> {
 fn if_(im: &mut GraphImporter, node: &NodeProto, a: Attrs) -> Result<()> {
     a.finish("If").map_err(err)?;
     let branch = |name: &str| {
-        node.attribute.iter().find(|x| x.name.as_deref() == Some(name)).and_then(|x| x.g.as_ref()).ok_or_else(|| err(format!("attribute `{name}` is required")))
+        node.attribute
+            .iter()
+            .find(|x| x.name.as_deref() == Some(name))
+            .and_then(|x| x.g.as_ref())
+            .ok_or_else(|| err(format!("attribute `{name}` is required")))
     };
     let (then_g, else_g) = (branch("then_branch")?, branch("else_branch")?);
     let cond = im.operand(node, 0).ok_or_else(|| err("operand 0 (cond) is missing"))?;

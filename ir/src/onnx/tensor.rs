@@ -57,11 +57,8 @@ pub fn tensor_from_proto(t: &TensorProto, base_dir: Option<&Path>) -> Result<Ten
 }
 
 fn tensor_data(t: &TensorProto, dtype: DType, what: &str, base_dir: Option<&Path>) -> Result<Tensor, String> {
-    let dims: Vec<usize> = t
-        .dims
-        .iter()
-        .map(|&d| usize::try_from(d).map_err(|_| format!("{what}: negative dimension {d}")))
-        .collect::<Result<_, _>>()?;
+    let dims: Vec<usize> =
+        t.dims.iter().map(|&d| usize::try_from(d).map_err(|_| format!("{what}: negative dimension {d}"))).collect::<Result<_, _>>()?;
     let count = dims.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d)).ok_or_else(|| format!("{what}: dimensions {dims:?} overflow"))?;
     let bytes_needed = count.checked_mul(dtype.size()).ok_or_else(|| format!("{what}: too large"))?;
     let wrong_len = |have: usize| format!("{what}: {dtype}{:?} needs {count} values, the file holds {have}", dims);
@@ -82,12 +79,18 @@ fn tensor_data(t: &TensorProto, dtype: DType, what: &str, base_dir: Option<&Path
         DType::F64 => check_len(&t.double_data, count, wrong_len).and_then(|v| Tensor::from_slice(&dims, v).map_err(|e| e.to_string())),
         DType::I64 => check_len(&t.int64_data, count, wrong_len).and_then(|v| Tensor::from_slice(&dims, v).map_err(|e| e.to_string())),
         DType::U64 => check_len(&t.uint64_data, count, wrong_len).and_then(|v| Tensor::from_slice(&dims, v).map_err(|e| e.to_string())),
-        DType::U32 => check_len(&t.uint64_data, count, wrong_len).and_then(|v| Tensor::from_vec(&dims, v.iter().map(|&x| x as u32).collect()).map_err(|e| e.to_string())),
-        DType::F16 => int32s(t, count, wrong_len).and_then(|v| Tensor::from_vec(&dims, v.iter().map(|&x| f16::from_bits(x as u16)).collect()).map_err(|e| e.to_string())),
-        DType::BF16 => int32s(t, count, wrong_len).and_then(|v| Tensor::from_vec(&dims, v.iter().map(|&x| bf16::from_bits(x as u16)).collect()).map_err(|e| e.to_string())),
-        DType::Bool => int32s(t, count, wrong_len).and_then(|v| Tensor::from_vec(&dims, v.iter().map(|&x| x != 0).collect()).map_err(|e| e.to_string())),
-        DType::I32 | DType::I16 | DType::I8 | DType::U16 | DType::U8 => int32s(t, count, wrong_len)
-            .and_then(|v| Tensor::from_f64s(DType::I64, &dims, &v.iter().map(|&x| x as f64).collect::<Vec<_>>()).map(|t| t.cast(dtype)).map_err(|e| e.to_string())),
+        DType::U32 => check_len(&t.uint64_data, count, wrong_len)
+            .and_then(|v| Tensor::from_vec(&dims, v.iter().map(|&x| x as u32).collect()).map_err(|e| e.to_string())),
+        DType::F16 => int32s(t, count, wrong_len)
+            .and_then(|v| Tensor::from_vec(&dims, v.iter().map(|&x| f16::from_bits(x as u16)).collect()).map_err(|e| e.to_string())),
+        DType::BF16 => int32s(t, count, wrong_len)
+            .and_then(|v| Tensor::from_vec(&dims, v.iter().map(|&x| bf16::from_bits(x as u16)).collect()).map_err(|e| e.to_string())),
+        DType::Bool => {
+            int32s(t, count, wrong_len).and_then(|v| Tensor::from_vec(&dims, v.iter().map(|&x| x != 0).collect()).map_err(|e| e.to_string()))
+        }
+        DType::I32 | DType::I16 | DType::I8 | DType::U16 | DType::U8 => int32s(t, count, wrong_len).and_then(|v| {
+            Tensor::from_f64s(DType::I64, &dims, &v.iter().map(|&x| x as f64).collect::<Vec<_>>()).map(|t| t.cast(dtype)).map_err(|e| e.to_string())
+        }),
     };
     tensor.map_err(|e| if e.starts_with(what) { e } else { format!("{what}: {e}") })
 }

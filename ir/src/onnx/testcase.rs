@@ -70,7 +70,11 @@ pub fn run_case(dir: &Path, engine: &Engine, tol: Tolerance) -> Outcome {
     };
     let graph = &model.graph;
     let mut sets: Vec<PathBuf> = match std::fs::read_dir(dir) {
-        Ok(entries) => entries.filter_map(|e| e.ok()).map(|e| e.path()).filter(|p| p.is_dir() && p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("test_data_set_"))).collect(),
+        Ok(entries) => entries
+            .filter_map(|e| e.ok())
+            .map(|e| e.path())
+            .filter(|p| p.is_dir() && p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("test_data_set_")))
+            .collect(),
         Err(e) => return Outcome::Fail(format!("{}: {e}", dir.display())),
     };
     sets.sort();
@@ -110,9 +114,11 @@ pub fn run_case(dir: &Path, engine: &Engine, tol: Tolerance) -> Outcome {
 /// Unsupported ops and features skip a test; anything else fails it.
 fn classify(e: IrError) -> Outcome {
     match e {
-        IrError::Unsupported(ops) => {
-            Outcome::Skip(format!("unsupported op{} {}", if ops.len() == 1 { "" } else { "s" }, ops.iter().map(|o| o.op_type.as_str()).collect::<Vec<_>>().join(", ")))
-        }
+        IrError::Unsupported(ops) => Outcome::Skip(format!(
+            "unsupported op{} {}",
+            if ops.len() == 1 { "" } else { "s" },
+            ops.iter().map(|o| o.op_type.as_str()).collect::<Vec<_>>().join(", ")
+        )),
         IrError::NotSupported(m) => Outcome::Skip(m),
         other => Outcome::Fail(other.to_string()),
     }

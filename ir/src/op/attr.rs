@@ -122,9 +122,7 @@ impl Attrs {
 
     pub fn sizes(&mut self, name: &str) -> Result<Vec<usize>, String> {
         let v = self.ints(name)?.unwrap_or_default();
-        v.iter()
-            .map(|&x| usize::try_from(x).map_err(|_| format!("attribute `{name}` must not hold negative values, got {x}")))
-            .collect()
+        v.iter().map(|&x| usize::try_from(x).map_err(|_| format!("attribute `{name}` must not hold negative values, got {x}"))).collect()
     }
 
     pub fn floats(&mut self, name: &str) -> Result<Option<Vec<f32>>, String> {
@@ -275,7 +273,14 @@ fn activation_text(u: &UnaryOp) -> String {
 
 fn activation_from_text(s: &str) -> Result<UnaryOp, String> {
     let (name, params) = match s.find('(') {
-        Some(i) if s.ends_with(')') => (&s[..i], s[i + 1..s.len() - 1].split(',').map(|p| p.trim().parse::<f32>()).collect::<Result<Vec<_>, _>>().map_err(|_| format!("bad activation `{s}`"))?),
+        Some(i) if s.ends_with(')') => (
+            &s[..i],
+            s[i + 1..s.len() - 1]
+                .split(',')
+                .map(|p| p.trim().parse::<f32>())
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|_| format!("bad activation `{s}`"))?,
+        ),
         _ => (s, Vec::new()),
     };
     let u = UnaryOp::from_name(name).ok_or_else(|| format!("unknown activation `{name}`"))?;
@@ -293,7 +298,11 @@ impl UnaryOp {
     /// The float parameters of a parameterised unary op, by ONNX attribute name.
     pub fn attrs_list(&self) -> Vec<(&'static str, f32)> {
         match *self {
-            UnaryOp::LeakyRelu { alpha } | UnaryOp::Elu { alpha } | UnaryOp::Celu { alpha } | UnaryOp::ThresholdedRelu { alpha } | UnaryOp::Swish { alpha } => {
+            UnaryOp::LeakyRelu { alpha }
+            | UnaryOp::Elu { alpha }
+            | UnaryOp::Celu { alpha }
+            | UnaryOp::ThresholdedRelu { alpha }
+            | UnaryOp::Swish { alpha } => {
                 vec![("alpha", alpha)]
             }
             UnaryOp::Selu { alpha, gamma } => vec![("alpha", alpha), ("gamma", gamma)],
@@ -544,7 +553,9 @@ impl Op {
                 UnaryOp::Selu { alpha, gamma } => UnaryOp::Selu { alpha: a.float("alpha", alpha)?, gamma: a.float("gamma", gamma)? },
                 UnaryOp::HardSigmoid { alpha, beta } => UnaryOp::HardSigmoid { alpha: a.float("alpha", alpha)?, beta: a.float("beta", beta)? },
                 UnaryOp::Shrink { bias, lambd } => UnaryOp::Shrink { bias: a.float("bias", bias)?, lambd: a.float("lambd", lambd)? },
-                UnaryOp::IsInf { .. } => UnaryOp::IsInf { detect_negative: a.flag("detect_negative", true)?, detect_positive: a.flag("detect_positive", true)? },
+                UnaryOp::IsInf { .. } => {
+                    UnaryOp::IsInf { detect_negative: a.flag("detect_negative", true)?, detect_positive: a.flag("detect_positive", true)? }
+                }
                 other => other,
             };
             Op::Unary(u)
@@ -610,7 +621,12 @@ impl Op {
                 "InstanceNormalization" => Op::InstanceNorm { epsilon: a.float("epsilon", 1e-5)? },
                 "GroupNormalization" => Op::GroupNorm { epsilon: a.float("epsilon", 1e-5)?, num_groups: a.size("num_groups", 0)? },
                 "RMSNormalization" => Op::RmsNorm { axis: a.int("axis", -1)?, epsilon: a.float("epsilon", 1e-5)? },
-                "LRN" => Op::Lrn(Lrn { alpha: a.float("alpha", 1e-4)?, beta: a.float("beta", 0.75)?, bias: a.float("bias", 1.0)?, size: a.size("size", 0)? }),
+                "LRN" => Op::Lrn(Lrn {
+                    alpha: a.float("alpha", 1e-4)?,
+                    beta: a.float("beta", 0.75)?,
+                    bias: a.float("bias", 1.0)?,
+                    size: a.size("size", 0)?,
+                }),
                 "LpNormalization" => Op::LpNorm { axis: a.int("axis", -1)?, p: a.size("p", 2)? as u32 },
                 "MeanVarianceNormalization" => Op::MeanVarianceNorm { axes: a.ints("axes")?.unwrap_or_else(|| vec![0, 2, 3]) },
                 "ArgMax" | "ArgMin" => Op::ArgReduce(ArgReduce {
@@ -619,7 +635,9 @@ impl Op {
                     keepdims: a.flag("keepdims", true)?,
                     select_last_index: a.flag("select_last_index", false)?,
                 }),
-                "CumSum" | "CumProd" => Op::Cumulative(Cumulative { prod: name == "CumProd", exclusive: a.flag("exclusive", false)?, reverse: a.flag("reverse", false)? }),
+                "CumSum" | "CumProd" => {
+                    Op::Cumulative(Cumulative { prod: name == "CumProd", exclusive: a.flag("exclusive", false)?, reverse: a.flag("reverse", false)? })
+                }
                 "TopK" => Op::TopK { axis: a.int("axis", -1)?, largest: a.flag("largest", true)?, sorted: a.flag("sorted", true)? },
                 "Reshape" => Op::Reshape { allowzero: a.flag("allowzero", false)? },
                 "Flatten" => Op::Flatten { axis: a.int("axis", 1)? },
@@ -632,7 +650,10 @@ impl Op {
                 "Gather" => Op::Gather { axis: a.int("axis", 0)? },
                 "GatherElements" => Op::GatherElements { axis: a.int("axis", 0)? },
                 "GatherND" => Op::GatherNd { batch_dims: a.size("batch_dims", 0)? },
-                "ScatterElements" => Op::ScatterElements { axis: a.int("axis", 0)?, reduction: a.named("reduction", ScatterReduction::None, ScatterReduction::from_name)? },
+                "ScatterElements" => Op::ScatterElements {
+                    axis: a.int("axis", 0)?,
+                    reduction: a.named("reduction", ScatterReduction::None, ScatterReduction::from_name)?,
+                },
                 "ScatterND" => Op::ScatterNd { reduction: a.named("reduction", ScatterReduction::None, ScatterReduction::from_name)? },
                 "Expand" => Op::Expand,
                 "Tile" => Op::Tile,
@@ -672,7 +693,8 @@ impl Op {
                 "ReverseSequence" => Op::ReverseSequence { batch_axis: a.size("batch_axis", 1)?, time_axis: a.size("time_axis", 0)? },
                 "Identity" => Op::Identity,
                 "RNN" | "GRU" | "LSTM" => {
-                    let activations = a.strings("activations")?.unwrap_or_default().iter().map(|s| activation_from_text(s)).collect::<Result<Vec<_>, _>>()?;
+                    let activations =
+                        a.strings("activations")?.unwrap_or_default().iter().map(|s| activation_from_text(s)).collect::<Result<Vec<_>, _>>()?;
                     let cell = match name {
                         "RNN" => RnnCell::Simple,
                         "GRU" => RnnCell::Gru { linear_before_reset: a.flag("linear_before_reset", false)? },

@@ -33,20 +33,44 @@ pub enum UnaryOp {
     Mish,
     HardSwish,
     /// `x * sigmoid(alpha * x)`.
-    Swish { alpha: f32 },
+    Swish {
+        alpha: f32,
+    },
     /// `approximate = "tanh"` uses the tanh formula.
-    Gelu { tanh: bool },
-    LeakyRelu { alpha: f32 },
-    Elu { alpha: f32 },
-    Selu { alpha: f32, gamma: f32 },
-    Celu { alpha: f32 },
-    HardSigmoid { alpha: f32, beta: f32 },
-    ThresholdedRelu { alpha: f32 },
-    Shrink { bias: f32, lambd: f32 },
+    Gelu {
+        tanh: bool,
+    },
+    LeakyRelu {
+        alpha: f32,
+    },
+    Elu {
+        alpha: f32,
+    },
+    Selu {
+        alpha: f32,
+        gamma: f32,
+    },
+    Celu {
+        alpha: f32,
+    },
+    HardSigmoid {
+        alpha: f32,
+        beta: f32,
+    },
+    ThresholdedRelu {
+        alpha: f32,
+    },
+    Shrink {
+        bias: f32,
+        lambd: f32,
+    },
     Not,
     BitwiseNot,
     IsNaN,
-    IsInf { detect_positive: bool, detect_negative: bool },
+    IsInf {
+        detect_positive: bool,
+        detect_negative: bool,
+    },
 }
 
 impl UnaryOp {
@@ -177,7 +201,9 @@ pub enum BinaryOp {
     Max,
     Min,
     /// `fmod = false`: the result takes the divisor's sign (Python `%`); `true`: C `fmod`.
-    Mod { fmod: bool },
+    Mod {
+        fmod: bool,
+    },
     /// `x` where `x >= 0`, else `slope * x`.
     PRelu,
     Equal,
@@ -263,10 +289,7 @@ impl BinaryOp {
     }
 
     pub fn is_comparison(self) -> bool {
-        matches!(
-            self,
-            BinaryOp::Equal | BinaryOp::Less | BinaryOp::LessOrEqual | BinaryOp::Greater | BinaryOp::GreaterOrEqual
-        )
+        matches!(self, BinaryOp::Equal | BinaryOp::Less | BinaryOp::LessOrEqual | BinaryOp::Greater | BinaryOp::GreaterOrEqual)
     }
 
     /// True when the result is `bool` (comparisons and logic).

@@ -212,9 +212,13 @@ pub struct Conv {
 pub enum PoolKind {
     Max,
     /// `count_include_pad`: padded cells count in the divisor.
-    Average { count_include_pad: bool },
+    Average {
+        count_include_pad: bool,
+    },
     /// The p-norm of the window.
-    Lp { p: u32 },
+    Lp {
+        p: u32,
+    },
 }
 
 /// `MaxPool` / `AveragePool` / `LpPool` attributes.

@@ -25,9 +25,7 @@ impl AutoPad {
     }
 
     pub fn from_name(s: &str) -> Option<AutoPad> {
-        [AutoPad::NotSet, AutoPad::SameUpper, AutoPad::SameLower, AutoPad::Valid]
-            .into_iter()
-            .find(|p| p.name() == s)
+        [AutoPad::NotSet, AutoPad::SameUpper, AutoPad::SameLower, AutoPad::Valid].into_iter().find(|p| p.name() == s)
     }
 }
 
@@ -51,7 +49,6 @@ impl Window {
         self.strides.len()
     }
 }
-
 
 /// One spatial axis of a window resolved against a concrete input size.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -116,9 +113,7 @@ impl Window {
         };
         let padded = input + pad_begin + pad_end;
         if padded < extent {
-            return Err(format!(
-                "the window ({extent} wide with dilation) does not fit the padded input ({padded}) on spatial axis {i}"
-            ));
+            return Err(format!("the window ({extent} wide with dilation) does not fit the padded input ({padded}) on spatial axis {i}"));
         }
         let span = padded - extent;
         let mut output = if ceil_mode { span.div_ceil(stride) + 1 } else { span / stride + 1 };

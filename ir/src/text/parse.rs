@@ -457,8 +457,14 @@ impl Parser {
                     .collect::<Result<Vec<bool>>>()?;
                 Tensor::from_vec(&dims, v)
             }
-            DType::I64 => Tensor::from_vec(&dims, items.iter().map(|t| num(t).and_then(|s| s.parse::<i64>().ok()).ok_or_else(|| bad(t))).collect::<Result<Vec<i64>>>()?),
-            DType::U64 => Tensor::from_vec(&dims, items.iter().map(|t| num(t).and_then(|s| s.parse::<u64>().ok()).ok_or_else(|| bad(t))).collect::<Result<Vec<u64>>>()?),
+            DType::I64 => Tensor::from_vec(
+                &dims,
+                items.iter().map(|t| num(t).and_then(|s| s.parse::<i64>().ok()).ok_or_else(|| bad(t))).collect::<Result<Vec<i64>>>()?,
+            ),
+            DType::U64 => Tensor::from_vec(
+                &dims,
+                items.iter().map(|t| num(t).and_then(|s| s.parse::<u64>().ok()).ok_or_else(|| bad(t))).collect::<Result<Vec<u64>>>()?,
+            ),
             d if d.is_float() => {
                 let v = items.iter().map(|t| float(t).ok_or_else(|| bad(t))).collect::<Result<Vec<f64>>>()?;
                 if d == DType::F64 {

@@ -88,7 +88,13 @@ fn the_cifar_cnn_traces_to_the_expected_shapes() {
     assert_eq!(shape("conv2"), "f32[4,16,10,10]");
     assert_eq!(shape("flatten"), "f32[4,400]");
     assert_eq!(shape("fc3"), "f32[4,10]");
-    let params: usize = graph.nodes().filter_map(|(_, n)| match &n.op { kiln_ir::Op::Constant(t) => Some(t.len()), _ => None }).sum();
+    let params: usize = graph
+        .nodes()
+        .filter_map(|(_, n)| match &n.op {
+            kiln_ir::Op::Constant(t) => Some(t.len()),
+            _ => None,
+        })
+        .sum();
     assert_eq!(params, 62006, "the tutorial CNN's parameter count");
 }
 
@@ -137,10 +143,16 @@ fn the_cifar_cnn_matches_a_hand_written_forward_pass() {
         out
     };
     let fc = |input: &[f64], w: &[f64], b: &[f64], relu: bool| {
-        (0..b.len()).map(|o| {
-            let v = b[o] + input.iter().enumerate().map(|(i, x)| x * w[o * input.len() + i]).sum::<f64>();
-            if relu { v.max(0.0) } else { v }
-        }).collect::<Vec<f64>>()
+        (0..b.len())
+            .map(|o| {
+                let v = b[o] + input.iter().enumerate().map(|(i, x)| x * w[o * input.len() + i]).sum::<f64>();
+                if relu {
+                    v.max(0.0)
+                } else {
+                    v
+                }
+            })
+            .collect::<Vec<f64>>()
     };
     let h = pool_relu(&conv(&x.to_f64s(), 3, 32, &weight("conv1.weight"), &weight("conv1.bias"), 6), 6, 28);
     let h = pool_relu(&conv(&h, 6, 14, &weight("conv2.weight"), &weight("conv2.bias"), 16), 16, 10);

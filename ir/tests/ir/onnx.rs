@@ -159,7 +159,13 @@ fn a_tensor_whose_data_does_not_match_its_type_is_an_error() {
     assert_eq!(load(&bytes).unwrap_err().to_string(), "tensor `w`: f32[3] needs 3 values, the file holds 0");
     let mut raw = f32_init("w", &[3], &[]);
     raw.raw_data = Some(vec![0; 11]);
-    let bytes = model(17, vec![node("Mul", "mul", &["x", "w"], &["y"], vec![])], vec![value("x", data_type::FLOAT, &[3])], vec![value("y", data_type::FLOAT, &[3])], vec![raw]);
+    let bytes = model(
+        17,
+        vec![node("Mul", "mul", &["x", "w"], &["y"], vec![])],
+        vec![value("x", data_type::FLOAT, &[3])],
+        vec![value("y", data_type::FLOAT, &[3])],
+        vec![raw],
+    );
     assert_eq!(load(&bytes).unwrap_err().to_string(), "tensor `w`: f32[3] needs 12 bytes of raw data, the file holds 11");
 }
 
@@ -167,10 +173,17 @@ fn a_tensor_whose_data_does_not_match_its_type_is_an_error() {
 fn external_data_is_read_beside_the_model_and_its_absence_is_named() {
     let dir = std::env::temp_dir().join(format!("kiln-onnx-external-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let mut w = TensorProto { name: Some("w".into()), dims: vec![3], data_type: Some(data_type::FLOAT), data_location: Some(1), ..Default::default() };
+    let mut w =
+        TensorProto { name: Some("w".into()), dims: vec![3], data_type: Some(data_type::FLOAT), data_location: Some(1), ..Default::default() };
     let entry = |k: &str, v: &str| StringStringEntryProto { key: Some(k.into()), value: Some(v.into()) };
     w.external_data = vec![entry("location", "model.onnx.data"), entry("offset", "4"), entry("length", "12")];
-    let bytes = model(17, vec![node("Mul", "mul", &["x", "w"], &["y"], vec![])], vec![value("x", data_type::FLOAT, &[3])], vec![value("y", data_type::FLOAT, &[3])], vec![w]);
+    let bytes = model(
+        17,
+        vec![node("Mul", "mul", &["x", "w"], &["y"], vec![])],
+        vec![value("x", data_type::FLOAT, &[3])],
+        vec![value("y", data_type::FLOAT, &[3])],
+        vec![w],
+    );
     std::fs::write(dir.join("model.onnx"), &bytes).unwrap();
     let e = onnx::load(dir.join("model.onnx")).unwrap_err().to_string();
     assert!(e.contains("tensor `w`: cannot read external data file") && e.contains("model.onnx.data"), "{e}");
@@ -219,26 +232,56 @@ fn shape_errors_name_the_onnx_node() {
 fn attributes_that_became_operands_are_rewritten() {
     // Opset 6 Clip (bounds as attributes), opset 11 Split (sizes as an attribute), opset 12
     // ReduceSum (axes as an attribute), opset 4 Reshape (shape as an attribute).
-    let clip = model(6, vec![node("Clip", "c", &["x"], &["y"], vec![float("min", -1.0), float("max", 2.0)])], vec![value("x", data_type::FLOAT, &[3])], vec![value("y", data_type::FLOAT, &[3])], vec![]);
+    let clip = model(
+        6,
+        vec![node("Clip", "c", &["x"], &["y"], vec![float("min", -1.0), float("max", 2.0)])],
+        vec![value("x", data_type::FLOAT, &[3])],
+        vec![value("y", data_type::FLOAT, &[3])],
+        vec![],
+    );
     let m = load(&clip).unwrap();
     assert_close(&eval::run(&m.graph, &[f32s(&[3], &[-5., 0.5, 9.])]).unwrap()[0], &[3], &[-1., 0.5, 2.], 0.0);
 
-    let split = model(11, vec![node("Split", "s", &["x"], &["a", "b"], vec![int("axis", 0), ints("split", &[1, 2])])], vec![value("x", data_type::FLOAT, &[3])], vec![value("b", data_type::FLOAT, &[2])], vec![]);
+    let split = model(
+        11,
+        vec![node("Split", "s", &["x"], &["a", "b"], vec![int("axis", 0), ints("split", &[1, 2])])],
+        vec![value("x", data_type::FLOAT, &[3])],
+        vec![value("b", data_type::FLOAT, &[2])],
+        vec![],
+    );
     let m = load(&split).unwrap();
     assert_close(&eval::run(&m.graph, &[f32s(&[3], &[1., 2., 3.])]).unwrap()[0], &[2], &[2., 3.], 0.0);
 
-    let reduce = model(12, vec![node("ReduceSum", "r", &["x"], &["y"], vec![ints("axes", &[1]), int("keepdims", 0)])], vec![value("x", data_type::FLOAT, &[2, 2])], vec![value("y", data_type::FLOAT, &[2])], vec![]);
+    let reduce = model(
+        12,
+        vec![node("ReduceSum", "r", &["x"], &["y"], vec![ints("axes", &[1]), int("keepdims", 0)])],
+        vec![value("x", data_type::FLOAT, &[2, 2])],
+        vec![value("y", data_type::FLOAT, &[2])],
+        vec![],
+    );
     let m = load(&reduce).unwrap();
     assert_close(&eval::run(&m.graph, &[f32s(&[2, 2], &[1., 2., 3., 4.])]).unwrap()[0], &[2], &[3., 7.], 0.0);
 
-    let reshape = model(4, vec![node("Reshape", "r", &["x"], &["y"], vec![ints("shape", &[4])])], vec![value("x", data_type::FLOAT, &[2, 2])], vec![value("y", data_type::FLOAT, &[4])], vec![]);
+    let reshape = model(
+        4,
+        vec![node("Reshape", "r", &["x"], &["y"], vec![ints("shape", &[4])])],
+        vec![value("x", data_type::FLOAT, &[2, 2])],
+        vec![value("y", data_type::FLOAT, &[4])],
+        vec![],
+    );
     assert_eq!(load(&reshape).unwrap().graph.value_type(load(&reshape).unwrap().graph.outputs()[0].1).to_string(), "f32[4]");
 }
 
 #[test]
 fn old_softmax_normalises_the_flattened_input() {
     // Opset 11 Softmax with axis 1 on [2, 2, 2]: over the last four elements of each batch row.
-    let bytes = model(11, vec![node("Softmax", "s", &["x"], &["y"], vec![int("axis", 1)])], vec![value("x", data_type::FLOAT, &[2, 2, 2])], vec![value("y", data_type::FLOAT, &[2, 2, 2])], vec![]);
+    let bytes = model(
+        11,
+        vec![node("Softmax", "s", &["x"], &["y"], vec![int("axis", 1)])],
+        vec![value("x", data_type::FLOAT, &[2, 2, 2])],
+        vec![value("y", data_type::FLOAT, &[2, 2, 2])],
+        vec![],
+    );
     let m = load(&bytes).unwrap();
     let y = eval::run(&m.graph, &[Tensor::zeros(DType::F32, &[2, 2, 2])]).unwrap();
     assert_close(&y[0], &[2, 2, 2], &[0.25; 8], 1e-7);
@@ -249,7 +292,12 @@ fn variadic_ops_and_cast_like() {
     let bytes = model(
         17,
         vec![node("Mean", "m", &["a", "b", "c"], &["mean"], vec![]), node("CastLike", "c2", &["mean", "i"], &["y"], vec![])],
-        vec![value("a", data_type::FLOAT, &[2]), value("b", data_type::FLOAT, &[2]), value("c", data_type::FLOAT, &[2]), value("i", data_type::INT32, &[1])],
+        vec![
+            value("a", data_type::FLOAT, &[2]),
+            value("b", data_type::FLOAT, &[2]),
+            value("c", data_type::FLOAT, &[2]),
+            value("i", data_type::INT32, &[1]),
+        ],
         vec![value("y", data_type::INT32, &[2])],
         vec![],
     );

@@ -37,7 +37,12 @@ fn gemm_transposes_scales_and_broadcasts_c() {
 
 fn conv_op(strides: usize, pad: usize, dilation: usize, group: usize, spatial: usize) -> Op {
     Op::Conv(Conv {
-        window: Window { strides: vec![strides; spatial], dilations: vec![dilation; spatial], pads: vec![pad; 2 * spatial], auto_pad: AutoPad::NotSet },
+        window: Window {
+            strides: vec![strides; spatial],
+            dilations: vec![dilation; spatial],
+            pads: vec![pad; 2 * spatial],
+            auto_pad: AutoPad::NotSet,
+        },
         group,
     })
 }
@@ -90,12 +95,26 @@ fn pooling_values_padding_and_ceil_mode() {
     // A padded corner window sees 1, 2, 4, 5: divided by the 4 real cells, or by all 9.
     let x = f32s(&[1, 1, 3, 3], &[1., 2., 3., 4., 5., 6., 7., 8., 9.]);
     let corner = |count_include_pad| {
-        let op = Op::Pool(Pool { kind: PoolKind::Average { count_include_pad }, kernel: vec![3, 3], window: Window { pads: vec![1; 4], ..Window::unit(2) }, ceil_mode: false, column_major_indices: false });
+        let op = Op::Pool(Pool {
+            kind: PoolKind::Average { count_include_pad },
+            kernel: vec![3, 3],
+            window: Window { pads: vec![1; 4], ..Window::unit(2) },
+            ceil_mode: false,
+            column_major_indices: false,
+        });
         run_traced(&[x.clone()], |g, v| g.apply(op.clone(), &[Some(v[0])], 1)[0]).to_f64s()[0]
     };
     assert_eq!(corner(false), 3.0);
     assert!((corner(true) - 12.0 / 9.0).abs() < 1e-6);
-    let pool = |ceil_mode| Op::Pool(Pool { kind: PoolKind::Max, kernel: vec![2, 2], window: Window { strides: vec![2, 2], ..Window::unit(2) }, ceil_mode, column_major_indices: false });
+    let pool = |ceil_mode| {
+        Op::Pool(Pool {
+            kind: PoolKind::Max,
+            kernel: vec![2, 2],
+            window: Window { strides: vec![2, 2], ..Window::unit(2) },
+            ceil_mode,
+            column_major_indices: false,
+        })
+    };
     assert_eq!(traced_type(&[(DType::F32, &[1, 1, 5, 5])], |g, v| g.apply(pool(false), &[Some(v[0])], 1)[0]), Ok("f32[1,1,2,2]".into()));
     assert_eq!(traced_type(&[(DType::F32, &[1, 1, 5, 5])], |g, v| g.apply(pool(true), &[Some(v[0])], 1)[0]), Ok("f32[1,1,3,3]".into()));
 }

@@ -119,7 +119,10 @@ fn constant_of_shape_rejects_bad_shapes_and_values() {
     };
     let one = Tensor::vector(&[1f32]);
     assert_eq!(err(one.clone(), Tensor::vector(&[2i64, -1])), "node `constantofshape` (ConstantOfShape): shape [2, -1] has a negative size");
-    assert_eq!(err(Tensor::vector(&[1f32, 2.]), Tensor::vector(&[2i64])), "node `constantofshape` (ConstantOfShape): value must hold one element, got f32[2]");
+    assert_eq!(
+        err(Tensor::vector(&[1f32, 2.]), Tensor::vector(&[2i64])),
+        "node `constantofshape` (ConstantOfShape): value must hold one element, got f32[2]"
+    );
     assert_eq!(
         err(one.clone(), Tensor::from_vec(&[1, 2], vec![2i64, 2]).unwrap()),
         "node `constantofshape` (ConstantOfShape): the shape operand must be 1-D, got i64[1,2]"
@@ -178,7 +181,9 @@ fn range_length_is_symbolic_unless_the_bounds_are_constant() {
     let s = (DType::I32, &[][..]);
     let ty = traced_type(&[s, s, s], |g, v| g.apply(Op::Range, &[Some(v[0]), Some(v[1]), Some(v[2])], 1)[0]);
     assert_eq!(ty, Ok("i32[\"range.d0\"]".into()));
-    let y = run_traced(&[Tensor::scalar(2i32), Tensor::scalar(-3i32), Tensor::scalar(-2i32)], |g, v| g.apply(Op::Range, &[Some(v[0]), Some(v[1]), Some(v[2])], 1)[0]);
+    let y = run_traced(&[Tensor::scalar(2i32), Tensor::scalar(-3i32), Tensor::scalar(-2i32)], |g, v| {
+        g.apply(Op::Range, &[Some(v[0]), Some(v[1]), Some(v[2])], 1)[0]
+    });
     assert_eq!(y.as_slice::<i32>().unwrap(), &[2, 0, -2]);
 }
 
@@ -311,7 +316,8 @@ fn cumulative_along_an_axis_of_a_matrix() {
     let y = cumulative(x, cum(true, true, true), Tensor::scalar(1i32)).unwrap();
     assert_close(&y, &[2, 3], &[6., 3., 1., 30., 6., 1.], 0.0);
     // The axis may be a run-time value; the type is x's anyway.
-    let y = run_traced(&[Tensor::vector(&[2i32, 3, 4]), Tensor::scalar(0i64)], |g, v| g.apply(cum(true, false, false), &[Some(v[0]), Some(v[1])], 1)[0]);
+    let y =
+        run_traced(&[Tensor::vector(&[2i32, 3, 4]), Tensor::scalar(0i64)], |g, v| g.apply(cum(true, false, false), &[Some(v[0]), Some(v[1])], 1)[0]);
     assert_eq!(y.as_slice::<i32>().unwrap(), &[2, 6, 24]);
 }
 
@@ -420,7 +426,8 @@ fn top_k_shapes_and_errors() {
     // ...and its value is checked when known.
     let e = try_run(&[f32s(&[2], &[1., 2.]), Tensor::vector(&[3i64])], |g, v| g.apply(topk(0, true), &[Some(v[0]), Some(v[1])], 2)[0]).unwrap_err();
     assert_eq!(e, "evaluating node `topk` (TopK): k 3 exceeds axis 0 of f32[2]");
-    let e = try_run(&[f32s(&[2], &[1., 2.]), Tensor::vector(&[1i64, 1])], |g, v| g.apply(topk(0, true), &[Some(v[0]), Some(v[1])], 2)[0]).unwrap_err();
+    let e =
+        try_run(&[f32s(&[2], &[1., 2.]), Tensor::vector(&[1i64, 1])], |g, v| g.apply(topk(0, true), &[Some(v[0]), Some(v[1])], 2)[0]).unwrap_err();
     assert_eq!(e, "node `topk` (TopK): k must hold one value, got i64[2]");
 }
 
@@ -525,7 +532,10 @@ fn einsum_rejects_bad_equations() {
     assert_eq!(e("i1->i", &[f32s(&[2, 3], &[0.; 6])]), format!("{p}term `i1` has the invalid character '1'"));
     assert_eq!(e("...i...->i", &[a()]), format!("{p}term `...i...` has more than one `...`"));
     assert_eq!(e("...i,...i->...i", &[a(), f32s(&[4, 3], &[0.; 12])]), format!("{p}the `...` dimensions [2] and [4] (operand 1) do not broadcast"));
-    assert_eq!(e("i,i", &[f32s(&[2], &[0.; 2]), Tensor::vector(&[1i32, 2])]), format!("{p}all operands must have the same element type, got f32[2] and i32[2]"));
+    assert_eq!(
+        e("i,i", &[f32s(&[2], &[0.; 2]), Tensor::vector(&[1i32, 2])]),
+        format!("{p}all operands must have the same element type, got f32[2] and i32[2]")
+    );
     assert_eq!(e("i", &[Tensor::vector(&[true])]), format!("{p}needs numeric operands, got operand 0 bool[1]"));
 }
 

@@ -336,7 +336,10 @@ fn negative_pads_crop_before_padding() {
 fn pad_with_axes_and_an_integer_value() {
     // onnxruntime: Pad(x, pads=[2, -1], value=-7, axes=[-1]).
     let x = Tensor::from_slice(&[2, 3], &[1i32, 2, 3, 4, 5, 6]).unwrap();
-    let y = run(Op::Pad { mode: PadMode::Constant }, vec![A::In(x), A::K(Tensor::vector(&[2i64, -1])), A::K(Tensor::scalar(-7i32)), A::K(Tensor::vector(&[-1i64]))]);
+    let y = run(
+        Op::Pad { mode: PadMode::Constant },
+        vec![A::In(x), A::K(Tensor::vector(&[2i64, -1])), A::K(Tensor::scalar(-7i32)), A::K(Tensor::vector(&[-1i64]))],
+    );
     assert_eq!((y.dims(), vals::<i32>(&y)), (&[2, 4][..], vec![-7, -7, 1, 2, -7, -7, 4, 5]));
 }
 

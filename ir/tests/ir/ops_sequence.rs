@@ -259,7 +259,8 @@ fn rnn_shape_errors_name_the_shapes() {
     let two = Op::Rnn(Rnn { activations: vec![UnaryOp::Tanh, UnaryOp::Tanh], ..rnn(RnnCell::Simple, RnnDirection::Forward, 4) });
     let e = types(two, &[Some((F, "5,2,3")), Some((F, "1,4,3")), Some((F, "1,4,4"))], 1).unwrap_err();
     assert!(e.contains("RNN takes 1 activation(s) per direction, 1 for 1 direction(s); got 2"), "{e}");
-    let e = types(Op::Rnn(rnn(RnnCell::Simple, RnnDirection::Forward, 4)), &[Some((F, "5,3")), Some((F, "1,4,3")), Some((F, "1,4,4"))], 1).unwrap_err();
+    let e =
+        types(Op::Rnn(rnn(RnnCell::Simple, RnnDirection::Forward, 4)), &[Some((F, "5,3")), Some((F, "1,4,3")), Some((F, "1,4,4"))], 1).unwrap_err();
     assert!(e.contains("X must be 3-D [seq, batch, input], got f32[5,3]"), "{e}");
 }
 

@@ -179,7 +179,10 @@ fn conv_transpose_errors_name_the_shapes() {
     assert_err(op_type(&plain, &[(f, &[1, 3, 4, 4]), (f, &[2, 1, 3, 3])]), "input f32[1,3,4,4] has 3 channels but weight f32[2,1,3,3] is for 2");
     let mut grouped = conv_t(&[1, 1], &[], AutoPad::NotSet);
     grouped.group = 2;
-    assert_err(op_type(&Op::ConvTranspose(grouped), &[(f, &[1, 3, 4, 4]), (f, &[3, 1, 3, 3])]), "3 input channels of f32[1,3,4,4] do not split into 2 groups");
+    assert_err(
+        op_type(&Op::ConvTranspose(grouped), &[(f, &[1, 3, 4, 4]), (f, &[3, 1, 3, 3])]),
+        "3 input channels of f32[1,3,4,4] do not split into 2 groups",
+    );
     assert_err(op_type(&plain, &[(f, &[1, 2, 4, 4]), (f, &[2, 1, 3, 3]), (f, &[2])]), "bias must be [M] = [1], got f32[2]");
     assert_err(op_type(&plain, &[(f, &[1, 2, 4]), (f, &[2, 1, 3, 3])]), "must have the same rank of 3 or more");
     let cut = Op::ConvTranspose(conv_t(&[1], &[2, 2], AutoPad::NotSet));
@@ -196,7 +199,13 @@ fn pool(kind: PoolKind, kernel: &[usize], strides: &[usize], pads: &[usize]) -> 
     let n = kernel.len();
     let strides = if strides.is_empty() { vec![1; n] } else { strides.to_vec() };
     let pads = if pads.is_empty() { vec![0; 2 * n] } else { pads.to_vec() };
-    Pool { kind, kernel: kernel.to_vec(), window: Window { strides, dilations: vec![1; n], pads, auto_pad: AutoPad::NotSet }, ceil_mode: false, column_major_indices: false }
+    Pool {
+        kind,
+        kernel: kernel.to_vec(),
+        window: Window { strides, dilations: vec![1; n], pads, auto_pad: AutoPad::NotSet },
+        ceil_mode: false,
+        column_major_indices: false,
+    }
 }
 
 #[test]
@@ -343,12 +352,8 @@ fn instance_and_group_norm() {
     assert_close(&y, &[1, 2, 1, 2], &[2. * n[0], 2. * n[1], n[2] + 10., n[3] + 10.], 1e-6);
     // Four channels in two groups of two (from onnx.reference, opset 21).
     let x = f32s(&[1, 4, 3, 2], &(0..24).map(|v| (v as f32).powf(1.5)).collect::<Vec<_>>());
-    let y = run_op(
-        &Op::GroupNorm { num_groups: 2, epsilon: 1e-5 },
-        &[x, f32s(&[4], &[1., 2., -1., 0.5]), f32s(&[4], &[0., 1., 0., -1.])],
-        1,
-    )
-    .remove(0);
+    let y =
+        run_op(&Op::GroupNorm { num_groups: 2, epsilon: 1e-5 }, &[x, f32s(&[4], &[1., 2., -1., 0.5]), f32s(&[4], &[0., 1., 0., -1.])], 1).remove(0);
     #[rustfmt::skip]
     let want = [-1.2612990140914917, -1.1768159866333008, -1.022344708442688, -0.8223118782043457, -0.5854341387748718, -0.31674909591674805,
         0.9606882929801941, 1.6067001819610596, 2.300671339035034, 3.039490222930908, 3.8205831050872803, 4.641775131225586,
@@ -367,7 +372,10 @@ fn rms_norm_over_trailing_axes_with_broadcast_scale() {
     let y = run_op(&Op::RmsNorm { axis: 0, epsilon: 1.0 }, &[x, f32s(&[2, 1], &[1., 2.])], 1).remove(0);
     let r = (6.25f64 + 1.0).sqrt();
     assert_close(&y, &[2, 2], &[3. / r, 4. / r, 0., 0.], 1e-6);
-    assert_err(op_type(&Op::RmsNorm { axis: -1, epsilon: 0.0 }, &[(DType::F32, &[2, 3]), (DType::F32, &[2])]), "scale f32[2] does not broadcast to the input f32[2,3]");
+    assert_err(
+        op_type(&Op::RmsNorm { axis: -1, epsilon: 0.0 }, &[(DType::F32, &[2, 3]), (DType::F32, &[2])]),
+        "scale f32[2] does not broadcast to the input f32[2,3]",
+    );
     assert_err(op_type(&Op::RmsNorm { axis: 2, epsilon: 0.0 }, &[(DType::F32, &[2, 3]), (DType::F32, &[3])]), "axis 2 is out of range for f32[2,3]");
 }
 
@@ -565,9 +573,8 @@ fn resize_shapes_known_only_at_run_time() {
     let x = f32s(&[1, 1, 2, 2], &[1., 2., 3., 4.]);
     let scales = Tensor::vector(&[2f32, 3.]);
     let r = Resize { axes: vec![2, 3], ..Resize::default() };
-    let ty = traced_type(&[(DType::F32, &[1, 1, 2, 2]), (DType::F32, &[2])], |g, v| {
-        g.apply(Op::Resize(r.clone()), &[Some(v[0]), None, Some(v[1])], 1)[0]
-    });
+    let ty =
+        traced_type(&[(DType::F32, &[1, 1, 2, 2]), (DType::F32, &[2])], |g, v| g.apply(Op::Resize(r.clone()), &[Some(v[0]), None, Some(v[1])], 1)[0]);
     assert_eq!(ty, Ok("f32[1,1,\"resize.d2\",\"resize.d3\"]".into()));
     let y = run_traced(&[x, scales], |g, v| g.apply(Op::Resize(r.clone()), &[Some(v[0]), None, Some(v[1])], 1)[0]);
     assert_eq!(y.dims(), &[1, 1, 4, 6]);

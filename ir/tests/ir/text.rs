@@ -119,7 +119,11 @@ fn random_graph(dims: &[usize], steps: &[Step], wide: bool) -> kiln_ir::Graph {
             Step::Unary(a, u) => pick(&values, a).unary(UNARY[u as usize % UNARY.len()]),
             Step::Binary(a, b, op) => {
                 let (x, y) = (pick(&values, a), pick(&values, b));
-                if x.ty() == y.ty() { x.binary(BINARY[op as usize % BINARY.len()], y) } else { x + x }
+                if x.ty() == y.ty() {
+                    x.binary(BINARY[op as usize % BINARY.len()], y)
+                } else {
+                    x + x
+                }
             }
             Step::Constant(a, seed) => {
                 let x = pick(&values, a);
@@ -130,7 +134,11 @@ fn random_graph(dims: &[usize], steps: &[Step], wide: bool) -> kiln_ir::Graph {
             Step::Reduce(a, axis, keep) => {
                 let x = pick(&values, a);
                 let r = x.ty().unwrap().rank();
-                if r == 0 { x.relu() } else { x.reduce(ReduceKind::ALL[axis as usize % 4], &[(axis as usize % r) as i64], keep) }
+                if r == 0 {
+                    x.relu()
+                } else {
+                    x.reduce(ReduceKind::ALL[axis as usize % 4], &[(axis as usize % r) as i64], keep)
+                }
             }
             Step::Transpose(a) => {
                 let x = pick(&values, a);
@@ -140,11 +148,19 @@ fn random_graph(dims: &[usize], steps: &[Step], wide: bool) -> kiln_ir::Graph {
             Step::Reshape(a) => pick(&values, a).reshape(&[-1]),
             Step::Concat(a) => {
                 let x = pick(&values, a);
-                if x.ty().unwrap().rank() == 0 { x.neg() } else { g.concat(&[x, x], 0) }
+                if x.ty().unwrap().rank() == 0 {
+                    x.neg()
+                } else {
+                    g.concat(&[x, x], 0)
+                }
             }
             Step::Softmax(a) => {
                 let x = pick(&values, a);
-                if x.ty().unwrap().rank() == 0 { x.exp() } else { x.softmax(-1) }
+                if x.ty().unwrap().rank() == 0 {
+                    x.exp()
+                } else {
+                    x.softmax(-1)
+                }
             }
             Step::Split(a) => {
                 let x = pick(&values, a);
@@ -155,7 +171,11 @@ fn random_graph(dims: &[usize], steps: &[Step], wide: bool) -> kiln_ir::Graph {
             }
             Step::MatMulT(a) => {
                 let x = pick(&values, a);
-                if x.ty().unwrap().rank() == 2 { x.matmul(x.transpose(&[1, 0])) } else { x.tanh() }
+                if x.ty().unwrap().rank() == 2 {
+                    x.matmul(x.transpose(&[1, 0]))
+                } else {
+                    x.tanh()
+                }
             }
         };
         values.push(v);
