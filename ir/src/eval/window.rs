@@ -44,29 +44,36 @@ fn resolve(window: &Window, input: &[usize], kernel: &[usize], ceil_mode: bool) 
 /// The element offset in one [C, spatial...] image of each (kernel offset, output position), or
 /// `None` in the padding: an [n_kernel, n_out] table shared by every channel.
 fn offsets(axes: &[SpatialAxis]) -> (Vec<Option<usize>>, usize, usize) {
-    let tables = gather_tables(axes);
-    let in_strides = super::strides(&axes.iter().map(|a| a.input).collect::<Vec<_>>());
     let kdims: Vec<usize> = axes.iter().map(|a| a.kernel).collect();
     let odims: Vec<usize> = axes.iter().map(|a| a.output).collect();
-    let (nk, no) = (kdims.iter().product::<usize>(), odims.iter().product::<usize>());
-    let mut out = Vec::with_capacity(nk * no);
+    let in_dims: Vec<usize> = axes.iter().map(|a| a.input).collect();
+    let table = combine_tables(&gather_tables(axes), &super::strides(&in_dims), &kdims, &odims);
+    (table, kdims.iter().product(), odims.iter().product())
+}
+
+/// Flattens per-axis position tables (`per_axis[d][k][p]`: the position on axis `d` that kernel
+/// offset `k` and position `p` touch, or `None`) into one [n_kernel, n_positions] table of element
+/// offsets under `strides`; `None` where any axis is out of range.
+fn combine_tables(per_axis: &[Vec<Vec<Option<usize>>>], strides: &[usize], kdims: &[usize], pdims: &[usize]) -> Vec<Option<usize>> {
+    let (nk, np) = (kdims.iter().product::<usize>(), pdims.iter().product::<usize>());
+    let mut out = Vec::with_capacity(nk * np);
     let mut k = vec![0; kdims.len()];
     for _ in 0..nk {
-        let mut o = vec![0; odims.len()];
-        for _ in 0..no {
+        let mut p = vec![0; pdims.len()];
+        for _ in 0..np {
             let mut off = Some(0);
-            for d in 0..axes.len() {
-                off = match (off, tables[d][k[d]][o[d]]) {
-                    (Some(acc), Some(p)) => Some(acc + p * in_strides[d]),
+            for d in 0..per_axis.len() {
+                off = match (off, per_axis[d][k[d]][p[d]]) {
+                    (Some(acc), Some(q)) => Some(acc + q * strides[d]),
                     _ => None,
                 };
             }
             out.push(off);
-            advance(&mut o, &odims);
+            advance(&mut p, pdims);
         }
-        advance(&mut k, &kdims);
+        advance(&mut k, kdims);
     }
-    (out, nk, no)
+    out
 }
 
 pub(super) fn conv(c: &Conv, x: &Tensor, w: &Tensor, b: Option<&Tensor>, out: &[usize]) -> Result<Tensor, String> {
@@ -318,24 +325,5 @@ fn scatter_table(axes: &[TransposeAxis], idims: &[usize], kdims: &[usize], odims
                 .collect()
         })
         .collect();
-    let out_strides = super::strides(odims);
-    let (nk, ni) = (kdims.iter().product::<usize>(), idims.iter().product::<usize>());
-    let mut table = Vec::with_capacity(nk * ni);
-    let mut k = vec![0; kdims.len()];
-    for _ in 0..nk {
-        let mut i = vec![0; idims.len()];
-        for _ in 0..ni {
-            let mut off = Some(0);
-            for d in 0..axes.len() {
-                off = match (off, per_axis[d][k[d]][i[d]]) {
-                    (Some(acc), Some(p)) => Some(acc + p * out_strides[d]),
-                    _ => None,
-                };
-            }
-            table.push(off);
-            advance(&mut i, idims);
-        }
-        advance(&mut k, kdims);
-    }
-    table
+    combine_tables(&per_axis, &super::strides(odims), kdims, idims)
 }

@@ -16,18 +16,41 @@ fn spatial_out(window: &Window, x: &TensorType, kernel: &[Dim], ceil_mode: bool,
         .collect()
 }
 
-pub(super) fn conv(c: &Conv, ops: &Operands, ctx: &Ctx) -> Infer {
-    let (x, w) = (ops.get(0)?.ty, ops.get(1)?.ty);
+/// The checks Conv and ConvTranspose share: float input and weight of equal rank (3 or more) and
+/// a positive group count. `layout` names the weight's layout for the message.
+fn check_conv_operands(x: &TensorType, w: &TensorType, group: usize, layout: &str) -> Result<(), String> {
     same_dtype("input and weight", x, w)?;
     if !x.dtype.is_float() {
         return Err(format!("needs a float type, got {x}"));
     }
     if x.rank() < 3 || w.rank() != x.rank() {
-        return Err(format!("input [N, C, spatial...] and weight [M, C/group, kernel...] must have the same rank of 3 or more, got {x} and {w}"));
+        return Err(format!("input [N, C, spatial...] and weight {layout} must have the same rank of 3 or more, got {x} and {w}"));
     }
-    if c.group == 0 {
+    if group == 0 {
         return Err("group must be positive".into());
     }
+    Ok(())
+}
+
+/// An optional bias (operand 2) must be [M].
+fn check_bias(ops: &Operands, x: &TensorType, m: &Dim) -> Result<(), String> {
+    if let Some(b) = ops.opt(2) {
+        same_dtype("input and bias", x, b.ty)?;
+        let ok = b.ty.rank() == 1
+            && match (&b.ty.shape.0[0], m) {
+                (Dim::Fixed(a), Dim::Fixed(b)) => a == b,
+                _ => true,
+            };
+        if !ok {
+            return Err(format!("bias must be [M] = [{m}], got {}", b.ty));
+        }
+    }
+    Ok(())
+}
+
+pub(super) fn conv(c: &Conv, ops: &Operands, ctx: &Ctx) -> Infer {
+    let (x, w) = (ops.get(0)?.ty, ops.get(1)?.ty);
+    check_conv_operands(x, w, c.group, "[M, C/group, kernel...]")?;
     if let (Dim::Fixed(cin), Dim::Fixed(cw)) = (&x.shape.0[1], &w.shape.0[1]) {
         if *cin != cw * c.group {
             return Err(format!("input has {cin} channels but weight {w} with group {} expects {}", c.group, cw * c.group));
@@ -39,17 +62,7 @@ pub(super) fn conv(c: &Conv, ops: &Operands, ctx: &Ctx) -> Infer {
             return Err(format!("{m} output channels do not split into {} groups", c.group));
         }
     }
-    if let Some(b) = ops.opt(2) {
-        same_dtype("input and bias", x, b.ty)?;
-        let ok = b.ty.rank() == 1
-            && match (&b.ty.shape.0[0], &m) {
-                (Dim::Fixed(a), Dim::Fixed(b)) => a == b,
-                _ => true,
-            };
-        if !ok {
-            return Err(format!("bias must be [M] = [{m}], got {}", b.ty));
-        }
-    }
+    check_bias(ops, x, &m)?;
     let mut dims = vec![x.shape.0[0].clone(), m];
     dims.extend(spatial_out(&c.window, x, &w.shape.0[2..], false, ctx)?);
     Ok(vec![TensorType::new(x.dtype, Shape(dims))])
@@ -178,16 +191,7 @@ pub(crate) fn transpose_axis(c: &ConvTranspose, i: usize, spatial: usize, input:
 
 pub(super) fn conv_transpose(c: &ConvTranspose, ops: &Operands, ctx: &Ctx) -> Infer {
     let (x, w) = (ops.get(0)?.ty, ops.get(1)?.ty);
-    same_dtype("input and weight", x, w)?;
-    if !x.dtype.is_float() {
-        return Err(format!("needs a float type, got {x}"));
-    }
-    if x.rank() < 3 || w.rank() != x.rank() {
-        return Err(format!("input [N, C, spatial...] and weight [C, M/group, kernel...] must have the same rank of 3 or more, got {x} and {w}"));
-    }
-    if c.group == 0 {
-        return Err("group must be positive".into());
-    }
+    check_conv_operands(x, w, c.group, "[C, M/group, kernel...]")?;
     let spatial = x.rank() - 2;
     check_transpose_attrs(c, spatial)?;
     if let Dim::Fixed(cin) = x.shape.0[1] {
@@ -205,17 +209,7 @@ pub(super) fn conv_transpose(c: &ConvTranspose, ops: &Operands, ctx: &Ctx) -> In
         d if c.group == 1 => d.clone(),
         _ => ctx.fresh(1),
     };
-    if let Some(b) = ops.opt(2) {
-        same_dtype("input and bias", x, b.ty)?;
-        let ok = b.ty.rank() == 1
-            && match (&b.ty.shape.0[0], &m) {
-                (Dim::Fixed(a), Dim::Fixed(b)) => a == b,
-                _ => true,
-            };
-        if !ok {
-            return Err(format!("bias must be [M] = [{m}], got {}", b.ty));
-        }
-    }
+    check_bias(ops, x, &m)?;
     let mut dims = vec![x.shape.0[0].clone(), m];
     for i in 0..spatial {
         let d = match (&x.shape.0[2 + i], w.shape.0[2 + i].fixed()) {
