@@ -12,6 +12,17 @@ pub enum CompileError {
 
     #[error("{0}")]
     Usage(String),
+
+    /// Code generation or a target pipeline failed for a kernel.
+    #[error("compiling kernel `{kernel}` ({label}), stage {stage}: {msg}")]
+    Codegen { kernel: String, label: String, stage: &'static str, msg: String },
+
+    /// A kiln bug, not bad input.
+    #[error("internal error: {0}")]
+    Internal(String),
+
+    #[error(transparent)]
+    Runtime(#[from] kiln_runtime::RuntimeError),
 }
 
 pub type Result<T, E = CompileError> = std::result::Result<T, E>;

@@ -1,7 +1,16 @@
 //! kiln-compiler: graph passes, fusion, MLIR/LLVM codegen, targets, and the `kiln` CLI.
 
+mod artifact;
 pub mod cli;
+pub mod codegen;
+mod driver;
 mod error;
+pub mod fuse;
+mod options;
+pub mod passes;
+pub mod target;
 pub mod toolchain;
 
+pub use driver::{cache_dir, compile, jit, Compiled, Stages};
 pub use error::{CompileError, Result};
+pub use options::{Options, TargetKind};

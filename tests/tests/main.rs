@@ -1,3 +1,4 @@
 //! kiln's integration tests: one binary for everything that links MLIR/LLVM.
 
+mod compile;
 mod toolchain;

@@ -1,0 +1,167 @@
+//! Writes the artifact the runtime reads (the format's types are the runtime's): buffers for
+//! inputs, outputs, constants and views; the scratch arena planned from buffer lifetimes; the
+//! launches in order; the code and the constants in the payload.
+
+use std::collections::HashMap;
+
+use kiln_ir::{Graph, ValueId};
+use kiln_runtime::artifact::{Artifact, Blob, BufferDesc, BufferKind, KernelDesc, Launch, Manifest, Target, TensorDesc};
+
+use crate::fuse::{self, Partition};
+use crate::target::cpu::CompiledKernel;
+use crate::Result;
+
+const ALIGN: u64 = 64;
+
+fn align(n: u64) -> u64 {
+    n.div_ceil(ALIGN) * ALIGN
+}
+
+/// Assembles the artifact for compiled kernels.
+pub fn assemble(
+    graph: &Graph,
+    partition: &Partition,
+    compiled: &[CompiledKernel],
+    code: Vec<u8>,
+    target: Target,
+    target_detail: &str,
+) -> Result<Artifact> {
+    let mut payload = code;
+    let code_blob = Blob { offset: 0, len: payload.len() as u64 };
+    let mut buffers: Vec<BufferDesc> = Vec::new();
+    let mut buffer_of: HashMap<ValueId, usize> = HashMap::new();
+    let bytes_of = |v: ValueId| {
+        let t = graph.value_type(v);
+        (t.shape.numel().unwrap_or(0) * t.dtype.size()) as u64
+    };
+    // Inputs and outputs first, so the interface is easy to read in the manifest.
+    let mut inputs = Vec::new();
+    for (i, &id) in graph.inputs().iter().enumerate() {
+        let v = ValueId::from(id);
+        buffer_of.insert(v, buffers.len());
+        buffers.push(BufferDesc { bytes: bytes_of(v), kind: BufferKind::Input(i) });
+        inputs.push(desc(graph, &graph.node(id).name, v, buffers.len() - 1));
+    }
+    let mut outputs = Vec::new();
+    for (j, (name, v)) in graph.outputs().iter().enumerate() {
+        // A value listed twice as an output was given a copy kernel; the first listing is its own.
+        let b = buffers.len();
+        buffers.push(BufferDesc { bytes: bytes_of(*v), kind: BufferKind::Output(j) });
+        buffer_of.entry(*v).or_insert(b);
+        outputs.push(desc(graph, name, *v, b));
+    }
+    // Constants, views and scratch values, on first use by a kernel.
+    let mut scratch: Vec<(usize, usize, usize)> = Vec::new(); // (buffer, first kernel, last kernel)
+    for (k, kernel) in partition.kernels.iter().enumerate() {
+        for &v in kernel.inputs.iter().chain(&kernel.outputs) {
+            resolve(graph, partition, v, &mut buffers, &mut buffer_of, &mut payload, bytes_of, &mut scratch, k);
+        }
+        // Everything this kernel reads is live at least until now.
+        for &v in &kernel.inputs {
+            let src = fuse::resolve_view(&partition.views, v);
+            if let Some(&b) = buffer_of.get(&src) {
+                if let Some(s) = scratch.iter_mut().find(|s| s.0 == b) {
+                    s.2 = s.2.max(k);
+                }
+            }
+        }
+    }
+    let arena_bytes = plan_arena(&mut buffers, &scratch);
+    let mut launches = Vec::with_capacity(partition.kernels.len());
+    let mut kernels = Vec::with_capacity(compiled.len());
+    for (k, (kernel, c)) in partition.kernels.iter().zip(compiled).enumerate() {
+        let mut args: Vec<usize> = kernel.inputs.iter().map(|v| buffer_of[v]).collect();
+        for &v in &kernel.outputs {
+            // A copy kernel made for output j writes that output's own buffer.
+            let b = match kernel.copy_to_output {
+                Some(j) => outputs[j].buffer,
+                None => buffer_of[&v],
+            };
+            args.push(b);
+        }
+        kernels.push(KernelDesc { symbol: c.symbol.clone(), workgroups: c.workgroups, label: c.label.clone() });
+        launches.push(Launch { kernel: k, args });
+    }
+    let manifest = Manifest {
+        kiln_version: env!("CARGO_PKG_VERSION").to_string(),
+        model: graph.name.clone(),
+        target,
+        target_detail: target_detail.to_string(),
+        inputs,
+        outputs,
+        buffers,
+        kernels,
+        launches,
+        code: code_blob,
+        arena_bytes,
+    };
+    Ok(Artifact { manifest, payload })
+}
+
+fn desc(graph: &Graph, name: &str, v: ValueId, buffer: usize) -> TensorDesc {
+    let t = graph.value_type(v);
+    TensorDesc { name: name.to_string(), dtype: t.dtype.name().to_string(), dims: t.shape.as_fixed().unwrap_or_default(), buffer }
+}
+
+/// Gives `v` a buffer if it has none: a constant's data goes into the payload, a view aliases its
+/// source, anything else is scratch first written by kernel `k`.
+#[allow(clippy::too_many_arguments)]
+fn resolve(
+    graph: &Graph,
+    partition: &Partition,
+    v: ValueId,
+    buffers: &mut Vec<BufferDesc>,
+    buffer_of: &mut HashMap<ValueId, usize>,
+    payload: &mut Vec<u8>,
+    bytes_of: impl Fn(ValueId) -> u64 + Copy,
+    scratch: &mut Vec<(usize, usize, usize)>,
+    k: usize,
+) -> usize {
+    if let Some(&b) = buffer_of.get(&v) {
+        return b;
+    }
+    let src = fuse::resolve_view(&partition.views, v);
+    let b = if src != v {
+        let s = resolve(graph, partition, src, buffers, buffer_of, payload, bytes_of, scratch, k);
+        buffers.push(BufferDesc { bytes: bytes_of(v), kind: BufferKind::Alias { of: s, offset: 0 } });
+        buffers.len() - 1
+    } else if let Some(t) = graph.constant_value(v) {
+        payload.resize(align(payload.len() as u64) as usize, 0);
+        let blob = Blob { offset: payload.len() as u64, len: t.bytes().len() as u64 };
+        payload.extend_from_slice(t.bytes());
+        buffers.push(BufferDesc { bytes: blob.len, kind: BufferKind::Constant(blob) });
+        buffers.len() - 1
+    } else {
+        buffers.push(BufferDesc { bytes: bytes_of(v), kind: BufferKind::Scratch { offset: 0 } });
+        scratch.push((buffers.len() - 1, k, k));
+        buffers.len() - 1
+    };
+    buffer_of.insert(v, b);
+    b
+}
+
+/// Places scratch buffers in one arena so that buffers alive at the same time do not overlap:
+/// largest first, each at the lowest offset free for its lifetime. Returns the arena size.
+fn plan_arena(buffers: &mut [BufferDesc], scratch: &[(usize, usize, usize)]) -> u64 {
+    let mut order: Vec<&(usize, usize, usize)> = scratch.iter().collect();
+    order.sort_by_key(|(b, first, _)| (std::cmp::Reverse(buffers[*b].bytes), *first));
+    let mut placed: Vec<(u64, u64, usize, usize)> = Vec::new(); // (offset, size, first, last)
+    let mut total = 0;
+    for &&(b, first, last) in &order {
+        let size = align(buffers[b].bytes.max(1));
+        // Candidate offsets: 0 and the end of every placed buffer alive at the same time.
+        let mut overlapping: Vec<(u64, u64)> = placed.iter().filter(|p| p.2 <= last && first <= p.3).map(|p| (p.0, p.0 + p.1)).collect();
+        overlapping.sort();
+        let mut offset = 0;
+        for (start, end) in overlapping {
+            if offset + size <= start {
+                break;
+            }
+            offset = offset.max(end);
+        }
+        placed.push((offset, size, first, last));
+        buffers[b].kind = BufferKind::Scratch { offset };
+        total = total.max(offset + size);
+    }
+    total
+}

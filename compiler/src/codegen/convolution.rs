@@ -1,0 +1,186 @@
+//! Convolution: the input is padded (`tensor.pad`), then a contraction over input channels and
+//! the window computes each output; groups become an extra loop dimension (input, weight and
+//! output are expanded to expose it). 2-D convolutions without groups use the named
+//! `linalg.conv_2d_nchw_fchw`, which the CPU pipeline knows how to vectorise. Bias is an epilogue.
+
+use kiln_ir::op::Conv;
+use kiln_ir::{DType, NodeId, Op, ValueId};
+
+use super::mlir::{broadcast_map, fill, generic, named_linalg, pad, parse_attr, push, reshape};
+use super::scalar::{compute, ScalarBuilder};
+use super::Emitter;
+use crate::Result;
+use melior::ir::BlockLike;
+
+pub(super) fn emit(em: &mut Emitter, id: NodeId) -> Result<()> {
+    let Op::Conv(c) = em.graph.node(id).op.clone() else { unreachable!("dispatched by op") };
+    let operands = em.graph.operands(id);
+    let (x, w) = (operands[0].expect("conv x"), operands[1].expect("conv w"));
+    let bias = operands.get(2).copied().flatten();
+    let result = ValueId::from(id);
+    let (xd, wd, od) = (em.dims(x), em.dims(w), em.dims(result));
+    let dtype = em.ty(x).dtype;
+    if dtype != DType::F32 && dtype != DType::F64 {
+        return Err(em.unsupported(id, &format!("convolution of {dtype} is not supported natively")));
+    }
+    let spatial = xd.len() - 2;
+    // Resolve the padding the interpreter's way (auto_pad included).
+    let axes: Vec<_> = (0..spatial)
+        .map(|i| c.window.resolve(i, xd[2 + i], wd[2 + i], false))
+        .collect::<std::result::Result<_, String>>()
+        .map_err(|e| em.unsupported(id, &e))?;
+    let mut low = vec![0i64; 2];
+    let mut high = vec![0i64; 2];
+    let mut padded_dims = xd[..2].to_vec();
+    for a in &axes {
+        low.push(a.pad_begin as i64);
+        // Only as much end padding as the last window reads.
+        let need = (a.output - 1) * a.stride + (a.kernel - 1) * a.dilation + 1;
+        let hi = need.saturating_sub(a.input + a.pad_begin) as i64;
+        high.push(hi);
+        padded_dims.push(a.input + a.pad_begin + hi as usize);
+    }
+    let mut xv = em.value(x)?;
+    if low.iter().chain(&high).any(|&p| p != 0) {
+        let zero = em.scalar_constant(0.0, dtype)?;
+        let ty = em.tensor_type(&padded_dims, dtype)?;
+        xv = pad(em.ctx, em.loc, em.block, xv, &low, &high, zero, ty)?;
+    }
+    let wv = em.value(w)?;
+    let (ctx, loc) = (em.ctx, em.loc);
+    let out_ty = em.tensor_type(&od, dtype)?;
+    let zero = em.scalar_constant(0.0, dtype)?;
+    // Without a bias the convolution writes the kernel's destination directly.
+    let dest = if bias.is_none() { em.dest(result)? } else { em.empty(&od, dtype)? };
+    let conv = if spatial == 2 && c.group == 1 {
+        let init = fill(ctx, loc, em.block, zero, dest)?;
+        let strides = format!("dense<[{}, {}]> : tensor<2xi64>", axes[0].stride, axes[1].stride);
+        let dilations = format!("dense<[{}, {}]> : tensor<2xi64>", axes[0].dilation, axes[1].dilation);
+        push(
+            em.block,
+            named_linalg(
+                ctx,
+                loc,
+                "linalg.conv_2d_nchw_fchw",
+                &[xv, wv],
+                &[init],
+                out_ty,
+                &[("strides", parse_attr(ctx, &strides)?), ("dilations", parse_attr(ctx, &dilations)?)],
+            )?,
+        )
+    } else {
+        grouped(em, &c, xv, wv, &padded_dims, &wd, &od, &axes, dtype, dest)?
+    };
+    let t = match bias {
+        None => conv,
+        Some(b) => add_bias(em, conv, b, result, &od, dtype)?,
+    };
+    em.set(result, t);
+    Ok(())
+}
+
+/// The general N-d grouped convolution as one `linalg.generic` over
+/// (n, g, m, o..., c, k...) on group-expanded operands.
+#[allow(clippy::too_many_arguments)]
+fn grouped<'c, 'a>(
+    em: &mut Emitter<'c, 'a>,
+    c: &Conv,
+    xv: melior::ir::Value<'c, 'a>,
+    wv: melior::ir::Value<'c, 'a>,
+    xd: &[usize],
+    wd: &[usize],
+    od: &[usize],
+    axes: &[kiln_ir::op::SpatialAxis],
+    dtype: DType,
+    dest: melior::ir::Value<'c, 'a>,
+) -> Result<melior::ir::Value<'c, 'a>> {
+    let (ctx, loc) = (em.ctx, em.loc);
+    let g = c.group;
+    let s = xd.len() - 2;
+    let (cg, m) = (wd[1], wd[0]);
+    let mg = m / g;
+    // x [N, C, S..] -> [N, G, Cg, S..]; w [M, Cg, K..] -> [G, Mg, Cg, K..]; out [N, M, O..] -> [N, G, Mg, O..].
+    let expand = |em: &Emitter<'c, 'a>, v, dims: &[usize], at: usize, a: usize, b: usize| -> Result<melior::ir::Value<'c, 'a>> {
+        let mut out = dims.to_vec();
+        out.splice(at..at + 1, [a, b]);
+        let mut groups: Vec<Vec<usize>> = Vec::new();
+        let mut k = 0;
+        for i in 0..dims.len() {
+            if i == at {
+                groups.push(vec![k, k + 1]);
+                k += 2;
+            } else {
+                groups.push(vec![k]);
+                k += 1;
+            }
+        }
+        let ty = em.tensor_type(&out, dtype)?;
+        reshape(ctx, loc, em.block, true, v, &groups, &out, ty)
+    };
+    let x5 = expand(em, xv, xd, 1, g, cg)?;
+    let w5 = expand(em, wv, wd, 0, g, mg)?;
+    let zero = em.scalar_constant(0.0, dtype)?;
+    let init = fill(ctx, loc, em.block, zero, dest)?;
+    let o5 = expand(em, init, od, 1, g, mg)?;
+    // Loops: n, g, m, o_0..o_{s-1}, c, k_0..k_{s-1}.
+    let n_loops = 3 + s + 1 + s;
+    let d = |i: usize| format!("d{i}");
+    let (ln, lg, lm) = (0, 1, 2);
+    let lo = |i: usize| 3 + i;
+    let lc = 3 + s;
+    let lk = |i: usize| 4 + s + i;
+    let all = (0..n_loops).map(d).collect::<Vec<_>>().join(", ");
+    let mut x_idx = vec![d(ln), d(lg), d(lc)];
+    for (i, a) in axes.iter().enumerate() {
+        x_idx.push(format!("d{} * {} + d{} * {}", lo(i), a.stride, lk(i), a.dilation));
+    }
+    let mut w_idx = vec![d(lg), d(lm), d(lc)];
+    w_idx.extend((0..s).map(|i| d(lk(i))));
+    let mut o_idx = vec![d(ln), d(lg), d(lm)];
+    o_idx.extend((0..s).map(|i| d(lo(i))));
+    let map = |v: &[String]| format!("affine_map<({all}) -> ({})>", v.join(", "));
+    let mut iters = vec!["parallel"; 3 + s];
+    iters.extend(vec!["reduction"; 1 + s]);
+    let mut o5_dims = od.to_vec();
+    o5_dims.splice(1..2, [g, mg]);
+    let o5_ty = em.tensor_type(&o5_dims, dtype)?;
+    let gen = generic(ctx, loc, &[x5, w5], &[o5], &[map(&x_idx), map(&w_idx), map(&o_idx)], &iters, &[o5_ty], |body| {
+        let sb = ScalarBuilder { ctx, loc, block: body };
+        let t = compute(dtype);
+        let a = body.argument(0).expect("x").into();
+        let b = body.argument(1).expect("w").into();
+        let o = body.argument(2).expect("acc").into();
+        let p = sb.emit("arith.mulf", &[a, b], t)?;
+        Ok(vec![sb.emit("arith.addf", &[o, p], t)?])
+    })?;
+    let r = push(em.block, gen);
+    let mut groups: Vec<Vec<usize>> = vec![vec![0], vec![1, 2]];
+    groups.extend((0..s).map(|i| vec![3 + i]));
+    let ty = em.tensor_type(od, dtype)?;
+    reshape(ctx, loc, em.block, false, r, &groups, od, ty)
+}
+
+/// `conv + bias[m]`, writing the kernel destination.
+fn add_bias<'c, 'a>(
+    em: &mut Emitter<'c, 'a>,
+    conv: melior::ir::Value<'c, 'a>,
+    b: ValueId,
+    result: ValueId,
+    od: &[usize],
+    dtype: DType,
+) -> Result<melior::ir::Value<'c, 'a>> {
+    let rank = od.len();
+    let bv = em.value(b)?;
+    let dest = em.dest(result)?;
+    let id = broadcast_map(rank, od, od);
+    let bias_map = format!("affine_map<({}) -> (d1)>", super::mlir::dims_list(rank));
+    let ty = em.tensor_type(od, dtype)?;
+    let (ctx, loc) = (em.ctx, em.loc);
+    let g = generic(ctx, loc, &[conv, bv], &[dest], &[id.clone(), bias_map, id], &vec!["parallel"; rank], &[ty], |body| {
+        let sb = ScalarBuilder { ctx, loc, block: body };
+        let a = body.argument(0).expect("conv").into();
+        let c = body.argument(1).expect("bias").into();
+        Ok(vec![sb.emit("arith.addf", &[a, c], compute(dtype))?])
+    })?;
+    Ok(push(em.block, g))
+}

@@ -1,0 +1,235 @@
+//! Codegen: each kernel becomes one MLIR `func.func` on tensors (linalg, arith, math, tensor),
+//! op families in their own files.
+//!
+//! The function takes one memref per kernel input and output (static shapes), then the range of
+//! workgroups to run: `(%in..., %out..., %wg_begin: index, %wg_end: index)`. Inputs enter as
+//! `bufferization.to_tensor`; the op producing each output writes into the output buffer (its
+//! destination is the output memref as a tensor), and `materialize_in_destination` ends it, so
+//! bufferization works in place. The target pipeline tiles the result into workgroups.
+
+mod contraction;
+mod convolution;
+mod elementwise;
+pub mod mlir;
+mod movement;
+mod pooling;
+mod reduction;
+pub mod scalar;
+
+use std::collections::HashMap;
+
+use melior::dialect::func;
+use melior::ir::attribute::{StringAttribute, TypeAttribute};
+use melior::ir::r#type::FunctionType;
+use melior::ir::{Block, BlockLike, Location, Module, Region, RegionLike, Type, Value};
+use melior::Context;
+
+use kiln_ir::{DType, Graph, NodeId, Op, TensorType, ValueId};
+
+use crate::fuse::{self, Kernel};
+use crate::{CompileError, Result};
+use mlir::{op, parse_attr, parse_type, push, shaped};
+
+/// Emits one kernel's ops into its function body.
+pub struct Emitter<'c, 'a> {
+    pub ctx: &'c Context,
+    pub loc: Location<'c>,
+    pub block: &'a Block<'c>,
+    pub graph: &'a Graph,
+    kernel: &'a Kernel,
+    /// Tensor values by kiln value.
+    values: HashMap<ValueId, Value<'c, 'a>>,
+    /// The output memrefs by kiln value.
+    outputs: HashMap<ValueId, Value<'c, 'a>>,
+}
+
+impl<'c, 'a> Emitter<'c, 'a> {
+    pub fn ty(&self, v: ValueId) -> &'a TensorType {
+        self.graph.value_type(v)
+    }
+
+    pub fn dims(&self, v: ValueId) -> Vec<usize> {
+        self.ty(v).shape.as_fixed().expect("codegen sees static shapes")
+    }
+
+    /// `tensor<...>` type of a kiln type.
+    pub fn tensor_type(&self, dims: &[usize], d: DType) -> Result<Type<'c>> {
+        parse_type(self.ctx, &shaped("tensor", dims, d))
+    }
+
+    /// The tensor for operand `v` (a small constant is materialised here on first use).
+    pub fn value(&mut self, v: ValueId) -> Result<Value<'c, 'a>> {
+        if let Some(x) = self.values.get(&v) {
+            return Ok(*x);
+        }
+        if let Some(t) = self.graph.constant_value(v) {
+            let ty = self.tensor_type(t.dims(), t.dtype())?;
+            let c =
+                push(self.block, op(self.ctx, self.loc, "arith.constant", &[], &[ty], &[("value", parse_attr(self.ctx, &mlir::dense_literal(t))?)])?);
+            self.values.insert(v, c);
+            return Ok(c);
+        }
+        Err(CompileError::Internal(format!("kernel {}: value %{} is not available", self.kernel.name, self.graph.value_name(v))))
+    }
+
+    /// The destination tensor for result `v`: the output buffer when `v` leaves the kernel (so the
+    /// op writes it in place), else a fresh `tensor.empty`.
+    pub fn dest(&mut self, v: ValueId) -> Result<Value<'c, 'a>> {
+        let dims = self.dims(v);
+        let dtype = self.ty(v).dtype;
+        self.dest_of(v, &dims, dtype)
+    }
+
+    fn dest_of(&mut self, v: ValueId, dims: &[usize], dtype: DType) -> Result<Value<'c, 'a>> {
+        let ty = self.tensor_type(dims, dtype)?;
+        if let Some(&m) = self.outputs.get(&v) {
+            let unit = melior::ir::Attribute::unit(self.ctx);
+            return Ok(push(self.block, op(self.ctx, self.loc, "bufferization.to_tensor", &[m], &[ty], &[("restrict", unit), ("writable", unit)])?));
+        }
+        self.empty(dims, dtype)
+    }
+
+    /// `tensor.empty` of a shape.
+    pub fn empty(&self, dims: &[usize], dtype: DType) -> Result<Value<'c, 'a>> {
+        let ty = self.tensor_type(dims, dtype)?;
+        Ok(push(self.block, op(self.ctx, self.loc, "tensor.empty", &[], &[ty], &[])?))
+    }
+
+    /// A scalar constant (storage type of `dtype`) in the function body.
+    pub fn scalar_constant(&self, value: f64, dtype: DType) -> Result<Value<'c, 'a>> {
+        let t = mlir::storage_type(dtype);
+        let lit = if dtype.is_float() {
+            if value.is_infinite() || value.is_nan() {
+                let bits: u64 = match dtype {
+                    DType::F64 => value.to_bits(),
+                    DType::F32 => (value as f32).to_bits() as u64,
+                    DType::F16 => kiln_ir::f16::from_f64(value).to_bits() as u64,
+                    _ => kiln_ir::bf16::from_f64(value).to_bits() as u64,
+                };
+                format!("0x{bits:X} : {t}")
+            } else {
+                format!("{} : {t}", mlir::float_lit(value))
+            }
+        } else {
+            format!("{} : {t}", value as i128)
+        };
+        let ty = parse_type(self.ctx, t)?;
+        Ok(push(self.block, op(self.ctx, self.loc, "arith.constant", &[], &[ty], &[("value", parse_attr(self.ctx, &lit)?)])?))
+    }
+
+    /// An integer constant (storage type of `dtype`), exact.
+    pub fn int_constant(&self, value: i128, dtype: DType) -> Result<Value<'c, 'a>> {
+        let t = mlir::storage_type(dtype);
+        let ty = parse_type(self.ctx, t)?;
+        Ok(push(self.block, op(self.ctx, self.loc, "arith.constant", &[], &[ty], &[("value", parse_attr(self.ctx, &format!("{value} : {t}"))?)])?))
+    }
+
+    /// Records the tensor computing `v`.
+    pub fn set(&mut self, v: ValueId, t: Value<'c, 'a>) {
+        self.values.insert(v, t);
+    }
+
+    /// An error naming this kernel and a node.
+    pub fn unsupported(&self, id: NodeId, what: &str) -> CompileError {
+        let n = self.graph.node(id);
+        CompileError::Codegen {
+            kernel: self.kernel.name.clone(),
+            label: self.kernel.label.clone(),
+            stage: "codegen",
+            msg: format!("node `{}` ({}): {what}", n.name, n.op.name()),
+        }
+    }
+}
+
+/// The MLIR type of a kernel argument for value `v`.
+fn memref_type<'c>(ctx: &'c Context, graph: &Graph, v: ValueId) -> Result<Type<'c>> {
+    let t = graph.value_type(v);
+    let dims = t.shape.as_fixed().ok_or_else(|| CompileError::Internal(format!("value %{} has the dynamic type {t}", graph.value_name(v))))?;
+    parse_type(ctx, &shaped("memref", &dims, t.dtype))
+}
+
+/// Builds the module holding `kernel`'s function, named `<kernel.name>_body`.
+pub fn build_kernel<'c>(ctx: &'c Context, graph: &Graph, kernel: &Kernel) -> Result<Module<'c>> {
+    let loc = Location::unknown(ctx);
+    let module = Module::new(loc);
+    let mut arg_types: Vec<Type<'c>> = Vec::new();
+    for &v in kernel.inputs.iter().chain(&kernel.outputs) {
+        arg_types.push(memref_type(ctx, graph, v)?);
+    }
+    let index = Type::index(ctx);
+    arg_types.push(index);
+    arg_types.push(index);
+    let block = Block::new(&arg_types.iter().map(|t| (*t, loc)).collect::<Vec<_>>());
+    {
+        let mut em = Emitter { ctx, loc, block: &block, graph, kernel, values: HashMap::new(), outputs: HashMap::new() };
+        let unit = melior::ir::Attribute::unit(ctx);
+        for (i, &v) in kernel.inputs.iter().enumerate() {
+            let ty = em.tensor_type(&em.dims(v), em.ty(v).dtype)?;
+            let arg: Value = block.argument(i).expect("declared").into();
+            let t = push(&block, op(ctx, loc, "bufferization.to_tensor", &[arg], &[ty], &[("restrict", unit)])?);
+            em.values.insert(v, t);
+        }
+        let n_in = kernel.inputs.len();
+        for (j, &v) in kernel.outputs.iter().enumerate() {
+            em.outputs.insert(v, block.argument(n_in + j).expect("declared").into());
+        }
+        emit_nodes(&mut em, &kernel.nodes)?;
+        for (j, &v) in kernel.outputs.iter().enumerate() {
+            // A copy kernel's output is its (only) input.
+            let t = if kernel.nodes.is_empty() { em.value(kernel.inputs[0])? } else { em.value(v)? };
+            let dest: Value = block.argument(n_in + j).expect("declared").into();
+            block.append_operation(op(
+                ctx,
+                loc,
+                "bufferization.materialize_in_destination",
+                &[t, dest],
+                &[],
+                &[("restrict", unit), ("writable", unit)],
+            )?);
+        }
+        block.append_operation(func::r#return(&[], loc));
+    }
+    let region = Region::new();
+    region.append_block(block);
+    let f = func::func(
+        ctx,
+        StringAttribute::new(ctx, &format!("{}_body", kernel.name)),
+        TypeAttribute::new(FunctionType::new(ctx, &arg_types, &[]).into()),
+        region,
+        &[],
+        loc,
+    );
+    module.body().append_operation(f);
+    Ok(module)
+}
+
+/// Emits the nodes in order, each maximal run of elementwise nodes as one loop nest.
+fn emit_nodes(em: &mut Emitter, nodes: &[NodeId]) -> Result<()> {
+    let mut i = 0;
+    while i < nodes.len() {
+        let node = em.graph.node(nodes[i]);
+        if fuse::is_elementwise(&node.op) {
+            let mut j = i + 1;
+            while j < nodes.len() && fuse::is_elementwise(&em.graph.node(nodes[j]).op) {
+                j += 1;
+            }
+            elementwise::emit_chain(em, &nodes[i..j])?;
+            i = j;
+            continue;
+        }
+        emit_node(em, nodes[i])?;
+        i += 1;
+    }
+    Ok(())
+}
+
+fn emit_node(em: &mut Emitter, id: NodeId) -> Result<()> {
+    match &em.graph.node(id).op {
+        Op::MatMul | Op::Gemm(_) => contraction::emit(em, id),
+        Op::Conv(_) => convolution::emit(em, id),
+        Op::Pool(_) | Op::GlobalPool(_) => pooling::emit(em, id),
+        Op::Reduce(_) | Op::Softmax { .. } | Op::LogSoftmax { .. } | Op::LayerNorm { .. } | Op::BatchNorm { .. } => reduction::emit(em, id),
+        Op::Transpose { .. } | Op::Concat { .. } | Op::Split { .. } | Op::Slice | Op::Gather { .. } | Op::Expand => movement::emit(em, id),
+        _ => Err(em.unsupported(id, "not supported by the native code generator yet")),
+    }
+}

@@ -1,0 +1,180 @@
+//! Data movement: Transpose, Expand, Slice and Split are `linalg.generic` copies whose input
+//! maps do the indexing (so they tile like anything else); Concat inserts each operand into its
+//! slice of the destination; Gather reads the data with `tensor.extract` at the looked-up index.
+
+use kiln_ir::infer::slice_axis;
+use kiln_ir::{normalize_axis, NodeId, Op, ValueId};
+use melior::ir::attribute::{DenseI32ArrayAttribute, DenseI64ArrayAttribute};
+use melior::ir::operation::OperationBuilder;
+use melior::ir::{Type, Value};
+
+use super::mlir::{broadcast_map, dims_list, err, generic, named, op, parse_attr, push};
+use super::scalar::ScalarBuilder;
+use super::Emitter;
+use crate::Result;
+use melior::ir::BlockLike;
+
+pub(super) fn emit(em: &mut Emitter, id: NodeId) -> Result<()> {
+    let node = em.graph.node(id).clone();
+    let operands = em.graph.operands(id);
+    let x = operands[0].expect("movement ops have an input");
+    match &node.op {
+        Op::Transpose { perm } => {
+            let r = em.dims(x).len();
+            let perm: Vec<usize> = if perm.is_empty() { (0..r).rev().collect() } else { perm.clone() };
+            // Input axis perm[k] is read at output loop k.
+            let mut exprs = vec![String::new(); r];
+            for (k, &p) in perm.iter().enumerate() {
+                exprs[p] = format!("d{k}");
+            }
+            copy_with_map(em, x, ValueId::from(id), &exprs)
+        }
+        Op::Expand => {
+            let result = ValueId::from(id);
+            let od = em.dims(result);
+            let xd = em.dims(x);
+            let map = broadcast_map(od.len(), &xd, &od);
+            copy_map(em, x, result, map)
+        }
+        Op::Slice => {
+            let xd = em.dims(x);
+            let ints =
+                |i: usize| -> Option<Vec<i64>> { operands.get(i).copied().flatten().and_then(|v| em.graph.constant_value(v)).map(|t| t.to_i64s()) };
+            let (starts, ends) = match (ints(1), ints(2)) {
+                (Some(s), Some(e)) => (s, e),
+                _ => return Err(em.unsupported(id, "starts and ends must be constant")),
+            };
+            let axes = ints(3).unwrap_or_else(|| (0..starts.len() as i64).collect());
+            let steps = ints(4).unwrap_or_else(|| vec![1; starts.len()]);
+            let mut exprs: Vec<String> = (0..xd.len()).map(|i| format!("d{i}")).collect();
+            for i in 0..starts.len() {
+                let a = normalize_axis(axes[i], xd.len()).ok_or_else(|| em.unsupported(id, "axis out of range"))?;
+                let (start, _) = slice_axis(xd[a], starts[i], ends[i], steps[i]).map_err(|e| em.unsupported(id, &e))?;
+                exprs[a] = format!("d{a} * {} + {start}", steps[i]);
+            }
+            copy_with_map(em, x, ValueId::from(id), &exprs)
+        }
+        Op::Split { axis, .. } => {
+            let xd = em.dims(x);
+            let a = normalize_axis(*axis, xd.len()).ok_or_else(|| em.unsupported(id, "axis out of range"))?;
+            let mut offset = 0;
+            for i in 0..node.outputs.len() {
+                let out = ValueId::new(id, i);
+                let mut exprs: Vec<String> = (0..xd.len()).map(|d| format!("d{d}")).collect();
+                exprs[a] = format!("d{a} + {offset}");
+                copy_with_map(em, x, out, &exprs)?;
+                offset += em.dims(out)[a];
+            }
+            Ok(())
+        }
+        Op::Concat { axis } => concat(em, id, *axis),
+        Op::Gather { axis } => gather(em, id, x, operands[1].expect("gather indices"), *axis),
+        _ => unreachable!("dispatched by op"),
+    }
+}
+
+/// `result[d...] = x[exprs(d...)]`.
+fn copy_with_map(em: &mut Emitter, x: ValueId, result: ValueId, exprs: &[String]) -> Result<()> {
+    let rank = em.dims(result).len();
+    copy_map(em, x, result, format!("affine_map<({}) -> ({})>", dims_list(rank), exprs.join(", ")))
+}
+
+fn copy_map(em: &mut Emitter, x: ValueId, result: ValueId, map: String) -> Result<()> {
+    let od = em.dims(result);
+    let dtype = em.ty(result).dtype;
+    let xv = em.value(x)?;
+    let dest = em.dest(result)?;
+    let ty = em.tensor_type(&od, dtype)?;
+    let out_map = broadcast_map(od.len(), &od, &od);
+    let g = generic(em.ctx, em.loc, &[xv], &[dest], &[map, out_map], &vec!["parallel"; od.len()], &[ty], |body| {
+        Ok(vec![body.argument(0).expect("x").into()])
+    })?;
+    let t = push(em.block, g);
+    em.set(result, t);
+    Ok(())
+}
+
+fn concat(em: &mut Emitter, id: NodeId, axis: i64) -> Result<()> {
+    let result = ValueId::from(id);
+    let od = em.dims(result);
+    let a = normalize_axis(axis, od.len()).ok_or_else(|| em.unsupported(id, "axis out of range"))?;
+    let mut acc = em.dest(result)?;
+    let ty = em.tensor_type(&od, em.ty(result).dtype)?;
+    let mut offset = 0usize;
+    let (ctx, loc) = (em.ctx, em.loc);
+    for v in em.graph.operands(id).into_iter().flatten() {
+        let d = em.dims(v);
+        if d[a] == 0 {
+            continue;
+        }
+        let src = em.value(v)?;
+        let mut offsets = vec![0i64; od.len()];
+        offsets[a] = offset as i64;
+        let sizes: Vec<i64> = d.iter().map(|&x| x as i64).collect();
+        let ins = OperationBuilder::new("tensor.insert_slice", loc)
+            .add_operands(&[src, acc])
+            .add_attributes(&[
+                named(ctx, "static_offsets", DenseI64ArrayAttribute::new(ctx, &offsets).into()),
+                named(ctx, "static_sizes", DenseI64ArrayAttribute::new(ctx, &sizes).into()),
+                named(ctx, "static_strides", DenseI64ArrayAttribute::new(ctx, &vec![1; od.len()]).into()),
+                named(ctx, "operandSegmentSizes", DenseI32ArrayAttribute::new(ctx, &[1, 1, 0, 0, 0]).into()),
+            ])
+            .add_results(&[ty])
+            .build()
+            .map_err(|e| err(format!("building tensor.insert_slice: {e}")))?;
+        acc = push(em.block, ins);
+        offset += d[a];
+    }
+    em.set(result, acc);
+    Ok(())
+}
+
+fn gather(em: &mut Emitter, id: NodeId, x: ValueId, indices: ValueId, axis: i64) -> Result<()> {
+    let result = ValueId::from(id);
+    let (xd, idd, od) = (em.dims(x), em.dims(indices), em.dims(result));
+    let a = normalize_axis(axis, xd.len()).ok_or_else(|| em.unsupported(id, "axis out of range"))?;
+    let (dtype, idt) = (em.ty(result).dtype, em.ty(indices).dtype);
+    let xv = em.value(x)?;
+    let iv = em.value(indices)?;
+    let dest = em.dest(result)?;
+    let rank = od.len();
+    let ri = idd.len();
+    let idx_map = format!("affine_map<({}) -> ({})>", dims_list(rank), (a..a + ri).map(|i| format!("d{i}")).collect::<Vec<_>>().join(", "));
+    let out_map = broadcast_map(rank, &od, &od);
+    let ty = em.tensor_type(&od, dtype)?;
+    let (ctx, loc) = (em.ctx, em.loc);
+    let n = xd[a] as i128;
+    let g = generic(ctx, loc, &[iv], &[dest], &[idx_map, out_map], &vec!["parallel"; rank], &[ty], |body| {
+        let sb = ScalarBuilder { ctx, loc, block: body };
+        let index = Type::index(ctx);
+        let raw = body.argument(0).expect("index").into();
+        let t = super::mlir::storage_type(idt);
+        // Negative indices count from the end; out-of-range ones are clamped (no stray reads).
+        let zero = sb.int_constant(0, t)?;
+        let nn = sb.int_constant(n, t)?;
+        let neg = sb.cmpi("slt", raw, zero)?;
+        let wrapped = sb.emit("arith.addi", &[raw, nn], t)?;
+        let i = sb.select(neg, wrapped, raw, t)?;
+        let top = sb.int_constant((n - 1).max(0), t)?;
+        let i = sb.emit("arith.maxsi", &[i, zero], t)?;
+        let i = sb.emit("arith.minsi", &[i, top], t)?;
+        let i: Value = push(body, op(ctx, loc, "arith.index_cast", &[i], &[index], &[])?);
+        let mut coords: Vec<Value> = Vec::with_capacity(xd.len());
+        for d in 0..xd.len() {
+            let loop_dim = if d < a { d } else { d + ri - 1 };
+            if d == a {
+                coords.push(i);
+            } else {
+                coords.push(push(body, op(ctx, loc, "linalg.index", &[], &[index], &[("dim", parse_attr(ctx, &format!("{loop_dim} : i64"))?)])?));
+            }
+        }
+        let elem = super::mlir::parse_type(ctx, super::mlir::storage_type(dtype))?;
+        let mut operands = vec![xv];
+        operands.extend(coords);
+        let v = push(body, op(ctx, loc, "tensor.extract", &operands, &[elem], &[])?);
+        Ok(vec![v])
+    })?;
+    let t = push(em.block, g);
+    em.set(result, t);
+    Ok(())
+}

@@ -1,0 +1,183 @@
+//! Pooling: the input is padded (with -inf for max, 0 otherwise), then a `linalg.generic`
+//! reduces each window; a shape-only window operand gives the window loops their extent.
+//! Average divisors depend only on the static geometry, so they are a constant tensor computed
+//! here. Global pools reduce every spatial axis.
+
+use kiln_ir::op::{PoolKind, SpatialAxis};
+use kiln_ir::{DType, NodeId, Op, Tensor, ValueId};
+
+use super::mlir::{broadcast_map, dense_literal, dims_list, fill, generic, op, pad, parse_attr, push};
+use super::scalar::{compute, ScalarBuilder};
+use super::Emitter;
+use crate::Result;
+use melior::ir::BlockLike;
+
+pub(super) fn emit(em: &mut Emitter, id: NodeId) -> Result<()> {
+    let node = em.graph.node(id).clone();
+    let x = em.graph.operands(id)[0].expect("pool input");
+    let result = ValueId::from(id);
+    let xd = em.dims(x);
+    let dtype = em.ty(x).dtype;
+    if !dtype.is_float() {
+        return Err(em.unsupported(id, &format!("pooling of {dtype} is not supported natively")));
+    }
+    if node.outputs.len() > 1 {
+        return Err(em.unsupported(id, "MaxPool's indices result is not supported natively"));
+    }
+    let spatial = xd.len() - 2;
+    let (kind, axes): (PoolKind, Vec<SpatialAxis>) = match &node.op {
+        Op::Pool(p) => {
+            let axes = (0..spatial)
+                .map(|i| p.window.resolve(i, xd[2 + i], p.kernel[i], p.ceil_mode))
+                .collect::<std::result::Result<_, String>>()
+                .map_err(|e| em.unsupported(id, &e))?;
+            (p.kind, axes)
+        }
+        Op::GlobalPool(k) => (
+            *k,
+            (0..spatial)
+                .map(|i| SpatialAxis { input: xd[2 + i], kernel: xd[2 + i], stride: 1, dilation: 1, pad_begin: 0, pad_end: 0, output: 1 })
+                .collect(),
+        ),
+        _ => unreachable!("dispatched by op"),
+    };
+    let od = em.dims(result);
+    // Pad so that every window lies inside: the declared padding, plus what ceil_mode reaches.
+    let mut low = vec![0i64; 2];
+    let mut high = vec![0i64; 2];
+    let mut padded = xd[..2].to_vec();
+    for a in &axes {
+        let need = (a.output - 1) * a.stride + (a.kernel - 1) * a.dilation + 1;
+        let hi = need.saturating_sub(a.input + a.pad_begin);
+        low.push(a.pad_begin as i64);
+        high.push(hi as i64);
+        padded.push(a.input + a.pad_begin + hi);
+    }
+    let mut xv = em.value(x)?;
+    let pad_value = if kind == PoolKind::Max { f64::NEG_INFINITY } else { 0.0 };
+    if low.iter().chain(&high).any(|&p| p != 0) {
+        let v = em.scalar_constant(pad_value, dtype)?;
+        let ty = em.tensor_type(&padded, dtype)?;
+        xv = pad(em.ctx, em.loc, em.block, xv, &low, &high, v, ty)?;
+    }
+    let (ctx, loc) = (em.ctx, em.loc);
+    let kernel: Vec<usize> = axes.iter().map(|a| a.kernel).collect();
+    let window = em.empty(&kernel, dtype)?;
+    // Loops: n, c, o..., k...
+    let n_loops = 2 + 2 * spatial;
+    let all = dims_list(n_loops);
+    let x_idx: Vec<String> = ["d0".into(), "d1".into()]
+        .into_iter()
+        .chain(axes.iter().enumerate().map(|(i, a)| format!("d{} * {} + d{} * {}", 2 + i, a.stride, 2 + spatial + i, a.dilation)))
+        .collect();
+    let w_idx: Vec<String> = (0..spatial).map(|i| format!("d{}", 2 + spatial + i)).collect();
+    let o_idx: Vec<String> = (0..2 + spatial).map(|i| format!("d{i}")).collect();
+    let map = |v: &[String]| format!("affine_map<({all}) -> ({})>", v.join(", "));
+    let mut iters = vec!["parallel"; 2 + spatial];
+    iters.extend(vec!["reduction"; spatial]);
+    let acc_dtype = if dtype == DType::F64 { DType::F64 } else { DType::F32 };
+    let init_value = em.scalar_constant(pad_value, acc_dtype)?;
+    let acc_dest = em.empty(&od, acc_dtype)?;
+    let acc = fill(ctx, loc, em.block, init_value, acc_dest)?;
+    let acc_ty = em.tensor_type(&od, acc_dtype)?;
+    let g = generic(ctx, loc, &[xv, window], &[acc], &[map(&x_idx), map(&w_idx), map(&o_idx)], &iters, &[acc_ty], |body| {
+        let sb = ScalarBuilder { ctx, loc, block: body };
+        let t = compute(acc_dtype);
+        let v = sb.load(body.argument(0).expect("x").into(), dtype)?;
+        let a = body.argument(2).expect("acc").into();
+        let r = match kind {
+            PoolKind::Max => sb.emit("arith.maximumf", &[a, v.v], t)?,
+            PoolKind::Average { .. } => sb.emit("arith.addf", &[a, v.v], t)?,
+            PoolKind::Lp { p } => {
+                let abs = sb.emit("math.absf", &[v.v], t)?;
+                let pw = powi(&sb, abs, p, t)?;
+                sb.emit("arith.addf", &[a, pw], t)?
+            }
+        };
+        Ok(vec![r])
+    })?;
+    let reduced = push(em.block, g);
+    // Finish: divide by the count (average), take the p-th root (Lp), convert to the dtype.
+    let divisors = match kind {
+        PoolKind::Average { count_include_pad } => Some(counts(&axes, count_include_pad)),
+        _ => None,
+    };
+    let dest = em.dest(result)?;
+    let rank = od.len();
+    let mut ins = vec![reduced];
+    let mut maps = vec![broadcast_map(rank, &od, &od)];
+    if let Some(div) = &divisors {
+        let t = Tensor::from_f64s(acc_dtype, &od[2..], div).map_err(|e| em.unsupported(id, &e.to_string()))?;
+        let ty = em.tensor_type(t.dims(), acc_dtype)?;
+        let c = push(em.block, op(ctx, loc, "arith.constant", &[], &[ty], &[("value", parse_attr(ctx, &dense_literal(&t))?)])?);
+        ins.push(c);
+        maps.push(format!("affine_map<({}) -> ({})>", dims_list(rank), (2..rank).map(|i| format!("d{i}")).collect::<Vec<_>>().join(", ")));
+    }
+    maps.push(broadcast_map(rank, &od, &od));
+    let out_ty = em.tensor_type(&od, dtype)?;
+    let fin = generic(ctx, loc, &ins, &[dest], &maps, &vec!["parallel"; rank], &[out_ty], |body| {
+        let sb = ScalarBuilder { ctx, loc, block: body };
+        let t = compute(acc_dtype);
+        let mut v = body.argument(0).expect("acc").into();
+        if divisors.is_some() {
+            let d = body.argument(1).expect("divisor").into();
+            v = sb.emit("arith.divf", &[v, d], t)?;
+        }
+        if let PoolKind::Lp { p } = kind {
+            let inv = sb.constant(1.0 / p as f64, t)?;
+            v = sb.emit("math.powf", &[v, inv], t)?;
+        }
+        let s = sb.cast(super::scalar::Scalar { v, dtype: acc_dtype }, dtype)?;
+        Ok(vec![sb.store(s)?])
+    })?;
+    let r = push(em.block, fin);
+    em.set(result, r);
+    Ok(())
+}
+
+/// `x^p` for a small integer p by multiplication.
+fn powi<'c, 'a>(sb: &ScalarBuilder<'c, 'a>, x: melior::ir::Value<'c, 'a>, p: u32, t: &str) -> Result<melior::ir::Value<'c, 'a>> {
+    let mut v = x;
+    for _ in 1..p.max(1) {
+        v = sb.emit("arith.mulf", &[v, x], t)?;
+    }
+    Ok(v)
+}
+
+/// For each output position, how many cells its window counts: those in the input, plus the
+/// declared padding when `count_include_pad` (never the extra ceil_mode cells).
+fn counts(axes: &[SpatialAxis], include_pad: bool) -> Vec<f64> {
+    let per_axis: Vec<Vec<usize>> = axes
+        .iter()
+        .map(|a| {
+            (0..a.output)
+                .map(|o| {
+                    (0..a.kernel)
+                        .filter(|&k| {
+                            let p = (o * a.stride + k * a.dilation) as i64 - a.pad_begin as i64;
+                            if include_pad {
+                                p >= -(a.pad_begin as i64) && p < (a.input + a.pad_end) as i64
+                            } else {
+                                p >= 0 && p < a.input as i64
+                            }
+                        })
+                        .count()
+                })
+                .collect()
+        })
+        .collect();
+    let total: usize = axes.iter().map(|a| a.output).product();
+    let mut out = Vec::with_capacity(total);
+    let mut idx = vec![0usize; axes.len()];
+    for _ in 0..total {
+        out.push(idx.iter().enumerate().map(|(d, &i)| per_axis[d][i]).product::<usize>().max(1) as f64);
+        for d in (0..idx.len()).rev() {
+            idx[d] += 1;
+            if idx[d] < axes[d].output {
+                break;
+            }
+            idx[d] = 0;
+        }
+    }
+    out
+}

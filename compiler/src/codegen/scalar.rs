@@ -1,0 +1,522 @@
+//! Scalar semantics in kernel bodies: every elementwise op of kiln-ir as arith/math ops.
+//!
+//! Values are carried in a *compute* type: f16/bf16 widen to f32 (as the interpreter computes in
+//! higher precision), f32/f64 and integers stay, bools are i1. `load` and `store` convert from and
+//! to the storage type of tensors (bools are bytes in memory).
+
+use melior::ir::{Block, Location, Type, Value};
+use melior::Context;
+
+use kiln_ir::op::{BinaryOp, UnaryOp};
+use kiln_ir::DType;
+
+use super::mlir::{err, op, parse_attr, parse_type, push, storage_type};
+use crate::Result;
+
+/// A scalar in its compute type, with the kiln dtype it stands for.
+#[derive(Clone, Copy)]
+pub struct Scalar<'c, 'a> {
+    pub v: Value<'c, 'a>,
+    pub dtype: DType,
+}
+
+/// Emits scalar ops into one block.
+pub struct ScalarBuilder<'c, 'a> {
+    pub ctx: &'c Context,
+    pub loc: Location<'c>,
+    pub block: &'a Block<'c>,
+}
+
+fn compute_type(d: DType) -> &'static str {
+    match d {
+        DType::F16 | DType::BF16 | DType::F32 => "f32",
+        DType::F64 => "f64",
+        DType::Bool => "i1",
+        other => storage_type(other),
+    }
+}
+
+fn bits(d: DType) -> u32 {
+    (d.size() * 8) as u32
+}
+
+impl<'c, 'a> ScalarBuilder<'c, 'a> {
+    pub fn ty(&self, s: &str) -> Result<Type<'c>> {
+        parse_type(self.ctx, s)
+    }
+
+    /// `name` with operands and one result of type `result`.
+    pub fn emit(&self, name: &str, operands: &[Value<'c, 'a>], result: &str) -> Result<Value<'c, 'a>> {
+        let t = self.ty(result)?;
+        Ok(push(self.block, op(self.ctx, self.loc, name, operands, &[t], &[])?))
+    }
+
+    fn emit_attr(&self, name: &str, operands: &[Value<'c, 'a>], result: &str, attr: (&str, &str)) -> Result<Value<'c, 'a>> {
+        let t = self.ty(result)?;
+        let a = parse_attr(self.ctx, attr.1)?;
+        Ok(push(self.block, op(self.ctx, self.loc, name, operands, &[t], &[(attr.0, a)])?))
+    }
+
+    /// A constant of compute type `ty` (`f32`, `i64`, `i1`...).
+    pub fn constant(&self, value: f64, ty: &str) -> Result<Value<'c, 'a>> {
+        let lit = if ty.starts_with('f') {
+            if value.is_nan() {
+                // NaN has no decimal spelling in MLIR: the hex of a quiet NaN.
+                if ty == "f64" {
+                    format!("0x{:016X} : f64", f64::NAN.to_bits())
+                } else {
+                    format!("0x{:08X} : f32", f32::NAN.to_bits())
+                }
+            } else if value.is_infinite() {
+                if ty == "f64" {
+                    format!("0x{:016X} : f64", value.to_bits())
+                } else {
+                    format!("0x{:08X} : f32", (value as f32).to_bits())
+                }
+            } else {
+                format!("{} : {ty}", super::mlir::float_lit(value))
+            }
+        } else if ty == "i1" {
+            format!("{} : i1", if value != 0.0 { "true" } else { "false" })
+        } else {
+            format!("{} : {ty}", value as i128)
+        };
+        let t = self.ty(ty)?;
+        Ok(push(self.block, op(self.ctx, self.loc, "arith.constant", &[], &[t], &[("value", parse_attr(self.ctx, &lit)?)])?))
+    }
+
+    /// An integer constant given as i128 (exact for every integer type).
+    pub fn int_constant(&self, value: i128, ty: &str) -> Result<Value<'c, 'a>> {
+        let t = self.ty(ty)?;
+        Ok(push(self.block, op(self.ctx, self.loc, "arith.constant", &[], &[t], &[("value", parse_attr(self.ctx, &format!("{value} : {ty}"))?)])?))
+    }
+
+    pub fn select(&self, c: Value<'c, 'a>, a: Value<'c, 'a>, b: Value<'c, 'a>, ty: &str) -> Result<Value<'c, 'a>> {
+        self.emit("arith.select", &[c, a, b], ty)
+    }
+
+    pub fn cmpf(&self, pred: &str, a: Value<'c, 'a>, b: Value<'c, 'a>) -> Result<Value<'c, 'a>> {
+        self.emit_attr("arith.cmpf", &[a, b], "i1", ("predicate", &format!("#arith<cmpf_predicate {pred}>")))
+    }
+
+    pub fn cmpi(&self, pred: &str, a: Value<'c, 'a>, b: Value<'c, 'a>) -> Result<Value<'c, 'a>> {
+        self.emit_attr("arith.cmpi", &[a, b], "i1", ("predicate", &format!("#arith<cmpi_predicate {pred}>")))
+    }
+
+    /// A tensor element (storage type) to its compute type.
+    pub fn load(&self, v: Value<'c, 'a>, dtype: DType) -> Result<Scalar<'c, 'a>> {
+        let v = match dtype {
+            DType::F16 | DType::BF16 => self.emit("arith.extf", &[v], "f32")?,
+            DType::Bool => {
+                let zero = self.int_constant(0, "i8")?;
+                self.cmpi("ne", v, zero)?
+            }
+            _ => v,
+        };
+        Ok(Scalar { v, dtype })
+    }
+
+    /// A computed scalar back to its storage type.
+    pub fn store(&self, s: Scalar<'c, 'a>) -> Result<Value<'c, 'a>> {
+        match s.dtype {
+            DType::F16 | DType::BF16 => self.emit("arith.truncf", &[s.v], storage_type(s.dtype)),
+            DType::Bool => self.emit("arith.extui", &[s.v], "i8"),
+            _ => Ok(s.v),
+        }
+    }
+
+    fn f(&self, d: DType) -> &'static str {
+        compute_type(d)
+    }
+
+    /// One unary op.
+    pub fn unary(&self, u: UnaryOp, x: Scalar<'c, 'a>, out: DType) -> Result<Scalar<'c, 'a>> {
+        let d = x.dtype;
+        if d.is_float() {
+            let t = self.f(d);
+            let v = self.unary_float(u, x.v, t)?;
+            return Ok(Scalar { v, dtype: out });
+        }
+        let t = compute_type(d);
+        let signed = d.is_signed_int();
+        let v = match u {
+            UnaryOp::Not => {
+                let one = self.constant(1.0, "i1")?;
+                self.emit("arith.xori", &[x.v, one], "i1")?
+            }
+            UnaryOp::BitwiseNot => {
+                let ones = self.int_constant(-1, t)?;
+                self.emit("arith.xori", &[x.v, ones], t)?
+            }
+            UnaryOp::Neg => {
+                let zero = self.int_constant(0, t)?;
+                self.emit("arith.subi", &[zero, x.v], t)?
+            }
+            UnaryOp::Abs if signed => self.emit("math.absi", &[x.v], t)?,
+            UnaryOp::Abs | UnaryOp::Ceil | UnaryOp::Floor | UnaryOp::Round => x.v,
+            UnaryOp::Relu if signed => {
+                let zero = self.int_constant(0, t)?;
+                self.emit("arith.maxsi", &[x.v, zero], t)?
+            }
+            UnaryOp::Relu => x.v,
+            UnaryOp::Sign => {
+                let zero = self.int_constant(0, t)?;
+                let one = self.int_constant(1, t)?;
+                let gt = self.cmpi(if signed { "sgt" } else { "ugt" }, x.v, zero)?;
+                let pos = self.select(gt, one, zero, t)?;
+                if signed {
+                    let minus = self.int_constant(-1, t)?;
+                    let lt = self.cmpi("slt", x.v, zero)?;
+                    self.select(lt, minus, pos, t)?
+                } else {
+                    pos
+                }
+            }
+            other => return Err(err(format!("{} is not defined for {d}", other.name()))),
+        };
+        Ok(Scalar { v, dtype: out })
+    }
+
+    fn unary_float(&self, u: UnaryOp, x: Value<'c, 'a>, t: &str) -> Result<Value<'c, 'a>> {
+        let c = |v: f64| self.constant(v, t);
+        let math = |name: &str, x: Value<'c, 'a>| self.emit(name, &[x], t);
+        let bin = |name: &str, a: Value<'c, 'a>, b: Value<'c, 'a>| self.emit(name, &[a, b], t);
+        let sigmoid = |x: Value<'c, 'a>| -> Result<Value<'c, 'a>> {
+            let neg = math("arith.negf", x)?;
+            let e = math("math.exp", neg)?;
+            let one = c(1.0)?;
+            let den = bin("arith.addf", one, e)?;
+            bin("arith.divf", one, den)
+        };
+        let softplus = |x: Value<'c, 'a>| -> Result<Value<'c, 'a>> {
+            // log(1 + exp(x)) without overflow: max(x, 0) + log1p(exp(-|x|)).
+            let zero = c(0.0)?;
+            let pos = bin("arith.maximumf", x, zero)?;
+            let ax = math("math.absf", x)?;
+            let nax = math("arith.negf", ax)?;
+            let e = math("math.exp", nax)?;
+            let l = math("math.log1p", e)?;
+            bin("arith.addf", pos, l)
+        };
+        let select_ge0 = |x: Value<'c, 'a>, neg: Value<'c, 'a>| -> Result<Value<'c, 'a>> {
+            let zero = c(0.0)?;
+            let ge = self.cmpf("oge", x, zero)?;
+            self.select(ge, x, neg, t)
+        };
+        Ok(match u {
+            UnaryOp::Abs => math("math.absf", x)?,
+            UnaryOp::Neg => math("arith.negf", x)?,
+            UnaryOp::Sign => {
+                // 1, -1, or x itself (0, -0, NaN).
+                let zero = c(0.0)?;
+                let (one, minus) = (c(1.0)?, c(-1.0)?);
+                let gt = self.cmpf("ogt", x, zero)?;
+                let lt = self.cmpf("olt", x, zero)?;
+                let a = self.select(lt, minus, x, t)?;
+                self.select(gt, one, a, t)?
+            }
+            UnaryOp::Ceil => math("math.ceil", x)?,
+            UnaryOp::Floor => math("math.floor", x)?,
+            UnaryOp::Round => math("math.roundeven", x)?,
+            UnaryOp::Exp => math("math.exp", x)?,
+            UnaryOp::Log => math("math.log", x)?,
+            UnaryOp::Sqrt => math("math.sqrt", x)?,
+            UnaryOp::Reciprocal => bin("arith.divf", c(1.0)?, x)?,
+            UnaryOp::Sin => math("math.sin", x)?,
+            UnaryOp::Cos => math("math.cos", x)?,
+            UnaryOp::Tan => math("math.tan", x)?,
+            UnaryOp::Asin => math("math.asin", x)?,
+            UnaryOp::Acos => math("math.acos", x)?,
+            UnaryOp::Atan => math("math.atan", x)?,
+            UnaryOp::Sinh => math("math.sinh", x)?,
+            UnaryOp::Cosh => math("math.cosh", x)?,
+            UnaryOp::Tanh => math("math.tanh", x)?,
+            UnaryOp::Asinh => math("math.asinh", x)?,
+            UnaryOp::Acosh => math("math.acosh", x)?,
+            UnaryOp::Atanh => math("math.atanh", x)?,
+            UnaryOp::Erf => math("math.erf", x)?,
+            UnaryOp::Sigmoid => sigmoid(x)?,
+            UnaryOp::Relu => bin("arith.maximumf", x, c(0.0)?)?,
+            UnaryOp::Softplus => softplus(x)?,
+            UnaryOp::Softsign => {
+                let ax = math("math.absf", x)?;
+                let den = bin("arith.addf", c(1.0)?, ax)?;
+                bin("arith.divf", x, den)?
+            }
+            UnaryOp::Mish => {
+                let sp = softplus(x)?;
+                let th = math("math.tanh", sp)?;
+                bin("arith.mulf", x, th)?
+            }
+            UnaryOp::HardSwish => {
+                let s = bin("arith.mulf", x, c(1.0 / 6.0)?)?;
+                let s = bin("arith.addf", s, c(0.5)?)?;
+                let s = bin("arith.maximumf", s, c(0.0)?)?;
+                let s = bin("arith.minimumf", s, c(1.0)?)?;
+                bin("arith.mulf", x, s)?
+            }
+            UnaryOp::Swish { alpha } => {
+                let ax = bin("arith.mulf", x, c(alpha as f64)?)?;
+                let s = sigmoid(ax)?;
+                bin("arith.mulf", x, s)?
+            }
+            UnaryOp::Gelu { tanh: false } => {
+                let s = bin("arith.mulf", x, c(std::f64::consts::FRAC_1_SQRT_2)?)?;
+                let e = math("math.erf", s)?;
+                let e = bin("arith.addf", e, c(1.0)?)?;
+                let h = bin("arith.mulf", x, c(0.5)?)?;
+                bin("arith.mulf", h, e)?
+            }
+            UnaryOp::Gelu { tanh: true } => {
+                let x3 = bin("arith.mulf", x, x)?;
+                let x3 = bin("arith.mulf", x3, x)?;
+                let inner = bin("arith.mulf", x3, c(0.044715)?)?;
+                let inner = bin("arith.addf", inner, x)?;
+                let inner = bin("arith.mulf", inner, c((2.0 / std::f64::consts::PI).sqrt())?)?;
+                let th = math("math.tanh", inner)?;
+                let th = bin("arith.addf", th, c(1.0)?)?;
+                let h = bin("arith.mulf", x, c(0.5)?)?;
+                bin("arith.mulf", h, th)?
+            }
+            UnaryOp::LeakyRelu { alpha } => {
+                let neg = bin("arith.mulf", x, c(alpha as f64)?)?;
+                select_ge0(x, neg)?
+            }
+            UnaryOp::Elu { alpha } => {
+                let e = math("math.expm1", x)?;
+                let neg = bin("arith.mulf", e, c(alpha as f64)?)?;
+                select_ge0(x, neg)?
+            }
+            UnaryOp::Selu { alpha, gamma } => {
+                let e = math("math.expm1", x)?;
+                let neg = bin("arith.mulf", e, c(alpha as f64)?)?;
+                let zero = c(0.0)?;
+                let gt = self.cmpf("ogt", x, zero)?;
+                let v = self.select(gt, x, neg, t)?;
+                bin("arith.mulf", v, c(gamma as f64)?)?
+            }
+            UnaryOp::Celu { alpha } => {
+                let a = alpha as f64;
+                let s = bin("arith.mulf", x, c(1.0 / a)?)?;
+                let e = math("math.expm1", s)?;
+                let neg = bin("arith.mulf", e, c(a)?)?;
+                let neg = bin("arith.minimumf", neg, c(0.0)?)?;
+                let pos = bin("arith.maximumf", x, c(0.0)?)?;
+                bin("arith.addf", pos, neg)?
+            }
+            UnaryOp::HardSigmoid { alpha, beta } => {
+                let v = bin("arith.mulf", x, c(alpha as f64)?)?;
+                let v = bin("arith.addf", v, c(beta as f64)?)?;
+                let v = bin("arith.maximumf", v, c(0.0)?)?;
+                bin("arith.minimumf", v, c(1.0)?)?
+            }
+            UnaryOp::ThresholdedRelu { alpha } => {
+                let gt = self.cmpf("ogt", x, c(alpha as f64)?)?;
+                self.select(gt, x, c(0.0)?, t)?
+            }
+            UnaryOp::Shrink { bias, lambd } => {
+                let (b, l) = (bias as f64, lambd as f64);
+                let lo = self.cmpf("olt", x, c(-l)?)?;
+                let hi = self.cmpf("ogt", x, c(l)?)?;
+                let plus = bin("arith.addf", x, c(b)?)?;
+                let minus = bin("arith.subf", x, c(b)?)?;
+                let v = self.select(hi, minus, c(0.0)?, t)?;
+                self.select(lo, plus, v, t)?
+            }
+            UnaryOp::IsNaN => self.cmpf("uno", x, x)?,
+            UnaryOp::IsInf { detect_positive, detect_negative } => {
+                let pos = self.cmpf("oeq", x, c(f64::INFINITY)?)?;
+                let neg = self.cmpf("oeq", x, c(f64::NEG_INFINITY)?)?;
+                match (detect_positive, detect_negative) {
+                    (true, true) => self.emit("arith.ori", &[pos, neg], "i1")?,
+                    (true, false) => pos,
+                    (false, true) => neg,
+                    (false, false) => self.constant(0.0, "i1")?,
+                }
+            }
+            UnaryOp::Not | UnaryOp::BitwiseNot => return Err(err(format!("{} is not defined for floats", u.name()))),
+        })
+    }
+
+    /// One binary op; both operands have the same dtype (Pow's exponent may differ).
+    pub fn binary(&self, b: BinaryOp, l: Scalar<'c, 'a>, r: Scalar<'c, 'a>, out: DType) -> Result<Scalar<'c, 'a>> {
+        let d = l.dtype;
+        if b == BinaryOp::Pow && r.dtype != d {
+            let r = self.cast(r, if d.is_float() { d } else { DType::F64 })?;
+            if !d.is_float() {
+                let lf = self.cast(l, DType::F64)?;
+                let p = self.emit("math.powf", &[lf.v, r.v], "f64")?;
+                return self.cast(Scalar { v: p, dtype: DType::F64 }, out);
+            }
+            return self.binary(b, l, r, out);
+        }
+        let v = if d.is_float() { self.binary_float(b, l.v, r.v, self.f(d))? } else { self.binary_int(b, l.v, r.v, d)? };
+        Ok(Scalar { v, dtype: out })
+    }
+
+    fn binary_float(&self, b: BinaryOp, x: Value<'c, 'a>, y: Value<'c, 'a>, t: &str) -> Result<Value<'c, 'a>> {
+        let bin = |name: &str| self.emit(name, &[x, y], t);
+        Ok(match b {
+            BinaryOp::Add => bin("arith.addf")?,
+            BinaryOp::Sub => bin("arith.subf")?,
+            BinaryOp::Mul => bin("arith.mulf")?,
+            BinaryOp::Div => bin("arith.divf")?,
+            BinaryOp::Pow => bin("math.powf")?,
+            BinaryOp::Max => bin("arith.maximumf")?,
+            BinaryOp::Min => bin("arith.minimumf")?,
+            BinaryOp::Mod { fmod: true } => bin("arith.remf")?,
+            BinaryOp::Mod { fmod: false } => {
+                // Python's %: the remainder takes the divisor's sign.
+                let m = bin("arith.remf")?;
+                let zero = self.constant(0.0, t)?;
+                let nonzero = self.cmpf("one", m, zero)?;
+                let m_neg = self.cmpf("olt", m, zero)?;
+                let y_neg = self.cmpf("olt", y, zero)?;
+                let differ = self.emit("arith.xori", &[m_neg, y_neg], "i1")?;
+                let fix = self.emit("arith.andi", &[nonzero, differ], "i1")?;
+                let adj = self.emit("arith.addf", &[m, y], t)?;
+                self.select(fix, adj, m, t)?
+            }
+            BinaryOp::PRelu => {
+                let zero = self.constant(0.0, t)?;
+                let ge = self.cmpf("oge", x, zero)?;
+                let neg = bin("arith.mulf")?;
+                self.select(ge, x, neg, t)?
+            }
+            BinaryOp::Equal => self.cmpf("oeq", x, y)?,
+            BinaryOp::Less => self.cmpf("olt", x, y)?,
+            BinaryOp::LessOrEqual => self.cmpf("ole", x, y)?,
+            BinaryOp::Greater => self.cmpf("ogt", x, y)?,
+            BinaryOp::GreaterOrEqual => self.cmpf("oge", x, y)?,
+            other => return Err(err(format!("{} is not defined for floats", other.name()))),
+        })
+    }
+
+    fn binary_int(&self, b: BinaryOp, x: Value<'c, 'a>, y: Value<'c, 'a>, d: DType) -> Result<Value<'c, 'a>> {
+        let t = compute_type(d);
+        let s = d.is_signed_int();
+        let bin = |name: &str| self.emit(name, &[x, y], t);
+        let pick = |signed: &str, unsigned: &str| if s { signed.to_string() } else { unsigned.to_string() };
+        // Division by zero is undefined in ONNX and traps on x86: divide by one instead (the
+        // interpreter reports it as an error).
+        let safe_divisor = || -> Result<Value<'c, 'a>> {
+            let zero = self.int_constant(0, t)?;
+            let one = self.int_constant(1, t)?;
+            let is_zero = self.cmpi("eq", y, zero)?;
+            self.select(is_zero, one, y, t)
+        };
+        Ok(match b {
+            BinaryOp::And if d == DType::Bool => self.emit("arith.andi", &[x, y], "i1")?,
+            BinaryOp::Or if d == DType::Bool => self.emit("arith.ori", &[x, y], "i1")?,
+            BinaryOp::Xor if d == DType::Bool => self.emit("arith.xori", &[x, y], "i1")?,
+            BinaryOp::Equal => self.cmpi("eq", x, y)?,
+            BinaryOp::Less => self.cmpi(&pick("slt", "ult"), x, y)?,
+            BinaryOp::LessOrEqual => self.cmpi(&pick("sle", "ule"), x, y)?,
+            BinaryOp::Greater => self.cmpi(&pick("sgt", "ugt"), x, y)?,
+            BinaryOp::GreaterOrEqual => self.cmpi(&pick("sge", "uge"), x, y)?,
+            _ if d == DType::Bool => return Err(err(format!("{} is not defined for bool", b.name()))),
+            BinaryOp::Add => bin("arith.addi")?,
+            BinaryOp::Sub => bin("arith.subi")?,
+            BinaryOp::Mul => bin("arith.muli")?,
+            BinaryOp::Div => {
+                let y = safe_divisor()?;
+                self.emit(&pick("arith.divsi", "arith.divui"), &[x, y], t)?
+            }
+            BinaryOp::Max => bin(&pick("arith.maxsi", "arith.maxui"))?,
+            BinaryOp::Min => bin(&pick("arith.minsi", "arith.minui"))?,
+            BinaryOp::Mod { fmod } => {
+                let y = safe_divisor()?;
+                let m = self.emit(&pick("arith.remsi", "arith.remui"), &[x, y], t)?;
+                if fmod || !s {
+                    m
+                } else {
+                    let zero = self.int_constant(0, t)?;
+                    let nonzero = self.cmpi("ne", m, zero)?;
+                    let m_neg = self.cmpi("slt", m, zero)?;
+                    let y_neg = self.cmpi("slt", y, zero)?;
+                    let differ = self.emit("arith.xori", &[m_neg, y_neg], "i1")?;
+                    let fix = self.emit("arith.andi", &[nonzero, differ], "i1")?;
+                    let adj = self.emit("arith.addi", &[m, y], t)?;
+                    self.select(fix, adj, m, t)?
+                }
+            }
+            BinaryOp::Pow => {
+                if s {
+                    bin("math.ipowi")?
+                } else {
+                    let xf = self.emit("arith.uitofp", &[x], "f64")?;
+                    let yf = self.emit("arith.uitofp", &[y], "f64")?;
+                    let p = self.emit("math.powf", &[xf, yf], "f64")?;
+                    self.emit("arith.fptoui", &[p], t)?
+                }
+            }
+            BinaryOp::PRelu => {
+                let zero = self.int_constant(0, t)?;
+                let ge = self.cmpi("sge", x, zero)?;
+                let neg = bin("arith.muli")?;
+                self.select(ge, x, neg, t)?
+            }
+            BinaryOp::BitwiseAnd => bin("arith.andi")?,
+            BinaryOp::BitwiseOr => bin("arith.ori")?,
+            BinaryOp::BitwiseXor => bin("arith.xori")?,
+            BinaryOp::BitShiftLeft | BinaryOp::BitShiftRight => {
+                // Shifting by the width or more gives 0 (LLVM would give poison).
+                let shifted = bin(if b == BinaryOp::BitShiftLeft { "arith.shli" } else { "arith.shrui" })?;
+                let width = self.int_constant(bits(d) as i128, t)?;
+                let too_far = self.cmpi("uge", y, width)?;
+                let zero = self.int_constant(0, t)?;
+                self.select(too_far, zero, shifted, t)?
+            }
+            BinaryOp::And | BinaryOp::Or | BinaryOp::Xor => return Err(err(format!("{} needs bool operands", b.name()))),
+        })
+    }
+
+    /// ONNX Cast between any two dtypes.
+    pub fn cast(&self, x: Scalar<'c, 'a>, to: DType) -> Result<Scalar<'c, 'a>> {
+        let from = x.dtype;
+        if from == to {
+            return Ok(x);
+        }
+        let (ft, tt) = (compute_type(from), compute_type(to));
+        let v = if to == DType::Bool {
+            if from.is_float() {
+                let zero = self.constant(0.0, ft)?;
+                self.cmpf("une", x.v, zero)?
+            } else {
+                let zero = self.int_constant(0, ft)?;
+                self.cmpi("ne", x.v, zero)?
+            }
+        } else if from == DType::Bool {
+            if to.is_float() {
+                self.emit("arith.uitofp", &[x.v], tt)?
+            } else {
+                self.emit("arith.extui", &[x.v], tt)?
+            }
+        } else if from.is_float() && to.is_float() {
+            match (ft, tt) {
+                ("f32", "f64") => self.emit("arith.extf", &[x.v], "f64")?,
+                ("f64", "f32") => self.emit("arith.truncf", &[x.v], "f32")?,
+                _ => x.v,
+            }
+        } else if from.is_float() {
+            self.emit(if to.is_signed_int() { "arith.fptosi" } else { "arith.fptoui" }, &[x.v], tt)?
+        } else if to.is_float() {
+            self.emit(if from.is_signed_int() { "arith.sitofp" } else { "arith.uitofp" }, &[x.v], tt)?
+        } else {
+            let (fb, tb) = (bits(from), bits(to));
+            if fb == tb {
+                x.v
+            } else if fb > tb {
+                self.emit("arith.trunci", &[x.v], tt)?
+            } else {
+                self.emit(if from.is_signed_int() { "arith.extsi" } else { "arith.extui" }, &[x.v], tt)?
+            }
+        };
+        Ok(Scalar { v, dtype: to })
+    }
+}
+
+/// The compute type's spelling, for bodies that build their own ops.
+pub fn compute(d: DType) -> &'static str {
+    compute_type(d)
+}

@@ -1,0 +1,170 @@
+//! The driver: `compile(&Graph, &Options) -> Compiled` runs every stage in order (specialise,
+//! graph passes, fusion, codegen and the target pipeline, artifact assembly), times each, keeps
+//! each stage's text when asked, and caches artifacts by content; `jit` compiles and loads.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use kiln_ir::{text, Graph};
+use kiln_runtime::artifact::{Artifact, Target};
+use kiln_runtime::{Executable, LoadOptions};
+
+use crate::options::{Options, TargetKind};
+use crate::target::cpu::{self, StageTexts};
+use crate::{artifact, fuse, passes, CompileError, Result};
+
+/// Every stage's text (empty when it was not produced).
+#[derive(Default, Clone, Debug)]
+pub struct Stages {
+    pub graph: String,
+    pub fused: String,
+    pub mlir: String,
+    pub lowered: String,
+    pub llvm: String,
+    pub asm: String,
+}
+
+impl Stages {
+    /// The text of a stage by its CLI name.
+    pub fn get(&self, stage: &str) -> Option<&str> {
+        Some(match stage {
+            "graph" => &self.graph,
+            "fused" => &self.fused,
+            "mlir" => &self.mlir,
+            "lowered" => &self.lowered,
+            "llvm" => &self.llvm,
+            "asm" => &self.asm,
+            _ => return None,
+        })
+    }
+
+    pub const NAMES: [&'static str; 6] = ["graph", "fused", "mlir", "lowered", "llvm", "asm"];
+}
+
+/// A compiled model.
+pub struct Compiled {
+    pub artifact: Artifact,
+    pub stages: Stages,
+    /// (stage, time) in order.
+    pub timings: Vec<(&'static str, Duration)>,
+    pub from_cache: bool,
+}
+
+/// Compiles a graph. `keep_stages` keeps every stage's text (for `emit` and `--dump-dir`).
+pub fn compile(graph: &Graph, options: &Options, keep_stages: bool) -> Result<Compiled> {
+    let mut timings = Vec::new();
+    let mut clock = Instant::now();
+    let mut lap = |name: &'static str, timings: &mut Vec<(&'static str, Duration)>| {
+        timings.push((name, clock.elapsed()));
+        clock = Instant::now();
+    };
+    let keep = keep_stages || options.dump_dir.is_some();
+    let key = (options.cache && !keep).then(|| cache_key(graph, options));
+    if let Some(hit) = key.as_ref().and_then(|k| cache_load(k)) {
+        lap("cache", &mut timings);
+        return Ok(Compiled { artifact: hit, stages: Stages::default(), timings, from_cache: true });
+    }
+    if options.target != TargetKind::Cpu {
+        return Err(CompileError::Usage(format!("the {} target is not available yet; use --target cpu", options.target.name())));
+    }
+    let mut g = graph.clone();
+    passes::specialize::specialize(&mut g, &options.input_shapes)?;
+    let mut stages = Stages::default();
+    passes::run_passes(&mut g, &passes::default_passes(), |_, _, _| {})?;
+    g.verify()?;
+    if keep {
+        stages.graph = text::print(&g, text::Weights::Summary);
+    }
+    lap("passes", &mut timings);
+    let partition = fuse::partition(&g)?;
+    if keep {
+        stages.fused = fuse::print(&g, &partition);
+    }
+    lap("fuse", &mut timings);
+    let mut texts = StageTexts::default();
+    let code = cpu::compile(&g, &partition.kernels, keep.then_some(&mut texts))?;
+    lap("codegen", &mut timings);
+    let art = artifact::assemble(&g, &partition, &code.kernels, code.shared_object, Target::Cpu, &code.target_detail)?;
+    lap("artifact", &mut timings);
+    stages.mlir = texts.mlir;
+    stages.lowered = texts.lowered;
+    stages.llvm = texts.llvm;
+    stages.asm = texts.asm;
+    if let Some(dir) = &options.dump_dir {
+        dump(dir, &stages)?;
+    }
+    if let Some(k) = &key {
+        cache_store(k, &art);
+    }
+    Ok(Compiled { artifact: art, stages, timings, from_cache: false })
+}
+
+/// Compiles a graph and loads it into an executable in this process.
+pub fn jit(graph: &Graph, options: &Options, load: &LoadOptions) -> Result<Executable> {
+    let compiled = compile(graph, options, false)?;
+    Ok(Executable::load(compiled.artifact, load)?)
+}
+
+fn dump(dir: &std::path::Path, stages: &Stages) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(|e| CompileError::File { path: dir.display().to_string(), msg: e.to_string() })?;
+    let files = [
+        ("graph.kiln.txt", &stages.graph),
+        ("fused.txt", &stages.fused),
+        ("kernels.mlir", &stages.mlir),
+        ("lowered.mlir", &stages.lowered),
+        ("kernels.ll", &stages.llvm),
+        ("kernels.s", &stages.asm),
+    ];
+    for (name, text) in files {
+        let p = dir.join(name);
+        std::fs::write(&p, text).map_err(|e| CompileError::File { path: p.display().to_string(), msg: e.to_string() })?;
+    }
+    Ok(())
+}
+
+/// The compile cache's folder: `$KILN_CACHE/compile`, else `~/.cache/kiln/compile`.
+pub fn cache_dir() -> Option<PathBuf> {
+    let base =
+        std::env::var_os("KILN_CACHE").map(PathBuf::from).or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/kiln")))?;
+    Some(base.join("compile"))
+}
+
+/// A content hash of everything that decides the artifact: the graph (weights by digest), the
+/// options, kiln's version and the host CPU.
+fn cache_key(graph: &Graph, options: &Options) -> String {
+    let mut shapes: Vec<_> = options.input_shapes.iter().collect();
+    shapes.sort();
+    let text = format!(
+        "{}\n{}\n{:?}\n{}\n{}",
+        env!("CARGO_PKG_VERSION"),
+        options.target.name(),
+        shapes,
+        inkwell::targets::TargetMachine::get_host_cpu_features(),
+        text::print(graph, text::Weights::Summary)
+    );
+    let (mut a, mut b) = (0xcbf2_9ce4_8422_2325u64, 0x8422_2325_cbf2_9ce4u64);
+    for byte in text.bytes() {
+        a = (a ^ byte as u64).wrapping_mul(0x0000_0100_0000_01b3);
+        b = (b ^ byte as u64).wrapping_mul(0x0000_0100_0000_01b3).rotate_left(7);
+    }
+    format!("{a:016x}{b:016x}")
+}
+
+fn cache_load(key: &str) -> Option<Artifact> {
+    let p = cache_dir()?.join(format!("{key}.kiln"));
+    Artifact::read(&p).ok()
+}
+
+/// Stores an artifact in the cache (atomically: written aside, then renamed). Failures only cost
+/// the next compile its speed.
+fn cache_store(key: &str, art: &Artifact) {
+    let Some(dir) = cache_dir() else { return };
+    if std::fs::create_dir_all(&dir).is_err() {
+        return;
+    }
+    let tmp = dir.join(format!("{key}.{}.tmp", std::process::id()));
+    if art.write(&tmp).is_ok() {
+        let _ = std::fs::rename(&tmp, dir.join(format!("{key}.kiln")));
+    }
+    let _ = std::fs::remove_file(&tmp);
+}

@@ -1,0 +1,255 @@
+//! Fusion: partitions a graph into kernels, the units of codegen and of launch.
+//!
+//! - Shape-only ops (Reshape, Flatten, Squeeze, Unsqueeze) are *views*: no kernel, their result
+//!   is the same bytes under another shape.
+//! - Every other node belongs to exactly one kernel. A kernel is a chain: at most one *root*
+//!   (anything but an elementwise op: matmul, conv, pooling, a reduction, softmax, a
+//!   normalisation, data movement...) followed by elementwise consumers fused in (bias,
+//!   activation, residual add, scale, clip); or an elementwise chain alone. An elementwise node
+//!   joins its producer's kernel when it reads the kernel's last value, is its only reader, keeps
+//!   its shape, and its other operands do not depend on that kernel.
+//! - Ops with several results are kernels of their own.
+//!
+//! The kernels come back in a valid launch order.
+
+use std::collections::{HashMap, HashSet};
+use std::fmt::Write;
+
+use kiln_ir::{Graph, NodeId, Op, ValueId};
+
+use crate::Result;
+
+/// Constants this small are folded into the kernels that read them instead of being buffers.
+pub const INLINE_CONSTANT: usize = 16;
+
+/// One fused kernel.
+#[derive(Clone, Debug)]
+pub struct Kernel {
+    /// The symbol: `k<i>_<first node>` sanitised.
+    pub name: String,
+    /// What it computes, for people: `conv1: Conv + Relu`.
+    pub label: String,
+    /// Its nodes, in topological order; the first is the root when there is one.
+    pub nodes: Vec<NodeId>,
+    /// Values it reads from outside (graph inputs, weights, views, other kernels' results), in a
+    /// fixed order; small constants are not among them (they are inlined).
+    pub inputs: Vec<ValueId>,
+    /// Values it produces that are read outside it or are graph outputs.
+    pub outputs: Vec<ValueId>,
+    /// For a copy kernel (no nodes): the graph output index it writes.
+    pub copy_to_output: Option<usize>,
+}
+
+/// The partition of a graph.
+#[derive(Clone, Debug)]
+pub struct Partition {
+    /// In launch order.
+    pub kernels: Vec<Kernel>,
+    /// View results and the value whose bytes they share.
+    pub views: HashMap<ValueId, ValueId>,
+}
+
+/// Shape-only ops: a new shape on the same bytes (all shapes are static after specialisation).
+pub fn is_view(op: &Op) -> bool {
+    matches!(op, Op::Reshape { .. } | Op::Flatten { .. } | Op::Squeeze | Op::Unsqueeze)
+}
+
+/// Elementwise ops fuse into one loop nest.
+pub fn is_elementwise(op: &Op) -> bool {
+    op.is_elementwise()
+}
+
+/// Whether a value is a constant small enough to inline into kernels.
+pub fn is_inline_constant(graph: &Graph, v: ValueId) -> bool {
+    graph.constant_value(v).is_some_and(|t| t.len() <= INLINE_CONSTANT)
+}
+
+pub fn partition(graph: &Graph) -> Result<Partition> {
+    let order = graph.topo_order()?;
+    let mut views: HashMap<ValueId, ValueId> = HashMap::new();
+    let mut kernel_of: HashMap<NodeId, usize> = HashMap::new();
+    let mut kernels: Vec<Vec<NodeId>> = Vec::new();
+    // Kernels a kernel reads from (its direct producers).
+    let mut deps: Vec<HashSet<usize>> = Vec::new();
+    // Whether a kernel can still take elementwise consumers.
+    let mut open: Vec<bool> = Vec::new();
+
+    for &id in &order {
+        let node = graph.node(id);
+        if matches!(node.op, Op::Input | Op::Constant(_)) {
+            continue;
+        }
+        let operands: Vec<ValueId> = graph.operands(id).into_iter().flatten().collect();
+        if is_view(&node.op) {
+            views.insert(id.into(), resolve_view(&views, operands[0]));
+            continue;
+        }
+        // The kernels each operand comes from (through views).
+        let producer = |v: ValueId| kernel_of.get(&resolve_view(&views, v).node).copied();
+        let operand_kernels: Vec<Option<usize>> = operands.iter().map(|&v| producer(v)).collect();
+        let mut joined = None;
+        if is_elementwise(&node.op) && node.outputs.len() == 1 {
+            for &v in &operands {
+                let Some(k) = producer(v) else { continue };
+                let tail = *kernels[k].last().expect("kernels are not empty");
+                let reads_tail = v.node == tail && v.output == 0;
+                let only_reader = graph.users(v).len() == 1 && !graph.outputs().iter().any(|(_, o)| *o == v);
+                let same_shape = graph.value_type(v).shape == node.outputs[0].shape;
+                // Other operands must be computable before kernel k runs.
+                let acyclic = operands.iter().filter(|&&o| o != v).all(|&o| producer(o).is_none_or(|j| j != k && !depends_on(&deps, j, k)));
+                if open[k] && reads_tail && only_reader && same_shape && acyclic {
+                    joined = Some(k);
+                    break;
+                }
+            }
+        }
+        let k = match joined {
+            Some(k) => {
+                kernels[k].push(id);
+                k
+            }
+            None => {
+                kernels.push(vec![id]);
+                deps.push(HashSet::new());
+                // Multi-result ops stay alone; everything else takes elementwise consumers.
+                open.push(node.outputs.len() == 1);
+                kernels.len() - 1
+            }
+        };
+        kernel_of.insert(id, k);
+        for j in operand_kernels.into_iter().flatten() {
+            if j != k {
+                deps[k].insert(j);
+            }
+        }
+    }
+
+    // Graph outputs that no kernel writes (inputs, constants, views, or a value listed twice)
+    // get a copy kernel: every output has its own buffer.
+    let mut written: HashSet<ValueId> = HashSet::new();
+    let mut copies: Vec<(usize, ValueId)> = Vec::new();
+    for (i, (_, v)) in graph.outputs().iter().enumerate() {
+        let produced_by_kernel = kernel_of.contains_key(&v.node);
+        if !produced_by_kernel || !written.insert(*v) {
+            copies.push((i, *v));
+        }
+    }
+
+    let order = launch_order(&deps)?;
+    let mut out = Vec::with_capacity(order.len() + copies.len());
+    for (n, &k) in order.iter().enumerate() {
+        out.push(finish_kernel(graph, &kernels[k], n));
+    }
+    for (i, v) in copies {
+        let n = out.len();
+        let name = format!("k{n}_output{i}_copy");
+        out.push(Kernel {
+            name,
+            label: format!("copy of output {i}"),
+            nodes: Vec::new(),
+            inputs: vec![resolve_view(&views, v)],
+            outputs: vec![v],
+            copy_to_output: Some(i),
+        });
+    }
+    Ok(Partition { kernels: out, views })
+}
+
+/// The value whose bytes a (possibly chained) view shares.
+pub fn resolve_view(views: &HashMap<ValueId, ValueId>, v: ValueId) -> ValueId {
+    let mut v = v;
+    while let Some(&src) = views.get(&v) {
+        v = src;
+    }
+    v
+}
+
+/// Whether kernel `a` reads, directly or not, from kernel `b`.
+fn depends_on(deps: &[HashSet<usize>], a: usize, b: usize) -> bool {
+    let mut stack = vec![a];
+    let mut seen = HashSet::new();
+    while let Some(k) = stack.pop() {
+        if k == b {
+            return true;
+        }
+        if seen.insert(k) {
+            stack.extend(deps[k].iter().copied());
+        }
+    }
+    false
+}
+
+/// A topological order of kernels (stable: earlier-created first among the ready ones).
+fn launch_order(deps: &[HashSet<usize>]) -> Result<Vec<usize>> {
+    let n = deps.len();
+    let mut done = vec![false; n];
+    let mut order = Vec::with_capacity(n);
+    while order.len() < n {
+        let next = (0..n).find(|&k| !done[k] && deps[k].iter().all(|&d| done[d]));
+        match next {
+            Some(k) => {
+                done[k] = true;
+                order.push(k);
+            }
+            None => return Err(crate::CompileError::Internal("fusion made a cycle between kernels".into())),
+        }
+    }
+    Ok(order)
+}
+
+fn finish_kernel(graph: &Graph, nodes: &[NodeId], n: usize) -> Kernel {
+    let inside: HashSet<NodeId> = nodes.iter().copied().collect();
+    let mut inputs: Vec<ValueId> = Vec::new();
+    let mut outputs: Vec<ValueId> = Vec::new();
+    for &id in nodes {
+        for v in graph.operands(id).into_iter().flatten() {
+            if !inside.contains(&v.node) && !is_inline_constant(graph, v) && !inputs.contains(&v) {
+                inputs.push(v);
+            }
+        }
+        for i in 0..graph.node(id).outputs.len() {
+            let v = ValueId::new(id, i);
+            // Views are never inside kernels, so a value read through a view counts as read outside.
+            let outside = graph.users(v).iter().any(|(u, _)| !inside.contains(u));
+            if outside || graph.outputs().iter().any(|(_, o)| *o == v) {
+                outputs.push(v);
+            }
+        }
+    }
+    let first = &graph.node(nodes[0]).name;
+    let ops: Vec<&str> = nodes.iter().map(|&id| graph.node(id).op.name()).collect();
+    let mut label = String::new();
+    let _ = write!(label, "{first}: {}", ops.join(" + "));
+    Kernel { name: format!("k{n}_{}", sanitize(first)), label, nodes: nodes.to_vec(), inputs, outputs, copy_to_output: None }
+}
+
+/// A symbol-safe version of a node name.
+fn sanitize(name: &str) -> String {
+    let s: String = name.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
+    s.chars().take(40).collect()
+}
+
+/// The partition as text, for `kiln emit --stage fused`.
+pub fn print(graph: &Graph, p: &Partition) -> String {
+    let mut out = String::new();
+    let value = |v: ValueId| format!("%{}", graph.value_name(v));
+    for k in &p.kernels {
+        let ins: Vec<String> = k.inputs.iter().map(|&v| format!("{}: {}", value(v), graph.value_type(v))).collect();
+        let outs: Vec<String> = k.outputs.iter().map(|&v| format!("{}: {}", value(v), graph.value_type(v))).collect();
+        let _ = writeln!(out, "kernel {} ({})", k.name, k.label);
+        let _ = writeln!(out, "  in  {}", if ins.is_empty() { "-".into() } else { ins.join(", ") });
+        let _ = writeln!(out, "  out {}", outs.join(", "));
+        for &id in &k.nodes {
+            let n = graph.node(id);
+            let operands: Vec<String> = graph.operands(id).into_iter().map(|o| o.map_or("_".into(), value)).collect();
+            let types: Vec<String> = n.outputs.iter().map(|t| t.to_string()).collect();
+            let _ = writeln!(out, "    %{} = {}({}) : {}", n.name, n.op.name(), operands.join(", "), types.join(", "));
+        }
+    }
+    let mut views: Vec<(&ValueId, &ValueId)> = p.views.iter().collect();
+    views.sort();
+    for (v, src) in views {
+        let _ = writeln!(out, "view {} = {} as {}", value(*v), value(*src), graph.value_type(*v));
+    }
+    out
+}

@@ -1,0 +1,36 @@
+//! Graph passes: one pass a file, each `fn run(&mut Graph) -> Result<bool>` (whether it changed
+//! anything), run in order by `PassManager`, which can print the graph after each pass.
+
+pub mod fold;
+pub mod simplify;
+pub mod specialize;
+
+use kiln_ir::Graph;
+
+use crate::Result;
+
+/// A named graph-to-graph stage.
+pub struct Pass {
+    pub name: &'static str,
+    pub run: fn(&mut Graph) -> Result<bool>,
+}
+
+/// The passes every compile runs, in order.
+pub fn default_passes() -> Vec<Pass> {
+    vec![
+        Pass { name: "fold", run: fold::run },
+        Pass { name: "simplify", run: simplify::run },
+        // Simplification exposes more constants (a Reshape of a folded shape...).
+        Pass { name: "fold-again", run: fold::run },
+    ]
+}
+
+/// Runs passes in order; `after` is told the graph after each one (for `--dump-dir` and
+/// `emit --stage`).
+pub fn run_passes(graph: &mut Graph, passes: &[Pass], mut after: impl FnMut(&str, &Graph, bool)) -> Result<()> {
+    for p in passes {
+        let changed = (p.run)(graph)?;
+        after(p.name, graph, changed);
+    }
+    Ok(())
+}

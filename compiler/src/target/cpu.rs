@@ -1,0 +1,325 @@
+//! The CPU target: per-kernel workgroup distribution (transform dialect), bufferisation and
+//! lowering to the LLVM dialect, translation to LLVM IR, optimisation for the host CPU by inkwell,
+//! and one shared object holding every kernel.
+//!
+//! Each kernel's body function is `k_body(ptr..., i64 wg_begin, i64 wg_end)` (static memrefs
+//! passed as bare pointers); an exported wrapper `k(void **args, i64 wg_begin, i64 wg_end)` loads
+//! the pointers and calls it, the signature the runtime's CPU device calls.
+
+use std::path::PathBuf;
+
+use inkwell::context::Context as LlvmContext;
+use inkwell::module::Module as LlvmModule;
+use inkwell::passes::PassBuilderOptions;
+use inkwell::targets::{CodeModel, FileType, InitializationConfig, RelocMode, Target, TargetMachine};
+use inkwell::OptimizationLevel;
+use melior::ir::attribute::Attribute;
+use melior::ir::operation::{OperationLike, OperationRef};
+use melior::ir::{BlockLike, Module, RegionLike};
+
+use kiln_ir::Graph;
+
+use super::MlirContext;
+use crate::codegen;
+use crate::fuse::Kernel;
+use crate::{CompileError, Result};
+
+/// Distribution: first tile the workgroup loop, then the pipeline that bufferises and converts
+/// it into a plain loop whose bounds become the workgroup range.
+const BUFFERIZE: &str = "builtin.module(canonicalize,cse,one-shot-bufferize{bufferize-function-boundaries=1 function-boundary-type-conversion=identity-layout-map},canonicalize,cse,scf-forall-to-for)";
+
+/// Lowering to the LLVM dialect. Temporaries are freed (kernels run many times); math without an
+/// LLVM intrinsic becomes libm calls.
+const LOWER: &str = "builtin.module(buffer-deallocation-pipeline,convert-bufferization-to-memref,func.func(convert-linalg-to-loops),convert-vector-to-scf,expand-strided-metadata,lower-affine,convert-scf-to-cf,finalize-memref-to-llvm,convert-math-to-funcs,convert-vector-to-llvm,convert-math-to-llvm,convert-math-to-libm,convert-arith-to-llvm,convert-index-to-llvm,convert-func-to-llvm{use-bare-ptr-memref-call-conv=1},convert-cf-to-llvm,convert-ub-to-llvm,reconcile-unrealized-casts)";
+
+/// Outputs smaller than this run as one workgroup: splitting them costs more than it saves.
+const MIN_DISTRIBUTED: usize = 16 * 1024;
+/// At most this many workgroups a kernel.
+const MAX_WORKGROUPS: usize = 64;
+
+/// A compiled kernel.
+#[derive(Clone, Debug)]
+pub struct CompiledKernel {
+    pub symbol: String,
+    pub workgroups: u64,
+    pub label: String,
+}
+
+/// The result of compiling every kernel for the CPU.
+pub struct CpuCode {
+    pub shared_object: Vec<u8>,
+    pub kernels: Vec<CompiledKernel>,
+    /// The CPU and features the code was optimised for.
+    pub target_detail: String,
+}
+
+/// The text of each stage, when asked for.
+#[derive(Default, Clone, Debug)]
+pub struct StageTexts {
+    pub mlir: String,
+    pub lowered: String,
+    pub llvm: String,
+    pub asm: String,
+}
+
+fn stage_err(k: &Kernel, stage: &'static str, msg: impl Into<String>) -> CompileError {
+    CompileError::Codegen { kernel: k.name.clone(), label: k.label.clone(), stage, msg: msg.into() }
+}
+
+/// Compiles every kernel into one shared object; `texts` collects the stage texts when given.
+pub fn compile(graph: &Graph, kernels: &[Kernel], mut texts: Option<&mut StageTexts>) -> Result<CpuCode> {
+    let mlir = MlirContext::new();
+    let llvm = LlvmContext::create();
+    let main = llvm.create_module("kiln");
+    let mut compiled = Vec::with_capacity(kernels.len());
+    for k in kernels {
+        let (module, workgroups, mlir_text) = lower_kernel(&mlir, graph, k)?;
+        if let Some(t) = texts.as_deref_mut() {
+            t.mlir.push_str(&mlir_text);
+            t.lowered.push_str(&module.as_operation().to_string());
+        }
+        // SAFETY: the LLVM context is inkwell's, from the same statically linked LLVM as MLIR's.
+        let raw = unsafe { mlir_sys::mlirTranslateModuleToLLVMIR(module.as_operation().to_raw(), llvm.raw() as mlir_sys::LLVMContextRef) };
+        if raw.is_null() {
+            return Err(stage_err(k, "llvm", format!("translation to LLVM IR failed: {}", mlir.take_diagnostics())));
+        }
+        // SAFETY: a module the translation just created in `llvm`, owned by us from here on.
+        let m = unsafe { LlvmModule::new(raw as inkwell::llvm_sys::prelude::LLVMModuleRef) };
+        main.link_in_module(m).map_err(|e| stage_err(k, "llvm", format!("linking: {e}")))?;
+        compiled.push(CompiledKernel { symbol: k.name.clone(), workgroups, label: k.label.clone() });
+    }
+    add_wrappers(&llvm, &main, kernels)?;
+    let (tm, detail) = host_machine()?;
+    main.set_triple(&tm.get_triple());
+    main.set_data_layout(&tm.get_target_data().get_data_layout());
+    main.verify().map_err(|e| CompileError::Internal(format!("invalid LLVM IR: {e}")))?;
+    main.run_passes("default<O3>", &tm, PassBuilderOptions::create())
+        .map_err(|e| CompileError::Internal(format!("LLVM optimisation failed: {e}")))?;
+    if let Some(t) = texts.as_deref_mut() {
+        t.llvm = main.print_to_string().to_string();
+        let asm = tm
+            .write_to_memory_buffer(&main, FileType::Assembly)
+            .map_err(|e| CompileError::Internal(format!("LLVM assembly emission failed: {e}")))?;
+        t.asm = String::from_utf8_lossy(asm.as_slice()).into_owned();
+    }
+    let object =
+        tm.write_to_memory_buffer(&main, FileType::Object).map_err(|e| CompileError::Internal(format!("LLVM object emission failed: {e}")))?;
+    let shared_object = link_shared(object.as_slice())?;
+    Ok(CpuCode { shared_object, kernels: compiled, target_detail: detail })
+}
+
+/// The host's target machine (its CPU name and real features: AVX-512 where present).
+fn host_machine() -> Result<(TargetMachine, String)> {
+    Target::initialize_native(&InitializationConfig::default()).map_err(|e| CompileError::Internal(format!("LLVM native target: {e}")))?;
+    let triple = TargetMachine::get_default_triple();
+    let target = Target::from_triple(&triple).map_err(|e| CompileError::Internal(format!("LLVM target for {triple}: {e}")))?;
+    let cpu = TargetMachine::get_host_cpu_name().to_string();
+    let features = TargetMachine::get_host_cpu_features().to_string();
+    let tm = target
+        .create_target_machine(&triple, &cpu, &features, OptimizationLevel::Aggressive, RelocMode::PIC, CodeModel::Default)
+        .ok_or_else(|| CompileError::Internal(format!("LLVM cannot make a target machine for {triple} {cpu}")))?;
+    let wide: Vec<&str> = features
+        .split(',')
+        .filter(|f| f.starts_with('+') && (f.contains("avx") || f.contains("fma") || f.contains("sse4")))
+        .map(|f| &f[1..])
+        .collect();
+    Ok((tm, format!("{triple} {cpu} {}", wide.join(","))))
+}
+
+/// Builds, distributes and lowers one kernel; returns the lowered module, its workgroup count and
+/// the text of its MLIR before the pipeline.
+fn lower_kernel<'c>(mlir: &'c MlirContext, graph: &Graph, k: &Kernel) -> Result<(Module<'c>, u64, String)> {
+    let build = || codegen::build_kernel(&mlir.ctx, graph, k);
+    let mut module = build()?;
+    if !module.as_operation().verify() {
+        return Err(stage_err(k, "mlir", format!("the generated MLIR does not verify: {}\n{}", mlir.take_diagnostics(), module.as_operation())));
+    }
+    let text = module.as_operation().to_string();
+    let mut workgroups = 1;
+    if let Some((script, wg)) = distribution(&mlir.ctx, &module, graph, k) {
+        match mlir.apply_transform(&module.as_operation(), &script) {
+            Ok(()) => workgroups = wg,
+            // Not every kernel tiles (an op without a tiling rule, a reshape between ops): it
+            // then runs as one workgroup. Rebuild it: a failed transform may leave it half done.
+            Err(_) => module = build()?,
+        }
+    }
+    mlir.run_pipeline(&mut module, BUFFERIZE).map_err(|e| stage_err(k, "bufferize", e))?;
+    if workgroups > 1 {
+        bind_workgroup_loop(&module).map_err(|e| stage_err(k, "distribute", e))?;
+    }
+    mlir.run_pipeline(&mut module, LOWER).map_err(|e| stage_err(k, "lower", e))?;
+    Ok((module, workgroups, text))
+}
+
+/// The kernel's function (bufferisation may put globals before it).
+fn kernel_func<'c, 'a>(module: &'a Module<'c>) -> Option<OperationRef<'c, 'a>> {
+    let mut op = module.body().first_operation();
+    while let Some(o) = op {
+        if o.name().as_string_ref().as_str() == Ok("func.func") {
+            return Some(o);
+        }
+        op = o.next_in_block();
+    }
+    None
+}
+
+/// The top-level ops of the kernel's function body.
+fn body_ops<'c, 'a>(module: &'a Module<'c>) -> Vec<OperationRef<'c, 'a>> {
+    let mut out = Vec::new();
+    let Some(func) = kernel_func(module) else { return out };
+    let Ok(region) = func.region(0) else { return out };
+    let Some(block) = region.first_block() else { return out };
+    let mut op = block.first_operation();
+    while let Some(o) = op {
+        op = o.next_in_block();
+        out.push(o);
+    }
+    out
+}
+
+/// Decides how to split a kernel into workgroups: the transform script and the workgroup count,
+/// or `None` to run it as one workgroup. The last linalg op (the one writing the output) is
+/// tiled along one output dimension into an `scf.forall`; the ops before it are fused in.
+fn distribution(ctx: &melior::Context, module: &Module, graph: &Graph, k: &Kernel) -> Option<(String, u64)> {
+    if k.outputs.len() != 1 {
+        return None;
+    }
+    let dims = graph.value_type(k.outputs[0]).shape.as_fixed()?;
+    let numel: usize = dims.iter().product();
+    if numel < MIN_DISTRIBUTED {
+        return None;
+    }
+    let linalg: Vec<OperationRef> = body_ops(module)
+        .into_iter()
+        .filter(|o| o.name().as_string_ref().as_str().is_ok_and(|n| n.starts_with("linalg.") || n == "tensor.pad"))
+        .collect();
+    let anchor = linalg.iter().rev().find(|o| o.name().as_string_ref().as_str().is_ok_and(|n| n.starts_with("linalg.") && n != "linalg.fill"))?;
+    // The dimension to split: image rows for batch-1 images (a halo of input per workgroup
+    // instead of the whole input), else the first that is not tiny.
+    let d = if dims.len() == 4 && dims[0] == 1 && dims[2] >= 8 {
+        2
+    } else {
+        dims.iter().position(|&n| n >= 8).or_else(|| dims.iter().position(|&n| n >= 2))?
+    };
+    let extent = dims[d];
+    let target = (numel / 8192).clamp(2, MAX_WORKGROUPS).min(extent);
+    let tile = extent.div_ceil(target);
+    let workgroups = extent.div_ceil(tile) as u64;
+    if workgroups < 2 {
+        return None;
+    }
+    let unit = Attribute::unit(ctx);
+    let anchor_raw = anchor.to_raw();
+    // SAFETY: the ops belong to this module; discardable attributes only tag them for matching.
+    unsafe {
+        set_attr(anchor_raw, "kiln.anchor", unit);
+    }
+    let producers: Vec<_> = linalg.iter().filter(|o| o.to_raw().ptr != anchor_raw.ptr).collect();
+    let mut script = String::from(
+        "module attributes {transform.with_named_sequence} {\n  transform.named_sequence @__transform_main(%root: !transform.any_op {transform.readonly}) {\n",
+    );
+    let any = "!transform.any_op";
+    script.push_str(&format!("    %a = transform.structured.match attributes {{kiln.anchor}} in %root : ({any}) -> {any}\n"));
+    let sizes: Vec<String> = (0..=d).map(|i| if i == d { tile.to_string() } else { "0".into() }).collect();
+    script.push_str(&format!(
+        "    %t, %l0 = transform.structured.tile_using_forall %a tile_sizes [{}] : ({any}) -> ({any}, {any})\n",
+        sizes.join(", ")
+    ));
+    // Fuse producers, nearest first, each into the loop the previous fusion returned.
+    for (i, p) in producers.iter().rev().enumerate() {
+        let tag = format!("kiln.fuse{i}");
+        // SAFETY: as above.
+        unsafe { set_attr(p.to_raw(), &tag, unit) };
+        script.push_str(&format!("    %p{i} = transform.structured.match attributes {{{tag}}} in %root : ({any}) -> {any}\n"));
+        script.push_str(&format!(
+            "    %f{i}, %l{} = transform.structured.fuse_into_containing_op %p{i} into %l{i} : ({any}, {any}) -> ({any}, {any})\n",
+            i + 1
+        ));
+    }
+    script.push_str("    transform.yield\n  }\n}\n");
+    Some((script, workgroups))
+}
+
+unsafe fn set_attr(op: mlir_sys::MlirOperation, name: &str, value: Attribute) {
+    let name = mlir_sys::MlirStringRef { data: name.as_ptr() as *const _, length: name.len() };
+    // SAFETY: the caller passes a live operation and an attribute of its context.
+    unsafe { mlir_sys::mlirOperationSetDiscardableAttributeByName(op, name, melior::ir::attribute::AttributeLike::to_raw(&value)) };
+}
+
+/// After bufferisation, the workgroup `scf.forall` is an `scf.for` over 0..G at the top of the
+/// function: its bounds become the function's `wg_begin`/`wg_end` arguments.
+fn bind_workgroup_loop(module: &Module) -> Result<(), String> {
+    let loops: Vec<_> = body_ops(module).into_iter().filter(|o| o.name().as_string_ref().as_str() == Ok("scf.for")).collect();
+    let [l] = loops.as_slice() else {
+        return Err(format!("expected one workgroup loop after bufferisation, found {}", loops.len()));
+    };
+    let func = kernel_func(module).ok_or("no function")?;
+    let block = func.region(0).map_err(|e| e.to_string())?.first_block().ok_or("no body")?;
+    let n = block.argument_count();
+    let (begin, end) = (block.argument(n - 2).map_err(|e| e.to_string())?, block.argument(n - 1).map_err(|e| e.to_string())?);
+    // SAFETY: scf.for's operands 0 and 1 are its lower and upper bounds, both `index`, as are
+    // the function arguments put there.
+    unsafe {
+        mlir_sys::mlirOperationSetOperand(l.to_raw(), 0, melior::ir::ValueLike::to_raw(&begin));
+        mlir_sys::mlirOperationSetOperand(l.to_raw(), 1, melior::ir::ValueLike::to_raw(&end));
+    }
+    Ok(())
+}
+
+/// Adds `k(void **args, i64, i64)` for each kernel, calling `k_body` with the loaded pointers.
+fn add_wrappers<'l>(llvm: &'l LlvmContext, module: &LlvmModule<'l>, kernels: &[Kernel]) -> Result<()> {
+    let ptr = llvm.ptr_type(inkwell::AddressSpace::default());
+    let i64t = llvm.i64_type();
+    let fn_type = llvm.void_type().fn_type(&[ptr.into(), i64t.into(), i64t.into()], false);
+    let builder = llvm.create_builder();
+    for k in kernels {
+        let body = module
+            .get_function(&format!("{}_body", k.name))
+            .ok_or_else(|| CompileError::Internal(format!("kernel {} has no body function", k.name)))?;
+        let f = module.add_function(&k.name, fn_type, None);
+        let entry = llvm.append_basic_block(f, "entry");
+        builder.position_at_end(entry);
+        let args = f.get_nth_param(0).expect("declared").into_pointer_value();
+        let n = body.count_params() as usize - 2;
+        let mut call_args = Vec::with_capacity(n + 2);
+        for i in 0..n {
+            let internal = |e: inkwell::builder::BuilderError| CompileError::Internal(format!("building the wrapper of {}: {e}", k.name));
+            // SAFETY: args points to an array of n pointers (the runtime's launch arguments).
+            let slot = unsafe { builder.build_in_bounds_gep(ptr, args, &[i64t.const_int(i as u64, false)], "slot") }.map_err(internal)?;
+            let p = builder.build_load(ptr, slot, "arg").map_err(internal)?;
+            call_args.push(p.into());
+        }
+        call_args.push(f.get_nth_param(1).expect("declared").into());
+        call_args.push(f.get_nth_param(2).expect("declared").into());
+        builder.build_call(body, &call_args, "").map_err(|e| CompileError::Internal(e.to_string()))?;
+        builder.build_return(None).map_err(|e| CompileError::Internal(e.to_string()))?;
+    }
+    Ok(())
+}
+
+/// Links an object file into a shared object with the system C compiler (libm for the math
+/// that has no LLVM intrinsic).
+fn link_shared(object: &[u8]) -> Result<Vec<u8>> {
+    static COUNTER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir: PathBuf = std::env::temp_dir().join(format!("kiln-link-{}-{n}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| CompileError::Internal(format!("{}: {e}", dir.display())))?;
+    let (obj, so) = (dir.join("kernels.o"), dir.join("kernels.so"));
+    let result = (|| {
+        std::fs::write(&obj, object).map_err(|e| format!("{}: {e}", obj.display()))?;
+        let out = std::process::Command::new("cc")
+            .args(["-shared", "-o"])
+            .arg(&so)
+            .arg(&obj)
+            .arg("-lm")
+            .output()
+            .map_err(|e| format!("cannot run the system linker `cc` (install a C toolchain: scripts/setup.sh): {e}"))?;
+        if !out.status.success() {
+            return Err(format!("linking the kernels failed: {}", String::from_utf8_lossy(&out.stderr)));
+        }
+        std::fs::read(&so).map_err(|e| format!("{}: {e}", so.display()))
+    })();
+    let _ = std::fs::remove_dir_all(&dir);
+    result.map_err(CompileError::Internal)
+}

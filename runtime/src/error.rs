@@ -1,0 +1,27 @@
+//! kiln-runtime's error type.
+
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum RuntimeError {
+    /// The artifact file is damaged, foreign, or from another format version.
+    #[error("{path}: {msg}")]
+    Artifact { path: String, msg: String },
+
+    /// Inputs given to `run` do not match what the executable declares.
+    #[error("input `{name}`: {msg}")]
+    Input { name: String, msg: String },
+
+    /// A device could not be used (missing driver, no such device, a load failure).
+    #[error("device {device}: {msg}")]
+    Device { device: String, msg: String },
+
+    /// A kernel launch failed.
+    #[error("kernel `{kernel}`: {msg}")]
+    Launch { kernel: String, msg: String },
+
+    #[error("{0}")]
+    Io(String),
+}
+
+pub type Result<T, E = RuntimeError> = std::result::Result<T, E>;

@@ -1,0 +1,221 @@
+//! A loaded artifact ready to run: `Executable::run(inputs) -> outputs`.
+
+use std::path::Path;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use kiln_ir::{DType, Tensor};
+
+use crate::artifact::{Artifact, BufferKind, Manifest, Target, TensorDesc};
+use crate::device::cpu::CpuProgram;
+use crate::{Result, RuntimeError};
+
+/// How to load an executable.
+#[derive(Clone, Debug)]
+pub struct LoadOptions {
+    /// CPU worker threads (default: every core).
+    pub threads: Option<usize>,
+}
+
+impl Default for LoadOptions {
+    fn default() -> LoadOptions {
+        LoadOptions { threads: None }
+    }
+}
+
+/// Per-kernel timings of one run.
+#[derive(Clone, Debug, Default)]
+pub struct Profile {
+    /// (kernel label, time) per launch, in order.
+    pub launches: Vec<(String, Duration)>,
+    /// Bytes copied between the host and the device (0 on the CPU: it runs in place).
+    pub bytes_to_device: u64,
+    pub bytes_from_device: u64,
+}
+
+/// 64-byte aligned, zeroed bytes.
+struct Aligned {
+    words: Vec<u64>,
+    offset: usize,
+    len: usize,
+}
+
+impl Aligned {
+    fn new(len: usize) -> Aligned {
+        let words = vec![0u64; len.div_ceil(8) + 8];
+        let offset = (64 - (words.as_ptr() as usize % 64)) % 64;
+        Aligned { words, offset, len }
+    }
+
+    fn ptr(&mut self) -> *mut u8 {
+        // SAFETY: `offset` is within the allocation (at most 56 of the 64 spare bytes).
+        unsafe { (self.words.as_mut_ptr() as *mut u8).add(self.offset) }
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        let (o, n) = (self.offset, self.len);
+        &mut bytemuck_bytes_mut(&mut self.words)[o..o + n]
+    }
+
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: u64 words viewed as bytes; the range is inside the allocation.
+        let all = unsafe { std::slice::from_raw_parts(self.words.as_ptr() as *const u8, self.words.len() * 8) };
+        &all[self.offset..self.offset + self.len]
+    }
+}
+
+fn bytemuck_bytes_mut(words: &mut [u64]) -> &mut [u8] {
+    // SAFETY: any u64 storage is valid as bytes.
+    unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr() as *mut u8, words.len() * 8) }
+}
+
+enum Program {
+    Cpu(CpuProgram),
+}
+
+/// A compiled model, loaded once (code, constants), run many times.
+pub struct Executable {
+    manifest: Manifest,
+    program: Program,
+    constants: Aligned,
+    /// Where each constant buffer starts in `constants`.
+    constant_offsets: Vec<Option<usize>>,
+    arena: Mutex<Aligned>,
+}
+
+impl Executable {
+    /// Reads an artifact file and loads it.
+    pub fn load_file(path: &Path, options: &LoadOptions) -> Result<Executable> {
+        Executable::load(Artifact::read(path)?, options)
+    }
+
+    /// Loads an artifact: its code onto the device, its constants into memory (once).
+    pub fn load(artifact: Artifact, options: &LoadOptions) -> Result<Executable> {
+        let m = &artifact.manifest;
+        let threads = options.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+        let program = match m.target {
+            Target::Cpu => {
+                let symbols: Vec<String> = m.kernels.iter().map(|k| k.symbol.clone()).collect();
+                Program::Cpu(CpuProgram::load(artifact.blob(m.code)?, &symbols, threads)?)
+            }
+            other => {
+                return Err(RuntimeError::Device { device: other.name().into(), msg: "this runtime build runs CPU artifacts only".into() });
+            }
+        };
+        // Constants go into one aligned block, each at a 64-byte boundary.
+        let mut offsets = vec![None; m.buffers.len()];
+        let mut total = 0usize;
+        for (i, b) in m.buffers.iter().enumerate() {
+            if let BufferKind::Constant(_) = b.kind {
+                offsets[i] = Some(total);
+                total += (b.bytes as usize).div_ceil(64) * 64;
+            }
+        }
+        let mut constants = Aligned::new(total);
+        for (i, b) in m.buffers.iter().enumerate() {
+            if let (BufferKind::Constant(blob), Some(at)) = (&b.kind, offsets[i]) {
+                let src = artifact.blob(*blob)?;
+                constants.bytes_mut()[at..at + b.bytes as usize].copy_from_slice(&src[..b.bytes as usize]);
+            }
+        }
+        let arena = Mutex::new(Aligned::new(m.arena_bytes as usize));
+        Ok(Executable { manifest: artifact.manifest, program, constants, constant_offsets: offsets, arena })
+    }
+
+    pub fn inputs(&self) -> &[TensorDesc] {
+        &self.manifest.inputs
+    }
+
+    pub fn outputs(&self) -> &[TensorDesc] {
+        &self.manifest.outputs
+    }
+
+    pub fn manifest(&self) -> &Manifest {
+        &self.manifest
+    }
+
+    /// The device it runs on, in words.
+    pub fn device(&self) -> String {
+        match &self.program {
+            Program::Cpu(p) => format!("cpu ({} thread{})", p.threads(), if p.threads() == 1 { "" } else { "s" }),
+        }
+    }
+
+    /// Runs on `inputs` (in declared order) and returns the outputs (in declared order).
+    pub fn run(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
+        self.run_profiled(inputs, None)
+    }
+
+    /// Runs, recording per-launch times into `profile` when given.
+    pub fn run_profiled(&self, inputs: &[Tensor], mut profile: Option<&mut Profile>) -> Result<Vec<Tensor>> {
+        self.check_inputs(inputs)?;
+        let m = &self.manifest;
+        let mut outputs: Vec<Aligned> = m.outputs.iter().map(|o| Aligned::new(m.buffers[o.buffer].bytes as usize)).collect();
+        // One run at a time uses the arena.
+        let mut arena = self.arena.lock().unwrap_or_else(|p| p.into_inner());
+        let arena_ptr = arena.ptr();
+        let constants_ptr = self.constants.words.as_ptr() as *mut u8;
+        let constants_base = self.constants.offset;
+        let mut ptrs: Vec<*mut u8> = vec![std::ptr::null_mut(); m.buffers.len()];
+        for (i, b) in m.buffers.iter().enumerate() {
+            ptrs[i] = match &b.kind {
+                // Kernels never write inputs; the pointer is cast for the uniform signature.
+                BufferKind::Input(k) => inputs[*k].bytes().as_ptr() as *mut u8,
+                BufferKind::Output(k) => outputs[*k].ptr(),
+                // SAFETY: offsets were planned inside the constant block at load.
+                BufferKind::Constant(_) => unsafe { constants_ptr.add(constants_base + self.constant_offsets[i].expect("planned at load")) },
+                // SAFETY: validated at load: inside the arena.
+                BufferKind::Scratch { offset } => unsafe { arena_ptr.add(*offset as usize) },
+                BufferKind::Alias { .. } => std::ptr::null_mut(),
+            };
+        }
+        for (i, b) in m.buffers.iter().enumerate() {
+            if let BufferKind::Alias { of, offset } = b.kind {
+                // SAFETY: validated at load: inside the aliased buffer, which is not an alias.
+                ptrs[i] = unsafe { ptrs[of].add(offset as usize) };
+            }
+        }
+        let mut args: Vec<*mut u8> = Vec::new();
+        for launch in &m.launches {
+            args.clear();
+            args.extend(launch.args.iter().map(|&b| ptrs[b]));
+            let kernel = &m.kernels[launch.kernel];
+            let start = profile.as_ref().map(|_| Instant::now());
+            match &self.program {
+                // SAFETY: buffers are sized as the compiler planned them for this kernel.
+                Program::Cpu(p) => unsafe { p.launch(launch.kernel, &args, kernel.workgroups) },
+            }
+            if let (Some(p), Some(t)) = (profile.as_deref_mut(), start) {
+                p.launches.push((kernel.label.clone(), t.elapsed()));
+            }
+        }
+        drop(arena);
+        m.outputs
+            .iter()
+            .zip(&outputs)
+            .map(|(o, buf)| {
+                let dtype = DType::from_name(&o.dtype).expect("validated at load");
+                let n = o.dims.iter().product::<usize>() * dtype.size();
+                Tensor::from_bytes(dtype, &o.dims, &buf.bytes()[..n])
+                    .map_err(|e| RuntimeError::Launch { kernel: "output".into(), msg: e.to_string() })
+            })
+            .collect()
+    }
+
+    fn check_inputs(&self, inputs: &[Tensor]) -> Result<()> {
+        let want = &self.manifest.inputs;
+        let list = || want.iter().map(|t| format!("{}: {}{:?}", t.name, t.dtype, t.dims)).collect::<Vec<_>>().join(", ");
+        if inputs.len() != want.len() {
+            return Err(RuntimeError::Input {
+                name: self.manifest.model.clone(),
+                msg: format!("expects {} inputs ({}), {} given", want.len(), list(), inputs.len()),
+            });
+        }
+        for (t, d) in inputs.iter().zip(want) {
+            if t.dtype().name() != d.dtype || t.dims() != d.dims.as_slice() {
+                return Err(RuntimeError::Input { name: d.name.clone(), msg: format!("expected {}{:?}, got {}", d.dtype, d.dims, t.ty()) });
+            }
+        }
+        Ok(())
+    }
+}

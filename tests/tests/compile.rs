@@ -1,0 +1,34 @@
+//! Compiled code against the reference interpreter.
+
+use kiln_compiler::Options;
+use kiln_ir::{eval, models, DType, Graph, Tensor};
+use kiln_runtime::LoadOptions;
+
+/// Compiles `graph`, runs it with `threads` threads, and checks every output against `ir::eval`.
+pub fn check_against_eval(graph: &Graph, inputs: &[Tensor], threads: usize, tol: f64) {
+    let exe = kiln_compiler::jit(graph, &Options { cache: false, ..Options::default() }, &LoadOptions { threads: Some(threads) })
+        .unwrap_or_else(|e| panic!("compile failed: {e}"));
+    let got = exe.run(inputs).unwrap_or_else(|e| panic!("run failed: {e}"));
+    let want = eval::run(graph, inputs).expect("the interpreter runs the graph");
+    assert_eq!(got.len(), want.len());
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(g.ty(), w.ty(), "output {i} type");
+        let (g, w) = (g.to_f64s(), w.to_f64s());
+        for (j, (a, b)) in g.iter().zip(&w).enumerate() {
+            let ok = (a - b).abs() <= tol + tol * b.abs() || (a.is_nan() && b.is_nan());
+            assert!(ok, "output {i} element {j}: compiled {a}, interpreter {b}");
+        }
+    }
+}
+
+#[test]
+fn mlp_matches_the_interpreter() {
+    let g = models::mlp(4, 32, 64, 10, 1).unwrap();
+    check_against_eval(&g, &[Tensor::random(DType::F32, &[4, 32], 2)], 1, 1e-4);
+}
+
+#[test]
+fn cifarnet_matches_the_interpreter() {
+    let g = models::cifarnet(4, 0).unwrap();
+    check_against_eval(&g, &[Tensor::random(DType::F32, &[4, 3, 32, 32], 42)], 2, 1e-4);
+}
