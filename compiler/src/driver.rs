@@ -67,11 +67,8 @@ pub fn compile(graph: &Graph, options: &Options, keep_stages: bool) -> Result<Co
     if options.target != TargetKind::Cpu {
         return Err(CompileError::Usage(format!("the {} target is not available yet; use --target cpu", options.target.name())));
     }
-    let mut g = graph.clone();
-    passes::specialize::specialize(&mut g, &options.input_shapes)?;
     let mut stages = Stages::default();
-    passes::run_passes(&mut g, &passes::default_passes(), |_, _, _| {})?;
-    g.verify()?;
+    let g = optimize(graph, options)?;
     if keep {
         stages.graph = text::print(&g, text::Weights::Summary);
     }
@@ -97,6 +94,22 @@ pub fn compile(graph: &Graph, options: &Options, keep_stages: bool) -> Result<Co
         cache_store(k, &art);
     }
     Ok(Compiled { artifact: art, stages, timings, from_cache: false })
+}
+
+/// The graph after specialisation and the graph passes.
+fn optimize(graph: &Graph, options: &Options) -> Result<Graph> {
+    let mut g = graph.clone();
+    passes::specialize::specialize(&mut g, &options.input_shapes)?;
+    passes::run_passes(&mut g, &passes::default_passes(), |_, _, _| {})?;
+    g.verify()?;
+    Ok(g)
+}
+
+/// The stages before codegen (the optimised graph and the fused kernels), for printing.
+pub fn front(graph: &Graph, options: &Options) -> Result<Stages> {
+    let g = optimize(graph, options)?;
+    let partition = fuse::partition(&g)?;
+    Ok(Stages { graph: text::print(&g, text::Weights::Summary), fused: fuse::print(&g, &partition), ..Stages::default() })
 }
 
 /// Compiles a graph and loads it into an executable in this process.
@@ -130,12 +143,17 @@ pub fn cache_dir() -> Option<PathBuf> {
 }
 
 /// A content hash of everything that decides the artifact: the graph (weights by digest), the
-/// options, kiln's version and the host CPU.
+/// options, kiln's version and build, and the host CPU.
 fn cache_key(graph: &Graph, options: &Options) -> String {
     let mut shapes: Vec<_> = options.input_shapes.iter().collect();
     shapes.sort();
+    // The compiler's own build: a rebuilt kiln must not reuse what an older one compiled.
+    let build = std::env::current_exe()
+        .and_then(std::fs::metadata)
+        .map(|m| format!("{} {:?}", m.len(), m.modified().ok()))
+        .unwrap_or_default();
     let text = format!(
-        "{}\n{}\n{:?}\n{}\n{}",
+        "{} {build}\n{}\n{:?}\n{}\n{}",
         env!("CARGO_PKG_VERSION"),
         options.target.name(),
         shapes,

@@ -17,6 +17,10 @@ pub enum CompileError {
     #[error("compiling kernel `{kernel}` ({label}), stage {stage}: {msg}")]
     Codegen { kernel: String, label: String, stage: &'static str, msg: String },
 
+    /// The model is valid but the code generator cannot compile part of it yet.
+    #[error("kernel `{kernel}` ({label}): node `{node}` ({op}) {what}")]
+    Unsupported { kernel: String, label: String, node: String, op: &'static str, what: String },
+
     /// A kiln bug, not bad input.
     #[error("internal error: {0}")]
     Internal(String),

@@ -3,7 +3,7 @@
 mod artifact;
 pub mod cli;
 pub mod codegen;
-mod driver;
+pub mod driver;
 mod error;
 pub mod fuse;
 mod options;

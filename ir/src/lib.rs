@@ -40,6 +40,7 @@ pub mod eval;
 pub mod fold;
 pub mod infer;
 pub mod models;
+pub mod npy;
 #[cfg(feature = "onnx")]
 pub mod onnx;
 pub mod op;

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use indicatif::{ProgressBar, ProgressStyle};
-use kiln_ir::onnx::testcase::{self, CaseResult, Outcome, Tolerance};
+use kiln_ir::onnx::testcase::{self, CaseResult, EngineError, Outcome, Tolerance};
 
 use crate::{CompileError, Result};
 
@@ -13,6 +13,8 @@ use crate::{CompileError, Result};
 pub enum CheckDevice {
     /// kiln's reference interpreter.
     Ref,
+    /// Native code for this CPU.
+    Cpu,
 }
 
 #[derive(clap::Args)]
@@ -82,8 +84,13 @@ pub fn run(args: &Args) -> Result<i32> {
     let tol = Tolerance { rtol: args.rtol, atol: args.atol };
     let bar = if args.quiet { ProgressBar::hidden() } else { ProgressBar::new(tests.len() as u64) };
     bar.set_style(ProgressStyle::with_template("{bar:40} {pos}/{len} tests {msg}").expect("a valid template"));
-    let engine = match args.device {
-        CheckDevice::Ref => |g: &kiln_ir::Graph, x: &[kiln_ir::Tensor]| kiln_ir::eval::run(g, x),
+    let device = args.device;
+    // Each test compiles single-threaded; the tests themselves run in parallel.
+    let engine = move |g: &kiln_ir::Graph, x: &[kiln_ir::Tensor]| -> Result<Vec<kiln_ir::Tensor>, EngineError> {
+        match device {
+            CheckDevice::Ref => Ok(kiln_ir::eval::run(g, x)?),
+            CheckDevice::Cpu => compiled(g, x),
+        }
     };
     let results = testcase::run_all(&tests, &engine, tol, threads, &|r: &CaseResult| {
         bar.inc(1);
@@ -118,7 +125,10 @@ pub fn run(args: &Args) -> Result<i32> {
     }
     if let Some(path) = &args.json {
         let report = JsonReport {
-            device: "ref",
+            device: match args.device {
+                CheckDevice::Ref => "ref",
+                CheckDevice::Cpu => "cpu",
+            },
             passed,
             failed,
             skipped,
@@ -173,6 +183,19 @@ pub fn run(args: &Args) -> Result<i32> {
     }
     println!("{passed} passed, {failed} failed, {skipped} skipped");
     Ok(code)
+}
+
+/// Compiles for the CPU, specialised to the inputs' shapes, and runs once.
+fn compiled(g: &kiln_ir::Graph, x: &[kiln_ir::Tensor]) -> Result<Vec<kiln_ir::Tensor>, EngineError> {
+    let shapes = g.inputs().iter().zip(x).map(|(&id, t)| (g.node(id).name.clone(), t.dims().to_vec())).collect();
+    let options = crate::Options { input_shapes: shapes, ..crate::Options::default() };
+    let fail = |e: CompileError| match e {
+        CompileError::Unsupported { .. } => EngineError::Unsupported(e.to_string()),
+        CompileError::Ir(e) => e.into(),
+        other => EngineError::Failed(other.to_string()),
+    };
+    let exe = crate::jit(g, &options, &kiln_runtime::LoadOptions { threads: Some(1) }).map_err(fail)?;
+    exe.run(x).map_err(|e| EngineError::Failed(e.to_string()))
 }
 
 fn one_line(s: &str) -> String {

@@ -1,8 +1,13 @@
 //! The `kiln` command line (clap). Each subcommand lives in its own file.
 
+mod bench;
 mod check;
+mod common;
+mod compile;
 mod demo;
+mod emit;
 mod info;
+mod run;
 
 use clap::{Parser, Subcommand};
 
@@ -25,6 +30,14 @@ enum Command {
     Demo(demo::Args),
     /// Describe an ONNX model: inputs, outputs, opsets, ops, parameters, unsupported ops.
     Info(info::Args),
+    /// Compile a model into an artifact the runtime loads.
+    Compile(compile::Args),
+    /// Run a model (ONNX or artifact) on inputs and write its outputs.
+    Run(run::Args),
+    /// Print one compilation stage: graph, fused, mlir, lowered, llvm, asm.
+    Emit(emit::Args),
+    /// Time a model's runs.
+    Bench(bench::Args),
     /// Run ONNX backend-style test directories and compare the outputs.
     Check(check::Args),
 }
@@ -39,6 +52,10 @@ pub fn main() -> i32 {
         }
         Some(Command::Demo(args)) => demo::run(&args),
         Some(Command::Info(args)) => info::run(&args),
+        Some(Command::Compile(args)) => compile::run(&args),
+        Some(Command::Run(args)) => run::run(&args),
+        Some(Command::Emit(args)) => emit::run(&args),
+        Some(Command::Bench(args)) => bench::run(&args),
         Some(Command::Check(args)) => match check::run(&args) {
             Ok(code) => return code,
             Err(e) => Err(e),

@@ -21,7 +21,7 @@ pub(super) fn emit(em: &mut Emitter, id: NodeId) -> Result<()> {
     let (xd, wd, od) = (em.dims(x), em.dims(w), em.dims(result));
     let dtype = em.ty(x).dtype;
     if dtype != DType::F32 && dtype != DType::F64 {
-        return Err(em.unsupported(id, &format!("convolution of {dtype} is not supported natively")));
+        return Err(em.unsupported(id, &format!("on {dtype} is not supported natively")));
     }
     let spatial = xd.len() - 2;
     // Resolve the padding the interpreter's way (auto_pad included).

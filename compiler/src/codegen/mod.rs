@@ -230,6 +230,6 @@ fn emit_node(em: &mut Emitter, id: NodeId) -> Result<()> {
         Op::Pool(_) | Op::GlobalPool(_) => pooling::emit(em, id),
         Op::Reduce(_) | Op::Softmax { .. } | Op::LogSoftmax { .. } | Op::LayerNorm { .. } | Op::BatchNorm { .. } => reduction::emit(em, id),
         Op::Transpose { .. } | Op::Concat { .. } | Op::Split { .. } | Op::Slice | Op::Gather { .. } | Op::Expand => movement::emit(em, id),
-        _ => Err(em.unsupported(id, "not supported by the native code generator yet")),
+        _ => Err(em.unsupported(id, "is not supported by the native code generator yet")),
     }
 }

@@ -42,28 +42,43 @@ pub(super) fn emit(em: &mut Emitter, id: NodeId) -> Result<()> {
                 |i: usize| -> Option<Vec<i64>> { operands.get(i).copied().flatten().and_then(|v| em.graph.constant_value(v)).map(|t| t.to_i64s()) };
             let (starts, ends) = match (ints(1), ints(2)) {
                 (Some(s), Some(e)) => (s, e),
-                _ => return Err(em.unsupported(id, "starts and ends must be constant")),
+                _ => return Err(em.unsupported(id, "needs constant starts and ends")),
             };
             let axes = ints(3).unwrap_or_else(|| (0..starts.len() as i64).collect());
             let steps = ints(4).unwrap_or_else(|| vec![1; starts.len()]);
-            let mut exprs: Vec<String> = (0..xd.len()).map(|i| format!("d{i}")).collect();
+            let result = ValueId::from(id);
+            let od = em.dims(result);
+            let mut offsets = vec![0i64; xd.len()];
+            let mut strides = vec![1i64; xd.len()];
             for i in 0..starts.len() {
-                let a = normalize_axis(axes[i], xd.len()).ok_or_else(|| em.unsupported(id, "axis out of range"))?;
+                let a = normalize_axis(axes[i], xd.len()).ok_or_else(|| em.unsupported(id, "has an axis out of range"))?;
                 let (start, _) = slice_axis(xd[a], starts[i], ends[i], steps[i]).map_err(|e| em.unsupported(id, &e))?;
-                exprs[a] = format!("d{a} * {} + {start}", steps[i]);
+                offsets[a] = start;
+                strides[a] = steps[i];
             }
-            copy_with_map(em, x, ValueId::from(id), &exprs)
+            if strides.iter().all(|&s| s > 0) {
+                let xv = em.value(x)?;
+                let view = extract_slice(em, xv, &offsets, &od, &strides, em.ty(result).dtype)?;
+                return copy_value(em, view, result);
+            }
+            // A negative step reads backwards: `start + step * d` (never a plain loop index, so the
+            // loop ranges come from the result).
+            let exprs: Vec<String> = (0..xd.len()).map(|a| if strides[a] == 1 && offsets[a] == 0 && xd[a] == od[a] { format!("d{a}") } else { format!("d{a} * {} + {}", strides[a], offsets[a]) }).collect();
+            copy_with_map(em, x, result, &exprs)
         }
         Op::Split { axis, .. } => {
             let xd = em.dims(x);
-            let a = normalize_axis(*axis, xd.len()).ok_or_else(|| em.unsupported(id, "axis out of range"))?;
+            let a = normalize_axis(*axis, xd.len()).ok_or_else(|| em.unsupported(id, "has an axis out of range"))?;
+            let xv = em.value(x)?;
             let mut offset = 0;
             for i in 0..node.outputs.len() {
                 let out = ValueId::new(id, i);
-                let mut exprs: Vec<String> = (0..xd.len()).map(|d| format!("d{d}")).collect();
-                exprs[a] = format!("d{a} + {offset}");
-                copy_with_map(em, x, out, &exprs)?;
-                offset += em.dims(out)[a];
+                let od = em.dims(out);
+                let mut offsets = vec![0i64; xd.len()];
+                offsets[a] = offset as i64;
+                let view = extract_slice(em, xv, &offsets, &od, &vec![1; xd.len()], em.ty(out).dtype)?;
+                copy_value(em, view, out)?;
+                offset += od[a];
             }
             Ok(())
         }
@@ -94,10 +109,41 @@ fn copy_map(em: &mut Emitter, x: ValueId, result: ValueId, map: String) -> Resul
     Ok(())
 }
 
+/// A static `tensor.extract_slice` (a view until something copies it).
+fn extract_slice<'c, 'a>(em: &Emitter<'c, 'a>, v: Value<'c, 'a>, offsets: &[i64], sizes: &[usize], strides: &[i64], dtype: kiln_ir::DType) -> Result<Value<'c, 'a>> {
+    let (ctx, loc) = (em.ctx, em.loc);
+    let sizes: Vec<i64> = sizes.iter().map(|&s| s as i64).collect();
+    let ty = em.tensor_type(&sizes.iter().map(|&s| s as usize).collect::<Vec<_>>(), dtype)?;
+    let o = OperationBuilder::new("tensor.extract_slice", loc)
+        .add_operands(&[v])
+        .add_attributes(&[
+            named(ctx, "static_offsets", DenseI64ArrayAttribute::new(ctx, offsets).into()),
+            named(ctx, "static_sizes", DenseI64ArrayAttribute::new(ctx, &sizes).into()),
+            named(ctx, "static_strides", DenseI64ArrayAttribute::new(ctx, strides).into()),
+            named(ctx, "operandSegmentSizes", DenseI32ArrayAttribute::new(ctx, &[1, 0, 0, 0]).into()),
+        ])
+        .add_results(&[ty])
+        .build()
+        .map_err(|e| err(format!("building tensor.extract_slice: {e}")))?;
+    Ok(push(em.block, o))
+}
+
+/// Copies a tensor of `result`'s shape into `result`'s destination.
+fn copy_value<'c, 'a>(em: &mut Emitter<'c, 'a>, v: Value<'c, 'a>, result: ValueId) -> Result<()> {
+    let od = em.dims(result);
+    let dest = em.dest(result)?;
+    let ty = em.tensor_type(&od, em.ty(result).dtype)?;
+    let id = broadcast_map(od.len(), &od, &od);
+    let g = generic(em.ctx, em.loc, &[v], &[dest], &[id.clone(), id], &vec!["parallel"; od.len()], &[ty], |body| Ok(vec![body.argument(0).expect("x").into()]))?;
+    let t = push(em.block, g);
+    em.set(result, t);
+    Ok(())
+}
+
 fn concat(em: &mut Emitter, id: NodeId, axis: i64) -> Result<()> {
     let result = ValueId::from(id);
     let od = em.dims(result);
-    let a = normalize_axis(axis, od.len()).ok_or_else(|| em.unsupported(id, "axis out of range"))?;
+    let a = normalize_axis(axis, od.len()).ok_or_else(|| em.unsupported(id, "has an axis out of range"))?;
     let mut acc = em.dest(result)?;
     let ty = em.tensor_type(&od, em.ty(result).dtype)?;
     let mut offset = 0usize;
@@ -132,7 +178,7 @@ fn concat(em: &mut Emitter, id: NodeId, axis: i64) -> Result<()> {
 fn gather(em: &mut Emitter, id: NodeId, x: ValueId, indices: ValueId, axis: i64) -> Result<()> {
     let result = ValueId::from(id);
     let (xd, idd, od) = (em.dims(x), em.dims(indices), em.dims(result));
-    let a = normalize_axis(axis, xd.len()).ok_or_else(|| em.unsupported(id, "axis out of range"))?;
+    let a = normalize_axis(axis, xd.len()).ok_or_else(|| em.unsupported(id, "has an axis out of range"))?;
     let (dtype, idt) = (em.ty(result).dtype, em.ty(indices).dtype);
     let xv = em.value(x)?;
     let iv = em.value(indices)?;

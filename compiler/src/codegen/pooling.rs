@@ -19,10 +19,10 @@ pub(super) fn emit(em: &mut Emitter, id: NodeId) -> Result<()> {
     let xd = em.dims(x);
     let dtype = em.ty(x).dtype;
     if !dtype.is_float() {
-        return Err(em.unsupported(id, &format!("pooling of {dtype} is not supported natively")));
+        return Err(em.unsupported(id, &format!("on {dtype} is not supported natively")));
     }
     if node.outputs.len() > 1 {
-        return Err(em.unsupported(id, "MaxPool's indices result is not supported natively"));
+        return Err(em.unsupported(id, "with an indices result is not supported natively"));
     }
     let spatial = xd.len() - 2;
     let (kind, axes): (PoolKind, Vec<SpatialAxis>) = match &node.op {

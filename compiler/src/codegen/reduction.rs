@@ -124,11 +124,11 @@ fn reduce_op<'c, 'a>(em: &mut Emitter<'c, 'a>, id: NodeId, r: &Reduce, x: ValueI
     let xd = em.dims(x);
     let dt = em.ty(x).dtype;
     let axes_list =
-        axes_v.map(|a| em.graph.constant_value(a).map(|t| t.to_i64s())).map(|o| o.ok_or_else(|| em.unsupported(id, "axes must be constant")));
+        axes_v.map(|a| em.graph.constant_value(a).map(|t| t.to_i64s())).map(|o| o.ok_or_else(|| em.unsupported(id, "needs constant axes")));
     let axes_list = axes_list.transpose()?;
     let mut axes: Vec<usize> = match axes_list {
         None => Vec::new(),
-        Some(a) => a.iter().map(|&a| normalize_axis(a, xd.len()).ok_or_else(|| em.unsupported(id, "axis out of range"))).collect::<Result<_>>()?,
+        Some(a) => a.iter().map(|&a| normalize_axis(a, xd.len()).ok_or_else(|| em.unsupported(id, "has an axis out of range"))).collect::<Result<_>>()?,
     };
     if axes.is_empty() && !r.noop_with_empty_axes {
         axes = (0..xd.len()).collect();
@@ -271,7 +271,7 @@ fn softmax(em: &mut Emitter, id: NodeId, x: ValueId, axis: i64, log: bool) -> Re
     let result = ValueId::from(id);
     let xd = em.dims(x);
     let dt = em.ty(x).dtype;
-    let a = normalize_axis(axis, xd.len()).ok_or_else(|| em.unsupported(id, "axis out of range"))?;
+    let a = normalize_axis(axis, xd.len()).ok_or_else(|| em.unsupported(id, "has an axis out of range"))?;
     let acc = acc_of(dt);
     let tc = compute(acc);
     let xv = em.value(x)?;
@@ -309,7 +309,7 @@ fn layer_norm(em: &mut Emitter, id: NodeId, x: ValueId, scale: ValueId, bias: Op
     let xd = em.dims(x);
     let dt = em.ty(x).dtype;
     let r = xd.len();
-    let a = normalize_axis(axis, r).ok_or_else(|| em.unsupported(id, "axis out of range"))?;
+    let a = normalize_axis(axis, r).ok_or_else(|| em.unsupported(id, "has an axis out of range"))?;
     let axes: Vec<usize> = (a..r).collect();
     let n: usize = axes.iter().map(|&i| xd[i]).product();
     let acc = acc_of(dt);

@@ -95,12 +95,18 @@ impl<'c, 'a> ScalarBuilder<'c, 'a> {
         self.emit("arith.select", &[c, a, b], ty)
     }
 
+    /// `arith.cmpf` with a predicate by name (`olt`, `une`, `uno`...).
     pub fn cmpf(&self, pred: &str, a: Value<'c, 'a>, b: Value<'c, 'a>) -> Result<Value<'c, 'a>> {
-        self.emit_attr("arith.cmpf", &[a, b], "i1", ("predicate", &format!("#arith<cmpf_predicate {pred}>")))
+        const NAMES: [&str; 16] = ["false", "oeq", "ogt", "oge", "olt", "ole", "one", "ord", "ueq", "ugt", "uge", "ult", "ule", "une", "uno", "true"];
+        let n = NAMES.iter().position(|&p| p == pred).ok_or_else(|| err(format!("unknown cmpf predicate {pred}")))?;
+        self.emit_attr("arith.cmpf", &[a, b], "i1", ("predicate", &format!("{n} : i64")))
     }
 
+    /// `arith.cmpi` with a predicate by name (`eq`, `slt`, `uge`...).
     pub fn cmpi(&self, pred: &str, a: Value<'c, 'a>, b: Value<'c, 'a>) -> Result<Value<'c, 'a>> {
-        self.emit_attr("arith.cmpi", &[a, b], "i1", ("predicate", &format!("#arith<cmpi_predicate {pred}>")))
+        const NAMES: [&str; 10] = ["eq", "ne", "slt", "sle", "sgt", "sge", "ult", "ule", "ugt", "uge"];
+        let n = NAMES.iter().position(|&p| p == pred).ok_or_else(|| err(format!("unknown cmpi predicate {pred}")))?;
+        self.emit_attr("arith.cmpi", &[a, b], "i1", ("predicate", &format!("{n} : i64")))
     }
 
     /// A tensor element (storage type) to its compute type.

@@ -298,6 +298,9 @@ fn add_wrappers<'l>(llvm: &'l LlvmContext, module: &LlvmModule<'l>, kernels: &[K
     Ok(())
 }
 
+/// C support code every kernel library carries (`memrefCopy`), so artifacts need no MLIR runtime.
+const SUPPORT_C: &str = include_str!("support.c");
+
 /// Links an object file into a shared object with the system C compiler (libm for the math
 /// that has no LLVM intrinsic).
 fn link_shared(object: &[u8]) -> Result<Vec<u8>> {
@@ -305,13 +308,15 @@ fn link_shared(object: &[u8]) -> Result<Vec<u8>> {
     let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let dir: PathBuf = std::env::temp_dir().join(format!("kiln-link-{}-{n}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| CompileError::Internal(format!("{}: {e}", dir.display())))?;
-    let (obj, so) = (dir.join("kernels.o"), dir.join("kernels.so"));
+    let (obj, so, support) = (dir.join("kernels.o"), dir.join("kernels.so"), dir.join("support.c"));
     let result = (|| {
         std::fs::write(&obj, object).map_err(|e| format!("{}: {e}", obj.display()))?;
+        std::fs::write(&support, SUPPORT_C).map_err(|e| format!("{}: {e}", support.display()))?;
         let out = std::process::Command::new("cc")
-            .args(["-shared", "-o"])
+            .args(["-shared", "-fPIC", "-O2", "-o"])
             .arg(&so)
             .arg(&obj)
+            .arg(&support)
             .arg("-lm")
             .output()
             .map_err(|e| format!("cannot run the system linker `cc` (install a C toolchain: scripts/setup.sh): {e}"))?;

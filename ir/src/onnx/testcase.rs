@@ -59,8 +59,26 @@ pub fn find_tests(paths: &[PathBuf]) -> Result<Vec<PathBuf>, IrError> {
     Ok(out)
 }
 
+/// Why an engine could not produce outputs.
+#[derive(Clone, Debug)]
+pub enum EngineError {
+    /// The engine does not support something the model uses (the test is skipped).
+    Unsupported(String),
+    /// It failed (the test fails).
+    Failed(String),
+}
+
+impl From<IrError> for EngineError {
+    fn from(e: IrError) -> EngineError {
+        match e {
+            IrError::Unsupported(_) | IrError::NotSupported(_) => EngineError::Unsupported(e.to_string()),
+            other => EngineError::Failed(other.to_string()),
+        }
+    }
+}
+
 /// The engine a test runs on: the graph and its inputs in, the outputs out.
-pub type Engine<'a> = dyn Fn(&Graph, &[Tensor]) -> Result<Vec<Tensor>, IrError> + Sync + 'a;
+pub type Engine<'a> = dyn Fn(&Graph, &[Tensor]) -> Result<Vec<Tensor>, EngineError> + Sync + 'a;
 
 /// Runs one test directory on `engine` and compares every data set's outputs.
 pub fn run_case(dir: &Path, engine: &Engine, tol: Tolerance) -> Outcome {
@@ -95,7 +113,8 @@ pub fn run_case(dir: &Path, engine: &Engine, tol: Tolerance) -> Outcome {
         };
         let got = match engine(graph, &inputs) {
             Ok(g) => g,
-            Err(e) => return classify(e),
+            Err(EngineError::Unsupported(why)) => return Outcome::Skip(why),
+            Err(EngineError::Failed(why)) => return Outcome::Fail(why),
         };
         if got.len() < expected.len() {
             return Outcome::Fail(format!("{} outputs, {} expected", got.len(), expected.len()));

@@ -1,0 +1,111 @@
+//! `kiln bench MODEL`: times runs; with `--json` the last line is one JSON object.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use kiln_ir::Tensor;
+
+use super::common::{graph_input_types, load_model, ms, parse_shapes, pick_device, read_inputs, DeviceArg, Model};
+use crate::{CompileError, Result};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// An ONNX model or a compiled artifact.
+    model: PathBuf,
+    #[arg(long, value_enum, default_value = "auto")]
+    device: DeviceArg,
+    #[arg(long)]
+    threads: Option<usize>,
+    #[arg(long, default_value_t = 5)]
+    warmup: usize,
+    #[arg(long, default_value_t = 50)]
+    iters: usize,
+    /// An input: NAME=FILE; inputs not given are random of the declared type.
+    #[arg(long = "input")]
+    inputs: Vec<String>,
+    /// Sizes for inputs with symbolic dimensions: NAME=D0,D1,...
+    #[arg(long = "input-shape")]
+    input_shapes: Vec<String>,
+    /// End with a JSON object: model, device, threads, compile_ms, median_ms, min_ms, max_ms, iters.
+    #[arg(long)]
+    json: bool,
+    #[arg(long, short)]
+    quiet: bool,
+}
+
+#[derive(serde::Serialize)]
+struct Report {
+    model: String,
+    device: String,
+    threads: usize,
+    compile_ms: f64,
+    median_ms: f64,
+    min_ms: f64,
+    max_ms: f64,
+    mean_ms: f64,
+    iters: usize,
+}
+
+pub fn run(args: &Args) -> Result<()> {
+    pick_device(args.device, args.quiet)?;
+    if args.iters == 0 {
+        return Err(CompileError::Usage("--iters must be at least 1".into()));
+    }
+    let model = load_model(&args.model)?;
+    let mut given = read_inputs(&args.inputs)?;
+    let shapes = parse_shapes(&args.input_shapes)?;
+    // Random inputs of the declared types for those not given.
+    let declared: Vec<(String, kiln_ir::DType, Vec<usize>)> = match &model {
+        Model::Artifact(a) => a.manifest.inputs.iter().map(|t| (t.name.clone(), kiln_ir::DType::from_name(&t.dtype).expect("validated"), t.dims.clone())).collect(),
+        Model::Graph(g) => graph_input_types(g)
+            .into_iter()
+            .map(|(n, t)| {
+                let dims = match (shapes.get(&n), t.shape.as_fixed()) {
+                    (Some(d), _) => d.clone(),
+                    (None, Some(d)) => d,
+                    (None, None) => return Err(CompileError::Usage(format!("input `{n}` is {t}: give its sizes with --input-shape {n}=D0,D1,... or a file with --input"))),
+                };
+                Ok((n, t.dtype, dims))
+            })
+            .collect::<Result<_>>()?,
+    };
+    for (i, (name, dtype, dims)) in declared.iter().enumerate() {
+        if !given.iter().any(|(n, _)| n == name) {
+            given.push((name.clone(), Tensor::random(*dtype, dims, 1000 + i as u64)));
+        }
+    }
+    let start = Instant::now();
+    let (exe, ordered) = super::run::executable(model, &given, args.threads, args.quiet || args.json)?;
+    let compile_ms = start.elapsed().as_secs_f64() * 1e3;
+    for _ in 0..args.warmup {
+        exe.run(&ordered)?;
+    }
+    let mut times = Vec::with_capacity(args.iters);
+    for _ in 0..args.iters {
+        let t = Instant::now();
+        exe.run(&ordered)?;
+        times.push(t.elapsed());
+    }
+    times.sort();
+    let median = times[times.len() / 2];
+    let mean = times.iter().sum::<std::time::Duration>() / times.len() as u32;
+    let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    if !args.quiet {
+        println!("{}: median {}, min {}, max {}, mean {} over {} runs on {}", args.model.display(), ms(median), ms(times[0]), ms(times[times.len() - 1]), ms(mean), args.iters, exe.device());
+    }
+    if args.json {
+        let r = Report {
+            model: args.model.display().to_string(),
+            device: "cpu".into(),
+            threads,
+            compile_ms,
+            median_ms: median.as_secs_f64() * 1e3,
+            min_ms: times[0].as_secs_f64() * 1e3,
+            max_ms: times[times.len() - 1].as_secs_f64() * 1e3,
+            mean_ms: mean.as_secs_f64() * 1e3,
+            iters: args.iters,
+        };
+        println!("{}", serde_json::to_string(&r).expect("the report serialises"));
+    }
+    Ok(())
+}

@@ -1,0 +1,146 @@
+//! What the subcommands share: loading a model (ONNX or artifact), reading inputs, picking a
+//! device, printing timings.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use kiln_ir::{Graph, Tensor, TensorType};
+use kiln_runtime::Artifact;
+
+use crate::{CompileError, Result};
+
+/// A model as given on the command line.
+pub enum Model {
+    Graph(Graph),
+    Artifact(Artifact),
+}
+
+fn file_err(path: &Path, msg: impl Into<String>) -> CompileError {
+    CompileError::File { path: path.display().to_string(), msg: msg.into() }
+}
+
+/// Loads an ONNX model or a compiled artifact (told apart by the artifact's magic bytes).
+pub fn load_model(path: &Path) -> Result<Model> {
+    let bytes = std::fs::read(path).map_err(|e| file_err(path, e.to_string()))?;
+    if bytes.starts_with(kiln_runtime::artifact::MAGIC) {
+        return Ok(Model::Artifact(Artifact::from_bytes(&bytes, &path.display().to_string())?));
+    }
+    let dir = path.parent().map(|p| if p.as_os_str().is_empty() { Path::new(".") } else { p });
+    let model = kiln_ir::onnx::load_bytes(&bytes, dir).map_err(|e| match e {
+        kiln_ir::IrError::Onnx(m) => file_err(path, m),
+        other => CompileError::Ir(other),
+    })?;
+    Ok(Model::Graph(model.graph))
+}
+
+/// Reads an input tensor: `.npy`, or an ONNX TensorProto (`.pb`).
+pub fn read_tensor(path: &Path) -> Result<Tensor> {
+    let bytes = std::fs::read(path).map_err(|e| file_err(path, e.to_string()))?;
+    if bytes.starts_with(b"\x93NUMPY") {
+        return kiln_ir::npy::decode(&bytes).map_err(|e| file_err(path, e));
+    }
+    kiln_ir::onnx::decode_tensor(&bytes, path.parent()).map_err(|e| file_err(path, format!("neither a .npy file nor an ONNX tensor: {e}")))
+}
+
+/// Parses `NAME=FILE` arguments into named tensors.
+pub fn read_inputs(specs: &[String]) -> Result<Vec<(String, Tensor)>> {
+    specs
+        .iter()
+        .map(|s| {
+            let (name, file) = s.split_once('=').ok_or_else(|| CompileError::Usage(format!("--input `{s}` is not NAME=FILE")))?;
+            Ok((name.to_string(), read_tensor(&PathBuf::from(file))?))
+        })
+        .collect()
+}
+
+/// Parses `NAME=D0,D1,...` arguments.
+pub fn parse_shapes(specs: &[String]) -> Result<HashMap<String, Vec<usize>>> {
+    specs
+        .iter()
+        .map(|s| {
+            let bad = || CompileError::Usage(format!("--input-shape `{s}` is not NAME=D0,D1,... (sizes)"));
+            let (name, dims) = s.split_once('=').ok_or_else(bad)?;
+            let dims = if dims.is_empty() { Vec::new() } else { dims.split(',').map(|d| d.trim().parse::<usize>().map_err(|_| bad())).collect::<Result<_>>()? };
+            Ok((name.to_string(), dims))
+        })
+        .collect()
+}
+
+/// Puts named tensors in the declared order; a missing or unknown name is an error that lists
+/// what the model expects.
+pub fn order_inputs(declared: &[(String, String)], mut given: Vec<(String, Tensor)>) -> Result<Vec<Tensor>> {
+    let expected = || declared.iter().map(|(n, t)| format!("  {n}: {t}")).collect::<Vec<_>>().join("\n");
+    if let Some((extra, _)) = given.iter().find(|(n, _)| !declared.iter().any(|(d, _)| d == n)) {
+        return Err(CompileError::Usage(format!("the model has no input `{extra}`; it expects:\n{}", expected())));
+    }
+    let mut out = Vec::with_capacity(declared.len());
+    for (name, _) in declared {
+        match given.iter().position(|(n, _)| n == name) {
+            Some(i) => out.push(given.swap_remove(i).1),
+            None => return Err(CompileError::Usage(format!("missing input `{name}` (give it with --input {name}=FILE.npy); the model expects:\n{}", expected()))),
+        }
+    }
+    Ok(out)
+}
+
+/// The declared inputs of a graph, as (name, type text).
+pub fn graph_inputs(g: &Graph) -> Vec<(String, String)> {
+    g.inputs().iter().map(|&id| (g.node(id).name.clone(), g.node(id).outputs[0].to_string())).collect()
+}
+
+/// The declared input types of a graph.
+pub fn graph_input_types(g: &Graph) -> Vec<(String, TensorType)> {
+    g.inputs().iter().map(|&id| (g.node(id).name.clone(), g.node(id).outputs[0].clone())).collect()
+}
+
+/// Where to run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum DeviceArg {
+    /// The best available: CUDA, then an OpenCL GPU, then the CPU.
+    Auto,
+    Cpu,
+    Cuda,
+    Opencl,
+}
+
+/// Resolves a device choice to one this build can run on, saying why when it cannot.
+pub fn pick_device(d: DeviceArg, quiet: bool) -> Result<DeviceArg> {
+    match d {
+        DeviceArg::Cpu => Ok(DeviceArg::Cpu),
+        DeviceArg::Auto => {
+            if !quiet {
+                eprintln!("device: cpu (no GPU backend in this build)");
+            }
+            Ok(DeviceArg::Cpu)
+        }
+        DeviceArg::Cuda | DeviceArg::Opencl => Err(CompileError::Usage(format!("--device {}: this build runs on the CPU only; use --device cpu or auto", if d == DeviceArg::Cuda { "cuda" } else { "opencl" }))),
+    }
+}
+
+/// Prints `compile: passes 12 ms, fuse 1 ms, ...` to stderr.
+pub fn print_timings(what: &str, timings: &[(&'static str, Duration)]) {
+    let total: Duration = timings.iter().map(|(_, t)| *t).sum();
+    let parts: Vec<String> = timings.iter().map(|(s, t)| format!("{s} {}", ms(*t))).collect();
+    eprintln!("{what}: {} ({})", ms(total), parts.join(", "));
+}
+
+pub fn ms(d: Duration) -> String {
+    let m = d.as_secs_f64() * 1e3;
+    if m >= 100.0 {
+        format!("{m:.0} ms")
+    } else {
+        format!("{m:.2} ms")
+    }
+}
+
+/// Writes `bytes` to `path` only once complete (written aside, then renamed), so a failure never
+/// leaves a half-written file or destroys an earlier one.
+pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    std::fs::write(&tmp, bytes).map_err(|e| file_err(&tmp, e.to_string()))?;
+    std::fs::rename(&tmp, path).map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        file_err(path, e.to_string())
+    })
+}

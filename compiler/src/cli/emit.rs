@@ -1,0 +1,61 @@
+//! `kiln emit MODEL --stage S`: prints one stage's text.
+
+use std::path::PathBuf;
+
+use super::common::{load_model, parse_shapes, Model};
+use super::compile::TargetArg;
+use crate::{CompileError, Options, Result, Stages};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum StageArg {
+    /// The op graph after the graph passes.
+    Graph,
+    /// The kernels fusion made.
+    Fused,
+    /// Each kernel's MLIR before the target pipeline.
+    Mlir,
+    /// The MLIR after the pipeline (LLVM dialect for the CPU).
+    Lowered,
+    /// LLVM IR after optimisation.
+    Llvm,
+    /// Host assembly.
+    Asm,
+    /// NVIDIA PTX.
+    Ptx,
+    /// SPIR-V, disassembled.
+    Spirv,
+}
+
+#[derive(clap::Args)]
+pub struct Args {
+    model: PathBuf,
+    #[arg(long, value_enum)]
+    stage: StageArg,
+    #[arg(long, value_enum, default_value = "cpu")]
+    target: TargetArg,
+    /// Concrete sizes for an input with symbolic dimensions: NAME=D0,D1,...
+    #[arg(long = "input-shape")]
+    input_shapes: Vec<String>,
+}
+
+pub fn run(args: &Args) -> Result<()> {
+    let name = match args.stage {
+        StageArg::Ptx | StageArg::Spirv => {
+            return Err(CompileError::Usage(format!("--stage {:?} needs a GPU target, which this build does not have yet", args.stage).to_lowercase()));
+        }
+        other => format!("{other:?}").to_lowercase(),
+    };
+    let graph = match load_model(&args.model)? {
+        Model::Graph(g) => g,
+        Model::Artifact(_) => return Err(CompileError::Usage("emit takes a model, not a compiled artifact".into())),
+    };
+    let options = Options { target: args.target.kind(), input_shapes: parse_shapes(&args.input_shapes)?, dump_dir: None, cache: false };
+    let stages: Stages = if name == "graph" || name == "fused" {
+        // These need no codegen: stop before it, so a model kiln cannot compile still prints.
+        crate::driver::front(&graph, &options)?
+    } else {
+        crate::compile(&graph, &options, true)?.stages
+    };
+    print!("{}", stages.get(&name).unwrap_or_default());
+    Ok(())
+}

@@ -1,0 +1,93 @@
+//! `kiln run MODEL [--input NAME=FILE]...`: compiles (or loads) and runs a model once.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use kiln_ir::Tensor;
+use kiln_runtime::{Executable, LoadOptions, Profile};
+
+use super::common::{graph_inputs, load_model, ms, order_inputs, pick_device, print_timings, read_inputs, DeviceArg, Model};
+use crate::{CompileError, Options, Result};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// An ONNX model or a compiled artifact.
+    model: PathBuf,
+    /// An input: NAME=FILE (.npy, or an ONNX TensorProto .pb).
+    #[arg(long = "input")]
+    inputs: Vec<String>,
+    /// Write output_<i>.npy for the i-th output into this folder.
+    #[arg(long)]
+    output_dir: Option<PathBuf>,
+    #[arg(long, value_enum, default_value = "auto")]
+    device: DeviceArg,
+    /// CPU threads (default: every core).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Report each kernel's time and the bytes copied between host and device.
+    #[arg(long)]
+    profile: bool,
+    #[arg(long, short)]
+    quiet: bool,
+}
+
+/// Loads or JIT-compiles `model` for the given inputs.
+pub fn executable(model: Model, inputs: &[(String, Tensor)], threads: Option<usize>, quiet: bool) -> Result<(Executable, Vec<Tensor>)> {
+    match model {
+        Model::Artifact(a) => {
+            let declared: Vec<(String, String)> = a.manifest.inputs.iter().map(|t| (t.name.clone(), format!("{}{:?}", t.dtype, t.dims))).collect();
+            let ordered = order_inputs(&declared, inputs.to_vec())?;
+            Ok((Executable::load(a, &LoadOptions { threads })?, ordered))
+        }
+        Model::Graph(g) => {
+            let ordered = order_inputs(&graph_inputs(&g), inputs.to_vec())?;
+            // Specialise symbolic dimensions to the inputs given.
+            let shapes = g.inputs().iter().zip(&ordered).map(|(&id, t)| (g.node(id).name.clone(), t.dims().to_vec())).collect();
+            let options = Options { input_shapes: shapes, ..Options::default() };
+            let compiled = crate::compile(&g, &options, false)?;
+            if !quiet {
+                print_timings(if compiled.from_cache { "compile (from the cache)" } else { "compile" }, &compiled.timings);
+            }
+            Ok((Executable::load(compiled.artifact, &LoadOptions { threads })?, ordered))
+        }
+    }
+}
+
+pub fn run(args: &Args) -> Result<()> {
+    pick_device(args.device, args.quiet)?;
+    let model = load_model(&args.model)?;
+    let inputs = read_inputs(&args.inputs)?;
+    let (exe, ordered) = executable(model, &inputs, args.threads, args.quiet)?;
+    let mut profile = Profile::default();
+    let start = Instant::now();
+    let outputs = exe.run_profiled(&ordered, args.profile.then_some(&mut profile))?;
+    let took = start.elapsed();
+    // Outputs are written only after a successful run.
+    if let Some(dir) = &args.output_dir {
+        std::fs::create_dir_all(dir).map_err(|e| CompileError::File { path: dir.display().to_string(), msg: e.to_string() })?;
+        for (i, t) in outputs.iter().enumerate() {
+            let p = dir.join(format!("output_{i}.npy"));
+            kiln_ir::npy::write(&p, t)?;
+        }
+    }
+    for (i, (t, d)) in outputs.iter().zip(exe.outputs()).enumerate() {
+        let v = t.to_f64s();
+        let (lo, hi) = v.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), &x| (l.min(x), h.max(x)));
+        let head: Vec<String> = v.iter().take(6).map(|x| format!("{x:.6}")).collect();
+        println!("output {i} `{}`: {}  min {lo:.6}, max {hi:.6}  [{}{}]", d.name, t.ty(), head.join(", "), if v.len() > 6 { ", ..." } else { "" });
+    }
+    if !args.quiet {
+        eprintln!("ran on {} in {}", exe.device(), ms(took));
+        if let Some(dir) = &args.output_dir {
+            eprintln!("wrote {} output{} to {}", outputs.len(), if outputs.len() == 1 { "" } else { "s" }, dir.display());
+        }
+    }
+    if args.profile {
+        println!("profile: {} launches", profile.launches.len());
+        for (label, t) in &profile.launches {
+            println!("  {:>10}  {label}", ms(*t));
+        }
+        println!("  host->device {} bytes, device->host {} bytes", profile.bytes_to_device, profile.bytes_from_device);
+    }
+    Ok(())
+}

@@ -1,0 +1,137 @@
+//! NumPy `.npy` files (format 1.0/2.0/3.0, C order): read and write tensors of kiln's dtypes.
+
+use std::path::Path;
+
+use crate::{DType, IrError, Result, Tensor};
+
+fn descr(d: DType) -> Option<&'static str> {
+    Some(match d {
+        DType::F32 => "<f4",
+        DType::F64 => "<f8",
+        DType::F16 => "<f2",
+        DType::I8 => "|i1",
+        DType::I16 => "<i2",
+        DType::I32 => "<i4",
+        DType::I64 => "<i8",
+        DType::U8 => "|u1",
+        DType::U16 => "<u2",
+        DType::U32 => "<u4",
+        DType::U64 => "<u8",
+        DType::Bool => "|b1",
+        // NumPy has no bfloat16.
+        DType::BF16 => return None,
+    })
+}
+
+fn dtype_of(descr: &str) -> Option<DType> {
+    let d = descr.trim_start_matches(['<', '|', '=']);
+    Some(match d {
+        "f4" => DType::F32,
+        "f8" => DType::F64,
+        "f2" => DType::F16,
+        "i1" => DType::I8,
+        "i2" => DType::I16,
+        "i4" => DType::I32,
+        "i8" => DType::I64,
+        "u1" => DType::U8,
+        "u2" => DType::U16,
+        "u4" => DType::U32,
+        "u8" => DType::U64,
+        "b1" => DType::Bool,
+        _ => return None,
+    })
+}
+
+/// Serialises a tensor as `.npy` bytes.
+pub fn encode(t: &Tensor) -> Result<Vec<u8>> {
+    let descr = descr(t.dtype()).ok_or_else(|| IrError::Tensor(format!("{} has no .npy type", t.dtype())))?;
+    let shape = match t.dims() {
+        [] => "()".to_string(),
+        [n] => format!("({n},)"),
+        dims => format!("({})", dims.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ")),
+    };
+    let mut header = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}");
+    // The header ends with a newline, padded so the data starts on a 64-byte boundary.
+    let total = 10 + header.len() + 1;
+    header.push_str(&" ".repeat(total.div_ceil(64) * 64 - total));
+    header.push('\n');
+    let mut out = Vec::with_capacity(10 + header.len() + t.bytes().len());
+    out.extend_from_slice(b"\x93NUMPY\x01\x00");
+    out.extend_from_slice(&(header.len() as u16).to_le_bytes());
+    out.extend_from_slice(header.as_bytes());
+    out.extend_from_slice(t.bytes());
+    Ok(out)
+}
+
+/// Parses `.npy` bytes.
+pub fn decode(bytes: &[u8]) -> std::result::Result<Tensor, String> {
+    if bytes.len() < 10 || &bytes[..6] != b"\x93NUMPY" {
+        return Err("not a .npy file (no \\x93NUMPY magic)".into());
+    }
+    let (header_len, start) = match bytes[6] {
+        1 => (u16::from_le_bytes([bytes[8], bytes[9]]) as usize, 10),
+        2 | 3 if bytes.len() >= 12 => (u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize, 12),
+        v => return Err(format!("unsupported .npy version {v}")),
+    };
+    let header = bytes.get(start..start + header_len).ok_or("truncated .npy header")?;
+    let header = std::str::from_utf8(header).map_err(|_| "the .npy header is not text")?;
+    let field = |key: &str| -> Option<&str> {
+        let at = header.find(&format!("'{key}'"))? + key.len() + 2;
+        let rest = header[at..].trim_start().strip_prefix(':')?.trim_start();
+        Some(rest)
+    };
+    let descr = field("descr").and_then(|r| r.strip_prefix('\'')).and_then(|r| r.split('\'').next()).ok_or("the .npy header has no descr")?;
+    let dtype = dtype_of(descr).ok_or_else(|| format!("unsupported .npy element type {descr}"))?;
+    if descr.starts_with('>') {
+        return Err("big-endian .npy data is not supported".into());
+    }
+    if field("fortran_order").is_some_and(|r| r.starts_with("True")) {
+        return Err("Fortran-order .npy data is not supported (save it in C order)".into());
+    }
+    let shape = field("shape").and_then(|r| r.strip_prefix('(')).and_then(|r| r.split(')').next()).ok_or("the .npy header has no shape")?;
+    let dims: Vec<usize> = shape.split(',').map(str::trim).filter(|s| !s.is_empty()).map(|s| s.parse::<usize>().map_err(|_| format!("bad .npy dimension `{s}`"))).collect::<std::result::Result<_, _>>()?;
+    let data = &bytes[start + header_len..];
+    Tensor::from_bytes(dtype, &dims, data).map_err(|e| format!("the .npy data does not match its header: {e}"))
+}
+
+pub fn read(path: &Path) -> Result<Tensor> {
+    let bytes = std::fs::read(path).map_err(|e| IrError::Tensor(format!("{}: {e}", path.display())))?;
+    decode(&bytes).map_err(|e| IrError::Tensor(format!("{}: {e}", path.display())))
+}
+
+pub fn write(path: &Path, t: &Tensor) -> Result<()> {
+    std::fs::write(path, encode(t)?).map_err(|e| IrError::Tensor(format!("{}: {e}", path.display())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_every_npy_dtype() {
+        for d in DType::ALL.into_iter().filter(|&d| d != DType::BF16) {
+            for dims in [vec![], vec![3], vec![2, 3]] {
+                let t = Tensor::random(d, &dims, 1);
+                let b = encode(&t).unwrap();
+                assert_eq!((10 + u16::from_le_bytes([b[8], b[9]]) as usize) % 64, 0, "data is 64-byte aligned");
+                assert_eq!(decode(&b).unwrap(), t);
+            }
+        }
+    }
+
+    #[test]
+    fn reads_a_header_numpy_wrote() {
+        // numpy.save of np.arange(3, dtype='<i8').
+        let mut b = b"\x93NUMPY\x01\x00v\x00{'descr': '<i8', 'fortran_order': False, 'shape': (3,), }".to_vec();
+        while b.len() < 127 {
+            b.push(b' ');
+        }
+        b.push(b'\n');
+        for v in 0i64..3 {
+            b.extend_from_slice(&v.to_le_bytes());
+        }
+        assert_eq!(decode(&b).unwrap(), Tensor::vector(&[0i64, 1, 2]));
+        assert!(decode(b"junk").is_err());
+        assert!(decode(&b[..130]).unwrap_err().contains("does not match"));
+    }
+}
