@@ -42,12 +42,16 @@ pub fn assemble(
         buffers.push(BufferDesc { bytes: bytes_of(v), kind: BufferKind::Input(i) });
         inputs.push(desc(graph, &graph.node(id).name, v, buffers.len() - 1));
     }
+    // Outputs written by a copy kernel (inputs, constants, views, a value listed twice) keep
+    // their value's own buffer as the copy's source.
+    let copied: Vec<usize> = partition.kernels.iter().filter_map(|k| k.copy_to_output).collect();
     let mut outputs = Vec::new();
     for (j, (name, v)) in graph.outputs().iter().enumerate() {
-        // A value listed twice as an output was given a copy kernel; the first listing is its own.
         let b = buffers.len();
         buffers.push(BufferDesc { bytes: bytes_of(*v), kind: BufferKind::Output(j) });
-        buffer_of.entry(*v).or_insert(b);
+        if !copied.contains(&j) {
+            buffer_of.insert(*v, b);
+        }
         outputs.push(desc(graph, name, *v, b));
     }
     // Constants, views and scratch values, on first use by a kernel.

@@ -98,9 +98,34 @@ pub fn compile(graph: &Graph, options: &Options, keep_stages: bool) -> Result<Co
 
 /// The graph after specialisation and the graph passes.
 fn optimize(graph: &Graph, options: &Options) -> Result<Graph> {
+    use passes::specialize;
     let mut g = graph.clone();
-    passes::specialize::specialize(&mut g, &options.input_shapes)?;
+    specialize::specialize(&mut g, &options.input_shapes)?;
     passes::run_passes(&mut g, &passes::default_passes(), |_, _, _| {})?;
+    if specialize::has_dynamic_shapes(&g) {
+        // Shapes that depend on input values: bind those inputs when their values are known.
+        let names: Vec<String> = specialize::shape_inputs(&g).into_iter().map(|i| g.node(g.inputs()[i]).name.clone()).collect();
+        let bound: Vec<(String, kiln_ir::Tensor)> =
+            names.iter().filter_map(|n| options.input_values.get(n).map(|t| (n.clone(), t.clone()))).collect();
+        if bound.len() < names.len() || names.is_empty() {
+            let missing: Vec<&String> = names.iter().filter(|n| !options.input_values.contains_key(*n)).collect();
+            let what = if missing.is_empty() {
+                "the model's result shapes depend on values computed at run time".to_string()
+            } else {
+                format!("the result shapes depend on the values of {}", missing.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(", "))
+            };
+            return Err(CompileError::DynamicShapes(format!(
+                "{what}; kiln compiles static shapes (run the model with `kiln run`, which binds input values, or give the shapes)"
+            )));
+        }
+        specialize::bind_values(&mut g, &bound)?;
+        passes::run_passes(&mut g, &passes::default_passes(), |_, _, _| {})?;
+        if specialize::has_dynamic_shapes(&g) {
+            return Err(CompileError::DynamicShapes(
+                "result shapes depend on data (NonZero, Compress...), which static compilation cannot express".into(),
+            ));
+        }
+    }
     g.verify()?;
     Ok(g)
 }
@@ -147,16 +172,16 @@ pub fn cache_dir() -> Option<PathBuf> {
 fn cache_key(graph: &Graph, options: &Options) -> String {
     let mut shapes: Vec<_> = options.input_shapes.iter().collect();
     shapes.sort();
+    let mut values: Vec<(&String, u64)> = options.input_values.iter().map(|(n, t)| (n, t.digest())).collect();
+    values.sort();
     // The compiler's own build: a rebuilt kiln must not reuse what an older one compiled.
-    let build = std::env::current_exe()
-        .and_then(std::fs::metadata)
-        .map(|m| format!("{} {:?}", m.len(), m.modified().ok()))
-        .unwrap_or_default();
+    let build = std::env::current_exe().and_then(std::fs::metadata).map(|m| format!("{} {:?}", m.len(), m.modified().ok())).unwrap_or_default();
     let text = format!(
-        "{} {build}\n{}\n{:?}\n{}\n{}",
+        "{} {build}\n{}\n{:?}\n{:?}\n{}\n{}",
         env!("CARGO_PKG_VERSION"),
         options.target.name(),
         shapes,
+        values,
         inkwell::targets::TargetMachine::get_host_cpu_features(),
         text::print(graph, text::Weights::Summary)
     );

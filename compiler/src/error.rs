@@ -21,6 +21,10 @@ pub enum CompileError {
     #[error("kernel `{kernel}` ({label}): node `{node}` ({op}) {what}")]
     Unsupported { kernel: String, label: String, node: String, op: &'static str, what: String },
 
+    /// Result shapes that depend on values kiln does not have at compile time.
+    #[error("{0}")]
+    DynamicShapes(String),
+
     /// A kiln bug, not bad input.
     #[error("internal error: {0}")]
     Internal(String),

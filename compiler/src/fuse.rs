@@ -147,7 +147,8 @@ pub fn partition(graph: &Graph) -> Result<Partition> {
             name,
             label: format!("copy of output {i}"),
             nodes: Vec::new(),
-            inputs: vec![resolve_view(&views, v)],
+            // The copy reads the value under its own shape (a view aliases its source's bytes).
+            inputs: vec![v],
             outputs: vec![v],
             copy_to_output: Some(i),
         });

@@ -27,6 +27,10 @@ pub struct Options {
     pub target: TargetKind,
     /// Concrete shapes for inputs with symbolic dimensions.
     pub input_shapes: HashMap<String, Vec<usize>>,
+    /// Values of inputs, known at compile time (JIT). Inputs whose values decide result shapes
+    /// (a Reshape's shape, reduction axes, Resize scales...) are bound to them when shapes would
+    /// otherwise stay dynamic; the compiled code then does not take those inputs.
+    pub input_values: HashMap<String, kiln_ir::Tensor>,
     /// Write every stage's text into this folder.
     pub dump_dir: Option<PathBuf>,
     /// Use the compile cache (on by default).
@@ -35,6 +39,6 @@ pub struct Options {
 
 impl Default for Options {
     fn default() -> Options {
-        Options { target: TargetKind::Cpu, input_shapes: HashMap::new(), dump_dir: None, cache: true }
+        Options { target: TargetKind::Cpu, input_shapes: HashMap::new(), input_values: HashMap::new(), dump_dir: None, cache: true }
     }
 }

@@ -89,7 +89,12 @@ pub fn decode(bytes: &[u8]) -> std::result::Result<Tensor, String> {
         return Err("Fortran-order .npy data is not supported (save it in C order)".into());
     }
     let shape = field("shape").and_then(|r| r.strip_prefix('(')).and_then(|r| r.split(')').next()).ok_or("the .npy header has no shape")?;
-    let dims: Vec<usize> = shape.split(',').map(str::trim).filter(|s| !s.is_empty()).map(|s| s.parse::<usize>().map_err(|_| format!("bad .npy dimension `{s}`"))).collect::<std::result::Result<_, _>>()?;
+    let dims: Vec<usize> = shape
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| s.parse::<usize>().map_err(|_| format!("bad .npy dimension `{s}`")))
+        .collect::<std::result::Result<_, _>>()?;
     let data = &bytes[start + header_len..];
     Tensor::from_bytes(dtype, &dims, data).map_err(|e| format!("the .npy data does not match its header: {e}"))
 }

@@ -56,14 +56,20 @@ pub fn run(args: &Args) -> Result<()> {
     let shapes = parse_shapes(&args.input_shapes)?;
     // Random inputs of the declared types for those not given.
     let declared: Vec<(String, kiln_ir::DType, Vec<usize>)> = match &model {
-        Model::Artifact(a) => a.manifest.inputs.iter().map(|t| (t.name.clone(), kiln_ir::DType::from_name(&t.dtype).expect("validated"), t.dims.clone())).collect(),
+        Model::Artifact(a) => {
+            a.manifest.inputs.iter().map(|t| (t.name.clone(), kiln_ir::DType::from_name(&t.dtype).expect("validated"), t.dims.clone())).collect()
+        }
         Model::Graph(g) => graph_input_types(g)
             .into_iter()
             .map(|(n, t)| {
                 let dims = match (shapes.get(&n), t.shape.as_fixed()) {
                     (Some(d), _) => d.clone(),
                     (None, Some(d)) => d,
-                    (None, None) => return Err(CompileError::Usage(format!("input `{n}` is {t}: give its sizes with --input-shape {n}=D0,D1,... or a file with --input"))),
+                    (None, None) => {
+                        return Err(CompileError::Usage(format!(
+                            "input `{n}` is {t}: give its sizes with --input-shape {n}=D0,D1,... or a file with --input"
+                        )))
+                    }
                 };
                 Ok((n, t.dtype, dims))
             })
@@ -91,7 +97,16 @@ pub fn run(args: &Args) -> Result<()> {
     let mean = times.iter().sum::<std::time::Duration>() / times.len() as u32;
     let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     if !args.quiet {
-        println!("{}: median {}, min {}, max {}, mean {} over {} runs on {}", args.model.display(), ms(median), ms(times[0]), ms(times[times.len() - 1]), ms(mean), args.iters, exe.device());
+        println!(
+            "{}: median {}, min {}, max {}, mean {} over {} runs on {}",
+            args.model.display(),
+            ms(median),
+            ms(times[0]),
+            ms(times[times.len() - 1]),
+            ms(mean),
+            args.iters,
+            exe.device()
+        );
     }
     if args.json {
         let r = Report {

@@ -187,15 +187,20 @@ pub fn run(args: &Args) -> Result<i32> {
 
 /// Compiles for the CPU, specialised to the inputs' shapes, and runs once.
 fn compiled(g: &kiln_ir::Graph, x: &[kiln_ir::Tensor]) -> Result<Vec<kiln_ir::Tensor>, EngineError> {
-    let shapes = g.inputs().iter().zip(x).map(|(&id, t)| (g.node(id).name.clone(), t.dims().to_vec())).collect();
-    let options = crate::Options { input_shapes: shapes, ..crate::Options::default() };
+    let names: Vec<String> = g.inputs().iter().map(|&id| g.node(id).name.clone()).collect();
+    let shapes = names.iter().zip(x).map(|(n, t)| (n.clone(), t.dims().to_vec())).collect();
+    let values = names.iter().zip(x).map(|(n, t)| (n.clone(), t.clone())).collect();
+    let options = crate::Options { input_shapes: shapes, input_values: values, ..crate::Options::default() };
     let fail = |e: CompileError| match e {
-        CompileError::Unsupported { .. } => EngineError::Unsupported(e.to_string()),
+        CompileError::Unsupported { .. } | CompileError::DynamicShapes(_) => EngineError::Unsupported(e.to_string()),
         CompileError::Ir(e) => e.into(),
         other => EngineError::Failed(other.to_string()),
     };
     let exe = crate::jit(g, &options, &kiln_runtime::LoadOptions { threads: Some(1) }).map_err(fail)?;
-    exe.run(x).map_err(|e| EngineError::Failed(e.to_string()))
+    // Inputs bound at compile time are no longer taken.
+    let remaining: Vec<kiln_ir::Tensor> =
+        exe.inputs().iter().map(|d| x[names.iter().position(|n| *n == d.name).expect("the executable's inputs are the graph's")].clone()).collect();
+    exe.run(&remaining).map_err(|e| EngineError::Failed(e.to_string()))
 }
 
 fn one_line(s: &str) -> String {

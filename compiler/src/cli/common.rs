@@ -61,7 +61,11 @@ pub fn parse_shapes(specs: &[String]) -> Result<HashMap<String, Vec<usize>>> {
         .map(|s| {
             let bad = || CompileError::Usage(format!("--input-shape `{s}` is not NAME=D0,D1,... (sizes)"));
             let (name, dims) = s.split_once('=').ok_or_else(bad)?;
-            let dims = if dims.is_empty() { Vec::new() } else { dims.split(',').map(|d| d.trim().parse::<usize>().map_err(|_| bad())).collect::<Result<_>>()? };
+            let dims = if dims.is_empty() {
+                Vec::new()
+            } else {
+                dims.split(',').map(|d| d.trim().parse::<usize>().map_err(|_| bad())).collect::<Result<_>>()?
+            };
             Ok((name.to_string(), dims))
         })
         .collect()
@@ -78,7 +82,12 @@ pub fn order_inputs(declared: &[(String, String)], mut given: Vec<(String, Tenso
     for (name, _) in declared {
         match given.iter().position(|(n, _)| n == name) {
             Some(i) => out.push(given.swap_remove(i).1),
-            None => return Err(CompileError::Usage(format!("missing input `{name}` (give it with --input {name}=FILE.npy); the model expects:\n{}", expected()))),
+            None => {
+                return Err(CompileError::Usage(format!(
+                    "missing input `{name}` (give it with --input {name}=FILE.npy); the model expects:\n{}",
+                    expected()
+                )))
+            }
         }
     }
     Ok(out)
@@ -114,7 +123,10 @@ pub fn pick_device(d: DeviceArg, quiet: bool) -> Result<DeviceArg> {
             }
             Ok(DeviceArg::Cpu)
         }
-        DeviceArg::Cuda | DeviceArg::Opencl => Err(CompileError::Usage(format!("--device {}: this build runs on the CPU only; use --device cpu or auto", if d == DeviceArg::Cuda { "cuda" } else { "opencl" }))),
+        DeviceArg::Cuda | DeviceArg::Opencl => Err(CompileError::Usage(format!(
+            "--device {}: this build runs on the CPU only; use --device cpu or auto",
+            if d == DeviceArg::Cuda { "cuda" } else { "opencl" }
+        ))),
     }
 }
 

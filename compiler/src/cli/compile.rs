@@ -52,7 +52,13 @@ pub fn run(args: &Args) -> Result<()> {
         Model::Graph(g) => g,
         Model::Artifact(_) => return Err(CompileError::Usage(format!("{} is already a compiled artifact", args.model.display()))),
     };
-    let options = Options { target: args.target.kind(), input_shapes: parse_shapes(&args.input_shapes)?, dump_dir: args.dump_dir.clone(), cache: !args.no_cache };
+    let options = Options {
+        target: args.target.kind(),
+        input_shapes: parse_shapes(&args.input_shapes)?,
+        dump_dir: args.dump_dir.clone(),
+        cache: !args.no_cache,
+        ..Options::default()
+    };
     let compiled = crate::compile(&graph, &options, false)?;
     let bytes = compiled.artifact.to_bytes();
     write_atomically(&args.output, &bytes)?;

@@ -41,7 +41,9 @@ pub struct Args {
 pub fn run(args: &Args) -> Result<()> {
     let name = match args.stage {
         StageArg::Ptx | StageArg::Spirv => {
-            return Err(CompileError::Usage(format!("--stage {:?} needs a GPU target, which this build does not have yet", args.stage).to_lowercase()));
+            return Err(CompileError::Usage(
+                format!("--stage {:?} needs a GPU target, which this build does not have yet", args.stage).to_lowercase(),
+            ));
         }
         other => format!("{other:?}").to_lowercase(),
     };
@@ -49,7 +51,8 @@ pub fn run(args: &Args) -> Result<()> {
         Model::Graph(g) => g,
         Model::Artifact(_) => return Err(CompileError::Usage("emit takes a model, not a compiled artifact".into())),
     };
-    let options = Options { target: args.target.kind(), input_shapes: parse_shapes(&args.input_shapes)?, dump_dir: None, cache: false };
+    let options =
+        Options { target: args.target.kind(), input_shapes: parse_shapes(&args.input_shapes)?, dump_dir: None, cache: false, ..Options::default() };
     let stages: Stages = if name == "graph" || name == "fused" {
         // These need no codegen: stop before it, so a model kiln cannot compile still prints.
         crate::driver::front(&graph, &options)?

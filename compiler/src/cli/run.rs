@@ -41,14 +41,22 @@ pub fn executable(model: Model, inputs: &[(String, Tensor)], threads: Option<usi
         }
         Model::Graph(g) => {
             let ordered = order_inputs(&graph_inputs(&g), inputs.to_vec())?;
-            // Specialise symbolic dimensions to the inputs given.
-            let shapes = g.inputs().iter().zip(&ordered).map(|(&id, t)| (g.node(id).name.clone(), t.dims().to_vec())).collect();
-            let options = Options { input_shapes: shapes, ..Options::default() };
+            // Specialise symbolic dimensions (and shape-deciding input values) to the inputs given.
+            let names: Vec<String> = g.inputs().iter().map(|&id| g.node(id).name.clone()).collect();
+            let shapes = names.iter().zip(&ordered).map(|(n, t)| (n.clone(), t.dims().to_vec())).collect();
+            let values = names.iter().zip(&ordered).map(|(n, t)| (n.clone(), t.clone())).collect();
+            let options = Options { input_shapes: shapes, input_values: values, ..Options::default() };
             let compiled = crate::compile(&g, &options, false)?;
             if !quiet {
                 print_timings(if compiled.from_cache { "compile (from the cache)" } else { "compile" }, &compiled.timings);
             }
-            Ok((Executable::load(compiled.artifact, &LoadOptions { threads })?, ordered))
+            let exe = Executable::load(compiled.artifact, &LoadOptions { threads })?;
+            let remaining = exe
+                .inputs()
+                .iter()
+                .map(|d| ordered[names.iter().position(|n| *n == d.name).expect("the executable's inputs are the graph's")].clone())
+                .collect();
+            Ok((exe, remaining))
         }
     }
 }

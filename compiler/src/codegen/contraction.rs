@@ -12,8 +12,12 @@ use melior::ir::BlockLike;
 
 pub(super) fn emit(em: &mut Emitter, id: NodeId) -> Result<()> {
     let operands = em.graph.operands(id);
+    let op = em.graph.node(id).op.clone();
+    if let Op::Einsum { .. } = op {
+        return Err(em.unsupported(id, "is not supported by the native code generator yet"));
+    }
     let (a, b) = (operands[0].expect("matmul a"), operands[1].expect("matmul b"));
-    match em.graph.node(id).op.clone() {
+    match op {
         Op::MatMul => {
             let result = ValueId::from(id);
             let dest = em.dest(result)?;

@@ -13,7 +13,11 @@ use crate::Result;
 use melior::ir::BlockLike;
 
 pub(super) fn emit(em: &mut Emitter, id: NodeId) -> Result<()> {
-    let Op::Conv(c) = em.graph.node(id).op.clone() else { unreachable!("dispatched by op") };
+    let c = match em.graph.node(id).op.clone() {
+        Op::Conv(c) => c,
+        Op::ConvTranspose(_) => return Err(em.unsupported(id, "is not supported by the native code generator yet")),
+        _ => unreachable!("dispatched by op"),
+    };
     let operands = em.graph.operands(id);
     let (x, w) = (operands[0].expect("conv x"), operands[1].expect("conv w"));
     let bias = operands.get(2).copied().flatten();

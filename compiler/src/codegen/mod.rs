@@ -10,11 +10,15 @@
 mod contraction;
 mod convolution;
 mod elementwise;
+mod indexing;
 pub mod mlir;
 mod movement;
+mod normalize;
 mod pooling;
 mod reduction;
+mod resize;
 pub mod scalar;
+mod scan;
 
 use std::collections::HashMap;
 
@@ -132,11 +136,12 @@ impl<'c, 'a> Emitter<'c, 'a> {
     /// An error naming this kernel and a node.
     pub fn unsupported(&self, id: NodeId, what: &str) -> CompileError {
         let n = self.graph.node(id);
-        CompileError::Codegen {
+        CompileError::Unsupported {
             kernel: self.kernel.name.clone(),
             label: self.kernel.label.clone(),
-            stage: "codegen",
-            msg: format!("node `{}` ({}): {what}", n.name, n.op.name()),
+            node: n.name.clone(),
+            op: n.op.name(),
+            what: what.to_string(),
         }
     }
 }
@@ -225,11 +230,34 @@ fn emit_nodes(em: &mut Emitter, nodes: &[NodeId]) -> Result<()> {
 
 fn emit_node(em: &mut Emitter, id: NodeId) -> Result<()> {
     match &em.graph.node(id).op {
-        Op::MatMul | Op::Gemm(_) => contraction::emit(em, id),
-        Op::Conv(_) => convolution::emit(em, id),
+        Op::MatMul | Op::Gemm(_) | Op::Einsum { .. } => contraction::emit(em, id),
+        Op::Conv(_) | Op::ConvTranspose(_) => convolution::emit(em, id),
         Op::Pool(_) | Op::GlobalPool(_) => pooling::emit(em, id),
         Op::Reduce(_) | Op::Softmax { .. } | Op::LogSoftmax { .. } | Op::LayerNorm { .. } | Op::BatchNorm { .. } => reduction::emit(em, id),
+        Op::Hardmax { .. }
+        | Op::InstanceNorm { .. }
+        | Op::GroupNorm { .. }
+        | Op::RmsNorm { .. }
+        | Op::Lrn(_)
+        | Op::LpNorm { .. }
+        | Op::MeanVarianceNorm { .. } => normalize::emit(em, id),
+        Op::ArgReduce(_) | Op::Cumulative(_) | Op::TopK { .. } => scan::emit(em, id),
         Op::Transpose { .. } | Op::Concat { .. } | Op::Split { .. } | Op::Slice | Op::Gather { .. } | Op::Expand => movement::emit(em, id),
+        Op::GatherElements { .. }
+        | Op::GatherNd { .. }
+        | Op::ScatterElements { .. }
+        | Op::ScatterNd { .. }
+        | Op::Tile
+        | Op::Pad { .. }
+        | Op::OneHot { .. }
+        | Op::Trilu { .. }
+        | Op::DepthToSpace { .. }
+        | Op::SpaceToDepth { .. }
+        | Op::EyeLike { .. }
+        | Op::ReverseSequence { .. }
+        | Op::Range
+        | Op::ConstantOfShape { .. } => indexing::emit(em, id),
+        Op::Resize(_) => resize::emit(em, id),
         _ => Err(em.unsupported(id, "is not supported by the native code generator yet")),
     }
 }

@@ -56,14 +56,22 @@ pub(super) fn emit(em: &mut Emitter, id: NodeId) -> Result<()> {
                 offsets[a] = start;
                 strides[a] = steps[i];
             }
-            if strides.iter().all(|&s| s > 0) {
+            if strides.iter().all(|&s| s > 0) || od.contains(&0) {
                 let xv = em.value(x)?;
-                let view = extract_slice(em, xv, &offsets, &od, &strides, em.ty(result).dtype)?;
+                let view = if od.contains(&0) { xv } else { extract_slice(em, xv, &offsets, &od, &strides, em.ty(result).dtype)? };
                 return copy_value(em, view, result);
             }
             // A negative step reads backwards: `start + step * d` (never a plain loop index, so the
             // loop ranges come from the result).
-            let exprs: Vec<String> = (0..xd.len()).map(|a| if strides[a] == 1 && offsets[a] == 0 && xd[a] == od[a] { format!("d{a}") } else { format!("d{a} * {} + {}", strides[a], offsets[a]) }).collect();
+            let exprs: Vec<String> = (0..xd.len())
+                .map(|a| {
+                    if strides[a] == 1 && offsets[a] == 0 && xd[a] == od[a] {
+                        format!("d{a}")
+                    } else {
+                        format!("d{a} * {} + {}", strides[a], offsets[a])
+                    }
+                })
+                .collect();
             copy_with_map(em, x, result, &exprs)
         }
         Op::Split { axis, .. } => {
@@ -76,7 +84,7 @@ pub(super) fn emit(em: &mut Emitter, id: NodeId) -> Result<()> {
                 let od = em.dims(out);
                 let mut offsets = vec![0i64; xd.len()];
                 offsets[a] = offset as i64;
-                let view = extract_slice(em, xv, &offsets, &od, &vec![1; xd.len()], em.ty(out).dtype)?;
+                let view = if od.contains(&0) { xv } else { extract_slice(em, xv, &offsets, &od, &vec![1; xd.len()], em.ty(out).dtype)? };
                 copy_value(em, view, out)?;
                 offset += od[a];
             }
@@ -110,7 +118,14 @@ fn copy_map(em: &mut Emitter, x: ValueId, result: ValueId, map: String) -> Resul
 }
 
 /// A static `tensor.extract_slice` (a view until something copies it).
-fn extract_slice<'c, 'a>(em: &Emitter<'c, 'a>, v: Value<'c, 'a>, offsets: &[i64], sizes: &[usize], strides: &[i64], dtype: kiln_ir::DType) -> Result<Value<'c, 'a>> {
+fn extract_slice<'c, 'a>(
+    em: &Emitter<'c, 'a>,
+    v: Value<'c, 'a>,
+    offsets: &[i64],
+    sizes: &[usize],
+    strides: &[i64],
+    dtype: kiln_ir::DType,
+) -> Result<Value<'c, 'a>> {
     let (ctx, loc) = (em.ctx, em.loc);
     let sizes: Vec<i64> = sizes.iter().map(|&s| s as i64).collect();
     let ty = em.tensor_type(&sizes.iter().map(|&s| s as usize).collect::<Vec<_>>(), dtype)?;
@@ -131,10 +146,18 @@ fn extract_slice<'c, 'a>(em: &Emitter<'c, 'a>, v: Value<'c, 'a>, offsets: &[i64]
 /// Copies a tensor of `result`'s shape into `result`'s destination.
 fn copy_value<'c, 'a>(em: &mut Emitter<'c, 'a>, v: Value<'c, 'a>, result: ValueId) -> Result<()> {
     let od = em.dims(result);
+    if od.contains(&0) {
+        // Nothing to copy (and an empty slice's offset may lie past the end).
+        let d = em.dest(result)?;
+        em.set(result, d);
+        return Ok(());
+    }
     let dest = em.dest(result)?;
     let ty = em.tensor_type(&od, em.ty(result).dtype)?;
     let id = broadcast_map(od.len(), &od, &od);
-    let g = generic(em.ctx, em.loc, &[v], &[dest], &[id.clone(), id], &vec!["parallel"; od.len()], &[ty], |body| Ok(vec![body.argument(0).expect("x").into()]))?;
+    let g = generic(em.ctx, em.loc, &[v], &[dest], &[id.clone(), id], &vec!["parallel"; od.len()], &[ty], |body| {
+        Ok(vec![body.argument(0).expect("x").into()])
+    })?;
     let t = push(em.block, g);
     em.set(result, t);
     Ok(())

@@ -89,8 +89,11 @@ fn reduce_generic<'c, 'a>(
         let v = sb.load(body.argument(0).expect("x").into(), dt)?;
         let v = sb.cast(v, acc)?;
         let ex: Vec<Value> = (0..n_extra).map(|i| body.argument(1 + i).expect("extra").into()).collect();
-        let a = body.argument(1 + n_extra).expect("acc").into();
-        Ok(vec![step(&sb, a, v, &ex)?])
+        // The accumulator is stored in its storage type (bools as bytes) and combined in its
+        // compute type.
+        let a = sb.load(body.argument(1 + n_extra).expect("acc").into(), acc)?;
+        let r = step(&sb, a.v, v, &ex)?;
+        Ok(vec![sb.store(Scalar { v: r, dtype: acc })?])
     })?;
     Ok(push(em.block, g))
 }
@@ -128,7 +131,9 @@ fn reduce_op<'c, 'a>(em: &mut Emitter<'c, 'a>, id: NodeId, r: &Reduce, x: ValueI
     let axes_list = axes_list.transpose()?;
     let mut axes: Vec<usize> = match axes_list {
         None => Vec::new(),
-        Some(a) => a.iter().map(|&a| normalize_axis(a, xd.len()).ok_or_else(|| em.unsupported(id, "has an axis out of range"))).collect::<Result<_>>()?,
+        Some(a) => {
+            a.iter().map(|&a| normalize_axis(a, xd.len()).ok_or_else(|| em.unsupported(id, "has an axis out of range"))).collect::<Result<_>>()?
+        }
     };
     if axes.is_empty() && !r.noop_with_empty_axes {
         axes = (0..xd.len()).collect();
@@ -137,14 +142,30 @@ fn reduce_op<'c, 'a>(em: &mut Emitter<'c, 'a>, id: NodeId, r: &Reduce, x: ValueI
     let tc = compute(acc);
     let float = acc.is_float();
     let xv = em.value(x)?;
-    let big = if float { Init::Float(f64::INFINITY) } else { Init::Int(int_bound(acc, true)) };
-    let small = if float { Init::Float(f64::NEG_INFINITY) } else { Init::Int(int_bound(acc, false)) };
+    // Bools (i1) reduce with logic: any for Max, all for Min.
+    let boolean = acc == DType::Bool;
+    let big = if float {
+        Init::Float(f64::INFINITY)
+    } else if boolean {
+        Init::Int(1)
+    } else {
+        Init::Int(int_bound(acc, true))
+    };
+    let small = if float {
+        Init::Float(f64::NEG_INFINITY)
+    } else if boolean {
+        Init::Int(0)
+    } else {
+        Init::Int(int_bound(acc, false))
+    };
     let zero = if float { Init::Float(0.0) } else { Init::Int(0) };
     let one = if float { Init::Float(1.0) } else { Init::Int(1) };
     let signed = acc.is_signed_int();
     let (add, mul) = if float { ("arith.addf", "arith.mulf") } else { ("arith.addi", "arith.muli") };
     let (max, min) = if float {
         ("arith.maximumf", "arith.minimumf")
+    } else if boolean {
+        ("arith.ori", "arith.andi")
     } else if signed {
         ("arith.maxsi", "arith.minsi")
     } else {
@@ -225,7 +246,7 @@ fn reduce_op<'c, 'a>(em: &mut Emitter<'c, 'a>, id: NodeId, r: &Reduce, x: ValueI
     };
     let kind = r.kind;
     let t = map_generic(em, &[(reduced, map)], &od, dt, dest, |sb, a| {
-        let mut v = a[0];
+        let mut v = sb.load(a[0], acc)?.v;
         match kind {
             ReduceKind::Mean if float => {
                 let n = sb.constant(count as f64, tc)?;

@@ -77,7 +77,7 @@ impl<'c, 'a> ScalarBuilder<'c, 'a> {
                 format!("{} : {ty}", super::mlir::float_lit(value))
             }
         } else if ty == "i1" {
-            format!("{} : i1", if value != 0.0 { "true" } else { "false" })
+            format!("{} : i1", (value != 0.0) as u8)
         } else {
             format!("{} : {ty}", value as i128)
         };

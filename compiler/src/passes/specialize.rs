@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use kiln_ir::{Dim, Graph, Shape, TensorType};
+use kiln_ir::{Dim, Graph, NodeId, Op, Shape, Tensor, TensorType, ValueId};
 
 use crate::{CompileError, Result};
 
@@ -69,5 +69,64 @@ fn check_shape(name: &str, declared: &TensorType, dims: &[usize], bound: &mut Ha
             _ => {}
         }
     }
+    Ok(())
+}
+
+/// The operand positions whose values decide an op's result shape (or that codegen needs as
+/// constants: axes, a count, a diagonal offset).
+fn shape_operands(op: &Op) -> &'static [usize] {
+    match op {
+        Op::Reshape { .. } | Op::Expand | Op::Tile | Op::Squeeze | Op::Unsqueeze | Op::Reduce(_) | Op::Split { .. } => &[1],
+        Op::TopK { .. } | Op::OneHot { .. } | Op::Cumulative(_) | Op::Trilu { .. } => &[1],
+        Op::ConstantOfShape { .. } => &[0],
+        Op::Range => &[0, 1, 2],
+        Op::Slice => &[1, 2, 3, 4],
+        Op::Pad { .. } => &[1, 3],
+        Op::Resize(_) => &[1, 2, 3],
+        _ => &[],
+    }
+}
+
+/// The graph inputs (by index) whose values reach a shape-deciding operand.
+pub fn shape_inputs(graph: &Graph) -> Vec<usize> {
+    let mut seeds: Vec<ValueId> = Vec::new();
+    for (id, node) in graph.nodes() {
+        let operands = graph.operands(id);
+        for &i in shape_operands(&node.op) {
+            if let Some(Some(v)) = operands.get(i) {
+                seeds.push(*v);
+            }
+        }
+    }
+    // Walk back to the inputs those operands come from.
+    let mut seen: std::collections::HashSet<NodeId> = std::collections::HashSet::new();
+    let mut stack: Vec<NodeId> = seeds.iter().map(|v| v.node).collect();
+    while let Some(n) = stack.pop() {
+        if seen.insert(n) {
+            stack.extend(graph.operands(n).into_iter().flatten().map(|v| v.node));
+        }
+    }
+    graph.inputs().iter().enumerate().filter(|(_, id)| seen.contains(id)).map(|(i, _)| i).collect()
+}
+
+/// Whether some value's type still has a symbol.
+pub fn has_dynamic_shapes(graph: &Graph) -> bool {
+    graph.nodes().any(|(_, n)| n.outputs.iter().any(|t| !t.shape.is_fixed()))
+}
+
+/// Turns the named inputs into constants with the given values (they leave the interface).
+pub fn bind_values(graph: &mut Graph, values: &[(String, Tensor)]) -> Result<()> {
+    for (name, value) in values {
+        let Some(i) = graph.inputs().iter().position(|&id| &graph.node(id).name == name) else { continue };
+        let id = graph.inputs()[i];
+        let declared = graph.node(id).outputs[0].clone();
+        if declared.dtype != value.dtype() || declared.rank() != value.rank() {
+            return Err(CompileError::Usage(format!("input `{name}` is {declared}, got {}", value.ty())));
+        }
+        let c = graph.add_constant(&graph.unique_name(&format!("{name}.value")), value.clone())?;
+        graph.replace_uses(id.into(), c)?;
+        graph.remove_node(id)?;
+    }
+    graph.reinfer()?;
     Ok(())
 }

@@ -2,9 +2,10 @@
 //! lowering to the LLVM dialect, translation to LLVM IR, optimisation for the host CPU by inkwell,
 //! and one shared object holding every kernel.
 //!
-//! Each kernel's body function is `k_body(ptr..., i64 wg_begin, i64 wg_end)` (static memrefs
-//! passed as bare pointers); an exported wrapper `k(void **args, i64 wg_begin, i64 wg_end)` loads
-//! the pointers and calls it, the signature the runtime's CPU device calls.
+//! Each kernel's body function takes its memrefs in MLIR's expanded descriptor form (allocated and
+//! aligned pointer, offset, sizes, strides), then `i64 wg_begin, i64 wg_end`; an exported wrapper
+//! `k(void **args, i64 wg_begin, i64 wg_end)` loads each buffer pointer, builds the descriptor
+//! from the static shape, and calls it. That is the signature the runtime's CPU device calls.
 
 use std::path::PathBuf;
 
@@ -30,7 +31,7 @@ const BUFFERIZE: &str = "builtin.module(canonicalize,cse,one-shot-bufferize{buff
 
 /// Lowering to the LLVM dialect. Temporaries are freed (kernels run many times); math without an
 /// LLVM intrinsic becomes libm calls.
-const LOWER: &str = "builtin.module(buffer-deallocation-pipeline,convert-bufferization-to-memref,func.func(convert-linalg-to-loops),convert-vector-to-scf,expand-strided-metadata,lower-affine,convert-scf-to-cf,finalize-memref-to-llvm,convert-math-to-funcs,convert-vector-to-llvm,convert-math-to-llvm,convert-math-to-libm,convert-arith-to-llvm,convert-index-to-llvm,convert-func-to-llvm{use-bare-ptr-memref-call-conv=1},convert-cf-to-llvm,convert-ub-to-llvm,reconcile-unrealized-casts)";
+const LOWER: &str = "builtin.module(buffer-deallocation-pipeline,convert-bufferization-to-memref,func.func(convert-linalg-to-loops),convert-vector-to-scf,expand-strided-metadata,lower-affine,convert-scf-to-cf,finalize-memref-to-llvm,convert-math-to-funcs,convert-vector-to-llvm,convert-math-to-llvm,convert-math-to-libm,convert-arith-to-llvm,convert-index-to-llvm,convert-func-to-llvm,convert-cf-to-llvm,convert-ub-to-llvm,reconcile-unrealized-casts)";
 
 /// Outputs smaller than this run as one workgroup: splitting them costs more than it saves.
 const MIN_DISTRIBUTED: usize = 16 * 1024;
@@ -88,7 +89,7 @@ pub fn compile(graph: &Graph, kernels: &[Kernel], mut texts: Option<&mut StageTe
         main.link_in_module(m).map_err(|e| stage_err(k, "llvm", format!("linking: {e}")))?;
         compiled.push(CompiledKernel { symbol: k.name.clone(), workgroups, label: k.label.clone() });
     }
-    add_wrappers(&llvm, &main, kernels)?;
+    add_wrappers(&llvm, &main, kernels, graph)?;
     let (tm, detail) = host_machine()?;
     main.set_triple(&tm.get_triple());
     main.set_data_layout(&tm.get_target_data().get_data_layout());
@@ -149,6 +150,10 @@ fn lower_kernel<'c>(mlir: &'c MlirContext, graph: &Graph, k: &Kernel) -> Result<
         bind_workgroup_loop(&module).map_err(|e| stage_err(k, "distribute", e))?;
     }
     mlir.run_pipeline(&mut module, LOWER).map_err(|e| stage_err(k, "lower", e))?;
+    // A developer's view of each kernel after the pipeline (KILN_DEBUG_MLIR=1).
+    if std::env::var_os("KILN_DEBUG_MLIR").is_some() {
+        eprintln!("// kernel {} ({} workgroups)\n{}", k.name, workgroups, module.as_operation());
+    }
     Ok((module, workgroups, text))
 }
 
@@ -267,13 +272,14 @@ fn bind_workgroup_loop(module: &Module) -> Result<(), String> {
     Ok(())
 }
 
-/// Adds `k(void **args, i64, i64)` for each kernel, calling `k_body` with the loaded pointers.
-fn add_wrappers<'l>(llvm: &'l LlvmContext, module: &LlvmModule<'l>, kernels: &[Kernel]) -> Result<()> {
+/// Adds `k(void **args, i64, i64)` for each kernel, calling `k_body` with a descriptor per buffer.
+fn add_wrappers<'l>(llvm: &'l LlvmContext, module: &LlvmModule<'l>, kernels: &[Kernel], graph: &Graph) -> Result<()> {
     let ptr = llvm.ptr_type(inkwell::AddressSpace::default());
     let i64t = llvm.i64_type();
     let fn_type = llvm.void_type().fn_type(&[ptr.into(), i64t.into(), i64t.into()], false);
     let builder = llvm.create_builder();
     for k in kernels {
+        let internal = |e: inkwell::builder::BuilderError| CompileError::Internal(format!("building the wrapper of {}: {e}", k.name));
         let body = module
             .get_function(&format!("{}_body", k.name))
             .ok_or_else(|| CompileError::Internal(format!("kernel {} has no body function", k.name)))?;
@@ -281,19 +287,35 @@ fn add_wrappers<'l>(llvm: &'l LlvmContext, module: &LlvmModule<'l>, kernels: &[K
         let entry = llvm.append_basic_block(f, "entry");
         builder.position_at_end(entry);
         let args = f.get_nth_param(0).expect("declared").into_pointer_value();
-        let n = body.count_params() as usize - 2;
-        let mut call_args = Vec::with_capacity(n + 2);
-        for i in 0..n {
-            let internal = |e: inkwell::builder::BuilderError| CompileError::Internal(format!("building the wrapper of {}: {e}", k.name));
-            // SAFETY: args points to an array of n pointers (the runtime's launch arguments).
+        let mut call_args: Vec<inkwell::values::BasicMetadataValueEnum> = Vec::new();
+        for (i, &v) in k.inputs.iter().chain(&k.outputs).enumerate() {
+            // SAFETY: args points to an array with one pointer per kernel buffer.
             let slot = unsafe { builder.build_in_bounds_gep(ptr, args, &[i64t.const_int(i as u64, false)], "slot") }.map_err(internal)?;
-            let p = builder.build_load(ptr, slot, "arg").map_err(internal)?;
+            let p = builder.build_load(ptr, slot, "buffer").map_err(internal)?;
+            let dims = graph.value_type(v).shape.as_fixed().expect("static after specialisation");
+            let mut strides = vec![1u64; dims.len()];
+            for d in (0..dims.len().saturating_sub(1)).rev() {
+                strides[d] = strides[d + 1] * dims[d + 1] as u64;
+            }
+            // {allocated, aligned, offset, sizes..., strides...}
             call_args.push(p.into());
+            call_args.push(p.into());
+            call_args.push(i64t.const_zero().into());
+            call_args.extend(dims.iter().map(|&d| inkwell::values::BasicMetadataValueEnum::from(i64t.const_int(d as u64, false))));
+            call_args.extend(strides.iter().map(|&s| inkwell::values::BasicMetadataValueEnum::from(i64t.const_int(s, false))));
         }
         call_args.push(f.get_nth_param(1).expect("declared").into());
         call_args.push(f.get_nth_param(2).expect("declared").into());
-        builder.build_call(body, &call_args, "").map_err(|e| CompileError::Internal(e.to_string()))?;
-        builder.build_return(None).map_err(|e| CompileError::Internal(e.to_string()))?;
+        if call_args.len() != body.count_params() as usize {
+            return Err(CompileError::Internal(format!(
+                "kernel {} takes {} arguments, the wrapper has {}",
+                k.name,
+                body.count_params(),
+                call_args.len()
+            )));
+        }
+        builder.build_call(body, &call_args, "").map_err(internal)?;
+        builder.build_return(None).map_err(internal)?;
     }
     Ok(())
 }
