@@ -5,7 +5,7 @@ use kiln_ir::{eval, models, DType, Graph, Tensor};
 use kiln_runtime::LoadOptions;
 
 /// Compiles `graph`, runs it with `threads` threads, and checks every output against `ir::eval`.
-pub fn check_against_eval(graph: &Graph, inputs: &[Tensor], threads: usize, tol: f64) {
+pub(crate) fn check_against_eval(graph: &Graph, inputs: &[Tensor], threads: usize, tol: f64) {
     let exe = kiln_compiler::jit(graph, &Options { cache: false, ..Options::default() }, &LoadOptions { threads: Some(threads) })
         .unwrap_or_else(|e| panic!("compile failed: {e}"));
     let got = exe.run(inputs).unwrap_or_else(|e| panic!("run failed: {e}"));

@@ -1,4 +1,7 @@
 //! kiln's integration tests: one binary for everything that links MLIR/LLVM.
 
+mod artifact;
 mod compile;
+mod differential;
+mod stages;
 mod toolchain;
