@@ -6,7 +6,7 @@ CARGO ?= cargo
 
 SUITES := node pytorch-converted pytorch-operator simple
 
-.PHONY: setup demo test check-runtime-deps conformance ratchet ops-doc
+.PHONY: setup demo test check-runtime-deps conformance ratchet ops-doc examples
 
 setup:
 	@./scripts/setup.sh
@@ -16,7 +16,15 @@ demo: setup
 
 test: setup check-runtime-deps
 	$(CARGO) test --workspace
+	$(MAKE) --no-print-directory examples
 	$(MAKE) --no-print-directory conformance
+
+# The JIT example traces, compiles and checks an MLP and saves its artifact; the runtime-only
+# example (no MLIR/LLVM in its build) loads and runs that artifact.
+examples:
+	@mkdir -p target/examples
+	$(CARGO) run -q -p kiln-compiler --example jit_mlp -- --save target/examples/mlp.kiln
+	$(CARGO) run -q -p kiln-runtime --example run_artifact -- target/examples/mlp.kiln
 
 # The ONNX backend tests on the reference interpreter: every test listed in
 # tests/conformance/ref.txt must pass (a ratchet); the data is fetched once into ~/.cache/kiln.

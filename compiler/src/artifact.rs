@@ -25,6 +25,7 @@ pub fn assemble(
     code: Vec<u8>,
     target: Target,
     target_detail: &str,
+    cpu_features: &[String],
 ) -> Result<Artifact> {
     let mut payload = code;
     let code_blob = Blob { offset: 0, len: payload.len() as u64 };
@@ -91,6 +92,7 @@ pub fn assemble(
         model: graph.name.clone(),
         target,
         target_detail: target_detail.to_string(),
+        cpu_features: cpu_features.to_vec(),
         inputs,
         outputs,
         buffers,

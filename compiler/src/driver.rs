@@ -81,7 +81,7 @@ pub fn compile(graph: &Graph, options: &Options, keep_stages: bool) -> Result<Co
     let mut texts = StageTexts::default();
     let code = cpu::compile(&g, &partition.kernels, keep.then_some(&mut texts))?;
     lap("codegen", &mut timings);
-    let art = artifact::assemble(&g, &partition, &code.kernels, code.shared_object, Target::Cpu, &code.target_detail)?;
+    let art = artifact::assemble(&g, &partition, &code.kernels, code.shared_object, Target::Cpu, &code.target_detail, &code.cpu_features)?;
     lap("artifact", &mut timings);
     stages.mlir = texts.mlir;
     stages.lowered = texts.lowered;

@@ -113,8 +113,11 @@ pub struct Manifest {
     pub kiln_version: String,
     pub model: String,
     pub target: Target,
-    /// The CPU features or GPU architecture the code was compiled for.
+    /// The CPU features or GPU architecture the code was compiled for, for people.
     pub target_detail: String,
+    /// CPU features the code uses (`avx512f`, `fma`...); the runtime refuses a host without one.
+    #[serde(default)]
+    pub cpu_features: Vec<String>,
     pub inputs: Vec<TensorDesc>,
     pub outputs: Vec<TensorDesc>,
     pub buffers: Vec<BufferDesc>,

@@ -95,6 +95,7 @@ impl Executable {
         let threads = options.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
         let program = match m.target {
             Target::Cpu => {
+                crate::device::cpu::check_host_features(&m.cpu_features)?;
                 let symbols: Vec<String> = m.kernels.iter().map(|k| k.symbol.clone()).collect();
                 Program::Cpu(CpuProgram::load(artifact.blob(m.code)?, &symbols, threads)?)
             }

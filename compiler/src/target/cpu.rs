@@ -52,6 +52,8 @@ pub struct CpuCode {
     pub kernels: Vec<CompiledKernel>,
     /// The CPU and features the code was optimised for.
     pub target_detail: String,
+    /// The instruction-set features the code may use.
+    pub cpu_features: Vec<String>,
 }
 
 /// The text of each stage, when asked for.
@@ -90,7 +92,7 @@ pub fn compile(graph: &Graph, kernels: &[Kernel], mut texts: Option<&mut StageTe
         compiled.push(CompiledKernel { symbol: k.name.clone(), workgroups, label: k.label.clone() });
     }
     add_wrappers(&llvm, &main, kernels, graph)?;
-    let (tm, detail) = host_machine()?;
+    let (tm, detail, cpu_features) = host_machine()?;
     main.set_triple(&tm.get_triple());
     main.set_data_layout(&tm.get_target_data().get_data_layout());
     main.verify().map_err(|e| CompileError::Internal(format!("invalid LLVM IR: {e}")))?;
@@ -106,11 +108,12 @@ pub fn compile(graph: &Graph, kernels: &[Kernel], mut texts: Option<&mut StageTe
     let object =
         tm.write_to_memory_buffer(&main, FileType::Object).map_err(|e| CompileError::Internal(format!("LLVM object emission failed: {e}")))?;
     let shared_object = link_shared(object.as_slice())?;
-    Ok(CpuCode { shared_object, kernels: compiled, target_detail: detail })
+    Ok(CpuCode { shared_object, kernels: compiled, target_detail: detail, cpu_features })
 }
 
-/// The host's target machine (its CPU name and real features: AVX-512 where present).
-fn host_machine() -> Result<(TargetMachine, String)> {
+/// The host's target machine (its CPU name and real features: AVX-512 where present), a line
+/// describing it, and the vector features the code may use.
+fn host_machine() -> Result<(TargetMachine, String, Vec<String>)> {
     Target::initialize_native(&InitializationConfig::default()).map_err(|e| CompileError::Internal(format!("LLVM native target: {e}")))?;
     let triple = TargetMachine::get_default_triple();
     let target = Target::from_triple(&triple).map_err(|e| CompileError::Internal(format!("LLVM target for {triple}: {e}")))?;
@@ -119,12 +122,10 @@ fn host_machine() -> Result<(TargetMachine, String)> {
     let tm = target
         .create_target_machine(&triple, &cpu, &features, OptimizationLevel::Aggressive, RelocMode::PIC, CodeModel::Default)
         .ok_or_else(|| CompileError::Internal(format!("LLVM cannot make a target machine for {triple} {cpu}")))?;
-    let wide: Vec<&str> = features
-        .split(',')
-        .filter(|f| f.starts_with('+') && (f.contains("avx") || f.contains("fma") || f.contains("sse4")))
-        .map(|f| &f[1..])
-        .collect();
-    Ok((tm, format!("{triple} {cpu} {}", wide.join(","))))
+    let mut wide: Vec<String> = features.split(',').filter(|f| f.starts_with('+') && (f.contains("avx") || f.contains("fma") || f.contains("sse4"))).map(|f| f[1..].to_string()).collect();
+    wide.sort();
+    let widest = ["avx512f", "avx2", "avx", "sse4.2"].into_iter().find(|f| wide.iter().any(|w| w == f)).unwrap_or("sse2");
+    Ok((tm, format!("{} {cpu} ({widest})", triple.as_str().to_string_lossy()), wide))
 }
 
 /// Builds, distributes and lowers one kernel; returns the lowered module, its workgroup count and

@@ -32,6 +32,38 @@ fn err(msg: impl Into<String>) -> RuntimeError {
     RuntimeError::Device { device: "cpu".into(), msg: msg.into() }
 }
 
+/// Checks that this CPU has every feature the code was compiled for (running AVX-512 code on a
+/// CPU without it would die of an illegal instruction).
+pub fn check_host_features(features: &[String]) -> Result<()> {
+    let missing: Vec<&str> = features.iter().map(String::as_str).filter(|f| host_has(f) == Some(false)).collect();
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        Err(err(format!("the artifact was compiled for CPU features this machine lacks ({}); compile it on (or for) this machine", missing.join(", "))))
+    }
+}
+
+/// Whether the host has a feature; `None` for names this check does not know.
+fn host_has(f: &str) -> Option<bool> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        macro_rules! known {
+            ($($name:tt),*) => {
+                match f {
+                    $($name => Some(std::arch::is_x86_feature_detected!($name)),)*
+                    _ => None,
+                }
+            };
+        }
+        known!("avx", "avx2", "fma", "sse4.1", "sse4.2", "avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl", "avx512ifma", "avx512vbmi", "avx512vbmi2", "avx512vnni", "avx512bitalg", "avx512vpopcntdq", "avx512bf16", "avx512fp16")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = f;
+        None
+    }
+}
+
 impl CpuProgram {
     /// Loads a shared object's bytes and resolves `symbols`; `threads` workers run launches.
     pub fn load(code: &[u8], symbols: &[String], threads: usize) -> Result<CpuProgram> {
@@ -91,6 +123,24 @@ impl CpuProgram {
             }
             // SAFETY: as the caller promised.
             _ => unsafe { f(args.as_ptr(), 0, w) },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_feature_the_host_lacks_refuses_the_artifact() {
+        assert!(check_host_features(&["not-a-feature".into()]).is_ok(), "unknown names are not checked");
+        let known = ["avx", "avx2", "fma", "avx512f", "avx512bw", "avx512fp16", "avx512vbmi2"];
+        for f in known {
+            let r = check_host_features(&[f.to_string()]);
+            assert_eq!(r.is_ok(), host_has(f) == Some(true), "{f}");
+            if let Err(e) = r {
+                assert!(e.to_string().contains(f));
+            }
         }
     }
 }
