@@ -30,7 +30,6 @@ struct Lens {
 }
 
 pub(super) fn decompose(e: &mut Emit, id: NodeId, r: &Rnn) -> Result<Option<Vec<ValueId>>> {
-    let node = e.g.node(id).clone();
     let ops = e.g.operands(id);
     let operand = |i: usize| ops.get(i).copied().flatten();
     let (Some(x), Some(w), Some(rw)) = (operand(0), operand(1), operand(2)) else { return Ok(None) };
@@ -38,7 +37,8 @@ pub(super) fn decompose(e: &mut Emit, id: NodeId, r: &Rnn) -> Result<Option<Vec<
     let cd = compute_type(dt);
     let xd = e.dims(x)?;
     let (seq, batch, input) = if r.batch_first { (xd[1], xd[0], xd[2]) } else { (xd[0], xd[1], xd[2]) };
-    let Some(hidden) = node.outputs.get(1).and_then(|t| t.shape.as_fixed()).and_then(|d| d.last().copied()) else { return Ok(None) };
+    // R is [dirs, gates*hidden, hidden] (hidden_size may be left out).
+    let Some(&hidden) = e.dims(rw)?.last() else { return Ok(None) };
     // Empty sequences or states: nothing worth unrolling (and zero-sized steps); leave it.
     if seq == 0 || batch == 0 || hidden == 0 || input == 0 {
         return Ok(None);
