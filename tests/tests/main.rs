@@ -2,6 +2,7 @@
 
 mod artifact;
 mod compile;
+mod decompose;
 mod differential;
 mod stages;
 mod toolchain;

@@ -230,10 +230,11 @@ fn gather(em: &mut Emitter, id: NodeId, x: ValueId, indices: ValueId, axis: i64)
         let i: Value = push(body, op(ctx, loc, "arith.index_cast", &[i], &[index], &[])?);
         let mut coords: Vec<Value> = Vec::with_capacity(xd.len());
         for d in 0..xd.len() {
-            let loop_dim = if d < a { d } else { d + ri - 1 };
             if d == a {
                 coords.push(i);
             } else {
+                // Axes after the gathered one come after the indices' axes (none for a scalar index).
+                let loop_dim = if d < a { d } else { d + ri - 1 };
                 coords.push(push(body, op(ctx, loc, "linalg.index", &[], &[index], &[("dim", parse_attr(ctx, &format!("{loop_dim} : i64"))?)])?));
             }
         }

@@ -1,6 +1,7 @@
 //! Graph passes: one pass a file, each `fn run(&mut Graph) -> Result<bool>` (whether it changed
 //! anything), run in order by `PassManager`, which can print the graph after each pass.
 
+pub mod decompose;
 pub mod fold;
 pub mod simplify;
 pub mod specialize;
@@ -19,6 +20,9 @@ pub struct Pass {
 pub fn default_passes() -> Vec<Pass> {
     vec![
         Pass { name: "fold", run: fold::run },
+        // Ops without kernels of their own become ops that have them; simplification and
+        // folding then tidy what they made (weight slices of constant weights fold away).
+        Pass { name: "decompose", run: decompose::run },
         Pass { name: "simplify", run: simplify::run },
         // Simplification exposes more constants (a Reshape of a folded shape...).
         Pass { name: "fold-again", run: fold::run },
