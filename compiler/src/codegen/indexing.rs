@@ -107,11 +107,11 @@ pub(super) fn emit(em: &mut Emitter, id: NodeId) -> Result<()> {
                 // index tuple, the trailing ones the element of the slice.
                 let at = ix.delinearize(i, &ud)?;
                 let mut coords = Vec::with_capacity(xd.len());
-                for j in 0..m {
+                for (j, &n) in xd[..m].iter().enumerate() {
                     let mut t: Vec<Value> = at[..q - 1].to_vec();
                     t.push(ix.c(j as i128)?);
                     let raw = ix.extract(iv, &t, idt)?;
-                    coords.push(ix.norm_index(raw, idt, xd[j])?);
+                    coords.push(ix.norm_index(raw, idt, n)?);
                 }
                 coords.extend_from_slice(&at[q - 1..]);
                 let new = ix.extract(uv, &at, dtype)?;
@@ -166,13 +166,14 @@ pub(super) fn emit(em: &mut Emitter, id: NodeId) -> Result<()> {
         }
         Op::Trilu { upper } => {
             let x = need(0)?;
-            // k decides no shape, so it may be a run-time value (then read in the body).
-            let k = match arg(1) {
+            // k decides no shape, so it may be a run-time value (then read in the body):
+            // (tensor, rank, dtype), or None with the constant.
+            let (k_const, k_runtime) = match arg(1) {
                 Some(v) if em.dims(v).iter().product::<usize>() > 0 => match const_ints(1) {
-                    Some(c) => Err(c.first().copied().unwrap_or(0)),
-                    None => Ok((em.value(v)?, em.dims(v).len(), em.ty(v).dtype)),
+                    Some(c) => (c.first().copied().unwrap_or(0), None),
+                    None => (0, Some((em.value(v)?, em.dims(v).len(), em.ty(v).dtype))),
                 },
-                _ => Err(0),
+                _ => (0, None),
             };
             let xv = em.value(x)?;
             let rank = od.len();
@@ -181,9 +182,9 @@ pub(super) fn emit(em: &mut Emitter, id: NodeId) -> Result<()> {
                 let i = ix.index_to_i64(ix.loop_index(rank - 2)?)?;
                 let j = ix.index_to_i64(ix.loop_index(rank - 1)?)?;
                 let diag = ix.sb.emit("arith.subi", &[j, i], "i64")?;
-                let kk = match k {
-                    Err(c) => ix.sb.int_constant(c as i128, "i64")?,
-                    Ok((kv, r, kdt)) => {
+                let kk = match k_runtime {
+                    None => ix.sb.int_constant(k_const as i128, "i64")?,
+                    Some((kv, r, kdt)) => {
                         let raw = ix.extract(kv, &(0..r).map(|_| ix.c(0)).collect::<Result<Vec<_>>>()?, kdt)?;
                         ix.to_i64(raw, kdt)?
                     }
@@ -279,7 +280,7 @@ pub(super) fn emit(em: &mut Emitter, id: NodeId) -> Result<()> {
                     let fi = ix.sb.emit("arith.sitofp", &[i], "f64")?;
                     let v = ix.sb.emit("arith.mulf", &[fi, d], "f64")?;
                     let v = ix.sb.emit("arith.addf", &[s, v], "f64")?;
-                    ix.from_f64(v, dtype)
+                    ix.store_f64(v, dtype)
                 } else {
                     // Exact with wrap-around in the integer type.
                     let t = storage_type(dtype);
@@ -294,15 +295,9 @@ pub(super) fn emit(em: &mut Emitter, id: NodeId) -> Result<()> {
                 d if d.is_float() => em.scalar_constant(value.to_f64s().first().copied().unwrap_or(0.0), d)?,
                 d => em.int_constant(value.to_i64s().first().copied().unwrap_or(0) as i128, d)?,
             };
-            if od.contains(&0) {
-                let d = em.dest(result)?;
-                em.set(result, d);
-                return Ok(());
-            }
-            let dest = em.dest(result)?;
-            let t = super::mlir::fill(em.ctx, em.loc, em.block, c, dest)?;
-            em.set(result, t);
-            Ok(())
+            // A generic (not linalg.fill) so that it is split into workgroups like the others.
+            let map = format!("affine_map<({}) -> ()>", dims_list(od.len()));
+            over_output(em, result, &[(c, map)], |_, args| Ok(args[0]))
         }
         _ => Err(em.unsupported(id, "is not an indexing op")),
     }
@@ -556,7 +551,7 @@ impl<'c, 'b> Ix<'c, 'b> {
 
     /// An f64 to the storage type of `dtype`, as `Tensor::from_f64s` converts: floats rounded
     /// (f16/bf16 through f32), integers truncated with saturation and NaN as 0, bools `!= 0`.
-    pub fn from_f64(&self, v: Value<'c, 'b>, dtype: DType) -> Result<Value<'c, 'b>> {
+    pub fn store_f64(&self, v: Value<'c, 'b>, dtype: DType) -> Result<Value<'c, 'b>> {
         let sb = &self.sb;
         match dtype {
             DType::F64 => Ok(v),
@@ -693,7 +688,8 @@ pub(super) fn over_output<'c, 'a>(
     Ok(())
 }
 
-/// A copy of `x` (of `result`'s type) into `result`'s destination.
+/// A copy of `x` (of `result`'s type) into `result`'s destination. Explicit, as an identity
+/// generic would fold away and leave later in-place updates to a temporary.
 pub(super) fn copy_into_dest<'c, 'a>(em: &mut Emitter<'c, 'a>, x: ValueId, result: ValueId) -> Result<Value<'c, 'a>> {
     let dims = em.dims(result);
     let dest = em.dest(result)?;
@@ -701,7 +697,8 @@ pub(super) fn copy_into_dest<'c, 'a>(em: &mut Emitter<'c, 'a>, x: ValueId, resul
         return Ok(dest);
     }
     let xv = em.value(x)?;
-    build_over(em, &dims, em.ty(result).dtype, dest, &[(xv, identity(dims.len()))], |_, args| Ok(args[0]))
+    let ty = em.tensor_type(&dims, em.ty(result).dtype)?;
+    Ok(push(em.block, op(em.ctx, em.loc, "bufferization.materialize_in_destination", &[xv, dest], &[ty], &[])?))
 }
 
 /// `scf.for %i = 0 to n` threading the tensor `init` through `body(i, acc) -> acc'`: sequential
