@@ -345,9 +345,15 @@ fn resize_tf_crop_and_resize_extrapolates() {
 #[test]
 fn resize_integer_and_half_outputs() {
     // Integers round half to even and saturate; u8 and i32 and f16 and f64.
-    for dtype in [DType::U8, DType::I32, DType::F16, DType::F64] {
+    for dtype in [DType::U8, DType::I8, DType::I32, DType::U64, DType::F16, DType::F64] {
         let x = Tensor::random(dtype, &[1, 1, 4, 4], 7);
-        let x = if dtype == DType::U8 { Tensor::from_f64s(dtype, x.dims(), &x.to_f64s().iter().map(|v| v * 25.0).collect::<Vec<_>>()).unwrap() } else { x };
+        // Values near the ends of the 8-bit ranges, so that cubic overshoot saturates.
+        let spread = match dtype {
+            DType::U8 => 28.0,
+            DType::I8 => 28.0,
+            _ => 1.0,
+        };
+        let x = Tensor::from_f64s(dtype, x.dims(), &x.to_f64s().iter().map(|v| v * spread).collect::<Vec<_>>()).unwrap();
         for mode in [ResizeMode::Nearest, ResizeMode::Linear, ResizeMode::Cubic] {
             let tol = if dtype == DType::F16 { 1e-3 } else { 0.0 };
             check_resize(resize(mode, CoordinateTransform::HalfPixel), x.clone(), None, Some(vec![1.0, 1.0, 2.0, 1.5]), None, 1, tol);
