@@ -196,10 +196,13 @@ fn distribution(ctx: &melior::Context, module: &Module, graph: &Graph, k: &Kerne
     if numel < MIN_DISTRIBUTED {
         return None;
     }
-    let linalg: Vec<OperationRef> = body_ops(module)
-        .into_iter()
-        .filter(|o| o.name().as_string_ref().as_str().is_ok_and(|n| n.starts_with("linalg.") || n == "tensor.pad"))
-        .collect();
+    let ops = body_ops(module);
+    // A sequential loop (scatter updates applied in order) must run exactly once.
+    if ops.iter().any(|o| o.name().as_string_ref().as_str() == Ok("scf.for")) {
+        return None;
+    }
+    let linalg: Vec<OperationRef> =
+        ops.into_iter().filter(|o| o.name().as_string_ref().as_str().is_ok_and(|n| n.starts_with("linalg.") || n == "tensor.pad")).collect();
     let anchor = linalg.iter().rev().find(|o| o.name().as_string_ref().as_str().is_ok_and(|n| n.starts_with("linalg.") && n != "linalg.fill"))?;
     // The dimension to split: image rows for batch-1 images (a halo of input per workgroup
     // instead of the whole input), else the first that is not tiny.

@@ -283,8 +283,8 @@ fn scatter_nd(xd: &[usize], indices: &Tensor) -> Result<Vec<usize>, String> {
 }
 
 /// For each result coordinate along one axis, the operand coordinate it copies (`None`: the
-/// constant). Negative pads crop first and the other modes pad what is left, as onnxruntime does.
-fn pad_axis(mode: PadMode, n: usize, lo: i64, hi: i64, size: usize) -> Vec<Option<usize>> {
+/// constant; shared with the code generator). Negative pads crop first and the other modes pad what is left, as onnxruntime does.
+pub fn pad_axis(mode: PadMode, n: usize, lo: i64, hi: i64, size: usize) -> Vec<Option<usize>> {
     // In i128 so that pads near the ends of the i64 range cannot overflow.
     let (n, lo, hi) = (n as i128, lo as i128, hi as i128);
     let (start, end) = ((-lo).max(0), n - (-hi).max(0));

@@ -18,6 +18,9 @@ mod resize;
 mod sequence;
 mod window;
 
+pub use indexing::pad_axis;
+pub use resize::{resize_steps, ResizeStep};
+
 use std::collections::HashMap;
 
 use ndarray::{ArrayD, ArrayViewD, IxDyn};

@@ -13,15 +13,50 @@ fn given<'a>(operands: &[Option<&'a Tensor>], i: usize) -> Option<&'a Tensor> {
 
 pub(super) fn eval(r: &Resize, operands: &[Option<&Tensor>], _out: &[TensorType]) -> Result<Vec<Tensor>, String> {
     let x = operands.first().copied().flatten().ok_or("Resize needs an input")?;
-    let roi = given(operands, 1).map(|t| (t.to_f64s(), t.dtype() == DType::F32));
-    let scales = given(operands, 2).map(|t| t.to_f64s());
-    let sizes = given(operands, 3).map(|t| t.to_i64s());
-    let plan = resize_plan(r, x.dims(), roi.as_ref().map(|(v, f)| (v.as_slice(), *f)), scales.as_deref(), sizes.as_deref())?;
+    let (out, steps) = resize_steps(r, x.dims(), given(operands, 1), given(operands, 2), given(operands, 3))?;
+    let mut dims = x.dims().to_vec();
+    let mut data = x.to_f64s();
+    for step in &steps {
+        data = apply_step(r, step, &data, &dims);
+        dims[step.axis] = step.taps.len();
+    }
+    // Integers round half to even before saturating, as the reference's saturate_cast does.
+    if !x.dtype().is_float() {
+        data.iter_mut().for_each(|v| *v = v.round_ties_even());
+    }
+    Ok(vec![Tensor::from_f64s(x.dtype(), &out, &data).map_err(|e| e.to_string())?])
+}
+
+/// One pass of a Resize, along one axis: for every output position along it, the input
+/// positions and weights it sums (in this order), or `None` for the extrapolation value.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ResizeStep {
+    pub axis: usize,
+    pub taps: Vec<Option<Vec<(usize, f64)>>>,
+}
+
+/// The output dimensions of a Resize of an input of `dims` and the passes that compute it, in
+/// order (axes left alone have none), from the values of roi, scales and sizes (empty ones
+/// count as absent). The code generator builds its tables from these, so that compiled code
+/// and this interpreter share one geometry.
+pub fn resize_steps(
+    r: &Resize,
+    dims: &[usize],
+    roi: Option<&Tensor>,
+    scales: Option<&Tensor>,
+    sizes: Option<&Tensor>,
+) -> Result<(Vec<usize>, Vec<ResizeStep>), String> {
+    fn nonempty(t: Option<&Tensor>) -> Option<&Tensor> {
+        t.filter(|t| !t.is_empty())
+    }
+    let roi = nonempty(roi).map(|t| (t.to_f64s(), t.dtype() == DType::F32));
+    let scales = nonempty(scales).map(|t| t.to_f64s());
+    let sizes = nonempty(sizes).map(|t| t.to_i64s());
+    let plan = resize_plan(r, dims, roi.as_ref().map(|(v, f)| (v.as_slice(), *f)), scales.as_deref(), sizes.as_deref())?;
     if r.coordinate_transform == CoordinateTransform::TfCropAndResize && plan.roi.is_none() {
         return Err("tf_crop_and_resize needs roi".into());
     }
-    let mut dims = x.dims().to_vec();
-    let mut data = x.to_f64s();
+    let mut steps = Vec::new();
     for &axis in &plan.order {
         if skip_axis(&plan, axis, dims[axis]) {
             continue;
@@ -29,14 +64,9 @@ pub(super) fn eval(r: &Resize, operands: &[Option<&Tensor>], _out: &[TensorType]
         if dims[axis] == 0 && plan.out[axis] > 0 {
             return Err(format!("cannot resize axis {axis} of size 0 to {}", plan.out[axis]));
         }
-        data = resize_axis(r, &plan, &data, &dims, axis);
-        dims[axis] = plan.out[axis];
+        steps.push(ResizeStep { axis, taps: taps(r, &plan, dims[axis], axis) });
     }
-    // Integers round half to even before saturating, as the reference's saturate_cast does.
-    if !x.dtype().is_float() {
-        data.iter_mut().for_each(|v| *v = v.round_ties_even());
-    }
-    Ok(vec![Tensor::from_f64s(x.dtype(), &plan.out, &data).map_err(|e| e.to_string())?])
+    Ok((plan.out, steps))
 }
 
 /// The reference leaves an axis alone when its scale is 1 (math.isclose), its size does not
@@ -180,14 +210,11 @@ fn coefficients(r: &Resize, ratio: f64, scale: f64) -> Vec<f64> {
     }
 }
 
-/// Resizes `data` (of dimensions `dims`) along `axis` to `plan.out[axis]`.
-fn resize_axis(r: &Resize, plan: &ResizePlan, data: &[f64], dims: &[usize], axis: usize) -> Vec<f64> {
-    let (input, out, scale) = (dims[axis], plan.out[axis], plan.scales[axis]);
-    let outer: usize = dims[..axis].iter().product();
-    let inner: usize = dims[axis + 1..].iter().product();
+/// The taps of every output position along `axis` (of `input` positions).
+fn taps(r: &Resize, plan: &ResizePlan, input: usize, axis: usize) -> Vec<Option<Vec<(usize, f64)>>> {
+    let (out, scale) = (plan.out[axis], plan.scales[axis]);
     let roi = plan.roi.as_ref().map_or((0.0, 1.0), |roi| roi[axis]);
-    // Per output position: (input index, weight) pairs, or None to extrapolate.
-    let taps: Vec<Option<Vec<(usize, f64)>>> = (0..out)
+    (0..out)
         .map(|y| {
             let (x, outside) = source_coordinate(r.coordinate_transform, y as f64, scale, input, out, roi, plan.roi_f32);
             if outside {
@@ -212,12 +239,19 @@ fn resize_axis(r: &Resize, plan: &ResizePlan, data: &[f64], dims: &[usize], axis
             // Zero weights are dropped, so nearest picks a value (0 * inf would give NaN).
             Some(coeffs.into_iter().enumerate().filter(|(_, c)| *c != 0.0).map(|(j, c)| ((first + j as i64).clamp(0, last) as usize, c)).collect())
         })
-        .collect();
+        .collect()
+}
+
+/// Applies one step to `data` (of dimensions `dims`).
+fn apply_step(r: &Resize, step: &ResizeStep, data: &[f64], dims: &[usize]) -> Vec<f64> {
+    let (axis, input, out) = (step.axis, dims[step.axis], step.taps.len());
+    let outer: usize = dims[..axis].iter().product();
+    let inner: usize = dims[axis + 1..].iter().product();
     let extrapolation = r.extrapolation_value as f64;
     let mut y = Vec::with_capacity(outer * out * inner);
     for o in 0..outer {
         let plane = &data[o * input * inner..(o + 1) * input * inner];
-        for tap in &taps {
+        for tap in &step.taps {
             match tap {
                 None => y.extend(std::iter::repeat_n(extrapolation, inner)),
                 Some(tap) => y.extend((0..inner).map(|i| tap.iter().map(|&(k, c)| c * plane[k * inner + i]).sum::<f64>())),

@@ -172,7 +172,7 @@ fn tile(ops: &Operands, ctx: &Ctx) -> Infer {
 
 /// Pad's begin and end amounts for every axis of `rank` (zero where not padded), from the pads
 /// and axes operands' values.
-pub(crate) fn pad_amounts(pads: &[i64], axes: Option<&[i64]>, rank: usize) -> Result<Vec<(i64, i64)>, String> {
+pub fn pad_amounts(pads: &[i64], axes: Option<&[i64]>, rank: usize) -> Result<Vec<(i64, i64)>, String> {
     let axes: Vec<i64> = match axes {
         Some(a) => a.to_vec(),
         None => (0..rank as i64).collect(),

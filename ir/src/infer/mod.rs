@@ -18,7 +18,7 @@ mod window;
 
 pub(crate) use contraction::EinsumSpec;
 pub(crate) use generate::{range_count, shape_interval, Scalar};
-pub(crate) use indexing::pad_amounts;
+pub use indexing::pad_amounts;
 pub use movement::{equal_split, slice_axis};
 pub(crate) use reduce::reduced_axes;
 pub(crate) use resize::{resize_plan, ResizePlan};
