@@ -8,7 +8,6 @@ use kiln_ir::{Graph, ValueId};
 use kiln_runtime::artifact::{Artifact, Blob, BufferDesc, BufferKind, KernelDesc, Launch, Manifest, Target, TensorDesc};
 
 use crate::fuse::{self, Partition};
-use crate::target::cpu::CompiledKernel;
 use crate::Result;
 
 const ALIGN: u64 = 64;
@@ -17,17 +16,56 @@ fn align(n: u64) -> u64 {
     n.div_ceil(ALIGN) * ALIGN
 }
 
+/// A buffer a launch takes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Arg {
+    /// The fused kernel's i-th buffer (its inputs, then its outputs).
+    Buffer(usize),
+    /// A temporary of the fused kernel, by index into `Plan::scratch`.
+    Scratch(usize),
+    /// Constant data of the fused kernel, by index into `Plan::constants`.
+    Constant(usize),
+}
+
+/// One launch of a compiled function.
+#[derive(Clone, Debug)]
+pub struct PlannedLaunch {
+    /// Index into `Code::functions`.
+    pub function: usize,
+    pub args: Vec<Arg>,
+    /// Positions in `args` the function may write (empty: any).
+    pub writes: Vec<usize>,
+}
+
+/// How one fused kernel runs: its launches in order, its temporaries' sizes and its constants.
+#[derive(Clone, Debug, Default)]
+pub struct Plan {
+    pub launches: Vec<PlannedLaunch>,
+    pub scratch: Vec<u64>,
+    pub constants: Vec<Vec<u8>>,
+}
+
+impl Plan {
+    /// The CPU's plan: one launch of one function on the kernel's buffers.
+    pub fn single(function: usize, buffers: usize) -> Plan {
+        Plan { launches: vec![PlannedLaunch { function, args: (0..buffers).map(Arg::Buffer).collect(), writes: Vec::new() }], ..Plan::default() }
+    }
+}
+
+/// A target's compiled code.
+pub struct Code {
+    pub target: Target,
+    pub blob: Vec<u8>,
+    pub target_detail: String,
+    pub cpu_features: Vec<String>,
+    pub functions: Vec<KernelDesc>,
+    /// Per fused kernel, in partition order.
+    pub plans: Vec<Plan>,
+}
+
 /// Assembles the artifact for compiled kernels.
-pub fn assemble(
-    graph: &Graph,
-    partition: &Partition,
-    compiled: &[CompiledKernel],
-    code: Vec<u8>,
-    target: Target,
-    target_detail: &str,
-    cpu_features: &[String],
-) -> Result<Artifact> {
-    let mut payload = code;
+pub fn assemble(graph: &Graph, partition: &Partition, code: Code) -> Result<Artifact> {
+    let mut payload = code.blob;
     let code_blob = Blob { offset: 0, len: payload.len() as u64 };
     let mut buffers: Vec<BufferDesc> = Vec::new();
     let mut buffer_of: HashMap<ValueId, usize> = HashMap::new();
@@ -71,32 +109,61 @@ pub fn assemble(
             }
         }
     }
+    // Each kernel's own temporaries live only while it runs; its constants join the payload.
+    let mut temps: Vec<Vec<usize>> = Vec::with_capacity(code.plans.len());
+    let mut consts: Vec<Vec<usize>> = Vec::with_capacity(code.plans.len());
+    for (k, plan) in code.plans.iter().enumerate() {
+        let mut t = Vec::new();
+        for &bytes in &plan.scratch {
+            buffers.push(BufferDesc { bytes, kind: BufferKind::Scratch { offset: 0 } });
+            scratch.push((buffers.len() - 1, k, k));
+            t.push(buffers.len() - 1);
+        }
+        temps.push(t);
+        let mut c = Vec::new();
+        for data in &plan.constants {
+            payload.resize(align(payload.len() as u64) as usize, 0);
+            let blob = Blob { offset: payload.len() as u64, len: data.len() as u64 };
+            payload.extend_from_slice(data);
+            buffers.push(BufferDesc { bytes: blob.len, kind: BufferKind::Constant(blob) });
+            c.push(buffers.len() - 1);
+        }
+        consts.push(c);
+    }
     let arena_bytes = plan_arena(&mut buffers, &scratch);
-    let mut launches = Vec::with_capacity(partition.kernels.len());
-    let mut kernels = Vec::with_capacity(compiled.len());
-    for (k, (kernel, c)) in partition.kernels.iter().zip(compiled).enumerate() {
-        let mut args: Vec<usize> = kernel.inputs.iter().map(|v| buffer_of[v]).collect();
+    let mut launches = Vec::new();
+    for (k, (kernel, plan)) in partition.kernels.iter().zip(&code.plans).enumerate() {
+        let mut own: Vec<usize> = kernel.inputs.iter().map(|v| buffer_of[v]).collect();
         for &v in &kernel.outputs {
             // A copy kernel made for output j writes that output's own buffer.
-            let b = match kernel.copy_to_output {
+            own.push(match kernel.copy_to_output {
                 Some(j) => outputs[j].buffer,
                 None => buffer_of[&v],
-            };
-            args.push(b);
+            });
         }
-        kernels.push(KernelDesc { symbol: c.symbol.clone(), workgroups: c.workgroups, label: c.label.clone() });
-        launches.push(Launch { kernel: k, args });
+        for l in &plan.launches {
+            let args = l
+                .args
+                .iter()
+                .map(|a| match a {
+                    Arg::Buffer(i) => own[*i],
+                    Arg::Scratch(i) => temps[k][*i],
+                    Arg::Constant(i) => consts[k][*i],
+                })
+                .collect();
+            launches.push(Launch { kernel: l.function, args, writes: l.writes.clone() });
+        }
     }
     let manifest = Manifest {
         kiln_version: env!("CARGO_PKG_VERSION").to_string(),
         model: graph.name.clone(),
-        target,
-        target_detail: target_detail.to_string(),
-        cpu_features: cpu_features.to_vec(),
+        target: code.target,
+        target_detail: code.target_detail,
+        cpu_features: code.cpu_features,
         inputs,
         outputs,
         buffers,
-        kernels,
+        kernels: code.functions,
         launches,
         code: code_blob,
         arena_bytes,

@@ -6,11 +6,13 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use kiln_ir::{text, Graph};
-use kiln_runtime::artifact::{Artifact, Target};
+use kiln_runtime::artifact::{Artifact, KernelDesc, Target};
 use kiln_runtime::{Executable, LoadOptions};
 
+use crate::artifact::{Code, Plan, PlannedLaunch};
 use crate::options::{Options, TargetKind};
 use crate::target::cpu::{self, StageTexts};
+use crate::target::gpu;
 use crate::{artifact, fuse, passes, CompileError, Result};
 
 /// Every stage's text (empty when it was not produced).
@@ -22,6 +24,8 @@ pub struct Stages {
     pub lowered: String,
     pub llvm: String,
     pub asm: String,
+    pub ptx: String,
+    pub spirv: String,
 }
 
 impl Stages {
@@ -34,11 +38,13 @@ impl Stages {
             "lowered" => &self.lowered,
             "llvm" => &self.llvm,
             "asm" => &self.asm,
+            "ptx" => &self.ptx,
+            "spirv" => &self.spirv,
             _ => return None,
         })
     }
 
-    pub const NAMES: [&'static str; 6] = ["graph", "fused", "mlir", "lowered", "llvm", "asm"];
+    pub const NAMES: [&'static str; 8] = ["graph", "fused", "mlir", "lowered", "llvm", "asm", "ptx", "spirv"];
 }
 
 /// A compiled model.
@@ -64,9 +70,6 @@ pub fn compile(graph: &Graph, options: &Options, keep_stages: bool) -> Result<Co
         lap("cache", &mut timings);
         return Ok(Compiled { artifact: hit, stages: Stages::default(), timings, from_cache: true });
     }
-    if options.target != TargetKind::Cpu {
-        return Err(CompileError::Usage(format!("the {} target is not available yet; use --target cpu", options.target.name())));
-    }
     let mut stages = Stages::default();
     let g = optimize(graph, options)?;
     if keep {
@@ -78,15 +81,40 @@ pub fn compile(graph: &Graph, options: &Options, keep_stages: bool) -> Result<Co
         stages.fused = fuse::print(&g, &partition);
     }
     lap("fuse", &mut timings);
-    let mut texts = StageTexts::default();
-    let code = cpu::compile(&g, &partition.kernels, keep.then_some(&mut texts))?;
+    let code = match options.target {
+        TargetKind::Cpu => {
+            let mut texts = StageTexts::default();
+            let c = cpu::compile(&g, &partition.kernels, keep.then_some(&mut texts))?;
+            stages.mlir = texts.mlir;
+            stages.lowered = texts.lowered;
+            stages.llvm = texts.llvm;
+            stages.asm = texts.asm;
+            let plans = partition.kernels.iter().enumerate().map(|(k, kernel)| Plan::single(k, kernel.inputs.len() + kernel.outputs.len())).collect();
+            let functions = c
+                .kernels
+                .iter()
+                .map(|k| KernelDesc { symbol: k.symbol.clone(), workgroups: k.workgroups, label: k.label.clone(), grid: [0; 3], block: [0; 3] })
+                .collect();
+            Code { target: Target::Cpu, blob: c.shared_object, target_detail: c.target_detail, cpu_features: c.cpu_features, functions, plans }
+        }
+        TargetKind::Cuda | TargetKind::Opencl => {
+            let (target, kind) = match options.target {
+                TargetKind::Cuda => (gpu::GpuTarget::Cuda(options.ptx.clone()), Target::Cuda),
+                _ => (gpu::GpuTarget::Opencl, Target::Opencl),
+            };
+            let mut texts = gpu::GpuTexts::default();
+            let c = gpu::compile(&g, &partition.kernels, &target, keep.then_some(&mut texts))?;
+            stages.mlir = texts.mlir;
+            stages.lowered = texts.lowered;
+            stages.llvm = texts.llvm;
+            stages.ptx = texts.ptx;
+            stages.spirv = texts.spirv;
+            gpu_code(c, kind)
+        }
+    };
     lap("codegen", &mut timings);
-    let art = artifact::assemble(&g, &partition, &code.kernels, code.shared_object, Target::Cpu, &code.target_detail, &code.cpu_features)?;
+    let art = artifact::assemble(&g, &partition, code)?;
     lap("artifact", &mut timings);
-    stages.mlir = texts.mlir;
-    stages.lowered = texts.lowered;
-    stages.llvm = texts.llvm;
-    stages.asm = texts.asm;
     if let Some(dir) = &options.dump_dir {
         dump(dir, &stages)?;
     }
@@ -94,6 +122,26 @@ pub fn compile(graph: &Graph, options: &Options, keep_stages: bool) -> Result<Co
         cache_store(k, &art);
     }
     Ok(Compiled { artifact: art, stages, timings, from_cache: false })
+}
+
+/// The artifact's view of GPU code: one function per `gpu.func`, launches by function index.
+fn gpu_code(c: gpu::GpuCode, target: Target) -> Code {
+    let functions: Vec<KernelDesc> = c
+        .functions
+        .iter()
+        .map(|f| KernelDesc { symbol: f.name.clone(), workgroups: 0, label: f.label.clone(), grid: f.grid, block: f.block })
+        .collect();
+    let index = |name: &str| c.functions.iter().position(|f| f.name == name).expect("every launched function was compiled");
+    let plans = c
+        .plans
+        .iter()
+        .map(|p| Plan {
+            launches: p.launches.iter().map(|l| PlannedLaunch { function: index(&l.func), args: l.args.clone(), writes: l.writes.clone() }).collect(),
+            scratch: p.scratch.clone(),
+            constants: p.constants.clone(),
+        })
+        .collect();
+    Code { target, blob: c.code, target_detail: c.target_detail, cpu_features: Vec::new(), functions, plans }
 }
 
 /// The graph after specialisation and the graph passes.
@@ -152,8 +200,13 @@ fn dump(dir: &std::path::Path, stages: &Stages) -> Result<()> {
         ("lowered.mlir", &stages.lowered),
         ("kernels.ll", &stages.llvm),
         ("kernels.s", &stages.asm),
+        ("kernels.ptx", &stages.ptx),
+        ("kernels.spvasm", &stages.spirv),
     ];
     for (name, text) in files {
+        if text.is_empty() {
+            continue;
+        }
         let p = dir.join(name);
         std::fs::write(&p, text).map_err(|e| CompileError::File { path: p.display().to_string(), msg: e.to_string() })?;
     }
@@ -177,9 +230,10 @@ fn cache_key(graph: &Graph, options: &Options) -> String {
     // The compiler's own build: a rebuilt kiln must not reuse what an older one compiled.
     let build = std::env::current_exe().and_then(std::fs::metadata).map(|m| format!("{} {:?}", m.len(), m.modified().ok())).unwrap_or_default();
     let text = format!(
-        "{} {build}\n{}\n{:?}\n{:?}\n{}\n{}",
+        "{} {build}\n{} {:?}\n{:?}\n{:?}\n{}\n{}",
         env!("CARGO_PKG_VERSION"),
         options.target.name(),
+        options.ptx,
         shapes,
         values,
         inkwell::targets::TargetMachine::get_host_cpu_features(),

@@ -35,10 +35,19 @@ pub struct Options {
     pub dump_dir: Option<PathBuf>,
     /// Use the compile cache (on by default).
     pub cache: bool,
+    /// For `--target cuda`: the GPU architecture and PTX ISA version.
+    pub ptx: crate::target::gpu::PtxTarget,
 }
 
 impl Default for Options {
     fn default() -> Options {
-        Options { target: TargetKind::Cpu, input_shapes: HashMap::new(), input_values: HashMap::new(), dump_dir: None, cache: true }
+        Options {
+            target: TargetKind::Cpu,
+            input_shapes: HashMap::new(),
+            input_values: HashMap::new(),
+            dump_dir: None,
+            cache: true,
+            ptx: Default::default(),
+        }
     }
 }

@@ -97,13 +97,23 @@ pub struct KernelDesc {
     pub workgroups: u64,
     /// What the kernel computes, for profiles and errors (`fc1: Gemm + Relu`).
     pub label: String,
+    /// GPU: workgroups (blocks) in x, y, z.
+    #[serde(default)]
+    pub grid: [u32; 3],
+    /// GPU: threads per workgroup in x, y, z.
+    #[serde(default)]
+    pub block: [u32; 3],
 }
 
 /// One launch of a kernel on buffers.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Launch {
     pub kernel: usize,
+    /// Buffer ids, one per kernel argument.
     pub args: Vec<usize>,
+    /// Positions in `args` the kernel may write; empty: any.
+    #[serde(default)]
+    pub writes: Vec<usize>,
 }
 
 /// Everything about a compiled model except the bytes of its code and constants.

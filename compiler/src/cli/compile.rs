@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use super::common::{load_model, parse_shapes, print_timings, write_atomically, Model};
+use crate::target::gpu::PtxTarget;
 use crate::{CompileError, Options, Result, TargetKind};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -10,6 +11,33 @@ pub enum TargetArg {
     Cpu,
     Cuda,
     Opencl,
+}
+
+/// The NVIDIA code options (`--target cuda`).
+#[derive(clap::Args, Clone, Debug)]
+pub struct CudaArgs {
+    /// The GPU architecture PTX is generated for (sm_80: A100, sm_90: H100).
+    #[arg(long, default_value = "sm_80")]
+    pub cuda_arch: String,
+    /// The PTX ISA version (7.8 is what CUDA 11.8's ptxas reads; newer GPUs and drivers take newer).
+    #[arg(long, default_value = "7.8")]
+    pub ptx_isa: String,
+}
+
+impl CudaArgs {
+    pub fn ptx(&self) -> Result<PtxTarget> {
+        let bad = || CompileError::Usage(format!("--ptx-isa {}: expected a version such as 7.8 or 8.0", self.ptx_isa));
+        let (major, minor) = self.ptx_isa.split_once('.').ok_or_else(bad)?;
+        let (major, minor): (u32, u32) = (major.parse().map_err(|_| bad())?, minor.parse().map_err(|_| bad())?);
+        if minor > 9 || !(6..=9).contains(&major) {
+            return Err(bad());
+        }
+        let arch = self.cuda_arch.trim();
+        if !arch.strip_prefix("sm_").is_some_and(|n| n.len() >= 2 && n.trim_end_matches('a').chars().all(|c| c.is_ascii_digit())) {
+            return Err(CompileError::Usage(format!("--cuda-arch {arch}: expected sm_NN (sm_80, sm_90...)")));
+        }
+        Ok(PtxTarget { arch: arch.to_string(), isa: major * 10 + minor })
+    }
 }
 
 impl TargetArg {
@@ -31,7 +59,9 @@ pub struct Args {
     output: PathBuf,
     #[arg(long, value_enum, default_value = "cpu")]
     target: TargetArg,
-    /// Write every stage's text (graph, fused, MLIR, lowered, LLVM IR, assembly) into this folder.
+    #[command(flatten)]
+    cuda: CudaArgs,
+    /// Write every stage's text (graph, fused, MLIR, lowered, LLVM IR, assembly, PTX, SPIR-V) into this folder.
     #[arg(long)]
     dump_dir: Option<PathBuf>,
     /// Concrete sizes for an input with symbolic dimensions: NAME=D0,D1,...
@@ -57,6 +87,7 @@ pub fn run(args: &Args) -> Result<()> {
         input_shapes: parse_shapes(&args.input_shapes)?,
         dump_dir: args.dump_dir.clone(),
         cache: !args.no_cache,
+        ptx: args.cuda.ptx()?,
         ..Options::default()
     };
     let compiled = crate::compile(&graph, &options, false)?;

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use super::common::{load_model, parse_shapes, Model};
-use super::compile::TargetArg;
+use super::compile::{CudaArgs, TargetArg};
 use crate::{CompileError, Options, Result, Stages};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -33,26 +33,42 @@ pub struct Args {
     stage: StageArg,
     #[arg(long, value_enum, default_value = "cpu")]
     target: TargetArg,
+    #[command(flatten)]
+    cuda: CudaArgs,
     /// Concrete sizes for an input with symbolic dimensions: NAME=D0,D1,...
     #[arg(long = "input-shape")]
     input_shapes: Vec<String>,
 }
 
 pub fn run(args: &Args) -> Result<()> {
-    let name = match args.stage {
-        StageArg::Ptx | StageArg::Spirv => {
-            return Err(CompileError::Usage(
-                format!("--stage {:?} needs a GPU target, which this build does not have yet", args.stage).to_lowercase(),
-            ));
+    let name = format!("{:?}", args.stage).to_lowercase();
+    // Each code stage exists for some targets only.
+    let wants = match args.stage {
+        StageArg::Asm => Some((TargetArg::Cpu, "cpu")),
+        StageArg::Ptx => Some((TargetArg::Cuda, "cuda")),
+        StageArg::Spirv => Some((TargetArg::Opencl, "opencl")),
+        StageArg::Llvm if args.target == TargetArg::Opencl => {
+            return Err(CompileError::Usage("--stage llvm: the OpenCL target goes through SPIR-V, not LLVM IR; try --stage lowered or spirv".into()));
         }
-        other => format!("{other:?}").to_lowercase(),
+        _ => None,
     };
+    if let Some((t, n)) = wants {
+        if args.target != t {
+            return Err(CompileError::Usage(format!("--stage {name} is the {n} target's code: add --target {n}")));
+        }
+    }
     let graph = match load_model(&args.model)? {
         Model::Graph(g) => g,
         Model::Artifact(_) => return Err(CompileError::Usage("emit takes a model, not a compiled artifact".into())),
     };
-    let options =
-        Options { target: args.target.kind(), input_shapes: parse_shapes(&args.input_shapes)?, dump_dir: None, cache: false, ..Options::default() };
+    let options = Options {
+        target: args.target.kind(),
+        input_shapes: parse_shapes(&args.input_shapes)?,
+        dump_dir: None,
+        cache: false,
+        ptx: args.cuda.ptx()?,
+        ..Options::default()
+    };
     let stages: Stages = if name == "graph" || name == "fused" {
         // These need no codegen: stop before it, so a model kiln cannot compile still prints.
         crate::driver::front(&graph, &options)?

@@ -122,7 +122,11 @@ fn host_machine() -> Result<(TargetMachine, String, Vec<String>)> {
     let tm = target
         .create_target_machine(&triple, &cpu, &features, OptimizationLevel::Aggressive, RelocMode::PIC, CodeModel::Default)
         .ok_or_else(|| CompileError::Internal(format!("LLVM cannot make a target machine for {triple} {cpu}")))?;
-    let mut wide: Vec<String> = features.split(',').filter(|f| f.starts_with('+') && (f.contains("avx") || f.contains("fma") || f.contains("sse4"))).map(|f| f[1..].to_string()).collect();
+    let mut wide: Vec<String> = features
+        .split(',')
+        .filter(|f| f.starts_with('+') && (f.contains("avx") || f.contains("fma") || f.contains("sse4")))
+        .map(|f| f[1..].to_string())
+        .collect();
     wide.sort();
     let widest = ["avx512f", "avx2", "avx", "sse4.2"].into_iter().find(|f| wide.iter().any(|w| w == f)).unwrap_or("sse2");
     Ok((tm, format!("{} {cpu} ({widest})", triple.as_str().to_string_lossy()), wide))

@@ -3,6 +3,8 @@
 //! live here.
 
 pub mod cpu;
+pub mod edit;
+pub mod gpu;
 
 use std::sync::{Arc, Mutex, Once};
 

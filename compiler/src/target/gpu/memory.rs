@@ -1,0 +1,93 @@
+//! Memory spaces inside kernels. Bufferisation leaves `memref.alloc`s in the `gpu.func`s:
+//! workgroup tiles (memory space 3) and per-thread temporaries (no memory space). Each target
+//! wants them differently:
+//! - SPIR-V (OpenCL): workgroup allocs stay (they become Workgroup variables); per-thread ones
+//!   become `memref.alloca` in memory space 6 (Function storage), at the function's entry.
+//! - NVVM: workgroup allocs become the function's workgroup attributions (shared memory);
+//!   per-thread ones become `memref.alloca` at the entry (local memory, registers after SROA).
+//!
+//! Runs after `fold-memref-alias-ops`, so these buffers are only loaded from and stored to, and
+//! retyping them is safe.
+
+use melior::ir::operation::OperationBuilder;
+use melior::ir::{Location, Type};
+
+use crate::target::edit::{self, RawOp};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Flavor {
+    Spirv,
+    Nvvm,
+}
+
+/// Legalises the allocations of every `gpu.func` in `device` (a `gpu.module`).
+pub fn legalize(ctx: &melior::Context, device: RawOp, flavor: Flavor) -> Result<(), String> {
+    for func in device.children().into_iter().filter(|f| f.is("gpu.func")) {
+        let entry = func.block(0).ok_or("a gpu.func without a body")?;
+        let mut attributions = 0usize;
+        for op in func.descendants().into_iter().filter(|o| o.is("memref.alloc") || o.is("memref.alloca")) {
+            let v = op.result(0);
+            let ty = edit::type_text(edit::value_type(v));
+            for u in edit::users(v) {
+                if !matches!(u.name().as_str(), "memref.load" | "memref.store") {
+                    return Err(format!("a kernel temporary ({ty}) is used by `{}`", u.name()));
+                }
+            }
+            if edit::static_dims(edit::value_type(v)).is_none() {
+                return Err(format!("a kernel temporary has a dynamic shape ({ty})"));
+            }
+            let workgroup = ty.ends_with(", 3>") || ty.contains("#gpu.address_space<workgroup>");
+            match (flavor, workgroup) {
+                (Flavor::Spirv, true) => {}
+                (Flavor::Spirv, false) => replace_with_alloca(ctx, op, entry, &with_space(&ty, "6"))?,
+                (Flavor::Nvvm, false) => replace_with_alloca(ctx, op, entry, &ty)?,
+                (Flavor::Nvvm, true) => {
+                    let t = edit::parse_type(ctx, &with_space(&ty, "#gpu.address_space<workgroup>")).ok_or("bad workgroup type")?;
+                    // SAFETY: a new argument of the entry block after the function's arguments
+                    // (there are no private attributions), declared below as an attribution.
+                    let arg = unsafe { mlir_sys::mlirBlockAddArgument(entry, t, Location::unknown(ctx).to_raw()) };
+                    edit::replace_uses(v, arg);
+                    op.erase();
+                    attributions += 1;
+                }
+            }
+        }
+        if attributions > 0 {
+            let a = edit::parse_attr(ctx, &format!("{attributions} : i64")).expect("an integer attribute");
+            func.set_attr("workgroup_attributions", a);
+        }
+    }
+    Ok(())
+}
+
+/// `memref<...>` with its memory space replaced by `space`.
+fn with_space(ty: &str, space: &str) -> String {
+    let body = ty.trim_start_matches("memref<").trim_end_matches('>');
+    // Drop any memory space (the last comma-separated part when it is not a layout) and layout:
+    // allocations are contiguous.
+    let shape = body.split(',').next().unwrap_or(body);
+    format!("memref<{shape}, {space}>")
+}
+
+/// Replaces an allocation by an `alloca` of type `ty` at the start of `entry`.
+fn replace_with_alloca(ctx: &melior::Context, op: RawOp, entry: mlir_sys::MlirBlock, ty: &str) -> Result<(), String> {
+    let t = Type::parse(ctx, ty).ok_or_else(|| format!("bad temporary type {ty}"))?;
+    let seg = edit::parse_attr(ctx, "array<i32: 0, 0>").expect("a dense array");
+    // SAFETY: a live attribute of this context.
+    let seg = unsafe { melior::ir::Attribute::from_raw(seg) };
+    let new = OperationBuilder::new("memref.alloca", Location::unknown(ctx))
+        .add_results(&[t])
+        .add_attributes(&[(melior::ir::Identifier::new(ctx, "operandSegmentSizes"), seg)])
+        .build()
+        .map_err(|e| format!("building memref.alloca: {e}"))?;
+    let raw = new.into_raw();
+    // SAFETY: the new op goes first in the entry block; the old one's uses move to it (loads and
+    // stores only, checked by the caller) before it is erased.
+    unsafe {
+        let first = mlir_sys::mlirBlockGetFirstOperation(entry);
+        mlir_sys::mlirBlockInsertOwnedOperationBefore(entry, first, raw);
+    }
+    edit::replace_uses(op.result(0), RawOp(raw).result(0));
+    op.erase();
+    Ok(())
+}

@@ -1,0 +1,625 @@
+//! Schedules: how a kernel's work maps onto workgroups (blocks) and threads, applied to its
+//! tensor-level MLIR with transform scripts.
+//!
+//! Every fused schedule first tiles the op writing the kernel's output (the anchor) into an
+//! `scf.forall` over blocks and fuses every op producing its operands into it, so one block
+//! computes one tile of the output from the kernel's inputs. Inside the block the work is split
+//! over threads by the strategy:
+//! - `Parallel`: the anchor's tile over threads, one output element each.
+//! - `Reduction`: one block per output row; each long reduction split over the block's threads
+//!   (a partial result per thread in workgroup memory, then combined), the anchor's tile over
+//!   threads.
+//! - `Contraction` (matmul, convolution): the reduction runs in steps; each step copies both
+//!   operands' tiles into workgroup memory with all threads, then each thread updates its part
+//!   of the accumulator (in workgroup memory); the epilogue (bias, activation) over threads.
+//!
+//! Then the ops left at block level are fused into the thread loops that use them (Parallel fuses
+//! everything, so each thread computes its outputs from the inputs). What stays at block level
+//! runs on every thread with private copies. `PerOp`, the fallback, gives every op its own grid
+//! (no fusion; temporaries in global memory).
+//!
+//! Tile sizes divide loop extents exactly, so every tile and every thread's share is static.
+
+use std::fmt;
+
+use super::loops::{self, Loops};
+use super::script::{mapping, Script};
+use crate::target::edit::{self, RawOp};
+use crate::target::MlirContext;
+
+/// Threads per block the schedules aim for.
+pub const BLOCK_THREADS: usize = 256;
+/// A reduction at least this long is split over a block's threads.
+const SPLIT_REDUCTION: usize = 128;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Strategy {
+    Parallel,
+    Reduction,
+    Contraction,
+    PerOp,
+}
+
+impl fmt::Display for Strategy {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str(match self {
+            Strategy::Parallel => "parallel",
+            Strategy::Reduction => "reduction",
+            Strategy::Contraction => "contraction",
+            Strategy::PerOp => "per-op",
+        })
+    }
+}
+
+/// Ops that do work on tensors and can be tiled (`tensor.pad` included).
+pub fn is_compute(op: RawOp) -> bool {
+    loops::is_structured(op) || op.is("tensor.pad")
+}
+
+/// The kernel's `func.func`.
+pub fn kernel_func(root: RawOp) -> Option<RawOp> {
+    root.children().into_iter().find(|o| o.is("func.func"))
+}
+
+/// The strategies worth trying for a kernel, best first; `PerOp` always ends the list.
+pub fn candidates(func: RawOp) -> Vec<Strategy> {
+    let compute: Vec<(RawOp, Loops)> = func.children().into_iter().filter_map(|o| loops::loops(o).map(|l| (o, l))).collect();
+    let mut out = Vec::new();
+    if compute.iter().any(|(o, l)| is_contraction(*o) && contraction_tiles(l).is_some()) {
+        out.push(Strategy::Contraction);
+    }
+    if compute.iter().any(|(o, l)| splittable(*o) && innermost_reduction(l).is_some_and(|(_, r)| r >= SPLIT_REDUCTION)) {
+        out.push(Strategy::Reduction);
+    }
+    out.push(Strategy::Parallel);
+    out.push(Strategy::PerOp);
+    out
+}
+
+fn is_contraction(op: RawOp) -> bool {
+    // SAFETY: a live linalg structured op.
+    loops::is_structured(op)
+        && !op.is("linalg.fill")
+        && unsafe { mlir_sys::mlirLinalgIsAContractionOp(op.0) || mlir_sys::mlirLinalgIsAConvolutionOp(op.0) }
+}
+
+/// Whether a reduction can be split over threads: one result, combined by one op with a neutral
+/// element (add, mul, min, max, and, or, xor) from the running value. (MLIR's partial
+/// reductions need that combiner; it crashes on others rather than refusing.)
+fn splittable(op: RawOp) -> bool {
+    if op.num_results() != 1 || !loops::is_structured(op) || op.is("linalg.fill") {
+        return false;
+    }
+    let Some(body) = op.block(0) else { return false };
+    // SAFETY: reading a live block's arguments and ops.
+    unsafe {
+        let n = mlir_sys::mlirBlockGetNumArguments(body);
+        if n == 0 {
+            return false;
+        }
+        let out = mlir_sys::mlirBlockGetArgument(body, n - 1);
+        let term = RawOp(mlir_sys::mlirBlockGetTerminator(body));
+        if !term.is("linalg.yield") || term.num_operands() != 1 {
+            return false;
+        }
+        // The result's indexing map must be a projected permutation (no constant indices, as
+        // keepdims results have): MLIR's partial reductions assume it.
+        let maps = mlir_sys::mlirLinalgGetIndexingMapsAttribute(op.0);
+        let n_maps = mlir_sys::mlirArrayAttrGetNumElements(maps);
+        let out_map = mlir_sys::mlirAffineMapAttrGetValue(mlir_sys::mlirArrayAttrGetElement(maps, n_maps - 1));
+        if !mlir_sys::mlirAffineMapIsProjectedPermutation(out_map) {
+            return false;
+        }
+        let Some(combiner) = edit::defining_op(term.operand(0)) else { return false };
+        let known = [
+            "arith.addf",
+            "arith.mulf",
+            "arith.maximumf",
+            "arith.minimumf",
+            "arith.maxnumf",
+            "arith.minnumf",
+            "arith.addi",
+            "arith.muli",
+            "arith.andi",
+            "arith.ori",
+            "arith.xori",
+            "arith.maxsi",
+            "arith.minsi",
+            "arith.maxui",
+            "arith.minui",
+        ];
+        known.contains(&combiner.name().as_str()) && combiner.operands().iter().any(|v| edit::same_value(*v, out))
+    }
+}
+
+/// The innermost reduction loop longer than one, and its extent.
+fn innermost_reduction(l: &Loops) -> Option<(usize, usize)> {
+    (0..l.ranges.len()).rev().find(|&i| !l.parallel[i] && l.ranges[i] > 1).map(|i| (i, l.ranges[i]))
+}
+
+/// The largest divisor of `n` that is at most `cap`.
+fn divisor_at_most(n: usize, cap: usize) -> usize {
+    (1..=cap.min(n)).rev().find(|d| n % d == 0).unwrap_or(1)
+}
+
+/// Threads over the innermost parallel loops (at most three), at most `budget` in all: (loop,
+/// threads) with the threads dividing the loop's extent, innermost first.
+fn thread_split(l: &Loops, budget: usize) -> Vec<(usize, usize)> {
+    let mut budget = budget;
+    let mut out = Vec::new();
+    for i in (0..l.ranges.len()).rev() {
+        if out.len() == 3 || budget < 2 {
+            break;
+        }
+        if !l.parallel[i] || l.ranges[i] < 2 {
+            continue;
+        }
+        let t = divisor_at_most(l.ranges[i], budget);
+        if t < 2 {
+            continue;
+        }
+        out.push((i, t));
+        budget /= t;
+    }
+    out
+}
+
+/// Per-loop tile sizes and the forall's mapping for a tiling of `l` by `tiles` (0: untiled).
+fn forall_of(l: &Loops, tiles: &[usize], kind: &str) -> Vec<String> {
+    let counts: Vec<usize> = (0..l.ranges.len()).filter(|&i| tiles[i] != 0).map(|i| l.ranges[i] / tiles[i]).collect();
+    mapping(kind, &counts)
+}
+
+/// The parallel block tiling: a block covers the thread split of the innermost loops and one
+/// index of the others. Returns (block tile sizes, thread split).
+fn parallel_blocks(l: &Loops) -> Option<(Vec<usize>, Vec<(usize, usize)>)> {
+    let split = thread_split(l, BLOCK_THREADS);
+    let n = l.ranges.len();
+    let mut block = vec![0; n];
+    for i in 0..n {
+        if l.parallel[i] && l.ranges[i] > 1 {
+            block[i] = split.iter().find(|(j, _)| *j == i).map_or(1, |&(_, t)| t);
+        }
+    }
+    let block = grid_tiles(l, block);
+    (block.iter().any(|&b| b != 0) || !split.is_empty()).then_some((block, split))
+}
+
+/// When the whole op fits one block (no loop tiled), a grid of one: its first parallel loop
+/// tiled by its full extent. `None` without a parallel loop.
+fn at_least_one_block(l: &Loops, mut block: Vec<usize>) -> Option<Vec<usize>> {
+    if block.iter().all(|&b| b == 0) {
+        let i = (0..l.ranges.len()).find(|&i| l.parallel[i])?;
+        block[i] = l.ranges[i];
+    }
+    Some(block)
+}
+
+/// Block tiles fit for a grid: a tile covering its whole loop is no tiling (a one-trip grid
+/// dimension would only cost an index), and at most three loops are tiled (the grid's x, y, z;
+/// MLIR's linear block ids mis-size grids beyond three): the extra loops with the fewest
+/// iterations stay whole, run by each thread in turn.
+fn grid_tiles(l: &Loops, mut block: Vec<usize>) -> Vec<usize> {
+    for i in 0..block.len() {
+        if block[i] != 0 && block[i] >= l.ranges[i] {
+            block[i] = 0;
+        }
+    }
+    let mut tiled: Vec<usize> = (0..block.len()).filter(|&i| block[i] != 0).collect();
+    while tiled.len() > 3 {
+        let (k, _) = tiled.iter().enumerate().min_by_key(|(_, &i)| l.ranges[i] / block[i]).expect("more than three");
+        block[tiled[k]] = 0;
+        tiled.remove(k);
+    }
+    block
+}
+
+/// Tiles for a contraction (matmul or convolution): (block tile per loop, threads per loop,
+/// reduction step per loop).
+fn contraction_tiles(l: &Loops) -> Option<(Vec<usize>, Vec<usize>, Vec<usize>)> {
+    let n = l.ranges.len();
+    let par: Vec<usize> = (0..n).filter(|&i| l.parallel[i] && l.ranges[i] > 1).collect();
+    let red: Vec<usize> = (0..n).filter(|&i| !l.parallel[i] && l.ranges[i] > 1).collect();
+    if par.len() < 2 || red.is_empty() || l.reduction_extent() < 16 {
+        return None;
+    }
+    // The two innermost parallel loops make the block's output tile (up to 64 x 64) over up to
+    // 16 x 16 threads, each computing a few outputs; outer parallel loops go one per block.
+    let (m, nn) = (par[par.len() - 2], par[par.len() - 1]);
+    let (bm, bn) = (divisor_at_most(l.ranges[m], 64), divisor_at_most(l.ranges[nn], 64));
+    let (tm, tn) = (divisor_at_most(bm, 16), divisor_at_most(bn, 16));
+    if bm * bn < 64 || tm * tn < 32 {
+        return None;
+    }
+    let mut block = vec![0; n];
+    let mut threads = vec![0; n];
+    for &i in &par {
+        block[i] = 1;
+    }
+    block[m] = bm;
+    block[nn] = bn;
+    threads[m] = tm;
+    threads[nn] = tn;
+    // The reduction steps over its outermost loop (matmul: k; convolution: input channels), the
+    // inner reduction loops (a filter window) whole, about 16 reduction indices a step.
+    let mut step = vec![0; n];
+    let r = red[0];
+    let inner: usize = red[1..].iter().map(|&i| l.ranges[i]).product();
+    step[r] = divisor_at_most(l.ranges[r], (16 / inner.max(1)).max(1));
+    Some((grid_tiles(l, block), threads, step))
+}
+
+/// Applies `strategy` to the kernel module. On error the module may be half transformed: the
+/// caller rebuilds it before trying another strategy.
+pub fn apply(mlir: &MlirContext, module: &melior::ir::Module, strategy: Strategy) -> Result<(), String> {
+    let root = RawOp::of(&module.as_operation());
+    let func = kernel_func(root).ok_or("no kernel function")?;
+    match strategy {
+        Strategy::PerOp => per_op(mlir, module, func),
+        _ => {
+            blocks(mlir, module, func, strategy)?;
+            threads(mlir, module, strategy)?;
+            fuse_into_threads(mlir, module, strategy)
+        }
+    }
+}
+
+fn run(mlir: &MlirContext, module: &melior::ir::Module, s: Script, what: &str) -> Result<(), String> {
+    mlir.apply_transform(&module.as_operation(), &s.finish()).map_err(|e| format!("{what}: {e}"))
+}
+
+/// The anchor: the last compute op that is not a fill.
+fn anchor_of(ops: &[RawOp]) -> Option<RawOp> {
+    ops.iter().rev().copied().find(|o| is_compute(*o) && !o.is("linalg.fill"))
+}
+
+/// Phase 1: the block grid over the anchor, every other compute op fused in.
+fn blocks(mlir: &MlirContext, module: &melior::ir::Module, func: RawOp, strategy: Strategy) -> Result<(), String> {
+    let ctx = &mlir.ctx;
+    let ops = func.children();
+    let anchor = anchor_of(&ops).ok_or("nothing to tile")?;
+    let l = loops::loops(anchor).ok_or("the anchor has no static loops")?;
+    let block = match strategy {
+        Strategy::Contraction => {
+            let root = ops.iter().copied().rev().find(|o| is_contraction(*o)).ok_or("no contraction")?;
+            let rl = loops::loops(root).ok_or("the contraction has no static loops")?;
+            let (block, _, _) = contraction_tiles(&rl).ok_or("the contraction is too small")?;
+            root.set_unit_attr(ctx, "kiln.contraction");
+            // The anchor's loops are the contraction's parallel loops, in order.
+            let par: Vec<usize> = (0..rl.ranges.len()).filter(|&i| rl.parallel[i]).map(|i| block[i]).collect();
+            if par.len() != l.ranges.len() || l.has_reduction() && !is_contraction(anchor) {
+                return Err("the epilogue does not follow the contraction's layout".into());
+            }
+            if is_contraction(anchor) {
+                block
+            } else {
+                par
+            }
+        }
+        Strategy::Reduction => {
+            // One block per row of the (first) long reduction: the loops it keeps are tiled by
+            // one, those it reduces stay whole in the block.
+            let long = ops
+                .iter()
+                .filter(|o| splittable(**o))
+                .filter_map(|o| loops::loops(*o))
+                .find(|rl| innermost_reduction(rl).is_some_and(|(_, e)| e >= SPLIT_REDUCTION))
+                .ok_or("no long reduction")?;
+            let keep = if long.ranges == l.ranges { &long.parallel } else { &l.parallel };
+            grid_tiles(&l, (0..l.ranges.len()).map(|i| usize::from(keep[i] && l.ranges[i] > 1)).collect())
+        }
+        _ => parallel_blocks(&l).ok_or("no parallel loop to distribute")?.0,
+    };
+    let block = at_least_one_block(&l, block).ok_or("no parallel loop to distribute")?;
+    anchor.set_unit_attr(ctx, "kiln.anchor");
+    // Padding stays out: fused into a tile it becomes a per-thread copy of the padded window
+    // under a branch; alone it is a copy into a padded buffer in global memory.
+    let producers: Vec<RawOp> = ops.iter().copied().filter(|o| is_compute(*o) && *o != anchor && !o.is("tensor.pad")).collect();
+    let mut s = Script::new();
+    let a = s.tagged("kiln.anchor", None);
+    let (_, mut forall) = s.tile_forall(&a, &block, &forall_of(&l, &block, "block"));
+    for (i, p) in producers.iter().rev().enumerate() {
+        let t = format!("kiln.p{i}");
+        p.set_unit_attr(ctx, &t);
+        let h = s.tagged(&t, None);
+        forall = s.fuse(&h, &forall);
+    }
+    s.annotate(&forall, "kiln.block");
+    let f = s.ops(&["func.func"], "%root");
+    s.canonicalize(&f);
+    run(mlir, module, s, "block tiling")
+}
+
+/// Phase 2: the thread loops of the strategy inside the block.
+fn threads(mlir: &MlirContext, module: &melior::ir::Module, strategy: Strategy) -> Result<(), String> {
+    let root = RawOp::of(&module.as_operation());
+    let block = find_tagged(root, "kiln.block").ok_or("no block loop")?;
+    let anchor = find_tagged(block, "kiln.anchor").ok_or("the anchor left the block")?;
+    let al = loops::loops(anchor).or_else(|| pad_loops(anchor)).ok_or("the anchor has no static loops")?;
+    // (Read now: scheduling may replace the anchor op.)
+    let anchor_is_contraction = anchor.attr("kiln.contraction").is_some();
+    let mut s = Script::new();
+    let blk = s.tagged("kiln.block", None);
+    let mut anchor_done = false;
+    match strategy {
+        Strategy::Parallel => {}
+        Strategy::Reduction => {
+            let mut n = 0;
+            for op in block.descendants().into_iter().filter(|o| is_compute(*o)) {
+                let Some(l) = loops::loops(op) else { continue };
+                let Some((r, extent)) = innermost_reduction(&l) else { continue };
+                if extent < SPLIT_REDUCTION || !splittable(op) {
+                    continue;
+                }
+                let t = format!("kiln.r{n}");
+                n += 1;
+                op.set_unit_attr(&mlir.ctx, &t);
+                let h = s.tagged(&t, Some(&blk));
+                let mut counts = vec![0; l.ranges.len()];
+                counts[r] = BLOCK_THREADS.min(extent);
+                let (fill, _, combine, forall) = s.tile_reduction_threads(&h, &counts, "#gpu.thread<x>");
+                s.fuse(&fill, &forall);
+                s.annotate(&forall, "kiln.threads");
+                if op == anchor {
+                    // The combined result is one element per block: one thread writes it.
+                    single_thread(&mut s, &combine, &al);
+                    anchor_done = true;
+                }
+            }
+            if n == 0 {
+                return Err("no long reduction in the block".into());
+            }
+        }
+        Strategy::Contraction => {
+            contraction_steps(mlir, module, block)?;
+            let c = find_tagged(block, "kiln.contraction").ok_or("the contraction left the block")?;
+            let cl = loops::loops(c).ok_or("the contraction has no static loops")?;
+            let (_, threads, _) = contraction_tiles_in_block(&cl).ok_or("no contraction tiling in the block")?;
+            // Both operands' tiles are copied into workgroup memory by all the block's threads.
+            for i in 0..c.num_operands() - 1 {
+                let pad = edit::defining_op(c.operand(i)).filter(|p| p.is("tensor.pad")).ok_or("an operand tile was not materialised")?;
+                let dims = edit::static_dims(edit::value_type(pad.result(0))).ok_or("a dynamic operand tile")?;
+                let t = format!("kiln.pad{i}");
+                pad.set_unit_attr(&mlir.ctx, &t);
+                let h = s.tagged(&t, Some(&blk));
+                let split = copy_split(&dims, BLOCK_THREADS);
+                let counts: Vec<usize> = split.iter().copied().filter(|&c| c != 0).collect();
+                let linear: Vec<String> = (0..counts.len()).rev().map(|k| format!("#gpu.thread<linear_dim_{k}>")).collect();
+                let (_, copy) = s.tile_forall_threads(&h, &split, &linear);
+                s.annotate(&copy, "kiln.threads");
+            }
+            let h = s.tagged("kiln.contraction", Some(&blk));
+            let (_, compute) = s.tile_forall_threads(&h, &threads, &thread_mapping_of(&threads));
+            s.annotate(&compute, "kiln.threads");
+            let a = s.tagged("kiln.anchor", Some(&blk));
+            if !anchor_is_contraction {
+                let at: Vec<usize> = (0..cl.ranges.len()).filter(|&i| cl.parallel[i]).map(|i| threads[i]).collect();
+                let (_, ep) = s.tile_forall_threads(&a, &at, &thread_mapping_of(&at));
+                s.annotate(&ep, "kiln.threads");
+            }
+            anchor_done = true;
+        }
+        Strategy::PerOp => unreachable!("PerOp has no block phase"),
+    }
+    if !anchor_done {
+        let split = thread_split(&al, BLOCK_THREADS);
+        let a = s.tagged("kiln.anchor", Some(&blk));
+        if split.is_empty() {
+            single_thread(&mut s, &a, &al);
+        } else {
+            let mut tiles = vec![0; al.ranges.len()];
+            for &(i, _) in &split {
+                tiles[i] = 1;
+            }
+            let counts: Vec<usize> = (0..al.ranges.len()).filter(|&i| tiles[i] != 0).map(|i| al.ranges[i]).collect();
+            let (_, f) = s.tile_forall(&a, &tiles, &mapping("thread", &counts));
+            s.annotate(&f, "kiln.threads");
+        }
+    }
+    let f = s.ops(&["func.func"], "%root");
+    s.canonicalize(&f);
+    run(mlir, module, s, &format!("{strategy} threads"))
+}
+
+/// The contraction's reduction in steps: its accumulator in workgroup memory, zeroed by the
+/// threads that will update it; each step's operand tiles materialised (padded copies, which
+/// become workgroup tiles).
+fn contraction_steps(mlir: &MlirContext, module: &melior::ir::Module, block: RawOp) -> Result<(), String> {
+    let c = find_tagged(block, "kiln.contraction").ok_or("the contraction left the block")?;
+    let cl = loops::loops(c).ok_or("the contraction has no static loops")?;
+    let (_, threads, step) = contraction_tiles_in_block(&cl).ok_or("no contraction tiling in the block")?;
+    let mut s = Script::new();
+    let blk = s.tagged("kiln.block", None);
+    let h = s.tagged("kiln.contraction", Some(&blk));
+    let fill = s.producer_of(&h, c.num_operands() - 1);
+    s.raw(&format!(
+        "%acc, %acc_ops = transform.structured.bufferize_to_allocation {fill} {{memory_space = 3 : i64, bufferize_destination_only}} : !transform.any_op"
+    ));
+    let h = s.tagged("kiln.contraction", Some(&blk));
+    let fill = s.producer_of(&h, c.num_operands() - 1);
+    let (_, fl) = s.tile_forall_threads(&fill, &threads_for_parallel(&cl, &threads), &thread_mapping_of(&threads));
+    s.annotate(&fl, "kiln.threads");
+    let h = s.tagged("kiln.contraction", Some(&blk));
+    let (stepped, _) = s.tile_for(&h, &step);
+    s.pad_inputs(&stepped, cl.ranges.len(), c.num_operands(), &zero_of(c));
+    run(mlir, module, s, "contraction steps")
+}
+
+/// Threads per dimension (0: none) to copy a tile of `dims` with `budget` threads, innermost
+/// dimension first so neighbouring threads touch neighbouring elements; each count divides its
+/// dimension.
+fn copy_split(dims: &[usize], budget: usize) -> Vec<usize> {
+    let mut budget = budget;
+    let mut out = vec![0; dims.len()];
+    for i in (0..dims.len()).rev() {
+        if budget < 2 || dims[i] < 2 {
+            continue;
+        }
+        let t = divisor_at_most(dims[i], budget);
+        if t > 1 {
+            out[i] = t;
+            budget /= t;
+        }
+    }
+    if out.iter().all(|&t| t == 0) {
+        // A one-element tile: one thread.
+        if let Some(last) = out.last_mut() {
+            *last = 1;
+        }
+    }
+    out
+}
+
+/// Inside the block the contraction's loops have their block extents; recompute its tiles there.
+fn contraction_tiles_in_block(l: &Loops) -> Option<(Vec<usize>, Vec<usize>, Vec<usize>)> {
+    let n = l.ranges.len();
+    let par: Vec<usize> = (0..n).filter(|&i| l.parallel[i] && l.ranges[i] > 1).collect();
+    let red: Vec<usize> = (0..n).filter(|&i| !l.parallel[i] && l.ranges[i] > 1).collect();
+    if par.len() < 2 || red.is_empty() {
+        return None;
+    }
+    let (m, nn) = (par[par.len() - 2], par[par.len() - 1]);
+    let mut threads = vec![0; n];
+    threads[m] = divisor_at_most(l.ranges[m], 16);
+    threads[nn] = divisor_at_most(l.ranges[nn], 16);
+    let mut step = vec![0; n];
+    let r = red[0];
+    let inner: usize = red[1..].iter().map(|&i| l.ranges[i]).product();
+    step[r] = divisor_at_most(l.ranges[r], (16 / inner.max(1)).max(1));
+    Some((vec![0; n], threads, step))
+}
+
+/// Thread counts over an op's parallel loops only (for the fill of the contraction's output).
+fn threads_for_parallel(l: &Loops, threads: &[usize]) -> Vec<usize> {
+    (0..l.ranges.len()).filter(|&i| l.parallel[i]).map(|i| threads[i]).collect()
+}
+
+/// Thread mapping for per-loop thread counts (0: untiled).
+fn thread_mapping_of(counts: &[usize]) -> Vec<String> {
+    let c: Vec<usize> = counts.iter().copied().filter(|&c| c != 0).collect();
+    mapping("thread", &c)
+}
+
+/// The zero of a contraction's element type, as a padding value.
+fn zero_of(op: RawOp) -> String {
+    let t = edit::value_type(op.operand(0));
+    let ty = edit::type_text(t);
+    let elem = ty.rsplit('x').next().unwrap_or("f32").trim_end_matches('>').to_string();
+    if elem.starts_with('f') || elem == "bf16" {
+        format!("0.0 : {elem}")
+    } else {
+        format!("0 : {elem}")
+    }
+}
+
+/// Tiles `op` (one element per block) to a single thread, so one thread writes it.
+fn single_thread(s: &mut Script, op: &str, l: &Loops) {
+    let counts: Vec<usize> = (0..l.ranges.len()).map(|i| usize::from(l.parallel[i])).collect();
+    if counts.iter().all(|&c| c == 0) {
+        return;
+    }
+    let n = counts.iter().filter(|&&c| c != 0).count();
+    let (_, f) = s.tile_forall_threads(op, &counts, &mapping("thread", &vec![1; n]));
+    s.annotate(&f, "kiln.threads");
+}
+
+/// Phase 3: ops left at block level move into the thread loops using them, nearest first, until
+/// none can. The Reduction strategy keeps ops with reduction loops (its combines) at block level.
+fn fuse_into_threads(mlir: &MlirContext, module: &melior::ir::Module, strategy: Strategy) -> Result<(), String> {
+    let root = RawOp::of(&module.as_operation());
+    for _round in 0..64 {
+        let block = find_tagged(root, "kiln.block").ok_or("no block loop")?;
+        let thread_loops: Vec<RawOp> = block.descendants().into_iter().filter(|o| o.attr("kiln.threads").is_some()).collect();
+        let in_threads = |op: RawOp| thread_loops.iter().any(|t| op.is_inside(*t));
+        let candidates: Vec<RawOp> = block
+            .descendants()
+            .into_iter()
+            .filter(|o| is_compute(*o) && !in_threads(*o))
+            .filter(|o| strategy != Strategy::Reduction || loops::loops(*o).is_none_or(|l| !l.has_reduction()))
+            .collect();
+        let mut step = None;
+        // The last candidate whose result a thread loop uses.
+        'find: for op in candidates.iter().rev() {
+            for r in 0..op.num_results() {
+                for u in edit::users(op.result(r)) {
+                    if let Some(t) = thread_loops.iter().find(|t| u.is_inside(**t) || u == **t) {
+                        step = Some((*op, *t));
+                        break 'find;
+                    }
+                }
+            }
+        }
+        let Some((op, target)) = step else { return Ok(()) };
+        op.set_unit_attr(&mlir.ctx, "kiln.fusing");
+        target.set_unit_attr(&mlir.ctx, "kiln.into");
+        let mut s = Script::new();
+        let p = s.tagged("kiln.fusing", None);
+        let t = s.tagged("kiln.into", None);
+        let l = s.fuse(&p, &t);
+        s.raw(&format!("transform.annotate {l} \"kiln.threads\" : !transform.any_op"));
+        let r = run(mlir, module, s, "fusion into threads");
+        // Whatever happened, the markers must not match again.
+        for o in root.descendants() {
+            o.remove_attr("kiln.fusing");
+            o.remove_attr("kiln.into");
+        }
+        r?;
+    }
+    Err("fusion into threads did not settle".into())
+}
+
+/// The first op under `root` carrying the unit attribute `name`.
+pub fn find_tagged(root: RawOp, name: &str) -> Option<RawOp> {
+    root.descendants().into_iter().find(|o| o.attr(name).is_some())
+}
+
+/// PerOp: every compute op its own block grid and thread split, nothing fused.
+fn per_op(mlir: &MlirContext, module: &melior::ir::Module, func: RawOp) -> Result<(), String> {
+    // (Padding is left to bufferisation: a fill and a copy, distributed afterwards.)
+    let ops: Vec<RawOp> = func.children().into_iter().filter(|o| loops::is_structured(*o)).collect();
+    tile_each(mlir, module, &ops, "per-op tiling")
+}
+
+/// Gives each op its own block grid (tiles of its innermost loops) and thread loop (one element
+/// per thread), on tensors or, after bufferisation, on buffers.
+pub fn tile_each(mlir: &MlirContext, module: &melior::ir::Module, ops: &[RawOp], what: &str) -> Result<(), String> {
+    let mut s = Script::new();
+    let mut n = 0;
+    for &op in ops {
+        // An op without parallel loops to distribute is left alone: it runs on one thread.
+        let Some(l) = loops::loops(op).or_else(|| pad_loops(op)) else { continue };
+        let Some((block, split)) = parallel_blocks(&l) else { continue };
+        let Some(block) = at_least_one_block(&l, block) else { continue };
+        let name = format!("kiln.op{n}");
+        n += 1;
+        op.set_unit_attr(&mlir.ctx, &name);
+        let h = s.tagged(&name, None);
+        let (tiled, forall) = s.tile_forall(&h, &block, &forall_of(&l, &block, "block"));
+        s.annotate(&forall, "kiln.block");
+        if !split.is_empty() {
+            let mut tiles = vec![0; l.ranges.len()];
+            for &(i, _) in &split {
+                tiles[i] = 1;
+            }
+            let counts: Vec<usize> = split.iter().rev().map(|&(_, t)| t).collect();
+            let (_, t) = s.tile_forall(&tiled, &tiles, &mapping("thread", &counts));
+            s.annotate(&t, "kiln.threads");
+        }
+    }
+    if n == 0 {
+        return Ok(());
+    }
+    let f = s.ops(&["func.func"], "%root");
+    s.canonicalize(&f);
+    run(mlir, module, s, what)
+}
+
+/// A `tensor.pad`'s loops: its result's dimensions, all parallel.
+fn pad_loops(op: RawOp) -> Option<Loops> {
+    if !op.is("tensor.pad") {
+        return None;
+    }
+    let dims = edit::static_dims(edit::value_type(op.result(0)))?;
+    let n = dims.len();
+    Some(Loops { ranges: dims, parallel: vec![true; n] })
+}

@@ -1,0 +1,43 @@
+//! SPIR-V for OpenCL (Kernel capability, physical 64-bit addressing): the device module's
+//! `gpu.func`s become one SPIR-V module, serialised to the binary `clCreateProgramWithIL` takes.
+
+use crate::target::edit::{self, RawOp};
+use crate::target::MlirContext;
+
+/// Capabilities kernels may use; `spirv-update-vce` keeps only those they do use.
+const TARGET: &str = "spirv-attach-target{ver=v1.0 caps=Addresses,Int64,Int8,Int16,Float16,Float64,Kernel client_api=OpenCL}";
+
+/// Lowers the device module to SPIR-V; returns the binary and the SPIR-V dialect text.
+pub fn lower(mlir: &MlirContext, module: &mut melior::ir::Module) -> Result<(Vec<u8>, String), String> {
+    let root = RawOp::of(&module.as_operation());
+    // Each kernel declares its workgroup size, as OpenCL's reqd_work_group_size.
+    for f in root.descendants().into_iter().filter(|o| o.is("gpu.func")) {
+        let size = f.attr("known_block_size").map(edit::attr_text).ok_or("a kernel without a known block size")?;
+        let dims = size.trim_start_matches("array<i32:").trim_end_matches('>').trim().to_string();
+        let abi = edit::parse_attr(&mlir.ctx, &format!("#spirv.entry_point_abi<workgroup_size = [{dims}]>")).ok_or("bad entry point ABI")?;
+        f.set_attr("spirv.entry_point_abi", abi);
+    }
+    let pipeline = format!(
+        "builtin.module({TARGET},map-memref-spirv-storage-class{{client-api=opencl}},convert-gpu-to-spirv{{use-64bit-index=true}},gpu.module(spirv.module(spirv-lower-abi-attrs,spirv-update-vce)))"
+    );
+    mlir.run_pipeline(module, &pipeline).map_err(|e| format!("lowering to SPIR-V: {e}"))?;
+    let text = module.as_operation().to_string();
+    mlir.run_pipeline(module, "builtin.module(gpu-module-to-binary)").map_err(|e| format!("serialising SPIR-V: {e}"))?;
+    let binary = super::binary_object(RawOp::of(&module.as_operation()))?;
+    Ok((binary, text))
+}
+
+/// The SPIR-V binary as text: `spirv-dis` when installed (the standard disassembly), else the
+/// SPIR-V dialect form MLIR printed (the same module, one op per instruction).
+pub fn disassemble(binary: &[u8], dialect_text: &str) -> String {
+    let dir = std::env::temp_dir().join(format!("kiln-spirv-{}", std::process::id()));
+    let out = (|| {
+        std::fs::create_dir_all(&dir).ok()?;
+        let p = dir.join("kernels.spv");
+        std::fs::write(&p, binary).ok()?;
+        let o = std::process::Command::new("spirv-dis").arg(&p).output().ok()?;
+        o.status.success().then(|| String::from_utf8_lossy(&o.stdout).into_owned())
+    })();
+    let _ = std::fs::remove_dir_all(&dir);
+    out.unwrap_or_else(|| format!("; spirv-dis is not installed (Debian: spirv-tools); the module in MLIR's SPIR-V dialect:\n{dialect_text}"))
+}
