@@ -3,26 +3,30 @@
 //! output are expanded to expose it). 2-D convolutions without groups use the named
 //! `linalg.conv_2d_nchw_fchw`, which the CPU pipeline knows how to vectorise. Bias is an epilogue.
 
-use kiln_ir::op::Conv;
+use kiln_ir::infer::{transpose_axis, TransposeAxis};
+use kiln_ir::op::{Conv, ConvTranspose, SpatialAxis};
 use kiln_ir::{DType, NodeId, Op, ValueId};
 
-use super::mlir::{broadcast_map, fill, generic, named_linalg, pad, parse_attr, push, reshape};
+use super::mlir::{broadcast_map, dims_list, fill, generic, named, named_linalg, pad, parse_attr, push, reshape};
 use super::scalar::{compute, ScalarBuilder};
 use super::Emitter;
 use crate::Result;
 use melior::ir::BlockLike;
 
 pub(super) fn emit(em: &mut Emitter, id: NodeId) -> Result<()> {
-    let c = match em.graph.node(id).op.clone() {
-        Op::Conv(c) => c,
-        Op::ConvTranspose(_) => return Err(em.unsupported(id, "is not supported by the native code generator yet")),
+    match em.graph.node(id).op.clone() {
+        Op::Conv(c) => conv(em, id, &c),
+        Op::ConvTranspose(c) => conv_transpose(em, id, &c),
         _ => unreachable!("dispatched by op"),
-    };
+    }
+}
+
+fn conv(em: &mut Emitter, id: NodeId, c: &Conv) -> Result<()> {
     let operands = em.graph.operands(id);
     let (x, w) = (operands[0].expect("conv x"), operands[1].expect("conv w"));
     let bias = operands.get(2).copied().flatten();
     let result = ValueId::from(id);
-    let (xd, wd, od) = (em.dims(x), em.dims(w), em.dims(result));
+    let (xd, wd) = (em.dims(x), em.dims(w));
     let dtype = em.ty(x).dtype;
     if dtype != DType::F32 && dtype != DType::F64 {
         return Err(em.unsupported(id, &format!("on {dtype} is not supported natively")));
@@ -51,12 +55,34 @@ pub(super) fn emit(em: &mut Emitter, id: NodeId) -> Result<()> {
         xv = pad(em.ctx, em.loc, em.block, xv, &low, &high, zero, ty)?;
     }
     let wv = em.value(w)?;
+    let t = convolve(em, xv, wv, &padded_dims, &wd, &axes, c.group, bias, result, dtype)?;
+    em.set(result, t);
+    Ok(())
+}
+
+/// The convolution of an already padded input `xv` (dims `xd`) with weights `wv` [M, C/group,
+/// K...] over `axes`, plus the bias; writes `result`'s destination.
+#[allow(clippy::too_many_arguments)]
+fn convolve<'c, 'a>(
+    em: &mut Emitter<'c, 'a>,
+    xv: melior::ir::Value<'c, 'a>,
+    wv: melior::ir::Value<'c, 'a>,
+    xd: &[usize],
+    wd: &[usize],
+    axes: &[kiln_ir::op::SpatialAxis],
+    group: usize,
+    bias: Option<ValueId>,
+    result: ValueId,
+    dtype: DType,
+) -> Result<melior::ir::Value<'c, 'a>> {
+    let od = em.dims(result);
+    let spatial = axes.len();
     let (ctx, loc) = (em.ctx, em.loc);
     let out_ty = em.tensor_type(&od, dtype)?;
     let zero = em.scalar_constant(0.0, dtype)?;
     // Without a bias the convolution writes the kernel's destination directly.
     let dest = if bias.is_none() { em.dest(result)? } else { em.empty(&od, dtype)? };
-    let conv = if spatial == 2 && c.group == 1 {
+    let conv = if spatial == 2 && group == 1 {
         let init = fill(ctx, loc, em.block, zero, dest)?;
         let strides = format!("dense<[{}, {}]> : tensor<2xi64>", axes[0].stride, axes[1].stride);
         let dilations = format!("dense<[{}, {}]> : tensor<2xi64>", axes[0].dilation, axes[1].dilation);
@@ -73,14 +99,123 @@ pub(super) fn emit(em: &mut Emitter, id: NodeId) -> Result<()> {
             )?,
         )
     } else {
-        grouped(em, &c, xv, wv, &padded_dims, &wd, &od, &axes, dtype, dest)?
+        grouped(em, group, xv, wv, xd, wd, &od, axes, dtype, dest)?
     };
-    let t = match bias {
-        None => conv,
-        Some(b) => add_bias(em, conv, b, result, &od, dtype)?,
+    match bias {
+        None => Ok(conv),
+        Some(b) => add_bias(em, conv, b, result, &od, dtype),
+    }
+}
+
+/// A transposed convolution as a convolution: the input is spread out by the stride into a zero
+/// buffer (`insert_slice` with strides) placed so that a stride-1 convolution with the flipped
+/// kernel (weights rearranged to [M, C/group, K...]) gives each output position; positions the
+/// output never reads are left out, so the negative padding `output_shape` may ask for is a crop.
+fn conv_transpose(em: &mut Emitter, id: NodeId, c: &ConvTranspose) -> Result<()> {
+    let operands = em.graph.operands(id);
+    let (x, w) = match (operands.first().copied().flatten(), operands.get(1).copied().flatten()) {
+        (Some(x), Some(w)) => (x, w),
+        _ => return Err(em.unsupported(id, "needs an input and a weight")),
     };
+    let bias = operands.get(2).copied().flatten();
+    let result = ValueId::from(id);
+    let (xd, wd) = (em.dims(x), em.dims(w));
+    let dtype = em.ty(x).dtype;
+    if dtype != DType::F32 && dtype != DType::F64 {
+        return Err(em.unsupported(id, &format!("on {dtype} is not supported natively")));
+    }
+    let spatial = xd.len() - 2;
+    let group = c.group;
+    let (cin, mg) = (xd[1], wd[1]);
+    if group == 0 || cin % group != 0 || wd[0] != cin {
+        return Err(em.unsupported(id, "has channels that do not match its groups"));
+    }
+    let cg = cin / group;
+    let m = mg * group;
+    let taxes: Vec<TransposeAxis> = (0..spatial)
+        .map(|i| transpose_axis(c, i, spatial, xd[2 + i], wd[2 + i]))
+        .collect::<std::result::Result<_, String>>()
+        .map_err(|e| em.unsupported(id, &e))?;
+    let (ctx, loc) = (em.ctx, em.loc);
+    // Per axis: the buffer size Z = O + (K-1)*D, where input i lands (L + i*S, L = (K-1)*D - pad),
+    // and the input positions that land inside it.
+    let mut zd = xd[..2].to_vec();
+    let mut offsets = vec![0i64; 2];
+    let mut src_offsets = vec![0i64; 2];
+    let mut counts = xd[..2].to_vec();
+    let mut strides = vec![1i64; 2];
+    let mut axes = Vec::with_capacity(spatial);
+    for (i, a) in taxes.iter().enumerate() {
+        let (k, s, d) = (wd[2 + i] as i64, a.stride as i64, a.dilation as i64);
+        let z = a.output as i64 + (k - 1) * d;
+        let l = (k - 1) * d - a.pad_begin;
+        let first = if l < 0 { (-l + s - 1) / s } else { 0 };
+        let last = if z - 1 - l < 0 { -1 } else { ((z - 1 - l) / s).min(xd[2 + i] as i64 - 1) };
+        zd.push(z as usize);
+        offsets.push(l + first * s);
+        src_offsets.push(first);
+        counts.push((last - first + 1).max(0) as usize);
+        strides.push(s);
+        axes.push(SpatialAxis { input: z as usize, kernel: k as usize, stride: 1, dilation: a.dilation, pad_begin: 0, pad_end: 0, output: a.output });
+    }
+    let zero = em.scalar_constant(0.0, dtype)?;
+    let zbuf = em.empty(&zd, dtype)?;
+    let mut zv = fill(ctx, loc, em.block, zero, zbuf)?;
+    if !counts.contains(&0) {
+        let mut xv = em.value(x)?;
+        if counts != xd {
+            xv = slice(em, "tensor.extract_slice", &[xv], &src_offsets, &counts, &vec![1; xd.len()], &counts, dtype)?;
+        }
+        zv = slice(em, "tensor.insert_slice", &[xv, zv], &offsets, &counts, &strides, &zd, dtype)?;
+    }
+    // wc[mm, c, k...] = w[(mm / Mg) * Cg + c, mm % Mg, K-1-k...]
+    let mut wcd = vec![m, cg];
+    wcd.extend_from_slice(&wd[2..]);
+    let rank = wcd.len();
+    let mut e = vec![format!("(d0 floordiv {mg}) * {cg} + d1"), format!("d0 mod {mg}")];
+    e.extend((0..spatial).map(|i| format!("{} - d{}", wd[2 + i] - 1, 2 + i)));
+    let wmap = format!("affine_map<({}) -> ({})>", dims_list(rank), e.join(", "));
+    let wv = em.value(w)?;
+    let wdest = em.empty(&wcd, dtype)?;
+    let wty = em.tensor_type(&wcd, dtype)?;
+    let g = generic(ctx, loc, &[wv], &[wdest], &[wmap, broadcast_map(rank, &wcd, &wcd)], &vec!["parallel"; rank], &[wty], |body| {
+        Ok(vec![body.argument(0).expect("w").into()])
+    })?;
+    let wc = push(em.block, g);
+    let t = convolve(em, zv, wc, &zd, &wcd, &axes, group, bias, result, dtype)?;
     em.set(result, t);
     Ok(())
+}
+
+/// `tensor.extract_slice` (operands: source) or `tensor.insert_slice` (source, dest) with static
+/// offsets, sizes and strides; `out` is the result's dims.
+#[allow(clippy::too_many_arguments)]
+fn slice<'c, 'a>(
+    em: &Emitter<'c, 'a>,
+    name: &str,
+    operands: &[melior::ir::Value<'c, 'a>],
+    offsets: &[i64],
+    sizes: &[usize],
+    strides: &[i64],
+    out: &[usize],
+    dtype: DType,
+) -> Result<melior::ir::Value<'c, 'a>> {
+    use melior::ir::attribute::{DenseI32ArrayAttribute, DenseI64ArrayAttribute};
+    let ctx = em.ctx;
+    let sizes: Vec<i64> = sizes.iter().map(|&s| s as i64).collect();
+    let segments: &[i32] = if operands.len() == 1 { &[1, 0, 0, 0] } else { &[1, 1, 0, 0, 0] };
+    let o = melior::ir::operation::OperationBuilder::new(name, em.loc)
+        .add_operands(operands)
+        .add_attributes(&[
+            named(ctx, "static_offsets", DenseI64ArrayAttribute::new(ctx, offsets).into()),
+            named(ctx, "static_sizes", DenseI64ArrayAttribute::new(ctx, &sizes).into()),
+            named(ctx, "static_strides", DenseI64ArrayAttribute::new(ctx, strides).into()),
+            named(ctx, "operandSegmentSizes", DenseI32ArrayAttribute::new(ctx, segments).into()),
+        ])
+        .add_results(&[em.tensor_type(out, dtype)?])
+        .build()
+        .map_err(|e| super::mlir::err(format!("building {name}: {e}")))?;
+    Ok(push(em.block, o))
 }
 
 /// The general N-d grouped convolution as one `linalg.generic` over
@@ -88,7 +223,7 @@ pub(super) fn emit(em: &mut Emitter, id: NodeId) -> Result<()> {
 #[allow(clippy::too_many_arguments)]
 fn grouped<'c, 'a>(
     em: &mut Emitter<'c, 'a>,
-    c: &Conv,
+    g: usize,
     xv: melior::ir::Value<'c, 'a>,
     wv: melior::ir::Value<'c, 'a>,
     xd: &[usize],
@@ -99,7 +234,6 @@ fn grouped<'c, 'a>(
     dest: melior::ir::Value<'c, 'a>,
 ) -> Result<melior::ir::Value<'c, 'a>> {
     let (ctx, loc) = (em.ctx, em.loc);
-    let g = c.group;
     let s = xd.len() - 2;
     let (cg, m) = (wd[1], wd[0]);
     let mg = m / g;
