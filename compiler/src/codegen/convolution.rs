@@ -7,7 +7,7 @@ use kiln_ir::infer::{transpose_axis, TransposeAxis};
 use kiln_ir::op::{Conv, ConvTranspose, SpatialAxis};
 use kiln_ir::{DType, NodeId, Op, ValueId};
 
-use super::mlir::{broadcast_map, dims_list, fill, generic, named, named_linalg, pad, parse_attr, push, reshape};
+use super::mlir::{broadcast_map, fill, generic, named_linalg, pad, parse_attr, push, reshape};
 use super::scalar::{compute, ScalarBuilder};
 use super::Emitter;
 use crate::Result;
@@ -108,9 +108,10 @@ fn convolve<'c, 'a>(
 }
 
 /// A transposed convolution as a convolution: the input is spread out by the stride into a zero
-/// buffer (`insert_slice` with strides) placed so that a stride-1 convolution with the flipped
-/// kernel (weights rearranged to [M, C/group, K...]) gives each output position; positions the
-/// output never reads are left out, so the negative padding `output_shape` may ask for is a crop.
+/// buffer, placed so that a stride-1 convolution with the flipped kernel (weights rearranged to
+/// [M, C/group, K...]) gives each output position. The buffer covers only what the output reads,
+/// so the negative padding `output_shape` may ask for is a crop. Both are `linalg.generic`s (the
+/// buffer reads the input with `tensor.extract`), so the kernel tiles into workgroups.
 fn conv_transpose(em: &mut Emitter, id: NodeId, c: &ConvTranspose) -> Result<()> {
     let operands = em.graph.operands(id);
     let (x, w) = match (operands.first().copied().flatten(), operands.get(1).copied().flatten()) {
@@ -137,85 +138,83 @@ fn conv_transpose(em: &mut Emitter, id: NodeId, c: &ConvTranspose) -> Result<()>
         .collect::<std::result::Result<_, String>>()
         .map_err(|e| em.unsupported(id, &e))?;
     let (ctx, loc) = (em.ctx, em.loc);
-    // Per axis: the buffer size Z = O + (K-1)*D, where input i lands (L + i*S, L = (K-1)*D - pad),
-    // and the input positions that land inside it.
+    // Per axis: the buffer size Z = O + (K-1)*D; input i lands at L + i*S, L = (K-1)*D - pad.
     let mut zd = xd[..2].to_vec();
-    let mut offsets = vec![0i64; 2];
-    let mut src_offsets = vec![0i64; 2];
-    let mut counts = xd[..2].to_vec();
-    let mut strides = vec![1i64; 2];
+    let mut lands = Vec::with_capacity(spatial);
     let mut axes = Vec::with_capacity(spatial);
     for (i, a) in taxes.iter().enumerate() {
-        let (k, s, d) = (wd[2 + i] as i64, a.stride as i64, a.dilation as i64);
+        let (k, d) = (wd[2 + i] as i64, a.dilation as i64);
         let z = a.output as i64 + (k - 1) * d;
-        let l = (k - 1) * d - a.pad_begin;
-        let first = if l < 0 { (-l + s - 1) / s } else { 0 };
-        let last = if z - 1 - l < 0 { -1 } else { ((z - 1 - l) / s).min(xd[2 + i] as i64 - 1) };
+        lands.push(((k - 1) * d - a.pad_begin, a.stride as i64, xd[2 + i] as i64));
         zd.push(z as usize);
-        offsets.push(l + first * s);
-        src_offsets.push(first);
-        counts.push((last - first + 1).max(0) as usize);
-        strides.push(s);
         axes.push(SpatialAxis { input: z as usize, kernel: k as usize, stride: 1, dilation: a.dilation, pad_begin: 0, pad_end: 0, output: a.output });
     }
-    let zero = em.scalar_constant(0.0, dtype)?;
-    let zbuf = em.empty(&zd, dtype)?;
-    let mut zv = fill(ctx, loc, em.block, zero, zbuf)?;
-    if !counts.contains(&0) {
-        let mut xv = em.value(x)?;
-        if counts != xd {
-            xv = slice(em, "tensor.extract_slice", &[xv], &src_offsets, &counts, &vec![1; xd.len()], &counts, dtype)?;
+    let xv = em.value(x)?;
+    let zdest = em.empty(&zd, dtype)?;
+    let zty = em.tensor_type(&zd, dtype)?;
+    let zrank = zd.len();
+    let id_map = broadcast_map(zrank, &zd, &zd);
+    let elem = super::mlir::parse_type(ctx, super::mlir::storage_type(dtype))?;
+    let g = generic(ctx, loc, &[], &[zdest], &[id_map], &vec!["parallel"; zrank], &[zty], |body| {
+        let sb = ScalarBuilder { ctx, loc, block: body };
+        let c = |v: i64| sb.int_constant(v as i128, "index");
+        let mut coords = vec![sb.loop_index(0, "index")?, sb.loop_index(1, "index")?];
+        let mut inside = sb.constant(1.0, "i1")?;
+        for (i, &(l, s, n)) in lands.iter().enumerate() {
+            // Position z holds input (z - L) / S when that divides and lies in the input.
+            let z = sb.loop_index(2 + i, "index")?;
+            let t = sb.emit("arith.subi", &[z, c(l)?], "index")?;
+            let q = sb.emit("arith.floordivsi", &[t, c(s)?], "index")?;
+            let r = sb.emit("arith.remsi", &[t, c(s)?], "index")?;
+            let ok = sb.cmpi("eq", r, c(0)?)?;
+            let ge = sb.cmpi("sge", q, c(0)?)?;
+            let lt = sb.cmpi("slt", q, c(n)?)?;
+            for b in [ok, ge, lt] {
+                inside = sb.emit("arith.andi", &[inside, b], "i1")?;
+            }
+            coords.push(q);
         }
-        zv = slice(em, "tensor.insert_slice", &[xv, zv], &offsets, &counts, &strides, &zd, dtype)?;
-    }
-    // wc[mm, c, k...] = w[(mm / Mg) * Cg + c, mm % Mg, K-1-k...]
+        // Every coordinate is clamped to 0 once one is out, so the read stays in bounds.
+        let zero = c(0)?;
+        for v in coords.iter_mut().skip(2) {
+            *v = sb.select(inside, *v, zero, "index")?;
+        }
+        let mut operands = vec![xv];
+        operands.extend(coords);
+        let v = push(body, super::mlir::op(ctx, loc, "tensor.extract", &operands, &[elem], &[])?);
+        let t = super::mlir::storage_type(dtype);
+        Ok(vec![sb.select(inside, v, sb.constant(0.0, t)?, t)?])
+    })?;
+    let zv = push(em.block, g);
+    // wc[mm, c, k...] = w[(mm / Mg) * Cg + c, mm % Mg, K-1-k...], read with `tensor.extract`:
+    // the tiling's fusion mis-sizes the slice of an input read through such a map.
     let mut wcd = vec![m, cg];
     wcd.extend_from_slice(&wd[2..]);
     let rank = wcd.len();
-    let mut e = vec![format!("(d0 floordiv {mg}) * {cg} + d1"), format!("d0 mod {mg}")];
-    e.extend((0..spatial).map(|i| format!("{} - d{}", wd[2 + i] - 1, 2 + i)));
-    let wmap = format!("affine_map<({}) -> ({})>", dims_list(rank), e.join(", "));
     let wv = em.value(w)?;
     let wdest = em.empty(&wcd, dtype)?;
     let wty = em.tensor_type(&wcd, dtype)?;
-    let g = generic(ctx, loc, &[wv], &[wdest], &[wmap, broadcast_map(rank, &wcd, &wcd)], &vec!["parallel"; rank], &[wty], |body| {
-        Ok(vec![body.argument(0).expect("w").into()])
+    let kernel = wd[2..].to_vec();
+    let g = generic(ctx, loc, &[], &[wdest], &[broadcast_map(rank, &wcd, &wcd)], &vec!["parallel"; rank], &[wty], |body| {
+        let sb = ScalarBuilder { ctx, loc, block: body };
+        let c = |v: usize| sb.int_constant(v as i128, "index");
+        let mm = sb.loop_index(0, "index")?;
+        let ci = sb.loop_index(1, "index")?;
+        let gi = sb.emit("arith.divui", &[mm, c(mg)?], "index")?;
+        let gc = sb.emit("arith.muli", &[gi, c(cg)?], "index")?;
+        let mut coords = vec![sb.emit("arith.addi", &[gc, ci], "index")?, sb.emit("arith.remui", &[mm, c(mg)?], "index")?];
+        for (i, &k) in kernel.iter().enumerate() {
+            let ki = sb.loop_index(2 + i, "index")?;
+            coords.push(sb.emit("arith.subi", &[c(k - 1)?, ki], "index")?);
+        }
+        let mut operands = vec![wv];
+        operands.extend(coords);
+        Ok(vec![push(body, super::mlir::op(ctx, loc, "tensor.extract", &operands, &[elem], &[])?)])
     })?;
     let wc = push(em.block, g);
     let t = convolve(em, zv, wc, &zd, &wcd, &axes, group, bias, result, dtype)?;
     em.set(result, t);
     Ok(())
-}
-
-/// `tensor.extract_slice` (operands: source) or `tensor.insert_slice` (source, dest) with static
-/// offsets, sizes and strides; `out` is the result's dims.
-#[allow(clippy::too_many_arguments)]
-fn slice<'c, 'a>(
-    em: &Emitter<'c, 'a>,
-    name: &str,
-    operands: &[melior::ir::Value<'c, 'a>],
-    offsets: &[i64],
-    sizes: &[usize],
-    strides: &[i64],
-    out: &[usize],
-    dtype: DType,
-) -> Result<melior::ir::Value<'c, 'a>> {
-    use melior::ir::attribute::{DenseI32ArrayAttribute, DenseI64ArrayAttribute};
-    let ctx = em.ctx;
-    let sizes: Vec<i64> = sizes.iter().map(|&s| s as i64).collect();
-    let segments: &[i32] = if operands.len() == 1 { &[1, 0, 0, 0] } else { &[1, 1, 0, 0, 0] };
-    let o = melior::ir::operation::OperationBuilder::new(name, em.loc)
-        .add_operands(operands)
-        .add_attributes(&[
-            named(ctx, "static_offsets", DenseI64ArrayAttribute::new(ctx, offsets).into()),
-            named(ctx, "static_sizes", DenseI64ArrayAttribute::new(ctx, &sizes).into()),
-            named(ctx, "static_strides", DenseI64ArrayAttribute::new(ctx, strides).into()),
-            named(ctx, "operandSegmentSizes", DenseI32ArrayAttribute::new(ctx, segments).into()),
-        ])
-        .add_results(&[em.tensor_type(out, dtype)?])
-        .build()
-        .map_err(|e| super::mlir::err(format!("building {name}: {e}")))?;
-    Ok(push(em.block, o))
 }
 
 /// The general N-d grouped convolution as one `linalg.generic` over

@@ -63,7 +63,7 @@ fn hardmax(em: &mut Emitter, id: NodeId, x: ValueId, axis: i64) -> Result<()> {
     let idx = em.empty(&kd, DType::I64)?;
     let km = keep_map(rank, &[a]);
     // The first maximum, NaN counting as the maximum (as numpy's argmax).
-    let best = arg_best(em, xv, &xd, dt, a, true, false, idx, km.clone(), &kd)?;
+    let best = arg_best(em, xv, &xd, dt, a, false, true, false, idx, km.clone(), &kd)?;
     let dest = em.dest(result)?;
     let t = map_generic(em, &[(best, km)], &xd, dt, dest, |sb, v| {
         let j = sb.loop_index(a, "i64")?;
@@ -77,8 +77,8 @@ fn hardmax(em: &mut Emitter, id: NodeId, x: ValueId, axis: i64) -> Result<()> {
     Ok(())
 }
 
-/// Group (and instance) normalisation: x [N, C, S...] is viewed as [N, G, C/G, S...], and each
-/// (n, g) slice is normalised with its own mean and variance; scale and bias are per channel.
+/// Group (and instance) normalisation: x [N, C, S...] is viewed as [N, G, C/G, S...] for the
+/// statistics of each (n, g) slice; scale and bias are per channel.
 fn group_norm(em: &mut Emitter, id: NodeId, x: ValueId, scale: Option<ValueId>, bias: Option<ValueId>, groups: usize, eps: f32) -> Result<()> {
     let result = ValueId::from(id);
     let xd = em.dims(x);
@@ -100,23 +100,26 @@ fn group_norm(em: &mut Emitter, id: NodeId, x: ValueId, scale: Option<ValueId>, 
     gd.extend_from_slice(&xd[2..]);
     let mut reassoc: Vec<Vec<usize>> = vec![vec![0], vec![1, 2]];
     reassoc.extend((3..gd.len()).map(|i| vec![i]));
-    let rank = gd.len();
     let xv = em.value(x)?;
     let xg = reshape(ctx, loc, em.block, true, xv, &reassoc, &gd, em.tensor_type(&gd, dt)?)?;
-    let axes: Vec<usize> = (2..rank).collect();
+    let axes: Vec<usize> = (2..gd.len()).collect();
     let count: usize = gd[2..].iter().product();
     let acc = acc_of(dt);
     let tc = compute(acc);
-    let km = keep_map(rank, &axes);
     let (sum, sq) = moments(em, xg, &gd, dt, &axes, count)?;
+    // The result pass runs over x's own dims (so its loops are the result's, as the workgroup
+    // split expects), reading the group statistics at channel / Cg.
+    let rank = xd.len();
     let dest = em.dest(result)?;
-    let dest_g = reshape(ctx, loc, em.block, true, dest, &reassoc, &gd, em.tensor_type(&gd, dt)?)?;
-    let channel = affine(rank, &[format!("d1 * {cg} + d2")]);
+    let mut stat = vec!["d0".to_string(), format!("d1 floordiv {cg}")];
+    stat.extend(vec!["0".to_string(); rank - 1]);
+    let stat = affine(rank, &stat);
+    let channel = affine(rank, &["d1".to_string()]);
     let (sv, bv) = (em.value(scale)?, em.value(bias)?);
     let (sdt, bdt) = (em.ty(scale).dtype, em.ty(bias).dtype);
-    let ins = [(xg, broadcast_map(rank, &gd, &gd)), (sum, km.clone()), (sq, km), (sv, channel.clone()), (bv, channel)];
+    let ins = [(xv, broadcast_map(rank, &xd, &xd)), (sum, stat.clone()), (sq, stat), (sv, channel.clone()), (bv, channel)];
     let n = count.max(1) as f64;
-    let t = map_generic(em, &ins, &gd, dt, dest_g, |sb, v| {
+    let t = map_generic(em, &ins, &xd, dt, dest, |sb, v| {
         let xv = load_as(sb, v[0], dt, acc)?;
         let cnt = sb.constant(n, tc)?;
         let mean = sb.emit("arith.divf", &[v[1], cnt], tc)?;
@@ -132,7 +135,6 @@ fn group_norm(em: &mut Emitter, id: NodeId, x: ValueId, scale: Option<ValueId>, 
         let y = sb.emit("arith.addf", &[y, b], tc)?;
         store_as(sb, y, acc, dt)
     })?;
-    let t = reshape(ctx, loc, em.block, false, t, &reassoc, &xd, em.tensor_type(&xd, dt)?)?;
     em.set(result, t);
     Ok(())
 }

@@ -84,8 +84,10 @@ pub(super) fn compare<'c, 'a>(
 }
 
 /// Reduces axis `a` of `x` (dims `xd`) to the position of its best element, as i64, into `idx_dest`
-/// read through `idx_map`: ArgMax (`max`) or ArgMin, NaN counting as the best either way (numpy),
-/// ties to the first index unless `last`. Returns the index tensor.
+/// written through `idx_map`: ArgMax (`max`) or ArgMin, NaN counting as the best either way
+/// (numpy), ties to the first index unless `last`. The loops are x's dims, the reduced one last
+/// when `axis_last` (so that, with the axis dropped, the parallel loops are the result's dims, as
+/// the workgroup split expects). Returns the index tensor.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn arg_best<'c, 'a>(
     em: &mut Emitter<'c, 'a>,
@@ -93,6 +95,7 @@ pub(super) fn arg_best<'c, 'a>(
     xd: &[usize],
     dt: DType,
     a: usize,
+    axis_last: bool,
     max: bool,
     last: bool,
     idx_dest: Value<'c, 'a>,
@@ -102,21 +105,33 @@ pub(super) fn arg_best<'c, 'a>(
     let (ctx, loc) = (em.ctx, em.loc);
     let rank = xd.len();
     let kd: Vec<usize> = xd.iter().enumerate().map(|(i, &d)| if i == a { 1 } else { d }).collect();
+    let axis_loop = if axis_last { rank - 1 } else { a };
+    let loop_of = |i: usize| {
+        if i == a {
+            axis_loop
+        } else if axis_last && i > a {
+            i - 1
+        } else {
+            i
+        }
+    };
+    let x_map: Vec<String> = (0..rank).map(|i| format!("d{}", loop_of(i))).collect();
+    let val_map: Vec<String> = (0..rank).map(|i| if i == a { "0".into() } else { format!("d{}", loop_of(i)) }).collect();
     // The best value so far; the index -1 marks "nothing seen yet", so the fill value is unused.
     let zero = em.scalar_constant(0.0, dt)?;
     let val = em.empty(&kd, dt)?;
     let val = fill(ctx, loc, em.block, zero, val)?;
     let minus = em.int_constant(-1, DType::I64)?;
     let idx = fill(ctx, loc, em.block, minus, idx_dest)?;
-    let maps = vec![affine(rank, &loops_with(rank, rank, "")), affine(rank, &loops_with(rank, a, "0")), idx_map];
-    let iters: Vec<&str> = (0..rank).map(|i| if i == a { "reduction" } else { "parallel" }).collect();
+    let maps = vec![affine(rank, &x_map), affine(rank, &val_map), idx_map];
+    let iters: Vec<&str> = (0..rank).map(|i| if i == axis_loop { "reduction" } else { "parallel" }).collect();
     let types = [em.tensor_type(&kd, dt)?, em.tensor_type(idx_dims, DType::I64)?];
     let g = generic(ctx, loc, &[x], &[val, idx], &maps, &iters, &types, |body| {
         let sb = ScalarBuilder { ctx, loc, block: body };
         let v = sb.load(body.argument(0).expect("x").into(), dt)?;
         let b = sb.load(body.argument(1).expect("best").into(), dt)?;
         let i = body.argument(2).expect("index").into();
-        let j = sb.loop_index(a, "i64")?;
+        let j = sb.loop_index(axis_loop, "i64")?;
         let none = sb.int_constant(-1, "i64")?;
         let first = sb.cmpi("eq", i, none)?;
         let (better, equal) = compare(&sb, v.v, b.v, dt, max, max)?;
@@ -138,11 +153,11 @@ fn arg_reduce(em: &mut Emitter, id: NodeId, r: &ArgReduce, x: ValueId) -> Result
     let a = normalize_axis(r.axis, xd.len()).ok_or_else(|| em.unsupported(id, "has an axis out of range"))?;
     let rank = xd.len();
     let od = em.dims(result);
-    // The result keeps the axis as 0 (keepdims) or drops it.
-    let out: Vec<String> = if r.keepdims { loops_with(rank, a, "0") } else { (0..rank).filter(|&i| i != a).map(|i| format!("d{i}")).collect() };
+    // The result keeps the axis as 0 (keepdims), or drops it (the axis loop then comes last).
+    let out: Vec<String> = if r.keepdims { loops_with(rank, a, "0") } else { (0..rank - 1).map(|i| format!("d{i}")).collect() };
     let xv = em.value(x)?;
     let dest = em.dest(result)?;
-    let t = arg_best(em, xv, &xd, dt, a, r.max, r.select_last_index, dest, affine(rank, &out), &od)?;
+    let t = arg_best(em, xv, &xd, dt, a, !r.keepdims, r.max, r.select_last_index, dest, affine(rank, &out), &od)?;
     em.set(result, t);
     Ok(())
 }
