@@ -244,3 +244,25 @@ fn max_pool_indices_and_integers() {
     let g = single(max_pool(&[2], &[2], &[0, 0], false, false), &[(DType::I8, &[2, 3, 9])], &[], 2);
     check_against_eval(&g, &[Tensor::random(DType::I8, &[2, 3, 9], 52)], 1, 0.0);
 }
+
+#[test]
+fn half_precision_convolutions() {
+    use kiln_ir::op::Conv;
+    let mut window = Window::unit(1);
+    window.pads = vec![1, 2];
+    let op = Op::Conv(Conv { window, group: 2 });
+    let g =
+        single(op, &[(DType::F16, &[2, 4, 9])], &[Some(Tensor::random(DType::F16, &[6, 2, 3], 60)), Some(Tensor::random(DType::F16, &[6], 61))], 1);
+    check_against_eval(&g, &[Tensor::random(DType::F16, &[2, 4, 9], 62)], 1, 1e-2);
+    let op = Op::Conv(Conv { window: Window::unit(2), group: 1 });
+    let g = single(op, &[(DType::BF16, &[1, 3, 6, 6])], &[Some(Tensor::random(DType::BF16, &[4, 3, 3, 3], 63)), None], 1);
+    check_against_eval(&g, &[Tensor::random(DType::BF16, &[1, 3, 6, 6], 64)], 1, 2e-2);
+    let op = conv_transpose(&[2, 2], &[1, 1], &[0, 0, 1, 1], 1, &[], &[]);
+    let g = single(
+        op,
+        &[(DType::F16, &[1, 3, 4, 4])],
+        &[Some(Tensor::random(DType::F16, &[3, 2, 3, 3], 65)), Some(Tensor::random(DType::F16, &[2], 66))],
+        1,
+    );
+    check_against_eval(&g, &[Tensor::random(DType::F16, &[1, 3, 4, 4], 67)], 1, 1e-2);
+}

@@ -2,6 +2,8 @@
 //! the window computes each output; groups become an extra loop dimension (input, weight and
 //! output are expanded to expose it). 2-D convolutions without groups use the named
 //! `linalg.conv_2d_nchw_fchw`, which the CPU pipeline knows how to vectorise. Bias is an epilogue.
+//! f16/bf16 operands are widened to f32 first and the result narrowed (the interpreter computes in
+//! f32). ConvTranspose becomes a convolution of a stride-spread input.
 
 use kiln_ir::infer::{transpose_axis, TransposeAxis};
 use kiln_ir::op::{Conv, ConvTranspose, SpatialAxis};
@@ -28,9 +30,7 @@ fn conv(em: &mut Emitter, id: NodeId, c: &Conv) -> Result<()> {
     let result = ValueId::from(id);
     let (xd, wd) = (em.dims(x), em.dims(w));
     let dtype = em.ty(x).dtype;
-    if dtype != DType::F32 && dtype != DType::F64 {
-        return Err(em.unsupported(id, &format!("on {dtype} is not supported natively")));
-    }
+    let cdt = compute_dtype(em, id, dtype)?;
     let spatial = xd.len() - 2;
     // Resolve the padding the interpreter's way (auto_pad included).
     let axes: Vec<_> = (0..spatial)
@@ -48,20 +48,87 @@ fn conv(em: &mut Emitter, id: NodeId, c: &Conv) -> Result<()> {
         high.push(hi);
         padded_dims.push(a.input + a.pad_begin + hi as usize);
     }
-    let mut xv = em.value(x)?;
+    let mut xv = widened(em, x, cdt)?;
     if low.iter().chain(&high).any(|&p| p != 0) {
-        let zero = em.scalar_constant(0.0, dtype)?;
-        let ty = em.tensor_type(&padded_dims, dtype)?;
+        let zero = em.scalar_constant(0.0, cdt)?;
+        let ty = em.tensor_type(&padded_dims, cdt)?;
         xv = pad(em.ctx, em.loc, em.block, xv, &low, &high, zero, ty)?;
     }
-    let wv = em.value(w)?;
-    let t = convolve(em, xv, wv, &padded_dims, &wd, &axes, c.group, bias, result, dtype)?;
+    let wv = widened(em, w, cdt)?;
+    finish(em, xv, wv, &padded_dims, &wd, &axes, c.group, bias, result, cdt)
+}
+
+/// The type convolutions compute in: f32 for f16/bf16, else the operands' own (f32 or f64).
+fn compute_dtype(em: &Emitter, id: NodeId, dtype: DType) -> Result<DType> {
+    match dtype {
+        DType::F32 | DType::F64 => Ok(dtype),
+        DType::F16 | DType::BF16 => Ok(DType::F32),
+        _ => Err(em.unsupported(id, &format!("on {dtype} is not supported natively"))),
+    }
+}
+
+/// Operand `v` as a tensor of `to` (converted elementwise when its dtype differs).
+fn widened<'c, 'a>(em: &mut Emitter<'c, 'a>, v: ValueId, to: DType) -> Result<melior::ir::Value<'c, 'a>> {
+    let t = em.value(v)?;
+    let from = em.ty(v).dtype;
+    if from == to {
+        return Ok(t);
+    }
+    let dims = em.dims(v);
+    let dest = em.empty(&dims, to)?;
+    convert(em, t, &dims, from, to, dest)
+}
+
+/// `t` (dims, dtype `from`) converted to `to` into `dest`.
+fn convert<'c, 'a>(
+    em: &mut Emitter<'c, 'a>,
+    t: melior::ir::Value<'c, 'a>,
+    dims: &[usize],
+    from: DType,
+    to: DType,
+    dest: melior::ir::Value<'c, 'a>,
+) -> Result<melior::ir::Value<'c, 'a>> {
+    let rank = dims.len();
+    let id = broadcast_map(rank, dims, dims);
+    let ty = em.tensor_type(dims, to)?;
+    let (ctx, loc) = (em.ctx, em.loc);
+    let g = generic(ctx, loc, &[t], &[dest], &[id.clone(), id], &vec!["parallel"; rank], &[ty], |body| {
+        let sb = ScalarBuilder { ctx, loc, block: body };
+        let x = sb.load(body.argument(0).expect("x").into(), from)?;
+        Ok(vec![sb.store(sb.cast(x, to)?)?])
+    })?;
+    Ok(push(em.block, g))
+}
+
+/// The convolution in `cdt` (see `convolve`), narrowed into `result` when its dtype differs.
+#[allow(clippy::too_many_arguments)]
+fn finish<'c, 'a>(
+    em: &mut Emitter<'c, 'a>,
+    xv: melior::ir::Value<'c, 'a>,
+    wv: melior::ir::Value<'c, 'a>,
+    xd: &[usize],
+    wd: &[usize],
+    axes: &[SpatialAxis],
+    group: usize,
+    bias: Option<ValueId>,
+    result: ValueId,
+    cdt: DType,
+) -> Result<()> {
+    let od = em.dims(result);
+    let dtype = em.ty(result).dtype;
+    let bv = bias.map(|b| widened(em, b, cdt)).transpose()?;
+    let dest = if cdt == dtype { em.dest(result)? } else { em.empty(&od, cdt)? };
+    let mut t = convolve(em, xv, wv, xd, wd, axes, group, bv, &od, cdt, dest)?;
+    if cdt != dtype {
+        let dest = em.dest(result)?;
+        t = convert(em, t, &od, cdt, dtype, dest)?;
+    }
     em.set(result, t);
     Ok(())
 }
 
 /// The convolution of an already padded input `xv` (dims `xd`) with weights `wv` [M, C/group,
-/// K...] over `axes`, plus the bias; writes `result`'s destination.
+/// K...] over `axes`, plus the bias (all of `dtype`); writes `out` (dims `od`).
 #[allow(clippy::too_many_arguments)]
 fn convolve<'c, 'a>(
     em: &mut Emitter<'c, 'a>,
@@ -69,19 +136,20 @@ fn convolve<'c, 'a>(
     wv: melior::ir::Value<'c, 'a>,
     xd: &[usize],
     wd: &[usize],
-    axes: &[kiln_ir::op::SpatialAxis],
+    axes: &[SpatialAxis],
     group: usize,
-    bias: Option<ValueId>,
-    result: ValueId,
+    bias: Option<melior::ir::Value<'c, 'a>>,
+    od: &[usize],
     dtype: DType,
+    out: melior::ir::Value<'c, 'a>,
 ) -> Result<melior::ir::Value<'c, 'a>> {
-    let od = em.dims(result);
+    let od = od.to_vec();
     let spatial = axes.len();
     let (ctx, loc) = (em.ctx, em.loc);
     let out_ty = em.tensor_type(&od, dtype)?;
     let zero = em.scalar_constant(0.0, dtype)?;
-    // Without a bias the convolution writes the kernel's destination directly.
-    let dest = if bias.is_none() { em.dest(result)? } else { em.empty(&od, dtype)? };
+    // Without a bias the convolution writes the destination directly.
+    let dest = if bias.is_none() { out } else { em.empty(&od, dtype)? };
     let conv = if spatial == 2 && group == 1 {
         let init = fill(ctx, loc, em.block, zero, dest)?;
         let strides = format!("dense<[{}, {}]> : tensor<2xi64>", axes[0].stride, axes[1].stride);
@@ -103,7 +171,7 @@ fn convolve<'c, 'a>(
     };
     match bias {
         None => Ok(conv),
-        Some(b) => add_bias(em, conv, b, result, &od, dtype),
+        Some(b) => add_bias(em, conv, b, out, &od, dtype),
     }
 }
 
@@ -121,10 +189,7 @@ fn conv_transpose(em: &mut Emitter, id: NodeId, c: &ConvTranspose) -> Result<()>
     let bias = operands.get(2).copied().flatten();
     let result = ValueId::from(id);
     let (xd, wd) = (em.dims(x), em.dims(w));
-    let dtype = em.ty(x).dtype;
-    if dtype != DType::F32 && dtype != DType::F64 {
-        return Err(em.unsupported(id, &format!("on {dtype} is not supported natively")));
-    }
+    let dtype = compute_dtype(em, id, em.ty(x).dtype)?;
     let spatial = xd.len() - 2;
     let group = c.group;
     let (cin, mg) = (xd[1], wd[1]);
@@ -149,7 +214,7 @@ fn conv_transpose(em: &mut Emitter, id: NodeId, c: &ConvTranspose) -> Result<()>
         zd.push(z as usize);
         axes.push(SpatialAxis { input: z as usize, kernel: k as usize, stride: 1, dilation: a.dilation, pad_begin: 0, pad_end: 0, output: a.output });
     }
-    let xv = em.value(x)?;
+    let xv = widened(em, x, dtype)?;
     let zdest = em.empty(&zd, dtype)?;
     let zty = em.tensor_type(&zd, dtype)?;
     let zrank = zd.len();
@@ -191,7 +256,7 @@ fn conv_transpose(em: &mut Emitter, id: NodeId, c: &ConvTranspose) -> Result<()>
     let mut wcd = vec![m, cg];
     wcd.extend_from_slice(&wd[2..]);
     let rank = wcd.len();
-    let wv = em.value(w)?;
+    let wv = widened(em, w, dtype)?;
     let wdest = em.empty(&wcd, dtype)?;
     let wty = em.tensor_type(&wcd, dtype)?;
     let kernel = wd[2..].to_vec();
@@ -212,9 +277,7 @@ fn conv_transpose(em: &mut Emitter, id: NodeId, c: &ConvTranspose) -> Result<()>
         Ok(vec![push(body, super::mlir::op(ctx, loc, "tensor.extract", &operands, &[elem], &[])?)])
     })?;
     let wc = push(em.block, g);
-    let t = convolve(em, zv, wc, &zd, &wcd, &axes, group, bias, result, dtype)?;
-    em.set(result, t);
-    Ok(())
+    finish(em, zv, wc, &zd, &wcd, &axes, group, bias, result, dtype)
 }
 
 /// The general N-d grouped convolution as one `linalg.generic` over
@@ -301,14 +364,12 @@ fn grouped<'c, 'a>(
 fn add_bias<'c, 'a>(
     em: &mut Emitter<'c, 'a>,
     conv: melior::ir::Value<'c, 'a>,
-    b: ValueId,
-    result: ValueId,
+    bv: melior::ir::Value<'c, 'a>,
+    dest: melior::ir::Value<'c, 'a>,
     od: &[usize],
     dtype: DType,
 ) -> Result<melior::ir::Value<'c, 'a>> {
     let rank = od.len();
-    let bv = em.value(b)?;
-    let dest = em.dest(result)?;
     let id = broadcast_map(rank, od, od);
     let bias_map = format!("affine_map<({}) -> (d1)>", super::mlir::dims_list(rank));
     let ty = em.tensor_type(od, dtype)?;
