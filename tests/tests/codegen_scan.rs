@@ -75,9 +75,17 @@ fn cumulative_sums_and_products() {
             }
         }
     }
-    let axis = Tensor::from_vec(&[1], vec![1i64]).expect("one axis");
-    let g = single(Op::Cumulative(Cumulative { prod: false, exclusive: false, reverse: true }), &[(DType::F32, &[64, 300])], &[Some(axis)], 1);
-    check_against_eval(&g, &[Tensor::random(DType::F32, &[64, 300], 5)], 4, 1e-5);
+    // A long axis (a sequential loop), and a short one over enough lines for workgroups.
+    for (dims, axis, d) in [([3usize, 300], 1i64, DType::F32), ([300, 3], 0, DType::I64), ([300, 64], 1, DType::F32)] {
+        for (exclusive, reverse) in [(false, false), (true, true)] {
+            let axis = Tensor::from_vec(&[1], vec![axis]).expect("one axis");
+            let g = single(Op::Cumulative(Cumulative { prod: false, exclusive, reverse }), &[(d, &dims)], &[Some(axis)], 1);
+            check_against_eval(&g, &[Tensor::random(d, &dims, 5)], 4, 1e-5);
+        }
+    }
+    let axis = Tensor::from_vec(&[], vec![0i64]).expect("scalar");
+    let g = single(Op::Cumulative(Cumulative { prod: true, exclusive: true, reverse: false }), &[(DType::I32, &[100])], &[Some(axis)], 1);
+    check_against_eval(&g, &[Tensor::random(DType::I32, &[100], 6)], 1, 0.0);
 }
 
 #[test]
@@ -92,6 +100,10 @@ fn top_k_values_and_indices() {
             check_against_eval(&g, &[Tensor::random(DType::U16, &[4, 9, 7], 7)], 1, 0.0);
         }
     }
+    // A long axis, and f16 values (many ties).
+    let k = Tensor::from_vec(&[1], vec![5i64]).expect("k");
+    let g = single(Op::TopK { axis: -1, largest: true, sorted: true }, &[(DType::F16, &[2, 5000])], &[Some(k)], 2);
+    check_against_eval(&g, &[Tensor::random(DType::F16, &[2, 5000], 8)], 1, 0.0);
 }
 
 #[test]
