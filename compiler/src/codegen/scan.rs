@@ -1,12 +1,12 @@
-//! Scans and selections: ArgMax/ArgMin, CumSum/CumProd, TopK, all as `linalg.generic`s (so they
-//! tile into workgroups like anything else):
+//! Scans and selections: ArgMax/ArgMin, CumSum/CumProd, TopK.
 //! - ArgMax/ArgMin reduce the axis into two accumulators (best value, its index), the index
 //!   written straight into the result.
-//! - CumSum/CumProd loop over (result position, source position) and add in the sources the
-//!   result position covers: quadratic along the axis, but parallel and exact (integers wrap
-//!   as the element type does; floats accumulate in f64, as the interpreter does).
-//! - TopK ranks every element (how many elements come before it in the requested order, ties
-//!   by index) and then picks, for each result slot r < k, the element of rank r.
+//! - CumSum/CumProd over a short axis loop over (result position, source position) and add in
+//!   the sources each result position covers: quadratic along the axis, but parallel and
+//!   tileable; a long axis is a sequential `scf.for` carrying the running value of every line.
+//!   Integers wrap as the element type does; floats accumulate in f64, as the interpreter does.
+//! - TopK takes k selection steps (an `scf.for`), each picking in every line the first element
+//!   after the previous pick in the requested order (NaN above everything, ties by index).
 
 use kiln_ir::op::{ArgReduce, Cumulative};
 use kiln_ir::{normalize_axis, DType, NodeId, Op, ValueId};
@@ -135,10 +135,11 @@ pub(super) fn arg_best<'c, 'a>(
         let none = sb.int_constant(-1, "i64")?;
         let first = sb.cmpi("eq", i, none)?;
         let (better, equal) = compare(&sb, v.v, b.v, dt, max, max)?;
-        let mut take = sb.emit("arith.ori", &[first, better], "i1")?;
-        if last {
-            take = sb.emit("arith.ori", &[take, equal], "i1")?;
-        }
+        let take = sb.emit("arith.ori", &[first, better], "i1")?;
+        // Ties go to the lower (or, `last`, the higher) index, whatever order the loop runs in.
+        let side = sb.cmpi(if last { "sgt" } else { "slt" }, j, i)?;
+        let tie = sb.emit("arith.andi", &[equal, side], "i1")?;
+        let take = sb.emit("arith.ori", &[take, tie], "i1")?;
         let nv = sb.select(take, v.v, b.v, compute(dt))?;
         let ni = sb.select(take, j, i, "i64")?;
         Ok(vec![sb.store(Scalar { v: nv, dtype: dt })?, ni])
