@@ -150,7 +150,7 @@ fn rms_lp_and_mean_variance_normalisation() {
     for p in [1u32, 2] {
         for axis in [-1i64, 1] {
             let g = single(Op::LpNorm { axis, p }, &[(DType::F32, &x)], &[], 1);
-            check_against_eval(&g, &[zeroed.clone()], 1, 1e-5);
+            check_against_eval(&g, std::slice::from_ref(&zeroed), 1, 1e-5);
         }
     }
     for axes in [vec![0i64, 2], vec![1], vec![0, 1, 2]] {
