@@ -173,6 +173,18 @@ fn optimize(graph: &Graph, options: &Options) -> Result<Graph> {
                 "result shapes depend on data (NonZero, Compress...), which static compilation cannot express".into(),
             ));
         }
+    } else {
+        // Static shapes, but codegen may still need operands as constants (CumSum's axis, TopK's
+        // k): bind those inputs when their values are given.
+        let bound: Vec<(String, kiln_ir::Tensor)> = specialize::shape_inputs(&g)
+            .into_iter()
+            .map(|i| g.node(g.inputs()[i]).name.clone())
+            .filter_map(|n| options.input_values.get(&n).map(|t| (n, t.clone())))
+            .collect();
+        if !bound.is_empty() {
+            specialize::bind_values(&mut g, &bound)?;
+            passes::run_passes(&mut g, &passes::default_passes(), |_, _, _| {})?;
+        }
     }
     g.verify()?;
     Ok(g)

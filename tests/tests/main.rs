@@ -2,6 +2,7 @@
 
 mod artifact;
 mod codegen_indexing;
+mod codegen_scan;
 mod compile;
 mod decompose;
 mod differential;

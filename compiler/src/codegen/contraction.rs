@@ -1,5 +1,7 @@
-//! MatMul and Gemm as `linalg.generic` contractions: numpy batching and broadcasting become
-//! indexing maps; f16/bf16 accumulate in f32; Gemm's alpha, beta and C are an epilogue.
+//! MatMul, Gemm and Einsum as `linalg.generic` contractions: numpy batching and broadcasting
+//! become indexing maps; f16/bf16 accumulate in f32; Gemm's alpha, beta and C are an epilogue.
+//! An Einsum is one generic with a loop per label (result labels, then summed ones): a repeated
+//! label reads a diagonal, a size-1 axis against a larger label broadcasts.
 
 use kiln_ir::op::Gemm;
 use kiln_ir::{DType, NodeId, Op, ValueId};
@@ -13,8 +15,8 @@ use melior::ir::BlockLike;
 pub(super) fn emit(em: &mut Emitter, id: NodeId) -> Result<()> {
     let operands = em.graph.operands(id);
     let op = em.graph.node(id).op.clone();
-    if let Op::Einsum { .. } = op {
-        return Err(em.unsupported(id, "is not supported by the native code generator yet"));
+    if let Op::Einsum { equation } = &op {
+        return einsum(em, id, equation);
     }
     let (a, b) = (operands[0].expect("matmul a"), operands[1].expect("matmul b"));
     match op {
@@ -187,6 +189,62 @@ fn gemm(em: &mut Emitter, id: NodeId, g: &Gemm, a: ValueId, b: ValueId, c: Optio
         Ok(vec![s.store(super::scalar::Scalar { v, dtype })?])
     })?;
     let t = push(em.block, e);
+    em.set(result, t);
+    Ok(())
+}
+
+fn einsum(em: &mut Emitter, id: NodeId, equation: &str) -> Result<()> {
+    let result = ValueId::from(id);
+    let xs: Vec<ValueId> =
+        em.graph.operands(id).into_iter().map(|o| o.ok_or_else(|| em.unsupported(id, "has a missing operand"))).collect::<Result<_>>()?;
+    let dims: Vec<Vec<usize>> = xs.iter().map(|&v| em.dims(v)).collect();
+    let shapes: Vec<kiln_ir::Shape> = dims.iter().map(|d| kiln_ir::Shape::fixed(d)).collect();
+    let spec = kiln_ir::infer::EinsumSpec::new(equation, &shapes.iter().collect::<Vec<_>>()).map_err(|e| em.unsupported(id, &e))?;
+    let sizes: Vec<usize> =
+        spec.sizes.iter().map(|d| d.fixed().ok_or_else(|| em.unsupported(id, "has a label of unknown size"))).collect::<Result<_>>()?;
+    let summed: Vec<usize> = (0..sizes.len()).filter(|l| !spec.output.contains(l)).collect();
+    // Loop k runs over label order[k].
+    let order: Vec<usize> = spec.output.iter().chain(&summed).copied().collect();
+    let n = order.len();
+    let loop_of = |l: usize| order.iter().position(|&o| o == l).expect("every label has a loop");
+    let all = (0..n).map(|i| format!("d{i}")).collect::<Vec<_>>().join(", ");
+    let mut maps: Vec<String> = Vec::with_capacity(xs.len() + 1);
+    for (labels, d) in spec.operands.iter().zip(&dims) {
+        let e: Vec<String> =
+            labels.iter().zip(d).map(|(&l, &size)| if size == sizes[l] { format!("d{}", loop_of(l)) } else { "0".to_string() }).collect();
+        maps.push(format!("affine_map<({all}) -> ({})>", e.join(", ")));
+    }
+    let out_idx: Vec<String> = (0..spec.output.len()).map(|i| format!("d{i}")).collect();
+    maps.push(format!("affine_map<({all}) -> ({})>", out_idx.join(", ")));
+    let mut iters = vec!["parallel"; spec.output.len()];
+    iters.extend(vec!["reduction"; summed.len()]);
+    let dtype = em.ty(result).dtype;
+    let acc = acc_type(dtype);
+    let out_dims = em.dims(result);
+    let ins: Vec<_> = xs.iter().map(|&v| em.value(v)).collect::<Result<_>>()?;
+    let dest = em.dest(result)?;
+    let acc_dest = if acc == dtype { dest } else { em.empty(&out_dims, acc)? };
+    let zero = em.scalar_constant(0.0, acc)?;
+    let acc_ty = em.tensor_type(&out_dims, acc)?;
+    let (ctx, loc) = (em.ctx, em.loc);
+    let filled = push(em.block, super::mlir::named_linalg(ctx, loc, "linalg.fill", &[zero], &[acc_dest], acc_ty, &[])?);
+    let k = ins.len();
+    let g = generic(ctx, loc, &ins, &[filled], &maps, &iters, &[acc_ty], |body| {
+        let s = ScalarBuilder { ctx, loc, block: body };
+        let t = compute(acc);
+        let (mul, add) = if acc.is_float() { ("arith.mulf", "arith.addf") } else { ("arith.muli", "arith.addi") };
+        let mut p = s.cast(s.load(body.argument(0).expect("operand").into(), dtype)?, acc)?.v;
+        for i in 1..k {
+            let x = s.cast(s.load(body.argument(i).expect("operand").into(), dtype)?, acc)?.v;
+            p = s.emit(mul, &[p, x], t)?;
+        }
+        let o = body.argument(k).expect("acc").into();
+        Ok(vec![s.emit(add, &[o, p], t)?])
+    })?;
+    let mut t = push(em.block, g);
+    if acc != dtype {
+        t = narrow(em, t, &out_dims, acc, dtype, dest)?;
+    }
     em.set(result, t);
     Ok(())
 }

@@ -2,8 +2,11 @@
 //! the window computes each output; groups become an extra loop dimension (input, weight and
 //! output are expanded to expose it). 2-D convolutions without groups use the named
 //! `linalg.conv_2d_nchw_fchw`, which the CPU pipeline knows how to vectorise. Bias is an epilogue.
+//! f16/bf16 operands are widened to f32 first and the result narrowed (the interpreter computes in
+//! f32). ConvTranspose becomes a convolution of a stride-spread input.
 
-use kiln_ir::op::Conv;
+use kiln_ir::infer::{transpose_axis, TransposeAxis};
+use kiln_ir::op::{Conv, ConvTranspose, SpatialAxis};
 use kiln_ir::{DType, NodeId, Op, ValueId};
 
 use super::mlir::{broadcast_map, fill, generic, named_linalg, pad, parse_attr, push, reshape};
@@ -13,20 +16,21 @@ use crate::Result;
 use melior::ir::BlockLike;
 
 pub(super) fn emit(em: &mut Emitter, id: NodeId) -> Result<()> {
-    let c = match em.graph.node(id).op.clone() {
-        Op::Conv(c) => c,
-        Op::ConvTranspose(_) => return Err(em.unsupported(id, "is not supported by the native code generator yet")),
+    match em.graph.node(id).op.clone() {
+        Op::Conv(c) => conv(em, id, &c),
+        Op::ConvTranspose(c) => conv_transpose(em, id, &c),
         _ => unreachable!("dispatched by op"),
-    };
+    }
+}
+
+fn conv(em: &mut Emitter, id: NodeId, c: &Conv) -> Result<()> {
     let operands = em.graph.operands(id);
     let (x, w) = (operands[0].expect("conv x"), operands[1].expect("conv w"));
     let bias = operands.get(2).copied().flatten();
     let result = ValueId::from(id);
-    let (xd, wd, od) = (em.dims(x), em.dims(w), em.dims(result));
+    let (xd, wd) = (em.dims(x), em.dims(w));
     let dtype = em.ty(x).dtype;
-    if dtype != DType::F32 && dtype != DType::F64 {
-        return Err(em.unsupported(id, &format!("on {dtype} is not supported natively")));
-    }
+    let cdt = compute_dtype(em, id, dtype)?;
     let spatial = xd.len() - 2;
     // Resolve the padding the interpreter's way (auto_pad included).
     let axes: Vec<_> = (0..spatial)
@@ -44,19 +48,109 @@ pub(super) fn emit(em: &mut Emitter, id: NodeId) -> Result<()> {
         high.push(hi);
         padded_dims.push(a.input + a.pad_begin + hi as usize);
     }
-    let mut xv = em.value(x)?;
+    let mut xv = widened(em, x, cdt)?;
     if low.iter().chain(&high).any(|&p| p != 0) {
-        let zero = em.scalar_constant(0.0, dtype)?;
-        let ty = em.tensor_type(&padded_dims, dtype)?;
+        let zero = em.scalar_constant(0.0, cdt)?;
+        let ty = em.tensor_type(&padded_dims, cdt)?;
         xv = pad(em.ctx, em.loc, em.block, xv, &low, &high, zero, ty)?;
     }
-    let wv = em.value(w)?;
+    let wv = widened(em, w, cdt)?;
+    finish(em, xv, wv, &padded_dims, &wd, &axes, c.group, bias, result, cdt)
+}
+
+/// The type convolutions compute in: f32 for f16/bf16, else the operands' own (f32 or f64).
+fn compute_dtype(em: &Emitter, id: NodeId, dtype: DType) -> Result<DType> {
+    match dtype {
+        DType::F32 | DType::F64 => Ok(dtype),
+        DType::F16 | DType::BF16 => Ok(DType::F32),
+        _ => Err(em.unsupported(id, &format!("on {dtype} is not supported natively"))),
+    }
+}
+
+/// Operand `v` as a tensor of `to` (converted elementwise when its dtype differs).
+fn widened<'c, 'a>(em: &mut Emitter<'c, 'a>, v: ValueId, to: DType) -> Result<melior::ir::Value<'c, 'a>> {
+    let t = em.value(v)?;
+    let from = em.ty(v).dtype;
+    if from == to {
+        return Ok(t);
+    }
+    let dims = em.dims(v);
+    let dest = em.empty(&dims, to)?;
+    convert(em, t, &dims, from, to, dest)
+}
+
+/// `t` (dims, dtype `from`) converted to `to` into `dest`.
+fn convert<'c, 'a>(
+    em: &mut Emitter<'c, 'a>,
+    t: melior::ir::Value<'c, 'a>,
+    dims: &[usize],
+    from: DType,
+    to: DType,
+    dest: melior::ir::Value<'c, 'a>,
+) -> Result<melior::ir::Value<'c, 'a>> {
+    let rank = dims.len();
+    let id = broadcast_map(rank, dims, dims);
+    let ty = em.tensor_type(dims, to)?;
+    let (ctx, loc) = (em.ctx, em.loc);
+    let g = generic(ctx, loc, &[t], &[dest], &[id.clone(), id], &vec!["parallel"; rank], &[ty], |body| {
+        let sb = ScalarBuilder { ctx, loc, block: body };
+        let x = sb.load(body.argument(0).expect("x").into(), from)?;
+        Ok(vec![sb.store(sb.cast(x, to)?)?])
+    })?;
+    Ok(push(em.block, g))
+}
+
+/// The convolution in `cdt` (see `convolve`), narrowed into `result` when its dtype differs.
+#[allow(clippy::too_many_arguments)]
+fn finish<'c, 'a>(
+    em: &mut Emitter<'c, 'a>,
+    xv: melior::ir::Value<'c, 'a>,
+    wv: melior::ir::Value<'c, 'a>,
+    xd: &[usize],
+    wd: &[usize],
+    axes: &[SpatialAxis],
+    group: usize,
+    bias: Option<ValueId>,
+    result: ValueId,
+    cdt: DType,
+) -> Result<()> {
+    let od = em.dims(result);
+    let dtype = em.ty(result).dtype;
+    let bv = bias.map(|b| widened(em, b, cdt)).transpose()?;
+    let dest = if cdt == dtype { em.dest(result)? } else { em.empty(&od, cdt)? };
+    let mut t = convolve(em, xv, wv, xd, wd, axes, group, bv, &od, cdt, dest)?;
+    if cdt != dtype {
+        let dest = em.dest(result)?;
+        t = convert(em, t, &od, cdt, dtype, dest)?;
+    }
+    em.set(result, t);
+    Ok(())
+}
+
+/// The convolution of an already padded input `xv` (dims `xd`) with weights `wv` [M, C/group,
+/// K...] over `axes`, plus the bias (all of `dtype`); writes `out` (dims `od`).
+#[allow(clippy::too_many_arguments)]
+fn convolve<'c, 'a>(
+    em: &mut Emitter<'c, 'a>,
+    xv: melior::ir::Value<'c, 'a>,
+    wv: melior::ir::Value<'c, 'a>,
+    xd: &[usize],
+    wd: &[usize],
+    axes: &[SpatialAxis],
+    group: usize,
+    bias: Option<melior::ir::Value<'c, 'a>>,
+    od: &[usize],
+    dtype: DType,
+    out: melior::ir::Value<'c, 'a>,
+) -> Result<melior::ir::Value<'c, 'a>> {
+    let od = od.to_vec();
+    let spatial = axes.len();
     let (ctx, loc) = (em.ctx, em.loc);
     let out_ty = em.tensor_type(&od, dtype)?;
     let zero = em.scalar_constant(0.0, dtype)?;
-    // Without a bias the convolution writes the kernel's destination directly.
-    let dest = if bias.is_none() { em.dest(result)? } else { em.empty(&od, dtype)? };
-    let conv = if spatial == 2 && c.group == 1 {
+    // Without a bias the convolution writes the destination directly.
+    let dest = if bias.is_none() { out } else { em.empty(&od, dtype)? };
+    let conv = if spatial == 2 && group == 1 {
         let init = fill(ctx, loc, em.block, zero, dest)?;
         let strides = format!("dense<[{}, {}]> : tensor<2xi64>", axes[0].stride, axes[1].stride);
         let dilations = format!("dense<[{}, {}]> : tensor<2xi64>", axes[0].dilation, axes[1].dilation);
@@ -73,14 +167,117 @@ pub(super) fn emit(em: &mut Emitter, id: NodeId) -> Result<()> {
             )?,
         )
     } else {
-        grouped(em, &c, xv, wv, &padded_dims, &wd, &od, &axes, dtype, dest)?
+        grouped(em, group, xv, wv, xd, wd, &od, axes, dtype, dest)?
     };
-    let t = match bias {
-        None => conv,
-        Some(b) => add_bias(em, conv, b, result, &od, dtype)?,
+    match bias {
+        None => Ok(conv),
+        Some(b) => add_bias(em, conv, b, out, &od, dtype),
+    }
+}
+
+/// A transposed convolution as a convolution: the input is spread out by the stride into a zero
+/// buffer, placed so that a stride-1 convolution with the flipped kernel (weights rearranged to
+/// [M, C/group, K...]) gives each output position. The buffer covers only what the output reads,
+/// so the negative padding `output_shape` may ask for is a crop. Both are `linalg.generic`s (the
+/// buffer reads the input with `tensor.extract`), so the kernel tiles into workgroups.
+fn conv_transpose(em: &mut Emitter, id: NodeId, c: &ConvTranspose) -> Result<()> {
+    let operands = em.graph.operands(id);
+    let (x, w) = match (operands.first().copied().flatten(), operands.get(1).copied().flatten()) {
+        (Some(x), Some(w)) => (x, w),
+        _ => return Err(em.unsupported(id, "needs an input and a weight")),
     };
-    em.set(result, t);
-    Ok(())
+    let bias = operands.get(2).copied().flatten();
+    let result = ValueId::from(id);
+    let (xd, wd) = (em.dims(x), em.dims(w));
+    let dtype = compute_dtype(em, id, em.ty(x).dtype)?;
+    let spatial = xd.len() - 2;
+    let group = c.group;
+    let (cin, mg) = (xd[1], wd[1]);
+    if group == 0 || cin % group != 0 || wd[0] != cin {
+        return Err(em.unsupported(id, "has channels that do not match its groups"));
+    }
+    let cg = cin / group;
+    let m = mg * group;
+    let taxes: Vec<TransposeAxis> = (0..spatial)
+        .map(|i| transpose_axis(c, i, spatial, xd[2 + i], wd[2 + i]))
+        .collect::<std::result::Result<_, String>>()
+        .map_err(|e| em.unsupported(id, &e))?;
+    let (ctx, loc) = (em.ctx, em.loc);
+    // Per axis: the buffer size Z = O + (K-1)*D; input i lands at L + i*S, L = (K-1)*D - pad.
+    let mut zd = xd[..2].to_vec();
+    let mut lands = Vec::with_capacity(spatial);
+    let mut axes = Vec::with_capacity(spatial);
+    for (i, a) in taxes.iter().enumerate() {
+        let (k, d) = (wd[2 + i] as i64, a.dilation as i64);
+        let z = a.output as i64 + (k - 1) * d;
+        lands.push(((k - 1) * d - a.pad_begin, a.stride as i64, xd[2 + i] as i64));
+        zd.push(z as usize);
+        axes.push(SpatialAxis { input: z as usize, kernel: k as usize, stride: 1, dilation: a.dilation, pad_begin: 0, pad_end: 0, output: a.output });
+    }
+    let xv = widened(em, x, dtype)?;
+    let zdest = em.empty(&zd, dtype)?;
+    let zty = em.tensor_type(&zd, dtype)?;
+    let zrank = zd.len();
+    let id_map = broadcast_map(zrank, &zd, &zd);
+    let elem = super::mlir::parse_type(ctx, super::mlir::storage_type(dtype))?;
+    let g = generic(ctx, loc, &[], &[zdest], &[id_map], &vec!["parallel"; zrank], &[zty], |body| {
+        let sb = ScalarBuilder { ctx, loc, block: body };
+        let c = |v: i64| sb.int_constant(v as i128, "index");
+        let mut coords = vec![sb.loop_index(0, "index")?, sb.loop_index(1, "index")?];
+        let mut inside = sb.constant(1.0, "i1")?;
+        for (i, &(l, s, n)) in lands.iter().enumerate() {
+            // Position z holds input (z - L) / S when that divides and lies in the input.
+            let z = sb.loop_index(2 + i, "index")?;
+            let t = sb.emit("arith.subi", &[z, c(l)?], "index")?;
+            let q = sb.emit("arith.floordivsi", &[t, c(s)?], "index")?;
+            let r = sb.emit("arith.remsi", &[t, c(s)?], "index")?;
+            let ok = sb.cmpi("eq", r, c(0)?)?;
+            let ge = sb.cmpi("sge", q, c(0)?)?;
+            let lt = sb.cmpi("slt", q, c(n)?)?;
+            for b in [ok, ge, lt] {
+                inside = sb.emit("arith.andi", &[inside, b], "i1")?;
+            }
+            coords.push(q);
+        }
+        // Every coordinate is clamped to 0 once one is out, so the read stays in bounds.
+        let zero = c(0)?;
+        for v in coords.iter_mut().skip(2) {
+            *v = sb.select(inside, *v, zero, "index")?;
+        }
+        let mut operands = vec![xv];
+        operands.extend(coords);
+        let v = push(body, super::mlir::op(ctx, loc, "tensor.extract", &operands, &[elem], &[])?);
+        let t = super::mlir::storage_type(dtype);
+        Ok(vec![sb.select(inside, v, sb.constant(0.0, t)?, t)?])
+    })?;
+    let zv = push(em.block, g);
+    // wc[mm, c, k...] = w[(mm / Mg) * Cg + c, mm % Mg, K-1-k...], read with `tensor.extract`:
+    // the tiling's fusion mis-sizes the slice of an input read through such a map.
+    let mut wcd = vec![m, cg];
+    wcd.extend_from_slice(&wd[2..]);
+    let rank = wcd.len();
+    let wv = widened(em, w, dtype)?;
+    let wdest = em.empty(&wcd, dtype)?;
+    let wty = em.tensor_type(&wcd, dtype)?;
+    let kernel = wd[2..].to_vec();
+    let g = generic(ctx, loc, &[], &[wdest], &[broadcast_map(rank, &wcd, &wcd)], &vec!["parallel"; rank], &[wty], |body| {
+        let sb = ScalarBuilder { ctx, loc, block: body };
+        let c = |v: usize| sb.int_constant(v as i128, "index");
+        let mm = sb.loop_index(0, "index")?;
+        let ci = sb.loop_index(1, "index")?;
+        let gi = sb.emit("arith.divui", &[mm, c(mg)?], "index")?;
+        let gc = sb.emit("arith.muli", &[gi, c(cg)?], "index")?;
+        let mut coords = vec![sb.emit("arith.addi", &[gc, ci], "index")?, sb.emit("arith.remui", &[mm, c(mg)?], "index")?];
+        for (i, &k) in kernel.iter().enumerate() {
+            let ki = sb.loop_index(2 + i, "index")?;
+            coords.push(sb.emit("arith.subi", &[c(k - 1)?, ki], "index")?);
+        }
+        let mut operands = vec![wv];
+        operands.extend(coords);
+        Ok(vec![push(body, super::mlir::op(ctx, loc, "tensor.extract", &operands, &[elem], &[])?)])
+    })?;
+    let wc = push(em.block, g);
+    finish(em, zv, wc, &zd, &wcd, &axes, group, bias, result, dtype)
 }
 
 /// The general N-d grouped convolution as one `linalg.generic` over
@@ -88,7 +285,7 @@ pub(super) fn emit(em: &mut Emitter, id: NodeId) -> Result<()> {
 #[allow(clippy::too_many_arguments)]
 fn grouped<'c, 'a>(
     em: &mut Emitter<'c, 'a>,
-    c: &Conv,
+    g: usize,
     xv: melior::ir::Value<'c, 'a>,
     wv: melior::ir::Value<'c, 'a>,
     xd: &[usize],
@@ -99,7 +296,6 @@ fn grouped<'c, 'a>(
     dest: melior::ir::Value<'c, 'a>,
 ) -> Result<melior::ir::Value<'c, 'a>> {
     let (ctx, loc) = (em.ctx, em.loc);
-    let g = c.group;
     let s = xd.len() - 2;
     let (cg, m) = (wd[1], wd[0]);
     let mg = m / g;
@@ -168,14 +364,12 @@ fn grouped<'c, 'a>(
 fn add_bias<'c, 'a>(
     em: &mut Emitter<'c, 'a>,
     conv: melior::ir::Value<'c, 'a>,
-    b: ValueId,
-    result: ValueId,
+    bv: melior::ir::Value<'c, 'a>,
+    dest: melior::ir::Value<'c, 'a>,
     od: &[usize],
     dtype: DType,
 ) -> Result<melior::ir::Value<'c, 'a>> {
     let rank = od.len();
-    let bv = em.value(b)?;
-    let dest = em.dest(result)?;
     let id = broadcast_map(rank, od, od);
     let bias_map = format!("affine_map<({}) -> (d1)>", super::mlir::dims_list(rank));
     let ty = em.tensor_type(od, dtype)?;

@@ -18,12 +18,6 @@ pub(super) fn emit(em: &mut Emitter, id: NodeId) -> Result<()> {
     let result = ValueId::from(id);
     let xd = em.dims(x);
     let dtype = em.ty(x).dtype;
-    if !dtype.is_float() {
-        return Err(em.unsupported(id, &format!("on {dtype} is not supported natively")));
-    }
-    if node.outputs.len() > 1 {
-        return Err(em.unsupported(id, "with an indices result is not supported natively"));
-    }
     let spatial = xd.len() - 2;
     let (kind, axes): (PoolKind, Vec<SpatialAxis>) = match &node.op {
         Op::Pool(p) => {
@@ -41,6 +35,14 @@ pub(super) fn emit(em: &mut Emitter, id: NodeId) -> Result<()> {
         ),
         _ => unreachable!("dispatched by op"),
     };
+    // MaxPool with its indices, or over integers: compare-and-select with the window's position.
+    if kind == PoolKind::Max && (node.outputs.len() > 1 || !dtype.is_float()) {
+        let column_major = matches!(&node.op, Op::Pool(p) if p.column_major_indices);
+        return max_pool_indexed(em, id, x, &axes, column_major);
+    }
+    if !dtype.is_float() {
+        return Err(em.unsupported(id, &format!("on {dtype} is not supported natively")));
+    }
     let od = em.dims(result);
     // Pad so that every window lies inside: the declared padding, plus what ceil_mode reaches.
     let mut low = vec![0i64; 2];
@@ -180,4 +182,108 @@ fn counts(axes: &[SpatialAxis], include_pad: bool) -> Vec<f64> {
         }
     }
     out
+}
+
+/// MaxPool as a compare-and-select over each window, for integer inputs and for the indices
+/// result: the first in-range cell of a window is taken, then a cell replaces the maximum only
+/// when strictly larger (or NaN over a number), as the interpreter does. Indices are flat over
+/// the whole input (`(n * C + c) * image + offset`), the offset row-major or column-major.
+fn max_pool_indexed(em: &mut Emitter, id: NodeId, x: ValueId, axes: &[SpatialAxis], column_major: bool) -> Result<()> {
+    let node = em.graph.node(id).clone();
+    let result = ValueId::from(id);
+    let xd = em.dims(x);
+    let dtype = em.ty(x).dtype;
+    let od = em.dims(result);
+    let spatial = axes.len();
+    let (ctx, loc) = (em.ctx, em.loc);
+    // Pad so that every window lies inside (padded cells are never taken, so any value will do).
+    let mut low = vec![0i64; 2];
+    let mut high = vec![0i64; 2];
+    let mut padded = xd[..2].to_vec();
+    for a in axes {
+        let need = (a.output - 1) * a.stride + (a.kernel - 1) * a.dilation + 1;
+        let hi = need.saturating_sub(a.input + a.pad_begin);
+        low.push(a.pad_begin as i64);
+        high.push(hi as i64);
+        padded.push(a.input + a.pad_begin + hi);
+    }
+    let mut xv = em.value(x)?;
+    if low.iter().chain(&high).any(|&p| p != 0) {
+        let v = em.scalar_constant(0.0, dtype)?;
+        let ty = em.tensor_type(&padded, dtype)?;
+        xv = pad(ctx, loc, em.block, xv, &low, &high, v, ty)?;
+    }
+    let kernel: Vec<usize> = axes.iter().map(|a| a.kernel).collect();
+    let window = em.empty(&kernel, dtype)?;
+    let n_loops = 2 + 2 * spatial;
+    let all = dims_list(n_loops);
+    let x_idx: Vec<String> = ["d0".into(), "d1".into()]
+        .into_iter()
+        .chain(axes.iter().enumerate().map(|(i, a)| format!("d{} * {} + d{} * {}", 2 + i, a.stride, 2 + spatial + i, a.dilation)))
+        .collect();
+    let w_idx: Vec<String> = (0..spatial).map(|i| format!("d{}", 2 + spatial + i)).collect();
+    let o_idx: Vec<String> = (0..2 + spatial).map(|i| format!("d{i}")).collect();
+    let map = |v: &[String]| format!("affine_map<({all}) -> ({})>", v.join(", "));
+    let mut iters = vec!["parallel"; 2 + spatial];
+    iters.extend(vec!["reduction"; spatial]);
+    // The maximum (its fill is never read: index -1 means "nothing taken yet") and its index.
+    let vdest = em.dest(result)?;
+    let zero = em.scalar_constant(0.0, dtype)?;
+    let vdest = fill(ctx, loc, em.block, zero, vdest)?;
+    let want_indices = node.outputs.len() > 1;
+    let indices = ValueId::new(id, 1);
+    let idest = if want_indices { em.dest(indices)? } else { em.empty(&od, DType::I64)? };
+    let minus = em.int_constant(-1, DType::I64)?;
+    let idest = fill(ctx, loc, em.block, minus, idest)?;
+    let types = [em.tensor_type(&od, dtype)?, em.tensor_type(&od, DType::I64)?];
+    let channels = xd[1] as i128;
+    let image: usize = axes.iter().map(|a| a.input).product();
+    // Each spatial axis's weight in the flat offset within an image.
+    let weights: Vec<usize> = (0..spatial)
+        .map(|d| if column_major { axes[..d].iter().map(|a| a.input).product() } else { axes[d + 1..].iter().map(|a| a.input).product() })
+        .collect();
+    let axes = axes.to_vec();
+    let g = generic(ctx, loc, &[xv, window], &[vdest, idest], &[map(&x_idx), map(&w_idx), map(&o_idx), map(&o_idx)], &iters, &types, |body| {
+        let sb = ScalarBuilder { ctx, loc, block: body };
+        let v = sb.load(body.argument(0).expect("x").into(), dtype)?;
+        let m = sb.load(body.argument(2).expect("max").into(), dtype)?;
+        let i = body.argument(3).expect("index").into();
+        let c = |n: i128| sb.int_constant(n, "i64");
+        let mut inside = sb.constant(1.0, "i1")?;
+        let mut offset = c(0)?;
+        for (d, a) in axes.iter().enumerate() {
+            // The input position this cell reads: o * stride + k * dilation - pad_begin.
+            let o = sb.loop_index(2 + d, "i64")?;
+            let k = sb.loop_index(2 + spatial + d, "i64")?;
+            let o = sb.emit("arith.muli", &[o, c(a.stride as i128)?], "i64")?;
+            let k = sb.emit("arith.muli", &[k, c(a.dilation as i128)?], "i64")?;
+            let p = sb.emit("arith.addi", &[o, k], "i64")?;
+            let p = sb.emit("arith.subi", &[p, c(a.pad_begin as i128)?], "i64")?;
+            let ge = sb.cmpi("sge", p, c(0)?)?;
+            let lt = sb.cmpi("slt", p, c(a.input as i128)?)?;
+            inside = sb.emit("arith.andi", &[inside, ge], "i1")?;
+            inside = sb.emit("arith.andi", &[inside, lt], "i1")?;
+            let w = sb.emit("arith.muli", &[p, c(weights[d] as i128)?], "i64")?;
+            offset = sb.emit("arith.addi", &[offset, w], "i64")?;
+        }
+        let first = sb.cmpi("eq", i, c(-1)?)?;
+        let (better, _) = super::scan::compare(&sb, v.v, m.v, dtype, true, true)?;
+        let take = sb.emit("arith.ori", &[first, better], "i1")?;
+        let take = sb.emit("arith.andi", &[take, inside], "i1")?;
+        let n = sb.loop_index(0, "i64")?;
+        let ch = sb.loop_index(1, "i64")?;
+        let plane = sb.emit("arith.muli", &[n, c(channels)?], "i64")?;
+        let plane = sb.emit("arith.addi", &[plane, ch], "i64")?;
+        let base = sb.emit("arith.muli", &[plane, c(image as i128)?], "i64")?;
+        let flat = sb.emit("arith.addi", &[base, offset], "i64")?;
+        let nv = sb.select(take, v.v, m.v, compute(dtype))?;
+        let ni = sb.select(take, flat, i, "i64")?;
+        Ok(vec![sb.store(super::scalar::Scalar { v: nv, dtype })?, ni])
+    })?;
+    let out = super::scan::push_all(em.block, g);
+    em.set(result, out[0]);
+    if want_indices {
+        em.set(indices, out[1]);
+    }
+    Ok(())
 }

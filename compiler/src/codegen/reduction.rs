@@ -14,7 +14,7 @@ use crate::Result;
 use melior::ir::BlockLike;
 
 /// The type reductions accumulate floats in.
-fn acc_of(d: DType) -> DType {
+pub(super) fn acc_of(d: DType) -> DType {
     match d {
         DType::F64 => DType::F64,
         d if d.is_float() => DType::F32,
@@ -40,13 +40,13 @@ pub(super) fn emit(em: &mut Emitter, id: NodeId) -> Result<()> {
 
 /// A reduction's starting value: floats as f64, integers exactly.
 #[derive(Clone, Copy)]
-enum Init {
+pub(super) enum Init {
     Float(f64),
     Int(i128),
 }
 
 /// The map from a rank-`rank` loop nest to a keepdims-shaped result (reduced axes read index 0).
-fn keep_map(rank: usize, reduced: &[usize]) -> String {
+pub(super) fn keep_map(rank: usize, reduced: &[usize]) -> String {
     let e: Vec<String> = (0..rank).map(|i| if reduced.contains(&i) { "0".into() } else { format!("d{i}") }).collect();
     format!("affine_map<({}) -> ({})>", dims_list(rank), e.join(", "))
 }
@@ -54,7 +54,7 @@ fn keep_map(rank: usize, reduced: &[usize]) -> String {
 /// Reduces `x` (dims `xd`, dtype `dt`) over `axes` into a keepdims-shaped tensor of `acc`:
 /// `acc = combine(acc, pre(x))` from `init`. `extra` inputs are read with their maps.
 #[allow(clippy::too_many_arguments)]
-fn reduce_generic<'c, 'a>(
+pub(super) fn reduce_generic<'c, 'a>(
     em: &mut Emitter<'c, 'a>,
     x: Value<'c, 'a>,
     xd: &[usize],
@@ -99,7 +99,7 @@ fn reduce_generic<'c, 'a>(
 }
 
 /// An elementwise pass over `ins` (each with its map) into `dest` of `dims`/`dt`.
-fn map_generic<'c, 'a>(
+pub(super) fn map_generic<'c, 'a>(
     em: &mut Emitter<'c, 'a>,
     ins: &[(Value<'c, 'a>, String)],
     dims: &[usize],

@@ -91,6 +91,17 @@ impl<'c, 'a> ScalarBuilder<'c, 'a> {
         Ok(push(self.block, op(self.ctx, self.loc, "arith.constant", &[], &[t], &[("value", parse_attr(self.ctx, &format!("{value} : {ty}"))?)])?))
     }
 
+    /// The current iteration of loop `dim` of the enclosing `linalg.generic` (`linalg.index`),
+    /// as `ty` (`index`, or an integer type by `arith.index_cast`).
+    pub fn loop_index(&self, dim: usize, ty: &str) -> Result<Value<'c, 'a>> {
+        let index = self.ty("index")?;
+        let i = push(self.block, op(self.ctx, self.loc, "linalg.index", &[], &[index], &[("dim", parse_attr(self.ctx, &format!("{dim} : i64"))?)])?);
+        if ty == "index" {
+            return Ok(i);
+        }
+        self.emit("arith.index_cast", &[i], ty)
+    }
+
     pub fn select(&self, c: Value<'c, 'a>, a: Value<'c, 'a>, b: Value<'c, 'a>, ty: &str) -> Result<Value<'c, 'a>> {
         self.emit("arith.select", &[c, a, b], ty)
     }

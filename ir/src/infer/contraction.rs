@@ -86,7 +86,7 @@ pub(super) fn einsum(equation: &str, ops: &Operands, _ctx: &Ctx) -> Infer {
 /// dimensions under `...` (broadcast across operands, numpy style) are labels `0..ellipsis_rank`,
 /// the letters follow in order of first appearance.
 #[derive(Debug)]
-pub(crate) struct EinsumSpec {
+pub struct EinsumSpec {
     /// The size of each label.
     pub sizes: Vec<Dim>,
     /// For each operand, the label of each axis (a repeated label takes a diagonal).
@@ -124,7 +124,7 @@ fn parse_term(text: &str, what: &str) -> Result<Term, String> {
 }
 
 impl EinsumSpec {
-    pub(crate) fn new(equation: &str, shapes: &[&Shape]) -> Result<EinsumSpec, String> {
+    pub fn new(equation: &str, shapes: &[&Shape]) -> Result<EinsumSpec, String> {
         let eq: String = equation.chars().filter(|c| !c.is_whitespace()).collect();
         let (lhs, rhs) = match eq.split_once("->") {
             Some((l, r)) => (l, Some(r)),

@@ -16,13 +16,13 @@ mod resize;
 mod sequence;
 mod window;
 
-pub(crate) use contraction::EinsumSpec;
+pub use contraction::EinsumSpec;
 pub(crate) use generate::{range_count, shape_interval, Scalar};
 pub use indexing::pad_amounts;
 pub use movement::{equal_split, slice_axis};
 pub(crate) use reduce::reduced_axes;
 pub(crate) use resize::{resize_plan, ResizePlan};
-pub(crate) use window::{transpose_axis, TransposeAxis};
+pub use window::{transpose_axis, TransposeAxis};
 
 use crate::{Dim, Op, Shape, Tensor, TensorType};
 

@@ -116,7 +116,7 @@ pub(super) fn global_pool(kind: PoolKind, ops: &Operands) -> Infer {
 /// The spatial geometry of a transposed convolution on one axis: where input position 0 lands
 /// (`-pad_begin`) and the output size.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct TransposeAxis {
+pub struct TransposeAxis {
     pub stride: usize,
     pub dilation: usize,
     /// May be negative: the output then starts before the full result (ONNX derives negative
@@ -142,7 +142,7 @@ fn check_transpose_attrs(c: &ConvTranspose, spatial: usize) -> Result<(), String
 /// `kernel`, following the ONNX reference: with `output_shape` or SAME_*, the total padding is
 /// `full - output` split in half (the odd one at the end for SAME_UPPER, else at the start), with
 /// floor division, so it may be negative; otherwise the explicit pads (VALID: none).
-pub(crate) fn transpose_axis(c: &ConvTranspose, i: usize, spatial: usize, input: usize, kernel: usize) -> Result<TransposeAxis, String> {
+pub fn transpose_axis(c: &ConvTranspose, i: usize, spatial: usize, input: usize, kernel: usize) -> Result<TransposeAxis, String> {
     let (stride, dilation) = (c.window.stride(i), c.window.dilation(i));
     if input == 0 || kernel == 0 {
         return Err(format!("spatial axis {i} has input size {input} and kernel size {kernel}; both must be positive"));
