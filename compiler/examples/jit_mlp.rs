@@ -33,7 +33,13 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let options = Options { cache: false, ..Options::default() };
     let start = std::time::Instant::now();
     let exe = jit(&graph, &options, &LoadOptions::default())?;
-    println!("compiled `{}` in {:.0} ms: {} kernels on {}", graph.name, start.elapsed().as_secs_f64() * 1e3, exe.manifest().kernels.len(), exe.device());
+    println!(
+        "compiled `{}` in {:.0} ms: {} kernels on {}",
+        graph.name,
+        start.elapsed().as_secs_f64() * 1e3,
+        exe.manifest().kernels.len(),
+        exe.device()
+    );
 
     let input = Tensor::random(DType::F32, &[4, 16], 42);
     let got = exe.run(&[input.clone()])?;
