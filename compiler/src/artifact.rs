@@ -84,8 +84,8 @@ pub fn assemble(
             };
             args.push(b);
         }
-        kernels.push(KernelDesc { symbol: c.symbol.clone(), workgroups: c.workgroups, label: c.label.clone() });
-        launches.push(Launch { kernel: k, args });
+        kernels.push(KernelDesc { symbol: c.symbol.clone(), workgroups: c.workgroups, label: c.label.clone(), grid: [0; 3], block: [0; 3] });
+        launches.push(Launch { kernel: k, args, writes: Vec::new() });
     }
     let manifest = Manifest {
         kiln_version: env!("CARGO_PKG_VERSION").to_string(),

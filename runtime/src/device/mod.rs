@@ -2,3 +2,4 @@
 //! workgroups, and a launch runs all of its workgroups on the launch's buffers.
 
 pub mod cpu;
+pub(crate) mod hazard;
