@@ -322,6 +322,14 @@ impl OpenclProgram {
             let k = &m.kernels[launch.kernel];
             let kernel = Kernel::create(&program, &k.symbol)
                 .map_err(|e| err(format!("the SPIR-V has no kernel `{}` (kernel {}, {}): {e}", k.symbol, launch.kernel, k.label)))?;
+            // A kernel built with a fixed LocalSize fails every launch with another local size.
+            let fixed = kernel.get_compile_work_group_size(info.id).unwrap_or_default();
+            if fixed.len() == 3 && fixed.iter().any(|&n| n != 0) && fixed[..] != k.block.map(|b| b as usize)[..] {
+                return Err(err(format!(
+                    "kernel `{}` ({}) was compiled for workgroups of {fixed:?}; the manifest's block is {:?}",
+                    k.symbol, k.label, k.block
+                )));
+            }
             let nargs = kernel.num_args().map_err(cl("clGetKernelInfo"))? as usize;
             if nargs != launch.args.len() {
                 return Err(err(format!("kernel `{}` ({}) takes {nargs} arguments; launch {j} gives {}", k.symbol, k.label, launch.args.len())));
@@ -563,6 +571,11 @@ mod tests {
         art.payload[..4].copy_from_slice(b"\x7fELF");
         let e = Executable::load(art, &LoadOptions::default()).err().unwrap().to_string();
         assert!(e.contains("not a SPIR-V module"), "{e}");
+        let mut art = diamond_artifact(&w);
+        art.manifest.kernels[0].block = [32, 1, 1];
+        art.manifest.kernels[0].grid = [32, 1, 1];
+        let e = Executable::load(art, &LoadOptions::default()).err().unwrap().to_string();
+        assert!(e.contains("kernel `add` (add) was compiled for workgroups of [64, 1, 1]; the manifest's block is [32, 1, 1]"), "{e}");
         let e = Executable::load(diamond_artifact(&w), &LoadOptions { device_index: Some(99), ..LoadOptions::default() }).err().unwrap().to_string();
         assert!(e.contains("there is no OpenCL device 99"), "{e}");
     }
