@@ -14,8 +14,10 @@ setup:
 demo: setup
 	$(CARGO) run --release -q -p kiln-compiler --bin kiln -- demo
 
+# The OpenCL device's tests need a platform that builds SPIR-V: setup-opencl.sh installs Intel's
+# CPU runtime (once) and prints the environment that finds it.
 test: setup check-runtime-deps
-	$(CARGO) test --workspace
+	eval "$$(./scripts/setup-opencl.sh)" && $(CARGO) test --workspace
 	$(MAKE) --no-print-directory examples
 	$(MAKE) --no-print-directory conformance
 

@@ -23,7 +23,8 @@ use serde::{Deserialize, Serialize};
 use crate::{Result, RuntimeError};
 
 pub const MAGIC: &[u8; 8] = b"KILNART\0";
-pub const FORMAT_VERSION: u32 = 1;
+/// 2: kernels have a GPU grid and block, launches say which arguments they write.
+pub const FORMAT_VERSION: u32 = 2;
 const HEADER: usize = 64;
 
 /// A byte range of the payload.
@@ -91,9 +92,9 @@ pub struct BufferDesc {
 /// A compiled kernel: a function in the code blob.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KernelDesc {
-    /// The symbol (CPU) or entry point (GPU).
+    /// The entry point: the CPU symbol, the PTX `.entry`, the SPIR-V `OpEntryPoint`.
     pub symbol: String,
-    /// How many workgroups one launch of it runs.
+    /// CPU: how many workgroups one launch of it runs.
     pub workgroups: u64,
     /// What the kernel computes, for profiles and errors (`fc1: Gemm + Relu`).
     pub label: String,
@@ -109,11 +110,19 @@ pub struct KernelDesc {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Launch {
     pub kernel: usize,
-    /// Buffer ids, one per kernel argument.
+    /// Buffer indices, one per kernel argument (GPU: one device pointer each, in this order).
     pub args: Vec<usize>,
-    /// Positions in `args` the kernel may write; empty: any.
+    /// Positions in `args` the kernel may write; empty means any of them. Devices that run
+    /// launches concurrently order them by what they read and write.
     #[serde(default)]
     pub writes: Vec<usize>,
+}
+
+impl Launch {
+    /// Whether the argument at `position` may be written.
+    pub fn may_write(&self, position: usize) -> bool {
+        self.writes.is_empty() || self.writes.contains(&position)
+    }
 }
 
 /// Everything about a compiled model except the bytes of its code and constants.
@@ -214,7 +223,7 @@ impl Artifact {
     }
 
     /// Checks the manifest is self-consistent, so running it cannot index out of bounds.
-    fn validate(&self) -> std::result::Result<(), String> {
+    pub fn validate(&self) -> std::result::Result<(), String> {
         let m = &self.manifest;
         let nbuf = m.buffers.len();
         let in_payload = |b: &Blob| b.offset.checked_add(b.len).is_some_and(|end| end <= self.payload.len() as u64);
@@ -251,6 +260,17 @@ impl Artifact {
                 return Err(format!("tensor `{}` has unknown type `{}`", t.name, t.dtype));
             }
         }
+        let gpu = matches!(m.target, Target::Cuda | Target::Opencl);
+        if gpu {
+            for (i, k) in m.kernels.iter().enumerate() {
+                if k.grid.contains(&0) || k.block.contains(&0) {
+                    return Err(format!(
+                        "kernel {i} (`{}`) has grid {:?} and block {:?}; a GPU kernel needs every entry at least 1",
+                        k.symbol, k.grid, k.block
+                    ));
+                }
+            }
+        }
         for (i, l) in m.launches.iter().enumerate() {
             if l.kernel >= m.kernels.len() {
                 return Err(format!("launch {i} names missing kernel {}", l.kernel));
@@ -258,7 +278,69 @@ impl Artifact {
             if let Some(a) = l.args.iter().find(|&&a| a >= nbuf) {
                 return Err(format!("launch {i} names missing buffer {a}"));
             }
+            if let Some(w) = l.writes.iter().find(|&&w| w >= l.args.len()) {
+                return Err(format!("launch {i} writes argument {w}, of {}", l.args.len()));
+            }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::hazard::tests::diamond;
+
+    fn art(target: Target) -> Artifact {
+        let manifest = diamond(target, 4096, Blob { offset: 0, len: 16 }, Blob { offset: 64, len: 4096 });
+        Artifact { manifest, payload: vec![0; 64 + 4096] }
+    }
+
+    #[test]
+    fn gpu_kernels_need_a_grid_and_a_block() {
+        assert_eq!(art(Target::Opencl).validate(), Ok(()));
+        for target in [Target::Cuda, Target::Opencl] {
+            let mut a = art(target);
+            a.manifest.kernels[1].grid = [16, 0, 1];
+            let e = a.validate().unwrap_err();
+            assert!(e.contains("kernel 1 (`mul`) has grid [16, 0, 1]"), "{e}");
+            let mut a = art(target);
+            a.manifest.kernels[0].block = [0, 0, 0];
+            assert!(a.validate().unwrap_err().contains("needs every entry at least 1"));
+        }
+        // The CPU ignores them (its artifacts leave them 0).
+        let mut a = art(Target::Cpu);
+        a.manifest.kernels[0].grid = [0; 3];
+        a.manifest.kernels[0].block = [0; 3];
+        assert_eq!(a.validate(), Ok(()));
+    }
+
+    #[test]
+    fn writes_name_arguments_of_the_launch() {
+        let mut a = art(Target::Cuda);
+        a.manifest.launches[3].writes = vec![2, 3];
+        assert_eq!(a.validate().unwrap_err(), "launch 3 writes argument 3, of 3");
+        // Through the file format, as a reader meets it.
+        let e = Artifact::from_bytes(&a.to_bytes(), "m.kiln").unwrap_err().to_string();
+        assert_eq!(e, "m.kiln: launch 3 writes argument 3, of 3");
+    }
+
+    #[test]
+    fn gpu_fields_round_trip_and_default_when_absent() {
+        let a = art(Target::Opencl);
+        let back = Artifact::from_bytes(&a.to_bytes(), "m.kiln").unwrap();
+        assert_eq!(back.manifest, a.manifest);
+        let k: KernelDesc = serde_json::from_str(r#"{"symbol":"k0","workgroups":4,"label":"x"}"#).unwrap();
+        assert_eq!((k.grid, k.block), ([0; 3], [0; 3]));
+        let l: Launch = serde_json::from_str(r#"{"kernel":0,"args":[1,2]}"#).unwrap();
+        assert!(l.writes.is_empty() && l.may_write(0) && l.may_write(1));
+    }
+
+    #[test]
+    fn older_format_versions_are_refused() {
+        let mut bytes = art(Target::Cpu).to_bytes();
+        bytes[8..12].copy_from_slice(&1u32.to_le_bytes());
+        let e = Artifact::from_bytes(&bytes, "old.kiln").unwrap_err().to_string();
+        assert!(e.contains("artifact format version 1, this runtime reads version 2; recompile the model"), "{e}");
     }
 }

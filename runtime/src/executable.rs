@@ -8,28 +8,32 @@ use kiln_ir::{DType, Tensor};
 
 use crate::artifact::{Artifact, BufferKind, Manifest, Target, TensorDesc};
 use crate::device::cpu::CpuProgram;
+use crate::device::cuda::CudaProgram;
+use crate::device::opencl::OpenclProgram;
 use crate::{Result, RuntimeError};
 
-/// How to load an executable.
-#[derive(Clone, Debug)]
+/// How to load an executable. The device kind is the artifact's target.
+#[derive(Clone, Debug, Default)]
 pub struct LoadOptions {
     /// CPU worker threads (default: every core).
     pub threads: Option<usize>,
-}
-
-impl Default for LoadOptions {
-    fn default() -> LoadOptions {
-        LoadOptions { threads: None }
-    }
+    /// Which device of the artifact's target: the CUDA device ordinal (`cuda:N`, default 0) or
+    /// the OpenCL device number across platforms (`opencl:N`, as `kiln devices` lists them;
+    /// default: the first GPU that builds SPIR-V, else the first such CPU device). The CPU has
+    /// only device 0.
+    pub device_index: Option<usize>,
 }
 
 /// Per-kernel timings of one run.
 #[derive(Clone, Debug, Default)]
 pub struct Profile {
-    /// (kernel label, time) per launch, in order.
+    /// (kernel label, time) per launch, in order. GPU times are the device's (CUDA events,
+    /// OpenCL profiling), CPU times the host's.
     pub launches: Vec<(String, Duration)>,
-    /// Bytes copied between the host and the device (0 on the CPU: it runs in place).
+    /// Bytes copied from the host to the device by this run: the inputs (0 on the CPU: it runs
+    /// in place). Constants were copied at load: see `Executable::load_bytes_to_device`.
     pub bytes_to_device: u64,
+    /// Bytes copied back: the outputs.
     pub bytes_from_device: u64,
 }
 
@@ -69,18 +73,25 @@ fn bytemuck_bytes_mut(words: &mut [u64]) -> &mut [u8] {
     unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr() as *mut u8, words.len() * 8) }
 }
 
+/// The CPU's loaded state: the code, the constants in one aligned block, the arena.
+struct Cpu {
+    program: CpuProgram,
+    constants: Aligned,
+    /// Where each constant buffer starts in `constants`.
+    constant_offsets: Vec<Option<usize>>,
+    arena: Mutex<Aligned>,
+}
+
 enum Program {
-    Cpu(CpuProgram),
+    Cpu(Cpu),
+    Cuda(CudaProgram),
+    Opencl(OpenclProgram),
 }
 
 /// A compiled model, loaded once (code, constants), run many times.
 pub struct Executable {
     manifest: Manifest,
     program: Program,
-    constants: Aligned,
-    /// Where each constant buffer starts in `constants`.
-    constant_offsets: Vec<Option<usize>>,
-    arena: Mutex<Aligned>,
 }
 
 impl Executable {
@@ -89,20 +100,28 @@ impl Executable {
         Executable::load(Artifact::read(path)?, options)
     }
 
-    /// Loads an artifact: its code onto the device, its constants into memory (once).
+    /// Loads an artifact: its code onto the device, its constants into (device) memory, once.
     pub fn load(artifact: Artifact, options: &LoadOptions) -> Result<Executable> {
+        // Hand-built artifacts have not been through `from_bytes`.
+        artifact.validate().map_err(|msg| RuntimeError::Artifact { path: artifact.manifest.model.clone(), msg })?;
         let m = &artifact.manifest;
-        let threads = options.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
         let program = match m.target {
-            Target::Cpu => {
-                crate::device::cpu::check_host_features(&m.cpu_features)?;
-                let symbols: Vec<String> = m.kernels.iter().map(|k| k.symbol.clone()).collect();
-                Program::Cpu(CpuProgram::load(artifact.blob(m.code)?, &symbols, threads)?)
-            }
-            other => {
-                return Err(RuntimeError::Device { device: other.name().into(), msg: "this runtime build runs CPU artifacts only".into() });
-            }
+            Target::Cpu => Program::Cpu(Executable::load_cpu(&artifact, options)?),
+            Target::Cuda => Program::Cuda(CudaProgram::load(&artifact, options.device_index)?),
+            Target::Opencl => Program::Opencl(OpenclProgram::load(&artifact, options.device_index)?),
         };
+        Ok(Executable { manifest: artifact.manifest, program })
+    }
+
+    fn load_cpu(artifact: &Artifact, options: &LoadOptions) -> Result<Cpu> {
+        let m = &artifact.manifest;
+        if let Some(i) = options.device_index.filter(|&i| i != 0) {
+            return Err(RuntimeError::Device { device: "cpu".into(), msg: format!("there is no CPU device {i}: the CPU is device 0") });
+        }
+        let threads = options.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+        crate::device::cpu::check_host_features(&m.cpu_features)?;
+        let symbols: Vec<String> = m.kernels.iter().map(|k| k.symbol.clone()).collect();
+        let program = CpuProgram::load(artifact.blob(m.code)?, &symbols, threads)?;
         // Constants go into one aligned block, each at a 64-byte boundary.
         let mut offsets = vec![None; m.buffers.len()];
         let mut total = 0usize;
@@ -120,7 +139,7 @@ impl Executable {
             }
         }
         let arena = Mutex::new(Aligned::new(m.arena_bytes as usize));
-        Ok(Executable { manifest: artifact.manifest, program, constants, constant_offsets: offsets, arena })
+        Ok(Cpu { program, constants, constant_offsets: offsets, arena })
     }
 
     pub fn inputs(&self) -> &[TensorDesc] {
@@ -135,10 +154,27 @@ impl Executable {
         &self.manifest
     }
 
-    /// The device it runs on, in words.
+    /// The target it was compiled for (and so the kind of device it runs on).
+    pub fn target(&self) -> Target {
+        self.manifest.target
+    }
+
+    /// The device it runs on, in words: `cpu (16 threads)`, `cuda:0 NVIDIA H100 (sm_90)`,
+    /// `opencl:0 Intel(R) OpenCL / AMD EPYC 9B14 (CPU device)`.
     pub fn device(&self) -> String {
         match &self.program {
-            Program::Cpu(p) => format!("cpu ({} thread{})", p.threads(), if p.threads() == 1 { "" } else { "s" }),
+            Program::Cpu(c) => format!("cpu ({} thread{})", c.program.threads(), if c.program.threads() == 1 { "" } else { "s" }),
+            Program::Cuda(p) => p.description().to_string(),
+            Program::Opencl(p) => p.description().to_string(),
+        }
+    }
+
+    /// Bytes copied to the device once, at load (the constants); 0 on the CPU.
+    pub fn load_bytes_to_device(&self) -> u64 {
+        match &self.program {
+            Program::Cpu(_) => 0,
+            Program::Cuda(p) => p.load_bytes(),
+            Program::Opencl(p) => p.load_bytes(),
         }
     }
 
@@ -147,16 +183,26 @@ impl Executable {
         self.run_profiled(inputs, None)
     }
 
-    /// Runs, recording per-launch times into `profile` when given.
-    pub fn run_profiled(&self, inputs: &[Tensor], mut profile: Option<&mut Profile>) -> Result<Vec<Tensor>> {
+    /// Runs, recording per-launch times and the bytes copied into `profile` when given.
+    pub fn run_profiled(&self, inputs: &[Tensor], profile: Option<&mut Profile>) -> Result<Vec<Tensor>> {
         self.check_inputs(inputs)?;
+        let m = &self.manifest;
+        let bytes = match &self.program {
+            Program::Cpu(cpu) => return self.run_cpu(cpu, inputs, profile),
+            Program::Cuda(p) => p.run(m, inputs, profile)?,
+            Program::Opencl(p) => p.run(m, inputs, profile)?,
+        };
+        m.outputs.iter().zip(&bytes).map(|(o, b)| output_tensor(o, b)).collect()
+    }
+
+    fn run_cpu(&self, cpu: &Cpu, inputs: &[Tensor], mut profile: Option<&mut Profile>) -> Result<Vec<Tensor>> {
         let m = &self.manifest;
         let mut outputs: Vec<Aligned> = m.outputs.iter().map(|o| Aligned::new(m.buffers[o.buffer].bytes as usize)).collect();
         // One run at a time uses the arena.
-        let mut arena = self.arena.lock().unwrap_or_else(|p| p.into_inner());
+        let mut arena = cpu.arena.lock().unwrap_or_else(|p| p.into_inner());
         let arena_ptr = arena.ptr();
-        let constants_ptr = self.constants.words.as_ptr() as *mut u8;
-        let constants_base = self.constants.offset;
+        let constants_ptr = cpu.constants.words.as_ptr() as *mut u8;
+        let constants_base = cpu.constants.offset;
         let mut ptrs: Vec<*mut u8> = vec![std::ptr::null_mut(); m.buffers.len()];
         for (i, b) in m.buffers.iter().enumerate() {
             ptrs[i] = match &b.kind {
@@ -164,7 +210,7 @@ impl Executable {
                 BufferKind::Input(k) => inputs[*k].bytes().as_ptr() as *mut u8,
                 BufferKind::Output(k) => outputs[*k].ptr(),
                 // SAFETY: offsets were planned inside the constant block at load.
-                BufferKind::Constant(_) => unsafe { constants_ptr.add(constants_base + self.constant_offsets[i].expect("planned at load")) },
+                BufferKind::Constant(_) => unsafe { constants_ptr.add(constants_base + cpu.constant_offsets[i].expect("planned at load")) },
                 // SAFETY: validated at load: inside the arena.
                 BufferKind::Scratch { offset } => unsafe { arena_ptr.add(*offset as usize) },
                 BufferKind::Alias { .. } => std::ptr::null_mut(),
@@ -182,25 +228,14 @@ impl Executable {
             args.extend(launch.args.iter().map(|&b| ptrs[b]));
             let kernel = &m.kernels[launch.kernel];
             let start = profile.as_ref().map(|_| Instant::now());
-            match &self.program {
-                // SAFETY: buffers are sized as the compiler planned them for this kernel.
-                Program::Cpu(p) => unsafe { p.launch(launch.kernel, &args, kernel.workgroups) },
-            }
+            // SAFETY: buffers are sized as the compiler planned them for this kernel.
+            unsafe { cpu.program.launch(launch.kernel, &args, kernel.workgroups) };
             if let (Some(p), Some(t)) = (profile.as_deref_mut(), start) {
                 p.launches.push((kernel.label.clone(), t.elapsed()));
             }
         }
         drop(arena);
-        m.outputs
-            .iter()
-            .zip(&outputs)
-            .map(|(o, buf)| {
-                let dtype = DType::from_name(&o.dtype).expect("validated at load");
-                let n = o.dims.iter().product::<usize>() * dtype.size();
-                Tensor::from_bytes(dtype, &o.dims, &buf.bytes()[..n])
-                    .map_err(|e| RuntimeError::Launch { kernel: "output".into(), msg: e.to_string() })
-            })
-            .collect()
+        m.outputs.iter().zip(&outputs).map(|(o, buf)| output_tensor(o, buf.bytes())).collect()
     }
 
     fn check_inputs(&self, inputs: &[Tensor]) -> Result<()> {
@@ -219,4 +254,15 @@ impl Executable {
         }
         Ok(())
     }
+}
+
+/// An output's tensor from its buffer's bytes.
+fn output_tensor(o: &TensorDesc, bytes: &[u8]) -> Result<Tensor> {
+    let dtype = DType::from_name(&o.dtype).expect("validated at load");
+    let n = o.dims.iter().product::<usize>() * dtype.size();
+    let bytes = bytes.get(..n).ok_or_else(|| RuntimeError::Launch {
+        kernel: "output".into(),
+        msg: format!("output `{}` needs {n} bytes, its buffer has {}", o.name, bytes.len()),
+    })?;
+    Tensor::from_bytes(dtype, &o.dims, bytes).map_err(|e| RuntimeError::Launch { kernel: "output".into(), msg: e.to_string() })
 }

@@ -17,5 +17,6 @@ mod error;
 mod executable;
 
 pub use artifact::{Artifact, Target};
+pub use device::{auto_device, list_devices, DeviceInfo};
 pub use error::{Result, RuntimeError};
 pub use executable::{Executable, LoadOptions, Profile};

@@ -6,8 +6,9 @@ use kiln_runtime::LoadOptions;
 
 /// Compiles `graph`, runs it with `threads` threads, and checks every output against `ir::eval`.
 pub(crate) fn check_against_eval(graph: &Graph, inputs: &[Tensor], threads: usize, tol: f64) {
-    let exe = kiln_compiler::jit(graph, &Options { cache: false, ..Options::default() }, &LoadOptions { threads: Some(threads) })
-        .unwrap_or_else(|e| panic!("compile failed: {e}"));
+    let exe =
+        kiln_compiler::jit(graph, &Options { cache: false, ..Options::default() }, &LoadOptions { threads: Some(threads), ..Default::default() })
+            .unwrap_or_else(|e| panic!("compile failed: {e}"));
     let got = exe.run(inputs).unwrap_or_else(|e| panic!("run failed: {e}"));
     let want = eval::run(graph, inputs).expect("the interpreter runs the graph");
     assert_eq!(got.len(), want.len());

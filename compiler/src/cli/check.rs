@@ -196,7 +196,7 @@ fn compiled(g: &kiln_ir::Graph, x: &[kiln_ir::Tensor]) -> Result<Vec<kiln_ir::Te
         CompileError::Ir(e) => e.into(),
         other => EngineError::Failed(other.to_string()),
     };
-    let exe = crate::jit(g, &options, &kiln_runtime::LoadOptions { threads: Some(1) }).map_err(fail)?;
+    let exe = crate::jit(g, &options, &kiln_runtime::LoadOptions { threads: Some(1), ..Default::default() }).map_err(fail)?;
     // Inputs bound at compile time are no longer taken.
     let remaining: Vec<kiln_ir::Tensor> =
         exe.inputs().iter().map(|d| x[names.iter().position(|n| *n == d.name).expect("the executable's inputs are the graph's")].clone()).collect();

@@ -5,6 +5,7 @@ mod check;
 mod common;
 mod compile;
 mod demo;
+mod devices;
 mod emit;
 mod info;
 mod run;
@@ -40,6 +41,8 @@ enum Command {
     Bench(bench::Args),
     /// Run ONNX backend-style test directories and compare the outputs.
     Check(check::Args),
+    /// List the devices kiln can run on (CPU, CUDA, OpenCL) and what `--device auto` picks.
+    Devices(devices::Args),
 }
 
 /// Runs the CLI on the process arguments; returns the exit code.
@@ -56,6 +59,7 @@ pub fn main() -> i32 {
         Some(Command::Run(args)) => run::run(&args),
         Some(Command::Emit(args)) => emit::run(&args),
         Some(Command::Bench(args)) => bench::run(&args),
+        Some(Command::Devices(args)) => devices::run(&args),
         Some(Command::Check(args)) => match check::run(&args) {
             Ok(code) => return code,
             Err(e) => Err(e),

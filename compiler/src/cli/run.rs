@@ -37,7 +37,7 @@ pub fn executable(model: Model, inputs: &[(String, Tensor)], threads: Option<usi
         Model::Artifact(a) => {
             let declared: Vec<(String, String)> = a.manifest.inputs.iter().map(|t| (t.name.clone(), format!("{}{:?}", t.dtype, t.dims))).collect();
             let ordered = order_inputs(&declared, inputs.to_vec())?;
-            Ok((Executable::load(a, &LoadOptions { threads })?, ordered))
+            Ok((Executable::load(a, &LoadOptions { threads, ..Default::default() })?, ordered))
         }
         Model::Graph(g) => {
             let ordered = order_inputs(&graph_inputs(&g), inputs.to_vec())?;
@@ -50,7 +50,7 @@ pub fn executable(model: Model, inputs: &[(String, Tensor)], threads: Option<usi
             if !quiet {
                 print_timings(if compiled.from_cache { "compile (from the cache)" } else { "compile" }, &compiled.timings);
             }
-            let exe = Executable::load(compiled.artifact, &LoadOptions { threads })?;
+            let exe = Executable::load(compiled.artifact, &LoadOptions { threads, ..Default::default() })?;
             let remaining = exe
                 .inputs()
                 .iter()
