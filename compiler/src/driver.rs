@@ -242,10 +242,12 @@ fn cache_key(graph: &Graph, options: &Options) -> String {
     // The compiler's own build: a rebuilt kiln must not reuse what an older one compiled.
     let build = std::env::current_exe().and_then(std::fs::metadata).map(|m| format!("{} {:?}", m.len(), m.modified().ok())).unwrap_or_default();
     let text = format!(
-        "{} {build}\n{} {:?}\n{:?}\n{:?}\n{}\n{}",
+        "{} {build}\n{} {:?} {:?}\n{:?}\n{:?}\n{}\n{}",
         env!("CARGO_PKG_VERSION"),
         options.target.name(),
         options.ptx,
+        // A forced GPU schedule (debugging) makes different code.
+        std::env::var("KILN_GPU_SCHEDULE").ok(),
         shapes,
         values,
         inkwell::targets::TargetMachine::get_host_cpu_features(),

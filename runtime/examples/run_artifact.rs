@@ -20,7 +20,9 @@ fn main() {
 fn run() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let path = args.next().ok_or("usage: run_artifact MODEL.kiln [NAME=INPUT.npy]...")?;
-    let given: Vec<(String, String)> = args.map(|a| a.split_once('=').map(|(n, f)| (n.to_string(), f.to_string())).ok_or(format!("`{a}` is not NAME=FILE"))).collect::<Result<_, _>>()?;
+    let given: Vec<(String, String)> = args
+        .map(|a| a.split_once('=').map(|(n, f)| (n.to_string(), f.to_string())).ok_or(format!("`{a}` is not NAME=FILE")))
+        .collect::<Result<_, _>>()?;
     let exe = Executable::load_file(Path::new(&path), &LoadOptions::default())?;
     let mut inputs = Vec::new();
     for (i, d) in exe.inputs().iter().enumerate() {

@@ -38,7 +38,8 @@ fn step() -> impl Strategy<Value = Step> {
     ]
 }
 
-const UNARY: [UnaryOp; 8] = [UnaryOp::Relu, UnaryOp::Tanh, UnaryOp::Sigmoid, UnaryOp::Neg, UnaryOp::Abs, UnaryOp::Exp, UnaryOp::Gelu { tanh: true }, UnaryOp::Softsign];
+const UNARY: [UnaryOp; 8] =
+    [UnaryOp::Relu, UnaryOp::Tanh, UnaryOp::Sigmoid, UnaryOp::Neg, UnaryOp::Abs, UnaryOp::Exp, UnaryOp::Gelu { tanh: true }, UnaryOp::Softsign];
 const BINARY: [BinaryOp; 5] = [BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Max, BinaryOp::Min];
 
 fn pick<'g>(values: &[Traced<'g>], i: u8) -> Traced<'g> {
@@ -55,11 +56,19 @@ fn random_graph(dims: &[usize], steps: &[Step]) -> Graph {
                 let x = pick(&values, a);
                 // Exp only of bounded values, so the interpreter and native code stay comparable.
                 let u = UNARY[u as usize % UNARY.len()];
-                if u == UnaryOp::Exp { x.tanh().exp() } else { x.unary(u) }
+                if u == UnaryOp::Exp {
+                    x.tanh().exp()
+                } else {
+                    x.unary(u)
+                }
             }
             Step::Binary(a, b, op) => {
                 let (x, y) = (pick(&values, a), pick(&values, b));
-                if x.ty() == y.ty() { x.binary(BINARY[op as usize % BINARY.len()], y) } else { x + x }
+                if x.ty() == y.ty() {
+                    x.binary(BINARY[op as usize % BINARY.len()], y)
+                } else {
+                    x + x
+                }
             }
             Step::Scale(a, k) => {
                 let x = pick(&values, a);
@@ -75,7 +84,11 @@ fn random_graph(dims: &[usize], steps: &[Step]) -> Graph {
                 let x = pick(&values, a);
                 let r = x.ty().unwrap().rank();
                 let kinds = [ReduceKind::Sum, ReduceKind::Mean, ReduceKind::Max, ReduceKind::Min, ReduceKind::L2];
-                if r == 0 { x.relu() } else { x.reduce(kinds[axis as usize % kinds.len()], &[(axis as usize % r) as i64], keep) }
+                if r == 0 {
+                    x.relu()
+                } else {
+                    x.reduce(kinds[axis as usize % kinds.len()], &[(axis as usize % r) as i64], keep)
+                }
             }
             Step::Transpose(a) => {
                 let x = pick(&values, a);
@@ -85,15 +98,27 @@ fn random_graph(dims: &[usize], steps: &[Step]) -> Graph {
             Step::Reshape(a) => pick(&values, a).reshape(&[-1]),
             Step::Concat(a) => {
                 let x = pick(&values, a);
-                if x.ty().unwrap().rank() == 0 { x.neg() } else { g.concat(&[x, x.neg()], 0) }
+                if x.ty().unwrap().rank() == 0 {
+                    x.neg()
+                } else {
+                    g.concat(&[x, x.neg()], 0)
+                }
             }
             Step::Softmax(a) => {
                 let x = pick(&values, a);
-                if x.ty().unwrap().rank() == 0 { x.sigmoid() } else { x.softmax(-1) }
+                if x.ty().unwrap().rank() == 0 {
+                    x.sigmoid()
+                } else {
+                    x.softmax(-1)
+                }
             }
             Step::MatMulT(a) => {
                 let x = pick(&values, a);
-                if x.ty().unwrap().rank() == 2 { x.matmul(x.transpose(&[1, 0])) } else { x.tanh() }
+                if x.ty().unwrap().rank() == 2 {
+                    x.matmul(x.transpose(&[1, 0]))
+                } else {
+                    x.tanh()
+                }
             }
             Step::Slice(a) => {
                 let x = pick(&values, a);

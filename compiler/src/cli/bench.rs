@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use kiln_ir::Tensor;
 
-use super::common::{graph_input_types, load_model, ms, parse_shapes, pick_device, read_inputs, DeviceArg, Model};
+use super::common::{graph_input_types, load_model, ms, parse_shapes, read_inputs, DeviceArg, Model};
 use crate::{CompileError, Result};
 
 #[derive(clap::Args)]
@@ -47,7 +47,6 @@ struct Report {
 }
 
 pub fn run(args: &Args) -> Result<()> {
-    pick_device(args.device, args.quiet)?;
     if args.iters == 0 {
         return Err(CompileError::Usage("--iters must be at least 1".into()));
     }
@@ -81,7 +80,7 @@ pub fn run(args: &Args) -> Result<()> {
         }
     }
     let start = Instant::now();
-    let (exe, ordered) = super::run::executable(model, &given, args.threads, args.quiet || args.json)?;
+    let (exe, ordered) = super::run::executable(model, &given, args.threads, args.device, args.quiet || args.json)?;
     let compile_ms = start.elapsed().as_secs_f64() * 1e3;
     for _ in 0..args.warmup {
         exe.run(&ordered)?;

@@ -15,6 +15,21 @@ pub enum CheckDevice {
     Ref,
     /// Native code for this CPU.
     Cpu,
+    /// PTX on an NVIDIA GPU.
+    Cuda,
+    /// SPIR-V on an OpenCL device (a GPU if there is one).
+    Opencl,
+}
+
+impl CheckDevice {
+    fn name(self) -> &'static str {
+        match self {
+            CheckDevice::Ref => "ref",
+            CheckDevice::Cpu => "cpu",
+            CheckDevice::Cuda => "cuda",
+            CheckDevice::Opencl => "opencl",
+        }
+    }
 }
 
 #[derive(clap::Args)]
@@ -85,11 +100,23 @@ pub fn run(args: &Args) -> Result<i32> {
     let bar = if args.quiet { ProgressBar::hidden() } else { ProgressBar::new(tests.len() as u64) };
     bar.set_style(ProgressStyle::with_template("{bar:40} {pos}/{len} tests {msg}").expect("a valid template"));
     let device = args.device;
+    // A GPU device must be usable before a thousand tests say it is not.
+    let base = match device {
+        CheckDevice::Ref | CheckDevice::Cpu => crate::Options::default(),
+        CheckDevice::Cuda => {
+            require_device(kiln_runtime::Target::Cuda)?;
+            super::common::options_for(crate::TargetKind::Cuda)
+        }
+        CheckDevice::Opencl => {
+            require_device(kiln_runtime::Target::Opencl)?;
+            super::common::options_for(crate::TargetKind::Opencl)
+        }
+    };
     // Each test compiles single-threaded; the tests themselves run in parallel.
     let engine = move |g: &kiln_ir::Graph, x: &[kiln_ir::Tensor]| -> Result<Vec<kiln_ir::Tensor>, EngineError> {
         match device {
             CheckDevice::Ref => Ok(kiln_ir::eval::run(g, x)?),
-            CheckDevice::Cpu => compiled(g, x),
+            _ => compiled(g, x, &base),
         }
     };
     let results = testcase::run_all(&tests, &engine, tol, threads, &|r: &CaseResult| {
@@ -125,10 +152,7 @@ pub fn run(args: &Args) -> Result<i32> {
     }
     if let Some(path) = &args.json {
         let report = JsonReport {
-            device: match args.device {
-                CheckDevice::Ref => "ref",
-                CheckDevice::Cpu => "cpu",
-            },
+            device: args.device.name(),
             passed,
             failed,
             skipped,
@@ -185,12 +209,25 @@ pub fn run(args: &Args) -> Result<i32> {
     Ok(code)
 }
 
-/// Compiles for the CPU, specialised to the inputs' shapes, and runs once.
-fn compiled(g: &kiln_ir::Graph, x: &[kiln_ir::Tensor]) -> Result<Vec<kiln_ir::Tensor>, EngineError> {
+/// Fails unless a device of `target` is usable here.
+fn require_device(target: kiln_runtime::Target) -> Result<()> {
+    let all = kiln_runtime::list_devices();
+    if all.iter().any(|d| d.target == target && d.usable) {
+        return Ok(());
+    }
+    let notes: Vec<String> = all.iter().filter(|d| d.target == target).filter_map(|d| d.note.clone()).collect();
+    Err(CompileError::Runtime(kiln_runtime::RuntimeError::Device {
+        device: target.name().into(),
+        msg: format!("no usable {} device here{}", target.name(), if notes.is_empty() { String::new() } else { format!(" ({})", notes.join("; ")) }),
+    }))
+}
+
+/// Compiles for the device of `base`, specialised to the inputs' shapes, and runs once.
+fn compiled(g: &kiln_ir::Graph, x: &[kiln_ir::Tensor], base: &crate::Options) -> Result<Vec<kiln_ir::Tensor>, EngineError> {
     let names: Vec<String> = g.inputs().iter().map(|&id| g.node(id).name.clone()).collect();
     let shapes = names.iter().zip(x).map(|(n, t)| (n.clone(), t.dims().to_vec())).collect();
     let values = names.iter().zip(x).map(|(n, t)| (n.clone(), t.clone())).collect();
-    let options = crate::Options { input_shapes: shapes, input_values: values, ..crate::Options::default() };
+    let options = crate::Options { input_shapes: shapes, input_values: values, ..base.clone() };
     let fail = |e: CompileError| match e {
         CompileError::Unsupported { .. } | CompileError::DynamicShapes(_) => EngineError::Unsupported(e.to_string()),
         CompileError::Ir(e) => e.into(),

@@ -8,7 +8,7 @@ use std::time::Duration;
 use kiln_ir::{Graph, Tensor, TensorType};
 use kiln_runtime::Artifact;
 
-use crate::{CompileError, Result};
+use crate::{CompileError, Result, TargetKind};
 
 /// A model as given on the command line.
 pub enum Model {
@@ -113,21 +113,50 @@ pub enum DeviceArg {
     Opencl,
 }
 
-/// Resolves a device choice to one this build can run on, saying why when it cannot.
-pub fn pick_device(d: DeviceArg, quiet: bool) -> Result<DeviceArg> {
-    match d {
-        DeviceArg::Cpu => Ok(DeviceArg::Cpu),
+/// Resolves a device choice to the target to compile for, saying which (unless quiet). `auto`
+/// takes a CUDA GPU, else an OpenCL GPU, else the CPU. An explicit GPU choice is checked when the
+/// executable loads, which names what is missing.
+pub fn pick_device(d: DeviceArg, quiet: bool) -> Result<TargetKind> {
+    let kind = match d {
+        DeviceArg::Cpu => TargetKind::Cpu,
+        DeviceArg::Cuda => TargetKind::Cuda,
+        DeviceArg::Opencl => TargetKind::Opencl,
         DeviceArg::Auto => {
+            let (target, why) = kiln_runtime::auto_device();
             if !quiet {
-                eprintln!("device: cpu (no GPU backend in this build)");
+                eprintln!("device: {why}");
             }
-            Ok(DeviceArg::Cpu)
+            match target {
+                kiln_runtime::Target::Cpu => TargetKind::Cpu,
+                kiln_runtime::Target::Cuda => TargetKind::Cuda,
+                kiln_runtime::Target::Opencl => TargetKind::Opencl,
+            }
         }
-        DeviceArg::Cuda | DeviceArg::Opencl => Err(CompileError::Usage(format!(
-            "--device {}: this build runs on the CPU only; use --device cpu or auto",
-            if d == DeviceArg::Cuda { "cuda" } else { "opencl" }
-        ))),
+    };
+    Ok(kind)
+}
+
+/// The PTX target for the first CUDA GPU (its own architecture), or the default (sm_80, which
+/// the driver compiles for newer GPUs) when none is visible.
+pub fn cuda_ptx_target() -> crate::target::gpu::PtxTarget {
+    let mut t = crate::target::gpu::PtxTarget::default();
+    if let Some(cc) =
+        kiln_runtime::list_devices().into_iter().find(|d| d.target == kiln_runtime::Target::Cuda && d.usable).and_then(|d| d.compute_capability)
+    {
+        if cc.starts_with("sm_") {
+            t.arch = cc;
+        }
     }
+    t
+}
+
+/// Compile options for running on `target` here.
+pub fn options_for(target: TargetKind) -> crate::Options {
+    let mut o = crate::Options { target, ..crate::Options::default() };
+    if target == TargetKind::Cuda {
+        o.ptx = cuda_ptx_target();
+    }
+    o
 }
 
 /// Prints `compile: passes 12 ms, fuse 1 ms, ...` to stderr.

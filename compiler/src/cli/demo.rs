@@ -8,7 +8,7 @@ use std::time::Instant;
 use kiln_ir::{eval, models, DType, Tensor};
 use kiln_runtime::{Executable, LoadOptions};
 
-use super::common::{ms, pick_device, print_timings, DeviceArg};
+use super::common::{ms, options_for, pick_device, print_timings, DeviceArg};
 use crate::{CompileError, Options, Result};
 
 #[derive(clap::Args)]
@@ -27,7 +27,7 @@ pub struct Args {
 }
 
 pub fn run(args: &Args) -> Result<()> {
-    pick_device(args.device, false)?;
+    let target = pick_device(args.device, false)?;
     let started = Instant::now();
     let graph = models::cifarnet(args.batch, 0)?;
     println!("== traced the CIFAR-10 CNN with kiln's Rust API: {} nodes in {} ==", graph.node_count(), ms(started.elapsed()));
@@ -42,9 +42,9 @@ pub fn run(args: &Args) -> Result<()> {
 
     std::fs::create_dir_all(&args.out).map_err(|e| CompileError::File { path: args.out.display().to_string(), msg: e.to_string() })?;
     let dumps = args.out.join("ir");
-    let options = Options { dump_dir: Some(dumps.clone()), cache: false, ..Options::default() };
+    let options = Options { dump_dir: Some(dumps.clone()), cache: false, ..options_for(target) };
     let compiled = crate::compile(&graph, &options, false)?;
-    println!("\n== compiled for the CPU ({}) ==", compiled.artifact.manifest.target_detail);
+    println!("\n== compiled for {} ({}) ==", target.name(), compiled.artifact.manifest.target_detail);
     print_timings("compile", &compiled.timings);
     for k in &compiled.artifact.manifest.kernels {
         println!("  kernel {:<22} {} workgroup{}  {}", k.symbol, k.workgroups, if k.workgroups == 1 { " " } else { "s" }, k.label);

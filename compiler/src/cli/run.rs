@@ -6,7 +6,7 @@ use std::time::Instant;
 use kiln_ir::Tensor;
 use kiln_runtime::{Executable, LoadOptions, Profile};
 
-use super::common::{graph_inputs, load_model, ms, order_inputs, pick_device, print_timings, read_inputs, DeviceArg, Model};
+use super::common::{graph_inputs, load_model, ms, options_for, order_inputs, pick_device, print_timings, read_inputs, DeviceArg, Model};
 use crate::{CompileError, Options, Result};
 
 #[derive(clap::Args)]
@@ -31,12 +31,26 @@ pub struct Args {
     quiet: bool,
 }
 
-/// Loads or JIT-compiles `model` for the given inputs.
-pub fn executable(model: Model, inputs: &[(String, Tensor)], threads: Option<usize>, quiet: bool) -> Result<(Executable, Vec<Tensor>)> {
+/// Loads or JIT-compiles `model` for the given inputs, on `device`.
+pub fn executable(
+    model: Model,
+    inputs: &[(String, Tensor)],
+    threads: Option<usize>,
+    device: DeviceArg,
+    quiet: bool,
+) -> Result<(Executable, Vec<Tensor>)> {
     match model {
         Model::Artifact(a) => {
             let declared: Vec<(String, String)> = a.manifest.inputs.iter().map(|t| (t.name.clone(), format!("{}{:?}", t.dtype, t.dims))).collect();
             let ordered = order_inputs(&declared, inputs.to_vec())?;
+            // An artifact runs where it was compiled for; `auto` takes that.
+            let compiled_for = a.manifest.target.name();
+            if device != DeviceArg::Auto && pick_device(device, true)?.name() != compiled_for {
+                return Err(CompileError::Usage(format!(
+                    "this artifact was compiled for {compiled_for}: run it with --device {compiled_for}, or recompile the model with --target {}",
+                    pick_device(device, true)?.name()
+                )));
+            }
             Ok((Executable::load(a, &LoadOptions { threads, ..Default::default() })?, ordered))
         }
         Model::Graph(g) => {
@@ -45,7 +59,7 @@ pub fn executable(model: Model, inputs: &[(String, Tensor)], threads: Option<usi
             let names: Vec<String> = g.inputs().iter().map(|&id| g.node(id).name.clone()).collect();
             let shapes = names.iter().zip(&ordered).map(|(n, t)| (n.clone(), t.dims().to_vec())).collect();
             let values = names.iter().zip(&ordered).map(|(n, t)| (n.clone(), t.clone())).collect();
-            let options = Options { input_shapes: shapes, input_values: values, ..Options::default() };
+            let options = Options { input_shapes: shapes, input_values: values, ..options_for(pick_device(device, quiet)?) };
             let compiled = crate::compile(&g, &options, false)?;
             if !quiet {
                 print_timings(if compiled.from_cache { "compile (from the cache)" } else { "compile" }, &compiled.timings);
@@ -62,10 +76,9 @@ pub fn executable(model: Model, inputs: &[(String, Tensor)], threads: Option<usi
 }
 
 pub fn run(args: &Args) -> Result<()> {
-    pick_device(args.device, args.quiet)?;
     let model = load_model(&args.model)?;
     let inputs = read_inputs(&args.inputs)?;
-    let (exe, ordered) = executable(model, &inputs, args.threads, args.quiet)?;
+    let (exe, ordered) = executable(model, &inputs, args.threads, args.device, args.quiet)?;
     let mut profile = Profile::default();
     let start = Instant::now();
     let outputs = exe.run_profiled(&ordered, args.profile.then_some(&mut profile))?;

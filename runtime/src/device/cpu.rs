@@ -39,7 +39,10 @@ pub fn check_host_features(features: &[String]) -> Result<()> {
     if missing.is_empty() {
         Ok(())
     } else {
-        Err(err(format!("the artifact was compiled for CPU features this machine lacks ({}); compile it on (or for) this machine", missing.join(", "))))
+        Err(err(format!(
+            "the artifact was compiled for CPU features this machine lacks ({}); compile it on (or for) this machine",
+            missing.join(", ")
+        )))
     }
 }
 
@@ -55,7 +58,26 @@ fn host_has(f: &str) -> Option<bool> {
                 }
             };
         }
-        known!("avx", "avx2", "fma", "sse4.1", "sse4.2", "avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl", "avx512ifma", "avx512vbmi", "avx512vbmi2", "avx512vnni", "avx512bitalg", "avx512vpopcntdq", "avx512bf16", "avx512fp16")
+        known!(
+            "avx",
+            "avx2",
+            "fma",
+            "sse4.1",
+            "sse4.2",
+            "avx512f",
+            "avx512cd",
+            "avx512bw",
+            "avx512dq",
+            "avx512vl",
+            "avx512ifma",
+            "avx512vbmi",
+            "avx512vbmi2",
+            "avx512vnni",
+            "avx512bitalg",
+            "avx512vpopcntdq",
+            "avx512bf16",
+            "avx512fp16"
+        )
     }
     #[cfg(not(target_arch = "x86_64"))]
     {

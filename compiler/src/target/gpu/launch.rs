@@ -38,6 +38,9 @@ pub const WORKGROUP_BYTES: usize = 32 * 1024;
 /// Bufferises the scheduled kernel and maps its block grids and thread loops to launches.
 pub fn map(mlir: &MlirContext, module: &mut melior::ir::Module) -> Result<(), String> {
     let root = RawOp::of(&module.as_operation());
+    if std::env::var("KILN_DEBUG_MLIR").is_ok_and(|v| v == "3") {
+        eprintln!("// scheduled, before bufferisation:\n{}", module.as_operation());
+    }
     let shared = tag_workgroup_tensors(&mlir.ctx, root)?;
     let mut s = Script::new();
     if shared > 0 {
@@ -58,6 +61,8 @@ pub fn map(mlir: &MlirContext, module: &mut melior::ir::Module) -> Result<(), St
         "transform.bufferization.one_shot_bufferize %root {bufferize_function_boundaries = true, function_boundary_type_conversion = 1 : i32, memcpy_op = \"linalg.copy\"} : (!transform.any_op) -> !transform.any_op",
     );
     mlir.apply_transform(&module.as_operation(), &s.finish()).map_err(|e| format!("bufferisation: {e}"))?;
+    // Identical views merge, so copies of a tile onto itself show.
+    mlir.run_pipeline(module, "builtin.module(func.func(cse))").map_err(|e| format!("after bufferisation: {e}"))?;
     let root = RawOp::of(&module.as_operation());
     erase_self_copies(root);
     let func = super::schedule::kernel_func(root).ok_or("no kernel function after bufferisation")?;
@@ -85,21 +90,29 @@ pub fn map(mlir: &MlirContext, module: &mut melior::ir::Module) -> Result<(), St
         .map_err(|e| format!("outlining: {e}"))
 }
 
-/// Tags the `tensor.empty` behind each thread loop's shared output: what threads write there,
-/// other threads of the block read (a reduction's partials, an accumulator, a copied tile), so it
-/// lives in workgroup memory. Returns the bytes tagged; too many for one block is an error.
+/// Gives each thread loop whose shared output starts from a `tensor.empty` a fresh one of its
+/// own, tagged `kiln.workgroup`: what threads write there, other threads of the block read (a
+/// reduction's partials, an accumulator, a copied tile), so it lives in workgroup memory. Fresh,
+/// because CSE merges identical empties, which would make two tiles (or a tile and a kernel-level
+/// temporary) one buffer. Returns the bytes tagged; too many for one block is an error.
 fn tag_workgroup_tensors(ctx: &melior::Context, root: RawOp) -> Result<usize, String> {
     let mut total = 0;
+    let mut n = 0i64;
     for forall in root.descendants().into_iter().filter(|o| o.attr("kiln.threads").is_some() && o.is("scf.forall")) {
-        for v in forall.operands() {
-            let Some(empty) = trace_to_empty(v) else { continue };
-            if empty.attr("kiln.workgroup").is_some() {
+        for k in 0..forall.num_operands() {
+            let Some((empty, user, operand)) = trace_to_empty(forall, k) else { continue };
+            if empty.attr("kiln.workgroup").is_some() && empty.parent() == user.parent() {
                 continue;
             }
             let t = edit::value_type(empty.result(0));
             let bytes = edit::static_dims(t).ok_or("a dynamic workgroup tensor")?.iter().product::<usize>() * edit::element_bytes(t).unwrap_or(4);
             total += bytes;
-            empty.set_unit_attr(ctx, "kiln.workgroup");
+            let fresh = super::schedule::new_empty(ctx, t, user)?;
+            fresh.set_unit_attr(ctx, "kiln.workgroup");
+            // A distinct id, so nothing merges two of them.
+            fresh.set_attr("kiln.tile", edit::parse_attr(ctx, &format!("{n} : i64")).expect("an integer attribute"));
+            n += 1;
+            user.set_operand(operand, fresh.result(0));
         }
     }
     if total > WORKGROUP_BYTES {
@@ -109,33 +122,40 @@ fn tag_workgroup_tensors(ctx: &melior::Context, root: RawOp) -> Result<usize, St
 }
 
 /// Follows a tensor back through destinations (DPS inits, slices, loop-carried values) to the
-/// `tensor.empty` it starts from, if any (not when it starts from a kernel buffer).
-fn trace_to_empty(mut v: mlir_sys::MlirValue) -> Option<RawOp> {
+/// `tensor.empty` it starts from, if any (not when it starts from a kernel buffer). Returns the
+/// empty and the op using it on that path, with the operand's position.
+fn trace_to_empty(start: RawOp, operand: usize) -> Option<(RawOp, RawOp, usize)> {
+    let mut v = start.operand(operand);
+    let mut user: Option<(RawOp, usize)> = Some((start, operand));
     for _ in 0..64 {
         if let Some(op) = edit::defining_op(v) {
             let name = op.name();
             if name == "tensor.empty" {
-                return Some(op);
+                let (u, i) = user?;
+                return Some((op, u, i));
             }
-            if name == "tensor.extract_slice" || name == "tensor.cast" {
-                v = op.operand(0);
+            let i = if name == "tensor.extract_slice" || name == "tensor.cast" {
+                0
             } else if name.starts_with("linalg.") && op.num_operands() > 0 {
                 // A destination-passing op's result is its (last) init, updated.
-                v = op.operand(op.num_operands() - 1);
+                op.num_operands() - 1
             } else if name == "scf.for" {
                 // Result i is the loop's i-th iteration value: its init is operand 3 + i.
-                let i = (0..op.num_results()).find(|&i| edit::same_value(op.result(i), v))?;
-                v = op.operand(3 + i);
+                3 + (0..op.num_results()).find(|&i| edit::same_value(op.result(i), v))?
             } else if name == "scf.forall" {
                 let i = (0..op.num_results()).find(|&i| edit::same_value(op.result(i), v))?;
-                v = op.operand(op.num_operands() - op.num_results() + i);
+                op.num_operands() - op.num_results() + i
             } else {
                 return None;
-            }
+            };
+            user = Some((op, i));
+            v = op.operand(i);
         } else {
             let (owner, i) = edit::block_argument_owner(v)?;
             if owner.is("scf.for") {
-                v = owner.operand(3 + i.checked_sub(1)?);
+                let k = 3 + i.checked_sub(1)?;
+                user = Some((owner, k));
+                v = owner.operand(k);
             } else if owner.is("scf.forall") {
                 // A block grid's outputs are the kernel's results, in global memory.
                 if owner.attr("mapping").is_some_and(|m| edit::attr_text(m).contains("#gpu.block")) {
@@ -143,7 +163,9 @@ fn trace_to_empty(mut v: mlir_sys::MlirValue) -> Option<RawOp> {
                 }
                 // Block arguments: the induction variables, then one per shared output.
                 let ivs = edit::block_argument_count(owner)?.checked_sub(owner.num_results())?;
-                v = owner.operand(owner.num_operands() - owner.num_results() + i.checked_sub(ivs)?);
+                let k = owner.num_operands() - owner.num_results() + i.checked_sub(ivs)?;
+                user = Some((owner, k));
+                v = owner.operand(k);
             } else {
                 return None;
             }

@@ -166,7 +166,17 @@ fn lower_kernel<'c>(mlir: &'c MlirContext, graph: &Graph, k: &Kernel) -> Result<
         prepare(&mut m).map_err(|e| stage_err(k, "fuse elementwise", e))?;
         let root = RawOp::of(&m.as_operation());
         let func = schedule::kernel_func(root).ok_or_else(|| stage_err(k, "schedule", "no kernel function"))?;
-        let list = candidates.get_or_insert_with(|| schedule::candidates(func)).clone();
+        let list = candidates
+            .get_or_insert_with(|| {
+                let all = schedule::candidates(func);
+                // KILN_GPU_SCHEDULE=parallel|reduction|contraction: only that one where it
+                // applies, else per-op; for debugging and tests.
+                match std::env::var("KILN_GPU_SCHEDULE") {
+                    Ok(only) => all.into_iter().filter(|s| s.to_string() == only || *s == schedule::Strategy::PerOp).collect(),
+                    Err(_) => all,
+                }
+            })
+            .clone();
         let Some(&strategy) = list.get(tried.len()) else {
             let why: Vec<String> = tried.iter().map(|(s, e): &(schedule::Strategy, String)| format!("{s}: {e}")).collect();
             return Err(stage_err(k, "schedule", format!("no schedule applies ({})", why.join("; "))));

@@ -65,7 +65,7 @@ pub fn kernel_func(root: RawOp) -> Option<RawOp> {
 pub fn candidates(func: RawOp) -> Vec<Strategy> {
     let compute: Vec<(RawOp, Loops)> = func.children().into_iter().filter_map(|o| loops::loops(o).map(|l| (o, l))).collect();
     let mut out = Vec::new();
-    if compute.iter().any(|(o, l)| is_contraction(*o) && contraction_tiles(l).is_some()) {
+    if compute.iter().any(|(o, l)| is_contraction(*o) && contraction_plan(*o, l).is_some()) {
         out.push(Strategy::Contraction);
     }
     if compute.iter().any(|(o, l)| splittable(*o) && innermost_reduction(l).is_some_and(|(_, r)| r >= SPLIT_REDUCTION)) {
@@ -214,39 +214,95 @@ fn grid_tiles(l: &Loops, mut block: Vec<usize>) -> Vec<usize> {
     block
 }
 
-/// Tiles for a contraction (matmul or convolution): (block tile per loop, threads per loop,
-/// reduction step per loop).
-fn contraction_tiles(l: &Loops) -> Option<(Vec<usize>, Vec<usize>, Vec<usize>)> {
+/// How a contraction (matmul or convolution) is tiled, per loop of the op.
+#[derive(Clone, Debug)]
+struct ContractionPlan {
+    /// Block tile (0: the whole loop).
+    block: Vec<usize>,
+    /// Threads over each loop of the block tile (0: none).
+    threads: Vec<usize>,
+    /// Reduction step (0: the whole loop).
+    step: Vec<usize>,
+}
+
+/// Accumulator elements per block (its workgroup-memory tile: 16 KB of f32).
+const ACC_ELEMENTS: usize = 4096;
+
+/// The contraction tiling: the output tile over the last parallel loops (matmul: m, n;
+/// convolution: output channels and the two image axes), as large as the accumulator allows,
+/// each thread computing a few outputs; the reduction in steps over its outermost loop (matmul:
+/// k; convolution: input channels, the filter window whole) sized so both operand tiles stay
+/// small. The operand tiles' real size is checked when workgroup memory is assigned.
+fn contraction_plan(op: RawOp, l: &Loops) -> Option<ContractionPlan> {
     let n = l.ranges.len();
     let par: Vec<usize> = (0..n).filter(|&i| l.parallel[i] && l.ranges[i] > 1).collect();
     let red: Vec<usize> = (0..n).filter(|&i| !l.parallel[i] && l.ranges[i] > 1).collect();
-    if par.len() < 2 || red.is_empty() || l.reduction_extent() < 16 {
+    if par.is_empty() || red.is_empty() || l.reduction_extent() < 16 || l.parallel_extent() < 64 {
         return None;
     }
-    // The two innermost parallel loops make the block's output tile (up to 64 x 64) over up to
-    // 16 x 16 threads, each computing a few outputs; outer parallel loops go one per block.
-    let (m, nn) = (par[par.len() - 2], par[par.len() - 1]);
-    let (bm, bn) = (divisor_at_most(l.ranges[m], 64), divisor_at_most(l.ranges[nn], 64));
-    let (tm, tn) = (divisor_at_most(bm, 16), divisor_at_most(bn, 16));
-    if bm * bn < 64 || tm * tn < 32 {
-        return None;
-    }
+    // SAFETY: a live linalg op.
+    let conv = unsafe { mlir_sys::mlirLinalgIsAConvolutionOp(op.0) };
+    // The loops tiled inside a block, innermost last, with each one's largest tile.
+    let tiled: Vec<(usize, usize)> = if conv {
+        // (batch, channels, rows, columns): channels up to 32, columns up to 32, rows to fill.
+        let p: Vec<usize> = (0..n).filter(|&i| l.parallel[i]).collect();
+        if p.len() < 3 {
+            return None;
+        }
+        let (c, w) = (p[1], p[p.len() - 1]);
+        let mut t = vec![(c, 32), (w, 32)];
+        if p.len() >= 4 {
+            t.insert(1, (p[p.len() - 2], ACC_ELEMENTS));
+        }
+        t
+    } else if par.len() >= 2 {
+        vec![(par[par.len() - 2], 64), (par[par.len() - 1], 64)]
+    } else {
+        vec![(par[0], 256)]
+    };
     let mut block = vec![0; n];
-    let mut threads = vec![0; n];
     for &i in &par {
         block[i] = 1;
     }
-    block[m] = bm;
-    block[nn] = bn;
-    threads[m] = tm;
-    threads[nn] = tn;
-    // The reduction steps over its outermost loop (matmul: k; convolution: input channels), the
-    // inner reduction loops (a filter window) whole, about 16 reduction indices a step.
-    let mut step = vec![0; n];
+    let mut budget = ACC_ELEMENTS;
+    // Innermost first, so the tile is contiguous where memory is.
+    for &(i, cap) in tiled.iter().rev() {
+        let b = divisor_at_most(l.ranges[i], cap.min(budget));
+        block[i] = b;
+        budget = (budget / b).max(1);
+    }
+    let acc: usize = tiled.iter().map(|&(i, _)| block[i]).product();
+    if acc < 64 {
+        return None;
+    }
+    // Threads: up to 16 along the innermost tiled loop, the rest of 256 over the others.
+    let mut threads = vec![0; n];
+    let mut left = BLOCK_THREADS;
+    for (k, &(i, _)) in tiled.iter().rev().enumerate() {
+        let cap = if k == 0 { 16 } else { left };
+        let t = divisor_at_most(block[i], cap.min(left));
+        if t > 1 {
+            threads[i] = t;
+            left /= t;
+        }
+    }
+    if threads.iter().filter(|&&t| t > 0).product::<usize>() < 32 {
+        return None;
+    }
+    // The reduction step: input tile plus filter (or B) tile within about 12 KB of f32.
     let r = red[0];
-    let inner: usize = red[1..].iter().map(|&i| l.ranges[i]).product();
-    step[r] = divisor_at_most(l.ranges[r], (16 / inner.max(1)).max(1));
-    Some((grid_tiles(l, block), threads, step))
+    let inner: usize = red[1..].iter().map(|&i| l.ranges[i]).product::<usize>().max(1);
+    let per_index = if conv {
+        // Per input channel: the input window (stride at most 2) and the filter slice.
+        let rows: usize = tiled.iter().skip(1).map(|&(i, _)| 2 * block[i] + 4).product();
+        rows + block[tiled[0].0] * inner
+    } else {
+        (acc / block[tiled[tiled.len() - 1].0] + block[tiled[tiled.len() - 1].0]) * inner
+    };
+    let cap = (3072 / per_index.max(1)).clamp(1, 32);
+    let mut step = vec![0; n];
+    step[r] = divisor_at_most(l.ranges[r], cap);
+    Some(ContractionPlan { block: grid_tiles(l, block), threads, step })
 }
 
 /// Applies `strategy` to the kernel module. On error the module may be half transformed: the
@@ -257,8 +313,8 @@ pub fn apply(mlir: &MlirContext, module: &melior::ir::Module, strategy: Strategy
     match strategy {
         Strategy::PerOp => per_op(mlir, module, func),
         _ => {
-            blocks(mlir, module, func, strategy)?;
-            threads(mlir, module, strategy)?;
+            let plan = blocks(mlir, module, func, strategy)?;
+            threads(mlir, module, strategy, plan.as_ref())?;
             fuse_into_threads(mlir, module, strategy)
         }
     }
@@ -274,16 +330,19 @@ fn anchor_of(ops: &[RawOp]) -> Option<RawOp> {
 }
 
 /// Phase 1: the block grid over the anchor, every other compute op fused in.
-fn blocks(mlir: &MlirContext, module: &melior::ir::Module, func: RawOp, strategy: Strategy) -> Result<(), String> {
+fn blocks(mlir: &MlirContext, module: &melior::ir::Module, func: RawOp, strategy: Strategy) -> Result<Option<ContractionPlan>, String> {
     let ctx = &mlir.ctx;
     let ops = func.children();
     let anchor = anchor_of(&ops).ok_or("nothing to tile")?;
     let l = loops::loops(anchor).ok_or("the anchor has no static loops")?;
+    let mut plan = None;
     let block = match strategy {
         Strategy::Contraction => {
             let root = ops.iter().copied().rev().find(|o| is_contraction(*o)).ok_or("no contraction")?;
             let rl = loops::loops(root).ok_or("the contraction has no static loops")?;
-            let (block, _, _) = contraction_tiles(&rl).ok_or("the contraction is too small")?;
+            let cp = contraction_plan(root, &rl).ok_or("the contraction is too small")?;
+            let block = cp.block.clone();
+            plan = Some(cp);
             root.set_unit_attr(ctx, "kiln.contraction");
             // The anchor's loops are the contraction's parallel loops, in order.
             let par: Vec<usize> = (0..rl.ranges.len()).filter(|&i| rl.parallel[i]).map(|i| block[i]).collect();
@@ -327,11 +386,12 @@ fn blocks(mlir: &MlirContext, module: &melior::ir::Module, func: RawOp, strategy
     s.annotate(&forall, "kiln.block");
     let f = s.ops(&["func.func"], "%root");
     s.canonicalize(&f);
-    run(mlir, module, s, "block tiling")
+    run(mlir, module, s, "block tiling")?;
+    Ok(plan)
 }
 
 /// Phase 2: the thread loops of the strategy inside the block.
-fn threads(mlir: &MlirContext, module: &melior::ir::Module, strategy: Strategy) -> Result<(), String> {
+fn threads(mlir: &MlirContext, module: &melior::ir::Module, strategy: Strategy, plan: Option<&ContractionPlan>) -> Result<(), String> {
     let root = RawOp::of(&module.as_operation());
     let block = find_tagged(root, "kiln.block").ok_or("no block loop")?;
     let anchor = find_tagged(block, "kiln.anchor").ok_or("the anchor left the block")?;
@@ -371,10 +431,11 @@ fn threads(mlir: &MlirContext, module: &melior::ir::Module, strategy: Strategy) 
             }
         }
         Strategy::Contraction => {
-            contraction_steps(mlir, module, block)?;
+            let plan = plan.ok_or("no contraction plan")?;
+            contraction_steps(mlir, module, block, plan)?;
             let c = find_tagged(block, "kiln.contraction").ok_or("the contraction left the block")?;
             let cl = loops::loops(c).ok_or("the contraction has no static loops")?;
-            let (_, threads, _) = contraction_tiles_in_block(&cl).ok_or("no contraction tiling in the block")?;
+            let threads = plan.threads.clone();
             // Both operands' tiles are copied into workgroup memory by all the block's threads.
             for i in 0..c.num_operands() - 1 {
                 let pad = edit::defining_op(c.operand(i)).filter(|p| p.is("tensor.pad")).ok_or("an operand tile was not materialised")?;
@@ -424,17 +485,18 @@ fn threads(mlir: &MlirContext, module: &melior::ir::Module, strategy: Strategy) 
 /// The contraction's reduction in steps: its accumulator in workgroup memory, zeroed by the
 /// threads that will update it; each step's operand tiles materialised (padded copies, which
 /// become workgroup tiles).
-fn contraction_steps(mlir: &MlirContext, module: &melior::ir::Module, block: RawOp) -> Result<(), String> {
+fn contraction_steps(mlir: &MlirContext, module: &melior::ir::Module, block: RawOp, plan: &ContractionPlan) -> Result<(), String> {
     let c = find_tagged(block, "kiln.contraction").ok_or("the contraction left the block")?;
     let cl = loops::loops(c).ok_or("the contraction has no static loops")?;
-    let (_, threads, step) = contraction_tiles_in_block(&cl).ok_or("no contraction tiling in the block")?;
+    let (threads, step) = (plan.threads.clone(), plan.step.clone());
+    // The accumulator: the fill initialising it writes a fresh tensor, which becomes workgroup
+    // memory (not the output tile: copying that in first would race with the fill).
+    let fill_op = edit::defining_op(c.operand(c.num_operands() - 1)).filter(|f| f.is("linalg.fill")).ok_or("the contraction's init is not a fill")?;
+    let acc = fill_op.operand(fill_op.num_operands() - 1);
+    let empty = new_empty(&mlir.ctx, edit::value_type(acc), fill_op)?;
+    fill_op.set_operand(fill_op.num_operands() - 1, empty.result(0));
     let mut s = Script::new();
     let blk = s.tagged("kiln.block", None);
-    let h = s.tagged("kiln.contraction", Some(&blk));
-    let fill = s.producer_of(&h, c.num_operands() - 1);
-    s.raw(&format!(
-        "%acc, %acc_ops = transform.structured.bufferize_to_allocation {fill} {{memory_space = 3 : i64, bufferize_destination_only}} : !transform.any_op"
-    ));
     let h = s.tagged("kiln.contraction", Some(&blk));
     let fill = s.producer_of(&h, c.num_operands() - 1);
     let (_, fl) = s.tile_forall_threads(&fill, &threads_for_parallel(&cl, &threads), &thread_mapping_of(&threads));
@@ -443,6 +505,23 @@ fn contraction_steps(mlir: &MlirContext, module: &melior::ir::Module, block: Raw
     let (stepped, _) = s.tile_for(&h, &step);
     s.pad_inputs(&stepped, cl.ranges.len(), c.num_operands(), &zero_of(c));
     run(mlir, module, s, "contraction steps")
+}
+
+/// A `tensor.empty` of type `t` (static) inserted before `before`.
+pub fn new_empty(ctx: &melior::Context, t: mlir_sys::MlirType, before: RawOp) -> Result<RawOp, String> {
+    // SAFETY: a live type of this context.
+    let ty = unsafe { melior::ir::Type::from_raw(t) };
+    let op = melior::ir::operation::OperationBuilder::new("tensor.empty", melior::ir::Location::unknown(ctx))
+        .add_results(&[ty])
+        .build()
+        .map_err(|e| format!("building tensor.empty: {e}"))?;
+    let raw = op.into_raw();
+    // SAFETY: the new op goes into `before`'s block, before it.
+    unsafe {
+        let block = mlir_sys::mlirOperationGetBlock(before.0);
+        mlir_sys::mlirBlockInsertOwnedOperationBefore(block, before.0, raw);
+    }
+    Ok(RawOp(raw))
 }
 
 /// Threads per dimension (0: none) to copy a tile of `dims` with `budget` threads, innermost
@@ -468,25 +547,6 @@ fn copy_split(dims: &[usize], budget: usize) -> Vec<usize> {
         }
     }
     out
-}
-
-/// Inside the block the contraction's loops have their block extents; recompute its tiles there.
-fn contraction_tiles_in_block(l: &Loops) -> Option<(Vec<usize>, Vec<usize>, Vec<usize>)> {
-    let n = l.ranges.len();
-    let par: Vec<usize> = (0..n).filter(|&i| l.parallel[i] && l.ranges[i] > 1).collect();
-    let red: Vec<usize> = (0..n).filter(|&i| !l.parallel[i] && l.ranges[i] > 1).collect();
-    if par.len() < 2 || red.is_empty() {
-        return None;
-    }
-    let (m, nn) = (par[par.len() - 2], par[par.len() - 1]);
-    let mut threads = vec![0; n];
-    threads[m] = divisor_at_most(l.ranges[m], 16);
-    threads[nn] = divisor_at_most(l.ranges[nn], 16);
-    let mut step = vec![0; n];
-    let r = red[0];
-    let inner: usize = red[1..].iter().map(|&i| l.ranges[i]).product();
-    step[r] = divisor_at_most(l.ranges[r], (16 / inner.max(1)).max(1));
-    Some((vec![0; n], threads, step))
 }
 
 /// Thread counts over an op's parallel loops only (for the fill of the contraction's output).

@@ -5,6 +5,7 @@ use crate::target::edit::{self, RawOp};
 use crate::target::MlirContext;
 
 /// Capabilities kernels may use; `spirv-update-vce` keeps only those they do use.
+const CAPS: &str = "Addresses, Int64, Int8, Int16, Float16, Float64, Kernel";
 const TARGET: &str = "spirv-attach-target{ver=v1.0 caps=Addresses,Int64,Int8,Int16,Float16,Float64,Kernel client_api=OpenCL}";
 
 /// Lowers the device module to SPIR-V; returns the binary and the SPIR-V dialect text.
@@ -17,8 +18,15 @@ pub fn lower(mlir: &MlirContext, module: &mut melior::ir::Module) -> Result<(Vec
         let abi = edit::parse_attr(&mlir.ctx, &format!("#spirv.entry_point_abi<workgroup_size = [{dims}]>")).ok_or("bad entry point ABI")?;
         f.set_attr("spirv.entry_point_abi", abi);
     }
+    // The same environment as the module's target, where the math conversion looks for it (without
+    // it, math becomes Vulkan's GLSL instructions): math becomes OpenCL's extended instructions.
+    let env = edit::parse_attr(&mlir.ctx, &format!("#spirv.target_env<#spirv.vce<v1.0, [{CAPS}], []>, api=OpenCL, #spirv.resource_limits<>>"))
+        .ok_or("bad SPIR-V target environment")?;
+    for m in root.children().into_iter().filter(|o| o.is("gpu.module")) {
+        m.set_attr("spirv.target_env", env);
+    }
     let pipeline = format!(
-        "builtin.module({TARGET},map-memref-spirv-storage-class{{client-api=opencl}},convert-gpu-to-spirv{{use-64bit-index=true}},gpu.module(spirv.module(spirv-lower-abi-attrs,spirv-update-vce)))"
+        "builtin.module({TARGET},map-memref-spirv-storage-class{{client-api=opencl}},gpu.module(convert-math-to-spirv),convert-gpu-to-spirv{{use-64bit-index=true}},gpu.module(spirv.module(spirv-lower-abi-attrs,spirv-update-vce)))"
     );
     mlir.run_pipeline(module, &pipeline).map_err(|e| format!("lowering to SPIR-V: {e}"))?;
     let text = module.as_operation().to_string();
