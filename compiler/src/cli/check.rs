@@ -62,6 +62,14 @@ pub struct Args {
     /// No progress bar.
     #[arg(long, short)]
     quiet: bool,
+    /// Run compiled tests in this process. By default they run in worker processes, so that a
+    /// kernel that crashes (or corrupts a device runtime's memory) fails its own test instead of
+    /// ending the run.
+    #[arg(long)]
+    in_process: bool,
+    /// (Internal) be a worker: read test folders from stdin, write one JSON result per line.
+    #[arg(long, hide = true)]
+    worker: bool,
 }
 
 #[derive(serde::Serialize)]
@@ -82,6 +90,9 @@ struct JsonReport<'a> {
 }
 
 pub fn run(args: &Args) -> Result<i32> {
+    if args.worker {
+        return worker(args);
+    }
     let tests = testcase::find_tests(&args.dirs)?;
     let expected: Option<Vec<String>> = match &args.expect {
         None => None,
@@ -119,12 +130,17 @@ pub fn run(args: &Args) -> Result<i32> {
             _ => compiled(g, x, &base),
         }
     };
-    let results = testcase::run_all(&tests, &engine, tol, threads, &|r: &CaseResult| {
+    let done = |r: &CaseResult| {
         bar.inc(1);
         if let Outcome::Fail(_) = r.outcome {
             bar.set_message(format!("(last failure: {})", r.name));
         }
-    });
+    };
+    let results = if device == CheckDevice::Ref || args.in_process {
+        testcase::run_all(&tests, &engine, tol, threads, &done)
+    } else {
+        run_isolated(&tests, args, threads, &done)
+    };
     bar.finish_and_clear();
 
     let (mut passed, mut failed, mut skipped) = (0, 0, 0);
@@ -207,6 +223,113 @@ pub fn run(args: &Args) -> Result<i32> {
     }
     println!("{passed} passed, {failed} failed, {skipped} skipped");
     Ok(code)
+}
+
+/// Runs each test in a worker process (`kiln check --worker`), `threads` workers at a time; a
+/// worker that dies fails the test it was running and is replaced.
+fn run_isolated(tests: &[PathBuf], args: &Args, threads: usize, done: &(dyn Fn(&CaseResult) + Sync)) -> Vec<CaseResult> {
+    use std::io::{BufRead, BufReader, Write};
+    use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Mutex;
+
+    struct Worker {
+        child: Child,
+        input: ChildStdin,
+        output: BufReader<ChildStdout>,
+    }
+    let spawn = || -> std::io::Result<Worker> {
+        let exe = std::env::current_exe()?;
+        let mut child = Command::new(exe)
+            .args(["check", "--worker", "--device", args.device.name(), "--rtol", &args.rtol.to_string(), "--atol", &args.atol.to_string(), "."])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()?;
+        let input = child.stdin.take().expect("piped");
+        let output = BufReader::new(child.stdout.take().expect("piped"));
+        Ok(Worker { child, input, output })
+    };
+    let next = AtomicUsize::new(0);
+    let results: Mutex<Vec<Option<CaseResult>>> = Mutex::new((0..tests.len()).map(|_| None).collect());
+    std::thread::scope(|s| {
+        for _ in 0..threads.max(1) {
+            s.spawn(|| {
+                let mut worker: Option<Worker> = None;
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(dir) = tests.get(i) else { break };
+                    let start = std::time::Instant::now();
+                    let outcome = (|| {
+                        if worker.is_none() {
+                            worker = Some(spawn().map_err(|e| format!("cannot start a worker process: {e}"))?);
+                        }
+                        let w = worker.as_mut().expect("started");
+                        let mut line = String::new();
+                        let sent = writeln!(w.input, "{}", dir.display()).and_then(|()| w.input.flush());
+                        let got = sent.and_then(|()| w.output.read_line(&mut line));
+                        if !matches!(got, Ok(n) if n > 0) {
+                            let status = w.child.wait().map(|s| s.to_string()).unwrap_or_else(|e| e.to_string());
+                            worker = None;
+                            return Err(format!("crashed: the worker process running it died ({status})"));
+                        }
+                        let v: serde_json::Value = serde_json::from_str(&line).map_err(|e| format!("a worker's answer does not parse: {e}"))?;
+                        let reason = v["reason"].as_str().unwrap_or_default().to_string();
+                        Ok(match v["status"].as_str() {
+                            Some("pass") => Outcome::Pass,
+                            Some("skip") => Outcome::Skip(reason),
+                            _ => Outcome::Fail(reason),
+                        })
+                    })()
+                    .unwrap_or_else(Outcome::Fail);
+                    let r = CaseResult { name: testcase::test_name(dir), outcome, time: start.elapsed() };
+                    done(&r);
+                    results.lock().unwrap_or_else(|p| p.into_inner())[i] = Some(r);
+                }
+                if let Some(mut w) = worker {
+                    drop(w.input);
+                    let _ = w.child.wait();
+                }
+            });
+        }
+    });
+    results.into_inner().unwrap_or_else(|p| p.into_inner()).into_iter().map(|r| r.expect("every test ran")).collect()
+}
+
+/// Worker mode: each line of stdin is a test folder; each answer one JSON line on stdout.
+fn worker(args: &Args) -> Result<i32> {
+    use std::io::{BufRead, Write};
+    let base = match args.device {
+        CheckDevice::Cuda => super::common::options_for(crate::TargetKind::Cuda),
+        CheckDevice::Opencl => super::common::options_for(crate::TargetKind::Opencl),
+        _ => crate::Options::default(),
+    };
+    let device = args.device;
+    let engine = move |g: &kiln_ir::Graph, x: &[kiln_ir::Tensor]| -> Result<Vec<kiln_ir::Tensor>, EngineError> {
+        match device {
+            CheckDevice::Ref => Ok(kiln_ir::eval::run(g, x)?),
+            _ => compiled(g, x, &base),
+        }
+    };
+    let tol = Tolerance { rtol: args.rtol, atol: args.atol };
+    let stdout = std::io::stdout();
+    for line in std::io::stdin().lock().lines() {
+        let line = line.map_err(|e| CompileError::Internal(format!("reading the test list: {e}")))?;
+        let dir = PathBuf::from(line.trim());
+        let start = std::time::Instant::now();
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| testcase::run_case(&dir, &engine, tol)))
+            .unwrap_or_else(|_| Outcome::Fail("panicked".into()));
+        let (status, reason) = match &outcome {
+            Outcome::Pass => ("pass", None),
+            Outcome::Fail(w) => ("fail", Some(w.as_str())),
+            Outcome::Skip(w) => ("skip", Some(w.as_str())),
+        };
+        let name = testcase::test_name(&dir);
+        let text = serde_json::to_string(&JsonCase { name: &name, status, reason, ms: start.elapsed().as_secs_f64() * 1e3 }).expect("serialises");
+        let mut out = stdout.lock();
+        writeln!(out, "{text}").and_then(|()| out.flush()).map_err(|e| CompileError::Internal(format!("answering: {e}")))?;
+    }
+    Ok(0)
 }
 
 /// Fails unless a device of `target` is usable here.

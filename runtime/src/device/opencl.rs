@@ -183,7 +183,7 @@ pub struct OpenclProgram {
     load_bytes: u64,
     // Kept alive for the kernels' arguments: constants, the arena, sub-buffers, own scratch.
     _memory: Vec<Buffer<u8>>,
-    _program: Program,
+    _program: Option<Program>,
     context: Context,
     device: cl_device_id,
 }
@@ -201,21 +201,32 @@ impl OpenclProgram {
         let description = info.describe();
         let device = Device::new(info.id);
         let context = Context::from_device(&device).map_err(cl("creating a context"))?;
-        let out_of_order = device.queue_on_host_properties().unwrap_or(0) & CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE != 0;
+        let out_of_order = device.queue_on_host_properties().unwrap_or(0) & CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE != 0
+            && std::env::var_os("KILN_OPENCL_IN_ORDER").is_none();
         let queue = queue(&context, info.id, out_of_order, false)?;
 
         let code = artifact.blob(m.code)?;
         if code.len() < 20 || code[..4] != [0x03, 0x02, 0x23, 0x07] {
             return Err(err("the code blob is not a SPIR-V module (no SPIR-V magic number)"));
         }
-        let mut program =
-            Program::create_from_il(&context, code).map_err(|e| err(format!("{description} rejected the SPIR-V (clCreateProgramWithIL): {e}")))?;
-        if let Err(e) = program.build(&[info.id], "") {
-            let log = program.get_build_log(info.id).unwrap_or_default();
-            let log = log.trim();
-            let what = if e.0 == CL_BUILD_PROGRAM_FAILURE { "building the program failed" } else { "building the program" };
-            return Err(err(format!("{what} on {description}: {e}{}", if log.is_empty() { String::new() } else { format!("; build log:\n{log}") })));
-        }
+        // A model with nothing to compute (every output empty) has a module without entry points,
+        // which OpenCL refuses to build: it needs no program.
+        let program = if m.kernels.is_empty() {
+            None
+        } else {
+            let mut program = Program::create_from_il(&context, code)
+                .map_err(|e| err(format!("{description} rejected the SPIR-V (clCreateProgramWithIL): {e}")))?;
+            if let Err(e) = program.build(&[info.id], "") {
+                let log = program.get_build_log(info.id).unwrap_or_default();
+                let log = log.trim();
+                let what = if e.0 == CL_BUILD_PROGRAM_FAILURE { "building the program failed" } else { "building the program" };
+                return Err(err(format!(
+                    "{what} on {description}: {e}{}",
+                    if log.is_empty() { String::new() } else { format!("; build log:\n{log}") }
+                )));
+            }
+            Some(program)
+        };
 
         // Memory: inputs, outputs and constants are buffers of their own, scratch lives in the arena.
         let align = (device.mem_base_addr_align().unwrap_or(1024) / 8).max(1) as u64;
@@ -304,6 +315,9 @@ impl OpenclProgram {
             memory.push(sub);
         }
         memory.push(arena);
+        // Blocking writes on an out-of-order queue are not reliably complete when they return
+        // (seen with Intel's CPU runtime: kernels then read stale constants): wait for them all.
+        queue.finish().map_err(cl("uploading constants"))?;
 
         // One kernel object per launch, arguments bound once.
         let max_wg = device.max_work_group_size().unwrap_or(usize::MAX);
@@ -320,7 +334,7 @@ impl OpenclProgram {
         let mut ranges = Vec::with_capacity(m.launches.len());
         for (j, launch) in m.launches.iter().enumerate() {
             let k = &m.kernels[launch.kernel];
-            let kernel = Kernel::create(&program, &k.symbol)
+            let kernel = Kernel::create(program.as_ref().expect("built: the manifest has kernels"), &k.symbol)
                 .map_err(|e| err(format!("the SPIR-V has no kernel `{}` (kernel {}, {}): {e}", k.symbol, launch.kernel, k.label)))?;
             // A kernel built with a fixed LocalSize fails every launch with another local size.
             let fixed = kernel.get_compile_work_group_size(info.id).unwrap_or_default();

@@ -23,6 +23,7 @@ pub enum Flavor {
 /// Legalises the allocations of every `gpu.func` in `device` (a `gpu.module`).
 pub fn legalize(ctx: &melior::Context, device: RawOp, flavor: Flavor) -> Result<(), String> {
     for func in device.children().into_iter().filter(|f| f.is("gpu.func")) {
+        resize_empty_arguments(ctx, func)?;
         let entry = func.block(0).ok_or("a gpu.func without a body")?;
         let mut attributions = 0usize;
         for op in func.descendants().into_iter().filter(|o| o.is("memref.alloc") || o.is("memref.alloca")) {
@@ -55,6 +56,57 @@ pub fn legalize(ctx: &melior::Context, device: RawOp, flavor: Flavor) -> Result<
         if attributions > 0 {
             let a = edit::parse_attr(ctx, &format!("{attributions} : i64")).expect("an integer attribute");
             func.set_attr("workgroup_attributions", a);
+        }
+    }
+    Ok(())
+}
+
+/// A buffer argument with no elements (an empty input a kernel never reads) becomes a
+/// one-element buffer: SPIR-V has no zero-length arrays, and the runtime gives empty buffers a
+/// few bytes anyway. Only arguments nothing uses are changed.
+fn resize_empty_arguments(ctx: &melior::Context, func: RawOp) -> Result<(), String> {
+    let Some(entry) = func.block(0) else { return Ok(()) };
+    let Some(ft) = func.attr("function_type") else { return Ok(()) };
+    // SAFETY: reading and rebuilding a live gpu.func's signature; retyped arguments have no uses.
+    unsafe {
+        let fty = mlir_sys::mlirTypeAttrGetValue(ft);
+        let n_in = mlir_sys::mlirFunctionTypeGetNumInputs(fty);
+        let mut inputs: Vec<mlir_sys::MlirType> = (0..n_in).map(|i| mlir_sys::mlirFunctionTypeGetInput(fty, i)).collect();
+        let mut changed = false;
+        for (i, input) in inputs.iter_mut().enumerate() {
+            let dims = edit::static_dims(*input);
+            if !dims.is_some_and(|d| d.iter().product::<usize>() == 0) || i >= mlir_sys::mlirBlockGetNumArguments(entry) as usize {
+                continue;
+            }
+            let arg = mlir_sys::mlirBlockGetArgument(entry, i as isize);
+            if !edit::users(arg).is_empty() {
+                continue;
+            }
+            let text = edit::type_text(*input);
+            let elem = text
+                .trim_start_matches("memref<")
+                .split(['x', ',', '>'])
+                .filter(|p| !p.is_empty() && !p.chars().all(|c| c.is_ascii_digit()))
+                .next()
+                .unwrap_or("f32")
+                .trim()
+                .to_string();
+            let one = edit::parse_type(ctx, &format!("memref<1x{elem}>")).ok_or_else(|| format!("cannot retype the empty argument {text}"))?;
+            edit::set_value_type(arg, one);
+            *input = one;
+            changed = true;
+        }
+        if changed {
+            let n_out = mlir_sys::mlirFunctionTypeGetNumResults(fty);
+            let outputs: Vec<mlir_sys::MlirType> = (0..n_out).map(|i| mlir_sys::mlirFunctionTypeGetResult(fty, i)).collect();
+            let new = mlir_sys::mlirFunctionTypeGet(
+                mlir_sys::mlirTypeGetContext(fty),
+                inputs.len() as isize,
+                inputs.as_ptr(),
+                outputs.len() as isize,
+                outputs.as_ptr(),
+            );
+            func.set_attr("function_type", mlir_sys::mlirTypeAttrGet(new));
         }
     }
     Ok(())

@@ -108,10 +108,14 @@ pub fn compile(graph: &Graph, kernels: &[Kernel], target: &GpuTarget, mut texts:
         plans.push(plan);
     }
     // Every kernel's functions, prepared once: loops from linalg, views folded into loads and
-    // stores, then memory spaces for the temporaries.
+    // stores, arithmetic neither target has (floor division, bf16 conversions) expanded, then
+    // memory spaces for the temporaries.
     let internal = |stage: &'static str, e: String| CompileError::Codegen { kernel: "device".into(), label: target.detail(), stage, msg: e };
-    mlir.run_pipeline(&mut device_module, "builtin.module(gpu.module(convert-linalg-to-loops,fold-memref-alias-ops,lower-affine,canonicalize,cse))")
-        .map_err(|e| internal("device loops", e))?;
+    mlir.run_pipeline(
+        &mut device_module,
+        "builtin.module(gpu.module(convert-linalg-to-loops,fold-memref-alias-ops,lower-affine,arith-expand{include-bf16=true},canonicalize,cse))",
+    )
+    .map_err(|e| internal("device loops", e))?;
     let flavor = match target {
         GpuTarget::Cuda(_) => memory::Flavor::Nvvm,
         GpuTarget::Opencl => memory::Flavor::Spirv,
@@ -166,6 +170,7 @@ fn lower_kernel<'c>(mlir: &'c MlirContext, graph: &Graph, k: &Kernel) -> Result<
         prepare(&mut m).map_err(|e| stage_err(k, "fuse elementwise", e))?;
         let root = RawOp::of(&m.as_operation());
         let func = schedule::kernel_func(root).ok_or_else(|| stage_err(k, "schedule", "no kernel function"))?;
+        schedule::drop_empty_ops(func);
         let list = candidates
             .get_or_insert_with(|| {
                 let all = schedule::candidates(func);

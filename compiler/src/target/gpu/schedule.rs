@@ -61,10 +61,33 @@ pub fn kernel_func(root: RawOp) -> Option<RawOp> {
     root.children().into_iter().find(|o| o.is("func.func"))
 }
 
+/// Ops with an empty iteration space do nothing: their results are their inits, unchanged (a
+/// reduction over nothing is its initial value; an empty result is empty). They go before
+/// scheduling, since MLIR's tiling divides by loop extents.
+pub fn drop_empty_ops(func: RawOp) {
+    for op in func.children() {
+        let Some(l) = loops::loops(op) else { continue };
+        if !l.ranges.contains(&0) || op.num_results() == 0 || op.num_results() > op.num_operands() {
+            continue;
+        }
+        let inits = op.num_operands() - op.num_results();
+        for r in 0..op.num_results() {
+            edit::replace_uses(op.result(r), op.operand(inits + r));
+        }
+        op.erase();
+    }
+}
+
 /// The strategies worth trying for a kernel, best first; `PerOp` always ends the list.
 pub fn candidates(func: RawOp) -> Vec<Strategy> {
     let compute: Vec<(RawOp, Loops)> = func.children().into_iter().filter_map(|o| loops::loops(o).map(|l| (o, l))).collect();
     let mut out = Vec::new();
+    // Fusion tiles one output: a kernel writing several (a split, a normalisation's statistics)
+    // gives each op its own grid.
+    let outputs = func.children().into_iter().filter(|o| o.is("bufferization.materialize_in_destination")).count();
+    if outputs > 1 {
+        return vec![Strategy::PerOp];
+    }
     if compute.iter().any(|(o, l)| is_contraction(*o) && contraction_plan(*o, l).is_some()) {
         out.push(Strategy::Contraction);
     }
@@ -648,6 +671,13 @@ pub fn tile_each(mlir: &MlirContext, module: &melior::ir::Module, ops: &[RawOp],
     for &op in ops {
         // An op without parallel loops to distribute is left alone: it runs on one thread.
         let Some(l) = loops::loops(op).or_else(|| pad_loops(op)) else { continue };
+        if l.ranges.contains(&0) {
+            // Nothing to do (and nothing MLIR can tile): an op on buffers goes.
+            if op.num_results() == 0 {
+                op.erase();
+            }
+            continue;
+        }
         let Some((block, split)) = parallel_blocks(&l) else { continue };
         let Some(block) = at_least_one_block(&l, block) else { continue };
         let name = format!("kiln.op{n}");
@@ -671,7 +701,15 @@ pub fn tile_each(mlir: &MlirContext, module: &melior::ir::Module, ops: &[RawOp],
     }
     let f = s.ops(&["func.func"], "%root");
     s.canonicalize(&f);
-    run(mlir, module, s, what)
+    let r = run(mlir, module, s, what);
+    // The tiled ops keep their tags; a later call must not match them again.
+    let root = RawOp::of(&module.as_operation());
+    for o in root.descendants() {
+        for i in 0..n {
+            o.remove_attr(&format!("kiln.op{i}"));
+        }
+    }
+    r
 }
 
 /// A `tensor.pad`'s loops: its result's dimensions, all parallel.
