@@ -15,8 +15,10 @@ demo: setup
 	$(CARGO) run --release -q -p kiln-compiler --bin kiln -- demo
 
 # The OpenCL device's tests need a platform that builds SPIR-V: setup-opencl.sh installs Intel's
-# CPU runtime (once) and prints the environment that finds it.
+# CPU runtime (once) and prints the environment that finds it. setup-cuda-tools.sh installs ptxas
+# and libdevice (Debian's nvidia-cuda-toolkit), which check and link the PTX kiln makes.
 test: setup check-runtime-deps
+	./scripts/setup-cuda-tools.sh
 	eval "$$(./scripts/setup-opencl.sh)" && $(CARGO) test --workspace
 	$(MAKE) --no-print-directory examples
 	$(MAKE) --no-print-directory conformance
@@ -28,12 +30,13 @@ examples:
 	$(CARGO) run -q -p kiln-compiler --example jit_mlp -- --save target/examples/mlp.kiln
 	$(CARGO) run -q -p kiln-runtime --example run_artifact -- target/examples/mlp.kiln
 
-# The ONNX backend tests, on the reference interpreter and compiled for the CPU: every test listed
-# in tests/conformance/<device>.txt must pass (a ratchet). The data is fetched once into
-# ~/.cache/kiln.
+# The ONNX backend tests, on the reference interpreter, compiled for the CPU and compiled to SPIR-V
+# for OpenCL (Intel's CPU runtime here): every test listed in tests/conformance/<device>.txt must
+# pass (a ratchet). The data is fetched once into ~/.cache/kiln.
+DEVICES := ref cpu opencl
 conformance:
 	$(CARGO) build -q -p kiln-compiler --bin kiln
-	@d=$$(./scripts/fetch-onnx-tests.sh) && for dev in ref cpu; do \
+	@eval "$$(./scripts/setup-opencl.sh)" && d=$$(./scripts/fetch-onnx-tests.sh) && for dev in $(DEVICES); do \
 	  echo "conformance on $$dev:"; \
 	  ./target/debug/kiln check $(addprefix $$d/,$(SUITES)) --device $$dev --expect tests/conformance/$$dev.txt --quiet || exit 1; \
 	done
@@ -41,7 +44,7 @@ conformance:
 # Refreshes the ratchet lists with every test that passes now.
 ratchet:
 	$(CARGO) build -q -p kiln-compiler --bin kiln
-	@d=$$(./scripts/fetch-onnx-tests.sh) && for dev in ref cpu; do \
+	@eval "$$(./scripts/setup-opencl.sh)" && d=$$(./scripts/fetch-onnx-tests.sh) && for dev in $(DEVICES); do \
 	  ./target/debug/kiln check $(addprefix $$d/,$(SUITES)) --device $$dev --write-passing tests/conformance/$$dev.txt --quiet | tail -n 1; \
 	done
 

@@ -103,7 +103,13 @@ pub fn compile(graph: &Graph, options: &Options, keep_stages: bool) -> Result<Co
                 _ => (gpu::GpuTarget::Opencl, Target::Opencl),
             };
             let mut texts = gpu::GpuTexts::default();
-            let c = gpu::compile(&g, &partition.kernels, &target, keep.then_some(&mut texts))?;
+            let forced = options.gpu_schedule.clone().or_else(|| std::env::var("KILN_GPU_SCHEDULE").ok());
+            if let Some(f) = &forced {
+                if !["parallel", "reduction", "contraction", "per-op"].contains(&f.as_str()) {
+                    return Err(CompileError::Usage(format!("no GPU schedule `{f}` (parallel, reduction, contraction or per-op)")));
+                }
+            }
+            let c = gpu::compile(&g, &partition.kernels, &target, forced.as_deref(), keep.then_some(&mut texts))?;
             stages.mlir = texts.mlir;
             stages.lowered = texts.lowered;
             stages.llvm = texts.llvm;
@@ -246,8 +252,8 @@ fn cache_key(graph: &Graph, options: &Options) -> String {
         env!("CARGO_PKG_VERSION"),
         options.target.name(),
         options.ptx,
-        // A forced GPU schedule (debugging) makes different code.
-        std::env::var("KILN_GPU_SCHEDULE").ok(),
+        // A forced GPU schedule (tests, debugging) makes different code.
+        options.gpu_schedule.clone().or_else(|| std::env::var("KILN_GPU_SCHEDULE").ok()),
         shapes,
         values,
         inkwell::targets::TargetMachine::get_host_cpu_features(),

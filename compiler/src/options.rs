@@ -37,6 +37,9 @@ pub struct Options {
     pub cache: bool,
     /// For `--target cuda`: the GPU architecture and PTX ISA version.
     pub ptx: crate::target::gpu::PtxTarget,
+    /// GPU targets: use only this schedule (`parallel`, `reduction`, `contraction`) where it applies,
+    /// else per-op; for tests and debugging (`KILN_GPU_SCHEDULE` does the same).
+    pub gpu_schedule: Option<String>,
 }
 
 impl Default for Options {
@@ -48,6 +51,7 @@ impl Default for Options {
             dump_dir: None,
             cache: true,
             ptx: Default::default(),
+            gpu_schedule: None,
         }
     }
 }

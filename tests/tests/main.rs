@@ -6,5 +6,6 @@ mod codegen_scan;
 mod compile;
 mod decompose;
 mod differential;
+mod gpu;
 mod stages;
 mod toolchain;

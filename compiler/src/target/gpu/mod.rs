@@ -85,7 +85,8 @@ fn stage_err(k: &Kernel, stage: &'static str, msg: impl Into<String>) -> Compile
 }
 
 /// Compiles every kernel for `target`.
-pub fn compile(graph: &Graph, kernels: &[Kernel], target: &GpuTarget, mut texts: Option<&mut GpuTexts>) -> Result<GpuCode> {
+/// `forced` names the one schedule to use where it applies (else per-op).
+pub fn compile(graph: &Graph, kernels: &[Kernel], target: &GpuTarget, forced: Option<&str>, mut texts: Option<&mut GpuTexts>) -> Result<GpuCode> {
     let mlir = MlirContext::new();
     let mut device_module = Module::parse(&mlir.ctx, "module attributes {gpu.container_module} {\n  gpu.module @kiln_kernels {\n  }\n}")
         .ok_or_else(|| CompileError::Internal("the device module does not parse".into()))?;
@@ -93,7 +94,7 @@ pub fn compile(graph: &Graph, kernels: &[Kernel], target: &GpuTarget, mut texts:
     let mut plans = Vec::with_capacity(kernels.len());
     let mut functions = Vec::new();
     for (i, k) in kernels.iter().enumerate() {
-        let (module, plan, text, strategy) = lower_kernel(&mlir, graph, k)?;
+        let (module, plan, text, strategy) = lower_kernel(&mlir, graph, k, forced)?;
         if let Some(t) = texts.as_deref_mut() {
             t.mlir.push_str(&text);
             t.lowered.push_str(&format!("// kernel {} ({}): {strategy} schedule\n", k.name, k.label));
@@ -147,7 +148,12 @@ pub fn compile(graph: &Graph, kernels: &[Kernel], target: &GpuTarget, mut texts:
 /// Builds one kernel, schedules it (the first strategy that applies) and maps it to launches;
 /// returns its module (host function and outlined `gpu.module`s), its plan, its codegen text and
 /// the strategy used.
-fn lower_kernel<'c>(mlir: &'c MlirContext, graph: &Graph, k: &Kernel) -> Result<(Module<'c>, KernelPlan, String, schedule::Strategy)> {
+fn lower_kernel<'c>(
+    mlir: &'c MlirContext,
+    graph: &Graph,
+    k: &Kernel,
+    forced: Option<&str>,
+) -> Result<(Module<'c>, KernelPlan, String, schedule::Strategy)> {
     let build = || -> Result<Module<'c>> {
         let m = codegen::build_kernel(&mlir.ctx, graph, k)?;
         if !m.as_operation().verify() {
@@ -174,11 +180,10 @@ fn lower_kernel<'c>(mlir: &'c MlirContext, graph: &Graph, k: &Kernel) -> Result<
         let list = candidates
             .get_or_insert_with(|| {
                 let all = schedule::candidates(func);
-                // KILN_GPU_SCHEDULE=parallel|reduction|contraction: only that one where it
-                // applies, else per-op; for debugging and tests.
-                match std::env::var("KILN_GPU_SCHEDULE") {
-                    Ok(only) => all.into_iter().filter(|s| s.to_string() == only || *s == schedule::Strategy::PerOp).collect(),
-                    Err(_) => all,
+                // A forced schedule: only that one where it applies, else per-op.
+                match forced {
+                    Some(only) => all.into_iter().filter(|s| s.to_string() == only || *s == schedule::Strategy::PerOp).collect(),
+                    None => all,
                 }
             })
             .clone();
