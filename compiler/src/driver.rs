@@ -152,10 +152,16 @@ fn gpu_code(c: gpu::GpuCode, target: Target) -> Code {
 
 /// The graph after specialisation and the graph passes.
 fn optimize(graph: &Graph, options: &Options) -> Result<Graph> {
+    optimize_traced(graph, options, &mut |_, _, _| {})
+}
+
+/// `optimize`, calling `after(stage, graph, changed)` after specialisation and each pass.
+fn optimize_traced(graph: &Graph, options: &Options, after: &mut dyn FnMut(&str, &Graph, bool)) -> Result<Graph> {
     use passes::specialize;
     let mut g = graph.clone();
     specialize::specialize(&mut g, &options.input_shapes)?;
-    passes::run_passes(&mut g, &passes::default_passes(), |_, _, _| {})?;
+    after("specialize", &g, true);
+    passes::run_passes(&mut g, &passes::default_passes(), &mut *after)?;
     if specialize::has_dynamic_shapes(&g) {
         // Shapes that depend on input values: bind those inputs when their values are known.
         let names: Vec<String> = specialize::shape_inputs(&g).into_iter().map(|i| g.node(g.inputs()[i]).name.clone()).collect();
@@ -173,7 +179,8 @@ fn optimize(graph: &Graph, options: &Options) -> Result<Graph> {
             )));
         }
         specialize::bind_values(&mut g, &bound)?;
-        passes::run_passes(&mut g, &passes::default_passes(), |_, _, _| {})?;
+        after("bind-values", &g, true);
+        passes::run_passes(&mut g, &passes::default_passes(), &mut *after)?;
         if specialize::has_dynamic_shapes(&g) {
             return Err(CompileError::DynamicShapes(
                 "result shapes depend on data (NonZero, Compress...), which static compilation cannot express".into(),
@@ -194,6 +201,20 @@ fn optimize(graph: &Graph, options: &Options) -> Result<Graph> {
     }
     g.verify()?;
     Ok(g)
+}
+
+/// The graph after specialisation and after each graph pass, in kiln's text form (a pass that
+/// changed nothing is named without its graph).
+pub fn pass_trace(graph: &Graph, options: &Options) -> Result<String> {
+    let mut out = String::new();
+    optimize_traced(graph, options, &mut |name, g, changed| {
+        if changed {
+            out.push_str(&format!("// after {name}\n{}\n", text::print(g, text::Weights::Summary)));
+        } else {
+            out.push_str(&format!("// after {name}: no change\n\n"));
+        }
+    })?;
+    Ok(out)
 }
 
 /// The stages before codegen (the optimised graph and the fused kernels), for printing.

@@ -8,6 +8,8 @@ use crate::{CompileError, Options, Result, Stages};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum StageArg {
+    /// The op graph after specialisation and after each graph pass.
+    Passes,
     /// The op graph after the graph passes.
     Graph,
     /// The kernels fusion made.
@@ -69,6 +71,10 @@ pub fn run(args: &Args) -> Result<()> {
         ptx: args.cuda.ptx()?,
         ..Options::default()
     };
+    if args.stage == StageArg::Passes {
+        print!("{}", crate::driver::pass_trace(&graph, &options)?);
+        return Ok(());
+    }
     let stages: Stages = if name == "graph" || name == "fused" {
         // These need no codegen: stop before it, so a model kiln cannot compile still prints.
         crate::driver::front(&graph, &options)?
