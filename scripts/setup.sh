@@ -15,7 +15,8 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 
 # LLVM/MLIR 22. libpolly-22-dev and libzstd-dev are needed at link time even though nothing names them.
-PACKAGES=(build-essential pkg-config ca-certificates curl python3 python3-venv
+# spirv-tools disassembles the SPIR-V kiln makes for OpenCL (`kiln emit --stage spirv`).
+PACKAGES=(build-essential pkg-config ca-certificates curl python3 python3-venv spirv-tools
           llvm-22-dev libmlir-22-dev mlir-22-tools libpolly-22-dev libzstd-dev zlib1g-dev libclang-22-dev)
 
 missing=()

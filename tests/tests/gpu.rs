@@ -149,3 +149,25 @@ fn cuda_without_a_gpu_is_a_clear_error() {
         }
     }
 }
+
+/// The SPIR-V kiln makes is valid for OpenCL, by Khronos' validator.
+#[test]
+fn spirv_passes_the_validator() {
+    let val = std::process::Command::new("spirv-val").arg("--version").output();
+    if !val.is_ok_and(|o| o.status.success()) {
+        return skipped("spirv-val not installed (Debian: spirv-tools, which scripts/setup.sh installs); the SPIR-V was not validated");
+    }
+    let dir = std::env::temp_dir().join(format!("kiln-spirv-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut graphs = vec![("mlp", models::mlp(4, 32, 64, 10, 1).unwrap()), ("cifarnet", models::cifarnet(4, 0).unwrap())];
+    graphs.extend(schedule_graphs().into_iter().map(|(n, g, _)| (n, g)));
+    for (name, g) in &graphs {
+        let options = Options { target: TargetKind::Opencl, cache: false, ..Options::default() };
+        let art = kiln_compiler::compile(g, &options, false).unwrap_or_else(|e| panic!("{name}: {e}")).artifact;
+        let file = dir.join(format!("{}.spv", name.replace(' ', "_")));
+        std::fs::write(&file, art.blob(art.manifest.code).unwrap()).unwrap();
+        let out = std::process::Command::new("spirv-val").args(["--target-env", "opencl1.2"]).arg(&file).output().unwrap();
+        assert!(out.status.success(), "spirv-val rejects {name}: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
