@@ -161,7 +161,9 @@ fn lower_kernel<'c>(
         }
         Ok(m)
     };
-    let prepare = |m: &mut Module<'c>| mlir.run_pipeline(m, "builtin.module(func.func(linalg-fold-unit-extent-dims,linalg-fuse-elementwise-ops),canonicalize,cse)");
+    let prepare = |m: &mut Module<'c>| {
+        mlir.run_pipeline(m, "builtin.module(func.func(linalg-fold-unit-extent-dims,linalg-fuse-elementwise-ops),canonicalize,cse)")
+    };
     let first = build()?;
     let text = first.as_operation().to_string();
     let mut first = Some(first);

@@ -23,7 +23,7 @@
 use std::fmt;
 
 use super::loops::{self, Loops};
-use super::script::{mapping, Script};
+use super::script::{block_mapping, mapping, Script};
 use crate::target::edit::{self, RawOp};
 use crate::target::MlirContext;
 
@@ -190,7 +190,11 @@ fn thread_split(l: &Loops, budget: usize) -> Vec<(usize, usize)> {
 /// Per-loop tile sizes and the forall's mapping for a tiling of `l` by `tiles` (0: untiled).
 fn forall_of(l: &Loops, tiles: &[usize], kind: &str) -> Vec<String> {
     let counts: Vec<usize> = (0..l.ranges.len()).filter(|&i| tiles[i] != 0).map(|i| l.ranges[i] / tiles[i]).collect();
-    mapping(kind, &counts)
+    if kind == "block" {
+        block_mapping(&counts)
+    } else {
+        mapping(kind, &counts)
+    }
 }
 
 /// The parallel block tiling: a block covers the thread split of the innermost loops and one
@@ -233,6 +237,18 @@ fn grid_tiles(l: &Loops, mut block: Vec<usize>) -> Vec<usize> {
         let (k, _) = tiled.iter().enumerate().min_by_key(|(_, &i)| l.ranges[i] / block[i]).expect("more than three");
         block[tiled[k]] = 0;
         tiled.remove(k);
+    }
+    // The grid's y and z hold at most 65535 blocks: beyond the largest dimension (x), coarser
+    // tiles (a divisor of the extent) until it fits, else the whole loop in each block.
+    tiled.sort_by_key(|&i| std::cmp::Reverse(l.ranges[i] / block[i]));
+    for &i in tiled.iter().skip(1) {
+        if l.ranges[i] / block[i] > 65535 {
+            let bigger = (block[i]..=l.ranges[i]).find(|&t| l.ranges[i] % t == 0 && l.ranges[i] / t <= 65535);
+            block[i] = match bigger {
+                Some(t) if t < l.ranges[i] => t,
+                _ => 0,
+            };
+        }
     }
     block
 }

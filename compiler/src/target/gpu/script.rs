@@ -187,6 +187,23 @@ fn join(v: &[usize]) -> String {
     v.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(", ")
 }
 
+/// The block mapping for a grid's dimensions (outermost first, at most three): x, which may be
+/// as large as 2^31 - 1, takes the dimension with the most blocks; y and z (at most 65535 each)
+/// the others, larger first.
+pub fn block_mapping(counts: &[usize]) -> Vec<String> {
+    let mut order: Vec<usize> = (0..counts.len()).collect();
+    // Largest first; ties keep the innermost first.
+    order.sort_by(|&a, &b| counts[b].cmp(&counts[a]).then(b.cmp(&a)));
+    let mut out = vec![String::new(); counts.len()];
+    for (rank, &i) in order.iter().enumerate() {
+        out[i] = match rank {
+            0..=2 => format!("#gpu.block<{}>", ["x", "y", "z"][rank]),
+            _ => format!("#gpu.block<linear_dim_{rank}>"),
+        };
+    }
+    out
+}
+
 /// The mapping attributes for `n` forall dimensions (outermost first) onto `kind` (`block` or
 /// `thread`): x is the innermost. More than three dimensions, or a y/z count beyond the hardware's
 /// 65535, use linear ids.
