@@ -450,13 +450,32 @@ fn threads(mlir: &MlirContext, module: &melior::ir::Module, strategy: Strategy, 
                 if extent < SPLIT_REDUCTION || !splittable(op) {
                     continue;
                 }
+                // Threads that divide the extent: every thread's share is static.
+                let threads = divisor_at_most(extent, BLOCK_THREADS);
+                if threads < 32 {
+                    continue;
+                }
                 let t = format!("kiln.r{n}");
                 n += 1;
                 op.set_unit_attr(&mlir.ctx, &t);
                 let h = s.tagged(&t, Some(&blk));
-                let mut counts = vec![0; l.ranges.len()];
-                counts[r] = BLOCK_THREADS.min(extent);
-                let (fill, _, combine, forall) = s.tile_reduction_threads(&h, &counts, "#gpu.thread<x>");
+                let single = l.parallel.iter().filter(|p| !**p).count() == 1;
+                let (fill, forall, combine) = if single {
+                    // Thread p accumulates elements p, p + T, p + 2T...: neighbouring threads read
+                    // neighbouring elements (coalesced). The reduction becomes (outer, inner) with
+                    // the inner one parallel, right after it; partials one per thread.
+                    let out_rank = l.parallel.iter().filter(|p| **p).count();
+                    let (fill, split, combine) = s.split_reduction(&h, threads, out_rank);
+                    let mut counts = vec![0; l.ranges.len() + 1];
+                    counts[r + 1] = threads;
+                    let (_, forall) = s.tile_forall_threads(&split, &counts, &["#gpu.thread<x>".to_string()]);
+                    (fill, forall, combine)
+                } else {
+                    let mut counts = vec![0; l.ranges.len()];
+                    counts[r] = threads;
+                    let (fill, _, combine, forall) = s.tile_reduction_threads(&h, &counts, "#gpu.thread<x>");
+                    (fill, forall, combine)
+                };
                 s.fuse(&fill, &forall);
                 s.annotate(&forall, "kiln.threads");
                 if op == anchor {

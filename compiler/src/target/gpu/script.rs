@@ -99,6 +99,17 @@ impl Script {
         (a, b, c, d)
     }
 
+    /// Splits a reduction into partial results over an inner parallel dimension of `factor`
+    /// (element k = outer * factor + inner), inserted at `at` in the partials; returns (fill of
+    /// the partials, partial op, combining op).
+    pub fn split_reduction(&mut self, op: &str, factor: usize, at: usize) -> (String, String, String) {
+        let (init, fill, split, combine) = (self.fresh(), self.fresh(), self.fresh(), self.fresh());
+        self.line(&format!(
+            "{init}, {fill}, {split}, {combine} = transform.structured.split_reduction {op} {{split_factor = {factor}, insert_split_dimension = {at}, inner_parallel}} : ({ANY}) -> ({ANY}, {ANY}, {ANY}, {ANY})"
+        ));
+        (fill, split, combine)
+    }
+
     /// The op producing operand `i` of `op`.
     pub fn producer_of(&mut self, op: &str, i: usize) -> String {
         let h = self.fresh();
