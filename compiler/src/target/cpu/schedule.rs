@@ -132,7 +132,7 @@ impl OpInfo {
     }
 }
 
-fn raw_name(op: ffi::MlirOperation) -> String {
+pub(super) fn raw_name(op: ffi::MlirOperation) -> String {
     // SAFETY: a live operation; its name identifier outlives the copy.
     unsafe {
         let id = ffi::mlirOperationGetName(op);
@@ -141,7 +141,7 @@ fn raw_name(op: ffi::MlirOperation) -> String {
     }
 }
 
-fn raw_attr(op: ffi::MlirOperation, name: &str) -> Option<String> {
+pub(super) fn raw_attr(op: ffi::MlirOperation, name: &str) -> Option<String> {
     let n = ffi::MlirStringRef { data: name.as_ptr() as *const _, length: name.len() };
     // SAFETY: a live operation; a null attribute means absent.
     unsafe {
@@ -161,7 +161,7 @@ fn set_unit(ctx: &melior::Context, op: ffi::MlirOperation, name: &str) {
 }
 
 /// Every operation nested in `op` (not `op` itself), in pre-order.
-fn walk(op: ffi::MlirOperation, f: &mut dyn FnMut(ffi::MlirOperation)) {
+pub(super) fn walk(op: ffi::MlirOperation, f: &mut dyn FnMut(ffi::MlirOperation)) {
     // SAFETY: traversal of live IR through the C API's accessors.
     unsafe {
         for r in 0..ffi::mlirOperationGetNumRegions(op) {
@@ -332,6 +332,9 @@ struct Register {
     contraction: Option<(usize, Vec<usize>)>,
     /// The vector loop does not divide evenly: peel its remainder.
     peel: bool,
+    /// The contraction is vectorised along its reduction loop (tiled by the lane count into
+    /// partial sums), not along the output's last dimension.
+    dot: bool,
 }
 
 /// The largest divisor of `n` that is at most `cap`.
@@ -407,9 +410,21 @@ fn register_plan(ops: &[OpInfo], a: usize, local: &[usize]) -> Option<Register> 
     chain.sort_unstable_by(|x, y| y.cmp(x));
     // Every fused op must read its operands so that the vector (last) loop runs along their last,
     // contiguous dimension, and other parallel loops index whole dimensions; reduction loops
-    // (tiled by 1) may add window offsets.
+    // (tiled by 1) may add window offsets. A contraction whose operands are contiguous along its
+    // one reduction loop instead (a matmul by a transposed matrix, a matrix-vector product) is
+    // vectorised along that loop: partial sums per lane, added up at the end.
     let v = r - 1;
+    let contiguous = |op: &OpInfo, maps: &[Vec<Expr>]| -> bool {
+        maps.iter().all(|map| {
+            map.iter().enumerate().all(|(j, e)| {
+                let Expr::Linear(terms, _) = e else { return false };
+                let par: Vec<&(usize, i64)> = terms.iter().filter(|&&(d, _)| op.parallel[d]).collect();
+                par.len() <= 1 && par.iter().all(|&&(_, c)| c == 1) && !(par.first().is_some_and(|&&(d, _)| d == v) && j + 1 != map.len())
+            })
+        })
+    };
     let members: Vec<usize> = std::iter::once(a).chain(chain.iter().copied()).collect();
+    let mut dot = false;
     for &i in &members {
         let op = &ops[i];
         if op.name == "linalg.fill" {
@@ -418,17 +433,20 @@ fn register_plan(ops: &[OpInfo], a: usize, local: &[usize]) -> Option<Register> 
         if op.elem.iter().any(|e| e != "f32") {
             return None;
         }
-        for map in &op.maps {
-            for (j, e) in map.iter().enumerate() {
-                let Expr::Linear(terms, _) = e else { return None };
-                let par: Vec<&(usize, i64)> = terms.iter().filter(|&&(d, _)| op.parallel[d]).collect();
-                if par.len() > 1 || par.iter().any(|&&(_, c)| c != 1) {
-                    return None;
-                }
-                if par.first().is_some_and(|&&(d, _)| d == v) && j + 1 != map.len() {
-                    return None;
-                }
+        let inputs_of_contraction = Some(i) == contraction;
+        let (ins, outs) = op.maps.split_at(if inputs_of_contraction { op.n_inputs } else { 0 });
+        if !contiguous(op, outs) {
+            return None;
+        }
+        if !contiguous(op, ins) {
+            // Each input reads the one reduction loop as its last, whole dimension.
+            let k = op.loops() - 1;
+            let along_k =
+                op.loops() == r + 1 && ins.iter().all(|m| m.last().and_then(Expr::as_dim) == Some(k) && m.iter().all(|e| e.as_dim().is_some()));
+            if !along_k {
+                return None;
             }
+            dot = true;
         }
     }
     if local[v] < 2 {
@@ -437,6 +455,17 @@ fn register_plan(ops: &[OpInfo], a: usize, local: &[usize]) -> Option<Register> 
     let lanes = lanes(&ops[contraction.unwrap_or(a)].elem[0])?;
     let vl = if local[v] <= lanes / 2 { lanes / 2 } else { lanes };
     let mut sizes = vec![1usize; r];
+    if dot {
+        let c = contraction?;
+        let k = ops[c].ranges()?[r];
+        if k % lanes != 0 {
+            return None;
+        }
+        // Rows of partial sums: one vector each per step.
+        sizes[v] = divisor_at_most(local[v], 8);
+        let red = (0..ops[c].loops()).map(|i| if i < r { 0 } else { lanes }).collect();
+        return Some(Register { peel: false, sizes, chain, contraction: Some((c, red)), dot: true });
+    }
     match contraction {
         Some(c) => {
             // The loops the contraction's vector-loaded operands (those whose last dimension is the
@@ -481,7 +510,7 @@ fn register_plan(ops: &[OpInfo], a: usize, local: &[usize]) -> Option<Register> 
         let n = ops[c].loops();
         (c, (0..n).map(|i| if i < r { 0 } else { 1 }).collect())
     });
-    Some(Register { peel: local[v] % sizes[v] != 0, sizes, chain, contraction })
+    Some(Register { peel: local[v] % sizes[v] != 0, sizes, chain, contraction, dot: false })
 }
 
 const ANY: &str = "!transform.any_op";
@@ -585,7 +614,15 @@ pub fn plan(ctx: &melior::Context, module: &Module, graph: &Graph, k: &Kernel, v
             handle[i] = format!("%g{j}");
         }
         handle[a] = "%rt".into();
-        if let Some((c, red)) = &reg.contraction {
+        if let (Some((c, red)), true) = (&reg.contraction, reg.dot) {
+            let sizes: Vec<String> = red.iter().map(|t| t.to_string()).collect();
+            s.push_str(&format!(
+                "    %kf, %ks, %kc, %kl = transform.structured.tile_reduction_using_for {} by tile_sizes = [{}] : ({ANY}) -> ({ANY}, {ANY}, {ANY}, {ANY})\n",
+                handle[*c],
+                sizes.join(", ")
+            ));
+            s.push_str(&format!("    %kg = transform.structured.generalize %kc : ({ANY}) -> {ANY}\n"));
+        } else if let Some((c, red)) = &reg.contraction {
             let q = red.iter().filter(|&&t| t != 0).count();
             let sizes: Vec<String> = red.iter().map(|t| t.to_string()).collect();
             s.push_str(&format!(
@@ -652,7 +689,7 @@ fn vector_sizes(op: &OpInfo) -> Option<Vec<usize>> {
     }
     if op.is_generic() {
         let projected = op.maps.iter().all(|m| m.iter().all(|e| e.as_dim().is_some() || e.is_zero()));
-        if !projected || op.parallel.iter().any(|&p| !p) && ranges.iter().zip(&op.parallel).any(|(&n, &p)| !p && n > 1) {
+        if !projected {
             return None;
         }
     }
