@@ -27,10 +27,15 @@ use kiln_ir::Graph;
 use crate::fuse::Kernel;
 use crate::target::MlirContext;
 
-/// Outputs smaller than this run as one workgroup: splitting them costs more than it saves.
-const MIN_DISTRIBUTED: usize = 16 * 1024;
-/// At most this many workgroups a kernel.
-const MAX_WORKGROUPS: usize = 64;
+/// Kernels with less work than this (loop iterations of all their ops: multiply-adds of a
+/// contraction, elements of an elementwise op) run as one workgroup: a few microseconds of
+/// vector code, less than handing work to another thread is worth.
+const MIN_DISTRIBUTED_WORK: usize = 128 * 1024;
+/// Work per workgroup aimed at, and the most workgroups a kernel gets: enough for threads that
+/// take them one at a time to finish together, few enough to keep each one's share of fused
+/// producers (a convolution's padded rows) small.
+const WORK_PER_WORKGROUP: usize = 1 << 20;
+const MAX_WORKGROUPS: usize = 8;
 /// Vectorised ops at most this many elements (a register tile, not a whole tensor).
 const MAX_VECTOR_ELEMENTS: usize = 1024;
 
@@ -482,7 +487,7 @@ fn register_plan(ops: &[OpInfo], a: usize, local: &[usize]) -> Option<Register> 
             // Rows that only the broadcast operands index (a matmul's m, a convolution's output
             // channels): each costs one broadcast and nt/vl FMAs per step.
             if let Some(m) = (0..r).filter(|&i| i != v && local[i] > 1 && !vector_users.contains(&i)).max_by_key(|&i| local[i]) {
-                sizes[m] = divisor_at_most(local[m], 8);
+                sizes[m] = divisor_at_most(local[m], 16 / acc);
                 acc *= sizes[m];
             }
             // Then rows of the vector operands (a convolution's output rows), up to ~16 accumulators.
@@ -542,13 +547,13 @@ pub fn plan(ctx: &melior::Context, module: &Module, graph: &Graph, k: &Kernel, v
         .map(op_info)
         .collect();
     let a = ops.iter().rposition(|o| o.name.starts_with("linalg.") && o.name != "linalg.fill")?;
-    let numel: usize = dims.iter().product();
+    let work: usize = ops.iter().filter_map(|o| o.ranges()).map(|r| r.iter().product::<usize>()).sum();
     // Distribution: the dimension to split: image rows for batch-1 images (a halo of input per
     // workgroup instead of the whole input), else the first that is not tiny; evenly, so every
     // workgroup has the same static shape.
     let mut split = None;
-    if numel >= MIN_DISTRIBUTED {
-        let target = (numel / 8192).clamp(2, MAX_WORKGROUPS);
+    if work >= MIN_DISTRIBUTED_WORK {
+        let target = (work / WORK_PER_WORKGROUP).clamp(2, MAX_WORKGROUPS);
         let rows = (dims.len() == 4 && dims[0] == 1 && dims[2] >= 8).then_some(2);
         let others = (0..dims.len()).filter(|&i| dims[i] >= 2);
         split = rows.into_iter().chain(others).find_map(|d| {
@@ -563,7 +568,30 @@ pub fn plan(ctx: &melior::Context, module: &Module, graph: &Graph, k: &Kernel, v
         }
     }
     let register = if vectorize && local.len() == dims.len() { register_plan(&ops, a, &local) } else { None };
-    if split.is_none() && register.is_none() {
+    if vectorize && std::env::var_os("KILN_DEBUG_SCHEDULE").is_some() {
+        let what = match &register {
+            Some(r) => format!("register tile {:?}{}{}", r.sizes, if r.dot { " (dot)" } else { "" }, if r.peel { " peeled" } else { "" }),
+            None => "no register tile".into(),
+        };
+        eprintln!("// kernel {}: {} workgroups of {:?}, {what}", k.name, split.map_or(1, |s| s.2), local);
+    }
+    // Row reductions outside the register tile (softmax's max and sum, a normalisation's
+    // moments): one row at a time, the whole row a vector.
+    let in_chain: HashSet<usize> = register.iter().flat_map(|r| r.chain.iter().copied()).chain([a]).collect();
+    let rows: Vec<usize> = if vectorize { (0..ops.len()).filter(|i| !in_chain.contains(i) && row_reduction(&ops[*i])).collect() } else { Vec::new() };
+    // Other ops stay loop nests for LLVM to vectorise: it can only do so along the innermost
+    // loop, so a reduction window (pooling, a strided depthwise convolution) moves outside the
+    // output row.
+    let reorder: Vec<(usize, Vec<usize>)> = if vectorize {
+        (0..ops.len())
+            .filter(|i| !in_chain.contains(i) || register.is_none() && *i == a)
+            .filter(|i| !rows.contains(i))
+            .filter_map(|i| row_last(&ops[i]).map(|p| (i, p)))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    if split.is_none() && register.is_none() && rows.is_empty() && reorder.is_empty() {
         return None;
     }
     set_unit(ctx, ops[a].raw, "kiln.anchor");
@@ -637,8 +665,27 @@ pub fn plan(ctx: &melior::Context, module: &Module, graph: &Graph, k: &Kernel, v
             s.push_str(&format!("    %vm, %vr = transform.loop.peel %vl : (!transform.op<\"scf.for\">) -> ({ANY}, {ANY})\n"));
         }
     }
+    for (j, &i) in rows.iter().enumerate() {
+        let op = &ops[i];
+        let sizes: Vec<&str> = op.parallel.iter().map(|&p| if p { "1" } else { "0" }).collect();
+        let n = op.parallel.iter().filter(|&&p| p).count();
+        s.push_str(&format!(
+            "    %row{j}, %rowl{j}:{n} = transform.structured.tile_using_for {} tile_sizes [{}] : ({ANY}) -> ({ANY}{})\n",
+            handle[i],
+            sizes.join(", "),
+            format!(", {ANY}").repeat(n)
+        ));
+    }
+    for (j, (i, perm)) in reorder.iter().enumerate() {
+        let perm: Vec<String> = perm.iter().map(|x| x.to_string()).collect();
+        s.push_str(&format!(
+            "    %ri{j} = transform.structured.interchange {} iterator_interchange = [{}] : ({ANY}) -> {ANY}\n",
+            handle[*i],
+            perm.join(", ")
+        ));
+    }
     script_footer(&mut s);
-    Some(Plan { workgroups: split.map_or(1, |(_, _, w)| w as u64), script: s, vectorize: register.is_some() })
+    Some(Plan { workgroups: split.map_or(1, |(_, _, w)| w as u64), script: s, vectorize: register.is_some() || !rows.is_empty() })
 }
 
 /// Runs a plan on the module.
@@ -677,6 +724,44 @@ pub fn apply(mlir: &MlirContext, module: &mut Module, plan: &Plan) -> Result<(),
     }
     // Phase C: tile tensors become SSA vectors; accumulators leave the reduction loops.
     mlir.run_pipeline(module, "builtin.module(canonicalize,cse,func.func(lower-vector-mask),canonicalize,cse,loop-invariant-code-motion,loop-invariant-subset-hoisting,canonicalize,cse)")
+}
+
+/// A reduction along the innermost, contiguous loops whose rows fit in vector registers: its
+/// parallel loops come first, every map is a projection, inputs that read along the row read the
+/// last loop as their last dimension, and the reduced extent is a power of two (no masked
+/// reductions).
+fn row_reduction(op: &OpInfo) -> bool {
+    let Some(ranges) = op.ranges() else { return false };
+    let p = op.parallel.iter().filter(|&&p| p).count();
+    if !op.is_generic() || p == op.loops() || op.parallel[..p].iter().any(|&x| !x) || op.elem.iter().any(|e| e != "f32") {
+        return false;
+    }
+    let reduced: usize = ranges[p..].iter().product();
+    let last = op.loops() - 1;
+    reduced.is_power_of_two()
+        && (8..=512).contains(&reduced)
+        && op.maps.iter().all(|m| m.iter().all(|e| e.as_dim().is_some() || e.is_zero()))
+        && op.maps[..op.n_inputs].iter().all(|m| {
+            let reads_row = m.iter().any(|e| e.as_dim().is_some_and(|d| d >= p));
+            !reads_row || m.last().and_then(Expr::as_dim) == Some(last)
+        })
+}
+
+/// For a generic whose innermost loop is a reduction: a loop order with the loop of the output's
+/// last dimension innermost (reductions just outside it).
+fn row_last(op: &OpInfo) -> Option<Vec<usize>> {
+    if !op.is_generic() || op.parallel.last() != Some(&false) {
+        return None;
+    }
+    let p = op.maps.get(op.n_inputs)?.last()?.as_dim()?;
+    if !op.parallel[p] {
+        return None;
+    }
+    let n = op.loops();
+    let mut perm: Vec<usize> = (0..n).filter(|&i| op.parallel[i] && i != p).collect();
+    perm.extend((0..n).filter(|&i| !op.parallel[i]));
+    perm.push(p);
+    Some(perm)
 }
 
 /// The vector shape for a register-sized op: its loop ranges, the innermost rounded up to a power
