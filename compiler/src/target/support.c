@@ -55,3 +55,48 @@ void memrefCopy(int64_t elem_size, UnrankedMemRef *src_arg, UnrankedMemRef *dst_
         }
     }
 }
+
+/* Kernels allocate their temporaries (a workgroup's padded input, im2col rows) on every call.
+ * Through malloc, large ones are fresh mappings each time: page faults and zeroing on every run.
+ * MLIR's lowering calls these instead (finalize-memref-to-llvm{use-generic-functions}); each
+ * thread keeps the blocks it freed, by size, and hands them back to the next call that asks for
+ * that size, so a model running again reuses the same memory. */
+#include <stdlib.h>
+
+#define KILN_CACHED_BLOCKS 16
+
+typedef struct {
+    size_t size;
+    size_t pad; /* keeps the payload 16-byte aligned */
+} BlockHeader;
+
+static __thread __attribute__((tls_model("initial-exec"))) void *kiln_cache[KILN_CACHED_BLOCKS];
+
+void *_mlir_memref_to_llvm_alloc(size_t size) {
+    for (int i = 0; i < KILN_CACHED_BLOCKS; i++) {
+        BlockHeader *h = (BlockHeader *)kiln_cache[i];
+        if (h && h->size == size) {
+            kiln_cache[i] = NULL;
+            return h + 1;
+        }
+    }
+    BlockHeader *h = (BlockHeader *)malloc(sizeof(BlockHeader) + size);
+    if (!h) return NULL;
+    h->size = size;
+    return h + 1;
+}
+
+void _mlir_memref_to_llvm_free(void *p) {
+    if (!p) return;
+    BlockHeader *h = (BlockHeader *)p - 1;
+    for (int i = 0; i < KILN_CACHED_BLOCKS; i++) {
+        if (!kiln_cache[i]) {
+            kiln_cache[i] = h;
+            return;
+        }
+    }
+    /* Full: the oldest entry goes, this one takes its place. */
+    free(kiln_cache[0]);
+    for (int i = 1; i < KILN_CACHED_BLOCKS; i++) kiln_cache[i - 1] = kiln_cache[i];
+    kiln_cache[KILN_CACHED_BLOCKS - 1] = h;
+}
