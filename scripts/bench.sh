@@ -5,6 +5,9 @@
 #
 #   scripts/bench.sh [MODELS_DIR]      default: ../shared/models next to the repo ($MODELS)
 #   THREADS=2 ITERS=30 WARMUP=5         thread count for both, timed runs, warm-up runs
+#   ROUNDS=3                            kiln and onnxruntime take turns this many times per model;
+#                                       each column is the median of the rounds' medians (a shared
+#                                       machine's load changes from one minute to the next)
 #
 # onnxruntime comes from PyPI into a venv outside the repo ($KILN_CACHE or ~/.cache/kiln, then
 # bench-venv/), created once; without it the onnxruntime columns say n/a. kiln's numbers come
@@ -16,6 +19,7 @@ MODELS="${1:-${MODELS:-$REPO/../shared/models}}"
 THREADS="${THREADS:-2}"
 ITERS="${ITERS:-30}"
 WARMUP="${WARMUP:-5}"
+ROUNDS="${ROUNDS:-3}"
 CACHE="${KILN_CACHE:-$HOME/.cache/kiln}"
 VENV="$CACHE/bench-venv"
 say() { printf 'bench: %s\n' "$*" >&2; }
@@ -95,7 +99,13 @@ PY
 
 fmt() { if [ -n "$1" ]; then printf '%.3f' "$1"; else printf 'n/a'; fi; }
 
-say "models in $MODELS, $THREADS threads, median of $ITERS runs each"
+# The median of its arguments (empty without any).
+median() {
+    [ $# -gt 0 ] || return 0
+    python3 -c 'import sys, statistics; print(statistics.median(float(x) for x in sys.argv[1:]))' "$@"
+}
+
+say "models in $MODELS, $THREADS threads, $ROUNDS rounds of $ITERS runs each; load average: $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null)"
 printf '%-34s %12s %12s %8s %14s %14s\n' model "kiln ms" "onnxrt ms" ratio "compile ms" "cached ms"
 for name in mlp gpt_block mobilenet_v2 resnet18; do
     if ! ls -d "$MODELS/$name"*/ >/dev/null 2>&1; then
@@ -108,20 +118,30 @@ for dir in "$MODELS"/*/; do
     [ -f "$model" ] || continue
     name=$(basename "$dir")
     cold=$(kiln_bench "$model")
-    warm=$(kiln_bench "$model")
-    if [ -z "$cold" ] || [ -z "$warm" ]; then
+    if [ -z "$cold" ]; then
         printf '%-34s %12s\n' "$name" "(kiln cannot run it: kiln bench $model)"
         continue
     fi
-    kiln_ms=${warm%% *}
     compile_cold=${cold##* }
-    compile_warm=${warm##* }
-    ort_ms=$(ort_bench "$model")
+    kiln_runs=()
+    ort_runs=()
+    compile_warm=""
+    for _ in $(seq "$ROUNDS"); do
+        warm=$(kiln_bench "$model")
+        if [ -n "$warm" ]; then
+            kiln_runs+=("${warm%% *}")
+            compile_warm=${warm##* }
+        fi
+        ort=$(ort_bench "$model")
+        [ -z "$ort" ] || ort_runs+=("$ort")
+    done
+    kiln_ms=$(median "${kiln_runs[@]}")
+    ort_ms=$(median "${ort_runs[@]}")
     ratio=""
-    if [ -n "$ort_ms" ]; then
+    if [ -n "$ort_ms" ] && [ -n "$kiln_ms" ]; then
         ratio=$(python3 -c 'import sys; print(float(sys.argv[1]) / float(sys.argv[2]))' "$kiln_ms" "$ort_ms")
     fi
     printf '%-34s %12s %12s %8s %14s %14s\n' "$name" "$(fmt "$kiln_ms")" "$(fmt "$ort_ms")" \
         "$(if [ -n "$ratio" ]; then printf '%.2fx' "$ratio"; else printf 'n/a'; fi)" "$(fmt "$compile_cold")" "$(fmt "$compile_warm")"
 done
-say "kiln ms and onnxrt ms: median latency; ratio: kiln / onnxruntime; compile: kiln bench's compile_ms cold (empty cache) and from the cache (both include loading)"
+say "kiln ms and onnxrt ms: median latency (median over rounds); ratio: kiln / onnxruntime; compile: kiln bench's compile_ms cold (empty cache) and from the cache (both include loading); load average now: $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null)"
