@@ -231,7 +231,7 @@ fn worker(s: &Shared) {
                 break l;
             }
             spins += 1;
-            if spins % 16 != 0 || start.elapsed() < SPIN {
+            if !spins.is_multiple_of(16) || start.elapsed() < SPIN {
                 std::hint::spin_loop();
                 continue;
             }

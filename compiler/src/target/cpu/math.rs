@@ -177,7 +177,7 @@ impl<'c> Builder<'c> {
     }
 
     fn tanh(&self, x: ffi::MlirValue) -> Option<ffi::MlirValue> {
-        let xc = self.clamp(x, -7.90531110763549805, 7.90531110763549805)?;
+        let xc = self.clamp(x, -7.905_311_107_635_498, 7.905_311_107_635_498)?;
         let x2 = self.f("arith.mulf", &[xc, xc])?;
         let p = self.horner(
             x2,

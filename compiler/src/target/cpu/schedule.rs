@@ -344,7 +344,7 @@ struct Register {
 
 /// The largest divisor of `n` that is at most `cap`.
 fn divisor_at_most(n: usize, cap: usize) -> usize {
-    (1..=cap.min(n)).rev().find(|d| n % d == 0).unwrap_or(1)
+    (1..=cap.min(n)).rev().find(|&d| n.is_multiple_of(d)).unwrap_or(1)
 }
 
 /// Elements of the native vector for an element type (64-byte registers).
@@ -367,7 +367,7 @@ fn register_plan(ops: &[OpInfo], a: usize, local: &[usize]) -> Option<Register> 
     if anchor.parallel[..r].iter().any(|&p| !p) || anchor.parallel[r..].iter().any(|&p| p) {
         return None;
     }
-    let index_of = |p: *const std::ffi::c_void| ops.iter().position(|o| o.raw.ptr as *const _ == p);
+    let index_of = |p: *const std::ffi::c_void| ops.iter().position(|o| std::ptr::eq(o.raw.ptr as *const _, p));
     // A contraction's init must be a fill, fused along with it.
     let fill_of = |c: usize| -> Option<usize> {
         let init = ops[c].producers[ops[c].n_inputs].and_then(index_of)?;
@@ -463,7 +463,7 @@ fn register_plan(ops: &[OpInfo], a: usize, local: &[usize]) -> Option<Register> 
     if dot {
         let c = contraction?;
         let k = ops[c].ranges()?[r];
-        if k % lanes != 0 {
+        if !k.is_multiple_of(lanes) {
             return None;
         }
         // Rows of partial sums: one vector each per step.
@@ -515,7 +515,7 @@ fn register_plan(ops: &[OpInfo], a: usize, local: &[usize]) -> Option<Register> 
         let n = ops[c].loops();
         (c, (0..n).map(|i| if i < r { 0 } else { 1 }).collect())
     });
-    Some(Register { peel: local[v] % sizes[v] != 0, sizes, chain, contraction, dot: false })
+    Some(Register { peel: !local[v].is_multiple_of(sizes[v]), sizes, chain, contraction, dot: false })
 }
 
 const ANY: &str = "!transform.any_op";
