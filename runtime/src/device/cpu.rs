@@ -84,16 +84,17 @@ const SPIN: Duration = Duration::from_micros(5);
 
 /// The launch in progress, published to the workers.
 ///
-/// `next` packs the launch's number (high 32 bits) and the next unclaimed workgroup (low 32
-/// bits): a claim is a compare-and-swap that only succeeds for the current launch, so a worker
-/// that wakes late can never run a workgroup of the wrong launch. The kernel, arguments and size
-/// are written before `next` announces the launch and are not rewritten until every workgroup
-/// has run, which happens after every successful claim.
+/// `next` packs the launch's number (bits 32..64), its workgroup count (16..32) and the next
+/// unclaimed workgroup (0..16): a claim is a compare-and-swap of that one word, so it only
+/// succeeds for a workgroup of the current launch, whatever a late worker read before. The
+/// kernel, arguments and first workgroup are written before `next` announces the launch and read
+/// after a successful claim (which synchronises with that announcement); they are not rewritten
+/// until every claimed workgroup has run.
 struct Shared {
     next: AtomicU64,
     kernel: AtomicUsize,
     args: AtomicPtr<*mut u8>,
-    size: AtomicI64,
+    base: AtomicI64,
     /// Workgroups finished in the current launch.
     finished: AtomicI64,
     /// Workers asleep, and the lock and condition they sleep on.
@@ -119,7 +120,7 @@ impl Pool {
             next: AtomicU64::new(0),
             kernel: AtomicUsize::new(0),
             args: AtomicPtr::new(std::ptr::null_mut()),
-            size: AtomicI64::new(0),
+            base: AtomicI64::new(0),
             finished: AtomicI64::new(0),
             sleepers: AtomicUsize::new(0),
             lock: Mutex::new(()),
@@ -142,14 +143,25 @@ impl Pool {
 
     /// Runs workgroups `0..w` of `f`, on this thread and the workers.
     unsafe fn run(&self, f: KernelFn, args: *const *mut u8, w: i64) {
+        // A launch word counts at most 2^16 - 1 workgroups; larger grids go in parts.
+        let mut base = 0;
+        while base < w {
+            let count = (w - base).min(0xffff);
+            // SAFETY: as the caller promised, for these workgroups.
+            unsafe { self.run_part(f, args, base, count) };
+            base += count;
+        }
+    }
+
+    unsafe fn run_part(&self, f: KernelFn, args: *const *mut u8, base: i64, count: i64) {
         let mut launch = self.busy.lock().unwrap_or_else(|p| p.into_inner());
         *launch = launch.wrapping_add(1);
         let s = &self.shared;
         s.kernel.store(f as usize, Ordering::Relaxed);
         s.args.store(args as *mut *mut u8, Ordering::Relaxed);
-        s.size.store(w, Ordering::Relaxed);
+        s.base.store(base, Ordering::Relaxed);
         s.finished.store(0, Ordering::Relaxed);
-        s.next.store((*launch as u64) << 32, Ordering::SeqCst);
+        s.next.store(((*launch as u64) << 32) | ((count as u64) << 16), Ordering::SeqCst);
         if s.sleepers.load(Ordering::SeqCst) > 0 {
             let _g = s.lock.lock().unwrap_or_else(|p| p.into_inner());
             s.wake.notify_all();
@@ -158,14 +170,14 @@ impl Pool {
         unsafe { claim_and_run(s, *launch) };
         // Workgroups others took: poll a little, then sleep until the last one finishes.
         let start = Instant::now();
-        while s.finished.load(Ordering::Acquire) < w {
+        while s.finished.load(Ordering::Acquire) < count {
             if start.elapsed() < SPIN {
                 std::hint::spin_loop();
                 continue;
             }
             let mut g = s.lock.lock().unwrap_or_else(|p| p.into_inner());
             s.caller_waiting.store(true, Ordering::SeqCst);
-            while s.finished.load(Ordering::SeqCst) < w {
+            while s.finished.load(Ordering::SeqCst) < count {
                 g = s.done.wait(g).unwrap_or_else(|p| p.into_inner());
             }
             s.caller_waiting.store(false, Ordering::SeqCst);
@@ -188,24 +200,25 @@ impl Drop for Pool {
 
 /// Claims and runs workgroups of launch `launch` until none is left.
 unsafe fn claim_and_run(s: &Shared, launch: u32) {
-    let f = s.kernel.load(Ordering::Relaxed);
-    let args = s.args.load(Ordering::Relaxed) as *const *mut u8;
-    let w = s.size.load(Ordering::Relaxed);
     let mut cur = s.next.load(Ordering::Acquire);
     loop {
-        if (cur >> 32) as u32 != launch || (cur & 0xffff_ffff) as i64 >= w {
+        let (index, count) = ((cur & 0xffff) as i64, ((cur >> 16) & 0xffff) as i64);
+        if (cur >> 32) as u32 != launch || index >= count {
             return;
         }
         match s.next.compare_exchange_weak(cur, cur + 1, Ordering::AcqRel, Ordering::Acquire) {
             Ok(_) => {
-                let i = (cur & 0xffff_ffff) as i64;
-                // SAFETY: `f` is a `KernelFn` stored by `run` for this launch (a successful claim
-                // proves the launch is still running), as are `args` and `w`.
+                // The claim proves the launch is still running, so these are its own.
+                let f = s.kernel.load(Ordering::Relaxed);
+                let args = s.args.load(Ordering::Relaxed) as *const *mut u8;
+                let i = s.base.load(Ordering::Relaxed) + index;
+                // SAFETY: `f` is the `KernelFn` `run_part` stored for this launch, with its
+                // arguments; the caller of `run` promised they are valid for every workgroup.
                 unsafe {
                     let f: KernelFn = std::mem::transmute::<usize, KernelFn>(f);
                     f(args, i, i + 1);
                 }
-                if s.finished.fetch_add(1, Ordering::SeqCst) + 1 == w && s.caller_waiting.load(Ordering::SeqCst) {
+                if s.finished.fetch_add(1, Ordering::SeqCst) + 1 == count && s.caller_waiting.load(Ordering::SeqCst) {
                     let _g = s.lock.lock().unwrap_or_else(|p| p.into_inner());
                     s.done.notify_all();
                 }
@@ -253,7 +266,45 @@ fn worker(s: &Shared) {
 mod tests {
     use super::*;
 
-    /// Adds 1 to `counts[i]` for each workgroup i it runs; args[0] points to the counts.
+    /// Records (launch, workgroup) for each workgroup it runs; args[0] points to the launch
+    /// number (an AtomicI64), args[1] to the log.
+    unsafe extern "C" fn record(args: *const *mut u8, b: i64, e: i64) {
+        // SAFETY: the test passes those two pointers.
+        unsafe {
+            let launch = (*(*args as *const AtomicI64)).load(Ordering::SeqCst);
+            let log = &*(*args.add(1) as *const Mutex<Vec<(i64, i64)>>);
+            let mut log = log.lock().unwrap();
+            for i in b..e {
+                log.push((launch, i));
+            }
+        }
+    }
+
+    #[test]
+    fn every_workgroup_runs_once_before_the_launch_returns() {
+        for workers in [1, 3] {
+            let pool = Pool::new(workers).expect("threads");
+            let launch_no = AtomicI64::new(0);
+            let log: Mutex<Vec<(i64, i64)>> = Mutex::new(Vec::new());
+            let args = [&launch_no as *const AtomicI64 as *mut u8, &log as *const _ as *mut u8];
+            for launch in 0..3000i64 {
+                launch_no.store(launch, Ordering::SeqCst);
+                let w = 2 + launch % 63;
+                // SAFETY: `record` only reads the two pointers given.
+                unsafe { pool.run(record, args.as_ptr(), w) };
+                let mut got = std::mem::take(&mut *log.lock().unwrap());
+                got.sort_unstable();
+                let want: Vec<(i64, i64)> = (0..w).map(|i| (launch, i)).collect();
+                assert_eq!(got, want, "launch {launch} with {workers} workers");
+                if launch % 500 == 0 {
+                    // Let the workers fall asleep now and then.
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+            }
+        }
+    }
+    /// Adds 1 to `counts[i]` for each workgroup i it runs; args[0] points to the counts. Cheap,
+    /// so launches follow each other as fast as they can (where late workers meet new launches).
     unsafe extern "C" fn count(args: *const *mut u8, b: i64, e: i64) {
         // SAFETY: the test passes one pointer to an array of AtomicU64 at least `e` long.
         unsafe {
@@ -265,26 +316,22 @@ mod tests {
     }
 
     #[test]
-    fn every_workgroup_runs_once_per_launch() {
+    fn back_to_back_launches_run_each_workgroup_once() {
         for workers in [1, 3] {
             let pool = Pool::new(workers).expect("threads");
             let counts: Vec<AtomicU64> = (0..64).map(|_| AtomicU64::new(0)).collect();
             let args = [counts.as_ptr() as *mut u8];
             let mut expected = [0u64; 64];
-            for launch in 0..2000i64 {
+            for launch in 0..20000i64 {
                 let w = 2 + launch % 63;
                 // SAFETY: `count` only touches the first `w` counters.
                 unsafe { pool.run(count, args.as_ptr(), w) };
                 for e in expected.iter_mut().take(w as usize) {
                     *e += 1;
                 }
-                if launch % 500 == 0 {
-                    // Let the workers fall asleep now and then.
-                    std::thread::sleep(Duration::from_millis(2));
-                }
             }
             let got: Vec<u64> = counts.iter().map(|c| c.load(Ordering::Relaxed)).collect();
-            assert_eq!(got, expected.to_vec());
+            assert_eq!(got, expected.to_vec(), "{workers} workers");
         }
     }
 }
