@@ -89,6 +89,12 @@ pub fn compile(graph: &Graph, kernels: &[Kernel], mut texts: Option<&mut StageTe
         compiled.push(CompiledKernel { symbol: k.name.clone(), workgroups, label: k.label.clone() });
     }
     add_wrappers(&llvm, &main, kernels, graph)?;
+    // Kernel temporaries come from support.c's allocator: fresh memory, as from malloc, which
+    // LLVM needs to know to vectorise loops between a temporary and another buffer.
+    if let Some(f) = main.get_function("_mlir_memref_to_llvm_alloc") {
+        let noalias = inkwell::attributes::Attribute::get_named_enum_kind_id("noalias");
+        f.add_attribute(inkwell::attributes::AttributeLoc::Return, llvm.create_enum_attribute(noalias, 0));
+    }
     let (tm, detail) = host_machine()?;
     main.set_triple(&tm.get_triple());
     main.set_data_layout(&tm.get_target_data().get_data_layout());
