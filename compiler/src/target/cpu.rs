@@ -35,7 +35,7 @@ const BUFFERIZE: &str = "builtin.module(canonicalize,cse,one-shot-bufferize{buff
 
 /// Lowering to the LLVM dialect. Temporaries are freed (kernels run many times); math without an
 /// LLVM intrinsic becomes libm calls.
-const LOWER: &str = "builtin.module(buffer-deallocation-pipeline,convert-bufferization-to-memref,func.func(convert-linalg-to-loops,lower-vector-mask,lower-vector-multi-reduction),convert-vector-to-scf{full-unroll=true},expand-strided-metadata,lower-affine,convert-scf-to-cf,finalize-memref-to-llvm{use-generic-functions=1},convert-math-to-funcs,convert-math-to-llvm,convert-math-to-libm,convert-vector-to-llvm{reassociate-fp-reductions=1},convert-arith-to-llvm,convert-index-to-llvm,convert-func-to-llvm,convert-cf-to-llvm,convert-ub-to-llvm,reconcile-unrealized-casts)";
+const LOWER: &str = "builtin.module(buffer-deallocation-pipeline,convert-bufferization-to-memref,func.func(convert-linalg-to-loops,lower-vector-mask,lower-vector-multi-reduction),convert-vector-to-scf{full-unroll=true},expand-strided-metadata,lower-affine,convert-scf-to-cf,finalize-memref-to-llvm,convert-math-to-funcs,convert-math-to-llvm,convert-math-to-libm,convert-vector-to-llvm{reassociate-fp-reductions=1},convert-arith-to-llvm,convert-index-to-llvm,convert-func-to-llvm,convert-cf-to-llvm,convert-ub-to-llvm,reconcile-unrealized-casts)";
 
 /// A compiled kernel.
 #[derive(Clone, Debug)]
@@ -89,12 +89,6 @@ pub fn compile(graph: &Graph, kernels: &[Kernel], mut texts: Option<&mut StageTe
         compiled.push(CompiledKernel { symbol: k.name.clone(), workgroups, label: k.label.clone() });
     }
     add_wrappers(&llvm, &main, kernels, graph)?;
-    // Kernel temporaries come from support.c's allocator: fresh memory, as from malloc, which
-    // LLVM needs to know to vectorise loops between a temporary and another buffer.
-    if let Some(f) = main.get_function("_mlir_memref_to_llvm_alloc") {
-        let noalias = inkwell::attributes::Attribute::get_named_enum_kind_id("noalias");
-        f.add_attribute(inkwell::attributes::AttributeLoc::Return, llvm.create_enum_attribute(noalias, 0));
-    }
     let (tm, detail) = host_machine()?;
     main.set_triple(&tm.get_triple());
     main.set_data_layout(&tm.get_target_data().get_data_layout());
