@@ -481,11 +481,13 @@ fn register_plan(ops: &[OpInfo], a: usize, local: &[usize]) -> Option<Register> 
                     vector_users.extend(map.iter().flat_map(|e| e.dims()).filter(|&d| d < r));
                 }
             }
-            let nt = if local[v] >= 2 * vl { 2 * vl } else { vl.min(local[v]) };
+            // One vector per row, up to 16 rows (16 accumulators): measured 3% faster on
+            // resnet18 than two vectors by 8 rows, no different elsewhere.
+            let nt = vl.min(local[v]);
             sizes[v] = nt;
-            let mut acc = nt.div_ceil(vl);
+            let mut acc = 1;
             // Rows that only the broadcast operands index (a matmul's m, a convolution's output
-            // channels): each costs one broadcast and nt/vl FMAs per step.
+            // channels): each costs one broadcast and one FMA per step.
             if let Some(m) = (0..r).filter(|&i| i != v && local[i] > 1 && !vector_users.contains(&i)).max_by_key(|&i| local[i]) {
                 sizes[m] = divisor_at_most(local[m], 16 / acc);
                 acc *= sizes[m];
