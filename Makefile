@@ -6,7 +6,7 @@ CARGO ?= cargo
 
 SUITES := node pytorch-converted pytorch-operator simple
 
-.PHONY: setup demo test check-runtime-deps conformance ratchet ops-doc examples
+.PHONY: setup demo test check-runtime-deps conformance ratchet ops-doc examples bench
 
 setup:
 	@./scripts/setup.sh
@@ -52,3 +52,8 @@ ratchet:
 ops-doc:
 	@d=$$(./scripts/fetch-onnx-tests.sh) && \
 	  $(CARGO) run -q -p kiln-ir --release --example ops_table -- $$d/node > docs/ops.md
+
+# kiln against onnxruntime on ../shared/models (THREADS=2 by default): median latency, ratio,
+# compile time cold and cached. onnxruntime is fetched once into ~/.cache/kiln/bench-venv.
+bench: setup
+	@./scripts/bench.sh

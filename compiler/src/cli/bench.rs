@@ -29,6 +29,9 @@ pub struct Args {
     /// End with a JSON object: model, device, threads, compile_ms, median_ms, min_ms, max_ms, iters.
     #[arg(long)]
     json: bool,
+    /// Also time each kernel launch: per kernel, the median over the timed runs.
+    #[arg(long)]
+    profile: bool,
     #[arg(long, short)]
     quiet: bool,
 }
@@ -90,6 +93,28 @@ pub fn run(args: &Args) -> Result<()> {
         let t = Instant::now();
         exe.run(&ordered)?;
         times.push(t.elapsed());
+    }
+    if args.profile {
+        // Separate runs: timing each launch adds a little to each.
+        let mut per: Vec<(String, Vec<std::time::Duration>)> = Vec::new();
+        for _ in 0..args.iters {
+            let mut p = kiln_runtime::Profile::default();
+            exe.run_profiled(&ordered, Some(&mut p))?;
+            for (i, (label, t)) in p.launches.into_iter().enumerate() {
+                if per.len() <= i {
+                    per.push((label, Vec::new()));
+                }
+                per[i].1.push(t);
+            }
+        }
+        let mut total = std::time::Duration::ZERO;
+        for (label, ts) in &mut per {
+            ts.sort();
+            let m = ts[ts.len() / 2];
+            total += m;
+            println!("  {:>9.4} ms  {label}", m.as_secs_f64() * 1e3);
+        }
+        println!("  {:>9.4} ms  (sum of the kernels' medians)", total.as_secs_f64() * 1e3);
     }
     times.sort();
     let median = times[times.len() / 2];

@@ -106,16 +106,32 @@ fn contract<'c, 'a>(
         let x = s.load(body.argument(0).expect("a").into(), dtype)?;
         let y = s.load(body.argument(1).expect("b").into(), dtype)?;
         let o = body.argument(2).expect("acc").into();
-        let t = compute(acc);
-        let (mul, add) = if acc.is_float() { ("arith.mulf", "arith.addf") } else { ("arith.muli", "arith.addi") };
-        let p = s.emit(mul, &[x.v, y.v], t)?;
-        Ok(vec![s.emit(add, &[o, p], t)?])
+        Ok(vec![multiply_add(&s, o, x.v, y.v, compute(acc))?])
     })?;
     let mut t = push(em.block, g);
     if acc != dtype {
         t = narrow(em, t, &out_dims, acc, dtype, dest)?;
     }
     Ok(t)
+}
+
+/// `acc + a * b` in type `t`; floats may fuse into one FMA (`contract`), which vectorised
+/// contractions need to reach the FMA units.
+pub(super) fn multiply_add<'c, 'a>(
+    s: &ScalarBuilder<'c, 'a>,
+    acc: melior::ir::Value<'c, 'a>,
+    a: melior::ir::Value<'c, 'a>,
+    b: melior::ir::Value<'c, 'a>,
+    t: &str,
+) -> Result<melior::ir::Value<'c, 'a>> {
+    if !t.starts_with('f') && !t.starts_with("bf") {
+        let p = s.emit("arith.muli", &[a, b], t)?;
+        return s.emit("arith.addi", &[acc, p], t);
+    }
+    let ty = s.ty(t)?;
+    let contract = super::mlir::parse_attr(s.ctx, "#arith.fastmath<contract>")?;
+    let p = push(s.block, super::mlir::op(s.ctx, s.loc, "arith.mulf", &[a, b], &[ty], &[("fastmath", contract)])?);
+    Ok(push(s.block, super::mlir::op(s.ctx, s.loc, "arith.addf", &[acc, p], &[ty], &[("fastmath", contract)])?))
 }
 
 /// Converts an accumulator tensor to the result type, writing `dest`.

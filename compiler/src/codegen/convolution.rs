@@ -1,15 +1,18 @@
 //! Convolution: the input is padded (`tensor.pad`), then a contraction over input channels and
 //! the window computes each output; groups become an extra loop dimension (input, weight and
-//! output are expanded to expose it). 2-D convolutions without groups use the named
-//! `linalg.conv_2d_nchw_fchw`, which the CPU pipeline knows how to vectorise. Bias is an epilogue.
-//! f16/bf16 operands are widened to f32 first and the result narrowed (the interpreter computes in
-//! f32). ConvTranspose becomes a convolution of a stride-spread input.
+//! output are expanded to expose it). Convolutions without groups and depthwise ones get their own
+//! generics whose output is indexed like the result (no reshapes), so the CPU pipeline can tile and
+//! vectorise them like a matmul; strided ones read an im2col copy (every operand map then is a
+//! projected permutation). Bias is an epilogue. f16/bf16 operands are widened to f32 first and the
+//! result narrowed (the interpreter computes in f32). ConvTranspose becomes a convolution of a
+//! stride-spread input.
 
 use kiln_ir::infer::{transpose_axis, TransposeAxis};
 use kiln_ir::op::{Conv, ConvTranspose, SpatialAxis};
 use kiln_ir::{DType, NodeId, Op, ValueId};
 
-use super::mlir::{broadcast_map, fill, generic, named_linalg, pad, parse_attr, push, reshape};
+use super::contraction::multiply_add;
+use super::mlir::{broadcast_map, fill, generic, pad, push, reshape};
 use super::scalar::{compute, ScalarBuilder};
 use super::Emitter;
 use crate::Result;
@@ -144,28 +147,20 @@ fn convolve<'c, 'a>(
     out: melior::ir::Value<'c, 'a>,
 ) -> Result<melior::ir::Value<'c, 'a>> {
     let od = od.to_vec();
-    let spatial = axes.len();
     let (ctx, loc) = (em.ctx, em.loc);
-    let out_ty = em.tensor_type(&od, dtype)?;
     let zero = em.scalar_constant(0.0, dtype)?;
     // Without a bias the convolution writes the destination directly.
     let dest = if bias.is_none() { out } else { em.empty(&od, dtype)? };
-    let conv = if spatial == 2 && group == 1 {
+    let conv = if group == 1 {
         let init = fill(ctx, loc, em.block, zero, dest)?;
-        let strides = format!("dense<[{}, {}]> : tensor<2xi64>", axes[0].stride, axes[1].stride);
-        let dilations = format!("dense<[{}, {}]> : tensor<2xi64>", axes[0].dilation, axes[1].dilation);
-        push(
-            em.block,
-            named_linalg(
-                ctx,
-                loc,
-                "linalg.conv_2d_nchw_fchw",
-                &[xv, wv],
-                &[init],
-                out_ty,
-                &[("strides", parse_attr(ctx, &strides)?), ("dilations", parse_attr(ctx, &dilations)?)],
-            )?,
-        )
+        if axes.iter().any(|a| a.stride > 1) {
+            im2col(em, xv, wv, &xd[..2], wd, &od, axes, dtype, init)?
+        } else {
+            direct(em, xv, wv, wd, &od, axes, dtype, init)?
+        }
+    } else if wd[1] == 1 && wd[0] == group {
+        let init = fill(ctx, loc, em.block, zero, dest)?;
+        depthwise(em, xv, wv, &od, axes, dtype, init)?
     } else {
         grouped(em, group, xv, wv, xd, wd, &od, axes, dtype, dest)?
     };
@@ -350,14 +345,153 @@ fn grouped<'c, 'a>(
         let a = body.argument(0).expect("x").into();
         let b = body.argument(1).expect("w").into();
         let o = body.argument(2).expect("acc").into();
-        let p = sb.emit("arith.mulf", &[a, b], t)?;
-        Ok(vec![sb.emit("arith.addf", &[o, p], t)?])
+        Ok(vec![multiply_add(&sb, o, a, b, t)?])
     })?;
     let r = push(em.block, gen);
     let mut groups: Vec<Vec<usize>> = vec![vec![0], vec![1, 2]];
     groups.extend((0..s).map(|i| vec![3 + i]));
     let ty = em.tensor_type(od, dtype)?;
     reshape(ctx, loc, em.block, false, r, &groups, od, ty)
+}
+
+/// The affine map `(d0, ..., d{n-1}) -> (exprs)`.
+fn map_of(n: usize, exprs: &[String]) -> String {
+    format!("affine_map<({}) -> ({})>", (0..n).map(|i| format!("d{i}")).collect::<Vec<_>>().join(", "), exprs.join(", "))
+}
+
+/// `x[n, c, o*stride + k*dilation ...]` for loop dims `o(i)` and `k(i)`.
+fn window_index(axes: &[kiln_ir::op::SpatialAxis], o: impl Fn(usize) -> usize, k: impl Fn(usize) -> usize) -> Vec<String> {
+    axes.iter().enumerate().map(|(i, a)| format!("d{} * {} + d{} * {}", o(i), a.stride, k(i), a.dilation)).collect()
+}
+
+/// The convolution body: `acc + x * w`.
+fn conv_body<'c>(
+    ctx: &'c melior::Context,
+    loc: melior::ir::Location<'c>,
+    dtype: DType,
+) -> impl for<'b> FnOnce(&'b melior::ir::Block<'c>) -> Result<Vec<melior::ir::Value<'c, 'b>>> {
+    move |body| {
+        let sb = ScalarBuilder { ctx, loc, block: body };
+        let a = body.argument(0).expect("x").into();
+        let b = body.argument(1).expect("w").into();
+        let o = body.argument(2).expect("acc").into();
+        Ok(vec![multiply_add(&sb, o, a, b, compute(dtype))?])
+    }
+}
+
+/// An ungrouped stride-1 convolution over loops (n, m, o..., c, k...), reading the padded input
+/// directly.
+#[allow(clippy::too_many_arguments)]
+fn direct<'c, 'a>(
+    em: &mut Emitter<'c, 'a>,
+    xv: melior::ir::Value<'c, 'a>,
+    wv: melior::ir::Value<'c, 'a>,
+    wd: &[usize],
+    od: &[usize],
+    axes: &[kiln_ir::op::SpatialAxis],
+    dtype: DType,
+    init: melior::ir::Value<'c, 'a>,
+) -> Result<melior::ir::Value<'c, 'a>> {
+    let s = axes.len();
+    let n_loops = 3 + 2 * s;
+    let (lc, lo, lk) = (2 + s, |i: usize| 2 + i, |i: usize| 3 + s + i);
+    let d = |i: usize| format!("d{i}");
+    let mut x_idx = vec![d(0), d(lc)];
+    x_idx.extend(window_index(axes, lo, lk));
+    let mut w_idx = vec![d(1), d(lc)];
+    w_idx.extend((0..s).map(|i| d(lk(i))));
+    debug_assert_eq!(wd.len(), 2 + s);
+    let o_idx: Vec<String> = (0..2 + s).map(d).collect();
+    let mut iters = vec!["parallel"; 2 + s];
+    iters.extend(vec!["reduction"; 1 + s]);
+    let ty = em.tensor_type(od, dtype)?;
+    let (ctx, loc) = (em.ctx, em.loc);
+    let maps = [map_of(n_loops, &x_idx), map_of(n_loops, &w_idx), map_of(n_loops, &o_idx)];
+    let g = generic(ctx, loc, &[xv, wv], &[init], &maps, &iters, &[ty], conv_body(ctx, loc, dtype))?;
+    Ok(push(em.block, g))
+}
+
+/// An ungrouped strided convolution: an im2col copy `col[n, c, k..., o...]` of the windows, then
+/// a contraction over (n, m, o..., c, k...) reading it.
+#[allow(clippy::too_many_arguments)]
+fn im2col<'c, 'a>(
+    em: &mut Emitter<'c, 'a>,
+    xv: melior::ir::Value<'c, 'a>,
+    wv: melior::ir::Value<'c, 'a>,
+    nc: &[usize],
+    wd: &[usize],
+    od: &[usize],
+    axes: &[kiln_ir::op::SpatialAxis],
+    dtype: DType,
+    init: melior::ir::Value<'c, 'a>,
+) -> Result<melior::ir::Value<'c, 'a>> {
+    let s = axes.len();
+    let (ctx, loc) = (em.ctx, em.loc);
+    let d = |i: usize| format!("d{i}");
+    // The copy: loops (n, c, k..., o...).
+    let mut col_dims = nc.to_vec();
+    col_dims.extend(axes.iter().map(|a| a.kernel));
+    col_dims.extend(axes.iter().map(|a| a.output));
+    let n_col = 2 + 2 * s;
+    let mut x_idx = vec![d(0), d(1)];
+    x_idx.extend(window_index(axes, |i| 2 + s + i, |i| 2 + i));
+    let col_ty = em.tensor_type(&col_dims, dtype)?;
+    let col_dest = em.empty(&col_dims, dtype)?;
+    let copy = generic(
+        ctx,
+        loc,
+        &[xv],
+        &[col_dest],
+        &[map_of(n_col, &x_idx), map_of(n_col, &(0..n_col).map(d).collect::<Vec<_>>())],
+        &vec!["parallel"; n_col],
+        &[col_ty],
+        |body| Ok(vec![body.argument(0).expect("x").into()]),
+    )?;
+    let col = push(em.block, copy);
+    // The contraction: loops (n, m, o..., c, k...).
+    let n_loops = 3 + 2 * s;
+    let (lc, lo, lk) = (2 + s, |i: usize| 2 + i, |i: usize| 3 + s + i);
+    let mut c_idx = vec![d(0), d(lc)];
+    c_idx.extend((0..s).map(|i| d(lk(i))));
+    c_idx.extend((0..s).map(|i| d(lo(i))));
+    let mut w_idx = vec![d(1), d(lc)];
+    w_idx.extend((0..s).map(|i| d(lk(i))));
+    debug_assert_eq!(wd.len(), 2 + s);
+    let o_idx: Vec<String> = (0..2 + s).map(d).collect();
+    let mut iters = vec!["parallel"; 2 + s];
+    iters.extend(vec!["reduction"; 1 + s]);
+    let ty = em.tensor_type(od, dtype)?;
+    let maps = [map_of(n_loops, &c_idx), map_of(n_loops, &w_idx), map_of(n_loops, &o_idx)];
+    let g = generic(ctx, loc, &[col, wv], &[init], &maps, &iters, &[ty], conv_body(ctx, loc, dtype))?;
+    Ok(push(em.block, g))
+}
+
+/// A depthwise convolution (one input channel per group, one output channel per group) over
+/// loops (n, g, o..., k...).
+fn depthwise<'c, 'a>(
+    em: &mut Emitter<'c, 'a>,
+    xv: melior::ir::Value<'c, 'a>,
+    wv: melior::ir::Value<'c, 'a>,
+    od: &[usize],
+    axes: &[kiln_ir::op::SpatialAxis],
+    dtype: DType,
+    init: melior::ir::Value<'c, 'a>,
+) -> Result<melior::ir::Value<'c, 'a>> {
+    let s = axes.len();
+    let n_loops = 2 + 2 * s;
+    let d = |i: usize| format!("d{i}");
+    let mut x_idx = vec![d(0), d(1)];
+    x_idx.extend(window_index(axes, |i| 2 + i, |i| 2 + s + i));
+    let mut w_idx = vec![d(1), "0".to_string()];
+    w_idx.extend((0..s).map(|i| d(2 + s + i)));
+    let o_idx: Vec<String> = (0..2 + s).map(d).collect();
+    let mut iters = vec!["parallel"; 2 + s];
+    iters.extend(vec!["reduction"; s]);
+    let ty = em.tensor_type(od, dtype)?;
+    let (ctx, loc) = (em.ctx, em.loc);
+    let maps = [map_of(n_loops, &x_idx), map_of(n_loops, &w_idx), map_of(n_loops, &o_idx)];
+    let g = generic(ctx, loc, &[xv, wv], &[init], &maps, &iters, &[ty], conv_body(ctx, loc, dtype))?;
+    Ok(push(em.block, g))
 }
 
 /// `conv + bias[m]`, writing the kernel destination.

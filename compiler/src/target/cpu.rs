@@ -14,16 +14,20 @@ use inkwell::module::Module as LlvmModule;
 use inkwell::passes::PassBuilderOptions;
 use inkwell::targets::{CodeModel, FileType, InitializationConfig, RelocMode, Target, TargetMachine};
 use inkwell::OptimizationLevel;
-use melior::ir::attribute::Attribute;
-use melior::ir::operation::{OperationLike, OperationRef};
+use melior::ir::operation::OperationLike;
 use melior::ir::{BlockLike, Module, RegionLike};
 
 use kiln_ir::Graph;
+
+use schedule::{body_ops, kernel_func};
 
 use super::MlirContext;
 use crate::codegen;
 use crate::fuse::Kernel;
 use crate::{CompileError, Result};
+
+mod math;
+mod schedule;
 
 /// Distribution: first tile the workgroup loop, then the pipeline that bufferises and converts
 /// it into a plain loop whose bounds become the workgroup range.
@@ -31,12 +35,7 @@ const BUFFERIZE: &str = "builtin.module(canonicalize,cse,one-shot-bufferize{buff
 
 /// Lowering to the LLVM dialect. Temporaries are freed (kernels run many times); math without an
 /// LLVM intrinsic becomes libm calls.
-const LOWER: &str = "builtin.module(buffer-deallocation-pipeline,convert-bufferization-to-memref,func.func(convert-linalg-to-loops),convert-vector-to-scf,expand-strided-metadata,lower-affine,convert-scf-to-cf,finalize-memref-to-llvm,convert-math-to-funcs,convert-vector-to-llvm,convert-math-to-llvm,convert-math-to-libm,convert-arith-to-llvm,convert-index-to-llvm,convert-func-to-llvm,convert-cf-to-llvm,convert-ub-to-llvm,reconcile-unrealized-casts)";
-
-/// Outputs smaller than this run as one workgroup: splitting them costs more than it saves.
-const MIN_DISTRIBUTED: usize = 16 * 1024;
-/// At most this many workgroups a kernel.
-const MAX_WORKGROUPS: usize = 64;
+const LOWER: &str = "builtin.module(buffer-deallocation-pipeline,convert-bufferization-to-memref,func.func(convert-linalg-to-loops,lower-vector-mask,lower-vector-multi-reduction),convert-vector-to-scf{full-unroll=true},expand-strided-metadata,lower-affine,convert-scf-to-cf,finalize-memref-to-llvm,convert-math-to-funcs,convert-math-to-llvm,convert-math-to-libm,convert-vector-to-llvm{reassociate-fp-reductions=1},convert-arith-to-llvm,convert-index-to-llvm,convert-func-to-llvm,convert-cf-to-llvm,convert-ub-to-llvm,reconcile-unrealized-casts)";
 
 /// A compiled kernel.
 #[derive(Clone, Debug)]
@@ -142,13 +141,30 @@ fn lower_kernel<'c>(mlir: &'c MlirContext, graph: &Graph, k: &Kernel) -> Result<
     }
     let text = module.as_operation().to_string();
     let mut workgroups = 1;
-    if let Some((script, wg)) = distribution(&mlir.ctx, &module, graph, k) {
-        match mlir.apply_transform(&module.as_operation(), &script) {
-            Ok(()) => workgroups = wg,
-            // Not every kernel tiles (an op without a tiling rule, a reshape between ops): it
-            // then runs as one workgroup. Rebuild it: a failed transform may leave it half done.
-            Err(_) => module = build()?,
+    // The full schedule (workgroups, register tiles, vectors), else the workgroup split alone,
+    // else one scalar workgroup. Not every kernel tiles (an op without a tiling rule, a reshape
+    // between ops); a failed transform may leave the module half done, so it is rebuilt.
+    for vectorize in [true, false] {
+        let Some(plan) = schedule::plan(&mlir.ctx, &module, graph, k, vectorize) else { break };
+        match schedule::apply(mlir, &mut module, &plan) {
+            Ok(()) => {
+                workgroups = plan.workgroups;
+                // A developer's view of a kernel after its schedule (KILN_DEBUG_SCHEDULE=kernel).
+                if std::env::var("KILN_DEBUG_SCHEDULE").is_ok_and(|v| v == k.name) {
+                    eprintln!("// kernel {} scheduled ({} workgroups)\n{}", k.name, workgroups, module.as_operation());
+                }
+                break;
+            }
+            Err(e) => {
+                if std::env::var_os("KILN_DEBUG_SCHEDULE").is_some() {
+                    eprintln!("// kernel {}: schedule (vectorize={vectorize}) failed: {e}", k.name);
+                }
+                module = build()?;
+            }
         }
+    }
+    if let Some(f) = kernel_func(&module) {
+        math::expand(&mlir.ctx, f.to_raw());
     }
     mlir.run_pipeline(&mut module, BUFFERIZE).map_err(|e| stage_err(k, "bufferize", e))?;
     if workgroups > 1 {
@@ -160,104 +176,6 @@ fn lower_kernel<'c>(mlir: &'c MlirContext, graph: &Graph, k: &Kernel) -> Result<
         eprintln!("// kernel {} ({} workgroups)\n{}", k.name, workgroups, module.as_operation());
     }
     Ok((module, workgroups, text))
-}
-
-/// The kernel's function (bufferisation may put globals before it).
-fn kernel_func<'c, 'a>(module: &'a Module<'c>) -> Option<OperationRef<'c, 'a>> {
-    let mut op = module.body().first_operation();
-    while let Some(o) = op {
-        if o.name().as_string_ref().as_str() == Ok("func.func") {
-            return Some(o);
-        }
-        op = o.next_in_block();
-    }
-    None
-}
-
-/// The top-level ops of the kernel's function body.
-fn body_ops<'c, 'a>(module: &'a Module<'c>) -> Vec<OperationRef<'c, 'a>> {
-    let mut out = Vec::new();
-    let Some(func) = kernel_func(module) else { return out };
-    let Ok(region) = func.region(0) else { return out };
-    let Some(block) = region.first_block() else { return out };
-    let mut op = block.first_operation();
-    while let Some(o) = op {
-        op = o.next_in_block();
-        out.push(o);
-    }
-    out
-}
-
-/// Decides how to split a kernel into workgroups: the transform script and the workgroup count,
-/// or `None` to run it as one workgroup. The last linalg op (the one writing the output) is
-/// tiled along one output dimension into an `scf.forall`; the ops before it are fused in.
-fn distribution(ctx: &melior::Context, module: &Module, graph: &Graph, k: &Kernel) -> Option<(String, u64)> {
-    if k.outputs.len() != 1 {
-        return None;
-    }
-    let dims = graph.value_type(k.outputs[0]).shape.as_fixed()?;
-    let numel: usize = dims.iter().product();
-    if numel < MIN_DISTRIBUTED {
-        return None;
-    }
-    let ops = body_ops(module);
-    // A sequential loop (scatter updates applied in order) must run exactly once.
-    if ops.iter().any(|o| o.name().as_string_ref().as_str() == Ok("scf.for")) {
-        return None;
-    }
-    let linalg: Vec<OperationRef> =
-        ops.into_iter().filter(|o| o.name().as_string_ref().as_str().is_ok_and(|n| n.starts_with("linalg.") || n == "tensor.pad")).collect();
-    let anchor = linalg.iter().rev().find(|o| o.name().as_string_ref().as_str().is_ok_and(|n| n.starts_with("linalg.") && n != "linalg.fill"))?;
-    // The dimension to split: image rows for batch-1 images (a halo of input per workgroup
-    // instead of the whole input), else the first that is not tiny.
-    let d = if dims.len() == 4 && dims[0] == 1 && dims[2] >= 8 {
-        2
-    } else {
-        dims.iter().position(|&n| n >= 8).or_else(|| dims.iter().position(|&n| n >= 2))?
-    };
-    let extent = dims[d];
-    let target = (numel / 8192).clamp(2, MAX_WORKGROUPS).min(extent);
-    let tile = extent.div_ceil(target);
-    let workgroups = extent.div_ceil(tile) as u64;
-    if workgroups < 2 {
-        return None;
-    }
-    let unit = Attribute::unit(ctx);
-    let anchor_raw = anchor.to_raw();
-    // SAFETY: the ops belong to this module; discardable attributes only tag them for matching.
-    unsafe {
-        set_attr(anchor_raw, "kiln.anchor", unit);
-    }
-    let producers: Vec<_> = linalg.iter().filter(|o| o.to_raw().ptr != anchor_raw.ptr).collect();
-    let mut script = String::from(
-        "module attributes {transform.with_named_sequence} {\n  transform.named_sequence @__transform_main(%root: !transform.any_op {transform.readonly}) {\n",
-    );
-    let any = "!transform.any_op";
-    script.push_str(&format!("    %a = transform.structured.match attributes {{kiln.anchor}} in %root : ({any}) -> {any}\n"));
-    let sizes: Vec<String> = (0..=d).map(|i| if i == d { tile.to_string() } else { "0".into() }).collect();
-    script.push_str(&format!(
-        "    %t, %l0 = transform.structured.tile_using_forall %a tile_sizes [{}] : ({any}) -> ({any}, {any})\n",
-        sizes.join(", ")
-    ));
-    // Fuse producers, nearest first, each into the loop the previous fusion returned.
-    for (i, p) in producers.iter().rev().enumerate() {
-        let tag = format!("kiln.fuse{i}");
-        // SAFETY: as above.
-        unsafe { set_attr(p.to_raw(), &tag, unit) };
-        script.push_str(&format!("    %p{i} = transform.structured.match attributes {{{tag}}} in %root : ({any}) -> {any}\n"));
-        script.push_str(&format!(
-            "    %f{i}, %l{} = transform.structured.fuse_into_containing_op %p{i} into %l{i} : ({any}, {any}) -> ({any}, {any})\n",
-            i + 1
-        ));
-    }
-    script.push_str("    transform.yield\n  }\n}\n");
-    Some((script, workgroups))
-}
-
-unsafe fn set_attr(op: mlir_sys::MlirOperation, name: &str, value: Attribute) {
-    let name = mlir_sys::MlirStringRef { data: name.as_ptr() as *const _, length: name.len() };
-    // SAFETY: the caller passes a live operation and an attribute of its context.
-    unsafe { mlir_sys::mlirOperationSetDiscardableAttributeByName(op, name, melior::ir::attribute::AttributeLike::to_raw(&value)) };
 }
 
 /// After bufferisation, the workgroup `scf.forall` is an `scf.for` over 0..G at the top of the
