@@ -56,8 +56,24 @@ pub struct Compiled {
     pub from_cache: bool,
 }
 
+/// What a long compile reports as it goes (for a progress bar).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Progress {
+    /// The graph is partitioned into this many kernels; code generation starts.
+    Kernels(usize),
+    /// This many kernels have their code.
+    KernelsDone(usize),
+    /// Whole-program work after the kernels (LLVM optimisation and emission, PTX or SPIR-V).
+    Finishing,
+}
+
 /// Compiles a graph. `keep_stages` keeps every stage's text (for `emit` and `--dump-dir`).
 pub fn compile(graph: &Graph, options: &Options, keep_stages: bool) -> Result<Compiled> {
+    compile_reporting(graph, options, keep_stages, &|_| {})
+}
+
+/// [`compile`], telling `progress` how far it is.
+pub fn compile_reporting(graph: &Graph, options: &Options, keep_stages: bool, progress: &dyn Fn(Progress)) -> Result<Compiled> {
     let mut timings = Vec::new();
     let mut clock = Instant::now();
     let mut lap = |name: &'static str, timings: &mut Vec<(&'static str, Duration)>| {
@@ -81,10 +97,17 @@ pub fn compile(graph: &Graph, options: &Options, keep_stages: bool) -> Result<Co
         stages.fused = fuse::print(&g, &partition);
     }
     lap("fuse", &mut timings);
+    progress(Progress::Kernels(partition.kernels.len()));
+    let kernel_done = |n: usize| {
+        progress(Progress::KernelsDone(n));
+        if n == partition.kernels.len() {
+            progress(Progress::Finishing);
+        }
+    };
     let code = match options.target {
         TargetKind::Cpu => {
             let mut texts = StageTexts::default();
-            let c = cpu::compile(&g, &partition.kernels, keep.then_some(&mut texts))?;
+            let c = cpu::compile(&g, &partition.kernels, keep.then_some(&mut texts), &kernel_done)?;
             stages.mlir = texts.mlir;
             stages.lowered = texts.lowered;
             stages.llvm = texts.llvm;
@@ -109,7 +132,7 @@ pub fn compile(graph: &Graph, options: &Options, keep_stages: bool) -> Result<Co
                     return Err(CompileError::Usage(format!("no GPU schedule `{f}` (parallel, reduction, contraction or per-op)")));
                 }
             }
-            let c = gpu::compile(&g, &partition.kernels, &target, forced.as_deref(), keep.then_some(&mut texts))?;
+            let c = gpu::compile(&g, &partition.kernels, &target, forced.as_deref(), keep.then_some(&mut texts), &kernel_done)?;
             stages.mlir = texts.mlir;
             stages.lowered = texts.lowered;
             stages.llvm = texts.llvm;

@@ -11,6 +11,6 @@ pub mod passes;
 pub mod target;
 pub mod toolchain;
 
-pub use driver::{cache_dir, compile, jit, Compiled, Stages};
+pub use driver::{cache_dir, compile, compile_reporting, jit, Compiled, Progress, Stages};
 pub use error::{CompileError, Result};
 pub use options::{Options, TargetKind};

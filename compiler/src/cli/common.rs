@@ -159,6 +159,36 @@ pub fn options_for(target: TargetKind) -> crate::Options {
     o
 }
 
+/// Compiles with a progress bar on stderr (kernels generated, then the whole-program finish),
+/// unless `quiet`; the bar is cleared when done, so the timing summary follows. indicatif draws
+/// nothing when stderr is not a terminal.
+pub fn compile_with_bar(graph: &Graph, options: &crate::Options, keep_stages: bool, quiet: bool) -> Result<crate::Compiled> {
+    use indicatif::{ProgressBar, ProgressStyle};
+    if quiet {
+        return crate::compile(graph, options, keep_stages);
+    }
+    let bar = ProgressBar::new_spinner().with_message("compiling: graph passes and fusion");
+    bar.enable_steady_tick(Duration::from_millis(120));
+    let style =
+        ProgressStyle::with_template("compiling {bar:24} {pos}/{len} kernels {elapsed} {msg}").unwrap_or_else(|_| ProgressStyle::default_bar());
+    let report = |p: crate::Progress| match p {
+        crate::Progress::Kernels(n) => {
+            bar.set_style(style.clone());
+            bar.set_length(n as u64);
+            bar.set_message("");
+        }
+        crate::Progress::KernelsDone(n) => bar.set_position(n as u64),
+        crate::Progress::Finishing => bar.set_message(match options.target {
+            TargetKind::Cpu => "LLVM -O3, link",
+            TargetKind::Cuda => "to PTX",
+            TargetKind::Opencl => "to SPIR-V",
+        }),
+    };
+    let r = crate::compile_reporting(graph, options, keep_stages, &report);
+    bar.finish_and_clear();
+    r
+}
+
 /// Prints `compile: passes 12 ms, fuse 1 ms, ...` to stderr.
 pub fn print_timings(what: &str, timings: &[(&'static str, Duration)]) {
     let total: Duration = timings.iter().map(|(_, t)| *t).sum();

@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use super::common::{load_model, parse_shapes, print_timings, write_atomically, Model};
+use super::common::{compile_with_bar, load_model, parse_shapes, print_timings, write_atomically, Model};
 use crate::target::gpu::PtxTarget;
 use crate::{CompileError, Options, Result, TargetKind};
 
@@ -90,7 +90,7 @@ pub fn run(args: &Args) -> Result<()> {
         ptx: args.cuda.ptx()?,
         ..Options::default()
     };
-    let compiled = crate::compile(&graph, &options, false)?;
+    let compiled = compile_with_bar(&graph, &options, false, args.quiet)?;
     let bytes = compiled.artifact.to_bytes();
     write_atomically(&args.output, &bytes)?;
     if !args.quiet {

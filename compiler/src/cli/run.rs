@@ -6,7 +6,9 @@ use std::time::Instant;
 use kiln_ir::Tensor;
 use kiln_runtime::{Executable, LoadOptions, Profile};
 
-use super::common::{graph_inputs, load_model, ms, options_for, order_inputs, pick_device, print_timings, read_inputs, DeviceArg, Model};
+use super::common::{
+    compile_with_bar, graph_inputs, load_model, ms, options_for, order_inputs, pick_device, print_timings, read_inputs, DeviceArg, Model,
+};
 use crate::{CompileError, Options, Result};
 
 #[derive(clap::Args)]
@@ -60,7 +62,7 @@ pub fn executable(
             let shapes = names.iter().zip(&ordered).map(|(n, t)| (n.clone(), t.dims().to_vec())).collect();
             let values = names.iter().zip(&ordered).map(|(n, t)| (n.clone(), t.clone())).collect();
             let options = Options { input_shapes: shapes, input_values: values, ..options_for(pick_device(device, quiet)?) };
-            let compiled = crate::compile(&g, &options, false)?;
+            let compiled = compile_with_bar(&g, &options, false, quiet)?;
             if !quiet {
                 print_timings(if compiled.from_cache { "compile (from the cache)" } else { "compile" }, &compiled.timings);
             }

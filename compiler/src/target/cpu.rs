@@ -68,8 +68,9 @@ fn stage_err(k: &Kernel, stage: &'static str, msg: impl Into<String>) -> Compile
     CompileError::Codegen { kernel: k.name.clone(), label: k.label.clone(), stage, msg: msg.into() }
 }
 
-/// Compiles every kernel into one shared object; `texts` collects the stage texts when given.
-pub fn compile(graph: &Graph, kernels: &[Kernel], mut texts: Option<&mut StageTexts>) -> Result<CpuCode> {
+/// Compiles every kernel into one shared object; `texts` collects the stage texts when given;
+/// `progress` hears how many kernels are done.
+pub fn compile(graph: &Graph, kernels: &[Kernel], mut texts: Option<&mut StageTexts>, progress: &dyn Fn(usize)) -> Result<CpuCode> {
     let mlir = MlirContext::new();
     let llvm = LlvmContext::create();
     let main = llvm.create_module("kiln");
@@ -89,6 +90,7 @@ pub fn compile(graph: &Graph, kernels: &[Kernel], mut texts: Option<&mut StageTe
         let m = unsafe { LlvmModule::new(raw as inkwell::llvm_sys::prelude::LLVMModuleRef) };
         main.link_in_module(m).map_err(|e| stage_err(k, "llvm", format!("linking: {e}")))?;
         compiled.push(CompiledKernel { symbol: k.name.clone(), workgroups, label: k.label.clone() });
+        progress(compiled.len());
     }
     add_wrappers(&llvm, &main, kernels, graph)?;
     let (tm, detail, cpu_features) = host_machine()?;

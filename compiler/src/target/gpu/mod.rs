@@ -85,8 +85,16 @@ fn stage_err(k: &Kernel, stage: &'static str, msg: impl Into<String>) -> Compile
 }
 
 /// Compiles every kernel for `target`.
-/// `forced` names the one schedule to use where it applies (else per-op).
-pub fn compile(graph: &Graph, kernels: &[Kernel], target: &GpuTarget, forced: Option<&str>, mut texts: Option<&mut GpuTexts>) -> Result<GpuCode> {
+/// `forced` names the one schedule to use where it applies (else per-op); `progress` hears how many
+/// kernels are scheduled.
+pub fn compile(
+    graph: &Graph,
+    kernels: &[Kernel],
+    target: &GpuTarget,
+    forced: Option<&str>,
+    mut texts: Option<&mut GpuTexts>,
+    progress: &dyn Fn(usize),
+) -> Result<GpuCode> {
     let mlir = MlirContext::new();
     let mut device_module = Module::parse(&mlir.ctx, "module attributes {gpu.container_module} {\n  gpu.module @kiln_kernels {\n  }\n}")
         .ok_or_else(|| CompileError::Internal("the device module does not parse".into()))?;
@@ -107,6 +115,7 @@ pub fn compile(graph: &Graph, kernels: &[Kernel], target: &GpuTarget, forced: Op
             functions.push(DeviceFunction { name: l.func.clone(), kernel: i, label: k.label.clone(), grid: l.grid, block: l.block });
         }
         plans.push(plan);
+        progress(plans.len());
     }
     // Every kernel's functions, prepared once: loops from linalg, views folded into loads and
     // stores, arithmetic neither target has (floor division, bf16 conversions) expanded, then
