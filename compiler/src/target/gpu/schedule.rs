@@ -109,6 +109,21 @@ fn is_contraction(op: RawOp) -> bool {
 /// Whether a reduction can be split over threads: one result, combined by one op with a neutral
 /// element (add, mul, min, max, and, or, xor) from the running value. (MLIR's partial
 /// reductions need that combiner; it crashes on others rather than refusing.)
+/// Whether every indexing map of `op` is a projected permutation (no window arithmetic such as
+/// a pooling's `d2 * 10 + d3 * 10`): `split_reduction` reshapes the reduction dimension of each
+/// operand and is unsafe on anything else (MLIR crashed on a strided, dilated pooling window).
+fn maps_are_projected_permutations(op: RawOp) -> bool {
+    // SAFETY: reading a live op's indexing maps.
+    unsafe {
+        let maps = mlir_sys::mlirLinalgGetIndexingMapsAttribute(op.0);
+        if maps.ptr.is_null() {
+            return false;
+        }
+        let n = mlir_sys::mlirArrayAttrGetNumElements(maps);
+        (0..n).all(|i| mlir_sys::mlirAffineMapIsProjectedPermutation(mlir_sys::mlirAffineMapAttrGetValue(mlir_sys::mlirArrayAttrGetElement(maps, i))))
+    }
+}
+
 fn splittable(op: RawOp) -> bool {
     if op.num_results() != 1 || !loops::is_structured(op) || op.is("linalg.fill") {
         return false;
@@ -459,7 +474,7 @@ fn threads(mlir: &MlirContext, module: &melior::ir::Module, strategy: Strategy, 
                 n += 1;
                 op.set_unit_attr(&mlir.ctx, &t);
                 let h = s.tagged(&t, Some(&blk));
-                let single = l.parallel.iter().filter(|p| !**p).count() == 1;
+                let single = l.parallel.iter().filter(|p| !**p).count() == 1 && maps_are_projected_permutations(op);
                 let (fill, forall, combine) = if single {
                     // Thread p accumulates elements p, p + T, p + 2T...: neighbouring threads read
                     // neighbouring elements (coalesced). The reduction becomes (outer, inner) with
