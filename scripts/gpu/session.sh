@@ -32,7 +32,8 @@ need_gpu() {
 
 case "${1:-}" in
 prepare)
-  grep -qx '/.gpu-session/' .git/info/exclude 2>/dev/null || echo '/.gpu-session/' >> .git/info/exclude
+  EXCLUDE=$(git rev-parse --git-path info/exclude); mkdir -p "$(dirname "$EXCLUDE")"
+  grep -qx '/.gpu-session/' "$EXCLUDE" 2>/dev/null || echo '/.gpu-session/' >> "$EXCLUDE"
   say "building kiln and the runtime-only runner (release)"
   cargo build --release -q -p kiln-compiler --bin kiln
   cargo build --release -q -p kiln-runtime --example run_artifact
