@@ -33,3 +33,17 @@ fn cifarnet_matches_the_interpreter() {
     let g = models::cifarnet(4, 0).unwrap();
     check_against_eval(&g, &[Tensor::random(DType::F32, &[4, 3, 32, 32], 42)], 2, 1e-4);
 }
+
+/// Kernels big enough to be split into workgroups whose output is not the input's layout: a
+/// reduction over the leading dimension and a transpose. Each workgroup must write its own part
+/// of the output (the CPU schedule splits only a dimension the output map indexes by its loop).
+#[test]
+fn workgroups_of_reductions_and_transposes_cover_the_output() {
+    use kiln_ir::builder::GraphBuilder;
+    let g = GraphBuilder::new("reduce_leading");
+    let x = g.input("x", DType::F32, [64, 4096]);
+    g.output("sum0", x.reduce_sum(&[0], false));
+    g.output("t", x.transpose(&[1, 0]).relu());
+    let graph = g.build().unwrap();
+    check_against_eval(&graph, &[Tensor::random(DType::F32, &[64, 4096], 5)], 2, 1e-4);
+}
