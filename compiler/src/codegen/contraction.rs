@@ -110,7 +110,7 @@ fn contract<'c, 'a>(
     })?;
     let mut t = push(em.block, g);
     if acc != dtype {
-        t = narrow(em, t, &out_dims, acc, dtype, dest)?;
+        t = convert(em, t, &out_dims, acc, dtype, dest)?;
     }
     Ok(t)
 }
@@ -134,8 +134,9 @@ pub(super) fn multiply_add<'c, 'a>(
     Ok(push(s.block, super::mlir::op(s.ctx, s.loc, "arith.addf", &[acc, p], &[ty], &[("fastmath", contract)])?))
 }
 
-/// Converts an accumulator tensor to the result type, writing `dest`.
-fn narrow<'c, 'a>(
+/// `t` (dims, dtype `from`) converted elementwise to `to` into `dest`: accumulators narrowed to
+/// the result type, operands widened to the compute type.
+pub(super) fn convert<'c, 'a>(
     em: &mut Emitter<'c, 'a>,
     t: melior::ir::Value<'c, 'a>,
     dims: &[usize],
@@ -259,7 +260,7 @@ fn einsum(em: &mut Emitter, id: NodeId, equation: &str) -> Result<()> {
     })?;
     let mut t = push(em.block, g);
     if acc != dtype {
-        t = narrow(em, t, &out_dims, acc, dtype, dest)?;
+        t = convert(em, t, &out_dims, acc, dtype, dest)?;
     }
     em.set(result, t);
     Ok(())

@@ -11,7 +11,7 @@ use kiln_ir::infer::{transpose_axis, TransposeAxis};
 use kiln_ir::op::{Conv, ConvTranspose, SpatialAxis};
 use kiln_ir::{DType, NodeId, Op, ValueId};
 
-use super::contraction::multiply_add;
+use super::contraction::{convert, multiply_add};
 use super::mlir::{broadcast_map, fill, generic, pad, push, reshape};
 use super::scalar::{compute, ScalarBuilder};
 use super::Emitter;
@@ -80,27 +80,6 @@ fn widened<'c, 'a>(em: &mut Emitter<'c, 'a>, v: ValueId, to: DType) -> Result<me
     let dims = em.dims(v);
     let dest = em.empty(&dims, to)?;
     convert(em, t, &dims, from, to, dest)
-}
-
-/// `t` (dims, dtype `from`) converted to `to` into `dest`.
-fn convert<'c, 'a>(
-    em: &mut Emitter<'c, 'a>,
-    t: melior::ir::Value<'c, 'a>,
-    dims: &[usize],
-    from: DType,
-    to: DType,
-    dest: melior::ir::Value<'c, 'a>,
-) -> Result<melior::ir::Value<'c, 'a>> {
-    let rank = dims.len();
-    let id = broadcast_map(rank, dims, dims);
-    let ty = em.tensor_type(dims, to)?;
-    let (ctx, loc) = (em.ctx, em.loc);
-    let g = generic(ctx, loc, &[t], &[dest], &[id.clone(), id], &vec!["parallel"; rank], &[ty], |body| {
-        let sb = ScalarBuilder { ctx, loc, block: body };
-        let x = sb.load(body.argument(0).expect("x").into(), from)?;
-        Ok(vec![sb.store(sb.cast(x, to)?)?])
-    })?;
-    Ok(push(em.block, g))
 }
 
 /// The convolution in `cdt` (see `convolve`), narrowed into `result` when its dtype differs.

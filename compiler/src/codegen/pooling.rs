@@ -65,24 +65,13 @@ pub(super) fn emit(em: &mut Emitter, id: NodeId) -> Result<()> {
     let (ctx, loc) = (em.ctx, em.loc);
     let kernel: Vec<usize> = axes.iter().map(|a| a.kernel).collect();
     let window = em.empty(&kernel, dtype)?;
-    // Loops: n, c, o..., k...
-    let n_loops = 2 + 2 * spatial;
-    let all = dims_list(n_loops);
-    let x_idx: Vec<String> = ["d0".into(), "d1".into()]
-        .into_iter()
-        .chain(axes.iter().enumerate().map(|(i, a)| format!("d{} * {} + d{} * {}", 2 + i, a.stride, 2 + spatial + i, a.dilation)))
-        .collect();
-    let w_idx: Vec<String> = (0..spatial).map(|i| format!("d{}", 2 + spatial + i)).collect();
-    let o_idx: Vec<String> = (0..2 + spatial).map(|i| format!("d{i}")).collect();
-    let map = |v: &[String]| format!("affine_map<({all}) -> ({})>", v.join(", "));
-    let mut iters = vec!["parallel"; 2 + spatial];
-    iters.extend(vec!["reduction"; spatial]);
+    let WindowLoops { x_map, w_map, o_map, iters } = window_loops(&axes);
     let acc_dtype = if dtype == DType::F64 { DType::F64 } else { DType::F32 };
     let init_value = em.scalar_constant(pad_value, acc_dtype)?;
     let acc_dest = em.empty(&od, acc_dtype)?;
     let acc = fill(ctx, loc, em.block, init_value, acc_dest)?;
     let acc_ty = em.tensor_type(&od, acc_dtype)?;
-    let g = generic(ctx, loc, &[xv, window], &[acc], &[map(&x_idx), map(&w_idx), map(&o_idx)], &iters, &[acc_ty], |body| {
+    let g = generic(ctx, loc, &[xv, window], &[acc], &[x_map, w_map, o_map], &iters, &[acc_ty], |body| {
         let sb = ScalarBuilder { ctx, loc, block: body };
         let t = compute(acc_dtype);
         let v = sb.load(body.argument(0).expect("x").into(), dtype)?;
@@ -148,6 +137,29 @@ fn powi<'c, 'a>(sb: &ScalarBuilder<'c, 'a>, x: melior::ir::Value<'c, 'a>, p: u32
 
 /// For each output position, how many cells its window counts: those in the input, plus the
 /// declared padding when `count_include_pad` (never the extra ceil_mode cells).
+/// A pooling's loops (n, c, o..., k...) and the maps of its input, window and output.
+struct WindowLoops {
+    x_map: String,
+    w_map: String,
+    o_map: String,
+    iters: Vec<&'static str>,
+}
+
+fn window_loops(axes: &[SpatialAxis]) -> WindowLoops {
+    let spatial = axes.len();
+    let all = dims_list(2 + 2 * spatial);
+    let x_idx: Vec<String> = ["d0".into(), "d1".into()]
+        .into_iter()
+        .chain(axes.iter().enumerate().map(|(i, a)| format!("d{} * {} + d{} * {}", 2 + i, a.stride, 2 + spatial + i, a.dilation)))
+        .collect();
+    let w_idx: Vec<String> = (0..spatial).map(|i| format!("d{}", 2 + spatial + i)).collect();
+    let o_idx: Vec<String> = (0..2 + spatial).map(|i| format!("d{i}")).collect();
+    let map = |v: &[String]| format!("affine_map<({all}) -> ({})>", v.join(", "));
+    let mut iters = vec!["parallel"; 2 + spatial];
+    iters.extend(vec!["reduction"; spatial]);
+    WindowLoops { x_map: map(&x_idx), w_map: map(&w_idx), o_map: map(&o_idx), iters }
+}
+
 fn counts(axes: &[SpatialAxis], include_pad: bool) -> Vec<f64> {
     let per_axis: Vec<Vec<usize>> = axes
         .iter()
@@ -215,17 +227,7 @@ fn max_pool_indexed(em: &mut Emitter, id: NodeId, x: ValueId, axes: &[SpatialAxi
     }
     let kernel: Vec<usize> = axes.iter().map(|a| a.kernel).collect();
     let window = em.empty(&kernel, dtype)?;
-    let n_loops = 2 + 2 * spatial;
-    let all = dims_list(n_loops);
-    let x_idx: Vec<String> = ["d0".into(), "d1".into()]
-        .into_iter()
-        .chain(axes.iter().enumerate().map(|(i, a)| format!("d{} * {} + d{} * {}", 2 + i, a.stride, 2 + spatial + i, a.dilation)))
-        .collect();
-    let w_idx: Vec<String> = (0..spatial).map(|i| format!("d{}", 2 + spatial + i)).collect();
-    let o_idx: Vec<String> = (0..2 + spatial).map(|i| format!("d{i}")).collect();
-    let map = |v: &[String]| format!("affine_map<({all}) -> ({})>", v.join(", "));
-    let mut iters = vec!["parallel"; 2 + spatial];
-    iters.extend(vec!["reduction"; spatial]);
+    let WindowLoops { x_map, w_map, o_map, iters } = window_loops(axes);
     // The maximum (its fill is never read: index -1 means "nothing taken yet") and its index.
     let vdest = em.dest(result)?;
     let zero = em.scalar_constant(0.0, dtype)?;
@@ -243,7 +245,7 @@ fn max_pool_indexed(em: &mut Emitter, id: NodeId, x: ValueId, axes: &[SpatialAxi
         .map(|d| if column_major { axes[..d].iter().map(|a| a.input).product() } else { axes[d + 1..].iter().map(|a| a.input).product() })
         .collect();
     let axes = axes.to_vec();
-    let g = generic(ctx, loc, &[xv, window], &[vdest, idest], &[map(&x_idx), map(&w_idx), map(&o_idx), map(&o_idx)], &iters, &types, |body| {
+    let g = generic(ctx, loc, &[xv, window], &[vdest, idest], &[x_map, w_map, o_map.clone(), o_map], &iters, &types, |body| {
         let sb = ScalarBuilder { ctx, loc, block: body };
         let v = sb.load(body.argument(0).expect("x").into(), dtype)?;
         let m = sb.load(body.argument(2).expect("max").into(), dtype)?;
