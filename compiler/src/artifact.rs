@@ -96,8 +96,13 @@ pub fn assemble(graph: &Graph, partition: &Partition, code: Code) -> Result<Arti
     // Constants, views and scratch values, on first use by a kernel.
     let mut scratch: Vec<(usize, usize, usize)> = Vec::new(); // (buffer, first kernel, last kernel)
     for (k, kernel) in partition.kernels.iter().enumerate() {
-        for &v in kernel.inputs.iter().chain(&kernel.outputs) {
-            resolve(graph, partition, v, &mut buffers, &mut buffer_of, &mut payload, bytes_of, &mut scratch, k);
+        // A value none of the kernel's launches reads (a weight it reads packed, from its own
+        // constants) needs no buffer for it.
+        let used = |slot: usize| code.plans.get(k).is_none_or(|p| p.launches.iter().any(|l| l.args.contains(&Arg::Buffer(slot))));
+        for (slot, &v) in kernel.inputs.iter().chain(&kernel.outputs).enumerate() {
+            if used(slot) {
+                resolve(graph, partition, v, &mut buffers, &mut buffer_of, &mut payload, bytes_of, &mut scratch, k);
+            }
         }
         // Everything this kernel reads is live at least until now.
         for &v in &kernel.inputs {
@@ -133,7 +138,8 @@ pub fn assemble(graph: &Graph, partition: &Partition, code: Code) -> Result<Arti
     let arena_bytes = plan_arena(&mut buffers, &scratch);
     let mut launches = Vec::new();
     for (k, (kernel, plan)) in partition.kernels.iter().zip(&code.plans).enumerate() {
-        let mut own: Vec<usize> = kernel.inputs.iter().map(|v| buffer_of[v]).collect();
+        // (Slots no launch reads may have no buffer.)
+        let mut own: Vec<usize> = kernel.inputs.iter().map(|v| buffer_of.get(v).copied().unwrap_or(usize::MAX)).collect();
         for &v in &kernel.outputs {
             // A copy kernel made for output j writes that output's own buffer.
             own.push(match kernel.copy_to_output {

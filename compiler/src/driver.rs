@@ -20,6 +20,8 @@ use crate::{artifact, fuse, passes, CompileError, Result};
 pub struct Stages {
     pub graph: String,
     pub fused: String,
+    /// Each kernel's ops as the schedule reads them and the schedule decided (CPU).
+    pub schedule: String,
     pub mlir: String,
     pub lowered: String,
     pub llvm: String,
@@ -34,6 +36,7 @@ impl Stages {
         Some(match stage {
             "graph" => &self.graph,
             "fused" => &self.fused,
+            "schedule" => &self.schedule,
             "mlir" => &self.mlir,
             "lowered" => &self.lowered,
             "llvm" => &self.llvm,
@@ -44,7 +47,7 @@ impl Stages {
         })
     }
 
-    pub const NAMES: [&'static str; 8] = ["graph", "fused", "mlir", "lowered", "llvm", "asm", "ptx", "spirv"];
+    pub const NAMES: [&'static str; 9] = ["graph", "fused", "schedule", "mlir", "lowered", "llvm", "asm", "ptx", "spirv"];
 }
 
 /// A compiled model.
@@ -107,12 +110,27 @@ pub fn compile_reporting(graph: &Graph, options: &Options, keep_stages: bool, pr
     let code = match options.target {
         TargetKind::Cpu => {
             let mut texts = StageTexts::default();
-            let c = cpu::compile(&g, &partition.kernels, keep.then_some(&mut texts), &kernel_done)?;
+            let c = cpu::compile(&g, &partition.kernels, options.microkernel_choice(), keep.then_some(&mut texts), &kernel_done)?;
+            stages.schedule = texts.schedule;
             stages.mlir = texts.mlir;
             stages.lowered = texts.lowered;
             stages.llvm = texts.llvm;
             stages.asm = texts.asm;
-            let plans = partition.kernels.iter().enumerate().map(|(k, kernel)| Plan::single(k, kernel.inputs.len() + kernel.outputs.len())).collect();
+            // A kernel's own constants (packed weights) take the slots of the values they replace.
+            let plans = partition
+                .kernels
+                .iter()
+                .zip(&c.kernels)
+                .enumerate()
+                .map(|(k, (kernel, ck))| {
+                    let mut plan = Plan::single(k, kernel.inputs.len() + kernel.outputs.len());
+                    for &s in &ck.constant_slots {
+                        plan.launches[0].args[s] = artifact::Arg::Constant(0);
+                    }
+                    plan.constants = ck.constants.clone();
+                    plan
+                })
+                .collect();
             let functions = c
                 .kernels
                 .iter()
@@ -258,6 +276,7 @@ fn dump(dir: &std::path::Path, stages: &Stages) -> Result<()> {
     let files = [
         ("graph.kiln.txt", &stages.graph),
         ("fused.txt", &stages.fused),
+        ("schedule.txt", &stages.schedule),
         ("kernels.mlir", &stages.mlir),
         ("lowered.mlir", &stages.lowered),
         ("kernels.ll", &stages.llvm),
@@ -292,9 +311,10 @@ fn cache_key(graph: &Graph, options: &Options) -> String {
     // The compiler's own build: a rebuilt kiln must not reuse what an older one compiled.
     let build = std::env::current_exe().and_then(std::fs::metadata).map(|m| format!("{} {:?}", m.len(), m.modified().ok())).unwrap_or_default();
     let text = format!(
-        "{} {build}\n{} {:?} {:?}\n{:?}\n{:?}\n{}\n{}",
+        "{} {build}\n{} {:?} {:?} {:?}\n{:?}\n{:?}\n{}\n{}",
         env!("CARGO_PKG_VERSION"),
         options.target.name(),
+        options.microkernel_choice(),
         options.ptx,
         // A forced GPU schedule (tests, debugging) makes different code.
         options.gpu_schedule.clone().or_else(|| std::env::var("KILN_GPU_SCHEDULE").ok()),

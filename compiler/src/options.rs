@@ -40,6 +40,10 @@ pub struct Options {
     /// GPU targets: use only this schedule (`parallel`, `reduction`, `contraction`) where it applies,
     /// else per-op; for tests and debugging (`KILN_GPU_SCHEDULE` does the same).
     pub gpu_schedule: Option<String>,
+    /// CPU: which contractions and convolutions run on the packed microkernel. `None` decides by
+    /// shape class (where it beats the linalg path); `Some(true)` takes it wherever it applies,
+    /// `Some(false)` never (tests, comparisons; `KILN_UKERNEL=1|0` does the same).
+    pub microkernel: Option<bool>,
 }
 
 impl Default for Options {
@@ -52,6 +56,18 @@ impl Default for Options {
             cache: true,
             ptx: Default::default(),
             gpu_schedule: None,
+            microkernel: None,
         }
+    }
+}
+
+impl Options {
+    /// The microkernel choice in force: the option, else `KILN_UKERNEL` (`0` or `1`).
+    pub fn microkernel_choice(&self) -> Option<bool> {
+        self.microkernel.or_else(|| match std::env::var("KILN_UKERNEL").as_deref() {
+            Ok("0") => Some(false),
+            Ok("1") => Some(true),
+            _ => None,
+        })
     }
 }

@@ -129,6 +129,21 @@ pub struct Tensor {
 }
 
 impl Tensor {
+    /// A tensor over shared words (little-endian bytes, at least as many as the type needs): no
+    /// copy. The runtime hands out its output buffers this way and reuses one once every tensor
+    /// over it is dropped. Bools must be 0 or 1.
+    pub fn from_shared_words(dtype: DType, dims: &[usize], words: Arc<[u64]>) -> Result<Tensor, IrError> {
+        let want = dims.iter().product::<usize>() * dtype.size();
+        if words.len() * 8 < want {
+            return Err(IrError::Tensor(format!("{dtype}{} needs {want} bytes, got {}", Shape::fixed(dims), words.len() * 8)));
+        }
+        let t = Tensor { dtype, dims: dims.to_vec(), data: Storage { words, len: want } };
+        if dtype == DType::Bool && t.data.bytes().iter().any(|&b| b > 1) {
+            return Err(IrError::Tensor("a bool tensor holds a byte other than 0 and 1".into()));
+        }
+        Ok(t)
+    }
+
     /// A tensor from raw little-endian bytes; the length must match the type.
     pub fn from_bytes(dtype: DType, dims: &[usize], bytes: &[u8]) -> Result<Tensor, IrError> {
         let want = dims.iter().product::<usize>() * dtype.size();

@@ -1,7 +1,7 @@
 //! A loaded artifact ready to run: `Executable::run(inputs) -> outputs`.
 
 use std::path::Path;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use kiln_ir::{DType, Tensor};
@@ -60,12 +60,6 @@ impl Aligned {
         let (o, n) = (self.offset, self.len);
         &mut bytemuck_bytes_mut(&mut self.words)[o..o + n]
     }
-
-    fn bytes(&self) -> &[u8] {
-        // SAFETY: u64 words viewed as bytes; the range is inside the allocation.
-        let all = unsafe { std::slice::from_raw_parts(self.words.as_ptr() as *const u8, self.words.len() * 8) };
-        &all[self.offset..self.offset + self.len]
-    }
 }
 
 fn bytemuck_bytes_mut(words: &mut [u64]) -> &mut [u8] {
@@ -80,6 +74,9 @@ struct Cpu {
     /// Where each constant buffer starts in `constants`.
     constant_offsets: Vec<Option<usize>>,
     arena: Mutex<Aligned>,
+    /// Each output's buffer of the last run: the tensors returned share it, and the next run
+    /// writes it again once they are all dropped (warm pages, no copy), else takes a new one.
+    outputs: Mutex<Vec<Option<Arc<[u64]>>>>,
 }
 
 enum Program {
@@ -139,7 +136,7 @@ impl Executable {
             }
         }
         let arena = Mutex::new(Aligned::new(m.arena_bytes as usize));
-        Ok(Cpu { program, constants, constant_offsets: offsets, arena })
+        Ok(Cpu { program, constants, constant_offsets: offsets, arena, outputs: Mutex::new(vec![None; m.outputs.len()]) })
     }
 
     pub fn inputs(&self) -> &[TensorDesc] {
@@ -197,7 +194,20 @@ impl Executable {
 
     fn run_cpu(&self, cpu: &Cpu, inputs: &[Tensor], mut profile: Option<&mut Profile>) -> Result<Vec<Tensor>> {
         let m = &self.manifest;
-        let mut outputs: Vec<Aligned> = m.outputs.iter().map(|o| Aligned::new(m.buffers[o.buffer].bytes as usize)).collect();
+        let mut pool = cpu.outputs.lock().unwrap_or_else(|p| p.into_inner());
+        let mut outputs: Vec<Arc<[u64]>> = m
+            .outputs
+            .iter()
+            .zip(pool.iter_mut())
+            .map(|(o, slot)| match slot.take() {
+                Some(a) if Arc::strong_count(&a) == 1 && Arc::weak_count(&a) == 0 => a,
+                _ => {
+                    let words = (m.buffers[o.buffer].bytes as usize).div_ceil(8).max(1);
+                    // SAFETY: zeroed u64s are initialised.
+                    unsafe { Arc::<[u64]>::new_zeroed_slice(words).assume_init() }
+                }
+            })
+            .collect();
         // One run at a time uses the arena.
         let mut arena = cpu.arena.lock().unwrap_or_else(|p| p.into_inner());
         let arena_ptr = arena.ptr();
@@ -208,7 +218,7 @@ impl Executable {
             ptrs[i] = match &b.kind {
                 // Kernels never write inputs; the pointer is cast for the uniform signature.
                 BufferKind::Input(k) => inputs[*k].bytes().as_ptr() as *mut u8,
-                BufferKind::Output(k) => outputs[*k].ptr(),
+                BufferKind::Output(k) => Arc::get_mut(&mut outputs[*k]).expect("not shared").as_mut_ptr() as *mut u8,
                 // SAFETY: offsets were planned inside the constant block at load.
                 BufferKind::Constant(_) => unsafe { constants_ptr.add(constants_base + cpu.constant_offsets[i].expect("planned at load")) },
                 // SAFETY: validated at load: inside the arena.
@@ -235,7 +245,19 @@ impl Executable {
             }
         }
         drop(arena);
-        m.outputs.iter().zip(&outputs).map(|(o, buf)| output_tensor(o, buf.bytes())).collect()
+        let tensors = m
+            .outputs
+            .iter()
+            .zip(&outputs)
+            .map(|(o, buf)| {
+                let dtype = DType::from_name(&o.dtype).expect("validated at load");
+                Tensor::from_shared_words(dtype, &o.dims, buf.clone()).map_err(|e| RuntimeError::Launch { kernel: "output".into(), msg: e.to_string() })
+            })
+            .collect();
+        for (slot, buf) in pool.iter_mut().zip(outputs) {
+            *slot = Some(buf);
+        }
+        tensors
     }
 
     fn check_inputs(&self, inputs: &[Tensor]) -> Result<()> {

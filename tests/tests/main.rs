@@ -7,5 +7,6 @@ mod compile;
 mod decompose;
 mod differential;
 mod gpu;
+mod microkernel;
 mod stages;
 mod toolchain;

@@ -14,6 +14,9 @@ pub enum StageArg {
     Graph,
     /// The kernels fusion made.
     Fused,
+    /// Each kernel's ops as its CPU schedule reads them, and the schedule decided (workgroups,
+    /// register tile, row reductions, loop orders).
+    Schedule,
     /// Each kernel's MLIR before the target pipeline.
     Mlir,
     /// The MLIR after the pipeline (LLVM dialect for the CPU).
@@ -46,7 +49,7 @@ pub fn run(args: &Args) -> Result<()> {
     let name = format!("{:?}", args.stage).to_lowercase();
     // Each code stage exists for some targets only.
     let wants = match args.stage {
-        StageArg::Asm => Some((TargetArg::Cpu, "cpu")),
+        StageArg::Asm | StageArg::Schedule => Some((TargetArg::Cpu, "cpu")),
         StageArg::Ptx => Some((TargetArg::Cuda, "cuda")),
         StageArg::Spirv => Some((TargetArg::Opencl, "opencl")),
         StageArg::Llvm if args.target == TargetArg::Opencl => {

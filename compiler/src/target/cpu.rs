@@ -14,20 +14,21 @@ use inkwell::module::Module as LlvmModule;
 use inkwell::passes::PassBuilderOptions;
 use inkwell::targets::{CodeModel, FileType, InitializationConfig, RelocMode, Target, TargetMachine};
 use inkwell::OptimizationLevel;
-use melior::ir::operation::OperationLike;
+use melior::ir::operation::{OperationLike, OperationRef};
 use melior::ir::{BlockLike, Module, RegionLike};
 
 use kiln_ir::Graph;
 
-use schedule::{body_ops, kernel_func};
-
-use super::MlirContext;
+use super::edit::RawOp;
+use super::{linalg, MlirContext};
 use crate::codegen;
 use crate::fuse::Kernel;
 use crate::{CompileError, Result};
 
 mod math;
-mod schedule;
+pub mod schedule;
+mod script;
+pub mod ukernel;
 
 /// Distribution: first tile the workgroup loop, then the pipeline that bufferises and converts
 /// it into a plain loop whose bounds become the workgroup range.
@@ -43,6 +44,10 @@ pub struct CompiledKernel {
     pub symbol: String,
     pub workgroups: u64,
     pub label: String,
+    /// Data the kernel reads that the compiler made (weights packed for the microkernel).
+    pub constants: Vec<Vec<u8>>,
+    /// Buffer slots (inputs, then outputs) that receive `constants[0]` instead of their value.
+    pub constant_slots: Vec<usize>,
 }
 
 /// The result of compiling every kernel for the CPU.
@@ -58,6 +63,7 @@ pub struct CpuCode {
 /// The text of each stage, when asked for.
 #[derive(Default, Clone, Debug)]
 pub struct StageTexts {
+    pub schedule: String,
     pub mlir: String,
     pub lowered: String,
     pub llvm: String,
@@ -70,14 +76,30 @@ fn stage_err(k: &Kernel, stage: &'static str, msg: impl Into<String>) -> Compile
 
 /// Compiles every kernel into one shared object; `texts` collects the stage texts when given;
 /// `progress` hears how many kernels are done.
-pub fn compile(graph: &Graph, kernels: &[Kernel], mut texts: Option<&mut StageTexts>, progress: &dyn Fn(usize)) -> Result<CpuCode> {
+/// `microkernel`: see `Options::microkernel`.
+pub fn compile(graph: &Graph, kernels: &[Kernel], microkernel: Option<bool>, mut texts: Option<&mut StageTexts>, progress: &dyn Fn(usize)) -> Result<CpuCode> {
     let mlir = MlirContext::new();
     let llvm = LlvmContext::create();
     let main = llvm.create_module("kiln");
     let mut compiled = Vec::with_capacity(kernels.len());
+    let host = ukernel::Host::detect(&TargetMachine::get_host_cpu_features().to_string());
+    let mut uses_ukernel = false;
     for k in kernels {
-        let (module, workgroups, mlir_text) = lower_kernel(&mlir, graph, k)?;
+        let micro = if microkernel == Some(false) { None } else { ukernel::plan(graph, k, &host, microkernel == Some(true)) };
+        let (module, workgroups, mlir_text, schedule_text, constants, constant_slots) = match &micro {
+            Some(u) => {
+                uses_ukernel = true;
+                let (module, text, described) = lower_ukernel(&mlir, graph, k, u)?;
+                let packed = ukernel::pack(graph, u).map_err(|e| stage_err(k, "pack", e.to_string()))?;
+                (module, u.workgroups(), text, described, vec![packed], ukernel::replaced_inputs(graph, k, u))
+            }
+            None => {
+                let (module, workgroups, text, described) = lower_kernel(&mlir, graph, k)?;
+                (module, workgroups, text, described, Vec::new(), Vec::new())
+            }
+        };
         if let Some(t) = texts.as_deref_mut() {
+            t.schedule.push_str(&schedule_text);
             t.mlir.push_str(&mlir_text);
             t.lowered.push_str(&module.as_operation().to_string());
         }
@@ -89,7 +111,7 @@ pub fn compile(graph: &Graph, kernels: &[Kernel], mut texts: Option<&mut StageTe
         // SAFETY: a module the translation just created in `llvm`, owned by us from here on.
         let m = unsafe { LlvmModule::new(raw as inkwell::llvm_sys::prelude::LLVMModuleRef) };
         main.link_in_module(m).map_err(|e| stage_err(k, "llvm", format!("linking: {e}")))?;
-        compiled.push(CompiledKernel { symbol: k.name.clone(), workgroups, label: k.label.clone() });
+        compiled.push(CompiledKernel { symbol: k.name.clone(), workgroups, label: k.label.clone(), constants, constant_slots });
         progress(compiled.len());
     }
     add_wrappers(&llvm, &main, kernels, graph)?;
@@ -108,7 +130,7 @@ pub fn compile(graph: &Graph, kernels: &[Kernel], mut texts: Option<&mut StageTe
     }
     let object =
         tm.write_to_memory_buffer(&main, FileType::Object).map_err(|e| CompileError::Internal(format!("LLVM object emission failed: {e}")))?;
-    let shared_object = link_shared(object.as_slice())?;
+    let shared_object = link_shared(object.as_slice(), uses_ukernel.then_some(host))?;
     Ok(CpuCode { shared_object, kernels: compiled, target_detail: detail, cpu_features })
 }
 
@@ -133,9 +155,9 @@ fn host_machine() -> Result<(TargetMachine, String, Vec<String>)> {
     Ok((tm, format!("{} {cpu} ({widest})", triple.as_str().to_string_lossy()), wide))
 }
 
-/// Builds, distributes and lowers one kernel; returns the lowered module, its workgroup count and
-/// the text of its MLIR before the pipeline.
-fn lower_kernel<'c>(mlir: &'c MlirContext, graph: &Graph, k: &Kernel) -> Result<(Module<'c>, u64, String)> {
+/// Builds, distributes and lowers one kernel; returns the lowered module, its workgroup count,
+/// the text of its MLIR before the pipeline and its schedule as printed.
+fn lower_kernel<'c>(mlir: &'c MlirContext, graph: &Graph, k: &Kernel) -> Result<(Module<'c>, u64, String, String)> {
     let build = || codegen::build_kernel(&mlir.ctx, graph, k);
     let mut module = build()?;
     if !module.as_operation().verify() {
@@ -143,14 +165,25 @@ fn lower_kernel<'c>(mlir: &'c MlirContext, graph: &Graph, k: &Kernel) -> Result<
     }
     let text = module.as_operation().to_string();
     let mut workgroups = 1;
+    let mut described = None;
     // The full schedule (workgroups, register tiles, vectors), else the workgroup split alone,
     // else one scalar workgroup. Not every kernel tiles (an op without a tiling rule, a reshape
     // between ops); a failed transform may leave the module half done, so it is rebuilt.
     for vectorize in [true, false] {
-        let Some(plan) = schedule::plan(&mlir.ctx, &module, graph, k, vectorize) else { break };
-        match schedule::apply(mlir, &mut module, &plan) {
+        let Some(func) = kernel_func(&module) else { break };
+        let kernel_ops = linalg::read_kernel(RawOp(func.to_raw()));
+        let dims = if k.outputs.len() == 1 { graph.value_type(k.outputs[0]).shape.as_fixed() } else { None };
+        let decided = dims.and_then(|d| schedule::decide(&kernel_ops.ops, &d, kernel_ops.sequential, vectorize));
+        if described.is_none() {
+            described = Some(schedule::describe(&k.name, &kernel_ops.ops, decided.as_ref()));
+        }
+        let Some(sch) = decided else { break };
+        if std::env::var_os("KILN_DEBUG_SCHEDULE").is_some() {
+            eprint!("{}", schedule::describe(&k.name, &kernel_ops.ops, Some(&sch)));
+        }
+        match script::apply(mlir, &mut module, &kernel_ops.ops, &kernel_ops.raw, &sch) {
             Ok(()) => {
-                workgroups = plan.workgroups;
+                workgroups = sch.workgroups();
                 // A developer's view of a kernel after its schedule (KILN_DEBUG_SCHEDULE=kernel).
                 if std::env::var("KILN_DEBUG_SCHEDULE").is_ok_and(|v| v == k.name) {
                     eprintln!("// kernel {} scheduled ({} workgroups)\n{}", k.name, workgroups, module.as_operation());
@@ -160,6 +193,10 @@ fn lower_kernel<'c>(mlir: &'c MlirContext, graph: &Graph, k: &Kernel) -> Result<
             Err(e) => {
                 if std::env::var_os("KILN_DEBUG_SCHEDULE").is_some() {
                     eprintln!("// kernel {}: schedule (vectorize={vectorize}) failed: {e}", k.name);
+                }
+                // What runs instead is said in the printed schedule too.
+                if let Some(d) = described.as_mut() {
+                    d.push_str(&format!("  (this schedule failed to apply{}; fell back)\n", if vectorize { ", vectorised" } else { "" }));
                 }
                 module = build()?;
             }
@@ -177,7 +214,49 @@ fn lower_kernel<'c>(mlir: &'c MlirContext, graph: &Graph, k: &Kernel) -> Result<
     if std::env::var_os("KILN_DEBUG_MLIR").is_some() {
         eprintln!("// kernel {} ({} workgroups)\n{}", k.name, workgroups, module.as_operation());
     }
-    Ok((module, workgroups, text))
+    let described = described.unwrap_or_else(|| format!("kernel {}\n  no function\n", k.name));
+    Ok((module, workgroups, text, described))
+}
+
+/// The kernel's function (bufferisation may put globals before it).
+fn kernel_func<'c, 'a>(module: &'a Module<'c>) -> Option<OperationRef<'c, 'a>> {
+    let mut op = module.body().first_operation();
+    while let Some(o) = op {
+        if o.name().as_string_ref().as_str() == Ok("func.func") {
+            return Some(o);
+        }
+        op = o.next_in_block();
+    }
+    None
+}
+
+/// The top-level ops of the kernel's function body.
+fn body_ops<'c, 'a>(module: &'a Module<'c>) -> Vec<OperationRef<'c, 'a>> {
+    let mut out = Vec::new();
+    let Some(func) = kernel_func(module) else { return out };
+    let Ok(region) = func.region(0) else { return out };
+    let Some(block) = region.first_block() else { return out };
+    let mut op = block.first_operation();
+    while let Some(o) = op {
+        op = o.next_in_block();
+        out.push(o);
+    }
+    out
+}
+
+/// A microkernel kernel's module, lowered; its MLIR text before lowering and its schedule.
+fn lower_ukernel<'c>(mlir: &'c MlirContext, graph: &Graph, k: &Kernel, u: &ukernel::Ukernel) -> Result<(Module<'c>, String, String)> {
+    let mut module = ukernel::build(&mlir.ctx, graph, k, u)?;
+    if !module.as_operation().verify() {
+        return Err(stage_err(k, "mlir", format!("the microkernel call does not verify: {}\n{}", mlir.take_diagnostics(), module.as_operation())));
+    }
+    let text = module.as_operation().to_string();
+    let mut described = format!("kernel {}\n", k.name);
+    for line in u.to_string().lines() {
+        described.push_str(&format!("  {line}\n"));
+    }
+    mlir.run_pipeline(&mut module, LOWER).map_err(|e| stage_err(k, "lower", e))?;
+    Ok((module, text, described))
 }
 
 /// After bufferisation, the workgroup `scf.forall` is an `scf.for` over 0..G at the top of the
@@ -250,10 +329,12 @@ fn add_wrappers<'l>(llvm: &'l LlvmContext, module: &LlvmModule<'l>, kernels: &[K
 
 /// C support code every kernel library carries (`memrefCopy`), so artifacts need no MLIR runtime.
 const SUPPORT_C: &str = include_str!("support.c");
+/// The packed GEMM microkernel, compiled for the host when a kernel calls it.
+const UKERNEL_C: &str = include_str!("cpu/ukernel.c");
 
 /// Links an object file into a shared object with the system C compiler (libm for the math
-/// that has no LLVM intrinsic).
-fn link_shared(object: &[u8]) -> Result<Vec<u8>> {
+/// that has no LLVM intrinsic); with `ukernel`, the microkernel compiled for the host goes in.
+fn link_shared(object: &[u8], ukernel: Option<ukernel::Host>) -> Result<Vec<u8>> {
     static COUNTER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let dir: PathBuf = std::env::temp_dir().join(format!("kiln-link-{}-{n}", std::process::id()));
@@ -262,14 +343,12 @@ fn link_shared(object: &[u8]) -> Result<Vec<u8>> {
     let result = (|| {
         std::fs::write(&obj, object).map_err(|e| format!("{}: {e}", obj.display()))?;
         std::fs::write(&support, SUPPORT_C).map_err(|e| format!("{}: {e}", support.display()))?;
-        let out = std::process::Command::new("cc")
-            .args(["-shared", "-fPIC", "-O2", "-o"])
-            .arg(&so)
-            .arg(&obj)
-            .arg(&support)
-            .arg("-lm")
-            .output()
-            .map_err(|e| format!("cannot run the system linker `cc` (install a C toolchain: scripts/setup.sh): {e}"))?;
+        let mut cmd = std::process::Command::new("cc");
+        cmd.args(["-shared", "-fPIC", "-O2", "-o"]).arg(&so).arg(&obj).arg(&support);
+        if let Some(host) = ukernel {
+            cmd.arg(ukernel_object(&dir, host)?);
+        }
+        let out = cmd.arg("-lm").output().map_err(|e| format!("cannot run the system linker `cc` (install a C toolchain: scripts/setup.sh): {e}"))?;
         if !out.status.success() {
             return Err(format!("linking the kernels failed: {}", String::from_utf8_lossy(&out.stderr)));
         }
@@ -277,4 +356,45 @@ fn link_shared(object: &[u8]) -> Result<Vec<u8>> {
     })();
     let _ = std::fs::remove_dir_all(&dir);
     result.map_err(CompileError::Internal)
+}
+
+/// The microkernel's object for this host: compiled with the system C compiler for the host's
+/// instruction set, once per source and register tile (kept in the cache folder when there is
+/// one, else made in `dir`).
+fn ukernel_object(dir: &std::path::Path, host: ukernel::Host) -> Result<PathBuf, String> {
+    let flags = ["-c", "-O3", "-march=native", "-fPIC", "-ffp-contract=fast", "-fno-math-errno"];
+    let mr = format!("-DKILN_MR={}", host.mr);
+    let mut hash = 0xcbf2_9ce4_8422_2325u64;
+    for b in UKERNEL_C.bytes().chain(flags.concat().bytes()).chain(mr.bytes()).chain(TargetMachine::get_host_cpu_features().to_bytes().iter().copied()) {
+        hash = (hash ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    let cached = crate::driver::cache_dir().map(|d| d.join(format!("ukernel-{hash:016x}.o")));
+    if let Some(c) = cached.as_ref().filter(|c| c.is_file()) {
+        return Ok(c.clone());
+    }
+    let src = dir.join("ukernel.c");
+    let out = dir.join("ukernel.o");
+    std::fs::write(&src, UKERNEL_C).map_err(|e| format!("{}: {e}", src.display()))?;
+    let run = std::process::Command::new("cc")
+        .args(flags)
+        .arg(&mr)
+        .arg("-o")
+        .arg(&out)
+        .arg(&src)
+        .output()
+        .map_err(|e| format!("cannot run the system C compiler `cc` (install a C toolchain: scripts/setup.sh): {e}"))?;
+    if !run.status.success() {
+        return Err(format!("compiling the microkernel failed: {}", String::from_utf8_lossy(&run.stderr)));
+    }
+    // Keep it for the next compile (written aside, then renamed: racing compiles are fine).
+    if let Some(c) = &cached {
+        if c.parent().is_some_and(|p| std::fs::create_dir_all(p).is_ok()) {
+            let tmp = c.with_extension(format!("{}.tmp", std::process::id()));
+            if std::fs::copy(&out, &tmp).is_ok() && std::fs::rename(&tmp, c).is_ok() {
+                return Ok(c.clone());
+            }
+            let _ = std::fs::remove_file(&tmp);
+        }
+    }
+    Ok(out)
 }

@@ -5,6 +5,7 @@
 pub mod cpu;
 pub mod edit;
 pub mod gpu;
+pub mod linalg;
 
 use std::sync::{Arc, Mutex, Once};
 

@@ -13,16 +13,24 @@ use melior::ir::operation::OperationBuilder;
 use melior::ir::{Identifier, Location, Type, Value};
 use mlir_sys as ffi;
 
-use super::schedule::{raw_attr, raw_name, walk};
+use crate::target::edit::{self, RawOp};
+
+fn raw_name(o: ffi::MlirOperation) -> String {
+    RawOp(o).name()
+}
+
+fn raw_attr(o: ffi::MlirOperation, name: &str) -> Option<String> {
+    RawOp(o).attr(name).map(edit::attr_text)
+}
 
 /// Rewrites the math ops of `op`'s body (a function) in place.
 pub fn expand(ctx: &melior::Context, func: ffi::MlirOperation) {
-    let mut found = Vec::new();
-    walk(func, &mut |o| {
-        if matches!(raw_name(o).as_str(), "math.exp" | "math.tanh" | "math.powf") {
-            found.push(o);
-        }
-    });
+    let found: Vec<ffi::MlirOperation> = RawOp(func)
+        .descendants()
+        .into_iter()
+        .filter(|o| matches!(o.name().as_str(), "math.exp" | "math.tanh" | "math.powf"))
+        .map(|o| o.0)
+        .collect();
     for o in found {
         // SAFETY: ops collected from live IR; each is replaced at most once.
         unsafe {

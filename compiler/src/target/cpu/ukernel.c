@@ -1,0 +1,358 @@
+/* kiln's packed GEMM for the CPU, the way BLIS and MLAS do it: C[M,N] = A[M,K] * B[K,N] with an
+ * epilogue, computed by an MR x NR register tile of broadcast FMAs over packed panels.
+ *
+ * - A is packed in row strips of MR: strip s holds A[s*MR + r, k] at [(s*K + k)*MR + r] (zero rows
+ *   past M). Constant weights arrive packed this way from the compiler; activations are packed
+ *   here, one MC x KC block at a time.
+ * - B is packed in column strips of NR: strip t holds B[k, t*NR + c] at [(t*K + k)*NR + c]. A
+ *   convolution's B is its im2col matrix, packed here straight from the input (implicit GEMM).
+ * - Blocking: KC (a B micro-panel in L1), MC (an A block in L2) and NC (a B panel) come from the
+ *   compiler, which reads the machine's cache sizes; they are arguments, so the schedule printed
+ *   is the one run.
+ * - The epilogue (bias per row or column, a residual of C's shape, ReLU or a clip) is applied as
+ *   the last K block's tile is stored, while it is in registers.
+ * - Workgroups: the compiler cuts the work into `units` (images x column or row ranges); the
+ *   runtime's threads each run a range of them.
+ *
+ * KILN_MR is set by the compiler for the host's vector width (the packed weights use it too). The
+ * vectors are GCC vector types: the compiler at hand (-march=native) picks the instructions. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifndef KILN_MR
+#define KILN_MR 8
+#endif
+#define MR KILN_MR
+#define NR 32
+
+typedef float v16 __attribute__((vector_size(64)));
+typedef float v16u __attribute__((vector_size(64), aligned(4)));
+
+static inline v16 load16(const float *p) { return *(const v16u *)p; }
+static inline void store16(float *p, v16 v) { *(v16u *)p = v; }
+typedef int32_t v16i __attribute__((vector_size(64)));
+
+/* All 16 lanes x (an initialiser, not x + 0, which costs an add: -0.0 + 0 is +0). */
+static inline v16 splat(float x) { return (v16){x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
+/* b where `m` is set, else a (C has no vector ?:). */
+static inline v16 select_where(v16i m, v16 b, v16 a) { return (v16)((m & (v16i)b) | (~m & (v16i)a)); }
+
+enum { ACT_NONE = 0, ACT_RELU = 1, ACT_CLIP = 2 };
+
+/* What the last K block's store adds and clamps. Pointers are at the tile's first element. */
+typedef struct {
+    const float *bias_row; /* bias_row[i] for tile row i */
+    const float *bias_col; /* bias_col[j] for tile column j */
+    const float *res;      /* res[i * ldr + j] */
+    int64_t ldr;
+    int64_t act;
+    float lo, hi;
+} Epilogue;
+
+static inline v16 finish(v16 v, const Epilogue *e, int64_t i, int64_t j) {
+    if (e->bias_row) v += splat(e->bias_row[i]);
+    if (e->bias_col) v += load16(e->bias_col + j);
+    if (e->res) v += load16(e->res + i * e->ldr + j);
+    /* Comparisons that are false for NaN, so NaN passes through as ONNX has it. */
+    if (e->act == ACT_RELU) {
+        v16 z = splat(0.0f);
+        v = select_where(v < z, z, v);
+    } else if (e->act == ACT_CLIP) {
+        v16 lo = splat(e->lo), hi = splat(e->hi);
+        v = select_where(v < lo, lo, v);
+        v = select_where(v > hi, hi, v);
+    }
+    return v;
+}
+
+static inline float finish1(float v, const Epilogue *e, int64_t i, int64_t j) {
+    if (e->bias_row) v += e->bias_row[i];
+    if (e->bias_col) v += e->bias_col[j];
+    if (e->res) v += e->res[i * e->ldr + j];
+    if (e->act == ACT_RELU) v = v < 0.0f ? 0.0f : v;
+    else if (e->act == ACT_CLIP) {
+        v = v < e->lo ? e->lo : v;
+        v = v > e->hi ? e->hi : v;
+    }
+    return v;
+}
+
+/* The register tile: c[MR x NR] (row stride ldc) = (accumulate ? c : 0) + a-panel * b-panel over
+ * kc steps; with `e`, the epilogue is applied as it is stored. */
+static void micro(int64_t kc, const float *restrict a, const float *restrict b, float *restrict c, int64_t ldc, int accumulate,
+                  const Epilogue *e) {
+    v16 c0[MR], c1[MR];
+    if (accumulate) {
+#pragma GCC unroll 16
+        for (int r = 0; r < MR; r++) {
+            c0[r] = load16(c + r * ldc);
+            c1[r] = load16(c + r * ldc + 16);
+        }
+    } else {
+#pragma GCC unroll 16
+        for (int r = 0; r < MR; r++) c0[r] = c1[r] = splat(0.0f);
+    }
+    for (int64_t k = 0; k < kc; k++) {
+        v16 b0 = load16(b), b1 = load16(b + 16);
+#pragma GCC unroll 16
+        for (int r = 0; r < MR; r++) {
+            v16 ar = splat(a[r]);
+            c0[r] += ar * b0;
+            c1[r] += ar * b1;
+        }
+        a += MR;
+        b += NR;
+    }
+    if (e) {
+#pragma GCC unroll 16
+        for (int r = 0; r < MR; r++) {
+            store16(c + r * ldc, finish(c0[r], e, r, 0));
+            store16(c + r * ldc + 16, finish(c1[r], e, r, 16));
+        }
+    } else {
+#pragma GCC unroll 16
+        for (int r = 0; r < MR; r++) {
+            store16(c + r * ldc, c0[r]);
+            store16(c + r * ldc + 16, c1[r]);
+        }
+    }
+}
+
+/* A partial tile (mr < MR or nr < NR): computed whole into a scratch tile, then the valid part
+ * copied out (with the epilogue on the last K block). */
+static void micro_edge(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, int accumulate, const Epilogue *e,
+                       int64_t mr, int64_t nr) {
+    float t[MR * NR] __attribute__((aligned(64)));
+    if (accumulate) {
+        for (int64_t r = 0; r < mr; r++) memcpy(t + r * NR, c + r * ldc, (size_t)nr * sizeof(float));
+    }
+    micro(kc, a, b, t, NR, accumulate, NULL);
+    for (int64_t r = 0; r < mr; r++)
+        for (int64_t j = 0; j < nr; j++) c[r * ldc + j] = e ? finish1(t[r * NR + j], e, r, j) : t[r * NR + j];
+}
+
+/* Per-thread packing space, grown on demand (the runtime's threads live as long as the process). */
+static float *scratch(int which, size_t floats) {
+    static __thread float *buf[3];
+    static __thread size_t cap[3];
+    if (cap[which] < floats) {
+        free(buf[which]);
+        buf[which] = aligned_alloc(64, ((floats * sizeof(float) + 63) / 64) * 64);
+        cap[which] = buf[which] ? floats : 0;
+    }
+    return buf[which];
+}
+
+/* Packs A[i0 .. i0+mc, p0 .. p0+kc] (A[i, k] = a[i * lda + k * ka]) into MR strips. */
+static void pack_a(const float *a, int64_t lda, int64_t ka, int64_t i0, int64_t mc, int64_t m_total, int64_t p0, int64_t kc,
+                   float *out) {
+    for (int64_t s = 0; s < mc; s += MR) {
+        for (int64_t r = 0; r < MR; r++) {
+            int64_t i = i0 + s + r;
+            float *o = out + s * kc + r;
+            if (i < m_total && s + r < mc) {
+                const float *src = a + i * lda + p0 * ka;
+                for (int64_t k = 0; k < kc; k++) o[k * MR] = src[k * ka];
+            } else {
+                for (int64_t k = 0; k < kc; k++) o[k * MR] = 0.0f;
+            }
+        }
+    }
+}
+
+/* Packs B[p0 .. p0+kc, j0 .. j0+nc] (B[k, j] = b[k * ldb + j * jb]) into NR strips. */
+static void pack_b(const float *b, int64_t ldb, int64_t jb, int64_t j0, int64_t nc, int64_t n_total, int64_t p0, int64_t kc,
+                   float *out) {
+    for (int64_t t = 0; t < nc; t += NR) {
+        int64_t w = n_total - (j0 + t) < NR ? n_total - (j0 + t) : NR;
+        if (w > nc - t) w = nc - t;
+        float *o = out + t * kc;
+        for (int64_t k = 0; k < kc; k++, o += NR) {
+            const float *src = b + (p0 + k) * ldb + (j0 + t) * jb;
+            if (jb == 1) {
+                memcpy(o, src, (size_t)w * sizeof(float));
+            } else {
+                for (int64_t c = 0; c < w; c++) o[c] = src[c * jb];
+            }
+            for (int64_t c = w; c < NR; c++) o[c] = 0.0f;
+        }
+    }
+}
+
+/* A convolution's im2col matrix B[k, p] for one image, k = (c, kh, kw), p = (oh, ow). */
+typedef struct {
+    const float *x; /* this image: [C, H, W] */
+    int64_t H, W, KH, KW, SH, SW, DH, DW, PH, PW, OW;
+} Im2col;
+
+/* Packs B[p0 .. p0+kc, j0 .. j0+nc] of the im2col matrix into NR strips. Per strip, the input
+ * offset of each column for each window position (kh, kw) is computed once (-1 where the window
+ * reads padding); every channel then gathers with the same offsets from its own plane. */
+static void pack_im2col(const Im2col *g, int64_t j0, int64_t nc, int64_t n_total, int64_t p0, int64_t kc, float *out) {
+    int64_t khw = g->KH * g->KW;
+    int32_t *idx = (int32_t *)scratch(2, (size_t)(khw * NR));
+    if (!idx) abort();
+    for (int64_t t = 0; t < nc; t += NR) {
+        int64_t w = n_total - (j0 + t) < NR ? n_total - (j0 + t) : NR;
+        if (w > nc - t) w = nc - t;
+        for (int64_t r = 0; r < khw; r++) {
+            int64_t kh = r / g->KW, kw = r % g->KW;
+            int32_t *ix = idx + r * NR;
+            for (int64_t c = 0; c < NR; c++) {
+                int64_t p = j0 + t + c;
+                int64_t oh = p / g->OW, ow = p % g->OW;
+                int64_t ih = oh * g->SH + kh * g->DH - g->PH;
+                int64_t iw = ow * g->SW + kw * g->DW - g->PW;
+                ix[c] = (c < w && ih >= 0 && ih < g->H && iw >= 0 && iw < g->W) ? (int32_t)(ih * g->W + iw) : -1;
+            }
+        }
+        float *o = out + t * kc;
+        int64_t ch = p0 / khw, r = p0 % khw;
+        const float *plane = g->x + ch * g->H * g->W;
+        for (int64_t k = 0; k < kc; k++, o += NR) {
+            const int32_t *ix = idx + r * NR;
+#pragma GCC unroll 4
+            for (int64_t c = 0; c < NR; c++) {
+                int32_t i = ix[c];
+                float v = plane[i < 0 ? 0 : i];
+                o[c] = i < 0 ? 0.0f : v;
+            }
+            if (++r == khw) {
+                r = 0;
+                plane += g->H * g->W;
+            }
+        }
+    }
+}
+
+/* Where B comes from. */
+typedef struct {
+    const float *packed; /* packed whole (K x N in NR strips), or NULL */
+    const float *b;      /* else a strided matrix, or */
+    int64_t ldb, jb;
+    const Im2col *im2col; /* an image's im2col matrix */
+} Bsource;
+
+/* Where A comes from. */
+typedef struct {
+    const float *packed; /* packed whole (M x K in MR strips), or NULL */
+    const float *a;      /* else a strided matrix */
+    int64_t lda, ka;
+} Asource;
+
+typedef struct {
+    int64_t kc, mc, nc;
+} Blocking;
+
+/* C[i0 .. i1, j0 .. j1] of C[M, N] (row stride ldc) = A * B over all of K, with the epilogue
+ * (bias and residual pointers at C's origin). */
+static void gemm_block(const Asource *A, const Bsource *B, float *c, int64_t ldc, int64_t M, int64_t N, int64_t K, int64_t i0,
+                       int64_t i1, int64_t j0, int64_t j1, const Epilogue *epi, const Blocking *bl) {
+    int64_t kc_max = bl->kc, mc_max = bl->mc, nc_max = bl->nc;
+    float *bbuf = (B->packed) ? NULL : scratch(0, (size_t)kc_max * (size_t)((nc_max + NR - 1) / NR * NR));
+    float *abuf = (A->packed) ? NULL : scratch(1, (size_t)kc_max * (size_t)((mc_max + MR - 1) / MR * MR));
+    if ((!B->packed && !bbuf) || (!A->packed && !abuf)) abort(); /* out of memory: nothing sensible to return */
+    for (int64_t jc = j0; jc < j1; jc += nc_max) {
+        int64_t nc = j1 - jc < nc_max ? j1 - jc : nc_max;
+        for (int64_t pc = 0; pc < K; pc += kc_max) {
+            int64_t kc = K - pc < kc_max ? K - pc : kc_max;
+            int first = pc == 0, last = pc + kc >= K;
+            if (B->im2col) pack_im2col(B->im2col, jc, nc, N, pc, kc, bbuf);
+            else if (!B->packed) pack_b(B->b, B->ldb, B->jb, jc, nc, N, pc, kc, bbuf);
+            for (int64_t ic = i0; ic < i1; ic += mc_max) {
+                int64_t mc = i1 - ic < mc_max ? i1 - ic : mc_max;
+                if (!A->packed) pack_a(A->a, A->lda, A->ka, ic, mc, M, pc, kc, abuf);
+                for (int64_t jr = 0; jr < nc; jr += NR) {
+                    int64_t nr = nc - jr < NR ? nc - jr : NR;
+                    int64_t j = jc + jr;
+                    const float *bp = B->packed ? B->packed + ((j / NR) * K + pc) * NR : bbuf + jr * kc;
+                    for (int64_t ir = 0; ir < mc; ir += MR) {
+                        int64_t mr = mc - ir < MR ? mc - ir : MR;
+                        int64_t i = ic + ir;
+                        const float *ap = A->packed ? A->packed + ((i / MR) * K + pc) * MR : abuf + ir * kc;
+                        Epilogue e;
+                        const Epilogue *ep = NULL;
+                        if (last && epi) {
+                            e = *epi;
+                            if (e.bias_row) e.bias_row += i;
+                            if (e.bias_col) e.bias_col += j;
+                            if (e.res) e.res += i * e.ldr + j;
+                            ep = &e;
+                        }
+                        float *ct = c + i * ldc + j;
+                        if (mr == MR && nr == NR) micro(kc, ap, bp, ct, ldc, !first, ep);
+                        else micro_edge(kc, ap, bp, ct, ldc, !first, ep, mr, nr);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/* The range [lo, hi) of `n` items (rounded to multiples of `r`) that chunk q of `chunks` covers. */
+static void chunk_range(int64_t n, int64_t r, int64_t chunks, int64_t q, int64_t *lo, int64_t *hi) {
+    int64_t per = ((n + r - 1) / r + chunks - 1) / chunks * r;
+    *lo = q * per < n ? q * per : n;
+    *hi = (q + 1) * per < n ? (q + 1) * per : n;
+}
+
+static Epilogue epilogue_of(const float *bias_row, const float *bias_col, const float *res, int64_t ldr, int64_t act, float lo,
+                            float hi) {
+    Epilogue e = {bias_row, bias_col, res, ldr, act, lo, hi};
+    return e;
+}
+
+/* A 2-D convolution (NCHW, one group) as implicit GEMM: per image, C[M=out channels, N=OH*OW] =
+ * W[M, K=C*KH*KW] (packed) * im2col(x)[K, N]. Work units: images x chunks of N (split_n) or of M. */
+void kiln_uk_conv2d(int64_t x_, int64_t wp_, int64_t bias_, int64_t res_, int64_t y_, int64_t C, int64_t H, int64_t W, int64_t M,
+                    int64_t KH, int64_t KW, int64_t SH, int64_t SW, int64_t DH, int64_t DW, int64_t PH, int64_t PW, int64_t OH,
+                    int64_t OW, int64_t act, float lo, float hi, int64_t kc, int64_t mc, int64_t nc, int64_t chunks,
+                    int64_t split_n, int64_t wg_begin, int64_t wg_end) {
+    const float *x = (const float *)(intptr_t)x_, *wp = (const float *)(intptr_t)wp_;
+    const float *bias = (const float *)(intptr_t)bias_, *res = (const float *)(intptr_t)res_;
+    float *y = (float *)(intptr_t)y_;
+    int64_t N = OH * OW, K = C * KH * KW;
+    Blocking bl = {kc, mc, nc};
+    Asource A = {wp, NULL, 0, 0};
+    for (int64_t u = wg_begin; u < wg_end; u++) {
+        int64_t img = u / chunks, q = u % chunks;
+        Im2col g = {x + img * C * H * W, H, W, KH, KW, SH, SW, DH, DW, PH, PW, OW};
+        Bsource B = {NULL, NULL, 0, 0, &g};
+        /* A pointwise convolution reads its input as the matrix B[C, H*W] as it is. */
+        if (KH == 1 && KW == 1 && SH == 1 && SW == 1 && PH == 0 && PW == 0 && OH == H && OW == W) {
+            B.b = g.x;
+            B.ldb = H * W;
+            B.jb = 1;
+            B.im2col = NULL;
+        }
+        float *yi = y + img * M * N;
+        const float *ri = res ? res + img * M * N : NULL;
+        Epilogue e = epilogue_of(bias, NULL, ri, N, act, lo, hi);
+        int64_t a0 = 0, a1 = M, b0 = 0, b1 = N;
+        if (split_n) chunk_range(N, NR, chunks, q, &b0, &b1);
+        else chunk_range(M, MR, chunks, q, &a0, &a1);
+        if (a0 < a1 && b0 < b1) gemm_block(&A, &B, yi, N, M, N, K, a0, a1, b0, b1, &e, &bl);
+    }
+}
+
+/* C[M, N] = A[M, K] * B[K, N] (+ bias per column, + residual [M, N], activation), A strided
+ * (A[i, k] = a[i * lda + k * ka]), B packed at compile time. Work units: chunks of N (split_n)
+ * or of M. */
+void kiln_uk_gemm(int64_t a_, int64_t bp_, int64_t bias_, int64_t res_, int64_t y_, int64_t M, int64_t N, int64_t K, int64_t lda,
+                  int64_t ka, int64_t act, float lo, float hi, int64_t kc, int64_t mc, int64_t nc, int64_t chunks, int64_t split_n,
+                  int64_t wg_begin, int64_t wg_end) {
+    const float *a = (const float *)(intptr_t)a_, *bp = (const float *)(intptr_t)bp_;
+    const float *bias = (const float *)(intptr_t)bias_, *res = (const float *)(intptr_t)res_;
+    float *y = (float *)(intptr_t)y_;
+    Blocking bl = {kc, mc, nc};
+    Asource A = {NULL, a, lda, ka};
+    Bsource B = {bp, NULL, 0, 0, NULL};
+    Epilogue e = epilogue_of(NULL, bias, res, N, act, lo, hi);
+    for (int64_t q = wg_begin; q < wg_end; q++) {
+        int64_t a0 = 0, a1 = M, b0 = 0, b1 = N;
+        if (split_n) chunk_range(N, NR, chunks, q, &b0, &b1);
+        else chunk_range(M, MR, chunks, q, &a0, &a1);
+        if (a0 < a1 && b0 < b1) gemm_block(&A, &B, y, N, M, N, K, a0, a1, b0, b1, &e, &bl);
+    }
+}

@@ -1,0 +1,552 @@
+//! Contractions and convolutions on the packed microkernel (`ukernel.c`): the decision of which
+//! kernels take it and how (`plan`, a pure function of the graph, the kernel and the host, whose
+//! result prints in `--stage schedule`), the weights packed at compile time into the layout the
+//! microkernel reads, and the kernel's MLIR: a call of the microkernel on the buffers' pointers.
+//!
+//! A kernel qualifies when its root is an f32 Conv (one group, 1-D or 2-D) or a MatMul/Gemm whose
+//! B is a constant 2-D matrix, with enough work to fill register tiles, and its elementwise tail
+//! is what the microkernel's epilogue does: adds of a bias (per output channel or column) or of
+//! a residual of the result's shape, then at most one ReLU or Clip. Anything else keeps the
+//! linalg path (its tail fused there).
+
+use std::fmt;
+
+use melior::dialect::{arith, func};
+use melior::ir::attribute::{FlatSymbolRefAttribute, FloatAttribute, IntegerAttribute, StringAttribute, TypeAttribute};
+use melior::ir::r#type::{FunctionType, IntegerType};
+use melior::ir::{Block, BlockLike, Location, Module, Region, RegionLike, Type, Value};
+use melior::Context;
+
+use kiln_ir::op::{BinaryOp, UnaryOp};
+use kiln_ir::{DType, Graph, Op, ValueId};
+
+use crate::codegen::mlir::{op, push, shaped};
+use crate::fuse::Kernel;
+use crate::{CompileError, Result};
+
+/// Columns of the register tile (two 16-float vectors), as `ukernel.c` has it.
+pub const NR: usize = 32;
+
+/// What the compiler knows of the host for the microkernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Host {
+    /// Rows of the register tile: 8 with 32 vector registers (AVX-512), else 4.
+    pub mr: usize,
+    pub l1_bytes: usize,
+    pub l2_bytes: usize,
+}
+
+impl Host {
+    /// This machine: its vector registers from the CPU features, its caches from sysfs (32 KiB
+    /// and 1 MiB where sysfs says nothing).
+    pub fn detect(cpu_features: &str) -> Host {
+        let mr = if cpu_features.contains("+avx512f") { 8 } else { 4 };
+        Host { mr, l1_bytes: cache_bytes(1, "Data").unwrap_or(32 << 10), l2_bytes: cache_bytes(2, "Unified").unwrap_or(1 << 20) }
+    }
+}
+
+/// The size of cpu0's cache of a level and type, from sysfs (`32K`).
+fn cache_bytes(level: usize, kind: &str) -> Option<usize> {
+    let base = std::path::Path::new("/sys/devices/system/cpu/cpu0/cache");
+    for i in 0..8 {
+        let dir = base.join(format!("index{i}"));
+        let read = |f: &str| std::fs::read_to_string(dir.join(f)).ok().map(|s| s.trim().to_string());
+        if read("level")?.parse::<usize>().ok()? != level || read("type")? != kind {
+            continue;
+        }
+        let size = read("size")?;
+        let (num, mul) = match size.strip_suffix('K') {
+            Some(n) => (n, 1 << 10),
+            None => match size.strip_suffix('M') {
+                Some(n) => (n, 1 << 20),
+                None => (size.as_str(), 1),
+            },
+        };
+        return num.parse::<usize>().ok().map(|n| n * mul);
+    }
+    None
+}
+
+/// The activation applied last.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Activation {
+    None,
+    Relu,
+    Clip(f32, f32),
+}
+
+/// What the microkernel adds to each result as it stores it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Epilogue {
+    /// Per output channel (conv) or column (GEMM), folded from the op's bias and constant adds.
+    pub bias: Option<Vec<f32>>,
+    /// A value of the result's shape, added (a kernel input).
+    pub residual: Option<ValueId>,
+    pub activation: Activation,
+}
+
+/// The GEMM view of the kernel's root.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Shape {
+    /// Per image: C[m, oh*ow] = W[m, c*kh*kw] * im2col(x).
+    Conv { batch: usize, c: usize, h: usize, w: usize, m: usize, kh: usize, kw: usize, stride: [usize; 2], dilation: [usize; 2], pad: [usize; 2], oh: usize, ow: usize },
+    /// C[m, n] = A[m, k] * B[k, n], A an input read row-major (or transposed), B constant.
+    Gemm { m: usize, n: usize, k: usize, trans_a: bool, trans_b: bool },
+}
+
+/// The decision for one kernel.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Ukernel {
+    pub shape: Shape,
+    /// The root's data input and constant weight.
+    pub input: ValueId,
+    pub weight: ValueId,
+    pub epilogue: Epilogue,
+    pub mr: usize,
+    pub kc: usize,
+    pub mc: usize,
+    pub nc: usize,
+    /// Work units per image (conv) or in all (GEMM), each a range of columns (`split_n`) or rows.
+    pub chunks: usize,
+    pub split_n: bool,
+}
+
+impl Ukernel {
+    /// (M, N, K) of the GEMM (per image for a convolution).
+    pub fn mnk(&self) -> (usize, usize, usize) {
+        match self.shape {
+            Shape::Conv { c, m, kh, kw, oh, ow, .. } => (m, oh * ow, c * kh * kw),
+            Shape::Gemm { m, n, k, .. } => (m, n, k),
+        }
+    }
+
+    pub fn workgroups(&self) -> u64 {
+        let images = match self.shape {
+            Shape::Conv { batch, .. } => batch,
+            Shape::Gemm { .. } => 1,
+        };
+        (images * self.chunks) as u64
+    }
+}
+
+impl fmt::Display for Ukernel {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        let (m, n, k) = self.mnk();
+        match &self.shape {
+            Shape::Conv { batch, kh, kw, stride, dilation, pad, .. } => write!(
+                f,
+                "microkernel: conv as implicit GEMM, {batch} image(s) of M={m} N={n} K={k} (window {kh}x{kw}, stride {}x{}, dilation {}x{}, pad {}x{})",
+                stride[0], stride[1], dilation[0], dilation[1], pad[0], pad[1]
+            )?,
+            Shape::Gemm { trans_a, trans_b, .. } => {
+                write!(f, "microkernel: GEMM M={m} N={n} K={k}{}{}", if *trans_a { ", A transposed" } else { "" }, if *trans_b { ", B transposed" } else { "" })?
+            }
+        }
+        writeln!(f)?;
+        let b = if matches!(self.shape, Shape::Conv { .. }) { "B packed (im2col) at run time" } else { "A packed at run time" };
+        writeln!(f, "register tile: {}x{NR}; blocks KC={} MC={} NC={}; weights packed at compile time, {b}", self.mr, self.kc, self.mc, self.nc)?;
+        writeln!(f, "workgroups: {} ({} {} chunk(s){})", self.workgroups(), self.chunks, if self.split_n { "column" } else { "row" }, if matches!(self.shape, Shape::Conv { .. }) { " per image" } else { "" })?;
+        let mut epi = Vec::new();
+        if self.epilogue.bias.is_some() {
+            epi.push("bias".to_string());
+        }
+        if self.epilogue.residual.is_some() {
+            epi.push("residual add".to_string());
+        }
+        match self.epilogue.activation {
+            Activation::None => {}
+            Activation::Relu => epi.push("relu".into()),
+            Activation::Clip(lo, hi) => epi.push(format!("clip [{lo}, {hi}]")),
+        }
+        writeln!(f, "epilogue: {}", if epi.is_empty() { "none".to_string() } else { epi.join(", ") })
+    }
+}
+
+/// Below this many multiply-adds the linalg path's single register tile is as good.
+const MIN_MACS: usize = 1 << 16;
+
+/// Whether `kernel` runs on the microkernel, and how. With `always`, wherever it applies (else
+/// only for the shape classes where it is the faster path).
+pub fn plan(graph: &Graph, kernel: &Kernel, host: &Host, always: bool) -> Option<Ukernel> {
+    let (&root, tail) = kernel.nodes.split_first()?;
+    if kernel.outputs.len() != 1 || kernel.outputs[0] != ValueId::from(*kernel.nodes.last()?) {
+        return None;
+    }
+    let operands = graph.operands(root);
+    let f32_only = operands.iter().flatten().chain(&kernel.outputs).all(|&v| graph.value_type(v).dtype == DType::F32);
+    if !f32_only {
+        return None;
+    }
+    let dims = |v: ValueId| graph.value_type(v).shape.as_fixed();
+    let (shape, input, weight, mut bias) = match &graph.node(root).op {
+        Op::Conv(c) => {
+            let (x, w) = (operands.first().copied().flatten()?, operands.get(1).copied().flatten()?);
+            let (xd, wd) = (dims(x)?, dims(w)?);
+            if c.group != 1 || !(3..=4).contains(&xd.len()) || wd.len() != xd.len() || graph.constant_value(w).is_none() {
+                return None;
+            }
+            let spatial = xd.len() - 2;
+            let mut axes = Vec::new();
+            for i in 0..spatial {
+                axes.push(c.window.resolve(i, xd[2 + i], wd[2 + i], false).ok()?);
+            }
+            // A 1-D convolution is a 2-D one of height 1.
+            let (hx, kh, sh, dh, ph, oh) = if spatial == 2 { (xd[2], wd[2], axes[0].stride, axes[0].dilation, axes[0].pad_begin, axes[0].output) } else { (1, 1, 1, 1, 0, 1) };
+            let a = axes.last()?;
+            let shape = Shape::Conv {
+                batch: xd[0],
+                c: xd[1],
+                h: hx,
+                w: xd[xd.len() - 1],
+                m: wd[0],
+                kh,
+                kw: wd[wd.len() - 1],
+                stride: [sh, a.stride],
+                dilation: [dh, a.dilation],
+                pad: [ph, a.pad_begin],
+                oh,
+                ow: a.output,
+            };
+            let bias = match operands.get(2).copied().flatten() {
+                Some(b) => Some(graph.constant_value(b)?.to_f64s().into_iter().map(|v| v as f32).collect::<Vec<f32>>()),
+                None => None,
+            };
+            (shape, x, w, bias)
+        }
+        Op::MatMul | Op::Gemm(_) => {
+            let (a, b) = (operands.first().copied().flatten()?, operands.get(1).copied().flatten()?);
+            let (ad, bd) = (dims(a)?, dims(b)?);
+            if bd.len() != 2 || graph.constant_value(b).is_none() || ad.len() < 2 {
+                return None;
+            }
+            let (trans_a, trans_b, c) = match &graph.node(root).op {
+                Op::Gemm(g) => {
+                    if g.alpha != 1.0 || ad.len() != 2 {
+                        return None;
+                    }
+                    let c = operands.get(2).copied().flatten();
+                    if c.is_some() && g.beta != 1.0 {
+                        return None;
+                    }
+                    (g.trans_a, g.trans_b, c)
+                }
+                _ => (false, false, None),
+            };
+            let k = if trans_a { ad[0] } else { ad[ad.len() - 1] };
+            let m: usize = if trans_a { ad[1] } else { ad[..ad.len() - 1].iter().product() };
+            let n = if trans_b { bd[0] } else { bd[1] };
+            let shape = Shape::Gemm { m, n, k, trans_a, trans_b };
+            // Gemm's C: a constant row broadcast over the result is a bias.
+            let bias = match c {
+                None => None,
+                Some(c) => Some(column_bias(graph, c, n)?),
+            };
+            (shape, a, b, bias)
+        }
+        _ => return None,
+    };
+    // The data input and the weight must be buffers (not constants inlined into the kernel).
+    if !kernel.inputs.contains(&input) || !kernel.inputs.contains(&weight) {
+        return None;
+    }
+    let out = kernel.outputs[0];
+    let out_dims = dims(out)?;
+    let (m, n, k) = match shape {
+        Shape::Conv { c, m, kh, kw, oh, ow, .. } => (m, oh * ow, c * kh * kw),
+        Shape::Gemm { m, n, k, .. } => (m, n, k),
+    };
+    let images = match shape {
+        Shape::Conv { batch, .. } => batch,
+        Shape::Gemm { .. } => 1,
+    };
+    // Enough rows and columns to fill the register tiles, and enough work to pay for packing.
+    let fills = m >= host.mr && n >= NR / 2 && images * m * n * k >= MIN_MACS;
+    if m * n * k == 0 || !always && !(fills && beats_linalg(&shape, k, n, host)) {
+        return None;
+    }
+    // The tail: constant or residual adds, then one activation.
+    let mut residual = None;
+    let mut activation = Activation::None;
+    let mut cur = ValueId::from(root);
+    for &t in tail {
+        if activation != Activation::None {
+            return None;
+        }
+        let node = graph.node(t);
+        let ops: Vec<ValueId> = graph.operands(t).into_iter().flatten().collect();
+        match &node.op {
+            Op::Binary(BinaryOp::Add) if ops.len() == 2 => {
+                let other = if ops[0] == cur { ops[1] } else if ops[1] == cur { ops[0] } else { return None };
+                let od = dims(other)?;
+                if graph.value_type(other).dtype != DType::F32 {
+                    return None;
+                }
+                if od == out_dims && residual.is_none() && graph.constant_value(other).is_none() && kernel.inputs.contains(&other) {
+                    residual = Some(other);
+                } else {
+                    let add = match shape {
+                        Shape::Conv { .. } => channel_bias(graph, other, m, out_dims.len())?,
+                        Shape::Gemm { .. } => column_bias(graph, other, n)?,
+                    };
+                    let width = add.len();
+                    let b = bias.get_or_insert_with(|| vec![0.0; width]);
+                    for (x, y) in b.iter_mut().zip(add) {
+                        *x += y;
+                    }
+                }
+            }
+            Op::Unary(UnaryOp::Relu) => activation = Activation::Relu,
+            Op::Clip => {
+                let bound = |i: usize, default: f32| -> Option<f32> {
+                    match graph.operands(t).get(i).copied().flatten() {
+                        None => Some(default),
+                        Some(v) => graph.constant_value(v).and_then(|c| c.to_f64s().first().map(|&x| x as f32)),
+                    }
+                };
+                activation = Activation::Clip(bound(1, f32::NEG_INFINITY)?, bound(2, f32::INFINITY)?);
+            }
+            _ => return None,
+        }
+        cur = ValueId::from(t);
+    }
+    let mr = host.mr;
+    // KC: a B micro-panel (KC x NR) in half of L1; a K that is not much more is one block.
+    let mut kc = (host.l1_bytes / 2 / (NR * 4)).clamp(64, 512) / 16 * 16;
+    if k <= kc + kc / 4 {
+        kc = k;
+    }
+    // MC: an A block (MC x KC) in half of L2; NC: a B panel (KC x NC) in a quarter of it.
+    let mc = (host.l2_bytes / 2 / (kc * 4)).clamp(mr, 4096) / mr * mr;
+    let nc = (host.l2_bytes / 4 / (kc * 4)).clamp(NR, 4096) / NR * NR;
+    // Workgroups: whole images when there are enough, else column chunks (each packs its own
+    // part of B), else row chunks (each packs all of B), for about 4 in all.
+    let target = if images * m * n * k < 4 * MIN_MACS { 1 } else { 4 };
+    let (chunks, split_n) = if images >= target {
+        (1, true)
+    } else {
+        // Chunks of the operand packed at run time (a convolution's columns, a GEMM's rows), so
+        // no chunk packs another's part again; the constant operand is read packed, from cache.
+        let want = target.div_ceil(images);
+        let (n_strips, m_strips) = (n.div_ceil(NR), m.div_ceil(mr));
+        let by_columns = matches!(shape, Shape::Conv { .. });
+        let (own, other) = if by_columns { (n_strips, m_strips) } else { (m_strips, n_strips) };
+        if own >= want {
+            (want, by_columns)
+        } else if other >= want {
+            (want, !by_columns)
+        } else {
+            (own.clamp(1, want), by_columns)
+        }
+    };
+    Some(Ukernel { shape, input, weight, epilogue: Epilogue { bias, residual, activation }, mr, kc, mc, nc, chunks, split_n })
+}
+
+/// Where the microkernel is faster than the linalg path's register tiles, measured by shape class
+/// on a 2-core Zen 4 (`make bench-ops`, docs/performance.md). The linalg path vectorises along the
+/// output's last dimension and streams its operands unpacked: it loses when that dimension is
+/// short (a k x 1 convolution, a 4x4 image), on pointwise convolutions, on large strided windows
+/// (a 7x7 stem), and on GEMMs whose constant B does not stay in L2 between row tiles. It wins on
+/// stride-1 windows over rows of 16 or more (no packing to pay for) and on GEMMs in cache.
+fn beats_linalg(shape: &Shape, k: usize, n: usize, host: &Host) -> bool {
+    match *shape {
+        Shape::Conv { kh, kw, stride, ow, .. } => ow < 6 || kh * kw == 1 || (stride != [1, 1] && kh * kw >= 25),
+        Shape::Gemm { .. } => k * n * 4 > host.l2_bytes / 2,
+    }
+}
+
+/// A constant that broadcasts over a conv result as one value per output channel (`[M,1,1]`,
+/// `[1,M,1,1]`, a scalar...), as M floats.
+fn channel_bias(graph: &Graph, v: ValueId, m: usize, out_rank: usize) -> Option<Vec<f32>> {
+    let t = graph.constant_value(v)?;
+    let d = t.dims().to_vec();
+    if d.len() > out_rank {
+        return None;
+    }
+    let mut full = vec![1usize; out_rank - d.len()];
+    full.extend(&d);
+    // Every dimension but the channel's (1) must be 1.
+    if full.iter().enumerate().any(|(i, &x)| i != 1 && x != 1) || !(full[1] == 1 || full[1] == m) {
+        return None;
+    }
+    let vals: Vec<f32> = t.to_f64s().into_iter().map(|x| x as f32).collect();
+    Some(if full[1] == 1 { vec![vals[0]; m] } else { vals })
+}
+
+/// A constant that broadcasts over a GEMM result as one value per column (`[N]`, `[1,N]`, a
+/// scalar), as N floats.
+fn column_bias(graph: &Graph, v: ValueId, n: usize) -> Option<Vec<f32>> {
+    let t = graph.constant_value(v)?;
+    let d = t.dims();
+    let lead_ones = d.iter().rev().skip(1).all(|&x| x == 1);
+    let last = d.last().copied().unwrap_or(1);
+    if !lead_ones || !(last == 1 || last == n) {
+        return None;
+    }
+    let vals: Vec<f32> = t.to_f64s().into_iter().map(|x| x as f32).collect();
+    Some(if last == 1 { vec![vals[0]; n] } else { vals })
+}
+
+/// The constant the kernel reads instead of its weight: the weight packed for the microkernel,
+/// then the bias (M or N floats), little-endian f32.
+pub fn pack(graph: &Graph, u: &Ukernel) -> Result<Vec<u8>> {
+    let w = graph.constant_value(u.weight).ok_or_else(|| CompileError::Internal("the microkernel's weight is not a constant".into()))?;
+    let w: Vec<f32> = w.to_f64s().into_iter().map(|x| x as f32).collect();
+    let (m, n, k) = u.mnk();
+    let mut out: Vec<f32> = Vec::new();
+    match u.shape {
+        // A = W[m, k] (row-major as stored), in strips of MR rows.
+        Shape::Conv { .. } => {
+            let strips = m.div_ceil(u.mr);
+            out.resize(strips * k * u.mr, 0.0);
+            for i in 0..m {
+                let (s, r) = (i / u.mr, i % u.mr);
+                for kk in 0..k {
+                    out[(s * k + kk) * u.mr + r] = w[i * k + kk];
+                }
+            }
+        }
+        // B[k, n] = W[k, n], or W[n, k] transposed, in strips of NR columns.
+        Shape::Gemm { trans_b, .. } => {
+            let strips = n.div_ceil(NR);
+            out.resize(strips * k * NR, 0.0);
+            for kk in 0..k {
+                for j in 0..n {
+                    let v = if trans_b { w[j * k + kk] } else { w[kk * n + j] };
+                    out[((j / NR) * k + kk) * NR + j % NR] = v;
+                }
+            }
+        }
+    }
+    if let Some(b) = &u.epilogue.bias {
+        out.extend(b);
+    }
+    Ok(out.iter().flat_map(|x| x.to_le_bytes()).collect())
+}
+
+/// The packed weights' length in floats (where the bias starts).
+fn packed_floats(u: &Ukernel) -> usize {
+    let (m, n, k) = u.mnk();
+    match u.shape {
+        Shape::Conv { .. } => m.div_ceil(u.mr) * k * u.mr,
+        Shape::Gemm { .. } => n.div_ceil(NR) * k * NR,
+    }
+}
+
+/// The kernel's module: `<name>_body` takes the kernel's buffers (the weight's slot holds the
+/// packed constant) and the workgroup range, and calls the microkernel on their pointers.
+pub fn build<'c>(ctx: &'c Context, graph: &Graph, kernel: &Kernel, u: &Ukernel) -> Result<Module<'c>> {
+    let loc = Location::unknown(ctx);
+    let module = Module::new(loc);
+    let i64t: Type = IntegerType::new(ctx, 64).into();
+    let f32t = Type::float32(ctx);
+    let index = Type::index(ctx);
+    let mut arg_types = Vec::new();
+    for &v in kernel.inputs.iter().chain(&kernel.outputs) {
+        let t = graph.value_type(v);
+        let dims = t.shape.as_fixed().ok_or_else(|| CompileError::Internal(format!("value %{} is not static", graph.value_name(v))))?;
+        arg_types.push(crate::codegen::mlir::parse_type(ctx, &shaped("memref", &dims, t.dtype))?);
+    }
+    arg_types.extend([index, index]);
+    let (symbol, n_ints, n_floats) = match u.shape {
+        Shape::Conv { .. } => ("kiln_uk_conv2d", 27, 2),
+        Shape::Gemm { .. } => ("kiln_uk_gemm", 18, 2),
+    };
+    // The microkernel's signature: i64s, then the clip bounds (f32) in their place.
+    let float_at = match u.shape {
+        Shape::Conv { .. } => 20,
+        Shape::Gemm { .. } => 11,
+    };
+    let mut callee_types: Vec<Type> = vec![i64t; n_ints];
+    for i in 0..n_floats {
+        callee_types.insert(float_at + i, f32t);
+    }
+    let block = Block::new(&arg_types.iter().map(|t| (*t, loc)).collect::<Vec<_>>());
+    {
+        let c64 = |v: i64| -> Value { push(&block, arith::constant(ctx, IntegerAttribute::new(i64t, v).into(), loc)) };
+        let cf = |v: f32| -> Value { push(&block, arith::constant(ctx, FloatAttribute::new(ctx, f32t, v as f64).into(), loc)) };
+        let pointer = |i: usize| -> Result<Value> {
+            let arg: Value = block.argument(i).map_err(|e| CompileError::Internal(e.to_string()))?.into();
+            let p = push(&block, op(ctx, loc, "memref.extract_aligned_pointer_as_index", &[arg], &[index], &[])?);
+            Ok(push(&block, arith::index_cast(p, i64t, loc)))
+        };
+        let slot = |v: ValueId| -> Result<usize> {
+            kernel.inputs.iter().position(|&x| x == v).ok_or_else(|| CompileError::Internal(format!("%{} is not an input of {}", graph.value_name(v), kernel.name)))
+        };
+        let n_in = kernel.inputs.len();
+        let x = pointer(slot(u.input)?)?;
+        let wp = pointer(slot(u.weight)?)?;
+        let bias = match &u.epilogue.bias {
+            Some(_) => {
+                let off = c64(4 * packed_floats(u) as i64);
+                push(&block, arith::addi(wp, off, loc))
+            }
+            None => c64(0),
+        };
+        let res = match u.epilogue.residual {
+            Some(r) => pointer(slot(r)?)?,
+            None => c64(0),
+        };
+        let y = pointer(n_in)?;
+        let (act, lo, hi) = match u.epilogue.activation {
+            Activation::None => (0, 0.0, 0.0),
+            Activation::Relu => (1, 0.0, 0.0),
+            Activation::Clip(lo, hi) => (2, lo, hi),
+        };
+        let wg = |i: usize| -> Result<Value> {
+            let arg: Value = block.argument(i).map_err(|e| CompileError::Internal(e.to_string()))?.into();
+            Ok(push(&block, arith::index_cast(arg, i64t, loc)))
+        };
+        let (wg_begin, wg_end) = (wg(arg_types.len() - 2)?, wg(arg_types.len() - 1)?);
+        let mut args: Vec<Value> = vec![x, wp, bias, res, y];
+        let ints = |v: &[usize]| v.iter().map(|&x| c64(x as i64)).collect::<Vec<_>>();
+        match &u.shape {
+            Shape::Conv { c, h, w, m, kh, kw, stride, dilation, pad, oh, ow, .. } => {
+                args.extend(ints(&[*c, *h, *w, *m, *kh, *kw, stride[0], stride[1], dilation[0], dilation[1], pad[0], pad[1], *oh, *ow]));
+            }
+            Shape::Gemm { m, n, k, trans_a, .. } => {
+                // A[i, kk] = a[i * lda + kk * ka].
+                let (lda, ka) = if *trans_a { (1, *m) } else { (*k, 1) };
+                args.extend(ints(&[*m, *n, *k, lda, ka]));
+            }
+        }
+        args.push(c64(act));
+        args.push(cf(lo));
+        args.push(cf(hi));
+        args.extend(ints(&[u.kc, u.mc, u.nc, u.chunks, u.split_n as usize]));
+        args.push(wg_begin);
+        args.push(wg_end);
+        if args.len() != callee_types.len() {
+            return Err(CompileError::Internal(format!("{symbol} takes {} arguments, the call has {}", callee_types.len(), args.len())));
+        }
+        block.append_operation(func::call(ctx, FlatSymbolRefAttribute::new(ctx, symbol), &args, &[], loc));
+        block.append_operation(func::r#return(&[], loc));
+    }
+    let decl = func::func(
+        ctx,
+        StringAttribute::new(ctx, symbol),
+        TypeAttribute::new(FunctionType::new(ctx, &callee_types, &[]).into()),
+        Region::new(),
+        &[(melior::ir::Identifier::new(ctx, "sym_visibility"), StringAttribute::new(ctx, "private").into())],
+        loc,
+    );
+    module.body().append_operation(decl);
+    let region = Region::new();
+    region.append_block(block);
+    let f = func::func(
+        ctx,
+        StringAttribute::new(ctx, &format!("{}_body", kernel.name)),
+        TypeAttribute::new(FunctionType::new(ctx, &arg_types, &[]).into()),
+        region,
+        &[],
+        loc,
+    );
+    module.body().append_operation(f);
+    Ok(module)
+}
+
+/// The kernel's inputs whose data the packed constant replaces (the weight, and a bias that went
+/// into it): their slots receive the constant, and they need no buffer of their own.
+pub fn replaced_inputs(graph: &Graph, kernel: &Kernel, u: &Ukernel) -> Vec<usize> {
+    let used: Vec<ValueId> = [Some(u.input), u.epilogue.residual].into_iter().flatten().collect();
+    kernel.inputs.iter().enumerate().filter(|(_, v)| !used.contains(v) && graph.constant_value(**v).is_some()).map(|(i, _)| i).collect()
+}

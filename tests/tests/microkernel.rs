@@ -1,0 +1,140 @@
+//! The packed microkernel (convolutions as implicit GEMM, GEMMs with packed weights): every
+//! operand path, edge tiles, K blocks and epilogue against the interpreter, with the microkernel
+//! forced on (so each test exercises it whatever this machine's caches decide) and checked in the
+//! printed schedule; the decision by shape class; and the schedule stage as a snapshot.
+
+use kiln_compiler::{compile, jit, Options};
+use kiln_ir::builder::{ConvOptions, GraphBuilder};
+use kiln_ir::op::Gemm;
+use kiln_ir::{eval, DType, Graph, Tensor};
+use kiln_runtime::LoadOptions;
+
+fn options(microkernel: Option<bool>) -> Options {
+    Options { cache: false, microkernel, ..Options::default() }
+}
+
+/// The schedule stage of `graph` compiled with `microkernel`.
+fn schedule(graph: &Graph, microkernel: Option<bool>) -> String {
+    compile(graph, &options(microkernel), true).expect("the model compiles").stages.schedule
+}
+
+/// Runs `graph` on the microkernel (forced) with 1 and 2 threads and checks it against the
+/// interpreter; the schedule must say that `kernels` kernels took the microkernel.
+fn check(graph: &Graph, inputs: &[Tensor], kernels: usize) {
+    let s = schedule(graph, Some(true));
+    assert_eq!(s.matches("microkernel:").count(), kernels, "kernels on the microkernel:\n{s}");
+    let want = eval::run(graph, inputs).expect("the interpreter runs the graph");
+    for threads in [1, 2] {
+        let exe = jit(graph, &options(Some(true)), &LoadOptions { threads: Some(threads), ..Default::default() }).expect("compiles");
+        let got = exe.run(inputs).expect("runs");
+        for (g, w) in got.iter().zip(&want) {
+            assert_eq!(g.ty(), w.ty());
+            for (j, (a, b)) in g.to_f64s().iter().zip(w.to_f64s()).enumerate() {
+                assert!((a - b).abs() <= 1e-4 + 1e-4 * b.abs(), "element {j}: compiled {a}, interpreter {b} ({threads} threads)");
+            }
+        }
+    }
+}
+
+fn conv_graph(x: &[usize], w: &[usize], o: ConvOptions, bias: bool) -> (Graph, Vec<Tensor>) {
+    let g = GraphBuilder::new("conv");
+    let xi = g.input("x", DType::F32, x);
+    let wt = g.constant("w", Tensor::random(DType::F32, w, 1));
+    let b = bias.then(|| g.constant("b", Tensor::random(DType::F32, &[w[0]], 2)));
+    g.output("y", xi.conv(wt, b, o).relu());
+    (g.build().unwrap(), vec![Tensor::random(DType::F32, x, 3)])
+}
+
+#[test]
+fn a_k_by_1_convolution_with_edge_tiles() {
+    // Output rows of width 1 (the shape that ran at 1% of peak on the linalg path); 20 channels
+    // and 36 positions leave partial register tiles on both sides.
+    let (g, x) = conv_graph(&[1, 24, 40, 1], &[20, 24, 5, 1], ConvOptions::default(), true);
+    check(&g, &x, 1);
+    // The decision by shape class takes it too.
+    assert!(schedule(&g, None).contains("microkernel:"));
+}
+
+#[test]
+fn a_small_image_with_a_residual_and_a_clip_over_several_k_blocks() {
+    let g = GraphBuilder::new("block");
+    let x = g.input("x", DType::F32, [2, 40, 4, 4]);
+    let r = g.input("r", DType::F32, [2, 36, 4, 4]);
+    let w = g.constant("w", Tensor::random(DType::F32, &[36, 40, 3, 3], 4));
+    let b = g.constant("b", Tensor::random(DType::F32, &[36], 5));
+    // K = 360: more than one K block of the register tile.
+    let y = x.conv(w, Some(b), ConvOptions { pad: 1, ..ConvOptions::default() }) + r;
+    g.output("y", y.clip(0.0, 0.5));
+    let g = g.build().unwrap();
+    let s = schedule(&g, Some(true));
+    assert!(s.contains("epilogue: bias, residual add, clip [0, 0.5]"), "{s}");
+    check(&g, &[Tensor::random(DType::F32, &[2, 40, 4, 4], 6), Tensor::random(DType::F32, &[2, 36, 4, 4], 7)], 1);
+}
+
+#[test]
+fn pointwise_convolutions_strided_and_not_and_one_dimensional() {
+    let (g, x) = conv_graph(&[1, 32, 20, 20], &[48, 32, 1, 1], ConvOptions::default(), true);
+    check(&g, &x, 1);
+    let (g, x) = conv_graph(&[1, 32, 20, 20], &[48, 32, 1, 1], ConvOptions { stride: 2, ..ConvOptions::default() }, false);
+    check(&g, &x, 1);
+    let (g, x) = conv_graph(&[1, 64, 70], &[40, 64, 1], ConvOptions::default(), true);
+    check(&g, &x, 1);
+}
+
+#[test]
+fn a_strided_dilated_stem_with_padding() {
+    let (g, x) = conv_graph(&[1, 3, 30, 30], &[16, 3, 7, 7], ConvOptions { stride: 2, pad: 3, ..ConvOptions::default() }, true);
+    check(&g, &x, 1);
+    let (g, x) = conv_graph(&[2, 8, 17, 17], &[12, 8, 3, 3], ConvOptions { stride: 2, pad: 2, dilation: 2, ..ConvOptions::default() }, true);
+    check(&g, &x, 1);
+}
+
+#[test]
+fn gemms_with_packed_weights() {
+    // Gemm with a transposed weight and a bias row (a linear layer), M not a multiple of the tile.
+    let g = GraphBuilder::new("linear");
+    let x = g.input("x", DType::F32, [10, 300]);
+    let w = g.constant("w", Tensor::random(DType::F32, &[70, 300], 8));
+    let b = g.constant("b", Tensor::random(DType::F32, &[70], 9));
+    g.output("y", x.linear(w, b).relu());
+    check(&g.build().unwrap(), &[Tensor::random(DType::F32, &[10, 300], 10)], 1);
+    // A batched MatMul by a constant matrix: the batch folds into rows.
+    let g = GraphBuilder::new("batched");
+    let x = g.input("x", DType::F32, [2, 6, 200]);
+    let w = g.constant("w", Tensor::random(DType::F32, &[200, 96], 11));
+    g.output("y", x.matmul(w));
+    check(&g.build().unwrap(), &[Tensor::random(DType::F32, &[2, 6, 200], 12)], 1);
+    // Gemm reading A transposed.
+    let g = GraphBuilder::new("trans_a");
+    let x = g.input("x", DType::F32, [150, 9]);
+    let w = g.constant("w", Tensor::random(DType::F32, &[150, 40], 13));
+    g.output("y", x.gemm(w, None, Gemm { trans_a: true, ..Gemm::default() }));
+    check(&g.build().unwrap(), &[Tensor::random(DType::F32, &[150, 9], 14)], 1);
+}
+
+#[test]
+fn tails_the_epilogue_cannot_do_keep_the_linalg_path() {
+    // A sigmoid after the convolution: not an epilogue the microkernel has.
+    let g = GraphBuilder::new("silu");
+    let x = g.input("x", DType::F32, [1, 16, 12, 1]);
+    let w = g.constant("w", Tensor::random(DType::F32, &[16, 16, 3, 1], 15));
+    g.output("y", x.conv(w, None, ConvOptions::default()).sigmoid());
+    let g = g.build().unwrap();
+    assert!(!schedule(&g, Some(true)).contains("microkernel:"));
+    // And `Some(false)` keeps everything on the linalg path.
+    let (g, _) = conv_graph(&[1, 24, 40, 1], &[20, 24, 5, 1], ConvOptions::default(), true);
+    assert!(!schedule(&g, Some(false)).contains("microkernel:"));
+}
+
+#[test]
+fn schedules_print_and_are_stable() {
+    // The linalg path's decisions for the CIFAR-10 CNN (convolutions, pooling, linear layers,
+    // softmax), and a microkernel plan; the register tile's rows and the cache blocks depend on
+    // the host, so they are masked.
+    let cnn = kiln_ir::models::cifarnet(4, 0).unwrap();
+    insta::assert_snapshot!("cifarnet_schedule", schedule(&cnn, Some(false)));
+    let (g, _) = conv_graph(&[1, 24, 40, 1], &[20, 24, 5, 1], ConvOptions::default(), true);
+    insta::with_settings!({filters => vec![(r"register tile: \d+x32; blocks KC=\d+ MC=\d+ NC=\d+", "register tile: [MR]x32; blocks KC=[kc] MC=[mc] NC=[nc]")]}, {
+        insta::assert_snapshot!("k_by_1_schedule", schedule(&g, None));
+    });
+}
