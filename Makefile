@@ -6,7 +6,7 @@ CARGO ?= cargo
 
 SUITES := node pytorch-converted pytorch-operator simple
 
-.PHONY: setup demo test check-runtime-deps conformance ratchet ops-doc examples bench
+.PHONY: setup demo test check-runtime-deps conformance ratchet ops-doc examples bench bench-ops
 
 setup:
 	@./scripts/setup.sh
@@ -57,3 +57,9 @@ ops-doc:
 # compile time cold and cached. onnxruntime is fetched once into ~/.cache/kiln/bench-venv.
 bench: setup
 	@./scripts/bench.sh
+
+# kiln against onnxruntime one op at a time, on ~70 single-op models of real models' shapes
+# (generated once into ~/.cache/kiln/bench-ops): latency, ratio, kiln's GFLOP/s and % of the
+# measured fp32 peak. THREADS, ROUNDS, ITERS, ONLY=REGEX: see scripts/bench-ops.sh.
+bench-ops: setup
+	@./scripts/bench-ops.sh

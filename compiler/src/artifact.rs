@@ -96,11 +96,12 @@ pub fn assemble(graph: &Graph, partition: &Partition, code: Code) -> Result<Arti
     // Constants, views and scratch values, on first use by a kernel.
     let mut scratch: Vec<(usize, usize, usize)> = Vec::new(); // (buffer, first kernel, last kernel)
     for (k, kernel) in partition.kernels.iter().enumerate() {
-        // A value none of the kernel's launches reads (a weight it reads packed, from its own
+        // A constant none of the kernel's launches reads (a weight it reads packed, from its own
         // constants) needs no buffer for it.
         let used = |slot: usize| code.plans.get(k).is_none_or(|p| p.launches.iter().any(|l| l.args.contains(&Arg::Buffer(slot))));
         for (slot, &v) in kernel.inputs.iter().chain(&kernel.outputs).enumerate() {
-            if used(slot) {
+            let unread_constant = slot < kernel.inputs.len() && graph.constant_value(v).is_some() && !used(slot);
+            if !unread_constant {
                 resolve(graph, partition, v, &mut buffers, &mut buffer_of, &mut payload, bytes_of, &mut scratch, k);
             }
         }

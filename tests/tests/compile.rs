@@ -1,6 +1,7 @@
 //! Compiled code against the reference interpreter.
 
 use kiln_compiler::Options;
+use kiln_ir::builder::GraphBuilder;
 use kiln_ir::{eval, models, DType, Graph, Tensor};
 use kiln_runtime::LoadOptions;
 
@@ -46,4 +47,13 @@ fn workgroups_of_reductions_and_transposes_cover_the_output() {
     g.output("t", x.transpose(&[1, 0]).relu());
     let graph = g.build().unwrap();
     check_against_eval(&graph, &[Tensor::random(DType::F32, &[64, 4096], 5)], 2, 1e-4);
+}
+
+#[test]
+fn a_softmax_whose_workgroup_loop_bufferises_apart_runs_as_one_workgroup() {
+    // [12,128,128] over the last axis: its distributed schedule used to fail at `distribute`.
+    let g = GraphBuilder::new("softmax");
+    let x = g.input("x", DType::F32, [12, 128, 128]);
+    g.output("y", x.softmax(-1));
+    check_against_eval(&g.build().unwrap(), &[Tensor::random(DType::F32, &[12, 128, 128], 1)], 2, 1e-5);
 }

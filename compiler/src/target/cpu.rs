@@ -207,7 +207,22 @@ fn lower_kernel<'c>(mlir: &'c MlirContext, graph: &Graph, k: &Kernel) -> Result<
     }
     mlir.run_pipeline(&mut module, BUFFERIZE).map_err(|e| stage_err(k, "bufferize", e))?;
     if workgroups > 1 {
-        bind_workgroup_loop(&module).map_err(|e| stage_err(k, "distribute", e))?;
+        if let Err(e) = bind_workgroup_loop(&module) {
+            // Bufferisation left the workgroup loop split up (row reductions of a softmax over a
+            // leading dimension did): run the kernel unscheduled, as one workgroup.
+            if std::env::var_os("KILN_DEBUG_SCHEDULE").is_some() {
+                eprintln!("// kernel {}: {e}; one workgroup instead", k.name);
+            }
+            if let Some(d) = described.as_mut() {
+                d.push_str(&format!("  ({e}: fell back to one unscheduled workgroup)\n"));
+            }
+            module = build()?;
+            workgroups = 1;
+            if let Some(f) = kernel_func(&module) {
+                math::expand(&mlir.ctx, f.to_raw());
+            }
+            mlir.run_pipeline(&mut module, BUFFERIZE).map_err(|e| stage_err(k, "bufferize", e))?;
+        }
     }
     mlir.run_pipeline(&mut module, LOWER).map_err(|e| stage_err(k, "lower", e))?;
     // A developer's view of each kernel after the pipeline (KILN_DEBUG_MLIR=1).
@@ -362,7 +377,7 @@ fn link_shared(object: &[u8], ukernel: Option<ukernel::Host>) -> Result<Vec<u8>>
 /// instruction set, once per source and register tile (kept in the cache folder when there is
 /// one, else made in `dir`).
 fn ukernel_object(dir: &std::path::Path, host: ukernel::Host) -> Result<PathBuf, String> {
-    let flags = ["-c", "-O3", "-march=native", "-fPIC", "-ffp-contract=fast", "-fno-math-errno"];
+    let flags = ["-c", "-O3", "-march=native", "-fPIC", "-ffp-contract=fast", "-fno-math-errno", "-Wno-psabi"];
     let mr = format!("-DKILN_MR={}", host.mr);
     let mut hash = 0xcbf2_9ce4_8422_2325u64;
     for b in UKERNEL_C.bytes().chain(flags.concat().bytes()).chain(mr.bytes()).chain(TargetMachine::get_host_cpu_features().to_bytes().iter().copied()) {

@@ -260,7 +260,9 @@ pub fn plan(graph: &Graph, kernel: &Kernel, host: &Host, always: bool) -> Option
         Shape::Gemm { .. } => 1,
     };
     // Enough rows and columns to fill the register tiles, and enough work to pay for packing.
-    let fills = m >= host.mr && n >= NR / 2 && images * m * n * k >= MIN_MACS;
+    // A GEMM's few rows (a small batch of tokens) still beat the linalg path at half a tile.
+    let min_rows = if matches!(shape, Shape::Gemm { .. }) { host.mr / 2 } else { host.mr };
+    let fills = m >= min_rows && n >= NR / 2 && images * m * n * k >= MIN_MACS;
     if m * n * k == 0 || !always && !(fills && beats_linalg(&shape, k, n, host)) {
         return None;
     }
