@@ -36,7 +36,7 @@ const BUFFERIZE: &str = "builtin.module(canonicalize,cse,one-shot-bufferize{buff
 
 /// Lowering to the LLVM dialect. Temporaries are freed (kernels run many times); math without an
 /// LLVM intrinsic becomes libm calls.
-const LOWER: &str = "builtin.module(buffer-deallocation-pipeline,convert-bufferization-to-memref,func.func(convert-linalg-to-loops,lower-vector-mask,lower-vector-multi-reduction),convert-vector-to-scf{full-unroll=true},expand-strided-metadata,lower-affine,convert-scf-to-cf,finalize-memref-to-llvm,convert-math-to-funcs,convert-math-to-llvm,convert-math-to-libm,convert-vector-to-llvm{reassociate-fp-reductions=1},convert-arith-to-llvm,convert-index-to-llvm,convert-func-to-llvm,convert-cf-to-llvm,convert-ub-to-llvm,reconcile-unrealized-casts)";
+const LOWER: &str = "builtin.module(buffer-deallocation-pipeline,convert-bufferization-to-memref,func.func(convert-linalg-to-loops,lower-vector-mask,lower-vector-multi-reduction{lowering-strategy=inner-reduction}),convert-vector-to-scf{full-unroll=true},expand-strided-metadata,lower-affine,convert-scf-to-cf,finalize-memref-to-llvm,convert-math-to-funcs,convert-math-to-llvm,convert-math-to-libm,convert-vector-to-llvm{reassociate-fp-reductions=1},convert-arith-to-llvm,convert-index-to-llvm,convert-func-to-llvm,convert-cf-to-llvm,convert-ub-to-llvm,reconcile-unrealized-casts)";
 
 /// A compiled kernel.
 #[derive(Clone, Debug)]

@@ -45,8 +45,9 @@ pub struct Schedule {
     pub local: Vec<usize>,
     /// The register tiling, if the anchor has one (only when vectorising).
     pub register: Option<Register>,
-    /// Row reductions outside the register tile, each tiled to one row, the row a vector.
-    pub rows: Vec<usize>,
+    /// Row reductions outside the register tile, each tiled to one row and the row to chunks of
+    /// this many elements (0: the whole row), each chunk a vector.
+    pub rows: Vec<(usize, usize)>,
     /// Ops left as loop nests whose loops are reordered (the output row innermost).
     pub reorder: Vec<(usize, Vec<usize>)>,
     /// Whether phases B and C (vectorisation) run.
@@ -296,14 +297,15 @@ pub fn decide(ops: &[LinalgOp], dims: &[usize], sequential: bool, vectorize: boo
     // Row reductions outside the register tile (softmax's max and sum, a normalisation's
     // moments): one row at a time, the whole row a vector.
     let in_chain: HashSet<usize> = register.iter().flat_map(|r| r.chain.iter().copied()).chain([a]).collect();
-    let rows: Vec<usize> = if vectorize { (0..ops.len()).filter(|i| !in_chain.contains(i) && row_reduction(&ops[*i])).collect() } else { Vec::new() };
+    let rows: Vec<(usize, usize)> =
+        if vectorize { (0..ops.len()).filter(|i| !in_chain.contains(i)).filter_map(|i| row_reduction(&ops[i]).map(|c| (i, c))).collect() } else { Vec::new() };
     // Other ops stay loop nests for LLVM to vectorise: it can only do so along the innermost
     // loop, so a reduction window (pooling, a strided depthwise convolution) moves outside the
     // output row.
     let reorder: Vec<(usize, Vec<usize>)> = if vectorize {
         (0..ops.len())
             .filter(|i| !in_chain.contains(i) || register.is_none() && *i == a)
-            .filter(|i| !rows.contains(i))
+            .filter(|i| !rows.iter().any(|r| r.0 == *i))
             .filter_map(|i| row_last(&ops[i]).map(|p| (i, p)))
             .collect()
     } else {
@@ -343,8 +345,11 @@ impl fmt::Display for Schedule {
             }
             None => writeln!(f, "register tile: none")?,
         }
-        for &r in &self.rows {
-            writeln!(f, "row reduction: op{r}, one row a step")?;
+        for &(r, chunk) in &self.rows {
+            match chunk {
+                0 => writeln!(f, "row reduction: op{r}, one row a step")?,
+                c => writeln!(f, "row reduction: op{r}, one row a step in chunks of {c}")?,
+            }
         }
         for (i, perm) in &self.reorder {
             writeln!(f, "loop order: op{i} [{}]", list(perm))?;
@@ -376,25 +381,33 @@ pub fn describe(kernel: &str, ops: &[LinalgOp], schedule: Option<&Schedule>) -> 
     s
 }
 
-/// A reduction along the innermost, contiguous loops whose rows fit in vector registers: its
-/// parallel loops come first, every map is a projection, inputs that read along the row read the
-/// last loop as their last dimension, and the reduced extent is a power of two (no masked
-/// reductions).
-fn row_reduction(op: &LinalgOp) -> bool {
-    let Some(ranges) = op.ranges() else { return false };
+/// A reduction along the innermost, contiguous loops that vectorises one row at a time: its
+/// parallel loops come first, every map is a projection, and inputs that read along the row read
+/// the last loop as their last dimension. A row of a power of two up to 512 elements is one vector
+/// op (`Some(0)`); a longer one, with one reduction loop, goes in chunks of the largest power of
+/// two up to 512 that divides it, at least 16 (`Some(chunk)`), each chunk a vector op added into
+/// the row's accumulator (no masked reductions).
+fn row_reduction(op: &LinalgOp) -> Option<usize> {
+    let ranges = op.ranges()?;
     let p = op.parallel.iter().filter(|&&p| p).count();
     if !op.is_generic() || p == op.loops() || op.parallel[..p].iter().any(|&x| !x) || op.elem.iter().any(|&e| e != Elem::F32) {
-        return false;
+        return None;
     }
     let reduced: usize = ranges[p..].iter().product();
     let last = op.loops() - 1;
-    reduced.is_power_of_two()
-        && (8..=512).contains(&reduced)
-        && op.maps.iter().all(|m| m.iter().all(|e| e.as_dim().is_some() || e.is_zero()))
+    let contiguous = op.maps.iter().all(|m| m.iter().all(|e| e.as_dim().is_some() || e.is_zero()))
         && op.maps[..op.n_inputs].iter().all(|m| {
             let reads_row = m.iter().any(|e| e.as_dim().is_some_and(|d| d >= p));
             !reads_row || m.last().and_then(Expr::as_dim) == Some(last)
-        })
+        });
+    if !contiguous {
+        return None;
+    }
+    if reduced.is_power_of_two() && (8..=512).contains(&reduced) {
+        return Some(0);
+    }
+    let chunk = 1usize << reduced.trailing_zeros().min(9);
+    (op.loops() == p + 1 && reduced > 512.min(chunk * 2) && chunk >= 16).then_some(chunk)
 }
 
 /// For a generic whose innermost loop is a reduction: a loop order with the loop of the output's

@@ -96,10 +96,10 @@ pub fn phase_a(ctx: &melior::Context, ops: &[LinalgOp], raw: &[RawOp], sch: &Sch
             s.push_str(&format!("    %vm, %vr = transform.loop.peel %vl : (!transform.op<\"scf.for\">) -> ({ANY}, {ANY})\n"));
         }
     }
-    for (j, &i) in sch.rows.iter().enumerate() {
+    for (j, &(i, chunk)) in sch.rows.iter().enumerate() {
         let op = &ops[i];
-        let sizes: Vec<&str> = op.parallel.iter().map(|&p| if p { "1" } else { "0" }).collect();
-        let n = op.parallel.iter().filter(|&&p| p).count();
+        let sizes: Vec<String> = op.parallel.iter().map(|&p| if p { "1".to_string() } else { chunk.to_string() }).collect();
+        let n = op.parallel.iter().filter(|&&p| p).count() + usize::from(chunk > 0);
         s.push_str(&format!(
             "    %row{j}, %rowl{j}:{n} = transform.structured.tile_using_for {} tile_sizes [{}] : ({ANY}) -> ({ANY}{})\n",
             handle[i],
