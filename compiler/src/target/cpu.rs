@@ -164,66 +164,71 @@ fn lower_kernel<'c>(mlir: &'c MlirContext, graph: &Graph, k: &Kernel) -> Result<
         return Err(stage_err(k, "mlir", format!("the generated MLIR does not verify: {}\n{}", mlir.take_diagnostics(), module.as_operation())));
     }
     let text = module.as_operation().to_string();
-    let mut workgroups = 1;
-    let mut described = None;
-    // The full schedule (workgroups, register tiles, vectors), else the workgroup split alone,
-    // else one scalar workgroup. Not every kernel tiles (an op without a tiling rule, a reshape
-    // between ops); a failed transform may leave the module half done, so it is rebuilt.
-    for vectorize in [true, false] {
+    let debug = std::env::var_os("KILN_DEBUG_SCHEDULE").is_some();
+    let mut described: Option<String> = None;
+    // The full schedule (workgroups, register tiles, vectors), else the vectors in one workgroup,
+    // else the workgroup split alone, else one scalar workgroup. Not every kernel tiles (an op
+    // without a tiling rule, a reshape between ops), and bufferisation may split a workgroup
+    // loop apart; a failed attempt may leave the module half done, so it is rebuilt.
+    let mut scheduled = None;
+    for (vectorize, distribute) in [(true, true), (true, false), (false, true)] {
         let Some(func) = kernel_func(&module) else { break };
         let kernel_ops = linalg::read_kernel(RawOp(func.to_raw()));
         let dims = if k.outputs.len() == 1 { graph.value_type(k.outputs[0]).shape.as_fixed() } else { None };
-        let decided = dims.and_then(|d| schedule::decide(&kernel_ops.ops, &d, kernel_ops.sequential, vectorize));
+        let decided = dims.and_then(|d| schedule::decide(&kernel_ops.ops, &d, kernel_ops.sequential, vectorize, distribute));
         if described.is_none() {
             described = Some(schedule::describe(&k.name, &kernel_ops.ops, decided.as_ref()));
         }
-        let Some(sch) = decided else { break };
-        if std::env::var_os("KILN_DEBUG_SCHEDULE").is_some() {
+        let Some(sch) = decided else { continue };
+        if debug {
             eprint!("{}", schedule::describe(&k.name, &kernel_ops.ops, Some(&sch)));
         }
-        match script::apply(mlir, &mut module, &kernel_ops.ops, &kernel_ops.raw, &sch) {
+        let attempt = script::apply(mlir, &mut module, &kernel_ops.ops, &kernel_ops.raw, &sch).and_then(|()| {
+            // A developer's view of a kernel after its schedule (KILN_DEBUG_SCHEDULE=kernel).
+            if std::env::var("KILN_DEBUG_SCHEDULE").is_ok_and(|v| v == k.name) {
+                eprintln!("// kernel {} scheduled ({} workgroups)\n{}", k.name, sch.workgroups(), module.as_operation());
+            }
+            if let Some(f) = kernel_func(&module) {
+                math::expand(&mlir.ctx, f.to_raw());
+            }
+            mlir.run_pipeline(&mut module, BUFFERIZE)?;
+            if sch.workgroups() > 1 {
+                bind_workgroup_loop(&module)?;
+            }
+            Ok(())
+        });
+        match attempt {
             Ok(()) => {
-                workgroups = sch.workgroups();
-                // A developer's view of a kernel after its schedule (KILN_DEBUG_SCHEDULE=kernel).
-                if std::env::var("KILN_DEBUG_SCHEDULE").is_ok_and(|v| v == k.name) {
-                    eprintln!("// kernel {} scheduled ({} workgroups)\n{}", k.name, workgroups, module.as_operation());
-                }
+                scheduled = Some(sch.workgroups());
                 break;
             }
             Err(e) => {
-                if std::env::var_os("KILN_DEBUG_SCHEDULE").is_some() {
-                    eprintln!("// kernel {}: schedule (vectorize={vectorize}) failed: {e}", k.name);
+                if debug {
+                    eprintln!("// kernel {}: schedule (vectorize={vectorize}, distribute={distribute}) failed: {e}", k.name);
                 }
                 // What runs instead is said in the printed schedule too.
                 if let Some(d) = described.as_mut() {
-                    d.push_str(&format!("  (this schedule failed to apply{}; fell back)\n", if vectorize { ", vectorised" } else { "" }));
+                    let what = match (vectorize, distribute) {
+                        (true, true) => "this schedule",
+                        (false, true) => "the workgroup split alone",
+                        _ => "the vectors in one workgroup",
+                    };
+                    d.push_str(&format!("  ({what} failed to apply; fell back)\n"));
                 }
                 module = build()?;
             }
         }
     }
-    if let Some(f) = kernel_func(&module) {
-        math::expand(&mlir.ctx, f.to_raw());
-    }
-    mlir.run_pipeline(&mut module, BUFFERIZE).map_err(|e| stage_err(k, "bufferize", e))?;
-    if workgroups > 1 {
-        if let Err(e) = bind_workgroup_loop(&module) {
-            // Bufferisation left the workgroup loop split up (row reductions of a softmax over a
-            // leading dimension did): run the kernel unscheduled, as one workgroup.
-            if std::env::var_os("KILN_DEBUG_SCHEDULE").is_some() {
-                eprintln!("// kernel {}: {e}; one workgroup instead", k.name);
-            }
-            if let Some(d) = described.as_mut() {
-                d.push_str(&format!("  ({e}: fell back to one unscheduled workgroup)\n"));
-            }
-            module = build()?;
-            workgroups = 1;
+    let workgroups = match scheduled {
+        Some(w) => w,
+        None => {
             if let Some(f) = kernel_func(&module) {
                 math::expand(&mlir.ctx, f.to_raw());
             }
             mlir.run_pipeline(&mut module, BUFFERIZE).map_err(|e| stage_err(k, "bufferize", e))?;
+            1
         }
-    }
+    };
     mlir.run_pipeline(&mut module, LOWER).map_err(|e| stage_err(k, "lower", e))?;
     // A developer's view of each kernel after the pipeline (KILN_DEBUG_MLIR=1).
     if std::env::var_os("KILN_DEBUG_MLIR").is_some() {

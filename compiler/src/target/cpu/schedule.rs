@@ -263,8 +263,9 @@ fn register_plan(ops: &[LinalgOp], a: usize, local: &[usize]) -> Option<Register
 
 
 /// Decides a kernel's schedule from its ops and its output's dimensions; `None` runs it as it is
-/// (one workgroup, scalar loops). Without `vectorize`, only the workgroup split.
-pub fn decide(ops: &[LinalgOp], dims: &[usize], sequential: bool, vectorize: bool) -> Option<Schedule> {
+/// (one workgroup, scalar loops). Without `vectorize`, only the workgroup split; without
+/// `distribute`, one workgroup.
+pub fn decide(ops: &[LinalgOp], dims: &[usize], sequential: bool, vectorize: bool, distribute: bool) -> Option<Schedule> {
     // A sequential loop (scatter updates applied in order) must run exactly once, as it is.
     if sequential {
         return None;
@@ -275,7 +276,7 @@ pub fn decide(ops: &[LinalgOp], dims: &[usize], sequential: bool, vectorize: boo
     // workgroup instead of the whole input), else the first that is not tiny; evenly, so every
     // workgroup has the same static shape.
     let mut split = None;
-    if work >= MIN_DISTRIBUTED_WORK {
+    if distribute && work >= MIN_DISTRIBUTED_WORK {
         let target = (work / WORK_PER_WORKGROUP).clamp(2, MAX_WORKGROUPS);
         let rows = (dims.len() == 4 && dims[0] == 1 && dims[2] >= 8).then_some(2);
         let others = (0..dims.len()).filter(|&i| dims[i] >= 2);

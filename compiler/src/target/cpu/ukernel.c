@@ -303,36 +303,153 @@ static Epilogue epilogue_of(const float *bias_row, const float *bias_col, const 
     return e;
 }
 
-/* A 2-D convolution (NCHW, one group) as implicit GEMM: per image, C[M=out channels, N=OH*OW] =
- * W[M, K=C*KH*KW] (packed) * im2col(x)[K, N]. Work units: images x chunks of N (split_n) or of M. */
+/* A 2-D convolution (NCHW) as implicit GEMM, one GEMM a group: per image and group g,
+ * C[Mg = M/G out channels, N = OH*OW] = W_g[Mg, K = C/G*KH*KW] (packed, groups one after another)
+ * * im2col(x_g)[K, N]. Work units: images x chunks of N (split_n) or of Mg. */
 void kiln_uk_conv2d(int64_t x_, int64_t wp_, int64_t bias_, int64_t res_, int64_t y_, int64_t C, int64_t H, int64_t W, int64_t M,
-                    int64_t KH, int64_t KW, int64_t SH, int64_t SW, int64_t DH, int64_t DW, int64_t PH, int64_t PW, int64_t OH,
-                    int64_t OW, int64_t act, float lo, float hi, int64_t kc, int64_t mc, int64_t nc, int64_t chunks,
+                    int64_t G, int64_t KH, int64_t KW, int64_t SH, int64_t SW, int64_t DH, int64_t DW, int64_t PH, int64_t PW,
+                    int64_t OH, int64_t OW, int64_t act, float lo, float hi, int64_t kc, int64_t mc, int64_t nc, int64_t chunks,
                     int64_t split_n, int64_t wg_begin, int64_t wg_end) {
     const float *x = (const float *)(intptr_t)x_, *wp = (const float *)(intptr_t)wp_;
     const float *bias = (const float *)(intptr_t)bias_, *res = (const float *)(intptr_t)res_;
     float *y = (float *)(intptr_t)y_;
-    int64_t N = OH * OW, K = C * KH * KW;
+    int64_t Cg = C / G, Mg = M / G;
+    int64_t N = OH * OW, K = Cg * KH * KW;
+    int64_t a_group = (Mg + MR - 1) / MR * K * MR;
     Blocking bl = {kc, mc, nc};
-    Asource A = {wp, NULL, 0, 0};
     for (int64_t u = wg_begin; u < wg_end; u++) {
         int64_t img = u / chunks, q = u % chunks;
-        Im2col g = {x + img * C * H * W, H, W, KH, KW, SH, SW, DH, DW, PH, PW, OW};
-        Bsource B = {NULL, NULL, 0, 0, &g};
-        /* A pointwise convolution reads its input as the matrix B[C, H*W] as it is. */
-        if (KH == 1 && KW == 1 && SH == 1 && SW == 1 && PH == 0 && PW == 0 && OH == H && OW == W) {
-            B.b = g.x;
-            B.ldb = H * W;
-            B.jb = 1;
-            B.im2col = NULL;
+        for (int64_t grp = 0; grp < G; grp++) {
+            Asource A = {wp + grp * a_group, NULL, 0, 0};
+            Im2col g = {x + (img * C + grp * Cg) * H * W, H, W, KH, KW, SH, SW, DH, DW, PH, PW, OW};
+            Bsource B = {NULL, NULL, 0, 0, &g};
+            /* A pointwise convolution reads its input as the matrix B[C, H*W] as it is. */
+            if (KH == 1 && KW == 1 && SH == 1 && SW == 1 && PH == 0 && PW == 0 && OH == H && OW == W) {
+                B.b = g.x;
+                B.ldb = H * W;
+                B.jb = 1;
+                B.im2col = NULL;
+            }
+            float *yi = y + (img * M + grp * Mg) * N;
+            const float *ri = res ? res + (img * M + grp * Mg) * N : NULL;
+            Epilogue e = epilogue_of(bias ? bias + grp * Mg : NULL, NULL, ri, N, act, lo, hi);
+            int64_t a0 = 0, a1 = Mg, b0 = 0, b1 = N;
+            if (split_n) chunk_range(N, NR, chunks, q, &b0, &b1);
+            else chunk_range(Mg, MR, chunks, q, &a0, &a1);
+            if (a0 < a1 && b0 < b1) gemm_block(&A, &B, yi, N, Mg, N, K, a0, a1, b0, b1, &e, &bl);
         }
-        float *yi = y + img * M * N;
-        const float *ri = res ? res + img * M * N : NULL;
-        Epilogue e = epilogue_of(bias, NULL, ri, N, act, lo, hi);
-        int64_t a0 = 0, a1 = M, b0 = 0, b1 = N;
-        if (split_n) chunk_range(N, NR, chunks, q, &b0, &b1);
-        else chunk_range(M, MR, chunks, q, &a0, &a1);
-        if (a0 < a1 && b0 < b1) gemm_block(&A, &B, yi, N, M, N, K, a0, a1, b0, b1, &e, &bl);
+    }
+}
+
+/* A depthwise convolution (one input and one output channel a group), vectorised along output
+ * rows: per channel the plane is copied once into a zero-padded buffer (with slack past its end),
+ * then each 16 outputs of a row take one FMA per window tap; stride 2 reads 32 inputs and keeps
+ * the even ones. Work units: images x chunks of channels. */
+void kiln_uk_depthwise(int64_t x_, int64_t w_, int64_t bias_, int64_t res_, int64_t y_, int64_t C, int64_t H, int64_t W, int64_t KH,
+                       int64_t KW, int64_t SH, int64_t SW, int64_t DH, int64_t DW, int64_t PH, int64_t PW, int64_t OH, int64_t OW,
+                       int64_t act, float lo, float hi, int64_t chunks, int64_t wg_begin, int64_t wg_end) {
+    const float *x = (const float *)(intptr_t)x_, *w = (const float *)(intptr_t)w_;
+    const float *bias = (const float *)(intptr_t)bias_, *res = (const float *)(intptr_t)res_;
+    float *y = (float *)(intptr_t)y_;
+    /* The padded plane: every row a window reads, every column up to the last vector's reach. */
+    int64_t Hp = (OH - 1) * SH + (KH - 1) * DH + 1;
+    int64_t lanes = (OW + 15) / 16 * 16;
+    int64_t Wp = (lanes - 1) * SW + (KW - 1) * DW + 1 + 16 * SW;
+    float *xp = scratch(0, (size_t)(Hp * Wp + 64));
+    if (!xp) abort();
+    for (int64_t u = wg_begin; u < wg_end; u++) {
+        int64_t img = u / chunks, q = u % chunks;
+        int64_t c0, c1;
+        chunk_range(C, 1, chunks, q, &c0, &c1);
+        /* The border is the same zeros for every channel: cleared once, then only the rows
+         * and columns the input covers are copied per channel. */
+        memset(xp, 0, (size_t)(Hp * Wp + 64) * sizeof(float));
+        int64_t r0 = PH, r1 = PH + H < Hp ? PH + H : Hp;
+        int64_t cols = PW + W <= Wp ? W : Wp - PW;
+        for (int64_t c = c0; c < c1; c++) {
+            const float *plane = x + (img * C + c) * H * W;
+            for (int64_t r = r0; r < r1; r++) {
+                float *o = xp + r * Wp + PW;
+                const float *src = plane + (r - PH) * W;
+                for (int64_t q2 = 0; q2 < cols; q2++) o[q2] = src[q2];
+            }
+            const float *wc = w + c * KH * KW;
+            float *yc = y + (img * C + c) * OH * OW;
+            const float *rc = res ? res + (img * C + c) * OH * OW : NULL;
+            Epilogue e = epilogue_of(bias ? bias + c : NULL, NULL, NULL, 0, act, lo, hi);
+            for (int64_t oh = 0; oh < OH; oh++) {
+                for (int64_t ow = 0; ow < OW; ow += 16) {
+                    v16 acc = splat(0.0f);
+                    for (int64_t kh = 0; kh < KH; kh++) {
+                        const float *row = xp + (oh * SH + kh * DH) * Wp + ow * SW;
+                        for (int64_t kw = 0; kw < KW; kw++) {
+                            const float *p = row + kw * DW;
+                            v16 v;
+                            if (SW == 1) {
+                                v = load16(p);
+                            } else if (SW == 2) {
+                                v16 a = load16(p), b = load16(p + 16);
+                                v = __builtin_shufflevector(a, b, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+                            } else {
+                                float t[16];
+                                for (int l = 0; l < 16; l++) t[l] = p[l * SW];
+                                v = load16(t);
+                            }
+                            acc += splat(wc[kh * KW + kw]) * v;
+                        }
+                    }
+                    float *out = yc + oh * OW + ow;
+                    int64_t n = OW - ow < 16 ? OW - ow : 16;
+                    if (n == 16) {
+                        if (rc) acc += load16(rc + oh * OW + ow);
+                        store16(out, finish(acc, &e, 0, 0));
+                    } else {
+                        float t[16];
+                        store16(t, acc);
+                        for (int64_t l = 0; l < n; l++) out[l] = finish1(t[l] + (rc ? rc[oh * OW + ow + l] : 0.0f), &e, 0, 0);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/* A few rows (M < MR/2: a matrix-vector product, a small batch of tokens) by packed B: each NR
+ * strip of B streams once, four K steps at a time into separate accumulators (no FMA waits on
+ * the one before). Work units: chunks of N. */
+static void gemv(const float *a, int64_t lda, int64_t ka, const float *bp, float *y, int64_t M, int64_t N, int64_t K, const Epilogue *epi,
+                 int64_t chunks, int64_t wg_begin, int64_t wg_end) {
+    for (int64_t q = wg_begin; q < wg_end; q++) {
+        int64_t j0, j1;
+        chunk_range(N, NR, chunks, q, &j0, &j1);
+        for (int64_t j = j0; j < j1; j += NR) {
+            const float *b = bp + (j / NR) * K * NR;
+            for (int64_t i = 0; i < M; i++) {
+                const float *ai = a + i * lda;
+                v16 s0[4] = {splat(0.0f), splat(0.0f), splat(0.0f), splat(0.0f)};
+                v16 s1[4] = {splat(0.0f), splat(0.0f), splat(0.0f), splat(0.0f)};
+                int64_t k = 0;
+                for (; k + 4 <= K; k += 4) {
+#pragma GCC unroll 4
+                    for (int u = 0; u < 4; u++) {
+                        v16 av = splat(ai[(k + u) * ka]);
+                        s0[u] += av * load16(b + (k + u) * NR);
+                        s1[u] += av * load16(b + (k + u) * NR + 16);
+                    }
+                }
+                for (; k < K; k++) {
+                    v16 av = splat(ai[k * ka]);
+                    s0[0] += av * load16(b + k * NR);
+                    s1[0] += av * load16(b + k * NR + 16);
+                }
+                v16 r0 = (s0[0] + s0[1]) + (s0[2] + s0[3]), r1 = (s1[0] + s1[1]) + (s1[2] + s1[3]);
+                int64_t nr = N - j < NR ? N - j : NR;
+                float t[NR];
+                store16(t, r0);
+                store16(t + 16, r1);
+                for (int64_t c = 0; c < nr; c++) y[i * N + j + c] = finish1(t[c], epi, i, j + c);
+            }
+        }
     }
 }
 
@@ -349,6 +466,10 @@ void kiln_uk_gemm(int64_t a_, int64_t bp_, int64_t bias_, int64_t res_, int64_t 
     Asource A = {NULL, a, lda, ka};
     Bsource B = {bp, NULL, 0, 0, NULL};
     Epilogue e = epilogue_of(NULL, bias, res, N, act, lo, hi);
+    if (M < MR / 2) {
+        gemv(a, lda, ka, bp, y, M, N, K, &e, chunks, wg_begin, wg_end);
+        return;
+    }
     for (int64_t q = wg_begin; q < wg_end; q++) {
         int64_t a0 = 0, a1 = M, b0 = 0, b1 = N;
         if (split_n) chunk_range(N, NR, chunks, q, &b0, &b1);

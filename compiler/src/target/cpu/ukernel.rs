@@ -14,7 +14,7 @@ use std::fmt;
 use melior::dialect::{arith, func};
 use melior::ir::attribute::{FlatSymbolRefAttribute, FloatAttribute, IntegerAttribute, StringAttribute, TypeAttribute};
 use melior::ir::r#type::{FunctionType, IntegerType};
-use melior::ir::{Block, BlockLike, Location, Module, Region, RegionLike, Type, Value};
+use melior::ir::{Block, BlockLike, Location, Module, Region, RegionLike, Type, Value, ValueLike};
 use melior::Context;
 
 use kiln_ir::op::{BinaryOp, UnaryOp};
@@ -89,7 +89,23 @@ pub struct Epilogue {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Shape {
     /// Per image: C[m, oh*ow] = W[m, c*kh*kw] * im2col(x).
-    Conv { batch: usize, c: usize, h: usize, w: usize, m: usize, kh: usize, kw: usize, stride: [usize; 2], dilation: [usize; 2], pad: [usize; 2], oh: usize, ow: usize },
+    /// Groups one after another; a depthwise convolution (one input and output channel a group)
+    /// takes its own kernel, vectorised along output rows.
+    Conv {
+        batch: usize,
+        c: usize,
+        h: usize,
+        w: usize,
+        m: usize,
+        group: usize,
+        kh: usize,
+        kw: usize,
+        stride: [usize; 2],
+        dilation: [usize; 2],
+        pad: [usize; 2],
+        oh: usize,
+        ow: usize,
+    },
     /// C[m, n] = A[m, k] * B[k, n], A an input read row-major (or transposed), B constant.
     Gemm { m: usize, n: usize, k: usize, trans_a: bool, trans_b: bool },
 }
@@ -115,9 +131,13 @@ impl Ukernel {
     /// (M, N, K) of the GEMM (per image for a convolution).
     pub fn mnk(&self) -> (usize, usize, usize) {
         match self.shape {
-            Shape::Conv { c, m, kh, kw, oh, ow, .. } => (m, oh * ow, c * kh * kw),
+            Shape::Conv { c, m, group, kh, kw, oh, ow, .. } => (m / group, oh * ow, c / group * kh * kw),
             Shape::Gemm { m, n, k, .. } => (m, n, k),
         }
+    }
+
+    pub fn depthwise(&self) -> bool {
+        matches!(self.shape, Shape::Conv { c, m, group, .. } if group == c && group == m)
     }
 
     pub fn workgroups(&self) -> u64 {
@@ -133,19 +153,33 @@ impl fmt::Display for Ukernel {
     fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
         let (m, n, k) = self.mnk();
         match &self.shape {
-            Shape::Conv { batch, kh, kw, stride, dilation, pad, .. } => write!(
-                f,
-                "microkernel: conv as implicit GEMM, {batch} image(s) of M={m} N={n} K={k} (window {kh}x{kw}, stride {}x{}, dilation {}x{}, pad {}x{})",
-                stride[0], stride[1], dilation[0], dilation[1], pad[0], pad[1]
-            )?,
+            Shape::Conv { batch, c, group, kh, kw, stride, dilation, pad, oh, ow, .. } => {
+                let window = format!("window {kh}x{kw}, stride {}x{}, dilation {}x{}, pad {}x{}", stride[0], stride[1], dilation[0], dilation[1], pad[0], pad[1]);
+                if self.depthwise() {
+                    write!(f, "microkernel: depthwise conv, {batch} image(s) of {c} channels {oh}x{ow} ({window})")?
+                } else {
+                    let groups = if *group > 1 { format!(" in each of {group} groups") } else { String::new() };
+                    write!(f, "microkernel: conv as implicit GEMM, {batch} image(s) of M={m} N={n} K={k}{groups} ({window})")?
+                }
+            }
             Shape::Gemm { trans_a, trans_b, .. } => {
                 write!(f, "microkernel: GEMM M={m} N={n} K={k}{}{}", if *trans_a { ", A transposed" } else { "" }, if *trans_b { ", B transposed" } else { "" })?
             }
         }
         writeln!(f)?;
-        let b = if matches!(self.shape, Shape::Conv { .. }) { "B packed (im2col) at run time" } else { "A packed at run time" };
-        writeln!(f, "register tile: {}x{NR}; blocks KC={} MC={} NC={}; weights packed at compile time, {b}", self.mr, self.kc, self.mc, self.nc)?;
-        writeln!(f, "workgroups: {} ({} {} chunk(s){})", self.workgroups(), self.chunks, if self.split_n { "column" } else { "row" }, if matches!(self.shape, Shape::Conv { .. }) { " per image" } else { "" })?;
+        if self.depthwise() {
+            writeln!(f, "vectors of 16 outputs along each row, one FMA a tap; the plane copied once, zero-padded")?;
+            writeln!(f, "workgroups: {} ({} channel chunk(s) per image)", self.workgroups(), self.chunks)?;
+        } else {
+            let b = match self.shape {
+                Shape::Conv { .. } => "B packed (im2col) at run time",
+                Shape::Gemm { m, .. } if m < self.mr / 2 => "rows times packed B strips (matrix-vector)",
+                Shape::Gemm { .. } => "A packed at run time",
+            };
+            writeln!(f, "register tile: {}x{NR}; blocks KC={} MC={} NC={}; weights packed at compile time, {b}", self.mr, self.kc, self.mc, self.nc)?;
+            let per_image = if matches!(self.shape, Shape::Conv { .. }) { " per image" } else { "" };
+            writeln!(f, "workgroups: {} ({} {} chunk(s){per_image})", self.workgroups(), self.chunks, if self.split_n { "column" } else { "row" })?;
+        }
         let mut epi = Vec::new();
         if self.epilogue.bias.is_some() {
             epi.push("bias".to_string());
@@ -182,7 +216,11 @@ pub fn plan(graph: &Graph, kernel: &Kernel, host: &Host, always: bool) -> Option
         Op::Conv(c) => {
             let (x, w) = (operands.first().copied().flatten()?, operands.get(1).copied().flatten()?);
             let (xd, wd) = (dims(x)?, dims(w)?);
-            if c.group != 1 || !(3..=4).contains(&xd.len()) || wd.len() != xd.len() || graph.constant_value(w).is_none() {
+            let g = c.group;
+            if g == 0 || xd.len() < 3 || xd[1] % g != 0 || wd[0] % g != 0 || wd[1] * g != xd[1] {
+                return None;
+            }
+            if !(3..=4).contains(&xd.len()) || wd.len() != xd.len() || graph.constant_value(w).is_none() {
                 return None;
             }
             let spatial = xd.len() - 2;
@@ -199,6 +237,7 @@ pub fn plan(graph: &Graph, kernel: &Kernel, host: &Host, always: bool) -> Option
                 h: hx,
                 w: xd[xd.len() - 1],
                 m: wd[0],
+                group: g,
                 kh,
                 kw: wd[wd.len() - 1],
                 stride: [sh, a.stride],
@@ -252,18 +291,28 @@ pub fn plan(graph: &Graph, kernel: &Kernel, host: &Host, always: bool) -> Option
     let out = kernel.outputs[0];
     let out_dims = dims(out)?;
     let (m, n, k) = match shape {
-        Shape::Conv { c, m, kh, kw, oh, ow, .. } => (m, oh * ow, c * kh * kw),
+        Shape::Conv { c, m, group, kh, kw, oh, ow, .. } => (m / group, oh * ow, c / group * kh * kw),
         Shape::Gemm { m, n, k, .. } => (m, n, k),
+    };
+    let depthwise = matches!(shape, Shape::Conv { c, m, group, .. } if group == c && group == m);
+    let channels = match shape {
+        Shape::Conv { m, .. } => m,
+        Shape::Gemm { .. } => 0,
     };
     let images = match shape {
         Shape::Conv { batch, .. } => batch,
         Shape::Gemm { .. } => 1,
     };
     // Enough rows and columns to fill the register tiles, and enough work to pay for packing.
-    // A GEMM's few rows (a small batch of tokens) still beat the linalg path at half a tile.
-    let min_rows = if matches!(shape, Shape::Gemm { .. }) { host.mr / 2 } else { host.mr };
-    let fills = m >= min_rows && n >= NR / 2 && images * m * n * k >= MIN_MACS;
-    if m * n * k == 0 || !always && !(fills && beats_linalg(&shape, k, n, host)) {
+    // A GEMM of few rows streams its packed weights (matrix-vector); a depthwise convolution has
+    // a kernel of its own; others need whole register tiles.
+    let fills = match shape {
+        Shape::Gemm { .. } => n >= NR / 2,
+        Shape::Conv { .. } if depthwise => true,
+        Shape::Conv { .. } => m >= host.mr && n >= NR / 2,
+    };
+    let work = images * m.max(1) * n * k * if depthwise { channels } else { 1 };
+    if m * n * k == 0 || !always && !(fills && work >= MIN_MACS && beats_linalg(&shape, k, n, host)) {
         return None;
     }
     // The tail: constant or residual adds, then one activation.
@@ -322,9 +371,11 @@ pub fn plan(graph: &Graph, kernel: &Kernel, host: &Host, always: bool) -> Option
     let nc = (host.l2_bytes / 4 / (kc * 4)).clamp(NR, 4096) / NR * NR;
     // Workgroups: whole images when there are enough, else column chunks (each packs its own
     // part of B), else row chunks (each packs all of B), for about 4 in all.
-    let target = if images * m * n * k < 4 * MIN_MACS { 1 } else { 4 };
+    let target = if work < 4 * MIN_MACS { 1 } else { 4 };
     let (chunks, split_n) = if images >= target {
         (1, true)
+    } else if depthwise {
+        (target.div_ceil(images).min(channels), false)
     } else {
         // Chunks of the operand packed at run time (a convolution's columns, a GEMM's rows), so
         // no chunk packs another's part again; the constant operand is read packed, from cache.
@@ -351,6 +402,8 @@ pub fn plan(graph: &Graph, kernel: &Kernel, host: &Host, always: bool) -> Option
 /// stride-1 windows over rows of 16 or more (no packing to pay for) and on GEMMs in cache.
 fn beats_linalg(shape: &Shape, k: usize, n: usize, host: &Host) -> bool {
     match *shape {
+        // Grouped and depthwise convolutions: the linalg path runs them 2-20x slower.
+        Shape::Conv { group, .. } if group > 1 => true,
         Shape::Conv { kh, kw, stride, ow, .. } => ow < 6 || kh * kw == 1 || (stride != [1, 1] && kh * kw >= 25),
         Shape::Gemm { .. } => k * n * 4 > host.l2_bytes / 2,
     }
@@ -396,14 +449,18 @@ pub fn pack(graph: &Graph, u: &Ukernel) -> Result<Vec<u8>> {
     let (m, n, k) = u.mnk();
     let mut out: Vec<f32> = Vec::new();
     match u.shape {
-        // A = W[m, k] (row-major as stored), in strips of MR rows.
-        Shape::Conv { .. } => {
-            let strips = m.div_ceil(u.mr);
-            out.resize(strips * k * u.mr, 0.0);
-            for i in 0..m {
-                let (s, r) = (i / u.mr, i % u.mr);
-                for kk in 0..k {
-                    out[(s * k + kk) * u.mr + r] = w[i * k + kk];
+        // Depthwise: the weights as they are, [C, KH*KW].
+        Shape::Conv { .. } if u.depthwise() => out = w,
+        // Per group, A = W_g[m, k] (row-major as stored), in strips of MR rows.
+        Shape::Conv { group, .. } => {
+            let per_group = m.div_ceil(u.mr) * k * u.mr;
+            out.resize(group * per_group, 0.0);
+            for g in 0..group {
+                for i in 0..m {
+                    let (s, r) = (i / u.mr, i % u.mr);
+                    for kk in 0..k {
+                        out[g * per_group + (s * k + kk) * u.mr + r] = w[(g * m + i) * k + kk];
+                    }
                 }
             }
         }
@@ -429,7 +486,8 @@ pub fn pack(graph: &Graph, u: &Ukernel) -> Result<Vec<u8>> {
 fn packed_floats(u: &Ukernel) -> usize {
     let (m, n, k) = u.mnk();
     match u.shape {
-        Shape::Conv { .. } => m.div_ceil(u.mr) * k * u.mr,
+        Shape::Conv { c, .. } if u.depthwise() => c * k,
+        Shape::Conv { group, .. } => group * m.div_ceil(u.mr) * k * u.mr,
         Shape::Gemm { .. } => n.div_ceil(NR) * k * NR,
     }
 }
@@ -449,20 +507,15 @@ pub fn build<'c>(ctx: &'c Context, graph: &Graph, kernel: &Kernel, u: &Ukernel) 
         arg_types.push(crate::codegen::mlir::parse_type(ctx, &shaped("memref", &dims, t.dtype))?);
     }
     arg_types.extend([index, index]);
-    let (symbol, n_ints, n_floats) = match u.shape {
-        Shape::Conv { .. } => ("kiln_uk_conv2d", 27, 2),
-        Shape::Gemm { .. } => ("kiln_uk_gemm", 18, 2),
+    let symbol = match u.shape {
+        Shape::Conv { .. } if u.depthwise() => "kiln_uk_depthwise",
+        Shape::Conv { .. } => "kiln_uk_conv2d",
+        Shape::Gemm { .. } => "kiln_uk_gemm",
     };
-    // The microkernel's signature: i64s, then the clip bounds (f32) in their place.
-    let float_at = match u.shape {
-        Shape::Conv { .. } => 20,
-        Shape::Gemm { .. } => 11,
-    };
-    let mut callee_types: Vec<Type> = vec![i64t; n_ints];
-    for i in 0..n_floats {
-        callee_types.insert(float_at + i, f32t);
-    }
     let block = Block::new(&arg_types.iter().map(|t| (*t, loc)).collect::<Vec<_>>());
+    // The call's arguments, each i64 (pointers, sizes) or f32 (the clip bounds); the callee's
+    // signature is theirs.
+    let mut callee_types: Vec<Type> = Vec::new();
     {
         let c64 = |v: i64| -> Value { push(&block, arith::constant(ctx, IntegerAttribute::new(i64t, v).into(), loc)) };
         let cf = |v: f32| -> Value { push(&block, arith::constant(ctx, FloatAttribute::new(ctx, f32t, v as f64).into(), loc)) };
@@ -499,11 +552,14 @@ pub fn build<'c>(ctx: &'c Context, graph: &Graph, kernel: &Kernel, u: &Ukernel) 
             Ok(push(&block, arith::index_cast(arg, i64t, loc)))
         };
         let (wg_begin, wg_end) = (wg(arg_types.len() - 2)?, wg(arg_types.len() - 1)?);
-        let mut args: Vec<Value> = vec![x, wp, bias, res, y];
         let ints = |v: &[usize]| v.iter().map(|&x| c64(x as i64)).collect::<Vec<_>>();
+        let mut args: Vec<Value> = vec![x, wp, bias, res, y];
         match &u.shape {
-            Shape::Conv { c, h, w, m, kh, kw, stride, dilation, pad, oh, ow, .. } => {
-                args.extend(ints(&[*c, *h, *w, *m, *kh, *kw, stride[0], stride[1], dilation[0], dilation[1], pad[0], pad[1], *oh, *ow]));
+            Shape::Conv { c, h, w, kh, kw, stride, dilation, pad, oh, ow, .. } if u.depthwise() => {
+                args.extend(ints(&[*c, *h, *w, *kh, *kw, stride[0], stride[1], dilation[0], dilation[1], pad[0], pad[1], *oh, *ow]));
+            }
+            Shape::Conv { c, h, w, m, group, kh, kw, stride, dilation, pad, oh, ow, .. } => {
+                args.extend(ints(&[*c, *h, *w, *m, *group, *kh, *kw, stride[0], stride[1], dilation[0], dilation[1], pad[0], pad[1], *oh, *ow]));
             }
             Shape::Gemm { m, n, k, trans_a, .. } => {
                 // A[i, kk] = a[i * lda + kk * ka].
@@ -514,12 +570,14 @@ pub fn build<'c>(ctx: &'c Context, graph: &Graph, kernel: &Kernel, u: &Ukernel) 
         args.push(c64(act));
         args.push(cf(lo));
         args.push(cf(hi));
-        args.extend(ints(&[u.kc, u.mc, u.nc, u.chunks, u.split_n as usize]));
+        if u.depthwise() {
+            args.extend(ints(&[u.chunks]));
+        } else {
+            args.extend(ints(&[u.kc, u.mc, u.nc, u.chunks, u.split_n as usize]));
+        }
         args.push(wg_begin);
         args.push(wg_end);
-        if args.len() != callee_types.len() {
-            return Err(CompileError::Internal(format!("{symbol} takes {} arguments, the call has {}", callee_types.len(), args.len())));
-        }
+        callee_types.extend(args.iter().map(|a| a.r#type()));
         block.append_operation(func::call(ctx, FlatSymbolRefAttribute::new(ctx, symbol), &args, &[], loc));
         block.append_operation(func::r#return(&[], loc));
     }
