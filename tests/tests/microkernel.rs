@@ -90,6 +90,46 @@ fn a_strided_dilated_stem_with_padding() {
 }
 
 #[test]
+fn grouped_and_depthwise_convolutions() {
+    // ResNeXt-style groups of 8 channels; depthwise 3x3 at strides 1 and 2, 5x5 with dilation,
+    // and rows that are not a multiple of the 16-lane vector.
+    let (g, x) = conv_graph(&[1, 32, 9, 9], &[32, 8, 3, 3], ConvOptions { pad: 1, group: 4, ..ConvOptions::default() }, true);
+    check(&g, &x, 1);
+    for (x, w, o) in [
+        ([1, 24, 19, 21], [24, 1, 3, 3], ConvOptions { pad: 1, group: 24, ..ConvOptions::default() }),
+        ([2, 16, 23, 18], [16, 1, 3, 3], ConvOptions { stride: 2, pad: 1, group: 16, ..ConvOptions::default() }),
+        ([1, 8, 20, 37], [8, 1, 5, 5], ConvOptions { pad: 3, dilation: 2, group: 8, ..ConvOptions::default() }),
+        ([1, 8, 20, 37], [8, 1, 3, 3], ConvOptions { stride: 3, group: 8, ..ConvOptions::default() }),
+    ] {
+        let (g, inputs) = conv_graph(&x, &w, o, true);
+        assert!(schedule(&g, Some(true)).contains("depthwise conv"));
+        check(&g, &inputs, 1);
+    }
+    // A depthwise convolution with a residual add and a clip (MobileNet's form).
+    let g = GraphBuilder::new("dw_block");
+    let x = g.input("x", DType::F32, [1, 16, 14, 14]);
+    let r = g.input("r", DType::F32, [1, 16, 14, 14]);
+    let w = g.constant("w", Tensor::random(DType::F32, &[16, 1, 3, 3], 16));
+    let y = x.conv(w, None, ConvOptions { pad: 1, group: 16, ..ConvOptions::default() }) + r;
+    g.output("y", y.clip(0.0, 0.6));
+    check(&g.build().unwrap(), &[Tensor::random(DType::F32, &[1, 16, 14, 14], 17), Tensor::random(DType::F32, &[1, 16, 14, 14], 18)], 1);
+}
+
+#[test]
+fn matrix_vector_products_stream_packed_weights() {
+    for rows in [1, 3] {
+        let g = GraphBuilder::new("gemv");
+        let x = g.input("x", DType::F32, [rows, 130]);
+        let w = g.constant("w", Tensor::random(DType::F32, &[70, 130], 19));
+        let b = g.constant("b", Tensor::random(DType::F32, &[70], 20));
+        g.output("y", x.linear(w, b));
+        let g = g.build().unwrap();
+        assert!(schedule(&g, Some(true)).contains("matrix-vector"));
+        check(&g, &[Tensor::random(DType::F32, &[rows, 130], 21)], 1);
+    }
+}
+
+#[test]
 fn gemms_with_packed_weights() {
     // Gemm with a transposed weight and a bias row (a linear layer), M not a multiple of the tile.
     let g = GraphBuilder::new("linear");
