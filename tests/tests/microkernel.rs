@@ -116,6 +116,24 @@ fn grouped_and_depthwise_convolutions() {
 }
 
 #[test]
+fn few_positions_by_many_channels_run_transposed() {
+    // 5x5 and 6x6 outputs with 80 and 96 channels: vectors along channels, stored transposed;
+    // a residual and a relu in the epilogue; 2 images.
+    let g = GraphBuilder::new("late_block");
+    let x = g.input("x", DType::F32, [2, 40, 5, 5]);
+    let r = g.input("r", DType::F32, [2, 80, 5, 5]);
+    let w = g.constant("w", Tensor::random(DType::F32, &[80, 40, 3, 3], 22));
+    let b = g.constant("b", Tensor::random(DType::F32, &[80], 23));
+    g.output("y", (x.conv(w, Some(b), ConvOptions { pad: 1, ..ConvOptions::default() }) + r).relu());
+    let g = g.build().unwrap();
+    assert!(schedule(&g, None).contains("transposed"));
+    check(&g, &[Tensor::random(DType::F32, &[2, 40, 5, 5], 24), Tensor::random(DType::F32, &[2, 80, 5, 5], 25)], 1);
+    let (g, x) = conv_graph(&[1, 32, 6, 6], &[96, 32, 1, 1], ConvOptions::default(), true);
+    assert!(schedule(&g, None).contains("transposed"));
+    check(&g, &x, 1);
+}
+
+#[test]
 fn matrix_vector_products_stream_packed_weights() {
     for rows in [1, 3] {
         let g = GraphBuilder::new("gemv");

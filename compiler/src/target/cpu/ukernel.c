@@ -134,8 +134,8 @@ static void micro_edge(int64_t kc, const float *a, const float *b, float *c, int
 
 /* Per-thread packing space, grown on demand (the runtime's threads live as long as the process). */
 static float *scratch(int which, size_t floats) {
-    static __thread float *buf[3];
-    static __thread size_t cap[3];
+    static __thread float *buf[4];
+    static __thread size_t cap[4];
     if (cap[which] < floats) {
         free(buf[which]);
         buf[which] = aligned_alloc(64, ((floats * sizeof(float) + 63) / 64) * 64);
@@ -237,9 +237,45 @@ typedef struct {
 /* Where A comes from. */
 typedef struct {
     const float *packed; /* packed whole (M x K in MR strips), or NULL */
-    const float *a;      /* else a strided matrix */
+    const float *a;      /* else a strided matrix, or */
     int64_t lda, ka;
+    const Im2col *im2col; /* an image's im2col matrix, transposed (rows are output positions) */
 } Asource;
+
+/* Packs rows i0 .. i0+mc (output positions) and columns p0 .. p0+kc of the transposed im2col
+ * matrix into MR strips, with the same precomputed offsets as pack_im2col. */
+static void pack_a_im2col(const Im2col *g, int64_t i0, int64_t mc, int64_t m_total, int64_t p0, int64_t kc, float *out) {
+    int64_t khw = g->KH * g->KW;
+    int32_t *idx = (int32_t *)scratch(2, (size_t)(khw * MR));
+    if (!idx) abort();
+    for (int64_t s0 = 0; s0 < mc; s0 += MR) {
+        for (int64_t r = 0; r < khw; r++) {
+            int64_t kh = r / g->KW, kw = r % g->KW;
+            for (int64_t q = 0; q < MR; q++) {
+                int64_t p = i0 + s0 + q;
+                int64_t oh = p / g->OW, ow = p % g->OW;
+                int64_t ih = oh * g->SH + kh * g->DH - g->PH;
+                int64_t iw = ow * g->SW + kw * g->DW - g->PW;
+                idx[r * MR + q] = (p < m_total && s0 + q < mc && ih >= 0 && ih < g->H && iw >= 0 && iw < g->W) ? (int32_t)(ih * g->W + iw) : -1;
+            }
+        }
+        float *o = out + s0 * kc;
+        int64_t ch = p0 / khw, r = p0 % khw;
+        const float *plane = g->x + ch * g->H * g->W;
+        for (int64_t k = 0; k < kc; k++, o += MR) {
+            const int32_t *ix = idx + r * MR;
+            for (int64_t q = 0; q < MR; q++) {
+                int32_t i = ix[q];
+                float v = plane[i < 0 ? 0 : i];
+                o[q] = i < 0 ? 0.0f : v;
+            }
+            if (++r == khw) {
+                r = 0;
+                plane += g->H * g->W;
+            }
+        }
+    }
+}
 
 typedef struct {
     int64_t kc, mc, nc;
@@ -262,7 +298,8 @@ static void gemm_block(const Asource *A, const Bsource *B, float *c, int64_t ldc
             else if (!B->packed) pack_b(B->b, B->ldb, B->jb, jc, nc, N, pc, kc, bbuf);
             for (int64_t ic = i0; ic < i1; ic += mc_max) {
                 int64_t mc = i1 - ic < mc_max ? i1 - ic : mc_max;
-                if (!A->packed) pack_a(A->a, A->lda, A->ka, ic, mc, M, pc, kc, abuf);
+                if (A->im2col) pack_a_im2col(A->im2col, ic, mc, M, pc, kc, abuf);
+                else if (!A->packed) pack_a(A->a, A->lda, A->ka, ic, mc, M, pc, kc, abuf);
                 for (int64_t jr = 0; jr < nc; jr += NR) {
                     int64_t nr = nc - jr < NR ? nc - jr : NR;
                     int64_t j = jc + jr;
@@ -309,7 +346,7 @@ static Epilogue epilogue_of(const float *bias_row, const float *bias_col, const 
 void kiln_uk_conv2d(int64_t x_, int64_t wp_, int64_t bias_, int64_t res_, int64_t y_, int64_t C, int64_t H, int64_t W, int64_t M,
                     int64_t G, int64_t KH, int64_t KW, int64_t SH, int64_t SW, int64_t DH, int64_t DW, int64_t PH, int64_t PW,
                     int64_t OH, int64_t OW, int64_t act, float lo, float hi, int64_t kc, int64_t mc, int64_t nc, int64_t chunks,
-                    int64_t split_n, int64_t wg_begin, int64_t wg_end) {
+                    int64_t split_n, int64_t transposed, int64_t wg_begin, int64_t wg_end) {
     const float *x = (const float *)(intptr_t)x_, *wp = (const float *)(intptr_t)wp_;
     const float *bias = (const float *)(intptr_t)bias_, *res = (const float *)(intptr_t)res_;
     float *y = (float *)(intptr_t)y_;
@@ -317,10 +354,40 @@ void kiln_uk_conv2d(int64_t x_, int64_t wp_, int64_t bias_, int64_t res_, int64_
     int64_t N = OH * OW, K = Cg * KH * KW;
     int64_t a_group = (Mg + MR - 1) / MR * K * MR;
     Blocking bl = {kc, mc, nc};
+    if (transposed) {
+        /* Few output positions, many channels (a 7x7 image): C^T[N, M] = im2col(x)^T[N, K] *
+         * W^T[K, M], the weights packed in 32-channel strips, so the vectors run along channels;
+         * C^T is stored transposed, with the epilogue. One group; chunks of channels. */
+        float *ct = scratch(3, (size_t)(N * M));
+        if (!ct) abort();
+        for (int64_t u = wg_begin; u < wg_end; u++) {
+            int64_t img = u / chunks, q = u % chunks;
+            Im2col g = {x + img * C * H * W, H, W, KH, KW, SH, SW, DH, DW, PH, PW, OW};
+            Asource A = {NULL, NULL, 0, 0, &g};
+            /* Pointwise: A[n, c] = x[c, n], a strided read, no offsets to compute. */
+            if (KH == 1 && KW == 1 && SH == 1 && SW == 1 && PH == 0 && PW == 0 && OH == H && OW == W) {
+                A.a = g.x;
+                A.lda = 1;
+                A.ka = H * W;
+                A.im2col = NULL;
+            }
+            Bsource B = {wp, NULL, 0, 0, NULL};
+            int64_t m0, m1;
+            chunk_range(M, NR, chunks, q, &m0, &m1);
+            if (m0 >= m1) continue;
+            gemm_block(&A, &B, ct, M, N, M, K, 0, N, m0, m1, NULL, &bl);
+            float *yi = y + img * M * N;
+            const float *ri = res ? res + img * M * N : NULL;
+            Epilogue e = epilogue_of(bias, NULL, ri, N, act, lo, hi);
+            for (int64_t m = m0; m < m1; m++)
+                for (int64_t n = 0; n < N; n++) yi[m * N + n] = finish1(ct[n * M + m], &e, m, n);
+        }
+        return;
+    }
     for (int64_t u = wg_begin; u < wg_end; u++) {
         int64_t img = u / chunks, q = u % chunks;
         for (int64_t grp = 0; grp < G; grp++) {
-            Asource A = {wp + grp * a_group, NULL, 0, 0};
+            Asource A = {wp + grp * a_group, NULL, 0, 0, NULL};
             Im2col g = {x + (img * C + grp * Cg) * H * W, H, W, KH, KW, SH, SW, DH, DW, PH, PW, OW};
             Bsource B = {NULL, NULL, 0, 0, &g};
             /* A pointwise convolution reads its input as the matrix B[C, H*W] as it is. */
@@ -463,7 +530,7 @@ void kiln_uk_gemm(int64_t a_, int64_t bp_, int64_t bias_, int64_t res_, int64_t 
     const float *bias = (const float *)(intptr_t)bias_, *res = (const float *)(intptr_t)res_;
     float *y = (float *)(intptr_t)y_;
     Blocking bl = {kc, mc, nc};
-    Asource A = {NULL, a, lda, ka};
+    Asource A = {NULL, a, lda, ka, NULL};
     Bsource B = {bp, NULL, 0, 0, NULL};
     Epilogue e = epilogue_of(NULL, bias, res, N, act, lo, hi);
     if (M < MR / 2) {

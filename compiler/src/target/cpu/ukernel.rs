@@ -125,6 +125,10 @@ pub struct Ukernel {
     /// Work units per image (conv) or in all (GEMM), each a range of columns (`split_n`) or rows.
     pub chunks: usize,
     pub split_n: bool,
+    /// A convolution with few output positions and many channels computes C^T = im2col^T W^T:
+    /// its vectors run along output channels (weights packed in 32-channel strips) and the
+    /// result is stored transposed; chunks are of channels.
+    pub transposed: bool,
 }
 
 impl Ukernel {
@@ -172,13 +176,15 @@ impl fmt::Display for Ukernel {
             writeln!(f, "workgroups: {} ({} channel chunk(s) per image)", self.workgroups(), self.chunks)?;
         } else {
             let b = match self.shape {
+                Shape::Conv { .. } if self.transposed => "transposed: C^T = im2col^T (packed at run time) x W^T, vectors along output channels",
                 Shape::Conv { .. } => "B packed (im2col) at run time",
                 Shape::Gemm { m, .. } if m < self.mr / 2 => "rows times packed B strips (matrix-vector)",
                 Shape::Gemm { .. } => "A packed at run time",
             };
             writeln!(f, "register tile: {}x{NR}; blocks KC={} MC={} NC={}; weights packed at compile time, {b}", self.mr, self.kc, self.mc, self.nc)?;
             let per_image = if matches!(self.shape, Shape::Conv { .. }) { " per image" } else { "" };
-            writeln!(f, "workgroups: {} ({} {} chunk(s){per_image})", self.workgroups(), self.chunks, if self.split_n { "column" } else { "row" })?;
+            let what = if self.transposed { "channel" } else if self.split_n { "column" } else { "row" };
+            writeln!(f, "workgroups: {} ({} {what} chunk(s){per_image})", self.workgroups(), self.chunks)?;
         }
         let mut epi = Vec::new();
         if self.epilogue.bias.is_some() {
@@ -309,6 +315,7 @@ pub fn plan(graph: &Graph, kernel: &Kernel, host: &Host, always: bool) -> Option
     let fills = match shape {
         Shape::Gemm { .. } => n >= NR / 2,
         Shape::Conv { .. } if depthwise => true,
+        Shape::Conv { .. } if few_positions(&shape) => true,
         Shape::Conv { .. } => m >= host.mr && n >= NR / 2,
     };
     let work = images * m.max(1) * n * k * if depthwise { channels } else { 1 };
@@ -371,11 +378,14 @@ pub fn plan(graph: &Graph, kernel: &Kernel, host: &Host, always: bool) -> Option
     let nc = (host.l2_bytes / 4 / (kc * 4)).clamp(NR, 4096) / NR * NR;
     // Workgroups: whole images when there are enough, else column chunks (each packs its own
     // part of B), else row chunks (each packs all of B), for about 4 in all.
+    let transposed = few_positions(&shape);
     let target = if work < 4 * MIN_MACS { 1 } else { 4 };
     let (chunks, split_n) = if images >= target {
         (1, true)
     } else if depthwise {
         (target.div_ceil(images).min(channels), false)
+    } else if transposed {
+        (target.div_ceil(images).min(m.div_ceil(NR)), false)
     } else {
         // Chunks of the operand packed at run time (a convolution's columns, a GEMM's rows), so
         // no chunk packs another's part again; the constant operand is read packed, from cache.
@@ -391,7 +401,7 @@ pub fn plan(graph: &Graph, kernel: &Kernel, host: &Host, always: bool) -> Option
             (own.clamp(1, want), by_columns)
         }
     };
-    Some(Ukernel { shape, input, weight, epilogue: Epilogue { bias, residual, activation }, mr, kc, mc, nc, chunks, split_n })
+    Some(Ukernel { shape, input, weight, epilogue: Epilogue { bias, residual, activation }, mr, kc, mc, nc, chunks, split_n, transposed })
 }
 
 /// Where the microkernel is faster than the linalg path's register tiles, measured by shape class
@@ -402,11 +412,19 @@ pub fn plan(graph: &Graph, kernel: &Kernel, host: &Host, always: bool) -> Option
 /// stride-1 windows over rows of 16 or more (no packing to pay for) and on GEMMs in cache.
 fn beats_linalg(shape: &Shape, k: usize, n: usize, host: &Host) -> bool {
     match *shape {
-        // Grouped and depthwise convolutions: the linalg path runs them 2-20x slower.
+        // Grouped and depthwise convolutions: the linalg path runs them 2-20x slower; few output
+        // positions by many channels fill the transposed tile, not the linalg path's rows.
         Shape::Conv { group, .. } if group > 1 => true,
+        Shape::Conv { .. } if few_positions(shape) => true,
         Shape::Conv { kh, kw, stride, ow, .. } => ow < 6 || kh * kw == 1 || (stride != [1, 1] && kh * kw >= 25),
         Shape::Gemm { .. } => k * n * 4 > host.l2_bytes / 2,
     }
+}
+
+/// A one-group convolution of at most 64 output positions and at least 64 output channels: its
+/// vectors run along channels (the transposed form).
+fn few_positions(shape: &Shape) -> bool {
+    matches!(*shape, Shape::Conv { group: 1, m, oh, ow, .. } if oh * ow <= 64 && m >= 64)
 }
 
 /// A constant that broadcasts over a conv result as one value per output channel (`[M,1,1]`,
@@ -451,6 +469,15 @@ pub fn pack(graph: &Graph, u: &Ukernel) -> Result<Vec<u8>> {
     match u.shape {
         // Depthwise: the weights as they are, [C, KH*KW].
         Shape::Conv { .. } if u.depthwise() => out = w,
+        // Transposed: B[k, m] = W[m, k], in strips of NR output channels.
+        Shape::Conv { m: channels, .. } if u.transposed => {
+            out.resize(channels.div_ceil(NR) * k * NR, 0.0);
+            for j in 0..channels {
+                for kk in 0..k {
+                    out[((j / NR) * k + kk) * NR + j % NR] = w[j * k + kk];
+                }
+            }
+        }
         // Per group, A = W_g[m, k] (row-major as stored), in strips of MR rows.
         Shape::Conv { group, .. } => {
             let per_group = m.div_ceil(u.mr) * k * u.mr;
@@ -487,6 +514,7 @@ fn packed_floats(u: &Ukernel) -> usize {
     let (m, n, k) = u.mnk();
     match u.shape {
         Shape::Conv { c, .. } if u.depthwise() => c * k,
+        Shape::Conv { m: channels, .. } if u.transposed => channels.div_ceil(NR) * k * NR,
         Shape::Conv { group, .. } => group * m.div_ceil(u.mr) * k * u.mr,
         Shape::Gemm { .. } => n.div_ceil(NR) * k * NR,
     }
@@ -574,6 +602,9 @@ pub fn build<'c>(ctx: &'c Context, graph: &Graph, kernel: &Kernel, u: &Ukernel) 
             args.extend(ints(&[u.chunks]));
         } else {
             args.extend(ints(&[u.kc, u.mc, u.nc, u.chunks, u.split_n as usize]));
+            if matches!(u.shape, Shape::Conv { .. }) {
+                args.push(c64(u.transposed as i64));
+            }
         }
         args.push(wg_begin);
         args.push(wg_end);
