@@ -5,7 +5,8 @@
 
 use kiln_compiler::{compile, jit, Options};
 use kiln_ir::builder::{ConvOptions, GraphBuilder};
-use kiln_ir::op::Gemm;
+use kiln_ir::op::{AutoPad, ConvTranspose, Gemm, Window};
+use kiln_ir::Op;
 use kiln_ir::{eval, DType, Graph, Tensor};
 use kiln_runtime::LoadOptions;
 
@@ -131,6 +132,36 @@ fn few_positions_by_many_channels_run_transposed() {
     let (g, x) = conv_graph(&[1, 32, 6, 6], &[96, 32, 1, 1], ConvOptions::default(), true);
     assert!(schedule(&g, None).contains("transposed"));
     check(&g, &x, 1);
+}
+
+/// `ConvTranspose(x, w, b)` with the given attributes, then a relu.
+fn conv_transpose_graph(x: &[usize], w: &[usize], strides: Vec<usize>, pads: Vec<usize>, output_padding: Vec<usize>, output_shape: Vec<usize>) -> (Graph, Vec<Tensor>) {
+    let spatial = x.len() - 2;
+    let g = GraphBuilder::new("conv_transpose");
+    let xi = g.input("x", DType::F32, x);
+    let wt = g.constant("w", Tensor::random(DType::F32, w, 26));
+    let b = g.constant("b", Tensor::random(DType::F32, &[w[1]], 27));
+    let window = Window { strides, dilations: vec![1; spatial], pads, auto_pad: AutoPad::NotSet };
+    let op = Op::ConvTranspose(ConvTranspose { window, group: 1, output_padding, output_shape });
+    let y = g.apply(op, &[Some(xi), Some(wt), Some(b)], 1)[0];
+    g.output("y", y.relu());
+    (g.build().unwrap(), vec![Tensor::random(DType::F32, x, 28)])
+}
+
+#[test]
+fn transposed_convolutions_as_a_gemm_and_a_scatter() {
+    // Non-overlapping 2x2 stride 2; overlapping 4x4 stride 2 with pads and output padding, 2
+    // images; an output_shape past the full result (negative padding); 1-D.
+    for (x, w, s, p, op, os) in [
+        (vec![1, 24, 7, 7], vec![24, 16, 2, 2], vec![2, 2], vec![0; 4], vec![], vec![]),
+        (vec![2, 8, 7, 7], vec![8, 5, 4, 4], vec![2, 2], vec![1, 1, 1, 1], vec![1, 0], vec![]),
+        (vec![1, 8, 5, 6], vec![8, 6, 3, 3], vec![2, 2], vec![0; 4], vec![], vec![12, 14]),
+        (vec![1, 16, 20], vec![16, 12, 5], vec![3], vec![0; 2], vec![], vec![]),
+    ] {
+        let (g, inputs) = conv_transpose_graph(&x, &w, s, p, op, os);
+        assert!(schedule(&g, Some(true)).contains("ConvTranspose as GEMM"));
+        check(&g, &inputs, 1);
+    }
 }
 
 #[test]

@@ -408,6 +408,66 @@ void kiln_uk_conv2d(int64_t x_, int64_t wp_, int64_t bias_, int64_t res_, int64_
     }
 }
 
+/* A transposed convolution (NCHW, one group) as a GEMM and a scatter: per image,
+ * cols[(co, kh, kw), (ih, iw)] = W[Cin, Cout*KH*KW]^T (packed) * x[Cin, H*W], then each column
+ * value is added at output (ih*SH + kh*DH - PH, iw*SW + kw*DW - PW) when that lies inside (pads
+ * may be negative); the epilogue runs over the finished planes. Work units: images x chunks of
+ * output channels (whole register-tile strips of rows each). */
+void kiln_uk_conv_transpose(int64_t x_, int64_t wp_, int64_t bias_, int64_t res_, int64_t y_, int64_t Cin, int64_t H, int64_t W,
+                            int64_t Cout, int64_t KH, int64_t KW, int64_t SH, int64_t SW, int64_t DH, int64_t DW, int64_t PH, int64_t PW,
+                            int64_t OH, int64_t OW, int64_t act, float lo, float hi, int64_t kc, int64_t mc, int64_t nc, int64_t chunks,
+                            int64_t wg_begin, int64_t wg_end) {
+    const float *x = (const float *)(intptr_t)x_, *wp = (const float *)(intptr_t)wp_;
+    const float *bias = (const float *)(intptr_t)bias_, *res = (const float *)(intptr_t)res_;
+    float *y = (float *)(intptr_t)y_;
+    int64_t khw = KH * KW, M = Cout * khw, N = H * W, K = Cin, P = OH * OW;
+    /* Channels a chunk boundary falls on: their first row starts a register-tile strip. */
+    int64_t step = MR;
+    for (int64_t a = khw, b = MR; b;) {
+        int64_t t = a % b;
+        a = b;
+        b = t;
+        step = MR / a;
+    }
+    Blocking bl = {kc, mc, nc};
+    Asource A = {wp, NULL, 0, 0, NULL};
+    for (int64_t u = wg_begin; u < wg_end; u++) {
+        int64_t img = u / chunks, q = u % chunks;
+        int64_t c0, c1;
+        chunk_range(Cout, step, chunks, q, &c0, &c1);
+        if (c0 >= c1) continue;
+        int64_t i0 = c0 * khw, i1 = c1 * khw;
+        float *cols = scratch(3, (size_t)((i1 - i0) * N));
+        if (!cols) abort();
+        Bsource B = {NULL, x + img * Cin * N, N, 1, NULL};
+        /* gemm_block writes rows i0 .. i1 at cols + (i - i0) * N. */
+        gemm_block(&A, &B, cols - i0 * N, N, M, N, K, i0, i1, 0, N, NULL, &bl);
+        float *yi = y + img * Cout * P;
+        const float *ri = res ? res + img * Cout * P : NULL;
+        Epilogue e = epilogue_of(bias, NULL, ri, P, act, lo, hi);
+        for (int64_t co = c0; co < c1; co++) {
+            float *plane = yi + co * P;
+            memset(plane, 0, (size_t)P * sizeof(float));
+            for (int64_t kh = 0; kh < KH; kh++) {
+                for (int64_t kw = 0; kw < KW; kw++) {
+                    const float *row = cols + ((co * KH + kh) * KW + kw - i0) * N;
+                    for (int64_t ih = 0; ih < H; ih++) {
+                        int64_t oh = ih * SH + kh * DH - PH;
+                        if (oh < 0 || oh >= OH) continue;
+                        float *orow = plane + oh * OW;
+                        const float *src = row + ih * W;
+                        for (int64_t iw = 0; iw < W; iw++) {
+                            int64_t ow = iw * SW + kw * DW - PW;
+                            if (ow >= 0 && ow < OW) orow[ow] += src[iw];
+                        }
+                    }
+                }
+            }
+            for (int64_t p = 0; p < P; p++) plane[p] = finish1(plane[p], &e, co, p);
+        }
+    }
+}
+
 /* A depthwise convolution (one input and one output channel a group), vectorised along output
  * rows: per channel the plane is copied once into a zero-padded buffer (with slack past its end),
  * then each 16 outputs of a row take one FMA per window tap; stride 2 reads 32 inputs and keeps

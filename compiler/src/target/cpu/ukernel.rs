@@ -108,6 +108,22 @@ pub enum Shape {
     },
     /// C[m, n] = A[m, k] * B[k, n], A an input read row-major (or transposed), B constant.
     Gemm { m: usize, n: usize, k: usize, trans_a: bool, trans_b: bool },
+    /// One group: cols[cout*kh*kw, h*w] = W^T x, then added into the output (col2im); pads may
+    /// be negative (an `output_shape` larger than the full result).
+    ConvTranspose {
+        batch: usize,
+        cin: usize,
+        h: usize,
+        w: usize,
+        cout: usize,
+        kh: usize,
+        kw: usize,
+        stride: [usize; 2],
+        dilation: [usize; 2],
+        pad: [i64; 2],
+        oh: usize,
+        ow: usize,
+    },
 }
 
 /// The decision for one kernel.
@@ -137,6 +153,7 @@ impl Ukernel {
         match self.shape {
             Shape::Conv { c, m, group, kh, kw, oh, ow, .. } => (m / group, oh * ow, c / group * kh * kw),
             Shape::Gemm { m, n, k, .. } => (m, n, k),
+            Shape::ConvTranspose { cin, h, w, cout, kh, kw, .. } => (cout * kh * kw, h * w, cin),
         }
     }
 
@@ -146,7 +163,7 @@ impl Ukernel {
 
     pub fn workgroups(&self) -> u64 {
         let images = match self.shape {
-            Shape::Conv { batch, .. } => batch,
+            Shape::Conv { batch, .. } | Shape::ConvTranspose { batch, .. } => batch,
             Shape::Gemm { .. } => 1,
         };
         (images * self.chunks) as u64
@@ -166,6 +183,11 @@ impl fmt::Display for Ukernel {
                     write!(f, "microkernel: conv as implicit GEMM, {batch} image(s) of M={m} N={n} K={k}{groups} ({window})")?
                 }
             }
+            Shape::ConvTranspose { batch, kh, kw, stride, dilation, pad, oh, ow, .. } => write!(
+                f,
+                "microkernel: ConvTranspose as GEMM M={m} N={n} K={k} and col2im, {batch} image(s) of {oh}x{ow} (window {kh}x{kw}, stride {}x{}, dilation {}x{}, pad {}x{})",
+                stride[0], stride[1], dilation[0], dilation[1], pad[0], pad[1]
+            )?,
             Shape::Gemm { trans_a, trans_b, .. } => {
                 write!(f, "microkernel: GEMM M={m} N={n} K={k}{}{}", if *trans_a { ", A transposed" } else { "" }, if *trans_b { ", B transposed" } else { "" })?
             }
@@ -178,12 +200,19 @@ impl fmt::Display for Ukernel {
             let b = match self.shape {
                 Shape::Conv { .. } if self.transposed => "transposed: C^T = im2col^T (packed at run time) x W^T, vectors along output channels",
                 Shape::Conv { .. } => "B packed (im2col) at run time",
+                Shape::ConvTranspose { .. } => "B (the input) packed at run time",
                 Shape::Gemm { m, .. } if m < self.mr / 2 => "rows times packed B strips (matrix-vector)",
                 Shape::Gemm { .. } => "A packed at run time",
             };
             writeln!(f, "register tile: {}x{NR}; blocks KC={} MC={} NC={}; weights packed at compile time, {b}", self.mr, self.kc, self.mc, self.nc)?;
-            let per_image = if matches!(self.shape, Shape::Conv { .. }) { " per image" } else { "" };
-            let what = if self.transposed { "channel" } else if self.split_n { "column" } else { "row" };
+            let per_image = if matches!(self.shape, Shape::Gemm { .. }) { "" } else { " per image" };
+            let what = if self.transposed || matches!(self.shape, Shape::ConvTranspose { .. }) {
+                "channel"
+            } else if self.split_n {
+                "column"
+            } else {
+                "row"
+            };
             writeln!(f, "workgroups: {} ({} {what} chunk(s){per_image})", self.workgroups(), self.chunks)?;
         }
         let mut epi = Vec::new();
@@ -258,6 +287,41 @@ pub fn plan(graph: &Graph, kernel: &Kernel, host: &Host, always: bool) -> Option
             };
             (shape, x, w, bias)
         }
+        Op::ConvTranspose(c) => {
+            let (x, w) = (operands.first().copied().flatten()?, operands.get(1).copied().flatten()?);
+            let (xd, wd) = (dims(x)?, dims(w)?);
+            if c.group != 1 || !(3..=4).contains(&xd.len()) || wd.len() != xd.len() || wd[0] != xd[1] || graph.constant_value(w).is_none() {
+                return None;
+            }
+            let spatial = xd.len() - 2;
+            let mut axes = Vec::new();
+            for i in 0..spatial {
+                axes.push(kiln_ir::infer::transpose_axis(c, i, spatial, xd[2 + i], wd[2 + i]).ok()?);
+            }
+            // A 1-D transposed convolution is a 2-D one of height 1.
+            let (hx, kh, sh, dh, ph, oh) =
+                if spatial == 2 { (xd[2], wd[2], axes[0].stride, axes[0].dilation, axes[0].pad_begin, axes[0].output) } else { (1, 1, 1, 1, 0, 1) };
+            let a = axes.last()?;
+            let shape = Shape::ConvTranspose {
+                batch: xd[0],
+                cin: xd[1],
+                h: hx,
+                w: xd[xd.len() - 1],
+                cout: wd[1],
+                kh,
+                kw: wd[wd.len() - 1],
+                stride: [sh, a.stride],
+                dilation: [dh, a.dilation],
+                pad: [ph, a.pad_begin],
+                oh,
+                ow: a.output,
+            };
+            let bias = match operands.get(2).copied().flatten() {
+                Some(b) => Some(graph.constant_value(b)?.to_f64s().into_iter().map(|v| v as f32).collect::<Vec<f32>>()),
+                None => None,
+            };
+            (shape, x, w, bias)
+        }
         Op::MatMul | Op::Gemm(_) => {
             let (a, b) = (operands.first().copied().flatten()?, operands.get(1).copied().flatten()?);
             let (ad, bd) = (dims(a)?, dims(b)?);
@@ -299,14 +363,16 @@ pub fn plan(graph: &Graph, kernel: &Kernel, host: &Host, always: bool) -> Option
     let (m, n, k) = match shape {
         Shape::Conv { c, m, group, kh, kw, oh, ow, .. } => (m / group, oh * ow, c / group * kh * kw),
         Shape::Gemm { m, n, k, .. } => (m, n, k),
+        Shape::ConvTranspose { cin, h, w, cout, kh, kw, .. } => (cout * kh * kw, h * w, cin),
     };
     let depthwise = matches!(shape, Shape::Conv { c, m, group, .. } if group == c && group == m);
     let channels = match shape {
         Shape::Conv { m, .. } => m,
+        Shape::ConvTranspose { cout, .. } => cout,
         Shape::Gemm { .. } => 0,
     };
     let images = match shape {
-        Shape::Conv { batch, .. } => batch,
+        Shape::Conv { batch, .. } | Shape::ConvTranspose { batch, .. } => batch,
         Shape::Gemm { .. } => 1,
     };
     // Enough rows and columns to fill the register tiles, and enough work to pay for packing.
@@ -317,6 +383,7 @@ pub fn plan(graph: &Graph, kernel: &Kernel, host: &Host, always: bool) -> Option
         Shape::Conv { .. } if depthwise => true,
         Shape::Conv { .. } if few_positions(&shape) => true,
         Shape::Conv { .. } => m >= host.mr && n >= NR / 2,
+        Shape::ConvTranspose { .. } => true,
     };
     let work = images * m.max(1) * n * k * if depthwise { channels } else { 1 };
     if m * n * k == 0 || !always && !(fills && work >= MIN_MACS && beats_linalg(&shape, k, n, host)) {
@@ -343,7 +410,7 @@ pub fn plan(graph: &Graph, kernel: &Kernel, host: &Host, always: bool) -> Option
                     residual = Some(other);
                 } else {
                     let add = match shape {
-                        Shape::Conv { .. } => channel_bias(graph, other, m, out_dims.len())?,
+                        Shape::Conv { .. } | Shape::ConvTranspose { .. } => channel_bias(graph, other, channels, out_dims.len())?,
                         Shape::Gemm { .. } => column_bias(graph, other, n)?,
                     };
                     let width = add.len();
@@ -386,6 +453,8 @@ pub fn plan(graph: &Graph, kernel: &Kernel, host: &Host, always: bool) -> Option
         (target.div_ceil(images).min(channels), false)
     } else if transposed {
         (target.div_ceil(images).min(m.div_ceil(NR)), false)
+    } else if matches!(shape, Shape::ConvTranspose { .. }) {
+        (target.div_ceil(images).min(channels), false)
     } else {
         // Chunks of the operand packed at run time (a convolution's columns, a GEMM's rows), so
         // no chunk packs another's part again; the constant operand is read packed, from cache.
@@ -418,6 +487,8 @@ fn beats_linalg(shape: &Shape, k: usize, n: usize, host: &Host) -> bool {
         Shape::Conv { .. } if few_positions(shape) => true,
         Shape::Conv { kh, kw, stride, ow, .. } => ow < 6 || kh * kw == 1 || (stride != [1, 1] && kh * kw >= 25),
         Shape::Gemm { .. } => k * n * 4 > host.l2_bytes / 2,
+        // The linalg path convolves a stride-spread copy of the input: 4-9x slower.
+        Shape::ConvTranspose { .. } => true,
     }
 }
 
@@ -491,6 +562,15 @@ pub fn pack(graph: &Graph, u: &Ukernel) -> Result<Vec<u8>> {
                 }
             }
         }
+        // A[m, ci] = W[ci, m] (W is [Cin, Cout*KH*KW]), in strips of MR rows.
+        Shape::ConvTranspose { .. } => {
+            out.resize(m.div_ceil(u.mr) * k * u.mr, 0.0);
+            for i in 0..m {
+                for ci in 0..k {
+                    out[((i / u.mr) * k + ci) * u.mr + i % u.mr] = w[ci * m + i];
+                }
+            }
+        }
         // B[k, n] = W[k, n], or W[n, k] transposed, in strips of NR columns.
         Shape::Gemm { trans_b, .. } => {
             let strips = n.div_ceil(NR);
@@ -516,6 +596,7 @@ fn packed_floats(u: &Ukernel) -> usize {
         Shape::Conv { c, .. } if u.depthwise() => c * k,
         Shape::Conv { m: channels, .. } if u.transposed => channels.div_ceil(NR) * k * NR,
         Shape::Conv { group, .. } => group * m.div_ceil(u.mr) * k * u.mr,
+        Shape::ConvTranspose { .. } => m.div_ceil(u.mr) * k * u.mr,
         Shape::Gemm { .. } => n.div_ceil(NR) * k * NR,
     }
 }
@@ -539,6 +620,7 @@ pub fn build<'c>(ctx: &'c Context, graph: &Graph, kernel: &Kernel, u: &Ukernel) 
         Shape::Conv { .. } if u.depthwise() => "kiln_uk_depthwise",
         Shape::Conv { .. } => "kiln_uk_conv2d",
         Shape::Gemm { .. } => "kiln_uk_gemm",
+        Shape::ConvTranspose { .. } => "kiln_uk_conv_transpose",
     };
     let block = Block::new(&arg_types.iter().map(|t| (*t, loc)).collect::<Vec<_>>());
     // The call's arguments, each i64 (pointers, sizes) or f32 (the clip bounds); the callee's
@@ -589,6 +671,11 @@ pub fn build<'c>(ctx: &'c Context, graph: &Graph, kernel: &Kernel, u: &Ukernel) 
             Shape::Conv { c, h, w, m, group, kh, kw, stride, dilation, pad, oh, ow, .. } => {
                 args.extend(ints(&[*c, *h, *w, *m, *group, *kh, *kw, stride[0], stride[1], dilation[0], dilation[1], pad[0], pad[1], *oh, *ow]));
             }
+            Shape::ConvTranspose { cin, h, w, cout, kh, kw, stride, dilation, pad, oh, ow, .. } => {
+                args.extend(ints(&[*cin, *h, *w, *cout, *kh, *kw, stride[0], stride[1], dilation[0], dilation[1]]));
+                args.extend([c64(pad[0]), c64(pad[1])]);
+                args.extend(ints(&[*oh, *ow]));
+            }
             Shape::Gemm { m, n, k, trans_a, .. } => {
                 // A[i, kk] = a[i * lda + kk * ka].
                 let (lda, ka) = if *trans_a { (1, *m) } else { (*k, 1) };
@@ -600,6 +687,8 @@ pub fn build<'c>(ctx: &'c Context, graph: &Graph, kernel: &Kernel, u: &Ukernel) 
         args.push(cf(hi));
         if u.depthwise() {
             args.extend(ints(&[u.chunks]));
+        } else if matches!(u.shape, Shape::ConvTranspose { .. }) {
+            args.extend(ints(&[u.kc, u.mc, u.nc, u.chunks]));
         } else {
             args.extend(ints(&[u.kc, u.mc, u.nc, u.chunks, u.split_n as usize]));
             if matches!(u.shape, Shape::Conv { .. }) {
