@@ -349,8 +349,6 @@ fn add_wrappers<'l>(llvm: &'l LlvmContext, module: &LlvmModule<'l>, kernels: &[K
 
 /// C support code every kernel library carries (`memrefCopy`), so artifacts need no MLIR runtime.
 const SUPPORT_C: &str = include_str!("support.c");
-/// The packed GEMM microkernel, compiled for the host when a kernel calls it.
-const UKERNEL_C: &str = include_str!("cpu/ukernel.c");
 
 /// Links an object file into a shared object with the system C compiler (libm for the math
 /// that has no LLVM intrinsic); with `ukernel`, the microkernel compiled for the host goes in.
@@ -378,43 +376,14 @@ fn link_shared(object: &[u8], ukernel: Option<ukernel::Host>) -> Result<Vec<u8>>
     result.map_err(CompileError::Internal)
 }
 
-/// The microkernel's object for this host: compiled with the system C compiler for the host's
-/// instruction set, once per source and register tile (kept in the cache folder when there is
-/// one, else made in `dir`).
+/// The microkernel's object for the host's instruction-set level, built with kiln (build.rs).
 fn ukernel_object(dir: &std::path::Path, host: ukernel::Host) -> Result<PathBuf, String> {
-    let flags = ["-c", "-O3", "-march=native", "-fPIC", "-ffp-contract=fast", "-fno-math-errno", "-Wno-psabi"];
-    let mr = format!("-DKILN_MR={}", host.mr);
-    let mut hash = 0xcbf2_9ce4_8422_2325u64;
-    for b in UKERNEL_C.bytes().chain(flags.concat().bytes()).chain(mr.bytes()).chain(TargetMachine::get_host_cpu_features().to_bytes().iter().copied()) {
-        hash = (hash ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    let cached = crate::driver::cache_dir().map(|d| d.join(format!("ukernel-{hash:016x}.o")));
-    if let Some(c) = cached.as_ref().filter(|c| c.is_file()) {
-        return Ok(c.clone());
-    }
-    let src = dir.join("ukernel.c");
-    let out = dir.join("ukernel.o");
-    std::fs::write(&src, UKERNEL_C).map_err(|e| format!("{}: {e}", src.display()))?;
-    let run = std::process::Command::new("cc")
-        .args(flags)
-        .arg(&mr)
-        .arg("-o")
-        .arg(&out)
-        .arg(&src)
-        .output()
-        .map_err(|e| format!("cannot run the system C compiler `cc` (install a C toolchain: scripts/setup.sh): {e}"))?;
-    if !run.status.success() {
-        return Err(format!("compiling the microkernel failed: {}", String::from_utf8_lossy(&run.stderr)));
-    }
-    // Keep it for the next compile (written aside, then renamed: racing compiles are fine).
-    if let Some(c) = &cached {
-        if c.parent().is_some_and(|p| std::fs::create_dir_all(p).is_ok()) {
-            let tmp = c.with_extension(format!("{}.tmp", std::process::id()));
-            if std::fs::copy(&out, &tmp).is_ok() && std::fs::rename(&tmp, c).is_ok() {
-                return Ok(c.clone());
-            }
-            let _ = std::fs::remove_file(&tmp);
-        }
-    }
-    Ok(out)
+    let bytes: &[u8] = match host.level {
+        ukernel::Level::V4 => include_bytes!(concat!(env!("OUT_DIR"), "/ukernel-v4.o")),
+        ukernel::Level::V3 => include_bytes!(concat!(env!("OUT_DIR"), "/ukernel-v3.o")),
+        ukernel::Level::V1 => include_bytes!(concat!(env!("OUT_DIR"), "/ukernel-v1.o")),
+    };
+    let path = dir.join("ukernel.o");
+    std::fs::write(&path, bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(path)
 }

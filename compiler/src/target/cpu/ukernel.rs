@@ -27,9 +27,21 @@ use crate::{CompileError, Result};
 /// Columns of the register tile (two 16-float vectors), as `ukernel.c` has it.
 pub const NR: usize = 32;
 
+/// The x86-64 instruction-set level the microkernel object is built for (build.rs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Level {
+    /// AVX-512 F, BW, DQ and VL.
+    V4,
+    /// AVX2 and FMA.
+    V3,
+    /// Baseline x86-64.
+    V1,
+}
+
 /// What the compiler knows of the host for the microkernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Host {
+    pub level: Level,
     /// Rows of the register tile: 8 with 32 vector registers (AVX-512), else 4.
     pub mr: usize,
     pub l1_bytes: usize,
@@ -37,11 +49,19 @@ pub struct Host {
 }
 
 impl Host {
-    /// This machine: its vector registers from the CPU features, its caches from sysfs (32 KiB
-    /// and 1 MiB where sysfs says nothing).
+    /// This machine: its instruction-set level from LLVM's host features (`+avx512f,...`), its
+    /// caches from sysfs (32 KiB and 1 MiB where sysfs says nothing).
     pub fn detect(cpu_features: &str) -> Host {
-        let mr = if cpu_features.contains("+avx512f") { 8 } else { 4 };
-        Host { mr, l1_bytes: cache_bytes(1, "Data").unwrap_or(32 << 10), l2_bytes: cache_bytes(2, "Unified").unwrap_or(1 << 20) }
+        let has = |f: &str| cpu_features.split(',').any(|x| x == format!("+{f}"));
+        let level = if ["avx512f", "avx512bw", "avx512dq", "avx512vl"].iter().all(|f| has(f)) {
+            Level::V4
+        } else if has("avx2") && has("fma") {
+            Level::V3
+        } else {
+            Level::V1
+        };
+        let mr = if level == Level::V4 { 8 } else { 4 };
+        Host { level, mr, l1_bytes: cache_bytes(1, "Data").unwrap_or(32 << 10), l2_bytes: cache_bytes(2, "Unified").unwrap_or(1 << 20) }
     }
 }
 
