@@ -110,7 +110,8 @@ pub fn compile_reporting(graph: &Graph, options: &Options, keep_stages: bool, pr
     let code = match options.target {
         TargetKind::Cpu => {
             let mut texts = StageTexts::default();
-            let c = cpu::compile(&g, &partition.kernels, options.microkernel_choice(), keep.then_some(&mut texts), &kernel_done)?;
+            let overrides = microkernel_overrides(options);
+            let c = cpu::compile(&g, &partition.kernels, options.microkernel_choice(), &overrides, keep.then_some(&mut texts), &kernel_done)?;
             stages.schedule = texts.schedule;
             stages.mlir = texts.mlir;
             stages.lowered = texts.lowered;
@@ -191,8 +192,18 @@ fn gpu_code(c: gpu::GpuCode, target: Target) -> Code {
     Code { target, blob: c.code, target_detail: c.target_detail, cpu_features: Vec::new(), functions, plans }
 }
 
+/// The per-kernel microkernel choices in force: the options', else those `--tune` stored for
+/// this CPU.
+fn microkernel_overrides(options: &Options) -> std::collections::HashMap<String, bool> {
+    match &options.microkernel_overrides {
+        Some(o) => o.clone(),
+        None if options.target == TargetKind::Cpu => crate::tune::load_record().into_iter().collect(),
+        None => Default::default(),
+    }
+}
+
 /// The graph after specialisation and the graph passes.
-fn optimize(graph: &Graph, options: &Options) -> Result<Graph> {
+pub(crate) fn optimize(graph: &Graph, options: &Options) -> Result<Graph> {
     optimize_traced(graph, options, &mut |_, _, _| {})
 }
 
@@ -314,7 +325,7 @@ fn cache_key(graph: &Graph, options: &Options) -> String {
         "{} {build}\n{} {:?} {:?} {:?}\n{:?}\n{:?}\n{}\n{}",
         env!("CARGO_PKG_VERSION"),
         options.target.name(),
-        options.microkernel_choice(),
+        (options.microkernel_choice(), microkernel_overrides(options).into_iter().collect::<std::collections::BTreeMap<_, _>>()),
         options.ptx,
         // A forced GPU schedule (tests, debugging) makes different code.
         options.gpu_schedule.clone().or_else(|| std::env::var("KILN_GPU_SCHEDULE").ok()),

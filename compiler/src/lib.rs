@@ -10,6 +10,7 @@ mod options;
 pub mod passes;
 pub mod target;
 pub mod toolchain;
+pub mod tune;
 
 pub use driver::{cache_dir, compile, compile_reporting, jit, Compiled, Progress, Stages};
 pub use error::{CompileError, Result};

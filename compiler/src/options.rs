@@ -44,6 +44,9 @@ pub struct Options {
     /// shape class (where it beats the linalg path); `Some(true)` takes it wherever it applies,
     /// `Some(false)` never (tests, comparisons; `KILN_UKERNEL=1|0` does the same).
     pub microkernel: Option<bool>,
+    /// CPU: per kernel (by `tune::kernel_signature`), microkernel or not, where `microkernel`
+    /// does not force it; `None` takes the choices `--tune` stored for this CPU.
+    pub microkernel_overrides: Option<HashMap<String, bool>>,
 }
 
 impl Default for Options {
@@ -57,6 +60,7 @@ impl Default for Options {
             ptx: Default::default(),
             gpu_schedule: None,
             microkernel: None,
+            microkernel_overrides: None,
         }
     }
 }

@@ -10,8 +10,9 @@ use kiln_ir::Op;
 use kiln_ir::{eval, DType, Graph, Tensor};
 use kiln_runtime::LoadOptions;
 
+/// No per-kernel choices stored by `--tune` on this machine enter these tests.
 fn options(microkernel: Option<bool>) -> Options {
-    Options { cache: false, microkernel, ..Options::default() }
+    Options { cache: false, microkernel, microkernel_overrides: Some(Default::default()), ..Options::default() }
 }
 
 /// The schedule stage of `graph` compiled with `microkernel`.
@@ -226,4 +227,21 @@ fn schedules_print_and_are_stable() {
     insta::with_settings!({filters => vec![(r"register tile: \d+x32; blocks KC=\d+ MC=\d+ NC=\d+", "register tile: [MR]x32; blocks KC=[kc] MC=[mc] NC=[nc]")]}, {
         insta::assert_snapshot!("k_by_1_schedule", schedule(&g, None));
     });
+}
+
+#[test]
+fn tuning_times_both_candidates_and_its_choices_apply() {
+    let (g, x) = conv_graph(&[1, 24, 40, 1], &[20, 24, 5, 1], ConvOptions::default(), true);
+    let report = kiln_compiler::tune::tune(&g, &options(None), Some(1), &x, false, &|_| {}).expect("tunes");
+    assert_eq!(report.kernels.len(), 1);
+    assert_eq!(report.choices.len(), 1);
+    assert!(report.kernels[0].linalg > std::time::Duration::ZERO && report.kernels[0].microkernel > std::time::Duration::ZERO);
+    assert!(report.to_string().contains(if report.kept { "kept" } else { "untuned choices stay" }));
+    // A choice given per kernel signature decides, both ways.
+    for choice in [true, false] {
+        let overrides = report.choices.keys().map(|k| (k.clone(), choice)).collect();
+        let o = Options { cache: false, microkernel_overrides: Some(overrides), ..Options::default() };
+        let s = compile(&g, &o, true).unwrap().stages.schedule;
+        assert_eq!(s.contains("microkernel:"), choice, "{s}");
+    }
 }

@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use kiln_ir::Tensor;
 
-use super::common::{graph_input_types, load_model, ms, parse_shapes, read_inputs, DeviceArg, Model};
+use super::common::{graph_input_types, graph_inputs, load_model, ms, order_inputs, parse_shapes, read_inputs, DeviceArg, Model};
 use crate::{CompileError, Result};
 
 #[derive(clap::Args)]
@@ -32,6 +32,10 @@ pub struct Args {
     /// Also time each kernel launch: per kernel, the median over the timed runs.
     #[arg(long)]
     profile: bool,
+    /// Tune first (as `kiln compile --tune`) on these inputs and threads, then bench the tuned
+    /// model.
+    #[arg(long)]
+    tune: bool,
     #[arg(long, short)]
     quiet: bool,
 }
@@ -80,6 +84,28 @@ pub fn run(args: &Args) -> Result<()> {
     for (i, (name, dtype, dims)) in declared.iter().enumerate() {
         if !given.iter().any(|(n, _)| n == name) {
             given.push((name.clone(), Tensor::random(*dtype, dims, 1000 + i as u64)));
+        }
+    }
+    if args.tune {
+        let Model::Graph(g) = &model else {
+            return Err(CompileError::Usage("--tune needs a model, not a compiled artifact".into()));
+        };
+        let ordered = order_inputs(&graph_inputs(g), given.clone())?;
+        // The options `kiln bench` compiles with: sizes and shape-deciding values from the inputs.
+        let names: Vec<String> = g.inputs().iter().map(|&id| g.node(id).name.clone()).collect();
+        let options = crate::Options {
+            input_shapes: names.iter().zip(&ordered).map(|(n, t)| (n.clone(), t.dims().to_vec())).collect(),
+            input_values: names.iter().zip(&ordered).map(|(n, t)| (n.clone(), t.clone())).collect(),
+            ..crate::Options::default()
+        };
+        let quiet = args.quiet || args.json;
+        let report = crate::tune::tune(g, &options, args.threads, &ordered, true, &|what| {
+            if !quiet {
+                eprintln!("tune: {what}");
+            }
+        })?;
+        if !quiet {
+            eprint!("{report}");
         }
     }
     let start = Instant::now();

@@ -70,6 +70,13 @@ pub struct Args {
     /// Do not use or fill the compile cache.
     #[arg(long)]
     no_cache: bool,
+    /// Time each kernel's candidates (linalg schedule, packed microkernel) on this machine with
+    /// random inputs and keep the faster; the choices are stored for later compiles on this CPU.
+    #[arg(long)]
+    tune: bool,
+    /// Threads to tune with (default: every core).
+    #[arg(long)]
+    threads: Option<usize>,
     #[arg(long, short)]
     quiet: bool,
 }
@@ -90,6 +97,17 @@ pub fn run(args: &Args) -> Result<()> {
         ptx: args.cuda.ptx()?,
         ..Options::default()
     };
+    if args.tune {
+        let inputs = crate::tune::random_inputs(&graph, &options.input_shapes)?;
+        let report = crate::tune::tune(&graph, &options, args.threads, &inputs, true, &|what| {
+            if !args.quiet {
+                eprintln!("tune: {what}");
+            }
+        })?;
+        if !args.quiet {
+            eprint!("{report}");
+        }
+    }
     let compiled = compile_with_bar(&graph, &options, false, args.quiet)?;
     let bytes = compiled.artifact.to_bytes();
     write_atomically(&args.output, &bytes)?;

@@ -76,8 +76,16 @@ fn stage_err(k: &Kernel, stage: &'static str, msg: impl Into<String>) -> Compile
 
 /// Compiles every kernel into one shared object; `texts` collects the stage texts when given;
 /// `progress` hears how many kernels are done.
-/// `microkernel`: see `Options::microkernel`.
-pub fn compile(graph: &Graph, kernels: &[Kernel], microkernel: Option<bool>, mut texts: Option<&mut StageTexts>, progress: &dyn Fn(usize)) -> Result<CpuCode> {
+/// `microkernel` and `overrides` (by kernel signature): see `Options::microkernel` and
+/// `Options::microkernel_overrides`; the first forces, the second chooses per kernel.
+pub fn compile(
+    graph: &Graph,
+    kernels: &[Kernel],
+    microkernel: Option<bool>,
+    overrides: &std::collections::HashMap<String, bool>,
+    mut texts: Option<&mut StageTexts>,
+    progress: &dyn Fn(usize),
+) -> Result<CpuCode> {
     let mlir = MlirContext::new();
     let llvm = LlvmContext::create();
     let main = llvm.create_module("kiln");
@@ -85,7 +93,8 @@ pub fn compile(graph: &Graph, kernels: &[Kernel], microkernel: Option<bool>, mut
     let host = ukernel::Host::detect(&TargetMachine::get_host_cpu_features().to_string());
     let mut uses_ukernel = false;
     for k in kernels {
-        let micro = if microkernel == Some(false) { None } else { ukernel::plan(graph, k, &host, microkernel == Some(true)) };
+        let choice = microkernel.or_else(|| if overrides.is_empty() { None } else { overrides.get(&crate::tune::kernel_signature(graph, k)).copied() });
+        let micro = if choice == Some(false) { None } else { ukernel::plan(graph, k, &host, choice == Some(true)) };
         let (module, workgroups, mlir_text, schedule_text, constants, constant_slots) = match &micro {
             Some(u) => {
                 uses_ukernel = true;
