@@ -5,7 +5,7 @@
 
 use kiln_compiler::{compile, jit, Options};
 use kiln_ir::builder::{ConvOptions, GraphBuilder};
-use kiln_ir::op::{AutoPad, ConvTranspose, Gemm, Window};
+use kiln_ir::op::{AutoPad, ConvTranspose, Gemm, Pool, PoolKind, Window};
 use kiln_ir::Op;
 use kiln_ir::{eval, DType, Graph, Tensor};
 use kiln_runtime::LoadOptions;
@@ -162,6 +162,30 @@ fn transposed_convolutions_as_a_gemm_and_a_scatter() {
         let (g, inputs) = conv_transpose_graph(&x, &w, s, p, op, os);
         assert!(schedule(&g, Some(true)).contains("ConvTranspose as GEMM"));
         check(&g, &inputs, 1);
+    }
+}
+
+#[test]
+fn max_and_average_pooling() {
+    // Max with ceil mode and padding, with dilation, 1-D; average counting the padding and not;
+    // each checked against the interpreter.
+    let cases: Vec<(Vec<usize>, PoolKind, Vec<usize>, Vec<usize>, Vec<usize>, Vec<usize>, bool)> = vec![
+        (vec![1, 16, 37, 41], PoolKind::Max, vec![3, 3], vec![2, 2], vec![1, 1, 1, 1], vec![1, 1], true),
+        (vec![2, 8, 30, 33], PoolKind::Max, vec![3, 2], vec![1, 3], vec![0; 4], vec![2, 1], false),
+        (vec![1, 16, 100], PoolKind::Max, vec![5], vec![1], vec![2, 2], vec![1], false),
+        (vec![1, 16, 29, 31], PoolKind::Average { count_include_pad: true }, vec![3, 3], vec![2, 2], vec![1, 1, 1, 1], vec![1, 1], false),
+        (vec![1, 16, 29, 31], PoolKind::Average { count_include_pad: false }, vec![3, 3], vec![2, 2], vec![1, 1, 1, 1], vec![1, 1], false),
+    ];
+    for (x, kind, kernel, strides, pads, dilations, ceil_mode) in cases {
+        let g = GraphBuilder::new("pool");
+        let xi = g.input("x", DType::F32, x.as_slice());
+        let window = Window { strides, dilations, pads, auto_pad: AutoPad::NotSet };
+        let op = Op::Pool(Pool { kind, kernel, window, ceil_mode, column_major_indices: false });
+        let y = g.apply(op, &[Some(xi)], 1)[0];
+        g.output("y", y);
+        let g = g.build().unwrap();
+        assert!(schedule(&g, Some(true)).contains("pooling"));
+        check(&g, &[Tensor::random(DType::F32, &x, 29)], 1);
     }
 }
 

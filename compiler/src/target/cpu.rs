@@ -100,7 +100,9 @@ pub fn compile(
                 uses_ukernel = true;
                 let (module, text, described) = lower_ukernel(&mlir, graph, k, u)?;
                 let packed = ukernel::pack(graph, u).map_err(|e| stage_err(k, "pack", e.to_string()))?;
-                (module, u.workgroups(), text, described, vec![packed], ukernel::replaced_inputs(graph, k, u))
+                // (A pooling kernel has no constant of its own.)
+                let (constants, slots) = if packed.is_empty() { (Vec::new(), Vec::new()) } else { (vec![packed], ukernel::replaced_inputs(graph, k, u)) };
+                (module, u.workgroups(), text, described, constants, slots)
             }
             None => {
                 let (module, workgroups, text, described) = lower_kernel(&mlir, graph, k)?;

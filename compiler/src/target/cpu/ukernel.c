@@ -468,6 +468,89 @@ void kiln_uk_conv_transpose(int64_t x_, int64_t wp_, int64_t bias_, int64_t res_
     }
 }
 
+/* Max or average pooling, vectorised along output rows like the depthwise kernel: per channel
+ * the plane is copied once into a padded buffer (-inf around it for max, 0 for average), then
+ * each 16 outputs of a row take one max or add a tap. `kind`: 0 max, 1 average counting the
+ * padding, 2 average over the cells inside the input only. Work units: images x channel chunks. */
+void kiln_uk_pool2d(int64_t x_, int64_t y_, int64_t C, int64_t H, int64_t W, int64_t KH, int64_t KW, int64_t SH, int64_t SW, int64_t DH,
+                    int64_t DW, int64_t PH, int64_t PW, int64_t PH_end, int64_t PW_end, int64_t OH, int64_t OW, int64_t kind, int64_t act,
+                    float lo, float hi, int64_t chunks, int64_t wg_begin, int64_t wg_end) {
+    const float *x = (const float *)(intptr_t)x_;
+    float *y = (float *)(intptr_t)y_;
+    int64_t Hp = (OH - 1) * SH + (KH - 1) * DH + 1;
+    int64_t lanes = (OW + 15) / 16 * 16;
+    int64_t Wp = (lanes - 1) * SW + (KW - 1) * DW + 1 + 16 * SW;
+    float *xp = scratch(0, (size_t)(Hp * Wp + 64));
+    /* Divisors of the average: per output row and per output column, the taps that count. */
+    float *rows = scratch(1, (size_t)(OH + lanes + 16));
+    if (!xp || !rows) abort();
+    float *cols = rows + OH;
+    for (int64_t o = 0; o < OH + lanes; o++) {
+        int is_row = o < OH;
+        int64_t i = is_row ? o : o - OH, k = is_row ? KH : KW, st = is_row ? SH : SW, d = is_row ? DH : DW;
+        int64_t pb = is_row ? PH : PW, n = is_row ? H : W, pe = is_row ? PH_end : PW_end;
+        int64_t count = 0;
+        for (int64_t t = 0; t < k; t++) {
+            int64_t at = i * st + t * d - pb;
+            if (kind == 2 ? (at >= 0 && at < n) : (at >= -pb && at < n + pe)) count++;
+        }
+        (is_row ? rows : cols)[i] = (float)(count > 0 ? count : 1);
+    }
+    float fill = kind == 0 ? -__builtin_inff() : 0.0f;
+    Epilogue e = epilogue_of(NULL, NULL, NULL, 0, act, lo, hi);
+    for (int64_t u = wg_begin; u < wg_end; u++) {
+        int64_t img = u / chunks, q = u % chunks;
+        int64_t c0, c1;
+        chunk_range(C, 1, chunks, q, &c0, &c1);
+        for (int64_t i = 0; i < Hp * Wp + 64; i++) xp[i] = fill;
+        int64_t r1 = PH + H < Hp ? PH + H : Hp;
+        int64_t ncols = PW + W <= Wp ? W : Wp - PW;
+        for (int64_t c = c0; c < c1; c++) {
+            const float *plane = x + (img * C + c) * H * W;
+            for (int64_t r = PH; r < r1; r++) {
+                float *o = xp + r * Wp + PW;
+                const float *src = plane + (r - PH) * W;
+                for (int64_t q2 = 0; q2 < ncols; q2++) o[q2] = src[q2];
+            }
+            float *yc = y + (img * C + c) * OH * OW;
+            for (int64_t oh = 0; oh < OH; oh++) {
+                for (int64_t ow = 0; ow < OW; ow += 16) {
+                    v16 acc = splat(fill);
+                    for (int64_t kh = 0; kh < KH; kh++) {
+                        const float *row = xp + (oh * SH + kh * DH) * Wp + ow * SW;
+                        for (int64_t kw = 0; kw < KW; kw++) {
+                            const float *p = row + kw * DW;
+                            v16 v;
+                            if (SW == 1) {
+                                v = load16(p);
+                            } else if (SW == 2) {
+                                v16 a = load16(p), b = load16(p + 16);
+                                v = __builtin_shufflevector(a, b, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+                            } else {
+                                float t[16];
+                                for (int l = 0; l < 16; l++) t[l] = p[l * SW];
+                                v = load16(t);
+                            }
+                            /* NaN wins, as ONNX's max has it. */
+                            acc = kind == 0 ? select_where((v > acc) | (v != v), v, acc) : acc + v;
+                        }
+                    }
+                    if (kind != 0) acc = acc / (load16(cols + ow) * splat(rows[oh]));
+                    float *out = yc + oh * OW + ow;
+                    int64_t n = OW - ow < 16 ? OW - ow : 16;
+                    if (n == 16) {
+                        store16(out, finish(acc, &e, 0, 0));
+                    } else {
+                        float t[16];
+                        store16(t, acc);
+                        for (int64_t l = 0; l < n; l++) out[l] = finish1(t[l], &e, 0, 0);
+                    }
+                }
+            }
+        }
+    }
+}
+
 /* A depthwise convolution (one input and one output channel a group), vectorised along output
  * rows: per channel the plane is copied once into a zero-padded buffer (with slack past its end),
  * then each 16 outputs of a row take one FMA per window tap; stride 2 reads 32 inputs and keeps

@@ -17,7 +17,7 @@ use melior::ir::r#type::{FunctionType, IntegerType};
 use melior::ir::{Block, BlockLike, Location, Module, Region, RegionLike, Type, Value, ValueLike};
 use melior::Context;
 
-use kiln_ir::op::{BinaryOp, UnaryOp};
+use kiln_ir::op::{BinaryOp, PoolKind, UnaryOp};
 use kiln_ir::{DType, Graph, Op, ValueId};
 
 use crate::codegen::mlir::{op, push, shaped};
@@ -128,6 +128,23 @@ pub enum Shape {
     },
     /// C[m, n] = A[m, k] * B[k, n], A an input read row-major (or transposed), B constant.
     Gemm { m: usize, n: usize, k: usize, trans_a: bool, trans_b: bool },
+    /// Max or average pooling (`kind` 0 max, 1 average counting pads, 2 average without them);
+    /// no weight.
+    Pool {
+        batch: usize,
+        c: usize,
+        h: usize,
+        w: usize,
+        kh: usize,
+        kw: usize,
+        stride: [usize; 2],
+        dilation: [usize; 2],
+        pad: [usize; 2],
+        pad_end: [usize; 2],
+        oh: usize,
+        ow: usize,
+        kind: u8,
+    },
     /// One group: cols[cout*kh*kw, h*w] = W^T x, then added into the output (col2im); pads may
     /// be negative (an `output_shape` larger than the full result).
     ConvTranspose {
@@ -174,6 +191,7 @@ impl Ukernel {
             Shape::Conv { c, m, group, kh, kw, oh, ow, .. } => (m / group, oh * ow, c / group * kh * kw),
             Shape::Gemm { m, n, k, .. } => (m, n, k),
             Shape::ConvTranspose { cin, h, w, cout, kh, kw, .. } => (cout * kh * kw, h * w, cin),
+            Shape::Pool { kh, kw, oh, ow, .. } => (1, oh * ow, kh * kw),
         }
     }
 
@@ -183,7 +201,7 @@ impl Ukernel {
 
     pub fn workgroups(&self) -> u64 {
         let images = match self.shape {
-            Shape::Conv { batch, .. } | Shape::ConvTranspose { batch, .. } => batch,
+            Shape::Conv { batch, .. } | Shape::ConvTranspose { batch, .. } | Shape::Pool { batch, .. } => batch,
             Shape::Gemm { .. } => 1,
         };
         (images * self.chunks) as u64
@@ -208,12 +226,21 @@ impl fmt::Display for Ukernel {
                 "microkernel: ConvTranspose as GEMM M={m} N={n} K={k} and col2im, {batch} image(s) of {oh}x{ow} (window {kh}x{kw}, stride {}x{}, dilation {}x{}, pad {}x{})",
                 stride[0], stride[1], dilation[0], dilation[1], pad[0], pad[1]
             )?,
+            Shape::Pool { batch, c, kh, kw, stride, dilation, pad, oh, ow, kind, .. } => write!(
+                f,
+                "microkernel: {} pooling, {batch} image(s) of {c} channels {oh}x{ow} (window {kh}x{kw}, stride {}x{}, dilation {}x{}, pad {}x{})",
+                ["max", "average (pads counted)", "average"][*kind as usize],
+                stride[0], stride[1], dilation[0], dilation[1], pad[0], pad[1]
+            )?,
             Shape::Gemm { trans_a, trans_b, .. } => {
                 write!(f, "microkernel: GEMM M={m} N={n} K={k}{}{}", if *trans_a { ", A transposed" } else { "" }, if *trans_b { ", B transposed" } else { "" })?
             }
         }
         writeln!(f)?;
-        if self.depthwise() {
+        if matches!(self.shape, Shape::Pool { .. }) {
+            writeln!(f, "vectors of 16 outputs along each row, one max or add a tap; the plane copied once, padded")?;
+            writeln!(f, "workgroups: {} ({} channel chunk(s) per image)", self.workgroups(), self.chunks)?;
+        } else if self.depthwise() {
             writeln!(f, "vectors of 16 outputs along each row, one FMA a tap; the plane copied once, zero-padded")?;
             writeln!(f, "workgroups: {} ({} channel chunk(s) per image)", self.workgroups(), self.chunks)?;
         } else {
@@ -221,6 +248,7 @@ impl fmt::Display for Ukernel {
                 Shape::Conv { .. } if self.transposed => "transposed: C^T = im2col^T (packed at run time) x W^T, vectors along output channels",
                 Shape::Conv { .. } => "B packed (im2col) at run time",
                 Shape::ConvTranspose { .. } => "B (the input) packed at run time",
+                Shape::Pool { .. } => "",
                 Shape::Gemm { m, .. } if m < self.mr / 2 => "rows times packed B strips (matrix-vector)",
                 Shape::Gemm { .. } => "A packed at run time",
             };
@@ -307,6 +335,46 @@ pub fn plan(graph: &Graph, kernel: &Kernel, host: &Host, always: bool) -> Option
             };
             (shape, x, w, bias)
         }
+        Op::Pool(p) => {
+            let x = operands.first().copied().flatten()?;
+            let xd = dims(x)?;
+            let kind = match p.kind {
+                PoolKind::Max => 0,
+                PoolKind::Average { count_include_pad } if !p.ceil_mode => 1 + u8::from(!count_include_pad),
+                _ => return None,
+            };
+            if !(3..=4).contains(&xd.len()) || p.kernel.len() != xd.len() - 2 {
+                return None;
+            }
+            let spatial = xd.len() - 2;
+            let mut axes = Vec::new();
+            for i in 0..spatial {
+                axes.push(p.window.resolve(i, xd[2 + i], p.kernel[i], p.ceil_mode).ok()?);
+            }
+            let a = axes.last()?;
+            let (hx, kh, sh, dh, ph, phe, oh) = if spatial == 2 {
+                let b = &axes[0];
+                (xd[2], p.kernel[0], b.stride, b.dilation, b.pad_begin, b.pad_end, b.output)
+            } else {
+                (1, 1, 1, 1, 0, 0, 1)
+            };
+            let shape = Shape::Pool {
+                batch: xd[0],
+                c: xd[1],
+                h: hx,
+                w: xd[xd.len() - 1],
+                kh,
+                kw: p.kernel[spatial - 1],
+                stride: [sh, a.stride],
+                dilation: [dh, a.dilation],
+                pad: [ph, a.pad_begin],
+                pad_end: [phe, a.pad_end],
+                oh,
+                ow: a.output,
+                kind,
+            };
+            (shape, x, x, None)
+        }
         Op::ConvTranspose(c) => {
             let (x, w) = (operands.first().copied().flatten()?, operands.get(1).copied().flatten()?);
             let (xd, wd) = (dims(x)?, dims(w)?);
@@ -384,15 +452,17 @@ pub fn plan(graph: &Graph, kernel: &Kernel, host: &Host, always: bool) -> Option
         Shape::Conv { c, m, group, kh, kw, oh, ow, .. } => (m / group, oh * ow, c / group * kh * kw),
         Shape::Gemm { m, n, k, .. } => (m, n, k),
         Shape::ConvTranspose { cin, h, w, cout, kh, kw, .. } => (cout * kh * kw, h * w, cin),
+        Shape::Pool { kh, kw, oh, ow, .. } => (1, oh * ow, kh * kw),
     };
     let depthwise = matches!(shape, Shape::Conv { c, m, group, .. } if group == c && group == m);
     let channels = match shape {
         Shape::Conv { m, .. } => m,
         Shape::ConvTranspose { cout, .. } => cout,
+        Shape::Pool { c, .. } => c,
         Shape::Gemm { .. } => 0,
     };
     let images = match shape {
-        Shape::Conv { batch, .. } | Shape::ConvTranspose { batch, .. } => batch,
+        Shape::Conv { batch, .. } | Shape::ConvTranspose { batch, .. } | Shape::Pool { batch, .. } => batch,
         Shape::Gemm { .. } => 1,
     };
     // Enough rows and columns to fill the register tiles, and enough work to pay for packing.
@@ -403,9 +473,9 @@ pub fn plan(graph: &Graph, kernel: &Kernel, host: &Host, always: bool) -> Option
         Shape::Conv { .. } if depthwise => true,
         Shape::Conv { .. } if few_positions(&shape) => true,
         Shape::Conv { .. } => m >= host.mr && n >= NR / 2,
-        Shape::ConvTranspose { .. } => true,
+        Shape::ConvTranspose { .. } | Shape::Pool { .. } => true,
     };
-    let work = images * m.max(1) * n * k * if depthwise { channels } else { 1 };
+    let work = images * m.max(1) * n * k * if depthwise || matches!(shape, Shape::Pool { .. }) { channels } else { 1 };
     if m * n * k == 0 || !always && !(fills && work >= MIN_MACS && beats_linalg(&shape, k, n, host)) {
         return None;
     }
@@ -430,6 +500,8 @@ pub fn plan(graph: &Graph, kernel: &Kernel, host: &Host, always: bool) -> Option
                     residual = Some(other);
                 } else {
                     let add = match shape {
+                        // The pooling kernel adds nothing.
+                        Shape::Pool { .. } => return None,
                         Shape::Conv { .. } | Shape::ConvTranspose { .. } => channel_bias(graph, other, channels, out_dims.len())?,
                         Shape::Gemm { .. } => column_bias(graph, other, n)?,
                     };
@@ -473,7 +545,7 @@ pub fn plan(graph: &Graph, kernel: &Kernel, host: &Host, always: bool) -> Option
         (target.div_ceil(images).min(channels), false)
     } else if transposed {
         (target.div_ceil(images).min(m.div_ceil(NR)), false)
-    } else if matches!(shape, Shape::ConvTranspose { .. }) {
+    } else if matches!(shape, Shape::ConvTranspose { .. } | Shape::Pool { .. }) {
         (target.div_ceil(images).min(channels), false)
     } else {
         // Chunks of the operand packed at run time (a convolution's columns, a GEMM's rows), so
@@ -509,6 +581,8 @@ fn beats_linalg(shape: &Shape, k: usize, n: usize, host: &Host) -> bool {
         Shape::Gemm { .. } => k * n * 4 > host.l2_bytes / 2,
         // The linalg path convolves a stride-spread copy of the input: 4-9x slower.
         Shape::ConvTranspose { .. } => true,
+        // Its pooling windows are loop nests, 2-3x slower.
+        Shape::Pool { .. } => true,
     }
 }
 
@@ -553,6 +627,9 @@ fn column_bias(graph: &Graph, v: ValueId, n: usize) -> Option<Vec<f32>> {
 /// The constant the kernel reads instead of its weight: the weight packed for the microkernel,
 /// then the bias (M or N floats), little-endian f32.
 pub fn pack(graph: &Graph, u: &Ukernel) -> Result<Vec<u8>> {
+    if matches!(u.shape, Shape::Pool { .. }) {
+        return Ok(Vec::new());
+    }
     let w = graph.constant_value(u.weight).ok_or_else(|| CompileError::Internal("the microkernel's weight is not a constant".into()))?;
     let w: Vec<f32> = w.to_f64s().into_iter().map(|x| x as f32).collect();
     let (m, n, k) = u.mnk();
@@ -582,6 +659,7 @@ pub fn pack(graph: &Graph, u: &Ukernel) -> Result<Vec<u8>> {
                 }
             }
         }
+        Shape::Pool { .. } => {}
         // A[m, ci] = W[ci, m] (W is [Cin, Cout*KH*KW]), in strips of MR rows.
         Shape::ConvTranspose { .. } => {
             out.resize(m.div_ceil(u.mr) * k * u.mr, 0.0);
@@ -618,6 +696,7 @@ fn packed_floats(u: &Ukernel) -> usize {
         Shape::Conv { group, .. } => group * m.div_ceil(u.mr) * k * u.mr,
         Shape::ConvTranspose { .. } => m.div_ceil(u.mr) * k * u.mr,
         Shape::Gemm { .. } => n.div_ceil(NR) * k * NR,
+        Shape::Pool { .. } => 0,
     }
 }
 
@@ -641,6 +720,7 @@ pub fn build<'c>(ctx: &'c Context, graph: &Graph, kernel: &Kernel, u: &Ukernel) 
         Shape::Conv { .. } => "kiln_uk_conv2d",
         Shape::Gemm { .. } => "kiln_uk_gemm",
         Shape::ConvTranspose { .. } => "kiln_uk_conv_transpose",
+        Shape::Pool { .. } => "kiln_uk_pool2d",
     };
     let block = Block::new(&arg_types.iter().map(|t| (*t, loc)).collect::<Vec<_>>());
     // The call's arguments, each i64 (pointers, sizes) or f32 (the clip bounds); the callee's
@@ -684,7 +764,12 @@ pub fn build<'c>(ctx: &'c Context, graph: &Graph, kernel: &Kernel, u: &Ukernel) 
         let (wg_begin, wg_end) = (wg(arg_types.len() - 2)?, wg(arg_types.len() - 1)?);
         let ints = |v: &[usize]| v.iter().map(|&x| c64(x as i64)).collect::<Vec<_>>();
         let mut args: Vec<Value> = vec![x, wp, bias, res, y];
+        if let Shape::Pool { c, h, w, kh, kw, stride, dilation, pad, pad_end, oh, ow, kind, .. } = &u.shape {
+            args = vec![x, y];
+            args.extend(ints(&[*c, *h, *w, *kh, *kw, stride[0], stride[1], dilation[0], dilation[1], pad[0], pad[1], pad_end[0], pad_end[1], *oh, *ow, *kind as usize]));
+        }
         match &u.shape {
+            Shape::Pool { .. } => {}
             Shape::Conv { c, h, w, kh, kw, stride, dilation, pad, oh, ow, .. } if u.depthwise() => {
                 args.extend(ints(&[*c, *h, *w, *kh, *kw, stride[0], stride[1], dilation[0], dilation[1], pad[0], pad[1], *oh, *ow]));
             }
@@ -705,7 +790,7 @@ pub fn build<'c>(ctx: &'c Context, graph: &Graph, kernel: &Kernel, u: &Ukernel) 
         args.push(c64(act));
         args.push(cf(lo));
         args.push(cf(hi));
-        if u.depthwise() {
+        if u.depthwise() || matches!(u.shape, Shape::Pool { .. }) {
             args.extend(ints(&[u.chunks]));
         } else if matches!(u.shape, Shape::ConvTranspose { .. }) {
             args.extend(ints(&[u.kc, u.mc, u.nc, u.chunks]));
