@@ -587,25 +587,36 @@ void kiln_uk_depthwise(int64_t x_, int64_t w_, int64_t bias_, int64_t res_, int6
             float *yc = y + (img * C + c) * OH * OW;
             const float *rc = res ? res + (img * C + c) * OH * OW : NULL;
             Epilogue e = epilogue_of(bias ? bias + c : NULL, NULL, NULL, 0, act, lo, hi);
+            /* The taps as vectors once per channel (a broadcast per tap per vector otherwise). */
+            v16 wv[64];
+            int64_t taps = KH * KW <= 64 ? KH * KW : 0;
+            for (int64_t t = 0; t < taps; t++) wv[t] = splat(wc[t]);
             for (int64_t oh = 0; oh < OH; oh++) {
                 for (int64_t ow = 0; ow < OW; ow += 16) {
                     v16 acc = splat(0.0f);
-                    for (int64_t kh = 0; kh < KH; kh++) {
-                        const float *row = xp + (oh * SH + kh * DH) * Wp + ow * SW;
-                        for (int64_t kw = 0; kw < KW; kw++) {
-                            const float *p = row + kw * DW;
-                            v16 v;
-                            if (SW == 1) {
-                                v = load16(p);
-                            } else if (SW == 2) {
+                    if (taps && SW == 1) {
+                        for (int64_t kh = 0; kh < KH; kh++) {
+                            const float *row = xp + (oh * SH + kh * DH) * Wp + ow;
+                            for (int64_t kw = 0; kw < KW; kw++) acc += wv[kh * KW + kw] * load16(row + kw * DW);
+                        }
+                    } else if (taps && SW == 2) {
+                        for (int64_t kh = 0; kh < KH; kh++) {
+                            const float *row = xp + (oh * SH + kh * DH) * Wp + ow * 2;
+                            for (int64_t kw = 0; kw < KW; kw++) {
+                                const float *p = row + kw * DW;
                                 v16 a = load16(p), b = load16(p + 16);
-                                v = __builtin_shufflevector(a, b, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-                            } else {
+                                acc += wv[kh * KW + kw] * __builtin_shufflevector(a, b, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+                            }
+                        }
+                    } else {
+                        for (int64_t kh = 0; kh < KH; kh++) {
+                            const float *row = xp + (oh * SH + kh * DH) * Wp + ow * SW;
+                            for (int64_t kw = 0; kw < KW; kw++) {
+                                const float *p = row + kw * DW;
                                 float t[16];
                                 for (int l = 0; l < 16; l++) t[l] = p[l * SW];
-                                v = load16(t);
+                                acc += splat(wc[kh * KW + kw]) * load16(t);
                             }
-                            acc += splat(wc[kh * KW + kw]) * v;
                         }
                     }
                     float *out = yc + oh * OW + ow;
