@@ -551,6 +551,27 @@ void kiln_uk_pool2d(int64_t x_, int64_t y_, int64_t C, int64_t H, int64_t W, int
     }
 }
 
+/* The window taps of `nv` consecutive output vectors of a depthwise row (stride 1 or 2), each
+ * its own FMA chain; inlined with nv constant. */
+static inline __attribute__((always_inline)) void dw_taps(v16 *acc, int nv, const float *base, const v16 *wv, int64_t KH, int64_t KW,
+                                                         int64_t row_step, int64_t DW, int64_t SW) {
+    for (int64_t kh = 0; kh < KH; kh++) {
+        const float *row = base + kh * row_step;
+        for (int64_t kw = 0; kw < KW; kw++) {
+            v16 wt = wv[kh * KW + kw];
+            const float *p = row + kw * DW;
+            if (SW == 1) {
+                for (int j = 0; j < nv; j++) acc[j] += wt * load16(p + 16 * j);
+            } else {
+                for (int j = 0; j < nv; j++) {
+                    v16 a = load16(p + 32 * j), b = load16(p + 32 * j + 16);
+                    acc[j] += wt * __builtin_shufflevector(a, b, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+                }
+            }
+        }
+    }
+}
+
 /* A depthwise convolution (one input and one output channel a group), vectorised along output
  * rows: per channel the plane is copied once into a zero-padded buffer (with slack past its end),
  * then each 16 outputs of a row take one FMA per window tap; stride 2 reads 32 inputs and keeps
@@ -565,7 +586,9 @@ void kiln_uk_depthwise(int64_t x_, int64_t w_, int64_t bias_, int64_t res_, int6
     int64_t Hp = (OH - 1) * SH + (KH - 1) * DH + 1;
     int64_t lanes = (OW + 15) / 16 * 16;
     int64_t Wp = (lanes - 1) * SW + (KW - 1) * DW + 1 + 16 * SW;
-    float *xp = scratch(0, (size_t)(Hp * Wp + 64));
+    /* Slack past the end: a row's last vectors may read up to 4 x 16 x SW past it. */
+    int64_t slack = 160 * SW + 64;
+    float *xp = scratch(0, (size_t)(Hp * Wp + slack));
     if (!xp) abort();
     for (int64_t u = wg_begin; u < wg_end; u++) {
         int64_t img = u / chunks, q = u % chunks;
@@ -573,7 +596,7 @@ void kiln_uk_depthwise(int64_t x_, int64_t w_, int64_t bias_, int64_t res_, int6
         chunk_range(C, 1, chunks, q, &c0, &c1);
         /* The border is the same zeros for every channel: cleared once, then only the rows
          * and columns the input covers are copied per channel. */
-        memset(xp, 0, (size_t)(Hp * Wp + 64) * sizeof(float));
+        memset(xp, 0, (size_t)(Hp * Wp + slack) * sizeof(float));
         int64_t r0 = PH, r1 = PH + H < Hp ? PH + H : Hp;
         int64_t cols = PW + W <= Wp ? W : Wp - PW;
         for (int64_t c = c0; c < c1; c++) {
@@ -592,42 +615,40 @@ void kiln_uk_depthwise(int64_t x_, int64_t w_, int64_t bias_, int64_t res_, int6
             int64_t taps = KH * KW <= 64 ? KH * KW : 0;
             for (int64_t t = 0; t < taps; t++) wv[t] = splat(wc[t]);
             for (int64_t oh = 0; oh < OH; oh++) {
-                for (int64_t ow = 0; ow < OW; ow += 16) {
-                    v16 acc = splat(0.0f);
-                    if (taps && SW == 1) {
-                        for (int64_t kh = 0; kh < KH; kh++) {
-                            const float *row = xp + (oh * SH + kh * DH) * Wp + ow;
-                            for (int64_t kw = 0; kw < KW; kw++) acc += wv[kh * KW + kw] * load16(row + kw * DW);
-                        }
-                    } else if (taps && SW == 2) {
-                        for (int64_t kh = 0; kh < KH; kh++) {
-                            const float *row = xp + (oh * SH + kh * DH) * Wp + ow * 2;
-                            for (int64_t kw = 0; kw < KW; kw++) {
-                                const float *p = row + kw * DW;
-                                v16 a = load16(p), b = load16(p + 16);
-                                acc += wv[kh * KW + kw] * __builtin_shufflevector(a, b, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-                            }
-                        }
+                /* 4, 2 or 1 vectors of a row at a time: independent FMA chains (one chain of
+                 * KH*KW dependent FMAs would wait on each). */
+                for (int64_t ow = 0; ow < OW;) {
+                    int64_t nv = OW - ow > 32 ? 4 : OW - ow > 16 ? 2 : 1;
+                    v16 acc[4] = {splat(0.0f), splat(0.0f), splat(0.0f), splat(0.0f)};
+                    if (taps && (SW == 1 || SW == 2)) {
+                        const float *base = xp + oh * SH * Wp + ow * SW;
+                        if (nv == 4) dw_taps(acc, 4, base, wv, KH, KW, DH * Wp, DW, SW);
+                        else if (nv == 2) dw_taps(acc, 2, base, wv, KH, KW, DH * Wp, DW, SW);
+                        else dw_taps(acc, 1, base, wv, KH, KW, DH * Wp, DW, SW);
                     } else {
+                        nv = 1;
                         for (int64_t kh = 0; kh < KH; kh++) {
                             const float *row = xp + (oh * SH + kh * DH) * Wp + ow * SW;
                             for (int64_t kw = 0; kw < KW; kw++) {
                                 const float *p = row + kw * DW;
                                 float t[16];
                                 for (int l = 0; l < 16; l++) t[l] = p[l * SW];
-                                acc += splat(wc[kh * KW + kw]) * load16(t);
+                                acc[0] += splat(wc[kh * KW + kw]) * load16(t);
                             }
                         }
                     }
-                    float *out = yc + oh * OW + ow;
-                    int64_t n = OW - ow < 16 ? OW - ow : 16;
-                    if (n == 16) {
-                        if (rc) acc += load16(rc + oh * OW + ow);
-                        store16(out, finish(acc, &e, 0, 0));
-                    } else {
-                        float t[16];
-                        store16(t, acc);
-                        for (int64_t l = 0; l < n; l++) out[l] = finish1(t[l] + (rc ? rc[oh * OW + ow + l] : 0.0f), &e, 0, 0);
+                    for (int64_t j = 0; j < nv; j++, ow += 16) {
+                        float *out = yc + oh * OW + ow;
+                        int64_t n = OW - ow < 16 ? OW - ow : 16;
+                        if (n == 16) {
+                            v16 v = acc[j];
+                            if (rc) v += load16(rc + oh * OW + ow);
+                            store16(out, finish(v, &e, 0, 0));
+                        } else {
+                            float t[16];
+                            store16(t, acc[j]);
+                            for (int64_t l = 0; l < n; l++) out[l] = finish1(t[l] + (rc ? rc[oh * OW + ow + l] : 0.0f), &e, 0, 0);
+                        }
                     }
                 }
             }
