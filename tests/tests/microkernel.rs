@@ -269,3 +269,21 @@ fn tuning_times_both_candidates_and_its_choices_apply() {
         assert_eq!(s.contains("microkernel:"), choice, "{s}");
     }
 }
+
+#[test]
+fn gathers_copy_whole_rows() {
+    // An embedding lookup (int64 ids, some negative) and an int32-indexed gather of i64 rows.
+    for (table, ids) in [
+        (Tensor::random(DType::F32, &[300, 40], 30), Tensor::from_vec(&[2, 5], vec![0i64, 299, -1, -300, 7, 150, 3, 3, 298, -2]).unwrap()),
+        (Tensor::from_vec(&[50, 24], (0..1200i64).collect::<Vec<_>>()).unwrap(), Tensor::from_vec(&[6], vec![49i32, 0, 1, -50, 25, 25]).unwrap()),
+    ] {
+        let g = GraphBuilder::new("gather");
+        let t = g.constant("table", table);
+        let i = g.input("ids", ids.dtype(), ids.dims());
+        let y = g.apply(Op::Gather { axis: 0 }, &[Some(t), Some(i)], 1)[0];
+        g.output("y", y);
+        let g = g.build().unwrap();
+        assert!(schedule(&g, Some(true)).contains("gather of"));
+        check(&g, &[ids], 1);
+    }
+}

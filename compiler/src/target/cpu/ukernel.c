@@ -551,6 +551,26 @@ void kiln_uk_pool2d(int64_t x_, int64_t y_, int64_t C, int64_t H, int64_t W, int
     }
 }
 
+/* Gather along axis 0: output row i is data row idx[i] (negative indices count from the end,
+ * then clamped into the table, as kiln's generated gathers do), copied whole. Any element type:
+ * rows are bytes. Work units: chunks of the indices. */
+void kiln_uk_gather_rows(int64_t data_, int64_t idx_, int64_t y_, int64_t rows, int64_t row_bytes, int64_t n_idx, int64_t idx64, int64_t chunks,
+                         int64_t wg_begin, int64_t wg_end) {
+    const char *data = (const char *)(intptr_t)data_;
+    const void *idx = (const void *)(intptr_t)idx_;
+    char *y = (char *)(intptr_t)y_;
+    for (int64_t u = wg_begin; u < wg_end; u++) {
+        int64_t i0, i1;
+        chunk_range(n_idx, 1, chunks, u, &i0, &i1);
+        for (int64_t i = i0; i < i1; i++) {
+            int64_t v = idx64 ? ((const int64_t *)idx)[i] : (int64_t)((const int32_t *)idx)[i];
+            if (v < 0) v += rows;
+            v = v < 0 ? 0 : v >= rows ? rows - 1 : v;
+            memcpy(y + i * row_bytes, data + v * row_bytes, (size_t)row_bytes);
+        }
+    }
+}
+
 /* The window taps of `nv` consecutive output vectors of a depthwise row (stride 1 or 2), each
  * its own FMA chain; inlined with nv constant. */
 static inline __attribute__((always_inline)) void dw_taps(v16 *acc, int nv, const float *base, const v16 *wv, int64_t KH, int64_t KW,

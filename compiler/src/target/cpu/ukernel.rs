@@ -128,6 +128,8 @@ pub enum Shape {
     },
     /// C[m, n] = A[m, k] * B[k, n], A an input read row-major (or transposed), B constant.
     Gemm { m: usize, n: usize, k: usize, trans_a: bool, trans_b: bool },
+    /// Gather along axis 0: whole rows of `rows` x `row_bytes` data copied by index (any dtype).
+    Gather { indices: ValueId, rows: usize, row_bytes: usize, n_idx: usize, idx64: bool },
     /// Max or average pooling (`kind` 0 max, 1 average counting pads, 2 average without them);
     /// no weight.
     Pool {
@@ -192,6 +194,7 @@ impl Ukernel {
             Shape::Gemm { m, n, k, .. } => (m, n, k),
             Shape::ConvTranspose { cin, h, w, cout, kh, kw, .. } => (cout * kh * kw, h * w, cin),
             Shape::Pool { kh, kw, oh, ow, .. } => (1, oh * ow, kh * kw),
+            Shape::Gather { n_idx, row_bytes, .. } => (n_idx, row_bytes, 1),
         }
     }
 
@@ -202,7 +205,7 @@ impl Ukernel {
     pub fn workgroups(&self) -> u64 {
         let images = match self.shape {
             Shape::Conv { batch, .. } | Shape::ConvTranspose { batch, .. } | Shape::Pool { batch, .. } => batch,
-            Shape::Gemm { .. } => 1,
+            Shape::Gemm { .. } | Shape::Gather { .. } => 1,
         };
         (images * self.chunks) as u64
     }
@@ -226,6 +229,7 @@ impl fmt::Display for Ukernel {
                 "microkernel: ConvTranspose as GEMM M={m} N={n} K={k} and col2im, {batch} image(s) of {oh}x{ow} (window {kh}x{kw}, stride {}x{}, dilation {}x{}, pad {}x{})",
                 stride[0], stride[1], dilation[0], dilation[1], pad[0], pad[1]
             )?,
+            Shape::Gather { rows, row_bytes, n_idx, .. } => write!(f, "microkernel: gather of {n_idx} rows of {row_bytes} bytes from a table of {rows} rows (row copies)")?,
             Shape::Pool { batch, c, kh, kw, stride, dilation, pad, oh, ow, kind, .. } => write!(
                 f,
                 "microkernel: {} pooling, {batch} image(s) of {c} channels {oh}x{ow} (window {kh}x{kw}, stride {}x{}, dilation {}x{}, pad {}x{})",
@@ -237,6 +241,10 @@ impl fmt::Display for Ukernel {
             }
         }
         writeln!(f)?;
+        if matches!(self.shape, Shape::Gather { .. }) {
+            writeln!(f, "workgroups: {} (chunks of the indices)", self.workgroups())?;
+            return Ok(());
+        }
         if matches!(self.shape, Shape::Pool { .. }) {
             writeln!(f, "vectors of 16 outputs along each row, one max or add a tap; the plane copied once, padded")?;
             writeln!(f, "workgroups: {} ({} channel chunk(s) per image)", self.workgroups(), self.chunks)?;
@@ -248,7 +256,7 @@ impl fmt::Display for Ukernel {
                 Shape::Conv { .. } if self.transposed => "transposed: C^T = im2col^T (packed at run time) x W^T, vectors along output channels",
                 Shape::Conv { .. } => "B packed (im2col) at run time",
                 Shape::ConvTranspose { .. } => "B (the input) packed at run time",
-                Shape::Pool { .. } => "",
+                Shape::Pool { .. } | Shape::Gather { .. } => "",
                 Shape::Gemm { m, .. } if m < self.mr / 2 => "rows times packed B strips (matrix-vector)",
                 Shape::Gemm { .. } => "A packed at run time",
             };
@@ -290,6 +298,9 @@ pub fn plan(graph: &Graph, kernel: &Kernel, host: &Host, always: bool) -> Option
         return None;
     }
     let operands = graph.operands(root);
+    if let Op::Gather { axis } = graph.node(root).op {
+        return gather_plan(graph, kernel, root, axis, tail, always);
+    }
     let f32_only = operands.iter().flatten().chain(&kernel.outputs).all(|&v| graph.value_type(v).dtype == DType::F32);
     if !f32_only {
         return None;
@@ -453,17 +464,19 @@ pub fn plan(graph: &Graph, kernel: &Kernel, host: &Host, always: bool) -> Option
         Shape::Gemm { m, n, k, .. } => (m, n, k),
         Shape::ConvTranspose { cin, h, w, cout, kh, kw, .. } => (cout * kh * kw, h * w, cin),
         Shape::Pool { kh, kw, oh, ow, .. } => (1, oh * ow, kh * kw),
+        // (Planned by gather_plan.)
+        Shape::Gather { .. } => return None,
     };
     let depthwise = matches!(shape, Shape::Conv { c, m, group, .. } if group == c && group == m);
     let channels = match shape {
         Shape::Conv { m, .. } => m,
         Shape::ConvTranspose { cout, .. } => cout,
         Shape::Pool { c, .. } => c,
-        Shape::Gemm { .. } => 0,
+        Shape::Gemm { .. } | Shape::Gather { .. } => 0,
     };
     let images = match shape {
         Shape::Conv { batch, .. } | Shape::ConvTranspose { batch, .. } | Shape::Pool { batch, .. } => batch,
-        Shape::Gemm { .. } => 1,
+        Shape::Gemm { .. } | Shape::Gather { .. } => 1,
     };
     // Enough rows and columns to fill the register tiles, and enough work to pay for packing.
     // A GEMM of few rows streams its packed weights (matrix-vector); a depthwise convolution has
@@ -474,6 +487,7 @@ pub fn plan(graph: &Graph, kernel: &Kernel, host: &Host, always: bool) -> Option
         Shape::Conv { .. } if few_positions(&shape) => true,
         Shape::Conv { .. } => m >= host.mr && n >= NR / 2,
         Shape::ConvTranspose { .. } | Shape::Pool { .. } => true,
+        Shape::Gather { .. } => false,
     };
     let work = images * m.max(1) * n * k * if depthwise || matches!(shape, Shape::Pool { .. }) { channels } else { 1 };
     if m * n * k == 0 || !always && !(fills && work >= MIN_MACS && beats_linalg(&shape, k, n, host)) {
@@ -501,7 +515,7 @@ pub fn plan(graph: &Graph, kernel: &Kernel, host: &Host, always: bool) -> Option
                 } else {
                     let add = match shape {
                         // The pooling kernel adds nothing.
-                        Shape::Pool { .. } => return None,
+                        Shape::Pool { .. } | Shape::Gather { .. } => return None,
                         Shape::Conv { .. } | Shape::ConvTranspose { .. } => channel_bias(graph, other, channels, out_dims.len())?,
                         Shape::Gemm { .. } => column_bias(graph, other, n)?,
                     };
@@ -565,6 +579,45 @@ pub fn plan(graph: &Graph, kernel: &Kernel, host: &Host, always: bool) -> Option
     Some(Ukernel { shape, input, weight, epilogue: Epilogue { bias, residual, activation }, mr, kc, mc, nc, chunks, split_n, transposed })
 }
 
+/// A Gather along axis 0 with nothing after it: whole rows copied by index. The linalg path
+/// loads element by element; rows of 64 bytes and more copy faster whole.
+fn gather_plan(graph: &Graph, kernel: &Kernel, root: kiln_ir::NodeId, axis: i64, tail: &[kiln_ir::NodeId], always: bool) -> Option<Ukernel> {
+    let operands = graph.operands(root);
+    let (data, indices) = (operands.first().copied().flatten()?, operands.get(1).copied().flatten()?);
+    let dd = graph.value_type(data).shape.as_fixed()?;
+    let id = graph.value_type(indices).shape.as_fixed()?;
+    let idx64 = match graph.value_type(indices).dtype {
+        DType::I64 => true,
+        DType::I32 => false,
+        _ => return None,
+    };
+    if !tail.is_empty() || dd.is_empty() || !(axis == 0 || axis == -(dd.len() as i64)) || dd[0] == 0 {
+        return None;
+    }
+    if !kernel.inputs.contains(&data) || !kernel.inputs.contains(&indices) {
+        return None;
+    }
+    let row_bytes = dd[1..].iter().product::<usize>() * graph.value_type(data).dtype.size();
+    let n_idx: usize = id.iter().product();
+    if n_idx == 0 || row_bytes == 0 || !always && (row_bytes < 64 || n_idx * row_bytes < 16 << 10) {
+        return None;
+    }
+    let chunks = if n_idx * row_bytes >= 256 << 10 { 4.min(n_idx) } else { 1 };
+    Some(Ukernel {
+        shape: Shape::Gather { indices, rows: dd[0], row_bytes, n_idx, idx64 },
+        input: data,
+        weight: data,
+        epilogue: Epilogue { bias: None, residual: None, activation: Activation::None },
+        mr: 0,
+        kc: 0,
+        mc: 0,
+        nc: 0,
+        chunks,
+        split_n: false,
+        transposed: false,
+    })
+}
+
 /// Where the microkernel is faster than the linalg path's register tiles, measured by shape class
 /// on a 2-core Zen 4 (`make bench-ops`, docs/performance.md). The linalg path vectorises along the
 /// output's last dimension and streams its operands unpacked: it loses when that dimension is
@@ -581,6 +634,7 @@ fn beats_linalg(shape: &Shape, k: usize, n: usize, host: &Host) -> bool {
         Shape::Gemm { .. } => k * n * 4 > host.l2_bytes / 2,
         // The linalg path convolves a stride-spread copy of the input: 4-9x slower.
         Shape::ConvTranspose { .. } => true,
+        Shape::Gather { .. } => false,
         // Its pooling windows are loop nests, 2-3x slower.
         Shape::Pool { .. } => true,
     }
@@ -627,7 +681,7 @@ fn column_bias(graph: &Graph, v: ValueId, n: usize) -> Option<Vec<f32>> {
 /// The constant the kernel reads instead of its weight: the weight packed for the microkernel,
 /// then the bias (M or N floats), little-endian f32.
 pub fn pack(graph: &Graph, u: &Ukernel) -> Result<Vec<u8>> {
-    if matches!(u.shape, Shape::Pool { .. }) {
+    if matches!(u.shape, Shape::Pool { .. } | Shape::Gather { .. }) {
         return Ok(Vec::new());
     }
     let w = graph.constant_value(u.weight).ok_or_else(|| CompileError::Internal("the microkernel's weight is not a constant".into()))?;
@@ -659,7 +713,7 @@ pub fn pack(graph: &Graph, u: &Ukernel) -> Result<Vec<u8>> {
                 }
             }
         }
-        Shape::Pool { .. } => {}
+        Shape::Pool { .. } | Shape::Gather { .. } => {}
         // A[m, ci] = W[ci, m] (W is [Cin, Cout*KH*KW]), in strips of MR rows.
         Shape::ConvTranspose { .. } => {
             out.resize(m.div_ceil(u.mr) * k * u.mr, 0.0);
@@ -696,7 +750,7 @@ fn packed_floats(u: &Ukernel) -> usize {
         Shape::Conv { group, .. } => group * m.div_ceil(u.mr) * k * u.mr,
         Shape::ConvTranspose { .. } => m.div_ceil(u.mr) * k * u.mr,
         Shape::Gemm { .. } => n.div_ceil(NR) * k * NR,
-        Shape::Pool { .. } => 0,
+        Shape::Pool { .. } | Shape::Gather { .. } => 0,
     }
 }
 
@@ -721,6 +775,7 @@ pub fn build<'c>(ctx: &'c Context, graph: &Graph, kernel: &Kernel, u: &Ukernel) 
         Shape::Gemm { .. } => "kiln_uk_gemm",
         Shape::ConvTranspose { .. } => "kiln_uk_conv_transpose",
         Shape::Pool { .. } => "kiln_uk_pool2d",
+        Shape::Gather { .. } => "kiln_uk_gather_rows",
     };
     let block = Block::new(&arg_types.iter().map(|t| (*t, loc)).collect::<Vec<_>>());
     // The call's arguments, each i64 (pointers, sizes) or f32 (the clip bounds); the callee's
@@ -768,8 +823,12 @@ pub fn build<'c>(ctx: &'c Context, graph: &Graph, kernel: &Kernel, u: &Ukernel) 
             args = vec![x, y];
             args.extend(ints(&[*c, *h, *w, *kh, *kw, stride[0], stride[1], dilation[0], dilation[1], pad[0], pad[1], pad_end[0], pad_end[1], *oh, *ow, *kind as usize]));
         }
+        if let Shape::Gather { indices, rows, row_bytes, n_idx, idx64 } = &u.shape {
+            args = vec![x, pointer(slot(*indices)?)?, y];
+            args.extend(ints(&[*rows, *row_bytes, *n_idx, *idx64 as usize]));
+        }
         match &u.shape {
-            Shape::Pool { .. } => {}
+            Shape::Pool { .. } | Shape::Gather { .. } => {}
             Shape::Conv { c, h, w, kh, kw, stride, dilation, pad, oh, ow, .. } if u.depthwise() => {
                 args.extend(ints(&[*c, *h, *w, *kh, *kw, stride[0], stride[1], dilation[0], dilation[1], pad[0], pad[1], *oh, *ow]));
             }
@@ -787,10 +846,15 @@ pub fn build<'c>(ctx: &'c Context, graph: &Graph, kernel: &Kernel, u: &Ukernel) 
                 args.extend(ints(&[*m, *n, *k, lda, ka]));
             }
         }
-        args.push(c64(act));
-        args.push(cf(lo));
-        args.push(cf(hi));
-        if u.depthwise() || matches!(u.shape, Shape::Pool { .. }) {
+        // (A gather has no epilogue.)
+        if !matches!(u.shape, Shape::Gather { .. }) {
+            args.push(c64(act));
+            args.push(cf(lo));
+            args.push(cf(hi));
+        }
+        if matches!(u.shape, Shape::Gather { .. }) {
+            args.extend(ints(&[u.chunks]));
+        } else if u.depthwise() || matches!(u.shape, Shape::Pool { .. }) {
             args.extend(ints(&[u.chunks]));
         } else if matches!(u.shape, Shape::ConvTranspose { .. }) {
             args.extend(ints(&[u.kc, u.mc, u.nc, u.chunks]));
