@@ -490,7 +490,9 @@ pub fn plan(graph: &Graph, kernel: &Kernel, host: &Host, always: bool) -> Option
         Shape::Gather { .. } => false,
     };
     let work = images * m.max(1) * n * k * if depthwise || matches!(shape, Shape::Pool { .. }) { channels } else { 1 };
-    if m * n * k == 0 || !always && !(fills && work >= MIN_MACS && beats_linalg(&shape, k, n, host)) {
+    // A GEMM the linalg path cannot vectorise at all is worth the call at any size.
+    let enough = work >= MIN_MACS || scalar_on_linalg(&shape);
+    if m * n * k == 0 || !always && !(fills && enough && beats_linalg(&shape, k, n, host)) {
         return None;
     }
     // The tail: constant or residual adds, then one activation.
@@ -631,13 +633,19 @@ fn beats_linalg(shape: &Shape, k: usize, n: usize, host: &Host) -> bool {
         Shape::Conv { group, .. } if group > 1 => true,
         Shape::Conv { .. } if few_positions(shape) => true,
         Shape::Conv { kh, kw, stride, ow, .. } => ow < 6 || kh * kw == 1 || (stride != [1, 1] && kh * kw >= 25),
-        Shape::Gemm { .. } => k * n * 4 > host.l2_bytes / 2,
+        Shape::Gemm { .. } => k * n * 4 > host.l2_bytes / 2 || scalar_on_linalg(shape),
         // The linalg path convolves a stride-spread copy of the input: 4-9x slower.
         Shape::ConvTranspose { .. } => true,
         Shape::Gather { .. } => false,
         // Its pooling windows are loop nests, 2-3x slower.
         Shape::Pool { .. } => true,
     }
+}
+
+/// A GEMM by a transposed weight whose K is not a multiple of 16: the linalg path's dot tile
+/// needs whole vectors along K, so it stays scalar (a GRU's input projections, K = 10).
+fn scalar_on_linalg(shape: &Shape) -> bool {
+    matches!(*shape, Shape::Gemm { trans_b: true, k, .. } if !k.is_multiple_of(16))
 }
 
 /// A one-group convolution of at most 64 output positions and at least 64 output channels: its
