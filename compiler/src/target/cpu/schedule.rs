@@ -407,7 +407,12 @@ fn row_reduction(op: &LinalgOp) -> Option<usize> {
     if reduced.is_power_of_two() && (8..=512).contains(&reduced) {
         return Some(0);
     }
-    let chunk = 1usize << reduced.trailing_zeros().min(9);
+    let mut chunk = 1usize << reduced.trailing_zeros().min(9);
+    // No power of two of 16+ divides it (1000 classes): the largest multiple of 8 up to 512 that
+    // does, vectorised at its exact size (`vector_sizes` keeps multiples of 8 unmasked).
+    if chunk < 16 {
+        chunk = (16..=512.min(reduced)).rev().step_by(1).find(|&d| d % 8 == 0 && reduced.is_multiple_of(d)).unwrap_or(0);
+    }
     (op.loops() == p + 1 && reduced > 512.min(chunk * 2) && chunk >= 16).then_some(chunk)
 }
 
@@ -448,8 +453,13 @@ pub fn vector_sizes(op: &LinalgOp) -> Option<Vec<usize>> {
         }
     }
     let mut sizes = ranges;
+    // The innermost rounded up to a power of two (masked), except a reduction's that is a multiple
+    // of 8 (a row chunk of 200): whole vectors and a short one, no mask in the reduction.
+    let reduction_last = op.parallel.last() == Some(&false);
     if let Some(last) = sizes.last_mut() {
-        *last = last.next_power_of_two();
+        if !(reduction_last && last.is_multiple_of(8)) {
+            *last = last.next_power_of_two();
+        }
     }
     Some(sizes)
 }
