@@ -84,7 +84,9 @@ pub fn compile_reporting(graph: &Graph, options: &Options, keep_stages: bool, pr
         clock = Instant::now();
     };
     let keep = keep_stages || options.dump_dir.is_some();
-    let key = (options.cache && !keep).then(|| cache_key(graph, options));
+    // The per-kernel microkernel choices (read once: `--tune`'s record is a file).
+    let overrides = microkernel_overrides(options);
+    let key = (options.cache && !keep).then(|| cache_key(graph, options, &overrides));
     if let Some(hit) = key.as_ref().and_then(|k| cache_load(k)) {
         lap("cache", &mut timings);
         return Ok(Compiled { artifact: hit, stages: Stages::default(), timings, from_cache: true });
@@ -110,7 +112,6 @@ pub fn compile_reporting(graph: &Graph, options: &Options, keep_stages: bool, pr
     let code = match options.target {
         TargetKind::Cpu => {
             let mut texts = StageTexts::default();
-            let overrides = microkernel_overrides(options);
             let c = cpu::compile(&g, &partition.kernels, options.microkernel_choice(), &overrides, keep.then_some(&mut texts), &kernel_done)?;
             stages.schedule = texts.schedule;
             stages.mlir = texts.mlir;
@@ -314,7 +315,7 @@ pub fn cache_dir() -> Option<PathBuf> {
 
 /// A content hash of everything that decides the artifact: the graph (weights by digest), the
 /// options, kiln's version and build, and the host CPU.
-fn cache_key(graph: &Graph, options: &Options) -> String {
+fn cache_key(graph: &Graph, options: &Options, overrides: &std::collections::HashMap<String, bool>) -> String {
     let mut shapes: Vec<_> = options.input_shapes.iter().collect();
     shapes.sort();
     let mut values: Vec<(&String, u64)> = options.input_values.iter().map(|(n, t)| (n, t.digest())).collect();
@@ -325,7 +326,7 @@ fn cache_key(graph: &Graph, options: &Options) -> String {
         "{} {build}\n{} {:?} {:?} {:?}\n{:?}\n{:?}\n{}\n{}",
         env!("CARGO_PKG_VERSION"),
         options.target.name(),
-        (options.microkernel_choice(), microkernel_overrides(options).into_iter().collect::<std::collections::BTreeMap<_, _>>()),
+        (options.microkernel_choice(), overrides.iter().collect::<std::collections::BTreeMap<_, _>>()),
         options.ptx,
         // A forced GPU schedule (tests, debugging) makes different code.
         options.gpu_schedule.clone().or_else(|| std::env::var("KILN_GPU_SCHEDULE").ok()),

@@ -131,7 +131,7 @@ pub struct Tensor {
 impl Tensor {
     /// A tensor over shared words (little-endian bytes, at least as many as the type needs): no
     /// copy. The runtime hands out its output buffers this way and reuses one once every tensor
-    /// over it is dropped. Bools must be 0 or 1.
+    /// over it is dropped. Bools other than 0 and 1 are normalised (copied).
     pub fn from_shared_words(dtype: DType, dims: &[usize], words: Arc<[u64]>) -> Result<Tensor, IrError> {
         let want = dims.iter().product::<usize>() * dtype.size();
         if words.len() * 8 < want {
@@ -139,7 +139,9 @@ impl Tensor {
         }
         let t = Tensor { dtype, dims: dims.to_vec(), data: Storage { words, len: want } };
         if dtype == DType::Bool && t.data.bytes().iter().any(|&b| b > 1) {
-            return Err(IrError::Tensor("a bool tensor holds a byte other than 0 and 1".into()));
+            // Any nonzero byte is true, as `from_bytes` has it (a copy: the words are shared).
+            let norm: Vec<u8> = t.data.bytes().iter().map(|&b| (b != 0) as u8).collect();
+            return Ok(Tensor { data: Storage::from_bytes(&norm), ..t });
         }
         Ok(t)
     }

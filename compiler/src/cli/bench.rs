@@ -90,6 +90,9 @@ pub fn run(args: &Args) -> Result<()> {
         let Model::Graph(g) = &model else {
             return Err(CompileError::Usage("--tune needs a model, not a compiled artifact".into()));
         };
+        if !matches!(args.device, DeviceArg::Cpu | DeviceArg::Auto) {
+            return Err(CompileError::Usage("--tune tunes CPU kernels: use it with --device cpu".into()));
+        }
         let ordered = order_inputs(&graph_inputs(g), given.clone())?;
         // The options `kiln bench` compiles with: sizes and shape-deciding values from the inputs.
         let names: Vec<String> = g.inputs().iter().map(|&id| g.node(id).name.clone()).collect();

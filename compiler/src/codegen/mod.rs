@@ -147,7 +147,7 @@ impl<'c, 'a> Emitter<'c, 'a> {
 }
 
 /// The MLIR type of a kernel argument for value `v`.
-fn memref_type<'c>(ctx: &'c Context, graph: &Graph, v: ValueId) -> Result<Type<'c>> {
+pub(crate) fn memref_type<'c>(ctx: &'c Context, graph: &Graph, v: ValueId) -> Result<Type<'c>> {
     let t = graph.value_type(v);
     let dims = t.shape.as_fixed().ok_or_else(|| CompileError::Internal(format!("value %{} has the dynamic type {t}", graph.value_name(v))))?;
     parse_type(ctx, &shaped("memref", &dims, t.dtype))

@@ -411,7 +411,7 @@ fn row_reduction(op: &LinalgOp) -> Option<usize> {
     // No power of two of 16+ divides it (1000 classes): the largest multiple of 8 up to 512 that
     // does, vectorised at its exact size (`vector_sizes` keeps multiples of 8 unmasked).
     if chunk < 16 {
-        chunk = (16..=512.min(reduced)).rev().step_by(1).find(|&d| d % 8 == 0 && reduced.is_multiple_of(d)).unwrap_or(0);
+        chunk = (16..=512.min(reduced)).rev().find(|&d| d % 8 == 0 && reduced.is_multiple_of(d)).unwrap_or(0);
     }
     (op.loops() == p + 1 && reduced > 512.min(chunk * 2) && chunk >= 16).then_some(chunk)
 }

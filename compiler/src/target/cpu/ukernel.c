@@ -186,43 +186,47 @@ typedef struct {
     int64_t H, W, KH, KW, SH, SW, DH, DW, PH, PW, OW;
 } Im2col;
 
-/* Packs B[p0 .. p0+kc, j0 .. j0+nc] of the im2col matrix into NR strips. Per strip, the input
- * offset of each column for each window position (kh, kw) is computed once (-1 where the window
- * reads padding); every channel then gathers with the same offsets from its own plane. */
-static void pack_im2col(const Im2col *g, int64_t j0, int64_t nc, int64_t n_total, int64_t p0, int64_t kc, float *out) {
+/* One strip of `width` output positions (the first `valid` of them real, from `first`) of the
+ * im2col matrix, rows p0 .. p0+kc, stored position-minor (out[k * width + position]). The input
+ * offset of each position for each window tap (kh, kw) is computed once (-1 where the window
+ * reads padding); every channel then gathers with the same offsets from its own plane. Inlined
+ * into each caller, so `width` is a constant there. */
+static inline __attribute__((always_inline)) void pack_window_strip(const Im2col *g, int64_t first, int64_t valid, int64_t width, int64_t p0, int64_t kc, int32_t *idx, float *out) {
     int64_t khw = g->KH * g->KW;
-    int32_t *idx = (int32_t *)scratch(2, (size_t)(khw * NR));
+    for (int64_t r = 0; r < khw; r++) {
+        int64_t kh = r / g->KW, kw = r % g->KW;
+        for (int64_t c = 0; c < width; c++) {
+            int64_t p = first + c;
+            int64_t oh = p / g->OW, ow = p % g->OW;
+            int64_t ih = oh * g->SH + kh * g->DH - g->PH;
+            int64_t iw = ow * g->SW + kw * g->DW - g->PW;
+            idx[r * width + c] = (c < valid && ih >= 0 && ih < g->H && iw >= 0 && iw < g->W) ? (int32_t)(ih * g->W + iw) : -1;
+        }
+    }
+    int64_t ch = p0 / khw, r = p0 % khw;
+    const float *plane = g->x + ch * g->H * g->W;
+    for (int64_t k = 0; k < kc; k++, out += width) {
+        const int32_t *ix = idx + r * width;
+        for (int64_t c = 0; c < width; c++) {
+            int32_t at = ix[c];
+            float v = plane[at < 0 ? 0 : at];
+            out[c] = at < 0 ? 0.0f : v;
+        }
+        if (++r == khw) {
+            r = 0;
+            plane += g->H * g->W;
+        }
+    }
+}
+
+/* Packs B[p0 .. p0+kc, j0 .. j0+nc] of the im2col matrix into NR strips. */
+static void pack_im2col(const Im2col *g, int64_t j0, int64_t nc, int64_t n_total, int64_t p0, int64_t kc, float *out) {
+    int32_t *idx = (int32_t *)scratch(2, (size_t)(g->KH * g->KW * NR));
     if (!idx) abort();
     for (int64_t t = 0; t < nc; t += NR) {
         int64_t w = n_total - (j0 + t) < NR ? n_total - (j0 + t) : NR;
         if (w > nc - t) w = nc - t;
-        for (int64_t r = 0; r < khw; r++) {
-            int64_t kh = r / g->KW, kw = r % g->KW;
-            int32_t *ix = idx + r * NR;
-            for (int64_t c = 0; c < NR; c++) {
-                int64_t p = j0 + t + c;
-                int64_t oh = p / g->OW, ow = p % g->OW;
-                int64_t ih = oh * g->SH + kh * g->DH - g->PH;
-                int64_t iw = ow * g->SW + kw * g->DW - g->PW;
-                ix[c] = (c < w && ih >= 0 && ih < g->H && iw >= 0 && iw < g->W) ? (int32_t)(ih * g->W + iw) : -1;
-            }
-        }
-        float *o = out + t * kc;
-        int64_t ch = p0 / khw, r = p0 % khw;
-        const float *plane = g->x + ch * g->H * g->W;
-        for (int64_t k = 0; k < kc; k++, o += NR) {
-            const int32_t *ix = idx + r * NR;
-#pragma GCC unroll 4
-            for (int64_t c = 0; c < NR; c++) {
-                int32_t i = ix[c];
-                float v = plane[i < 0 ? 0 : i];
-                o[c] = i < 0 ? 0.0f : v;
-            }
-            if (++r == khw) {
-                r = 0;
-                plane += g->H * g->W;
-            }
-        }
+        pack_window_strip(g, j0 + t, w, NR, p0, kc, idx, out + t * kc);
     }
 }
 
@@ -243,37 +247,14 @@ typedef struct {
 } Asource;
 
 /* Packs rows i0 .. i0+mc (output positions) and columns p0 .. p0+kc of the transposed im2col
- * matrix into MR strips, with the same precomputed offsets as pack_im2col. */
+ * matrix into MR strips. */
 static void pack_a_im2col(const Im2col *g, int64_t i0, int64_t mc, int64_t m_total, int64_t p0, int64_t kc, float *out) {
-    int64_t khw = g->KH * g->KW;
-    int32_t *idx = (int32_t *)scratch(2, (size_t)(khw * MR));
+    int32_t *idx = (int32_t *)scratch(2, (size_t)(g->KH * g->KW * MR));
     if (!idx) abort();
     for (int64_t s0 = 0; s0 < mc; s0 += MR) {
-        for (int64_t r = 0; r < khw; r++) {
-            int64_t kh = r / g->KW, kw = r % g->KW;
-            for (int64_t q = 0; q < MR; q++) {
-                int64_t p = i0 + s0 + q;
-                int64_t oh = p / g->OW, ow = p % g->OW;
-                int64_t ih = oh * g->SH + kh * g->DH - g->PH;
-                int64_t iw = ow * g->SW + kw * g->DW - g->PW;
-                idx[r * MR + q] = (p < m_total && s0 + q < mc && ih >= 0 && ih < g->H && iw >= 0 && iw < g->W) ? (int32_t)(ih * g->W + iw) : -1;
-            }
-        }
-        float *o = out + s0 * kc;
-        int64_t ch = p0 / khw, r = p0 % khw;
-        const float *plane = g->x + ch * g->H * g->W;
-        for (int64_t k = 0; k < kc; k++, o += MR) {
-            const int32_t *ix = idx + r * MR;
-            for (int64_t q = 0; q < MR; q++) {
-                int32_t i = ix[q];
-                float v = plane[i < 0 ? 0 : i];
-                o[q] = i < 0 ? 0.0f : v;
-            }
-            if (++r == khw) {
-                r = 0;
-                plane += g->H * g->W;
-            }
-        }
+        int64_t valid = m_total - (i0 + s0) < MR ? m_total - (i0 + s0) : MR;
+        if (valid > mc - s0) valid = mc - s0;
+        pack_window_strip(g, i0 + s0, valid, MR, p0, kc, idx, out + s0 * kc);
     }
 }
 

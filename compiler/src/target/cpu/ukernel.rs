@@ -20,7 +20,7 @@ use melior::Context;
 use kiln_ir::op::{BinaryOp, PoolKind, UnaryOp};
 use kiln_ir::{DType, Graph, Op, ValueId};
 
-use crate::codegen::mlir::{op, push, shaped};
+use crate::codegen::mlir::{op, push};
 use crate::fuse::Kernel;
 use crate::{CompileError, Result};
 
@@ -322,29 +322,10 @@ pub fn plan(graph: &Graph, kernel: &Kernel, host: &Host, always: bool) -> Option
             for i in 0..spatial {
                 axes.push(c.window.resolve(i, xd[2 + i], wd[2 + i], false).ok()?);
             }
-            // A 1-D convolution is a 2-D one of height 1.
-            let (hx, kh, sh, dh, ph, oh) = if spatial == 2 { (xd[2], wd[2], axes[0].stride, axes[0].dilation, axes[0].pad_begin, axes[0].output) } else { (1, 1, 1, 1, 0, 1) };
-            let a = axes.last()?;
-            let shape = Shape::Conv {
-                batch: xd[0],
-                c: xd[1],
-                h: hx,
-                w: xd[xd.len() - 1],
-                m: wd[0],
-                group: g,
-                kh,
-                kw: wd[wd.len() - 1],
-                stride: [sh, a.stride],
-                dilation: [dh, a.dilation],
-                pad: [ph, a.pad_begin],
-                oh,
-                ow: a.output,
-            };
-            let bias = match operands.get(2).copied().flatten() {
-                Some(b) => Some(graph.constant_value(b)?.to_f64s().into_iter().map(|v| v as f32).collect::<Vec<f32>>()),
-                None => None,
-            };
-            (shape, x, w, bias)
+            let (h, kh, kw, stride, dilation, pad, oh, ow) = plane(&xd, &wd, axes.iter().map(|a| (a.stride, a.dilation, a.pad_begin as i64, a.output)))?;
+            let pad = [pad[0] as usize, pad[1] as usize];
+            let shape = Shape::Conv { batch: xd[0], c: xd[1], h, w: xd[xd.len() - 1], m: wd[0], group: g, kh, kw, stride, dilation, pad, oh, ow };
+            (shape, x, w, operand_bias(graph, operands.get(2).copied().flatten(), wd[0])?)
         }
         Op::Pool(p) => {
             let x = operands.first().copied().flatten()?;
@@ -397,29 +378,9 @@ pub fn plan(graph: &Graph, kernel: &Kernel, host: &Host, always: bool) -> Option
             for i in 0..spatial {
                 axes.push(kiln_ir::infer::transpose_axis(c, i, spatial, xd[2 + i], wd[2 + i]).ok()?);
             }
-            // A 1-D transposed convolution is a 2-D one of height 1.
-            let (hx, kh, sh, dh, ph, oh) =
-                if spatial == 2 { (xd[2], wd[2], axes[0].stride, axes[0].dilation, axes[0].pad_begin, axes[0].output) } else { (1, 1, 1, 1, 0, 1) };
-            let a = axes.last()?;
-            let shape = Shape::ConvTranspose {
-                batch: xd[0],
-                cin: xd[1],
-                h: hx,
-                w: xd[xd.len() - 1],
-                cout: wd[1],
-                kh,
-                kw: wd[wd.len() - 1],
-                stride: [sh, a.stride],
-                dilation: [dh, a.dilation],
-                pad: [ph, a.pad_begin],
-                oh,
-                ow: a.output,
-            };
-            let bias = match operands.get(2).copied().flatten() {
-                Some(b) => Some(graph.constant_value(b)?.to_f64s().into_iter().map(|v| v as f32).collect::<Vec<f32>>()),
-                None => None,
-            };
-            (shape, x, w, bias)
+            let (h, kh, kw, stride, dilation, pad, oh, ow) = plane(&xd, &wd, axes.iter().map(|a| (a.stride, a.dilation, a.pad_begin, a.output)))?;
+            let shape = Shape::ConvTranspose { batch: xd[0], cin: xd[1], h, w: xd[xd.len() - 1], cout: wd[1], kh, kw, stride, dilation, pad, oh, ow };
+            (shape, x, w, operand_bias(graph, operands.get(2).copied().flatten(), wd[1])?)
         }
         Op::MatMul | Op::Gemm(_) => {
             let (a, b) = (operands.first().copied().flatten()?, operands.get(1).copied().flatten()?);
@@ -656,6 +617,35 @@ fn few_positions(shape: &Shape) -> bool {
     matches!(*shape, Shape::Conv { group: 1, m, oh, ow, .. } if oh * ow <= 64 && m >= 64)
 }
 
+/// A window over one or two spatial axes as the 2-D one the kernels take (a 1-D window is a 2-D
+/// one of height 1): input height, kernel size, stride, dilation, begin padding and output size
+/// per axis, from the input and weight dims and each axis's (stride, dilation, pad, output).
+#[allow(clippy::type_complexity)]
+fn plane(xd: &[usize], wd: &[usize], axes: impl Iterator<Item = (usize, usize, i64, usize)>) -> Option<(usize, usize, usize, [usize; 2], [usize; 2], [i64; 2], usize, usize)> {
+    let axes: Vec<_> = axes.collect();
+    let (sw, dw, pw, ow) = *axes.last()?;
+    let (h, kh, (sh, dh, ph, oh)) = match axes.len() {
+        2 => (xd[2], wd[2], axes[0]),
+        1 => (1, 1, (1, 1, 0, 1)),
+        _ => return None,
+    };
+    Some((h, kh, wd[wd.len() - 1], [sh, sw], [dh, dw], [ph, pw], oh, ow))
+}
+
+/// A constant as f32s.
+fn constant_f32s(graph: &Graph, v: ValueId) -> Option<Vec<f32>> {
+    Some(graph.constant_value(v)?.to_f64s().into_iter().map(|x| x as f32).collect())
+}
+
+/// The op's own bias operand, if any: a constant of one value per output channel (`Some(None)`
+/// without one; `None` when it is not such a constant).
+fn operand_bias(graph: &Graph, b: Option<ValueId>, channels: usize) -> Option<Option<Vec<f32>>> {
+    match b {
+        None => Some(None),
+        Some(b) => constant_f32s(graph, b).filter(|v| v.len() == channels).map(Some),
+    }
+}
+
 /// A constant that broadcasts over a conv result as one value per output channel (`[M,1,1]`,
 /// `[1,M,1,1]`, a scalar...), as M floats.
 fn channel_bias(graph: &Graph, v: ValueId, m: usize, out_rank: usize) -> Option<Vec<f32>> {
@@ -670,8 +660,8 @@ fn channel_bias(graph: &Graph, v: ValueId, m: usize, out_rank: usize) -> Option<
     if full.iter().enumerate().any(|(i, &x)| i != 1 && x != 1) || !(full[1] == 1 || full[1] == m) {
         return None;
     }
-    let vals: Vec<f32> = t.to_f64s().into_iter().map(|x| x as f32).collect();
-    Some(if full[1] == 1 { vec![vals[0]; m] } else { vals })
+    let vals = constant_f32s(graph, v)?;
+    Some(if full[1] == 1 { vec![*vals.first()?; m] } else { vals })
 }
 
 /// A constant that broadcasts over a GEMM result as one value per column (`[N]`, `[1,N]`, a
@@ -684,8 +674,8 @@ fn column_bias(graph: &Graph, v: ValueId, n: usize) -> Option<Vec<f32>> {
     if !lead_ones || !(last == 1 || last == n) {
         return None;
     }
-    let vals: Vec<f32> = t.to_f64s().into_iter().map(|x| x as f32).collect();
-    Some(if last == 1 { vec![vals[0]; n] } else { vals })
+    let vals = constant_f32s(graph, v)?;
+    Some(if last == 1 { vec![*vals.first()?; n] } else { vals })
 }
 
 /// The constant the kernel reads instead of its weight: the weight packed for the microkernel,
@@ -694,8 +684,7 @@ pub fn pack(graph: &Graph, u: &Ukernel) -> Result<Vec<u8>> {
     if matches!(u.shape, Shape::Pool { .. } | Shape::Gather { .. }) {
         return Ok(Vec::new());
     }
-    let w = graph.constant_value(u.weight).ok_or_else(|| CompileError::Internal("the microkernel's weight is not a constant".into()))?;
-    let w: Vec<f32> = w.to_f64s().into_iter().map(|x| x as f32).collect();
+    let w = constant_f32s(graph, u.weight).ok_or_else(|| CompileError::Internal("the microkernel's weight is not a constant".into()))?;
     let (m, n, k) = u.mnk();
     let mut out: Vec<f32> = Vec::new();
     match u.shape {
@@ -774,9 +763,7 @@ pub fn build<'c>(ctx: &'c Context, graph: &Graph, kernel: &Kernel, u: &Ukernel) 
     let index = Type::index(ctx);
     let mut arg_types = Vec::new();
     for &v in kernel.inputs.iter().chain(&kernel.outputs) {
-        let t = graph.value_type(v);
-        let dims = t.shape.as_fixed().ok_or_else(|| CompileError::Internal(format!("value %{} is not static", graph.value_name(v))))?;
-        arg_types.push(crate::codegen::mlir::parse_type(ctx, &shaped("memref", &dims, t.dtype))?);
+        arg_types.push(crate::codegen::memref_type(ctx, graph, v)?);
     }
     arg_types.extend([index, index]);
     let symbol = match u.shape {
