@@ -1,6 +1,7 @@
-//! Builds the CPU microkernel (`src/target/cpu/ukernel.c`) with the system C compiler, once per
-//! x86-64 instruction-set level, so that compiling a model needs no C compiler run of its own for
-//! it: the compiler links the object for the host's level into each kernel library.
+//! Builds the CPU microkernel (`src/target/cpu/ukernel.c`) and the recurrent-layer kernel
+//! (`recurrent.c`) with the system C compiler, once per x86-64 instruction-set level, so that
+//! compiling a model needs no C compiler run of its own for them: the compiler links the objects
+//! for the host's level into each kernel library.
 //!   v4: AVX-512 (F, BW, DQ, VL), register tile 8 x 32
 //!   v3: AVX2 and FMA, 4 x 32
 //!   v1: baseline x86-64 (SSE2), 4 x 32
@@ -9,25 +10,31 @@ use std::path::PathBuf;
 use std::process::Command;
 
 fn main() {
-    let src = "src/target/cpu/ukernel.c";
-    println!("cargo:rerun-if-changed={src}");
+    // The microkernel and the recurrent-layer kernel, one object each per level.
+    let sources = [("ukernel", "src/target/cpu/ukernel.c"), ("recurrent", "src/target/cpu/recurrent.c")];
+    for (_, src) in sources {
+        println!("cargo:rerun-if-changed={src}");
+    }
+    println!("cargo:rerun-if-changed=src/target/cpu/simd.h");
     println!("cargo:rerun-if-env-changed=CC");
     let out = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     for (level, march, mr) in [("v4", "x86-64-v4", 8), ("v3", "x86-64-v3", 4), ("v1", "x86-64", 4)] {
-        let obj = out.join(format!("ukernel-{level}.o"));
-        let status = Command::new(&cc)
-            .args(["-c", "-O3", "-fPIC", "-ffp-contract=fast", "-fno-math-errno", "-Wno-psabi", "-mtune=generic"])
-            .arg(format!("-march={march}"))
-            .arg(format!("-DKILN_MR={mr}"))
-            .arg("-o")
-            .arg(&obj)
-            .arg(src)
-            .status();
-        match status {
-            Ok(s) if s.success() => {}
-            Ok(s) => panic!("building the CPU microkernel for {level} with `{cc}` failed ({s}); scripts/setup.sh installs a C toolchain"),
-            Err(e) => panic!("cannot run the C compiler `{cc}` to build the CPU microkernel ({e}); scripts/setup.sh installs a C toolchain"),
+        for (name, src) in sources {
+            let obj = out.join(format!("{name}-{level}.o"));
+            let status = Command::new(&cc)
+                .args(["-c", "-O3", "-fPIC", "-ffp-contract=fast", "-fno-math-errno", "-Wno-psabi", "-mtune=generic"])
+                .arg(format!("-march={march}"))
+                .arg(format!("-DKILN_MR={mr}"))
+                .arg("-o")
+                .arg(&obj)
+                .arg(src)
+                .status();
+            match status {
+                Ok(s) if s.success() => {}
+                Ok(s) => panic!("building {src} for {level} with `{cc}` failed ({s}); scripts/setup.sh installs a C toolchain"),
+                Err(e) => panic!("cannot run the C compiler `{cc}` to build {src} ({e}); scripts/setup.sh installs a C toolchain"),
+            }
         }
     }
 }

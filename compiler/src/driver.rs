@@ -214,7 +214,7 @@ fn optimize_traced(graph: &Graph, options: &Options, after: &mut dyn FnMut(&str,
     let mut g = graph.clone();
     specialize::specialize(&mut g, &options.input_shapes)?;
     after("specialize", &g, true);
-    passes::run_passes(&mut g, &passes::default_passes(), &mut *after)?;
+    passes::run_passes(&mut g, &passes::default_passes(options.target), &mut *after)?;
     if specialize::has_dynamic_shapes(&g) {
         // Shapes that depend on input values: bind those inputs when their values are known.
         let names: Vec<String> = specialize::shape_inputs(&g).into_iter().map(|i| g.node(g.inputs()[i]).name.clone()).collect();
@@ -233,7 +233,7 @@ fn optimize_traced(graph: &Graph, options: &Options, after: &mut dyn FnMut(&str,
         }
         specialize::bind_values(&mut g, &bound)?;
         after("bind-values", &g, true);
-        passes::run_passes(&mut g, &passes::default_passes(), &mut *after)?;
+        passes::run_passes(&mut g, &passes::default_passes(options.target), &mut *after)?;
         if specialize::has_dynamic_shapes(&g) {
             return Err(CompileError::DynamicShapes(
                 "result shapes depend on data (NonZero, Compress...), which static compilation cannot express".into(),
@@ -249,7 +249,7 @@ fn optimize_traced(graph: &Graph, options: &Options, after: &mut dyn FnMut(&str,
             .collect();
         if !bound.is_empty() {
             specialize::bind_values(&mut g, &bound)?;
-            passes::run_passes(&mut g, &passes::default_passes(), |_, _, _| {})?;
+            passes::run_passes(&mut g, &passes::default_passes(options.target), |_, _, _| {})?;
         }
     }
     g.verify()?;

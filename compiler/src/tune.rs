@@ -166,7 +166,12 @@ pub fn tune(graph: &Graph, options: &Options, threads: Option<usize>, inputs: &[
         // Within 3%, the linalg path (the two may be the same code where no microkernel applies).
         let micro = on[i].as_secs_f64() < off[i].as_secs_f64() * 0.97;
         choices.insert(sig.clone(), micro);
-        kernels.push(KernelTuning { label: labels.get(i).cloned().unwrap_or_default(), linalg: off[i], microkernel: on[i], microkernel_chosen: micro });
+        kernels.push(KernelTuning {
+            label: labels.get(i).cloned().unwrap_or_default(),
+            linalg: off[i],
+            microkernel: on[i],
+            microkernel_chosen: micro,
+        });
     }
     let overrides: HashMap<String, bool> = choices.iter().map(|(k, v)| (k.clone(), *v)).collect();
     let (_, tuned, _) = variant(None, overrides, "the tuned model (4 of 4)")?;
@@ -190,7 +195,10 @@ pub fn random_inputs(graph: &Graph, shapes: &HashMap<String, Vec<usize>>) -> Res
                 (Some(d), _) => d.clone(),
                 (None, Some(d)) => d,
                 (None, None) => {
-                    return Err(CompileError::Usage(format!("input `{}` is {t}: give its sizes with --input-shape {}=D0,D1,...", node.name, node.name)))
+                    return Err(CompileError::Usage(format!(
+                        "input `{}` is {t}: give its sizes with --input-shape {}=D0,D1,...",
+                        node.name, node.name
+                    )))
                 }
             };
             Ok(Tensor::random(t.dtype, &dims, 1000 + i as u64))

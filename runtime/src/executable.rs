@@ -251,7 +251,8 @@ impl Executable {
             .zip(&outputs)
             .map(|(o, buf)| {
                 let dtype = DType::from_name(&o.dtype).expect("validated at load");
-                Tensor::from_shared_words(dtype, &o.dims, buf.clone()).map_err(|e| RuntimeError::Launch { kernel: "output".into(), msg: e.to_string() })
+                Tensor::from_shared_words(dtype, &o.dims, buf.clone())
+                    .map_err(|e| RuntimeError::Launch { kernel: "output".into(), msg: e.to_string() })
             })
             .collect();
         for (slot, buf) in pool.iter_mut().zip(outputs) {

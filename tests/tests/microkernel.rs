@@ -136,7 +136,14 @@ fn few_positions_by_many_channels_run_transposed() {
 }
 
 /// `ConvTranspose(x, w, b)` with the given attributes, then a relu.
-fn conv_transpose_graph(x: &[usize], w: &[usize], strides: Vec<usize>, pads: Vec<usize>, output_padding: Vec<usize>, output_shape: Vec<usize>) -> (Graph, Vec<Tensor>) {
+fn conv_transpose_graph(
+    x: &[usize],
+    w: &[usize],
+    strides: Vec<usize>,
+    pads: Vec<usize>,
+    output_padding: Vec<usize>,
+    output_shape: Vec<usize>,
+) -> (Graph, Vec<Tensor>) {
     let spatial = x.len() - 2;
     let g = GraphBuilder::new("conv_transpose");
     let xi = g.input("x", DType::F32, x);
@@ -286,4 +293,103 @@ fn gathers_copy_whole_rows() {
         assert!(schedule(&g, Some(true)).contains("gather of"));
         check(&g, &[ids], 1);
     }
+}
+
+/// A recurrent layer with constant weights: `(graph, inputs)`. `lens` (constant, all full) and a
+/// constant `initial_h` where asked; `outputs` results.
+fn recurrent_graph(r: kiln_ir::op::Rnn, seq: usize, batch: usize, input: usize, const_state: bool, outputs: usize) -> (Graph, Vec<Tensor>) {
+    use kiln_ir::op::{RnnCell, RnnDirection};
+    let h = r.hidden_size;
+    let dirs = if r.direction == RnnDirection::Bidirectional { 2 } else { 1 };
+    let gates = match r.cell {
+        RnnCell::Simple => 1,
+        RnnCell::Gru { .. } => 3,
+        RnnCell::Lstm { .. } => 4,
+    };
+    let lstm = gates == 4;
+    let g = GraphBuilder::new("recurrent");
+    let xd = if r.batch_first { [batch, seq, input] } else { [seq, batch, input] };
+    let state = if r.batch_first { [batch, dirs, h] } else { [dirs, batch, h] };
+    let x = g.input("x", DType::F32, xd);
+    let w = g.constant("w", Tensor::random(DType::F32, &[dirs, gates * h, input], 1));
+    let rw = g.constant("r", Tensor::random(DType::F32, &[dirs, gates * h, h], 2));
+    let b = g.constant("b", Tensor::random(DType::F32, &[dirs, 2 * gates * h], 3));
+    let lens = g.constant("lens", Tensor::vector(&vec![seq as i32; batch]));
+    let mut inputs = vec![Tensor::random(DType::F32, &xd, 4)];
+    let h0 = if const_state {
+        g.constant("h0", Tensor::random(DType::F32, &state, 5))
+    } else {
+        inputs.push(Tensor::random(DType::F32, &state, 5));
+        g.input("h0", DType::F32, state)
+    };
+    let mut ops = vec![Some(x), Some(w), Some(rw), Some(b), Some(lens), Some(h0)];
+    if lstm {
+        inputs.push(Tensor::random(DType::F32, &state, 6));
+        let c0 = g.input("c0", DType::F32, state);
+        let p = g.constant("p", Tensor::random(DType::F32, &[dirs, 3 * h], 7));
+        ops.extend([Some(c0), Some(p)]);
+    }
+    let results = g.apply(Op::Rnn(r), &ops, outputs);
+    for (i, y) in results.into_iter().enumerate() {
+        g.output(&format!("y{i}"), y);
+    }
+    (g.build().expect("the recurrent graph builds"), inputs)
+}
+
+#[test]
+fn recurrent_layers_run_whole_with_their_time_loop_inside() {
+    use kiln_ir::op::{Rnn, RnnCell, RnnDirection};
+    let rnn = |cell, direction, hidden, batch_first| Rnn { cell, direction, hidden_size: hidden, activations: vec![], clip: None, batch_first };
+    // Hidden sizes off the vector width (padded gates), gate widths over 128 columns (the
+    // 8-vector block and the remainders), both directions, both layouts, one row and several
+    // (the projection's matrix-vector and packed GEMM paths), constant and input states.
+    let cases = [
+        (rnn(RnnCell::Gru { linear_before_reset: false }, RnnDirection::Forward, 40, false), 7, 3, 24, false, 2),
+        (rnn(RnnCell::Gru { linear_before_reset: true }, RnnDirection::Bidirectional, 20, true), 5, 4, 10, true, 2),
+        (rnn(RnnCell::Gru { linear_before_reset: false }, RnnDirection::Reverse, 33, false), 3, 1, 17, false, 1),
+        (rnn(RnnCell::Lstm { input_forget: false }, RnnDirection::Bidirectional, 40, false), 6, 2, 12, false, 3),
+        (rnn(RnnCell::Lstm { input_forget: true }, RnnDirection::Reverse, 9, true), 4, 3, 5, true, 3),
+        (rnn(RnnCell::Simple, RnnDirection::Forward, 64, false), 8, 2, 32, false, 2),
+    ];
+    for (r, seq, batch, input, const_state, outputs) in cases {
+        let what = format!("{:?} {} hidden {}", r.cell, r.direction.name(), r.hidden_size);
+        let (g, inputs) = recurrent_graph(r, seq, batch, input, const_state, outputs);
+        let s = schedule(&g, None);
+        assert_eq!(s.matches("microkernel: recurrent").count(), 1, "{what}:\n{s}");
+        if r_is_pinned(&what) {
+            insta::with_settings!({filters => vec![(r"blocks KC=\d+ MC=\d+ NC=\d+", "blocks KC=[kc] MC=[mc] NC=[nc]")]}, {
+                insta::assert_snapshot!("recurrent_gru_schedule", s);
+            });
+        }
+        check(&g, &inputs, 1);
+        // The choice of the contraction path does not apply: the layer has no other lowering.
+        assert!(schedule(&g, Some(false)).contains("microkernel: recurrent"), "{what}");
+    }
+}
+
+/// The case whose schedule is pinned: the bidirectional GRU.
+fn r_is_pinned(what: &str) -> bool {
+    what.contains("Gru") && what.contains("bidirectional")
+}
+
+#[test]
+fn recurrent_layers_the_kernel_cannot_take_are_unrolled() {
+    use kiln_ir::op::{Rnn, RnnCell, RnnDirection};
+    // A clip (the kernel has ONNX's default activations, unclipped) and a non-default activation.
+    let mut r = Rnn {
+        cell: RnnCell::Gru { linear_before_reset: false },
+        direction: RnnDirection::Forward,
+        hidden_size: 8,
+        activations: vec![],
+        clip: Some(0.5),
+        batch_first: false,
+    };
+    let (g, inputs) = recurrent_graph(r.clone(), 3, 2, 4, false, 2);
+    assert!(!schedule(&g, None).contains("recurrent"));
+    crate::compile::check_against_eval(&g, &inputs, 2, 1e-4);
+    r.clip = None;
+    r.activations = vec![kiln_ir::UnaryOp::Relu, kiln_ir::UnaryOp::Tanh];
+    let (g, inputs) = recurrent_graph(r, 3, 2, 4, false, 2);
+    assert!(!schedule(&g, None).contains("recurrent"));
+    crate::compile::check_against_eval(&g, &inputs, 2, 1e-4);
 }

@@ -3,7 +3,7 @@
 //!
 //! - `Rnn` (RNN, GRU, LSTM) is unrolled over its sequence: one Gemm per gate for the whole input
 //!   sequence, then per step a Gemm per gate on the state and elementwise gate arithmetic
-//!   (`rnn.rs`).
+//!   (`rnn.rs`). On the CPU, layers its recurrent kernel runs whole stay (`run_for_cpu`).
 //! - `Attention` becomes MatMul / Softmax / elementwise (`attention.rs`).
 //! - `RotaryEmbedding` becomes Slice / Gather / elementwise / Concat (`attention.rs`).
 //! - `NegativeLogLikelihoodLoss` and `SoftmaxCrossEntropyLoss` become Equal / Where / ReduceSum
@@ -22,14 +22,25 @@ use kiln_ir::{BinaryOp, DType, Graph, NodeId, Op, Tensor, UnaryOp, ValueId};
 
 use crate::{CompileError, Result};
 
+/// Decomposes every op the code generator has no kernel for (the GPU targets).
 pub fn run(graph: &mut Graph) -> Result<bool> {
+    decompose(graph, |_, _| false)
+}
+
+/// The CPU's decomposition: recurrent layers its recurrent kernel runs whole
+/// (`ukernel::runs_recurrent`: one kernel a layer, its time loop inside) stay as they are.
+pub fn run_for_cpu(graph: &mut Graph) -> Result<bool> {
+    decompose(graph, crate::target::cpu::ukernel::runs_recurrent)
+}
+
+fn decompose(graph: &mut Graph, keep: fn(&Graph, NodeId) -> bool) -> Result<bool> {
     let mut changed = false;
     for id in graph.topo_order()? {
         let Some(node) = graph.try_node(id) else { continue };
         if !matches!(node.op, Op::Rnn(_) | Op::Attention(_) | Op::RotaryEmbedding(_) | Op::NllLoss(_) | Op::SoftmaxCrossEntropyLoss(_)) {
             continue;
         }
-        if !is_static(graph, id) {
+        if !is_static(graph, id) || keep(graph, id) {
             continue;
         }
         let node = node.clone();

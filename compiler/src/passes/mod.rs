@@ -16,13 +16,15 @@ pub struct Pass {
     pub run: fn(&mut Graph) -> Result<bool>,
 }
 
-/// The passes every compile runs, in order.
-pub fn default_passes() -> Vec<Pass> {
+/// The passes every compile for `target` runs, in order.
+pub fn default_passes(target: crate::TargetKind) -> Vec<Pass> {
+    // The CPU runs recurrent layers whole; the GPU targets get them unrolled.
+    let decompose = if target == crate::TargetKind::Cpu { decompose::run_for_cpu } else { decompose::run };
     vec![
         Pass { name: "fold", run: fold::run },
         // Ops without kernels of their own become ops that have them; simplification and
         // folding then tidy what they made (weight slices of constant weights fold away).
-        Pass { name: "decompose", run: decompose::run },
+        Pass { name: "decompose", run: decompose },
         Pass { name: "simplify", run: simplify::run },
         // Simplification exposes more constants (a Reshape of a folded shape...).
         Pass { name: "fold-again", run: fold::run },

@@ -93,15 +93,29 @@ pub fn compile(
     let host = ukernel::Host::detect(&TargetMachine::get_host_cpu_features().to_string());
     let mut uses_ukernel = false;
     for k in kernels {
-        let choice = microkernel.or_else(|| if overrides.is_empty() { None } else { overrides.get(&crate::tune::kernel_signature(graph, k)).copied() });
-        let micro = if choice == Some(false) { None } else { ukernel::plan(graph, k, &host, choice == Some(true)) };
+        let choice =
+            microkernel.or_else(|| if overrides.is_empty() { None } else { overrides.get(&crate::tune::kernel_signature(graph, k)).copied() });
+        // A recurrent layer kept whole (passes/decompose.rs asked `ukernel::runs_recurrent`) has no
+        // linalg lowering: it takes the recurrent kernel whatever the choice.
+        let recurrent = k.nodes.first().is_some_and(|&n| matches!(graph.node(n).op, kiln_ir::Op::Rnn(_)));
+        let micro = if recurrent {
+            Some(
+                ukernel::plan(graph, k, &host, true)
+                    .ok_or_else(|| stage_err(k, "plan", "the recurrent layer was kept whole for the CPU's recurrent kernel, which cannot take it"))?,
+            )
+        } else if choice == Some(false) {
+            None
+        } else {
+            ukernel::plan(graph, k, &host, choice == Some(true))
+        };
         let (module, workgroups, mlir_text, schedule_text, constants, constant_slots) = match &micro {
             Some(u) => {
                 uses_ukernel = true;
                 let (module, text, described) = lower_ukernel(&mlir, graph, k, u)?;
-                let packed = ukernel::pack(graph, u).map_err(|e| stage_err(k, "pack", e.to_string()))?;
+                let packed = ukernel::pack(graph, k, u).map_err(|e| stage_err(k, "pack", e.to_string()))?;
                 // (A pooling kernel has no constant of its own.)
-                let (constants, slots) = if packed.is_empty() { (Vec::new(), Vec::new()) } else { (vec![packed], ukernel::replaced_inputs(graph, k, u)) };
+                let (constants, slots) =
+                    if packed.is_empty() { (Vec::new(), Vec::new()) } else { (vec![packed], ukernel::replaced_inputs(graph, k, u)) };
                 (module, u.workgroups(), text, described, constants, slots)
             }
             None => {
@@ -141,7 +155,7 @@ pub fn compile(
     }
     let object =
         tm.write_to_memory_buffer(&main, FileType::Object).map_err(|e| CompileError::Internal(format!("LLVM object emission failed: {e}")))?;
-    let shared_object = link_shared(object.as_slice(), uses_ukernel.then_some(host))?;
+    let shared_object = link_shared(object.as_slice(), uses_ukernel.then_some(host.level))?;
     Ok(CpuCode { shared_object, kernels: compiled, target_detail: detail, cpu_features })
 }
 
@@ -363,7 +377,7 @@ const SUPPORT_C: &str = include_str!("support.c");
 
 /// Links an object file into a shared object with the system C compiler (libm for the math
 /// that has no LLVM intrinsic); with `ukernel`, the microkernel compiled for the host goes in.
-fn link_shared(object: &[u8], ukernel: Option<ukernel::Host>) -> Result<Vec<u8>> {
+fn link_shared(object: &[u8], ukernel: Option<ukernel::Level>) -> Result<Vec<u8>> {
     static COUNTER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let dir: PathBuf = std::env::temp_dir().join(format!("kiln-link-{}-{n}", std::process::id()));
@@ -375,7 +389,7 @@ fn link_shared(object: &[u8], ukernel: Option<ukernel::Host>) -> Result<Vec<u8>>
         let mut cmd = std::process::Command::new("cc");
         cmd.args(["-shared", "-fPIC", "-O2", "-o"]).arg(&so).arg(&obj).arg(&support);
         if let Some(host) = ukernel {
-            cmd.arg(ukernel_object(&dir, host)?);
+            cmd.args(ukernel_objects(&dir, host)?);
         }
         let out = cmd.arg("-lm").output().map_err(|e| format!("cannot run the system linker `cc` (install a C toolchain: scripts/setup.sh): {e}"))?;
         if !out.status.success() {
@@ -387,14 +401,28 @@ fn link_shared(object: &[u8], ukernel: Option<ukernel::Host>) -> Result<Vec<u8>>
     result.map_err(CompileError::Internal)
 }
 
-/// The microkernel's object for the host's instruction-set level, built with kiln (build.rs).
-fn ukernel_object(dir: &std::path::Path, host: ukernel::Host) -> Result<PathBuf, String> {
-    let bytes: &[u8] = match host.level {
-        ukernel::Level::V4 => include_bytes!(concat!(env!("OUT_DIR"), "/ukernel-v4.o")),
-        ukernel::Level::V3 => include_bytes!(concat!(env!("OUT_DIR"), "/ukernel-v3.o")),
-        ukernel::Level::V1 => include_bytes!(concat!(env!("OUT_DIR"), "/ukernel-v1.o")),
+/// The microkernel's and the recurrent kernel's objects for the host's instruction-set level,
+/// built with kiln (build.rs).
+fn ukernel_objects(dir: &std::path::Path, host: ukernel::Level) -> Result<Vec<PathBuf>, String> {
+    let objects: [(&str, &[u8]); 2] = match host {
+        ukernel::Level::V4 => [
+            ("ukernel.o", include_bytes!(concat!(env!("OUT_DIR"), "/ukernel-v4.o"))),
+            ("recurrent.o", include_bytes!(concat!(env!("OUT_DIR"), "/recurrent-v4.o"))),
+        ],
+        ukernel::Level::V3 => [
+            ("ukernel.o", include_bytes!(concat!(env!("OUT_DIR"), "/ukernel-v3.o"))),
+            ("recurrent.o", include_bytes!(concat!(env!("OUT_DIR"), "/recurrent-v3.o"))),
+        ],
+        ukernel::Level::V1 => [
+            ("ukernel.o", include_bytes!(concat!(env!("OUT_DIR"), "/ukernel-v1.o"))),
+            ("recurrent.o", include_bytes!(concat!(env!("OUT_DIR"), "/recurrent-v1.o"))),
+        ],
     };
-    let path = dir.join("ukernel.o");
-    std::fs::write(&path, bytes).map_err(|e| format!("{}: {e}", path.display()))?;
-    Ok(path)
+    let mut paths = Vec::new();
+    for (name, bytes) in objects {
+        let path = dir.join(name);
+        std::fs::write(&path, bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+        paths.push(path);
+    }
+    Ok(paths)
 }

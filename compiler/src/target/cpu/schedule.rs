@@ -261,7 +261,6 @@ fn register_plan(ops: &[LinalgOp], a: usize, local: &[usize]) -> Option<Register
     Some(Register { peel: !local[v].is_multiple_of(sizes[v]), sizes, chain, contraction, dot: false })
 }
 
-
 /// Decides a kernel's schedule from its ops and its output's dimensions; `None` runs it as it is
 /// (one workgroup, scalar loops). Without `vectorize`, only the workgroup split; without
 /// `distribute`, one workgroup.
@@ -298,8 +297,11 @@ pub fn decide(ops: &[LinalgOp], dims: &[usize], sequential: bool, vectorize: boo
     // Row reductions outside the register tile (softmax's max and sum, a normalisation's
     // moments): one row at a time, the whole row a vector.
     let in_chain: HashSet<usize> = register.iter().flat_map(|r| r.chain.iter().copied()).chain([a]).collect();
-    let rows: Vec<(usize, usize)> =
-        if vectorize { (0..ops.len()).filter(|i| !in_chain.contains(i)).filter_map(|i| row_reduction(&ops[i]).map(|c| (i, c))).collect() } else { Vec::new() };
+    let rows: Vec<(usize, usize)> = if vectorize {
+        (0..ops.len()).filter(|i| !in_chain.contains(i)).filter_map(|i| row_reduction(&ops[i]).map(|c| (i, c))).collect()
+    } else {
+        Vec::new()
+    };
     // Other ops stay loop nests for LLVM to vectorise: it can only do so along the innermost
     // loop, so a reduction window (pooling, a strided depthwise convolution) moves outside the
     // output row.
@@ -365,11 +367,15 @@ fn shape(d: &[usize]) -> String {
 
 /// A kernel's ops and its schedule, as `kiln emit --stage schedule` prints them.
 pub fn describe(kernel: &str, ops: &[LinalgOp], schedule: Option<&Schedule>) -> String {
-    let mut s = format!("kernel {kernel}
-");
+    let mut s = format!(
+        "kernel {kernel}
+"
+    );
     for (i, op) in ops.iter().enumerate() {
-        s.push_str(&format!("  op{i}: {op}
-"));
+        s.push_str(&format!(
+            "  op{i}: {op}
+"
+        ));
     }
     match schedule {
         Some(sch) => {

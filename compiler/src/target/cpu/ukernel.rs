@@ -17,8 +17,8 @@ use melior::ir::r#type::{FunctionType, IntegerType};
 use melior::ir::{Block, BlockLike, Location, Module, Region, RegionLike, Type, Value, ValueLike};
 use melior::Context;
 
-use kiln_ir::op::{BinaryOp, PoolKind, UnaryOp};
-use kiln_ir::{DType, Graph, Op, ValueId};
+use kiln_ir::op::{BinaryOp, PoolKind, Rnn, RnnCell, RnnDirection, UnaryOp};
+use kiln_ir::{DType, Graph, NodeId, Op, ValueId};
 
 use crate::codegen::mlir::{op, push};
 use crate::fuse::Kernel;
@@ -105,6 +105,17 @@ pub struct Epilogue {
     pub activation: Activation,
 }
 
+/// Where a recurrent layer's initial state (or cell) comes from.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum State {
+    /// Zeros.
+    None,
+    /// A kernel input.
+    Input(ValueId),
+    /// A constant, packed after the weights.
+    Packed,
+}
+
 /// The GEMM view of the kernel's root.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Shape {
@@ -163,6 +174,22 @@ pub enum Shape {
         oh: usize,
         ow: usize,
     },
+    /// A recurrent layer (RNN, GRU, LSTM) whole (`recurrent.c`): every step's input projection
+    /// as one GEMM by the packed W^T, then the time loop, a matrix-vector product by the resident
+    /// R^T and the gate arithmetic per step; one direction a workgroup.
+    Recurrent {
+        cell: RnnCell,
+        direction: RnnDirection,
+        batch_first: bool,
+        seq: usize,
+        batch: usize,
+        input: usize,
+        hidden: usize,
+        h0: State,
+        c0: State,
+        /// The kernel output slot of each result (Y, Y_h, Y_c) that is wanted.
+        results: [Option<usize>; 3],
+    },
 }
 
 /// The decision for one kernel.
@@ -195,6 +222,8 @@ impl Ukernel {
             Shape::ConvTranspose { cin, h, w, cout, kh, kw, .. } => (cout * kh * kw, h * w, cin),
             Shape::Pool { kh, kw, oh, ow, .. } => (1, oh * ow, kh * kw),
             Shape::Gather { n_idx, row_bytes, .. } => (n_idx, row_bytes, 1),
+            // The input projection's GEMM.
+            Shape::Recurrent { cell, seq, batch, input, hidden, .. } => (seq * batch, gates(cell) * hidden, input),
         }
     }
 
@@ -205,7 +234,7 @@ impl Ukernel {
     pub fn workgroups(&self) -> u64 {
         let images = match self.shape {
             Shape::Conv { batch, .. } | Shape::ConvTranspose { batch, .. } | Shape::Pool { batch, .. } => batch,
-            Shape::Gemm { .. } | Shape::Gather { .. } => 1,
+            Shape::Gemm { .. } | Shape::Gather { .. } | Shape::Recurrent { .. } => 1,
         };
         (images * self.chunks) as u64
     }
@@ -239,6 +268,22 @@ impl fmt::Display for Ukernel {
             Shape::Gemm { trans_a, trans_b, .. } => {
                 write!(f, "microkernel: GEMM M={m} N={n} K={k}{}{}", if *trans_a { ", A transposed" } else { "" }, if *trans_b { ", B transposed" } else { "" })?
             }
+            Shape::Recurrent { cell, direction, batch_first, seq, batch, input, hidden, .. } => {
+                let what = match cell {
+                    RnnCell::Simple => "RNN".to_string(),
+                    RnnCell::Gru { linear_before_reset } => format!("GRU{}", if *linear_before_reset { " (linear before reset)" } else { "" }),
+                    RnnCell::Lstm { input_forget } => format!("LSTM{}", if *input_forget { " (input and forget gates coupled)" } else { "" }),
+                };
+                writeln!(
+                    f,
+                    "microkernel: recurrent {what} layer, {}, {seq} steps of batch {batch}{}, input {input}, hidden {hidden}",
+                    direction.name(),
+                    if *batch_first { " (batch first)" } else { "" }
+                )?;
+                writeln!(f, "input projections: one GEMM M={m} N={n} K={k} by W^T packed at compile time, blocks KC={} MC={} NC={}", self.kc, self.mc, self.nc)?;
+                writeln!(f, "time loop in the kernel: per step the state times R^T (resident, packed), then the gates on vectors")?;
+                return writeln!(f, "workgroups: {} (one a direction)", self.workgroups());
+            }
         }
         writeln!(f)?;
         if matches!(self.shape, Shape::Gather { .. }) {
@@ -256,7 +301,7 @@ impl fmt::Display for Ukernel {
                 Shape::Conv { .. } if self.transposed => "transposed: C^T = im2col^T (packed at run time) x W^T, vectors along output channels",
                 Shape::Conv { .. } => "B packed (im2col) at run time",
                 Shape::ConvTranspose { .. } => "B (the input) packed at run time",
-                Shape::Pool { .. } | Shape::Gather { .. } => "",
+                Shape::Pool { .. } | Shape::Gather { .. } | Shape::Recurrent { .. } => "",
                 Shape::Gemm { m, .. } if m < self.mr / 2 => "rows times packed B strips (matrix-vector)",
                 Shape::Gemm { .. } => "A packed at run time",
             };
@@ -294,6 +339,9 @@ const MIN_MACS: usize = 1 << 16;
 /// only for the shape classes where it is the faster path).
 pub fn plan(graph: &Graph, kernel: &Kernel, host: &Host, always: bool) -> Option<Ukernel> {
     let (&root, tail) = kernel.nodes.split_first()?;
+    if let Op::Rnn(r) = &graph.node(root).op {
+        return recurrent_plan(graph, kernel, root, r, host);
+    }
     if kernel.outputs.len() != 1 || kernel.outputs[0] != ValueId::from(*kernel.nodes.last()?) {
         return None;
     }
@@ -322,7 +370,8 @@ pub fn plan(graph: &Graph, kernel: &Kernel, host: &Host, always: bool) -> Option
             for i in 0..spatial {
                 axes.push(c.window.resolve(i, xd[2 + i], wd[2 + i], false).ok()?);
             }
-            let (h, kh, kw, stride, dilation, pad, oh, ow) = plane(&xd, &wd, axes.iter().map(|a| (a.stride, a.dilation, a.pad_begin as i64, a.output)))?;
+            let (h, kh, kw, stride, dilation, pad, oh, ow) =
+                plane(&xd, &wd, axes.iter().map(|a| (a.stride, a.dilation, a.pad_begin as i64, a.output)))?;
             let pad = [pad[0] as usize, pad[1] as usize];
             let shape = Shape::Conv { batch: xd[0], c: xd[1], h, w: xd[xd.len() - 1], m: wd[0], group: g, kh, kw, stride, dilation, pad, oh, ow };
             (shape, x, w, operand_bias(graph, operands.get(2).copied().flatten(), wd[0])?)
@@ -425,19 +474,19 @@ pub fn plan(graph: &Graph, kernel: &Kernel, host: &Host, always: bool) -> Option
         Shape::Gemm { m, n, k, .. } => (m, n, k),
         Shape::ConvTranspose { cin, h, w, cout, kh, kw, .. } => (cout * kh * kw, h * w, cin),
         Shape::Pool { kh, kw, oh, ow, .. } => (1, oh * ow, kh * kw),
-        // (Planned by gather_plan.)
-        Shape::Gather { .. } => return None,
+        // (Planned by gather_plan and recurrent_plan.)
+        Shape::Gather { .. } | Shape::Recurrent { .. } => return None,
     };
     let depthwise = matches!(shape, Shape::Conv { c, m, group, .. } if group == c && group == m);
     let channels = match shape {
         Shape::Conv { m, .. } => m,
         Shape::ConvTranspose { cout, .. } => cout,
         Shape::Pool { c, .. } => c,
-        Shape::Gemm { .. } | Shape::Gather { .. } => 0,
+        Shape::Gemm { .. } | Shape::Gather { .. } | Shape::Recurrent { .. } => 0,
     };
     let images = match shape {
         Shape::Conv { batch, .. } | Shape::ConvTranspose { batch, .. } | Shape::Pool { batch, .. } => batch,
-        Shape::Gemm { .. } | Shape::Gather { .. } => 1,
+        Shape::Gemm { .. } | Shape::Gather { .. } | Shape::Recurrent { .. } => 1,
     };
     // Enough rows and columns to fill the register tiles, and enough work to pay for packing.
     // A GEMM of few rows streams its packed weights (matrix-vector); a depthwise convolution has
@@ -448,7 +497,7 @@ pub fn plan(graph: &Graph, kernel: &Kernel, host: &Host, always: bool) -> Option
         Shape::Conv { .. } if few_positions(&shape) => true,
         Shape::Conv { .. } => m >= host.mr && n >= NR / 2,
         Shape::ConvTranspose { .. } | Shape::Pool { .. } => true,
-        Shape::Gather { .. } => false,
+        Shape::Gather { .. } | Shape::Recurrent { .. } => false,
     };
     let work = images * m.max(1) * n * k * if depthwise || matches!(shape, Shape::Pool { .. }) { channels } else { 1 };
     // A GEMM the linalg path cannot vectorise at all is worth the call at any size.
@@ -468,7 +517,13 @@ pub fn plan(graph: &Graph, kernel: &Kernel, host: &Host, always: bool) -> Option
         let ops: Vec<ValueId> = graph.operands(t).into_iter().flatten().collect();
         match &node.op {
             Op::Binary(BinaryOp::Add) if ops.len() == 2 => {
-                let other = if ops[0] == cur { ops[1] } else if ops[1] == cur { ops[0] } else { return None };
+                let other = if ops[0] == cur {
+                    ops[1]
+                } else if ops[1] == cur {
+                    ops[0]
+                } else {
+                    return None;
+                };
                 let od = dims(other)?;
                 if graph.value_type(other).dtype != DType::F32 {
                     return None;
@@ -478,7 +533,7 @@ pub fn plan(graph: &Graph, kernel: &Kernel, host: &Host, always: bool) -> Option
                 } else {
                     let add = match shape {
                         // The pooling kernel adds nothing.
-                        Shape::Pool { .. } | Shape::Gather { .. } => return None,
+                        Shape::Pool { .. } | Shape::Gather { .. } | Shape::Recurrent { .. } => return None,
                         Shape::Conv { .. } | Shape::ConvTranspose { .. } => channel_bias(graph, other, channels, out_dims.len())?,
                         Shape::Gemm { .. } => column_bias(graph, other, n)?,
                     };
@@ -504,14 +559,7 @@ pub fn plan(graph: &Graph, kernel: &Kernel, host: &Host, always: bool) -> Option
         cur = ValueId::from(t);
     }
     let mr = host.mr;
-    // KC: a B micro-panel (KC x NR) in half of L1; a K that is not much more is one block.
-    let mut kc = (host.l1_bytes / 2 / (NR * 4)).clamp(64, 512) / 16 * 16;
-    if k <= kc + kc / 4 {
-        kc = k;
-    }
-    // MC: an A block (MC x KC) in half of L2; NC: a B panel (KC x NC) in a quarter of it.
-    let mc = (host.l2_bytes / 2 / (kc * 4)).clamp(mr, 4096) / mr * mr;
-    let nc = (host.l2_bytes / 4 / (kc * 4)).clamp(NR, 4096) / NR * NR;
+    let (kc, mc, nc) = blocks(k, host);
     // Workgroups: whole images when there are enough, else column chunks (each packs its own
     // part of B), else row chunks (each packs all of B), for about 4 in all.
     let transposed = few_positions(&shape);
@@ -542,6 +590,120 @@ pub fn plan(graph: &Graph, kernel: &Kernel, host: &Host, always: bool) -> Option
         }
     };
     Some(Ukernel { shape, input, weight, epilogue: Epilogue { bias, residual, activation }, mr, kc, mc, nc, chunks, split_n, transposed })
+}
+
+/// The GEMM's cache blocks (KC, MC, NC) for a K, from the host's caches.
+fn blocks(k: usize, host: &Host) -> (usize, usize, usize) {
+    let mr = host.mr;
+    // KC: a B micro-panel (KC x NR) in half of L1; a K that is not much more is one block.
+    let mut kc = (host.l1_bytes / 2 / (NR * 4)).clamp(64, 512) / 16 * 16;
+    if k <= kc + kc / 4 {
+        kc = k;
+    }
+    // MC: an A block (MC x KC) in half of L2; NC: a B panel (KC x NC) in a quarter of it.
+    let mc = (host.l2_bytes / 2 / (kc.max(1) * 4)).clamp(mr, 4096) / mr * mr;
+    let nc = (host.l2_bytes / 4 / (kc.max(1) * 4)).clamp(NR, 4096) / NR * NR;
+    (kc, mc, nc)
+}
+
+/// Gates of a recurrent cell (rows of W and R per hidden unit).
+fn gates(cell: RnnCell) -> usize {
+    match cell {
+        RnnCell::Simple => 1,
+        RnnCell::Gru { .. } => 3,
+        RnnCell::Lstm { .. } => 4,
+    }
+}
+
+/// Whether the CPU runs this `Rnn` node whole on the recurrent kernel (`recurrent.c`) rather than
+/// unrolled into kernels per step (`passes/decompose/rnn.rs`): f32 throughout, static shapes,
+/// ONNX's default activations and no clip, no sequence lengths (or constant full ones), and
+/// constant weights, biases and peepholes (packed at compile time) with R large enough to be a
+/// buffer (it carries the packed constant). The decomposition pass asks this too: what it keeps
+/// whole, `plan` must take.
+pub fn runs_recurrent(graph: &Graph, id: NodeId) -> bool {
+    let Op::Rnn(r) = &graph.node(id).op else { return false };
+    let operands = graph.operands(id);
+    let operand = |i: usize| operands.get(i).copied().flatten();
+    let defaults = Rnn { activations: Vec::new(), ..r.clone() };
+    if r.clip.is_some() || r.effective_activations() != defaults.effective_activations() || operands.len() > 8 {
+        return false;
+    }
+    let all_f32 = operands.iter().enumerate().filter(|(i, _)| *i != 4).filter_map(|(_, v)| *v).all(|v| graph.value_type(v).dtype == DType::F32)
+        && graph.node(id).outputs.iter().all(|t| t.dtype == DType::F32);
+    let static_shapes =
+        operands.iter().flatten().all(|&v| graph.value_type(v).shape.is_fixed()) && graph.node(id).outputs.iter().all(|t| t.shape.is_fixed());
+    if !all_f32 || !static_shapes {
+        return false;
+    }
+    let (Some(x), Some(w), Some(rw)) = (operand(0), operand(1), operand(2)) else { return false };
+    let constant = |v: Option<ValueId>| v.is_none_or(|v| graph.constant_value(v).is_some());
+    if graph.constant_value(x).is_some() || !constant(Some(w)) || !constant(Some(rw)) || !constant(operand(3)) || !constant(operand(7)) {
+        return false;
+    }
+    if crate::fuse::is_inline_constant(graph, rw) {
+        return false;
+    }
+    let Some(xd) = graph.value_type(x).shape.as_fixed() else { return false };
+    let Some(hidden) = graph.value_type(rw).shape.as_fixed().and_then(|d| d.last().copied()) else { return false };
+    if xd.len() != 3 || xd.contains(&0) || hidden == 0 {
+        return false;
+    }
+    let seq = if r.batch_first { xd[1] } else { xd[0] };
+    // Sequence lengths: none, or a constant that is full for every sequence.
+    match operand(4) {
+        None => true,
+        Some(l) => graph.constant_value(l).is_some_and(|t| t.to_i64s().iter().all(|&n| n == seq as i64)),
+    }
+}
+
+/// A recurrent layer kept whole for the CPU (see `runs_recurrent`).
+fn recurrent_plan(graph: &Graph, kernel: &Kernel, root: NodeId, r: &Rnn, host: &Host) -> Option<Ukernel> {
+    if !runs_recurrent(graph, root) || kernel.nodes.len() != 1 {
+        return None;
+    }
+    let operands = graph.operands(root);
+    let operand = |i: usize| operands.get(i).copied().flatten();
+    let (x, rw) = (operand(0)?, operand(2)?);
+    let xd = graph.value_type(x).shape.as_fixed()?;
+    let hidden = *graph.value_type(rw).shape.as_fixed()?.last()?;
+    let (seq, batch, input) = if r.batch_first { (xd[1], xd[0], xd[2]) } else { (xd[0], xd[1], xd[2]) };
+    let is_lstm = matches!(r.cell, RnnCell::Lstm { .. });
+    let state = |v: Option<ValueId>| -> Option<State> {
+        Some(match v {
+            None => State::None,
+            Some(v) if graph.constant_value(v).is_some() => State::Packed,
+            Some(v) if kernel.inputs.contains(&v) => State::Input(v),
+            Some(_) => return None,
+        })
+    };
+    let h0 = state(operand(5))?;
+    let c0 = if is_lstm { state(operand(6))? } else { State::None };
+    if !kernel.inputs.contains(&x) || !kernel.inputs.contains(&rw) {
+        return None;
+    }
+    let mut results = [None; 3];
+    for (slot, v) in kernel.outputs.iter().enumerate() {
+        if v.node != root || v.output > 2 {
+            return None;
+        }
+        results[v.output] = Some(slot);
+    }
+    let dirs = if r.direction == RnnDirection::Bidirectional { 2 } else { 1 };
+    let (kc, mc, nc) = blocks(input, host);
+    Some(Ukernel {
+        shape: Shape::Recurrent { cell: r.cell, direction: r.direction, batch_first: r.batch_first, seq, batch, input, hidden, h0, c0, results },
+        input: x,
+        weight: rw,
+        epilogue: Epilogue { bias: None, residual: None, activation: Activation::None },
+        mr: host.mr,
+        kc,
+        mc,
+        nc,
+        chunks: dirs,
+        split_n: false,
+        transposed: false,
+    })
 }
 
 /// A Gather along axis 0 with nothing after it: whole rows copied by index. The linalg path
@@ -599,7 +761,7 @@ fn beats_linalg(shape: &Shape, k: usize, n: usize, host: &Host) -> bool {
         Shape::Gemm { .. } => k * n * 4 > host.l2_bytes / 2 || scalar_on_linalg(shape),
         // The linalg path convolves a stride-spread copy of the input: 4-9x slower.
         Shape::ConvTranspose { .. } => true,
-        Shape::Gather { .. } => false,
+        Shape::Gather { .. } | Shape::Recurrent { .. } => false,
         // Its pooling windows are loop nests, 2-3x slower.
         Shape::Pool { .. } => true,
     }
@@ -621,7 +783,11 @@ fn few_positions(shape: &Shape) -> bool {
 /// one of height 1): input height, kernel size, stride, dilation, begin padding and output size
 /// per axis, from the input and weight dims and each axis's (stride, dilation, pad, output).
 #[allow(clippy::type_complexity)]
-fn plane(xd: &[usize], wd: &[usize], axes: impl Iterator<Item = (usize, usize, i64, usize)>) -> Option<(usize, usize, usize, [usize; 2], [usize; 2], [i64; 2], usize, usize)> {
+fn plane(
+    xd: &[usize],
+    wd: &[usize],
+    axes: impl Iterator<Item = (usize, usize, i64, usize)>,
+) -> Option<(usize, usize, usize, [usize; 2], [usize; 2], [i64; 2], usize, usize)> {
     let axes: Vec<_> = axes.collect();
     let (sw, dw, pw, ow) = *axes.last()?;
     let (h, kh, (sh, dh, ph, oh)) = match axes.len() {
@@ -680,9 +846,13 @@ fn column_bias(graph: &Graph, v: ValueId, n: usize) -> Option<Vec<f32>> {
 
 /// The constant the kernel reads instead of its weight: the weight packed for the microkernel,
 /// then the bias (M or N floats), little-endian f32.
-pub fn pack(graph: &Graph, u: &Ukernel) -> Result<Vec<u8>> {
+pub fn pack(graph: &Graph, kernel: &Kernel, u: &Ukernel) -> Result<Vec<u8>> {
     if matches!(u.shape, Shape::Pool { .. } | Shape::Gather { .. }) {
         return Ok(Vec::new());
+    }
+    if let Shape::Recurrent { .. } = u.shape {
+        let out = pack_recurrent(graph, kernel, u)?;
+        return Ok(out.iter().flat_map(|x| x.to_le_bytes()).collect());
     }
     let w = constant_f32s(graph, u.weight).ok_or_else(|| CompileError::Internal("the microkernel's weight is not a constant".into()))?;
     let (m, n, k) = u.mnk();
@@ -712,7 +882,7 @@ pub fn pack(graph: &Graph, u: &Ukernel) -> Result<Vec<u8>> {
                 }
             }
         }
-        Shape::Pool { .. } | Shape::Gather { .. } => {}
+        Shape::Pool { .. } | Shape::Gather { .. } | Shape::Recurrent { .. } => {}
         // A[m, ci] = W[ci, m] (W is [Cin, Cout*KH*KW]), in strips of MR rows.
         Shape::ConvTranspose { .. } => {
             out.resize(m.div_ceil(u.mr) * k * u.mr, 0.0);
@@ -750,7 +920,79 @@ fn packed_floats(u: &Ukernel) -> usize {
         Shape::ConvTranspose { .. } => m.div_ceil(u.mr) * k * u.mr,
         Shape::Gemm { .. } => n.div_ceil(NR) * k * NR,
         Shape::Pool { .. } | Shape::Gather { .. } => 0,
+        Shape::Recurrent { direction, .. } => recurrent_floats_per_direction(&u.shape) * if direction == RnnDirection::Bidirectional { 2 } else { 1 },
     }
+}
+
+/// Floats of one direction's packed weights (as `recurrent.c` lays them out): W^T in strips of
+/// NR columns, R^T, the bias, the candidate's recurrent bias, the peepholes.
+fn recurrent_floats_per_direction(shape: &Shape) -> usize {
+    let Shape::Recurrent { cell, input, hidden, .. } = *shape else { return 0 };
+    let hp = hidden.div_ceil(16) * 16;
+    let ghp = gates(cell) * hp;
+    ghp.div_ceil(NR) * NR * input + hidden * ghp + ghp + hp + 3 * hp
+}
+
+/// A recurrent layer's packed constant: per direction the layout `recurrent.c` reads (each gate's
+/// columns padded to a multiple of 16, padding zero), then the initial state and cell where they
+/// are constants.
+fn pack_recurrent(graph: &Graph, kernel: &Kernel, u: &Ukernel) -> Result<Vec<f32>> {
+    let Shape::Recurrent { cell, direction, input, hidden, h0, c0, .. } = u.shape else { return Ok(Vec::new()) };
+    let root = *kernel.nodes.first().ok_or_else(|| CompileError::Internal("a recurrent kernel without its node".into()))?;
+    let operands = graph.operands(root);
+    let constant = |i: usize| -> Option<Vec<f32>> { operands.get(i).copied().flatten().and_then(|v| constant_f32s(graph, v)) };
+    let missing = |what: &str| CompileError::Internal(format!("the recurrent layer's {what} is not a constant"));
+    let w = constant(1).ok_or_else(|| missing("W"))?;
+    let r = constant(2).ok_or_else(|| missing("R"))?;
+    let (b, p) = (constant(3), constant(7));
+    let dirs = if direction == RnnDirection::Bidirectional { 2 } else { 1 };
+    let g = gates(cell);
+    let (h, hp) = (hidden, hidden.div_ceil(16) * 16);
+    let ghp = g * hp;
+    let lbr = matches!(cell, RnnCell::Gru { linear_before_reset: true });
+    let per = recurrent_floats_per_direction(&u.shape);
+    let mut out = vec![0.0f32; per * dirs];
+    for d in 0..dirs {
+        let o = &mut out[d * per..(d + 1) * per];
+        let (wp, rest) = o.split_at_mut(ghp.div_ceil(NR) * NR * input);
+        let (rt, rest) = rest.split_at_mut(h * ghp);
+        let (bias, rest) = rest.split_at_mut(ghp);
+        let (rbh, peep) = rest.split_at_mut(hp);
+        for gate in 0..g {
+            for c in 0..h {
+                let (row, j) = (gate * h + c, gate * hp + c);
+                for k in 0..input {
+                    wp[((j / NR) * input + k) * NR + j % NR] = w[(d * g * h + row) * input + k];
+                }
+                for k in 0..h {
+                    rt[k * ghp + j] = r[(d * g * h + row) * h + k];
+                }
+                if let Some(b) = &b {
+                    let (wb, rb) = (b[d * 2 * g * h + row], b[d * 2 * g * h + g * h + row]);
+                    // GRU's candidate with linear_before_reset: its recurrent bias is inside r * (...).
+                    if lbr && gate == 2 {
+                        bias[j] = wb;
+                        rbh[c] = rb;
+                    } else {
+                        bias[j] = wb + rb;
+                    }
+                }
+            }
+        }
+        if let Some(p) = &p {
+            for gate in 0..3 {
+                for c in 0..h {
+                    peep[gate * hp + c] = p[d * 3 * h + gate * h + c];
+                }
+            }
+        }
+    }
+    for (state, i) in [(h0, 5), (c0, 6)] {
+        if state == State::Packed {
+            out.extend(constant(i).ok_or_else(|| missing("initial state"))?);
+        }
+    }
+    Ok(out)
 }
 
 /// The kernel's module: `<name>_body` takes the kernel's buffers (the weight's slot holds the
@@ -773,6 +1015,7 @@ pub fn build<'c>(ctx: &'c Context, graph: &Graph, kernel: &Kernel, u: &Ukernel) 
         Shape::ConvTranspose { .. } => "kiln_uk_conv_transpose",
         Shape::Pool { .. } => "kiln_uk_pool2d",
         Shape::Gather { .. } => "kiln_uk_gather_rows",
+        Shape::Recurrent { .. } => "kiln_uk_recurrent",
     };
     let block = Block::new(&arg_types.iter().map(|t| (*t, loc)).collect::<Vec<_>>());
     // The call's arguments, each i64 (pointers, sizes) or f32 (the clip bounds); the callee's
@@ -787,7 +1030,11 @@ pub fn build<'c>(ctx: &'c Context, graph: &Graph, kernel: &Kernel, u: &Ukernel) 
             Ok(push(&block, arith::index_cast(p, i64t, loc)))
         };
         let slot = |v: ValueId| -> Result<usize> {
-            kernel.inputs.iter().position(|&x| x == v).ok_or_else(|| CompileError::Internal(format!("%{} is not an input of {}", graph.value_name(v), kernel.name)))
+            kernel
+                .inputs
+                .iter()
+                .position(|&x| x == v)
+                .ok_or_else(|| CompileError::Internal(format!("%{} is not an input of {}", graph.value_name(v), kernel.name)))
         };
         let n_in = kernel.inputs.len();
         let x = pointer(slot(u.input)?)?;
@@ -818,14 +1065,74 @@ pub fn build<'c>(ctx: &'c Context, graph: &Graph, kernel: &Kernel, u: &Ukernel) 
         let mut args: Vec<Value> = vec![x, wp, bias, res, y];
         if let Shape::Pool { c, h, w, kh, kw, stride, dilation, pad, pad_end, oh, ow, kind, .. } = &u.shape {
             args = vec![x, y];
-            args.extend(ints(&[*c, *h, *w, *kh, *kw, stride[0], stride[1], dilation[0], dilation[1], pad[0], pad[1], pad_end[0], pad_end[1], *oh, *ow, *kind as usize]));
+            args.extend(ints(&[
+                *c,
+                *h,
+                *w,
+                *kh,
+                *kw,
+                stride[0],
+                stride[1],
+                dilation[0],
+                dilation[1],
+                pad[0],
+                pad[1],
+                pad_end[0],
+                pad_end[1],
+                *oh,
+                *ow,
+                *kind as usize,
+            ]));
         }
         if let Shape::Gather { indices, rows, row_bytes, n_idx, idx64 } = &u.shape {
             args = vec![x, pointer(slot(*indices)?)?, y];
             args.extend(ints(&[*rows, *row_bytes, *n_idx, *idx64 as usize]));
         }
+        if let Shape::Recurrent { cell, direction, batch_first, seq, batch, input, hidden, h0, c0, results } = &u.shape {
+            // Constant initial states follow the weights in the packed constant.
+            let mut packed_next = packed_floats(u);
+            let state_floats = batch * hidden * if *direction == RnnDirection::Bidirectional { 2 } else { 1 };
+            let mut state = |s: &State| -> Result<Value> {
+                Ok(match s {
+                    State::None => c64(0),
+                    State::Input(v) => pointer(slot(*v)?)?,
+                    State::Packed => {
+                        let off = c64(4 * packed_next as i64);
+                        packed_next += state_floats;
+                        push(&block, arith::addi(wp, off, loc))
+                    }
+                })
+            };
+            let (h0, c0) = (state(h0)?, state(c0)?);
+            let result = |i: usize| -> Result<Value> { results[i].map_or_else(|| Ok(c64(0)), |slot| pointer(n_in + slot)) };
+            args = vec![x, wp, h0, c0, result(0)?, result(1)?, result(2)?];
+            let (cell, lbr, input_forget) = match cell {
+                RnnCell::Simple => (0, false, false),
+                RnnCell::Gru { linear_before_reset } => (1, *linear_before_reset, false),
+                RnnCell::Lstm { input_forget } => (2, false, *input_forget),
+            };
+            let direction = match direction {
+                RnnDirection::Forward => 0,
+                RnnDirection::Reverse => 1,
+                RnnDirection::Bidirectional => 2,
+            };
+            args.extend(ints(&[
+                cell,
+                lbr as usize,
+                input_forget as usize,
+                direction,
+                *batch_first as usize,
+                *seq,
+                *batch,
+                *input,
+                *hidden,
+                u.kc,
+                u.mc,
+                u.nc,
+            ]));
+        }
         match &u.shape {
-            Shape::Pool { .. } | Shape::Gather { .. } => {}
+            Shape::Pool { .. } | Shape::Gather { .. } | Shape::Recurrent { .. } => {}
             Shape::Conv { c, h, w, kh, kw, stride, dilation, pad, oh, ow, .. } if u.depthwise() => {
                 args.extend(ints(&[*c, *h, *w, *kh, *kw, stride[0], stride[1], dilation[0], dilation[1], pad[0], pad[1], *oh, *ow]));
             }
@@ -843,13 +1150,15 @@ pub fn build<'c>(ctx: &'c Context, graph: &Graph, kernel: &Kernel, u: &Ukernel) 
                 args.extend(ints(&[*m, *n, *k, lda, ka]));
             }
         }
-        // (A gather has no epilogue.)
-        if !matches!(u.shape, Shape::Gather { .. }) {
+        // (A gather and a recurrent layer have no epilogue.)
+        if !matches!(u.shape, Shape::Gather { .. } | Shape::Recurrent { .. }) {
             args.push(c64(act));
             args.push(cf(lo));
             args.push(cf(hi));
         }
-        if matches!(u.shape, Shape::Gather { .. }) {
+        if matches!(u.shape, Shape::Recurrent { .. }) {
+            // (Its blocks are among its sizes; its workgroups are its directions.)
+        } else if matches!(u.shape, Shape::Gather { .. }) {
             args.extend(ints(&[u.chunks]));
         } else if u.depthwise() || matches!(u.shape, Shape::Pool { .. }) {
             args.extend(ints(&[u.chunks]));
