@@ -198,14 +198,17 @@ fn max_and_average_pooling() {
 
 #[test]
 fn matrix_vector_products_stream_packed_weights() {
-    for rows in [1, 3] {
+    // 4 to 7 rows stream too where the register tile has 8 rows (AVX-512): groups of 4, 2, 1.
+    for rows in [1, 3, 4, 7] {
         let g = GraphBuilder::new("gemv");
         let x = g.input("x", DType::F32, [rows, 130]);
         let w = g.constant("w", Tensor::random(DType::F32, &[70, 130], 19));
         let b = g.constant("b", Tensor::random(DType::F32, &[70], 20));
         g.output("y", x.linear(w, b));
         let g = g.build().unwrap();
-        assert!(schedule(&g, Some(true)).contains("matrix-vector"));
+        if rows < 4 {
+            assert!(schedule(&g, Some(true)).contains("matrix-vector"));
+        }
         check(&g, &[Tensor::random(DType::F32, &[rows, 130], 21)], 1);
     }
 }
@@ -392,4 +395,48 @@ fn recurrent_layers_the_kernel_cannot_take_are_unrolled() {
     let (g, inputs) = recurrent_graph(r, 3, 2, 4, false, 2);
     assert!(!schedule(&g, None).contains("recurrent"));
     crate::compile::check_against_eval(&g, &inputs, 2, 1e-4);
+}
+
+#[test]
+fn reductions_and_softmax_by_rows() {
+    use kiln_ir::op::{PoolKind, Reduce, ReduceKind};
+    let reduce = |kind, dims: &[usize], axes: Option<&[i64]>, keepdims| {
+        let g = GraphBuilder::new("reduce");
+        let x = g.input("x", DType::F32, dims);
+        let axes = axes.map(|a| g.constant("axes", Tensor::vector(a)));
+        let y = g.apply(Op::Reduce(Reduce { kind, keepdims, noop_with_empty_axes: false }), &[Some(x), axes], 1);
+        g.output("y", y[0]);
+        (g.build().expect("builds"), vec![Tensor::random(DType::F32, dims, 8)])
+    };
+    // Rows with a tail past the last vector, inner rows with vector and scalar parts, two
+    // reduced axes, everything, and each kind.
+    let cases = [
+        reduce(ReduceKind::Max, &[64, 1000], Some(&[-1]), true),
+        reduce(ReduceKind::Sum, &[8, 100, 40], Some(&[1]), false),
+        reduce(ReduceKind::Mean, &[4, 6, 7, 70], Some(&[1, 2]), true),
+        reduce(ReduceKind::Min, &[33, 17], None, false),
+        reduce(ReduceKind::Mean, &[300, 512], Some(&[1]), false),
+    ];
+    for (g, x) in &cases {
+        check(g, x, 1);
+    }
+    // Axes apart (0 and 2) are not one run: the linalg path keeps them.
+    let (g, _) = reduce(ReduceKind::Sum, &[8, 100, 40], Some(&[0, 2]), false);
+    assert!(!schedule(&g, Some(true)).contains("microkernel:"));
+    for kind in [PoolKind::Max, PoolKind::Average { count_include_pad: false }] {
+        let g = GraphBuilder::new("global");
+        let x = g.input("x", DType::F32, [2, 64, 7, 7]);
+        let y = g.apply(Op::GlobalPool(kind), &[Some(x)], 1);
+        g.output("y", y[0]);
+        check(&g.build().unwrap(), &[Tensor::random(DType::F32, &[2, 64, 7, 7], 9)], 1);
+    }
+    for (op, dims) in [(Op::Softmax { axis: -1 }, vec![12, 37, 130]), (Op::LogSoftmax { axis: 1 }, vec![5, 300]), (Op::Softmax { axis: 1 }, vec![64, 16])] {
+        let g = GraphBuilder::new("softmax");
+        let x = g.input("x", DType::F32, dims.as_slice());
+        let y = g.apply(op, &[Some(x)], 1);
+        g.output("y", y[0]);
+        let g = g.build().unwrap();
+        assert!(schedule(&g, Some(true)).contains("softmax over"), "{}", schedule(&g, Some(true)));
+        check(&g, &[Tensor::random(DType::F32, &dims, 10)], 1);
+    }
 }

@@ -401,21 +401,24 @@ fn link_shared(object: &[u8], ukernel: Option<ukernel::Level>) -> Result<Vec<u8>
     result.map_err(CompileError::Internal)
 }
 
-/// The microkernel's and the recurrent kernel's objects for the host's instruction-set level,
+/// The microkernel's, the recurrent kernel's and the row kernels' objects for the host's level,
 /// built with kiln (build.rs).
 fn ukernel_objects(dir: &std::path::Path, host: ukernel::Level) -> Result<Vec<PathBuf>, String> {
-    let objects: [(&str, &[u8]); 2] = match host {
+    let objects: [(&str, &[u8]); 3] = match host {
         ukernel::Level::V4 => [
             ("ukernel.o", include_bytes!(concat!(env!("OUT_DIR"), "/ukernel-v4.o"))),
             ("recurrent.o", include_bytes!(concat!(env!("OUT_DIR"), "/recurrent-v4.o"))),
+            ("reduction.o", include_bytes!(concat!(env!("OUT_DIR"), "/reduction-v4.o"))),
         ],
         ukernel::Level::V3 => [
             ("ukernel.o", include_bytes!(concat!(env!("OUT_DIR"), "/ukernel-v3.o"))),
             ("recurrent.o", include_bytes!(concat!(env!("OUT_DIR"), "/recurrent-v3.o"))),
+            ("reduction.o", include_bytes!(concat!(env!("OUT_DIR"), "/reduction-v3.o"))),
         ],
         ukernel::Level::V1 => [
             ("ukernel.o", include_bytes!(concat!(env!("OUT_DIR"), "/ukernel-v1.o"))),
             ("recurrent.o", include_bytes!(concat!(env!("OUT_DIR"), "/recurrent-v1.o"))),
+            ("reduction.o", include_bytes!(concat!(env!("OUT_DIR"), "/reduction-v1.o"))),
         ],
     };
     let mut paths = Vec::new();

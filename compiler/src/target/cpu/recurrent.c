@@ -31,29 +31,6 @@ void kiln_uk_gemm(int64_t a_, int64_t bp_, int64_t bias_, int64_t res_, int64_t 
                   int64_t ka, int64_t act, float lo, float hi, int64_t kc, int64_t mc, int64_t nc, int64_t chunks, int64_t split_n,
                   int64_t wg_begin, int64_t wg_end);
 
-/* e^x on 16 lanes: x = n ln2 + r with |r| <= ln2 / 2, e^r by Cephes's expf polynomial, 2^n put
- * into the exponent bits. Inputs are clamped to [-87, 88], so results stay normal floats; NaN
- * stays NaN. */
-static inline v16 vexp(v16 x) {
-    const v16 lo = splat(-87.0f), hi = splat(88.0f);
-    x = select_where(x < lo, lo, x);
-    x = select_where(x > hi, hi, x);
-    const v16 magic = splat(12582912.0f); /* 1.5 * 2^23: adding it rounds to an integer */
-    v16 t = x * splat(1.44269504088896341f) + magic;
-    v16 n = t - magic;
-    v16 r = x - n * splat(0.693359375f);
-    r = r - n * splat(-2.12194440e-4f);
-    v16 p = splat(1.9875691500e-4f);
-    p = p * r + splat(1.3981999507e-3f);
-    p = p * r + splat(8.3334519073e-3f);
-    p = p * r + splat(4.1665795894e-2f);
-    p = p * r + splat(1.6666665459e-1f);
-    p = p * r + splat(5.0000001201e-1f);
-    p = p * (r * r) + r + splat(1.0f);
-    v16i e = ((v16i)t - (v16i)magic + 127) << 23;
-    return p * (v16)e;
-}
-
 static inline v16 vsigmoid(v16 x) { return splat(1.0f) / (splat(1.0f) + vexp(-x)); }
 
 /* tanh from e^(-2|x|), its sign put back; below 1/16 an odd Taylor polynomial, where 1 - e^(-2|x|)

@@ -4,6 +4,9 @@
 #ifndef KILN_SIMD_H
 #define KILN_SIMD_H
 #include <stdint.h>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 typedef float v16 __attribute__((vector_size(64)));
 typedef float v16u __attribute__((vector_size(64), aligned(4)));
@@ -16,5 +19,72 @@ static inline void store16(float *p, v16 v) { *(v16u *)p = v; }
 static inline v16 splat(float x) { return (v16){x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
 /* b where `m` is set, else a (C has no vector ?:). */
 static inline v16 select_where(v16i m, v16 b, v16 a) { return (v16)((m & (v16i)b) | (~m & (v16i)a)); }
+
+/* The larger and smaller of a and b per lane; where either is NaN, b (as vmaxps has it). One
+ * instruction with AVX-512. */
+static inline v16 vmax(v16 a, v16 b) {
+#if defined(__AVX512F__)
+    return (v16)_mm512_max_ps((__m512)a, (__m512)b);
+#else
+    return select_where(a > b, a, b);
+#endif
+}
+
+static inline v16 vmin(v16 a, v16 b) {
+#if defined(__AVX512F__)
+    return (v16)_mm512_min_ps((__m512)a, (__m512)b);
+#else
+    return select_where(a < b, a, b);
+#endif
+}
+
+/* The 16 lanes halved, quartered... into lane 0: sum, max (NaN not promised) and bitwise or. */
+#define KILN_FOLD(v, op)                                                                                          \
+    do {                                                                                                          \
+        v = op(v, __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7));          \
+        v = op(v, __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11));          \
+        v = op(v, __builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13));          \
+        v = op(v, __builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14));          \
+    } while (0)
+static inline v16 kiln_add(v16 a, v16 b) { return a + b; }
+static inline v16i kiln_or(v16i a, v16i b) { return a | b; }
+static inline float hsum(v16 v) {
+    KILN_FOLD(v, kiln_add);
+    return v[0];
+}
+static inline float hmax(v16 v) {
+    KILN_FOLD(v, vmax);
+    return v[0];
+}
+static inline float hmin(v16 v) {
+    KILN_FOLD(v, vmin);
+    return v[0];
+}
+static inline int hany(v16i v) {
+    KILN_FOLD(v, kiln_or);
+    return v[0] != 0;
+}
+
+/* e^x on 16 lanes: x = n ln2 + r with |r| <= ln2 / 2, e^r by Cephes's expf polynomial, 2^n put
+ * into the exponent bits. Inputs are clamped to [-87, 88], so results stay normal floats; NaN
+ * stays NaN. */
+static inline v16 vexp(v16 x) {
+    const v16 lo = splat(-87.0f), hi = splat(88.0f);
+    x = vmin(hi, vmax(lo, x)); /* (a NaN x stays NaN) */
+    const v16 magic = splat(12582912.0f); /* 1.5 * 2^23: adding it rounds to an integer */
+    v16 t = x * splat(1.44269504088896341f) + magic;
+    v16 n = t - magic;
+    v16 r = x - n * splat(0.693359375f);
+    r = r - n * splat(-2.12194440e-4f);
+    v16 p = splat(1.9875691500e-4f);
+    p = p * r + splat(1.3981999507e-3f);
+    p = p * r + splat(8.3334519073e-3f);
+    p = p * r + splat(4.1665795894e-2f);
+    p = p * r + splat(1.6666665459e-1f);
+    p = p * r + splat(5.0000001201e-1f);
+    p = p * (r * r) + r + splat(1.0f);
+    v16i e = ((v16i)t - (v16i)magic + 127) << 23;
+    return p * (v16)e;
+}
 
 #endif

@@ -647,9 +647,56 @@ void kiln_uk_depthwise(int64_t x_, int64_t w_, int64_t bias_, int64_t res_, int6
     }
 }
 
-/* A few rows (M < MR/2: a matrix-vector product, a small batch of tokens) by packed B: each NR
- * strip of B streams once, four K steps at a time into separate accumulators (no FMA waits on
- * the one before). Work units: chunks of N. */
+/* R rows (1, 2 or 4) of A times one NR strip of packed B: each B vector loaded once for all R
+ * rows, 4 / R K steps in flight per row, so 8 independent FMA chains in all. Inlined with R
+ * constant; out[r * 2 + h] is row r's half h. */
+static inline __attribute__((always_inline)) void gemv_rows(int R, const float *a, int64_t lda, int64_t ka, const float *b, int64_t K,
+                                                           v16 *out) {
+    const int U = 4 / R;
+    v16 s0[4][4], s1[4][4];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) {
+#pragma GCC unroll 4
+        for (int u = 0; u < U; u++) s0[r][u] = s1[r][u] = splat(0.0f);
+    }
+    int64_t k = 0;
+    for (; k + U <= K; k += U) {
+#pragma GCC unroll 4
+        for (int u = 0; u < U; u++) {
+            v16 b0 = load16(b + (k + u) * NR), b1 = load16(b + (k + u) * NR + 16);
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) {
+                v16 av = splat(a[r * lda + (k + u) * ka]);
+                s0[r][u] += av * b0;
+                s1[r][u] += av * b1;
+            }
+        }
+    }
+    for (; k < K; k++) {
+        v16 b0 = load16(b + k * NR), b1 = load16(b + k * NR + 16);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            v16 av = splat(a[r * lda + k * ka]);
+            s0[r][0] += av * b0;
+            s1[r][0] += av * b1;
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) {
+        v16 r0 = s0[r][0], r1 = s1[r][0];
+#pragma GCC unroll 4
+        for (int u = 1; u < U; u++) {
+            r0 += s0[r][u];
+            r1 += s1[r][u];
+        }
+        out[2 * r] = r0;
+        out[2 * r + 1] = r1;
+    }
+}
+
+/* A few rows (M < MR: a matrix-vector product, a small batch of tokens) by packed B: each NR
+ * strip of B streams once per group of up to 4 rows, no packing of A and no empty tile rows.
+ * Work units: chunks of N. */
 static void gemv(const float *a, int64_t lda, int64_t ka, const float *bp, float *y, int64_t M, int64_t N, int64_t K, const Epilogue *epi,
                  int64_t chunks, int64_t wg_begin, int64_t wg_end) {
     for (int64_t q = wg_begin; q < wg_end; q++) {
@@ -657,30 +704,20 @@ static void gemv(const float *a, int64_t lda, int64_t ka, const float *bp, float
         chunk_range(N, NR, chunks, q, &j0, &j1);
         for (int64_t j = j0; j < j1; j += NR) {
             const float *b = bp + (j / NR) * K * NR;
-            for (int64_t i = 0; i < M; i++) {
+            int64_t nr = N - j < NR ? N - j : NR;
+            for (int64_t i = 0; i < M;) {
+                v16 acc[8];
+                int64_t rows = M - i >= 4 ? 4 : M - i >= 2 ? 2 : 1;
                 const float *ai = a + i * lda;
-                v16 s0[4] = {splat(0.0f), splat(0.0f), splat(0.0f), splat(0.0f)};
-                v16 s1[4] = {splat(0.0f), splat(0.0f), splat(0.0f), splat(0.0f)};
-                int64_t k = 0;
-                for (; k + 4 <= K; k += 4) {
-#pragma GCC unroll 4
-                    for (int u = 0; u < 4; u++) {
-                        v16 av = splat(ai[(k + u) * ka]);
-                        s0[u] += av * load16(b + (k + u) * NR);
-                        s1[u] += av * load16(b + (k + u) * NR + 16);
-                    }
+                if (rows == 4) gemv_rows(4, ai, lda, ka, b, K, acc);
+                else if (rows == 2) gemv_rows(2, ai, lda, ka, b, K, acc);
+                else gemv_rows(1, ai, lda, ka, b, K, acc);
+                for (int64_t r = 0; r < rows; r++, i++) {
+                    float t[NR];
+                    store16(t, acc[2 * r]);
+                    store16(t + 16, acc[2 * r + 1]);
+                    for (int64_t c = 0; c < nr; c++) y[i * N + j + c] = finish1(t[c], epi, i, j + c);
                 }
-                for (; k < K; k++) {
-                    v16 av = splat(ai[k * ka]);
-                    s0[0] += av * load16(b + k * NR);
-                    s1[0] += av * load16(b + k * NR + 16);
-                }
-                v16 r0 = (s0[0] + s0[1]) + (s0[2] + s0[3]), r1 = (s1[0] + s1[1]) + (s1[2] + s1[3]);
-                int64_t nr = N - j < NR ? N - j : NR;
-                float t[NR];
-                store16(t, r0);
-                store16(t + 16, r1);
-                for (int64_t c = 0; c < nr; c++) y[i * N + j + c] = finish1(t[c], epi, i, j + c);
             }
         }
     }
@@ -699,7 +736,7 @@ void kiln_uk_gemm(int64_t a_, int64_t bp_, int64_t bias_, int64_t res_, int64_t 
     Asource A = {NULL, a, lda, ka, NULL};
     Bsource B = {bp, NULL, 0, 0, NULL};
     Epilogue e = epilogue_of(NULL, bias, res, N, act, lo, hi);
-    if (M < MR / 2) {
+    if (M < MR) {
         gemv(a, lda, ka, bp, y, M, N, K, &e, chunks, wg_begin, wg_end);
         return;
     }

@@ -190,6 +190,11 @@ pub enum Shape {
         /// The kernel output slot of each result (Y, Y_h, Y_c) that is wanted.
         results: [Option<usize>; 3],
     },
+    /// A reduction over a contiguous group of axes, x seen as [outer, reduced, inner] (`kind` 0
+    /// sum, 1 mean, 2 max, 3 min; `reduction.c`); global pooling is one over the plane.
+    Reduce { outer: usize, reduced: usize, inner: usize, kind: u8 },
+    /// Softmax (or LogSoftmax) over the last axis, rows of `cols`.
+    Softmax { rows: usize, cols: usize, log: bool },
 }
 
 /// The decision for one kernel.
@@ -222,6 +227,8 @@ impl Ukernel {
             Shape::ConvTranspose { cin, h, w, cout, kh, kw, .. } => (cout * kh * kw, h * w, cin),
             Shape::Pool { kh, kw, oh, ow, .. } => (1, oh * ow, kh * kw),
             Shape::Gather { n_idx, row_bytes, .. } => (n_idx, row_bytes, 1),
+            Shape::Reduce { outer, reduced, inner, .. } => (outer, inner, reduced),
+            Shape::Softmax { rows, cols, .. } => (rows, cols, 1),
             // The input projection's GEMM.
             Shape::Recurrent { cell, seq, batch, input, hidden, .. } => (seq * batch, gates(cell) * hidden, input),
         }
@@ -234,7 +241,7 @@ impl Ukernel {
     pub fn workgroups(&self) -> u64 {
         let images = match self.shape {
             Shape::Conv { batch, .. } | Shape::ConvTranspose { batch, .. } | Shape::Pool { batch, .. } => batch,
-            Shape::Gemm { .. } | Shape::Gather { .. } | Shape::Recurrent { .. } => 1,
+            Shape::Gemm { .. } | Shape::Gather { .. } | Shape::Recurrent { .. } | Shape::Reduce { .. } | Shape::Softmax { .. } => 1,
         };
         (images * self.chunks) as u64
     }
@@ -259,6 +266,18 @@ impl fmt::Display for Ukernel {
                 stride[0], stride[1], dilation[0], dilation[1], pad[0], pad[1]
             )?,
             Shape::Gather { rows, row_bytes, n_idx, .. } => write!(f, "microkernel: gather of {n_idx} rows of {row_bytes} bytes from a table of {rows} rows (row copies)")?,
+            Shape::Reduce { outer, reduced, inner, kind } => {
+                let what = ["sum", "mean", "max", "min"][*kind as usize];
+                writeln!(f, "microkernel: {what} reduction, [{outer}, {reduced}, {inner}] -> [{outer}, {inner}] (outer, reduced, inner)")?;
+                let how = if *inner == 1 { "rows as 4 chains of 16-float vectors, then the lanes" } else { "whole inner rows added into vectors" };
+                writeln!(f, "{how}")?;
+                return writeln!(f, "workgroups: {} (chunks of the outer dimension)", self.workgroups());
+            }
+            Shape::Softmax { rows, cols, log } => {
+                writeln!(f, "microkernel: {}softmax over {rows} rows of {cols}", if *log { "log-" } else { "" })?;
+                writeln!(f, "per row: the max, e^(x - max) and its sum on vectors, then the scale")?;
+                return writeln!(f, "workgroups: {} (chunks of rows)", self.workgroups());
+            }
             Shape::Pool { batch, c, kh, kw, stride, dilation, pad, oh, ow, kind, .. } => write!(
                 f,
                 "microkernel: {} pooling, {batch} image(s) of {c} channels {oh}x{ow} (window {kh}x{kw}, stride {}x{}, dilation {}x{}, pad {}x{})",
@@ -301,8 +320,8 @@ impl fmt::Display for Ukernel {
                 Shape::Conv { .. } if self.transposed => "transposed: C^T = im2col^T (packed at run time) x W^T, vectors along output channels",
                 Shape::Conv { .. } => "B packed (im2col) at run time",
                 Shape::ConvTranspose { .. } => "B (the input) packed at run time",
-                Shape::Pool { .. } | Shape::Gather { .. } | Shape::Recurrent { .. } => "",
-                Shape::Gemm { m, .. } if m < self.mr / 2 => "rows times packed B strips (matrix-vector)",
+                Shape::Pool { .. } | Shape::Gather { .. } | Shape::Recurrent { .. } | Shape::Reduce { .. } | Shape::Softmax { .. } => "",
+                Shape::Gemm { m, .. } if m < self.mr => "rows times packed B strips, up to 4 rows a pass (matrix-vector)",
                 Shape::Gemm { .. } => "A packed at run time",
             };
             writeln!(f, "register tile: {}x{NR}; blocks KC={} MC={} NC={}; weights packed at compile time, {b}", self.mr, self.kc, self.mc, self.nc)?;
@@ -348,6 +367,9 @@ pub fn plan(graph: &Graph, kernel: &Kernel, host: &Host, always: bool) -> Option
     let operands = graph.operands(root);
     if let Op::Gather { axis } = graph.node(root).op {
         return gather_plan(graph, kernel, root, axis, tail, always);
+    }
+    if matches!(graph.node(root).op, Op::Reduce(_) | Op::GlobalPool(_) | Op::Softmax { .. } | Op::LogSoftmax { .. }) {
+        return rows_plan(graph, kernel, root, tail, always);
     }
     let f32_only = operands.iter().flatten().chain(&kernel.outputs).all(|&v| graph.value_type(v).dtype == DType::F32);
     if !f32_only {
@@ -475,18 +497,18 @@ pub fn plan(graph: &Graph, kernel: &Kernel, host: &Host, always: bool) -> Option
         Shape::ConvTranspose { cin, h, w, cout, kh, kw, .. } => (cout * kh * kw, h * w, cin),
         Shape::Pool { kh, kw, oh, ow, .. } => (1, oh * ow, kh * kw),
         // (Planned by gather_plan and recurrent_plan.)
-        Shape::Gather { .. } | Shape::Recurrent { .. } => return None,
+        Shape::Gather { .. } | Shape::Recurrent { .. } | Shape::Reduce { .. } | Shape::Softmax { .. } => return None,
     };
     let depthwise = matches!(shape, Shape::Conv { c, m, group, .. } if group == c && group == m);
     let channels = match shape {
         Shape::Conv { m, .. } => m,
         Shape::ConvTranspose { cout, .. } => cout,
         Shape::Pool { c, .. } => c,
-        Shape::Gemm { .. } | Shape::Gather { .. } | Shape::Recurrent { .. } => 0,
+        Shape::Gemm { .. } | Shape::Gather { .. } | Shape::Recurrent { .. } | Shape::Reduce { .. } | Shape::Softmax { .. } => 0,
     };
     let images = match shape {
         Shape::Conv { batch, .. } | Shape::ConvTranspose { batch, .. } | Shape::Pool { batch, .. } => batch,
-        Shape::Gemm { .. } | Shape::Gather { .. } | Shape::Recurrent { .. } => 1,
+        Shape::Gemm { .. } | Shape::Gather { .. } | Shape::Recurrent { .. } | Shape::Reduce { .. } | Shape::Softmax { .. } => 1,
     };
     // Enough rows and columns to fill the register tiles, and enough work to pay for packing.
     // A GEMM of few rows streams its packed weights (matrix-vector); a depthwise convolution has
@@ -497,7 +519,7 @@ pub fn plan(graph: &Graph, kernel: &Kernel, host: &Host, always: bool) -> Option
         Shape::Conv { .. } if few_positions(&shape) => true,
         Shape::Conv { .. } => m >= host.mr && n >= NR / 2,
         Shape::ConvTranspose { .. } | Shape::Pool { .. } => true,
-        Shape::Gather { .. } | Shape::Recurrent { .. } => false,
+        Shape::Gather { .. } | Shape::Recurrent { .. } | Shape::Reduce { .. } | Shape::Softmax { .. } => false,
     };
     let work = images * m.max(1) * n * k * if depthwise || matches!(shape, Shape::Pool { .. }) { channels } else { 1 };
     // A GEMM the linalg path cannot vectorise at all is worth the call at any size.
@@ -533,7 +555,7 @@ pub fn plan(graph: &Graph, kernel: &Kernel, host: &Host, always: bool) -> Option
                 } else {
                     let add = match shape {
                         // The pooling kernel adds nothing.
-                        Shape::Pool { .. } | Shape::Gather { .. } | Shape::Recurrent { .. } => return None,
+                        Shape::Pool { .. } | Shape::Gather { .. } | Shape::Recurrent { .. } | Shape::Reduce { .. } | Shape::Softmax { .. } => return None,
                         Shape::Conv { .. } | Shape::ConvTranspose { .. } => channel_bias(graph, other, channels, out_dims.len())?,
                         Shape::Gemm { .. } => column_bias(graph, other, n)?,
                     };
@@ -706,6 +728,102 @@ fn recurrent_plan(graph: &Graph, kernel: &Kernel, root: NodeId, r: &Rnn, host: &
     })
 }
 
+/// A reduction over consecutive axes (Reduce{Sum,Mean,Max,Min}, GlobalAveragePool,
+/// GlobalMaxPool) or a softmax over the last axis, f32, with nothing after it. The linalg path
+/// reduces a row in one vector chain and, split into workgroups, may reduce every row in each.
+fn rows_plan(graph: &Graph, kernel: &Kernel, root: NodeId, tail: &[NodeId], always: bool) -> Option<Ukernel> {
+    let operands = graph.operands(root);
+    let x = operands.first().copied().flatten()?;
+    let out = *kernel.outputs.first()?;
+    if !tail.is_empty() || graph.value_type(x).dtype != DType::F32 || graph.value_type(out).dtype != DType::F32 || !kernel.inputs.contains(&x) {
+        return None;
+    }
+    let xd = graph.value_type(x).shape.as_fixed()?;
+    let rank = xd.len();
+    // (outer, reduced, inner) around a consecutive run of axes.
+    let around = |first: usize, last: usize| -> (usize, usize, usize) {
+        (xd[..first].iter().product(), xd[first..=last].iter().product(), xd[last + 1..].iter().product())
+    };
+    let shape = match &graph.node(root).op {
+        Op::Reduce(r) => {
+            let kind = match r.kind {
+                kiln_ir::op::ReduceKind::Sum => 0,
+                kiln_ir::op::ReduceKind::Mean => 1,
+                kiln_ir::op::ReduceKind::Max => 2,
+                kiln_ir::op::ReduceKind::Min => 3,
+                _ => return None,
+            };
+            let mut axes: Vec<usize> = match operands.get(1).copied().flatten() {
+                None => Vec::new(),
+                Some(a) => {
+                    graph.constant_value(a)?.to_i64s().iter().map(|&a| usize::try_from(if a < 0 { a + rank as i64 } else { a }).ok().filter(|&a| a < rank)).collect::<Option<_>>()?
+                }
+            };
+            if axes.is_empty() {
+                if r.noop_with_empty_axes {
+                    return None;
+                }
+                axes = (0..rank).collect();
+            }
+            axes.sort_unstable();
+            axes.dedup();
+            let (first, last) = (*axes.first()?, *axes.last()?);
+            if last - first + 1 != axes.len() {
+                return None;
+            }
+            let (outer, reduced, inner) = around(first, last);
+            Shape::Reduce { outer, reduced, inner, kind }
+        }
+        Op::GlobalPool(p) => {
+            let kind = match p {
+                PoolKind::Max => 2,
+                PoolKind::Average { .. } => 1,
+                PoolKind::Lp { .. } => return None,
+            };
+            if rank < 3 {
+                return None;
+            }
+            let (outer, reduced, inner) = around(2, rank - 1);
+            Shape::Reduce { outer, reduced, inner, kind }
+        }
+        Op::Softmax { axis } | Op::LogSoftmax { axis } => {
+            if rank == 0 || !(*axis == -1 || *axis == rank as i64 - 1) {
+                return None;
+            }
+            let log = matches!(graph.node(root).op, Op::LogSoftmax { .. });
+            Shape::Softmax { rows: xd[..rank - 1].iter().product(), cols: xd[rank - 1], log }
+        }
+        _ => return None,
+    };
+    let elements: usize = xd.iter().product();
+    let (rows, row_len) = match shape {
+        Shape::Reduce { outer, reduced, inner, .. } => (outer, reduced * inner),
+        Shape::Softmax { rows, cols, .. } => (rows, cols),
+        _ => return None,
+    };
+    // Below a few thousand elements either path takes a microsecond or less.
+    if elements == 0 || row_len == 0 || !always && elements < 4096 {
+        return None;
+    }
+    // Up to 4 chunks of rows once there is enough to share: each a few microseconds at least
+    // (a reduction streams about 20 floats a nanosecond, softmax's e^x about 2).
+    let share = if matches!(shape, Shape::Softmax { .. }) { MIN_MACS / 2 } else { 4 * MIN_MACS };
+    let chunks = if elements >= share { rows.min(4) } else { 1 };
+    Some(Ukernel {
+        shape,
+        input: x,
+        weight: x,
+        epilogue: Epilogue { bias: None, residual: None, activation: Activation::None },
+        mr: 0,
+        kc: 0,
+        mc: 0,
+        nc: 0,
+        chunks: chunks.max(1),
+        split_n: false,
+        transposed: false,
+    })
+}
+
 /// A Gather along axis 0 with nothing after it: whole rows copied by index. The linalg path
 /// loads element by element; rows of 64 bytes and more copy faster whole.
 fn gather_plan(graph: &Graph, kernel: &Kernel, root: kiln_ir::NodeId, axis: i64, tail: &[kiln_ir::NodeId], always: bool) -> Option<Ukernel> {
@@ -761,7 +879,7 @@ fn beats_linalg(shape: &Shape, k: usize, n: usize, host: &Host) -> bool {
         Shape::Gemm { .. } => k * n * 4 > host.l2_bytes / 2 || scalar_on_linalg(shape),
         // The linalg path convolves a stride-spread copy of the input: 4-9x slower.
         Shape::ConvTranspose { .. } => true,
-        Shape::Gather { .. } | Shape::Recurrent { .. } => false,
+        Shape::Gather { .. } | Shape::Recurrent { .. } | Shape::Reduce { .. } | Shape::Softmax { .. } => false,
         // Its pooling windows are loop nests, 2-3x slower.
         Shape::Pool { .. } => true,
     }
@@ -847,7 +965,7 @@ fn column_bias(graph: &Graph, v: ValueId, n: usize) -> Option<Vec<f32>> {
 /// The constant the kernel reads instead of its weight: the weight packed for the microkernel,
 /// then the bias (M or N floats), little-endian f32.
 pub fn pack(graph: &Graph, kernel: &Kernel, u: &Ukernel) -> Result<Vec<u8>> {
-    if matches!(u.shape, Shape::Pool { .. } | Shape::Gather { .. }) {
+    if matches!(u.shape, Shape::Pool { .. } | Shape::Gather { .. } | Shape::Reduce { .. } | Shape::Softmax { .. }) {
         return Ok(Vec::new());
     }
     if let Shape::Recurrent { .. } = u.shape {
@@ -882,7 +1000,7 @@ pub fn pack(graph: &Graph, kernel: &Kernel, u: &Ukernel) -> Result<Vec<u8>> {
                 }
             }
         }
-        Shape::Pool { .. } | Shape::Gather { .. } | Shape::Recurrent { .. } => {}
+        Shape::Pool { .. } | Shape::Gather { .. } | Shape::Recurrent { .. } | Shape::Reduce { .. } | Shape::Softmax { .. } => {}
         // A[m, ci] = W[ci, m] (W is [Cin, Cout*KH*KW]), in strips of MR rows.
         Shape::ConvTranspose { .. } => {
             out.resize(m.div_ceil(u.mr) * k * u.mr, 0.0);
@@ -919,7 +1037,7 @@ fn packed_floats(u: &Ukernel) -> usize {
         Shape::Conv { group, .. } => group * m.div_ceil(u.mr) * k * u.mr,
         Shape::ConvTranspose { .. } => m.div_ceil(u.mr) * k * u.mr,
         Shape::Gemm { .. } => n.div_ceil(NR) * k * NR,
-        Shape::Pool { .. } | Shape::Gather { .. } => 0,
+        Shape::Pool { .. } | Shape::Gather { .. } | Shape::Reduce { .. } | Shape::Softmax { .. } => 0,
         Shape::Recurrent { direction, .. } => recurrent_floats_per_direction(&u.shape) * if direction == RnnDirection::Bidirectional { 2 } else { 1 },
     }
 }
@@ -1015,6 +1133,8 @@ pub fn build<'c>(ctx: &'c Context, graph: &Graph, kernel: &Kernel, u: &Ukernel) 
         Shape::ConvTranspose { .. } => "kiln_uk_conv_transpose",
         Shape::Pool { .. } => "kiln_uk_pool2d",
         Shape::Gather { .. } => "kiln_uk_gather_rows",
+        Shape::Reduce { .. } => "kiln_uk_reduce",
+        Shape::Softmax { .. } => "kiln_uk_softmax",
         Shape::Recurrent { .. } => "kiln_uk_recurrent",
     };
     let block = Block::new(&arg_types.iter().map(|t| (*t, loc)).collect::<Vec<_>>());
@@ -1084,6 +1204,14 @@ pub fn build<'c>(ctx: &'c Context, graph: &Graph, kernel: &Kernel, u: &Ukernel) 
                 *kind as usize,
             ]));
         }
+        if let Shape::Reduce { outer, reduced, inner, kind } = &u.shape {
+            args = vec![x, y];
+            args.extend(ints(&[*outer, *reduced, *inner, *kind as usize]));
+        }
+        if let Shape::Softmax { rows, cols, log } = &u.shape {
+            args = vec![x, y];
+            args.extend(ints(&[*rows, *cols, *log as usize]));
+        }
         if let Shape::Gather { indices, rows, row_bytes, n_idx, idx64 } = &u.shape {
             args = vec![x, pointer(slot(*indices)?)?, y];
             args.extend(ints(&[*rows, *row_bytes, *n_idx, *idx64 as usize]));
@@ -1132,7 +1260,7 @@ pub fn build<'c>(ctx: &'c Context, graph: &Graph, kernel: &Kernel, u: &Ukernel) 
             ]));
         }
         match &u.shape {
-            Shape::Pool { .. } | Shape::Gather { .. } | Shape::Recurrent { .. } => {}
+            Shape::Pool { .. } | Shape::Gather { .. } | Shape::Recurrent { .. } | Shape::Reduce { .. } | Shape::Softmax { .. } => {}
             Shape::Conv { c, h, w, kh, kw, stride, dilation, pad, oh, ow, .. } if u.depthwise() => {
                 args.extend(ints(&[*c, *h, *w, *kh, *kw, stride[0], stride[1], dilation[0], dilation[1], pad[0], pad[1], *oh, *ow]));
             }
@@ -1151,14 +1279,14 @@ pub fn build<'c>(ctx: &'c Context, graph: &Graph, kernel: &Kernel, u: &Ukernel) 
             }
         }
         // (A gather and a recurrent layer have no epilogue.)
-        if !matches!(u.shape, Shape::Gather { .. } | Shape::Recurrent { .. }) {
+        if !matches!(u.shape, Shape::Gather { .. } | Shape::Recurrent { .. } | Shape::Reduce { .. } | Shape::Softmax { .. }) {
             args.push(c64(act));
             args.push(cf(lo));
             args.push(cf(hi));
         }
         if matches!(u.shape, Shape::Recurrent { .. }) {
             // (Its blocks are among its sizes; its workgroups are its directions.)
-        } else if matches!(u.shape, Shape::Gather { .. }) {
+        } else if matches!(u.shape, Shape::Gather { .. } | Shape::Reduce { .. } | Shape::Softmax { .. }) {
             args.extend(ints(&[u.chunks]));
         } else if u.depthwise() || matches!(u.shape, Shape::Pool { .. }) {
             args.extend(ints(&[u.chunks]));
