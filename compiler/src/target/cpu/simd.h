@@ -4,6 +4,7 @@
 #ifndef KILN_SIMD_H
 #define KILN_SIMD_H
 #include <stdint.h>
+#include <string.h>
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
@@ -14,6 +15,27 @@ typedef int32_t v16i __attribute__((vector_size(64)));
 
 static inline v16 load16(const float *p) { return *(const v16u *)p; }
 static inline void store16(float *p, v16 v) { *(v16u *)p = v; }
+
+/* The first n (1..16) lanes of p, the others zero; and a store of the first n lanes of v. */
+static inline v16 load16_n(const float *p, int64_t n) {
+#if defined(__AVX512F__)
+    return (v16)_mm512_maskz_loadu_ps((__mmask16)((1u << n) - 1), p);
+#else
+    float t[16] = {0};
+    memcpy(t, p, (size_t)n * sizeof(float));
+    return load16(t);
+#endif
+}
+
+static inline void store16_n(float *p, v16 v, int64_t n) {
+#if defined(__AVX512F__)
+    _mm512_mask_storeu_ps(p, (__mmask16)((1u << n) - 1), (__m512)v);
+#else
+    float t[16];
+    store16(t, v);
+    memcpy(p, t, (size_t)n * sizeof(float));
+#endif
+}
 
 /* All 16 lanes x (an initialiser, not x + 0, which costs an add: -0.0 + 0 is +0). */
 static inline v16 splat(float x) { return (v16){x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }

@@ -109,8 +109,18 @@ static void micro(int64_t kc, const float *restrict a, const float *restrict b, 
     }
 }
 
+/* The epilogue on the first n (1..16) lanes of a vector at (i, j); the other lanes' bias and
+ * residual are not read. */
+static inline v16 finish_n(v16 v, const Epilogue *e, int64_t i, int64_t j, int64_t n) {
+    if (e->bias_row) v += splat(e->bias_row[i]);
+    if (e->bias_col) v += load16_n(e->bias_col + j, n);
+    if (e->res) v += load16_n(e->res + i * e->ldr + j, n);
+    Epilogue act_only = {NULL, NULL, NULL, 0, e->act, e->lo, e->hi};
+    return finish(v, &act_only, 0, 0);
+}
+
 /* A partial tile (mr < MR or nr < NR): computed whole into a scratch tile, then the valid part
- * copied out (with the epilogue on the last K block). */
+ * stored with masked vector stores (with the epilogue on the last K block). */
 static void micro_edge(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, int accumulate, const Epilogue *e,
                        int64_t mr, int64_t nr) {
     float t[MR * NR] __attribute__((aligned(64)));
@@ -118,8 +128,13 @@ static void micro_edge(int64_t kc, const float *a, const float *b, float *c, int
         for (int64_t r = 0; r < mr; r++) memcpy(t + r * NR, c + r * ldc, (size_t)nr * sizeof(float));
     }
     micro(kc, a, b, t, NR, accumulate, NULL);
-    for (int64_t r = 0; r < mr; r++)
-        for (int64_t j = 0; j < nr; j++) c[r * ldc + j] = e ? finish1(t[r * NR + j], e, r, j) : t[r * NR + j];
+    for (int64_t r = 0; r < mr; r++) {
+        for (int64_t j = 0; j < nr; j += 16) {
+            int64_t n = nr - j < 16 ? nr - j : 16;
+            v16 v = load16(t + r * NR + j);
+            store16_n(c + r * ldc + j, e ? finish_n(v, e, r, j, n) : v, n);
+        }
+    }
 }
 
 /* Per-thread packing space, grown on demand (the runtime's threads live as long as the process). */
@@ -542,21 +557,26 @@ void kiln_uk_gather_rows(int64_t data_, int64_t idx_, int64_t y_, int64_t rows, 
     }
 }
 
-/* The window taps of `nv` consecutive output vectors of a depthwise row (stride 1 or 2), each
- * its own FMA chain; inlined with nv constant. */
-static inline __attribute__((always_inline)) void dw_taps(v16 *acc, int nv, const float *base, const v16 *wv, int64_t KH, int64_t KW,
-                                                         int64_t row_step, int64_t DW, int64_t SW) {
+/* The window taps of `nr` output rows of `nv` consecutive vectors each (stride 1 or 2), every
+ * vector its own FMA chain; inlined with nr and nv constant. Rows are `rstep` apart in the padded
+ * plane. */
+static inline __attribute__((always_inline)) void dw_taps(v16 *acc, int nr, int nv, const float *base, int64_t rstep, const v16 *wv,
+                                                         int64_t KH, int64_t KW, int64_t row_step, int64_t DW, int64_t SW) {
     for (int64_t kh = 0; kh < KH; kh++) {
-        const float *row = base + kh * row_step;
         for (int64_t kw = 0; kw < KW; kw++) {
             v16 wt = wv[kh * KW + kw];
-            const float *p = row + kw * DW;
-            if (SW == 1) {
-                for (int j = 0; j < nv; j++) acc[j] += wt * load16(p + 16 * j);
-            } else {
-                for (int j = 0; j < nv; j++) {
-                    v16 a = load16(p + 32 * j), b = load16(p + 32 * j + 16);
-                    acc[j] += wt * __builtin_shufflevector(a, b, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+#pragma GCC unroll 4
+            for (int r = 0; r < nr; r++) {
+                const float *p = base + r * rstep + kh * row_step + kw * DW;
+                if (SW == 1) {
+#pragma GCC unroll 4
+                    for (int j = 0; j < nv; j++) acc[r * nv + j] += wt * load16(p + 16 * j);
+                } else {
+#pragma GCC unroll 4
+                    for (int j = 0; j < nv; j++) {
+                        v16 a = load16(p + 32 * j), b = load16(p + 32 * j + 16);
+                        acc[r * nv + j] += wt * __builtin_shufflevector(a, b, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+                    }
                 }
             }
         }
@@ -605,17 +625,24 @@ void kiln_uk_depthwise(int64_t x_, int64_t w_, int64_t bias_, int64_t res_, int6
             v16 wv[64];
             int64_t taps = KH * KW <= 64 ? KH * KW : 0;
             for (int64_t t = 0; t < taps; t++) wv[t] = splat(wc[t]);
-            for (int64_t oh = 0; oh < OH; oh++) {
-                /* 4, 2 or 1 vectors of a row at a time: independent FMA chains (one chain of
-                 * KH*KW dependent FMAs would wait on each). */
+            /* Four independent FMA chains at least: 4 vectors of a row, or 2 vectors of 2 rows,
+             * or 1 vector of 4 rows (a small plane); one chain of KH*KW dependent FMAs would
+             * wait on each. */
+            int64_t per_row = (OW + 15) / 16;
+            int fast = taps && (SW == 1 || SW == 2);
+            for (int64_t oh = 0; oh < OH;) {
+                int nr = fast && per_row == 1 && OH - oh >= 4 ? 4 : fast && per_row == 2 && OH - oh >= 2 ? 2 : 1;
                 for (int64_t ow = 0; ow < OW;) {
-                    int64_t nv = OW - ow > 32 ? 4 : OW - ow > 16 ? 2 : 1;
+                    int64_t nv = nr > 1 ? per_row : OW - ow > 32 ? 4 : OW - ow > 16 ? 2 : 1;
                     v16 acc[4] = {splat(0.0f), splat(0.0f), splat(0.0f), splat(0.0f)};
-                    if (taps && (SW == 1 || SW == 2)) {
+                    if (fast) {
                         const float *base = xp + oh * SH * Wp + ow * SW;
-                        if (nv == 4) dw_taps(acc, 4, base, wv, KH, KW, DH * Wp, DW, SW);
-                        else if (nv == 2) dw_taps(acc, 2, base, wv, KH, KW, DH * Wp, DW, SW);
-                        else dw_taps(acc, 1, base, wv, KH, KW, DH * Wp, DW, SW);
+                        int64_t rstep = SH * Wp;
+                        if (nr == 4) dw_taps(acc, 4, 1, base, rstep, wv, KH, KW, DH * Wp, DW, SW);
+                        else if (nr == 2) dw_taps(acc, 2, 2, base, rstep, wv, KH, KW, DH * Wp, DW, SW);
+                        else if (nv == 4) dw_taps(acc, 1, 4, base, rstep, wv, KH, KW, DH * Wp, DW, SW);
+                        else if (nv == 2) dw_taps(acc, 1, 2, base, rstep, wv, KH, KW, DH * Wp, DW, SW);
+                        else dw_taps(acc, 1, 1, base, rstep, wv, KH, KW, DH * Wp, DW, SW);
                     } else {
                         nv = 1;
                         for (int64_t kh = 0; kh < KH; kh++) {
@@ -628,20 +655,24 @@ void kiln_uk_depthwise(int64_t x_, int64_t w_, int64_t bias_, int64_t res_, int6
                             }
                         }
                     }
-                    for (int64_t j = 0; j < nv; j++, ow += 16) {
-                        float *out = yc + oh * OW + ow;
-                        int64_t n = OW - ow < 16 ? OW - ow : 16;
-                        if (n == 16) {
-                            v16 v = acc[j];
-                            if (rc) v += load16(rc + oh * OW + ow);
-                            store16(out, finish(v, &e, 0, 0));
-                        } else {
-                            float t[16];
-                            store16(t, acc[j]);
-                            for (int64_t l = 0; l < n; l++) out[l] = finish1(t[l] + (rc ? rc[oh * OW + ow + l] : 0.0f), &e, 0, 0);
+                    /* The epilogue on whole vectors; a row's last vector stores its valid lanes. */
+                    for (int64_t r = 0; r < nr; r++) {
+                        for (int64_t j = 0; j < nv; j++) {
+                            int64_t at = (oh + r) * OW + ow + 16 * j;
+                            int64_t n = OW - (ow + 16 * j) < 16 ? OW - (ow + 16 * j) : 16;
+                            v16 v = acc[r * nv + j];
+                            if (n == 16) {
+                                if (rc) v += load16(rc + at);
+                                store16(yc + at, finish(v, &e, 0, 0));
+                            } else {
+                                if (rc) v += load16_n(rc + at, n);
+                                store16_n(yc + at, finish(v, &e, 0, 0), n);
+                            }
                         }
                     }
+                    ow += 16 * nv;
                 }
+                oh += nr;
             }
         }
     }
