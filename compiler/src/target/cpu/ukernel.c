@@ -192,31 +192,75 @@ typedef struct {
 } Im2col;
 
 /* One strip of `width` output positions (the first `valid` of them real, from `first`) of the
- * im2col matrix, rows p0 .. p0+kc, stored position-minor (out[k * width + position]). The input
- * offset of each position for each window tap (kh, kw) is computed once (-1 where the window
- * reads padding); every channel then gathers with the same offsets from its own plane. Inlined
- * into each caller, so `width` is a constant there. */
-static inline __attribute__((always_inline)) void pack_window_strip(const Im2col *g, int64_t first, int64_t valid, int64_t width, int64_t p0, int64_t kc, int32_t *idx, float *out) {
-    int64_t khw = g->KH * g->KW;
-    for (int64_t r = 0; r < khw; r++) {
-        int64_t kh = r / g->KW, kw = r % g->KW;
-        for (int64_t c = 0; c < width; c++) {
-            int64_t p = first + c;
-            int64_t oh = p / g->OW, ow = p % g->OW;
-            int64_t ih = oh * g->SH + kh * g->DH - g->PH;
-            int64_t iw = ow * g->SW + kw * g->DW - g->PW;
-            idx[r * width + c] = (c < valid && ih >= 0 && ih < g->H && iw >= 0 && iw < g->W) ? (int32_t)(ih * g->W + iw) : -1;
-        }
+ * im2col matrix, rows p0 .. p0+kc, stored position-minor (out[k * width + position]). The strip's
+ * positions are cut into runs along output rows once; each row of the matrix (a channel and a
+ * window tap) then copies each run from one input row: contiguous with stride 1, every SW-th
+ * element otherwise, zeros where the window reads padding. Inlined into each caller, so `width`
+ * is a constant there. */
+static inline __attribute__((always_inline)) void pack_window_strip(const Im2col *g, int64_t first, int64_t valid, int64_t width, int64_t p0,
+                                                                   int64_t kc, float *out) {
+    /* Runs: (first column, count, output row, first output column); at most one a column. */
+    enum { MAX_RUNS = NR > MR ? NR : MR };
+    int64_t run_c[MAX_RUNS], run_n[MAX_RUNS], run_oh[MAX_RUNS], run_ow[MAX_RUNS];
+    int64_t runs = 0;
+    for (int64_t c = 0, p = first; c < valid && runs < MAX_RUNS; runs++) {
+        int64_t oh = p / g->OW, ow = p % g->OW;
+        int64_t n = valid - c < g->OW - ow ? valid - c : g->OW - ow;
+        run_c[runs] = c;
+        run_n[runs] = n;
+        run_oh[runs] = oh;
+        run_ow[runs] = ow;
+        c += n;
+        p += n;
     }
+    int64_t khw = g->KH * g->KW;
     int64_t ch = p0 / khw, r = p0 % khw;
     const float *plane = g->x + ch * g->H * g->W;
     for (int64_t k = 0; k < kc; k++, out += width) {
-        const int32_t *ix = idx + r * width;
-        for (int64_t c = 0; c < width; c++) {
-            int32_t at = ix[c];
-            float v = plane[at < 0 ? 0 : at];
-            out[c] = at < 0 ? 0.0f : v;
+        int64_t kh = r / g->KW, kw = r % g->KW;
+        if (g->OW == 1) {
+            /* Output rows of one column (a k x 1 convolution, a 1-D one written as 2-D): the
+             * strip runs down a column, input element j at row base + j * SH. */
+            int64_t iw = kw * g->DW - g->PW;
+            int64_t base = first * g->SH + kh * g->DH - g->PH;
+            int64_t lo = base >= 0 ? 0 : (-base + g->SH - 1) / g->SH;
+            int64_t hi = base > g->H - 1 || iw < 0 || iw >= g->W ? 0 : (g->H - 1 - base) / g->SH + 1;
+            if (hi > valid) hi = valid;
+            if (lo > hi) lo = hi;
+            for (int64_t j = 0; j < lo; j++) out[j] = 0.0f;
+            const float *col = plane + iw;
+            for (int64_t j = lo; j < hi; j++) out[j] = col[(base + j * g->SH) * g->W];
+            for (int64_t j = hi; j < width; j++) out[j] = 0.0f;
+            if (++r == khw) {
+                r = 0;
+                plane += g->H * g->W;
+            }
+            continue;
         }
+        for (int64_t q = 0; q < runs; q++) {
+            float *o = out + run_c[q];
+            int64_t n = run_n[q];
+            int64_t ih = run_oh[q] * g->SH + kh * g->DH - g->PH;
+            if (ih < 0 || ih >= g->H) {
+                memset(o, 0, (size_t)n * sizeof(float));
+                continue;
+            }
+            const float *row = plane + ih * g->W;
+            /* Input column of run element j: base + j * SW; the j that land inside the row. */
+            int64_t base = run_ow[q] * g->SW + kw * g->DW - g->PW;
+            int64_t lo = base >= 0 ? 0 : (-base + g->SW - 1) / g->SW;
+            int64_t hi = base > g->W - 1 ? 0 : (g->W - 1 - base) / g->SW + 1;
+            if (hi > n) hi = n;
+            if (lo > hi) lo = hi;
+            for (int64_t j = 0; j < lo; j++) o[j] = 0.0f;
+            if (g->SW == 1) {
+                memcpy(o + lo, row + base + lo, (size_t)(hi - lo) * sizeof(float));
+            } else {
+                for (int64_t j = lo; j < hi; j++) o[j] = row[base + j * g->SW];
+            }
+            for (int64_t j = hi; j < n; j++) o[j] = 0.0f;
+        }
+        for (int64_t c = valid; c < width; c++) out[c] = 0.0f;
         if (++r == khw) {
             r = 0;
             plane += g->H * g->W;
@@ -226,12 +270,10 @@ static inline __attribute__((always_inline)) void pack_window_strip(const Im2col
 
 /* Packs B[p0 .. p0+kc, j0 .. j0+nc] of the im2col matrix into NR strips. */
 static void pack_im2col(const Im2col *g, int64_t j0, int64_t nc, int64_t n_total, int64_t p0, int64_t kc, float *out) {
-    int32_t *idx = (int32_t *)scratch(2, (size_t)(g->KH * g->KW * NR));
-    if (!idx) abort();
     for (int64_t t = 0; t < nc; t += NR) {
         int64_t w = n_total - (j0 + t) < NR ? n_total - (j0 + t) : NR;
         if (w > nc - t) w = nc - t;
-        pack_window_strip(g, j0 + t, w, NR, p0, kc, idx, out + t * kc);
+        pack_window_strip(g, j0 + t, w, NR, p0, kc, out + t * kc);
     }
 }
 
@@ -254,12 +296,10 @@ typedef struct {
 /* Packs rows i0 .. i0+mc (output positions) and columns p0 .. p0+kc of the transposed im2col
  * matrix into MR strips. */
 static void pack_a_im2col(const Im2col *g, int64_t i0, int64_t mc, int64_t m_total, int64_t p0, int64_t kc, float *out) {
-    int32_t *idx = (int32_t *)scratch(2, (size_t)(g->KH * g->KW * MR));
-    if (!idx) abort();
     for (int64_t s0 = 0; s0 < mc; s0 += MR) {
         int64_t valid = m_total - (i0 + s0) < MR ? m_total - (i0 + s0) : MR;
         if (valid > mc - s0) valid = mc - s0;
-        pack_window_strip(g, i0 + s0, valid, MR, p0, kc, idx, out + s0 * kc);
+        pack_window_strip(g, i0 + s0, valid, MR, p0, kc, out + s0 * kc);
     }
 }
 
