@@ -494,6 +494,42 @@ void kiln_uk_conv_transpose(int64_t x_, int64_t wp_, int64_t bias_, int64_t res_
     }
 }
 
+/* The window taps of nv consecutive output vectors of a pooling row (max when `is_max`, else a
+ * sum), each vector its own chain; NaN lanes of a max are flagged in `bad`. Stride 1, 2, or any
+ * (gathered). Inlined with is_max and nv constant. */
+static inline __attribute__((always_inline)) void pool_taps(int is_max, int nv, v16 *acc, v16i *bad, const float *base, float fill,
+                                                           int64_t KH, int64_t KW, int64_t row_step, int64_t DW, int64_t SW) {
+    for (int j = 0; j < nv; j++) {
+        acc[j] = splat(fill);
+        bad[j] = (v16i){0};
+    }
+    for (int64_t kh = 0; kh < KH; kh++) {
+        for (int64_t kw = 0; kw < KW; kw++) {
+            const float *p = base + kh * row_step + kw * DW;
+#pragma GCC unroll 4
+            for (int j = 0; j < nv; j++) {
+                v16 v;
+                if (SW == 1) {
+                    v = load16(p + 16 * j);
+                } else if (SW == 2) {
+                    v16 a = load16(p + 32 * j), b = load16(p + 32 * j + 16);
+                    v = __builtin_shufflevector(a, b, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+                } else {
+                    float t[16];
+                    for (int l = 0; l < 16; l++) t[l] = p[(16 * j + l) * SW];
+                    v = load16(t);
+                }
+                if (is_max) {
+                    acc[j] = vmax(acc[j], v);
+                    bad[j] |= v != v;
+                } else {
+                    acc[j] += v;
+                }
+            }
+        }
+    }
+}
+
 /* Max or average pooling, vectorised along output rows like the depthwise kernel: per channel
  * the plane is copied once into a padded buffer (-inf around it for max, 0 for average), then
  * each 16 outputs of a row take one max or add a tap. `kind`: 0 max, 1 average counting the
@@ -540,36 +576,29 @@ void kiln_uk_pool2d(int64_t x_, int64_t y_, int64_t C, int64_t H, int64_t W, int
             }
             float *yc = y + (img * C + c) * OH * OW;
             for (int64_t oh = 0; oh < OH; oh++) {
-                for (int64_t ow = 0; ow < OW; ow += 16) {
-                    v16 acc = splat(fill);
-                    for (int64_t kh = 0; kh < KH; kh++) {
-                        const float *row = xp + (oh * SH + kh * DH) * Wp + ow * SW;
-                        for (int64_t kw = 0; kw < KW; kw++) {
-                            const float *p = row + kw * DW;
-                            v16 v;
-                            if (SW == 1) {
-                                v = load16(p);
-                            } else if (SW == 2) {
-                                v16 a = load16(p), b = load16(p + 16);
-                                v = __builtin_shufflevector(a, b, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-                            } else {
-                                float t[16];
-                                for (int l = 0; l < 16; l++) t[l] = p[l * SW];
-                                v = load16(t);
-                            }
-                            /* NaN wins, as ONNX's max has it. */
-                            acc = kind == 0 ? select_where((v > acc) | (v != v), v, acc) : acc + v;
-                        }
-                    }
-                    if (kind != 0) acc = acc / (load16(cols + ow) * splat(rows[oh]));
-                    float *out = yc + oh * OW + ow;
-                    int64_t n = OW - ow < 16 ? OW - ow : 16;
-                    if (n == 16) {
-                        store16(out, finish(acc, &e, 0, 0));
+                for (int64_t ow = 0; ow < OW;) {
+                    /* Up to 4 vectors of the row at once: independent max (or add) chains. */
+                    int nv = OW - ow > 32 ? 4 : OW - ow > 16 ? 2 : 1;
+                    v16 acc[4];
+                    v16i bad[4];
+                    const float *base = xp + oh * SH * Wp + ow * SW;
+                    if (kind == 0) {
+                        if (nv == 4) pool_taps(1, 4, acc, bad, base, fill, KH, KW, DH * Wp, DW, SW);
+                        else if (nv == 2) pool_taps(1, 2, acc, bad, base, fill, KH, KW, DH * Wp, DW, SW);
+                        else pool_taps(1, 1, acc, bad, base, fill, KH, KW, DH * Wp, DW, SW);
                     } else {
-                        float t[16];
-                        store16(t, acc);
-                        for (int64_t l = 0; l < n; l++) out[l] = finish1(t[l], &e, 0, 0);
+                        if (nv == 4) pool_taps(0, 4, acc, bad, base, fill, KH, KW, DH * Wp, DW, SW);
+                        else if (nv == 2) pool_taps(0, 2, acc, bad, base, fill, KH, KW, DH * Wp, DW, SW);
+                        else pool_taps(0, 1, acc, bad, base, fill, KH, KW, DH * Wp, DW, SW);
+                    }
+                    for (int j = 0; j < nv; j++, ow += 16) {
+                        v16 v = acc[j];
+                        /* NaN wins, as ONNX's max has it. */
+                        if (kind == 0) v = select_where(bad[j], splat(__builtin_nanf("")), v);
+                        else v = v / (load16(cols + ow) * splat(rows[oh]));
+                        int64_t n = OW - ow < 16 ? OW - ow : 16;
+                        if (n == 16) store16(yc + oh * OW + ow, finish(v, &e, 0, 0));
+                        else if (n > 0) store16_n(yc + oh * OW + ow, finish(v, &e, 0, 0), n);
                     }
                 }
             }
