@@ -193,6 +193,7 @@ impl Executable {
     }
 
     fn run_cpu(&self, cpu: &Cpu, inputs: &[Tensor], mut profile: Option<&mut Profile>) -> Result<Vec<Tensor>> {
+        cpu.program.prepare();
         let m = &self.manifest;
         let mut pool = cpu.outputs.lock().unwrap_or_else(|p| p.into_inner());
         let mut outputs: Vec<Arc<[u64]>> = m

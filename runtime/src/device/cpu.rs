@@ -116,6 +116,15 @@ impl CpuProgram {
         self.threads
     }
 
+    /// Wakes sleeping workers ahead of a run's first launch, so that they are polling when it
+    /// comes (a worker woken by the launch itself arrives after the caller has run a small
+    /// kernel's workgroups alone).
+    pub fn prepare(&self) {
+        if let Some(pool) = &self.pool {
+            pool.wake();
+        }
+    }
+
     /// Runs every workgroup of kernel `k` on `args`.
     ///
     /// # Safety
@@ -194,6 +203,15 @@ impl Pool {
             handles.push(h);
         }
         Ok(Pool { shared, workers: handles, busy: Mutex::new(0) })
+    }
+
+    /// Wakes the workers that sleep; each polls again for a while.
+    fn wake(&self) {
+        let s = &self.shared;
+        if s.sleepers.load(Ordering::SeqCst) > 0 {
+            let _g = s.lock.lock().unwrap_or_else(|p| p.into_inner());
+            s.wake.notify_all();
+        }
     }
 
     /// Runs workgroups `0..w` of `f`, on this thread and the workers.
@@ -287,7 +305,7 @@ unsafe fn claim_and_run(s: &Shared, launch: u32) {
 fn worker(s: &Shared) {
     let mut seen = 0u32;
     loop {
-        let start = Instant::now();
+        let mut start = Instant::now();
         let mut spins = 0u32;
         // Wait for a launch newer than the last one seen: spin, then sleep.
         let launch = loop {
@@ -310,6 +328,8 @@ fn worker(s: &Shared) {
                 let _g = s.wake.wait(g).unwrap_or_else(|p| p.into_inner());
             }
             s.sleepers.fetch_sub(1, Ordering::SeqCst);
+            // Woken (by a launch, or ahead of one by `prepare`): poll again for a while.
+            start = Instant::now();
         };
         seen = launch;
         // SAFETY: claims only succeed while `launch` runs (see `Shared`).
