@@ -191,6 +191,40 @@ typedef struct {
     int64_t H, W, KH, KW, SH, SW, DH, DW, PH, PW, OW;
 } Im2col;
 
+/* pack_window_strip for output rows shorter than a vector (a 7x7 image), where runs along rows
+ * would be a few floats each: the input offset of each position for each window tap is computed
+ * once a strip (-1 where the window reads padding), and every channel gathers with the same
+ * offsets from its own plane. */
+static inline __attribute__((always_inline)) void pack_window_strip_gather(const Im2col *g, int64_t first, int64_t valid, int64_t width,
+                                                                          int64_t p0, int64_t kc, float *out) {
+    int64_t khw = g->KH * g->KW;
+    int32_t *idx = (int32_t *)scratch(2, (size_t)(khw * width));
+    if (!idx) abort();
+    for (int64_t c = 0; c < width; c++) {
+        int64_t p = first + c;
+        int64_t oh = p / g->OW, ow = p % g->OW;
+        for (int64_t r = 0; r < khw; r++) {
+            int64_t ih = oh * g->SH + (r / g->KW) * g->DH - g->PH;
+            int64_t iw = ow * g->SW + (r % g->KW) * g->DW - g->PW;
+            idx[r * width + c] = (c < valid && ih >= 0 && ih < g->H && iw >= 0 && iw < g->W) ? (int32_t)(ih * g->W + iw) : -1;
+        }
+    }
+    int64_t ch = p0 / khw, r = p0 % khw;
+    const float *plane = g->x + ch * g->H * g->W;
+    for (int64_t k = 0; k < kc; k++, out += width) {
+        const int32_t *ix = idx + r * width;
+        for (int64_t c = 0; c < width; c++) {
+            int32_t at = ix[c];
+            float v = plane[at < 0 ? 0 : at];
+            out[c] = at < 0 ? 0.0f : v;
+        }
+        if (++r == khw) {
+            r = 0;
+            plane += g->H * g->W;
+        }
+    }
+}
+
 /* One strip of `width` output positions (the first `valid` of them real, from `first`) of the
  * im2col matrix, rows p0 .. p0+kc, stored position-minor (out[k * width + position]). The strip's
  * positions are cut into runs along output rows once; each row of the matrix (a channel and a
@@ -199,6 +233,10 @@ typedef struct {
  * is a constant there. */
 static inline __attribute__((always_inline)) void pack_window_strip(const Im2col *g, int64_t first, int64_t valid, int64_t width, int64_t p0,
                                                                    int64_t kc, float *out) {
+    if (g->OW > 1 && g->OW < 16) {
+        pack_window_strip_gather(g, first, valid, width, p0, kc, out);
+        return;
+    }
     /* Runs: (first column, count, output row, first output column); at most one a column. */
     enum { MAX_RUNS = NR > MR ? NR : MR };
     int64_t run_c[MAX_RUNS], run_n[MAX_RUNS], run_oh[MAX_RUNS], run_ow[MAX_RUNS];
