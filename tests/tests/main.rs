@@ -8,5 +8,6 @@ mod decompose;
 mod differential;
 mod gpu;
 mod microkernel;
+mod recognize;
 mod stages;
 mod toolchain;

@@ -430,7 +430,9 @@ fn reductions_and_softmax_by_rows() {
         g.output("y", y[0]);
         check(&g.build().unwrap(), &[Tensor::random(DType::F32, &[2, 64, 7, 7], 9)], 1);
     }
-    for (op, dims) in [(Op::Softmax { axis: -1 }, vec![12, 37, 130]), (Op::LogSoftmax { axis: 1 }, vec![5, 300]), (Op::Softmax { axis: 1 }, vec![64, 16])] {
+    for (op, dims) in
+        [(Op::Softmax { axis: -1 }, vec![12, 37, 130]), (Op::LogSoftmax { axis: 1 }, vec![5, 300]), (Op::Softmax { axis: 1 }, vec![64, 16])]
+    {
         let g = GraphBuilder::new("softmax");
         let x = g.input("x", DType::F32, dims.as_slice());
         let y = g.apply(op, &[Some(x)], 1);

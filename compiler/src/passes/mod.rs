@@ -3,6 +3,7 @@
 
 pub mod decompose;
 pub mod fold;
+pub mod recognize;
 pub mod simplify;
 pub mod specialize;
 
@@ -22,6 +23,9 @@ pub fn default_passes(target: crate::TargetKind) -> Vec<Pass> {
     let decompose = if target == crate::TargetKind::Cpu { decompose::run_for_cpu } else { decompose::run };
     vec![
         Pass { name: "fold", run: fold::run },
+        // Normalisations written as chains of small ops become the one op (their axes and eps
+        // are constants by now).
+        Pass { name: "recognize", run: recognize::run },
         // Ops without kernels of their own become ops that have them; simplification and
         // folding then tidy what they made (weight slices of constant weights fold away).
         Pass { name: "decompose", run: decompose },

@@ -555,7 +555,9 @@ pub fn plan(graph: &Graph, kernel: &Kernel, host: &Host, always: bool) -> Option
                 } else {
                     let add = match shape {
                         // The pooling kernel adds nothing.
-                        Shape::Pool { .. } | Shape::Gather { .. } | Shape::Recurrent { .. } | Shape::Reduce { .. } | Shape::Softmax { .. } => return None,
+                        Shape::Pool { .. } | Shape::Gather { .. } | Shape::Recurrent { .. } | Shape::Reduce { .. } | Shape::Softmax { .. } => {
+                            return None
+                        }
                         Shape::Conv { .. } | Shape::ConvTranspose { .. } => channel_bias(graph, other, channels, out_dims.len())?,
                         Shape::Gemm { .. } => column_bias(graph, other, n)?,
                     };
@@ -755,9 +757,12 @@ fn rows_plan(graph: &Graph, kernel: &Kernel, root: NodeId, tail: &[NodeId], alwa
             };
             let mut axes: Vec<usize> = match operands.get(1).copied().flatten() {
                 None => Vec::new(),
-                Some(a) => {
-                    graph.constant_value(a)?.to_i64s().iter().map(|&a| usize::try_from(if a < 0 { a + rank as i64 } else { a }).ok().filter(|&a| a < rank)).collect::<Option<_>>()?
-                }
+                Some(a) => graph
+                    .constant_value(a)?
+                    .to_i64s()
+                    .iter()
+                    .map(|&a| usize::try_from(if a < 0 { a + rank as i64 } else { a }).ok().filter(|&a| a < rank))
+                    .collect::<Option<_>>()?,
             };
             if axes.is_empty() {
                 if r.noop_with_empty_axes {

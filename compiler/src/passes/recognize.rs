@@ -1,0 +1,226 @@
+//! Recognition: normalisations that exporters write as chains of small ops become the op kiln
+//! runs as one kernel.
+//!
+//! - **LayerNorm** (tf2onnx, older PyTorch):
+//!   `(x - mean(x)) / sqrt(mean((x - mean(x))^2) + eps) [* gamma] [+ beta]`, with `^2` a `Pow` by
+//!   2 or a `Mul` of the difference by itself, becomes `LayerNormalization(x, gamma, beta)`.
+//!   Unfused it is five kernels, each a pass over the tensor.
+//! - **RMSNorm** (LLaMA-style exports): `x / sqrt(mean(x^2) + eps)` or
+//!   `x * reciprocal(sqrt(mean(x^2) + eps))`, `[* gamma]`, becomes `RMSNormalization(x, gamma)`.
+//!
+//! The means reduce the trailing axes with `keepdims`; eps, gamma and beta are constants (gamma
+//! and beta of the normalised axes' shape, leading ones allowed). Every intermediate must be
+//! used only inside the pattern, so nothing else loses a value. The replacement is named after
+//! the last node it replaces.
+
+use kiln_ir::op::{Reduce, ReduceKind};
+use kiln_ir::{BinaryOp, Graph, NodeId, Op, Tensor, UnaryOp, ValueId};
+
+use crate::Result;
+
+pub fn run(graph: &mut Graph) -> Result<bool> {
+    let mut changed = false;
+    for id in graph.topo_order()? {
+        if graph.try_node(id).is_none() {
+            continue;
+        }
+        let found = layer_norm(graph, id).or_else(|| rms_norm(graph, id));
+        let Some(m) = found else { continue };
+        apply(graph, m)?;
+        changed = true;
+    }
+    if changed {
+        super::fold::remove_dead(graph)?;
+    }
+    Ok(changed)
+}
+
+/// A recognised normalisation: the op, its input, the node whose value it replaces, the
+/// normalised shape's scale and bias.
+struct Match {
+    op: Op,
+    x: ValueId,
+    last: NodeId,
+    scale: Option<ValueId>,
+    bias: Option<ValueId>,
+}
+
+fn apply(graph: &mut Graph, m: Match) -> Result<()> {
+    let xt = graph.value_type(m.x).clone();
+    let Some(dims) = xt.shape.as_fixed() else { return Ok(()) };
+    let axis = match m.op {
+        Op::LayerNorm { axis, .. } | Op::RmsNorm { axis, .. } => axis as usize,
+        _ => return Ok(()),
+    };
+    let name = graph.node(m.last).name.clone();
+    let shaped = |graph: &mut Graph, v: Option<ValueId>, what: &str, fill: f64| -> Result<Option<ValueId>> {
+        let t = match v {
+            Some(v) => match graph.constant_value(v) {
+                Some(t) => t.reshape(&dims[axis..])?,
+                None => return Ok(None),
+            },
+            None if fill.is_nan() => return Ok(None),
+            None => Tensor::full(xt.dtype, &dims[axis..], fill),
+        };
+        let n = graph.unique_name(&format!("{name}/{what}"));
+        Ok(Some(graph.add_constant(&n, t)?))
+    };
+    let scale = shaped(graph, m.scale, "scale", 1.0)?;
+    let bias = shaped(graph, m.bias, "bias", f64::NAN)?;
+    let node_name = graph.unique_name(&format!("{name}/{}", m.op.name()));
+    let new = graph.add_node(&node_name, m.op, &[Some(m.x), scale, bias].into_iter().take(if bias.is_some() { 3 } else { 2 }).collect::<Vec<_>>())?;
+    graph.replace_uses(ValueId::from(m.last), ValueId::from(new))?;
+    Ok(())
+}
+
+/// The node producing `v` and its op (not for inputs and constants).
+fn producer(graph: &Graph, v: ValueId) -> Option<(NodeId, &Op)> {
+    let n = graph.try_node(v.node)?;
+    (!matches!(n.op, Op::Input | Op::Constant(_)) && v.output == 0).then_some((v.node, &n.op))
+}
+
+/// Every use of `v` is by one of `nodes`, and it is not a graph output.
+fn used_only_by(graph: &Graph, v: ValueId, nodes: &[NodeId]) -> bool {
+    graph.users(v).iter().all(|(u, _)| nodes.contains(u)) && !graph.outputs().iter().any(|(_, o)| *o == v)
+}
+
+/// The one value of a one-element constant.
+fn scalar(graph: &Graph, v: ValueId) -> Option<f64> {
+    let t = graph.constant_value(v)?;
+    (t.len() == 1).then(|| t.to_f64s()[0])
+}
+
+/// The two operands of a binary node of `op`.
+fn binary(graph: &Graph, id: NodeId, op: BinaryOp) -> Option<(ValueId, ValueId)> {
+    if graph.node(id).op != Op::Binary(op) {
+        return None;
+    }
+    let ops = graph.operands(id);
+    Some((ops.first().copied().flatten()?, ops.get(1).copied().flatten()?))
+}
+
+/// `ReduceMean(x, axes, keepdims)` over trailing axes: x and the first reduced axis.
+fn trailing_mean(graph: &Graph, id: NodeId) -> Option<(ValueId, usize)> {
+    let Op::Reduce(Reduce { kind: ReduceKind::Mean, keepdims: true, .. }) = graph.node(id).op else { return None };
+    let ops = graph.operands(id);
+    let x = ops.first().copied().flatten()?;
+    let rank = graph.value_type(x).shape.as_fixed()?.len() as i64;
+    let mut axes: Vec<i64> =
+        graph.constant_value(ops.get(1).copied().flatten()?)?.to_i64s().iter().map(|&a| if a < 0 { a + rank } else { a }).collect();
+    axes.sort_unstable();
+    axes.dedup();
+    let first = *axes.first()?;
+    let trailing = axes.iter().enumerate().all(|(i, &a)| a == first + i as i64) && *axes.last()? == rank - 1 && first >= 0;
+    trailing.then_some((x, first as usize))
+}
+
+/// `v^2` as `Pow(v, 2)` or `Mul(v, v)`: the node, if it squares `v`.
+fn squares(graph: &Graph, id: NodeId, v: ValueId) -> bool {
+    if let Some((a, e)) = binary(graph, id, BinaryOp::Pow) {
+        return a == v && scalar(graph, e) == Some(2.0);
+    }
+    matches!(binary(graph, id, BinaryOp::Mul), Some((a, b)) if a == v && b == v)
+}
+
+/// `sqrt(mean(sq) + eps)` at node `s`: (the Sqrt's chain nodes, the squared node, eps, first axis).
+fn root_mean_square(graph: &Graph, s: NodeId) -> Option<([NodeId; 3], NodeId, f64, usize)> {
+    if graph.node(s).op != Op::Unary(UnaryOp::Sqrt) {
+        return None;
+    }
+    let (add, _) = producer(graph, graph.operands(s).first().copied().flatten()?)?;
+    let (a, b) = binary(graph, add, BinaryOp::Add)?;
+    let (mean_v, eps) = match (scalar(graph, a), scalar(graph, b)) {
+        (None, Some(e)) => (a, e),
+        (Some(e), None) => (b, e),
+        _ => return None,
+    };
+    let (mean, _) = producer(graph, mean_v)?;
+    let (sq_v, axis) = trailing_mean(graph, mean)?;
+    let (sq, _) = producer(graph, sq_v)?;
+    let chain_ok = used_only_by(graph, mean_v, &[add]) && used_only_by(graph, ValueId::from(add), &[s]) && used_only_by(graph, sq_v, &[mean]);
+    (chain_ok && eps >= 0.0).then_some(([s, add, mean], sq, eps, axis))
+}
+
+/// The optional `* gamma` and `+ beta` after `n` (constants that broadcast over the normalised
+/// trailing axes from `axis`): (the last node, gamma, beta).
+fn affine(graph: &Graph, n: NodeId, x: ValueId, axis: usize, allow_beta: bool) -> (NodeId, Option<ValueId>, Option<ValueId>) {
+    let fits = |c: ValueId| -> bool {
+        let (Some(t), Some(xd)) = (graph.constant_value(c), graph.value_type(x).shape.as_fixed()) else { return false };
+        let norm = &xd[axis..];
+        let strip = |d: &[usize]| -> Vec<usize> { d.iter().copied().skip_while(|&x| x == 1).collect() };
+        t.dtype() == graph.value_type(x).dtype
+            && t.len() == norm.iter().product::<usize>()
+            && strip(t.dims()) == strip(norm)
+            && t.dims().len() <= xd.len()
+    };
+    // (value, op) -> the single user applying `op` with a fitting constant, and that constant.
+    let next = |v: ValueId, op: BinaryOp| -> Option<(NodeId, ValueId)> {
+        let users = graph.users(v);
+        if users.len() != 1 || graph.outputs().iter().any(|(_, o)| *o == v) {
+            return None;
+        }
+        let u = users[0].0;
+        let (a, b) = binary(graph, u, op)?;
+        let c = if a == v { b } else { a };
+        (fits(c) && (a == v || b == v)).then_some((u, c))
+    };
+    let mut last = n;
+    let mut gamma = None;
+    let mut beta = None;
+    if let Some((u, c)) = next(ValueId::from(last), BinaryOp::Mul) {
+        last = u;
+        gamma = Some(c);
+    }
+    if allow_beta {
+        if let Some((u, c)) = next(ValueId::from(last), BinaryOp::Add) {
+            last = u;
+            beta = Some(c);
+        }
+    }
+    (last, gamma, beta)
+}
+
+/// `(x - mean(x)) / sqrt(mean((x - mean(x))^2) + eps)` at the Div `n`.
+fn layer_norm(graph: &Graph, n: NodeId) -> Option<Match> {
+    let (d, std) = binary(graph, n, BinaryOp::Div)?;
+    let (sub, _) = producer(graph, d)?;
+    let (x, m) = binary(graph, sub, BinaryOp::Sub)?;
+    let (mean, _) = producer(graph, m)?;
+    let (mx, axis) = trailing_mean(graph, mean)?;
+    if mx != x || !used_only_by(graph, m, &[sub]) || !graph.value_type(x).dtype.is_float() {
+        return None;
+    }
+    let (s, _) = producer(graph, std)?;
+    let (_, sq, eps, axis2) = root_mean_square(graph, s)?;
+    if axis2 != axis || !squares(graph, sq, d) || !used_only_by(graph, d, &[sq, n]) || !used_only_by(graph, std, &[n]) {
+        return None;
+    }
+    let (last, scale, bias) = affine(graph, n, x, axis, true);
+    Some(Match { op: Op::LayerNorm { axis: axis as i64, epsilon: eps as f32 }, x, last, scale, bias })
+}
+
+/// `x / sqrt(mean(x^2) + eps)` or `x * reciprocal(sqrt(mean(x^2) + eps))` at the Div or Mul `n`.
+fn rms_norm(graph: &Graph, n: NodeId) -> Option<Match> {
+    let (x, s, s_users) = if let Some((x, std)) = binary(graph, n, BinaryOp::Div) {
+        (x, producer(graph, std)?.0, vec![n])
+    } else {
+        let (a, b) = binary(graph, n, BinaryOp::Mul)?;
+        // Either operand may be the reciprocal.
+        let pick = |v: ValueId| -> Option<NodeId> {
+            let (r, op) = producer(graph, v)?;
+            (*op == Op::Unary(UnaryOp::Reciprocal) && used_only_by(graph, v, &[n])).then_some(r)
+        };
+        let (x, r) = match (pick(b), pick(a)) {
+            (Some(r), _) => (a, r),
+            (None, Some(r)) => (b, r),
+            _ => return None,
+        };
+        (x, producer(graph, graph.operands(r).first().copied().flatten()?)?.0, vec![r])
+    };
+    let (_, sq, eps, axis) = root_mean_square(graph, s)?;
+    if !squares(graph, sq, x) || !used_only_by(graph, ValueId::from(s), &s_users) || !graph.value_type(x).dtype.is_float() {
+        return None;
+    }
+    let (last, scale, _) = affine(graph, n, x, axis, false);
+    Some(Match { op: Op::RmsNorm { axis: axis as i64, epsilon: eps as f32 }, x, last, scale, bias: None })
+}
