@@ -44,14 +44,12 @@ static inline v16 finish(v16 v, const Epilogue *e, int64_t i, int64_t j) {
     if (e->bias_row) v += splat(e->bias_row[i]);
     if (e->bias_col) v += load16(e->bias_col + j);
     if (e->res) v += load16(e->res + i * e->ldr + j);
-    /* Comparisons that are false for NaN, so NaN passes through as ONNX has it. */
+    /* vmax/vmin give their second operand where either is NaN: NaN passes through, as ONNX
+     * has it. */
     if (e->act == ACT_RELU) {
-        v16 z = splat(0.0f);
-        v = select_where(v < z, z, v);
+        v = vmax(splat(0.0f), v);
     } else if (e->act == ACT_CLIP) {
-        v16 lo = splat(e->lo), hi = splat(e->hi);
-        v = select_where(v < lo, lo, v);
-        v = select_where(v > hi, hi, v);
+        v = vmin(splat(e->hi), vmax(splat(e->lo), v));
     }
     return v;
 }
@@ -610,7 +608,7 @@ void kiln_uk_pool2d(int64_t x_, int64_t y_, int64_t C, int64_t H, int64_t W, int
             for (int64_t r = PH; r < r1; r++) {
                 float *o = xp + r * Wp + PW;
                 const float *src = plane + (r - PH) * W;
-                for (int64_t q2 = 0; q2 < ncols; q2++) o[q2] = src[q2];
+                memcpy(o, src, (size_t)ncols * sizeof(float));
             }
             float *yc = y + (img * C + c) * OH * OW;
             for (int64_t oh = 0; oh < OH; oh++) {
@@ -722,7 +720,7 @@ void kiln_uk_depthwise(int64_t x_, int64_t w_, int64_t bias_, int64_t res_, int6
             for (int64_t r = r0; r < r1; r++) {
                 float *o = xp + r * Wp + PW;
                 const float *src = plane + (r - PH) * W;
-                for (int64_t q2 = 0; q2 < cols; q2++) o[q2] = src[q2];
+                memcpy(o, src, (size_t)cols * sizeof(float));
             }
             const float *wc = w + c * KH * KW;
             float *yc = y + (img * C + c) * OH * OW;
@@ -732,13 +730,14 @@ void kiln_uk_depthwise(int64_t x_, int64_t w_, int64_t bias_, int64_t res_, int6
             v16 wv[64];
             int64_t taps = KH * KW <= 64 ? KH * KW : 0;
             for (int64_t t = 0; t < taps; t++) wv[t] = splat(wc[t]);
-            /* Four independent FMA chains at least: 4 vectors of a row, or 2 vectors of 2 rows,
-             * or 1 vector of 4 rows (a small plane); one chain of KH*KW dependent FMAs would
-             * wait on each. */
+            /* Four independent FMA chains where there are: 4 vectors of a row, or 2 vectors of 2
+             * rows, or 1 vector of up to 4 rows (a small plane); one chain of KH*KW dependent
+             * FMAs would wait on each. */
             int64_t per_row = (OW + 15) / 16;
             int fast = taps && (SW == 1 || SW == 2);
             for (int64_t oh = 0; oh < OH;) {
-                int nr = fast && per_row == 1 && OH - oh >= 4 ? 4 : fast && per_row == 2 && OH - oh >= 2 ? 2 : 1;
+                int64_t left = OH - oh;
+                int nr = !fast ? 1 : per_row == 1 ? (left >= 4 ? 4 : (int)left) : per_row == 2 && left >= 2 ? 2 : 1;
                 for (int64_t ow = 0; ow < OW;) {
                     int64_t nv = nr > 1 ? per_row : OW - ow > 32 ? 4 : OW - ow > 16 ? 2 : 1;
                     v16 acc[4] = {splat(0.0f), splat(0.0f), splat(0.0f), splat(0.0f)};
@@ -746,6 +745,8 @@ void kiln_uk_depthwise(int64_t x_, int64_t w_, int64_t bias_, int64_t res_, int6
                         const float *base = xp + oh * SH * Wp + ow * SW;
                         int64_t rstep = SH * Wp;
                         if (nr == 4) dw_taps(acc, 4, 1, base, rstep, wv, KH, KW, DH * Wp, DW, SW);
+                        else if (nr == 3) dw_taps(acc, 3, 1, base, rstep, wv, KH, KW, DH * Wp, DW, SW);
+                        else if (nr == 2 && nv == 1) dw_taps(acc, 2, 1, base, rstep, wv, KH, KW, DH * Wp, DW, SW);
                         else if (nr == 2) dw_taps(acc, 2, 2, base, rstep, wv, KH, KW, DH * Wp, DW, SW);
                         else if (nv == 4) dw_taps(acc, 1, 4, base, rstep, wv, KH, KW, DH * Wp, DW, SW);
                         else if (nv == 2) dw_taps(acc, 1, 2, base, rstep, wv, KH, KW, DH * Wp, DW, SW);
