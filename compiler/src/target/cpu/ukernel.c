@@ -402,6 +402,101 @@ static Epilogue epilogue_of(const float *bias_row, const float *bias_col, const 
     return e;
 }
 
+/* The register tile of a direct convolution: c[MR rows][32 flat positions] = A panel (K x MR,
+ * packed weights) times B rows read straight from the padded input: row k at xb + offs[k]. */
+static inline __attribute__((always_inline)) void micro_direct(int64_t K, const float *restrict a, const float *restrict xb,
+                                                              const int64_t *restrict offs, v16 *c0, v16 *c1) {
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; r++) c0[r] = c1[r] = splat(0.0f);
+    for (int64_t k = 0; k < K; k++) {
+        const float *b = xb + offs[k];
+        v16 b0 = load16(b), b1 = load16(b + 16);
+#pragma GCC unroll 16
+        for (int r = 0; r < MR; r++) {
+            v16 ar = splat(a[r]);
+            c0[r] += ar * b0;
+            c1[r] += ar * b1;
+        }
+        a += MR;
+    }
+}
+
+/* A stride-1 convolution of one image without im2col: the input is copied once into a padded
+ * plane per channel (rows Hp = OH + (KH-1)*DH, pitch Wp = OW + (KW-1)*DW), where every window
+ * tap of a run of output positions is a contiguous run of input. Positions are taken "flat",
+ * p = oh * Wp + ow, so that row k of B = im2col for 32 consecutive p is 32 consecutive floats at
+ * offs[k] + p; the positions with ow >= OW are computed and dropped. Output rows oh0 .. oh1 and
+ * channels m0 .. m1; the epilogue applied as the valid positions are stored. */
+static void conv_direct(const float *x, const float *wp, const float *bias, const float *res, float *y, int64_t C, int64_t H, int64_t W,
+                        int64_t M, int64_t KH, int64_t KW, int64_t DH, int64_t DW, int64_t PH, int64_t PW, int64_t OH, int64_t OW,
+                        int64_t act, float lo, float hi, int64_t oh0, int64_t oh1, int64_t m0, int64_t m1) {
+    int64_t Wp = OW + (KW - 1) * DW;
+    /* The input rows these output rows read. */
+    int64_t r0 = oh0, r1 = oh1 + (KH - 1) * DH;
+    int64_t rows = r1 - r0, plane = rows * Wp;
+    int64_t K = C * KH * KW;
+    /* The last strip may read 32 floats past the last position of the last plane. */
+    float *xp = scratch(0, (size_t)(C * plane + 64));
+    int64_t *offs = (int64_t *)scratch(1, (size_t)(2 * K));
+    if (!xp || !offs) abort();
+    memset(xp, 0, (size_t)(C * plane + 64) * sizeof(float));
+    for (int64_t c = 0; c < C; c++) {
+        for (int64_t r = r0; r < r1; r++) {
+            int64_t ih = r - PH;
+            if (ih < 0 || ih >= H) continue;
+            int64_t cols = W < Wp - PW ? W : Wp - PW;
+            if (cols > 0) memcpy(xp + c * plane + (r - r0) * Wp + PW, x + (c * H + ih) * W, (size_t)cols * sizeof(float));
+        }
+    }
+    for (int64_t k = 0; k < K; k++) {
+        int64_t c = k / (KH * KW), t = k % (KH * KW);
+        offs[k] = c * plane + (t / KW) * DH * Wp + (t % KW) * DW;
+    }
+    Epilogue act_only = {NULL, NULL, NULL, 0, act, lo, hi};
+    int64_t N = OH * OW;
+    /* Flat positions of the rows (relative to row oh0): the last row ends at OW. */
+    int64_t flat = (oh1 - oh0 - 1) * Wp + OW;
+    for (int64_t p0 = 0; p0 < flat; p0 += 32) {
+        /* The strip's valid positions as runs: (lane, count, output index). */
+        int64_t run_l[33], run_n[33], run_o[33], runs = 0;
+        for (int64_t l = 0; l < 32 && p0 + l < flat;) {
+            int64_t p = p0 + l, oh = p / Wp, ow = p % Wp;
+            if (ow >= OW) {
+                l += Wp - ow;
+                continue;
+            }
+            int64_t n = OW - ow < 32 - l ? OW - ow : 32 - l;
+            if (p + n > flat) n = flat - p;
+            run_l[runs] = l;
+            run_n[runs] = n;
+            run_o[runs] = (oh0 + oh) * OW + ow;
+            runs++;
+            l += n;
+        }
+        for (int64_t i = m0; i < m1; i += MR) {
+            v16 c0[MR], c1[MR];
+            micro_direct(K, wp + (i / MR) * K * MR, xp + p0, offs, c0, c1);
+            int64_t mr = m1 - i < MR ? m1 - i : MR;
+            for (int64_t r = 0; r < mr; r++) {
+                float t[32];
+                v16 b = splat(bias ? bias[i + r] : 0.0f);
+                store16(t, c0[r] + b);
+                store16(t + 16, c1[r] + b);
+                float *yr = y + (i + r) * N;
+                const float *rr = res ? res + (i + r) * N : NULL;
+                for (int64_t q = 0; q < runs; q++) {
+                    for (int64_t j = 0; j < run_n[q]; j += 16) {
+                        int64_t n = run_n[q] - j < 16 ? run_n[q] - j : 16;
+                        v16 v = load16_n(t + run_l[q] + j, n);
+                        if (rr) v += load16_n(rr + run_o[q] + j, n);
+                        store16_n(yr + run_o[q] + j, finish(v, &act_only, 0, 0), n);
+                    }
+                }
+            }
+        }
+    }
+}
+
 /* A 2-D convolution (NCHW) as implicit GEMM, one GEMM a group: per image and group g,
  * C[Mg = M/G out channels, N = OH*OW] = W_g[Mg, K = C/G*KH*KW] (packed, groups one after another)
  * * im2col(x_g)[K, N]. Work units: images x chunks of N (split_n) or of Mg. */
@@ -448,6 +543,16 @@ void kiln_uk_conv2d(int64_t x_, int64_t wp_, int64_t bias_, int64_t res_, int64_
     }
     for (int64_t u = wg_begin; u < wg_end; u++) {
         int64_t img = u / chunks, q = u % chunks;
+        /* Stride 1, one group, a window: directly from a padded copy of the input. */
+        if (G == 1 && SH == 1 && SW == 1 && KH * KW > 1 && PH < KH * DH && PW < KW * DW) {
+            int64_t oh0 = 0, oh1 = OH, m0 = 0, m1 = M;
+            if (split_n) chunk_range(OH, 1, chunks, q, &oh0, &oh1);
+            else chunk_range(M, MR, chunks, q, &m0, &m1);
+            if (oh0 < oh1 && m0 < m1)
+                conv_direct(x + img * C * H * W, wp, bias, res ? res + img * M * N : NULL, y + img * M * N, C, H, W, M, KH, KW, DH, DW, PH, PW,
+                            OH, OW, act, lo, hi, oh0, oh1, m0, m1);
+            continue;
+        }
         for (int64_t grp = 0; grp < G; grp++) {
             Asource A = {wp + grp * a_group, NULL, 0, 0, NULL};
             Im2col g = {x + (img * C + grp * Cg) * H * W, H, W, KH, KW, SH, SW, DH, DW, PH, PW, OW};
