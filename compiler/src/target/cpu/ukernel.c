@@ -421,48 +421,62 @@ static inline __attribute__((always_inline)) void micro_direct(int64_t K, const 
     }
 }
 
-/* A stride-1 convolution of one image without im2col: the input is copied once into a padded
- * plane per channel (rows Hp = OH + (KH-1)*DH, pitch Wp = OW + (KW-1)*DW), where every window
- * tap of a run of output positions is a contiguous run of input. Positions are taken "flat",
- * p = oh * Wp + ow, so that row k of B = im2col for 32 consecutive p is 32 consecutive floats at
- * offs[k] + p; the positions with ow >= OW are computed and dropped. Output rows oh0 .. oh1 and
- * channels m0 .. m1; the epilogue applied as the valid positions are stored. */
+/* A convolution of one image without im2col. The input is copied once into padded planes, split
+ * by stride phase: phase (a, b) of channel c holds padded rows a, a + SH, ... and columns b,
+ * b + SW, ... (one plane at stride 1), so that every window tap of a run of output positions is
+ * a contiguous run of one phase plane. Positions are taken "flat", p = oh * Wq + ow (Wq the
+ * phase planes' pitch), so that row k of B = im2col for 32 consecutive p is 32 consecutive
+ * floats at offs[k] + p; the positions with ow >= OW are computed and dropped. Output rows
+ * oh0 .. oh1 and channels m0 .. m1; the epilogue applied as the valid positions are stored. */
 static void conv_direct(const float *x, const float *wp, const float *bias, const float *res, float *y, int64_t C, int64_t H, int64_t W,
-                        int64_t M, int64_t KH, int64_t KW, int64_t DH, int64_t DW, int64_t PH, int64_t PW, int64_t OH, int64_t OW,
-                        int64_t act, float lo, float hi, int64_t oh0, int64_t oh1, int64_t m0, int64_t m1) {
-    int64_t Wp = OW + (KW - 1) * DW;
-    /* The input rows these output rows read. */
-    int64_t r0 = oh0, r1 = oh1 + (KH - 1) * DH;
-    int64_t rows = r1 - r0, plane = rows * Wp;
-    int64_t K = C * KH * KW;
+                        int64_t M, int64_t KH, int64_t KW, int64_t SH, int64_t SW, int64_t DH, int64_t DW, int64_t PH, int64_t PW, int64_t OH,
+                        int64_t OW, int64_t act, float lo, float hi, int64_t oh0, int64_t oh1, int64_t m0, int64_t m1) {
+    int64_t Wq = OW + (KW - 1) * DW / SW;
+    /* The phase rows these output rows read. */
+    int64_t rows = oh1 - oh0 + (KH - 1) * DH / SH, plane = rows * Wq;
+    int64_t K = C * KH * KW, phases = SH * SW;
     /* The last strip may read 32 floats past the last position of the last plane. */
-    float *xp = scratch(0, (size_t)(C * plane + 64));
+    size_t total = (size_t)(C * phases * plane + 64);
+    float *xp = scratch(0, total);
     int64_t *offs = (int64_t *)scratch(1, (size_t)(2 * K));
     if (!xp || !offs) abort();
-    memset(xp, 0, (size_t)(C * plane + 64) * sizeof(float));
+    memset(xp, 0, total * sizeof(float));
     for (int64_t c = 0; c < C; c++) {
-        for (int64_t r = r0; r < r1; r++) {
-            int64_t ih = r - PH;
-            if (ih < 0 || ih >= H) continue;
-            int64_t cols = W < Wp - PW ? W : Wp - PW;
-            if (cols > 0) memcpy(xp + c * plane + (r - r0) * Wp + PW, x + (c * H + ih) * W, (size_t)cols * sizeof(float));
+        for (int64_t a = 0; a < SH; a++) {
+            for (int64_t b = 0; b < SW; b++) {
+                float *ph = xp + ((c * SH + a) * SW + b) * plane;
+                /* Columns j of the phase read input column j * SW + b - PW. */
+                int64_t jlo = PW - b <= 0 ? 0 : (PW - b + SW - 1) / SW;
+                int64_t jhi = W - 1 + PW - b < 0 ? 0 : (W - 1 + PW - b) / SW + 1;
+                if (jhi > Wq) jhi = Wq;
+                for (int64_t i = 0; i < rows; i++) {
+                    int64_t ih = (oh0 + i) * SH + a - PH;
+                    if (ih < 0 || ih >= H || jlo >= jhi) continue;
+                    const float *src = x + (c * H + ih) * W + jlo * SW + b - PW;
+                    float *dst = ph + i * Wq + jlo;
+                    if (SW == 1) memcpy(dst, src, (size_t)(jhi - jlo) * sizeof(float));
+                    else
+                        for (int64_t j = 0; j < jhi - jlo; j++) dst[j] = src[j * SW];
+                }
+            }
         }
     }
     for (int64_t k = 0; k < K; k++) {
         int64_t c = k / (KH * KW), t = k % (KH * KW);
-        offs[k] = c * plane + (t / KW) * DH * Wp + (t % KW) * DW;
+        int64_t dy = (t / KW) * DH, dx = (t % KW) * DW;
+        offs[k] = ((c * SH + dy % SH) * SW + dx % SW) * plane + dy / SH * Wq + dx / SW;
     }
     Epilogue act_only = {NULL, NULL, NULL, 0, act, lo, hi};
     int64_t N = OH * OW;
     /* Flat positions of the rows (relative to row oh0): the last row ends at OW. */
-    int64_t flat = (oh1 - oh0 - 1) * Wp + OW;
+    int64_t flat = (oh1 - oh0 - 1) * Wq + OW;
     for (int64_t p0 = 0; p0 < flat; p0 += 32) {
         /* The strip's valid positions as runs: (lane, count, output index). */
         int64_t run_l[33], run_n[33], run_o[33], runs = 0;
         for (int64_t l = 0; l < 32 && p0 + l < flat;) {
-            int64_t p = p0 + l, oh = p / Wp, ow = p % Wp;
+            int64_t p = p0 + l, oh = p / Wq, ow = p % Wq;
             if (ow >= OW) {
-                l += Wp - ow;
+                l += Wq - ow;
                 continue;
             }
             int64_t n = OW - ow < 32 - l ? OW - ow : 32 - l;
@@ -543,14 +557,14 @@ void kiln_uk_conv2d(int64_t x_, int64_t wp_, int64_t bias_, int64_t res_, int64_
     }
     for (int64_t u = wg_begin; u < wg_end; u++) {
         int64_t img = u / chunks, q = u % chunks;
-        /* Stride 1, one group, a window: directly from a padded copy of the input. */
-        if (G == 1 && SH == 1 && SW == 1 && KH * KW > 1 && PH < KH * DH && PW < KW * DW) {
+        /* One group, a window or a stride: directly from a padded copy of the input. */
+        if (G == 1 && (KH * KW > 1 || SH * SW > 1)) {
             int64_t oh0 = 0, oh1 = OH, m0 = 0, m1 = M;
             if (split_n) chunk_range(OH, 1, chunks, q, &oh0, &oh1);
             else chunk_range(M, MR, chunks, q, &m0, &m1);
             if (oh0 < oh1 && m0 < m1)
-                conv_direct(x + img * C * H * W, wp, bias, res ? res + img * M * N : NULL, y + img * M * N, C, H, W, M, KH, KW, DH, DW, PH, PW,
-                            OH, OW, act, lo, hi, oh0, oh1, m0, m1);
+                conv_direct(x + img * C * H * W, wp, bias, res ? res + img * M * N : NULL, y + img * M * N, C, H, W, M, KH, KW, SH, SW, DH, DW,
+                            PH, PW, OH, OW, act, lo, hi, oh0, oh1, m0, m1);
             continue;
         }
         for (int64_t grp = 0; grp < G; grp++) {
