@@ -318,6 +318,11 @@ impl fmt::Display for Ukernel {
         } else {
             let b = match self.shape {
                 Shape::Conv { .. } if self.transposed => "transposed: C^T = im2col^T (packed at run time) x W^T, vectors along output channels",
+                // (As kiln_uk_conv2d chooses.)
+                Shape::Conv { group: 1, kh, kw, stride, .. } if kh * kw > 1 || stride != [1, 1] => {
+                    "B read direct from a padded copy of the input in stride-phase planes (no im2col)"
+                }
+                Shape::Conv { group: 1, .. } => "B is the input as it is",
                 Shape::Conv { .. } => "B packed (im2col) at run time",
                 Shape::ConvTranspose { .. } => "B (the input) packed at run time",
                 Shape::Pool { .. } | Shape::Gather { .. } | Shape::Recurrent { .. } | Shape::Reduce { .. } | Shape::Softmax { .. } => "",
