@@ -66,6 +66,16 @@ static inline float finish1(float v, const Epilogue *e, int64_t i, int64_t j) {
     return v;
 }
 
+/* One K step of the MR x 32 register tile: c0/c1[r] += a[r] (broadcast) * b0/b1. */
+static inline __attribute__((always_inline)) void tile_step(const float *a, v16 b0, v16 b1, v16 *c0, v16 *c1) {
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; r++) {
+        v16 ar = splat(a[r]);
+        c0[r] += ar * b0;
+        c1[r] += ar * b1;
+    }
+}
+
 /* The register tile: c[MR x NR] (row stride ldc) = (accumulate ? c : 0) + a-panel * b-panel over
  * kc steps; with `e`, the epilogue is applied as it is stored. */
 static void micro(int64_t kc, const float *restrict a, const float *restrict b, float *restrict c, int64_t ldc, int accumulate,
@@ -82,13 +92,7 @@ static void micro(int64_t kc, const float *restrict a, const float *restrict b, 
         for (int r = 0; r < MR; r++) c0[r] = c1[r] = splat(0.0f);
     }
     for (int64_t k = 0; k < kc; k++) {
-        v16 b0 = load16(b), b1 = load16(b + 16);
-#pragma GCC unroll 16
-        for (int r = 0; r < MR; r++) {
-            v16 ar = splat(a[r]);
-            c0[r] += ar * b0;
-            c1[r] += ar * b1;
-        }
+        tile_step(a, load16(b), load16(b + 16), c0, c1);
         a += MR;
         b += NR;
     }
@@ -410,13 +414,7 @@ static inline __attribute__((always_inline)) void micro_direct(int64_t K, const 
     for (int r = 0; r < MR; r++) c0[r] = c1[r] = splat(0.0f);
     for (int64_t k = 0; k < K; k++) {
         const float *b = xb + offs[k];
-        v16 b0 = load16(b), b1 = load16(b + 16);
-#pragma GCC unroll 16
-        for (int r = 0; r < MR; r++) {
-            v16 ar = splat(a[r]);
-            c0[r] += ar * b0;
-            c1[r] += ar * b1;
-        }
+        tile_step(a, load16(b), load16(b + 16), c0, c1);
         a += MR;
     }
 }
