@@ -122,8 +122,9 @@ fn squares(graph: &Graph, id: NodeId, v: ValueId) -> bool {
     matches!(binary(graph, id, BinaryOp::Mul), Some((a, b)) if a == v && b == v)
 }
 
-/// `sqrt(mean(sq) + eps)` at node `s`: (the Sqrt's chain nodes, the squared node, eps, first axis).
-fn root_mean_square(graph: &Graph, s: NodeId) -> Option<([NodeId; 3], NodeId, f64, usize)> {
+/// `sqrt(mean(sq) + eps)` at node `s`, its inner values used only by the chain: (the squaring
+/// node, eps, the first reduced axis).
+fn root_mean_square(graph: &Graph, s: NodeId) -> Option<(NodeId, f64, usize)> {
     if graph.node(s).op != Op::Unary(UnaryOp::Sqrt) {
         return None;
     }
@@ -138,7 +139,7 @@ fn root_mean_square(graph: &Graph, s: NodeId) -> Option<([NodeId; 3], NodeId, f6
     let (sq_v, axis) = trailing_mean(graph, mean)?;
     let (sq, _) = producer(graph, sq_v)?;
     let chain_ok = used_only_by(graph, mean_v, &[add]) && used_only_by(graph, ValueId::from(add), &[s]) && used_only_by(graph, sq_v, &[mean]);
-    (chain_ok && eps >= 0.0).then_some(([s, add, mean], sq, eps, axis))
+    (chain_ok && eps >= 0.0).then_some((sq, eps, axis))
 }
 
 /// The optional `* gamma` and `+ beta` after `n` (constants that broadcast over the normalised
@@ -191,7 +192,7 @@ fn layer_norm(graph: &Graph, n: NodeId) -> Option<Match> {
         return None;
     }
     let (s, _) = producer(graph, std)?;
-    let (_, sq, eps, axis2) = root_mean_square(graph, s)?;
+    let (sq, eps, axis2) = root_mean_square(graph, s)?;
     if axis2 != axis || !squares(graph, sq, d) || !used_only_by(graph, d, &[sq, n]) || !used_only_by(graph, std, &[n]) {
         return None;
     }
@@ -217,7 +218,7 @@ fn rms_norm(graph: &Graph, n: NodeId) -> Option<Match> {
         };
         (x, producer(graph, graph.operands(r).first().copied().flatten()?)?.0, vec![r])
     };
-    let (_, sq, eps, axis) = root_mean_square(graph, s)?;
+    let (sq, eps, axis) = root_mean_square(graph, s)?;
     if !squares(graph, sq, x) || !used_only_by(graph, ValueId::from(s), &s_users) || !graph.value_type(x).dtype.is_float() {
         return None;
     }

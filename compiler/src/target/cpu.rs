@@ -401,25 +401,22 @@ fn link_shared(object: &[u8], ukernel: Option<ukernel::Level>) -> Result<Vec<u8>
     result.map_err(CompileError::Internal)
 }
 
-/// The microkernel's, the recurrent kernel's and the row kernels' objects for the host's level,
-/// built with kiln (build.rs).
+/// The C kernels' objects (the microkernel, recurrent layers, rows) for the host's level, built
+/// with kiln (build.rs, which names them `<file>-<level>.o`).
 fn ukernel_objects(dir: &std::path::Path, host: ukernel::Level) -> Result<Vec<PathBuf>, String> {
-    let objects: [(&str, &[u8]); 3] = match host {
-        ukernel::Level::V4 => [
-            ("ukernel.o", include_bytes!(concat!(env!("OUT_DIR"), "/ukernel-v4.o"))),
-            ("recurrent.o", include_bytes!(concat!(env!("OUT_DIR"), "/recurrent-v4.o"))),
-            ("reduction.o", include_bytes!(concat!(env!("OUT_DIR"), "/reduction-v4.o"))),
-        ],
-        ukernel::Level::V3 => [
-            ("ukernel.o", include_bytes!(concat!(env!("OUT_DIR"), "/ukernel-v3.o"))),
-            ("recurrent.o", include_bytes!(concat!(env!("OUT_DIR"), "/recurrent-v3.o"))),
-            ("reduction.o", include_bytes!(concat!(env!("OUT_DIR"), "/reduction-v3.o"))),
-        ],
-        ukernel::Level::V1 => [
-            ("ukernel.o", include_bytes!(concat!(env!("OUT_DIR"), "/ukernel-v1.o"))),
-            ("recurrent.o", include_bytes!(concat!(env!("OUT_DIR"), "/recurrent-v1.o"))),
-            ("reduction.o", include_bytes!(concat!(env!("OUT_DIR"), "/reduction-v1.o"))),
-        ],
+    macro_rules! level {
+        ($l:literal) => {
+            [
+                ("ukernel.o", include_bytes!(concat!(env!("OUT_DIR"), "/ukernel-", $l, ".o")).as_slice()),
+                ("recurrent.o", include_bytes!(concat!(env!("OUT_DIR"), "/recurrent-", $l, ".o")).as_slice()),
+                ("reduction.o", include_bytes!(concat!(env!("OUT_DIR"), "/reduction-", $l, ".o")).as_slice()),
+            ]
+        };
+    }
+    let objects = match host {
+        ukernel::Level::V4 => level!("v4"),
+        ukernel::Level::V3 => level!("v3"),
+        ukernel::Level::V1 => level!("v1"),
     };
     let mut paths = Vec::new();
     for (name, bytes) in objects {

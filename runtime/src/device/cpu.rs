@@ -235,10 +235,7 @@ impl Pool {
         s.base.store(base, Ordering::Relaxed);
         s.finished.store(0, Ordering::Relaxed);
         s.next.store(((*launch as u64) << 32) | ((count as u64) << 16), Ordering::SeqCst);
-        if s.sleepers.load(Ordering::SeqCst) > 0 {
-            let _g = s.lock.lock().unwrap_or_else(|p| p.into_inner());
-            s.wake.notify_all();
-        }
+        self.wake();
         // SAFETY: the launch just published; the caller's promises hold for every workgroup.
         unsafe { claim_and_run(s, *launch) };
         // Workgroups others took: poll a little, then sleep until the last one finishes.

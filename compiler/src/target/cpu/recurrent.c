@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "simd.h"
+#include "workspace.h"
 
 #define NR 32
 
@@ -100,7 +101,7 @@ void kiln_uk_recurrent(int64_t x_, int64_t packed_, int64_t h0_, int64_t c0_, in
     int64_t rows = seq * batch;
     /* Projections of every step, then the state, the cell, the reset state, the recurrent sums. */
     size_t floats = (size_t)(rows * GHp + 3 * batch * Hp + batch * GHp);
-    float *buf = aligned_alloc(64, (floats * sizeof(float) + 63) / 64 * 64);
+    float *buf = scratch(0, floats);
     if (!buf) abort(); /* out of memory: nothing sensible to return */
     float *proj = buf, *h = proj + rows * GHp, *c = h + batch * Hp, *rh = c + batch * Hp, *gr = rh + batch * Hp;
     for (int64_t d = wg_begin; d < wg_end; d++) {
@@ -172,5 +173,4 @@ void kiln_uk_recurrent(int64_t x_, int64_t packed_, int64_t h0_, int64_t c0_, in
             if (yc) memcpy(yc + s, c + b * Hp, (size_t)hidden * sizeof(float));
         }
     }
-    free(buf);
 }

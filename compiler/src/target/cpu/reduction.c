@@ -11,15 +11,10 @@
 #include <string.h>
 
 #include "simd.h"
+#include "workspace.h"
 
 enum { RED_SUM = 0, RED_MEAN = 1, RED_MAX = 2, RED_MIN = 3 };
 
-/* The range [lo, hi) of `n` items that chunk q of `chunks` covers. */
-static void chunk_of(int64_t n, int64_t chunks, int64_t q, int64_t *lo, int64_t *hi) {
-    int64_t per = (n + chunks - 1) / chunks;
-    *lo = q * per < n ? q * per : n;
-    *hi = (q + 1) * per < n ? (q + 1) * per : n;
-}
 
 /* a op b for 16 lanes (max and min leave NaN to the callers, which track it apart: a chain of
  * NaN-aware selects is three times slower than vmaxps). */
@@ -116,7 +111,7 @@ void kiln_uk_reduce(int64_t x_, int64_t y_, int64_t O, int64_t R, int64_t I, int
     float *y = (float *)(intptr_t)y_;
     for (int64_t q = wg_begin; q < wg_end; q++) {
         int64_t o0, o1;
-        chunk_of(O, chunks, q, &o0, &o1);
+        chunk_range(O, 1, chunks, q, &o0, &o1);
         /* The kind as a constant in each copy, so the combine inlines to one instruction. */
         switch (kind) {
         case RED_SUM: reduce(RED_SUM, x, y, o0, o1, R, I); break;
@@ -151,7 +146,7 @@ void kiln_uk_softmax(int64_t x_, int64_t y_, int64_t rows, int64_t n, int64_t lo
     float *y = (float *)(intptr_t)y_;
     for (int64_t q = wg_begin; q < wg_end; q++) {
         int64_t r0, r1;
-        chunk_of(rows, chunks, q, &r0, &r1);
+        chunk_range(rows, 1, chunks, q, &r0, &r1);
         for (int64_t r = r0; r < r1; r++) {
             const float *p = x + r * n;
             float *o = y + r * n;

@@ -27,6 +27,7 @@
 #define NR 32
 
 #include "simd.h"
+#include "workspace.h"
 
 enum { ACT_NONE = 0, ACT_RELU = 1, ACT_CLIP = 2 };
 
@@ -137,18 +138,6 @@ static void micro_edge(int64_t kc, const float *a, const float *b, float *c, int
             store16_n(c + r * ldc + j, e ? finish_n(v, e, r, j, n) : v, n);
         }
     }
-}
-
-/* Per-thread packing space, grown on demand (the runtime's threads live as long as the process). */
-static float *scratch(int which, size_t floats) {
-    static __thread float *buf[4];
-    static __thread size_t cap[4];
-    if (cap[which] < floats) {
-        free(buf[which]);
-        buf[which] = aligned_alloc(64, ((floats * sizeof(float) + 63) / 64) * 64);
-        cap[which] = buf[which] ? floats : 0;
-    }
-    return buf[which];
 }
 
 /* Packs A[i0 .. i0+mc, p0 .. p0+kc] (A[i, k] = a[i * lda + k * ka]) into MR strips. */
@@ -393,12 +382,6 @@ static void gemm_block(const Asource *A, const Bsource *B, float *c, int64_t ldc
     }
 }
 
-/* The range [lo, hi) of `n` items (rounded to multiples of `r`) that chunk q of `chunks` covers. */
-static void chunk_range(int64_t n, int64_t r, int64_t chunks, int64_t q, int64_t *lo, int64_t *hi) {
-    int64_t per = ((n + r - 1) / r + chunks - 1) / chunks * r;
-    *lo = q * per < n ? q * per : n;
-    *hi = (q + 1) * per < n ? (q + 1) * per : n;
-}
 
 static Epilogue epilogue_of(const float *bias_row, const float *bias_col, const float *res, int64_t ldr, int64_t act, float lo,
                             float hi) {
@@ -427,7 +410,7 @@ static inline __attribute__((always_inline)) void micro_direct(int64_t K, const 
  * floats at offs[k] + p; the positions with ow >= OW are computed and dropped. Output rows
  * oh0 .. oh1 and channels m0 .. m1; the epilogue applied as the valid positions are stored. */
 static void conv_direct(const float *x, const float *wp, const float *bias, const float *res, float *y, int64_t C, int64_t H, int64_t W,
-                        int64_t M, int64_t KH, int64_t KW, int64_t SH, int64_t SW, int64_t DH, int64_t DW, int64_t PH, int64_t PW, int64_t OH,
+                        int64_t KH, int64_t KW, int64_t SH, int64_t SW, int64_t DH, int64_t DW, int64_t PH, int64_t PW, int64_t OH,
                         int64_t OW, int64_t act, float lo, float hi, int64_t oh0, int64_t oh1, int64_t m0, int64_t m1) {
     int64_t Wq = OW + (KW - 1) * DW / SW;
     /* The phase rows these output rows read. */
@@ -561,7 +544,7 @@ void kiln_uk_conv2d(int64_t x_, int64_t wp_, int64_t bias_, int64_t res_, int64_
             if (split_n) chunk_range(OH, 1, chunks, q, &oh0, &oh1);
             else chunk_range(M, MR, chunks, q, &m0, &m1);
             if (oh0 < oh1 && m0 < m1)
-                conv_direct(x + img * C * H * W, wp, bias, res ? res + img * M * N : NULL, y + img * M * N, C, H, W, M, KH, KW, SH, SW, DH, DW,
+                conv_direct(x + img * C * H * W, wp, bias, res ? res + img * M * N : NULL, y + img * M * N, C, H, W, KH, KW, SH, SW, DH, DW,
                             PH, PW, OH, OW, act, lo, hi, oh0, oh1, m0, m1);
             continue;
         }
