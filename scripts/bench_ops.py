@@ -452,6 +452,10 @@ def prepare_cache(folder):
 # Timing
 
 
+# Seconds to wait after onnxruntime's runs before kiln's (see sweep()); 10 ms was enough here.
+ORT_QUIET_S = 0.1
+
+
 def adaptive_iters(one_run_s, fixed):
     if fixed:
         return fixed
@@ -677,6 +681,10 @@ def sweep(args, shapes, kiln, cache, timeout):
 
         cached = []
         for _ in range(args.rounds):
+            # onnxruntime's pool threads spin on after its runs (allow_spinning, its default):
+            # a kiln run started at once shares the 2 cores with them and timed 1.8-2x slow
+            # (conv 1x7: 0.26 ms against 0.15 ms alone). Let them go to sleep first.
+            time.sleep(ORT_QUIET_S)
             if not r["kiln_error"]:
                 d, err = kiln_run(kiln, model, files, T, r["kiln_iters"], args.warmup, cache, timeout)
                 if err:
