@@ -167,7 +167,7 @@ static void pack_b(const float *b, int64_t ldb, int64_t jb, int64_t j0, int64_t 
         for (int64_t k = 0; k < kc; k++, o += NR) {
             const float *src = b + (p0 + k) * ldb + (j0 + t) * jb;
             if (jb == 1) {
-                memcpy(o, src, (size_t)w * sizeof(float));
+                copy_floats(o, src, w);
             } else {
                 for (int64_t c = 0; c < w; c++) o[c] = src[c * jb];
             }
@@ -283,7 +283,7 @@ static inline __attribute__((always_inline)) void pack_window_strip(const Im2col
             if (lo > hi) lo = hi;
             for (int64_t j = 0; j < lo; j++) o[j] = 0.0f;
             if (g->SW == 1) {
-                memcpy(o + lo, row + base + lo, (size_t)(hi - lo) * sizeof(float));
+                copy_floats(o + lo, row + base + lo, hi - lo);
             } else {
                 for (int64_t j = lo; j < hi; j++) o[j] = row[base + j * g->SW];
             }
@@ -435,7 +435,7 @@ static void conv_direct(const float *x, const float *wp, const float *bias, cons
                     if (ih < 0 || ih >= H || jlo >= jhi) continue;
                     const float *src = x + (c * H + ih) * W + jlo * SW + b - PW;
                     float *dst = ph + i * Wq + jlo;
-                    if (SW == 1) memcpy(dst, src, (size_t)(jhi - jlo) * sizeof(float));
+                    if (SW == 1) copy_floats(dst, src, jhi - jlo);
                     else
                         for (int64_t j = 0; j < jhi - jlo; j++) dst[j] = src[j * SW];
                 }
@@ -666,22 +666,33 @@ static inline __attribute__((always_inline)) void pool_taps(int is_max, int nv, 
     }
 }
 
-/* Max or average pooling, vectorised along output rows like the depthwise kernel: per channel
- * the plane is copied once into a padded buffer (-inf around it for max, 0 for average), then
- * each 16 outputs of a row take one max or add a tap. `kind`: 0 max, 1 average counting the
- * padding, 2 average over the cells inside the input only. Work units: images x channel chunks. */
+/* Output rows a pooling band computes at once: the rows it reads (their horizontal results) stay
+ * in L1, and bands overlap by only (KH - 1) * DH + 1 - SH rows. */
+#define POOL_BAND 8
+
+/* Max or average pooling, separable: per band of output rows, every input row the band's windows
+ * read is reduced along the row once (copied into a padded row buffer in L1, then each 16 outputs
+ * take one max or add per horizontal tap), and each output vector reduces KH of those row results.
+ * The input is read once, with no padded copy of the plane; a 3x3 window costs 3 + 3 taps per
+ * vector, not 9. `kind`: 0 max, 1 average counting the padding, 2 average over the cells inside
+ * the input only. NaN wins in a max, as ONNX has it. Work units: images x channel chunks. */
 void kiln_uk_pool2d(int64_t x_, int64_t y_, int64_t C, int64_t H, int64_t W, int64_t KH, int64_t KW, int64_t SH, int64_t SW, int64_t DH,
                     int64_t DW, int64_t PH, int64_t PW, int64_t PH_end, int64_t PW_end, int64_t OH, int64_t OW, int64_t kind, int64_t act,
                     float lo, float hi, int64_t chunks, int64_t wg_begin, int64_t wg_end) {
     const float *x = (const float *)(intptr_t)x_;
     float *y = (float *)(intptr_t)y_;
-    int64_t Hp = (OH - 1) * SH + (KH - 1) * DH + 1;
     int64_t lanes = (OW + 15) / 16 * 16;
+    /* The padded row: every column the last vector's taps reach, and a stride-2 pair's slack. */
     int64_t Wp = (lanes - 1) * SW + (KW - 1) * DW + 1 + 16 * SW;
-    float *xp = scratch(0, (size_t)(Hp * Wp + 64));
+    int64_t band_rows = (POOL_BAND - 1) * SH + (KH - 1) * DH + 1;
+    /* Two row buffers: the next row is copied in while this one is reduced, so that the reads
+     * do not meet the copy's stores still in flight (a misaligned store forwards to no load: the
+     * stall was a fifth of the time). */
+    float *rowbufs = scratch(0, (size_t)(2 * (Wp + 64)));
+    float *hm = scratch(2, (size_t)(band_rows * lanes));
     /* Divisors of the average: per output row and per output column, the taps that count. */
     float *rows = scratch(1, (size_t)(OH + lanes + 16));
-    if (!xp || !rows) abort();
+    if (!rowbufs || !hm || !rows) abort();
     float *cols = rows + OH;
     for (int64_t o = 0; o < OH + lanes; o++) {
         int is_row = o < OH;
@@ -694,47 +705,75 @@ void kiln_uk_pool2d(int64_t x_, int64_t y_, int64_t C, int64_t H, int64_t W, int
         }
         (is_row ? rows : cols)[i] = (float)(count > 0 ? count : 1);
     }
-    float fill = kind == 0 ? -__builtin_inff() : 0.0f;
+    int is_max = kind == 0;
+    float fill = is_max ? -__builtin_inff() : 0.0f;
+    v16 nan = splat(__builtin_nanf(""));
     Epilogue e = epilogue_of(NULL, NULL, NULL, 0, act, lo, hi);
+    /* The row buffer's padding is the same for every row: filled once, then only the input's
+     * columns are copied in. */
+    for (int64_t i = 0; i < 2 * (Wp + 64); i++) rowbufs[i] = fill;
+    int64_t ncols = PW + W <= Wp ? W : Wp - PW;
+    int64_t nvec = lanes / 16;
     for (int64_t u = wg_begin; u < wg_end; u++) {
         int64_t img = u / chunks, q = u % chunks;
         int64_t c0, c1;
         chunk_range(C, 1, chunks, q, &c0, &c1);
-        for (int64_t i = 0; i < Hp * Wp + 64; i++) xp[i] = fill;
-        int64_t r1 = PH + H < Hp ? PH + H : Hp;
-        int64_t ncols = PW + W <= Wp ? W : Wp - PW;
         for (int64_t c = c0; c < c1; c++) {
             const float *plane = x + (img * C + c) * H * W;
-            for (int64_t r = PH; r < r1; r++) {
-                float *o = xp + r * Wp + PW;
-                const float *src = plane + (r - PH) * W;
-                memcpy(o, src, (size_t)ncols * sizeof(float));
-            }
             float *yc = y + (img * C + c) * OH * OW;
-            for (int64_t oh = 0; oh < OH; oh++) {
-                for (int64_t ow = 0; ow < OW;) {
-                    /* Up to 4 vectors of the row at once: independent max (or add) chains. */
-                    int nv = OW - ow > 32 ? 4 : OW - ow > 16 ? 2 : 1;
-                    v16 acc[4];
-                    v16i bad[4];
-                    const float *base = xp + oh * SH * Wp + ow * SW;
-                    if (kind == 0) {
-                        if (nv == 4) pool_taps(1, 4, acc, bad, base, fill, KH, KW, DH * Wp, DW, SW);
-                        else if (nv == 2) pool_taps(1, 2, acc, bad, base, fill, KH, KW, DH * Wp, DW, SW);
-                        else pool_taps(1, 1, acc, bad, base, fill, KH, KW, DH * Wp, DW, SW);
-                    } else {
-                        if (nv == 4) pool_taps(0, 4, acc, bad, base, fill, KH, KW, DH * Wp, DW, SW);
-                        else if (nv == 2) pool_taps(0, 2, acc, bad, base, fill, KH, KW, DH * Wp, DW, SW);
-                        else pool_taps(0, 1, acc, bad, base, fill, KH, KW, DH * Wp, DW, SW);
+            for (int64_t oh0 = 0; oh0 < OH; oh0 += POOL_BAND) {
+                int64_t nb = OH - oh0 < POOL_BAND ? OH - oh0 : POOL_BAND;
+                int64_t nrows = (nb - 1) * SH + (KH - 1) * DH + 1;
+                /* Horizontal: padded row oh0 * SH + r of the band into hm row r. */
+                int64_t first = oh0 * SH - PH;
+                if (first >= 0 && first < H && ncols > 0) copy_floats(rowbufs + PW, plane + first * W, ncols);
+                for (int64_t r = 0; r < nrows; r++) {
+                    int64_t ih = first + r;
+                    float *hr = hm + r * lanes;
+                    float *rowbuf = rowbufs + (r & 1) * (Wp + 64);
+                    if (r + 1 < nrows && ih + 1 >= 0 && ih + 1 < H && ncols > 0)
+                        copy_floats(rowbufs + ((r + 1) & 1) * (Wp + 64) + PW, plane + (ih + 1) * W, ncols);
+                    if (ih < 0 || ih >= H) {
+                        for (int64_t j = 0; j < nvec; j++) store16(hr + 16 * j, splat(fill));
+                        continue;
                     }
-                    for (int j = 0; j < nv; j++, ow += 16) {
-                        v16 v = acc[j];
-                        /* NaN wins, as ONNX's max has it. */
-                        if (kind == 0) v = select_where(bad[j], splat(__builtin_nanf("")), v);
-                        else v = v / (load16(cols + ow) * splat(rows[oh]));
-                        int64_t n = OW - ow < 16 ? OW - ow : 16;
+                    for (int64_t j = 0; j < nvec;) {
+                        int nv = nvec - j >= 4 ? 4 : nvec - j >= 2 ? 2 : 1;
+                        v16 acc[4];
+                        v16i bad[4];
+                        const float *base = rowbuf + 16 * j * SW;
+                        if (is_max) {
+                            if (nv == 4) pool_taps(1, 4, acc, bad, base, fill, 1, KW, 0, DW, SW);
+                            else if (nv == 2) pool_taps(1, 2, acc, bad, base, fill, 1, KW, 0, DW, SW);
+                            else pool_taps(1, 1, acc, bad, base, fill, 1, KW, 0, DW, SW);
+                        } else {
+                            if (nv == 4) pool_taps(0, 4, acc, bad, base, fill, 1, KW, 0, DW, SW);
+                            else if (nv == 2) pool_taps(0, 2, acc, bad, base, fill, 1, KW, 0, DW, SW);
+                            else pool_taps(0, 1, acc, bad, base, fill, 1, KW, 0, DW, SW);
+                        }
+                        for (int k = 0; k < nv; k++, j++) store16(hr + 16 * j, is_max ? select_where(bad[k], nan, acc[k]) : acc[k]);
+                    }
+                }
+                /* Vertical: each output vector reduces KH row results. */
+                for (int64_t b = 0; b < nb; b++) {
+                    int64_t oh = oh0 + b;
+                    for (int64_t j = 0; j < nvec; j++) {
+                        v16 v = splat(fill);
+                        v16i bad = (v16i){0};
+                        for (int64_t kh = 0; kh < KH; kh++) {
+                            v16 t = load16(hm + (b * SH + kh * DH) * lanes + 16 * j);
+                            if (is_max) {
+                                v = vmax(v, t);
+                                bad |= t != t;
+                            } else {
+                                v += t;
+                            }
+                        }
+                        if (is_max) v = select_where(bad, nan, v);
+                        else v = v / (load16(cols + 16 * j) * splat(rows[oh]));
+                        int64_t ow = 16 * j, n = OW - ow < 16 ? OW - ow : 16;
                         if (n == 16) store16(yc + oh * OW + ow, finish(v, &e, 0, 0));
-                        else if (n > 0) store16_n(yc + oh * OW + ow, finish(v, &e, 0, 0), n);
+                        else store16_n(yc + oh * OW + ow, finish(v, &e, 0, 0), n);
                     }
                 }
             }
@@ -820,7 +859,7 @@ void kiln_uk_depthwise(int64_t x_, int64_t w_, int64_t bias_, int64_t res_, int6
             for (int64_t r = r0; r < r1; r++) {
                 float *o = xp + r * Wp + PW;
                 const float *src = plane + (r - PH) * W;
-                memcpy(o, src, (size_t)cols * sizeof(float));
+                copy_floats(o, src, cols);
             }
             const float *wc = w + c * KH * KW;
             float *yc = y + (img * C + c) * OH * OW;

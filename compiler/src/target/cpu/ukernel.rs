@@ -309,8 +309,8 @@ impl fmt::Display for Ukernel {
             writeln!(f, "workgroups: {} (chunks of the indices)", self.workgroups())?;
             return Ok(());
         }
-        if matches!(self.shape, Shape::Pool { .. }) {
-            writeln!(f, "vectors of 16 outputs along each row, one max or add a tap; the plane copied once, padded")?;
+        if let Shape::Pool { kh, .. } = self.shape {
+            writeln!(f, "separable: each input row reduced along it once (from a padded row buffer), then {kh} row results per output vector; bands of 8 output rows")?;
             writeln!(f, "workgroups: {} ({} channel chunk(s) per image)", self.workgroups(), self.chunks)?;
         } else if self.depthwise() {
             writeln!(f, "vectors of 16 outputs along each row, one FMA a tap; the plane copied once, zero-padded")?;
