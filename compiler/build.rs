@@ -1,5 +1,5 @@
 //! Builds the CPU microkernel (`src/target/cpu/ukernel.c`), the recurrent-layer kernel
-//! (`recurrent.c`) and the reductions and softmax (`reduction.c`) with the system C compiler, once per x86-64 instruction-set level, so that
+//! (`recurrent.c`), the reductions and softmax (`reduction.c`) and the transpose (`movement.c`) with the system C compiler, once per x86-64 instruction-set level, so that
 //! compiling a model needs no C compiler run of its own for them: the compiler links the objects
 //! for the host's level into each kernel library.
 //!   v4: AVX-512 (F, BW, DQ, VL), register tile 8 x 32
@@ -10,8 +10,8 @@ use std::path::PathBuf;
 use std::process::Command;
 
 fn main() {
-    // The microkernel, the recurrent-layer kernel and the row kernels, one object each per level.
-    let sources = [("ukernel", "src/target/cpu/ukernel.c"), ("recurrent", "src/target/cpu/recurrent.c"), ("reduction", "src/target/cpu/reduction.c")];
+    // The microkernel, the recurrent-layer kernel, the row kernels and the transpose, one object each per level.
+    let sources = [("ukernel", "src/target/cpu/ukernel.c"), ("recurrent", "src/target/cpu/recurrent.c"), ("reduction", "src/target/cpu/reduction.c"), ("movement", "src/target/cpu/movement.c")];
     for (_, src) in sources {
         println!("cargo:rerun-if-changed={src}");
     }

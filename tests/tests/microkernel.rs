@@ -442,3 +442,34 @@ fn reductions_and_softmax_by_rows() {
         check(&g, &[Tensor::random(DType::F32, &dims, 10)], 1);
     }
 }
+
+#[test]
+fn transposes_that_move_the_last_axis_go_by_blocks() {
+    let transpose = |dtype: DType, dims: &[usize], perm: &[usize]| {
+        let g = GraphBuilder::new("transpose");
+        let x = g.input("x", dtype, dims);
+        let y = g.apply(Op::Transpose { perm: perm.to_vec() }, &[Some(x)], 1);
+        g.output("y", y[0]);
+        (g.build().expect("builds"), vec![Tensor::random(dtype, dims, 12)])
+    };
+    // NCHW -> NHWC and back with edge blocks on both sides, a matrix, [B, S, D] -> [B, D, S],
+    // two axes moving behind one, and 32-bit integers (only the bits move).
+    let cases = [
+        transpose(DType::F32, &[2, 19, 7, 5], &[0, 2, 3, 1]),
+        transpose(DType::F32, &[1, 9, 11, 21], &[0, 3, 1, 2]),
+        transpose(DType::F32, &[64, 200], &[1, 0]),
+        transpose(DType::F32, &[12, 33, 48], &[0, 2, 1]),
+        transpose(DType::F32, &[3, 5, 40], &[2, 0, 1]),
+        transpose(DType::I32, &[4, 17, 18], &[0, 2, 1]),
+    ];
+    for (g, x) in &cases {
+        assert!(schedule(g, Some(true)).contains("microkernel: transpose"));
+        check(g, x, 1);
+    }
+    // The last axis staying last, or a permutation that is not one swap of two groups: the
+    // linalg path keeps them.
+    for perm in [[1usize, 0, 2, 3], [0, 3, 2, 1]] {
+        let (g, _) = transpose(DType::F32, &[4, 5, 6, 7], &perm);
+        assert!(!schedule(&g, Some(true)).contains("microkernel:"), "{perm:?}");
+    }
+}

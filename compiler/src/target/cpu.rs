@@ -401,7 +401,7 @@ fn link_shared(object: &[u8], ukernel: Option<ukernel::Level>) -> Result<Vec<u8>
     result.map_err(CompileError::Internal)
 }
 
-/// The C kernels' objects (the microkernel, recurrent layers, rows) for the host's level, built
+/// The C kernels' objects (the microkernel, recurrent layers, rows, the transpose) for the host's level, built
 /// with kiln (build.rs, which names them `<file>-<level>.o`).
 fn ukernel_objects(dir: &std::path::Path, host: ukernel::Level) -> Result<Vec<PathBuf>, String> {
     macro_rules! level {
@@ -410,6 +410,7 @@ fn ukernel_objects(dir: &std::path::Path, host: ukernel::Level) -> Result<Vec<Pa
                 ("ukernel.o", include_bytes!(concat!(env!("OUT_DIR"), "/ukernel-", $l, ".o")).as_slice()),
                 ("recurrent.o", include_bytes!(concat!(env!("OUT_DIR"), "/recurrent-", $l, ".o")).as_slice()),
                 ("reduction.o", include_bytes!(concat!(env!("OUT_DIR"), "/reduction-", $l, ".o")).as_slice()),
+                ("movement.o", include_bytes!(concat!(env!("OUT_DIR"), "/movement-", $l, ".o")).as_slice()),
             ]
         };
     }
