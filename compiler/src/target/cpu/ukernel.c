@@ -676,11 +676,10 @@ static inline __attribute__((always_inline)) void pool_taps(int is_max, int nv, 
  * The input is read once, with no padded copy of the plane; a 3x3 window costs 3 + 3 taps per
  * vector, not 9. `kind`: 0 max, 1 average counting the padding, 2 average over the cells inside
  * the input only. NaN wins in a max, as ONNX has it. Work units: images x channel chunks. */
-void kiln_uk_pool2d(int64_t x_, int64_t y_, int64_t C, int64_t H, int64_t W, int64_t KH, int64_t KW, int64_t SH, int64_t SW, int64_t DH,
-                    int64_t DW, int64_t PH, int64_t PW, int64_t PH_end, int64_t PW_end, int64_t OH, int64_t OW, int64_t kind, int64_t act,
-                    float lo, float hi, int64_t chunks, int64_t wg_begin, int64_t wg_end) {
-    const float *x = (const float *)(intptr_t)x_;
-    float *y = (float *)(intptr_t)y_;
+static inline __attribute__((always_inline)) void pool2d(const float *x, float *y, int64_t C, int64_t H, int64_t W, int64_t KH, int64_t KW,
+                                                       int64_t SH, int64_t SW, int64_t DH, int64_t DW, int64_t PH, int64_t PW, int64_t PH_end,
+                                                       int64_t PW_end, int64_t OH, int64_t OW, int64_t kind, int64_t act, float lo, float hi,
+                                                       int64_t chunks, int64_t wg_begin, int64_t wg_end) {
     int64_t lanes = (OW + 15) / 16 * 16;
     /* The padded row: every column the last vector's taps reach, and a stride-2 pair's slack. */
     int64_t Wp = (lanes - 1) * SW + (KW - 1) * DW + 1 + 16 * SW;
@@ -779,6 +778,24 @@ void kiln_uk_pool2d(int64_t x_, int64_t y_, int64_t C, int64_t H, int64_t W, int
             }
         }
     }
+}
+
+/* The pooling entry point: the usual windows get copies of pool2d with their sizes constant, so
+ * the tap loops unroll (3x3/2 max pool on 64x112x112, 1 thread: 0.30 -> 0.21 ms); any
+ * other window takes the general copy. */
+void kiln_uk_pool2d(int64_t x_, int64_t y_, int64_t C, int64_t H, int64_t W, int64_t KH, int64_t KW, int64_t SH, int64_t SW, int64_t DH,
+                    int64_t DW, int64_t PH, int64_t PW, int64_t PH_end, int64_t PW_end, int64_t OH, int64_t OW, int64_t kind, int64_t act,
+                    float lo, float hi, int64_t chunks, int64_t wg_begin, int64_t wg_end) {
+    const float *x = (const float *)(intptr_t)x_;
+    float *y = (float *)(intptr_t)y_;
+    int unit = DH == 1 && DW == 1;
+#define POOL2D(kh, kw, sh, sw) \
+    pool2d(x, y, C, H, W, kh, kw, sh, sw, 1, 1, PH, PW, PH_end, PW_end, OH, OW, kind, act, lo, hi, chunks, wg_begin, wg_end)
+    if (unit && KH == 3 && KW == 3 && SH == 2 && SW == 2) POOL2D(3, 3, 2, 2);
+    else if (unit && KH == 2 && KW == 2 && SH == 2 && SW == 2) POOL2D(2, 2, 2, 2);
+    else if (unit && KH == 3 && KW == 3 && SH == 1 && SW == 1) POOL2D(3, 3, 1, 1);
+    else pool2d(x, y, C, H, W, KH, KW, SH, SW, DH, DW, PH, PW, PH_end, PW_end, OH, OW, kind, act, lo, hi, chunks, wg_begin, wg_end);
+#undef POOL2D
 }
 
 /* Gather along axis 0: output row i is data row idx[i] (negative indices count from the end,
