@@ -182,6 +182,9 @@ fn max_and_average_pooling() {
         (vec![1, 16, 100], PoolKind::Max, vec![5], vec![1], vec![2, 2], vec![1], false),
         (vec![1, 16, 29, 31], PoolKind::Average { count_include_pad: true }, vec![3, 3], vec![2, 2], vec![1, 1, 1, 1], vec![1, 1], false),
         (vec![1, 16, 29, 31], PoolKind::Average { count_include_pad: false }, vec![3, 3], vec![2, 2], vec![1, 1, 1, 1], vec![1, 1], false),
+        // The windows with copies of their own (sizes constant): 2x2/2 and 3x3/1.
+        (vec![1, 16, 20, 35], PoolKind::Max, vec![2, 2], vec![2, 2], vec![0; 4], vec![1, 1], false),
+        (vec![1, 8, 19, 23], PoolKind::Average { count_include_pad: false }, vec![3, 3], vec![1, 1], vec![1, 1, 1, 1], vec![1, 1], false),
     ];
     for (x, kind, kernel, strides, pads, dilations, ceil_mode) in cases {
         let g = GraphBuilder::new("pool");
