@@ -924,6 +924,9 @@ void kiln_uk_depthwise(int64_t x_, int64_t w_, int64_t bias_, int64_t res_, int6
                         for (int64_t j = 0; j < nv; j++) {
                             int64_t at = (oh + r) * OW + ow + 16 * j;
                             int64_t n = OW - (ow + 16 * j) < 16 ? OW - (ow + 16 * j) : 16;
+                            /* 4 vectors are computed where 3 are left (a row of 35): the 4th
+                             * lies past the row and is not stored. */
+                            if (n <= 0) continue;
                             v16 v = acc[r * nv + j];
                             if (n == 16) {
                                 if (rc) v += load16(rc + at);
