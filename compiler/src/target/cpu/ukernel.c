@@ -630,37 +630,35 @@ void kiln_uk_conv_transpose(int64_t x_, int64_t wp_, int64_t bias_, int64_t res_
     }
 }
 
-/* The window taps of nv consecutive output vectors of a pooling row (max when `is_max`, else a
- * sum), each vector its own chain; NaN lanes of a max are flagged in `bad`. Stride 1, 2, or any
- * (gathered). Inlined with is_max and nv constant. */
+/* The KW taps along one row of nv consecutive output vectors of a pooling (max when `is_max`,
+ * else a sum), each vector its own chain; NaN lanes of a max are flagged in `bad`. Stride 1, 2,
+ * or any (gathered). Inlined with is_max and nv constant. */
 static inline __attribute__((always_inline)) void pool_taps(int is_max, int nv, v16 *acc, v16i *bad, const float *base, float fill,
-                                                           int64_t KH, int64_t KW, int64_t row_step, int64_t DW, int64_t SW) {
+                                                           int64_t KW, int64_t DW, int64_t SW) {
     for (int j = 0; j < nv; j++) {
         acc[j] = splat(fill);
         bad[j] = (v16i){0};
     }
-    for (int64_t kh = 0; kh < KH; kh++) {
-        for (int64_t kw = 0; kw < KW; kw++) {
-            const float *p = base + kh * row_step + kw * DW;
+    for (int64_t kw = 0; kw < KW; kw++) {
+        const float *p = base + kw * DW;
 #pragma GCC unroll 4
-            for (int j = 0; j < nv; j++) {
-                v16 v;
-                if (SW == 1) {
-                    v = load16(p + 16 * j);
-                } else if (SW == 2) {
-                    v16 a = load16(p + 32 * j), b = load16(p + 32 * j + 16);
-                    v = __builtin_shufflevector(a, b, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-                } else {
-                    float t[16];
-                    for (int l = 0; l < 16; l++) t[l] = p[(16 * j + l) * SW];
-                    v = load16(t);
-                }
-                if (is_max) {
-                    acc[j] = vmax(acc[j], v);
-                    bad[j] |= v != v;
-                } else {
-                    acc[j] += v;
-                }
+        for (int j = 0; j < nv; j++) {
+            v16 v;
+            if (SW == 1) {
+                v = load16(p + 16 * j);
+            } else if (SW == 2) {
+                v16 a = load16(p + 32 * j), b = load16(p + 32 * j + 16);
+                v = __builtin_shufflevector(a, b, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+            } else {
+                float t[16];
+                for (int l = 0; l < 16; l++) t[l] = p[(16 * j + l) * SW];
+                v = load16(t);
+            }
+            if (is_max) {
+                acc[j] = vmax(acc[j], v);
+                bad[j] |= v != v;
+            } else {
+                acc[j] += v;
             }
         }
     }
@@ -742,13 +740,13 @@ static inline __attribute__((always_inline)) void pool2d(const float *x, float *
                         v16i bad[4];
                         const float *base = rowbuf + 16 * j * SW;
                         if (is_max) {
-                            if (nv == 4) pool_taps(1, 4, acc, bad, base, fill, 1, KW, 0, DW, SW);
-                            else if (nv == 2) pool_taps(1, 2, acc, bad, base, fill, 1, KW, 0, DW, SW);
-                            else pool_taps(1, 1, acc, bad, base, fill, 1, KW, 0, DW, SW);
+                            if (nv == 4) pool_taps(1, 4, acc, bad, base, fill, KW, DW, SW);
+                            else if (nv == 2) pool_taps(1, 2, acc, bad, base, fill, KW, DW, SW);
+                            else pool_taps(1, 1, acc, bad, base, fill, KW, DW, SW);
                         } else {
-                            if (nv == 4) pool_taps(0, 4, acc, bad, base, fill, 1, KW, 0, DW, SW);
-                            else if (nv == 2) pool_taps(0, 2, acc, bad, base, fill, 1, KW, 0, DW, SW);
-                            else pool_taps(0, 1, acc, bad, base, fill, 1, KW, 0, DW, SW);
+                            if (nv == 4) pool_taps(0, 4, acc, bad, base, fill, KW, DW, SW);
+                            else if (nv == 2) pool_taps(0, 2, acc, bad, base, fill, KW, DW, SW);
+                            else pool_taps(0, 1, acc, bad, base, fill, KW, DW, SW);
                         }
                         for (int k = 0; k < nv; k++, j++) store16(hr + 16 * j, is_max ? select_where(bad[k], nan, acc[k]) : acc[k]);
                     }

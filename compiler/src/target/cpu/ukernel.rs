@@ -222,6 +222,24 @@ pub struct Ukernel {
 }
 
 impl Ukernel {
+    /// A kernel with no GEMM inside (rows, a gather, a transpose): one data input, nothing
+    /// packed, no epilogue, no cache blocks.
+    fn unblocked(shape: Shape, input: ValueId, chunks: usize) -> Ukernel {
+        Ukernel {
+            shape,
+            input,
+            weight: input,
+            epilogue: Epilogue { bias: None, residual: None, activation: Activation::None },
+            mr: 0,
+            kc: 0,
+            mc: 0,
+            nc: 0,
+            chunks,
+            split_n: false,
+            transposed: false,
+        }
+    }
+
     /// (M, N, K) of the GEMM (per image for a convolution).
     pub fn mnk(&self) -> (usize, usize, usize) {
         match self.shape {
@@ -832,19 +850,7 @@ fn rows_plan(graph: &Graph, kernel: &Kernel, root: NodeId, tail: &[NodeId], alwa
     // (a reduction streams about 20 floats a nanosecond, softmax's e^x about 2).
     let share = if matches!(shape, Shape::Softmax { .. }) { MIN_MACS / 2 } else { 4 * MIN_MACS };
     let chunks = if elements >= share { rows.min(4) } else { 1 };
-    Some(Ukernel {
-        shape,
-        input: x,
-        weight: x,
-        epilogue: Epilogue { bias: None, residual: None, activation: Activation::None },
-        mr: 0,
-        kc: 0,
-        mc: 0,
-        nc: 0,
-        chunks: chunks.max(1),
-        split_n: false,
-        transposed: false,
-    })
+    Some(Ukernel::unblocked(shape, x, chunks.max(1)))
 }
 
 /// A Gather along axis 0 with nothing after it: whole rows copied by index. The linalg path
@@ -871,19 +877,7 @@ fn gather_plan(graph: &Graph, kernel: &Kernel, root: kiln_ir::NodeId, axis: i64,
         return None;
     }
     let chunks = if n_idx * row_bytes >= 256 << 10 { 4.min(n_idx) } else { 1 };
-    Some(Ukernel {
-        shape: Shape::Gather { indices, rows: dd[0], row_bytes, n_idx, idx64 },
-        input: data,
-        weight: data,
-        epilogue: Epilogue { bias: None, residual: None, activation: Activation::None },
-        mr: 0,
-        kc: 0,
-        mc: 0,
-        nc: 0,
-        chunks,
-        split_n: false,
-        transposed: false,
-    })
+    Some(Ukernel::unblocked(Shape::Gather { indices, rows: dd[0], row_bytes, n_idx, idx64 }, data, chunks))
 }
 
 /// A Transpose alone whose permutation swaps two adjacent groups of axes, the last axis among
@@ -901,7 +895,7 @@ fn transpose_plan(graph: &Graph, kernel: &Kernel, root: NodeId, perm: &[usize], 
     // perm = [0 .. b) ++ [s .. r) ++ [b .. s): axes b..s (R) and s..r (C) trade places.
     let b = (0..r).find(|&i| perm[i] != i)?;
     let s = perm[b];
-    let swapped = s > b && (b..r).all(|i| perm[i] == if i < b + (r - s) { s + (i - b) } else { b + (i - b - (r - s)) });
+    let swapped = s > b && s < r && (b..r).all(|i| perm[i] == if i < b + (r - s) { s + (i - b) } else { b + (i - b - (r - s)) });
     if !swapped {
         return None;
     }
@@ -913,19 +907,7 @@ fn transpose_plan(graph: &Graph, kernel: &Kernel, root: NodeId, perm: &[usize], 
     let bytes = batch * rows * cols * 4;
     // About 4 units in all when it is worth handing some to another thread.
     let chunks = if bytes >= 256 << 10 { 4usize.div_ceil(batch).min(cols.div_ceil(16)) } else { 1 };
-    Some(Ukernel {
-        shape: Shape::Transpose { batch, rows, cols },
-        input: x,
-        weight: x,
-        epilogue: Epilogue { bias: None, residual: None, activation: Activation::None },
-        mr: 0,
-        kc: 0,
-        mc: 0,
-        nc: 0,
-        chunks,
-        split_n: false,
-        transposed: false,
-    })
+    Some(Ukernel::unblocked(Shape::Transpose { batch, rows, cols }, x, chunks))
 }
 
 /// Where the microkernel is faster than the linalg path's register tiles, measured by shape class
