@@ -74,6 +74,28 @@ fn a_small_image_with_a_residual_and_a_clip_over_several_k_blocks() {
 }
 
 #[test]
+fn direct_convolutions_store_rows_that_start_at_any_lane_with_a_residual() {
+    // Rows of 35 and 45 outputs in flat strips of 32 positions (pitch 36 and 47): runs start at
+    // every lane and some fill a whole vector; stride-2 rows of 70 inputs are split into their
+    // phases a vector at a time, then the tail.
+    for (x, stride, pad) in [([1, 6, 9, 70], 2, 1), ([1, 5, 7, 45], 1, 1)] {
+        let oh = (x[2] + 2 * pad - 3) / stride + 1;
+        let ow = (x[3] + 2 * pad - 3) / stride + 1;
+        let g = GraphBuilder::new("direct");
+        let xi = g.input("x", DType::F32, x);
+        let r = g.input("r", DType::F32, [1, 10, oh, ow]);
+        let w = g.constant("w", Tensor::random(DType::F32, &[10, x[1], 3, 3], 4));
+        let b = g.constant("b", Tensor::random(DType::F32, &[10], 5));
+        let y = xi.conv(w, Some(b), ConvOptions { stride, pad, ..ConvOptions::default() }) + r;
+        g.output("y", y.clip(-0.5, 0.5));
+        let g = g.build().unwrap();
+        let s = schedule(&g, Some(true));
+        assert!(s.contains("stride-phase planes"), "{s}");
+        check(&g, &[Tensor::random(DType::F32, &x, 6), Tensor::random(DType::F32, &[1, 10, oh, ow], 7)], 1);
+    }
+}
+
+#[test]
 fn pointwise_convolutions_strided_and_not_and_one_dimensional() {
     let (g, x) = conv_graph(&[1, 32, 20, 20], &[48, 32, 1, 1], ConvOptions::default(), true);
     check(&g, &x, 1);

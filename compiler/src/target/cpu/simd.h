@@ -46,8 +46,38 @@ static inline void copy_floats(float *dst, const float *src, int64_t n) {
     if (i < n) store16_n(dst + i, load16_n(src + i, n - i), n - i);
 }
 
+/* dst[j] = src[2 * j] for j < n: a stride-2 row split into its even phase (odd: pass src + 1).
+ * Reads src[0 .. 2 * (n - 1)] only, so a row at the end of a tensor is safe. */
+static inline void copy_floats_stride2(float *dst, const float *src, int64_t n) {
+    int64_t j = 0;
+    for (; j + 16 <= n && 2 * j + 32 <= 2 * (n - 1) + 1; j += 16) {
+        v16 a = load16(src + 2 * j), b = load16(src + 2 * j + 16);
+        store16(dst + j, __builtin_shufflevector(a, b, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30));
+    }
+    /* The rest (under 16 outputs) from masked loads of the 2 * (n - j) - 1 floats it reads. */
+    if (j < n) {
+        int64_t r = 2 * (n - j) - 1;
+        v16 a = load16_n(src + 2 * j, r < 16 ? r : 16), b = r > 16 ? load16_n(src + 2 * j + 16, r - 16) : (v16){0};
+        store16_n(dst + j, __builtin_shufflevector(a, b, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30), n - j);
+    }
+}
+
 /* All 16 lanes x (an initialiser, not x + 0, which costs an add: -0.0 + 0 is +0). */
 static inline v16 splat(float x) { return (v16){x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
+/* Lanes l .. l + 15 (0 <= l < 32) of the 32 lanes lo, hi; lanes past 31 are unspecified. A
+ * register permute where a store and a reload at an offset would stall on store forwarding. */
+static inline v16 lanes_from(v16 lo, v16 hi, int64_t l) {
+#if defined(__AVX512F__)
+    __m512i at = _mm512_add_epi32(_mm512_set1_epi32((int)l), _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+    return (v16)_mm512_permutex2var_ps((__m512)lo, at, (__m512)hi);
+#else
+    float t[48];
+    store16(t, lo);
+    store16(t + 16, hi);
+    return load16(t + l);
+#endif
+}
+
 /* b where `m` is set, else a (C has no vector ?:). */
 static inline v16 select_where(v16i m, v16 b, v16 a) { return (v16)((m & (v16i)b) | (~m & (v16i)a)); }
 

@@ -436,6 +436,7 @@ static void conv_direct(const float *x, const float *wp, const float *bias, cons
                     const float *src = x + (c * H + ih) * W + jlo * SW + b - PW;
                     float *dst = ph + i * Wq + jlo;
                     if (SW == 1) copy_floats(dst, src, jhi - jlo);
+                    else if (SW == 2) copy_floats_stride2(dst, src, jhi - jlo);
                     else
                         for (int64_t j = 0; j < jhi - jlo; j++) dst[j] = src[j * SW];
                 }
@@ -473,18 +474,24 @@ static void conv_direct(const float *x, const float *wp, const float *bias, cons
             micro_direct(K, wp + (i / MR) * K * MR, xp + p0, offs, c0, c1);
             int64_t mr = m1 - i < MR ? m1 - i : MR;
             for (int64_t r = 0; r < mr; r++) {
-                float t[32];
                 v16 b = splat(bias ? bias[i + r] : 0.0f);
-                store16(t, c0[r] + b);
-                store16(t + 16, c1[r] + b);
+                v16 lo = c0[r] + b, hi = c1[r] + b;
                 float *yr = y + (i + r) * N;
                 const float *rr = res ? res + (i + r) * N : NULL;
                 for (int64_t q = 0; q < runs; q++) {
                     for (int64_t j = 0; j < run_n[q]; j += 16) {
-                        int64_t n = run_n[q] - j < 16 ? run_n[q] - j : 16;
-                        v16 v = load16_n(t + run_l[q] + j, n);
-                        if (rr) v += load16_n(rr + run_o[q] + j, n);
-                        store16_n(yr + run_o[q] + j, finish(v, &act_only, 0, 0), n);
+                        int64_t n = run_n[q] - j < 16 ? run_n[q] - j : 16, l = run_l[q] + j;
+                        /* Runs rarely start on a vector (Wq is no multiple of 32): the lanes
+                         * are shifted in registers, not stored and reloaded at an offset. */
+                        v16 v = l == 0 ? lo : l == 16 ? hi : lanes_from(lo, hi, l);
+                        float *yo = yr + run_o[q] + j;
+                        if (n == 16) {
+                            if (rr) v += load16(rr + run_o[q] + j);
+                            store16(yo, finish(v, &act_only, 0, 0));
+                        } else {
+                            if (rr) v += load16_n(rr + run_o[q] + j, n);
+                            store16_n(yo, finish(v, &act_only, 0, 0), n);
+                        }
                     }
                 }
             }
