@@ -15,7 +15,6 @@
 
 enum { RED_SUM = 0, RED_MEAN = 1, RED_MAX = 2, RED_MIN = 3 };
 
-
 /* a op b for 16 lanes (max and min leave NaN to the callers, which track it apart: a chain of
  * NaN-aware selects is three times slower than vmaxps). */
 static inline v16 combine(int kind, v16 a, v16 b) {

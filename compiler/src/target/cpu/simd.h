@@ -1,4 +1,4 @@
-/* The 16-float vectors kiln's C kernels (ukernel.c, recurrent.c, reduction.c) compute with: GCC
+/* The 16-float vectors kiln's C kernels (ukernel.c, recurrent.c, reduction.c, movement.c) compute with: GCC
  * vector types, so the compiler picks the instructions for the level each object is built for
  * (AVX-512: one register; AVX2: two; baseline: four). */
 #ifndef KILN_SIMD_H
@@ -46,19 +46,20 @@ static inline void copy_floats(float *dst, const float *src, int64_t n) {
     if (i < n) store16_n(dst + i, load16_n(src + i, n - i), n - i);
 }
 
+/* The even lanes of the 32 lanes a, b: 16 consecutive elements of a stride-2 run. */
+static inline v16 evens(v16 a, v16 b) { return __builtin_shufflevector(a, b, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30); }
+
 /* dst[j] = src[2 * j] for j < n: a stride-2 row split into its even phase (odd: pass src + 1).
- * Reads src[0 .. 2 * (n - 1)] only, so a row at the end of a tensor is safe. */
+ * Reads src[0 .. 2 * (n - 1)] only, so a row at the end of a tensor is safe: a whole pair of
+ * vectors reads up to src[2 * j + 31], within the row while j + 16 < n. */
 static inline void copy_floats_stride2(float *dst, const float *src, int64_t n) {
     int64_t j = 0;
-    for (; j + 16 <= n && 2 * j + 32 <= 2 * (n - 1) + 1; j += 16) {
-        v16 a = load16(src + 2 * j), b = load16(src + 2 * j + 16);
-        store16(dst + j, __builtin_shufflevector(a, b, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30));
-    }
-    /* The rest (under 16 outputs) from masked loads of the 2 * (n - j) - 1 floats it reads. */
+    for (; j + 16 < n; j += 16) store16(dst + j, evens(load16(src + 2 * j), load16(src + 2 * j + 16)));
+    /* The rest (at most 16 outputs) from masked loads of the 2 * (n - j) - 1 floats it reads. */
     if (j < n) {
         int64_t r = 2 * (n - j) - 1;
         v16 a = load16_n(src + 2 * j, r < 16 ? r : 16), b = r > 16 ? load16_n(src + 2 * j + 16, r - 16) : (v16){0};
-        store16_n(dst + j, __builtin_shufflevector(a, b, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30), n - j);
+        store16_n(dst + j, evens(a, b), n - j);
     }
 }
 

@@ -382,7 +382,6 @@ static void gemm_block(const Asource *A, const Bsource *B, float *c, int64_t ldc
     }
 }
 
-
 static Epilogue epilogue_of(const float *bias_row, const float *bias_col, const float *res, int64_t ldr, int64_t act, float lo,
                             float hi) {
     Epilogue e = {bias_row, bias_col, res, ldr, act, lo, hi};
@@ -654,8 +653,7 @@ static inline __attribute__((always_inline)) void pool_taps(int is_max, int nv, 
             if (SW == 1) {
                 v = load16(p + 16 * j);
             } else if (SW == 2) {
-                v16 a = load16(p + 32 * j), b = load16(p + 32 * j + 16);
-                v = __builtin_shufflevector(a, b, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+                v = evens(load16(p + 32 * j), load16(p + 32 * j + 16));
             } else {
                 float t[16];
                 for (int l = 0; l < 16; l++) t[l] = p[(16 * j + l) * SW];
@@ -840,8 +838,7 @@ static inline __attribute__((always_inline)) void dw_taps(v16 *acc, int nr, int 
                 } else {
 #pragma GCC unroll 4
                     for (int j = 0; j < nv; j++) {
-                        v16 a = load16(p + 32 * j), b = load16(p + 32 * j + 16);
-                        acc[r * nv + j] += wt * __builtin_shufflevector(a, b, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+                        acc[r * nv + j] += wt * evens(load16(p + 32 * j), load16(p + 32 * j + 16));
                     }
                 }
             }

@@ -557,7 +557,9 @@ pub fn plan(graph: &Graph, kernel: &Kernel, host: &Host, always: bool) -> Option
         Shape::ConvTranspose { .. } | Shape::Pool { .. } => true,
         Shape::Gather { .. } | Shape::Recurrent { .. } | Shape::Reduce { .. } | Shape::Softmax { .. } | Shape::Transpose { .. } => false,
     };
-    let work = images * m.max(1) * n * k * if depthwise || matches!(shape, Shape::Pool { .. }) { channels } else { 1 };
+    // Depthwise and pooling windows run per channel, at a fraction of a GEMM's speed.
+    let per_channel = depthwise || matches!(shape, Shape::Pool { .. });
+    let work = images * m.max(1) * n * k * if per_channel { channels } else { 1 };
     // A GEMM the linalg path cannot vectorise at all is worth the call at any size.
     let enough = work >= MIN_MACS || scalar_on_linalg(&shape);
     if m * n * k == 0 || !always && !(fills && enough && beats_linalg(&shape, k, n, host)) {
@@ -626,7 +628,7 @@ pub fn plan(graph: &Graph, kernel: &Kernel, host: &Host, always: bool) -> Option
     // A depthwise or pooling multiply-add runs about 8x slower than a packed GEMM's (8-30% of
     // peak against 80-100%), so the same time of work is 8x fewer of them: a depthwise 3x3/2
     // with 576 channels on 7x7 (254K MACs, 0.07 ms) ran on one thread.
-    let per_mac = if depthwise || matches!(shape, Shape::Pool { .. }) { 8 } else { 1 };
+    let per_mac = if per_channel { 8 } else { 1 };
     let target = if work * per_mac < 4 * MIN_MACS { 1 } else { 4 };
     let (chunks, split_n) = if images >= target {
         (1, true)

@@ -1,4 +1,4 @@
-/* What kiln's C kernels (ukernel.c, recurrent.c, reduction.c) share besides vectors: per-thread
+/* What kiln's C kernels (ukernel.c, recurrent.c, reduction.c, movement.c) share besides vectors: per-thread
  * scratch space and the split of work into units. */
 #ifndef KILN_WORKSPACE_H
 #define KILN_WORKSPACE_H
