@@ -155,6 +155,17 @@ fn few_positions_by_many_channels_run_transposed() {
     let (g, x) = conv_graph(&[1, 32, 6, 6], &[96, 32, 1, 1], ConvOptions::default(), true);
     assert!(schedule(&g, None).contains("transposed"));
     check(&g, &x, 1);
+    // Pointwise on 7x7: 49 positions leave a strip of one row; 72 channels end in a half block
+    // of the transposed store; a residual and a clip.
+    let g = GraphBuilder::new("pointwise_7x7");
+    let x = g.input("x", DType::F32, [1, 48, 7, 7]);
+    let r = g.input("r", DType::F32, [1, 72, 7, 7]);
+    let w = g.constant("w", Tensor::random(DType::F32, &[72, 48, 1, 1], 26));
+    let b = g.constant("b", Tensor::random(DType::F32, &[72], 27));
+    g.output("y", (x.conv(w, Some(b), ConvOptions::default()) + r).clip(-0.5, 0.5));
+    let g = g.build().unwrap();
+    assert!(schedule(&g, None).contains("transposed"));
+    check(&g, &[Tensor::random(DType::F32, &[1, 48, 7, 7], 28), Tensor::random(DType::F32, &[1, 72, 7, 7], 29)], 1);
 }
 
 /// `ConvTranspose(x, w, b)` with the given attributes, then a relu.

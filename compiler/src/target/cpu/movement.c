@@ -12,21 +12,6 @@
 #include "simd.h"
 #include "workspace.h"
 
-/* Rows r[0..16] of a 16 x 16 block, transposed in place. */
-static inline __attribute__((always_inline)) void transpose16(v16 *r) {
-#pragma GCC unroll 4
-    for (int round = 0; round < 4; round++) {
-        v16 t[16];
-#pragma GCC unroll 8
-        for (int i = 0; i < 8; i++) {
-            t[2 * i] = __builtin_shufflevector(r[i], r[i + 8], 0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
-            t[2 * i + 1] = __builtin_shufflevector(r[i], r[i + 8], 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
-        }
-#pragma GCC unroll 16
-        for (int i = 0; i < 16; i++) r[i] = t[i];
-    }
-}
-
 /* y[b, j, i] = x[b, i, j] for x [batch, R, C]. Work units: batch x chunks of C (y's rows). */
 void kiln_uk_transpose(int64_t x_, int64_t y_, int64_t batch, int64_t R, int64_t C, int64_t chunks, int64_t wg_begin, int64_t wg_end) {
     const float *x = (const float *)(intptr_t)x_;

@@ -82,6 +82,22 @@ static inline v16 lanes_from(v16 lo, v16 hi, int64_t l) {
 /* b where `m` is set, else a (C has no vector ?:). */
 static inline v16 select_where(v16i m, v16 b, v16 a) { return (v16)((m & (v16i)b) | (~m & (v16i)a)); }
 
+/* Rows r[0..16] of a 16 x 16 block, transposed in place: four rounds of interleaves (a perfect
+ * shuffle: after log2(16) rounds row j holds column j). */
+static inline __attribute__((always_inline)) void transpose16(v16 *r) {
+#pragma GCC unroll 4
+    for (int round = 0; round < 4; round++) {
+        v16 t[16];
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; i++) {
+            t[2 * i] = __builtin_shufflevector(r[i], r[i + 8], 0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+            t[2 * i + 1] = __builtin_shufflevector(r[i], r[i + 8], 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+        }
+#pragma GCC unroll 16
+        for (int i = 0; i < 16; i++) r[i] = t[i];
+    }
+}
+
 /* The larger and smaller of a and b per lane; where either is NaN, b (as vmaxps has it). One
  * instruction with AVX-512. */
 static inline v16 vmax(v16 a, v16 b) {

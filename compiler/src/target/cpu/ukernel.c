@@ -77,39 +77,45 @@ static inline __attribute__((always_inline)) void tile_step(const float *a, v16 
     }
 }
 
-/* The register tile: c[MR x NR] (row stride ldc) = (accumulate ? c : 0) + a-panel * b-panel over
- * kc steps; with `e`, the epilogue is applied as it is stored. */
-static void micro(int64_t kc, const float *restrict a, const float *restrict b, float *restrict c, int64_t ldc, int accumulate,
-                  const Epilogue *e) {
-    v16 c0[MR], c1[MR];
+/* The register tile, or the top R rows and first V vectors of it: c[R x 16V] (row stride ldc) =
+ * (accumulate ? c : 0) + a-panel * b-panel over kc steps; with `e`, the epilogue is applied as it
+ * is stored. Panels keep their whole-tile strides (MR, NR). Called with constant R and V, so each
+ * shape is its own straight-line loop: an edge tile costs its own FMAs, not a whole tile's. */
+static inline __attribute__((always_inline)) void micro_tile(int R, int V, int64_t kc, const float *restrict a, const float *restrict b,
+                                                             float *restrict c, int64_t ldc, int accumulate, const Epilogue *e) {
+    v16 c0[8], c1[8];
     if (accumulate) {
-#pragma GCC unroll 16
-        for (int r = 0; r < MR; r++) {
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
             c0[r] = load16(c + r * ldc);
-            c1[r] = load16(c + r * ldc + 16);
+            c1[r] = V == 2 ? load16(c + r * ldc + 16) : splat(0.0f);
         }
     } else {
-#pragma GCC unroll 16
-        for (int r = 0; r < MR; r++) c0[r] = c1[r] = splat(0.0f);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) c0[r] = c1[r] = splat(0.0f);
     }
     for (int64_t k = 0; k < kc; k++) {
-        tile_step(a, load16(b), load16(b + 16), c0, c1);
+        v16 b0 = load16(b), b1 = V == 2 ? load16(b + 16) : b0;
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            v16 ar = splat(a[r]);
+            c0[r] += ar * b0;
+            if (V == 2) c1[r] += ar * b1;
+        }
         a += MR;
         b += NR;
     }
-    if (e) {
-#pragma GCC unroll 16
-        for (int r = 0; r < MR; r++) {
-            store16(c + r * ldc, finish(c0[r], e, r, 0));
-            store16(c + r * ldc + 16, finish(c1[r], e, r, 16));
-        }
-    } else {
-#pragma GCC unroll 16
-        for (int r = 0; r < MR; r++) {
-            store16(c + r * ldc, c0[r]);
-            store16(c + r * ldc + 16, c1[r]);
-        }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) {
+        store16(c + r * ldc, e ? finish(c0[r], e, r, 0) : c0[r]);
+        if (V == 2) store16(c + r * ldc + 16, e ? finish(c1[r], e, r, 16) : c1[r]);
     }
+}
+
+/* A whole MR x NR tile. */
+static void micro(int64_t kc, const float *restrict a, const float *restrict b, float *restrict c, int64_t ldc, int accumulate,
+                  const Epilogue *e) {
+    micro_tile(MR, 2, kc, a, b, c, ldc, accumulate, e);
 }
 
 /* The epilogue on the first n (1..16) lanes of a vector at (i, j); the other lanes' bias and
@@ -122,15 +128,37 @@ static inline v16 finish_n(v16 v, const Epilogue *e, int64_t i, int64_t j, int64
     return finish(v, &act_only, 0, 0);
 }
 
-/* A partial tile (mr < MR or nr < NR): computed whole into a scratch tile, then the valid part
- * stored with masked vector stores (with the epilogue on the last K block). */
+/* A partial tile (mr < MR or nr < NR): its mr rows and the vectors that cover nr columns are
+ * computed into a scratch tile, then the valid part stored with masked vector stores (with the
+ * epilogue on the last K block). A 7x7 image's 49 positions leave a strip of one row: it costs
+ * 2 FMAs a step, not 16. */
 static void micro_edge(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, int accumulate, const Epilogue *e,
                        int64_t mr, int64_t nr) {
     float t[MR * NR] __attribute__((aligned(64)));
     if (accumulate) {
         for (int64_t r = 0; r < mr; r++) memcpy(t + r * NR, c + r * ldc, (size_t)nr * sizeof(float));
     }
-    micro(kc, a, b, t, NR, accumulate, NULL);
+    int two = nr > 16;
+    switch (mr) {
+#define KILN_EDGE_ROWS(R)                                                                                               \
+    case R:                                                                                                           \
+        if (two) micro_tile(R, 2, kc, a, b, t, NR, accumulate, NULL);                                                 \
+        else micro_tile(R, 1, kc, a, b, t, NR, accumulate, NULL);                                                     \
+        break;
+        KILN_EDGE_ROWS(1)
+        KILN_EDGE_ROWS(2)
+        KILN_EDGE_ROWS(3)
+        KILN_EDGE_ROWS(4)
+#if MR == 8
+        KILN_EDGE_ROWS(5)
+        KILN_EDGE_ROWS(6)
+        KILN_EDGE_ROWS(7)
+        KILN_EDGE_ROWS(8)
+#endif
+#undef KILN_EDGE_ROWS
+    default:
+        abort(); /* mr is 1..MR: a bug, not input */
+    }
     for (int64_t r = 0; r < mr; r++) {
         for (int64_t j = 0; j < nr; j += 16) {
             int64_t n = nr - j < 16 ? nr - j : 16;
@@ -144,6 +172,14 @@ static void micro_edge(int64_t kc, const float *a, const float *b, float *c, int
 static void pack_a(const float *a, int64_t lda, int64_t ka, int64_t i0, int64_t mc, int64_t m_total, int64_t p0, int64_t kc,
                    float *out) {
     for (int64_t s = 0; s < mc; s += MR) {
+        if (lda == 1 && s + MR <= mc && i0 + s + MR <= m_total) {
+            /* A transposed input (a pointwise convolution's x[c, n] read as A[n, c]): a strip's
+             * MR rows are adjacent floats in each column, one vector move a step. */
+            const float *src = a + i0 + s + p0 * ka;
+            float *o = out + s * kc;
+            for (int64_t k = 0; k < kc; k++) memcpy(o + k * MR, src + k * ka, MR * sizeof(float));
+            continue;
+        }
         for (int64_t r = 0; r < MR; r++) {
             int64_t i = i0 + s + r;
             float *o = out + s * kc + r;
@@ -498,6 +534,21 @@ static void conv_direct(const float *x, const float *wp, const float *bias, cons
     }
 }
 
+/* y[m, n] = the epilogue on ct[n, m] for channels m0 .. m1 and all N positions: the transposed
+ * convolution's result put back in NCHW, a 16 x 16 block at a time through registers. */
+static void store_transposed(const float *ct, int64_t M, int64_t N, int64_t m0, int64_t m1, float *y, const Epilogue *e) {
+    for (int64_t m = m0; m < m1; m += 16) {
+        int64_t nm = m1 - m < 16 ? m1 - m : 16;
+        for (int64_t n = 0; n < N; n += 16) {
+            int64_t nn = N - n < 16 ? N - n : 16;
+            v16 r[16];
+            for (int64_t k = 0; k < 16; k++) r[k] = k < nn ? load16_n(ct + (n + k) * M + m, nm) : splat(0.0f);
+            transpose16(r);
+            for (int64_t k = 0; k < nm; k++) store16_n(y + (m + k) * N + n, finish_n(r[k], e, m + k, n, nn), nn);
+        }
+    }
+}
+
 /* A 2-D convolution (NCHW) as implicit GEMM, one GEMM a group: per image and group g,
  * C[Mg = M/G out channels, N = OH*OW] = W_g[Mg, K = C/G*KH*KW] (packed, groups one after another)
  * * im2col(x_g)[K, N]. Work units: images x chunks of N (split_n) or of Mg. */
@@ -534,11 +585,9 @@ void kiln_uk_conv2d(int64_t x_, int64_t wp_, int64_t bias_, int64_t res_, int64_
             chunk_range(M, NR, chunks, q, &m0, &m1);
             if (m0 >= m1) continue;
             gemm_block(&A, &B, ct, M, N, M, K, 0, N, m0, m1, NULL, &bl);
-            float *yi = y + img * M * N;
             const float *ri = res ? res + img * M * N : NULL;
             Epilogue e = epilogue_of(bias, NULL, ri, N, act, lo, hi);
-            for (int64_t m = m0; m < m1; m++)
-                for (int64_t n = 0; n < N; n++) yi[m * N + n] = finish1(ct[n * M + m], &e, m, n);
+            store_transposed(ct, M, N, m0, m1, y + img * M * N, &e);
         }
         return;
     }
