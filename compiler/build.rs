@@ -11,7 +11,12 @@ use std::process::Command;
 
 fn main() {
     // The microkernel, the recurrent-layer kernel, the row kernels and the transpose, one object each per level.
-    let sources = [("ukernel", "src/target/cpu/ukernel.c"), ("recurrent", "src/target/cpu/recurrent.c"), ("reduction", "src/target/cpu/reduction.c"), ("movement", "src/target/cpu/movement.c")];
+    let sources = [
+        ("ukernel", "src/target/cpu/ukernel.c"),
+        ("recurrent", "src/target/cpu/recurrent.c"),
+        ("reduction", "src/target/cpu/reduction.c"),
+        ("movement", "src/target/cpu/movement.c"),
+    ];
     for (_, src) in sources {
         println!("cargo:rerun-if-changed={src}");
     }

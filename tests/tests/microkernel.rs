@@ -509,3 +509,39 @@ fn transposes_that_move_the_last_axis_go_by_blocks() {
         assert!(!schedule(&g, Some(true)).contains("microkernel:"), "{perm:?}");
     }
 }
+
+/// An inverted-residual block (MobileNetV2's) and its strided form, between convolutions that
+/// cannot take blocked tensors: pointwise 24 -> 64, depthwise 3x3, pointwise 64 -> 32 with a
+/// residual, depthwise 3x3/2 with a clip, pointwise 64 -> 80 (the graph's output: NCHW).
+fn inverted_residual(batch: usize, hw: usize) -> (Graph, Vec<Tensor>) {
+    let g = GraphBuilder::new("inverted_residual");
+    let x = g.input("x", DType::F32, [batch, 24, hw, hw]);
+    let c = |name: &str, shape: &[usize], seed: u64| g.constant(name, Tensor::random(DType::F32, shape, seed));
+    let dw = |stride| ConvOptions { pad: 1, stride, group: 64, ..ConvOptions::default() };
+    let p0 = x.conv(c("w0", &[32, 24, 1, 1], 40), Some(c("b0", &[32], 41)), ConvOptions::default());
+    let e1 = p0.conv(c("w1", &[64, 32, 1, 1], 42), Some(c("b1", &[64], 43)), ConvOptions::default()).clip(0.0, 6.0);
+    let d1 = e1.conv(c("w2", &[64, 1, 3, 3], 44), Some(c("b2", &[64], 45)), dw(1)).clip(0.0, 6.0);
+    let p1 = d1.conv(c("w3", &[32, 64, 1, 1], 46), Some(c("b3", &[32], 47)), ConvOptions::default()) + p0;
+    let e2 = p1.conv(c("w4", &[64, 32, 1, 1], 48), None, ConvOptions::default()).relu();
+    let d2 = e2.conv(c("w5", &[64, 1, 3, 3], 49), Some(c("b5", &[64], 50)), dw(2)).clip(0.0, 6.0);
+    g.output("y", d2.conv(c("w6", &[80, 64, 1, 1], 51), Some(c("b6", &[80], 52)), ConvOptions::default()));
+    (g.build().unwrap(), vec![Tensor::random(DType::F32, &[batch, 24, hw, hw], 53)])
+}
+
+#[test]
+fn runs_of_convolutions_hold_channel_blocked_tensors() {
+    // 14x14, 9x9 and 7x7 (partial tiles of positions, a one-row strip), 2 images; the last
+    // convolution reads the blocked tensor transposed (7x7 and smaller), or packs it (10x10).
+    for (batch, hw) in [(1, 14), (2, 7), (1, 9), (1, 20)] {
+        let (g, x) = inverted_residual(batch, hw);
+        let s = schedule(&g, Some(true));
+        assert!(s.contains("layout: 6 tensor(s) channel-blocked"), "{s}");
+        check(&g, &x, 7);
+    }
+    // The decision and each kernel's form, pinned (the tile's rows and cache blocks are the
+    // host's, masked).
+    let (g, _) = inverted_residual(1, 14);
+    insta::with_settings!({filters => vec![(r"register tile: \d+x32; blocks KC=\d+ MC=\d+ NC=\d+", "register tile: [MR]x32; blocks KC=[kc] MC=[mc] NC=[nc]")]}, {
+        insta::assert_snapshot!("inverted_residual_schedule", schedule(&g, Some(true)));
+    });
+}

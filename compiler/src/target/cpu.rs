@@ -25,6 +25,7 @@ use crate::codegen;
 use crate::fuse::Kernel;
 use crate::{CompileError, Result};
 
+mod layout;
 mod math;
 pub mod schedule;
 mod script;
@@ -92,13 +93,15 @@ pub fn compile(
     let mut compiled = Vec::with_capacity(kernels.len());
     let host = ukernel::Host::detect(&TargetMachine::get_host_cpu_features().to_string());
     let mut uses_ukernel = false;
+    // Each kernel's microkernel plan, then the layouts between them (which rewrite plans).
+    let mut plans = Vec::with_capacity(kernels.len());
     for k in kernels {
         let choice =
             microkernel.or_else(|| if overrides.is_empty() { None } else { overrides.get(&crate::tune::kernel_signature(graph, k)).copied() });
         // A recurrent layer kept whole (passes/decompose.rs asked `ukernel::runs_recurrent`) has no
         // linalg lowering: it takes the recurrent kernel whatever the choice.
         let recurrent = k.nodes.first().is_some_and(|&n| matches!(graph.node(n).op, kiln_ir::Op::Rnn(_)));
-        let micro = if recurrent {
+        plans.push(if recurrent {
             Some(
                 ukernel::plan(graph, k, &host, true)
                     .ok_or_else(|| stage_err(k, "plan", "the recurrent layer was kept whole for the CPU's recurrent kernel, which cannot take it"))?,
@@ -107,8 +110,15 @@ pub fn compile(
             None
         } else {
             ukernel::plan(graph, k, &host, choice == Some(true))
-        };
-        let (module, workgroups, mlir_text, schedule_text, constants, constant_slots) = match &micro {
+        });
+    }
+    let blocked = layout::decide(graph, kernels, &plans);
+    layout::apply(kernels, &mut plans, &blocked);
+    if let Some(t) = texts.as_deref_mut() {
+        t.schedule.push_str(&layout::describe(graph, &blocked));
+    }
+    for (k, micro) in kernels.iter().zip(&plans) {
+        let (module, workgroups, mlir_text, schedule_text, constants, constant_slots) = match micro {
             Some(u) => {
                 uses_ukernel = true;
                 let (module, text, described) = lower_ukernel(&mlir, graph, k, u)?;

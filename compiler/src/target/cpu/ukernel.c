@@ -35,16 +35,22 @@ enum { ACT_NONE = 0, ACT_RELU = 1, ACT_CLIP = 2 };
 typedef struct {
     const float *bias_row; /* bias_row[i] for tile row i */
     const float *bias_col; /* bias_col[j] for tile column j */
-    const float *res;      /* res[i * ldr + j] */
+    const float *res;      /* res[i * ldr + at(j, rv)] */
     int64_t ldr;
     int64_t act;
     float lo, hi;
+    int64_t rv; /* the residual's distance between column blocks of 16: 16, or a blocked plane */
 } Epilogue;
+
+/* Where column j of a row lies when each 16 columns are `stride` floats apart: j itself in a
+ * row-major matrix (stride 16); in a channel-blocked (NCHW16c) result stored transposed, column
+ * j (a channel) is in plane j / 16. */
+static inline int64_t at(int64_t j, int64_t stride) { return j / 16 * stride + j % 16; }
 
 static inline v16 finish(v16 v, const Epilogue *e, int64_t i, int64_t j) {
     if (e->bias_row) v += splat(e->bias_row[i]);
     if (e->bias_col) v += load16(e->bias_col + j);
-    if (e->res) v += load16(e->res + i * e->ldr + j);
+    if (e->res) v += load16(e->res + i * e->ldr + at(j, e->rv));
     /* vmax/vmin give their second operand where either is NaN: NaN passes through, as ONNX
      * has it. */
     if (e->act == ACT_RELU) {
@@ -58,7 +64,7 @@ static inline v16 finish(v16 v, const Epilogue *e, int64_t i, int64_t j) {
 static inline float finish1(float v, const Epilogue *e, int64_t i, int64_t j) {
     if (e->bias_row) v += e->bias_row[i];
     if (e->bias_col) v += e->bias_col[j];
-    if (e->res) v += e->res[i * e->ldr + j];
+    if (e->res) v += e->res[i * e->ldr + at(j, e->rv)];
     if (e->act == ACT_RELU) v = v < 0.0f ? 0.0f : v;
     else if (e->act == ACT_CLIP) {
         v = v < e->lo ? e->lo : v;
@@ -77,45 +83,61 @@ static inline __attribute__((always_inline)) void tile_step(const float *a, v16 
     }
 }
 
-/* The register tile, or the top R rows and first V vectors of it: c[R x 16V] (row stride ldc) =
- * (accumulate ? c : 0) + a-panel * b-panel over kc steps; with `e`, the epilogue is applied as it
- * is stored. Panels keep their whole-tile strides (MR, NR). Called with constant R and V, so each
- * shape is its own straight-line loop: an edge tile costs its own FMAs, not a whole tile's. */
-static inline __attribute__((always_inline)) void micro_tile(int R, int V, int64_t kc, const float *restrict a, const float *restrict b,
-                                                             float *restrict c, int64_t ldc, int accumulate, const Epilogue *e) {
+/* Where a tile's A comes from: a packed panel (A[r, k] at a[k * MR + r]), or straight from a
+ * channel-blocked image (A[r, k], row r a position and k a channel, at a[r * 16 + k % 16] within
+ * each block of 16 channels, blocks `jump` + 16 floats apart: its plane). */
+enum { A_PACKED = 0, A_BLOCKED = 1 };
+
+/* The register tile, or the top R rows and first V vectors of it: c[R x 16V] (row stride ldc,
+ * the second vector cv floats after the first) = (accumulate ? c : 0) + A * b-panel over kc
+ * steps; with `e`, the epilogue is applied as it is stored. The B panel keeps its whole-tile
+ * stride (NR). Called with constant R, V and AK, so each shape is its own straight-line loop: an
+ * edge tile costs its own FMAs, not a whole tile's. */
+static inline __attribute__((always_inline)) void micro_tile(int R, int V, int AK, int64_t kc, const float *restrict a, int64_t jump,
+                                                             const float *restrict b, float *restrict c, int64_t ldc, int64_t cv,
+                                                             int accumulate, const Epilogue *e) {
     v16 c0[8], c1[8];
     if (accumulate) {
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
             c0[r] = load16(c + r * ldc);
-            c1[r] = V == 2 ? load16(c + r * ldc + 16) : splat(0.0f);
+            c1[r] = V == 2 ? load16(c + r * ldc + cv) : splat(0.0f);
         }
     } else {
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++) c0[r] = c1[r] = splat(0.0f);
     }
-    for (int64_t k = 0; k < kc; k++) {
-        v16 b0 = load16(b), b1 = V == 2 ? load16(b + 16) : b0;
+    /* Packed: one run of kc steps. Blocked: kc / 16 runs of 16, each a channel block. */
+    int64_t runs = AK == A_BLOCKED ? kc / 16 : 1, steps = AK == A_BLOCKED ? 16 : kc;
+    for (int64_t q = 0; q < runs; q++) {
+        for (int64_t k = 0; k < steps; k++) {
+            v16 b0 = load16(b), b1 = V == 2 ? load16(b + 16) : b0;
 #pragma GCC unroll 8
-        for (int r = 0; r < R; r++) {
-            v16 ar = splat(a[r]);
-            c0[r] += ar * b0;
-            if (V == 2) c1[r] += ar * b1;
+            for (int r = 0; r < R; r++) {
+                v16 ar = splat(a[r * (AK == A_BLOCKED ? 16 : 1)]);
+                c0[r] += ar * b0;
+                if (V == 2) c1[r] += ar * b1;
+            }
+            a += AK == A_BLOCKED ? 1 : MR;
+            b += NR;
         }
-        a += MR;
-        b += NR;
+        if (AK == A_BLOCKED) a += jump;
     }
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++) {
         store16(c + r * ldc, e ? finish(c0[r], e, r, 0) : c0[r]);
-        if (V == 2) store16(c + r * ldc + 16, e ? finish(c1[r], e, r, 16) : c1[r]);
+        if (V == 2) store16(c + r * ldc + cv, e ? finish(c1[r], e, r, 16) : c1[r]);
     }
 }
 
-/* A whole MR x NR tile. */
-static void micro(int64_t kc, const float *restrict a, const float *restrict b, float *restrict c, int64_t ldc, int accumulate,
-                  const Epilogue *e) {
-    micro_tile(MR, 2, kc, a, b, c, ldc, accumulate, e);
+/* A whole MR x NR tile from a packed A panel, or from a blocked image. */
+static void micro(int64_t kc, const float *restrict a, const float *restrict b, float *restrict c, int64_t ldc, int64_t cv,
+                  int accumulate, const Epilogue *e) {
+    micro_tile(MR, 2, A_PACKED, kc, a, 0, b, c, ldc, cv, accumulate, e);
+}
+static void micro_blocked(int64_t kc, const float *restrict a, int64_t jump, const float *restrict b, float *restrict c, int64_t ldc,
+                          int64_t cv, int accumulate, const Epilogue *e) {
+    micro_tile(MR, 2, A_BLOCKED, kc, a, jump, b, c, ldc, cv, accumulate, e);
 }
 
 /* The epilogue on the first n (1..16) lanes of a vector at (i, j); the other lanes' bias and
@@ -123,28 +145,32 @@ static void micro(int64_t kc, const float *restrict a, const float *restrict b, 
 static inline v16 finish_n(v16 v, const Epilogue *e, int64_t i, int64_t j, int64_t n) {
     if (e->bias_row) v += splat(e->bias_row[i]);
     if (e->bias_col) v += load16_n(e->bias_col + j, n);
-    if (e->res) v += load16_n(e->res + i * e->ldr + j, n);
+    if (e->res) v += load16_n(e->res + i * e->ldr + at(j, e->rv), n);
     Epilogue act_only = {NULL, NULL, NULL, 0, e->act, e->lo, e->hi};
     return finish(v, &act_only, 0, 0);
 }
 
-/* A partial tile (mr < MR or nr < NR): its mr rows and the vectors that cover nr columns are
- * computed into a scratch tile, then the valid part stored with masked vector stores (with the
- * epilogue on the last K block). A 7x7 image's 49 positions leave a strip of one row: it costs
- * 2 FMAs a step, not 16. */
-static void micro_edge(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, int accumulate, const Epilogue *e,
-                       int64_t mr, int64_t nr) {
+/* A partial tile (mr < MR or nr < NR): only its mr rows and the vectors that cover nr columns
+ * are computed (a 7x7 image's 49 positions leave a strip of one row: it costs 2 FMAs a step,
+ * not 16). Whole vectors (nr = 16 or 32) are stored where they lie; a part of one goes through
+ * a scratch tile and masked stores (with the epilogue on the last K block). */
+static void micro_edge(int64_t kc, int ak, const float *a, int64_t jump, const float *b, float *c, int64_t ldc, int64_t cv,
+                       int accumulate, const Epilogue *e, int64_t mr, int64_t nr) {
     float t[MR * NR] __attribute__((aligned(64)));
-    if (accumulate) {
-        for (int64_t r = 0; r < mr; r++) memcpy(t + r * NR, c + r * ldc, (size_t)nr * sizeof(float));
+    int whole = nr % 16 == 0, two = nr > 16;
+    float *o = whole ? c : t;
+    int64_t ldo = whole ? ldc : NR, ov = whole ? cv : 16;
+    const Epilogue *oe = whole ? e : NULL;
+    if (accumulate && !whole) {
+        for (int64_t r = 0; r < mr; r++)
+            for (int64_t j = 0; j < nr; j += 16) memcpy(t + r * NR + j, c + r * ldc + at(j, cv), (size_t)(nr - j < 16 ? nr - j : 16) * sizeof(float));
     }
-    int two = nr > 16;
-    switch (mr) {
-#define KILN_EDGE_ROWS(R)                                                                                               \
-    case R:                                                                                                           \
-        if (two) micro_tile(R, 2, kc, a, b, t, NR, accumulate, NULL);                                                 \
-        else micro_tile(R, 1, kc, a, b, t, NR, accumulate, NULL);                                                     \
+    switch (mr * 4 + two * 2 + ak) {
+#define KILN_EDGE(R, V, AK)                                                                                         \
+    case R * 4 + (V - 1) * 2 + AK:                                                                                 \
+        micro_tile(R, V, AK, kc, a, jump, b, o, ldo, ov, accumulate, oe);                                          \
         break;
+#define KILN_EDGE_ROWS(R) KILN_EDGE(R, 1, 0) KILN_EDGE(R, 2, 0) KILN_EDGE(R, 1, 1) KILN_EDGE(R, 2, 1)
         KILN_EDGE_ROWS(1)
         KILN_EDGE_ROWS(2)
         KILN_EDGE_ROWS(3)
@@ -156,14 +182,16 @@ static void micro_edge(int64_t kc, const float *a, const float *b, float *c, int
         KILN_EDGE_ROWS(8)
 #endif
 #undef KILN_EDGE_ROWS
+#undef KILN_EDGE
     default:
-        abort(); /* mr is 1..MR: a bug, not input */
+        abort(); /* mr is 1..MR and ak one of two: a bug, not input */
     }
+    if (whole) return;
     for (int64_t r = 0; r < mr; r++) {
         for (int64_t j = 0; j < nr; j += 16) {
             int64_t n = nr - j < 16 ? nr - j : 16;
             v16 v = load16(t + r * NR + j);
-            store16_n(c + r * ldc + j, e ? finish_n(v, e, r, j, n) : v, n);
+            store16_n(c + r * ldc + at(j, cv), e ? finish_n(v, e, r, j, n) : v, n);
         }
     }
 }
@@ -348,7 +376,31 @@ typedef struct {
     const float *b;      /* else a strided matrix, or */
     int64_t ldb, jb;
     const Im2col *im2col; /* an image's im2col matrix */
+    int64_t plane;        /* else, when not 0: a channel-blocked image, B[c, n] = b[(c / 16) * plane + n * 16 + c % 16] */
 } Bsource;
+
+/* Packs rows p0 .. p0+kc (channels, multiples of 16) and columns j0 .. j0+nc (positions) of a
+ * channel-blocked (NCHW16c) image read as B[c, n] into NR strips: each 16 positions x 16
+ * channels is 16 adjacent vectors, transposed through registers. */
+static void pack_b_blocked(const float *b, int64_t plane, int64_t j0, int64_t nc, int64_t n_total, int64_t p0, int64_t kc, float *out) {
+    for (int64_t t = 0; t < nc; t += NR) {
+        float *o = out + t * kc;
+        for (int64_t h = 0; h < NR; h += 16) {
+            int64_t w = n_total - (j0 + t + h);
+            if (w > nc - t - h) w = nc - t - h;
+            if (w > 16) w = 16;
+            for (int64_t k = 0; k < kc; k += 16) {
+                const float *src = b + (p0 + k) / 16 * plane + (j0 + t + h) * 16;
+                v16 r[16];
+#pragma GCC unroll 16
+                for (int q = 0; q < 16; q++) r[q] = q < w ? load16(src + q * 16) : splat(0.0f);
+                transpose16(r);
+#pragma GCC unroll 16
+                for (int q = 0; q < 16; q++) store16(o + (k + q) * NR + h, r[q]);
+            }
+        }
+    }
+}
 
 /* Where A comes from. */
 typedef struct {
@@ -356,6 +408,7 @@ typedef struct {
     const float *a;      /* else a strided matrix, or */
     int64_t lda, ka;
     const Im2col *im2col; /* an image's im2col matrix, transposed (rows are output positions) */
+    int64_t plane;        /* else, when not 0: a channel-blocked image, A[n, c] = a[(c / 16) * plane + n * 16 + c % 16] */
 } Asource;
 
 /* Packs rows i0 .. i0+mc (output positions) and columns p0 .. p0+kc of the transposed im2col
@@ -372,25 +425,27 @@ typedef struct {
     int64_t kc, mc, nc;
 } Blocking;
 
-/* C[i0 .. i1, j0 .. j1] of C[M, N] (row stride ldc) = A * B over all of K, with the epilogue
- * (bias and residual pointers at C's origin). */
-static void gemm_block(const Asource *A, const Bsource *B, float *c, int64_t ldc, int64_t M, int64_t N, int64_t K, int64_t i0,
-                       int64_t i1, int64_t j0, int64_t j1, const Epilogue *epi, const Blocking *bl) {
+/* C[i0 .. i1, j0 .. j1] of C[M, N] = A * B over all of K, with the epilogue (bias and residual
+ * pointers at C's origin). C[i, j] is at c[i * ldc + at(j, cv)]: cv = 16 for a row-major C, a
+ * plane for a channel-blocked result stored transposed (rows positions, columns channels). */
+static void gemm_block(const Asource *A, const Bsource *B, float *c, int64_t ldc, int64_t cv, int64_t M, int64_t N, int64_t K,
+                       int64_t i0, int64_t i1, int64_t j0, int64_t j1, const Epilogue *epi, const Blocking *bl) {
     int64_t kc_max = bl->kc, mc_max = bl->mc, nc_max = bl->nc;
     float *bbuf = (B->packed) ? NULL : scratch(0, (size_t)kc_max * (size_t)((nc_max + NR - 1) / NR * NR));
-    float *abuf = (A->packed) ? NULL : scratch(1, (size_t)kc_max * (size_t)((mc_max + MR - 1) / MR * MR));
-    if ((!B->packed && !bbuf) || (!A->packed && !abuf)) abort(); /* out of memory: nothing sensible to return */
+    float *abuf = (A->packed || A->plane) ? NULL : scratch(1, (size_t)kc_max * (size_t)((mc_max + MR - 1) / MR * MR));
+    if ((!B->packed && !bbuf) || (!A->packed && !A->plane && !abuf)) abort(); /* out of memory: nothing sensible to return */
     for (int64_t jc = j0; jc < j1; jc += nc_max) {
         int64_t nc = j1 - jc < nc_max ? j1 - jc : nc_max;
         for (int64_t pc = 0; pc < K; pc += kc_max) {
             int64_t kc = K - pc < kc_max ? K - pc : kc_max;
             int first = pc == 0, last = pc + kc >= K;
             if (B->im2col) pack_im2col(B->im2col, jc, nc, N, pc, kc, bbuf);
+            else if (B->plane) pack_b_blocked(B->b, B->plane, jc, nc, N, pc, kc, bbuf);
             else if (!B->packed) pack_b(B->b, B->ldb, B->jb, jc, nc, N, pc, kc, bbuf);
             for (int64_t ic = i0; ic < i1; ic += mc_max) {
                 int64_t mc = i1 - ic < mc_max ? i1 - ic : mc_max;
                 if (A->im2col) pack_a_im2col(A->im2col, ic, mc, M, pc, kc, abuf);
-                else if (!A->packed) pack_a(A->a, A->lda, A->ka, ic, mc, M, pc, kc, abuf);
+                else if (!A->packed && !A->plane) pack_a(A->a, A->lda, A->ka, ic, mc, M, pc, kc, abuf);
                 for (int64_t jr = 0; jr < nc; jr += NR) {
                     int64_t nr = nc - jr < NR ? nc - jr : NR;
                     int64_t j = jc + jr;
@@ -398,19 +453,25 @@ static void gemm_block(const Asource *A, const Bsource *B, float *c, int64_t ldc
                     for (int64_t ir = 0; ir < mc; ir += MR) {
                         int64_t mr = mc - ir < MR ? mc - ir : MR;
                         int64_t i = ic + ir;
-                        const float *ap = A->packed ? A->packed + ((i / MR) * K + pc) * MR : abuf + ir * kc;
+                        /* (A blocked image is read where it lies: its rows are 16 floats apart.) */
+                        const float *ap = A->packed  ? A->packed + ((i / MR) * K + pc) * MR
+                                          : A->plane ? A->a + pc / 16 * A->plane + i * 16
+                                                     : abuf + ir * kc;
+                        int ak = A->plane ? A_BLOCKED : A_PACKED;
+                        int64_t jump = A->plane - 16;
                         Epilogue e;
                         const Epilogue *ep = NULL;
                         if (last && epi) {
                             e = *epi;
                             if (e.bias_row) e.bias_row += i;
                             if (e.bias_col) e.bias_col += j;
-                            if (e.res) e.res += i * e.ldr + j;
+                            if (e.res) e.res += i * e.ldr + at(j, e.rv);
                             ep = &e;
                         }
-                        float *ct = c + i * ldc + j;
-                        if (mr == MR && nr == NR) micro(kc, ap, bp, ct, ldc, !first, ep);
-                        else micro_edge(kc, ap, bp, ct, ldc, !first, ep, mr, nr);
+                        float *ct = c + i * ldc + at(j, cv);
+                        if (mr == MR && nr == NR && ak == A_PACKED) micro(kc, ap, bp, ct, ldc, cv, !first, ep);
+                        else if (mr == MR && nr == NR) micro_blocked(kc, ap, jump, bp, ct, ldc, cv, !first, ep);
+                        else micro_edge(kc, ak, ap, jump, bp, ct, ldc, cv, !first, ep, mr, nr);
                     }
                 }
             }
@@ -420,7 +481,7 @@ static void gemm_block(const Asource *A, const Bsource *B, float *c, int64_t ldc
 
 static Epilogue epilogue_of(const float *bias_row, const float *bias_col, const float *res, int64_t ldr, int64_t act, float lo,
                             float hi) {
-    Epilogue e = {bias_row, bias_col, res, ldr, act, lo, hi};
+    Epilogue e = {bias_row, bias_col, res, ldr, act, lo, hi, 16};
     return e;
 }
 
@@ -534,13 +595,14 @@ static void conv_direct(const float *x, const float *wp, const float *bias, cons
     }
 }
 
-/* y[m, n] = the epilogue on ct[n, m] for channels m0 .. m1 and all N positions: the transposed
- * convolution's result put back in NCHW, a 16 x 16 block at a time through registers. */
-static void store_transposed(const float *ct, int64_t M, int64_t N, int64_t m0, int64_t m1, float *y, const Epilogue *e) {
+/* y[m, n] = the epilogue on ct[n, m] for channels m0 .. m1 and positions n0 .. n1 of N: the
+ * transposed convolution's result put back in NCHW, a 16 x 16 block at a time through registers. */
+static void store_transposed(const float *ct, int64_t M, int64_t N, int64_t m0, int64_t m1, int64_t n0, int64_t n1, float *y,
+                             const Epilogue *e) {
     for (int64_t m = m0; m < m1; m += 16) {
         int64_t nm = m1 - m < 16 ? m1 - m : 16;
-        for (int64_t n = 0; n < N; n += 16) {
-            int64_t nn = N - n < 16 ? N - n : 16;
+        for (int64_t n = n0; n < n1; n += 16) {
+            int64_t nn = n1 - n < 16 ? n1 - n : 16;
             v16 r[16];
             for (int64_t k = 0; k < 16; k++) r[k] = k < nn ? load16_n(ct + (n + k) * M + m, nm) : splat(0.0f);
             transpose16(r);
@@ -555,7 +617,7 @@ static void store_transposed(const float *ct, int64_t M, int64_t N, int64_t m0, 
 void kiln_uk_conv2d(int64_t x_, int64_t wp_, int64_t bias_, int64_t res_, int64_t y_, int64_t C, int64_t H, int64_t W, int64_t M,
                     int64_t G, int64_t KH, int64_t KW, int64_t SH, int64_t SW, int64_t DH, int64_t DW, int64_t PH, int64_t PW,
                     int64_t OH, int64_t OW, int64_t act, float lo, float hi, int64_t kc, int64_t mc, int64_t nc, int64_t chunks,
-                    int64_t split_n, int64_t transposed, int64_t wg_begin, int64_t wg_end) {
+                    int64_t split_n, int64_t transposed, int64_t in_blocked, int64_t out_blocked, int64_t wg_begin, int64_t wg_end) {
     const float *x = (const float *)(intptr_t)x_, *wp = (const float *)(intptr_t)wp_;
     const float *bias = (const float *)(intptr_t)bias_, *res = (const float *)(intptr_t)res_;
     float *y = (float *)(intptr_t)y_;
@@ -563,31 +625,45 @@ void kiln_uk_conv2d(int64_t x_, int64_t wp_, int64_t bias_, int64_t res_, int64_
     int64_t N = OH * OW, K = Cg * KH * KW;
     int64_t a_group = (Mg + MR - 1) / MR * K * MR;
     Blocking bl = {kc, mc, nc};
-    if (transposed) {
-        /* Few output positions, many channels (a 7x7 image): C^T[N, M] = im2col(x)^T[N, K] *
-         * W^T[K, M], the weights packed in 32-channel strips, so the vectors run along channels;
-         * C^T is stored transposed, with the epilogue. One group; chunks of channels. */
-        float *ct = scratch(3, (size_t)(N * M));
-        if (!ct) abort();
+    if (transposed || out_blocked) {
+        /* Few output positions, many channels (a 7x7 image), or a pointwise convolution between
+         * channel-blocked (NCHW16c) tensors: C^T[N, M] = im2col(x)^T[N, K] * W^T[K, M], the
+         * weights packed in 32-channel strips, so the vectors run along channels. One group.
+         * A blocked result is stored where it lies (each vector 16 channels of one position);
+         * else C^T goes through scratch and is stored transposed, with the epilogue. Chunks are
+         * of positions (split_n) or of channels. */
+        float *ct = out_blocked ? NULL : scratch(3, (size_t)(N * M));
+        if (!out_blocked && !ct) abort();
         for (int64_t u = wg_begin; u < wg_end; u++) {
             int64_t img = u / chunks, q = u % chunks;
             Im2col g = {x + img * C * H * W, H, W, KH, KW, SH, SW, DH, DW, PH, PW, OW};
-            Asource A = {NULL, NULL, 0, 0, &g};
-            /* Pointwise: A[n, c] = x[c, n], a strided read, no offsets to compute. */
-            if (KH == 1 && KW == 1 && SH == 1 && SW == 1 && PH == 0 && PW == 0 && OH == H && OW == W) {
+            Asource A = {NULL, NULL, 0, 0, &g, 0};
+            if (in_blocked) {
+                /* (Pointwise: the planner blocks no other input.) */
+                A.a = g.x;
+                A.plane = N * 16;
+                A.im2col = NULL;
+            } else if (KH == 1 && KW == 1 && SH == 1 && SW == 1 && PH == 0 && PW == 0 && OH == H && OW == W) {
+                /* Pointwise: A[n, c] = x[c, n], a strided read, no offsets to compute. */
                 A.a = g.x;
                 A.lda = 1;
                 A.ka = H * W;
                 A.im2col = NULL;
             }
             Bsource B = {wp, NULL, 0, 0, NULL};
-            int64_t m0, m1;
-            chunk_range(M, NR, chunks, q, &m0, &m1);
-            if (m0 >= m1) continue;
-            gemm_block(&A, &B, ct, M, N, M, K, 0, N, m0, m1, NULL, &bl);
+            int64_t m0 = 0, m1 = M, n0 = 0, n1 = N;
+            if (split_n) chunk_range(N, MR, chunks, q, &n0, &n1);
+            else chunk_range(M, NR, chunks, q, &m0, &m1);
+            if (m0 >= m1 || n0 >= n1) continue;
             const float *ri = res ? res + img * M * N : NULL;
-            Epilogue e = epilogue_of(bias, NULL, ri, N, act, lo, hi);
-            store_transposed(ct, M, N, m0, m1, y + img * M * N, &e);
+            if (out_blocked) {
+                Epilogue e = {NULL, bias, ri, 16, act, lo, hi, N * 16};
+                gemm_block(&A, &B, y + img * M * N, 16, N * 16, N, M, K, n0, n1, m0, m1, &e, &bl);
+            } else {
+                gemm_block(&A, &B, ct, M, 16, N, M, K, n0, n1, m0, m1, NULL, &bl);
+                Epilogue e = epilogue_of(bias, NULL, ri, N, act, lo, hi);
+                store_transposed(ct, M, N, m0, m1, n0, n1, y + img * M * N, &e);
+            }
         }
         return;
     }
@@ -604,11 +680,17 @@ void kiln_uk_conv2d(int64_t x_, int64_t wp_, int64_t bias_, int64_t res_, int64_
             continue;
         }
         for (int64_t grp = 0; grp < G; grp++) {
-            Asource A = {wp + grp * a_group, NULL, 0, 0, NULL};
+            Asource A = {wp + grp * a_group, NULL, 0, 0, NULL, 0};
             Im2col g = {x + (img * C + grp * Cg) * H * W, H, W, KH, KW, SH, SW, DH, DW, PH, PW, OW};
-            Bsource B = {NULL, NULL, 0, 0, &g};
-            /* A pointwise convolution reads its input as the matrix B[C, H*W] as it is. */
-            if (KH == 1 && KW == 1 && SH == 1 && SW == 1 && PH == 0 && PW == 0 && OH == H && OW == W) {
+            Bsource B = {NULL, NULL, 0, 0, &g, 0};
+            if (in_blocked) {
+                /* A pointwise convolution whose input is channel-blocked: B packed through
+                 * transposes (the planner blocks no other input). */
+                B.b = g.x;
+                B.plane = N * 16;
+                B.im2col = NULL;
+            } else if (KH == 1 && KW == 1 && SH == 1 && SW == 1 && PH == 0 && PW == 0 && OH == H && OW == W) {
+                /* A pointwise convolution reads its input as the matrix B[C, H*W] as it is. */
                 B.b = g.x;
                 B.ldb = H * W;
                 B.jb = 1;
@@ -620,7 +702,7 @@ void kiln_uk_conv2d(int64_t x_, int64_t wp_, int64_t bias_, int64_t res_, int64_
             int64_t a0 = 0, a1 = Mg, b0 = 0, b1 = N;
             if (split_n) chunk_range(N, NR, chunks, q, &b0, &b1);
             else chunk_range(Mg, MR, chunks, q, &a0, &a1);
-            if (a0 < a1 && b0 < b1) gemm_block(&A, &B, yi, N, Mg, N, K, a0, a1, b0, b1, &e, &bl);
+            if (a0 < a1 && b0 < b1) gemm_block(&A, &B, yi, N, 16, Mg, N, K, a0, a1, b0, b1, &e, &bl);
         }
     }
 }
@@ -647,7 +729,7 @@ void kiln_uk_conv_transpose(int64_t x_, int64_t wp_, int64_t bias_, int64_t res_
         step = MR / a;
     }
     Blocking bl = {kc, mc, nc};
-    Asource A = {wp, NULL, 0, 0, NULL};
+    Asource A = {wp, NULL, 0, 0, NULL, 0};
     for (int64_t u = wg_begin; u < wg_end; u++) {
         int64_t img = u / chunks, q = u % chunks;
         int64_t c0, c1;
@@ -658,7 +740,7 @@ void kiln_uk_conv_transpose(int64_t x_, int64_t wp_, int64_t bias_, int64_t res_
         if (!cols) abort();
         Bsource B = {NULL, x + img * Cin * N, N, 1, NULL};
         /* gemm_block writes rows i0 .. i1 at cols + (i - i0) * N. */
-        gemm_block(&A, &B, cols - i0 * N, N, M, N, K, i0, i1, 0, N, NULL, &bl);
+        gemm_block(&A, &B, cols - i0 * N, N, 16, M, N, K, i0, i1, 0, N, NULL, &bl);
         float *yi = y + img * Cout * P;
         const float *ri = res ? res + img * Cout * P : NULL;
         Epilogue e = epilogue_of(bias, NULL, ri, P, act, lo, hi);
@@ -895,16 +977,102 @@ static inline __attribute__((always_inline)) void dw_taps(v16 *acc, int nr, int 
     }
 }
 
+/* R adjacent outputs of a channel-blocked depthwise row, every tap inside the input: acc[j] +=
+ * tap * x at the tap's position, 16 channels a vector, aligned loads. Inlined with R constant. */
+static inline __attribute__((always_inline)) void dw_blocked_run(int R, v16 *acc, const float *row0, int64_t kh0, int64_t kh1,
+                                                                 int64_t KW, int64_t row_step, int64_t tap_step, int64_t out_step,
+                                                                 const v16 *wv) {
+    for (int64_t kh = kh0; kh < kh1; kh++) {
+        const float *row = row0 + kh * row_step;
+        for (int64_t kw = 0; kw < KW; kw++) {
+            v16 wt = wv[kh * KW + kw];
+            const float *p = row + kw * tap_step;
+#pragma GCC unroll 8
+            for (int j = 0; j < R; j++) acc[j] += wt * load16(p + j * out_step);
+        }
+    }
+}
+
+/* A depthwise convolution between channel-blocked (NCHW16c) tensors, for channels c0 .. c1
+ * (multiples of 16): x [C/16, H, W, 16], the taps packed [C/16, KH*KW, 16], y [C/16, OH, OW, 16].
+ * Each vector is one position's 16 channels, so every lane is used whatever the image's width
+ * (a 7x7 plane wastes 9 of 16 lanes along rows) and every load is aligned; nothing is copied.
+ * Outputs whose window lies inside the row go 4 at a time (4 FMA chains), the others one at a
+ * time with their taps clipped; rows clip their taps to the rows the input has. */
+static void depthwise_blocked(const float *x, const float *wb, const float *bias, const float *res, float *y, int64_t H, int64_t W,
+                              int64_t KH, int64_t KW, int64_t SH, int64_t SW, int64_t DH, int64_t DW, int64_t PH, int64_t PW,
+                              int64_t OH, int64_t OW, int64_t c0, int64_t c1, const Epilogue *e) {
+    int64_t T = KH * KW;
+    /* Columns [ow_a, ow_b) read no padding: ow * SW >= PW and ow * SW - PW + (KW - 1) * DW < W. */
+    int64_t ow_a = (PW + SW - 1) / SW;
+    int64_t last = W - 1 + PW - (KW - 1) * DW;
+    int64_t ow_b = last < 0 ? 0 : last / SW + 1;
+    if (ow_a > OW) ow_a = OW;
+    if (ow_b > OW) ow_b = OW;
+    if (ow_b < ow_a) ow_b = ow_a;
+    for (int64_t cb = c0 / 16; cb < c1 / 16; cb++) {
+        const float *xb = x + cb * H * W * 16;
+        float *yb = y + cb * OH * OW * 16;
+        const float *rb = res ? res + cb * OH * OW * 16 : NULL;
+        v16 wv[64];
+        for (int64_t t = 0; t < T; t++) wv[t] = load16(wb + (cb * T + t) * 16);
+        v16 bv = bias ? load16(bias + cb * 16) : splat(0.0f);
+        for (int64_t oh = 0; oh < OH; oh++) {
+            int64_t ih0 = oh * SH - PH;
+            int64_t kh0 = 0, kh1 = KH;
+            while (kh0 < KH && ih0 + kh0 * DH < 0) kh0++;
+            while (kh1 > kh0 && ih0 + (kh1 - 1) * DH >= H) kh1--;
+            const float *row0 = xb + ih0 * W * 16;
+            float *yrow = yb + oh * OW * 16;
+            const float *rrow = rb ? rb + oh * OW * 16 : NULL;
+            for (int64_t ow = 0; ow < OW;) {
+                v16 acc[4] = {bv, bv, bv, bv};
+                int n = 1;
+                int64_t iw0 = ow * SW - PW;
+                if (ow >= ow_a && ow + 4 <= ow_b) {
+                    n = 4;
+                    dw_blocked_run(4, acc, row0 + iw0 * 16, kh0, kh1, KW, DH * W * 16, DW * 16, SW * 16, wv);
+                } else {
+                    for (int64_t kh = kh0; kh < kh1; kh++) {
+                        const float *row = row0 + kh * DH * W * 16;
+                        for (int64_t kw = 0; kw < KW; kw++) {
+                            int64_t iw = iw0 + kw * DW;
+                            if (iw >= 0 && iw < W) acc[0] += wv[kh * KW + kw] * load16(row + iw * 16);
+                        }
+                    }
+                }
+                for (int j = 0; j < n; j++) {
+                    v16 v = acc[j];
+                    if (rrow) v += load16(rrow + (ow + j) * 16);
+                    store16(yrow + (ow + j) * 16, finish(v, e, 0, 0));
+                }
+                ow += n;
+            }
+        }
+    }
+}
+
 /* A depthwise convolution (one input and one output channel a group), vectorised along output
  * rows: per channel the plane is copied once into a zero-padded buffer (with slack past its end),
  * then each 16 outputs of a row take one FMA per window tap; stride 2 reads 32 inputs and keeps
  * the even ones. Work units: images x chunks of channels. */
 void kiln_uk_depthwise(int64_t x_, int64_t w_, int64_t bias_, int64_t res_, int64_t y_, int64_t C, int64_t H, int64_t W, int64_t KH,
                        int64_t KW, int64_t SH, int64_t SW, int64_t DH, int64_t DW, int64_t PH, int64_t PW, int64_t OH, int64_t OW,
-                       int64_t act, float lo, float hi, int64_t chunks, int64_t wg_begin, int64_t wg_end) {
+                       int64_t act, float lo, float hi, int64_t chunks, int64_t blocked, int64_t wg_begin, int64_t wg_end) {
     const float *x = (const float *)(intptr_t)x_, *w = (const float *)(intptr_t)w_;
     const float *bias = (const float *)(intptr_t)bias_, *res = (const float *)(intptr_t)res_;
     float *y = (float *)(intptr_t)y_;
+    if (blocked) {
+        Epilogue e = epilogue_of(NULL, NULL, NULL, 0, act, lo, hi);
+        for (int64_t u = wg_begin; u < wg_end; u++) {
+            int64_t img = u / chunks, q = u % chunks, c0, c1;
+            chunk_range(C, 16, chunks, q, &c0, &c1);
+            if (c0 < c1)
+                depthwise_blocked(x + img * C * H * W, w, bias, res ? res + img * C * OH * OW : NULL, y + img * C * OH * OW, H, W, KH, KW,
+                                  SH, SW, DH, DW, PH, PW, OH, OW, c0, c1, &e);
+        }
+        return;
+    }
     /* The padded plane: every row a window reads, every column up to the last vector's reach. */
     int64_t Hp = (OH - 1) * SH + (KH - 1) * DH + 1;
     int64_t lanes = (OW + 15) / 16 * 16;
@@ -1082,7 +1250,7 @@ void kiln_uk_gemm(int64_t a_, int64_t bp_, int64_t bias_, int64_t res_, int64_t 
     const float *bias = (const float *)(intptr_t)bias_, *res = (const float *)(intptr_t)res_;
     float *y = (float *)(intptr_t)y_;
     Blocking bl = {kc, mc, nc};
-    Asource A = {NULL, a, lda, ka, NULL};
+    Asource A = {NULL, a, lda, ka, NULL, 0};
     Bsource B = {bp, NULL, 0, 0, NULL};
     Epilogue e = epilogue_of(NULL, bias, res, N, act, lo, hi);
     if (M < MR) {
@@ -1093,6 +1261,6 @@ void kiln_uk_gemm(int64_t a_, int64_t bp_, int64_t bias_, int64_t res_, int64_t 
         int64_t a0 = 0, a1 = M, b0 = 0, b1 = N;
         if (split_n) chunk_range(N, NR, chunks, q, &b0, &b1);
         else chunk_range(M, MR, chunks, q, &a0, &a1);
-        if (a0 < a1 && b0 < b1) gemm_block(&A, &B, y, N, M, N, K, a0, a1, b0, b1, &e, &bl);
+        if (a0 < a1 && b0 < b1) gemm_block(&A, &B, y, N, 16, M, N, K, a0, a1, b0, b1, &e, &bl);
     }
 }

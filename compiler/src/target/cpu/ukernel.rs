@@ -217,8 +217,19 @@ pub struct Ukernel {
     pub split_n: bool,
     /// A convolution with few output positions and many channels computes C^T = im2col^T W^T:
     /// its vectors run along output channels (weights packed in 32-channel strips) and the
-    /// result is stored transposed; chunks are of channels.
+    /// result is stored transposed; chunks are of channels, or of positions with `split_n`.
     pub transposed: bool,
+    /// A convolution's data input, and its result (and residual), held channel-blocked (NCHW16c:
+    /// [N, C/16, H, W, 16]) as `layout::decide` chose: a pointwise convolution then runs
+    /// transposed, a depthwise one on whole vectors of channels.
+    pub blocked: Blocked,
+}
+
+/// Which of a convolution's tensors are channel-blocked (see `Ukernel::blocked`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Blocked {
+    pub input: bool,
+    pub output: bool,
 }
 
 impl Ukernel {
@@ -237,6 +248,7 @@ impl Ukernel {
             chunks,
             split_n: false,
             transposed: false,
+            blocked: Blocked::default(),
         }
     }
 
@@ -258,6 +270,24 @@ impl Ukernel {
 
     pub fn depthwise(&self) -> bool {
         matches!(self.shape, Shape::Conv { c, m, group, .. } if group == c && group == m)
+    }
+
+    /// Whether this convolution can read, and write, channel-blocked tensors: a pointwise one (1x1,
+    /// stride 1, no padding, one group) reads them with its input channels in whole blocks of 16
+    /// and writes them with its output channels so; a depthwise one whose taps fit the kernel's
+    /// registers does both or neither, in whole blocks.
+    pub fn blockable(&self) -> (bool, bool) {
+        match self.shape {
+            Shape::Conv { c, m, group, h, w, kh, kw, stride, pad, oh, ow, .. } => {
+                if group == 1 && kh == 1 && kw == 1 && stride == [1, 1] && pad == [0, 0] && (oh, ow) == (h, w) {
+                    (c % 16 == 0, m % 16 == 0)
+                } else {
+                    let depthwise = self.depthwise() && kh * kw <= 64 && c % 16 == 0;
+                    (depthwise, depthwise)
+                }
+            }
+            _ => (false, false),
+        }
     }
 
     pub fn workgroups(&self) -> u64 {
@@ -340,11 +370,20 @@ impl fmt::Display for Ukernel {
         if let Shape::Pool { kh, .. } = self.shape {
             writeln!(f, "separable: each input row reduced along it once (from a padded row buffer), then {kh} row results per output vector; bands of 8 output rows")?;
             writeln!(f, "workgroups: {} ({} channel chunk(s) per image)", self.workgroups(), self.chunks)?;
+        } else if self.depthwise() && self.blocked.output {
+            writeln!(f, "channel-blocked (NCHW16c) in and out: vectors of 16 channels of one position, one FMA a tap, 4 positions at a time")?;
+            writeln!(f, "workgroups: {} ({} channel chunk(s) per image)", self.workgroups(), self.chunks)?;
         } else if self.depthwise() {
             writeln!(f, "vectors of 16 outputs along each row, one FMA a tap; the plane copied once, zero-padded")?;
             writeln!(f, "workgroups: {} ({} channel chunk(s) per image)", self.workgroups(), self.chunks)?;
         } else {
             let b = match self.shape {
+                Shape::Conv { .. } if self.blocked.input || self.blocked.output => match (self.blocked.input, self.blocked.output, self.transposed) {
+                    (true, true, _) => "channel-blocked (NCHW16c) in and out: C^T = x^T (read where it lies) x W^T, vectors along output channels, stored where they lie",
+                    (true, false, true) => "channel-blocked (NCHW16c) in: C^T = x^T (read where it lies) x W^T, vectors along output channels, stored transposed to NCHW",
+                    (true, false, false) => "channel-blocked (NCHW16c) in: B (the input) packed at run time through 16x16 transposes",
+                    _ => "channel-blocked (NCHW16c) out: C^T = x^T (packed at run time) x W^T, vectors along output channels, stored where they lie",
+                },
                 Shape::Conv { .. } if self.transposed => "transposed: C^T = im2col^T (packed at run time) x W^T, vectors along output channels",
                 // (As kiln_uk_conv2d chooses.)
                 Shape::Conv { group: 1, kh, kw, stride, .. } if kh * kw > 1 || stride != [1, 1] => {
@@ -359,7 +398,9 @@ impl fmt::Display for Ukernel {
             };
             writeln!(f, "register tile: {}x{NR}; blocks KC={} MC={} NC={}; weights packed at compile time, {b}", self.mr, self.kc, self.mc, self.nc)?;
             let per_image = if matches!(self.shape, Shape::Gemm { .. }) { "" } else { " per image" };
-            let what = if self.transposed || matches!(self.shape, Shape::ConvTranspose { .. }) {
+            let what = if self.transposed && self.split_n && matches!(self.shape, Shape::Conv { .. }) {
+                "position"
+            } else if self.transposed || matches!(self.shape, Shape::ConvTranspose { .. }) {
                 "channel"
             } else if self.split_n {
                 "column"
@@ -540,11 +581,21 @@ pub fn plan(graph: &Graph, kernel: &Kernel, host: &Host, always: bool) -> Option
         Shape::Conv { m, .. } => m,
         Shape::ConvTranspose { cout, .. } => cout,
         Shape::Pool { c, .. } => c,
-        Shape::Gemm { .. } | Shape::Gather { .. } | Shape::Recurrent { .. } | Shape::Reduce { .. } | Shape::Softmax { .. } | Shape::Transpose { .. } => 0,
+        Shape::Gemm { .. }
+        | Shape::Gather { .. }
+        | Shape::Recurrent { .. }
+        | Shape::Reduce { .. }
+        | Shape::Softmax { .. }
+        | Shape::Transpose { .. } => 0,
     };
     let images = match shape {
         Shape::Conv { batch, .. } | Shape::ConvTranspose { batch, .. } | Shape::Pool { batch, .. } => batch,
-        Shape::Gemm { .. } | Shape::Gather { .. } | Shape::Recurrent { .. } | Shape::Reduce { .. } | Shape::Softmax { .. } | Shape::Transpose { .. } => 1,
+        Shape::Gemm { .. }
+        | Shape::Gather { .. }
+        | Shape::Recurrent { .. }
+        | Shape::Reduce { .. }
+        | Shape::Softmax { .. }
+        | Shape::Transpose { .. } => 1,
     };
     // Enough rows and columns to fill the register tiles, and enough work to pay for packing.
     // A GEMM of few rows streams its packed weights (matrix-vector); a depthwise convolution has
@@ -593,9 +644,12 @@ pub fn plan(graph: &Graph, kernel: &Kernel, host: &Host, always: bool) -> Option
                 } else {
                     let add = match shape {
                         // The pooling kernel adds nothing.
-                        Shape::Pool { .. } | Shape::Gather { .. } | Shape::Recurrent { .. } | Shape::Reduce { .. } | Shape::Softmax { .. } | Shape::Transpose { .. } => {
-                            return None
-                        }
+                        Shape::Pool { .. }
+                        | Shape::Gather { .. }
+                        | Shape::Recurrent { .. }
+                        | Shape::Reduce { .. }
+                        | Shape::Softmax { .. }
+                        | Shape::Transpose { .. } => return None,
                         Shape::Conv { .. } | Shape::ConvTranspose { .. } => channel_bias(graph, other, channels, out_dims.len())?,
                         Shape::Gemm { .. } => column_bias(graph, other, n)?,
                     };
@@ -655,7 +709,20 @@ pub fn plan(graph: &Graph, kernel: &Kernel, host: &Host, always: bool) -> Option
             (own.clamp(1, want), by_columns)
         }
     };
-    Some(Ukernel { shape, input, weight, epilogue: Epilogue { bias, residual, activation }, mr, kc, mc, nc, chunks, split_n, transposed })
+    Some(Ukernel {
+        shape,
+        input,
+        weight,
+        epilogue: Epilogue { bias, residual, activation },
+        mr,
+        kc,
+        mc,
+        nc,
+        chunks,
+        split_n,
+        transposed,
+        blocked: Blocked::default(),
+    })
 }
 
 /// The GEMM's cache blocks (KC, MC, NC) for a K, from the host's caches.
@@ -769,6 +836,7 @@ fn recurrent_plan(graph: &Graph, kernel: &Kernel, root: NodeId, r: &Rnn, host: &
         chunks: dirs,
         split_n: false,
         transposed: false,
+        blocked: Blocked::default(),
     })
 }
 
@@ -1032,6 +1100,15 @@ pub fn pack(graph: &Graph, kernel: &Kernel, u: &Ukernel) -> Result<Vec<u8>> {
     let (m, n, k) = u.mnk();
     let mut out: Vec<f32> = Vec::new();
     match u.shape {
+        // Depthwise, channel-blocked: [C/16, KH*KW, 16], each tap a vector of 16 channels.
+        Shape::Conv { c, .. } if u.depthwise() && u.blocked.output => {
+            out.resize(c * k, 0.0);
+            for ch in 0..c {
+                for t in 0..k {
+                    out[((ch / 16) * k + t) * 16 + ch % 16] = w[ch * k + t];
+                }
+            }
+        }
         // Depthwise: the weights as they are, [C, KH*KW].
         Shape::Conv { .. } if u.depthwise() => out = w,
         // Transposed: B[k, m] = W[m, k], in strips of NR output channels.
@@ -1056,7 +1133,12 @@ pub fn pack(graph: &Graph, kernel: &Kernel, u: &Ukernel) -> Result<Vec<u8>> {
                 }
             }
         }
-        Shape::Pool { .. } | Shape::Gather { .. } | Shape::Recurrent { .. } | Shape::Reduce { .. } | Shape::Softmax { .. } | Shape::Transpose { .. } => {}
+        Shape::Pool { .. }
+        | Shape::Gather { .. }
+        | Shape::Recurrent { .. }
+        | Shape::Reduce { .. }
+        | Shape::Softmax { .. }
+        | Shape::Transpose { .. } => {}
         // A[m, ci] = W[ci, m] (W is [Cin, Cout*KH*KW]), in strips of MR rows.
         Shape::ConvTranspose { .. } => {
             out.resize(m.div_ceil(u.mr) * k * u.mr, 0.0);
@@ -1321,7 +1403,12 @@ pub fn build<'c>(ctx: &'c Context, graph: &Graph, kernel: &Kernel, u: &Ukernel) 
             ]));
         }
         match &u.shape {
-            Shape::Pool { .. } | Shape::Gather { .. } | Shape::Recurrent { .. } | Shape::Reduce { .. } | Shape::Softmax { .. } | Shape::Transpose { .. } => {}
+            Shape::Pool { .. }
+            | Shape::Gather { .. }
+            | Shape::Recurrent { .. }
+            | Shape::Reduce { .. }
+            | Shape::Softmax { .. }
+            | Shape::Transpose { .. } => {}
             Shape::Conv { c, h, w, kh, kw, stride, dilation, pad, oh, ow, .. } if u.depthwise() => {
                 args.extend(ints(&[*c, *h, *w, *kh, *kw, stride[0], stride[1], dilation[0], dilation[1], pad[0], pad[1], *oh, *ow]));
             }
@@ -1340,7 +1427,8 @@ pub fn build<'c>(ctx: &'c Context, graph: &Graph, kernel: &Kernel, u: &Ukernel) 
             }
         }
         // (A gather and a recurrent layer have no epilogue.)
-        if !matches!(u.shape, Shape::Gather { .. } | Shape::Recurrent { .. } | Shape::Reduce { .. } | Shape::Softmax { .. } | Shape::Transpose { .. }) {
+        if !matches!(u.shape, Shape::Gather { .. } | Shape::Recurrent { .. } | Shape::Reduce { .. } | Shape::Softmax { .. } | Shape::Transpose { .. })
+        {
             args.push(c64(act));
             args.push(cf(lo));
             args.push(cf(hi));
@@ -1349,14 +1437,16 @@ pub fn build<'c>(ctx: &'c Context, graph: &Graph, kernel: &Kernel, u: &Ukernel) 
             // (Its blocks are among its sizes; its workgroups are its directions.)
         } else if matches!(u.shape, Shape::Gather { .. } | Shape::Reduce { .. } | Shape::Softmax { .. } | Shape::Transpose { .. }) {
             args.extend(ints(&[u.chunks]));
-        } else if u.depthwise() || matches!(u.shape, Shape::Pool { .. }) {
+        } else if u.depthwise() {
+            args.extend(ints(&[u.chunks, u.blocked.output as usize]));
+        } else if matches!(u.shape, Shape::Pool { .. }) {
             args.extend(ints(&[u.chunks]));
         } else if matches!(u.shape, Shape::ConvTranspose { .. }) {
             args.extend(ints(&[u.kc, u.mc, u.nc, u.chunks]));
         } else {
             args.extend(ints(&[u.kc, u.mc, u.nc, u.chunks, u.split_n as usize]));
             if matches!(u.shape, Shape::Conv { .. }) {
-                args.push(c64(u.transposed as i64));
+                args.extend(ints(&[u.transposed as usize, u.blocked.input as usize, u.blocked.output as usize]));
             }
         }
         args.push(wg_begin);
