@@ -31,8 +31,8 @@ pub fn decide(graph: &Graph, kernels: &[Kernel], plans: &[Option<Ukernel>]) -> B
             readers.entry(v).or_default().push(i);
         }
     }
-    let reads = |i: usize| plans[i].as_ref().filter(|u| u.blockable().0);
-    let writes = |i: usize| plans[i].as_ref().is_some_and(|u| u.blockable().1);
+    let reads = |i: usize| plans[i].as_ref().filter(|u| u.blockable().input);
+    let writes = |i: usize| plans[i].as_ref().is_some_and(|u| u.blockable().output);
     // Candidates: the single result of a convolution that can write it blocked, 4-D f32, not a
     // graph output, not viewed under another shape, read only by convolutions that can read it
     // blocked, as their input or their residual.

@@ -272,21 +272,21 @@ impl Ukernel {
         matches!(self.shape, Shape::Conv { c, m, group, .. } if group == c && group == m)
     }
 
-    /// Whether this convolution can read, and write, channel-blocked tensors: a pointwise one (1x1,
-    /// stride 1, no padding, one group) reads them with its input channels in whole blocks of 16
-    /// and writes them with its output channels so; a depthwise one whose taps fit the kernel's
-    /// registers does both or neither, in whole blocks.
-    pub fn blockable(&self) -> (bool, bool) {
+    /// Which of this convolution's tensors could be channel-blocked: a pointwise one (1x1, stride
+    /// 1, no padding, one group) reads its input so when its input channels are whole blocks of
+    /// 16, and writes its result so when its output channels are; a depthwise one whose taps fit
+    /// the kernel's registers does both or neither, in whole blocks.
+    pub fn blockable(&self) -> Blocked {
         match self.shape {
             Shape::Conv { c, m, group, h, w, kh, kw, stride, pad, oh, ow, .. } => {
                 if group == 1 && kh == 1 && kw == 1 && stride == [1, 1] && pad == [0, 0] && (oh, ow) == (h, w) {
-                    (c % 16 == 0, m % 16 == 0)
+                    Blocked { input: c % 16 == 0, output: m % 16 == 0 }
                 } else {
                     let depthwise = self.depthwise() && kh * kw <= 64 && c % 16 == 0;
-                    (depthwise, depthwise)
+                    Blocked { input: depthwise, output: depthwise }
                 }
             }
-            _ => (false, false),
+            _ => Blocked::default(),
         }
     }
 
