@@ -116,7 +116,8 @@ fn a_strided_dilated_stem_with_padding() {
 #[test]
 fn grouped_and_depthwise_convolutions() {
     // ResNeXt-style groups of 8 channels; depthwise 3x3 at strides 1 and 2, 5x5 with dilation,
-    // and rows that are not a multiple of the 16-lane vector.
+    // and rows that are not a multiple of the 16-lane vector; channels regrouped in blocks of 16
+    // with a part block left (24, 40), and a 9x9 window too wide to regroup (rows of vectors).
     let (g, x) = conv_graph(&[1, 32, 9, 9], &[32, 8, 3, 3], ConvOptions { pad: 1, group: 4, ..ConvOptions::default() }, true);
     check(&g, &x, 1);
     for (x, w, o) in [
@@ -124,9 +125,14 @@ fn grouped_and_depthwise_convolutions() {
         ([2, 16, 23, 18], [16, 1, 3, 3], ConvOptions { stride: 2, pad: 1, group: 16, ..ConvOptions::default() }),
         ([1, 8, 20, 37], [8, 1, 5, 5], ConvOptions { pad: 3, dilation: 2, group: 8, ..ConvOptions::default() }),
         ([1, 8, 20, 37], [8, 1, 3, 3], ConvOptions { stride: 3, group: 8, ..ConvOptions::default() }),
+        ([1, 40, 7, 7], [40, 1, 3, 3], ConvOptions { pad: 1, group: 40, ..ConvOptions::default() }),
+        ([2, 40, 14, 14], [40, 1, 5, 5], ConvOptions { stride: 2, pad: 2, group: 40, ..ConvOptions::default() }),
+        ([1, 16, 12, 12], [16, 1, 9, 9], ConvOptions { pad: 4, group: 16, ..ConvOptions::default() }),
     ] {
         let (g, inputs) = conv_graph(&x, &w, o, true);
-        assert!(schedule(&g, Some(true)).contains("depthwise conv"));
+        let s = schedule(&g, Some(true));
+        assert!(s.contains("depthwise conv"));
+        assert_eq!(s.contains("along each row"), w[2] * w[3] > 64, "{s}");
         check(&g, &inputs, 1);
     }
     // A depthwise convolution with a residual add and a clip (MobileNet's form).

@@ -225,6 +225,28 @@ pub struct Ukernel {
     pub blocked: Blocked,
 }
 
+/// How a depthwise convolution's kernel holds its channels (see `Ukernel::depthwise_form`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DepthwiseForm {
+    /// NCHW in and out: vectors of 16 positions along each row.
+    Rows,
+    /// Channel-blocked tensors in and out: vectors of 16 channels of one position.
+    Blocked,
+    /// NCHW in and out, each 16 channels regrouped in the kernel into blocked scratch and back.
+    Regrouped,
+}
+
+impl DepthwiseForm {
+    /// The kernel's `form` argument.
+    fn code(self) -> usize {
+        match self {
+            DepthwiseForm::Rows => 0,
+            DepthwiseForm::Blocked => 1,
+            DepthwiseForm::Regrouped => 2,
+        }
+    }
+}
+
 /// Which of a convolution's tensors are channel-blocked (see `Ukernel::blocked`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Blocked {
@@ -287,6 +309,25 @@ impl Ukernel {
                 }
             }
             _ => Blocked::default(),
+        }
+    }
+
+    /// A depthwise convolution's form: blocked where `layout::decide` blocked its tensors, else
+    /// regrouped where its taps fit the registers, else rows. Regrouping costs two transposes a
+    /// position and pays them back on every shape measured (7x7 to 112x112, 3x3 and 5x5, strides
+    /// 1 and 2, 1 thread): rows of vectors leave lanes idle where rows are short, clip taps at
+    /// their edges and discard half of each load at stride 2 (3x3/2 on 960 channels of 7x7:
+    /// 0.065 -> 0.014 ms; 3x3 on 32 channels of 112x112, rows' best case: a tie).
+    pub fn depthwise_form(&self) -> Option<DepthwiseForm> {
+        let Shape::Conv { kh, kw, .. } = self.shape else { return None };
+        if !self.depthwise() {
+            None
+        } else if self.blocked.output {
+            Some(DepthwiseForm::Blocked)
+        } else if kh * kw <= 64 {
+            Some(DepthwiseForm::Regrouped)
+        } else {
+            Some(DepthwiseForm::Rows)
         }
     }
 
@@ -370,11 +411,12 @@ impl fmt::Display for Ukernel {
         if let Shape::Pool { kh, .. } = self.shape {
             writeln!(f, "separable: each input row reduced along it once (from a padded row buffer), then {kh} row results per output vector; bands of 8 output rows")?;
             writeln!(f, "workgroups: {} ({} channel chunk(s) per image)", self.workgroups(), self.chunks)?;
-        } else if self.depthwise() && self.blocked.output {
-            writeln!(f, "channel-blocked (NCHW16c) in and out: vectors of 16 channels of one position, one FMA a tap, 4 positions at a time")?;
-            writeln!(f, "workgroups: {} ({} channel chunk(s) per image)", self.workgroups(), self.chunks)?;
-        } else if self.depthwise() {
-            writeln!(f, "vectors of 16 outputs along each row, one FMA a tap; the plane copied once, zero-padded")?;
+        } else if let Some(form) = self.depthwise_form() {
+            writeln!(f, "{}", match form {
+                DepthwiseForm::Blocked => "channel-blocked (NCHW16c) in and out: vectors of 16 channels of one position, one FMA a tap, 4 positions at a time",
+                DepthwiseForm::Rows => "vectors of 16 outputs along each row, one FMA a tap; the plane copied once, zero-padded",
+                DepthwiseForm::Regrouped => "each 16 channels regrouped through 16x16 transposes into vectors of 16 channels of one position, one FMA a tap, 4 positions at a time, and back",
+            })?;
             writeln!(f, "workgroups: {} ({} channel chunk(s) per image)", self.workgroups(), self.chunks)?;
         } else {
             let b = match self.shape {
@@ -687,7 +729,10 @@ pub fn plan(graph: &Graph, kernel: &Kernel, host: &Host, always: bool) -> Option
     let (chunks, split_n) = if images >= target {
         (1, true)
     } else if depthwise {
-        (target.div_ceil(images).min(channels), false)
+        // Whole blocks of 16 channels (as the blocked and regrouped forms take them), up to 16
+        // chunks, so threads claiming them share the work evenly: 4 chunks of 6 blocks were 2,
+        // 2, 2 and none, one thread's work twice the other's at 2 threads.
+        (channels.div_ceil(16).clamp(1, 16), false)
     } else if transposed {
         // Each chunk packs all of A (the im2col of the image) again: 2 chunks, not 4 (3x3 by 512
         // channels on 7x7, 2 threads: 1.59 -> 1.36 ms).
@@ -1100,9 +1145,10 @@ pub fn pack(graph: &Graph, kernel: &Kernel, u: &Ukernel) -> Result<Vec<u8>> {
     let (m, n, k) = u.mnk();
     let mut out: Vec<f32> = Vec::new();
     match u.shape {
-        // Depthwise, channel-blocked: [C/16, KH*KW, 16], each tap a vector of 16 channels.
-        Shape::Conv { c, .. } if u.depthwise() && u.blocked.output => {
-            out.resize(c * k, 0.0);
+        // Depthwise, channel-blocked or regrouped: [C/16, KH*KW, 16], each tap a vector of 16
+        // channels (the last padded with zeros).
+        Shape::Conv { c, .. } if u.depthwise_form().is_some_and(|f| f != DepthwiseForm::Rows) => {
+            out.resize(c.div_ceil(16) * 16 * k, 0.0);
             for ch in 0..c {
                 for t in 0..k {
                     out[((ch / 16) * k + t) * 16 + ch % 16] = w[ch * k + t];
@@ -1170,6 +1216,7 @@ pub fn pack(graph: &Graph, kernel: &Kernel, u: &Ukernel) -> Result<Vec<u8>> {
 fn packed_floats(u: &Ukernel) -> usize {
     let (m, n, k) = u.mnk();
     match u.shape {
+        Shape::Conv { c, .. } if u.depthwise_form().is_some_and(|f| f != DepthwiseForm::Rows) => c.div_ceil(16) * 16 * k,
         Shape::Conv { c, .. } if u.depthwise() => c * k,
         Shape::Conv { m: channels, .. } if u.transposed => channels.div_ceil(NR) * k * NR,
         Shape::Conv { group, .. } => group * m.div_ceil(u.mr) * k * u.mr,
@@ -1438,7 +1485,7 @@ pub fn build<'c>(ctx: &'c Context, graph: &Graph, kernel: &Kernel, u: &Ukernel) 
         } else if matches!(u.shape, Shape::Gather { .. } | Shape::Reduce { .. } | Shape::Softmax { .. } | Shape::Transpose { .. }) {
             args.extend(ints(&[u.chunks]));
         } else if u.depthwise() {
-            args.extend(ints(&[u.chunks, u.blocked.output as usize]));
+            args.extend(ints(&[u.chunks, u.depthwise_form().map_or(0, DepthwiseForm::code)]));
         } else if matches!(u.shape, Shape::Pool { .. }) {
             args.extend(ints(&[u.chunks]));
         } else if matches!(u.shape, Shape::ConvTranspose { .. }) {
