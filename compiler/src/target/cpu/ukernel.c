@@ -1001,7 +1001,7 @@ static inline __attribute__((always_inline)) void dw_blocked_run(int R, v16 *acc
  * the image's width (a 7x7 plane wastes 9 of 16 lanes along rows) and every load is aligned.
  * Outputs whose window lies inside the row go 4 at a time (4 FMA chains), the others one at a
  * time with their taps clipped; rows clip their taps to the rows the input has. */
-static void dw_blocked_block(const float *xb, const v16 *wv, v16 bv, const float *rb, float *yb, int64_t H, int64_t W, int64_t KH,
+static inline __attribute__((always_inline)) void dw_blocked_block(const float *xb, const v16 *wv, v16 bv, const float *rb, float *yb, int64_t H, int64_t W, int64_t KH,
                              int64_t KW, int64_t SH, int64_t SW, int64_t DH, int64_t DW, int64_t PH, int64_t PW, int64_t OH, int64_t OW,
                              const Epilogue *e) {
     /* Columns [ow_a, ow_b) read no padding: ow * SW >= PW and ow * SW - PW + (KW - 1) * DW < W. */
@@ -1052,12 +1052,18 @@ static void depthwise_blocked(const float *x, const float *wb, const float *bias
                               int64_t KH, int64_t KW, int64_t SH, int64_t SW, int64_t DH, int64_t DW, int64_t PH, int64_t PW,
                               int64_t OH, int64_t OW, int64_t c0, int64_t c1, const Epilogue *e) {
     int64_t T = KH * KW;
+    /* A local copy: stores through y cannot change it, so its fields stay in registers. */
+    Epilogue ep = *e;
     for (int64_t cb = c0 / 16; cb < c1 / 16; cb++) {
         v16 wv[64];
         for (int64_t t = 0; t < T; t++) wv[t] = load16(wb + (cb * T + t) * 16);
         v16 bv = bias ? load16(bias + cb * 16) : splat(0.0f);
-        dw_blocked_block(x + cb * H * W * 16, wv, bv, res ? res + cb * OH * OW * 16 : NULL, y + cb * OH * OW * 16, H, W, KH, KW, SH, SW, DH,
-                         DW, PH, PW, OH, OW, e);
+        const float *xb = x + cb * H * W * 16, *rb = res ? res + cb * OH * OW * 16 : NULL;
+        float *yb = y + cb * OH * OW * 16;
+        /* The usual windows with their sizes constant, as depthwise_regrouped has them. */
+        if (KH == 3 && KW == 3) dw_blocked_block(xb, wv, bv, rb, yb, H, W, 3, 3, SH, SW, DH, DW, PH, PW, OH, OW, &ep);
+        else if (KH == 5 && KW == 5) dw_blocked_block(xb, wv, bv, rb, yb, H, W, 5, 5, SH, SW, DH, DW, PH, PW, OH, OW, &ep);
+        else dw_blocked_block(xb, wv, bv, rb, yb, H, W, KH, KW, SH, SW, DH, DW, PH, PW, OH, OW, &ep);
     }
 }
 
