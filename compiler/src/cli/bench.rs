@@ -60,13 +60,15 @@ pub fn run(args: &Args) -> Result<()> {
     let model = load_model(&args.model)?;
     let mut given = read_inputs(&args.inputs)?;
     let shapes = parse_shapes(&args.input_shapes)?;
-    // Random inputs of the declared types for those not given.
+    // Random inputs of the declared types for those not given; a given one's sizes come from
+    // its file (and bind the symbols it is declared with).
     let declared: Vec<(String, kiln_ir::DType, Vec<usize>)> = match &model {
         Model::Artifact(a) => {
             a.manifest.inputs.iter().map(|t| (t.name.clone(), kiln_ir::DType::from_name(&t.dtype).expect("validated"), t.dims.clone())).collect()
         }
         Model::Graph(g) => graph_input_types(g)
             .into_iter()
+            .filter(|(n, _)| !given.iter().any(|(g, _)| g == n))
             .map(|(n, t)| {
                 let dims = match (shapes.get(&n), t.shape.as_fixed()) {
                     (Some(d), _) => d.clone(),

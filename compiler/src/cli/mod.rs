@@ -47,7 +47,27 @@ enum Command {
 
 /// Runs the CLI on the process arguments; returns the exit code.
 pub fn main() -> i32 {
-    let cli = Cli::parse();
+    run_cli(Cli::parse())
+}
+
+/// Runs the CLI on `args` (the first is the program's name), as the `kiln` binary would, in
+/// this process: for tests of what a command accepts. A usage error is printed and gives 2, as
+/// clap's own exit would.
+pub fn main_with<I, T>(args: I) -> i32
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    match Cli::try_parse_from(args) {
+        Ok(cli) => run_cli(cli),
+        Err(e) => {
+            let _ = e.print();
+            e.exit_code()
+        }
+    }
+}
+
+fn run_cli(cli: Cli) -> i32 {
     let result = match cli.command {
         _ if cli.version => {
             println!("{}", crate::toolchain::version_report());

@@ -333,9 +333,10 @@ fn value_type(v: &proto::ValueInfoProto) -> std::result::Result<TensorType, Stri
                             use proto::tensor_shape_proto::dimension::Value;
                             match &d.value {
                                 Some(Value::DimValue(n)) if *n >= 0 => Ok(Dim::Fixed(*n as usize)),
-                                Some(Value::DimValue(n)) => Err(format!("the negative dimension {n} is invalid")),
                                 Some(Value::DimParam(p)) if !p.is_empty() && p != "?" => Ok(Dim::sym(p)),
-                                _ => Ok(Dim::sym(&format!("{name}_d{i}"))),
+                                // Unnamed, missing, or negative: Paddle2ONNX and some TF exporters
+                                // write -1 for "dynamic", and onnxruntime runs such models.
+                                Some(Value::DimValue(_)) | Some(Value::DimParam(_)) | None => Ok(Dim::sym(&format!("{name}_d{i}"))),
                             }
                         })
                         .collect::<std::result::Result<_, String>>()?,

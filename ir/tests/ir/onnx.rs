@@ -109,6 +109,22 @@ fn symbolic_and_unnamed_dimensions_become_symbols() {
 }
 
 #[test]
+fn negative_dimensions_of_inputs_are_symbols() {
+    // Paddle2ONNX and some TF exporters declare a dynamic size as -1 (and onnxruntime runs it).
+    let bytes = model(
+        17,
+        vec![node("Relu", "r", &["x"], &["y"], vec![])],
+        vec![ValueInfoProto { name: Some("x".into()), r#type: Some(tensor_type(data_type::FLOAT, &[Some(-1), Some(3), Some(-1)], &[])) }],
+        vec![value("y", data_type::FLOAT, &[])],
+        vec![],
+    );
+    let m = load(&bytes).unwrap();
+    assert_eq!(m.graph.node(m.graph.inputs()[0]).outputs[0].to_string(), "f32[x_d0,3,x_d2]");
+    let y = eval::run(&m.graph, &[Tensor::zeros(DType::F32, &[2, 3, 7])]).unwrap();
+    assert_eq!(y[0].dims(), &[2, 3, 7]);
+}
+
+#[test]
 fn every_unsupported_op_is_reported_at_once() {
     let bytes = model(
         17,
