@@ -223,6 +223,8 @@ fn max_and_average_pooling() {
         (vec![1, 16, 29, 31], PoolKind::Average { count_include_pad: false }, vec![3, 3], vec![2, 2], vec![1, 1, 1, 1], vec![1, 1], false),
         // The windows with copies of their own (sizes constant): 2x2/2 and 3x3/1.
         (vec![1, 16, 20, 35], PoolKind::Max, vec![2, 2], vec![2, 2], vec![0; 4], vec![1, 1], false),
+        (vec![2, 8, 9, 37], PoolKind::Average { count_include_pad: false }, vec![2, 2], vec![2, 2], vec![0; 4], vec![1, 1], false),
+        (vec![1, 8, 9, 37], PoolKind::Max, vec![2, 2], vec![2, 2], vec![0; 4], vec![1, 1], true),
         (vec![1, 8, 19, 23], PoolKind::Average { count_include_pad: false }, vec![3, 3], vec![1, 1], vec![1, 1, 1, 1], vec![1, 1], false),
     ];
     for (x, kind, kernel, strides, pads, dilations, ceil_mode) in cases {
@@ -235,6 +237,25 @@ fn max_and_average_pooling() {
         let g = g.build().unwrap();
         assert!(schedule(&g, Some(true)).contains("pooling"));
         check(&g, &[Tensor::random(DType::F32, &x, 29)], 1);
+    }
+    // A 2x2/2 max pool gives NaN exactly where a window holds one (ONNX's max propagates it).
+    let g = GraphBuilder::new("pool_nan");
+    let xi = g.input("x", DType::F32, [1, 2, 6, 40]);
+    let window = Window { strides: vec![2, 2], dilations: vec![1, 1], pads: vec![0; 4], auto_pad: AutoPad::NotSet };
+    let op = Op::Pool(Pool { kind: PoolKind::Max, kernel: vec![2, 2], window, ceil_mode: false, column_major_indices: false });
+    let y = g.apply(op, &[Some(xi)], 1)[0];
+    g.output("y", y);
+    let g = g.build().unwrap();
+    let mut v = Tensor::random(DType::F32, &[1, 2, 6, 40], 30).to_f64s();
+    for i in [0, 43, 77, 250, 333, 479] {
+        v[i] = f64::NAN;
+    }
+    let x = Tensor::from_f64s(DType::F32, &[1, 2, 6, 40], &v).unwrap();
+    let want = eval::run(&g, std::slice::from_ref(&x)).unwrap()[0].to_f64s();
+    let got = jit(&g, &options(Some(true)), &LoadOptions::default()).unwrap().run(&[x]).unwrap()[0].to_f64s();
+    assert_eq!(want.iter().filter(|w| w.is_nan()).count(), 6);
+    for (j, (a, b)) in got.iter().zip(&want).enumerate() {
+        assert!(a.is_nan() == b.is_nan() && (a.is_nan() || a == b), "element {j}: compiled {a}, interpreter {b}");
     }
 }
 

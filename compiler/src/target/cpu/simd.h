@@ -46,8 +46,9 @@ static inline void copy_floats(float *dst, const float *src, int64_t n) {
     if (i < n) store16_n(dst + i, load16_n(src + i, n - i), n - i);
 }
 
-/* The even lanes of the 32 lanes a, b: 16 consecutive elements of a stride-2 run. */
+/* The even (odd) lanes of the 32 lanes a, b: 16 consecutive elements of a stride-2 run. */
 static inline v16 evens(v16 a, v16 b) { return __builtin_shufflevector(a, b, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30); }
+static inline v16 odds(v16 a, v16 b) { return __builtin_shufflevector(a, b, 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31); }
 
 /* dst[j] = src[2 * j] for j < n: a stride-2 row split into its even phase (odd: pass src + 1).
  * Reads src[0 .. 2 * (n - 1)] only, so a row at the end of a tensor is safe: a whole pair of
