@@ -959,6 +959,62 @@ static void pool2x2s2(const float *x, float *y, int64_t C, int64_t H, int64_t W,
     }
 }
 
+/* A 3x3 stride-2 max pool with at most one column and row of padding before (ResNet's stem
+ * pool): per output row the max of its (up to) three input rows into a row buffer, whole
+ * vectors along the row, then per 16 outputs the max of the buffer's even and odd lanes and the
+ * even lanes two further on. The buffer's left pad and its tail past the row are -inf, filled
+ * once. NaN where a window holds one. (64 channels of 112x112, 1 thread: 0.30 -> 0.12 ms.) */
+static void maxpool3x3s2(const float *x, float *y, int64_t C, int64_t H, int64_t W, int64_t PH, int64_t PW, int64_t OH, int64_t OW,
+                         int64_t act, float lo, float hi, int64_t chunks, int64_t wg_begin, int64_t wg_end) {
+    Epilogue e = epilogue_of(NULL, NULL, NULL, 0, act, lo, hi);
+    v16 nan = splat(__builtin_nanf("")), ninf = splat(-__builtin_inff());
+    int64_t lanes = (OW + 15) / 16 * 16;
+    /* Window j reads buf[2j .. 2j + 2]; a block of 16 loads buf[2 ow .. 2 ow + 34). */
+    int64_t len = 2 * lanes + 48;
+    if (len < PW + W + 16) len = PW + W + 16;
+    float *buf = scratch(0, (size_t)len);
+    if (!buf) abort();
+    for (int64_t i = 0; i < len; i++) buf[i] = -__builtin_inff();
+    for (int64_t u = wg_begin; u < wg_end; u++) {
+        int64_t img = u / chunks, q = u % chunks, c0, c1;
+        chunk_range(C, 1, chunks, q, &c0, &c1);
+        for (int64_t c = c0; c < c1; c++) {
+            const float *plane = x + (img * C + c) * H * W;
+            float *yc = y + (img * C + c) * OH * OW;
+            for (int64_t oh = 0; oh < OH; oh++) {
+                int64_t r0 = 2 * oh - PH, r1 = r0 + 3;
+                if (r0 < 0) r0 = 0;
+                if (r1 > H) r1 = H;
+                /* Vertical: the rows' max, NaN where any is. */
+                for (int64_t iw = 0; iw < W; iw += 16) {
+                    int64_t n = W - iw < 16 ? W - iw : 16;
+                    v16 v = ninf;
+                    v16i bad = (v16i){0};
+                    for (int64_t r = r0; r < r1; r++) {
+                        v16 t = n == 16 ? load16(plane + r * W + iw) : load16_n(plane + r * W + iw, n);
+                        v = vmax(t, v);
+                        bad |= t != t;
+                    }
+                    v = select_where(bad, nan, v);
+                    if (n == 16) store16(buf + PW + iw, v);
+                    else store16_n(buf + PW + iw, v, n);
+                }
+                /* Horizontal: taps 2j, 2j + 1, 2j + 2 of the buffer. */
+                for (int64_t ow = 0; ow < OW; ow += 16) {
+                    const float *p = buf + 2 * ow;
+                    v16 a = load16(p), b = load16(p + 16), c2 = load16(p + 2), d = load16(p + 18);
+                    v16 t0 = evens(a, b), t1 = odds(a, b), t2 = evens(c2, d);
+                    v16 v = vmax(t2, vmax(t1, t0));
+                    v = select_where((t0 != t0) | (t1 != t1) | (t2 != t2), nan, v);
+                    int64_t n = OW - ow < 16 ? OW - ow : 16;
+                    if (n == 16) store16(yc + oh * OW + ow, finish(v, &e, 0, 0));
+                    else store16_n(yc + oh * OW + ow, finish(v, &e, 0, 0), n);
+                }
+            }
+        }
+    }
+}
+
 /* The pooling entry point: the usual windows get copies of pool2d with their sizes constant, so
  * the tap loops unroll (3x3/2 max pool on 64x112x112, 1 thread: 0.30 -> 0.21 ms); any
  * other window takes the general copy. */
@@ -972,6 +1028,11 @@ void kiln_uk_pool2d(int64_t x_, int64_t y_, int64_t C, int64_t H, int64_t W, int
     pool2d(x, y, C, H, W, kh, kw, sh, sw, 1, 1, PH, PW, PH_end, PW_end, OH, OW, kind, act, lo, hi, chunks, wg_begin, wg_end)
     if (unit && KH == 2 && KW == 2 && SH == 2 && SW == 2 && PH == 0 && PW == 0 && PH_end == 0 && PW_end == 0 && 2 * OH <= H && 2 * OW <= W) {
         pool2x2s2(x, y, C, H, W, OH, OW, kind, act, lo, hi, chunks, wg_begin, wg_end);
+        return;
+    }
+    if (unit && kind == 0 && KH == 3 && KW == 3 && SH == 2 && SW == 2 && PH <= 1 && PW <= 1 && 2 * (OH - 1) - PH < H &&
+        2 * (OW - 1) - PW < W) {
+        maxpool3x3s2(x, y, C, H, W, PH, PW, OH, OW, act, lo, hi, chunks, wg_begin, wg_end);
         return;
     }
     if (unit && KH == 3 && KW == 3 && SH == 2 && SW == 2) POOL2D(3, 3, 2, 2);
