@@ -625,6 +625,8 @@ void kiln_uk_conv2d(int64_t x_, int64_t wp_, int64_t bias_, int64_t res_, int64_
     int64_t N = OH * OW, K = Cg * KH * KW;
     int64_t a_group = (Mg + MR - 1) / MR * K * MR;
     Blocking bl = {kc, mc, nc};
+    /* 1x1, stride 1, no padding: the input is the matrix [C, H*W] as it is. */
+    int pointwise = KH == 1 && KW == 1 && SH == 1 && SW == 1 && PH == 0 && PW == 0 && OH == H && OW == W;
     if (transposed || out_blocked) {
         /* Few output positions, many channels (a 7x7 image), or a pointwise convolution between
          * channel-blocked (NCHW16c) tensors: C^T[N, M] = im2col(x)^T[N, K] * W^T[K, M], the
@@ -643,8 +645,8 @@ void kiln_uk_conv2d(int64_t x_, int64_t wp_, int64_t bias_, int64_t res_, int64_
                 A.a = g.x;
                 A.plane = N * 16;
                 A.im2col = NULL;
-            } else if (KH == 1 && KW == 1 && SH == 1 && SW == 1 && PH == 0 && PW == 0 && OH == H && OW == W) {
-                /* Pointwise: A[n, c] = x[c, n], a strided read, no offsets to compute. */
+            } else if (pointwise) {
+                /* A[n, c] = x[c, n], a strided read, no offsets to compute. */
                 A.a = g.x;
                 A.lda = 1;
                 A.ka = H * W;
@@ -689,8 +691,8 @@ void kiln_uk_conv2d(int64_t x_, int64_t wp_, int64_t bias_, int64_t res_, int64_
                 B.b = g.x;
                 B.plane = N * 16;
                 B.im2col = NULL;
-            } else if (KH == 1 && KW == 1 && SH == 1 && SW == 1 && PH == 0 && PW == 0 && OH == H && OW == W) {
-                /* A pointwise convolution reads its input as the matrix B[C, H*W] as it is. */
+            } else if (pointwise) {
+                /* B[C, H*W] is the input as it is. */
                 B.b = g.x;
                 B.ldb = H * W;
                 B.jb = 1;
@@ -1246,9 +1248,11 @@ static void depthwise_regrouped(const float *x, const float *wb, const float *bi
 #pragma GCC unroll 16
             for (int l = 0; l < 16; l++) r[l] = l < nc ? load16_n(xc + l * P + p, n) : splat(0.0f);
             transpose16(r);
+            /* Position p + j is at (ih, iw) of the input: one division a block, not a position. */
+            int64_t ih = p / W, iw = p % W;
             for (int64_t j = 0; j < n; j++) {
-                int64_t ih = (p + j) / W, iw = (p + j) % W;
                 store16(xb + ((ih + PH) * Wp + iw + PW) * 16, r[j]);
+                if (++iw == W) iw = 0, ih++;
             }
         }
         v16 wv[64];

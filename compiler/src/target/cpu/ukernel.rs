@@ -121,7 +121,7 @@ pub enum State {
 pub enum Shape {
     /// Per image: C[m, oh*ow] = W[m, c*kh*kw] * im2col(x).
     /// Groups one after another; a depthwise convolution (one input and output channel a group)
-    /// takes its own kernel, vectorised along output rows.
+    /// takes its own kernel, in the form `Ukernel::depthwise_form` gives.
     Conv {
         batch: usize,
         c: usize,
@@ -247,6 +247,37 @@ impl DepthwiseForm {
     }
 }
 
+impl Shape {
+    /// (M, N, K) of the GEMM (per image for a convolution).
+    pub fn mnk(&self) -> (usize, usize, usize) {
+        match *self {
+            Shape::Conv { c, m, group, kh, kw, oh, ow, .. } => (m / group, oh * ow, c / group * kh * kw),
+            Shape::Gemm { m, n, k, .. } => (m, n, k),
+            Shape::ConvTranspose { cin, h, w, cout, kh, kw, .. } => (cout * kh * kw, h * w, cin),
+            Shape::Pool { kh, kw, oh, ow, .. } => (1, oh * ow, kh * kw),
+            Shape::Gather { n_idx, row_bytes, .. } => (n_idx, row_bytes, 1),
+            Shape::Reduce { outer, reduced, inner, .. } => (outer, inner, reduced),
+            Shape::Softmax { rows, cols, .. } => (rows, cols, 1),
+            Shape::Transpose { batch, rows, cols } => (batch * rows, cols, 1),
+            // The input projection's GEMM.
+            Shape::Recurrent { cell, seq, batch, input, hidden, .. } => (seq * batch, gates(cell) * hidden, input),
+        }
+    }
+
+    /// One input and one output channel a group.
+    pub fn depthwise(&self) -> bool {
+        matches!(*self, Shape::Conv { c, m, group, .. } if group == c && group == m)
+    }
+
+    /// The images (or matrices) the kernel's work units are per.
+    fn images(&self) -> usize {
+        match *self {
+            Shape::Conv { batch, .. } | Shape::ConvTranspose { batch, .. } | Shape::Pool { batch, .. } | Shape::Transpose { batch, .. } => batch,
+            Shape::Gemm { .. } | Shape::Gather { .. } | Shape::Recurrent { .. } | Shape::Reduce { .. } | Shape::Softmax { .. } => 1,
+        }
+    }
+}
+
 /// Which of a convolution's tensors are channel-blocked (see `Ukernel::blocked`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Blocked {
@@ -276,22 +307,11 @@ impl Ukernel {
 
     /// (M, N, K) of the GEMM (per image for a convolution).
     pub fn mnk(&self) -> (usize, usize, usize) {
-        match self.shape {
-            Shape::Conv { c, m, group, kh, kw, oh, ow, .. } => (m / group, oh * ow, c / group * kh * kw),
-            Shape::Gemm { m, n, k, .. } => (m, n, k),
-            Shape::ConvTranspose { cin, h, w, cout, kh, kw, .. } => (cout * kh * kw, h * w, cin),
-            Shape::Pool { kh, kw, oh, ow, .. } => (1, oh * ow, kh * kw),
-            Shape::Gather { n_idx, row_bytes, .. } => (n_idx, row_bytes, 1),
-            Shape::Reduce { outer, reduced, inner, .. } => (outer, inner, reduced),
-            Shape::Softmax { rows, cols, .. } => (rows, cols, 1),
-            Shape::Transpose { batch, rows, cols } => (batch * rows, cols, 1),
-            // The input projection's GEMM.
-            Shape::Recurrent { cell, seq, batch, input, hidden, .. } => (seq * batch, gates(cell) * hidden, input),
-        }
+        self.shape.mnk()
     }
 
     pub fn depthwise(&self) -> bool {
-        matches!(self.shape, Shape::Conv { c, m, group, .. } if group == c && group == m)
+        self.shape.depthwise()
     }
 
     /// Which of this convolution's tensors could be channel-blocked: a pointwise one (1x1, stride
@@ -332,12 +352,7 @@ impl Ukernel {
     }
 
     pub fn workgroups(&self) -> u64 {
-        let images = match self.shape {
-            Shape::Conv { batch, .. } | Shape::ConvTranspose { batch, .. } | Shape::Pool { batch, .. } => batch,
-            Shape::Transpose { batch, .. } => batch,
-            Shape::Gemm { .. } | Shape::Gather { .. } | Shape::Recurrent { .. } | Shape::Reduce { .. } | Shape::Softmax { .. } => 1,
-        };
-        (images * self.chunks) as u64
+        (self.shape.images() * self.chunks) as u64
     }
 }
 
@@ -611,14 +626,11 @@ pub fn plan(graph: &Graph, kernel: &Kernel, host: &Host, always: bool) -> Option
     let out = kernel.outputs[0];
     let out_dims = dims(out)?;
     let (m, n, k) = match shape {
-        Shape::Conv { c, m, group, kh, kw, oh, ow, .. } => (m / group, oh * ow, c / group * kh * kw),
-        Shape::Gemm { m, n, k, .. } => (m, n, k),
-        Shape::ConvTranspose { cin, h, w, cout, kh, kw, .. } => (cout * kh * kw, h * w, cin),
-        Shape::Pool { kh, kw, oh, ow, .. } => (1, oh * ow, kh * kw),
+        Shape::Conv { .. } | Shape::Gemm { .. } | Shape::ConvTranspose { .. } | Shape::Pool { .. } => shape.mnk(),
         // (Planned by gather_plan and recurrent_plan.)
         Shape::Gather { .. } | Shape::Recurrent { .. } | Shape::Reduce { .. } | Shape::Softmax { .. } | Shape::Transpose { .. } => return None,
     };
-    let depthwise = matches!(shape, Shape::Conv { c, m, group, .. } if group == c && group == m);
+    let depthwise = shape.depthwise();
     let channels = match shape {
         Shape::Conv { m, .. } => m,
         Shape::ConvTranspose { cout, .. } => cout,
@@ -630,15 +642,7 @@ pub fn plan(graph: &Graph, kernel: &Kernel, host: &Host, always: bool) -> Option
         | Shape::Softmax { .. }
         | Shape::Transpose { .. } => 0,
     };
-    let images = match shape {
-        Shape::Conv { batch, .. } | Shape::ConvTranspose { batch, .. } | Shape::Pool { batch, .. } => batch,
-        Shape::Gemm { .. }
-        | Shape::Gather { .. }
-        | Shape::Recurrent { .. }
-        | Shape::Reduce { .. }
-        | Shape::Softmax { .. }
-        | Shape::Transpose { .. } => 1,
-    };
+    let images = shape.images();
     // Enough rows and columns to fill the register tiles, and enough work to pay for packing.
     // A GEMM of few rows streams its packed weights (matrix-vector); a depthwise convolution has
     // a kernel of its own; others need whole register tiles.
