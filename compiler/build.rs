@@ -1,5 +1,6 @@
 //! Builds the CPU microkernel (`src/target/cpu/ukernel.c`), the recurrent-layer kernel
-//! (`recurrent.c`), the reductions and softmax (`reduction.c`) and the transpose (`movement.c`) with the system C compiler, once per x86-64 instruction-set level, so that
+//! (`recurrent.c`), the reductions and softmax (`reduction.c`), the transpose (`movement.c`) and
+//! attention (`attention.c`) with the system C compiler, once per x86-64 instruction-set level, so that
 //! compiling a model needs no C compiler run of its own for them: the compiler links the objects
 //! for the host's level into each kernel library.
 //!   v4: AVX-512 (F, BW, DQ, VL), register tile 8 x 32
@@ -10,12 +11,13 @@ use std::path::PathBuf;
 use std::process::Command;
 
 fn main() {
-    // The microkernel, the recurrent-layer kernel, the row kernels and the transpose, one object each per level.
+    // The microkernel, the recurrent-layer kernel, the row kernels, the transpose and attention, one object each per level.
     let sources = [
         ("ukernel", "src/target/cpu/ukernel.c"),
         ("recurrent", "src/target/cpu/recurrent.c"),
         ("reduction", "src/target/cpu/reduction.c"),
         ("movement", "src/target/cpu/movement.c"),
+        ("attention", "src/target/cpu/attention.c"),
     ];
     for (_, src) in sources {
         println!("cargo:rerun-if-changed={src}");

@@ -111,8 +111,10 @@ pub fn partition(graph: &Graph) -> Result<Partition> {
             None => {
                 kernels.push(vec![id]);
                 deps.push(HashSet::new());
-                // Multi-result ops stay alone; everything else takes elementwise consumers.
-                open.push(node.outputs.len() == 1);
+                // Multi-result ops stay alone, and so does attention (on the CPU, where it
+                // reaches fusion, its kernel has no epilogue); everything else takes elementwise
+                // consumers.
+                open.push(node.outputs.len() == 1 && !matches!(node.op, Op::Attention(_)));
                 kernels.len() - 1
             }
         };

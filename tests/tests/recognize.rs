@@ -2,7 +2,7 @@
 //! runs on the interpreter before and after the pass (the rewrite must not change results) and
 //! compiled against the interpreter.
 
-use kiln_compiler::passes::recognize;
+use kiln_compiler::passes::{attention, recognize, simplify};
 use kiln_ir::builder::{GraphBuilder, Traced};
 use kiln_ir::{eval, BinaryOp, DType, Graph, Op, Tensor};
 
@@ -10,9 +10,15 @@ use crate::compile::check_against_eval;
 
 /// Runs the pass; returns the op names left in the graph (inputs and constants aside).
 fn recognized(graph: &Graph, inputs: &[Tensor]) -> Vec<&'static str> {
+    recognized_by(recognize::run, graph, inputs)
+}
+
+/// Runs `pass`, checks the rewritten graph against the original on the interpreter and the
+/// compiled graph against the interpreter; returns the op names left in the rewritten graph.
+fn recognized_by(pass: fn(&mut Graph) -> kiln_compiler::Result<bool>, graph: &Graph, inputs: &[Tensor]) -> Vec<&'static str> {
     let want = eval::run(graph, inputs).expect("the interpreter runs the graph");
     let mut g = graph.clone();
-    recognize::run(&mut g).expect("the pass runs");
+    pass(&mut g).expect("the pass runs");
     g.verify().expect("the rewritten graph is well-typed");
     let got = eval::run(&g, inputs).expect("the interpreter runs the rewritten graph");
     for (a, b) in got.iter().zip(&want) {
@@ -82,4 +88,77 @@ fn a_pattern_whose_parts_are_used_elsewhere_is_left() {
     g.output("y", d / (var + var.scalar(1e-5)).sqrt());
     let graph = g.build().unwrap();
     assert!(!recognized(&graph, &[Tensor::random(DType::F32, &[4, 16], 1)]).contains(&"LayerNormalization"));
+}
+
+/// Heads of a [b, s, h * d] tensor as [b, h, s, d] (or [b, h, d, s] for keys), as exporters
+/// write them: a Reshape and a Transpose.
+fn heads<'g>(x: Traced<'g>, b: i64, s: i64, h: i64, d: i64, keys: bool) -> Traced<'g> {
+    x.reshape(&[b, s, h, d]).transpose(if keys { &[0, 2, 3, 1] } else { &[0, 2, 1, 3] })
+}
+
+#[test]
+fn attention_on_heads_of_a_projection_is_one_op_reading_them_in_place() {
+    // GPT-style: Q, K, V split from one projection, heads moved out and back; 37 queries and
+    // keys (neither a whole number of 4-row steps nor of 32-key vectors), a causal mask of
+    // -inf, 2 images of 4 heads (enough work to split in chunks).
+    let (b, s, h, d) = (2usize, 37usize, 4usize, 16usize);
+    let g = GraphBuilder::new("gpt");
+    let qkv = g.input("qkv", DType::F32, [b, s, 3 * h * d]);
+    let parts = qkv.split(-1, &[(h * d) as i64; 3]);
+    let (bi, si, hi, di) = (b as i64, s as i64, h as i64, d as i64);
+    let (q, k, v) = (heads(parts[0], bi, si, hi, di, false), heads(parts[1], bi, si, hi, di, true), heads(parts[2], bi, si, hi, di, false));
+    let causal: Vec<f32> = (0..s * s).map(|i| if i % s > i / s { f32::NEG_INFINITY } else { 0.0 }).collect();
+    let mask = g.constant("mask", Tensor::from_slice(&[s, s], &causal).unwrap());
+    let scores = q.matmul(k) / q.scalar((d as f64).sqrt()) + mask;
+    let y = scores.softmax(-1).matmul(v).transpose(&[0, 2, 1, 3]).reshape(&[bi, si, hi * di]);
+    g.output("y", y);
+    let graph = g.build().unwrap();
+    let ops = recognized_by(attention::run, &graph, &[Tensor::random(DType::F32, &[b, s, 3 * h * d], 1)]);
+    assert_eq!(ops, vec!["Split", "Attention"], "the head transposes, both MatMuls and the Softmax go");
+    // The constant causal mask became the causal flag; the kernel reads the heads in place.
+    let o = kiln_compiler::Options { cache: false, ..Default::default() };
+    insta::assert_snapshot!("attention_schedule", kiln_compiler::compile(&graph, &o, true).expect("compiles").stages.schedule);
+}
+
+#[test]
+fn attention_on_four_dimensional_heads_with_a_broadcast_mask_is_one_op() {
+    // BERT-style padding mask [b, 1, 1, keys] as an input, the scale as a Mul, V's head size
+    // (40) not a whole number of vectors; and the same without a mask.
+    for masked in [true, false] {
+        let g = GraphBuilder::new("bert");
+        let q = g.input("q", DType::F32, [1, 2, 20, 24]);
+        let k = g.input("k", DType::F32, [1, 2, 20, 24]);
+        let v = g.input("v", DType::F32, [1, 2, 20, 40]);
+        let mut scores = q.matmul(k.transpose(&[0, 1, 3, 2])) * q.scalar(0.2);
+        let mut inputs = vec![
+            Tensor::random(DType::F32, &[1, 2, 20, 24], 1),
+            Tensor::random(DType::F32, &[1, 2, 20, 24], 2),
+            Tensor::random(DType::F32, &[1, 2, 20, 40], 3),
+        ];
+        if masked {
+            scores = scores + g.input("mask", DType::F32, [1, 1, 1, 20]);
+            let pad: Vec<f32> = (0..20).map(|j| if j >= 15 { -10000.0 } else { 0.0 }).collect();
+            inputs.push(Tensor::from_slice(&[1, 1, 1, 20], &pad).unwrap());
+        }
+        g.output("y", scores.softmax(-1).matmul(v));
+        let graph = g.build().unwrap();
+        // K = Transpose(K^T) cancels K^T's own transpose once simplified: the kernel reads K.
+        let then_simplify = |g: &mut Graph| -> kiln_compiler::Result<bool> { Ok(attention::run(g)? | simplify::run(g)?) };
+        assert_eq!(recognized_by(then_simplify, &graph, &inputs), vec!["Attention"], "masked {masked}");
+    }
+}
+
+#[test]
+fn attention_whose_probabilities_are_also_an_output_is_left() {
+    let g = GraphBuilder::new("probs");
+    let q = g.input("q", DType::F32, [1, 2, 8, 16]);
+    let kt = g.input("kt", DType::F32, [1, 2, 16, 8]);
+    let v = g.input("v", DType::F32, [1, 2, 8, 16]);
+    let p = q.matmul(kt).softmax(-1);
+    g.output("y", p.matmul(v));
+    g.output("p", p);
+    let graph = g.build().unwrap();
+    let inputs =
+        [Tensor::random(DType::F32, &[1, 2, 8, 16], 1), Tensor::random(DType::F32, &[1, 2, 16, 8], 2), Tensor::random(DType::F32, &[1, 2, 8, 16], 3)];
+    assert!(!recognized_by(attention::run, &graph, &inputs).contains(&"Attention"));
 }

@@ -4,7 +4,8 @@
 //! - `Rnn` (RNN, GRU, LSTM) is unrolled over its sequence: one Gemm per gate for the whole input
 //!   sequence, then per step a Gemm per gate on the state and elementwise gate arithmetic
 //!   (`rnn.rs`). On the CPU, layers its recurrent kernel runs whole stay (`run_for_cpu`).
-//! - `Attention` becomes MatMul / Softmax / elementwise (`attention.rs`).
+//! - `Attention` becomes MatMul / Softmax / elementwise (`attention.rs`). On the CPU, what its
+//!   attention kernel runs whole stays.
 //! - `RotaryEmbedding` becomes Slice / Gather / elementwise / Concat (`attention.rs`).
 //! - `NegativeLogLikelihoodLoss` and `SoftmaxCrossEntropyLoss` become Equal / Where / ReduceSum
 //!   (and LogSoftmax) (`loss.rs`).
@@ -28,9 +29,10 @@ pub fn run(graph: &mut Graph) -> Result<bool> {
 }
 
 /// The CPU's decomposition: recurrent layers its recurrent kernel runs whole
-/// (`ukernel::runs_recurrent`: one kernel a layer, its time loop inside) stay as they are.
+/// (`ukernel::runs_recurrent`: one kernel a layer, its time loop inside) and attention its
+/// attention kernel runs whole (`ukernel::runs_attention`) stay as they are.
 pub fn run_for_cpu(graph: &mut Graph) -> Result<bool> {
-    decompose(graph, crate::target::cpu::ukernel::runs_recurrent)
+    decompose(graph, crate::target::cpu::ukernel::runs_whole)
 }
 
 fn decompose(graph: &mut Graph, keep: fn(&Graph, NodeId) -> bool) -> Result<bool> {

@@ -1,6 +1,7 @@
 //! Graph passes: one pass a file, each `fn run(&mut Graph) -> Result<bool>` (whether it changed
 //! anything), run in order by `PassManager`, which can print the graph after each pass.
 
+pub mod attention;
 pub mod decompose;
 pub mod fold;
 pub mod recognize;
@@ -21,18 +22,26 @@ pub struct Pass {
 pub fn default_passes(target: crate::TargetKind) -> Vec<Pass> {
     // The CPU runs recurrent layers whole; the GPU targets get them unrolled.
     let decompose = if target == crate::TargetKind::Cpu { decompose::run_for_cpu } else { decompose::run };
-    vec![
+    let mut passes = vec![
         Pass { name: "fold", run: fold::run },
         // Normalisations written as chains of small ops become the one op (their axes and eps
         // are constants by now).
         Pass { name: "recognize", run: recognize::run },
+    ];
+    // Attention becomes one node where a kernel runs it whole (the GPU targets would decompose
+    // it back).
+    if target == crate::TargetKind::Cpu {
+        passes.push(Pass { name: "attention", run: attention::run });
+    }
+    passes.extend([
         // Ops without kernels of their own become ops that have them; simplification and
         // folding then tidy what they made (weight slices of constant weights fold away).
         Pass { name: "decompose", run: decompose },
         Pass { name: "simplify", run: simplify::run },
         // Simplification exposes more constants (a Reshape of a folded shape...).
         Pass { name: "fold-again", run: fold::run },
-    ]
+    ]);
+    passes
 }
 
 /// Runs passes in order; `after` is told the graph after each one (for `--dump-dir` and

@@ -98,13 +98,13 @@ pub fn compile(
     for k in kernels {
         let choice =
             microkernel.or_else(|| if overrides.is_empty() { None } else { overrides.get(&crate::tune::kernel_signature(graph, k)).copied() });
-        // A recurrent layer kept whole (passes/decompose.rs asked `ukernel::runs_recurrent`) has no
-        // linalg lowering: it takes the recurrent kernel whatever the choice.
-        let recurrent = k.nodes.first().is_some_and(|&n| matches!(graph.node(n).op, kiln_ir::Op::Rnn(_)));
-        plans.push(if recurrent {
+        // A recurrent layer or attention kept whole (passes/decompose.rs asked
+        // `ukernel::runs_whole`) has no linalg lowering: it takes its kernel whatever the choice.
+        let whole = k.nodes.first().is_some_and(|&n| matches!(graph.node(n).op, kiln_ir::Op::Rnn(_) | kiln_ir::Op::Attention(_)));
+        plans.push(if whole {
             Some(
                 ukernel::plan(graph, k, &host, true)
-                    .ok_or_else(|| stage_err(k, "plan", "the recurrent layer was kept whole for the CPU's recurrent kernel, which cannot take it"))?,
+                    .ok_or_else(|| stage_err(k, "plan", "the node was kept whole for the CPU's kernel of its own, which cannot take it"))?,
             )
         } else if choice == Some(false) {
             None
@@ -411,7 +411,7 @@ fn link_shared(object: &[u8], ukernel: Option<ukernel::Level>) -> Result<Vec<u8>
     result.map_err(CompileError::Internal)
 }
 
-/// The C kernels' objects (the microkernel, recurrent layers, rows, the transpose) for the host's level, built
+/// The C kernels' objects (the microkernel, recurrent layers, rows, the transpose, attention) for the host's level, built
 /// with kiln (build.rs, which names them `<file>-<level>.o`).
 fn ukernel_objects(dir: &std::path::Path, host: ukernel::Level) -> Result<Vec<PathBuf>, String> {
     macro_rules! level {
@@ -421,6 +421,7 @@ fn ukernel_objects(dir: &std::path::Path, host: ukernel::Level) -> Result<Vec<Pa
                 ("recurrent.o", include_bytes!(concat!(env!("OUT_DIR"), "/recurrent-", $l, ".o")).as_slice()),
                 ("reduction.o", include_bytes!(concat!(env!("OUT_DIR"), "/reduction-", $l, ".o")).as_slice()),
                 ("movement.o", include_bytes!(concat!(env!("OUT_DIR"), "/movement-", $l, ".o")).as_slice()),
+                ("attention.o", include_bytes!(concat!(env!("OUT_DIR"), "/attention-", $l, ".o")).as_slice()),
             ]
         };
     }

@@ -198,6 +198,26 @@ pub enum Shape {
     /// A transpose that moves the last axis, as a batch of 2-D transposes: x [batch, rows, cols]
     /// becomes [batch, cols, rows] (`movement.c`); 32-bit elements.
     Transpose { batch: usize, rows: usize, cols: usize },
+    /// Attention whole (`attention.c`): softmax(Q K^T * scale + mask) V per batch and query
+    /// head, Q, K, V and Y read and written where they lie ([batch, seq, heads * size] with
+    /// `interleaved`, else [batch, heads, seq, size]); the mask (f32 added, or bool) broadcasts
+    /// to [batch, heads, q_seq, kv_seq] from `mask_dims`.
+    Attention {
+        batch: usize,
+        heads: usize,
+        kv_heads: usize,
+        q_seq: usize,
+        kv_seq: usize,
+        head: usize,
+        v_head: usize,
+        interleaved: bool,
+        k: ValueId,
+        v: ValueId,
+        mask: Option<(ValueId, bool)>,
+        mask_dims: [usize; 4],
+        causal: bool,
+        scale: f32,
+    },
 }
 
 /// The decision for one kernel.
@@ -259,6 +279,7 @@ impl Shape {
             Shape::Reduce { outer, reduced, inner, .. } => (outer, inner, reduced),
             Shape::Softmax { rows, cols, .. } => (rows, cols, 1),
             Shape::Transpose { batch, rows, cols } => (batch * rows, cols, 1),
+            Shape::Attention { batch, heads, q_seq, kv_seq, head, .. } => (batch * heads * q_seq, kv_seq, head),
             // The input projection's GEMM.
             Shape::Recurrent { cell, seq, batch, input, hidden, .. } => (seq * batch, gates(cell) * hidden, input),
         }
@@ -273,7 +294,12 @@ impl Shape {
     fn images(&self) -> usize {
         match *self {
             Shape::Conv { batch, .. } | Shape::ConvTranspose { batch, .. } | Shape::Pool { batch, .. } | Shape::Transpose { batch, .. } => batch,
-            Shape::Gemm { .. } | Shape::Gather { .. } | Shape::Recurrent { .. } | Shape::Reduce { .. } | Shape::Softmax { .. } => 1,
+            Shape::Gemm { .. }
+            | Shape::Gather { .. }
+            | Shape::Recurrent { .. }
+            | Shape::Reduce { .. }
+            | Shape::Softmax { .. }
+            | Shape::Attention { .. } => 1,
         }
     }
 }
@@ -392,6 +418,18 @@ impl fmt::Display for Ukernel {
                 writeln!(f, "per row: the max, e^(x - max) and its sum on vectors, then the scale")?;
                 return writeln!(f, "workgroups: {} (chunks of rows)", self.workgroups());
             }
+            Shape::Attention { batch, heads, kv_heads, q_seq, kv_seq, head, v_head, interleaved, mask, mask_dims, causal, scale, .. } => {
+                let kv = if kv_heads != heads { format!(" ({kv_heads} KV heads)") } else { String::new() };
+                let layout = if *interleaved { "[batch, seq, heads * size]" } else { "[batch, heads, seq, size]" };
+                writeln!(f, "microkernel: attention, {batch} x {heads} heads{kv} of {q_seq} queries over {kv_seq} keys, head size {head} (V {v_head}), scale {scale}")?;
+                let mask = match mask {
+                    None => "no mask".to_string(),
+                    Some((_, bool_mask)) => format!("{} mask broadcast from {mask_dims:?}", if *bool_mask { "bool" } else { "additive" }),
+                };
+                writeln!(f, "Q, K, V and Y read and written where they lie as {layout}; {mask}{}", if *causal { ", causal" } else { "" })?;
+                writeln!(f, "per 4 query rows: scores against K^T packed per head (4x32 register tile), softmax in a scratch row block, then P V (4x32); nothing else written")?;
+                return writeln!(f, "workgroups: {} (chunks of batch x heads x 64 query rows)", self.workgroups());
+            }
             Shape::Pool { batch, c, kh, kw, stride, dilation, pad, oh, ow, kind, .. } => write!(
                 f,
                 "microkernel: {} pooling, {batch} image(s) of {c} channels {oh}x{ow} (window {kh}x{kw}, stride {}x{}, dilation {}x{}, pad {}x{})",
@@ -449,7 +487,7 @@ impl fmt::Display for Ukernel {
                 Shape::Conv { group: 1, .. } => "B is the input as it is",
                 Shape::Conv { .. } => "B packed (im2col) at run time",
                 Shape::ConvTranspose { .. } => "B (the input) packed at run time",
-                Shape::Pool { .. } | Shape::Gather { .. } | Shape::Recurrent { .. } | Shape::Reduce { .. } | Shape::Softmax { .. } | Shape::Transpose { .. } => "",
+                Shape::Pool { .. } | Shape::Gather { .. } | Shape::Recurrent { .. } | Shape::Reduce { .. } | Shape::Softmax { .. } | Shape::Transpose { .. } | Shape::Attention { .. } => "",
                 Shape::Gemm { m, .. } if m < self.mr => "rows times packed B strips, up to 4 rows a pass (matrix-vector)",
                 Shape::Gemm { .. } => "A packed at run time",
             };
@@ -501,6 +539,9 @@ pub fn plan(graph: &Graph, kernel: &Kernel, host: &Host, always: bool) -> Option
     }
     if let Op::Transpose { perm } = &graph.node(root).op {
         return transpose_plan(graph, kernel, root, perm, tail);
+    }
+    if let Op::Attention(_) = &graph.node(root).op {
+        return attention_plan(graph, kernel, root);
     }
     if matches!(graph.node(root).op, Op::Reduce(_) | Op::GlobalPool(_) | Op::Softmax { .. } | Op::LogSoftmax { .. }) {
         return rows_plan(graph, kernel, root, tail, always);
@@ -628,7 +669,12 @@ pub fn plan(graph: &Graph, kernel: &Kernel, host: &Host, always: bool) -> Option
     let (m, n, k) = match shape {
         Shape::Conv { .. } | Shape::Gemm { .. } | Shape::ConvTranspose { .. } | Shape::Pool { .. } => shape.mnk(),
         // (Planned by gather_plan and recurrent_plan.)
-        Shape::Gather { .. } | Shape::Recurrent { .. } | Shape::Reduce { .. } | Shape::Softmax { .. } | Shape::Transpose { .. } => return None,
+        Shape::Gather { .. }
+        | Shape::Recurrent { .. }
+        | Shape::Reduce { .. }
+        | Shape::Softmax { .. }
+        | Shape::Transpose { .. }
+        | Shape::Attention { .. } => return None,
     };
     let depthwise = shape.depthwise();
     let channels = match shape {
@@ -640,7 +686,8 @@ pub fn plan(graph: &Graph, kernel: &Kernel, host: &Host, always: bool) -> Option
         | Shape::Recurrent { .. }
         | Shape::Reduce { .. }
         | Shape::Softmax { .. }
-        | Shape::Transpose { .. } => 0,
+        | Shape::Transpose { .. }
+        | Shape::Attention { .. } => 0,
     };
     let images = shape.images();
     // Enough rows and columns to fill the register tiles, and enough work to pay for packing.
@@ -652,7 +699,12 @@ pub fn plan(graph: &Graph, kernel: &Kernel, host: &Host, always: bool) -> Option
         Shape::Conv { .. } if few_positions(&shape) => true,
         Shape::Conv { .. } => m >= host.mr && n >= NR / 2,
         Shape::ConvTranspose { .. } | Shape::Pool { .. } => true,
-        Shape::Gather { .. } | Shape::Recurrent { .. } | Shape::Reduce { .. } | Shape::Softmax { .. } | Shape::Transpose { .. } => false,
+        Shape::Gather { .. }
+        | Shape::Recurrent { .. }
+        | Shape::Reduce { .. }
+        | Shape::Softmax { .. }
+        | Shape::Transpose { .. }
+        | Shape::Attention { .. } => false,
     };
     // Depthwise and pooling windows run per channel, at a fraction of a GEMM's speed.
     let per_channel = depthwise || matches!(shape, Shape::Pool { .. });
@@ -695,7 +747,8 @@ pub fn plan(graph: &Graph, kernel: &Kernel, host: &Host, always: bool) -> Option
                         | Shape::Recurrent { .. }
                         | Shape::Reduce { .. }
                         | Shape::Softmax { .. }
-                        | Shape::Transpose { .. } => return None,
+                        | Shape::Transpose { .. }
+                        | Shape::Attention { .. } => return None,
                         Shape::Conv { .. } | Shape::ConvTranspose { .. } => channel_bias(graph, other, channels, out_dims.len())?,
                         Shape::Gemm { .. } => column_bias(graph, other, n)?,
                     };
@@ -837,6 +890,103 @@ pub fn runs_recurrent(graph: &Graph, id: NodeId) -> bool {
         None => true,
         Some(l) => graph.constant_value(l).is_some_and(|t| t.to_i64s().iter().all(|&n| n == seq as i64)),
     }
+}
+
+/// Whether the CPU runs this `Attention` node whole on the attention kernel (`attention.c`)
+/// rather than decomposed (`passes/decompose/attention.rs`): f32 Q, K, V and Y of static
+/// shapes; no past key and value, no padding lengths, no softcap, softmax in f32; only Y used;
+/// a mask, if any, f32 or bool, spanning the keys (a shorter one is padded with "masked out")
+/// and broadcasting along the other axes; operands that are buffers, not constants inlined into
+/// the kernel. The decomposition pass asks this too: what it keeps whole, `plan` must take.
+pub fn runs_attention(graph: &Graph, id: NodeId) -> bool {
+    attention_shape(graph, id).is_some()
+}
+
+/// What the CPU keeps whole for a kernel of its own (see `runs_recurrent`, `runs_attention`).
+pub fn runs_whole(graph: &Graph, id: NodeId) -> bool {
+    runs_recurrent(graph, id) || runs_attention(graph, id)
+}
+
+fn attention_shape(graph: &Graph, id: NodeId) -> Option<Shape> {
+    let node = graph.node(id);
+    let Op::Attention(a) = &node.op else { return None };
+    let operands = graph.operands(id);
+    let operand = |i: usize| operands.get(i).copied().flatten();
+    if (4..operands.len()).any(|i| operand(i).is_some()) || a.softcap != 0.0 || a.softmax_precision.is_some_and(|p| p != DType::F32) {
+        return None;
+    }
+    let unused = |i: usize| {
+        let v = ValueId::new(id, i);
+        graph.users(v).is_empty() && !graph.outputs().iter().any(|(_, o)| *o == v)
+    };
+    if node.outputs.first()?.dtype != DType::F32 || !(1..node.outputs.len()).all(unused) {
+        return None;
+    }
+    let (q, k, v, mask) = (operand(0)?, operand(1)?, operand(2)?, operand(3));
+    let buffer = |x: ValueId| !crate::fuse::is_inline_constant(graph, x);
+    if ![q, k, v].iter().all(|&x| graph.value_type(x).dtype == DType::F32 && buffer(x)) {
+        return None;
+    }
+    let dims = |x: ValueId| graph.value_type(x).shape.as_fixed();
+    let (qd, kd, vd) = (dims(q)?, dims(k)?, dims(v)?);
+    let rank = qd.len();
+    if kd.len() != rank || vd.len() != rank {
+        return None;
+    }
+    let (batch, heads, kv_heads, q_seq, kv_seq, head, v_head, interleaved) = match rank {
+        3 => {
+            let (h, kh) = (a.q_num_heads, a.kv_num_heads);
+            if h == 0 || kh == 0 || qd[2] % h != 0 || kd[2] % kh != 0 || vd[2] % kh != 0 || kd[2] / kh != qd[2] / h || vd[1] != kd[1] {
+                return None;
+            }
+            (qd[0], h, kh, qd[1], kd[1], qd[2] / h, vd[2] / kh, true)
+        }
+        4 if kd[3] == qd[3] && vd[1] == kd[1] && vd[2] == kd[2] => (qd[0], qd[1], kd[1], qd[2], kd[2], qd[3], vd[3], false),
+        _ => return None,
+    };
+    if [batch, heads, kv_heads, q_seq, kv_seq, head, v_head].contains(&0) || heads % kv_heads != 0 || kd[0] != batch || vd[0] != batch {
+        return None;
+    }
+    let mut mask_dims = [1; 4];
+    let mask = match mask {
+        None => None,
+        Some(m) => {
+            let bool_mask = match graph.value_type(m).dtype {
+                DType::F32 => false,
+                DType::Bool => true,
+                _ => return None,
+            };
+            let md = dims(m)?;
+            let scores = [batch, heads, q_seq, kv_seq];
+            if md.is_empty() || md.len() > 4 || md.last() != Some(&kv_seq) || !buffer(m) {
+                return None;
+            }
+            mask_dims[4 - md.len()..].copy_from_slice(&md);
+            if (0..4).any(|i| mask_dims[i] != 1 && mask_dims[i] != scores[i]) {
+                return None;
+            }
+            Some((m, bool_mask))
+        }
+    };
+    let scale = a.scale.unwrap_or(1.0 / (head as f32).sqrt());
+    Some(Shape::Attention { batch, heads, kv_heads, q_seq, kv_seq, head, v_head, interleaved, k, v, mask, mask_dims, causal: a.is_causal, scale })
+}
+
+/// An attention node kept whole for the CPU (see `runs_attention`): a kernel of its own.
+fn attention_plan(graph: &Graph, kernel: &Kernel, root: NodeId) -> Option<Ukernel> {
+    let shape = attention_shape(graph, root)?;
+    let Shape::Attention { batch, heads, q_seq, kv_seq, head, v_head, k, v, mask, .. } = shape else { return None };
+    let q = graph.operands(root).first().copied().flatten()?;
+    let inputs = [Some(q), Some(k), Some(v), mask.map(|(m, _)| m)];
+    if kernel.nodes.len() != 1 || !inputs.iter().flatten().all(|x| kernel.inputs.contains(x)) {
+        return None;
+    }
+    // Work units of 64 query rows of a head; up to 4 chunks of them once there is enough work to
+    // share (a few microseconds each).
+    let units = batch * heads * q_seq.div_ceil(64);
+    let work = batch * heads * q_seq * kv_seq * (head + v_head);
+    let chunks = if work >= 4 * MIN_MACS { units.min(4) } else { 1 };
+    Some(Ukernel::unblocked(shape, q, chunks))
 }
 
 /// A recurrent layer kept whole for the CPU (see `runs_recurrent`).
@@ -1052,7 +1202,12 @@ fn beats_linalg(shape: &Shape, k: usize, n: usize, host: &Host) -> bool {
         Shape::Gemm { .. } => k * n * 4 > host.l2_bytes / 2 || scalar_on_linalg(shape),
         // The linalg path convolves a stride-spread copy of the input: 4-9x slower.
         Shape::ConvTranspose { .. } => true,
-        Shape::Gather { .. } | Shape::Recurrent { .. } | Shape::Reduce { .. } | Shape::Softmax { .. } | Shape::Transpose { .. } => false,
+        Shape::Gather { .. }
+        | Shape::Recurrent { .. }
+        | Shape::Reduce { .. }
+        | Shape::Softmax { .. }
+        | Shape::Transpose { .. }
+        | Shape::Attention { .. } => false,
         // Its pooling windows are loop nests, 2-3x slower.
         Shape::Pool { .. } => true,
     }
@@ -1138,7 +1293,10 @@ fn column_bias(graph: &Graph, v: ValueId, n: usize) -> Option<Vec<f32>> {
 /// The constant the kernel reads instead of its weight: the weight packed for the microkernel,
 /// then the bias (M or N floats), little-endian f32.
 pub fn pack(graph: &Graph, kernel: &Kernel, u: &Ukernel) -> Result<Vec<u8>> {
-    if matches!(u.shape, Shape::Pool { .. } | Shape::Gather { .. } | Shape::Reduce { .. } | Shape::Softmax { .. } | Shape::Transpose { .. }) {
+    if matches!(
+        u.shape,
+        Shape::Pool { .. } | Shape::Gather { .. } | Shape::Reduce { .. } | Shape::Softmax { .. } | Shape::Transpose { .. } | Shape::Attention { .. }
+    ) {
         return Ok(Vec::new());
     }
     if let Shape::Recurrent { .. } = u.shape {
@@ -1188,7 +1346,8 @@ pub fn pack(graph: &Graph, kernel: &Kernel, u: &Ukernel) -> Result<Vec<u8>> {
         | Shape::Recurrent { .. }
         | Shape::Reduce { .. }
         | Shape::Softmax { .. }
-        | Shape::Transpose { .. } => {}
+        | Shape::Transpose { .. }
+        | Shape::Attention { .. } => {}
         // A[m, ci] = W[ci, m] (W is [Cin, Cout*KH*KW]), in strips of MR rows.
         Shape::ConvTranspose { .. } => {
             out.resize(m.div_ceil(u.mr) * k * u.mr, 0.0);
@@ -1226,7 +1385,12 @@ fn packed_floats(u: &Ukernel) -> usize {
         Shape::Conv { group, .. } => group * m.div_ceil(u.mr) * k * u.mr,
         Shape::ConvTranspose { .. } => m.div_ceil(u.mr) * k * u.mr,
         Shape::Gemm { .. } => n.div_ceil(NR) * k * NR,
-        Shape::Pool { .. } | Shape::Gather { .. } | Shape::Reduce { .. } | Shape::Softmax { .. } | Shape::Transpose { .. } => 0,
+        Shape::Pool { .. }
+        | Shape::Gather { .. }
+        | Shape::Reduce { .. }
+        | Shape::Softmax { .. }
+        | Shape::Transpose { .. }
+        | Shape::Attention { .. } => 0,
         Shape::Recurrent { direction, .. } => recurrent_floats_per_direction(&u.shape) * if direction == RnnDirection::Bidirectional { 2 } else { 1 },
     }
 }
@@ -1325,6 +1489,7 @@ pub fn build<'c>(ctx: &'c Context, graph: &Graph, kernel: &Kernel, u: &Ukernel) 
         Shape::Reduce { .. } => "kiln_uk_reduce",
         Shape::Softmax { .. } => "kiln_uk_softmax",
         Shape::Transpose { .. } => "kiln_uk_transpose",
+        Shape::Attention { .. } => "kiln_uk_attention",
         Shape::Recurrent { .. } => "kiln_uk_recurrent",
     };
     let block = Block::new(&arg_types.iter().map(|t| (*t, loc)).collect::<Vec<_>>());
@@ -1406,6 +1571,37 @@ pub fn build<'c>(ctx: &'c Context, graph: &Graph, kernel: &Kernel, u: &Ukernel) 
             args = vec![x, y];
             args.extend(ints(&[*batch, *rows, *cols]));
         }
+        if let Shape::Attention { batch, heads, kv_heads, q_seq, kv_seq, head, v_head, interleaved, k, v, mask, mask_dims, causal, scale } = &u.shape
+        {
+            let mask_ptr = match mask {
+                Some((m, _)) => pointer(slot(*m)?)?,
+                None => c64(0),
+            };
+            args = vec![x, pointer(slot(*k)?)?, pointer(slot(*v)?)?, mask_ptr, y];
+            // Strides of (batch, head, row), the last axis contiguous.
+            let strides = |heads: usize, rows: usize, size: usize| {
+                if *interleaved {
+                    [rows * heads * size, size, heads * size]
+                } else {
+                    [heads * rows * size, rows * size, size]
+                }
+            };
+            let md = mask_dims;
+            let natural = [md[1] * md[2] * md[3], md[2] * md[3], md[3]];
+            let ms: Vec<usize> = (0..3).map(|i| if md[i] == 1 { 0 } else { natural[i] }).collect();
+            let kind = match mask {
+                None => 0,
+                Some((_, false)) => 1,
+                Some((_, true)) => 2,
+            };
+            args.extend(ints(&[*batch, *heads, *kv_heads, *q_seq, *kv_seq, *head, *v_head]));
+            args.extend(ints(&strides(*heads, *q_seq, *head)));
+            args.extend(ints(&strides(*kv_heads, *kv_seq, *head)));
+            args.extend(ints(&strides(*kv_heads, *kv_seq, *v_head)));
+            args.extend(ints(&strides(*heads, *q_seq, *v_head)));
+            args.extend(ints(&[kind, ms[0], ms[1], ms[2], *causal as usize]));
+            args.push(cf(*scale));
+        }
         if let Shape::Gather { indices, rows, row_bytes, n_idx, idx64 } = &u.shape {
             args = vec![x, pointer(slot(*indices)?)?, y];
             args.extend(ints(&[*rows, *row_bytes, *n_idx, *idx64 as usize]));
@@ -1459,7 +1655,8 @@ pub fn build<'c>(ctx: &'c Context, graph: &Graph, kernel: &Kernel, u: &Ukernel) 
             | Shape::Recurrent { .. }
             | Shape::Reduce { .. }
             | Shape::Softmax { .. }
-            | Shape::Transpose { .. } => {}
+            | Shape::Transpose { .. }
+            | Shape::Attention { .. } => {}
             Shape::Conv { c, h, w, kh, kw, stride, dilation, pad, oh, ow, .. } if u.depthwise() => {
                 args.extend(ints(&[*c, *h, *w, *kh, *kw, stride[0], stride[1], dilation[0], dilation[1], pad[0], pad[1], *oh, *ow]));
             }
@@ -1478,15 +1675,25 @@ pub fn build<'c>(ctx: &'c Context, graph: &Graph, kernel: &Kernel, u: &Ukernel) 
             }
         }
         // (A gather and a recurrent layer have no epilogue.)
-        if !matches!(u.shape, Shape::Gather { .. } | Shape::Recurrent { .. } | Shape::Reduce { .. } | Shape::Softmax { .. } | Shape::Transpose { .. })
-        {
+        if !matches!(
+            u.shape,
+            Shape::Gather { .. }
+                | Shape::Recurrent { .. }
+                | Shape::Reduce { .. }
+                | Shape::Softmax { .. }
+                | Shape::Transpose { .. }
+                | Shape::Attention { .. }
+        ) {
             args.push(c64(act));
             args.push(cf(lo));
             args.push(cf(hi));
         }
         if matches!(u.shape, Shape::Recurrent { .. }) {
             // (Its blocks are among its sizes; its workgroups are its directions.)
-        } else if matches!(u.shape, Shape::Gather { .. } | Shape::Reduce { .. } | Shape::Softmax { .. } | Shape::Transpose { .. }) {
+        } else if matches!(
+            u.shape,
+            Shape::Gather { .. } | Shape::Reduce { .. } | Shape::Softmax { .. } | Shape::Transpose { .. } | Shape::Attention { .. }
+        ) {
             args.extend(ints(&[u.chunks]));
         } else if u.depthwise() {
             args.extend(ints(&[u.chunks, u.depthwise_form().map_or(0, DepthwiseForm::code)]));
