@@ -276,6 +276,32 @@ for _name, _dims in (("softmax_12x128x128", [12, 128, 128]), ("softmax_8x4096", 
         return [g.node("Softmax", [g.input("x", dims)], ["y"], axis=-1)]
 
 
+# --- Attention, as exporters write it ------------------------------------------------------------
+
+
+@shape("attn_bert_12x128x64", "Attention (5 ops)", "[1,12,128,64] heads, K^T, /8, + [1,1,1,128] mask", 2 * 12 * 128 * 128 * 128)
+def _(g):
+    # BERT's legacy export: MatMul(Q, Transpose(K)) / sqrt(d) + padding mask, Softmax, MatMul V.
+    q, k, v = (g.input(n, [1, 12, 128, 64]) for n in ("q", "k", "v"))
+    kt = g.node("Transpose", [k], perm=[0, 1, 3, 2])
+    scores = g.node("Add", [g.node("Div", [g.node("MatMul", [q, kt]), g.scalar("sqrt_d", 8.0)]), g.input("mask", [1, 1, 1, 128])])
+    return [g.node("MatMul", [g.node("Softmax", [scores], axis=-1), v], ["y"])]
+
+
+@shape("attn_gpt_512_8x64", "Attention (12 ops)", "qkv [1,512,1536] split into 8 heads of 64, causal", 2 * 8 * 512 * 512 * 128)
+def _(g):
+    # GPT's export: one projection split in three, heads moved out by Reshape + Transpose and
+    # back, a causal mask of -inf.
+    parts = ["q3", "k3", "v3"]
+    g.node("Split", [g.input("qkv", [1, 512, 1536]), g.ints("sizes", [512, 512, 512])], parts, axis=-1)
+    heads = g.ints("heads", [1, 512, 8, 64])
+    q, k, v = (g.node("Transpose", [g.node("Reshape", [p, heads])], perm=perm) for p, perm in zip(parts, ([0, 2, 1, 3], [0, 2, 3, 1], [0, 2, 1, 3])))
+    mask = g.const("causal", np.triu(np.full((512, 512), -np.inf, dtype=np.float32), 1))
+    scores = g.node("Add", [g.node("Div", [g.node("MatMul", [q, k]), g.scalar("sqrt_d", 8.0)]), mask])
+    y = g.node("Transpose", [g.node("MatMul", [g.node("Softmax", [scores], axis=-1), v])], perm=[0, 2, 1, 3])
+    return [g.node("Reshape", [y, g.ints("hidden", [1, 512, 512])], ["y"])]
+
+
 # --- LayerNorm ----------------------------------------------------------------------------------
 
 
@@ -367,6 +393,18 @@ def _(g):
 @shape("concat_4x64_28", "Concat", "4x [1,64,28,28] axis 1")
 def _(g):
     return [g.node("Concat", [g.input(f"x{i}", [1, 64, 28, 28]) for i in range(4)], ["y"], axis=1)]
+
+
+@shape("split_qkv_128x2304", "Split", "[1,128,2304] last axis in 3")
+def _(g):
+    g.node("Split", [g.input("x", [1, 128, 2304]), g.ints("sizes", [768, 768, 768])], ["q", "k", "v"], axis=-1)
+    return ["q", "k", "v"]
+
+
+@shape("split_ch_128_80", "Split", "[1,128,80,80] channels in 2")
+def _(g):
+    g.node("Split", [g.input("x", [1, 128, 80, 80]), g.ints("sizes", [64, 64])], ["a", "b"], axis=1)
+    return ["a", "b"]
 
 
 @shape("pad_64_56", "Pad", "[1,64,56,56] 1 around H,W")
