@@ -1,9 +1,10 @@
-//! The recognition pass: normalisations written as chains of small ops become one op. Each graph
-//! runs on the interpreter before and after the pass (the rewrite must not change results) and
-//! compiled against the interpreter.
+//! The passes that turn what exporters write into what kiln runs fast: normalisations and
+//! attention written as chains of small ops become one op, a zero Pad becomes a Conv's padding.
+//! Each graph runs on the interpreter before and after the pass (the rewrite must not change
+//! results) and compiled against the interpreter.
 
-use kiln_compiler::passes::{attention, recognize, simplify};
-use kiln_ir::builder::{GraphBuilder, Traced};
+use kiln_compiler::passes::{absorb_pad, attention, recognize, simplify};
+use kiln_ir::builder::{ConvOptions, GraphBuilder, Traced};
 use kiln_ir::{eval, BinaryOp, DType, Graph, Op, Tensor};
 
 use crate::compile::check_against_eval;
@@ -161,4 +162,51 @@ fn attention_whose_probabilities_are_also_an_output_is_left() {
     let inputs =
         [Tensor::random(DType::F32, &[1, 2, 8, 16], 1), Tensor::random(DType::F32, &[1, 2, 16, 8], 2), Tensor::random(DType::F32, &[1, 2, 8, 16], 3)];
     assert!(!recognized_by(attention::run, &graph, &inputs).contains(&"Attention"));
+}
+
+/// `x` padded by `pads` ([begins..., ends...] over all axes) with `mode` and `value`, then a
+/// 3x3 convolution of 8 groups of `per_group` channels with `o`.
+fn padded_conv(pads: &[i64], mode: kiln_ir::op::PadMode, value: Option<f64>, per_group: usize, o: ConvOptions) -> (Graph, Vec<Tensor>) {
+    let g = GraphBuilder::new("pad_conv");
+    let x = g.input("x", DType::F32, [2, 8, 15, 15]);
+    let p = g.constant("pads", Tensor::vector(pads));
+    let v = value.map(|v| g.constant("value", Tensor::scalar(v as f32)));
+    let padded = g.apply(Op::Pad { mode }, &[Some(x), Some(p), v], 1)[0];
+    let w = g.constant("w", Tensor::random(DType::F32, &[8, per_group, 3, 3], 2));
+    g.output("y", padded.conv(w, Some(g.constant("b", Tensor::random(DType::F32, &[8], 3))), o.group(8 / per_group)));
+    (g.build().unwrap(), vec![Tensor::random(DType::F32, &[2, 8, 15, 15], 1)])
+}
+
+#[test]
+fn a_zero_pad_before_a_conv_becomes_its_padding() {
+    use kiln_ir::op::PadMode;
+    // tf2onnx's SAME padding before a stride-2 convolution (the odd pad at the end), onto a
+    // convolution that pads too, and a depthwise one; the zero given explicitly or not.
+    for (pads, value, per_group, o) in [
+        (vec![0, 0, 0, 0, 0, 0, 1, 1], None, 8, ConvOptions::default().stride(2)),
+        (vec![0, 0, 1, 0, 0, 0, 2, 3], Some(0.0), 8, ConvOptions::default().pad(1)),
+        (vec![0, 0, 0, 1, 0, 0, 1, 0], None, 1, ConvOptions::default().stride(2)),
+    ] {
+        let (graph, inputs) = padded_conv(&pads, PadMode::Constant, value, per_group, o);
+        assert_eq!(recognized_by(absorb_pad::run, &graph, &inputs), vec!["Conv"], "pads {pads:?}");
+    }
+    // Not a zero constant pad of the spatial axes: it stays.
+    for (pads, mode, value) in [
+        (vec![0, 0, 1, 1, 0, 0, 1, 1], PadMode::Constant, Some(1.0)),
+        (vec![0, 0, 1, 1, 0, 0, 1, 1], PadMode::Reflect, None),
+        (vec![0, 1, 0, 0, 0, 0, 0, 0], PadMode::Constant, None),
+        (vec![0, 0, -1, 0, 0, 0, 0, 0], PadMode::Constant, None),
+    ] {
+        let (graph, inputs) = if pads[1] == 1 {
+            // (A channel pad changes the conv's input channels: 9 of them, one group.)
+            let g = GraphBuilder::new("pad_c");
+            let x = g.input("x", DType::F32, [1, 8, 6, 6]);
+            let padded = g.apply(Op::Pad { mode }, &[Some(x), Some(g.constant("pads", Tensor::vector(&pads)))], 1)[0];
+            g.output("y", padded.conv(g.constant("w", Tensor::random(DType::F32, &[4, 9, 3, 3], 2)), None, ConvOptions::default()));
+            (g.build().unwrap(), vec![Tensor::random(DType::F32, &[1, 8, 6, 6], 1)])
+        } else {
+            padded_conv(&pads, mode, value, 8, ConvOptions::default())
+        };
+        assert_eq!(recognized_by(absorb_pad::run, &graph, &inputs), vec!["Pad", "Conv"], "pads {pads:?}, {mode:?}, value {value:?}");
+    }
 }

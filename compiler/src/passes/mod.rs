@@ -1,6 +1,7 @@
 //! Graph passes: one pass a file, each `fn run(&mut Graph) -> Result<bool>` (whether it changed
 //! anything), run in order by `PassManager`, which can print the graph after each pass.
 
+pub mod absorb_pad;
 pub mod attention;
 pub mod decompose;
 pub mod fold;
@@ -27,6 +28,8 @@ pub fn default_passes(target: crate::TargetKind) -> Vec<Pass> {
         // Normalisations written as chains of small ops become the one op (their axes and eps
         // are constants by now).
         Pass { name: "recognize", run: recognize::run },
+        // A zero Pad before a Conv becomes the Conv's padding (the pads are constants by now).
+        Pass { name: "absorb-pad", run: absorb_pad::run },
     ];
     // Attention becomes one node where a kernel runs it whole (the GPU targets would decompose
     // it back).
