@@ -47,7 +47,7 @@ VERSION = 1
 OPSET = 18
 REPO = Path(__file__).resolve().parent.parent
 # kiln's GFLOP/s and % of peak are shown only for these; the rest are memory-bound (GB/s).
-FLOP_OPS = {"MatMul", "Gemm", "Conv", "ConvTranspose", "GRU", "LSTM"}
+FLOP_OPS = {"MatMul", "Gemm", "Conv", "ConvTranspose", "GRU", "LSTM", "Attention (5 ops)", "Attention (12 ops)"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -763,7 +763,7 @@ def sweep(args, shapes, kiln, cache, timeout):
     both = [r for r in results if r["ratio"] is not None]
     print()
     print("ratio: kiln ms / ORT ms (median over rounds of each round's median); kiln rate: GFLOP/s (2 x MACs) "
-          "for MatMul/Gemm/Conv/ConvTranspose/GRU/LSTM, else GB/s of the graph's inputs + outputs; %peak: of the measured peak")
+          "for MatMul/Gemm/Conv/ConvTranspose/GRU/LSTM/Attention (a causal one counted whole), else GB/s of the graph's inputs + outputs; %peak: of the measured peak")
     summary = {"shapes": len(results), "both_ran": len(both)}
     if both:
         geo = math.exp(sum(math.log(r["ratio"]) for r in both) / len(both))
