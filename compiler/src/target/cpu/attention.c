@@ -61,28 +61,15 @@ static inline v16 mask16(int64_t kind, const void *row, int64_t t0, int64_t n) {
 static inline v16 iota16(void) { return (v16){0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}; }
 
 /* acc[r] = sum over keys t of P[r][t] V[t][0..32] (P rows of stride tp in sc, V rows of stride
- * vs): whole vectors of V. */
-static inline __attribute__((always_inline)) void pv_tile(const float *sc, int64_t tp, const float *v, int64_t vs, int64_t T, v16 acc[AT_ROWS][2]) {
+ * vs); n0 (1..16) and n1 (0..16) of the two vectors are V's. Inlined, so the whole-vector call
+ * (16, 16) loads without masks. */
+static inline __attribute__((always_inline)) void pv_tile(const float *sc, int64_t tp, const float *v, int64_t vs, int64_t T, int64_t n0, int64_t n1,
+                                                          v16 acc[AT_ROWS][2]) {
     v16 a00 = splat(0.0f), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00, a30 = a00, a31 = a00;
     for (int64_t t = 0; t < T; t++) {
         const float *vr = v + t * vs;
-        v16 x0 = load16(vr), x1 = load16(vr + 16);
-        v16 p0 = splat(sc[t]), p1 = splat(sc[tp + t]), p2 = splat(sc[2 * tp + t]), p3 = splat(sc[3 * tp + t]);
-        a00 += p0 * x0, a01 += p0 * x1;
-        a10 += p1 * x0, a11 += p1 * x1;
-        a20 += p2 * x0, a21 += p2 * x1;
-        a30 += p3 * x0, a31 += p3 * x1;
-    }
-    acc[0][0] = a00, acc[0][1] = a01, acc[1][0] = a10, acc[1][1] = a11;
-    acc[2][0] = a20, acc[2][1] = a21, acc[3][0] = a30, acc[3][1] = a31;
-}
-
-/* The same for the last columns: n0 (1..16) and n1 (0..16) of the two vectors are V's. */
-static void pv_tile_edge(const float *sc, int64_t tp, const float *v, int64_t vs, int64_t T, int64_t n0, int64_t n1, v16 acc[AT_ROWS][2]) {
-    v16 a00 = splat(0.0f), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00, a30 = a00, a31 = a00;
-    for (int64_t t = 0; t < T; t++) {
-        const float *vr = v + t * vs;
-        v16 x0 = load16_n(vr, n0), x1 = n1 > 0 ? load16_n(vr + 16, n1) : splat(0.0f);
+        v16 x0 = n0 == 16 ? load16(vr) : load16_n(vr, n0);
+        v16 x1 = n1 == 16 ? load16(vr + 16) : n1 > 0 ? load16_n(vr + 16, n1) : splat(0.0f);
         v16 p0 = splat(sc[t]), p1 = splat(sc[tp + t]), p2 = splat(sc[2 * tp + t]), p3 = splat(sc[3 * tp + t]);
         a00 += p0 * x0, a01 += p0 * x1;
         a10 += p1 * x0, a11 += p1 * x1;
@@ -180,8 +167,8 @@ void kiln_uk_attention(int64_t q_, int64_t k_, int64_t v_, int64_t m_, int64_t y
                 for (int64_t c0 = 0; c0 < vhs; c0 += 32) {
                     const int64_t n0 = vhs - c0 < 16 ? vhs - c0 : 16, n1 = vhs - c0 - 16 < 0 ? 0 : vhs - c0 - 16 < 16 ? vhs - c0 - 16 : 16;
                     v16 acc[AT_ROWS][2];
-                    if (n1 == 16) pv_tile(sc, tp, vbase + c0, vs, tend, acc);
-                    else pv_tile_edge(sc, tp, vbase + c0, vs, tend, n0, n1, acc);
+                    if (n1 == 16) pv_tile(sc, tp, vbase + c0, vs, tend, 16, 16, acc);
+                    else pv_tile(sc, tp, vbase + c0, vs, tend, n0, n1, acc);
 #pragma GCC unroll 4
                     for (int r = 0; r < AT_ROWS; r++) {
                         if (r >= nr) break;
