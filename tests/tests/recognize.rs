@@ -91,6 +91,50 @@ fn a_pattern_whose_parts_are_used_elsewhere_is_left() {
     assert!(!recognized(&graph, &[Tensor::random(DType::F32, &[4, 16], 1)]).contains(&"LayerNormalization"));
 }
 
+#[test]
+fn softmax_and_log_softmax_as_exporters_write_them_are_one_op() {
+    // The stable form over the last axis, the unstable form by a reciprocal over a middle axis
+    // (its input also read elsewhere), LogSoftmax.
+    let g = GraphBuilder::new("softmax");
+    let x = g.input("x", DType::F32, [4, 33, 70]);
+    let e = (x - x.reduce_max(&[-1], true)).exp();
+    g.output("y", e / e.reduce_sum(&[-1], true));
+    let graph = g.build().unwrap();
+    assert_eq!(recognized(&graph, &[Tensor::random(DType::F32, &[4, 33, 70], 1)]), vec!["Softmax"]);
+
+    let g = GraphBuilder::new("unstable");
+    let x = g.input("x", DType::F32, [4, 33, 7]);
+    let e = x.exp();
+    g.output("y", e * e.reduce_sum(&[1], true).reciprocal());
+    g.output("r", x.relu());
+    let graph = g.build().unwrap();
+    let mut ops = recognized(&graph, &[Tensor::random(DType::F32, &[4, 33, 7], 2)]);
+    ops.sort();
+    assert_eq!(ops, vec!["Relu", "Softmax"]);
+
+    let g = GraphBuilder::new("log_softmax");
+    let x = g.input("x", DType::F32, [16, 1000]);
+    let d = x - x.reduce_max(&[1], true);
+    g.output("y", d - d.exp().reduce_sum(&[1], true).log());
+    let graph = g.build().unwrap();
+    assert_eq!(recognized(&graph, &[Tensor::random(DType::F32, &[16, 1000], 3)]), vec!["LogSoftmax"]);
+
+    // A sum over another axis than the max, or an exponential also an output, is left.
+    let g = GraphBuilder::new("mismatch");
+    let x = g.input("x", DType::F32, [8, 16]);
+    let e = (x - x.reduce_max(&[1], true)).exp();
+    g.output("y", e / e.reduce_sum(&[0], true));
+    let graph = g.build().unwrap();
+    assert!(!recognized(&graph, &[Tensor::random(DType::F32, &[8, 16], 4)]).contains(&"Softmax"));
+    let g = GraphBuilder::new("shared");
+    let x = g.input("x", DType::F32, [8, 16]);
+    let e = (x - x.reduce_max(&[1], true)).exp();
+    g.output("y", e / e.reduce_sum(&[1], true));
+    g.output("e", e);
+    let graph = g.build().unwrap();
+    assert!(!recognized(&graph, &[Tensor::random(DType::F32, &[8, 16], 5)]).contains(&"Softmax"));
+}
+
 /// Heads of a [b, s, h * d] tensor as [b, h, s, d] (or [b, h, d, s] for keys), as exporters
 /// write them: a Reshape and a Transpose.
 fn heads<'g>(x: Traced<'g>, b: i64, s: i64, h: i64, d: i64, keys: bool) -> Traced<'g> {

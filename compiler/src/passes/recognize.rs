@@ -8,6 +8,13 @@
 //! - **RMSNorm** (LLaMA-style exports): `x / sqrt(mean(x^2) + eps)` or
 //!   `x * reciprocal(sqrt(mean(x^2) + eps))`, `[* gamma]`, becomes `RMSNormalization(x, gamma)`.
 //!
+//! - **Softmax** (hand-written and TF-style exports): `e / sum(e)` or `e * reciprocal(sum(e))`
+//!   with `e = exp(x - max(x))` or `e = exp(x)`, becomes `Softmax(x)`; **LogSoftmax**:
+//!   `d - log(sum(exp(d)))` with `d = x - max(x)` becomes `LogSoftmax(x)`. Unfused the stable form
+//!   is four kernels (max, exp, sum, divide), each a pass over the tensor. The reductions are over
+//!   one axis with `keepdims`; the unstable `exp(x)` form gets the stable kernel, which agrees
+//!   with it wherever it does not overflow.
+//!
 //! The means reduce the trailing axes with `keepdims`; eps, gamma and beta are constants (gamma
 //! and beta of the normalised axes' shape, leading ones allowed). Every intermediate must be
 //! used only inside the pattern, so nothing else loses a value. The replacement is named after
@@ -22,6 +29,13 @@ pub fn run(graph: &mut Graph) -> Result<bool> {
     let mut changed = false;
     for id in graph.topo_order()? {
         if graph.try_node(id).is_none() {
+            continue;
+        }
+        if let Some((op, x)) = softmax(graph, id).or_else(|| log_softmax(graph, id)) {
+            let name = graph.unique_name(&format!("{}/{}", graph.node(id).name, op.name()));
+            let new = graph.add_node(&name, op, &[Some(x)])?;
+            graph.replace_uses(ValueId::from(id), ValueId::from(new))?;
+            changed = true;
             continue;
         }
         let found = layer_norm(graph, id).or_else(|| rms_norm(graph, id));
@@ -224,4 +238,90 @@ fn rms_norm(graph: &Graph, n: NodeId) -> Option<Match> {
     }
     let (last, scale, _) = affine(graph, n, x, axis, false);
     Some(Match { op: Op::RmsNorm { axis: axis as i64, epsilon: eps as f32 }, x, last, scale, bias: None })
+}
+
+/// `Reduce<kind>(x, [axis], keepdims)` over one axis: x and the axis (normalised).
+fn one_axis_reduce(graph: &Graph, id: NodeId, kind: ReduceKind) -> Option<(ValueId, usize)> {
+    let Op::Reduce(Reduce { kind: k, keepdims: true, .. }) = graph.node(id).op else { return None };
+    let ops = graph.operands(id);
+    let x = ops.first().copied().flatten()?;
+    let rank = graph.value_type(x).shape.as_fixed()?.len();
+    let axes = graph.constant_value(ops.get(1).copied().flatten()?)?.to_i64s();
+    let [a] = axes.as_slice() else { return None };
+    (k == kind).then_some((x, kiln_ir::normalize_axis(*a, rank)?))
+}
+
+/// `x - max(x, axis)` at `d` (the max used only there): x and the axis; else `d` itself with no
+/// axis (the unstable form's exponent).
+fn minus_max(graph: &Graph, d: ValueId) -> (ValueId, Option<usize>) {
+    let found = producer(graph, d).and_then(|(sub, _)| {
+        let (x, m) = binary(graph, sub, BinaryOp::Sub)?;
+        let (max, _) = producer(graph, m)?;
+        let (mx, axis) = one_axis_reduce(graph, max, ReduceKind::Max)?;
+        (mx == x && used_only_by(graph, m, &[sub])).then_some((x, axis))
+    });
+    match found {
+        Some((x, axis)) => (x, Some(axis)),
+        None => (d, None),
+    }
+}
+
+/// `exp(d)` summed over one axis at `s`: (the Exp node, d, the axis).
+fn sum_of_exp(graph: &Graph, s: ValueId) -> Option<(NodeId, ValueId, usize)> {
+    let (sum, _) = producer(graph, s)?;
+    let (e, axis) = one_axis_reduce(graph, sum, ReduceKind::Sum)?;
+    let (exp, op) = producer(graph, e)?;
+    (*op == Op::Unary(UnaryOp::Exp)).then_some((exp, graph.operands(exp).first().copied().flatten()?, axis))
+}
+
+/// Softmax at the Div (or Mul by a reciprocal) `n`: the op and its input.
+fn softmax(graph: &Graph, n: NodeId) -> Option<(Op, ValueId)> {
+    let (e, s, s_users) = if let Some((e, s)) = binary(graph, n, BinaryOp::Div) {
+        (e, s, vec![n])
+    } else {
+        let (a, b) = binary(graph, n, BinaryOp::Mul)?;
+        let reciprocal_of = |v: ValueId| -> Option<(NodeId, ValueId)> {
+            let (r, op) = producer(graph, v)?;
+            (*op == Op::Unary(UnaryOp::Reciprocal) && used_only_by(graph, v, &[n])).then_some((r, graph.operands(r).first().copied().flatten()?))
+        };
+        match (reciprocal_of(b), reciprocal_of(a)) {
+            (Some((r, s)), _) => (a, s, vec![r]),
+            (None, Some((r, s))) => (b, s, vec![r]),
+            _ => return None,
+        }
+    };
+    let (exp, d, axis) = sum_of_exp(graph, s)?;
+    let (sum, _) = producer(graph, s)?;
+    if ValueId::from(exp) != e || !used_only_by(graph, s, &s_users) || !used_only_by(graph, e, &[sum, n]) {
+        return None;
+    }
+    // The stable form's difference goes away with it; the unstable form's x stays for others.
+    let (x, max_axis) = minus_max(graph, d);
+    if max_axis.is_some() && !used_only_by(graph, d, &[exp]) {
+        return None;
+    }
+    let float = graph.value_type(x).dtype.is_float() && graph.value_type(ValueId::from(n)).shape == graph.value_type(x).shape;
+    (float && max_axis.is_none_or(|a| a == axis)).then_some((Op::Softmax { axis: axis as i64 }, x))
+}
+
+/// LogSoftmax at the Sub `n`: `d - log(sum(exp(d)))` with `d = x - max(x)`.
+fn log_softmax(graph: &Graph, n: NodeId) -> Option<(Op, ValueId)> {
+    let (d, l) = binary(graph, n, BinaryOp::Sub)?;
+    let (log, op) = producer(graph, l)?;
+    if *op != Op::Unary(UnaryOp::Log) || !used_only_by(graph, l, &[n]) {
+        return None;
+    }
+    let s = graph.operands(log).first().copied().flatten()?;
+    let (exp, d2, axis) = sum_of_exp(graph, s)?;
+    let (sum, _) = producer(graph, s)?;
+    let (x, max_axis) = minus_max(graph, d);
+    if d2 != d
+        || max_axis != Some(axis)
+        || !used_only_by(graph, s, &[log])
+        || !used_only_by(graph, ValueId::from(exp), &[sum])
+        || !used_only_by(graph, d, &[exp, n])
+    {
+        return None;
+    }
+    graph.value_type(x).dtype.is_float().then_some((Op::LogSoftmax { axis: axis as i64 }, x))
 }
