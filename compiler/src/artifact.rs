@@ -107,7 +107,7 @@ pub fn assemble(graph: &Graph, partition: &Partition, code: Code) -> Result<Arti
         }
         // Everything this kernel reads is live at least until now.
         for &v in &kernel.inputs {
-            let src = fuse::resolve_view(&partition.views, v);
+            let src = fuse::resolve_view(&partition.views, v).of;
             if let Some(&b) = buffer_of.get(&src) {
                 if let Some(s) = scratch.iter_mut().find(|s| s.0 == b) {
                     s.2 = s.2.max(k);
@@ -200,10 +200,10 @@ fn resolve(
     if let Some(&b) = buffer_of.get(&v) {
         return b;
     }
-    let src = fuse::resolve_view(&partition.views, v);
-    let b = if src != v {
-        let s = resolve(graph, partition, src, buffers, buffer_of, payload, bytes_of, scratch, k);
-        buffers.push(BufferDesc { bytes: bytes_of(v), kind: BufferKind::Alias { of: s, offset: 0 } });
+    let view = fuse::resolve_view(&partition.views, v);
+    let b = if view.of != v {
+        let s = resolve(graph, partition, view.of, buffers, buffer_of, payload, bytes_of, scratch, k);
+        buffers.push(BufferDesc { bytes: bytes_of(v), kind: BufferKind::Alias { of: s, offset: view.offset } });
         buffers.len() - 1
     } else if let Some(t) = graph.constant_value(v) {
         payload.resize(align(payload.len() as u64) as usize, 0);

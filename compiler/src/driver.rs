@@ -97,7 +97,7 @@ pub fn compile_reporting(graph: &Graph, options: &Options, keep_stages: bool, pr
         stages.graph = text::print(&g, text::Weights::Summary);
     }
     lap("passes", &mut timings);
-    let partition = fuse::partition(&g)?;
+    let partition = fuse::partition(&g, fuse::views_for(options.target))?;
     if keep {
         stages.fused = fuse::print(&g, &partition);
     }
@@ -273,7 +273,7 @@ pub fn pass_trace(graph: &Graph, options: &Options) -> Result<String> {
 /// The stages before codegen (the optimised graph and the fused kernels), for printing.
 pub fn front(graph: &Graph, options: &Options) -> Result<Stages> {
     let g = optimize(graph, options)?;
-    let partition = fuse::partition(&g)?;
+    let partition = fuse::partition(&g, fuse::views_for(options.target))?;
     Ok(Stages { graph: text::print(&g, text::Weights::Summary), fused: fuse::print(&g, &partition), ..Stages::default() })
 }
 

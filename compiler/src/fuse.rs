@@ -1,7 +1,10 @@
 //! Fusion: partitions a graph into kernels, the units of codegen and of launch.
 //!
 //! - Shape-only ops (Reshape, Flatten, Squeeze, Unsqueeze) are *views*: no kernel, their result
-//!   is the same bytes under another shape.
+//!   is the same bytes under another shape. Where the target allows it (the CPU), so are Slices,
+//!   Splits and Gathers of one index whose results are contiguous runs of their input's bytes (a channel range of one
+//!   image, rows of a matrix, one of the leading blocks): their results are those bytes, at an
+//!   offset, and the kernels that read them read the input where it lies.
 //! - Every other node belongs to exactly one kernel. A kernel is a chain: at most one *root*
 //!   (anything but an elementwise op: matmul, conv, pooling, a reduction, softmax, a
 //!   normalisation, data movement...) followed by elementwise consumers fused in (bias,
@@ -45,8 +48,34 @@ pub struct Kernel {
 pub struct Partition {
     /// In launch order.
     pub kernels: Vec<Kernel>,
-    /// View results and the value whose bytes they share.
-    pub views: HashMap<ValueId, ValueId>,
+    /// View results and the bytes they share.
+    pub views: HashMap<ValueId, View>,
+}
+
+/// A value that is bytes of another: `of`'s bytes from `offset` on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct View {
+    pub of: ValueId,
+    pub offset: u64,
+}
+
+/// What a target lets fusion make views of.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Views {
+    /// Shape-only ops (every target: their views never move the bytes' start).
+    ShapeOnly,
+    /// Also contiguous Slices and Splits (a target whose buffers can start anywhere, as a
+    /// pointer can; OpenCL sub-buffers must start aligned).
+    WithOffsets,
+}
+
+/// The views `target`'s buffers can be: the CPU's are pointers, which start anywhere; an OpenCL
+/// sub-buffer must start aligned, and the CUDA path has yet to run views at offsets on hardware.
+pub fn views_for(target: crate::TargetKind) -> Views {
+    match target {
+        crate::TargetKind::Cpu => Views::WithOffsets,
+        crate::TargetKind::Cuda | crate::TargetKind::Opencl => Views::ShapeOnly,
+    }
 }
 
 /// Shape-only ops: a new shape on the same bytes (all shapes are static after specialisation).
@@ -64,9 +93,9 @@ pub fn is_inline_constant(graph: &Graph, v: ValueId) -> bool {
     graph.constant_value(v).is_some_and(|t| t.len() <= INLINE_CONSTANT)
 }
 
-pub fn partition(graph: &Graph) -> Result<Partition> {
+pub fn partition(graph: &Graph, allowed: Views) -> Result<Partition> {
     let order = graph.topo_order()?;
-    let mut views: HashMap<ValueId, ValueId> = HashMap::new();
+    let mut views: HashMap<ValueId, View> = HashMap::new();
     let mut kernel_of: HashMap<NodeId, usize> = HashMap::new();
     let mut kernels: Vec<Vec<NodeId>> = Vec::new();
     // Kernels a kernel reads from (its direct producers).
@@ -84,8 +113,20 @@ pub fn partition(graph: &Graph) -> Result<Partition> {
             views.insert(id.into(), resolve_view(&views, operands[0]));
             continue;
         }
+        // (Results that are only graph outputs would each need a copy kernel: the node's own
+        // kernel writes them at no more cost.)
+        let read_by_kernels = (0..node.outputs.len()).any(|i| !graph.users(ValueId::new(id, i)).is_empty());
+        if allowed == Views::WithOffsets && read_by_kernels {
+            if let Some(offsets) = contiguous_parts(graph, id) {
+                let source = resolve_view(&views, operands[0]);
+                for (i, offset) in offsets.into_iter().enumerate() {
+                    views.insert(ValueId::new(id, i), View { of: source.of, offset: source.offset + offset });
+                }
+                continue;
+            }
+        }
         // The kernels each operand comes from (through views).
-        let producer = |v: ValueId| kernel_of.get(&resolve_view(&views, v).node).copied();
+        let producer = |v: ValueId| kernel_of.get(&resolve_view(&views, v).of.node).copied();
         let operand_kernels: Vec<Option<usize>> = operands.iter().map(|&v| producer(v)).collect();
         let mut joined = None;
         if is_elementwise(&node.op) && node.outputs.len() == 1 {
@@ -158,13 +199,94 @@ pub fn partition(graph: &Graph) -> Result<Partition> {
     Ok(Partition { kernels: out, views })
 }
 
-/// The value whose bytes a (possibly chained) view shares.
-pub fn resolve_view(views: &HashMap<ValueId, ValueId>, v: ValueId) -> ValueId {
-    let mut v = v;
-    while let Some(&src) = views.get(&v) {
-        v = src;
+/// The value whose bytes a (possibly chained) view shares, and where in them it starts (a value
+/// that is no view is its own bytes from 0).
+pub fn resolve_view(views: &HashMap<ValueId, View>, v: ValueId) -> View {
+    // Entries are stored resolved (their `of` is no view), so one lookup is enough.
+    views.get(&v).copied().unwrap_or(View { of: v, offset: 0 })
+}
+
+/// The byte offsets of a Slice's, Split's or one-index Gather's results in its input, when each
+/// result is one contiguous run of the input's bytes: every axis before the cut axis has extent 1 in the
+/// result and every axis after it is whole (steps of 1). Empty results are not views (a kernel
+/// gives them a buffer of their own).
+fn contiguous_parts(graph: &Graph, id: NodeId) -> Option<Vec<u64>> {
+    let node = graph.node(id);
+    let operands = graph.operands(id);
+    let x = operands.first().copied().flatten()?;
+    let ty = graph.value_type(x);
+    let dims = ty.shape.as_fixed()?;
+    let ints = |i: usize| -> Option<Vec<i64>> { graph.constant_value(operands.get(i).copied().flatten()?).map(|t| t.to_i64s()) };
+    // Per result: its start and extent on each axis.
+    let mut parts: Vec<(Vec<usize>, Vec<usize>)> = Vec::new();
+    match &node.op {
+        Op::Slice => {
+            let (starts, ends) = (ints(1)?, ints(2)?);
+            let axes = match operands.get(3).copied().flatten() {
+                Some(_) => ints(3)?,
+                None => (0..starts.len() as i64).collect(),
+            };
+            let steps = match operands.get(4).copied().flatten() {
+                Some(_) => ints(4)?,
+                None => vec![1; starts.len()],
+            };
+            let mut start = vec![0; dims.len()];
+            let mut extent = dims.clone();
+            for i in 0..starts.len() {
+                let a = kiln_ir::normalize_axis(*axes.get(i)?, dims.len())?;
+                let (s, n) = kiln_ir::infer::slice_axis(dims[a], starts[i], *ends.get(i)?, *steps.get(i)?).ok()?;
+                if *steps.get(i)? != 1 && n > 1 {
+                    return None;
+                }
+                start[a] = usize::try_from(s).ok()?;
+                extent[a] = n;
+            }
+            parts.push((start, extent));
+        }
+        Op::Split { axis, .. } => {
+            let a = kiln_ir::normalize_axis(*axis, dims.len())?;
+            let mut at = 0;
+            for t in &node.outputs {
+                let extent = t.shape.as_fixed()?;
+                let mut start = vec![0; dims.len()];
+                start[a] = at;
+                at += extent[a];
+                parts.push((start, extent));
+            }
+        }
+        // One index (a scalar or a single-element list): `x[:, 0]`, `qkv[1]`.
+        Op::Gather { axis } => {
+            let a = kiln_ir::normalize_axis(*axis, dims.len())?;
+            let [i] = ints(1)?[..] else { return None };
+            let i = if i < 0 { i + dims[a] as i64 } else { i };
+            let mut start = vec![0; dims.len()];
+            start[a] = usize::try_from(i).ok().filter(|&i| i < dims[a])?;
+            let mut extent = dims.clone();
+            extent[a] = 1;
+            parts.push((start, extent));
+        }
+        _ => return None,
     }
-    v
+    let mut offsets = Vec::with_capacity(parts.len());
+    for (start, extent) in parts {
+        if extent.contains(&0) || extent.len() != dims.len() {
+            return None;
+        }
+        // The cut axis: the first whose result is not the whole axis; the ones before it must
+        // be single indices, the ones after it whole.
+        let cut = (0..dims.len()).rev().find(|&a| extent[a] != dims[a]).unwrap_or(0);
+        if (0..cut).any(|a| extent[a] != 1) {
+            return None;
+        }
+        let mut stride = ty.dtype.size() as u64;
+        let mut offset = 0;
+        for a in (0..dims.len()).rev() {
+            offset += start[a] as u64 * stride;
+            stride *= dims[a] as u64;
+        }
+        offsets.push(offset);
+    }
+    Some(offsets)
 }
 
 /// Whether kernel `a` reads, directly or not, from kernel `b`.
@@ -249,10 +371,11 @@ pub fn print(graph: &Graph, p: &Partition) -> String {
             let _ = writeln!(out, "    %{} = {}({}) : {}", n.name, n.op.name(), operands.join(", "), types.join(", "));
         }
     }
-    let mut views: Vec<(&ValueId, &ValueId)> = p.views.iter().collect();
+    let mut views: Vec<(&ValueId, &View)> = p.views.iter().collect();
     views.sort();
     for (v, src) in views {
-        let _ = writeln!(out, "view {} = {} as {}", value(*v), value(*src), graph.value_type(*v));
+        let at = if src.offset == 0 { String::new() } else { format!(" from byte {}", src.offset) };
+        let _ = writeln!(out, "view {} = {}{at} as {}", value(*v), value(src.of), graph.value_type(*v));
     }
     out
 }

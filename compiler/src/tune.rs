@@ -152,7 +152,7 @@ pub fn tune(graph: &Graph, options: &Options, threads: Option<usize>, inputs: &[
     };
     // The kernels and their signatures, as the compile partitions them.
     let g = crate::driver::optimize(graph, options)?;
-    let partition = crate::fuse::partition(&g)?;
+    let partition = crate::fuse::partition(&g, crate::fuse::views_for(options.target))?;
     let sigs: Vec<String> = partition.kernels.iter().map(|k| kernel_signature(&g, k)).collect();
     let (_, untuned, labels) = variant(options.microkernel, HashMap::new(), "the untuned model (1 of 4)")?;
     let (on, _, _) = variant(Some(true), HashMap::new(), "every kernel that can on the microkernel (2 of 4)")?;

@@ -48,3 +48,36 @@ fn llvm_stage_is_stable() {
     assert!(s.asm.contains("k0_"), "assembly names the kernel");
     assert!(!s.lowered.contains("linalg."), "the lowered stage is all LLVM dialect");
 }
+
+/// Slices, Splits and one-index Gathers whose results are contiguous bytes of their input are
+/// views at an offset on the CPU: no kernel copies them, the kernels after them read the input
+/// where it lies. Slices of rows of every channel, a strided slice and a channel slice of a batch
+/// of two stay copies.
+#[test]
+fn contiguous_slices_are_views_at_offsets() {
+    let g = GraphBuilder::new("views");
+    let x = g.input("x", DType::F32, [1, 8, 6, 6]);
+    let r = x.relu().named("r");
+    let halves = r.split(1, &[3, 5]);
+    let w = g.constant("w", Tensor::random(DType::F32, &[4, 3, 3, 3], 2));
+    let c = halves[0].conv(w, None, kiln_ir::builder::ConvOptions::default().pad(1)).named("conv");
+    g.output("conv", c);
+    g.output("upper", halves[1]);
+    let channels = r.slice(&[2], &[5], &[1], &[1]).named("channels");
+    g.output("channels", channels.neg());
+    let rows = r.slice(&[2], &[5], &[2], &[1]).named("rows");
+    g.output("rows", rows.neg());
+    let strided = r.slice(&[0], &[6], &[3], &[2]).named("strided");
+    g.output("strided", strided.neg());
+    let y = g.input("y", DType::F32, [2, 4, 5]);
+    g.output("batch_slice", y.slice(&[1], &[3], &[1], &[1]).named("batch_channels").neg());
+    let qkv = g.input("qkv", DType::F32, [3, 2, 4, 4]);
+    let pick = |i: i64| qkv.gather(g.constant(&format!("i{i}"), Tensor::scalar(i)), 0);
+    g.output("scores", pick(0).matmul(pick(-1)));
+    let graph = g.build().unwrap();
+    let s = stages(&graph);
+    insta::assert_snapshot!("views_fused", s.fused);
+    let inputs =
+        [Tensor::random(DType::F32, &[1, 8, 6, 6], 1), Tensor::random(DType::F32, &[2, 4, 5], 3), Tensor::random(DType::F32, &[3, 2, 4, 4], 4)];
+    crate::compile::check_against_eval(&graph, &inputs, 2, 1e-4);
+}

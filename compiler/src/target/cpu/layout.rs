@@ -13,9 +13,9 @@
 //! `decide` is a pure function of the graph, the kernels and their microkernel plans; its
 //! result prints (`kiln emit --stage schedule`) and is pinned by snapshot tests.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 
-use kiln_ir::{DType, Graph, ValueId};
+use kiln_ir::{DType, Graph, NodeId, ValueId};
 
 use super::ukernel::{Blocked, Ukernel};
 use crate::fuse::Kernel;
@@ -24,6 +24,7 @@ use crate::fuse::Kernel;
 /// by blockable convolutions, as their data input or their residual.
 pub fn decide(graph: &Graph, kernels: &[Kernel], plans: &[Option<Ukernel>]) -> BTreeSet<ValueId> {
     let outputs: BTreeSet<ValueId> = graph.outputs().iter().map(|(_, v)| *v).collect();
+    let in_kernel: HashSet<NodeId> = kernels.iter().flat_map(|k| k.nodes.iter().copied()).collect();
     // Who reads each value.
     let mut readers: HashMap<ValueId, Vec<usize>> = HashMap::new();
     for (i, k) in kernels.iter().enumerate() {
@@ -43,7 +44,8 @@ pub fn decide(graph: &Graph, kernels: &[Kernel], plans: &[Option<Ukernel>]) -> B
         if !writes(i) || ty.dtype != DType::F32 || ty.rank() != 4 || outputs.contains(v) {
             continue;
         }
-        if graph.users(*v).iter().any(|&(n, _)| crate::fuse::is_view(&graph.node(n).op)) {
+        // A reader in no kernel is a view (a reshape, a contiguous slice): it reads NCHW bytes.
+        if graph.users(*v).iter().any(|(n, _)| !in_kernel.contains(n)) {
             continue;
         }
         let read_well =
