@@ -232,10 +232,11 @@ fn contiguous_parts(graph: &Graph, id: NodeId) -> Option<Vec<u64>> {
             };
             let mut start = vec![0; dims.len()];
             let mut extent = dims.clone();
-            for i in 0..starts.len() {
+            for (i, &first) in starts.iter().enumerate() {
                 let a = kiln_ir::normalize_axis(*axes.get(i)?, dims.len())?;
-                let (s, n) = kiln_ir::infer::slice_axis(dims[a], starts[i], *ends.get(i)?, *steps.get(i)?).ok()?;
-                if *steps.get(i)? != 1 && n > 1 {
+                let step = *steps.get(i)?;
+                let (s, n) = kiln_ir::infer::slice_axis(dims[a], first, *ends.get(i)?, step).ok()?;
+                if step != 1 && n > 1 {
                     return None;
                 }
                 start[a] = usize::try_from(s).ok()?;
