@@ -694,7 +694,7 @@ pub fn plan(graph: &Graph, kernel: &Kernel, host: &Host, always: bool) -> Option
     // A GEMM of few rows streams its packed weights (matrix-vector); a depthwise convolution has
     // a kernel of its own; others need whole register tiles.
     let fills = match shape {
-        Shape::Gemm { .. } => n >= NR / 2,
+        Shape::Gemm { .. } => n >= NR / 2 || scalar_on_linalg(&shape),
         Shape::Conv { .. } if depthwise => true,
         Shape::Conv { .. } if few_positions(&shape) => true,
         Shape::Conv { .. } => m >= host.mr && n >= NR / 2,
@@ -709,8 +709,10 @@ pub fn plan(graph: &Graph, kernel: &Kernel, host: &Host, always: bool) -> Option
     // Depthwise and pooling windows run per channel, at a fraction of a GEMM's speed.
     let per_channel = depthwise || matches!(shape, Shape::Pool { .. });
     let work = images * m.max(1) * n * k * if per_channel { channels } else { 1 };
-    // A GEMM the linalg path cannot vectorise at all is worth the call at any size.
-    let enough = work >= MIN_MACS || scalar_on_linalg(&shape);
+    // A GEMM the linalg path cannot vectorise at all, and pooling (whose linalg windows are
+    // scalar loop nests: a 2x2/2 max pool of 4x6x28x28 takes 24 us there, 2.7 here), are worth
+    // the call at any size.
+    let enough = work >= MIN_MACS || scalar_on_linalg(&shape) || matches!(shape, Shape::Pool { .. });
     if m * n * k == 0 || !always && !(fills && enough && beats_linalg(&shape, k, n, host)) {
         return None;
     }
@@ -1199,7 +1201,10 @@ fn beats_linalg(shape: &Shape, k: usize, n: usize, host: &Host) -> bool {
         // Strided windows: the microkernel reads them direct from stride-phase planes (3x3/2
         // 1.43 -> 1.29 ms, the 7x7/2 stem 10.0 -> 2.5 ms, 1 thread).
         Shape::Conv { kh, kw, stride, ow, .. } => ow < 6 || kh * kw == 1 || stride != [1, 1],
-        Shape::Gemm { .. } => k * n * 4 > host.l2_bytes / 2 || scalar_on_linalg(shape),
+        // B stored transposed (PyTorch's Linear as Gemm transB=1): the linalg path reads it along
+        // K, 1.3-2.6x slower at M 4-128 with B in cache (level at M = 1). At 2-4 rows the
+        // linalg tile is mostly empty: 1.1-1.5x slower (level from 8 rows, faster from 16).
+        Shape::Gemm { m, trans_b, .. } => (trans_b && m > 1) || (2..=4).contains(&m) || k * n * 4 > host.l2_bytes / 2 || scalar_on_linalg(shape),
         // The linalg path convolves a stride-spread copy of the input: 4-9x slower.
         Shape::ConvTranspose { .. } => true,
         Shape::Gather { .. }
