@@ -115,8 +115,8 @@ pub fn partition(graph: &Graph, allowed: Views) -> Result<Partition> {
         }
         // (Results that are only graph outputs would each need a copy kernel: the node's own
         // kernel writes them at no more cost.)
-        let read_by_kernels = (0..node.outputs.len()).any(|i| !graph.users(ValueId::new(id, i)).is_empty());
-        if allowed == Views::WithOffsets && read_by_kernels {
+        let read_by_kernels = || (0..node.outputs.len()).any(|i| !graph.users(ValueId::new(id, i)).is_empty());
+        if allowed == Views::WithOffsets && read_by_kernels() {
             if let Some(offsets) = contiguous_parts(graph, id) {
                 let source = resolve_view(&views, operands[0]);
                 for (i, offset) in offsets.into_iter().enumerate() {
@@ -251,7 +251,7 @@ fn contiguous_parts(graph: &Graph, id: NodeId) -> Option<Vec<u64>> {
                 let extent = t.shape.as_fixed()?;
                 let mut start = vec![0; dims.len()];
                 start[a] = at;
-                at += extent[a];
+                at += *extent.get(a)?;
                 parts.push((start, extent));
             }
         }

@@ -68,12 +68,7 @@ fn absorbable(graph: &Graph, id: NodeId, conv: &Conv) -> Option<(ValueId, Vec<us
     let given = graph.constant_value(operand(1)?)?.to_i64s();
     let axes: Vec<usize> = match operand(3) {
         None => (0..rank).collect(),
-        Some(a) => graph
-            .constant_value(a)?
-            .to_i64s()
-            .iter()
-            .map(|&a| usize::try_from(if a < 0 { a + rank as i64 } else { a }).ok().filter(|&a| a < rank))
-            .collect::<Option<_>>()?,
+        Some(a) => graph.constant_value(a)?.to_i64s().iter().map(|&a| kiln_ir::normalize_axis(a, rank)).collect::<Option<_>>()?,
     };
     if given.len() != 2 * axes.len() {
         return None;

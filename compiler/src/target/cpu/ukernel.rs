@@ -1068,12 +1068,7 @@ fn rows_plan(graph: &Graph, kernel: &Kernel, root: NodeId, tail: &[NodeId], alwa
             };
             let mut axes: Vec<usize> = match operands.get(1).copied().flatten() {
                 None => Vec::new(),
-                Some(a) => graph
-                    .constant_value(a)?
-                    .to_i64s()
-                    .iter()
-                    .map(|&a| usize::try_from(if a < 0 { a + rank as i64 } else { a }).ok().filter(|&a| a < rank))
-                    .collect::<Option<_>>()?,
+                Some(a) => graph.constant_value(a)?.to_i64s().iter().map(|&a| kiln_ir::normalize_axis(a, rank)).collect::<Option<_>>()?,
             };
             if axes.is_empty() {
                 if r.noop_with_empty_axes {
@@ -1191,7 +1186,7 @@ fn transpose_plan(graph: &Graph, kernel: &Kernel, root: NodeId, perm: &[usize], 
 /// short (a k x 1 convolution, a 4x4 image), on pointwise convolutions, on strided windows, and
 /// on GEMMs whose constant B does not stay in L2 between row tiles. On stride-1 windows over rows
 /// of 6 or more the two are level (3x3 by 64 on 56x56: 2.18 linalg, 2.24 ms direct), and on
-/// GEMMs in cache the linalg path wins.
+/// GEMMs in cache with B as it is and 8 or more rows the linalg path wins.
 fn beats_linalg(shape: &Shape, k: usize, n: usize, host: &Host) -> bool {
     match *shape {
         // Grouped and depthwise convolutions: the linalg path runs them 2-20x slower; few output
