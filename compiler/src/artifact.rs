@@ -5,8 +5,9 @@
 use std::collections::HashMap;
 
 use kiln_ir::{Graph, ValueId};
-use kiln_runtime::artifact::{Artifact, Blob, BufferDesc, BufferKind, KernelDesc, Launch, Manifest, Target, TensorDesc};
+use kiln_runtime::artifact::{Artifact, BatchDesc, BatchProgram, Blob, BufferDesc, BufferKind, KernelDesc, Launch, Manifest, Target, TensorDesc};
 
+use crate::batch::BatchPlan;
 use crate::fuse::{self, Partition};
 use crate::Result;
 
@@ -174,6 +175,7 @@ pub fn assemble(graph: &Graph, partition: &Partition, code: Code) -> Result<Arti
         launches,
         code: code_blob,
         arena_bytes,
+        batch: None,
     };
     Ok(Artifact { manifest, payload })
 }
@@ -244,4 +246,71 @@ fn plan_arena(buffers: &mut [BufferDesc], scratch: &[(usize, usize, usize)]) -> 
         total = total.max(offset + size);
     }
     total
+}
+
+/// One artifact from the programs of a symbolic batch (largest first): their manifests in the
+/// batch description, their blobs in one payload, where a blob two programs share (a weight
+/// packed the same way for every batch size) is stored once.
+pub fn assemble_batched(plan: &BatchPlan, programs: Vec<(usize, Artifact)>) -> Result<Artifact> {
+    let mut payload: Vec<u8> = Vec::new();
+    let mut stored: HashMap<(u64, u64), u64> = HashMap::new(); // (digest, length) -> offset
+    let mut descs = Vec::with_capacity(programs.len());
+    for (size, art) in programs {
+        let mut m = art.manifest.clone();
+        let mut put = |b: Blob| -> Result<Blob> {
+            let bytes = art.blob(b)?;
+            let key = (digest(bytes), b.len);
+            if let Some(&offset) = stored.get(&key) {
+                if &payload[offset as usize..(offset + b.len) as usize] == bytes {
+                    return Ok(Blob { offset, len: b.len });
+                }
+            }
+            payload.resize(align(payload.len() as u64) as usize, 0);
+            let offset = payload.len() as u64;
+            payload.extend_from_slice(bytes);
+            stored.insert(key, offset);
+            Ok(Blob { offset, len: b.len })
+        };
+        m.code = put(m.code)?;
+        for b in &mut m.buffers {
+            if let BufferKind::Constant(blob) = &mut b.kind {
+                *blob = put(*blob)?;
+            }
+        }
+        descs.push(BatchProgram { batch: size as u64, manifest: m });
+    }
+    let one = &descs.last().ok_or_else(|| crate::CompileError::Internal("a symbolic batch with no programs".into()))?.manifest;
+    let mut cpu_features: Vec<String> = descs.iter().flat_map(|p| p.manifest.cpu_features.iter().cloned()).collect();
+    cpu_features.sort();
+    cpu_features.dedup();
+    let manifest = Manifest {
+        kiln_version: one.kiln_version.clone(),
+        model: one.model.clone(),
+        target: one.target,
+        target_detail: one.target_detail.clone(),
+        cpu_features,
+        inputs: one.inputs.clone(),
+        outputs: one.outputs.clone(),
+        buffers: Vec::new(),
+        kernels: Vec::new(),
+        launches: Vec::new(),
+        code: Blob { offset: 0, len: 0 },
+        arena_bytes: 0,
+        batch: Some(BatchDesc {
+            symbol: plan.symbol.clone(),
+            min: plan.min as u64,
+            max: plan.max as u64,
+            inputs: plan.inputs.clone(),
+            outputs: plan.outputs.clone(),
+            programs: descs,
+        }),
+    };
+    let art = Artifact { manifest, payload };
+    art.validate().map_err(|e| crate::CompileError::Internal(format!("the batched artifact does not validate: {e}")))?;
+    Ok(art)
+}
+
+/// FNV-1a over the bytes: finds blobs two programs share (equality is then checked).
+fn digest(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3))
 }

@@ -77,6 +77,9 @@ pub fn compile(graph: &Graph, options: &Options, keep_stages: bool) -> Result<Co
 
 /// [`compile`], telling `progress` how far it is.
 pub fn compile_reporting(graph: &Graph, options: &Options, keep_stages: bool, progress: &dyn Fn(Progress)) -> Result<Compiled> {
+    if let Some(plan) = crate::batch::plan(graph, options)? {
+        return compile_batched(graph, options, &plan, keep_stages, progress);
+    }
     let mut timings = Vec::new();
     let mut clock = Instant::now();
     let mut lap = |name: &'static str, timings: &mut Vec<(&'static str, Duration)>| {
@@ -171,6 +174,39 @@ pub fn compile_reporting(graph: &Graph, options: &Options, keep_stages: bool, pr
         cache_store(k, &art);
     }
     Ok(Compiled { artifact: art, stages, timings, from_cache: false })
+}
+
+/// A symbolic batch: one static program per planned batch size (each through the cache), in
+/// one artifact. The stages kept are the largest program's; `--dump-dir` gets a folder per size.
+fn compile_batched(
+    graph: &Graph,
+    options: &Options,
+    plan: &crate::batch::BatchPlan,
+    keep_stages: bool,
+    progress: &dyn Fn(Progress),
+) -> Result<Compiled> {
+    let mut timings: Vec<(&'static str, Duration)> = Vec::new();
+    let mut stages: Option<Stages> = None;
+    let mut from_cache = true;
+    let mut programs = Vec::with_capacity(plan.sizes.len());
+    for &size in &plan.sizes {
+        let mut o = plan.options_for(options, size);
+        o.dump_dir = options.dump_dir.as_ref().map(|d| d.join(format!("batch-{size}")));
+        let c = compile_reporting(graph, &o, keep_stages, progress)?;
+        for (name, t) in c.timings {
+            match timings.iter_mut().find(|(n, _)| *n == name) {
+                Some(e) => e.1 += t,
+                None => timings.push((name, t)),
+            }
+        }
+        from_cache &= c.from_cache;
+        stages.get_or_insert(c.stages);
+        programs.push((size, c.artifact));
+    }
+    let clock = Instant::now();
+    let artifact = artifact::assemble_batched(plan, programs)?;
+    timings.push(("batch artifact", clock.elapsed()));
+    Ok(Compiled { artifact, stages: stages.unwrap_or_default(), timings, from_cache })
 }
 
 /// The artifact's view of GPU code: one function per `gpu.func`, launches by function index.

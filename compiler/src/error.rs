@@ -25,6 +25,14 @@ pub enum CompileError {
     #[error("{0}")]
     DynamicShapes(String),
 
+    /// A symbolic batch whose samples some node mixes, so no program for one batch size serves
+    /// the others.
+    #[error(
+        "input `{input}` has the symbolic batch `{symbol}`, but {}{why}, so a program compiled for one batch size cannot run another; give the sizes with --input-shape",
+        node.as_ref().map_or(String::new(), |(n, op)| format!("node `{n}` ({op}) "))
+    )]
+    NotBatchable { input: String, symbol: String, node: Option<(String, &'static str)>, why: String },
+
     /// A kiln bug, not bad input.
     #[error("internal error: {0}")]
     Internal(String),

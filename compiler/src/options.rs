@@ -27,6 +27,10 @@ pub struct Options {
     pub target: TargetKind,
     /// Concrete shapes for inputs with symbolic dimensions.
     pub input_shapes: HashMap<String, Vec<usize>>,
+    /// Inputs whose leading dimension is a symbolic batch in a range (`--input-shape
+    /// x=1..64,3,224,224`): the range, inclusive, and the other sizes (the first entry unused).
+    /// The compile is then a symbolic-batch one (`batch.rs`).
+    pub batch_ranges: HashMap<String, (usize, usize, Vec<usize>)>,
     /// Values of inputs, known at compile time (JIT). Inputs whose values decide result shapes
     /// (a Reshape's shape, reduction axes, Resize scales...) are bound to them when shapes would
     /// otherwise stay dynamic; the compiled code then does not take those inputs.
@@ -54,6 +58,7 @@ impl Default for Options {
         Options {
             target: TargetKind::Cpu,
             input_shapes: HashMap::new(),
+            batch_ranges: HashMap::new(),
             input_values: HashMap::new(),
             dump_dir: None,
             cache: true,

@@ -24,7 +24,10 @@ use crate::{Result, RuntimeError};
 
 pub const MAGIC: &[u8; 8] = b"KILNART\0";
 /// 2: kernels have a GPU grid and block, launches say which arguments they write.
-pub const FORMAT_VERSION: u32 = 2;
+/// 3: an artifact may hold programs for several batch sizes (`Manifest::batch`).
+pub const FORMAT_VERSION: u32 = 3;
+/// The oldest version this runtime reads (2 has no `batch`, which is optional).
+pub const OLDEST_FORMAT_VERSION: u32 = 2;
 const HEADER: usize = 64;
 
 /// A byte range of the payload.
@@ -147,8 +150,39 @@ pub struct Manifest {
     pub code: Blob,
     /// Bytes of the scratch arena.
     pub arena_bytes: u64,
+    /// A symbolic batch: the programs for several batch sizes, which the runtime combines to
+    /// run any batch in range. The manifest's own buffers, kernels and launches are then empty,
+    /// and its inputs and outputs give the sizes of one sample (1 on the batch axis).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch: Option<BatchDesc>,
 }
 
+/// How an artifact compiled for a symbolic batch runs a batch of `n`: the batch is split into
+/// chunks, largest program first (13 with programs for 8, 4, 2 and 1 runs 8, 4, 1), and each
+/// chunk runs its program on that chunk's rows of the batched inputs. The compiler proved every
+/// sample's results depend only on that sample's inputs, so this is exact.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchDesc {
+    /// The batch dimension's symbol, as the model names it (`N`, `batch_size`).
+    pub symbol: String,
+    /// The batch sizes a run may have, inclusive.
+    pub min: u64,
+    pub max: u64,
+    /// Per input (per output): whether its leading axis is the batch. Others are the same for
+    /// every sample.
+    pub inputs: Vec<bool>,
+    pub outputs: Vec<bool>,
+    /// One static program per batch size, largest first. Their blobs are in the artifact's
+    /// payload (constants two programs share are stored once).
+    pub programs: Vec<BatchProgram>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchProgram {
+    /// The batch size it was compiled for.
+    pub batch: u64,
+    pub manifest: Manifest,
+}
 /// An artifact in memory: its manifest and payload.
 #[derive(Clone, Debug)]
 pub struct Artifact {
@@ -194,8 +228,10 @@ impl Artifact {
         let word = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes"));
         let long = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
         let version = word(8);
-        if version != FORMAT_VERSION {
-            return Err(bad(format!("artifact format version {version}, this runtime reads version {FORMAT_VERSION}; recompile the model")));
+        if !(OLDEST_FORMAT_VERSION..=FORMAT_VERSION).contains(&version) {
+            return Err(bad(format!(
+                "artifact format version {version}, this runtime reads versions {OLDEST_FORMAT_VERSION} to {FORMAT_VERSION}; recompile the model"
+            )));
         }
         let (m, p) = (long(16) as usize, long(24) as usize);
         let want = HEADER.checked_add(m).and_then(|x| x.checked_add(p)).ok_or_else(|| bad("corrupt header (sizes overflow)".into()))?;
@@ -224,7 +260,59 @@ impl Artifact {
 
     /// Checks the manifest is self-consistent, so running it cannot index out of bounds.
     pub fn validate(&self) -> std::result::Result<(), String> {
+        match &self.manifest.batch {
+            None => self.validate_program(&self.manifest),
+            Some(b) => self.validate_batched(b),
+        }
+    }
+
+    /// A batched artifact: every program is a valid static one with the same interface, whose
+    /// batched tensors have its batch size as their leading dimension.
+    fn validate_batched(&self, b: &BatchDesc) -> std::result::Result<(), String> {
         let m = &self.manifest;
+        if b.inputs.len() != m.inputs.len() || b.outputs.len() != m.outputs.len() {
+            return Err("the batch description does not match the inputs and outputs".into());
+        }
+        if !b.inputs.contains(&true) {
+            return Err("a batched artifact needs a batched input".into());
+        }
+        if b.min == 0 || b.min > b.max {
+            return Err(format!("the batch range {}..{} is empty or starts at 0", b.min, b.max));
+        }
+        if !b.programs.iter().any(|p| p.batch == 1) {
+            return Err("a batched artifact needs a program for batch 1 (every batch is a sum of its programs' sizes)".into());
+        }
+        if b.programs.windows(2).any(|w| w[0].batch <= w[1].batch) {
+            return Err("the batch programs are not in decreasing order of batch size".into());
+        }
+        let batched = |t: &TensorDesc, flag: bool| flag && t.dims.first().is_some_and(|&d| d == 1);
+        if let Some(t) = m.inputs.iter().zip(&b.inputs).chain(m.outputs.iter().zip(&b.outputs)).find(|(t, &f)| f && !batched(t, f)) {
+            return Err(format!("batched tensor `{}` does not have 1 as its leading dimension", t.0.name));
+        }
+        for p in &b.programs {
+            let pm = &p.manifest;
+            if pm.batch.is_some() || pm.target != m.target {
+                return Err(format!("the program for batch {} is not a static program for {}", p.batch, m.target.name()));
+            }
+            let same = |ours: &[TensorDesc], theirs: &[TensorDesc], flags: &[bool]| {
+                ours.len() == theirs.len()
+                    && ours.iter().zip(theirs).zip(flags).all(|((o, t), &f)| {
+                        let mut dims = o.dims.clone();
+                        if f {
+                            dims[0] = p.batch as usize;
+                        }
+                        o.name == t.name && o.dtype == t.dtype && dims == t.dims
+                    })
+            };
+            if !same(&m.inputs, &pm.inputs, &b.inputs) || !same(&m.outputs, &pm.outputs, &b.outputs) {
+                return Err(format!("the program for batch {} has other inputs or outputs than the artifact", p.batch));
+            }
+            self.validate_program(pm).map_err(|e| format!("the program for batch {}: {e}", p.batch))?;
+        }
+        Ok(())
+    }
+
+    fn validate_program(&self, m: &Manifest) -> std::result::Result<(), String> {
         let nbuf = m.buffers.len();
         let in_payload = |b: &Blob| b.offset.checked_add(b.len).is_some_and(|end| end <= self.payload.len() as u64);
         if !in_payload(&m.code) {
@@ -337,10 +425,39 @@ mod tests {
     }
 
     #[test]
+    fn batch_descriptions_are_checked_before_anything_runs() {
+        // One-sample tensors ([1] each: n = 4 bytes), one program for batch 1.
+        let program = diamond(Target::Cpu, 4, Blob { offset: 0, len: 16 }, Blob { offset: 64, len: 4 });
+        let batched = |programs: Vec<BatchProgram>| {
+            let mut m = program.clone();
+            (m.buffers, m.kernels, m.launches) = (vec![], vec![], vec![]);
+            m.batch = Some(BatchDesc { symbol: "N".into(), min: 1, max: 8, inputs: vec![true, false], outputs: vec![true, true], programs });
+            Artifact { manifest: m, payload: vec![0; 128] }
+        };
+        let one = BatchProgram { batch: 1, manifest: program.clone() };
+        let a = batched(vec![one.clone()]);
+        assert_eq!(a.validate(), Ok(()));
+        let back = Artifact::from_bytes(&a.to_bytes(), "b.kiln").unwrap();
+        assert_eq!(back.manifest, a.manifest);
+        let e = |a: Artifact| a.validate().unwrap_err();
+        assert_eq!(e(batched(vec![])), "a batched artifact needs a program for batch 1 (every batch is a sum of its programs' sizes)");
+        assert_eq!(e(batched(vec![one.clone(), one.clone()])), "the batch programs are not in decreasing order of batch size");
+        let mut two = one.clone();
+        two.batch = 2;
+        assert_eq!(e(batched(vec![two, one.clone()])), "the program for batch 2 has other inputs or outputs than the artifact");
+        let mut bad = one.clone();
+        bad.manifest.launches[0].args[0] = 99;
+        assert_eq!(e(batched(vec![bad])), "the program for batch 1: launch 0 names missing buffer 99");
+        let mut a = batched(vec![one]);
+        a.manifest.batch.as_mut().unwrap().min = 0;
+        assert_eq!(e(a), "the batch range 0..8 is empty or starts at 0");
+    }
+
+    #[test]
     fn older_format_versions_are_refused() {
         let mut bytes = art(Target::Cpu).to_bytes();
         bytes[8..12].copy_from_slice(&1u32.to_le_bytes());
         let e = Artifact::from_bytes(&bytes, "old.kiln").unwrap_err().to_string();
-        assert!(e.contains("artifact format version 1, this runtime reads version 2; recompile the model"), "{e}");
+        assert!(e.contains("artifact format version 1, this runtime reads versions 2 to 3; recompile the model"), "{e}");
     }
 }

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use kiln_ir::{DType, Tensor};
 
-use crate::artifact::{Artifact, BufferKind, Manifest, Target, TensorDesc};
+use crate::artifact::{Artifact, BatchDesc, BufferKind, Manifest, Target, TensorDesc};
 use crate::device::cpu::CpuProgram;
 use crate::device::cuda::CudaProgram;
 use crate::device::opencl::OpenclProgram;
@@ -83,6 +83,8 @@ enum Program {
     Cpu(Cpu),
     Cuda(CudaProgram),
     Opencl(OpenclProgram),
+    /// A symbolic batch: one loaded program per compiled batch size, largest first.
+    Batched(Vec<(usize, Executable)>),
 }
 
 /// A compiled model, loaded once (code, constants), run many times.
@@ -101,13 +103,28 @@ impl Executable {
     pub fn load(artifact: Artifact, options: &LoadOptions) -> Result<Executable> {
         // Hand-built artifacts have not been through `from_bytes`.
         artifact.validate().map_err(|msg| RuntimeError::Artifact { path: artifact.manifest.model.clone(), msg })?;
-        let m = &artifact.manifest;
-        let program = match m.target {
-            Target::Cpu => Program::Cpu(Executable::load_cpu(&artifact, options)?),
-            Target::Cuda => Program::Cuda(CudaProgram::load(&artifact, options.device_index)?),
-            Target::Opencl => Program::Opencl(OpenclProgram::load(&artifact, options.device_index)?),
+        let Some(batch) = artifact.manifest.batch.clone() else {
+            let program = Executable::load_static(&artifact, options)?;
+            return Ok(Executable { manifest: artifact.manifest, program });
         };
-        Ok(Executable { manifest: artifact.manifest, program })
+        // Each program reads its blobs from the one payload.
+        let Artifact { manifest, payload } = artifact;
+        let mut one = Artifact { manifest: manifest.clone(), payload };
+        let mut programs = Vec::with_capacity(batch.programs.len());
+        for p in &batch.programs {
+            one.manifest = p.manifest.clone();
+            let program = Executable::load_static(&one, options)?;
+            programs.push((p.batch as usize, Executable { manifest: p.manifest.clone(), program }));
+        }
+        Ok(Executable { manifest, program: Program::Batched(programs) })
+    }
+
+    fn load_static(artifact: &Artifact, options: &LoadOptions) -> Result<Program> {
+        Ok(match artifact.manifest.target {
+            Target::Cpu => Program::Cpu(Executable::load_cpu(artifact, options)?),
+            Target::Cuda => Program::Cuda(CudaProgram::load(artifact, options.device_index)?),
+            Target::Opencl => Program::Opencl(OpenclProgram::load(artifact, options.device_index)?),
+        })
     }
 
     fn load_cpu(artifact: &Artifact, options: &LoadOptions) -> Result<Cpu> {
@@ -147,6 +164,13 @@ impl Executable {
         &self.manifest.outputs
     }
 
+    /// The symbolic batch, when the artifact was compiled for one: `inputs()` and `outputs()`
+    /// then give one sample's sizes, and a run takes any batch in `min..=max` on the axis of
+    /// each tensor it marks.
+    pub fn batch(&self) -> Option<&BatchDesc> {
+        self.manifest.batch.as_ref()
+    }
+
     pub fn manifest(&self) -> &Manifest {
         &self.manifest
     }
@@ -163,6 +187,7 @@ impl Executable {
             Program::Cpu(c) => format!("cpu ({} thread{})", c.program.threads(), if c.program.threads() == 1 { "" } else { "s" }),
             Program::Cuda(p) => p.description().to_string(),
             Program::Opencl(p) => p.description().to_string(),
+            Program::Batched(ps) => ps[0].1.device(),
         }
     }
 
@@ -172,6 +197,7 @@ impl Executable {
             Program::Cpu(_) => 0,
             Program::Cuda(p) => p.load_bytes(),
             Program::Opencl(p) => p.load_bytes(),
+            Program::Batched(ps) => ps.iter().map(|(_, e)| e.load_bytes_to_device()).sum(),
         }
     }
 
@@ -182,12 +208,16 @@ impl Executable {
 
     /// Runs, recording per-launch times and the bytes copied into `profile` when given.
     pub fn run_profiled(&self, inputs: &[Tensor], profile: Option<&mut Profile>) -> Result<Vec<Tensor>> {
-        self.check_inputs(inputs)?;
         let m = &self.manifest;
+        if let (Program::Batched(programs), Some(batch)) = (&self.program, &m.batch) {
+            return self.run_batched(batch, programs, inputs, profile);
+        }
+        self.check_inputs(inputs)?;
         let bytes = match &self.program {
             Program::Cpu(cpu) => return self.run_cpu(cpu, inputs, profile),
             Program::Cuda(p) => p.run(m, inputs, profile)?,
             Program::Opencl(p) => p.run(m, inputs, profile)?,
+            Program::Batched(_) => unreachable!("a batched program has a batch description (validated at load)"),
         };
         m.outputs.iter().zip(&bytes).map(|(o, b)| output_tensor(o, b)).collect()
     }
@@ -262,6 +292,113 @@ impl Executable {
         tensors
     }
 
+    /// A batch of `n`: split into chunks of the programs' sizes, largest first; each chunk runs
+    /// on its rows of the batched inputs, and its rows of the batched outputs are copied into
+    /// place. A batch that one program covers runs on the inputs as they are.
+    fn run_batched(
+        &self,
+        batch: &BatchDesc,
+        programs: &[(usize, Executable)],
+        inputs: &[Tensor],
+        mut profile: Option<&mut Profile>,
+    ) -> Result<Vec<Tensor>> {
+        let n = self.check_batched_inputs(batch, inputs)?;
+        let mut chunks: Vec<(usize, usize)> = Vec::new(); // (program, size)
+        let mut left = n;
+        for (i, &(size, _)) in programs.iter().enumerate() {
+            while left >= size {
+                chunks.push((i, size));
+                left -= size;
+            }
+        }
+        if let [(p, _)] = chunks[..] {
+            return programs[p].1.run_profiled(inputs, profile);
+        }
+        let out_descs = &self.manifest.outputs;
+        let mut rows: Vec<Option<Vec<u8>>> = vec![None; out_descs.len()];
+        let mut free: Vec<Option<Tensor>> = vec![None; out_descs.len()];
+        let mut at = 0usize;
+        for (p, size) in chunks {
+            let part: Vec<Tensor> = inputs
+                .iter()
+                .zip(&batch.inputs)
+                .map(|(t, &batched)| if batched { rows_of(t, at, size) } else { Ok(t.clone()) })
+                .collect::<Result<_>>()?;
+            let results = programs[p].1.run_profiled(&part, profile.as_deref_mut())?;
+            for (o, r) in results.into_iter().enumerate() {
+                if !batch.outputs[o] {
+                    free[o].get_or_insert(r);
+                    continue;
+                }
+                let row = r.bytes().len() / size;
+                let buf = rows[o].get_or_insert_with(|| vec![0u8; row * n]);
+                buf[at * row..(at + size) * row].copy_from_slice(r.bytes());
+            }
+            at += size;
+        }
+        out_descs
+            .iter()
+            .enumerate()
+            .map(|(o, d)| match (free[o].take(), &rows[o]) {
+                (Some(t), _) => Ok(t),
+                (None, Some(bytes)) => {
+                    let dtype = DType::from_name(&d.dtype).expect("validated at load");
+                    let mut dims = d.dims.clone();
+                    dims[0] = n;
+                    Tensor::from_bytes(dtype, &dims, bytes).map_err(|e| RuntimeError::Launch { kernel: "output".into(), msg: e.to_string() })
+                }
+                (None, None) => unreachable!("every output comes from the first chunk"),
+            })
+            .collect()
+    }
+
+    /// The batch size of `inputs`: every batched input's leading size, equal across them and in
+    /// range; every other size as declared.
+    fn check_batched_inputs(&self, batch: &BatchDesc, inputs: &[Tensor]) -> Result<usize> {
+        let want = &self.manifest.inputs;
+        let sym = &batch.symbol;
+        let shape = |d: &TensorDesc, batched: bool| {
+            let dims: Vec<String> = d.dims.iter().enumerate().map(|(i, n)| if batched && i == 0 { sym.clone() } else { n.to_string() }).collect();
+            format!("{}[{}]", d.dtype, dims.join(","))
+        };
+        if inputs.len() != want.len() {
+            let list: Vec<String> = want.iter().zip(&batch.inputs).map(|(d, &b)| format!("{}: {}", d.name, shape(d, b))).collect();
+            return Err(RuntimeError::Input {
+                name: self.manifest.model.clone(),
+                msg: format!("expects {} inputs ({}), {} given", want.len(), list.join(", "), inputs.len()),
+            });
+        }
+        let mut n: Option<(usize, &str)> = None;
+        for ((t, d), &batched) in inputs.iter().zip(want).zip(&batch.inputs) {
+            let fits = t.dtype().name() == d.dtype
+                && t.rank() == d.dims.len()
+                && t.dims().iter().zip(&d.dims).enumerate().all(|(i, (a, b))| (batched && i == 0) || a == b);
+            if !fits {
+                return Err(RuntimeError::Input { name: d.name.clone(), msg: format!("expected {}, got {}", shape(d, batched), t.ty()) });
+            }
+            if batched {
+                let size = t.dims()[0];
+                match n {
+                    Some((m, other)) if m != size => {
+                        return Err(RuntimeError::Input {
+                            name: d.name.clone(),
+                            msg: format!("`{sym}` is {m} in `{other}` but {size} here; the batched inputs must agree"),
+                        })
+                    }
+                    _ => n = Some((size, &d.name)),
+                }
+            }
+        }
+        let (n, name) = n.expect("a batched artifact has a batched input (validated at load)");
+        if (n as u64) < batch.min || (n as u64) > batch.max {
+            return Err(RuntimeError::Input {
+                name: name.to_string(),
+                msg: format!("batch `{sym}` = {n} is outside the range {}..{} this artifact was compiled for", batch.min, batch.max),
+            });
+        }
+        Ok(n)
+    }
+
     fn check_inputs(&self, inputs: &[Tensor]) -> Result<()> {
         let want = &self.manifest.inputs;
         let list = || want.iter().map(|t| format!("{}: {}{:?}", t.name, t.dtype, t.dims)).collect::<Vec<_>>().join(", ");
@@ -278,6 +415,15 @@ impl Executable {
         }
         Ok(())
     }
+}
+
+/// Rows `at..at + n` of `t`'s leading axis, as a tensor of their own.
+fn rows_of(t: &Tensor, at: usize, n: usize) -> Result<Tensor> {
+    let row = t.bytes().len() / t.dims()[0].max(1);
+    let mut dims = t.dims().to_vec();
+    dims[0] = n;
+    Tensor::from_bytes(t.dtype(), &dims, &t.bytes()[at * row..(at + n) * row])
+        .map_err(|e| RuntimeError::Launch { kernel: "batch".into(), msg: e.to_string() })
 }
 
 /// An output's tensor from its buffer's bytes.

@@ -66,3 +66,33 @@ fn bench_binds_symbolic_sizes_from_input_files_and_negative_dims_are_symbols() {
     assert_eq!((y.dims(), y.as_slice::<f32>().unwrap()), (&[2, 3, 5][..], &want[..]));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn compile_without_sizes_serves_any_batch_and_bench_picks_one() {
+    let dir = std::env::temp_dir().join(format!("kiln-cli-batch-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // Declared [-1, 3]: the leading dimension is the only unknown, so it is a batch.
+    let model = dir.join("relu.onnx");
+    std::fs::write(&model, relu_model(&[Some(-1), Some(3)])).unwrap();
+    let art = dir.join("relu.kiln");
+    let (m, a) = (model.to_str().unwrap(), art.to_str().unwrap());
+    assert_eq!(kiln(&["compile", m, "-o", a, "--no-cache", "--quiet"]), 0, "compile without --input-shape");
+    for n in [1usize, 5, 8] {
+        let xt = Tensor::random(DType::F32, &[n, 3], n as u64);
+        let x = dir.join(format!("x{n}.npy"));
+        std::fs::write(&x, kiln_ir::npy::encode(&xt).unwrap()).unwrap();
+        let out = dir.join(format!("out{n}"));
+        let input = format!("x={}", x.display());
+        assert_eq!(kiln(&["run", a, "--input", &input, "--output-dir", out.to_str().unwrap(), "-q"]), 0, "run batch {n}");
+        let y = kiln_ir::npy::decode(&std::fs::read(out.join("output_0.npy")).unwrap()).unwrap();
+        let want: Vec<f32> = xt.as_slice::<f32>().unwrap().iter().map(|v| v.max(0.0)).collect();
+        assert_eq!((y.dims(), y.as_slice::<f32>().unwrap()), (&[n, 3][..], &want[..]), "batch {n}");
+    }
+    let bench = ["bench", a, "--threads", "1", "--warmup", "0", "--iters", "1", "--quiet", "--input-shape"];
+    assert_eq!(kiln(&[&bench[..], &["x=6,3"]].concat()), 0, "bench a batched artifact at batch 6");
+    // A range: sizes outside it are refused at run time; a range that cannot hold is a usage error.
+    assert_eq!(kiln(&["compile", m, "-o", a, "--no-cache", "--quiet", "--input-shape", "x=1..4,3"]), 0, "compile a range");
+    assert_eq!(kiln(&[&bench[..], &["x=6,3"]].concat()), 1, "batch 6 outside 1..4");
+    assert_eq!(kiln(&["compile", m, "-o", a, "--no-cache", "--quiet", "--input-shape", "x=4..2,3"]), 1, "an empty range");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

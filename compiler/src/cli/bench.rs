@@ -63,9 +63,13 @@ pub fn run(args: &Args) -> Result<()> {
     // Random inputs of the declared types for those not given; a given one's sizes come from
     // its file (and bind the symbols it is declared with).
     let declared: Vec<(String, kiln_ir::DType, Vec<usize>)> = match &model {
-        Model::Artifact(a) => {
-            a.manifest.inputs.iter().map(|t| (t.name.clone(), kiln_ir::DType::from_name(&t.dtype).expect("validated"), t.dims.clone())).collect()
-        }
+        // A symbolic batch's artifact declares one sample; --input-shape picks another batch.
+        Model::Artifact(a) => a
+            .manifest
+            .inputs
+            .iter()
+            .map(|t| (t.name.clone(), kiln_ir::DType::from_name(&t.dtype).expect("validated"), shapes.get(&t.name).unwrap_or(&t.dims).clone()))
+            .collect(),
         Model::Graph(g) => graph_input_types(g)
             .into_iter()
             .filter(|(n, _)| !given.iter().any(|(g, _)| g == n))

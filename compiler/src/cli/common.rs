@@ -71,6 +71,41 @@ pub fn parse_shapes(specs: &[String]) -> Result<HashMap<String, Vec<usize>>> {
         .collect()
 }
 
+/// A leading-dimension range batch spec per input (`NAME=1..64,3,224,224`): the range and
+/// the other sizes (the first entry unused).
+pub type BatchRanges = HashMap<String, (usize, usize, Vec<usize>)>;
+
+/// `--input-shape` for `kiln compile`: sizes (`NAME=D0,D1,...`), or a range of batch sizes for
+/// the leading dimension (`NAME=1..64,3,224,224`; `NAME=1..,3,224,224` for no upper bound),
+/// which keeps it symbolic.
+pub fn parse_shapes_or_ranges(specs: &[String]) -> Result<(HashMap<String, Vec<usize>>, BatchRanges)> {
+    let (mut shapes, mut ranges) = (HashMap::new(), HashMap::new());
+    for s in specs {
+        let bad = || {
+            CompileError::Usage(format!("--input-shape `{s}` is not NAME=D0,D1,... (sizes; the first may be a range of batch sizes, LO..HI or LO..)"))
+        };
+        let (name, dims) = s.split_once('=').ok_or_else(bad)?;
+        let parts: Vec<&str> = if dims.is_empty() { Vec::new() } else { dims.split(',').map(str::trim).collect() };
+        let size = |d: &str| d.parse::<usize>().map_err(|_| bad());
+        let rest: Vec<usize> = parts.iter().skip(1).map(|d| size(d)).collect::<Result<_>>()?;
+        match parts.first().and_then(|d| d.split_once("..")) {
+            Some((lo, hi)) => {
+                let lo = size(lo)?;
+                let hi = if hi.is_empty() { crate::batch::NO_LIMIT } else { size(hi)? };
+                if lo == 0 || lo > hi {
+                    return Err(CompileError::Usage(format!("--input-shape `{s}`: the batch range {lo}..{hi} is empty (sizes start at 1)")));
+                }
+                ranges.insert(name.to_string(), (lo, hi, std::iter::once(0).chain(rest).collect()));
+            }
+            None => {
+                let first: Vec<usize> = parts.first().map(|d| size(d)).transpose()?.into_iter().collect();
+                shapes.insert(name.to_string(), first.into_iter().chain(rest).collect());
+            }
+        }
+    }
+    Ok((shapes, ranges))
+}
+
 /// Puts named tensors in the declared order; a missing or unknown name is an error that lists
 /// what the model expects.
 pub fn order_inputs(declared: &[(String, String)], mut given: Vec<(String, Tensor)>) -> Result<Vec<Tensor>> {

@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use super::common::{compile_with_bar, load_model, parse_shapes, print_timings, write_atomically, Model};
+use super::common::{compile_with_bar, load_model, parse_shapes_or_ranges, print_timings, write_atomically, Model};
 use crate::target::gpu::PtxTarget;
 use crate::{CompileError, Options, Result, TargetKind};
 
@@ -64,7 +64,9 @@ pub struct Args {
     /// Write every stage's text (graph, fused, MLIR, lowered, LLVM IR, assembly, PTX, SPIR-V) into this folder.
     #[arg(long)]
     dump_dir: Option<PathBuf>,
-    /// Concrete sizes for an input with symbolic dimensions: NAME=D0,D1,...
+    /// Concrete sizes for an input with symbolic dimensions: NAME=D0,D1,... The first may be a
+    /// range of batch sizes (NAME=1..64,3,224,224); without sizes for a symbolic leading
+    /// dimension the artifact serves any batch (programs for 8, 4, 2 and 1, combined at run time).
     #[arg(long = "input-shape")]
     input_shapes: Vec<String>,
     /// Do not use or fill the compile cache.
@@ -89,9 +91,11 @@ pub fn run(args: &Args) -> Result<()> {
         Model::Graph(g) => g,
         Model::Artifact(_) => return Err(CompileError::Usage(format!("{} is already a compiled artifact", args.model.display()))),
     };
+    let (input_shapes, batch_ranges) = parse_shapes_or_ranges(&args.input_shapes)?;
     let options = Options {
         target: args.target.kind(),
-        input_shapes: parse_shapes(&args.input_shapes)?,
+        input_shapes,
+        batch_ranges,
         dump_dir: args.dump_dir.clone(),
         cache: !args.no_cache,
         ptx: args.cuda.ptx()?,
@@ -114,7 +118,22 @@ pub fn run(args: &Args) -> Result<()> {
     if !args.quiet {
         print_timings(if compiled.from_cache { "compile (from the cache)" } else { "compile" }, &compiled.timings);
         let m = &compiled.artifact.manifest;
-        eprintln!("wrote {} ({} kernels, {} bytes) for {}", args.output.display(), m.kernels.len(), bytes.len(), m.target_detail);
+        match &m.batch {
+            None => eprintln!("wrote {} ({} kernels, {} bytes) for {}", args.output.display(), m.kernels.len(), bytes.len(), m.target_detail),
+            Some(b) => {
+                let sizes: Vec<String> = b.programs.iter().map(|p| format!("{} ({} kernels)", p.batch, p.manifest.kernels.len())).collect();
+                let max = if b.max as usize == crate::batch::NO_LIMIT { String::new() } else { b.max.to_string() };
+                eprintln!(
+                    "wrote {} ({} bytes) for {}: batch `{}` in {}..{max}, programs for batch {}",
+                    args.output.display(),
+                    bytes.len(),
+                    m.target_detail,
+                    b.symbol,
+                    b.min,
+                    sizes.join(", ")
+                );
+            }
+        }
         if let Some(d) = &args.dump_dir {
             eprintln!("stage dumps in {}", d.display());
         }

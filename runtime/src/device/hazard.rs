@@ -169,6 +169,7 @@ pub(crate) mod tests {
             launches: vec![l(0, vec![0, 1, 5]), l(1, vec![0, 4, 6]), l(0, vec![5, 6, 2]), l(1, vec![2, 4, 7]), l(0, vec![7, 4, 3])],
             code,
             arena_bytes: 2 * n,
+            batch: None,
         }
     }
 
