@@ -470,7 +470,9 @@ fn rule(g: &Graph, id: NodeId, operands: &[Option<ValueId>], deps: &[Dep]) -> st
                 None => vec![1; starts.len()],
             };
             for (k, &a) in axes.iter().enumerate() {
-                if normalize_axis(a, x_rank) == Some(0) && !(starts[k] == 0 && steps.get(k) == Some(&1) && ends[k] >= i32::MAX as i64) {
+                // A malformed Slice (more axes than starts) is refused here, not indexed past its end.
+                let whole = starts.get(k) == Some(&0) && steps.get(k) == Some(&1) && ends.get(k).is_some_and(|&e| e >= i32::MAX as i64);
+                if normalize_axis(a, x_rank) == Some(0) && !whole {
                     return Err("slices the batch axis".into());
                 }
             }
