@@ -5,7 +5,9 @@
 use std::collections::HashMap;
 
 use kiln_ir::{Graph, ValueId};
-use kiln_runtime::artifact::{Artifact, BatchDesc, BatchProgram, Blob, BufferDesc, BufferKind, KernelDesc, Launch, Manifest, Target, TensorDesc};
+use kiln_runtime::artifact::{
+    Artifact, BatchDesc, BatchProgram, Blob, BufferDesc, BufferKind, ControlDesc, KernelDesc, Launch, Manifest, Target, TensorDesc,
+};
 
 use crate::batch::BatchPlan;
 use crate::fuse::{self, Partition};
@@ -176,6 +178,7 @@ pub fn assemble(graph: &Graph, partition: &Partition, code: Code) -> Result<Arti
         code: code_blob,
         arena_bytes,
         batch: None,
+        control: None,
     };
     Ok(Artifact { manifest, payload })
 }
@@ -248,65 +251,123 @@ fn plan_arena(buffers: &mut [BufferDesc], scratch: &[(usize, usize, usize)]) -> 
     total
 }
 
-/// One artifact from the programs of a symbolic batch (largest first): their manifests in the
-/// batch description, their blobs in one payload, where a blob two programs share (a weight
+/// One payload for several programs' blobs: a blob two programs share byte for byte (a weight
 /// packed the same way for every batch size) is stored once.
-pub fn assemble_batched(plan: &BatchPlan, programs: Vec<(usize, Artifact)>) -> Result<Artifact> {
-    let mut payload: Vec<u8> = Vec::new();
-    let mut stored: HashMap<(u64, u64), u64> = HashMap::new(); // (digest, length) -> offset
-    let mut descs = Vec::with_capacity(programs.len());
-    for (size, art) in programs {
-        let mut m = art.manifest.clone();
-        let mut put = |b: Blob| -> Result<Blob> {
-            let bytes = art.blob(b)?;
-            let key = (digest(bytes), b.len);
-            if let Some(&offset) = stored.get(&key) {
-                if &payload[offset as usize..(offset + b.len) as usize] == bytes {
-                    return Ok(Blob { offset, len: b.len });
-                }
-            }
-            payload.resize(align(payload.len() as u64) as usize, 0);
-            let offset = payload.len() as u64;
-            payload.extend_from_slice(bytes);
-            stored.insert(key, offset);
-            Ok(Blob { offset, len: b.len })
-        };
-        m.code = put(m.code)?;
-        for b in &mut m.buffers {
-            if let BufferKind::Constant(blob) = &mut b.kind {
-                *blob = put(*blob)?;
+#[derive(Default)]
+struct SharedPayload {
+    bytes: Vec<u8>,
+    stored: HashMap<(u64, u64), u64>, // (digest, length) -> offset
+}
+
+impl SharedPayload {
+    fn put(&mut self, from: &Artifact, b: Blob) -> Result<Blob> {
+        let bytes = from.blob(b)?;
+        let key = (digest(bytes), b.len);
+        if let Some(&offset) = self.stored.get(&key) {
+            if &self.bytes[offset as usize..(offset + b.len) as usize] == bytes {
+                return Ok(Blob { offset, len: b.len });
             }
         }
-        descs.push(BatchProgram { batch: size as u64, manifest: m });
+        self.bytes.resize(align(self.bytes.len() as u64) as usize, 0);
+        let offset = self.bytes.len() as u64;
+        self.bytes.extend_from_slice(bytes);
+        self.stored.insert(key, offset);
+        Ok(Blob { offset, len: b.len })
     }
-    let one = &descs.last().ok_or_else(|| crate::CompileError::Internal("a symbolic batch with no programs".into()))?.manifest;
-    let mut cpu_features: Vec<String> = descs.iter().flat_map(|p| p.manifest.cpu_features.iter().cloned()).collect();
+
+    /// Moves every blob `m` (and the programs it holds) names from `from`'s payload into this one.
+    fn take(&mut self, m: &mut Manifest, from: &Artifact) -> Result<()> {
+        m.code = self.put(from, m.code)?;
+        for b in &mut m.buffers {
+            if let BufferKind::Constant(blob) = &mut b.kind {
+                *blob = self.put(from, *blob)?;
+            }
+        }
+        if let Some(batch) = &mut m.batch {
+            for p in &mut batch.programs {
+                self.take(&mut p.manifest, from)?;
+            }
+        }
+        if let Some(control) = &mut m.control {
+            for p in &mut control.programs {
+                self.take(p, from)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The manifest of an artifact made of programs: `interface`'s inputs and outputs, the union of
+/// the programs' CPU features, and no buffers, kernels or launches of its own.
+fn outer_manifest(interface: &Manifest, programs: &[&Manifest]) -> Manifest {
+    let mut cpu_features: Vec<String> = programs.iter().flat_map(|m| m.cpu_features.iter().cloned()).collect();
     cpu_features.sort();
     cpu_features.dedup();
-    let manifest = Manifest {
-        kiln_version: one.kiln_version.clone(),
-        model: one.model.clone(),
-        target: one.target,
-        target_detail: one.target_detail.clone(),
+    Manifest {
+        kiln_version: interface.kiln_version.clone(),
+        model: interface.model.clone(),
+        target: interface.target,
+        target_detail: interface.target_detail.clone(),
         cpu_features,
-        inputs: one.inputs.clone(),
-        outputs: one.outputs.clone(),
+        inputs: interface.inputs.clone(),
+        outputs: interface.outputs.clone(),
         buffers: Vec::new(),
         kernels: Vec::new(),
         launches: Vec::new(),
         code: Blob { offset: 0, len: 0 },
         arena_bytes: 0,
-        batch: Some(BatchDesc {
-            symbol: plan.symbol.clone(),
-            min: plan.min as u64,
-            max: plan.max as u64,
-            inputs: plan.inputs.clone(),
-            outputs: plan.outputs.clone(),
-            programs: descs,
-        }),
-    };
-    let art = Artifact { manifest, payload };
+        batch: None,
+        control: None,
+    }
+}
+
+/// One artifact from the programs of a symbolic batch (largest first): their manifests in the
+/// batch description, their blobs in one payload (shared ones once).
+pub fn assemble_batched(plan: &BatchPlan, programs: Vec<(usize, Artifact)>) -> Result<Artifact> {
+    let mut payload = SharedPayload::default();
+    let mut descs = Vec::with_capacity(programs.len());
+    for (size, art) in programs {
+        let mut m = art.manifest.clone();
+        payload.take(&mut m, &art)?;
+        descs.push(BatchProgram { batch: size as u64, manifest: m });
+    }
+    let one = &descs.last().ok_or_else(|| crate::CompileError::Internal("a symbolic batch with no programs".into()))?.manifest;
+    let mut manifest = outer_manifest(one, &descs.iter().map(|p| &p.manifest).collect::<Vec<_>>());
+    manifest.batch = Some(BatchDesc {
+        symbol: plan.symbol.clone(),
+        min: plan.min as u64,
+        max: plan.max as u64,
+        inputs: plan.inputs.clone(),
+        outputs: plan.outputs.clone(),
+        programs: descs,
+    });
+    let art = Artifact { manifest, payload: payload.bytes };
     art.validate().map_err(|e| crate::CompileError::Internal(format!("the batched artifact does not validate: {e}")))?;
+    Ok(art)
+}
+
+/// One artifact from a control split's programs (in the split's order) and its steps: the
+/// interface is the graph's (`inputs` and `outputs` as the split gives them).
+pub fn assemble_control(
+    model: &str,
+    inputs: Vec<TensorDesc>,
+    outputs: Vec<TensorDesc>,
+    programs: Vec<Artifact>,
+    control: impl FnOnce(Vec<Manifest>) -> ControlDesc,
+) -> Result<Artifact> {
+    let mut payload = SharedPayload::default();
+    let mut manifests = Vec::with_capacity(programs.len());
+    for art in &programs {
+        let mut m = art.manifest.clone();
+        payload.take(&mut m, art)?;
+        manifests.push(m);
+    }
+    let first = manifests.first().ok_or_else(|| crate::CompileError::Internal("control flow with no programs".into()))?;
+    let mut manifest = outer_manifest(first, &manifests.iter().collect::<Vec<_>>());
+    (manifest.model, manifest.inputs, manifest.outputs) = (model.to_string(), inputs, outputs);
+    manifest.control = Some(control(manifests));
+    let art = Artifact { manifest, payload: payload.bytes };
+    art.validate().map_err(|e| crate::CompileError::Internal(format!("the control-flow artifact does not validate: {e}")))?;
     Ok(art)
 }
 

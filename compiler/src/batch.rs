@@ -569,7 +569,35 @@ fn rule(g: &Graph, id: NodeId, operands: &[Option<ValueId>], deps: &[Dep]) -> st
         Op::EyeLike { .. } | Op::Range | Op::ConstantOfShape { .. } => return Err("makes a tensor shaped by a batched one".into()),
         Op::ScatterNd { .. } => return Err("scatters into a batched tensor by index tuples".into()),
         Op::NllLoss(_) | Op::SoftmaxCrossEntropyLoss(_) => return Err("is a loss, which reduces over the batch".into()),
-        Op::If { .. } => return Err("branches on a batched value".into()),
+        Op::If { then_branch, else_branch } => {
+            if deps[0] != Dep::Free {
+                return Err("branches on a batched value".into());
+            }
+            // Each branch, typed as its captured operands are, must treat them per sample.
+            let mut each = Vec::new();
+            for branch in [&then_branch.0, &else_branch.0] {
+                let mut b = (**branch).clone();
+                for i in 0..b.inputs().len() {
+                    let t = ty(i + 1).ok_or("a captured value is missing")?.clone();
+                    b.set_input_type(i, t).map_err(|e| e.to_string())?;
+                }
+                let flags: Vec<bool> = deps[1..].iter().map(|d| *d == Dep::Batched).collect();
+                if deps[1..].contains(&Dep::Sized) {
+                    return Err("passes the batch size into a branch".into());
+                }
+                let outputs = separable(&b, &flags, &HashSet::new()).map_err(|(node, why)| match node {
+                    Some(n) => format!("has a branch `{}` whose node `{}` ({}) {why}", b.name, b.node(n).name, b.node(n).op.name()),
+                    None => format!("has a branch `{}` where {why}", b.name),
+                })?;
+                each.extend(outputs);
+            }
+            if each.iter().all(|&b| !b) {
+                return Ok(Dep::Free);
+            }
+            if each.contains(&false) {
+                return Err("has results of which some are per sample and some are not".into());
+            }
+        }
     }
     leading_is_batch(node.outputs.as_slice())
 }

@@ -47,6 +47,21 @@ impl Stages {
         })
     }
 
+    fn get_mut(&mut self, stage: &str) -> Option<&mut String> {
+        Some(match stage {
+            "graph" => &mut self.graph,
+            "fused" => &mut self.fused,
+            "schedule" => &mut self.schedule,
+            "mlir" => &mut self.mlir,
+            "lowered" => &mut self.lowered,
+            "llvm" => &mut self.llvm,
+            "asm" => &mut self.asm,
+            "ptx" => &mut self.ptx,
+            "spirv" => &mut self.spirv,
+            _ => return None,
+        })
+    }
+
     pub const NAMES: [&'static str; 9] = ["graph", "fused", "schedule", "mlir", "lowered", "llvm", "asm", "ptx", "spirv"];
 }
 
@@ -96,6 +111,13 @@ pub fn compile_reporting(graph: &Graph, options: &Options, keep_stages: bool, pr
     }
     let mut stages = Stages::default();
     let g = optimize(graph, options)?;
+    if let Some(split) = crate::control::split(&g)? {
+        let compiled = compile_control(&g, options, &split, keep_stages, progress)?;
+        if let Some(k) = &key {
+            cache_store(k, &compiled.artifact);
+        }
+        return Ok(compiled);
+    }
     if keep {
         stages.graph = text::print(&g, text::Weights::Summary);
     }
@@ -209,6 +231,77 @@ fn compile_batched(
     Ok(Compiled { artifact, stages: stages.unwrap_or_default(), timings, from_cache })
 }
 
+/// Run-time control flow: each program of the split compiled as a model of its own (through the
+/// cache; an If inside one splits again), in one artifact with the split's steps. Each stage's
+/// text is the programs' in order, each under a header; `--dump-dir` gets a folder per program.
+fn compile_control(
+    graph: &Graph,
+    options: &Options,
+    split: &crate::control::ControlSplit,
+    keep_stages: bool,
+    progress: &dyn Fn(Progress),
+) -> Result<Compiled> {
+    use kiln_runtime::artifact::{ControlDesc, TensorDesc, ValueDesc};
+    let mut timings: Vec<(&'static str, Duration)> = Vec::new();
+    let mut stages = Stages { graph: text::print(graph, text::Weights::Summary), ..Stages::default() };
+    stages.fused = split.to_string();
+    let mut from_cache = true;
+    let mut programs = Vec::with_capacity(split.programs.len());
+    for (i, (role, piece)) in split.programs.iter().enumerate() {
+        // The program's inputs are fully typed and the values bound already.
+        let o = Options {
+            input_shapes: Default::default(),
+            input_values: Default::default(),
+            batch_ranges: Default::default(),
+            dump_dir: options.dump_dir.as_ref().map(|d| d.join(format!("{i}-{}", role.name()))),
+            ..options.clone()
+        };
+        let c = compile_reporting(piece, &o, keep_stages, progress)?;
+        for (name, t) in c.timings {
+            match timings.iter_mut().find(|(n, _)| *n == name) {
+                Some(e) => e.1 += t,
+                None => timings.push((name, t)),
+            }
+        }
+        from_cache &= c.from_cache;
+        let header = format!("// program {i}: {} If `{}` ({})\n", role.name(), split.node, piece.name);
+        for name in Stages::NAMES.iter().filter(|n| **n != "graph") {
+            let text = c.stages.get(name).unwrap_or_default();
+            if !text.is_empty() {
+                let mine = stages.get_mut(name).expect("a stage name");
+                if !mine.is_empty() {
+                    mine.push('\n');
+                }
+                mine.push_str(&header);
+                mine.push_str(text);
+            }
+        }
+        programs.push(c.artifact);
+    }
+    let clock = Instant::now();
+    let desc = |name: &str, ty: &kiln_ir::TensorType| TensorDesc {
+        name: name.to_string(),
+        dtype: ty.dtype.name().to_string(),
+        dims: ty.shape.as_fixed().unwrap_or_default(),
+        buffer: 0,
+    };
+    let inputs = graph.inputs().iter().map(|&id| desc(&graph.node(id).name, &graph.node(id).outputs[0])).collect();
+    let outputs = graph.outputs().iter().map(|(name, v)| desc(name, graph.value_type(*v))).collect();
+    let values = split
+        .values
+        .iter()
+        .map(|(name, ty)| ValueDesc { name: name.clone(), dtype: ty.dtype.name().to_string(), dims: ty.shape.as_fixed().unwrap_or_default() })
+        .collect();
+    let artifact = artifact::assemble_control(&graph.name, inputs, outputs, programs, |programs| ControlDesc {
+        programs,
+        values,
+        steps: split.steps.clone(),
+        outputs: split.outputs.clone(),
+    })?;
+    timings.push(("control artifact", clock.elapsed()));
+    Ok(Compiled { artifact, stages, timings, from_cache })
+}
+
 /// The artifact's view of GPU code: one function per `gpu.func`, launches by function index.
 fn gpu_code(c: gpu::GpuCode, target: Target) -> Code {
     let functions: Vec<KernelDesc> = c
@@ -309,6 +402,15 @@ pub fn pass_trace(graph: &Graph, options: &Options) -> Result<String> {
 /// The stages before codegen (the optimised graph and the fused kernels), for printing.
 pub fn front(graph: &Graph, options: &Options) -> Result<Stages> {
     let g = optimize(graph, options)?;
+    if let Some(split) = crate::control::split(&g)? {
+        let mut fused = split.to_string();
+        for (i, (role, piece)) in split.programs.iter().enumerate() {
+            let o =
+                Options { input_shapes: Default::default(), input_values: Default::default(), batch_ranges: Default::default(), ..options.clone() };
+            fused.push_str(&format!("\n// program {i}: {} If `{}` ({})\n{}", role.name(), split.node, piece.name, front(piece, &o)?.fused));
+        }
+        return Ok(Stages { graph: text::print(&g, text::Weights::Summary), fused, ..Stages::default() });
+    }
     let partition = fuse::partition(&g, fuse::views_for(options.target))?;
     Ok(Stages { graph: text::print(&g, text::Weights::Summary), fused: fuse::print(&g, &partition), ..Stages::default() })
 }

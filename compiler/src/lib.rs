@@ -4,6 +4,7 @@ mod artifact;
 pub mod batch;
 pub mod cli;
 pub mod codegen;
+pub mod control;
 pub mod driver;
 mod error;
 pub mod fuse;

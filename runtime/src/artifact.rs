@@ -25,8 +25,9 @@ use crate::{Result, RuntimeError};
 pub const MAGIC: &[u8; 8] = b"KILNART\0";
 /// 2: kernels have a GPU grid and block, launches say which arguments they write.
 /// 3: an artifact may hold programs for several batch sizes (`Manifest::batch`).
-pub const FORMAT_VERSION: u32 = 3;
-/// The oldest version this runtime reads (2 has no `batch`, which is optional).
+/// 4: an artifact may hold programs that host steps run and choose between (`Manifest::control`).
+pub const FORMAT_VERSION: u32 = 4;
+/// The oldest version this runtime reads (2 has no `batch`, 3 no `control`: both are optional).
 pub const OLDEST_FORMAT_VERSION: u32 = 2;
 const HEADER: usize = 64;
 
@@ -155,6 +156,55 @@ pub struct Manifest {
     /// and its inputs and outputs give the sizes of one sample (1 on the batch axis).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub batch: Option<BatchDesc>,
+    /// Run-time control flow: static programs and the host steps that run them (an If decided
+    /// by a value computed at run time). The manifest's own buffers, kernels and launches are
+    /// then empty.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub control: Option<ControlDesc>,
+}
+
+impl Manifest {
+    /// The kernels of this program and of every program it holds.
+    pub fn kernel_count(&self) -> usize {
+        let batch = self.batch.iter().flat_map(|b| &b.programs).map(|p| p.manifest.kernel_count());
+        let control = self.control.iter().flat_map(|c| &c.programs).map(Manifest::kernel_count);
+        self.kernels.len() + batch.sum::<usize>() + control.sum::<usize>()
+    }
+}
+
+/// A model whose control flow is decided at run time, as static programs and the steps that run
+/// them on host values (tensors). Values are written once: the inputs are values
+/// `0..inputs.len()`, in order; every other value is some step's result.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ControlDesc {
+    /// The programs, each a manifest of its own (static, or with control flow of its own); their
+    /// blobs are in the artifact's payload.
+    pub programs: Vec<Manifest>,
+    /// Each value's name and type.
+    pub values: Vec<ValueDesc>,
+    /// In order.
+    pub steps: Vec<Step>,
+    /// The value of each output, in order.
+    pub outputs: Vec<usize>,
+}
+
+/// A value the host passes between programs.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ValueDesc {
+    pub name: String,
+    pub dtype: String,
+    pub dims: Vec<usize>,
+}
+
+/// One host step of a `ControlDesc`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Step {
+    /// Runs a program on `args`; its outputs become `results`.
+    Run { program: usize, args: Vec<usize>, results: Vec<usize> },
+    /// Runs `then` when the one bool value `cond` is true, else `otherwise`, on the same `args`;
+    /// the programs have the same outputs, which become `results`.
+    If { cond: usize, then: usize, otherwise: usize, args: Vec<usize>, results: Vec<usize> },
 }
 
 /// How an artifact compiled for a symbolic batch runs a batch of `n`: the batch is split into
@@ -260,16 +310,113 @@ impl Artifact {
 
     /// Checks the manifest is self-consistent, so running it cannot index out of bounds.
     pub fn validate(&self) -> std::result::Result<(), String> {
-        match &self.manifest.batch {
-            None => self.validate_program(&self.manifest),
-            Some(b) => self.validate_batched(b),
+        self.validate_manifest(&self.manifest)
+    }
+
+    fn validate_manifest(&self, m: &Manifest) -> std::result::Result<(), String> {
+        match (&m.batch, &m.control) {
+            (None, None) => self.validate_program(m),
+            (Some(b), None) => self.validate_batched(m, b),
+            (None, Some(c)) => self.validate_control(m, c),
+            (Some(_), Some(_)) => Err("a manifest is batched or has control flow, not both".into()),
         }
+    }
+
+    /// Control flow: every program valid for the artifact's target; every step's values exist,
+    /// are written before they are read and once only, and have the types its programs take and
+    /// give; an If's condition is one bool; the outputs are values of their types.
+    fn validate_control(&self, m: &Manifest, c: &ControlDesc) -> std::result::Result<(), String> {
+        if !(m.buffers.is_empty() && m.kernels.is_empty() && m.launches.is_empty()) {
+            return Err("a manifest with control flow has no buffers, kernels or launches of its own".into());
+        }
+        if c.programs.is_empty() {
+            return Err("control flow with no programs".into());
+        }
+        let same = |v: &ValueDesc, t: &TensorDesc| v.dtype == t.dtype && v.dims == t.dims;
+        if c.values.len() < m.inputs.len() {
+            return Err(format!("control flow has {} values for {} inputs", c.values.len(), m.inputs.len()));
+        }
+        for (v, t) in c.values.iter().zip(&m.inputs) {
+            if !same(v, t) {
+                return Err(format!("input `{}` is {}{:?}, its value {}{:?}", t.name, t.dtype, t.dims, v.dtype, v.dims));
+            }
+        }
+        if let Some(v) = c.values.iter().find(|v| kiln_ir::DType::from_name(&v.dtype).is_none()) {
+            return Err(format!("value `{}` has unknown type `{}`", v.name, v.dtype));
+        }
+        for (i, p) in c.programs.iter().enumerate() {
+            if p.target != m.target {
+                return Err(format!("program {i} is for {}, the artifact for {}", p.target.name(), m.target.name()));
+            }
+            self.validate_manifest(p).map_err(|e| format!("program {i}: {e}"))?;
+        }
+        let mut written = vec![false; c.values.len()];
+        written[..m.inputs.len()].fill(true);
+        let value = |v: usize, written: &[bool]| match c.values.get(v) {
+            Some(d) if written[v] => Ok(d),
+            Some(d) => Err(format!("value `{}` is read before it is written", d.name)),
+            None => Err(format!("value {v} does not exist (of {})", c.values.len())),
+        };
+        for (s, step) in c.steps.iter().enumerate() {
+            let fail = |e: String| format!("step {s}: {e}");
+            let (programs, args, results) = match step {
+                Step::Run { program, args, results } => (vec![*program], args, results),
+                Step::If { cond, then, otherwise, args, results } => {
+                    let d = value(*cond, &written).map_err(fail)?;
+                    if d.dtype != "bool" || d.dims.iter().product::<usize>() != 1 {
+                        return Err(fail(format!("the condition `{}` is {}{:?}, not one bool", d.name, d.dtype, d.dims)));
+                    }
+                    (vec![*then, *otherwise], args, results)
+                }
+            };
+            for p in programs {
+                let pm = c.programs.get(p).ok_or_else(|| fail(format!("program {p} does not exist (of {})", c.programs.len())))?;
+                if args.len() != pm.inputs.len() || results.len() != pm.outputs.len() {
+                    return Err(fail(format!(
+                        "program {p} takes {} values and gives {}, the step passes {} and takes {}",
+                        pm.inputs.len(),
+                        pm.outputs.len(),
+                        args.len(),
+                        results.len()
+                    )));
+                }
+                for (&a, t) in args.iter().zip(&pm.inputs) {
+                    let d = value(a, &written).map_err(fail)?;
+                    if !same(d, t) {
+                        return Err(fail(format!("program {p} reads `{}` as {}{:?}, it is {}{:?}", t.name, t.dtype, t.dims, d.dtype, d.dims)));
+                    }
+                }
+                for (&r, t) in results.iter().zip(&pm.outputs) {
+                    let d = c.values.get(r).ok_or_else(|| fail(format!("value {r} does not exist (of {})", c.values.len())))?;
+                    if !same(d, t) {
+                        return Err(fail(format!(
+                            "program {p} gives `{}` as {}{:?}, value `{}` is {}{:?}",
+                            t.name, t.dtype, t.dims, d.name, d.dtype, d.dims
+                        )));
+                    }
+                }
+            }
+            for &r in results {
+                if std::mem::replace(&mut written[r], true) {
+                    return Err(fail(format!("value `{}` is written twice", c.values[r].name)));
+                }
+            }
+        }
+        if c.outputs.len() != m.outputs.len() {
+            return Err(format!("control flow gives {} outputs, the artifact has {}", c.outputs.len(), m.outputs.len()));
+        }
+        for (&v, t) in c.outputs.iter().zip(&m.outputs) {
+            let d = value(v, &written)?;
+            if !same(d, t) {
+                return Err(format!("output `{}` is {}{:?}, its value `{}` is {}{:?}", t.name, t.dtype, t.dims, d.name, d.dtype, d.dims));
+            }
+        }
+        Ok(())
     }
 
     /// A batched artifact: every program is a valid static one with the same interface, whose
     /// batched tensors have its batch size as their leading dimension.
-    fn validate_batched(&self, b: &BatchDesc) -> std::result::Result<(), String> {
-        let m = &self.manifest;
+    fn validate_batched(&self, m: &Manifest, b: &BatchDesc) -> std::result::Result<(), String> {
         if b.inputs.len() != m.inputs.len() || b.outputs.len() != m.outputs.len() {
             return Err("the batch description does not match the inputs and outputs".into());
         }
@@ -292,7 +439,7 @@ impl Artifact {
         for p in &b.programs {
             let pm = &p.manifest;
             if pm.batch.is_some() || pm.target != m.target {
-                return Err(format!("the program for batch {} is not a static program for {}", p.batch, m.target.name()));
+                return Err(format!("the program for batch {} is not a program of one batch size for {}", p.batch, m.target.name()));
             }
             let same = |ours: &[TensorDesc], theirs: &[TensorDesc], flags: &[bool]| {
                 ours.len() == theirs.len()
@@ -307,7 +454,7 @@ impl Artifact {
             if !same(&m.inputs, &pm.inputs, &b.inputs) || !same(&m.outputs, &pm.outputs, &b.outputs) {
                 return Err(format!("the program for batch {} has other inputs or outputs than the artifact", p.batch));
             }
-            self.validate_program(pm).map_err(|e| format!("the program for batch {}: {e}", p.batch))?;
+            self.validate_manifest(pm).map_err(|e| format!("the program for batch {}: {e}", p.batch))?;
         }
         Ok(())
     }
@@ -454,10 +601,65 @@ mod tests {
     }
 
     #[test]
+    fn control_flow_is_checked_before_anything_runs() {
+        // The diamond (x, y -> o0, o1 of f32[1]) run once, then again on its results under an If.
+        let program = diamond(Target::Cpu, 4, Blob { offset: 0, len: 16 }, Blob { offset: 64, len: 4 });
+        let f32s = |name: &str| ValueDesc { name: name.into(), dtype: "f32".into(), dims: vec![1] };
+        let control = ControlDesc {
+            programs: vec![program.clone()],
+            values: vec![
+                f32s("x"),
+                f32s("y"),
+                ValueDesc { name: "c".into(), dtype: "bool".into(), dims: vec![] },
+                f32s("a"),
+                f32s("b"),
+                f32s("p"),
+                f32s("q"),
+            ],
+            steps: vec![
+                Step::Run { program: 0, args: vec![0, 1], results: vec![3, 4] },
+                Step::If { cond: 2, then: 0, otherwise: 0, args: vec![3, 4], results: vec![5, 6] },
+            ],
+            outputs: vec![5, 6],
+        };
+        let outer = |c: ControlDesc| {
+            let mut m = program.clone();
+            (m.buffers, m.kernels, m.launches) = (vec![], vec![], vec![]);
+            m.inputs.push(TensorDesc { name: "c".into(), dtype: "bool".into(), dims: vec![], buffer: 0 });
+            m.control = Some(c);
+            Artifact { manifest: m, payload: vec![0; 128] }
+        };
+        let a = outer(control.clone());
+        assert_eq!(a.validate(), Ok(()));
+        assert_eq!(a.manifest.kernel_count(), 2);
+        let back = Artifact::from_bytes(&a.to_bytes(), "c.kiln").unwrap();
+        assert_eq!(back.manifest, a.manifest);
+        let e = |edit: &dyn Fn(&mut ControlDesc)| {
+            let mut c = control.clone();
+            edit(&mut c);
+            outer(c).validate().unwrap_err()
+        };
+        assert_eq!(e(&|c| c.steps.swap(0, 1)), "step 0: value `a` is read before it is written");
+        assert_eq!(e(&|c| c.values[2].dtype = "i64".into()), "input `c` is bool[], its value i64[]");
+        let cond_a = |c: &mut ControlDesc| {
+            if let Step::If { cond, .. } = &mut c.steps[1] {
+                *cond = 3;
+            }
+        };
+        assert_eq!(e(&cond_a), "step 1: the condition `a` is f32[1], not one bool");
+        assert_eq!(e(&|c| c.values[4].dims = vec![2]), "step 0: program 0 gives `o1` as f32[1], value `b` is f32[2]");
+        assert_eq!(e(&|c| c.steps[1] = c.steps[0].clone()), "step 1: value `a` is written twice");
+        assert_eq!(e(&|c| c.outputs = vec![5]), "control flow gives 1 outputs, the artifact has 2");
+        assert_eq!(e(&|c| c.outputs[1] = 9), "value 9 does not exist (of 7)");
+        assert_eq!(e(&|c| c.programs[0].launches[0].kernel = 7), "program 0: launch 0 names missing kernel 7");
+        assert_eq!(e(&|c| c.programs.clear()), "control flow with no programs");
+    }
+
+    #[test]
     fn older_format_versions_are_refused() {
         let mut bytes = art(Target::Cpu).to_bytes();
         bytes[8..12].copy_from_slice(&1u32.to_le_bytes());
         let e = Artifact::from_bytes(&bytes, "old.kiln").unwrap_err().to_string();
-        assert!(e.contains("artifact format version 1, this runtime reads versions 2 to 3; recompile the model"), "{e}");
+        assert!(e.contains("artifact format version 1, this runtime reads versions 2 to 4; recompile the model"), "{e}");
     }
 }

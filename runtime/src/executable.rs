@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use kiln_ir::{DType, Tensor};
 
-use crate::artifact::{Artifact, BatchDesc, BufferKind, Manifest, Target, TensorDesc};
+use crate::artifact::{Artifact, BatchDesc, BufferKind, ControlDesc, Manifest, Step, Target, TensorDesc};
 use crate::device::cpu::CpuProgram;
 use crate::device::cuda::CudaProgram;
 use crate::device::opencl::OpenclProgram;
@@ -85,6 +85,8 @@ enum Program {
     Opencl(OpenclProgram),
     /// A symbolic batch: one loaded program per compiled batch size, largest first.
     Batched(Vec<(usize, Executable)>),
+    /// Run-time control flow: the loaded programs its steps run (`Manifest::control`).
+    Control(Vec<Executable>),
 }
 
 /// A compiled model, loaded once (code, constants), run many times.
@@ -103,20 +105,29 @@ impl Executable {
     pub fn load(artifact: Artifact, options: &LoadOptions) -> Result<Executable> {
         // Hand-built artifacts have not been through `from_bytes`.
         artifact.validate().map_err(|msg| RuntimeError::Artifact { path: artifact.manifest.model.clone(), msg })?;
-        let Some(batch) = artifact.manifest.batch.clone() else {
+        if artifact.manifest.batch.is_none() && artifact.manifest.control.is_none() {
             let program = Executable::load_static(&artifact, options)?;
             return Ok(Executable { manifest: artifact.manifest, program });
-        };
+        }
         // Each program reads its blobs from the one payload.
         let Artifact { manifest, payload } = artifact;
         let mut one = Artifact { manifest: manifest.clone(), payload };
-        let mut programs = Vec::with_capacity(batch.programs.len());
-        for p in &batch.programs {
-            one.manifest = p.manifest.clone();
-            let program = Executable::load_static(&one, options)?;
-            programs.push((p.batch as usize, Executable { manifest: p.manifest.clone(), program }));
-        }
-        Ok(Executable { manifest, program: Program::Batched(programs) })
+        Executable::load_nested(&mut one, &manifest, options)
+    }
+
+    /// Loads `m`, a manifest inside `one`'s (a batch's or control flow's program, or the
+    /// outermost), whose blobs are in `one`'s payload.
+    fn load_nested(one: &mut Artifact, m: &Manifest, options: &LoadOptions) -> Result<Executable> {
+        let program = if let Some(b) = &m.batch {
+            let programs = b.programs.iter().map(|p| Ok((p.batch as usize, Executable::load_nested(one, &p.manifest, options)?)));
+            Program::Batched(programs.collect::<Result<_>>()?)
+        } else if let Some(c) = &m.control {
+            Program::Control(c.programs.iter().map(|p| Executable::load_nested(one, p, options)).collect::<Result<_>>()?)
+        } else {
+            one.manifest = m.clone();
+            Executable::load_static(one, options)?
+        };
+        Ok(Executable { manifest: m.clone(), program })
     }
 
     fn load_static(artifact: &Artifact, options: &LoadOptions) -> Result<Program> {
@@ -188,6 +199,7 @@ impl Executable {
             Program::Cuda(p) => p.description().to_string(),
             Program::Opencl(p) => p.description().to_string(),
             Program::Batched(ps) => ps[0].1.device(),
+            Program::Control(ps) => ps[0].device(),
         }
     }
 
@@ -198,6 +210,7 @@ impl Executable {
             Program::Cuda(p) => p.load_bytes(),
             Program::Opencl(p) => p.load_bytes(),
             Program::Batched(ps) => ps.iter().map(|(_, e)| e.load_bytes_to_device()).sum(),
+            Program::Control(ps) => ps.iter().map(Executable::load_bytes_to_device).sum(),
         }
     }
 
@@ -213,11 +226,14 @@ impl Executable {
             return self.run_batched(batch, programs, inputs, profile);
         }
         self.check_inputs(inputs)?;
+        if let (Program::Control(programs), Some(control)) = (&self.program, &m.control) {
+            return run_control(control, programs, inputs, profile);
+        }
         let bytes = match &self.program {
             Program::Cpu(cpu) => return self.run_cpu(cpu, inputs, profile),
             Program::Cuda(p) => p.run(m, inputs, profile)?,
             Program::Opencl(p) => p.run(m, inputs, profile)?,
-            Program::Batched(_) => unreachable!("a batched program has a batch description (validated at load)"),
+            Program::Batched(_) | Program::Control(_) => unreachable!("a program of programs has its description (validated at load)"),
         };
         m.outputs.iter().zip(&bytes).map(|(o, b)| output_tensor(o, b)).collect()
     }
@@ -415,6 +431,31 @@ impl Executable {
         }
         Ok(())
     }
+}
+
+/// Runs control flow's steps on host values: inputs first, each step's results as it ends. The
+/// validation at load guarantees every value read was written and has the type its program takes.
+fn run_control(c: &ControlDesc, programs: &[Executable], inputs: &[Tensor], mut profile: Option<&mut Profile>) -> Result<Vec<Tensor>> {
+    let mut values: Vec<Option<Tensor>> = vec![None; c.values.len()];
+    for (v, t) in values.iter_mut().zip(inputs) {
+        *v = Some(t.clone());
+    }
+    let read = |values: &[Option<Tensor>], v: usize| values[v].clone().expect("written before it is read (validated at load)");
+    for step in &c.steps {
+        let (program, args, results) = match step {
+            Step::Run { program, args, results } => (*program, args, results),
+            Step::If { cond, then, otherwise, args, results } => {
+                let taken = read(&values, *cond).bytes().first().is_some_and(|&b| b != 0);
+                (if taken { *then } else { *otherwise }, args, results)
+            }
+        };
+        let args: Vec<Tensor> = args.iter().map(|&v| read(&values, v)).collect();
+        let outs = programs[program].run_profiled(&args, profile.as_deref_mut())?;
+        for (&r, t) in results.iter().zip(outs) {
+            values[r] = Some(t);
+        }
+    }
+    Ok(c.outputs.iter().map(|&v| read(&values, v)).collect())
 }
 
 /// Rows `at..at + n` of `t`'s leading axis, as a tensor of their own.

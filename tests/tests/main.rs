@@ -6,6 +6,7 @@ mod cli;
 mod codegen_indexing;
 mod codegen_scan;
 mod compile;
+mod control;
 mod decompose;
 mod differential;
 mod gpu;

@@ -119,9 +119,12 @@ pub fn run(args: &Args) -> Result<()> {
         print_timings(if compiled.from_cache { "compile (from the cache)" } else { "compile" }, &compiled.timings);
         let m = &compiled.artifact.manifest;
         match &m.batch {
-            None => eprintln!("wrote {} ({} kernels, {} bytes) for {}", args.output.display(), m.kernels.len(), bytes.len(), m.target_detail),
+            None => {
+                let programs = m.control.as_ref().map_or(String::new(), |c| format!(" in {} programs with run-time control flow", c.programs.len()));
+                eprintln!("wrote {} ({} kernels{programs}, {} bytes) for {}", args.output.display(), m.kernel_count(), bytes.len(), m.target_detail)
+            }
             Some(b) => {
-                let sizes: Vec<String> = b.programs.iter().map(|p| format!("{} ({} kernels)", p.batch, p.manifest.kernels.len())).collect();
+                let sizes: Vec<String> = b.programs.iter().map(|p| format!("{} ({} kernels)", p.batch, p.manifest.kernel_count())).collect();
                 let max = if b.max as usize == crate::batch::NO_LIMIT { String::new() } else { b.max.to_string() };
                 eprintln!(
                     "wrote {} ({} bytes) for {}: batch `{}` in {}..{max}, programs for batch {}",

@@ -1,5 +1,6 @@
-//! Simplification: Identity removal, chains of reshapes collapsed to one, transposes that cancel
-//! removed and chains of transposes merged, then dead nodes removed.
+//! Simplification: Identity removal, an If whose condition is a constant replaced by the branch it
+//! takes, chains of reshapes collapsed to one, transposes that cancel removed and chains of
+//! transposes merged, then dead nodes removed.
 
 use kiln_ir::{Graph, Op, ValueId};
 
@@ -7,6 +8,8 @@ use crate::Result;
 
 pub fn run(graph: &mut Graph) -> Result<bool> {
     let mut changed = false;
+    // A taken branch may know its results' sizes better than the If's merged type did.
+    let mut reinfer = false;
     for id in graph.topo_order()? {
         if graph.try_node(id).is_none() {
             continue;
@@ -20,6 +23,17 @@ pub fn run(graph: &mut Graph) -> Result<bool> {
             (Op::Identity, Some(x)) if !is_graph_output(graph, id) => {
                 graph.replace_uses(ValueId::from(id), x)?;
                 changed = true;
+            }
+            (Op::If { then_branch, else_branch }, Some(c)) if graph.constant_value(c).is_some() => {
+                let taken = graph.constant_value(c).and_then(|t| t.to_f64s().first().copied()).is_some_and(|b| b != 0.0);
+                let branch = if taken { then_branch } else { else_branch };
+                let Some(captured) = operands[1..].iter().copied().collect::<Option<Vec<ValueId>>>() else { continue };
+                let results = graph.inline(&branch.0, &captured, &node.name)?;
+                for (k, v) in results.into_iter().enumerate() {
+                    graph.replace_uses(ValueId::new(id, k), v)?;
+                }
+                changed = true;
+                reinfer = true;
             }
             // reshape(reshape(x)) = reshape(x) with the outer shape, when the outer shape is known.
             (Op::Reshape { .. } | Op::Flatten { .. } | Op::Squeeze | Op::Unsqueeze, Some(x)) => {
@@ -62,6 +76,9 @@ pub fn run(graph: &mut Graph) -> Result<bool> {
         }
     }
     changed |= super::fold::remove_dead(graph)?;
+    if reinfer {
+        graph.reinfer()?;
+    }
     Ok(changed)
 }
 

@@ -87,11 +87,16 @@ fn shape_operands(op: &Op) -> &'static [usize] {
     }
 }
 
-/// The graph inputs (by index) whose values reach a shape-deciding operand.
+/// The graph inputs (by index) whose values reach a shape-deciding operand: those
+/// `shape_operands` names, and the condition of an If whose branches give results of different
+/// shapes.
 pub fn shape_inputs(graph: &Graph) -> Vec<usize> {
     let mut seeds: Vec<ValueId> = Vec::new();
     for (id, node) in graph.nodes() {
         let operands = graph.operands(id);
+        if matches!(node.op, Op::If { .. }) && node.outputs.iter().any(|t| !t.shape.is_fixed()) {
+            seeds.extend(operands.first().copied().flatten());
+        }
         for &i in shape_operands(&node.op) {
             if let Some(Some(v)) = operands.get(i) {
                 seeds.push(*v);

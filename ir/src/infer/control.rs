@@ -23,6 +23,21 @@ pub(super) fn infer(op: &Op, ops: &Operands, ctx: &Ctx) -> Infer {
             }
         }
     }
+    // The branches as the operands' types specialise them (the sizes a caller bound reach the
+    // branches' results).
+    let specialised = |g: &crate::Graph| -> Result<Option<crate::Graph>, String> {
+        let types: Vec<TensorType> = (0..captures).map(|i| ops.get(i + 1).map(|o| o.ty.clone())).collect::<Result<_, _>>()?;
+        if g.inputs().iter().zip(&types).all(|(&id, ty)| &g.node(id).outputs[0] == ty) {
+            return Ok(None);
+        }
+        let mut s = g.clone();
+        for (i, ty) in types.into_iter().enumerate() {
+            s.set_input_type(i, ty).map_err(|e| format!("in branch `{}`: {e}", g.name))?;
+        }
+        Ok(Some(s))
+    };
+    let (ts, es) = (specialised(t)?, specialised(e)?);
+    let (t, e) = (ts.as_ref().unwrap_or(t), es.as_ref().unwrap_or(e));
     if t.outputs().len() != e.outputs().len() {
         return Err(format!("the branches have {} and {} results", t.outputs().len(), e.outputs().len()));
     }

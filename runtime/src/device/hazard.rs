@@ -170,6 +170,7 @@ pub(crate) mod tests {
             code,
             arena_bytes: 2 * n,
             batch: None,
+            control: None,
         }
     }
 
