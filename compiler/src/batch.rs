@@ -569,6 +569,7 @@ fn rule(g: &Graph, id: NodeId, operands: &[Option<ValueId>], deps: &[Dep]) -> st
         Op::EyeLike { .. } | Op::Range | Op::ConstantOfShape { .. } => return Err("makes a tensor shaped by a batched one".into()),
         Op::ScatterNd { .. } => return Err("scatters into a batched tensor by index tuples".into()),
         Op::NllLoss(_) | Op::SoftmaxCrossEntropyLoss(_) => return Err("is a loss, which reduces over the batch".into()),
+        Op::Scan(_) => return Err("is a Scan, whose steps kiln does not trace per sample".into()),
         Op::If { then_branch, else_branch } => {
             if deps[0] != Dep::Free {
                 return Err("branches on a batched value".into());

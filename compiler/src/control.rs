@@ -1,5 +1,5 @@
-//! Run-time control flow: a graph with an If whose condition is computed at run time becomes
-//! static programs and the host steps that run them (`Manifest::control`). A pure decision on the
+//! Run-time control flow: a graph with an If whose condition is computed at run time, or a Scan,
+//! becomes static programs and the host steps that run them (`Manifest::control`). A pure decision on the
 //! optimised graph; the driver compiles each program as a model of its own.
 //!
 //! The graph is split at its first If (in topological order). `before` computes every value the
@@ -7,7 +7,9 @@
 //! it; `after` computes the rest from those values and the If's results. An If inside a branch or
 //! in `after` is split in turn when that program is compiled. Both branches must give results of
 //! one shape (else the result's shape depends on the condition, and specialisation on the
-//! condition's value applies instead).
+//! condition's value applies instead). A Scan splits the same way, its body one program that the
+//! host runs once per step on slices of the scanned values, carrying the state (whose shape must
+//! not change from step to step).
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
@@ -24,6 +26,8 @@ pub enum Role {
     Before,
     Then,
     Else,
+    /// A Scan's body.
+    Body,
     After,
 }
 
@@ -33,6 +37,7 @@ impl Role {
             Role::Before => "before",
             Role::Then => "then",
             Role::Else => "else",
+            Role::Body => "body",
             Role::After => "after",
         }
     }
@@ -40,8 +45,9 @@ impl Role {
 
 /// A graph split at a run-time If: the programs and the host steps over values that run them.
 pub struct ControlSplit {
-    /// The If split at.
+    /// The If or Scan split at, and which it is.
     pub node: String,
+    pub op: &'static str,
     /// In the order the steps name them; every input fully typed.
     pub programs: Vec<(Role, Graph)>,
     /// Every host value's name and type: the graph's inputs first, in order.
@@ -51,14 +57,19 @@ pub struct ControlSplit {
     pub outputs: Vec<usize>,
 }
 
-/// Splits `graph` (optimised: static shapes, constant conditions already taken) at its first If;
-/// `None` when it has none.
+/// Splits `graph` (optimised: static shapes, constant conditions already taken) at its first If
+/// or Scan; `None` when it has none.
 pub fn split(graph: &Graph) -> Result<Option<ControlSplit>> {
     let order = graph.topo_order()?;
-    let Some(&at) = order.iter().find(|&&id| matches!(graph.node(id).op, Op::If { .. })) else { return Ok(None) };
-    let Op::If { then_branch, else_branch } = &graph.node(at).op else { unreachable!("found as an If") };
+    let Some(&at) = order.iter().find(|&&id| matches!(graph.node(id).op, Op::If { .. } | Op::Scan(_))) else { return Ok(None) };
     let if_name = graph.node(at).name.clone();
-    let bug = |msg: String| CompileError::Internal(format!("splitting at If `{if_name}`: {msg}"));
+    let bug = |msg: String| CompileError::Internal(format!("splitting at {} `{if_name}`: {msg}", graph.node(at).op.name()));
+    // A Scan's state and scanned inputs are host values even when constant (the steps slice and
+    // carry them); only its captured constants are bound into the body.
+    let host_from = match &graph.node(at).op {
+        Op::Scan(s) => s.captures,
+        _ => usize::MAX,
+    };
     let is_constant = |v: ValueId| matches!(graph.node(v.node).op, Op::Constant(_));
     let is_input = |v: ValueId| matches!(graph.node(v.node).op, Op::Input);
 
@@ -82,8 +93,10 @@ pub fn split(graph: &Graph) -> Result<Option<ControlSplit>> {
     // (constants are copied into the programs that read them instead).
     let mut crossing: Vec<ValueId> = Vec::new();
     for &id in order.iter().filter(|id| later.contains(id)) {
-        for v in graph.operands(id).into_iter().flatten() {
-            if !later.contains(&v.node) && !is_constant(v) && !is_input(v) && !crossing.contains(&v) {
+        for (i, v) in graph.operands(id).into_iter().enumerate() {
+            let Some(v) = v else { continue };
+            let host = id == at && i >= host_from;
+            if !later.contains(&v.node) && (host || !is_constant(v)) && !is_input(v) && !crossing.contains(&v) {
                 crossing.push(v);
             }
         }
@@ -132,39 +145,88 @@ pub fn split(graph: &Graph) -> Result<Option<ControlSplit>> {
         programs.push((Role::Before, before));
     }
 
-    // The branches: each takes the If's captured values, its constants bound into it.
     let operands: Vec<ValueId> =
         graph.operands(at).into_iter().map(|o| o.ok_or_else(|| bug("an operand is missing".into()))).collect::<Result<_>>()?;
-    let (cond, captured) = operands.split_first().ok_or_else(|| bug("no condition".into()))?;
-    let cond = *value_of.get(cond).ok_or_else(|| bug("the condition is a constant; the If should have been replaced by its branch".into()))?;
-    let mut args = Vec::new();
-    for &v in captured {
-        if !is_constant(v) {
-            args.push(value_of[&v]);
-        }
+    let mut results = Vec::new();
+    for (k, ty) in graph.node(at).outputs.iter().enumerate() {
+        results.push(values.len());
+        values.push((graph.value_name(ValueId::new(at, k)), ty.clone()));
     }
-    for (role, branch) in [(Role::Then, &then_branch.0), (Role::Else, &else_branch.0)] {
-        let mut b: Graph = (**branch).clone();
+    // `graph` typed as `types` (the operands'), the constants among `captured` bound into it.
+    let program = |g: &Graph, role: Role, types: Vec<TensorType>, captured: &[ValueId]| -> Result<Graph> {
+        let mut b = g.clone();
         b.name = format!("{}.{}.{if_name}", graph.name, role.name());
         let mut bound = Vec::new();
-        for (i, &v) in captured.iter().enumerate() {
-            b.set_input_type(i, graph.value_type(v).clone())?;
-            if let Some(t) = graph.constant_value(v) {
+        for (i, ty) in types.into_iter().enumerate() {
+            b.set_input_type(i, ty)?;
+            if let Some(t) = captured.get(i).and_then(|&v| graph.constant_value(v)) {
                 bound.push((b.node(b.inputs()[i]).name.clone(), t.clone()));
             }
         }
         specialize::bind_values(&mut b, &bound)?;
-        programs.push((role, b));
+        Ok(b)
+    };
+    let host = |v: &ValueId| value_of.get(v).copied().ok_or_else(|| bug(format!("`{}` is not a host value", graph.value_name(*v))));
+    match &graph.node(at).op {
+        Op::If { then_branch, else_branch } => {
+            // Each branch takes the If's captured values.
+            let (cond, captured) = operands.split_first().ok_or_else(|| bug("no condition".into()))?;
+            let cond = host(cond)?;
+            let args: Vec<usize> = captured.iter().filter(|v| !is_constant(**v)).map(host).collect::<Result<_>>()?;
+            let types: Vec<TensorType> = captured.iter().map(|&v| graph.value_type(v).clone()).collect();
+            programs.push((Role::Then, program(&then_branch.0, Role::Then, types.clone(), captured)?));
+            programs.push((Role::Else, program(&else_branch.0, Role::Else, types, captured)?));
+            let n = programs.len();
+            steps.push(Step::If { cond, then: n - 2, otherwise: n - 1, args, results: results.clone() });
+        }
+        Op::Scan(s) => {
+            let (captured, rest) = operands.split_at(s.captures.min(operands.len()));
+            let states = s.states(operands.len());
+            let (state, scanned) = rest.split_at(states);
+            let mut types: Vec<TensorType> = operands.iter().map(|&v| graph.value_type(v).clone()).collect();
+            let mut scans = Vec::new();
+            for (i, &v) in scanned.iter().enumerate() {
+                let (axis, reverse) = s.input(i);
+                let t = &mut types[s.captures + states + i];
+                let axis = kiln_ir::normalize_axis(axis, t.rank()).ok_or_else(|| bug(format!("scan axis {axis} outside {t}")))?;
+                let mut dims = t.shape.dims().to_vec();
+                dims.remove(axis);
+                *t = TensorType::new(t.dtype, kiln_ir::Shape(dims));
+                scans.push(kiln_runtime::artifact::Scanned { value: host(&v)?, axis, reverse });
+            }
+            let body = program(&s.body.0, Role::Body, types, captured)?;
+            // The state must keep its shape from step to step: the body is compiled once.
+            for (k, &v) in state.iter().enumerate() {
+                let (have, gives) = (graph.value_type(v), body.value_type(body.outputs()[k].1));
+                if have != gives {
+                    return Err(CompileError::DynamicShapes(format!(
+                        "Scan `{if_name}`: state {k} goes in as {have} and comes out as {gives}; kiln compiles a scan body whose state keeps its shape"
+                    )));
+                }
+            }
+            let stacked = (0..body.outputs().len() - states)
+                .map(|k| {
+                    let (axis, reverse) = s.output(k);
+                    let rank = body.value_type(body.outputs()[states + k].1).rank() + 1;
+                    let axis = kiln_ir::normalize_axis(axis, rank).ok_or_else(|| bug(format!("stacking axis {axis} outside rank {rank}")))?;
+                    Ok(kiln_runtime::artifact::Stacked { axis, reverse })
+                })
+                .collect::<Result<_>>()?;
+            steps.push(Step::Scan {
+                body: programs.len(),
+                captured: captured.iter().filter(|v| !is_constant(**v)).map(host).collect::<Result<_>>()?,
+                state: state.iter().map(host).collect::<Result<_>>()?,
+                scanned: scans,
+                stacked,
+                results: results.clone(),
+            });
+            programs.push((Role::Body, body));
+        }
+        _ => unreachable!("found as an If or a Scan"),
     }
-    let mut results = Vec::new();
-    for (k, ty) in graph.node(at).outputs.iter().enumerate() {
-        let v = ValueId::new(at, k);
-        value_of.insert(v, values.len());
-        results.push(values.len());
-        values.push((graph.value_name(v), ty.clone()));
+    for (k, &r) in results.iter().enumerate() {
+        value_of.insert(ValueId::new(at, k), r);
     }
-    let n = programs.len();
-    steps.push(Step::If { cond, then: n - 2, otherwise: n - 1, args, results });
 
     // `after`: the rest, reading host values as inputs and copying the constants it reads.
     let rest: Vec<NodeId> = order.iter().copied().filter(|&id| id != at && later.contains(&id)).collect();
@@ -217,13 +279,14 @@ pub fn split(graph: &Graph) -> Result<Option<ControlSplit>> {
         .iter()
         .map(|(_, v)| value_of.get(v).copied().ok_or_else(|| bug(format!("output `{}` has no value", graph.value_name(*v)))))
         .collect::<Result<_>>()?;
-    Ok(Some(ControlSplit { node: if_name, programs, values, steps, outputs }))
+    let op = graph.node(at).op.name();
+    Ok(Some(ControlSplit { node: if_name, op, programs, values, steps, outputs }))
 }
 
 impl fmt::Display for ControlSplit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let names = |vs: &[usize]| vs.iter().map(|&v| self.values[v].0.as_str()).collect::<Vec<_>>().join(", ");
-        writeln!(f, "control flow at If `{}`: {} programs", self.node, self.programs.len())?;
+        writeln!(f, "control flow at {} `{}`: {} programs", self.op, self.node, self.programs.len())?;
         for step in &self.steps {
             match step {
                 Step::Run { program, args, results } => {
@@ -233,6 +296,22 @@ impl fmt::Display for ControlSplit {
                     let (t, e) = (self.programs[*then].0.name(), self.programs[*otherwise].0.name());
                     let (c, a) = (&self.values[*cond].0, names(args));
                     writeln!(f, "  if {c}: #{then} {t}({a}), else #{otherwise} {e}({a}) -> ({})", names(results))?;
+                }
+                Step::Scan { body, captured, state, scanned, stacked, results } => {
+                    let scans: Vec<String> = scanned
+                        .iter()
+                        .map(|s| format!("{} axis {}{}", self.values[s.value].0, s.axis, if s.reverse { " reversed" } else { "" }))
+                        .collect();
+                    let stacks: Vec<String> =
+                        stacked.iter().map(|s| format!("axis {}{}", s.axis, if s.reverse { " reversed" } else { "" })).collect();
+                    let mut takes = Vec::new();
+                    for (what, list) in [("captured", names(captured)), ("state", names(state)), ("slices of", scans.join(", "))] {
+                        if !list.is_empty() {
+                            takes.push(format!("{what} {list}"));
+                        }
+                    }
+                    let stacks = if stacks.is_empty() { "nothing".to_string() } else { stacks.join(", ") };
+                    writeln!(f, "  scan #{body} body({}) stacking {stacks} -> ({})", takes.join("; "), names(results))?;
                 }
             }
         }

@@ -264,7 +264,7 @@ fn compile_control(
             }
         }
         from_cache &= c.from_cache;
-        let header = format!("// program {i}: {} If `{}` ({})\n", role.name(), split.node, piece.name);
+        let header = format!("// program {i}: {} of `{}` ({})\n", role.name(), split.node, piece.name);
         for name in Stages::NAMES.iter().filter(|n| **n != "graph") {
             let text = c.stages.get(name).unwrap_or_default();
             if !text.is_empty() {
@@ -407,7 +407,7 @@ pub fn front(graph: &Graph, options: &Options) -> Result<Stages> {
         for (i, (role, piece)) in split.programs.iter().enumerate() {
             let o =
                 Options { input_shapes: Default::default(), input_values: Default::default(), batch_ranges: Default::default(), ..options.clone() };
-            fused.push_str(&format!("\n// program {i}: {} If `{}` ({})\n{}", role.name(), split.node, piece.name, front(piece, &o)?.fused));
+            fused.push_str(&format!("\n// program {i}: {} of `{}` ({})\n{}", role.name(), split.node, piece.name, front(piece, &o)?.fused));
         }
         return Ok(Stages { graph: text::print(&g, text::Weights::Summary), fused, ..Stages::default() });
     }

@@ -147,6 +147,44 @@ impl Tensor {
     }
 
     /// A tensor from raw little-endian bytes; the length must match the type.
+    /// The tensor at position `i` of `axis`, that axis removed (a Scan's slice of one step).
+    pub fn index_axis(&self, axis: usize, i: usize) -> Result<Tensor, IrError> {
+        let d = &self.dims;
+        if axis >= d.len() || i >= d[axis] {
+            return Err(IrError::Tensor(format!("no position {i} on axis {axis} of {}", self.ty())));
+        }
+        let inner = d[axis + 1..].iter().product::<usize>() * self.dtype.size();
+        let step = d[axis] * inner;
+        let bytes = self.bytes();
+        let mut out = Vec::with_capacity(bytes.len() / d[axis].max(1));
+        for o in 0..d[..axis].iter().product::<usize>() {
+            out.extend_from_slice(&bytes[o * step + i * inner..o * step + (i + 1) * inner]);
+        }
+        let mut dims = d.clone();
+        dims.remove(axis);
+        Tensor::from_bytes(self.dtype, &dims, &out)
+    }
+
+    /// `parts`, each `dtype[dims]`, stacked along a new `axis` (a Scan's stacked result).
+    pub fn stack(dtype: DType, dims: &[usize], parts: &[Tensor], axis: usize) -> Result<Tensor, IrError> {
+        if axis > dims.len() {
+            return Err(IrError::Tensor(format!("cannot stack {dtype}{} along axis {axis}", Shape::fixed(dims))));
+        }
+        if let Some(p) = parts.iter().find(|p| p.dtype != dtype || p.dims != dims) {
+            return Err(IrError::Tensor(format!("cannot stack {} with {dtype}{}", p.ty(), Shape::fixed(dims))));
+        }
+        let inner = dims[axis..].iter().product::<usize>() * dtype.size();
+        let mut out = Vec::with_capacity(inner * parts.len() * dims[..axis].iter().product::<usize>());
+        for o in 0..dims[..axis].iter().product::<usize>() {
+            for p in parts {
+                out.extend_from_slice(&p.bytes()[o * inner..(o + 1) * inner]);
+            }
+        }
+        let mut full = dims.to_vec();
+        full.insert(axis, parts.len());
+        Tensor::from_bytes(dtype, &full, &out)
+    }
+
     pub fn from_bytes(dtype: DType, dims: &[usize], bytes: &[u8]) -> Result<Tensor, IrError> {
         let want = dims.iter().product::<usize>() * dtype.size();
         if bytes.len() != want {

@@ -205,6 +205,28 @@ pub enum Step {
     /// Runs `then` when the one bool value `cond` is true, else `otherwise`, on the same `args`;
     /// the programs have the same outputs, which become `results`.
     If { cond: usize, then: usize, otherwise: usize, args: Vec<usize>, results: Vec<usize> },
+    /// Runs `body` once per position along the scanned values' axes. The body takes `captured`,
+    /// the state (`state` at the first step, its own state results after) and one slice of each
+    /// scanned value, and gives the next state, then one slice of each stacked result. `results`
+    /// are the final state, then the stacked values.
+    Scan { body: usize, captured: Vec<usize>, state: Vec<usize>, scanned: Vec<Scanned>, stacked: Vec<Stacked>, results: Vec<usize> },
+}
+
+/// A value a Scan step slices: `axis` removed from each slice, read last position first when
+/// `reverse`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Scanned {
+    pub value: usize,
+    pub axis: usize,
+    pub reverse: bool,
+}
+
+/// How a Scan step stacks a result's slices: along a new `axis`, the last step's first when
+/// `reverse`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Stacked {
+    pub axis: usize,
+    pub reverse: bool,
 }
 
 /// How an artifact compiled for a symbolic batch runs a batch of `n`: the batch is split into
@@ -359,43 +381,97 @@ impl Artifact {
         };
         for (s, step) in c.steps.iter().enumerate() {
             let fail = |e: String| format!("step {s}: {e}");
-            let (programs, args, results) = match step {
-                Step::Run { program, args, results } => (vec![*program], args, results),
-                Step::If { cond, then, otherwise, args, results } => {
-                    let d = value(*cond, &written).map_err(fail)?;
-                    if d.dtype != "bool" || d.dims.iter().product::<usize>() != 1 {
-                        return Err(fail(format!("the condition `{}` is {}{:?}, not one bool", d.name, d.dtype, d.dims)));
-                    }
-                    (vec![*then, *otherwise], args, results)
-                }
-            };
-            for p in programs {
-                let pm = c.programs.get(p).ok_or_else(|| fail(format!("program {p} does not exist (of {})", c.programs.len())))?;
-                if args.len() != pm.inputs.len() || results.len() != pm.outputs.len() {
+            let program = |p: usize| c.programs.get(p).ok_or_else(|| fail(format!("program {p} does not exist (of {})", c.programs.len())));
+            let counts = |p: usize, pm: &Manifest, args: usize, results: usize| {
+                if args != pm.inputs.len() || results != pm.outputs.len() {
                     return Err(fail(format!(
-                        "program {p} takes {} values and gives {}, the step passes {} and takes {}",
+                        "program {p} takes {} values and gives {}, the step passes {args} and takes {results}",
                         pm.inputs.len(),
-                        pm.outputs.len(),
-                        args.len(),
-                        results.len()
+                        pm.outputs.len()
                     )));
                 }
-                for (&a, t) in args.iter().zip(&pm.inputs) {
-                    let d = value(a, &written).map_err(fail)?;
-                    if !same(d, t) {
-                        return Err(fail(format!("program {p} reads `{}` as {}{:?}, it is {}{:?}", t.name, t.dtype, t.dims, d.dtype, d.dims)));
-                    }
+                Ok(())
+            };
+            let reads = |p: usize, t: &TensorDesc, have: &ValueDesc| {
+                if same(have, t) {
+                    Ok(())
+                } else {
+                    Err(fail(format!("program {p} reads `{}` as {}{:?}, it is {}{:?}", t.name, t.dtype, t.dims, have.dtype, have.dims)))
                 }
-                for (&r, t) in results.iter().zip(&pm.outputs) {
-                    let d = c.values.get(r).ok_or_else(|| fail(format!("value {r} does not exist (of {})", c.values.len())))?;
-                    if !same(d, t) {
-                        return Err(fail(format!(
-                            "program {p} gives `{}` as {}{:?}, value `{}` is {}{:?}",
-                            t.name, t.dtype, t.dims, d.name, d.dtype, d.dims
-                        )));
-                    }
+            };
+            let gives = |p: usize, t: &TensorDesc, r: usize| {
+                let d = c.values.get(r).ok_or_else(|| fail(format!("value {r} does not exist (of {})", c.values.len())))?;
+                if same(d, t) {
+                    Ok(())
+                } else {
+                    Err(fail(format!("program {p} gives `{}` as {}{:?}, value `{}` is {}{:?}", t.name, t.dtype, t.dims, d.name, d.dtype, d.dims)))
                 }
-            }
+            };
+            let results = match step {
+                Step::Run { program: p, args, results } | Step::If { then: p, args, results, .. } => {
+                    let mut ps = vec![*p];
+                    if let Step::If { cond, otherwise, .. } = step {
+                        let d = value(*cond, &written).map_err(fail)?;
+                        if d.dtype != "bool" || d.dims.iter().product::<usize>() != 1 {
+                            return Err(fail(format!("the condition `{}` is {}{:?}, not one bool", d.name, d.dtype, d.dims)));
+                        }
+                        ps.push(*otherwise);
+                    }
+                    for p in ps {
+                        let pm = program(p)?;
+                        counts(p, pm, args.len(), results.len())?;
+                        for (&a, t) in args.iter().zip(&pm.inputs) {
+                            reads(p, t, value(a, &written).map_err(fail)?)?;
+                        }
+                        for (&r, t) in results.iter().zip(&pm.outputs) {
+                            gives(p, t, r)?;
+                        }
+                    }
+                    results
+                }
+                Step::Scan { body, captured, state, scanned, stacked, results } => {
+                    let pm = program(*body)?;
+                    counts(*body, pm, captured.len() + state.len() + scanned.len(), state.len() + stacked.len())?;
+                    if results.len() != pm.outputs.len() {
+                        return Err(fail(format!("the scan gives {} results, the step takes {}", pm.outputs.len(), results.len())));
+                    }
+                    let mut length = None;
+                    let mut slices = Vec::new();
+                    for sc in scanned {
+                        let d = value(sc.value, &written).map_err(fail)?;
+                        let Some(&l) = d.dims.get(sc.axis) else {
+                            return Err(fail(format!("`{}` ({}{:?}) has no axis {}", d.name, d.dtype, d.dims, sc.axis)));
+                        };
+                        if length.is_some_and(|m| m != l) {
+                            return Err(fail(format!("the scanned values have lengths {} and {l}", length.unwrap_or_default())));
+                        }
+                        length = Some(l);
+                        let mut dims = d.dims.clone();
+                        dims.remove(sc.axis);
+                        slices.push(ValueDesc { name: d.name.clone(), dtype: d.dtype.clone(), dims });
+                    }
+                    let length = length.ok_or_else(|| fail("a scan needs a scanned value".into()))?;
+                    let ins: Vec<ValueDesc> =
+                        captured.iter().chain(state).map(|&v| value(v, &written).cloned()).collect::<std::result::Result<_, _>>().map_err(fail)?;
+                    for (t, d) in pm.inputs.iter().zip(ins.iter().chain(&slices)) {
+                        reads(*body, t, d)?;
+                    }
+                    // The state the body gives is the state it takes at the next step.
+                    for (k, t) in pm.outputs.iter().take(state.len()).enumerate() {
+                        reads(*body, t, &ins[captured.len() + k])?;
+                        gives(*body, t, results[k])?;
+                    }
+                    for ((t, st), &r) in pm.outputs.iter().skip(state.len()).zip(stacked).zip(&results[state.len()..]) {
+                        if st.axis > t.dims.len() {
+                            return Err(fail(format!("`{}` ({}{:?}) cannot be stacked along axis {}", t.name, t.dtype, t.dims, st.axis)));
+                        }
+                        let mut dims = t.dims.clone();
+                        dims.insert(st.axis, length);
+                        gives(*body, &TensorDesc { dims, ..t.clone() }, r)?;
+                    }
+                    results
+                }
+            };
             for &r in results {
                 if std::mem::replace(&mut written[r], true) {
                     return Err(fail(format!("value `{}` is written twice", c.values[r].name)));

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use kiln_ir::{DType, Tensor};
 
-use crate::artifact::{Artifact, BatchDesc, BufferKind, ControlDesc, Manifest, Step, Target, TensorDesc};
+use crate::artifact::{Artifact, BatchDesc, BufferKind, ControlDesc, Manifest, Scanned, Stacked, Step, Target, TensorDesc};
 use crate::device::cpu::CpuProgram;
 use crate::device::cuda::CudaProgram;
 use crate::device::opencl::OpenclProgram;
@@ -448,6 +448,16 @@ fn run_control(c: &ControlDesc, programs: &[Executable], inputs: &[Tensor], mut 
                 let taken = read(&values, *cond).bytes().first().is_some_and(|&b| b != 0);
                 (if taken { *then } else { *otherwise }, args, results)
             }
+            Step::Scan { body, captured, state, scanned, stacked, results } => {
+                let captured: Vec<Tensor> = captured.iter().map(|&v| read(&values, v)).collect();
+                let state: Vec<Tensor> = state.iter().map(|&v| read(&values, v)).collect();
+                let scanned: Vec<(Tensor, &Scanned)> = scanned.iter().map(|s| (read(&values, s.value), s)).collect();
+                let outs = run_scan(&programs[*body], captured, state, &scanned, stacked, profile.as_deref_mut())?;
+                for (&r, t) in results.iter().zip(outs) {
+                    values[r] = Some(t);
+                }
+                continue;
+            }
         };
         let args: Vec<Tensor> = args.iter().map(|&v| read(&values, v)).collect();
         let outs = programs[program].run_profiled(&args, profile.as_deref_mut())?;
@@ -456,6 +466,45 @@ fn run_control(c: &ControlDesc, programs: &[Executable], inputs: &[Tensor], mut 
         }
     }
     Ok(c.outputs.iter().map(|&v| read(&values, v)).collect())
+}
+
+/// A Scan step: the body once per position of the scanned values, the state carried, the other
+/// results stacked (the shapes were validated at load).
+fn run_scan(
+    body: &Executable,
+    captured: Vec<Tensor>,
+    mut state: Vec<Tensor>,
+    scanned: &[(Tensor, &Scanned)],
+    stacked: &[Stacked],
+    mut profile: Option<&mut Profile>,
+) -> Result<Vec<Tensor>> {
+    let moved = |e: kiln_ir::IrError| RuntimeError::Launch { kernel: "scan".into(), msg: e.to_string() };
+    let length = scanned.first().map_or(0, |(t, s)| t.dims()[s.axis]);
+    let mut parts: Vec<Vec<Tensor>> = vec![Vec::with_capacity(length); stacked.len()];
+    for step in 0..length {
+        let mut args = captured.clone();
+        args.append(&mut state);
+        for (t, s) in scanned {
+            args.push(t.index_axis(s.axis, if s.reverse { length - 1 - step } else { step }).map_err(moved)?);
+        }
+        let mut outs = body.run_profiled(&args, profile.as_deref_mut())?;
+        let slices = outs.split_off(args.len() - captured.len() - scanned.len());
+        state = outs;
+        for (k, t) in slices.into_iter().enumerate() {
+            parts[k].push(t);
+        }
+    }
+    let n = state.len();
+    let mut results = state;
+    for (k, (mut p, st)) in parts.into_iter().zip(stacked).enumerate() {
+        if st.reverse {
+            p.reverse();
+        }
+        let d = &body.outputs()[n + k];
+        let dtype = DType::from_name(&d.dtype).expect("validated at load");
+        results.push(Tensor::stack(dtype, &d.dims, &p, st.axis).map_err(moved)?);
+    }
+    Ok(results)
 }
 
 /// Rows `at..at + n` of `t`'s leading axis, as a tensor of their own.

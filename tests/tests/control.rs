@@ -136,3 +136,60 @@ fn branches_of_different_shapes_specialise_on_the_condition() {
         close(&got, &eval::run(&graph, &x).unwrap(), &format!("sr {sr}"));
     }
 }
+
+/// `x: f32[2,6,4]` scanned along axis 1 backwards, `h0: f32[2,4]` the state, a weight and a
+/// bias computed before the Scan captured: `h = tanh(h @ w + x_t + b)`; stacks `h * 2` along
+/// axis 1 and gives the last `h`. `grow` makes the state grow by a column each step instead.
+fn recurrent_scan(grow: bool) -> Graph {
+    let body = GraphBuilder::new("step");
+    let w = body.input("w", DType::F32, [4, 4]);
+    let b = body.input("b", DType::F32, [4]);
+    let h = body.input("h", DType::F32, [2, 4]);
+    let x = body.input("x_t", DType::F32, [2, 4]);
+    let next = (h.matmul(w) + x + b).tanh();
+    if grow {
+        body.output("h_next", body.concat(&[next, x], 1));
+    } else {
+        body.output("h_next", next);
+    }
+    body.output("y_t", next * next.scalar(2.0));
+    let body = Subgraph(Arc::new(body.build().unwrap()));
+    let g = GraphBuilder::new("recurrent_scan");
+    let x = g.input("x", DType::F32, [2, 6, 4]);
+    let h0 = g.input("h0", DType::F32, [2, 4]);
+    let b0 = g.input("b0", DType::F32, [4]);
+    let w = g.constant("w", Tensor::random(DType::F32, &[4, 4], 5));
+    let b = b0.sigmoid();
+    let scan = kiln_ir::op::Scan {
+        body,
+        captures: 2,
+        scan_inputs: 1,
+        input_axes: vec![1],
+        input_reverse: vec![true],
+        output_axes: vec![1],
+        output_reverse: vec![false],
+    };
+    let out = g.apply(Op::Scan(Box::new(scan)), &[Some(w), Some(b), Some(h0), Some(x)], 2);
+    g.output("h_last", out[0].named("scan"));
+    g.output("ys", out[1].exp());
+    g.build().unwrap()
+}
+
+#[test]
+fn a_scan_runs_its_body_once_per_step_on_host_slices() {
+    let graph = recurrent_scan(false);
+    let compiled = compile(&graph, &Options { cache: false, ..Options::default() }, true).unwrap();
+    let plan = compiled.stages.fused.split("\n\n").next().unwrap().to_string();
+    insta::assert_snapshot!("recurrent_scan_control_split", plan);
+    let art = Artifact::from_bytes(&compiled.artifact.to_bytes(), "scan.kiln").unwrap();
+    let x = vec![Tensor::random(DType::F32, &[2, 6, 4], 1), Tensor::random(DType::F32, &[2, 4], 2), Tensor::random(DType::F32, &[4], 3)];
+    let want = eval::run(&graph, &x).unwrap();
+    assert_eq!(want[1].dims(), &[2, 6, 4]);
+    for threads in [1, 2] {
+        let exe = Executable::load(art.clone(), &LoadOptions { threads: Some(threads), ..Default::default() }).unwrap();
+        close(&exe.run(&x).unwrap(), &want, &format!("{threads} threads"));
+    }
+    // A state that changes shape from step to step cannot have one compiled body.
+    let e = compile(&recurrent_scan(true), &Options { cache: false, ..Options::default() }, false).err().expect("refused");
+    assert!(e.to_string().contains("state 0 goes in as f32[2,4] and comes out as f32[2,8]"), "{e}");
+}

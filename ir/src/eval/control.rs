@@ -1,11 +1,62 @@
-//! Control flow: If runs the branch its condition picks, on the captured values.
+//! Control flow: If runs the branch its condition picks, on the captured values; Scan runs its
+//! body once per position of the scanned inputs.
 
+use crate::shape::normalize_axis;
 use crate::{Op, Tensor};
 
 pub(super) fn eval(op: &Op, operands: &[Option<&Tensor>]) -> Result<Vec<Tensor>, String> {
+    if let Op::Scan(s) = op {
+        return scan(s, operands);
+    }
     let Op::If { then_branch, else_branch } = op else { unreachable!("dispatched by eval_op()") };
     let cond = operands.first().copied().flatten().ok_or("the condition is missing")?;
     let taken = if cond.to_f64s().first().copied().unwrap_or(0.0) != 0.0 { &then_branch.0 } else { &else_branch.0 };
     let captured: Vec<Tensor> = operands[1..].iter().map(|o| o.cloned().ok_or("a captured value is missing")).collect::<Result<_, _>>()?;
     crate::eval::run(taken, &captured).map_err(|e| format!("in branch `{}`: {e}", taken.name))
+}
+
+fn scan(s: &crate::op::Scan, operands: &[Option<&Tensor>]) -> Result<Vec<Tensor>, String> {
+    let all: Vec<Tensor> = operands.iter().map(|o| o.cloned().ok_or("a Scan operand is missing")).collect::<Result<_, _>>()?;
+    let states = s.states(all.len());
+    let (captured, rest) = all.split_at(s.captures.min(all.len()));
+    let (state, scanned) = rest.split_at(states);
+    let mut state = state.to_vec();
+    let mut axes = Vec::new();
+    for (i, t) in scanned.iter().enumerate() {
+        let (axis, reverse) = s.input(i);
+        axes.push((normalize_axis(axis, t.rank()).ok_or_else(|| format!("scan axis {axis} is outside {}", t.ty()))?, reverse));
+    }
+    let length = scanned.first().map(|t| t.dims()[axes[0].0]).ok_or("a Scan needs a scanned input")?;
+    let body = &s.body.0;
+    let stacked = body.outputs().len().saturating_sub(states);
+    let mut slices: Vec<Vec<Tensor>> = vec![Vec::with_capacity(length); stacked];
+    for step in 0..length {
+        let mut inputs: Vec<Tensor> = captured.to_vec();
+        inputs.append(&mut state);
+        for (t, &(axis, reverse)) in scanned.iter().zip(&axes) {
+            inputs.push(t.index_axis(axis, if reverse { length - 1 - step } else { step }).map_err(|e| e.to_string())?);
+        }
+        let mut out = crate::eval::run(body, &inputs).map_err(|e| format!("in the body `{}`, step {step}: {e}", body.name))?;
+        let rest = out.split_off(states.min(out.len()));
+        state = out;
+        for (k, t) in rest.into_iter().enumerate() {
+            slices[k].push(t);
+        }
+    }
+    let mut results = state;
+    for (k, mut parts) in slices.into_iter().enumerate() {
+        let (axis, reverse) = s.output(k);
+        if reverse {
+            parts.reverse();
+        }
+        // The slice's type from the body (a scan of length 0 has no slices to read it from).
+        let ty = body.value_type(body.outputs()[states + k].1);
+        let dims = match parts.first() {
+            Some(p) => p.dims().to_vec(),
+            None => ty.shape.as_fixed().ok_or("a scan of length 0 whose result slices have no static shape")?,
+        };
+        let axis = normalize_axis(axis, dims.len() + 1).ok_or_else(|| format!("stacking axis {axis} is outside rank {}", dims.len() + 1))?;
+        results.push(Tensor::stack(ty.dtype, &dims, &parts, axis).map_err(|e| e.to_string())?);
+    }
+    Ok(results)
 }

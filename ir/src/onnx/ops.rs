@@ -166,6 +166,7 @@ pub(super) const SUPPORTED: &[&str] = &[
     "NegativeLogLikelihoodLoss",
     "SoftmaxCrossEntropyLoss",
     "If",
+    "Scan",
 ];
 
 pub(super) fn is_supported(op_type: &str) -> bool {
@@ -326,6 +327,7 @@ pub(super) fn convert(im: &mut GraphImporter, node: &NodeProto, op_type: &str) -
             generic(im, node, op_type, a, n_out)
         }
         "If" => if_(im, node, a),
+        "Scan" => scan(im, node, a, opset),
         _ => generic(im, node, op_type, a, n_out),
     }
 }
@@ -632,6 +634,59 @@ fn rnn_activations(a: &mut Attrs) -> Result<()> {
     }
     a.push("activations", Attr::Strs(spelled));
     Ok(())
+}
+
+/// Scan (opset 9 and later): the body becomes a graph whose inputs are the outer values it reads,
+/// then its own (the state, one slice of each scanned input); those outer values lead the operands.
+fn scan(im: &mut GraphImporter, node: &NodeProto, mut a: Attrs, opset: i64) -> Result<()> {
+    if opset < 9 {
+        return Err(IrError::NotSupported(
+            "Scan before opset 9 (with a batch axis and sequence lengths) is not supported; export with opset 9 or later".into(),
+        ));
+    }
+    let body_g = node
+        .attribute
+        .iter()
+        .find(|x| x.name.as_deref() == Some("body"))
+        .and_then(|x| x.g.as_ref())
+        .ok_or_else(|| err("attribute `body` is required"))?;
+    let names = free_values(body_g);
+    let mut captures: Vec<(String, TensorType)> = Vec::new();
+    for n in &names {
+        let ty = im.visible_type(n).ok_or_else(|| err(format!("the body reads `{n}`, which is not defined before the Scan")))?;
+        captures.push((n.clone(), ty));
+    }
+    let name = body_g.name.clone().filter(|n| !n.is_empty()).unwrap_or_else(|| "body".to_string());
+    let body = GraphImporter::new(&name, im.opset, im.base_dir).import(body_g, &captures)?;
+    let flags = |v: Option<Vec<i64>>| -> Result<Vec<bool>> {
+        v.unwrap_or_default()
+            .iter()
+            .map(|&d| if d == 0 || d == 1 { Ok(d == 1) } else { Err(err(format!("a scan direction is 0 or 1, not {d}"))) })
+            .collect()
+    };
+    let scan_inputs = a.size("num_scan_inputs", 0).map_err(err)?;
+    let input_axes = a.ints("scan_input_axes").map_err(err)?.unwrap_or_default();
+    let input_reverse = flags(a.ints("scan_input_directions").map_err(err)?)?;
+    let output_axes = a.ints("scan_output_axes").map_err(err)?.unwrap_or_default();
+    let output_reverse = flags(a.ints("scan_output_directions").map_err(err)?)?;
+    a.finish("Scan").map_err(err)?;
+    if scan_inputs == 0 {
+        return Err(err("num_scan_inputs must be at least 1"));
+    }
+    let mut operands: Vec<Option<ValueId>> = names.iter().map(|n| im.values.get(n).copied()).collect();
+    for i in 0..node.input.len() {
+        operands.push(Some(im.operand(node, i).ok_or_else(|| err(format!("operand {i} is missing")))?));
+    }
+    let op = Op::Scan(Box::new(crate::op::Scan {
+        body: Subgraph(Arc::new(body)),
+        captures: names.len(),
+        scan_inputs,
+        input_axes,
+        input_reverse,
+        output_axes,
+        output_reverse,
+    }));
+    emit(im, node, op, &operands, node.output.len())
 }
 
 /// If: each branch becomes a graph whose inputs are the outer values it reads.

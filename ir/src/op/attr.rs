@@ -520,6 +520,16 @@ impl Op {
                 a.push("else_branch", Attr::Graph(else_branch.clone()));
                 a.push("then_branch", Attr::Graph(then_branch.clone()));
             }
+            Op::Scan(sc) => {
+                let flags = |v: &[bool]| Attr::Ints(v.iter().map(|&r| r as i64).collect());
+                a.push("body", Attr::Graph(sc.body.clone()));
+                a.push("captures", size(sc.captures));
+                a.push("num_scan_inputs", size(sc.scan_inputs));
+                a.push("scan_input_axes", Attr::Ints(sc.input_axes.clone()));
+                a.push("scan_input_directions", flags(&sc.input_reverse));
+                a.push("scan_output_axes", Attr::Ints(sc.output_axes.clone()));
+                a.push("scan_output_directions", flags(&sc.output_reverse));
+            }
         }
         a
     }
@@ -726,6 +736,31 @@ impl Op {
                 "NegativeLogLikelihoodLoss" => Op::NllLoss(loss(&mut a)?),
                 "SoftmaxCrossEntropyLoss" => Op::SoftmaxCrossEntropyLoss(loss(&mut a)?),
                 "If" => Op::If { else_branch: a.graph("else_branch")?, then_branch: a.graph("then_branch")? },
+                "Scan" => {
+                    let body = a.graph("body")?;
+                    let captures = a.size("captures", 0)?;
+                    let scan_inputs = a.size("num_scan_inputs", 0)?;
+                    let flags = |v: Option<Vec<i64>>| -> Result<Vec<bool>, String> {
+                        let v = v.unwrap_or_default();
+                        v.iter()
+                            .map(|&d| match d {
+                                0 => Ok(false),
+                                1 => Ok(true),
+                                _ => Err(format!("a scan direction is 0 or 1, not {d}")),
+                            })
+                            .collect()
+                    };
+                    // Absent lists mean axis 0, forward, for every tensor; inference checks the
+                    // lengths of given ones against the operands and results.
+                    let input_axes = a.ints("scan_input_axes")?.unwrap_or_default();
+                    let input_reverse = flags(a.ints("scan_input_directions")?)?;
+                    let output_axes = a.ints("scan_output_axes")?.unwrap_or_default();
+                    let output_reverse = flags(a.ints("scan_output_directions")?)?;
+                    if scan_inputs == 0 {
+                        return Err("Scan needs num_scan_inputs of at least 1".into());
+                    }
+                    Op::Scan(Box::new(crate::op::Scan { body, captures, scan_inputs, input_axes, input_reverse, output_axes, output_reverse }))
+                }
                 _ => return Err(format!("unknown op `{name}`")),
             }
         };

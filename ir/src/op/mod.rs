@@ -184,6 +184,55 @@ pub enum Op {
     /// `(cond, captured...) -> results`: runs one branch. Each branch takes the captured values
     /// as its inputs, in order, and has one output per result.
     If { then_branch: Subgraph, else_branch: Subgraph },
+    /// `(captured..., state..., scanned...) -> (state..., stacked...)`: runs the body once per
+    /// position along the scanned inputs' axes, carrying the state from one step to the next.
+    Scan(Box<Scan>),
+}
+
+/// `Scan` (ONNX opset 9 and later): the body takes the captured values, the state and one slice
+/// of each scanned input (its axis removed), in that order, and gives the next state and one
+/// slice of each stacked result.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Scan {
+    pub body: Subgraph,
+    /// Leading operands the body reads from outside (values ONNX lets a body name implicitly).
+    pub captures: usize,
+    /// Trailing operands that are scanned; the operands between are the initial state.
+    pub scan_inputs: usize,
+    /// Per scanned input: its axis, and whether it is read from the last position (empty: axis
+    /// 0, forward, for each).
+    pub input_axes: Vec<i64>,
+    pub input_reverse: Vec<bool>,
+    /// Per stacked result: the axis its slices are stacked along, and whether the last step's
+    /// slice comes first (empty: axis 0, forward, for each).
+    pub output_axes: Vec<i64>,
+    pub output_reverse: Vec<bool>,
+}
+
+impl Scan {
+    /// How many state values a node with `operands` operands carries.
+    pub fn states(&self, operands: usize) -> usize {
+        operands.saturating_sub(self.captures + self.scan_inputs)
+    }
+
+    /// Scanned input `i`'s axis (not normalised) and whether it is read backwards.
+    pub fn input(&self, i: usize) -> (i64, bool) {
+        (self.input_axes.get(i).copied().unwrap_or(0), self.input_reverse.get(i).copied().unwrap_or(false))
+    }
+
+    /// Stacked result `k`'s axis (not normalised) and whether it is stacked backwards.
+    pub fn output(&self, k: usize) -> (i64, bool) {
+        (self.output_axes.get(k).copied().unwrap_or(0), self.output_reverse.get(k).copied().unwrap_or(false))
+    }
+
+    /// Whether the lists name one entry per scanned input and per stacked result (or none).
+    pub fn lists_fit(&self, stacked: usize) -> bool {
+        let fits = |n: usize, want: usize| n == 0 || n == want;
+        fits(self.input_axes.len(), self.scan_inputs)
+            && fits(self.input_reverse.len(), self.scan_inputs)
+            && fits(self.output_axes.len(), stacked)
+            && fits(self.output_reverse.len(), stacked)
+    }
 }
 
 /// `Gemm` attributes.
@@ -379,6 +428,7 @@ impl Op {
             Op::NllLoss(_) => "NegativeLogLikelihoodLoss",
             Op::SoftmaxCrossEntropyLoss(_) => "SoftmaxCrossEntropyLoss",
             Op::If { .. } => "If",
+            Op::Scan(_) => "Scan",
         }
     }
 
@@ -410,7 +460,7 @@ impl Op {
             Op::Attention(_) => (3, 7),
             Op::RotaryEmbedding(_) => (3, 4),
             Op::Concat { .. } | Op::Einsum { .. } => (1, ANY),
-            Op::If { .. } => (1, ANY),
+            Op::If { .. } | Op::Scan(_) => (1, ANY),
         }
     }
 
@@ -422,6 +472,7 @@ impl Op {
             Op::TopK { .. } => 2,
             Op::Rnn(_) => 2,
             Op::If { then_branch, .. } => then_branch.0.outputs().len(),
+            Op::Scan(s) => s.body.0.outputs().len(),
             _ => 1,
         }
     }
