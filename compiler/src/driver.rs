@@ -215,12 +215,7 @@ fn compile_batched(
         let mut o = plan.options_for(options, size);
         o.dump_dir = options.dump_dir.as_ref().map(|d| d.join(format!("batch-{size}")));
         let c = compile_reporting(graph, &o, keep_stages, progress)?;
-        for (name, t) in c.timings {
-            match timings.iter_mut().find(|(n, _)| *n == name) {
-                Some(e) => e.1 += t,
-                None => timings.push((name, t)),
-            }
-        }
+        add_timings(&mut timings, c.timings);
         from_cache &= c.from_cache;
         stages.get_or_insert(c.stages);
         programs.push((size, c.artifact));
@@ -257,12 +252,7 @@ fn compile_control(
             ..options.clone()
         };
         let c = compile_reporting(piece, &o, keep_stages, progress)?;
-        for (name, t) in c.timings {
-            match timings.iter_mut().find(|(n, _)| *n == name) {
-                Some(e) => e.1 += t,
-                None => timings.push((name, t)),
-            }
-        }
+        add_timings(&mut timings, c.timings);
         from_cache &= c.from_cache;
         let header = format!("// program {i}: {} of `{}` ({})\n", role.name(), split.node, piece.name);
         for name in Stages::NAMES.iter().filter(|n| **n != "graph") {
@@ -300,6 +290,16 @@ fn compile_control(
     })?;
     timings.push(("control artifact", clock.elapsed()));
     Ok(Compiled { artifact, stages, timings, from_cache })
+}
+
+/// Adds a program's stage times to those of the programs compiled before it, stage by stage.
+fn add_timings(into: &mut Vec<(&'static str, Duration)>, from: Vec<(&'static str, Duration)>) {
+    for (name, t) in from {
+        match into.iter_mut().find(|(n, _)| *n == name) {
+            Some(e) => e.1 += t,
+            None => into.push((name, t)),
+        }
+    }
 }
 
 /// The artifact's view of GPU code: one function per `gpu.func`, launches by function index.

@@ -641,7 +641,7 @@ fn rnn_activations(a: &mut Attrs) -> Result<()> {
 fn scan(im: &mut GraphImporter, node: &NodeProto, mut a: Attrs, opset: i64) -> Result<()> {
     if opset < 9 {
         return Err(IrError::NotSupported(
-            "Scan before opset 9 (with a batch axis and sequence lengths) is not supported; export with opset 9 or later".into(),
+            "Scan before opset 9 (with a batch axis and per-batch lengths) is not supported; export with opset 9 or later".into(),
         ));
     }
     let body_g = node
