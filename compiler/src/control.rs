@@ -9,7 +9,10 @@
 //! one shape (else the result's shape depends on the condition, and specialisation on the
 //! condition's value applies instead). A Scan splits the same way, its body one program that the
 //! host runs once per step on slices of the scanned values, carrying the state (whose shape must
-//! not change from step to step).
+//! not change from step to step). A Loop splits the same way: the host runs its body while the
+//! trip count and the condition allow, carrying the state and stacking the rest; the stacked
+//! results' sizes must be known when it compiles (a constant trip count the condition cannot cut
+//! short), else the trip count and condition are shape-deciding values that `kiln run` binds.
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
@@ -61,13 +64,15 @@ pub struct ControlSplit {
 /// or Scan; `None` when it has none.
 pub fn split(graph: &Graph) -> Result<Option<ControlSplit>> {
     let order = graph.topo_order()?;
-    let Some(&at) = order.iter().find(|&&id| matches!(graph.node(id).op, Op::If { .. } | Op::Scan(_))) else { return Ok(None) };
+    let Some(&at) = order.iter().find(|&&id| matches!(graph.node(id).op, Op::If { .. } | Op::Scan(_) | Op::Loop(_))) else { return Ok(None) };
     let if_name = graph.node(at).name.clone();
     let bug = |msg: String| CompileError::Internal(format!("splitting at {} `{if_name}`: {msg}", graph.node(at).op.name()));
-    // A Scan's state and scanned inputs are host values even when constant (the steps slice and
-    // carry them); only its captured constants are bound into the body.
+    // A Scan's state and scanned inputs and a Loop's trip count, condition and state are host
+    // values even when constant (the steps slice and carry them); only the captured constants are
+    // bound into the body.
     let host_from = match &graph.node(at).op {
         Op::Scan(s) => s.captures,
+        Op::Loop(l) => l.captures,
         _ => usize::MAX,
     };
     let is_constant = |v: ValueId| matches!(graph.node(v.node).op, Op::Constant(_));
@@ -145,8 +150,15 @@ pub fn split(graph: &Graph) -> Result<Option<ControlSplit>> {
         programs.push((Role::Before, before));
     }
 
-    let operands: Vec<ValueId> =
-        graph.operands(at).into_iter().map(|o| o.ok_or_else(|| bug("an operand is missing".into()))).collect::<Result<_>>()?;
+    // Every operand but a Loop's trip count and condition is present.
+    let given = graph.operands(at);
+    let optional = |i: usize| matches!(&graph.node(at).op, Op::Loop(l) if i == l.captures || i == l.captures + 1);
+    let operands: Vec<ValueId> = given
+        .iter()
+        .enumerate()
+        .filter(|&(i, _)| !optional(i))
+        .map(|(_, o)| o.ok_or_else(|| bug("an operand is missing".into())))
+        .collect::<Result<_>>()?;
     let mut results = Vec::new();
     for (k, ty) in graph.node(at).outputs.iter().enumerate() {
         results.push(values.len());
@@ -222,7 +234,36 @@ pub fn split(graph: &Graph) -> Result<Option<ControlSplit>> {
             });
             programs.push((Role::Body, body));
         }
-        _ => unreachable!("found as an If or a Scan"),
+        Op::Loop(l) => {
+            // `operands` holds the captured values and the state; the trip count and condition
+            // are read from `given`.
+            let (captured, state) = operands.split_at(l.captures.min(operands.len()));
+            let declared = |i: usize| l.body.0.node(l.body.0.inputs()[i]).outputs[0].clone();
+            let mut types: Vec<TensorType> = captured.iter().map(|&v| graph.value_type(v).clone()).collect();
+            types.extend([declared(l.captures), declared(l.captures + 1)]);
+            types.extend(state.iter().map(|&v| graph.value_type(v).clone()));
+            let body = program(&l.body.0, Role::Body, types, captured)?;
+            // The state must keep its shape from step to step: the body is compiled once.
+            for (k, &v) in state.iter().enumerate() {
+                let (have, gives) = (graph.value_type(v), body.value_type(body.outputs()[1 + k].1));
+                if have != gives {
+                    return Err(CompileError::DynamicShapes(format!(
+                        "Loop `{if_name}`: state {k} goes in as {have} and comes out as {gives}; kiln compiles a loop body whose state keeps its shape"
+                    )));
+                }
+            }
+            let optional_host = |i: usize| given.get(i).copied().flatten().map(|v| host(&v)).transpose();
+            steps.push(Step::Loop {
+                body: programs.len(),
+                captured: captured.iter().filter(|v| !is_constant(**v)).map(host).collect::<Result<_>>()?,
+                trip_count: optional_host(l.captures)?,
+                cond: optional_host(l.captures + 1)?,
+                state: state.iter().map(host).collect::<Result<_>>()?,
+                results: results.clone(),
+            });
+            programs.push((Role::Body, body));
+        }
+        _ => unreachable!("found as an If, a Scan or a Loop"),
     }
     for (k, &r) in results.iter().enumerate() {
         value_of.insert(ValueId::new(at, k), r);
@@ -312,6 +353,19 @@ impl fmt::Display for ControlSplit {
                     }
                     let stacks = if stacks.is_empty() { "nothing".to_string() } else { stacks.join(", ") };
                     writeln!(f, "  scan #{body} body({}) stacking {stacks} -> ({})", takes.join("; "), names(results))?;
+                }
+                Step::Loop { body, captured, trip_count, cond, state, results } => {
+                    let one = |v: &Option<usize>| v.map_or("none", |v| self.values[v].0.as_str());
+                    let mut takes = Vec::new();
+                    if !captured.is_empty() {
+                        takes.push(format!("captured {}", names(captured)));
+                    }
+                    takes.push(format!("trip count {}", one(trip_count)));
+                    takes.push(format!("condition {}", one(cond)));
+                    if !state.is_empty() {
+                        takes.push(format!("state {}", names(state)));
+                    }
+                    writeln!(f, "  loop #{body} body({}) stacking {} -> ({})", takes.join("; "), results.len() - state.len(), names(results))?;
                 }
             }
         }

@@ -25,7 +25,8 @@ use crate::{Result, RuntimeError};
 pub const MAGIC: &[u8; 8] = b"KILNART\0";
 /// 2: kernels have a GPU grid and block, launches say which arguments they write.
 /// 3: an artifact may hold programs for several batch sizes (`Manifest::batch`).
-/// 4: an artifact may hold programs that host steps run and choose between (`Manifest::control`).
+/// 4: an artifact may hold programs that host steps run and choose between (`Manifest::control`:
+///    run, if, scan and loop steps).
 pub const FORMAT_VERSION: u32 = 4;
 /// The oldest version this runtime reads (2 has no `batch`, 3 no `control`: both are optional).
 pub const OLDEST_FORMAT_VERSION: u32 = 2;
@@ -210,6 +211,13 @@ pub enum Step {
     /// scanned value, and gives the next state, then one slice of each stacked result. `results`
     /// are the final state, then the stacked values.
     Scan { body: usize, captured: Vec<usize>, state: Vec<usize>, scanned: Vec<Scanned>, stacked: Vec<Stacked>, results: Vec<usize> },
+    /// Runs `body` while the step number is below the one i64 `trip_count` (if any) and the
+    /// condition holds (the one bool `cond` at first, if any; then the body's). The body takes
+    /// `captured`, the step number (one i64), the condition (one bool) and the state (`state` at
+    /// the first step, its own state results after), and gives the condition, the next state and
+    /// one slice of each stacked result. `results` are the final state, then each stacked value
+    /// (its slices along a new leading axis, whose size the run must match).
+    Loop { body: usize, captured: Vec<usize>, trip_count: Option<usize>, cond: Option<usize>, state: Vec<usize>, results: Vec<usize> },
 }
 
 /// A value a Scan step slices: `axis` removed from each slice, read last position first when
@@ -407,14 +415,18 @@ impl Artifact {
                     Err(fail(format!("program {p} gives `{}` as {}{:?}, value `{}` is {}{:?}", t.name, t.dtype, t.dims, d.name, d.dtype, d.dims)))
                 }
             };
+            let one = |v: usize, dtype: &str, what: &str| {
+                let d = value(v, &written).map_err(fail)?;
+                if d.dtype != dtype || d.dims.iter().product::<usize>() != 1 {
+                    return Err(fail(format!("the {what} `{}` is {}{:?}, not one {dtype}", d.name, d.dtype, d.dims)));
+                }
+                Ok(())
+            };
             let results = match step {
                 Step::Run { program: p, args, results } | Step::If { then: p, args, results, .. } => {
                     let mut ps = vec![*p];
                     if let Step::If { cond, otherwise, .. } = step {
-                        let d = value(*cond, &written).map_err(fail)?;
-                        if d.dtype != "bool" || d.dims.iter().product::<usize>() != 1 {
-                            return Err(fail(format!("the condition `{}` is {}{:?}, not one bool", d.name, d.dtype, d.dims)));
-                        }
+                        one(*cond, "bool", "condition")?;
                         ps.push(*otherwise);
                     }
                     for p in ps {
@@ -467,6 +479,58 @@ impl Artifact {
                         }
                         let mut dims = t.dims.clone();
                         dims.insert(st.axis, length);
+                        gives(*body, &TensorDesc { dims, ..t.clone() }, r)?;
+                    }
+                    results
+                }
+                Step::Loop { body, captured, trip_count, cond, state, results } => {
+                    let pm = program(*body)?;
+                    counts(*body, pm, captured.len() + 2 + state.len(), results.len() + 1)?;
+                    if results.len() < state.len() {
+                        return Err(fail(format!("the loop carries {} state values but takes {} results", state.len(), results.len())));
+                    }
+                    if let Some(t) = trip_count {
+                        one(*t, "i64", "trip count")?;
+                    }
+                    if let Some(c) = cond {
+                        one(*c, "bool", "condition")?;
+                    }
+                    let ins: Vec<ValueDesc> =
+                        captured.iter().chain(state).map(|&v| value(v, &written).cloned()).collect::<std::result::Result<_, _>>().map_err(fail)?;
+                    let (n, k) = (captured.len(), state.len());
+                    for (t, d) in pm.inputs[..n].iter().zip(&ins[..n]).chain(pm.inputs[n + 2..].iter().zip(&ins[n..])) {
+                        reads(*body, t, d)?;
+                    }
+                    for (i, (t, dtype)) in pm.inputs[n..n + 2].iter().zip(["i64", "bool"]).enumerate() {
+                        if t.dtype != dtype || t.dims.iter().product::<usize>() != 1 {
+                            let what = ["step number", "condition"][i];
+                            return Err(fail(format!("the body takes its {what} `{}` as {}{:?}, not one {dtype}", t.name, t.dtype, t.dims)));
+                        }
+                    }
+                    let co = &pm.outputs[0];
+                    if co.dtype != "bool" || co.dims.iter().product::<usize>() != 1 {
+                        return Err(fail(format!("the body gives its condition `{}` as {}{:?}, not one bool", co.name, co.dtype, co.dims)));
+                    }
+                    // The state the body gives is the state it takes at the next step.
+                    for (j, t) in pm.outputs[1..=k].iter().enumerate() {
+                        reads(*body, t, &ins[n + j])?;
+                        gives(*body, t, results[j])?;
+                    }
+                    // Each stacked value: the body's slice under a leading axis of the steps run,
+                    // one size for all of them.
+                    let mut length = None;
+                    for (t, &r) in pm.outputs[k + 1..].iter().zip(&results[k..]) {
+                        let l = match c.values.get(r).map(|d| d.dims.first()) {
+                            Some(Some(&l)) => l,
+                            Some(None) => return Err(fail(format!("the stacked value `{}` has no leading axis", c.values[r].name))),
+                            None => return Err(fail(format!("value {r} does not exist (of {})", c.values.len()))),
+                        };
+                        if length.is_some_and(|m| m != l) {
+                            return Err(fail(format!("the stacked values have {} and {l} steps", length.unwrap_or_default())));
+                        }
+                        length = Some(l);
+                        let mut dims = t.dims.clone();
+                        dims.insert(0, l);
                         gives(*body, &TensorDesc { dims, ..t.clone() }, r)?;
                     }
                     results

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use kiln_ir::{DType, Tensor};
 
-use crate::artifact::{Artifact, BatchDesc, BufferKind, ControlDesc, Manifest, Scanned, Stacked, Step, Target, TensorDesc};
+use crate::artifact::{Artifact, BatchDesc, BufferKind, ControlDesc, Manifest, Scanned, Stacked, Step, Target, TensorDesc, ValueDesc};
 use crate::device::cpu::CpuProgram;
 use crate::device::cuda::CudaProgram;
 use crate::device::opencl::OpenclProgram;
@@ -458,6 +458,18 @@ fn run_control(c: &ControlDesc, programs: &[Executable], inputs: &[Tensor], mut 
                 }
                 continue;
             }
+            Step::Loop { body, captured, trip_count, cond, state, results } => {
+                let captured: Vec<Tensor> = captured.iter().map(|&v| read(&values, v)).collect();
+                let state: Vec<Tensor> = state.iter().map(|&v| read(&values, v)).collect();
+                let trip = trip_count.map(|v| read(&values, v).to_i64s().first().copied().unwrap_or(0));
+                let cond = cond.is_none_or(|v| read(&values, v).bytes().first().is_some_and(|&b| b != 0));
+                let stacked: Vec<&ValueDesc> = results[state.len()..].iter().map(|&r| &c.values[r]).collect();
+                let outs = run_loop(&programs[*body], captured, trip, cond, state, &stacked, profile.as_deref_mut())?;
+                for (&r, t) in results.iter().zip(outs) {
+                    values[r] = Some(t);
+                }
+                continue;
+            }
         };
         let args: Vec<Tensor> = args.iter().map(|&v| read(&values, v)).collect();
         let outs = programs[program].run_profiled(&args, profile.as_deref_mut())?;
@@ -503,6 +515,58 @@ fn run_scan(
         let d = &body.outputs()[n + k];
         let dtype = DType::from_name(&d.dtype).expect("validated at load");
         results.push(Tensor::stack(dtype, &d.dims, &p, st.axis).map_err(moved)?);
+    }
+    Ok(results)
+}
+
+/// A Loop step: the body while the step is below the trip count and the condition holds, the
+/// state carried, the other results stacked along a new leading axis. The stacked values' sizes
+/// were decided at compile time (validated at load); a run that takes another number of steps
+/// is an error, not a wrong shape.
+fn run_loop(
+    body: &Executable,
+    captured: Vec<Tensor>,
+    trip: Option<i64>,
+    mut cond: bool,
+    mut state: Vec<Tensor>,
+    stacked: &[&ValueDesc],
+    mut profile: Option<&mut Profile>,
+) -> Result<Vec<Tensor>> {
+    let moved = |e: kiln_ir::IrError| RuntimeError::Launch { kernel: "loop".into(), msg: e.to_string() };
+    let mut parts: Vec<Vec<Tensor>> = vec![Vec::new(); stacked.len()];
+    let mut step: i64 = 0;
+    while cond && trip.is_none_or(|m| step < m) {
+        if let Some(d) = stacked.first().filter(|d| d.dims[0] as i64 <= step) {
+            return Err(RuntimeError::Launch {
+                kernel: "loop".into(),
+                msg: format!("the loop runs more than the {} steps its stacked result `{}` was compiled for", d.dims[0], d.name),
+            });
+        }
+        let mut args = captured.clone();
+        // The step number and the condition, one value each, in the shapes the body takes.
+        let (n, ins) = (captured.len(), body.inputs());
+        args.push(Tensor::from_f64s(DType::I64, &ins[n].dims, &[step as f64]).map_err(moved)?);
+        args.push(Tensor::from_f64s(DType::Bool, &ins[n + 1].dims, &[1.0]).map_err(moved)?);
+        args.append(&mut state);
+        let mut outs = body.run_profiled(&args, profile.as_deref_mut())?;
+        let slices = outs.split_off(args.len() - captured.len() - 1);
+        state = outs.split_off(1);
+        cond = outs[0].bytes().first().is_some_and(|&b| b != 0);
+        for (k, t) in slices.into_iter().enumerate() {
+            parts[k].push(t);
+        }
+        step += 1;
+    }
+    let mut results = state;
+    for (p, d) in parts.into_iter().zip(stacked) {
+        if p.len() != d.dims[0] {
+            return Err(RuntimeError::Launch {
+                kernel: "loop".into(),
+                msg: format!("the loop ran {} steps, its stacked result `{}` was compiled for {}", p.len(), d.name, d.dims[0]),
+            });
+        }
+        let dtype = DType::from_name(&d.dtype).expect("validated at load");
+        results.push(Tensor::stack(dtype, &d.dims[1..], &p, 0).map_err(moved)?);
     }
     Ok(results)
 }

@@ -1,7 +1,8 @@
 //! Run-time control flow: an If whose condition is computed from an input (a voice-activity
 //! model's sample rate) compiles once into programs and host steps, and each run takes the
 //! branch its inputs pick; against the interpreter, on the CPU and OpenCL, inside a symbolic
-//! batch; branches of different shapes specialise on the condition instead.
+//! batch; branches of different shapes specialise on the condition instead. Scan and Loop bodies
+//! compile once and the host runs them per step; small counted loops are unrolled.
 
 use std::sync::Arc;
 
@@ -9,7 +10,7 @@ use kiln_compiler::{compile, CompileError, Options, TargetKind};
 use kiln_ir::builder::GraphBuilder;
 use kiln_ir::op::{BinaryOp, Subgraph};
 use kiln_ir::{eval, DType, Dim, Graph, Op, Shape, Tensor};
-use kiln_runtime::artifact::Artifact;
+use kiln_runtime::artifact::{Artifact, Step};
 use kiln_runtime::{Executable, LoadOptions, Target};
 
 /// A branch over `h: f32[N,16]`: `relu(h @ w)` or `sigmoid(h @ w) * 2`, `w` of `width` columns.
@@ -192,4 +193,125 @@ fn a_scan_runs_its_body_once_per_step_on_host_slices() {
     // A state that changes shape from step to step cannot have one compiled body.
     let e = compile(&recurrent_scan(true), &Options { cache: false, ..Options::default() }, false).err().expect("refused");
     assert!(e.to_string().contains("state 0 goes in as f32[2,4] and comes out as f32[2,8]"), "{e}");
+}
+
+/// A loop body over `h: f32[3,4]` that captures a weight and a value computed before the Loop:
+/// `h = tanh(h @ w + c * step)`; stacks `h * 2`. The condition is passed on, or, with `limit`,
+/// is `sum(h) < limit` (a while loop whose length the data decides).
+fn loop_body(limit: bool) -> Subgraph {
+    let body = GraphBuilder::new("loop_body");
+    let w = body.input("w", DType::F32, [4, 4]);
+    let c = body.input("c", DType::F32, [4]);
+    let limit = limit.then(|| body.input("limit", DType::F32, Shape::scalar()));
+    let step = body.input("step", DType::I64, Shape::scalar());
+    let cond = body.input("cond_in", DType::Bool, Shape::scalar());
+    let h = body.input("h", DType::F32, [3, 4]);
+    let next = (h.matmul(w) + c * step.cast(DType::F32)).tanh();
+    match limit {
+        Some(l) => {
+            let sum = next.reduce_sum(&[0, 1], false);
+            body.output("cond_out", body.apply(Op::Binary(BinaryOp::Less), &[Some(sum), Some(l)], 1)[0]);
+        }
+        None => body.output("cond_out", cond.identity()),
+    }
+    body.output("h_next", next);
+    if limit.is_none() {
+        body.output("y", next * next.scalar(2.0));
+    }
+    Subgraph(Arc::new(body.build().unwrap()))
+}
+
+/// `x: f32[3,4]` the first state, `b: f32[4]` made into the captured `c`; a Loop of 5 steps (a
+/// constant trip count, no condition) gives the last state and the stacked `h * 2` (f32[5,3,4]).
+fn counted_loop(trip: Option<i64>) -> Graph {
+    let g = GraphBuilder::new("counted_loop");
+    let x = g.input("x", DType::F32, [3, 4]);
+    let b = g.input("b", DType::F32, [4]);
+    let n = match trip {
+        Some(t) => g.constant("n", Tensor::scalar::<i64>(t)),
+        None => g.input("n", DType::I64, Shape::scalar()),
+    };
+    let w = g.constant("w", Tensor::random(DType::F32, &[4, 4], 7));
+    let c = b.sigmoid();
+    let l = kiln_ir::op::Loop { body: loop_body(false), captures: 2 };
+    let out = g.apply(Op::Loop(Box::new(l)), &[Some(w), Some(c), Some(n), None, Some(x)], 2);
+    g.output("h_last", out[0].named("loop"));
+    g.output("ys", out[1].exp());
+    g.build().unwrap()
+}
+
+#[test]
+fn a_loop_runs_its_body_per_step_and_stacks_its_slices() {
+    // 60 steps: too long to unroll, so the host runs the one compiled body.
+    let graph = counted_loop(Some(60));
+    assert_eq!(graph.value_type(graph.outputs()[1].1).to_string(), "f32[60,3,4]");
+    let compiled = compile(&graph, &Options { cache: false, ..Options::default() }, true).unwrap();
+    let plan = compiled.stages.fused.split("\n\n").next().unwrap().to_string();
+    insta::assert_snapshot!("counted_loop_control_split", plan);
+    let art = Artifact::from_bytes(&compiled.artifact.to_bytes(), "loop.kiln").unwrap();
+    // The loop step is checked at load: its trip count must be one i64.
+    let mut bad = art.clone();
+    if let Some(Step::Loop { trip_count, .. }) = bad.manifest.control.as_mut().map(|c| &mut c.steps[1]) {
+        *trip_count = Some(2);
+    }
+    assert_eq!(bad.validate().unwrap_err(), "step 1: the trip count `sigmoid` is f32[4], not one i64");
+    let x = vec![Tensor::random(DType::F32, &[3, 4], 1), Tensor::random(DType::F32, &[4], 2)];
+    let want = eval::run(&graph, &x).unwrap();
+    assert_eq!(want[1].dims(), &[60, 3, 4]);
+    for threads in [1, 2] {
+        let exe = Executable::load(art.clone(), &LoadOptions { threads: Some(threads), ..Default::default() }).unwrap();
+        close(&exe.run(&x).unwrap(), &want, &format!("{threads} threads"));
+    }
+}
+
+#[test]
+fn a_short_counted_loop_is_unrolled() {
+    let x = vec![Tensor::random(DType::F32, &[3, 4], 1), Tensor::random(DType::F32, &[4], 2)];
+    let graph = counted_loop(Some(3));
+    let compiled = compile(&graph, &Options { cache: false, ..Options::default() }, true).unwrap();
+    assert!(!compiled.stages.graph.contains("Loop(") && compiled.artifact.manifest.control.is_none(), "{}", compiled.stages.graph);
+    let exe = Executable::load(compiled.artifact, &LoadOptions::default()).unwrap();
+    let want = eval::run(&graph, &x).unwrap();
+    assert_eq!(want[1].dims(), &[3, 3, 4]);
+    close(&exe.run(&x).unwrap(), &want, "unrolled");
+    // A trip count given at run time sizes the stacked result: it is a shape-deciding input,
+    // bound when its value is known.
+    let graph = counted_loop(None);
+    let e = compile(&graph, &Options { cache: false, ..Options::default() }, false).err().expect("refused");
+    assert!(matches!(e, CompileError::DynamicShapes(_)), "{e}");
+    assert!(e.to_string().contains("the result shapes depend on the values of `n`"), "{e}");
+    let mut o = Options { cache: false, ..Options::default() };
+    o.input_values.insert("n".into(), Tensor::scalar::<i64>(2));
+    let exe = Executable::load(compile(&graph, &o, false).unwrap().artifact, &LoadOptions::default()).unwrap();
+    let mut x2 = x.clone();
+    x2.push(Tensor::scalar::<i64>(2));
+    let want = eval::run(&graph, &x2).unwrap();
+    assert_eq!(want[1].dims(), &[2, 3, 4]);
+    close(&exe.run(&x).unwrap(), &want, "bound trip count");
+}
+
+/// A while loop: no trip count, the condition computed from the state and a run-time limit, so
+/// the number of steps is decided per run by the data; the body is compiled once.
+#[test]
+fn a_while_loop_stops_when_its_body_says() {
+    let g = GraphBuilder::new("while_loop");
+    let x = g.input("x", DType::F32, [3, 4]);
+    let b = g.input("b", DType::F32, [4]);
+    let limit = g.input("limit", DType::F32, Shape::scalar());
+    let go = g.apply(Op::Binary(BinaryOp::Less), &[Some(x.reduce_sum(&[0, 1], false)), Some(limit)], 1)[0];
+    let w = g.constant("w", Tensor::random(DType::F32, &[4, 4], 7));
+    let l = kiln_ir::op::Loop { body: loop_body(true), captures: 3 };
+    let out = g.apply(Op::Loop(Box::new(l)), &[Some(w), Some(b), Some(limit), None, Some(go), Some(x)], 1);
+    g.output("h_last", out[0]);
+    let graph = g.build().unwrap();
+    let exe = kiln_compiler::jit(&graph, &Options { cache: false, ..Options::default() }, &LoadOptions::default()).unwrap();
+    let ones = Tensor::from_f64s(DType::F32, &[4], &[0.1; 4]).unwrap();
+    let mut distinct = std::collections::HashSet::new();
+    for limit in [-100.0, 2.0, 6.0, 9.0] {
+        let x = vec![Tensor::zeros(DType::F32, &[3, 4]), ones.clone(), Tensor::scalar::<f32>(limit)];
+        let want = eval::run(&graph, &x).unwrap();
+        close(&exe.run(&x).unwrap(), &want, &format!("limit {limit}"));
+        distinct.insert(want[0].to_f64s().iter().map(|v| (v * 1e4) as i64).collect::<Vec<_>>());
+    }
+    assert!(distinct.len() >= 3, "the limits stop the loop after different numbers of steps");
 }

@@ -8,6 +8,7 @@ pub mod fold;
 pub mod recognize;
 pub mod simplify;
 pub mod specialize;
+pub mod unroll;
 
 use kiln_ir::Graph;
 
@@ -25,6 +26,9 @@ pub fn default_passes(target: crate::TargetKind) -> Vec<Pass> {
     let decompose = if target == crate::TargetKind::Cpu { decompose::run_for_cpu } else { decompose::run };
     let mut passes = vec![
         Pass { name: "fold", run: fold::run },
+        // Small loops of a known length become straight-line code (their trip counts are
+        // constants by now).
+        Pass { name: "unroll", run: unroll::run },
         // Normalisations written as chains of small ops become the one op (their axes and eps
         // are constants by now).
         Pass { name: "recognize", run: recognize::run },

@@ -88,14 +88,20 @@ fn shape_operands(op: &Op) -> &'static [usize] {
 }
 
 /// The graph inputs (by index) whose values reach a shape-deciding operand: those
-/// `shape_operands` names, and the condition of an If whose branches give results of different
-/// shapes.
+/// `shape_operands` names, the condition of an If whose branches give results of different
+/// shapes, and the trip count and condition of a Loop whose results are not all sized.
 pub fn shape_inputs(graph: &Graph) -> Vec<usize> {
     let mut seeds: Vec<ValueId> = Vec::new();
     for (id, node) in graph.nodes() {
         let operands = graph.operands(id);
         if matches!(node.op, Op::If { .. }) && node.outputs.iter().any(|t| !t.shape.is_fixed()) {
             seeds.extend(operands.first().copied().flatten());
+        }
+        // A Loop's step count sizes its stacked results: its trip count and first condition.
+        if let Op::Loop(l) = &node.op {
+            if node.outputs.iter().any(|t| !t.shape.is_fixed()) {
+                seeds.extend(operands.iter().skip(l.captures).take(2).copied().flatten());
+            }
         }
         for &i in shape_operands(&node.op) {
             if let Some(Some(v)) = operands.get(i) {

@@ -1,12 +1,15 @@
 //! Control flow: If runs the branch its condition picks, on the captured values; Scan runs its
-//! body once per position of the scanned inputs.
+//! body once per position of the scanned inputs; Loop runs its body while its trip count and
+//! condition allow.
 
 use crate::shape::normalize_axis;
-use crate::{Op, Tensor};
+use crate::{DType, Op, Tensor};
 
 pub(super) fn eval(op: &Op, operands: &[Option<&Tensor>]) -> Result<Vec<Tensor>, String> {
-    if let Op::Scan(s) = op {
-        return scan(s, operands);
+    match op {
+        Op::Scan(s) => return scan(s, operands),
+        Op::Loop(l) => return loop_(l, operands),
+        _ => {}
     }
     let Op::If { then_branch, else_branch } = op else { unreachable!("dispatched by eval_op()") };
     let cond = operands.first().copied().flatten().ok_or("the condition is missing")?;
@@ -57,6 +60,51 @@ fn scan(s: &crate::op::Scan, operands: &[Option<&Tensor>]) -> Result<Vec<Tensor>
         };
         let axis = normalize_axis(axis, dims.len() + 1).ok_or_else(|| format!("stacking axis {axis} is outside rank {}", dims.len() + 1))?;
         results.push(Tensor::stack(ty.dtype, &dims, &parts, axis).map_err(|e| e.to_string())?);
+    }
+    Ok(results)
+}
+
+fn loop_(l: &crate::op::Loop, operands: &[Option<&Tensor>]) -> Result<Vec<Tensor>, String> {
+    let c = l.captures;
+    let body = &l.body.0;
+    let captured: Vec<Tensor> =
+        (0..c).map(|i| operands.get(i).copied().flatten().cloned().ok_or("a captured value is missing")).collect::<Result<_, _>>()?;
+    let first = |i: usize| operands.get(i).copied().flatten().and_then(|t| t.to_f64s().first().copied());
+    let trip = operands.get(c).copied().flatten().map(|t| t.to_i64s().first().copied().unwrap_or(0));
+    let mut cond = first(c + 1).is_none_or(|v| v != 0.0);
+    let mut state: Vec<Tensor> = operands.iter().skip(c + 2).map(|o| o.cloned().ok_or("a state value is missing")).collect::<Result<_, _>>()?;
+    let states = state.len();
+    let stacked = body.outputs().len().saturating_sub(1 + states);
+    let dims_of = |i: usize| body.node(body.inputs()[i]).outputs[0].shape.as_fixed().unwrap_or_default();
+    let (step_dims, cond_dims) = (dims_of(c), dims_of(c + 1));
+    let mut slices: Vec<Vec<Tensor>> = vec![Vec::new(); stacked];
+    let mut step: i64 = 0;
+    while cond && trip.is_none_or(|m| step < m) {
+        let mut inputs = captured.clone();
+        inputs.push(Tensor::from_f64s(DType::I64, &step_dims, &[step as f64]).map_err(|e| e.to_string())?);
+        inputs.push(Tensor::from_f64s(DType::Bool, &cond_dims, &[1.0]).map_err(|e| e.to_string())?);
+        inputs.append(&mut state);
+        let mut out = crate::eval::run(body, &inputs).map_err(|e| format!("in the body `{}`, step {step}: {e}", body.name))?;
+        if out.len() < 1 + states {
+            return Err(format!("the body gave {} results for the condition and {states} state values", out.len()));
+        }
+        let rest = out.split_off(1 + states);
+        cond = out[0].to_f64s().first().is_some_and(|&v| v != 0.0);
+        state = out.split_off(1);
+        for (k, t) in rest.into_iter().enumerate() {
+            slices[k].push(t);
+        }
+        step += 1;
+    }
+    let mut results = state;
+    for (k, parts) in slices.into_iter().enumerate() {
+        // The slice's type from the body (a loop of no step has no slices to read it from).
+        let ty = body.value_type(body.outputs()[1 + states + k].1);
+        let dims = match parts.first() {
+            Some(p) => p.dims().to_vec(),
+            None => ty.shape.as_fixed().ok_or("a loop of no step whose stacked results have no static shape")?,
+        };
+        results.push(Tensor::stack(ty.dtype, &dims, &parts, 0).map_err(|e| e.to_string())?);
     }
     Ok(results)
 }

@@ -130,7 +130,7 @@ pub fn eval_op(op: &Op, operands: &[Option<&Tensor>], num_outputs: usize) -> Res
         Op::Input => return Err("graph inputs are not evaluated".into()),
         Op::Constant(t) => return Ok(vec![t.clone()]),
         // A branch's result shapes are known once it has run.
-        Op::If { .. } | Op::Scan(_) => {
+        Op::If { .. } | Op::Scan(_) | Op::Loop(_) => {
             let mut r = control::eval(op, operands)?;
             r.truncate(num_outputs);
             return Ok(r);
@@ -200,7 +200,7 @@ pub fn eval_op(op: &Op, operands: &[Option<&Tensor>], num_outputs: usize) -> Res
         Op::Resize(r) => resize::eval(r, operands, &out_types)?,
         Op::Rnn(_) | Op::Attention(_) | Op::RotaryEmbedding(_) => sequence::eval(op, operands, &out_types)?,
         Op::NllLoss(_) | Op::SoftmaxCrossEntropyLoss(_) => loss::eval(op, operands, &out_types)?,
-        Op::If { .. } | Op::Scan(_) => unreachable!("handled above"),
+        Op::If { .. } | Op::Scan(_) | Op::Loop(_) => unreachable!("handled above"),
     };
     results.truncate(num_outputs);
     Ok(results)

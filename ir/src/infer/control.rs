@@ -1,4 +1,4 @@
-//! Control flow: If, Scan.
+//! Control flow: If, Scan, Loop.
 
 use super::{Ctx, Infer, Operands};
 use crate::shape::normalize_axis;
@@ -27,8 +27,10 @@ fn specialised(g: &Graph, types: &[TensorType]) -> Result<Option<Graph>, String>
 }
 
 pub(super) fn infer(op: &Op, ops: &Operands, ctx: &Ctx) -> Infer {
-    if let Op::Scan(s) = op {
-        return scan(s, ops);
+    match op {
+        Op::Scan(s) => return scan(s, ops),
+        Op::Loop(l) => return loop_(l, ops, ctx),
+        _ => {}
     }
     let Op::If { then_branch, else_branch } = op else { unreachable!("dispatched by infer()") };
     let (t, e) = (&then_branch.0, &else_branch.0);
@@ -132,6 +134,79 @@ fn scan(s: &crate::op::Scan, ops: &Operands) -> Infer {
         let a = normalize_axis(axis, t.rank() + 1).ok_or_else(|| format!("stacking axis {axis} is outside rank {}", t.rank() + 1))?;
         let mut dims = t.shape.dims().to_vec();
         dims.insert(a, length.clone());
+        results.push(TensorType::new(t.dtype, Shape(dims)));
+    }
+    Ok(results)
+}
+
+/// The state keeps its types where every step agrees (a size the body changes is known at run
+/// time only); each stacked result is the body's slice under a leading axis of the number of
+/// steps, known when the trip count is a constant and the condition provably stays true (it
+/// starts true or absent and the body passes it on or gives a constant true), or when the loop
+/// provably runs no step.
+fn loop_(l: &crate::op::Loop, ops: &Operands, ctx: &Ctx) -> Infer {
+    let (n, c) = (ops.len(), l.captures);
+    let body = &l.body.0;
+    let states = l.states(n);
+    if body.inputs().len() != c + 2 + states {
+        return Err(format!(
+            "the body takes {} values, the Loop passes {c} captured, the step number, the condition and {states} state",
+            body.inputs().len()
+        ));
+    }
+    let one = |t: &TensorType, dtype: DType| t.dtype == dtype && t.shape.numel() == Some(1);
+    let trip = ops.opt(c);
+    if let Some(t) = trip.filter(|t| !one(t.ty, DType::I64)) {
+        return Err(format!("the trip count must be one int64, got {}", t.ty));
+    }
+    let cond = ops.opt(c + 1);
+    if let Some(t) = cond.filter(|t| !one(t.ty, DType::Bool)) {
+        return Err(format!("the condition must be one bool, got {}", t.ty));
+    }
+    let mut types: Vec<TensorType> = (0..c).map(|i| ops.get(i).map(|o| o.ty.clone())).collect::<Result<_, _>>()?;
+    let (step_ty, cond_ty) = (body.node(body.inputs()[c]).outputs[0].clone(), body.node(body.inputs()[c + 1]).outputs[0].clone());
+    if !one(&step_ty, DType::I64) || !one(&cond_ty, DType::Bool) {
+        return Err(format!("the body must take the step number as one int64 and the condition as one bool, it takes {step_ty} and {cond_ty}"));
+    }
+    types.extend([step_ty, cond_ty]);
+    for k in 0..states {
+        types.push(ops.get(c + 2 + k)?.ty.clone());
+    }
+    let spec = specialised(body, &types)?;
+    let body = spec.as_ref().unwrap_or(body);
+    let outs = body.outputs();
+    if outs.len() < 1 + states {
+        return Err(format!("the body gives {} results, it must give the condition and {states} state values", outs.len()));
+    }
+    let cond_out = body.value_type(outs[0].1);
+    if !one(cond_out, DType::Bool) {
+        return Err(format!("the body's first result is the condition, one bool; it is {cond_out}"));
+    }
+    let value = |o: Option<super::Operand>| o.and_then(|o| o.value).and_then(|t| t.to_f64s().first().copied());
+    let starts = match cond {
+        None => Some(true),
+        Some(_) => value(cond).map(|v| v != 0.0),
+    };
+    let length = match (value(trip), starts) {
+        (_, Some(false)) => Dim::Fixed(0),
+        (Some(m), Some(true)) if m <= 0.0 => Dim::Fixed(0),
+        (Some(m), Some(true)) if l.condition_stays_true() => Dim::Fixed(m as usize),
+        _ => Dim::sym(&format!("{}.steps", ctx.node)),
+    };
+    let mut results = Vec::with_capacity(outs.len() - 1);
+    for (k, (_, v)) in outs.iter().enumerate().skip(1) {
+        let t = body.value_type(*v);
+        if k <= states {
+            let have = &types[c + 1 + k];
+            if t.dtype != have.dtype || t.rank() != have.rank() {
+                return Err(format!("state {} goes in as {have} and comes out as {t}", k - 1));
+            }
+            let dims = have.shape.dims().iter().zip(t.shape.dims()).enumerate().map(|(d, (x, y))| if x == y { x.clone() } else { fresh(ctx, k, d) });
+            results.push(TensorType::new(t.dtype, Shape(dims.collect())));
+            continue;
+        }
+        let mut dims = vec![length.clone()];
+        dims.extend(t.shape.dims().iter().cloned());
         results.push(TensorType::new(t.dtype, Shape(dims)));
     }
     Ok(results)

@@ -114,7 +114,7 @@ pub fn infer(op: &Op, operands: &[Option<Operand>], node: &str) -> Result<Vec<Te
         Op::Resize(r) => resize::infer(r, &ops, &ctx),
         Op::Rnn(_) | Op::Attention(_) | Op::RotaryEmbedding(_) => sequence::infer(op, &ops, &ctx),
         Op::NllLoss(_) | Op::SoftmaxCrossEntropyLoss(_) => loss::infer(op, &ops, &ctx),
-        Op::If { .. } | Op::Scan(_) => control::infer(op, &ops, &ctx),
+        Op::If { .. } | Op::Scan(_) | Op::Loop(_) => control::infer(op, &ops, &ctx),
     }
 }
 

@@ -178,11 +178,14 @@ pub(super) struct GraphImporter<'a> {
     pub(super) values: HashMap<String, ValueId>,
     pub(super) opset: i64,
     pub(super) base_dir: Option<&'a Path>,
+    /// The types a subgraph's own inputs take when they declare none (ONNX lets a Loop body
+    /// leave them to the Loop's operands).
+    pub(super) implied_input_types: Vec<TensorType>,
 }
 
 impl<'a> GraphImporter<'a> {
     pub(super) fn new(name: &str, opset: i64, base_dir: Option<&'a Path>) -> GraphImporter<'a> {
-        GraphImporter { graph: Graph::new(name), values: HashMap::new(), opset, base_dir }
+        GraphImporter { graph: Graph::new(name), values: HashMap::new(), opset, base_dir, implied_input_types: Vec::new() }
     }
 
     /// Imports `g`; `captures` are values of enclosing graphs it reads, which become its first inputs.
@@ -212,13 +215,17 @@ impl<'a> GraphImporter<'a> {
             let v = self.graph.add_constant(&kiln_name, tensor)?;
             self.values.insert(name, v);
         }
-        for input in &g.input {
+        for (i, input) in g.input.iter().enumerate() {
             let name = input.name.clone().filter(|n| !n.is_empty()).ok_or_else(|| onnx_err("a graph input has no name".into()))?;
             // Old exporters list initializers as inputs too: the initializer wins (a constant).
             if self.values.contains_key(&name) {
                 continue;
             }
-            let ty = value_type(input).map_err(|e| IrError::NotSupported(format!("graph input `{name}`: {e}")))?;
+            let implied = self.implied_input_types.get(i).filter(|_| input.r#type.as_ref().and_then(|t| t.value.as_ref()).is_none());
+            let ty = match implied {
+                Some(t) => t.clone(),
+                None => value_type(input).map_err(|e| IrError::NotSupported(format!("graph input `{name}`: {e}")))?,
+            };
             let kiln_name = self.graph.unique_name(&name);
             let v = self.graph.add_input(&kiln_name, ty)?;
             self.values.insert(name, v);

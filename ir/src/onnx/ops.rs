@@ -9,7 +9,7 @@ use super::import::{attrs_of, free_values, GraphImporter};
 use super::proto::NodeProto;
 use super::tensor::dtype_of;
 use crate::op::{Attr, Attrs, CoordinateTransform, NearestMode, Resize, ResizeMode, Subgraph};
-use crate::{BinaryOp, DType, IrError, Op, Result, Tensor, TensorType, ValueId};
+use crate::{BinaryOp, DType, IrError, Op, Result, Shape, Tensor, TensorType, ValueId};
 
 /// Every ONNX op type (default domain) the importer converts.
 pub(super) const SUPPORTED: &[&str] = &[
@@ -167,6 +167,7 @@ pub(super) const SUPPORTED: &[&str] = &[
     "SoftmaxCrossEntropyLoss",
     "If",
     "Scan",
+    "Loop",
 ];
 
 pub(super) fn is_supported(op_type: &str) -> bool {
@@ -328,6 +329,7 @@ pub(super) fn convert(im: &mut GraphImporter, node: &NodeProto, op_type: &str) -
         }
         "If" => if_(im, node, a),
         "Scan" => scan(im, node, a, opset),
+        "Loop" => loop_(im, node, a),
         _ => generic(im, node, op_type, a, n_out),
     }
 }
@@ -686,6 +688,45 @@ fn scan(im: &mut GraphImporter, node: &NodeProto, mut a: Attrs, opset: i64) -> R
         output_axes,
         output_reverse,
     }));
+    emit(im, node, op, &operands, node.output.len())
+}
+
+/// Loop: the body becomes a graph whose inputs are the outer values it reads, then its own (the
+/// step number, the condition, the state); those outer values lead the operands, then the trip
+/// count and the condition (either may be absent) and the initial state.
+fn loop_(im: &mut GraphImporter, node: &NodeProto, a: Attrs) -> Result<()> {
+    a.finish("Loop").map_err(err)?;
+    let body_g = node
+        .attribute
+        .iter()
+        .find(|x| x.name.as_deref() == Some("body"))
+        .and_then(|x| x.g.as_ref())
+        .ok_or_else(|| err("attribute `body` is required"))?;
+    let names = free_values(body_g);
+    let mut captures: Vec<(String, TensorType)> = Vec::new();
+    for n in &names {
+        let ty = im.visible_type(n).ok_or_else(|| err(format!("the body reads `{n}`, which is not defined before the Loop")))?;
+        captures.push((n.clone(), ty));
+    }
+    let name = body_g.name.clone().filter(|n| !n.is_empty()).unwrap_or_else(|| "body".to_string());
+    // Body inputs may leave their types to the Loop: the step, the condition, the state's.
+    let mut implied = vec![TensorType::new(DType::I64, Shape::scalar()), TensorType::new(DType::Bool, Shape::scalar())];
+    for i in 2..node.input.len() {
+        implied.extend(im.operand(node, i).map(|v| im.ty(v).clone()));
+    }
+    let mut body_im = GraphImporter::new(&name, im.opset, im.base_dir);
+    body_im.implied_input_types = implied;
+    let body = body_im.import(body_g, &captures)?;
+    let mut operands: Vec<Option<ValueId>> = names.iter().map(|n| im.values.get(n).copied()).collect();
+    for i in 0..node.input.len().max(2) {
+        // The trip count and the condition may be omitted (empty names); the state may not.
+        let v = im.operand(node, i);
+        if v.is_none() && i >= 2 {
+            return Err(err(format!("operand {i} (state {}) is missing", i - 2)));
+        }
+        operands.push(v);
+    }
+    let op = Op::Loop(Box::new(crate::op::Loop { body: Subgraph(Arc::new(body)), captures: names.len() }));
     emit(im, node, op, &operands, node.output.len())
 }
 

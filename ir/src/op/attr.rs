@@ -530,6 +530,10 @@ impl Op {
                 a.push("scan_output_axes", Attr::Ints(sc.output_axes.clone()));
                 a.push("scan_output_directions", flags(&sc.output_reverse));
             }
+            Op::Loop(l) => {
+                a.push("body", Attr::Graph(l.body.clone()));
+                a.push("captures", size(l.captures));
+            }
         }
         a
     }
@@ -761,6 +765,7 @@ impl Op {
                     }
                     Op::Scan(Box::new(crate::op::Scan { body, captures, scan_inputs, input_axes, input_reverse, output_axes, output_reverse }))
                 }
+                "Loop" => Op::Loop(Box::new(crate::op::Loop { body: a.graph("body")?, captures: a.size("captures", 0)? })),
                 _ => return Err(format!("unknown op `{name}`")),
             }
         };

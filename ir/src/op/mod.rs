@@ -187,6 +187,48 @@ pub enum Op {
     /// `(captured..., state..., scanned...) -> (state..., stacked...)`: runs the body once per
     /// position along the scanned inputs' axes, carrying the state from one step to the next.
     Scan(Box<Scan>),
+    /// `(captured..., trip count?, cond?, state...) -> (state..., stacked...)`: runs the body
+    /// while the step is below the trip count and the condition holds, carrying the state.
+    Loop(Box<Loop>),
+}
+
+/// `Loop`: the body takes the captured values, the step number (one i64), the condition (one
+/// bool) and the state, in that order, and gives the next condition, the next state and one
+/// slice of each stacked result (stacked along a new leading axis, one slice per step).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Loop {
+    pub body: Subgraph,
+    /// Leading operands the body reads from outside (values ONNX lets a body name implicitly).
+    pub captures: usize,
+}
+
+impl Loop {
+    /// How many state values a node with `operands` operands carries (after the captured values,
+    /// the trip count and the condition).
+    pub fn states(&self, operands: usize) -> usize {
+        operands.saturating_sub(self.captures + 2)
+    }
+
+    /// Whether the body's condition result is true whenever its condition input is: the input
+    /// passed on (through Identities) or a constant true. Such a loop runs exactly its trip count
+    /// when it starts.
+    pub fn condition_stays_true(&self) -> bool {
+        let body = &self.body.0;
+        let Some(&(_, mut v)) = body.outputs().first() else { return false };
+        let Some(&cond_in) = body.inputs().get(self.captures + 1) else { return false };
+        loop {
+            if v.node == cond_in {
+                return true;
+            }
+            if let Some(t) = body.constant_value(v) {
+                return t.to_f64s().first().is_some_and(|&x| x != 0.0);
+            }
+            match (&body.node(v.node).op, body.operands(v.node).first()) {
+                (Op::Identity, Some(Some(next))) => v = *next,
+                _ => return false,
+            }
+        }
+    }
 }
 
 /// `Scan` (ONNX opset 9 and later): the body takes the captured values, the state and one slice
@@ -429,6 +471,7 @@ impl Op {
             Op::SoftmaxCrossEntropyLoss(_) => "SoftmaxCrossEntropyLoss",
             Op::If { .. } => "If",
             Op::Scan(_) => "Scan",
+            Op::Loop(_) => "Loop",
         }
     }
 
@@ -461,6 +504,8 @@ impl Op {
             Op::RotaryEmbedding(_) => (3, 4),
             Op::Concat { .. } | Op::Einsum { .. } => (1, ANY),
             Op::If { .. } | Op::Scan(_) => (1, ANY),
+            // The trip count and the condition are positional, either may be absent.
+            Op::Loop(_) => (0, ANY),
         }
     }
 
@@ -473,6 +518,8 @@ impl Op {
             Op::Rnn(_) => 2,
             Op::If { then_branch, .. } => then_branch.0.outputs().len(),
             Op::Scan(s) => s.body.0.outputs().len(),
+            // Everything the body gives but its condition.
+            Op::Loop(l) => l.body.0.outputs().len().saturating_sub(1),
             _ => 1,
         }
     }

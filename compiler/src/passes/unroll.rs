@@ -1,0 +1,100 @@
+//! Loop unrolling: a Loop that provably runs a small constant number of steps (a constant trip
+//! count, a condition that starts true and that the body passes on) becomes its body inlined
+//! once per step, the step number a constant in each copy. Every copy then has static shapes
+//! even where the body's depend on the step (a Slice at the step, as exporters write Range and
+//! cumulative loops), and no host step runs the body. Larger or data-dependent loops stay Loops
+//! for the host to run (see `control.rs`).
+
+use kiln_ir::{DType, Graph, Op, Tensor, ValueId};
+
+use crate::Result;
+
+/// At most this many body nodes in all once unrolled: a few small loops, not a model's worth.
+const MAX_UNROLLED_NODES: usize = 512;
+
+pub fn run(graph: &mut Graph) -> Result<bool> {
+    let mut changed = false;
+    for id in graph.topo_order()? {
+        let node = graph.node(id).clone();
+        let Op::Loop(l) = &node.op else { continue };
+        let operands = graph.operands(id);
+        let c = l.captures;
+        let value = |i: usize| operands.get(i).copied().flatten().map(|v| graph.constant_value(v).and_then(|t| t.to_f64s().first().copied()));
+        // A trip count that is a constant, and a condition absent or a constant true.
+        let Some(Some(trip)) = value(c) else { continue };
+        let starts = match value(c + 1) {
+            None => true,
+            Some(v) => v.is_some_and(|x| x != 0.0),
+        };
+        if !starts || !l.condition_stays_true() {
+            continue;
+        }
+        let body = &l.body.0;
+        let steps = trip.max(0.0) as usize;
+        if steps.saturating_mul(body.node_count().max(1)) > MAX_UNROLLED_NODES {
+            continue;
+        }
+        let states = l.states(operands.len());
+        let stacked_types: Vec<_> = body.outputs()[1 + states..].iter().map(|(_, v)| body.value_type(*v).clone()).collect();
+        // A loop of no step stacks nothing: each stacked result is empty, which needs the slice's
+        // static shape.
+        if steps == 0 && stacked_types.iter().any(|t| !t.shape.is_fixed()) {
+            continue;
+        }
+        let declared = |i: usize| body.node(body.inputs()[i]).outputs[0].shape.as_fixed().unwrap_or_default();
+        let (step_dims, cond_dims) = (declared(c), declared(c + 1));
+        let always = graph.add_constant(&graph.unique_name(&format!("{}.cond", node.name)), Tensor::from_f64s(DType::Bool, &cond_dims, &[1.0])?)?;
+        // The captured values, the condition (true at every step), a slot for the step number
+        // and the state.
+        let mut args: Vec<ValueId> = Vec::with_capacity(operands.len().max(c + 2));
+        for i in 0..operands.len().max(c + 2) {
+            args.push(match operands.get(i).copied().flatten() {
+                _ if i == c || i == c + 1 => always,
+                Some(v) => v,
+                None => return Err(crate::CompileError::Internal(format!("Loop `{}`: operand {i} is missing", node.name))),
+            });
+        }
+        let mut slices: Vec<Vec<ValueId>> = vec![Vec::with_capacity(steps); stacked_types.len()];
+        for step in 0..steps {
+            let n = graph
+                .add_constant(&graph.unique_name(&format!("{}.step{step}", node.name)), Tensor::from_f64s(DType::I64, &step_dims, &[step as f64])?)?;
+            args[c] = n;
+            let outs = graph.inline(body, &args, &format!("{}.step{step}", node.name))?;
+            args.splice(c + 2.., outs[1..=states].iter().copied());
+            for (k, &v) in outs[1 + states..].iter().enumerate() {
+                slices[k].push(v);
+            }
+        }
+        let mut results: Vec<ValueId> = args[c + 2..].to_vec();
+        for (k, (parts, ty)) in slices.into_iter().zip(&stacked_types).enumerate() {
+            let name = graph.unique_name(&format!("{}.stacked{k}", node.name));
+            let stacked = if parts.is_empty() {
+                let mut dims = vec![0];
+                dims.extend(ty.shape.as_fixed().unwrap_or_default());
+                graph.add_constant(&name, Tensor::zeros(ty.dtype, &dims))?
+            } else {
+                let axes = graph.add_constant(&graph.unique_name(&format!("{name}.axes")), Tensor::vector(&[0i64]))?;
+                let rows: Vec<Option<ValueId>> = parts
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &p)| {
+                        graph.add_node(&graph.unique_name(&format!("{name}.row{i}")), Op::Unsqueeze, &[Some(p), Some(axes)]).map(|n| Some(n.into()))
+                    })
+                    .collect::<std::result::Result<_, _>>()?;
+                graph.add_node(&name, Op::Concat { axis: 0 }, &rows)?.into()
+            };
+            results.push(stacked);
+        }
+        for (k, v) in results.into_iter().enumerate() {
+            graph.replace_uses(ValueId::new(id, k), v)?;
+        }
+        graph.remove_node(id)?;
+        changed = true;
+    }
+    if changed {
+        // The copies' step numbers are constants: fold what they decide (slice bounds, shapes).
+        graph.reinfer()?;
+        super::fold::run(graph)?;
+    }
+    Ok(changed)
+}
