@@ -146,7 +146,29 @@ impl Tensor {
         Ok(t)
     }
 
-    /// A tensor from raw little-endian bytes; the length must match the type.
+    /// The tensor with `axis` resized to `size`: its first positions kept, zeros after them when
+    /// it grows (a padded axis filled, or cut back to its valid length).
+    pub fn resize_axis(&self, axis: usize, size: usize) -> Result<Tensor, IrError> {
+        let d = &self.dims;
+        if axis >= d.len() {
+            return Err(IrError::Tensor(format!("no axis {axis} in {}", self.ty())));
+        }
+        let inner = d[axis + 1..].iter().product::<usize>() * self.dtype.size();
+        let (from, to) = (d[axis] * inner, size * inner);
+        let keep = from.min(to);
+        let outer = d[..axis].iter().product::<usize>();
+        // Written as words, so the result shares them without another copy.
+        let mut words = vec![0u64; (outer * to).div_ceil(8)];
+        let out = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut words)[..outer * to];
+        let bytes = self.bytes();
+        for o in 0..outer {
+            out[o * to..o * to + keep].copy_from_slice(&bytes[o * from..o * from + keep]);
+        }
+        let mut dims = d.clone();
+        dims[axis] = size;
+        Tensor::from_shared_words(self.dtype, &dims, words.into())
+    }
+
     /// The tensor at position `i` of `axis`, that axis removed (a Scan's slice of one step).
     pub fn index_axis(&self, axis: usize, i: usize) -> Result<Tensor, IrError> {
         let d = &self.dims;
@@ -185,6 +207,7 @@ impl Tensor {
         Tensor::from_bytes(dtype, &full, &out)
     }
 
+    /// A tensor from raw little-endian bytes; the length must match the type.
     pub fn from_bytes(dtype: DType, dims: &[usize], bytes: &[u8]) -> Result<Tensor, IrError> {
         let want = dims.iter().product::<usize>() * dtype.size();
         if bytes.len() != want {

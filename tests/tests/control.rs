@@ -265,6 +265,19 @@ fn a_loop_runs_its_body_per_step_and_stacks_its_slices() {
 }
 
 #[test]
+fn a_loop_runs_on_opencl() {
+    if !kiln_runtime::list_devices().iter().any(|d| d.target == Target::Opencl && d.usable) {
+        eprintln!("SKIPPED: no OpenCL device (run `eval \"$(scripts/setup-opencl.sh)\"`); the Loop on OpenCL was not checked");
+        return;
+    }
+    let graph = counted_loop(Some(60));
+    let options = Options { cache: false, target: TargetKind::Opencl, ..Options::default() };
+    let exe = Executable::load(compile(&graph, &options, false).unwrap().artifact, &LoadOptions::default()).unwrap();
+    let x = vec![Tensor::random(DType::F32, &[3, 4], 1), Tensor::random(DType::F32, &[4], 2)];
+    close(&exe.run(&x).unwrap(), &eval::run(&graph, &x).unwrap(), "opencl");
+}
+
+#[test]
 fn a_short_counted_loop_is_unrolled() {
     let x = vec![Tensor::random(DType::F32, &[3, 4], 1), Tensor::random(DType::F32, &[4], 2)];
     let graph = counted_loop(Some(3));

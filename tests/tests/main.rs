@@ -12,5 +12,6 @@ mod differential;
 mod gpu;
 mod microkernel;
 mod recognize;
+mod session;
 mod stages;
 mod toolchain;
