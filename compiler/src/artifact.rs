@@ -179,6 +179,7 @@ pub fn assemble(graph: &Graph, partition: &Partition, code: Code) -> Result<Arti
         arena_bytes,
         batch: None,
         control: None,
+        padded: None,
     };
     Ok(Artifact { manifest, payload })
 }
@@ -318,6 +319,7 @@ fn outer_manifest(interface: &Manifest, programs: &[&Manifest]) -> Manifest {
         arena_bytes: 0,
         batch: None,
         control: None,
+        padded: None,
     }
 }
 
@@ -368,6 +370,25 @@ pub fn assemble_control(
     manifest.control = Some(control(manifests));
     let art = Artifact { manifest, payload: payload.bytes };
     art.validate().map_err(|e| crate::CompileError::Internal(format!("the control-flow artifact does not validate: {e}")))?;
+    Ok(art)
+}
+
+/// One artifact from a program compiled for a padded symbol at `capacity`: the interface is the
+/// program's less its last input (the size the runtime passes).
+pub fn assemble_padded(model: &str, plan: &crate::pad::PadPlan, capacity: usize, program: Artifact) -> Result<Artifact> {
+    use kiln_runtime::artifact::{PaddedAxis, PaddedDesc};
+    let mut manifest = outer_manifest(&program.manifest, &[&program.manifest]);
+    manifest.model = model.to_string();
+    manifest.inputs.pop();
+    manifest.padded = Some(PaddedDesc {
+        symbol: plan.symbol.clone(),
+        capacity: capacity as u64,
+        inputs: plan.inputs.iter().map(|&(tensor, axis)| PaddedAxis { tensor, axis, extra: 0 }).collect(),
+        outputs: plan.outputs.iter().map(|&(tensor, axis, extra)| PaddedAxis { tensor, axis, extra: extra as u64 }).collect(),
+        program: Box::new(program.manifest),
+    });
+    let art = Artifact { manifest, payload: program.payload };
+    art.validate().map_err(|e| crate::CompileError::Internal(format!("the padded artifact does not validate: {e}")))?;
     Ok(art)
 }
 

@@ -92,6 +92,9 @@ pub fn compile(graph: &Graph, options: &Options, keep_stages: bool) -> Result<Co
 
 /// [`compile`], telling `progress` how far it is.
 pub fn compile_reporting(graph: &Graph, options: &Options, keep_stages: bool, progress: &dyn Fn(Progress)) -> Result<Compiled> {
+    if let Some((symbol, capacity)) = &options.pad {
+        return compile_padded(graph, options, symbol, *capacity, keep_stages, progress);
+    }
     if let Some(plan) = crate::batch::plan(graph, options)? {
         return compile_batched(graph, options, &plan, keep_stages, progress);
     }
@@ -290,6 +293,52 @@ fn compile_control(
     })?;
     timings.push(("control artifact", clock.elapsed()));
     Ok(Compiled { artifact, stages, timings, from_cache })
+}
+
+/// A padded symbol: the graph specialised with `symbol` at `capacity` and rewritten so nothing
+/// reads the padding (`pad::plan` proves it or says which node reads it), compiled as one
+/// program (through the cache), and described so the runtime pads and cuts (`Manifest::padded`).
+/// The plan prints as the first part of the fused stage.
+fn compile_padded(
+    graph: &Graph,
+    options: &Options,
+    symbol: &str,
+    capacity: usize,
+    keep_stages: bool,
+    progress: &dyn Fn(Progress),
+) -> Result<Compiled> {
+    use kiln_ir::Dim;
+    let mut shapes = options.input_shapes.clone();
+    for &id in graph.inputs() {
+        let node = graph.node(id);
+        if shapes.contains_key(&node.name) {
+            continue;
+        }
+        let dims: Option<Vec<usize>> = node.outputs[0]
+            .shape
+            .dims()
+            .iter()
+            .map(|d| match d {
+                Dim::Sym(s) if &**s == symbol => Some(capacity),
+                d => d.fixed(),
+            })
+            .collect();
+        if let Some(dims) = dims {
+            shapes.insert(node.name.clone(), dims);
+        }
+    }
+    let plan = crate::pad::plan(graph, symbol, &shapes)
+        .map_err(|why| CompileError::Usage(format!("`{symbol}` cannot be padded to a capacity: {why}; give its size with --input-shape")))?;
+    let padded = crate::pad::apply(graph, &plan, &shapes)?;
+    let o = Options { pad: None, input_shapes: Default::default(), ..options.clone() };
+    let mut c = compile_reporting(&padded, &o, keep_stages, progress)?;
+    if !c.stages.fused.is_empty() {
+        c.stages.fused = format!("{plan}\n{}", c.stages.fused);
+    }
+    let clock = Instant::now();
+    c.artifact = artifact::assemble_padded(&graph.name, &plan, capacity, c.artifact)?;
+    c.timings.push(("padded artifact", clock.elapsed()));
+    Ok(c)
 }
 
 /// Adds a program's stage times to those of the programs compiled before it, stage by stage.

@@ -31,6 +31,9 @@ pub struct Options {
     /// x=1..64,3,224,224`): the range, inclusive, and the other sizes (the first entry unused).
     /// The compile is then a symbolic-batch one (`batch.rs`).
     pub batch_ranges: HashMap<String, (usize, usize, Vec<usize>)>,
+    /// A symbol compiled at a capacity (`--max-size past=64`): the artifact runs every size up
+    /// to it, its inputs padded (`pad.rs`). The other inputs' sizes come from `input_shapes`.
+    pub pad: Option<(String, usize)>,
     /// Values of inputs, known at compile time (JIT). Inputs whose values decide result shapes
     /// (a Reshape's shape, reduction axes, Resize scales...) are bound to them when shapes would
     /// otherwise stay dynamic; the compiled code then does not take those inputs.
@@ -59,6 +62,7 @@ impl Default for Options {
             target: TargetKind::Cpu,
             input_shapes: HashMap::new(),
             batch_ranges: HashMap::new(),
+            pad: None,
             input_values: HashMap::new(),
             dump_dir: None,
             cache: true,

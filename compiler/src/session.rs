@@ -2,9 +2,8 @@
 //! model's symbolic sizes from the inputs, reuses a program compiled for them before, or compiles
 //! one (through the compile cache). A decode loop whose KV cache grows a position a step would
 //! compile at every step; so a symbol that `pad::plan` proves can be padded is compiled at a
-//! capacity instead (the next power of two, at least 16), its inputs zero-padded and the length
-//! passed as one more input, its outputs cut back: one program serves every length up to the
-//! capacity. Other symbols, and input values that decide shapes, are compiled exactly, once per
+//! capacity instead (the next power of two, at least 16; `Options::pad`, so the runtime pads its
+//! inputs and cuts its outputs): one program serves every length up to the capacity. Other symbols, and input values that decide shapes, are compiled exactly, once per
 //! distinct value.
 
 use std::collections::{BTreeMap, HashMap};
@@ -24,13 +23,6 @@ pub fn capacity(n: usize) -> usize {
     n.next_power_of_two().max(MIN_CAPACITY)
 }
 
-/// A compiled program and how it was specialised.
-struct Program {
-    exe: Executable,
-    /// The padded symbol's plan and capacity, if it has one.
-    padded: Option<(PadPlan, usize)>,
-}
-
 pub struct Session {
     graph: Graph,
     options: Options,
@@ -39,7 +31,8 @@ pub struct Session {
     shape_inputs: Vec<usize>,
     /// Per symbol: whether it can be padded (decided the first time it is seen).
     plans: HashMap<String, std::result::Result<PadPlan, String>>,
-    programs: HashMap<String, Program>,
+    /// Loaded programs by what they were compiled for (sizes, padded capacities, values).
+    programs: HashMap<String, Executable>,
     compiles: usize,
 }
 
@@ -92,37 +85,19 @@ impl Session {
             self.compiles += 1;
             self.programs.insert(key.clone(), program);
         }
-        let program = &self.programs[&key];
-        // The program's inputs by name: the model's (a padded symbol's axes zero-padded to the
-        // capacity, those whose values were bound left out), then the padded length.
-        let mut named: Vec<(String, Tensor)> =
-            self.graph.inputs().iter().zip(inputs).map(|(&id, t)| (self.graph.node(id).name.clone(), t.clone())).collect();
-        if let Some((plan, cap)) = &program.padded {
-            for &(i, axis) in &plan.inputs {
-                named[i].1 = inputs[i].resize_axis(axis, *cap)?;
-            }
-            named.push((pad::length_input(&plan.symbol), Tensor::scalar::<i64>(sizes[&plan.symbol] as i64)));
-        }
-        let args: Vec<Tensor> = program
-            .exe
+        // The program's inputs by name: the model's, less those whose values were bound (a
+        // padded program pads and cuts itself).
+        let exe = &self.programs[&key];
+        let args: Vec<Tensor> = exe
             .inputs()
             .iter()
             .map(|d| {
-                named
-                    .iter()
-                    .find(|(n, _)| *n == d.name)
-                    .map(|(_, t)| t.clone())
+                let i = self.graph.inputs().iter().position(|&id| self.graph.node(id).name == d.name);
+                i.map(|i| inputs[i].clone())
                     .ok_or_else(|| CompileError::Internal(format!("the program takes `{}`, which the model does not", d.name)))
             })
             .collect::<Result<_>>()?;
-        let mut outs = program.exe.run(&args)?;
-        if let Some((plan, _)) = &program.padded {
-            let length = sizes[&plan.symbol];
-            for &(o, axis, extra) in &plan.outputs {
-                outs[o] = outs[o].resize_axis(axis, length + extra)?;
-            }
-        }
-        Ok(outs)
+        Ok(exe.run(&args)?)
     }
 
     /// Every symbol's size in `inputs`, checked against the declared types.
@@ -177,19 +152,12 @@ impl Session {
         shapes
     }
 
-    fn compile(&self, inputs: &[Tensor], sizes: &BTreeMap<String, usize>, padded: Option<&str>) -> Result<Program> {
+    fn compile(&self, inputs: &[Tensor], sizes: &BTreeMap<String, usize>, padded: Option<&str>) -> Result<Executable> {
         let values: HashMap<String, Tensor> =
             self.shape_inputs.iter().map(|&i| (self.graph.node(self.graph.inputs()[i]).name.clone(), inputs[i].clone())).collect();
-        let Some(symbol) = padded else {
-            let options = Options { input_shapes: self.shapes(inputs, sizes, None), input_values: values, ..self.options.clone() };
-            let artifact = compile(&self.graph, &options, false)?.artifact;
-            return Ok(Program { exe: Executable::load(artifact, &self.load)?, padded: None });
-        };
-        let plan = self.plans[symbol].clone().map_err(CompileError::Internal)?;
-        let cap = capacity(sizes[symbol]);
-        let graph = pad::apply(&self.graph, &plan, &self.shapes(inputs, sizes, Some((symbol, cap))))?;
-        let options = Options { input_shapes: HashMap::new(), input_values: values, ..self.options.clone() };
-        let artifact = compile(&graph, &options, false)?.artifact;
-        Ok(Program { exe: Executable::load(artifact, &self.load)?, padded: Some((plan, cap)) })
+        let pad = padded.map(|symbol| (symbol.to_string(), capacity(sizes[symbol])));
+        let resized = pad.as_ref().map(|(s, c)| (s.as_str(), *c));
+        let options = Options { input_shapes: self.shapes(inputs, sizes, resized), input_values: values, pad, ..self.options.clone() };
+        Ok(Executable::load(compile(&self.graph, &options, false)?.artifact, &self.load)?)
     }
 }

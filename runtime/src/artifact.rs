@@ -162,6 +162,37 @@ pub struct Manifest {
     /// then empty.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub control: Option<ControlDesc>,
+    /// A padded symbol: one program compiled with the symbol at a capacity, which runs every
+    /// size up to it. The manifest's own buffers, kernels and launches are then empty, and its
+    /// inputs and outputs give the sizes at the capacity.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub padded: Option<PaddedDesc>,
+}
+
+/// How an artifact compiled for a padded symbol runs a size `n` up to its capacity: the padded
+/// inputs' axis is zero-filled from `n` to the capacity, `n` is passed as the program's last
+/// input (one i64), and each padded output is cut to `n` plus its `extra` positions. The
+/// compiler proved nothing reads the padding (`pad::plan`), so this is exact.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PaddedDesc {
+    /// The symbol, as the model names it (`past`, `seq`).
+    pub symbol: String,
+    /// The largest size a run may have (the program's size along the padded axes).
+    pub capacity: u64,
+    /// The inputs the symbol sizes and on which axis (`extra` 0).
+    pub inputs: Vec<PaddedAxis>,
+    /// The outputs padded along an axis, valid up to the size plus `extra`.
+    pub outputs: Vec<PaddedAxis>,
+    /// Takes the manifest's inputs, then the size; gives its outputs.
+    pub program: Box<Manifest>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PaddedAxis {
+    /// The input's or output's index.
+    pub tensor: usize,
+    pub axis: usize,
+    pub extra: u64,
 }
 
 impl Manifest {
@@ -169,7 +200,8 @@ impl Manifest {
     pub fn kernel_count(&self) -> usize {
         let batch = self.batch.iter().flat_map(|b| &b.programs).map(|p| p.manifest.kernel_count());
         let control = self.control.iter().flat_map(|c| &c.programs).map(Manifest::kernel_count);
-        self.kernels.len() + batch.sum::<usize>() + control.sum::<usize>()
+        let padded = self.padded.iter().map(|p| p.program.kernel_count());
+        self.kernels.len() + batch.sum::<usize>() + control.sum::<usize>() + padded.sum::<usize>()
     }
 }
 
@@ -344,12 +376,51 @@ impl Artifact {
     }
 
     fn validate_manifest(&self, m: &Manifest) -> std::result::Result<(), String> {
-        match (&m.batch, &m.control) {
-            (None, None) => self.validate_program(m),
-            (Some(b), None) => self.validate_batched(m, b),
-            (None, Some(c)) => self.validate_control(m, c),
-            (Some(_), Some(_)) => Err("a manifest is batched or has control flow, not both".into()),
+        match (&m.batch, &m.control, &m.padded) {
+            (None, None, None) => self.validate_program(m),
+            (Some(b), None, None) => self.validate_batched(m, b),
+            (None, Some(c), None) => self.validate_control(m, c),
+            (None, None, Some(p)) => self.validate_padded(m, p),
+            _ => Err("a manifest is batched, has control flow or has a padded symbol, only one of them".into()),
         }
+    }
+
+    /// A padded symbol: the program is valid for the artifact's target and takes the manifest's
+    /// inputs and then one i64 size, and gives its outputs; every padded axis exists and has
+    /// the capacity (plus its extra positions, for outputs).
+    fn validate_padded(&self, m: &Manifest, p: &PaddedDesc) -> std::result::Result<(), String> {
+        if !(m.buffers.is_empty() && m.kernels.is_empty() && m.launches.is_empty()) {
+            return Err("a manifest with a padded symbol has no buffers, kernels or launches of its own".into());
+        }
+        let pm = &p.program;
+        if pm.target != m.target {
+            return Err(format!("the padded program is for {}, the artifact for {}", pm.target.name(), m.target.name()));
+        }
+        self.validate_manifest(pm).map_err(|e| format!("the padded program: {e}"))?;
+        let same = |a: &TensorDesc, b: &TensorDesc| a.dtype == b.dtype && a.dims == b.dims;
+        let size_ok = pm.inputs.last().is_some_and(|t| t.dtype == "i64" && t.dims.iter().product::<usize>() == 1);
+        if pm.inputs.len() != m.inputs.len() + 1 || !size_ok || pm.inputs.iter().zip(&m.inputs).any(|(a, b)| !same(a, b)) {
+            return Err(format!("the padded program must take the artifact's {} inputs and then one i64 size", m.inputs.len()));
+        }
+        if pm.outputs.len() != m.outputs.len() || pm.outputs.iter().zip(&m.outputs).any(|(a, b)| !same(a, b)) {
+            return Err("the padded program must give the artifact's outputs".into());
+        }
+        if p.inputs.is_empty() {
+            return Err(format!("`{}` pads no input", p.symbol));
+        }
+        for (list, tensors, what) in [(&p.inputs, &m.inputs, "input"), (&p.outputs, &m.outputs, "output")] {
+            for a in list {
+                let t = tensors.get(a.tensor).ok_or_else(|| format!("padded {what} {} does not exist (of {})", a.tensor, tensors.len()))?;
+                let want = p.capacity + if what == "input" { 0 } else { a.extra };
+                if what == "input" && a.extra != 0 {
+                    return Err(format!("padded input `{}` has {} extra positions; inputs have none", t.name, a.extra));
+                }
+                if t.dims.get(a.axis).map(|&d| d as u64) != Some(want) {
+                    return Err(format!("padded {what} `{}` ({}{:?}) has no axis {} of size {want}", t.name, t.dtype, t.dims, a.axis));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Control flow: every program valid for the artifact's target; every step's values exist,

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use kiln_ir::{DType, Tensor};
 
-use crate::artifact::{Artifact, BatchDesc, BufferKind, ControlDesc, Manifest, Scanned, Stacked, Step, Target, TensorDesc, ValueDesc};
+use crate::artifact::{Artifact, BatchDesc, BufferKind, ControlDesc, Manifest, PaddedDesc, Scanned, Stacked, Step, Target, TensorDesc, ValueDesc};
 use crate::device::cpu::CpuProgram;
 use crate::device::cuda::CudaProgram;
 use crate::device::opencl::OpenclProgram;
@@ -87,6 +87,8 @@ enum Program {
     Batched(Vec<(usize, Executable)>),
     /// Run-time control flow: the loaded programs its steps run (`Manifest::control`).
     Control(Vec<Executable>),
+    /// A padded symbol: the one program, compiled at the capacity (`Manifest::padded`).
+    Padded(Box<Executable>),
 }
 
 /// A compiled model, loaded once (code, constants), run many times.
@@ -105,7 +107,7 @@ impl Executable {
     pub fn load(artifact: Artifact, options: &LoadOptions) -> Result<Executable> {
         // Hand-built artifacts have not been through `from_bytes`.
         artifact.validate().map_err(|msg| RuntimeError::Artifact { path: artifact.manifest.model.clone(), msg })?;
-        if artifact.manifest.batch.is_none() && artifact.manifest.control.is_none() {
+        if artifact.manifest.batch.is_none() && artifact.manifest.control.is_none() && artifact.manifest.padded.is_none() {
             let program = Executable::load_static(&artifact, options)?;
             return Ok(Executable { manifest: artifact.manifest, program });
         }
@@ -123,6 +125,8 @@ impl Executable {
             Program::Batched(programs.collect::<Result<_>>()?)
         } else if let Some(c) = &m.control {
             Program::Control(c.programs.iter().map(|p| Executable::load_nested(one, p, options)).collect::<Result<_>>()?)
+        } else if let Some(p) = &m.padded {
+            Program::Padded(Box::new(Executable::load_nested(one, &p.program, options)?))
         } else {
             one.manifest = m.clone();
             Executable::load_static(one, options)?
@@ -200,6 +204,7 @@ impl Executable {
             Program::Opencl(p) => p.description().to_string(),
             Program::Batched(ps) => ps[0].1.device(),
             Program::Control(ps) => ps[0].device(),
+            Program::Padded(p) => p.device(),
         }
     }
 
@@ -211,6 +216,7 @@ impl Executable {
             Program::Opencl(p) => p.load_bytes(),
             Program::Batched(ps) => ps.iter().map(|(_, e)| e.load_bytes_to_device()).sum(),
             Program::Control(ps) => ps.iter().map(Executable::load_bytes_to_device).sum(),
+            Program::Padded(p) => p.load_bytes_to_device(),
         }
     }
 
@@ -222,6 +228,9 @@ impl Executable {
     /// Runs, recording per-launch times and the bytes copied into `profile` when given.
     pub fn run_profiled(&self, inputs: &[Tensor], profile: Option<&mut Profile>) -> Result<Vec<Tensor>> {
         let m = &self.manifest;
+        if let (Program::Padded(program), Some(padded)) = (&self.program, &m.padded) {
+            return self.run_padded(padded, program, inputs, profile);
+        }
         if let (Program::Batched(programs), Some(batch)) = (&self.program, &m.batch) {
             return self.run_batched(batch, programs, inputs, profile);
         }
@@ -233,7 +242,9 @@ impl Executable {
             Program::Cpu(cpu) => return self.run_cpu(cpu, inputs, profile),
             Program::Cuda(p) => p.run(m, inputs, profile)?,
             Program::Opencl(p) => p.run(m, inputs, profile)?,
-            Program::Batched(_) | Program::Control(_) => unreachable!("a program of programs has its description (validated at load)"),
+            Program::Batched(_) | Program::Control(_) | Program::Padded(_) => {
+                unreachable!("a program of programs has its description (validated at load)")
+            }
         };
         m.outputs.iter().zip(&bytes).map(|(o, b)| output_tensor(o, b)).collect()
     }
@@ -311,6 +322,61 @@ impl Executable {
     /// A batch of `n`: split into chunks of the programs' sizes, largest first; each chunk runs
     /// on its rows of the batched inputs, and its rows of the batched outputs are copied into
     /// place. A batch that one program covers runs on the inputs as they are.
+    /// A padded symbol: the size read off the inputs (equal wherever the symbol is, at most the
+    /// capacity), the padded axes zero-filled to the capacity, the size passed last, the padded
+    /// outputs cut back.
+    fn run_padded(&self, padded: &PaddedDesc, program: &Executable, inputs: &[Tensor], profile: Option<&mut Profile>) -> Result<Vec<Tensor>> {
+        let want = &self.manifest.inputs;
+        let sym = &padded.symbol;
+        let axis_of = |i: usize| padded.inputs.iter().find(|a| a.tensor == i).map(|a| a.axis);
+        let shape = |i: usize, d: &TensorDesc| {
+            let dims: Vec<String> =
+                d.dims.iter().enumerate().map(|(k, n)| if axis_of(i) == Some(k) { format!("{sym}<={n}") } else { n.to_string() }).collect();
+            format!("{}[{}]", d.dtype, dims.join(","))
+        };
+        if inputs.len() != want.len() {
+            let list: Vec<String> = want.iter().enumerate().map(|(i, d)| format!("{}: {}", d.name, shape(i, d))).collect();
+            return Err(RuntimeError::Input {
+                name: self.manifest.model.clone(),
+                msg: format!("expects {} inputs ({}), {} given", want.len(), list.join(", "), inputs.len()),
+            });
+        }
+        let mut size: Option<(usize, &str)> = None;
+        for (i, (t, d)) in inputs.iter().zip(want).enumerate() {
+            let axis = axis_of(i);
+            let fits = t.dtype().name() == d.dtype
+                && t.rank() == d.dims.len()
+                && t.dims().iter().zip(&d.dims).enumerate().all(|(k, (a, b))| if axis == Some(k) { a <= b } else { a == b });
+            if !fits {
+                return Err(RuntimeError::Input { name: d.name.clone(), msg: format!("expected {}, got {}", shape(i, d), t.ty()) });
+            }
+            if let Some(k) = axis {
+                let n = t.dims()[k];
+                match size {
+                    Some((m, other)) if m != n => {
+                        return Err(RuntimeError::Input {
+                            name: d.name.clone(),
+                            msg: format!("`{sym}` is {m} in `{other}` but {n} here; the inputs must agree"),
+                        })
+                    }
+                    _ => size = Some((n, &d.name)),
+                }
+            }
+        }
+        let (n, _) = size.expect("a padded artifact pads an input (validated at load)");
+        let moved = |e: kiln_ir::IrError| RuntimeError::Launch { kernel: "pad".into(), msg: e.to_string() };
+        let mut args: Vec<Tensor> = inputs.to_vec();
+        for a in &padded.inputs {
+            args[a.tensor] = inputs[a.tensor].resize_axis(a.axis, padded.capacity as usize).map_err(moved)?;
+        }
+        args.push(Tensor::scalar::<i64>(n as i64));
+        let mut outs = program.run_profiled(&args, profile)?;
+        for a in &padded.outputs {
+            outs[a.tensor] = outs[a.tensor].resize_axis(a.axis, n + a.extra as usize).map_err(moved)?;
+        }
+        Ok(outs)
+    }
+
     fn run_batched(
         &self,
         batch: &BatchDesc,

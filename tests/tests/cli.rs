@@ -96,3 +96,100 @@ fn compile_without_sizes_serves_any_batch_and_bench_picks_one() {
     assert_eq!(kiln(&["compile", m, "-o", a, "--no-cache", "--quiet", "--input-shape", "x=4..2,3"]), 1, "an empty range");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// One attention step over a cache that grows: `present = concat(past, x)` along the positions,
+/// `y = softmax(x present^T) present`. Inputs `x: f32[1,1,4]`, `past: f32[1,"past",4]`; outputs
+/// `y` and `present`.
+fn cache_attention_model() -> Vec<u8> {
+    let dims = |d: &[Result<i64, &str>]| {
+        let dim = d
+            .iter()
+            .map(|v| tensor_shape_proto::Dimension {
+                value: Some(match v {
+                    Ok(n) => DimValue::DimValue(*n),
+                    Err(p) => DimValue::DimParam(p.to_string()),
+                }),
+            })
+            .collect();
+        TypeProto {
+            value: Some(type_proto::Value::TensorType(type_proto::Tensor {
+                elem_type: Some(data_type::FLOAT),
+                shape: Some(TensorShapeProto { dim }),
+            })),
+        }
+    };
+    let value = |name: &str, d: &[Result<i64, &str>]| ValueInfoProto { name: Some(name.into()), r#type: Some(dims(d)) };
+    let int = |name: &str, i: i64| AttributeProto { name: Some(name.into()), r#type: Some(attribute_type::INT), i: Some(i), ..Default::default() };
+    let ints = |name: &str, v: &[i64]| AttributeProto {
+        name: Some(name.into()),
+        r#type: Some(attribute_type::INTS),
+        ints: v.to_vec(),
+        ..Default::default()
+    };
+    let node = |op: &str, inputs: &[&str], output: &str, attribute: Vec<AttributeProto>| NodeProto {
+        op_type: Some(op.into()),
+        name: Some(output.into()),
+        input: inputs.iter().map(|s| s.to_string()).collect(),
+        output: vec![output.into()],
+        attribute,
+        ..Default::default()
+    };
+    let graph = GraphProto {
+        name: Some("cache_attention".into()),
+        node: vec![
+            node("Concat", &["past", "x"], "present", vec![int("axis", 1)]),
+            node("Transpose", &["present"], "keys_t", vec![ints("perm", &[0, 2, 1])]),
+            node("MatMul", &["x", "keys_t"], "scores", vec![]),
+            node("Softmax", &["scores"], "p", vec![int("axis", -1)]),
+            node("MatMul", &["p", "present"], "y", vec![]),
+        ],
+        input: vec![value("x", &[Ok(1), Ok(1), Ok(4)]), value("past", &[Ok(1), Err("past"), Ok(4)])],
+        output: vec![value("y", &[Ok(1), Ok(1), Ok(4)]), value("present", &[Ok(1), Err("past_1"), Ok(4)])],
+        ..Default::default()
+    };
+    ModelProto {
+        ir_version: Some(8),
+        opset_import: vec![OperatorSetIdProto { domain: Some(String::new()), version: Some(17) }],
+        graph: Some(graph),
+        ..Default::default()
+    }
+    .encode_to_vec()
+}
+
+#[test]
+fn compile_with_a_max_size_serves_every_length_up_to_it() {
+    let dir = std::env::temp_dir().join(format!("kiln-cli-pad-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let model = dir.join("cache.onnx");
+    std::fs::write(&model, cache_attention_model()).unwrap();
+    let art = dir.join("cache.kiln");
+    let (m, a) = (model.to_str().unwrap(), art.to_str().unwrap());
+    // Without sizes `past` is not a batch (not leading): refused, and --max-size compiles it.
+    assert_eq!(kiln(&["compile", m, "-o", a, "--no-cache", "--quiet"]), 1, "compile with `past` unknown");
+    assert_eq!(kiln(&["compile", m, "-o", a, "--no-cache", "--quiet", "--max-size", "past=16"]), 0, "compile up to 16");
+    let graph = kiln_ir::onnx::load(&model).unwrap().graph;
+    for past in [0usize, 3, 16] {
+        let xs = [Tensor::random(DType::F32, &[1, 1, 4], 1 + past as u64), Tensor::random(DType::F32, &[1, past, 4], 2 + past as u64)];
+        let mut args: Vec<String> = vec!["run".into(), a.into(), "-q".into()];
+        for (name, t) in ["x", "past"].iter().zip(&xs) {
+            let f = dir.join(format!("{name}{past}.npy"));
+            std::fs::write(&f, kiln_ir::npy::encode(t).unwrap()).unwrap();
+            args.extend(["--input".to_string(), format!("{name}={}", f.display())]);
+        }
+        let out = dir.join(format!("out{past}"));
+        args.extend(["--output-dir".to_string(), out.to_str().unwrap().to_string()]);
+        assert_eq!(kiln(&args), 0, "run past {past}");
+        let want = kiln_ir::eval::run(&graph, &xs).unwrap();
+        for (k, w) in want.iter().enumerate() {
+            let y = kiln_ir::npy::decode(&std::fs::read(out.join(format!("output_{k}.npy"))).unwrap()).unwrap();
+            assert_eq!(y.dims(), w.dims(), "past {past}, output {k}");
+            for (g, w) in y.to_f64s().iter().zip(w.to_f64s()) {
+                assert!((g - w).abs() < 1e-5, "past {past}, output {k}: {g} vs {w}");
+            }
+        }
+    }
+    // A symbol the model does not have, and a malformed flag: usage errors.
+    assert_eq!(kiln(&["compile", m, "-o", a, "--no-cache", "--quiet", "--max-size", "seq=16"]), 1, "no symbol `seq`");
+    assert_eq!(kiln(&["compile", m, "-o", a, "--no-cache", "--quiet", "--max-size", "past"]), 1, "no size");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -1,12 +1,14 @@
 //! `Session`: a model compiled for what each run brings. A GPT-style decoder's KV cache grows a
 //! position a step; padded to a capacity, 32 steps compile twice (capacities 16 and 32) and every
-//! step matches the interpreter. A symbol that cannot be padded is compiled per size instead.
+//! step matches the interpreter. A symbol that cannot be padded is compiled per size instead. The
+//! same padding makes one artifact for every length up to a capacity (`--max-size`).
 
 use kiln_compiler::pad;
 use kiln_compiler::{Options, Session, TargetKind};
 use kiln_ir::builder::GraphBuilder;
 use kiln_ir::{eval, models, DType, Dim, Tensor};
-use kiln_runtime::{LoadOptions, Target};
+use kiln_runtime::artifact::Artifact;
+use kiln_runtime::{Executable, LoadOptions, Target};
 
 fn close(got: &[Tensor], want: &[Tensor], what: &str) {
     assert_eq!(got.len(), want.len(), "{what}");
@@ -92,4 +94,47 @@ fn a_symbol_that_cannot_be_padded_is_compiled_per_size() {
     // Inputs that contradict the model are refused, naming them.
     let e = session.run(&[Tensor::zeros(DType::F32, &[3, 9])]).unwrap_err().to_string();
     assert_eq!(e, "input `x` is f32[past,8], got f32[3,9]");
+}
+
+#[test]
+fn a_padded_artifact_serves_every_length_up_to_its_capacity() {
+    let (layers, heads, head_dim) = (1, 2, 8);
+    let graph = models::gpt_decoder_step(layers, heads, head_dim, 9).unwrap();
+    let options = Options { cache: false, pad: Some(("past".into(), 32)), ..Options::default() };
+    let compiled = kiln_compiler::compile(&graph, &options, true).unwrap();
+    assert!(compiled.stages.fused.starts_with("pad `past`\n"), "{}", compiled.stages.fused);
+    let art = Artifact::from_bytes(&compiled.artifact.to_bytes(), "decoder.kiln").unwrap();
+    let exe = Executable::load(art.clone(), &LoadOptions::default()).unwrap();
+    assert_eq!(exe.inputs()[1].dims, vec![1, heads, 32, head_dim]);
+    let step = |past: usize| -> Vec<Tensor> {
+        let mut x = vec![Tensor::random(DType::F32, &[1, 1, heads * head_dim], past as u64)];
+        x.extend((0..2).map(|i| Tensor::random(DType::F32, &[1, heads, past, head_dim], 50 + i + past as u64)));
+        x
+    };
+    for past in [0, 1, 5, 31, 32] {
+        let x = step(past);
+        close(&exe.run(&x).unwrap(), &eval::run(&graph, &x).unwrap(), &format!("past {past}"));
+    }
+    // Past the capacity, or lengths that disagree: errors naming the input.
+    let e = exe.run(&step(33)).unwrap_err().to_string();
+    assert!(e.contains("past_key_0") && e.contains("expected f32[1,2,past<=32,8], got f32[1,2,33,8]"), "{e}");
+    let mut x = step(4);
+    x[2] = Tensor::random(DType::F32, &[1, heads, 5, head_dim], 1);
+    let e = exe.run(&x).unwrap_err().to_string();
+    assert!(e.contains("`past` is 4 in `past_key_0` but 5 here"), "{e}");
+    // The description is checked at load.
+    let mut bad = art.clone();
+    if let Some(p) = bad.manifest.padded.as_mut() {
+        p.capacity = 16;
+    }
+    assert_eq!(bad.validate().unwrap_err(), "padded input `past_key_0` (f32[1, 2, 32, 8]) has no axis 2 of size 16");
+    // A symbol that cannot be padded is a usage error naming the node.
+    let g = GraphBuilder::new("sum_over_past");
+    let x = g.input("x", DType::F32, vec![Dim::sym("past"), 8.into()]);
+    g.output("s", x.reduce_sum(&[0], false).named("total"));
+    let e = kiln_compiler::compile(&g.build().unwrap(), &options, false).err().unwrap().to_string();
+    assert_eq!(
+        e,
+        "`past` cannot be padded to a capacity: ReduceSum `total` reads a value padded along `past`, which kiln does not pad through; give its size with --input-shape"
+    );
 }

@@ -69,6 +69,11 @@ pub struct Args {
     /// dimension the artifact serves any batch (programs for 8, 4, 2 and 1, combined at run time).
     #[arg(long = "input-shape")]
     input_shapes: Vec<String>,
+    /// SYMBOL=N: one program for every size of a symbol up to N (a KV cache's `past`, a sequence
+    /// length): compiled at N, the inputs zero-padded at run time and the outputs cut back. kiln
+    /// proves nothing reads the padding, or says which node does.
+    #[arg(long = "max-size", value_name = "SYMBOL=N")]
+    max_size: Option<String>,
     /// Do not use or fill the compile cache.
     #[arg(long)]
     no_cache: bool,
@@ -92,10 +97,23 @@ pub fn run(args: &Args) -> Result<()> {
         Model::Artifact(_) => return Err(CompileError::Usage(format!("{} is already a compiled artifact", args.model.display()))),
     };
     let (input_shapes, batch_ranges) = parse_shapes_or_ranges(&args.input_shapes)?;
+    let pad = match &args.max_size {
+        None => None,
+        Some(spec) => {
+            let parsed = spec.split_once('=').and_then(|(s, n)| Some((s.trim(), n.trim().parse::<usize>().ok()?)));
+            match parsed {
+                Some((symbol, n)) if !symbol.is_empty() && n > 0 => Some((symbol.to_string(), n)),
+                _ => {
+                    return Err(CompileError::Usage(format!("--max-size `{spec}` is not SYMBOL=N (a symbol of the model and a size of at least 1)")))
+                }
+            }
+        }
+    };
     let options = Options {
         target: args.target.kind(),
         input_shapes,
         batch_ranges,
+        pad,
         dump_dir: args.dump_dir.clone(),
         cache: !args.no_cache,
         ptx: args.cuda.ptx()?,
@@ -120,7 +138,11 @@ pub fn run(args: &Args) -> Result<()> {
         let m = &compiled.artifact.manifest;
         match &m.batch {
             None => {
-                let programs = m.control.as_ref().map_or(String::new(), |c| format!(" in {} programs with run-time control flow", c.programs.len()));
+                let mut programs =
+                    m.control.as_ref().map_or(String::new(), |c| format!(" in {} programs with run-time control flow", c.programs.len()));
+                if let Some(p) = &m.padded {
+                    programs = format!("; `{}` up to {}, padded", p.symbol, p.capacity);
+                }
                 eprintln!("wrote {} ({} kernels{programs}, {} bytes) for {}", args.output.display(), m.kernel_count(), bytes.len(), m.target_detail)
             }
             Some(b) => {

@@ -37,7 +37,7 @@ pub fn specialize(graph: &mut Graph, shapes: &HashMap<String, Vec<usize>>) -> Re
                         .collect();
                     d.ok_or_else(|| {
                         CompileError::Usage(format!(
-                            "input `{name}` has the dynamic shape {declared}; give its size with --input-shape {name}=D0,D1,..."
+                            "input `{name}` has the dynamic shape {declared}; give its size with --input-shape {name}=D0,D1,... (or, to compile one program for every size of a symbol up to N, --max-size SYMBOL=N)"
                         ))
                     })?
                 }

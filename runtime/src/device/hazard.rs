@@ -171,6 +171,7 @@ pub(crate) mod tests {
             arena_bytes: 2 * n,
             batch: None,
             control: None,
+            padded: None,
         }
     }
 
