@@ -351,16 +351,7 @@ impl Executable {
                 return Err(RuntimeError::Input { name: d.name.clone(), msg: format!("expected {}, got {}", shape(i, d), t.ty()) });
             }
             if let Some(k) = axis {
-                let n = t.dims()[k];
-                match size {
-                    Some((m, other)) if m != n => {
-                        return Err(RuntimeError::Input {
-                            name: d.name.clone(),
-                            msg: format!("`{sym}` is {m} in `{other}` but {n} here; the inputs must agree"),
-                        })
-                    }
-                    _ => size = Some((n, &d.name)),
-                }
+                agree(&mut size, t.dims()[k], &d.name, sym, "the inputs")?;
             }
         }
         let (n, _) = size.expect("a padded artifact pads an input (validated at load)");
@@ -459,16 +450,7 @@ impl Executable {
                 return Err(RuntimeError::Input { name: d.name.clone(), msg: format!("expected {}, got {}", shape(d, batched), t.ty()) });
             }
             if batched {
-                let size = t.dims()[0];
-                match n {
-                    Some((m, other)) if m != size => {
-                        return Err(RuntimeError::Input {
-                            name: d.name.clone(),
-                            msg: format!("`{sym}` is {m} in `{other}` but {size} here; the batched inputs must agree"),
-                        })
-                    }
-                    _ => n = Some((size, &d.name)),
-                }
+                agree(&mut n, t.dims()[0], &d.name, sym, "the batched inputs")?;
             }
         }
         let (n, name) = n.expect("a batched artifact has a batched input (validated at load)");
@@ -496,6 +478,21 @@ impl Executable {
             }
         }
         Ok(())
+    }
+}
+
+/// Records the size `n` that input `name` gives symbol `sym`, or refuses it when an earlier input
+/// (`seen`) gave another.
+fn agree<'a>(seen: &mut Option<(usize, &'a str)>, n: usize, name: &'a str, sym: &str, which: &str) -> Result<()> {
+    match *seen {
+        Some((m, other)) if m != n => {
+            Err(RuntimeError::Input { name: name.to_string(), msg: format!("`{sym}` is {m} in `{other}` but {n} here; {which} must agree") })
+        }
+        Some(_) => Ok(()),
+        None => {
+            *seen = Some((n, name));
+            Ok(())
+        }
     }
 }
 

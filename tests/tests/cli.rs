@@ -25,6 +25,11 @@ fn relu_model(dims: &[Option<i64>]) -> Vec<u8> {
         output: vec![ValueInfoProto { name: Some("y".into()), r#type: Some(ty(vec![])), ..Default::default() }],
         ..Default::default()
     };
+    model_bytes(graph)
+}
+
+/// An opset-17 model of `graph`, encoded.
+fn model_bytes(graph: GraphProto) -> Vec<u8> {
     ModelProto {
         ir_version: Some(8),
         opset_import: vec![OperatorSetIdProto { domain: Some(String::new()), version: Some(17) }],
@@ -147,13 +152,7 @@ fn cache_attention_model() -> Vec<u8> {
         output: vec![value("y", &[Ok(1), Ok(1), Ok(4)]), value("present", &[Ok(1), Err("past_1"), Ok(4)])],
         ..Default::default()
     };
-    ModelProto {
-        ir_version: Some(8),
-        opset_import: vec![OperatorSetIdProto { domain: Some(String::new()), version: Some(17) }],
-        graph: Some(graph),
-        ..Default::default()
-    }
-    .encode_to_vec()
+    model_bytes(graph)
 }
 
 #[test]

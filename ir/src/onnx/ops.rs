@@ -9,7 +9,7 @@ use super::import::{attrs_of, free_values, GraphImporter};
 use super::proto::NodeProto;
 use super::tensor::dtype_of;
 use crate::op::{Attr, Attrs, CoordinateTransform, NearestMode, Resize, ResizeMode, Subgraph};
-use crate::{BinaryOp, DType, IrError, Op, Result, Shape, Tensor, TensorType, ValueId};
+use crate::{BinaryOp, DType, Graph, IrError, Op, Result, Shape, Tensor, TensorType, ValueId};
 
 /// Every ONNX op type (default domain) the importer converts.
 pub(super) const SUPPORTED: &[&str] = &[
@@ -638,14 +638,9 @@ fn rnn_activations(a: &mut Attrs) -> Result<()> {
     Ok(())
 }
 
-/// Scan (opset 9 and later): the body becomes a graph whose inputs are the outer values it reads,
-/// then its own (the state, one slice of each scanned input); those outer values lead the operands.
-fn scan(im: &mut GraphImporter, node: &NodeProto, mut a: Attrs, opset: i64) -> Result<()> {
-    if opset < 9 {
-        return Err(IrError::NotSupported(
-            "Scan before opset 9 (with a batch axis and per-batch lengths) is not supported; export with opset 9 or later".into(),
-        ));
-    }
+/// A Scan's or Loop's `body`: imported with the outer values it reads as its first inputs (their
+/// names returned, in order), its own inputs without a type taking `implied`'s.
+fn body_of(im: &GraphImporter, node: &NodeProto, op: &str, implied: Vec<TensorType>) -> Result<(Graph, Vec<String>)> {
     let body_g = node
         .attribute
         .iter()
@@ -655,11 +650,24 @@ fn scan(im: &mut GraphImporter, node: &NodeProto, mut a: Attrs, opset: i64) -> R
     let names = free_values(body_g);
     let mut captures: Vec<(String, TensorType)> = Vec::new();
     for n in &names {
-        let ty = im.visible_type(n).ok_or_else(|| err(format!("the body reads `{n}`, which is not defined before the Scan")))?;
+        let ty = im.visible_type(n).ok_or_else(|| err(format!("the body reads `{n}`, which is not defined before the {op}")))?;
         captures.push((n.clone(), ty));
     }
     let name = body_g.name.clone().filter(|n| !n.is_empty()).unwrap_or_else(|| "body".to_string());
-    let body = GraphImporter::new(&name, im.opset, im.base_dir).import(body_g, &captures)?;
+    let mut body_im = GraphImporter::new(&name, im.opset, im.base_dir);
+    body_im.implied_input_types = implied;
+    Ok((body_im.import(body_g, &captures)?, names))
+}
+
+/// Scan (opset 9 and later): the body becomes a graph whose inputs are the outer values it reads,
+/// then its own (the state, one slice of each scanned input); those outer values lead the operands.
+fn scan(im: &mut GraphImporter, node: &NodeProto, mut a: Attrs, opset: i64) -> Result<()> {
+    if opset < 9 {
+        return Err(IrError::NotSupported(
+            "Scan before opset 9 (with a batch axis and per-batch lengths) is not supported; export with opset 9 or later".into(),
+        ));
+    }
+    let (body, names) = body_of(im, node, "Scan", Vec::new())?;
     let flags = |v: Option<Vec<i64>>| -> Result<Vec<bool>> {
         v.unwrap_or_default()
             .iter()
@@ -696,27 +704,12 @@ fn scan(im: &mut GraphImporter, node: &NodeProto, mut a: Attrs, opset: i64) -> R
 /// count and the condition (either may be absent) and the initial state.
 fn loop_(im: &mut GraphImporter, node: &NodeProto, a: Attrs) -> Result<()> {
     a.finish("Loop").map_err(err)?;
-    let body_g = node
-        .attribute
-        .iter()
-        .find(|x| x.name.as_deref() == Some("body"))
-        .and_then(|x| x.g.as_ref())
-        .ok_or_else(|| err("attribute `body` is required"))?;
-    let names = free_values(body_g);
-    let mut captures: Vec<(String, TensorType)> = Vec::new();
-    for n in &names {
-        let ty = im.visible_type(n).ok_or_else(|| err(format!("the body reads `{n}`, which is not defined before the Loop")))?;
-        captures.push((n.clone(), ty));
-    }
-    let name = body_g.name.clone().filter(|n| !n.is_empty()).unwrap_or_else(|| "body".to_string());
     // Body inputs may leave their types to the Loop: the step, the condition, the state's.
     let mut implied = vec![TensorType::new(DType::I64, Shape::scalar()), TensorType::new(DType::Bool, Shape::scalar())];
     for i in 2..node.input.len() {
         implied.extend(im.operand(node, i).map(|v| im.ty(v).clone()));
     }
-    let mut body_im = GraphImporter::new(&name, im.opset, im.base_dir);
-    body_im.implied_input_types = implied;
-    let body = body_im.import(body_g, &captures)?;
+    let (body, names) = body_of(im, node, "Loop", implied)?;
     let mut operands: Vec<Option<ValueId>> = names.iter().map(|n| im.values.get(n).copied()).collect();
     for i in 0..node.input.len().max(2) {
         // The trip count and the condition may be omitted (empty names); the state may not.
