@@ -30,9 +30,13 @@ fn relu_model(dims: &[Option<i64>]) -> Vec<u8> {
 
 /// An opset-17 model of `graph`, encoded.
 fn model_bytes(graph: GraphProto) -> Vec<u8> {
+    model_bytes_at(graph, 17)
+}
+
+fn model_bytes_at(graph: GraphProto, opset: i64) -> Vec<u8> {
     ModelProto {
         ir_version: Some(8),
-        opset_import: vec![OperatorSetIdProto { domain: Some(String::new()), version: Some(17) }],
+        opset_import: vec![OperatorSetIdProto { domain: Some(String::new()), version: Some(opset) }],
         graph: Some(graph),
         ..Default::default()
     }
@@ -190,5 +194,34 @@ fn compile_with_a_max_size_serves_every_length_up_to_it() {
     // A symbol the model does not have, and a malformed flag: usage errors.
     assert_eq!(kiln(&["compile", m, "-o", a, "--no-cache", "--quiet", "--max-size", "seq=16"]), 1, "no symbol `seq`");
     assert_eq!(kiln(&["compile", m, "-o", a, "--no-cache", "--quiet", "--max-size", "past"]), 1, "no size");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn info_fails_on_a_model_that_does_not_import_and_newer_opsets_need_a_flag() {
+    let dir = std::env::temp_dir().join(format!("kiln-cli-info-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let write = |name: &str, bytes: Vec<u8>| {
+        let p = dir.join(name);
+        std::fs::write(&p, bytes).unwrap();
+        p.to_str().unwrap().to_string()
+    };
+    let ok = write("relu.onnx", relu_model(&[Some(2)]));
+    assert_eq!(kiln(&["info", &ok]), 0, "info on a good model");
+    // A node reading a value nothing defines: described, then a failure.
+    let mut graph = ModelProto::decode(&*relu_model(&[Some(2)])).unwrap().graph.unwrap();
+    graph.node[0].input = vec!["nowhere".into()];
+    let broken = write("broken.onnx", model_bytes(graph.clone()));
+    assert_eq!(kiln(&["info", &broken]), 1, "info on a graph with an undefined value");
+    // Opset 99: refused by info and run, imported with --allow-newer-opsets.
+    graph.node[0].input = vec!["x".into()];
+    let newer = write("newer.onnx", model_bytes_at(graph, 99));
+    assert_eq!(kiln(&["info", &newer]), 1, "info on opset 99");
+    let x = dir.join("x.npy");
+    std::fs::write(&x, kiln_ir::npy::encode(&Tensor::random(DType::F32, &[2], 1)).unwrap()).unwrap();
+    let input = format!("x={}", x.display());
+    assert_eq!(kiln(&["run", &newer, "--device", "cpu", "--input", &input, "-q"]), 1, "run on opset 99");
+    assert_eq!(kiln(&["run", &newer, "--device", "cpu", "--input", &input, "-q", "--allow-newer-opsets"]), 0, "run with the flag");
+    assert_eq!(kiln(&["info", &newer, "--allow-newer-opsets"]), 0, "info with the flag");
     std::fs::remove_dir_all(&dir).unwrap();
 }

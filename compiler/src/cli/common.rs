@@ -20,6 +20,20 @@ fn file_err(path: &Path, msg: impl Into<String>) -> CompileError {
     CompileError::File { path: path.display().to_string(), msg: msg.into() }
 }
 
+thread_local! {
+    /// How the command running on this thread imports models (`--allow-newer-opsets`): set when
+    /// it starts; per thread, so commands run in-process side by side (tests) do not mix.
+    static IMPORT_OPTIONS: std::cell::Cell<kiln_ir::onnx::ImportOptions> = std::cell::Cell::new(Default::default());
+}
+
+pub fn set_import_options(o: kiln_ir::onnx::ImportOptions) {
+    IMPORT_OPTIONS.with(|c| c.set(o));
+}
+
+pub fn import_options() -> kiln_ir::onnx::ImportOptions {
+    IMPORT_OPTIONS.with(|c| c.get())
+}
+
 /// Loads an ONNX model or a compiled artifact (told apart by the artifact's magic bytes).
 pub fn load_model(path: &Path) -> Result<Model> {
     let bytes = std::fs::read(path).map_err(|e| file_err(path, e.to_string()))?;
@@ -27,10 +41,13 @@ pub fn load_model(path: &Path) -> Result<Model> {
         return Ok(Model::Artifact(Artifact::from_bytes(&bytes, &path.display().to_string())?));
     }
     let dir = path.parent().map(|p| if p.as_os_str().is_empty() { Path::new(".") } else { p });
-    let model = kiln_ir::onnx::load_bytes(&bytes, dir).map_err(|e| match e {
+    let model = kiln_ir::onnx::load_bytes_with(&bytes, dir, &import_options()).map_err(|e| match e {
         kiln_ir::IrError::Onnx(m) => file_err(path, m),
         other => CompileError::Ir(other),
     })?;
+    for w in &model.warnings {
+        eprintln!("warning: {}: {w}", path.display());
+    }
     Ok(Model::Graph(model.graph))
 }
 

@@ -1,4 +1,5 @@
-//! `kiln info MODEL`: inputs and outputs, opsets, op histogram, parameters, unsupported ops.
+//! `kiln info MODEL`: inputs and outputs, opsets, op histogram, parameters, unsupported ops; a
+//! model that does not import (a broken graph) fails the command, saying why.
 
 use std::path::PathBuf;
 
@@ -13,7 +14,7 @@ pub struct Args {
 }
 
 pub fn run(args: &Args) -> Result<()> {
-    let s = onnx::inspect(&args.model)?;
+    let s = onnx::inspect_with(&args.model, &super::common::import_options())?;
     println!("model: {}", args.model.display());
     if !s.producer.is_empty() {
         println!("producer: {}", s.producer);
@@ -41,10 +42,12 @@ pub fn run(args: &Args) -> Result<()> {
             println!("  {u}");
         }
     }
-    if let Some(e) = &s.import_error {
-        println!("import error: {e}");
+    // A model kiln cannot import as it is (a cycle, an undefined value, a bad attribute, an
+    // opset it does not know) is described as far as it goes, then the command fails with why.
+    match s.import_error {
+        Some(e) => Err(crate::CompileError::Usage(format!("{} does not import: {e}", args.model.display()))),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 fn group_digits(n: usize) -> String {

@@ -21,6 +21,11 @@ struct Cli {
     #[arg(short = 'V', long = "version")]
     version: bool,
 
+    /// Import models whose default ONNX opset is newer than kiln knows (with a warning) instead
+    /// of refusing them.
+    #[arg(long, global = true)]
+    allow_newer_opsets: bool,
+
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -68,6 +73,7 @@ where
 }
 
 fn run_cli(cli: Cli) -> i32 {
+    common::set_import_options(kiln_ir::onnx::ImportOptions { allow_newer_opsets: cli.allow_newer_opsets });
     let result = match cli.command {
         _ if cli.version => {
             println!("{}", crate::toolchain::version_report());

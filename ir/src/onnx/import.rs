@@ -9,9 +9,20 @@ use super::{ops, Model};
 use crate::op::{Attr, Attrs};
 use crate::{Dim, Graph, IrError, Op, Result, Shape, TensorType, UnsupportedOp, ValueId};
 
-pub(super) fn import_model(model: &ModelProto, base_dir: Option<&Path>) -> Result<Model> {
+pub(super) fn import_model(model: &ModelProto, base_dir: Option<&Path>, options: &super::ImportOptions) -> Result<Model> {
     let opsets: Vec<(String, i64)> = model.opset_import.iter().map(|o| (o.domain.clone().unwrap_or_default(), o.version.unwrap_or(1))).collect();
     let opset = opsets.iter().find(|(d, _)| d.is_empty() || d == "ai.onnx").map_or(1, |(_, v)| *v);
+    let mut warnings = Vec::new();
+    if opset > super::NEWEST_OPSET {
+        let what = format!("the model imports opset {opset} of the default ONNX domain; kiln knows opsets up to {}", super::NEWEST_OPSET);
+        if !options.allow_newer_opsets {
+            return Err(IrError::NotSupported(format!(
+                "{what}, and an op may mean something else in a newer one (--allow-newer-opsets imports it anyway)"
+            )));
+        }
+        warnings.push(format!("{what}; imported as opset {} (--allow-newer-opsets)", super::NEWEST_OPSET));
+    }
+    let opset = opset.min(super::NEWEST_OPSET);
     let graph = model.graph.as_ref().expect("decode_model checked the graph");
     check_supported(graph, &opsets)?;
     let name = graph.name.clone().filter(|n| !n.is_empty()).unwrap_or_else(|| "model".into());
@@ -21,6 +32,7 @@ pub(super) fn import_model(model: &ModelProto, base_dir: Option<&Path>) -> Resul
         ir_version: model.ir_version.unwrap_or(0),
         opsets,
         producer: [model.producer_name.clone().unwrap_or_default(), model.producer_version.clone().unwrap_or_default()].join(" ").trim().to_string(),
+        warnings,
     })
 }
 

@@ -31,6 +31,11 @@ pub struct Summary {
 
 /// Reads a model and summarises it.
 pub fn inspect(path: impl AsRef<Path>) -> Result<Summary> {
+    inspect_with(path, &super::ImportOptions::default())
+}
+
+/// [`inspect`], importing with `options`.
+pub fn inspect_with(path: impl AsRef<Path>, options: &super::ImportOptions) -> Result<Summary> {
     let path = path.as_ref();
     let bytes = std::fs::read(path).map_err(|e| IrError::Onnx(format!("{}: {e}", path.display())))?;
     let model = super::decode_model(&bytes).map_err(|e| IrError::Onnx(format!("{}: {e}", path.display())))?;
@@ -54,7 +59,7 @@ pub fn inspect(path: impl AsRef<Path>) -> Result<Summary> {
         .map(|i| (i.name.clone().unwrap_or_default(), declared(i)))
         .collect();
     let unsupported = check_supported_list(g, &opsets);
-    let (outputs, import_error) = match super::load(path) {
+    let (outputs, import_error) = match super::load_with(path, options) {
         Ok(m) => (m.graph.outputs().iter().map(|(n, v)| (n.clone(), m.graph.value_type(*v).to_string())).collect(), None),
         Err(IrError::Unsupported(_)) => (g.output.iter().map(|o| (o.name.clone().unwrap_or_default(), declared(o))).collect(), None),
         Err(e) => (g.output.iter().map(|o| (o.name.clone().unwrap_or_default(), declared(o))).collect(), Some(e.to_string())),

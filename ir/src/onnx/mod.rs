@@ -20,10 +20,22 @@ use std::path::Path;
 
 use prost::Message;
 
-pub use inspect::{inspect, Summary};
+pub use inspect::{inspect, inspect_with, Summary};
 pub use tensor::{dtype_of, onnx_type_of};
 
 use crate::{Graph, IrError, Result, Tensor};
+
+/// The newest version of the default ONNX opset kiln knows (ONNX 1.22's), whose node tests
+/// it runs. A newer one may give an op another meaning.
+pub const NEWEST_OPSET: i64 = 27;
+
+/// How a model is imported.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ImportOptions {
+    /// Import a model whose default opset is newer than [`NEWEST_OPSET`] (with a warning in
+    /// [`Model::warnings`]) instead of refusing it.
+    pub allow_newer_opsets: bool,
+}
 
 /// An imported model.
 #[derive(Debug, Clone)]
@@ -33,6 +45,8 @@ pub struct Model {
     /// (domain, version) of every opset the model imports; `""` is the default domain.
     pub opsets: Vec<(String, i64)>,
     pub producer: String,
+    /// What the import let through but a user should hear about (a newer opset allowed).
+    pub warnings: Vec<String>,
 }
 
 impl Model {
@@ -49,10 +63,15 @@ pub fn supported_ops() -> &'static [&'static str] {
 
 /// Loads an ONNX model from a file; external data is read from the file's directory.
 pub fn load(path: impl AsRef<Path>) -> Result<Model> {
+    load_with(path, &ImportOptions::default())
+}
+
+/// [`load`] with import options.
+pub fn load_with(path: impl AsRef<Path>, options: &ImportOptions) -> Result<Model> {
     let path = path.as_ref();
     let bytes = std::fs::read(path).map_err(|e| IrError::Onnx(format!("{}: {e}", path.display())))?;
     let dir = path.parent().map(|p| if p.as_os_str().is_empty() { Path::new(".") } else { p });
-    load_bytes(&bytes, dir).map_err(|e| match e {
+    load_bytes_with(&bytes, dir, options).map_err(|e| match e {
         IrError::Onnx(m) => IrError::Onnx(format!("{}: {m}", path.display())),
         other => other,
     })
@@ -60,8 +79,13 @@ pub fn load(path: impl AsRef<Path>) -> Result<Model> {
 
 /// Loads an ONNX model from its bytes; `base_dir` is where external data files are looked for.
 pub fn load_bytes(bytes: &[u8], base_dir: Option<&Path>) -> Result<Model> {
+    load_bytes_with(bytes, base_dir, &ImportOptions::default())
+}
+
+/// [`load_bytes`] with import options.
+pub fn load_bytes_with(bytes: &[u8], base_dir: Option<&Path>, options: &ImportOptions) -> Result<Model> {
     let model = decode_model(bytes)?;
-    import::import_model(&model, base_dir)
+    import::import_model(&model, base_dir, options)
 }
 
 /// Decodes a ModelProto and checks it looks like an ONNX model.

@@ -233,6 +233,31 @@ fn cycles_and_dangling_names_are_errors_but_unsorted_nodes_are_fine() {
 }
 
 #[test]
+fn opsets_newer_than_kiln_knows_are_refused_unless_allowed() {
+    let relu = |opset| {
+        model(
+            opset,
+            vec![node("Relu", "r", &["x"], &["y"], vec![])],
+            vec![value("x", data_type::FLOAT, &[2])],
+            vec![value("y", data_type::FLOAT, &[2])],
+            vec![],
+        )
+    };
+    assert!(load(&relu(onnx::NEWEST_OPSET)).unwrap().warnings.is_empty());
+    assert_eq!(
+        load(&relu(99)).unwrap_err().to_string(),
+        "the model imports opset 99 of the default ONNX domain; kiln knows opsets up to 27, and an op may mean something else in a newer one (--allow-newer-opsets imports it anyway)"
+    );
+    let allowed = onnx::load_bytes_with(&relu(99), None, &onnx::ImportOptions { allow_newer_opsets: true }).unwrap();
+    assert_eq!(
+        allowed.warnings,
+        vec!["the model imports opset 99 of the default ONNX domain; kiln knows opsets up to 27; imported as opset 27 (--allow-newer-opsets)"
+            .to_string()]
+    );
+    assert_close(&eval::run(&allowed.graph, &[f32s(&[2], &[-1., 2.])]).unwrap()[0], &[2], &[0., 2.], 0.0);
+}
+
+#[test]
 fn shape_errors_name_the_onnx_node() {
     let bytes = model(
         17,
