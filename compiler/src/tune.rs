@@ -184,6 +184,8 @@ pub fn tune(graph: &Graph, options: &Options, threads: Option<usize>, inputs: &[
 
 /// Random inputs of `graph`'s declared types (symbolic sizes from `shapes`).
 pub fn random_inputs(graph: &Graph, shapes: &HashMap<String, Vec<usize>>) -> Result<Vec<Tensor>> {
+    // Each checked against the memory available before it is made.
+    let limit = kiln_runtime::memory::budget(None);
     graph
         .inputs()
         .iter()
@@ -201,6 +203,8 @@ pub fn random_inputs(graph: &Graph, shapes: &HashMap<String, Vec<usize>>) -> Res
                     )))
                 }
             };
+            let bytes = kiln_runtime::memory::bytes_of(&dims, t.dtype.size());
+            kiln_runtime::memory::check(&format!("random input `{}` ({}{})", node.name, t.dtype, kiln_ir::Shape::fixed(&dims)), bytes, limit)?;
             Ok(Tensor::random(t.dtype, &dims, 1000 + i as u64))
         })
         .collect()

@@ -22,6 +22,14 @@ pub enum RuntimeError {
 
     #[error("{0}")]
     Io(String),
+
+    /// Something sized by the model or its inputs does not fit in the memory budget.
+    #[error(
+        "{what} needs {}, more than the memory budget of {limit} bytes ({}): the memory available, or --max-memory / LoadOptions::max_memory",
+        bytes.map_or("more than 2^64 bytes".to_string(), |b| format!("{b} bytes ({})", crate::memory::human(b))),
+        crate::memory::human(*limit)
+    )]
+    Memory { what: String, bytes: Option<u64>, limit: u64 },
 }
 
 pub type Result<T, E = RuntimeError> = std::result::Result<T, E>;

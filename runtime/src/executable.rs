@@ -22,6 +22,9 @@ pub struct LoadOptions {
     /// default: the first GPU that builds SPIR-V, else the first such CPU device). The CPU has
     /// only device 0.
     pub device_index: Option<usize>,
+    /// The memory budget in bytes: a program whose constants, scratch arena and outputs need
+    /// more is refused at load, naming its largest tensor. Default: the memory available then.
+    pub max_memory: Option<u64>,
 }
 
 /// Per-kernel timings of one run.
@@ -135,6 +138,7 @@ impl Executable {
     }
 
     fn load_static(artifact: &Artifact, options: &LoadOptions) -> Result<Program> {
+        Executable::check_memory(&artifact.manifest, crate::memory::budget(options.max_memory))?;
         Ok(match artifact.manifest.target {
             Target::Cpu => Program::Cpu(Executable::load_cpu(artifact, options)?),
             Target::Cuda => Program::Cuda(CudaProgram::load(artifact, options.device_index)?),
@@ -169,6 +173,31 @@ impl Executable {
         }
         let arena = Mutex::new(Aligned::new(m.arena_bytes as usize));
         Ok(Cpu { program, constants, constant_offsets: offsets, arena, outputs: Mutex::new(vec![None; m.outputs.len()]) })
+    }
+
+    /// What a static program allocates (its constants, once; its arena, once; its outputs, per
+    /// run) against `limit`, before any of it is: an error naming the largest.
+    fn check_memory(m: &Manifest, limit: u64) -> Result<()> {
+        let mut total: Option<u64> = Some(m.arena_bytes);
+        let mut largest = (m.arena_bytes, "its scratch arena".to_string());
+        for b in &m.buffers {
+            let name = match b.kind {
+                BufferKind::Constant(_) => "a constant".to_string(),
+                BufferKind::Output(i) => match m.outputs.get(i) {
+                    Some(o) => {
+                        let dims: Vec<String> = o.dims.iter().map(usize::to_string).collect();
+                        format!("output `{}` ({}[{}])", o.name, o.dtype, dims.join(","))
+                    }
+                    None => format!("output {i}"),
+                },
+                _ => continue,
+            };
+            total = total.and_then(|t| t.checked_add(b.bytes.div_ceil(64) * 64));
+            if b.bytes > largest.0 {
+                largest = (b.bytes, name);
+            }
+        }
+        crate::memory::check(&format!("`{}` (its constants, scratch arena and outputs; the largest is {})", m.model, largest.1), total, limit)
     }
 
     pub fn inputs(&self) -> &[TensorDesc] {

@@ -225,3 +225,33 @@ fn info_fails_on_a_model_that_does_not_import_and_newer_opsets_need_a_flag() {
     assert_eq!(kiln(&["info", &newer, "--allow-newer-opsets"]), 0, "info with the flag");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn models_and_inputs_larger_than_memory_are_refused_not_aborted() {
+    // Expand to 100000 x 100000 x 100 floats (4 TB): compiles, and the load names the output.
+    let g = kiln_ir::builder::GraphBuilder::new("expand");
+    let x = g.input("x", DType::F32, [1]);
+    g.output("y", x.expand(&[100000, 100000, 100]));
+    let graph = g.build().unwrap();
+    let art = kiln_compiler::compile(&graph, &kiln_compiler::Options { cache: false, ..Default::default() }, false).unwrap().artifact;
+    let load = kiln_runtime::LoadOptions { max_memory: Some(1 << 30), ..Default::default() };
+    let e = kiln_runtime::Executable::load(art.clone(), &load).err().expect("refused").to_string();
+    assert_eq!(
+        e,
+        "`expand` (its constants, scratch arena and outputs; the largest is output `y` (f32[100000,100000,100])) needs 4000000000000 bytes (3.6 TiB), more than the memory budget of 1073741824 bytes (1.0 GiB): the memory available, or --max-memory / LoadOptions::max_memory"
+    );
+    // With the default budget (the memory available), the same error rather than an abort.
+    assert!(kiln_runtime::Executable::load(art, &Default::default()).is_err());
+    // From the command line: an input declared 1000000 x 1000000 and the Expand, each refused
+    // (exit 1) by bench and run, with the default budget and with --max-memory.
+    let dir = std::env::temp_dir().join(format!("kiln-cli-memory-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let huge = dir.join("huge.onnx");
+    std::fs::write(&huge, relu_model(&[Some(1_000_000), Some(1_000_000)])).unwrap();
+    let h = huge.to_str().unwrap();
+    let bench = ["bench", h, "--device", "cpu", "--threads", "1", "--warmup", "0", "--iters", "1", "--quiet"];
+    assert_eq!(kiln(&bench), 1, "bench on a 4 TB input");
+    assert_eq!(kiln(&[&bench[..], &["--max-memory", "1G"]].concat()), 1, "bench on a 4 TB input, 1 GiB budget");
+    assert_eq!(kiln(&[&bench[..], &["--max-memory", "lots"]].concat()), 2, "a budget that is not a size");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

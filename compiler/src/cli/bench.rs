@@ -36,6 +36,10 @@ pub struct Args {
     /// model.
     #[arg(long)]
     tune: bool,
+    /// The memory budget (bytes, or with K, M, G or T) for the random inputs and the model: more
+    /// is refused, naming the tensor. Default: the memory available.
+    #[arg(long, value_parser = super::common::parse_bytes)]
+    max_memory: Option<u64>,
     #[arg(long, short)]
     quiet: bool,
 }
@@ -87,8 +91,14 @@ pub fn run(args: &Args) -> Result<()> {
             })
             .collect::<Result<_>>()?,
     };
+    // Random inputs are sized by the model: checked against the budget before they exist.
+    let mut left = kiln_runtime::memory::budget(args.max_memory);
     for (i, (name, dtype, dims)) in declared.iter().enumerate() {
         if !given.iter().any(|(n, _)| n == name) {
+            let bytes = kiln_runtime::memory::bytes_of(dims, dtype.size());
+            let shape = kiln_ir::Shape::fixed(dims);
+            kiln_runtime::memory::check(&format!("random input `{name}` ({dtype}{shape})"), bytes, left).map_err(CompileError::Runtime)?;
+            left -= bytes.unwrap_or(0);
             given.push((name.clone(), Tensor::random(*dtype, dims, 1000 + i as u64)));
         }
     }
@@ -118,7 +128,8 @@ pub fn run(args: &Args) -> Result<()> {
         }
     }
     let start = Instant::now();
-    let (exe, ordered) = super::run::executable(model, &given, args.threads, args.device, args.quiet || args.json)?;
+    let load = kiln_runtime::LoadOptions { threads: args.threads, max_memory: args.max_memory, ..Default::default() };
+    let (exe, ordered) = super::run::executable(model, &given, &load, args.device, args.quiet || args.json)?;
     let compile_ms = start.elapsed().as_secs_f64() * 1e3;
     for _ in 0..args.warmup {
         exe.run(&ordered)?;

@@ -29,6 +29,10 @@ pub struct Args {
     /// Report each kernel's time and the bytes copied between host and device.
     #[arg(long)]
     profile: bool,
+    /// The memory budget (bytes, or with K, M, G or T): a model needing more is refused, naming
+    /// its largest tensor. Default: the memory available.
+    #[arg(long, value_parser = super::common::parse_bytes)]
+    max_memory: Option<u64>,
     #[arg(long, short)]
     quiet: bool,
 }
@@ -37,7 +41,7 @@ pub struct Args {
 pub fn executable(
     model: Model,
     inputs: &[(String, Tensor)],
-    threads: Option<usize>,
+    load: &LoadOptions,
     device: DeviceArg,
     quiet: bool,
 ) -> Result<(Executable, Vec<Tensor>)> {
@@ -53,7 +57,7 @@ pub fn executable(
                     pick_device(device, true)?.name()
                 )));
             }
-            Ok((Executable::load(a, &LoadOptions { threads, ..Default::default() })?, ordered))
+            Ok((Executable::load(a, load)?, ordered))
         }
         Model::Graph(g) => {
             let ordered = order_inputs(&graph_inputs(&g), inputs.to_vec())?;
@@ -66,7 +70,7 @@ pub fn executable(
             if !quiet {
                 print_timings(if compiled.from_cache { "compile (from the cache)" } else { "compile" }, &compiled.timings);
             }
-            let exe = Executable::load(compiled.artifact, &LoadOptions { threads, ..Default::default() })?;
+            let exe = Executable::load(compiled.artifact, load)?;
             let remaining = exe
                 .inputs()
                 .iter()
@@ -80,7 +84,8 @@ pub fn executable(
 pub fn run(args: &Args) -> Result<()> {
     let model = load_model(&args.model)?;
     let inputs = read_inputs(&args.inputs)?;
-    let (exe, ordered) = executable(model, &inputs, args.threads, args.device, args.quiet)?;
+    let load = LoadOptions { threads: args.threads, max_memory: args.max_memory, ..Default::default() };
+    let (exe, ordered) = executable(model, &inputs, &load, args.device, args.quiet)?;
     let mut profile = Profile::default();
     let start = Instant::now();
     let outputs = exe.run_profiled(&ordered, args.profile.then_some(&mut profile))?;

@@ -1,0 +1,66 @@
+//! The memory budget: what a model or its inputs size is checked against the budget before it
+//! is allocated, so that too large a model is an error that names the tensor, not an abort in
+//! the allocator. The budget is the memory available when it is asked for (`MemAvailable`), or
+//! what the caller sets (`LoadOptions::max_memory`, `--max-memory`).
+
+use crate::{Result, RuntimeError};
+
+/// Bytes of memory available now (Linux's `MemAvailable`); `None` where that cannot be read.
+pub fn available() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib.saturating_mul(1024))
+}
+
+/// The budget in force: `max`, else the memory available now (unbounded if unknown).
+pub fn budget(max: Option<u64>) -> u64 {
+    max.or_else(available).unwrap_or(u64::MAX)
+}
+
+/// The bytes of `count` elements of `size` bytes, or `None` when that does not fit in a u64.
+pub fn bytes_of(dims: &[usize], size: usize) -> Option<u64> {
+    dims.iter().try_fold(size as u64, |acc, &d| acc.checked_mul(d as u64))
+}
+
+/// An error unless `bytes` (of `what`, `None` when it overflows) fits in `limit`.
+pub fn check(what: &str, bytes: Option<u64>, limit: u64) -> Result<()> {
+    match bytes {
+        Some(b) if b <= limit => Ok(()),
+        _ => Err(RuntimeError::Memory { what: what.to_string(), bytes, limit }),
+    }
+}
+
+/// `n` bytes for people: `7.3 TiB`.
+pub fn human(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let (mut v, mut u) = (n as f64, 0);
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_that_overflow_or_exceed_the_budget_are_errors() {
+        assert_eq!(bytes_of(&[1_000_000, 1_000_000], 4), Some(4_000_000_000_000));
+        assert_eq!(bytes_of(&[usize::MAX, 2], 4), None);
+        assert!(check("x", Some(10), 10).is_ok());
+        let e = check("input `x` (f32[1000000,1000000])", bytes_of(&[1_000_000, 1_000_000], 4), 1 << 30).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "input `x` (f32[1000000,1000000]) needs 4000000000000 bytes (3.6 TiB), more than the memory budget of 1073741824 bytes (1.0 GiB): the memory available, or --max-memory / LoadOptions::max_memory"
+        );
+        let e = check("output `y`", None, 1 << 30).unwrap_err();
+        assert!(e.to_string().starts_with("output `y` needs more than 2^64 bytes"), "{e}");
+    }
+}
