@@ -6,7 +6,7 @@ CARGO ?= cargo
 
 SUITES := node pytorch-converted pytorch-operator simple
 
-.PHONY: setup demo test check-runtime-deps conformance ratchet ops-doc examples bench bench-ops
+.PHONY: setup demo test check-runtime-deps conformance ratchet ops-doc examples bench bench-ops fuzz fuzz-smoke
 
 setup:
 	@./scripts/setup.sh
@@ -22,6 +22,7 @@ test: setup check-runtime-deps
 	eval "$$(./scripts/setup-opencl.sh)" && $(CARGO) test --workspace
 	$(MAKE) --no-print-directory examples
 	$(MAKE) --no-print-directory conformance
+	$(MAKE) --no-print-directory fuzz-smoke
 
 # The JIT example traces, compiles and checks an MLP and saves its artifact; the runtime-only
 # example (no MLIR/LLVM in its build) loads and runs that artifact.
@@ -63,3 +64,13 @@ bench: setup
 # measured fp32 peak. THREADS, ROUNDS, ITERS, ONLY=REGEX: see scripts/bench-ops.sh.
 bench-ops: setup
 	@./scripts/bench-ops.sh
+
+# The fuzz targets (fuzz/: the ONNX importer, the text form, .npy, artifacts; cargo-fuzz on the
+# stable toolchain) for FUZZ_SECONDS each; the corpus grows in ~/.cache/kiln/fuzz-corpus. A crash
+# is kept under fuzz/artifacts/ and fails the target. `make test` runs a 10-second smoke of each.
+FUZZ_SECONDS ?= 300
+fuzz:
+	@./scripts/fuzz.sh $(FUZZ_SECONDS)
+
+fuzz-smoke:
+	@./scripts/fuzz.sh 10

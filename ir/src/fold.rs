@@ -25,6 +25,8 @@ pub fn fold(graph: &Graph, op: &Op, operands: &[Option<ValueId>], num_outputs: u
         }
         _ => {}
     }
+    // What the graph would refuse is not folded either (the refusal names the node then).
+    crate::graph::check_arity(op, operands).ok()?;
     // Every present operand must be a constant.
     let values: Vec<Option<&Tensor>> = operands
         .iter()

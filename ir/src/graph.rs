@@ -128,18 +128,7 @@ impl Graph {
 
     fn infer_node(&self, name: &str, op: &Op, operands: &[Option<ValueId>], num_outputs: usize) -> Result<Vec<TensorType>> {
         let shape_err = |msg: String| IrError::Shape { node: name.to_string(), op: op.name(), msg };
-        let (min, max) = op.arity();
-        let present = operands.iter().filter(|o| o.is_some()).count();
-        if operands.len() > max || operands.len() < min || operands.iter().take(min).any(|o| o.is_none()) {
-            let want = if min == max {
-                format!("{min}")
-            } else if max == usize::MAX {
-                format!("at least {min}")
-            } else {
-                format!("{min} to {max}")
-            };
-            return Err(shape_err(format!("takes {want} operands, got {present} (of {} slots)", operands.len())));
-        }
+        check_arity(op, operands).map_err(shape_err)?;
         for v in operands.iter().flatten() {
             self.check_value(*v).map_err(|e| shape_err(e.to_string()))?;
         }
@@ -462,4 +451,22 @@ fn type_matches(declared: &TensorType, inferred: &TensorType) -> bool {
             (Some(_), None) => true,
             (None, Some(_)) => false,
         })
+}
+
+/// Whether `operands` (present or omitted, by position) fit `op`'s arity: at most its maximum
+/// slots, and every required one present.
+pub(crate) fn check_arity(op: &Op, operands: &[Option<ValueId>]) -> std::result::Result<(), String> {
+    let (min, max) = op.arity();
+    if operands.len() > max || operands.len() < min || operands.iter().take(min).any(|o| o.is_none()) {
+        let want = if min == max {
+            format!("{min}")
+        } else if max == usize::MAX {
+            format!("at least {min}")
+        } else {
+            format!("{min} to {max}")
+        };
+        let present = operands.iter().filter(|o| o.is_some()).count();
+        return Err(format!("takes {want} operands, got {present} (of {} slots)", operands.len()));
+    }
+    Ok(())
 }

@@ -287,7 +287,9 @@ pub(super) fn convert(im: &mut GraphImporter, node: &NodeProto, op_type: &str) -
         "Conv" | "ConvTranspose" => {
             if let Some(k) = ints_attr(&mut a, "kernel_shape")? {
                 let w = im.operand(node, 1).ok_or_else(|| err("operand 1 (the weight) is missing"))?;
-                let wd = im.ty(w).shape.dims()[2..].to_vec();
+                let Some(wd) = im.ty(w).shape.dims().get(2..).map(<[_]>::to_vec) else {
+                    return Err(err(format!("the weight {} has no spatial axes for kernel_shape {k:?}", im.ty(w))));
+                };
                 let agrees = k.len() == wd.len() && k.iter().zip(&wd).all(|(&k, d)| d.fixed().is_none_or(|n| n as i64 == k));
                 if !agrees {
                     return Err(err(format!("kernel_shape {k:?} does not match the weight {}", im.ty(w))));

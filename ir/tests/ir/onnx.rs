@@ -257,6 +257,30 @@ fn opsets_newer_than_kiln_knows_are_refused_unless_allowed() {
     assert_close(&eval::run(&allowed.graph, &[f32s(&[2], &[-1., 2.])]).unwrap()[0], &[2], &[0., 2.], 0.0);
 }
 
+/// Found by the op_eval fuzz target: inputs that panicked the importer.
+#[test]
+fn fuzzed_nodes_with_missing_operands_or_odd_weights_are_errors() {
+    let x = || vec![value("x", data_type::FLOAT, &[2, 3])];
+    let y = || vec![value("y", data_type::FLOAT, &[2, 3])];
+    let i64s = |name: &str, v: &[i64]| TensorProto {
+        name: Some(name.into()),
+        dims: vec![v.len() as i64],
+        data_type: Some(data_type::INT64),
+        int64_data: v.to_vec(),
+        ..Default::default()
+    };
+    let c = || vec![f32_init("c", &[2, 3], &[1., 2., 3., 4., 5., 6.]), i64s("starts", &[0])];
+    // A Slice of a constant with its ends (or everything but the data) missing was folded by
+    // the importer, which evaluated it without checking its operands.
+    let no_ends = model(13, vec![node("Slice", "s", &["c", "starts"], &["y"], vec![])], vec![], y(), c());
+    assert_eq!(load(&no_ends).unwrap_err().to_string(), "node `s` (Slice): takes 3 to 5 operands, got 2 (of 2 slots)");
+    let data_only = model(13, vec![node("Slice", "s", &["c"], &["y"], vec![])], vec![], y(), c());
+    assert_eq!(load(&data_only).unwrap_err().to_string(), "node `s` (Slice): takes 3 to 5 operands, got 1 (of 1 slots)");
+    // A Conv whose weight has no spatial axes, with kernel_shape given.
+    let conv = model(13, vec![node("Conv", "conv", &["x", "w"], &["y"], vec![ints("kernel_shape", &[3])])], x(), y(), vec![f32_init("w", &[3], &[1., 1., 1.])]);
+    assert_eq!(load(&conv).unwrap_err().to_string(), "node `conv` (Conv): the weight f32[3] has no spatial axes for kernel_shape [3]");
+}
+
 #[test]
 fn shape_errors_name_the_onnx_node() {
     let bytes = model(
