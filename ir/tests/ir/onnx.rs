@@ -277,7 +277,13 @@ fn fuzzed_nodes_with_missing_operands_or_odd_weights_are_errors() {
     let data_only = model(13, vec![node("Slice", "s", &["c"], &["y"], vec![])], vec![], y(), c());
     assert_eq!(load(&data_only).unwrap_err().to_string(), "node `s` (Slice): takes 3 to 5 operands, got 1 (of 1 slots)");
     // A Conv whose weight has no spatial axes, with kernel_shape given.
-    let conv = model(13, vec![node("Conv", "conv", &["x", "w"], &["y"], vec![ints("kernel_shape", &[3])])], x(), y(), vec![f32_init("w", &[3], &[1., 1., 1.])]);
+    let conv = model(
+        13,
+        vec![node("Conv", "conv", &["x", "w"], &["y"], vec![ints("kernel_shape", &[3])])],
+        x(),
+        y(),
+        vec![f32_init("w", &[3], &[1., 1., 1.])],
+    );
     assert_eq!(load(&conv).unwrap_err().to_string(), "node `conv` (Conv): the weight f32[3] has no spatial axes for kernel_shape [3]");
 }
 
