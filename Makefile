@@ -6,7 +6,7 @@ CARGO ?= cargo
 
 SUITES := node pytorch-converted pytorch-operator simple
 
-.PHONY: setup demo test check-runtime-deps conformance ratchet ops-doc examples bench bench-ops fuzz fuzz-smoke
+.PHONY: setup demo test check-runtime-deps conformance ratchet ops-doc examples bench bench-ops fuzz fuzz-smoke soak
 
 setup:
 	@./scripts/setup.sh
@@ -30,6 +30,14 @@ examples:
 	@mkdir -p target/examples
 	$(CARGO) run -q -p kiln-compiler --example jit_mlp -- --save target/examples/mlp.kiln
 	$(CARGO) run -q -p kiln-runtime --example run_artifact -- target/examples/mlp.kiln
+	$(MAKE) --no-print-directory soak SOAK_RUNS=10000
+
+# Runs the example MLP's artifact SOAK_RUNS times and fails if resident memory grows (after a
+# warm-up) by more than 1 MiB.
+SOAK_RUNS ?= 100000
+soak:
+	@mkdir -p target/examples; test -f target/examples/mlp.kiln || $(CARGO) run -q -p kiln-compiler --example jit_mlp -- --save target/examples/mlp.kiln
+	$(CARGO) run -q -p kiln-runtime --example soak -- target/examples/mlp.kiln $(SOAK_RUNS)
 
 # The ONNX backend tests, on the reference interpreter, compiled for the CPU and compiled to SPIR-V
 # for OpenCL (Intel's CPU runtime here): every test listed in tests/conformance/<device>.txt must

@@ -147,6 +147,23 @@ proptest! {
         let graph = random_graph(&dims, &steps);
         check_against_eval(&graph, &[Tensor::random(DType::F32, &dims, 7)], threads, 1e-4);
     }
+
+    /// Determinism: the same bytes at 1, 2 and 3 threads.
+    #[test]
+    fn random_graphs_give_the_same_bytes_at_any_thread_count(
+        dims in prop::collection::vec(1usize..5, 1..4),
+        steps in prop::collection::vec(step(), 1..10),
+    ) {
+        let graph = random_graph(&dims, &steps);
+        let x = [Tensor::random(DType::F32, &dims, 11)];
+        let art = kiln_compiler::compile(&graph, &kiln_compiler::Options::default(), false).unwrap().artifact;
+        let run = |threads: usize| -> Vec<Vec<u8>> {
+            let exe = kiln_runtime::Executable::load(art.clone(), &kiln_runtime::LoadOptions { threads: Some(threads), ..Default::default() }).unwrap();
+            exe.run(&x).unwrap().iter().map(|t| t.bytes().to_vec()).collect()
+        };
+        let one = run(1);
+        prop_assert!(run(2) == one && run(3) == one, "different bytes at 2 or 3 threads");
+    }
 }
 
 /// Larger tensors, so kernels split into several workgroups run on several threads.

@@ -8,6 +8,7 @@ mod codegen_scan;
 mod compile;
 mod control;
 mod decompose;
+mod determinism;
 mod differential;
 mod gpu;
 mod microkernel;
