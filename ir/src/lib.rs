@@ -39,6 +39,7 @@ pub mod builder;
 pub mod eval;
 pub mod fold;
 pub mod infer;
+pub mod memory;
 pub mod models;
 pub mod npy;
 #[cfg(feature = "onnx")]

@@ -5,22 +5,11 @@
 
 use crate::{Result, RuntimeError};
 
-/// Bytes of memory available now (Linux's `MemAvailable`); `None` where that cannot be read.
-pub fn available() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib.saturating_mul(1024))
-}
+pub use kiln_ir::memory::{available, bytes_of, human};
 
 /// The budget in force: `max`, else the memory available now (unbounded if unknown).
 pub fn budget(max: Option<u64>) -> u64 {
     max.or_else(available).unwrap_or(u64::MAX)
-}
-
-/// The bytes of `count` elements of `size` bytes, or `None` when that does not fit in a u64.
-pub fn bytes_of(dims: &[usize], size: usize) -> Option<u64> {
-    dims.iter().try_fold(size as u64, |acc, &d| acc.checked_mul(d as u64))
 }
 
 /// An error unless `bytes` (of `what`, `None` when it overflows) fits in `limit`.
@@ -28,21 +17,6 @@ pub fn check(what: &str, bytes: Option<u64>, limit: u64) -> Result<()> {
     match bytes {
         Some(b) if b <= limit => Ok(()),
         _ => Err(RuntimeError::Memory { what: what.to_string(), bytes, limit }),
-    }
-}
-
-/// `n` bytes for people: `7.3 TiB`.
-pub fn human(n: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let (mut v, mut u) = (n as f64, 0);
-    while v >= 1024.0 && u < UNITS.len() - 1 {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{n} B")
-    } else {
-        format!("{v:.1} {}", UNITS[u])
     }
 }
 

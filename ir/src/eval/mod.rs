@@ -145,6 +145,20 @@ pub fn eval_op(op: &Op, operands: &[Option<&Tensor>], num_outputs: usize) -> Res
         .iter()
         .map(|t| t.shape.as_fixed().ok_or_else(|| format!("result shape {t} is not known from the operands")))
         .collect::<Result<_, String>>()?;
+    // Each result is checked against the memory available before the op allocates it.
+    let limit = crate::memory::available_at_start();
+    for (t, dims) in out_types.iter().zip(&out_dims).take(num_outputs.max(1)) {
+        match crate::memory::bytes_of(dims, t.dtype.size()) {
+            Some(b) if b <= limit => {}
+            b => {
+                let need = b.map_or("more than 2^64 bytes".to_string(), |b| format!("{b} bytes ({})", crate::memory::human(b)));
+                return Err(format!(
+                    "the result {t} needs {need}, more than the {limit} bytes ({}) of memory available",
+                    crate::memory::human(limit)
+                ));
+            }
+        }
+    }
     let x = || operands[0].expect("inference checked operand 0");
     let mut results = match op {
         Op::Input | Op::Constant(_) => unreachable!("handled above"),

@@ -126,3 +126,17 @@ fn elided_weights_do_not_parse_back() {
     let e = text::parse(&g.to_string()).unwrap_err();
     assert!(e.to_string().contains("data is elided; only text printed with full weights parses back"), "{e}");
 }
+
+#[test]
+fn the_interpreter_refuses_a_result_larger_than_memory() {
+    // Expand to 100000 x 100000 x 100 floats: 4 TB, refused before it is allocated.
+    let g = GraphBuilder::new("expand");
+    let x = g.input("x", DType::F32, [1]);
+    g.output("y", x.expand(&[100000, 100000, 100]).named("big"));
+    let graph = g.build().unwrap();
+    let e = eval::run(&graph, &[Tensor::zeros(DType::F32, &[1])]).unwrap_err().to_string();
+    assert!(
+        e.starts_with("evaluating node `big` (Expand): the result f32[100000,100000,100] needs 4000000000000 bytes (3.6 TiB), more than the "),
+        "{e}"
+    );
+}

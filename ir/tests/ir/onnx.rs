@@ -257,6 +257,26 @@ fn opsets_newer_than_kiln_knows_are_refused_unless_allowed() {
     assert_close(&eval::run(&allowed.graph, &[f32s(&[2], &[-1., 2.])]).unwrap()[0], &[2], &[0., 2.], 0.0);
 }
 
+#[test]
+fn inspect_describes_a_model_that_does_not_import_and_says_why() {
+    let dir = std::env::temp_dir().join(format!("kiln-inspect-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("dangling.onnx");
+    let bytes = model(
+        17,
+        vec![node("Relu", "r", &["nowhere"], &["y"], vec![])],
+        vec![value("x", data_type::FLOAT, &[2])],
+        vec![value("y", data_type::FLOAT, &[2])],
+        vec![],
+    );
+    std::fs::write(&path, bytes).unwrap();
+    let s = onnx::inspect(&path).unwrap();
+    assert_eq!((s.nodes, s.inputs.len()), (1, 1));
+    let want = format!("{}: node `r` (Relu): input 0 `nowhere` is not defined by any node, initializer or graph input", path.display());
+    assert_eq!(s.import_error, Some(want));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// Found by the op_eval fuzz target: inputs that panicked the importer.
 #[test]
 fn fuzzed_nodes_with_missing_operands_or_odd_weights_are_errors() {
