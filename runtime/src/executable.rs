@@ -110,6 +110,8 @@ impl Executable {
     pub fn load(artifact: Artifact, options: &LoadOptions) -> Result<Executable> {
         // Hand-built artifacts have not been through `from_bytes`.
         artifact.validate().map_err(|msg| RuntimeError::Artifact { path: artifact.manifest.model.clone(), msg })?;
+        // Everything every program will hold, against the budget, before anything is allocated.
+        Executable::check_memory(&artifact.manifest, crate::memory::budget(options.max_memory))?;
         if artifact.manifest.batch.is_none() && artifact.manifest.control.is_none() && artifact.manifest.padded.is_none() {
             let program = Executable::load_static(&artifact, options)?;
             return Ok(Executable { manifest: artifact.manifest, program });
@@ -138,7 +140,6 @@ impl Executable {
     }
 
     fn load_static(artifact: &Artifact, options: &LoadOptions) -> Result<Program> {
-        Executable::check_memory(&artifact.manifest, crate::memory::budget(options.max_memory))?;
         Ok(match artifact.manifest.target {
             Target::Cpu => Program::Cpu(Executable::load_cpu(artifact, options)?),
             Target::Cuda => Program::Cuda(CudaProgram::load(artifact, options.device_index)?),
@@ -175,11 +176,41 @@ impl Executable {
         Ok(Cpu { program, constants, constant_offsets: offsets, arena, outputs: Mutex::new(vec![None; m.outputs.len()]) })
     }
 
-    /// What a static program allocates (its constants, once; its arena, once; its outputs, per
-    /// run) against `limit`, before any of it is: an error naming the largest.
+    /// What an artifact's programs allocate (each its constants, once; its arena, once; its
+    /// outputs, per run), all of them together, against `limit`, before any of it is: an error
+    /// naming the largest.
     fn check_memory(m: &Manifest, limit: u64) -> Result<()> {
-        let mut total: Option<u64> = Some(m.arena_bytes);
-        let mut largest = (m.arena_bytes, "its scratch arena".to_string());
+        let (mut total, mut largest) = (Some(0u64), (0u64, String::new()));
+        Executable::add_needs(m, &mut total, &mut largest);
+        if total.is_some_and(|t| t <= limit) {
+            return Ok(());
+        }
+        crate::memory::check(&format!("`{}` (its constants, scratch arena and outputs; the largest is {})", m.model, largest.1), total, limit)
+    }
+
+    /// The bytes loading `m` allocates and a run holds: every program's constants, scratch
+    /// arena and outputs (`None` when that overflows a u64). `LoadOptions::max_memory` bounds it.
+    pub fn memory_needed(m: &Manifest) -> Option<u64> {
+        let (mut total, mut largest) = (Some(0u64), (0u64, String::new()));
+        Executable::add_needs(m, &mut total, &mut largest);
+        total
+    }
+
+    fn add_needs(m: &Manifest, total: &mut Option<u64>, largest: &mut (u64, String)) {
+        let nested: Vec<&Manifest> = m
+            .batch
+            .iter()
+            .flat_map(|b| b.programs.iter().map(|p| &p.manifest))
+            .chain(m.control.iter().flat_map(|c| &c.programs))
+            .chain(m.padded.iter().map(|p| &*p.program))
+            .collect();
+        for n in nested {
+            Executable::add_needs(n, total, largest);
+        }
+        *total = total.and_then(|t| t.checked_add(m.arena_bytes));
+        if m.arena_bytes > largest.0 {
+            *largest = (m.arena_bytes, "a scratch arena".to_string());
+        }
         for b in &m.buffers {
             let name = match b.kind {
                 BufferKind::Constant(_) => "a constant".to_string(),
@@ -192,12 +223,11 @@ impl Executable {
                 },
                 _ => continue,
             };
-            total = total.and_then(|t| t.checked_add(b.bytes.div_ceil(64) * 64));
+            *total = total.and_then(|t| t.checked_add(b.bytes.div_ceil(64) * 64));
             if b.bytes > largest.0 {
-                largest = (b.bytes, name);
+                *largest = (b.bytes, name);
             }
         }
-        crate::memory::check(&format!("`{}` (its constants, scratch arena and outputs; the largest is {})", m.model, largest.1), total, limit)
     }
 
     pub fn inputs(&self) -> &[TensorDesc] {

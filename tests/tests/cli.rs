@@ -242,6 +242,20 @@ fn models_and_inputs_larger_than_memory_are_refused_not_aborted() {
     );
     // With the default budget (the memory available), the same error rather than an abort.
     assert!(kiln_runtime::Executable::load(art, &Default::default()).is_err());
+    // An artifact of several programs (a symbolic batch: 8, 4, 2 and 1) needs them all.
+    let g = kiln_ir::builder::GraphBuilder::new("mlp");
+    let x = g.input("x", DType::F32, vec![kiln_ir::Dim::sym("N"), 64.into()]);
+    g.output("y", x.matmul(g.constant("w", Tensor::random(DType::F32, &[64, 512], 1))).relu());
+    let batched =
+        kiln_compiler::compile(&g.build().unwrap(), &kiln_compiler::Options { cache: false, ..Default::default() }, false).unwrap().artifact;
+    let programs = &batched.manifest.batch.as_ref().unwrap().programs;
+    let whole = kiln_runtime::Executable::memory_needed(&batched.manifest).unwrap();
+    let largest = programs.iter().map(|p| kiln_runtime::Executable::memory_needed(&p.manifest).unwrap()).max().unwrap();
+    assert!(whole > largest, "{whole} > {largest}");
+    for (max, fits) in [(whole, true), (whole - 1, false)] {
+        let r = kiln_runtime::Executable::load(batched.clone(), &kiln_runtime::LoadOptions { max_memory: Some(max), ..Default::default() });
+        assert_eq!(r.is_ok(), fits, "a budget of {max} bytes for {whole}");
+    }
     // From the command line: an input declared 1000000 x 1000000 and the Expand, each refused
     // (exit 1) by bench and run, with the default budget and with --max-memory.
     let dir = std::env::temp_dir().join(format!("kiln-cli-memory-{}", std::process::id()));

@@ -67,6 +67,9 @@ pub fn load_model(path: &Path) -> Result<Model> {
 
 /// Reads an input tensor: `.npy`, or an ONNX TensorProto (`.pb`).
 pub fn read_tensor(path: &Path) -> Result<Tensor> {
+    // The file is read whole and decoded into a tensor of about its size: twice it must fit.
+    let size = std::fs::metadata(path).map_err(|e| file_err(path, e.to_string()))?.len();
+    kiln_runtime::memory::check(&format!("reading the input file {}", path.display()), size.checked_mul(2), kiln_runtime::memory::budget(None))?;
     let bytes = std::fs::read(path).map_err(|e| file_err(path, e.to_string()))?;
     if bytes.starts_with(b"\x93NUMPY") {
         return kiln_ir::npy::decode(&bytes).map_err(|e| file_err(path, e));
