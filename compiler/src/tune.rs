@@ -182,10 +182,19 @@ pub fn tune(graph: &Graph, options: &Options, threads: Option<usize>, inputs: &[
     Ok(Report { kernels, choices, untuned, tuned, kept })
 }
 
-/// Random inputs of `graph`'s declared types (symbolic sizes from `shapes`).
+/// A seeded random tensor for input `name`, made only if it fits in what is `left` of the memory
+/// budget (which it then takes): else an error naming the input, its type, the bytes and the limit.
+pub fn random_input(name: &str, dtype: kiln_ir::DType, dims: &[usize], seed: u64, left: &mut u64) -> Result<Tensor> {
+    let bytes = kiln_runtime::memory::bytes_of(dims, dtype.size());
+    kiln_runtime::memory::check(&format!("random input `{name}` ({dtype}{})", kiln_ir::Shape::fixed(dims)), bytes, *left)?;
+    *left -= bytes.unwrap_or(0);
+    Ok(Tensor::random(dtype, dims, seed))
+}
+
+/// Random inputs of `graph`'s declared types (symbolic sizes from `shapes`), within the memory
+/// available.
 pub fn random_inputs(graph: &Graph, shapes: &HashMap<String, Vec<usize>>) -> Result<Vec<Tensor>> {
-    // Each checked against the memory available before it is made.
-    let limit = kiln_runtime::memory::budget(None);
+    let mut left = kiln_runtime::memory::budget(None);
     graph
         .inputs()
         .iter()
@@ -203,9 +212,7 @@ pub fn random_inputs(graph: &Graph, shapes: &HashMap<String, Vec<usize>>) -> Res
                     )))
                 }
             };
-            let bytes = kiln_runtime::memory::bytes_of(&dims, t.dtype.size());
-            kiln_runtime::memory::check(&format!("random input `{}` ({}{})", node.name, t.dtype, kiln_ir::Shape::fixed(&dims)), bytes, limit)?;
-            Ok(Tensor::random(t.dtype, &dims, 1000 + i as u64))
+            random_input(&node.name, t.dtype, &dims, 1000 + i as u64, &mut left)
         })
         .collect()
 }

@@ -267,5 +267,11 @@ fn models_and_inputs_larger_than_memory_are_refused_not_aborted() {
     assert_eq!(kiln(&bench), 1, "bench on a 4 TB input");
     assert_eq!(kiln(&[&bench[..], &["--max-memory", "1G"]].concat()), 1, "bench on a 4 TB input, 1 GiB budget");
     assert_eq!(kiln(&[&bench[..], &["--max-memory", "lots"]].concat()), 2, "a budget that is not a size");
+    // What bench says for it, at a budget of 1 GiB.
+    let e = kiln_compiler::tune::random_input("x", DType::F32, &[1_000_000, 1_000_000], 1, &mut (1 << 30)).err().unwrap().to_string();
+    assert_eq!(
+        e,
+        "random input `x` (f32[1000000,1000000]) needs 4000000000000 bytes (3.6 TiB), more than the memory budget of 1073741824 bytes (1.0 GiB): the memory available, or --max-memory / LoadOptions::max_memory"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }

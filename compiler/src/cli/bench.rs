@@ -3,7 +3,6 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use kiln_ir::Tensor;
 
 use super::common::{graph_input_types, graph_inputs, load_model, ms, order_inputs, parse_shapes, read_inputs, DeviceArg, Model};
 use crate::{CompileError, Result};
@@ -95,11 +94,7 @@ pub fn run(args: &Args) -> Result<()> {
     let mut left = kiln_runtime::memory::budget(args.max_memory);
     for (i, (name, dtype, dims)) in declared.iter().enumerate() {
         if !given.iter().any(|(n, _)| n == name) {
-            let bytes = kiln_runtime::memory::bytes_of(dims, dtype.size());
-            let shape = kiln_ir::Shape::fixed(dims);
-            kiln_runtime::memory::check(&format!("random input `{name}` ({dtype}{shape})"), bytes, left).map_err(CompileError::Runtime)?;
-            left -= bytes.unwrap_or(0);
-            given.push((name.clone(), Tensor::random(*dtype, dims, 1000 + i as u64)));
+            given.push((name.clone(), crate::tune::random_input(name, *dtype, dims, 1000 + i as u64, &mut left)?));
         }
     }
     if args.tune {
