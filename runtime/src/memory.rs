@@ -20,6 +20,21 @@ pub fn check(what: &str, bytes: Option<u64>, limit: u64) -> Result<()> {
     }
 }
 
+/// The device memory a static GPU program holds at once: every buffer of its own (inputs,
+/// outputs, constants) and its arena; views share their buffer's.
+pub fn device_bytes(m: &crate::artifact::Manifest) -> Option<u64> {
+    use crate::artifact::BufferKind;
+    m.buffers
+        .iter()
+        .filter(|b| !matches!(b.kind, BufferKind::Alias { .. } | BufferKind::Scratch { .. }))
+        .try_fold(m.arena_bytes, |acc, b| acc.checked_add(b.bytes))
+}
+
+/// An error unless the program fits in the device's `total` memory, named by `device`.
+pub fn check_device(m: &crate::artifact::Manifest, device: &str, total: u64) -> Result<()> {
+    check(&format!("`{}` on {device} (its buffers in device memory)", m.model), device_bytes(m), total)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

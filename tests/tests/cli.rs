@@ -275,3 +275,21 @@ fn models_and_inputs_larger_than_memory_are_refused_not_aborted() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn a_model_larger_than_the_opencl_device_is_refused_at_load() {
+    if !kiln_runtime::list_devices().iter().any(|d| d.target == kiln_runtime::Target::Opencl && d.usable) {
+        eprintln!("SKIPPED: no OpenCL device (run `eval \"$(scripts/setup-opencl.sh)\"`); the device-memory check was not exercised");
+        return;
+    }
+    // A relu over 8 * 10^9 floats: 32 GB in and 32 GB out, more than the device's memory.
+    let g = kiln_ir::builder::GraphBuilder::new("wide");
+    let x = g.input("x", DType::F32, [80000, 100000]);
+    g.output("y", x.relu());
+    let options = kiln_compiler::Options { cache: false, target: kiln_compiler::TargetKind::Opencl, ..Default::default() };
+    let art = kiln_compiler::compile(&g.build().unwrap(), &options, false).unwrap().artifact;
+    // No host budget: the device's own memory refuses it.
+    let load = kiln_runtime::LoadOptions { max_memory: Some(u64::MAX), ..Default::default() };
+    let e = kiln_runtime::Executable::load(art, &load).err().expect("refused").to_string();
+    assert!(e.starts_with("`wide` on ") && e.contains("(its buffers in device memory) needs 64000000000 bytes (59.6 GiB)"), "{e}");
+}

@@ -3,7 +3,6 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-
 use super::common::{graph_input_types, graph_inputs, load_model, ms, order_inputs, parse_shapes, read_inputs, DeviceArg, Model};
 use crate::{CompileError, Result};
 

@@ -268,6 +268,11 @@ impl CudaProgram {
             .ok_or_else(|| err(format!("there is no CUDA device {index}: this machine has {} (cuda:0..cuda:{})", gpus.len(), gpus.len() - 1)))?;
         let ctx = CudaContext::new(index).map_err(driver("creating a context"))?;
         let description = format!("cuda:{index} {} ({})", gpu.name, gpu.sm());
+        // Device memory free now, before anything is allocated there (a failed allocation later
+        // is the driver's error, reported with the buffer's size).
+        if let Ok((free, _)) = result::mem_get_info() {
+            crate::memory::check_device(m, &description, free as u64)?;
+        }
 
         // The module, loaded once, with the JIT's log in the error when the driver rejects it.
         let code = artifact.blob(m.code)?;

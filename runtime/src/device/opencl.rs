@@ -200,6 +200,11 @@ impl OpenclProgram {
         let info = choose(index)?;
         let description = info.describe();
         let device = Device::new(info.id);
+        // Device memory, before anything is allocated there (a failed allocation later is the
+        // driver's error, reported with the buffer's size).
+        if let Ok(total) = device.global_mem_size() {
+            crate::memory::check_device(m, &description, total)?;
+        }
         let context = Context::from_device(&device).map_err(cl("creating a context"))?;
         let out_of_order = device.queue_on_host_properties().unwrap_or(0) & CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE != 0
             && std::env::var_os("KILN_OPENCL_IN_ORDER").is_none();
