@@ -78,6 +78,10 @@ pub fn plan(graph: &Graph, symbol: &str, probe: &HashMap<String, Vec<usize>>) ->
     }
     let mut g = graph.clone();
     crate::passes::specialize::specialize(&mut g, probe).map_err(|e| e.to_string())?;
+    // The rules below read static sizes; a size computed at run time is not followed.
+    if crate::passes::specialize::has_dynamic_shapes(&g) {
+        return Err("some sizes depend on values computed at run time".into());
+    }
     let mut padded: HashMap<ValueId, Padded> = HashMap::new();
     for &(i, axis) in &inputs {
         padded.insert(g.inputs()[i].into(), Padded { axis, extra: 0, zeroed: true });
@@ -247,7 +251,7 @@ pub fn apply(graph: &Graph, plan: &PadPlan, shapes: &HashMap<String, Vec<usize>>
         let operands = g.operands(id);
         let first = operands[0].ok_or_else(|| bug(format!("`{name}` lost its operand")))?;
         let total = node.outputs[0].shape.as_fixed().ok_or_else(|| bug(format!("`{name}` is not static")))?[axis];
-        let padded_size = g.value_type(first).shape.as_fixed().unwrap_or_default()[axis];
+        let padded_size = g.value_type(first).shape.as_fixed().ok_or_else(|| bug(format!("`{name}`'s operand is not static")))?[axis];
         let rank = node.outputs[0].rank();
         let appended: Vec<ValueId> = operands[1..].iter().flatten().copied().collect();
         let ordered = match appended.as_slice() {

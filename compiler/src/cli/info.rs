@@ -33,7 +33,7 @@ pub fn run(args: &Args) -> Result<()> {
     hist.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
     let hist: Vec<String> = hist.iter().map(|(op, n)| format!("{op} {n}")).collect();
     println!("ops ({} node{}): {}", s.nodes, if s.nodes == 1 { "" } else { "s" }, hist.join(", "));
-    println!("parameters: {} ({})", group_digits(s.parameters), human_bytes(s.parameter_bytes));
+    println!("parameters: {} ({})", group_digits(s.parameters), kiln_ir::memory::human(s.parameter_bytes as u64));
     if s.unsupported.is_empty() {
         println!("unsupported ops: none");
     } else {
@@ -60,19 +60,4 @@ fn group_digits(n: usize) -> String {
         out.push(c);
     }
     out
-}
-
-pub(crate) fn human_bytes(b: usize) -> String {
-    const UNITS: [&str; 4] = ["B", "KiB", "MiB", "GiB"];
-    let mut v = b as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u < UNITS.len() - 1 {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{b} B")
-    } else {
-        format!("{v:.1} {}", UNITS[u])
-    }
 }

@@ -706,21 +706,21 @@ fn scan(im: &mut GraphImporter, node: &NodeProto, mut a: Attrs, opset: i64) -> R
 /// count and the condition (either may be absent) and the initial state.
 fn loop_(im: &mut GraphImporter, node: &NodeProto, a: Attrs) -> Result<()> {
     a.finish("Loop").map_err(err)?;
-    // Body inputs may leave their types to the Loop: the step, the condition, the state's.
-    let mut implied = vec![TensorType::new(DType::I64, Shape::scalar()), TensorType::new(DType::Bool, Shape::scalar())];
-    for i in 2..node.input.len() {
-        implied.extend(im.operand(node, i).map(|v| im.ty(v).clone()));
-    }
-    let (body, names) = body_of(im, node, "Loop", implied)?;
-    let mut operands: Vec<Option<ValueId>> = names.iter().map(|n| im.values.get(n).copied()).collect();
+    // The trip count and the condition may be omitted (empty names); the state may not.
+    let mut given: Vec<Option<ValueId>> = Vec::new();
     for i in 0..node.input.len().max(2) {
-        // The trip count and the condition may be omitted (empty names); the state may not.
         let v = im.operand(node, i);
         if v.is_none() && i >= 2 {
             return Err(err(format!("operand {i} (state {}) is missing", i - 2)));
         }
-        operands.push(v);
+        given.push(v);
     }
+    // Body inputs may leave their types to the Loop: the step, the condition, the state's.
+    let mut implied = vec![TensorType::new(DType::I64, Shape::scalar()), TensorType::new(DType::Bool, Shape::scalar())];
+    implied.extend(given[2..].iter().flatten().map(|&v| im.ty(v).clone()));
+    let (body, names) = body_of(im, node, "Loop", implied)?;
+    let mut operands: Vec<Option<ValueId>> = names.iter().map(|n| im.values.get(n).copied()).collect();
+    operands.extend(given);
     let op = Op::Loop(Box::new(crate::op::Loop { body: Subgraph(Arc::new(body)), captures: names.len() }));
     emit(im, node, op, &operands, node.output.len())
 }
