@@ -571,6 +571,7 @@ fn rule(g: &Graph, id: NodeId, operands: &[Option<ValueId>], deps: &[Dep]) -> st
         Op::NllLoss(_) | Op::SoftmaxCrossEntropyLoss(_) => return Err("is a loss, which reduces over the batch".into()),
         Op::Scan(_) => return Err("is a Scan, whose steps kiln does not trace per sample".into()),
         Op::Loop(_) => return Err("is a Loop, whose steps kiln does not trace per sample".into()),
+        Op::Sequence(_) | Op::Optional(_) => return Err("is a sequence or optional op, which kiln does not trace per sample".into()),
         Op::If { then_branch, else_branch } => {
             if deps[0] != Dep::Free {
                 return Err("branches on a batched value".into());

@@ -398,6 +398,9 @@ fn optimize_traced(graph: &Graph, options: &Options, after: &mut dyn FnMut(&str,
         let names: Vec<String> = specialize::shape_inputs(&g).into_iter().map(|i| g.node(g.inputs()[i]).name.clone()).collect();
         let bound: Vec<(String, kiln_ir::Tensor)> =
             names.iter().filter_map(|n| options.input_values.get(n).map(|t| (n.clone(), t.clone()))).collect();
+        if names.is_empty() {
+            passes::sequences::check_resolved(&g)?;
+        }
         if bound.len() < names.len() || names.is_empty() {
             let missing: Vec<&String> = names.iter().filter(|n| !options.input_values.contains_key(*n)).collect();
             let what = if missing.is_empty() {
@@ -412,6 +415,7 @@ fn optimize_traced(graph: &Graph, options: &Options, after: &mut dyn FnMut(&str,
         specialize::bind_values(&mut g, &bound)?;
         after("bind-values", &g, true);
         passes::run_passes(&mut g, &passes::default_passes(options.target), &mut *after)?;
+        passes::sequences::check_resolved(&g)?;
         if specialize::has_dynamic_shapes(&g) {
             return Err(CompileError::DynamicShapes(
                 "result shapes depend on data (NonZero, Compress...), which static compilation cannot express".into(),

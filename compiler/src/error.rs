@@ -25,6 +25,11 @@ pub enum CompileError {
     #[error("{0}")]
     DynamicShapes(String),
 
+    /// A sequence or optional whose content is known only at run time (compiled code holds
+    /// tensors only).
+    #[error("node `{node}` ({op}): {what}")]
+    RuntimeSequence { node: String, op: &'static str, what: String },
+
     /// A symbolic batch whose samples some node mixes, so no program for one batch size serves
     /// the others.
     #[error(

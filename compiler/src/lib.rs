@@ -15,6 +15,7 @@ pub mod session;
 pub mod target;
 pub mod toolchain;
 pub mod tune;
+pub mod values;
 
 pub use driver::{cache_dir, compile, compile_reporting, jit, Compiled, Progress, Stages};
 pub use error::{CompileError, Result};

@@ -23,7 +23,7 @@ fn main() {
         }
     };
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let results = run_all(&tests, &|g, x| kiln_ir::eval::run(g, x).map_err(Into::into), Tolerance::default(), threads, &|_| {});
+    let results = run_all(&tests, &|g, x| kiln_ir::eval::run_values(g, x).map_err(Into::into), Tolerance::default(), threads, &|_| {});
     let (mut pass, mut fail, mut skip) = (0, 0, 0);
     for r in &results {
         match &r.outcome {

@@ -33,7 +33,7 @@ fn main() {
         eprintln!("error: {e}");
         std::process::exit(2)
     });
-    let results = run_all(&tests, &|g, x| kiln_ir::eval::run(g, x).map_err(Into::into), Tolerance::default(), 2, &|_| {});
+    let results = run_all(&tests, &|g, x| kiln_ir::eval::run_values(g, x).map_err(Into::into), Tolerance::default(), 2, &|_| {});
     let mut rows: BTreeMap<String, Row> = supported_ops().iter().map(|o| (o.to_string(), Row::default())).collect();
     for (dir, r) in tests.iter().zip(&results) {
         let name = dir.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();

@@ -23,6 +23,23 @@ pub fn fold(graph: &Graph, op: &Op, operands: &[Option<ValueId>], num_outputs: u
             let n = graph.value_type(operands.first().copied().flatten()?).shape.numel()?;
             return Some(vec![Tensor::scalar(n as i64)]);
         }
+        // A sequence's length and whether an optional holds a value are known from their types
+        // when the ops that made them say so; nothing else about them is a constant tensor.
+        Op::Sequence(crate::op::SequenceOp::Length) => match graph.value_type(operands.first().copied().flatten()?).kind {
+            crate::Kind::Sequence { len: Some(n), .. } => return Some(vec![Tensor::scalar(n as i64)]),
+            _ => return None,
+        },
+        Op::Optional(crate::op::OptionalOp::HasElement) => {
+            let has = match operands.first().copied().flatten() {
+                None => false,
+                Some(v) => match graph.value_type(v).kind {
+                    crate::Kind::Optional { .. } => return None,
+                    _ => true,
+                },
+            };
+            return Some(vec![Tensor::scalar(has)]);
+        }
+        Op::Sequence(_) | Op::Optional(_) => return None,
         _ => {}
     }
     // What the graph would refuse is not folded either (the refusal names the node then).

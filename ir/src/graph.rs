@@ -106,6 +106,18 @@ impl Graph {
         Ok(())
     }
 
+    /// Replaces the graph outputs (names must be distinct, values must exist).
+    pub fn set_outputs(&mut self, outputs: Vec<(String, ValueId)>) -> Result<()> {
+        for (i, (name, v)) in outputs.iter().enumerate() {
+            self.check_value(*v)?;
+            if outputs[..i].iter().any(|(n, _)| n == name) {
+                return Err(IrError::Graph(format!("two graph outputs are named `{name}`")));
+            }
+        }
+        self.outputs = outputs;
+        Ok(())
+    }
+
     /// A name not used yet in this graph: `base` itself, or `base_N`.
     pub fn unique_name(&self, base: &str) -> String {
         if !self.names.contains_key(base) {

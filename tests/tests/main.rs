@@ -13,6 +13,7 @@ mod differential;
 mod gpu;
 mod microkernel;
 mod recognize;
+mod sequences;
 mod session;
 mod stages;
 mod toolchain;

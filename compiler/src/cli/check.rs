@@ -124,9 +124,9 @@ pub fn run(args: &Args) -> Result<i32> {
         }
     };
     // Each test compiles single-threaded; the tests themselves run in parallel.
-    let engine = move |g: &kiln_ir::Graph, x: &[kiln_ir::Tensor]| -> Result<Vec<kiln_ir::Tensor>, EngineError> {
+    let engine = move |g: &kiln_ir::Graph, x: &[kiln_ir::Value]| -> Result<Vec<kiln_ir::Value>, EngineError> {
         match device {
-            CheckDevice::Ref => Ok(kiln_ir::eval::run(g, x)?),
+            CheckDevice::Ref => Ok(kiln_ir::eval::run_values(g, x)?),
             _ => compiled(g, x, &base),
         }
     };
@@ -305,9 +305,9 @@ fn worker(args: &Args) -> Result<i32> {
         _ => crate::Options::default(),
     };
     let device = args.device;
-    let engine = move |g: &kiln_ir::Graph, x: &[kiln_ir::Tensor]| -> Result<Vec<kiln_ir::Tensor>, EngineError> {
+    let engine = move |g: &kiln_ir::Graph, x: &[kiln_ir::Value]| -> Result<Vec<kiln_ir::Value>, EngineError> {
         match device {
-            CheckDevice::Ref => Ok(kiln_ir::eval::run(g, x)?),
+            CheckDevice::Ref => Ok(kiln_ir::eval::run_values(g, x)?),
             _ => compiled(g, x, &base),
         }
     };
@@ -345,14 +345,31 @@ fn require_device(target: kiln_runtime::Target) -> Result<()> {
     }))
 }
 
-/// Compiles for the device of `base`, specialised to the inputs' shapes, and runs once.
-fn compiled(g: &kiln_ir::Graph, x: &[kiln_ir::Tensor], base: &crate::Options) -> Result<Vec<kiln_ir::Tensor>, EngineError> {
+/// Compiles for the device of `base`, specialised to the inputs' shapes, and runs once. Sequence
+/// and optional inputs and outputs are bound and regrouped by `sequences::Interface`.
+fn compiled(g: &kiln_ir::Graph, x: &[kiln_ir::Value], base: &crate::Options) -> Result<Vec<kiln_ir::Value>, EngineError> {
+    let fail = |e: CompileError| match e {
+        CompileError::Unsupported { .. } | CompileError::DynamicShapes(_) | CompileError::RuntimeSequence { .. } => {
+            EngineError::Unsupported(e.to_string())
+        }
+        CompileError::Ir(e) => e.into(),
+        other => EngineError::Failed(other.to_string()),
+    };
+    let (flat, tensors) = crate::values::bind(g, x).map_err(fail)?;
+    let (names, out) = compiled_tensors(&flat, &tensors, base)?;
+    crate::values::regroup(g, &names, out).map_err(|e| EngineError::Failed(e.to_string()))
+}
+
+/// The compiled program's output names and tensors.
+fn compiled_tensors(g: &kiln_ir::Graph, x: &[kiln_ir::Tensor], base: &crate::Options) -> Result<(Vec<String>, Vec<kiln_ir::Tensor>), EngineError> {
     let names: Vec<String> = g.inputs().iter().map(|&id| g.node(id).name.clone()).collect();
     let shapes = names.iter().zip(x).map(|(n, t)| (n.clone(), t.dims().to_vec())).collect();
     let values = names.iter().zip(x).map(|(n, t)| (n.clone(), t.clone())).collect();
     let options = crate::Options { input_shapes: shapes, input_values: values, ..base.clone() };
     let fail = |e: CompileError| match e {
-        CompileError::Unsupported { .. } | CompileError::DynamicShapes(_) => EngineError::Unsupported(e.to_string()),
+        CompileError::Unsupported { .. } | CompileError::DynamicShapes(_) | CompileError::RuntimeSequence { .. } => {
+            EngineError::Unsupported(e.to_string())
+        }
         CompileError::Ir(e) => e.into(),
         other => EngineError::Failed(other.to_string()),
     };
@@ -360,7 +377,8 @@ fn compiled(g: &kiln_ir::Graph, x: &[kiln_ir::Tensor], base: &crate::Options) ->
     // Inputs bound at compile time are no longer taken.
     let remaining: Vec<kiln_ir::Tensor> =
         exe.inputs().iter().map(|d| x[names.iter().position(|n| *n == d.name).expect("the executable's inputs are the graph's")].clone()).collect();
-    exe.run(&remaining).map_err(|e| EngineError::Failed(e.to_string()))
+    let names = exe.outputs().iter().map(|d| d.name.clone()).collect();
+    Ok((names, exe.run(&remaining).map_err(|e| EngineError::Failed(e.to_string()))?))
 }
 
 fn one_line(s: &str) -> String {

@@ -83,7 +83,10 @@ pub fn executable(
 
 pub fn run(args: &Args) -> Result<()> {
     let model = load_model(&args.model)?;
-    let inputs = read_inputs(&args.inputs)?;
+    let (model, inputs) = match model {
+        Model::Graph(g) if g.inputs().iter().any(|&id| !g.node(id).outputs[0].kind.is_tensor()) => bind_sequence_inputs(&g, &args.inputs)?,
+        m => (m, read_inputs(&args.inputs)?),
+    };
     let load = LoadOptions { threads: args.threads, max_memory: args.max_memory, ..Default::default() };
     let (exe, ordered) = executable(model, &inputs, &load, args.device, args.quiet)?;
     let mut profile = Profile::default();
@@ -118,4 +121,43 @@ pub fn run(args: &Args) -> Result<()> {
         println!("  host->device {} bytes, device->host {} bytes", profile.bytes_to_device, profile.bytes_from_device);
     }
     Ok(())
+}
+
+/// A model with sequence or optional inputs: each is read as the ONNX value its type says (a
+/// SequenceProto or OptionalProto `.pb`) and passed as its elements (`values::bind`), so the
+/// program compiled is specialised to them.
+fn bind_sequence_inputs(g: &kiln_ir::Graph, specs: &[String]) -> Result<(Model, Vec<(String, Tensor)>)> {
+    let mut given: Vec<(String, kiln_ir::Value)> = Vec::new();
+    for spec in specs {
+        let (name, file) = spec.split_once('=').ok_or_else(|| CompileError::Usage(format!("--input `{spec}` is not NAME=FILE")))?;
+        let ty = g.inputs().iter().map(|&id| g.node(id)).find(|n| n.name == name).map(|n| n.outputs[0].clone());
+        let value = match ty {
+            Some(ty) if !ty.kind.is_tensor() => {
+                let path = std::path::Path::new(file);
+                let size = std::fs::metadata(path).map_err(|e| CompileError::File { path: file.into(), msg: e.to_string() })?.len();
+                kiln_runtime::memory::check(&format!("reading the input file {file}"), size.checked_mul(2), kiln_runtime::memory::budget(None))?;
+                kiln_ir::onnx::read_value(path, &ty)?
+            }
+            _ => kiln_ir::Value::Tensor(super::common::read_tensor(std::path::Path::new(file))?),
+        };
+        given.push((name.to_string(), value));
+    }
+    let declared = graph_inputs(g);
+    let mut ordered = Vec::with_capacity(declared.len());
+    for (name, ty) in &declared {
+        let i = given.iter().position(|(n, _)| n == name).ok_or_else(|| {
+            let file = if ty.starts_with("seq(") || ty.starts_with("opt(") { "FILE.pb, an ONNX SequenceProto or OptionalProto" } else { "FILE.npy" };
+            CompileError::Usage(format!(
+                "missing input `{name}` (give it with --input {name}={file}); the model expects:\n{}",
+                declared.iter().map(|(n, t)| format!("  {n}: {t}")).collect::<Vec<_>>().join("\n")
+            ))
+        })?;
+        ordered.push(given.swap_remove(i).1);
+    }
+    if let Some((extra, _)) = given.first() {
+        return Err(CompileError::Usage(format!("the model has no input `{extra}`")));
+    }
+    let (flat, tensors) = crate::values::bind(g, &ordered)?;
+    let named = flat.inputs().iter().map(|&id| flat.node(id).name.clone()).zip(tensors).collect();
+    Ok((Model::Graph(flat), named))
 }

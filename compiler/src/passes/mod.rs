@@ -6,6 +6,7 @@ pub mod attention;
 pub mod decompose;
 pub mod fold;
 pub mod recognize;
+pub mod sequences;
 pub mod simplify;
 pub mod specialize;
 pub mod unroll;
@@ -29,6 +30,9 @@ pub fn default_passes(target: crate::TargetKind) -> Vec<Pass> {
         // Small loops of a known length become straight-line code (their trip counts are
         // constants by now).
         Pass { name: "unroll", run: unroll::run },
+        // Sequences and optionals whose lengths and positions are known become tensors
+        // (folding and unrolling in between; a no-op for graphs without them).
+        Pass { name: "sequences", run: sequences::run },
         // Normalisations written as chains of small ops become the one op (their axes and eps
         // are constants by now).
         Pass { name: "recognize", run: recognize::run },

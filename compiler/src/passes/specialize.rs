@@ -94,13 +94,21 @@ pub fn shape_inputs(graph: &Graph) -> Vec<usize> {
     let mut seeds: Vec<ValueId> = Vec::new();
     for (id, node) in graph.nodes() {
         let operands = graph.operands(id);
-        if matches!(node.op, Op::If { .. }) && node.outputs.iter().any(|t| !t.shape.is_fixed()) {
+        // Sequences and optionals are resolved when compiling: whatever decides their content
+        // (a position, a split, a branch or a loop that gives one) must be known.
+        let gives_sequence = node.outputs.iter().any(|t| !t.kind.is_tensor());
+        if matches!(node.op, Op::If { .. }) && node.outputs.iter().any(|t| !t.shape.is_fixed() || !t.kind.is_tensor()) {
             seeds.extend(operands.first().copied().flatten());
         }
         // A Loop's step count sizes its stacked results: its trip count and first condition.
         if let Op::Loop(l) = &node.op {
-            if node.outputs.iter().any(|t| !t.shape.is_fixed()) {
+            if node.outputs.iter().any(|t| !t.shape.is_fixed()) || gives_sequence {
                 seeds.extend(operands.iter().skip(l.captures).take(2).copied().flatten());
+            }
+        }
+        if let Op::Sequence(s) = &node.op {
+            if let Some(Some(v)) = s.position_operand().and_then(|i| operands.get(i)) {
+                seeds.push(*v);
             }
         }
         for &i in shape_operands(&node.op) {
@@ -120,9 +128,10 @@ pub fn shape_inputs(graph: &Graph) -> Vec<usize> {
     graph.inputs().iter().enumerate().filter(|(_, id)| seen.contains(id)).map(|(i, _)| i).collect()
 }
 
-/// Whether some value's type still has a symbol.
+/// Whether some value's type still has a symbol, or is a sequence or an optional (whose content
+/// the values of some inputs may decide).
 pub fn has_dynamic_shapes(graph: &Graph) -> bool {
-    graph.nodes().any(|(_, n)| n.outputs.iter().any(|t| !t.shape.is_fixed()))
+    graph.nodes().any(|(_, n)| n.outputs.iter().any(|t| !t.shape.is_fixed() || !t.kind.is_tensor()))
 }
 
 /// Turns the named inputs into constants with the given values (they leave the interface).

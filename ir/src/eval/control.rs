@@ -3,19 +3,23 @@
 //! condition allow.
 
 use crate::shape::normalize_axis;
-use crate::{DType, Op, Tensor};
+use crate::{DType, Op, Tensor, Value};
 
-pub(super) fn eval(op: &Op, operands: &[Option<&Tensor>]) -> Result<Vec<Tensor>, String> {
+/// If and Loop carry any value (a sequence through a branch or as loop state); Scan tensors.
+pub(super) fn eval(op: &Op, operands: &[Option<&Value>]) -> Result<Vec<Value>, String> {
     match op {
-        Op::Scan(s) => return scan(s, operands),
+        Op::Scan(s) => {
+            let tensors: Vec<Option<&Tensor>> = operands.iter().map(|o| o.map(Value::as_tensor).transpose()).collect::<Result<_, _>>()?;
+            return Ok(scan(s, &tensors)?.into_iter().map(Value::Tensor).collect());
+        }
         Op::Loop(l) => return loop_(l, operands),
         _ => {}
     }
     let Op::If { then_branch, else_branch } = op else { unreachable!("dispatched by eval_op()") };
-    let cond = operands.first().copied().flatten().ok_or("the condition is missing")?;
+    let cond = operands.first().copied().flatten().ok_or("the condition is missing")?.as_tensor()?;
     let taken = if cond.to_f64s().first().copied().unwrap_or(0.0) != 0.0 { &then_branch.0 } else { &else_branch.0 };
-    let captured: Vec<Tensor> = operands[1..].iter().map(|o| o.cloned().ok_or("a captured value is missing")).collect::<Result<_, _>>()?;
-    crate::eval::run(taken, &captured).map_err(|e| format!("in branch `{}`: {e}", taken.name))
+    let captured: Vec<Value> = operands[1..].iter().map(|o| o.cloned().ok_or("a captured value is missing")).collect::<Result<_, _>>()?;
+    crate::eval::run_values(taken, &captured).map_err(|e| format!("in branch `{}`: {e}", taken.name))
 }
 
 fn scan(s: &crate::op::Scan, operands: &[Option<&Tensor>]) -> Result<Vec<Tensor>, String> {
@@ -64,15 +68,15 @@ fn scan(s: &crate::op::Scan, operands: &[Option<&Tensor>]) -> Result<Vec<Tensor>
     Ok(results)
 }
 
-fn loop_(l: &crate::op::Loop, operands: &[Option<&Tensor>]) -> Result<Vec<Tensor>, String> {
+fn loop_(l: &crate::op::Loop, operands: &[Option<&Value>]) -> Result<Vec<Value>, String> {
     let c = l.captures;
     let body = &l.body.0;
-    let captured: Vec<Tensor> =
+    let captured: Vec<Value> =
         (0..c).map(|i| operands.get(i).copied().flatten().cloned().ok_or("a captured value is missing")).collect::<Result<_, _>>()?;
-    let first = |i: usize| operands.get(i).copied().flatten().and_then(|t| t.to_f64s().first().copied());
-    let trip = operands.get(c).copied().flatten().map(|t| t.to_i64s().first().copied().unwrap_or(0));
-    let mut cond = first(c + 1).is_none_or(|v| v != 0.0);
-    let mut state: Vec<Tensor> = operands.iter().skip(c + 2).map(|o| o.cloned().ok_or("a state value is missing")).collect::<Result<_, _>>()?;
+    let scalar = |i: usize| operands.get(i).copied().flatten().map(Value::as_tensor).transpose();
+    let trip = scalar(c)?.map(|t| t.to_i64s().first().copied().unwrap_or(0));
+    let mut cond = scalar(c + 1)?.and_then(|t| t.to_f64s().first().copied()).is_none_or(|v| v != 0.0);
+    let mut state: Vec<Value> = operands.iter().skip(c + 2).map(|o| o.cloned().ok_or("a state value is missing")).collect::<Result<_, _>>()?;
     let states = state.len();
     let stacked = body.outputs().len().saturating_sub(1 + states);
     let dims_of = |i: usize| body.node(body.inputs()[i]).outputs[0].shape.as_fixed().unwrap_or_default();
@@ -81,18 +85,18 @@ fn loop_(l: &crate::op::Loop, operands: &[Option<&Tensor>]) -> Result<Vec<Tensor
     let mut step: i64 = 0;
     while cond && trip.is_none_or(|m| step < m) {
         let mut inputs = captured.clone();
-        inputs.push(Tensor::from_f64s(DType::I64, &step_dims, &[step as f64]).map_err(|e| e.to_string())?);
-        inputs.push(Tensor::from_f64s(DType::Bool, &cond_dims, &[1.0]).map_err(|e| e.to_string())?);
+        inputs.push(Value::Tensor(Tensor::from_f64s(DType::I64, &step_dims, &[step as f64]).map_err(|e| e.to_string())?));
+        inputs.push(Value::Tensor(Tensor::from_f64s(DType::Bool, &cond_dims, &[1.0]).map_err(|e| e.to_string())?));
         inputs.append(&mut state);
-        let mut out = crate::eval::run(body, &inputs).map_err(|e| format!("in the body `{}`, step {step}: {e}", body.name))?;
+        let mut out = crate::eval::run_values(body, &inputs).map_err(|e| format!("in the body `{}`, step {step}: {e}", body.name))?;
         if out.len() < 1 + states {
             return Err(format!("the body gave {} results for the condition and {states} state values", out.len()));
         }
         let rest = out.split_off(1 + states);
-        cond = out[0].to_f64s().first().is_some_and(|&v| v != 0.0);
+        cond = out[0].as_tensor()?.to_f64s().first().is_some_and(|&v| v != 0.0);
         state = out.split_off(1);
         for (k, t) in rest.into_iter().enumerate() {
-            slices[k].push(t);
+            slices[k].push(t.into_tensor()?);
         }
         step += 1;
     }
@@ -104,7 +108,7 @@ fn loop_(l: &crate::op::Loop, operands: &[Option<&Tensor>]) -> Result<Vec<Tensor
             Some(p) => p.dims().to_vec(),
             None => ty.shape.as_fixed().ok_or("a loop of no step whose stacked results have no static shape")?,
         };
-        results.push(Tensor::stack(ty.dtype, &dims, &parts, 0).map_err(|e| e.to_string())?);
+        results.push(Value::Tensor(Tensor::stack(ty.dtype, &dims, &parts, 0).map_err(|e| e.to_string())?));
     }
     Ok(results)
 }

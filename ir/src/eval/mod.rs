@@ -5,6 +5,7 @@
 //! one place, `infer`), then its data computed on ndarray views. Floats are computed in f64 and
 //! rounded to the result type; integers in i128 with wrap-around, as C and numpy do.
 
+mod collection;
 mod contraction;
 mod control;
 mod elementwise;
@@ -26,10 +27,21 @@ use std::collections::HashMap;
 use ndarray::{ArrayD, ArrayViewD, IxDyn};
 
 use crate::infer::{self, Operand};
-use crate::{Dim, Element, Graph, IrError, Op, Result, Tensor, TensorType, ValueId};
+use crate::{Dim, Element, Graph, IrError, Op, Result, Tensor, TensorType, Value, ValueId};
 
 /// Runs `graph` on `inputs` (in graph-input order) and returns its outputs in graph-output order.
+/// Every input and output is a tensor; [`run_values`] takes and gives sequences and optionals.
 pub fn run(graph: &Graph, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
+    let inputs: Vec<Value> = inputs.iter().cloned().map(Value::Tensor).collect();
+    run_values(graph, &inputs)?
+        .into_iter()
+        .zip(graph.outputs())
+        .map(|(v, (name, _))| v.into_tensor().map_err(|msg| IrError::Input { name: name.clone(), msg: format!("output: {msg}") }))
+        .collect()
+}
+
+/// Runs `graph` on `inputs` (in graph-input order), any of which may be a sequence or an optional.
+pub fn run_values(graph: &Graph, inputs: &[Value]) -> Result<Vec<Value>> {
     check_inputs(graph, inputs)?;
     let order = graph.topo_order()?;
     // How many times each value is still to be read, so intermediates are dropped early.
@@ -42,7 +54,7 @@ pub fn run(graph: &Graph, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
     for (_, v) in graph.outputs() {
         *uses.entry(*v).or_default() += 1;
     }
-    let mut values: HashMap<ValueId, Tensor> = HashMap::new();
+    let mut values: HashMap<ValueId, Value> = HashMap::new();
     for (i, &id) in graph.inputs().iter().enumerate() {
         values.insert(id.into(), inputs[i].clone());
     }
@@ -53,8 +65,8 @@ pub fn run(graph: &Graph, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
         }
         let operand_ids = graph.operands(id);
         let results = {
-            let operands: Vec<Option<&Tensor>> = operand_ids.iter().map(|o| o.map(|v| &values[&v])).collect();
-            eval_op(&node.op, &operands, node.outputs.len()).map_err(|msg| IrError::Eval { node: node.name.clone(), op: node.op.name(), msg })?
+            let operands: Vec<Option<&Value>> = operand_ids.iter().map(|o| o.map(|v| &values[&v])).collect();
+            eval_node(&node.op, &operands, node.outputs.len()).map_err(|msg| IrError::Eval { node: node.name.clone(), op: node.op.name(), msg })?
         };
         for v in operand_ids.into_iter().flatten() {
             let n = uses.get_mut(&v).expect("counted above");
@@ -73,6 +85,28 @@ pub fn run(graph: &Graph, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
     Ok(graph.outputs().iter().map(|(_, v)| values[v].clone()).collect())
 }
 
+/// One node on values: ops that take sequences and optionals see them; every other op takes
+/// tensors.
+fn eval_node(op: &Op, operands: &[Option<&Value>], num_outputs: usize) -> Result<Vec<Value>, String> {
+    match op {
+        Op::Sequence(_) | Op::Optional(_) => collection::eval(op, operands),
+        Op::Identity => Ok(vec![operands.first().copied().flatten().ok_or("operand 0 is missing")?.clone()]),
+        Op::If { .. } | Op::Scan(_) | Op::Loop(_) => {
+            let mut r = control::eval(op, operands)?;
+            r.truncate(num_outputs);
+            Ok(r)
+        }
+        _ => {
+            let tensors: Vec<Option<&Tensor>> = operands
+                .iter()
+                .enumerate()
+                .map(|(i, o)| o.map(|v| v.as_tensor().map_err(|e| format!("operand {i}: {e}"))).transpose())
+                .collect::<Result<_, String>>()?;
+            Ok(eval_op(op, &tensors, num_outputs)?.into_iter().map(Value::Tensor).collect())
+        }
+    }
+}
+
 /// Runs `graph` on inputs given by name.
 pub fn run_named(graph: &Graph, inputs: &HashMap<String, Tensor>) -> Result<Vec<Tensor>> {
     let mut ordered = Vec::with_capacity(graph.inputs().len());
@@ -89,8 +123,9 @@ pub fn run_named(graph: &Graph, inputs: &HashMap<String, Tensor>) -> Result<Vec<
     run(graph, &ordered)
 }
 
-/// Checks inputs against the declared types; a symbol must stand for the same size everywhere.
-pub fn check_inputs(graph: &Graph, inputs: &[Tensor]) -> Result<()> {
+/// Checks inputs against the declared types; a symbol must stand for the same size everywhere
+/// (in a sequence's elements, each element binds the symbols for itself: they may differ).
+pub fn check_inputs(graph: &Graph, inputs: &[Value]) -> Result<()> {
     if inputs.len() != graph.inputs().len() {
         let names: Vec<String> = graph.inputs().iter().map(|&id| format!("{}: {}", graph.node(id).name, graph.node(id).outputs[0])).collect();
         return Err(IrError::Input {
@@ -99,10 +134,19 @@ pub fn check_inputs(graph: &Graph, inputs: &[Tensor]) -> Result<()> {
         });
     }
     let mut bound: HashMap<&str, usize> = HashMap::new();
-    for (&id, t) in graph.inputs().iter().zip(inputs) {
+    for (&id, v) in graph.inputs().iter().zip(inputs) {
         let node = graph.node(id);
         let want = &node.outputs[0];
         let bad = |msg: String| IrError::Input { name: node.name.clone(), msg };
+        let t = match v {
+            Value::Tensor(t) if want.kind.is_tensor() => t,
+            other => {
+                if !other.fits(want) {
+                    return Err(bad(format!("expected {want}, got {}", other.describe())));
+                }
+                continue;
+            }
+        };
         if t.dtype() != want.dtype || t.rank() != want.rank() {
             return Err(bad(format!("expected {want}, got {}", t.ty())));
         }
@@ -131,10 +175,13 @@ pub fn eval_op(op: &Op, operands: &[Option<&Tensor>], num_outputs: usize) -> Res
         Op::Constant(t) => return Ok(vec![t.clone()]),
         // A branch's result shapes are known once it has run.
         Op::If { .. } | Op::Scan(_) | Op::Loop(_) => {
-            let mut r = control::eval(op, operands)?;
+            let values: Vec<Option<Value>> = operands.iter().map(|o| o.cloned().map(Value::Tensor)).collect();
+            let refs: Vec<Option<&Value>> = values.iter().map(Option::as_ref).collect();
+            let mut r = control::eval(op, &refs)?;
             r.truncate(num_outputs);
-            return Ok(r);
+            return r.into_iter().map(Value::into_tensor).collect();
         }
+        Op::Sequence(_) | Op::Optional(_) => return Err(format!("{} gives a sequence or an optional, not tensors", op.name())),
         _ => {}
     }
     let types: Vec<TensorType> =
@@ -214,7 +261,7 @@ pub fn eval_op(op: &Op, operands: &[Option<&Tensor>], num_outputs: usize) -> Res
         Op::Resize(r) => resize::eval(r, operands, &out_types)?,
         Op::Rnn(_) | Op::Attention(_) | Op::RotaryEmbedding(_) => sequence::eval(op, operands, &out_types)?,
         Op::NllLoss(_) | Op::SoftmaxCrossEntropyLoss(_) => loss::eval(op, operands, &out_types)?,
-        Op::If { .. } | Op::Scan(_) | Op::Loop(_) => unreachable!("handled above"),
+        Op::If { .. } | Op::Scan(_) | Op::Loop(_) | Op::Sequence(_) | Op::Optional(_) => unreachable!("handled above"),
     };
     results.truncate(num_outputs);
     Ok(results)

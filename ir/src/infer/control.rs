@@ -12,7 +12,7 @@ fn specialised(g: &Graph, types: &[TensorType]) -> Result<Option<Graph>, String>
     }
     for (i, (&id, have)) in g.inputs().iter().zip(types).enumerate() {
         let want = &g.node(id).outputs[0];
-        if want.dtype != have.dtype || want.rank() != have.rank() {
+        if !want.accepts(have) {
             return Err(format!("`{}` reads value {i} as {want}, it is {have}", g.name));
         }
     }
@@ -46,7 +46,7 @@ pub(super) fn infer(op: &Op, ops: &Operands, ctx: &Ctx) -> Infer {
         for (i, &id) in g.inputs().iter().enumerate() {
             let want = &g.node(id).outputs[0];
             let have = ops.get(i + 1)?.ty;
-            if want.dtype != have.dtype || want.rank() != have.rank() {
+            if !want.accepts(have) {
                 return Err(format!("the {which} branch reads value {i} as {want}, it is {have}"));
             }
         }
@@ -66,12 +66,7 @@ pub(super) fn infer(op: &Op, ops: &Operands, ctx: &Ctx) -> Infer {
         .enumerate()
         .map(|(i, ((_, a), (_, b)))| {
             let (a, b) = (t.value_type(*a), e.value_type(*b));
-            if a.dtype != b.dtype || a.rank() != b.rank() {
-                return Err(format!("result {i} is {a} in one branch and {b} in the other"));
-            }
-            let dims =
-                a.shape.dims().iter().zip(b.shape.dims()).enumerate().map(|(d, (x, y))| if x == y { x.clone() } else { fresh(ctx, i, d) }).collect();
-            Ok(TensorType::new(a.dtype, Shape(dims)))
+            a.merge(b, |d| fresh(ctx, i, d)).ok_or_else(|| format!("result {i} is {a} in one branch and {b} in the other"))
         })
         .collect()
 }
@@ -198,12 +193,22 @@ fn loop_(l: &crate::op::Loop, ops: &Operands, ctx: &Ctx) -> Infer {
         let t = body.value_type(*v);
         if k <= states {
             let have = &types[c + 1 + k];
-            if t.dtype != have.dtype || t.rank() != have.rank() {
-                return Err(format!("state {} goes in as {have} and comes out as {t}", k - 1));
-            }
-            let dims = have.shape.dims().iter().zip(t.shape.dims()).enumerate().map(|(d, (x, y))| if x == y { x.clone() } else { fresh(ctx, k, d) });
-            results.push(TensorType::new(t.dtype, Shape(dims.collect())));
+            // A state that goes in as an optional and comes out as a value is that value from the
+            // first step on (ONNX's loops that start from an empty optional).
+            let from = match (have.kind, t.kind) {
+                (crate::Kind::Optional { .. }, k) if !matches!(k, crate::Kind::Optional { .. }) => have.element().unwrap_or_else(|| have.clone()),
+                _ => have.clone(),
+            };
+            let merged = from.merge(t, |d| fresh(ctx, k, d)).ok_or_else(|| format!("state {} goes in as {have} and comes out as {t}", k - 1))?;
+            // A sequence's length may change from step to step.
+            results.push(match merged.kind {
+                crate::Kind::Sequence { ranked, .. } => TensorType { kind: crate::Kind::Sequence { ranked, len: None }, ..merged },
+                _ => merged,
+            });
             continue;
+        }
+        if !t.kind.is_tensor() {
+            return Err(format!("a Loop stacks tensors, its body gives {t}"));
         }
         let mut dims = vec![length.clone()];
         dims.extend(t.shape.dims().iter().cloned());

@@ -3,6 +3,7 @@
 //! types of every result, or a message that names the offending shapes; the graph wraps it with the
 //! node and op.
 
+mod collection;
 mod contraction;
 mod control;
 mod elementwise;
@@ -63,6 +64,13 @@ pub(crate) fn not_yet(op: &Op) -> Infer {
 pub fn infer(op: &Op, operands: &[Option<Operand>], node: &str) -> Result<Vec<TensorType>, String> {
     let ctx = Ctx { node };
     let ops = Operands(operands);
+    // Sequences and optionals reach only the ops that take them.
+    let takes_any = matches!(op, Op::Identity | Op::If { .. } | Op::Scan(_) | Op::Loop(_) | Op::Sequence(_) | Op::Optional(_));
+    if !takes_any {
+        if let Some((i, o)) = operands.iter().enumerate().find_map(|(i, o)| o.filter(|o| !o.ty.kind.is_tensor()).map(|o| (i, o))) {
+            return Err(format!("operand {i} is {}, {} takes tensors", o.ty, op.name()));
+        }
+    }
     match op {
         Op::Input | Op::Constant(_) => Err("Input and Constant nodes carry their own types".into()),
         Op::Unary(u) => elementwise::unary(*u, &ops),
@@ -115,6 +123,7 @@ pub fn infer(op: &Op, operands: &[Option<Operand>], node: &str) -> Result<Vec<Te
         Op::Rnn(_) | Op::Attention(_) | Op::RotaryEmbedding(_) => sequence::infer(op, &ops, &ctx),
         Op::NllLoss(_) | Op::SoftmaxCrossEntropyLoss(_) => loss::infer(op, &ops, &ctx),
         Op::If { .. } | Op::Scan(_) | Op::Loop(_) => control::infer(op, &ops, &ctx),
+        Op::Sequence(_) | Op::Optional(_) => collection::infer(op, &ops, &ctx),
     }
 }
 

@@ -338,37 +338,73 @@ impl<'a> GraphImporter<'a> {
 /// The declared type of a graph input.
 fn value_type(v: &proto::ValueInfoProto) -> std::result::Result<TensorType, String> {
     let name = v.name.as_deref().unwrap_or("");
-    match v.r#type.as_ref().and_then(|t| t.value.as_ref()) {
+    match v.r#type.as_ref() {
+        None => Err("an input without a type is not supported".into()),
+        Some(t) => type_of(t, name),
+    }
+}
+
+/// A kiln type from an ONNX type: a tensor (which must have a rank), a sequence of tensors or an
+/// optional tensor or sequence (whose elements may leave their rank open).
+pub(super) fn type_of(t: &proto::TypeProto, name: &str) -> std::result::Result<TensorType, String> {
+    match t.value.as_ref() {
         Some(type_proto::Value::TensorType(t)) => {
-            let dtype = dtype_of(t.elem_type.unwrap_or(0))?;
-            let shape = match &t.shape {
-                // No shape at all: kiln needs the rank.
-                None => return Err("an input without a shape is not supported (kiln needs the rank)".into()),
-                Some(s) => Shape(
-                    s.dim
-                        .iter()
-                        .enumerate()
-                        .map(|(i, d)| {
-                            use proto::tensor_shape_proto::dimension::Value;
-                            match &d.value {
-                                Some(Value::DimValue(n)) if *n >= 0 => Ok(Dim::Fixed(*n as usize)),
-                                Some(Value::DimParam(p)) if !p.is_empty() && p != "?" => Ok(Dim::sym(p)),
-                                // Unnamed, missing, or negative: Paddle2ONNX and some TF exporters
-                                // write -1 for "dynamic", and onnxruntime runs such models.
-                                Some(Value::DimValue(_)) | Some(Value::DimParam(_)) | None => Ok(Dim::sym(&format!("{name}_d{i}"))),
-                            }
-                        })
-                        .collect::<std::result::Result<_, String>>()?,
-                ),
-            };
+            let (dtype, shape) = tensor_type_of(t, name)?;
+            // No shape at all: kiln needs the rank.
+            let shape = shape.ok_or("an input without a shape is not supported (kiln needs the rank)")?;
             Ok(TensorType::new(dtype, shape))
         }
-        Some(type_proto::Value::SequenceType(_)) => Err("a sequence is not supported (tensors only)".into()),
-        Some(type_proto::Value::MapType(_)) => Err("a map is not supported (tensors only)".into()),
-        Some(type_proto::Value::OptionalType(_)) => Err("an optional is not supported (tensors only)".into()),
+        Some(type_proto::Value::SequenceType(s)) => {
+            let (dtype, shape) = sequence_elements(s, name)?;
+            Ok(TensorType::sequence(dtype, shape, None))
+        }
+        Some(type_proto::Value::OptionalType(o)) => match o.elem_type.as_deref().and_then(|e| e.value.as_ref()) {
+            Some(type_proto::Value::TensorType(t)) => {
+                let (dtype, shape) = tensor_type_of(t, name)?;
+                let ranked = shape.is_some();
+                Ok(TensorType { dtype, shape: shape.unwrap_or_else(Shape::scalar), kind: crate::Kind::Optional { sequence: false, ranked } })
+            }
+            Some(type_proto::Value::SequenceType(s)) => {
+                let (dtype, shape) = sequence_elements(s, name)?;
+                Ok(TensorType::optional(&TensorType::sequence(dtype, shape, None)))
+            }
+            _ => Err("an optional of anything but a tensor or a sequence of tensors is not supported".into()),
+        },
+        Some(type_proto::Value::MapType(_)) => Err("a map is not supported (tensors, sequences and optionals only)".into()),
         Some(type_proto::Value::SparseTensorType(_)) => Err("a sparse tensor is not supported (dense tensors only)".into()),
         None => Err("an input without a type is not supported".into()),
     }
+}
+
+fn sequence_elements(s: &type_proto::Sequence, name: &str) -> std::result::Result<(crate::DType, Option<Shape>), String> {
+    match s.elem_type.as_deref().and_then(|e| e.value.as_ref()) {
+        Some(type_proto::Value::TensorType(t)) => tensor_type_of(t, name),
+        _ => Err("a sequence of anything but tensors is not supported".into()),
+    }
+}
+
+/// A tensor type's dtype and shape (`None` when it declares no shape).
+fn tensor_type_of(t: &type_proto::Tensor, name: &str) -> std::result::Result<(crate::DType, Option<Shape>), String> {
+    let dtype = dtype_of(t.elem_type.unwrap_or(0))?;
+    let shape = t.shape.as_ref().map(|s| {
+        Shape(
+            s.dim
+                .iter()
+                .enumerate()
+                .map(|(i, d)| {
+                    use proto::tensor_shape_proto::dimension::Value;
+                    match &d.value {
+                        Some(Value::DimValue(n)) if *n >= 0 => Dim::Fixed(*n as usize),
+                        Some(Value::DimParam(p)) if !p.is_empty() && p != "?" => Dim::sym(p),
+                        // Unnamed, missing, or negative: Paddle2ONNX and some TF exporters
+                        // write -1 for "dynamic", and onnxruntime runs such models.
+                        Some(Value::DimValue(_)) | Some(Value::DimParam(_)) | None => Dim::sym(&format!("{name}_d{i}")),
+                    }
+                })
+                .collect(),
+        )
+    });
+    Ok((dtype, shape))
 }
 
 /// A node's attributes as kiln attributes (graphs stay out: the ops that take them read them).
@@ -395,8 +431,9 @@ pub(super) fn attrs_of(node: &NodeProto, base_dir: Option<&Path>) -> Result<Attr
                 a.sparse_tensor.as_ref().ok_or_else(|| IrError::Onnx(format!("attribute `{name}` has no tensor")))?,
                 base_dir,
             )?),
-            at::GRAPH => continue,
-            at::TENSORS | at::GRAPHS | at::SPARSE_TENSORS | at::TYPE_PROTO | at::TYPE_PROTOS => {
+            // Graphs and types are read by the ops that take them.
+            at::GRAPH | at::TYPE_PROTO => continue,
+            at::TENSORS | at::GRAPHS | at::SPARSE_TENSORS | at::TYPE_PROTOS => {
                 return Err(IrError::NotSupported(format!("attribute `{name}` is a list of tensors, graphs or types, which is not supported")));
             }
             other => return Err(IrError::Onnx(format!("attribute `{name}` has an unknown type {other}"))),

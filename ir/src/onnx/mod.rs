@@ -124,6 +124,43 @@ pub fn decode_tensor(bytes: &[u8], base_dir: Option<&Path>) -> Result<Tensor> {
     tensor::tensor_from_proto(&t, base_dir)
 }
 
+/// Reads a serialized value of type `ty`: a TensorProto, or a SequenceProto or OptionalProto for
+/// a sequence or an optional (ONNX test data).
+pub fn read_value(path: impl AsRef<Path>, ty: &crate::TensorType) -> Result<crate::Value> {
+    let path = path.as_ref();
+    if ty.kind.is_tensor() {
+        return read_tensor(path).map(crate::Value::Tensor);
+    }
+    let bytes = std::fs::read(path).map_err(|e| IrError::Onnx(format!("{}: {e}", path.display())))?;
+    let base = path.parent();
+    let corrupt = |what: &str, e: prost::DecodeError| {
+        IrError::Onnx(format!("{}: not a valid ONNX {what} (corrupt or truncated protobuf: {e})", path.display()))
+    };
+    let sequence = |s: &proto::SequenceProto| -> Result<crate::Value> {
+        if !s.sequence_values.is_empty() || !s.optional_values.is_empty() {
+            return Err(IrError::NotSupported(format!("{}: a sequence of sequences or optionals is not supported", path.display())));
+        }
+        Ok(crate::Value::Sequence(s.tensor_values.iter().map(|t| tensor::tensor_from_proto(t, base)).collect::<Result<_>>()?))
+    };
+    match ty.kind {
+        crate::Kind::Sequence { .. } => sequence(&proto::SequenceProto::decode(&bytes[..]).map_err(|e| corrupt("sequence", e))?),
+        _ => {
+            let o = proto::OptionalProto::decode(&bytes[..]).map_err(|e| corrupt("optional", e))?;
+            let held = match (o.elem_type.unwrap_or(0), &o.tensor_value, &o.sequence_value) {
+                (proto::value_elem_type::TENSOR, Some(t), _) => Some(crate::Value::Tensor(tensor::tensor_from_proto(t, base)?)),
+                (proto::value_elem_type::SEQUENCE, _, Some(s)) => Some(sequence(s)?),
+                (proto::value_elem_type::UNDEFINED, None, None)
+                | (proto::value_elem_type::TENSOR, None, _)
+                | (proto::value_elem_type::SEQUENCE, _, None) => None,
+                (other, _, _) => {
+                    return Err(IrError::NotSupported(format!("{}: an optional of element kind {other} is not supported", path.display())))
+                }
+            };
+            Ok(crate::Value::Optional(held.map(Box::new)))
+        }
+    }
+}
+
 /// Serializes a tensor as a TensorProto (raw data).
 pub fn encode_tensor(t: &Tensor, name: &str) -> Vec<u8> {
     proto::TensorProto {

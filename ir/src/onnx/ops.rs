@@ -8,7 +8,7 @@ use std::sync::Arc;
 use super::import::{attrs_of, free_values, GraphImporter};
 use super::proto::NodeProto;
 use super::tensor::dtype_of;
-use crate::op::{Attr, Attrs, CoordinateTransform, NearestMode, Resize, ResizeMode, Subgraph};
+use crate::op::{Attr, Attrs, CoordinateTransform, NearestMode, OptionalOp, Resize, ResizeMode, SequenceOp, Subgraph};
 use crate::{BinaryOp, DType, Graph, IrError, Op, Result, Shape, Tensor, TensorType, ValueId};
 
 /// Every ONNX op type (default domain) the importer converts.
@@ -168,6 +168,19 @@ pub(super) const SUPPORTED: &[&str] = &[
     "If",
     "Scan",
     "Loop",
+    // sequences and optionals
+    "SequenceEmpty",
+    "SequenceConstruct",
+    "SequenceInsert",
+    "SequenceErase",
+    "SequenceAt",
+    "SequenceLength",
+    "SplitToSequence",
+    "ConcatFromSequence",
+    "SequenceMap",
+    "Optional",
+    "OptionalHasElement",
+    "OptionalGetElement",
 ];
 
 pub(super) fn is_supported(op_type: &str) -> bool {
@@ -209,7 +222,9 @@ pub(super) fn convert(im: &mut GraphImporter, node: &NodeProto, op_type: &str) -
             a.finish(op_type).map_err(err)?;
             emit(im, node, Op::Cast { to }, &[Some(x()?)], 1)
         }
-        "EyeLike" => {
+        "Optional" => optional(im, node, a),
+        "SequenceMap" => sequence_map(im, node, a),
+        "EyeLike" | "SequenceEmpty" => {
             if let Some(d) = type_attr(&mut a, "dtype")? {
                 a.set("dtype", Attr::Type(d));
             }
@@ -722,6 +737,43 @@ fn loop_(im: &mut GraphImporter, node: &NodeProto, a: Attrs) -> Result<()> {
     let mut operands: Vec<Option<ValueId>> = names.iter().map(|n| im.values.get(n).copied()).collect();
     operands.extend(given);
     let op = Op::Loop(Box::new(crate::op::Loop { body: Subgraph(Arc::new(body)), captures: names.len() }));
+    emit(im, node, op, &operands, node.output.len())
+}
+
+/// Optional: holding its operand, or empty of the type its `type` attribute gives.
+fn optional(im: &mut GraphImporter, node: &NodeProto, a: Attrs) -> Result<()> {
+    a.finish("Optional").map_err(err)?;
+    let x = im.operand(node, 0);
+    let declared = node.attribute.iter().find(|t| t.name.as_deref() == Some("type")).and_then(|t| t.tp.as_ref());
+    let op = match (x, declared) {
+        (Some(_), _) => OptionalOp::Wrap { dtype: None, sequence: false },
+        (None, Some(tp)) => {
+            let ty = super::import::type_of(tp, "type").map_err(|e| err(format!("attribute `type`: {e}")))?;
+            let sequence = match ty.kind {
+                crate::Kind::Tensor => false,
+                crate::Kind::Sequence { .. } => true,
+                crate::Kind::Optional { .. } => return Err(err("an optional of an optional is not supported")),
+            };
+            OptionalOp::Wrap { dtype: Some(ty.dtype), sequence }
+        }
+        (None, None) => return Err(err("an empty Optional needs the attribute `type`")),
+    };
+    emit(im, node, Op::Optional(op), &[x], 1)
+}
+
+/// SequenceMap: the body becomes a graph whose inputs are the outer values it reads, then one
+/// per operand (a sequence's element, a tensor itself); its untyped inputs take those types.
+fn sequence_map(im: &mut GraphImporter, node: &NodeProto, a: Attrs) -> Result<()> {
+    a.finish("SequenceMap").map_err(err)?;
+    let mut given = Vec::new();
+    for i in 0..node.input.len() {
+        given.push(im.operand(node, i).ok_or_else(|| err(format!("operand {i} is missing")))?);
+    }
+    let implied: Vec<TensorType> = given.iter().map(|&v| im.ty(v).element().unwrap_or_else(|| im.ty(v).clone())).collect();
+    let (body, names) = body_of(im, node, "SequenceMap", implied)?;
+    let mut operands: Vec<Option<ValueId>> = names.iter().map(|n| im.values.get(n).copied()).collect();
+    operands.extend(given.into_iter().map(Some));
+    let op = Op::Sequence(SequenceOp::Map { body: Subgraph(Arc::new(body)), captures: names.len() });
     emit(im, node, op, &operands, node.output.len())
 }
 

@@ -125,6 +125,8 @@ pub struct AttributeProto {
     pub tensors: Vec<TensorProto>,
     #[prost(message, repeated, tag = "11")]
     pub graphs: Vec<GraphProto>,
+    #[prost(message, optional, tag = "14")]
+    pub tp: Option<TypeProto>,
 }
 
 #[derive(Clone, PartialEq, Message)]
@@ -306,4 +308,39 @@ pub struct StringStringEntryProto {
     pub key: Option<String>,
     #[prost(string, optional, tag = "2")]
     pub value: Option<String>,
+}
+
+/// A sequence value (test data).
+#[derive(Clone, PartialEq, Message)]
+pub struct SequenceProto {
+    #[prost(string, optional, tag = "1")]
+    pub name: Option<String>,
+    #[prost(int32, optional, tag = "2")]
+    pub elem_type: Option<i32>,
+    #[prost(message, repeated, tag = "3")]
+    pub tensor_values: Vec<TensorProto>,
+    #[prost(message, repeated, tag = "5")]
+    pub sequence_values: Vec<SequenceProto>,
+    #[prost(message, repeated, tag = "7")]
+    pub optional_values: Vec<OptionalProto>,
+}
+
+/// An optional value (test data).
+#[derive(Clone, PartialEq, Message)]
+pub struct OptionalProto {
+    #[prost(string, optional, tag = "1")]
+    pub name: Option<String>,
+    #[prost(int32, optional, tag = "2")]
+    pub elem_type: Option<i32>,
+    #[prost(message, optional, tag = "3")]
+    pub tensor_value: Option<TensorProto>,
+    #[prost(message, optional, tag = "5")]
+    pub sequence_value: Option<SequenceProto>,
+}
+
+/// `SequenceProto.DataType` / `OptionalProto.DataType`.
+pub mod value_elem_type {
+    pub const UNDEFINED: i32 = 0;
+    pub const TENSOR: i32 = 1;
+    pub const SEQUENCE: i32 = 3;
 }

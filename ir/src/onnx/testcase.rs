@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crate::{DType, Graph, IrError, Tensor};
+use crate::{DType, Graph, IrError, Tensor, Value};
 
 /// Comparison tolerance for float outputs: `|got - want| <= atol + rtol * |want|`.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -78,7 +78,7 @@ impl From<IrError> for EngineError {
 }
 
 /// The engine a test runs on: the graph and its inputs in, the outputs out.
-pub type Engine<'a> = dyn Fn(&Graph, &[Tensor]) -> Result<Vec<Tensor>, EngineError> + Sync + 'a;
+pub type Engine<'a> = dyn Fn(&Graph, &[Value]) -> Result<Vec<Value>, EngineError> + Sync + 'a;
 
 /// Runs one test directory on `engine` and compares every data set's outputs.
 pub fn run_case(dir: &Path, engine: &Engine, tol: Tolerance) -> Outcome {
@@ -100,14 +100,21 @@ pub fn run_case(dir: &Path, engine: &Engine, tol: Tolerance) -> Outcome {
         return Outcome::Fail("no test_data_set_* folder".into());
     }
     for set in &sets {
-        let read = |prefix: &str| -> Result<Vec<Tensor>, IrError> {
+        // Each file holds what the graph declares there: a tensor, a sequence or an optional.
+        let input_types: Vec<&crate::TensorType> = graph.inputs().iter().map(|&id| &graph.node(id).outputs[0]).collect();
+        let output_types: Vec<&crate::TensorType> = graph.outputs().iter().map(|(_, v)| graph.value_type(*v)).collect();
+        let read = |prefix: &str, types: &[&crate::TensorType]| -> Result<Vec<Value>, IrError> {
             let mut v = Vec::new();
             while set.join(format!("{prefix}_{}.pb", v.len())).is_file() {
-                v.push(super::read_tensor(set.join(format!("{prefix}_{}.pb", v.len())))?);
+                let path = set.join(format!("{prefix}_{}.pb", v.len()));
+                v.push(match types.get(v.len()) {
+                    Some(ty) => super::read_value(path, ty)?,
+                    None => Value::Tensor(super::read_tensor(path)?),
+                });
             }
             Ok(v)
         };
-        let (inputs, expected) = match (read("input"), read("output")) {
+        let (inputs, expected) = match (read("input", &input_types), read("output", &output_types)) {
             (Ok(i), Ok(o)) => (i, o),
             (Err(e), _) | (_, Err(e)) => return classify(e),
         };
@@ -120,7 +127,7 @@ pub fn run_case(dir: &Path, engine: &Engine, tol: Tolerance) -> Outcome {
             return Outcome::Fail(format!("{} outputs, {} expected", got.len(), expected.len()));
         }
         for (i, (want, have)) in expected.iter().zip(&got).enumerate() {
-            if let Err(why) = compare(want, have, tol) {
+            if let Err(why) = compare_values(want, have, tol) {
                 let name = graph.outputs().get(i).map_or("?", |(n, _)| n.as_str());
                 let set_name = set.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
                 return Outcome::Fail(format!("{set_name}: output {i} `{name}`: {why}"));
@@ -140,6 +147,26 @@ fn classify(e: IrError) -> Outcome {
         )),
         IrError::NotSupported(m) => Outcome::Skip(m),
         other => Outcome::Fail(other.to_string()),
+    }
+}
+
+/// Compares values: tensors as [`compare`] does, sequences element by element, optionals by
+/// whether they hold a value and then what.
+pub fn compare_values(want: &Value, got: &Value, tol: Tolerance) -> Result<(), String> {
+    match (want, got) {
+        (Value::Tensor(w), Value::Tensor(g)) => compare(w, g, tol),
+        (Value::Sequence(w), Value::Sequence(g)) => {
+            if w.len() != g.len() {
+                return Err(format!("a sequence of {} tensors, expected {}", g.len(), w.len()));
+            }
+            for (i, (w, g)) in w.iter().zip(g).enumerate() {
+                compare(w, g, tol).map_err(|e| format!("element {i}: {e}"))?;
+            }
+            Ok(())
+        }
+        (Value::Optional(None), Value::Optional(None)) => Ok(()),
+        (Value::Optional(Some(w)), Value::Optional(Some(g))) => compare_values(w, g, tol),
+        (w, g) => Err(format!("got {}, expected {}", g.describe(), w.describe())),
     }
 }
 

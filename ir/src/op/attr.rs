@@ -534,6 +534,31 @@ impl Op {
                 a.push("body", Attr::Graph(l.body.clone()));
                 a.push("captures", size(l.captures));
             }
+            Op::Sequence(sq) => match sq {
+                SequenceOp::Empty { dtype } => a.push("dtype", Attr::Type(*dtype)),
+                SequenceOp::Construct | SequenceOp::Insert | SequenceOp::Erase | SequenceOp::At | SequenceOp::Length => {}
+                SequenceOp::Split { axis, keepdims } => {
+                    a.push("axis", int(*axis));
+                    a.push("keepdims", b(*keepdims));
+                }
+                SequenceOp::Concat { axis, new_axis } => {
+                    a.push("axis", int(*axis));
+                    a.push("new_axis", b(*new_axis));
+                }
+                SequenceOp::Map { body, captures } => {
+                    a.push("body", Attr::Graph(body.clone()));
+                    a.push("captures", size(*captures));
+                }
+            },
+            Op::Optional(o) => match o {
+                OptionalOp::Wrap { dtype, sequence } => {
+                    if let Some(d) = dtype {
+                        a.push("dtype", Attr::Type(*d));
+                    }
+                    a.push("sequence", b(*sequence));
+                }
+                OptionalOp::HasElement | OptionalOp::GetElement => {}
+            },
         }
         a
     }
@@ -766,6 +791,18 @@ impl Op {
                     Op::Scan(Box::new(crate::op::Scan { body, captures, scan_inputs, input_axes, input_reverse, output_axes, output_reverse }))
                 }
                 "Loop" => Op::Loop(Box::new(crate::op::Loop { body: a.graph("body")?, captures: a.size("captures", 0)? })),
+                "SequenceEmpty" => Op::Sequence(SequenceOp::Empty { dtype: a.opt_dtype("dtype")?.unwrap_or(DType::F32) }),
+                "SequenceConstruct" => Op::Sequence(SequenceOp::Construct),
+                "SequenceInsert" => Op::Sequence(SequenceOp::Insert),
+                "SequenceErase" => Op::Sequence(SequenceOp::Erase),
+                "SequenceAt" => Op::Sequence(SequenceOp::At),
+                "SequenceLength" => Op::Sequence(SequenceOp::Length),
+                "SplitToSequence" => Op::Sequence(SequenceOp::Split { axis: a.int("axis", 0)?, keepdims: a.flag("keepdims", true)? }),
+                "ConcatFromSequence" => Op::Sequence(SequenceOp::Concat { axis: a.required_int("axis")?, new_axis: a.flag("new_axis", false)? }),
+                "SequenceMap" => Op::Sequence(SequenceOp::Map { body: a.graph("body")?, captures: a.size("captures", 0)? }),
+                "Optional" => Op::Optional(OptionalOp::Wrap { dtype: a.opt_dtype("dtype")?, sequence: a.flag("sequence", false)? }),
+                "OptionalHasElement" => Op::Optional(OptionalOp::HasElement),
+                "OptionalGetElement" => Op::Optional(OptionalOp::GetElement),
                 _ => return Err(format!("unknown op `{name}`")),
             }
         };

@@ -9,11 +9,13 @@
 pub(crate) mod attr;
 mod elementwise;
 mod params;
+mod sequence;
 mod window;
 
 pub use attr::{Attr, Attrs};
 pub use elementwise::{BinaryOp, TypeClass, UnaryOp};
 pub use params::*;
+pub use sequence::{OptionalOp, SequenceOp};
 pub use window::{AutoPad, SpatialAxis, Window};
 
 use std::sync::Arc;
@@ -190,6 +192,12 @@ pub enum Op {
     /// `(captured..., trip count?, cond?, state...) -> (state..., stacked...)`: runs the body
     /// while the step is below the trip count and the condition holds, carrying the state.
     Loop(Box<Loop>),
+
+    // ----- sequences and optionals -----
+    /// The ONNX sequence ops (`SequenceAt`, `SplitToSequence`...).
+    Sequence(SequenceOp),
+    /// The ONNX optional ops.
+    Optional(OptionalOp),
 }
 
 /// `Loop`: the body takes the captured values, the step number (one i64), the condition (one
@@ -472,6 +480,8 @@ impl Op {
             Op::If { .. } => "If",
             Op::Scan(_) => "Scan",
             Op::Loop(_) => "Loop",
+            Op::Sequence(s) => s.name(),
+            Op::Optional(o) => o.name(),
         }
     }
 
@@ -506,6 +516,18 @@ impl Op {
             Op::If { .. } | Op::Scan(_) => (1, ANY),
             // The trip count and the condition are positional, either may be absent.
             Op::Loop(_) => (0, ANY),
+            Op::Sequence(s) => match s {
+                SequenceOp::Empty { .. } => (0, 0),
+                SequenceOp::Construct | SequenceOp::Map { .. } => (1, ANY),
+                SequenceOp::Insert => (2, 3),
+                SequenceOp::Erase | SequenceOp::Split { .. } => (1, 2),
+                SequenceOp::At => (2, 2),
+                SequenceOp::Length | SequenceOp::Concat { .. } => (1, 1),
+            },
+            Op::Optional(o) => match o {
+                OptionalOp::Wrap { .. } | OptionalOp::HasElement => (0, 1),
+                OptionalOp::GetElement => (1, 1),
+            },
         }
     }
 
@@ -520,6 +542,7 @@ impl Op {
             Op::Scan(s) => s.body.0.outputs().len(),
             // Everything the body gives but its condition.
             Op::Loop(l) => l.body.0.outputs().len().saturating_sub(1),
+            Op::Sequence(SequenceOp::Map { body, .. }) => body.0.outputs().len(),
             _ => 1,
         }
     }

@@ -388,10 +388,56 @@ impl Parser {
         }
     }
 
-    /// `f32[4,batch,"seq len"]`.
+    /// `f32[4,batch,"seq len"]`, or a sequence or optional type (see `TensorType`'s Display).
     fn tensor_type(&mut self) -> Result<TensorType> {
         let w = self.word()?;
+        match w.as_str() {
+            "seq" => {
+                self.expect('(')?;
+                let (dtype, elem) = self.element_type()?;
+                let len = if self.eat(',') {
+                    match self.next()? {
+                        Tok::Num(n) => Some(n.parse().or_else(|_| self.fail(format!("`{n}` is not a length")))?),
+                        _ => return self.fail("expected a sequence length"),
+                    }
+                } else {
+                    None
+                };
+                self.expect(')')?;
+                return Ok(TensorType::sequence(dtype, elem, len));
+            }
+            "opt" => {
+                self.expect('(')?;
+                let inner = if matches!(self.peek(), Some(Tok::Word(w)) if w == "seq") {
+                    self.tensor_type()?
+                } else {
+                    let (dtype, elem) = self.element_type()?;
+                    let ranked = elem.is_some();
+                    TensorType { dtype, shape: elem.unwrap_or_else(Shape::scalar), kind: crate::Kind::Optional { sequence: false, ranked } }
+                };
+                self.expect(')')?;
+                return Ok(match inner.kind {
+                    crate::Kind::Optional { .. } => inner,
+                    _ => TensorType::optional(&inner),
+                });
+            }
+            _ => {}
+        }
+        self.pos -= 1;
+        let (dtype, shape) = self.element_type()?;
+        match shape {
+            Some(shape) => Ok(TensorType::new(dtype, shape)),
+            None => self.fail("expected `[` and the shape"),
+        }
+    }
+
+    /// A dtype and, when `[...]` follows, a shape.
+    fn element_type(&mut self) -> Result<(DType, Option<Shape>)> {
+        let w = self.word()?;
         let dtype = DType::from_name(&w).map_or_else(|| self.fail(format!("unknown type `{w}`")), Ok)?;
+        if self.peek() != Some(&Tok::Punct('[')) {
+            return Ok((dtype, None));
+        }
         self.expect('[')?;
         let mut dims = Vec::new();
         if !self.eat(']') {
@@ -407,7 +453,7 @@ impl Parser {
                 self.expect(',')?;
             }
         }
-        Ok(TensorType::new(dtype, Shape(dims)))
+        Ok((dtype, Some(Shape(dims))))
     }
 
     /// The data of a tensor of type `ty`: `[v, ...]` or `hex"..."`.

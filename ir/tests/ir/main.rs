@@ -5,6 +5,7 @@ mod builder;
 mod errors;
 mod onnx;
 mod ops;
+mod ops_collection;
 mod ops_control;
 mod ops_generate;
 mod ops_indexing;
