@@ -452,6 +452,35 @@ pub fn pass_trace(graph: &Graph, options: &Options) -> Result<String> {
     Ok(out)
 }
 
+/// One stage's text (`passes`, or one of [`Stages::NAMES`]) for `options.target`: what `kiln
+/// emit` prints. `passes`, `graph` and `fused` stop before code generation, so a model kiln
+/// cannot compile still prints them.
+pub fn emit(graph: &Graph, stage: &str, options: &Options) -> Result<String> {
+    let target = options.target;
+    // Each code stage exists for some targets only.
+    let wants = match stage {
+        "asm" | "schedule" => Some(TargetKind::Cpu),
+        "ptx" => Some(TargetKind::Cuda),
+        "spirv" => Some(TargetKind::Opencl),
+        "llvm" if target == TargetKind::Opencl => {
+            return Err(CompileError::Usage("stage llvm: the OpenCL target goes through SPIR-V, not LLVM IR; try stage lowered or spirv".into()));
+        }
+        "passes" => None,
+        s if Stages::NAMES.contains(&s) => None,
+        other => {
+            return Err(CompileError::Usage(format!("there is no stage `{other}`; the stages are passes, {}", Stages::NAMES.join(", "))));
+        }
+    };
+    if let Some(t) = wants.filter(|&t| t != target) {
+        return Err(CompileError::Usage(format!("stage {stage} is the {0} target's code: compile for target {0}", t.name())));
+    }
+    if stage == "passes" {
+        return pass_trace(graph, options);
+    }
+    let stages = if stage == "graph" || stage == "fused" { front(graph, options)? } else { compile(graph, options, true)?.stages };
+    Ok(stages.get(stage).unwrap_or_default().to_string())
+}
+
 /// The stages before codegen (the optimised graph and the fused kernels), for printing.
 pub fn front(graph: &Graph, options: &Options) -> Result<Stages> {
     let g = optimize(graph, options)?;

@@ -57,6 +57,11 @@ impl Session {
 
     /// Runs the model on `inputs` (in the graph's input order).
     pub fn run(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
+        self.run_profiled(inputs, None)
+    }
+
+    /// `run`, recording the program's launches into `profile` when given.
+    pub fn run_profiled(&mut self, inputs: &[Tensor], profile: Option<&mut kiln_runtime::Profile>) -> Result<Vec<Tensor>> {
         let sizes = self.bind(inputs)?;
         // At most one symbol is padded: the first, by name, that can be.
         let mut padded: Option<String> = None;
@@ -97,7 +102,7 @@ impl Session {
                     .ok_or_else(|| CompileError::Internal(format!("the program takes `{}`, which the model does not", d.name)))
             })
             .collect::<Result<_>>()?;
-        Ok(exe.run(&args)?)
+        Ok(exe.run_profiled(&args, profile)?)
     }
 
     /// Every symbol's size in `inputs`, checked against the declared types.

@@ -101,22 +101,39 @@ impl Element for bool {
     }
 }
 
-/// Immutable bytes with 8-byte alignment (enough for every element type), shared by reference count.
+/// Immutable bytes with 8-byte alignment (enough for every element type), shared by reference
+/// count: kiln's own words, or memory another owner keeps alive (a caller's array, not copied).
 #[derive(Clone)]
-struct Storage {
-    words: Arc<[u64]>,
-    len: usize,
+enum Storage {
+    Words { words: Arc<[u64]>, len: usize },
+    External(Arc<External>),
 }
+
+/// Bytes that `owner` keeps alive and unchanged (see [`Tensor::from_external`]).
+struct External {
+    ptr: *const u8,
+    len: usize,
+    _owner: Box<dyn std::any::Any + Send + Sync>,
+}
+
+// SAFETY: the bytes are immutable while any tensor over them lives (the contract of
+// `Tensor::from_external`), and the owner is Send + Sync.
+unsafe impl Send for External {}
+unsafe impl Sync for External {}
 
 impl Storage {
     fn from_bytes(bytes: &[u8]) -> Storage {
         let mut words = vec![0u64; bytes.len().div_ceil(8)];
         bytemuck::cast_slice_mut::<u64, u8>(&mut words)[..bytes.len()].copy_from_slice(bytes);
-        Storage { words: words.into(), len: bytes.len() }
+        Storage::Words { words: words.into(), len: bytes.len() }
     }
 
     fn bytes(&self) -> &[u8] {
-        &bytemuck::cast_slice::<u64, u8>(&self.words)[..self.len]
+        match self {
+            Storage::Words { words, len } => &bytemuck::cast_slice::<u64, u8>(words)[..*len],
+            // SAFETY: `from_external`'s contract: `len` readable bytes at `ptr` while the owner lives.
+            Storage::External(e) => unsafe { std::slice::from_raw_parts(e.ptr, e.len) },
+        }
     }
 }
 
@@ -129,6 +146,27 @@ pub struct Tensor {
 }
 
 impl Tensor {
+    /// A tensor over memory someone else owns (a caller's array), without copying: `owner` is
+    /// kept alive as long as any tensor over the bytes. `None` when `ptr` is not 8-byte aligned
+    /// or the length does not match the type (copy the bytes with `from_bytes` then).
+    ///
+    /// # Safety
+    /// `ptr` must point to `len` readable bytes that stay valid and unchanged while `owner`
+    /// lives, and bools must be 0 or 1.
+    pub unsafe fn from_external(
+        dtype: DType,
+        dims: &[usize],
+        ptr: *const u8,
+        len: usize,
+        owner: Box<dyn std::any::Any + Send + Sync>,
+    ) -> Option<Tensor> {
+        let want = dims.iter().try_fold(dtype.size(), |a, &d| a.checked_mul(d))?;
+        if len != want || !(ptr as usize).is_multiple_of(8) || ptr.is_null() {
+            return None;
+        }
+        Some(Tensor { dtype, dims: dims.to_vec(), data: Storage::External(Arc::new(External { ptr, len, _owner: owner })) })
+    }
+
     /// A tensor over shared words (little-endian bytes, at least as many as the type needs): no
     /// copy. The runtime hands out its output buffers this way and reuses one once every tensor
     /// over it is dropped. Bools other than 0 and 1 are normalised (copied).
@@ -137,7 +175,7 @@ impl Tensor {
         if words.len() * 8 < want {
             return Err(IrError::Tensor(format!("{dtype}{} needs {want} bytes, got {}", Shape::fixed(dims), words.len() * 8)));
         }
-        let t = Tensor { dtype, dims: dims.to_vec(), data: Storage { words, len: want } };
+        let t = Tensor { dtype, dims: dims.to_vec(), data: Storage::Words { words, len: want } };
         if dtype == DType::Bool && t.data.bytes().iter().any(|&b| b > 1) {
             // Any nonzero byte is true, as `from_bytes` has it (a copy: the words are shared).
             let norm: Vec<u8> = t.data.bytes().iter().map(|&b| (b != 0) as u8).collect();
@@ -247,7 +285,7 @@ impl Tensor {
 
     pub fn zeros(dtype: DType, dims: &[usize]) -> Tensor {
         let n = dims.iter().product::<usize>() * dtype.size();
-        Tensor { dtype, dims: dims.to_vec(), data: Storage { words: vec![0u64; n.div_ceil(8)].into(), len: n } }
+        Tensor { dtype, dims: dims.to_vec(), data: Storage::Words { words: vec![0u64; n.div_ceil(8)].into(), len: n } }
     }
 
     /// Every element set to `v` (converted to `dtype`).

@@ -4,7 +4,8 @@ use std::path::PathBuf;
 
 use super::common::{load_model, parse_shapes, Model};
 use super::compile::{CudaArgs, TargetArg};
-use crate::{CompileError, Options, Result, Stages};
+
+use crate::{CompileError, Options, Result};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum StageArg {
@@ -46,22 +47,6 @@ pub struct Args {
 }
 
 pub fn run(args: &Args) -> Result<()> {
-    let name = format!("{:?}", args.stage).to_lowercase();
-    // Each code stage exists for some targets only.
-    let wants = match args.stage {
-        StageArg::Asm | StageArg::Schedule => Some((TargetArg::Cpu, "cpu")),
-        StageArg::Ptx => Some((TargetArg::Cuda, "cuda")),
-        StageArg::Spirv => Some((TargetArg::Opencl, "opencl")),
-        StageArg::Llvm if args.target == TargetArg::Opencl => {
-            return Err(CompileError::Usage("--stage llvm: the OpenCL target goes through SPIR-V, not LLVM IR; try --stage lowered or spirv".into()));
-        }
-        _ => None,
-    };
-    if let Some((t, n)) = wants {
-        if args.target != t {
-            return Err(CompileError::Usage(format!("--stage {name} is the {n} target's code: add --target {n}")));
-        }
-    }
     let graph = match load_model(&args.model)? {
         Model::Graph(g) => g,
         Model::Artifact(_) => return Err(CompileError::Usage("emit takes a model, not a compiled artifact".into())),
@@ -74,16 +59,7 @@ pub fn run(args: &Args) -> Result<()> {
         ptx: args.cuda.ptx()?,
         ..Options::default()
     };
-    if args.stage == StageArg::Passes {
-        print!("{}", crate::driver::pass_trace(&graph, &options)?);
-        return Ok(());
-    }
-    let stages: Stages = if name == "graph" || name == "fused" {
-        // These need no codegen: stop before it, so a model kiln cannot compile still prints.
-        crate::driver::front(&graph, &options)?
-    } else {
-        crate::compile(&graph, &options, true)?.stages
-    };
-    print!("{}", stages.get(&name).unwrap_or_default());
+    let name = format!("{:?}", args.stage).to_lowercase();
+    print!("{}", crate::driver::emit(&graph, &name, &options)?);
     Ok(())
 }
