@@ -6,7 +6,7 @@ CARGO ?= cargo
 
 SUITES := node pytorch-converted pytorch-operator simple
 
-.PHONY: setup demo test check-runtime-deps conformance ratchet ops-doc examples bench bench-ops fuzz fuzz-smoke soak
+.PHONY: setup demo test check-runtime-deps conformance ratchet ops-doc examples bench bench-ops fuzz fuzz-smoke soak python python-test python-ratchet python-overhead
 
 setup:
 	@./scripts/setup.sh
@@ -23,6 +23,7 @@ test: setup check-runtime-deps
 	$(MAKE) --no-print-directory examples
 	$(MAKE) --no-print-directory conformance
 	$(MAKE) --no-print-directory fuzz-smoke
+	$(MAKE) --no-print-directory python-test
 
 # The JIT example traces, compiles and checks an MLP and saves its artifact; the runtime-only
 # example (no MLIR/LLVM in its build) loads and runs that artifact.
@@ -82,3 +83,32 @@ fuzz:
 
 fuzz-smoke:
 	@./scripts/fuzz.sh 10
+
+# The Python package (python/, PyO3 + maturin) into the venv setup-python.sh keeps outside the
+# repo; PROFILE=dev (the default here) reuses the debug build `cargo test` made, PROFILE=release
+# is what `pip install ./python` builds.
+PROFILE ?= dev
+python:
+	@py=$$(./scripts/setup-python.sh) && PATH="$$(dirname $$py):$$PATH" MATURIN_PEP517_ARGS="--profile $(PROFILE)" \
+	  $$py -m pip install --quiet --no-build-isolation --force-reinstall --no-deps ./python
+
+# The package's pytest suite: sessions against onnxruntime, errors, threads, compile/load/emit,
+# and the ONNX backend tests through kiln.backend that python/tests/backend_cpu.txt lists.
+python-test: python
+	@py=$$(./scripts/setup-python.sh) && cd /tmp && $$py -m pytest -q -p no:cacheprovider -n 2 $(CURDIR)/python/tests
+
+# Runs every ONNX backend test through kiln.backend and rewrites the ratchet list.
+python-ratchet: python
+	@py=$$(./scripts/setup-python.sh) && cd /tmp && \
+	  { echo "# ONNX backend tests (onnx.backend.test, through kiln.backend on the CPU) that must pass: a ratchet."; \
+	    echo "# Refresh with \`make python-ratchet\`."; \
+	    KILN_BACKEND_ALL=1 $$py -m pytest -q -p no:cacheprovider -n 2 -rA $(CURDIR)/python/tests/test_backend.py | \
+	    sed -n 's/^PASSED .*::\(test_.*\)_cpu$$/\1/p' | sort; } > $(CURDIR)/python/tests/backend_cpu.txt.new; \
+	  mv $(CURDIR)/python/tests/backend_cpu.txt.new $(CURDIR)/python/tests/backend_cpu.txt; \
+	  echo "python-ratchet: $$(grep -vc '^#' $(CURDIR)/python/tests/backend_cpu.txt) tests pass"
+
+# Python's per-call overhead over Rust's Executable::run on a tiny model (release builds).
+python-overhead:
+	@$(MAKE) --no-print-directory python PROFILE=release
+	@py=$$(./scripts/setup-python.sh) && cargo build --release -q -p kiln-compiler --example overhead && \
+	  $$py scripts/python_overhead.py target/release/examples/overhead
