@@ -6,7 +6,7 @@ CARGO ?= cargo
 
 SUITES := node pytorch-converted pytorch-operator simple
 
-.PHONY: setup demo test check-runtime-deps conformance ratchet ops-doc examples bench bench-ops fuzz fuzz-smoke soak python python-test python-ratchet python-overhead
+.PHONY: setup demo test check-runtime-deps conformance ratchet ops-doc examples bench bench-ops fuzz fuzz-smoke soak python python-test python-ratchet python-overhead lint
 
 setup:
 	@./scripts/setup.sh
@@ -18,12 +18,18 @@ demo: setup
 # CPU runtime (once) and prints the environment that finds it. setup-cuda-tools.sh installs ptxas
 # and libdevice (Debian's nvidia-cuda-toolkit), which check and link the PTX kiln makes.
 test: setup check-runtime-deps
+	$(MAKE) --no-print-directory lint
 	./scripts/setup-cuda-tools.sh
 	eval "$$(./scripts/setup-opencl.sh)" && $(CARGO) test --workspace
 	$(MAKE) --no-print-directory examples
 	$(MAKE) --no-print-directory conformance
 	$(MAKE) --no-print-directory fuzz-smoke
 	$(MAKE) --no-print-directory python-test
+
+# Formatting and clippy, warnings as errors (the lints every crate takes are in Cargo.toml).
+lint:
+	$(CARGO) fmt --all --check
+	$(CARGO) clippy -q --workspace --all-targets -- -D warnings
 
 # The JIT example traces, compiles and checks an MLP and saves its artifact; the runtime-only
 # example (no MLIR/LLVM in its build) loads and runs that artifact.

@@ -198,15 +198,17 @@ impl GraphBuilder {
     }
 }
 
+// `Traced` implements the operator traits too (`a + b`); the methods are the chainable spelling
+// (`x.matmul(w).add(b).relu()`), so their names are the traits' on purpose.
 macro_rules! unary_methods {
     ($($(#[$doc:meta])* $name:ident => $op:expr;)*) => {
-        $( $(#[$doc])* pub fn $name(self) -> Traced<'g> { self.unary($op) } )*
+        $( $(#[$doc])* #[allow(clippy::should_implement_trait)] pub fn $name(self) -> Traced<'g> { self.unary($op) } )*
     };
 }
 
 macro_rules! binary_methods {
     ($($name:ident => $op:expr;)*) => {
-        $( pub fn $name(self, other: Traced<'g>) -> Traced<'g> { self.binary($op, other) } )*
+        $( #[allow(clippy::should_implement_trait)] pub fn $name(self, other: Traced<'g>) -> Traced<'g> { self.binary($op, other) } )*
     };
 }
 

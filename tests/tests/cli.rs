@@ -21,8 +21,8 @@ fn relu_model(dims: &[Option<i64>]) -> Vec<u8> {
             output: vec!["y".into()],
             ..Default::default()
         }],
-        input: vec![ValueInfoProto { name: Some("x".into()), r#type: Some(ty(dim)), ..Default::default() }],
-        output: vec![ValueInfoProto { name: Some("y".into()), r#type: Some(ty(vec![])), ..Default::default() }],
+        input: vec![ValueInfoProto { name: Some("x".into()), r#type: Some(ty(dim)) }],
+        output: vec![ValueInfoProto { name: Some("y".into()), r#type: Some(ty(vec![])) }],
         ..Default::default()
     };
     model_bytes(graph)

@@ -215,7 +215,9 @@ fn transposed_convolutions_as_a_gemm_and_a_scatter() {
 fn max_and_average_pooling() {
     // Max with ceil mode and padding, with dilation, 1-D; average counting the padding and not;
     // each checked against the interpreter.
-    let cases: Vec<(Vec<usize>, PoolKind, Vec<usize>, Vec<usize>, Vec<usize>, Vec<usize>, bool)> = vec![
+    // (input dims, kind, kernel, strides, pads, dilations, ceil mode)
+    type Case = (Vec<usize>, PoolKind, Vec<usize>, Vec<usize>, Vec<usize>, Vec<usize>, bool);
+    let cases: Vec<Case> = vec![
         (vec![1, 16, 37, 41], PoolKind::Max, vec![3, 3], vec![2, 2], vec![1, 1, 1, 1], vec![1, 1], true),
         (vec![2, 8, 30, 33], PoolKind::Max, vec![3, 2], vec![1, 3], vec![0; 4], vec![2, 1], false),
         (vec![1, 16, 100], PoolKind::Max, vec![5], vec![1], vec![2, 2], vec![1], false),

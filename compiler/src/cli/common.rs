@@ -10,7 +10,8 @@ use kiln_runtime::Artifact;
 
 use crate::{CompileError, Result, TargetKind};
 
-/// A model as given on the command line.
+/// A model as given on the command line (one per command, moved once: its size does not matter).
+#[allow(clippy::large_enum_variant)]
 pub enum Model {
     Graph(Graph),
     Artifact(Artifact),

@@ -193,6 +193,7 @@ pub fn string_attr<'c>(ctx: &'c Context, s: &str) -> Attribute<'c> {
 }
 
 /// `tensor.pad` of `v` (static `low`/`high` per dim) with a constant.
+#[allow(clippy::too_many_arguments)] // the op's own operands and attributes
 pub fn pad<'c, 'a>(
     ctx: &'c Context,
     loc: Location<'c>,
@@ -224,6 +225,7 @@ pub fn pad<'c, 'a>(
 }
 
 /// `tensor.expand_shape` (`expand`) or `tensor.collapse_shape` of `v` with a reassociation.
+#[allow(clippy::too_many_arguments)] // the op's own operands and attributes
 pub fn reshape<'c, 'a>(
     ctx: &'c Context,
     loc: Location<'c>,

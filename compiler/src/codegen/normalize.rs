@@ -87,7 +87,7 @@ fn group_norm(em: &mut Emitter, id: NodeId, x: ValueId, scale: Option<ValueId>, 
         (Some(s), Some(b)) => (s, b),
         _ => return Err(em.unsupported(id, "needs a scale and a bias")),
     };
-    if xd.len() < 2 || groups == 0 || xd[1] % groups != 0 {
+    if xd.len() < 2 || groups == 0 || !xd[1].is_multiple_of(groups) {
         return Err(em.unsupported(id, "needs channels that split into the groups"));
     }
     if em.dims(scale) != [xd[1]] || em.dims(bias) != [xd[1]] {

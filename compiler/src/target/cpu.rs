@@ -156,7 +156,7 @@ pub fn compile(
     main.verify().map_err(|e| CompileError::Internal(format!("invalid LLVM IR: {e}")))?;
     main.run_passes("default<O3>", &tm, PassBuilderOptions::create())
         .map_err(|e| CompileError::Internal(format!("LLVM optimisation failed: {e}")))?;
-    if let Some(t) = texts.as_deref_mut() {
+    if let Some(t) = texts {
         t.llvm = main.print_to_string().to_string();
         let asm = tm
             .write_to_memory_buffer(&main, FileType::Assembly)

@@ -205,7 +205,7 @@ impl DimProduct {
             let i = syms.iter().position(|x| x == s)?;
             syms.remove(i);
         }
-        if other.fixed == 0 || self.fixed % other.fixed != 0 {
+        if other.fixed == 0 || !self.fixed.is_multiple_of(other.fixed) {
             return None;
         }
         Some(DimProduct { fixed: self.fixed / other.fixed, syms })

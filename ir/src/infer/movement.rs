@@ -156,7 +156,7 @@ pub(super) fn concat(ax: i64, ops: &Operands, ctx: &Ctx) -> Infer {
     let sum = along.iter().try_fold(0usize, |acc, d| d.fixed().map(|n| acc + n));
     dims[a] = match sum {
         Some(n) => Dim::Fixed(n),
-        None if along.iter().filter(|d| !d.fixed().is_some_and(|n| n == 0)).count() == 1 => {
+        None if along.iter().filter(|d| d.fixed().is_none_or(|n| n != 0)).count() == 1 => {
             along.into_iter().find(|d| d.fixed().is_none()).expect("one symbol")
         }
         None => ctx.fresh(a),

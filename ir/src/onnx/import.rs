@@ -143,9 +143,9 @@ fn node_order(g: &GraphProto, known: &HashSet<&str>) -> Result<Vec<usize>> {
     let mut order = Vec::with_capacity(g.node.len());
     // 0: not visited, 1: on the current path, 2: done.
     let mut state = vec![0u8; g.node.len()];
-    fn visit<'g>(
+    fn visit(
         i: usize,
-        g: &'g GraphProto,
+        g: &GraphProto,
         known: &HashSet<&str>,
         producer: &HashMap<&str, usize>,
         state: &mut [u8],

@@ -713,7 +713,8 @@ pub fn plan(graph: &Graph, kernel: &Kernel, host: &Host, always: bool) -> Option
     // scalar loop nests: a 2x2/2 max pool of 4x6x28x28 takes 24 us there, 2.7 here), are worth
     // the call at any size.
     let enough = work >= MIN_MACS || scalar_on_linalg(&shape) || matches!(shape, Shape::Pool { .. });
-    if m * n * k == 0 || !always && !(fills && enough && beats_linalg(&shape, k, n, host)) {
+    let wanted = always || (fills && enough && beats_linalg(&shape, k, n, host));
+    if m * n * k == 0 || !wanted {
         return None;
     }
     // The tail: constant or residual adds, then one activation.
@@ -1430,6 +1431,8 @@ fn pack_recurrent(graph: &Graph, kernel: &Kernel, u: &Ukernel) -> Result<Vec<f32
         let (bias, rest) = rest.split_at_mut(ghp);
         let (rbh, peep) = rest.split_at_mut(hp);
         for gate in 0..g {
+            // `c` indexes the packed rows and several source arrays at once.
+            #[allow(clippy::needless_range_loop)]
             for c in 0..h {
                 let (row, j) = (gate * h + c, gate * hp + c);
                 for k in 0..input {

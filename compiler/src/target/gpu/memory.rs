@@ -75,7 +75,7 @@ fn resize_empty_arguments(ctx: &melior::Context, func: RawOp) -> Result<(), Stri
         let mut changed = false;
         for (i, input) in inputs.iter_mut().enumerate() {
             let dims = edit::static_dims(*input);
-            if !dims.is_some_and(|d| d.iter().product::<usize>() == 0) || i >= mlir_sys::mlirBlockGetNumArguments(entry) as usize {
+            if dims.is_none_or(|d| d.iter().product::<usize>() != 0) || i >= mlir_sys::mlirBlockGetNumArguments(entry) as usize {
                 continue;
             }
             let arg = mlir_sys::mlirBlockGetArgument(entry, i as isize);
@@ -86,8 +86,7 @@ fn resize_empty_arguments(ctx: &melior::Context, func: RawOp) -> Result<(), Stri
             let elem = text
                 .trim_start_matches("memref<")
                 .split(['x', ',', '>'])
-                .filter(|p| !p.is_empty() && !p.chars().all(|c| c.is_ascii_digit()))
-                .next()
+                .find(|p| !p.is_empty() && !p.chars().all(|c| c.is_ascii_digit()))
                 .unwrap_or("f32")
                 .trim()
                 .to_string();

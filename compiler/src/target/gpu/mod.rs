@@ -144,7 +144,7 @@ pub fn compile(
         }
         GpuTarget::Opencl => {
             let (binary, text) = spirv::lower(&mlir, &mut device_module).map_err(|e| internal("spirv", e))?;
-            if let Some(x) = texts.as_deref_mut() {
+            if let Some(x) = texts {
                 x.lowered.push_str(&text);
                 x.spirv = spirv::disassemble(&binary, &text);
             }

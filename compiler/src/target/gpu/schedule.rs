@@ -177,7 +177,7 @@ fn innermost_reduction(l: &Loops) -> Option<(usize, usize)> {
 
 /// The largest divisor of `n` that is at most `cap`.
 fn divisor_at_most(n: usize, cap: usize) -> usize {
-    (1..=cap.min(n)).rev().find(|d| n % d == 0).unwrap_or(1)
+    (1..=cap.min(n)).rev().find(|d| n.is_multiple_of(*d)).unwrap_or(1)
 }
 
 /// Threads over the innermost parallel loops (at most three), at most `budget` in all: (loop,
@@ -212,15 +212,17 @@ fn forall_of(l: &Loops, tiles: &[usize], kind: &str) -> Vec<String> {
     }
 }
 
+/// Which loops threads split, and into how many.
+type ThreadSplit = Vec<(usize, usize)>;
+
 /// The parallel block tiling: a block covers the thread split of the innermost loops and one
 /// index of the others. Returns (block tile sizes, thread split).
-fn parallel_blocks(l: &Loops) -> Option<(Vec<usize>, Vec<(usize, usize)>)> {
+fn parallel_blocks(l: &Loops) -> Option<(Vec<usize>, ThreadSplit)> {
     let split = thread_split(l, BLOCK_THREADS);
-    let n = l.ranges.len();
-    let mut block = vec![0; n];
-    for i in 0..n {
+    let mut block = vec![0; l.ranges.len()];
+    for (i, b) in block.iter_mut().enumerate() {
         if l.parallel[i] && l.ranges[i] > 1 {
-            block[i] = split.iter().find(|(j, _)| *j == i).map_or(1, |&(_, t)| t);
+            *b = split.iter().find(|(j, _)| *j == i).map_or(1, |&(_, t)| t);
         }
     }
     let block = grid_tiles(l, block);
@@ -242,9 +244,9 @@ fn at_least_one_block(l: &Loops, mut block: Vec<usize>) -> Option<Vec<usize>> {
 /// MLIR's linear block ids mis-size grids beyond three): the extra loops with the fewest
 /// iterations stay whole, run by each thread in turn.
 fn grid_tiles(l: &Loops, mut block: Vec<usize>) -> Vec<usize> {
-    for i in 0..block.len() {
-        if block[i] != 0 && block[i] >= l.ranges[i] {
-            block[i] = 0;
+    for (b, &range) in block.iter_mut().zip(&l.ranges) {
+        if *b != 0 && *b >= range {
+            *b = 0;
         }
     }
     let mut tiled: Vec<usize> = (0..block.len()).filter(|&i| block[i] != 0).collect();
@@ -258,7 +260,7 @@ fn grid_tiles(l: &Loops, mut block: Vec<usize>) -> Vec<usize> {
     tiled.sort_by_key(|&i| std::cmp::Reverse(l.ranges[i] / block[i]));
     for &i in tiled.iter().skip(1) {
         if l.ranges[i] / block[i] > 65535 {
-            let bigger = (block[i]..=l.ranges[i]).find(|&t| l.ranges[i] % t == 0 && l.ranges[i] / t <= 65535);
+            let bigger = (block[i]..=l.ranges[i]).find(|&t| l.ranges[i].is_multiple_of(t) && l.ranges[i] / t <= 65535);
             block[i] = match bigger {
                 Some(t) if t < l.ranges[i] => t,
                 _ => 0,
