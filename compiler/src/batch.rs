@@ -380,6 +380,14 @@ fn rule(g: &Graph, id: NodeId, operands: &[Option<ValueId>], deps: &[Dep]) -> st
         | Op::Lrn(_)
         | Op::DepthToSpace { .. }
         | Op::SpaceToDepth { .. } => only(&[0])?,
+        // Per element; a scale per position of an axis must not be per position of the batch.
+        Op::Quantize { axis, block_size, .. } | Op::Dequantize { axis, block_size } => {
+            only(&[0])?;
+            let per_tensor = ty(1).is_some_and(|t| t.shape.numel() == Some(1)) && *block_size == 0;
+            if !per_tensor {
+                axis_not_batch(*axis, x_rank, "scale axis")?;
+            }
+        }
         Op::Softmax { axis } | Op::LogSoftmax { axis } | Op::Hardmax { axis } | Op::LpNorm { axis, .. } => {
             only(&[0])?;
             axis_not_batch(*axis, x_rank, "axis")?;

@@ -9,6 +9,9 @@
 //! - `RotaryEmbedding` becomes Slice / Gather / elementwise / Concat (`attention.rs`).
 //! - `NegativeLogLikelihoodLoss` and `SoftmaxCrossEntropyLoss` become Equal / Where / ReduceSum
 //!   (and LogSoftmax) (`loss.rs`).
+//! - `QuantizeLinear` and `DequantizeLinear` become elementwise arithmetic with the scale shaped
+//!   to broadcast (`quantize.rs`): quantized models run, computing in f32, not yet on integer
+//!   kernels.
 //!
 //! Each rewrite computes what `kiln_ir::eval` computes for the op; nodes are named
 //! `<node>/<part>` (`gru/step3/z`) so errors and `kiln emit --stage graph` point back to the op.
@@ -16,6 +19,7 @@
 
 mod attention;
 mod loss;
+mod quantize;
 mod rnn;
 
 use kiln_ir::op::{Gemm, Reduce, ReduceKind};
@@ -39,7 +43,17 @@ fn decompose(graph: &mut Graph, keep: fn(&Graph, NodeId) -> bool) -> Result<bool
     let mut changed = false;
     for id in graph.topo_order()? {
         let Some(node) = graph.try_node(id) else { continue };
-        if !matches!(node.op, Op::Rnn(_) | Op::Attention(_) | Op::RotaryEmbedding(_) | Op::NllLoss(_) | Op::SoftmaxCrossEntropyLoss(_)) {
+        let decomposed = matches!(
+            node.op,
+            Op::Rnn(_)
+                | Op::Attention(_)
+                | Op::RotaryEmbedding(_)
+                | Op::NllLoss(_)
+                | Op::SoftmaxCrossEntropyLoss(_)
+                | Op::Quantize { .. }
+                | Op::Dequantize { .. }
+        );
+        if !decomposed {
             continue;
         }
         if !is_static(graph, id) || keep(graph, id) {
@@ -53,6 +67,8 @@ fn decompose(graph: &mut Graph, keep: fn(&Graph, NodeId) -> bool) -> Result<bool
             Op::RotaryEmbedding(r) => attention::rotary(&mut e, id, r),
             Op::NllLoss(l) => loss::decompose(&mut e, id, l, false),
             Op::SoftmaxCrossEntropyLoss(l) => loss::decompose(&mut e, id, l, true),
+            Op::Quantize { axis, block_size, .. } => quantize::quantize(&mut e, id, *axis, *block_size),
+            Op::Dequantize { axis, block_size } => quantize::dequantize(&mut e, id, *axis, *block_size),
             _ => continue,
         };
         // A failure here is a bug in this pass, not in the model: say which node it was.

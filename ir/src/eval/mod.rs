@@ -14,6 +14,7 @@ mod indexing;
 mod loss;
 mod movement;
 mod normalize;
+mod quantize;
 mod reduce;
 mod resize;
 mod sequence;
@@ -261,6 +262,8 @@ pub fn eval_op(op: &Op, operands: &[Option<&Tensor>], num_outputs: usize) -> Res
         Op::Resize(r) => resize::eval(r, operands, &out_types)?,
         Op::Rnn(_) | Op::Attention(_) | Op::RotaryEmbedding(_) => sequence::eval(op, operands, &out_types)?,
         Op::NllLoss(_) | Op::SoftmaxCrossEntropyLoss(_) => loss::eval(op, operands, &out_types)?,
+        Op::Quantize { axis, block_size, .. } => vec![quantize::quantize(*axis, *block_size, operands, &out_types[0])?],
+        Op::Dequantize { axis, block_size } => vec![quantize::dequantize(*axis, *block_size, operands, &out_types[0])?],
         Op::If { .. } | Op::Scan(_) | Op::Loop(_) | Op::Sequence(_) | Op::Optional(_) => unreachable!("handled above"),
     };
     results.truncate(num_outputs);

@@ -12,6 +12,7 @@ mod indexing;
 mod loss;
 mod movement;
 mod normalize;
+mod quantize;
 mod reduce;
 mod resize;
 mod sequence;
@@ -123,6 +124,8 @@ pub fn infer(op: &Op, operands: &[Option<Operand>], node: &str) -> Result<Vec<Te
         Op::Rnn(_) | Op::Attention(_) | Op::RotaryEmbedding(_) => sequence::infer(op, &ops, &ctx),
         Op::NllLoss(_) | Op::SoftmaxCrossEntropyLoss(_) => loss::infer(op, &ops, &ctx),
         Op::If { .. } | Op::Scan(_) | Op::Loop(_) => control::infer(op, &ops, &ctx),
+        Op::Quantize { axis, block_size, dtype } => quantize::quantize(*axis, *block_size, *dtype, &ops),
+        Op::Dequantize { axis, block_size } => quantize::dequantize(*axis, *block_size, &ops),
         Op::Sequence(_) | Op::Optional(_) => collection::infer(op, &ops, &ctx),
     }
 }

@@ -168,6 +168,9 @@ pub(super) const SUPPORTED: &[&str] = &[
     "If",
     "Scan",
     "Loop",
+    // quantization
+    "QuantizeLinear",
+    "DequantizeLinear",
     // sequences and optionals
     "SequenceEmpty",
     "SequenceConstruct",
@@ -223,6 +226,21 @@ pub(super) fn convert(im: &mut GraphImporter, node: &NodeProto, op_type: &str) -
             emit(im, node, Op::Cast { to }, &[Some(x()?)], 1)
         }
         "Optional" => optional(im, node, a),
+        "QuantizeLinear" | "DequantizeLinear" => {
+            // `saturate` only changes float8 results, which kiln does not have.
+            a.remove("saturate");
+            // DequantizeLinear's (opset 23) must be the scale's type, which is what kiln gives.
+            let out = type_attr(&mut a, "output_dtype")?;
+            let scale = im.operand(node, 1).map(|s| im.ty(s).dtype);
+            match (op_type, out) {
+                ("QuantizeLinear", Some(d)) => a.set("output_dtype", Attr::Type(d)),
+                ("DequantizeLinear", Some(d)) if Some(d) != scale => {
+                    return Err(unsupported(format!("output_dtype {} differs from the scale's type", d.name())));
+                }
+                _ => {}
+            }
+            generic(im, node, op_type, a, n_out)
+        }
         "SequenceMap" => sequence_map(im, node, a),
         "EyeLike" | "SequenceEmpty" => {
             if let Some(d) = type_attr(&mut a, "dtype")? {

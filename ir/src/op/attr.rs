@@ -534,6 +534,17 @@ impl Op {
                 a.push("body", Attr::Graph(l.body.clone()));
                 a.push("captures", size(l.captures));
             }
+            Op::Quantize { axis, block_size, dtype } => {
+                a.push("axis", int(*axis));
+                a.push("block_size", size(*block_size));
+                if let Some(d) = dtype {
+                    a.push("output_dtype", Attr::Type(*d));
+                }
+            }
+            Op::Dequantize { axis, block_size } => {
+                a.push("axis", int(*axis));
+                a.push("block_size", size(*block_size));
+            }
             Op::Sequence(sq) => match sq {
                 SequenceOp::Empty { dtype } => a.push("dtype", Attr::Type(*dtype)),
                 SequenceOp::Construct | SequenceOp::Insert | SequenceOp::Erase | SequenceOp::At | SequenceOp::Length => {}
@@ -791,6 +802,10 @@ impl Op {
                     Op::Scan(Box::new(crate::op::Scan { body, captures, scan_inputs, input_axes, input_reverse, output_axes, output_reverse }))
                 }
                 "Loop" => Op::Loop(Box::new(crate::op::Loop { body: a.graph("body")?, captures: a.size("captures", 0)? })),
+                "QuantizeLinear" => {
+                    Op::Quantize { axis: a.int("axis", 1)?, block_size: a.size("block_size", 0)?, dtype: a.opt_dtype("output_dtype")? }
+                }
+                "DequantizeLinear" => Op::Dequantize { axis: a.int("axis", 1)?, block_size: a.size("block_size", 0)? },
                 "SequenceEmpty" => Op::Sequence(SequenceOp::Empty { dtype: a.opt_dtype("dtype")?.unwrap_or(DType::F32) }),
                 "SequenceConstruct" => Op::Sequence(SequenceOp::Construct),
                 "SequenceInsert" => Op::Sequence(SequenceOp::Insert),

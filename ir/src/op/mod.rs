@@ -193,6 +193,16 @@ pub enum Op {
     /// while the step is below the trip count and the condition holds, carrying the state.
     Loop(Box<Loop>),
 
+    // ----- quantization -----
+    /// `(x, scale, zero_point?) -> y`, ONNX QuantizeLinear: round-half-even(x / scale) +
+    /// zero_point, saturated to the result type (the zero point's, else `dtype`, else u8). The
+    /// scale is one value, one per position along `axis` (1-D), or (`block_size` > 0, the rank of
+    /// `x`) one per block of `block_size` positions along `axis`; the zero point is shaped alike.
+    Quantize { axis: i64, block_size: usize, dtype: Option<DType> },
+    /// `(x, scale, zero_point?) -> y`, ONNX DequantizeLinear: (x - zero_point) * scale, in the
+    /// scale's type; the scale as Quantize's.
+    Dequantize { axis: i64, block_size: usize },
+
     // ----- sequences and optionals -----
     /// The ONNX sequence ops (`SequenceAt`, `SplitToSequence`...).
     Sequence(SequenceOp),
@@ -480,6 +490,8 @@ impl Op {
             Op::If { .. } => "If",
             Op::Scan(_) => "Scan",
             Op::Loop(_) => "Loop",
+            Op::Quantize { .. } => "QuantizeLinear",
+            Op::Dequantize { .. } => "DequantizeLinear",
             Op::Sequence(s) => s.name(),
             Op::Optional(o) => o.name(),
         }
@@ -516,6 +528,7 @@ impl Op {
             Op::If { .. } | Op::Scan(_) => (1, ANY),
             // The trip count and the condition are positional, either may be absent.
             Op::Loop(_) => (0, ANY),
+            Op::Quantize { .. } | Op::Dequantize { .. } => (2, 3),
             Op::Sequence(s) => match s {
                 SequenceOp::Empty { .. } => (0, 0),
                 SequenceOp::Construct | SequenceOp::Map { .. } => (1, ANY),

@@ -296,3 +296,42 @@ fn f16_and_f64_compute_in_their_own_type() {
     let y = run_traced(&[d.clone(), d], |_, v| v[0] + v[1]);
     assert_eq!(y.as_slice::<f64>().unwrap(), &[0.2], "f64 stays exact: 0.1 + 0.1");
 }
+
+#[test]
+fn quantize_and_dequantize_per_tensor_per_axis_and_blocked() {
+    use kiln_ir::Graph;
+    let run = |op: Op, x: Tensor, scale: Tensor, zero: Option<Tensor>| -> Result<Tensor, String> {
+        let mut g = Graph::new("q");
+        let xv = g.add_input("x", x.ty()).unwrap();
+        let s = g.add_constant("s", scale).unwrap();
+        let z = zero.map(|z| g.add_constant("z", z).unwrap());
+        let y = g.add_node("y", op, &[Some(xv), Some(s), z]).map_err(|e| e.to_string())?;
+        g.add_output("y", y.into()).unwrap();
+        kiln_ir::eval::run(&g, &[x]).map(|mut v| v.remove(0)).map_err(|e| e.to_string())
+    };
+    // Per tensor, rounding half to even and saturating: 2.5 -> 2, 3.5 -> 4, -1 -> 0 + 128 - 1.
+    let x = Tensor::from_slice(&[6], &[0.0f32, 2.5, 3.5, -1.0, 1000.0, -1000.0]).unwrap();
+    let q = run(Op::Quantize { axis: 1, block_size: 0, dtype: None }, x.clone(), Tensor::scalar(1f32), Some(Tensor::scalar(128u8))).unwrap();
+    assert_eq!(q.to_i64s(), [128, 130, 132, 127, 255, 0]);
+    let q = run(Op::Quantize { axis: 1, block_size: 0, dtype: Some(DType::I8) }, x, Tensor::scalar(1f32), None).unwrap();
+    assert_eq!((q.dtype(), q.to_i64s()), (DType::I8, vec![0, 2, 4, -1, 127, -128]));
+    // Per channel of axis 1, and back.
+    let x = Tensor::from_slice(&[1, 2, 2], &[10i8, -10, 10, -10]).unwrap();
+    let scale = Tensor::from_slice(&[2], &[0.5f32, 2.0]).unwrap();
+    let y = run(Op::Dequantize { axis: 1, block_size: 0 }, x, scale.clone(), Some(Tensor::from_slice(&[2], &[0i8, 2]).unwrap())).unwrap();
+    assert_eq!(y.to_f64s(), [5.0, -5.0, 16.0, -24.0]);
+    // Blocks of 2 along axis 1 of a [2,3] (the last block short).
+    let x = Tensor::from_slice(&[2, 3], &[1i8, 2, 3, 4, 5, 6]).unwrap();
+    let bs = Tensor::from_slice(&[2, 2], &[1f32, 10.0, 100.0, 1000.0]).unwrap();
+    let y = run(Op::Dequantize { axis: 1, block_size: 2 }, x, bs, None).unwrap();
+    assert_eq!(y.to_f64s(), [1.0, 2.0, 30.0, 400.0, 500.0, 6000.0]);
+    // A scale that fits neither layout is named.
+    let e = run(
+        Op::Dequantize { axis: 1, block_size: 0 },
+        Tensor::from_slice(&[2, 3], &[0u8; 6]).unwrap(),
+        Tensor::from_slice(&[2], &[1f32, 1.0]).unwrap(),
+        None,
+    )
+    .unwrap_err();
+    assert!(e.contains("the scale f32[2] is neither one value nor one per position of axis 1 of u8[2,3]"), "{e}");
+}

@@ -1,0 +1,100 @@
+//! QuantizeLinear and DequantizeLinear as elementwise arithmetic in f32 (f64 for an f64 scale):
+//! the scale and zero point reshaped to broadcast along their axis, or repeated per block.
+//!
+//! Quantize: `cast(clip(round_even(x / scale) + zero_point, lo, hi))`; Dequantize:
+//! `(x - zero_point) * scale`.
+
+use kiln_ir::{BinaryOp, DType, NodeId, Op, UnaryOp, ValueId};
+
+use super::Emit;
+use crate::Result;
+
+/// The range of a quantized type.
+fn bounds(d: DType) -> (f64, f64) {
+    match d {
+        DType::U8 => (0.0, 255.0),
+        DType::I8 => (-128.0, 127.0),
+        DType::U16 => (0.0, 65535.0),
+        DType::I16 => (-32768.0, 32767.0),
+        _ => (i32::MIN as f64, i32::MAX as f64),
+    }
+}
+
+/// `p` (a scale or zero point) shaped to broadcast against `x` of `xd`, in `ct`.
+fn broadcastable(e: &mut Emit, p: ValueId, xd: &[usize], axis: i64, block_size: usize, ct: DType) -> Result<ValueId> {
+    let pd = e.dims(p)?;
+    let p = e.cast("param", p, ct)?;
+    if pd.iter().product::<usize>() == 1 && block_size == 0 {
+        return e.reshape("param", p, &[]);
+    }
+    let a = kiln_ir::normalize_axis(axis, xd.len()).ok_or_else(|| crate::CompileError::Internal(format!("axis {axis} outside rank {}", xd.len())))?;
+    if block_size == 0 {
+        let mut dims = vec![1; xd.len()];
+        dims[a] = xd[a];
+        return e.reshape("param", p, &dims);
+    }
+    // One value per block: [.., nb, ..] -> [.., nb, 1, ..] -> [.., nb, b, ..] -> [.., nb * b, ..],
+    // cut to the axis' length.
+    let nb = pd[a];
+    let mut split = pd.clone();
+    split.insert(a + 1, 1);
+    let p = e.reshape("blocks", p, &split)?;
+    split[a + 1] = block_size;
+    let shape = e.ints(&split.iter().map(|&d| d as i64).collect::<Vec<_>>())?;
+    let p = e.op2("repeat", Op::Expand, &[p, shape])?;
+    let mut whole = pd.clone();
+    whole[a] = nb * block_size;
+    let mut p = e.reshape("per_position", p, &whole)?;
+    if whole[a] != xd[a] {
+        let starts = e.ints(&[0])?;
+        let ends = e.ints(&[xd[a] as i64])?;
+        let axes = e.ints(&[a as i64])?;
+        p = e.op2("cut", Op::Slice, &[p, starts, ends, axes])?;
+    }
+    Ok(p)
+}
+
+fn compute(scale: DType) -> DType {
+    if scale == DType::F64 {
+        DType::F64
+    } else {
+        DType::F32
+    }
+}
+
+pub(super) fn quantize(e: &mut Emit, id: NodeId, axis: i64, block_size: usize) -> Result<Option<Vec<ValueId>>> {
+    let ops = e.g.operands(id);
+    let (Some(x), Some(scale)) = (ops[0], ops[1]) else { return Ok(None) };
+    let to = e.g.node(id).outputs[0].dtype;
+    let xd = e.dims(x)?;
+    let ct = compute(e.dtype(scale));
+    let s = broadcastable(e, scale, &xd, axis, block_size, ct)?;
+    let xc = e.cast("x", x, ct)?;
+    let mut q = e.binary("div", BinaryOp::Div, xc, s)?;
+    q = e.unary("round", UnaryOp::Round, q)?;
+    if let Some(z) = ops.get(2).copied().flatten() {
+        let z = broadcastable(e, z, &xd, axis, block_size, ct)?;
+        q = e.add("shift", q, z)?;
+    }
+    let (lo, hi) = bounds(to);
+    let lo = e.scalar(lo, ct)?;
+    let hi = e.scalar(hi, ct)?;
+    q = e.op2("saturate", Op::Clip, &[q, lo, hi])?;
+    Ok(Some(vec![e.cast("quantized", q, to)?]))
+}
+
+pub(super) fn dequantize(e: &mut Emit, id: NodeId, axis: i64, block_size: usize) -> Result<Option<Vec<ValueId>>> {
+    let ops = e.g.operands(id);
+    let (Some(x), Some(scale)) = (ops[0], ops[1]) else { return Ok(None) };
+    let to = e.g.node(id).outputs[0].dtype;
+    let xd = e.dims(x)?;
+    let ct = compute(e.dtype(scale));
+    let s = broadcastable(e, scale, &xd, axis, block_size, ct)?;
+    let mut d = e.cast("x", x, ct)?;
+    if let Some(z) = ops.get(2).copied().flatten() {
+        let z = broadcastable(e, z, &xd, axis, block_size, ct)?;
+        d = e.sub("centre", d, z)?;
+    }
+    let y = e.mul("scale", d, s)?;
+    Ok(Some(vec![e.cast("dequantized", y, to)?]))
+}

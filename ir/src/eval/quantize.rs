@@ -1,0 +1,86 @@
+//! QuantizeLinear and DequantizeLinear, element by element in f64: each element finds its scale
+//! (and zero point) by its position along the axis, or its block.
+
+use crate::shape::normalize_axis;
+use crate::{DType, Tensor, TensorType};
+
+/// For each element of `dims`, the index of its scale in a scale of `scale_dims`.
+fn scale_index(dims: &[usize], scale_dims: &[usize], axis: i64, block_size: usize) -> Result<Vec<usize>, String> {
+    let n: usize = dims.iter().product();
+    let numel: usize = scale_dims.iter().product();
+    if numel == 1 && block_size == 0 {
+        return Ok(vec![0; n]);
+    }
+    let a = normalize_axis(axis, dims.len()).ok_or_else(|| format!("axis {axis} is outside rank {}", dims.len()))?;
+    let strides = super::strides(dims);
+    if block_size == 0 {
+        return Ok((0..n).map(|i| (i / strides[a]) % dims[a]).collect());
+    }
+    let sstrides = super::strides(scale_dims);
+    Ok((0..n)
+        .map(|i| {
+            (0..dims.len())
+                .map(|k| {
+                    let c = (i / strides[k]) % dims[k];
+                    (if k == a { c / block_size } else { c }) * sstrides[k]
+                })
+                .sum()
+        })
+        .collect())
+}
+
+/// The range of a quantized type.
+fn bounds(d: DType) -> (f64, f64) {
+    match d {
+        DType::U8 => (0.0, 255.0),
+        DType::I8 => (-128.0, 127.0),
+        DType::U16 => (0.0, 65535.0),
+        DType::I16 => (-32768.0, 32767.0),
+        _ => (i32::MIN as f64, i32::MAX as f64),
+    }
+}
+
+pub(super) fn quantize(axis: i64, block_size: usize, operands: &[Option<&Tensor>], out: &TensorType) -> Result<Tensor, String> {
+    let x = operands[0].ok_or("operand 0 is missing")?;
+    let scale = operands[1].ok_or("operand 1 is missing")?;
+    let zero = operands.get(2).copied().flatten();
+    let at = scale_index(x.dims(), scale.dims(), axis, block_size)?;
+    let (xs, ss) = (x.to_f64s(), scale.to_f64s());
+    let zs = zero.map(|z| z.to_f64s());
+    let (lo, hi) = bounds(out.dtype);
+    // The division in f32 when both are f32, as the reference computes it (a tie must stay one).
+    let single = x.dtype() == DType::F32 && scale.dtype() == DType::F32;
+    let q: Vec<f64> = xs
+        .iter()
+        .zip(&at)
+        .map(|(&v, &i)| {
+            let z = zs.as_ref().map_or(0.0, |z| z[i]);
+            let r = if single { (v as f32 / ss[i] as f32) as f64 } else { v / ss[i] };
+            (r.round_ties_even() + z).clamp(lo, hi)
+        })
+        .collect();
+    Tensor::from_f64s(out.dtype, x.dims(), &q).map_err(|e| e.to_string())
+}
+
+pub(super) fn dequantize(axis: i64, block_size: usize, operands: &[Option<&Tensor>], out: &TensorType) -> Result<Tensor, String> {
+    let x = operands[0].ok_or("operand 0 is missing")?;
+    let scale = operands[1].ok_or("operand 1 is missing")?;
+    let zero = operands.get(2).copied().flatten();
+    let at = scale_index(x.dims(), scale.dims(), axis, block_size)?;
+    let (xs, ss) = (x.to_f64s(), scale.to_f64s());
+    let zs = zero.map(|z| z.to_f64s());
+    // In the scale's precision, as the reference computes it.
+    let y: Vec<f64> = xs
+        .iter()
+        .zip(&at)
+        .map(|(&v, &i)| {
+            let d = v - zs.as_ref().map_or(0.0, |z| z[i]);
+            if out.dtype == DType::F32 {
+                (d as f32 * ss[i] as f32) as f64
+            } else {
+                d * ss[i]
+            }
+        })
+        .collect();
+    Tensor::from_f64s(out.dtype, x.dims(), &y).map_err(|e| e.to_string())
+}

@@ -1,0 +1,78 @@
+//! QuantizeLinear and DequantizeLinear: the result has the input's shape; the scale (and zero
+//! point) is one value, one per position along the axis, or one per block along it.
+
+use super::{Infer, Operands};
+use crate::shape::normalize_axis;
+use crate::{DType, Dim, TensorType};
+
+/// Checks the scale's (and zero point's) shape against `x`'s; the normalised axis.
+fn scale_layout(axis: i64, block_size: usize, x: &TensorType, scale: &TensorType, what: &str) -> Result<(), String> {
+    if scale.shape.numel() == Some(1) && block_size == 0 && scale.rank() <= 1 {
+        return Ok(());
+    }
+    let a = normalize_axis(axis, x.rank()).ok_or_else(|| format!("axis {axis} is outside {x}"))?;
+    let dim = &x.shape.dims()[a];
+    if block_size == 0 {
+        let ok = scale.rank() == 1 && (scale.shape.dims()[0] == *dim || matches!(dim, Dim::Sym(_)) || matches!(scale.shape.dims()[0], Dim::Sym(_)));
+        return if ok { Ok(()) } else { Err(format!("the {what} {scale} is neither one value nor one per position of axis {a} of {x}")) };
+    }
+    if scale.rank() != x.rank() {
+        return Err(format!("a blocked {what} has the input's rank: {scale} for {x}"));
+    }
+    for (i, (s, d)) in scale.shape.dims().iter().zip(x.shape.dims()).enumerate() {
+        let want = if i == a { d.fixed().map(|n| Dim::Fixed(n.div_ceil(block_size))) } else { Some(d.clone()) };
+        if let (Some(w), Dim::Fixed(_)) = (want, s) {
+            if *s != w {
+                return Err(format!("the {what} {scale} does not give one value per block of {block_size} along axis {a} of {x}"));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn is_quantized(d: DType) -> bool {
+    matches!(d, DType::U8 | DType::I8 | DType::U16 | DType::I16 | DType::I32)
+}
+
+pub(super) fn quantize(axis: i64, block_size: usize, dtype: Option<DType>, ops: &Operands) -> Infer {
+    let (x, scale) = (ops.get(0)?.ty, ops.get(1)?.ty);
+    if !x.dtype.is_float() && x.dtype != DType::I32 {
+        return Err(format!("quantizes floats (or int32), got {x}"));
+    }
+    if !scale.dtype.is_float() {
+        return Err(format!("the scale must be a float, got {scale}"));
+    }
+    scale_layout(axis, block_size, x, scale, "scale")?;
+    let to = match ops.opt(2) {
+        Some(z) => {
+            scale_layout(axis, block_size, x, z.ty, "zero point")?;
+            if dtype.is_some_and(|d| d != z.ty.dtype) {
+                return Err(format!("output_dtype {} disagrees with the zero point {}", dtype.map_or("", |d| d.name()), z.ty));
+            }
+            z.ty.dtype
+        }
+        None => dtype.unwrap_or(DType::U8),
+    };
+    if !is_quantized(to) || to == DType::I32 {
+        return Err(format!("quantizes to uint8, int8, uint16 or int16, not {}", to.name()));
+    }
+    Ok(vec![TensorType::new(to, x.shape.clone())])
+}
+
+pub(super) fn dequantize(axis: i64, block_size: usize, ops: &Operands) -> Infer {
+    let (x, scale) = (ops.get(0)?.ty, ops.get(1)?.ty);
+    if !is_quantized(x.dtype) {
+        return Err(format!("dequantizes uint8, int8, uint16, int16 or int32, got {x}"));
+    }
+    if !scale.dtype.is_float() {
+        return Err(format!("the scale must be a float, got {scale}"));
+    }
+    scale_layout(axis, block_size, x, scale, "scale")?;
+    if let Some(z) = ops.opt(2) {
+        scale_layout(axis, block_size, x, z.ty, "zero point")?;
+        if z.ty.dtype != x.dtype {
+            return Err(format!("the zero point {} is not of the input's type {}", z.ty, x.dtype.name()));
+        }
+    }
+    Ok(vec![TensorType::new(scale.dtype, x.shape.clone())])
+}
