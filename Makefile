@@ -101,7 +101,8 @@ python:
 # The package's pytest suite: sessions against onnxruntime, errors, threads, compile/load/emit,
 # and the ONNX backend tests through kiln.backend that python/tests/backend_cpu.txt lists.
 python-test: python
-	@py=$$(./scripts/setup-python.sh) && cd /tmp && $$py -m pytest -q -p no:cacheprovider -n 2 $(CURDIR)/python/tests
+	@py=$$(./scripts/setup-python.sh) && eval "$$(./scripts/setup-opencl.sh)" && cd /tmp && \
+	  $$py -m pytest -q -p no:cacheprovider -n 2 -rs $(CURDIR)/python/tests
 
 # Runs every ONNX backend test through kiln.backend and rewrites the ratchet list.
 python-ratchet: python

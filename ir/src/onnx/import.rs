@@ -56,6 +56,9 @@ pub(super) fn check_supported_list(graph: &GraphProto, opsets: &[(String, i64)])
         if default_domain && ops::is_supported(&op_type) {
             return;
         }
+        if domain == "com.microsoft" && super::quantized::MICROSOFT.contains(&op_type.as_str()) {
+            return;
+        }
         let shown_domain = if default_domain { "ai.onnx".to_string() } else { domain.clone() };
         let opset = opsets.iter().find(|(d, _)| *d == domain || (default_domain && (d.is_empty() || d == "ai.onnx"))).map_or(0, |(_, v)| *v);
         let name = node_label(node);

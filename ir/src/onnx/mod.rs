@@ -13,6 +13,7 @@ mod import;
 mod inspect;
 mod ops;
 pub mod proto;
+mod quantized;
 mod tensor;
 pub mod testcase;
 

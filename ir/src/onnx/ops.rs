@@ -171,6 +171,11 @@ pub(super) const SUPPORTED: &[&str] = &[
     // quantization
     "QuantizeLinear",
     "DequantizeLinear",
+    "DynamicQuantizeLinear",
+    "MatMulInteger",
+    "ConvInteger",
+    "QLinearMatMul",
+    "QLinearConv",
     // sequences and optionals
     "SequenceEmpty",
     "SequenceConstruct",
@@ -210,6 +215,9 @@ pub(super) fn convert(im: &mut GraphImporter, node: &NodeProto, op_type: &str) -
     for ignored in ["consumed_inputs", "is_test", "seed"] {
         a.remove(ignored);
     }
+    if node.domain.as_deref() == Some("com.microsoft") {
+        return super::quantized::convert_microsoft(im, node, op_type, a);
+    }
     match op_type {
         "Constant" => constant(im, node, a),
         "Dropout" => dropout(im, node, a, opset),
@@ -226,6 +234,9 @@ pub(super) fn convert(im: &mut GraphImporter, node: &NodeProto, op_type: &str) -
             emit(im, node, Op::Cast { to }, &[Some(x()?)], 1)
         }
         "Optional" => optional(im, node, a),
+        "DynamicQuantizeLinear" | "MatMulInteger" | "ConvInteger" | "QLinearMatMul" | "QLinearConv" => {
+            super::quantized::convert(im, node, op_type, a)
+        }
         "QuantizeLinear" | "DequantizeLinear" => {
             // `saturate` only changes float8 results, which kiln does not have.
             a.remove("saturate");
