@@ -4,7 +4,7 @@
 //! label reads a diagonal, a size-1 axis against a larger label broadcasts.
 
 use kiln_ir::op::Gemm;
-use kiln_ir::{DType, NodeId, Op, ValueId};
+use kiln_ir::{DType, NodeId, ValueId};
 
 use super::mlir::{generic, push};
 use super::scalar::{compute, ScalarBuilder};
@@ -12,24 +12,20 @@ use super::Emitter;
 use crate::Result;
 use melior::ir::BlockLike;
 
-pub(super) fn emit(em: &mut Emitter, id: NodeId) -> Result<()> {
+pub(super) fn emit_matmul(em: &mut Emitter, id: NodeId) -> Result<()> {
     let operands = em.graph.operands(id);
-    let op = em.graph.node(id).op.clone();
-    if let Op::Einsum { equation } = &op {
-        return einsum(em, id, equation);
-    }
     let (a, b) = (operands[0].expect("matmul a"), operands[1].expect("matmul b"));
-    match op {
-        Op::MatMul => {
-            let result = ValueId::from(id);
-            let dest = em.dest(result)?;
-            let t = contract(em, a, b, false, false, result, dest)?;
-            em.set(result, t);
-            Ok(())
-        }
-        Op::Gemm(g) => gemm(em, id, &g, a, b, operands.get(2).copied().flatten()),
-        _ => unreachable!("dispatched by op"),
-    }
+    let result = ValueId::from(id);
+    let dest = em.dest(result)?;
+    let t = contract(em, a, b, false, false, result, dest)?;
+    em.set(result, t);
+    Ok(())
+}
+
+pub(super) fn emit_gemm(em: &mut Emitter, id: NodeId, g: &Gemm) -> Result<()> {
+    let operands = em.graph.operands(id);
+    let (a, b) = (operands[0].expect("gemm a"), operands[1].expect("gemm b"));
+    gemm(em, id, g, a, b, operands.get(2).copied().flatten())
 }
 
 /// The accumulator type of a contraction of `d` operands.
@@ -210,7 +206,7 @@ fn gemm(em: &mut Emitter, id: NodeId, g: &Gemm, a: ValueId, b: ValueId, c: Optio
     Ok(())
 }
 
-fn einsum(em: &mut Emitter, id: NodeId, equation: &str) -> Result<()> {
+pub(super) fn einsum(em: &mut Emitter, id: NodeId, equation: &str) -> Result<()> {
     let result = ValueId::from(id);
     let xs: Vec<ValueId> =
         em.graph.operands(id).into_iter().map(|o| o.ok_or_else(|| em.unsupported(id, "has a missing operand"))).collect::<Result<_>>()?;

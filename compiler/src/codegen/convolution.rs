@@ -9,7 +9,7 @@
 
 use kiln_ir::infer::{transpose_axis, TransposeAxis};
 use kiln_ir::op::{Conv, ConvTranspose, SpatialAxis};
-use kiln_ir::{DType, NodeId, Op, ValueId};
+use kiln_ir::{DType, NodeId, ValueId};
 
 use super::contraction::{convert, multiply_add};
 use super::mlir::{broadcast_map, fill, generic, pad, push, reshape};
@@ -18,15 +18,7 @@ use super::Emitter;
 use crate::Result;
 use melior::ir::BlockLike;
 
-pub(super) fn emit(em: &mut Emitter, id: NodeId) -> Result<()> {
-    match em.graph.node(id).op.clone() {
-        Op::Conv(c) => conv(em, id, &c),
-        Op::ConvTranspose(c) => conv_transpose(em, id, &c),
-        _ => unreachable!("dispatched by op"),
-    }
-}
-
-fn conv(em: &mut Emitter, id: NodeId, c: &Conv) -> Result<()> {
+pub(super) fn conv(em: &mut Emitter, id: NodeId, c: &Conv) -> Result<()> {
     let operands = em.graph.operands(id);
     let (x, w) = (operands[0].expect("conv x"), operands[1].expect("conv w"));
     let bias = operands.get(2).copied().flatten();
@@ -154,7 +146,7 @@ fn convolve<'c, 'a>(
 /// [M, C/group, K...]) gives each output position. The buffer covers only what the output reads,
 /// so the negative padding `output_shape` may ask for is a crop. Both are `linalg.generic`s (the
 /// buffer reads the input with `tensor.extract`), so the kernel tiles into workgroups.
-fn conv_transpose(em: &mut Emitter, id: NodeId, c: &ConvTranspose) -> Result<()> {
+pub(super) fn conv_transpose(em: &mut Emitter, id: NodeId, c: &ConvTranspose) -> Result<()> {
     let operands = em.graph.operands(id);
     let (x, w) = match (operands.first().copied().flatten(), operands.get(1).copied().flatten()) {
         (Some(x), Some(w)) => (x, w),

@@ -230,19 +230,34 @@ fn emit_nodes(em: &mut Emitter, nodes: &[NodeId]) -> Result<()> {
 
 fn emit_node(em: &mut Emitter, id: NodeId) -> Result<()> {
     match &em.graph.node(id).op {
-        Op::MatMul | Op::Gemm(_) | Op::Einsum { .. } => contraction::emit(em, id),
-        Op::Conv(_) | Op::ConvTranspose(_) => convolution::emit(em, id),
-        Op::Pool(_) | Op::GlobalPool(_) => pooling::emit(em, id),
-        Op::Reduce(_) | Op::Softmax { .. } | Op::LogSoftmax { .. } | Op::LayerNorm { .. } | Op::BatchNorm { .. } => reduction::emit(em, id),
-        Op::Hardmax { .. }
-        | Op::InstanceNorm { .. }
-        | Op::GroupNorm { .. }
-        | Op::RmsNorm { .. }
-        | Op::Lrn(_)
-        | Op::LpNorm { .. }
-        | Op::MeanVarianceNorm { .. } => normalize::emit(em, id),
-        Op::ArgReduce(_) | Op::Cumulative(_) | Op::TopK { .. } => scan::emit(em, id),
-        Op::Transpose { .. } | Op::Concat { .. } | Op::Split { .. } | Op::Slice | Op::Gather { .. } | Op::Expand => movement::emit(em, id),
+        Op::MatMul => contraction::emit_matmul(em, id),
+        Op::Gemm(g) => contraction::emit_gemm(em, id, g),
+        Op::Einsum { equation } => contraction::einsum(em, id, equation),
+        Op::Conv(c) => convolution::conv(em, id, c),
+        Op::ConvTranspose(c) => convolution::conv_transpose(em, id, c),
+        Op::Pool(p) => pooling::emit_pool(em, id, p),
+        Op::GlobalPool(k) => pooling::emit_global_pool(em, id, *k),
+        Op::Reduce(r) => reduction::emit_reduce(em, id, r),
+        Op::Softmax { axis } => reduction::emit_softmax(em, id, *axis, false),
+        Op::LogSoftmax { axis } => reduction::emit_softmax(em, id, *axis, true),
+        Op::LayerNorm { axis, epsilon } => reduction::emit_layer_norm(em, id, *axis, *epsilon),
+        Op::BatchNorm { epsilon } => reduction::emit_batch_norm(em, id, *epsilon),
+        Op::Hardmax { axis } => normalize::emit_hardmax(em, id, *axis),
+        Op::InstanceNorm { epsilon } => normalize::emit_instance_norm(em, id, *epsilon),
+        Op::GroupNorm { num_groups, epsilon } => normalize::emit_group_norm(em, id, *num_groups, *epsilon),
+        Op::RmsNorm { axis, epsilon } => normalize::emit_rms_norm(em, id, *axis, *epsilon),
+        Op::LpNorm { axis, p } => normalize::emit_lp_norm(em, id, *axis, *p),
+        Op::MeanVarianceNorm { axes } => normalize::emit_mean_variance_norm(em, id, axes),
+        Op::Lrn(l) => normalize::emit_lrn(em, id, l),
+        Op::ArgReduce(r) => scan::emit_arg_reduce(em, id, r),
+        Op::Cumulative(c) => scan::emit_cumulative(em, id, c),
+        Op::TopK { axis, largest, .. } => scan::emit_top_k(em, id, *axis, *largest),
+        Op::Transpose { perm } => movement::emit_transpose(em, id, perm),
+        Op::Concat { axis } => movement::concat(em, id, *axis),
+        Op::Split { axis, .. } => movement::emit_split(em, id, *axis),
+        Op::Slice => movement::emit_slice(em, id),
+        Op::Gather { axis } => movement::emit_gather(em, id, *axis),
+        Op::Expand => movement::emit_expand(em, id),
         Op::GatherElements { .. }
         | Op::GatherNd { .. }
         | Op::ScatterElements { .. }

@@ -3,7 +3,7 @@
 //! slice of the destination; Gather reads the data with `tensor.extract` at the looked-up index.
 
 use kiln_ir::infer::slice_axis;
-use kiln_ir::{normalize_axis, NodeId, Op, ValueId};
+use kiln_ir::{normalize_axis, NodeId, ValueId};
 use melior::ir::attribute::{DenseI32ArrayAttribute, DenseI64ArrayAttribute};
 use melior::ir::operation::OperationBuilder;
 use melior::ir::{Type, Value};
@@ -14,86 +14,95 @@ use super::Emitter;
 use crate::Result;
 use melior::ir::BlockLike;
 
-pub(super) fn emit(em: &mut Emitter, id: NodeId) -> Result<()> {
-    let node = em.graph.node(id).clone();
+/// The moved operand and every operand.
+fn input(em: &Emitter, id: NodeId) -> (ValueId, Vec<Option<ValueId>>) {
     let operands = em.graph.operands(id);
-    let x = operands[0].expect("movement ops have an input");
-    match &node.op {
-        Op::Transpose { perm } => {
-            let r = em.dims(x).len();
-            let perm: Vec<usize> = if perm.is_empty() { (0..r).rev().collect() } else { perm.clone() };
-            // Input axis perm[k] is read at output loop k.
-            let mut exprs = vec![String::new(); r];
-            for (k, &p) in perm.iter().enumerate() {
-                exprs[p] = format!("d{k}");
-            }
-            copy_with_map(em, x, ValueId::from(id), &exprs)
-        }
-        Op::Expand => {
-            let result = ValueId::from(id);
-            let od = em.dims(result);
-            let xd = em.dims(x);
-            let map = broadcast_map(od.len(), &xd, &od);
-            copy_map(em, x, result, map)
-        }
-        Op::Slice => {
-            let xd = em.dims(x);
-            let ints =
-                |i: usize| -> Option<Vec<i64>> { operands.get(i).copied().flatten().and_then(|v| em.graph.constant_value(v)).map(|t| t.to_i64s()) };
-            let (starts, ends) = match (ints(1), ints(2)) {
-                (Some(s), Some(e)) => (s, e),
-                _ => return Err(em.unsupported(id, "needs constant starts and ends")),
-            };
-            let axes = ints(3).unwrap_or_else(|| (0..starts.len() as i64).collect());
-            let steps = ints(4).unwrap_or_else(|| vec![1; starts.len()]);
-            let result = ValueId::from(id);
-            let od = em.dims(result);
-            let mut offsets = vec![0i64; xd.len()];
-            let mut strides = vec![1i64; xd.len()];
-            for i in 0..starts.len() {
-                let a = normalize_axis(axes[i], xd.len()).ok_or_else(|| em.unsupported(id, "has an axis out of range"))?;
-                let (start, _) = slice_axis(xd[a], starts[i], ends[i], steps[i]).map_err(|e| em.unsupported(id, &e))?;
-                offsets[a] = start;
-                strides[a] = steps[i];
-            }
-            if strides.iter().all(|&s| s > 0) || od.contains(&0) {
-                let xv = em.value(x)?;
-                let view = if od.contains(&0) { xv } else { extract_slice(em, xv, &offsets, &od, &strides, em.ty(result).dtype)? };
-                return copy_value(em, view, result);
-            }
-            // A negative step reads backwards: `start + step * d` (never a plain loop index, so the
-            // loop ranges come from the result).
-            let exprs: Vec<String> = (0..xd.len())
-                .map(|a| {
-                    if strides[a] == 1 && offsets[a] == 0 && xd[a] == od[a] {
-                        format!("d{a}")
-                    } else {
-                        format!("d{a} * {} + {}", strides[a], offsets[a])
-                    }
-                })
-                .collect();
-            copy_with_map(em, x, result, &exprs)
-        }
-        Op::Split { axis, .. } => {
-            let xd = em.dims(x);
-            let a = normalize_axis(*axis, xd.len()).ok_or_else(|| em.unsupported(id, "has an axis out of range"))?;
-            let xv = em.value(x)?;
-            let mut offset = 0;
-            for i in 0..node.outputs.len() {
-                let out = ValueId::new(id, i);
-                let od = em.dims(out);
-                let mut offsets = vec![0i64; xd.len()];
-                offsets[a] = offset as i64;
-                let view = if od.contains(&0) { xv } else { extract_slice(em, xv, &offsets, &od, &vec![1; xd.len()], em.ty(out).dtype)? };
-                copy_value(em, view, out)?;
-                offset += od[a];
-            }
-            Ok(())
-        }
-        Op::Concat { axis } => concat(em, id, *axis),
-        Op::Gather { axis } => gather(em, id, x, operands[1].expect("gather indices"), *axis),
-        _ => unreachable!("dispatched by op"),
+    (operands[0].expect("movement ops have an input"), operands)
+}
+
+pub(super) fn emit_transpose(em: &mut Emitter, id: NodeId, perm: &[usize]) -> Result<()> {
+    let (x, _) = input(em, id);
+    let r = em.dims(x).len();
+    let perm: Vec<usize> = if perm.is_empty() { (0..r).rev().collect() } else { perm.to_vec() };
+    // Input axis perm[k] is read at output loop k.
+    let mut exprs = vec![String::new(); r];
+    for (k, &p) in perm.iter().enumerate() {
+        exprs[p] = format!("d{k}");
     }
+    copy_with_map(em, x, ValueId::from(id), &exprs)
+}
+
+pub(super) fn emit_expand(em: &mut Emitter, id: NodeId) -> Result<()> {
+    let (x, _) = input(em, id);
+    let result = ValueId::from(id);
+    let od = em.dims(result);
+    let xd = em.dims(x);
+    let map = broadcast_map(od.len(), &xd, &od);
+    copy_map(em, x, result, map)
+}
+
+pub(super) fn emit_slice(em: &mut Emitter, id: NodeId) -> Result<()> {
+    let (x, operands) = input(em, id);
+    let xd = em.dims(x);
+    let ints = |i: usize| -> Option<Vec<i64>> { operands.get(i).copied().flatten().and_then(|v| em.graph.constant_value(v)).map(|t| t.to_i64s()) };
+    let (starts, ends) = match (ints(1), ints(2)) {
+        (Some(s), Some(e)) => (s, e),
+        _ => return Err(em.unsupported(id, "needs constant starts and ends")),
+    };
+    let axes = ints(3).unwrap_or_else(|| (0..starts.len() as i64).collect());
+    let steps = ints(4).unwrap_or_else(|| vec![1; starts.len()]);
+    let result = ValueId::from(id);
+    let od = em.dims(result);
+    let mut offsets = vec![0i64; xd.len()];
+    let mut strides = vec![1i64; xd.len()];
+    for i in 0..starts.len() {
+        let a = normalize_axis(axes[i], xd.len()).ok_or_else(|| em.unsupported(id, "has an axis out of range"))?;
+        let (start, _) = slice_axis(xd[a], starts[i], ends[i], steps[i]).map_err(|e| em.unsupported(id, &e))?;
+        offsets[a] = start;
+        strides[a] = steps[i];
+    }
+    if strides.iter().all(|&s| s > 0) || od.contains(&0) {
+        let xv = em.value(x)?;
+        let view = if od.contains(&0) { xv } else { extract_slice(em, xv, &offsets, &od, &strides, em.ty(result).dtype)? };
+        return copy_value(em, view, result);
+    }
+    // A negative step reads backwards: `start + step * d` (never a plain loop index, so the
+    // loop ranges come from the result).
+    let exprs: Vec<String> =
+        (0..xd.len())
+            .map(|a| {
+                if strides[a] == 1 && offsets[a] == 0 && xd[a] == od[a] {
+                    format!("d{a}")
+                } else {
+                    format!("d{a} * {} + {}", strides[a], offsets[a])
+                }
+            })
+            .collect();
+    copy_with_map(em, x, result, &exprs)
+}
+
+pub(super) fn emit_split(em: &mut Emitter, id: NodeId, axis: i64) -> Result<()> {
+    let (x, _) = input(em, id);
+    let node = em.graph.node(id).clone();
+    let xd = em.dims(x);
+    let a = normalize_axis(axis, xd.len()).ok_or_else(|| em.unsupported(id, "has an axis out of range"))?;
+    let xv = em.value(x)?;
+    let mut offset = 0;
+    for i in 0..node.outputs.len() {
+        let out = ValueId::new(id, i);
+        let od = em.dims(out);
+        let mut offsets = vec![0i64; xd.len()];
+        offsets[a] = offset as i64;
+        let view = if od.contains(&0) { xv } else { extract_slice(em, xv, &offsets, &od, &vec![1; xd.len()], em.ty(out).dtype)? };
+        copy_value(em, view, out)?;
+        offset += od[a];
+    }
+    Ok(())
+}
+
+pub(super) fn emit_gather(em: &mut Emitter, id: NodeId, axis: i64) -> Result<()> {
+    let (x, operands) = input(em, id);
+    gather(em, id, x, operands[1].expect("gather indices"), axis)
 }
 
 /// `result[d...] = x[exprs(d...)]`.
@@ -163,7 +172,7 @@ fn copy_value<'c, 'a>(em: &mut Emitter<'c, 'a>, v: Value<'c, 'a>, result: ValueI
     Ok(())
 }
 
-fn concat(em: &mut Emitter, id: NodeId, axis: i64) -> Result<()> {
+pub(super) fn concat(em: &mut Emitter, id: NodeId, axis: i64) -> Result<()> {
     let result = ValueId::from(id);
     let od = em.dims(result);
     let a = normalize_axis(axis, od.len()).ok_or_else(|| em.unsupported(id, "has an axis out of range"))?;

@@ -4,7 +4,7 @@
 //! writes the result, in f32 (f64 for f64 tensors) as the other normalisations.
 
 use kiln_ir::op::Lrn;
-use kiln_ir::{normalize_axis, DType, NodeId, Op, ValueId};
+use kiln_ir::{normalize_axis, DType, NodeId, ValueId};
 use melior::ir::{BlockLike, Value};
 
 use super::mlir::{broadcast_map, dims_list, fill, generic, pad, push, reshape};
@@ -14,28 +14,52 @@ use super::scan::{affine, arg_best, loops_with};
 use super::Emitter;
 use crate::Result;
 
-pub(super) fn emit(em: &mut Emitter, id: NodeId) -> Result<()> {
-    let node = em.graph.node(id).clone();
+/// The normalised operand (floats only) and operands 1 and 2 when given.
+fn float_input(em: &Emitter, id: NodeId) -> Result<(ValueId, Option<ValueId>, Option<ValueId>)> {
     let operands = em.graph.operands(id);
     let x = operands[0].ok_or_else(|| em.unsupported(id, "has no input"))?;
-    let arg = |i: usize| operands.get(i).copied().flatten();
     let dt = em.ty(x).dtype;
     if !dt.is_float() {
         return Err(em.unsupported(id, &format!("on {dt} is not supported natively")));
     }
-    match &node.op {
-        Op::Hardmax { axis } => hardmax(em, id, x, *axis),
-        Op::InstanceNorm { epsilon } => {
-            let c = em.dims(x).get(1).copied().ok_or_else(|| em.unsupported(id, "needs a channel axis"))?;
-            group_norm(em, id, x, arg(1), arg(2), c, *epsilon)
-        }
-        Op::GroupNorm { num_groups, epsilon } => group_norm(em, id, x, arg(1), arg(2), *num_groups, *epsilon),
-        Op::RmsNorm { axis, epsilon } => rms_norm(em, id, x, arg(1), *axis, *epsilon),
-        Op::LpNorm { axis, p } => lp_norm(em, id, x, *axis, *p),
-        Op::MeanVarianceNorm { axes } => mean_variance_norm(em, id, x, axes),
-        Op::Lrn(l) => lrn(em, id, x, l),
-        _ => unreachable!("dispatched by op"),
-    }
+    let arg = |i: usize| operands.get(i).copied().flatten();
+    Ok((x, arg(1), arg(2)))
+}
+
+pub(super) fn emit_hardmax(em: &mut Emitter, id: NodeId, axis: i64) -> Result<()> {
+    let (x, _, _) = float_input(em, id)?;
+    hardmax(em, id, x, axis)
+}
+
+pub(super) fn emit_instance_norm(em: &mut Emitter, id: NodeId, epsilon: f32) -> Result<()> {
+    let (x, scale, bias) = float_input(em, id)?;
+    let c = em.dims(x).get(1).copied().ok_or_else(|| em.unsupported(id, "needs a channel axis"))?;
+    group_norm(em, id, x, scale, bias, c, epsilon)
+}
+
+pub(super) fn emit_group_norm(em: &mut Emitter, id: NodeId, num_groups: usize, epsilon: f32) -> Result<()> {
+    let (x, scale, bias) = float_input(em, id)?;
+    group_norm(em, id, x, scale, bias, num_groups, epsilon)
+}
+
+pub(super) fn emit_rms_norm(em: &mut Emitter, id: NodeId, axis: i64, epsilon: f32) -> Result<()> {
+    let (x, scale, _) = float_input(em, id)?;
+    rms_norm(em, id, x, scale, axis, epsilon)
+}
+
+pub(super) fn emit_lp_norm(em: &mut Emitter, id: NodeId, axis: i64, p: u32) -> Result<()> {
+    let (x, _, _) = float_input(em, id)?;
+    lp_norm(em, id, x, axis, p)
+}
+
+pub(super) fn emit_mean_variance_norm(em: &mut Emitter, id: NodeId, axes: &[i64]) -> Result<()> {
+    let (x, _, _) = float_input(em, id)?;
+    mean_variance_norm(em, id, x, axes)
+}
+
+pub(super) fn emit_lrn(em: &mut Emitter, id: NodeId, l: &Lrn) -> Result<()> {
+    let (x, _, _) = float_input(em, id)?;
+    lrn(em, id, x, l)
 }
 
 fn axis_of(em: &Emitter, id: NodeId, axis: i64, rank: usize) -> Result<usize> {

@@ -3,8 +3,8 @@
 //! Average divisors depend only on the static geometry, so they are a constant tensor computed
 //! here. Global pools reduce every spatial axis.
 
-use kiln_ir::op::{PoolKind, SpatialAxis};
-use kiln_ir::{DType, NodeId, Op, Tensor, ValueId};
+use kiln_ir::op::{Pool, PoolKind, SpatialAxis};
+use kiln_ir::{DType, NodeId, Tensor, ValueId};
 
 use super::mlir::{broadcast_map, dense_literal, dims_list, fill, generic, op, pad, parse_attr, push};
 use super::scalar::{compute, ScalarBuilder};
@@ -12,32 +12,34 @@ use super::Emitter;
 use crate::Result;
 use melior::ir::BlockLike;
 
-pub(super) fn emit(em: &mut Emitter, id: NodeId) -> Result<()> {
-    let node = em.graph.node(id).clone();
+/// A pool: its window resolved on each spatial axis.
+pub(super) fn emit_pool(em: &mut Emitter, id: NodeId, p: &Pool) -> Result<()> {
     let x = em.graph.operands(id)[0].expect("pool input");
+    let xd = em.dims(x);
+    let axes = (0..xd.len() - 2)
+        .map(|i| p.window.resolve(i, xd[2 + i], p.kernel[i], p.ceil_mode))
+        .collect::<std::result::Result<Vec<SpatialAxis>, String>>()
+        .map_err(|e| em.unsupported(id, &e))?;
+    pool(em, id, x, p.kind, axes, p.column_major_indices)
+}
+
+/// A global pool: one window over every spatial axis.
+pub(super) fn emit_global_pool(em: &mut Emitter, id: NodeId, kind: PoolKind) -> Result<()> {
+    let x = em.graph.operands(id)[0].expect("pool input");
+    let xd = em.dims(x);
+    let axes = (0..xd.len() - 2)
+        .map(|i| SpatialAxis { input: xd[2 + i], kernel: xd[2 + i], stride: 1, dilation: 1, pad_begin: 0, pad_end: 0, output: 1 })
+        .collect();
+    pool(em, id, x, kind, axes, false)
+}
+
+fn pool(em: &mut Emitter, id: NodeId, x: ValueId, kind: PoolKind, axes: Vec<SpatialAxis>, column_major: bool) -> Result<()> {
+    let node = em.graph.node(id).clone();
     let result = ValueId::from(id);
     let xd = em.dims(x);
     let dtype = em.ty(x).dtype;
-    let spatial = xd.len() - 2;
-    let (kind, axes): (PoolKind, Vec<SpatialAxis>) = match &node.op {
-        Op::Pool(p) => {
-            let axes = (0..spatial)
-                .map(|i| p.window.resolve(i, xd[2 + i], p.kernel[i], p.ceil_mode))
-                .collect::<std::result::Result<_, String>>()
-                .map_err(|e| em.unsupported(id, &e))?;
-            (p.kind, axes)
-        }
-        Op::GlobalPool(k) => (
-            *k,
-            (0..spatial)
-                .map(|i| SpatialAxis { input: xd[2 + i], kernel: xd[2 + i], stride: 1, dilation: 1, pad_begin: 0, pad_end: 0, output: 1 })
-                .collect(),
-        ),
-        _ => unreachable!("dispatched by op"),
-    };
     // MaxPool with its indices, or over integers: compare-and-select with the window's position.
     if kind == PoolKind::Max && (node.outputs.len() > 1 || !dtype.is_float()) {
-        let column_major = matches!(&node.op, Op::Pool(p) if p.column_major_indices);
         return max_pool_indexed(em, id, x, &axes, column_major);
     }
     if !dtype.is_float() {

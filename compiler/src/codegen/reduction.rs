@@ -4,7 +4,7 @@
 //! steps, in f32 (f64 for f64 tensors).
 
 use kiln_ir::op::{Reduce, ReduceKind};
-use kiln_ir::{normalize_axis, DType, NodeId, Op, ValueId};
+use kiln_ir::{normalize_axis, DType, NodeId, ValueId};
 use melior::ir::Value;
 
 use super::mlir::{broadcast_map, dims_list, fill, generic, push};
@@ -22,20 +22,29 @@ pub(super) fn acc_of(d: DType) -> DType {
     }
 }
 
-pub(super) fn emit(em: &mut Emitter, id: NodeId) -> Result<()> {
-    let node = em.graph.node(id).clone();
-    let operands = em.graph.operands(id);
-    let x = operands[0].expect("reductions have an input");
-    match &node.op {
-        Op::Reduce(r) => reduce_op(em, id, r, x, operands.get(1).copied().flatten()),
-        Op::Softmax { axis } => softmax(em, id, x, *axis, false),
-        Op::LogSoftmax { axis } => softmax(em, id, x, *axis, true),
-        Op::LayerNorm { axis, epsilon } => layer_norm(em, id, x, operands[1].expect("scale"), operands.get(2).copied().flatten(), *axis, *epsilon),
-        Op::BatchNorm { epsilon } => {
-            batch_norm(em, id, x, &operands[1..5].iter().map(|o| o.expect("batchnorm params")).collect::<Vec<_>>(), *epsilon)
-        }
-        _ => unreachable!("dispatched by op"),
-    }
+/// The node's operands; inference checked the required ones are there.
+fn inputs(em: &Emitter, id: NodeId) -> Vec<Option<ValueId>> {
+    em.graph.operands(id)
+}
+
+pub(super) fn emit_reduce(em: &mut Emitter, id: NodeId, r: &Reduce) -> Result<()> {
+    let o = inputs(em, id);
+    reduce_op(em, id, r, o[0].expect("reductions have an input"), o.get(1).copied().flatten())
+}
+
+pub(super) fn emit_softmax(em: &mut Emitter, id: NodeId, axis: i64, log: bool) -> Result<()> {
+    let x = inputs(em, id)[0].expect("softmax has an input");
+    softmax(em, id, x, axis, log)
+}
+
+pub(super) fn emit_layer_norm(em: &mut Emitter, id: NodeId, axis: i64, epsilon: f32) -> Result<()> {
+    let o = inputs(em, id);
+    layer_norm(em, id, o[0].expect("layer norm input"), o[1].expect("scale"), o.get(2).copied().flatten(), axis, epsilon)
+}
+
+pub(super) fn emit_batch_norm(em: &mut Emitter, id: NodeId, epsilon: f32) -> Result<()> {
+    let o = inputs(em, id);
+    batch_norm(em, id, o[0].expect("batchnorm input"), &o[1..5].iter().map(|o| o.expect("batchnorm params")).collect::<Vec<_>>(), epsilon)
 }
 
 /// A reduction's starting value: floats as f64, integers exactly.

@@ -9,7 +9,7 @@
 //!   after the previous pick in the requested order (NaN above everything, ties by index).
 
 use kiln_ir::op::{ArgReduce, Cumulative};
-use kiln_ir::{normalize_axis, DType, NodeId, Op, ValueId};
+use kiln_ir::{normalize_axis, DType, NodeId, ValueId};
 use melior::ir::operation::OperationLike;
 use melior::ir::{Block, BlockLike, Value};
 
@@ -18,16 +18,26 @@ use super::scalar::{compute, Scalar, ScalarBuilder};
 use super::Emitter;
 use crate::Result;
 
-pub(super) fn emit(em: &mut Emitter, id: NodeId) -> Result<()> {
-    let node = em.graph.node(id).clone();
+/// The scanned operand (and operand 1, an axis or `k`, when given).
+fn operands(em: &Emitter, id: NodeId) -> Result<(ValueId, Option<ValueId>)> {
     let operands = em.graph.operands(id);
     let x = operands[0].ok_or_else(|| em.unsupported(id, "has no input"))?;
-    match &node.op {
-        Op::ArgReduce(r) => arg_reduce(em, id, r, x),
-        Op::Cumulative(c) => cumulative(em, id, c, x, operands.get(1).copied().flatten()),
-        Op::TopK { axis, largest, .. } => top_k(em, id, x, *axis, *largest),
-        _ => unreachable!("dispatched by op"),
-    }
+    Ok((x, operands.get(1).copied().flatten()))
+}
+
+pub(super) fn emit_arg_reduce(em: &mut Emitter, id: NodeId, r: &ArgReduce) -> Result<()> {
+    let (x, _) = operands(em, id)?;
+    arg_reduce(em, id, r, x)
+}
+
+pub(super) fn emit_cumulative(em: &mut Emitter, id: NodeId, c: &Cumulative) -> Result<()> {
+    let (x, axis) = operands(em, id)?;
+    cumulative(em, id, c, x, axis)
+}
+
+pub(super) fn emit_top_k(em: &mut Emitter, id: NodeId, axis: i64, largest: bool) -> Result<()> {
+    let (x, _) = operands(em, id)?;
+    top_k(em, id, x, axis, largest)
 }
 
 /// Appends a multi-result op and returns its results.

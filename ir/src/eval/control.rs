@@ -8,16 +8,20 @@ use crate::{DType, Op, Tensor, Value};
 /// If and Loop carry any value (a sequence through a branch or as loop state); Scan tensors.
 pub(super) fn eval(op: &Op, operands: &[Option<&Value>]) -> Result<Vec<Value>, String> {
     match op {
+        Op::If { then_branch, else_branch } => if_(&then_branch.0, &else_branch.0, operands),
         Op::Scan(s) => {
             let tensors: Vec<Option<&Tensor>> = operands.iter().map(|o| o.map(Value::as_tensor).transpose()).collect::<Result<_, _>>()?;
-            return Ok(scan(s, &tensors)?.into_iter().map(Value::Tensor).collect());
+            Ok(scan(s, &tensors)?.into_iter().map(Value::Tensor).collect())
         }
-        Op::Loop(l) => return loop_(l, operands),
-        _ => {}
+        Op::Loop(l) => loop_(l, operands),
+        other => Err(format!("{} is not a control-flow op", other.name())),
     }
-    let Op::If { then_branch, else_branch } = op else { unreachable!("dispatched by eval_op()") };
+}
+
+/// If: the branch the condition picks, on the captured values.
+fn if_(then_branch: &crate::Graph, else_branch: &crate::Graph, operands: &[Option<&Value>]) -> Result<Vec<Value>, String> {
     let cond = operands.first().copied().flatten().ok_or("the condition is missing")?.as_tensor()?;
-    let taken = if cond.to_f64s().first().copied().unwrap_or(0.0) != 0.0 { &then_branch.0 } else { &else_branch.0 };
+    let taken = if cond.to_f64s().first().copied().unwrap_or(0.0) != 0.0 { then_branch } else { else_branch };
     let captured: Vec<Value> = operands[1..].iter().map(|o| o.cloned().ok_or("a captured value is missing")).collect::<Result<_, _>>()?;
     crate::eval::run_values(taken, &captured).map_err(|e| format!("in branch `{}`: {e}", taken.name))
 }

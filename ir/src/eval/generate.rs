@@ -2,44 +2,43 @@
 
 use super::typed;
 use crate::infer::{range_count, shape_interval, Scalar};
-use crate::{DType, Element, Op, Tensor, TensorType};
+use crate::{DType, Element, Tensor, TensorType};
 
-pub(super) fn eval(op: &Op, operands: &[Option<&Tensor>], out: &[TensorType]) -> Result<Vec<Tensor>, String> {
+/// Shape: the dimensions `start..end`.
+pub(super) fn shape(x: &Tensor, start: i64, end: Option<i64>) -> Tensor {
+    let (s, e) = shape_interval(x.rank(), start, end);
+    Tensor::vector(&x.dims()[s..e].iter().map(|&d| d as i64).collect::<Vec<_>>())
+}
+
+/// ConstantOfShape: `value` everywhere.
+pub(super) fn constant_of_shape(value: &Tensor, dims: &[usize]) -> Tensor {
+    fn fill<T: Element>(value: &Tensor, dims: &[usize]) -> Tensor {
+        let v = value.as_slice::<T>().expect("dispatched on the dtype")[0];
+        Tensor::from_vec(dims, vec![v; dims.iter().product()]).expect("length matches")
+    }
+    typed!(value.dtype(), fill(value, dims))
+}
+
+/// Range: `start, start + delta, ...` below `limit`.
+pub(super) fn range(operands: &[Option<&Tensor>]) -> Result<Tensor, String> {
+    let s: Vec<Scalar> = operands[..3].iter().map(|o| o.map(Scalar::of).ok_or("operand missing")).collect::<Result<_, _>>()?;
+    let n = range_count(s[0], s[1], s[2])?;
     let x = operands[0].ok_or("operand 0 is missing")?;
-    let dims = out[0].shape.as_fixed().ok_or("the result shape is known")?;
-    let t = match op {
-        Op::Shape { start, end } => {
-            let (s, e) = shape_interval(x.rank(), *start, *end);
-            Tensor::vector(&x.dims()[s..e].iter().map(|&d| d as i64).collect::<Vec<_>>())
+    Ok(range_values(x.dtype(), s[0], s[2], n))
+}
+
+/// EyeLike: ones where column - row == k.
+pub(super) fn eye_like(k: i64, out: &TensorType) -> Result<Tensor, String> {
+    let dims = out.shape.as_fixed().ok_or("the result shape is known")?;
+    let (rows, cols) = (dims[0] as i64, dims[1] as i64);
+    let mut v = vec![0.0; dims[0] * dims[1]];
+    for r in 0..rows {
+        let c = r.saturating_add(k);
+        if (0..cols).contains(&c) {
+            v[(r * cols + c) as usize] = 1.0;
         }
-        Op::Size => Tensor::scalar(x.len() as i64),
-        Op::ConstantOfShape { value } => {
-            fn fill<T: Element>(value: &Tensor, dims: &[usize]) -> Tensor {
-                let v = value.as_slice::<T>().expect("dispatched on the dtype")[0];
-                Tensor::from_vec(dims, vec![v; dims.iter().product()]).expect("length matches")
-            }
-            typed!(value.dtype(), fill(value, &dims))
-        }
-        Op::Range => {
-            let s: Vec<Scalar> = operands[..3].iter().map(|o| o.map(Scalar::of).ok_or("operand missing")).collect::<Result<_, _>>()?;
-            let n = range_count(s[0], s[1], s[2])?;
-            range_values(x.dtype(), s[0], s[2], n)
-        }
-        Op::EyeLike { k, .. } => {
-            let (rows, cols) = (dims[0] as i64, dims[1] as i64);
-            let mut v = vec![0.0; dims[0] * dims[1]];
-            // Ones where column - row == k.
-            for r in 0..rows {
-                let c = r.saturating_add(*k);
-                if (0..cols).contains(&c) {
-                    v[(r * cols + c) as usize] = 1.0;
-                }
-            }
-            Tensor::from_f64s(out[0].dtype, &dims, &v).map_err(|e| e.to_string())?
-        }
-        _ => unreachable!("dispatched by eval_op()"),
-    };
-    Ok(vec![t])
+    }
+    Tensor::from_f64s(out.dtype, &dims, &v).map_err(|e| e.to_string())
 }
 
 /// `start + i * delta` for `i < n`: exactly for integers, in f64 (rounded once) for floats.

@@ -244,8 +244,14 @@ pub fn eval_op(op: &Op, operands: &[Option<&Tensor>], num_outputs: usize) -> Res
         Op::InstanceNorm { .. } | Op::GroupNorm { .. } | Op::RmsNorm { .. } | Op::Lrn(_) | Op::LpNorm { .. } | Op::MeanVarianceNorm { .. } => {
             normalize::eval(op, operands, &out_types)?
         }
-        Op::ArgReduce(_) | Op::Cumulative(_) | Op::TopK { .. } => reduce::eval(op, operands, &out_types)?,
-        Op::Shape { .. } | Op::Size | Op::ConstantOfShape { .. } | Op::Range | Op::EyeLike { .. } => generate::eval(op, operands, &out_types)?,
+        Op::ArgReduce(r) => reduce::arg_reduce(r, operands, &out_types)?,
+        Op::Cumulative(c) => reduce::cumulative(c, operands)?,
+        Op::TopK { axis, largest, .. } => reduce::top_k(*axis, *largest, operands, &out_types)?,
+        Op::Shape { start, end } => vec![generate::shape(x(), *start, *end)],
+        Op::Size => vec![Tensor::scalar(x().len() as i64)],
+        Op::ConstantOfShape { value } => vec![generate::constant_of_shape(value, &out_dims[0])],
+        Op::Range => vec![generate::range(operands)?],
+        Op::EyeLike { k, .. } => vec![generate::eye_like(*k, &out_types[0])?],
         Op::GatherElements { .. }
         | Op::GatherNd { .. }
         | Op::ScatterElements { .. }

@@ -5,7 +5,7 @@ use std::cmp::Ordering;
 use super::{typed, view};
 use crate::infer::reduced_axes;
 use crate::op::{Reduce, ReduceKind};
-use crate::{normalize_axis, DType, Element, Op, Tensor, TensorType};
+use crate::{normalize_axis, DType, Element, Tensor, TensorType};
 
 pub(super) fn reduce(r: &Reduce, x: &Tensor, axes: Option<&Tensor>, out: &[usize]) -> Result<Tensor, String> {
     let axes = reduced_axes(r.noop_with_empty_axes, axes.map(|a| Some(a.to_i64s())), &x.ty())?.expect("constant axes");
@@ -63,84 +63,88 @@ fn fold_int(kind: ReduceKind, v: &[i64]) -> i64 {
     }
 }
 
-/// ArgMax/ArgMin, CumSum/CumProd, TopK.
-pub(super) fn eval(op: &Op, operands: &[Option<&Tensor>], out: &[TensorType]) -> Result<Vec<Tensor>, String> {
-    let x = operands[0].ok_or("operand 0 is missing")?;
-    let dims = |i: usize| out[i].shape.as_fixed().ok_or("the result shape is known");
-    let at = |i: usize| operands.get(i).copied().flatten().ok_or_else(|| format!("operand {i} is missing"));
-    match op {
-        Op::ArgReduce(r) => {
-            let a = normalize_axis(r.axis, x.rank()).ok_or("axis checked by inference")?;
-            let (outer, n, inner) = split_at_axis(x.dims(), a);
-            if n == 0 && outer * inner > 0 {
-                return Err(format!("{} of an empty axis {a} of {}", op.name(), x.ty()));
-            }
-            let v = Nums::of(x);
-            let mut y = Vec::with_capacity(outer * inner);
-            for o in 0..outer {
-                for i in 0..inner {
-                    let at = |j: usize| (o * n + j) * inner + i;
-                    let mut best = 0;
-                    for j in 1..n {
-                        // ArgMax and ArgMin both pick NaN first, as numpy does.
-                        let c = if r.max { v.cmp(at(j), at(best)) } else { v.cmp_nan_least(at(best), at(j)) };
-                        if c == Ordering::Greater || (c == Ordering::Equal && r.select_last_index) {
-                            best = j;
-                        }
-                    }
-                    y.push(best as i64);
-                }
-            }
-            Ok(vec![Tensor::from_vec(&dims(0)?, y).map_err(|e| e.to_string())?])
-        }
-        Op::Cumulative(c) => {
-            let axis = at(1)?.to_i64s().first().copied().ok_or("axis must hold one value")?;
-            let a = normalize_axis(axis, x.rank()).ok_or_else(|| format!("axis {axis} is out of range for {}", x.ty()))?;
-            let (outer, n, inner) = split_at_axis(x.dims(), a);
-            let mut v = Nums::of(x);
-            for o in 0..outer {
-                for i in 0..inner {
-                    let at = |j: usize| (o * n + j) * inner + i;
-                    let order: Vec<usize> = if c.reverse { (0..n).rev().map(at).collect() } else { (0..n).map(at).collect() };
-                    v.scan(&order, c.prod, c.exclusive);
-                }
-            }
-            Ok(vec![v.to_tensor(x.dtype(), x.dims())])
-        }
-        Op::TopK { axis, largest, .. } => {
-            let a = normalize_axis(*axis, x.rank()).ok_or("axis checked by inference")?;
-            let k = dims(0)?[a];
-            let (outer, n, inner) = split_at_axis(x.dims(), a);
-            let v = Nums::of(x);
-            // Source positions of the results, in result order.
-            let mut picks = vec![0; outer * k * inner];
-            let mut indices = vec![0i64; outer * k * inner];
-            for o in 0..outer {
-                for i in 0..inner {
-                    let at = |j: usize| (o * n + j) * inner + i;
-                    let mut order: Vec<usize> = (0..n).collect();
-                    // A stable sort keeps equal values in index order.
-                    if *largest {
-                        order.sort_by(|&p, &q| v.cmp(at(q), at(p)));
-                    } else {
-                        order.sort_by(|&p, &q| v.cmp(at(p), at(q)));
-                    }
-                    for (r, &j) in order[..k].iter().enumerate() {
-                        picks[(o * k + r) * inner + i] = at(j);
-                        indices[(o * k + r) * inner + i] = j as i64;
-                    }
-                }
-            }
-            fn take<T: Element>(x: &Tensor, picks: &[usize], dims: &[usize]) -> Tensor {
-                let s = x.as_slice::<T>().expect("dispatched on the dtype");
-                Tensor::from_vec(dims, picks.iter().map(|&p| s[p]).collect()).expect("length matches")
-            }
-            let d = dims(0)?;
-            let values = typed!(x.dtype(), take(x, &picks, &d));
-            Ok(vec![values, Tensor::from_vec(&d, indices).map_err(|e| e.to_string())?])
-        }
-        _ => unreachable!("dispatched by eval_op()"),
+/// The first operand and the result dims, for the scanning reductions.
+fn operand_and_dims<'t>(operands: &[Option<&'t Tensor>], out: &TensorType) -> Result<(&'t Tensor, Vec<usize>), String> {
+    Ok((operands[0].ok_or("operand 0 is missing")?, out.shape.as_fixed().ok_or("the result shape is known")?))
+}
+
+/// ArgMax/ArgMin.
+pub(super) fn arg_reduce(r: &crate::op::ArgReduce, operands: &[Option<&Tensor>], out: &[TensorType]) -> Result<Vec<Tensor>, String> {
+    let (x, out_dims) = operand_and_dims(operands, &out[0])?;
+    let name = if r.max { "ArgMax" } else { "ArgMin" };
+    let a = normalize_axis(r.axis, x.rank()).ok_or("axis checked by inference")?;
+    let (outer, n, inner) = split_at_axis(x.dims(), a);
+    if n == 0 && outer * inner > 0 {
+        return Err(format!("{name} of an empty axis {a} of {}", x.ty()));
     }
+    let v = Nums::of(x);
+    let mut y = Vec::with_capacity(outer * inner);
+    for o in 0..outer {
+        for i in 0..inner {
+            let at = |j: usize| (o * n + j) * inner + i;
+            let mut best = 0;
+            for j in 1..n {
+                // ArgMax and ArgMin both pick NaN first, as numpy does.
+                let c = if r.max { v.cmp(at(j), at(best)) } else { v.cmp_nan_least(at(best), at(j)) };
+                if c == Ordering::Greater || (c == Ordering::Equal && r.select_last_index) {
+                    best = j;
+                }
+            }
+            y.push(best as i64);
+        }
+    }
+    Ok(vec![Tensor::from_vec(&out_dims, y).map_err(|e| e.to_string())?])
+}
+
+/// CumSum/CumProd along the axis operand 1 gives.
+pub(super) fn cumulative(c: &crate::op::Cumulative, operands: &[Option<&Tensor>]) -> Result<Vec<Tensor>, String> {
+    let x = operands[0].ok_or("operand 0 is missing")?;
+    let axis = operands.get(1).copied().flatten().ok_or("operand 1 is missing")?.to_i64s().first().copied().ok_or("axis must hold one value")?;
+    let a = normalize_axis(axis, x.rank()).ok_or_else(|| format!("axis {axis} is out of range for {}", x.ty()))?;
+    let (outer, n, inner) = split_at_axis(x.dims(), a);
+    let mut v = Nums::of(x);
+    for o in 0..outer {
+        for i in 0..inner {
+            let at = |j: usize| (o * n + j) * inner + i;
+            let order: Vec<usize> = if c.reverse { (0..n).rev().map(at).collect() } else { (0..n).map(at).collect() };
+            v.scan(&order, c.prod, c.exclusive);
+        }
+    }
+    Ok(vec![v.to_tensor(x.dtype(), x.dims())])
+}
+
+/// TopK: the `k` largest or smallest along the axis, and their indices.
+pub(super) fn top_k(axis: i64, largest: bool, operands: &[Option<&Tensor>], out: &[TensorType]) -> Result<Vec<Tensor>, String> {
+    let (x, d) = operand_and_dims(operands, &out[0])?;
+    let a = normalize_axis(axis, x.rank()).ok_or("axis checked by inference")?;
+    let k = d[a];
+    let (outer, n, inner) = split_at_axis(x.dims(), a);
+    let v = Nums::of(x);
+    // Source positions of the results, in result order.
+    let mut picks = vec![0; outer * k * inner];
+    let mut indices = vec![0i64; outer * k * inner];
+    for o in 0..outer {
+        for i in 0..inner {
+            let at = |j: usize| (o * n + j) * inner + i;
+            let mut order: Vec<usize> = (0..n).collect();
+            // A stable sort keeps equal values in index order.
+            if largest {
+                order.sort_by(|&p, &q| v.cmp(at(q), at(p)));
+            } else {
+                order.sort_by(|&p, &q| v.cmp(at(p), at(q)));
+            }
+            for (r, &j) in order[..k].iter().enumerate() {
+                picks[(o * k + r) * inner + i] = at(j);
+                indices[(o * k + r) * inner + i] = j as i64;
+            }
+        }
+    }
+    fn take<T: Element>(x: &Tensor, picks: &[usize], dims: &[usize]) -> Tensor {
+        let s = x.as_slice::<T>().expect("dispatched on the dtype");
+        Tensor::from_vec(dims, picks.iter().map(|&p| s[p]).collect()).expect("length matches")
+    }
+    let values = typed!(x.dtype(), take(x, &picks, &d));
+    Ok(vec![values, Tensor::from_vec(&d, indices).map_err(|e| e.to_string())?])
 }
 
 /// `dims` as (product before `axis`, size of `axis`, product after).

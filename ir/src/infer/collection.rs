@@ -4,15 +4,7 @@
 use super::{Ctx, Infer, Operand, Operands};
 use crate::op::{OptionalOp, SequenceOp};
 use crate::shape::normalize_axis;
-use crate::{DType, Dim, Kind, Op, Shape, TensorType};
-
-pub(super) fn infer(op: &Op, ops: &Operands, ctx: &Ctx) -> Infer {
-    match op {
-        Op::Sequence(s) => sequence(s, ops, ctx),
-        Op::Optional(o) => optional(o, ops),
-        _ => Err(format!("{} is not a sequence or optional op", op.name())),
-    }
-}
+use crate::{DType, Dim, Kind, Shape, TensorType};
 
 /// The operand as a sequence: (its type, its elements' shape if ranked, its length if known).
 fn seq<'a>(o: Operand<'a>) -> Result<(&'a TensorType, Option<&'a Shape>, Option<usize>), String> {
@@ -53,7 +45,7 @@ fn check_position(pos: Option<i64>, len: Option<usize>, insert: bool) -> Result<
     Ok(())
 }
 
-fn sequence(s: &SequenceOp, ops: &Operands, ctx: &Ctx) -> Infer {
+pub(super) fn sequence(s: &SequenceOp, ops: &Operands, ctx: &Ctx) -> Infer {
     let merged = |a: &Shape, b: &Shape| {
         TensorType::new(DType::F32, a.clone()).merge(&TensorType::new(DType::F32, b.clone()), |i| ctx.fresh(i)).map(|t| t.shape)
     };
@@ -229,7 +221,7 @@ fn map(body: &crate::Graph, captures: usize, ops: &Operands) -> Infer {
         .collect()
 }
 
-fn optional(o: &OptionalOp, ops: &Operands) -> Infer {
+pub(super) fn optional(o: &OptionalOp, ops: &Operands) -> Infer {
     let ty = match o {
         OptionalOp::Wrap { dtype, sequence } => match ops.opt(0) {
             Some(x) => {

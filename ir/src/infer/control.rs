@@ -2,7 +2,7 @@
 
 use super::{Ctx, Infer, Operands};
 use crate::shape::normalize_axis;
-use crate::{DType, Dim, Graph, Op, Shape, TensorType};
+use crate::{DType, Dim, Graph, Shape, TensorType};
 
 /// `g` with its inputs given `types` (sizes a caller bound reach its results); `None` when they
 /// are its types already.
@@ -26,14 +26,9 @@ fn specialised(g: &Graph, types: &[TensorType]) -> Result<Option<Graph>, String>
     Ok(Some(s))
 }
 
-pub(super) fn infer(op: &Op, ops: &Operands, ctx: &Ctx) -> Infer {
-    match op {
-        Op::Scan(s) => return scan(s, ops),
-        Op::Loop(l) => return loop_(l, ops, ctx),
-        _ => {}
-    }
-    let Op::If { then_branch, else_branch } = op else { unreachable!("dispatched by infer()") };
-    let (t, e) = (&then_branch.0, &else_branch.0);
+/// If: both branches typed by the captured values; each result what the branches agree on.
+pub(super) fn if_(then_branch: &Graph, else_branch: &Graph, ops: &Operands, ctx: &Ctx) -> Infer {
+    let (t, e) = (then_branch, else_branch);
     let cond = ops.get(0)?.ty;
     if cond.dtype != DType::Bool || cond.shape.numel() != Some(1) {
         return Err(format!("the condition must be one bool, got {cond}"));
@@ -80,7 +75,7 @@ fn fresh(ctx: &Ctx, result: usize, dim: usize) -> Dim {
 
 /// The state keeps its types; each stacked result is the body's slice with the scan's length
 /// inserted at its axis.
-fn scan(s: &crate::op::Scan, ops: &Operands) -> Infer {
+pub(super) fn scan(s: &crate::op::Scan, ops: &Operands) -> Infer {
     let n = ops.len();
     if n < s.captures + s.scan_inputs {
         return Err(format!("{n} operands, but {} captured and {} scanned", s.captures, s.scan_inputs));
@@ -139,7 +134,7 @@ fn scan(s: &crate::op::Scan, ops: &Operands) -> Infer {
 /// steps, known when the trip count is a constant and the condition provably stays true (it
 /// starts true or absent and the body passes it on or gives a constant true), or when the loop
 /// provably runs no step.
-fn loop_(l: &crate::op::Loop, ops: &Operands, ctx: &Ctx) -> Infer {
+pub(super) fn loop_(l: &crate::op::Loop, ops: &Operands, ctx: &Ctx) -> Infer {
     let (n, c) = (ops.len(), l.captures);
     let body = &l.body.0;
     let states = l.states(n);

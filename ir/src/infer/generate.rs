@@ -1,30 +1,28 @@
 //! Ops that make tensors from shapes and scalars: Shape, Size, ConstantOfShape, Range, EyeLike.
 
 use super::{Ctx, Infer, Operand, Operands};
-use crate::{DType, Dim, Op, Shape, Tensor, TensorType};
+use crate::{DType, Dim, Shape, Tensor, TensorType};
 
-pub(super) fn infer(op: &Op, ops: &Operands, ctx: &Ctx) -> Infer {
-    match op {
-        Op::Shape { start, end } => {
-            let x = ops.get(0)?.ty;
-            let (s, e) = shape_interval(x.rank(), *start, *end);
-            Ok(vec![TensorType::new(DType::I64, [e - s])])
-        }
-        Op::Size => {
-            ops.get(0)?;
-            Ok(vec![TensorType::new(DType::I64, Shape::scalar())])
-        }
-        Op::ConstantOfShape { value } => constant_of_shape(value, ops, ctx),
-        Op::Range => range(ops, ctx),
-        Op::EyeLike { dtype, .. } => {
-            let x = ops.get(0)?.ty;
-            if x.rank() != 2 {
-                return Err(format!("needs a 2-D input, got {x}"));
-            }
-            Ok(vec![TensorType::new(dtype.unwrap_or(x.dtype), x.shape.clone())])
-        }
-        _ => unreachable!("dispatched by infer()"),
+/// Shape: the dimensions `start..end`.
+pub(super) fn shape(start: i64, end: Option<i64>, ops: &Operands) -> Infer {
+    let x = ops.get(0)?.ty;
+    let (s, e) = shape_interval(x.rank(), start, end);
+    Ok(vec![TensorType::new(DType::I64, [e - s])])
+}
+
+/// Size: one i64.
+pub(super) fn size(ops: &Operands) -> Infer {
+    ops.get(0)?;
+    Ok(vec![TensorType::new(DType::I64, Shape::scalar())])
+}
+
+/// EyeLike: x's 2-D shape, in `dtype` or x's type.
+pub(super) fn eye_like(dtype: Option<DType>, ops: &Operands) -> Infer {
+    let x = ops.get(0)?.ty;
+    if x.rank() != 2 {
+        return Err(format!("needs a 2-D input, got {x}"));
     }
+    Ok(vec![TensorType::new(dtype.unwrap_or(x.dtype), x.shape.clone())])
 }
 
 /// Shape's `start..end` (opset 15): negative values count from the rank, both are clamped to
@@ -45,7 +43,7 @@ pub(crate) fn checked_count(dims: &[usize], dtype: DType, what: &str) -> Result<
     }
 }
 
-fn constant_of_shape(value: &Tensor, ops: &Operands, ctx: &Ctx) -> Infer {
+pub(super) fn constant_of_shape(value: &Tensor, ops: &Operands, ctx: &Ctx) -> Infer {
     if value.len() != 1 {
         return Err(format!("value must hold one element, got {}", value.ty()));
     }
@@ -126,7 +124,7 @@ pub(crate) fn range_count(start: Scalar, limit: Scalar, delta: Scalar) -> Result
     count.ok_or_else(|| format!("range({start:?}, {limit:?}, {delta:?}) has too many elements"))
 }
 
-fn range(ops: &Operands, ctx: &Ctx) -> Infer {
+pub(super) fn range(ops: &Operands, ctx: &Ctx) -> Infer {
     let names = ["start", "limit", "delta"];
     let operands: Vec<Operand> = (0..3).map(|i| ops.get(i)).collect::<Result<_, _>>()?;
     let dtype = operands[0].ty.dtype;

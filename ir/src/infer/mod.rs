@@ -105,8 +105,14 @@ pub fn infer(op: &Op, operands: &[Option<Operand>], node: &str) -> Result<Vec<Te
         Op::InstanceNorm { .. } | Op::GroupNorm { .. } | Op::RmsNorm { .. } | Op::Lrn(_) | Op::LpNorm { .. } | Op::MeanVarianceNorm { .. } => {
             normalize::infer(op, &ops, &ctx)
         }
-        Op::ArgReduce(_) | Op::Cumulative(_) | Op::TopK { .. } => reduce::infer(op, &ops, &ctx),
-        Op::Shape { .. } | Op::Size | Op::ConstantOfShape { .. } | Op::Range | Op::EyeLike { .. } => generate::infer(op, &ops, &ctx),
+        Op::ArgReduce(r) => reduce::arg_reduce(r, &ops),
+        Op::Cumulative(_) => reduce::cumulative(&ops),
+        Op::TopK { axis, .. } => reduce::top_k(*axis, &ops, &ctx),
+        Op::Shape { start, end } => generate::shape(*start, *end, &ops),
+        Op::Size => generate::size(&ops),
+        Op::ConstantOfShape { value } => generate::constant_of_shape(value, &ops, &ctx),
+        Op::Range => generate::range(&ops, &ctx),
+        Op::EyeLike { dtype, .. } => generate::eye_like(*dtype, &ops),
         Op::GatherElements { .. }
         | Op::GatherNd { .. }
         | Op::ScatterElements { .. }
@@ -123,10 +129,13 @@ pub fn infer(op: &Op, operands: &[Option<Operand>], node: &str) -> Result<Vec<Te
         Op::Resize(r) => resize::infer(r, &ops, &ctx),
         Op::Rnn(_) | Op::Attention(_) | Op::RotaryEmbedding(_) => sequence::infer(op, &ops, &ctx),
         Op::NllLoss(_) | Op::SoftmaxCrossEntropyLoss(_) => loss::infer(op, &ops, &ctx),
-        Op::If { .. } | Op::Scan(_) | Op::Loop(_) => control::infer(op, &ops, &ctx),
+        Op::If { then_branch, else_branch } => control::if_(&then_branch.0, &else_branch.0, &ops, &ctx),
+        Op::Scan(s) => control::scan(s, &ops),
+        Op::Loop(l) => control::loop_(l, &ops, &ctx),
         Op::Quantize { axis, block_size, dtype } => quantize::quantize(*axis, *block_size, *dtype, &ops),
         Op::Dequantize { axis, block_size } => quantize::dequantize(*axis, *block_size, &ops),
-        Op::Sequence(_) | Op::Optional(_) => collection::infer(op, &ops, &ctx),
+        Op::Sequence(s) => collection::sequence(s, &ops, &ctx),
+        Op::Optional(o) => collection::optional(o, &ops),
     }
 }
 

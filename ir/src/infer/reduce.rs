@@ -2,7 +2,6 @@
 
 use super::{Ctx, Infer, Operands};
 use crate::op::{Reduce, ReduceKind};
-use crate::Op;
 use crate::{DType, Dim, Shape, TensorType};
 
 /// The axes a reduction reduces, normalised and sorted; `None` when they are known only at run time.
@@ -58,46 +57,52 @@ pub(super) fn reduce(r: &Reduce, ops: &Operands, ctx: &Ctx) -> Infer {
     Ok(vec![TensorType::new(x.dtype, shape)])
 }
 
-/// ArgMax/ArgMin, CumSum/CumProd, TopK.
-pub(super) fn infer(op: &Op, ops: &Operands, ctx: &Ctx) -> Infer {
+/// The operand the scanning reductions take: numeric.
+fn numeric<'a>(ops: &Operands<'_, 'a>) -> Result<&'a TensorType, String> {
     let x = ops.get(0)?.ty;
     if !x.dtype.is_numeric() {
         return Err(format!("needs a numeric type, got {x}"));
     }
-    match op {
-        Op::ArgReduce(r) => {
-            let a = super::axis(r.axis, x)?;
-            let mut dims = x.shape.0.clone();
-            if r.keepdims {
-                dims[a] = Dim::Fixed(1);
-            } else {
-                dims.remove(a);
-            }
-            Ok(vec![TensorType::new(DType::I64, Shape(dims))])
-        }
-        Op::Cumulative(_) => {
-            // The axis is checked when known; the result has x's type either way.
-            if let Some(a) = one_int(ops, 1, "axis")? {
-                super::axis(a, x)?;
-            }
-            Ok(vec![x.clone()])
-        }
-        Op::TopK { axis, .. } => {
-            let a = super::axis(*axis, x)?;
-            let mut dims = x.shape.0.clone();
-            dims[a] = match one_int(ops, 1, "k")? {
-                Some(k) if k < 0 => return Err(format!("k {k} is negative")),
-                Some(k) => match &x.shape.0[a] {
-                    Dim::Fixed(n) if k as u64 > *n as u64 => return Err(format!("k {k} exceeds axis {a} of {x}")),
-                    _ => Dim::Fixed(k as usize),
-                },
-                None => ctx.fresh(a),
-            };
-            let shape = Shape(dims);
-            Ok(vec![TensorType::new(x.dtype, shape.clone()), TensorType::new(DType::I64, shape)])
-        }
-        _ => unreachable!("dispatched by infer()"),
+    Ok(x)
+}
+
+/// ArgMax/ArgMin.
+pub(super) fn arg_reduce(r: &crate::op::ArgReduce, ops: &Operands) -> Infer {
+    let x = numeric(ops)?;
+    let a = super::axis(r.axis, x)?;
+    let mut dims = x.shape.0.clone();
+    if r.keepdims {
+        dims[a] = Dim::Fixed(1);
+    } else {
+        dims.remove(a);
     }
+    Ok(vec![TensorType::new(DType::I64, Shape(dims))])
+}
+
+/// CumSum/CumProd: the axis is checked when known; the result has x's type either way.
+pub(super) fn cumulative(ops: &Operands) -> Infer {
+    let x = numeric(ops)?;
+    if let Some(a) = one_int(ops, 1, "axis")? {
+        super::axis(a, x)?;
+    }
+    Ok(vec![x.clone()])
+}
+
+/// TopK: the values and their indices, `k` along the axis.
+pub(super) fn top_k(axis: i64, ops: &Operands, ctx: &Ctx) -> Infer {
+    let x = numeric(ops)?;
+    let a = super::axis(axis, x)?;
+    let mut dims = x.shape.0.clone();
+    dims[a] = match one_int(ops, 1, "k")? {
+        Some(k) if k < 0 => return Err(format!("k {k} is negative")),
+        Some(k) => match &x.shape.0[a] {
+            Dim::Fixed(n) if k as u64 > *n as u64 => return Err(format!("k {k} exceeds axis {a} of {x}")),
+            _ => Dim::Fixed(k as usize),
+        },
+        None => ctx.fresh(a),
+    };
+    let shape = Shape(dims);
+    Ok(vec![TensorType::new(x.dtype, shape.clone()), TensorType::new(DType::I64, shape)])
 }
 
 /// A one-element integer operand (0-D, or 1-D of length 1): its value if it is a constant.
