@@ -84,3 +84,21 @@ impl Options {
         })
     }
 }
+
+impl Options {
+    /// The options for running on `target` here: for CUDA, PTX for the first visible GPU's own
+    /// architecture (else the default, sm_80, which the driver compiles for newer GPUs).
+    pub fn for_target(target: TargetKind) -> Options {
+        let mut o = Options { target, ..Options::default() };
+        if target == TargetKind::Cuda {
+            let cc = kiln_runtime::list_devices()
+                .into_iter()
+                .find(|d| d.target == kiln_runtime::Target::Cuda && d.usable)
+                .and_then(|d| d.compute_capability);
+            if let Some(cc) = cc.filter(|c| c.starts_with("sm_")) {
+                o.ptx.arch = cc;
+            }
+        }
+        o
+    }
+}

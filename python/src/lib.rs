@@ -88,15 +88,7 @@ fn device_target(device: &str) -> PyResult<TargetKind> {
 }
 
 fn options_for(target: TargetKind, shapes: Option<HashMap<String, Vec<usize>>>) -> Options {
-    let mut o = Options { target, input_shapes: shapes.unwrap_or_default(), ..Options::default() };
-    if target == TargetKind::Cuda {
-        if let Some(cc) = kiln_runtime::list_devices().into_iter().find(|d| d.target == Target::Cuda && d.usable).and_then(|d| d.compute_capability) {
-            if cc.starts_with("sm_") {
-                o.ptx.arch = cc;
-            }
-        }
-    }
-    o
+    Options { input_shapes: shapes.unwrap_or_default(), ..Options::for_target(target) }
 }
 
 /// One input or output as a session declares it: a name, an ONNX-style type and a shape whose

@@ -116,11 +116,11 @@ pub fn run(args: &Args) -> Result<i32> {
         CheckDevice::Ref | CheckDevice::Cpu => crate::Options::default(),
         CheckDevice::Cuda => {
             require_device(kiln_runtime::Target::Cuda)?;
-            super::common::options_for(crate::TargetKind::Cuda)
+            crate::Options::for_target(crate::TargetKind::Cuda)
         }
         CheckDevice::Opencl => {
             require_device(kiln_runtime::Target::Opencl)?;
-            super::common::options_for(crate::TargetKind::Opencl)
+            crate::Options::for_target(crate::TargetKind::Opencl)
         }
     };
     // Each test compiles single-threaded; the tests themselves run in parallel.
@@ -300,8 +300,8 @@ fn run_isolated(tests: &[PathBuf], args: &Args, threads: usize, done: &(dyn Fn(&
 fn worker(args: &Args) -> Result<i32> {
     use std::io::{BufRead, Write};
     let base = match args.device {
-        CheckDevice::Cuda => super::common::options_for(crate::TargetKind::Cuda),
-        CheckDevice::Opencl => super::common::options_for(crate::TargetKind::Opencl),
+        CheckDevice::Cuda => crate::Options::for_target(crate::TargetKind::Cuda),
+        CheckDevice::Opencl => crate::Options::for_target(crate::TargetKind::Opencl),
         _ => crate::Options::default(),
     };
     let device = args.device;

@@ -206,29 +206,6 @@ pub fn pick_device(d: DeviceArg, quiet: bool) -> Result<TargetKind> {
     Ok(kind)
 }
 
-/// The PTX target for the first CUDA GPU (its own architecture), or the default (sm_80, which
-/// the driver compiles for newer GPUs) when none is visible.
-pub fn cuda_ptx_target() -> crate::target::gpu::PtxTarget {
-    let mut t = crate::target::gpu::PtxTarget::default();
-    if let Some(cc) =
-        kiln_runtime::list_devices().into_iter().find(|d| d.target == kiln_runtime::Target::Cuda && d.usable).and_then(|d| d.compute_capability)
-    {
-        if cc.starts_with("sm_") {
-            t.arch = cc;
-        }
-    }
-    t
-}
-
-/// Compile options for running on `target` here.
-pub fn options_for(target: TargetKind) -> crate::Options {
-    let mut o = crate::Options { target, ..crate::Options::default() };
-    if target == TargetKind::Cuda {
-        o.ptx = cuda_ptx_target();
-    }
-    o
-}
-
 /// Compiles with a progress bar on stderr (kernels generated, then the whole-program finish),
 /// unless `quiet`; the bar is cleared when done, so the timing summary follows. indicatif draws
 /// nothing when stderr is not a terminal.

@@ -8,7 +8,7 @@ use std::time::Instant;
 use kiln_ir::{eval, models, DType, Tensor};
 use kiln_runtime::{Executable, LoadOptions};
 
-use super::common::{compile_with_bar, ms, options_for, pick_device, print_timings, DeviceArg};
+use super::common::{compile_with_bar, ms, pick_device, print_timings, DeviceArg};
 use crate::{CompileError, Options, Result};
 
 #[derive(clap::Args)]
@@ -42,7 +42,7 @@ pub fn run(args: &Args) -> Result<()> {
 
     std::fs::create_dir_all(&args.out).map_err(|e| CompileError::File { path: args.out.display().to_string(), msg: e.to_string() })?;
     let dumps = args.out.join("ir");
-    let options = Options { dump_dir: Some(dumps.clone()), cache: false, ..options_for(target) };
+    let options = Options { dump_dir: Some(dumps.clone()), cache: false, ..Options::for_target(target) };
     let compiled = compile_with_bar(&graph, &options, false, false)?;
     println!("\n== compiled for {} ({}) ==", target.name(), compiled.artifact.manifest.target_detail);
     print_timings("compile", &compiled.timings);

@@ -6,9 +6,7 @@ use std::time::Instant;
 use kiln_ir::Tensor;
 use kiln_runtime::{Executable, LoadOptions, Profile};
 
-use super::common::{
-    compile_with_bar, graph_inputs, load_model, ms, options_for, order_inputs, pick_device, print_timings, read_inputs, DeviceArg, Model,
-};
+use super::common::{compile_with_bar, graph_inputs, load_model, ms, order_inputs, pick_device, print_timings, read_inputs, DeviceArg, Model};
 use crate::{CompileError, Options, Result};
 
 #[derive(clap::Args)]
@@ -65,7 +63,7 @@ pub fn executable(
             let names: Vec<String> = g.inputs().iter().map(|&id| g.node(id).name.clone()).collect();
             let shapes = names.iter().zip(&ordered).map(|(n, t)| (n.clone(), t.dims().to_vec())).collect();
             let values = names.iter().zip(&ordered).map(|(n, t)| (n.clone(), t.clone())).collect();
-            let options = Options { input_shapes: shapes, input_values: values, ..options_for(pick_device(device, quiet)?) };
+            let options = Options { input_shapes: shapes, input_values: values, ..Options::for_target(pick_device(device, quiet)?) };
             let compiled = compile_with_bar(&g, &options, false, quiet)?;
             if !quiet {
                 print_timings(if compiled.from_cache { "compile (from the cache)" } else { "compile" }, &compiled.timings);

@@ -21,6 +21,7 @@ mod sequence;
 mod window;
 
 pub use indexing::pad_axis;
+pub use quantize::quantized_range;
 pub use resize::{resize_steps, ResizeStep};
 
 use std::collections::HashMap;

@@ -29,8 +29,8 @@ fn scale_index(dims: &[usize], scale_dims: &[usize], axis: i64, block_size: usiz
         .collect())
 }
 
-/// The range of a quantized type.
-fn bounds(d: DType) -> (f64, f64) {
+/// The range of a quantized type (what QuantizeLinear saturates to).
+pub fn quantized_range(d: DType) -> (f64, f64) {
     match d {
         DType::U8 => (0.0, 255.0),
         DType::I8 => (-128.0, 127.0),
@@ -47,7 +47,7 @@ pub(super) fn quantize(axis: i64, block_size: usize, operands: &[Option<&Tensor>
     let at = scale_index(x.dims(), scale.dims(), axis, block_size)?;
     let (xs, ss) = (x.to_f64s(), scale.to_f64s());
     let zs = zero.map(|z| z.to_f64s());
-    let (lo, hi) = bounds(out.dtype);
+    let (lo, hi) = quantized_range(out.dtype);
     // The division in f32 when both are f32, as the reference computes it (a tie must stay one).
     let single = x.dtype() == DType::F32 && scale.dtype() == DType::F32;
     let q: Vec<f64> = xs

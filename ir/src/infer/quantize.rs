@@ -30,6 +30,14 @@ fn scale_layout(axis: i64, block_size: usize, x: &TensorType, scale: &TensorType
     Ok(())
 }
 
+/// The zero point gives one value where the scale does (the interpreter indexes both alike).
+fn same_layout(scale: &TensorType, zero: &TensorType) -> Result<(), String> {
+    match (scale.shape.numel(), zero.shape.numel()) {
+        (Some(s), Some(z)) if s != z => Err(format!("the zero point {zero} does not match the scale {scale}")),
+        _ => Ok(()),
+    }
+}
+
 fn is_quantized(d: DType) -> bool {
     matches!(d, DType::U8 | DType::I8 | DType::U16 | DType::I16 | DType::I32)
 }
@@ -46,6 +54,7 @@ pub(super) fn quantize(axis: i64, block_size: usize, dtype: Option<DType>, ops: 
     let to = match ops.opt(2) {
         Some(z) => {
             scale_layout(axis, block_size, x, z.ty, "zero point")?;
+            same_layout(scale, z.ty)?;
             if dtype.is_some_and(|d| d != z.ty.dtype) {
                 return Err(format!("output_dtype {} disagrees with the zero point {}", dtype.map_or("", |d| d.name()), z.ty));
             }
@@ -70,6 +79,7 @@ pub(super) fn dequantize(axis: i64, block_size: usize, ops: &Operands) -> Infer 
     scale_layout(axis, block_size, x, scale, "scale")?;
     if let Some(z) = ops.opt(2) {
         scale_layout(axis, block_size, x, z.ty, "zero point")?;
+        same_layout(scale, z.ty)?;
         if z.ty.dtype != x.dtype {
             return Err(format!("the zero point {} is not of the input's type {}", z.ty, x.dtype.name()));
         }

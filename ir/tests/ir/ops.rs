@@ -334,4 +334,8 @@ fn quantize_and_dequantize_per_tensor_per_axis_and_blocked() {
     )
     .unwrap_err();
     assert!(e.contains("the scale f32[2] is neither one value nor one per position of axis 1 of u8[2,3]"), "{e}");
+    // A zero point laid out unlike its scale is refused, not indexed past its end.
+    let x = Tensor::from_slice(&[1, 2, 2], &[1i8, 2, 3, 4]).unwrap();
+    let e = run(Op::Dequantize { axis: 1, block_size: 0 }, x, scale, Some(Tensor::scalar(0i8))).unwrap_err();
+    assert!(e.contains("the zero point i8[] does not match the scale f32[2]"), "{e}");
 }

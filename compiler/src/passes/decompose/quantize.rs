@@ -9,17 +9,6 @@ use kiln_ir::{BinaryOp, DType, NodeId, Op, UnaryOp, ValueId};
 use super::Emit;
 use crate::Result;
 
-/// The range of a quantized type.
-fn bounds(d: DType) -> (f64, f64) {
-    match d {
-        DType::U8 => (0.0, 255.0),
-        DType::I8 => (-128.0, 127.0),
-        DType::U16 => (0.0, 65535.0),
-        DType::I16 => (-32768.0, 32767.0),
-        _ => (i32::MIN as f64, i32::MAX as f64),
-    }
-}
-
 /// `p` (a scale or zero point) shaped to broadcast against `x` of `xd`, in `ct`.
 fn broadcastable(e: &mut Emit, p: ValueId, xd: &[usize], axis: i64, block_size: usize, ct: DType) -> Result<ValueId> {
     let pd = e.dims(p)?;
@@ -76,7 +65,7 @@ pub(super) fn quantize(e: &mut Emit, id: NodeId, axis: i64, block_size: usize) -
         let z = broadcastable(e, z, &xd, axis, block_size, ct)?;
         q = e.add("shift", q, z)?;
     }
-    let (lo, hi) = bounds(to);
+    let (lo, hi) = kiln_ir::eval::quantized_range(to);
     let lo = e.scalar(lo, ct)?;
     let hi = e.scalar(hi, ct)?;
     q = e.op2("saturate", Op::Clip, &[q, lo, hi])?;
