@@ -24,16 +24,16 @@ fn align(n: u64) -> u64 {
 pub enum Arg {
     /// The fused kernel's i-th buffer (its inputs, then its outputs).
     Buffer(usize),
-    /// A temporary of the fused kernel, by index into `Plan::scratch`.
+    /// A temporary of the fused kernel, by index into `KernelRun::scratch`.
     Scratch(usize),
-    /// Constant data of the fused kernel, by index into `Plan::constants`.
+    /// Constant data of the fused kernel, by index into `KernelRun::constants`.
     Constant(usize),
 }
 
 /// One launch of a compiled function.
 #[derive(Clone, Debug)]
-pub struct PlannedLaunch {
-    /// Index into `Code::functions`.
+pub struct FunctionCall {
+    /// Index into `TargetCode::functions`.
     pub function: usize,
     pub args: Vec<Arg>,
     /// Positions in `args` the function may write (empty: any).
@@ -42,32 +42,35 @@ pub struct PlannedLaunch {
 
 /// How one fused kernel runs: its launches in order, its temporaries' sizes and its constants.
 #[derive(Clone, Debug, Default)]
-pub struct Plan {
-    pub launches: Vec<PlannedLaunch>,
+pub struct KernelRun {
+    pub calls: Vec<FunctionCall>,
     pub scratch: Vec<u64>,
     pub constants: Vec<Vec<u8>>,
 }
 
-impl Plan {
+impl KernelRun {
     /// The CPU's plan: one launch of one function on the kernel's buffers.
-    pub fn single(function: usize, buffers: usize) -> Plan {
-        Plan { launches: vec![PlannedLaunch { function, args: (0..buffers).map(Arg::Buffer).collect(), writes: Vec::new() }], ..Plan::default() }
+    pub fn single(function: usize, buffers: usize) -> KernelRun {
+        KernelRun {
+            calls: vec![FunctionCall { function, args: (0..buffers).map(Arg::Buffer).collect(), writes: Vec::new() }],
+            ..KernelRun::default()
+        }
     }
 }
 
 /// A target's compiled code.
-pub struct Code {
+pub struct TargetCode {
     pub target: Target,
     pub blob: Vec<u8>,
     pub target_detail: String,
     pub cpu_features: Vec<String>,
     pub functions: Vec<KernelDesc>,
     /// Per fused kernel, in partition order.
-    pub plans: Vec<Plan>,
+    pub runs: Vec<KernelRun>,
 }
 
 /// Assembles the artifact for compiled kernels.
-pub fn assemble(graph: &Graph, partition: &Partition, code: Code) -> Result<Artifact> {
+pub fn assemble(graph: &Graph, partition: &Partition, code: TargetCode) -> Result<Artifact> {
     let mut payload = code.blob;
     let code_blob = Blob { offset: 0, len: payload.len() as u64 };
     let mut buffers: Vec<BufferDesc> = Vec::new();
@@ -101,7 +104,7 @@ pub fn assemble(graph: &Graph, partition: &Partition, code: Code) -> Result<Arti
     for (k, kernel) in partition.kernels.iter().enumerate() {
         // A constant none of the kernel's launches reads (a weight it reads packed, from its own
         // constants) needs no buffer for it.
-        let used = |slot: usize| code.plans.get(k).is_none_or(|p| p.launches.iter().any(|l| l.args.contains(&Arg::Buffer(slot))));
+        let used = |slot: usize| code.runs.get(k).is_none_or(|p| p.calls.iter().any(|l| l.args.contains(&Arg::Buffer(slot))));
         for (slot, &v) in kernel.inputs.iter().chain(&kernel.outputs).enumerate() {
             let unread_constant = slot < kernel.inputs.len() && graph.constant_value(v).is_some() && !used(slot);
             if !unread_constant {
@@ -119,9 +122,9 @@ pub fn assemble(graph: &Graph, partition: &Partition, code: Code) -> Result<Arti
         }
     }
     // Each kernel's own temporaries live only while it runs; its constants join the payload.
-    let mut temps: Vec<Vec<usize>> = Vec::with_capacity(code.plans.len());
-    let mut consts: Vec<Vec<usize>> = Vec::with_capacity(code.plans.len());
-    for (k, plan) in code.plans.iter().enumerate() {
+    let mut temps: Vec<Vec<usize>> = Vec::with_capacity(code.runs.len());
+    let mut consts: Vec<Vec<usize>> = Vec::with_capacity(code.runs.len());
+    for (k, plan) in code.runs.iter().enumerate() {
         let mut t = Vec::new();
         for &bytes in &plan.scratch {
             buffers.push(BufferDesc { bytes, kind: BufferKind::Scratch { offset: 0 } });
@@ -141,7 +144,7 @@ pub fn assemble(graph: &Graph, partition: &Partition, code: Code) -> Result<Arti
     }
     let arena_bytes = plan_arena(&mut buffers, &scratch);
     let mut launches = Vec::new();
-    for (k, (kernel, plan)) in partition.kernels.iter().zip(&code.plans).enumerate() {
+    for (k, (kernel, plan)) in partition.kernels.iter().zip(&code.runs).enumerate() {
         // (Slots no launch reads may have no buffer.)
         let mut own: Vec<usize> = kernel.inputs.iter().map(|v| buffer_of.get(v).copied().unwrap_or(usize::MAX)).collect();
         for &v in &kernel.outputs {
@@ -151,7 +154,7 @@ pub fn assemble(graph: &Graph, partition: &Partition, code: Code) -> Result<Arti
                 None => buffer_of[&v],
             });
         }
-        for l in &plan.launches {
+        for l in &plan.calls {
             let args = l
                 .args
                 .iter()

@@ -6,64 +6,13 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use kiln_ir::{text, Graph};
-use kiln_runtime::artifact::{Artifact, KernelDesc, Target};
+use kiln_runtime::artifact::Artifact;
 use kiln_runtime::{Executable, LoadOptions};
 
-use crate::artifact::{Code, Plan, PlannedLaunch};
-use crate::options::{Options, TargetKind};
-use crate::target::cpu::{self, StageTexts};
-use crate::target::gpu;
+use crate::options::Options;
+use crate::stage::{Stage, Stages};
+use crate::target;
 use crate::{artifact, fuse, passes, CompileError, Result};
-
-/// Every stage's text (empty when it was not produced).
-#[derive(Default, Clone, Debug)]
-pub struct Stages {
-    pub graph: String,
-    pub fused: String,
-    /// Each kernel's ops as the schedule reads them and the schedule decided (CPU).
-    pub schedule: String,
-    pub mlir: String,
-    pub lowered: String,
-    pub llvm: String,
-    pub asm: String,
-    pub ptx: String,
-    pub spirv: String,
-}
-
-impl Stages {
-    /// The text of a stage by its CLI name.
-    pub fn get(&self, stage: &str) -> Option<&str> {
-        Some(match stage {
-            "graph" => &self.graph,
-            "fused" => &self.fused,
-            "schedule" => &self.schedule,
-            "mlir" => &self.mlir,
-            "lowered" => &self.lowered,
-            "llvm" => &self.llvm,
-            "asm" => &self.asm,
-            "ptx" => &self.ptx,
-            "spirv" => &self.spirv,
-            _ => return None,
-        })
-    }
-
-    fn get_mut(&mut self, stage: &str) -> Option<&mut String> {
-        Some(match stage {
-            "graph" => &mut self.graph,
-            "fused" => &mut self.fused,
-            "schedule" => &mut self.schedule,
-            "mlir" => &mut self.mlir,
-            "lowered" => &mut self.lowered,
-            "llvm" => &mut self.llvm,
-            "asm" => &mut self.asm,
-            "ptx" => &mut self.ptx,
-            "spirv" => &mut self.spirv,
-            _ => return None,
-        })
-    }
-
-    pub const NAMES: [&'static str; 9] = ["graph", "fused", "schedule", "mlir", "lowered", "llvm", "asm", "ptx", "spirv"];
-}
 
 /// A compiled model.
 pub struct Compiled {
@@ -105,9 +54,8 @@ pub fn compile_reporting(graph: &Graph, options: &Options, keep_stages: bool, pr
         clock = Instant::now();
     };
     let keep = keep_stages || options.dump_dir.is_some();
-    // The per-kernel microkernel choices (read once: `--tune`'s record is a file).
-    let overrides = microkernel_overrides(options);
-    let key = (options.cache && !keep).then(|| cache_key(graph, options, &overrides));
+    let backend = target::for_options(options)?;
+    let key = (options.cache && !keep).then(|| cache_key(graph, options));
     if let Some(hit) = key.as_ref().and_then(|k| cache_load(k)) {
         lap("cache", &mut timings);
         return Ok(Compiled { artifact: hit, stages: Stages::default(), timings, from_cache: true });
@@ -122,12 +70,12 @@ pub fn compile_reporting(graph: &Graph, options: &Options, keep_stages: bool, pr
         return Ok(compiled);
     }
     if keep {
-        stages.graph = text::print(&g, text::Weights::Summary);
+        stages.set(Stage::Graph, text::print(&g, text::Weights::Summary));
     }
     lap("passes", &mut timings);
     let partition = fuse::partition(&g, fuse::views_for(options.target))?;
     if keep {
-        stages.fused = fuse::print(&g, &partition);
+        stages.set(Stage::Fused, fuse::print(&g, &partition));
     }
     lap("fuse", &mut timings);
     progress(Progress::Kernels(partition.kernels.len()));
@@ -137,58 +85,7 @@ pub fn compile_reporting(graph: &Graph, options: &Options, keep_stages: bool, pr
             progress(Progress::Finishing);
         }
     };
-    let code = match options.target {
-        TargetKind::Cpu => {
-            let mut texts = StageTexts::default();
-            let c = cpu::compile(&g, &partition.kernels, options.microkernel_choice(), &overrides, keep.then_some(&mut texts), &kernel_done)?;
-            stages.schedule = texts.schedule;
-            stages.mlir = texts.mlir;
-            stages.lowered = texts.lowered;
-            stages.llvm = texts.llvm;
-            stages.asm = texts.asm;
-            // A kernel's own constants (packed weights) take the slots of the values they replace.
-            let plans = partition
-                .kernels
-                .iter()
-                .zip(&c.kernels)
-                .enumerate()
-                .map(|(k, (kernel, ck))| {
-                    let mut plan = Plan::single(k, kernel.inputs.len() + kernel.outputs.len());
-                    for &s in &ck.constant_slots {
-                        plan.launches[0].args[s] = artifact::Arg::Constant(0);
-                    }
-                    plan.constants = ck.constants.clone();
-                    plan
-                })
-                .collect();
-            let functions = c
-                .kernels
-                .iter()
-                .map(|k| KernelDesc { symbol: k.symbol.clone(), workgroups: k.workgroups, label: k.label.clone(), grid: [0; 3], block: [0; 3] })
-                .collect();
-            Code { target: Target::Cpu, blob: c.shared_object, target_detail: c.target_detail, cpu_features: c.cpu_features, functions, plans }
-        }
-        TargetKind::Cuda | TargetKind::Opencl => {
-            let (target, kind) = match options.target {
-                TargetKind::Cuda => (gpu::GpuTarget::Cuda(options.ptx.clone()), Target::Cuda),
-                _ => (gpu::GpuTarget::Opencl, Target::Opencl),
-            };
-            let mut texts = gpu::GpuTexts::default();
-            let forced = options.gpu_schedule.clone().or_else(|| std::env::var("KILN_GPU_SCHEDULE").ok());
-            if let Some(f) = &forced {
-                if !["parallel", "reduction", "contraction", "per-op"].contains(&f.as_str()) {
-                    return Err(CompileError::Usage(format!("no GPU schedule `{f}` (parallel, reduction, contraction or per-op)")));
-                }
-            }
-            let c = gpu::compile(&g, &partition.kernels, &target, forced.as_deref(), keep.then_some(&mut texts), &kernel_done)?;
-            stages.mlir = texts.mlir;
-            stages.lowered = texts.lowered;
-            stages.llvm = texts.llvm;
-            stages.ptx = texts.ptx;
-            stages.spirv = texts.spirv;
-            gpu_code(c, kind)
-        }
-    };
+    let code = backend.compile(&g, &partition.kernels, keep.then_some(&mut stages), &kernel_done)?;
     lap("codegen", &mut timings);
     let art = artifact::assemble(&g, &partition, code)?;
     lap("artifact", &mut timings);
@@ -241,8 +138,9 @@ fn compile_control(
 ) -> Result<Compiled> {
     use kiln_runtime::artifact::{ControlDesc, TensorDesc, ValueDesc};
     let mut timings: Vec<(&'static str, Duration)> = Vec::new();
-    let mut stages = Stages { graph: text::print(graph, text::Weights::Summary), ..Stages::default() };
-    stages.fused = split.to_string();
+    let mut stages = Stages::default();
+    stages.set(Stage::Graph, text::print(graph, text::Weights::Summary));
+    stages.set(Stage::Fused, split.to_string());
     let mut from_cache = true;
     let mut programs = Vec::with_capacity(split.programs.len());
     for (i, (role, piece)) in split.programs.iter().enumerate() {
@@ -258,16 +156,12 @@ fn compile_control(
         add_timings(&mut timings, c.timings);
         from_cache &= c.from_cache;
         let header = format!("// program {i}: {} of `{}` ({})\n", role.name(), split.node, piece.name);
-        for name in Stages::NAMES.iter().filter(|n| **n != "graph") {
-            let text = c.stages.get(name).unwrap_or_default();
-            if !text.is_empty() {
-                let mine = stages.get_mut(name).expect("a stage name");
-                if !mine.is_empty() {
-                    mine.push('\n');
-                }
-                mine.push_str(&header);
-                mine.push_str(text);
+        for (stage, text) in c.stages.iter().filter(|(s, _)| *s != Stage::Graph) {
+            if !stages.get(stage).is_empty() {
+                stages.push(stage, "\n");
             }
+            stages.push(stage, &header);
+            stages.push(stage, text);
         }
         programs.push(c.artifact);
     }
@@ -332,8 +226,8 @@ fn compile_padded(
     let padded = crate::pad::apply(graph, &plan, &shapes)?;
     let o = Options { pad: None, input_shapes: Default::default(), ..options.clone() };
     let mut c = compile_reporting(&padded, &o, keep_stages, progress)?;
-    if !c.stages.fused.is_empty() {
-        c.stages.fused = format!("{plan}\n{}", c.stages.fused);
+    if !c.stages.get(Stage::Fused).is_empty() {
+        c.stages.set(Stage::Fused, format!("{plan}\n{}", c.stages.get(Stage::Fused)));
     }
     let clock = Instant::now();
     c.artifact = artifact::assemble_padded(&graph.name, &plan, capacity, c.artifact)?;
@@ -352,35 +246,6 @@ fn add_timings(into: &mut Vec<(&'static str, Duration)>, from: Vec<(&'static str
 }
 
 /// The artifact's view of GPU code: one function per `gpu.func`, launches by function index.
-fn gpu_code(c: gpu::GpuCode, target: Target) -> Code {
-    let functions: Vec<KernelDesc> = c
-        .functions
-        .iter()
-        .map(|f| KernelDesc { symbol: f.name.clone(), workgroups: 0, label: f.label.clone(), grid: f.grid, block: f.block })
-        .collect();
-    let index = |name: &str| c.functions.iter().position(|f| f.name == name).expect("every launched function was compiled");
-    let plans = c
-        .plans
-        .iter()
-        .map(|p| Plan {
-            launches: p.launches.iter().map(|l| PlannedLaunch { function: index(&l.func), args: l.args.clone(), writes: l.writes.clone() }).collect(),
-            scratch: p.scratch.clone(),
-            constants: p.constants.clone(),
-        })
-        .collect();
-    Code { target, blob: c.code, target_detail: c.target_detail, cpu_features: Vec::new(), functions, plans }
-}
-
-/// The per-kernel microkernel choices in force: the options', else those `--tune` stored for
-/// this CPU.
-fn microkernel_overrides(options: &Options) -> std::collections::HashMap<String, bool> {
-    match &options.microkernel_overrides {
-        Some(o) => o.clone(),
-        None if options.target == TargetKind::Cpu => crate::tune::load_record().into_iter().collect(),
-        None => Default::default(),
-    }
-}
-
 /// The graph after specialisation and the graph passes.
 pub(crate) fn optimize(graph: &Graph, options: &Options) -> Result<Graph> {
     optimize_traced(graph, options, &mut |_, _, _| {})
@@ -452,49 +317,62 @@ pub fn pass_trace(graph: &Graph, options: &Options) -> Result<String> {
     Ok(out)
 }
 
-/// One stage's text (`passes`, or one of [`Stages::NAMES`]) for `options.target`: what `kiln
-/// emit` prints. `passes`, `graph` and `fused` stop before code generation, so a model kiln
-/// cannot compile still prints them.
-pub fn emit(graph: &Graph, stage: &str, options: &Options) -> Result<String> {
+/// One stage's text for `options.target`: what `kiln emit` prints. `passes`, `graph` and
+/// `fused` stop before code generation, so a model kiln cannot compile still prints them; `mlir`
+/// stops after codegen (no target pipeline, LLVM or linker).
+pub fn emit(graph: &Graph, stage: Stage, options: &Options) -> Result<String> {
     let target = options.target;
-    // Each code stage exists for some targets only.
-    let wants = match stage {
-        "asm" | "schedule" => Some(TargetKind::Cpu),
-        "ptx" => Some(TargetKind::Cuda),
-        "spirv" => Some(TargetKind::Opencl),
-        "llvm" if target == TargetKind::Opencl => {
-            return Err(CompileError::Usage("stage llvm: the OpenCL target goes through SPIR-V, not LLVM IR; try stage lowered or spirv".into()));
+    if !stage.targets().contains(&target) {
+        if stage == Stage::Llvm {
+            return Err(CompileError::Usage(format!(
+                "stage llvm: the {} target goes through SPIR-V, not LLVM IR; try stage lowered or spirv",
+                target.name()
+            )));
         }
-        "passes" => None,
-        s if Stages::NAMES.contains(&s) => None,
-        other => {
-            return Err(CompileError::Usage(format!("there is no stage `{other}`; the stages are passes, {}", Stages::NAMES.join(", "))));
-        }
-    };
-    if let Some(t) = wants.filter(|&t| t != target) {
-        return Err(CompileError::Usage(format!("stage {stage} is the {0} target's code: compile for target {0}", t.name())));
+        let theirs: Vec<&str> = stage.targets().iter().map(|t| t.name()).collect();
+        let theirs = theirs.join(" or ");
+        return Err(CompileError::Usage(format!("stage {stage} is the {theirs} target's code: compile for target {theirs}")));
     }
-    if stage == "passes" {
-        return pass_trace(graph, options);
+    match stage {
+        Stage::Passes => pass_trace(graph, options),
+        Stage::Graph | Stage::Fused | Stage::Mlir if options.pad.is_none() => Ok(front(graph, options, stage == Stage::Mlir)?.get(stage).to_string()),
+        _ => Ok(compile(graph, options, true)?.stages.get(stage).to_string()),
     }
-    let stages = if stage == "graph" || stage == "fused" { front(graph, options)? } else { compile(graph, options, true)?.stages };
-    Ok(stages.get(stage).unwrap_or_default().to_string())
 }
 
-/// The stages before codegen (the optimised graph and the fused kernels), for printing.
-pub fn front(graph: &Graph, options: &Options) -> Result<Stages> {
+/// The stages up to fusion (the optimised graph and the fused kernels), and with `codegen` each
+/// kernel's MLIR, for printing. A symbolic batch's MLIR is its largest program's.
+pub fn front(graph: &Graph, options: &Options, codegen: bool) -> Result<Stages> {
+    if let Some(plan) = crate::batch::plan(graph, options)?.filter(|_| codegen) {
+        let largest = plan.sizes.iter().copied().max().unwrap_or(1);
+        return front(graph, &plan.options_for(options, largest), codegen);
+    }
     let g = optimize(graph, options)?;
+    let mut stages = Stages::default();
+    stages.set(Stage::Graph, text::print(&g, text::Weights::Summary));
     if let Some(split) = crate::control::split(&g)? {
         let mut fused = split.to_string();
+        let mut mlir = String::new();
         for (i, (role, piece)) in split.programs.iter().enumerate() {
             let o =
                 Options { input_shapes: Default::default(), input_values: Default::default(), batch_ranges: Default::default(), ..options.clone() };
-            fused.push_str(&format!("\n// program {i}: {} of `{}` ({})\n{}", role.name(), split.node, piece.name, front(piece, &o)?.fused));
+            let header = format!("// program {i}: {} of `{}` ({})\n", role.name(), split.node, piece.name);
+            let inner = front(piece, &o, codegen)?;
+            fused.push_str(&format!("\n{header}{}", inner.get(Stage::Fused)));
+            if codegen {
+                mlir.push_str(&format!("{}{header}{}", if mlir.is_empty() { "" } else { "\n" }, inner.get(Stage::Mlir)));
+            }
         }
-        return Ok(Stages { graph: text::print(&g, text::Weights::Summary), fused, ..Stages::default() });
+        stages.set(Stage::Fused, fused);
+        stages.set(Stage::Mlir, mlir);
+        return Ok(stages);
     }
     let partition = fuse::partition(&g, fuse::views_for(options.target))?;
-    Ok(Stages { graph: text::print(&g, text::Weights::Summary), fused: fuse::print(&g, &partition), ..Stages::default() })
+    stages.set(Stage::Fused, fuse::print(&g, &partition));
+    if codegen {
+        stages.set(Stage::Mlir, target::for_options(options)?.kernel_mlir(&g, &partition.kernels)?);
+    }
+    Ok(stages)
 }
 
 /// Compiles a graph and loads it into an executable in this process.
@@ -505,21 +383,8 @@ pub fn jit(graph: &Graph, options: &Options, load: &LoadOptions) -> Result<Execu
 
 fn dump(dir: &std::path::Path, stages: &Stages) -> Result<()> {
     std::fs::create_dir_all(dir).map_err(|e| CompileError::File { path: dir.display().to_string(), msg: e.to_string() })?;
-    let files = [
-        ("graph.kiln.txt", &stages.graph),
-        ("fused.txt", &stages.fused),
-        ("schedule.txt", &stages.schedule),
-        ("kernels.mlir", &stages.mlir),
-        ("lowered.mlir", &stages.lowered),
-        ("kernels.ll", &stages.llvm),
-        ("kernels.s", &stages.asm),
-        ("kernels.ptx", &stages.ptx),
-        ("kernels.spvasm", &stages.spirv),
-    ];
-    for (name, text) in files {
-        if text.is_empty() {
-            continue;
-        }
+    for (stage, text) in stages.iter() {
+        let Some(name) = stage.file_name() else { continue };
         let p = dir.join(name);
         std::fs::write(&p, text).map_err(|e| CompileError::File { path: p.display().to_string(), msg: e.to_string() })?;
     }
@@ -535,7 +400,8 @@ pub fn cache_dir() -> Option<PathBuf> {
 
 /// A content hash of everything that decides the artifact: the graph (weights by digest), the
 /// options, kiln's version and build, and the host CPU.
-fn cache_key(graph: &Graph, options: &Options, overrides: &std::collections::HashMap<String, bool>) -> String {
+fn cache_key(graph: &Graph, options: &Options) -> String {
+    let overrides = target::microkernel_overrides(options);
     let mut shapes: Vec<_> = options.input_shapes.iter().collect();
     shapes.sort();
     let mut values: Vec<(&String, u64)> = options.input_values.iter().map(|(n, t)| (n, t.digest())).collect();
@@ -549,7 +415,7 @@ fn cache_key(graph: &Graph, options: &Options, overrides: &std::collections::Has
         (options.microkernel_choice(), overrides.iter().collect::<std::collections::BTreeMap<_, _>>()),
         options.ptx,
         // A forced GPU schedule (tests, debugging) makes different code.
-        options.gpu_schedule.clone().or_else(|| std::env::var("KILN_GPU_SCHEDULE").ok()),
+        target::gpu_strategy(options).ok().flatten(),
         shapes,
         values,
         inkwell::targets::TargetMachine::get_host_cpu_features(),

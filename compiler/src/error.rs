@@ -46,4 +46,11 @@ pub enum CompileError {
     Runtime(#[from] kiln_runtime::RuntimeError),
 }
 
+impl CompileError {
+    /// A failure of code generation or a target pipeline in kernel `k`, at `stage`.
+    pub(crate) fn in_kernel(k: &crate::fuse::Kernel, stage: &'static str, msg: impl Into<String>) -> CompileError {
+        CompileError::Codegen { kernel: k.name.clone(), label: k.label.clone(), stage, msg: msg.into() }
+    }
+}
+
 pub type Result<T, E = CompileError> = std::result::Result<T, E>;

@@ -12,12 +12,14 @@ mod options;
 pub mod pad;
 pub mod passes;
 pub mod session;
+mod stage;
 pub mod target;
 pub mod toolchain;
 pub mod tune;
 pub mod values;
 
-pub use driver::{cache_dir, compile, compile_reporting, jit, Compiled, Progress, Stages};
+pub use driver::{cache_dir, compile, compile_reporting, jit, Compiled, Progress};
 pub use error::{CompileError, Result};
 pub use options::{Options, TargetKind};
 pub use session::Session;
+pub use stage::{Stage, Stages};

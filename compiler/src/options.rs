@@ -46,7 +46,7 @@ pub struct Options {
     pub ptx: crate::target::gpu::PtxTarget,
     /// GPU targets: use only this schedule (`parallel`, `reduction`, `contraction`) where it applies,
     /// else per-op; for tests and debugging (`KILN_GPU_SCHEDULE` does the same).
-    pub gpu_schedule: Option<String>,
+    pub gpu_schedule: Option<crate::target::gpu::schedule::Strategy>,
     /// CPU: which contractions and convolutions run on the packed microkernel. `None` decides by
     /// shape class (where it beats the linalg path); `Some(true)` takes it wherever it applies,
     /// `Some(false)` never (tests, comparisons; `KILN_UKERNEL=1|0` does the same).

@@ -447,6 +447,7 @@ fn emit(py: Python<'_>, model: &Bound<'_, PyAny>, stage: &str, target: &str, inp
         Model::Artifact(_) => return Err(KilnError::new_err("emit takes a model, not a compiled artifact")),
     };
     let options = Options { cache: false, ..options_for(target_of(target)?, input_shapes) };
+    let stage: kiln_compiler::Stage = stage.parse().map_err(|e: String| compile_err(kiln_compiler::CompileError::Usage(e)))?;
     py.detach(|| kiln_compiler::driver::emit(&graph, stage, &options)).map_err(compile_err)
 }
 

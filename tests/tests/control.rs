@@ -68,7 +68,7 @@ fn an_if_on_a_computed_condition_compiles_once_and_runs_either_branch() {
     let graph = vad_like(Dim::sym("N"), 8);
     let compiled = compile(&graph, &sized(3), true).unwrap();
     // The split: what runs before the If, the two branches, what runs after it.
-    let plan = compiled.stages.fused.split("\n\n").next().unwrap().to_string();
+    let plan = compiled.stages[kiln_compiler::Stage::Fused].split("\n\n").next().unwrap().to_string();
     insta::assert_snapshot!("vad_like_control_split", plan);
     let control = compiled.artifact.manifest.control.as_ref().expect("control flow in the artifact");
     assert_eq!(control.programs.len(), 4);
@@ -180,7 +180,7 @@ fn recurrent_scan(grow: bool) -> Graph {
 fn a_scan_runs_its_body_once_per_step_on_host_slices() {
     let graph = recurrent_scan(false);
     let compiled = compile(&graph, &Options { cache: false, ..Options::default() }, true).unwrap();
-    let plan = compiled.stages.fused.split("\n\n").next().unwrap().to_string();
+    let plan = compiled.stages[kiln_compiler::Stage::Fused].split("\n\n").next().unwrap().to_string();
     insta::assert_snapshot!("recurrent_scan_control_split", plan);
     let art = Artifact::from_bytes(&compiled.artifact.to_bytes(), "scan.kiln").unwrap();
     let x = vec![Tensor::random(DType::F32, &[2, 6, 4], 1), Tensor::random(DType::F32, &[2, 4], 2), Tensor::random(DType::F32, &[4], 3)];
@@ -246,7 +246,7 @@ fn a_loop_runs_its_body_per_step_and_stacks_its_slices() {
     let graph = counted_loop(Some(60));
     assert_eq!(graph.value_type(graph.outputs()[1].1).to_string(), "f32[60,3,4]");
     let compiled = compile(&graph, &Options { cache: false, ..Options::default() }, true).unwrap();
-    let plan = compiled.stages.fused.split("\n\n").next().unwrap().to_string();
+    let plan = compiled.stages[kiln_compiler::Stage::Fused].split("\n\n").next().unwrap().to_string();
     insta::assert_snapshot!("counted_loop_control_split", plan);
     let art = Artifact::from_bytes(&compiled.artifact.to_bytes(), "loop.kiln").unwrap();
     // The loop step is checked at load: its trip count must be one i64.
@@ -282,7 +282,11 @@ fn a_short_counted_loop_is_unrolled() {
     let x = vec![Tensor::random(DType::F32, &[3, 4], 1), Tensor::random(DType::F32, &[4], 2)];
     let graph = counted_loop(Some(3));
     let compiled = compile(&graph, &Options { cache: false, ..Options::default() }, true).unwrap();
-    assert!(!compiled.stages.graph.contains("Loop(") && compiled.artifact.manifest.control.is_none(), "{}", compiled.stages.graph);
+    assert!(
+        !compiled.stages[kiln_compiler::Stage::Graph].contains("Loop(") && compiled.artifact.manifest.control.is_none(),
+        "{}",
+        &compiled.stages[kiln_compiler::Stage::Graph]
+    );
     let exe = Executable::load(compiled.artifact, &LoadOptions::default()).unwrap();
     let want = eval::run(&graph, &x).unwrap();
     assert_eq!(want[1].dims(), &[3, 3, 4]);

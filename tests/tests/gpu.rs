@@ -21,7 +21,12 @@ fn have(target: Target) -> bool {
 /// Compiles `graph` for OpenCL (with `schedule` forced where it applies), runs it and checks every
 /// output against the interpreter.
 fn check_opencl(graph: &Graph, inputs: &[Tensor], schedule: Option<&str>, tol: f64) {
-    let options = Options { target: TargetKind::Opencl, cache: false, gpu_schedule: schedule.map(String::from), ..Options::default() };
+    let options = Options {
+        target: TargetKind::Opencl,
+        cache: false,
+        gpu_schedule: schedule.map(|s| s.parse().expect("a GPU schedule")),
+        ..Options::default()
+    };
     let exe = kiln_compiler::jit(graph, &options, &LoadOptions::default()).unwrap_or_else(|e| panic!("compile or load failed ({schedule:?}): {e}"));
     let got = exe.run(inputs).unwrap_or_else(|e| panic!("run failed ({schedule:?}): {e}"));
     let want = eval::run(graph, inputs).expect("the interpreter runs the graph");
@@ -100,7 +105,7 @@ fn gpu_launch_plans_snapshot() {
     let g = models::cifarnet(4, 0).unwrap();
     let options = Options { target: TargetKind::Opencl, cache: false, ..Options::default() };
     let stages = kiln_compiler::compile(&g, &options, true).expect("compiles").stages;
-    let plans: Vec<&str> = stages.lowered.lines().filter(|l| l.starts_with("//")).collect();
+    let plans: Vec<&str> = stages[kiln_compiler::Stage::Lowered].lines().filter(|l| l.starts_with("//")).collect();
     insta::assert_snapshot!("cifarnet_gpu_plans", plans.join("\n"));
 }
 
@@ -123,7 +128,7 @@ fn ptx_passes_ptxas() {
             options.ptx.arch = arch.to_string();
             let stages = kiln_compiler::compile(g, &options, true).unwrap_or_else(|e| panic!("{name} for {arch}: {e}")).stages;
             let file = dir.join(format!("{}_{arch}.ptx", name.replace(' ', "_")));
-            std::fs::write(&file, &stages.ptx).unwrap();
+            std::fs::write(&file, &stages[kiln_compiler::Stage::Ptx]).unwrap();
             let out =
                 std::process::Command::new("ptxas").arg(format!("-arch={arch}")).arg(&file).arg("-o").arg(dir.join("out.cubin")).output().unwrap();
             assert!(out.status.success(), "ptxas rejects {name} for {arch}: {}", String::from_utf8_lossy(&out.stderr));

@@ -17,7 +17,7 @@ fn options(microkernel: Option<bool>) -> Options {
 
 /// The schedule stage of `graph` compiled with `microkernel`.
 fn schedule(graph: &Graph, microkernel: Option<bool>) -> String {
-    compile(graph, &options(microkernel), true).expect("the model compiles").stages.schedule
+    compile(graph, &options(microkernel), true).expect("the model compiles").stages[kiln_compiler::Stage::Schedule].to_string()
 }
 
 /// Runs `graph` on the microkernel (forced) with 1 and 2 threads and checks it against the
@@ -343,7 +343,7 @@ fn tuning_times_both_candidates_and_its_choices_apply() {
     for choice in [true, false] {
         let overrides = report.choices.keys().map(|k| (k.clone(), choice)).collect();
         let o = Options { cache: false, microkernel_overrides: Some(overrides), ..Options::default() };
-        let s = compile(&g, &o, true).unwrap().stages.schedule;
+        let s = &compile(&g, &o, true).unwrap().stages[kiln_compiler::Stage::Schedule];
         assert_eq!(s.contains("microkernel:"), choice, "{s}");
     }
 }

@@ -162,7 +162,7 @@ fn attention_on_heads_of_a_projection_is_one_op_reading_them_in_place() {
     assert_eq!(ops, vec!["Split", "Attention"], "the head transposes, both MatMuls and the Softmax go");
     // The constant causal mask became the causal flag; the kernel reads the heads in place.
     let o = kiln_compiler::Options { cache: false, ..Default::default() };
-    insta::assert_snapshot!("attention_schedule", kiln_compiler::compile(&graph, &o, true).expect("compiles").stages.schedule);
+    insta::assert_snapshot!("attention_schedule", kiln_compiler::compile(&graph, &o, true).expect("compiles").stages[kiln_compiler::Stage::Schedule]);
 }
 
 #[test]

@@ -102,7 +102,7 @@ fn a_padded_artifact_serves_every_length_up_to_its_capacity() {
     let graph = models::gpt_decoder_step(layers, heads, head_dim, 9).unwrap();
     let options = Options { cache: false, pad: Some(("past".into(), 32)), ..Options::default() };
     let compiled = kiln_compiler::compile(&graph, &options, true).unwrap();
-    assert!(compiled.stages.fused.starts_with("pad `past`\n"), "{}", compiled.stages.fused);
+    assert!(compiled.stages[kiln_compiler::Stage::Fused].starts_with("pad `past`\n"), "{}", &compiled.stages[kiln_compiler::Stage::Fused]);
     let art = Artifact::from_bytes(&compiled.artifact.to_bytes(), "decoder.kiln").unwrap();
     let exe = Executable::load(art.clone(), &LoadOptions::default()).unwrap();
     assert_eq!(exe.inputs()[1].dims, vec![1, heads, 32, head_dim]);

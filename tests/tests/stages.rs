@@ -2,7 +2,7 @@
 //! the MLIR kiln generates, and LLVM IR (for a scalar model, with the host CPU's name and
 //! features filtered out, so the snapshot does not depend on the machine).
 
-use kiln_compiler::{compile, Options};
+use kiln_compiler::{compile, Options, Stage};
 use kiln_ir::builder::GraphBuilder;
 use kiln_ir::{DType, Graph, Tensor};
 
@@ -25,9 +25,9 @@ fn stages(graph: &Graph) -> kiln_compiler::Stages {
 #[test]
 fn graph_fused_and_mlir_stages_are_stable() {
     let s = stages(&tiny_mlp());
-    insta::assert_snapshot!("tiny_graph", s.graph);
-    insta::assert_snapshot!("tiny_fused", s.fused);
-    insta::assert_snapshot!("tiny_mlir", s.mlir);
+    insta::assert_snapshot!("tiny_graph", s[Stage::Graph]);
+    insta::assert_snapshot!("tiny_fused", s[Stage::Fused]);
+    insta::assert_snapshot!("tiny_mlir", s[Stage::Mlir]);
 }
 
 #[test]
@@ -43,10 +43,10 @@ fn llvm_stage_is_stable() {
         (r#"target datalayout = "[^"]*""#, "target datalayout = \"[layout]\""),
         (r#"target triple = "[^"]*""#, "target triple = \"[triple]\""),
     ]}, {
-        insta::assert_snapshot!("scalar_llvm", s.llvm);
+        insta::assert_snapshot!("scalar_llvm", s[Stage::Llvm]);
     });
-    assert!(s.asm.contains("k0_"), "assembly names the kernel");
-    assert!(!s.lowered.contains("linalg."), "the lowered stage is all LLVM dialect");
+    assert!(s[Stage::Asm].contains("k0_"), "assembly names the kernel");
+    assert!(!s[Stage::Lowered].contains("linalg."), "the lowered stage is all LLVM dialect");
 }
 
 /// Slices, Splits and one-index Gathers whose results are contiguous bytes of their input are
@@ -76,8 +76,45 @@ fn contiguous_slices_are_views_at_offsets() {
     g.output("scores", pick(0).matmul(pick(-1)));
     let graph = g.build().unwrap();
     let s = stages(&graph);
-    insta::assert_snapshot!("views_fused", s.fused);
+    insta::assert_snapshot!("views_fused", s[Stage::Fused]);
     let inputs =
         [Tensor::random(DType::F32, &[1, 8, 6, 6], 1), Tensor::random(DType::F32, &[2, 4, 5], 3), Tensor::random(DType::F32, &[3, 2, 4, 4], 4)];
     crate::compile::check_against_eval(&graph, &inputs, 2, 1e-4);
+}
+
+/// `emit --stage mlir` stops after codegen (no target pipeline, LLVM or linker) and prints what a
+/// full compile keeps as the stage: with linalg kernels and with microkernel calls.
+#[test]
+fn the_mlir_stage_stops_after_codegen() {
+    let g = tiny_mlp();
+    for microkernel in [Some(false), Some(true)] {
+        let o = Options { cache: false, microkernel, microkernel_overrides: Some(Default::default()), ..Options::default() };
+        let emitted = kiln_compiler::driver::emit(&g, Stage::Mlir, &o).expect("emits");
+        let kept = compile(&g, &o, true).expect("compiles").stages;
+        assert_eq!(emitted, kept[Stage::Mlir], "microkernel {microkernel:?}");
+        assert!(emitted.contains("func.func"), "{emitted}");
+    }
+}
+
+/// One list of stages: names parse back, each dumped stage has its own file, and a stage of
+/// another target is refused naming the target it needs.
+#[test]
+fn stages_are_one_list() {
+    let mut files = std::collections::HashSet::new();
+    for s in Stage::ALL {
+        assert_eq!(s.name().parse::<Stage>(), Ok(s));
+        if let Some(f) = s.file_name() {
+            assert!(files.insert(f), "{f} twice");
+        }
+    }
+    assert_eq!(
+        "nope".parse::<Stage>().unwrap_err(),
+        "there is no stage `nope`; the stages are passes, graph, fused, schedule, mlir, lowered, llvm, asm, ptx, spirv"
+    );
+    let o = Options { cache: false, ..Options::default() };
+    let e = kiln_compiler::driver::emit(&tiny_mlp(), Stage::Ptx, &o).unwrap_err().to_string();
+    assert_eq!(e, "stage ptx is the cuda target's code: compile for target cuda");
+    let e =
+        kiln_compiler::driver::emit(&tiny_mlp(), Stage::Llvm, &Options { target: kiln_compiler::TargetKind::Opencl, ..o }).unwrap_err().to_string();
+    assert!(e.starts_with("stage llvm: the opencl target goes through SPIR-V"), "{e}");
 }

@@ -5,38 +5,13 @@ use std::path::PathBuf;
 use super::common::{load_model, parse_shapes, Model};
 use super::compile::{CudaArgs, TargetArg};
 
-use crate::{CompileError, Options, Result};
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum StageArg {
-    /// The op graph after specialisation and after each graph pass.
-    Passes,
-    /// The op graph after the graph passes.
-    Graph,
-    /// The kernels fusion made.
-    Fused,
-    /// Each kernel's ops as its CPU schedule reads them, and the schedule decided (workgroups,
-    /// register tile, row reductions, loop orders).
-    Schedule,
-    /// Each kernel's MLIR before the target pipeline.
-    Mlir,
-    /// The MLIR after the pipeline (LLVM dialect for the CPU).
-    Lowered,
-    /// LLVM IR after optimisation.
-    Llvm,
-    /// Host assembly.
-    Asm,
-    /// NVIDIA PTX.
-    Ptx,
-    /// SPIR-V, disassembled.
-    Spirv,
-}
+use crate::{CompileError, Options, Result, Stage};
 
 #[derive(clap::Args)]
 pub struct Args {
     model: PathBuf,
     #[arg(long, value_enum)]
-    stage: StageArg,
+    stage: Stage,
     #[arg(long, value_enum, default_value = "cpu")]
     target: TargetArg,
     #[command(flatten)]
@@ -59,7 +34,6 @@ pub fn run(args: &Args) -> Result<()> {
         ptx: args.cuda.ptx()?,
         ..Options::default()
     };
-    let name = format!("{:?}", args.stage).to_lowercase();
-    print!("{}", crate::driver::emit(&graph, &name, &options)?);
+    print!("{}", crate::driver::emit(&graph, args.stage, &options)?);
     Ok(())
 }

@@ -40,7 +40,7 @@ enum Command {
     Compile(compile::Args),
     /// Run a model (ONNX or artifact) on inputs and write its outputs.
     Run(run::Args),
-    /// Print one compilation stage: graph, fused, mlir, lowered, llvm, asm.
+    /// Print one compilation stage (passes, graph, fused, schedule, mlir, lowered, llvm, asm, ptx, spirv).
     Emit(emit::Args),
     /// Time a model's runs.
     Bench(bench::Args),

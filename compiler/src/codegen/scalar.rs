@@ -476,9 +476,9 @@ impl<'c, 'a> ScalarBuilder<'c, 'a> {
             BinaryOp::BitwiseAnd => bin("arith.andi")?,
             BinaryOp::BitwiseOr => bin("arith.ori")?,
             BinaryOp::BitwiseXor => bin("arith.xori")?,
-            BinaryOp::BitShiftLeft | BinaryOp::BitShiftRight => {
+            BinaryOp::BitShift { left } => {
                 // Shifting by the width or more gives 0 (LLVM would give poison).
-                let shifted = bin(if b == BinaryOp::BitShiftLeft { "arith.shli" } else { "arith.shrui" })?;
+                let shifted = bin(if left { "arith.shli" } else { "arith.shrui" })?;
                 let width = self.int_constant(bits(d) as i128, t)?;
                 let too_far = self.cmpi("uge", y, width)?;
                 let zero = self.int_constant(0, t)?;

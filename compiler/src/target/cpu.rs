@@ -18,11 +18,14 @@ use melior::ir::operation::{OperationLike, OperationRef};
 use melior::ir::{BlockLike, Module, RegionLike};
 
 use kiln_ir::Graph;
+use kiln_runtime::artifact::{KernelDesc, Target as ArtifactTarget};
 
 use super::edit::RawOp;
-use super::{linalg, MlirContext};
+use super::{linalg, Backend, MlirContext};
+use crate::artifact::{Arg, KernelRun, TargetCode};
 use crate::codegen;
 use crate::fuse::Kernel;
+use crate::stage::{Stage, Stages};
 use crate::{CompileError, Result};
 
 mod layout;
@@ -39,134 +42,144 @@ const BUFFERIZE: &str = "builtin.module(canonicalize,cse,one-shot-bufferize{buff
 /// LLVM intrinsic becomes libm calls.
 const LOWER: &str = "builtin.module(buffer-deallocation-pipeline,convert-bufferization-to-memref,func.func(convert-linalg-to-loops,lower-vector-mask,lower-vector-multi-reduction{lowering-strategy=inner-reduction}),convert-vector-to-scf{full-unroll=true},expand-strided-metadata,lower-affine,convert-scf-to-cf,finalize-memref-to-llvm,convert-math-to-funcs,convert-math-to-llvm,convert-math-to-libm,convert-vector-to-llvm{reassociate-fp-reductions=1},convert-arith-to-llvm,convert-index-to-llvm,convert-func-to-llvm,convert-cf-to-llvm,convert-ub-to-llvm,reconcile-unrealized-casts)";
 
-/// A compiled kernel.
-#[derive(Clone, Debug)]
-pub struct CompiledKernel {
-    pub symbol: String,
-    pub workgroups: u64,
-    pub label: String,
-    /// Data the kernel reads that the compiler made (weights packed for the microkernel).
-    pub constants: Vec<Vec<u8>>,
-    /// Buffer slots (inputs, then outputs) that receive `constants[0]` instead of their value.
-    pub constant_slots: Vec<usize>,
+/// The CPU backend: the microkernel choices in force (see `Options::microkernel` and
+/// `Options::microkernel_overrides`; the first forces, the second chooses per kernel signature).
+pub struct CpuBackend {
+    pub microkernel: Option<bool>,
+    pub overrides: std::collections::HashMap<String, bool>,
 }
 
-/// The result of compiling every kernel for the CPU.
-pub struct CpuCode {
-    pub shared_object: Vec<u8>,
-    pub kernels: Vec<CompiledKernel>,
-    /// The CPU and features the code was optimised for.
-    pub target_detail: String,
-    /// The instruction-set features the code may use.
-    pub cpu_features: Vec<String>,
-}
-
-/// The text of each stage, when asked for.
-#[derive(Default, Clone, Debug)]
-pub struct StageTexts {
-    pub schedule: String,
-    pub mlir: String,
-    pub lowered: String,
-    pub llvm: String,
-    pub asm: String,
-}
-
-fn stage_err(k: &Kernel, stage: &'static str, msg: impl Into<String>) -> CompileError {
-    CompileError::Codegen { kernel: k.name.clone(), label: k.label.clone(), stage, msg: msg.into() }
-}
-
-/// Compiles every kernel into one shared object; `texts` collects the stage texts when given;
-/// `progress` hears how many kernels are done.
-/// `microkernel` and `overrides` (by kernel signature): see `Options::microkernel` and
-/// `Options::microkernel_overrides`; the first forces, the second chooses per kernel.
-pub fn compile(
-    graph: &Graph,
-    kernels: &[Kernel],
-    microkernel: Option<bool>,
-    overrides: &std::collections::HashMap<String, bool>,
-    mut texts: Option<&mut StageTexts>,
-    progress: &dyn Fn(usize),
-) -> Result<CpuCode> {
-    let mlir = MlirContext::new();
-    let llvm = LlvmContext::create();
-    let main = llvm.create_module("kiln");
-    let mut compiled = Vec::with_capacity(kernels.len());
-    let host = ukernel::Host::detect(&TargetMachine::get_host_cpu_features().to_string());
-    let mut uses_ukernel = false;
-    // Each kernel's microkernel plan, then the layouts between them (which rewrite plans).
-    let mut plans = Vec::with_capacity(kernels.len());
-    for k in kernels {
-        let choice =
-            microkernel.or_else(|| if overrides.is_empty() { None } else { overrides.get(&crate::tune::kernel_signature(graph, k)).copied() });
-        // A recurrent layer or attention kept whole (passes/decompose.rs asked
-        // `ukernel::runs_whole`) has no linalg lowering: it takes its kernel whatever the choice.
-        let whole = k.nodes.first().is_some_and(|&n| matches!(graph.node(n).op, kiln_ir::Op::Rnn(_) | kiln_ir::Op::Attention(_)));
-        plans.push(if whole {
-            Some(
-                ukernel::plan(graph, k, &host, true)
-                    .ok_or_else(|| stage_err(k, "plan", "the node was kept whole for the CPU's kernel of its own, which cannot take it"))?,
-            )
-        } else if choice == Some(false) {
-            None
-        } else {
-            ukernel::plan(graph, k, &host, choice == Some(true))
-        });
+impl Backend for CpuBackend {
+    fn kernel_mlir(&self, graph: &Graph, kernels: &[Kernel]) -> Result<String> {
+        let mlir = MlirContext::new();
+        let host = ukernel::Host::detect(&TargetMachine::get_host_cpu_features().to_string());
+        let (plans, _) = self.plan(graph, kernels, &host)?;
+        let mut text = String::new();
+        for (k, micro) in kernels.iter().zip(&plans) {
+            text.push_str(&build(&mlir, graph, k, micro.as_ref())?.as_operation().to_string());
+        }
+        Ok(text)
     }
-    let blocked = layout::decide(graph, kernels, &plans);
-    layout::apply(kernels, &mut plans, &blocked);
-    if let Some(t) = texts.as_deref_mut() {
-        t.schedule.push_str(&layout::describe(graph, &blocked));
-    }
-    for (k, micro) in kernels.iter().zip(&plans) {
-        let (module, workgroups, mlir_text, schedule_text, constants, constant_slots) = match micro {
-            Some(u) => {
-                uses_ukernel = true;
-                let (module, text, described) = lower_ukernel(&mlir, graph, k, u)?;
-                let packed = ukernel::pack(graph, k, u).map_err(|e| stage_err(k, "pack", e.to_string()))?;
-                // (A pooling kernel has no constant of its own.)
-                let (constants, slots) =
-                    if packed.is_empty() { (Vec::new(), Vec::new()) } else { (vec![packed], ukernel::replaced_inputs(graph, k, u)) };
-                (module, u.workgroups(), text, described, constants, slots)
-            }
-            None => {
-                let (module, workgroups, text, described) = lower_kernel(&mlir, graph, k)?;
-                (module, workgroups, text, described, Vec::new(), Vec::new())
-            }
-        };
+
+    fn compile(&self, graph: &Graph, kernels: &[Kernel], mut texts: Option<&mut Stages>, progress: &dyn Fn(usize)) -> Result<TargetCode> {
+        let mlir = MlirContext::new();
+        let llvm = LlvmContext::create();
+        let main = llvm.create_module("kiln");
+        let host = ukernel::Host::detect(&TargetMachine::get_host_cpu_features().to_string());
+        let mut uses_ukernel = false;
+        let (plans, layouts) = self.plan(graph, kernels, &host)?;
         if let Some(t) = texts.as_deref_mut() {
-            t.schedule.push_str(&schedule_text);
-            t.mlir.push_str(&mlir_text);
-            t.lowered.push_str(&module.as_operation().to_string());
+            t.push(Stage::Schedule, &layouts);
         }
-        // SAFETY: the LLVM context is inkwell's, from the same statically linked LLVM as MLIR's.
-        let raw = unsafe { mlir_sys::mlirTranslateModuleToLLVMIR(module.as_operation().to_raw(), llvm.raw() as mlir_sys::LLVMContextRef) };
-        if raw.is_null() {
-            return Err(stage_err(k, "llvm", format!("translation to LLVM IR failed: {}", mlir.take_diagnostics())));
+        let mut runs = Vec::with_capacity(kernels.len());
+        let mut functions = Vec::with_capacity(kernels.len());
+        for (i, (k, micro)) in kernels.iter().zip(&plans).enumerate() {
+            let (module, workgroups, mlir_text, schedule_text, constants, constant_slots) = match micro {
+                Some(u) => {
+                    uses_ukernel = true;
+                    let (module, text, described) = lower_ukernel(&mlir, graph, k, u)?;
+                    let packed = ukernel::pack(graph, k, u).map_err(|e| CompileError::in_kernel(k, "pack", e.to_string()))?;
+                    // (A pooling kernel has no constant of its own.)
+                    let (constants, slots) =
+                        if packed.is_empty() { (Vec::new(), Vec::new()) } else { (vec![packed], ukernel::replaced_inputs(graph, k, u)) };
+                    (module, u.workgroups(), text, described, constants, slots)
+                }
+                None => {
+                    let (module, workgroups, text, described) = lower_linalg(&mlir, graph, k)?;
+                    (module, workgroups, text, described, Vec::new(), Vec::new())
+                }
+            };
+            if let Some(t) = texts.as_deref_mut() {
+                t.push(Stage::Schedule, &schedule_text);
+                t.push(Stage::Mlir, &mlir_text);
+                t.push(Stage::Lowered, &module.as_operation().to_string());
+            }
+            // SAFETY: the LLVM context is inkwell's, from the same statically linked LLVM as MLIR's.
+            let raw = unsafe { mlir_sys::mlirTranslateModuleToLLVMIR(module.as_operation().to_raw(), llvm.raw() as mlir_sys::LLVMContextRef) };
+            if raw.is_null() {
+                return Err(CompileError::in_kernel(k, "llvm", format!("translation to LLVM IR failed: {}", mlir.take_diagnostics())));
+            }
+            // SAFETY: a module the translation just created in `llvm`, owned by us from here on.
+            let m = unsafe { LlvmModule::new(raw as inkwell::llvm_sys::prelude::LLVMModuleRef) };
+            main.link_in_module(m).map_err(|e| CompileError::in_kernel(k, "llvm", format!("linking: {e}")))?;
+            // One function per kernel, called once on its buffers; a kernel's own constants
+            // (packed weights) take the slots of the values they replace.
+            let mut run = KernelRun::single(i, k.inputs.len() + k.outputs.len());
+            for &s in &constant_slots {
+                run.calls[0].args[s] = Arg::Constant(0);
+            }
+            run.constants = constants;
+            runs.push(run);
+            functions.push(KernelDesc { symbol: k.name.clone(), workgroups, label: k.label.clone(), grid: [0; 3], block: [0; 3] });
+            progress(runs.len());
         }
-        // SAFETY: a module the translation just created in `llvm`, owned by us from here on.
-        let m = unsafe { LlvmModule::new(raw as inkwell::llvm_sys::prelude::LLVMModuleRef) };
-        main.link_in_module(m).map_err(|e| stage_err(k, "llvm", format!("linking: {e}")))?;
-        compiled.push(CompiledKernel { symbol: k.name.clone(), workgroups, label: k.label.clone(), constants, constant_slots });
-        progress(compiled.len());
+        add_wrappers(&llvm, &main, kernels, graph)?;
+        let (tm, detail, cpu_features) = host_machine()?;
+        main.set_triple(&tm.get_triple());
+        main.set_data_layout(&tm.get_target_data().get_data_layout());
+        main.verify().map_err(|e| CompileError::Internal(format!("invalid LLVM IR: {e}")))?;
+        main.run_passes("default<O3>", &tm, PassBuilderOptions::create())
+            .map_err(|e| CompileError::Internal(format!("LLVM optimisation failed: {e}")))?;
+        if let Some(t) = texts {
+            t.set(Stage::Llvm, main.print_to_string().to_string());
+            let asm = tm
+                .write_to_memory_buffer(&main, FileType::Assembly)
+                .map_err(|e| CompileError::Internal(format!("LLVM assembly emission failed: {e}")))?;
+            t.set(Stage::Asm, String::from_utf8_lossy(asm.as_slice()).into_owned());
+        }
+        let object =
+            tm.write_to_memory_buffer(&main, FileType::Object).map_err(|e| CompileError::Internal(format!("LLVM object emission failed: {e}")))?;
+        let blob = link_shared(object.as_slice(), uses_ukernel.then_some(host.level))?;
+        Ok(TargetCode { target: ArtifactTarget::Cpu, blob, target_detail: detail, cpu_features, functions, runs })
     }
-    add_wrappers(&llvm, &main, kernels, graph)?;
-    let (tm, detail, cpu_features) = host_machine()?;
-    main.set_triple(&tm.get_triple());
-    main.set_data_layout(&tm.get_target_data().get_data_layout());
-    main.verify().map_err(|e| CompileError::Internal(format!("invalid LLVM IR: {e}")))?;
-    main.run_passes("default<O3>", &tm, PassBuilderOptions::create())
-        .map_err(|e| CompileError::Internal(format!("LLVM optimisation failed: {e}")))?;
-    if let Some(t) = texts {
-        t.llvm = main.print_to_string().to_string();
-        let asm = tm
-            .write_to_memory_buffer(&main, FileType::Assembly)
-            .map_err(|e| CompileError::Internal(format!("LLVM assembly emission failed: {e}")))?;
-        t.asm = String::from_utf8_lossy(asm.as_slice()).into_owned();
+}
+
+impl CpuBackend {
+    /// Each kernel's microkernel plan (None: linalg and a schedule), with the layouts between
+    /// them applied, and the layout decision as printed.
+    fn plan(&self, graph: &Graph, kernels: &[Kernel], host: &ukernel::Host) -> Result<(Vec<Option<ukernel::Ukernel>>, String)> {
+        let mut plans = Vec::with_capacity(kernels.len());
+        for k in kernels {
+            let choice = self.microkernel.or_else(|| {
+                if self.overrides.is_empty() {
+                    None
+                } else {
+                    self.overrides.get(&crate::tune::kernel_signature(graph, k)).copied()
+                }
+            });
+            // A recurrent layer or attention kept whole (passes/decompose.rs asked
+            // `ukernel::runs_whole`) has no linalg lowering: it takes its kernel whatever the choice.
+            let whole = k.nodes.first().is_some_and(|&n| matches!(graph.node(n).op, kiln_ir::Op::Rnn(_) | kiln_ir::Op::Attention(_)));
+            plans.push(if whole {
+                Some(ukernel::plan(graph, k, host, true).ok_or_else(|| {
+                    CompileError::in_kernel(k, "plan", "the node was kept whole for the CPU's kernel of its own, which cannot take it")
+                })?)
+            } else if choice == Some(false) {
+                None
+            } else {
+                ukernel::plan(graph, k, host, choice == Some(true))
+            });
+        }
+        let blocked = layout::decide(graph, kernels, &plans);
+        layout::apply(kernels, &mut plans, &blocked);
+        Ok((plans, layout::describe(graph, &blocked)))
     }
-    let object =
-        tm.write_to_memory_buffer(&main, FileType::Object).map_err(|e| CompileError::Internal(format!("LLVM object emission failed: {e}")))?;
-    let shared_object = link_shared(object.as_slice(), uses_ukernel.then_some(host.level))?;
-    Ok(CpuCode { shared_object, kernels: compiled, target_detail: detail, cpu_features })
+}
+
+/// A kernel's module as codegen builds it (a microkernel call, or linalg ops), verified.
+fn build<'c>(mlir: &'c MlirContext, graph: &Graph, k: &Kernel, micro: Option<&ukernel::Ukernel>) -> Result<Module<'c>> {
+    let module = match micro {
+        Some(u) => ukernel::build(&mlir.ctx, graph, k, u)?,
+        None => codegen::build_kernel(&mlir.ctx, graph, k)?,
+    };
+    if !module.as_operation().verify() {
+        return Err(CompileError::in_kernel(
+            k,
+            "mlir",
+            format!("the generated MLIR does not verify: {}\n{}", mlir.take_diagnostics(), module.as_operation()),
+        ));
+    }
+    Ok(module)
 }
 
 /// The host's target machine (its CPU name and real features: AVX-512 where present), a line
@@ -192,12 +205,8 @@ fn host_machine() -> Result<(TargetMachine, String, Vec<String>)> {
 
 /// Builds, distributes and lowers one kernel; returns the lowered module, its workgroup count,
 /// the text of its MLIR before the pipeline and its schedule as printed.
-fn lower_kernel<'c>(mlir: &'c MlirContext, graph: &Graph, k: &Kernel) -> Result<(Module<'c>, u64, String, String)> {
-    let build = || codegen::build_kernel(&mlir.ctx, graph, k);
-    let mut module = build()?;
-    if !module.as_operation().verify() {
-        return Err(stage_err(k, "mlir", format!("the generated MLIR does not verify: {}\n{}", mlir.take_diagnostics(), module.as_operation())));
-    }
+fn lower_linalg<'c>(mlir: &'c MlirContext, graph: &Graph, k: &Kernel) -> Result<(Module<'c>, u64, String, String)> {
+    let mut module = build(mlir, graph, k, None)?;
     let text = module.as_operation().to_string();
     let debug = std::env::var_os("KILN_DEBUG_SCHEDULE").is_some();
     let mut described: Option<String> = None;
@@ -250,7 +259,7 @@ fn lower_kernel<'c>(mlir: &'c MlirContext, graph: &Graph, k: &Kernel) -> Result<
                     };
                     d.push_str(&format!("  ({what} failed to apply; fell back)\n"));
                 }
-                module = build()?;
+                module = build(mlir, graph, k, None)?;
             }
         }
     }
@@ -260,11 +269,11 @@ fn lower_kernel<'c>(mlir: &'c MlirContext, graph: &Graph, k: &Kernel) -> Result<
             if let Some(f) = kernel_func(&module) {
                 math::expand(&mlir.ctx, f.to_raw());
             }
-            mlir.run_pipeline(&mut module, BUFFERIZE).map_err(|e| stage_err(k, "bufferize", e))?;
+            mlir.run_pipeline(&mut module, BUFFERIZE).map_err(|e| CompileError::in_kernel(k, "bufferize", e))?;
             1
         }
     };
-    mlir.run_pipeline(&mut module, LOWER).map_err(|e| stage_err(k, "lower", e))?;
+    mlir.run_pipeline(&mut module, LOWER).map_err(|e| CompileError::in_kernel(k, "lower", e))?;
     // A developer's view of each kernel after the pipeline (KILN_DEBUG_MLIR=1).
     if std::env::var_os("KILN_DEBUG_MLIR").is_some() {
         eprintln!("// kernel {} ({} workgroups)\n{}", k.name, workgroups, module.as_operation());
@@ -301,16 +310,13 @@ fn body_ops<'c, 'a>(module: &'a Module<'c>) -> Vec<OperationRef<'c, 'a>> {
 
 /// A microkernel kernel's module, lowered; its MLIR text before lowering and its schedule.
 fn lower_ukernel<'c>(mlir: &'c MlirContext, graph: &Graph, k: &Kernel, u: &ukernel::Ukernel) -> Result<(Module<'c>, String, String)> {
-    let mut module = ukernel::build(&mlir.ctx, graph, k, u)?;
-    if !module.as_operation().verify() {
-        return Err(stage_err(k, "mlir", format!("the microkernel call does not verify: {}\n{}", mlir.take_diagnostics(), module.as_operation())));
-    }
+    let mut module = build(mlir, graph, k, Some(u))?;
     let text = module.as_operation().to_string();
     let mut described = format!("kernel {}\n", k.name);
     for line in u.to_string().lines() {
         described.push_str(&format!("  {line}\n"));
     }
-    mlir.run_pipeline(&mut module, LOWER).map_err(|e| stage_err(k, "lower", e))?;
+    mlir.run_pipeline(&mut module, LOWER).map_err(|e| CompileError::in_kernel(k, "lower", e))?;
     Ok((module, text, described))
 }
 

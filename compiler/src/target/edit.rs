@@ -347,3 +347,92 @@ pub fn constant_int(v: MlirValue) -> Option<i64> {
     }
     int_attr(op.attr("value")?)
 }
+
+/// A float attribute's value, or a dense splat's (`dense<3.0> : vector<16xf32>`).
+pub fn float_attr(a: MlirAttribute) -> Option<f64> {
+    // SAFETY: querying a live attribute.
+    unsafe {
+        let a = if mlir_sys::mlirAttributeIsADenseElements(a) && mlir_sys::mlirDenseElementsAttrIsSplat(a) {
+            mlir_sys::mlirDenseElementsAttrGetSplatValue(a)
+        } else {
+            a
+        };
+        mlir_sys::mlirAttributeIsAFloat(a).then(|| mlir_sys::mlirFloatAttrGetValueDouble(a))
+    }
+}
+
+/// A string or flat symbol reference attribute's text (`"k0"`, `@k0` -> `k0`).
+pub fn string_attr(a: MlirAttribute) -> Option<String> {
+    // SAFETY: querying a live attribute; the string is copied out.
+    unsafe {
+        let s = if mlir_sys::mlirAttributeIsAString(a) {
+            mlir_sys::mlirStringAttrGetValue(a)
+        } else if mlir_sys::mlirAttributeIsAFlatSymbolRef(a) {
+            mlir_sys::mlirFlatSymbolRefAttrGetValue(a)
+        } else {
+            return None;
+        };
+        Some(String::from_utf8_lossy(std::slice::from_raw_parts(s.data as *const u8, s.length)).into_owned())
+    }
+}
+
+/// The elements of a `array<i32: ...>` attribute.
+pub fn i32_array_attr(a: MlirAttribute) -> Option<Vec<i32>> {
+    // SAFETY: querying a live attribute.
+    unsafe {
+        if !mlir_sys::mlirAttributeIsADenseI32Array(a) {
+            return None;
+        }
+        Some((0..mlir_sys::mlirDenseArrayGetNumElements(a)).map(|i| mlir_sys::mlirDenseI32ArrayGetElement(a, i)).collect())
+    }
+}
+
+/// The elements of an array attribute.
+pub fn array_attr(a: MlirAttribute) -> Option<Vec<MlirAttribute>> {
+    // SAFETY: querying a live attribute.
+    unsafe {
+        if !mlir_sys::mlirAttributeIsAArray(a) {
+            return None;
+        }
+        Some((0..mlir_sys::mlirArrayAttrGetNumElements(a)).map(|i| mlir_sys::mlirArrayAttrGetElement(a, i)).collect())
+    }
+}
+
+/// True when `a` is the attribute `text` parses to in `a`'s context (e.g. `#gpu.thread<x>`).
+pub fn attr_is(a: MlirAttribute, text: &str) -> bool {
+    // SAFETY: a live attribute and its context; the parsed attribute is uniqued in it.
+    unsafe {
+        let ctx = mlir_sys::mlirAttributeGetContext(a);
+        let b = mlir_sys::mlirAttributeParseGet(ctx, string_ref(text));
+        !b.ptr.is_null() && mlir_sys::mlirAttributeEqual(a, b)
+    }
+}
+
+/// A shaped type's element type.
+pub fn element_type(t: MlirType) -> Option<MlirType> {
+    // SAFETY: querying a live type.
+    unsafe { mlir_sys::mlirTypeIsAShaped(t).then(|| mlir_sys::mlirShapedTypeGetElementType(t)) }
+}
+
+/// A memref type's memory space (`None`: the default).
+pub fn memory_space(t: MlirType) -> Option<MlirAttribute> {
+    // SAFETY: querying a live type.
+    unsafe {
+        if !mlir_sys::mlirTypeIsAMemRef(t) {
+            return None;
+        }
+        let s = mlir_sys::mlirMemRefTypeGetMemorySpace(t);
+        (!s.ptr.is_null()).then_some(s)
+    }
+}
+
+/// A static memref of `dims` and `element`, contiguous, in memory space `space` (`None`: the
+/// default).
+pub fn contiguous_memref(element: MlirType, dims: &[usize], space: Option<MlirAttribute>) -> MlirType {
+    let shape: Vec<i64> = dims.iter().map(|&d| d as i64).collect();
+    // SAFETY: a live element type; a null attribute is the default memory space.
+    unsafe {
+        let space = space.unwrap_or(MlirAttribute { ptr: std::ptr::null() });
+        mlir_sys::mlirMemRefTypeContiguousGet(element, shape.len() as isize, shape.as_ptr(), space)
+    }
+}

@@ -16,6 +16,55 @@ use melior::pass::PassManager;
 use melior::utility::{parse_pass_pipeline, register_all_dialects, register_all_llvm_translations, register_all_passes};
 use melior::Context;
 
+use crate::artifact::TargetCode;
+use crate::fuse::Kernel;
+use crate::options::{Options, TargetKind};
+use crate::stage::Stages;
+use crate::{CompileError, Result};
+
+/// What a target does with the fused kernels. The driver holds one, picked by [`for_options`],
+/// and never matches on targets itself.
+pub trait Backend {
+    /// Each kernel's MLIR as codegen builds it, before the target's pipeline (`--stage mlir`
+    /// stops here: no LLVM, no linker).
+    fn kernel_mlir(&self, graph: &kiln_ir::Graph, kernels: &[Kernel]) -> Result<String>;
+
+    /// Compiles every kernel into the target's code; `texts` receives each stage's text when
+    /// given, `progress` hears how many kernels are done.
+    fn compile(&self, graph: &kiln_ir::Graph, kernels: &[Kernel], texts: Option<&mut Stages>, progress: &dyn Fn(usize)) -> Result<TargetCode>;
+}
+
+/// The backend for `options.target`, with its settings read once (a forced GPU schedule from the
+/// options or `KILN_GPU_SCHEDULE`, the microkernel choices).
+pub fn for_options(options: &Options) -> Result<Box<dyn Backend>> {
+    Ok(match options.target {
+        TargetKind::Cpu => Box::new(cpu::CpuBackend { microkernel: options.microkernel_choice(), overrides: microkernel_overrides(options) }),
+        TargetKind::Cuda => Box::new(gpu::GpuBackend { target: gpu::GpuTarget::Cuda(options.ptx.clone()), strategy: gpu_strategy(options)? }),
+        TargetKind::Opencl => Box::new(gpu::GpuBackend { target: gpu::GpuTarget::Opencl, strategy: gpu_strategy(options)? }),
+    })
+}
+
+/// The per-kernel microkernel choices in force: the options', else those `--tune` stored for
+/// this CPU.
+pub(crate) fn microkernel_overrides(options: &Options) -> std::collections::HashMap<String, bool> {
+    match &options.microkernel_overrides {
+        Some(o) => o.clone(),
+        None if options.target == TargetKind::Cpu => crate::tune::load_record().into_iter().collect(),
+        None => Default::default(),
+    }
+}
+
+/// The GPU schedule forced by the options, else by `KILN_GPU_SCHEDULE` (for tests and debugging).
+pub(crate) fn gpu_strategy(options: &Options) -> Result<Option<gpu::schedule::Strategy>> {
+    if options.gpu_schedule.is_some() {
+        return Ok(options.gpu_schedule);
+    }
+    match std::env::var("KILN_GPU_SCHEDULE") {
+        Ok(s) => s.parse().map(Some).map_err(|e| CompileError::Usage(format!("KILN_GPU_SCHEDULE: {e}"))),
+        Err(_) => Ok(None),
+    }
+}
+
 /// An MLIR context with every dialect, pass and LLVM translation, and its diagnostics collected
 /// (so errors can say what MLIR said).
 pub struct MlirContext {

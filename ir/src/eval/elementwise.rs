@@ -410,16 +410,11 @@ fn binary_int(b: BinaryOp, x: i128, y: i128, dtype: DType) -> Result<i128, Strin
         BinaryOp::BitwiseAnd => x & y,
         BinaryOp::BitwiseOr => x | y,
         BinaryOp::BitwiseXor => x ^ y,
-        BinaryOp::BitShiftLeft => {
+        BinaryOp::BitShift { left } => {
             if y >= bits as i128 {
                 0
-            } else {
+            } else if left {
                 x << y
-            }
-        }
-        BinaryOp::BitShiftRight => {
-            if y >= bits as i128 {
-                0
             } else {
                 x >> y
             }

@@ -59,7 +59,7 @@ impl Model {
 
 /// Every ONNX op type (default domain) the importer converts.
 pub fn supported_ops() -> &'static [&'static str] {
-    ops::SUPPORTED
+    ops::supported()
 }
 
 /// Loads an ONNX model from a file; external data is read from the file's directory.

@@ -9,74 +9,11 @@ use super::import::{attrs_of, free_values, GraphImporter};
 use super::proto::NodeProto;
 use super::tensor::dtype_of;
 use crate::op::{Attr, Attrs, CoordinateTransform, NearestMode, OptionalOp, Resize, ResizeMode, SequenceOp, Subgraph};
-use crate::{BinaryOp, DType, Graph, IrError, Op, Result, Shape, Tensor, TensorType, ValueId};
+use crate::{BinaryOp, DType, Graph, IrError, Op, Result, Shape, Tensor, TensorType, UnaryOp, ValueId};
 
-/// Every ONNX op type (default domain) the importer converts.
-pub(super) const SUPPORTED: &[&str] = &[
-    // elementwise
-    "Abs",
-    "Neg",
-    "Sign",
-    "Ceil",
-    "Floor",
-    "Round",
-    "Exp",
-    "Log",
-    "Sqrt",
-    "Reciprocal",
-    "Sin",
-    "Cos",
-    "Tan",
-    "Asin",
-    "Acos",
-    "Atan",
-    "Sinh",
-    "Cosh",
-    "Tanh",
-    "Asinh",
-    "Acosh",
-    "Atanh",
-    "Erf",
-    "Sigmoid",
-    "Relu",
-    "Softplus",
-    "Softsign",
-    "Mish",
-    "HardSwish",
-    "Swish",
-    "Gelu",
-    "LeakyRelu",
-    "Elu",
-    "Selu",
-    "Celu",
-    "HardSigmoid",
-    "ThresholdedRelu",
-    "Shrink",
-    "Not",
-    "BitwiseNot",
-    "IsNaN",
-    "IsInf",
-    "Add",
-    "Sub",
-    "Mul",
-    "Div",
-    "Pow",
-    "Max",
-    "Min",
-    "Mod",
-    "PRelu",
-    "Equal",
-    "Less",
-    "LessOrEqual",
-    "Greater",
-    "GreaterOrEqual",
-    "And",
-    "Or",
-    "Xor",
-    "BitwiseAnd",
-    "BitwiseOr",
-    "BitwiseXor",
-    "BitShift",
+/// The ONNX op types (default domain) the importer converts besides the elementwise tables' ops.
+const SUPPORTED: &[&str] = &[
+    // elementwise (besides the unary and binary tables' ops)
     "Sum",
     "Mean",
     "Clip",
@@ -192,7 +129,19 @@ pub(super) const SUPPORTED: &[&str] = &[
 ];
 
 pub(super) fn is_supported(op_type: &str) -> bool {
-    SUPPORTED.contains(&op_type)
+    UnaryOp::from_name(op_type).is_some_and(UnaryOp::is_onnx) || BinaryOp::from_name(op_type).is_some() || SUPPORTED.contains(&op_type)
+}
+
+/// Every ONNX op type (default domain) the importer converts: the elementwise tables' and the
+/// rest.
+pub(super) fn supported() -> &'static [&'static str] {
+    static ALL: std::sync::OnceLock<Vec<&'static str>> = std::sync::OnceLock::new();
+    ALL.get_or_init(|| {
+        let mut all: Vec<&'static str> =
+            UnaryOp::ALL.iter().filter(|u| u.is_onnx()).map(|u| u.name()).chain(BinaryOp::ALL.iter().map(|b| b.name())).collect();
+        all.extend(SUPPORTED);
+        all
+    })
 }
 
 fn err(msg: impl Into<String>) -> IrError {

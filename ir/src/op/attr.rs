@@ -294,22 +294,71 @@ fn activation_from_text(s: &str) -> Result<UnaryOp, String> {
     }
 }
 
-impl UnaryOp {
-    /// The float parameters of a parameterised unary op, by ONNX attribute name.
-    pub fn attrs_list(&self) -> Vec<(&'static str, f32)> {
-        match *self {
-            UnaryOp::LeakyRelu { alpha }
-            | UnaryOp::Elu { alpha }
-            | UnaryOp::Celu { alpha }
-            | UnaryOp::ThresholdedRelu { alpha }
-            | UnaryOp::Swish { alpha } => {
-                vec![("alpha", alpha)]
-            }
-            UnaryOp::Selu { alpha, gamma } => vec![("alpha", alpha), ("gamma", gamma)],
-            UnaryOp::HardSigmoid { alpha, beta } => vec![("alpha", alpha), ("beta", beta)],
-            UnaryOp::Shrink { bias, lambd } => vec![("bias", bias), ("lambd", lambd)],
-            _ => Vec::new(),
+/// How one typed attribute field is read from and written to [`Attrs`]: the op tables
+/// (`elementwise.rs`) name a codec per field, so reading and writing cannot disagree.
+pub(crate) trait AttrCodec<T> {
+    /// The attribute `name`, or `default` when it is absent.
+    fn read(a: &mut Attrs, name: &str, default: T) -> Result<T, String>;
+    fn write(v: T) -> Attr;
+}
+
+/// A float attribute.
+pub(crate) struct Float;
+
+impl AttrCodec<f32> for Float {
+    fn read(a: &mut Attrs, name: &str, default: f32) -> Result<f32, String> {
+        a.float(name, default)
+    }
+
+    fn write(v: f32) -> Attr {
+        Attr::Float(v)
+    }
+}
+
+/// A 0/1 integer attribute.
+pub(crate) struct Flag;
+
+impl AttrCodec<bool> for Flag {
+    fn read(a: &mut Attrs, name: &str, default: bool) -> Result<bool, String> {
+        a.flag(name, default)
+    }
+
+    fn write(v: bool) -> Attr {
+        Attr::Int(v as i64)
+    }
+}
+
+/// Gelu's `approximate`: `"tanh"` (true) or `"none"`.
+pub(crate) struct Approximation;
+
+impl AttrCodec<bool> for Approximation {
+    fn read(a: &mut Attrs, name: &str, default: bool) -> Result<bool, String> {
+        match a.string(name, if default { "tanh" } else { "none" })?.as_str() {
+            "none" => Ok(false),
+            "tanh" => Ok(true),
+            other => Err(format!("unknown Gelu approximation `{other}`")),
         }
+    }
+
+    fn write(v: bool) -> Attr {
+        Attr::Str(if v { "tanh" } else { "none" }.into())
+    }
+}
+
+/// BitShift's required `direction`: `"LEFT"` (true) or `"RIGHT"`.
+pub(crate) struct ShiftDirection;
+
+impl AttrCodec<bool> for ShiftDirection {
+    fn read(a: &mut Attrs, name: &str, _default: bool) -> Result<bool, String> {
+        match a.string(name, "")?.as_str() {
+            "LEFT" => Ok(true),
+            "RIGHT" => Ok(false),
+            other => Err(format!("BitShift direction must be LEFT or RIGHT, got `{other}`")),
+        }
+    }
+
+    fn write(v: bool) -> Attr {
+        Attr::Str(if v { "LEFT" } else { "RIGHT" }.into())
     }
 }
 
@@ -331,24 +380,8 @@ impl Op {
         };
         match self {
             Op::Input | Op::Constant(_) => {}
-            Op::Unary(u) => match *u {
-                UnaryOp::Gelu { tanh } => a.push("approximate", s(if tanh { "tanh" } else { "none" })),
-                UnaryOp::IsInf { detect_positive, detect_negative } => {
-                    a.push("detect_negative", b(detect_negative));
-                    a.push("detect_positive", b(detect_positive));
-                }
-                u => {
-                    for (k, v) in u.attrs_list() {
-                        a.push(k, f(v));
-                    }
-                }
-            },
-            Op::Binary(bin) => match *bin {
-                BinaryOp::Mod { fmod } => a.push("fmod", b(fmod)),
-                BinaryOp::BitShiftLeft => a.push("direction", s("LEFT")),
-                BinaryOp::BitShiftRight => a.push("direction", s("RIGHT")),
-                _ => {}
-            },
+            Op::Unary(u) => a.0.extend(u.params().into_iter().map(|(k, v)| (k.to_string(), v))),
+            Op::Binary(b) => a.0.extend(b.params().into_iter().map(|(k, v)| (k.to_string(), v))),
             Op::Clip | Op::Where | Op::MatMul | Op::Squeeze | Op::Unsqueeze | Op::Slice | Op::Expand | Op::Identity => {}
             Op::Tile | Op::Size | Op::Range | Op::NonZero => {}
             Op::Cast { to } => a.push("to", Attr::Type(*to)),
@@ -589,36 +622,9 @@ impl Op {
             Ok(Loss { ignore_index: a.opt_int("ignore_index")?, reduction: a.named("reduction", LossReduction::Mean, LossReduction::from_name)? })
         };
         let op = if let Some(u) = UnaryOp::from_name(name) {
-            let u = match u {
-                UnaryOp::Gelu { .. } => match a.string("approximate", "none")?.as_str() {
-                    "none" => UnaryOp::Gelu { tanh: false },
-                    "tanh" => UnaryOp::Gelu { tanh: true },
-                    other => return Err(format!("unknown Gelu approximation `{other}`")),
-                },
-                UnaryOp::LeakyRelu { alpha } => UnaryOp::LeakyRelu { alpha: a.float("alpha", alpha)? },
-                UnaryOp::Elu { alpha } => UnaryOp::Elu { alpha: a.float("alpha", alpha)? },
-                UnaryOp::Celu { alpha } => UnaryOp::Celu { alpha: a.float("alpha", alpha)? },
-                UnaryOp::Swish { alpha } => UnaryOp::Swish { alpha: a.float("alpha", alpha)? },
-                UnaryOp::ThresholdedRelu { alpha } => UnaryOp::ThresholdedRelu { alpha: a.float("alpha", alpha)? },
-                UnaryOp::Selu { alpha, gamma } => UnaryOp::Selu { alpha: a.float("alpha", alpha)?, gamma: a.float("gamma", gamma)? },
-                UnaryOp::HardSigmoid { alpha, beta } => UnaryOp::HardSigmoid { alpha: a.float("alpha", alpha)?, beta: a.float("beta", beta)? },
-                UnaryOp::Shrink { bias, lambd } => UnaryOp::Shrink { bias: a.float("bias", bias)?, lambd: a.float("lambd", lambd)? },
-                UnaryOp::IsInf { .. } => {
-                    UnaryOp::IsInf { detect_negative: a.flag("detect_negative", true)?, detect_positive: a.flag("detect_positive", true)? }
-                }
-                other => other,
-            };
-            Op::Unary(u)
-        } else if let Some(bin) = BinaryOp::from_name(name) {
-            Op::Binary(match bin {
-                BinaryOp::Mod { .. } => BinaryOp::Mod { fmod: a.flag("fmod", false)? },
-                BinaryOp::BitShiftLeft | BinaryOp::BitShiftRight => match a.string("direction", "")?.as_str() {
-                    "LEFT" => BinaryOp::BitShiftLeft,
-                    "RIGHT" => BinaryOp::BitShiftRight,
-                    other => return Err(format!("BitShift direction must be LEFT or RIGHT, got `{other}`")),
-                },
-                other => other,
-            })
+            Op::Unary(u.with_attrs(&mut a)?)
+        } else if let Some(b) = BinaryOp::from_name(name) {
+            Op::Binary(b.with_attrs(&mut a)?)
         } else if let Some(kind) = ReduceKind::ALL.into_iter().find(|k| k.op_name() == name) {
             Op::Reduce(Reduce { kind, keepdims: a.flag("keepdims", true)?, noop_with_empty_axes: a.flag("noop_with_empty_axes", false)? })
         } else {

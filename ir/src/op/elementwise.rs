@@ -1,293 +1,166 @@
-//! The elementwise op families. Their scalar meaning lives in `eval::elementwise`.
+//! The elementwise op families, each declared by one table: a line per op gives its variant,
+//! its attributes (name, type, ONNX default and how the attribute is spelled), its ONNX name and
+//! the operand types it accepts. The enum, `ALL`, `name`, `from_name`, `accepts` and the attribute
+//! schema (`attrs`, `with_attrs`) are generated from it, so the text form and ONNX import
+//! round-trip by construction. An op's scalar meaning lives in `eval::elementwise`, its code in
+//! the compiler's `codegen/scalar.rs`: adding an elementwise op touches those three files.
 
-/// One-operand elementwise ops. Parameters are ONNX attributes.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum UnaryOp {
-    Abs,
-    Neg,
-    Sign,
-    Ceil,
-    Floor,
-    Round,
-    Exp,
-    Log,
-    Sqrt,
-    Reciprocal,
-    Sin,
-    Cos,
-    Tan,
-    Asin,
-    Acos,
-    Atan,
-    Sinh,
-    Cosh,
-    Tanh,
-    Asinh,
-    Acosh,
-    Atanh,
-    Erf,
-    Sigmoid,
-    Relu,
-    Softplus,
-    Softsign,
-    Mish,
-    HardSwish,
-    /// `x * sigmoid(alpha * x)`.
-    Swish {
-        alpha: f32,
-    },
-    /// `approximate = "tanh"` uses the tanh formula.
-    Gelu {
-        tanh: bool,
-    },
-    LeakyRelu {
-        alpha: f32,
-    },
-    Elu {
-        alpha: f32,
-    },
-    Selu {
-        alpha: f32,
-        gamma: f32,
-    },
-    Celu {
-        alpha: f32,
-    },
-    HardSigmoid {
-        alpha: f32,
-        beta: f32,
-    },
-    ThresholdedRelu {
-        alpha: f32,
-    },
-    Shrink {
-        bias: f32,
-        lambd: f32,
-    },
-    Not,
-    BitwiseNot,
-    IsNaN,
-    IsInf {
-        detect_positive: bool,
-        detect_negative: bool,
-    },
+use super::attr::{Approximation, Attr, AttrCodec, Attrs, Flag, Float, ShiftDirection};
+
+macro_rules! elementwise_table {
+    (
+        $(#[$doc:meta])* $family:ident [$($derive:ident),*] {
+            $( $(#[$vdoc:meta])* $variant:ident $({ $($field:ident : $ty:ty = $default:expr ; $attr:literal as $codec:ident),+ $(,)? })? => $name:literal, $class:ident; )*
+        }
+    ) => {
+        $(#[$doc])*
+        #[derive(Clone, Copy, Debug, PartialEq $(, $derive)*)]
+        pub enum $family {
+            $( $(#[$vdoc])* $variant $({ $($field: $ty),+ })?, )*
+        }
+
+        impl $family {
+            /// Every op, with ONNX's default attributes.
+            pub const ALL: &'static [$family] = &[ $( $family::$variant $({ $($field: $default),+ })?, )* ];
+
+            /// The ONNX name, which is also the name in kiln's text form.
+            pub fn name(self) -> &'static str {
+                match self {
+                    $( $family::$variant $({ $($field: _),+ })? => $name, )*
+                }
+            }
+
+            /// The op named `name`, with ONNX's default attributes.
+            pub fn from_name(name: &str) -> Option<$family> {
+                $family::ALL.iter().copied().find(|op| op.name() == name)
+            }
+
+            /// Which operand types the op accepts.
+            pub fn accepts(self) -> TypeClass {
+                match self {
+                    $( $family::$variant $({ $($field: _),+ })? => TypeClass::$class, )*
+                }
+            }
+
+            /// The op's attributes, every one, in the table's order.
+            pub fn params(self) -> Vec<(&'static str, Attr)> {
+                match self {
+                    $( $family::$variant $({ $($field),+ })? => vec![ $($( ($attr, <$codec as AttrCodec<$ty>>::write($field)), )+)? ], )*
+                }
+            }
+
+            /// The op with its attributes read from `a` (those missing keep `self`'s values).
+            pub fn with_attrs(self, a: &mut Attrs) -> Result<$family, String> {
+                Ok(match self {
+                    $( $family::$variant $({ $($field),+ })? => $family::$variant $({ $($field: <$codec as AttrCodec<$ty>>::read(a, $attr, $field)?),+ })?, )*
+                })
+            }
+        }
+    };
 }
 
+elementwise_table! {
+    /// One-operand elementwise ops. Parameters are ONNX attributes.
+    UnaryOp [] {
+        Abs => "Abs", Numeric;
+        Neg => "Neg", Numeric;
+        Sign => "Sign", Numeric;
+        Ceil => "Ceil", Float;
+        Floor => "Floor", Float;
+        Round => "Round", Float;
+        Exp => "Exp", Float;
+        Log => "Log", Float;
+        Sqrt => "Sqrt", Float;
+        Reciprocal => "Reciprocal", Float;
+        Sin => "Sin", Float;
+        Cos => "Cos", Float;
+        Tan => "Tan", Float;
+        Asin => "Asin", Float;
+        Acos => "Acos", Float;
+        Atan => "Atan", Float;
+        Sinh => "Sinh", Float;
+        Cosh => "Cosh", Float;
+        Tanh => "Tanh", Float;
+        Asinh => "Asinh", Float;
+        Acosh => "Acosh", Float;
+        Atanh => "Atanh", Float;
+        Erf => "Erf", Float;
+        Sigmoid => "Sigmoid", Float;
+        Relu => "Relu", Numeric;
+        Softplus => "Softplus", Float;
+        Softsign => "Softsign", Float;
+        Mish => "Mish", Float;
+        HardSwish => "HardSwish", Float;
+        /// `x * sigmoid(alpha * x)`.
+        Swish { alpha: f32 = 1.0; "alpha" as Float } => "Swish", Float;
+        /// `approximate = "tanh"` uses the tanh formula.
+        Gelu { tanh: bool = false; "approximate" as Approximation } => "Gelu", Float;
+        LeakyRelu { alpha: f32 = 0.01; "alpha" as Float } => "LeakyRelu", Numeric;
+        Elu { alpha: f32 = 1.0; "alpha" as Float } => "Elu", Float;
+        Selu { alpha: f32 = 1.673_263_2; "alpha" as Float, gamma: f32 = 1.050_701; "gamma" as Float } => "Selu", Float;
+        Celu { alpha: f32 = 1.0; "alpha" as Float } => "Celu", Float;
+        HardSigmoid { alpha: f32 = 0.2; "alpha" as Float, beta: f32 = 0.5; "beta" as Float } => "HardSigmoid", Float;
+        ThresholdedRelu { alpha: f32 = 1.0; "alpha" as Float } => "ThresholdedRelu", Float;
+        Shrink { bias: f32 = 0.0; "bias" as Float, lambd: f32 = 0.5; "lambd" as Float } => "Shrink", Numeric;
+        Not => "Not", Bool;
+        BitwiseNot => "BitwiseNot", Int;
+        IsNaN => "IsNaN", Float;
+        IsInf { detect_negative: bool = true; "detect_negative" as Flag, detect_positive: bool = true; "detect_positive" as Flag } => "IsInf", Float;
+    }
+}
+
+/// Ops of kiln's own (in its text form and builder), which ONNX import does not take.
+const KILN_OWN: &[&str] = &[];
+
 impl UnaryOp {
-    /// Every parameterless variant, plus the parameterised ones with ONNX's default attributes.
-    pub const ALL: [UnaryOp; 42] = [
-        UnaryOp::Abs,
-        UnaryOp::Neg,
-        UnaryOp::Sign,
-        UnaryOp::Ceil,
-        UnaryOp::Floor,
-        UnaryOp::Round,
-        UnaryOp::Exp,
-        UnaryOp::Log,
-        UnaryOp::Sqrt,
-        UnaryOp::Reciprocal,
-        UnaryOp::Sin,
-        UnaryOp::Cos,
-        UnaryOp::Tan,
-        UnaryOp::Asin,
-        UnaryOp::Acos,
-        UnaryOp::Atan,
-        UnaryOp::Sinh,
-        UnaryOp::Cosh,
-        UnaryOp::Tanh,
-        UnaryOp::Asinh,
-        UnaryOp::Acosh,
-        UnaryOp::Atanh,
-        UnaryOp::Erf,
-        UnaryOp::Sigmoid,
-        UnaryOp::Relu,
-        UnaryOp::Softplus,
-        UnaryOp::Softsign,
-        UnaryOp::Mish,
-        UnaryOp::HardSwish,
-        UnaryOp::Swish { alpha: 1.0 },
-        UnaryOp::Gelu { tanh: false },
-        UnaryOp::LeakyRelu { alpha: 0.01 },
-        UnaryOp::Elu { alpha: 1.0 },
-        UnaryOp::Selu { alpha: 1.673_263_2, gamma: 1.050_701 },
-        UnaryOp::Celu { alpha: 1.0 },
-        UnaryOp::HardSigmoid { alpha: 0.2, beta: 0.5 },
-        UnaryOp::ThresholdedRelu { alpha: 1.0 },
-        UnaryOp::Shrink { bias: 0.0, lambd: 0.5 },
-        UnaryOp::Not,
-        UnaryOp::BitwiseNot,
-        UnaryOp::IsNaN,
-        UnaryOp::IsInf { detect_positive: true, detect_negative: true },
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            UnaryOp::Abs => "Abs",
-            UnaryOp::Neg => "Neg",
-            UnaryOp::Sign => "Sign",
-            UnaryOp::Ceil => "Ceil",
-            UnaryOp::Floor => "Floor",
-            UnaryOp::Round => "Round",
-            UnaryOp::Exp => "Exp",
-            UnaryOp::Log => "Log",
-            UnaryOp::Sqrt => "Sqrt",
-            UnaryOp::Reciprocal => "Reciprocal",
-            UnaryOp::Sin => "Sin",
-            UnaryOp::Cos => "Cos",
-            UnaryOp::Tan => "Tan",
-            UnaryOp::Asin => "Asin",
-            UnaryOp::Acos => "Acos",
-            UnaryOp::Atan => "Atan",
-            UnaryOp::Sinh => "Sinh",
-            UnaryOp::Cosh => "Cosh",
-            UnaryOp::Tanh => "Tanh",
-            UnaryOp::Asinh => "Asinh",
-            UnaryOp::Acosh => "Acosh",
-            UnaryOp::Atanh => "Atanh",
-            UnaryOp::Erf => "Erf",
-            UnaryOp::Sigmoid => "Sigmoid",
-            UnaryOp::Relu => "Relu",
-            UnaryOp::Softplus => "Softplus",
-            UnaryOp::Softsign => "Softsign",
-            UnaryOp::Mish => "Mish",
-            UnaryOp::HardSwish => "HardSwish",
-            UnaryOp::Swish { .. } => "Swish",
-            UnaryOp::Gelu { .. } => "Gelu",
-            UnaryOp::LeakyRelu { .. } => "LeakyRelu",
-            UnaryOp::Elu { .. } => "Elu",
-            UnaryOp::Selu { .. } => "Selu",
-            UnaryOp::Celu { .. } => "Celu",
-            UnaryOp::HardSigmoid { .. } => "HardSigmoid",
-            UnaryOp::ThresholdedRelu { .. } => "ThresholdedRelu",
-            UnaryOp::Shrink { .. } => "Shrink",
-            UnaryOp::Not => "Not",
-            UnaryOp::BitwiseNot => "BitwiseNot",
-            UnaryOp::IsNaN => "IsNaN",
-            UnaryOp::IsInf { .. } => "IsInf",
-        }
-    }
-
-    /// The variant named `name`, with ONNX's default attributes.
-    pub fn from_name(name: &str) -> Option<UnaryOp> {
-        UnaryOp::ALL.into_iter().find(|u| u.name() == name)
-    }
-
-    /// Which operand types the op accepts.
-    pub fn accepts(self) -> TypeClass {
-        match self {
-            UnaryOp::Abs | UnaryOp::Neg | UnaryOp::Sign => TypeClass::Numeric,
-            UnaryOp::Relu | UnaryOp::LeakyRelu { .. } | UnaryOp::Shrink { .. } => TypeClass::Numeric,
-            UnaryOp::Not => TypeClass::Bool,
-            UnaryOp::BitwiseNot => TypeClass::Int,
-            _ => TypeClass::Float,
-        }
+    /// True for an ONNX op (default domain), false for one of kiln's own.
+    pub fn is_onnx(self) -> bool {
+        !KILN_OWN.contains(&self.name())
     }
 
     /// True when the result is `bool` whatever the operand type.
     pub fn returns_bool(self) -> bool {
         matches!(self, UnaryOp::IsNaN | UnaryOp::IsInf { .. })
     }
+
+    /// The float parameters, by ONNX attribute name (an RNN activation's `LeakyRelu(0.1)`).
+    pub fn attrs_list(&self) -> Vec<(&'static str, f32)> {
+        self.params().into_iter().filter_map(|(k, v)| if let Attr::Float(f) = v { Some((k, f)) } else { None }).collect()
+    }
 }
 
-/// Two-operand elementwise ops with numpy broadcasting.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum BinaryOp {
-    Add,
-    Sub,
-    Mul,
-    Div,
-    /// The exponent may have another numeric type; the result has the base's.
-    Pow,
-    Max,
-    Min,
-    /// `fmod = false`: the result takes the divisor's sign (Python `%`); `true`: C `fmod`.
-    Mod {
-        fmod: bool,
-    },
-    /// `x` where `x >= 0`, else `slope * x`.
-    PRelu,
-    Equal,
-    Less,
-    LessOrEqual,
-    Greater,
-    GreaterOrEqual,
-    And,
-    Or,
-    Xor,
-    BitwiseAnd,
-    BitwiseOr,
-    BitwiseXor,
-    BitShiftLeft,
-    BitShiftRight,
+elementwise_table! {
+    /// Two-operand elementwise ops with numpy broadcasting.
+    BinaryOp [Eq, Hash] {
+        Add => "Add", Numeric;
+        Sub => "Sub", Numeric;
+        Mul => "Mul", Numeric;
+        Div => "Div", Numeric;
+        /// The exponent may have another numeric type; the result has the base's.
+        Pow => "Pow", Numeric;
+        Max => "Max", Numeric;
+        Min => "Min", Numeric;
+        /// `fmod = false`: the result takes the divisor's sign (Python `%`); `true`: C `fmod`.
+        Mod { fmod: bool = false; "fmod" as Flag } => "Mod", Numeric;
+        /// `x` where `x >= 0`, else `slope * x`.
+        PRelu => "PRelu", Float;
+        Equal => "Equal", Any;
+        Less => "Less", Numeric;
+        LessOrEqual => "LessOrEqual", Numeric;
+        Greater => "Greater", Numeric;
+        GreaterOrEqual => "GreaterOrEqual", Numeric;
+        And => "And", Bool;
+        Or => "Or", Bool;
+        Xor => "Xor", Bool;
+        BitwiseAnd => "BitwiseAnd", Int;
+        BitwiseOr => "BitwiseOr", Int;
+        BitwiseXor => "BitwiseXor", Int;
+        /// `direction = "LEFT"` (true) or `"RIGHT"`, which ONNX requires.
+        BitShift { left: bool = true; "direction" as ShiftDirection } => "BitShift", Unsigned;
+    }
 }
 
 impl BinaryOp {
-    pub const ALL: [BinaryOp; 22] = [
-        BinaryOp::Add,
-        BinaryOp::Sub,
-        BinaryOp::Mul,
-        BinaryOp::Div,
-        BinaryOp::Pow,
-        BinaryOp::Max,
-        BinaryOp::Min,
-        BinaryOp::Mod { fmod: false },
-        BinaryOp::PRelu,
-        BinaryOp::Equal,
-        BinaryOp::Less,
-        BinaryOp::LessOrEqual,
-        BinaryOp::Greater,
-        BinaryOp::GreaterOrEqual,
-        BinaryOp::And,
-        BinaryOp::Or,
-        BinaryOp::Xor,
-        BinaryOp::BitwiseAnd,
-        BinaryOp::BitwiseOr,
-        BinaryOp::BitwiseXor,
-        BinaryOp::BitShiftLeft,
-        BinaryOp::BitShiftRight,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            BinaryOp::Add => "Add",
-            BinaryOp::Sub => "Sub",
-            BinaryOp::Mul => "Mul",
-            BinaryOp::Div => "Div",
-            BinaryOp::Pow => "Pow",
-            BinaryOp::Max => "Max",
-            BinaryOp::Min => "Min",
-            BinaryOp::Mod { .. } => "Mod",
-            BinaryOp::PRelu => "PRelu",
-            BinaryOp::Equal => "Equal",
-            BinaryOp::Less => "Less",
-            BinaryOp::LessOrEqual => "LessOrEqual",
-            BinaryOp::Greater => "Greater",
-            BinaryOp::GreaterOrEqual => "GreaterOrEqual",
-            BinaryOp::And => "And",
-            BinaryOp::Or => "Or",
-            BinaryOp::Xor => "Xor",
-            BinaryOp::BitwiseAnd => "BitwiseAnd",
-            BinaryOp::BitwiseOr => "BitwiseOr",
-            BinaryOp::BitwiseXor => "BitwiseXor",
-            BinaryOp::BitShiftLeft | BinaryOp::BitShiftRight => "BitShift",
-        }
-    }
-
-    pub fn from_name(name: &str) -> Option<BinaryOp> {
-        BinaryOp::ALL.into_iter().find(|b| b.name() == name)
-    }
-
-    pub fn accepts(self) -> TypeClass {
-        match self {
-            BinaryOp::And | BinaryOp::Or | BinaryOp::Xor => TypeClass::Bool,
-            BinaryOp::BitwiseAnd | BinaryOp::BitwiseOr | BinaryOp::BitwiseXor => TypeClass::Int,
-            BinaryOp::BitShiftLeft | BinaryOp::BitShiftRight => TypeClass::Unsigned,
-            BinaryOp::Equal => TypeClass::Any,
-            BinaryOp::PRelu => TypeClass::Float,
-            _ => TypeClass::Numeric,
-        }
-    }
-
     pub fn is_comparison(self) -> bool {
         matches!(self, BinaryOp::Equal | BinaryOp::Less | BinaryOp::LessOrEqual | BinaryOp::Greater | BinaryOp::GreaterOrEqual)
     }

@@ -206,3 +206,32 @@ proptest! {
         prop_assert_eq!(a, b);
     }
 }
+
+/// The elementwise tables give each op's attributes one schema: every op, with its defaults and
+/// with other values, comes back from its attributes as it was, and the ONNX importer knows it.
+#[test]
+fn elementwise_ops_round_trip_through_their_attributes() {
+    let changed = |op: Op| -> Op {
+        let mut a = op.attrs();
+        for (_, v) in a.0.iter_mut() {
+            match v {
+                kiln_ir::op::Attr::Float(f) => *f += 0.25,
+                kiln_ir::op::Attr::Int(i) => *i = 1 - *i,
+                kiln_ir::op::Attr::Str(s) if s == "none" => *s = "tanh".into(),
+                kiln_ir::op::Attr::Str(s) if s == "LEFT" => *s = "RIGHT".into(),
+                _ => {}
+            }
+        }
+        Op::from_attrs(op.name(), a).expect("its own attributes")
+    };
+    let ops: Vec<Op> = UnaryOp::ALL.iter().map(|&u| Op::Unary(u)).chain(BinaryOp::ALL.iter().map(|&b| Op::Binary(b))).collect();
+    for op in ops {
+        assert_eq!(Op::from_attrs(op.name(), op.attrs()).as_ref(), Ok(&op));
+        let other = changed(op.clone());
+        assert_eq!(Op::from_attrs(other.name(), other.attrs()).as_ref(), Ok(&other));
+        assert_eq!(op.attrs().0.is_empty(), other == op, "{}: every attribute changes the op", op.name());
+        let onnx = !matches!(op, Op::Unary(u) if !u.is_onnx());
+        assert_eq!(kiln_ir::onnx::supported_ops().contains(&op.name()), onnx, "{}", op.name());
+    }
+    assert_eq!(Op::from_attrs("BitShift", kiln_ir::op::Attrs::new()).unwrap_err(), "BitShift direction must be LEFT or RIGHT, got ``");
+}

@@ -19,10 +19,6 @@ fn raw_name(o: ffi::MlirOperation) -> String {
     RawOp(o).name()
 }
 
-fn raw_attr(o: ffi::MlirOperation, name: &str) -> Option<String> {
-    RawOp(o).attr(name).map(edit::attr_text)
-}
-
 /// Rewrites the math ops of `op`'s body (a function) in place.
 pub fn expand(ctx: &melior::Context, func: ffi::MlirOperation) {
     let found: Vec<ffi::MlirOperation> = RawOp(func)
@@ -68,13 +64,8 @@ fn constant_splat(v: ffi::MlirValue) -> Option<f64> {
         }
         let def = ffi::mlirOpResultGetOwner(v);
         match raw_name(def).as_str() {
-            "arith.constant" => {
-                // `dense<3.000000e+00> : vector<16xf32>` or `3.000000e+00 : f32`
-                let a = raw_attr(def, "value")?;
-                let body = a.split(" : ").next()?.trim();
-                let num = body.strip_prefix("dense<").and_then(|s| s.strip_suffix('>')).unwrap_or(body);
-                num.parse().ok()
-            }
+            // `dense<3.000000e+00> : vector<16xf32>` or `3.000000e+00 : f32`
+            "arith.constant" => edit::float_attr(RawOp(def).attr("value")?),
             "vector.broadcast" | "vector.transfer_read" => constant_splat(ffi::mlirOperationGetOperand(def, 0)),
             _ => None,
         }

@@ -14,7 +14,7 @@ pub use crate::artifact::Arg;
 
 /// One launch of a `gpu.func`.
 #[derive(Clone, Debug)]
-pub struct Launch {
+pub struct DeviceLaunch {
     pub func: String,
     pub grid: [u32; 3],
     pub block: [u32; 3],
@@ -25,8 +25,8 @@ pub struct Launch {
 
 /// How one fused kernel runs: its launches in order, its temporaries' sizes, its constants.
 #[derive(Clone, Debug, Default)]
-pub struct KernelPlan {
-    pub launches: Vec<Launch>,
+pub struct LaunchPlan {
+    pub launches: Vec<DeviceLaunch>,
     pub scratch: Vec<u64>,
     pub constants: Vec<Vec<u8>>,
 }
@@ -158,7 +158,7 @@ fn trace_to_empty(start: RawOp, operand: usize) -> Option<(RawOp, RawOp, usize)>
                 v = owner.operand(k);
             } else if owner.is("scf.forall") {
                 // A block grid's outputs are the kernel's results, in global memory.
-                if owner.attr("mapping").is_some_and(|m| edit::attr_text(m).contains("#gpu.block")) {
+                if is_block_grid(owner) {
                     return None;
                 }
                 // Block arguments: the induction variables, then one per shared output.
@@ -192,7 +192,7 @@ fn wrap_block_grids(ctx: &melior::Context, func: RawOp) -> Result<Vec<[usize; 3]
     for op in func.children() {
         let name = op.name();
         if name == "scf.forall" {
-            if !op.attr("mapping").is_some_and(|m| edit::attr_text(m).contains("#gpu.block")) {
+            if !is_block_grid(op) {
                 return Err("a loop outside any block grid".into());
             }
             dims.push(block_dims(op)?);
@@ -212,7 +212,7 @@ fn serialize_leftovers(ctx: &melior::Context, func: RawOp) -> Result<(), String>
     let mut current: Vec<RawOp> = Vec::new();
     for op in ops {
         let name = op.name();
-        let grid = name == "scf.forall" && op.attr("mapping").is_some_and(|m| edit::attr_text(m).contains("#gpu.block"));
+        let grid = name == "scf.forall" && is_block_grid(op);
         if grid || is_host_op(&name) || is_sinkable(&name) {
             if !current.is_empty() {
                 runs.push(std::mem::take(&mut current));
@@ -329,32 +329,64 @@ fn is_host_op(name: &str) -> bool {
     )
 }
 
+/// One id of an `scf.forall`'s device mapping.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum MappingId {
+    /// `#gpu.block<x|y|z>` (0, 1, 2).
+    Block(usize),
+    /// `#gpu.thread<x|y|z>`.
+    Thread(usize),
+    /// `#gpu.thread<linear_dim_k>`.
+    LinearThread,
+    Other,
+}
+
+/// An `scf.forall`'s mapping, read through the C API (empty when it has none).
+fn mapping(forall: RawOp) -> Vec<MappingId> {
+    let Some(ids) = forall.attr("mapping").and_then(edit::array_attr) else { return Vec::new() };
+    ids.into_iter()
+        .map(|a| {
+            for (k, d) in ["x", "y", "z"].into_iter().enumerate() {
+                if edit::attr_is(a, &format!("#gpu.block<{d}>")) {
+                    return MappingId::Block(k);
+                }
+                if edit::attr_is(a, &format!("#gpu.thread<{d}>")) {
+                    return MappingId::Thread(k);
+                }
+            }
+            // (Schedules map at most a handful of loops linearly.)
+            if (0..8).any(|k| edit::attr_is(a, &format!("#gpu.thread<linear_dim_{k}>"))) {
+                return MappingId::LinearThread;
+            }
+            MappingId::Other
+        })
+        .collect()
+}
+
+/// An `scf.forall` mapped to blocks: a block grid.
+fn is_block_grid(forall: RawOp) -> bool {
+    mapping(forall).iter().any(|i| matches!(i, MappingId::Block(_)))
+}
+
 /// The block dimensions a block grid's thread loops need: per x/y/z the largest count mapped to
 /// it, and enough threads in all for the largest linearly mapped loop.
 fn block_dims(forall: RawOp) -> Result<[usize; 3], String> {
     let mut d = [1usize; 3];
     let mut linear = 1usize;
     for t in forall.descendants().into_iter().filter(|o| o.is("scf.forall")) {
-        let Some(m) = t.attr("mapping") else { continue };
-        let m = edit::attr_text(m);
-        if !m.contains("#gpu.thread") {
+        let ids = mapping(t);
+        if !ids.iter().any(|i| matches!(i, MappingId::Thread(_) | MappingId::LinearThread)) {
             continue;
         }
         let counts = forall_counts(t).ok_or("a thread loop with dynamic bounds")?;
-        let ids: Vec<&str> = m.trim_start_matches('[').trim_end_matches(']').split(", ").collect();
-        if m.contains("linear_dim") {
+        if ids.contains(&MappingId::LinearThread) {
             linear = linear.max(counts.iter().product());
             continue;
         }
         for (id, c) in ids.iter().zip(&counts) {
-            let k = if id.contains("<x>") {
-                0
-            } else if id.contains("<y>") {
-                1
-            } else {
-                2
-            };
-            d[k] = d[k].max(*c);
+            if let MappingId::Thread(k) = *id {
+                d[k] = d[k].max(*c);
+            }
         }
     }
     if d[0] * d[1] * d[2] < linear {
@@ -398,9 +430,9 @@ fn wrap(ctx: &melior::Context, op: RawOp, tag: &str) {
 
 /// Reads the launch plan from the outlined host function: the launches in order with their
 /// buffers. `n_buffers` is the kernel's buffer count (its first function arguments).
-pub fn plan(root: RawOp, n_buffers: usize) -> Result<KernelPlan, String> {
+pub fn plan(root: RawOp, n_buffers: usize) -> Result<LaunchPlan, String> {
     let func = root.children().into_iter().find(|o| o.is("func.func")).ok_or("no host function")?;
-    let mut plan = KernelPlan::default();
+    let mut plan = LaunchPlan::default();
     let mut scratch_of: Vec<(RawOp, usize)> = Vec::new();
     let mut constant_of: Vec<(String, usize)> = Vec::new();
     for op in func.children() {
@@ -458,11 +490,11 @@ pub fn plan(root: RawOp, n_buffers: usize) -> Result<KernelPlan, String> {
                         Arg::Scratch(k)
                     }
                     "memref.get_global" => {
-                        let sym = d.attr("name").map(edit::attr_text).ok_or("get_global without a name")?;
+                        let sym = d.attr("name").and_then(edit::string_attr).ok_or("get_global without a name")?;
                         let k = match constant_of.iter().find(|(s, _)| *s == sym) {
                             Some((_, k)) => *k,
                             None => {
-                                plan.constants.push(global_bytes(root, sym.trim_start_matches('@'))?);
+                                plan.constants.push(global_bytes(root, &sym)?);
                                 constant_of.push((sym, plan.constants.len() - 1));
                                 plan.constants.len() - 1
                             }
@@ -476,7 +508,7 @@ pub fn plan(root: RawOp, n_buffers: usize) -> Result<KernelPlan, String> {
         }
         // Kernel inputs and constants are only read; everything else may be written.
         let writes = args.iter().enumerate().filter(|(_, a)| !matches!(a, Arg::Constant(_))).map(|(i, _)| i).collect();
-        plan.launches.push(Launch { func: func_name, grid, block, args, writes });
+        plan.launches.push(DeviceLaunch { func: func_name, grid, block, args, writes });
     }
     Ok(plan)
 }
@@ -499,7 +531,7 @@ fn global_bytes(root: RawOp, sym: &str) -> Result<Vec<u8>, String> {
     let g = root
         .children()
         .into_iter()
-        .find(|o| o.is("memref.global") && o.attr("sym_name").map(edit::attr_text).is_some_and(|s| s.trim_matches('"') == sym))
+        .find(|o| o.is("memref.global") && o.attr("sym_name").and_then(edit::string_attr).is_some_and(|s| s == sym))
         .ok_or_else(|| format!("no memref.global @{sym}"))?;
     let init = g.attr("initial_value").ok_or_else(|| format!("@{sym} has no initial value"))?;
     let ty = g.attr("type").ok_or("memref.global without a type")?;
@@ -536,7 +568,7 @@ pub fn move_functions(root: RawOp, device: RawOp) -> Result<Vec<String>, String>
             return Err("an outlined module does not hold exactly one gpu.func".into());
         }
         funcs[0].set_attr("sym_name", name);
-        names.push(edit::attr_text(name).trim_matches('"').to_string());
+        names.push(edit::string_attr(name).ok_or("an outlined module's name is not a string")?);
         funcs[0].move_to_end(block);
         m.erase();
     }

@@ -23,27 +23,30 @@ pub enum Flavor {
 /// Legalises the allocations of every `gpu.func` in `device` (a `gpu.module`).
 pub fn legalize(ctx: &melior::Context, device: RawOp, flavor: Flavor) -> Result<(), String> {
     for func in device.children().into_iter().filter(|f| f.is("gpu.func")) {
-        resize_empty_arguments(ctx, func)?;
+        resize_empty_arguments(func)?;
         let entry = func.block(0).ok_or("a gpu.func without a body")?;
         let mut attributions = 0usize;
         for op in func.descendants().into_iter().filter(|o| o.is("memref.alloc") || o.is("memref.alloca")) {
             let v = op.result(0);
-            let ty = edit::type_text(edit::value_type(v));
+            let t = edit::value_type(v);
             for u in edit::users(v) {
                 if !matches!(u.name().as_str(), "memref.load" | "memref.store") {
-                    return Err(format!("a kernel temporary ({ty}) is used by `{}`", u.name()));
+                    return Err(format!("a kernel temporary ({}) is used by `{}`", edit::type_text(t), u.name()));
                 }
             }
-            if edit::static_dims(edit::value_type(v)).is_none() {
-                return Err(format!("a kernel temporary has a dynamic shape ({ty})"));
-            }
-            let workgroup = ty.ends_with(", 3>") || ty.contains("#gpu.address_space<workgroup>");
+            let (Some(dims), Some(elem)) = (edit::static_dims(t), edit::element_type(t)) else {
+                return Err(format!("a kernel temporary has a dynamic shape ({})", edit::type_text(t)));
+            };
+            // Schedules put shared tiles in workgroup memory: NVVM's address space 3 or GPU's.
+            let workgroup = edit::memory_space(t).is_some_and(|s| edit::int_attr(s) == Some(3) || edit::attr_is(s, "#gpu.address_space<workgroup>"));
+            let space = |text: &str| edit::parse_attr(ctx, text).ok_or_else(|| format!("bad memory space {text}"));
             match (flavor, workgroup) {
                 (Flavor::Spirv, true) => {}
-                (Flavor::Spirv, false) => replace_with_alloca(ctx, op, entry, &with_space(&ty, "6"))?,
-                (Flavor::Nvvm, false) => replace_with_alloca(ctx, op, entry, &ty)?,
+                // SPIR-V's Function storage class: a private array.
+                (Flavor::Spirv, false) => replace_with_alloca(ctx, op, entry, edit::contiguous_memref(elem, &dims, Some(space("6 : i64")?)))?,
+                (Flavor::Nvvm, false) => replace_with_alloca(ctx, op, entry, t)?,
                 (Flavor::Nvvm, true) => {
-                    let t = edit::parse_type(ctx, &with_space(&ty, "#gpu.address_space<workgroup>")).ok_or("bad workgroup type")?;
+                    let t = edit::contiguous_memref(elem, &dims, Some(space("#gpu.address_space<workgroup>")?));
                     // SAFETY: a new argument of the entry block after the function's arguments
                     // (there are no private attributions), declared below as an attribution.
                     let arg = unsafe { mlir_sys::mlirBlockAddArgument(entry, t, Location::unknown(ctx).to_raw()) };
@@ -64,7 +67,7 @@ pub fn legalize(ctx: &melior::Context, device: RawOp, flavor: Flavor) -> Result<
 /// A buffer argument with no elements (an empty input a kernel never reads) becomes a
 /// one-element buffer: SPIR-V has no zero-length arrays, and the runtime gives empty buffers a
 /// few bytes anyway. Only arguments nothing uses are changed.
-fn resize_empty_arguments(ctx: &melior::Context, func: RawOp) -> Result<(), String> {
+fn resize_empty_arguments(func: RawOp) -> Result<(), String> {
     let Some(entry) = func.block(0) else { return Ok(()) };
     let Some(ft) = func.attr("function_type") else { return Ok(()) };
     // SAFETY: reading and rebuilding a live gpu.func's signature; retyped arguments have no uses.
@@ -82,15 +85,8 @@ fn resize_empty_arguments(ctx: &melior::Context, func: RawOp) -> Result<(), Stri
             if !edit::users(arg).is_empty() {
                 continue;
             }
-            let text = edit::type_text(*input);
-            let elem = text
-                .trim_start_matches("memref<")
-                .split(['x', ',', '>'])
-                .find(|p| !p.is_empty() && !p.chars().all(|c| c.is_ascii_digit()))
-                .unwrap_or("f32")
-                .trim()
-                .to_string();
-            let one = edit::parse_type(ctx, &format!("memref<1x{elem}>")).ok_or_else(|| format!("cannot retype the empty argument {text}"))?;
+            let elem = edit::element_type(*input).ok_or("a buffer argument that is not shaped")?;
+            let one = edit::contiguous_memref(elem, &[1], edit::memory_space(*input));
             edit::set_value_type(arg, one);
             *input = one;
             changed = true;
@@ -111,18 +107,10 @@ fn resize_empty_arguments(ctx: &melior::Context, func: RawOp) -> Result<(), Stri
     Ok(())
 }
 
-/// `memref<...>` with its memory space replaced by `space`.
-fn with_space(ty: &str, space: &str) -> String {
-    let body = ty.trim_start_matches("memref<").trim_end_matches('>');
-    // Drop any memory space (the last comma-separated part when it is not a layout) and layout:
-    // allocations are contiguous.
-    let shape = body.split(',').next().unwrap_or(body);
-    format!("memref<{shape}, {space}>")
-}
-
 /// Replaces an allocation by an `alloca` of type `ty` at the start of `entry`.
-fn replace_with_alloca(ctx: &melior::Context, op: RawOp, entry: mlir_sys::MlirBlock, ty: &str) -> Result<(), String> {
-    let t = Type::parse(ctx, ty).ok_or_else(|| format!("bad temporary type {ty}"))?;
+fn replace_with_alloca(ctx: &melior::Context, op: RawOp, entry: mlir_sys::MlirBlock, ty: mlir_sys::MlirType) -> Result<(), String> {
+    // SAFETY: a live type of this context.
+    let t = unsafe { Type::from_raw(ty) };
     let seg = edit::parse_attr(ctx, "array<i32: 0, 0>").expect("a dense array");
     // SAFETY: a live attribute of this context.
     let seg = unsafe { melior::ir::Attribute::from_raw(seg) };

@@ -22,12 +22,16 @@ use melior::ir::Module;
 
 use kiln_ir::Graph;
 
+use kiln_runtime::artifact::{KernelDesc, Target as ArtifactTarget};
+
 use super::edit::RawOp;
-use super::MlirContext;
+use super::{Backend, MlirContext};
+use crate::artifact::{FunctionCall, KernelRun, TargetCode};
 use crate::codegen;
 use crate::fuse::Kernel;
+use crate::stage::{Stage, Stages};
 use crate::{CompileError, Result};
-pub use launch::{Arg, KernelPlan, Launch};
+pub use launch::{Arg, DeviceLaunch, LaunchPlan};
 pub use ptx::PtxTarget;
 
 /// Which GPU code to make.
@@ -46,76 +50,62 @@ impl GpuTarget {
     }
 }
 
-/// One `gpu.func` of the device code.
-#[derive(Clone, Debug)]
-pub struct DeviceFunction {
-    pub name: String,
-    /// The fused kernel it belongs to (index) and that kernel's label.
-    pub kernel: usize,
-    pub label: String,
-    pub grid: [u32; 3],
-    pub block: [u32; 3],
+/// The GPU backend for one target; `strategy` forces one schedule where it applies (else per-op),
+/// for tests and debugging.
+pub struct GpuBackend {
+    pub target: GpuTarget,
+    pub strategy: Option<schedule::Strategy>,
 }
 
-/// Every kernel compiled for a GPU.
-pub struct GpuCode {
-    /// PTX text (CUDA) or a SPIR-V binary (OpenCL).
-    pub code: Vec<u8>,
-    pub functions: Vec<DeviceFunction>,
-    /// Per fused kernel, how it runs.
-    pub plans: Vec<KernelPlan>,
-    pub target_detail: String,
+impl Backend for GpuBackend {
+    fn kernel_mlir(&self, graph: &Graph, kernels: &[Kernel]) -> Result<String> {
+        let mlir = MlirContext::new();
+        let mut text = String::new();
+        for k in kernels {
+            text.push_str(&build(&mlir, graph, k)?.as_operation().to_string());
+        }
+        Ok(text)
+    }
+
+    fn compile(&self, graph: &Graph, kernels: &[Kernel], texts: Option<&mut Stages>, progress: &dyn Fn(usize)) -> Result<TargetCode> {
+        compile(graph, kernels, &self.target, self.strategy, texts, progress)
+    }
 }
 
-/// The text of each stage, when asked for.
-#[derive(Default, Clone, Debug)]
-pub struct GpuTexts {
-    /// Each kernel's MLIR from codegen.
-    pub mlir: String,
-    /// The device module after lowering (NVVM or SPIR-V dialect) and each kernel's host plan.
-    pub lowered: String,
-    /// LLVM IR after optimisation (CUDA).
-    pub llvm: String,
-    pub ptx: String,
-    pub spirv: String,
-}
-
-fn stage_err(k: &Kernel, stage: &'static str, msg: impl Into<String>) -> CompileError {
-    CompileError::Codegen { kernel: k.name.clone(), label: k.label.clone(), stage, msg: msg.into() }
-}
-
-/// Compiles every kernel for `target`.
-/// `forced` names the one schedule to use where it applies (else per-op); `progress` hears how many
-/// kernels are scheduled.
-pub fn compile(
+/// Compiles every kernel for `target`; `progress` hears how many kernels are scheduled.
+fn compile(
     graph: &Graph,
     kernels: &[Kernel],
     target: &GpuTarget,
-    forced: Option<&str>,
-    mut texts: Option<&mut GpuTexts>,
+    forced: Option<schedule::Strategy>,
+    mut texts: Option<&mut Stages>,
     progress: &dyn Fn(usize),
-) -> Result<GpuCode> {
+) -> Result<TargetCode> {
     let mlir = MlirContext::new();
     let mut device_module = Module::parse(&mlir.ctx, "module attributes {gpu.container_module} {\n  gpu.module @kiln_kernels {\n  }\n}")
         .ok_or_else(|| CompileError::Internal("the device module does not parse".into()))?;
     let device = RawOp::of(&device_module.as_operation()).children().into_iter().find(|o| o.is("gpu.module")).expect("parsed above");
-    let mut plans = Vec::with_capacity(kernels.len());
-    let mut functions = Vec::new();
-    for (i, k) in kernels.iter().enumerate() {
-        let (module, plan, text, strategy) = lower_kernel(&mlir, graph, k, forced)?;
+    let mut runs = Vec::with_capacity(kernels.len());
+    let mut functions: Vec<KernelDesc> = Vec::new();
+    for k in kernels {
+        let (module, plan, text, strategy) = schedule_kernel(&mlir, graph, k, forced)?;
         if let Some(t) = texts.as_deref_mut() {
-            t.mlir.push_str(&text);
-            t.lowered.push_str(&format!("// kernel {} ({}): {strategy} schedule\n", k.name, k.label));
+            t.push(Stage::Mlir, &text);
+            t.push(Stage::Lowered, &format!("// kernel {} ({}): {strategy} schedule\n", k.name, k.label));
             for l in &plan.launches {
-                t.lowered.push_str(&format!("//   launch {} grid {:?} block {:?} args {:?}\n", l.func, l.grid, l.block, l.args));
+                t.push(Stage::Lowered, &format!("//   launch {} grid {:?} block {:?} args {:?}\n", l.func, l.grid, l.block, l.args));
             }
         }
-        launch::move_functions(RawOp::of(&module.as_operation()), device).map_err(|e| stage_err(k, "outline", e))?;
+        launch::move_functions(RawOp::of(&module.as_operation()), device).map_err(|e| CompileError::in_kernel(k, "outline", e))?;
+        let first = functions.len();
         for l in &plan.launches {
-            functions.push(DeviceFunction { name: l.func.clone(), kernel: i, label: k.label.clone(), grid: l.grid, block: l.block });
+            functions.push(KernelDesc { symbol: l.func.clone(), workgroups: 0, label: k.label.clone(), grid: l.grid, block: l.block });
         }
-        plans.push(plan);
-        progress(plans.len());
+        // Each launch calls the function outlined for it (a kernel's functions are its own).
+        let index = |name: &str| first + functions[first..].iter().position(|f| f.symbol == name).expect("every launched function was outlined");
+        let calls = plan.launches.iter().map(|l| FunctionCall { function: index(&l.func), args: l.args.clone(), writes: l.writes.clone() }).collect();
+        runs.push(KernelRun { calls, scratch: plan.scratch, constants: plan.constants });
+        progress(runs.len());
     }
     // Every kernel's functions, prepared once: loops from linalg, views folded into loads and
     // stores, arithmetic neither target has (floor division, bf16 conversions) expanded, then
@@ -136,40 +126,51 @@ pub fn compile(
         GpuTarget::Cuda(t) => {
             let p = ptx::lower(&mlir, &mut device_module, t).map_err(|e| internal("ptx", e))?;
             if let Some(x) = texts.as_deref_mut() {
-                x.lowered.push_str(&p.lowered);
-                x.llvm = p.llvm;
-                x.ptx = p.ptx.clone();
+                x.push(Stage::Lowered, &p.lowered);
+                x.set(Stage::Llvm, p.llvm);
+                x.set(Stage::Ptx, p.ptx.clone());
             }
             p.ptx.into_bytes()
         }
         GpuTarget::Opencl => {
             let (binary, text) = spirv::lower(&mlir, &mut device_module).map_err(|e| internal("spirv", e))?;
             if let Some(x) = texts {
-                x.lowered.push_str(&text);
-                x.spirv = spirv::disassemble(&binary, &text);
+                x.push(Stage::Lowered, &text);
+                x.set(Stage::Spirv, spirv::disassemble(&binary, &text));
             }
             binary
         }
     };
-    Ok(GpuCode { code, functions, plans, target_detail: target.detail() })
+    let kind = match target {
+        GpuTarget::Cuda(_) => ArtifactTarget::Cuda,
+        GpuTarget::Opencl => ArtifactTarget::Opencl,
+    };
+    Ok(TargetCode { target: kind, blob: code, target_detail: target.detail(), cpu_features: Vec::new(), functions, runs })
+}
+
+/// A kernel's module as codegen builds it, verified.
+fn build<'c>(mlir: &'c MlirContext, graph: &Graph, k: &Kernel) -> Result<Module<'c>> {
+    let m = codegen::build_kernel(&mlir.ctx, graph, k)?;
+    if !m.as_operation().verify() {
+        return Err(CompileError::in_kernel(
+            k,
+            "mlir",
+            format!("the generated MLIR does not verify: {}\n{}", mlir.take_diagnostics(), m.as_operation()),
+        ));
+    }
+    Ok(m)
 }
 
 /// Builds one kernel, schedules it (the first strategy that applies) and maps it to launches;
-/// returns its module (host function and outlined `gpu.module`s), its plan, its codegen text and
-/// the strategy used.
-fn lower_kernel<'c>(
+/// returns its module (host function and outlined `gpu.module`s), its launches, its codegen text
+/// and the strategy used.
+fn schedule_kernel<'c>(
     mlir: &'c MlirContext,
     graph: &Graph,
     k: &Kernel,
-    forced: Option<&str>,
-) -> Result<(Module<'c>, KernelPlan, String, schedule::Strategy)> {
-    let build = || -> Result<Module<'c>> {
-        let m = codegen::build_kernel(&mlir.ctx, graph, k)?;
-        if !m.as_operation().verify() {
-            return Err(stage_err(k, "mlir", format!("the generated MLIR does not verify: {}\n{}", mlir.take_diagnostics(), m.as_operation())));
-        }
-        Ok(m)
-    };
+    forced: Option<schedule::Strategy>,
+) -> Result<(Module<'c>, LaunchPlan, String, schedule::Strategy)> {
+    let build = || build(mlir, graph, k);
     let prepare = |m: &mut Module<'c>| {
         mlir.run_pipeline(m, "builtin.module(func.func(linalg-fold-unit-extent-dims,linalg-fuse-elementwise-ops),canonicalize,cse)")
     };
@@ -184,23 +185,23 @@ fn lower_kernel<'c>(
             Some(m) => m,
             None => build()?,
         };
-        prepare(&mut m).map_err(|e| stage_err(k, "fuse elementwise", e))?;
+        prepare(&mut m).map_err(|e| CompileError::in_kernel(k, "fuse elementwise", e))?;
         let root = RawOp::of(&m.as_operation());
-        let func = schedule::kernel_func(root).ok_or_else(|| stage_err(k, "schedule", "no kernel function"))?;
+        let func = schedule::kernel_func(root).ok_or_else(|| CompileError::in_kernel(k, "schedule", "no kernel function"))?;
         schedule::drop_empty_ops(func);
         let list = candidates
             .get_or_insert_with(|| {
                 let all = schedule::candidates(func);
                 // A forced schedule: only that one where it applies, else per-op.
                 match forced {
-                    Some(only) => all.into_iter().filter(|s| s.to_string() == only || *s == schedule::Strategy::PerOp).collect(),
+                    Some(only) => all.into_iter().filter(|&s| s == only || s == schedule::Strategy::PerOp).collect(),
                     None => all,
                 }
             })
             .clone();
         let Some(&strategy) = list.get(tried.len()) else {
             let why: Vec<String> = tried.iter().map(|(s, e): &(schedule::Strategy, String)| format!("{s}: {e}")).collect();
-            return Err(stage_err(k, "schedule", format!("no schedule applies ({})", why.join("; "))));
+            return Err(CompileError::in_kernel(k, "schedule", format!("no schedule applies ({})", why.join("; "))));
         };
         let attempt = schedule::apply(mlir, &m, strategy)
             .and_then(|()| launch::map(mlir, &mut m))

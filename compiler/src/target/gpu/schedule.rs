@@ -51,6 +51,17 @@ impl fmt::Display for Strategy {
     }
 }
 
+impl std::str::FromStr for Strategy {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Strategy, String> {
+        [Strategy::Parallel, Strategy::Reduction, Strategy::Contraction, Strategy::PerOp]
+            .into_iter()
+            .find(|x| x.to_string() == s)
+            .ok_or_else(|| format!("no GPU schedule `{s}` (parallel, reduction, contraction or per-op)"))
+    }
+}
+
 /// Ops that do work on tensors and can be tiled (`tensor.pad` included).
 pub fn is_compute(op: RawOp) -> bool {
     loops::is_structured(op) || op.is("tensor.pad")
@@ -638,8 +649,8 @@ fn thread_mapping_of(counts: &[usize]) -> Vec<String> {
 /// The zero of a contraction's element type, as a padding value.
 fn zero_of(op: RawOp) -> String {
     let t = edit::value_type(op.operand(0));
-    let ty = edit::type_text(t);
-    let elem = ty.rsplit('x').next().unwrap_or("f32").trim_end_matches('>').to_string();
+    // The script spells the element type; it is printed, not parsed.
+    let elem = edit::element_type(t).map_or_else(|| "f32".to_string(), edit::type_text);
     if elem.starts_with('f') || elem == "bf16" {
         format!("0.0 : {elem}")
     } else {

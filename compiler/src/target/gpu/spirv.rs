@@ -13,8 +13,8 @@ pub fn lower(mlir: &MlirContext, module: &mut melior::ir::Module) -> Result<(Vec
     let root = RawOp::of(&module.as_operation());
     // Each kernel declares its workgroup size, as OpenCL's reqd_work_group_size.
     for f in root.descendants().into_iter().filter(|o| o.is("gpu.func")) {
-        let size = f.attr("known_block_size").map(edit::attr_text).ok_or("a kernel without a known block size")?;
-        let dims = size.trim_start_matches("array<i32:").trim_end_matches('>').trim().to_string();
+        let size = f.attr("known_block_size").and_then(edit::i32_array_attr).ok_or("a kernel without a known block size")?;
+        let dims = size.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ");
         let abi = edit::parse_attr(&mlir.ctx, &format!("#spirv.entry_point_abi<workgroup_size = [{dims}]>")).ok_or("bad entry point ABI")?;
         f.set_attr("spirv.entry_point_abi", abi);
     }
