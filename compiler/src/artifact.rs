@@ -13,7 +13,7 @@ use crate::batch::BatchPlan;
 use crate::fuse::{self, Partition};
 use crate::Result;
 
-const ALIGN: u64 = 64;
+pub const ALIGN: u64 = 64;
 
 fn align(n: u64) -> u64 {
     n.div_ceil(ALIGN) * ALIGN
@@ -231,7 +231,7 @@ fn resolve(
 
 /// Places scratch buffers in one arena so that buffers alive at the same time do not overlap:
 /// largest first, each at the lowest offset free for its lifetime. Returns the arena size.
-fn plan_arena(buffers: &mut [BufferDesc], scratch: &[(usize, usize, usize)]) -> u64 {
+pub fn plan_arena(buffers: &mut [BufferDesc], scratch: &[(usize, usize, usize)]) -> u64 {
     let mut order: Vec<&(usize, usize, usize)> = scratch.iter().collect();
     order.sort_by_key(|(b, first, _)| (std::cmp::Reverse(buffers[*b].bytes), *first));
     let mut placed: Vec<(u64, u64, usize, usize)> = Vec::new(); // (offset, size, first, last)

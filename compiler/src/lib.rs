@@ -1,6 +1,6 @@
 //! kiln-compiler: graph passes, fusion, MLIR/LLVM codegen, targets, and the `kiln` CLI.
 
-mod artifact;
+pub mod artifact;
 pub mod batch;
 pub mod cli;
 pub mod codegen;
