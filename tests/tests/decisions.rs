@@ -1,0 +1,431 @@
+//! The compiler's pure decisions, tested as functions of their inputs: fusion, arena planning,
+//! buffer assignment and launch order, the CPU schedule, and the stage and GPU strategy tables.
+//! None of these tests runs MLIR or LLVM, so they take milliseconds.
+
+use kiln_compiler::artifact::{self, Arg, KernelRun, TargetCode};
+use kiln_compiler::fuse::{self, Partition, Views};
+use kiln_compiler::target::cpu::schedule;
+use kiln_compiler::target::gpu::schedule::Strategy;
+use kiln_compiler::target::linalg::{Elem, Expr, LinalgOp, OpKind};
+use kiln_compiler::{Stage, TargetKind};
+use kiln_ir::builder::GraphBuilder;
+use kiln_ir::{DType, Graph, Tensor};
+use kiln_runtime::artifact::{BufferDesc, BufferKind, KernelDesc, Target};
+use proptest::prelude::*;
+
+// ----- fusion -----
+
+fn labels(_graph: &Graph, p: &Partition) -> Vec<String> {
+    p.kernels.iter().map(|k| k.label.clone()).collect()
+}
+
+fn mlp() -> Graph {
+    let g = GraphBuilder::new("mlp");
+    let x = g.input("x", DType::F32, [4, 32]);
+    let w1 = g.constant("w1", Tensor::from_vec(&[32, 64], vec![0.5f32; 32 * 64]).unwrap());
+    let b1 = g.constant("b1", Tensor::from_vec(&[64], vec![0.1f32; 64]).unwrap());
+    let w2 = g.constant("w2", Tensor::from_vec(&[64, 8], vec![0.25f32; 64 * 8]).unwrap());
+    let h = (x.matmul(w1).named("fc1") + b1).named("bias1").relu().named("act1");
+    g.output("y", h.matmul(w2).named("fc2"));
+    g.build().unwrap()
+}
+
+#[test]
+fn a_root_takes_its_elementwise_consumers() {
+    let g = mlp();
+    let p = fuse::partition(&g, Views::WithOffsets).unwrap();
+    assert_eq!(labels(&g, &p), ["fc1: MatMul + Add + Relu", "fc2: MatMul"]);
+}
+
+#[test]
+fn kernels_come_in_launch_order_and_pass_values_between_them() {
+    let g = mlp();
+    let p = fuse::partition(&g, Views::WithOffsets).unwrap();
+    // The second kernel reads what the first wrote.
+    assert_eq!(p.kernels[1].inputs[0], p.kernels[0].outputs[0]);
+    assert_eq!(p.kernels[1].outputs, vec![g.outputs()[0].1]);
+}
+
+#[test]
+fn shape_only_ops_are_views_not_kernels() {
+    let g = GraphBuilder::new("views");
+    let x = g.input("x", DType::F32, [2, 6]);
+    let r = x.relu().named("r");
+    let flat = r.reshape(&[12]).named("flat");
+    g.output("y", flat.sigmoid().named("s"));
+    let g = g.build().unwrap();
+    let p = fuse::partition(&g, Views::ShapeOnly).unwrap();
+    assert_eq!(p.kernels.len(), 2, "{}", fuse::print(&g, &p));
+    let view = p.views.values().next().expect("the reshape is a view");
+    assert_eq!(view.offset, 0);
+    assert_eq!(view.of, p.kernels[0].outputs[0]);
+}
+
+#[test]
+fn a_value_read_twice_ends_its_kernel() {
+    let g = GraphBuilder::new("fork");
+    let x = g.input("x", DType::F32, [8]);
+    let e = x.exp().named("e");
+    g.output("a", e.relu().named("a"));
+    g.output("b", e.sigmoid().named("b"));
+    let g = g.build().unwrap();
+    let p = fuse::partition(&g, Views::WithOffsets).unwrap();
+    assert_eq!(p.kernels.len(), 3, "{}", fuse::print(&g, &p));
+}
+
+#[test]
+fn small_constants_are_inlined_not_read() {
+    let g = GraphBuilder::new("scale");
+    let x = g.input("x", DType::F32, [16]);
+    g.output("y", (x * x.scalar(3.0)).relu());
+    let g = g.build().unwrap();
+    let p = fuse::partition(&g, Views::WithOffsets).unwrap();
+    assert_eq!(p.kernels.len(), 1);
+    assert_eq!(p.kernels[0].inputs, vec![g.inputs()[0].into()], "only x is read; the 3.0 is inlined");
+}
+
+#[test]
+fn an_output_that_is_an_input_gets_a_copy_kernel() {
+    let g = GraphBuilder::new("passthrough");
+    let x = g.input("x", DType::F32, [4]);
+    g.output("same", x);
+    g.output("y", x.relu());
+    let g = g.build().unwrap();
+    let p = fuse::partition(&g, Views::WithOffsets).unwrap();
+    let copies: Vec<Option<usize>> = p.kernels.iter().map(|k| k.copy_to_output).filter(Option::is_some).collect();
+    assert_eq!(copies, [Some(0)]);
+}
+
+#[test]
+fn contiguous_slices_are_views_only_where_the_target_allows_offsets() {
+    let g = GraphBuilder::new("rows");
+    let x = g.input("x", DType::F32, [8, 4]);
+    let r = x.relu().named("r");
+    let rows = r.slice(&[2], &[6], &[0], &[1]).named("rows");
+    g.output("y", rows.sigmoid().named("s"));
+    let g = g.build().unwrap();
+    let cpu = fuse::partition(&g, fuse::views_for(TargetKind::Cpu)).unwrap();
+    let ocl = fuse::partition(&g, fuse::views_for(TargetKind::Opencl)).unwrap();
+    assert_eq!(cpu.views.values().next().map(|v| v.offset), Some(2 * 4 * 4), "rows 2.. of 4 floats");
+    assert_eq!(labels(&g, &cpu), ["r: Relu", "s: Sigmoid"]);
+    // OpenCL copies the rows in the kernel that reads them.
+    assert!(ocl.views.is_empty());
+    assert_eq!(labels(&g, &ocl), ["r: Relu", "rows: Slice + Sigmoid"]);
+}
+
+#[test]
+fn a_reduction_is_a_root_and_takes_its_consumer() {
+    let g = GraphBuilder::new("mean");
+    let x = g.input("x", DType::F32, [4, 8]);
+    g.output("y", x.reduce_sum(&[1], true).named("sum").sqrt().named("root"));
+    let g = g.build().unwrap();
+    let p = fuse::partition(&g, Views::WithOffsets).unwrap();
+    assert_eq!(labels(&g, &p), ["sum: ReduceSum + Sqrt"]);
+}
+
+// ----- arena planning -----
+
+fn scratch(sizes: &[u64]) -> Vec<BufferDesc> {
+    sizes.iter().map(|&bytes| BufferDesc { bytes, kind: BufferKind::Scratch { offset: 0 } }).collect()
+}
+
+fn offset(b: &BufferDesc) -> u64 {
+    match b.kind {
+        BufferKind::Scratch { offset } => offset,
+        _ => panic!("not scratch"),
+    }
+}
+
+#[test]
+fn buffers_alive_at_different_times_share_the_arena() {
+    let mut b = scratch(&[1000, 1000]);
+    let total = artifact::plan_arena(&mut b, &[(0, 0, 1), (1, 2, 3)]);
+    assert_eq!((offset(&b[0]), offset(&b[1])), (0, 0));
+    assert_eq!(total, 1024, "one buffer's size, aligned");
+}
+
+#[test]
+fn buffers_alive_together_do_not_overlap() {
+    let mut b = scratch(&[100, 200]);
+    let total = artifact::plan_arena(&mut b, &[(0, 0, 2), (1, 1, 3)]);
+    // The larger goes first, at 0; the smaller after it, aligned.
+    assert_eq!((offset(&b[1]), offset(&b[0])), (0, 256));
+    assert_eq!(total, 256 + 128);
+}
+
+#[test]
+fn a_gap_between_live_buffers_is_reused() {
+    // 0 and 2 live throughout, 1 only early, 3 only late: 3 fits where 1 was.
+    let mut b = scratch(&[256, 128, 256, 128]);
+    let total = artifact::plan_arena(&mut b, &[(0, 0, 9), (1, 0, 3), (2, 0, 9), (3, 5, 9)]);
+    assert_eq!(offset(&b[1]), offset(&b[3]));
+    assert_eq!(total, 256 + 256 + 128);
+}
+
+#[test]
+fn an_empty_buffer_still_gets_an_aligned_slot() {
+    let mut b = scratch(&[0, 64]);
+    let total = artifact::plan_arena(&mut b, &[(0, 0, 0), (1, 0, 0)]);
+    assert_ne!(offset(&b[0]), offset(&b[1]));
+    assert_eq!(total, 2 * artifact::ALIGN);
+}
+
+proptest! {
+    #[test]
+    fn no_two_live_buffers_overlap(spec in prop::collection::vec((1u64..5000, 0usize..8, 0usize..4), 1..12)) {
+        let sizes: Vec<u64> = spec.iter().map(|s| s.0).collect();
+        let lives: Vec<(usize, usize, usize)> = spec.iter().enumerate().map(|(i, &(_, first, len))| (i, first, first + len)).collect();
+        let mut b = scratch(&sizes);
+        let total = artifact::plan_arena(&mut b, &lives);
+        for &(i, fi, li) in &lives {
+            prop_assert_eq!(offset(&b[i]) % artifact::ALIGN, 0);
+            prop_assert!(offset(&b[i]) + sizes[i] <= total);
+            for &(j, fj, lj) in &lives {
+                if i < j && fi <= lj && fj <= li {
+                    let (a, c) = (offset(&b[i]), offset(&b[j]));
+                    prop_assert!(a + sizes[i] <= c || c + sizes[j] <= a, "{} and {} overlap", i, j);
+                }
+            }
+        }
+    }
+}
+
+// ----- buffers and launch order -----
+
+/// What a backend would give for `p`: one function per kernel, called once on its buffers.
+fn fake_code(p: &Partition) -> TargetCode {
+    let functions =
+        p.kernels.iter().map(|k| KernelDesc { symbol: k.name.clone(), workgroups: 1, label: k.label.clone(), grid: [0; 3], block: [0; 3] }).collect();
+    let runs = p.kernels.iter().enumerate().map(|(i, k)| KernelRun::single(i, k.inputs.len() + k.outputs.len())).collect();
+    TargetCode { target: Target::Cpu, blob: Vec::new(), target_detail: String::new(), cpu_features: Vec::new(), functions, runs }
+}
+
+#[test]
+fn launches_follow_the_partition_and_inputs_and_outputs_come_first() {
+    let g = mlp();
+    let p = fuse::partition(&g, Views::WithOffsets).unwrap();
+    let a = artifact::assemble(&g, &p, fake_code(&p)).unwrap();
+    let m = &a.manifest;
+    assert_eq!(m.launches.iter().map(|l| l.kernel).collect::<Vec<_>>(), [0, 1]);
+    assert_eq!(m.buffers[0].kind, BufferKind::Input(0));
+    assert_eq!(m.buffers[1].kind, BufferKind::Output(0));
+    assert_eq!((m.inputs[0].buffer, m.outputs[0].buffer), (0, 1));
+    // fc2 writes the output buffer.
+    assert_eq!(*m.launches[1].args.last().unwrap(), 1);
+}
+
+#[test]
+fn weights_go_into_the_payload_and_intermediates_into_the_arena() {
+    let g = mlp();
+    let p = fuse::partition(&g, Views::WithOffsets).unwrap();
+    let a = artifact::assemble(&g, &p, fake_code(&p)).unwrap();
+    let constants: Vec<u64> = a.manifest.buffers.iter().filter(|b| matches!(b.kind, BufferKind::Constant(_))).map(|b| b.bytes).collect();
+    assert_eq!(constants, [32 * 64 * 4, 64 * 4, 64 * 8 * 4]);
+    let hidden = a.manifest.launches[0].args.last().copied().unwrap();
+    assert_eq!(a.manifest.buffers[hidden].kind, BufferKind::Scratch { offset: 0 });
+    assert_eq!(a.manifest.arena_bytes, 4 * 64 * 4);
+    assert_eq!(a.manifest.launches[1].args[0], hidden, "fc2 reads what fc1 wrote");
+}
+
+#[test]
+fn a_view_aliases_the_bytes_it_shares() {
+    let g = GraphBuilder::new("views");
+    let x = g.input("x", DType::F32, [2, 6]);
+    let flat = x.relu().named("r").reshape(&[12]).named("flat");
+    g.output("y", flat.sigmoid().named("s"));
+    let g = g.build().unwrap();
+    let p = fuse::partition(&g, Views::ShapeOnly).unwrap();
+    let a = artifact::assemble(&g, &p, fake_code(&p)).unwrap();
+    let written = a.manifest.launches[0].args.last().copied().unwrap();
+    let read = a.manifest.launches[1].args[0];
+    assert_eq!(a.manifest.buffers[read].kind, BufferKind::Alias { of: written, offset: 0 });
+}
+
+#[test]
+fn a_weight_no_launch_reads_needs_no_buffer() {
+    let g = mlp();
+    let p = fuse::partition(&g, Views::WithOffsets).unwrap();
+    let mut code = fake_code(&p);
+    // fc1 reads its weight packed, from a constant of its own (as the CPU microkernel does).
+    let w_slot = p.kernels[0].inputs.iter().position(|&v| g.constant_value(v).is_some_and(|t| t.len() == 32 * 64)).unwrap();
+    code.runs[0].calls[0].args[w_slot] = Arg::Constant(0);
+    code.runs[0].constants = vec![vec![7u8; 100]];
+    let a = artifact::assemble(&g, &p, code).unwrap();
+    let constants: Vec<u64> = a.manifest.buffers.iter().filter(|b| matches!(b.kind, BufferKind::Constant(_))).map(|b| b.bytes).collect();
+    assert_eq!(constants, [64 * 4, 64 * 8 * 4, 100], "the original weight is gone, the packed one is there");
+}
+
+#[test]
+fn a_copy_kernel_writes_its_own_output_from_the_value() {
+    let g = GraphBuilder::new("passthrough");
+    let x = g.input("x", DType::F32, [4]);
+    g.output("same", x);
+    let g = g.build().unwrap();
+    let p = fuse::partition(&g, Views::WithOffsets).unwrap();
+    let a = artifact::assemble(&g, &p, fake_code(&p)).unwrap();
+    assert_eq!(a.manifest.launches[0].args, [0, 1], "input 0 copied into output buffer 1");
+}
+
+// ----- the CPU schedule -----
+
+fn d(i: usize) -> Expr {
+    Expr::Linear(vec![(i, 1)], 0)
+}
+
+/// `fill` then a matmul `[m, k] x [k, n]` as linalg.generic, as codegen writes it.
+fn matmul_ops(m: usize, k: usize, n: usize) -> Vec<LinalgOp> {
+    let fill = LinalgOp {
+        name: "linalg.fill".into(),
+        kind: OpKind::Fill,
+        parallel: vec![true, true],
+        maps: vec![vec![], vec![d(0), d(1)]],
+        shapes: vec![None, Some(vec![m, n])],
+        elem: vec![Elem::F32, Elem::F32],
+        n_inputs: 1,
+        producers: vec![None, None],
+        multiplies: false,
+    };
+    let mm = LinalgOp {
+        name: "linalg.generic".into(),
+        kind: OpKind::Generic,
+        parallel: vec![true, true, false],
+        maps: vec![vec![d(0), d(2)], vec![d(2), d(1)], vec![d(0), d(1)]],
+        shapes: vec![Some(vec![m, k]), Some(vec![k, n]), Some(vec![m, n])],
+        elem: vec![Elem::F32; 3],
+        n_inputs: 2,
+        producers: vec![None, None, Some(0)],
+        multiplies: true,
+    };
+    vec![fill, mm]
+}
+
+fn elementwise_op(dims: &[usize]) -> Vec<LinalgOp> {
+    let map: Vec<Expr> = (0..dims.len()).map(d).collect();
+    vec![LinalgOp {
+        name: "linalg.generic".into(),
+        kind: OpKind::Generic,
+        parallel: vec![true; dims.len()],
+        maps: vec![map.clone(), map],
+        shapes: vec![Some(dims.to_vec()), Some(dims.to_vec())],
+        elem: vec![Elem::F32; 2],
+        n_inputs: 1,
+        producers: vec![None, None],
+        multiplies: false,
+    }]
+}
+
+#[test]
+fn small_kernels_run_as_one_workgroup() {
+    let s = schedule::decide(&matmul_ops(8, 8, 8), &[8, 8], false, true, true).unwrap();
+    assert_eq!(s.workgroups(), 1);
+    assert_eq!(s.anchor, 1, "the matmul, not its fill");
+}
+
+#[test]
+fn large_kernels_split_evenly_into_a_few_workgroups() {
+    let s = schedule::decide(&matmul_ops(256, 256, 256), &[256, 256], false, true, true).unwrap();
+    let split = s.split.expect("split");
+    assert!((2..=4).contains(&split.workgroups), "{split:?}");
+    assert_eq!(split.tile * split.workgroups, 256);
+    assert_eq!(s.local[split.dim], split.tile);
+}
+
+#[test]
+fn batch_one_images_split_along_rows() {
+    let s = schedule::decide(&elementwise_op(&[1, 64, 64, 64]), &[1, 64, 64, 64], false, true, true).unwrap();
+    assert_eq!(s.split.map(|x| x.dim), Some(2), "{s:?}");
+}
+
+#[test]
+fn no_distribution_means_one_workgroup() {
+    let s = schedule::decide(&matmul_ops(256, 256, 256), &[256, 256], false, true, false).unwrap();
+    assert_eq!(s.split, None);
+}
+
+#[test]
+fn a_contraction_gets_a_register_tile_and_steps_its_reduction() {
+    let s = schedule::decide(&matmul_ops(64, 64, 64), &[64, 64], false, true, true).unwrap();
+    let r = s.register.expect("a register tile");
+    assert_eq!(r.contraction, Some((1, vec![0, 0, 1])), "one k at a time into the output tile");
+    assert!(r.sizes.iter().product::<usize>() <= 1024, "{:?}", r.sizes);
+    assert!(s.vectorize);
+}
+
+#[test]
+fn without_vectors_there_is_no_register_tile() {
+    let s = schedule::decide(&matmul_ops(64, 64, 64), &[64, 64], false, false, true).unwrap();
+    assert!(s.register.is_none() && !s.vectorize);
+}
+
+#[test]
+fn sequential_kernels_and_kernels_without_linalg_ops_are_left_alone() {
+    assert_eq!(schedule::decide(&matmul_ops(64, 64, 64), &[64, 64], true, true, true), None);
+    assert_eq!(schedule::decide(&[], &[4], false, true, true), None);
+}
+
+#[test]
+fn schedule_decisions_print_stably() {
+    let mut text = String::new();
+    for (name, ops, dims) in [
+        ("matmul_small", matmul_ops(8, 8, 8), vec![8, 8]),
+        ("matmul_large", matmul_ops(256, 512, 256), vec![256, 256]),
+        ("image_elementwise", elementwise_op(&[1, 32, 56, 56]), vec![1, 32, 56, 56]),
+    ] {
+        let s = schedule::decide(&ops, &dims, false, true, true);
+        text.push_str(&schedule::describe(name, &ops, s.as_ref()));
+    }
+    insta::assert_snapshot!("schedule_decisions", text);
+}
+
+// ----- the stage and strategy tables -----
+
+#[test]
+fn stages_are_in_compile_order_and_front_stages_come_first() {
+    let front: Vec<Stage> = Stage::ALL.into_iter().take_while(|s| s.is_front()).collect();
+    assert_eq!(front, [Stage::Passes, Stage::Graph, Stage::Fused]);
+    assert!(Stage::ALL.windows(2).all(|w| w[0] < w[1]));
+    assert!(Stage::ALL.iter().all(|s| !s.description().is_empty()));
+}
+
+#[test]
+fn each_target_has_its_code_stages() {
+    let of = |t: TargetKind| -> Vec<&str> { Stage::ALL.into_iter().filter(|s| s.targets().contains(&t)).map(Stage::name).collect() };
+    assert_eq!(of(TargetKind::Cpu), ["passes", "graph", "fused", "schedule", "mlir", "lowered", "llvm", "asm"]);
+    assert_eq!(of(TargetKind::Cuda), ["passes", "graph", "fused", "mlir", "lowered", "llvm", "ptx"]);
+    assert_eq!(of(TargetKind::Opencl), ["passes", "graph", "fused", "mlir", "lowered", "spirv"]);
+}
+
+#[test]
+fn gpu_strategies_parse_by_name() {
+    for s in [Strategy::Parallel, Strategy::Reduction, Strategy::Contraction, Strategy::PerOp] {
+        assert_eq!(s.to_string().parse::<Strategy>(), Ok(s));
+    }
+    assert_eq!("fast".parse::<Strategy>().unwrap_err(), "no GPU schedule `fast` (parallel, reduction, contraction or per-op)");
+}
+
+#[test]
+fn a_stage_map_keeps_compile_order_and_skips_empty_stages() {
+    let mut s = kiln_compiler::Stages::default();
+    s.push(Stage::Mlir, "b");
+    s.set(Stage::Graph, "a".into());
+    s.push(Stage::Mlir, "c");
+    s.set(Stage::Asm, String::new());
+    assert_eq!(s.iter().collect::<Vec<_>>(), [(Stage::Graph, "a"), (Stage::Mlir, "bc")]);
+    assert_eq!(&s[Stage::Ptx], "");
+}
+
+// ----- tuning -----
+
+#[test]
+fn a_kernel_signature_names_its_ops_and_types_not_its_graph() {
+    let sig = |name: &str, n: usize| {
+        let g = GraphBuilder::new(name);
+        let x = g.input("input", DType::F32, [n, 8]);
+        g.output("out", x.exp().named(name).relu());
+        let g = g.build().unwrap();
+        let p = fuse::partition(&g, Views::WithOffsets).unwrap();
+        kiln_compiler::tune::kernel_signature(&g, &p.kernels[0])
+    };
+    assert_eq!(sig("first", 4), sig("second", 4));
+    assert_ne!(sig("first", 4), sig("first", 5));
+}
