@@ -176,3 +176,13 @@ fn spirv_passes_the_validator() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Every op of the elementwise tables on OpenCL, against the interpreter.
+#[test]
+fn every_elementwise_op_on_opencl() {
+    if !have(Target::Opencl) {
+        return skipped("no usable OpenCL device: the elementwise table was not checked on OpenCL");
+    }
+    let (g, inputs) = crate::compile::every_elementwise_op();
+    check_opencl(&g, &inputs, None, 1e-4);
+}
