@@ -238,6 +238,10 @@ impl<'c, 'a> ScalarBuilder<'c, 'a> {
             UnaryOp::Exp => math("math.exp", x)?,
             UnaryOp::Log => math("math.log", x)?,
             UnaryOp::Sqrt => math("math.sqrt", x)?,
+            UnaryOp::Rsqrt => {
+                let root = math("math.sqrt", x)?;
+                bin("arith.divf", c(1.0)?, root)?
+            }
             UnaryOp::Reciprocal => bin("arith.divf", c(1.0)?, x)?,
             UnaryOp::Sin => math("math.sin", x)?,
             UnaryOp::Cos => math("math.cos", x)?,

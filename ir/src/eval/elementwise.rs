@@ -57,6 +57,7 @@ pub fn unary_float(u: UnaryOp, x: f64) -> f64 {
         UnaryOp::Exp => x.exp(),
         UnaryOp::Log => x.ln(),
         UnaryOp::Sqrt => x.sqrt(),
+        UnaryOp::Rsqrt => 1.0 / x.sqrt(),
         UnaryOp::Reciprocal => 1.0 / x,
         UnaryOp::Sin => x.sin(),
         UnaryOp::Cos => x.cos(),

@@ -71,6 +71,8 @@ elementwise_table! {
         Exp => "Exp", Float;
         Log => "Log", Float;
         Sqrt => "Sqrt", Float;
+        /// `1 / sqrt(x)`, which normalisations written as small ops compute.
+        Rsqrt => "Rsqrt", Float;
         Reciprocal => "Reciprocal", Float;
         Sin => "Sin", Float;
         Cos => "Cos", Float;
@@ -110,7 +112,7 @@ elementwise_table! {
 }
 
 /// Ops of kiln's own (in its text form and builder), which ONNX import does not take.
-const KILN_OWN: &[&str] = &[];
+const KILN_OWN: &[&str] = &["Rsqrt"];
 
 impl UnaryOp {
     /// True for an ONNX op (default domain), false for one of kiln's own.
