@@ -80,7 +80,7 @@ pub fn views_for(target: crate::TargetKind) -> Views {
 
 /// Shape-only ops: a new shape on the same bytes (all shapes are static after specialisation).
 pub fn is_view(op: &Op) -> bool {
-    matches!(op, Op::Reshape { .. } | Op::Flatten { .. } | Op::Squeeze | Op::Unsqueeze)
+    op.is_view()
 }
 
 /// Elementwise ops fuse into one loop nest.

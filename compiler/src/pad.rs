@@ -134,7 +134,7 @@ pub fn plan(graph: &Graph, symbol: &str, probe: &HashMap<String, Vec<usize>>) ->
                 let axis = perm.iter().position(|&p| p == first.axis).ok_or_else(|| refuse("has a bad permutation"))?;
                 Padded { axis, ..first }
             }
-            Op::Reshape { .. } | Op::Flatten { .. } | Op::Squeeze | Op::Unsqueeze => {
+            op if op.is_view() => {
                 if pads.iter().skip(1).any(Option::is_some) {
                     return Err(refuse("takes its shape from a padded value"));
                 }

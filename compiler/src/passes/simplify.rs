@@ -36,9 +36,9 @@ pub fn run(graph: &mut Graph) -> Result<bool> {
                 reinfer = true;
             }
             // reshape(reshape(x)) = reshape(x) with the outer shape, when the outer shape is known.
-            (Op::Reshape { .. } | Op::Flatten { .. } | Op::Squeeze | Op::Unsqueeze, Some(x)) => {
+            (op, Some(x)) if op.is_view() => {
                 let producer = graph.node(x.node);
-                let inner_is_view = matches!(producer.op, Op::Reshape { .. } | Op::Flatten { .. } | Op::Squeeze | Op::Unsqueeze);
+                let inner_is_view = producer.op.is_view();
                 if let (true, Some(dims)) = (inner_is_view, node.outputs[0].shape.as_fixed()) {
                     let source = graph.operands(x.node)[0].expect("views have an operand");
                     if graph.value_type(source).shape.is_fixed() {

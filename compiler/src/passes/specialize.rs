@@ -72,23 +72,8 @@ fn check_shape(name: &str, declared: &TensorType, dims: &[usize], bound: &mut Ha
     Ok(())
 }
 
-/// The operand positions whose values decide an op's result shape (or that codegen needs as
-/// constants: axes, a count, a diagonal offset).
-fn shape_operands(op: &Op) -> &'static [usize] {
-    match op {
-        Op::Reshape { .. } | Op::Expand | Op::Tile | Op::Squeeze | Op::Unsqueeze | Op::Reduce(_) | Op::Split { .. } => &[1],
-        Op::TopK { .. } | Op::OneHot { .. } | Op::Cumulative(_) | Op::Trilu { .. } => &[1],
-        Op::ConstantOfShape { .. } => &[0],
-        Op::Range => &[0, 1, 2],
-        Op::Slice => &[1, 2, 3, 4],
-        Op::Pad { .. } => &[1, 3],
-        Op::Resize(_) => &[1, 2, 3],
-        _ => &[],
-    }
-}
-
 /// The graph inputs (by index) whose values reach a shape-deciding operand: those
-/// `shape_operands` names, the condition of an If whose branches give results of different
+/// `Op::shape_operands` names, the condition of an If whose branches give results of different
 /// shapes, and the trip count and condition of a Loop whose results are not all sized.
 pub fn shape_inputs(graph: &Graph) -> Vec<usize> {
     let mut seeds: Vec<ValueId> = Vec::new();
@@ -111,7 +96,7 @@ pub fn shape_inputs(graph: &Graph) -> Vec<usize> {
                 seeds.push(*v);
             }
         }
-        for &i in shape_operands(&node.op) {
+        for &i in node.op.shape_operands() {
             if let Some(Some(v)) = operands.get(i) {
                 seeds.push(*v);
             }

@@ -11,135 +11,34 @@ use super::tensor::dtype_of;
 use crate::op::{Attr, Attrs, CoordinateTransform, NearestMode, OptionalOp, Resize, ResizeMode, SequenceOp, Subgraph};
 use crate::{BinaryOp, DType, Graph, IrError, Op, Result, Shape, Tensor, TensorType, UnaryOp, ValueId};
 
-/// The ONNX op types (default domain) the importer converts besides the elementwise tables' ops.
-const SUPPORTED: &[&str] = &[
-    // elementwise (besides the unary and binary tables' ops)
+/// The ONNX op types (default domain) the importer converts that are not ops of the table (it
+/// rewrites them into table ops, or builds them otherwise).
+const IMPORTED: &[&str] = &[
     "Sum",
     "Mean",
-    "Clip",
-    "Where",
-    "Cast",
     "CastLike",
-    // contractions, windows, normalisations
-    "MatMul",
-    "Gemm",
-    "Einsum",
-    "Conv",
-    "ConvTranspose",
-    "MaxPool",
-    "AveragePool",
-    "LpPool",
-    "GlobalMaxPool",
-    "GlobalAveragePool",
-    "GlobalLpPool",
-    "Softmax",
-    "LogSoftmax",
-    "Hardmax",
-    "LayerNormalization",
-    "BatchNormalization",
-    "InstanceNormalization",
-    "GroupNormalization",
-    "RMSNormalization",
-    "LRN",
-    "LpNormalization",
-    "MeanVarianceNormalization",
-    // reductions and scans
-    "ReduceSum",
-    "ReduceMean",
-    "ReduceMax",
-    "ReduceMin",
-    "ReduceProd",
-    "ReduceL1",
-    "ReduceL2",
-    "ReduceLogSum",
-    "ReduceLogSumExp",
-    "ReduceSumSquare",
-    "ArgMax",
-    "ArgMin",
-    "CumSum",
-    "CumProd",
-    "TopK",
-    // data movement
-    "Reshape",
-    "Flatten",
-    "Transpose",
-    "Squeeze",
-    "Unsqueeze",
-    "Concat",
-    "Split",
-    "Slice",
-    "Gather",
-    "GatherElements",
-    "GatherND",
-    "ScatterElements",
     "Scatter",
-    "ScatterND",
-    "Expand",
-    "Tile",
-    "Pad",
-    "Shape",
-    "Size",
-    "ConstantOfShape",
-    "Range",
-    "OneHot",
-    "Trilu",
-    "EyeLike",
-    "DepthToSpace",
-    "SpaceToDepth",
-    "Resize",
     "Upsample",
-    "NonZero",
-    "Compress",
-    "ReverseSequence",
-    "Identity",
     "Dropout",
     "Constant",
-    // sequence models, losses, control flow
-    "RNN",
-    "GRU",
-    "LSTM",
-    "Attention",
-    "RotaryEmbedding",
-    "NegativeLogLikelihoodLoss",
-    "SoftmaxCrossEntropyLoss",
-    "If",
-    "Scan",
-    "Loop",
-    // quantization
-    "QuantizeLinear",
-    "DequantizeLinear",
     "DynamicQuantizeLinear",
     "MatMulInteger",
     "ConvInteger",
     "QLinearMatMul",
     "QLinearConv",
-    // sequences and optionals
-    "SequenceEmpty",
-    "SequenceConstruct",
-    "SequenceInsert",
-    "SequenceErase",
-    "SequenceAt",
-    "SequenceLength",
-    "SplitToSequence",
-    "ConcatFromSequence",
-    "SequenceMap",
-    "Optional",
-    "OptionalHasElement",
-    "OptionalGetElement",
 ];
 
 pub(super) fn is_supported(op_type: &str) -> bool {
-    UnaryOp::from_name(op_type).is_some_and(UnaryOp::is_onnx) || BinaryOp::from_name(op_type).is_some() || SUPPORTED.contains(&op_type)
+    supported().contains(&op_type)
 }
 
-/// Every ONNX op type (default domain) the importer converts: the elementwise tables' and the
-/// rest.
+/// Every ONNX op type (default domain) the importer converts: the op table's (kiln's own left
+/// out) and those it rewrites.
 pub(super) fn supported() -> &'static [&'static str] {
     static ALL: std::sync::OnceLock<Vec<&'static str>> = std::sync::OnceLock::new();
     ALL.get_or_init(|| {
-        let mut all: Vec<&'static str> =
-            UnaryOp::ALL.iter().filter(|u| u.is_onnx()).map(|u| u.name()).chain(BinaryOp::ALL.iter().map(|b| b.name())).collect();
-        all.extend(SUPPORTED);
+        let mut all: Vec<&'static str> = Op::names().into_iter().filter(|n| UnaryOp::from_name(n).is_none_or(UnaryOp::is_onnx)).collect();
+        all.extend(IMPORTED);
         all
     })
 }

@@ -5,7 +5,8 @@
 //! round-trip by construction. An op's scalar meaning lives in `eval::elementwise`, its code in
 //! the compiler's `codegen/scalar.rs`: adding an elementwise op touches those three files.
 
-use super::attr::{Approximation, Attr, AttrCodec, Attrs, Flag, Float, ShiftDirection};
+use super::attr::{Attr, Attrs};
+use super::schema::{Approximation, AttrCodec, Family, Flag, Float, ShiftDirection};
 
 macro_rules! elementwise_table {
     (
@@ -43,17 +44,41 @@ macro_rules! elementwise_table {
             }
 
             /// The op's attributes, every one, in the table's order.
-            pub fn params(self) -> Vec<(&'static str, Attr)> {
-                match self {
-                    $( $family::$variant $({ $($field),+ })? => vec![ $($( ($attr, <$codec as AttrCodec<$ty>>::write($field)), )+)? ], )*
+            pub fn params(self) -> Vec<(String, Attr)> {
+                let mut a = Attrs::new();
+                self.write_attrs(&mut a);
+                a.0
+            }
+        }
+
+        impl $family {
+            /// The op with its attributes read from `a` (those missing keep `self`'s values).
+            #[allow(unused_variables)]
+            pub fn with_attrs(self, a: &mut Attrs) -> Result<$family, String> {
+                Ok(match self {
+                    $( $family::$variant $({ $($field),+ })? => $family::$variant $({ $($field: <$codec as AttrCodec<$ty>>::read(a, $attr, || $field)?),+ })?, )*
+                })
+            }
+        }
+
+        impl Family for $family {
+            fn names() -> Vec<&'static str> {
+                $family::ALL.iter().map(|op| op.name()).collect()
+            }
+
+            fn name(&self) -> &'static str {
+                $family::name(*self)
+            }
+
+            #[allow(unused_variables)]
+            fn write_attrs(&self, a: &mut Attrs) {
+                match *self {
+                    $( $family::$variant $({ $($field),+ })? => { $($( <$codec as AttrCodec<$ty>>::write(a, $attr, &$field); )+)? } )*
                 }
             }
 
-            /// The op with its attributes read from `a` (those missing keep `self`'s values).
-            pub fn with_attrs(self, a: &mut Attrs) -> Result<$family, String> {
-                Ok(match self {
-                    $( $family::$variant $({ $($field),+ })? => $family::$variant $({ $($field: <$codec as AttrCodec<$ty>>::read(a, $attr, $field)?),+ })?, )*
-                })
+            fn read_named(name: &str, a: &mut Attrs) -> Option<Result<$family, String>> {
+                $family::from_name(name).map(|op| op.with_attrs(a))
             }
         }
     };
@@ -126,7 +151,7 @@ impl UnaryOp {
     }
 
     /// The float parameters, by ONNX attribute name (an RNN activation's `LeakyRelu(0.1)`).
-    pub fn attrs_list(&self) -> Vec<(&'static str, f32)> {
+    pub fn attrs_list(&self) -> Vec<(String, f32)> {
         self.params().into_iter().filter_map(|(k, v)| if let Attr::Float(f) = v { Some((k, f)) } else { None }).collect()
     }
 }

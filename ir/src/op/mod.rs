@@ -8,7 +8,9 @@
 
 pub(crate) mod attr;
 mod elementwise;
+mod family;
 mod params;
+pub(crate) mod schema;
 mod sequence;
 mod window;
 
@@ -21,6 +23,9 @@ pub use window::{AutoPad, SpatialAxis, Window};
 use std::sync::Arc;
 
 use crate::{DType, Graph, Tensor};
+use schema::{
+    Count, DepthMode, Flag, Float, Graph as GraphAttr, Int, Ints, Named, OptInt, OptType, RequiredInt, Size, Sizes, Str, TensorValue, Type,
+};
 
 /// A graph inside an op (the branches of `If`). Two subgraphs are equal when they print the same.
 #[derive(Clone, Debug)]
@@ -33,181 +38,337 @@ impl PartialEq for Subgraph {
     }
 }
 
-/// One operator with its attributes. Operands and results are described per variant; `?` marks
-/// an optional operand.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Op {
+/// What kind of work an op is, for fusion and the graph passes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum OpKind {
+    /// A graph input or a constant: no work.
+    Source,
+    /// A new shape on the same bytes (Reshape, Flatten, Squeeze, Unsqueeze): no kernel.
+    View,
+    /// One result element from the same-index elements of the operands: fuses into loops.
+    Elementwise,
+    /// Everything else a kernel computes (contractions, windows, reductions, data movement...).
+    Root,
+    /// Control flow and the sequence and optional ops, which hold graphs or collections.
+    Control,
+}
+
+/// The op table: one row per op gives its variant and attributes (each with its type, ONNX
+/// default, attribute name and codec), its ONNX name (`family` when its parameters decide it),
+/// its arity, its kind, the operands whose values decide its result shape, and its default
+/// result count. The enum `Op`, `name`, `arity`, `kind`, `shape_operands`, `default_num_outputs`,
+/// `attrs` and `from_attrs` are generated from it, so the text form and ONNX import round-trip
+/// by construction. A row's expressions may use its fields (by reference).
+macro_rules! op_table {
+    ($(
+        $(#[$doc:meta])*
+        $variant:ident
+        $({ $($field:ident : $fty:ty $(= $default:expr)? ; $attr:literal as $codec:ty),* $(,)? })?
+        $(( $bind:ident : $pty:ty ))?
+        => $name:tt, arity $arity:expr, $kind:ident
+        $(, shapes $shapes:expr)?
+        $(, outputs $outputs:expr)?
+        ;
+    )*) => {
+        /// One operator with its attributes. Operands and results are described per variant; `?`
+        /// marks an optional operand.
+        #[derive(Clone, Debug, PartialEq)]
+        pub enum Op {
+            $( $(#[$doc])* $variant $({ $($field: $fty),* })? $(($pty))?, )*
+        }
+
+        impl Op {
+            /// The ONNX operator name, which is also the name in kiln's text form.
+            #[allow(unused_variables)]
+            pub fn name(&self) -> &'static str {
+                match self {
+                    $( op_table!(@pat $variant $({ $($field),* })? $(($bind))?) => op_table!(@name $name $(, $bind)?), )*
+                }
+            }
+
+            /// Every op's name, as `from_attrs` takes them (the sources, built otherwise, left out).
+            pub fn names() -> Vec<&'static str> {
+                let mut names = Vec::new();
+                $( op_table!(@names names, $kind, $name $(, $pty)?); )*
+                names
+            }
+
+            /// How many operands the op takes: (required, maximum). `usize::MAX` means variadic.
+            #[allow(unused_variables)]
+            pub fn arity(&self) -> (usize, usize) {
+                match self {
+                    $( op_table!(@pat $variant $({ $($field),* })? $(($bind))?) => $arity, )*
+                }
+            }
+
+            pub fn kind(&self) -> OpKind {
+                match self {
+                    $( op_table!(@any $variant $({ $($field),* })? $(($bind))?) => OpKind::$kind, )*
+                }
+            }
+
+            /// The operand positions whose values decide the result shape (or that codegen needs
+            /// as constants: axes, a count, a diagonal offset).
+            pub fn shape_operands(&self) -> &'static [usize] {
+                match self {
+                    $( op_table!(@any $variant $({ $($field),* })? $(($bind))?) => op_table!(@or &[] $(, $shapes)?), )*
+                }
+            }
+
+            /// How many results a node of this op has when its user asks for nothing else (ops
+            /// with optional extra results, such as LayerNormalization's statistics, keep only the
+            /// first).
+            #[allow(unused_variables)]
+            pub fn default_num_outputs(&self) -> usize {
+                match self {
+                    $( op_table!(@pat $variant $({ $($field),* })? $(($bind))?) => op_table!(@or 1 $(, $outputs)?), )*
+                }
+            }
+
+            /// The op's attributes, every one of them, in the table's order.
+            #[allow(unused_variables)]
+            pub fn attrs(&self) -> Attrs {
+                let mut a = Attrs::new();
+                match self {
+                    $( op_table!(@pat $variant $({ $($field),* })? $(($bind))?) => {
+                        $($( <$codec as schema::AttrCodec<$fty>>::write(&mut a, $attr, $field); )*)?
+                        op_table!(@write a, $name $(, $bind, $pty)?);
+                    } )*
+                }
+                a
+            }
+
+            /// The op named `name` (its ONNX name) with these attributes; missing ones take ONNX's
+            /// defaults, unknown ones are an error. `Input` and `Constant` are not built this way.
+            pub fn from_attrs(name: &str, mut a: Attrs) -> Result<Op, String> {
+                let op = 'found: {
+                    $(
+                        if let Some(op) = op_table!(@read name, a, $kind, $variant, $name $(, { $($field: $fty $(= $default)?; $attr as $codec),* })? $(, ($bind: $pty))?) {
+                            break 'found op?;
+                        }
+                    )*
+                    return Err(format!("unknown op `{name}`"));
+                };
+                a.finish(name)?;
+                Ok(op)
+            }
+        }
+    };
+    (@pat $variant:ident { $($field:ident),* }) => { Op::$variant { $($field),* } };
+    (@pat $variant:ident ($bind:ident)) => { Op::$variant($bind) };
+    (@pat $variant:ident) => { Op::$variant };
+    (@any $variant:ident { $($field:ident),* }) => { Op::$variant { .. } };
+    (@any $variant:ident ($bind:ident)) => { Op::$variant(_) };
+    (@any $variant:ident) => { Op::$variant };
+    (@name family, $bind:ident) => { schema::Family::name($bind) };
+    (@name $lit:literal $(, $bind:ident)?) => { $lit };
+    (@names $v:ident, Source, $($rest:tt)*) => {};
+    (@names $v:ident, $kind:ident, family, $pty:ty) => { $v.extend(<$pty as schema::Family>::names()) };
+    (@names $v:ident, $kind:ident, $lit:literal $(, $pty:ty)?) => { $v.push($lit) };
+    (@or $d:expr) => { $d };
+    (@or $d:expr, $v:expr) => { $v };
+    (@default) => { schema::required() };
+    (@default $d:expr) => { $d };
+    (@write $a:ident, family, $bind:ident, $pty:ty) => { schema::Family::write_attrs($bind, &mut $a) };
+    (@write $a:ident, $lit:literal, $bind:ident, $pty:ty) => { <$pty as schema::AttrSchema>::write_attrs($bind, &mut $a) };
+    (@write $a:ident, $lit:literal) => {};
+    // Sources (inputs, constants) are not built from attributes.
+    (@read $n:ident, $a:ident, Source, $($rest:tt)*) => { None::<Result<Op, String>> };
+    (@read $n:ident, $a:ident, $kind:ident, $variant:ident, family, ($bind:ident : $pty:ty)) => {
+        <$pty as schema::Family>::read_named($n, &mut $a).map(|r| r.map(Op::$variant))
+    };
+    (@read $n:ident, $a:ident, $kind:ident, $variant:ident, $lit:literal, ($bind:ident : $pty:ty)) => {
+        ($n == $lit).then(|| <$pty as schema::AttrSchema>::read_attrs(&mut $a).map(Op::$variant))
+    };
+    (@read $n:ident, $a:ident, $kind:ident, $variant:ident, $lit:literal, { $($field:ident : $fty:ty $(= $default:expr)? ; $attr:literal as $codec:ty),* }) => {
+        ($n == $lit).then(|| -> Result<Op, String> {
+            Ok(Op::$variant { $( $field: <$codec as schema::AttrCodec<$fty>>::read(&mut $a, $attr, || op_table!(@default $($default)?))? ),* })
+        })
+    };
+    (@read $n:ident, $a:ident, $kind:ident, $variant:ident, $lit:literal) => { ($n == $lit).then(|| Ok::<Op, String>(Op::$variant)) };
+}
+
+const ANY: usize = usize::MAX;
+
+op_table! {
     /// A graph input (no operands; its type is the node's output type).
-    Input,
+    Input => "Input", arity (0, 0), Source;
     /// A constant tensor (weights, shapes, scalars).
-    Constant(Tensor),
+    Constant(t: Tensor) => "Constant", arity (0, 0), Source;
 
     // ----- elementwise -----
     /// `(x) -> y`, elementwise.
-    Unary(UnaryOp),
+    Unary(u: UnaryOp) => family, arity (1, 1), Elementwise;
     /// `(a, b) -> y`, elementwise with numpy broadcasting.
-    Binary(BinaryOp),
+    Binary(b: BinaryOp) => family, arity (2, 2), Elementwise;
     /// `(x, min?, max?) -> y`; bounds are scalars.
-    Clip,
+    Clip => "Clip", arity (1, 3), Elementwise;
     /// `(cond, x, y) -> z`, broadcasting all three.
-    Where,
+    Where => "Where", arity (3, 3), Elementwise;
     /// `(x) -> y` converted to `to`.
-    Cast { to: DType },
+    Cast { to: DType; "to" as Type } => "Cast", arity (1, 1), Elementwise;
 
     // ----- contractions -----
     /// `(a, b) -> y`, numpy matmul (batched, 1-D operands promoted).
-    MatMul,
+    MatMul => "MatMul", arity (2, 2), Root;
     /// `(a, b, c?) -> alpha * a' b' + beta * c`.
-    Gemm(Gemm),
+    Gemm(g: Gemm) => "Gemm", arity (2, 3), Root;
     /// `(x...) -> y`, Einstein summation (`"ij,jk->ik"`).
-    Einsum { equation: String },
+    Einsum { equation: String = String::new(); "equation" as Str } => "Einsum", arity (1, ANY), Root;
 
     // ----- windows -----
     /// `(x, w, b?) -> y`, N-d convolution with groups.
-    Conv(Conv),
+    Conv(c: Conv) => "Conv", arity (2, 3), Root;
     /// `(x, w, b?) -> y`, N-d transposed convolution with groups.
-    ConvTranspose(ConvTranspose),
+    ConvTranspose(c: ConvTranspose) => "ConvTranspose", arity (2, 3), Root;
     /// `(x) -> (y, indices)`: MaxPool (indices only for Max), AveragePool, LpPool.
-    Pool(Pool),
+    Pool(p: Pool) => family, arity (1, 1), Root;
     /// `(x) -> y`: pooling over every spatial dimension, kept as size 1.
-    GlobalPool(PoolKind),
+    GlobalPool(k: PoolKind) => family, arity (1, 1), Root;
 
     // ----- normalisations -----
     /// `(x) -> y`, along one axis.
-    Softmax { axis: i64 },
+    Softmax { axis: i64 = -1; "axis" as Int } => "Softmax", arity (1, 1), Root;
     /// `(x) -> y`, `log(softmax(x))` along one axis.
-    LogSoftmax { axis: i64 },
+    LogSoftmax { axis: i64 = -1; "axis" as Int } => "LogSoftmax", arity (1, 1), Root;
     /// `(x) -> y`, one-hot of the first maximum along one axis.
-    Hardmax { axis: i64 },
+    Hardmax { axis: i64 = -1; "axis" as Int } => "Hardmax", arity (1, 1), Root;
     /// `(x, scale, bias?) -> (y, mean, inv_std_dev)`, normalising over axes `axis..rank`.
-    LayerNorm { axis: i64, epsilon: f32 },
+    LayerNorm { axis: i64 = -1; "axis" as Int, epsilon: f32 = 1e-5; "epsilon" as Float } => "LayerNormalization", arity (2, 3), Root;
     /// `(x, scale, bias, mean, var) -> y`, inference form.
-    BatchNorm { epsilon: f32 },
+    BatchNorm { epsilon: f32 = 1e-5; "epsilon" as Float } => "BatchNormalization", arity (5, 5), Root;
     /// `(x, scale, bias) -> y`, per sample and channel over the spatial axes.
-    InstanceNorm { epsilon: f32 },
+    InstanceNorm { epsilon: f32 = 1e-5; "epsilon" as Float } => "InstanceNormalization", arity (3, 3), Root;
     /// `(x, scale, bias) -> y`, over channel groups; scale and bias are per channel.
-    GroupNorm { num_groups: usize, epsilon: f32 },
+    GroupNorm { epsilon: f32 = 1e-5; "epsilon" as Float, num_groups: usize = 0; "num_groups" as Size } => "GroupNormalization", arity (3, 3), Root;
     /// `(x, scale) -> y`, `x / sqrt(mean(x^2) + epsilon) * scale` over axes `axis..rank`.
-    RmsNorm { axis: i64, epsilon: f32 },
+    RmsNorm { axis: i64 = -1; "axis" as Int, epsilon: f32 = 1e-5; "epsilon" as Float } => "RMSNormalization", arity (2, 2), Root;
     /// `(x) -> y`, local response normalisation across channels.
-    Lrn(Lrn),
+    Lrn(l: Lrn) => "LRN", arity (1, 1), Root;
     /// `(x) -> y`, `x / ||x||_p` along one axis.
-    LpNorm { axis: i64, p: u32 },
+    LpNorm { axis: i64 = -1; "axis" as Int, p: u32 = 2; "p" as Count } => "LpNormalization", arity (1, 1), Root;
     /// `(x) -> y`, `(x - mean) / std` over `axes`.
-    MeanVarianceNorm { axes: Vec<i64> },
+    MeanVarianceNorm { axes: Vec<i64> = vec![0, 2, 3]; "axes" as Ints } => "MeanVarianceNormalization", arity (1, 1), Root;
 
     // ----- reductions and scans -----
     /// `(x, axes?) -> y`.
-    Reduce(Reduce),
+    Reduce(r: Reduce) => family, arity (1, 2), Root, shapes &[1];
     /// `(x) -> indices (i64)`: ArgMax, ArgMin.
-    ArgReduce(ArgReduce),
+    ArgReduce(r: ArgReduce) => family, arity (1, 1), Root;
     /// `(x, axis) -> y`: CumSum, CumProd.
-    Cumulative(Cumulative),
+    Cumulative(c: Cumulative) => family, arity (2, 2), Root, shapes &[1];
     /// `(x, k) -> (values, indices)`.
-    TopK { axis: i64, largest: bool, sorted: bool },
+    TopK { axis: i64 = -1; "axis" as Int, largest: bool = true; "largest" as Flag, sorted: bool = true; "sorted" as Flag }
+        => "TopK", arity (2, 2), Root, shapes &[1], outputs 2;
 
     // ----- data movement -----
     /// `(x, shape) -> y`; `0` copies a dimension unless `allowzero`, `-1` is inferred.
-    Reshape { allowzero: bool },
+    Reshape { allowzero: bool = false; "allowzero" as Flag } => "Reshape", arity (2, 2), View, shapes &[1];
     /// `(x) -> y`, 2-D: dims before `axis` times dims from `axis`.
-    Flatten { axis: i64 },
+    Flatten { axis: i64 = 1; "axis" as Int } => "Flatten", arity (1, 1), View;
     /// `(x) -> y`, dimensions permuted.
-    Transpose { perm: Vec<usize> },
+    Transpose { perm: Vec<usize> = Vec::new(); "perm" as Sizes } => "Transpose", arity (1, 1), Root;
     /// `(x, axes?) -> y`; without axes every size-1 dimension goes.
-    Squeeze,
+    Squeeze => "Squeeze", arity (1, 2), View, shapes &[1];
     /// `(x, axes) -> y`.
-    Unsqueeze,
+    Unsqueeze => "Unsqueeze", arity (2, 2), View, shapes &[1];
     /// `(x...) -> y`.
-    Concat { axis: i64 },
+    Concat { axis: i64; "axis" as RequiredInt } => "Concat", arity (1, ANY), Root;
     /// `(x, split?) -> y...` into `num_outputs` parts (equal unless `split` gives sizes).
-    Split { axis: i64, num_outputs: usize },
+    Split { axis: i64 = 0; "axis" as Int, num_outputs: usize = 0; "num_outputs" as Size }
+        => "Split", arity (1, 2), Root, shapes &[1], outputs *num_outputs;
     /// `(x, starts, ends, axes?, steps?) -> y`.
-    Slice,
+    Slice => "Slice", arity (3, 5), Root, shapes &[1, 2, 3, 4];
     /// `(x, indices) -> y`, taking along `axis`.
-    Gather { axis: i64 },
+    Gather { axis: i64 = 0; "axis" as Int } => "Gather", arity (2, 2), Root;
     /// `(x, indices) -> y`, `y[i][j] = x[indices[i][j]][j]` along `axis`.
-    GatherElements { axis: i64 },
+    GatherElements { axis: i64 = 0; "axis" as Int } => "GatherElements", arity (2, 2), Root;
     /// `(x, indices) -> y`, indexing the leading dimensions by index tuples.
-    GatherNd { batch_dims: usize },
+    GatherNd { batch_dims: usize = 0; "batch_dims" as Size } => "GatherND", arity (2, 2), Root;
     /// `(x, indices, updates) -> y` along `axis`.
-    ScatterElements { axis: i64, reduction: ScatterReduction },
+    ScatterElements { axis: i64 = 0; "axis" as Int, reduction: ScatterReduction = ScatterReduction::None; "reduction" as Named }
+        => "ScatterElements", arity (3, 3), Root;
     /// `(x, indices, updates) -> y` at index tuples.
-    ScatterNd { reduction: ScatterReduction },
+    ScatterNd { reduction: ScatterReduction = ScatterReduction::None; "reduction" as Named } => "ScatterND", arity (3, 3), Root;
     /// `(x, shape) -> y`, broadcast to `shape`.
-    Expand,
+    Expand => "Expand", arity (2, 2), Root, shapes &[1];
     /// `(x, repeats) -> y`.
-    Tile,
+    Tile => "Tile", arity (2, 2), Root, shapes &[1];
     /// `(x, pads, value?, axes?) -> y`.
-    Pad { mode: PadMode },
+    Pad { mode: PadMode = PadMode::Constant; "mode" as Named } => "Pad", arity (2, 4), Root, shapes &[1, 3];
     /// `(x) -> i64[n]`, the dimensions `start..end`.
-    Shape { start: i64, end: Option<i64> },
+    Shape { end: Option<i64> = None; "end" as OptInt, start: i64 = 0; "start" as Int } => "Shape", arity (1, 1), Root;
     /// `(x) -> i64[]`, the element count.
-    Size,
+    Size => "Size", arity (1, 1), Root;
     /// `(shape) -> y` filled with `value` (a one-element tensor that also gives the type).
-    ConstantOfShape { value: Tensor },
+    ConstantOfShape { value: Tensor = Tensor::vector(&[0f32]); "value" as TensorValue } => "ConstantOfShape", arity (1, 1), Root, shapes &[0];
     /// `(start, limit, delta) -> y`.
-    Range,
+    Range => "Range", arity (3, 3), Root, shapes &[0, 1, 2];
     /// `(indices, depth, values) -> y`, a new axis `axis` of size `depth`.
-    OneHot { axis: i64 },
+    OneHot { axis: i64 = -1; "axis" as Int } => "OneHot", arity (3, 3), Root, shapes &[1];
     /// `(x, k?) -> y`, the upper or lower triangle of the last two axes.
-    Trilu { upper: bool },
+    Trilu { upper: bool = true; "upper" as Flag } => "Trilu", arity (1, 2), Root, shapes &[1];
     /// `(x) -> y` of x's shape (2-D): ones on diagonal `k`, of type `dtype` (x's if `None`).
-    EyeLike { dtype: Option<DType>, k: i64 },
+    EyeLike { dtype: Option<DType> = None; "dtype" as OptType, k: i64 = 0; "k" as Int } => "EyeLike", arity (1, 1), Root;
     /// `(x) -> y`, channels to space in blocks (`crd`: column-row-depth order, else depth-column-row).
-    DepthToSpace { blocksize: usize, crd: bool },
+    DepthToSpace { blocksize: usize = 0; "blocksize" as Size, crd: bool = false; "mode" as DepthMode } => "DepthToSpace", arity (1, 1), Root;
     /// `(x) -> y`, space to channels in blocks.
-    SpaceToDepth { blocksize: usize },
+    SpaceToDepth { blocksize: usize = 0; "blocksize" as Size } => "SpaceToDepth", arity (1, 1), Root;
     /// `(x, roi?, scales?, sizes?) -> y`.
-    Resize(Resize),
+    Resize(r: Resize) => "Resize", arity (1, 4), Root, shapes &[1, 2, 3];
     /// `(x) -> i64[rank, n]`, the indices of the non-zero elements.
-    NonZero,
+    NonZero => "NonZero", arity (1, 1), Root;
     /// `(x, condition) -> y`, the slices where `condition` holds (flattened without `axis`).
-    Compress { axis: Option<i64> },
+    Compress { axis: Option<i64> = None; "axis" as OptInt } => "Compress", arity (2, 2), Root;
     /// `(x, sequence_lens) -> y`, each batch entry's first `len` steps reversed.
-    ReverseSequence { batch_axis: usize, time_axis: usize },
+    ReverseSequence { batch_axis: usize = 1; "batch_axis" as Size, time_axis: usize = 0; "time_axis" as Size }
+        => "ReverseSequence", arity (2, 2), Root;
     /// `(x) -> x`.
-    Identity,
+    Identity => "Identity", arity (1, 1), Elementwise;
 
     // ----- sequence models -----
     /// `(x, w, r, b?, sequence_lens?, initial_h?, initial_c?, p?) -> (y, y_h, y_c)`: RNN, GRU, LSTM.
-    Rnn(Rnn),
+    Rnn(r: Rnn) => family, arity (3, if matches!(r.cell, RnnCell::Lstm { .. }) { 8 } else { 6 }), Root, outputs 2;
     /// `(q, k, v, attn_mask?, past_key?, past_value?) -> (y, present_key, present_value, qk)`.
-    Attention(Attention),
+    Attention(t: Attention) => "Attention", arity (3, 7), Root;
     /// `(x, cos_cache, sin_cache, position_ids?) -> y`.
-    RotaryEmbedding(RotaryEmbedding),
+    RotaryEmbedding(r: RotaryEmbedding) => "RotaryEmbedding", arity (3, 4), Root;
 
     // ----- losses -----
     /// `(input, target, weight?) -> loss`.
-    NllLoss(Loss),
+    NllLoss(l: Loss) => "NegativeLogLikelihoodLoss", arity (2, 3), Root;
     /// `(scores, labels, weights?) -> (loss, log_prob)`.
-    SoftmaxCrossEntropyLoss(Loss),
+    SoftmaxCrossEntropyLoss(l: Loss) => "SoftmaxCrossEntropyLoss", arity (2, 3), Root;
 
     // ----- control flow -----
     /// `(cond, captured...) -> results`: runs one branch. Each branch takes the captured values
     /// as its inputs, in order, and has one output per result.
-    If { then_branch: Subgraph, else_branch: Subgraph },
+    If { else_branch: Subgraph; "else_branch" as GraphAttr, then_branch: Subgraph; "then_branch" as GraphAttr }
+        => "If", arity (1, ANY), Control, outputs then_branch.0.outputs().len();
     /// `(captured..., state..., scanned...) -> (state..., stacked...)`: runs the body once per
     /// position along the scanned inputs' axes, carrying the state from one step to the next.
-    Scan(Box<Scan>),
+    Scan(s: Box<Scan>) => "Scan", arity (1, ANY), Control, outputs s.body.0.outputs().len();
     /// `(captured..., trip count?, cond?, state...) -> (state..., stacked...)`: runs the body
-    /// while the step is below the trip count and the condition holds, carrying the state.
-    Loop(Box<Loop>),
+    /// while the step is below the trip count and the condition holds, carrying the state. The
+    /// trip count and the condition are positional, either may be absent.
+    Loop(l: Box<Loop>) => "Loop", arity (0, ANY), Control, outputs l.body.0.outputs().len().saturating_sub(1);
 
     // ----- quantization -----
     /// `(x, scale, zero_point?) -> y`, ONNX QuantizeLinear: round-half-even(x / scale) +
     /// zero_point, saturated to the result type (the zero point's, else `dtype`, else u8). The
     /// scale is one value, one per position along `axis` (1-D), or (`block_size` > 0, the rank of
     /// `x`) one per block of `block_size` positions along `axis`; the zero point is shaped alike.
-    Quantize { axis: i64, block_size: usize, dtype: Option<DType> },
+    Quantize { axis: i64 = 1; "axis" as Int, block_size: usize = 0; "block_size" as Size, dtype: Option<DType> = None; "output_dtype" as OptType }
+        => "QuantizeLinear", arity (2, 3), Root;
     /// `(x, scale, zero_point?) -> y`, ONNX DequantizeLinear: (x - zero_point) * scale, in the
     /// scale's type; the scale as Quantize's.
-    Dequantize { axis: i64, block_size: usize },
+    Dequantize { axis: i64 = 1; "axis" as Int, block_size: usize = 0; "block_size" as Size } => "DequantizeLinear", arity (2, 3), Root;
 
     // ----- sequences and optionals -----
     /// The ONNX sequence ops (`SequenceAt`, `SplitToSequence`...).
-    Sequence(SequenceOp),
+    Sequence(s: SequenceOp) => family, arity s.arity(), Control, outputs s.outputs();
     /// The ONNX optional ops.
-    Optional(OptionalOp),
+    Optional(o: OptionalOp) => family, arity o.arity(), Control;
 }
 
 /// `Loop`: the body takes the captured values, the step number (one i64), the condition (one
@@ -396,172 +557,13 @@ pub struct Reduce {
 }
 
 impl Op {
-    /// The ONNX operator name, which is also the name in kiln's text form.
-    pub fn name(&self) -> &'static str {
-        match self {
-            Op::Input => "Input",
-            Op::Constant(_) => "Constant",
-            Op::Unary(u) => u.name(),
-            Op::Binary(b) => b.name(),
-            Op::Clip => "Clip",
-            Op::Where => "Where",
-            Op::Cast { .. } => "Cast",
-            Op::MatMul => "MatMul",
-            Op::Gemm(_) => "Gemm",
-            Op::Einsum { .. } => "Einsum",
-            Op::Conv(_) => "Conv",
-            Op::ConvTranspose(_) => "ConvTranspose",
-            Op::Pool(p) => match p.kind {
-                PoolKind::Max => "MaxPool",
-                PoolKind::Average { .. } => "AveragePool",
-                PoolKind::Lp { .. } => "LpPool",
-            },
-            Op::GlobalPool(k) => match k {
-                PoolKind::Max => "GlobalMaxPool",
-                PoolKind::Average { .. } => "GlobalAveragePool",
-                PoolKind::Lp { .. } => "GlobalLpPool",
-            },
-            Op::Softmax { .. } => "Softmax",
-            Op::LogSoftmax { .. } => "LogSoftmax",
-            Op::Hardmax { .. } => "Hardmax",
-            Op::LayerNorm { .. } => "LayerNormalization",
-            Op::BatchNorm { .. } => "BatchNormalization",
-            Op::InstanceNorm { .. } => "InstanceNormalization",
-            Op::GroupNorm { .. } => "GroupNormalization",
-            Op::RmsNorm { .. } => "RMSNormalization",
-            Op::Lrn(_) => "LRN",
-            Op::LpNorm { .. } => "LpNormalization",
-            Op::MeanVarianceNorm { .. } => "MeanVarianceNormalization",
-            Op::Reduce(r) => r.kind.op_name(),
-            Op::ArgReduce(a) => {
-                if a.max {
-                    "ArgMax"
-                } else {
-                    "ArgMin"
-                }
-            }
-            Op::Cumulative(c) => {
-                if c.prod {
-                    "CumProd"
-                } else {
-                    "CumSum"
-                }
-            }
-            Op::TopK { .. } => "TopK",
-            Op::Reshape { .. } => "Reshape",
-            Op::Flatten { .. } => "Flatten",
-            Op::Transpose { .. } => "Transpose",
-            Op::Squeeze => "Squeeze",
-            Op::Unsqueeze => "Unsqueeze",
-            Op::Concat { .. } => "Concat",
-            Op::Split { .. } => "Split",
-            Op::Slice => "Slice",
-            Op::Gather { .. } => "Gather",
-            Op::GatherElements { .. } => "GatherElements",
-            Op::GatherNd { .. } => "GatherND",
-            Op::ScatterElements { .. } => "ScatterElements",
-            Op::ScatterNd { .. } => "ScatterND",
-            Op::Expand => "Expand",
-            Op::Tile => "Tile",
-            Op::Pad { .. } => "Pad",
-            Op::Shape { .. } => "Shape",
-            Op::Size => "Size",
-            Op::ConstantOfShape { .. } => "ConstantOfShape",
-            Op::Range => "Range",
-            Op::OneHot { .. } => "OneHot",
-            Op::Trilu { .. } => "Trilu",
-            Op::EyeLike { .. } => "EyeLike",
-            Op::DepthToSpace { .. } => "DepthToSpace",
-            Op::SpaceToDepth { .. } => "SpaceToDepth",
-            Op::Resize(_) => "Resize",
-            Op::NonZero => "NonZero",
-            Op::Compress { .. } => "Compress",
-            Op::ReverseSequence { .. } => "ReverseSequence",
-            Op::Identity => "Identity",
-            Op::Rnn(r) => match r.cell {
-                RnnCell::Simple => "RNN",
-                RnnCell::Gru { .. } => "GRU",
-                RnnCell::Lstm { .. } => "LSTM",
-            },
-            Op::Attention(_) => "Attention",
-            Op::RotaryEmbedding(_) => "RotaryEmbedding",
-            Op::NllLoss(_) => "NegativeLogLikelihoodLoss",
-            Op::SoftmaxCrossEntropyLoss(_) => "SoftmaxCrossEntropyLoss",
-            Op::If { .. } => "If",
-            Op::Scan(_) => "Scan",
-            Op::Loop(_) => "Loop",
-            Op::Quantize { .. } => "QuantizeLinear",
-            Op::Dequantize { .. } => "DequantizeLinear",
-            Op::Sequence(s) => s.name(),
-            Op::Optional(o) => o.name(),
-        }
-    }
-
-    /// How many operands the op takes: (required, maximum). `usize::MAX` means variadic.
-    pub fn arity(&self) -> (usize, usize) {
-        const ANY: usize = usize::MAX;
-        match self {
-            Op::Input | Op::Constant(_) => (0, 0),
-            Op::Unary(_) | Op::Cast { .. } | Op::Pool(_) | Op::GlobalPool(_) | Op::Identity => (1, 1),
-            Op::Softmax { .. } | Op::LogSoftmax { .. } | Op::Hardmax { .. } => (1, 1),
-            Op::Lrn(_) | Op::LpNorm { .. } | Op::MeanVarianceNorm { .. } | Op::ArgReduce(_) => (1, 1),
-            Op::Flatten { .. } | Op::Transpose { .. } | Op::Shape { .. } | Op::Size => (1, 1),
-            Op::ConstantOfShape { .. } | Op::EyeLike { .. } | Op::NonZero => (1, 1),
-            Op::DepthToSpace { .. } | Op::SpaceToDepth { .. } => (1, 1),
-            Op::Binary(_) | Op::MatMul | Op::Gather { .. } | Op::Expand | Op::Unsqueeze | Op::Reshape { .. } => (2, 2),
-            Op::GatherElements { .. } | Op::GatherNd { .. } | Op::Tile | Op::Cumulative(_) | Op::TopK { .. } => (2, 2),
-            Op::RmsNorm { .. } | Op::Compress { .. } | Op::ReverseSequence { .. } => (2, 2),
-            Op::Clip => (1, 3),
-            Op::Where | Op::Range | Op::OneHot { .. } => (3, 3),
-            Op::ScatterElements { .. } | Op::ScatterNd { .. } | Op::InstanceNorm { .. } | Op::GroupNorm { .. } => (3, 3),
-            Op::Gemm(_) | Op::Conv(_) | Op::ConvTranspose(_) | Op::LayerNorm { .. } => (2, 3),
-            Op::NllLoss(_) | Op::SoftmaxCrossEntropyLoss(_) => (2, 3),
-            Op::BatchNorm { .. } => (5, 5),
-            Op::Reduce(_) | Op::Squeeze | Op::Split { .. } | Op::Trilu { .. } => (1, 2),
-            Op::Pad { .. } => (2, 4),
-            Op::Resize(_) => (1, 4),
-            Op::Slice => (3, 5),
-            Op::Rnn(r) => (3, if matches!(r.cell, RnnCell::Lstm { .. }) { 8 } else { 6 }),
-            Op::Attention(_) => (3, 7),
-            Op::RotaryEmbedding(_) => (3, 4),
-            Op::Concat { .. } | Op::Einsum { .. } => (1, ANY),
-            Op::If { .. } | Op::Scan(_) => (1, ANY),
-            // The trip count and the condition are positional, either may be absent.
-            Op::Loop(_) => (0, ANY),
-            Op::Quantize { .. } | Op::Dequantize { .. } => (2, 3),
-            Op::Sequence(s) => match s {
-                SequenceOp::Empty { .. } => (0, 0),
-                SequenceOp::Construct | SequenceOp::Map { .. } => (1, ANY),
-                SequenceOp::Insert => (2, 3),
-                SequenceOp::Erase | SequenceOp::Split { .. } => (1, 2),
-                SequenceOp::At => (2, 2),
-                SequenceOp::Length | SequenceOp::Concat { .. } => (1, 1),
-            },
-            Op::Optional(o) => match o {
-                OptionalOp::Wrap { .. } | OptionalOp::HasElement => (0, 1),
-                OptionalOp::GetElement => (1, 1),
-            },
-        }
-    }
-
-    /// How many results a node of this op has when its user asks for nothing else (ops with
-    /// optional extra results, such as LayerNormalization's statistics, keep only the first).
-    pub fn default_num_outputs(&self) -> usize {
-        match self {
-            Op::Split { num_outputs, .. } => *num_outputs,
-            Op::TopK { .. } => 2,
-            Op::Rnn(_) => 2,
-            Op::If { then_branch, .. } => then_branch.0.outputs().len(),
-            Op::Scan(s) => s.body.0.outputs().len(),
-            // Everything the body gives but its condition.
-            Op::Loop(l) => l.body.0.outputs().len().saturating_sub(1),
-            Op::Sequence(SequenceOp::Map { body, .. }) => body.0.outputs().len(),
-            _ => 1,
-        }
-    }
-
     /// Pure elementwise ops (one output element from the same-index elements of the operands).
     pub fn is_elementwise(&self) -> bool {
-        matches!(self, Op::Unary(_) | Op::Binary(_) | Op::Clip | Op::Where | Op::Cast { .. } | Op::Identity)
+        self.kind() == OpKind::Elementwise
+    }
+
+    /// Shape-only ops: a new shape on the same bytes.
+    pub fn is_view(&self) -> bool {
+        self.kind() == OpKind::View
     }
 }

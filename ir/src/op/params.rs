@@ -28,6 +28,15 @@ macro_rules! named_enum {
                 }
             }
         }
+
+        impl $crate::op::schema::NamedEnum for $name {
+            fn name(self) -> &'static str {
+                $name::name(self)
+            }
+            fn from_name(s: &str) -> Option<$name> {
+                $name::from_name(s)
+            }
+        }
     };
 }
 

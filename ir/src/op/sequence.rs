@@ -47,6 +47,26 @@ impl SequenceOp {
         }
     }
 
+    /// How many operands it takes: (required, maximum); `usize::MAX` means variadic.
+    pub fn arity(&self) -> (usize, usize) {
+        match self {
+            SequenceOp::Empty { .. } => (0, 0),
+            SequenceOp::Construct | SequenceOp::Map { .. } => (1, usize::MAX),
+            SequenceOp::Insert => (2, 3),
+            SequenceOp::Erase | SequenceOp::Split { .. } => (1, 2),
+            SequenceOp::At => (2, 2),
+            SequenceOp::Length | SequenceOp::Concat { .. } => (1, 1),
+        }
+    }
+
+    /// How many results it has: SequenceMap one per body result, the others one.
+    pub fn outputs(&self) -> usize {
+        match self {
+            SequenceOp::Map { body, .. } => body.0.outputs().len(),
+            _ => 1,
+        }
+    }
+
     /// The operand that decides which element is read, written or removed, and how a split cuts:
     /// the compiler needs its value.
     pub fn position_operand(&self) -> Option<usize> {
@@ -70,6 +90,14 @@ pub enum OptionalOp {
 }
 
 impl OptionalOp {
+    /// How many operands it takes: (required, maximum).
+    pub fn arity(&self) -> (usize, usize) {
+        match self {
+            OptionalOp::Wrap { .. } | OptionalOp::HasElement => (0, 1),
+            OptionalOp::GetElement => (1, 1),
+        }
+    }
+
     pub fn name(&self) -> &'static str {
         match self {
             OptionalOp::Wrap { .. } => "Optional",

@@ -235,3 +235,57 @@ fn elementwise_ops_round_trip_through_their_attributes() {
     }
     assert_eq!(Op::from_attrs("BitShift", kiln_ir::op::Attrs::new()).unwrap_err(), "BitShift direction must be LEFT or RIGHT, got ``");
 }
+
+/// Every op the table declares comes back from its own attributes and keeps its name: built by
+/// name with ONNX's defaults (plus the attributes ONNX requires), written, and read again.
+#[test]
+fn every_op_round_trips_through_its_attributes() {
+    use kiln_ir::op::{Attr, Attrs, OpKind, Subgraph};
+    let body = |inputs: usize, outputs: usize| {
+        let g = GraphBuilder::new("body");
+        let xs: Vec<_> = (0..inputs.max(1)).map(|i| g.input(&format!("i{i}"), DType::F32, [1])).collect();
+        for o in 0..outputs {
+            g.output(&format!("o{o}"), xs[o % xs.len()].relu());
+        }
+        Attr::Graph(Subgraph(std::sync::Arc::new(g.build().unwrap())))
+    };
+    let required = |name: &str| -> Attrs {
+        let mut a = Attrs::new();
+        match name {
+            "Cast" => a.push("to", Attr::Type(DType::F16)),
+            "Concat" | "ConcatFromSequence" => a.push("axis", Attr::Int(1)),
+            "BitShift" => a.push("direction", Attr::Str("RIGHT".into())),
+            "MaxPool" | "AveragePool" | "LpPool" => a.push("kernel_shape", Attr::Ints(vec![2, 2])),
+            "If" => {
+                a.push("then_branch", body(0, 2));
+                a.push("else_branch", body(0, 2));
+            }
+            "Scan" => {
+                a.push("body", body(2, 2));
+                a.push("num_scan_inputs", Attr::Int(1));
+            }
+            "Loop" | "SequenceMap" => a.push("body", body(3, 2)),
+            _ => {}
+        }
+        a
+    };
+    let mut names: Vec<&str> = kiln_ir::onnx::supported_ops().to_vec();
+    names.extend(UnaryOp::ALL.iter().map(|u| u.name()));
+    let mut built = 0;
+    for name in names {
+        // (Ops the importer rewrites into others, such as Sum or CastLike, are not in the table.)
+        let Ok(op) = Op::from_attrs(name, required(name)) else { continue };
+        built += 1;
+        assert_eq!(op.name(), name);
+        assert_eq!(Op::from_attrs(name, op.attrs()).as_ref(), Ok(&op), "{name}");
+        let (min, max) = op.arity();
+        assert!(min <= max, "{name}");
+        assert_eq!(op.is_view(), matches!(name, "Reshape" | "Flatten" | "Squeeze" | "Unsqueeze"), "{name}");
+        assert!(op.shape_operands().iter().all(|&i| i < max), "{name}: shape operands beyond its arity");
+        assert_ne!(op.kind(), OpKind::Source, "{name}");
+    }
+    assert!(built > 150, "only {built} ops built from their names");
+    assert_eq!(Op::from_attrs("Constant", Attrs::new()).unwrap_err(), "unknown op `Constant`", "a constant is built from its data");
+    assert_eq!(Op::from_attrs("Nope", Attrs::new()).unwrap_err(), "unknown op `Nope`");
+    assert_eq!(Op::from_attrs("Softmax", Attrs(vec![("axes".into(), Attr::Int(1))])).unwrap_err(), "Softmax has no attribute `axes`");
+}
