@@ -1,6 +1,54 @@
-//! kiln-compiler's error type: what failed, at which stage, for which node.
+//! kiln-compiler's error types: what failed, at which stage, for which node and kernel.
+//!
+//! Leaf errors say what went wrong ([`LowerError`]: a pass pipeline and MLIR's diagnostics;
+//! [`KernelError`]); [`CompileError::Codegen`] is the one context wrapper at the kernel
+//! boundary, naming the kernel, what it computes (its nodes and ops) and the stage, with the
+//! leaf as its `source`. The CLI and the Python package print the whole chain.
 
 use thiserror::Error;
+
+/// A pass pipeline of MLIR that failed, with what MLIR said.
+#[derive(Debug, Error)]
+#[error("the pipeline {pipeline} failed: {diagnostics}")]
+pub struct LowerError {
+    pub pipeline: String,
+    pub diagnostics: String,
+}
+
+/// Helpers of the targets that report in text take a failed pipeline as its message.
+impl From<LowerError> for String {
+    fn from(e: LowerError) -> String {
+        e.to_string()
+    }
+}
+
+/// What failed inside one kernel.
+#[derive(Debug, Error)]
+pub enum KernelError {
+    #[error(transparent)]
+    Lower(#[from] LowerError),
+    /// The MLIR codegen built does not verify (a kiln bug).
+    #[error("the generated MLIR does not verify: {diagnostics}")]
+    Verify { diagnostics: String },
+    /// Code generation failed (a kiln bug) for a node of the kernel.
+    #[error("code generation failed")]
+    Codegen(#[source] Box<CompileError>),
+    /// A schedule, a microkernel plan, LLVM or the linker failed, as the stage says.
+    #[error("{0}")]
+    Failed(String),
+}
+
+impl From<String> for KernelError {
+    fn from(s: String) -> KernelError {
+        KernelError::Failed(s)
+    }
+}
+
+impl From<&str> for KernelError {
+    fn from(s: &str) -> KernelError {
+        KernelError::Failed(s.into())
+    }
+}
 
 #[derive(Debug, Error)]
 pub enum CompileError {
@@ -13,9 +61,16 @@ pub enum CompileError {
     #[error("{0}")]
     Usage(String),
 
-    /// Code generation or a target pipeline failed for a kernel.
-    #[error("compiling kernel `{kernel}` ({label}), stage {stage}: {msg}")]
-    Codegen { kernel: String, label: String, stage: &'static str, msg: String },
+    /// Code generation or a target pipeline failed for a kernel: the context around a
+    /// [`KernelError`].
+    #[error("compiling kernel `{kernel}` ({label}), stage {stage}")]
+    Codegen {
+        kernel: String,
+        label: String,
+        stage: &'static str,
+        #[source]
+        source: KernelError,
+    },
 
     /// The model is valid but the code generator cannot compile part of it yet.
     #[error("kernel `{kernel}` ({label}): node `{node}` ({op}) {what}")]
@@ -48,8 +103,22 @@ pub enum CompileError {
 
 impl CompileError {
     /// A failure of code generation or a target pipeline in kernel `k`, at `stage`.
-    pub(crate) fn in_kernel(k: &crate::fuse::Kernel, stage: &'static str, msg: impl Into<String>) -> CompileError {
-        CompileError::Codegen { kernel: k.name.clone(), label: k.label.clone(), stage, msg: msg.into() }
+    pub(crate) fn in_kernel(k: &crate::fuse::Kernel, stage: &'static str, e: impl Into<KernelError>) -> CompileError {
+        CompileError::Codegen { kernel: k.name.clone(), label: k.label.clone(), stage, source: e.into() }
+    }
+
+    /// The error and its causes, each once, joined by `: ` (for one-line reports).
+    pub fn chain(&self) -> String {
+        let mut text = self.to_string();
+        let mut cause = std::error::Error::source(self);
+        while let Some(c) = cause {
+            let s = c.to_string();
+            if !text.contains(&s) {
+                text.push_str(&format!(": {s}"));
+            }
+            cause = c.source();
+        }
+        text
     }
 }
 

@@ -16,6 +16,10 @@ pub enum RuntimeError {
     #[error("device {device}: {msg}")]
     Device { device: String, msg: String },
 
+    /// OpenCL cannot be listed or used here (no loader, no platform, a failed call).
+    #[error("device opencl")]
+    Opencl(#[from] crate::device::opencl::OpenclError),
+
     /// A kernel launch failed.
     #[error("kernel `{kernel}`: {msg}")]
     Launch { kernel: String, msg: String },

@@ -118,3 +118,24 @@ fn stages_are_one_list() {
         kiln_compiler::driver::emit(&tiny_mlp(), Stage::Llvm, &Options { target: kiln_compiler::TargetKind::Opencl, ..o }).unwrap_err().to_string();
     assert!(e.starts_with("stage llvm: the opencl target goes through SPIR-V"), "{e}");
 }
+
+/// A failed pipeline is a typed leaf (`LowerError`: which pipeline, what MLIR said) under the
+/// kernel context, and the chain prints both.
+#[test]
+fn errors_chain_the_kernel_context_to_the_leaf() {
+    let mlir = kiln_compiler::target::MlirContext::new();
+    let mut module = melior::ir::Module::new(melior::ir::Location::unknown(&mlir.ctx));
+    let e = mlir.run_pipeline(&mut module, "builtin.module(no-such-pass)").unwrap_err();
+    assert_eq!(e.pipeline, "no-such-pass");
+    assert!(e.diagnostics.starts_with("it does not parse"), "{e}");
+    let wrapped = kiln_compiler::CompileError::Codegen {
+        kernel: "k0_x".into(),
+        label: "x: Relu".into(),
+        stage: "lower",
+        source: kiln_compiler::KernelError::Lower(e),
+    };
+    assert_eq!(wrapped.to_string(), "compiling kernel `k0_x` (x: Relu), stage lower");
+    let source = std::error::Error::source(&wrapped).expect("the leaf is the source").to_string();
+    assert!(source.starts_with("the pipeline no-such-pass failed: it does not parse"), "{source}");
+    assert_eq!(wrapped.chain(), format!("compiling kernel `k0_x` (x: Relu), stage lower: {source}"));
+}

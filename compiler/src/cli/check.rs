@@ -345,17 +345,22 @@ fn require_device(target: kiln_runtime::Target) -> Result<()> {
     }))
 }
 
+/// A compile failure as the conformance engine reports it: what kiln cannot compile yet is
+/// unsupported, anything else a failure, with its causes.
+fn engine_error(e: CompileError) -> EngineError {
+    match e {
+        CompileError::Unsupported { .. } | CompileError::DynamicShapes(_) | CompileError::RuntimeSequence { .. } => {
+            EngineError::Unsupported(e.chain())
+        }
+        CompileError::Ir(e) => e.into(),
+        other => EngineError::Failed(other.chain()),
+    }
+}
+
 /// Compiles for the device of `base`, specialised to the inputs' shapes, and runs once. Sequence
 /// and optional inputs and outputs are bound and regrouped by `sequences::Interface`.
 fn compiled(g: &kiln_ir::Graph, x: &[kiln_ir::Value], base: &crate::Options) -> Result<Vec<kiln_ir::Value>, EngineError> {
-    let fail = |e: CompileError| match e {
-        CompileError::Unsupported { .. } | CompileError::DynamicShapes(_) | CompileError::RuntimeSequence { .. } => {
-            EngineError::Unsupported(e.to_string())
-        }
-        CompileError::Ir(e) => e.into(),
-        other => EngineError::Failed(other.to_string()),
-    };
-    let (flat, tensors) = crate::values::bind(g, x).map_err(fail)?;
+    let (flat, tensors) = crate::values::bind(g, x).map_err(engine_error)?;
     let (names, out) = compiled_tensors(&flat, &tensors, base)?;
     crate::values::regroup(g, &names, out).map_err(|e| EngineError::Failed(e.to_string()))
 }
@@ -366,14 +371,7 @@ fn compiled_tensors(g: &kiln_ir::Graph, x: &[kiln_ir::Tensor], base: &crate::Opt
     let shapes = names.iter().zip(x).map(|(n, t)| (n.clone(), t.dims().to_vec())).collect();
     let values = names.iter().zip(x).map(|(n, t)| (n.clone(), t.clone())).collect();
     let options = crate::Options { input_shapes: shapes, input_values: values, ..base.clone() };
-    let fail = |e: CompileError| match e {
-        CompileError::Unsupported { .. } | CompileError::DynamicShapes(_) | CompileError::RuntimeSequence { .. } => {
-            EngineError::Unsupported(e.to_string())
-        }
-        CompileError::Ir(e) => e.into(),
-        other => EngineError::Failed(other.to_string()),
-    };
-    let exe = crate::jit(g, &options, &kiln_runtime::LoadOptions { threads: Some(1), ..Default::default() }).map_err(fail)?;
+    let exe = crate::jit(g, &options, &kiln_runtime::LoadOptions { threads: Some(1), ..Default::default() }).map_err(engine_error)?;
     // Inputs bound at compile time are no longer taken.
     let remaining: Vec<kiln_ir::Tensor> =
         exe.inputs().iter().map(|d| x[names.iter().position(|n| *n == d.name).expect("the executable's inputs are the graph's")].clone()).collect();

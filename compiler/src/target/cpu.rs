@@ -168,18 +168,11 @@ impl CpuBackend {
 
 /// A kernel's module as codegen builds it (a microkernel call, or linalg ops), verified.
 fn build<'c>(mlir: &'c MlirContext, graph: &Graph, k: &Kernel, micro: Option<&ukernel::Ukernel>) -> Result<Module<'c>> {
-    let module = match micro {
-        Some(u) => ukernel::build(&mlir.ctx, graph, k, u)?,
-        None => codegen::build_kernel(&mlir.ctx, graph, k)?,
+    let built = match micro {
+        Some(u) => ukernel::build(&mlir.ctx, graph, k, u),
+        None => codegen::build_kernel(&mlir.ctx, graph, k),
     };
-    if !module.as_operation().verify() {
-        return Err(CompileError::in_kernel(
-            k,
-            "mlir",
-            format!("the generated MLIR does not verify: {}\n{}", mlir.take_diagnostics(), module.as_operation()),
-        ));
-    }
-    Ok(module)
+    super::verified(mlir, k, built)
 }
 
 /// The host's target machine (its CPU name and real features: AVX-512 where present), a line

@@ -34,6 +34,21 @@ pub trait Backend {
     fn compile(&self, graph: &kiln_ir::Graph, kernels: &[Kernel], texts: Option<&mut Stages>, progress: &dyn Fn(usize)) -> Result<TargetCode>;
 }
 
+/// A kernel's module from codegen, checked: the kernel boundary, where a codegen failure gets the
+/// kernel's name and what it computes (an unsupported node already says both).
+pub(crate) fn verified<'c>(mlir: &MlirContext, k: &Kernel, built: Result<Module<'c>>) -> Result<Module<'c>> {
+    let module = match built {
+        Ok(m) => m,
+        Err(e @ CompileError::Unsupported { .. }) => return Err(e),
+        Err(e) => return Err(CompileError::in_kernel(k, "mlir", crate::KernelError::Codegen(Box::new(e)))),
+    };
+    if !module.as_operation().verify() {
+        let diagnostics = format!("{}\n{}", mlir.take_diagnostics(), module.as_operation());
+        return Err(CompileError::in_kernel(k, "mlir", crate::KernelError::Verify { diagnostics }));
+    }
+    Ok(module)
+}
+
 /// The backend for `options.target`, with its settings read once (a forced GPU schedule from the
 /// options or `KILN_GPU_SCHEDULE`, the microkernel choices).
 pub fn for_options(options: &Options) -> Result<Box<dyn Backend>> {
@@ -100,11 +115,14 @@ impl MlirContext {
     }
 
     /// Runs a textual pass pipeline on a module; the error carries MLIR's diagnostics.
-    pub fn run_pipeline(&self, module: &mut Module, pipeline: &str) -> Result<(), String> {
+    pub fn run_pipeline(&self, module: &mut Module, pipeline: &str) -> Result<(), crate::LowerError> {
+        // Named by its first pass, which is enough to find it in the source.
+        let name = || pipeline.trim_start_matches("builtin.module(").split([',', '(', ')']).next().unwrap_or(pipeline).to_string();
         let pm = PassManager::new(&self.ctx);
-        parse_pass_pipeline(pm.as_operation_pass_manager(), pipeline).map_err(|e| format!("bad pipeline: {e}"))?;
+        parse_pass_pipeline(pm.as_operation_pass_manager(), pipeline)
+            .map_err(|e| crate::LowerError { pipeline: name(), diagnostics: format!("it does not parse: {e}") })?;
         self.take_diagnostics();
-        pm.run(module).map_err(|_| self.take_diagnostics())
+        pm.run(module).map_err(|_| crate::LowerError { pipeline: name(), diagnostics: self.take_diagnostics() })
     }
 
     /// Applies a transform script (a module with `@__transform_main`) to `payload`.

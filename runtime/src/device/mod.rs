@@ -76,6 +76,7 @@ impl DeviceInfo {
 fn message(e: RuntimeError) -> String {
     match e {
         RuntimeError::Device { msg, .. } => msg,
+        RuntimeError::Opencl(e) => e.to_string(),
         other => other.to_string(),
     }
 }
@@ -153,7 +154,7 @@ pub fn list_devices() -> Vec<DeviceInfo> {
                 });
             }
         }
-        Err(e) => out.push(DeviceInfo::note(Target::Opencl, message(e))),
+        Err(e) => out.push(DeviceInfo::note(Target::Opencl, e.to_string())),
     }
     out
 }
@@ -180,16 +181,9 @@ pub fn auto_device() -> (Target, String) {
                 if devices.len() == 1 { "" } else { "s" }
             )),
         },
-        Err(e) => {
-            let msg = message(e);
-            why.push(if msg == opencl::NO_LOADER {
-                "no OpenCL loader".into()
-            } else if msg == opencl::NO_PLATFORM {
-                "no OpenCL platform".into()
-            } else {
-                format!("OpenCL unusable ({msg})")
-            });
-        }
+        Err(opencl::OpenclError::NoLoader) => why.push("no OpenCL loader".into()),
+        Err(opencl::OpenclError::NoPlatform) => why.push("no OpenCL platform".into()),
+        Err(e) => why.push(format!("OpenCL unusable ({e})")),
     }
     (Target::Cpu, format!("cpu ({})", why.join(", ")))
 }
@@ -197,6 +191,17 @@ pub fn auto_device() -> (Target, String) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What stops OpenCL is a variant, not a message to compare, and the runtime error keeps it
+    /// as its source.
+    #[test]
+    fn opencl_failures_are_typed_and_chained() {
+        let e = RuntimeError::from(opencl::OpenclError::NoLoader);
+        assert_eq!(e.to_string(), "device opencl");
+        let source = std::error::Error::source(&e).expect("a source").to_string();
+        assert!(source.starts_with("no OpenCL loader (libOpenCL.so.1) found"), "{source}");
+        assert!(matches!(e, RuntimeError::Opencl(opencl::OpenclError::NoLoader)));
+    }
 
     #[test]
     fn listing_never_fails_and_says_what_is_missing() {

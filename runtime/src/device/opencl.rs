@@ -38,11 +38,21 @@ fn cl(what: &str) -> impl Fn(ClError) -> RuntimeError + '_ {
     move |e| err(format!("{what}: {e}"))
 }
 
-pub const NO_LOADER: &str = "no OpenCL loader (libOpenCL.so.1) found: install one (Debian: ocl-icd-libopencl1) and a platform; \
-     `eval \"$(scripts/setup-opencl.sh)\"` sets up Intel's CPU runtime";
-
-pub const NO_PLATFORM: &str = "the OpenCL loader found no platform (no ICD is installed, or OCL_ICD_VENDORS points nowhere); \
-     `eval \"$(scripts/setup-opencl.sh)\"` sets up Intel's CPU runtime";
+/// Why OpenCL cannot be listed or used here.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum OpenclError {
+    #[error(
+        "no OpenCL loader (libOpenCL.so.1) found: install one (Debian: ocl-icd-libopencl1) and a platform; `eval \"$(scripts/setup-opencl.sh)\"` sets up Intel's CPU runtime"
+    )]
+    NoLoader,
+    #[error(
+        "the OpenCL loader found no platform (no ICD is installed, or OCL_ICD_VENDORS points nowhere); `eval \"$(scripts/setup-opencl.sh)\"` sets up Intel's CPU runtime"
+    )]
+    NoPlatform,
+    /// An OpenCL call failed: what was being done and OpenCL's error.
+    #[error("{what}: {error}")]
+    Call { what: String, error: String },
+}
 
 /// One OpenCL device, numbered across every platform in the loader's order.
 #[derive(Clone, Debug)]
@@ -74,21 +84,24 @@ impl ClDeviceInfo {
 }
 
 /// Every device of every platform. No loader, or no platform, is an error saying so.
-pub fn devices() -> Result<Vec<ClDeviceInfo>> {
+pub fn devices() -> std::result::Result<Vec<ClDeviceInfo>, OpenclError> {
     let platforms = get_platforms().map_err(|e| match e.0 {
-        DLOPEN_RUNTIME_LOAD_FAILED => err(NO_LOADER),
-        CL_PLATFORM_NOT_FOUND_KHR => err(NO_PLATFORM),
-        _ => err(format!("listing platforms: {e}")),
+        DLOPEN_RUNTIME_LOAD_FAILED => OpenclError::NoLoader,
+        CL_PLATFORM_NOT_FOUND_KHR => OpenclError::NoPlatform,
+        _ => OpenclError::Call { what: "listing platforms".into(), error: e.to_string() },
     })?;
     if platforms.is_empty() {
-        return Err(err(NO_PLATFORM));
+        return Err(OpenclError::NoPlatform);
     }
     let mut out = Vec::new();
     for p in platforms {
         let ids = match p.get_devices(CL_DEVICE_TYPE_ALL) {
             Ok(ids) => ids,
             Err(e) if e.0 == CL_DEVICE_NOT_FOUND => continue,
-            Err(e) => return Err(err(format!("listing the devices of platform `{}`: {e}", p.name().unwrap_or_default()))),
+            Err(e) => {
+                let what = format!("listing the devices of platform `{}`", p.name().unwrap_or_default());
+                return Err(OpenclError::Call { what, error: e.to_string() });
+            }
         };
         for id in ids {
             let d = Device::new(id);

@@ -148,5 +148,6 @@ pub fn apply(mlir: &MlirContext, module: &mut Module, ops: &[LinalgOp], raw: &[R
         let _ = mlir.apply_transform(&module.as_operation(), &s);
     }
     // Phase C: tile tensors become SSA vectors; accumulators leave the reduction loops.
-    mlir.run_pipeline(module, "builtin.module(canonicalize,cse,func.func(lower-vector-mask),canonicalize,cse,loop-invariant-code-motion,loop-invariant-subset-hoisting,canonicalize,cse)")
+    mlir.run_pipeline(module, "builtin.module(canonicalize,cse,func.func(lower-vector-mask),canonicalize,cse,loop-invariant-code-motion,loop-invariant-subset-hoisting,canonicalize,cse)")?;
+    Ok(())
 }

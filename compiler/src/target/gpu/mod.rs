@@ -17,7 +17,6 @@ pub mod schedule;
 pub mod script;
 pub mod spirv;
 
-use melior::ir::operation::OperationLike;
 use melior::ir::Module;
 
 use kiln_ir::Graph;
@@ -110,12 +109,13 @@ fn compile(
     // Every kernel's functions, prepared once: loops from linalg, views folded into loads and
     // stores, arithmetic neither target has (floor division, bf16 conversions) expanded, then
     // memory spaces for the temporaries.
-    let internal = |stage: &'static str, e: String| CompileError::Codegen { kernel: "device".into(), label: target.detail(), stage, msg: e };
+    let internal =
+        |stage: &'static str, e: String| CompileError::Codegen { kernel: "device".into(), label: target.detail(), stage, source: e.into() };
     mlir.run_pipeline(
         &mut device_module,
         "builtin.module(gpu.module(convert-linalg-to-loops,fold-memref-alias-ops,lower-affine,arith-expand{include-bf16=true},canonicalize,cse))",
     )
-    .map_err(|e| internal("device loops", e))?;
+    .map_err(|e| internal("device loops", e.into()))?;
     let flavor = match target {
         GpuTarget::Cuda(_) => memory::Flavor::Nvvm,
         GpuTarget::Opencl => memory::Flavor::Spirv,
@@ -150,15 +150,7 @@ fn compile(
 
 /// A kernel's module as codegen builds it, verified.
 fn build<'c>(mlir: &'c MlirContext, graph: &Graph, k: &Kernel) -> Result<Module<'c>> {
-    let m = codegen::build_kernel(&mlir.ctx, graph, k)?;
-    if !m.as_operation().verify() {
-        return Err(CompileError::in_kernel(
-            k,
-            "mlir",
-            format!("the generated MLIR does not verify: {}\n{}", mlir.take_diagnostics(), m.as_operation()),
-        ));
-    }
-    Ok(m)
+    super::verified(mlir, k, codegen::build_kernel(&mlir.ctx, graph, k))
 }
 
 /// Builds one kernel, schedules it (the first strategy that applies) and maps it to launches;
