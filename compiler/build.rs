@@ -27,11 +27,20 @@ fn main() {
     println!("cargo:rerun-if-env-changed=CC");
     let out = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-    for (level, march, mr) in [("v4", "x86-64-v4", 8), ("v3", "x86-64-v3", 4), ("v1", "x86-64", 4)] {
+    for (level, march, mr) in [("v4", "x86-64-v4", 8), ("v3", "x86-64-v3", 4), ("v1", "x86-64", 4)]
+    {
         for (name, src) in sources {
             let obj = out.join(format!("{name}-{level}.o"));
             let status = Command::new(&cc)
-                .args(["-c", "-O3", "-fPIC", "-ffp-contract=fast", "-fno-math-errno", "-Wno-psabi", "-mtune=generic"])
+                .args([
+                    "-c",
+                    "-O3",
+                    "-fPIC",
+                    "-ffp-contract=fast",
+                    "-fno-math-errno",
+                    "-Wno-psabi",
+                    "-mtune=generic",
+                ])
                 .arg(format!("-march={march}"))
                 .arg(format!("-DKILN_MR={mr}"))
                 .arg("-o")

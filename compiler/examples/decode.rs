@@ -19,7 +19,11 @@ fn main() {
 }
 
 fn arg(name: &str, default: usize) -> usize {
-    std::env::args().skip_while(|a| a != name).nth(1).and_then(|v| v.parse().ok()).unwrap_or(default)
+    std::env::args()
+        .skip_while(|a| a != name)
+        .nth(1)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 fn median(mut v: Vec<Duration>) -> Duration {
@@ -28,7 +32,8 @@ fn median(mut v: Vec<Duration>) -> Duration {
 }
 
 fn run() -> Result<(), Box<dyn std::error::Error>> {
-    let (threads, layers, width, steps, rounds) = (arg("--threads", 1), arg("--layers", 2), arg("--width", 256), 32, arg("--rounds", 15));
+    let (threads, layers, width, steps, rounds) =
+        (arg("--threads", 1), arg("--layers", 2), arg("--width", 256), 32, arg("--rounds", 15));
     let heads = 4;
     let head_dim = width / heads;
     let graph = models::gpt_decoder_step(layers, heads, head_dim, 3)?;
@@ -37,7 +42,8 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
 
     // The decode loop through the session: its compiles and each step's inputs.
     let mut session = Session::new(graph.clone(), options.clone(), load.clone());
-    let mut cache: Vec<Tensor> = (0..2 * layers).map(|_| Tensor::zeros(DType::F32, &[1, heads, 0, head_dim])).collect();
+    let mut cache: Vec<Tensor> =
+        (0..2 * layers).map(|_| Tensor::zeros(DType::F32, &[1, heads, 0, head_dim])).collect();
     let mut step_inputs = Vec::new();
     let clock = Instant::now();
     for step in 0..steps {
@@ -58,7 +64,12 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let mut statics = Vec::new();
     let clock = Instant::now();
     for inputs in &step_inputs {
-        let shapes = graph.inputs().iter().zip(inputs).map(|(&id, t)| (graph.node(id).name.clone(), t.dims().to_vec())).collect();
+        let shapes = graph
+            .inputs()
+            .iter()
+            .zip(inputs)
+            .map(|(&id, t)| (graph.node(id).name.clone(), t.dims().to_vec()))
+            .collect();
         let o = Options { input_shapes: shapes, ..options.clone() };
         statics.push(Executable::load(compile(&graph, &o, false)?.artifact, &load)?);
     }
@@ -83,7 +94,10 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     println!("{:>5} {:>6} {:>12} {:>12} {:>7}", "step", "past", "session µs", "static µs", "ratio");
     let (mut sum_p, mut sum_e, mut worst) = (0.0, 0.0, 0.0f64);
     for s in 0..steps {
-        let (p, e) = (median(padded[s].clone()).as_secs_f64() * 1e6, median(exact[s].clone()).as_secs_f64() * 1e6);
+        let (p, e) = (
+            median(padded[s].clone()).as_secs_f64() * 1e6,
+            median(exact[s].clone()).as_secs_f64() * 1e6,
+        );
         sum_p += p;
         sum_e += e;
         worst = worst.max(p / e);

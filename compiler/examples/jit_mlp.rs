@@ -44,8 +44,16 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let input = Tensor::random(DType::F32, &[4, 16], 42);
     let got = exe.run(&[input.clone()])?;
     let want = eval::run(&graph, &[input])?;
-    let diff = got[0].to_f64s().iter().zip(want[0].to_f64s()).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
-    println!("probs[0] = {:?}", &got[0].to_f64s()[..8].iter().map(|v| (v * 1e4).round() / 1e4).collect::<Vec<_>>());
+    let diff = got[0]
+        .to_f64s()
+        .iter()
+        .zip(want[0].to_f64s())
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f64::max);
+    println!(
+        "probs[0] = {:?}",
+        &got[0].to_f64s()[..8].iter().map(|v| (v * 1e4).round() / 1e4).collect::<Vec<_>>()
+    );
     println!("max |compiled - interpreter| = {diff:.2e}");
     if diff > 1e-4 {
         return Err(format!("the compiled MLP differs from the interpreter by {diff}").into());

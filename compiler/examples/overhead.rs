@@ -11,9 +11,17 @@ fn main() {
     let path = args.get(1).expect("usage: overhead MODEL.onnx [CALLS]");
     let calls: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(20_000);
     let graph = kiln_ir::onnx::load(path).expect("an ONNX model").graph;
-    let exe = jit(&graph, &Options::default(), &LoadOptions { threads: Some(1), ..Default::default() }).expect("it compiles");
-    let inputs: Vec<Tensor> =
-        exe.inputs().iter().enumerate().map(|(i, d)| Tensor::random(DType::from_name(&d.dtype).expect("a kiln dtype"), &d.dims, i as u64)).collect();
+    let exe =
+        jit(&graph, &Options::default(), &LoadOptions { threads: Some(1), ..Default::default() })
+            .expect("it compiles");
+    let inputs: Vec<Tensor> = exe
+        .inputs()
+        .iter()
+        .enumerate()
+        .map(|(i, d)| {
+            Tensor::random(DType::from_name(&d.dtype).expect("a kiln dtype"), &d.dims, i as u64)
+        })
+        .collect();
     let mut rounds = Vec::new();
     for _ in 0..15 {
         let start = std::time::Instant::now();

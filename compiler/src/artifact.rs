@@ -6,7 +6,8 @@ use std::collections::HashMap;
 
 use kiln_ir::{Graph, ValueId};
 use kiln_runtime::artifact::{
-    Artifact, BatchDesc, BatchProgram, Blob, BufferDesc, BufferKind, ControlDesc, KernelDesc, Launch, Manifest, Target, TensorDesc,
+    Artifact, BatchDesc, BatchProgram, Blob, BufferDesc, BufferKind, ControlDesc, KernelDesc,
+    Launch, Manifest, Target, TensorDesc,
 };
 
 use crate::batch::BatchPlan;
@@ -52,7 +53,11 @@ impl KernelRun {
     /// The CPU's plan: one launch of one function on the kernel's buffers.
     pub fn single(function: usize, buffers: usize) -> KernelRun {
         KernelRun {
-            calls: vec![FunctionCall { function, args: (0..buffers).map(Arg::Buffer).collect(), writes: Vec::new() }],
+            calls: vec![FunctionCall {
+                function,
+                args: (0..buffers).map(Arg::Buffer).collect(),
+                writes: Vec::new(),
+            }],
             ..KernelRun::default()
         }
     }
@@ -104,11 +109,26 @@ pub fn assemble(graph: &Graph, partition: &Partition, code: TargetCode) -> Resul
     for (k, kernel) in partition.kernels.iter().enumerate() {
         // A constant none of the kernel's launches reads (a weight it reads packed, from its own
         // constants) needs no buffer for it.
-        let used = |slot: usize| code.runs.get(k).is_none_or(|p| p.calls.iter().any(|l| l.args.contains(&Arg::Buffer(slot))));
+        let used = |slot: usize| {
+            code.runs
+                .get(k)
+                .is_none_or(|p| p.calls.iter().any(|l| l.args.contains(&Arg::Buffer(slot))))
+        };
         for (slot, &v) in kernel.inputs.iter().chain(&kernel.outputs).enumerate() {
-            let unread_constant = slot < kernel.inputs.len() && graph.constant_value(v).is_some() && !used(slot);
+            let unread_constant =
+                slot < kernel.inputs.len() && graph.constant_value(v).is_some() && !used(slot);
             if !unread_constant {
-                resolve(graph, partition, v, &mut buffers, &mut buffer_of, &mut payload, bytes_of, &mut scratch, k);
+                resolve(
+                    graph,
+                    partition,
+                    v,
+                    &mut buffers,
+                    &mut buffer_of,
+                    &mut payload,
+                    bytes_of,
+                    &mut scratch,
+                    k,
+                );
             }
         }
         // Everything this kernel reads is live at least until now.
@@ -146,7 +166,8 @@ pub fn assemble(graph: &Graph, partition: &Partition, code: TargetCode) -> Resul
     let mut launches = Vec::new();
     for (k, (kernel, plan)) in partition.kernels.iter().zip(&code.runs).enumerate() {
         // (Slots no launch reads may have no buffer.)
-        let mut own: Vec<usize> = kernel.inputs.iter().map(|v| buffer_of.get(v).copied().unwrap_or(usize::MAX)).collect();
+        let mut own: Vec<usize> =
+            kernel.inputs.iter().map(|v| buffer_of.get(v).copied().unwrap_or(usize::MAX)).collect();
         for &v in &kernel.outputs {
             // A copy kernel made for output j writes that output's own buffer.
             own.push(match kernel.copy_to_output {
@@ -189,7 +210,12 @@ pub fn assemble(graph: &Graph, partition: &Partition, code: TargetCode) -> Resul
 
 fn desc(graph: &Graph, name: &str, v: ValueId, buffer: usize) -> TensorDesc {
     let t = graph.value_type(v);
-    TensorDesc { name: name.to_string(), dtype: t.dtype.name().to_string(), dims: t.shape.as_fixed().unwrap_or_default(), buffer }
+    TensorDesc {
+        name: name.to_string(),
+        dtype: t.dtype.name().to_string(),
+        dims: t.shape.as_fixed().unwrap_or_default(),
+        buffer,
+    }
 }
 
 /// Gives `v` a buffer if it has none: a constant's data goes into the payload, a view aliases its
@@ -211,8 +237,12 @@ fn resolve(
     }
     let view = fuse::resolve_view(&partition.views, v);
     let b = if view.of != v {
-        let s = resolve(graph, partition, view.of, buffers, buffer_of, payload, bytes_of, scratch, k);
-        buffers.push(BufferDesc { bytes: bytes_of(v), kind: BufferKind::Alias { of: s, offset: view.offset } });
+        let s =
+            resolve(graph, partition, view.of, buffers, buffer_of, payload, bytes_of, scratch, k);
+        buffers.push(BufferDesc {
+            bytes: bytes_of(v),
+            kind: BufferKind::Alias { of: s, offset: view.offset },
+        });
         buffers.len() - 1
     } else if let Some(t) = graph.constant_value(v) {
         payload.resize(align(payload.len() as u64) as usize, 0);
@@ -239,7 +269,11 @@ pub fn plan_arena(buffers: &mut [BufferDesc], scratch: &[(usize, usize, usize)])
     for &&(b, first, last) in &order {
         let size = align(buffers[b].bytes.max(1));
         // Candidate offsets: 0 and the end of every placed buffer alive at the same time.
-        let mut overlapping: Vec<(u64, u64)> = placed.iter().filter(|p| p.2 <= last && first <= p.3).map(|p| (p.0, p.0 + p.1)).collect();
+        let mut overlapping: Vec<(u64, u64)> = placed
+            .iter()
+            .filter(|p| p.2 <= last && first <= p.3)
+            .map(|p| (p.0, p.0 + p.1))
+            .collect();
         overlapping.sort();
         let mut offset = 0;
         for (start, end) in overlapping {
@@ -304,7 +338,8 @@ impl SharedPayload {
 /// The manifest of an artifact made of programs: `interface`'s inputs and outputs, the union of
 /// the programs' CPU features, and no buffers, kernels or launches of its own.
 fn outer_manifest(interface: &Manifest, programs: &[&Manifest]) -> Manifest {
-    let mut cpu_features: Vec<String> = programs.iter().flat_map(|m| m.cpu_features.iter().cloned()).collect();
+    let mut cpu_features: Vec<String> =
+        programs.iter().flat_map(|m| m.cpu_features.iter().cloned()).collect();
     cpu_features.sort();
     cpu_features.dedup();
     Manifest {
@@ -336,7 +371,10 @@ pub fn assemble_batched(plan: &BatchPlan, programs: Vec<(usize, Artifact)>) -> R
         payload.take(&mut m, &art)?;
         descs.push(BatchProgram { batch: size as u64, manifest: m });
     }
-    let one = &descs.last().ok_or_else(|| crate::CompileError::Internal("a symbolic batch with no programs".into()))?.manifest;
+    let one = &descs
+        .last()
+        .ok_or_else(|| crate::CompileError::Internal("a symbolic batch with no programs".into()))?
+        .manifest;
     let mut manifest = outer_manifest(one, &descs.iter().map(|p| &p.manifest).collect::<Vec<_>>());
     manifest.batch = Some(BatchDesc {
         symbol: plan.symbol.clone(),
@@ -347,7 +385,9 @@ pub fn assemble_batched(plan: &BatchPlan, programs: Vec<(usize, Artifact)>) -> R
         programs: descs,
     });
     let art = Artifact { manifest, payload: payload.bytes };
-    art.validate().map_err(|e| crate::CompileError::Internal(format!("the batched artifact does not validate: {e}")))?;
+    art.validate().map_err(|e| {
+        crate::CompileError::Internal(format!("the batched artifact does not validate: {e}"))
+    })?;
     Ok(art)
 }
 
@@ -367,18 +407,27 @@ pub fn assemble_control(
         payload.take(&mut m, art)?;
         manifests.push(m);
     }
-    let first = manifests.first().ok_or_else(|| crate::CompileError::Internal("control flow with no programs".into()))?;
+    let first = manifests
+        .first()
+        .ok_or_else(|| crate::CompileError::Internal("control flow with no programs".into()))?;
     let mut manifest = outer_manifest(first, &manifests.iter().collect::<Vec<_>>());
     (manifest.model, manifest.inputs, manifest.outputs) = (model.to_string(), inputs, outputs);
     manifest.control = Some(control(manifests));
     let art = Artifact { manifest, payload: payload.bytes };
-    art.validate().map_err(|e| crate::CompileError::Internal(format!("the control-flow artifact does not validate: {e}")))?;
+    art.validate().map_err(|e| {
+        crate::CompileError::Internal(format!("the control-flow artifact does not validate: {e}"))
+    })?;
     Ok(art)
 }
 
 /// One artifact from a program compiled for a padded symbol at `capacity`: the interface is the
 /// program's less its last input (the size the runtime passes).
-pub fn assemble_padded(model: &str, plan: &crate::pad::PadPlan, capacity: usize, program: Artifact) -> Result<Artifact> {
+pub fn assemble_padded(
+    model: &str,
+    plan: &crate::pad::PadPlan,
+    capacity: usize,
+    program: Artifact,
+) -> Result<Artifact> {
     use kiln_runtime::artifact::{PaddedAxis, PaddedDesc};
     let mut manifest = outer_manifest(&program.manifest, &[&program.manifest]);
     manifest.model = model.to_string();
@@ -386,16 +435,28 @@ pub fn assemble_padded(model: &str, plan: &crate::pad::PadPlan, capacity: usize,
     manifest.padded = Some(PaddedDesc {
         symbol: plan.symbol.clone(),
         capacity: capacity as u64,
-        inputs: plan.inputs.iter().map(|&(tensor, axis)| PaddedAxis { tensor, axis, extra: 0 }).collect(),
-        outputs: plan.outputs.iter().map(|&(tensor, axis, extra)| PaddedAxis { tensor, axis, extra: extra as u64 }).collect(),
+        inputs: plan
+            .inputs
+            .iter()
+            .map(|&(tensor, axis)| PaddedAxis { tensor, axis, extra: 0 })
+            .collect(),
+        outputs: plan
+            .outputs
+            .iter()
+            .map(|&(tensor, axis, extra)| PaddedAxis { tensor, axis, extra: extra as u64 })
+            .collect(),
         program: Box::new(program.manifest),
     });
     let art = Artifact { manifest, payload: program.payload };
-    art.validate().map_err(|e| crate::CompileError::Internal(format!("the padded artifact does not validate: {e}")))?;
+    art.validate().map_err(|e| {
+        crate::CompileError::Internal(format!("the padded artifact does not validate: {e}"))
+    })?;
     Ok(art)
 }
 
 /// FNV-1a over the bytes: finds blobs two programs share (equality is then checked).
 fn digest(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3))
+    bytes
+        .iter()
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3))
 }

@@ -42,12 +42,20 @@ pub struct BatchPlan {
 impl BatchPlan {
     /// The options that compile the program for batch `size`.
     pub fn options_for(&self, options: &Options, size: usize) -> Options {
-        Options { input_shapes: shapes_at(&self.shapes, &self.inputs, size), batch_ranges: HashMap::new(), ..options.clone() }
+        Options {
+            input_shapes: shapes_at(&self.shapes, &self.inputs, size),
+            batch_ranges: HashMap::new(),
+            ..options.clone()
+        }
     }
 }
 
 /// Every input's sizes with the batched ones' leading dimension set to `size`.
-fn shapes_at(shapes: &[(String, Vec<usize>)], batched: &[bool], size: usize) -> HashMap<String, Vec<usize>> {
+fn shapes_at(
+    shapes: &[(String, Vec<usize>)],
+    batched: &[bool],
+    size: usize,
+) -> HashMap<String, Vec<usize>> {
     shapes
         .iter()
         .zip(batched)
@@ -73,7 +81,11 @@ impl fmt::Display for BatchPlan {
         };
         let max = if self.max == NO_LIMIT { String::new() } else { self.max.to_string() };
         writeln!(f, "batch `{}` in {}..{max}", self.symbol, self.min)?;
-        writeln!(f, "  batched inputs: {}", names(&self.inputs, &mut self.shapes.iter().map(|(n, _)| n.clone())))?;
+        writeln!(
+            f,
+            "  batched inputs: {}",
+            names(&self.inputs, &mut self.shapes.iter().map(|(n, _)| n.clone()))
+        )?;
         let sizes: Vec<String> = self.sizes.iter().map(|s| s.to_string()).collect();
         write!(f, "  programs for batch {}", sizes.join(", "))
     }
@@ -87,18 +99,38 @@ pub fn plan(graph: &Graph, options: &Options) -> Result<Option<BatchPlan>> {
     if !options.input_values.is_empty() {
         return Ok(None);
     }
-    let Some((symbol, shapes, inputs, (min, max))) = batch_inputs(graph, options)? else { return Ok(None) };
+    let Some((symbol, shapes, inputs, (min, max))) = batch_inputs(graph, options)? else {
+        return Ok(None);
+    };
     // Analyse the graph specialised to a probe batch: shapes static, shape arithmetic still there.
     let mut g = graph.clone();
     let probe = shapes_at(&shapes, &inputs, PROBE);
-    let first = shapes.iter().zip(&inputs).find(|(_, &b)| b).map(|((n, _), _)| n.clone()).unwrap_or_default();
-    let refuse =
-        |node: Option<(String, &'static str)>, why: String| CompileError::NotBatchable { input: first.clone(), symbol: symbol.clone(), node, why };
+    let first = shapes
+        .iter()
+        .zip(&inputs)
+        .find(|(_, &b)| b)
+        .map(|((n, _), _)| n.clone())
+        .unwrap_or_default();
+    let refuse = |node: Option<(String, &'static str)>, why: String| CompileError::NotBatchable {
+        input: first.clone(),
+        symbol: symbol.clone(),
+        node,
+        why,
+    };
     // A leading symbol that is not a batch (a sequence length beside a fixed-size state) fails here.
-    specialize::specialize(&mut g, &probe).map_err(|e| refuse(None, format!("the model does not hold for a batch of {PROBE} ({e})")))?;
-    let sized = fold_shapes(&mut g, &inputs).map_err(|e| refuse(None, format!("its shape arithmetic fails for a batch of {PROBE} ({e})")))?;
-    let outputs = separable(&g, &inputs, &sized).map_err(|(node, why)| refuse(node.map(|n| (g.node(n).name.clone(), g.node(n).op.name())), why))?;
-    let mut sizes: Vec<usize> = (0..usize::BITS).map(|p| 1usize << p).take_while(|&s| s <= max.min(LARGEST_PROGRAM)).collect();
+    specialize::specialize(&mut g, &probe).map_err(|e| {
+        refuse(None, format!("the model does not hold for a batch of {PROBE} ({e})"))
+    })?;
+    let sized = fold_shapes(&mut g, &inputs).map_err(|e| {
+        refuse(None, format!("its shape arithmetic fails for a batch of {PROBE} ({e})"))
+    })?;
+    let outputs = separable(&g, &inputs, &sized).map_err(|(node, why)| {
+        refuse(node.map(|n| (g.node(n).name.clone(), g.node(n).op.name())), why)
+    })?;
+    let mut sizes: Vec<usize> = (0..usize::BITS)
+        .map(|p| 1usize << p)
+        .take_while(|&s| s <= max.min(LARGEST_PROGRAM))
+        .collect();
     sizes.reverse();
     Ok(Some(BatchPlan { symbol, min, max, inputs, outputs, shapes, sizes }))
 }
@@ -156,17 +188,34 @@ fn batch_inputs(graph: &Graph, options: &Options) -> Result<Option<BatchInputs>>
     }
     let (min, max) = range.unwrap_or((1, NO_LIMIT));
     if min == 0 || min > max {
-        return Err(CompileError::Usage(format!("the batch range {min}..{max} is empty (sizes start at 1)")));
+        return Err(CompileError::Usage(format!(
+            "the batch range {min}..{max} is empty (sizes start at 1)"
+        )));
     }
     let inputs: Vec<bool> = shapes.iter().map(|(_, d)| d.first() == Some(&None)).collect();
-    let shapes = shapes.into_iter().map(|(n, d)| (n, d.into_iter().map(|x| x.unwrap_or(1)).collect())).collect();
+    let shapes = shapes
+        .into_iter()
+        .map(|(n, d)| (n, d.into_iter().map(|x| x.unwrap_or(1)).collect()))
+        .collect();
     Ok(Some((symbol, shapes, inputs, (min, max))))
 }
 
 /// Checks given sizes (`None`: the batch, left open) against a declared type, binding its symbols.
-fn fits(name: &str, declared: &TensorType, dims: &[Option<usize>], bound: &mut HashMap<String, usize>) -> Result<()> {
-    let show = |d: &[Option<usize>]| d.iter().map(|x| x.map_or("N".to_string(), |n| n.to_string())).collect::<Vec<_>>().join(",");
-    let bad = || CompileError::Usage(format!("input `{name}` is {declared}, which the shape [{}] does not fit", show(dims)));
+fn fits(
+    name: &str,
+    declared: &TensorType,
+    dims: &[Option<usize>],
+    bound: &mut HashMap<String, usize>,
+) -> Result<()> {
+    let show = |d: &[Option<usize>]| {
+        d.iter().map(|x| x.map_or("N".to_string(), |n| n.to_string())).collect::<Vec<_>>().join(",")
+    };
+    let bad = || {
+        CompileError::Usage(format!(
+            "input `{name}` is {declared}, which the shape [{}] does not fit",
+            show(dims)
+        ))
+    };
     if dims.len() != declared.rank() {
         return Err(bad());
     }
@@ -176,7 +225,9 @@ fn fits(name: &str, declared: &TensorType, dims: &[Option<usize>], bound: &mut H
             (Dim::Sym(s), Some(n)) => {
                 if let Some(&prev) = bound.get(&**s) {
                     if prev != *n {
-                        return Err(CompileError::Usage(format!("`{s}` is {prev} in an earlier input but {n} in `{name}`")));
+                        return Err(CompileError::Usage(format!(
+                            "`{s}` is {prev} in an earlier input but {n} in `{name}`"
+                        )));
                     }
                 }
                 bound.insert(s.to_string(), *n);
@@ -194,9 +245,12 @@ fn fold_shapes(g: &mut Graph, batched_inputs: &[bool]) -> Result<HashSet<NodeId>
     let mut data: HashSet<NodeId> = HashSet::new();
     for id in g.topo_order()? {
         let node = g.node(id);
-        let from_input = matches!(node.op, Op::Input) && g.inputs().iter().position(|&x| x == id).is_some_and(|i| batched_inputs[i]);
+        let from_input = matches!(node.op, Op::Input)
+            && g.inputs().iter().position(|&x| x == id).is_some_and(|i| batched_inputs[i]);
         let sizes_only = matches!(node.op, Op::Shape { .. } | Op::Size);
-        if from_input || (!sizes_only && g.operands(id).iter().flatten().any(|v| data.contains(&v.node))) {
+        if from_input
+            || (!sizes_only && g.operands(id).iter().flatten().any(|v| data.contains(&v.node)))
+        {
             data.insert(id);
         }
     }
@@ -209,8 +263,14 @@ fn fold_shapes(g: &mut Graph, batched_inputs: &[bool]) -> Result<HashSet<NodeId>
                 continue;
             }
             let operands = g.operands(id);
-            let Some(results) = kiln_ir::fold::fold(g, &node.op, &operands, node.outputs.len()) else { continue };
-            let of_batch = operands.iter().flatten().any(|v| sized.contains(&v.node) || data.contains(&v.node));
+            let Some(results) = kiln_ir::fold::fold(g, &node.op, &operands, node.outputs.len())
+            else {
+                continue;
+            };
+            let of_batch = operands
+                .iter()
+                .flatten()
+                .any(|v| sized.contains(&v.node) || data.contains(&v.node));
             for (i, t) in results.into_iter().enumerate() {
                 let c = g.add_constant(&g.unique_name(&format!("{}.folded{i}", node.name)), t)?;
                 g.replace_uses(ValueId::new(id, i), c)?;
@@ -244,7 +304,11 @@ type Refusal = (Option<NodeId>, String);
 
 /// Walks the graph (specialised to the probe batch) from the batched inputs and returns, per
 /// graph output, whether it is batched; or the node that mixes samples and why.
-fn separable(g: &Graph, batched_inputs: &[bool], sized: &HashSet<NodeId>) -> std::result::Result<Vec<bool>, Refusal> {
+fn separable(
+    g: &Graph,
+    batched_inputs: &[bool],
+    sized: &HashSet<NodeId>,
+) -> std::result::Result<Vec<bool>, Refusal> {
     let mut dep: HashMap<ValueId, Dep> = HashMap::new();
     let order = g.topo_order().map_err(|e| (None, e.to_string()))?;
     for id in order {
@@ -253,7 +317,11 @@ fn separable(g: &Graph, batched_inputs: &[bool], sized: &HashSet<NodeId>) -> std
         let deps: Vec<Dep> = operands.iter().map(|v| v.map_or(Dep::Free, |v| dep[&v])).collect();
         let d = match &node.op {
             Op::Input => {
-                let i = g.inputs().iter().position(|&x| x == id).expect("an Input node is a graph input");
+                let i = g
+                    .inputs()
+                    .iter()
+                    .position(|&x| x == id)
+                    .expect("an Input node is a graph input");
                 if batched_inputs[i] {
                     Dep::Batched
                 } else {
@@ -272,13 +340,21 @@ fn separable(g: &Graph, batched_inputs: &[bool], sized: &HashSet<NodeId>) -> std
         .map(|(name, v)| match dep[v] {
             Dep::Batched => Ok(true),
             Dep::Free => Ok(false),
-            Dep::Sized => Err((None, format!("`{name}` is computed from the batch size, not from the samples"))),
+            Dep::Sized => Err((
+                None,
+                format!("`{name}` is computed from the batch size, not from the samples"),
+            )),
         })
         .collect()
 }
 
 /// The dependence of a node's results on the batch, given its operands'.
-fn rule(g: &Graph, id: NodeId, operands: &[Option<ValueId>], deps: &[Dep]) -> std::result::Result<Dep, String> {
+fn rule(
+    g: &Graph,
+    id: NodeId,
+    operands: &[Option<ValueId>],
+    deps: &[Dep],
+) -> std::result::Result<Dep, String> {
     let node = g.node(id);
     let batched = |i: usize| deps.get(i) == Some(&Dep::Batched);
     let any_batched = deps.contains(&Dep::Batched);
@@ -288,10 +364,14 @@ fn rule(g: &Graph, id: NodeId, operands: &[Option<ValueId>], deps: &[Dep]) -> st
     let ty = |i: usize| operands.get(i).copied().flatten().map(|v| g.value_type(v));
     let rank = |i: usize| ty(i).map_or(0, |t| t.rank());
     let out_rank = node.outputs[0].rank();
-    let constant = |i: usize| operands.get(i).copied().flatten().and_then(|v| g.constant_value(v)).map(|t| t.to_i64s());
+    let constant = |i: usize| {
+        operands.get(i).copied().flatten().and_then(|v| g.constant_value(v)).map(|t| t.to_i64s())
+    };
     let only = |positions: &[usize]| -> std::result::Result<(), String> {
         match (0..deps.len()).find(|i| deps[*i] == Dep::Batched && !positions.contains(i)) {
-            Some(i) => Err(format!("takes a batched tensor as operand {i}, which it does not treat per sample")),
+            Some(i) => Err(format!(
+                "takes a batched tensor as operand {i}, which it does not treat per sample"
+            )),
             None => Ok(()),
         }
     };
@@ -299,19 +379,27 @@ fn rule(g: &Graph, id: NodeId, operands: &[Option<ValueId>], deps: &[Dep]) -> st
         Some(0) => Err(format!("works along the batch axis ({what} {axis})")),
         _ => Ok(()),
     };
-    let axes_not_batch = |axes: Option<Vec<i64>>, r: usize, what: &str| -> std::result::Result<(), String> {
-        let axes = axes.ok_or_else(|| format!("has {what} computed at run time"))?;
-        axes.iter().try_for_each(|&a| axis_not_batch(a, r, what))
-    };
+    let axes_not_batch =
+        |axes: Option<Vec<i64>>, r: usize, what: &str| -> std::result::Result<(), String> {
+            let axes = axes.ok_or_else(|| format!("has {what} computed at run time"))?;
+            axes.iter().try_for_each(|&a| axis_not_batch(a, r, what))
+        };
     // Operands that broadcast against a batched one: batched ones rank-aligned with the result,
     // others size 1 (or absent) on the batch axis.
     let broadcast = || -> std::result::Result<(), String> {
         for (i, d) in deps.iter().enumerate() {
             let Some(t) = ty(i) else { continue };
             match d {
-                Dep::Batched if t.rank() != out_rank => return Err(format!("broadcasts batched operand {i} ({t}) to rank {out_rank}")),
-                Dep::Free if t.rank() == out_rank && t.shape.dims().first().is_some_and(|d| !d.is_one()) => {
-                    return Err(format!("combines the batch with operand {i} ({t}), which is not per sample"))
+                Dep::Batched if t.rank() != out_rank => {
+                    return Err(format!("broadcasts batched operand {i} ({t}) to rank {out_rank}"))
+                }
+                Dep::Free
+                    if t.rank() == out_rank
+                        && t.shape.dims().first().is_some_and(|d| !d.is_one()) =>
+                {
+                    return Err(format!(
+                        "combines the batch with operand {i} ({t}), which is not per sample"
+                    ))
                 }
                 _ => {}
             }
@@ -322,7 +410,9 @@ fn rule(g: &Graph, id: NodeId, operands: &[Option<ValueId>], deps: &[Dep]) -> st
     if !any_batched {
         // Only shape arithmetic on the batch size, unless the op makes a tensor that size.
         return match &node.op {
-            Op::ConstantOfShape { .. } | Op::Expand | Op::Tile => leading_is_batch(node.outputs.as_slice()),
+            Op::ConstantOfShape { .. } | Op::Expand | Op::Tile => {
+                leading_is_batch(node.outputs.as_slice())
+            }
             _ => Ok(Dep::Sized),
         };
     }
@@ -332,7 +422,9 @@ fn rule(g: &Graph, id: NodeId, operands: &[Option<ValueId>], deps: &[Dep]) -> st
         _ => &[],
     };
     if let Some(i) = (0..deps.len()).find(|i| deps[*i] == Dep::Sized && !sized_ok.contains(i)) {
-        return Err(format!("uses the batch size as a value (operand {i}, from the Shape of a batched tensor)"));
+        return Err(format!(
+            "uses the batch size as a value (operand {i}, from the Shape of a batched tensor)"
+        ));
     }
     let x_rank = rank(0);
     match &node.op {
@@ -345,18 +437,27 @@ fn rule(g: &Graph, id: NodeId, operands: &[Option<ValueId>], deps: &[Dep]) -> st
             return Ok(if s == 0 && e > 0 { Dep::Sized } else { Dep::Free });
         }
         Op::Size => return Ok(Dep::Sized),
-        Op::Unary(_) | Op::Binary(_) | Op::Clip | Op::Where | Op::Cast { .. } | Op::Identity => broadcast()?,
+        Op::Unary(_) | Op::Binary(_) | Op::Clip | Op::Where | Op::Cast { .. } | Op::Identity => {
+            broadcast()?
+        }
         Op::MatMul => {
             // The batch is a row axis of A, or a broadcast (stack) axis of both.
             if batched(0) && (x_rank < 2 || x_rank != out_rank) {
-                return Err(format!("multiplies a batched {} with the batch among its rows or columns", ty(0).expect("operand")));
+                return Err(format!(
+                    "multiplies a batched {} with the batch among its rows or columns",
+                    ty(0).expect("operand")
+                ));
             }
             if batched(1) && (rank(1) < 3 || rank(1) != out_rank) {
                 return Err("multiplies by a batched matrix along the batch".into());
             }
             for (i, d) in deps.iter().enumerate().take(2) {
                 let t = ty(i).expect("MatMul has two operands");
-                if *d == Dep::Free && t.rank() >= 3 && t.rank() == out_rank && !t.shape.dims()[0].is_one() {
+                if *d == Dep::Free
+                    && t.rank() >= 3
+                    && t.rank() == out_rank
+                    && !t.shape.dims()[0].is_one()
+                {
                     return Err(format!("multiplies the batch with a stack of matrices ({t}) that is not per sample"));
                 }
             }
@@ -364,10 +465,14 @@ fn rule(g: &Graph, id: NodeId, operands: &[Option<ValueId>], deps: &[Dep]) -> st
         Op::Gemm(gemm) => {
             only(&[0])?;
             if gemm.trans_a {
-                return Err("reads its batched A transposed (the batch is then a reduction axis)".into());
+                return Err(
+                    "reads its batched A transposed (the batch is then a reduction axis)".into()
+                );
             }
             if ty(2).is_some_and(|t| t.rank() == 2 && !t.shape.dims()[0].is_one()) {
-                return Err("adds a C with as many rows as the batch, which is not per sample".into());
+                return Err(
+                    "adds a C with as many rows as the batch, which is not per sample".into()
+                );
             }
         }
         Op::Conv(_)
@@ -388,7 +493,10 @@ fn rule(g: &Graph, id: NodeId, operands: &[Option<ValueId>], deps: &[Dep]) -> st
                 axis_not_batch(*axis, x_rank, "scale axis")?;
             }
         }
-        Op::Softmax { axis } | Op::LogSoftmax { axis } | Op::Hardmax { axis } | Op::LpNorm { axis, .. } => {
+        Op::Softmax { axis }
+        | Op::LogSoftmax { axis }
+        | Op::Hardmax { axis }
+        | Op::LpNorm { axis, .. } => {
             only(&[0])?;
             axis_not_batch(*axis, x_rank, "axis")?;
         }
@@ -428,11 +536,21 @@ fn rule(g: &Graph, id: NodeId, operands: &[Option<ValueId>], deps: &[Dep]) -> st
                 match shape.first() {
                     Some(0) if !allowzero => {}
                     Some(-1) => {}
-                    _ => return Err(format!("reshapes to the constant shape {shape:?}, which fixes the batch size")),
+                    _ => {
+                        return Err(format!(
+                            "reshapes to the constant shape {shape:?}, which fixes the batch size"
+                        ))
+                    }
                 }
             }
-            if ty(0).and_then(|t| t.shape.dims().first().cloned()) != node.outputs[0].shape.dims().first().cloned() {
-                return Err(format!("reshapes {} to {}, which moves the batch", ty(0).expect("operand"), node.outputs[0]));
+            if ty(0).and_then(|t| t.shape.dims().first().cloned())
+                != node.outputs[0].shape.dims().first().cloned()
+            {
+                return Err(format!(
+                    "reshapes {} to {}, which moves the batch",
+                    ty(0).expect("operand"),
+                    node.outputs[0]
+                ));
             }
         }
         Op::Flatten { axis } => {
@@ -448,7 +566,9 @@ fn rule(g: &Graph, id: NodeId, operands: &[Option<ValueId>], deps: &[Dep]) -> st
         Op::Squeeze => {
             only(&[0])?;
             if operands.get(1).copied().flatten().is_none() {
-                return Err("squeezes every size-1 axis, which takes the batch away at batch 1".into());
+                return Err(
+                    "squeezes every size-1 axis, which takes the batch away at batch 1".into()
+                );
             }
             axes_not_batch(constant(1), x_rank, "axes")?;
         }
@@ -468,7 +588,10 @@ fn rule(g: &Graph, id: NodeId, operands: &[Option<ValueId>], deps: &[Dep]) -> st
         }
         Op::Slice => {
             only(&[0])?;
-            let (starts, ends) = (constant(1).ok_or("has starts computed at run time")?, constant(2).ok_or("has ends computed at run time")?);
+            let (starts, ends) = (
+                constant(1).ok_or("has starts computed at run time")?,
+                constant(2).ok_or("has ends computed at run time")?,
+            );
             let axes = match operands.get(3).copied().flatten() {
                 Some(_) => constant(3).ok_or("has axes computed at run time")?,
                 None => (0..starts.len() as i64).collect(),
@@ -479,7 +602,9 @@ fn rule(g: &Graph, id: NodeId, operands: &[Option<ValueId>], deps: &[Dep]) -> st
             };
             for (k, &a) in axes.iter().enumerate() {
                 // A malformed Slice (more axes than starts) is refused here, not indexed past its end.
-                let whole = starts.get(k) == Some(&0) && steps.get(k) == Some(&1) && ends.get(k).is_some_and(|&e| e >= i32::MAX as i64);
+                let whole = starts.get(k) == Some(&0)
+                    && steps.get(k) == Some(&1)
+                    && ends.get(k).is_some_and(|&e| e >= i32::MAX as i64);
                 if normalize_axis(a, x_rank) == Some(0) && !whole {
                     return Err("slices the batch axis".into());
                 }
@@ -504,9 +629,12 @@ fn rule(g: &Graph, id: NodeId, operands: &[Option<ValueId>], deps: &[Dep]) -> st
         Op::Expand => {
             only(&[0])?;
             if x_rank != out_rank {
-                return Err("broadcasts the batched tensor to a higher rank, which moves the batch".into());
+                return Err(
+                    "broadcasts the batched tensor to a higher rank, which moves the batch".into(),
+                );
             }
-            if deps[1] == Dep::Free && constant(1).is_some_and(|s| s.len() == out_rank && s[0] != 1) {
+            if deps[1] == Dep::Free && constant(1).is_some_and(|s| s.len() == out_rank && s[0] != 1)
+            {
                 return Err("expands the batch axis to a constant size".into());
             }
         }
@@ -525,20 +653,32 @@ fn rule(g: &Graph, id: NodeId, operands: &[Option<ValueId>], deps: &[Dep]) -> st
             };
             let n = axes.len();
             for (k, &a) in axes.iter().enumerate() {
-                if normalize_axis(a, x_rank) == Some(0) && (pads.get(k) != Some(&0) || pads.get(k + n) != Some(&0)) {
+                if normalize_axis(a, x_rank) == Some(0)
+                    && (pads.get(k) != Some(&0) || pads.get(k + n) != Some(&0))
+                {
                     return Err("pads the batch axis".into());
                 }
             }
         }
         Op::Resize(r) => {
             only(&[0])?;
-            let axes: Vec<usize> =
-                if r.axes.is_empty() { (0..x_rank).collect() } else { r.axes.iter().filter_map(|&a| normalize_axis(a, x_rank)).collect() };
+            let axes: Vec<usize> = if r.axes.is_empty() {
+                (0..x_rank).collect()
+            } else {
+                r.axes.iter().filter_map(|&a| normalize_axis(a, x_rank)).collect()
+            };
             if let Some(k) = axes.iter().position(|&a| a == 0) {
-                if operands.get(3).copied().flatten().is_some() && constant(3).is_none_or(|s| !s.is_empty()) {
+                if operands.get(3).copied().flatten().is_some()
+                    && constant(3).is_none_or(|s| !s.is_empty())
+                {
                     return Err("gives the batch axis a size".into());
                 }
-                let scales = operands.get(2).copied().flatten().and_then(|v| g.constant_value(v)).map(|t| t.to_f64s());
+                let scales = operands
+                    .get(2)
+                    .copied()
+                    .flatten()
+                    .and_then(|v| g.constant_value(v))
+                    .map(|t| t.to_f64s());
                 if scales.is_some_and(|s| s.get(k).is_some_and(|&s| s != 1.0)) {
                     return Err("scales the batch axis".into());
                 }
@@ -567,19 +707,29 @@ fn rule(g: &Graph, id: NodeId, operands: &[Option<ValueId>], deps: &[Dep]) -> st
         }
         Op::Attention(_) => {
             only(&[0, 1, 2, 3, 4, 5])?;
-            if ty(3).is_some_and(|t| deps[3] == Dep::Free && t.rank() == 4 && !t.shape.dims()[0].is_one()) {
+            if ty(3).is_some_and(|t| {
+                deps[3] == Dep::Free && t.rank() == 4 && !t.shape.dims()[0].is_one()
+            }) {
                 return Err("masks with a tensor that is not per sample".into());
             }
         }
         Op::RotaryEmbedding(_) => only(&[0, 3])?,
         Op::Einsum { .. } => return Err("is an Einsum, whose batch kiln does not trace".into()),
-        Op::NonZero | Op::Compress { .. } => return Err("has a result whose size depends on the data".into()),
-        Op::EyeLike { .. } | Op::Range | Op::ConstantOfShape { .. } => return Err("makes a tensor shaped by a batched one".into()),
+        Op::NonZero | Op::Compress { .. } => {
+            return Err("has a result whose size depends on the data".into())
+        }
+        Op::EyeLike { .. } | Op::Range | Op::ConstantOfShape { .. } => {
+            return Err("makes a tensor shaped by a batched one".into())
+        }
         Op::ScatterNd { .. } => return Err("scatters into a batched tensor by index tuples".into()),
-        Op::NllLoss(_) | Op::SoftmaxCrossEntropyLoss(_) => return Err("is a loss, which reduces over the batch".into()),
+        Op::NllLoss(_) | Op::SoftmaxCrossEntropyLoss(_) => {
+            return Err("is a loss, which reduces over the batch".into())
+        }
         Op::Scan(_) => return Err("is a Scan, whose steps kiln does not trace per sample".into()),
         Op::Loop(_) => return Err("is a Loop, whose steps kiln does not trace per sample".into()),
-        Op::Sequence(_) | Op::Optional(_) => return Err("is a sequence or optional op, which kiln does not trace per sample".into()),
+        Op::Sequence(_) | Op::Optional(_) => {
+            return Err("is a sequence or optional op, which kiln does not trace per sample".into())
+        }
         Op::If { then_branch, else_branch } => {
             if deps[0] != Dep::Free {
                 return Err("branches on a batched value".into());
@@ -596,10 +746,16 @@ fn rule(g: &Graph, id: NodeId, operands: &[Option<ValueId>], deps: &[Dep]) -> st
                 if deps[1..].contains(&Dep::Sized) {
                     return Err("passes the batch size into a branch".into());
                 }
-                let outputs = separable(&b, &flags, &HashSet::new()).map_err(|(node, why)| match node {
-                    Some(n) => format!("has a branch `{}` whose node `{}` ({}) {why}", b.name, b.node(n).name, b.node(n).op.name()),
-                    None => format!("has a branch `{}` where {why}", b.name),
-                })?;
+                let outputs =
+                    separable(&b, &flags, &HashSet::new()).map_err(|(node, why)| match node {
+                        Some(n) => format!(
+                            "has a branch `{}` whose node `{}` ({}) {why}",
+                            b.name,
+                            b.node(n).name,
+                            b.node(n).op.name()
+                        ),
+                        None => format!("has a branch `{}` where {why}", b.name),
+                    })?;
                 each.extend(outputs);
             }
             if each.iter().all(|&b| !b) {

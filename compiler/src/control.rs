@@ -64,9 +64,19 @@ pub struct ControlSplit {
 /// or Scan; `None` when it has none.
 pub fn split(graph: &Graph) -> Result<Option<ControlSplit>> {
     let order = graph.topo_order()?;
-    let Some(&at) = order.iter().find(|&&id| matches!(graph.node(id).op, Op::If { .. } | Op::Scan(_) | Op::Loop(_))) else { return Ok(None) };
+    let Some(&at) = order
+        .iter()
+        .find(|&&id| matches!(graph.node(id).op, Op::If { .. } | Op::Scan(_) | Op::Loop(_)))
+    else {
+        return Ok(None);
+    };
     let if_name = graph.node(at).name.clone();
-    let bug = |msg: String| CompileError::Internal(format!("splitting at {} `{if_name}`: {msg}", graph.node(at).op.name()));
+    let bug = |msg: String| {
+        CompileError::Internal(format!(
+            "splitting at {} `{if_name}`: {msg}",
+            graph.node(at).op.name()
+        ))
+    };
     // A Scan's state and scanned inputs and a Loop's trip count, condition and state are host
     // values even when constant (the steps slice and carry them); only the captured constants are
     // bound into the body.
@@ -101,7 +111,11 @@ pub fn split(graph: &Graph) -> Result<Option<ControlSplit>> {
         for (i, v) in graph.operands(id).into_iter().enumerate() {
             let Some(v) = v else { continue };
             let host = id == at && i >= host_from;
-            if !later.contains(&v.node) && (host || !is_constant(v)) && !is_input(v) && !crossing.contains(&v) {
+            if !later.contains(&v.node)
+                && (host || !is_constant(v))
+                && !is_input(v)
+                && !crossing.contains(&v)
+            {
                 crossing.push(v);
             }
         }
@@ -131,9 +145,17 @@ pub fn split(graph: &Graph) -> Result<Option<ControlSplit>> {
                 }
                 Op::Constant(t) => before.add_constant(&node.name, t.clone())?.node,
                 op => {
-                    let operands: Vec<Option<ValueId>> =
-                        graph.operands(id).into_iter().map(|o| o.map(|v| ValueId::new(map[&v.node], v.output))).collect();
-                    before.add_node_with_outputs(&node.name, op.clone(), &operands, node.outputs.len())?
+                    let operands: Vec<Option<ValueId>> = graph
+                        .operands(id)
+                        .into_iter()
+                        .map(|o| o.map(|v| ValueId::new(map[&v.node], v.output)))
+                        .collect();
+                    before.add_node_with_outputs(
+                        &node.name,
+                        op.clone(),
+                        &operands,
+                        node.outputs.len(),
+                    )?
                 }
             };
             map.insert(id, new);
@@ -165,42 +187,60 @@ pub fn split(graph: &Graph) -> Result<Option<ControlSplit>> {
         values.push((graph.value_name(ValueId::new(at, k)), ty.clone()));
     }
     // `graph` typed as `types` (the operands'), the constants among `captured` bound into it.
-    let program = |g: &Graph, role: Role, types: Vec<TensorType>, captured: &[ValueId]| -> Result<Graph> {
-        let mut b = g.clone();
-        b.name = format!("{}.{}.{if_name}", graph.name, role.name());
-        let mut bound = Vec::new();
-        for (i, ty) in types.into_iter().enumerate() {
-            b.set_input_type(i, ty)?;
-            if let Some(t) = captured.get(i).and_then(|&v| graph.constant_value(v)) {
-                bound.push((b.node(b.inputs()[i]).name.clone(), t.clone()));
+    let program =
+        |g: &Graph, role: Role, types: Vec<TensorType>, captured: &[ValueId]| -> Result<Graph> {
+            let mut b = g.clone();
+            b.name = format!("{}.{}.{if_name}", graph.name, role.name());
+            let mut bound = Vec::new();
+            for (i, ty) in types.into_iter().enumerate() {
+                b.set_input_type(i, ty)?;
+                if let Some(t) = captured.get(i).and_then(|&v| graph.constant_value(v)) {
+                    bound.push((b.node(b.inputs()[i]).name.clone(), t.clone()));
+                }
             }
-        }
-        specialize::bind_values(&mut b, &bound)?;
-        Ok(b)
+            specialize::bind_values(&mut b, &bound)?;
+            Ok(b)
+        };
+    let host = |v: &ValueId| {
+        value_of
+            .get(v)
+            .copied()
+            .ok_or_else(|| bug(format!("`{}` is not a host value", graph.value_name(*v))))
     };
-    let host = |v: &ValueId| value_of.get(v).copied().ok_or_else(|| bug(format!("`{}` is not a host value", graph.value_name(*v))));
     match &graph.node(at).op {
         Op::If { then_branch, else_branch } => {
             // Each branch takes the If's captured values.
-            let (cond, captured) = operands.split_first().ok_or_else(|| bug("no condition".into()))?;
+            let (cond, captured) =
+                operands.split_first().ok_or_else(|| bug("no condition".into()))?;
             let cond = host(cond)?;
-            let args: Vec<usize> = captured.iter().filter(|v| !is_constant(**v)).map(host).collect::<Result<_>>()?;
-            let types: Vec<TensorType> = captured.iter().map(|&v| graph.value_type(v).clone()).collect();
-            programs.push((Role::Then, program(&then_branch.0, Role::Then, types.clone(), captured)?));
+            let args: Vec<usize> =
+                captured.iter().filter(|v| !is_constant(**v)).map(host).collect::<Result<_>>()?;
+            let types: Vec<TensorType> =
+                captured.iter().map(|&v| graph.value_type(v).clone()).collect();
+            programs
+                .push((Role::Then, program(&then_branch.0, Role::Then, types.clone(), captured)?));
             programs.push((Role::Else, program(&else_branch.0, Role::Else, types, captured)?));
             let n = programs.len();
-            steps.push(Step::If { cond, then: n - 2, otherwise: n - 1, args, results: results.clone() });
+            steps.push(Step::If {
+                cond,
+                then: n - 2,
+                otherwise: n - 1,
+                args,
+                results: results.clone(),
+            });
         }
         Op::Scan(s) => {
             let (captured, rest) = operands.split_at(s.captures.min(operands.len()));
             let states = s.states(operands.len());
             let (state, scanned) = rest.split_at(states);
-            let mut types: Vec<TensorType> = operands.iter().map(|&v| graph.value_type(v).clone()).collect();
+            let mut types: Vec<TensorType> =
+                operands.iter().map(|&v| graph.value_type(v).clone()).collect();
             let mut scans = Vec::new();
             for (i, &v) in scanned.iter().enumerate() {
                 let (axis, reverse) = s.input(i);
                 let t = &mut types[s.captures + states + i];
-                let axis = kiln_ir::normalize_axis(axis, t.rank()).ok_or_else(|| bug(format!("scan axis {axis} outside {t}")))?;
+                let axis = kiln_ir::normalize_axis(axis, t.rank())
+                    .ok_or_else(|| bug(format!("scan axis {axis} outside {t}")))?;
                 let mut dims = t.shape.dims().to_vec();
                 dims.remove(axis);
                 *t = TensorType::new(t.dtype, kiln_ir::Shape(dims));
@@ -220,13 +260,18 @@ pub fn split(graph: &Graph) -> Result<Option<ControlSplit>> {
                 .map(|k| {
                     let (axis, reverse) = s.output(k);
                     let rank = body.value_type(body.outputs()[states + k].1).rank() + 1;
-                    let axis = kiln_ir::normalize_axis(axis, rank).ok_or_else(|| bug(format!("stacking axis {axis} outside rank {rank}")))?;
+                    let axis = kiln_ir::normalize_axis(axis, rank)
+                        .ok_or_else(|| bug(format!("stacking axis {axis} outside rank {rank}")))?;
                     Ok(kiln_runtime::artifact::Stacked { axis, reverse })
                 })
                 .collect::<Result<_>>()?;
             steps.push(Step::Scan {
                 body: programs.len(),
-                captured: captured.iter().filter(|v| !is_constant(**v)).map(host).collect::<Result<_>>()?,
+                captured: captured
+                    .iter()
+                    .filter(|v| !is_constant(**v))
+                    .map(host)
+                    .collect::<Result<_>>()?,
                 state: state.iter().map(host).collect::<Result<_>>()?,
                 scanned: scans,
                 stacked,
@@ -239,7 +284,8 @@ pub fn split(graph: &Graph) -> Result<Option<ControlSplit>> {
             // are read from `given`.
             let (captured, state) = operands.split_at(l.captures.min(operands.len()));
             let declared = |i: usize| l.body.0.node(l.body.0.inputs()[i]).outputs[0].clone();
-            let mut types: Vec<TensorType> = captured.iter().map(|&v| graph.value_type(v).clone()).collect();
+            let mut types: Vec<TensorType> =
+                captured.iter().map(|&v| graph.value_type(v).clone()).collect();
             types.extend([declared(l.captures), declared(l.captures + 1)]);
             types.extend(state.iter().map(|&v| graph.value_type(v).clone()));
             let body = program(&l.body.0, Role::Body, types, captured)?;
@@ -252,10 +298,15 @@ pub fn split(graph: &Graph) -> Result<Option<ControlSplit>> {
                     )));
                 }
             }
-            let optional_host = |i: usize| given.get(i).copied().flatten().map(|v| host(&v)).transpose();
+            let optional_host =
+                |i: usize| given.get(i).copied().flatten().map(|v| host(&v)).transpose();
             steps.push(Step::Loop {
                 body: programs.len(),
-                captured: captured.iter().filter(|v| !is_constant(**v)).map(host).collect::<Result<_>>()?,
+                captured: captured
+                    .iter()
+                    .filter(|v| !is_constant(**v))
+                    .map(host)
+                    .collect::<Result<_>>()?,
                 trip_count: optional_host(l.captures)?,
                 cond: optional_host(l.captures + 1)?,
                 state: state.iter().map(host).collect::<Result<_>>()?,
@@ -270,7 +321,8 @@ pub fn split(graph: &Graph) -> Result<Option<ControlSplit>> {
     }
 
     // `after`: the rest, reading host values as inputs and copying the constants it reads.
-    let rest: Vec<NodeId> = order.iter().copied().filter(|&id| id != at && later.contains(&id)).collect();
+    let rest: Vec<NodeId> =
+        order.iter().copied().filter(|&id| id != at && later.contains(&id)).collect();
     if !rest.is_empty() {
         let mut after = Graph::new(&format!("{}.after.{if_name}", graph.name));
         let mut map: HashMap<ValueId, ValueId> = HashMap::new();
@@ -287,17 +339,27 @@ pub fn split(graph: &Graph) -> Result<Option<ControlSplit>> {
                     continue;
                 }
                 let mine = match graph.constant_value(v) {
-                    Some(t) => after.add_constant(&after.unique_name(&graph.value_name(v)), t.clone())?,
+                    Some(t) => {
+                        after.add_constant(&after.unique_name(&graph.value_name(v)), t.clone())?
+                    }
                     None => {
                         args.push(value_of[&v]);
-                        after.add_input(&after.unique_name(&graph.value_name(v)), graph.value_type(v).clone())?
+                        after.add_input(
+                            &after.unique_name(&graph.value_name(v)),
+                            graph.value_type(v).clone(),
+                        )?
                     }
                 };
                 map.insert(v, mine);
                 operands.push(Some(mine));
             }
             let node = graph.node(id);
-            let new = after.add_node_with_outputs(&node.name, node.op.clone(), &operands, node.outputs.len())?;
+            let new = after.add_node_with_outputs(
+                &node.name,
+                node.op.clone(),
+                &operands,
+                node.outputs.len(),
+            )?;
             for k in 0..node.outputs.len() {
                 map.insert(ValueId::new(id, k), ValueId::new(new, k));
             }
@@ -318,7 +380,12 @@ pub fn split(graph: &Graph) -> Result<Option<ControlSplit>> {
     let outputs = graph
         .outputs()
         .iter()
-        .map(|(_, v)| value_of.get(v).copied().ok_or_else(|| bug(format!("output `{}` has no value", graph.value_name(*v)))))
+        .map(|(_, v)| {
+            value_of
+                .get(v)
+                .copied()
+                .ok_or_else(|| bug(format!("output `{}` has no value", graph.value_name(*v))))
+        })
         .collect::<Result<_>>()?;
     let op = graph.node(at).op.name();
     Ok(Some(ControlSplit { node: if_name, op, programs, values, steps, outputs }))
@@ -326,33 +393,73 @@ pub fn split(graph: &Graph) -> Result<Option<ControlSplit>> {
 
 impl fmt::Display for ControlSplit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let names = |vs: &[usize]| vs.iter().map(|&v| self.values[v].0.as_str()).collect::<Vec<_>>().join(", ");
-        writeln!(f, "control flow at {} `{}`: {} programs", self.op, self.node, self.programs.len())?;
+        let names = |vs: &[usize]| {
+            vs.iter().map(|&v| self.values[v].0.as_str()).collect::<Vec<_>>().join(", ")
+        };
+        writeln!(
+            f,
+            "control flow at {} `{}`: {} programs",
+            self.op,
+            self.node,
+            self.programs.len()
+        )?;
         for step in &self.steps {
             match step {
                 Step::Run { program, args, results } => {
-                    writeln!(f, "  run #{program} {}({}) -> ({})", self.programs[*program].0.name(), names(args), names(results))?;
+                    writeln!(
+                        f,
+                        "  run #{program} {}({}) -> ({})",
+                        self.programs[*program].0.name(),
+                        names(args),
+                        names(results)
+                    )?;
                 }
                 Step::If { cond, then, otherwise, args, results } => {
-                    let (t, e) = (self.programs[*then].0.name(), self.programs[*otherwise].0.name());
+                    let (t, e) =
+                        (self.programs[*then].0.name(), self.programs[*otherwise].0.name());
                     let (c, a) = (&self.values[*cond].0, names(args));
-                    writeln!(f, "  if {c}: #{then} {t}({a}), else #{otherwise} {e}({a}) -> ({})", names(results))?;
+                    writeln!(
+                        f,
+                        "  if {c}: #{then} {t}({a}), else #{otherwise} {e}({a}) -> ({})",
+                        names(results)
+                    )?;
                 }
                 Step::Scan { body, captured, state, scanned, stacked, results } => {
                     let scans: Vec<String> = scanned
                         .iter()
-                        .map(|s| format!("{} axis {}{}", self.values[s.value].0, s.axis, if s.reverse { " reversed" } else { "" }))
+                        .map(|s| {
+                            format!(
+                                "{} axis {}{}",
+                                self.values[s.value].0,
+                                s.axis,
+                                if s.reverse { " reversed" } else { "" }
+                            )
+                        })
                         .collect();
-                    let stacks: Vec<String> =
-                        stacked.iter().map(|s| format!("axis {}{}", s.axis, if s.reverse { " reversed" } else { "" })).collect();
+                    let stacks: Vec<String> = stacked
+                        .iter()
+                        .map(|s| {
+                            format!("axis {}{}", s.axis, if s.reverse { " reversed" } else { "" })
+                        })
+                        .collect();
                     let mut takes = Vec::new();
-                    for (what, list) in [("captured", names(captured)), ("state", names(state)), ("slices of", scans.join(", "))] {
+                    for (what, list) in [
+                        ("captured", names(captured)),
+                        ("state", names(state)),
+                        ("slices of", scans.join(", ")),
+                    ] {
                         if !list.is_empty() {
                             takes.push(format!("{what} {list}"));
                         }
                     }
-                    let stacks = if stacks.is_empty() { "nothing".to_string() } else { stacks.join(", ") };
-                    writeln!(f, "  scan #{body} body({}) stacking {stacks} -> ({})", takes.join("; "), names(results))?;
+                    let stacks =
+                        if stacks.is_empty() { "nothing".to_string() } else { stacks.join(", ") };
+                    writeln!(
+                        f,
+                        "  scan #{body} body({}) stacking {stacks} -> ({})",
+                        takes.join("; "),
+                        names(results)
+                    )?;
                 }
                 Step::Loop { body, captured, trip_count, cond, state, results } => {
                     let one = |v: &Option<usize>| v.map_or("none", |v| self.values[v].0.as_str());
@@ -365,7 +472,13 @@ impl fmt::Display for ControlSplit {
                     if !state.is_empty() {
                         takes.push(format!("state {}", names(state)));
                     }
-                    writeln!(f, "  loop #{body} body({}) stacking {} -> ({})", takes.join("; "), results.len() - state.len(), names(results))?;
+                    writeln!(
+                        f,
+                        "  loop #{body} body({}) stacking {} -> ({})",
+                        takes.join("; "),
+                        results.len() - state.len(),
+                        names(results)
+                    )?;
                 }
             }
         }

@@ -40,7 +40,12 @@ pub fn compile(graph: &Graph, options: &Options, keep_stages: bool) -> Result<Co
 }
 
 /// [`compile`], telling `progress` how far it is.
-pub fn compile_reporting(graph: &Graph, options: &Options, keep_stages: bool, progress: &dyn Fn(Progress)) -> Result<Compiled> {
+pub fn compile_reporting(
+    graph: &Graph,
+    options: &Options,
+    keep_stages: bool,
+    progress: &dyn Fn(Progress),
+) -> Result<Compiled> {
     if let Some((symbol, capacity)) = &options.pad {
         return compile_padded(graph, options, symbol, *capacity, keep_stages, progress);
     }
@@ -58,7 +63,12 @@ pub fn compile_reporting(graph: &Graph, options: &Options, keep_stages: bool, pr
     let key = (options.cache && !keep).then(|| cache_key(graph, options));
     if let Some(hit) = key.as_ref().and_then(|k| cache_load(k)) {
         lap("cache", &mut timings);
-        return Ok(Compiled { artifact: hit, stages: Stages::default(), timings, from_cache: true });
+        return Ok(Compiled {
+            artifact: hit,
+            stages: Stages::default(),
+            timings,
+            from_cache: true,
+        });
     }
     let mut stages = Stages::default();
     let g = optimize(graph, options)?;
@@ -85,7 +95,8 @@ pub fn compile_reporting(graph: &Graph, options: &Options, keep_stages: bool, pr
             progress(Progress::Finishing);
         }
     };
-    let code = backend.compile(&g, &partition.kernels, keep.then_some(&mut stages), &kernel_done)?;
+    let code =
+        backend.compile(&g, &partition.kernels, keep.then_some(&mut stages), &kernel_done)?;
     lap("codegen", &mut timings);
     let art = artifact::assemble(&g, &partition, code)?;
     lap("artifact", &mut timings);
@@ -155,7 +166,8 @@ fn compile_control(
         let c = compile_reporting(piece, &o, keep_stages, progress)?;
         add_timings(&mut timings, c.timings);
         from_cache &= c.from_cache;
-        let header = format!("// program {i}: {} of `{}` ({})\n", role.name(), split.node, piece.name);
+        let header =
+            format!("// program {i}: {} of `{}` ({})\n", role.name(), split.node, piece.name);
         for (stage, text) in c.stages.iter().filter(|(s, _)| *s != Stage::Graph) {
             if !stages.get(stage).is_empty() {
                 stages.push(stage, "\n");
@@ -172,19 +184,31 @@ fn compile_control(
         dims: ty.shape.as_fixed().unwrap_or_default(),
         buffer: 0,
     };
-    let inputs = graph.inputs().iter().map(|&id| desc(&graph.node(id).name, &graph.node(id).outputs[0])).collect();
-    let outputs = graph.outputs().iter().map(|(name, v)| desc(name, graph.value_type(*v))).collect();
+    let inputs = graph
+        .inputs()
+        .iter()
+        .map(|&id| desc(&graph.node(id).name, &graph.node(id).outputs[0]))
+        .collect();
+    let outputs =
+        graph.outputs().iter().map(|(name, v)| desc(name, graph.value_type(*v))).collect();
     let values = split
         .values
         .iter()
-        .map(|(name, ty)| ValueDesc { name: name.clone(), dtype: ty.dtype.name().to_string(), dims: ty.shape.as_fixed().unwrap_or_default() })
+        .map(|(name, ty)| ValueDesc {
+            name: name.clone(),
+            dtype: ty.dtype.name().to_string(),
+            dims: ty.shape.as_fixed().unwrap_or_default(),
+        })
         .collect();
-    let artifact = artifact::assemble_control(&graph.name, inputs, outputs, programs, |programs| ControlDesc {
-        programs,
-        values,
-        steps: split.steps.clone(),
-        outputs: split.outputs.clone(),
-    })?;
+    let artifact =
+        artifact::assemble_control(&graph.name, inputs, outputs, programs, |programs| {
+            ControlDesc {
+                programs,
+                values,
+                steps: split.steps.clone(),
+                outputs: split.outputs.clone(),
+            }
+        })?;
     timings.push(("control artifact", clock.elapsed()));
     Ok(Compiled { artifact, stages, timings, from_cache })
 }
@@ -221,8 +245,11 @@ fn compile_padded(
             shapes.insert(node.name.clone(), dims);
         }
     }
-    let plan = crate::pad::plan(graph, symbol, &shapes)
-        .map_err(|why| CompileError::Usage(format!("`{symbol}` cannot be padded to a capacity: {why}; give its size with --input-shape")))?;
+    let plan = crate::pad::plan(graph, symbol, &shapes).map_err(|why| {
+        CompileError::Usage(format!(
+            "`{symbol}` cannot be padded to a capacity: {why}; give its size with --input-shape"
+        ))
+    })?;
     let padded = crate::pad::apply(graph, &plan, &shapes)?;
     let o = Options { pad: None, input_shapes: Default::default(), ..options.clone() };
     let mut c = compile_reporting(&padded, &o, keep_stages, progress)?;
@@ -252,7 +279,11 @@ pub(crate) fn optimize(graph: &Graph, options: &Options) -> Result<Graph> {
 }
 
 /// `optimize`, calling `after(stage, graph, changed)` after specialisation and each pass.
-fn optimize_traced(graph: &Graph, options: &Options, after: &mut dyn FnMut(&str, &Graph, bool)) -> Result<Graph> {
+fn optimize_traced(
+    graph: &Graph,
+    options: &Options,
+    after: &mut dyn FnMut(&str, &Graph, bool),
+) -> Result<Graph> {
     use passes::specialize;
     let mut g = graph.clone();
     specialize::specialize(&mut g, &options.input_shapes)?;
@@ -260,18 +291,27 @@ fn optimize_traced(graph: &Graph, options: &Options, after: &mut dyn FnMut(&str,
     passes::run_passes(&mut g, &passes::default_passes(options.target), &mut *after)?;
     if specialize::has_dynamic_shapes(&g) {
         // Shapes that depend on input values: bind those inputs when their values are known.
-        let names: Vec<String> = specialize::shape_inputs(&g).into_iter().map(|i| g.node(g.inputs()[i]).name.clone()).collect();
-        let bound: Vec<(String, kiln_ir::Tensor)> =
-            names.iter().filter_map(|n| options.input_values.get(n).map(|t| (n.clone(), t.clone()))).collect();
+        let names: Vec<String> = specialize::shape_inputs(&g)
+            .into_iter()
+            .map(|i| g.node(g.inputs()[i]).name.clone())
+            .collect();
+        let bound: Vec<(String, kiln_ir::Tensor)> = names
+            .iter()
+            .filter_map(|n| options.input_values.get(n).map(|t| (n.clone(), t.clone())))
+            .collect();
         if names.is_empty() {
             passes::sequences::check_resolved(&g)?;
         }
         if bound.len() < names.len() || names.is_empty() {
-            let missing: Vec<&String> = names.iter().filter(|n| !options.input_values.contains_key(*n)).collect();
+            let missing: Vec<&String> =
+                names.iter().filter(|n| !options.input_values.contains_key(*n)).collect();
             let what = if missing.is_empty() {
                 "the model's result shapes depend on values computed at run time".to_string()
             } else {
-                format!("the result shapes depend on the values of {}", missing.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(", "))
+                format!(
+                    "the result shapes depend on the values of {}",
+                    missing.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(", ")
+                )
             };
             return Err(CompileError::DynamicShapes(format!(
                 "{what}; kiln compiles static shapes (run the model with `kiln run`, which binds input values, or give the shapes)"
@@ -331,11 +371,15 @@ pub fn emit(graph: &Graph, stage: Stage, options: &Options) -> Result<String> {
         }
         let theirs: Vec<&str> = stage.targets().iter().map(|t| t.name()).collect();
         let theirs = theirs.join(" or ");
-        return Err(CompileError::Usage(format!("stage {stage} is the {theirs} target's code: compile for target {theirs}")));
+        return Err(CompileError::Usage(format!(
+            "stage {stage} is the {theirs} target's code: compile for target {theirs}"
+        )));
     }
     match stage {
         Stage::Passes => pass_trace(graph, options),
-        Stage::Graph | Stage::Fused | Stage::Mlir if options.pad.is_none() => Ok(front(graph, options, stage == Stage::Mlir)?.get(stage).to_string()),
+        Stage::Graph | Stage::Fused | Stage::Mlir if options.pad.is_none() => {
+            Ok(front(graph, options, stage == Stage::Mlir)?.get(stage).to_string())
+        }
         _ => Ok(compile(graph, options, true)?.stages.get(stage).to_string()),
     }
 }
@@ -354,13 +398,22 @@ pub fn front(graph: &Graph, options: &Options, codegen: bool) -> Result<Stages> 
         let mut fused = split.to_string();
         let mut mlir = String::new();
         for (i, (role, piece)) in split.programs.iter().enumerate() {
-            let o =
-                Options { input_shapes: Default::default(), input_values: Default::default(), batch_ranges: Default::default(), ..options.clone() };
-            let header = format!("// program {i}: {} of `{}` ({})\n", role.name(), split.node, piece.name);
+            let o = Options {
+                input_shapes: Default::default(),
+                input_values: Default::default(),
+                batch_ranges: Default::default(),
+                ..options.clone()
+            };
+            let header =
+                format!("// program {i}: {} of `{}` ({})\n", role.name(), split.node, piece.name);
             let inner = front(piece, &o, codegen)?;
             fused.push_str(&format!("\n{header}{}", inner.get(Stage::Fused)));
             if codegen {
-                mlir.push_str(&format!("{}{header}{}", if mlir.is_empty() { "" } else { "\n" }, inner.get(Stage::Mlir)));
+                mlir.push_str(&format!(
+                    "{}{header}{}",
+                    if mlir.is_empty() { "" } else { "\n" },
+                    inner.get(Stage::Mlir)
+                ));
             }
         }
         stages.set(Stage::Fused, fused);
@@ -382,19 +435,24 @@ pub fn jit(graph: &Graph, options: &Options, load: &LoadOptions) -> Result<Execu
 }
 
 fn dump(dir: &std::path::Path, stages: &Stages) -> Result<()> {
-    std::fs::create_dir_all(dir).map_err(|e| CompileError::File { path: dir.display().to_string(), msg: e.to_string() })?;
+    std::fs::create_dir_all(dir)
+        .map_err(|e| CompileError::File { path: dir.display().to_string(), msg: e.to_string() })?;
     for (stage, text) in stages.iter() {
         let Some(name) = stage.file_name() else { continue };
         let p = dir.join(name);
-        std::fs::write(&p, text).map_err(|e| CompileError::File { path: p.display().to_string(), msg: e.to_string() })?;
+        std::fs::write(&p, text).map_err(|e| CompileError::File {
+            path: p.display().to_string(),
+            msg: e.to_string(),
+        })?;
     }
     Ok(())
 }
 
 /// The compile cache's folder: `$KILN_CACHE/compile`, else `~/.cache/kiln/compile`.
 pub fn cache_dir() -> Option<PathBuf> {
-    let base =
-        std::env::var_os("KILN_CACHE").map(PathBuf::from).or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/kiln")))?;
+    let base = std::env::var_os("KILN_CACHE")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/kiln")))?;
     Some(base.join("compile"))
 }
 
@@ -404,15 +462,22 @@ fn cache_key(graph: &Graph, options: &Options) -> String {
     let overrides = target::microkernel_overrides(options);
     let mut shapes: Vec<_> = options.input_shapes.iter().collect();
     shapes.sort();
-    let mut values: Vec<(&String, u64)> = options.input_values.iter().map(|(n, t)| (n, t.digest())).collect();
+    let mut values: Vec<(&String, u64)> =
+        options.input_values.iter().map(|(n, t)| (n, t.digest())).collect();
     values.sort();
     // The compiler's own build: a rebuilt kiln must not reuse what an older one compiled.
-    let build = std::env::current_exe().and_then(std::fs::metadata).map(|m| format!("{} {:?}", m.len(), m.modified().ok())).unwrap_or_default();
+    let build = std::env::current_exe()
+        .and_then(std::fs::metadata)
+        .map(|m| format!("{} {:?}", m.len(), m.modified().ok()))
+        .unwrap_or_default();
     let text = format!(
         "{} {build}\n{} {:?} {:?} {:?}\n{:?}\n{:?}\n{}\n{}",
         env!("CARGO_PKG_VERSION"),
         options.target.name(),
-        (options.microkernel_choice(), overrides.iter().collect::<std::collections::BTreeMap<_, _>>()),
+        (
+            options.microkernel_choice(),
+            overrides.iter().collect::<std::collections::BTreeMap<_, _>>()
+        ),
         options.ptx,
         // A forced GPU schedule (tests, debugging) makes different code.
         target::gpu_strategy(options).ok().flatten(),

@@ -91,7 +91,12 @@ pub enum CompileError {
         "input `{input}` has the symbolic batch `{symbol}`, but {}{why}, so a program compiled for one batch size cannot run another; give the sizes with --input-shape",
         node.as_ref().map_or(String::new(), |(n, op)| format!("node `{n}` ({op}) "))
     )]
-    NotBatchable { input: String, symbol: String, node: Option<(String, &'static str)>, why: String },
+    NotBatchable {
+        input: String,
+        symbol: String,
+        node: Option<(String, &'static str)>,
+        why: String,
+    },
 
     /// A kiln bug, not bad input.
     #[error("internal error: {0}")]
@@ -103,8 +108,17 @@ pub enum CompileError {
 
 impl CompileError {
     /// A failure of code generation or a target pipeline in kernel `k`, at `stage`.
-    pub(crate) fn in_kernel(k: &crate::fuse::Kernel, stage: &'static str, e: impl Into<KernelError>) -> CompileError {
-        CompileError::Codegen { kernel: k.name.clone(), label: k.label.clone(), stage, source: e.into() }
+    pub(crate) fn in_kernel(
+        k: &crate::fuse::Kernel,
+        stage: &'static str,
+        e: impl Into<KernelError>,
+    ) -> CompileError {
+        CompileError::Codegen {
+            kernel: k.name.clone(),
+            label: k.label.clone(),
+            stage,
+            source: e.into(),
+        }
     }
 
     /// The error and its causes, each once, joined by `: ` (for one-line reports).

@@ -115,12 +115,16 @@ pub fn partition(graph: &Graph, allowed: Views) -> Result<Partition> {
         }
         // (Results that are only graph outputs would each need a copy kernel: the node's own
         // kernel writes them at no more cost.)
-        let read_by_kernels = || (0..node.outputs.len()).any(|i| !graph.users(ValueId::new(id, i)).is_empty());
+        let read_by_kernels =
+            || (0..node.outputs.len()).any(|i| !graph.users(ValueId::new(id, i)).is_empty());
         if allowed == Views::WithOffsets && read_by_kernels() {
             if let Some(offsets) = contiguous_parts(graph, id) {
                 let source = resolve_view(&views, operands[0]);
                 for (i, offset) in offsets.into_iter().enumerate() {
-                    views.insert(ValueId::new(id, i), View { of: source.of, offset: source.offset + offset });
+                    views.insert(
+                        ValueId::new(id, i),
+                        View { of: source.of, offset: source.offset + offset },
+                    );
                 }
                 continue;
             }
@@ -134,10 +138,14 @@ pub fn partition(graph: &Graph, allowed: Views) -> Result<Partition> {
                 let Some(k) = producer(v) else { continue };
                 let tail = *kernels[k].last().expect("kernels are not empty");
                 let reads_tail = v.node == tail && v.output == 0;
-                let only_reader = graph.users(v).len() == 1 && !graph.outputs().iter().any(|(_, o)| *o == v);
+                let only_reader =
+                    graph.users(v).len() == 1 && !graph.outputs().iter().any(|(_, o)| *o == v);
                 let same_shape = graph.value_type(v).shape == node.outputs[0].shape;
                 // Other operands must be computable before kernel k runs.
-                let acyclic = operands.iter().filter(|&&o| o != v).all(|&o| producer(o).is_none_or(|j| j != k && !depends_on(&deps, j, k)));
+                let acyclic = operands
+                    .iter()
+                    .filter(|&&o| o != v)
+                    .all(|&o| producer(o).is_none_or(|j| j != k && !depends_on(&deps, j, k)));
                 if open[k] && reads_tail && only_reader && same_shape && acyclic {
                     joined = Some(k);
                     break;
@@ -216,7 +224,9 @@ fn contiguous_parts(graph: &Graph, id: NodeId) -> Option<Vec<u64>> {
     let x = operands.first().copied().flatten()?;
     let ty = graph.value_type(x);
     let dims = ty.shape.as_fixed()?;
-    let ints = |i: usize| -> Option<Vec<i64>> { graph.constant_value(operands.get(i).copied().flatten()?).map(|t| t.to_i64s()) };
+    let ints = |i: usize| -> Option<Vec<i64>> {
+        graph.constant_value(operands.get(i).copied().flatten()?).map(|t| t.to_i64s())
+    };
     // Per result: its start and extent on each axis.
     let mut parts: Vec<(Vec<usize>, Vec<usize>)> = Vec::new();
     match &node.op {
@@ -235,7 +245,8 @@ fn contiguous_parts(graph: &Graph, id: NodeId) -> Option<Vec<u64>> {
             for (i, &first) in starts.iter().enumerate() {
                 let a = kiln_ir::normalize_axis(*axes.get(i)?, dims.len())?;
                 let step = *steps.get(i)?;
-                let (s, n) = kiln_ir::infer::slice_axis(dims[a], first, *ends.get(i)?, step).ok()?;
+                let (s, n) =
+                    kiln_ir::infer::slice_axis(dims[a], first, *ends.get(i)?, step).ok()?;
                 if step != 1 && n > 1 {
                     return None;
                 }
@@ -317,7 +328,11 @@ fn launch_order(deps: &[HashSet<usize>]) -> Result<Vec<usize>> {
                 done[k] = true;
                 order.push(k);
             }
-            None => return Err(crate::CompileError::Internal("fusion made a cycle between kernels".into())),
+            None => {
+                return Err(crate::CompileError::Internal(
+                    "fusion made a cycle between kernels".into(),
+                ))
+            }
         }
     }
     Ok(order)
@@ -346,7 +361,14 @@ fn finish_kernel(graph: &Graph, nodes: &[NodeId], n: usize) -> Kernel {
     let ops: Vec<&str> = nodes.iter().map(|&id| graph.node(id).op.name()).collect();
     let mut label = String::new();
     let _ = write!(label, "{first}: {}", ops.join(" + "));
-    Kernel { name: format!("k{n}_{}", sanitize(first)), label, nodes: nodes.to_vec(), inputs, outputs, copy_to_output: None }
+    Kernel {
+        name: format!("k{n}_{}", sanitize(first)),
+        label,
+        nodes: nodes.to_vec(),
+        inputs,
+        outputs,
+        copy_to_output: None,
+    }
 }
 
 /// A symbol-safe version of a node name.
@@ -360,23 +382,34 @@ pub fn print(graph: &Graph, p: &Partition) -> String {
     let mut out = String::new();
     let value = |v: ValueId| format!("%{}", graph.value_name(v));
     for k in &p.kernels {
-        let ins: Vec<String> = k.inputs.iter().map(|&v| format!("{}: {}", value(v), graph.value_type(v))).collect();
-        let outs: Vec<String> = k.outputs.iter().map(|&v| format!("{}: {}", value(v), graph.value_type(v))).collect();
+        let ins: Vec<String> =
+            k.inputs.iter().map(|&v| format!("{}: {}", value(v), graph.value_type(v))).collect();
+        let outs: Vec<String> =
+            k.outputs.iter().map(|&v| format!("{}: {}", value(v), graph.value_type(v))).collect();
         let _ = writeln!(out, "kernel {} ({})", k.name, k.label);
         let _ = writeln!(out, "  in  {}", if ins.is_empty() { "-".into() } else { ins.join(", ") });
         let _ = writeln!(out, "  out {}", outs.join(", "));
         for &id in &k.nodes {
             let n = graph.node(id);
-            let operands: Vec<String> = graph.operands(id).into_iter().map(|o| o.map_or("_".into(), value)).collect();
+            let operands: Vec<String> =
+                graph.operands(id).into_iter().map(|o| o.map_or("_".into(), value)).collect();
             let types: Vec<String> = n.outputs.iter().map(|t| t.to_string()).collect();
-            let _ = writeln!(out, "    %{} = {}({}) : {}", n.name, n.op.name(), operands.join(", "), types.join(", "));
+            let _ = writeln!(
+                out,
+                "    %{} = {}({}) : {}",
+                n.name,
+                n.op.name(),
+                operands.join(", "),
+                types.join(", ")
+            );
         }
     }
     let mut views: Vec<(&ValueId, &View)> = p.views.iter().collect();
     views.sort();
     for (v, src) in views {
         let at = if src.offset == 0 { String::new() } else { format!(" from byte {}", src.offset) };
-        let _ = writeln!(out, "view {} = {}{at} as {}", value(*v), value(src.of), graph.value_type(*v));
+        let _ =
+            writeln!(out, "view {} = {}{at} as {}", value(*v), value(src.of), graph.value_type(*v));
     }
     out
 }

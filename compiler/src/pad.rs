@@ -56,7 +56,11 @@ pub fn length_input(symbol: &str) -> String {
 
 /// Decides whether `symbol` can be padded in `graph` (every other symbol given in `sizes`, as
 /// `specialize` takes them: input name -> dims, the symbol's axes at any probe size).
-pub fn plan(graph: &Graph, symbol: &str, probe: &HashMap<String, Vec<usize>>) -> std::result::Result<PadPlan, String> {
+pub fn plan(
+    graph: &Graph,
+    symbol: &str,
+    probe: &HashMap<String, Vec<usize>>,
+) -> std::result::Result<PadPlan, String> {
     let mut inputs = Vec::new();
     for (i, &id) in graph.inputs().iter().enumerate() {
         let axes: Vec<usize> = graph.node(id).outputs[0]
@@ -70,7 +74,12 @@ pub fn plan(graph: &Graph, symbol: &str, probe: &HashMap<String, Vec<usize>>) ->
         match axes.as_slice() {
             [] => {}
             [a] => inputs.push((i, *a)),
-            _ => return Err(format!("input `{}` has `{symbol}` on more than one axis", graph.node(id).name)),
+            _ => {
+                return Err(format!(
+                    "input `{}` has `{symbol}` on more than one axis",
+                    graph.node(id).name
+                ))
+            }
         }
     }
     if inputs.is_empty() {
@@ -90,7 +99,8 @@ pub fn plan(graph: &Graph, symbol: &str, probe: &HashMap<String, Vec<usize>>) ->
     let mut softmaxes = Vec::new();
     for id in g.topo_order().map_err(|e| e.to_string())? {
         let operands = g.operands(id);
-        let pads: Vec<Option<Padded>> = operands.iter().map(|o| o.and_then(|v| padded.get(&v).copied())).collect();
+        let pads: Vec<Option<Padded>> =
+            operands.iter().map(|o| o.and_then(|v| padded.get(&v).copied())).collect();
         if pads.iter().all(Option::is_none) {
             continue;
         }
@@ -111,7 +121,10 @@ pub fn plan(graph: &Graph, symbol: &str, probe: &HashMap<String, Vec<usize>>) ->
                     if at.is_some_and(|a| (a.axis, a.extra) != (aligned.axis, aligned.extra)) {
                         return Err(refuse("combines values padded differently"));
                     }
-                    at = Some(Padded { zeroed: at.map_or(aligned.zeroed, |a| a.zeroed && aligned.zeroed), ..aligned });
+                    at = Some(Padded {
+                        zeroed: at.map_or(aligned.zeroed, |a| a.zeroed && aligned.zeroed),
+                        ..aligned
+                    });
                 }
                 let at = at.expect("one operand is padded");
                 // An operand that is not padded must broadcast along the axis.
@@ -120,18 +133,33 @@ pub fn plan(graph: &Graph, symbol: &str, probe: &HashMap<String, Vec<usize>>) ->
                     let d = dims(*v);
                     let shift = rank - d.len();
                     if at.axis >= shift && d[at.axis - shift] != 1 {
-                        return Err(refuse("combines a padded value with one that is not, along the padded axis"));
+                        return Err(refuse(
+                            "combines a padded value with one that is not, along the padded axis",
+                        ));
                     }
                 }
-                let zero_times = matches!(node.op, Op::Binary(BinaryOp::Mul)) && pads.iter().flatten().any(|p| p.zeroed);
+                let zero_times = matches!(node.op, Op::Binary(BinaryOp::Mul))
+                    && pads.iter().flatten().any(|p| p.zeroed);
                 // A sum keeps zero padding only when every term is padded with zeros.
-                let all_zero = operands.iter().zip(&pads).all(|(o, p)| o.is_none() || p.is_some_and(|p| p.zeroed));
-                Padded { zeroed: zero_times || (all_zero && matches!(node.op, Op::Binary(BinaryOp::Add | BinaryOp::Sub))), ..at }
+                let all_zero = operands
+                    .iter()
+                    .zip(&pads)
+                    .all(|(o, p)| o.is_none() || p.is_some_and(|p| p.zeroed));
+                Padded {
+                    zeroed: zero_times
+                        || (all_zero
+                            && matches!(node.op, Op::Binary(BinaryOp::Add | BinaryOp::Sub))),
+                    ..at
+                }
             }
             Op::Transpose { perm } => {
                 let rank = out_dims.len();
-                let perm: Vec<usize> = if perm.is_empty() { (0..rank).rev().collect() } else { perm.clone() };
-                let axis = perm.iter().position(|&p| p == first.axis).ok_or_else(|| refuse("has a bad permutation"))?;
+                let perm: Vec<usize> =
+                    if perm.is_empty() { (0..rank).rev().collect() } else { perm.clone() };
+                let axis = perm
+                    .iter()
+                    .position(|&p| p == first.axis)
+                    .ok_or_else(|| refuse("has a bad permutation"))?;
                 Padded { axis, ..first }
             }
             op if op.is_view() => {
@@ -139,14 +167,18 @@ pub fn plan(graph: &Graph, symbol: &str, probe: &HashMap<String, Vec<usize>>) ->
                     return Err(refuse("takes its shape from a padded value"));
                 }
                 let input = dims(operands[0].expect("a view has its operand"));
-                let axis = kept_axis(&input, first.axis, &out_dims).ok_or_else(|| refuse("merges or splits the padded axis"))?;
+                let axis = kept_axis(&input, first.axis, &out_dims)
+                    .ok_or_else(|| refuse("merges or splits the padded axis"))?;
                 Padded { axis, ..first }
             }
             Op::Concat { axis } => {
                 let rank = out_dims.len() as i64;
                 let axis = if *axis < 0 { (*axis + rank) as usize } else { *axis as usize };
                 if axis != first.axis {
-                    if pads.iter().any(|p| p.map(|p| (p.axis, p.extra)) != Some((first.axis, first.extra))) {
+                    if pads
+                        .iter()
+                        .any(|p| p.map(|p| (p.axis, p.extra)) != Some((first.axis, first.extra)))
+                    {
                         return Err(refuse("joins values padded differently along another axis"));
                     }
                     Padded { zeroed: pads.iter().flatten().all(|p| p.zeroed), ..first }
@@ -154,13 +186,15 @@ pub fn plan(graph: &Graph, symbol: &str, probe: &HashMap<String, Vec<usize>>) ->
                     if pads[0].is_none() || pads.iter().skip(1).any(Option::is_some) {
                         return Err(refuse("appends a padded value to another value (only the first may be padded)"));
                     }
-                    let appended: usize = operands[1..].iter().flatten().map(|&v| dims(v)[axis]).sum();
+                    let appended: usize =
+                        operands[1..].iter().flatten().map(|&v| dims(v)[axis]).sum();
                     concats.push((node.name.clone(), axis, first.extra));
                     Padded { extra: first.extra + appended, zeroed: false, ..first }
                 }
             }
             Op::MatMul => {
-                let (a, b) = (operands[0].expect("MatMul has A"), operands[1].expect("MatMul has B"));
+                let (a, b) =
+                    (operands[0].expect("MatMul has A"), operands[1].expect("MatMul has B"));
                 let (ra, rb, r) = (dims(a).len(), dims(b).len(), out_dims.len());
                 if ra < 2 || rb < 2 {
                     return Err(refuse("is a matrix-vector product"));
@@ -199,7 +233,11 @@ pub fn plan(graph: &Graph, symbol: &str, probe: &HashMap<String, Vec<usize>>) ->
                 }
                 Padded { zeroed: false, ..first }
             }
-            _ => return Err(refuse(&format!("reads a value padded along `{symbol}`, which kiln does not pad through"))),
+            _ => {
+                return Err(refuse(&format!(
+                    "reads a value padded along `{symbol}`, which kiln does not pad through"
+                )))
+            }
         };
         if node.outputs.len() != 1 {
             return Err(refuse("has several results"));
@@ -236,9 +274,15 @@ fn kept_axis(input: &[usize], axis: usize, output: &[usize]) -> Option<usize> {
 pub fn apply(graph: &Graph, plan: &PadPlan, shapes: &HashMap<String, Vec<usize>>) -> Result<Graph> {
     let mut g = graph.clone();
     crate::passes::specialize::specialize(&mut g, shapes)?;
-    let length = g.add_input(&length_input(&plan.symbol), TensorType::new(DType::I64, Shape::scalar()))?;
+    let length =
+        g.add_input(&length_input(&plan.symbol), TensorType::new(DType::I64, Shape::scalar()))?;
     let bug = |m: String| CompileError::Internal(format!("padding `{}`: {m}", plan.symbol));
-    let by_name = |g: &Graph, name: &str| g.nodes().find(|(_, n)| n.name == name).map(|(id, _)| id).ok_or_else(|| bug(format!("no node `{name}`")));
+    let by_name = |g: &Graph, name: &str| {
+        g.nodes()
+            .find(|(_, n)| n.name == name)
+            .map(|(id, _)| id)
+            .ok_or_else(|| bug(format!("no node `{name}`")))
+    };
     // Concats of the same sizes (a layer's keys and values, every layer's) share their indices,
     // and softmaxes of one shape their mask.
     let mut indices: HashMap<(usize, usize, usize), ValueId> = HashMap::new();
@@ -250,8 +294,15 @@ pub fn apply(graph: &Graph, plan: &PadPlan, shapes: &HashMap<String, Vec<usize>>
         let node = g.node(id).clone();
         let operands = g.operands(id);
         let first = operands[0].ok_or_else(|| bug(format!("`{name}` lost its operand")))?;
-        let total = node.outputs[0].shape.as_fixed().ok_or_else(|| bug(format!("`{name}` is not static")))?[axis];
-        let padded_size = g.value_type(first).shape.as_fixed().ok_or_else(|| bug(format!("`{name}`'s operand is not static")))?[axis];
+        let total = node.outputs[0]
+            .shape
+            .as_fixed()
+            .ok_or_else(|| bug(format!("`{name}` is not static")))?[axis];
+        let padded_size = g
+            .value_type(first)
+            .shape
+            .as_fixed()
+            .ok_or_else(|| bug(format!("`{name}`'s operand is not static")))?[axis];
         let rank = node.outputs[0].rank();
         let appended: Vec<ValueId> = operands[1..].iter().flatten().copied().collect();
         let ordered = match appended.as_slice() {
@@ -270,20 +321,34 @@ pub fn apply(graph: &Graph, plan: &PadPlan, shapes: &HashMap<String, Vec<usize>>
                     }
                 };
                 let written = select(&mut g, name, "written", at, *one, first)?;
-                g.add_node(&g.unique_name(&format!("{name}.ordered")), node.op.clone(), &[Some(written), Some(*one)])?
+                g.add_node(
+                    &g.unique_name(&format!("{name}.ordered")),
+                    node.op.clone(),
+                    &[Some(written), Some(*one)],
+                )?
             }
             // Otherwise the joined positions are gathered in order.
             _ => {
                 let index = match indices.get(&(total, padded_size, extra)) {
                     Some(&index) => index,
                     None => {
-                        let index = reorder_indices(&mut g, name, length, total, padded_size, extra)?;
+                        let index =
+                            reorder_indices(&mut g, name, length, total, padded_size, extra)?;
                         indices.insert((total, padded_size, extra), index);
                         index
                     }
                 };
-                let joined = g.add_node_with_outputs(&g.unique_name(&format!("{name}.joined")), node.op.clone(), &operands, 1)?;
-                g.add_node(&g.unique_name(&format!("{name}.ordered")), Op::Gather { axis: axis as i64 }, &[Some(joined.into()), Some(index)])?
+                let joined = g.add_node_with_outputs(
+                    &g.unique_name(&format!("{name}.joined")),
+                    node.op.clone(),
+                    &operands,
+                    1,
+                )?;
+                g.add_node(
+                    &g.unique_name(&format!("{name}.ordered")),
+                    Op::Gather { axis: axis as i64 },
+                    &[Some(joined.into()), Some(index)],
+                )?
             }
         };
         g.replace_uses(id.into(), ordered.into())?;
@@ -294,7 +359,11 @@ pub fn apply(graph: &Graph, plan: &PadPlan, shapes: &HashMap<String, Vec<usize>>
         let (axis, extra) = (*axis, *extra);
         let id = by_name(&g, name)?;
         let x = g.operands(id)[0].ok_or_else(|| bug(format!("`{name}` lost its operand")))?;
-        let dims = g.value_type(x).shape.as_fixed().ok_or_else(|| bug(format!("`{name}` is not static")))?;
+        let dims = g
+            .value_type(x)
+            .shape
+            .as_fixed()
+            .ok_or_else(|| bug(format!("`{name}` is not static")))?;
         // Positions along the axis, shaped to broadcast against the scores from that axis on.
         let mut shape = vec![dims[axis]];
         shape.extend(std::iter::repeat_n(1, dims.len() - axis - 1));
@@ -311,7 +380,12 @@ pub fn apply(graph: &Graph, plan: &PadPlan, shapes: &HashMap<String, Vec<usize>>
         let node = g.node(id).clone();
         let mut operands = g.operands(id);
         operands[0] = Some(masked);
-        let replacement = g.add_node_with_outputs(&g.unique_name(&format!("{name}.masked_softmax")), node.op.clone(), &operands, 1)?;
+        let replacement = g.add_node_with_outputs(
+            &g.unique_name(&format!("{name}.masked_softmax")),
+            node.op.clone(),
+            &operands,
+            1,
+        )?;
         g.replace_uses(id.into(), replacement.into())?;
         g.remove_node(id)?;
         g.rename_node(replacement, name)?;
@@ -323,10 +397,22 @@ pub fn apply(graph: &Graph, plan: &PadPlan, shapes: &HashMap<String, Vec<usize>>
 /// operand `padded_size` of them, valid up to `length + extra`) so that the appended ones come
 /// right after the valid ones: `j` below the valid length, then the appended positions (stored
 /// from `padded_size` on), then any padding position.
-fn reorder_indices(g: &mut Graph, name: &str, length: ValueId, total: usize, padded_size: usize, extra: usize) -> Result<ValueId> {
-    let scalar = |g: &mut Graph, what: &str, v: i64| g.add_constant(&g.unique_name(&format!("{name}.{what}")), Tensor::scalar::<i64>(v));
+fn reorder_indices(
+    g: &mut Graph,
+    name: &str,
+    length: ValueId,
+    total: usize,
+    padded_size: usize,
+    extra: usize,
+) -> Result<ValueId> {
+    let scalar = |g: &mut Graph, what: &str, v: i64| {
+        g.add_constant(&g.unique_name(&format!("{name}.{what}")), Tensor::scalar::<i64>(v))
+    };
     let appended = (total - padded_size) as i64;
-    let iota = g.add_constant(&g.unique_name(&format!("{name}.positions")), Tensor::vector(&(0..total as i64).collect::<Vec<_>>()))?;
+    let iota = g.add_constant(
+        &g.unique_name(&format!("{name}.positions")),
+        Tensor::vector(&(0..total as i64).collect::<Vec<_>>()),
+    )?;
     let e = scalar(g, "extra", extra as i64)?;
     let valid = binary(g, name, "valid", BinaryOp::Add, length, e)?;
     let in_first = binary(g, name, "in_first", BinaryOp::Less, iota, valid)?;
@@ -348,38 +434,82 @@ fn reorder_indices(g: &mut Graph, name: &str, length: ValueId, total: usize, pad
 }
 
 /// True at the position `length + extra` along the first axis of `shape`.
-fn position_is_length(g: &mut Graph, name: &str, length: ValueId, shape: &[usize], extra: usize) -> Result<ValueId> {
-    let positions = Tensor::from_f64s(DType::I64, shape, &(0..shape[0]).map(|p| p as f64).collect::<Vec<_>>())?;
+fn position_is_length(
+    g: &mut Graph,
+    name: &str,
+    length: ValueId,
+    shape: &[usize],
+    extra: usize,
+) -> Result<ValueId> {
+    let positions =
+        Tensor::from_f64s(DType::I64, shape, &(0..shape[0]).map(|p| p as f64).collect::<Vec<_>>())?;
     let iota = g.add_constant(&g.unique_name(&format!("{name}.positions")), positions)?;
-    let e = g.add_constant(&g.unique_name(&format!("{name}.extra")), Tensor::scalar::<i64>(extra as i64))?;
+    let e = g.add_constant(
+        &g.unique_name(&format!("{name}.extra")),
+        Tensor::scalar::<i64>(extra as i64),
+    )?;
     let valid = binary(g, name, "valid", BinaryOp::Add, length, e)?;
     binary(g, name, "at", BinaryOp::Equal, iota, valid)
 }
 
 /// 0 at the positions below `length + extra` along the first axis of `shape`, -inf after them.
-fn length_mask(g: &mut Graph, name: &str, length: ValueId, shape: &[usize], extra: usize) -> Result<ValueId> {
-    let positions = Tensor::from_f64s(DType::I64, shape, &(0..shape[0]).map(|p| p as f64).collect::<Vec<_>>())?;
+fn length_mask(
+    g: &mut Graph,
+    name: &str,
+    length: ValueId,
+    shape: &[usize],
+    extra: usize,
+) -> Result<ValueId> {
+    let positions =
+        Tensor::from_f64s(DType::I64, shape, &(0..shape[0]).map(|p| p as f64).collect::<Vec<_>>())?;
     let iota = g.add_constant(&g.unique_name(&format!("{name}.positions")), positions)?;
-    let e = g.add_constant(&g.unique_name(&format!("{name}.extra")), Tensor::scalar::<i64>(extra as i64))?;
+    let e = g.add_constant(
+        &g.unique_name(&format!("{name}.extra")),
+        Tensor::scalar::<i64>(extra as i64),
+    )?;
     let valid = binary(g, name, "valid", BinaryOp::Add, length, e)?;
     let keep = binary(g, name, "keep", BinaryOp::Less, iota, valid)?;
     let zero = g.add_constant(&g.unique_name(&format!("{name}.zero")), Tensor::scalar(0f32))?;
-    let minus_inf = g.add_constant(&g.unique_name(&format!("{name}.minus_inf")), Tensor::scalar(f32::NEG_INFINITY))?;
+    let minus_inf = g.add_constant(
+        &g.unique_name(&format!("{name}.minus_inf")),
+        Tensor::scalar(f32::NEG_INFINITY),
+    )?;
     select(g, name, "mask", keep, zero, minus_inf)
 }
 
-fn binary(g: &mut Graph, name: &str, what: &str, op: BinaryOp, a: ValueId, b: ValueId) -> Result<ValueId> {
-    Ok(g.add_node(&g.unique_name(&format!("{name}.{what}")), Op::Binary(op), &[Some(a), Some(b)])?.into())
+fn binary(
+    g: &mut Graph,
+    name: &str,
+    what: &str,
+    op: BinaryOp,
+    a: ValueId,
+    b: ValueId,
+) -> Result<ValueId> {
+    Ok(g.add_node(&g.unique_name(&format!("{name}.{what}")), Op::Binary(op), &[Some(a), Some(b)])?
+        .into())
 }
 
-fn select(g: &mut Graph, name: &str, what: &str, c: ValueId, a: ValueId, b: ValueId) -> Result<ValueId> {
-    Ok(g.add_node(&g.unique_name(&format!("{name}.{what}")), Op::Where, &[Some(c), Some(a), Some(b)])?.into())
+fn select(
+    g: &mut Graph,
+    name: &str,
+    what: &str,
+    c: ValueId,
+    a: ValueId,
+    b: ValueId,
+) -> Result<ValueId> {
+    Ok(g.add_node(
+        &g.unique_name(&format!("{name}.{what}")),
+        Op::Where,
+        &[Some(c), Some(a), Some(b)],
+    )?
+    .into())
 }
 
 impl fmt::Display for PadPlan {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let list = |v: &[(String, usize, usize)]| {
-            let v: Vec<String> = v.iter().map(|(n, a, e)| format!("`{n}` axis {a} length+{e}")).collect();
+            let v: Vec<String> =
+                v.iter().map(|(n, a, e)| format!("`{n}` axis {a} length+{e}")).collect();
             if v.is_empty() {
                 "none".to_string()
             } else {
@@ -387,11 +517,17 @@ impl fmt::Display for PadPlan {
             }
         };
         writeln!(f, "pad `{}`", self.symbol)?;
-        let inputs: Vec<String> = self.inputs.iter().map(|(i, a)| format!("#{i} axis {a}")).collect();
+        let inputs: Vec<String> =
+            self.inputs.iter().map(|(i, a)| format!("#{i} axis {a}")).collect();
         writeln!(f, "  inputs: {}", inputs.join(", "))?;
         writeln!(f, "  concats reordered: {}", list(&self.concats))?;
         writeln!(f, "  softmaxes masked: {}", list(&self.softmaxes))?;
-        let outputs: Vec<String> = self.outputs.iter().map(|(o, a, e)| format!("#{o} axis {a} length+{e}")).collect();
-        writeln!(f, "  outputs cut: {}", if outputs.is_empty() { "none".to_string() } else { outputs.join(", ") })
+        let outputs: Vec<String> =
+            self.outputs.iter().map(|(o, a, e)| format!("#{o} axis {a} length+{e}")).collect();
+        writeln!(
+            f,
+            "  outputs cut: {}",
+            if outputs.is_empty() { "none".to_string() } else { outputs.join(", ") }
+        )
     }
 }

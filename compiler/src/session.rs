@@ -41,7 +41,15 @@ impl Session {
     /// session's to set) and loading with `load`.
     pub fn new(graph: Graph, options: Options, load: LoadOptions) -> Session {
         let shape_inputs = specialize::shape_inputs(&graph);
-        Session { graph, options, load, shape_inputs, plans: HashMap::new(), programs: HashMap::new(), compiles: 0 }
+        Session {
+            graph,
+            options,
+            load,
+            shape_inputs,
+            plans: HashMap::new(),
+            programs: HashMap::new(),
+            compiles: 0,
+        }
     }
 
     /// How many programs the session has compiled (or taken from the compile cache).
@@ -61,7 +69,11 @@ impl Session {
     }
 
     /// `run`, recording the program's launches into `profile` when given.
-    pub fn run_profiled(&mut self, inputs: &[Tensor], profile: Option<&mut kiln_runtime::Profile>) -> Result<Vec<Tensor>> {
+    pub fn run_profiled(
+        &mut self,
+        inputs: &[Tensor],
+        profile: Option<&mut kiln_runtime::Profile>,
+    ) -> Result<Vec<Tensor>> {
         let sizes = self.bind(inputs)?;
         // At most one symbol is padded: the first, by name, that can be.
         let mut padded: Option<String> = None;
@@ -97,9 +109,14 @@ impl Session {
             .inputs()
             .iter()
             .map(|d| {
-                let i = self.graph.inputs().iter().position(|&id| self.graph.node(id).name == d.name);
-                i.map(|i| inputs[i].clone())
-                    .ok_or_else(|| CompileError::Internal(format!("the program takes `{}`, which the model does not", d.name)))
+                let i =
+                    self.graph.inputs().iter().position(|&id| self.graph.node(id).name == d.name);
+                i.map(|i| inputs[i].clone()).ok_or_else(|| {
+                    CompileError::Internal(format!(
+                        "the program takes `{}`, which the model does not",
+                        d.name
+                    ))
+                })
             })
             .collect::<Result<_>>()?;
         Ok(exe.run_profiled(&args, profile)?)
@@ -109,7 +126,12 @@ impl Session {
     fn bind(&self, inputs: &[Tensor]) -> Result<BTreeMap<String, usize>> {
         let declared = self.graph.inputs();
         if inputs.len() != declared.len() {
-            return Err(CompileError::Usage(format!("`{}` takes {} inputs, {} given", self.graph.name, declared.len(), inputs.len())));
+            return Err(CompileError::Usage(format!(
+                "`{}` takes {} inputs, {} given",
+                self.graph.name,
+                declared.len(),
+                inputs.len()
+            )));
         }
         let mut sizes: BTreeMap<String, (usize, String)> = BTreeMap::new();
         for (t, &id) in inputs.iter().zip(declared) {
@@ -119,11 +141,18 @@ impl Session {
             }
             for (d, &n) in ty.shape.dims().iter().zip(t.dims()) {
                 match d {
-                    Dim::Fixed(m) if *m != n => return Err(CompileError::Usage(format!("input `{name}` is {ty}, got {}", t.ty()))),
+                    Dim::Fixed(m) if *m != n => {
+                        return Err(CompileError::Usage(format!(
+                            "input `{name}` is {ty}, got {}",
+                            t.ty()
+                        )))
+                    }
                     Dim::Fixed(_) => {}
                     Dim::Sym(s) => match sizes.get(&**s) {
                         Some((m, other)) if *m != n => {
-                            return Err(CompileError::Usage(format!("`{s}` is {m} in input `{other}` but {n} in input `{name}`")));
+                            return Err(CompileError::Usage(format!(
+                                "`{s}` is {m} in input `{other}` but {n} in input `{name}`"
+                            )));
                         }
                         Some(_) => {}
                         None => {
@@ -137,7 +166,12 @@ impl Session {
     }
 
     /// Every input's dims as `specialize` takes them, `resized` symbol at another size.
-    fn shapes(&self, inputs: &[Tensor], sizes: &BTreeMap<String, usize>, resized: Option<(&str, usize)>) -> HashMap<String, Vec<usize>> {
+    fn shapes(
+        &self,
+        inputs: &[Tensor],
+        sizes: &BTreeMap<String, usize>,
+        resized: Option<(&str, usize)>,
+    ) -> HashMap<String, Vec<usize>> {
         let mut shapes = HashMap::new();
         for (t, &id) in inputs.iter().zip(self.graph.inputs()) {
             let node = self.graph.node(id);
@@ -157,12 +191,25 @@ impl Session {
         shapes
     }
 
-    fn compile(&self, inputs: &[Tensor], sizes: &BTreeMap<String, usize>, padded: Option<&str>) -> Result<Executable> {
-        let values: HashMap<String, Tensor> =
-            self.shape_inputs.iter().map(|&i| (self.graph.node(self.graph.inputs()[i]).name.clone(), inputs[i].clone())).collect();
+    fn compile(
+        &self,
+        inputs: &[Tensor],
+        sizes: &BTreeMap<String, usize>,
+        padded: Option<&str>,
+    ) -> Result<Executable> {
+        let values: HashMap<String, Tensor> = self
+            .shape_inputs
+            .iter()
+            .map(|&i| (self.graph.node(self.graph.inputs()[i]).name.clone(), inputs[i].clone()))
+            .collect();
         let pad = padded.map(|symbol| (symbol.to_string(), capacity(sizes[symbol])));
         let resized = pad.as_ref().map(|(s, c)| (s.as_str(), *c));
-        let options = Options { input_shapes: self.shapes(inputs, sizes, resized), input_values: values, pad, ..self.options.clone() };
+        let options = Options {
+            input_shapes: self.shapes(inputs, sizes, resized),
+            input_values: values,
+            pad,
+            ..self.options.clone()
+        };
         Ok(Executable::load(compile(&self.graph, &options, false)?.artifact, &self.load)?)
     }
 }

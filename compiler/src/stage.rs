@@ -28,8 +28,18 @@ const ALL_TARGETS: &[TargetKind] = &[TargetKind::Cpu, TargetKind::Cuda, TargetKi
 
 impl Stage {
     /// Every stage, in the order a compile reaches them.
-    pub const ALL: [Stage; 10] =
-        [Stage::Passes, Stage::Graph, Stage::Fused, Stage::Schedule, Stage::Mlir, Stage::Lowered, Stage::Llvm, Stage::Asm, Stage::Ptx, Stage::Spirv];
+    pub const ALL: [Stage; 10] = [
+        Stage::Passes,
+        Stage::Graph,
+        Stage::Fused,
+        Stage::Schedule,
+        Stage::Mlir,
+        Stage::Lowered,
+        Stage::Llvm,
+        Stage::Asm,
+        Stage::Ptx,
+        Stage::Spirv,
+    ];
 
     /// The name `--stage` takes.
     pub fn name(self) -> &'static str {
@@ -69,7 +79,9 @@ impl Stage {
             Stage::Passes => "the op graph after specialisation and after each graph pass",
             Stage::Graph => "the op graph after the graph passes",
             Stage::Fused => "the kernels fusion made",
-            Stage::Schedule => "each kernel's ops as its CPU schedule reads them, and the schedule decided",
+            Stage::Schedule => {
+                "each kernel's ops as its CPU schedule reads them, and the schedule decided"
+            }
             Stage::Mlir => "each kernel's MLIR as codegen builds it, before the target's pipeline",
             Stage::Lowered => "the MLIR after the target's pipeline (LLVM, NVVM or SPIR-V dialect)",
             Stage::Llvm => "LLVM IR after optimisation",
@@ -86,7 +98,9 @@ impl Stage {
             Stage::Llvm => &[TargetKind::Cpu, TargetKind::Cuda],
             Stage::Ptx => &[TargetKind::Cuda],
             Stage::Spirv => &[TargetKind::Opencl],
-            Stage::Passes | Stage::Graph | Stage::Fused | Stage::Mlir | Stage::Lowered => ALL_TARGETS,
+            Stage::Passes | Stage::Graph | Stage::Fused | Stage::Mlir | Stage::Lowered => {
+                ALL_TARGETS
+            }
         }
     }
 
@@ -115,7 +129,8 @@ impl std::str::FromStr for Stage {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Stage, String> {
-        Stage::from_name(s).ok_or_else(|| format!("there is no stage `{s}`; the stages are {}", Stage::names()))
+        Stage::from_name(s)
+            .ok_or_else(|| format!("there is no stage `{s}`; the stages are {}", Stage::names()))
     }
 }
 

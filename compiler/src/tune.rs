@@ -33,29 +33,41 @@ pub fn kernel_signature(graph: &Graph, kernel: &Kernel) -> String {
 }
 
 fn fnv(s: &str) -> u64 {
-    s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3))
+    s.bytes()
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3))
 }
 
 /// The file holding this CPU's tuned choices.
 fn record_path() -> Option<std::path::PathBuf> {
-    let cpu = format!("{} {}", inkwell::targets::TargetMachine::get_host_cpu_name(), inkwell::targets::TargetMachine::get_host_cpu_features());
+    let cpu = format!(
+        "{} {}",
+        inkwell::targets::TargetMachine::get_host_cpu_name(),
+        inkwell::targets::TargetMachine::get_host_cpu_features()
+    );
     crate::cache_dir().map(|d| d.join(format!("tune-{:016x}.json", fnv(&cpu))))
 }
 
 /// The tuned choices stored for this CPU: kernel signature -> microkernel or not.
 pub fn load_record() -> BTreeMap<String, bool> {
-    record_path().and_then(|p| std::fs::read(p).ok()).and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or_default()
+    record_path()
+        .and_then(|p| std::fs::read(p).ok())
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default()
 }
 
 fn store_record(choices: &BTreeMap<String, bool>) -> Result<()> {
     let Some(path) = record_path() else { return Ok(()) };
     let mut all = load_record();
     all.extend(choices.iter().map(|(k, v)| (k.clone(), *v)));
-    let io = |e: std::io::Error| CompileError::File { path: path.display().to_string(), msg: e.to_string() };
+    let io = |e: std::io::Error| CompileError::File {
+        path: path.display().to_string(),
+        msg: e.to_string(),
+    };
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).map_err(io)?;
     }
-    let text = serde_json::to_string_pretty(&all).map_err(|e| CompileError::Internal(e.to_string()))?;
+    let text =
+        serde_json::to_string_pretty(&all).map_err(|e| CompileError::Internal(e.to_string()))?;
     // Written aside, then renamed: a concurrent compile reads the old or the new whole.
     let tmp = path.with_extension(format!("{}.tmp", std::process::id()));
     std::fs::write(&tmp, text).map_err(io)?;
@@ -134,18 +146,31 @@ fn time(exe: &Executable, inputs: &[Tensor], iters: usize) -> Result<(Vec<Durati
 
 /// Tunes the CPU kernels of `graph` compiled with `options` on `inputs`, with `threads`;
 /// `progress` hears what is being done. With `persist`, stores the winners when they are kept.
-pub fn tune(graph: &Graph, options: &Options, threads: Option<usize>, inputs: &[Tensor], persist: bool, progress: &dyn Fn(&str)) -> Result<Report> {
+pub fn tune(
+    graph: &Graph,
+    options: &Options,
+    threads: Option<usize>,
+    inputs: &[Tensor],
+    persist: bool,
+    progress: &dyn Fn(&str),
+) -> Result<Report> {
     if options.target != crate::TargetKind::Cpu {
-        return Err(CompileError::Usage("--tune tunes CPU kernels: use it with the cpu target".into()));
+        return Err(CompileError::Usage(
+            "--tune tunes CPU kernels: use it with the cpu target".into(),
+        ));
     }
     const ITERS: usize = 20;
     let load = LoadOptions { threads, ..Default::default() };
     // Compiles with the microkernel forced (or not) and these per-kernel choices, and times it.
-    let variant = |microkernel: Option<bool>, overrides: HashMap<String, bool>, what: &str| -> Result<(Vec<Duration>, Duration, Vec<String>)> {
+    let variant = |microkernel: Option<bool>,
+                   overrides: HashMap<String, bool>,
+                   what: &str|
+     -> Result<(Vec<Duration>, Duration, Vec<String>)> {
         progress(&format!("compiling and timing: {what}"));
         let o = Options { microkernel, microkernel_overrides: Some(overrides), ..options.clone() };
         let compiled = crate::compile(graph, &o, false)?;
-        let labels: Vec<String> = compiled.artifact.manifest.kernels.iter().map(|k| k.label.clone()).collect();
+        let labels: Vec<String> =
+            compiled.artifact.manifest.kernels.iter().map(|k| k.label.clone()).collect();
         let exe = Executable::load(compiled.artifact, &load)?;
         let (per, total) = time(&exe, inputs, ITERS)?;
         Ok((per, total, labels))
@@ -154,11 +179,19 @@ pub fn tune(graph: &Graph, options: &Options, threads: Option<usize>, inputs: &[
     let g = crate::driver::optimize(graph, options)?;
     let partition = crate::fuse::partition(&g, crate::fuse::views_for(options.target))?;
     let sigs: Vec<String> = partition.kernels.iter().map(|k| kernel_signature(&g, k)).collect();
-    let (_, untuned, labels) = variant(options.microkernel, HashMap::new(), "the untuned model (1 of 4)")?;
-    let (on, _, _) = variant(Some(true), HashMap::new(), "every kernel that can on the microkernel (2 of 4)")?;
-    let (off, _, _) = variant(Some(false), HashMap::new(), "every kernel on its linalg schedule (3 of 4)")?;
+    let (_, untuned, labels) =
+        variant(options.microkernel, HashMap::new(), "the untuned model (1 of 4)")?;
+    let (on, _, _) =
+        variant(Some(true), HashMap::new(), "every kernel that can on the microkernel (2 of 4)")?;
+    let (off, _, _) =
+        variant(Some(false), HashMap::new(), "every kernel on its linalg schedule (3 of 4)")?;
     if on.len() != sigs.len() || off.len() != sigs.len() {
-        return Err(CompileError::Internal(format!("tuning: {} kernels, {} and {} timed", sigs.len(), on.len(), off.len())));
+        return Err(CompileError::Internal(format!(
+            "tuning: {} kernels, {} and {} timed",
+            sigs.len(),
+            on.len(),
+            off.len()
+        )));
     }
     let mut choices = BTreeMap::new();
     let mut kernels = Vec::new();
@@ -184,9 +217,19 @@ pub fn tune(graph: &Graph, options: &Options, threads: Option<usize>, inputs: &[
 
 /// A seeded random tensor for input `name`, made only if it fits in what is `left` of the memory
 /// budget (which it then takes): else an error naming the input, its type, the bytes and the limit.
-pub fn random_input(name: &str, dtype: kiln_ir::DType, dims: &[usize], seed: u64, left: &mut u64) -> Result<Tensor> {
+pub fn random_input(
+    name: &str,
+    dtype: kiln_ir::DType,
+    dims: &[usize],
+    seed: u64,
+    left: &mut u64,
+) -> Result<Tensor> {
     let bytes = kiln_runtime::memory::bytes_of(dims, dtype.size());
-    kiln_runtime::memory::check(&format!("random input `{name}` ({dtype}{})", kiln_ir::Shape::fixed(dims)), bytes, *left)?;
+    kiln_runtime::memory::check(
+        &format!("random input `{name}` ({dtype}{})", kiln_ir::Shape::fixed(dims)),
+        bytes,
+        *left,
+    )?;
     *left -= bytes.unwrap_or(0);
     Ok(Tensor::random(dtype, dims, seed))
 }

@@ -17,7 +17,11 @@ use crate::{CompileError, Result};
 /// pass them, in the new graph's input order. A graph of tensor inputs comes back as it is.
 pub fn bind(graph: &Graph, values: &[Value]) -> Result<(Graph, Vec<Tensor>)> {
     if values.len() != graph.inputs().len() {
-        return Err(CompileError::Usage(format!("the model takes {} inputs, {} given", graph.inputs().len(), values.len())));
+        return Err(CompileError::Usage(format!(
+            "the model takes {} inputs, {} given",
+            graph.inputs().len(),
+            values.len()
+        )));
     }
     let mut g = graph.clone();
     let mut given: HashMap<String, Tensor> = HashMap::new();
@@ -25,24 +29,37 @@ pub fn bind(graph: &Graph, values: &[Value]) -> Result<(Graph, Vec<Tensor>)> {
         let node = graph.node(id);
         let (name, ty) = (node.name.clone(), node.outputs[0].clone());
         if ty.kind.is_tensor() {
-            let t = value.as_tensor().map_err(|e| CompileError::Usage(format!("input `{name}`: {e}")))?.clone();
+            let t = value
+                .as_tensor()
+                .map_err(|e| CompileError::Usage(format!("input `{name}`: {e}")))?
+                .clone();
             given.insert(name, t);
             continue;
         }
         if !value.fits(&ty) {
-            return Err(CompileError::Usage(format!("input `{name}` is {ty}, got {}", value.describe())));
+            return Err(CompileError::Usage(format!(
+                "input `{name}` is {ty}, got {}",
+                value.describe()
+            )));
         }
         // The old input keeps its place until nothing reads it.
         let old = g.node_by_name(&name).expect("the clone has the input");
         g.rename_node(old, &g.unique_name(&format!("{name}.unbound")))?;
-        let elements = |g: &mut Graph, given: &mut HashMap<String, Tensor>, items: &[Tensor]| -> Result<ValueId> {
+        let elements = |g: &mut Graph,
+                        given: &mut HashMap<String, Tensor>,
+                        items: &[Tensor]|
+         -> Result<ValueId> {
             let mut vs = Vec::with_capacity(items.len());
             for (i, t) in items.iter().enumerate() {
                 let n = format!("{name}[{i}]");
                 vs.push(g.add_input(&n, t.ty())?);
                 given.insert(n, t.clone());
             }
-            let op = if items.is_empty() { Op::Sequence(SequenceOp::Empty { dtype: ty.dtype }) } else { Op::Sequence(SequenceOp::Construct) };
+            let op = if items.is_empty() {
+                Op::Sequence(SequenceOp::Empty { dtype: ty.dtype })
+            } else {
+                Op::Sequence(SequenceOp::Construct)
+            };
             let operands: Vec<Option<ValueId>> = vs.into_iter().map(Some).collect();
             Ok(g.add_node(&g.unique_name(&format!("{name}.list")), op, &operands)?.into())
         };
@@ -57,12 +74,21 @@ pub fn bind(graph: &Graph, values: &[Value]) -> Result<(Graph, Vec<Tensor>)> {
                         Some(g.add_input(&name, t.ty())?)
                     }
                     Some(Value::Sequence(items)) => Some(elements(&mut g, &mut given, items)?),
-                    Some(Value::Optional(_)) => return Err(CompileError::Usage(format!("input `{name}`: an optional of an optional"))),
+                    Some(Value::Optional(_)) => {
+                        return Err(CompileError::Usage(format!(
+                            "input `{name}`: an optional of an optional"
+                        )))
+                    }
                 };
-                let op = Op::Optional(OptionalOp::Wrap { dtype: inner.is_none().then_some(ty.dtype), sequence });
+                let op = Op::Optional(OptionalOp::Wrap {
+                    dtype: inner.is_none().then_some(ty.dtype),
+                    sequence,
+                });
                 g.add_node(&g.unique_name(&format!("{name}.opt")), op, &[inner])?.into()
             }
-            Value::Tensor(_) => return Err(CompileError::Usage(format!("input `{name}` is {ty}, got a tensor"))),
+            Value::Tensor(_) => {
+                return Err(CompileError::Usage(format!("input `{name}` is {ty}, got a tensor")))
+            }
         };
         g.replace_uses(old.into(), v)?;
         g.remove_node(old)?;
@@ -75,12 +101,14 @@ pub fn bind(graph: &Graph, values: &[Value]) -> Result<(Graph, Vec<Tensor>)> {
 /// The original graph's outputs from the compiled program's (named as
 /// `passes::sequences::flat_outputs` names them).
 pub fn regroup(graph: &Graph, names: &[String], tensors: Vec<Tensor>) -> Result<Vec<Value>> {
-    let mut by_name: HashMap<&str, Tensor> = names.iter().map(String::as_str).zip(tensors).collect();
+    let mut by_name: HashMap<&str, Tensor> =
+        names.iter().map(String::as_str).zip(tensors).collect();
     let mut take = |n: &str| by_name.remove(n);
     let mut out = Vec::with_capacity(graph.outputs().len());
     for (name, v) in graph.outputs() {
         let ty = graph.value_type(*v);
-        let missing = || CompileError::Internal(format!("the compiled program gives no output for `{name}`"));
+        let missing =
+            || CompileError::Internal(format!("the compiled program gives no output for `{name}`"));
         let sequence = |take: &mut dyn FnMut(&str) -> Option<Tensor>| {
             let mut items = Vec::new();
             while let Some(t) = take(&format!("{name}[{}]", items.len())) {

@@ -10,7 +10,8 @@ use kiln_ir::onnx::testcase::{find_tests, run_all, Outcome, Tolerance};
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let verbose = args.iter().any(|a| a == "--verbose");
-    let dirs: Vec<PathBuf> = args.iter().filter(|a| !a.starts_with("--")).map(PathBuf::from).collect();
+    let dirs: Vec<PathBuf> =
+        args.iter().filter(|a| !a.starts_with("--")).map(PathBuf::from).collect();
     if dirs.is_empty() {
         eprintln!("usage: check DIR... [--verbose]");
         std::process::exit(2);
@@ -23,7 +24,13 @@ fn main() {
         }
     };
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let results = run_all(&tests, &|g, x| kiln_ir::eval::run_values(g, x).map_err(Into::into), Tolerance::default(), threads, &|_| {});
+    let results = run_all(
+        &tests,
+        &|g, x| kiln_ir::eval::run_values(g, x).map_err(Into::into),
+        Tolerance::default(),
+        threads,
+        &|_| {},
+    );
     let (mut pass, mut fail, mut skip) = (0, 0, 0);
     for r in &results {
         match &r.outcome {

@@ -20,7 +20,9 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 
 use crate::op::{AutoPad, Conv, Gemm, Pool, PoolKind, Reduce, ReduceKind, Window};
-use crate::{BinaryOp, DType, Graph, IrError, Op, Result, Shape, Tensor, TensorType, UnaryOp, ValueId};
+use crate::{
+    BinaryOp, DType, Graph, IrError, Op, Result, Shape, Tensor, TensorType, UnaryOp, ValueId,
+};
 
 /// Records a graph as it is traced.
 pub struct GraphBuilder {
@@ -82,7 +84,13 @@ impl ConvOptions {
 
 impl GraphBuilder {
     pub fn new(name: &str) -> GraphBuilder {
-        GraphBuilder { state: RefCell::new(State { graph: Graph::new(name), error: None, counters: HashMap::new() }) }
+        GraphBuilder {
+            state: RefCell::new(State {
+                graph: Graph::new(name),
+                error: None,
+                counters: HashMap::new(),
+            }),
+        }
     }
 
     fn record(&self, e: IrError) {
@@ -154,7 +162,12 @@ impl GraphBuilder {
 
     /// Adds a node of any op (the escape hatch for ops without a method); `None` operands are
     /// omitted optional ones. Returns the node's results.
-    pub fn apply(&self, op: Op, operands: &[Option<Traced<'_>>], num_outputs: usize) -> Vec<Traced<'_>> {
+    pub fn apply(
+        &self,
+        op: Op,
+        operands: &[Option<Traced<'_>>],
+        num_outputs: usize,
+    ) -> Vec<Traced<'_>> {
         let poisoned = || vec![Traced { builder: self, value: None }; num_outputs.max(1)];
         let mut ids = Vec::with_capacity(operands.len());
         for o in operands {
@@ -169,7 +182,9 @@ impl GraphBuilder {
         let name = self.auto_name(op.name());
         let r = self.state.borrow_mut().graph.add_node_with_outputs(&name, op, &ids, num_outputs);
         match r {
-            Ok(id) => (0..num_outputs).map(|i| Traced { builder: self, value: Some(ValueId::new(id, i)) }).collect(),
+            Ok(id) => (0..num_outputs)
+                .map(|i| Traced { builder: self, value: Some(ValueId::new(id, i)) })
+                .collect(),
             Err(e) => {
                 self.record(e);
                 poisoned()
@@ -320,14 +335,25 @@ impl<'g> Traced<'g> {
     /// Convolution over every spatial axis of `self` [N, C, spatial...] with weight [M, C/group, kernel...].
     pub fn conv(self, weight: Traced<'g>, bias: Option<Traced<'g>>, o: ConvOptions) -> Traced<'g> {
         let spatial = weight.ty().map_or(0, |t| t.rank().saturating_sub(2));
-        self.builder.apply1(Op::Conv(Conv { window: o.window(spatial), group: o.group }), &[Some(self), Some(weight), bias])
+        self.builder.apply1(
+            Op::Conv(Conv { window: o.window(spatial), group: o.group }),
+            &[Some(self), Some(weight), bias],
+        )
     }
 
     fn pool(self, kind: PoolKind, kernel: usize, stride: usize, pad: usize) -> Traced<'g> {
         let spatial = self.ty().map_or(0, |t| t.rank().saturating_sub(2));
         let window = ConvOptions { stride, pad, ..ConvOptions::default() }.window(spatial);
-        self.builder
-            .apply1(Op::Pool(Pool { kind, kernel: vec![kernel; spatial], window, ceil_mode: false, column_major_indices: false }), &[Some(self)])
+        self.builder.apply1(
+            Op::Pool(Pool {
+                kind,
+                kernel: vec![kernel; spatial],
+                window,
+                ceil_mode: false,
+                column_major_indices: false,
+            }),
+            &[Some(self)],
+        )
     }
 
     /// Max pooling with a square window.
@@ -341,7 +367,8 @@ impl<'g> Traced<'g> {
     }
 
     pub fn global_avg_pool(self) -> Traced<'g> {
-        self.builder.apply1(Op::GlobalPool(PoolKind::Average { count_include_pad: false }), &[Some(self)])
+        self.builder
+            .apply1(Op::GlobalPool(PoolKind::Average { count_include_pad: false }), &[Some(self)])
     }
 
     pub fn softmax(self, axis: i64) -> Traced<'g> {
@@ -349,19 +376,38 @@ impl<'g> Traced<'g> {
     }
 
     /// Layer normalisation over the axes from `axis` on.
-    pub fn layer_norm(self, scale: Traced<'g>, bias: Traced<'g>, axis: i64, epsilon: f32) -> Traced<'g> {
+    pub fn layer_norm(
+        self,
+        scale: Traced<'g>,
+        bias: Traced<'g>,
+        axis: i64,
+        epsilon: f32,
+    ) -> Traced<'g> {
         self.builder.apply1(Op::LayerNorm { axis, epsilon }, &[Some(self), Some(scale), Some(bias)])
     }
 
     /// Inference-mode batch normalisation of `self` [N, C, ...].
-    pub fn batch_norm(self, scale: Traced<'g>, bias: Traced<'g>, mean: Traced<'g>, var: Traced<'g>, epsilon: f32) -> Traced<'g> {
-        self.builder.apply1(Op::BatchNorm { epsilon }, &[Some(self), Some(scale), Some(bias), Some(mean), Some(var)])
+    pub fn batch_norm(
+        self,
+        scale: Traced<'g>,
+        bias: Traced<'g>,
+        mean: Traced<'g>,
+        var: Traced<'g>,
+        epsilon: f32,
+    ) -> Traced<'g> {
+        self.builder.apply1(
+            Op::BatchNorm { epsilon },
+            &[Some(self), Some(scale), Some(bias), Some(mean), Some(var)],
+        )
     }
 
     /// A reduction over `axes` (all axes if empty).
     pub fn reduce(self, kind: ReduceKind, axes: &[i64], keepdims: bool) -> Traced<'g> {
         let axes = (!axes.is_empty()).then(|| self.ints(axes));
-        self.builder.apply1(Op::Reduce(Reduce { kind, keepdims, noop_with_empty_axes: false }), &[Some(self), axes])
+        self.builder.apply1(
+            Op::Reduce(Reduce { kind, keepdims, noop_with_empty_axes: false }),
+            &[Some(self), axes],
+        )
     }
 
     pub fn reduce_sum(self, axes: &[i64], keepdims: bool) -> Traced<'g> {
@@ -407,12 +453,22 @@ impl<'g> Traced<'g> {
     /// Splits along `axis` into parts of the given sizes.
     pub fn split(self, axis: i64, sizes: &[i64]) -> Vec<Traced<'g>> {
         let s = self.ints(sizes);
-        self.builder.apply(Op::Split { axis, num_outputs: sizes.len() }, &[Some(self), Some(s)], sizes.len())
+        self.builder.apply(
+            Op::Split { axis, num_outputs: sizes.len() },
+            &[Some(self), Some(s)],
+            sizes.len(),
+        )
     }
 
     /// ONNX Slice: `starts`, `ends` and `steps` per axis of `axes`.
     pub fn slice(self, starts: &[i64], ends: &[i64], axes: &[i64], steps: &[i64]) -> Traced<'g> {
-        let ops = [Some(self), Some(self.ints(starts)), Some(self.ints(ends)), Some(self.ints(axes)), Some(self.ints(steps))];
+        let ops = [
+            Some(self),
+            Some(self.ints(starts)),
+            Some(self.ints(ends)),
+            Some(self.ints(axes)),
+            Some(self.ints(steps)),
+        ];
         self.builder.apply1(Op::Slice, &ops)
     }
 

@@ -10,7 +10,12 @@ pub const FOLD_LIMIT: usize = 1 << 24;
 /// The results of `op` on `operands` if they are known now: every present operand is a constant
 /// (and the op is deterministic), or the op only reads a static shape (Shape, Size). `None` when
 /// not foldable, too large, or when evaluating fails (the error then surfaces at run time).
-pub fn fold(graph: &Graph, op: &Op, operands: &[Option<ValueId>], num_outputs: usize) -> Option<Vec<Tensor>> {
+pub fn fold(
+    graph: &Graph,
+    op: &Op,
+    operands: &[Option<ValueId>],
+    num_outputs: usize,
+) -> Option<Vec<Tensor>> {
     match op {
         Op::Input | Op::Constant(_) | Op::If { .. } => return None,
         Op::Shape { start, end } => {
@@ -25,10 +30,14 @@ pub fn fold(graph: &Graph, op: &Op, operands: &[Option<ValueId>], num_outputs: u
         }
         // A sequence's length and whether an optional holds a value are known from their types
         // when the ops that made them say so; nothing else about them is a constant tensor.
-        Op::Sequence(crate::op::SequenceOp::Length) => match graph.value_type(operands.first().copied().flatten()?).kind {
-            crate::Kind::Sequence { len: Some(n), .. } => return Some(vec![Tensor::scalar(n as i64)]),
-            _ => return None,
-        },
+        Op::Sequence(crate::op::SequenceOp::Length) => {
+            match graph.value_type(operands.first().copied().flatten()?).kind {
+                crate::Kind::Sequence { len: Some(n), .. } => {
+                    return Some(vec![Tensor::scalar(n as i64)])
+                }
+                _ => return None,
+            }
+        }
         Op::Optional(crate::op::OptionalOp::HasElement) => {
             let has = match operands.first().copied().flatten() {
                 None => false,
@@ -54,7 +63,15 @@ pub fn fold(graph: &Graph, op: &Op, operands: &[Option<ValueId>], num_outputs: u
         .collect::<Option<Vec<_>>>()?;
     let types = crate::infer::infer(
         op,
-        &operands.iter().map(|o| o.map(|v| crate::infer::Operand { ty: graph.value_type(v), value: graph.constant_value(v) })).collect::<Vec<_>>(),
+        &operands
+            .iter()
+            .map(|o| {
+                o.map(|v| crate::infer::Operand {
+                    ty: graph.value_type(v),
+                    value: graph.constant_value(v),
+                })
+            })
+            .collect::<Vec<_>>(),
         "fold",
     )
     .ok()?;

@@ -60,7 +60,13 @@ pub struct Graph {
 
 impl Graph {
     pub fn new(name: &str) -> Graph {
-        Graph { name: name.to_string(), graph: StableDiGraph::default(), inputs: Vec::new(), outputs: Vec::new(), names: HashMap::new() }
+        Graph {
+            name: name.to_string(),
+            graph: StableDiGraph::default(),
+            inputs: Vec::new(),
+            outputs: Vec::new(),
+            names: HashMap::new(),
+        }
     }
 
     // ----- building -----
@@ -85,7 +91,13 @@ impl Graph {
 
     /// Adds a node keeping its first `num_outputs` results (ops such as LayerNormalization have
     /// optional extra results).
-    pub fn add_node_with_outputs(&mut self, name: &str, op: Op, operands: &[Option<ValueId>], num_outputs: usize) -> Result<NodeId> {
+    pub fn add_node_with_outputs(
+        &mut self,
+        name: &str,
+        op: Op,
+        operands: &[Option<ValueId>],
+        num_outputs: usize,
+    ) -> Result<NodeId> {
         let types = self.infer_node(name, &op, operands, num_outputs)?;
         let id = self.insert(name, op, types)?;
         for (i, v) in operands.iter().enumerate() {
@@ -123,7 +135,10 @@ impl Graph {
         if !self.names.contains_key(base) {
             return base.to_string();
         }
-        (1..).map(|i| format!("{base}_{i}")).find(|n| !self.names.contains_key(n)).expect("unbounded")
+        (1..)
+            .map(|i| format!("{base}_{i}"))
+            .find(|n| !self.names.contains_key(n))
+            .expect("unbounded")
     }
 
     fn insert(&mut self, name: &str, op: Op, outputs: Vec<TensorType>) -> Result<NodeId> {
@@ -138,14 +153,22 @@ impl Graph {
         Ok(id)
     }
 
-    fn infer_node(&self, name: &str, op: &Op, operands: &[Option<ValueId>], num_outputs: usize) -> Result<Vec<TensorType>> {
+    fn infer_node(
+        &self,
+        name: &str,
+        op: &Op,
+        operands: &[Option<ValueId>],
+        num_outputs: usize,
+    ) -> Result<Vec<TensorType>> {
         let shape_err = |msg: String| IrError::Shape { node: name.to_string(), op: op.name(), msg };
         check_arity(op, operands).map_err(shape_err)?;
         for v in operands.iter().flatten() {
             self.check_value(*v).map_err(|e| shape_err(e.to_string()))?;
         }
-        let ops: Vec<Option<Operand>> =
-            operands.iter().map(|o| o.map(|v| Operand { ty: self.value_type(v), value: self.constant_value(v) })).collect();
+        let ops: Vec<Option<Operand>> = operands
+            .iter()
+            .map(|o| o.map(|v| Operand { ty: self.value_type(v), value: self.constant_value(v) }))
+            .collect();
         let mut types = infer::infer(op, &ops, name).map_err(shape_err)?;
         if num_outputs == 0 || num_outputs > types.len() {
             return Err(shape_err(format!("has {} results, {num_outputs} asked for", types.len())));
@@ -156,10 +179,17 @@ impl Graph {
 
     fn check_value(&self, v: ValueId) -> Result<()> {
         match self.graph.node_weight(v.node) {
-            None => Err(IrError::Graph(format!("value {}#{} refers to a node that does not exist", v.node.index(), v.output))),
-            Some(n) if v.output >= n.outputs.len() => {
-                Err(IrError::Graph(format!("node `{}` has {} results, result {} used", n.name, n.outputs.len(), v.output)))
-            }
+            None => Err(IrError::Graph(format!(
+                "value {}#{} refers to a node that does not exist",
+                v.node.index(),
+                v.output
+            ))),
+            Some(n) if v.output >= n.outputs.len() => Err(IrError::Graph(format!(
+                "node `{}` has {} results, result {} used",
+                n.name,
+                n.outputs.len(),
+                v.output
+            ))),
             Some(_) => Ok(()),
         }
     }
@@ -250,7 +280,8 @@ impl Graph {
         let mut indegree: HashMap<NodeId, usize> = HashMap::new();
         let mut ready = BTreeSet::new();
         for id in self.graph.node_indices() {
-            let preds: HashSet<NodeId> = self.graph.neighbors_directed(id, Direction::Incoming).collect();
+            let preds: HashSet<NodeId> =
+                self.graph.neighbors_directed(id, Direction::Incoming).collect();
             if preds.is_empty() {
                 ready.insert(id);
             }
@@ -259,7 +290,8 @@ impl Graph {
         let mut order = Vec::with_capacity(self.graph.node_count());
         while let Some(id) = ready.pop_first() {
             order.push(id);
-            let succs: HashSet<NodeId> = self.graph.neighbors_directed(id, Direction::Outgoing).collect();
+            let succs: HashSet<NodeId> =
+                self.graph.neighbors_directed(id, Direction::Outgoing).collect();
             for s in succs {
                 let d = indegree.get_mut(&s).expect("every node has an in-degree");
                 *d -= 1;
@@ -269,8 +301,12 @@ impl Graph {
             }
         }
         if order.len() != self.graph.node_count() {
-            let stuck = self.graph.node_indices().find(|id| indegree[id] > 0).expect("a node is left");
-            return Err(IrError::Graph(format!("the graph has a cycle through node `{}`", self.graph[stuck].name)));
+            let stuck =
+                self.graph.node_indices().find(|id| indegree[id] > 0).expect("a node is left");
+            return Err(IrError::Graph(format!(
+                "the graph has a cycle through node `{}`",
+                self.graph[stuck].name
+            )));
         }
         Ok(order)
     }
@@ -300,19 +336,32 @@ impl Graph {
 
     /// Copies `sub` into this graph: its inputs are `inputs` (values of this graph, in order), its
     /// nodes are added under `prefix/name`, and its outputs' values here are returned.
-    pub fn inline(&mut self, sub: &Graph, inputs: &[ValueId], prefix: &str) -> Result<Vec<ValueId>> {
+    pub fn inline(
+        &mut self,
+        sub: &Graph,
+        inputs: &[ValueId],
+        prefix: &str,
+    ) -> Result<Vec<ValueId>> {
         if inputs.len() != sub.inputs().len() {
-            return Err(IrError::Graph(format!("graph `{}` takes {} inputs, {} given", sub.name, sub.inputs().len(), inputs.len())));
+            return Err(IrError::Graph(format!(
+                "graph `{}` takes {} inputs, {} given",
+                sub.name,
+                sub.inputs().len(),
+                inputs.len()
+            )));
         }
         let mut map: HashMap<NodeId, NodeId> = HashMap::new();
         let mut input_of: HashMap<NodeId, ValueId> = HashMap::new();
         for (&id, &v) in sub.inputs().iter().zip(inputs) {
             input_of.insert(id, v);
         }
-        let translate = |v: ValueId, map: &HashMap<NodeId, NodeId>, input_of: &HashMap<NodeId, ValueId>| match input_of.get(&v.node) {
-            Some(&outer) => outer,
-            None => ValueId::new(map[&v.node], v.output),
-        };
+        let translate =
+            |v: ValueId, map: &HashMap<NodeId, NodeId>, input_of: &HashMap<NodeId, ValueId>| {
+                match input_of.get(&v.node) {
+                    Some(&outer) => outer,
+                    None => ValueId::new(map[&v.node], v.output),
+                }
+            };
         for id in sub.topo_order()? {
             let node = sub.node(id);
             if input_of.contains_key(&id) {
@@ -322,7 +371,11 @@ impl Graph {
             let new = match &node.op {
                 Op::Constant(t) => self.add_constant(&name, t.clone())?.node,
                 op => {
-                    let operands: Vec<Option<ValueId>> = sub.operands(id).into_iter().map(|o| o.map(|v| translate(v, &map, &input_of))).collect();
+                    let operands: Vec<Option<ValueId>> = sub
+                        .operands(id)
+                        .into_iter()
+                        .map(|o| o.map(|v| translate(v, &map, &input_of)))
+                        .collect();
                     self.add_node_with_outputs(&name, op.clone(), &operands, node.outputs.len())?
                 }
             };
@@ -333,12 +386,19 @@ impl Graph {
 
     /// Renames a node; the new name must be unused.
     pub fn rename_node(&mut self, id: NodeId, name: &str) -> Result<()> {
-        let old = self.graph.node_weight(id).ok_or_else(|| IrError::Graph("renaming a node that does not exist".into()))?.name.clone();
+        let old = self
+            .graph
+            .node_weight(id)
+            .ok_or_else(|| IrError::Graph("renaming a node that does not exist".into()))?
+            .name
+            .clone();
         if old == name {
             return Ok(());
         }
         if name.is_empty() || self.names.contains_key(name) {
-            return Err(IrError::Graph(format!("cannot rename `{old}` to `{name}`: the name is empty or taken")));
+            return Err(IrError::Graph(format!(
+                "cannot rename `{old}` to `{name}`: the name is empty or taken"
+            )));
         }
         self.names.remove(&old);
         self.names.insert(name.to_string(), id);
@@ -348,8 +408,13 @@ impl Graph {
 
     /// Removes a node that nothing uses any more.
     pub fn remove_node(&mut self, id: NodeId) -> Result<Node> {
-        let node = self.graph.node_weight(id).ok_or_else(|| IrError::Graph("removing a node that does not exist".into()))?;
-        if self.graph.neighbors_directed(id, Direction::Outgoing).next().is_some() || self.outputs.iter().any(|(_, v)| v.node == id) {
+        let node = self
+            .graph
+            .node_weight(id)
+            .ok_or_else(|| IrError::Graph("removing a node that does not exist".into()))?;
+        if self.graph.neighbors_directed(id, Direction::Outgoing).next().is_some()
+            || self.outputs.iter().any(|(_, v)| v.node == id)
+        {
             return Err(IrError::Graph(format!("node `{}` is still used", node.name)));
         }
         self.inputs.retain(|&i| i != id);
@@ -361,7 +426,10 @@ impl Graph {
     /// Changes the declared type of a graph input and re-infers every node's types (binding
     /// symbolic dimensions to concrete ones, for instance).
     pub fn set_input_type(&mut self, input: usize, ty: TensorType) -> Result<()> {
-        let id = *self.inputs.get(input).ok_or_else(|| IrError::Graph(format!("the graph has no input {input}")))?;
+        let id = *self
+            .inputs
+            .get(input)
+            .ok_or_else(|| IrError::Graph(format!("the graph has no input {input}")))?;
         self.graph[id].outputs = vec![ty];
         self.reinfer()
     }
@@ -373,7 +441,8 @@ impl Graph {
             if matches!(node.op, Op::Input | Op::Constant(_)) {
                 continue;
             }
-            let types = self.infer_node(&node.name, &node.op, &self.operands(id), node.outputs.len())?;
+            let types =
+                self.infer_node(&node.name, &node.op, &self.operands(id), node.outputs.len())?;
             self.graph[id].outputs = types;
         }
         Ok(())
@@ -381,17 +450,28 @@ impl Graph {
 
     /// Replaces a node's result types with declared ones that agree with inference (the text form
     /// keeps its symbol names this way).
-    pub(crate) fn declare_output_types(&mut self, id: NodeId, types: Vec<TensorType>) -> Result<()> {
+    pub(crate) fn declare_output_types(
+        &mut self,
+        id: NodeId,
+        types: Vec<TensorType>,
+    ) -> Result<()> {
         let node = &self.graph[id];
         if types.len() != node.outputs.len() {
-            return Err(IrError::Graph(format!("node `{}` declares {} results, has {}", node.name, types.len(), node.outputs.len())));
+            return Err(IrError::Graph(format!(
+                "node `{}` declares {} results, has {}",
+                node.name,
+                types.len(),
+                node.outputs.len()
+            )));
         }
         for (i, (declared, inferred)) in types.iter().zip(&node.outputs).enumerate() {
             if !type_matches(declared, inferred) {
                 return Err(IrError::Shape {
                     node: node.name.clone(),
                     op: node.op.name(),
-                    msg: format!("result {i} is declared {declared} but inference gives {inferred}"),
+                    msg: format!(
+                        "result {i} is declared {declared} but inference gives {inferred}"
+                    ),
                 });
             }
         }
@@ -418,18 +498,30 @@ impl Graph {
             match &node.op {
                 Op::Input => {
                     if !input_set.contains(&id) {
-                        return Err(IrError::Graph(format!("Input node `{}` is not a graph input", node.name)));
+                        return Err(IrError::Graph(format!(
+                            "Input node `{}` is not a graph input",
+                            node.name
+                        )));
                     }
                     continue;
                 }
                 Op::Constant(t) => {
                     if node.outputs != [t.ty()] {
-                        return Err(IrError::Graph(format!("constant `{}` declares type {} but holds {}", node.name, node.outputs[0], t.ty())));
+                        return Err(IrError::Graph(format!(
+                            "constant `{}` declares type {} but holds {}",
+                            node.name,
+                            node.outputs[0],
+                            t.ty()
+                        )));
                     }
                     continue;
                 }
                 _ if input_set.contains(&id) => {
-                    return Err(IrError::Graph(format!("graph input `{}` is a {} node", node.name, node.op.name())));
+                    return Err(IrError::Graph(format!(
+                        "graph input `{}` is a {} node",
+                        node.name,
+                        node.op.name()
+                    )));
                 }
                 _ => {}
             }
@@ -446,7 +538,8 @@ impl Graph {
             }
         }
         for (name, v) in &self.outputs {
-            self.check_value(*v).map_err(|e| IrError::Graph(format!("graph output `{name}`: {e}")))?;
+            self.check_value(*v)
+                .map_err(|e| IrError::Graph(format!("graph output `{name}`: {e}")))?;
         }
         Ok(())
     }
@@ -457,19 +550,27 @@ impl Graph {
 fn type_matches(declared: &TensorType, inferred: &TensorType) -> bool {
     declared.dtype == inferred.dtype
         && declared.rank() == inferred.rank()
-        && declared.shape.dims().iter().zip(inferred.shape.dims()).all(|(d, i)| match (d.fixed(), i.fixed()) {
-            (Some(a), Some(b)) => a == b,
-            (None, None) => true,
-            (Some(_), None) => true,
-            (None, Some(_)) => false,
+        && declared.shape.dims().iter().zip(inferred.shape.dims()).all(|(d, i)| {
+            match (d.fixed(), i.fixed()) {
+                (Some(a), Some(b)) => a == b,
+                (None, None) => true,
+                (Some(_), None) => true,
+                (None, Some(_)) => false,
+            }
         })
 }
 
 /// Whether `operands` (present or omitted, by position) fit `op`'s arity: at most its maximum
 /// slots, and every required one present.
-pub(crate) fn check_arity(op: &Op, operands: &[Option<ValueId>]) -> std::result::Result<(), String> {
+pub(crate) fn check_arity(
+    op: &Op,
+    operands: &[Option<ValueId>],
+) -> std::result::Result<(), String> {
     let (min, max) = op.arity();
-    if operands.len() > max || operands.len() < min || operands.iter().take(min).any(|o| o.is_none()) {
+    if operands.len() > max
+        || operands.len() < min
+        || operands.iter().take(min).any(|o| o.is_none())
+    {
         let want = if min == max {
             format!("{min}")
         } else if max == usize::MAX {

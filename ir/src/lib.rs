@@ -53,6 +53,8 @@ pub use error::{IrError, Result, UnsupportedOp};
 pub use graph::{Edge, Graph, Node, NodeId, ValueId};
 pub use half::{bf16, f16};
 pub use op::{BinaryOp, Op, UnaryOp};
-pub use shape::{broadcast, broadcast_fixed, common_shape, normalize_axis, Dim, Kind, Shape, TensorType};
+pub use shape::{
+    broadcast, broadcast_fixed, common_shape, normalize_axis, Dim, Kind, Shape, TensorType,
+};
 pub use tensor::{cast_element, Element, Tensor};
 pub use value::Value;

@@ -44,7 +44,8 @@ fn dtype_of(descr: &str) -> Option<DType> {
 
 /// Serialises a tensor as `.npy` bytes.
 pub fn encode(t: &Tensor) -> Result<Vec<u8>> {
-    let descr = descr(t.dtype()).ok_or_else(|| IrError::Tensor(format!("{} has no .npy type", t.dtype())))?;
+    let descr = descr(t.dtype())
+        .ok_or_else(|| IrError::Tensor(format!("{} has no .npy type", t.dtype())))?;
     let shape = match t.dims() {
         [] => "()".to_string(),
         [n] => format!("({n},)"),
@@ -70,7 +71,9 @@ pub fn decode(bytes: &[u8]) -> std::result::Result<Tensor, String> {
     }
     let (header_len, start) = match bytes[6] {
         1 => (u16::from_le_bytes([bytes[8], bytes[9]]) as usize, 10),
-        2 | 3 if bytes.len() >= 12 => (u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize, 12),
+        2 | 3 if bytes.len() >= 12 => {
+            (u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize, 12)
+        }
         v => return Err(format!("unsupported .npy version {v}")),
     };
     let header = bytes.get(start..start + header_len).ok_or("truncated .npy header")?;
@@ -80,7 +83,10 @@ pub fn decode(bytes: &[u8]) -> std::result::Result<Tensor, String> {
         let rest = header[at..].trim_start().strip_prefix(':')?.trim_start();
         Some(rest)
     };
-    let descr = field("descr").and_then(|r| r.strip_prefix('\'')).and_then(|r| r.split('\'').next()).ok_or("the .npy header has no descr")?;
+    let descr = field("descr")
+        .and_then(|r| r.strip_prefix('\''))
+        .and_then(|r| r.split('\'').next())
+        .ok_or("the .npy header has no descr")?;
     let dtype = dtype_of(descr).ok_or_else(|| format!("unsupported .npy element type {descr}"))?;
     if descr.starts_with('>') {
         return Err("big-endian .npy data is not supported".into());
@@ -88,7 +94,10 @@ pub fn decode(bytes: &[u8]) -> std::result::Result<Tensor, String> {
     if field("fortran_order").is_some_and(|r| r.starts_with("True")) {
         return Err("Fortran-order .npy data is not supported (save it in C order)".into());
     }
-    let shape = field("shape").and_then(|r| r.strip_prefix('(')).and_then(|r| r.split(')').next()).ok_or("the .npy header has no shape")?;
+    let shape = field("shape")
+        .and_then(|r| r.strip_prefix('('))
+        .and_then(|r| r.split(')').next())
+        .ok_or("the .npy header has no shape")?;
     let dims: Vec<usize> = shape
         .split(',')
         .map(str::trim)
@@ -96,16 +105,19 @@ pub fn decode(bytes: &[u8]) -> std::result::Result<Tensor, String> {
         .map(|s| s.parse::<usize>().map_err(|_| format!("bad .npy dimension `{s}`")))
         .collect::<std::result::Result<_, _>>()?;
     let data = &bytes[start + header_len..];
-    Tensor::from_bytes(dtype, &dims, data).map_err(|e| format!("the .npy data does not match its header: {e}"))
+    Tensor::from_bytes(dtype, &dims, data)
+        .map_err(|e| format!("the .npy data does not match its header: {e}"))
 }
 
 pub fn read(path: &Path) -> Result<Tensor> {
-    let bytes = std::fs::read(path).map_err(|e| IrError::Tensor(format!("{}: {e}", path.display())))?;
+    let bytes =
+        std::fs::read(path).map_err(|e| IrError::Tensor(format!("{}: {e}", path.display())))?;
     decode(&bytes).map_err(|e| IrError::Tensor(format!("{}: {e}", path.display())))
 }
 
 pub fn write(path: &Path, t: &Tensor) -> Result<()> {
-    std::fs::write(path, encode(t)?).map_err(|e| IrError::Tensor(format!("{}: {e}", path.display())))
+    std::fs::write(path, encode(t)?)
+        .map_err(|e| IrError::Tensor(format!("{}: {e}", path.display())))
 }
 
 #[cfg(test)]
@@ -118,7 +130,11 @@ mod tests {
             for dims in [vec![], vec![3], vec![2, 3]] {
                 let t = Tensor::random(d, &dims, 1);
                 let b = encode(&t).unwrap();
-                assert_eq!((10 + u16::from_le_bytes([b[8], b[9]]) as usize) % 64, 0, "data is 64-byte aligned");
+                assert_eq!(
+                    (10 + u16::from_le_bytes([b[8], b[9]]) as usize) % 64,
+                    0,
+                    "data is 64-byte aligned"
+                );
                 assert_eq!(decode(&b).unwrap(), t);
             }
         }
@@ -127,7 +143,9 @@ mod tests {
     #[test]
     fn reads_a_header_numpy_wrote() {
         // numpy.save of np.arange(3, dtype='<i8').
-        let mut b = b"\x93NUMPY\x01\x00v\x00{'descr': '<i8', 'fortran_order': False, 'shape': (3,), }".to_vec();
+        let mut b =
+            b"\x93NUMPY\x01\x00v\x00{'descr': '<i8', 'fortran_order': False, 'shape': (3,), }"
+                .to_vec();
         while b.len() < 127 {
             b.push(b' ');
         }

@@ -54,7 +54,8 @@ impl fmt::Display for Dim {
 /// Symbols print bare when they look like identifiers, quoted otherwise.
 pub(crate) fn is_plain_symbol(s: &str) -> bool {
     let mut chars = s.chars();
-    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_') && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
 /// A list of dimensions; rank 0 is a scalar.
@@ -190,7 +191,11 @@ impl TensorType {
     /// (`None`: rank unknown).
     pub fn sequence(dtype: DType, elem: Option<Shape>, len: Option<usize>) -> TensorType {
         let ranked = elem.is_some();
-        TensorType { dtype, shape: elem.unwrap_or_else(Shape::scalar), kind: Kind::Sequence { ranked, len } }
+        TensorType {
+            dtype,
+            shape: elem.unwrap_or_else(Shape::scalar),
+            kind: Kind::Sequence { ranked, len },
+        }
     }
 
     /// Whether a value of type `have` may be passed where `self` is declared: the same dtype
@@ -204,7 +209,10 @@ impl TensorType {
                     // An empty sequence has no elements whose rank could disagree.
                     (ranks(a, b) || n == Some(0)) && (m.is_none() || n.is_none() || m == n)
                 }
-                (Kind::Optional { sequence: s, ranked: a }, Kind::Optional { sequence: t, ranked: b }) => s == t && ranks(a, b),
+                (
+                    Kind::Optional { sequence: s, ranked: a },
+                    Kind::Optional { sequence: t, ranked: b },
+                ) => s == t && ranks(a, b),
                 // A value where an optional of its type is declared.
                 (Kind::Optional { .. }, _) => self.element().is_some_and(|e| e.accepts(have)),
                 _ => false,
@@ -219,11 +227,22 @@ impl TensorType {
             return None;
         }
         let dims = |a: &Shape, b: &Shape| {
-            Shape(a.dims().iter().zip(b.dims()).enumerate().map(|(i, (x, y))| if x == y { x.clone() } else { fresh(i) }).collect())
+            Shape(
+                a.dims()
+                    .iter()
+                    .zip(b.dims())
+                    .enumerate()
+                    .map(|(i, (x, y))| if x == y { x.clone() } else { fresh(i) })
+                    .collect(),
+            )
         };
-        let elem = |ra: bool, rb: bool| (ra && rb && self.rank() == other.rank()).then(|| dims(&self.shape, &other.shape));
+        let elem = |ra: bool, rb: bool| {
+            (ra && rb && self.rank() == other.rank()).then(|| dims(&self.shape, &other.shape))
+        };
         match (self.kind, other.kind) {
-            (Kind::Tensor, Kind::Tensor) if self.rank() == other.rank() => Some(TensorType::new(self.dtype, dims(&self.shape, &other.shape))),
+            (Kind::Tensor, Kind::Tensor) if self.rank() == other.rank() => {
+                Some(TensorType::new(self.dtype, dims(&self.shape, &other.shape)))
+            }
             (Kind::Sequence { ranked: a, len: m }, Kind::Sequence { ranked: b, len: n }) => {
                 // An empty sequence says nothing of its elements.
                 let e = match (m, n) {
@@ -233,7 +252,10 @@ impl TensorType {
                 };
                 Some(TensorType::sequence(self.dtype, e, if m == n { m } else { None }))
             }
-            (Kind::Optional { sequence: s, ranked: a }, Kind::Optional { sequence: t, ranked: b }) if s == t => {
+            (
+                Kind::Optional { sequence: s, ranked: a },
+                Kind::Optional { sequence: t, ranked: b },
+            ) if s == t => {
                 let e = elem(a, b);
                 Some(TensorType {
                     dtype: self.dtype,
@@ -242,8 +264,12 @@ impl TensorType {
                 })
             }
             // An optional on one side and a value it may hold on the other (a Loop's state).
-            (Kind::Optional { .. }, _) => self.element()?.merge(other, fresh).map(|e| TensorType::optional(&e)),
-            (_, Kind::Optional { .. }) => other.element()?.merge(self, fresh).map(|e| TensorType::optional(&e)),
+            (Kind::Optional { .. }, _) => {
+                self.element()?.merge(other, fresh).map(|e| TensorType::optional(&e))
+            }
+            (_, Kind::Optional { .. }) => {
+                other.element()?.merge(self, fresh).map(|e| TensorType::optional(&e))
+            }
             _ => None,
         }
     }
@@ -262,9 +288,16 @@ impl TensorType {
     pub fn element(&self) -> Option<TensorType> {
         match self.kind {
             Kind::Tensor => None,
-            Kind::Sequence { ranked, .. } => Some(TensorType::new(self.dtype, if ranked { self.shape.clone() } else { Shape::scalar() })),
-            Kind::Optional { sequence: true, ranked } => Some(TensorType { kind: Kind::Sequence { ranked, len: None }, ..self.clone() }),
-            Kind::Optional { sequence: false, .. } => Some(TensorType::new(self.dtype, self.shape.clone())),
+            Kind::Sequence { ranked, .. } => Some(TensorType::new(
+                self.dtype,
+                if ranked { self.shape.clone() } else { Shape::scalar() },
+            )),
+            Kind::Optional { sequence: true, ranked } => {
+                Some(TensorType { kind: Kind::Sequence { ranked, len: None }, ..self.clone() })
+            }
+            Kind::Optional { sequence: false, .. } => {
+                Some(TensorType::new(self.dtype, self.shape.clone()))
+            }
         }
     }
 
@@ -277,8 +310,13 @@ impl fmt::Display for TensorType {
     /// `f32[2,3]`; a sequence `seq(f32[2,"n"], 4)` (elements, length) or `seq(f32)` (rank and
     /// length unknown); an optional `opt(f32[4])` or `opt(seq(f32))`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let elem =
-            |f: &mut fmt::Formatter<'_>, ranked: bool| if ranked { write!(f, "{}{}", self.dtype, self.shape) } else { write!(f, "{}", self.dtype) };
+        let elem = |f: &mut fmt::Formatter<'_>, ranked: bool| {
+            if ranked {
+                write!(f, "{}{}", self.dtype, self.shape)
+            } else {
+                write!(f, "{}", self.dtype)
+            }
+        };
         match self.kind {
             Kind::Tensor => write!(f, "{}{}", self.dtype, self.shape),
             Kind::Sequence { ranked, len } => {
@@ -305,7 +343,12 @@ pub fn common_shape(a: &Shape, b: &Shape, sym: &str) -> Option<Shape> {
         return None;
     }
     Some(Shape(
-        a.dims().iter().zip(b.dims()).enumerate().map(|(i, (x, y))| if x == y { x.clone() } else { Dim::sym(&format!("{sym}{i}")) }).collect(),
+        a.dims()
+            .iter()
+            .zip(b.dims())
+            .enumerate()
+            .map(|(i, (x, y))| if x == y { x.clone() } else { Dim::sym(&format!("{sym}{i}")) })
+            .collect(),
     ))
 }
 

@@ -164,16 +164,28 @@ impl Tensor {
         if len != want || !(ptr as usize).is_multiple_of(8) || ptr.is_null() {
             return None;
         }
-        Some(Tensor { dtype, dims: dims.to_vec(), data: Storage::External(Arc::new(External { ptr, len, _owner: owner })) })
+        Some(Tensor {
+            dtype,
+            dims: dims.to_vec(),
+            data: Storage::External(Arc::new(External { ptr, len, _owner: owner })),
+        })
     }
 
     /// A tensor over shared words (little-endian bytes, at least as many as the type needs): no
     /// copy. The runtime hands out its output buffers this way and reuses one once every tensor
     /// over it is dropped. Bools other than 0 and 1 are normalised (copied).
-    pub fn from_shared_words(dtype: DType, dims: &[usize], words: Arc<[u64]>) -> Result<Tensor, IrError> {
+    pub fn from_shared_words(
+        dtype: DType,
+        dims: &[usize],
+        words: Arc<[u64]>,
+    ) -> Result<Tensor, IrError> {
         let want = dims.iter().product::<usize>() * dtype.size();
         if words.len() * 8 < want {
-            return Err(IrError::Tensor(format!("{dtype}{} needs {want} bytes, got {}", Shape::fixed(dims), words.len() * 8)));
+            return Err(IrError::Tensor(format!(
+                "{dtype}{} needs {want} bytes, got {}",
+                Shape::fixed(dims),
+                words.len() * 8
+            )));
         }
         let t = Tensor { dtype, dims: dims.to_vec(), data: Storage::Words { words, len: want } };
         if dtype == DType::Bool && t.data.bytes().iter().any(|&b| b > 1) {
@@ -211,7 +223,10 @@ impl Tensor {
     pub fn index_axis(&self, axis: usize, i: usize) -> Result<Tensor, IrError> {
         let d = &self.dims;
         if axis >= d.len() || i >= d[axis] {
-            return Err(IrError::Tensor(format!("no position {i} on axis {axis} of {}", self.ty())));
+            return Err(IrError::Tensor(format!(
+                "no position {i} on axis {axis} of {}",
+                self.ty()
+            )));
         }
         let inner = d[axis + 1..].iter().product::<usize>() * self.dtype.size();
         let step = d[axis] * inner;
@@ -226,15 +241,28 @@ impl Tensor {
     }
 
     /// `parts`, each `dtype[dims]`, stacked along a new `axis` (a Scan's stacked result).
-    pub fn stack(dtype: DType, dims: &[usize], parts: &[Tensor], axis: usize) -> Result<Tensor, IrError> {
+    pub fn stack(
+        dtype: DType,
+        dims: &[usize],
+        parts: &[Tensor],
+        axis: usize,
+    ) -> Result<Tensor, IrError> {
         if axis > dims.len() {
-            return Err(IrError::Tensor(format!("cannot stack {dtype}{} along axis {axis}", Shape::fixed(dims))));
+            return Err(IrError::Tensor(format!(
+                "cannot stack {dtype}{} along axis {axis}",
+                Shape::fixed(dims)
+            )));
         }
         if let Some(p) = parts.iter().find(|p| p.dtype != dtype || p.dims != dims) {
-            return Err(IrError::Tensor(format!("cannot stack {} with {dtype}{}", p.ty(), Shape::fixed(dims))));
+            return Err(IrError::Tensor(format!(
+                "cannot stack {} with {dtype}{}",
+                p.ty(),
+                Shape::fixed(dims)
+            )));
         }
         let inner = dims[axis..].iter().product::<usize>() * dtype.size();
-        let mut out = Vec::with_capacity(inner * parts.len() * dims[..axis].iter().product::<usize>());
+        let mut out =
+            Vec::with_capacity(inner * parts.len() * dims[..axis].iter().product::<usize>());
         for o in 0..dims[..axis].iter().product::<usize>() {
             for p in parts {
                 out.extend_from_slice(&p.bytes()[o * inner..(o + 1) * inner]);
@@ -249,7 +277,11 @@ impl Tensor {
     pub fn from_bytes(dtype: DType, dims: &[usize], bytes: &[u8]) -> Result<Tensor, IrError> {
         let want = dims.iter().product::<usize>() * dtype.size();
         if bytes.len() != want {
-            return Err(IrError::Tensor(format!("{dtype}{} needs {want} bytes, got {}", Shape::fixed(dims), bytes.len())));
+            return Err(IrError::Tensor(format!(
+                "{dtype}{} needs {want} bytes, got {}",
+                Shape::fixed(dims),
+                bytes.len()
+            )));
         }
         let mut t = Tensor { dtype, dims: dims.to_vec(), data: Storage::from_bytes(bytes) };
         if dtype == DType::Bool && t.data.bytes().iter().any(|&b| b > 1) {
@@ -267,10 +299,16 @@ impl Tensor {
     pub fn from_slice<T: Element>(dims: &[usize], values: &[T]) -> Result<Tensor, IrError> {
         let n: usize = dims.iter().product();
         if values.len() != n {
-            return Err(IrError::Tensor(format!("shape {} holds {n} elements, got {} values", Shape::fixed(dims), values.len())));
+            return Err(IrError::Tensor(format!(
+                "shape {} holds {n} elements, got {} values",
+                Shape::fixed(dims),
+                values.len()
+            )));
         }
         // SAFETY: every Element is plain data with no padding (bool is one byte 0/1).
-        let bytes = unsafe { std::slice::from_raw_parts(values.as_ptr() as *const u8, std::mem::size_of_val(values)) };
+        let bytes = unsafe {
+            std::slice::from_raw_parts(values.as_ptr() as *const u8, std::mem::size_of_val(values))
+        };
         Ok(Tensor { dtype: T::DTYPE, dims: dims.to_vec(), data: Storage::from_bytes(bytes) })
     }
 
@@ -285,7 +323,11 @@ impl Tensor {
 
     pub fn zeros(dtype: DType, dims: &[usize]) -> Tensor {
         let n = dims.iter().product::<usize>() * dtype.size();
-        Tensor { dtype, dims: dims.to_vec(), data: Storage::Words { words: vec![0u64; n.div_ceil(8)].into(), len: n } }
+        Tensor {
+            dtype,
+            dims: dims.to_vec(),
+            data: Storage::Words { words: vec![0u64; n.div_ceil(8)].into(), len: n },
+        }
     }
 
     /// Every element set to `v` (converted to `dtype`).
@@ -369,7 +411,11 @@ impl Tensor {
     /// The same data under other dimensions with the same element count (no copy).
     pub fn reshape(&self, dims: &[usize]) -> Result<Tensor, IrError> {
         if dims.iter().product::<usize>() != self.len() {
-            return Err(IrError::Tensor(format!("cannot reshape {} to {}", self.ty(), Shape::fixed(dims))));
+            return Err(IrError::Tensor(format!(
+                "cannot reshape {} to {}",
+                self.ty(),
+                Shape::fixed(dims)
+            )));
         }
         Ok(Tensor { dtype: self.dtype, dims: dims.to_vec(), data: self.data.clone() })
     }
@@ -388,7 +434,9 @@ impl Tensor {
     pub fn to_i64s(&self) -> Vec<i64> {
         match self.dtype {
             DType::I64 => self.as_slice::<i64>().expect("dtype matches").to_vec(),
-            DType::U64 => self.as_slice::<u64>().expect("dtype matches").iter().map(|&v| v as i64).collect(),
+            DType::U64 => {
+                self.as_slice::<u64>().expect("dtype matches").iter().map(|&v| v as i64).collect()
+            }
             _ => self.to_f64s().into_iter().map(|v| v as i64).collect(),
         }
     }
@@ -404,7 +452,11 @@ impl Tensor {
                 let s = self.as_slice::<$src>().expect("dtype matches");
                 macro_rules! to {
                     ($t:ty) => {
-                        Tensor::from_vec::<$t>(&self.dims, s.iter().map(|&v| cast_element::<$src, $t>(v)).collect()).expect("length matches")
+                        Tensor::from_vec::<$t>(
+                            &self.dims,
+                            s.iter().map(|&v| cast_element::<$src, $t>(v)).collect(),
+                        )
+                        .expect("length matches")
                     };
                 }
                 with_dtype!(to, to)
@@ -419,7 +471,8 @@ impl Tensor {
             return format!("{} (empty)", self.ty());
         }
         let v = self.to_f64s();
-        let (lo, hi) = v.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), &x| (l.min(x), h.max(x)));
+        let (lo, hi) =
+            v.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), &x| (l.min(x), h.max(x)));
         format!("{}, {} values in [{}, {}]", self.ty(), v.len(), fmt_g(lo), fmt_g(hi))
     }
 

@@ -48,9 +48,13 @@ impl Value {
             (Value::Tensor(t), Kind::Tensor) => dtype_ok(t) && t.rank() == want.rank(),
             // Exporters declare sequences' element shapes loosely (a scalar for a list of vectors):
             // only the dtype and a known length are held to.
-            (Value::Sequence(s), Kind::Sequence { len, .. }) => len.is_none_or(|n| n == s.len()) && s.iter().all(dtype_ok),
+            (Value::Sequence(s), Kind::Sequence { len, .. }) => {
+                len.is_none_or(|n| n == s.len()) && s.iter().all(dtype_ok)
+            }
             (Value::Optional(None), Kind::Optional { .. }) => true,
-            (Value::Optional(Some(v)), Kind::Optional { .. }) => want.element().is_some_and(|e| v.fits(&e)),
+            (Value::Optional(Some(v)), Kind::Optional { .. }) => {
+                want.element().is_some_and(|e| v.fits(&e))
+            }
             // ONNX passes a value where an optional of its type is declared (a Loop's state).
             (v, Kind::Optional { .. }) => want.element().is_some_and(|e| v.fits(&e)),
             _ => false,

@@ -18,7 +18,12 @@ use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 
-create_exception!(_kiln, KilnError, PyException, "An error kiln reports: a model it cannot import or compile, a wrong input, a missing device.");
+create_exception!(
+    _kiln,
+    KilnError,
+    PyException,
+    "An error kiln reports: a model it cannot import or compile, a wrong input, a missing device."
+);
 
 /// kiln's message with its causes, as the CLI prints them.
 fn message(e: &(dyn std::error::Error + 'static)) -> String {
@@ -53,15 +58,27 @@ fn read_model(model: &Bound<'_, PyAny>) -> PyResult<Model> {
     let (bytes, dir, label) = if let Ok(b) = model.cast::<PyBytes>() {
         (b.as_bytes().to_vec(), None, "<bytes>".to_string())
     } else {
-        let path: std::path::PathBuf = model.extract().map_err(|_| KilnError::new_err("a model is a path (str or os.PathLike) or bytes"))?;
-        let bytes = std::fs::read(&path).map_err(|e| KilnError::new_err(format!("{}: {e}", path.display())))?;
-        let dir = path.parent().map(|p| if p.as_os_str().is_empty() { Path::new(".").to_path_buf() } else { p.to_path_buf() });
+        let path: std::path::PathBuf = model
+            .extract()
+            .map_err(|_| KilnError::new_err("a model is a path (str or os.PathLike) or bytes"))?;
+        let bytes = std::fs::read(&path)
+            .map_err(|e| KilnError::new_err(format!("{}: {e}", path.display())))?;
+        let dir = path.parent().map(|p| {
+            if p.as_os_str().is_empty() {
+                Path::new(".").to_path_buf()
+            } else {
+                p.to_path_buf()
+            }
+        });
         (bytes, dir, path.display().to_string())
     };
     if bytes.starts_with(kiln_runtime::artifact::MAGIC) {
-        return Ok(Model::Artifact(Box::new(Artifact::from_bytes(&bytes, &label).map_err(runtime_err)?)));
+        return Ok(Model::Artifact(Box::new(
+            Artifact::from_bytes(&bytes, &label).map_err(runtime_err)?,
+        )));
     }
-    let m = kiln_ir::onnx::load_bytes(&bytes, dir.as_deref()).map_err(|e| KilnError::new_err(format!("{label}: {}", message(&e))))?;
+    let m = kiln_ir::onnx::load_bytes(&bytes, dir.as_deref())
+        .map_err(|e| KilnError::new_err(format!("{label}: {}", message(&e))))?;
     Ok(Model::Graph(m.graph))
 }
 
@@ -143,8 +160,13 @@ fn graph_ports(g: &Graph) -> PyResult<(Vec<Port>, Vec<Port>)> {
         });
         Ok(Port { name: name.to_string(), dtype: ty.dtype, shape: shape.collect() })
     };
-    let inputs = g.inputs().iter().map(|&id| port(&g.node(id).name, &g.node(id).outputs[0])).collect::<PyResult<_>>()?;
-    let outputs = g.outputs().iter().map(|(n, v)| port(n, g.value_type(*v))).collect::<PyResult<_>>()?;
+    let inputs = g
+        .inputs()
+        .iter()
+        .map(|&id| port(&g.node(id).name, &g.node(id).outputs[0]))
+        .collect::<PyResult<_>>()?;
+    let outputs =
+        g.outputs().iter().map(|(n, v)| port(n, g.value_type(*v))).collect::<PyResult<_>>()?;
     Ok((inputs, outputs))
 }
 
@@ -163,7 +185,10 @@ fn artifact_ports(exe: &Executable) -> (Vec<Port>, Vec<Port>) {
             })
             .collect(),
     };
-    (exe.inputs().iter().map(|d| port(d, true)).collect(), exe.outputs().iter().map(|d| port(d, true)).collect())
+    (
+        exe.inputs().iter().map(|d| port(d, true)).collect(),
+        exe.outputs().iter().map(|d| port(d, true)).collect(),
+    )
 }
 
 /// What a session runs: one loaded program (an artifact, or a model whose sizes are all known),
@@ -177,7 +202,11 @@ impl Engine {
     fn run(&self, inputs: &[Tensor], profile: Option<&mut Profile>) -> Result<Vec<Tensor>, String> {
         match self {
             Engine::Fixed(exe) => exe.run_profiled(inputs, profile).map_err(|e| message(&e)),
-            Engine::Sized(s) => s.lock().unwrap_or_else(|p| p.into_inner()).run_profiled(inputs, profile).map_err(|e| message(&e)),
+            Engine::Sized(s) => s
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .run_profiled(inputs, profile)
+                .map_err(|e| message(&e)),
         }
     }
 }
@@ -194,7 +223,12 @@ struct PySession {
 }
 
 impl PySession {
-    fn from_model(model: Model, device: &str, threads: Option<usize>, profiling: bool) -> PyResult<PySession> {
+    fn from_model(
+        model: Model,
+        device: &str,
+        threads: Option<usize>,
+        profiling: bool,
+    ) -> PyResult<PySession> {
         let load = LoadOptions { threads, ..Default::default() };
         match model {
             Model::Artifact(a) => {
@@ -205,17 +239,26 @@ impl PySession {
                 let exe = Executable::load(*a, &load).map_err(runtime_err)?;
                 let (inputs, outputs) = artifact_ports(&exe);
                 let device = exe.device();
-                Ok(PySession { engine: Engine::Fixed(Box::new(exe)), inputs, outputs, device, profiling, last_profile: Mutex::new(None) })
+                Ok(PySession {
+                    engine: Engine::Fixed(Box::new(exe)),
+                    inputs,
+                    outputs,
+                    device,
+                    profiling,
+                    last_profile: Mutex::new(None),
+                })
             }
             Model::Graph(g) => {
                 let (inputs, outputs) = graph_ports(&g)?;
                 let options = options_for(device_target(device)?, None);
                 // A model whose sizes are all known compiles now; one with symbolic sizes or
                 // shape-deciding inputs, on the first run of each size.
-                let fixed =
-                    inputs.iter().all(|p| p.shape.iter().all(Result::is_ok)) && kiln_compiler::passes::specialize::shape_inputs(&g).is_empty();
+                let fixed = inputs.iter().all(|p| p.shape.iter().all(Result::is_ok))
+                    && kiln_compiler::passes::specialize::shape_inputs(&g).is_empty();
                 let engine = if fixed {
-                    Engine::Fixed(Box::new(kiln_compiler::jit(&g, &options, &load).map_err(compile_err)?))
+                    Engine::Fixed(Box::new(
+                        kiln_compiler::jit(&g, &options, &load).map_err(compile_err)?,
+                    ))
                 } else {
                     Engine::Sized(Box::new(Mutex::new(Session::new(g, options.clone(), load))))
                 };
@@ -223,7 +266,14 @@ impl PySession {
                     Engine::Fixed(exe) => exe.device(),
                     Engine::Sized(_) => options.target.name().to_string(),
                 };
-                Ok(PySession { engine, inputs, outputs, device, profiling, last_profile: Mutex::new(None) })
+                Ok(PySession {
+                    engine,
+                    inputs,
+                    outputs,
+                    device,
+                    profiling,
+                    last_profile: Mutex::new(None),
+                })
             }
         }
     }
@@ -257,15 +307,27 @@ fn tensor_of(py: Python<'_>, name: &str, want: DType, obj: &Bound<'_, PyAny>) ->
         (b'b', 1) => DType::Bool,
         // ml_dtypes' bfloat16 (what onnx's numpy_helper gives).
         (b'V', 2) if descr.str()? == "bfloat16" => DType::BF16,
-        _ => return Err(KilnError::new_err(format!("input `{name}`: numpy dtype {} has no kiln type", descr.str()?))),
+        _ => {
+            return Err(KilnError::new_err(format!(
+                "input `{name}`: numpy dtype {} has no kiln type",
+                descr.str()?
+            )))
+        }
     };
     if dtype != want {
-        return Err(KilnError::new_err(format!("input `{name}`: expected {} ({}), got numpy {}", want.name(), onnx_type(want), descr.str()?)));
+        return Err(KilnError::new_err(format!(
+            "input `{name}`: expected {} ({}), got numpy {}",
+            want.name(),
+            onnx_type(want),
+            descr.str()?
+        )));
     }
     let arr = if arr.is_c_contiguous() && descr.byteorder() != b'>' {
         arr
     } else {
-        py.import("numpy")?.call_method1("ascontiguousarray", (&arr,))?.cast_into::<PyUntypedArray>()?
+        py.import("numpy")?
+            .call_method1("ascontiguousarray", (&arr,))?
+            .cast_into::<PyUntypedArray>()?
     };
     let dims: Vec<usize> = arr.shape().to_vec();
     let len = arr.len() * dtype.size();
@@ -278,18 +340,24 @@ fn tensor_of(py: Python<'_>, name: &str, want: DType, obj: &Bound<'_, PyAny>) ->
     }
     // SAFETY: as above; copied at once.
     let bytes = if len == 0 { &[][..] } else { unsafe { std::slice::from_raw_parts(ptr, len) } };
-    Tensor::from_bytes(dtype, &dims, bytes).map_err(|e| KilnError::new_err(format!("input `{name}`: {e}")))
+    Tensor::from_bytes(dtype, &dims, bytes)
+        .map_err(|e| KilnError::new_err(format!("input `{name}`: {e}")))
 }
 
 /// A tensor as a new numpy array.
 fn array_of<'py>(py: Python<'py>, t: &Tensor) -> PyResult<Bound<'py, PyAny>> {
-    fn copy<'py, T: numpy::Element + bytemuck_like::Pod>(py: Python<'py>, t: &Tensor) -> PyResult<Bound<'py, PyAny>> {
+    fn copy<'py, T: numpy::Element + bytemuck_like::Pod>(
+        py: Python<'py>,
+        t: &Tensor,
+    ) -> PyResult<Bound<'py, PyAny>> {
         // SAFETY: the new array is written whole before Python sees it.
         let a = unsafe { PyArray::<T, _>::new(py, t.dims().to_vec(), false) };
         let dst = unsafe { a.as_slice_mut() }.map_err(|e| KilnError::new_err(e.to_string()))?;
         let src = t.bytes();
         // SAFETY: `dst` is `src.len()` bytes of plain data.
-        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst.as_mut_ptr() as *mut u8, src.len()) };
+        unsafe {
+            std::ptr::copy_nonoverlapping(src.as_ptr(), dst.as_mut_ptr() as *mut u8, src.len())
+        };
         Ok(a.into_any())
     }
     match t.dtype() {
@@ -326,7 +394,12 @@ mod bytemuck_like {
 impl PySession {
     #[new]
     #[pyo3(signature = (model, device = "auto", threads = None, profile = false))]
-    fn new(model: &Bound<'_, PyAny>, device: &str, threads: Option<usize>, profile: bool) -> PyResult<PySession> {
+    fn new(
+        model: &Bound<'_, PyAny>,
+        device: &str,
+        threads: Option<usize>,
+        profile: bool,
+    ) -> PyResult<PySession> {
         let m = read_model(model)?;
         let py = model.py();
         py.detach(|| PySession::from_model(m, device, threads, profile))
@@ -349,13 +422,28 @@ impl PySession {
 
     /// Runs on `feeds` (name -> array) and returns the outputs named (all when `None`), in order.
     #[pyo3(signature = (output_names, feeds))]
-    fn run<'py>(&self, py: Python<'py>, output_names: Option<Vec<String>>, feeds: &Bound<'py, PyDict>) -> PyResult<Vec<Bound<'py, PyAny>>> {
-        let expected = || self.inputs.iter().map(|p| format!("{}: {}", p.name, onnx_type(p.dtype))).collect::<Vec<_>>().join(", ");
+    fn run<'py>(
+        &self,
+        py: Python<'py>,
+        output_names: Option<Vec<String>>,
+        feeds: &Bound<'py, PyDict>,
+    ) -> PyResult<Vec<Bound<'py, PyAny>>> {
+        let expected = || {
+            self.inputs
+                .iter()
+                .map(|p| format!("{}: {}", p.name, onnx_type(p.dtype)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
         let unknown = || -> PyResult<()> {
             for (k, _) in feeds.iter() {
-                let k: String = k.extract().map_err(|_| KilnError::new_err("input names are strings"))?;
+                let k: String =
+                    k.extract().map_err(|_| KilnError::new_err("input names are strings"))?;
                 if !self.inputs.iter().any(|p| p.name == k) {
-                    return Err(KilnError::new_err(format!("the model has no input `{k}`; it takes {}", expected())));
+                    return Err(KilnError::new_err(format!(
+                        "the model has no input `{k}`; it takes {}",
+                        expected()
+                    )));
                 }
             }
             Ok(())
@@ -367,7 +455,11 @@ impl PySession {
         for p in &self.inputs {
             let Some(v) = feeds.get_item(&p.name)? else {
                 unknown()?;
-                return Err(KilnError::new_err(format!("missing input `{}`; the model takes {}", p.name, expected())));
+                return Err(KilnError::new_err(format!(
+                    "missing input `{}`; the model takes {}",
+                    p.name,
+                    expected()
+                )));
             };
             tensors.push(tensor_of(py, &p.name, p.dtype, &v)?);
         }
@@ -378,7 +470,10 @@ impl PySession {
                 .map(|n| {
                     self.outputs.iter().position(|p| &p.name == n).ok_or_else(|| {
                         let all: Vec<&str> = self.outputs.iter().map(|p| p.name.as_str()).collect();
-                        KilnError::new_err(format!("the model has no output `{n}`; its outputs are {}", all.join(", ")))
+                        KilnError::new_err(format!(
+                            "the model has no output `{n}`; its outputs are {}",
+                            all.join(", ")
+                        ))
                     })
                 })
                 .collect::<PyResult<_>>()?,
@@ -397,12 +492,18 @@ impl PySession {
     /// device. Needs `profile=True`.
     fn profile<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         if !self.profiling {
-            return Err(KilnError::new_err("profiling is off: create the session with profile=True"));
+            return Err(KilnError::new_err(
+                "profiling is off: create the session with profile=True",
+            ));
         }
         let guard = self.last_profile.lock().unwrap_or_else(|e| e.into_inner());
         let p = guard.as_ref().ok_or_else(|| KilnError::new_err("no run has been profiled yet"))?;
         let d = PyDict::new(py);
-        let launches: Vec<(String, f64)> = p.launches.iter().map(|(l, t): &(String, Duration)| (l.clone(), t.as_secs_f64())).collect();
+        let launches: Vec<(String, f64)> = p
+            .launches
+            .iter()
+            .map(|(l, t): &(String, Duration)| (l.clone(), t.as_secs_f64()))
+            .collect();
         d.set_item("launches", launches)?;
         d.set_item("bytes_to_device", p.bytes_to_device)?;
         d.set_item("bytes_from_device", p.bytes_from_device)?;
@@ -424,10 +525,14 @@ fn compile<'py>(
 ) -> PyResult<Bound<'py, PyBytes>> {
     let graph = match read_model(model)? {
         Model::Graph(g) => g,
-        Model::Artifact(_) => return Err(KilnError::new_err("the model is already a compiled artifact")),
+        Model::Artifact(_) => {
+            return Err(KilnError::new_err("the model is already a compiled artifact"))
+        }
     };
     let options = options_for(target_of(target)?, input_shapes);
-    let bytes = py.detach(|| kiln_compiler::compile(&graph, &options, false).map(|c| c.artifact.to_bytes())).map_err(compile_err)?;
+    let bytes = py
+        .detach(|| kiln_compiler::compile(&graph, &options, false).map(|c| c.artifact.to_bytes()))
+        .map_err(compile_err)?;
     if let Some(path) = output {
         let tmp = path.with_extension("kiln.tmp");
         std::fs::write(&tmp, &bytes)
@@ -441,13 +546,22 @@ fn compile<'py>(
 /// `ptx` or `spirv`, as `kiln emit` prints it.
 #[pyfunction]
 #[pyo3(signature = (model, stage, target = "cpu", input_shapes = None))]
-fn emit(py: Python<'_>, model: &Bound<'_, PyAny>, stage: &str, target: &str, input_shapes: Option<HashMap<String, Vec<usize>>>) -> PyResult<String> {
+fn emit(
+    py: Python<'_>,
+    model: &Bound<'_, PyAny>,
+    stage: &str,
+    target: &str,
+    input_shapes: Option<HashMap<String, Vec<usize>>>,
+) -> PyResult<String> {
     let graph = match read_model(model)? {
         Model::Graph(g) => g,
-        Model::Artifact(_) => return Err(KilnError::new_err("emit takes a model, not a compiled artifact")),
+        Model::Artifact(_) => {
+            return Err(KilnError::new_err("emit takes a model, not a compiled artifact"))
+        }
     };
     let options = Options { cache: false, ..options_for(target_of(target)?, input_shapes) };
-    let stage: kiln_compiler::Stage = stage.parse().map_err(|e: String| compile_err(kiln_compiler::CompileError::Usage(e)))?;
+    let stage: kiln_compiler::Stage =
+        stage.parse().map_err(|e: String| compile_err(kiln_compiler::CompileError::Usage(e)))?;
     py.detach(|| kiln_compiler::driver::emit(&graph, stage, &options)).map_err(compile_err)
 }
 

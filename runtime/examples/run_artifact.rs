@@ -43,10 +43,19 @@ fn run() -> Result<bool, Box<dyn std::error::Error>> {
     while let Some(a) = args.next() {
         match a.as_str() {
             "--expect" => expect.push(args.next().ok_or(usage)?),
-            "--bench" => bench = args.next().ok_or(usage)?.parse().map_err(|_| "--bench takes a number of runs")?,
+            "--bench" => {
+                bench = args
+                    .next()
+                    .ok_or(usage)?
+                    .parse()
+                    .map_err(|_| "--bench takes a number of runs")?
+            }
             "--json" => json = true,
             // NAME=FILE, or a bare FILE: the next input in declared order.
-            _ => given.push(a.split_once('=').map_or((String::new(), a.clone()), |(n, f)| (n.to_string(), f.to_string()))),
+            _ => given.push(
+                a.split_once('=')
+                    .map_or((String::new(), a.clone()), |(n, f)| (n.to_string(), f.to_string())),
+            ),
         }
     }
     let load = Instant::now();
@@ -58,7 +67,11 @@ fn run() -> Result<bool, Box<dyn std::error::Error>> {
         let named = given.iter().find(|(n, _)| *n == d.name).map(|(_, f)| f);
         let t = match named.or_else(|| positional.next()) {
             Some(file) => read(file)?,
-            None => Tensor::random(DType::from_name(&d.dtype).ok_or("unknown dtype")?, &d.dims, 100 + i as u64),
+            None => Tensor::random(
+                DType::from_name(&d.dtype).ok_or("unknown dtype")?,
+                &d.dims,
+                100 + i as u64,
+            ),
         };
         inputs.push(t);
     }
@@ -66,16 +79,28 @@ fn run() -> Result<bool, Box<dyn std::error::Error>> {
     let start = Instant::now();
     let outputs = exe.run_profiled(&inputs, Some(&mut profile))?;
     let first_ms = start.elapsed().as_secs_f64() * 1e3;
-    println!("{} on {}: loaded in {load_ms:.1} ms, first run {first_ms:.3} ms", exe.manifest().model, exe.device());
+    println!(
+        "{} on {}: loaded in {load_ms:.1} ms, first run {first_ms:.3} ms",
+        exe.manifest().model,
+        exe.device()
+    );
     for (t, d) in outputs.iter().zip(exe.outputs()) {
         let v = t.to_f64s();
         let head: Vec<String> = v.iter().take(8).map(|x| format!("{x:.5}")).collect();
-        println!("  {}: {} [{}{}]", d.name, t.ty(), head.join(", "), if v.len() > 8 { ", ..." } else { "" });
+        println!(
+            "  {}: {} [{}{}]",
+            d.name,
+            t.ty(),
+            head.join(", "),
+            if v.len() > 8 { ", ..." } else { "" }
+        );
     }
     let mut ok = true;
     for (i, file) in expect.iter().enumerate() {
         let want = read(file)?;
-        let got = outputs.get(i).ok_or(format!("--expect {file}: the model has only {} outputs", outputs.len()))?;
+        let got = outputs
+            .get(i)
+            .ok_or(format!("--expect {file}: the model has only {} outputs", outputs.len()))?;
         match compare(&want, got, Tolerance { rtol: 1e-3, atol: 1e-4 }) {
             Ok(()) => println!("  output {i} matches {file}"),
             Err(why) => {
@@ -95,7 +120,13 @@ fn run() -> Result<bool, Box<dyn std::error::Error>> {
             times.push(t.elapsed().as_secs_f64() * 1e3);
         }
         times.sort_by(f64::total_cmp);
-        println!("  {} runs: median {:.4} ms, min {:.4} ms, max {:.4} ms", bench, times[bench / 2], times[0], times[bench - 1]);
+        println!(
+            "  {} runs: median {:.4} ms, min {:.4} ms, max {:.4} ms",
+            bench,
+            times[bench / 2],
+            times[0],
+            times[bench - 1]
+        );
     }
     if json {
         let median = times.get(times.len() / 2).copied();

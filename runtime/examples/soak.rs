@@ -27,8 +27,14 @@ fn main() {
             std::process::exit(2);
         }
     };
-    let inputs: Vec<Tensor> =
-        exe.inputs().iter().enumerate().map(|(i, d)| Tensor::random(DType::from_name(&d.dtype).expect("validated"), &d.dims, i as u64)).collect();
+    let inputs: Vec<Tensor> = exe
+        .inputs()
+        .iter()
+        .enumerate()
+        .map(|(i, d)| {
+            Tensor::random(DType::from_name(&d.dtype).expect("validated"), &d.dims, i as u64)
+        })
+        .collect();
     let warmup = (runs / 10).max(1);
     let mut after_warmup = 0;
     for run in 0..runs {
@@ -42,7 +48,12 @@ fn main() {
     }
     let end = rss();
     let grew = end.saturating_sub(after_warmup);
-    println!("soak: {runs} runs of {path}: RSS {} KiB after {warmup}, {} KiB at the end ({} KiB more)", after_warmup / 1024, end / 1024, grew / 1024);
+    println!(
+        "soak: {runs} runs of {path}: RSS {} KiB after {warmup}, {} KiB at the end ({} KiB more)",
+        after_warmup / 1024,
+        end / 1024,
+        grew / 1024
+    );
     if grew > 1 << 20 {
         eprintln!("soak: resident memory grew by {} KiB over {} runs", grew / 1024, runs - warmup);
         std::process::exit(1);

@@ -242,14 +242,28 @@ pub enum Step {
     /// the state (`state` at the first step, its own state results after) and one slice of each
     /// scanned value, and gives the next state, then one slice of each stacked result. `results`
     /// are the final state, then the stacked values.
-    Scan { body: usize, captured: Vec<usize>, state: Vec<usize>, scanned: Vec<Scanned>, stacked: Vec<Stacked>, results: Vec<usize> },
+    Scan {
+        body: usize,
+        captured: Vec<usize>,
+        state: Vec<usize>,
+        scanned: Vec<Scanned>,
+        stacked: Vec<Stacked>,
+        results: Vec<usize>,
+    },
     /// Runs `body` while the step number is below the one i64 `trip_count` (if any) and the
     /// condition holds (the one bool `cond` at first, if any; then the body's). The body takes
     /// `captured`, the step number (one i64), the condition (one bool) and the state (`state` at
     /// the first step, its own state results after), and gives the condition, the next state and
     /// one slice of each stacked result. `results` are the final state, then each stacked value
     /// (its slices along a new leading axis, whose size the run must match).
-    Loop { body: usize, captured: Vec<usize>, trip_count: Option<usize>, cond: Option<usize>, state: Vec<usize>, results: Vec<usize> },
+    Loop {
+        body: usize,
+        captured: Vec<usize>,
+        trip_count: Option<usize>,
+        cond: Option<usize>,
+        state: Vec<usize>,
+        results: Vec<usize>,
+    },
 }
 
 /// A value a Scan step slices: `axis` removed from each slice, read last position first when
@@ -308,7 +322,10 @@ impl Artifact {
         let (start, end) = (b.offset as usize, (b.offset + b.len) as usize);
         self.payload.get(start..end).ok_or_else(|| RuntimeError::Artifact {
             path: self.manifest.model.clone(),
-            msg: format!("blob {start}..{end} lies outside the {}-byte payload", self.payload.len()),
+            msg: format!(
+                "blob {start}..{end} lies outside the {}-byte payload",
+                self.payload.len()
+            ),
         })
     }
 
@@ -335,7 +352,10 @@ impl Artifact {
     pub fn from_bytes(bytes: &[u8], path: &str) -> Result<Artifact> {
         let bad = |msg: String| RuntimeError::Artifact { path: path.to_string(), msg };
         if bytes.len() < HEADER || &bytes[..8] != MAGIC {
-            return Err(bad("not a kiln artifact (no KILNART header); compile a model with `kiln compile`".into()));
+            return Err(bad(
+                "not a kiln artifact (no KILNART header); compile a model with `kiln compile`"
+                    .into(),
+            ));
         }
         let word = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes"));
         let long = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
@@ -346,27 +366,36 @@ impl Artifact {
             )));
         }
         let (m, p) = (long(16) as usize, long(24) as usize);
-        let want = HEADER.checked_add(m).and_then(|x| x.checked_add(p)).ok_or_else(|| bad("corrupt header (sizes overflow)".into()))?;
+        let want = HEADER
+            .checked_add(m)
+            .and_then(|x| x.checked_add(p))
+            .ok_or_else(|| bad("corrupt header (sizes overflow)".into()))?;
         if bytes.len() != want {
-            return Err(bad(format!("the file has {} bytes but its header says {want} (truncated or damaged)", bytes.len())));
+            return Err(bad(format!(
+                "the file has {} bytes but its header says {want} (truncated or damaged)",
+                bytes.len()
+            )));
         }
         let mut crc = crc32fast::Hasher::new();
         crc.update(&bytes[HEADER..]);
         if crc.finalize() != word(32) {
             return Err(bad("checksum mismatch: the file is damaged".into()));
         }
-        let manifest: Manifest = serde_json::from_slice(&bytes[HEADER..HEADER + m]).map_err(|e| bad(format!("corrupt manifest: {e}")))?;
+        let manifest: Manifest = serde_json::from_slice(&bytes[HEADER..HEADER + m])
+            .map_err(|e| bad(format!("corrupt manifest: {e}")))?;
         let art = Artifact { manifest, payload: bytes[HEADER + m..].to_vec() };
         art.validate().map_err(bad)?;
         Ok(art)
     }
 
     pub fn write(&self, path: &Path) -> Result<()> {
-        std::fs::write(path, self.to_bytes()).map_err(|e| RuntimeError::Io(format!("{}: {e}", path.display())))
+        std::fs::write(path, self.to_bytes())
+            .map_err(|e| RuntimeError::Io(format!("{}: {e}", path.display())))
     }
 
     pub fn read(path: &Path) -> Result<Artifact> {
-        let bytes = std::fs::read(path).map_err(|e| RuntimeError::Io(format!("{}: {e}", path.display())))?;
+        let bytes = std::fs::read(path)
+            .map_err(|e| RuntimeError::Io(format!("{}: {e}", path.display())))?;
         Artifact::from_bytes(&bytes, &path.display().to_string())
     }
 
@@ -381,7 +410,10 @@ impl Artifact {
             (Some(b), None, None) => self.validate_batched(m, b),
             (None, Some(c), None) => self.validate_control(m, c),
             (None, None, Some(p)) => self.validate_padded(m, p),
-            _ => Err("a manifest is batched, has control flow or has a padded symbol, only one of them".into()),
+            _ => Err(
+                "a manifest is batched, has control flow or has a padded symbol, only one of them"
+                    .into(),
+            ),
         }
     }
 
@@ -390,33 +422,61 @@ impl Artifact {
     /// the capacity (plus its extra positions, for outputs).
     fn validate_padded(&self, m: &Manifest, p: &PaddedDesc) -> std::result::Result<(), String> {
         if !(m.buffers.is_empty() && m.kernels.is_empty() && m.launches.is_empty()) {
-            return Err("a manifest with a padded symbol has no buffers, kernels or launches of its own".into());
+            return Err(
+                "a manifest with a padded symbol has no buffers, kernels or launches of its own"
+                    .into(),
+            );
         }
         let pm = &p.program;
         if pm.target != m.target {
-            return Err(format!("the padded program is for {}, the artifact for {}", pm.target.name(), m.target.name()));
+            return Err(format!(
+                "the padded program is for {}, the artifact for {}",
+                pm.target.name(),
+                m.target.name()
+            ));
         }
         self.validate_manifest(pm).map_err(|e| format!("the padded program: {e}"))?;
         let same = |a: &TensorDesc, b: &TensorDesc| a.dtype == b.dtype && a.dims == b.dims;
-        let size_ok = pm.inputs.last().is_some_and(|t| t.dtype == "i64" && t.dims.iter().product::<usize>() == 1);
-        if pm.inputs.len() != m.inputs.len() + 1 || !size_ok || pm.inputs.iter().zip(&m.inputs).any(|(a, b)| !same(a, b)) {
-            return Err(format!("the padded program must take the artifact's {} inputs and then one i64 size", m.inputs.len()));
+        let size_ok = pm
+            .inputs
+            .last()
+            .is_some_and(|t| t.dtype == "i64" && t.dims.iter().product::<usize>() == 1);
+        if pm.inputs.len() != m.inputs.len() + 1
+            || !size_ok
+            || pm.inputs.iter().zip(&m.inputs).any(|(a, b)| !same(a, b))
+        {
+            return Err(format!(
+                "the padded program must take the artifact's {} inputs and then one i64 size",
+                m.inputs.len()
+            ));
         }
-        if pm.outputs.len() != m.outputs.len() || pm.outputs.iter().zip(&m.outputs).any(|(a, b)| !same(a, b)) {
+        if pm.outputs.len() != m.outputs.len()
+            || pm.outputs.iter().zip(&m.outputs).any(|(a, b)| !same(a, b))
+        {
             return Err("the padded program must give the artifact's outputs".into());
         }
         if p.inputs.is_empty() {
             return Err(format!("`{}` pads no input", p.symbol));
         }
-        for (list, tensors, what) in [(&p.inputs, &m.inputs, "input"), (&p.outputs, &m.outputs, "output")] {
+        for (list, tensors, what) in
+            [(&p.inputs, &m.inputs, "input"), (&p.outputs, &m.outputs, "output")]
+        {
             for a in list {
-                let t = tensors.get(a.tensor).ok_or_else(|| format!("padded {what} {} does not exist (of {})", a.tensor, tensors.len()))?;
+                let t = tensors.get(a.tensor).ok_or_else(|| {
+                    format!("padded {what} {} does not exist (of {})", a.tensor, tensors.len())
+                })?;
                 let want = p.capacity + if what == "input" { 0 } else { a.extra };
                 if what == "input" && a.extra != 0 {
-                    return Err(format!("padded input `{}` has {} extra positions; inputs have none", t.name, a.extra));
+                    return Err(format!(
+                        "padded input `{}` has {} extra positions; inputs have none",
+                        t.name, a.extra
+                    ));
                 }
                 if t.dims.get(a.axis).map(|&d| d as u64) != Some(want) {
-                    return Err(format!("padded {what} `{}` ({}{:?}) has no axis {} of size {want}", t.name, t.dtype, t.dims, a.axis));
+                    return Err(format!(
+                        "padded {what} `{}` ({}{:?}) has no axis {} of size {want}",
+                        t.name, t.dtype, t.dims, a.axis
+                    ));
                 }
             }
         }
@@ -428,18 +488,28 @@ impl Artifact {
     /// give; an If's condition is one bool; the outputs are values of their types.
     fn validate_control(&self, m: &Manifest, c: &ControlDesc) -> std::result::Result<(), String> {
         if !(m.buffers.is_empty() && m.kernels.is_empty() && m.launches.is_empty()) {
-            return Err("a manifest with control flow has no buffers, kernels or launches of its own".into());
+            return Err(
+                "a manifest with control flow has no buffers, kernels or launches of its own"
+                    .into(),
+            );
         }
         if c.programs.is_empty() {
             return Err("control flow with no programs".into());
         }
         let same = |v: &ValueDesc, t: &TensorDesc| v.dtype == t.dtype && v.dims == t.dims;
         if c.values.len() < m.inputs.len() {
-            return Err(format!("control flow has {} values for {} inputs", c.values.len(), m.inputs.len()));
+            return Err(format!(
+                "control flow has {} values for {} inputs",
+                c.values.len(),
+                m.inputs.len()
+            ));
         }
         for (v, t) in c.values.iter().zip(&m.inputs) {
             if !same(v, t) {
-                return Err(format!("input `{}` is {}{:?}, its value {}{:?}", t.name, t.dtype, t.dims, v.dtype, v.dims));
+                return Err(format!(
+                    "input `{}` is {}{:?}, its value {}{:?}",
+                    t.name, t.dtype, t.dims, v.dtype, v.dims
+                ));
             }
         }
         if let Some(v) = c.values.iter().find(|v| kiln_ir::DType::from_name(&v.dtype).is_none()) {
@@ -447,7 +517,11 @@ impl Artifact {
         }
         for (i, p) in c.programs.iter().enumerate() {
             if p.target != m.target {
-                return Err(format!("program {i} is for {}, the artifact for {}", p.target.name(), m.target.name()));
+                return Err(format!(
+                    "program {i} is for {}, the artifact for {}",
+                    p.target.name(),
+                    m.target.name()
+                ));
             }
             self.validate_manifest(p).map_err(|e| format!("program {i}: {e}"))?;
         }
@@ -460,7 +534,11 @@ impl Artifact {
         };
         for (s, step) in c.steps.iter().enumerate() {
             let fail = |e: String| format!("step {s}: {e}");
-            let program = |p: usize| c.programs.get(p).ok_or_else(|| fail(format!("program {p} does not exist (of {})", c.programs.len())));
+            let program = |p: usize| {
+                c.programs.get(p).ok_or_else(|| {
+                    fail(format!("program {p} does not exist (of {})", c.programs.len()))
+                })
+            };
             let counts = |p: usize, pm: &Manifest, args: usize, results: usize| {
                 if args != pm.inputs.len() || results != pm.outputs.len() {
                     return Err(fail(format!(
@@ -475,26 +553,38 @@ impl Artifact {
                 if same(have, t) {
                     Ok(())
                 } else {
-                    Err(fail(format!("program {p} reads `{}` as {}{:?}, it is {}{:?}", t.name, t.dtype, t.dims, have.dtype, have.dims)))
+                    Err(fail(format!(
+                        "program {p} reads `{}` as {}{:?}, it is {}{:?}",
+                        t.name, t.dtype, t.dims, have.dtype, have.dims
+                    )))
                 }
             };
             let gives = |p: usize, t: &TensorDesc, r: usize| {
-                let d = c.values.get(r).ok_or_else(|| fail(format!("value {r} does not exist (of {})", c.values.len())))?;
+                let d = c.values.get(r).ok_or_else(|| {
+                    fail(format!("value {r} does not exist (of {})", c.values.len()))
+                })?;
                 if same(d, t) {
                     Ok(())
                 } else {
-                    Err(fail(format!("program {p} gives `{}` as {}{:?}, value `{}` is {}{:?}", t.name, t.dtype, t.dims, d.name, d.dtype, d.dims)))
+                    Err(fail(format!(
+                        "program {p} gives `{}` as {}{:?}, value `{}` is {}{:?}",
+                        t.name, t.dtype, t.dims, d.name, d.dtype, d.dims
+                    )))
                 }
             };
             let one = |v: usize, dtype: &str, what: &str| {
                 let d = value(v, &written).map_err(fail)?;
                 if d.dtype != dtype || d.dims.iter().product::<usize>() != 1 {
-                    return Err(fail(format!("the {what} `{}` is {}{:?}, not one {dtype}", d.name, d.dtype, d.dims)));
+                    return Err(fail(format!(
+                        "the {what} `{}` is {}{:?}, not one {dtype}",
+                        d.name, d.dtype, d.dims
+                    )));
                 }
                 Ok(())
             };
             let results = match step {
-                Step::Run { program: p, args, results } | Step::If { then: p, args, results, .. } => {
+                Step::Run { program: p, args, results }
+                | Step::If { then: p, args, results, .. } => {
                     let mut ps = vec![*p];
                     if let Step::If { cond, otherwise, .. } = step {
                         one(*cond, "bool", "condition")?;
@@ -514,28 +604,52 @@ impl Artifact {
                 }
                 Step::Scan { body, captured, state, scanned, stacked, results } => {
                     let pm = program(*body)?;
-                    counts(*body, pm, captured.len() + state.len() + scanned.len(), state.len() + stacked.len())?;
+                    counts(
+                        *body,
+                        pm,
+                        captured.len() + state.len() + scanned.len(),
+                        state.len() + stacked.len(),
+                    )?;
                     if results.len() != pm.outputs.len() {
-                        return Err(fail(format!("the scan gives {} results, the step takes {}", pm.outputs.len(), results.len())));
+                        return Err(fail(format!(
+                            "the scan gives {} results, the step takes {}",
+                            pm.outputs.len(),
+                            results.len()
+                        )));
                     }
                     let mut length = None;
                     let mut slices = Vec::new();
                     for sc in scanned {
                         let d = value(sc.value, &written).map_err(fail)?;
                         let Some(&l) = d.dims.get(sc.axis) else {
-                            return Err(fail(format!("`{}` ({}{:?}) has no axis {}", d.name, d.dtype, d.dims, sc.axis)));
+                            return Err(fail(format!(
+                                "`{}` ({}{:?}) has no axis {}",
+                                d.name, d.dtype, d.dims, sc.axis
+                            )));
                         };
                         if length.is_some_and(|m| m != l) {
-                            return Err(fail(format!("the scanned values have lengths {} and {l}", length.unwrap_or_default())));
+                            return Err(fail(format!(
+                                "the scanned values have lengths {} and {l}",
+                                length.unwrap_or_default()
+                            )));
                         }
                         length = Some(l);
                         let mut dims = d.dims.clone();
                         dims.remove(sc.axis);
-                        slices.push(ValueDesc { name: d.name.clone(), dtype: d.dtype.clone(), dims });
+                        slices.push(ValueDesc {
+                            name: d.name.clone(),
+                            dtype: d.dtype.clone(),
+                            dims,
+                        });
                     }
-                    let length = length.ok_or_else(|| fail("a scan needs a scanned value".into()))?;
-                    let ins: Vec<ValueDesc> =
-                        captured.iter().chain(state).map(|&v| value(v, &written).cloned()).collect::<std::result::Result<_, _>>().map_err(fail)?;
+                    let length =
+                        length.ok_or_else(|| fail("a scan needs a scanned value".into()))?;
+                    let ins: Vec<ValueDesc> = captured
+                        .iter()
+                        .chain(state)
+                        .map(|&v| value(v, &written).cloned())
+                        .collect::<std::result::Result<_, _>>()
+                        .map_err(fail)?;
                     for (t, d) in pm.inputs.iter().zip(ins.iter().chain(&slices)) {
                         reads(*body, t, d)?;
                     }
@@ -544,9 +658,18 @@ impl Artifact {
                         reads(*body, t, &ins[captured.len() + k])?;
                         gives(*body, t, results[k])?;
                     }
-                    for ((t, st), &r) in pm.outputs.iter().skip(state.len()).zip(stacked).zip(&results[state.len()..]) {
+                    for ((t, st), &r) in pm
+                        .outputs
+                        .iter()
+                        .skip(state.len())
+                        .zip(stacked)
+                        .zip(&results[state.len()..])
+                    {
                         if st.axis > t.dims.len() {
-                            return Err(fail(format!("`{}` ({}{:?}) cannot be stacked along axis {}", t.name, t.dtype, t.dims, st.axis)));
+                            return Err(fail(format!(
+                                "`{}` ({}{:?}) cannot be stacked along axis {}",
+                                t.name, t.dtype, t.dims, st.axis
+                            )));
                         }
                         let mut dims = t.dims.clone();
                         dims.insert(st.axis, length);
@@ -558,7 +681,11 @@ impl Artifact {
                     let pm = program(*body)?;
                     counts(*body, pm, captured.len() + 2 + state.len(), results.len() + 1)?;
                     if results.len() < state.len() {
-                        return Err(fail(format!("the loop carries {} state values but takes {} results", state.len(), results.len())));
+                        return Err(fail(format!(
+                            "the loop carries {} state values but takes {} results",
+                            state.len(),
+                            results.len()
+                        )));
                     }
                     if let Some(t) = trip_count {
                         one(*t, "i64", "trip count")?;
@@ -566,21 +693,37 @@ impl Artifact {
                     if let Some(c) = cond {
                         one(*c, "bool", "condition")?;
                     }
-                    let ins: Vec<ValueDesc> =
-                        captured.iter().chain(state).map(|&v| value(v, &written).cloned()).collect::<std::result::Result<_, _>>().map_err(fail)?;
+                    let ins: Vec<ValueDesc> = captured
+                        .iter()
+                        .chain(state)
+                        .map(|&v| value(v, &written).cloned())
+                        .collect::<std::result::Result<_, _>>()
+                        .map_err(fail)?;
                     let (n, k) = (captured.len(), state.len());
-                    for (t, d) in pm.inputs[..n].iter().zip(&ins[..n]).chain(pm.inputs[n + 2..].iter().zip(&ins[n..])) {
+                    for (t, d) in pm.inputs[..n]
+                        .iter()
+                        .zip(&ins[..n])
+                        .chain(pm.inputs[n + 2..].iter().zip(&ins[n..]))
+                    {
                         reads(*body, t, d)?;
                     }
-                    for (i, (t, dtype)) in pm.inputs[n..n + 2].iter().zip(["i64", "bool"]).enumerate() {
+                    for (i, (t, dtype)) in
+                        pm.inputs[n..n + 2].iter().zip(["i64", "bool"]).enumerate()
+                    {
                         if t.dtype != dtype || t.dims.iter().product::<usize>() != 1 {
                             let what = ["step number", "condition"][i];
-                            return Err(fail(format!("the body takes its {what} `{}` as {}{:?}, not one {dtype}", t.name, t.dtype, t.dims)));
+                            return Err(fail(format!(
+                                "the body takes its {what} `{}` as {}{:?}, not one {dtype}",
+                                t.name, t.dtype, t.dims
+                            )));
                         }
                     }
                     let co = &pm.outputs[0];
                     if co.dtype != "bool" || co.dims.iter().product::<usize>() != 1 {
-                        return Err(fail(format!("the body gives its condition `{}` as {}{:?}, not one bool", co.name, co.dtype, co.dims)));
+                        return Err(fail(format!(
+                            "the body gives its condition `{}` as {}{:?}, not one bool",
+                            co.name, co.dtype, co.dims
+                        )));
                     }
                     // The state the body gives is the state it takes at the next step.
                     for (j, t) in pm.outputs[1..=k].iter().enumerate() {
@@ -593,11 +736,24 @@ impl Artifact {
                     for (t, &r) in pm.outputs[k + 1..].iter().zip(&results[k..]) {
                         let l = match c.values.get(r).map(|d| d.dims.first()) {
                             Some(Some(&l)) => l,
-                            Some(None) => return Err(fail(format!("the stacked value `{}` has no leading axis", c.values[r].name))),
-                            None => return Err(fail(format!("value {r} does not exist (of {})", c.values.len()))),
+                            Some(None) => {
+                                return Err(fail(format!(
+                                    "the stacked value `{}` has no leading axis",
+                                    c.values[r].name
+                                )))
+                            }
+                            None => {
+                                return Err(fail(format!(
+                                    "value {r} does not exist (of {})",
+                                    c.values.len()
+                                )))
+                            }
                         };
                         if length.is_some_and(|m| m != l) {
-                            return Err(fail(format!("the stacked values have {} and {l} steps", length.unwrap_or_default())));
+                            return Err(fail(format!(
+                                "the stacked values have {} and {l} steps",
+                                length.unwrap_or_default()
+                            )));
                         }
                         length = Some(l);
                         let mut dims = t.dims.clone();
@@ -614,12 +770,19 @@ impl Artifact {
             }
         }
         if c.outputs.len() != m.outputs.len() {
-            return Err(format!("control flow gives {} outputs, the artifact has {}", c.outputs.len(), m.outputs.len()));
+            return Err(format!(
+                "control flow gives {} outputs, the artifact has {}",
+                c.outputs.len(),
+                m.outputs.len()
+            ));
         }
         for (&v, t) in c.outputs.iter().zip(&m.outputs) {
             let d = value(v, &written)?;
             if !same(d, t) {
-                return Err(format!("output `{}` is {}{:?}, its value `{}` is {}{:?}", t.name, t.dtype, t.dims, d.name, d.dtype, d.dims));
+                return Err(format!(
+                    "output `{}` is {}{:?}, its value `{}` is {}{:?}",
+                    t.name, t.dtype, t.dims, d.name, d.dtype, d.dims
+                ));
             }
         }
         Ok(())
@@ -644,13 +807,26 @@ impl Artifact {
             return Err("the batch programs are not in decreasing order of batch size".into());
         }
         let batched = |t: &TensorDesc, flag: bool| flag && t.dims.first().is_some_and(|&d| d == 1);
-        if let Some(t) = m.inputs.iter().zip(&b.inputs).chain(m.outputs.iter().zip(&b.outputs)).find(|(t, &f)| f && !batched(t, f)) {
-            return Err(format!("batched tensor `{}` does not have 1 as its leading dimension", t.0.name));
+        if let Some(t) = m
+            .inputs
+            .iter()
+            .zip(&b.inputs)
+            .chain(m.outputs.iter().zip(&b.outputs))
+            .find(|(t, &f)| f && !batched(t, f))
+        {
+            return Err(format!(
+                "batched tensor `{}` does not have 1 as its leading dimension",
+                t.0.name
+            ));
         }
         for p in &b.programs {
             let pm = &p.manifest;
             if pm.batch.is_some() || pm.target != m.target {
-                return Err(format!("the program for batch {} is not a program of one batch size for {}", p.batch, m.target.name()));
+                return Err(format!(
+                    "the program for batch {} is not a program of one batch size for {}",
+                    p.batch,
+                    m.target.name()
+                ));
             }
             let same = |ours: &[TensorDesc], theirs: &[TensorDesc], flags: &[bool]| {
                 ours.len() == theirs.len()
@@ -662,32 +838,48 @@ impl Artifact {
                         o.name == t.name && o.dtype == t.dtype && dims == t.dims
                     })
             };
-            if !same(&m.inputs, &pm.inputs, &b.inputs) || !same(&m.outputs, &pm.outputs, &b.outputs) {
-                return Err(format!("the program for batch {} has other inputs or outputs than the artifact", p.batch));
+            if !same(&m.inputs, &pm.inputs, &b.inputs) || !same(&m.outputs, &pm.outputs, &b.outputs)
+            {
+                return Err(format!(
+                    "the program for batch {} has other inputs or outputs than the artifact",
+                    p.batch
+                ));
             }
-            self.validate_manifest(pm).map_err(|e| format!("the program for batch {}: {e}", p.batch))?;
+            self.validate_manifest(pm)
+                .map_err(|e| format!("the program for batch {}: {e}", p.batch))?;
         }
         Ok(())
     }
 
     fn validate_program(&self, m: &Manifest) -> std::result::Result<(), String> {
         let nbuf = m.buffers.len();
-        let in_payload = |b: &Blob| b.offset.checked_add(b.len).is_some_and(|end| end <= self.payload.len() as u64);
+        let in_payload = |b: &Blob| {
+            b.offset.checked_add(b.len).is_some_and(|end| end <= self.payload.len() as u64)
+        };
         if !in_payload(&m.code) {
             return Err("the code blob lies outside the payload".into());
         }
         for (i, b) in m.buffers.iter().enumerate() {
             match &b.kind {
-                BufferKind::Input(k) if *k >= m.inputs.len() => return Err(format!("buffer {i} is input {k}, of {}", m.inputs.len())),
-                BufferKind::Output(k) if *k >= m.outputs.len() => return Err(format!("buffer {i} is output {k}, of {}", m.outputs.len())),
+                BufferKind::Input(k) if *k >= m.inputs.len() => {
+                    return Err(format!("buffer {i} is input {k}, of {}", m.inputs.len()))
+                }
+                BufferKind::Output(k) if *k >= m.outputs.len() => {
+                    return Err(format!("buffer {i} is output {k}, of {}", m.outputs.len()))
+                }
                 BufferKind::Constant(blob) if !in_payload(blob) || blob.len < b.bytes => {
                     return Err(format!("buffer {i}'s constant data lies outside the payload"))
                 }
-                BufferKind::Scratch { offset } if offset.checked_add(b.bytes).is_none_or(|e| e > m.arena_bytes) => {
+                BufferKind::Scratch { offset }
+                    if offset.checked_add(b.bytes).is_none_or(|e| e > m.arena_bytes) =>
+                {
                     return Err(format!("buffer {i} lies outside the arena"));
                 }
                 BufferKind::Alias { of, offset } => {
-                    let target = m.buffers.get(*of).ok_or_else(|| format!("buffer {i} aliases missing buffer {of}"))?;
+                    let target = m
+                        .buffers
+                        .get(*of)
+                        .ok_or_else(|| format!("buffer {i} aliases missing buffer {of}"))?;
                     if matches!(target.kind, BufferKind::Alias { .. }) {
                         return Err(format!("buffer {i} aliases an alias (buffer {of})"));
                     }
@@ -738,7 +930,8 @@ mod tests {
     use crate::device::hazard::tests::diamond;
 
     fn art(target: Target) -> Artifact {
-        let manifest = diamond(target, 4096, Blob { offset: 0, len: 16 }, Blob { offset: 64, len: 4096 });
+        let manifest =
+            diamond(target, 4096, Blob { offset: 0, len: 16 }, Blob { offset: 64, len: 4096 });
         Artifact { manifest, payload: vec![0; 64 + 4096] }
     }
 
@@ -776,7 +969,8 @@ mod tests {
         let a = art(Target::Opencl);
         let back = Artifact::from_bytes(&a.to_bytes(), "m.kiln").unwrap();
         assert_eq!(back.manifest, a.manifest);
-        let k: KernelDesc = serde_json::from_str(r#"{"symbol":"k0","workgroups":4,"label":"x"}"#).unwrap();
+        let k: KernelDesc =
+            serde_json::from_str(r#"{"symbol":"k0","workgroups":4,"label":"x"}"#).unwrap();
         assert_eq!((k.grid, k.block), ([0; 3], [0; 3]));
         let l: Launch = serde_json::from_str(r#"{"kernel":0,"args":[1,2]}"#).unwrap();
         assert!(l.writes.is_empty() && l.may_write(0) && l.may_write(1));
@@ -785,11 +979,19 @@ mod tests {
     #[test]
     fn batch_descriptions_are_checked_before_anything_runs() {
         // One-sample tensors ([1] each: n = 4 bytes), one program for batch 1.
-        let program = diamond(Target::Cpu, 4, Blob { offset: 0, len: 16 }, Blob { offset: 64, len: 4 });
+        let program =
+            diamond(Target::Cpu, 4, Blob { offset: 0, len: 16 }, Blob { offset: 64, len: 4 });
         let batched = |programs: Vec<BatchProgram>| {
             let mut m = program.clone();
             (m.buffers, m.kernels, m.launches) = (vec![], vec![], vec![]);
-            m.batch = Some(BatchDesc { symbol: "N".into(), min: 1, max: 8, inputs: vec![true, false], outputs: vec![true, true], programs });
+            m.batch = Some(BatchDesc {
+                symbol: "N".into(),
+                min: 1,
+                max: 8,
+                inputs: vec![true, false],
+                outputs: vec![true, true],
+                programs,
+            });
             Artifact { manifest: m, payload: vec![0; 128] }
         };
         let one = BatchProgram { batch: 1, manifest: program.clone() };
@@ -799,13 +1001,22 @@ mod tests {
         assert_eq!(back.manifest, a.manifest);
         let e = |a: Artifact| a.validate().unwrap_err();
         assert_eq!(e(batched(vec![])), "a batched artifact needs a program for batch 1 (every batch is a sum of its programs' sizes)");
-        assert_eq!(e(batched(vec![one.clone(), one.clone()])), "the batch programs are not in decreasing order of batch size");
+        assert_eq!(
+            e(batched(vec![one.clone(), one.clone()])),
+            "the batch programs are not in decreasing order of batch size"
+        );
         let mut two = one.clone();
         two.batch = 2;
-        assert_eq!(e(batched(vec![two, one.clone()])), "the program for batch 2 has other inputs or outputs than the artifact");
+        assert_eq!(
+            e(batched(vec![two, one.clone()])),
+            "the program for batch 2 has other inputs or outputs than the artifact"
+        );
         let mut bad = one.clone();
         bad.manifest.launches[0].args[0] = 99;
-        assert_eq!(e(batched(vec![bad])), "the program for batch 1: launch 0 names missing buffer 99");
+        assert_eq!(
+            e(batched(vec![bad])),
+            "the program for batch 1: launch 0 names missing buffer 99"
+        );
         let mut a = batched(vec![one]);
         a.manifest.batch.as_mut().unwrap().min = 0;
         assert_eq!(e(a), "the batch range 0..8 is empty or starts at 0");
@@ -814,7 +1025,8 @@ mod tests {
     #[test]
     fn control_flow_is_checked_before_anything_runs() {
         // The diamond (x, y -> o0, o1 of f32[1]) run once, then again on its results under an If.
-        let program = diamond(Target::Cpu, 4, Blob { offset: 0, len: 16 }, Blob { offset: 64, len: 4 });
+        let program =
+            diamond(Target::Cpu, 4, Blob { offset: 0, len: 16 }, Blob { offset: 64, len: 4 });
         let f32s = |name: &str| ValueDesc { name: name.into(), dtype: "f32".into(), dims: vec![1] };
         let control = ControlDesc {
             programs: vec![program.clone()],
@@ -836,7 +1048,12 @@ mod tests {
         let outer = |c: ControlDesc| {
             let mut m = program.clone();
             (m.buffers, m.kernels, m.launches) = (vec![], vec![], vec![]);
-            m.inputs.push(TensorDesc { name: "c".into(), dtype: "bool".into(), dims: vec![], buffer: 0 });
+            m.inputs.push(TensorDesc {
+                name: "c".into(),
+                dtype: "bool".into(),
+                dims: vec![],
+                buffer: 0,
+            });
             m.control = Some(c);
             Artifact { manifest: m, payload: vec![0; 128] }
         };
@@ -851,18 +1068,27 @@ mod tests {
             outer(c).validate().unwrap_err()
         };
         assert_eq!(e(&|c| c.steps.swap(0, 1)), "step 0: value `a` is read before it is written");
-        assert_eq!(e(&|c| c.values[2].dtype = "i64".into()), "input `c` is bool[], its value i64[]");
+        assert_eq!(
+            e(&|c| c.values[2].dtype = "i64".into()),
+            "input `c` is bool[], its value i64[]"
+        );
         let cond_a = |c: &mut ControlDesc| {
             if let Step::If { cond, .. } = &mut c.steps[1] {
                 *cond = 3;
             }
         };
         assert_eq!(e(&cond_a), "step 1: the condition `a` is f32[1], not one bool");
-        assert_eq!(e(&|c| c.values[4].dims = vec![2]), "step 0: program 0 gives `o1` as f32[1], value `b` is f32[2]");
+        assert_eq!(
+            e(&|c| c.values[4].dims = vec![2]),
+            "step 0: program 0 gives `o1` as f32[1], value `b` is f32[2]"
+        );
         assert_eq!(e(&|c| c.steps[1] = c.steps[0].clone()), "step 1: value `a` is written twice");
         assert_eq!(e(&|c| c.outputs = vec![5]), "control flow gives 1 outputs, the artifact has 2");
         assert_eq!(e(&|c| c.outputs[1] = 9), "value 9 does not exist (of 7)");
-        assert_eq!(e(&|c| c.programs[0].launches[0].kernel = 7), "program 0: launch 0 names missing kernel 7");
+        assert_eq!(
+            e(&|c| c.programs[0].launches[0].kernel = 7),
+            "program 0: launch 0 names missing kernel 7"
+        );
         assert_eq!(e(&|c| c.programs.clear()), "control flow with no programs");
     }
 

@@ -6,7 +6,10 @@ use std::time::{Duration, Instant};
 
 use kiln_ir::{DType, Tensor};
 
-use crate::artifact::{Artifact, BatchDesc, BufferKind, ControlDesc, Manifest, PaddedDesc, Scanned, Stacked, Step, Target, TensorDesc, ValueDesc};
+use crate::artifact::{
+    Artifact, BatchDesc, BufferKind, ControlDesc, Manifest, PaddedDesc, Scanned, Stacked, Step,
+    Target, TensorDesc, ValueDesc,
+};
 use crate::device::cpu::CpuProgram;
 use crate::device::cuda::CudaProgram;
 use crate::device::opencl::OpenclProgram;
@@ -109,10 +112,15 @@ impl Executable {
     /// Loads an artifact: its code onto the device, its constants into (device) memory, once.
     pub fn load(artifact: Artifact, options: &LoadOptions) -> Result<Executable> {
         // Hand-built artifacts have not been through `from_bytes`.
-        artifact.validate().map_err(|msg| RuntimeError::Artifact { path: artifact.manifest.model.clone(), msg })?;
+        artifact
+            .validate()
+            .map_err(|msg| RuntimeError::Artifact { path: artifact.manifest.model.clone(), msg })?;
         // Everything every program will hold, against the budget, before anything is allocated.
         Executable::check_memory(&artifact.manifest, crate::memory::budget(options.max_memory))?;
-        if artifact.manifest.batch.is_none() && artifact.manifest.control.is_none() && artifact.manifest.padded.is_none() {
+        if artifact.manifest.batch.is_none()
+            && artifact.manifest.control.is_none()
+            && artifact.manifest.padded.is_none()
+        {
             let program = Executable::load_static(&artifact, options)?;
             return Ok(Executable { manifest: artifact.manifest, program });
         }
@@ -126,10 +134,17 @@ impl Executable {
     /// outermost), whose blobs are in `one`'s payload.
     fn load_nested(one: &mut Artifact, m: &Manifest, options: &LoadOptions) -> Result<Executable> {
         let program = if let Some(b) = &m.batch {
-            let programs = b.programs.iter().map(|p| Ok((p.batch as usize, Executable::load_nested(one, &p.manifest, options)?)));
+            let programs = b.programs.iter().map(|p| {
+                Ok((p.batch as usize, Executable::load_nested(one, &p.manifest, options)?))
+            });
             Program::Batched(programs.collect::<Result<_>>()?)
         } else if let Some(c) = &m.control {
-            Program::Control(c.programs.iter().map(|p| Executable::load_nested(one, p, options)).collect::<Result<_>>()?)
+            Program::Control(
+                c.programs
+                    .iter()
+                    .map(|p| Executable::load_nested(one, p, options))
+                    .collect::<Result<_>>()?,
+            )
         } else if let Some(p) = &m.padded {
             Program::Padded(Box::new(Executable::load_nested(one, &p.program, options)?))
         } else {
@@ -150,9 +165,14 @@ impl Executable {
     fn load_cpu(artifact: &Artifact, options: &LoadOptions) -> Result<Cpu> {
         let m = &artifact.manifest;
         if let Some(i) = options.device_index.filter(|&i| i != 0) {
-            return Err(RuntimeError::Device { device: "cpu".into(), msg: format!("there is no CPU device {i}: the CPU is device 0") });
+            return Err(RuntimeError::Device {
+                device: "cpu".into(),
+                msg: format!("there is no CPU device {i}: the CPU is device 0"),
+            });
         }
-        let threads = options.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+        let threads = options
+            .threads
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
         crate::device::cpu::check_host_features(&m.cpu_features)?;
         let symbols: Vec<String> = m.kernels.iter().map(|k| k.symbol.clone()).collect();
         let program = CpuProgram::load(artifact.blob(m.code)?, &symbols, threads)?;
@@ -169,11 +189,18 @@ impl Executable {
         for (i, b) in m.buffers.iter().enumerate() {
             if let (BufferKind::Constant(blob), Some(at)) = (&b.kind, offsets[i]) {
                 let src = artifact.blob(*blob)?;
-                constants.bytes_mut()[at..at + b.bytes as usize].copy_from_slice(&src[..b.bytes as usize]);
+                constants.bytes_mut()[at..at + b.bytes as usize]
+                    .copy_from_slice(&src[..b.bytes as usize]);
             }
         }
         let arena = Mutex::new(Aligned::new(m.arena_bytes as usize));
-        Ok(Cpu { program, constants, constant_offsets: offsets, arena, outputs: Mutex::new(vec![None; m.outputs.len()]) })
+        Ok(Cpu {
+            program,
+            constants,
+            constant_offsets: offsets,
+            arena,
+            outputs: Mutex::new(vec![None; m.outputs.len()]),
+        })
     }
 
     /// What an artifact's programs allocate (each its constants, once; its arena, once; its
@@ -185,7 +212,14 @@ impl Executable {
         if total.is_some_and(|t| t <= limit) {
             return Ok(());
         }
-        crate::memory::check(&format!("`{}` (its constants, scratch arena and outputs; the largest is {})", m.model, largest.1), total, limit)
+        crate::memory::check(
+            &format!(
+                "`{}` (its constants, scratch arena and outputs; the largest is {})",
+                m.model, largest.1
+            ),
+            total,
+            limit,
+        )
     }
 
     /// The bytes loading `m` allocates and a run holds: every program's constants, scratch
@@ -258,7 +292,11 @@ impl Executable {
     /// `opencl:0 Intel(R) OpenCL / AMD EPYC 9B14 (CPU device)`.
     pub fn device(&self) -> String {
         match &self.program {
-            Program::Cpu(c) => format!("cpu ({} thread{})", c.program.threads(), if c.program.threads() == 1 { "" } else { "s" }),
+            Program::Cpu(c) => format!(
+                "cpu ({} thread{})",
+                c.program.threads(),
+                if c.program.threads() == 1 { "" } else { "s" }
+            ),
             Program::Cuda(p) => p.description().to_string(),
             Program::Opencl(p) => p.description().to_string(),
             Program::Batched(ps) => ps[0].1.device(),
@@ -285,7 +323,11 @@ impl Executable {
     }
 
     /// Runs, recording per-launch times and the bytes copied into `profile` when given.
-    pub fn run_profiled(&self, inputs: &[Tensor], profile: Option<&mut Profile>) -> Result<Vec<Tensor>> {
+    pub fn run_profiled(
+        &self,
+        inputs: &[Tensor],
+        profile: Option<&mut Profile>,
+    ) -> Result<Vec<Tensor>> {
         let m = &self.manifest;
         if let (Program::Padded(program), Some(padded)) = (&self.program, &m.padded) {
             return self.run_padded(padded, program, inputs, profile);
@@ -308,7 +350,12 @@ impl Executable {
         m.outputs.iter().zip(&bytes).map(|(o, b)| output_tensor(o, b)).collect()
     }
 
-    fn run_cpu(&self, cpu: &Cpu, inputs: &[Tensor], mut profile: Option<&mut Profile>) -> Result<Vec<Tensor>> {
+    fn run_cpu(
+        &self,
+        cpu: &Cpu,
+        inputs: &[Tensor],
+        mut profile: Option<&mut Profile>,
+    ) -> Result<Vec<Tensor>> {
         cpu.program.prepare();
         let m = &self.manifest;
         let mut pool = cpu.outputs.lock().unwrap_or_else(|p| p.into_inner());
@@ -335,9 +382,14 @@ impl Executable {
             ptrs[i] = match &b.kind {
                 // Kernels never write inputs; the pointer is cast for the uniform signature.
                 BufferKind::Input(k) => inputs[*k].bytes().as_ptr() as *mut u8,
-                BufferKind::Output(k) => Arc::get_mut(&mut outputs[*k]).expect("not shared").as_mut_ptr() as *mut u8,
+                BufferKind::Output(k) => {
+                    Arc::get_mut(&mut outputs[*k]).expect("not shared").as_mut_ptr() as *mut u8
+                }
                 // SAFETY: offsets were planned inside the constant block at load.
-                BufferKind::Constant(_) => unsafe { constants_ptr.add(constants_base + cpu.constant_offsets[i].expect("planned at load")) },
+                BufferKind::Constant(_) => unsafe {
+                    constants_ptr
+                        .add(constants_base + cpu.constant_offsets[i].expect("planned at load"))
+                },
                 // SAFETY: validated at load: inside the arena.
                 BufferKind::Scratch { offset } => unsafe { arena_ptr.add(*offset as usize) },
                 BufferKind::Alias { .. } => std::ptr::null_mut(),
@@ -368,8 +420,9 @@ impl Executable {
             .zip(&outputs)
             .map(|(o, buf)| {
                 let dtype = DType::from_name(&o.dtype).expect("validated at load");
-                Tensor::from_shared_words(dtype, &o.dims, buf.clone())
-                    .map_err(|e| RuntimeError::Launch { kernel: "output".into(), msg: e.to_string() })
+                Tensor::from_shared_words(dtype, &o.dims, buf.clone()).map_err(|e| {
+                    RuntimeError::Launch { kernel: "output".into(), msg: e.to_string() }
+                })
             })
             .collect();
         for (slot, buf) in pool.iter_mut().zip(outputs) {
@@ -384,20 +437,46 @@ impl Executable {
     /// A padded symbol: the size read off the inputs (equal wherever the symbol is, at most the
     /// capacity), the padded axes zero-filled to the capacity, the size passed last, the padded
     /// outputs cut back.
-    fn run_padded(&self, padded: &PaddedDesc, program: &Executable, inputs: &[Tensor], profile: Option<&mut Profile>) -> Result<Vec<Tensor>> {
+    fn run_padded(
+        &self,
+        padded: &PaddedDesc,
+        program: &Executable,
+        inputs: &[Tensor],
+        profile: Option<&mut Profile>,
+    ) -> Result<Vec<Tensor>> {
         let want = &self.manifest.inputs;
         let sym = &padded.symbol;
         let axis_of = |i: usize| padded.inputs.iter().find(|a| a.tensor == i).map(|a| a.axis);
-        let shape = |i: usize, d: &TensorDesc| {
-            let dims: Vec<String> =
-                d.dims.iter().enumerate().map(|(k, n)| if axis_of(i) == Some(k) { format!("{sym}<={n}") } else { n.to_string() }).collect();
-            format!("{}[{}]", d.dtype, dims.join(","))
-        };
+        let shape =
+            |i: usize, d: &TensorDesc| {
+                let dims: Vec<String> =
+                    d.dims
+                        .iter()
+                        .enumerate()
+                        .map(|(k, n)| {
+                            if axis_of(i) == Some(k) {
+                                format!("{sym}<={n}")
+                            } else {
+                                n.to_string()
+                            }
+                        })
+                        .collect();
+                format!("{}[{}]", d.dtype, dims.join(","))
+            };
         if inputs.len() != want.len() {
-            let list: Vec<String> = want.iter().enumerate().map(|(i, d)| format!("{}: {}", d.name, shape(i, d))).collect();
+            let list: Vec<String> = want
+                .iter()
+                .enumerate()
+                .map(|(i, d)| format!("{}: {}", d.name, shape(i, d)))
+                .collect();
             return Err(RuntimeError::Input {
                 name: self.manifest.model.clone(),
-                msg: format!("expects {} inputs ({}), {} given", want.len(), list.join(", "), inputs.len()),
+                msg: format!(
+                    "expects {} inputs ({}), {} given",
+                    want.len(),
+                    list.join(", "),
+                    inputs.len()
+                ),
             });
         }
         let mut size: Option<(usize, &str)> = None;
@@ -405,24 +484,36 @@ impl Executable {
             let axis = axis_of(i);
             let fits = t.dtype().name() == d.dtype
                 && t.rank() == d.dims.len()
-                && t.dims().iter().zip(&d.dims).enumerate().all(|(k, (a, b))| if axis == Some(k) { a <= b } else { a == b });
+                && t.dims().iter().zip(&d.dims).enumerate().all(|(k, (a, b))| {
+                    if axis == Some(k) {
+                        a <= b
+                    } else {
+                        a == b
+                    }
+                });
             if !fits {
-                return Err(RuntimeError::Input { name: d.name.clone(), msg: format!("expected {}, got {}", shape(i, d), t.ty()) });
+                return Err(RuntimeError::Input {
+                    name: d.name.clone(),
+                    msg: format!("expected {}, got {}", shape(i, d), t.ty()),
+                });
             }
             if let Some(k) = axis {
                 agree(&mut size, t.dims()[k], &d.name, sym, "the inputs")?;
             }
         }
         let (n, _) = size.expect("a padded artifact pads an input (validated at load)");
-        let moved = |e: kiln_ir::IrError| RuntimeError::Launch { kernel: "pad".into(), msg: e.to_string() };
+        let moved =
+            |e: kiln_ir::IrError| RuntimeError::Launch { kernel: "pad".into(), msg: e.to_string() };
         let mut args: Vec<Tensor> = inputs.to_vec();
         for a in &padded.inputs {
-            args[a.tensor] = inputs[a.tensor].resize_axis(a.axis, padded.capacity as usize).map_err(moved)?;
+            args[a.tensor] =
+                inputs[a.tensor].resize_axis(a.axis, padded.capacity as usize).map_err(moved)?;
         }
         args.push(Tensor::scalar::<i64>(n as i64));
         let mut outs = program.run_profiled(&args, profile)?;
         for a in &padded.outputs {
-            outs[a.tensor] = outs[a.tensor].resize_axis(a.axis, n + a.extra as usize).map_err(moved)?;
+            outs[a.tensor] =
+                outs[a.tensor].resize_axis(a.axis, n + a.extra as usize).map_err(moved)?;
         }
         Ok(outs)
     }
@@ -477,7 +568,10 @@ impl Executable {
                     let dtype = DType::from_name(&d.dtype).expect("validated at load");
                     let mut dims = d.dims.clone();
                     dims[0] = n;
-                    Tensor::from_bytes(dtype, &dims, bytes).map_err(|e| RuntimeError::Launch { kernel: "output".into(), msg: e.to_string() })
+                    Tensor::from_bytes(dtype, &dims, bytes).map_err(|e| RuntimeError::Launch {
+                        kernel: "output".into(),
+                        msg: e.to_string(),
+                    })
                 }
                 (None, None) => unreachable!("every output comes from the first chunk"),
             })
@@ -490,23 +584,44 @@ impl Executable {
         let want = &self.manifest.inputs;
         let sym = &batch.symbol;
         let shape = |d: &TensorDesc, batched: bool| {
-            let dims: Vec<String> = d.dims.iter().enumerate().map(|(i, n)| if batched && i == 0 { sym.clone() } else { n.to_string() }).collect();
+            let dims: Vec<String> = d
+                .dims
+                .iter()
+                .enumerate()
+                .map(|(i, n)| if batched && i == 0 { sym.clone() } else { n.to_string() })
+                .collect();
             format!("{}[{}]", d.dtype, dims.join(","))
         };
         if inputs.len() != want.len() {
-            let list: Vec<String> = want.iter().zip(&batch.inputs).map(|(d, &b)| format!("{}: {}", d.name, shape(d, b))).collect();
+            let list: Vec<String> = want
+                .iter()
+                .zip(&batch.inputs)
+                .map(|(d, &b)| format!("{}: {}", d.name, shape(d, b)))
+                .collect();
             return Err(RuntimeError::Input {
                 name: self.manifest.model.clone(),
-                msg: format!("expects {} inputs ({}), {} given", want.len(), list.join(", "), inputs.len()),
+                msg: format!(
+                    "expects {} inputs ({}), {} given",
+                    want.len(),
+                    list.join(", "),
+                    inputs.len()
+                ),
             });
         }
         let mut n: Option<(usize, &str)> = None;
         for ((t, d), &batched) in inputs.iter().zip(want).zip(&batch.inputs) {
             let fits = t.dtype().name() == d.dtype
                 && t.rank() == d.dims.len()
-                && t.dims().iter().zip(&d.dims).enumerate().all(|(i, (a, b))| (batched && i == 0) || a == b);
+                && t.dims()
+                    .iter()
+                    .zip(&d.dims)
+                    .enumerate()
+                    .all(|(i, (a, b))| (batched && i == 0) || a == b);
             if !fits {
-                return Err(RuntimeError::Input { name: d.name.clone(), msg: format!("expected {}, got {}", shape(d, batched), t.ty()) });
+                return Err(RuntimeError::Input {
+                    name: d.name.clone(),
+                    msg: format!("expected {}, got {}", shape(d, batched), t.ty()),
+                });
             }
             if batched {
                 agree(&mut n, t.dims()[0], &d.name, sym, "the batched inputs")?;
@@ -524,7 +639,12 @@ impl Executable {
 
     fn check_inputs(&self, inputs: &[Tensor]) -> Result<()> {
         let want = &self.manifest.inputs;
-        let list = || want.iter().map(|t| format!("{}: {}{:?}", t.name, t.dtype, t.dims)).collect::<Vec<_>>().join(", ");
+        let list = || {
+            want.iter()
+                .map(|t| format!("{}: {}{:?}", t.name, t.dtype, t.dims))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
         if inputs.len() != want.len() {
             return Err(RuntimeError::Input {
                 name: self.manifest.model.clone(),
@@ -533,7 +653,10 @@ impl Executable {
         }
         for (t, d) in inputs.iter().zip(want) {
             if t.dtype().name() != d.dtype || t.dims() != d.dims.as_slice() {
-                return Err(RuntimeError::Input { name: d.name.clone(), msg: format!("expected {}{:?}, got {}", d.dtype, d.dims, t.ty()) });
+                return Err(RuntimeError::Input {
+                    name: d.name.clone(),
+                    msg: format!("expected {}{:?}, got {}", d.dtype, d.dims, t.ty()),
+                });
             }
         }
         Ok(())
@@ -542,11 +665,18 @@ impl Executable {
 
 /// Records the size `n` that input `name` gives symbol `sym`, or refuses it when an earlier input
 /// (`seen`) gave another.
-fn agree<'a>(seen: &mut Option<(usize, &'a str)>, n: usize, name: &'a str, sym: &str, which: &str) -> Result<()> {
+fn agree<'a>(
+    seen: &mut Option<(usize, &'a str)>,
+    n: usize,
+    name: &'a str,
+    sym: &str,
+    which: &str,
+) -> Result<()> {
     match *seen {
-        Some((m, other)) if m != n => {
-            Err(RuntimeError::Input { name: name.to_string(), msg: format!("`{sym}` is {m} in `{other}` but {n} here; {which} must agree") })
-        }
+        Some((m, other)) if m != n => Err(RuntimeError::Input {
+            name: name.to_string(),
+            msg: format!("`{sym}` is {m} in `{other}` but {n} here; {which} must agree"),
+        }),
         Some(_) => Ok(()),
         None => {
             *seen = Some((n, name));
@@ -557,12 +687,19 @@ fn agree<'a>(seen: &mut Option<(usize, &'a str)>, n: usize, name: &'a str, sym: 
 
 /// Runs control flow's steps on host values: inputs first, each step's results as it ends. The
 /// validation at load guarantees every value read was written and has the type its program takes.
-fn run_control(c: &ControlDesc, programs: &[Executable], inputs: &[Tensor], mut profile: Option<&mut Profile>) -> Result<Vec<Tensor>> {
+fn run_control(
+    c: &ControlDesc,
+    programs: &[Executable],
+    inputs: &[Tensor],
+    mut profile: Option<&mut Profile>,
+) -> Result<Vec<Tensor>> {
     let mut values: Vec<Option<Tensor>> = vec![None; c.values.len()];
     for (v, t) in values.iter_mut().zip(inputs) {
         *v = Some(t.clone());
     }
-    let read = |values: &[Option<Tensor>], v: usize| values[v].clone().expect("written before it is read (validated at load)");
+    let read = |values: &[Option<Tensor>], v: usize| {
+        values[v].clone().expect("written before it is read (validated at load)")
+    };
     for step in &c.steps {
         let (program, args, results) = match step {
             Step::Run { program, args, results } => (*program, args, results),
@@ -573,8 +710,16 @@ fn run_control(c: &ControlDesc, programs: &[Executable], inputs: &[Tensor], mut 
             Step::Scan { body, captured, state, scanned, stacked, results } => {
                 let captured: Vec<Tensor> = captured.iter().map(|&v| read(&values, v)).collect();
                 let state: Vec<Tensor> = state.iter().map(|&v| read(&values, v)).collect();
-                let scanned: Vec<(Tensor, &Scanned)> = scanned.iter().map(|s| (read(&values, s.value), s)).collect();
-                let outs = run_scan(&programs[*body], captured, state, &scanned, stacked, profile.as_deref_mut())?;
+                let scanned: Vec<(Tensor, &Scanned)> =
+                    scanned.iter().map(|s| (read(&values, s.value), s)).collect();
+                let outs = run_scan(
+                    &programs[*body],
+                    captured,
+                    state,
+                    &scanned,
+                    stacked,
+                    profile.as_deref_mut(),
+                )?;
                 for (&r, t) in results.iter().zip(outs) {
                     values[r] = Some(t);
                 }
@@ -583,10 +728,21 @@ fn run_control(c: &ControlDesc, programs: &[Executable], inputs: &[Tensor], mut 
             Step::Loop { body, captured, trip_count, cond, state, results } => {
                 let captured: Vec<Tensor> = captured.iter().map(|&v| read(&values, v)).collect();
                 let state: Vec<Tensor> = state.iter().map(|&v| read(&values, v)).collect();
-                let trip = trip_count.map(|v| read(&values, v).to_i64s().first().copied().unwrap_or(0));
-                let cond = cond.is_none_or(|v| read(&values, v).bytes().first().is_some_and(|&b| b != 0));
-                let stacked: Vec<&ValueDesc> = results[state.len()..].iter().map(|&r| &c.values[r]).collect();
-                let outs = run_loop(&programs[*body], captured, trip, cond, state, &stacked, profile.as_deref_mut())?;
+                let trip =
+                    trip_count.map(|v| read(&values, v).to_i64s().first().copied().unwrap_or(0));
+                let cond =
+                    cond.is_none_or(|v| read(&values, v).bytes().first().is_some_and(|&b| b != 0));
+                let stacked: Vec<&ValueDesc> =
+                    results[state.len()..].iter().map(|&r| &c.values[r]).collect();
+                let outs = run_loop(
+                    &programs[*body],
+                    captured,
+                    trip,
+                    cond,
+                    state,
+                    &stacked,
+                    profile.as_deref_mut(),
+                )?;
                 for (&r, t) in results.iter().zip(outs) {
                     values[r] = Some(t);
                 }
@@ -612,14 +768,18 @@ fn run_scan(
     stacked: &[Stacked],
     mut profile: Option<&mut Profile>,
 ) -> Result<Vec<Tensor>> {
-    let moved = |e: kiln_ir::IrError| RuntimeError::Launch { kernel: "scan".into(), msg: e.to_string() };
+    let moved =
+        |e: kiln_ir::IrError| RuntimeError::Launch { kernel: "scan".into(), msg: e.to_string() };
     let length = scanned.first().map_or(0, |(t, s)| t.dims()[s.axis]);
     let mut parts: Vec<Vec<Tensor>> = vec![Vec::with_capacity(length); stacked.len()];
     for step in 0..length {
         let mut args = captured.clone();
         args.append(&mut state);
         for (t, s) in scanned {
-            args.push(t.index_axis(s.axis, if s.reverse { length - 1 - step } else { step }).map_err(moved)?);
+            args.push(
+                t.index_axis(s.axis, if s.reverse { length - 1 - step } else { step })
+                    .map_err(moved)?,
+            );
         }
         let mut outs = body.run_profiled(&args, profile.as_deref_mut())?;
         let slices = outs.split_off(args.len() - captured.len() - scanned.len());
@@ -654,14 +814,18 @@ fn run_loop(
     stacked: &[&ValueDesc],
     mut profile: Option<&mut Profile>,
 ) -> Result<Vec<Tensor>> {
-    let moved = |e: kiln_ir::IrError| RuntimeError::Launch { kernel: "loop".into(), msg: e.to_string() };
+    let moved =
+        |e: kiln_ir::IrError| RuntimeError::Launch { kernel: "loop".into(), msg: e.to_string() };
     let mut parts: Vec<Vec<Tensor>> = vec![Vec::new(); stacked.len()];
     let mut step: i64 = 0;
     while cond && trip.is_none_or(|m| step < m) {
         if let Some(d) = stacked.first().filter(|d| d.dims[0] as i64 <= step) {
             return Err(RuntimeError::Launch {
                 kernel: "loop".into(),
-                msg: format!("the loop runs more than the {} steps its stacked result `{}` was compiled for", d.dims[0], d.name),
+                msg: format!(
+                    "the loop runs more than the {} steps its stacked result `{}` was compiled for",
+                    d.dims[0], d.name
+                ),
             });
         }
         let mut args = captured.clone();
@@ -684,7 +848,12 @@ fn run_loop(
         if p.len() != d.dims[0] {
             return Err(RuntimeError::Launch {
                 kernel: "loop".into(),
-                msg: format!("the loop ran {} steps, its stacked result `{}` was compiled for {}", p.len(), d.name, d.dims[0]),
+                msg: format!(
+                    "the loop ran {} steps, its stacked result `{}` was compiled for {}",
+                    p.len(),
+                    d.name,
+                    d.dims[0]
+                ),
             });
         }
         let dtype = DType::from_name(&d.dtype).expect("validated at load");
@@ -710,5 +879,6 @@ fn output_tensor(o: &TensorDesc, bytes: &[u8]) -> Result<Tensor> {
         kernel: "output".into(),
         msg: format!("output `{}` needs {n} bytes, its buffer has {}", o.name, bytes.len()),
     })?;
-    Tensor::from_bytes(dtype, &o.dims, bytes).map_err(|e| RuntimeError::Launch { kernel: "output".into(), msg: e.to_string() })
+    Tensor::from_bytes(dtype, &o.dims, bytes)
+        .map_err(|e| RuntimeError::Launch { kernel: "output".into(), msg: e.to_string() })
 }

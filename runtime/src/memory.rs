@@ -32,7 +32,11 @@ pub fn device_bytes(m: &crate::artifact::Manifest) -> Option<u64> {
 
 /// An error unless the program fits in the device's `total` memory, named by `device`.
 pub fn check_device(m: &crate::artifact::Manifest, device: &str, total: u64) -> Result<()> {
-    check(&format!("`{}` on {device} (its buffers in device memory)", m.model), device_bytes(m), total)
+    check(
+        &format!("`{}` on {device} (its buffers in device memory)", m.model),
+        device_bytes(m),
+        total,
+    )
 }
 
 #[cfg(test)]
@@ -44,7 +48,12 @@ mod tests {
         assert_eq!(bytes_of(&[1_000_000, 1_000_000], 4), Some(4_000_000_000_000));
         assert_eq!(bytes_of(&[usize::MAX, 2], 4), None);
         assert!(check("x", Some(10), 10).is_ok());
-        let e = check("input `x` (f32[1000000,1000000])", bytes_of(&[1_000_000, 1_000_000], 4), 1 << 30).unwrap_err();
+        let e = check(
+            "input `x` (f32[1000000,1000000])",
+            bytes_of(&[1_000_000, 1_000_000], 4),
+            1 << 30,
+        )
+        .unwrap_err();
         assert_eq!(
             e.to_string(),
             "input `x` (f32[1000000,1000000]) needs 4000000000000 bytes (3.6 TiB), more than the memory budget of 1073741824 bytes (1.0 GiB): the memory available, or --max-memory / LoadOptions::max_memory"

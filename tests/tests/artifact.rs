@@ -20,7 +20,8 @@ fn an_artifact_file_runs_through_the_runtime() {
     let (g, art) = compiled_mlp();
     let path = temp("mlp.kiln");
     art.write(&path).unwrap();
-    let exe = Executable::load_file(&path, &LoadOptions { threads: Some(2), ..Default::default() }).unwrap();
+    let exe = Executable::load_file(&path, &LoadOptions { threads: Some(2), ..Default::default() })
+        .unwrap();
     std::fs::remove_file(&path).unwrap();
     assert_eq!(exe.inputs()[0].name, "x");
     assert_eq!(exe.inputs()[0].dims, [2, 8]);
@@ -46,14 +47,18 @@ fn damaged_and_foreign_files_are_clear_errors() {
     let mut newer = bytes.clone();
     newer[8] = 99;
     assert!(err(&newer).contains("artifact format version 99, this runtime reads versions 2 to 4"));
-    let missing = Executable::load_file(std::path::Path::new("/nonexistent/m.kiln"), &LoadOptions::default()).err().unwrap();
+    let missing =
+        Executable::load_file(std::path::Path::new("/nonexistent/m.kiln"), &LoadOptions::default())
+            .err()
+            .unwrap();
     assert!(matches!(missing, RuntimeError::Io(_)), "{missing}");
 }
 
 #[test]
 fn the_runtime_checks_inputs() {
     let (_, art) = compiled_mlp();
-    let exe = Executable::load(art, &LoadOptions { threads: Some(1), ..Default::default() }).unwrap();
+    let exe =
+        Executable::load(art, &LoadOptions { threads: Some(1), ..Default::default() }).unwrap();
     let e = exe.run(&[]).unwrap_err().to_string();
     assert_eq!(e, "input `mlp`: expects 1 inputs (x: f32[2, 8]), 0 given");
     let e = exe.run(&[Tensor::zeros(DType::F32, &[3, 8])]).unwrap_err().to_string();
@@ -65,7 +70,8 @@ fn the_runtime_checks_inputs() {
 #[test]
 fn runs_reuse_the_arena_and_give_the_same_results() {
     let (_, art) = compiled_mlp();
-    let exe = Executable::load(art, &LoadOptions { threads: Some(2), ..Default::default() }).unwrap();
+    let exe =
+        Executable::load(art, &LoadOptions { threads: Some(2), ..Default::default() }).unwrap();
     let x = Tensor::random(DType::F32, &[2, 8], 9);
     let first = exe.run(&[x.clone()]).unwrap();
     let other = exe.run(&[Tensor::random(DType::F32, &[2, 8], 10)]).unwrap();

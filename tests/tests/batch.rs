@@ -22,7 +22,8 @@ fn cnn() -> Graph {
     let b = g.constant("b", Tensor::random(DType::F32, &[8], 2));
     let y = x.conv(w, Some(b), ConvOptions::default().pad(1)).relu().max_pool(2, 2, 0);
     let shape = g.apply(Op::Shape { start: 0, end: Some(1) }, &[Some(y)], 1)[0];
-    let target = g.concat(&[shape, g.constant("rest", Tensor::from_vec(&[1], vec![-1i64]).unwrap())], 0);
+    let target =
+        g.concat(&[shape, g.constant("rest", Tensor::from_vec(&[1], vec![-1i64]).unwrap())], 0);
     let flat = g.apply(Op::Reshape { allowzero: false }, &[Some(y), Some(target)], 1)[0];
     let fc = g.constant("fc", Tensor::random(DType::F32, &[10, 8 * 6 * 6], 3));
     let fb = g.constant("fb", Tensor::random(DType::F32, &[10], 4));
@@ -31,7 +32,10 @@ fn cnn() -> Graph {
 }
 
 fn inputs(n: usize) -> Vec<Tensor> {
-    vec![Tensor::random(DType::F32, &[n, 3, 12, 12], 10 + n as u64), Tensor::random(DType::F32, &[n, 10], 20 + n as u64)]
+    vec![
+        Tensor::random(DType::F32, &[n, 3, 12, 12], 10 + n as u64),
+        Tensor::random(DType::F32, &[n, 10], 20 + n as u64),
+    ]
 }
 
 fn close(got: &Tensor, want: &Tensor, what: &str) {
@@ -45,14 +49,21 @@ fn close(got: &Tensor, want: &Tensor, what: &str) {
 fn one_artifact_compiled_without_sizes_runs_batch_1_5_8_and_13() {
     let graph = cnn();
     let plan = batch::plan(&graph, &Options::default()).unwrap().expect("a symbolic batch");
-    assert_eq!(plan.to_string(), "batch `N` in 1..\n  batched inputs: x, bias\n  programs for batch 8, 4, 2, 1");
+    assert_eq!(
+        plan.to_string(),
+        "batch `N` in 1..\n  batched inputs: x, bias\n  programs for batch 8, 4, 2, 1"
+    );
     let compiled = compile(&graph, &Options { cache: false, ..Options::default() }, false).unwrap();
     let desc = compiled.artifact.manifest.batch.clone().expect("a batched artifact");
     assert_eq!(desc.programs.iter().map(|p| p.batch).collect::<Vec<_>>(), vec![8, 4, 2, 1]);
     // Through the file format, as `kiln compile` writes it and the runtime reads it.
     let art = Artifact::from_bytes(&compiled.artifact.to_bytes(), "cnn.kiln").unwrap();
     for threads in [1, 2] {
-        let exe = Executable::load(art.clone(), &LoadOptions { threads: Some(threads), ..Default::default() }).unwrap();
+        let exe = Executable::load(
+            art.clone(),
+            &LoadOptions { threads: Some(threads), ..Default::default() },
+        )
+        .unwrap();
         assert_eq!(exe.inputs()[0].dims, vec![1, 3, 12, 12], "one sample's sizes");
         for n in [1, 5, 8, 13] {
             let x = inputs(n);
@@ -74,13 +85,22 @@ fn one_artifact_compiled_without_sizes_runs_batch_1_5_8_and_13() {
     let mut distinct = blobs.clone();
     distinct.sort();
     distinct.dedup();
-    assert!(distinct.len() * 2 <= blobs.len(), "{} distinct constant blobs of {}", distinct.len(), blobs.len());
+    assert!(
+        distinct.len() * 2 <= blobs.len(),
+        "{} distinct constant blobs of {}",
+        distinct.len(),
+        blobs.len()
+    );
 }
 
 #[test]
 fn a_batch_range_bounds_the_programs_and_the_runs() {
     let graph = cnn();
-    let options = Options { cache: false, batch_ranges: [("x".to_string(), (1, 4, vec![0, 3, 12, 12]))].into(), ..Options::default() };
+    let options = Options {
+        cache: false,
+        batch_ranges: [("x".to_string(), (1, 4, vec![0, 3, 12, 12]))].into(),
+        ..Options::default()
+    };
     let compiled = compile(&graph, &options, false).unwrap();
     let desc = compiled.artifact.manifest.batch.clone().unwrap();
     assert_eq!(desc.programs.iter().map(|p| p.batch).collect::<Vec<_>>(), vec![4, 2, 1]);
@@ -140,7 +160,11 @@ fn models_that_mix_samples_are_refused_naming_the_node() {
 fn given_sizes_still_compile_one_static_program() {
     let compiled = compile(
         &cnn(),
-        &Options { cache: false, input_shapes: [("x".into(), vec![5, 3, 12, 12]), ("bias".into(), vec![5, 10])].into(), ..Options::default() },
+        &Options {
+            cache: false,
+            input_shapes: [("x".into(), vec![5, 3, 12, 12]), ("bias".into(), vec![5, 10])].into(),
+            ..Options::default()
+        },
         false,
     )
     .unwrap();

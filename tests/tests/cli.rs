@@ -8,9 +8,15 @@ use prost::Message;
 
 /// A model `y = relu(x)` whose input is declared with these dimensions (`None`: unnamed).
 fn relu_model(dims: &[Option<i64>]) -> Vec<u8> {
-    let dim = dims.iter().map(|d| tensor_shape_proto::Dimension { value: d.map(DimValue::DimValue) }).collect();
+    let dim = dims
+        .iter()
+        .map(|d| tensor_shape_proto::Dimension { value: d.map(DimValue::DimValue) })
+        .collect();
     let ty = |dim| TypeProto {
-        value: Some(type_proto::Value::TensorType(type_proto::Tensor { elem_type: Some(data_type::FLOAT), shape: Some(TensorShapeProto { dim }) })),
+        value: Some(type_proto::Value::TensorType(type_proto::Tensor {
+            elem_type: Some(data_type::FLOAT),
+            shape: Some(TensorShapeProto { dim }),
+        })),
     };
     let graph = GraphProto {
         name: Some("relu".into()),
@@ -36,7 +42,10 @@ fn model_bytes(graph: GraphProto) -> Vec<u8> {
 fn model_bytes_at(graph: GraphProto, opset: i64) -> Vec<u8> {
     ModelProto {
         ir_version: Some(8),
-        opset_import: vec![OperatorSetIdProto { domain: Some(String::new()), version: Some(opset) }],
+        opset_import: vec![OperatorSetIdProto {
+            domain: Some(String::new()),
+            version: Some(opset),
+        }],
         graph: Some(graph),
         ..Default::default()
     }
@@ -60,7 +69,9 @@ fn bench_binds_symbolic_sizes_from_input_files_and_negative_dims_are_symbols() {
     std::fs::write(&x, kiln_ir::npy::encode(&xt).unwrap()).unwrap();
     let (m, input) = (model.to_str().unwrap(), format!("x={}", x.display()));
     let common = ["--device", "cpu", "--threads", "1", "--warmup", "0", "--iters", "1", "--quiet"];
-    let args = |extra: &[&'static str]| -> Vec<String> { ["bench", m].iter().chain(&common).chain(extra).map(|s| s.to_string()).collect() };
+    let args = |extra: &[&'static str]| -> Vec<String> {
+        ["bench", m].iter().chain(&common).chain(extra).map(|s| s.to_string()).collect()
+    };
     let mut with_file = args(&["--input"]);
     with_file.push(input.clone());
     assert_eq!(kiln(&with_file), 0, "bench with the input from a file");
@@ -69,7 +80,20 @@ fn bench_binds_symbolic_sizes_from_input_files_and_negative_dims_are_symbols() {
     assert_eq!(kiln(&args(&[])), 1, "bench with no sizes for a symbolic input");
     // `run` takes the same file.
     let out = dir.join("out");
-    assert_eq!(kiln(&["run", m, "--device", "cpu", "--input", &input, "--output-dir", out.to_str().unwrap()]), 0, "run");
+    assert_eq!(
+        kiln(&[
+            "run",
+            m,
+            "--device",
+            "cpu",
+            "--input",
+            &input,
+            "--output-dir",
+            out.to_str().unwrap()
+        ]),
+        0,
+        "run"
+    );
     let y = kiln_ir::npy::decode(&std::fs::read(out.join("output_0.npy")).unwrap()).unwrap();
     let want: Vec<f32> = x_values.iter().map(|v| v.max(0.0)).collect();
     assert_eq!((y.dims(), y.as_slice::<f32>().unwrap()), (&[2, 3, 5][..], &want[..]));
@@ -85,24 +109,41 @@ fn compile_without_sizes_serves_any_batch_and_bench_picks_one() {
     std::fs::write(&model, relu_model(&[Some(-1), Some(3)])).unwrap();
     let art = dir.join("relu.kiln");
     let (m, a) = (model.to_str().unwrap(), art.to_str().unwrap());
-    assert_eq!(kiln(&["compile", m, "-o", a, "--no-cache", "--quiet"]), 0, "compile without --input-shape");
+    assert_eq!(
+        kiln(&["compile", m, "-o", a, "--no-cache", "--quiet"]),
+        0,
+        "compile without --input-shape"
+    );
     for n in [1usize, 5, 8] {
         let xt = Tensor::random(DType::F32, &[n, 3], n as u64);
         let x = dir.join(format!("x{n}.npy"));
         std::fs::write(&x, kiln_ir::npy::encode(&xt).unwrap()).unwrap();
         let out = dir.join(format!("out{n}"));
         let input = format!("x={}", x.display());
-        assert_eq!(kiln(&["run", a, "--input", &input, "--output-dir", out.to_str().unwrap(), "-q"]), 0, "run batch {n}");
+        assert_eq!(
+            kiln(&["run", a, "--input", &input, "--output-dir", out.to_str().unwrap(), "-q"]),
+            0,
+            "run batch {n}"
+        );
         let y = kiln_ir::npy::decode(&std::fs::read(out.join("output_0.npy")).unwrap()).unwrap();
         let want: Vec<f32> = xt.as_slice::<f32>().unwrap().iter().map(|v| v.max(0.0)).collect();
         assert_eq!((y.dims(), y.as_slice::<f32>().unwrap()), (&[n, 3][..], &want[..]), "batch {n}");
     }
-    let bench = ["bench", a, "--threads", "1", "--warmup", "0", "--iters", "1", "--quiet", "--input-shape"];
+    let bench =
+        ["bench", a, "--threads", "1", "--warmup", "0", "--iters", "1", "--quiet", "--input-shape"];
     assert_eq!(kiln(&[&bench[..], &["x=6,3"]].concat()), 0, "bench a batched artifact at batch 6");
     // A range: sizes outside it are refused at run time; a range that cannot hold is a usage error.
-    assert_eq!(kiln(&["compile", m, "-o", a, "--no-cache", "--quiet", "--input-shape", "x=1..4,3"]), 0, "compile a range");
+    assert_eq!(
+        kiln(&["compile", m, "-o", a, "--no-cache", "--quiet", "--input-shape", "x=1..4,3"]),
+        0,
+        "compile a range"
+    );
     assert_eq!(kiln(&[&bench[..], &["x=6,3"]].concat()), 1, "batch 6 outside 1..4");
-    assert_eq!(kiln(&["compile", m, "-o", a, "--no-cache", "--quiet", "--input-shape", "x=4..2,3"]), 1, "an empty range");
+    assert_eq!(
+        kiln(&["compile", m, "-o", a, "--no-cache", "--quiet", "--input-shape", "x=4..2,3"]),
+        1,
+        "an empty range"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -127,22 +168,31 @@ fn cache_attention_model() -> Vec<u8> {
             })),
         }
     };
-    let value = |name: &str, d: &[Result<i64, &str>]| ValueInfoProto { name: Some(name.into()), r#type: Some(dims(d)) };
-    let int = |name: &str, i: i64| AttributeProto { name: Some(name.into()), r#type: Some(attribute_type::INT), i: Some(i), ..Default::default() };
+    let value = |name: &str, d: &[Result<i64, &str>]| ValueInfoProto {
+        name: Some(name.into()),
+        r#type: Some(dims(d)),
+    };
+    let int = |name: &str, i: i64| AttributeProto {
+        name: Some(name.into()),
+        r#type: Some(attribute_type::INT),
+        i: Some(i),
+        ..Default::default()
+    };
     let ints = |name: &str, v: &[i64]| AttributeProto {
         name: Some(name.into()),
         r#type: Some(attribute_type::INTS),
         ints: v.to_vec(),
         ..Default::default()
     };
-    let node = |op: &str, inputs: &[&str], output: &str, attribute: Vec<AttributeProto>| NodeProto {
-        op_type: Some(op.into()),
-        name: Some(output.into()),
-        input: inputs.iter().map(|s| s.to_string()).collect(),
-        output: vec![output.into()],
-        attribute,
-        ..Default::default()
-    };
+    let node =
+        |op: &str, inputs: &[&str], output: &str, attribute: Vec<AttributeProto>| NodeProto {
+            op_type: Some(op.into()),
+            name: Some(output.into()),
+            input: inputs.iter().map(|s| s.to_string()).collect(),
+            output: vec![output.into()],
+            attribute,
+            ..Default::default()
+        };
     let graph = GraphProto {
         name: Some("cache_attention".into()),
         node: vec![
@@ -152,8 +202,14 @@ fn cache_attention_model() -> Vec<u8> {
             node("Softmax", &["scores"], "p", vec![int("axis", -1)]),
             node("MatMul", &["p", "present"], "y", vec![]),
         ],
-        input: vec![value("x", &[Ok(1), Ok(1), Ok(4)]), value("past", &[Ok(1), Err("past"), Ok(4)])],
-        output: vec![value("y", &[Ok(1), Ok(1), Ok(4)]), value("present", &[Ok(1), Err("past_1"), Ok(4)])],
+        input: vec![
+            value("x", &[Ok(1), Ok(1), Ok(4)]),
+            value("past", &[Ok(1), Err("past"), Ok(4)]),
+        ],
+        output: vec![
+            value("y", &[Ok(1), Ok(1), Ok(4)]),
+            value("present", &[Ok(1), Err("past_1"), Ok(4)]),
+        ],
         ..Default::default()
     };
     model_bytes(graph)
@@ -168,11 +224,22 @@ fn compile_with_a_max_size_serves_every_length_up_to_it() {
     let art = dir.join("cache.kiln");
     let (m, a) = (model.to_str().unwrap(), art.to_str().unwrap());
     // Without sizes `past` is not a batch (not leading): refused, and --max-size compiles it.
-    assert_eq!(kiln(&["compile", m, "-o", a, "--no-cache", "--quiet"]), 1, "compile with `past` unknown");
-    assert_eq!(kiln(&["compile", m, "-o", a, "--no-cache", "--quiet", "--max-size", "past=16"]), 0, "compile up to 16");
+    assert_eq!(
+        kiln(&["compile", m, "-o", a, "--no-cache", "--quiet"]),
+        1,
+        "compile with `past` unknown"
+    );
+    assert_eq!(
+        kiln(&["compile", m, "-o", a, "--no-cache", "--quiet", "--max-size", "past=16"]),
+        0,
+        "compile up to 16"
+    );
     let graph = kiln_ir::onnx::load(&model).unwrap().graph;
     for past in [0usize, 3, 16] {
-        let xs = [Tensor::random(DType::F32, &[1, 1, 4], 1 + past as u64), Tensor::random(DType::F32, &[1, past, 4], 2 + past as u64)];
+        let xs = [
+            Tensor::random(DType::F32, &[1, 1, 4], 1 + past as u64),
+            Tensor::random(DType::F32, &[1, past, 4], 2 + past as u64),
+        ];
         let mut args: Vec<String> = vec!["run".into(), a.into(), "-q".into()];
         for (name, t) in ["x", "past"].iter().zip(&xs) {
             let f = dir.join(format!("{name}{past}.npy"));
@@ -184,7 +251,9 @@ fn compile_with_a_max_size_serves_every_length_up_to_it() {
         assert_eq!(kiln(&args), 0, "run past {past}");
         let want = kiln_ir::eval::run(&graph, &xs).unwrap();
         for (k, w) in want.iter().enumerate() {
-            let y = kiln_ir::npy::decode(&std::fs::read(out.join(format!("output_{k}.npy"))).unwrap()).unwrap();
+            let y =
+                kiln_ir::npy::decode(&std::fs::read(out.join(format!("output_{k}.npy"))).unwrap())
+                    .unwrap();
             assert_eq!(y.dims(), w.dims(), "past {past}, output {k}");
             for (g, w) in y.to_f64s().iter().zip(w.to_f64s()) {
                 assert!((g - w).abs() < 1e-5, "past {past}, output {k}: {g} vs {w}");
@@ -192,8 +261,16 @@ fn compile_with_a_max_size_serves_every_length_up_to_it() {
         }
     }
     // A symbol the model does not have, and a malformed flag: usage errors.
-    assert_eq!(kiln(&["compile", m, "-o", a, "--no-cache", "--quiet", "--max-size", "seq=16"]), 1, "no symbol `seq`");
-    assert_eq!(kiln(&["compile", m, "-o", a, "--no-cache", "--quiet", "--max-size", "past"]), 1, "no size");
+    assert_eq!(
+        kiln(&["compile", m, "-o", a, "--no-cache", "--quiet", "--max-size", "seq=16"]),
+        1,
+        "no symbol `seq`"
+    );
+    assert_eq!(
+        kiln(&["compile", m, "-o", a, "--no-cache", "--quiet", "--max-size", "past"]),
+        1,
+        "no size"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -218,10 +295,19 @@ fn info_fails_on_a_model_that_does_not_import_and_newer_opsets_need_a_flag() {
     let newer = write("newer.onnx", model_bytes_at(graph, 99));
     assert_eq!(kiln(&["info", &newer]), 1, "info on opset 99");
     let x = dir.join("x.npy");
-    std::fs::write(&x, kiln_ir::npy::encode(&Tensor::random(DType::F32, &[2], 1)).unwrap()).unwrap();
+    std::fs::write(&x, kiln_ir::npy::encode(&Tensor::random(DType::F32, &[2], 1)).unwrap())
+        .unwrap();
     let input = format!("x={}", x.display());
-    assert_eq!(kiln(&["run", &newer, "--device", "cpu", "--input", &input, "-q"]), 1, "run on opset 99");
-    assert_eq!(kiln(&["run", &newer, "--device", "cpu", "--input", &input, "-q", "--allow-newer-opsets"]), 0, "run with the flag");
+    assert_eq!(
+        kiln(&["run", &newer, "--device", "cpu", "--input", &input, "-q"]),
+        1,
+        "run on opset 99"
+    );
+    assert_eq!(
+        kiln(&["run", &newer, "--device", "cpu", "--input", &input, "-q", "--allow-newer-opsets"]),
+        0,
+        "run with the flag"
+    );
     assert_eq!(kiln(&["info", &newer, "--allow-newer-opsets"]), 0, "info with the flag");
     std::fs::remove_dir_all(&dir).unwrap();
 }
@@ -233,7 +319,13 @@ fn models_and_inputs_larger_than_memory_are_refused_not_aborted() {
     let x = g.input("x", DType::F32, [1]);
     g.output("y", x.expand(&[100000, 100000, 100]));
     let graph = g.build().unwrap();
-    let art = kiln_compiler::compile(&graph, &kiln_compiler::Options { cache: false, ..Default::default() }, false).unwrap().artifact;
+    let art = kiln_compiler::compile(
+        &graph,
+        &kiln_compiler::Options { cache: false, ..Default::default() },
+        false,
+    )
+    .unwrap()
+    .artifact;
     let load = kiln_runtime::LoadOptions { max_memory: Some(1 << 30), ..Default::default() };
     let e = kiln_runtime::Executable::load(art.clone(), &load).err().expect("refused").to_string();
     assert_eq!(
@@ -246,14 +338,26 @@ fn models_and_inputs_larger_than_memory_are_refused_not_aborted() {
     let g = kiln_ir::builder::GraphBuilder::new("mlp");
     let x = g.input("x", DType::F32, vec![kiln_ir::Dim::sym("N"), 64.into()]);
     g.output("y", x.matmul(g.constant("w", Tensor::random(DType::F32, &[64, 512], 1))).relu());
-    let batched =
-        kiln_compiler::compile(&g.build().unwrap(), &kiln_compiler::Options { cache: false, ..Default::default() }, false).unwrap().artifact;
+    let batched = kiln_compiler::compile(
+        &g.build().unwrap(),
+        &kiln_compiler::Options { cache: false, ..Default::default() },
+        false,
+    )
+    .unwrap()
+    .artifact;
     let programs = &batched.manifest.batch.as_ref().unwrap().programs;
     let whole = kiln_runtime::Executable::memory_needed(&batched.manifest).unwrap();
-    let largest = programs.iter().map(|p| kiln_runtime::Executable::memory_needed(&p.manifest).unwrap()).max().unwrap();
+    let largest = programs
+        .iter()
+        .map(|p| kiln_runtime::Executable::memory_needed(&p.manifest).unwrap())
+        .max()
+        .unwrap();
     assert!(whole > largest, "{whole} > {largest}");
     for (max, fits) in [(whole, true), (whole - 1, false)] {
-        let r = kiln_runtime::Executable::load(batched.clone(), &kiln_runtime::LoadOptions { max_memory: Some(max), ..Default::default() });
+        let r = kiln_runtime::Executable::load(
+            batched.clone(),
+            &kiln_runtime::LoadOptions { max_memory: Some(max), ..Default::default() },
+        );
         assert_eq!(r.is_ok(), fits, "a budget of {max} bytes for {whole}");
     }
     // From the command line: an input declared 1000000 x 1000000 and the Expand, each refused
@@ -263,12 +367,41 @@ fn models_and_inputs_larger_than_memory_are_refused_not_aborted() {
     let huge = dir.join("huge.onnx");
     std::fs::write(&huge, relu_model(&[Some(1_000_000), Some(1_000_000)])).unwrap();
     let h = huge.to_str().unwrap();
-    let bench = ["bench", h, "--device", "cpu", "--threads", "1", "--warmup", "0", "--iters", "1", "--quiet"];
+    let bench = [
+        "bench",
+        h,
+        "--device",
+        "cpu",
+        "--threads",
+        "1",
+        "--warmup",
+        "0",
+        "--iters",
+        "1",
+        "--quiet",
+    ];
     assert_eq!(kiln(&bench), 1, "bench on a 4 TB input");
-    assert_eq!(kiln(&[&bench[..], &["--max-memory", "1G"]].concat()), 1, "bench on a 4 TB input, 1 GiB budget");
-    assert_eq!(kiln(&[&bench[..], &["--max-memory", "lots"]].concat()), 2, "a budget that is not a size");
+    assert_eq!(
+        kiln(&[&bench[..], &["--max-memory", "1G"]].concat()),
+        1,
+        "bench on a 4 TB input, 1 GiB budget"
+    );
+    assert_eq!(
+        kiln(&[&bench[..], &["--max-memory", "lots"]].concat()),
+        2,
+        "a budget that is not a size"
+    );
     // What bench says for it, at a budget of 1 GiB.
-    let e = kiln_compiler::tune::random_input("x", DType::F32, &[1_000_000, 1_000_000], 1, &mut (1 << 30)).err().unwrap().to_string();
+    let e = kiln_compiler::tune::random_input(
+        "x",
+        DType::F32,
+        &[1_000_000, 1_000_000],
+        1,
+        &mut (1 << 30),
+    )
+    .err()
+    .unwrap()
+    .to_string();
     assert_eq!(
         e,
         "random input `x` (f32[1000000,1000000]) needs 4000000000000 bytes (3.6 TiB), more than the memory budget of 1073741824 bytes (1.0 GiB): the memory available, or --max-memory / LoadOptions::max_memory"
@@ -278,7 +411,10 @@ fn models_and_inputs_larger_than_memory_are_refused_not_aborted() {
 
 #[test]
 fn a_model_larger_than_the_opencl_device_is_refused_at_load() {
-    if !kiln_runtime::list_devices().iter().any(|d| d.target == kiln_runtime::Target::Opencl && d.usable) {
+    if !kiln_runtime::list_devices()
+        .iter()
+        .any(|d| d.target == kiln_runtime::Target::Opencl && d.usable)
+    {
         eprintln!("SKIPPED: no OpenCL device (run `eval \"$(scripts/setup-opencl.sh)\"`); the device-memory check was not exercised");
         return;
     }
@@ -286,10 +422,18 @@ fn a_model_larger_than_the_opencl_device_is_refused_at_load() {
     let g = kiln_ir::builder::GraphBuilder::new("wide");
     let x = g.input("x", DType::F32, [80000, 100000]);
     g.output("y", x.relu());
-    let options = kiln_compiler::Options { cache: false, target: kiln_compiler::TargetKind::Opencl, ..Default::default() };
+    let options = kiln_compiler::Options {
+        cache: false,
+        target: kiln_compiler::TargetKind::Opencl,
+        ..Default::default()
+    };
     let art = kiln_compiler::compile(&g.build().unwrap(), &options, false).unwrap().artifact;
     // No host budget: the device's own memory refuses it.
     let load = kiln_runtime::LoadOptions { max_memory: Some(u64::MAX), ..Default::default() };
     let e = kiln_runtime::Executable::load(art, &load).err().expect("refused").to_string();
-    assert!(e.starts_with("`wide` on ") && e.contains("(its buffers in device memory) needs 64000000000 bytes (59.6 GiB)"), "{e}");
+    assert!(
+        e.starts_with("`wide` on ")
+            && e.contains("(its buffers in device memory) needs 64000000000 bytes (59.6 GiB)"),
+        "{e}"
+    );
 }

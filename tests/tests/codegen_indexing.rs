@@ -4,7 +4,9 @@
 //! to be split into workgroups.
 
 use kiln_ir::builder::GraphBuilder;
-use kiln_ir::op::{CoordinateTransform, NearestMode, PadMode, Resize, ResizeMode, ScatterReduction};
+use kiln_ir::op::{
+    CoordinateTransform, NearestMode, PadMode, Resize, ResizeMode, ScatterReduction,
+};
 use kiln_ir::{DType, Graph, Op, Tensor};
 
 use crate::compile::check_against_eval;
@@ -63,7 +65,9 @@ use Operand::{Absent, Const, Input};
 
 #[test]
 fn gather_elements_negative_indices_and_dtypes() {
-    for (dtype, axis) in [(DType::F32, 1), (DType::F16, 0), (DType::U8, -1), (DType::Bool, 2), (DType::I64, 1)] {
+    for (dtype, axis) in
+        [(DType::F32, 1), (DType::F16, 0), (DType::U8, -1), (DType::Bool, 2), (DType::I64, 1)]
+    {
         let x = Tensor::random(dtype, &[3, 4, 5], 1);
         let a = if axis < 0 { 2 } else { axis as usize };
         let n = [3, 4, 5][a] as i64;
@@ -115,7 +119,13 @@ fn scatter_elements_applies_duplicates_in_order() {
             // Many updates on few positions: duplicates everywhere.
             let idx = i64s(&[3, 5], ints(15, -n, n, 3));
             let upd = Tensor::random(dtype, &[3, 5], 12);
-            check_op(Op::ScatterElements { axis, reduction }, x, vec![Input(idx), Input(upd)], 1, 0.0);
+            check_op(
+                Op::ScatterElements { axis, reduction },
+                x,
+                vec![Input(idx), Input(upd)],
+                1,
+                0.0,
+            );
         }
     }
 }
@@ -126,7 +136,13 @@ fn scatter_elements_with_nan_max() {
     let idx = i64s(&[5], vec![0, 1, 2, 3, 0]);
     let upd = Tensor::from_vec(&[5], vec![f32::NAN, 5.0f32, 0.0, 1.0, 7.0]).unwrap();
     for reduction in [ScatterReduction::Max, ScatterReduction::Min] {
-        check_op(Op::ScatterElements { axis: 0, reduction }, x.clone(), vec![Input(idx.clone()), Input(upd.clone())], 1, 0.0);
+        check_op(
+            Op::ScatterElements { axis: 0, reduction },
+            x.clone(),
+            vec![Input(idx.clone()), Input(upd.clone())],
+            1,
+            0.0,
+        );
     }
 }
 
@@ -153,7 +169,13 @@ fn scatter_large_runs_as_one_workgroup() {
     let x = Tensor::random(DType::F32, &[256, 128], 1);
     let idx = i64s(&[64, 128], ints(64 * 128, -256, 256, 9));
     let upd = Tensor::random(DType::F32, &[64, 128], 2);
-    check_op(Op::ScatterElements { axis: 0, reduction: ScatterReduction::Add }, x, vec![Input(idx), Input(upd)], 4, 1e-6);
+    check_op(
+        Op::ScatterElements { axis: 0, reduction: ScatterReduction::Add },
+        x,
+        vec![Input(idx), Input(upd)],
+        4,
+        1e-6,
+    );
 }
 
 #[test]
@@ -201,18 +223,42 @@ fn pad_modes_negative_pads_and_axes() {
     // Other dtypes, without a pad value (zero) and with one.
     for dtype in [DType::I64, DType::F16, DType::Bool, DType::U16] {
         let x = Tensor::random(dtype, &[2, 3, 2], 3);
-        check_op(Op::Pad { mode: PadMode::Constant }, x.clone(), vec![Const(i64s(&[6], vec![0, 1, 1, 1, 0, 2]))], 1, 0.0);
-        check_op(Op::Pad { mode: PadMode::Reflect }, x, vec![Const(i64s(&[6], vec![1, 2, 1, 1, 4, 1]))], 1, 0.0);
+        check_op(
+            Op::Pad { mode: PadMode::Constant },
+            x.clone(),
+            vec![Const(i64s(&[6], vec![0, 1, 1, 1, 0, 2]))],
+            1,
+            0.0,
+        );
+        check_op(
+            Op::Pad { mode: PadMode::Reflect },
+            x,
+            vec![Const(i64s(&[6], vec![1, 2, 1, 1, 4, 1]))],
+            1,
+            0.0,
+        );
     }
     let x = Tensor::random(DType::I32, &[2, 3], 3);
-    check_op(Op::Pad { mode: PadMode::Constant }, x, vec![Const(i64s(&[4], vec![1, 1, 1, 1])), Input(Tensor::vector(&[-7i32]))], 1, 0.0);
+    check_op(
+        Op::Pad { mode: PadMode::Constant },
+        x,
+        vec![Const(i64s(&[4], vec![1, 1, 1, 1])), Input(Tensor::vector(&[-7i32]))],
+        1,
+        0.0,
+    );
 }
 
 #[test]
 fn pad_large_image_in_workgroups() {
     for mode in [PadMode::Constant, PadMode::Reflect, PadMode::Edge, PadMode::Wrap] {
         let x = Tensor::random(DType::F32, &[1, 3, 96, 80], 4);
-        check_op(Op::Pad { mode }, x, vec![Const(i64s(&[8], vec![0, 0, 3, 2, 0, 0, 4, 5]))], 4, 0.0);
+        check_op(
+            Op::Pad { mode },
+            x,
+            vec![Const(i64s(&[8], vec![0, 0, 3, 2, 0, 0, 4, 5]))],
+            4,
+            0.0,
+        );
     }
 }
 
@@ -222,10 +268,22 @@ fn one_hot_axes_and_index_types() {
     let idx = Tensor::from_vec(&[2, 3], vec![0.0f32, 2.7, -1.0, 5.0, -6.0, 3.9]).unwrap();
     let values = Tensor::vector(&[0.5f32, 3.0]);
     for axis in [-1i64, 0, 1] {
-        check_op(Op::OneHot { axis }, idx.clone(), vec![Const(Tensor::scalar(5i64)), Input(values.clone())], 1, 0.0);
+        check_op(
+            Op::OneHot { axis },
+            idx.clone(),
+            vec![Const(Tensor::scalar(5i64)), Input(values.clone())],
+            1,
+            0.0,
+        );
     }
     let idx = i32s(&[4], vec![1, -2, 3, 9]);
-    check_op(Op::OneHot { axis: 0 }, idx, vec![Const(Tensor::vector(&[4i64])), Input(Tensor::vector(&[7i64, -3]))], 1, 0.0);
+    check_op(
+        Op::OneHot { axis: 0 },
+        idx,
+        vec![Const(Tensor::vector(&[4i64])), Input(Tensor::vector(&[7i64, -3]))],
+        1,
+        0.0,
+    );
 }
 
 #[test]
@@ -261,7 +319,13 @@ fn depth_to_space_and_back() {
 
 #[test]
 fn eye_like_diagonals_and_dtypes() {
-    for (dtype, k) in [(None, 0i64), (Some(DType::I32), -1), (Some(DType::Bool), 2), (Some(DType::F16), 7), (None, i64::MIN)] {
+    for (dtype, k) in [
+        (None, 0i64),
+        (Some(DType::I32), -1),
+        (Some(DType::Bool), 2),
+        (Some(DType::F16), 7),
+        (None, i64::MIN),
+    ] {
         let x = Tensor::random(DType::F32, &[4, 6], 1);
         check_op(Op::EyeLike { dtype, k }, x, vec![], 1, 0.0);
     }
@@ -270,9 +334,21 @@ fn eye_like_diagonals_and_dtypes() {
 #[test]
 fn reverse_sequence_both_layouts() {
     let x = Tensor::random(DType::F32, &[4, 3, 2], 1);
-    check_op(Op::ReverseSequence { batch_axis: 1, time_axis: 0 }, x, vec![Input(i64s(&[3], vec![4, 0, 2]))], 1, 0.0);
+    check_op(
+        Op::ReverseSequence { batch_axis: 1, time_axis: 0 },
+        x,
+        vec![Input(i64s(&[3], vec![4, 0, 2]))],
+        1,
+        0.0,
+    );
     let x = Tensor::random(DType::I16, &[3, 5], 2);
-    check_op(Op::ReverseSequence { batch_axis: 0, time_axis: 1 }, x, vec![Input(i32s(&[3], vec![1, 5, 3]))], 1, 0.0);
+    check_op(
+        Op::ReverseSequence { batch_axis: 0, time_axis: 1 },
+        x,
+        vec![Input(i32s(&[3], vec![1, 5, 3]))],
+        1,
+        0.0,
+    );
 }
 
 /// Range and ConstantOfShape are folded unless their result is larger than the folding limit.
@@ -299,7 +375,15 @@ fn resize(mode: ResizeMode, ct: CoordinateTransform) -> Resize {
 }
 
 /// Resize of `x` by scales (f32) or sizes (i64), on all axes or on `axes`.
-fn check_resize(r: Resize, x: Tensor, roi: Option<Vec<f32>>, scales: Option<Vec<f32>>, sizes: Option<Vec<i64>>, threads: usize, tol: f64) {
+fn check_resize(
+    r: Resize,
+    x: Tensor,
+    roi: Option<Vec<f32>>,
+    scales: Option<Vec<f32>>,
+    sizes: Option<Vec<i64>>,
+    threads: usize,
+    tol: f64,
+) {
     let roi = roi.map_or(Absent, |v| Const(Tensor::vector(&v)));
     let scales = scales.map_or(Absent, |v| Const(Tensor::vector(&v)));
     let sizes = sizes.map_or(Absent, |v| Const(Tensor::vector(&v)));
@@ -309,17 +393,39 @@ fn check_resize(r: Resize, x: Tensor, roi: Option<Vec<f32>>, scales: Option<Vec<
 #[test]
 fn resize_modes_and_transforms() {
     use CoordinateTransform as C;
-    let transforms = [C::HalfPixel, C::HalfPixelSymmetric, C::PytorchHalfPixel, C::AlignCorners, C::Asymmetric];
+    let transforms =
+        [C::HalfPixel, C::HalfPixelSymmetric, C::PytorchHalfPixel, C::AlignCorners, C::Asymmetric];
     for mode in [ResizeMode::Nearest, ResizeMode::Linear, ResizeMode::Cubic] {
         for ct in transforms {
             let x = Tensor::random(DType::F32, &[1, 2, 4, 5], 1);
-            check_resize(resize(mode, ct), x.clone(), None, Some(vec![1.0, 1.0, 1.7, 0.6]), None, 1, 1e-6);
+            check_resize(
+                resize(mode, ct),
+                x.clone(),
+                None,
+                Some(vec![1.0, 1.0, 1.7, 0.6]),
+                None,
+                1,
+                1e-6,
+            );
             check_resize(resize(mode, ct), x, None, None, Some(vec![1, 2, 3, 9]), 1, 1e-6);
         }
     }
-    for nearest_mode in [NearestMode::RoundPreferFloor, NearestMode::RoundPreferCeil, NearestMode::Floor, NearestMode::Ceil] {
+    for nearest_mode in [
+        NearestMode::RoundPreferFloor,
+        NearestMode::RoundPreferCeil,
+        NearestMode::Floor,
+        NearestMode::Ceil,
+    ] {
         let r = Resize { nearest_mode, ..resize(ResizeMode::Nearest, C::Asymmetric) };
-        check_resize(r, Tensor::random(DType::F32, &[1, 1, 3, 4], 2), None, Some(vec![1.0, 1.0, 2.5, 1.5]), None, 1, 0.0);
+        check_resize(
+            r,
+            Tensor::random(DType::F32, &[1, 1, 3, 4], 2),
+            None,
+            Some(vec![1.0, 1.0, 2.5, 1.5]),
+            None,
+            1,
+            0.0,
+        );
     }
 }
 
@@ -327,19 +433,61 @@ fn resize_modes_and_transforms() {
 fn resize_antialias_exclude_outside_and_axes() {
     for mode in [ResizeMode::Linear, ResizeMode::Cubic] {
         let r = Resize { antialias: true, ..resize(mode, CoordinateTransform::HalfPixel) };
-        check_resize(r, Tensor::random(DType::F32, &[1, 1, 16, 12], 3), None, Some(vec![1.0, 1.0, 0.3, 0.6]), None, 1, 1e-6);
+        check_resize(
+            r,
+            Tensor::random(DType::F32, &[1, 1, 16, 12], 3),
+            None,
+            Some(vec![1.0, 1.0, 0.3, 0.6]),
+            None,
+            1,
+            1e-6,
+        );
     }
-    let r = Resize { exclude_outside: true, cubic_coeff_a: -0.5, ..resize(ResizeMode::Cubic, CoordinateTransform::HalfPixel) };
-    check_resize(r, Tensor::random(DType::F32, &[1, 1, 4, 4], 4), None, Some(vec![1.0, 1.0, 0.8, 1.6]), None, 1, 1e-6);
-    let r = Resize { axes: vec![3, 2], ..resize(ResizeMode::Linear, CoordinateTransform::AlignCorners) };
-    check_resize(r, Tensor::random(DType::F32, &[2, 1, 4, 4], 5), None, None, Some(vec![7, 3]), 1, 1e-6);
+    let r = Resize {
+        exclude_outside: true,
+        cubic_coeff_a: -0.5,
+        ..resize(ResizeMode::Cubic, CoordinateTransform::HalfPixel)
+    };
+    check_resize(
+        r,
+        Tensor::random(DType::F32, &[1, 1, 4, 4], 4),
+        None,
+        Some(vec![1.0, 1.0, 0.8, 1.6]),
+        None,
+        1,
+        1e-6,
+    );
+    let r = Resize {
+        axes: vec![3, 2],
+        ..resize(ResizeMode::Linear, CoordinateTransform::AlignCorners)
+    };
+    check_resize(
+        r,
+        Tensor::random(DType::F32, &[2, 1, 4, 4], 5),
+        None,
+        None,
+        Some(vec![7, 3]),
+        1,
+        1e-6,
+    );
 }
 
 #[test]
 fn resize_tf_crop_and_resize_extrapolates() {
-    let r = Resize { extrapolation_value: 10.0, ..resize(ResizeMode::Linear, CoordinateTransform::TfCropAndResize) };
+    let r = Resize {
+        extrapolation_value: 10.0,
+        ..resize(ResizeMode::Linear, CoordinateTransform::TfCropAndResize)
+    };
     let roi = vec![0.0, 0.0, 0.4, -0.2, 1.0, 1.0, 1.2, 0.7];
-    check_resize(r, Tensor::random(DType::F32, &[1, 1, 5, 5], 6), Some(roi), None, Some(vec![1, 1, 4, 6]), 1, 1e-6);
+    check_resize(
+        r,
+        Tensor::random(DType::F32, &[1, 1, 5, 5], 6),
+        Some(roi),
+        None,
+        Some(vec![1, 1, 4, 6]),
+        1,
+        1e-6,
+    );
 }
 
 #[test]
@@ -353,10 +501,23 @@ fn resize_integer_and_half_outputs() {
             DType::I8 => 28.0,
             _ => 1.0,
         };
-        let x = Tensor::from_f64s(dtype, x.dims(), &x.to_f64s().iter().map(|v| v * spread).collect::<Vec<_>>()).unwrap();
+        let x = Tensor::from_f64s(
+            dtype,
+            x.dims(),
+            &x.to_f64s().iter().map(|v| v * spread).collect::<Vec<_>>(),
+        )
+        .unwrap();
         for mode in [ResizeMode::Nearest, ResizeMode::Linear, ResizeMode::Cubic] {
             let tol = if dtype == DType::F16 { 1e-3 } else { 0.0 };
-            check_resize(resize(mode, CoordinateTransform::HalfPixel), x.clone(), None, Some(vec![1.0, 1.0, 2.0, 1.5]), None, 1, tol);
+            check_resize(
+                resize(mode, CoordinateTransform::HalfPixel),
+                x.clone(),
+                None,
+                Some(vec![1.0, 1.0, 2.0, 1.5]),
+                None,
+                1,
+                tol,
+            );
         }
     }
 }
@@ -364,6 +525,22 @@ fn resize_integer_and_half_outputs() {
 #[test]
 fn resize_large_upsample_in_workgroups() {
     let x = Tensor::random(DType::F32, &[1, 3, 40, 50], 8);
-    check_resize(resize(ResizeMode::Linear, CoordinateTransform::HalfPixel), x.clone(), None, Some(vec![1.0, 1.0, 2.0, 2.0]), None, 4, 1e-6);
-    check_resize(resize(ResizeMode::Nearest, CoordinateTransform::Asymmetric), x, None, Some(vec![1.0, 1.0, 3.0, 3.0]), None, 4, 0.0);
+    check_resize(
+        resize(ResizeMode::Linear, CoordinateTransform::HalfPixel),
+        x.clone(),
+        None,
+        Some(vec![1.0, 1.0, 2.0, 2.0]),
+        None,
+        4,
+        1e-6,
+    );
+    check_resize(
+        resize(ResizeMode::Nearest, CoordinateTransform::Asymmetric),
+        x,
+        None,
+        Some(vec![1.0, 1.0, 3.0, 3.0]),
+        None,
+        4,
+        0.0,
+    );
 }

@@ -7,9 +7,12 @@ use kiln_runtime::LoadOptions;
 
 /// Compiles `graph`, runs it with `threads` threads, and checks every output against `ir::eval`.
 pub(crate) fn check_against_eval(graph: &Graph, inputs: &[Tensor], threads: usize, tol: f64) {
-    let exe =
-        kiln_compiler::jit(graph, &Options { cache: false, ..Options::default() }, &LoadOptions { threads: Some(threads), ..Default::default() })
-            .unwrap_or_else(|e| panic!("compile failed: {e}"));
+    let exe = kiln_compiler::jit(
+        graph,
+        &Options { cache: false, ..Options::default() },
+        &LoadOptions { threads: Some(threads), ..Default::default() },
+    )
+    .unwrap_or_else(|e| panic!("compile failed: {e}"));
     let got = exe.run(inputs).unwrap_or_else(|e| panic!("run failed: {e}"));
     let want = eval::run(graph, inputs).expect("the interpreter runs the graph");
     assert_eq!(got.len(), want.len());
@@ -55,7 +58,12 @@ fn a_softmax_whose_workgroup_loop_bufferises_apart_runs_as_one_workgroup() {
     let g = GraphBuilder::new("softmax");
     let x = g.input("x", DType::F32, [12, 128, 128]);
     g.output("y", x.softmax(-1));
-    check_against_eval(&g.build().unwrap(), &[Tensor::random(DType::F32, &[12, 128, 128], 1)], 2, 1e-5);
+    check_against_eval(
+        &g.build().unwrap(),
+        &[Tensor::random(DType::F32, &[12, 128, 128], 1)],
+        2,
+        1e-5,
+    );
 }
 
 /// One graph holding every op of the elementwise tables (`UnaryOp::ALL`, `BinaryOp::ALL`), each

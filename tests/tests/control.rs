@@ -37,7 +37,10 @@ fn vad_like(n: Dim, else_width: usize) -> Graph {
     let h = x.tanh();
     let rate = g.constant("rate", Tensor::scalar::<i64>(16000));
     let cond = g.apply(Op::Binary(BinaryOp::Equal), &[Some(sr), Some(rate)], 1)[0].named("cond");
-    let op = Op::If { then_branch: branch("then_g", true, 8, 1), else_branch: branch("else_g", false, else_width, 2) };
+    let op = Op::If {
+        then_branch: branch("then_g", true, 8, 1),
+        else_branch: branch("else_g", false, else_width, 2),
+    };
     let r = g.apply(op, &[Some(cond), Some(h)], 1)[0].named("r");
     g.output("y", r.softmax(-1));
     g.output("side", h.exp());
@@ -60,7 +63,11 @@ fn close(got: &[Tensor], want: &[Tensor], what: &str) {
 }
 
 fn sized(n: usize) -> Options {
-    Options { cache: false, input_shapes: [("x".to_string(), vec![n, 16])].into(), ..Options::default() }
+    Options {
+        cache: false,
+        input_shapes: [("x".to_string(), vec![n, 16])].into(),
+        ..Options::default()
+    }
 }
 
 #[test]
@@ -68,16 +75,26 @@ fn an_if_on_a_computed_condition_compiles_once_and_runs_either_branch() {
     let graph = vad_like(Dim::sym("N"), 8);
     let compiled = compile(&graph, &sized(3), true).unwrap();
     // The split: what runs before the If, the two branches, what runs after it.
-    let plan = compiled.stages[kiln_compiler::Stage::Fused].split("\n\n").next().unwrap().to_string();
+    let plan =
+        compiled.stages[kiln_compiler::Stage::Fused].split("\n\n").next().unwrap().to_string();
     insta::assert_snapshot!("vad_like_control_split", plan);
-    let control = compiled.artifact.manifest.control.as_ref().expect("control flow in the artifact");
+    let control =
+        compiled.artifact.manifest.control.as_ref().expect("control flow in the artifact");
     assert_eq!(control.programs.len(), 4);
     let art = Artifact::from_bytes(&compiled.artifact.to_bytes(), "vad.kiln").unwrap();
     for threads in [1, 2] {
-        let exe = Executable::load(art.clone(), &LoadOptions { threads: Some(threads), ..Default::default() }).unwrap();
+        let exe = Executable::load(
+            art.clone(),
+            &LoadOptions { threads: Some(threads), ..Default::default() },
+        )
+        .unwrap();
         for sr in [16000, 8000, 16000] {
             let x = inputs(3, sr);
-            close(&exe.run(&x).unwrap(), &eval::run(&graph, &x).unwrap(), &format!("sr {sr}, {threads} threads"));
+            close(
+                &exe.run(&x).unwrap(),
+                &eval::run(&graph, &x).unwrap(),
+                &format!("sr {sr}, {threads} threads"),
+            );
         }
     }
     // The branches differ, so the runs above did take both.
@@ -85,7 +102,10 @@ fn an_if_on_a_computed_condition_compiles_once_and_runs_either_branch() {
     let (a, b) = (exe.run(&inputs(3, 16000)).unwrap(), exe.run(&inputs(3, 8000)).unwrap());
     assert_ne!(a[2].to_f64s(), b[2].to_f64s());
     // A wrong input is refused before any program runs.
-    let e = exe.run(&[Tensor::random(DType::F32, &[4, 16], 1), Tensor::scalar::<i64>(1)]).unwrap_err().to_string();
+    let e = exe
+        .run(&[Tensor::random(DType::F32, &[4, 16], 1), Tensor::scalar::<i64>(1)])
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("expected f32[3, 16], got f32[4,16]") || e.contains("`x`"), "{e}");
 }
 
@@ -94,11 +114,22 @@ fn an_if_inside_a_symbolic_batch_runs_any_batch() {
     let graph = vad_like(Dim::sym("N"), 8);
     let compiled = compile(&graph, &Options { cache: false, ..Options::default() }, false).unwrap();
     let batch = compiled.artifact.manifest.batch.as_ref().expect("a symbolic batch");
-    assert!(batch.programs.iter().all(|p| p.manifest.control.is_some()), "each batch size's program has the If's steps");
-    let exe = Executable::load(compiled.artifact, &LoadOptions { threads: Some(2), ..Default::default() }).unwrap();
+    assert!(
+        batch.programs.iter().all(|p| p.manifest.control.is_some()),
+        "each batch size's program has the If's steps"
+    );
+    let exe = Executable::load(
+        compiled.artifact,
+        &LoadOptions { threads: Some(2), ..Default::default() },
+    )
+    .unwrap();
     for (n, sr) in [(1, 16000), (5, 8000), (5, 16000), (8, 8000)] {
         let x = inputs(n, sr);
-        close(&exe.run(&x).unwrap(), &eval::run(&graph, &x).unwrap(), &format!("batch {n}, sr {sr}"));
+        close(
+            &exe.run(&x).unwrap(),
+            &eval::run(&graph, &x).unwrap(),
+            &format!("batch {n}, sr {sr}"),
+        );
     }
 }
 
@@ -127,7 +158,10 @@ fn branches_of_different_shapes_specialise_on_the_condition() {
     assert!(e.to_string().contains("the result shapes depend on the values of `sr`"), "{e}");
     // Given the value (as `kiln run` gives it), the If is replaced by the branch it takes.
     for (sr, width) in [(16000, 8), (8000, 4)] {
-        let options = Options { input_values: [("sr".to_string(), Tensor::scalar::<i64>(sr))].into(), ..sized(3) };
+        let options = Options {
+            input_values: [("sr".to_string(), Tensor::scalar::<i64>(sr))].into(),
+            ..sized(3)
+        };
         let compiled = compile(&graph, &options, false).unwrap();
         assert!(compiled.artifact.manifest.control.is_none(), "no If is left");
         let exe = Executable::load(compiled.artifact, &LoadOptions::default()).unwrap();
@@ -180,18 +214,29 @@ fn recurrent_scan(grow: bool) -> Graph {
 fn a_scan_runs_its_body_once_per_step_on_host_slices() {
     let graph = recurrent_scan(false);
     let compiled = compile(&graph, &Options { cache: false, ..Options::default() }, true).unwrap();
-    let plan = compiled.stages[kiln_compiler::Stage::Fused].split("\n\n").next().unwrap().to_string();
+    let plan =
+        compiled.stages[kiln_compiler::Stage::Fused].split("\n\n").next().unwrap().to_string();
     insta::assert_snapshot!("recurrent_scan_control_split", plan);
     let art = Artifact::from_bytes(&compiled.artifact.to_bytes(), "scan.kiln").unwrap();
-    let x = vec![Tensor::random(DType::F32, &[2, 6, 4], 1), Tensor::random(DType::F32, &[2, 4], 2), Tensor::random(DType::F32, &[4], 3)];
+    let x = vec![
+        Tensor::random(DType::F32, &[2, 6, 4], 1),
+        Tensor::random(DType::F32, &[2, 4], 2),
+        Tensor::random(DType::F32, &[4], 3),
+    ];
     let want = eval::run(&graph, &x).unwrap();
     assert_eq!(want[1].dims(), &[2, 6, 4]);
     for threads in [1, 2] {
-        let exe = Executable::load(art.clone(), &LoadOptions { threads: Some(threads), ..Default::default() }).unwrap();
+        let exe = Executable::load(
+            art.clone(),
+            &LoadOptions { threads: Some(threads), ..Default::default() },
+        )
+        .unwrap();
         close(&exe.run(&x).unwrap(), &want, &format!("{threads} threads"));
     }
     // A state that changes shape from step to step cannot have one compiled body.
-    let e = compile(&recurrent_scan(true), &Options { cache: false, ..Options::default() }, false).err().expect("refused");
+    let e = compile(&recurrent_scan(true), &Options { cache: false, ..Options::default() }, false)
+        .err()
+        .expect("refused");
     assert!(e.to_string().contains("state 0 goes in as f32[2,4] and comes out as f32[2,8]"), "{e}");
 }
 
@@ -210,7 +255,10 @@ fn loop_body(limit: bool) -> Subgraph {
     match limit {
         Some(l) => {
             let sum = next.reduce_sum(&[0, 1], false);
-            body.output("cond_out", body.apply(Op::Binary(BinaryOp::Less), &[Some(sum), Some(l)], 1)[0]);
+            body.output(
+                "cond_out",
+                body.apply(Op::Binary(BinaryOp::Less), &[Some(sum), Some(l)], 1)[0],
+            );
         }
         None => body.output("cond_out", cond.identity()),
     }
@@ -246,20 +294,30 @@ fn a_loop_runs_its_body_per_step_and_stacks_its_slices() {
     let graph = counted_loop(Some(60));
     assert_eq!(graph.value_type(graph.outputs()[1].1).to_string(), "f32[60,3,4]");
     let compiled = compile(&graph, &Options { cache: false, ..Options::default() }, true).unwrap();
-    let plan = compiled.stages[kiln_compiler::Stage::Fused].split("\n\n").next().unwrap().to_string();
+    let plan =
+        compiled.stages[kiln_compiler::Stage::Fused].split("\n\n").next().unwrap().to_string();
     insta::assert_snapshot!("counted_loop_control_split", plan);
     let art = Artifact::from_bytes(&compiled.artifact.to_bytes(), "loop.kiln").unwrap();
     // The loop step is checked at load: its trip count must be one i64.
     let mut bad = art.clone();
-    if let Some(Step::Loop { trip_count, .. }) = bad.manifest.control.as_mut().map(|c| &mut c.steps[1]) {
+    if let Some(Step::Loop { trip_count, .. }) =
+        bad.manifest.control.as_mut().map(|c| &mut c.steps[1])
+    {
         *trip_count = Some(2);
     }
-    assert_eq!(bad.validate().unwrap_err(), "step 1: the trip count `sigmoid` is f32[4], not one i64");
+    assert_eq!(
+        bad.validate().unwrap_err(),
+        "step 1: the trip count `sigmoid` is f32[4], not one i64"
+    );
     let x = vec![Tensor::random(DType::F32, &[3, 4], 1), Tensor::random(DType::F32, &[4], 2)];
     let want = eval::run(&graph, &x).unwrap();
     assert_eq!(want[1].dims(), &[60, 3, 4]);
     for threads in [1, 2] {
-        let exe = Executable::load(art.clone(), &LoadOptions { threads: Some(threads), ..Default::default() }).unwrap();
+        let exe = Executable::load(
+            art.clone(),
+            &LoadOptions { threads: Some(threads), ..Default::default() },
+        )
+        .unwrap();
         close(&exe.run(&x).unwrap(), &want, &format!("{threads} threads"));
     }
 }
@@ -272,7 +330,11 @@ fn a_loop_runs_on_opencl() {
     }
     let graph = counted_loop(Some(60));
     let options = Options { cache: false, target: TargetKind::Opencl, ..Options::default() };
-    let exe = Executable::load(compile(&graph, &options, false).unwrap().artifact, &LoadOptions::default()).unwrap();
+    let exe = Executable::load(
+        compile(&graph, &options, false).unwrap().artifact,
+        &LoadOptions::default(),
+    )
+    .unwrap();
     let x = vec![Tensor::random(DType::F32, &[3, 4], 1), Tensor::random(DType::F32, &[4], 2)];
     close(&exe.run(&x).unwrap(), &eval::run(&graph, &x).unwrap(), "opencl");
 }
@@ -283,7 +345,8 @@ fn a_short_counted_loop_is_unrolled() {
     let graph = counted_loop(Some(3));
     let compiled = compile(&graph, &Options { cache: false, ..Options::default() }, true).unwrap();
     assert!(
-        !compiled.stages[kiln_compiler::Stage::Graph].contains("Loop(") && compiled.artifact.manifest.control.is_none(),
+        !compiled.stages[kiln_compiler::Stage::Graph].contains("Loop(")
+            && compiled.artifact.manifest.control.is_none(),
         "{}",
         &compiled.stages[kiln_compiler::Stage::Graph]
     );
@@ -294,12 +357,16 @@ fn a_short_counted_loop_is_unrolled() {
     // A trip count given at run time sizes the stacked result: it is a shape-deciding input,
     // bound when its value is known.
     let graph = counted_loop(None);
-    let e = compile(&graph, &Options { cache: false, ..Options::default() }, false).err().expect("refused");
+    let e = compile(&graph, &Options { cache: false, ..Options::default() }, false)
+        .err()
+        .expect("refused");
     assert!(matches!(e, CompileError::DynamicShapes(_)), "{e}");
     assert!(e.to_string().contains("the result shapes depend on the values of `n`"), "{e}");
     let mut o = Options { cache: false, ..Options::default() };
     o.input_values.insert("n".into(), Tensor::scalar::<i64>(2));
-    let exe = Executable::load(compile(&graph, &o, false).unwrap().artifact, &LoadOptions::default()).unwrap();
+    let exe =
+        Executable::load(compile(&graph, &o, false).unwrap().artifact, &LoadOptions::default())
+            .unwrap();
     let mut x2 = x.clone();
     x2.push(Tensor::scalar::<i64>(2));
     let want = eval::run(&graph, &x2).unwrap();
@@ -315,17 +382,29 @@ fn a_while_loop_stops_when_its_body_says() {
     let x = g.input("x", DType::F32, [3, 4]);
     let b = g.input("b", DType::F32, [4]);
     let limit = g.input("limit", DType::F32, Shape::scalar());
-    let go = g.apply(Op::Binary(BinaryOp::Less), &[Some(x.reduce_sum(&[0, 1], false)), Some(limit)], 1)[0];
+    let go =
+        g.apply(Op::Binary(BinaryOp::Less), &[Some(x.reduce_sum(&[0, 1], false)), Some(limit)], 1)
+            [0];
     let w = g.constant("w", Tensor::random(DType::F32, &[4, 4], 7));
     let l = kiln_ir::op::Loop { body: loop_body(true), captures: 3 };
-    let out = g.apply(Op::Loop(Box::new(l)), &[Some(w), Some(b), Some(limit), None, Some(go), Some(x)], 1);
+    let out = g.apply(
+        Op::Loop(Box::new(l)),
+        &[Some(w), Some(b), Some(limit), None, Some(go), Some(x)],
+        1,
+    );
     g.output("h_last", out[0]);
     let graph = g.build().unwrap();
-    let exe = kiln_compiler::jit(&graph, &Options { cache: false, ..Options::default() }, &LoadOptions::default()).unwrap();
+    let exe = kiln_compiler::jit(
+        &graph,
+        &Options { cache: false, ..Options::default() },
+        &LoadOptions::default(),
+    )
+    .unwrap();
     let ones = Tensor::from_f64s(DType::F32, &[4], &[0.1; 4]).unwrap();
     let mut distinct = std::collections::HashSet::new();
     for limit in [-100.0, 2.0, 6.0, 9.0] {
-        let x = vec![Tensor::zeros(DType::F32, &[3, 4]), ones.clone(), Tensor::scalar::<f32>(limit)];
+        let x =
+            vec![Tensor::zeros(DType::F32, &[3, 4]), ones.clone(), Tensor::scalar::<f32>(limit)];
         let want = eval::run(&graph, &x).unwrap();
         close(&exe.run(&x).unwrap(), &want, &format!("limit {limit}"));
         distinct.insert(want[0].to_f64s().iter().map(|v| (v * 1e4) as i64).collect::<Vec<_>>());

@@ -81,7 +81,11 @@ fn small_constants_are_inlined_not_read() {
     let g = g.build().unwrap();
     let p = fuse::partition(&g, Views::WithOffsets).unwrap();
     assert_eq!(p.kernels.len(), 1);
-    assert_eq!(p.kernels[0].inputs, vec![g.inputs()[0].into()], "only x is read; the 3.0 is inlined");
+    assert_eq!(
+        p.kernels[0].inputs,
+        vec![g.inputs()[0].into()],
+        "only x is read; the 3.0 is inlined"
+    );
 }
 
 #[test]
@@ -92,7 +96,8 @@ fn an_output_that_is_an_input_gets_a_copy_kernel() {
     g.output("y", x.relu());
     let g = g.build().unwrap();
     let p = fuse::partition(&g, Views::WithOffsets).unwrap();
-    let copies: Vec<Option<usize>> = p.kernels.iter().map(|k| k.copy_to_output).filter(Option::is_some).collect();
+    let copies: Vec<Option<usize>> =
+        p.kernels.iter().map(|k| k.copy_to_output).filter(Option::is_some).collect();
     assert_eq!(copies, [Some(0)]);
 }
 
@@ -106,7 +111,11 @@ fn contiguous_slices_are_views_only_where_the_target_allows_offsets() {
     let g = g.build().unwrap();
     let cpu = fuse::partition(&g, fuse::views_for(TargetKind::Cpu)).unwrap();
     let ocl = fuse::partition(&g, fuse::views_for(TargetKind::Opencl)).unwrap();
-    assert_eq!(cpu.views.values().next().map(|v| v.offset), Some(2 * 4 * 4), "rows 2.. of 4 floats");
+    assert_eq!(
+        cpu.views.values().next().map(|v| v.offset),
+        Some(2 * 4 * 4),
+        "rows 2.. of 4 floats"
+    );
     assert_eq!(labels(&g, &cpu), ["r: Relu", "s: Sigmoid"]);
     // OpenCL copies the rows in the kernel that reads them.
     assert!(ocl.views.is_empty());
@@ -126,7 +135,10 @@ fn a_reduction_is_a_root_and_takes_its_consumer() {
 // ----- arena planning -----
 
 fn scratch(sizes: &[u64]) -> Vec<BufferDesc> {
-    sizes.iter().map(|&bytes| BufferDesc { bytes, kind: BufferKind::Scratch { offset: 0 } }).collect()
+    sizes
+        .iter()
+        .map(|&bytes| BufferDesc { bytes, kind: BufferKind::Scratch { offset: 0 } })
+        .collect()
 }
 
 fn offset(b: &BufferDesc) -> u64 {
@@ -194,10 +206,31 @@ proptest! {
 
 /// What a backend would give for `p`: one function per kernel, called once on its buffers.
 fn fake_code(p: &Partition) -> TargetCode {
-    let functions =
-        p.kernels.iter().map(|k| KernelDesc { symbol: k.name.clone(), workgroups: 1, label: k.label.clone(), grid: [0; 3], block: [0; 3] }).collect();
-    let runs = p.kernels.iter().enumerate().map(|(i, k)| KernelRun::single(i, k.inputs.len() + k.outputs.len())).collect();
-    TargetCode { target: Target::Cpu, blob: Vec::new(), target_detail: String::new(), cpu_features: Vec::new(), functions, runs }
+    let functions = p
+        .kernels
+        .iter()
+        .map(|k| KernelDesc {
+            symbol: k.name.clone(),
+            workgroups: 1,
+            label: k.label.clone(),
+            grid: [0; 3],
+            block: [0; 3],
+        })
+        .collect();
+    let runs = p
+        .kernels
+        .iter()
+        .enumerate()
+        .map(|(i, k)| KernelRun::single(i, k.inputs.len() + k.outputs.len()))
+        .collect();
+    TargetCode {
+        target: Target::Cpu,
+        blob: Vec::new(),
+        target_detail: String::new(),
+        cpu_features: Vec::new(),
+        functions,
+        runs,
+    }
 }
 
 #[test]
@@ -219,7 +252,13 @@ fn weights_go_into_the_payload_and_intermediates_into_the_arena() {
     let g = mlp();
     let p = fuse::partition(&g, Views::WithOffsets).unwrap();
     let a = artifact::assemble(&g, &p, fake_code(&p)).unwrap();
-    let constants: Vec<u64> = a.manifest.buffers.iter().filter(|b| matches!(b.kind, BufferKind::Constant(_))).map(|b| b.bytes).collect();
+    let constants: Vec<u64> = a
+        .manifest
+        .buffers
+        .iter()
+        .filter(|b| matches!(b.kind, BufferKind::Constant(_)))
+        .map(|b| b.bytes)
+        .collect();
     assert_eq!(constants, [32 * 64 * 4, 64 * 4, 64 * 8 * 4]);
     let hidden = a.manifest.launches[0].args.last().copied().unwrap();
     assert_eq!(a.manifest.buffers[hidden].kind, BufferKind::Scratch { offset: 0 });
@@ -247,12 +286,26 @@ fn a_weight_no_launch_reads_needs_no_buffer() {
     let p = fuse::partition(&g, Views::WithOffsets).unwrap();
     let mut code = fake_code(&p);
     // fc1 reads its weight packed, from a constant of its own (as the CPU microkernel does).
-    let w_slot = p.kernels[0].inputs.iter().position(|&v| g.constant_value(v).is_some_and(|t| t.len() == 32 * 64)).unwrap();
+    let w_slot = p.kernels[0]
+        .inputs
+        .iter()
+        .position(|&v| g.constant_value(v).is_some_and(|t| t.len() == 32 * 64))
+        .unwrap();
     code.runs[0].calls[0].args[w_slot] = Arg::Constant(0);
     code.runs[0].constants = vec![vec![7u8; 100]];
     let a = artifact::assemble(&g, &p, code).unwrap();
-    let constants: Vec<u64> = a.manifest.buffers.iter().filter(|b| matches!(b.kind, BufferKind::Constant(_))).map(|b| b.bytes).collect();
-    assert_eq!(constants, [64 * 4, 64 * 8 * 4, 100], "the original weight is gone, the packed one is there");
+    let constants: Vec<u64> = a
+        .manifest
+        .buffers
+        .iter()
+        .filter(|b| matches!(b.kind, BufferKind::Constant(_)))
+        .map(|b| b.bytes)
+        .collect();
+    assert_eq!(
+        constants,
+        [64 * 4, 64 * 8 * 4, 100],
+        "the original weight is gone, the packed one is there"
+    );
 }
 
 #[test]
@@ -332,7 +385,9 @@ fn large_kernels_split_evenly_into_a_few_workgroups() {
 
 #[test]
 fn batch_one_images_split_along_rows() {
-    let s = schedule::decide(&elementwise_op(&[1, 64, 64, 64]), &[1, 64, 64, 64], false, true, true).unwrap();
+    let s =
+        schedule::decide(&elementwise_op(&[1, 64, 64, 64]), &[1, 64, 64, 64], false, true, true)
+            .unwrap();
     assert_eq!(s.split.map(|x| x.dim), Some(2), "{s:?}");
 }
 
@@ -389,9 +444,17 @@ fn stages_are_in_compile_order_and_front_stages_come_first() {
 
 #[test]
 fn each_target_has_its_code_stages() {
-    let of = |t: TargetKind| -> Vec<&str> { Stage::ALL.into_iter().filter(|s| s.targets().contains(&t)).map(Stage::name).collect() };
-    assert_eq!(of(TargetKind::Cpu), ["passes", "graph", "fused", "schedule", "mlir", "lowered", "llvm", "asm"]);
-    assert_eq!(of(TargetKind::Cuda), ["passes", "graph", "fused", "mlir", "lowered", "llvm", "ptx"]);
+    let of = |t: TargetKind| -> Vec<&str> {
+        Stage::ALL.into_iter().filter(|s| s.targets().contains(&t)).map(Stage::name).collect()
+    };
+    assert_eq!(
+        of(TargetKind::Cpu),
+        ["passes", "graph", "fused", "schedule", "mlir", "lowered", "llvm", "asm"]
+    );
+    assert_eq!(
+        of(TargetKind::Cuda),
+        ["passes", "graph", "fused", "mlir", "lowered", "llvm", "ptx"]
+    );
     assert_eq!(of(TargetKind::Opencl), ["passes", "graph", "fused", "mlir", "lowered", "spirv"]);
 }
 
@@ -400,7 +463,10 @@ fn gpu_strategies_parse_by_name() {
     for s in [Strategy::Parallel, Strategy::Reduction, Strategy::Contraction, Strategy::PerOp] {
         assert_eq!(s.to_string().parse::<Strategy>(), Ok(s));
     }
-    assert_eq!("fast".parse::<Strategy>().unwrap_err(), "no GPU schedule `fast` (parallel, reduction, contraction or per-op)");
+    assert_eq!(
+        "fast".parse::<Strategy>().unwrap_err(),
+        "no GPU schedule `fast` (parallel, reduction, contraction or per-op)"
+    );
 }
 
 #[test]

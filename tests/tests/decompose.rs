@@ -10,7 +10,14 @@ use crate::compile::check_against_eval;
 
 /// The ops the pass rewrites.
 fn decomposable(op: &Op) -> bool {
-    matches!(op, Op::Rnn(_) | Op::Attention(_) | Op::RotaryEmbedding(_) | Op::NllLoss(_) | Op::SoftmaxCrossEntropyLoss(_))
+    matches!(
+        op,
+        Op::Rnn(_)
+            | Op::Attention(_)
+            | Op::RotaryEmbedding(_)
+            | Op::NllLoss(_)
+            | Op::SoftmaxCrossEntropyLoss(_)
+    )
 }
 
 fn assert_close(what: &str, got: &[Tensor], want: &[Tensor], tol: f64) {
@@ -60,7 +67,14 @@ struct RnnCase {
 impl RnnCase {
     fn new(cell: RnnCell, direction: RnnDirection, hidden: usize) -> RnnCase {
         RnnCase {
-            rnn: Rnn { cell, direction, hidden_size: hidden, activations: vec![], clip: None, batch_first: false },
+            rnn: Rnn {
+                cell,
+                direction,
+                hidden_size: hidden,
+                activations: vec![],
+                clip: None,
+                batch_first: false,
+            },
             seq: 4,
             batch: 3,
             input: 5,
@@ -97,7 +111,11 @@ impl RnnCase {
                 g.constant(name, t)
             }
         };
-        let xd = if r.batch_first { [self.batch, self.seq, self.input] } else { [self.seq, self.batch, self.input] };
+        let xd = if r.batch_first {
+            [self.batch, self.seq, self.input]
+        } else {
+            [self.seq, self.batch, self.input]
+        };
         let state = if r.batch_first { [self.batch, dirs, h] } else { [dirs, self.batch, h] };
         let x = operand("x", &xd, true);
         let w = operand("w", &[dirs, gates * h, self.input], self.weights_as_inputs);
@@ -105,7 +123,8 @@ impl RnnCase {
         let b = self.bias.then(|| operand("b", &[dirs, 2 * gates * h], self.weights_as_inputs));
         let h0 = self.initial.then(|| operand("initial_h", &state, true));
         let c0 = (self.initial && is_lstm).then(|| operand("initial_c", &state, true));
-        let p = (self.peepholes && is_lstm).then(|| operand("p", &[dirs, 3 * h], self.weights_as_inputs));
+        let p = (self.peepholes && is_lstm)
+            .then(|| operand("p", &[dirs, 3 * h], self.weights_as_inputs));
         let lens = self.lens.as_ref().map(|l| {
             let t = Tensor::vector(l);
             if self.const_lens {
@@ -160,7 +179,8 @@ fn gru_forward_linear_before_reset() {
 
 #[test]
 fn gru_bidirectional_batch_first_without_bias() {
-    let mut c = RnnCase::new(RnnCell::Gru { linear_before_reset: false }, RnnDirection::Bidirectional, 4);
+    let mut c =
+        RnnCase::new(RnnCell::Gru { linear_before_reset: false }, RnnDirection::Bidirectional, 4);
     c.rnn.batch_first = true;
     c.bias = false;
     c.run();
@@ -168,7 +188,11 @@ fn gru_bidirectional_batch_first_without_bias() {
 
 #[test]
 fn gru_sequence_lens_forward_and_reverse() {
-    for (direction, lbr) in [(RnnDirection::Forward, false), (RnnDirection::Reverse, true), (RnnDirection::Bidirectional, false)] {
+    for (direction, lbr) in [
+        (RnnDirection::Forward, false),
+        (RnnDirection::Reverse, true),
+        (RnnDirection::Bidirectional, false),
+    ] {
         let mut c = RnnCase::new(RnnCell::Gru { linear_before_reset: lbr }, direction, 3);
         c.seq = 5;
         c.batch = 4;
@@ -181,7 +205,8 @@ fn gru_sequence_lens_forward_and_reverse() {
 
 #[test]
 fn gru_constant_sequence_lens() {
-    let mut c = RnnCase::new(RnnCell::Gru { linear_before_reset: true }, RnnDirection::Bidirectional, 3);
+    let mut c =
+        RnnCase::new(RnnCell::Gru { linear_before_reset: true }, RnnDirection::Bidirectional, 3);
     c.lens = Some(vec![2, 4, 1]);
     c.const_lens = true;
     c.rnn.batch_first = true;
@@ -235,7 +260,14 @@ fn rnn_with_a_dynamic_sequence_is_left_alone() {
     let x = g.input("x", DType::F32, Shape(vec![kiln_ir::Dim::sym("seq"), 2.into(), 3.into()]));
     let w = g.constant("w", Tensor::random(DType::F32, &[1, 4, 3], 1));
     let r = g.constant("r", Tensor::random(DType::F32, &[1, 4, 4], 2));
-    let rnn = Rnn { cell: RnnCell::Simple, direction: RnnDirection::Forward, hidden_size: 4, activations: vec![], clip: None, batch_first: false };
+    let rnn = Rnn {
+        cell: RnnCell::Simple,
+        direction: RnnDirection::Forward,
+        hidden_size: 4,
+        activations: vec![],
+        clip: None,
+        batch_first: false,
+    };
     let y = g.apply(Op::Rnn(rnn), &[Some(x), Some(w), Some(r)], 2);
     g.output("y", y[0]);
     let mut graph = g.build().expect("builds");
@@ -246,7 +278,15 @@ fn rnn_with_a_dynamic_sequence_is_left_alone() {
 // ----- Attention -----
 
 fn attention_attrs() -> Attention {
-    Attention { is_causal: false, kv_num_heads: 0, q_num_heads: 0, qk_matmul_output_mode: 0, scale: None, softcap: 0.0, softmax_precision: None }
+    Attention {
+        is_causal: false,
+        kv_num_heads: 0,
+        q_num_heads: 0,
+        qk_matmul_output_mode: 0,
+        scale: None,
+        softcap: 0.0,
+        softmax_precision: None,
+    }
 }
 
 /// Attention on random inputs: Q, K, V dims, then the optional operands.
@@ -265,7 +305,16 @@ struct AttentionCase<'a> {
 
 impl<'a> AttentionCase<'a> {
     fn new(attrs: Attention, qkv: [&'a [usize]; 3]) -> AttentionCase<'a> {
-        AttentionCase { attrs, dtype: DType::F32, qkv, mask: None, past: None, nonpad: None, outputs: 1, tol: 1e-5 }
+        AttentionCase {
+            attrs,
+            dtype: DType::F32,
+            qkv,
+            mask: None,
+            past: None,
+            nonpad: None,
+            outputs: 1,
+            tol: 1e-5,
+        }
     }
 
     fn run(&self) {
@@ -309,7 +358,13 @@ fn attention_4d() {
 
 #[test]
 fn attention_3d_gqa_causal_scaled() {
-    let a = Attention { q_num_heads: 4, kv_num_heads: 2, is_causal: true, scale: Some(0.3), ..attention_attrs() };
+    let a = Attention {
+        q_num_heads: 4,
+        kv_num_heads: 2,
+        is_causal: true,
+        scale: Some(0.3),
+        ..attention_attrs()
+    };
     AttentionCase::new(a, [&[2, 5, 4 * 6], &[2, 5, 2 * 6], &[2, 5, 2 * 3]]).run();
 }
 
@@ -327,7 +382,13 @@ fn attention_bool_mask_shorter_than_the_keys_with_past() {
 #[test]
 fn attention_qk_output_modes_with_softcap_and_float_mask() {
     for mode in 0..4 {
-        let a = Attention { qk_matmul_output_mode: mode, softcap: 2.5, q_num_heads: 4, kv_num_heads: 1, ..attention_attrs() };
+        let a = Attention {
+            qk_matmul_output_mode: mode,
+            softcap: 2.5,
+            q_num_heads: 4,
+            kv_num_heads: 1,
+            ..attention_attrs()
+        };
         let mut c = AttentionCase::new(a, [&[2, 3, 4 * 4], &[2, 6, 4], &[2, 6, 4]]);
         c.mask = Some((DType::F32, &[2, 1, 3, 8]));
         c.past = Some([&[2, 1, 2, 4], &[2, 1, 2, 4]]);
@@ -365,7 +426,8 @@ fn rotary_case(r: RotaryEmbedding, xd: &[usize], cache: &[usize], positions: Opt
     let sin = g.constant("sin", Tensor::random(DType::F32, cache, 3));
     let pos = positions.map(|p| {
         let rows = cache[0] as i64;
-        let ids: Vec<i64> = (0..p.iter().product::<usize>() as i64).map(|i| (i * 7 + 3) % rows).collect();
+        let ids: Vec<i64> =
+            (0..p.iter().product::<usize>() as i64).map(|i| (i * 7 + 3) % rows).collect();
         inputs.push(Tensor::from_slice(p, &ids).expect("ids"));
         g.input("position_ids", DType::I64, p)
     });
@@ -377,30 +439,57 @@ fn rotary_case(r: RotaryEmbedding, xd: &[usize], cache: &[usize], positions: Opt
 
 #[test]
 fn rotary_4d_with_positions() {
-    rotary_case(RotaryEmbedding { interleaved: false, num_heads: 0, rotary_embedding_dim: 0 }, &[2, 3, 4, 8], &[10, 4], Some(&[2, 4]));
+    rotary_case(
+        RotaryEmbedding { interleaved: false, num_heads: 0, rotary_embedding_dim: 0 },
+        &[2, 3, 4, 8],
+        &[10, 4],
+        Some(&[2, 4]),
+    );
 }
 
 #[test]
 fn rotary_3d_interleaved_partial() {
-    rotary_case(RotaryEmbedding { interleaved: true, num_heads: 2, rotary_embedding_dim: 4 }, &[2, 3, 2 * 10], &[6, 2], Some(&[2, 3]));
+    rotary_case(
+        RotaryEmbedding { interleaved: true, num_heads: 2, rotary_embedding_dim: 4 },
+        &[2, 3, 2 * 10],
+        &[6, 2],
+        Some(&[2, 3]),
+    );
 }
 
 #[test]
 fn rotary_without_positions() {
-    rotary_case(RotaryEmbedding { interleaved: true, num_heads: 0, rotary_embedding_dim: 6 }, &[2, 2, 3, 8], &[2, 3, 3], None);
+    rotary_case(
+        RotaryEmbedding { interleaved: true, num_heads: 0, rotary_embedding_dim: 6 },
+        &[2, 2, 3, 8],
+        &[2, 3, 3],
+        None,
+    );
 }
 
 // ----- Losses -----
 
-fn loss_case(softmax: bool, reduction: LossReduction, ignore_index: Option<i64>, weight: bool, xd: &[usize], log_prob: bool) {
+fn loss_case(
+    softmax: bool,
+    reduction: LossReduction,
+    ignore_index: Option<i64>,
+    weight: bool,
+    xd: &[usize],
+    log_prob: bool,
+) {
     let g = GraphBuilder::new("loss");
     let c = xd[1];
     let mut td = xd.to_vec();
     td.remove(1);
     let n: usize = td.iter().product();
     // Targets cycle through the classes; every third one is ignore_index when there is one.
-    let targets: Vec<i64> = (0..n).map(|i| if i % 3 == 1 { ignore_index.unwrap_or(1) } else { (i * 5 % c) as i64 }).collect();
-    let inputs = vec![Tensor::random(DType::F32, xd, 4), Tensor::from_slice(&td, &targets).expect("targets")];
+    let targets: Vec<i64> = (0..n)
+        .map(|i| if i % 3 == 1 { ignore_index.unwrap_or(1) } else { (i * 5 % c) as i64 })
+        .collect();
+    let inputs = vec![
+        Tensor::random(DType::F32, xd, 4),
+        Tensor::from_slice(&td, &targets).expect("targets"),
+    ];
     let x = g.input("x", DType::F32, xd);
     let t = g.input("target", DType::I64, td.as_slice());
     // Positive weights: a weighted mean divides by their sum.

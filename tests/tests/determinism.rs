@@ -22,7 +22,12 @@ fn cases() -> Vec<(Graph, Vec<Tensor>)> {
     let decoder = models::gpt_decoder_step(2, 4, 16, 5).unwrap();
     let mut x = vec![Tensor::random(DType::F32, &[1, 1, 64], 3)];
     x.extend((0..4).map(|i| Tensor::random(DType::F32, &[1, 4, 7, 16], 10 + i)));
-    let shapes = decoder.inputs().iter().zip(&x).map(|(&id, t)| (decoder.node(id).name.clone(), t.dims().to_vec())).collect();
+    let shapes = decoder
+        .inputs()
+        .iter()
+        .zip(&x)
+        .map(|(&id, t)| (decoder.node(id).name.clone(), t.dims().to_vec()))
+        .collect();
     let mut d = decoder.clone();
     kiln_compiler::passes::specialize::specialize(&mut d, &shapes).unwrap();
     out.push((d, x));
@@ -32,15 +37,25 @@ fn cases() -> Vec<(Graph, Vec<Tensor>)> {
 #[test]
 fn outputs_are_bitwise_identical_at_any_thread_count_and_from_run_to_run() {
     for (graph, x) in cases() {
-        let art = compile(&graph, &Options { cache: false, ..Options::default() }, false).unwrap().artifact;
+        let art = compile(&graph, &Options { cache: false, ..Options::default() }, false)
+            .unwrap()
+            .artifact;
         let mut first: Option<Vec<Vec<u8>>> = None;
         for threads in [1, 2, 3, 4] {
-            let exe = Executable::load(art.clone(), &LoadOptions { threads: Some(threads), ..Default::default() }).unwrap();
+            let exe = Executable::load(
+                art.clone(),
+                &LoadOptions { threads: Some(threads), ..Default::default() },
+            )
+            .unwrap();
             for run in 0..3 {
                 let got = bits(&exe.run(&x).unwrap());
                 match &first {
                     None => first = Some(got),
-                    Some(want) => assert!(*want == got, "`{}`: {threads} threads, run {run} differs from 1 thread", graph.name),
+                    Some(want) => assert!(
+                        *want == got,
+                        "`{}`: {threads} threads, run {run} differs from 1 thread",
+                        graph.name
+                    ),
                 }
             }
         }
@@ -50,14 +65,19 @@ fn outputs_are_bitwise_identical_at_any_thread_count_and_from_run_to_run() {
 #[test]
 fn one_executable_run_from_8_threads_at_once_gives_everyone_the_same_bytes() {
     let (graph, x) = cases().remove(0);
-    let art = compile(&graph, &Options { cache: false, ..Options::default() }, false).unwrap().artifact;
-    let exe = Arc::new(Executable::load(art, &LoadOptions { threads: Some(2), ..Default::default() }).unwrap());
+    let art =
+        compile(&graph, &Options { cache: false, ..Options::default() }, false).unwrap().artifact;
+    let exe = Arc::new(
+        Executable::load(art, &LoadOptions { threads: Some(2), ..Default::default() }).unwrap(),
+    );
     let want = bits(&exe.run(&x).unwrap());
     let x = Arc::new(x);
     let callers: Vec<_> = (0..8)
         .map(|_| {
             let (exe, x) = (exe.clone(), x.clone());
-            std::thread::spawn(move || (0..25).map(|_| bits(&exe.run(&x).unwrap())).collect::<Vec<_>>())
+            std::thread::spawn(move || {
+                (0..25).map(|_| bits(&exe.run(&x).unwrap())).collect::<Vec<_>>()
+            })
         })
         .collect();
     for (i, c) in callers.into_iter().enumerate() {

@@ -38,9 +38,18 @@ fn step() -> impl Strategy<Value = Step> {
     ]
 }
 
-const UNARY: [UnaryOp; 8] =
-    [UnaryOp::Relu, UnaryOp::Tanh, UnaryOp::Sigmoid, UnaryOp::Neg, UnaryOp::Abs, UnaryOp::Exp, UnaryOp::Gelu { tanh: true }, UnaryOp::Softsign];
-const BINARY: [BinaryOp; 5] = [BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Max, BinaryOp::Min];
+const UNARY: [UnaryOp; 8] = [
+    UnaryOp::Relu,
+    UnaryOp::Tanh,
+    UnaryOp::Sigmoid,
+    UnaryOp::Neg,
+    UnaryOp::Abs,
+    UnaryOp::Exp,
+    UnaryOp::Gelu { tanh: true },
+    UnaryOp::Softsign,
+];
+const BINARY: [BinaryOp; 5] =
+    [BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Max, BinaryOp::Min];
 
 fn pick<'g>(values: &[Traced<'g>], i: u8) -> Traced<'g> {
     values[i as usize % values.len()]
@@ -83,11 +92,21 @@ fn random_graph(dims: &[usize], steps: &[Step]) -> Graph {
             Step::Reduce(a, axis, keep) => {
                 let x = pick(&values, a);
                 let r = x.ty().unwrap().rank();
-                let kinds = [ReduceKind::Sum, ReduceKind::Mean, ReduceKind::Max, ReduceKind::Min, ReduceKind::L2];
+                let kinds = [
+                    ReduceKind::Sum,
+                    ReduceKind::Mean,
+                    ReduceKind::Max,
+                    ReduceKind::Min,
+                    ReduceKind::L2,
+                ];
                 if r == 0 {
                     x.relu()
                 } else {
-                    x.reduce(kinds[axis as usize % kinds.len()], &[(axis as usize % r) as i64], keep)
+                    x.reduce(
+                        kinds[axis as usize % kinds.len()],
+                        &[(axis as usize % r) as i64],
+                        keep,
+                    )
                 }
             }
             Step::Transpose(a) => {

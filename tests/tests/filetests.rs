@@ -24,7 +24,8 @@ fn run(name: &str, input: &str) -> Result<String, String> {
 fn graph_pass_filetests() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("filetests");
     let bless = std::env::var_os("KILN_BLESS").is_some();
-    let mut files: Vec<_> = std::fs::read_dir(&dir).expect("tests/filetests").map(|e| e.unwrap().path()).collect();
+    let mut files: Vec<_> =
+        std::fs::read_dir(&dir).expect("tests/filetests").map(|e| e.unwrap().path()).collect();
     files.sort();
     let mut failures = Vec::new();
     for path in files.iter().filter(|p| p.extension().is_some_and(|e| e == "kiln")) {
@@ -48,11 +49,23 @@ fn graph_pass_filetests() {
         };
         if bless {
             let sep = if got.contains('\n') { "\n" } else { " " };
-            std::fs::write(path, format!("{}\n{EXPECT}{sep}{}\n", input.trim_end(), got.trim_end())).unwrap();
+            std::fs::write(
+                path,
+                format!("{}\n{EXPECT}{sep}{}\n", input.trim_end(), got.trim_end()),
+            )
+            .unwrap();
         } else if expected != Some(got.trim()) {
-            failures.push(format!("{file}: pass `{name}` made\n{got}\nexpected\n{}", expected.unwrap_or("(nothing: bless it)")));
+            failures.push(format!(
+                "{file}: pass `{name}` made\n{got}\nexpected\n{}",
+                expected.unwrap_or("(nothing: bless it)")
+            ));
         }
     }
     assert!(files.len() >= 6, "the filetests are missing");
-    assert!(failures.is_empty(), "{} filetest(s) failed (KILN_BLESS=1 rewrites the expectations):\n\n{}", failures.len(), failures.join("\n\n"));
+    assert!(
+        failures.is_empty(),
+        "{} filetest(s) failed (KILN_BLESS=1 rewrites the expectations):\n\n{}",
+        failures.len(),
+        failures.join("\n\n")
+    );
 }

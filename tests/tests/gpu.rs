@@ -27,7 +27,8 @@ fn check_opencl(graph: &Graph, inputs: &[Tensor], schedule: Option<&str>, tol: f
         gpu_schedule: schedule.map(|s| s.parse().expect("a GPU schedule")),
         ..Options::default()
     };
-    let exe = kiln_compiler::jit(graph, &options, &LoadOptions::default()).unwrap_or_else(|e| panic!("compile or load failed ({schedule:?}): {e}"));
+    let exe = kiln_compiler::jit(graph, &options, &LoadOptions::default())
+        .unwrap_or_else(|e| panic!("compile or load failed ({schedule:?}): {e}"));
     let got = exe.run(inputs).unwrap_or_else(|e| panic!("run failed ({schedule:?}): {e}"));
     let want = eval::run(graph, inputs).expect("the interpreter runs the graph");
     assert_eq!(got.len(), want.len());
@@ -58,14 +59,22 @@ fn schedule_graphs() -> Vec<(&'static str, Graph, Vec<Tensor>)> {
         let w = g.constant("w", Tensor::random(DType::F32, &[16, 8, 3, 3], 4));
         let b = g.constant("b", Tensor::random(DType::F32, &[16], 5));
         g.output("y", x.conv(w, Some(b), ConvOptions::default().pad(1)).relu().max_pool(2, 2, 0));
-        out.push(("conv", g.build().unwrap(), vec![Tensor::random(DType::F32, &[2, 8, 20, 20], 6)]));
+        out.push((
+            "conv",
+            g.build().unwrap(),
+            vec![Tensor::random(DType::F32, &[2, 8, 20, 20], 6)],
+        ));
     }
     {
         let g = GraphBuilder::new("softmax_sum");
         let x = g.input("x", DType::F32, [12, 640]);
         g.output("p", x.softmax(-1));
         g.output("s", x.reduce_sum(&[1], false));
-        out.push(("reductions", g.build().unwrap(), vec![Tensor::random(DType::F32, &[12, 640], 7)]));
+        out.push((
+            "reductions",
+            g.build().unwrap(),
+            vec![Tensor::random(DType::F32, &[12, 640], 7)],
+        ));
     }
     {
         let g = GraphBuilder::new("sum_rows");
@@ -82,7 +91,9 @@ fn opencl_every_schedule_matches_the_interpreter() {
         return skipped("no OpenCL device (run `eval \"$(scripts/setup-opencl.sh)\"`); the OpenCL path was not checked");
     }
     for (what, graph, inputs) in schedule_graphs() {
-        for schedule in [None, Some("parallel"), Some("reduction"), Some("contraction"), Some("per-op")] {
+        for schedule in
+            [None, Some("parallel"), Some("reduction"), Some("contraction"), Some("per-op")]
+        {
             eprintln!("{what}: schedule {schedule:?}");
             check_opencl(&graph, &inputs, schedule, 1e-4);
         }
@@ -94,8 +105,18 @@ fn opencl_models_match_the_interpreter() {
     if !have(Target::Opencl) {
         return skipped("no OpenCL device (run `eval \"$(scripts/setup-opencl.sh)\"`); the OpenCL path was not checked");
     }
-    check_opencl(&models::mlp(4, 32, 64, 10, 1).unwrap(), &[Tensor::random(DType::F32, &[4, 32], 2)], None, 1e-4);
-    check_opencl(&models::cifarnet(4, 0).unwrap(), &[Tensor::random(DType::F32, &[4, 3, 32, 32], 42)], None, 1e-4);
+    check_opencl(
+        &models::mlp(4, 32, 64, 10, 1).unwrap(),
+        &[Tensor::random(DType::F32, &[4, 32], 2)],
+        None,
+        1e-4,
+    );
+    check_opencl(
+        &models::cifarnet(4, 0).unwrap(),
+        &[Tensor::random(DType::F32, &[4, 3, 32, 32], 42)],
+        None,
+        1e-4,
+    );
 }
 
 /// The schedule each kernel of the CIFAR-10 CNN gets, and its launches: a change here is a change
@@ -105,7 +126,8 @@ fn gpu_launch_plans_snapshot() {
     let g = models::cifarnet(4, 0).unwrap();
     let options = Options { target: TargetKind::Opencl, cache: false, ..Options::default() };
     let stages = kiln_compiler::compile(&g, &options, true).expect("compiles").stages;
-    let plans: Vec<&str> = stages[kiln_compiler::Stage::Lowered].lines().filter(|l| l.starts_with("//")).collect();
+    let plans: Vec<&str> =
+        stages[kiln_compiler::Stage::Lowered].lines().filter(|l| l.starts_with("//")).collect();
     insta::assert_snapshot!("cifarnet_gpu_plans", plans.join("\n"));
 }
 
@@ -121,17 +143,35 @@ fn ptx_passes_ptxas() {
     }
     let dir = std::env::temp_dir().join(format!("kiln-ptx-test-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let graphs = [("mlp", models::mlp(4, 32, 64, 10, 1).unwrap()), ("cifarnet", models::cifarnet(4, 0).unwrap())];
-    for (name, g) in graphs.iter().chain(schedule_graphs().iter().map(|(n, g, _)| (*n, g.clone())).collect::<Vec<_>>().iter()) {
+    let graphs = [
+        ("mlp", models::mlp(4, 32, 64, 10, 1).unwrap()),
+        ("cifarnet", models::cifarnet(4, 0).unwrap()),
+    ];
+    for (name, g) in graphs
+        .iter()
+        .chain(schedule_graphs().iter().map(|(n, g, _)| (*n, g.clone())).collect::<Vec<_>>().iter())
+    {
         for arch in ["sm_80", "sm_90"] {
-            let mut options = Options { target: TargetKind::Cuda, cache: false, ..Options::default() };
+            let mut options =
+                Options { target: TargetKind::Cuda, cache: false, ..Options::default() };
             options.ptx.arch = arch.to_string();
-            let stages = kiln_compiler::compile(g, &options, true).unwrap_or_else(|e| panic!("{name} for {arch}: {e}")).stages;
+            let stages = kiln_compiler::compile(g, &options, true)
+                .unwrap_or_else(|e| panic!("{name} for {arch}: {e}"))
+                .stages;
             let file = dir.join(format!("{}_{arch}.ptx", name.replace(' ', "_")));
             std::fs::write(&file, &stages[kiln_compiler::Stage::Ptx]).unwrap();
-            let out =
-                std::process::Command::new("ptxas").arg(format!("-arch={arch}")).arg(&file).arg("-o").arg(dir.join("out.cubin")).output().unwrap();
-            assert!(out.status.success(), "ptxas rejects {name} for {arch}: {}", String::from_utf8_lossy(&out.stderr));
+            let out = std::process::Command::new("ptxas")
+                .arg(format!("-arch={arch}"))
+                .arg(&file)
+                .arg("-o")
+                .arg(dir.join("out.cubin"))
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "ptxas rejects {name} for {arch}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
@@ -164,15 +204,29 @@ fn spirv_passes_the_validator() {
     }
     let dir = std::env::temp_dir().join(format!("kiln-spirv-test-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let mut graphs = vec![("mlp", models::mlp(4, 32, 64, 10, 1).unwrap()), ("cifarnet", models::cifarnet(4, 0).unwrap())];
+    let mut graphs = vec![
+        ("mlp", models::mlp(4, 32, 64, 10, 1).unwrap()),
+        ("cifarnet", models::cifarnet(4, 0).unwrap()),
+    ];
     graphs.extend(schedule_graphs().into_iter().map(|(n, g, _)| (n, g)));
     for (name, g) in &graphs {
         let options = Options { target: TargetKind::Opencl, cache: false, ..Options::default() };
-        let art = kiln_compiler::compile(g, &options, false).unwrap_or_else(|e| panic!("{name}: {e}")).artifact;
+        let art = kiln_compiler::compile(g, &options, false)
+            .unwrap_or_else(|e| panic!("{name}: {e}"))
+            .artifact;
         let file = dir.join(format!("{}.spv", name.replace(' ', "_")));
         std::fs::write(&file, art.blob(art.manifest.code).unwrap()).unwrap();
-        let out = std::process::Command::new("spirv-val").args(["--target-env", "opencl1.2"]).arg(&file).output().unwrap();
-        assert!(out.status.success(), "spirv-val rejects {name}: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        let out = std::process::Command::new("spirv-val")
+            .args(["--target-env", "opencl1.2"])
+            .arg(&file)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "spirv-val rejects {name}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

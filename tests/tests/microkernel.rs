@@ -12,12 +12,19 @@ use kiln_runtime::LoadOptions;
 
 /// No per-kernel choices stored by `--tune` on this machine enter these tests.
 fn options(microkernel: Option<bool>) -> Options {
-    Options { cache: false, microkernel, microkernel_overrides: Some(Default::default()), ..Options::default() }
+    Options {
+        cache: false,
+        microkernel,
+        microkernel_overrides: Some(Default::default()),
+        ..Options::default()
+    }
 }
 
 /// The schedule stage of `graph` compiled with `microkernel`.
 fn schedule(graph: &Graph, microkernel: Option<bool>) -> String {
-    compile(graph, &options(microkernel), true).expect("the model compiles").stages[kiln_compiler::Stage::Schedule].to_string()
+    compile(graph, &options(microkernel), true).expect("the model compiles").stages
+        [kiln_compiler::Stage::Schedule]
+        .to_string()
 }
 
 /// Runs `graph` on the microkernel (forced) with 1 and 2 threads and checks it against the
@@ -27,12 +34,20 @@ fn check(graph: &Graph, inputs: &[Tensor], kernels: usize) {
     assert_eq!(s.matches("microkernel:").count(), kernels, "kernels on the microkernel:\n{s}");
     let want = eval::run(graph, inputs).expect("the interpreter runs the graph");
     for threads in [1, 2] {
-        let exe = jit(graph, &options(Some(true)), &LoadOptions { threads: Some(threads), ..Default::default() }).expect("compiles");
+        let exe = jit(
+            graph,
+            &options(Some(true)),
+            &LoadOptions { threads: Some(threads), ..Default::default() },
+        )
+        .expect("compiles");
         let got = exe.run(inputs).expect("runs");
         for (g, w) in got.iter().zip(&want) {
             assert_eq!(g.ty(), w.ty());
             for (j, (a, b)) in g.to_f64s().iter().zip(w.to_f64s()).enumerate() {
-                assert!((a - b).abs() <= 1e-4 + 1e-4 * b.abs(), "element {j}: compiled {a}, interpreter {b} ({threads} threads)");
+                assert!(
+                    (a - b).abs() <= 1e-4 + 1e-4 * b.abs(),
+                    "element {j}: compiled {a}, interpreter {b} ({threads} threads)"
+                );
             }
         }
     }
@@ -70,7 +85,14 @@ fn a_small_image_with_a_residual_and_a_clip_over_several_k_blocks() {
     let g = g.build().unwrap();
     let s = schedule(&g, Some(true));
     assert!(s.contains("epilogue: bias, residual add, clip [0, 0.5]"), "{s}");
-    check(&g, &[Tensor::random(DType::F32, &[2, 40, 4, 4], 6), Tensor::random(DType::F32, &[2, 36, 4, 4], 7)], 1);
+    check(
+        &g,
+        &[
+            Tensor::random(DType::F32, &[2, 40, 4, 4], 6),
+            Tensor::random(DType::F32, &[2, 36, 4, 4], 7),
+        ],
+        1,
+    );
 }
 
 #[test]
@@ -91,7 +113,11 @@ fn direct_convolutions_store_rows_that_start_at_any_lane_with_a_residual() {
         let g = g.build().unwrap();
         let s = schedule(&g, Some(true));
         assert!(s.contains("stride-phase planes"), "{s}");
-        check(&g, &[Tensor::random(DType::F32, &x, 6), Tensor::random(DType::F32, &[1, 10, oh, ow], 7)], 1);
+        check(
+            &g,
+            &[Tensor::random(DType::F32, &x, 6), Tensor::random(DType::F32, &[1, 10, oh, ow], 7)],
+            1,
+        );
     }
 }
 
@@ -99,7 +125,12 @@ fn direct_convolutions_store_rows_that_start_at_any_lane_with_a_residual() {
 fn pointwise_convolutions_strided_and_not_and_one_dimensional() {
     let (g, x) = conv_graph(&[1, 32, 20, 20], &[48, 32, 1, 1], ConvOptions::default(), true);
     check(&g, &x, 1);
-    let (g, x) = conv_graph(&[1, 32, 20, 20], &[48, 32, 1, 1], ConvOptions { stride: 2, ..ConvOptions::default() }, false);
+    let (g, x) = conv_graph(
+        &[1, 32, 20, 20],
+        &[48, 32, 1, 1],
+        ConvOptions { stride: 2, ..ConvOptions::default() },
+        false,
+    );
     check(&g, &x, 1);
     let (g, x) = conv_graph(&[1, 64, 70], &[40, 64, 1], ConvOptions::default(), true);
     check(&g, &x, 1);
@@ -107,9 +138,19 @@ fn pointwise_convolutions_strided_and_not_and_one_dimensional() {
 
 #[test]
 fn a_strided_dilated_stem_with_padding() {
-    let (g, x) = conv_graph(&[1, 3, 30, 30], &[16, 3, 7, 7], ConvOptions { stride: 2, pad: 3, ..ConvOptions::default() }, true);
+    let (g, x) = conv_graph(
+        &[1, 3, 30, 30],
+        &[16, 3, 7, 7],
+        ConvOptions { stride: 2, pad: 3, ..ConvOptions::default() },
+        true,
+    );
     check(&g, &x, 1);
-    let (g, x) = conv_graph(&[2, 8, 17, 17], &[12, 8, 3, 3], ConvOptions { stride: 2, pad: 2, dilation: 2, ..ConvOptions::default() }, true);
+    let (g, x) = conv_graph(
+        &[2, 8, 17, 17],
+        &[12, 8, 3, 3],
+        ConvOptions { stride: 2, pad: 2, dilation: 2, ..ConvOptions::default() },
+        true,
+    );
     check(&g, &x, 1);
 }
 
@@ -118,16 +159,45 @@ fn grouped_and_depthwise_convolutions() {
     // ResNeXt-style groups of 8 channels; depthwise 3x3 at strides 1 and 2, 5x5 with dilation,
     // and rows that are not a multiple of the 16-lane vector; channels regrouped in blocks of 16
     // with a part block left (24, 40), and a 9x9 window too wide to regroup (rows of vectors).
-    let (g, x) = conv_graph(&[1, 32, 9, 9], &[32, 8, 3, 3], ConvOptions { pad: 1, group: 4, ..ConvOptions::default() }, true);
+    let (g, x) = conv_graph(
+        &[1, 32, 9, 9],
+        &[32, 8, 3, 3],
+        ConvOptions { pad: 1, group: 4, ..ConvOptions::default() },
+        true,
+    );
     check(&g, &x, 1);
     for (x, w, o) in [
-        ([1, 24, 19, 21], [24, 1, 3, 3], ConvOptions { pad: 1, group: 24, ..ConvOptions::default() }),
-        ([2, 16, 23, 18], [16, 1, 3, 3], ConvOptions { stride: 2, pad: 1, group: 16, ..ConvOptions::default() }),
-        ([1, 8, 20, 37], [8, 1, 5, 5], ConvOptions { pad: 3, dilation: 2, group: 8, ..ConvOptions::default() }),
-        ([1, 8, 20, 37], [8, 1, 3, 3], ConvOptions { stride: 3, group: 8, ..ConvOptions::default() }),
+        (
+            [1, 24, 19, 21],
+            [24, 1, 3, 3],
+            ConvOptions { pad: 1, group: 24, ..ConvOptions::default() },
+        ),
+        (
+            [2, 16, 23, 18],
+            [16, 1, 3, 3],
+            ConvOptions { stride: 2, pad: 1, group: 16, ..ConvOptions::default() },
+        ),
+        (
+            [1, 8, 20, 37],
+            [8, 1, 5, 5],
+            ConvOptions { pad: 3, dilation: 2, group: 8, ..ConvOptions::default() },
+        ),
+        (
+            [1, 8, 20, 37],
+            [8, 1, 3, 3],
+            ConvOptions { stride: 3, group: 8, ..ConvOptions::default() },
+        ),
         ([1, 40, 7, 7], [40, 1, 3, 3], ConvOptions { pad: 1, group: 40, ..ConvOptions::default() }),
-        ([2, 40, 14, 14], [40, 1, 5, 5], ConvOptions { stride: 2, pad: 2, group: 40, ..ConvOptions::default() }),
-        ([1, 16, 12, 12], [16, 1, 9, 9], ConvOptions { pad: 4, group: 16, ..ConvOptions::default() }),
+        (
+            [2, 40, 14, 14],
+            [40, 1, 5, 5],
+            ConvOptions { stride: 2, pad: 2, group: 40, ..ConvOptions::default() },
+        ),
+        (
+            [1, 16, 12, 12],
+            [16, 1, 9, 9],
+            ConvOptions { pad: 4, group: 16, ..ConvOptions::default() },
+        ),
     ] {
         let (g, inputs) = conv_graph(&x, &w, o, true);
         let s = schedule(&g, Some(true));
@@ -142,7 +212,14 @@ fn grouped_and_depthwise_convolutions() {
     let w = g.constant("w", Tensor::random(DType::F32, &[16, 1, 3, 3], 16));
     let y = x.conv(w, None, ConvOptions { pad: 1, group: 16, ..ConvOptions::default() }) + r;
     g.output("y", y.clip(0.0, 0.6));
-    check(&g.build().unwrap(), &[Tensor::random(DType::F32, &[1, 16, 14, 14], 17), Tensor::random(DType::F32, &[1, 16, 14, 14], 18)], 1);
+    check(
+        &g.build().unwrap(),
+        &[
+            Tensor::random(DType::F32, &[1, 16, 14, 14], 17),
+            Tensor::random(DType::F32, &[1, 16, 14, 14], 18),
+        ],
+        1,
+    );
 }
 
 #[test]
@@ -154,10 +231,20 @@ fn few_positions_by_many_channels_run_transposed() {
     let r = g.input("r", DType::F32, [2, 80, 5, 5]);
     let w = g.constant("w", Tensor::random(DType::F32, &[80, 40, 3, 3], 22));
     let b = g.constant("b", Tensor::random(DType::F32, &[80], 23));
-    g.output("y", (x.conv(w, Some(b), ConvOptions { pad: 1, ..ConvOptions::default() }) + r).relu());
+    g.output(
+        "y",
+        (x.conv(w, Some(b), ConvOptions { pad: 1, ..ConvOptions::default() }) + r).relu(),
+    );
     let g = g.build().unwrap();
     assert!(schedule(&g, None).contains("transposed"));
-    check(&g, &[Tensor::random(DType::F32, &[2, 40, 5, 5], 24), Tensor::random(DType::F32, &[2, 80, 5, 5], 25)], 1);
+    check(
+        &g,
+        &[
+            Tensor::random(DType::F32, &[2, 40, 5, 5], 24),
+            Tensor::random(DType::F32, &[2, 80, 5, 5], 25),
+        ],
+        1,
+    );
     let (g, x) = conv_graph(&[1, 32, 6, 6], &[96, 32, 1, 1], ConvOptions::default(), true);
     assert!(schedule(&g, None).contains("transposed"));
     check(&g, &x, 1);
@@ -171,7 +258,14 @@ fn few_positions_by_many_channels_run_transposed() {
     g.output("y", (x.conv(w, Some(b), ConvOptions::default()) + r).clip(-0.5, 0.5));
     let g = g.build().unwrap();
     assert!(schedule(&g, None).contains("transposed"));
-    check(&g, &[Tensor::random(DType::F32, &[1, 48, 7, 7], 28), Tensor::random(DType::F32, &[1, 72, 7, 7], 29)], 1);
+    check(
+        &g,
+        &[
+            Tensor::random(DType::F32, &[1, 48, 7, 7], 28),
+            Tensor::random(DType::F32, &[1, 72, 7, 7], 29),
+        ],
+        1,
+    );
 }
 
 /// `ConvTranspose(x, w, b)` with the given attributes, then a relu.
@@ -218,16 +312,56 @@ fn max_and_average_pooling() {
     // (input dims, kind, kernel, strides, pads, dilations, ceil mode)
     type Case = (Vec<usize>, PoolKind, Vec<usize>, Vec<usize>, Vec<usize>, Vec<usize>, bool);
     let cases: Vec<Case> = vec![
-        (vec![1, 16, 37, 41], PoolKind::Max, vec![3, 3], vec![2, 2], vec![1, 1, 1, 1], vec![1, 1], true),
+        (
+            vec![1, 16, 37, 41],
+            PoolKind::Max,
+            vec![3, 3],
+            vec![2, 2],
+            vec![1, 1, 1, 1],
+            vec![1, 1],
+            true,
+        ),
         (vec![2, 8, 30, 33], PoolKind::Max, vec![3, 2], vec![1, 3], vec![0; 4], vec![2, 1], false),
         (vec![1, 16, 100], PoolKind::Max, vec![5], vec![1], vec![2, 2], vec![1], false),
-        (vec![1, 16, 29, 31], PoolKind::Average { count_include_pad: true }, vec![3, 3], vec![2, 2], vec![1, 1, 1, 1], vec![1, 1], false),
-        (vec![1, 16, 29, 31], PoolKind::Average { count_include_pad: false }, vec![3, 3], vec![2, 2], vec![1, 1, 1, 1], vec![1, 1], false),
+        (
+            vec![1, 16, 29, 31],
+            PoolKind::Average { count_include_pad: true },
+            vec![3, 3],
+            vec![2, 2],
+            vec![1, 1, 1, 1],
+            vec![1, 1],
+            false,
+        ),
+        (
+            vec![1, 16, 29, 31],
+            PoolKind::Average { count_include_pad: false },
+            vec![3, 3],
+            vec![2, 2],
+            vec![1, 1, 1, 1],
+            vec![1, 1],
+            false,
+        ),
         // The windows with copies of their own (sizes constant): 2x2/2 and 3x3/1.
         (vec![1, 16, 20, 35], PoolKind::Max, vec![2, 2], vec![2, 2], vec![0; 4], vec![1, 1], false),
-        (vec![2, 8, 9, 37], PoolKind::Average { count_include_pad: false }, vec![2, 2], vec![2, 2], vec![0; 4], vec![1, 1], false),
+        (
+            vec![2, 8, 9, 37],
+            PoolKind::Average { count_include_pad: false },
+            vec![2, 2],
+            vec![2, 2],
+            vec![0; 4],
+            vec![1, 1],
+            false,
+        ),
         (vec![1, 8, 9, 37], PoolKind::Max, vec![2, 2], vec![2, 2], vec![0; 4], vec![1, 1], true),
-        (vec![1, 8, 19, 23], PoolKind::Average { count_include_pad: false }, vec![3, 3], vec![1, 1], vec![1, 1, 1, 1], vec![1, 1], false),
+        (
+            vec![1, 8, 19, 23],
+            PoolKind::Average { count_include_pad: false },
+            vec![3, 3],
+            vec![1, 1],
+            vec![1, 1, 1, 1],
+            vec![1, 1],
+            false,
+        ),
     ];
     for (x, kind, kernel, strides, pads, dilations, ceil_mode) in cases {
         let g = GraphBuilder::new("pool");
@@ -245,8 +379,19 @@ fn max_and_average_pooling() {
     for (k, pad) in [(2, 0), (3, 1)] {
         let g = GraphBuilder::new("pool_nan");
         let xi = g.input("x", DType::F32, [1, 2, 6, 40]);
-        let window = Window { strides: vec![2, 2], dilations: vec![1, 1], pads: vec![pad; 4], auto_pad: AutoPad::NotSet };
-        let op = Op::Pool(Pool { kind: PoolKind::Max, kernel: vec![k, k], window, ceil_mode: false, column_major_indices: false });
+        let window = Window {
+            strides: vec![2, 2],
+            dilations: vec![1, 1],
+            pads: vec![pad; 4],
+            auto_pad: AutoPad::NotSet,
+        };
+        let op = Op::Pool(Pool {
+            kind: PoolKind::Max,
+            kernel: vec![k, k],
+            window,
+            ceil_mode: false,
+            column_major_indices: false,
+        });
         let y = g.apply(op, &[Some(xi)], 1)[0];
         g.output("y", y);
         let g = g.build().unwrap();
@@ -256,10 +401,15 @@ fn max_and_average_pooling() {
         }
         let x = Tensor::from_f64s(DType::F32, &[1, 2, 6, 40], &v).unwrap();
         let want = eval::run(&g, std::slice::from_ref(&x)).unwrap()[0].to_f64s();
-        let got = jit(&g, &options(Some(true)), &LoadOptions::default()).unwrap().run(&[x]).unwrap()[0].to_f64s();
+        let got =
+            jit(&g, &options(Some(true)), &LoadOptions::default()).unwrap().run(&[x]).unwrap()[0]
+                .to_f64s();
         assert!(want.iter().filter(|w| w.is_nan()).count() >= 6);
         for (j, (a, b)) in got.iter().zip(&want).enumerate() {
-            assert!(a.is_nan() == b.is_nan() && (a.is_nan() || a == b), "{k}x{k} element {j}: compiled {a}, interpreter {b}");
+            assert!(
+                a.is_nan() == b.is_nan() && (a.is_nan() || a == b),
+                "{k}x{k} element {j}: compiled {a}, interpreter {b}"
+            );
         }
     }
 }
@@ -334,15 +484,20 @@ fn schedules_print_and_are_stable() {
 #[test]
 fn tuning_times_both_candidates_and_its_choices_apply() {
     let (g, x) = conv_graph(&[1, 24, 40, 1], &[20, 24, 5, 1], ConvOptions::default(), true);
-    let report = kiln_compiler::tune::tune(&g, &options(None), Some(1), &x, false, &|_| {}).expect("tunes");
+    let report =
+        kiln_compiler::tune::tune(&g, &options(None), Some(1), &x, false, &|_| {}).expect("tunes");
     assert_eq!(report.kernels.len(), 1);
     assert_eq!(report.choices.len(), 1);
-    assert!(report.kernels[0].linalg > std::time::Duration::ZERO && report.kernels[0].microkernel > std::time::Duration::ZERO);
+    assert!(
+        report.kernels[0].linalg > std::time::Duration::ZERO
+            && report.kernels[0].microkernel > std::time::Duration::ZERO
+    );
     assert!(report.to_string().contains(if report.kept { "kept" } else { "untuned choices stay" }));
     // A choice given per kernel signature decides, both ways.
     for choice in [true, false] {
         let overrides = report.choices.keys().map(|k| (k.clone(), choice)).collect();
-        let o = Options { cache: false, microkernel_overrides: Some(overrides), ..Options::default() };
+        let o =
+            Options { cache: false, microkernel_overrides: Some(overrides), ..Options::default() };
         let s = &compile(&g, &o, true).unwrap().stages[kiln_compiler::Stage::Schedule];
         assert_eq!(s.contains("microkernel:"), choice, "{s}");
     }
@@ -352,8 +507,14 @@ fn tuning_times_both_candidates_and_its_choices_apply() {
 fn gathers_copy_whole_rows() {
     // An embedding lookup (int64 ids, some negative) and an int32-indexed gather of i64 rows.
     for (table, ids) in [
-        (Tensor::random(DType::F32, &[300, 40], 30), Tensor::from_vec(&[2, 5], vec![0i64, 299, -1, -300, 7, 150, 3, 3, 298, -2]).unwrap()),
-        (Tensor::from_vec(&[50, 24], (0..1200i64).collect::<Vec<_>>()).unwrap(), Tensor::from_vec(&[6], vec![49i32, 0, 1, -50, 25, 25]).unwrap()),
+        (
+            Tensor::random(DType::F32, &[300, 40], 30),
+            Tensor::from_vec(&[2, 5], vec![0i64, 299, -1, -300, 7, 150, 3, 3, 298, -2]).unwrap(),
+        ),
+        (
+            Tensor::from_vec(&[50, 24], (0..1200i64).collect::<Vec<_>>()).unwrap(),
+            Tensor::from_vec(&[6], vec![49i32, 0, 1, -50, 25, 25]).unwrap(),
+        ),
     ] {
         let g = GraphBuilder::new("gather");
         let t = g.constant("table", table);
@@ -368,7 +529,14 @@ fn gathers_copy_whole_rows() {
 
 /// A recurrent layer with constant weights: `(graph, inputs)`. `lens` (constant, all full) and a
 /// constant `initial_h` where asked; `outputs` results.
-fn recurrent_graph(r: kiln_ir::op::Rnn, seq: usize, batch: usize, input: usize, const_state: bool, outputs: usize) -> (Graph, Vec<Tensor>) {
+fn recurrent_graph(
+    r: kiln_ir::op::Rnn,
+    seq: usize,
+    batch: usize,
+    input: usize,
+    const_state: bool,
+    outputs: usize,
+) -> (Graph, Vec<Tensor>) {
     use kiln_ir::op::{RnnCell, RnnDirection};
     let h = r.hidden_size;
     let dirs = if r.direction == RnnDirection::Bidirectional { 2 } else { 1 };
@@ -410,16 +578,58 @@ fn recurrent_graph(r: kiln_ir::op::Rnn, seq: usize, batch: usize, input: usize, 
 #[test]
 fn recurrent_layers_run_whole_with_their_time_loop_inside() {
     use kiln_ir::op::{Rnn, RnnCell, RnnDirection};
-    let rnn = |cell, direction, hidden, batch_first| Rnn { cell, direction, hidden_size: hidden, activations: vec![], clip: None, batch_first };
+    let rnn = |cell, direction, hidden, batch_first| Rnn {
+        cell,
+        direction,
+        hidden_size: hidden,
+        activations: vec![],
+        clip: None,
+        batch_first,
+    };
     // Hidden sizes off the vector width (padded gates), gate widths over 128 columns (the
     // 8-vector block and the remainders), both directions, both layouts, one row and several
     // (the projection's matrix-vector and packed GEMM paths), constant and input states.
     let cases = [
-        (rnn(RnnCell::Gru { linear_before_reset: false }, RnnDirection::Forward, 40, false), 7, 3, 24, false, 2),
-        (rnn(RnnCell::Gru { linear_before_reset: true }, RnnDirection::Bidirectional, 20, true), 5, 4, 10, true, 2),
-        (rnn(RnnCell::Gru { linear_before_reset: false }, RnnDirection::Reverse, 33, false), 3, 1, 17, false, 1),
-        (rnn(RnnCell::Lstm { input_forget: false }, RnnDirection::Bidirectional, 40, false), 6, 2, 12, false, 3),
-        (rnn(RnnCell::Lstm { input_forget: true }, RnnDirection::Reverse, 9, true), 4, 3, 5, true, 3),
+        (
+            rnn(RnnCell::Gru { linear_before_reset: false }, RnnDirection::Forward, 40, false),
+            7,
+            3,
+            24,
+            false,
+            2,
+        ),
+        (
+            rnn(RnnCell::Gru { linear_before_reset: true }, RnnDirection::Bidirectional, 20, true),
+            5,
+            4,
+            10,
+            true,
+            2,
+        ),
+        (
+            rnn(RnnCell::Gru { linear_before_reset: false }, RnnDirection::Reverse, 33, false),
+            3,
+            1,
+            17,
+            false,
+            1,
+        ),
+        (
+            rnn(RnnCell::Lstm { input_forget: false }, RnnDirection::Bidirectional, 40, false),
+            6,
+            2,
+            12,
+            false,
+            3,
+        ),
+        (
+            rnn(RnnCell::Lstm { input_forget: true }, RnnDirection::Reverse, 9, true),
+            4,
+            3,
+            5,
+            true,
+            3,
+        ),
         (rnn(RnnCell::Simple, RnnDirection::Forward, 64, false), 8, 2, 32, false, 2),
     ];
     for (r, seq, batch, input, const_state, outputs) in cases {
@@ -472,7 +682,11 @@ fn reductions_and_softmax_by_rows() {
         let g = GraphBuilder::new("reduce");
         let x = g.input("x", DType::F32, dims);
         let axes = axes.map(|a| g.constant("axes", Tensor::vector(a)));
-        let y = g.apply(Op::Reduce(Reduce { kind, keepdims, noop_with_empty_axes: false }), &[Some(x), axes], 1);
+        let y = g.apply(
+            Op::Reduce(Reduce { kind, keepdims, noop_with_empty_axes: false }),
+            &[Some(x), axes],
+            1,
+        );
         g.output("y", y[0]);
         (g.build().expect("builds"), vec![Tensor::random(DType::F32, dims, 8)])
     };
@@ -498,9 +712,11 @@ fn reductions_and_softmax_by_rows() {
         g.output("y", y[0]);
         check(&g.build().unwrap(), &[Tensor::random(DType::F32, &[2, 64, 7, 7], 9)], 1);
     }
-    for (op, dims) in
-        [(Op::Softmax { axis: -1 }, vec![12, 37, 130]), (Op::LogSoftmax { axis: 1 }, vec![5, 300]), (Op::Softmax { axis: 1 }, vec![64, 16])]
-    {
+    for (op, dims) in [
+        (Op::Softmax { axis: -1 }, vec![12, 37, 130]),
+        (Op::LogSoftmax { axis: 1 }, vec![5, 300]),
+        (Op::Softmax { axis: 1 }, vec![64, 16]),
+    ] {
         let g = GraphBuilder::new("softmax");
         let x = g.input("x", DType::F32, dims.as_slice());
         let y = g.apply(op, &[Some(x)], 1);
@@ -548,15 +764,24 @@ fn transposes_that_move_the_last_axis_go_by_blocks() {
 fn inverted_residual(batch: usize, hw: usize) -> (Graph, Vec<Tensor>) {
     let g = GraphBuilder::new("inverted_residual");
     let x = g.input("x", DType::F32, [batch, 24, hw, hw]);
-    let c = |name: &str, shape: &[usize], seed: u64| g.constant(name, Tensor::random(DType::F32, shape, seed));
+    let c = |name: &str, shape: &[usize], seed: u64| {
+        g.constant(name, Tensor::random(DType::F32, shape, seed))
+    };
     let dw = |stride| ConvOptions { pad: 1, stride, group: 64, ..ConvOptions::default() };
     let p0 = x.conv(c("w0", &[32, 24, 1, 1], 40), Some(c("b0", &[32], 41)), ConvOptions::default());
-    let e1 = p0.conv(c("w1", &[64, 32, 1, 1], 42), Some(c("b1", &[64], 43)), ConvOptions::default()).clip(0.0, 6.0);
+    let e1 = p0
+        .conv(c("w1", &[64, 32, 1, 1], 42), Some(c("b1", &[64], 43)), ConvOptions::default())
+        .clip(0.0, 6.0);
     let d1 = e1.conv(c("w2", &[64, 1, 3, 3], 44), Some(c("b2", &[64], 45)), dw(1)).clip(0.0, 6.0);
-    let p1 = d1.conv(c("w3", &[32, 64, 1, 1], 46), Some(c("b3", &[32], 47)), ConvOptions::default()) + p0;
+    let p1 =
+        d1.conv(c("w3", &[32, 64, 1, 1], 46), Some(c("b3", &[32], 47)), ConvOptions::default())
+            + p0;
     let e2 = p1.conv(c("w4", &[64, 32, 1, 1], 48), None, ConvOptions::default()).relu();
     let d2 = e2.conv(c("w5", &[64, 1, 3, 3], 49), Some(c("b5", &[64], 50)), dw(2)).clip(0.0, 6.0);
-    g.output("y", d2.conv(c("w6", &[80, 64, 1, 1], 51), Some(c("b6", &[80], 52)), ConvOptions::default()));
+    g.output(
+        "y",
+        d2.conv(c("w6", &[80, 64, 1, 1], 51), Some(c("b6", &[80], 52)), ConvOptions::default()),
+    );
     (g.build().unwrap(), vec![Tensor::random(DType::F32, &[batch, 24, hw, hw], 53)])
 }
 

@@ -16,7 +16,11 @@ fn recognized(graph: &Graph, inputs: &[Tensor]) -> Vec<&'static str> {
 
 /// Runs `pass`, checks the rewritten graph against the original on the interpreter and the
 /// compiled graph against the interpreter; returns the op names left in the rewritten graph.
-fn recognized_by(pass: fn(&mut Graph) -> kiln_compiler::Result<bool>, graph: &Graph, inputs: &[Tensor]) -> Vec<&'static str> {
+fn recognized_by(
+    pass: fn(&mut Graph) -> kiln_compiler::Result<bool>,
+    graph: &Graph,
+    inputs: &[Tensor],
+) -> Vec<&'static str> {
     let want = eval::run(graph, inputs).expect("the interpreter runs the graph");
     let mut g = graph.clone();
     pass(&mut g).expect("the pass runs");
@@ -29,7 +33,10 @@ fn recognized_by(pass: fn(&mut Graph) -> kiln_compiler::Result<bool>, graph: &Gr
         }
     }
     check_against_eval(graph, inputs, 2, 1e-4);
-    g.nodes().filter(|(_, n)| !matches!(n.op, Op::Input | Op::Constant(_))).map(|(_, n)| n.op.name()).collect()
+    g.nodes()
+        .filter(|(_, n)| !matches!(n.op, Op::Input | Op::Constant(_)))
+        .map(|(_, n)| n.op.name())
+        .collect()
 }
 
 /// `(x - mean) / sqrt(var + eps)`, the square as Pow or as a product.
@@ -47,11 +54,16 @@ fn layer_norm_as_exporters_write_it_is_one_op() {
         let x = g.input("x", DType::F32, [6, 40]);
         let mut y = layer_norm(x, pow);
         if affine {
-            y = y * g.constant("gamma", Tensor::random(DType::F32, &[40], 2)) + g.constant("beta", Tensor::random(DType::F32, &[1, 40], 3));
+            y = y * g.constant("gamma", Tensor::random(DType::F32, &[40], 2))
+                + g.constant("beta", Tensor::random(DType::F32, &[1, 40], 3));
         }
         g.output("y", y);
         let graph = g.build().unwrap();
-        assert_eq!(recognized(&graph, &[Tensor::random(DType::F32, &[6, 40], 1)]), vec!["LayerNormalization"], "pow {pow}, affine {affine}");
+        assert_eq!(
+            recognized(&graph, &[Tensor::random(DType::F32, &[6, 40], 1)]),
+            vec!["LayerNormalization"],
+            "pow {pow}, affine {affine}"
+        );
     }
 }
 
@@ -65,7 +77,11 @@ fn rms_norm_by_division_and_by_reciprocal_is_one_op() {
         let n = if reciprocal { x * rms.reciprocal() } else { x / rms };
         g.output("y", n * g.constant("w", Tensor::random(DType::F32, &[32], 4)));
         let graph = g.build().unwrap();
-        assert_eq!(recognized(&graph, &[Tensor::random(DType::F32, &[3, 5, 32], 1)]), vec!["RMSNormalization"], "reciprocal {reciprocal}");
+        assert_eq!(
+            recognized(&graph, &[Tensor::random(DType::F32, &[3, 5, 32], 1)]),
+            vec!["RMSNormalization"],
+            "reciprocal {reciprocal}"
+        );
     }
 }
 
@@ -88,7 +104,8 @@ fn a_pattern_whose_parts_are_used_elsewhere_is_left() {
     let var = (d * d).reduce_mean(&[0], true);
     g.output("y", d / (var + var.scalar(1e-5)).sqrt());
     let graph = g.build().unwrap();
-    assert!(!recognized(&graph, &[Tensor::random(DType::F32, &[4, 16], 1)]).contains(&"LayerNormalization"));
+    assert!(!recognized(&graph, &[Tensor::random(DType::F32, &[4, 16], 1)])
+        .contains(&"LayerNormalization"));
 }
 
 #[test]
@@ -117,7 +134,10 @@ fn softmax_and_log_softmax_as_exporters_write_them_are_one_op() {
     let d = x - x.reduce_max(&[1], true);
     g.output("y", d - d.exp().reduce_sum(&[1], true).log());
     let graph = g.build().unwrap();
-    assert_eq!(recognized(&graph, &[Tensor::random(DType::F32, &[16, 1000], 3)]), vec!["LogSoftmax"]);
+    assert_eq!(
+        recognized(&graph, &[Tensor::random(DType::F32, &[16, 1000], 3)]),
+        vec!["LogSoftmax"]
+    );
 
     // A sum over another axis than the max, or an exponential also an output, is left.
     let g = GraphBuilder::new("mismatch");
@@ -151,18 +171,32 @@ fn attention_on_heads_of_a_projection_is_one_op_reading_them_in_place() {
     let qkv = g.input("qkv", DType::F32, [b, s, 3 * h * d]);
     let parts = qkv.split(-1, &[(h * d) as i64; 3]);
     let (bi, si, hi, di) = (b as i64, s as i64, h as i64, d as i64);
-    let (q, k, v) = (heads(parts[0], bi, si, hi, di, false), heads(parts[1], bi, si, hi, di, true), heads(parts[2], bi, si, hi, di, false));
-    let causal: Vec<f32> = (0..s * s).map(|i| if i % s > i / s { f32::NEG_INFINITY } else { 0.0 }).collect();
+    let (q, k, v) = (
+        heads(parts[0], bi, si, hi, di, false),
+        heads(parts[1], bi, si, hi, di, true),
+        heads(parts[2], bi, si, hi, di, false),
+    );
+    let causal: Vec<f32> =
+        (0..s * s).map(|i| if i % s > i / s { f32::NEG_INFINITY } else { 0.0 }).collect();
     let mask = g.constant("mask", Tensor::from_slice(&[s, s], &causal).unwrap());
     let scores = q.matmul(k) / q.scalar((d as f64).sqrt()) + mask;
     let y = scores.softmax(-1).matmul(v).transpose(&[0, 2, 1, 3]).reshape(&[bi, si, hi * di]);
     g.output("y", y);
     let graph = g.build().unwrap();
-    let ops = recognized_by(attention::run, &graph, &[Tensor::random(DType::F32, &[b, s, 3 * h * d], 1)]);
-    assert_eq!(ops, vec!["Split", "Attention"], "the head transposes, both MatMuls and the Softmax go");
+    let ops =
+        recognized_by(attention::run, &graph, &[Tensor::random(DType::F32, &[b, s, 3 * h * d], 1)]);
+    assert_eq!(
+        ops,
+        vec!["Split", "Attention"],
+        "the head transposes, both MatMuls and the Softmax go"
+    );
     // The constant causal mask became the causal flag; the kernel reads the heads in place.
     let o = kiln_compiler::Options { cache: false, ..Default::default() };
-    insta::assert_snapshot!("attention_schedule", kiln_compiler::compile(&graph, &o, true).expect("compiles").stages[kiln_compiler::Stage::Schedule]);
+    insta::assert_snapshot!(
+        "attention_schedule",
+        kiln_compiler::compile(&graph, &o, true).expect("compiles").stages
+            [kiln_compiler::Stage::Schedule]
+    );
 }
 
 #[test]
@@ -188,8 +222,14 @@ fn attention_on_four_dimensional_heads_with_a_broadcast_mask_is_one_op() {
         g.output("y", scores.softmax(-1).matmul(v));
         let graph = g.build().unwrap();
         // K = Transpose(K^T) cancels K^T's own transpose once simplified: the kernel reads K.
-        let then_simplify = |g: &mut Graph| -> kiln_compiler::Result<bool> { Ok(attention::run(g)? | simplify::run(g)?) };
-        assert_eq!(recognized_by(then_simplify, &graph, &inputs), vec!["Attention"], "masked {masked}");
+        let then_simplify = |g: &mut Graph| -> kiln_compiler::Result<bool> {
+            Ok(attention::run(g)? | simplify::run(g)?)
+        };
+        assert_eq!(
+            recognized_by(then_simplify, &graph, &inputs),
+            vec!["Attention"],
+            "masked {masked}"
+        );
     }
 }
 
@@ -203,21 +243,37 @@ fn attention_whose_probabilities_are_also_an_output_is_left() {
     g.output("y", p.matmul(v));
     g.output("p", p);
     let graph = g.build().unwrap();
-    let inputs =
-        [Tensor::random(DType::F32, &[1, 2, 8, 16], 1), Tensor::random(DType::F32, &[1, 2, 16, 8], 2), Tensor::random(DType::F32, &[1, 2, 8, 16], 3)];
+    let inputs = [
+        Tensor::random(DType::F32, &[1, 2, 8, 16], 1),
+        Tensor::random(DType::F32, &[1, 2, 16, 8], 2),
+        Tensor::random(DType::F32, &[1, 2, 8, 16], 3),
+    ];
     assert!(!recognized_by(attention::run, &graph, &inputs).contains(&"Attention"));
 }
 
 /// `x` padded by `pads` ([begins..., ends...] over all axes) with `mode` and `value`, then a
 /// 3x3 convolution of 8 groups of `per_group` channels with `o`.
-fn padded_conv(pads: &[i64], mode: kiln_ir::op::PadMode, value: Option<f64>, per_group: usize, o: ConvOptions) -> (Graph, Vec<Tensor>) {
+fn padded_conv(
+    pads: &[i64],
+    mode: kiln_ir::op::PadMode,
+    value: Option<f64>,
+    per_group: usize,
+    o: ConvOptions,
+) -> (Graph, Vec<Tensor>) {
     let g = GraphBuilder::new("pad_conv");
     let x = g.input("x", DType::F32, [2, 8, 15, 15]);
     let p = g.constant("pads", Tensor::vector(pads));
     let v = value.map(|v| g.constant("value", Tensor::scalar(v as f32)));
     let padded = g.apply(Op::Pad { mode }, &[Some(x), Some(p), v], 1)[0];
     let w = g.constant("w", Tensor::random(DType::F32, &[8, per_group, 3, 3], 2));
-    g.output("y", padded.conv(w, Some(g.constant("b", Tensor::random(DType::F32, &[8], 3))), o.group(8 / per_group)));
+    g.output(
+        "y",
+        padded.conv(
+            w,
+            Some(g.constant("b", Tensor::random(DType::F32, &[8], 3))),
+            o.group(8 / per_group),
+        ),
+    );
     (g.build().unwrap(), vec![Tensor::random(DType::F32, &[2, 8, 15, 15], 1)])
 }
 
@@ -245,12 +301,27 @@ fn a_zero_pad_before_a_conv_becomes_its_padding() {
             // (A channel pad changes the conv's input channels: 9 of them, one group.)
             let g = GraphBuilder::new("pad_c");
             let x = g.input("x", DType::F32, [1, 8, 6, 6]);
-            let padded = g.apply(Op::Pad { mode }, &[Some(x), Some(g.constant("pads", Tensor::vector(&pads)))], 1)[0];
-            g.output("y", padded.conv(g.constant("w", Tensor::random(DType::F32, &[4, 9, 3, 3], 2)), None, ConvOptions::default()));
+            let padded = g.apply(
+                Op::Pad { mode },
+                &[Some(x), Some(g.constant("pads", Tensor::vector(&pads)))],
+                1,
+            )[0];
+            g.output(
+                "y",
+                padded.conv(
+                    g.constant("w", Tensor::random(DType::F32, &[4, 9, 3, 3], 2)),
+                    None,
+                    ConvOptions::default(),
+                ),
+            );
             (g.build().unwrap(), vec![Tensor::random(DType::F32, &[1, 8, 6, 6], 1)])
         } else {
             padded_conv(&pads, mode, value, 8, ConvOptions::default())
         };
-        assert_eq!(recognized_by(absorb_pad::run, &graph, &inputs), vec!["Pad", "Conv"], "pads {pads:?}, {mode:?}, value {value:?}");
+        assert_eq!(
+            recognized_by(absorb_pad::run, &graph, &inputs),
+            vec!["Pad", "Conv"],
+            "pads {pads:?}, {mode:?}, value {value:?}"
+        );
     }
 }

@@ -40,9 +40,19 @@ fn run_compiled(graph: &Graph, inputs: &[Value], target: TargetKind) -> (Vec<Str
         options.input_values.insert(flat.node(id).name.clone(), t.clone());
         options.input_shapes.insert(flat.node(id).name.clone(), t.dims().to_vec());
     }
-    let exe = Executable::load(compile(&flat, &options, false).unwrap().artifact, &LoadOptions { threads: Some(2), ..Default::default() }).unwrap();
-    let given: Vec<Tensor> =
-        exe.inputs().iter().map(|d| tensors[flat.inputs().iter().position(|&id| flat.node(id).name == d.name).unwrap()].clone()).collect();
+    let exe = Executable::load(
+        compile(&flat, &options, false).unwrap().artifact,
+        &LoadOptions { threads: Some(2), ..Default::default() },
+    )
+    .unwrap();
+    let given: Vec<Tensor> = exe
+        .inputs()
+        .iter()
+        .map(|d| {
+            tensors[flat.inputs().iter().position(|&id| flat.node(id).name == d.name).unwrap()]
+                .clone()
+        })
+        .collect();
     let names: Vec<String> = exe.outputs().iter().map(|d| d.name.clone()).collect();
     let out = exe.run(&given).unwrap();
     (names.clone(), values::regroup(graph, &names, out).unwrap())
@@ -62,7 +72,9 @@ fn positions_given_at_run_time_are_bound_and_the_list_resolves_to_tensors() {
         assert_eq!(got, want, "insert at {pos}, read at {at}");
     }
     // Without the positions' values the compiler says which inputs decide the list.
-    let e = compile(&graph, &Options { cache: false, ..Options::default() }, false).err().expect("refused");
+    let e = compile(&graph, &Options { cache: false, ..Options::default() }, false)
+        .err()
+        .expect("refused");
     assert!(matches!(e, CompileError::DynamicShapes(_)), "{e}");
     assert!(e.to_string().contains("depend on the values of `pos`, `at`"), "{e}");
 }
@@ -75,7 +87,9 @@ fn mapped() -> Graph {
     b.output("y", x * w + b.constant("one", Tensor::scalar(1f32)));
     let body = Subgraph(Arc::new(b.build().unwrap()));
     let mut g = Graph::new("mapped");
-    let xs = g.add_input("xs", TensorType::sequence(DType::F32, Some(Shape::fixed(&[4])), None)).unwrap();
+    let xs = g
+        .add_input("xs", TensorType::sequence(DType::F32, Some(Shape::fixed(&[4])), None))
+        .unwrap();
     let w = g.add_input("w", TensorType::new(DType::F32, [4])).unwrap();
     let ys = seq_op(&mut g, "ys", SequenceOp::Map { body, captures: 0 }, &[xs, w]);
     let stacked = seq_op(&mut g, "stacked", SequenceOp::Concat { axis: 0, new_axis: true }, &[ys]);
@@ -95,29 +109,53 @@ fn a_sequence_input_is_passed_as_its_elements_and_a_sequence_map_is_inlined_per_
         let (names, got) = run_compiled(&graph, &inputs, TargetKind::Cpu);
         assert_eq!(names.len(), n + 1, "{names:?}");
         assert_eq!(got.len(), 2);
-        let (Value::Sequence(g), Value::Sequence(w)) = (&got[0], &want[0]) else { panic!("sequences, got {}", got[0]) };
+        let (Value::Sequence(g), Value::Sequence(w)) = (&got[0], &want[0]) else {
+            panic!("sequences, got {}", got[0])
+        };
         for (a, b) in g.iter().zip(w) {
-            let d = a.to_f64s().iter().zip(b.to_f64s()).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max);
+            let d =
+                a.to_f64s().iter().zip(b.to_f64s()).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max);
             assert!(d < 1e-6, "{d}");
         }
         assert_eq!(got[1].as_tensor().unwrap().dims(), &[n, 4]);
     }
     // The optimised graph holds no sequence op: the body is inlined once per element.
-    let (flat, tensors) = values::bind(&graph, &[Value::Sequence(vec![Tensor::random(DType::F32, &[4], 1); 2]), Value::Tensor(w)]).unwrap();
-    assert_eq!(flat.inputs().iter().map(|&id| flat.node(id).name.clone()).collect::<Vec<_>>(), ["w", "xs[0]", "xs[1]"]);
+    let (flat, tensors) = values::bind(
+        &graph,
+        &[Value::Sequence(vec![Tensor::random(DType::F32, &[4], 1); 2]), Value::Tensor(w)],
+    )
+    .unwrap();
+    assert_eq!(
+        flat.inputs().iter().map(|&id| flat.node(id).name.clone()).collect::<Vec<_>>(),
+        ["w", "xs[0]", "xs[1]"]
+    );
     assert_eq!(tensors.len(), 3);
     let trace = driver::pass_trace(&flat, &Options { cache: false, ..Options::default() }).unwrap();
-    let after = trace.split("// after ").find(|s| s.starts_with("sequences\n")).expect("the sequences pass changed the graph");
+    let after = trace
+        .split("// after ")
+        .find(|s| s.starts_with("sequences\n"))
+        .expect("the sequences pass changed the graph");
     insta::assert_snapshot!("sequence_map_resolved", after);
 }
 
 #[test]
 fn a_sequence_input_without_its_value_is_refused_naming_it() {
-    let e = compile(&mapped(), &Options { cache: false, ..Options::default() }, false).err().expect("refused");
+    let e = compile(&mapped(), &Options { cache: false, ..Options::default() }, false)
+        .err()
+        .expect("refused");
     assert!(matches!(e, CompileError::RuntimeSequence { .. }), "{e}");
-    assert!(e.to_string().starts_with("node `xs` (Input): the input is seq(f32[4]); compiled programs take tensors"), "{e}");
+    assert!(
+        e.to_string().starts_with(
+            "node `xs` (Input): the input is seq(f32[4]); compiled programs take tensors"
+        ),
+        "{e}"
+    );
     // A value of the wrong kind is named too.
-    let e = values::bind(&mapped(), &[Value::Tensor(Tensor::scalar(1f32)), Value::Tensor(Tensor::scalar(1f32))]).unwrap_err();
+    let e = values::bind(
+        &mapped(),
+        &[Value::Tensor(Tensor::scalar(1f32)), Value::Tensor(Tensor::scalar(1f32))],
+    )
+    .unwrap_err();
     assert_eq!(e.to_string(), "input `xs` is seq(f32[4]), got f32[]");
 }
 
@@ -128,7 +166,8 @@ fn sequences_resolve_on_opencl() {
         return;
     }
     let graph = lists();
-    let mut inputs: Vec<Value> = (0..3).map(|i| Value::Tensor(Tensor::random(DType::F32, &[2, 3], i))).collect();
+    let mut inputs: Vec<Value> =
+        (0..3).map(|i| Value::Tensor(Tensor::random(DType::F32, &[2, 3], i))).collect();
     inputs.extend([Value::Tensor(Tensor::scalar(-2i64)), Value::Tensor(Tensor::scalar(1i64))]);
     let (_, got) = run_compiled(&graph, &inputs, TargetKind::Opencl);
     assert_eq!(got, eval::run_values(&graph, &inputs).unwrap());

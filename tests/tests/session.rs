@@ -29,17 +29,25 @@ fn a_decoder_with_a_growing_kv_cache_compiles_twice_in_32_steps() {
         .iter()
         .map(|&id| {
             let n = graph.node(id);
-            (n.name.clone(), n.outputs[0].shape.dims().iter().map(|d| d.fixed().unwrap_or(13)).collect())
+            (
+                n.name.clone(),
+                n.outputs[0].shape.dims().iter().map(|d| d.fixed().unwrap_or(13)).collect(),
+            )
         })
         .collect();
     let plan = pad::plan(&graph, "past", &probe).unwrap();
     insta::assert_snapshot!("decoder_pad_plan", plan.to_string());
     for threads in [1, 2] {
-        let mut session =
-            Session::new(graph.clone(), Options { cache: false, ..Options::default() }, LoadOptions { threads: Some(threads), ..Default::default() });
-        let mut cache: Vec<Tensor> = (0..2 * layers).map(|_| Tensor::zeros(DType::F32, &[1, heads, 0, head_dim])).collect();
+        let mut session = Session::new(
+            graph.clone(),
+            Options { cache: false, ..Options::default() },
+            LoadOptions { threads: Some(threads), ..Default::default() },
+        );
+        let mut cache: Vec<Tensor> =
+            (0..2 * layers).map(|_| Tensor::zeros(DType::F32, &[1, heads, 0, head_dim])).collect();
         for step in 0..32 {
-            let mut inputs = vec![Tensor::random(DType::F32, &[1, 1, heads * head_dim], 100 + step)];
+            let mut inputs =
+                vec![Tensor::random(DType::F32, &[1, 1, heads * head_dim], 100 + step)];
             inputs.extend(cache.iter().cloned());
             let got = session.run(&inputs).unwrap();
             let want = eval::run(&graph, &inputs).unwrap();
@@ -61,7 +69,8 @@ fn the_padded_decoder_runs_on_opencl() {
     let graph = models::gpt_decoder_step(layers, heads, head_dim, 5).unwrap();
     let options = Options { cache: false, target: TargetKind::Opencl, ..Options::default() };
     let mut session = Session::new(graph.clone(), options, LoadOptions::default());
-    let mut cache: Vec<Tensor> = (0..2 * layers).map(|_| Tensor::zeros(DType::F32, &[1, heads, 0, head_dim])).collect();
+    let mut cache: Vec<Tensor> =
+        (0..2 * layers).map(|_| Tensor::zeros(DType::F32, &[1, heads, 0, head_dim])).collect();
     for step in 0..18 {
         let mut inputs = vec![Tensor::random(DType::F32, &[1, 1, heads * head_dim], 200 + step)];
         inputs.extend(cache.iter().cloned());
@@ -84,7 +93,11 @@ fn a_symbol_that_cannot_be_padded_is_compiled_per_size() {
         pad::plan(&graph, "past", &probe).unwrap_err(),
         "ReduceSum `total` reads a value padded along `past`, which kiln does not pad through"
     );
-    let mut session = Session::new(graph.clone(), Options { cache: false, ..Options::default() }, LoadOptions::default());
+    let mut session = Session::new(
+        graph.clone(),
+        Options { cache: false, ..Options::default() },
+        LoadOptions::default(),
+    );
     for (i, n) in [3, 5, 3, 7].into_iter().enumerate() {
         let x = vec![Tensor::random(DType::F32, &[n, 8], i as u64)];
         close(&session.run(&x).unwrap(), &eval::run(&graph, &x).unwrap(), &format!("length {n}"));
@@ -102,13 +115,19 @@ fn a_padded_artifact_serves_every_length_up_to_its_capacity() {
     let graph = models::gpt_decoder_step(layers, heads, head_dim, 9).unwrap();
     let options = Options { cache: false, pad: Some(("past".into(), 32)), ..Options::default() };
     let compiled = kiln_compiler::compile(&graph, &options, true).unwrap();
-    assert!(compiled.stages[kiln_compiler::Stage::Fused].starts_with("pad `past`\n"), "{}", &compiled.stages[kiln_compiler::Stage::Fused]);
+    assert!(
+        compiled.stages[kiln_compiler::Stage::Fused].starts_with("pad `past`\n"),
+        "{}",
+        &compiled.stages[kiln_compiler::Stage::Fused]
+    );
     let art = Artifact::from_bytes(&compiled.artifact.to_bytes(), "decoder.kiln").unwrap();
     let exe = Executable::load(art.clone(), &LoadOptions::default()).unwrap();
     assert_eq!(exe.inputs()[1].dims, vec![1, heads, 32, head_dim]);
     let step = |past: usize| -> Vec<Tensor> {
         let mut x = vec![Tensor::random(DType::F32, &[1, 1, heads * head_dim], past as u64)];
-        x.extend((0..2).map(|i| Tensor::random(DType::F32, &[1, heads, past, head_dim], 50 + i + past as u64)));
+        x.extend((0..2).map(|i| {
+            Tensor::random(DType::F32, &[1, heads, past, head_dim], 50 + i + past as u64)
+        }));
         x
     };
     for past in [0, 1, 5, 31, 32] {
@@ -117,7 +136,10 @@ fn a_padded_artifact_serves_every_length_up_to_its_capacity() {
     }
     // Past the capacity, or lengths that disagree: errors naming the input.
     let e = exe.run(&step(33)).unwrap_err().to_string();
-    assert!(e.contains("past_key_0") && e.contains("expected f32[1,2,past<=32,8], got f32[1,2,33,8]"), "{e}");
+    assert!(
+        e.contains("past_key_0") && e.contains("expected f32[1,2,past<=32,8], got f32[1,2,33,8]"),
+        "{e}"
+    );
     let mut x = step(4);
     x[2] = Tensor::random(DType::F32, &[1, heads, 5, head_dim], 1);
     let e = exe.run(&x).unwrap_err().to_string();
@@ -127,7 +149,10 @@ fn a_padded_artifact_serves_every_length_up_to_its_capacity() {
     if let Some(p) = bad.manifest.padded.as_mut() {
         p.capacity = 16;
     }
-    assert_eq!(bad.validate().unwrap_err(), "padded input `past_key_0` (f32[1, 2, 32, 8]) has no axis 2 of size 16");
+    assert_eq!(
+        bad.validate().unwrap_err(),
+        "padded input `past_key_0` (f32[1, 2, 32, 8]) has no axis 2 of size 16"
+    );
     // A symbol that cannot be padded is a usage error naming the node.
     let g = GraphBuilder::new("sum_over_past");
     let x = g.input("x", DType::F32, vec![Dim::sym("past"), 8.into()]);

@@ -19,7 +19,9 @@ fn tiny_mlp() -> Graph {
 }
 
 fn stages(graph: &Graph) -> kiln_compiler::Stages {
-    compile(graph, &Options { cache: false, ..Options::default() }, true).expect("the model compiles").stages
+    compile(graph, &Options { cache: false, ..Options::default() }, true)
+        .expect("the model compiles")
+        .stages
 }
 
 #[test]
@@ -77,8 +79,11 @@ fn contiguous_slices_are_views_at_offsets() {
     let graph = g.build().unwrap();
     let s = stages(&graph);
     insta::assert_snapshot!("views_fused", s[Stage::Fused]);
-    let inputs =
-        [Tensor::random(DType::F32, &[1, 8, 6, 6], 1), Tensor::random(DType::F32, &[2, 4, 5], 3), Tensor::random(DType::F32, &[3, 2, 4, 4], 4)];
+    let inputs = [
+        Tensor::random(DType::F32, &[1, 8, 6, 6], 1),
+        Tensor::random(DType::F32, &[2, 4, 5], 3),
+        Tensor::random(DType::F32, &[3, 2, 4, 4], 4),
+    ];
     crate::compile::check_against_eval(&graph, &inputs, 2, 1e-4);
 }
 
@@ -88,7 +93,12 @@ fn contiguous_slices_are_views_at_offsets() {
 fn the_mlir_stage_stops_after_codegen() {
     let g = tiny_mlp();
     for microkernel in [Some(false), Some(true)] {
-        let o = Options { cache: false, microkernel, microkernel_overrides: Some(Default::default()), ..Options::default() };
+        let o = Options {
+            cache: false,
+            microkernel,
+            microkernel_overrides: Some(Default::default()),
+            ..Options::default()
+        };
         let emitted = kiln_compiler::driver::emit(&g, Stage::Mlir, &o).expect("emits");
         let kept = compile(&g, &o, true).expect("compiles").stages;
         assert_eq!(emitted, kept[Stage::Mlir], "microkernel {microkernel:?}");
@@ -114,8 +124,13 @@ fn stages_are_one_list() {
     let o = Options { cache: false, ..Options::default() };
     let e = kiln_compiler::driver::emit(&tiny_mlp(), Stage::Ptx, &o).unwrap_err().to_string();
     assert_eq!(e, "stage ptx is the cuda target's code: compile for target cuda");
-    let e =
-        kiln_compiler::driver::emit(&tiny_mlp(), Stage::Llvm, &Options { target: kiln_compiler::TargetKind::Opencl, ..o }).unwrap_err().to_string();
+    let e = kiln_compiler::driver::emit(
+        &tiny_mlp(),
+        Stage::Llvm,
+        &Options { target: kiln_compiler::TargetKind::Opencl, ..o },
+    )
+    .unwrap_err()
+    .to_string();
     assert!(e.starts_with("stage llvm: the opencl target goes through SPIR-V"), "{e}");
 }
 
@@ -137,5 +152,8 @@ fn errors_chain_the_kernel_context_to_the_leaf() {
     assert_eq!(wrapped.to_string(), "compiling kernel `k0_x` (x: Relu), stage lower");
     let source = std::error::Error::source(&wrapped).expect("the leaf is the source").to_string();
     assert!(source.starts_with("the pipeline no-such-pass failed: it does not parse"), "{source}");
-    assert_eq!(wrapped.chain(), format!("compiling kernel `k0_x` (x: Relu), stage lower: {source}"));
+    assert_eq!(
+        wrapped.chain(),
+        format!("compiling kernel `k0_x` (x: Relu), stage lower: {source}")
+    );
 }

@@ -3,7 +3,10 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use super::common::{graph_input_types, graph_inputs, load_model, ms, order_inputs, parse_shapes, read_inputs, DeviceArg, Model};
+use super::common::{
+    graph_input_types, graph_inputs, load_model, ms, order_inputs, parse_shapes, read_inputs,
+    DeviceArg, Model,
+};
 use crate::{CompileError, Result};
 
 #[derive(clap::Args)]
@@ -93,21 +96,32 @@ pub fn run(args: &Args) -> Result<()> {
     let mut left = kiln_runtime::memory::budget(args.max_memory);
     for (i, (name, dtype, dims)) in declared.iter().enumerate() {
         if !given.iter().any(|(n, _)| n == name) {
-            given.push((name.clone(), crate::tune::random_input(name, *dtype, dims, 1000 + i as u64, &mut left)?));
+            given.push((
+                name.clone(),
+                crate::tune::random_input(name, *dtype, dims, 1000 + i as u64, &mut left)?,
+            ));
         }
     }
     if args.tune {
         let Model::Graph(g) = &model else {
-            return Err(CompileError::Usage("--tune needs a model, not a compiled artifact".into()));
+            return Err(CompileError::Usage(
+                "--tune needs a model, not a compiled artifact".into(),
+            ));
         };
         if !matches!(args.device, DeviceArg::Cpu | DeviceArg::Auto) {
-            return Err(CompileError::Usage("--tune tunes CPU kernels: use it with --device cpu".into()));
+            return Err(CompileError::Usage(
+                "--tune tunes CPU kernels: use it with --device cpu".into(),
+            ));
         }
         let ordered = order_inputs(&graph_inputs(g), given.clone())?;
         // The options `kiln bench` compiles with: sizes and shape-deciding values from the inputs.
         let names: Vec<String> = g.inputs().iter().map(|&id| g.node(id).name.clone()).collect();
         let options = crate::Options {
-            input_shapes: names.iter().zip(&ordered).map(|(n, t)| (n.clone(), t.dims().to_vec())).collect(),
+            input_shapes: names
+                .iter()
+                .zip(&ordered)
+                .map(|(n, t)| (n.clone(), t.dims().to_vec()))
+                .collect(),
             input_values: names.iter().zip(&ordered).map(|(n, t)| (n.clone(), t.clone())).collect(),
             ..crate::Options::default()
         };
@@ -122,8 +136,13 @@ pub fn run(args: &Args) -> Result<()> {
         }
     }
     let start = Instant::now();
-    let load = kiln_runtime::LoadOptions { threads: args.threads, max_memory: args.max_memory, ..Default::default() };
-    let (exe, ordered) = super::run::executable(model, &given, &load, args.device, args.quiet || args.json)?;
+    let load = kiln_runtime::LoadOptions {
+        threads: args.threads,
+        max_memory: args.max_memory,
+        ..Default::default()
+    };
+    let (exe, ordered) =
+        super::run::executable(model, &given, &load, args.device, args.quiet || args.json)?;
     let compile_ms = start.elapsed().as_secs_f64() * 1e3;
     for _ in 0..args.warmup {
         exe.run(&ordered)?;
@@ -159,7 +178,8 @@ pub fn run(args: &Args) -> Result<()> {
     times.sort();
     let median = times[times.len() / 2];
     let mean = times.iter().sum::<std::time::Duration>() / times.len() as u32;
-    let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let threads =
+        args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     if !args.quiet {
         println!(
             "{}: median {}, min {}, max {}, mean {} over {} runs on {}",

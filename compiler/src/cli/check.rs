@@ -98,7 +98,10 @@ pub fn run(args: &Args) -> Result<i32> {
         None => None,
         Some(p) => Some(
             std::fs::read_to_string(p)
-                .map_err(|e| CompileError::File { path: p.display().to_string(), msg: e.to_string() })?
+                .map_err(|e| CompileError::File {
+                    path: p.display().to_string(),
+                    msg: e.to_string(),
+                })?
                 .lines()
                 .map(str::trim)
                 .filter(|l| !l.is_empty() && !l.starts_with('#'))
@@ -106,10 +109,13 @@ pub fn run(args: &Args) -> Result<i32> {
                 .collect(),
         ),
     };
-    let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let threads =
+        args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let tol = Tolerance { rtol: args.rtol, atol: args.atol };
     let bar = if args.quiet { ProgressBar::hidden() } else { ProgressBar::new(tests.len() as u64) };
-    bar.set_style(ProgressStyle::with_template("{bar:40} {pos}/{len} tests {msg}").expect("a valid template"));
+    bar.set_style(
+        ProgressStyle::with_template("{bar:40} {pos}/{len} tests {msg}").expect("a valid template"),
+    );
     let device = args.device;
     // A GPU device must be usable before a thousand tests say it is not.
     let base = match device {
@@ -124,7 +130,9 @@ pub fn run(args: &Args) -> Result<i32> {
         }
     };
     // Each test compiles single-threaded; the tests themselves run in parallel.
-    let engine = move |g: &kiln_ir::Graph, x: &[kiln_ir::Value]| -> Result<Vec<kiln_ir::Value>, EngineError> {
+    let engine = move |g: &kiln_ir::Graph,
+                       x: &[kiln_ir::Value]|
+          -> Result<Vec<kiln_ir::Value>, EngineError> {
         match device {
             CheckDevice::Ref => Ok(kiln_ir::eval::run_values(g, x)?),
             _ => compiled(g, x, &base),
@@ -185,17 +193,25 @@ pub fn run(args: &Args) -> Result<i32> {
                 .collect(),
         };
         let text = serde_json::to_string_pretty(&report).expect("the report serialises");
-        std::fs::write(path, text).map_err(|e| CompileError::File { path: path.display().to_string(), msg: e.to_string() })?;
+        std::fs::write(path, text).map_err(|e| CompileError::File {
+            path: path.display().to_string(),
+            msg: e.to_string(),
+        })?;
     }
-    let passing: Vec<&str> = results.iter().filter(|r| r.outcome == Outcome::Pass).map(|r| r.name.as_str()).collect();
+    let passing: Vec<&str> =
+        results.iter().filter(|r| r.outcome == Outcome::Pass).map(|r| r.name.as_str()).collect();
     if let Some(path) = &args.write_passing {
         let mut text = passing.join("\n");
         text.push('\n');
-        std::fs::write(path, text).map_err(|e| CompileError::File { path: path.display().to_string(), msg: e.to_string() })?;
+        std::fs::write(path, text).map_err(|e| CompileError::File {
+            path: path.display().to_string(),
+            msg: e.to_string(),
+        })?;
     }
     let mut code = if failed > 0 { 1 } else { 0 };
     if let Some(expected) = &expected {
-        let by_name: BTreeMap<&str, &CaseResult> = results.iter().map(|r| (r.name.as_str(), r)).collect();
+        let by_name: BTreeMap<&str, &CaseResult> =
+            results.iter().map(|r| (r.name.as_str(), r)).collect();
         let mut regressions = 0;
         for name in expected {
             match by_name.get(name.as_str()) {
@@ -216,7 +232,10 @@ pub fn run(args: &Args) -> Result<i32> {
         }
         let new = passing.iter().filter(|p| !expected.iter().any(|e| e == *p)).count();
         if new > 0 {
-            println!("{new} passing tests are not in {} yet (refresh it with `make ratchet`)", args.expect.as_ref().expect("set").display());
+            println!(
+                "{new} passing tests are not in {} yet (refresh it with `make ratchet`)",
+                args.expect.as_ref().expect("set").display()
+            );
         }
         println!("ratchet: {} listed, {regressions} regressed", expected.len());
         code = if regressions > 0 { 1 } else { 0 };
@@ -227,7 +246,12 @@ pub fn run(args: &Args) -> Result<i32> {
 
 /// Runs each test in a worker process (`kiln check --worker`), `threads` workers at a time; a
 /// worker that dies fails the test it was running and is replaced.
-fn run_isolated(tests: &[PathBuf], args: &Args, threads: usize, done: &(dyn Fn(&CaseResult) + Sync)) -> Vec<CaseResult> {
+fn run_isolated(
+    tests: &[PathBuf],
+    args: &Args,
+    threads: usize,
+    done: &(dyn Fn(&CaseResult) + Sync),
+) -> Vec<CaseResult> {
     use std::io::{BufRead, BufReader, Write};
     use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
     use std::sync::atomic::{AtomicUsize, Ordering};
@@ -241,7 +265,17 @@ fn run_isolated(tests: &[PathBuf], args: &Args, threads: usize, done: &(dyn Fn(&
     let spawn = || -> std::io::Result<Worker> {
         let exe = std::env::current_exe()?;
         let mut child = Command::new(exe)
-            .args(["check", "--worker", "--device", args.device.name(), "--rtol", &args.rtol.to_string(), "--atol", &args.atol.to_string(), "."])
+            .args([
+                "check",
+                "--worker",
+                "--device",
+                args.device.name(),
+                "--rtol",
+                &args.rtol.to_string(),
+                "--atol",
+                &args.atol.to_string(),
+                ".",
+            ])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -251,7 +285,8 @@ fn run_isolated(tests: &[PathBuf], args: &Args, threads: usize, done: &(dyn Fn(&
         Ok(Worker { child, input, output })
     };
     let next = AtomicUsize::new(0);
-    let results: Mutex<Vec<Option<CaseResult>>> = Mutex::new((0..tests.len()).map(|_| None).collect());
+    let results: Mutex<Vec<Option<CaseResult>>> =
+        Mutex::new((0..tests.len()).map(|_| None).collect());
     std::thread::scope(|s| {
         for _ in 0..threads.max(1) {
             s.spawn(|| {
@@ -262,18 +297,29 @@ fn run_isolated(tests: &[PathBuf], args: &Args, threads: usize, done: &(dyn Fn(&
                     let start = std::time::Instant::now();
                     let outcome = (|| {
                         if worker.is_none() {
-                            worker = Some(spawn().map_err(|e| format!("cannot start a worker process: {e}"))?);
+                            worker = Some(
+                                spawn()
+                                    .map_err(|e| format!("cannot start a worker process: {e}"))?,
+                            );
                         }
                         let w = worker.as_mut().expect("started");
                         let mut line = String::new();
-                        let sent = writeln!(w.input, "{}", dir.display()).and_then(|()| w.input.flush());
+                        let sent =
+                            writeln!(w.input, "{}", dir.display()).and_then(|()| w.input.flush());
                         let got = sent.and_then(|()| w.output.read_line(&mut line));
                         if !matches!(got, Ok(n) if n > 0) {
-                            let status = w.child.wait().map(|s| s.to_string()).unwrap_or_else(|e| e.to_string());
+                            let status = w
+                                .child
+                                .wait()
+                                .map(|s| s.to_string())
+                                .unwrap_or_else(|e| e.to_string());
                             worker = None;
-                            return Err(format!("crashed: the worker process running it died ({status})"));
+                            return Err(format!(
+                                "crashed: the worker process running it died ({status})"
+                            ));
                         }
-                        let v: serde_json::Value = serde_json::from_str(&line).map_err(|e| format!("a worker's answer does not parse: {e}"))?;
+                        let v: serde_json::Value = serde_json::from_str(&line)
+                            .map_err(|e| format!("a worker's answer does not parse: {e}"))?;
                         let reason = v["reason"].as_str().unwrap_or_default().to_string();
                         Ok(match v["status"].as_str() {
                             Some("pass") => Outcome::Pass,
@@ -282,7 +328,11 @@ fn run_isolated(tests: &[PathBuf], args: &Args, threads: usize, done: &(dyn Fn(&
                         })
                     })()
                     .unwrap_or_else(Outcome::Fail);
-                    let r = CaseResult { name: testcase::test_name(dir), outcome, time: start.elapsed() };
+                    let r = CaseResult {
+                        name: testcase::test_name(dir),
+                        outcome,
+                        time: start.elapsed(),
+                    };
                     done(&r);
                     results.lock().unwrap_or_else(|p| p.into_inner())[i] = Some(r);
                 }
@@ -293,7 +343,12 @@ fn run_isolated(tests: &[PathBuf], args: &Args, threads: usize, done: &(dyn Fn(&
             });
         }
     });
-    results.into_inner().unwrap_or_else(|p| p.into_inner()).into_iter().map(|r| r.expect("every test ran")).collect()
+    results
+        .into_inner()
+        .unwrap_or_else(|p| p.into_inner())
+        .into_iter()
+        .map(|r| r.expect("every test ran"))
+        .collect()
 }
 
 /// Worker mode: each line of stdin is a test folder; each answer one JSON line on stdout.
@@ -305,7 +360,9 @@ fn worker(args: &Args) -> Result<i32> {
         _ => crate::Options::default(),
     };
     let device = args.device;
-    let engine = move |g: &kiln_ir::Graph, x: &[kiln_ir::Value]| -> Result<Vec<kiln_ir::Value>, EngineError> {
+    let engine = move |g: &kiln_ir::Graph,
+                       x: &[kiln_ir::Value]|
+          -> Result<Vec<kiln_ir::Value>, EngineError> {
         match device {
             CheckDevice::Ref => Ok(kiln_ir::eval::run_values(g, x)?),
             _ => compiled(g, x, &base),
@@ -314,20 +371,31 @@ fn worker(args: &Args) -> Result<i32> {
     let tol = Tolerance { rtol: args.rtol, atol: args.atol };
     let stdout = std::io::stdout();
     for line in std::io::stdin().lock().lines() {
-        let line = line.map_err(|e| CompileError::Internal(format!("reading the test list: {e}")))?;
+        let line =
+            line.map_err(|e| CompileError::Internal(format!("reading the test list: {e}")))?;
         let dir = PathBuf::from(line.trim());
         let start = std::time::Instant::now();
-        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| testcase::run_case(&dir, &engine, tol)))
-            .unwrap_or_else(|_| Outcome::Fail("panicked".into()));
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            testcase::run_case(&dir, &engine, tol)
+        }))
+        .unwrap_or_else(|_| Outcome::Fail("panicked".into()));
         let (status, reason) = match &outcome {
             Outcome::Pass => ("pass", None),
             Outcome::Fail(w) => ("fail", Some(w.as_str())),
             Outcome::Skip(w) => ("skip", Some(w.as_str())),
         };
         let name = testcase::test_name(&dir);
-        let text = serde_json::to_string(&JsonCase { name: &name, status, reason, ms: start.elapsed().as_secs_f64() * 1e3 }).expect("serialises");
+        let text = serde_json::to_string(&JsonCase {
+            name: &name,
+            status,
+            reason,
+            ms: start.elapsed().as_secs_f64() * 1e3,
+        })
+        .expect("serialises");
         let mut out = stdout.lock();
-        writeln!(out, "{text}").and_then(|()| out.flush()).map_err(|e| CompileError::Internal(format!("answering: {e}")))?;
+        writeln!(out, "{text}")
+            .and_then(|()| out.flush())
+            .map_err(|e| CompileError::Internal(format!("answering: {e}")))?;
     }
     Ok(0)
 }
@@ -338,10 +406,15 @@ fn require_device(target: kiln_runtime::Target) -> Result<()> {
     if all.iter().any(|d| d.target == target && d.usable) {
         return Ok(());
     }
-    let notes: Vec<String> = all.iter().filter(|d| d.target == target).filter_map(|d| d.note.clone()).collect();
+    let notes: Vec<String> =
+        all.iter().filter(|d| d.target == target).filter_map(|d| d.note.clone()).collect();
     Err(CompileError::Runtime(kiln_runtime::RuntimeError::Device {
         device: target.name().into(),
-        msg: format!("no usable {} device here{}", target.name(), if notes.is_empty() { String::new() } else { format!(" ({})", notes.join("; ")) }),
+        msg: format!(
+            "no usable {} device here{}",
+            target.name(),
+            if notes.is_empty() { String::new() } else { format!(" ({})", notes.join("; ")) }
+        ),
     }))
 }
 
@@ -349,9 +422,9 @@ fn require_device(target: kiln_runtime::Target) -> Result<()> {
 /// unsupported, anything else a failure, with its causes.
 fn engine_error(e: CompileError) -> EngineError {
     match e {
-        CompileError::Unsupported { .. } | CompileError::DynamicShapes(_) | CompileError::RuntimeSequence { .. } => {
-            EngineError::Unsupported(e.chain())
-        }
+        CompileError::Unsupported { .. }
+        | CompileError::DynamicShapes(_)
+        | CompileError::RuntimeSequence { .. } => EngineError::Unsupported(e.chain()),
         CompileError::Ir(e) => e.into(),
         other => EngineError::Failed(other.chain()),
     }
@@ -359,22 +432,44 @@ fn engine_error(e: CompileError) -> EngineError {
 
 /// Compiles for the device of `base`, specialised to the inputs' shapes, and runs once. Sequence
 /// and optional inputs and outputs are bound and regrouped by `sequences::Interface`.
-fn compiled(g: &kiln_ir::Graph, x: &[kiln_ir::Value], base: &crate::Options) -> Result<Vec<kiln_ir::Value>, EngineError> {
+fn compiled(
+    g: &kiln_ir::Graph,
+    x: &[kiln_ir::Value],
+    base: &crate::Options,
+) -> Result<Vec<kiln_ir::Value>, EngineError> {
     let (flat, tensors) = crate::values::bind(g, x).map_err(engine_error)?;
     let (names, out) = compiled_tensors(&flat, &tensors, base)?;
     crate::values::regroup(g, &names, out).map_err(|e| EngineError::Failed(e.to_string()))
 }
 
 /// The compiled program's output names and tensors.
-fn compiled_tensors(g: &kiln_ir::Graph, x: &[kiln_ir::Tensor], base: &crate::Options) -> Result<(Vec<String>, Vec<kiln_ir::Tensor>), EngineError> {
+fn compiled_tensors(
+    g: &kiln_ir::Graph,
+    x: &[kiln_ir::Tensor],
+    base: &crate::Options,
+) -> Result<(Vec<String>, Vec<kiln_ir::Tensor>), EngineError> {
     let names: Vec<String> = g.inputs().iter().map(|&id| g.node(id).name.clone()).collect();
     let shapes = names.iter().zip(x).map(|(n, t)| (n.clone(), t.dims().to_vec())).collect();
     let values = names.iter().zip(x).map(|(n, t)| (n.clone(), t.clone())).collect();
     let options = crate::Options { input_shapes: shapes, input_values: values, ..base.clone() };
-    let exe = crate::jit(g, &options, &kiln_runtime::LoadOptions { threads: Some(1), ..Default::default() }).map_err(engine_error)?;
+    let exe = crate::jit(
+        g,
+        &options,
+        &kiln_runtime::LoadOptions { threads: Some(1), ..Default::default() },
+    )
+    .map_err(engine_error)?;
     // Inputs bound at compile time are no longer taken.
-    let remaining: Vec<kiln_ir::Tensor> =
-        exe.inputs().iter().map(|d| x[names.iter().position(|n| *n == d.name).expect("the executable's inputs are the graph's")].clone()).collect();
+    let remaining: Vec<kiln_ir::Tensor> = exe
+        .inputs()
+        .iter()
+        .map(|d| {
+            x[names
+                .iter()
+                .position(|n| *n == d.name)
+                .expect("the executable's inputs are the graph's")]
+            .clone()
+        })
+        .collect();
     let names = exe.outputs().iter().map(|d| d.name.clone()).collect();
     Ok((names, exe.run(&remaining).map_err(|e| EngineError::Failed(e.to_string()))?))
 }

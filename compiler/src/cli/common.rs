@@ -45,7 +45,10 @@ pub fn parse_bytes(s: &str) -> std::result::Result<u64, String> {
         Some('T') => (&t[..t.len() - 1], 40),
         _ => (t, 0),
     };
-    let n: u64 = digits.trim().parse().map_err(|_| format!("`{s}` is not a size (bytes, or a number with K, M, G or T)"))?;
+    let n: u64 = digits
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{s}` is not a size (bytes, or a number with K, M, G or T)"))?;
     n.checked_mul(1u64 << shift).ok_or_else(|| format!("`{s}` is more than 2^64 bytes"))
 }
 
@@ -56,10 +59,11 @@ pub fn load_model(path: &Path) -> Result<Model> {
         return Ok(Model::Artifact(Artifact::from_bytes(&bytes, &path.display().to_string())?));
     }
     let dir = path.parent().map(|p| if p.as_os_str().is_empty() { Path::new(".") } else { p });
-    let model = kiln_ir::onnx::load_bytes_with(&bytes, dir, &import_options()).map_err(|e| match e {
-        kiln_ir::IrError::Onnx(m) => file_err(path, m),
-        other => CompileError::Ir(other),
-    })?;
+    let model =
+        kiln_ir::onnx::load_bytes_with(&bytes, dir, &import_options()).map_err(|e| match e {
+            kiln_ir::IrError::Onnx(m) => file_err(path, m),
+            other => CompileError::Ir(other),
+        })?;
     for w in &model.warnings {
         eprintln!("warning: {}: {w}", path.display());
     }
@@ -70,12 +74,17 @@ pub fn load_model(path: &Path) -> Result<Model> {
 pub fn read_tensor(path: &Path) -> Result<Tensor> {
     // The file is read whole and decoded into a tensor of about its size: twice it must fit.
     let size = std::fs::metadata(path).map_err(|e| file_err(path, e.to_string()))?.len();
-    kiln_runtime::memory::check(&format!("reading the input file {}", path.display()), size.checked_mul(2), kiln_runtime::memory::budget(None))?;
+    kiln_runtime::memory::check(
+        &format!("reading the input file {}", path.display()),
+        size.checked_mul(2),
+        kiln_runtime::memory::budget(None),
+    )?;
     let bytes = std::fs::read(path).map_err(|e| file_err(path, e.to_string()))?;
     if bytes.starts_with(b"\x93NUMPY") {
         return kiln_ir::npy::decode(&bytes).map_err(|e| file_err(path, e));
     }
-    kiln_ir::onnx::decode_tensor(&bytes, path.parent()).map_err(|e| file_err(path, format!("neither a .npy file nor an ONNX tensor: {e}")))
+    kiln_ir::onnx::decode_tensor(&bytes, path.parent())
+        .map_err(|e| file_err(path, format!("neither a .npy file nor an ONNX tensor: {e}")))
 }
 
 /// Parses `NAME=FILE` arguments into named tensors.
@@ -83,7 +92,9 @@ pub fn read_inputs(specs: &[String]) -> Result<Vec<(String, Tensor)>> {
     specs
         .iter()
         .map(|s| {
-            let (name, file) = s.split_once('=').ok_or_else(|| CompileError::Usage(format!("--input `{s}` is not NAME=FILE")))?;
+            let (name, file) = s
+                .split_once('=')
+                .ok_or_else(|| CompileError::Usage(format!("--input `{s}` is not NAME=FILE")))?;
             Ok((name.to_string(), read_tensor(&PathBuf::from(file))?))
         })
         .collect()
@@ -94,12 +105,16 @@ pub fn parse_shapes(specs: &[String]) -> Result<HashMap<String, Vec<usize>>> {
     specs
         .iter()
         .map(|s| {
-            let bad = || CompileError::Usage(format!("--input-shape `{s}` is not NAME=D0,D1,... (sizes)"));
+            let bad = || {
+                CompileError::Usage(format!("--input-shape `{s}` is not NAME=D0,D1,... (sizes)"))
+            };
             let (name, dims) = s.split_once('=').ok_or_else(bad)?;
             let dims = if dims.is_empty() {
                 Vec::new()
             } else {
-                dims.split(',').map(|d| d.trim().parse::<usize>().map_err(|_| bad())).collect::<Result<_>>()?
+                dims.split(',')
+                    .map(|d| d.trim().parse::<usize>().map_err(|_| bad()))
+                    .collect::<Result<_>>()?
             };
             Ok((name.to_string(), dims))
         })
@@ -113,14 +128,17 @@ pub type BatchRanges = HashMap<String, (usize, usize, Vec<usize>)>;
 /// `--input-shape` for `kiln compile`: sizes (`NAME=D0,D1,...`), or a range of batch sizes for
 /// the leading dimension (`NAME=1..64,3,224,224`; `NAME=1..,3,224,224` for no upper bound),
 /// which keeps it symbolic.
-pub fn parse_shapes_or_ranges(specs: &[String]) -> Result<(HashMap<String, Vec<usize>>, BatchRanges)> {
+pub fn parse_shapes_or_ranges(
+    specs: &[String],
+) -> Result<(HashMap<String, Vec<usize>>, BatchRanges)> {
     let (mut shapes, mut ranges) = (HashMap::new(), HashMap::new());
     for s in specs {
         let bad = || {
             CompileError::Usage(format!("--input-shape `{s}` is not NAME=D0,D1,... (sizes; the first may be a range of batch sizes, LO..HI or LO..)"))
         };
         let (name, dims) = s.split_once('=').ok_or_else(bad)?;
-        let parts: Vec<&str> = if dims.is_empty() { Vec::new() } else { dims.split(',').map(str::trim).collect() };
+        let parts: Vec<&str> =
+            if dims.is_empty() { Vec::new() } else { dims.split(',').map(str::trim).collect() };
         let size = |d: &str| d.parse::<usize>().map_err(|_| bad());
         let rest: Vec<usize> = parts.iter().skip(1).map(|d| size(d)).collect::<Result<_>>()?;
         match parts.first().and_then(|d| d.split_once("..")) {
@@ -133,7 +151,8 @@ pub fn parse_shapes_or_ranges(specs: &[String]) -> Result<(HashMap<String, Vec<u
                 ranges.insert(name.to_string(), (lo, hi, std::iter::once(0).chain(rest).collect()));
             }
             None => {
-                let first: Vec<usize> = parts.first().map(|d| size(d)).transpose()?.into_iter().collect();
+                let first: Vec<usize> =
+                    parts.first().map(|d| size(d)).transpose()?.into_iter().collect();
                 shapes.insert(name.to_string(), first.into_iter().chain(rest).collect());
             }
         }
@@ -143,10 +162,17 @@ pub fn parse_shapes_or_ranges(specs: &[String]) -> Result<(HashMap<String, Vec<u
 
 /// Puts named tensors in the declared order; a missing or unknown name is an error that lists
 /// what the model expects.
-pub fn order_inputs(declared: &[(String, String)], mut given: Vec<(String, Tensor)>) -> Result<Vec<Tensor>> {
-    let expected = || declared.iter().map(|(n, t)| format!("  {n}: {t}")).collect::<Vec<_>>().join("\n");
+pub fn order_inputs(
+    declared: &[(String, String)],
+    mut given: Vec<(String, Tensor)>,
+) -> Result<Vec<Tensor>> {
+    let expected =
+        || declared.iter().map(|(n, t)| format!("  {n}: {t}")).collect::<Vec<_>>().join("\n");
     if let Some((extra, _)) = given.iter().find(|(n, _)| !declared.iter().any(|(d, _)| d == n)) {
-        return Err(CompileError::Usage(format!("the model has no input `{extra}`; it expects:\n{}", expected())));
+        return Err(CompileError::Usage(format!(
+            "the model has no input `{extra}`; it expects:\n{}",
+            expected()
+        )));
     }
     let mut out = Vec::with_capacity(declared.len());
     for (name, _) in declared {
@@ -165,7 +191,10 @@ pub fn order_inputs(declared: &[(String, String)], mut given: Vec<(String, Tenso
 
 /// The declared inputs of a graph, as (name, type text).
 pub fn graph_inputs(g: &Graph) -> Vec<(String, String)> {
-    g.inputs().iter().map(|&id| (g.node(id).name.clone(), g.node(id).outputs[0].to_string())).collect()
+    g.inputs()
+        .iter()
+        .map(|&id| (g.node(id).name.clone(), g.node(id).outputs[0].to_string()))
+        .collect()
 }
 
 /// The declared input types of a graph.
@@ -209,7 +238,12 @@ pub fn pick_device(d: DeviceArg, quiet: bool) -> Result<TargetKind> {
 /// Compiles with a progress bar on stderr (kernels generated, then the whole-program finish),
 /// unless `quiet`; the bar is cleared when done, so the timing summary follows. indicatif draws
 /// nothing when stderr is not a terminal.
-pub fn compile_with_bar(graph: &Graph, options: &crate::Options, keep_stages: bool, quiet: bool) -> Result<crate::Compiled> {
+pub fn compile_with_bar(
+    graph: &Graph,
+    options: &crate::Options,
+    keep_stages: bool,
+    quiet: bool,
+) -> Result<crate::Compiled> {
     use indicatif::{ProgressBar, ProgressStyle};
     if quiet {
         return crate::compile(graph, options, keep_stages);
@@ -217,7 +251,8 @@ pub fn compile_with_bar(graph: &Graph, options: &crate::Options, keep_stages: bo
     let bar = ProgressBar::new_spinner().with_message("compiling: graph passes and fusion");
     bar.enable_steady_tick(Duration::from_millis(120));
     let style =
-        ProgressStyle::with_template("compiling {bar:24} {pos}/{len} kernels {elapsed} {msg}").unwrap_or_else(|_| ProgressStyle::default_bar());
+        ProgressStyle::with_template("compiling {bar:24} {pos}/{len} kernels {elapsed} {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar());
     let report = |p: crate::Progress| match p {
         crate::Progress::Kernels(n) => {
             bar.set_style(style.clone());

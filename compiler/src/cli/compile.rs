@@ -2,7 +2,9 @@
 
 use std::path::PathBuf;
 
-use super::common::{compile_with_bar, load_model, parse_shapes_or_ranges, print_timings, write_atomically, Model};
+use super::common::{
+    compile_with_bar, load_model, parse_shapes_or_ranges, print_timings, write_atomically, Model,
+};
 use crate::target::gpu::PtxTarget;
 use crate::{CompileError, Options, Result, TargetKind};
 
@@ -26,15 +28,25 @@ pub struct CudaArgs {
 
 impl CudaArgs {
     pub fn ptx(&self) -> Result<PtxTarget> {
-        let bad = || CompileError::Usage(format!("--ptx-isa {}: expected a version such as 7.8 or 8.0", self.ptx_isa));
+        let bad = || {
+            CompileError::Usage(format!(
+                "--ptx-isa {}: expected a version such as 7.8 or 8.0",
+                self.ptx_isa
+            ))
+        };
         let (major, minor) = self.ptx_isa.split_once('.').ok_or_else(bad)?;
-        let (major, minor): (u32, u32) = (major.parse().map_err(|_| bad())?, minor.parse().map_err(|_| bad())?);
+        let (major, minor): (u32, u32) =
+            (major.parse().map_err(|_| bad())?, minor.parse().map_err(|_| bad())?);
         if minor > 9 || !(6..=9).contains(&major) {
             return Err(bad());
         }
         let arch = self.cuda_arch.trim();
-        if !arch.strip_prefix("sm_").is_some_and(|n| n.len() >= 2 && n.trim_end_matches('a').chars().all(|c| c.is_ascii_digit())) {
-            return Err(CompileError::Usage(format!("--cuda-arch {arch}: expected sm_NN (sm_80, sm_90...)")));
+        if !arch.strip_prefix("sm_").is_some_and(|n| {
+            n.len() >= 2 && n.trim_end_matches('a').chars().all(|c| c.is_ascii_digit())
+        }) {
+            return Err(CompileError::Usage(format!(
+                "--cuda-arch {arch}: expected sm_NN (sm_80, sm_90...)"
+            )));
         }
         Ok(PtxTarget { arch: arch.to_string(), isa: major * 10 + minor })
     }
@@ -90,17 +102,27 @@ pub struct Args {
 
 pub fn run(args: &Args) -> Result<()> {
     if args.output.exists() && args.output.canonicalize().ok() == args.model.canonicalize().ok() {
-        return Err(CompileError::Usage(format!("-o {} would overwrite the model itself", args.output.display())));
+        return Err(CompileError::Usage(format!(
+            "-o {} would overwrite the model itself",
+            args.output.display()
+        )));
     }
     let graph = match load_model(&args.model)? {
         Model::Graph(g) => g,
-        Model::Artifact(_) => return Err(CompileError::Usage(format!("{} is already a compiled artifact", args.model.display()))),
+        Model::Artifact(_) => {
+            return Err(CompileError::Usage(format!(
+                "{} is already a compiled artifact",
+                args.model.display()
+            )))
+        }
     };
     let (input_shapes, batch_ranges) = parse_shapes_or_ranges(&args.input_shapes)?;
     let pad = match &args.max_size {
         None => None,
         Some(spec) => {
-            let parsed = spec.split_once('=').and_then(|(s, n)| Some((s.trim(), n.trim().parse::<usize>().ok()?)));
+            let parsed = spec
+                .split_once('=')
+                .and_then(|(s, n)| Some((s.trim(), n.trim().parse::<usize>().ok()?)));
             match parsed {
                 Some((symbol, n)) if !symbol.is_empty() && n > 0 => Some((symbol.to_string(), n)),
                 _ => {
@@ -134,20 +156,38 @@ pub fn run(args: &Args) -> Result<()> {
     let bytes = compiled.artifact.to_bytes();
     write_atomically(&args.output, &bytes)?;
     if !args.quiet {
-        print_timings(if compiled.from_cache { "compile (from the cache)" } else { "compile" }, &compiled.timings);
+        print_timings(
+            if compiled.from_cache { "compile (from the cache)" } else { "compile" },
+            &compiled.timings,
+        );
         let m = &compiled.artifact.manifest;
         match &m.batch {
             None => {
-                let mut programs =
-                    m.control.as_ref().map_or(String::new(), |c| format!(" in {} programs with run-time control flow", c.programs.len()));
+                let mut programs = m.control.as_ref().map_or(String::new(), |c| {
+                    format!(" in {} programs with run-time control flow", c.programs.len())
+                });
                 if let Some(p) = &m.padded {
                     programs = format!("; `{}` up to {}, padded", p.symbol, p.capacity);
                 }
-                eprintln!("wrote {} ({} kernels{programs}, {} bytes) for {}", args.output.display(), m.kernel_count(), bytes.len(), m.target_detail)
+                eprintln!(
+                    "wrote {} ({} kernels{programs}, {} bytes) for {}",
+                    args.output.display(),
+                    m.kernel_count(),
+                    bytes.len(),
+                    m.target_detail
+                )
             }
             Some(b) => {
-                let sizes: Vec<String> = b.programs.iter().map(|p| format!("{} ({} kernels)", p.batch, p.manifest.kernel_count())).collect();
-                let max = if b.max as usize == crate::batch::NO_LIMIT { String::new() } else { b.max.to_string() };
+                let sizes: Vec<String> = b
+                    .programs
+                    .iter()
+                    .map(|p| format!("{} ({} kernels)", p.batch, p.manifest.kernel_count()))
+                    .collect();
+                let max = if b.max as usize == crate::batch::NO_LIMIT {
+                    String::new()
+                } else {
+                    b.max.to_string()
+                };
                 eprintln!(
                     "wrote {} ({} bytes) for {}: batch `{}` in {}..{max}, programs for batch {}",
                     args.output.display(),

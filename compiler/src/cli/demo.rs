@@ -30,7 +30,11 @@ pub fn run(args: &Args) -> Result<()> {
     let target = pick_device(args.device, false)?;
     let started = Instant::now();
     let graph = models::cifarnet(args.batch, 0)?;
-    println!("== traced the CIFAR-10 CNN with kiln's Rust API: {} nodes in {} ==", graph.node_count(), ms(started.elapsed()));
+    println!(
+        "== traced the CIFAR-10 CNN with kiln's Rust API: {} nodes in {} ==",
+        graph.node_count(),
+        ms(started.elapsed())
+    );
     if args.print_graph {
         print!("{graph}");
     } else {
@@ -40,14 +44,28 @@ pub fn run(args: &Args) -> Result<()> {
         println!("(weights omitted; --print-graph shows them summarised)");
     }
 
-    std::fs::create_dir_all(&args.out).map_err(|e| CompileError::File { path: args.out.display().to_string(), msg: e.to_string() })?;
+    std::fs::create_dir_all(&args.out).map_err(|e| CompileError::File {
+        path: args.out.display().to_string(),
+        msg: e.to_string(),
+    })?;
     let dumps = args.out.join("ir");
-    let options = Options { dump_dir: Some(dumps.clone()), cache: false, ..Options::for_target(target) };
+    let options =
+        Options { dump_dir: Some(dumps.clone()), cache: false, ..Options::for_target(target) };
     let compiled = compile_with_bar(&graph, &options, false, false)?;
-    println!("\n== compiled for {} ({}) ==", target.name(), compiled.artifact.manifest.target_detail);
+    println!(
+        "\n== compiled for {} ({}) ==",
+        target.name(),
+        compiled.artifact.manifest.target_detail
+    );
     print_timings("compile", &compiled.timings);
     for k in &compiled.artifact.manifest.kernels {
-        println!("  kernel {:<22} {} workgroup{}  {}", k.symbol, k.workgroups, if k.workgroups == 1 { " " } else { "s" }, k.label);
+        println!(
+            "  kernel {:<22} {} workgroup{}  {}",
+            k.symbol,
+            k.workgroups,
+            if k.workgroups == 1 { " " } else { "s" },
+            k.label
+        );
     }
     let artifact_path = args.out.join("cifarnet.kiln");
     compiled.artifact.write(&artifact_path)?;
@@ -76,12 +94,26 @@ pub fn run(args: &Args) -> Result<()> {
         let cells: Vec<String> = row.iter().map(|v| format!("{v:+.4}")).collect();
         println!("  [{i}] {}   argmax {best}", cells.join(" "));
     }
-    println!("\nnative {} (median of 20 runs, {}), interpreter {}", ms(native[native.len() / 2]), exe.device(), ms(interpreted));
-    println!("max |native - interpreter| = {diff:.2e}  {}", if diff < 1e-4 { "(match)" } else { "(MISMATCH)" });
-    println!("artifact: {} (run it with `kiln run {} --input x=FILE.npy`)", artifact_path.display(), artifact_path.display());
+    println!(
+        "\nnative {} (median of 20 runs, {}), interpreter {}",
+        ms(native[native.len() / 2]),
+        exe.device(),
+        ms(interpreted)
+    );
+    println!(
+        "max |native - interpreter| = {diff:.2e}  {}",
+        if diff < 1e-4 { "(match)" } else { "(MISMATCH)" }
+    );
+    println!(
+        "artifact: {} (run it with `kiln run {} --input x=FILE.npy`)",
+        artifact_path.display(),
+        artifact_path.display()
+    );
     println!("IR of every stage: {}/ (graph.kiln.txt, fused.txt, kernels.mlir, lowered.mlir, kernels.ll, kernels.s)", dumps.display());
     if diff >= 1e-4 {
-        return Err(CompileError::Internal(format!("the native CNN differs from the interpreter by {diff}")));
+        return Err(CompileError::Internal(format!(
+            "the native CNN differs from the interpreter by {diff}"
+        )));
     }
     Ok(())
 }

@@ -24,7 +24,9 @@ pub struct Args {
 pub fn run(args: &Args) -> Result<()> {
     let graph = match load_model(&args.model)? {
         Model::Graph(g) => g,
-        Model::Artifact(_) => return Err(CompileError::Usage("emit takes a model, not a compiled artifact".into())),
+        Model::Artifact(_) => {
+            return Err(CompileError::Usage("emit takes a model, not a compiled artifact".into()))
+        }
     };
     let options = Options {
         target: args.target.kind(),

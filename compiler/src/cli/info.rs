@@ -19,7 +19,11 @@ pub fn run(args: &Args) -> Result<()> {
     if !s.producer.is_empty() {
         println!("producer: {}", s.producer);
     }
-    let opsets: Vec<String> = s.opsets.iter().map(|(d, v)| format!("{} {v}", if d.is_empty() { "ai.onnx" } else { d })).collect();
+    let opsets: Vec<String> = s
+        .opsets
+        .iter()
+        .map(|(d, v)| format!("{} {v}", if d.is_empty() { "ai.onnx" } else { d }))
+        .collect();
     println!("ir version {}, opsets: {}", s.ir_version, opsets.join(", "));
     println!("inputs:");
     for (name, ty) in &s.inputs {
@@ -33,7 +37,11 @@ pub fn run(args: &Args) -> Result<()> {
     hist.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
     let hist: Vec<String> = hist.iter().map(|(op, n)| format!("{op} {n}")).collect();
     println!("ops ({} node{}): {}", s.nodes, if s.nodes == 1 { "" } else { "s" }, hist.join(", "));
-    println!("parameters: {} ({})", group_digits(s.parameters), kiln_ir::memory::human(s.parameter_bytes as u64));
+    println!(
+        "parameters: {} ({})",
+        group_digits(s.parameters),
+        kiln_ir::memory::human(s.parameter_bytes as u64)
+    );
     if s.unsupported.is_empty() {
         println!("unsupported ops: none");
     } else {
@@ -45,7 +53,10 @@ pub fn run(args: &Args) -> Result<()> {
     // A model kiln cannot import as it is (a cycle, an undefined value, a bad attribute, an
     // opset it does not know) is described as far as it goes, then the command fails with why.
     match s.import_error {
-        Some(e) => Err(crate::CompileError::Usage(format!("{} does not import: {e}", args.model.display()))),
+        Some(e) => Err(crate::CompileError::Usage(format!(
+            "{} does not import: {e}",
+            args.model.display()
+        ))),
         None => Ok(()),
     }
 }

@@ -73,7 +73,9 @@ where
 }
 
 fn run_cli(cli: Cli) -> i32 {
-    common::set_import_options(kiln_ir::onnx::ImportOptions { allow_newer_opsets: cli.allow_newer_opsets });
+    common::set_import_options(kiln_ir::onnx::ImportOptions {
+        allow_newer_opsets: cli.allow_newer_opsets,
+    });
     let result = match cli.command {
         _ if cli.version => {
             println!("{}", crate::toolchain::version_report());

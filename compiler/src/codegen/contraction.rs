@@ -69,7 +69,15 @@ fn contract<'c, 'a>(
     let batch_map = |dims: &[usize]| -> Vec<String> {
         // Operand batch dims aligned right against the result's; size 1 broadcasts.
         let own = dims.len().saturating_sub(2);
-        (0..own).map(|i| if dims[i] == 1 && out_dims[batch - own + i] != 1 { "0".into() } else { d(batch - own + i) }).collect()
+        (0..own)
+            .map(|i| {
+                if dims[i] == 1 && out_dims[batch - own + i] != 1 {
+                    "0".into()
+                } else {
+                    d(batch - own + i)
+                }
+            })
+            .collect()
     };
     let mut a_idx = if a_vec { vec![] } else { batch_map(&ad) };
     match m {
@@ -96,7 +104,10 @@ fn contract<'c, 'a>(
     let zero = em.scalar_constant(0.0, acc)?;
     let acc_ty = em.tensor_type(&out_dims, acc)?;
     let (ctx, loc) = (em.ctx, em.loc);
-    let filled = push(em.block, super::mlir::named_linalg(ctx, loc, "linalg.fill", &[zero], &[acc_dest], acc_ty, &[])?);
+    let filled = push(
+        em.block,
+        super::mlir::named_linalg(ctx, loc, "linalg.fill", &[zero], &[acc_dest], acc_ty, &[])?,
+    );
     let g = generic(ctx, loc, &[av, bv], &[filled], &maps, &iters, &[acc_ty], |body| {
         let s = ScalarBuilder { ctx, loc, block: body };
         let x = s.load(body.argument(0).expect("a").into(), dtype)?;
@@ -126,8 +137,14 @@ pub(super) fn multiply_add<'c, 'a>(
     }
     let ty = s.ty(t)?;
     let contract = super::mlir::parse_attr(s.ctx, "#arith.fastmath<contract>")?;
-    let p = push(s.block, super::mlir::op(s.ctx, s.loc, "arith.mulf", &[a, b], &[ty], &[("fastmath", contract)])?);
-    Ok(push(s.block, super::mlir::op(s.ctx, s.loc, "arith.addf", &[acc, p], &[ty], &[("fastmath", contract)])?))
+    let p = push(
+        s.block,
+        super::mlir::op(s.ctx, s.loc, "arith.mulf", &[a, b], &[ty], &[("fastmath", contract)])?,
+    );
+    Ok(push(
+        s.block,
+        super::mlir::op(s.ctx, s.loc, "arith.addf", &[acc, p], &[ty], &[("fastmath", contract)])?,
+    ))
 }
 
 /// `t` (dims, dtype `from`) converted elementwise to `to` into `dest`: accumulators narrowed to
@@ -144,16 +161,32 @@ pub(super) fn convert<'c, 'a>(
     let id = super::mlir::broadcast_map(rank, dims, dims);
     let ty = em.tensor_type(dims, to)?;
     let (ctx, loc) = (em.ctx, em.loc);
-    let g = generic(ctx, loc, &[t], &[dest], &[id.clone(), id], &vec!["parallel"; rank], &[ty], |body| {
-        let s = ScalarBuilder { ctx, loc, block: body };
-        let x = s.load(body.argument(0).expect("acc").into(), from)?;
-        let y = s.cast(x, to)?;
-        Ok(vec![s.store(y)?])
-    })?;
+    let g = generic(
+        ctx,
+        loc,
+        &[t],
+        &[dest],
+        &[id.clone(), id],
+        &vec!["parallel"; rank],
+        &[ty],
+        |body| {
+            let s = ScalarBuilder { ctx, loc, block: body };
+            let x = s.load(body.argument(0).expect("acc").into(), from)?;
+            let y = s.cast(x, to)?;
+            Ok(vec![s.store(y)?])
+        },
+    )?;
     Ok(push(em.block, g))
 }
 
-fn gemm(em: &mut Emitter, id: NodeId, g: &Gemm, a: ValueId, b: ValueId, c: Option<ValueId>) -> Result<()> {
+fn gemm(
+    em: &mut Emitter,
+    id: NodeId,
+    g: &Gemm,
+    a: ValueId,
+    b: ValueId,
+    c: Option<ValueId>,
+) -> Result<()> {
     let result = ValueId::from(id);
     let out_dims = em.dims(result);
     let dtype = em.ty(result).dtype;
@@ -185,7 +218,8 @@ fn gemm(em: &mut Emitter, id: NodeId, g: &Gemm, a: ValueId, b: ValueId, c: Optio
         let t = compute(dtype);
         let x = s.load(body.argument(0).expect("ab").into(), dtype)?;
         let float = dtype.is_float();
-        let (mul, add) = if float { ("arith.mulf", "arith.addf") } else { ("arith.muli", "arith.addi") };
+        let (mul, add) =
+            if float { ("arith.mulf", "arith.addf") } else { ("arith.muli", "arith.addi") };
         let scale = |v, k: f64| -> Result<_> {
             if k == 1.0 {
                 return Ok(v);
@@ -208,13 +242,21 @@ fn gemm(em: &mut Emitter, id: NodeId, g: &Gemm, a: ValueId, b: ValueId, c: Optio
 
 pub(super) fn einsum(em: &mut Emitter, id: NodeId, equation: &str) -> Result<()> {
     let result = ValueId::from(id);
-    let xs: Vec<ValueId> =
-        em.graph.operands(id).into_iter().map(|o| o.ok_or_else(|| em.unsupported(id, "has a missing operand"))).collect::<Result<_>>()?;
+    let xs: Vec<ValueId> = em
+        .graph
+        .operands(id)
+        .into_iter()
+        .map(|o| o.ok_or_else(|| em.unsupported(id, "has a missing operand")))
+        .collect::<Result<_>>()?;
     let dims: Vec<Vec<usize>> = xs.iter().map(|&v| em.dims(v)).collect();
     let shapes: Vec<kiln_ir::Shape> = dims.iter().map(|d| kiln_ir::Shape::fixed(d)).collect();
-    let spec = kiln_ir::infer::EinsumSpec::new(equation, &shapes.iter().collect::<Vec<_>>()).map_err(|e| em.unsupported(id, &e))?;
-    let sizes: Vec<usize> =
-        spec.sizes.iter().map(|d| d.fixed().ok_or_else(|| em.unsupported(id, "has a label of unknown size"))).collect::<Result<_>>()?;
+    let spec = kiln_ir::infer::EinsumSpec::new(equation, &shapes.iter().collect::<Vec<_>>())
+        .map_err(|e| em.unsupported(id, &e))?;
+    let sizes: Vec<usize> = spec
+        .sizes
+        .iter()
+        .map(|d| d.fixed().ok_or_else(|| em.unsupported(id, "has a label of unknown size")))
+        .collect::<Result<_>>()?;
     let summed: Vec<usize> = (0..sizes.len()).filter(|l| !spec.output.contains(l)).collect();
     // Loop k runs over label order[k].
     let order: Vec<usize> = spec.output.iter().chain(&summed).copied().collect();
@@ -223,8 +265,19 @@ pub(super) fn einsum(em: &mut Emitter, id: NodeId, equation: &str) -> Result<()>
     let all = (0..n).map(|i| format!("d{i}")).collect::<Vec<_>>().join(", ");
     let mut maps: Vec<String> = Vec::with_capacity(xs.len() + 1);
     for (labels, d) in spec.operands.iter().zip(&dims) {
-        let e: Vec<String> =
-            labels.iter().zip(d).map(|(&l, &size)| if size == sizes[l] { format!("d{}", loop_of(l)) } else { "0".to_string() }).collect();
+        let e: Vec<String> = labels
+            .iter()
+            .zip(d)
+            .map(
+                |(&l, &size)| {
+                    if size == sizes[l] {
+                        format!("d{}", loop_of(l))
+                    } else {
+                        "0".to_string()
+                    }
+                },
+            )
+            .collect();
         maps.push(format!("affine_map<({all}) -> ({})>", e.join(", ")));
     }
     let out_idx: Vec<String> = (0..spec.output.len()).map(|i| format!("d{i}")).collect();
@@ -240,12 +293,19 @@ pub(super) fn einsum(em: &mut Emitter, id: NodeId, equation: &str) -> Result<()>
     let zero = em.scalar_constant(0.0, acc)?;
     let acc_ty = em.tensor_type(&out_dims, acc)?;
     let (ctx, loc) = (em.ctx, em.loc);
-    let filled = push(em.block, super::mlir::named_linalg(ctx, loc, "linalg.fill", &[zero], &[acc_dest], acc_ty, &[])?);
+    let filled = push(
+        em.block,
+        super::mlir::named_linalg(ctx, loc, "linalg.fill", &[zero], &[acc_dest], acc_ty, &[])?,
+    );
     let k = ins.len();
     let g = generic(ctx, loc, &ins, &[filled], &maps, &iters, &[acc_ty], |body| {
         let s = ScalarBuilder { ctx, loc, block: body };
         let t = compute(acc);
-        let (mul, add) = if acc.is_float() { ("arith.mulf", "arith.addf") } else { ("arith.muli", "arith.addi") };
+        let (mul, add) = if acc.is_float() {
+            ("arith.mulf", "arith.addf")
+        } else {
+            ("arith.muli", "arith.addi")
+        };
         let mut p = s.cast(s.load(body.argument(0).expect("operand").into(), dtype)?, acc)?.v;
         for i in 1..k {
             let x = s.cast(s.load(body.argument(i).expect("operand").into(), dtype)?, acc)?.v;

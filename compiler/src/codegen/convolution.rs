@@ -63,7 +63,11 @@ fn compute_dtype(em: &Emitter, id: NodeId, dtype: DType) -> Result<DType> {
 }
 
 /// Operand `v` as a tensor of `to` (converted elementwise when its dtype differs).
-fn widened<'c, 'a>(em: &mut Emitter<'c, 'a>, v: ValueId, to: DType) -> Result<melior::ir::Value<'c, 'a>> {
+fn widened<'c, 'a>(
+    em: &mut Emitter<'c, 'a>,
+    v: ValueId,
+    to: DType,
+) -> Result<melior::ir::Value<'c, 'a>> {
     let t = em.value(v)?;
     let from = em.ty(v).dtype;
     if from == to {
@@ -178,7 +182,15 @@ pub(super) fn conv_transpose(em: &mut Emitter, id: NodeId, c: &ConvTranspose) ->
         let z = a.output as i64 + (k - 1) * d;
         lands.push(((k - 1) * d - a.pad_begin, a.stride as i64, xd[2 + i] as i64));
         zd.push(z as usize);
-        axes.push(SpatialAxis { input: z as usize, kernel: k as usize, stride: 1, dilation: a.dilation, pad_begin: 0, pad_end: 0, output: a.output });
+        axes.push(SpatialAxis {
+            input: z as usize,
+            kernel: k as usize,
+            stride: 1,
+            dilation: a.dilation,
+            pad_begin: 0,
+            pad_end: 0,
+            output: a.output,
+        });
     }
     let xv = widened(em, x, dtype)?;
     let zdest = em.empty(&zd, dtype)?;
@@ -186,36 +198,38 @@ pub(super) fn conv_transpose(em: &mut Emitter, id: NodeId, c: &ConvTranspose) ->
     let zrank = zd.len();
     let id_map = broadcast_map(zrank, &zd, &zd);
     let elem = super::mlir::parse_type(ctx, super::mlir::storage_type(dtype))?;
-    let g = generic(ctx, loc, &[], &[zdest], &[id_map], &vec!["parallel"; zrank], &[zty], |body| {
-        let sb = ScalarBuilder { ctx, loc, block: body };
-        let c = |v: i64| sb.int_constant(v as i128, "index");
-        let mut coords = vec![sb.loop_index(0, "index")?, sb.loop_index(1, "index")?];
-        let mut inside = sb.constant(1.0, "i1")?;
-        for (i, &(l, s, n)) in lands.iter().enumerate() {
-            // Position z holds input (z - L) / S when that divides and lies in the input.
-            let z = sb.loop_index(2 + i, "index")?;
-            let t = sb.emit("arith.subi", &[z, c(l)?], "index")?;
-            let q = sb.emit("arith.floordivsi", &[t, c(s)?], "index")?;
-            let r = sb.emit("arith.remsi", &[t, c(s)?], "index")?;
-            let ok = sb.cmpi("eq", r, c(0)?)?;
-            let ge = sb.cmpi("sge", q, c(0)?)?;
-            let lt = sb.cmpi("slt", q, c(n)?)?;
-            for b in [ok, ge, lt] {
-                inside = sb.emit("arith.andi", &[inside, b], "i1")?;
+    let g =
+        generic(ctx, loc, &[], &[zdest], &[id_map], &vec!["parallel"; zrank], &[zty], |body| {
+            let sb = ScalarBuilder { ctx, loc, block: body };
+            let c = |v: i64| sb.int_constant(v as i128, "index");
+            let mut coords = vec![sb.loop_index(0, "index")?, sb.loop_index(1, "index")?];
+            let mut inside = sb.constant(1.0, "i1")?;
+            for (i, &(l, s, n)) in lands.iter().enumerate() {
+                // Position z holds input (z - L) / S when that divides and lies in the input.
+                let z = sb.loop_index(2 + i, "index")?;
+                let t = sb.emit("arith.subi", &[z, c(l)?], "index")?;
+                let q = sb.emit("arith.floordivsi", &[t, c(s)?], "index")?;
+                let r = sb.emit("arith.remsi", &[t, c(s)?], "index")?;
+                let ok = sb.cmpi("eq", r, c(0)?)?;
+                let ge = sb.cmpi("sge", q, c(0)?)?;
+                let lt = sb.cmpi("slt", q, c(n)?)?;
+                for b in [ok, ge, lt] {
+                    inside = sb.emit("arith.andi", &[inside, b], "i1")?;
+                }
+                coords.push(q);
             }
-            coords.push(q);
-        }
-        // Every coordinate is clamped to 0 once one is out, so the read stays in bounds.
-        let zero = c(0)?;
-        for v in coords.iter_mut().skip(2) {
-            *v = sb.select(inside, *v, zero, "index")?;
-        }
-        let mut operands = vec![xv];
-        operands.extend(coords);
-        let v = push(body, super::mlir::op(ctx, loc, "tensor.extract", &operands, &[elem], &[])?);
-        let t = super::mlir::storage_type(dtype);
-        Ok(vec![sb.select(inside, v, sb.constant(0.0, t)?, t)?])
-    })?;
+            // Every coordinate is clamped to 0 once one is out, so the read stays in bounds.
+            let zero = c(0)?;
+            for v in coords.iter_mut().skip(2) {
+                *v = sb.select(inside, *v, zero, "index")?;
+            }
+            let mut operands = vec![xv];
+            operands.extend(coords);
+            let v =
+                push(body, super::mlir::op(ctx, loc, "tensor.extract", &operands, &[elem], &[])?);
+            let t = super::mlir::storage_type(dtype);
+            Ok(vec![sb.select(inside, v, sb.constant(0.0, t)?, t)?])
+        })?;
     let zv = push(em.block, g);
     // wc[mm, c, k...] = w[(mm / Mg) * Cg + c, mm % Mg, K-1-k...], read with `tensor.extract`:
     // the tiling's fusion mis-sizes the slice of an input read through such a map.
@@ -226,22 +240,37 @@ pub(super) fn conv_transpose(em: &mut Emitter, id: NodeId, c: &ConvTranspose) ->
     let wdest = em.empty(&wcd, dtype)?;
     let wty = em.tensor_type(&wcd, dtype)?;
     let kernel = wd[2..].to_vec();
-    let g = generic(ctx, loc, &[], &[wdest], &[broadcast_map(rank, &wcd, &wcd)], &vec!["parallel"; rank], &[wty], |body| {
-        let sb = ScalarBuilder { ctx, loc, block: body };
-        let c = |v: usize| sb.int_constant(v as i128, "index");
-        let mm = sb.loop_index(0, "index")?;
-        let ci = sb.loop_index(1, "index")?;
-        let gi = sb.emit("arith.divui", &[mm, c(mg)?], "index")?;
-        let gc = sb.emit("arith.muli", &[gi, c(cg)?], "index")?;
-        let mut coords = vec![sb.emit("arith.addi", &[gc, ci], "index")?, sb.emit("arith.remui", &[mm, c(mg)?], "index")?];
-        for (i, &k) in kernel.iter().enumerate() {
-            let ki = sb.loop_index(2 + i, "index")?;
-            coords.push(sb.emit("arith.subi", &[c(k - 1)?, ki], "index")?);
-        }
-        let mut operands = vec![wv];
-        operands.extend(coords);
-        Ok(vec![push(body, super::mlir::op(ctx, loc, "tensor.extract", &operands, &[elem], &[])?)])
-    })?;
+    let g = generic(
+        ctx,
+        loc,
+        &[],
+        &[wdest],
+        &[broadcast_map(rank, &wcd, &wcd)],
+        &vec!["parallel"; rank],
+        &[wty],
+        |body| {
+            let sb = ScalarBuilder { ctx, loc, block: body };
+            let c = |v: usize| sb.int_constant(v as i128, "index");
+            let mm = sb.loop_index(0, "index")?;
+            let ci = sb.loop_index(1, "index")?;
+            let gi = sb.emit("arith.divui", &[mm, c(mg)?], "index")?;
+            let gc = sb.emit("arith.muli", &[gi, c(cg)?], "index")?;
+            let mut coords = vec![
+                sb.emit("arith.addi", &[gc, ci], "index")?,
+                sb.emit("arith.remui", &[mm, c(mg)?], "index")?,
+            ];
+            for (i, &k) in kernel.iter().enumerate() {
+                let ki = sb.loop_index(2 + i, "index")?;
+                coords.push(sb.emit("arith.subi", &[c(k - 1)?, ki], "index")?);
+            }
+            let mut operands = vec![wv];
+            operands.extend(coords);
+            Ok(vec![push(
+                body,
+                super::mlir::op(ctx, loc, "tensor.extract", &operands, &[elem], &[])?,
+            )])
+        },
+    )?;
     let wc = push(em.block, g);
     finish(em, zv, wc, &zd, &wcd, &axes, group, bias, result, dtype)
 }
@@ -266,7 +295,13 @@ fn grouped<'c, 'a>(
     let (cg, m) = (wd[1], wd[0]);
     let mg = m / g;
     // x [N, C, S..] -> [N, G, Cg, S..]; w [M, Cg, K..] -> [G, Mg, Cg, K..]; out [N, M, O..] -> [N, G, Mg, O..].
-    let expand = |em: &Emitter<'c, 'a>, v, dims: &[usize], at: usize, a: usize, b: usize| -> Result<melior::ir::Value<'c, 'a>> {
+    let expand = |em: &Emitter<'c, 'a>,
+                  v,
+                  dims: &[usize],
+                  at: usize,
+                  a: usize,
+                  b: usize|
+     -> Result<melior::ir::Value<'c, 'a>> {
         let mut out = dims.to_vec();
         out.splice(at..at + 1, [a, b]);
         let mut groups: Vec<Vec<usize>> = Vec::new();
@@ -310,14 +345,23 @@ fn grouped<'c, 'a>(
     let mut o5_dims = od.to_vec();
     o5_dims.splice(1..2, [g, mg]);
     let o5_ty = em.tensor_type(&o5_dims, dtype)?;
-    let gen = generic(ctx, loc, &[x5, w5], &[o5], &[map(&x_idx), map(&w_idx), map(&o_idx)], &iters, &[o5_ty], |body| {
-        let sb = ScalarBuilder { ctx, loc, block: body };
-        let t = compute(dtype);
-        let a = body.argument(0).expect("x").into();
-        let b = body.argument(1).expect("w").into();
-        let o = body.argument(2).expect("acc").into();
-        Ok(vec![multiply_add(&sb, o, a, b, t)?])
-    })?;
+    let gen = generic(
+        ctx,
+        loc,
+        &[x5, w5],
+        &[o5],
+        &[map(&x_idx), map(&w_idx), map(&o_idx)],
+        &iters,
+        &[o5_ty],
+        |body| {
+            let sb = ScalarBuilder { ctx, loc, block: body };
+            let t = compute(dtype);
+            let a = body.argument(0).expect("x").into();
+            let b = body.argument(1).expect("w").into();
+            let o = body.argument(2).expect("acc").into();
+            Ok(vec![multiply_add(&sb, o, a, b, t)?])
+        },
+    )?;
     let r = push(em.block, gen);
     let mut groups: Vec<Vec<usize>> = vec![vec![0], vec![1, 2]];
     groups.extend((0..s).map(|i| vec![3 + i]));
@@ -327,12 +371,23 @@ fn grouped<'c, 'a>(
 
 /// The affine map `(d0, ..., d{n-1}) -> (exprs)`.
 fn map_of(n: usize, exprs: &[String]) -> String {
-    format!("affine_map<({}) -> ({})>", (0..n).map(|i| format!("d{i}")).collect::<Vec<_>>().join(", "), exprs.join(", "))
+    format!(
+        "affine_map<({}) -> ({})>",
+        (0..n).map(|i| format!("d{i}")).collect::<Vec<_>>().join(", "),
+        exprs.join(", ")
+    )
 }
 
 /// `x[n, c, o*stride + k*dilation ...]` for loop dims `o(i)` and `k(i)`.
-fn window_index(axes: &[kiln_ir::op::SpatialAxis], o: impl Fn(usize) -> usize, k: impl Fn(usize) -> usize) -> Vec<String> {
-    axes.iter().enumerate().map(|(i, a)| format!("d{} * {} + d{} * {}", o(i), a.stride, k(i), a.dilation)).collect()
+fn window_index(
+    axes: &[kiln_ir::op::SpatialAxis],
+    o: impl Fn(usize) -> usize,
+    k: impl Fn(usize) -> usize,
+) -> Vec<String> {
+    axes.iter()
+        .enumerate()
+        .map(|(i, a)| format!("d{} * {} + d{} * {}", o(i), a.stride, k(i), a.dilation))
+        .collect()
 }
 
 /// The convolution body: `acc + x * w`.
@@ -378,7 +433,8 @@ fn direct<'c, 'a>(
     let ty = em.tensor_type(od, dtype)?;
     let (ctx, loc) = (em.ctx, em.loc);
     let maps = [map_of(n_loops, &x_idx), map_of(n_loops, &w_idx), map_of(n_loops, &o_idx)];
-    let g = generic(ctx, loc, &[xv, wv], &[init], &maps, &iters, &[ty], conv_body(ctx, loc, dtype))?;
+    let g =
+        generic(ctx, loc, &[xv, wv], &[init], &maps, &iters, &[ty], conv_body(ctx, loc, dtype))?;
     Ok(push(em.block, g))
 }
 
@@ -433,7 +489,8 @@ fn im2col<'c, 'a>(
     iters.extend(vec!["reduction"; 1 + s]);
     let ty = em.tensor_type(od, dtype)?;
     let maps = [map_of(n_loops, &c_idx), map_of(n_loops, &w_idx), map_of(n_loops, &o_idx)];
-    let g = generic(ctx, loc, &[col, wv], &[init], &maps, &iters, &[ty], conv_body(ctx, loc, dtype))?;
+    let g =
+        generic(ctx, loc, &[col, wv], &[init], &maps, &iters, &[ty], conv_body(ctx, loc, dtype))?;
     Ok(push(em.block, g))
 }
 
@@ -461,7 +518,8 @@ fn depthwise<'c, 'a>(
     let ty = em.tensor_type(od, dtype)?;
     let (ctx, loc) = (em.ctx, em.loc);
     let maps = [map_of(n_loops, &x_idx), map_of(n_loops, &w_idx), map_of(n_loops, &o_idx)];
-    let g = generic(ctx, loc, &[xv, wv], &[init], &maps, &iters, &[ty], conv_body(ctx, loc, dtype))?;
+    let g =
+        generic(ctx, loc, &[xv, wv], &[init], &maps, &iters, &[ty], conv_body(ctx, loc, dtype))?;
     Ok(push(em.block, g))
 }
 
@@ -479,11 +537,20 @@ fn add_bias<'c, 'a>(
     let bias_map = format!("affine_map<({}) -> (d1)>", super::mlir::dims_list(rank));
     let ty = em.tensor_type(od, dtype)?;
     let (ctx, loc) = (em.ctx, em.loc);
-    let g = generic(ctx, loc, &[conv, bv], &[dest], &[id.clone(), bias_map, id], &vec!["parallel"; rank], &[ty], |body| {
-        let sb = ScalarBuilder { ctx, loc, block: body };
-        let a = body.argument(0).expect("conv").into();
-        let c = body.argument(1).expect("bias").into();
-        Ok(vec![sb.emit("arith.addf", &[a, c], compute(dtype))?])
-    })?;
+    let g = generic(
+        ctx,
+        loc,
+        &[conv, bv],
+        &[dest],
+        &[id.clone(), bias_map, id],
+        &vec!["parallel"; rank],
+        &[ty],
+        |body| {
+            let sb = ScalarBuilder { ctx, loc, block: body };
+            let a = body.argument(0).expect("conv").into();
+            let c = body.argument(1).expect("bias").into();
+            Ok(vec![sb.emit("arith.addf", &[a, c], compute(dtype))?])
+        },
+    )?;
     Ok(push(em.block, g))
 }

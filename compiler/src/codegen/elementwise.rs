@@ -31,7 +31,8 @@ pub(super) fn emit_chain(em: &mut Emitter, nodes: &[NodeId]) -> Result<()> {
     }
     let ins: Vec<_> = outer.iter().map(|&v| em.value(v)).collect::<Result<_>>()?;
     let dest = em.dest(result)?;
-    let mut maps: Vec<String> = outer.iter().map(|&v| broadcast_map(rank, &em.dims(v), &out_dims)).collect();
+    let mut maps: Vec<String> =
+        outer.iter().map(|&v| broadcast_map(rank, &em.dims(v), &out_dims)).collect();
     maps.push(broadcast_map(rank, &out_dims, &out_dims));
     let iterators = vec!["parallel"; rank];
     let out_ty = em.tensor_type(&out_dims, out_dtype)?;
@@ -45,7 +46,8 @@ pub(super) fn emit_chain(em: &mut Emitter, nodes: &[NodeId]) -> Result<()> {
         }
         for &id in nodes {
             let node = graph.node(id);
-            let operands: Vec<Option<Scalar>> = graph.operands(id).into_iter().map(|o| o.map(|v| vals[&v])).collect();
+            let operands: Vec<Option<Scalar>> =
+                graph.operands(id).into_iter().map(|o| o.map(|v| vals[&v])).collect();
             let x = operands[0].expect("elementwise ops have a first operand");
             let out = node.outputs[0].dtype;
             let y = match &node.op {
@@ -58,7 +60,12 @@ pub(super) fn emit_chain(em: &mut Emitter, nodes: &[NodeId]) -> Result<()> {
                     let v = b.select(x.v, t.v, f.v, super::scalar::compute(t.dtype))?;
                     Scalar { v, dtype: out }
                 }
-                Op::Clip => clip(&b, x, operands.get(1).copied().flatten(), operands.get(2).copied().flatten())?,
+                Op::Clip => clip(
+                    &b,
+                    x,
+                    operands.get(1).copied().flatten(),
+                    operands.get(2).copied().flatten(),
+                )?,
                 other => unreachable!("{} is not elementwise", other.name()),
             };
             vals.insert(ValueId::from(id), y);
@@ -70,7 +77,12 @@ pub(super) fn emit_chain(em: &mut Emitter, nodes: &[NodeId]) -> Result<()> {
     Ok(())
 }
 
-fn clip<'c, 'a>(b: &ScalarBuilder<'c, 'a>, x: Scalar<'c, 'a>, lo: Option<Scalar<'c, 'a>>, hi: Option<Scalar<'c, 'a>>) -> Result<Scalar<'c, 'a>> {
+fn clip<'c, 'a>(
+    b: &ScalarBuilder<'c, 'a>,
+    x: Scalar<'c, 'a>,
+    lo: Option<Scalar<'c, 'a>>,
+    hi: Option<Scalar<'c, 'a>>,
+) -> Result<Scalar<'c, 'a>> {
     let d = x.dtype;
     let t = super::scalar::compute(d);
     let (max, min) = if d.is_float() {

@@ -15,7 +15,10 @@ use melior::ir::operation::OperationBuilder;
 use melior::ir::{Block, BlockLike, Region, RegionLike, Type, Value, ValueLike};
 use melior::Context;
 
-use super::mlir::{broadcast_map, dense_literal, dims_list, err, generic, op, parse_attr, parse_type, push, storage_type};
+use super::mlir::{
+    broadcast_map, dense_literal, dims_list, err, generic, op, parse_attr, parse_type, push,
+    storage_type,
+};
 use super::scalar::{compute, ScalarBuilder};
 use super::Emitter;
 use crate::Result;
@@ -25,7 +28,8 @@ pub(super) fn emit(em: &mut Emitter, id: NodeId) -> Result<()> {
     let operands = em.graph.operands(id);
     let result = ValueId::from(id);
     let arg = |i: usize| operands.get(i).copied().flatten();
-    let need = |i: usize| arg(i).ok_or_else(|| err(format!("{} has no operand {i}", node.op.name())));
+    let need =
+        |i: usize| arg(i).ok_or_else(|| err(format!("{} has no operand {i}", node.op.name())));
     let graph = em.graph;
     let const_ints = |i: usize| arg(i).and_then(|v| graph.constant_value(v)).map(Tensor::to_i64s);
     let od = em.dims(result);
@@ -34,14 +38,17 @@ pub(super) fn emit(em: &mut Emitter, id: NodeId) -> Result<()> {
         Op::GatherElements { axis } => {
             let (x, ind) = (need(0)?, need(1)?);
             let xd = em.dims(x);
-            let a = normalize_axis(*axis, xd.len()).ok_or_else(|| em.unsupported(id, "has an axis out of range"))?;
+            let a = normalize_axis(*axis, xd.len())
+                .ok_or_else(|| em.unsupported(id, "has an axis out of range"))?;
             no_reads_from_empty(em, id, &xd, &od)?;
             let idt = em.ty(ind).dtype;
             let (xv, iv) = (em.value(x)?, em.value(ind)?);
             let rank = od.len();
             over_output(em, result, &[(iv, identity(rank))], |ix, args| {
                 let j = ix.norm_index(args[0], idt, xd[a])?;
-                let coords = (0..rank).map(|d| if d == a { Ok(j) } else { ix.loop_index(d) }).collect::<Result<Vec<_>>>()?;
+                let coords = (0..rank)
+                    .map(|d| if d == a { Ok(j) } else { ix.loop_index(d) })
+                    .collect::<Result<Vec<_>>>()?;
                 ix.extract(xv, &coords, dtype)
             })
         }
@@ -55,7 +62,8 @@ pub(super) fn emit(em: &mut Emitter, id: NodeId) -> Result<()> {
             let (xv, iv) = (em.value(x)?, em.value(ind)?);
             over_output(em, result, &[], |ix, _| {
                 // Result loops: batch (b), the other index dims (q - 1 - b), then the slice.
-                let tuple: Vec<Value> = (0..q - 1).map(|d| ix.loop_index(d)).collect::<Result<_>>()?;
+                let tuple: Vec<Value> =
+                    (0..q - 1).map(|d| ix.loop_index(d)).collect::<Result<_>>()?;
                 let mut coords: Vec<Value> = tuple[..b].to_vec();
                 for j in 0..m {
                     let mut at = tuple.clone();
@@ -72,7 +80,8 @@ pub(super) fn emit(em: &mut Emitter, id: NodeId) -> Result<()> {
         Op::ScatterElements { axis, reduction } => {
             let (x, ind, upd) = (need(0)?, need(1)?, need(2)?);
             let xd = em.dims(x);
-            let a = normalize_axis(*axis, xd.len()).ok_or_else(|| em.unsupported(id, "has an axis out of range"))?;
+            let a = normalize_axis(*axis, xd.len())
+                .ok_or_else(|| em.unsupported(id, "has an axis out of range"))?;
             let ud = em.dims(upd);
             no_reads_from_empty(em, id, &xd, &ud)?;
             let idt = em.ty(ind).dtype;
@@ -133,10 +142,13 @@ pub(super) fn emit(em: &mut Emitter, id: NodeId) -> Result<()> {
                 ix.extract(xv, &coords, dtype)
             })
         }
-        Op::Pad { mode } => pad(em, id, *mode, arg(0), const_ints(1), arg(1), arg(2), arg(3).map(|_| const_ints(3))),
+        Op::Pad { mode } => {
+            pad(em, id, *mode, arg(0), const_ints(1), arg(1), arg(2), arg(3).map(|_| const_ints(3)))
+        }
         Op::OneHot { axis } => {
             let (ind, values) = (need(0)?, need(2)?);
-            let a = normalize_axis(*axis, od.len()).ok_or_else(|| em.unsupported(id, "has an axis out of range"))?;
+            let a = normalize_axis(*axis, od.len())
+                .ok_or_else(|| em.unsupported(id, "has an axis out of range"))?;
             let depth = od[a] as i128;
             let idt = em.ty(ind).dtype;
             let vv = em.value(values)?;
@@ -146,7 +158,11 @@ pub(super) fn emit(em: &mut Emitter, id: NodeId) -> Result<()> {
             let map = format!(
                 "affine_map<({}) -> ({})>",
                 dims_list(rank),
-                (0..rank).filter(|&d| d != a).map(|d| format!("d{d}")).collect::<Vec<_>>().join(", ")
+                (0..rank)
+                    .filter(|&d| d != a)
+                    .map(|d| format!("d{d}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
             );
             over_output(em, result, &[(iv, map)], |ix, args| {
                 // As the interpreter: indices truncate to i64, negative ones count from the end,
@@ -185,7 +201,11 @@ pub(super) fn emit(em: &mut Emitter, id: NodeId) -> Result<()> {
                 let kk = match k_runtime {
                     None => ix.sb.int_constant(k_const as i128, "i64")?,
                     Some((kv, r, kdt)) => {
-                        let raw = ix.extract(kv, &(0..r).map(|_| ix.c(0)).collect::<Result<Vec<_>>>()?, kdt)?;
+                        let raw = ix.extract(
+                            kv,
+                            &(0..r).map(|_| ix.c(0)).collect::<Result<Vec<_>>>()?,
+                            kdt,
+                        )?;
                         ix.to_i64(raw, kdt)?
                     }
                 };
@@ -200,13 +220,18 @@ pub(super) fn emit(em: &mut Emitter, id: NodeId) -> Result<()> {
             let (b, crd) = (*blocksize as i128, *crd);
             let c_out = od[1] as i128;
             over_output(em, result, &[], |ix, _| {
-                let (n, c, y, w) = (ix.loop_index(0)?, ix.loop_index(1)?, ix.loop_index(2)?, ix.loop_index(3)?);
+                let (n, c, y, w) =
+                    (ix.loop_index(0)?, ix.loop_index(1)?, ix.loop_index(2)?, ix.loop_index(3)?);
                 let bb = ix.c(b)?;
                 let (h, i) = (ix.div(y, bb)?, ix.rem(y, bb)?);
                 let (ww, j) = (ix.div(w, bb)?, ix.rem(w, bb)?);
                 // i * b + j: the position inside the block.
                 let ij = ix.add(ix.mul(i, bb)?, j)?;
-                let ch = if crd { ix.add(ix.mul(c, ix.c(b * b)?)?, ij)? } else { ix.add(ix.mul(ij, ix.c(c_out)?)?, c)? };
+                let ch = if crd {
+                    ix.add(ix.mul(c, ix.c(b * b)?)?, ij)?
+                } else {
+                    ix.add(ix.mul(ij, ix.c(c_out)?)?, c)?
+                };
                 ix.extract(xv, &[n, ch, h, ww], dtype)
             })
         }
@@ -216,7 +241,8 @@ pub(super) fn emit(em: &mut Emitter, id: NodeId) -> Result<()> {
             let b = *blocksize as i128;
             let c_in = em.dims(x)[1] as i128;
             over_output(em, result, &[], |ix, _| {
-                let (n, oc, h, w) = (ix.loop_index(0)?, ix.loop_index(1)?, ix.loop_index(2)?, ix.loop_index(3)?);
+                let (n, oc, h, w) =
+                    (ix.loop_index(0)?, ix.loop_index(1)?, ix.loop_index(2)?, ix.loop_index(3)?);
                 // oc = (i * b + j) * C + c.
                 let cc = ix.c(c_in)?;
                 let (ij, c) = (ix.div(oc, cc)?, ix.rem(oc, cc)?);
@@ -249,12 +275,15 @@ pub(super) fn emit(em: &mut Emitter, id: NodeId) -> Result<()> {
             let ldt = em.ty(lens).dtype;
             let (xv, lv) = (em.value(x)?, em.value(lens)?);
             over_output(em, result, &[], |ix, _| {
-                let mut coords: Vec<Value> = (0..xd.len()).map(|d| ix.loop_index(d)).collect::<Result<_>>()?;
+                let mut coords: Vec<Value> =
+                    (0..xd.len()).map(|d| ix.loop_index(d)).collect::<Result<_>>()?;
                 let raw = ix.extract(lv, &[coords[ba]], ldt)?;
                 // The interpreter rejects lengths outside [0, steps]; clamp so reads stay in bounds.
                 let len = ix.to_i64(raw, ldt)?;
-                let len = ix.sb.emit("arith.maxsi", &[len, ix.sb.int_constant(0, "i64")?], "i64")?;
-                let len = ix.sb.emit("arith.minsi", &[len, ix.sb.int_constant(steps, "i64")?], "i64")?;
+                let len =
+                    ix.sb.emit("arith.maxsi", &[len, ix.sb.int_constant(0, "i64")?], "i64")?;
+                let len =
+                    ix.sb.emit("arith.minsi", &[len, ix.sb.int_constant(steps, "i64")?], "i64")?;
                 let len = ix.i64_to_index(len)?;
                 let t = coords[ta];
                 let inside = ix.sb.cmpi("ult", t, len)?;
@@ -284,7 +313,10 @@ pub(super) fn emit(em: &mut Emitter, id: NodeId) -> Result<()> {
                 } else {
                     // Exact with wrap-around in the integer type.
                     let t = storage_type(dtype);
-                    let i = push(ix.sb.block, op(ix.sb.ctx, ix.sb.loc, "arith.index_cast", &[i], &[ix.sb.ty(t)?], &[])?);
+                    let i = push(
+                        ix.sb.block,
+                        op(ix.sb.ctx, ix.sb.loc, "arith.index_cast", &[i], &[ix.sb.ty(t)?], &[])?,
+                    );
                     let v = ix.sb.emit("arith.muli", &[i, d], t)?;
                     ix.sb.emit("arith.addi", &[s, v], t)
                 }
@@ -292,7 +324,9 @@ pub(super) fn emit(em: &mut Emitter, id: NodeId) -> Result<()> {
         }
         Op::ConstantOfShape { value } => {
             let c = match value.dtype() {
-                d if d.is_float() => em.scalar_constant(value.to_f64s().first().copied().unwrap_or(0.0), d)?,
+                d if d.is_float() => {
+                    em.scalar_constant(value.to_f64s().first().copied().unwrap_or(0.0), d)?
+                }
                 d => em.int_constant(value.to_i64s().first().copied().unwrap_or(0) as i128, d)?,
             };
             // A generic (not linalg.fill) so that it is split into workgroups like the others.
@@ -318,7 +352,9 @@ fn pad(
 ) -> Result<()> {
     let result = ValueId::from(id);
     let x = x.ok_or_else(|| err("Pad has no input"))?;
-    let (Some(pads), Some(_)) = (pads, pads_operand) else { return Err(em.unsupported(id, "needs constant pads")) };
+    let (Some(pads), Some(_)) = (pads, pads_operand) else {
+        return Err(em.unsupported(id, "needs constant pads"));
+    };
     let axes = match axes {
         None => None,
         Some(Some(a)) => Some(a),
@@ -326,12 +362,22 @@ fn pad(
     };
     let (xd, od) = (em.dims(x), em.dims(result));
     let dtype = em.ty(result).dtype;
-    let amounts = kiln_ir::infer::pad_amounts(&pads, axes.as_deref(), xd.len()).map_err(|e| em.unsupported(id, &e))?;
-    let maps: Vec<Vec<Option<usize>>> =
-        xd.iter().zip(&amounts).zip(&od).map(|((&n, &(lo, hi)), &size)| kiln_ir::eval::pad_axis(mode, n, lo, hi, size)).collect();
+    let amounts = kiln_ir::infer::pad_amounts(&pads, axes.as_deref(), xd.len())
+        .map_err(|e| em.unsupported(id, &e))?;
+    let maps: Vec<Vec<Option<usize>>> = xd
+        .iter()
+        .zip(&amounts)
+        .zip(&od)
+        .map(|((&n, &(lo, hi)), &size)| kiln_ir::eval::pad_axis(mode, n, lo, hi, size))
+        .collect();
     // Axes whose table is the identity read the loop index itself.
-    let identity_axis: Vec<bool> =
-        maps.iter().map(|m| m.len() == m.iter().flatten().count() && m.iter().enumerate().all(|(i, &c)| c == Some(i))).collect();
+    let identity_axis: Vec<bool> = maps
+        .iter()
+        .map(|m| {
+            m.len() == m.iter().flatten().count()
+                && m.iter().enumerate().all(|(i, &c)| c == Some(i))
+        })
+        .collect();
     let fill_anywhere = maps.iter().any(|m| m.iter().any(Option::is_none));
     let reads_x = !xd.contains(&0) && maps.iter().all(|m| m.iter().any(Option::is_some));
     let mut tables = Vec::with_capacity(xd.len());
@@ -340,17 +386,25 @@ fn pad(
             tables.push(None);
             continue;
         }
-        let t = Tensor::from_vec(&[m.len()], m.iter().map(|c| c.map_or(-1, |c| c as i64)).collect::<Vec<i64>>()).map_err(|e| err(e.to_string()))?;
+        let t = Tensor::from_vec(
+            &[m.len()],
+            m.iter().map(|c| c.map_or(-1, |c| c as i64)).collect::<Vec<i64>>(),
+        )
+        .map_err(|e| err(e.to_string()))?;
         tables.push(Some(const_tensor(em, &t)?));
     }
     let xv = em.value(x)?;
     let fill_v = match value {
-        Some(v) if em.dims(v).iter().product::<usize>() > 0 => Some((em.value(v)?, em.dims(v).len())),
+        Some(v) if em.dims(v).iter().product::<usize>() > 0 => {
+            Some((em.value(v)?, em.dims(v).len()))
+        }
         _ => None,
     };
     over_output(em, result, &[], |ix, _| {
         let fill = match fill_v {
-            Some((v, r)) => ix.extract(v, &(0..r).map(|_| ix.c(0)).collect::<Result<Vec<_>>>()?, dtype)?,
+            Some((v, r)) => {
+                ix.extract(v, &(0..r).map(|_| ix.c(0)).collect::<Result<Vec<_>>>()?, dtype)?
+            }
             None => ix.zero(dtype)?,
         };
         if !reads_x {
@@ -398,7 +452,17 @@ fn no_reads_from_empty(em: &Emitter, id: NodeId, xd: &[usize], produced: &[usize
 pub(super) fn const_tensor<'c, 'a>(em: &Emitter<'c, 'a>, t: &Tensor) -> Result<Value<'c, 'a>> {
     let (ctx, loc) = (em.ctx, em.loc);
     let ty = em.tensor_type(t.dims(), t.dtype())?;
-    Ok(push(em.block, op(ctx, loc, "arith.constant", &[], &[ty], &[("value", parse_attr(ctx, &dense_literal(t))?)])?))
+    Ok(push(
+        em.block,
+        op(
+            ctx,
+            loc,
+            "arith.constant",
+            &[],
+            &[ty],
+            &[("value", parse_attr(ctx, &dense_literal(t))?)],
+        )?,
+    ))
 }
 
 /// The identity map of rank `n`.
@@ -417,14 +481,29 @@ impl<'c, 'b> Ix<'c, 'b> {
         Ix { sb: ScalarBuilder { ctx, loc, block }, index: Type::index(ctx) }
     }
 
-    fn push(&self, name: &str, operands: &[Value<'c, '_>], result: Type<'c>) -> Result<Value<'c, 'b>> {
+    fn push(
+        &self,
+        name: &str,
+        operands: &[Value<'c, '_>],
+        result: Type<'c>,
+    ) -> Result<Value<'c, 'b>> {
         Ok(push(self.sb.block, op(self.sb.ctx, self.sb.loc, name, operands, &[result], &[])?))
     }
 
     /// `linalg.index` of loop `d`.
     pub fn loop_index(&self, d: usize) -> Result<Value<'c, 'b>> {
         let (ctx, loc) = (self.sb.ctx, self.sb.loc);
-        Ok(push(self.sb.block, op(ctx, loc, "linalg.index", &[], &[self.index], &[("dim", parse_attr(ctx, &format!("{d} : i64"))?)])?))
+        Ok(push(
+            self.sb.block,
+            op(
+                ctx,
+                loc,
+                "linalg.index",
+                &[],
+                &[self.index],
+                &[("dim", parse_attr(ctx, &format!("{d} : i64"))?)],
+            )?,
+        ))
     }
 
     /// An `index` constant.
@@ -453,7 +532,12 @@ impl<'c, 'b> Ix<'c, 'b> {
     }
 
     /// The element of tensor `t` (storage type of `dtype`) at `coords`.
-    pub fn extract(&self, t: Value<'c, '_>, coords: &[Value<'c, '_>], dtype: DType) -> Result<Value<'c, 'b>> {
+    pub fn extract(
+        &self,
+        t: Value<'c, '_>,
+        coords: &[Value<'c, '_>],
+        dtype: DType,
+    ) -> Result<Value<'c, 'b>> {
         let mut operands: Vec<Value> = vec![t];
         operands.extend_from_slice(coords);
         let elem = parse_type(self.sb.ctx, storage_type(dtype))?;
@@ -491,7 +575,9 @@ impl<'c, 'b> Ix<'c, 'b> {
         match dtype {
             DType::I64 | DType::U64 => Ok(v),
             DType::I8 | DType::I16 | DType::I32 => sb.emit("arith.extsi", &[v], "i64"),
-            DType::U8 | DType::U16 | DType::U32 | DType::Bool => sb.emit("arith.extui", &[v], "i64"),
+            DType::U8 | DType::U16 | DType::U32 | DType::Bool => {
+                sb.emit("arith.extui", &[v], "i64")
+            }
             _ => {
                 let f = sb.load(v, dtype)?.v;
                 let t = compute(dtype);
@@ -568,7 +654,11 @@ impl<'c, 'b> Ix<'c, 'b> {
                 let t = storage_type(dtype);
                 let bits = dtype.size() as i32 * 8;
                 let signed = dtype.is_signed_int();
-                let (min, max): (i128, i128) = if signed { (-(1i128 << (bits - 1)), (1i128 << (bits - 1)) - 1) } else { (0, (1i128 << bits) - 1) };
+                let (min, max): (i128, i128) = if signed {
+                    (-(1i128 << (bits - 1)), (1i128 << (bits - 1)) - 1)
+                } else {
+                    (0, (1i128 << bits) - 1)
+                };
                 let nan = sb.cmpf("uno", v, v)?;
                 // max + 1 is a power of two, exact in f64.
                 let hi = sb.cmpf("oge", v, sb.constant((max + 1) as f64, "f64")?)?;
@@ -577,7 +667,8 @@ impl<'c, 'b> Ix<'c, 'b> {
                 let safe = sb.select(nan, zero, v, "f64")?;
                 let safe = sb.select(hi, zero, safe, "f64")?;
                 let safe = sb.select(lo, zero, safe, "f64")?;
-                let i = sb.emit(if signed { "arith.fptosi" } else { "arith.fptoui" }, &[safe], t)?;
+                let i =
+                    sb.emit(if signed { "arith.fptosi" } else { "arith.fptoui" }, &[safe], t)?;
                 let i = sb.select(hi, sb.int_constant(max, t)?, i, t)?;
                 sb.select(lo, sb.int_constant(min, t)?, i, t)
             }
@@ -662,8 +753,10 @@ pub(super) fn build_over<'c, 'a>(
     let n_in = ins.len();
     let g = generic(ctx, loc, &values, &[dest], &maps, &vec!["parallel"; rank], &[ty], |block| {
         let ix = Ix::new(ctx, loc, block);
-        let args: Vec<Value> =
-            (0..n_in).map(|i| block.argument(i).map(Into::into)).collect::<std::result::Result<_, _>>().map_err(|e| err(e.to_string()))?;
+        let args: Vec<Value> = (0..n_in)
+            .map(|i| block.argument(i).map(Into::into))
+            .collect::<std::result::Result<_, _>>()
+            .map_err(|e| err(e.to_string()))?;
         Ok(vec![body(&ix, &args)?])
     })?;
     Ok(push(em.block, g))
@@ -690,7 +783,11 @@ pub(super) fn over_output<'c, 'a>(
 
 /// A copy of `x` (of `result`'s type) into `result`'s destination. Explicit, as an identity
 /// generic would fold away and leave later in-place updates to a temporary.
-pub(super) fn copy_into_dest<'c, 'a>(em: &mut Emitter<'c, 'a>, x: ValueId, result: ValueId) -> Result<Value<'c, 'a>> {
+pub(super) fn copy_into_dest<'c, 'a>(
+    em: &mut Emitter<'c, 'a>,
+    x: ValueId,
+    result: ValueId,
+) -> Result<Value<'c, 'a>> {
     let dims = em.dims(result);
     let dest = em.dest(result)?;
     if dims.contains(&0) {
@@ -698,7 +795,10 @@ pub(super) fn copy_into_dest<'c, 'a>(em: &mut Emitter<'c, 'a>, x: ValueId, resul
     }
     let xv = em.value(x)?;
     let ty = em.tensor_type(&dims, em.ty(result).dtype)?;
-    Ok(push(em.block, op(em.ctx, em.loc, "bufferization.materialize_in_destination", &[xv, dest], &[ty], &[])?))
+    Ok(push(
+        em.block,
+        op(em.ctx, em.loc, "bufferization.materialize_in_destination", &[xv, dest], &[ty], &[])?,
+    ))
 }
 
 /// `scf.for %i = 0 to n` threading the tensor `init` through `body(i, acc) -> acc'`: sequential
@@ -716,13 +816,25 @@ pub(super) fn scf_for<'c, 'a>(
     let index = Type::index(ctx);
     let ty = init.r#type();
     let c = |v: usize| -> Result<Value<'c, 'a>> {
-        Ok(push(em.block, op(ctx, loc, "arith.constant", &[], &[index], &[("value", parse_attr(ctx, &format!("{v} : index"))?)])?))
+        Ok(push(
+            em.block,
+            op(
+                ctx,
+                loc,
+                "arith.constant",
+                &[],
+                &[index],
+                &[("value", parse_attr(ctx, &format!("{v} : index"))?)],
+            )?,
+        ))
     };
     let (lb, ub, step) = (c(0)?, c(n)?, c(1)?);
     let block = Block::new(&[(index, loc), (ty, loc)]);
     {
         let ix = Ix::new(ctx, loc, &block);
-        let arg = |i: usize| -> Result<Value> { block.argument(i).map(Into::into).map_err(|e| err(e.to_string())) };
+        let arg = |i: usize| -> Result<Value> {
+            block.argument(i).map(Into::into).map_err(|e| err(e.to_string()))
+        };
         let next = body(&ix, arg(0)?, arg(1)?)?;
         block.append_operation(op(ctx, loc, "scf.yield", &[next], &[], &[])?);
     }

@@ -5,7 +5,10 @@
 use melior::ir::attribute::{DenseI32ArrayAttribute, StringAttribute};
 use melior::ir::operation::{OperationBuilder, OperationLike};
 use melior::ir::r#type::TypeLike;
-use melior::ir::{Attribute, Block, BlockLike, Identifier, Location, Operation, Region, RegionLike, Type, Value, ValueLike};
+use melior::ir::{
+    Attribute, Block, BlockLike, Identifier, Location, Operation, Region, RegionLike, Type, Value,
+    ValueLike,
+};
 use melior::Context;
 
 use kiln_ir::{DType, Tensor};
@@ -55,7 +58,11 @@ pub fn parse_attr<'c>(ctx: &'c Context, s: &str) -> Result<Attribute<'c>> {
     Attribute::parse(ctx, s).ok_or_else(|| err(format!("MLIR rejects the attribute `{s}`")))
 }
 
-pub fn named<'c>(ctx: &'c Context, name: &str, a: Attribute<'c>) -> (Identifier<'c>, Attribute<'c>) {
+pub fn named<'c>(
+    ctx: &'c Context,
+    name: &str,
+    a: Attribute<'c>,
+) -> (Identifier<'c>, Attribute<'c>) {
     (Identifier::new(ctx, name), a)
 }
 
@@ -80,7 +87,13 @@ pub fn broadcast_map(out_rank: usize, dims: &[usize], out_dims: &[usize]) -> Str
     let exprs: Vec<String> = dims
         .iter()
         .enumerate()
-        .map(|(i, &d)| if d == 1 && out_dims[offset + i] != 1 { "0".to_string() } else { format!("d{}", offset + i) })
+        .map(|(i, &d)| {
+            if d == 1 && out_dims[offset + i] != 1 {
+                "0".to_string()
+            } else {
+                format!("d{}", offset + i)
+            }
+        })
         .collect();
     format!("affine_map<({}) -> ({})>", dims_list(out_rank), exprs.join(", "))
 }
@@ -125,7 +138,11 @@ pub fn named_linalg<'c>(
     attrs: &[(&str, Attribute<'c>)],
 ) -> Result<Operation<'c>> {
     let mut all: Vec<_> = attrs.iter().map(|(n, a)| named(ctx, n, *a)).collect();
-    all.push(named(ctx, "operandSegmentSizes", DenseI32ArrayAttribute::new(ctx, &[ins.len() as i32, outs.len() as i32]).into()));
+    all.push(named(
+        ctx,
+        "operandSegmentSizes",
+        DenseI32ArrayAttribute::new(ctx, &[ins.len() as i32, outs.len() as i32]).into(),
+    ));
     let op = OperationBuilder::new(name, loc)
         .add_operands(ins)
         .add_operands(outs)
@@ -153,14 +170,21 @@ pub fn generic<'c>(
     body: impl for<'b> FnOnce(&'b Block<'c>) -> Result<Vec<Value<'c, 'b>>>,
 ) -> Result<Operation<'c>> {
     let elem = |v: &Value<'c, '_>| -> Result<Type<'c>> { element_type(ctx, v.r#type()) };
-    let arg_types: Vec<(Type<'c>, Location<'c>)> = ins.iter().chain(outs).map(|v| elem(v).map(|t| (t, loc))).collect::<Result<_>>()?;
+    let arg_types: Vec<(Type<'c>, Location<'c>)> =
+        ins.iter().chain(outs).map(|v| elem(v).map(|t| (t, loc))).collect::<Result<_>>()?;
     let block = Block::new(&arg_types);
     let yielded = body(&block)?;
-    block.append_operation(OperationBuilder::new("linalg.yield", loc).add_operands(&yielded).build().map_err(|e| err(format!("linalg.yield: {e}")))?);
+    block.append_operation(
+        OperationBuilder::new("linalg.yield", loc)
+            .add_operands(&yielded)
+            .build()
+            .map_err(|e| err(format!("linalg.yield: {e}")))?,
+    );
     let region = Region::new();
     region.append_block(block);
     let maps_attr = parse_attr(ctx, &format!("[{}]", maps.join(", ")))?;
-    let iters: Vec<String> = iterators.iter().map(|i| format!("#linalg.iterator_type<{i}>")).collect();
+    let iters: Vec<String> =
+        iterators.iter().map(|i| format!("#linalg.iterator_type<{i}>")).collect();
     let iters_attr = parse_attr(ctx, &format!("[{}]", iters.join(", ")))?;
     OperationBuilder::new("linalg.generic", loc)
         .add_operands(ins)
@@ -168,7 +192,11 @@ pub fn generic<'c>(
         .add_attributes(&[
             named(ctx, "indexing_maps", maps_attr),
             named(ctx, "iterator_types", iters_attr),
-            named(ctx, "operandSegmentSizes", DenseI32ArrayAttribute::new(ctx, &[ins.len() as i32, outs.len() as i32]).into()),
+            named(
+                ctx,
+                "operandSegmentSizes",
+                DenseI32ArrayAttribute::new(ctx, &[ins.len() as i32, outs.len() as i32]).into(),
+            ),
         ])
         .add_results(results)
         .add_regions([region])
@@ -207,7 +235,12 @@ pub fn pad<'c, 'a>(
     use melior::ir::attribute::DenseI64ArrayAttribute;
     let index = Type::index(ctx);
     let body = Block::new(&vec![(index, loc); low.len()]);
-    body.append_operation(OperationBuilder::new("tensor.yield", loc).add_operands(&[fill]).build().map_err(|e| err(format!("tensor.yield: {e}")))?);
+    body.append_operation(
+        OperationBuilder::new("tensor.yield", loc)
+            .add_operands(&[fill])
+            .build()
+            .map_err(|e| err(format!("tensor.yield: {e}")))?,
+    );
     let region = Region::new();
     region.append_block(body);
     let p = OperationBuilder::new("tensor.pad", loc)
@@ -239,12 +272,23 @@ pub fn reshape<'c, 'a>(
     use melior::ir::attribute::DenseI64ArrayAttribute;
     let reassoc = format!(
         "[{}]",
-        groups.iter().map(|g| format!("[{}]", g.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(", "))).collect::<Vec<_>>().join(", ")
+        groups
+            .iter()
+            .map(|g| format!(
+                "[{}]",
+                g.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(", ")
+            ))
+            .collect::<Vec<_>>()
+            .join(", ")
     );
     let mut attrs = vec![named(ctx, "reassociation", parse_attr(ctx, &reassoc)?)];
     let name = if expand {
         let dims: Vec<i64> = out_dims.iter().map(|&d| d as i64).collect();
-        attrs.push(named(ctx, "static_output_shape", DenseI64ArrayAttribute::new(ctx, &dims).into()));
+        attrs.push(named(
+            ctx,
+            "static_output_shape",
+            DenseI64ArrayAttribute::new(ctx, &dims).into(),
+        ));
         "tensor.expand_shape"
     } else {
         "tensor.collapse_shape"
@@ -259,7 +303,13 @@ pub fn reshape<'c, 'a>(
 }
 
 /// `linalg.fill` of `dest` with the scalar `value`.
-pub fn fill<'c, 'a>(ctx: &'c Context, loc: Location<'c>, block: &'a Block<'c>, value: Value<'c, 'a>, dest: Value<'c, 'a>) -> Result<Value<'c, 'a>> {
+pub fn fill<'c, 'a>(
+    ctx: &'c Context,
+    loc: Location<'c>,
+    block: &'a Block<'c>,
+    value: Value<'c, 'a>,
+    dest: Value<'c, 'a>,
+) -> Result<Value<'c, 'a>> {
     let ty = dest.r#type();
     Ok(push(block, named_linalg(ctx, loc, "linalg.fill", &[value], &[dest], ty, &[])?))
 }

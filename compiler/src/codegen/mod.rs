@@ -68,12 +68,25 @@ impl<'c, 'a> Emitter<'c, 'a> {
         }
         if let Some(t) = self.graph.constant_value(v) {
             let ty = self.tensor_type(t.dims(), t.dtype())?;
-            let c =
-                push(self.block, op(self.ctx, self.loc, "arith.constant", &[], &[ty], &[("value", parse_attr(self.ctx, &mlir::dense_literal(t))?)])?);
+            let c = push(
+                self.block,
+                op(
+                    self.ctx,
+                    self.loc,
+                    "arith.constant",
+                    &[],
+                    &[ty],
+                    &[("value", parse_attr(self.ctx, &mlir::dense_literal(t))?)],
+                )?,
+            );
             self.values.insert(v, c);
             return Ok(c);
         }
-        Err(CompileError::Internal(format!("kernel {}: value %{} is not available", self.kernel.name, self.graph.value_name(v))))
+        Err(CompileError::Internal(format!(
+            "kernel {}: value %{} is not available",
+            self.kernel.name,
+            self.graph.value_name(v)
+        )))
     }
 
     /// The destination tensor for result `v`: the output buffer when `v` leaves the kernel (so the
@@ -88,7 +101,17 @@ impl<'c, 'a> Emitter<'c, 'a> {
         let ty = self.tensor_type(dims, dtype)?;
         if let Some(&m) = self.outputs.get(&v) {
             let unit = melior::ir::Attribute::unit(self.ctx);
-            return Ok(push(self.block, op(self.ctx, self.loc, "bufferization.to_tensor", &[m], &[ty], &[("restrict", unit), ("writable", unit)])?));
+            return Ok(push(
+                self.block,
+                op(
+                    self.ctx,
+                    self.loc,
+                    "bufferization.to_tensor",
+                    &[m],
+                    &[ty],
+                    &[("restrict", unit), ("writable", unit)],
+                )?,
+            ));
         }
         self.empty(dims, dtype)
     }
@@ -118,14 +141,34 @@ impl<'c, 'a> Emitter<'c, 'a> {
             format!("{} : {t}", value as i128)
         };
         let ty = parse_type(self.ctx, t)?;
-        Ok(push(self.block, op(self.ctx, self.loc, "arith.constant", &[], &[ty], &[("value", parse_attr(self.ctx, &lit)?)])?))
+        Ok(push(
+            self.block,
+            op(
+                self.ctx,
+                self.loc,
+                "arith.constant",
+                &[],
+                &[ty],
+                &[("value", parse_attr(self.ctx, &lit)?)],
+            )?,
+        ))
     }
 
     /// An integer constant (storage type of `dtype`), exact.
     pub fn int_constant(&self, value: i128, dtype: DType) -> Result<Value<'c, 'a>> {
         let t = mlir::storage_type(dtype);
         let ty = parse_type(self.ctx, t)?;
-        Ok(push(self.block, op(self.ctx, self.loc, "arith.constant", &[], &[ty], &[("value", parse_attr(self.ctx, &format!("{value} : {t}"))?)])?))
+        Ok(push(
+            self.block,
+            op(
+                self.ctx,
+                self.loc,
+                "arith.constant",
+                &[],
+                &[ty],
+                &[("value", parse_attr(self.ctx, &format!("{value} : {t}"))?)],
+            )?,
+        ))
     }
 
     /// Records the tensor computing `v`.
@@ -149,7 +192,9 @@ impl<'c, 'a> Emitter<'c, 'a> {
 /// The MLIR type of a kernel argument for value `v`.
 pub(crate) fn memref_type<'c>(ctx: &'c Context, graph: &Graph, v: ValueId) -> Result<Type<'c>> {
     let t = graph.value_type(v);
-    let dims = t.shape.as_fixed().ok_or_else(|| CompileError::Internal(format!("value %{} has the dynamic type {t}", graph.value_name(v))))?;
+    let dims = t.shape.as_fixed().ok_or_else(|| {
+        CompileError::Internal(format!("value %{} has the dynamic type {t}", graph.value_name(v)))
+    })?;
     parse_type(ctx, &shaped("memref", &dims, t.dtype))
 }
 
@@ -166,12 +211,23 @@ pub fn build_kernel<'c>(ctx: &'c Context, graph: &Graph, kernel: &Kernel) -> Res
     arg_types.push(index);
     let block = Block::new(&arg_types.iter().map(|t| (*t, loc)).collect::<Vec<_>>());
     {
-        let mut em = Emitter { ctx, loc, block: &block, graph, kernel, values: HashMap::new(), outputs: HashMap::new() };
+        let mut em = Emitter {
+            ctx,
+            loc,
+            block: &block,
+            graph,
+            kernel,
+            values: HashMap::new(),
+            outputs: HashMap::new(),
+        };
         let unit = melior::ir::Attribute::unit(ctx);
         for (i, &v) in kernel.inputs.iter().enumerate() {
             let ty = em.tensor_type(&em.dims(v), em.ty(v).dtype)?;
             let arg: Value = block.argument(i).expect("declared").into();
-            let t = push(&block, op(ctx, loc, "bufferization.to_tensor", &[arg], &[ty], &[("restrict", unit)])?);
+            let t = push(
+                &block,
+                op(ctx, loc, "bufferization.to_tensor", &[arg], &[ty], &[("restrict", unit)])?,
+            );
             em.values.insert(v, t);
         }
         let n_in = kernel.inputs.len();
@@ -181,7 +237,8 @@ pub fn build_kernel<'c>(ctx: &'c Context, graph: &Graph, kernel: &Kernel) -> Res
         emit_nodes(&mut em, &kernel.nodes)?;
         for (j, &v) in kernel.outputs.iter().enumerate() {
             // A copy kernel's output is its (only) input.
-            let t = if kernel.nodes.is_empty() { em.value(kernel.inputs[0])? } else { em.value(v)? };
+            let t =
+                if kernel.nodes.is_empty() { em.value(kernel.inputs[0])? } else { em.value(v)? };
             let dest: Value = block.argument(n_in + j).expect("declared").into();
             block.append_operation(op(
                 ctx,
@@ -244,7 +301,9 @@ fn emit_node(em: &mut Emitter, id: NodeId) -> Result<()> {
         Op::BatchNorm { epsilon } => reduction::emit_batch_norm(em, id, *epsilon),
         Op::Hardmax { axis } => normalize::emit_hardmax(em, id, *axis),
         Op::InstanceNorm { epsilon } => normalize::emit_instance_norm(em, id, *epsilon),
-        Op::GroupNorm { num_groups, epsilon } => normalize::emit_group_norm(em, id, *num_groups, *epsilon),
+        Op::GroupNorm { num_groups, epsilon } => {
+            normalize::emit_group_norm(em, id, *num_groups, *epsilon)
+        }
         Op::RmsNorm { axis, epsilon } => normalize::emit_rms_norm(em, id, *axis, *epsilon),
         Op::LpNorm { axis, p } => normalize::emit_lp_norm(em, id, *axis, *p),
         Op::MeanVarianceNorm { axes } => normalize::emit_mean_variance_norm(em, id, axes),

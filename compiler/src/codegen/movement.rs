@@ -44,7 +44,14 @@ pub(super) fn emit_expand(em: &mut Emitter, id: NodeId) -> Result<()> {
 pub(super) fn emit_slice(em: &mut Emitter, id: NodeId) -> Result<()> {
     let (x, operands) = input(em, id);
     let xd = em.dims(x);
-    let ints = |i: usize| -> Option<Vec<i64>> { operands.get(i).copied().flatten().and_then(|v| em.graph.constant_value(v)).map(|t| t.to_i64s()) };
+    let ints = |i: usize| -> Option<Vec<i64>> {
+        operands
+            .get(i)
+            .copied()
+            .flatten()
+            .and_then(|v| em.graph.constant_value(v))
+            .map(|t| t.to_i64s())
+    };
     let (starts, ends) = match (ints(1), ints(2)) {
         (Some(s), Some(e)) => (s, e),
         _ => return Err(em.unsupported(id, "needs constant starts and ends")),
@@ -56,28 +63,33 @@ pub(super) fn emit_slice(em: &mut Emitter, id: NodeId) -> Result<()> {
     let mut offsets = vec![0i64; xd.len()];
     let mut strides = vec![1i64; xd.len()];
     for i in 0..starts.len() {
-        let a = normalize_axis(axes[i], xd.len()).ok_or_else(|| em.unsupported(id, "has an axis out of range"))?;
-        let (start, _) = slice_axis(xd[a], starts[i], ends[i], steps[i]).map_err(|e| em.unsupported(id, &e))?;
+        let a = normalize_axis(axes[i], xd.len())
+            .ok_or_else(|| em.unsupported(id, "has an axis out of range"))?;
+        let (start, _) =
+            slice_axis(xd[a], starts[i], ends[i], steps[i]).map_err(|e| em.unsupported(id, &e))?;
         offsets[a] = start;
         strides[a] = steps[i];
     }
     if strides.iter().all(|&s| s > 0) || od.contains(&0) {
         let xv = em.value(x)?;
-        let view = if od.contains(&0) { xv } else { extract_slice(em, xv, &offsets, &od, &strides, em.ty(result).dtype)? };
+        let view = if od.contains(&0) {
+            xv
+        } else {
+            extract_slice(em, xv, &offsets, &od, &strides, em.ty(result).dtype)?
+        };
         return copy_value(em, view, result);
     }
     // A negative step reads backwards: `start + step * d` (never a plain loop index, so the
     // loop ranges come from the result).
-    let exprs: Vec<String> =
-        (0..xd.len())
-            .map(|a| {
-                if strides[a] == 1 && offsets[a] == 0 && xd[a] == od[a] {
-                    format!("d{a}")
-                } else {
-                    format!("d{a} * {} + {}", strides[a], offsets[a])
-                }
-            })
-            .collect();
+    let exprs: Vec<String> = (0..xd.len())
+        .map(|a| {
+            if strides[a] == 1 && offsets[a] == 0 && xd[a] == od[a] {
+                format!("d{a}")
+            } else {
+                format!("d{a} * {} + {}", strides[a], offsets[a])
+            }
+        })
+        .collect();
     copy_with_map(em, x, result, &exprs)
 }
 
@@ -85,7 +97,8 @@ pub(super) fn emit_split(em: &mut Emitter, id: NodeId, axis: i64) -> Result<()> 
     let (x, _) = input(em, id);
     let node = em.graph.node(id).clone();
     let xd = em.dims(x);
-    let a = normalize_axis(axis, xd.len()).ok_or_else(|| em.unsupported(id, "has an axis out of range"))?;
+    let a = normalize_axis(axis, xd.len())
+        .ok_or_else(|| em.unsupported(id, "has an axis out of range"))?;
     let xv = em.value(x)?;
     let mut offset = 0;
     for i in 0..node.outputs.len() {
@@ -93,7 +106,11 @@ pub(super) fn emit_split(em: &mut Emitter, id: NodeId, axis: i64) -> Result<()> 
         let od = em.dims(out);
         let mut offsets = vec![0i64; xd.len()];
         offsets[a] = offset as i64;
-        let view = if od.contains(&0) { xv } else { extract_slice(em, xv, &offsets, &od, &vec![1; xd.len()], em.ty(out).dtype)? };
+        let view = if od.contains(&0) {
+            xv
+        } else {
+            extract_slice(em, xv, &offsets, &od, &vec![1; xd.len()], em.ty(out).dtype)?
+        };
         copy_value(em, view, out)?;
         offset += od[a];
     }
@@ -118,9 +135,16 @@ fn copy_map(em: &mut Emitter, x: ValueId, result: ValueId, map: String) -> Resul
     let dest = em.dest(result)?;
     let ty = em.tensor_type(&od, dtype)?;
     let out_map = broadcast_map(od.len(), &od, &od);
-    let g = generic(em.ctx, em.loc, &[xv], &[dest], &[map, out_map], &vec!["parallel"; od.len()], &[ty], |body| {
-        Ok(vec![body.argument(0).expect("x").into()])
-    })?;
+    let g = generic(
+        em.ctx,
+        em.loc,
+        &[xv],
+        &[dest],
+        &[map, out_map],
+        &vec!["parallel"; od.len()],
+        &[ty],
+        |body| Ok(vec![body.argument(0).expect("x").into()]),
+    )?;
     let t = push(em.block, g);
     em.set(result, t);
     Ok(())
@@ -144,7 +168,11 @@ fn extract_slice<'c, 'a>(
             named(ctx, "static_offsets", DenseI64ArrayAttribute::new(ctx, offsets).into()),
             named(ctx, "static_sizes", DenseI64ArrayAttribute::new(ctx, &sizes).into()),
             named(ctx, "static_strides", DenseI64ArrayAttribute::new(ctx, strides).into()),
-            named(ctx, "operandSegmentSizes", DenseI32ArrayAttribute::new(ctx, &[1, 0, 0, 0]).into()),
+            named(
+                ctx,
+                "operandSegmentSizes",
+                DenseI32ArrayAttribute::new(ctx, &[1, 0, 0, 0]).into(),
+            ),
         ])
         .add_results(&[ty])
         .build()
@@ -164,9 +192,16 @@ fn copy_value<'c, 'a>(em: &mut Emitter<'c, 'a>, v: Value<'c, 'a>, result: ValueI
     let dest = em.dest(result)?;
     let ty = em.tensor_type(&od, em.ty(result).dtype)?;
     let id = broadcast_map(od.len(), &od, &od);
-    let g = generic(em.ctx, em.loc, &[v], &[dest], &[id.clone(), id], &vec!["parallel"; od.len()], &[ty], |body| {
-        Ok(vec![body.argument(0).expect("x").into()])
-    })?;
+    let g = generic(
+        em.ctx,
+        em.loc,
+        &[v],
+        &[dest],
+        &[id.clone(), id],
+        &vec!["parallel"; od.len()],
+        &[ty],
+        |body| Ok(vec![body.argument(0).expect("x").into()]),
+    )?;
     let t = push(em.block, g);
     em.set(result, t);
     Ok(())
@@ -175,7 +210,8 @@ fn copy_value<'c, 'a>(em: &mut Emitter<'c, 'a>, v: Value<'c, 'a>, result: ValueI
 pub(super) fn concat(em: &mut Emitter, id: NodeId, axis: i64) -> Result<()> {
     let result = ValueId::from(id);
     let od = em.dims(result);
-    let a = normalize_axis(axis, od.len()).ok_or_else(|| em.unsupported(id, "has an axis out of range"))?;
+    let a = normalize_axis(axis, od.len())
+        .ok_or_else(|| em.unsupported(id, "has an axis out of range"))?;
     let mut acc = em.dest(result)?;
     let ty = em.tensor_type(&od, em.ty(result).dtype)?;
     let mut offset = 0usize;
@@ -194,8 +230,16 @@ pub(super) fn concat(em: &mut Emitter, id: NodeId, axis: i64) -> Result<()> {
             .add_attributes(&[
                 named(ctx, "static_offsets", DenseI64ArrayAttribute::new(ctx, &offsets).into()),
                 named(ctx, "static_sizes", DenseI64ArrayAttribute::new(ctx, &sizes).into()),
-                named(ctx, "static_strides", DenseI64ArrayAttribute::new(ctx, &vec![1; od.len()]).into()),
-                named(ctx, "operandSegmentSizes", DenseI32ArrayAttribute::new(ctx, &[1, 1, 0, 0, 0]).into()),
+                named(
+                    ctx,
+                    "static_strides",
+                    DenseI64ArrayAttribute::new(ctx, &vec![1; od.len()]).into(),
+                ),
+                named(
+                    ctx,
+                    "operandSegmentSizes",
+                    DenseI32ArrayAttribute::new(ctx, &[1, 1, 0, 0, 0]).into(),
+                ),
             ])
             .add_results(&[ty])
             .build()
@@ -210,49 +254,73 @@ pub(super) fn concat(em: &mut Emitter, id: NodeId, axis: i64) -> Result<()> {
 fn gather(em: &mut Emitter, id: NodeId, x: ValueId, indices: ValueId, axis: i64) -> Result<()> {
     let result = ValueId::from(id);
     let (xd, idd, od) = (em.dims(x), em.dims(indices), em.dims(result));
-    let a = normalize_axis(axis, xd.len()).ok_or_else(|| em.unsupported(id, "has an axis out of range"))?;
+    let a = normalize_axis(axis, xd.len())
+        .ok_or_else(|| em.unsupported(id, "has an axis out of range"))?;
     let (dtype, idt) = (em.ty(result).dtype, em.ty(indices).dtype);
     let xv = em.value(x)?;
     let iv = em.value(indices)?;
     let dest = em.dest(result)?;
     let rank = od.len();
     let ri = idd.len();
-    let idx_map = format!("affine_map<({}) -> ({})>", dims_list(rank), (a..a + ri).map(|i| format!("d{i}")).collect::<Vec<_>>().join(", "));
+    let idx_map = format!(
+        "affine_map<({}) -> ({})>",
+        dims_list(rank),
+        (a..a + ri).map(|i| format!("d{i}")).collect::<Vec<_>>().join(", ")
+    );
     let out_map = broadcast_map(rank, &od, &od);
     let ty = em.tensor_type(&od, dtype)?;
     let (ctx, loc) = (em.ctx, em.loc);
     let n = xd[a] as i128;
-    let g = generic(ctx, loc, &[iv], &[dest], &[idx_map, out_map], &vec!["parallel"; rank], &[ty], |body| {
-        let sb = ScalarBuilder { ctx, loc, block: body };
-        let index = Type::index(ctx);
-        let raw = body.argument(0).expect("index").into();
-        let t = super::mlir::storage_type(idt);
-        // Negative indices count from the end; out-of-range ones are clamped (no stray reads).
-        let zero = sb.int_constant(0, t)?;
-        let nn = sb.int_constant(n, t)?;
-        let neg = sb.cmpi("slt", raw, zero)?;
-        let wrapped = sb.emit("arith.addi", &[raw, nn], t)?;
-        let i = sb.select(neg, wrapped, raw, t)?;
-        let top = sb.int_constant((n - 1).max(0), t)?;
-        let i = sb.emit("arith.maxsi", &[i, zero], t)?;
-        let i = sb.emit("arith.minsi", &[i, top], t)?;
-        let i: Value = push(body, op(ctx, loc, "arith.index_cast", &[i], &[index], &[])?);
-        let mut coords: Vec<Value> = Vec::with_capacity(xd.len());
-        for d in 0..xd.len() {
-            if d == a {
-                coords.push(i);
-            } else {
-                // Axes after the gathered one come after the indices' axes (none for a scalar index).
-                let loop_dim = if d < a { d } else { d + ri - 1 };
-                coords.push(push(body, op(ctx, loc, "linalg.index", &[], &[index], &[("dim", parse_attr(ctx, &format!("{loop_dim} : i64"))?)])?));
+    let g = generic(
+        ctx,
+        loc,
+        &[iv],
+        &[dest],
+        &[idx_map, out_map],
+        &vec!["parallel"; rank],
+        &[ty],
+        |body| {
+            let sb = ScalarBuilder { ctx, loc, block: body };
+            let index = Type::index(ctx);
+            let raw = body.argument(0).expect("index").into();
+            let t = super::mlir::storage_type(idt);
+            // Negative indices count from the end; out-of-range ones are clamped (no stray reads).
+            let zero = sb.int_constant(0, t)?;
+            let nn = sb.int_constant(n, t)?;
+            let neg = sb.cmpi("slt", raw, zero)?;
+            let wrapped = sb.emit("arith.addi", &[raw, nn], t)?;
+            let i = sb.select(neg, wrapped, raw, t)?;
+            let top = sb.int_constant((n - 1).max(0), t)?;
+            let i = sb.emit("arith.maxsi", &[i, zero], t)?;
+            let i = sb.emit("arith.minsi", &[i, top], t)?;
+            let i: Value = push(body, op(ctx, loc, "arith.index_cast", &[i], &[index], &[])?);
+            let mut coords: Vec<Value> = Vec::with_capacity(xd.len());
+            for d in 0..xd.len() {
+                if d == a {
+                    coords.push(i);
+                } else {
+                    // Axes after the gathered one come after the indices' axes (none for a scalar index).
+                    let loop_dim = if d < a { d } else { d + ri - 1 };
+                    coords.push(push(
+                        body,
+                        op(
+                            ctx,
+                            loc,
+                            "linalg.index",
+                            &[],
+                            &[index],
+                            &[("dim", parse_attr(ctx, &format!("{loop_dim} : i64"))?)],
+                        )?,
+                    ));
+                }
             }
-        }
-        let elem = super::mlir::parse_type(ctx, super::mlir::storage_type(dtype))?;
-        let mut operands = vec![xv];
-        operands.extend(coords);
-        let v = push(body, op(ctx, loc, "tensor.extract", &operands, &[elem], &[])?);
-        Ok(vec![v])
-    })?;
+            let elem = super::mlir::parse_type(ctx, super::mlir::storage_type(dtype))?;
+            let mut operands = vec![xv];
+            operands.extend(coords);
+            let v = push(body, op(ctx, loc, "tensor.extract", &operands, &[elem], &[])?);
+            Ok(vec![v])
+        },
+    )?;
     let t = push(em.block, g);
     em.set(result, t);
     Ok(())

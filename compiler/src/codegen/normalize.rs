@@ -37,7 +37,12 @@ pub(super) fn emit_instance_norm(em: &mut Emitter, id: NodeId, epsilon: f32) -> 
     group_norm(em, id, x, scale, bias, c, epsilon)
 }
 
-pub(super) fn emit_group_norm(em: &mut Emitter, id: NodeId, num_groups: usize, epsilon: f32) -> Result<()> {
+pub(super) fn emit_group_norm(
+    em: &mut Emitter,
+    id: NodeId,
+    num_groups: usize,
+    epsilon: f32,
+) -> Result<()> {
     let (x, scale, bias) = float_input(em, id)?;
     group_norm(em, id, x, scale, bias, num_groups, epsilon)
 }
@@ -67,12 +72,22 @@ fn axis_of(em: &Emitter, id: NodeId, axis: i64, rank: usize) -> Result<usize> {
 }
 
 /// A compute value of `acc` from a storage value of `dt`.
-fn load_as<'c, 'b>(sb: &ScalarBuilder<'c, 'b>, v: Value<'c, 'b>, dt: DType, acc: DType) -> Result<Value<'c, 'b>> {
+fn load_as<'c, 'b>(
+    sb: &ScalarBuilder<'c, 'b>,
+    v: Value<'c, 'b>,
+    dt: DType,
+    acc: DType,
+) -> Result<Value<'c, 'b>> {
     Ok(sb.cast(sb.load(v, dt)?, acc)?.v)
 }
 
 /// A compute value of `acc` back to the storage type of `dt`.
-fn store_as<'c, 'b>(sb: &ScalarBuilder<'c, 'b>, v: Value<'c, 'b>, acc: DType, dt: DType) -> Result<Value<'c, 'b>> {
+fn store_as<'c, 'b>(
+    sb: &ScalarBuilder<'c, 'b>,
+    v: Value<'c, 'b>,
+    acc: DType,
+    dt: DType,
+) -> Result<Value<'c, 'b>> {
     sb.store(sb.cast(Scalar { v, dtype: acc }, dt)?)
 }
 
@@ -103,7 +118,15 @@ fn hardmax(em: &mut Emitter, id: NodeId, x: ValueId, axis: i64) -> Result<()> {
 
 /// Group (and instance) normalisation: x [N, C, S...] is viewed as [N, G, C/G, S...] for the
 /// statistics of each (n, g) slice; scale and bias are per channel.
-fn group_norm(em: &mut Emitter, id: NodeId, x: ValueId, scale: Option<ValueId>, bias: Option<ValueId>, groups: usize, eps: f32) -> Result<()> {
+fn group_norm(
+    em: &mut Emitter,
+    id: NodeId,
+    x: ValueId,
+    scale: Option<ValueId>,
+    bias: Option<ValueId>,
+    groups: usize,
+    eps: f32,
+) -> Result<()> {
     let result = ValueId::from(id);
     let xd = em.dims(x);
     let dt = em.ty(x).dtype;
@@ -141,7 +164,13 @@ fn group_norm(em: &mut Emitter, id: NodeId, x: ValueId, scale: Option<ValueId>, 
     let channel = affine(rank, &["d1".to_string()]);
     let (sv, bv) = (em.value(scale)?, em.value(bias)?);
     let (sdt, bdt) = (em.ty(scale).dtype, em.ty(bias).dtype);
-    let ins = [(xv, broadcast_map(rank, &xd, &xd)), (sum, stat.clone()), (sq, stat), (sv, channel.clone()), (bv, channel)];
+    let ins = [
+        (xv, broadcast_map(rank, &xd, &xd)),
+        (sum, stat.clone()),
+        (sq, stat),
+        (sv, channel.clone()),
+        (bv, channel),
+    ];
     let n = count.max(1) as f64;
     let t = map_generic(em, &ins, &xd, dt, dest, |sb, v| {
         let xv = load_as(sb, v[0], dt, acc)?;
@@ -176,20 +205,39 @@ fn moments<'c, 'a>(
     let acc = acc_of(dt);
     let tc = compute(acc);
     let km = keep_map(xd.len(), axes);
-    let sum = reduce_generic(em, x, xd, dt, axes, acc, Init::Float(0.0), &[], |sb, a, v, _| sb.emit("arith.addf", &[a, v.v], tc))?;
-    let n = count.max(1) as f64;
-    let sq = reduce_generic(em, x, xd, dt, axes, acc, Init::Float(0.0), &[(sum, km)], |sb, a, v, ex| {
-        let cnt = sb.constant(n, tc)?;
-        let mean = sb.emit("arith.divf", &[ex[0], cnt], tc)?;
-        let d = sb.emit("arith.subf", &[v.v, mean], tc)?;
-        let d2 = sb.emit("arith.mulf", &[d, d], tc)?;
-        sb.emit("arith.addf", &[a, d2], tc)
+    let sum = reduce_generic(em, x, xd, dt, axes, acc, Init::Float(0.0), &[], |sb, a, v, _| {
+        sb.emit("arith.addf", &[a, v.v], tc)
     })?;
+    let n = count.max(1) as f64;
+    let sq = reduce_generic(
+        em,
+        x,
+        xd,
+        dt,
+        axes,
+        acc,
+        Init::Float(0.0),
+        &[(sum, km)],
+        |sb, a, v, ex| {
+            let cnt = sb.constant(n, tc)?;
+            let mean = sb.emit("arith.divf", &[ex[0], cnt], tc)?;
+            let d = sb.emit("arith.subf", &[v.v, mean], tc)?;
+            let d2 = sb.emit("arith.mulf", &[d, d], tc)?;
+            sb.emit("arith.addf", &[a, d2], tc)
+        },
+    )?;
     Ok((sum, sq))
 }
 
 /// `x / sqrt(mean(x^2 over axis..) + eps) * scale`, scale broadcast to x.
-fn rms_norm(em: &mut Emitter, id: NodeId, x: ValueId, scale: Option<ValueId>, axis: i64, eps: f32) -> Result<()> {
+fn rms_norm(
+    em: &mut Emitter,
+    id: NodeId,
+    x: ValueId,
+    scale: Option<ValueId>,
+    axis: i64,
+    eps: f32,
+) -> Result<()> {
     let result = ValueId::from(id);
     let xd = em.dims(x);
     let dt = em.ty(x).dtype;
@@ -212,7 +260,11 @@ fn rms_norm(em: &mut Emitter, id: NodeId, x: ValueId, scale: Option<ValueId>, ax
     let sv = em.value(scale)?;
     let sdt = em.ty(scale).dtype;
     let dest = em.dest(result)?;
-    let ins = [(xv, broadcast_map(rank, &xd, &xd)), (ss, keep_map(rank, &axes)), (sv, broadcast_map(rank, &sd, &xd))];
+    let ins = [
+        (xv, broadcast_map(rank, &xd, &xd)),
+        (ss, keep_map(rank, &axes)),
+        (sv, broadcast_map(rank, &sd, &xd)),
+    ];
     let t = map_generic(em, &ins, &xd, dt, dest, |sb, v| {
         let xv = load_as(sb, v[0], dt, acc)?;
         let cnt = sb.constant(n, tc)?;
@@ -241,7 +293,11 @@ fn lp_norm(em: &mut Emitter, id: NodeId, x: ValueId, axis: i64, p: u32) -> Resul
     let l1 = p == 1;
     let xv = em.value(x)?;
     let s = reduce_generic(em, xv, &xd, dt, &[a], acc, Init::Float(0.0), &[], |sb, s, v, _| {
-        let m = if l1 { sb.emit("math.absf", &[v.v], tc)? } else { sb.emit("arith.mulf", &[v.v, v.v], tc)? };
+        let m = if l1 {
+            sb.emit("math.absf", &[v.v], tc)?
+        } else {
+            sb.emit("arith.mulf", &[v.v, v.v], tc)?
+        };
         sb.emit("arith.addf", &[s, m], tc)
     })?;
     let dest = em.dest(result)?;
@@ -265,7 +321,8 @@ fn mean_variance_norm(em: &mut Emitter, id: NodeId, x: ValueId, axes: &[i64]) ->
     let xd = em.dims(x);
     let dt = em.ty(x).dtype;
     let rank = xd.len();
-    let mut ax: Vec<usize> = axes.iter().map(|&a| axis_of(em, id, a, rank)).collect::<Result<_>>()?;
+    let mut ax: Vec<usize> =
+        axes.iter().map(|&a| axis_of(em, id, a, rank)).collect::<Result<_>>()?;
     ax.sort_unstable();
     ax.dedup();
     let count: usize = ax.iter().map(|&i| xd[i]).product();
@@ -316,7 +373,11 @@ fn lrn(em: &mut Emitter, id: NodeId, x: ValueId, l: &Lrn) -> Result<()> {
     low[1] = before as i64;
     high[1] = after as i64;
     let zero = em.scalar_constant(0.0, dt)?;
-    let xp = if before + after > 0 { pad(ctx, loc, em.block, xv, &low, &high, zero, em.tensor_type(&padded_dims, dt)?)? } else { xv };
+    let xp = if before + after > 0 {
+        pad(ctx, loc, em.block, xv, &low, &high, zero, em.tensor_type(&padded_dims, dt)?)?
+    } else {
+        xv
+    };
     // Loops: the result position, then the window offset d{rank}; the shape-only window operand
     // gives that loop its extent.
     let n = rank + 1;

@@ -6,7 +6,9 @@
 use kiln_ir::op::{Pool, PoolKind, SpatialAxis};
 use kiln_ir::{DType, NodeId, Tensor, ValueId};
 
-use super::mlir::{broadcast_map, dense_literal, dims_list, fill, generic, op, pad, parse_attr, push};
+use super::mlir::{
+    broadcast_map, dense_literal, dims_list, fill, generic, op, pad, parse_attr, push,
+};
 use super::scalar::{compute, ScalarBuilder};
 use super::Emitter;
 use crate::Result;
@@ -28,12 +30,27 @@ pub(super) fn emit_global_pool(em: &mut Emitter, id: NodeId, kind: PoolKind) -> 
     let x = em.graph.operands(id)[0].expect("pool input");
     let xd = em.dims(x);
     let axes = (0..xd.len() - 2)
-        .map(|i| SpatialAxis { input: xd[2 + i], kernel: xd[2 + i], stride: 1, dilation: 1, pad_begin: 0, pad_end: 0, output: 1 })
+        .map(|i| SpatialAxis {
+            input: xd[2 + i],
+            kernel: xd[2 + i],
+            stride: 1,
+            dilation: 1,
+            pad_begin: 0,
+            pad_end: 0,
+            output: 1,
+        })
         .collect();
     pool(em, id, x, kind, axes, false)
 }
 
-fn pool(em: &mut Emitter, id: NodeId, x: ValueId, kind: PoolKind, axes: Vec<SpatialAxis>, column_major: bool) -> Result<()> {
+fn pool(
+    em: &mut Emitter,
+    id: NodeId,
+    x: ValueId,
+    kind: PoolKind,
+    axes: Vec<SpatialAxis>,
+    column_major: bool,
+) -> Result<()> {
     let node = em.graph.node(id).clone();
     let result = ValueId::from(id);
     let xd = em.dims(x);
@@ -73,22 +90,31 @@ fn pool(em: &mut Emitter, id: NodeId, x: ValueId, kind: PoolKind, axes: Vec<Spat
     let acc_dest = em.empty(&od, acc_dtype)?;
     let acc = fill(ctx, loc, em.block, init_value, acc_dest)?;
     let acc_ty = em.tensor_type(&od, acc_dtype)?;
-    let g = generic(ctx, loc, &[xv, window], &[acc], &[x_map, w_map, o_map], &iters, &[acc_ty], |body| {
-        let sb = ScalarBuilder { ctx, loc, block: body };
-        let t = compute(acc_dtype);
-        let v = sb.load(body.argument(0).expect("x").into(), dtype)?;
-        let a = body.argument(2).expect("acc").into();
-        let r = match kind {
-            PoolKind::Max => sb.emit("arith.maximumf", &[a, v.v], t)?,
-            PoolKind::Average { .. } => sb.emit("arith.addf", &[a, v.v], t)?,
-            PoolKind::Lp { p } => {
-                let abs = sb.emit("math.absf", &[v.v], t)?;
-                let pw = powi(&sb, abs, p, t)?;
-                sb.emit("arith.addf", &[a, pw], t)?
-            }
-        };
-        Ok(vec![r])
-    })?;
+    let g = generic(
+        ctx,
+        loc,
+        &[xv, window],
+        &[acc],
+        &[x_map, w_map, o_map],
+        &iters,
+        &[acc_ty],
+        |body| {
+            let sb = ScalarBuilder { ctx, loc, block: body };
+            let t = compute(acc_dtype);
+            let v = sb.load(body.argument(0).expect("x").into(), dtype)?;
+            let a = body.argument(2).expect("acc").into();
+            let r = match kind {
+                PoolKind::Max => sb.emit("arith.maximumf", &[a, v.v], t)?,
+                PoolKind::Average { .. } => sb.emit("arith.addf", &[a, v.v], t)?,
+                PoolKind::Lp { p } => {
+                    let abs = sb.emit("math.absf", &[v.v], t)?;
+                    let pw = powi(&sb, abs, p, t)?;
+                    sb.emit("arith.addf", &[a, pw], t)?
+                }
+            };
+            Ok(vec![r])
+        },
+    )?;
     let reduced = push(em.block, g);
     // Finish: divide by the count (average), take the p-th root (Lp), convert to the dtype.
     let divisors = match kind {
@@ -100,36 +126,57 @@ fn pool(em: &mut Emitter, id: NodeId, x: ValueId, kind: PoolKind, axes: Vec<Spat
     let mut ins = vec![reduced];
     let mut maps = vec![broadcast_map(rank, &od, &od)];
     if let Some(div) = &divisors {
-        let t = Tensor::from_f64s(acc_dtype, &od[2..], div).map_err(|e| em.unsupported(id, &e.to_string()))?;
+        let t = Tensor::from_f64s(acc_dtype, &od[2..], div)
+            .map_err(|e| em.unsupported(id, &e.to_string()))?;
         let ty = em.tensor_type(t.dims(), acc_dtype)?;
-        let c = push(em.block, op(ctx, loc, "arith.constant", &[], &[ty], &[("value", parse_attr(ctx, &dense_literal(&t))?)])?);
+        let c = push(
+            em.block,
+            op(
+                ctx,
+                loc,
+                "arith.constant",
+                &[],
+                &[ty],
+                &[("value", parse_attr(ctx, &dense_literal(&t))?)],
+            )?,
+        );
         ins.push(c);
-        maps.push(format!("affine_map<({}) -> ({})>", dims_list(rank), (2..rank).map(|i| format!("d{i}")).collect::<Vec<_>>().join(", ")));
+        maps.push(format!(
+            "affine_map<({}) -> ({})>",
+            dims_list(rank),
+            (2..rank).map(|i| format!("d{i}")).collect::<Vec<_>>().join(", ")
+        ));
     }
     maps.push(broadcast_map(rank, &od, &od));
     let out_ty = em.tensor_type(&od, dtype)?;
-    let fin = generic(ctx, loc, &ins, &[dest], &maps, &vec!["parallel"; rank], &[out_ty], |body| {
-        let sb = ScalarBuilder { ctx, loc, block: body };
-        let t = compute(acc_dtype);
-        let mut v = body.argument(0).expect("acc").into();
-        if divisors.is_some() {
-            let d = body.argument(1).expect("divisor").into();
-            v = sb.emit("arith.divf", &[v, d], t)?;
-        }
-        if let PoolKind::Lp { p } = kind {
-            let inv = sb.constant(1.0 / p as f64, t)?;
-            v = sb.emit("math.powf", &[v, inv], t)?;
-        }
-        let s = sb.cast(super::scalar::Scalar { v, dtype: acc_dtype }, dtype)?;
-        Ok(vec![sb.store(s)?])
-    })?;
+    let fin =
+        generic(ctx, loc, &ins, &[dest], &maps, &vec!["parallel"; rank], &[out_ty], |body| {
+            let sb = ScalarBuilder { ctx, loc, block: body };
+            let t = compute(acc_dtype);
+            let mut v = body.argument(0).expect("acc").into();
+            if divisors.is_some() {
+                let d = body.argument(1).expect("divisor").into();
+                v = sb.emit("arith.divf", &[v, d], t)?;
+            }
+            if let PoolKind::Lp { p } = kind {
+                let inv = sb.constant(1.0 / p as f64, t)?;
+                v = sb.emit("math.powf", &[v, inv], t)?;
+            }
+            let s = sb.cast(super::scalar::Scalar { v, dtype: acc_dtype }, dtype)?;
+            Ok(vec![sb.store(s)?])
+        })?;
     let r = push(em.block, fin);
     em.set(result, r);
     Ok(())
 }
 
 /// `x^p` for a small integer p by multiplication.
-fn powi<'c, 'a>(sb: &ScalarBuilder<'c, 'a>, x: melior::ir::Value<'c, 'a>, p: u32, t: &str) -> Result<melior::ir::Value<'c, 'a>> {
+fn powi<'c, 'a>(
+    sb: &ScalarBuilder<'c, 'a>,
+    x: melior::ir::Value<'c, 'a>,
+    p: u32,
+    t: &str,
+) -> Result<melior::ir::Value<'c, 'a>> {
     let mut v = x;
     for _ in 1..p.max(1) {
         v = sb.emit("arith.mulf", &[v, x], t)?;
@@ -152,7 +199,9 @@ fn window_loops(axes: &[SpatialAxis]) -> WindowLoops {
     let all = dims_list(2 + 2 * spatial);
     let x_idx: Vec<String> = ["d0".into(), "d1".into()]
         .into_iter()
-        .chain(axes.iter().enumerate().map(|(i, a)| format!("d{} * {} + d{} * {}", 2 + i, a.stride, 2 + spatial + i, a.dilation)))
+        .chain(axes.iter().enumerate().map(|(i, a)| {
+            format!("d{} * {} + d{} * {}", 2 + i, a.stride, 2 + spatial + i, a.dilation)
+        }))
         .collect();
     let w_idx: Vec<String> = (0..spatial).map(|i| format!("d{}", 2 + spatial + i)).collect();
     let o_idx: Vec<String> = (0..2 + spatial).map(|i| format!("d{i}")).collect();
@@ -186,7 +235,9 @@ fn counts(axes: &[SpatialAxis], include_pad: bool) -> Vec<f64> {
     let mut out = Vec::with_capacity(total);
     let mut idx = vec![0usize; axes.len()];
     for _ in 0..total {
-        out.push(idx.iter().enumerate().map(|(d, &i)| per_axis[d][i]).product::<usize>().max(1) as f64);
+        out.push(
+            idx.iter().enumerate().map(|(d, &i)| per_axis[d][i]).product::<usize>().max(1) as f64
+        );
         for d in (0..idx.len()).rev() {
             idx[d] += 1;
             if idx[d] < axes[d].output {
@@ -202,7 +253,13 @@ fn counts(axes: &[SpatialAxis], include_pad: bool) -> Vec<f64> {
 /// result: the first in-range cell of a window is taken, then a cell replaces the maximum only
 /// when strictly larger (or NaN over a number), as the interpreter does. Indices are flat over
 /// the whole input (`(n * C + c) * image + offset`), the offset row-major or column-major.
-fn max_pool_indexed(em: &mut Emitter, id: NodeId, x: ValueId, axes: &[SpatialAxis], column_major: bool) -> Result<()> {
+fn max_pool_indexed(
+    em: &mut Emitter,
+    id: NodeId,
+    x: ValueId,
+    axes: &[SpatialAxis],
+    column_major: bool,
+) -> Result<()> {
     let node = em.graph.node(id).clone();
     let result = ValueId::from(id);
     let xd = em.dims(x);
@@ -244,46 +301,61 @@ fn max_pool_indexed(em: &mut Emitter, id: NodeId, x: ValueId, axes: &[SpatialAxi
     let image: usize = axes.iter().map(|a| a.input).product();
     // Each spatial axis's weight in the flat offset within an image.
     let weights: Vec<usize> = (0..spatial)
-        .map(|d| if column_major { axes[..d].iter().map(|a| a.input).product() } else { axes[d + 1..].iter().map(|a| a.input).product() })
+        .map(|d| {
+            if column_major {
+                axes[..d].iter().map(|a| a.input).product()
+            } else {
+                axes[d + 1..].iter().map(|a| a.input).product()
+            }
+        })
         .collect();
     let axes = axes.to_vec();
-    let g = generic(ctx, loc, &[xv, window], &[vdest, idest], &[x_map, w_map, o_map.clone(), o_map], &iters, &types, |body| {
-        let sb = ScalarBuilder { ctx, loc, block: body };
-        let v = sb.load(body.argument(0).expect("x").into(), dtype)?;
-        let m = sb.load(body.argument(2).expect("max").into(), dtype)?;
-        let i = body.argument(3).expect("index").into();
-        let c = |n: i128| sb.int_constant(n, "i64");
-        let mut inside = sb.constant(1.0, "i1")?;
-        let mut offset = c(0)?;
-        for (d, a) in axes.iter().enumerate() {
-            // The input position this cell reads: o * stride + k * dilation - pad_begin.
-            let o = sb.loop_index(2 + d, "i64")?;
-            let k = sb.loop_index(2 + spatial + d, "i64")?;
-            let o = sb.emit("arith.muli", &[o, c(a.stride as i128)?], "i64")?;
-            let k = sb.emit("arith.muli", &[k, c(a.dilation as i128)?], "i64")?;
-            let p = sb.emit("arith.addi", &[o, k], "i64")?;
-            let p = sb.emit("arith.subi", &[p, c(a.pad_begin as i128)?], "i64")?;
-            let ge = sb.cmpi("sge", p, c(0)?)?;
-            let lt = sb.cmpi("slt", p, c(a.input as i128)?)?;
-            inside = sb.emit("arith.andi", &[inside, ge], "i1")?;
-            inside = sb.emit("arith.andi", &[inside, lt], "i1")?;
-            let w = sb.emit("arith.muli", &[p, c(weights[d] as i128)?], "i64")?;
-            offset = sb.emit("arith.addi", &[offset, w], "i64")?;
-        }
-        let first = sb.cmpi("eq", i, c(-1)?)?;
-        let (better, _) = super::scan::compare(&sb, v.v, m.v, dtype, true, true)?;
-        let take = sb.emit("arith.ori", &[first, better], "i1")?;
-        let take = sb.emit("arith.andi", &[take, inside], "i1")?;
-        let n = sb.loop_index(0, "i64")?;
-        let ch = sb.loop_index(1, "i64")?;
-        let plane = sb.emit("arith.muli", &[n, c(channels)?], "i64")?;
-        let plane = sb.emit("arith.addi", &[plane, ch], "i64")?;
-        let base = sb.emit("arith.muli", &[plane, c(image as i128)?], "i64")?;
-        let flat = sb.emit("arith.addi", &[base, offset], "i64")?;
-        let nv = sb.select(take, v.v, m.v, compute(dtype))?;
-        let ni = sb.select(take, flat, i, "i64")?;
-        Ok(vec![sb.store(super::scalar::Scalar { v: nv, dtype })?, ni])
-    })?;
+    let g = generic(
+        ctx,
+        loc,
+        &[xv, window],
+        &[vdest, idest],
+        &[x_map, w_map, o_map.clone(), o_map],
+        &iters,
+        &types,
+        |body| {
+            let sb = ScalarBuilder { ctx, loc, block: body };
+            let v = sb.load(body.argument(0).expect("x").into(), dtype)?;
+            let m = sb.load(body.argument(2).expect("max").into(), dtype)?;
+            let i = body.argument(3).expect("index").into();
+            let c = |n: i128| sb.int_constant(n, "i64");
+            let mut inside = sb.constant(1.0, "i1")?;
+            let mut offset = c(0)?;
+            for (d, a) in axes.iter().enumerate() {
+                // The input position this cell reads: o * stride + k * dilation - pad_begin.
+                let o = sb.loop_index(2 + d, "i64")?;
+                let k = sb.loop_index(2 + spatial + d, "i64")?;
+                let o = sb.emit("arith.muli", &[o, c(a.stride as i128)?], "i64")?;
+                let k = sb.emit("arith.muli", &[k, c(a.dilation as i128)?], "i64")?;
+                let p = sb.emit("arith.addi", &[o, k], "i64")?;
+                let p = sb.emit("arith.subi", &[p, c(a.pad_begin as i128)?], "i64")?;
+                let ge = sb.cmpi("sge", p, c(0)?)?;
+                let lt = sb.cmpi("slt", p, c(a.input as i128)?)?;
+                inside = sb.emit("arith.andi", &[inside, ge], "i1")?;
+                inside = sb.emit("arith.andi", &[inside, lt], "i1")?;
+                let w = sb.emit("arith.muli", &[p, c(weights[d] as i128)?], "i64")?;
+                offset = sb.emit("arith.addi", &[offset, w], "i64")?;
+            }
+            let first = sb.cmpi("eq", i, c(-1)?)?;
+            let (better, _) = super::scan::compare(&sb, v.v, m.v, dtype, true, true)?;
+            let take = sb.emit("arith.ori", &[first, better], "i1")?;
+            let take = sb.emit("arith.andi", &[take, inside], "i1")?;
+            let n = sb.loop_index(0, "i64")?;
+            let ch = sb.loop_index(1, "i64")?;
+            let plane = sb.emit("arith.muli", &[n, c(channels)?], "i64")?;
+            let plane = sb.emit("arith.addi", &[plane, ch], "i64")?;
+            let base = sb.emit("arith.muli", &[plane, c(image as i128)?], "i64")?;
+            let flat = sb.emit("arith.addi", &[base, offset], "i64")?;
+            let nv = sb.select(take, v.v, m.v, compute(dtype))?;
+            let ni = sb.select(take, flat, i, "i64")?;
+            Ok(vec![sb.store(super::scalar::Scalar { v: nv, dtype })?, ni])
+        },
+    )?;
     let out = super::scan::push_all(em.block, g);
     em.set(result, out[0]);
     if want_indices {

@@ -39,12 +39,26 @@ pub(super) fn emit_softmax(em: &mut Emitter, id: NodeId, axis: i64, log: bool) -
 
 pub(super) fn emit_layer_norm(em: &mut Emitter, id: NodeId, axis: i64, epsilon: f32) -> Result<()> {
     let o = inputs(em, id);
-    layer_norm(em, id, o[0].expect("layer norm input"), o[1].expect("scale"), o.get(2).copied().flatten(), axis, epsilon)
+    layer_norm(
+        em,
+        id,
+        o[0].expect("layer norm input"),
+        o[1].expect("scale"),
+        o.get(2).copied().flatten(),
+        axis,
+        epsilon,
+    )
 }
 
 pub(super) fn emit_batch_norm(em: &mut Emitter, id: NodeId, epsilon: f32) -> Result<()> {
     let o = inputs(em, id);
-    batch_norm(em, id, o[0].expect("batchnorm input"), &o[1..5].iter().map(|o| o.expect("batchnorm params")).collect::<Vec<_>>(), epsilon)
+    batch_norm(
+        em,
+        id,
+        o[0].expect("batchnorm input"),
+        &o[1..5].iter().map(|o| o.expect("batchnorm params")).collect::<Vec<_>>(),
+        epsilon,
+    )
 }
 
 /// A reduction's starting value: floats as f64, integers exactly.
@@ -56,7 +70,9 @@ pub(super) enum Init {
 
 /// The map from a rank-`rank` loop nest to a keepdims-shaped result (reduced axes read index 0).
 pub(super) fn keep_map(rank: usize, reduced: &[usize]) -> String {
-    let e: Vec<String> = (0..rank).map(|i| if reduced.contains(&i) { "0".into() } else { format!("d{i}") }).collect();
+    let e: Vec<String> = (0..rank)
+        .map(|i| if reduced.contains(&i) { "0".into() } else { format!("d{i}") })
+        .collect();
     format!("affine_map<({}) -> ({})>", dims_list(rank), e.join(", "))
 }
 
@@ -72,10 +88,16 @@ pub(super) fn reduce_generic<'c, 'a>(
     acc: DType,
     init: Init,
     extra: &[(Value<'c, 'a>, String)],
-    step: impl for<'b> Fn(&ScalarBuilder<'c, 'b>, Value<'c, 'b>, Scalar<'c, 'b>, &[Value<'c, 'b>]) -> Result<Value<'c, 'b>>,
+    step: impl for<'b> Fn(
+        &ScalarBuilder<'c, 'b>,
+        Value<'c, 'b>,
+        Scalar<'c, 'b>,
+        &[Value<'c, 'b>],
+    ) -> Result<Value<'c, 'b>>,
 ) -> Result<Value<'c, 'a>> {
     let rank = xd.len();
-    let kd: Vec<usize> = xd.iter().enumerate().map(|(i, &d)| if axes.contains(&i) { 1 } else { d }).collect();
+    let kd: Vec<usize> =
+        xd.iter().enumerate().map(|(i, &d)| if axes.contains(&i) { 1 } else { d }).collect();
     let (ctx, loc) = (em.ctx, em.loc);
     let init_v = match init {
         Init::Float(v) => em.scalar_constant(v, acc)?,
@@ -90,14 +112,16 @@ pub(super) fn reduce_generic<'c, 'a>(
         maps.push(m.clone());
     }
     maps.push(keep_map(rank, axes));
-    let iters: Vec<&str> = (0..rank).map(|i| if axes.contains(&i) { "reduction" } else { "parallel" }).collect();
+    let iters: Vec<&str> =
+        (0..rank).map(|i| if axes.contains(&i) { "reduction" } else { "parallel" }).collect();
     let ty = em.tensor_type(&kd, acc)?;
     let n_extra = extra.len();
     let g = generic(ctx, loc, &ins, &[filled], &maps, &iters, &[ty], |body| {
         let sb = ScalarBuilder { ctx, loc, block: body };
         let v = sb.load(body.argument(0).expect("x").into(), dt)?;
         let v = sb.cast(v, acc)?;
-        let ex: Vec<Value> = (0..n_extra).map(|i| body.argument(1 + i).expect("extra").into()).collect();
+        let ex: Vec<Value> =
+            (0..n_extra).map(|i| body.argument(1 + i).expect("extra").into()).collect();
         // The accumulator is stored in its storage type (bools as bytes) and combined in its
         // compute type.
         let a = sb.load(body.argument(1 + n_extra).expect("acc").into(), acc)?;
@@ -131,18 +155,29 @@ pub(super) fn map_generic<'c, 'a>(
     Ok(push(em.block, g))
 }
 
-fn reduce_op<'c, 'a>(em: &mut Emitter<'c, 'a>, id: NodeId, r: &Reduce, x: ValueId, axes_v: Option<ValueId>) -> Result<()> {
+fn reduce_op<'c, 'a>(
+    em: &mut Emitter<'c, 'a>,
+    id: NodeId,
+    r: &Reduce,
+    x: ValueId,
+    axes_v: Option<ValueId>,
+) -> Result<()> {
     let result = ValueId::from(id);
     let xd = em.dims(x);
     let dt = em.ty(x).dtype;
-    let axes_list =
-        axes_v.map(|a| em.graph.constant_value(a).map(|t| t.to_i64s())).map(|o| o.ok_or_else(|| em.unsupported(id, "needs constant axes")));
+    let axes_list = axes_v
+        .map(|a| em.graph.constant_value(a).map(|t| t.to_i64s()))
+        .map(|o| o.ok_or_else(|| em.unsupported(id, "needs constant axes")));
     let axes_list = axes_list.transpose()?;
     let mut axes: Vec<usize> = match axes_list {
         None => Vec::new(),
-        Some(a) => {
-            a.iter().map(|&a| normalize_axis(a, xd.len()).ok_or_else(|| em.unsupported(id, "has an axis out of range"))).collect::<Result<_>>()?
-        }
+        Some(a) => a
+            .iter()
+            .map(|&a| {
+                normalize_axis(a, xd.len())
+                    .ok_or_else(|| em.unsupported(id, "has an axis out of range"))
+            })
+            .collect::<Result<_>>()?,
     };
     if axes.is_empty() && !r.noop_with_empty_axes {
         axes = (0..xd.len()).collect();
@@ -170,7 +205,8 @@ fn reduce_op<'c, 'a>(em: &mut Emitter<'c, 'a>, id: NodeId, r: &Reduce, x: ValueI
     let zero = if float { Init::Float(0.0) } else { Init::Int(0) };
     let one = if float { Init::Float(1.0) } else { Init::Int(1) };
     let signed = acc.is_signed_int();
-    let (add, mul) = if float { ("arith.addf", "arith.mulf") } else { ("arith.addi", "arith.muli") };
+    let (add, mul) =
+        if float { ("arith.addf", "arith.mulf") } else { ("arith.addi", "arith.muli") };
     let (max, min) = if float {
         ("arith.maximumf", "arith.minimumf")
     } else if boolean {
@@ -183,15 +219,31 @@ fn reduce_op<'c, 'a>(em: &mut Emitter<'c, 'a>, id: NodeId, r: &Reduce, x: ValueI
     let count: usize = axes.iter().map(|&a| xd[a]).product();
     let reduced = match r.kind {
         ReduceKind::LogSumExp => {
-            let m = reduce_generic(em, xv, &xd, dt, &axes, acc, small, &[], |sb, a, v, _| sb.emit(max, &[a, v.v], tc))?;
-            // Guard an all -inf slice: exp(-inf - -inf) is NaN; shift by 0 there instead.
-            let s = reduce_generic(em, xv, &xd, dt, &axes, acc, zero, &[(m, keep_map(xd.len(), &axes))], |sb, a, v, ex| {
-                let shift = finite_or_zero(sb, ex[0], tc)?;
-                let d = sb.emit("arith.subf", &[v.v, shift], tc)?;
-                let e = sb.emit("math.exp", &[d], tc)?;
-                sb.emit("arith.addf", &[a, e], tc)
+            let m = reduce_generic(em, xv, &xd, dt, &axes, acc, small, &[], |sb, a, v, _| {
+                sb.emit(max, &[a, v.v], tc)
             })?;
-            let kd: Vec<usize> = xd.iter().enumerate().map(|(i, &d)| if axes.contains(&i) { 1 } else { d }).collect();
+            // Guard an all -inf slice: exp(-inf - -inf) is NaN; shift by 0 there instead.
+            let s = reduce_generic(
+                em,
+                xv,
+                &xd,
+                dt,
+                &axes,
+                acc,
+                zero,
+                &[(m, keep_map(xd.len(), &axes))],
+                |sb, a, v, ex| {
+                    let shift = finite_or_zero(sb, ex[0], tc)?;
+                    let d = sb.emit("arith.subf", &[v.v, shift], tc)?;
+                    let e = sb.emit("math.exp", &[d], tc)?;
+                    sb.emit("arith.addf", &[a, e], tc)
+                },
+            )?;
+            let kd: Vec<usize> = xd
+                .iter()
+                .enumerate()
+                .map(|(i, &d)| if axes.contains(&i) { 1 } else { d })
+                .collect();
             let dest = em.empty(&kd, acc)?;
             let id_map = broadcast_map(kd.len(), &kd, &kd);
             map_generic(em, &[(s, id_map.clone()), (m, id_map)], &kd, acc, dest, |sb, a| {
@@ -201,9 +253,17 @@ fn reduce_op<'c, 'a>(em: &mut Emitter<'c, 'a>, id: NodeId, r: &Reduce, x: ValueI
             })?
         }
         kind => {
-            type Step<'c> = Box<dyn for<'b> Fn(&ScalarBuilder<'c, 'b>, Value<'c, 'b>, Scalar<'c, 'b>) -> Result<Value<'c, 'b>>>;
+            type Step<'c> = Box<
+                dyn for<'b> Fn(
+                    &ScalarBuilder<'c, 'b>,
+                    Value<'c, 'b>,
+                    Scalar<'c, 'b>,
+                ) -> Result<Value<'c, 'b>>,
+            >;
             let (init, step): (Init, Step<'c>) = match kind {
-                ReduceKind::Sum | ReduceKind::Mean | ReduceKind::LogSum => (zero, Box::new(|sb, a, v| sb.emit(add, &[a, v.v], tc))),
+                ReduceKind::Sum | ReduceKind::Mean | ReduceKind::LogSum => {
+                    (zero, Box::new(|sb, a, v| sb.emit(add, &[a, v.v], tc)))
+                }
                 ReduceKind::Max => (small, Box::new(|sb, a, v| sb.emit(max, &[a, v.v], tc))),
                 ReduceKind::Min => (big, Box::new(|sb, a, v| sb.emit(min, &[a, v.v], tc))),
                 ReduceKind::Prod => (one, Box::new(|sb, a, v| sb.emit(mul, &[a, v.v], tc))),
@@ -235,7 +295,8 @@ fn reduce_op<'c, 'a>(em: &mut Emitter<'c, 'a>, id: NodeId, r: &Reduce, x: ValueI
     // Finish (mean, sqrt, log), drop the reduced axes unless keepdims, convert to the dtype.
     let od = em.dims(result);
     let dest = em.dest(result)?;
-    let kd: Vec<usize> = xd.iter().enumerate().map(|(i, &d)| if axes.contains(&i) { 1 } else { d }).collect();
+    let kd: Vec<usize> =
+        xd.iter().enumerate().map(|(i, &d)| if axes.contains(&i) { 1 } else { d }).collect();
     // Read the keepdims-shaped reduction from the result's loop nest.
     let map = if od.len() == kd.len() {
         broadcast_map(od.len(), &kd, &od)
@@ -289,7 +350,11 @@ fn int_bound(d: DType, largest: bool) -> i128 {
 }
 
 /// `v` when finite, else 0 (so an all -inf row shifts by nothing).
-fn finite_or_zero<'c, 'a>(sb: &ScalarBuilder<'c, 'a>, v: Value<'c, 'a>, t: &str) -> Result<Value<'c, 'a>> {
+fn finite_or_zero<'c, 'a>(
+    sb: &ScalarBuilder<'c, 'a>,
+    v: Value<'c, 'a>,
+    t: &str,
+) -> Result<Value<'c, 'a>> {
     let inf = sb.constant(f64::INFINITY, t)?;
     let abs = sb.emit("math.absf", &[v], t)?;
     let finite = sb.cmpf("olt", abs, inf)?;
@@ -301,18 +366,38 @@ fn softmax(em: &mut Emitter, id: NodeId, x: ValueId, axis: i64, log: bool) -> Re
     let result = ValueId::from(id);
     let xd = em.dims(x);
     let dt = em.ty(x).dtype;
-    let a = normalize_axis(axis, xd.len()).ok_or_else(|| em.unsupported(id, "has an axis out of range"))?;
+    let a = normalize_axis(axis, xd.len())
+        .ok_or_else(|| em.unsupported(id, "has an axis out of range"))?;
     let acc = acc_of(dt);
     let tc = compute(acc);
     let xv = em.value(x)?;
     let km = keep_map(xd.len(), &[a]);
-    let m =
-        reduce_generic(em, xv, &xd, dt, &[a], acc, Init::Float(f64::NEG_INFINITY), &[], |sb, acc, v, _| sb.emit("arith.maximumf", &[acc, v.v], tc))?;
-    let s = reduce_generic(em, xv, &xd, dt, &[a], acc, Init::Float(0.0), &[(m, km.clone())], |sb, acc, v, ex| {
-        let d = sb.emit("arith.subf", &[v.v, ex[0]], tc)?;
-        let e = sb.emit("math.exp", &[d], tc)?;
-        sb.emit("arith.addf", &[acc, e], tc)
-    })?;
+    let m = reduce_generic(
+        em,
+        xv,
+        &xd,
+        dt,
+        &[a],
+        acc,
+        Init::Float(f64::NEG_INFINITY),
+        &[],
+        |sb, acc, v, _| sb.emit("arith.maximumf", &[acc, v.v], tc),
+    )?;
+    let s = reduce_generic(
+        em,
+        xv,
+        &xd,
+        dt,
+        &[a],
+        acc,
+        Init::Float(0.0),
+        &[(m, km.clone())],
+        |sb, acc, v, ex| {
+            let d = sb.emit("arith.subf", &[v.v, ex[0]], tc)?;
+            let e = sb.emit("math.exp", &[d], tc)?;
+            sb.emit("arith.addf", &[acc, e], tc)
+        },
+    )?;
     let dest = em.dest(result)?;
     let id_map = broadcast_map(xd.len(), &xd, &xd);
     let t = map_generic(em, &[(xv, id_map), (m, km.clone()), (s, km)], &xd, dt, dest, |sb, v| {
@@ -333,33 +418,57 @@ fn softmax(em: &mut Emitter, id: NodeId, x: ValueId, axis: i64, log: bool) -> Re
     Ok(())
 }
 
-fn layer_norm(em: &mut Emitter, id: NodeId, x: ValueId, scale: ValueId, bias: Option<ValueId>, axis: i64, eps: f32) -> Result<()> {
+fn layer_norm(
+    em: &mut Emitter,
+    id: NodeId,
+    x: ValueId,
+    scale: ValueId,
+    bias: Option<ValueId>,
+    axis: i64,
+    eps: f32,
+) -> Result<()> {
     let node = em.graph.node(id).clone();
     let result = ValueId::from(id);
     let xd = em.dims(x);
     let dt = em.ty(x).dtype;
     let r = xd.len();
-    let a = normalize_axis(axis, r).ok_or_else(|| em.unsupported(id, "has an axis out of range"))?;
+    let a =
+        normalize_axis(axis, r).ok_or_else(|| em.unsupported(id, "has an axis out of range"))?;
     let axes: Vec<usize> = (a..r).collect();
     let n: usize = axes.iter().map(|&i| xd[i]).product();
     let acc = acc_of(dt);
     let tc = compute(acc);
     let xv = em.value(x)?;
     let km = keep_map(r, &axes);
-    let sum = reduce_generic(em, xv, &xd, dt, &axes, acc, Init::Float(0.0), &[], |sb, acc, v, _| sb.emit("arith.addf", &[acc, v.v], tc))?;
+    let sum =
+        reduce_generic(em, xv, &xd, dt, &axes, acc, Init::Float(0.0), &[], |sb, acc, v, _| {
+            sb.emit("arith.addf", &[acc, v.v], tc)
+        })?;
     let kd: Vec<usize> = xd.iter().enumerate().map(|(i, &d)| if i >= a { 1 } else { d }).collect();
     let kid = broadcast_map(kd.len(), &kd, &kd);
-    let mean_dest = if node.outputs.len() > 1 { em.dest(ValueId::new(id, 1))? } else { em.empty(&kd, acc)? };
+    let mean_dest =
+        if node.outputs.len() > 1 { em.dest(ValueId::new(id, 1))? } else { em.empty(&kd, acc)? };
     let mean = map_generic(em, &[(sum, kid.clone())], &kd, acc, mean_dest, |sb, v| {
         let c = sb.constant(n as f64, tc)?;
         sb.emit("arith.divf", &[v[0], c], tc)
     })?;
-    let var = reduce_generic(em, xv, &xd, dt, &axes, acc, Init::Float(0.0), &[(mean, km.clone())], |sb, acc, v, ex| {
-        let d = sb.emit("arith.subf", &[v.v, ex[0]], tc)?;
-        let sq = sb.emit("arith.mulf", &[d, d], tc)?;
-        sb.emit("arith.addf", &[acc, sq], tc)
-    })?;
-    let inv_dest = if node.outputs.len() > 2 { em.dest(ValueId::new(id, 2))? } else { em.empty(&kd, acc)? };
+    let var = reduce_generic(
+        em,
+        xv,
+        &xd,
+        dt,
+        &axes,
+        acc,
+        Init::Float(0.0),
+        &[(mean, km.clone())],
+        |sb, acc, v, ex| {
+            let d = sb.emit("arith.subf", &[v.v, ex[0]], tc)?;
+            let sq = sb.emit("arith.mulf", &[d, d], tc)?;
+            sb.emit("arith.addf", &[acc, sq], tc)
+        },
+    )?;
+    let inv_dest =
+        if node.outputs.len() > 2 { em.dest(ValueId::new(id, 2))? } else { em.empty(&kd, acc)? };
     let inv = map_generic(em, &[(var, kid)], &kd, acc, inv_dest, |sb, v| {
         let c = sb.constant(n as f64, tc)?;
         let var = sb.emit("arith.divf", &[v[0], c], tc)?;
@@ -401,7 +510,13 @@ fn layer_norm(em: &mut Emitter, id: NodeId, x: ValueId, scale: ValueId, bias: Op
     Ok(())
 }
 
-fn batch_norm(em: &mut Emitter, id: NodeId, x: ValueId, params: &[ValueId], eps: f32) -> Result<()> {
+fn batch_norm(
+    em: &mut Emitter,
+    id: NodeId,
+    x: ValueId,
+    params: &[ValueId],
+    eps: f32,
+) -> Result<()> {
     let result = ValueId::from(id);
     let xd = em.dims(x);
     let dt = em.ty(x).dtype;

@@ -16,7 +16,9 @@ use crate::Result;
 
 pub(super) fn emit(em: &mut Emitter, id: NodeId) -> Result<()> {
     let graph = em.graph;
-    let Op::Resize(r) = &graph.node(id).op else { return Err(em.unsupported(id, "is not a Resize")) };
+    let Op::Resize(r) = &graph.node(id).op else {
+        return Err(em.unsupported(id, "is not a Resize"));
+    };
     let operands = graph.operands(id);
     let x = operands.first().copied().flatten().ok_or_else(|| err("Resize has no input"))?;
     let crop = r.coordinate_transform == kiln_ir::op::CoordinateTransform::TfCropAndResize;
@@ -36,7 +38,8 @@ pub(super) fn emit(em: &mut Emitter, id: NodeId) -> Result<()> {
         consts.push(c);
     }
     let xd = em.dims(x);
-    let (out, steps) = kiln_ir::eval::resize_steps(r, &xd, consts[0], consts[1], consts[2]).map_err(|e| em.unsupported(id, &e))?;
+    let (out, steps) = kiln_ir::eval::resize_steps(r, &xd, consts[0], consts[1], consts[2])
+        .map_err(|e| em.unsupported(id, &e))?;
     let result = ValueId::from(id);
     let od = em.dims(result);
     if out != od {
@@ -77,8 +80,10 @@ pub(super) fn emit(em: &mut Emitter, id: NodeId) -> Result<()> {
                 }
             }
         }
-        let idx = const_tensor(em, &Tensor::from_vec(&[n_out, k], idx).map_err(|e| err(e.to_string()))?)?;
-        let wts = const_tensor(em, &Tensor::from_vec(&[n_out, k], wts).map_err(|e| err(e.to_string()))?)?;
+        let idx =
+            const_tensor(em, &Tensor::from_vec(&[n_out, k], idx).map_err(|e| err(e.to_string()))?)?;
+        let wts =
+            const_tensor(em, &Tensor::from_vec(&[n_out, k], wts).map_err(|e| err(e.to_string()))?)?;
         passes.push(Pass { axis: step.axis, k, idx, wts, extrapolates });
     }
     let plan = Plan { src: em.value(x)?, src_dtype: em.ty(x).dtype, passes, extrapolation };
@@ -113,7 +118,12 @@ struct Plan<'c, 'a> {
 /// generic computes the whole result: each pass is a loop over its taps around the values of
 /// the pass before, which is the interpreter's arithmetic, operation for operation, without
 /// its intermediate tensors (and so without ops between which tiling would have to fuse).
-fn value_at<'c, 'x>(plan: &Plan<'c, '_>, ix: &Ix<'c, 'x>, coords: &[Value<'c, 'x>], s: usize) -> Result<Value<'c, 'x>> {
+fn value_at<'c, 'x>(
+    plan: &Plan<'c, '_>,
+    ix: &Ix<'c, 'x>,
+    coords: &[Value<'c, 'x>],
+    s: usize,
+) -> Result<Value<'c, 'x>> {
     if s == 0 {
         let v = ix.extract(plan.src, coords, plan.src_dtype)?;
         return ix.to_f64(v, plan.src_dtype);
@@ -129,7 +139,9 @@ fn value_at<'c, 'x>(plan: &Plan<'c, '_>, ix: &Ix<'c, 'x>, coords: &[Value<'c, 'x
     {
         let inner = Ix::new(ctx, loc, &body);
         let sb = &inner.sb;
-        let arg = |i: usize| -> Result<Value> { body.argument(i).map(Into::into).map_err(|e| err(e.to_string())) };
+        let arg = |i: usize| -> Result<Value> {
+            body.argument(i).map(Into::into).map_err(|e| err(e.to_string()))
+        };
         let (j, acc) = (arg(0)?, arg(1)?);
         let w = inner.extract(p.wts, &[o, j], DType::F64)?;
         let i = inner.extract(p.idx, &[o, j], DType::I64)?;

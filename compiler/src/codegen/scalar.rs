@@ -46,12 +46,23 @@ impl<'c, 'a> ScalarBuilder<'c, 'a> {
     }
 
     /// `name` with operands and one result of type `result`.
-    pub fn emit(&self, name: &str, operands: &[Value<'c, 'a>], result: &str) -> Result<Value<'c, 'a>> {
+    pub fn emit(
+        &self,
+        name: &str,
+        operands: &[Value<'c, 'a>],
+        result: &str,
+    ) -> Result<Value<'c, 'a>> {
         let t = self.ty(result)?;
         Ok(push(self.block, op(self.ctx, self.loc, name, operands, &[t], &[])?))
     }
 
-    fn emit_attr(&self, name: &str, operands: &[Value<'c, 'a>], result: &str, attr: (&str, &str)) -> Result<Value<'c, 'a>> {
+    fn emit_attr(
+        &self,
+        name: &str,
+        operands: &[Value<'c, 'a>],
+        result: &str,
+        attr: (&str, &str),
+    ) -> Result<Value<'c, 'a>> {
         let t = self.ty(result)?;
         let a = parse_attr(self.ctx, attr.1)?;
         Ok(push(self.block, op(self.ctx, self.loc, name, operands, &[t], &[(attr.0, a)])?))
@@ -82,41 +93,87 @@ impl<'c, 'a> ScalarBuilder<'c, 'a> {
             format!("{} : {ty}", value as i128)
         };
         let t = self.ty(ty)?;
-        Ok(push(self.block, op(self.ctx, self.loc, "arith.constant", &[], &[t], &[("value", parse_attr(self.ctx, &lit)?)])?))
+        Ok(push(
+            self.block,
+            op(
+                self.ctx,
+                self.loc,
+                "arith.constant",
+                &[],
+                &[t],
+                &[("value", parse_attr(self.ctx, &lit)?)],
+            )?,
+        ))
     }
 
     /// An integer constant given as i128 (exact for every integer type).
     pub fn int_constant(&self, value: i128, ty: &str) -> Result<Value<'c, 'a>> {
         let t = self.ty(ty)?;
-        Ok(push(self.block, op(self.ctx, self.loc, "arith.constant", &[], &[t], &[("value", parse_attr(self.ctx, &format!("{value} : {ty}"))?)])?))
+        Ok(push(
+            self.block,
+            op(
+                self.ctx,
+                self.loc,
+                "arith.constant",
+                &[],
+                &[t],
+                &[("value", parse_attr(self.ctx, &format!("{value} : {ty}"))?)],
+            )?,
+        ))
     }
 
     /// The current iteration of loop `dim` of the enclosing `linalg.generic` (`linalg.index`),
     /// as `ty` (`index`, or an integer type by `arith.index_cast`).
     pub fn loop_index(&self, dim: usize, ty: &str) -> Result<Value<'c, 'a>> {
         let index = self.ty("index")?;
-        let i = push(self.block, op(self.ctx, self.loc, "linalg.index", &[], &[index], &[("dim", parse_attr(self.ctx, &format!("{dim} : i64"))?)])?);
+        let i = push(
+            self.block,
+            op(
+                self.ctx,
+                self.loc,
+                "linalg.index",
+                &[],
+                &[index],
+                &[("dim", parse_attr(self.ctx, &format!("{dim} : i64"))?)],
+            )?,
+        );
         if ty == "index" {
             return Ok(i);
         }
         self.emit("arith.index_cast", &[i], ty)
     }
 
-    pub fn select(&self, c: Value<'c, 'a>, a: Value<'c, 'a>, b: Value<'c, 'a>, ty: &str) -> Result<Value<'c, 'a>> {
+    pub fn select(
+        &self,
+        c: Value<'c, 'a>,
+        a: Value<'c, 'a>,
+        b: Value<'c, 'a>,
+        ty: &str,
+    ) -> Result<Value<'c, 'a>> {
         self.emit("arith.select", &[c, a, b], ty)
     }
 
     /// `arith.cmpf` with a predicate by name (`olt`, `une`, `uno`...).
     pub fn cmpf(&self, pred: &str, a: Value<'c, 'a>, b: Value<'c, 'a>) -> Result<Value<'c, 'a>> {
-        const NAMES: [&str; 16] = ["false", "oeq", "ogt", "oge", "olt", "ole", "one", "ord", "ueq", "ugt", "uge", "ult", "ule", "une", "uno", "true"];
-        let n = NAMES.iter().position(|&p| p == pred).ok_or_else(|| err(format!("unknown cmpf predicate {pred}")))?;
+        const NAMES: [&str; 16] = [
+            "false", "oeq", "ogt", "oge", "olt", "ole", "one", "ord", "ueq", "ugt", "uge", "ult",
+            "ule", "une", "uno", "true",
+        ];
+        let n = NAMES
+            .iter()
+            .position(|&p| p == pred)
+            .ok_or_else(|| err(format!("unknown cmpf predicate {pred}")))?;
         self.emit_attr("arith.cmpf", &[a, b], "i1", ("predicate", &format!("{n} : i64")))
     }
 
     /// `arith.cmpi` with a predicate by name (`eq`, `slt`, `uge`...).
     pub fn cmpi(&self, pred: &str, a: Value<'c, 'a>, b: Value<'c, 'a>) -> Result<Value<'c, 'a>> {
-        const NAMES: [&str; 10] = ["eq", "ne", "slt", "sle", "sgt", "sge", "ult", "ule", "ugt", "uge"];
-        let n = NAMES.iter().position(|&p| p == pred).ok_or_else(|| err(format!("unknown cmpi predicate {pred}")))?;
+        const NAMES: [&str; 10] =
+            ["eq", "ne", "slt", "sle", "sgt", "sge", "ult", "ule", "ugt", "uge"];
+        let n = NAMES
+            .iter()
+            .position(|&p| p == pred)
+            .ok_or_else(|| err(format!("unknown cmpi predicate {pred}")))?;
         self.emit_attr("arith.cmpi", &[a, b], "i1", ("predicate", &format!("{n} : i64")))
     }
 
@@ -355,12 +412,20 @@ impl<'c, 'a> ScalarBuilder<'c, 'a> {
                     (false, false) => self.constant(0.0, "i1")?,
                 }
             }
-            UnaryOp::Not | UnaryOp::BitwiseNot => return Err(err(format!("{} is not defined for floats", u.name()))),
+            UnaryOp::Not | UnaryOp::BitwiseNot => {
+                return Err(err(format!("{} is not defined for floats", u.name())))
+            }
         })
     }
 
     /// One binary op; both operands have the same dtype (Pow's exponent may differ).
-    pub fn binary(&self, b: BinaryOp, l: Scalar<'c, 'a>, r: Scalar<'c, 'a>, out: DType) -> Result<Scalar<'c, 'a>> {
+    pub fn binary(
+        &self,
+        b: BinaryOp,
+        l: Scalar<'c, 'a>,
+        r: Scalar<'c, 'a>,
+        out: DType,
+    ) -> Result<Scalar<'c, 'a>> {
         let d = l.dtype;
         if b == BinaryOp::Pow && r.dtype != d {
             let r = self.cast(r, if d.is_float() { d } else { DType::F64 })?;
@@ -371,11 +436,21 @@ impl<'c, 'a> ScalarBuilder<'c, 'a> {
             }
             return self.binary(b, l, r, out);
         }
-        let v = if d.is_float() { self.binary_float(b, l.v, r.v, self.f(d))? } else { self.binary_int(b, l.v, r.v, d)? };
+        let v = if d.is_float() {
+            self.binary_float(b, l.v, r.v, self.f(d))?
+        } else {
+            self.binary_int(b, l.v, r.v, d)?
+        };
         Ok(Scalar { v, dtype: out })
     }
 
-    fn binary_float(&self, b: BinaryOp, x: Value<'c, 'a>, y: Value<'c, 'a>, t: &str) -> Result<Value<'c, 'a>> {
+    fn binary_float(
+        &self,
+        b: BinaryOp,
+        x: Value<'c, 'a>,
+        y: Value<'c, 'a>,
+        t: &str,
+    ) -> Result<Value<'c, 'a>> {
         let bin = |name: &str| self.emit(name, &[x, y], t);
         Ok(match b {
             BinaryOp::Add => bin("arith.addf")?,
@@ -413,11 +488,23 @@ impl<'c, 'a> ScalarBuilder<'c, 'a> {
         })
     }
 
-    fn binary_int(&self, b: BinaryOp, x: Value<'c, 'a>, y: Value<'c, 'a>, d: DType) -> Result<Value<'c, 'a>> {
+    fn binary_int(
+        &self,
+        b: BinaryOp,
+        x: Value<'c, 'a>,
+        y: Value<'c, 'a>,
+        d: DType,
+    ) -> Result<Value<'c, 'a>> {
         let t = compute_type(d);
         let s = d.is_signed_int();
         let bin = |name: &str| self.emit(name, &[x, y], t);
-        let pick = |signed: &str, unsigned: &str| if s { signed.to_string() } else { unsigned.to_string() };
+        let pick = |signed: &str, unsigned: &str| {
+            if s {
+                signed.to_string()
+            } else {
+                unsigned.to_string()
+            }
+        };
         // Division by zero is undefined in ONNX and traps on x86: divide by one instead (the
         // interpreter reports it as an error).
         let safe_divisor = || -> Result<Value<'c, 'a>> {
@@ -435,7 +522,9 @@ impl<'c, 'a> ScalarBuilder<'c, 'a> {
             BinaryOp::LessOrEqual => self.cmpi(&pick("sle", "ule"), x, y)?,
             BinaryOp::Greater => self.cmpi(&pick("sgt", "ugt"), x, y)?,
             BinaryOp::GreaterOrEqual => self.cmpi(&pick("sge", "uge"), x, y)?,
-            _ if d == DType::Bool => return Err(err(format!("{} is not defined for bool", b.name()))),
+            _ if d == DType::Bool => {
+                return Err(err(format!("{} is not defined for bool", b.name())))
+            }
             BinaryOp::Add => bin("arith.addi")?,
             BinaryOp::Sub => bin("arith.subi")?,
             BinaryOp::Mul => bin("arith.muli")?,
@@ -488,7 +577,9 @@ impl<'c, 'a> ScalarBuilder<'c, 'a> {
                 let zero = self.int_constant(0, t)?;
                 self.select(too_far, zero, shifted, t)?
             }
-            BinaryOp::And | BinaryOp::Or | BinaryOp::Xor => return Err(err(format!("{} needs bool operands", b.name()))),
+            BinaryOp::And | BinaryOp::Or | BinaryOp::Xor => {
+                return Err(err(format!("{} needs bool operands", b.name())))
+            }
         })
     }
 
@@ -522,7 +613,11 @@ impl<'c, 'a> ScalarBuilder<'c, 'a> {
         } else if from.is_float() {
             self.emit(if to.is_signed_int() { "arith.fptosi" } else { "arith.fptoui" }, &[x.v], tt)?
         } else if to.is_float() {
-            self.emit(if from.is_signed_int() { "arith.sitofp" } else { "arith.uitofp" }, &[x.v], tt)?
+            self.emit(
+                if from.is_signed_int() { "arith.sitofp" } else { "arith.uitofp" },
+                &[x.v],
+                tt,
+            )?
         } else {
             let (fb, tb) = (bits(from), bits(to));
             if fb == tb {
@@ -530,7 +625,11 @@ impl<'c, 'a> ScalarBuilder<'c, 'a> {
             } else if fb > tb {
                 self.emit("arith.trunci", &[x.v], tt)?
             } else {
-                self.emit(if from.is_signed_int() { "arith.extsi" } else { "arith.extui" }, &[x.v], tt)?
+                self.emit(
+                    if from.is_signed_int() { "arith.extsi" } else { "arith.extui" },
+                    &[x.v],
+                    tt,
+                )?
             }
         };
         Ok(Scalar { v, dtype: to })

@@ -41,7 +41,10 @@ pub(super) fn emit_top_k(em: &mut Emitter, id: NodeId, axis: i64, largest: bool)
 }
 
 /// Appends a multi-result op and returns its results.
-pub(super) fn push_all<'c, 'a>(block: &'a Block<'c>, op: melior::ir::Operation<'c>) -> Vec<Value<'c, 'a>> {
+pub(super) fn push_all<'c, 'a>(
+    block: &'a Block<'c>,
+    op: melior::ir::Operation<'c>,
+) -> Vec<Value<'c, 'a>> {
     let r = block.append_operation(op);
     (0..r.result_count()).map(|i| r.result(i).expect("counted").into()).collect()
 }
@@ -126,7 +129,8 @@ pub(super) fn arg_best<'c, 'a>(
         }
     };
     let x_map: Vec<String> = (0..rank).map(|i| format!("d{}", loop_of(i))).collect();
-    let val_map: Vec<String> = (0..rank).map(|i| if i == a { "0".into() } else { format!("d{}", loop_of(i)) }).collect();
+    let val_map: Vec<String> =
+        (0..rank).map(|i| if i == a { "0".into() } else { format!("d{}", loop_of(i)) }).collect();
     // The best value so far; the index -1 marks "nothing seen yet", so the fill value is unused.
     let zero = em.scalar_constant(0.0, dt)?;
     let val = em.empty(&kd, dt)?;
@@ -134,7 +138,8 @@ pub(super) fn arg_best<'c, 'a>(
     let minus = em.int_constant(-1, DType::I64)?;
     let idx = fill(ctx, loc, em.block, minus, idx_dest)?;
     let maps = vec![affine(rank, &x_map), affine(rank, &val_map), idx_map];
-    let iters: Vec<&str> = (0..rank).map(|i| if i == axis_loop { "reduction" } else { "parallel" }).collect();
+    let iters: Vec<&str> =
+        (0..rank).map(|i| if i == axis_loop { "reduction" } else { "parallel" }).collect();
     let types = [em.tensor_type(&kd, dt)?, em.tensor_type(idx_dims, DType::I64)?];
     let g = generic(ctx, loc, &[x], &[val, idx], &maps, &iters, &types, |body| {
         let sb = ScalarBuilder { ctx, loc, block: body };
@@ -161,19 +166,42 @@ fn arg_reduce(em: &mut Emitter, id: NodeId, r: &ArgReduce, x: ValueId) -> Result
     let result = ValueId::from(id);
     let xd = em.dims(x);
     let dt = em.ty(x).dtype;
-    let a = normalize_axis(r.axis, xd.len()).ok_or_else(|| em.unsupported(id, "has an axis out of range"))?;
+    let a = normalize_axis(r.axis, xd.len())
+        .ok_or_else(|| em.unsupported(id, "has an axis out of range"))?;
     let rank = xd.len();
     let od = em.dims(result);
     // The result keeps the axis as 0 (keepdims), or drops it (the axis loop then comes last).
-    let out: Vec<String> = if r.keepdims { loops_with(rank, a, "0") } else { (0..rank - 1).map(|i| format!("d{i}")).collect() };
+    let out: Vec<String> = if r.keepdims {
+        loops_with(rank, a, "0")
+    } else {
+        (0..rank - 1).map(|i| format!("d{i}")).collect()
+    };
     let xv = em.value(x)?;
     let dest = em.dest(result)?;
-    let t = arg_best(em, xv, &xd, dt, a, !r.keepdims, r.max, r.select_last_index, dest, affine(rank, &out), &od)?;
+    let t = arg_best(
+        em,
+        xv,
+        &xd,
+        dt,
+        a,
+        !r.keepdims,
+        r.max,
+        r.select_last_index,
+        dest,
+        affine(rank, &out),
+        &od,
+    )?;
     em.set(result, t);
     Ok(())
 }
 
-fn cumulative(em: &mut Emitter, id: NodeId, c: &Cumulative, x: ValueId, axis: Option<ValueId>) -> Result<()> {
+fn cumulative(
+    em: &mut Emitter,
+    id: NodeId,
+    c: &Cumulative,
+    x: ValueId,
+    axis: Option<ValueId>,
+) -> Result<()> {
     let result = ValueId::from(id);
     let xd = em.dims(x);
     let dt = em.ty(x).dtype;
@@ -181,7 +209,8 @@ fn cumulative(em: &mut Emitter, id: NodeId, c: &Cumulative, x: ValueId, axis: Op
         .and_then(|v| em.graph.constant_value(v))
         .and_then(|t| t.to_i64s().first().copied())
         .ok_or_else(|| em.unsupported(id, "needs a constant axis"))?;
-    let a = normalize_axis(axis, xd.len()).ok_or_else(|| em.unsupported(id, "has an axis out of range"))?;
+    let a = normalize_axis(axis, xd.len())
+        .ok_or_else(|| em.unsupported(id, "has an axis out of range"))?;
     let rank = xd.len();
     let (ctx, loc) = (em.ctx, em.loc);
     let acc = if dt.is_float() { DType::F64 } else { dt };
@@ -209,11 +238,20 @@ fn cumulative(em: &mut Emitter, id: NodeId, c: &Cumulative, x: ValueId, axis: Op
         let dest = em.dest(result)?;
         let id_map = affine(rank, &loops_with(rank, rank, ""));
         let ty = em.tensor_type(&xd, dt)?;
-        let g = generic(ctx, loc, &[t], &[dest], &[id_map.clone(), id_map], &vec!["parallel"; rank], &[ty], |body| {
-            let sb = ScalarBuilder { ctx, loc, block: body };
-            let v = sb.load(body.argument(0).expect("acc").into(), acc)?;
-            Ok(vec![sb.store(sb.cast(v, dt)?)?])
-        })?;
+        let g = generic(
+            ctx,
+            loc,
+            &[t],
+            &[dest],
+            &[id_map.clone(), id_map],
+            &vec!["parallel"; rank],
+            &[ty],
+            |body| {
+                let sb = ScalarBuilder { ctx, loc, block: body };
+                let v = sb.load(body.argument(0).expect("acc").into(), acc)?;
+                Ok(vec![sb.store(sb.cast(v, dt)?)?])
+            },
+        )?;
         t = push(em.block, g);
     }
     em.set(result, t);
@@ -244,7 +282,10 @@ fn triangular_scan<'c, 'a>(
     let filled = fill(ctx, loc, em.block, init, dest)?;
     // Loops: the result position d0..d{rank-1}, then the source position d{rank} along the axis.
     let n = rank + 1;
-    let maps = vec![affine(n, &loops_with(rank, a, &format!("d{rank}"))), affine(n, &loops_with(rank, rank, ""))];
+    let maps = vec![
+        affine(n, &loops_with(rank, a, &format!("d{rank}"))),
+        affine(n, &loops_with(rank, rank, "")),
+    ];
     let mut iters = vec!["parallel"; rank];
     iters.push("reduction");
     // Which source positions j a result position i covers.
@@ -293,7 +334,10 @@ fn sequential_scan<'c, 'a>(
     let start = em.empty(&kd, acc)?;
     let start = fill(ctx, loc, em.block, init, start)?;
     let last = em.int_constant(n as i128 - 1, DType::I64)?;
-    let last = push(em.block, op(ctx, loc, "arith.index_cast", &[last], &[melior::ir::Type::index(ctx)], &[])?);
+    let last = push(
+        em.block,
+        op(ctx, loc, "arith.index_cast", &[last], &[melior::ir::Type::index(ctx)], &[])?,
+    );
     let id_map = affine(rank, &loops_with(rank, rank, ""));
     let kty = em.tensor_type(&kd, acc)?;
     let xty = em.tensor_type(&kd, dt)?;
@@ -301,24 +345,74 @@ fn sequential_scan<'c, 'a>(
     let (reverse, exclusive) = (c.reverse, c.exclusive);
     let op_name = op_name.to_string();
     let r = scf_for(em, n, &[start, dest], |block, step, carried| {
-        let j = if reverse { push(block, op(ctx, loc, "arith.subi", &[last, step], &[melior::ir::Type::index(ctx)], &[])?) } else { step };
-        let line = slice_at(ctx, loc, block, "tensor.extract_slice", &[xv, j], a, &vec![0; rank], &kd, xty)?;
+        let j = if reverse {
+            push(
+                block,
+                op(ctx, loc, "arith.subi", &[last, step], &[melior::ir::Type::index(ctx)], &[])?,
+            )
+        } else {
+            step
+        };
+        let line = slice_at(
+            ctx,
+            loc,
+            block,
+            "tensor.extract_slice",
+            &[xv, j],
+            a,
+            &vec![0; rank],
+            &kd,
+            xty,
+        )?;
         // Exclusive: the running value before this step; it is then updated in place (a loop
         // must carry the same buffers on).
         let out = if exclusive {
-            slice_at(ctx, loc, block, "tensor.insert_slice", &[carried[0], carried[1], j], a, &vec![0; rank], &kd, oty)?
+            slice_at(
+                ctx,
+                loc,
+                block,
+                "tensor.insert_slice",
+                &[carried[0], carried[1], j],
+                a,
+                &vec![0; rank],
+                &kd,
+                oty,
+            )?
         } else {
             carried[1]
         };
-        let g = generic(ctx, loc, &[line], &[carried[0]], &[id_map.clone(), id_map.clone()], &vec!["parallel"; rank], &[kty], |body| {
-            let sb = ScalarBuilder { ctx, loc, block: body };
-            let v = sb.cast(sb.load(body.argument(0).expect("x").into(), dt)?, acc)?;
-            let s = sb.load(body.argument(1).expect("acc").into(), acc)?;
-            let r = sb.emit(&op_name, &[s.v, v.v], tc)?;
-            Ok(vec![sb.store(Scalar { v: r, dtype: acc })?])
-        })?;
+        let g = generic(
+            ctx,
+            loc,
+            &[line],
+            &[carried[0]],
+            &[id_map.clone(), id_map.clone()],
+            &vec!["parallel"; rank],
+            &[kty],
+            |body| {
+                let sb = ScalarBuilder { ctx, loc, block: body };
+                let v = sb.cast(sb.load(body.argument(0).expect("x").into(), dt)?, acc)?;
+                let s = sb.load(body.argument(1).expect("acc").into(), acc)?;
+                let r = sb.emit(&op_name, &[s.v, v.v], tc)?;
+                Ok(vec![sb.store(Scalar { v: r, dtype: acc })?])
+            },
+        )?;
         let next = push(block, g);
-        let out = if exclusive { out } else { slice_at(ctx, loc, block, "tensor.insert_slice", &[next, out, j], a, &vec![0; rank], &kd, oty)? };
+        let out = if exclusive {
+            out
+        } else {
+            slice_at(
+                ctx,
+                loc,
+                block,
+                "tensor.insert_slice",
+                &[next, out, j],
+                a,
+                &vec![0; rank],
+                &kd,
+                oty,
+            )?
+        };
         Ok(vec![next, out])
     })?;
     Ok(r[1])
@@ -330,7 +424,11 @@ pub(super) fn scf_for<'c, 'a>(
     em: &Emitter<'c, 'a>,
     n: usize,
     inits: &[Value<'c, 'a>],
-    body: impl for<'b> FnOnce(&'b Block<'c>, Value<'c, 'b>, &[Value<'c, 'b>]) -> Result<Vec<Value<'c, 'b>>>,
+    body: impl for<'b> FnOnce(
+        &'b Block<'c>,
+        Value<'c, 'b>,
+        &[Value<'c, 'b>],
+    ) -> Result<Vec<Value<'c, 'b>>>,
 ) -> Result<Vec<Value<'c, 'a>>> {
     use melior::ir::{Region, RegionLike, ValueLike};
     let (ctx, loc) = (em.ctx, em.loc);
@@ -346,7 +444,8 @@ pub(super) fn scf_for<'c, 'a>(
     let block = Block::new(&args);
     {
         let iv = block.argument(0).expect("induction variable").into();
-        let carried: Vec<Value> = (0..inits.len()).map(|i| block.argument(1 + i).expect("carried").into()).collect();
+        let carried: Vec<Value> =
+            (0..inits.len()).map(|i| block.argument(1 + i).expect("carried").into()).collect();
         let yielded = body(&block, iv, &carried)?;
         block.append_operation(op(ctx, loc, "scf.yield", &yielded, &[], &[])?);
     }
@@ -387,10 +486,26 @@ pub(super) fn slice_at<'c, 'b>(
     let o = melior::ir::operation::OperationBuilder::new(name, loc)
         .add_operands(operands)
         .add_attributes(&[
-            super::mlir::named(ctx, "static_offsets", DenseI64ArrayAttribute::new(ctx, &offsets).into()),
-            super::mlir::named(ctx, "static_sizes", DenseI64ArrayAttribute::new(ctx, &sizes).into()),
-            super::mlir::named(ctx, "static_strides", DenseI64ArrayAttribute::new(ctx, &vec![1; sizes.len()]).into()),
-            super::mlir::named(ctx, "operandSegmentSizes", DenseI32ArrayAttribute::new(ctx, segments).into()),
+            super::mlir::named(
+                ctx,
+                "static_offsets",
+                DenseI64ArrayAttribute::new(ctx, &offsets).into(),
+            ),
+            super::mlir::named(
+                ctx,
+                "static_sizes",
+                DenseI64ArrayAttribute::new(ctx, &sizes).into(),
+            ),
+            super::mlir::named(
+                ctx,
+                "static_strides",
+                DenseI64ArrayAttribute::new(ctx, &vec![1; sizes.len()]).into(),
+            ),
+            super::mlir::named(
+                ctx,
+                "operandSegmentSizes",
+                DenseI32ArrayAttribute::new(ctx, segments).into(),
+            ),
         ])
         .add_results(&[result])
         .build()
@@ -405,7 +520,8 @@ fn top_k(em: &mut Emitter, id: NodeId, x: ValueId, axis: i64, largest: bool) -> 
     let (values, indices) = (ValueId::new(id, 0), ValueId::new(id, 1));
     let xd = em.dims(x);
     let dt = em.ty(x).dtype;
-    let a = normalize_axis(axis, xd.len()).ok_or_else(|| em.unsupported(id, "has an axis out of range"))?;
+    let a = normalize_axis(axis, xd.len())
+        .ok_or_else(|| em.unsupported(id, "has an axis out of range"))?;
     let rank = xd.len();
     let od = em.dims(values);
     let k = od[a];
@@ -422,7 +538,8 @@ fn top_k(em: &mut Emitter, id: NodeId, x: ValueId, axis: i64, largest: bool) -> 
     let full = affine(rank, &loops_with(rank, rank, ""));
     let keep = affine(rank, &loops_with(rank, a, "0"));
     let maps = vec![full, keep.clone(), keep.clone(), keep.clone(), keep];
-    let iters: Vec<&str> = (0..rank).map(|i| if i == a { "reduction" } else { "parallel" }).collect();
+    let iters: Vec<&str> =
+        (0..rank).map(|i| if i == a { "reduction" } else { "parallel" }).collect();
     let types = [em.tensor_type(&kd, dt)?, em.tensor_type(&kd, DType::I64)?];
     let (vty, ity) = (em.tensor_type(&od, dt)?, em.tensor_type(&od, DType::I64)?);
     let (kvty, kity) = (types[0], types[1]);
@@ -434,12 +551,33 @@ fn top_k(em: &mut Emitter, id: NodeId, x: ValueId, axis: i64, largest: bool) -> 
     let r = scf_for(em, k, &[vdest, idest], |block, step, carried| {
         let i1 = melior::ir::Type::parse(ctx, "i1").ok_or_else(|| super::mlir::err("i1"))?;
         let eq = super::mlir::parse_attr(ctx, "0 : i64")?;
-        let first = push(block, op(ctx, loc, "arith.cmpi", &[step, c0], &[i1], &[("predicate", eq)])?);
+        let first =
+            push(block, op(ctx, loc, "arith.cmpi", &[step, c0], &[i1], &[("predicate", eq)])?);
         let before = push(block, op(ctx, loc, "arith.subi", &[step, c1], &[index], &[])?);
         let before = push(block, op(ctx, loc, "arith.maxsi", &[before, c0], &[index], &[])?);
         let zeros = vec![0; rank];
-        let pv = slice_at(ctx, loc, block, "tensor.extract_slice", &[carried[0], before], a, &zeros, &kd, kvty)?;
-        let pi = slice_at(ctx, loc, block, "tensor.extract_slice", &[carried[1], before], a, &zeros, &kd, kity)?;
+        let pv = slice_at(
+            ctx,
+            loc,
+            block,
+            "tensor.extract_slice",
+            &[carried[0], before],
+            a,
+            &zeros,
+            &kd,
+            kvty,
+        )?;
+        let pi = slice_at(
+            ctx,
+            loc,
+            block,
+            "tensor.extract_slice",
+            &[carried[1], before],
+            a,
+            &zeros,
+            &kd,
+            kity,
+        )?;
         let bv = fill(ctx, loc, block, zero, best_v)?;
         let bi = fill(ctx, loc, block, none, best_i)?;
         let g = generic(ctx, loc, &[xv, pv, pi], &[bv, bi], &maps, &iters, &types, |body| {
@@ -470,8 +608,28 @@ fn top_k(em: &mut Emitter, id: NodeId, x: ValueId, axis: i64, largest: bool) -> 
             Ok(vec![sb.store(Scalar { v: nv, dtype: dt })?, sb.select(take, j, bi, "i64")?])
         })?;
         let picked = push_all(block, g);
-        let vals = slice_at(ctx, loc, block, "tensor.insert_slice", &[picked[0], carried[0], step], a, &zeros, &kd, vty)?;
-        let idxs = slice_at(ctx, loc, block, "tensor.insert_slice", &[picked[1], carried[1], step], a, &zeros, &kd, ity)?;
+        let vals = slice_at(
+            ctx,
+            loc,
+            block,
+            "tensor.insert_slice",
+            &[picked[0], carried[0], step],
+            a,
+            &zeros,
+            &kd,
+            vty,
+        )?;
+        let idxs = slice_at(
+            ctx,
+            loc,
+            block,
+            "tensor.insert_slice",
+            &[picked[1], carried[1], step],
+            a,
+            &zeros,
+            &kd,
+            ity,
+        )?;
         Ok(vec![vals, idxs])
     })?;
     em.set(values, r[0]);

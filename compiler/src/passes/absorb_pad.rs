@@ -68,7 +68,12 @@ fn absorbable(graph: &Graph, id: NodeId, conv: &Conv) -> Option<(ValueId, Vec<us
     let given = graph.constant_value(operand(1)?)?.to_i64s();
     let axes: Vec<usize> = match operand(3) {
         None => (0..rank).collect(),
-        Some(a) => graph.constant_value(a)?.to_i64s().iter().map(|&a| kiln_ir::normalize_axis(a, rank)).collect::<Option<_>>()?,
+        Some(a) => graph
+            .constant_value(a)?
+            .to_i64s()
+            .iter()
+            .map(|&a| kiln_ir::normalize_axis(a, rank))
+            .collect::<Option<_>>()?,
     };
     if given.len() != 2 * axes.len() {
         return None;
@@ -78,10 +83,16 @@ fn absorbable(graph: &Graph, id: NodeId, conv: &Conv) -> Option<(ValueId, Vec<us
         full[a] = given[i];
         full[rank + a] = given[axes.len() + i];
     }
-    if full.iter().any(|&p| p < 0) || full[0] != 0 || full[1] != 0 || full[rank] != 0 || full[rank + 1] != 0 {
+    if full.iter().any(|&p| p < 0)
+        || full[0] != 0
+        || full[1] != 0
+        || full[rank] != 0
+        || full[rank + 1] != 0
+    {
         return None;
     }
     let spatial = rank - 2;
-    let pads: Vec<usize> = full[2..rank].iter().chain(&full[rank + 2..]).map(|&p| p as usize).collect();
+    let pads: Vec<usize> =
+        full[2..rank].iter().chain(&full[rank + 2..]).map(|&p| p as usize).collect();
     (pads.len() == 2 * spatial).then_some((x, pads))
 }

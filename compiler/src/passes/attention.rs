@@ -139,7 +139,11 @@ fn scaled_scores(graph: &Graph, v: ValueId) -> Option<(NodeId, f32)> {
 /// and below the diagonal, -inf (or the lowest f32, as some exporters write it) above.
 fn is_causal(graph: &Graph, m: ValueId, s: usize, t: usize) -> bool {
     let (Some(c), Some(md)) = (graph.constant_value(m), dims(graph, m)) else { return false };
-    if s != t || md.len() < 2 || md[md.len() - 2..] != [s, t] || md[..md.len() - 2].iter().any(|&d| d != 1) {
+    if s != t
+        || md.len() < 2
+        || md[md.len() - 2..] != [s, t]
+        || md[..md.len() - 2].iter().any(|&d| d != 1)
+    {
         return false;
     }
     let values = c.to_f64s();
@@ -192,9 +196,13 @@ fn packed_result(graph: &Graph, y: ValueId) -> Option<ValueId> {
                 perm = p.iter().map(|&i| perm[i]).collect();
                 v = u.into();
             }
-            Op::Reshape { .. } if perm == [0, 2, 1, 3] && graph.operands(u).first().copied().flatten() == Some(v) => {
+            Op::Reshape { .. }
+                if perm == [0, 2, 1, 3]
+                    && graph.operands(u).first().copied().flatten() == Some(v) =>
+            {
                 let (vd, rd) = (dims(graph, v)?, dims(graph, u.into())?);
-                return (rd.len() == 3 && rd[..2] == vd[..2] && rd[2] == vd[2] * vd[3]).then_some(u.into());
+                return (rd.len() == 3 && rd[..2] == vd[..2] && rd[2] == vd[2] * vd[3])
+                    .then_some(u.into());
             }
             _ => return None,
         }
@@ -231,13 +239,18 @@ fn recognize(graph: &Graph, id: NodeId) -> Option<Match> {
     let (qk, scale) = scaled_scores(graph, scores)?;
     let (q4, kt4) = (operand(graph, qk, 0)?, operand(graph, qk, 1)?);
     let y4 = ValueId::from(id);
-    let all_f32 = [q4, kt4, v4, y4].into_iter().chain(mask).all(|v| graph.value_type(v).dtype == DType::F32);
+    let all_f32 =
+        [q4, kt4, v4, y4].into_iter().chain(mask).all(|v| graph.value_type(v).dtype == DType::F32);
     let (qd, kd, vd, sd) = (dims(graph, q4)?, dims(graph, kt4)?, dims(graph, v4)?, dims(graph, s)?);
     if !all_f32 || qd.len() != 4 || kd.len() != 4 || vd.len() != 4 {
         return None;
     }
     let (b, h, sq, d, t) = (qd[0], qd[1], qd[2], qd[3], kd[3]);
-    if kd[..3] != [b, h, d] || vd[..3] != [b, h, t] || sd != [b, h, sq, t] || dims(graph, ValueId::from(qk))? != sd {
+    if kd[..3] != [b, h, d]
+        || vd[..3] != [b, h, t]
+        || sd != [b, h, sq, t]
+        || dims(graph, ValueId::from(qk))? != sd
+    {
         return None;
     }
     if let Some(m) = mask {
@@ -261,7 +274,27 @@ fn recognize(graph: &Graph, id: NodeId) -> Option<Match> {
         ))
     })();
     Some(match packed {
-        Some((q, k, v, replaces)) => Match { q, k: KeyForm::Packed(k), v, mask, causal, scale, heads: Some(h), replaces, last: id },
-        None => Match { q: q4, k: KeyForm::Transposed(kt4), v: v4, mask, causal, scale, heads: None, replaces: y4, last: id },
+        Some((q, k, v, replaces)) => Match {
+            q,
+            k: KeyForm::Packed(k),
+            v,
+            mask,
+            causal,
+            scale,
+            heads: Some(h),
+            replaces,
+            last: id,
+        },
+        None => Match {
+            q: q4,
+            k: KeyForm::Transposed(kt4),
+            v: v4,
+            mask,
+            causal,
+            scale,
+            heads: None,
+            replaces: y4,
+            last: id,
+        },
     })
 }

@@ -67,12 +67,22 @@ fn decompose(graph: &mut Graph, keep: fn(&Graph, NodeId) -> bool) -> Result<bool
             Op::RotaryEmbedding(r) => attention::rotary(&mut e, id, r),
             Op::NllLoss(l) => loss::decompose(&mut e, id, l, false),
             Op::SoftmaxCrossEntropyLoss(l) => loss::decompose(&mut e, id, l, true),
-            Op::Quantize { axis, block_size, .. } => quantize::quantize(&mut e, id, *axis, *block_size),
-            Op::Dequantize { axis, block_size } => quantize::dequantize(&mut e, id, *axis, *block_size),
+            Op::Quantize { axis, block_size, .. } => {
+                quantize::quantize(&mut e, id, *axis, *block_size)
+            }
+            Op::Dequantize { axis, block_size } => {
+                quantize::dequantize(&mut e, id, *axis, *block_size)
+            }
             _ => continue,
         };
         // A failure here is a bug in this pass, not in the model: say which node it was.
-        let results = results.map_err(|err| CompileError::Internal(format!("decomposing `{}` ({}): {err}", node.name, node.op.name())))?;
+        let results = results.map_err(|err| {
+            CompileError::Internal(format!(
+                "decomposing `{}` ({}): {err}",
+                node.name,
+                node.op.name()
+            ))
+        })?;
         let Some(results) = results else { continue };
         for (i, v) in results.into_iter().enumerate().take(node.outputs.len()) {
             graph.replace_uses(ValueId::new(id, i), v)?;
@@ -119,7 +129,12 @@ impl<'g> Emit<'g> {
 
     fn dims(&self, v: ValueId) -> Result<Vec<usize>> {
         let t = self.g.value_type(v);
-        t.shape.as_fixed().ok_or_else(|| CompileError::Internal(format!("value %{} has the dynamic type {t}", self.g.value_name(v))))
+        t.shape.as_fixed().ok_or_else(|| {
+            CompileError::Internal(format!(
+                "value %{} has the dynamic type {t}",
+                self.g.value_name(v)
+            ))
+        })
     }
 
     fn dtype(&self, v: ValueId) -> DType {
@@ -201,7 +216,13 @@ impl<'g> Emit<'g> {
     }
 
     /// `a bᵀ + c`.
-    fn gemm_bt(&mut self, what: &str, a: ValueId, b: ValueId, c: Option<ValueId>) -> Result<ValueId> {
+    fn gemm_bt(
+        &mut self,
+        what: &str,
+        a: ValueId,
+        b: ValueId,
+        c: Option<ValueId>,
+    ) -> Result<ValueId> {
         self.op(what, Op::Gemm(Gemm { trans_b: true, ..Gemm::default() }), &[Some(a), Some(b), c])
     }
 
@@ -220,11 +241,24 @@ impl<'g> Emit<'g> {
     }
 
     /// `x[start..end:step]` along `axis` (itself when that is everything).
-    fn slice(&mut self, what: &str, x: ValueId, axis: usize, start: usize, end: usize, step: usize) -> Result<ValueId> {
+    fn slice(
+        &mut self,
+        what: &str,
+        x: ValueId,
+        axis: usize,
+        start: usize,
+        end: usize,
+        step: usize,
+    ) -> Result<ValueId> {
         if start == 0 && step == 1 && self.dims(x)?.get(axis) == Some(&end) {
             return Ok(x);
         }
-        let (s, en, a, st) = (self.ints(&[start as i64])?, self.ints(&[end as i64])?, self.ints(&[axis as i64])?, self.ints(&[step as i64])?);
+        let (s, en, a, st) = (
+            self.ints(&[start as i64])?,
+            self.ints(&[end as i64])?,
+            self.ints(&[axis as i64])?,
+            self.ints(&[step as i64])?,
+        );
         self.op2(what, Op::Slice, &[x, s, en, a, st])
     }
 
@@ -241,7 +275,12 @@ impl<'g> Emit<'g> {
             return Ok(vec![x]);
         }
         let name = self.name(what);
-        let id = self.g.add_node_with_outputs(&name, Op::Split { axis: axis as i64, num_outputs: n }, &[Some(x)], n)?;
+        let id = self.g.add_node_with_outputs(
+            &name,
+            Op::Split { axis: axis as i64, num_outputs: n },
+            &[Some(x)],
+            n,
+        )?;
         Ok((0..n).map(|i| ValueId::new(id, i)).collect())
     }
 
@@ -260,8 +299,15 @@ impl<'g> Emit<'g> {
     }
 
     /// A sum over `axes` (every axis when `None`).
-    fn reduce_sum(&mut self, what: &str, x: ValueId, axes: Option<&[i64]>, keepdims: bool) -> Result<ValueId> {
-        let op = Op::Reduce(Reduce { kind: ReduceKind::Sum, keepdims, noop_with_empty_axes: false });
+    fn reduce_sum(
+        &mut self,
+        what: &str,
+        x: ValueId,
+        axes: Option<&[i64]>,
+        keepdims: bool,
+    ) -> Result<ValueId> {
+        let op =
+            Op::Reduce(Reduce { kind: ReduceKind::Sum, keepdims, noop_with_empty_axes: false });
         match axes {
             Some(a) => {
                 let a = self.ints(a)?;

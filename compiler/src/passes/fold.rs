@@ -25,9 +25,16 @@ fn fold_once(graph: &mut Graph) -> Result<bool> {
             continue;
         }
         let operands = graph.operands(id);
-        let Some(results) = kiln_ir::fold::fold(graph, &node.op, &operands, node.outputs.len()) else { continue };
+        let Some(results) = kiln_ir::fold::fold(graph, &node.op, &operands, node.outputs.len())
+        else {
+            continue;
+        };
         for (i, t) in results.into_iter().enumerate() {
-            let name = graph.unique_name(&format!("{}.folded{}", node.name, if i == 0 { String::new() } else { format!("{i}") }));
+            let name = graph.unique_name(&format!(
+                "{}.folded{}",
+                node.name,
+                if i == 0 { String::new() } else { format!("{i}") }
+            ));
             let c = graph.add_constant(&name, t)?;
             graph.replace_uses(ValueId::new(id, i), c)?;
         }

@@ -24,7 +24,8 @@ pub struct Pass {
 /// The passes every compile for `target` runs, in order.
 pub fn default_passes(target: crate::TargetKind) -> Vec<Pass> {
     // The CPU runs recurrent layers whole; the GPU targets get them unrolled.
-    let decompose = if target == crate::TargetKind::Cpu { decompose::run_for_cpu } else { decompose::run };
+    let decompose =
+        if target == crate::TargetKind::Cpu { decompose::run_for_cpu } else { decompose::run };
     let mut passes = vec![
         Pass { name: "fold", run: fold::run },
         // Small loops of a known length become straight-line code (their trip counts are
@@ -57,7 +58,11 @@ pub fn default_passes(target: crate::TargetKind) -> Vec<Pass> {
 
 /// Runs passes in order; `after` is told the graph after each one (for `--dump-dir` and
 /// `emit --stage`).
-pub fn run_passes(graph: &mut Graph, passes: &[Pass], mut after: impl FnMut(&str, &Graph, bool)) -> Result<()> {
+pub fn run_passes(
+    graph: &mut Graph,
+    passes: &[Pass],
+    mut after: impl FnMut(&str, &Graph, bool),
+) -> Result<()> {
     for p in passes {
         let changed = (p.run)(graph)?;
         after(p.name, graph, changed);

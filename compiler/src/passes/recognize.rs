@@ -67,22 +67,30 @@ fn apply(graph: &mut Graph, m: Match) -> Result<()> {
         _ => return Ok(()),
     };
     let name = graph.node(m.last).name.clone();
-    let shaped = |graph: &mut Graph, v: Option<ValueId>, what: &str, fill: f64| -> Result<Option<ValueId>> {
-        let t = match v {
-            Some(v) => match graph.constant_value(v) {
-                Some(t) => t.reshape(&dims[axis..])?,
-                None => return Ok(None),
-            },
-            None if fill.is_nan() => return Ok(None),
-            None => Tensor::full(xt.dtype, &dims[axis..], fill),
+    let shaped =
+        |graph: &mut Graph, v: Option<ValueId>, what: &str, fill: f64| -> Result<Option<ValueId>> {
+            let t = match v {
+                Some(v) => match graph.constant_value(v) {
+                    Some(t) => t.reshape(&dims[axis..])?,
+                    None => return Ok(None),
+                },
+                None if fill.is_nan() => return Ok(None),
+                None => Tensor::full(xt.dtype, &dims[axis..], fill),
+            };
+            let n = graph.unique_name(&format!("{name}/{what}"));
+            Ok(Some(graph.add_constant(&n, t)?))
         };
-        let n = graph.unique_name(&format!("{name}/{what}"));
-        Ok(Some(graph.add_constant(&n, t)?))
-    };
     let scale = shaped(graph, m.scale, "scale", 1.0)?;
     let bias = shaped(graph, m.bias, "bias", f64::NAN)?;
     let node_name = graph.unique_name(&format!("{name}/{}", m.op.name()));
-    let new = graph.add_node(&node_name, m.op, &[Some(m.x), scale, bias].into_iter().take(if bias.is_some() { 3 } else { 2 }).collect::<Vec<_>>())?;
+    let new = graph.add_node(
+        &node_name,
+        m.op,
+        &[Some(m.x), scale, bias]
+            .into_iter()
+            .take(if bias.is_some() { 3 } else { 2 })
+            .collect::<Vec<_>>(),
+    )?;
     graph.replace_uses(ValueId::from(m.last), ValueId::from(new))?;
     Ok(())
 }
@@ -95,7 +103,8 @@ fn producer(graph: &Graph, v: ValueId) -> Option<(NodeId, &Op)> {
 
 /// Every use of `v` is by one of `nodes`, and it is not a graph output.
 fn used_only_by(graph: &Graph, v: ValueId, nodes: &[NodeId]) -> bool {
-    graph.users(v).iter().all(|(u, _)| nodes.contains(u)) && !graph.outputs().iter().any(|(_, o)| *o == v)
+    graph.users(v).iter().all(|(u, _)| nodes.contains(u))
+        && !graph.outputs().iter().any(|(_, o)| *o == v)
 }
 
 /// The one value of a one-element constant.
@@ -115,16 +124,25 @@ fn binary(graph: &Graph, id: NodeId, op: BinaryOp) -> Option<(ValueId, ValueId)>
 
 /// `ReduceMean(x, axes, keepdims)` over trailing axes: x and the first reduced axis.
 fn trailing_mean(graph: &Graph, id: NodeId) -> Option<(ValueId, usize)> {
-    let Op::Reduce(Reduce { kind: ReduceKind::Mean, keepdims: true, .. }) = graph.node(id).op else { return None };
+    let Op::Reduce(Reduce { kind: ReduceKind::Mean, keepdims: true, .. }) = graph.node(id).op
+    else {
+        return None;
+    };
     let ops = graph.operands(id);
     let x = ops.first().copied().flatten()?;
     let rank = graph.value_type(x).shape.as_fixed()?.len() as i64;
-    let mut axes: Vec<i64> =
-        graph.constant_value(ops.get(1).copied().flatten()?)?.to_i64s().iter().map(|&a| if a < 0 { a + rank } else { a }).collect();
+    let mut axes: Vec<i64> = graph
+        .constant_value(ops.get(1).copied().flatten()?)?
+        .to_i64s()
+        .iter()
+        .map(|&a| if a < 0 { a + rank } else { a })
+        .collect();
     axes.sort_unstable();
     axes.dedup();
     let first = *axes.first()?;
-    let trailing = axes.iter().enumerate().all(|(i, &a)| a == first + i as i64) && *axes.last()? == rank - 1 && first >= 0;
+    let trailing = axes.iter().enumerate().all(|(i, &a)| a == first + i as i64)
+        && *axes.last()? == rank - 1
+        && first >= 0;
     trailing.then_some((x, first as usize))
 }
 
@@ -152,17 +170,29 @@ fn root_mean_square(graph: &Graph, s: NodeId) -> Option<(NodeId, f64, usize)> {
     let (mean, _) = producer(graph, mean_v)?;
     let (sq_v, axis) = trailing_mean(graph, mean)?;
     let (sq, _) = producer(graph, sq_v)?;
-    let chain_ok = used_only_by(graph, mean_v, &[add]) && used_only_by(graph, ValueId::from(add), &[s]) && used_only_by(graph, sq_v, &[mean]);
+    let chain_ok = used_only_by(graph, mean_v, &[add])
+        && used_only_by(graph, ValueId::from(add), &[s])
+        && used_only_by(graph, sq_v, &[mean]);
     (chain_ok && eps >= 0.0).then_some((sq, eps, axis))
 }
 
 /// The optional `* gamma` and `+ beta` after `n` (constants that broadcast over the normalised
 /// trailing axes from `axis`): (the last node, gamma, beta).
-fn affine(graph: &Graph, n: NodeId, x: ValueId, axis: usize, allow_beta: bool) -> (NodeId, Option<ValueId>, Option<ValueId>) {
+fn affine(
+    graph: &Graph,
+    n: NodeId,
+    x: ValueId,
+    axis: usize,
+    allow_beta: bool,
+) -> (NodeId, Option<ValueId>, Option<ValueId>) {
     let fits = |c: ValueId| -> bool {
-        let (Some(t), Some(xd)) = (graph.constant_value(c), graph.value_type(x).shape.as_fixed()) else { return false };
+        let (Some(t), Some(xd)) = (graph.constant_value(c), graph.value_type(x).shape.as_fixed())
+        else {
+            return false;
+        };
         let norm = &xd[axis..];
-        let strip = |d: &[usize]| -> Vec<usize> { d.iter().copied().skip_while(|&x| x == 1).collect() };
+        let strip =
+            |d: &[usize]| -> Vec<usize> { d.iter().copied().skip_while(|&x| x == 1).collect() };
         t.dtype() == graph.value_type(x).dtype
             && t.len() == norm.iter().product::<usize>()
             && strip(t.dims()) == strip(norm)
@@ -207,11 +237,21 @@ fn layer_norm(graph: &Graph, n: NodeId) -> Option<Match> {
     }
     let (s, _) = producer(graph, std)?;
     let (sq, eps, axis2) = root_mean_square(graph, s)?;
-    if axis2 != axis || !squares(graph, sq, d) || !used_only_by(graph, d, &[sq, n]) || !used_only_by(graph, std, &[n]) {
+    if axis2 != axis
+        || !squares(graph, sq, d)
+        || !used_only_by(graph, d, &[sq, n])
+        || !used_only_by(graph, std, &[n])
+    {
         return None;
     }
     let (last, scale, bias) = affine(graph, n, x, axis, true);
-    Some(Match { op: Op::LayerNorm { axis: axis as i64, epsilon: eps as f32 }, x, last, scale, bias })
+    Some(Match {
+        op: Op::LayerNorm { axis: axis as i64, epsilon: eps as f32 },
+        x,
+        last,
+        scale,
+        bias,
+    })
 }
 
 /// `x / sqrt(mean(x^2) + eps)` or `x * reciprocal(sqrt(mean(x^2) + eps))` at the Div or Mul `n`.
@@ -233,11 +273,20 @@ fn rms_norm(graph: &Graph, n: NodeId) -> Option<Match> {
         (x, producer(graph, graph.operands(r).first().copied().flatten()?)?.0, vec![r])
     };
     let (sq, eps, axis) = root_mean_square(graph, s)?;
-    if !squares(graph, sq, x) || !used_only_by(graph, ValueId::from(s), &s_users) || !graph.value_type(x).dtype.is_float() {
+    if !squares(graph, sq, x)
+        || !used_only_by(graph, ValueId::from(s), &s_users)
+        || !graph.value_type(x).dtype.is_float()
+    {
         return None;
     }
     let (last, scale, _) = affine(graph, n, x, axis, false);
-    Some(Match { op: Op::RmsNorm { axis: axis as i64, epsilon: eps as f32 }, x, last, scale, bias: None })
+    Some(Match {
+        op: Op::RmsNorm { axis: axis as i64, epsilon: eps as f32 },
+        x,
+        last,
+        scale,
+        bias: None,
+    })
 }
 
 /// `Reduce<kind>(x, [axis], keepdims)` over one axis: x and the axis (normalised).
@@ -271,7 +320,11 @@ fn sum_of_exp(graph: &Graph, s: ValueId) -> Option<(NodeId, ValueId, usize)> {
     let (sum, _) = producer(graph, s)?;
     let (e, axis) = one_axis_reduce(graph, sum, ReduceKind::Sum)?;
     let (exp, op) = producer(graph, e)?;
-    (*op == Op::Unary(UnaryOp::Exp)).then_some((exp, graph.operands(exp).first().copied().flatten()?, axis))
+    (*op == Op::Unary(UnaryOp::Exp)).then_some((
+        exp,
+        graph.operands(exp).first().copied().flatten()?,
+        axis,
+    ))
 }
 
 /// Softmax at the Div (or Mul by a reciprocal) `n`: the op and its input.
@@ -282,7 +335,8 @@ fn softmax(graph: &Graph, n: NodeId) -> Option<(Op, ValueId)> {
         let (a, b) = binary(graph, n, BinaryOp::Mul)?;
         let reciprocal_of = |v: ValueId| -> Option<(NodeId, ValueId)> {
             let (r, op) = producer(graph, v)?;
-            (*op == Op::Unary(UnaryOp::Reciprocal) && used_only_by(graph, v, &[n])).then_some((r, graph.operands(r).first().copied().flatten()?))
+            (*op == Op::Unary(UnaryOp::Reciprocal) && used_only_by(graph, v, &[n]))
+                .then_some((r, graph.operands(r).first().copied().flatten()?))
         };
         match (reciprocal_of(b), reciprocal_of(a)) {
             (Some((r, s)), _) => (a, s, vec![r]),
@@ -292,7 +346,10 @@ fn softmax(graph: &Graph, n: NodeId) -> Option<(Op, ValueId)> {
     };
     let (exp, d, axis) = sum_of_exp(graph, s)?;
     let (sum, _) = producer(graph, s)?;
-    if ValueId::from(exp) != e || !used_only_by(graph, s, &s_users) || !used_only_by(graph, e, &[sum, n]) {
+    if ValueId::from(exp) != e
+        || !used_only_by(graph, s, &s_users)
+        || !used_only_by(graph, e, &[sum, n])
+    {
         return None;
     }
     // The stable form's difference goes away with it; the unstable form's x stays for others.
@@ -300,7 +357,8 @@ fn softmax(graph: &Graph, n: NodeId) -> Option<(Op, ValueId)> {
     if max_axis.is_some() && !used_only_by(graph, d, &[exp]) {
         return None;
     }
-    let float = graph.value_type(x).dtype.is_float() && graph.value_type(ValueId::from(n)).shape == graph.value_type(x).shape;
+    let float = graph.value_type(x).dtype.is_float()
+        && graph.value_type(ValueId::from(n)).shape == graph.value_type(x).shape;
     (float && max_axis.is_none_or(|a| a == axis)).then_some((Op::Softmax { axis: axis as i64 }, x))
 }
 

@@ -46,7 +46,10 @@ pub fn run(graph: &mut Graph) -> Result<bool> {
 
 /// Whether any value of `graph` is a sequence or an optional.
 pub fn uses_sequences(graph: &Graph) -> bool {
-    graph.nodes().any(|(_, n)| matches!(n.op, Op::Sequence(_) | Op::Optional(_)) || n.outputs.iter().any(|t| !t.kind.is_tensor()))
+    graph.nodes().any(|(_, n)| {
+        matches!(n.op, Op::Sequence(_) | Op::Optional(_))
+            || n.outputs.iter().any(|t| !t.kind.is_tensor())
+    })
 }
 
 /// What is known of a sequence or optional value: a sequence's elements, or an optional's
@@ -69,7 +72,9 @@ fn index(node: &str, p: i64, len: usize, insert: bool) -> Result<usize> {
     let n = len as i64;
     let hi = if insert { n } else { n - 1 };
     if p < -n || p > hi {
-        return Err(CompileError::Usage(format!("node `{node}`: position {p} is outside a sequence of {len}")));
+        return Err(CompileError::Usage(format!(
+            "node `{node}`: position {p} is outside a sequence of {len}"
+        )));
     }
     Ok(if p < 0 { p + n } else { p } as usize)
 }
@@ -82,7 +87,9 @@ fn resolve_once(graph: &mut Graph) -> Result<bool> {
         let Some(node) = graph.try_node(id).cloned() else { continue };
         let operands = graph.operands(id);
         let out = ValueId::from(id);
-        let list = |known: &Known, i: usize| operands.get(i).copied().flatten().and_then(|v| known.lists.get(&v).cloned());
+        let list = |known: &Known, i: usize| {
+            operands.get(i).copied().flatten().and_then(|v| known.lists.get(&v).cloned())
+        };
         match &node.op {
             Op::Sequence(s) => match s {
                 SequenceOp::Empty { .. } => {
@@ -92,13 +99,22 @@ fn resolve_once(graph: &mut Graph) -> Result<bool> {
                     known.lists.insert(out, operands.iter().copied().flatten().collect());
                 }
                 SequenceOp::Insert | SequenceOp::Erase => {
-                    let (Some(mut items), Some(pos)) =
-                        (list(&known, 0), constant_position(graph, operands.get(s.position_operand().unwrap_or(0)).copied().flatten()))
-                    else {
+                    let (Some(mut items), Some(pos)) = (
+                        list(&known, 0),
+                        constant_position(
+                            graph,
+                            operands.get(s.position_operand().unwrap_or(0)).copied().flatten(),
+                        ),
+                    ) else {
                         continue;
                     };
                     if matches!(s, SequenceOp::Insert) {
-                        let x = operands[1].ok_or_else(|| CompileError::Internal(format!("node `{}`: SequenceInsert without a value", node.name)))?;
+                        let x = operands[1].ok_or_else(|| {
+                            CompileError::Internal(format!(
+                                "node `{}`: SequenceInsert without a value",
+                                node.name
+                            ))
+                        })?;
                         let at = match pos {
                             Some(p) => index(&node.name, p, items.len(), true)?,
                             None => items.len(),
@@ -106,7 +122,10 @@ fn resolve_once(graph: &mut Graph) -> Result<bool> {
                         items.insert(at, x);
                     } else {
                         if items.is_empty() {
-                            return Err(CompileError::Usage(format!("node `{}`: erasing from an empty sequence", node.name)));
+                            return Err(CompileError::Usage(format!(
+                                "node `{}`: erasing from an empty sequence",
+                                node.name
+                            )));
                         }
                         let at = match pos {
                             Some(p) => index(&node.name, p, items.len(), false)?,
@@ -120,7 +139,10 @@ fn resolve_once(graph: &mut Graph) -> Result<bool> {
                     changed = true;
                 }
                 SequenceOp::At => {
-                    let (Some(items), Some(Some(p))) = (list(&known, 0), constant_position(graph, operands.get(1).copied().flatten())) else {
+                    let (Some(items), Some(Some(p))) = (
+                        list(&known, 0),
+                        constant_position(graph, operands.get(1).copied().flatten()),
+                    ) else {
                         continue;
                     };
                     let at = index(&node.name, p, items.len(), false)?;
@@ -129,23 +151,34 @@ fn resolve_once(graph: &mut Graph) -> Result<bool> {
                 }
                 SequenceOp::Length => {
                     let Some(items) = list(&known, 0) else { continue };
-                    let c = graph.add_constant(&graph.unique_name(&format!("{}.len", node.name)), Tensor::scalar(items.len() as i64))?;
+                    let c = graph.add_constant(
+                        &graph.unique_name(&format!("{}.len", node.name)),
+                        Tensor::scalar(items.len() as i64),
+                    )?;
                     graph.replace_uses(out, c)?;
                     changed = true;
                 }
                 SequenceOp::Concat { axis, new_axis } => {
                     let Some(items) = list(&known, 0) else { continue };
                     if items.is_empty() {
-                        return Err(CompileError::Usage(format!("node `{}`: joining an empty sequence", node.name)));
+                        return Err(CompileError::Usage(format!(
+                            "node `{}`: joining an empty sequence",
+                            node.name
+                        )));
                     }
                     let mut parts = items.clone();
                     if *new_axis {
                         let rank = graph.value_type(items[0]).rank() as i64 + 1;
                         let a = if *axis < 0 { axis + rank } else { *axis };
-                        let axes = graph.add_constant(&graph.unique_name(&format!("{}.axes", node.name)), Tensor::vector(&[a]))?;
+                        let axes = graph.add_constant(
+                            &graph.unique_name(&format!("{}.axes", node.name)),
+                            Tensor::vector(&[a]),
+                        )?;
                         for (k, p) in parts.iter_mut().enumerate() {
                             let name = graph.unique_name(&format!("{}.unsqueeze{k}", node.name));
-                            *p = graph.add_node(&name, Op::Unsqueeze, &[Some(*p), Some(axes)])?.into();
+                            *p = graph
+                                .add_node(&name, Op::Unsqueeze, &[Some(*p), Some(axes)])?
+                                .into();
                         }
                     }
                     let name = graph.unique_name(&format!("{}.concat", node.name));
@@ -155,7 +188,9 @@ fn resolve_once(graph: &mut Graph) -> Result<bool> {
                     changed = true;
                 }
                 SequenceOp::Split { axis, keepdims } => {
-                    let Some(items) = split(graph, id, &node.name, *axis, *keepdims)? else { continue };
+                    let Some(items) = split(graph, id, &node.name, *axis, *keepdims)? else {
+                        continue;
+                    };
                     let v = construct(graph, &node.name, node.outputs[0].dtype, &items)?;
                     graph.replace_uses(out, v)?;
                     known.lists.insert(v, items);
@@ -180,18 +215,28 @@ fn resolve_once(graph: &mut Graph) -> Result<bool> {
                     }
                     let Some(len) = len else { continue };
                     if args.iter().any(|a| a.as_ref().err().is_some_and(|l| l.len() != len)) {
-                        return Err(CompileError::Usage(format!("node `{}`: SequenceMap over sequences of different lengths", node.name)));
+                        return Err(CompileError::Usage(format!(
+                            "node `{}`: SequenceMap over sequences of different lengths",
+                            node.name
+                        )));
                     }
-                    let mut results: Vec<Vec<ValueId>> = vec![Vec::with_capacity(len); node.outputs.len()];
+                    let mut results: Vec<Vec<ValueId>> =
+                        vec![Vec::with_capacity(len); node.outputs.len()];
                     for i in 0..len {
-                        let inputs: Vec<ValueId> = args.iter().map(|a| a.clone().unwrap_or_else(|l| l[i])).collect();
+                        let inputs: Vec<ValueId> =
+                            args.iter().map(|a| a.clone().unwrap_or_else(|l| l[i])).collect();
                         let outs = graph.inline(&body.0, &inputs, &format!("{}.{i}", node.name))?;
                         for (k, v) in outs.into_iter().enumerate().take(results.len()) {
                             results[k].push(v);
                         }
                     }
                     for (k, items) in results.into_iter().enumerate() {
-                        let v = construct(graph, &format!("{}.{k}", node.name), node.outputs[k].dtype, &items)?;
+                        let v = construct(
+                            graph,
+                            &format!("{}.{k}", node.name),
+                            node.outputs[k].dtype,
+                            &items,
+                        )?;
                         graph.replace_uses(ValueId::new(id, k), v)?;
                     }
                     changed = true;
@@ -210,7 +255,10 @@ fn resolve_once(graph: &mut Graph) -> Result<bool> {
                         },
                     };
                     let Some(has) = has else { continue };
-                    let c = graph.add_constant(&graph.unique_name(&format!("{}.has", node.name)), Tensor::scalar(has))?;
+                    let c = graph.add_constant(
+                        &graph.unique_name(&format!("{}.has", node.name)),
+                        Tensor::scalar(has),
+                    )?;
                     graph.replace_uses(out, c)?;
                     changed = true;
                 }
@@ -219,7 +267,12 @@ fn resolve_once(graph: &mut Graph) -> Result<bool> {
                     let held = match graph.value_type(v).kind {
                         Kind::Optional { .. } => match known.optionals.get(&v) {
                             None => continue,
-                            Some(None) => return Err(CompileError::Usage(format!("node `{}`: the optional is empty", node.name))),
+                            Some(None) => {
+                                return Err(CompileError::Usage(format!(
+                                    "node `{}`: the optional is empty",
+                                    node.name
+                                )))
+                            }
                             Some(Some(h)) => *h,
                         },
                         _ => v,
@@ -243,14 +296,24 @@ fn resolve_once(graph: &mut Graph) -> Result<bool> {
 /// A `SequenceConstruct` of `items` (a `SequenceEmpty` when there are none).
 fn construct(graph: &mut Graph, base: &str, dtype: DType, items: &[ValueId]) -> Result<ValueId> {
     let name = graph.unique_name(&format!("{base}.list"));
-    let op = if items.is_empty() { Op::Sequence(SequenceOp::Empty { dtype }) } else { Op::Sequence(SequenceOp::Construct) };
+    let op = if items.is_empty() {
+        Op::Sequence(SequenceOp::Empty { dtype })
+    } else {
+        Op::Sequence(SequenceOp::Construct)
+    };
     let operands: Vec<Option<ValueId>> = items.iter().copied().map(Some).collect();
     Ok(graph.add_node(&name, op, &operands)?.into())
 }
 
 /// SplitToSequence as a Split (and a Squeeze per piece without `keepdims`), when the operand's
 /// shape and the split are known.
-fn split(graph: &mut Graph, id: NodeId, name: &str, axis: i64, keepdims: bool) -> Result<Option<Vec<ValueId>>> {
+fn split(
+    graph: &mut Graph,
+    id: NodeId,
+    name: &str,
+    axis: i64,
+    keepdims: bool,
+) -> Result<Option<Vec<ValueId>>> {
     let operands = graph.operands(id);
     let Some(x) = operands.first().copied().flatten() else { return Ok(None) };
     let Some(dims) = graph.value_type(x).shape.as_fixed() else { return Ok(None) };
@@ -266,8 +329,9 @@ fn split(graph: &mut Graph, id: NodeId, name: &str, axis: i64, keepdims: bool) -
     let lengths: Vec<i64> = match &given {
         None => vec![1; d],
         Some((0, v)) => {
-            let n =
-                v.first().copied().filter(|&n| n > 0).ok_or_else(|| CompileError::Usage(format!("node `{name}`: a split length of {v:?}")))? as usize;
+            let n = v.first().copied().filter(|&n| n > 0).ok_or_else(|| {
+                CompileError::Usage(format!("node `{name}`: a split length of {v:?}"))
+            })? as usize;
             (0..d.div_ceil(n)).map(|i| n.min(d - i * n) as i64).collect()
         }
         Some((_, v)) => v.clone(),
@@ -275,13 +339,21 @@ fn split(graph: &mut Graph, id: NodeId, name: &str, axis: i64, keepdims: bool) -
     if lengths.is_empty() {
         return Ok(Some(Vec::new()));
     }
-    let sizes = graph.add_constant(&graph.unique_name(&format!("{name}.sizes")), Tensor::vector(&lengths))?;
+    let sizes = graph
+        .add_constant(&graph.unique_name(&format!("{name}.sizes")), Tensor::vector(&lengths))?;
     let split_name = graph.unique_name(&format!("{name}.split"));
-    let pieces =
-        graph.add_node_with_outputs(&split_name, Op::Split { axis: a as i64, num_outputs: lengths.len() }, &[Some(x), Some(sizes)], lengths.len())?;
+    let pieces = graph.add_node_with_outputs(
+        &split_name,
+        Op::Split { axis: a as i64, num_outputs: lengths.len() },
+        &[Some(x), Some(sizes)],
+        lengths.len(),
+    )?;
     let mut items: Vec<ValueId> = (0..lengths.len()).map(|k| ValueId::new(pieces, k)).collect();
     if given.is_none() && !keepdims {
-        let axes = graph.add_constant(&graph.unique_name(&format!("{name}.axes")), Tensor::vector(&[a as i64]))?;
+        let axes = graph.add_constant(
+            &graph.unique_name(&format!("{name}.axes")),
+            Tensor::vector(&[a as i64]),
+        )?;
         for (k, v) in items.iter_mut().enumerate() {
             let n = graph.unique_name(&format!("{name}.squeeze{k}"));
             *v = graph.add_node(&n, Op::Squeeze, &[Some(*v), Some(axes)])?.into();
@@ -298,11 +370,19 @@ fn inline_decided_ifs(graph: &mut Graph) -> Result<bool> {
         let Some(node) = graph.try_node(id).cloned() else { continue };
         let Op::If { then_branch, else_branch } = &node.op else { continue };
         let operands = graph.operands(id);
-        let Some(cond) = operands.first().copied().flatten().and_then(|c| graph.constant_value(c)).and_then(|t| t.to_f64s().first().copied()) else {
+        let Some(cond) = operands
+            .first()
+            .copied()
+            .flatten()
+            .and_then(|c| graph.constant_value(c))
+            .and_then(|t| t.to_f64s().first().copied())
+        else {
             continue;
         };
         let branch = if cond != 0.0 { then_branch } else { else_branch };
-        let Some(captured) = operands[1..].iter().copied().collect::<Option<Vec<ValueId>>>() else { continue };
+        let Some(captured) = operands[1..].iter().copied().collect::<Option<Vec<ValueId>>>() else {
+            continue;
+        };
         let results = graph.inline(&branch.0, &captured, &node.name)?;
         for (k, v) in results.into_iter().enumerate() {
             graph.replace_uses(ValueId::new(id, k), v)?;
@@ -342,7 +422,9 @@ fn flatten_outputs(graph: &mut Graph) -> Result<bool> {
     let items_of = |graph: &Graph, v: ValueId| -> Option<Vec<ValueId>> {
         let node = graph.node(v.node);
         match node.op {
-            Op::Sequence(SequenceOp::Construct) => Some(graph.operands(v.node).into_iter().flatten().collect()),
+            Op::Sequence(SequenceOp::Construct) => {
+                Some(graph.operands(v.node).into_iter().flatten().collect())
+            }
             Op::Sequence(SequenceOp::Empty { .. }) => Some(Vec::new()),
             _ => None,
         }
@@ -382,7 +464,8 @@ fn flatten_outputs(graph: &mut Graph) -> Result<bool> {
         let names = flat_outputs(name, kind, holds.unwrap_or(true), items.len());
         let mut names = names.into_iter();
         if let Some(has) = holds {
-            let c = graph.add_constant(&graph.unique_name(&format!("{name}.has")), Tensor::scalar(has))?;
+            let c = graph
+                .add_constant(&graph.unique_name(&format!("{name}.has")), Tensor::scalar(has))?;
             flat.push((names.next().expect("an optional has its flag"), c));
         }
         flat.extend(names.zip(items));
@@ -396,7 +479,8 @@ fn flatten_outputs(graph: &mut Graph) -> Result<bool> {
 pub fn check_resolved(graph: &Graph) -> Result<()> {
     for id in graph.topo_order()? {
         let node = graph.node(id);
-        let left = matches!(node.op, Op::Sequence(_) | Op::Optional(_)) || node.outputs.iter().any(|t| !t.kind.is_tensor());
+        let left = matches!(node.op, Op::Sequence(_) | Op::Optional(_))
+            || node.outputs.iter().any(|t| !t.kind.is_tensor());
         if left && matches!(node.op, Op::Input) {
             return Err(CompileError::RuntimeSequence {
                 node: node.name.clone(),

@@ -25,9 +25,16 @@ pub fn run(graph: &mut Graph) -> Result<bool> {
                 changed = true;
             }
             (Op::If { then_branch, else_branch }, Some(c)) if graph.constant_value(c).is_some() => {
-                let taken = graph.constant_value(c).and_then(|t| t.to_f64s().first().copied()).is_some_and(|b| b != 0.0);
+                let taken = graph
+                    .constant_value(c)
+                    .and_then(|t| t.to_f64s().first().copied())
+                    .is_some_and(|b| b != 0.0);
                 let branch = if taken { then_branch } else { else_branch };
-                let Some(captured) = operands[1..].iter().copied().collect::<Option<Vec<ValueId>>>() else { continue };
+                let Some(captured) =
+                    operands[1..].iter().copied().collect::<Option<Vec<ValueId>>>()
+                else {
+                    continue;
+                };
                 let results = graph.inline(&branch.0, &captured, &node.name)?;
                 for (k, v) in results.into_iter().enumerate() {
                     graph.replace_uses(ValueId::new(id, k), v)?;
@@ -43,9 +50,16 @@ pub fn run(graph: &mut Graph) -> Result<bool> {
                     let source = graph.operands(x.node)[0].expect("views have an operand");
                     if graph.value_type(source).shape.is_fixed() {
                         let shape: Vec<i64> = dims.iter().map(|&d| d as i64).collect();
-                        let s = graph.add_constant(&graph.unique_name(&format!("{}.shape", node.name)), kiln_ir::Tensor::vector(&shape))?;
+                        let s = graph.add_constant(
+                            &graph.unique_name(&format!("{}.shape", node.name)),
+                            kiln_ir::Tensor::vector(&shape),
+                        )?;
                         let name = graph.unique_name(&format!("{}.merged", node.name));
-                        let merged = graph.add_node(&name, Op::Reshape { allowzero: true }, &[Some(source), Some(s)])?;
+                        let merged = graph.add_node(
+                            &name,
+                            Op::Reshape { allowzero: true },
+                            &[Some(source), Some(s)],
+                        )?;
                         graph.replace_uses(ValueId::from(id), merged.into())?;
                         changed = true;
                     }
@@ -59,14 +73,17 @@ pub fn run(graph: &mut Graph) -> Result<bool> {
                     changed = true;
                 } else if let Op::Transpose { perm: inner } = &graph.node(x.node).op {
                     // transpose(transpose(x, p), q) = transpose(x, p∘q).
-                    let inner = if inner.is_empty() { (0..rank).rev().collect() } else { inner.clone() };
+                    let inner =
+                        if inner.is_empty() { (0..rank).rev().collect() } else { inner.clone() };
                     let composed: Vec<usize> = perm.iter().map(|&q| inner[q]).collect();
                     let source = graph.operands(x.node)[0].expect("transposes have an operand");
                     let name = graph.unique_name(&format!("{}.merged", node.name));
                     let merged = if composed.iter().enumerate().all(|(i, &p)| i == p) {
                         source
                     } else {
-                        graph.add_node(&name, Op::Transpose { perm: composed }, &[Some(source)])?.into()
+                        graph
+                            .add_node(&name, Op::Transpose { perm: composed }, &[Some(source)])?
+                            .into()
                     };
                     graph.replace_uses(ValueId::from(id), merged)?;
                     changed = true;

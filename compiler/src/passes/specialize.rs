@@ -12,7 +12,10 @@ use crate::{CompileError, Result};
 pub fn specialize(graph: &mut Graph, shapes: &HashMap<String, Vec<usize>>) -> Result<()> {
     let names: Vec<String> = graph.inputs().iter().map(|&id| graph.node(id).name.clone()).collect();
     if let Some(unknown) = shapes.keys().find(|k| !names.contains(k)) {
-        return Err(CompileError::Usage(format!("--input-shape names `{unknown}`, but the model's inputs are: {}", names.join(", "))));
+        return Err(CompileError::Usage(format!(
+            "--input-shape names `{unknown}`, but the model's inputs are: {}",
+            names.join(", ")
+        )));
     }
     let mut bound: HashMap<String, usize> = HashMap::new();
     for (i, name) in names.iter().enumerate() {
@@ -50,8 +53,17 @@ pub fn specialize(graph: &mut Graph, shapes: &HashMap<String, Vec<usize>>) -> Re
     Ok(())
 }
 
-fn check_shape(name: &str, declared: &TensorType, dims: &[usize], bound: &mut HashMap<String, usize>) -> Result<()> {
-    let bad = || CompileError::Usage(format!("input `{name}` is {declared}, which the shape {dims:?} does not fit"));
+fn check_shape(
+    name: &str,
+    declared: &TensorType,
+    dims: &[usize],
+    bound: &mut HashMap<String, usize>,
+) -> Result<()> {
+    let bad = || {
+        CompileError::Usage(format!(
+            "input `{name}` is {declared}, which the shape {dims:?} does not fit"
+        ))
+    };
     if dims.len() != declared.rank() {
         return Err(bad());
     }
@@ -61,7 +73,9 @@ fn check_shape(name: &str, declared: &TensorType, dims: &[usize], bound: &mut Ha
             Dim::Sym(s) => {
                 if let Some(&prev) = bound.get(&**s) {
                     if prev != n {
-                        return Err(CompileError::Usage(format!("`{s}` is {prev} in an earlier input but {n} in `{name}`")));
+                        return Err(CompileError::Usage(format!(
+                            "`{s}` is {prev} in an earlier input but {n} in `{name}`"
+                        )));
                     }
                 }
                 bound.insert(s.to_string(), n);
@@ -82,7 +96,9 @@ pub fn shape_inputs(graph: &Graph) -> Vec<usize> {
         // Sequences and optionals are resolved when compiling: whatever decides their content
         // (a position, a split, a branch or a loop that gives one) must be known.
         let gives_sequence = node.outputs.iter().any(|t| !t.kind.is_tensor());
-        if matches!(node.op, Op::If { .. }) && node.outputs.iter().any(|t| !t.shape.is_fixed() || !t.kind.is_tensor()) {
+        if matches!(node.op, Op::If { .. })
+            && node.outputs.iter().any(|t| !t.shape.is_fixed() || !t.kind.is_tensor())
+        {
             seeds.extend(operands.first().copied().flatten());
         }
         // A Loop's step count sizes its stacked results: its trip count and first condition.
@@ -122,11 +138,16 @@ pub fn has_dynamic_shapes(graph: &Graph) -> bool {
 /// Turns the named inputs into constants with the given values (they leave the interface).
 pub fn bind_values(graph: &mut Graph, values: &[(String, Tensor)]) -> Result<()> {
     for (name, value) in values {
-        let Some(i) = graph.inputs().iter().position(|&id| &graph.node(id).name == name) else { continue };
+        let Some(i) = graph.inputs().iter().position(|&id| &graph.node(id).name == name) else {
+            continue;
+        };
         let id = graph.inputs()[i];
         let declared = graph.node(id).outputs[0].clone();
         if declared.dtype != value.dtype() || declared.rank() != value.rank() {
-            return Err(CompileError::Usage(format!("input `{name}` is {declared}, got {}", value.ty())));
+            return Err(CompileError::Usage(format!(
+                "input `{name}` is {declared}, got {}",
+                value.ty()
+            )));
         }
         let c = graph.add_constant(&graph.unique_name(&format!("{name}.value")), value.clone())?;
         graph.replace_uses(id.into(), c)?;

@@ -19,7 +19,13 @@ pub fn run(graph: &mut Graph) -> Result<bool> {
         let Op::Loop(l) = &node.op else { continue };
         let operands = graph.operands(id);
         let c = l.captures;
-        let value = |i: usize| operands.get(i).copied().flatten().map(|v| graph.constant_value(v).and_then(|t| t.to_f64s().first().copied()));
+        let value = |i: usize| {
+            operands
+                .get(i)
+                .copied()
+                .flatten()
+                .map(|v| graph.constant_value(v).and_then(|t| t.to_f64s().first().copied()))
+        };
         // A trip count that is a constant, and a condition absent or a constant true.
         let Some(Some(trip)) = value(c) else { continue };
         let starts = match value(c + 1) {
@@ -35,15 +41,20 @@ pub fn run(graph: &mut Graph) -> Result<bool> {
             continue;
         }
         let states = l.states(operands.len());
-        let stacked_types: Vec<_> = body.outputs()[1 + states..].iter().map(|(_, v)| body.value_type(*v).clone()).collect();
+        let stacked_types: Vec<_> =
+            body.outputs()[1 + states..].iter().map(|(_, v)| body.value_type(*v).clone()).collect();
         // A loop of no step stacks nothing: each stacked result is empty, which needs the slice's
         // static shape.
         if steps == 0 && stacked_types.iter().any(|t| !t.shape.is_fixed()) {
             continue;
         }
-        let declared = |i: usize| body.node(body.inputs()[i]).outputs[0].shape.as_fixed().unwrap_or_default();
+        let declared =
+            |i: usize| body.node(body.inputs()[i]).outputs[0].shape.as_fixed().unwrap_or_default();
         let (step_dims, cond_dims) = (declared(c), declared(c + 1));
-        let always = graph.add_constant(&graph.unique_name(&format!("{}.cond", node.name)), Tensor::from_f64s(DType::Bool, &cond_dims, &[1.0])?)?;
+        let always = graph.add_constant(
+            &graph.unique_name(&format!("{}.cond", node.name)),
+            Tensor::from_f64s(DType::Bool, &cond_dims, &[1.0])?,
+        )?;
         // The captured values, the condition (true at every step), a slot for the step number
         // and the state.
         let mut args: Vec<ValueId> = Vec::with_capacity(operands.len().max(c + 2));
@@ -51,13 +62,20 @@ pub fn run(graph: &mut Graph) -> Result<bool> {
             args.push(match operands.get(i).copied().flatten() {
                 _ if i == c || i == c + 1 => always,
                 Some(v) => v,
-                None => return Err(crate::CompileError::Internal(format!("Loop `{}`: operand {i} is missing", node.name))),
+                None => {
+                    return Err(crate::CompileError::Internal(format!(
+                        "Loop `{}`: operand {i} is missing",
+                        node.name
+                    )))
+                }
             });
         }
         let mut slices: Vec<Vec<ValueId>> = vec![Vec::with_capacity(steps); stacked_types.len()];
         for step in 0..steps {
-            let n = graph
-                .add_constant(&graph.unique_name(&format!("{}.step{step}", node.name)), Tensor::from_f64s(DType::I64, &step_dims, &[step as f64])?)?;
+            let n = graph.add_constant(
+                &graph.unique_name(&format!("{}.step{step}", node.name)),
+                Tensor::from_f64s(DType::I64, &step_dims, &[step as f64])?,
+            )?;
             args[c] = n;
             let outs = graph.inline(body, &args, &format!("{}.step{step}", node.name))?;
             args.splice(c + 2.., outs[1..=states].iter().copied());
@@ -73,12 +91,21 @@ pub fn run(graph: &mut Graph) -> Result<bool> {
                 dims.extend(ty.shape.as_fixed().unwrap_or_default());
                 graph.add_constant(&name, Tensor::zeros(ty.dtype, &dims))?
             } else {
-                let axes = graph.add_constant(&graph.unique_name(&format!("{name}.axes")), Tensor::vector(&[0i64]))?;
+                let axes = graph.add_constant(
+                    &graph.unique_name(&format!("{name}.axes")),
+                    Tensor::vector(&[0i64]),
+                )?;
                 let rows: Vec<Option<ValueId>> = parts
                     .iter()
                     .enumerate()
                     .map(|(i, &p)| {
-                        graph.add_node(&graph.unique_name(&format!("{name}.row{i}")), Op::Unsqueeze, &[Some(p), Some(axes)]).map(|n| Some(n.into()))
+                        graph
+                            .add_node(
+                                &graph.unique_name(&format!("{name}.row{i}")),
+                                Op::Unsqueeze,
+                                &[Some(p), Some(axes)],
+                            )
+                            .map(|n| Some(n.into()))
                     })
                     .collect::<std::result::Result<_, _>>()?;
                 graph.add_node(&name, Op::Concat { axis: 0 }, &rows)?.into()

@@ -12,7 +12,9 @@ use std::path::PathBuf;
 use inkwell::context::Context as LlvmContext;
 use inkwell::module::Module as LlvmModule;
 use inkwell::passes::PassBuilderOptions;
-use inkwell::targets::{CodeModel, FileType, InitializationConfig, RelocMode, Target, TargetMachine};
+use inkwell::targets::{
+    CodeModel, FileType, InitializationConfig, RelocMode, Target, TargetMachine,
+};
 use inkwell::OptimizationLevel;
 use melior::ir::operation::{OperationLike, OperationRef};
 use melior::ir::{BlockLike, Module, RegionLike};
@@ -61,7 +63,13 @@ impl Backend for CpuBackend {
         Ok(text)
     }
 
-    fn compile(&self, graph: &Graph, kernels: &[Kernel], mut texts: Option<&mut Stages>, progress: &dyn Fn(usize)) -> Result<TargetCode> {
+    fn compile(
+        &self,
+        graph: &Graph,
+        kernels: &[Kernel],
+        mut texts: Option<&mut Stages>,
+        progress: &dyn Fn(usize),
+    ) -> Result<TargetCode> {
         let mlir = MlirContext::new();
         let llvm = LlvmContext::create();
         let main = llvm.create_module("kiln");
@@ -74,34 +82,49 @@ impl Backend for CpuBackend {
         let mut runs = Vec::with_capacity(kernels.len());
         let mut functions = Vec::with_capacity(kernels.len());
         for (i, (k, micro)) in kernels.iter().zip(&plans).enumerate() {
-            let (module, workgroups, mlir_text, schedule_text, constants, constant_slots) = match micro {
-                Some(u) => {
-                    uses_ukernel = true;
-                    let (module, text, described) = lower_ukernel(&mlir, graph, k, u)?;
-                    let packed = ukernel::pack(graph, k, u).map_err(|e| CompileError::in_kernel(k, "pack", e.to_string()))?;
-                    // (A pooling kernel has no constant of its own.)
-                    let (constants, slots) =
-                        if packed.is_empty() { (Vec::new(), Vec::new()) } else { (vec![packed], ukernel::replaced_inputs(graph, k, u)) };
-                    (module, u.workgroups(), text, described, constants, slots)
-                }
-                None => {
-                    let (module, workgroups, text, described) = lower_linalg(&mlir, graph, k)?;
-                    (module, workgroups, text, described, Vec::new(), Vec::new())
-                }
-            };
+            let (module, workgroups, mlir_text, schedule_text, constants, constant_slots) =
+                match micro {
+                    Some(u) => {
+                        uses_ukernel = true;
+                        let (module, text, described) = lower_ukernel(&mlir, graph, k, u)?;
+                        let packed = ukernel::pack(graph, k, u)
+                            .map_err(|e| CompileError::in_kernel(k, "pack", e.to_string()))?;
+                        // (A pooling kernel has no constant of its own.)
+                        let (constants, slots) = if packed.is_empty() {
+                            (Vec::new(), Vec::new())
+                        } else {
+                            (vec![packed], ukernel::replaced_inputs(graph, k, u))
+                        };
+                        (module, u.workgroups(), text, described, constants, slots)
+                    }
+                    None => {
+                        let (module, workgroups, text, described) = lower_linalg(&mlir, graph, k)?;
+                        (module, workgroups, text, described, Vec::new(), Vec::new())
+                    }
+                };
             if let Some(t) = texts.as_deref_mut() {
                 t.push(Stage::Schedule, &schedule_text);
                 t.push(Stage::Mlir, &mlir_text);
                 t.push(Stage::Lowered, &module.as_operation().to_string());
             }
             // SAFETY: the LLVM context is inkwell's, from the same statically linked LLVM as MLIR's.
-            let raw = unsafe { mlir_sys::mlirTranslateModuleToLLVMIR(module.as_operation().to_raw(), llvm.raw() as mlir_sys::LLVMContextRef) };
+            let raw = unsafe {
+                mlir_sys::mlirTranslateModuleToLLVMIR(
+                    module.as_operation().to_raw(),
+                    llvm.raw() as mlir_sys::LLVMContextRef,
+                )
+            };
             if raw.is_null() {
-                return Err(CompileError::in_kernel(k, "llvm", format!("translation to LLVM IR failed: {}", mlir.take_diagnostics())));
+                return Err(CompileError::in_kernel(
+                    k,
+                    "llvm",
+                    format!("translation to LLVM IR failed: {}", mlir.take_diagnostics()),
+                ));
             }
             // SAFETY: a module the translation just created in `llvm`, owned by us from here on.
             let m = unsafe { LlvmModule::new(raw as inkwell::llvm_sys::prelude::LLVMModuleRef) };
-            main.link_in_module(m).map_err(|e| CompileError::in_kernel(k, "llvm", format!("linking: {e}")))?;
+            main.link_in_module(m)
+                .map_err(|e| CompileError::in_kernel(k, "llvm", format!("linking: {e}")))?;
             // One function per kernel, called once on its buffers; a kernel's own constants
             // (packed weights) take the slots of the values they replace.
             let mut run = KernelRun::single(i, k.inputs.len() + k.outputs.len());
@@ -110,7 +133,13 @@ impl Backend for CpuBackend {
             }
             run.constants = constants;
             runs.push(run);
-            functions.push(KernelDesc { symbol: k.name.clone(), workgroups, label: k.label.clone(), grid: [0; 3], block: [0; 3] });
+            functions.push(KernelDesc {
+                symbol: k.name.clone(),
+                workgroups,
+                label: k.label.clone(),
+                grid: [0; 3],
+                block: [0; 3],
+            });
             progress(runs.len());
         }
         add_wrappers(&llvm, &main, kernels, graph)?;
@@ -122,22 +151,35 @@ impl Backend for CpuBackend {
             .map_err(|e| CompileError::Internal(format!("LLVM optimisation failed: {e}")))?;
         if let Some(t) = texts {
             t.set(Stage::Llvm, main.print_to_string().to_string());
-            let asm = tm
-                .write_to_memory_buffer(&main, FileType::Assembly)
-                .map_err(|e| CompileError::Internal(format!("LLVM assembly emission failed: {e}")))?;
+            let asm = tm.write_to_memory_buffer(&main, FileType::Assembly).map_err(|e| {
+                CompileError::Internal(format!("LLVM assembly emission failed: {e}"))
+            })?;
             t.set(Stage::Asm, String::from_utf8_lossy(asm.as_slice()).into_owned());
         }
-        let object =
-            tm.write_to_memory_buffer(&main, FileType::Object).map_err(|e| CompileError::Internal(format!("LLVM object emission failed: {e}")))?;
+        let object = tm
+            .write_to_memory_buffer(&main, FileType::Object)
+            .map_err(|e| CompileError::Internal(format!("LLVM object emission failed: {e}")))?;
         let blob = link_shared(object.as_slice(), uses_ukernel.then_some(host.level))?;
-        Ok(TargetCode { target: ArtifactTarget::Cpu, blob, target_detail: detail, cpu_features, functions, runs })
+        Ok(TargetCode {
+            target: ArtifactTarget::Cpu,
+            blob,
+            target_detail: detail,
+            cpu_features,
+            functions,
+            runs,
+        })
     }
 }
 
 impl CpuBackend {
     /// Each kernel's microkernel plan (None: linalg and a schedule), with the layouts between
     /// them applied, and the layout decision as printed.
-    fn plan(&self, graph: &Graph, kernels: &[Kernel], host: &ukernel::Host) -> Result<(Vec<Option<ukernel::Ukernel>>, String)> {
+    fn plan(
+        &self,
+        graph: &Graph,
+        kernels: &[Kernel],
+        host: &ukernel::Host,
+    ) -> Result<(Vec<Option<ukernel::Ukernel>>, String)> {
         let mut plans = Vec::with_capacity(kernels.len());
         for k in kernels {
             let choice = self.microkernel.or_else(|| {
@@ -149,7 +191,9 @@ impl CpuBackend {
             });
             // A recurrent layer or attention kept whole (passes/decompose.rs asked
             // `ukernel::runs_whole`) has no linalg lowering: it takes its kernel whatever the choice.
-            let whole = k.nodes.first().is_some_and(|&n| matches!(graph.node(n).op, kiln_ir::Op::Rnn(_) | kiln_ir::Op::Attention(_)));
+            let whole = k.nodes.first().is_some_and(|&n| {
+                matches!(graph.node(n).op, kiln_ir::Op::Rnn(_) | kiln_ir::Op::Attention(_))
+            });
             plans.push(if whole {
                 Some(ukernel::plan(graph, k, host, true).ok_or_else(|| {
                     CompileError::in_kernel(k, "plan", "the node was kept whole for the CPU's kernel of its own, which cannot take it")
@@ -167,7 +211,12 @@ impl CpuBackend {
 }
 
 /// A kernel's module as codegen builds it (a microkernel call, or linalg ops), verified.
-fn build<'c>(mlir: &'c MlirContext, graph: &Graph, k: &Kernel, micro: Option<&ukernel::Ukernel>) -> Result<Module<'c>> {
+fn build<'c>(
+    mlir: &'c MlirContext,
+    graph: &Graph,
+    k: &Kernel,
+    micro: Option<&ukernel::Ukernel>,
+) -> Result<Module<'c>> {
     let built = match micro {
         Some(u) => ukernel::build(&mlir.ctx, graph, k, u),
         None => codegen::build_kernel(&mlir.ctx, graph, k),
@@ -178,27 +227,47 @@ fn build<'c>(mlir: &'c MlirContext, graph: &Graph, k: &Kernel, micro: Option<&uk
 /// The host's target machine (its CPU name and real features: AVX-512 where present), a line
 /// describing it, and the vector features the code may use.
 fn host_machine() -> Result<(TargetMachine, String, Vec<String>)> {
-    Target::initialize_native(&InitializationConfig::default()).map_err(|e| CompileError::Internal(format!("LLVM native target: {e}")))?;
+    Target::initialize_native(&InitializationConfig::default())
+        .map_err(|e| CompileError::Internal(format!("LLVM native target: {e}")))?;
     let triple = TargetMachine::get_default_triple();
-    let target = Target::from_triple(&triple).map_err(|e| CompileError::Internal(format!("LLVM target for {triple}: {e}")))?;
+    let target = Target::from_triple(&triple)
+        .map_err(|e| CompileError::Internal(format!("LLVM target for {triple}: {e}")))?;
     let cpu = TargetMachine::get_host_cpu_name().to_string();
     let features = TargetMachine::get_host_cpu_features().to_string();
     let tm = target
-        .create_target_machine(&triple, &cpu, &features, OptimizationLevel::Aggressive, RelocMode::PIC, CodeModel::Default)
-        .ok_or_else(|| CompileError::Internal(format!("LLVM cannot make a target machine for {triple} {cpu}")))?;
+        .create_target_machine(
+            &triple,
+            &cpu,
+            &features,
+            OptimizationLevel::Aggressive,
+            RelocMode::PIC,
+            CodeModel::Default,
+        )
+        .ok_or_else(|| {
+            CompileError::Internal(format!("LLVM cannot make a target machine for {triple} {cpu}"))
+        })?;
     let mut wide: Vec<String> = features
         .split(',')
-        .filter(|f| f.starts_with('+') && (f.contains("avx") || f.contains("fma") || f.contains("sse4")))
+        .filter(|f| {
+            f.starts_with('+') && (f.contains("avx") || f.contains("fma") || f.contains("sse4"))
+        })
         .map(|f| f[1..].to_string())
         .collect();
     wide.sort();
-    let widest = ["avx512f", "avx2", "avx", "sse4.2"].into_iter().find(|f| wide.iter().any(|w| w == f)).unwrap_or("sse2");
+    let widest = ["avx512f", "avx2", "avx", "sse4.2"]
+        .into_iter()
+        .find(|f| wide.iter().any(|w| w == f))
+        .unwrap_or("sse2");
     Ok((tm, format!("{} {cpu} ({widest})", triple.as_str().to_string_lossy()), wide))
 }
 
 /// Builds, distributes and lowers one kernel; returns the lowered module, its workgroup count,
 /// the text of its MLIR before the pipeline and its schedule as printed.
-fn lower_linalg<'c>(mlir: &'c MlirContext, graph: &Graph, k: &Kernel) -> Result<(Module<'c>, u64, String, String)> {
+fn lower_linalg<'c>(
+    mlir: &'c MlirContext,
+    graph: &Graph,
+    k: &Kernel,
+) -> Result<(Module<'c>, u64, String, String)> {
     let mut module = build(mlir, graph, k, None)?;
     let text = module.as_operation().to_string();
     let debug = std::env::var_os("KILN_DEBUG_SCHEDULE").is_some();
@@ -211,8 +280,14 @@ fn lower_linalg<'c>(mlir: &'c MlirContext, graph: &Graph, k: &Kernel) -> Result<
     for (vectorize, distribute) in [(true, true), (true, false), (false, true)] {
         let Some(func) = kernel_func(&module) else { break };
         let kernel_ops = linalg::read_kernel(RawOp(func.to_raw()));
-        let dims = if k.outputs.len() == 1 { graph.value_type(k.outputs[0]).shape.as_fixed() } else { None };
-        let decided = dims.and_then(|d| schedule::decide(&kernel_ops.ops, &d, kernel_ops.sequential, vectorize, distribute));
+        let dims = if k.outputs.len() == 1 {
+            graph.value_type(k.outputs[0]).shape.as_fixed()
+        } else {
+            None
+        };
+        let decided = dims.and_then(|d| {
+            schedule::decide(&kernel_ops.ops, &d, kernel_ops.sequential, vectorize, distribute)
+        });
         if described.is_none() {
             described = Some(schedule::describe(&k.name, &kernel_ops.ops, decided.as_ref()));
         }
@@ -220,20 +295,26 @@ fn lower_linalg<'c>(mlir: &'c MlirContext, graph: &Graph, k: &Kernel) -> Result<
         if debug {
             eprint!("{}", schedule::describe(&k.name, &kernel_ops.ops, Some(&sch)));
         }
-        let attempt = script::apply(mlir, &mut module, &kernel_ops.ops, &kernel_ops.raw, &sch).and_then(|()| {
-            // A developer's view of a kernel after its schedule (KILN_DEBUG_SCHEDULE=kernel).
-            if std::env::var("KILN_DEBUG_SCHEDULE").is_ok_and(|v| v == k.name) {
-                eprintln!("// kernel {} scheduled ({} workgroups)\n{}", k.name, sch.workgroups(), module.as_operation());
-            }
-            if let Some(f) = kernel_func(&module) {
-                math::expand(&mlir.ctx, f.to_raw());
-            }
-            mlir.run_pipeline(&mut module, BUFFERIZE)?;
-            if sch.workgroups() > 1 {
-                bind_workgroup_loop(&module)?;
-            }
-            Ok(())
-        });
+        let attempt = script::apply(mlir, &mut module, &kernel_ops.ops, &kernel_ops.raw, &sch)
+            .and_then(|()| {
+                // A developer's view of a kernel after its schedule (KILN_DEBUG_SCHEDULE=kernel).
+                if std::env::var("KILN_DEBUG_SCHEDULE").is_ok_and(|v| v == k.name) {
+                    eprintln!(
+                        "// kernel {} scheduled ({} workgroups)\n{}",
+                        k.name,
+                        sch.workgroups(),
+                        module.as_operation()
+                    );
+                }
+                if let Some(f) = kernel_func(&module) {
+                    math::expand(&mlir.ctx, f.to_raw());
+                }
+                mlir.run_pipeline(&mut module, BUFFERIZE)?;
+                if sch.workgroups() > 1 {
+                    bind_workgroup_loop(&module)?;
+                }
+                Ok(())
+            });
         match attempt {
             Ok(()) => {
                 scheduled = Some(sch.workgroups());
@@ -262,7 +343,8 @@ fn lower_linalg<'c>(mlir: &'c MlirContext, graph: &Graph, k: &Kernel) -> Result<
             if let Some(f) = kernel_func(&module) {
                 math::expand(&mlir.ctx, f.to_raw());
             }
-            mlir.run_pipeline(&mut module, BUFFERIZE).map_err(|e| CompileError::in_kernel(k, "bufferize", e))?;
+            mlir.run_pipeline(&mut module, BUFFERIZE)
+                .map_err(|e| CompileError::in_kernel(k, "bufferize", e))?;
             1
         }
     };
@@ -302,7 +384,12 @@ fn body_ops<'c, 'a>(module: &'a Module<'c>) -> Vec<OperationRef<'c, 'a>> {
 }
 
 /// A microkernel kernel's module, lowered; its MLIR text before lowering and its schedule.
-fn lower_ukernel<'c>(mlir: &'c MlirContext, graph: &Graph, k: &Kernel, u: &ukernel::Ukernel) -> Result<(Module<'c>, String, String)> {
+fn lower_ukernel<'c>(
+    mlir: &'c MlirContext,
+    graph: &Graph,
+    k: &Kernel,
+    u: &ukernel::Ukernel,
+) -> Result<(Module<'c>, String, String)> {
     let mut module = build(mlir, graph, k, Some(u))?;
     let text = module.as_operation().to_string();
     let mut described = format!("kernel {}\n", k.name);
@@ -316,14 +403,23 @@ fn lower_ukernel<'c>(mlir: &'c MlirContext, graph: &Graph, k: &Kernel, u: &ukern
 /// After bufferisation, the workgroup `scf.forall` is an `scf.for` over 0..G at the top of the
 /// function: its bounds become the function's `wg_begin`/`wg_end` arguments.
 fn bind_workgroup_loop(module: &Module) -> Result<(), String> {
-    let loops: Vec<_> = body_ops(module).into_iter().filter(|o| o.name().as_string_ref().as_str() == Ok("scf.for")).collect();
+    let loops: Vec<_> = body_ops(module)
+        .into_iter()
+        .filter(|o| o.name().as_string_ref().as_str() == Ok("scf.for"))
+        .collect();
     let [l] = loops.as_slice() else {
-        return Err(format!("expected one workgroup loop after bufferisation, found {}", loops.len()));
+        return Err(format!(
+            "expected one workgroup loop after bufferisation, found {}",
+            loops.len()
+        ));
     };
     let func = kernel_func(module).ok_or("no function")?;
     let block = func.region(0).map_err(|e| e.to_string())?.first_block().ok_or("no body")?;
     let n = block.argument_count();
-    let (begin, end) = (block.argument(n - 2).map_err(|e| e.to_string())?, block.argument(n - 1).map_err(|e| e.to_string())?);
+    let (begin, end) = (
+        block.argument(n - 2).map_err(|e| e.to_string())?,
+        block.argument(n - 1).map_err(|e| e.to_string())?,
+    );
     // SAFETY: scf.for's operands 0 and 1 are its lower and upper bounds, both `index`, as are
     // the function arguments put there.
     unsafe {
@@ -334,16 +430,23 @@ fn bind_workgroup_loop(module: &Module) -> Result<(), String> {
 }
 
 /// Adds `k(void **args, i64, i64)` for each kernel, calling `k_body` with a descriptor per buffer.
-fn add_wrappers<'l>(llvm: &'l LlvmContext, module: &LlvmModule<'l>, kernels: &[Kernel], graph: &Graph) -> Result<()> {
+fn add_wrappers<'l>(
+    llvm: &'l LlvmContext,
+    module: &LlvmModule<'l>,
+    kernels: &[Kernel],
+    graph: &Graph,
+) -> Result<()> {
     let ptr = llvm.ptr_type(inkwell::AddressSpace::default());
     let i64t = llvm.i64_type();
     let fn_type = llvm.void_type().fn_type(&[ptr.into(), i64t.into(), i64t.into()], false);
     let builder = llvm.create_builder();
     for k in kernels {
-        let internal = |e: inkwell::builder::BuilderError| CompileError::Internal(format!("building the wrapper of {}: {e}", k.name));
-        let body = module
-            .get_function(&format!("{}_body", k.name))
-            .ok_or_else(|| CompileError::Internal(format!("kernel {} has no body function", k.name)))?;
+        let internal = |e: inkwell::builder::BuilderError| {
+            CompileError::Internal(format!("building the wrapper of {}: {e}", k.name))
+        };
+        let body = module.get_function(&format!("{}_body", k.name)).ok_or_else(|| {
+            CompileError::Internal(format!("kernel {} has no body function", k.name))
+        })?;
         let f = module.add_function(&k.name, fn_type, None);
         let entry = llvm.append_basic_block(f, "entry");
         builder.position_at_end(entry);
@@ -351,7 +454,10 @@ fn add_wrappers<'l>(llvm: &'l LlvmContext, module: &LlvmModule<'l>, kernels: &[K
         let mut call_args: Vec<inkwell::values::BasicMetadataValueEnum> = Vec::new();
         for (i, &v) in k.inputs.iter().chain(&k.outputs).enumerate() {
             // SAFETY: args points to an array with one pointer per kernel buffer.
-            let slot = unsafe { builder.build_in_bounds_gep(ptr, args, &[i64t.const_int(i as u64, false)], "slot") }.map_err(internal)?;
+            let slot = unsafe {
+                builder.build_in_bounds_gep(ptr, args, &[i64t.const_int(i as u64, false)], "slot")
+            }
+            .map_err(internal)?;
             let p = builder.build_load(ptr, slot, "buffer").map_err(internal)?;
             let dims = graph.value_type(v).shape.as_fixed().expect("static after specialisation");
             let mut strides = vec![1u64; dims.len()];
@@ -362,8 +468,14 @@ fn add_wrappers<'l>(llvm: &'l LlvmContext, module: &LlvmModule<'l>, kernels: &[K
             call_args.push(p.into());
             call_args.push(p.into());
             call_args.push(i64t.const_zero().into());
-            call_args.extend(dims.iter().map(|&d| inkwell::values::BasicMetadataValueEnum::from(i64t.const_int(d as u64, false))));
-            call_args.extend(strides.iter().map(|&s| inkwell::values::BasicMetadataValueEnum::from(i64t.const_int(s, false))));
+            call_args.extend(dims.iter().map(|&d| {
+                inkwell::values::BasicMetadataValueEnum::from(i64t.const_int(d as u64, false))
+            }));
+            call_args.extend(
+                strides.iter().map(|&s| {
+                    inkwell::values::BasicMetadataValueEnum::from(i64t.const_int(s, false))
+                }),
+            );
         }
         call_args.push(f.get_nth_param(1).expect("declared").into());
         call_args.push(f.get_nth_param(2).expect("declared").into());
@@ -390,7 +502,8 @@ fn link_shared(object: &[u8], ukernel: Option<ukernel::Level>) -> Result<Vec<u8>
     static COUNTER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let dir: PathBuf = std::env::temp_dir().join(format!("kiln-link-{}-{n}", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(|e| CompileError::Internal(format!("{}: {e}", dir.display())))?;
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| CompileError::Internal(format!("{}: {e}", dir.display())))?;
     let (obj, so, support) = (dir.join("kernels.o"), dir.join("kernels.so"), dir.join("support.c"));
     let result = (|| {
         std::fs::write(&obj, object).map_err(|e| format!("{}: {e}", obj.display()))?;
@@ -400,9 +513,16 @@ fn link_shared(object: &[u8], ukernel: Option<ukernel::Level>) -> Result<Vec<u8>
         if let Some(host) = ukernel {
             cmd.args(ukernel_objects(&dir, host)?);
         }
-        let out = cmd.arg("-lm").output().map_err(|e| format!("cannot run the system linker `cc` (install a C toolchain: scripts/setup.sh): {e}"))?;
+        let out = cmd.arg("-lm").output().map_err(|e| {
+            format!(
+                "cannot run the system linker `cc` (install a C toolchain: scripts/setup.sh): {e}"
+            )
+        })?;
         if !out.status.success() {
-            return Err(format!("linking the kernels failed: {}", String::from_utf8_lossy(&out.stderr)));
+            return Err(format!(
+                "linking the kernels failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            ));
         }
         std::fs::read(&so).map_err(|e| format!("{}: {e}", so.display()))
     })();
@@ -416,11 +536,26 @@ fn ukernel_objects(dir: &std::path::Path, host: ukernel::Level) -> Result<Vec<Pa
     macro_rules! level {
         ($l:literal) => {
             [
-                ("ukernel.o", include_bytes!(concat!(env!("OUT_DIR"), "/ukernel-", $l, ".o")).as_slice()),
-                ("recurrent.o", include_bytes!(concat!(env!("OUT_DIR"), "/recurrent-", $l, ".o")).as_slice()),
-                ("reduction.o", include_bytes!(concat!(env!("OUT_DIR"), "/reduction-", $l, ".o")).as_slice()),
-                ("movement.o", include_bytes!(concat!(env!("OUT_DIR"), "/movement-", $l, ".o")).as_slice()),
-                ("attention.o", include_bytes!(concat!(env!("OUT_DIR"), "/attention-", $l, ".o")).as_slice()),
+                (
+                    "ukernel.o",
+                    include_bytes!(concat!(env!("OUT_DIR"), "/ukernel-", $l, ".o")).as_slice(),
+                ),
+                (
+                    "recurrent.o",
+                    include_bytes!(concat!(env!("OUT_DIR"), "/recurrent-", $l, ".o")).as_slice(),
+                ),
+                (
+                    "reduction.o",
+                    include_bytes!(concat!(env!("OUT_DIR"), "/reduction-", $l, ".o")).as_slice(),
+                ),
+                (
+                    "movement.o",
+                    include_bytes!(concat!(env!("OUT_DIR"), "/movement-", $l, ".o")).as_slice(),
+                ),
+                (
+                    "attention.o",
+                    include_bytes!(concat!(env!("OUT_DIR"), "/attention-", $l, ".o")).as_slice(),
+                ),
             ]
         };
     }

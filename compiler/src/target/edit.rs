@@ -41,7 +41,8 @@ impl RawOp {
         unsafe {
             let id = mlir_sys::mlirOperationGetName(self.0);
             let s = mlir_sys::mlirIdentifierStr(id);
-            String::from_utf8_lossy(std::slice::from_raw_parts(s.data as *const u8, s.length)).into_owned()
+            String::from_utf8_lossy(std::slice::from_raw_parts(s.data as *const u8, s.length))
+                .into_owned()
         }
     }
 
@@ -186,7 +187,9 @@ impl RawOp {
             if r >= mlir_sys::mlirOperationGetNumRegions(self.0) as usize {
                 return None;
             }
-            let b = mlir_sys::mlirRegionGetFirstBlock(mlir_sys::mlirOperationGetRegion(self.0, r as isize));
+            let b = mlir_sys::mlirRegionGetFirstBlock(mlir_sys::mlirOperationGetRegion(
+                self.0, r as isize,
+            ));
             (!b.ptr.is_null()).then_some(b)
         }
     }
@@ -352,7 +355,9 @@ pub fn constant_int(v: MlirValue) -> Option<i64> {
 pub fn float_attr(a: MlirAttribute) -> Option<f64> {
     // SAFETY: querying a live attribute.
     unsafe {
-        let a = if mlir_sys::mlirAttributeIsADenseElements(a) && mlir_sys::mlirDenseElementsAttrIsSplat(a) {
+        let a = if mlir_sys::mlirAttributeIsADenseElements(a)
+            && mlir_sys::mlirDenseElementsAttrIsSplat(a)
+        {
             mlir_sys::mlirDenseElementsAttrGetSplatValue(a)
         } else {
             a
@@ -372,7 +377,10 @@ pub fn string_attr(a: MlirAttribute) -> Option<String> {
         } else {
             return None;
         };
-        Some(String::from_utf8_lossy(std::slice::from_raw_parts(s.data as *const u8, s.length)).into_owned())
+        Some(
+            String::from_utf8_lossy(std::slice::from_raw_parts(s.data as *const u8, s.length))
+                .into_owned(),
+        )
     }
 }
 
@@ -383,7 +391,11 @@ pub fn i32_array_attr(a: MlirAttribute) -> Option<Vec<i32>> {
         if !mlir_sys::mlirAttributeIsADenseI32Array(a) {
             return None;
         }
-        Some((0..mlir_sys::mlirDenseArrayGetNumElements(a)).map(|i| mlir_sys::mlirDenseI32ArrayGetElement(a, i)).collect())
+        Some(
+            (0..mlir_sys::mlirDenseArrayGetNumElements(a))
+                .map(|i| mlir_sys::mlirDenseI32ArrayGetElement(a, i))
+                .collect(),
+        )
     }
 }
 
@@ -394,7 +406,11 @@ pub fn array_attr(a: MlirAttribute) -> Option<Vec<MlirAttribute>> {
         if !mlir_sys::mlirAttributeIsAArray(a) {
             return None;
         }
-        Some((0..mlir_sys::mlirArrayAttrGetNumElements(a)).map(|i| mlir_sys::mlirArrayAttrGetElement(a, i)).collect())
+        Some(
+            (0..mlir_sys::mlirArrayAttrGetNumElements(a))
+                .map(|i| mlir_sys::mlirArrayAttrGetElement(a, i))
+                .collect(),
+        )
     }
 }
 
@@ -428,7 +444,11 @@ pub fn memory_space(t: MlirType) -> Option<MlirAttribute> {
 
 /// A static memref of `dims` and `element`, contiguous, in memory space `space` (`None`: the
 /// default).
-pub fn contiguous_memref(element: MlirType, dims: &[usize], space: Option<MlirAttribute>) -> MlirType {
+pub fn contiguous_memref(
+    element: MlirType,
+    dims: &[usize],
+    space: Option<MlirAttribute>,
+) -> MlirType {
     let shape: Vec<i64> = dims.iter().map(|&d| d as i64).collect();
     // SAFETY: a live element type; a null attribute is the default memory space.
     unsafe {

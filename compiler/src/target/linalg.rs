@@ -50,7 +50,10 @@ impl Expr {
 impl fmt::Display for Expr {
     fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
         let Expr::Linear(terms, c) = self else { return write!(f, "?") };
-        let mut parts: Vec<String> = terms.iter().map(|&(d, k)| if k == 1 { format!("d{d}") } else { format!("d{d}*{k}") }).collect();
+        let mut parts: Vec<String> = terms
+            .iter()
+            .map(|&(d, k)| if k == 1 { format!("d{d}") } else { format!("d{d}*{k}") })
+            .collect();
         if *c != 0 || parts.is_empty() {
             parts.push(c.to_string());
         }
@@ -175,16 +178,22 @@ impl fmt::Display for LinalgOp {
             write!(f, " [{}]", it.join(","))?;
         }
         match self.ranges() {
-            Some(r) if !r.is_empty() => write!(f, " {}", r.iter().map(|x| x.to_string()).collect::<Vec<_>>().join("x"))?,
+            Some(r) if !r.is_empty() => {
+                write!(f, " {}", r.iter().map(|x| x.to_string()).collect::<Vec<_>>().join("x"))?
+            }
             _ => {}
         }
         if let Some(e) = self.elem.get(self.n_inputs) {
             write!(f, " {e}")?;
         }
         if self.kind == OpKind::Generic {
-            let map = |m: &Vec<Expr>| format!("({})", m.iter().map(|e| e.to_string()).collect::<Vec<_>>().join(","));
-            let ins: Vec<String> = self.maps[..self.n_inputs.min(self.maps.len())].iter().map(map).collect();
-            let outs: Vec<String> = self.maps[self.n_inputs.min(self.maps.len())..].iter().map(map).collect();
+            let map = |m: &Vec<Expr>| {
+                format!("({})", m.iter().map(|e| e.to_string()).collect::<Vec<_>>().join(","))
+            };
+            let ins: Vec<String> =
+                self.maps[..self.n_inputs.min(self.maps.len())].iter().map(map).collect();
+            let outs: Vec<String> =
+                self.maps[self.n_inputs.min(self.maps.len())..].iter().map(map).collect();
             write!(f, " {} -> {}", ins.join(" "), outs.join(" "))?;
         }
         Ok(())
@@ -213,7 +222,11 @@ pub fn read_kernel(func: RawOp) -> KernelOps {
     let raw: Vec<RawOp> = body.into_iter().filter(|o| is_schedulable(*o)).collect();
     let mut ops: Vec<LinalgOp> = raw.iter().map(|&o| read_op(o)).collect();
     for (i, &o) in raw.iter().enumerate() {
-        ops[i].producers = o.operands().into_iter().map(|v| edit::defining_op(v).and_then(|p| raw.iter().position(|&r| r == p))).collect();
+        ops[i].producers = o
+            .operands()
+            .into_iter()
+            .map(|v| edit::defining_op(v).and_then(|p| raw.iter().position(|&r| r == p)))
+            .collect();
     }
     KernelOps { ops, raw, sequential }
 }
@@ -231,9 +244,14 @@ pub fn read_op(op: RawOp) -> LinalgOp {
     let types: Vec<ffi::MlirType> = operands.iter().map(|&v| edit::value_type(v)).collect();
     let shapes = types.iter().map(|&t| edit::static_dims(t)).collect();
     let elem = types.iter().map(|&t| element(t)).collect();
-    let n_inputs = if kind == OpKind::Pad { operands.len() } else { operands.len().saturating_sub(op.num_results()) };
+    let n_inputs = if kind == OpKind::Pad {
+        operands.len()
+    } else {
+        operands.len().saturating_sub(op.num_results())
+    };
     let maps = if kind == OpKind::Pad { Vec::new() } else { indexing_maps(op) };
-    let n_loops = maps.iter().flatten().flat_map(Expr::dims).max().map_or(0, |d| d + 1).max(loop_count(op));
+    let n_loops =
+        maps.iter().flatten().flat_map(Expr::dims).max().map_or(0, |d| d + 1).max(loop_count(op));
     let mut parallel = vec![false; n_loops];
     for map in maps.iter().skip(n_inputs) {
         for e in map {
@@ -246,7 +264,17 @@ pub fn read_op(op: RawOp) -> LinalgOp {
     for o in op.descendants() {
         multiplies |= o.is("arith.mulf");
     }
-    LinalgOp { name, kind, parallel, maps, shapes, elem, n_inputs, producers: Vec::new(), multiplies }
+    LinalgOp {
+        name,
+        kind,
+        parallel,
+        maps,
+        shapes,
+        elem,
+        n_inputs,
+        producers: Vec::new(),
+        multiplies,
+    }
 }
 
 /// The number of loops of a structured op (its maps' dimension count).
@@ -254,10 +282,15 @@ fn loop_count(op: RawOp) -> usize {
     // SAFETY: reading a live op's indexing maps attribute (null for non-linalg ops).
     unsafe {
         let maps = ffi::mlirLinalgGetIndexingMapsAttribute(op.0);
-        if maps.ptr.is_null() || !ffi::mlirAttributeIsAArray(maps) || ffi::mlirArrayAttrGetNumElements(maps) == 0 {
+        if maps.ptr.is_null()
+            || !ffi::mlirAttributeIsAArray(maps)
+            || ffi::mlirArrayAttrGetNumElements(maps) == 0
+        {
             return 0;
         }
-        ffi::mlirAffineMapGetNumDims(ffi::mlirAffineMapAttrGetValue(ffi::mlirArrayAttrGetElement(maps, 0))) as usize
+        ffi::mlirAffineMapGetNumDims(ffi::mlirAffineMapAttrGetValue(ffi::mlirArrayAttrGetElement(
+            maps, 0,
+        ))) as usize
     }
 }
 
@@ -271,7 +304,9 @@ fn indexing_maps(op: RawOp) -> Vec<Vec<Expr>> {
         (0..ffi::mlirArrayAttrGetNumElements(maps))
             .map(|i| {
                 let map = ffi::mlirAffineMapAttrGetValue(ffi::mlirArrayAttrGetElement(maps, i));
-                (0..ffi::mlirAffineMapGetNumResults(map)).map(|r| linear(ffi::mlirAffineMapGetResult(map, r)).unwrap_or(Expr::Opaque)).collect()
+                (0..ffi::mlirAffineMapGetNumResults(map))
+                    .map(|r| linear(ffi::mlirAffineMapGetResult(map, r)).unwrap_or(Expr::Opaque))
+                    .collect()
             })
             .collect()
     }
@@ -289,7 +324,9 @@ fn linear(e: ffi::MlirAffineExpr) -> Option<Expr> {
         }
         let (l, r) = (ffi::mlirAffineBinaryOpExprGetLHS(e), ffi::mlirAffineBinaryOpExprGetRHS(e));
         if ffi::mlirAffineExprIsAAdd(e) {
-            let (Expr::Linear(mut a, ka), Expr::Linear(b, kb)) = (linear(l)?, linear(r)?) else { return None };
+            let (Expr::Linear(mut a, ka), Expr::Linear(b, kb)) = (linear(l)?, linear(r)?) else {
+                return None;
+            };
             for (d, c) in b {
                 match a.iter_mut().find(|(x, _)| *x == d) {
                     Some(t) => t.1 += c,
@@ -300,13 +337,16 @@ fn linear(e: ffi::MlirAffineExpr) -> Option<Expr> {
             return Some(Expr::Linear(a, ka + kb));
         }
         if ffi::mlirAffineExprIsAMul(e) {
-            let (Expr::Linear(a, ka), Expr::Linear(b, kb)) = (linear(l)?, linear(r)?) else { return None };
+            let (Expr::Linear(a, ka), Expr::Linear(b, kb)) = (linear(l)?, linear(r)?) else {
+                return None;
+            };
             let (terms, k, c) = match (a.is_empty(), b.is_empty()) {
                 (_, true) => (a, ka, kb),
                 (true, false) => (b, kb, ka),
                 _ => return None,
             };
-            let terms: Vec<(usize, i64)> = terms.into_iter().map(|(d, x)| (d, x * c)).filter(|&(_, x)| x != 0).collect();
+            let terms: Vec<(usize, i64)> =
+                terms.into_iter().map(|(d, x)| (d, x * c)).filter(|&(_, x)| x != 0).collect();
             return Some(Expr::Linear(terms, k * c));
         }
         None

@@ -13,7 +13,9 @@ use melior::dialect::DialectRegistry;
 use melior::ir::operation::OperationLike;
 use melior::ir::{Module, Operation};
 use melior::pass::PassManager;
-use melior::utility::{parse_pass_pipeline, register_all_dialects, register_all_llvm_translations, register_all_passes};
+use melior::utility::{
+    parse_pass_pipeline, register_all_dialects, register_all_llvm_translations, register_all_passes,
+};
 use melior::Context;
 
 use crate::artifact::TargetCode;
@@ -31,16 +33,32 @@ pub trait Backend {
 
     /// Compiles every kernel into the target's code; `texts` receives each stage's text when
     /// given, `progress` hears how many kernels are done.
-    fn compile(&self, graph: &kiln_ir::Graph, kernels: &[Kernel], texts: Option<&mut Stages>, progress: &dyn Fn(usize)) -> Result<TargetCode>;
+    fn compile(
+        &self,
+        graph: &kiln_ir::Graph,
+        kernels: &[Kernel],
+        texts: Option<&mut Stages>,
+        progress: &dyn Fn(usize),
+    ) -> Result<TargetCode>;
 }
 
 /// A kernel's module from codegen, checked: the kernel boundary, where a codegen failure gets the
 /// kernel's name and what it computes (an unsupported node already says both).
-pub(crate) fn verified<'c>(mlir: &MlirContext, k: &Kernel, built: Result<Module<'c>>) -> Result<Module<'c>> {
+pub(crate) fn verified<'c>(
+    mlir: &MlirContext,
+    k: &Kernel,
+    built: Result<Module<'c>>,
+) -> Result<Module<'c>> {
     let module = match built {
         Ok(m) => m,
         Err(e @ CompileError::Unsupported { .. }) => return Err(e),
-        Err(e) => return Err(CompileError::in_kernel(k, "mlir", crate::KernelError::Codegen(Box::new(e)))),
+        Err(e) => {
+            return Err(CompileError::in_kernel(
+                k,
+                "mlir",
+                crate::KernelError::Codegen(Box::new(e)),
+            ))
+        }
     };
     if !module.as_operation().verify() {
         let diagnostics = format!("{}\n{}", mlir.take_diagnostics(), module.as_operation());
@@ -53,9 +71,18 @@ pub(crate) fn verified<'c>(mlir: &MlirContext, k: &Kernel, built: Result<Module<
 /// options or `KILN_GPU_SCHEDULE`, the microkernel choices).
 pub fn for_options(options: &Options) -> Result<Box<dyn Backend>> {
     Ok(match options.target {
-        TargetKind::Cpu => Box::new(cpu::CpuBackend { microkernel: options.microkernel_choice(), overrides: microkernel_overrides(options) }),
-        TargetKind::Cuda => Box::new(gpu::GpuBackend { target: gpu::GpuTarget::Cuda(options.ptx.clone()), strategy: gpu_strategy(options)? }),
-        TargetKind::Opencl => Box::new(gpu::GpuBackend { target: gpu::GpuTarget::Opencl, strategy: gpu_strategy(options)? }),
+        TargetKind::Cpu => Box::new(cpu::CpuBackend {
+            microkernel: options.microkernel_choice(),
+            overrides: microkernel_overrides(options),
+        }),
+        TargetKind::Cuda => Box::new(gpu::GpuBackend {
+            target: gpu::GpuTarget::Cuda(options.ptx.clone()),
+            strategy: gpu_strategy(options)?,
+        }),
+        TargetKind::Opencl => Box::new(gpu::GpuBackend {
+            target: gpu::GpuTarget::Opencl,
+            strategy: gpu_strategy(options)?,
+        }),
     })
 }
 
@@ -64,7 +91,9 @@ pub fn for_options(options: &Options) -> Result<Box<dyn Backend>> {
 pub(crate) fn microkernel_overrides(options: &Options) -> std::collections::HashMap<String, bool> {
     match &options.microkernel_overrides {
         Some(o) => o.clone(),
-        None if options.target == TargetKind::Cpu => crate::tune::load_record().into_iter().collect(),
+        None if options.target == TargetKind::Cpu => {
+            crate::tune::load_record().into_iter().collect()
+        }
         None => Default::default(),
     }
 }
@@ -75,7 +104,9 @@ pub(crate) fn gpu_strategy(options: &Options) -> Result<Option<gpu::schedule::St
         return Ok(options.gpu_schedule);
     }
     match std::env::var("KILN_GPU_SCHEDULE") {
-        Ok(s) => s.parse().map(Some).map_err(|e| CompileError::Usage(format!("KILN_GPU_SCHEDULE: {e}"))),
+        Ok(s) => {
+            s.parse().map(Some).map_err(|e| CompileError::Usage(format!("KILN_GPU_SCHEDULE: {e}")))
+        }
         Err(_) => Ok(None),
     }
 }
@@ -115,25 +146,48 @@ impl MlirContext {
     }
 
     /// Runs a textual pass pipeline on a module; the error carries MLIR's diagnostics.
-    pub fn run_pipeline(&self, module: &mut Module, pipeline: &str) -> Result<(), crate::LowerError> {
+    pub fn run_pipeline(
+        &self,
+        module: &mut Module,
+        pipeline: &str,
+    ) -> Result<(), crate::LowerError> {
         // Named by its first pass, which is enough to find it in the source.
-        let name = || pipeline.trim_start_matches("builtin.module(").split([',', '(', ')']).next().unwrap_or(pipeline).to_string();
+        let name = || {
+            pipeline
+                .trim_start_matches("builtin.module(")
+                .split([',', '(', ')'])
+                .next()
+                .unwrap_or(pipeline)
+                .to_string()
+        };
         let pm = PassManager::new(&self.ctx);
-        parse_pass_pipeline(pm.as_operation_pass_manager(), pipeline)
-            .map_err(|e| crate::LowerError { pipeline: name(), diagnostics: format!("it does not parse: {e}") })?;
+        parse_pass_pipeline(pm.as_operation_pass_manager(), pipeline).map_err(|e| {
+            crate::LowerError { pipeline: name(), diagnostics: format!("it does not parse: {e}") }
+        })?;
         self.take_diagnostics();
-        pm.run(module).map_err(|_| crate::LowerError { pipeline: name(), diagnostics: self.take_diagnostics() })
+        pm.run(module).map_err(|_| crate::LowerError {
+            pipeline: name(),
+            diagnostics: self.take_diagnostics(),
+        })
     }
 
     /// Applies a transform script (a module with `@__transform_main`) to `payload`.
     pub fn apply_transform(&self, payload: &Operation, script: &str) -> Result<(), String> {
-        let script = Module::parse(&self.ctx, script).ok_or_else(|| format!("the transform script does not parse: {}", self.take_diagnostics()))?;
-        let sequence = script.body().first_operation().ok_or("the transform script is empty")?.to_raw();
+        let script = Module::parse(&self.ctx, script).ok_or_else(|| {
+            format!("the transform script does not parse: {}", self.take_diagnostics())
+        })?;
+        let sequence =
+            script.body().first_operation().ok_or("the transform script is empty")?.to_raw();
         self.take_diagnostics();
         // SAFETY: all handles belong to this context and outlive the call.
         let ok = unsafe {
             let options = mlir_sys::mlirTransformOptionsCreate();
-            let r = mlir_sys::mlirTransformApplyNamedSequence(payload.to_raw(), sequence, script.as_operation().to_raw(), options);
+            let r = mlir_sys::mlirTransformApplyNamedSequence(
+                payload.to_raw(),
+                sequence,
+                script.as_operation().to_raw(),
+                options,
+            );
             mlir_sys::mlirTransformOptionsDestroy(options);
             r.value != 0
         };

@@ -30,7 +30,12 @@ fn tensor<'a>(operands: &[Option<&'a Value>], i: usize) -> Result<&'a Tensor, St
 }
 
 /// A position in a sequence of `len` (`insert`: the end is allowed too), negative from the end.
-fn position(operands: &[Option<&Value>], i: usize, len: usize, insert: bool) -> Result<Option<usize>, String> {
+fn position(
+    operands: &[Option<&Value>],
+    i: usize,
+    len: usize,
+    insert: bool,
+) -> Result<Option<usize>, String> {
     let Some(p) = operands.get(i).copied().flatten() else { return Ok(None) };
     let p = p.as_tensor()?.to_i64s().first().copied().ok_or("the position is empty")?;
     let n = len as i64;
@@ -45,7 +50,9 @@ fn sequence(s: &SequenceOp, operands: &[Option<&Value>]) -> Result<Vec<Value>, S
     let v = match s {
         SequenceOp::Empty { .. } => Value::Sequence(Vec::new()),
         SequenceOp::Construct => {
-            let items: Vec<Tensor> = (0..operands.len()).map(|i| tensor(operands, i).cloned()).collect::<Result<_, _>>()?;
+            let items: Vec<Tensor> = (0..operands.len())
+                .map(|i| tensor(operands, i).cloned())
+                .collect::<Result<_, _>>()?;
             if let Some(t) = items.iter().find(|t| t.dtype() != items[0].dtype()) {
                 return Err(format!("the elements are {} and {}", items[0].ty(), t.ty()));
             }
@@ -55,7 +62,11 @@ fn sequence(s: &SequenceOp, operands: &[Option<&Value>]) -> Result<Vec<Value>, S
             let mut items = seq(operands, 0)?.to_vec();
             let x = tensor(operands, 1)?;
             if items.first().is_some_and(|t| t.dtype() != x.dtype()) {
-                return Err(format!("inserting {} into a sequence of {}", x.ty(), items[0].dtype()));
+                return Err(format!(
+                    "inserting {} into a sequence of {}",
+                    x.ty(),
+                    items[0].dtype()
+                ));
             }
             let at = position(operands, 2, items.len(), true)?.unwrap_or(items.len());
             items.insert(at, x.clone());
@@ -72,29 +83,48 @@ fn sequence(s: &SequenceOp, operands: &[Option<&Value>]) -> Result<Vec<Value>, S
         }
         SequenceOp::At => {
             let items = seq(operands, 0)?;
-            let at = position(operands, 1, items.len(), false)?.ok_or("SequenceAt needs a position")?;
+            let at =
+                position(operands, 1, items.len(), false)?.ok_or("SequenceAt needs a position")?;
             Value::Tensor(items[at].clone())
         }
         SequenceOp::Length => Value::Tensor(Tensor::scalar(seq(operands, 0)?.len() as i64)),
         SequenceOp::Split { axis, keepdims } => {
             let x = tensor(operands, 0)?;
-            let split = operands.get(1).copied().flatten().map(|v| v.as_tensor().map(|t| (t.rank(), t.to_i64s()))).transpose()?;
+            let split = operands
+                .get(1)
+                .copied()
+                .flatten()
+                .map(|v| v.as_tensor().map(|t| (t.rank(), t.to_i64s())))
+                .transpose()?;
             Value::Sequence(split_to_sequence(x, *axis, *keepdims, split)?)
         }
         SequenceOp::Concat { axis, new_axis } => {
             let items = seq(operands, 0)?;
             let first = items.first().ok_or("joining an empty sequence")?;
             if *new_axis {
-                let a = normalize_axis(*axis, first.rank() + 1).ok_or_else(|| format!("axis {axis} is outside rank {}", first.rank() + 1))?;
-                Value::Tensor(Tensor::stack(first.dtype(), first.dims(), items, a).map_err(|e| e.to_string())?)
+                let a = normalize_axis(*axis, first.rank() + 1)
+                    .ok_or_else(|| format!("axis {axis} is outside rank {}", first.rank() + 1))?;
+                Value::Tensor(
+                    Tensor::stack(first.dtype(), first.dims(), items, a)
+                        .map_err(|e| e.to_string())?,
+                )
             } else {
-                let a = normalize_axis(*axis, first.rank()).ok_or_else(|| format!("axis {axis} is outside {}", first.ty()))?;
+                let a = normalize_axis(*axis, first.rank())
+                    .ok_or_else(|| format!("axis {axis} is outside {}", first.ty()))?;
                 for t in items {
                     let same = t.dtype() == first.dtype()
                         && t.rank() == first.rank()
-                        && t.dims().iter().zip(first.dims()).enumerate().all(|(i, (x, y))| i == a || x == y);
+                        && t.dims()
+                            .iter()
+                            .zip(first.dims())
+                            .enumerate()
+                            .all(|(i, (x, y))| i == a || x == y);
                     if !same {
-                        return Err(format!("cannot join {} and {} along axis {a}", first.ty(), t.ty()));
+                        return Err(format!(
+                            "cannot join {} and {} along axis {a}",
+                            first.ty(),
+                            t.ty()
+                        ));
                     }
                 }
                 Value::Tensor(super::movement::concat(&items.iter().collect::<Vec<_>>(), a as i64))
@@ -106,8 +136,14 @@ fn sequence(s: &SequenceOp, operands: &[Option<&Value>]) -> Result<Vec<Value>, S
 }
 
 /// SplitToSequence: pieces along `axis` of the lengths `split` gives (see [`SequenceOp::Split`]).
-fn split_to_sequence(x: &Tensor, axis: i64, keepdims: bool, split: Option<(usize, Vec<i64>)>) -> Result<Vec<Tensor>, String> {
-    let a = normalize_axis(axis, x.rank()).ok_or_else(|| format!("axis {axis} is outside {}", x.ty()))?;
+fn split_to_sequence(
+    x: &Tensor,
+    axis: i64,
+    keepdims: bool,
+    split: Option<(usize, Vec<i64>)>,
+) -> Result<Vec<Tensor>, String> {
+    let a = normalize_axis(axis, x.rank())
+        .ok_or_else(|| format!("axis {axis} is outside {}", x.ty()))?;
     let dim = x.dims()[a];
     let lengths: Vec<usize> = match &split {
         None => vec![1; dim],
@@ -144,7 +180,11 @@ fn split_to_sequence(x: &Tensor, axis: i64, keepdims: bool, split: Option<(usize
 }
 
 /// SequenceMap: the body once per element; a sequence operand gives its element, a tensor itself.
-fn map(body: &crate::Graph, captures: usize, operands: &[Option<&Value>]) -> Result<Vec<Value>, String> {
+fn map(
+    body: &crate::Graph,
+    captures: usize,
+    operands: &[Option<&Value>],
+) -> Result<Vec<Value>, String> {
     let len = seq(operands, captures)?.len();
     let mut results: Vec<Vec<Tensor>> = vec![Vec::with_capacity(len); body.outputs().len()];
     for i in 0..len {
@@ -152,12 +192,15 @@ fn map(body: &crate::Graph, captures: usize, operands: &[Option<&Value>]) -> Res
         for k in 0..operands.len() {
             inputs.push(match operand(operands, k)? {
                 Value::Sequence(s) if k >= captures => {
-                    Value::Tensor(s.get(i).cloned().ok_or_else(|| format!("the sequences have {len} and {} elements", s.len()))?)
+                    Value::Tensor(s.get(i).cloned().ok_or_else(|| {
+                        format!("the sequences have {len} and {} elements", s.len())
+                    })?)
                 }
                 v => v.clone(),
             });
         }
-        let out = crate::eval::run_values(body, &inputs).map_err(|e| format!("in the body `{}`, element {i}: {e}", body.name))?;
+        let out = crate::eval::run_values(body, &inputs)
+            .map_err(|e| format!("in the body `{}`, element {i}: {e}", body.name))?;
         for (k, v) in out.into_iter().enumerate() {
             results[k].push(v.into_tensor()?);
         }

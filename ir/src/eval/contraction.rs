@@ -20,7 +20,13 @@ enum Mats {
 fn mats(t: &Tensor, dims: &[usize]) -> Mats {
     let (r, c) = (dims[dims.len() - 2], dims[dims.len() - 1]);
     let batch: usize = dims[..dims.len() - 2].iter().product();
-    fn shaped<T: Clone>(a: ndarray::ArrayViewD<T>, dims: &[usize], b: usize, r: usize, c: usize) -> Array3<T> {
+    fn shaped<T: Clone>(
+        a: ndarray::ArrayViewD<T>,
+        dims: &[usize],
+        b: usize,
+        r: usize,
+        c: usize,
+    ) -> Array3<T> {
         let full = a.broadcast(IxDyn(dims)).expect("inferred").to_owned();
         full.into_shape_with_order((b, r, c)).expect("same count")
     }
@@ -45,14 +51,18 @@ fn mats(t: &Tensor, dims: &[usize]) -> Mats {
 
 fn int_matmul(a: ndarray::ArrayView2<i64>, b: ndarray::ArrayView2<i64>) -> Array2<i64> {
     let (m, k, n) = (a.nrows(), a.ncols(), b.ncols());
-    Array2::from_shape_fn((m, n), |(i, j)| (0..k).fold(0i64, |acc, p| acc.wrapping_add(a[(i, p)].wrapping_mul(b[(p, j)]))))
+    Array2::from_shape_fn((m, n), |(i, j)| {
+        (0..k).fold(0i64, |acc, p| acc.wrapping_add(a[(i, p)].wrapping_mul(b[(p, j)])))
+    })
 }
 
 /// numpy matmul of `a` and `b` with result dims `out`.
 pub(super) fn matmul(a: &Tensor, b: &Tensor, out: &[usize]) -> Result<Tensor, String> {
     // Promote 1-D operands to matrices, as numpy does, and restore the result's rank after.
-    let a2 = if a.rank() == 1 { a.reshape(&[1, a.dims()[0]]).expect("same count") } else { a.clone() };
-    let b2 = if b.rank() == 1 { b.reshape(&[b.dims()[0], 1]).expect("same count") } else { b.clone() };
+    let a2 =
+        if a.rank() == 1 { a.reshape(&[1, a.dims()[0]]).expect("same count") } else { a.clone() };
+    let b2 =
+        if b.rank() == 1 { b.reshape(&[b.dims()[0], 1]).expect("same count") } else { b.clone() };
     let (m, k, n) = (a2.dims()[a2.rank() - 2], a2.dims()[a2.rank() - 1], b2.dims()[b2.rank() - 1]);
     let batch_rank = a2.rank().max(b2.rank()) - 2;
     let batch: Vec<usize> = if batch_rank == 0 {
@@ -67,9 +77,13 @@ pub(super) fn matmul(a: &Tensor, b: &Tensor, out: &[usize]) -> Result<Tensor, St
     };
     let dims = |r, c| [batch.as_slice(), &[r, c]].concat();
     let c = match (mats(&a2, &dims(m, k)), mats(&b2, &dims(k, n))) {
-        (Mats::F32(x), Mats::F32(y)) => tensor(batched(&x, &y, |p, q| p.dot(&q)).into_dyn()).cast(a.dtype()),
+        (Mats::F32(x), Mats::F32(y)) => {
+            tensor(batched(&x, &y, |p, q| p.dot(&q)).into_dyn()).cast(a.dtype())
+        }
         (Mats::F64(x), Mats::F64(y)) => tensor(batched(&x, &y, |p, q| p.dot(&q)).into_dyn()),
-        (Mats::Int(x), Mats::Int(y)) => tensor(batched(&x, &y, int_matmul).into_dyn()).cast(a.dtype()),
+        (Mats::Int(x), Mats::Int(y)) => {
+            tensor(batched(&x, &y, int_matmul).into_dyn()).cast(a.dtype())
+        }
         _ => return Err("operand types differ".into()),
     };
     c.reshape(out).map_err(|e| e.to_string())
@@ -83,7 +97,8 @@ fn batched<T: ndarray::LinalgScalar>(
     let (batch, m, n) = (a.len_of(Axis(0)), a.len_of(Axis(1)), b.len_of(Axis(2)));
     let mut out = Array3::from_elem((batch, m, n), T::zero());
     for i in 0..batch {
-        out.index_axis_mut(Axis(0), i).assign(&f(a.index_axis(Axis(0), i), b.index_axis(Axis(0), i)));
+        out.index_axis_mut(Axis(0), i)
+            .assign(&f(a.index_axis(Axis(0), i), b.index_axis(Axis(0), i)));
     }
     out
 }
@@ -99,7 +114,8 @@ pub(super) fn gemm(g: &Gemm, a: &Tensor, b: &Tensor, c: Option<&Tensor>) -> Resu
     let (a, b) = (t(a, g.trans_a)?, t(b, g.trans_b)?);
     let (m, n) = (a.dims()[0], b.dims()[1]);
     let ab = matmul(&a, &b, &[m, n])?;
-    let ab64 = view::<f64>(&ab.cast(DType::F64)).into_dimensionality::<Ix2>().expect("2-D").to_owned();
+    let ab64 =
+        view::<f64>(&ab.cast(DType::F64)).into_dimensionality::<Ix2>().expect("2-D").to_owned();
     let alpha = g.alpha as f64;
     let mut y: ArrayD<f64> = ab64.mapv(|v| v * alpha).into_dyn();
     if let Some(c) = c {
@@ -115,11 +131,17 @@ pub(super) fn gemm(g: &Gemm, a: &Tensor, b: &Tensor, c: Option<&Tensor>) -> Resu
 /// Einstein summation by direct iteration over every label: each result element sums, over the
 /// labels absent from the result, the product of the operands' elements. Floats in f64, integers
 /// exactly (wrapping as the element type would).
-pub(super) fn einsum(equation: &str, operands: &[Option<&Tensor>], out: &[crate::TensorType]) -> Result<Vec<Tensor>, String> {
-    let xs: Vec<&Tensor> = operands.iter().map(|o| o.ok_or("an operand is missing")).collect::<Result<_, _>>()?;
+pub(super) fn einsum(
+    equation: &str,
+    operands: &[Option<&Tensor>],
+    out: &[crate::TensorType],
+) -> Result<Vec<Tensor>, String> {
+    let xs: Vec<&Tensor> =
+        operands.iter().map(|o| o.ok_or("an operand is missing")).collect::<Result<_, _>>()?;
     let shapes: Vec<crate::Shape> = xs.iter().map(|t| crate::Shape::fixed(t.dims())).collect();
     let spec = EinsumSpec::new(equation, &shapes.iter().collect::<Vec<_>>())?;
-    let sizes: Vec<usize> = spec.sizes.iter().map(|d| d.fixed().ok_or("sizes are known")).collect::<Result<_, _>>()?;
+    let sizes: Vec<usize> =
+        spec.sizes.iter().map(|d| d.fixed().ok_or("sizes are known")).collect::<Result<_, _>>()?;
     let summed: Vec<usize> = (0..sizes.len()).filter(|l| !spec.output.contains(l)).collect();
     // Iteration order: result labels (outermost first), then summed ones.
     let order: Vec<usize> = spec.output.iter().chain(&summed).copied().collect();
@@ -142,14 +164,17 @@ pub(super) fn einsum(equation: &str, operands: &[Option<&Tensor>], out: &[crate:
         })
         .collect();
     let count = |d: &[usize]| {
-        d.iter().try_fold(1usize, |a, &n| a.checked_mul(n)).ok_or_else(|| format!("equation `{equation}` over sizes {dims:?} is too large"))
+        d.iter()
+            .try_fold(1usize, |a, &n| a.checked_mul(n))
+            .ok_or_else(|| format!("equation `{equation}` over sizes {dims:?} is too large"))
     };
     let (n_out, n_sum) = (count(&dims[..spec.output.len()])?, count(&dims[spec.output.len()..])?);
     count(&[n_out, n_sum])?;
     let nums: Vec<Nums> = xs.iter().map(|t| Nums::of(t)).collect();
     let out_dims = out[0].shape.as_fixed().ok_or("the result shape is known")?;
     let mut idx = vec![0usize; order.len()];
-    let offset = |idx: &[usize], k: usize| idx.iter().zip(&strides[k]).map(|(i, s)| i * s).sum::<usize>();
+    let offset =
+        |idx: &[usize], k: usize| idx.iter().zip(&strides[k]).map(|(i, s)| i * s).sum::<usize>();
     // Advances the odometer over `idx[range]`, last position fastest.
     let step = |idx: &mut [usize], from: usize, to: usize| {
         for p in (from..to).rev() {
@@ -163,12 +188,19 @@ pub(super) fn einsum(equation: &str, operands: &[Option<&Tensor>], out: &[crate:
     let n_labels = order.len();
     let k_out = spec.output.len();
     let result = if nums.iter().all(|n| matches!(n, Nums::Int(_))) {
-        let vals: Vec<&Vec<i128>> = nums.iter().map(|n| if let Nums::Int(v) = n { v } else { unreachable!("checked") }).collect();
+        let vals: Vec<&Vec<i128>> = nums
+            .iter()
+            .map(|n| if let Nums::Int(v) = n { v } else { unreachable!("checked") })
+            .collect();
         let mut y = Vec::with_capacity(n_out);
         for _ in 0..n_out {
             let mut acc = 0i128;
             for _ in 0..n_sum {
-                acc = acc.wrapping_add(vals.iter().enumerate().fold(1i128, |p, (k, v)| p.wrapping_mul(v[offset(&idx, k)])));
+                acc = acc.wrapping_add(
+                    vals.iter()
+                        .enumerate()
+                        .fold(1i128, |p, (k, v)| p.wrapping_mul(v[offset(&idx, k)])),
+                );
                 step(&mut idx, k_out, n_labels);
             }
             y.push(acc);

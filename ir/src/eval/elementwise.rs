@@ -14,7 +14,8 @@ pub(super) fn unary(u: UnaryOp, x: &Tensor, out: DType) -> Result<Tensor, String
                 UnaryOp::IsNaN => a.to_f64().is_nan(),
                 UnaryOp::IsInf { detect_positive, detect_negative } => {
                     let a = a.to_f64();
-                    a.is_infinite() && ((a > 0.0 && detect_positive) || (a < 0.0 && detect_negative))
+                    a.is_infinite()
+                        && ((a > 0.0 && detect_positive) || (a < 0.0 && detect_negative))
                 }
                 UnaryOp::Not => a.to_f64() == 0.0,
                 _ => unreachable!("only these unary ops return bool"),
@@ -98,7 +99,9 @@ pub fn unary_float(u: UnaryOp, x: f64) -> f64 {
                 alpha as f64 * (x.exp() - 1.0)
             }
         }
-        UnaryOp::Selu { alpha, gamma } => gamma as f64 * if x > 0.0 { x } else { alpha as f64 * (x.exp() - 1.0) },
+        UnaryOp::Selu { alpha, gamma } => {
+            gamma as f64 * if x > 0.0 { x } else { alpha as f64 * (x.exp() - 1.0) }
+        }
         UnaryOp::Celu { alpha } => {
             let a = alpha as f64;
             x.max(0.0) + (a * ((x / a).exp() - 1.0)).min(0.0)
@@ -139,7 +142,9 @@ fn unary_int(u: UnaryOp, x: i128) -> Option<i128> {
                 (alpha as f64 * x as f64) as i128
             }
         }
-        UnaryOp::Shrink { bias, lambd } => unary_float(UnaryOp::Shrink { bias, lambd }, x as f64) as i128,
+        UnaryOp::Shrink { bias, lambd } => {
+            unary_float(UnaryOp::Shrink { bias, lambd }, x as f64) as i128
+        }
         UnaryOp::BitwiseNot => !x,
         UnaryOp::Ceil | UnaryOp::Floor | UnaryOp::Round => x,
         _ => return None,
@@ -172,10 +177,20 @@ fn libm_erf(x: f64) -> f64 {
     // erf via erfc for |x| >= 0.5, series-free rational forms below; coefficients from FreeBSD's s_erf.c.
     const ERX: f64 = 8.450_629_115_104_675e-1;
     const EFX8: f64 = 1.027_033_336_764_100_7;
-    const PP: [f64; 5] =
-        [1.283_791_670_955_125_6e-1, -3.250_421_072_470_015e-1, -2.848_174_957_559_851e-2, -5.770_270_296_489_442e-3, -2.376_301_665_665_016_3e-5];
-    const QQ: [f64; 5] =
-        [3.979_172_239_591_553_5e-1, 6.502_224_998_876_73e-2, 5.081_306_281_875_766e-3, 1.324_947_380_043_216_4e-4, -3.960_228_278_775_368e-6];
+    const PP: [f64; 5] = [
+        1.283_791_670_955_125_6e-1,
+        -3.250_421_072_470_015e-1,
+        -2.848_174_957_559_851e-2,
+        -5.770_270_296_489_442e-3,
+        -2.376_301_665_665_016_3e-5,
+    ];
+    const QQ: [f64; 5] = [
+        3.979_172_239_591_553_5e-1,
+        6.502_224_998_876_73e-2,
+        5.081_306_281_875_766e-3,
+        1.324_947_380_043_216_4e-4,
+        -3.960_228_278_775_368e-6,
+    ];
     const PA: [f64; 7] = [
         -2.362_118_560_752_659_4e-3,
         4.148_561_186_837_483_3e-1,
@@ -247,8 +262,10 @@ fn libm_erf(x: f64) -> f64 {
     }
     if ax < 1.25 {
         let s = ax - 1.0;
-        let p = PA[0] + s * (PA[1] + s * (PA[2] + s * (PA[3] + s * (PA[4] + s * (PA[5] + s * PA[6])))));
-        let q = 1.0 + s * (QA[0] + s * (QA[1] + s * (QA[2] + s * (QA[3] + s * (QA[4] + s * QA[5])))));
+        let p =
+            PA[0] + s * (PA[1] + s * (PA[2] + s * (PA[3] + s * (PA[4] + s * (PA[5] + s * PA[6])))));
+        let q =
+            1.0 + s * (QA[0] + s * (QA[1] + s * (QA[2] + s * (QA[3] + s * (QA[4] + s * QA[5])))));
         return sign * (ERX + p / q);
     }
     if ax >= 6.0 {
@@ -257,13 +274,23 @@ fn libm_erf(x: f64) -> f64 {
     let s = 1.0 / (ax * ax);
     let (r, ss) = if ax < 1.0 / 0.35 {
         (
-            RA[0] + s * (RA[1] + s * (RA[2] + s * (RA[3] + s * (RA[4] + s * (RA[5] + s * (RA[6] + s * RA[7])))))),
-            1.0 + s * (SA[0] + s * (SA[1] + s * (SA[2] + s * (SA[3] + s * (SA[4] + s * (SA[5] + s * (SA[6] + s * SA[7]))))))),
+            RA[0]
+                + s * (RA[1]
+                    + s * (RA[2]
+                        + s * (RA[3] + s * (RA[4] + s * (RA[5] + s * (RA[6] + s * RA[7])))))),
+            1.0 + s
+                * (SA[0]
+                    + s * (SA[1]
+                        + s * (SA[2]
+                            + s * (SA[3] + s * (SA[4] + s * (SA[5] + s * (SA[6] + s * SA[7]))))))),
         )
     } else {
         (
             RB[0] + s * (RB[1] + s * (RB[2] + s * (RB[3] + s * (RB[4] + s * (RB[5] + s * RB[6]))))),
-            1.0 + s * (SB[0] + s * (SB[1] + s * (SB[2] + s * (SB[3] + s * (SB[4] + s * (SB[5] + s * SB[6])))))),
+            1.0 + s
+                * (SB[0]
+                    + s * (SB[1]
+                        + s * (SB[2] + s * (SB[3] + s * (SB[4] + s * (SB[5] + s * SB[6])))))),
         )
     };
     // z = ax with the low 32 bits cleared, so exp(-z*z) is exact-ish (as in s_erf.c).
@@ -276,10 +303,18 @@ pub(super) fn binary(b: BinaryOp, l: &Tensor, r: &Tensor, out: &[usize]) -> Resu
     if b == BinaryOp::Pow && l.dtype() != r.dtype() {
         return Ok(pow_mixed(l, r, out));
     }
-    fn go<T: Element>(b: BinaryOp, l: &Tensor, r: &Tensor, out: &[usize]) -> Result<Tensor, String> {
+    fn go<T: Element>(
+        b: BinaryOp,
+        l: &Tensor,
+        r: &Tensor,
+        out: &[usize],
+    ) -> Result<Tensor, String> {
         let (lv, rv) = (view::<T>(l), view::<T>(r));
         let shape = IxDyn(out);
-        let (lv, rv) = (lv.broadcast(shape.clone()).expect("inferred"), rv.broadcast(shape).expect("inferred"));
+        let (lv, rv) = (
+            lv.broadcast(shape.clone()).expect("inferred"),
+            rv.broadcast(shape).expect("inferred"),
+        );
         if b.returns_bool() {
             let f = |x: T, y: T| compare(b, x, y);
             return Ok(tensor(Zip::from(&lv).and(&rv).map_collect(|&x, &y| f(x, y))));
@@ -289,7 +324,12 @@ pub(super) fn binary(b: BinaryOp, l: &Tensor, r: &Tensor, out: &[usize]) -> Resu
             if T::DTYPE.is_float() {
                 T::from_f64(binary_float(b, x.to_f64(), y.to_f64()))
             } else {
-                match binary_int(b, x.to_i128().expect("integer type"), y.to_i128().expect("integer type"), T::DTYPE) {
+                match binary_int(
+                    b,
+                    x.to_i128().expect("integer type"),
+                    y.to_i128().expect("integer type"),
+                    T::DTYPE,
+                ) {
                     Ok(v) => T::from_i128(v),
                     Err(e) => {
                         err.get_or_insert(e);
@@ -309,7 +349,8 @@ fn pow_mixed(l: &Tensor, r: &Tensor, out: &[usize]) -> Tensor {
         let r = r.cast(DType::F64);
         let s = IxDyn(out);
         let (lv, rv) = (view::<T>(l), view::<f64>(&r));
-        let (lv, rv) = (lv.broadcast(s.clone()).expect("inferred"), rv.broadcast(s).expect("inferred"));
+        let (lv, rv) =
+            (lv.broadcast(s.clone()).expect("inferred"), rv.broadcast(s).expect("inferred"));
         tensor(Zip::from(&lv).and(&rv).map_collect(|&x, &y| T::from_f64(x.to_f64().powf(y))))
     }
     typed!(l.dtype(), go(l, r, out))
@@ -400,7 +441,9 @@ fn binary_int(b: BinaryOp, x: i128, y: i128, dtype: DType) -> Result<i128, Strin
         BinaryOp::Min => x.min(y),
         BinaryOp::Mod { .. } if y == 0 => return Err("integer modulo by zero".into()),
         BinaryOp::Mod { fmod: true } => x % y,
-        BinaryOp::Mod { fmod: false } => x.rem_euclid(y) + if y < 0 && x.rem_euclid(y) != 0 { y } else { 0 },
+        BinaryOp::Mod { fmod: false } => {
+            x.rem_euclid(y) + if y < 0 && x.rem_euclid(y) != 0 { y } else { 0 }
+        }
         BinaryOp::PRelu => {
             if x >= 0 {
                 x
@@ -454,7 +497,8 @@ pub(super) fn where_(c: &Tensor, x: &Tensor, y: &Tensor, out: &[usize]) -> Tenso
         let s = IxDyn(out);
         let cv = view::<bool>(c);
         let (cv, xv, yv) = (cv.broadcast(s.clone()).expect("inferred"), view::<T>(x), view::<T>(y));
-        let (xv, yv) = (xv.broadcast(s.clone()).expect("inferred"), yv.broadcast(s).expect("inferred"));
+        let (xv, yv) =
+            (xv.broadcast(s.clone()).expect("inferred"), yv.broadcast(s).expect("inferred"));
         tensor(Zip::from(&cv).and(&xv).and(&yv).map_collect(|&c, &a, &b| if c { a } else { b }))
     }
     typed!(x.dtype(), go(c, x, y, out))
@@ -467,7 +511,14 @@ mod tests {
     #[test]
     fn erf_matches_known_values() {
         // Values from Abramowitz & Stegun table 7.1.
-        for (x, want) in [(0.0, 0.0), (0.1, 0.1124629160), (0.5, 0.5204998778), (1.0, 0.8427007929), (2.0, 0.9953222650), (3.5, 0.9999992569)] {
+        for (x, want) in [
+            (0.0, 0.0),
+            (0.1, 0.1124629160),
+            (0.5, 0.5204998778),
+            (1.0, 0.8427007929),
+            (2.0, 0.9953222650),
+            (3.5, 0.9999992569),
+        ] {
             assert!((erf(x) - want).abs() < 1e-9, "erf({x}) = {}", erf(x));
             assert!((erf(-x) + want).abs() < 1e-9);
         }

@@ -21,7 +21,10 @@ pub(super) fn constant_of_shape(value: &Tensor, dims: &[usize]) -> Tensor {
 
 /// Range: `start, start + delta, ...` below `limit`.
 pub(super) fn range(operands: &[Option<&Tensor>]) -> Result<Tensor, String> {
-    let s: Vec<Scalar> = operands[..3].iter().map(|o| o.map(Scalar::of).ok_or("operand missing")).collect::<Result<_, _>>()?;
+    let s: Vec<Scalar> = operands[..3]
+        .iter()
+        .map(|o| o.map(Scalar::of).ok_or("operand missing"))
+        .collect::<Result<_, _>>()?;
     let n = range_count(s[0], s[1], s[2])?;
     let x = operands[0].ok_or("operand 0 is missing")?;
     Ok(range_values(x.dtype(), s[0], s[2], n))
@@ -45,8 +48,12 @@ pub(super) fn eye_like(k: i64, out: &TensorType) -> Result<Tensor, String> {
 fn range_values(dtype: DType, start: Scalar, delta: Scalar, n: usize) -> Tensor {
     fn go<T: Element>(start: Scalar, delta: Scalar, n: usize) -> Tensor {
         let v: Vec<T> = match (start, delta) {
-            (Scalar::Int(s), Scalar::Int(d)) => (0..n).map(|i| T::from_i128(s + i as i128 * d)).collect(),
-            (Scalar::Float(s), Scalar::Float(d)) => (0..n).map(|i| T::from_f64(s + i as f64 * d)).collect(),
+            (Scalar::Int(s), Scalar::Int(d)) => {
+                (0..n).map(|i| T::from_i128(s + i as i128 * d)).collect()
+            }
+            (Scalar::Float(s), Scalar::Float(d)) => {
+                (0..n).map(|i| T::from_f64(s + i as f64 * d)).collect()
+            }
             _ => unreachable!("start and delta have one type"),
         };
         Tensor::from_vec(&[n], v).expect("length matches")

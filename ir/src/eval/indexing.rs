@@ -11,13 +11,22 @@ use crate::infer::pad_amounts;
 use crate::op::{PadMode, ScatterReduction};
 use crate::{normalize_axis, Element, Op, Tensor, TensorType};
 
-pub(super) fn eval(op: &Op, operands: &[Option<&Tensor>], out: &[TensorType]) -> Result<Vec<Tensor>, String> {
-    let arg = |i: usize| operands.get(i).copied().flatten().ok_or_else(|| format!("operand {i} is missing"));
+pub(super) fn eval(
+    op: &Op,
+    operands: &[Option<&Tensor>],
+    out: &[TensorType],
+) -> Result<Vec<Tensor>, String> {
+    let arg = |i: usize| {
+        operands.get(i).copied().flatten().ok_or_else(|| format!("operand {i} is missing"))
+    };
     let opt = |i: usize| operands.get(i).copied().flatten();
-    let dims = out[0].shape.as_fixed().ok_or_else(|| format!("result shape {} is not known", out[0]))?;
+    let dims =
+        out[0].shape.as_fixed().ok_or_else(|| format!("result shape {} is not known", out[0]))?;
     let x = arg(0)?;
     // Inference has checked ranks, axes and shapes; what is left to check here is data.
-    let ax = |a: i64, rank: usize| normalize_axis(a, rank).ok_or_else(|| format!("axis {a} is out of range for rank {rank}"));
+    let ax = |a: i64, rank: usize| {
+        normalize_axis(a, rank).ok_or_else(|| format!("axis {a} is out of range for rank {rank}"))
+    };
     let y = match op {
         Op::GatherElements { axis } => {
             let offs = gather_elements(x.dims(), arg(1)?, ax(*axis, x.rank())?)?;
@@ -37,17 +46,29 @@ pub(super) fn eval(op: &Op, operands: &[Option<&Tensor>], out: &[TensorType]) ->
         }
         Op::Tile => {
             let st = strides(x.dims());
-            let offs = offsets(&dims, |pos| pos.iter().zip(x.dims()).zip(&st).map(|((&p, &n), &s)| (p % n) * s).sum());
+            let offs = offsets(&dims, |pos| {
+                pos.iter().zip(x.dims()).zip(&st).map(|((&p, &n), &s)| (p % n) * s).sum()
+            });
             typed!(x.dtype(), pick(x, &offs, &dims))
         }
         Op::Pad { mode } => {
             let pads = arg(1)?.to_i64s();
             let axes = opt(3).map(Tensor::to_i64s);
             let amounts = pad_amounts(&pads, axes.as_deref(), x.rank())?;
-            let maps: Vec<Vec<Option<usize>>> =
-                x.dims().iter().zip(&amounts).zip(&dims).map(|((&n, &(lo, hi)), &size)| pad_axis(*mode, n, lo, hi, size)).collect();
+            let maps: Vec<Vec<Option<usize>>> = x
+                .dims()
+                .iter()
+                .zip(&amounts)
+                .zip(&dims)
+                .map(|((&n, &(lo, hi)), &size)| pad_axis(*mode, n, lo, hi, size))
+                .collect();
             let st = strides(x.dims());
-            let offs = offsets(&dims, |pos| pos.iter().zip(&maps).zip(&st).try_fold(0, |acc, ((&p, map), &s)| map[p].map(|i| acc + i * s)));
+            let offs = offsets(&dims, |pos| {
+                pos.iter()
+                    .zip(&maps)
+                    .zip(&st)
+                    .try_fold(0, |acc, ((&p, map), &s)| map[p].map(|i| acc + i * s))
+            });
             typed!(x.dtype(), pick_or(x, &offs, opt(2), &dims))
         }
         Op::OneHot { axis } => {
@@ -60,13 +81,19 @@ pub(super) fn eval(op: &Op, operands: &[Option<&Tensor>], out: &[TensorType]) ->
             typed!(x.dtype(), trilu(x, k, *upper))
         }
         Op::DepthToSpace { blocksize: b, crd } => {
-            let [n, c, h, w] = <[usize; 4]>::try_from(x.dims()).map_err(|_| format!("{} is not 4-D", x.ty()))?;
+            let [n, c, h, w] =
+                <[usize; 4]>::try_from(x.dims()).map_err(|_| format!("{} is not 4-D", x.ty()))?;
             let c = c / (b * b);
-            let (tmp, perm) = if *crd { ([n, c, *b, *b, h, w], [0, 1, 4, 2, 5, 3]) } else { ([n, *b, *b, c, h, w], [0, 3, 4, 1, 5, 2]) };
+            let (tmp, perm) = if *crd {
+                ([n, c, *b, *b, h, w], [0, 1, 4, 2, 5, 3])
+            } else {
+                ([n, *b, *b, c, h, w], [0, 3, 4, 1, 5, 2])
+            };
             typed!(x.dtype(), rearrange(x, &tmp, &perm, &dims))
         }
         Op::SpaceToDepth { blocksize: b } => {
-            let [n, c, h, w] = <[usize; 4]>::try_from(x.dims()).map_err(|_| format!("{} is not 4-D", x.ty()))?;
+            let [n, c, h, w] =
+                <[usize; 4]>::try_from(x.dims()).map_err(|_| format!("{} is not 4-D", x.ty()))?;
             let tmp = [n, c, h / b, *b, w / b, *b];
             typed!(x.dtype(), rearrange(x, &tmp, &[0, 3, 5, 1, 2, 4], &dims))
         }
@@ -89,18 +116,32 @@ pub(super) fn eval(op: &Op, operands: &[Option<&Tensor>], out: &[TensorType]) ->
 /// The elements of `x` at `offs`, as a tensor of `dims`.
 fn pick<T: Element>(x: &Tensor, offs: &[usize], dims: &[usize]) -> Tensor {
     let xs = x.as_slice::<T>().expect("dispatched on the dtype");
-    Tensor::from_vec(dims, offs.iter().map(|&o| xs[o]).collect()).expect("one offset per result element")
+    Tensor::from_vec(dims, offs.iter().map(|&o| xs[o]).collect())
+        .expect("one offset per result element")
 }
 
 /// Like `pick`, with `fill` (a one-element tensor of x's dtype; zero if absent) where there is no offset.
-fn pick_or<T: Element>(x: &Tensor, offs: &[Option<usize>], fill: Option<&Tensor>, dims: &[usize]) -> Tensor {
+fn pick_or<T: Element>(
+    x: &Tensor,
+    offs: &[Option<usize>],
+    fill: Option<&Tensor>,
+    dims: &[usize],
+) -> Tensor {
     let xs = x.as_slice::<T>().expect("dispatched on the dtype");
-    let fill = fill.and_then(|t| t.as_slice::<T>().ok()?.first().copied()).unwrap_or_else(|| T::from_i128(0));
-    Tensor::from_vec(dims, offs.iter().map(|o| o.map_or(fill, |o| xs[o])).collect()).expect("one offset per result element")
+    let fill = fill
+        .and_then(|t| t.as_slice::<T>().ok()?.first().copied())
+        .unwrap_or_else(|| T::from_i128(0));
+    Tensor::from_vec(dims, offs.iter().map(|o| o.map_or(fill, |o| xs[o])).collect())
+        .expect("one offset per result element")
 }
 
 /// A copy of `x` with `updates[k]` combined into element `offs[k]`, in order.
-fn scatter<T: Element>(x: &Tensor, offs: &[usize], updates: &Tensor, r: ScatterReduction) -> Tensor {
+fn scatter<T: Element>(
+    x: &Tensor,
+    offs: &[usize],
+    updates: &Tensor,
+    r: ScatterReduction,
+) -> Tensor {
     let mut out = x.as_slice::<T>().expect("dispatched on the dtype").to_vec();
     let upd = updates.as_slice::<T>().expect("inference checked the dtypes");
     for (&o, &u) in offs.iter().zip(upd) {
@@ -149,7 +190,9 @@ fn combine<T: Element>(r: ScatterReduction, old: T, new: T) -> T {
 /// `x` viewed as `tmp`, permuted by `perm`, laid out as `dims` (DepthToSpace, SpaceToDepth).
 fn rearrange<T: Element>(x: &Tensor, tmp: &[usize], perm: &[usize], dims: &[usize]) -> Tensor {
     let xr = x.reshape(tmp).expect("inference checked the sizes");
-    tensor(view::<T>(&xr).permuted_axes(IxDyn(perm)).to_owned()).reshape(dims).expect("inference checked the sizes")
+    tensor(view::<T>(&xr).permuted_axes(IxDyn(perm)).to_owned())
+        .reshape(dims)
+        .expect("inference checked the sizes")
 }
 
 fn one_hot<T: Element>(indices: &Tensor, values: &Tensor, a: usize, dims: &[usize]) -> Tensor {
@@ -234,7 +277,12 @@ fn gather_elements(xd: &[usize], indices: &Tensor, a: usize) -> Result<Vec<usize
     offsets(indices.dims(), |pos| {
         let j = index(idx[k], xd[a], a)?;
         k += 1;
-        Ok(pos.iter().zip(&st).enumerate().map(|(d, (&p, &s))| if d == a { j * s } else { p * s }).sum())
+        Ok(pos
+            .iter()
+            .zip(&st)
+            .enumerate()
+            .map(|(d, (&p, &s))| if d == a { j * s } else { p * s })
+            .sum())
     })
     .into_iter()
     .collect()
@@ -242,7 +290,10 @@ fn gather_elements(xd: &[usize], indices: &Tensor, a: usize) -> Result<Vec<usize
 
 /// The flat offset in data of `dims` where an index tuple starting at axis `first` points.
 fn tuple_offset(tuple: &[i64], xd: &[usize], st: &[usize], first: usize) -> Result<usize, String> {
-    tuple.iter().enumerate().try_fold(0, |acc, (j, &i)| Ok(acc + index(i, xd[first + j], first + j)? * st[first + j]))
+    tuple
+        .iter()
+        .enumerate()
+        .try_fold(0, |acc, (j, &i)| Ok(acc + index(i, xd[first + j], first + j)? * st[first + j]))
 }
 
 fn gather_nd(xd: &[usize], indices: &Tensor, b: usize) -> Result<Vec<usize>, String> {
@@ -256,7 +307,8 @@ fn gather_nd(xd: &[usize], indices: &Tensor, b: usize) -> Result<Vec<usize>, Str
     let st = strides(xd);
     let mut offs = Vec::with_capacity(batches * per_batch * slice);
     for t in 0..batches * per_batch {
-        let start = (t / per_batch) * batch_size + tuple_offset(&idx[t * m..(t + 1) * m], xd, &st, b)?;
+        let start =
+            (t / per_batch) * batch_size + tuple_offset(&idx[t * m..(t + 1) * m], xd, &st, b)?;
         offs.extend(start..start + slice);
     }
     Ok(offs)
@@ -348,7 +400,8 @@ fn compress(x: &Tensor, condition: &Tensor, a: Option<usize>) -> Result<Vec<usiz
     if let Some(p) = c.iter().rposition(|&b| b).filter(|&p| p >= n) {
         return Err(format!("condition selects index {p}, out of range for axis {a} of size {n}"));
     }
-    let kept: Vec<usize> = c.iter().take(n).enumerate().filter(|(_, &b)| b).map(|(j, _)| j).collect();
+    let kept: Vec<usize> =
+        c.iter().take(n).enumerate().filter(|(_, &b)| b).map(|(j, _)| j).collect();
     let inner: usize = xd[a + 1..].iter().product();
     let outer: usize = xd[..a].iter().product();
     let mut offs = Vec::with_capacity(outer * kept.len() * inner);
@@ -361,12 +414,19 @@ fn compress(x: &Tensor, condition: &Tensor, a: Option<usize>) -> Result<Vec<usiz
     Ok(offs)
 }
 
-fn reverse_sequence(xd: &[usize], lens: &Tensor, batch_axis: usize, time_axis: usize) -> Result<Vec<usize>, String> {
+fn reverse_sequence(
+    xd: &[usize],
+    lens: &Tensor,
+    batch_axis: usize,
+    time_axis: usize,
+) -> Result<Vec<usize>, String> {
     let lens = lens.to_i64s();
     let steps = xd[time_axis];
     for (b, &l) in lens.iter().enumerate() {
         if !(0..=steps as i64).contains(&l) {
-            return Err(format!("sequence_lens[{b}] = {l} is out of range for a time axis of size {steps}"));
+            return Err(format!(
+                "sequence_lens[{b}] = {l} is out of range for a time axis of size {steps}"
+            ));
         }
     }
     let st = strides(xd);
@@ -374,6 +434,10 @@ fn reverse_sequence(xd: &[usize], lens: &Tensor, batch_axis: usize, time_axis: u
         let (b, t) = (pos[batch_axis], pos[time_axis]);
         let len = lens[b] as usize;
         let src_t = if t < len { len - 1 - t } else { t };
-        pos.iter().zip(&st).enumerate().map(|(d, (&p, &s))| if d == time_axis { src_t * s } else { p * s }).sum()
+        pos.iter()
+            .zip(&st)
+            .enumerate()
+            .map(|(d, (&p, &s))| if d == time_axis { src_t * s } else { p * s })
+            .sum()
     }))
 }

@@ -3,7 +3,11 @@
 use crate::op::{Loss, LossReduction};
 use crate::{Op, Tensor, TensorType};
 
-pub(super) fn eval(op: &Op, operands: &[Option<&Tensor>], out: &[TensorType]) -> Result<Vec<Tensor>, String> {
+pub(super) fn eval(
+    op: &Op,
+    operands: &[Option<&Tensor>],
+    out: &[TensorType],
+) -> Result<Vec<Tensor>, String> {
     let (l, softmax) = match op {
         Op::NllLoss(l) => (l, false),
         Op::SoftmaxCrossEntropyLoss(l) => (l, true),
@@ -51,7 +55,15 @@ fn log_softmax_classes(v: &mut [f64], n: usize, c: usize, inner: usize) {
 }
 
 /// `-w[t] * x[b, t, i]` for each target `t` (0 where it is ignored), and the sum of the weights used.
-fn nll(l: &Loss, x: &[f64], targets: &[i64], weight: Option<&[f64]>, n: usize, c: usize, inner: usize) -> Result<(Vec<f64>, f64), String> {
+fn nll(
+    l: &Loss,
+    x: &[f64],
+    targets: &[i64],
+    weight: Option<&[f64]>,
+    n: usize,
+    c: usize,
+    inner: usize,
+) -> Result<(Vec<f64>, f64), String> {
     let mut losses = vec![0.0; n * inner];
     let mut weight_sum = 0.0;
     for b in 0..n {
@@ -60,8 +72,9 @@ fn nll(l: &Loss, x: &[f64], targets: &[i64], weight: Option<&[f64]>, n: usize, c
             if l.ignore_index == Some(t) {
                 continue;
             }
-            let k =
-                usize::try_from(t).ok().filter(|&k| k < c).ok_or_else(|| format!("target {t} is not a class in 0..{c} (and not ignore_index)"))?;
+            let k = usize::try_from(t).ok().filter(|&k| k < c).ok_or_else(|| {
+                format!("target {t} is not a class in 0..{c} (and not ignore_index)")
+            })?;
             let w = weight.map_or(1.0, |w| w[k]);
             losses[b * inner + i] = -w * x[(b * c + k) * inner + i];
             weight_sum += w;

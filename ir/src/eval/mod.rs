@@ -38,7 +38,10 @@ pub fn run(graph: &Graph, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
     run_values(graph, &inputs)?
         .into_iter()
         .zip(graph.outputs())
-        .map(|(v, (name, _))| v.into_tensor().map_err(|msg| IrError::Input { name: name.clone(), msg: format!("output: {msg}") }))
+        .map(|(v, (name, _))| {
+            v.into_tensor()
+                .map_err(|msg| IrError::Input { name: name.clone(), msg: format!("output: {msg}") })
+        })
         .collect()
 }
 
@@ -67,8 +70,13 @@ pub fn run_values(graph: &Graph, inputs: &[Value]) -> Result<Vec<Value>> {
         }
         let operand_ids = graph.operands(id);
         let results = {
-            let operands: Vec<Option<&Value>> = operand_ids.iter().map(|o| o.map(|v| &values[&v])).collect();
-            eval_node(&node.op, &operands, node.outputs.len()).map_err(|msg| IrError::Eval { node: node.name.clone(), op: node.op.name(), msg })?
+            let operands: Vec<Option<&Value>> =
+                operand_ids.iter().map(|o| o.map(|v| &values[&v])).collect();
+            eval_node(&node.op, &operands, node.outputs.len()).map_err(|msg| IrError::Eval {
+                node: node.name.clone(),
+                op: node.op.name(),
+                msg,
+            })?
         };
         for v in operand_ids.into_iter().flatten() {
             let n = uses.get_mut(&v).expect("counted above");
@@ -89,10 +97,16 @@ pub fn run_values(graph: &Graph, inputs: &[Value]) -> Result<Vec<Value>> {
 
 /// One node on values: ops that take sequences and optionals see them; every other op takes
 /// tensors.
-fn eval_node(op: &Op, operands: &[Option<&Value>], num_outputs: usize) -> Result<Vec<Value>, String> {
+fn eval_node(
+    op: &Op,
+    operands: &[Option<&Value>],
+    num_outputs: usize,
+) -> Result<Vec<Value>, String> {
     match op {
         Op::Sequence(_) | Op::Optional(_) => collection::eval(op, operands),
-        Op::Identity => Ok(vec![operands.first().copied().flatten().ok_or("operand 0 is missing")?.clone()]),
+        Op::Identity => {
+            Ok(vec![operands.first().copied().flatten().ok_or("operand 0 is missing")?.clone()])
+        }
         Op::If { .. } | Op::Scan(_) | Op::Loop(_) => {
             let mut r = control::eval(op, operands)?;
             r.truncate(num_outputs);
@@ -102,7 +116,9 @@ fn eval_node(op: &Op, operands: &[Option<&Value>], num_outputs: usize) -> Result
             let tensors: Vec<Option<&Tensor>> = operands
                 .iter()
                 .enumerate()
-                .map(|(i, o)| o.map(|v| v.as_tensor().map_err(|e| format!("operand {i}: {e}"))).transpose())
+                .map(|(i, o)| {
+                    o.map(|v| v.as_tensor().map_err(|e| format!("operand {i}: {e}"))).transpose()
+                })
                 .collect::<Result<_, String>>()?;
             Ok(eval_op(op, &tensors, num_outputs)?.into_iter().map(Value::Tensor).collect())
         }
@@ -114,13 +130,19 @@ pub fn run_named(graph: &Graph, inputs: &HashMap<String, Tensor>) -> Result<Vec<
     let mut ordered = Vec::with_capacity(graph.inputs().len());
     for &id in graph.inputs() {
         let name = &graph.node(id).name;
-        let t = inputs
-            .get(name)
-            .ok_or_else(|| IrError::Input { name: name.clone(), msg: format!("missing (expected {})", graph.node(id).outputs[0]) })?;
+        let t = inputs.get(name).ok_or_else(|| IrError::Input {
+            name: name.clone(),
+            msg: format!("missing (expected {})", graph.node(id).outputs[0]),
+        })?;
         ordered.push(t.clone());
     }
-    if let Some(extra) = inputs.keys().find(|k| !graph.inputs().iter().any(|&id| &graph.node(id).name == *k)) {
-        return Err(IrError::Input { name: extra.clone(), msg: "the graph has no input of this name".into() });
+    if let Some(extra) =
+        inputs.keys().find(|k| !graph.inputs().iter().any(|&id| &graph.node(id).name == *k))
+    {
+        return Err(IrError::Input {
+            name: extra.clone(),
+            msg: "the graph has no input of this name".into(),
+        });
     }
     run(graph, &ordered)
 }
@@ -129,10 +151,19 @@ pub fn run_named(graph: &Graph, inputs: &HashMap<String, Tensor>) -> Result<Vec<
 /// (in a sequence's elements, each element binds the symbols for itself: they may differ).
 pub fn check_inputs(graph: &Graph, inputs: &[Value]) -> Result<()> {
     if inputs.len() != graph.inputs().len() {
-        let names: Vec<String> = graph.inputs().iter().map(|&id| format!("{}: {}", graph.node(id).name, graph.node(id).outputs[0])).collect();
+        let names: Vec<String> = graph
+            .inputs()
+            .iter()
+            .map(|&id| format!("{}: {}", graph.node(id).name, graph.node(id).outputs[0]))
+            .collect();
         return Err(IrError::Input {
             name: graph.name.clone(),
-            msg: format!("the graph takes {} inputs ({}), {} given", names.len(), names.join(", "), inputs.len()),
+            msg: format!(
+                "the graph takes {} inputs ({}), {} given",
+                names.len(),
+                names.join(", "),
+                inputs.len()
+            ),
         });
     }
     let mut bound: HashMap<&str, usize> = HashMap::new();
@@ -154,11 +185,16 @@ pub fn check_inputs(graph: &Graph, inputs: &[Value]) -> Result<()> {
         }
         for (d, &n) in want.shape.dims().iter().zip(t.dims()) {
             match d {
-                Dim::Fixed(m) if *m != n => return Err(bad(format!("expected {want}, got {}", t.ty()))),
+                Dim::Fixed(m) if *m != n => {
+                    return Err(bad(format!("expected {want}, got {}", t.ty())))
+                }
                 Dim::Sym(s) => {
                     if let Some(&prev) = bound.get(&**s) {
                         if prev != n {
-                            return Err(bad(format!("`{s}` is {prev} in an earlier input but {n} here ({})", t.ty())));
+                            return Err(bad(format!(
+                                "`{s}` is {prev} in an earlier input but {n} here ({})",
+                                t.ty()
+                            )));
                         }
                     }
                     bound.insert(s, n);
@@ -171,28 +207,48 @@ pub fn check_inputs(graph: &Graph, inputs: &[Value]) -> Result<()> {
 }
 
 /// Evaluates one op on concrete operands; returns its first `num_outputs` results.
-pub fn eval_op(op: &Op, operands: &[Option<&Tensor>], num_outputs: usize) -> Result<Vec<Tensor>, String> {
+pub fn eval_op(
+    op: &Op,
+    operands: &[Option<&Tensor>],
+    num_outputs: usize,
+) -> Result<Vec<Tensor>, String> {
     match op {
         Op::Input => return Err("graph inputs are not evaluated".into()),
         Op::Constant(t) => return Ok(vec![t.clone()]),
         // A branch's result shapes are known once it has run.
         Op::If { .. } | Op::Scan(_) | Op::Loop(_) => {
-            let values: Vec<Option<Value>> = operands.iter().map(|o| o.cloned().map(Value::Tensor)).collect();
+            let values: Vec<Option<Value>> =
+                operands.iter().map(|o| o.cloned().map(Value::Tensor)).collect();
             let refs: Vec<Option<&Value>> = values.iter().map(Option::as_ref).collect();
             let mut r = control::eval(op, &refs)?;
             r.truncate(num_outputs);
             return r.into_iter().map(Value::into_tensor).collect();
         }
-        Op::Sequence(_) | Op::Optional(_) => return Err(format!("{} gives a sequence or an optional, not tensors", op.name())),
+        Op::Sequence(_) | Op::Optional(_) => {
+            return Err(format!("{} gives a sequence or an optional, not tensors", op.name()))
+        }
         _ => {}
     }
-    let types: Vec<TensorType> =
-        operands.iter().map(|o| o.map(|t| t.ty()).unwrap_or_else(|| TensorType::new(crate::DType::F32, crate::Shape::scalar()))).collect();
-    let infer_ops: Vec<Option<Operand>> = operands.iter().zip(&types).map(|(o, ty)| o.map(|t| Operand { ty, value: Some(t) })).collect();
+    let types: Vec<TensorType> = operands
+        .iter()
+        .map(|o| {
+            o.map(|t| t.ty())
+                .unwrap_or_else(|| TensorType::new(crate::DType::F32, crate::Shape::scalar()))
+        })
+        .collect();
+    let infer_ops: Vec<Option<Operand>> = operands
+        .iter()
+        .zip(&types)
+        .map(|(o, ty)| o.map(|t| Operand { ty, value: Some(t) }))
+        .collect();
     let out_types = infer::infer(op, &infer_ops, "eval")?;
     let out_dims: Vec<Vec<usize>> = out_types
         .iter()
-        .map(|t| t.shape.as_fixed().ok_or_else(|| format!("result shape {t} is not known from the operands")))
+        .map(|t| {
+            t.shape
+                .as_fixed()
+                .ok_or_else(|| format!("result shape {t} is not known from the operands"))
+        })
         .collect::<Result<_, String>>()?;
     // Each result is checked against the memory available before the op allocates it.
     let limit = crate::memory::available_at_start();
@@ -200,7 +256,9 @@ pub fn eval_op(op: &Op, operands: &[Option<&Tensor>], num_outputs: usize) -> Res
         match crate::memory::bytes_of(dims, t.dtype.size()) {
             Some(b) if b <= limit => {}
             b => {
-                let need = b.map_or("more than 2^64 bytes".to_string(), |b| format!("{b} bytes ({})", crate::memory::human(b)));
+                let need = b.map_or("more than 2^64 bytes".to_string(), |b| {
+                    format!("{b} bytes ({})", crate::memory::human(b))
+                });
                 return Err(format!(
                     "the result {t} needs {need}, more than the {limit} bytes ({}) of memory available",
                     crate::memory::human(limit)
@@ -212,39 +270,83 @@ pub fn eval_op(op: &Op, operands: &[Option<&Tensor>], num_outputs: usize) -> Res
     let mut results = match op {
         Op::Input | Op::Constant(_) => unreachable!("handled above"),
         Op::Unary(u) => vec![elementwise::unary(*u, x(), out_types[0].dtype)?],
-        Op::Binary(b) => vec![elementwise::binary(*b, x(), operands[1].expect("checked"), &out_dims[0])?],
-        Op::Clip => vec![elementwise::clip(x(), operands.get(1).copied().flatten(), operands.get(2).copied().flatten())],
-        Op::Where => vec![elementwise::where_(x(), operands[1].expect("checked"), operands[2].expect("checked"), &out_dims[0])],
+        Op::Binary(b) => {
+            vec![elementwise::binary(*b, x(), operands[1].expect("checked"), &out_dims[0])?]
+        }
+        Op::Clip => vec![elementwise::clip(
+            x(),
+            operands.get(1).copied().flatten(),
+            operands.get(2).copied().flatten(),
+        )],
+        Op::Where => vec![elementwise::where_(
+            x(),
+            operands[1].expect("checked"),
+            operands[2].expect("checked"),
+            &out_dims[0],
+        )],
         Op::Cast { to } => vec![x().cast(*to)],
         Op::Identity => vec![x().clone()],
         Op::MatMul => vec![contraction::matmul(x(), operands[1].expect("checked"), &out_dims[0])?],
-        Op::Gemm(g) => vec![contraction::gemm(g, x(), operands[1].expect("checked"), operands.get(2).copied().flatten())?],
-        Op::Conv(c) => vec![window::conv(c, x(), operands[1].expect("checked"), operands.get(2).copied().flatten(), &out_dims[0])?],
+        Op::Gemm(g) => vec![contraction::gemm(
+            g,
+            x(),
+            operands[1].expect("checked"),
+            operands.get(2).copied().flatten(),
+        )?],
+        Op::Conv(c) => vec![window::conv(
+            c,
+            x(),
+            operands[1].expect("checked"),
+            operands.get(2).copied().flatten(),
+            &out_dims[0],
+        )?],
         Op::Pool(p) => window::pool(p, x(), &out_dims[0], num_outputs > 1)?,
         Op::GlobalPool(k) => vec![window::global_pool(*k, x())],
         Op::Softmax { axis } => vec![normalize::softmax(x(), *axis)],
-        Op::LayerNorm { axis, epsilon } => {
-            normalize::layer_norm(x(), operands[1].expect("checked"), operands.get(2).copied().flatten(), *axis, *epsilon, &out_types)?
-        }
+        Op::LayerNorm { axis, epsilon } => normalize::layer_norm(
+            x(),
+            operands[1].expect("checked"),
+            operands.get(2).copied().flatten(),
+            *axis,
+            *epsilon,
+            &out_types,
+        )?,
         Op::BatchNorm { epsilon } => {
-            vec![normalize::batch_norm(x(), &operands[1..5].iter().map(|o| o.expect("checked")).collect::<Vec<_>>(), *epsilon)]
+            vec![normalize::batch_norm(
+                x(),
+                &operands[1..5].iter().map(|o| o.expect("checked")).collect::<Vec<_>>(),
+                *epsilon,
+            )]
         }
-        Op::Reduce(r) => vec![reduce::reduce(r, x(), operands.get(1).copied().flatten(), &out_dims[0])?],
+        Op::Reduce(r) => {
+            vec![reduce::reduce(r, x(), operands.get(1).copied().flatten(), &out_dims[0])?]
+        }
         Op::Reshape { .. } | Op::Flatten { .. } | Op::Squeeze | Op::Unsqueeze => {
             vec![x().reshape(&out_dims[0]).map_err(|e| e.to_string())?]
         }
         Op::Transpose { perm } => vec![movement::transpose(x(), perm)],
-        Op::Concat { axis } => vec![movement::concat(&operands.iter().map(|o| o.expect("checked")).collect::<Vec<_>>(), *axis)],
+        Op::Concat { axis } => vec![movement::concat(
+            &operands.iter().map(|o| o.expect("checked")).collect::<Vec<_>>(),
+            *axis,
+        )],
         Op::Split { axis, .. } => movement::split(x(), *axis, &out_dims),
-        Op::Slice => vec![movement::slice(x(), &operands[1..].iter().map(|o| o.map(|t| t.to_i64s())).collect::<Vec<_>>())?],
-        Op::Gather { axis } => vec![movement::gather(x(), operands[1].expect("checked"), *axis, &out_dims[0])?],
+        Op::Slice => vec![movement::slice(
+            x(),
+            &operands[1..].iter().map(|o| o.map(|t| t.to_i64s())).collect::<Vec<_>>(),
+        )?],
+        Op::Gather { axis } => {
+            vec![movement::gather(x(), operands[1].expect("checked"), *axis, &out_dims[0])?]
+        }
         Op::Expand => vec![movement::expand(x(), &out_dims[0])],
         Op::Einsum { equation } => contraction::einsum(equation, operands, &out_types)?,
         Op::ConvTranspose(c) => window::conv_transpose(c, operands, &out_types)?,
         Op::LogSoftmax { .. } | Op::Hardmax { .. } => normalize::eval(op, operands, &out_types)?,
-        Op::InstanceNorm { .. } | Op::GroupNorm { .. } | Op::RmsNorm { .. } | Op::Lrn(_) | Op::LpNorm { .. } | Op::MeanVarianceNorm { .. } => {
-            normalize::eval(op, operands, &out_types)?
-        }
+        Op::InstanceNorm { .. }
+        | Op::GroupNorm { .. }
+        | Op::RmsNorm { .. }
+        | Op::Lrn(_)
+        | Op::LpNorm { .. }
+        | Op::MeanVarianceNorm { .. } => normalize::eval(op, operands, &out_types)?,
         Op::ArgReduce(r) => reduce::arg_reduce(r, operands, &out_types)?,
         Op::Cumulative(c) => reduce::cumulative(c, operands)?,
         Op::TopK { axis, largest, .. } => reduce::top_k(*axis, *largest, operands, &out_types)?,
@@ -267,11 +369,19 @@ pub fn eval_op(op: &Op, operands: &[Option<&Tensor>], num_outputs: usize) -> Res
         | Op::Compress { .. }
         | Op::ReverseSequence { .. } => indexing::eval(op, operands, &out_types)?,
         Op::Resize(r) => resize::eval(r, operands, &out_types)?,
-        Op::Rnn(_) | Op::Attention(_) | Op::RotaryEmbedding(_) => sequence::eval(op, operands, &out_types)?,
+        Op::Rnn(_) | Op::Attention(_) | Op::RotaryEmbedding(_) => {
+            sequence::eval(op, operands, &out_types)?
+        }
         Op::NllLoss(_) | Op::SoftmaxCrossEntropyLoss(_) => loss::eval(op, operands, &out_types)?,
-        Op::Quantize { axis, block_size, .. } => vec![quantize::quantize(*axis, *block_size, operands, &out_types[0])?],
-        Op::Dequantize { axis, block_size } => vec![quantize::dequantize(*axis, *block_size, operands, &out_types[0])?],
-        Op::If { .. } | Op::Scan(_) | Op::Loop(_) | Op::Sequence(_) | Op::Optional(_) => unreachable!("handled above"),
+        Op::Quantize { axis, block_size, .. } => {
+            vec![quantize::quantize(*axis, *block_size, operands, &out_types[0])?]
+        }
+        Op::Dequantize { axis, block_size } => {
+            vec![quantize::dequantize(*axis, *block_size, operands, &out_types[0])?]
+        }
+        Op::If { .. } | Op::Scan(_) | Op::Loop(_) | Op::Sequence(_) | Op::Optional(_) => {
+            unreachable!("handled above")
+        }
     };
     results.truncate(num_outputs);
     Ok(results)
@@ -281,14 +391,19 @@ pub fn eval_op(op: &Op, operands: &[Option<&Tensor>], num_outputs: usize) -> Res
 
 /// A zero-copy ndarray view of a tensor of element type `T`.
 pub(crate) fn view<T: Element>(t: &Tensor) -> ArrayViewD<'_, T> {
-    ArrayViewD::from_shape(IxDyn(t.dims()), t.as_slice::<T>().expect("dispatched on the tensor's dtype")).expect("dims match the data")
+    ArrayViewD::from_shape(
+        IxDyn(t.dims()),
+        t.as_slice::<T>().expect("dispatched on the tensor's dtype"),
+    )
+    .expect("dims match the data")
 }
 
 /// A tensor from an ndarray array (copied into row-major order).
 pub(crate) fn tensor<T: Element>(a: ArrayD<T>) -> Tensor {
     let dims = a.shape().to_vec();
     let a = a.as_standard_layout();
-    Tensor::from_slice(&dims, a.as_slice().expect("standard layout is contiguous")).expect("dims match the data")
+    Tensor::from_slice(&dims, a.as_slice().expect("standard layout is contiguous"))
+        .expect("dims match the data")
 }
 
 /// Calls `$f::<T>(args)` for the Rust type `T` of a runtime dtype.

@@ -8,7 +8,8 @@ use crate::infer::slice_axis;
 use crate::{normalize_axis, Element, Tensor};
 
 pub(super) fn transpose(x: &Tensor, perm: &[usize]) -> Tensor {
-    let perm: Vec<usize> = if perm.is_empty() { (0..x.rank()).rev().collect() } else { perm.to_vec() };
+    let perm: Vec<usize> =
+        if perm.is_empty() { (0..x.rank()).rev().collect() } else { perm.to_vec() };
     fn go<T: Element>(x: &Tensor, perm: &[usize]) -> Tensor {
         tensor(view::<T>(x).permuted_axes(IxDyn(perm)).to_owned())
     }
@@ -31,7 +32,8 @@ pub(super) fn split(x: &Tensor, axis: i64, outs: &[Vec<usize>]) -> Vec<Tensor> {
         let mut start = 0;
         outs.iter()
             .map(|d| {
-                let part = v.slice_axis(Axis(a), ndarray::Slice::from(start..start + d[a])).to_owned();
+                let part =
+                    v.slice_axis(Axis(a), ndarray::Slice::from(start..start + d[a])).to_owned();
                 start += d[a];
                 tensor(part)
             })
@@ -44,7 +46,8 @@ pub(super) fn split(x: &Tensor, axis: i64, outs: &[Vec<usize>]) -> Vec<Tensor> {
 pub(super) fn slice(x: &Tensor, params: &[Option<Vec<i64>>]) -> Result<Tensor, String> {
     let starts = params[0].clone().expect("checked");
     let ends = params[1].clone().expect("checked");
-    let axes = params.get(2).cloned().flatten().unwrap_or_else(|| (0..starts.len() as i64).collect());
+    let axes =
+        params.get(2).cloned().flatten().unwrap_or_else(|| (0..starts.len() as i64).collect());
     let steps = params.get(3).cloned().flatten().unwrap_or_else(|| vec![1; starts.len()]);
     // The index list each axis keeps, in order.
     let mut picks: Vec<Option<Vec<usize>>> = vec![None; x.rank()];
@@ -65,7 +68,12 @@ pub(super) fn slice(x: &Tensor, params: &[Option<Vec<i64>>]) -> Result<Tensor, S
     Ok(typed!(x.dtype(), go(x, &picks)))
 }
 
-pub(super) fn gather(x: &Tensor, indices: &Tensor, axis: i64, out: &[usize]) -> Result<Tensor, String> {
+pub(super) fn gather(
+    x: &Tensor,
+    indices: &Tensor,
+    axis: i64,
+    out: &[usize],
+) -> Result<Tensor, String> {
     let a = normalize_axis(axis, x.rank()).expect("inferred");
     let n = x.dims()[a] as i64;
     let idx = indices

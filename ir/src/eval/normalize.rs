@@ -66,8 +66,15 @@ pub(super) fn layer_norm(
         means.push(mean);
         inv_stds.push(inv);
     }
-    let stat = |vals: &[f64], t: &TensorType| Tensor::from_f64s(t.dtype, &t.shape.as_fixed().expect("fixed"), vals).map_err(|e| e.to_string());
-    Ok(vec![Tensor::from_f64s(x.dtype(), x.dims(), &y).map_err(|e| e.to_string())?, stat(&means, &types[1])?, stat(&inv_stds, &types[2])?])
+    let stat = |vals: &[f64], t: &TensorType| {
+        Tensor::from_f64s(t.dtype, &t.shape.as_fixed().expect("fixed"), vals)
+            .map_err(|e| e.to_string())
+    };
+    Ok(vec![
+        Tensor::from_f64s(x.dtype(), x.dims(), &y).map_err(|e| e.to_string())?,
+        stat(&means, &types[1])?,
+        stat(&inv_stds, &types[2])?,
+    ])
 }
 
 /// Inference-mode batch normalisation; `params` = scale, bias, mean, var.
@@ -90,8 +97,14 @@ pub(super) fn batch_norm(x: &Tensor, params: &[&Tensor], eps: f32) -> Tensor {
 }
 
 /// LogSoftmax, Hardmax, InstanceNormalization, GroupNormalization, RMSNormalization, LRN, LpNormalization, MeanVarianceNormalization.
-pub(super) fn eval(op: &Op, operands: &[Option<&Tensor>], _out: &[TensorType]) -> Result<Vec<Tensor>, String> {
-    let arg = |i: usize| operands.get(i).copied().flatten().ok_or_else(|| format!("operand {i} is missing"));
+pub(super) fn eval(
+    op: &Op,
+    operands: &[Option<&Tensor>],
+    _out: &[TensorType],
+) -> Result<Vec<Tensor>, String> {
+    let arg = |i: usize| {
+        operands.get(i).copied().flatten().ok_or_else(|| format!("operand {i} is missing"))
+    };
     let x = arg(0)?;
     let y = match op {
         Op::LogSoftmax { axis } => along_axis(x, *axis, |v| {
@@ -110,12 +123,18 @@ pub(super) fn eval(op: &Op, operands: &[Option<&Tensor>], _out: &[TensorType]) -
             v.iter_mut().enumerate().for_each(|(j, e)| *e = (j == best) as u8 as f64);
         }),
         Op::LpNorm { axis, p } => along_axis(x, *axis, |v| {
-            let norm = if *p == 1 { v.iter().map(|e| e.abs()).sum::<f64>() } else { v.iter().map(|e| e * e).sum::<f64>().sqrt() };
+            let norm = if *p == 1 {
+                v.iter().map(|e| e.abs()).sum::<f64>()
+            } else {
+                v.iter().map(|e| e * e).sum::<f64>().sqrt()
+            };
             // A zero norm gives zeros rather than NaN (ONNX).
             v.iter_mut().for_each(|e| *e = if norm == 0.0 { 0.0 } else { *e / norm });
         }),
         Op::InstanceNorm { epsilon } => group_norm(x, arg(1)?, arg(2)?, x.dims()[1], *epsilon),
-        Op::GroupNorm { num_groups, epsilon } => group_norm(x, arg(1)?, arg(2)?, *num_groups, *epsilon),
+        Op::GroupNorm { num_groups, epsilon } => {
+            group_norm(x, arg(1)?, arg(2)?, *num_groups, *epsilon)
+        }
         Op::RmsNorm { axis, epsilon } => rms_norm(x, arg(1)?, *axis, *epsilon)?,
         Op::Lrn(l) => lrn(x, l),
         Op::MeanVarianceNorm { axes } => mean_variance_norm(x, axes),
@@ -183,7 +202,12 @@ fn rms_norm(x: &Tensor, scale: &Tensor, axis: i64, eps: f32) -> Result<Vec<f64>,
     let a = normalize_axis(axis, x.rank()).expect("inferred");
     let inner: usize = x.dims()[a..].iter().product();
     let s64 = scale.cast(DType::F64);
-    let s: Vec<f64> = view::<f64>(&s64).broadcast(ndarray::IxDyn(x.dims())).ok_or("scale does not broadcast to the input")?.iter().copied().collect();
+    let s: Vec<f64> = view::<f64>(&s64)
+        .broadcast(ndarray::IxDyn(x.dims()))
+        .ok_or("scale does not broadcast to the input")?
+        .iter()
+        .copied()
+        .collect();
     let mut v = x.to_f64s();
     if inner == 0 {
         return Ok(v);
@@ -223,7 +247,9 @@ fn lrn(x: &Tensor, l: &Lrn) -> Vec<f64> {
 /// epsilon to the standard deviation).
 fn mean_variance_norm(x: &Tensor, axes: &[i64]) -> Vec<f64> {
     let dims = x.dims();
-    let reduced: Vec<bool> = (0..dims.len()).map(|d| axes.iter().any(|&a| normalize_axis(a, dims.len()) == Some(d))).collect();
+    let reduced: Vec<bool> = (0..dims.len())
+        .map(|d| axes.iter().any(|&a| normalize_axis(a, dims.len()) == Some(d)))
+        .collect();
     // Each element's statistics slot: its index with the reduced axes dropped.
     let kept: Vec<usize> = (0..dims.len()).map(|d| if reduced[d] { 1 } else { dims[d] }).collect();
     let kept_strides = super::strides(&kept);
@@ -234,7 +260,10 @@ fn mean_variance_norm(x: &Tensor, axes: &[i64]) -> Vec<f64> {
         let mut idx = vec![0; dims.len()];
         (0..v.len())
             .map(|_| {
-                let s = (0..dims.len()).filter(|&d| !reduced[d]).map(|d| idx[d] * kept_strides[d]).sum();
+                let s = (0..dims.len())
+                    .filter(|&d| !reduced[d])
+                    .map(|d| idx[d] * kept_strides[d])
+                    .sum();
                 for d in (0..dims.len()).rev() {
                     idx[d] += 1;
                     if idx[d] < dims[d] {

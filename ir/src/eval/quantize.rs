@@ -5,13 +5,19 @@ use crate::shape::normalize_axis;
 use crate::{DType, Tensor, TensorType};
 
 /// For each element of `dims`, the index of its scale in a scale of `scale_dims`.
-fn scale_index(dims: &[usize], scale_dims: &[usize], axis: i64, block_size: usize) -> Result<Vec<usize>, String> {
+fn scale_index(
+    dims: &[usize],
+    scale_dims: &[usize],
+    axis: i64,
+    block_size: usize,
+) -> Result<Vec<usize>, String> {
     let n: usize = dims.iter().product();
     let numel: usize = scale_dims.iter().product();
     if numel == 1 && block_size == 0 {
         return Ok(vec![0; n]);
     }
-    let a = normalize_axis(axis, dims.len()).ok_or_else(|| format!("axis {axis} is outside rank {}", dims.len()))?;
+    let a = normalize_axis(axis, dims.len())
+        .ok_or_else(|| format!("axis {axis} is outside rank {}", dims.len()))?;
     let strides = super::strides(dims);
     if block_size == 0 {
         return Ok((0..n).map(|i| (i / strides[a]) % dims[a]).collect());
@@ -40,7 +46,12 @@ pub fn quantized_range(d: DType) -> (f64, f64) {
     }
 }
 
-pub(super) fn quantize(axis: i64, block_size: usize, operands: &[Option<&Tensor>], out: &TensorType) -> Result<Tensor, String> {
+pub(super) fn quantize(
+    axis: i64,
+    block_size: usize,
+    operands: &[Option<&Tensor>],
+    out: &TensorType,
+) -> Result<Tensor, String> {
     let x = operands[0].ok_or("operand 0 is missing")?;
     let scale = operands[1].ok_or("operand 1 is missing")?;
     let zero = operands.get(2).copied().flatten();
@@ -62,7 +73,12 @@ pub(super) fn quantize(axis: i64, block_size: usize, operands: &[Option<&Tensor>
     Tensor::from_f64s(out.dtype, x.dims(), &q).map_err(|e| e.to_string())
 }
 
-pub(super) fn dequantize(axis: i64, block_size: usize, operands: &[Option<&Tensor>], out: &TensorType) -> Result<Tensor, String> {
+pub(super) fn dequantize(
+    axis: i64,
+    block_size: usize,
+    operands: &[Option<&Tensor>],
+    out: &TensorType,
+) -> Result<Tensor, String> {
     let x = operands[0].ok_or("operand 0 is missing")?;
     let scale = operands[1].ok_or("operand 1 is missing")?;
     let zero = operands.get(2).copied().flatten();

@@ -7,25 +7,41 @@ use crate::infer::reduced_axes;
 use crate::op::{Reduce, ReduceKind};
 use crate::{normalize_axis, DType, Element, Tensor, TensorType};
 
-pub(super) fn reduce(r: &Reduce, x: &Tensor, axes: Option<&Tensor>, out: &[usize]) -> Result<Tensor, String> {
-    let axes = reduced_axes(r.noop_with_empty_axes, axes.map(|a| Some(a.to_i64s())), &x.ty())?.expect("constant axes");
+pub(super) fn reduce(
+    r: &Reduce,
+    x: &Tensor,
+    axes: Option<&Tensor>,
+    out: &[usize],
+) -> Result<Tensor, String> {
+    let axes = reduced_axes(r.noop_with_empty_axes, axes.map(|a| Some(a.to_i64s())), &x.ty())?
+        .expect("constant axes");
     let kept: Vec<usize> = (0..x.rank()).filter(|a| !axes.contains(a)).collect();
     let perm: Vec<usize> = kept.iter().chain(&axes).copied().collect();
     let reduced: usize = axes.iter().map(|&a| x.dims()[a]).product();
     let rows: usize = kept.iter().map(|&a| x.dims()[a]).product();
     let exact_ints = (x.dtype().is_int() || x.dtype() == DType::Bool)
-        && matches!(r.kind, ReduceKind::Sum | ReduceKind::Prod | ReduceKind::Max | ReduceKind::Min | ReduceKind::SumSquare | ReduceKind::L1);
+        && matches!(
+            r.kind,
+            ReduceKind::Sum
+                | ReduceKind::Prod
+                | ReduceKind::Max
+                | ReduceKind::Min
+                | ReduceKind::SumSquare
+                | ReduceKind::L1
+        );
     if exact_ints {
         let xi = x.cast(DType::I64);
         let v = view::<i64>(&xi).permuted_axes(perm).as_standard_layout().to_owned();
         let flat = v.as_slice().expect("standard layout");
-        let y: Vec<i64> = (0..rows).map(|i| fold_int(r.kind, &flat[i * reduced..(i + 1) * reduced])).collect();
+        let y: Vec<i64> =
+            (0..rows).map(|i| fold_int(r.kind, &flat[i * reduced..(i + 1) * reduced])).collect();
         return Tensor::from_vec(out, y).map(|t| t.cast(x.dtype())).map_err(|e| e.to_string());
     }
     let x64 = x.cast(DType::F64);
     let v = view::<f64>(&x64).permuted_axes(perm).as_standard_layout().to_owned();
     let flat = v.as_slice().expect("standard layout");
-    let y: Vec<f64> = (0..rows).map(|i| fold_float(r.kind, &flat[i * reduced..(i + 1) * reduced])).collect();
+    let y: Vec<f64> =
+        (0..rows).map(|i| fold_float(r.kind, &flat[i * reduced..(i + 1) * reduced])).collect();
     Tensor::from_f64s(x.dtype(), out, &y).map_err(|e| e.to_string())
 }
 
@@ -34,8 +50,14 @@ fn fold_float(kind: ReduceKind, v: &[f64]) -> f64 {
     match kind {
         ReduceKind::Sum => sum(),
         ReduceKind::Mean => sum() / v.len() as f64,
-        ReduceKind::Max => v.iter().copied().fold(f64::NEG_INFINITY, |m, x| if x > m || x.is_nan() { x } else { m }),
-        ReduceKind::Min => v.iter().copied().fold(f64::INFINITY, |m, x| if x < m || x.is_nan() { x } else { m }),
+        ReduceKind::Max => {
+            v.iter()
+                .copied()
+                .fold(f64::NEG_INFINITY, |m, x| if x > m || x.is_nan() { x } else { m })
+        }
+        ReduceKind::Min => {
+            v.iter().copied().fold(f64::INFINITY, |m, x| if x < m || x.is_nan() { x } else { m })
+        }
         ReduceKind::Prod => v.iter().product(),
         ReduceKind::L1 => v.iter().map(|x| x.abs()).sum(),
         ReduceKind::L2 => v.iter().map(|x| x * x).sum::<f64>().sqrt(),
@@ -64,12 +86,22 @@ fn fold_int(kind: ReduceKind, v: &[i64]) -> i64 {
 }
 
 /// The first operand and the result dims, for the scanning reductions.
-fn operand_and_dims<'t>(operands: &[Option<&'t Tensor>], out: &TensorType) -> Result<(&'t Tensor, Vec<usize>), String> {
-    Ok((operands[0].ok_or("operand 0 is missing")?, out.shape.as_fixed().ok_or("the result shape is known")?))
+fn operand_and_dims<'t>(
+    operands: &[Option<&'t Tensor>],
+    out: &TensorType,
+) -> Result<(&'t Tensor, Vec<usize>), String> {
+    Ok((
+        operands[0].ok_or("operand 0 is missing")?,
+        out.shape.as_fixed().ok_or("the result shape is known")?,
+    ))
 }
 
 /// ArgMax/ArgMin.
-pub(super) fn arg_reduce(r: &crate::op::ArgReduce, operands: &[Option<&Tensor>], out: &[TensorType]) -> Result<Vec<Tensor>, String> {
+pub(super) fn arg_reduce(
+    r: &crate::op::ArgReduce,
+    operands: &[Option<&Tensor>],
+    out: &[TensorType],
+) -> Result<Vec<Tensor>, String> {
     let (x, out_dims) = operand_and_dims(operands, &out[0])?;
     let name = if r.max { "ArgMax" } else { "ArgMin" };
     let a = normalize_axis(r.axis, x.rank()).ok_or("axis checked by inference")?;
@@ -85,7 +117,8 @@ pub(super) fn arg_reduce(r: &crate::op::ArgReduce, operands: &[Option<&Tensor>],
             let mut best = 0;
             for j in 1..n {
                 // ArgMax and ArgMin both pick NaN first, as numpy does.
-                let c = if r.max { v.cmp(at(j), at(best)) } else { v.cmp_nan_least(at(best), at(j)) };
+                let c =
+                    if r.max { v.cmp(at(j), at(best)) } else { v.cmp_nan_least(at(best), at(j)) };
                 if c == Ordering::Greater || (c == Ordering::Equal && r.select_last_index) {
                     best = j;
                 }
@@ -97,16 +130,29 @@ pub(super) fn arg_reduce(r: &crate::op::ArgReduce, operands: &[Option<&Tensor>],
 }
 
 /// CumSum/CumProd along the axis operand 1 gives.
-pub(super) fn cumulative(c: &crate::op::Cumulative, operands: &[Option<&Tensor>]) -> Result<Vec<Tensor>, String> {
+pub(super) fn cumulative(
+    c: &crate::op::Cumulative,
+    operands: &[Option<&Tensor>],
+) -> Result<Vec<Tensor>, String> {
     let x = operands[0].ok_or("operand 0 is missing")?;
-    let axis = operands.get(1).copied().flatten().ok_or("operand 1 is missing")?.to_i64s().first().copied().ok_or("axis must hold one value")?;
-    let a = normalize_axis(axis, x.rank()).ok_or_else(|| format!("axis {axis} is out of range for {}", x.ty()))?;
+    let axis = operands
+        .get(1)
+        .copied()
+        .flatten()
+        .ok_or("operand 1 is missing")?
+        .to_i64s()
+        .first()
+        .copied()
+        .ok_or("axis must hold one value")?;
+    let a = normalize_axis(axis, x.rank())
+        .ok_or_else(|| format!("axis {axis} is out of range for {}", x.ty()))?;
     let (outer, n, inner) = split_at_axis(x.dims(), a);
     let mut v = Nums::of(x);
     for o in 0..outer {
         for i in 0..inner {
             let at = |j: usize| (o * n + j) * inner + i;
-            let order: Vec<usize> = if c.reverse { (0..n).rev().map(at).collect() } else { (0..n).map(at).collect() };
+            let order: Vec<usize> =
+                if c.reverse { (0..n).rev().map(at).collect() } else { (0..n).map(at).collect() };
             v.scan(&order, c.prod, c.exclusive);
         }
     }
@@ -114,7 +160,12 @@ pub(super) fn cumulative(c: &crate::op::Cumulative, operands: &[Option<&Tensor>]
 }
 
 /// TopK: the `k` largest or smallest along the axis, and their indices.
-pub(super) fn top_k(axis: i64, largest: bool, operands: &[Option<&Tensor>], out: &[TensorType]) -> Result<Vec<Tensor>, String> {
+pub(super) fn top_k(
+    axis: i64,
+    largest: bool,
+    operands: &[Option<&Tensor>],
+    out: &[TensorType],
+) -> Result<Vec<Tensor>, String> {
     let (x, d) = operand_and_dims(operands, &out[0])?;
     let a = normalize_axis(axis, x.rank()).ok_or("axis checked by inference")?;
     let k = d[a];
@@ -218,8 +269,14 @@ impl Nums {
             }};
         }
         match self {
-            Nums::Int(v) => run!(v, 0i128, 1i128, |a: i128, x: i128| if prod { a.wrapping_mul(x) } else { a.wrapping_add(x) }),
-            Nums::Float(v) => run!(v, 0.0f64, 1.0f64, |a: f64, x: f64| if prod { a * x } else { a + x }),
+            Nums::Int(v) => run!(v, 0i128, 1i128, |a: i128, x: i128| if prod {
+                a.wrapping_mul(x)
+            } else {
+                a.wrapping_add(x)
+            }),
+            Nums::Float(v) => {
+                run!(v, 0.0f64, 1.0f64, |a: f64, x: f64| if prod { a * x } else { a + x })
+            }
         }
     }
 }

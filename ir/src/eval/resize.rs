@@ -11,9 +11,14 @@ fn given<'a>(operands: &[Option<&'a Tensor>], i: usize) -> Option<&'a Tensor> {
     operands.get(i).copied().flatten().filter(|t| !t.is_empty())
 }
 
-pub(super) fn eval(r: &Resize, operands: &[Option<&Tensor>], _out: &[TensorType]) -> Result<Vec<Tensor>, String> {
+pub(super) fn eval(
+    r: &Resize,
+    operands: &[Option<&Tensor>],
+    _out: &[TensorType],
+) -> Result<Vec<Tensor>, String> {
     let x = operands.first().copied().flatten().ok_or("Resize needs an input")?;
-    let (out, steps) = resize_steps(r, x.dims(), given(operands, 1), given(operands, 2), given(operands, 3))?;
+    let (out, steps) =
+        resize_steps(r, x.dims(), given(operands, 1), given(operands, 2), given(operands, 3))?;
     let mut dims = x.dims().to_vec();
     let mut data = x.to_f64s();
     for step in &steps {
@@ -52,7 +57,13 @@ pub fn resize_steps(
     let roi = nonempty(roi).map(|t| (t.to_f64s(), t.dtype() == DType::F32));
     let scales = nonempty(scales).map(|t| t.to_f64s());
     let sizes = nonempty(sizes).map(|t| t.to_i64s());
-    let plan = resize_plan(r, dims, roi.as_ref().map(|(v, f)| (v.as_slice(), *f)), scales.as_deref(), sizes.as_deref())?;
+    let plan = resize_plan(
+        r,
+        dims,
+        roi.as_ref().map(|(v, f)| (v.as_slice(), *f)),
+        scales.as_deref(),
+        sizes.as_deref(),
+    )?;
     if r.coordinate_transform == CoordinateTransform::TfCropAndResize && plan.roi.is_none() {
         return Err("tf_crop_and_resize needs roi".into());
     }
@@ -73,12 +84,22 @@ pub fn resize_steps(
 /// change and its region of interest is the whole axis.
 fn skip_axis(plan: &ResizePlan, axis: usize, input: usize) -> bool {
     let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * a.abs().max(b.abs());
-    close(plan.scales[axis], 1.0) && plan.out[axis] == input && plan.roi.as_ref().is_none_or(|roi| roi[axis].0 == 0.0 && close(roi[axis].1, 1.0))
+    close(plan.scales[axis], 1.0)
+        && plan.out[axis] == input
+        && plan.roi.as_ref().is_none_or(|roi| roi[axis].0 == 0.0 && close(roi[axis].1, 1.0))
 }
 
 /// The input coordinate of output position `y` on one axis, and whether it lies outside the input
 /// (only tf_crop_and_resize extrapolates).
-fn source_coordinate(mode: CoordinateTransform, y: f64, scale: f64, input: usize, out: usize, roi: (f64, f64), roi_f32: bool) -> (f64, bool) {
+fn source_coordinate(
+    mode: CoordinateTransform,
+    y: f64,
+    scale: f64,
+    input: usize,
+    out: usize,
+    roi: (f64, f64),
+    roi_f32: bool,
+) -> (f64, bool) {
     let (in_f, out_f) = (input as f64, scale * input as f64);
     let x = match mode {
         CoordinateTransform::AlignCorners => {
@@ -195,7 +216,11 @@ fn coefficients(r: &Resize, ratio: f64, scale: f64) -> Vec<f64> {
             let s = scale.min(1.0);
             let start = (-1.0 / s).floor() as i64 + 1;
             let n = 2 - 2 * start;
-            normalise((start..start + n).map(|i| (1.0 - ((i as f64 - ratio) * s).abs()).clamp(0.0, 1.0)).collect())
+            normalise(
+                (start..start + n)
+                    .map(|i| (1.0 - ((i as f64 - ratio) * s).abs()).clamp(0.0, 1.0))
+                    .collect(),
+            )
         }
         ResizeMode::Linear => vec![1.0 - ratio, ratio],
         ResizeMode::Cubic if r.antialias => {
@@ -205,24 +230,43 @@ fn coefficients(r: &Resize, ratio: f64, scale: f64) -> Vec<f64> {
         }
         ResizeMode::Cubic => {
             let a = r.cubic_coeff_a;
-            vec![cubic(ratio + 1.0, a), cubic(ratio, a), cubic(1.0 - ratio, a), cubic(1.0 - ratio + 1.0, a)]
+            vec![
+                cubic(ratio + 1.0, a),
+                cubic(ratio, a),
+                cubic(1.0 - ratio, a),
+                cubic(1.0 - ratio + 1.0, a),
+            ]
         }
     }
 }
 
 /// The taps of every output position along `axis` (of `input` positions).
-fn taps(r: &Resize, plan: &ResizePlan, input: usize, axis: usize) -> Vec<Option<Vec<(usize, f64)>>> {
+fn taps(
+    r: &Resize,
+    plan: &ResizePlan,
+    input: usize,
+    axis: usize,
+) -> Vec<Option<Vec<(usize, f64)>>> {
     let (out, scale) = (plan.out[axis], plan.scales[axis]);
     let roi = plan.roi.as_ref().map_or((0.0, 1.0), |roi| roi[axis]);
     (0..out)
         .map(|y| {
-            let (x, outside) = source_coordinate(r.coordinate_transform, y as f64, scale, input, out, roi, plan.roi_f32);
+            let (x, outside) = source_coordinate(
+                r.coordinate_transform,
+                y as f64,
+                scale,
+                input,
+                out,
+                roi,
+                plan.roi_f32,
+            );
             if outside {
                 return None;
             }
             // The neighbour left of x is preferred: an integer x sits at ratio 1 past x - 1.
             let floor = x.floor();
-            let (base, ratio) = if x == floor { (floor as i64 - 1, 1.0) } else { (floor as i64, x - floor) };
+            let (base, ratio) =
+                if x == floor { (floor as i64 - 1, 1.0) } else { (floor as i64, x - floor) };
             let mut coeffs = coefficients(r, ratio, scale);
             let first = base + 1 - (coeffs.len() / 2) as i64;
             let last = input as i64 - 1;
@@ -237,7 +281,14 @@ fn taps(r: &Resize, plan: &ResizePlan, input: usize, axis: usize) -> Vec<Option<
                 coeffs.iter_mut().for_each(|c| *c /= sum);
             }
             // Zero weights are dropped, so nearest picks a value (0 * inf would give NaN).
-            Some(coeffs.into_iter().enumerate().filter(|(_, c)| *c != 0.0).map(|(j, c)| ((first + j as i64).clamp(0, last) as usize, c)).collect())
+            Some(
+                coeffs
+                    .into_iter()
+                    .enumerate()
+                    .filter(|(_, c)| *c != 0.0)
+                    .map(|(j, c)| ((first + j as i64).clamp(0, last) as usize, c))
+                    .collect(),
+            )
         })
         .collect()
 }
@@ -254,7 +305,10 @@ fn apply_step(r: &Resize, step: &ResizeStep, data: &[f64], dims: &[usize]) -> Ve
         for tap in &step.taps {
             match tap {
                 None => y.extend(std::iter::repeat_n(extrapolation, inner)),
-                Some(tap) => y.extend((0..inner).map(|i| tap.iter().map(|&(k, c)| c * plane[k * inner + i]).sum::<f64>())),
+                Some(tap) => y.extend(
+                    (0..inner)
+                        .map(|i| tap.iter().map(|&(k, c)| c * plane[k * inner + i]).sum::<f64>()),
+                ),
             }
         }
     }

@@ -7,7 +7,11 @@ use super::elementwise::unary_float;
 use crate::op::{Attention, Rnn, RnnCell, RnnDirection, RotaryEmbedding};
 use crate::{DType, Op, Tensor, TensorType};
 
-pub(super) fn eval(op: &Op, operands: &[Option<&Tensor>], out: &[TensorType]) -> Result<Vec<Tensor>, String> {
+pub(super) fn eval(
+    op: &Op,
+    operands: &[Option<&Tensor>],
+    out: &[TensorType],
+) -> Result<Vec<Tensor>, String> {
     match op {
         Op::Rnn(r) => rnn(r, operands, out),
         Op::Attention(a) => attention(a, operands, out),
@@ -34,14 +38,22 @@ fn result(ty: &TensorType, values: &[f64]) -> Result<Tensor, String> {
 /// `m v + b` for a row-major `m` of `b.len()` rows.
 fn mat_vec(m: &[f64], v: &[f64], b: &[f64]) -> Vec<f64> {
     let n = v.len();
-    b.iter().enumerate().map(|(j, bj)| m[j * n..(j + 1) * n].iter().zip(v).map(|(a, x)| a * x).sum::<f64>() + bj).collect()
+    b.iter()
+        .enumerate()
+        .map(|(j, bj)| m[j * n..(j + 1) * n].iter().zip(v).map(|(a, x)| a * x).sum::<f64>() + bj)
+        .collect()
 }
 
 fn rnn(r: &Rnn, operands: &[Option<&Tensor>], out: &[TensorType]) -> Result<Vec<Tensor>, String> {
     let x = get(operands, 0)?;
     let xd = x.dims();
-    let (seq, batch, input) = if r.batch_first { (xd[1], xd[0], xd[2]) } else { (xd[0], xd[1], xd[2]) };
-    let hidden = out[1].shape.as_fixed().and_then(|d| d.last().copied()).ok_or("Y_h's shape is not known")?;
+    let (seq, batch, input) =
+        if r.batch_first { (xd[1], xd[0], xd[2]) } else { (xd[0], xd[1], xd[2]) };
+    let hidden = out[1]
+        .shape
+        .as_fixed()
+        .and_then(|d| d.last().copied())
+        .ok_or("Y_h's shape is not known")?;
     let dirs = if r.direction == RnnDirection::Bidirectional { 2 } else { 1 };
     let (g, per) = match r.cell {
         RnnCell::Simple => (1, 1),
@@ -52,7 +64,8 @@ fn rnn(r: &Rnn, operands: &[Option<&Tensor>], out: &[TensorType]) -> Result<Vec<
     let xv = x.to_f64s();
     let w = get(operands, 1)?.to_f64s();
     let rw = get(operands, 2)?.to_f64s();
-    let values_or_zeros = |i: usize, n: usize| opt(operands, i).map_or_else(|| vec![0.0; n], |t| t.to_f64s());
+    let values_or_zeros =
+        |i: usize, n: usize| opt(operands, i).map_or_else(|| vec![0.0; n], |t| t.to_f64s());
     let bias = values_or_zeros(3, dirs * 2 * gh);
     let h0 = values_or_zeros(5, dirs * batch * hidden);
     let c0 = values_or_zeros(6, dirs * batch * hidden);
@@ -62,7 +75,12 @@ fn rnn(r: &Rnn, operands: &[Option<&Tensor>], out: &[TensorType]) -> Result<Vec<
         Some(t) => t
             .to_i64s()
             .into_iter()
-            .map(|l| usize::try_from(l).ok().filter(|&l| l <= seq).ok_or_else(|| format!("sequence length {l} is outside 0..={seq}")))
+            .map(|l| {
+                usize::try_from(l)
+                    .ok()
+                    .filter(|&l| l <= seq)
+                    .ok_or_else(|| format!("sequence length {l} is outside 0..={seq}"))
+            })
             .collect::<Result<_, _>>()?,
     };
     let acts = r.effective_activations();
@@ -71,9 +89,27 @@ fn rnn(r: &Rnn, operands: &[Option<&Tensor>], out: &[TensorType]) -> Result<Vec<
         None => v,
     };
     // Where (time, direction, batch) and (direction, batch) live in the two layouts.
-    let y_at = |t: usize, d: usize, b: usize| if r.batch_first { ((b * seq + t) * dirs + d) * hidden } else { ((t * dirs + d) * batch + b) * hidden };
-    let state_at = |d: usize, b: usize| if r.batch_first { (b * dirs + d) * hidden } else { (d * batch + b) * hidden };
-    let x_at = |t: usize, b: usize| if r.batch_first { (b * seq + t) * input } else { (t * batch + b) * input };
+    let y_at = |t: usize, d: usize, b: usize| {
+        if r.batch_first {
+            ((b * seq + t) * dirs + d) * hidden
+        } else {
+            ((t * dirs + d) * batch + b) * hidden
+        }
+    };
+    let state_at = |d: usize, b: usize| {
+        if r.batch_first {
+            (b * dirs + d) * hidden
+        } else {
+            (d * batch + b) * hidden
+        }
+    };
+    let x_at = |t: usize, b: usize| {
+        if r.batch_first {
+            (b * seq + t) * input
+        } else {
+            (t * batch + b) * input
+        }
+    };
 
     let mut y = vec![0.0; seq * dirs * batch * hidden];
     let mut y_h = vec![0.0; dirs * batch * hidden];
@@ -101,9 +137,12 @@ fn rnn(r: &Rnn, operands: &[Option<&Tensor>], out: &[TensorType]) -> Result<Vec<
                     RnnCell::Gru { linear_before_reset } => {
                         // Gate rows: z, r, h.
                         let z: Vec<f64> = (0..hs).map(|k| act(0, clip(gx[k] + gr[k]))).collect();
-                        let rg: Vec<f64> = (0..hs).map(|k| act(0, clip(gx[hs + k] + gr[hs + k]))).collect();
+                        let rg: Vec<f64> =
+                            (0..hs).map(|k| act(0, clip(gx[hs + k] + gr[hs + k]))).collect();
                         let cand: Vec<f64> = if linear_before_reset {
-                            (0..hs).map(|k| act(1, clip(gx[2 * hs + k] + rg[k] * gr[2 * hs + k]))).collect()
+                            (0..hs)
+                                .map(|k| act(1, clip(gx[2 * hs + k] + rg[k] * gr[2 * hs + k])))
+                                .collect()
                         } else {
                             let rh: Vec<f64> = (0..hs).map(|k| rg[k] * h[k]).collect();
                             let hr = mat_vec(&rd[2 * hs * hs..], &rh, &rb[2 * hs..]);
@@ -117,7 +156,11 @@ fn rnn(r: &Rnn, operands: &[Option<&Tensor>], out: &[TensorType]) -> Result<Vec<
                         for k in 0..hs {
                             let i = act(0, clip(gx[k] + gr[k] + p[k] * c[k]));
                             // Coupled gates: what is let in replaces what is forgotten.
-                            let f = if input_forget { 1.0 - i } else { act(0, clip(gx[2 * hs + k] + gr[2 * hs + k] + p[2 * hs + k] * c[k])) };
+                            let f = if input_forget {
+                                1.0 - i
+                            } else {
+                                act(0, clip(gx[2 * hs + k] + gr[2 * hs + k] + p[2 * hs + k] * c[k]))
+                            };
                             let cand = act(1, clip(gx[3 * hs + k] + gr[3 * hs + k]));
                             c[k] = f * c[k] + i * cand;
                             let o = act(0, clip(gx[hs + k] + gr[hs + k] + p[hs + k] * c[k]));
@@ -177,7 +220,11 @@ fn concat_seq(past: Option<(&[f64], usize)>, new: &[f64], [b, h, s, size]: [usiz
     o
 }
 
-fn attention(a: &Attention, operands: &[Option<&Tensor>], out: &[TensorType]) -> Result<Vec<Tensor>, String> {
+fn attention(
+    a: &Attention,
+    operands: &[Option<&Tensor>],
+    out: &[TensorType],
+) -> Result<Vec<Tensor>, String> {
     let (q, k, v) = (get(operands, 0)?, get(operands, 1)?, get(operands, 2)?);
     let (qv, [batch, qh, sq, hs]) = heads_first(q, a.q_num_heads);
     let (kv, kd @ [_, kh, skv, _]) = heads_first(k, a.kv_num_heads);
@@ -207,7 +254,10 @@ fn attention(a: &Attention, operands: &[Option<&Tensor>], out: &[TensorType]) ->
                             f64::NEG_INFINITY
                         } else {
                             let pick = |n: usize, d: usize| if d == 1 { 0 } else { n };
-                            let e = mv[((pick(b, md[0]) * md[1] + pick(h, md[1])) * md[2] + pick(i, md[2])) * md[3] + j];
+                            let e = mv[((pick(b, md[0]) * md[1] + pick(h, md[1])) * md[2]
+                                + pick(i, md[2]))
+                                * md[3]
+                                + j];
                             if !bool_mask {
                                 e
                             } else if e != 0.0 {
@@ -236,7 +286,8 @@ fn attention(a: &Attention, operands: &[Option<&Tensor>], out: &[TensorType]) ->
     }
     if let Some(n) = opt(operands, 6) {
         for (b, &len) in n.to_i64s().iter().enumerate() {
-            let from = usize::try_from(len).map_err(|_| format!("nonpad_kv_seqlen {len} is negative"))?;
+            let from =
+                usize::try_from(len).map_err(|_| format!("nonpad_kv_seqlen {len} is negative"))?;
             for h in 0..qh {
                 for i in 0..sq {
                     for j in from.min(total)..total {
@@ -302,19 +353,38 @@ fn attention(a: &Attention, operands: &[Option<&Tensor>], out: &[TensorType]) ->
         }
         y = y3;
     }
-    Ok(vec![result(&out[0], &y)?, result(&out[1], &keys)?, result(&out[2], &values)?, result(&out[3], &qk_out)?])
+    Ok(vec![
+        result(&out[0], &y)?,
+        result(&out[1], &keys)?,
+        result(&out[2], &values)?,
+        result(&out[3], &qk_out)?,
+    ])
 }
 
 // ----- RotaryEmbedding -----
 
-fn rotary(r: &RotaryEmbedding, operands: &[Option<&Tensor>], out: &[TensorType]) -> Result<Vec<Tensor>, String> {
+fn rotary(
+    r: &RotaryEmbedding,
+    operands: &[Option<&Tensor>],
+    out: &[TensorType],
+) -> Result<Vec<Tensor>, String> {
     let x = get(operands, 0)?;
     let (cos, sin) = (get(operands, 1)?.to_f64s(), get(operands, 2)?.to_f64s());
     let cache_rows = get(operands, 1)?.dims()[0];
     let d = x.dims();
     // (batch, seq, heads, head_size) and the offset of element (b, s, h, 0).
-    let (batch, seq, heads, hs) = if x.rank() == 3 { (d[0], d[1], r.num_heads, d[2] / r.num_heads) } else { (d[0], d[2], d[1], d[3]) };
-    let at = |b: usize, s: usize, h: usize| if x.rank() == 3 { (b * seq + s) * heads * hs + h * hs } else { ((b * heads + h) * seq + s) * hs };
+    let (batch, seq, heads, hs) = if x.rank() == 3 {
+        (d[0], d[1], r.num_heads, d[2] / r.num_heads)
+    } else {
+        (d[0], d[2], d[1], d[3])
+    };
+    let at = |b: usize, s: usize, h: usize| {
+        if x.rank() == 3 {
+            (b * seq + s) * heads * hs + h * hs
+        } else {
+            ((b * heads + h) * seq + s) * hs
+        }
+    };
     let rot = if r.rotary_embedding_dim > 0 { r.rotary_embedding_dim } else { hs };
     let half = rot / 2;
     let positions = opt(operands, 3).map(|p| p.to_i64s());
@@ -326,10 +396,9 @@ fn rotary(r: &RotaryEmbedding, operands: &[Option<&Tensor>], out: &[TensorType])
             let row = match &positions {
                 Some(p) => {
                     let id = p[b * seq + s];
-                    usize::try_from(id)
-                        .ok()
-                        .filter(|&i| i < cache_rows)
-                        .ok_or_else(|| format!("position id {id} is outside the {cache_rows} cached positions"))?
+                    usize::try_from(id).ok().filter(|&i| i < cache_rows).ok_or_else(|| {
+                        format!("position id {id} is outside the {cache_rows} cached positions")
+                    })?
                 }
                 None => b * seq + s,
             };
@@ -338,7 +407,11 @@ fn rotary(r: &RotaryEmbedding, operands: &[Option<&Tensor>], out: &[TensorType])
                 let o = at(b, s, h);
                 for m in 0..half {
                     // Pairs are (m, m + half), or neighbours (2m, 2m + 1) when interleaved.
-                    let (i1, i2) = if r.interleaved { (o + 2 * m, o + 2 * m + 1) } else { (o + m, o + m + half) };
+                    let (i1, i2) = if r.interleaved {
+                        (o + 2 * m, o + 2 * m + 1)
+                    } else {
+                        (o + m, o + m + half)
+                    };
                     let (x1, x2) = (xv[i1], xv[i2]);
                     y[i1] = c[m] * x1 - sn[m] * x2;
                     y[i2] = sn[m] * x1 + c[m] * x2;

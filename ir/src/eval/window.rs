@@ -37,7 +37,12 @@ fn advance(idx: &mut [usize], dims: &[usize]) -> bool {
     false
 }
 
-fn resolve(window: &Window, input: &[usize], kernel: &[usize], ceil_mode: bool) -> Result<Vec<SpatialAxis>, String> {
+fn resolve(
+    window: &Window,
+    input: &[usize],
+    kernel: &[usize],
+    ceil_mode: bool,
+) -> Result<Vec<SpatialAxis>, String> {
     (0..input.len()).map(|i| window.resolve(i, input[i], kernel[i], ceil_mode)).collect()
 }
 
@@ -54,7 +59,12 @@ fn offsets(axes: &[SpatialAxis]) -> (Vec<Option<usize>>, usize, usize) {
 /// Flattens per-axis position tables (`per_axis[d][k][p]`: the position on axis `d` that kernel
 /// offset `k` and position `p` touch, or `None`) into one [n_kernel, n_positions] table of element
 /// offsets under `strides`; `None` where any axis is out of range.
-fn combine_tables(per_axis: &[Vec<Vec<Option<usize>>>], strides: &[usize], kdims: &[usize], pdims: &[usize]) -> Vec<Option<usize>> {
+fn combine_tables(
+    per_axis: &[Vec<Vec<Option<usize>>>],
+    strides: &[usize],
+    kdims: &[usize],
+    pdims: &[usize],
+) -> Vec<Option<usize>> {
     let (nk, np) = (kdims.iter().product::<usize>(), pdims.iter().product::<usize>());
     let mut out = Vec::with_capacity(nk * np);
     let mut k = vec![0; kdims.len()];
@@ -76,7 +86,13 @@ fn combine_tables(per_axis: &[Vec<Vec<Option<usize>>>], strides: &[usize], kdims
     out
 }
 
-pub(super) fn conv(c: &Conv, x: &Tensor, w: &Tensor, b: Option<&Tensor>, out: &[usize]) -> Result<Tensor, String> {
+pub(super) fn conv(
+    c: &Conv,
+    x: &Tensor,
+    w: &Tensor,
+    b: Option<&Tensor>,
+    out: &[usize],
+) -> Result<Tensor, String> {
     let (n, cin) = (x.dims()[0], x.dims()[1]);
     let m = w.dims()[0];
     let axes = resolve(&c.window, &x.dims()[2..], &w.dims()[2..], false)?;
@@ -105,7 +121,11 @@ pub(super) fn conv(c: &Conv, x: &Tensor, w: &Tensor, b: Option<&Tensor>, out: &[
                             }
                         }
                     }
-                    let wg = ArrayView2::from_shape((mg, cg * nk), &ws[g * mg * cg * nk..(g + 1) * mg * cg * nk]).expect("weight layout");
+                    let wg = ArrayView2::from_shape(
+                        (mg, cg * nk),
+                        &ws[g * mg * cg * nk..(g + 1) * mg * cg * nk],
+                    )
+                    .expect("weight layout");
                     let yg = wg.dot(&col);
                     for (mi, row) in yg.axis_iter(Axis(0)).enumerate() {
                         let start = (ni * m + g * mg + mi) * no;
@@ -133,7 +153,12 @@ pub(super) fn conv(c: &Conv, x: &Tensor, w: &Tensor, b: Option<&Tensor>, out: &[
 /// Pooling; with `want_indices` (MaxPool's second result) also the flat index of each maximum in
 /// the whole input tensor, as ONNX defines it: padding does not count, the first maximum in window
 /// order wins, and `column_major_indices` numbers each image's cells column-major.
-pub(super) fn pool(p: &Pool, x: &Tensor, out: &[usize], want_indices: bool) -> Result<Vec<Tensor>, String> {
+pub(super) fn pool(
+    p: &Pool,
+    x: &Tensor,
+    out: &[usize],
+    want_indices: bool,
+) -> Result<Vec<Tensor>, String> {
     let axes = resolve(&p.window, &x.dims()[2..], &p.kernel, p.ceil_mode)?;
     let (table, nk, no) = offsets(&axes);
     let planes = x.dims()[0] * x.dims()[1];
@@ -163,17 +188,24 @@ pub(super) fn pool(p: &Pool, x: &Tensor, out: &[usize], want_indices: bool) -> R
                     });
                     if want_indices {
                         let off = at.map_or(-1, |off| {
-                            let off = if p.column_major_indices { column_major(off, &axes) } else { off };
+                            let off =
+                                if p.column_major_indices { column_major(off, &axes) } else { off };
                             (base + off) as i64
                         });
                         indices.push(off);
                     }
                     m
                 }
-                PoolKind::Lp { p } => cells.map(|(_, v)| v.abs().powi(p as i32)).sum::<f64>().powf(1.0 / p as f64),
+                PoolKind::Lp { p } => {
+                    cells.map(|(_, v)| v.abs().powi(p as i32)).sum::<f64>().powf(1.0 / p as f64)
+                }
                 PoolKind::Average { count_include_pad } => {
                     let (sum, count) = cells.fold((0.0, 0usize), |(s, c), (_, v)| (s + v, c + 1));
-                    let divisor = if count_include_pad { (0..nk).filter(|&k| in_padded[k * no + o]).count() } else { count };
+                    let divisor = if count_include_pad {
+                        (0..nk).filter(|&k| in_padded[k * no + o]).count()
+                    } else {
+                        count
+                    };
                     sum / divisor.max(1) as f64
                 }
             });
@@ -230,7 +262,9 @@ pub(super) fn global_pool(kind: PoolKind, x: &Tensor) -> Tensor {
             let cells = &xs[p * image..(p + 1) * image];
             match kind {
                 PoolKind::Max => cells.iter().copied().fold(f64::NEG_INFINITY, f64::max),
-                PoolKind::Lp { p } => cells.iter().map(|v| v.abs().powi(p as i32)).sum::<f64>().powf(1.0 / p as f64),
+                PoolKind::Lp { p } => {
+                    cells.iter().map(|v| v.abs().powi(p as i32)).sum::<f64>().powf(1.0 / p as f64)
+                }
                 PoolKind::Average { .. } => cells.iter().sum::<f64>() / image as f64,
             }
         })
@@ -242,7 +276,11 @@ pub(super) fn global_pool(kind: PoolKind, x: &Tensor) -> Tensor {
 
 /// Transposed convolution: per group, a GEMM of the weights' transpose with the input gives every
 /// (output channel, kernel offset, input position) product, which col2im adds into the output.
-pub(super) fn conv_transpose(c: &ConvTranspose, operands: &[Option<&Tensor>], out: &[TensorType]) -> Result<Vec<Tensor>, String> {
+pub(super) fn conv_transpose(
+    c: &ConvTranspose,
+    operands: &[Option<&Tensor>],
+    out: &[TensorType],
+) -> Result<Vec<Tensor>, String> {
     let (x, w) = match (operands.first().copied().flatten(), operands.get(1).copied().flatten()) {
         (Some(x), Some(w)) => (x, w),
         _ => return Err("ConvTranspose needs an input and a weight".into()),
@@ -256,10 +294,16 @@ pub(super) fn conv_transpose(c: &ConvTranspose, operands: &[Option<&Tensor>], ou
     let (cg, mg) = (cin / group, m / group);
     let kdims = &w.dims()[2..];
     let idims = &x.dims()[2..];
-    let axes: Vec<TransposeAxis> = (0..spatial).map(|i| transpose_axis(c, i, spatial, idims[i], kdims[i])).collect::<Result<_, _>>()?;
+    let axes: Vec<TransposeAxis> = (0..spatial)
+        .map(|i| transpose_axis(c, i, spatial, idims[i], kdims[i]))
+        .collect::<Result<_, _>>()?;
     let odims: Vec<usize> = axes.iter().map(|a| a.output).collect();
     let table = scatter_table(&axes, idims, kdims, &odims);
-    let (nk, ni, no) = (kdims.iter().product::<usize>(), idims.iter().product::<usize>(), odims.iter().product::<usize>());
+    let (nk, ni, no) = (
+        kdims.iter().product::<usize>(),
+        idims.iter().product::<usize>(),
+        odims.iter().product::<usize>(),
+    );
     let f64_path = x.dtype() == DType::F64;
     // Compute in f32 unless the tensors are f64, as Conv does.
     let to = if f64_path { DType::F64 } else { DType::F32 };
@@ -271,11 +315,16 @@ pub(super) fn conv_transpose(c: &ConvTranspose, operands: &[Option<&Tensor>], ou
             let mut y = vec![0 as $t; n * m * no];
             for g in 0..group {
                 // The group's weights [cg, mg * nk], transposed.
-                let wg = ArrayView2::from_shape((cg, mg * nk), &ws[g * cg * mg * nk..(g + 1) * cg * mg * nk]).expect("weight layout");
+                let wg = ArrayView2::from_shape(
+                    (cg, mg * nk),
+                    &ws[g * cg * mg * nk..(g + 1) * cg * mg * nk],
+                )
+                .expect("weight layout");
                 let wt = wg.t();
                 for ni_ in 0..n {
                     let start = (ni_ * cin + g * cg) * ni;
-                    let xg = ArrayView2::from_shape((cg, ni), &xs[start..start + cg * ni]).expect("input layout");
+                    let xg = ArrayView2::from_shape((cg, ni), &xs[start..start + cg * ni])
+                        .expect("input layout");
                     let cols = wt.dot(&xg);
                     for mi in 0..mg {
                         let dst = &mut y[(ni_ * m + g * mg + mi) * no..][..no];
@@ -307,7 +356,12 @@ pub(super) fn conv_transpose(c: &ConvTranspose, operands: &[Option<&Tensor>], ou
 
 /// For each (kernel offset, input position): the output offset it adds into, or `None` when it
 /// falls outside the output (cut by padding).
-fn scatter_table(axes: &[TransposeAxis], idims: &[usize], kdims: &[usize], odims: &[usize]) -> Vec<Option<usize>> {
+fn scatter_table(
+    axes: &[TransposeAxis],
+    idims: &[usize],
+    kdims: &[usize],
+    odims: &[usize],
+) -> Vec<Option<usize>> {
     // Per axis: [kernel offset][input position] -> output position.
     let per_axis: Vec<Vec<Vec<Option<usize>>>> = axes
         .iter()

@@ -27,7 +27,10 @@ fn position(ops: &Operands, i: usize) -> Result<Option<i64>, String> {
     let Some(p) = ops.opt(i) else { return Ok(None) };
     let ty = tensor(p, "the position")?;
     // A scalar, as ONNX says, or one element, as some of its tests pass.
-    if !matches!(ty.dtype, DType::I32 | DType::I64) || ty.rank() > 1 || ty.shape.numel().is_some_and(|n| n != 1) {
+    if !matches!(ty.dtype, DType::I32 | DType::I64)
+        || ty.rank() > 1
+        || ty.shape.numel().is_some_and(|n| n != 1)
+    {
         return Err(format!("the position must be an int32 or int64 scalar, got {ty}"));
     }
     Ok(p.value.and_then(|v| v.to_i64s().first().copied()))
@@ -47,7 +50,9 @@ fn check_position(pos: Option<i64>, len: Option<usize>, insert: bool) -> Result<
 
 pub(super) fn sequence(s: &SequenceOp, ops: &Operands, ctx: &Ctx) -> Infer {
     let merged = |a: &Shape, b: &Shape| {
-        TensorType::new(DType::F32, a.clone()).merge(&TensorType::new(DType::F32, b.clone()), |i| ctx.fresh(i)).map(|t| t.shape)
+        TensorType::new(DType::F32, a.clone())
+            .merge(&TensorType::new(DType::F32, b.clone()), |i| ctx.fresh(i))
+            .map(|t| t.shape)
     };
     let ty = match s {
         SequenceOp::Empty { dtype } => TensorType::sequence(*dtype, Some(Shape::scalar()), Some(0)),
@@ -106,7 +111,8 @@ pub(super) fn sequence(s: &SequenceOp, ops: &Operands, ctx: &Ctx) -> Infer {
             let (st, elem, len) = seq(ops.get(0)?)?;
             let elem = elem.ok_or_else(|| format!("the elements of {st} have no known rank"))?;
             let rank = elem.rank() + *new_axis as usize;
-            let a = normalize_axis(*axis, rank).ok_or_else(|| format!("axis {axis} is outside rank {rank}"))?;
+            let a = normalize_axis(*axis, rank)
+                .ok_or_else(|| format!("axis {axis} is outside rank {rank}"))?;
             let mut dims = elem.dims().to_vec();
             if *new_axis {
                 dims.insert(a, len.map_or_else(|| ctx.fresh(a), Dim::Fixed));
@@ -143,10 +149,14 @@ fn split(axis: i64, keepdims: bool, ops: &Operands, ctx: &Ctx) -> Infer {
         Some(s) => {
             let st = tensor(s, "the split")?;
             if !matches!(st.dtype, DType::I32 | DType::I64) || st.rank() > 1 {
-                return Err(format!("the split must be an int32 or int64 scalar or list, got {st}"));
+                return Err(format!(
+                    "the split must be an int32 or int64 scalar or list, got {st}"
+                ));
             }
             let sizes = s.value.map(|v| v.to_i64s());
-            if let Some(bad) = sizes.iter().flatten().find(|&&n| n < 0 || (st.rank() == 0 && n == 0)) {
+            if let Some(bad) =
+                sizes.iter().flatten().find(|&&n| n < 0 || (st.rank() == 0 && n == 0))
+            {
                 return Err(format!("a split length of {bad}"));
             }
             match (st.rank(), sizes) {
@@ -161,10 +171,16 @@ fn split(axis: i64, keepdims: bool, ops: &Operands, ctx: &Ctx) -> Infer {
                 (_, Some(v)) => {
                     if let Some(d) = dim {
                         if v.iter().sum::<i64>() != d as i64 {
-                            return Err(format!("the split lengths {v:?} do not add up to axis {a} of {x}"));
+                            return Err(format!(
+                                "the split lengths {v:?} do not add up to axis {a} of {x}"
+                            ));
                         }
                     }
-                    elem[a] = if v.windows(2).all(|w| w[0] == w[1]) && !v.is_empty() { Dim::Fixed(v[0] as usize) } else { ctx.fresh(a) };
+                    elem[a] = if v.windows(2).all(|w| w[0] == w[1]) && !v.is_empty() {
+                        Dim::Fixed(v[0] as usize)
+                    } else {
+                        ctx.fresh(a)
+                    };
                     Some(v.len())
                 }
                 (r, None) => {
@@ -185,7 +201,11 @@ fn split(axis: i64, keepdims: bool, ops: &Operands, ctx: &Ctx) -> Infer {
 /// whole); it gives one sequence per result, as long as the first sequence.
 fn map(body: &crate::Graph, captures: usize, ops: &Operands) -> Infer {
     if body.inputs().len() != ops.len() {
-        return Err(format!("the body takes {} values, {} are passed", body.inputs().len(), ops.len()));
+        return Err(format!(
+            "the body takes {} values, {} are passed",
+            body.inputs().len(),
+            ops.len()
+        ));
     }
     let first = ops.get(captures).and_then(seq)?;
     let mut types = Vec::with_capacity(ops.len());
@@ -232,13 +252,19 @@ pub(super) fn optional(o: &OptionalOp, ops: &Operands) -> Infer {
             }
             None => {
                 let dtype = dtype.ok_or("an empty Optional needs its type")?;
-                TensorType { dtype, shape: Shape::scalar(), kind: Kind::Optional { sequence: *sequence, ranked: false } }
+                TensorType {
+                    dtype,
+                    shape: Shape::scalar(),
+                    kind: Kind::Optional { sequence: *sequence, ranked: false },
+                }
             }
         },
         OptionalOp::HasElement => TensorType::new(DType::Bool, Shape::scalar()),
         OptionalOp::GetElement => {
             let x = ops.get(0)?;
-            x.ty.element().filter(|_| matches!(x.ty.kind, Kind::Optional { .. })).unwrap_or_else(|| x.ty.clone())
+            x.ty.element()
+                .filter(|_| matches!(x.ty.kind, Kind::Optional { .. }))
+                .unwrap_or_else(|| x.ty.clone())
         }
     };
     Ok(vec![ty])

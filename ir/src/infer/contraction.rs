@@ -51,10 +51,16 @@ pub(super) fn gemm(g: &crate::op::Gemm, ops: &Operands) -> Infer {
     if a.rank() != 2 || b.rank() != 2 {
         return Err(format!("A and B must be 2-D, got {a} and {b}"));
     }
-    let (m, k) = if g.trans_a { (&a.shape.0[1], &a.shape.0[0]) } else { (&a.shape.0[0], &a.shape.0[1]) };
-    let (k2, n) = if g.trans_b { (&b.shape.0[1], &b.shape.0[0]) } else { (&b.shape.0[0], &b.shape.0[1]) };
+    let (m, k) =
+        if g.trans_a { (&a.shape.0[1], &a.shape.0[0]) } else { (&a.shape.0[0], &a.shape.0[1]) };
+    let (k2, n) =
+        if g.trans_b { (&b.shape.0[1], &b.shape.0[0]) } else { (&b.shape.0[0], &b.shape.0[1]) };
     if !dims_agree(k, k2) {
-        return Err(format!("inner dimensions differ: {a}{} times {b}{}", if g.trans_a { "ᵀ" } else { "" }, if g.trans_b { "ᵀ" } else { "" }));
+        return Err(format!(
+            "inner dimensions differ: {a}{} times {b}{}",
+            if g.trans_a { "ᵀ" } else { "" },
+            if g.trans_b { "ᵀ" } else { "" }
+        ));
     }
     let out = Shape(vec![m.clone(), n.clone()]);
     if let Some(c) = ops.opt(2) {
@@ -68,7 +74,8 @@ pub(super) fn gemm(g: &crate::op::Gemm, ops: &Operands) -> Infer {
 }
 
 pub(super) fn einsum(equation: &str, ops: &Operands, _ctx: &Ctx) -> Infer {
-    let types: Vec<&TensorType> = (0..ops.len()).map(|i| ops.get(i).map(|o| o.ty)).collect::<Result<_, _>>()?;
+    let types: Vec<&TensorType> =
+        (0..ops.len()).map(|i| ops.get(i).map(|o| o.ty)).collect::<Result<_, _>>()?;
     let first = types.first().ok_or("needs at least one operand")?;
     for (i, t) in types.iter().enumerate() {
         same_dtype("all operands", first, t)?;
@@ -117,7 +124,10 @@ fn parse_term(text: &str, what: &str) -> Result<Term, String> {
             letters.push(c);
             rest = &rest[1..];
         } else {
-            return Err(format!("{what} `{text}` has the invalid character {:?}", text[text.len() - rest.len()..].chars().next().unwrap_or('?')));
+            return Err(format!(
+                "{what} `{text}` has the invalid character {:?}",
+                text[text.len() - rest.len()..].chars().next().unwrap_or('?')
+            ));
         }
     }
     Ok(Term { text: text.to_string(), letters, ellipsis })
@@ -130,9 +140,14 @@ impl EinsumSpec {
             Some((l, r)) => (l, Some(r)),
             None => (eq.as_str(), None),
         };
-        let terms: Vec<Term> = lhs.split(',').map(|t| parse_term(t, "term")).collect::<Result<_, _>>()?;
+        let terms: Vec<Term> =
+            lhs.split(',').map(|t| parse_term(t, "term")).collect::<Result<_, _>>()?;
         if terms.len() != shapes.len() {
-            return Err(format!("equation `{equation}` has {} input terms for {} operands", terms.len(), shapes.len()));
+            return Err(format!(
+                "equation `{equation}` has {} input terms for {} operands",
+                terms.len(),
+                shapes.len()
+            ));
         }
         // Each operand's ellipsis dimensions, then their broadcast (right-aligned).
         let mut ellipsis = Shape::scalar();
@@ -149,8 +164,11 @@ impl EinsumSpec {
                 any_ellipsis = true;
                 let e = s.rank() - t.letters.len();
                 let dims = Shape(s.0[p..p + e].to_vec());
-                ellipsis = broadcast(&ellipsis, &dims)
-                    .ok_or_else(|| format!("the `...` dimensions {ellipsis} and {dims} (operand {i}) do not broadcast"))?;
+                ellipsis = broadcast(&ellipsis, &dims).ok_or_else(|| {
+                    format!(
+                        "the `...` dimensions {ellipsis} and {dims} (operand {i}) do not broadcast"
+                    )
+                })?;
             }
         }
         let e_rank = ellipsis.rank();
@@ -193,7 +211,12 @@ impl EinsumSpec {
                 let l = letter_label[letter as usize];
                 sizes[l] = broadcast(&Shape(vec![sizes[l].clone()]), &Shape(vec![d.clone()]))
                     .map(|s| s.0[0].clone())
-                    .ok_or_else(|| format!("letter `{}` stands for sizes {} and {d} (operand {i} of shape {s})", letter as char, sizes[l]))?;
+                    .ok_or_else(|| {
+                        format!(
+                            "letter `{}` stands for sizes {} and {d} (operand {i} of shape {s})",
+                            letter as char, sizes[l]
+                        )
+                    })?;
             }
             operands.push(labels);
         }
@@ -202,7 +225,9 @@ impl EinsumSpec {
                 let t = parse_term(r, "output")?;
                 let mut out = Vec::new();
                 if e_rank > 0 && t.ellipsis.is_none() {
-                    return Err(format!("output `{r}` needs `...` for the broadcast dimensions {ellipsis}"));
+                    return Err(format!(
+                        "output `{r}` needs `...` for the broadcast dimensions {ellipsis}"
+                    ));
                 }
                 for (j, &c) in t.letters.iter().enumerate() {
                     if t.ellipsis == Some(j) {
@@ -230,7 +255,8 @@ impl EinsumSpec {
                         count[c as usize] += 1;
                     }
                 }
-                let mut out: Vec<usize> = if any_ellipsis { (0..e_rank).collect() } else { Vec::new() };
+                let mut out: Vec<usize> =
+                    if any_ellipsis { (0..e_rank).collect() } else { Vec::new() };
                 out.extend((0..128).filter(|&c| count[c] == 1).map(|c| letter_label[c]));
                 out
             }

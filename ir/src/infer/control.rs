@@ -8,7 +8,12 @@ use crate::{DType, Dim, Graph, Shape, TensorType};
 /// are its types already.
 fn specialised(g: &Graph, types: &[TensorType]) -> Result<Option<Graph>, String> {
     if g.inputs().len() != types.len() {
-        return Err(format!("`{}` takes {} values, {} are passed", g.name, g.inputs().len(), types.len()));
+        return Err(format!(
+            "`{}` takes {} values, {} are passed",
+            g.name,
+            g.inputs().len(),
+            types.len()
+        ));
     }
     for (i, (&id, have)) in g.inputs().iter().zip(types).enumerate() {
         let want = &g.node(id).outputs[0];
@@ -36,7 +41,10 @@ pub(super) fn if_(then_branch: &Graph, else_branch: &Graph, ops: &Operands, ctx:
     let captures = ops.len() - 1;
     for (g, which) in [(t, "then"), (e, "else")] {
         if g.inputs().len() != captures {
-            return Err(format!("the {which} branch takes {} values, {captures} are passed", g.inputs().len()));
+            return Err(format!(
+                "the {which} branch takes {} values, {captures} are passed",
+                g.inputs().len()
+            ));
         }
         for (i, &id) in g.inputs().iter().enumerate() {
             let want = &g.node(id).outputs[0];
@@ -48,11 +56,16 @@ pub(super) fn if_(then_branch: &Graph, else_branch: &Graph, ops: &Operands, ctx:
     }
     // The branches as the operands' types specialise them (the sizes a caller bound reach the
     // branches' results).
-    let types: Vec<TensorType> = (0..captures).map(|i| ops.get(i + 1).map(|o| o.ty.clone())).collect::<Result<_, _>>()?;
+    let types: Vec<TensorType> =
+        (0..captures).map(|i| ops.get(i + 1).map(|o| o.ty.clone())).collect::<Result<_, _>>()?;
     let (ts, es) = (specialised(t, &types)?, specialised(e, &types)?);
     let (t, e) = (ts.as_ref().unwrap_or(t), es.as_ref().unwrap_or(e));
     if t.outputs().len() != e.outputs().len() {
-        return Err(format!("the branches have {} and {} results", t.outputs().len(), e.outputs().len()));
+        return Err(format!(
+            "the branches have {} and {} results",
+            t.outputs().len(),
+            e.outputs().len()
+        ));
     }
     // Each result: the branches' types merged (a size they disagree on is known at run time only).
     t.outputs()
@@ -61,7 +74,8 @@ pub(super) fn if_(then_branch: &Graph, else_branch: &Graph, ops: &Operands, ctx:
         .enumerate()
         .map(|(i, ((_, a), (_, b)))| {
             let (a, b) = (t.value_type(*a), e.value_type(*b));
-            a.merge(b, |d| fresh(ctx, i, d)).ok_or_else(|| format!("result {i} is {a} in one branch and {b} in the other"))
+            a.merge(b, |d| fresh(ctx, i, d))
+                .ok_or_else(|| format!("result {i} is {a} in one branch and {b} in the other"))
         })
         .collect()
 }
@@ -78,15 +92,20 @@ fn fresh(ctx: &Ctx, result: usize, dim: usize) -> Dim {
 pub(super) fn scan(s: &crate::op::Scan, ops: &Operands) -> Infer {
     let n = ops.len();
     if n < s.captures + s.scan_inputs {
-        return Err(format!("{n} operands, but {} captured and {} scanned", s.captures, s.scan_inputs));
+        return Err(format!(
+            "{n} operands, but {} captured and {} scanned",
+            s.captures, s.scan_inputs
+        ));
     }
     let states = s.states(n);
-    let mut types: Vec<TensorType> = (0..n).map(|i| ops.get(i).map(|o| o.ty.clone())).collect::<Result<_, _>>()?;
+    let mut types: Vec<TensorType> =
+        (0..n).map(|i| ops.get(i).map(|o| o.ty.clone())).collect::<Result<_, _>>()?;
     let mut length: Option<Dim> = None;
     for i in 0..s.scan_inputs {
         let t = &mut types[s.captures + states + i];
         let (axis, _) = s.input(i);
-        let a = normalize_axis(axis, t.rank()).ok_or_else(|| format!("scan axis {axis} is outside scanned input {i} ({t})"))?;
+        let a = normalize_axis(axis, t.rank())
+            .ok_or_else(|| format!("scan axis {axis} is outside scanned input {i} ({t})"))?;
         let mut dims = t.shape.dims().to_vec();
         let l = dims.remove(a);
         match &length {
@@ -121,7 +140,8 @@ pub(super) fn scan(s: &crate::op::Scan, ops: &Operands) -> Infer {
             continue;
         }
         let (axis, _) = s.output(k - states);
-        let a = normalize_axis(axis, t.rank() + 1).ok_or_else(|| format!("stacking axis {axis} is outside rank {}", t.rank() + 1))?;
+        let a = normalize_axis(axis, t.rank() + 1)
+            .ok_or_else(|| format!("stacking axis {axis} is outside rank {}", t.rank() + 1))?;
         let mut dims = t.shape.dims().to_vec();
         dims.insert(a, length.clone());
         results.push(TensorType::new(t.dtype, Shape(dims)));
@@ -153,8 +173,12 @@ pub(super) fn loop_(l: &crate::op::Loop, ops: &Operands, ctx: &Ctx) -> Infer {
     if let Some(t) = cond.filter(|t| !one(t.ty, DType::Bool)) {
         return Err(format!("the condition must be one bool, got {}", t.ty));
     }
-    let mut types: Vec<TensorType> = (0..c).map(|i| ops.get(i).map(|o| o.ty.clone())).collect::<Result<_, _>>()?;
-    let (step_ty, cond_ty) = (body.node(body.inputs()[c]).outputs[0].clone(), body.node(body.inputs()[c + 1]).outputs[0].clone());
+    let mut types: Vec<TensorType> =
+        (0..c).map(|i| ops.get(i).map(|o| o.ty.clone())).collect::<Result<_, _>>()?;
+    let (step_ty, cond_ty) = (
+        body.node(body.inputs()[c]).outputs[0].clone(),
+        body.node(body.inputs()[c + 1]).outputs[0].clone(),
+    );
     if !one(&step_ty, DType::I64) || !one(&cond_ty, DType::Bool) {
         return Err(format!("the body must take the step number as one int64 and the condition as one bool, it takes {step_ty} and {cond_ty}"));
     }
@@ -166,13 +190,20 @@ pub(super) fn loop_(l: &crate::op::Loop, ops: &Operands, ctx: &Ctx) -> Infer {
     let body = spec.as_ref().unwrap_or(body);
     let outs = body.outputs();
     if outs.len() < 1 + states {
-        return Err(format!("the body gives {} results, it must give the condition and {states} state values", outs.len()));
+        return Err(format!(
+            "the body gives {} results, it must give the condition and {states} state values",
+            outs.len()
+        ));
     }
     let cond_out = body.value_type(outs[0].1);
     if !one(cond_out, DType::Bool) {
-        return Err(format!("the body's first result is the condition, one bool; it is {cond_out}"));
+        return Err(format!(
+            "the body's first result is the condition, one bool; it is {cond_out}"
+        ));
     }
-    let value = |o: Option<super::Operand>| o.and_then(|o| o.value).and_then(|t| t.to_f64s().first().copied());
+    let value = |o: Option<super::Operand>| {
+        o.and_then(|o| o.value).and_then(|t| t.to_f64s().first().copied())
+    };
     let starts = match cond {
         None => Some(true),
         Some(_) => value(cond).map(|v| v != 0.0),
@@ -191,13 +222,19 @@ pub(super) fn loop_(l: &crate::op::Loop, ops: &Operands, ctx: &Ctx) -> Infer {
             // A state that goes in as an optional and comes out as a value is that value from the
             // first step on (ONNX's loops that start from an empty optional).
             let from = match (have.kind, t.kind) {
-                (crate::Kind::Optional { .. }, k) if !matches!(k, crate::Kind::Optional { .. }) => have.element().unwrap_or_else(|| have.clone()),
+                (crate::Kind::Optional { .. }, k) if !matches!(k, crate::Kind::Optional { .. }) => {
+                    have.element().unwrap_or_else(|| have.clone())
+                }
                 _ => have.clone(),
             };
-            let merged = from.merge(t, |d| fresh(ctx, k, d)).ok_or_else(|| format!("state {} goes in as {have} and comes out as {t}", k - 1))?;
+            let merged = from
+                .merge(t, |d| fresh(ctx, k, d))
+                .ok_or_else(|| format!("state {} goes in as {have} and comes out as {t}", k - 1))?;
             // A sequence's length may change from step to step.
             results.push(match merged.kind {
-                crate::Kind::Sequence { ranked, .. } => TensorType { kind: crate::Kind::Sequence { ranked, len: None }, ..merged },
+                crate::Kind::Sequence { ranked, .. } => {
+                    TensorType { kind: crate::Kind::Sequence { ranked, len: None }, ..merged }
+                }
                 _ => merged,
             });
             continue;

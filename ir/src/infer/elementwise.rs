@@ -26,7 +26,8 @@ pub(super) fn binary(b: BinaryOp, ops: &Operands) -> Infer {
     } else {
         same_dtype("both operands", l, r)?;
     }
-    let shape = broadcast(&l.shape, &r.shape).ok_or_else(|| format!("cannot broadcast {l} with {r}"))?;
+    let shape =
+        broadcast(&l.shape, &r.shape).ok_or_else(|| format!("cannot broadcast {l} with {r}"))?;
     let dtype = if b.returns_bool() { DType::Bool } else { l.dtype };
     Ok(vec![TensorType::new(dtype, shape)])
 }
@@ -51,8 +52,10 @@ pub(super) fn where_(ops: &Operands) -> Infer {
         return Err(format!("the condition must be bool, got {c}"));
     }
     same_dtype("both branches", x, y)?;
-    let xy = broadcast(&x.shape, &y.shape).ok_or_else(|| format!("cannot broadcast {x} with {y}"))?;
-    let shape = broadcast(&c.shape, &xy).ok_or_else(|| format!("cannot broadcast condition {c} with {}{xy}", x.dtype))?;
+    let xy =
+        broadcast(&x.shape, &y.shape).ok_or_else(|| format!("cannot broadcast {x} with {y}"))?;
+    let shape = broadcast(&c.shape, &xy)
+        .ok_or_else(|| format!("cannot broadcast condition {c} with {}{xy}", x.dtype))?;
     Ok(vec![TensorType::new(x.dtype, shape)])
 }
 

@@ -56,7 +56,9 @@ pub(super) fn constant_of_shape(value: &Tensor, ops: &Operands, ctx: &Ctx) -> In
         _ => {
             return match &shape.ty.shape.0[0] {
                 Dim::Fixed(n) => Ok(vec![TensorType::new(value.dtype(), ctx.fresh_shape(*n))]),
-                Dim::Sym(_) => Err(format!("the shape operand must have a known length, got {}", shape.ty)),
+                Dim::Sym(_) => {
+                    Err(format!("the shape operand must have a known length, got {}", shape.ty))
+                }
             };
         }
     };
@@ -130,7 +132,10 @@ pub(super) fn range(ops: &Operands, ctx: &Ctx) -> Infer {
     let dtype = operands[0].ty.dtype;
     for (o, name) in operands.iter().zip(names) {
         if o.ty.dtype != dtype {
-            return Err(format!("start, limit and delta must have the same type, got {name} {} and start {}", o.ty, operands[0].ty));
+            return Err(format!(
+                "start, limit and delta must have the same type, got {name} {} and start {}",
+                o.ty, operands[0].ty
+            ));
         }
         // ONNX says scalar; a one-element 1-D tensor means the same thing.
         if !(o.ty.rank() == 0 || (o.ty.rank() == 1 && o.ty.shape.0[0] == Dim::Fixed(1))) {

@@ -18,7 +18,9 @@ pub(super) fn infer(op: &Op, ops: &Operands, ctx: &Ctx) -> Infer {
         Op::SpaceToDepth { blocksize } => space_to_depth(*blocksize, ops, ctx),
         Op::NonZero => non_zero(ops, ctx),
         Op::Compress { axis } => compress(*axis, ops, ctx),
-        Op::ReverseSequence { batch_axis, time_axis } => reverse_sequence(*batch_axis, *time_axis, ops),
+        Op::ReverseSequence { batch_axis, time_axis } => {
+            reverse_sequence(*batch_axis, *time_axis, ops)
+        }
         _ => unreachable!("routed here by infer::infer"),
     }
 }
@@ -50,7 +52,9 @@ fn unify(a: &Dim, b: &Dim) -> Option<Dim> {
 /// `d * k`, kept symbolic where possible.
 fn scaled(d: &Dim, k: usize, fresh: impl FnOnce() -> Dim) -> Result<Dim, String> {
     match d {
-        Dim::Fixed(n) => n.checked_mul(k).map(Dim::Fixed).ok_or_else(|| format!("size {n} times {k} overflows")),
+        Dim::Fixed(n) => {
+            n.checked_mul(k).map(Dim::Fixed).ok_or_else(|| format!("size {n} times {k} overflows"))
+        }
         _ if k == 1 => Ok(d.clone()),
         _ if k == 0 => Ok(Dim::Fixed(0)),
         _ => Ok(fresh()),
@@ -92,15 +96,21 @@ fn gather_nd(b: usize, ops: &Operands) -> Infer {
         return Err(format!("data {x} and indices {idx} must have rank at least 1"));
     }
     if b >= r.min(q) {
-        return Err(format!("batch_dims {b} must be less than the ranks of data {x} and indices {idx}"));
+        return Err(format!(
+            "batch_dims {b} must be less than the ranks of data {x} and indices {idx}"
+        ));
     }
     let m = tuple_len(idx)?;
     if m < 1 || m > r - b {
-        return Err(format!("index tuples of length {m} (indices {idx}) cannot index data {x} with batch_dims {b}"));
+        return Err(format!(
+            "index tuples of length {m} (indices {idx}) cannot index data {x} with batch_dims {b}"
+        ));
     }
     let mut dims = Vec::with_capacity(q - 1 + r - b - m);
     for i in 0..b {
-        dims.push(unify(&x.shape.0[i], &idx.shape.0[i]).ok_or_else(|| format!("batch dimension {i} differs between data {x} and indices {idx}"))?);
+        dims.push(unify(&x.shape.0[i], &idx.shape.0[i]).ok_or_else(|| {
+            format!("batch dimension {i} differs between data {x} and indices {idx}")
+        })?);
     }
     dims.extend_from_slice(&idx.shape.0[b..q - 1]);
     dims.extend_from_slice(&x.shape.0[b + m..]);
@@ -115,7 +125,9 @@ fn scatter_elements(ax: i64, ops: &Operands) -> Infer {
     if idx.rank() != x.rank() {
         return Err(format!("indices {idx} must have the rank of data {x}"));
     }
-    if idx.rank() != upd.rank() || idx.shape.0.iter().zip(&upd.shape.0).any(|(p, q)| unify(p, q).is_none()) {
+    if idx.rank() != upd.rank()
+        || idx.shape.0.iter().zip(&upd.shape.0).any(|(p, q)| unify(p, q).is_none())
+    {
         return Err(format!("updates {upd} must have the shape of indices {idx}"));
     }
     for (d, (xd, id)) in x.shape.0.iter().zip(&idx.shape.0).enumerate() {
@@ -142,8 +154,12 @@ fn scatter_nd(ops: &Operands) -> Infer {
     }
     // updates = indices.shape[:-1] + data.shape[m:]
     let want: Vec<Dim> = idx.shape.0[..q - 1].iter().chain(&x.shape.0[m..]).cloned().collect();
-    if upd.rank() != want.len() || want.iter().zip(&upd.shape.0).any(|(p, q)| unify(p, q).is_none()) {
-        return Err(format!("updates {upd} must have shape {} for data {x} and indices {idx}", Shape(want)));
+    if upd.rank() != want.len() || want.iter().zip(&upd.shape.0).any(|(p, q)| unify(p, q).is_none())
+    {
+        return Err(format!(
+            "updates {upd} must have shape {} for data {x} and indices {idx}",
+            Shape(want)
+        ));
     }
     Ok(vec![x.clone()])
 }
@@ -164,7 +180,8 @@ fn tile(ops: &Operands, ctx: &Ctx) -> Infer {
     }
     let mut dims = Vec::with_capacity(reps.len());
     for (i, (d, &k)) in x.shape.0.iter().zip(&reps).enumerate() {
-        let k = usize::try_from(k).map_err(|_| format!("repeats {reps:?} has the negative entry {k}"))?;
+        let k = usize::try_from(k)
+            .map_err(|_| format!("repeats {reps:?} has the negative entry {k}"))?;
         dims.push(scaled(d, k, || ctx.fresh(i))?);
     }
     Ok(vec![TensorType::new(x.dtype, Shape(dims))])
@@ -172,18 +189,26 @@ fn tile(ops: &Operands, ctx: &Ctx) -> Infer {
 
 /// Pad's begin and end amounts for every axis of `rank` (zero where not padded), from the pads
 /// and axes operands' values.
-pub fn pad_amounts(pads: &[i64], axes: Option<&[i64]>, rank: usize) -> Result<Vec<(i64, i64)>, String> {
+pub fn pad_amounts(
+    pads: &[i64],
+    axes: Option<&[i64]>,
+    rank: usize,
+) -> Result<Vec<(i64, i64)>, String> {
     let axes: Vec<i64> = match axes {
         Some(a) => a.to_vec(),
         None => (0..rank as i64).collect(),
     };
     if pads.len() != 2 * axes.len() {
-        return Err(format!("pads {pads:?} must have 2 entries per padded axis ({} axes)", axes.len()));
+        return Err(format!(
+            "pads {pads:?} must have 2 entries per padded axis ({} axes)",
+            axes.len()
+        ));
     }
     let mut out = vec![(0, 0); rank];
     let mut seen = vec![false; rank];
     for (i, &a) in axes.iter().enumerate() {
-        let n = normalize_axis(a, rank).ok_or_else(|| format!("pad axis {a} is out of range for rank {rank}"))?;
+        let n = normalize_axis(a, rank)
+            .ok_or_else(|| format!("pad axis {a} is out of range for rank {rank}"))?;
         if std::mem::replace(&mut seen[n], true) {
             return Err(format!("pad axis {a} is listed twice"));
         }
@@ -208,7 +233,8 @@ fn pad(mode: PadMode, ops: &Operands, ctx: &Ctx) -> Infer {
         (None, Some(Some(axes))) => {
             let mut dims = x.shape.0.clone();
             for a in axes {
-                let n = normalize_axis(a, x.rank()).ok_or_else(|| format!("pad axis {a} is out of range for {x}"))?;
+                let n = normalize_axis(a, x.rank())
+                    .ok_or_else(|| format!("pad axis {a} is out of range for {x}"))?;
                 dims[n] = ctx.fresh(n);
             }
             return Ok(vec![TensorType::new(x.dtype, Shape(dims))]);
@@ -254,8 +280,9 @@ fn one_hot(ax: i64, ops: &Operands, ctx: &Ctx) -> Infer {
     }
     let r = idx.rank() as i64;
     // The new axis may be anywhere in the result, whose rank is one more.
-    let a =
-        normalize_axis(ax, idx.rank() + 1).ok_or_else(|| format!("axis {ax} is out of range for the result of rank {} from indices {idx}", r + 1))?;
+    let a = normalize_axis(ax, idx.rank() + 1).ok_or_else(|| {
+        format!("axis {ax} is out of range for the result of rank {} from indices {idx}", r + 1)
+    })?;
     let d = match depth.value {
         Some(t) => {
             // A float depth is truncated, as ONNX casts it to int64.
@@ -301,7 +328,9 @@ fn depth_to_space(b: usize, ops: &Operands, ctx: &Ctx) -> Infer {
     let x = rank4(ops, b)?;
     let bb = b.checked_mul(b).ok_or_else(|| format!("blocksize {b} is too large"))?;
     let c = match &x.shape.0[1] {
-        Dim::Fixed(c) if c % bb != 0 => return Err(format!("channels of {x} are not divisible by blocksize {b} squared")),
+        Dim::Fixed(c) if c % bb != 0 => {
+            return Err(format!("channels of {x} are not divisible by blocksize {b} squared"))
+        }
         Dim::Fixed(c) => Dim::Fixed(c / bb),
         d if bb == 1 => d.clone(),
         _ => ctx.fresh(1),
@@ -318,7 +347,9 @@ fn space_to_depth(b: usize, ops: &Operands, ctx: &Ctx) -> Infer {
     let mut spatial = Vec::with_capacity(2);
     for i in [2, 3] {
         spatial.push(match &x.shape.0[i] {
-            Dim::Fixed(n) if n % b != 0 => return Err(format!("dimension {i} of {x} is not divisible by blocksize {b}")),
+            Dim::Fixed(n) if n % b != 0 => {
+                return Err(format!("dimension {i} of {x} is not divisible by blocksize {b}"))
+            }
             Dim::Fixed(n) => Dim::Fixed(n / b),
             d if b == 1 => d.clone(),
             _ => ctx.fresh(i),
@@ -362,8 +393,12 @@ fn compress(ax: Option<i64>, ops: &Operands, ctx: &Ctx) -> Infer {
             if let (Some(n), Some(p)) = (along, c.iter().rposition(|&b| b)) {
                 if p >= n {
                     return Err(match a {
-                        Some(a) => format!("condition selects index {p}, out of range for axis {a} of size {n}"),
-                        None => format!("condition selects index {p}, out of range for the {n} elements of {x}"),
+                        Some(a) => format!(
+                            "condition selects index {p}, out of range for axis {a} of size {n}"
+                        ),
+                        None => format!(
+                            "condition selects index {p}, out of range for the {n} elements of {x}"
+                        ),
                     });
                 }
             }
@@ -388,11 +423,15 @@ fn reverse_sequence(batch_axis: usize, time_axis: usize, ops: &Operands) -> Infe
         return Err(format!("the input must have rank at least 2, got {x}"));
     }
     if batch_axis > 1 || time_axis > 1 || batch_axis == time_axis {
-        return Err(format!("batch_axis {batch_axis} and time_axis {time_axis} must be 0 and 1 in some order"));
+        return Err(format!(
+            "batch_axis {batch_axis} and time_axis {time_axis} must be 0 and 1 in some order"
+        ));
     }
     index_dtype("sequence_lens", lens)?;
     if lens.rank() != 1 || unify(&lens.shape.0[0], &x.shape.0[batch_axis]).is_none() {
-        return Err(format!("sequence_lens {lens} must have one entry per batch entry of {x} (axis {batch_axis})"));
+        return Err(format!(
+            "sequence_lens {lens} must have one entry per batch entry of {x} (axis {batch_axis})"
+        ));
     }
     Ok(vec![x.clone()])
 }

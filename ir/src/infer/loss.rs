@@ -36,7 +36,10 @@ fn loss(l: &Loss, ops: &Operands) -> Result<TensorType, String> {
     let mut want = x.shape.0.clone();
     let c = want.remove(1);
     if t.rank() != want.len() || !t.shape.0.iter().zip(&want).all(|(a, b)| agree(a, b)) {
-        return Err(format!("target must be {} (input {x} without the class axis), got {t}", Shape(want)));
+        return Err(format!(
+            "target must be {} (input {x} without the class axis), got {t}",
+            Shape(want)
+        ));
     }
     if let Some(w) = ops.opt(2) {
         same_dtype("input and weight", x, w.ty)?;

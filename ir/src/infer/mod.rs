@@ -66,9 +66,21 @@ pub fn infer(op: &Op, operands: &[Option<Operand>], node: &str) -> Result<Vec<Te
     let ctx = Ctx { node };
     let ops = Operands(operands);
     // Sequences and optionals reach only the ops that take them.
-    let takes_any = matches!(op, Op::Identity | Op::If { .. } | Op::Scan(_) | Op::Loop(_) | Op::Sequence(_) | Op::Optional(_));
+    let takes_any = matches!(
+        op,
+        Op::Identity
+            | Op::If { .. }
+            | Op::Scan(_)
+            | Op::Loop(_)
+            | Op::Sequence(_)
+            | Op::Optional(_)
+    );
     if !takes_any {
-        if let Some((i, o)) = operands.iter().enumerate().find_map(|(i, o)| o.filter(|o| !o.ty.kind.is_tensor()).map(|o| (i, o))) {
+        if let Some((i, o)) = operands
+            .iter()
+            .enumerate()
+            .find_map(|(i, o)| o.filter(|o| !o.ty.kind.is_tensor()).map(|o| (i, o)))
+        {
             return Err(format!("operand {i} is {}, {} takes tensors", o.ty, op.name()));
         }
     }
@@ -102,9 +114,12 @@ pub fn infer(op: &Op, operands: &[Option<Operand>], node: &str) -> Result<Vec<Te
         Op::Einsum { equation } => contraction::einsum(equation, &ops, &ctx),
         Op::ConvTranspose(c) => window::conv_transpose(c, &ops, &ctx),
         Op::LogSoftmax { axis } | Op::Hardmax { axis } => normalize::softmax(*axis, &ops),
-        Op::InstanceNorm { .. } | Op::GroupNorm { .. } | Op::RmsNorm { .. } | Op::Lrn(_) | Op::LpNorm { .. } | Op::MeanVarianceNorm { .. } => {
-            normalize::infer(op, &ops, &ctx)
-        }
+        Op::InstanceNorm { .. }
+        | Op::GroupNorm { .. }
+        | Op::RmsNorm { .. }
+        | Op::Lrn(_)
+        | Op::LpNorm { .. }
+        | Op::MeanVarianceNorm { .. } => normalize::infer(op, &ops, &ctx),
         Op::ArgReduce(r) => reduce::arg_reduce(r, &ops),
         Op::Cumulative(_) => reduce::cumulative(&ops),
         Op::TopK { axis, .. } => reduce::top_k(*axis, &ops, &ctx),
@@ -129,10 +144,14 @@ pub fn infer(op: &Op, operands: &[Option<Operand>], node: &str) -> Result<Vec<Te
         Op::Resize(r) => resize::infer(r, &ops, &ctx),
         Op::Rnn(_) | Op::Attention(_) | Op::RotaryEmbedding(_) => sequence::infer(op, &ops, &ctx),
         Op::NllLoss(_) | Op::SoftmaxCrossEntropyLoss(_) => loss::infer(op, &ops, &ctx),
-        Op::If { then_branch, else_branch } => control::if_(&then_branch.0, &else_branch.0, &ops, &ctx),
+        Op::If { then_branch, else_branch } => {
+            control::if_(&then_branch.0, &else_branch.0, &ops, &ctx)
+        }
         Op::Scan(s) => control::scan(s, &ops),
         Op::Loop(l) => control::loop_(l, &ops, &ctx),
-        Op::Quantize { axis, block_size, dtype } => quantize::quantize(*axis, *block_size, *dtype, &ops),
+        Op::Quantize { axis, block_size, dtype } => {
+            quantize::quantize(*axis, *block_size, *dtype, &ops)
+        }
         Op::Dequantize { axis, block_size } => quantize::dequantize(*axis, *block_size, &ops),
         Op::Sequence(s) => collection::sequence(s, &ops, &ctx),
         Op::Optional(o) => collection::optional(o, &ops),

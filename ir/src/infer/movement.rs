@@ -23,7 +23,9 @@ pub(super) fn reshape(allowzero: bool, ops: &Operands, ctx: &Ctx) -> Infer {
                 out.push(None);
             }
             0 if !allowzero => {
-                let d = x.shape.0.get(i).ok_or_else(|| format!("shape {spec:?} copies dimension {i} (a 0) that {x} does not have"))?;
+                let d = x.shape.0.get(i).ok_or_else(|| {
+                    format!("shape {spec:?} copies dimension {i} (a 0) that {x} does not have")
+                })?;
                 out.push(Some(d.clone()));
             }
             s if s >= 0 => out.push(Some(Dim::Fixed(s as usize))),
@@ -39,14 +41,20 @@ pub(super) fn reshape(allowzero: bool, ops: &Operands, ctx: &Ctx) -> Infer {
             out[i] = Some(match rest.as_ref().and_then(DimProduct::as_dim) {
                 Some(d) => d,
                 None if known.syms.is_empty() && total.syms.is_empty() => {
-                    return Err(format!("cannot reshape {x} ({} elements) to {spec:?}", total.fixed));
+                    return Err(format!(
+                        "cannot reshape {x} ({} elements) to {spec:?}",
+                        total.fixed
+                    ));
                 }
                 None => ctx.fresh(i),
             });
         }
         None => {
             if total.syms.is_empty() && known.syms.is_empty() && total.fixed != known.fixed {
-                return Err(format!("cannot reshape {x} ({} elements) to {spec:?} ({} elements)", total.fixed, known.fixed));
+                return Err(format!(
+                    "cannot reshape {x} ({} elements) to {spec:?} ({} elements)",
+                    total.fixed, known.fixed
+                ));
             }
         }
     }
@@ -63,15 +71,24 @@ pub(super) fn flatten(ax: i64, ops: &Operands, ctx: &Ctx) -> Infer {
     }
     let a = a as usize;
     let part = |dims: &[Dim], i| DimProduct::of(dims).as_dim().unwrap_or_else(|| ctx.fresh(i));
-    Ok(vec![TensorType::new(x.dtype, Shape(vec![part(&x.shape.0[..a], 0), part(&x.shape.0[a..], 1)]))])
+    Ok(vec![TensorType::new(
+        x.dtype,
+        Shape(vec![part(&x.shape.0[..a], 0), part(&x.shape.0[a..], 1)]),
+    )])
 }
 
 pub(super) fn transpose(perm: &[usize], ops: &Operands) -> Infer {
     let x = ops.get(0)?.ty;
-    let perm: Vec<usize> = if perm.is_empty() { (0..x.rank()).rev().collect() } else { perm.to_vec() };
+    let perm: Vec<usize> =
+        if perm.is_empty() { (0..x.rank()).rev().collect() } else { perm.to_vec() };
     let mut seen = vec![false; x.rank()];
-    if perm.len() != x.rank() || perm.iter().any(|&p| p >= x.rank() || std::mem::replace(&mut seen[p], true)) {
-        return Err(format!("perm {perm:?} is not a permutation of the {} dimensions of {x}", x.rank()));
+    if perm.len() != x.rank()
+        || perm.iter().any(|&p| p >= x.rank() || std::mem::replace(&mut seen[p], true))
+    {
+        return Err(format!(
+            "perm {perm:?} is not a permutation of the {} dimensions of {x}",
+            x.rank()
+        ));
     }
     Ok(vec![TensorType::new(x.dtype, Shape(perm.iter().map(|&p| x.shape.0[p].clone()).collect()))])
 }
@@ -80,7 +97,8 @@ pub(super) fn transpose(perm: &[usize], ops: &Operands) -> Infer {
 fn axes_for(axes: &[i64], rank: usize, what: &str) -> Result<Vec<usize>, String> {
     let mut out = Vec::with_capacity(axes.len());
     for &a in axes {
-        let n = normalize_axis(a, rank).ok_or_else(|| format!("{what} axis {a} is out of range for rank {rank}"))?;
+        let n = normalize_axis(a, rank)
+            .ok_or_else(|| format!("{what} axis {a} is out of range for rank {rank}"))?;
         if out.contains(&n) {
             return Err(format!("{what} axis {a} is listed twice"));
         }
@@ -95,8 +113,15 @@ pub(super) fn squeeze(ops: &Operands, ctx: &Ctx) -> Infer {
         None => x.shape.0.iter().filter(|d| !d.is_one()).cloned().collect(),
         // Axes known at run time only: the rank follows from their count.
         Some(None) => match ops.get(1)?.ty.shape.dims() {
-            [Dim::Fixed(k)] if *k <= x.rank() => return Ok(vec![TensorType::new(x.dtype, ctx.fresh_shape(x.rank() - k))]),
-            _ => return Err(format!("Squeeze axes {} must be constant or of known length", ops.get(1)?.ty)),
+            [Dim::Fixed(k)] if *k <= x.rank() => {
+                return Ok(vec![TensorType::new(x.dtype, ctx.fresh_shape(x.rank() - k))])
+            }
+            _ => {
+                return Err(format!(
+                    "Squeeze axes {} must be constant or of known length",
+                    ops.get(1)?.ty
+                ))
+            }
         },
         Some(Some(axes)) => {
             let axes = axes_for(&axes, x.rank(), "squeeze")?;
@@ -107,7 +132,13 @@ pub(super) fn squeeze(ops: &Operands, ctx: &Ctx) -> Infer {
                     }
                 }
             }
-            x.shape.0.iter().enumerate().filter(|(i, _)| !axes.contains(i)).map(|(_, d)| d.clone()).collect()
+            x.shape
+                .0
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| !axes.contains(i))
+                .map(|(_, d)| d.clone())
+                .collect()
         }
     };
     Ok(vec![TensorType::new(x.dtype, Shape(dims))])
@@ -119,13 +150,25 @@ pub(super) fn unsqueeze(ops: &Operands, ctx: &Ctx) -> Infer {
         // Axes known at run time only: the rank follows from their count.
         return match ops.get(1)?.ty.shape.dims() {
             [Dim::Fixed(k)] => Ok(vec![TensorType::new(x.dtype, ctx.fresh_shape(x.rank() + k))]),
-            _ => Err(format!("Unsqueeze axes {} must be constant or of known length", ops.get(1)?.ty)),
+            _ => Err(format!(
+                "Unsqueeze axes {} must be constant or of known length",
+                ops.get(1)?.ty
+            )),
         };
     };
     let rank = x.rank() + axes.len();
     let axes = axes_for(&axes, rank, "unsqueeze")?;
     let mut src = x.shape.0.iter();
-    let dims = (0..rank).map(|i| if axes.contains(&i) { Dim::Fixed(1) } else { src.next().expect("counted").clone() }).collect();
+    let dims =
+        (0..rank)
+            .map(|i| {
+                if axes.contains(&i) {
+                    Dim::Fixed(1)
+                } else {
+                    src.next().expect("counted").clone()
+                }
+            })
+            .collect();
     Ok(vec![TensorType::new(x.dtype, Shape(dims))])
 }
 
@@ -145,7 +188,9 @@ pub(super) fn concat(ax: i64, ops: &Operands, ctx: &Ctx) -> Infer {
             }
             match (&*x, y) {
                 (Dim::Fixed(p), Dim::Fixed(q)) if p != q => {
-                    return Err(format!("operand {i} {t} differs from operand 0 {first} outside axis {a}"));
+                    return Err(format!(
+                        "operand {i} {t} differs from operand 0 {first} outside axis {a}"
+                    ));
                 }
                 (Dim::Sym(_), Dim::Fixed(_)) => *x = y.clone(),
                 _ => {}
@@ -184,14 +229,19 @@ pub(super) fn split(ax: i64, num_outputs: usize, ops: &Operands, ctx: &Ctx) -> I
     match (ops.ints(1, "split")?, &x.shape.0[a]) {
         (Some(Some(sizes)), dim) => {
             if sizes.len() != num_outputs {
-                return Err(format!("split {sizes:?} has {} sizes for {num_outputs} results", sizes.len()));
+                return Err(format!(
+                    "split {sizes:?} has {} sizes for {num_outputs} results",
+                    sizes.len()
+                ));
             }
             if sizes.iter().any(|&s| s < 0) {
                 return Err(format!("split {sizes:?} has a negative size"));
             }
             if let Dim::Fixed(n) = dim {
                 if sizes.iter().sum::<i64>() != *n as i64 {
-                    return Err(format!("split {sizes:?} does not add up to {n}, the size of axis {a} of {x}"));
+                    return Err(format!(
+                        "split {sizes:?} does not add up to {n}, the size of axis {a} of {x}"
+                    ));
                 }
             }
             Ok(sizes.iter().map(|&s| part(Dim::Fixed(s as usize))).collect())
@@ -216,8 +266,16 @@ pub fn slice_axis(n: usize, start: i64, end: i64, step: i64) -> Result<(i64, usi
     let n = n as i64;
     let norm = |v: i64| if v < 0 { v.saturating_add(n) } else { v };
     let (start, end) = (norm(start), norm(end));
-    let (start, end) = if step > 0 { (start.clamp(0, n), end.clamp(0, n)) } else { (start.clamp(-1, n - 1), end.clamp(-1, n - 1)) };
-    let count = if step > 0 { (end - start + step - 1).div_euclid(step) } else { (start - end + (-step) - 1).div_euclid(-step) };
+    let (start, end) = if step > 0 {
+        (start.clamp(0, n), end.clamp(0, n))
+    } else {
+        (start.clamp(-1, n - 1), end.clamp(-1, n - 1))
+    };
+    let count = if step > 0 {
+        (end - start + step - 1).div_euclid(step)
+    } else {
+        (start - end + (-step) - 1).div_euclid(-step)
+    };
     Ok((start, count.max(0) as usize))
 }
 
@@ -244,14 +302,18 @@ pub(super) fn slice(ops: &Operands, ctx: &Ctx) -> Infer {
         Some(None) => return Ok(vec![TensorType::new(x.dtype, ctx.fresh_shape(x.rank()))]),
     };
     if axes.len() != starts.len() || steps.len() != starts.len() {
-        return Err(format!("starts, ends, axes and steps differ in length: {starts:?} {ends:?} {axes:?} {steps:?}"));
+        return Err(format!(
+            "starts, ends, axes and steps differ in length: {starts:?} {ends:?} {axes:?} {steps:?}"
+        ));
     }
     let axes = axes_for(&axes, x.rank(), "slice")?;
     let mut dims = x.shape.0.clone();
     for (i, &a) in axes.iter().enumerate() {
         dims[a] = match &x.shape.0[a] {
             Dim::Fixed(n) => Dim::Fixed(slice_axis(*n, starts[i], ends[i], steps[i])?.1),
-            Dim::Sym(_) if starts[i] == 0 && steps[i] == 1 && ends[i] >= i32::MAX as i64 => x.shape.0[a].clone(),
+            Dim::Sym(_) if starts[i] == 0 && steps[i] == 1 && ends[i] >= i32::MAX as i64 => {
+                x.shape.0[a].clone()
+            }
             Dim::Sym(_) => ctx.fresh(a),
         };
     }
@@ -282,9 +344,15 @@ pub(super) fn expand(ops: &Operands, ctx: &Ctx) -> Infer {
         }
         _ => match shape_op.ty.shape.0.as_slice() {
             [Dim::Fixed(n)] => ctx.fresh_shape(*n),
-            _ => return Err(format!("the shape operand must be 1-D of known length, got {}", shape_op.ty)),
+            _ => {
+                return Err(format!(
+                    "the shape operand must be 1-D of known length, got {}",
+                    shape_op.ty
+                ))
+            }
         },
     };
-    let shape = broadcast(&x.shape, &target).ok_or_else(|| format!("cannot expand {x} to {target}"))?;
+    let shape =
+        broadcast(&x.shape, &target).ok_or_else(|| format!("cannot expand {x} to {target}"))?;
     Ok(vec![TensorType::new(x.dtype, shape)])
 }

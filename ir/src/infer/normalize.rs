@@ -24,12 +24,22 @@ pub(super) fn layer_norm(ax: i64, ops: &Operands) -> Infer {
         if let Some(p) = ops.opt(i) {
             same_dtype(&format!("input and {what}"), x, p.ty)?;
             if broadcast(&p.ty.shape, &normalized).as_ref() != Some(&normalized) {
-                return Err(format!("{what} {} does not broadcast to the normalised shape {normalized} of {x}", p.ty));
+                return Err(format!(
+                    "{what} {} does not broadcast to the normalised shape {normalized} of {x}",
+                    p.ty
+                ));
             }
         }
     }
     // Mean and InvStdDev keep the leading dimensions and are 1 over the normalised ones.
-    let stats = Shape(x.shape.0.iter().enumerate().map(|(i, d)| if i < a { d.clone() } else { Dim::Fixed(1) }).collect());
+    let stats = Shape(
+        x.shape
+            .0
+            .iter()
+            .enumerate()
+            .map(|(i, d)| if i < a { d.clone() } else { Dim::Fixed(1) })
+            .collect(),
+    );
     let stash = if x.dtype == DType::F64 { DType::F64 } else { DType::F32 };
     Ok(vec![x.clone(), TensorType::new(stash, stats.clone()), TensorType::new(stash, stats)])
 }
@@ -77,7 +87,9 @@ pub(super) fn infer(op: &Op, ops: &Operands, _ctx: &Ctx) -> Infer {
             }
             if let Dim::Fixed(c) = c {
                 if c % num_groups != 0 {
-                    return Err(format!("{c} channels of {x} do not split into {num_groups} groups"));
+                    return Err(format!(
+                        "{c} channels of {x} do not split into {num_groups} groups"
+                    ));
                 }
             }
         }
@@ -86,7 +98,9 @@ pub(super) fn infer(op: &Op, ops: &Operands, _ctx: &Ctx) -> Infer {
             let scale = ops.get(1)?.ty;
             same_dtype("input and scale", x, scale)?;
             // Scale broadcasts to X one way (ONNX: unidirectional broadcasting).
-            if scale.rank() > x.rank() || broadcast(&scale.shape, &x.shape).as_ref() != Some(&x.shape) {
+            if scale.rank() > x.rank()
+                || broadcast(&scale.shape, &x.shape).as_ref() != Some(&x.shape)
+            {
                 return Err(format!("scale {scale} does not broadcast to the input {x}"));
             }
         }

@@ -6,21 +6,40 @@ use crate::shape::normalize_axis;
 use crate::{DType, Dim, TensorType};
 
 /// Checks the scale's (and zero point's) shape against `x`'s; the normalised axis.
-fn scale_layout(axis: i64, block_size: usize, x: &TensorType, scale: &TensorType, what: &str) -> Result<(), String> {
+fn scale_layout(
+    axis: i64,
+    block_size: usize,
+    x: &TensorType,
+    scale: &TensorType,
+    what: &str,
+) -> Result<(), String> {
     if scale.shape.numel() == Some(1) && block_size == 0 && scale.rank() <= 1 {
         return Ok(());
     }
     let a = normalize_axis(axis, x.rank()).ok_or_else(|| format!("axis {axis} is outside {x}"))?;
     let dim = &x.shape.dims()[a];
     if block_size == 0 {
-        let ok = scale.rank() == 1 && (scale.shape.dims()[0] == *dim || matches!(dim, Dim::Sym(_)) || matches!(scale.shape.dims()[0], Dim::Sym(_)));
-        return if ok { Ok(()) } else { Err(format!("the {what} {scale} is neither one value nor one per position of axis {a} of {x}")) };
+        let ok = scale.rank() == 1
+            && (scale.shape.dims()[0] == *dim
+                || matches!(dim, Dim::Sym(_))
+                || matches!(scale.shape.dims()[0], Dim::Sym(_)));
+        return if ok {
+            Ok(())
+        } else {
+            Err(format!(
+                "the {what} {scale} is neither one value nor one per position of axis {a} of {x}"
+            ))
+        };
     }
     if scale.rank() != x.rank() {
         return Err(format!("a blocked {what} has the input's rank: {scale} for {x}"));
     }
     for (i, (s, d)) in scale.shape.dims().iter().zip(x.shape.dims()).enumerate() {
-        let want = if i == a { d.fixed().map(|n| Dim::Fixed(n.div_ceil(block_size))) } else { Some(d.clone()) };
+        let want = if i == a {
+            d.fixed().map(|n| Dim::Fixed(n.div_ceil(block_size)))
+        } else {
+            Some(d.clone())
+        };
         if let (Some(w), Dim::Fixed(_)) = (want, s) {
             if *s != w {
                 return Err(format!("the {what} {scale} does not give one value per block of {block_size} along axis {a} of {x}"));
@@ -33,7 +52,9 @@ fn scale_layout(axis: i64, block_size: usize, x: &TensorType, scale: &TensorType
 /// The zero point gives one value where the scale does (the interpreter indexes both alike).
 fn same_layout(scale: &TensorType, zero: &TensorType) -> Result<(), String> {
     match (scale.shape.numel(), zero.shape.numel()) {
-        (Some(s), Some(z)) if s != z => Err(format!("the zero point {zero} does not match the scale {scale}")),
+        (Some(s), Some(z)) if s != z => {
+            Err(format!("the zero point {zero} does not match the scale {scale}"))
+        }
         _ => Ok(()),
     }
 }
@@ -42,7 +63,12 @@ fn is_quantized(d: DType) -> bool {
     matches!(d, DType::U8 | DType::I8 | DType::U16 | DType::I16 | DType::I32)
 }
 
-pub(super) fn quantize(axis: i64, block_size: usize, dtype: Option<DType>, ops: &Operands) -> Infer {
+pub(super) fn quantize(
+    axis: i64,
+    block_size: usize,
+    dtype: Option<DType>,
+    ops: &Operands,
+) -> Infer {
     let (x, scale) = (ops.get(0)?.ty, ops.get(1)?.ty);
     if !x.dtype.is_float() && x.dtype != DType::I32 {
         return Err(format!("quantizes floats (or int32), got {x}"));
@@ -56,7 +82,11 @@ pub(super) fn quantize(axis: i64, block_size: usize, dtype: Option<DType>, ops: 
             scale_layout(axis, block_size, x, z.ty, "zero point")?;
             same_layout(scale, z.ty)?;
             if dtype.is_some_and(|d| d != z.ty.dtype) {
-                return Err(format!("output_dtype {} disagrees with the zero point {}", dtype.map_or("", |d| d.name()), z.ty));
+                return Err(format!(
+                    "output_dtype {} disagrees with the zero point {}",
+                    dtype.map_or("", |d| d.name()),
+                    z.ty
+                ));
             }
             z.ty.dtype
         }
@@ -81,7 +111,11 @@ pub(super) fn dequantize(axis: i64, block_size: usize, ops: &Operands) -> Infer 
         scale_layout(axis, block_size, x, z.ty, "zero point")?;
         same_layout(scale, z.ty)?;
         if z.ty.dtype != x.dtype {
-            return Err(format!("the zero point {} is not of the input's type {}", z.ty, x.dtype.name()));
+            return Err(format!(
+                "the zero point {} is not of the input's type {}",
+                z.ty,
+                x.dtype.name()
+            ));
         }
     }
     Ok(vec![TensorType::new(scale.dtype, x.shape.clone())])

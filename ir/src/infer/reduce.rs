@@ -5,7 +5,11 @@ use crate::op::{Reduce, ReduceKind};
 use crate::{DType, Dim, Shape, TensorType};
 
 /// The axes a reduction reduces, normalised and sorted; `None` when they are known only at run time.
-pub(crate) fn reduced_axes(noop_with_empty_axes: bool, axes: Option<Option<Vec<i64>>>, x: &TensorType) -> Result<Option<Vec<usize>>, String> {
+pub(crate) fn reduced_axes(
+    noop_with_empty_axes: bool,
+    axes: Option<Option<Vec<i64>>>,
+    x: &TensorType,
+) -> Result<Option<Vec<usize>>, String> {
     let axes = match axes {
         None => Vec::new(),
         Some(None) => return Ok(None),
@@ -51,7 +55,12 @@ pub(super) fn reduce(r: &Reduce, ops: &Operands, ctx: &Ctx) -> Infer {
         // Without keepdims the rank still follows from how many axes there are.
         None => match ops.get(1)?.ty.shape.dims() {
             [Dim::Fixed(k)] if *k > 0 && *k <= x.rank() => ctx.fresh_shape(x.rank() - k),
-            _ => return Err(format!("axes {} known only at run time need keepdims = 1 or a known count", ops.get(1)?.ty)),
+            _ => {
+                return Err(format!(
+                    "axes {} known only at run time need keepdims = 1 or a known count",
+                    ops.get(1)?.ty
+                ))
+            }
         },
     };
     Ok(vec![TensorType::new(x.dtype, shape)])
@@ -96,7 +105,9 @@ pub(super) fn top_k(axis: i64, ops: &Operands, ctx: &Ctx) -> Infer {
     dims[a] = match one_int(ops, 1, "k")? {
         Some(k) if k < 0 => return Err(format!("k {k} is negative")),
         Some(k) => match &x.shape.0[a] {
-            Dim::Fixed(n) if k as u64 > *n as u64 => return Err(format!("k {k} exceeds axis {a} of {x}")),
+            Dim::Fixed(n) if k as u64 > *n as u64 => {
+                return Err(format!("k {k} exceeds axis {a} of {x}"))
+            }
             _ => Dim::Fixed(k as usize),
         },
         None => ctx.fresh(a),

@@ -27,7 +27,8 @@ fn resized_axes(r: &Resize, rank: usize) -> Result<Vec<usize>, String> {
     }
     let mut out = Vec::with_capacity(r.axes.len());
     for &a in &r.axes {
-        let i = normalize_axis(a, rank).ok_or_else(|| format!("axes {:?}: {a} is out of range for rank {rank}", r.axes))?;
+        let i = normalize_axis(a, rank)
+            .ok_or_else(|| format!("axes {:?}: {a} is out of range for rank {rank}", r.axes))?;
         if out.contains(&i) {
             return Err(format!("axes {:?} name axis {i} twice", r.axes));
         }
@@ -55,7 +56,10 @@ pub(crate) fn resize_plan(
         (None, None) => return Err("needs scales or sizes".into()),
         (Some(s), None) => {
             if s.len() != n {
-                return Err(format!("scales has {} entries, {n} expected (one per resized axis)", s.len()));
+                return Err(format!(
+                    "scales has {} entries, {n} expected (one per resized axis)",
+                    s.len()
+                ));
             }
             for (&a, &f) in axes.iter().zip(s) {
                 if !(f > 0.0 && f.is_finite()) {
@@ -71,7 +75,10 @@ pub(crate) fn resize_plan(
         }
         (None, Some(s)) => {
             if s.len() != n {
-                return Err(format!("sizes has {} entries, {n} expected (one per resized axis)", s.len()));
+                return Err(format!(
+                    "sizes has {} entries, {n} expected (one per resized axis)",
+                    s.len()
+                ));
             }
             for (&a, &size) in axes.iter().zip(s) {
                 if size < 0 {
@@ -104,7 +111,11 @@ pub(crate) fn resize_plan(
         None => None,
         Some((v, _)) => {
             if v.len() != 2 * n {
-                return Err(format!("roi has {} entries, {} expected (starts and ends of the resized axes)", v.len(), 2 * n));
+                return Err(format!(
+                    "roi has {} entries, {} expected (starts and ends of the resized axes)",
+                    v.len(),
+                    2 * n
+                ));
             }
             let mut full = vec![(0.0, 1.0); rank];
             for (i, &a) in axes.iter().enumerate() {
@@ -156,7 +167,10 @@ pub(super) fn infer(r: &Resize, ops: &Operands, ctx: &Ctx) -> Infer {
     for (o, what, want) in [(scales, "scales", n), (sizes, "sizes", n), (roi, "roi", 2 * n)] {
         if let Some(Dim::Fixed(len)) = o.map(|o| &o.ty.shape.0[0]) {
             if *len != want {
-                return Err(format!("{what} has {len} entries, {want} expected for {x} with axes {:?}", r.axes));
+                return Err(format!(
+                    "{what} has {len} entries, {want} expected for {x} with axes {:?}",
+                    r.axes
+                ));
             }
         }
     }
@@ -174,15 +188,24 @@ pub(super) fn infer(r: &Resize, ops: &Operands, ctx: &Ctx) -> Infer {
     }
     let known = scale_values.is_some() || size_values.is_some();
     if let (true, Some(input)) = (known, x.shape.as_fixed()) {
-        let roi_values = roi.and_then(|o| o.value).map(|t| (t.to_f64s(), t.dtype() == crate::DType::F32));
-        let plan = resize_plan(r, &input, roi_values.as_ref().map(|(v, f)| (v.as_slice(), *f)), scale_values.as_deref(), size_values.as_deref())?;
+        let roi_values =
+            roi.and_then(|o| o.value).map(|t| (t.to_f64s(), t.dtype() == crate::DType::F32));
+        let plan = resize_plan(
+            r,
+            &input,
+            roi_values.as_ref().map(|(v, f)| (v.as_slice(), *f)),
+            scale_values.as_deref(),
+            size_values.as_deref(),
+        )?;
         return Ok(vec![TensorType::new(x.dtype, Shape::fixed(&plan.out))]);
     }
     // Partly known: axes not resized keep their size; a stretched size or a unit scale is known.
     let mut dims = x.shape.0.clone();
     for (i, &a) in axes.iter().enumerate() {
         dims[a] = match (&size_values, &scale_values, &x.shape.0[a]) {
-            (Some(s), _, _) if r.keep_aspect_ratio_policy == AspectRatioPolicy::Stretch => Dim::Fixed(s[i] as usize),
+            (Some(s), _, _) if r.keep_aspect_ratio_policy == AspectRatioPolicy::Stretch => {
+                Dim::Fixed(s[i] as usize)
+            }
             (_, Some(s), d) if s[i] == 1.0 => d.clone(),
             (_, Some(s), Dim::Fixed(d)) => Dim::Fixed((s[i] * *d as f64).floor() as usize),
             _ => ctx.fresh(a),

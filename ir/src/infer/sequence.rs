@@ -31,12 +31,20 @@ fn times(n: usize, d: &Dim) -> Option<Dim> {
 }
 
 /// Checks that `ty` has the expected dims (`None`: anything) and explains the layout when not.
-fn expect_shape(what: &str, ty: &TensorType, want: &[Option<Dim>], layout: &str, ctx_ty: &TensorType) -> Result<(), String> {
-    let ok = ty.rank() == want.len() && ty.shape.0.iter().zip(want).all(|(d, w)| w.as_ref().is_none_or(|w| agree(d, w)));
+fn expect_shape(
+    what: &str,
+    ty: &TensorType,
+    want: &[Option<Dim>],
+    layout: &str,
+    ctx_ty: &TensorType,
+) -> Result<(), String> {
+    let ok = ty.rank() == want.len()
+        && ty.shape.0.iter().zip(want).all(|(d, w)| w.as_ref().is_none_or(|w| agree(d, w)));
     if ok {
         return Ok(());
     }
-    let shown: Vec<String> = want.iter().map(|w| w.as_ref().map_or("?".to_string(), |d| d.to_string())).collect();
+    let shown: Vec<String> =
+        want.iter().map(|w| w.as_ref().map_or("?".to_string(), |d| d.to_string())).collect();
     Err(format!("{what} must be [{}] ({layout}) for {ctx_ty}, got {ty}", shown.join(",")))
 }
 
@@ -69,8 +77,11 @@ fn rnn(r: &Rnn, ops: &Operands) -> Infer {
         let want = if r.batch_first { "[batch, seq, input]" } else { "[seq, batch, input]" };
         return Err(format!("X must be 3-D {want}, got {x}"));
     }
-    let (seq, batch, input) =
-        if r.batch_first { (&x.shape.0[1], &x.shape.0[0], &x.shape.0[2]) } else { (&x.shape.0[0], &x.shape.0[1], &x.shape.0[2]) };
+    let (seq, batch, input) = if r.batch_first {
+        (&x.shape.0[1], &x.shape.0[0], &x.shape.0[2])
+    } else {
+        (&x.shape.0[0], &x.shape.0[1], &x.shape.0[2])
+    };
     let dirs = if r.direction == RnnDirection::Bidirectional { 2 } else { 1 };
     let g = gates(r.cell);
     let (w, rr) = (ops.get(1)?.ty, ops.get(2)?.ty);
@@ -87,8 +98,20 @@ fn rnn(r: &Rnn, ops: &Operands) -> Infer {
     let gh = times(g, &hidden);
     let d = Some(Dim::Fixed(dirs));
     let gl = if g == 1 { "hidden".to_string() } else { format!("{g}*hidden") };
-    expect_shape("W", w, &[d.clone(), gh.clone(), Some(input.clone())], &format!("dirs, {gl}, input"), x)?;
-    expect_shape("R", rr, &[d.clone(), gh.clone(), Some(hidden.clone())], &format!("dirs, {gl}, hidden"), x)?;
+    expect_shape(
+        "W",
+        w,
+        &[d.clone(), gh.clone(), Some(input.clone())],
+        &format!("dirs, {gl}, input"),
+        x,
+    )?;
+    expect_shape(
+        "R",
+        rr,
+        &[d.clone(), gh.clone(), Some(hidden.clone())],
+        &format!("dirs, {gl}, hidden"),
+        x,
+    )?;
     if let Some(b) = ops.opt(3) {
         same_dtype("X and B", x, b.ty)?;
         expect_shape("B", b.ty, &[d.clone(), times(2 * g, &hidden)], &format!("dirs, 2*{gl}"), x)?;
@@ -99,8 +122,11 @@ fn rnn(r: &Rnn, ops: &Operands) -> Infer {
         }
         expect_shape("sequence_lens", s.ty, &[Some(batch.clone())], "batch", x)?;
     }
-    let state =
-        if r.batch_first { vec![batch.clone(), Dim::Fixed(dirs), hidden.clone()] } else { vec![Dim::Fixed(dirs), batch.clone(), hidden.clone()] };
+    let state = if r.batch_first {
+        vec![batch.clone(), Dim::Fixed(dirs), hidden.clone()]
+    } else {
+        vec![Dim::Fixed(dirs), batch.clone(), hidden.clone()]
+    };
     let state_layout = if r.batch_first { "batch, dirs, hidden" } else { "dirs, batch, hidden" };
     let is_lstm = matches!(r.cell, RnnCell::Lstm { .. });
     let mut states = vec![(5, "initial_h")];
@@ -110,7 +136,13 @@ fn rnn(r: &Rnn, ops: &Operands) -> Infer {
     for (i, what) in states {
         if let Some(h) = ops.opt(i) {
             same_dtype(&format!("X and {what}"), x, h.ty)?;
-            expect_shape(what, h.ty, &state.iter().cloned().map(Some).collect::<Vec<_>>(), state_layout, x)?;
+            expect_shape(
+                what,
+                h.ty,
+                &state.iter().cloned().map(Some).collect::<Vec<_>>(),
+                state_layout,
+                x,
+            )?;
         }
     }
     if is_lstm {
@@ -143,7 +175,8 @@ fn rnn(r: &Rnn, ops: &Operands) -> Infer {
     } else {
         vec![seq.clone(), Dim::Fixed(dirs), batch.clone(), hidden.clone()]
     };
-    let mut out = vec![TensorType::new(x.dtype, Shape(y)), TensorType::new(x.dtype, Shape(state.clone()))];
+    let mut out =
+        vec![TensorType::new(x.dtype, Shape(y)), TensorType::new(x.dtype, Shape(state.clone()))];
     if is_lstm {
         out.push(TensorType::new(x.dtype, Shape(state)));
     }
@@ -168,7 +201,9 @@ struct AttentionDims {
 /// `d / n` exactly, or an error naming `what`; a symbol divided by n > 1 gets a fresh symbol.
 fn split_heads(d: &Dim, n: usize, what: &str, fresh: Dim) -> Result<Dim, String> {
     match d {
-        Dim::Fixed(k) if k % n != 0 => Err(format!("{what} size {k} is not a multiple of {n} heads")),
+        Dim::Fixed(k) if k % n != 0 => {
+            Err(format!("{what} size {k} is not a multiple of {n} heads"))
+        }
         Dim::Fixed(k) => Ok(Dim::Fixed(k / n)),
         s if n == 1 => Ok(s.clone()),
         _ => Ok(fresh),
@@ -188,10 +223,14 @@ fn attention_dims(a: &Attention, ops: &Operands, ctx: &Ctx) -> Result<AttentionD
     let (qs, ks, vs) = (&q.shape.0, &k.shape.0, &v.shape.0);
     let mut d = if q.rank() == 3 {
         if a.q_num_heads == 0 || a.kv_num_heads == 0 {
-            return Err(format!("3-D Q, K and V need q_num_heads and kv_num_heads, got {} and {} for {q}", a.q_num_heads, a.kv_num_heads));
+            return Err(format!(
+                "3-D Q, K and V need q_num_heads and kv_num_heads, got {} and {} for {q}",
+                a.q_num_heads, a.kv_num_heads
+            ));
         }
         let head_size = split_heads(&qs[2], a.q_num_heads, &format!("Q {q} hidden"), ctx.fresh(3))?;
-        let k_head = split_heads(&ks[2], a.kv_num_heads, &format!("K {k} hidden"), head_size.clone())?;
+        let k_head =
+            split_heads(&ks[2], a.kv_num_heads, &format!("K {k} hidden"), head_size.clone())?;
         if !agree(&head_size, &k_head) {
             return Err(format!(
                 "Q and K head sizes differ: {q} has {} heads of {head_size}, {k} has {} heads of {k_head}",
@@ -199,7 +238,12 @@ fn attention_dims(a: &Attention, ops: &Operands, ctx: &Ctx) -> Result<AttentionD
             ));
         }
         // Y's last dimension is q_heads * v_head_size; name V's head size only when it is needed.
-        let v_head_size = split_heads(&vs[2], a.kv_num_heads, &format!("V {v} hidden"), Dim::sym(&format!("{}.v_head_size", ctx.node)))?;
+        let v_head_size = split_heads(
+            &vs[2],
+            a.kv_num_heads,
+            &format!("V {v} hidden"),
+            Dim::sym(&format!("{}.v_head_size", ctx.node)),
+        )?;
         AttentionDims {
             batch: qs[0].clone(),
             q_heads: Dim::Fixed(a.q_num_heads),
@@ -250,7 +294,14 @@ fn attention_dims(a: &Attention, ops: &Operands, ctx: &Ctx) -> Result<AttentionD
             same_dtype("Q and past_value", q, pv.ty)?;
             let layout = "batch, kv_heads, past_seq, head_size";
             let past = if pk.ty.rank() == 4 { pk.ty.shape.0[2].clone() } else { Dim::Fixed(0) };
-            let want = |size: &Dim| [Some(d.batch.clone()), Some(d.kv_heads.clone()), Some(past.clone()), Some(size.clone())];
+            let want = |size: &Dim| {
+                [
+                    Some(d.batch.clone()),
+                    Some(d.kv_heads.clone()),
+                    Some(past.clone()),
+                    Some(size.clone()),
+                ]
+            };
             expect_shape("past_key", pk.ty, &want(&d.head_size), layout, k)?;
             expect_shape("past_value", pv.ty, &want(&d.v_head_size), layout, v)?;
             d.total = match (&past, &d.kv_seq) {
@@ -269,7 +320,10 @@ fn attention(a: &Attention, ops: &Operands, ctx: &Ctx) -> Infer {
     let d = attention_dims(a, ops, ctx)?;
     let q = ops.get(0)?.ty;
     if !(0..=3).contains(&a.qk_matmul_output_mode) {
-        return Err(format!("qk_matmul_output_mode must be 0 to 3, got {}", a.qk_matmul_output_mode));
+        return Err(format!(
+            "qk_matmul_output_mode must be 0 to 3, got {}",
+            a.qk_matmul_output_mode
+        ));
     }
     if let Some(p) = a.softmax_precision {
         if !p.is_float() {
@@ -296,12 +350,18 @@ fn attention(a: &Attention, ops: &Operands, ctx: &Ctx) -> Infer {
             short && broadcast(&Shape(padded), &scores).as_ref() == Some(&scores)
         };
         if !ok {
-            return Err(format!("attn_mask {} does not broadcast to the attention scores {}{scores}", m.ty, q.dtype));
+            return Err(format!(
+                "attn_mask {} does not broadcast to the attention scores {}{scores}",
+                m.ty, q.dtype
+            ));
         }
     }
     if let Some(n) = ops.opt(6) {
         if !n.ty.dtype.is_int() || n.ty.rank() != 1 || !agree(&n.ty.shape.0[0], &d.batch) {
-            return Err(format!("nonpad_kv_seqlen must be an integer vector [batch] = [{}], got {}", d.batch, n.ty));
+            return Err(format!(
+                "nonpad_kv_seqlen must be an integer vector [batch] = [{}], got {}",
+                d.batch, n.ty
+            ));
         }
         if d.past.is_some() {
             return Err("nonpad_kv_seqlen cannot be used with past_key and past_value".into());
@@ -316,7 +376,9 @@ fn attention(a: &Attention, ops: &Operands, ctx: &Ctx) -> Infer {
     } else {
         Shape(vec![d.batch.clone(), d.q_heads.clone(), d.q_seq.clone(), d.v_head_size.clone()])
     };
-    let present = |size: &Dim| Shape(vec![d.batch.clone(), d.kv_heads.clone(), d.total.clone(), size.clone()]);
+    let present = |size: &Dim| {
+        Shape(vec![d.batch.clone(), d.kv_heads.clone(), d.total.clone(), size.clone()])
+    };
     Ok(vec![
         TensorType::new(q.dtype, y),
         TensorType::new(q.dtype, present(&d.head_size)),
@@ -332,16 +394,27 @@ fn rotated_size(r: &RotaryEmbedding, x: &TensorType) -> Result<Option<usize>, St
     let head_size = match x.rank() {
         3 => {
             if r.num_heads == 0 {
-                return Err(format!("a 3-D input [batch, seq, heads*size] needs num_heads, got {x}"));
+                return Err(format!(
+                    "a 3-D input [batch, seq, heads*size] needs num_heads, got {x}"
+                ));
             }
             match &x.shape.0[2] {
-                Dim::Fixed(h) if h % r.num_heads != 0 => return Err(format!("hidden size of {x} is not a multiple of {} heads", r.num_heads)),
+                Dim::Fixed(h) if h % r.num_heads != 0 => {
+                    return Err(format!(
+                        "hidden size of {x} is not a multiple of {} heads",
+                        r.num_heads
+                    ))
+                }
                 Dim::Fixed(h) => Some(h / r.num_heads),
                 _ => None,
             }
         }
         4 => x.shape.0[3].fixed(),
-        _ => return Err(format!("input must be 3-D [batch, seq, hidden] or 4-D [batch, heads, seq, head_size], got {x}")),
+        _ => {
+            return Err(format!(
+            "input must be 3-D [batch, seq, hidden] or 4-D [batch, heads, seq, head_size], got {x}"
+        ))
+        }
     };
     let rot = if r.rotary_embedding_dim > 0 { Some(r.rotary_embedding_dim) } else { head_size };
     if let Some(rot) = rot {
@@ -365,18 +438,33 @@ fn rotary(r: &RotaryEmbedding, ops: &Operands) -> Infer {
     same_dtype("input and cos_cache", x, cos)?;
     same_dtype("input and sin_cache", x, sin)?;
     if cos.shape != sin.shape {
-        return Err(format!("cos_cache and sin_cache must have the same shape, got {cos} and {sin}"));
+        return Err(format!(
+            "cos_cache and sin_cache must have the same shape, got {cos} and {sin}"
+        ));
     }
-    let (batch, seq) = if x.rank() == 3 { (&x.shape.0[0], &x.shape.0[1]) } else { (&x.shape.0[0], &x.shape.0[2]) };
+    let (batch, seq) =
+        if x.rank() == 3 { (&x.shape.0[0], &x.shape.0[1]) } else { (&x.shape.0[0], &x.shape.0[2]) };
     let half = rot.map(|r| Dim::Fixed(r / 2));
     if let Some(p) = ops.opt(3) {
         if !p.ty.dtype.is_int() {
             return Err(format!("position_ids must be an integer tensor, got {}", p.ty));
         }
-        expect_shape("position_ids", p.ty, &[Some(batch.clone()), Some(seq.clone())], "batch, seq", x)?;
+        expect_shape(
+            "position_ids",
+            p.ty,
+            &[Some(batch.clone()), Some(seq.clone())],
+            "batch, seq",
+            x,
+        )?;
         expect_shape("cos_cache", cos, &[None, half], "max_position, rotary_dim/2", x)?;
     } else {
-        expect_shape("cos_cache", cos, &[Some(batch.clone()), Some(seq.clone()), half], "batch, seq, rotary_dim/2 without position_ids", x)?;
+        expect_shape(
+            "cos_cache",
+            cos,
+            &[Some(batch.clone()), Some(seq.clone()), half],
+            "batch, seq, rotary_dim/2 without position_ids",
+            x,
+        )?;
     }
     Ok(vec![x.clone()])
 }

@@ -5,12 +5,20 @@ use crate::op::{AutoPad, Conv, ConvTranspose, Pool, PoolKind, Window};
 use crate::{Dim, Shape, TensorType};
 
 /// Output spatial sizes for `x` of shape [N, C, spatial...] and kernel sizes `kernel`.
-fn spatial_out(window: &Window, x: &TensorType, kernel: &[Dim], ceil_mode: bool, ctx: &Ctx) -> Result<Vec<Dim>, String> {
+fn spatial_out(
+    window: &Window,
+    x: &TensorType,
+    kernel: &[Dim],
+    ceil_mode: bool,
+    ctx: &Ctx,
+) -> Result<Vec<Dim>, String> {
     let spatial = x.rank() - 2;
     window.check(spatial)?;
     (0..spatial)
         .map(|i| match (&x.shape.0[2 + i], kernel[i].fixed()) {
-            (Dim::Fixed(n), Some(k)) => window.resolve(i, *n, k, ceil_mode).map(|a| Dim::Fixed(a.output)),
+            (Dim::Fixed(n), Some(k)) => {
+                window.resolve(i, *n, k, ceil_mode).map(|a| Dim::Fixed(a.output))
+            }
             _ => Ok(ctx.fresh(2 + i)),
         })
         .collect()
@@ -18,7 +26,12 @@ fn spatial_out(window: &Window, x: &TensorType, kernel: &[Dim], ceil_mode: bool,
 
 /// The checks Conv and ConvTranspose share: float input and weight of equal rank (3 or more) and
 /// a positive group count. `layout` names the weight's layout for the message.
-fn check_conv_operands(x: &TensorType, w: &TensorType, group: usize, layout: &str) -> Result<(), String> {
+fn check_conv_operands(
+    x: &TensorType,
+    w: &TensorType,
+    group: usize,
+    layout: &str,
+) -> Result<(), String> {
     same_dtype("input and weight", x, w)?;
     if !x.dtype.is_float() {
         return Err(format!("needs a float type, got {x}"));
@@ -53,7 +66,11 @@ pub(super) fn conv(c: &Conv, ops: &Operands, ctx: &Ctx) -> Infer {
     check_conv_operands(x, w, c.group, "[M, C/group, kernel...]")?;
     if let (Dim::Fixed(cin), Dim::Fixed(cw)) = (&x.shape.0[1], &w.shape.0[1]) {
         if *cin != cw * c.group {
-            return Err(format!("input has {cin} channels but weight {w} with group {} expects {}", c.group, cw * c.group));
+            return Err(format!(
+                "input has {cin} channels but weight {w} with group {} expects {}",
+                c.group,
+                cw * c.group
+            ));
         }
     }
     let m = w.shape.0[0].clone();
@@ -77,7 +94,11 @@ pub(super) fn pool(p: &Pool, ops: &Operands, ctx: &Ctx) -> Infer {
         return Err(format!("input must be [N, C, spatial...], got {x}"));
     }
     if p.kernel.len() != x.rank() - 2 {
-        return Err(format!("kernel_shape {:?} does not match the {} spatial dimensions of {x}", p.kernel, x.rank() - 2));
+        return Err(format!(
+            "kernel_shape {:?} does not match the {} spatial dimensions of {x}",
+            p.kernel,
+            x.rank() - 2
+        ));
     }
     if p.kernel.contains(&0) {
         return Err(format!("kernel_shape {:?} has a zero size", p.kernel));
@@ -129,11 +150,20 @@ pub struct TransposeAxis {
 fn check_transpose_attrs(c: &ConvTranspose, spatial: usize) -> Result<(), String> {
     c.window.check(spatial)?;
     if !c.output_padding.is_empty() && c.output_padding.len() != spatial {
-        return Err(format!("output_padding has {} entries, {spatial} expected", c.output_padding.len()));
+        return Err(format!(
+            "output_padding has {} entries, {spatial} expected",
+            c.output_padding.len()
+        ));
     }
     // ONNX allows output_shape with or without the N and C dimensions.
-    if !c.output_shape.is_empty() && c.output_shape.len() != spatial && c.output_shape.len() != spatial + 2 {
-        return Err(format!("output_shape {:?} must have {spatial} spatial entries", c.output_shape));
+    if !c.output_shape.is_empty()
+        && c.output_shape.len() != spatial
+        && c.output_shape.len() != spatial + 2
+    {
+        return Err(format!(
+            "output_shape {:?} must have {spatial} spatial entries",
+            c.output_shape
+        ));
     }
     Ok(())
 }
@@ -142,7 +172,13 @@ fn check_transpose_attrs(c: &ConvTranspose, spatial: usize) -> Result<(), String
 /// `kernel`, following the ONNX reference: with `output_shape` or SAME_*, the total padding is
 /// `full - output` split in half (the odd one at the end for SAME_UPPER, else at the start), with
 /// floor division, so it may be negative; otherwise the explicit pads (VALID: none).
-pub fn transpose_axis(c: &ConvTranspose, i: usize, spatial: usize, input: usize, kernel: usize) -> Result<TransposeAxis, String> {
+pub fn transpose_axis(
+    c: &ConvTranspose,
+    i: usize,
+    spatial: usize,
+    input: usize,
+    kernel: usize,
+) -> Result<TransposeAxis, String> {
     let (stride, dilation) = (c.window.stride(i), c.window.dilation(i));
     if input == 0 || kernel == 0 {
         return Err(format!("spatial axis {i} has input size {input} and kernel size {kernel}; both must be positive"));
@@ -150,7 +186,8 @@ pub fn transpose_axis(c: &ConvTranspose, i: usize, spatial: usize, input: usize,
     let adj = c.output_padding.get(i).copied().unwrap_or(0);
     // In i128 so that absurd attribute values are an error, not an overflow.
     let wide = |v: usize| v as i128;
-    let full = wide(stride) * (wide(input) - 1) + wide(adj) + wide(dilation) * (wide(kernel) - 1) + 1;
+    let full =
+        wide(stride) * (wide(input) - 1) + wide(adj) + wide(dilation) * (wide(kernel) - 1) + 1;
     let wanted = if !c.output_shape.is_empty() {
         Some(wide(c.output_shape[c.output_shape.len() - spatial + i]))
     } else if matches!(c.window.auto_pad, AutoPad::SameUpper | AutoPad::SameLower) {
@@ -168,11 +205,16 @@ pub fn transpose_axis(c: &ConvTranspose, i: usize, spatial: usize, input: usize,
         None => {
             let (begin, end) = match c.window.auto_pad {
                 AutoPad::Valid => (0, 0),
-                _ => (c.window.pads.get(i).copied().unwrap_or(0), c.window.pads.get(spatial + i).copied().unwrap_or(0)),
+                _ => (
+                    c.window.pads.get(i).copied().unwrap_or(0),
+                    c.window.pads.get(spatial + i).copied().unwrap_or(0),
+                ),
             };
             let out = full - wide(begin) - wide(end);
             if out <= 0 {
-                return Err(format!("pads {begin} and {end} remove the whole output ({full}) on spatial axis {i}"));
+                return Err(format!(
+                    "pads {begin} and {end} remove the whole output ({full}) on spatial axis {i}"
+                ));
             }
             (wide(begin), out)
         }
@@ -185,7 +227,10 @@ pub fn transpose_axis(c: &ConvTranspose, i: usize, spatial: usize, input: usize,
         stride,
         dilation,
         pad_begin: i64::try_from(pad_begin).map_err(|_| too_big())?,
-        output: usize::try_from(output).ok().filter(|&o| o <= isize::MAX as usize).ok_or_else(too_big)?,
+        output: usize::try_from(output)
+            .ok()
+            .filter(|&o| o <= isize::MAX as usize)
+            .ok_or_else(too_big)?,
     })
 }
 
@@ -196,7 +241,10 @@ pub(super) fn conv_transpose(c: &ConvTranspose, ops: &Operands, ctx: &Ctx) -> In
     check_transpose_attrs(c, spatial)?;
     if let Dim::Fixed(cin) = x.shape.0[1] {
         if cin % c.group != 0 {
-            return Err(format!("{cin} input channels of {x} do not split into {} groups", c.group));
+            return Err(format!(
+                "{cin} input channels of {x} do not split into {} groups",
+                c.group
+            ));
         }
         if let Dim::Fixed(cw) = w.shape.0[0] {
             if cw != cin {
@@ -215,7 +263,9 @@ pub(super) fn conv_transpose(c: &ConvTranspose, ops: &Operands, ctx: &Ctx) -> In
         let d = match (&x.shape.0[2 + i], w.shape.0[2 + i].fixed()) {
             (Dim::Fixed(n), Some(k)) => Dim::Fixed(transpose_axis(c, i, spatial, *n, k)?.output),
             // The output size is known without the input's when output_shape gives it.
-            _ if !c.output_shape.is_empty() => Dim::Fixed(c.output_shape[c.output_shape.len() - spatial + i]),
+            _ if !c.output_shape.is_empty() => {
+                Dim::Fixed(c.output_shape[c.output_shape.len() - spatial + i])
+            }
             _ => ctx.fresh(2 + i),
         };
         dims.push(d);

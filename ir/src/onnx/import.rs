@@ -9,8 +9,16 @@ use super::{ops, Model};
 use crate::op::{Attr, Attrs};
 use crate::{Dim, Graph, IrError, Op, Result, Shape, TensorType, UnsupportedOp, ValueId};
 
-pub(super) fn import_model(model: &ModelProto, base_dir: Option<&Path>, options: &super::ImportOptions) -> Result<Model> {
-    let opsets: Vec<(String, i64)> = model.opset_import.iter().map(|o| (o.domain.clone().unwrap_or_default(), o.version.unwrap_or(1))).collect();
+pub(super) fn import_model(
+    model: &ModelProto,
+    base_dir: Option<&Path>,
+    options: &super::ImportOptions,
+) -> Result<Model> {
+    let opsets: Vec<(String, i64)> = model
+        .opset_import
+        .iter()
+        .map(|o| (o.domain.clone().unwrap_or_default(), o.version.unwrap_or(1)))
+        .collect();
     let opset = opsets.iter().find(|(d, _)| d.is_empty() || d == "ai.onnx").map_or(1, |(_, v)| *v);
     let mut warnings = Vec::new();
     if opset > super::NEWEST_OPSET {
@@ -20,7 +28,10 @@ pub(super) fn import_model(model: &ModelProto, base_dir: Option<&Path>, options:
                 "{what}, and an op may mean something else in a newer one (--allow-newer-opsets imports it anyway)"
             )));
         }
-        warnings.push(format!("{what}; imported as opset {} (--allow-newer-opsets)", super::NEWEST_OPSET));
+        warnings.push(format!(
+            "{what}; imported as opset {} (--allow-newer-opsets)",
+            super::NEWEST_OPSET
+        ));
     }
     let opset = opset.min(super::NEWEST_OPSET);
     let graph = model.graph.as_ref().expect("decode_model checked the graph");
@@ -31,7 +42,13 @@ pub(super) fn import_model(model: &ModelProto, base_dir: Option<&Path>, options:
         graph: imported,
         ir_version: model.ir_version.unwrap_or(0),
         opsets,
-        producer: [model.producer_name.clone().unwrap_or_default(), model.producer_version.clone().unwrap_or_default()].join(" ").trim().to_string(),
+        producer: [
+            model.producer_name.clone().unwrap_or_default(),
+            model.producer_version.clone().unwrap_or_default(),
+        ]
+        .join(" ")
+        .trim()
+        .to_string(),
         warnings,
     })
 }
@@ -47,7 +64,10 @@ fn check_supported(graph: &GraphProto, opsets: &[(String, i64)]) -> Result<()> {
 }
 
 /// The ops of `graph` (and its subgraphs) kiln does not support, each with the nodes using it.
-pub(super) fn check_supported_list(graph: &GraphProto, opsets: &[(String, i64)]) -> Vec<UnsupportedOp> {
+pub(super) fn check_supported_list(
+    graph: &GraphProto,
+    opsets: &[(String, i64)],
+) -> Vec<UnsupportedOp> {
     let mut found: Vec<UnsupportedOp> = Vec::new();
     let mut visit = |node: &NodeProto| {
         let domain = node.domain.clone().unwrap_or_default();
@@ -60,11 +80,19 @@ pub(super) fn check_supported_list(graph: &GraphProto, opsets: &[(String, i64)])
             return;
         }
         let shown_domain = if default_domain { "ai.onnx".to_string() } else { domain.clone() };
-        let opset = opsets.iter().find(|(d, _)| *d == domain || (default_domain && (d.is_empty() || d == "ai.onnx"))).map_or(0, |(_, v)| *v);
+        let opset = opsets
+            .iter()
+            .find(|(d, _)| *d == domain || (default_domain && (d.is_empty() || d == "ai.onnx")))
+            .map_or(0, |(_, v)| *v);
         let name = node_label(node);
         match found.iter_mut().find(|u| u.op_type == op_type && u.domain == shown_domain) {
             Some(u) => u.nodes.push(name),
-            None => found.push(UnsupportedOp { op_type, domain: shown_domain, opset, nodes: vec![name] }),
+            None => found.push(UnsupportedOp {
+                op_type,
+                domain: shown_domain,
+                opset,
+                nodes: vec![name],
+            }),
         }
     };
     walk_nodes(graph, &mut visit);
@@ -90,14 +118,25 @@ fn walk_nodes(graph: &GraphProto, f: &mut impl FnMut(&NodeProto)) {
 pub(super) fn node_label(node: &NodeProto) -> String {
     match node.name.as_deref() {
         Some(n) if !n.is_empty() => n.to_string(),
-        _ => node.output.iter().find(|o| !o.is_empty()).cloned().unwrap_or_else(|| node.op_type.clone().unwrap_or_default()),
+        _ => node
+            .output
+            .iter()
+            .find(|o| !o.is_empty())
+            .cloned()
+            .unwrap_or_else(|| node.op_type.clone().unwrap_or_default()),
     }
 }
 
 /// The names a graph reads from enclosing scopes, in order of first use.
 pub(super) fn free_values(graph: &GraphProto) -> Vec<String> {
-    let mut defined: HashSet<&str> = graph.initializer.iter().filter_map(|t| t.name.as_deref()).collect();
-    defined.extend(graph.sparse_initializer.iter().filter_map(|s| s.values.as_ref().and_then(|v| v.name.as_deref())));
+    let mut defined: HashSet<&str> =
+        graph.initializer.iter().filter_map(|t| t.name.as_deref()).collect();
+    defined.extend(
+        graph
+            .sparse_initializer
+            .iter()
+            .filter_map(|s| s.values.as_ref().and_then(|v| v.name.as_deref())),
+    );
     defined.extend(graph.input.iter().filter_map(|i| i.name.as_deref()));
     let mut free: Vec<String> = Vec::new();
     let need = |name: &str, defined: &HashSet<&str>, free: &mut Vec<String>| {
@@ -141,8 +180,12 @@ fn node_order(g: &GraphProto, known: &HashSet<&str>) -> Result<Vec<usize>> {
     if in_order {
         return Ok((0..g.node.len()).collect());
     }
-    let producer: HashMap<&str, usize> =
-        g.node.iter().enumerate().flat_map(|(i, n)| n.output.iter().filter(|o| !o.is_empty()).map(move |o| (o.as_str(), i))).collect();
+    let producer: HashMap<&str, usize> = g
+        .node
+        .iter()
+        .enumerate()
+        .flat_map(|(i, n)| n.output.iter().filter(|o| !o.is_empty()).map(move |o| (o.as_str(), i)))
+        .collect();
     let mut order = Vec::with_capacity(g.node.len());
     // 0: not visited, 1: on the current path, 2: done.
     let mut state = vec![0u8; g.node.len()];
@@ -156,7 +199,12 @@ fn node_order(g: &GraphProto, known: &HashSet<&str>) -> Result<Vec<usize>> {
     ) -> Result<()> {
         match state[i] {
             2 => return Ok(()),
-            1 => return Err(IrError::Onnx(format!("the graph has a cycle through node `{}`", node_label(&g.node[i])))),
+            1 => {
+                return Err(IrError::Onnx(format!(
+                    "the graph has a cycle through node `{}`",
+                    node_label(&g.node[i])
+                )))
+            }
             _ => {}
         }
         state[i] = 1;
@@ -200,11 +248,21 @@ pub(super) struct GraphImporter<'a> {
 
 impl<'a> GraphImporter<'a> {
     pub(super) fn new(name: &str, opset: i64, base_dir: Option<&'a Path>) -> GraphImporter<'a> {
-        GraphImporter { graph: Graph::new(name), values: HashMap::new(), opset, base_dir, implied_input_types: Vec::new() }
+        GraphImporter {
+            graph: Graph::new(name),
+            values: HashMap::new(),
+            opset,
+            base_dir,
+            implied_input_types: Vec::new(),
+        }
     }
 
     /// Imports `g`; `captures` are values of enclosing graphs it reads, which become its first inputs.
-    pub(super) fn import(mut self, g: &GraphProto, captures: &[(String, TensorType)]) -> Result<Graph> {
+    pub(super) fn import(
+        mut self,
+        g: &GraphProto,
+        captures: &[(String, TensorType)],
+    ) -> Result<Graph> {
         let onnx_err = |m: String| IrError::Onnx(m);
         for (name, ty) in captures {
             let kiln_name = self.graph.unique_name(name);
@@ -212,7 +270,11 @@ impl<'a> GraphImporter<'a> {
             self.values.insert(name.clone(), v);
         }
         for t in &g.initializer {
-            let name = t.name.clone().filter(|n| !n.is_empty()).ok_or_else(|| onnx_err("an initializer has no name".into()))?;
+            let name = t
+                .name
+                .clone()
+                .filter(|n| !n.is_empty())
+                .ok_or_else(|| onnx_err("an initializer has no name".into()))?;
             let tensor = tensor_from_proto(t, self.base_dir)?;
             let kiln_name = self.graph.unique_name(&name);
             let v = self.graph.add_constant(&kiln_name, tensor)?;
@@ -231,15 +293,23 @@ impl<'a> GraphImporter<'a> {
             self.values.insert(name, v);
         }
         for (i, input) in g.input.iter().enumerate() {
-            let name = input.name.clone().filter(|n| !n.is_empty()).ok_or_else(|| onnx_err("a graph input has no name".into()))?;
+            let name = input
+                .name
+                .clone()
+                .filter(|n| !n.is_empty())
+                .ok_or_else(|| onnx_err("a graph input has no name".into()))?;
             // Old exporters list initializers as inputs too: the initializer wins (a constant).
             if self.values.contains_key(&name) {
                 continue;
             }
-            let implied = self.implied_input_types.get(i).filter(|_| input.r#type.as_ref().and_then(|t| t.value.as_ref()).is_none());
+            let implied = self
+                .implied_input_types
+                .get(i)
+                .filter(|_| input.r#type.as_ref().and_then(|t| t.value.as_ref()).is_none());
             let ty = match implied {
                 Some(t) => t.clone(),
-                None => value_type(input).map_err(|e| IrError::NotSupported(format!("graph input `{name}`: {e}")))?,
+                None => value_type(input)
+                    .map_err(|e| IrError::NotSupported(format!("graph input `{name}`: {e}")))?,
             };
             let kiln_name = self.graph.unique_name(&name);
             let v = self.graph.add_input(&kiln_name, ty)?;
@@ -251,8 +321,14 @@ impl<'a> GraphImporter<'a> {
         }
         for output in &g.output {
             let name = output.name.clone().unwrap_or_default();
-            let v = *self.values.get(&name).ok_or_else(|| onnx_err(format!("graph output `{name}` is not produced by any node")))?;
-            let out_name = if self.graph.outputs().iter().any(|(n, _)| *n == name) { self.graph.unique_name(&name) } else { name };
+            let v = *self.values.get(&name).ok_or_else(|| {
+                onnx_err(format!("graph output `{name}` is not produced by any node"))
+            })?;
+            let out_name = if self.graph.outputs().iter().any(|(n, _)| *n == name) {
+                self.graph.unique_name(&name)
+            } else {
+                name
+            };
             self.graph.add_output(&out_name, v)?;
         }
         Ok(self.graph)
@@ -270,7 +346,9 @@ impl<'a> GraphImporter<'a> {
         }
         ops::convert(self, node, &op_type).map_err(|e| match e {
             IrError::Onnx(m) => IrError::Onnx(format!("node `{label}` ({op_type}): {m}")),
-            IrError::NotSupported(m) => IrError::NotSupported(format!("node `{label}` ({op_type}): {m}")),
+            IrError::NotSupported(m) => {
+                IrError::NotSupported(format!("node `{label}` ({op_type}): {m}"))
+            }
             other => other,
         })
     }
@@ -297,12 +375,23 @@ impl<'a> GraphImporter<'a> {
 
     /// Adds a kiln node for (part of) an ONNX node, or constants when its results are known now
     /// (shape arithmetic collapses this way, so later nodes see real shapes); returns its results.
-    pub(super) fn add(&mut self, node: &NodeProto, suffix: &str, op: Op, operands: &[Option<ValueId>], num_outputs: usize) -> Result<Vec<ValueId>> {
+    pub(super) fn add(
+        &mut self,
+        node: &NodeProto,
+        suffix: &str,
+        op: Op,
+        operands: &[Option<ValueId>],
+        num_outputs: usize,
+    ) -> Result<Vec<ValueId>> {
         let name = self.name_for(node, suffix);
         if let Some(results) = crate::fold::fold(&self.graph, &op, operands, num_outputs) {
             let mut out = Vec::with_capacity(results.len());
             for (i, t) in results.into_iter().enumerate() {
-                let n = if i == 0 { name.clone() } else { self.graph.unique_name(&format!("{name}#{i}")) };
+                let n = if i == 0 {
+                    name.clone()
+                } else {
+                    self.graph.unique_name(&format!("{name}#{i}"))
+                };
                 out.push(self.graph.add_constant(&n, t)?);
             }
             return Ok(out);
@@ -312,7 +401,12 @@ impl<'a> GraphImporter<'a> {
     }
 
     /// Adds a constant for (part of) an ONNX node.
-    pub(super) fn constant(&mut self, node: &NodeProto, suffix: &str, t: crate::Tensor) -> Result<ValueId> {
+    pub(super) fn constant(
+        &mut self,
+        node: &NodeProto,
+        suffix: &str,
+        t: crate::Tensor,
+    ) -> Result<ValueId> {
         let name = self.name_for(node, suffix);
         self.graph.add_constant(&name, t)
     }
@@ -354,32 +448,51 @@ pub(super) fn type_of(t: &proto::TypeProto, name: &str) -> std::result::Result<T
         Some(type_proto::Value::TensorType(t)) => {
             let (dtype, shape) = tensor_type_of(t, name)?;
             // No shape at all: kiln needs the rank.
-            let shape = shape.ok_or("an input without a shape is not supported (kiln needs the rank)")?;
+            let shape =
+                shape.ok_or("an input without a shape is not supported (kiln needs the rank)")?;
             Ok(TensorType::new(dtype, shape))
         }
         Some(type_proto::Value::SequenceType(s)) => {
             let (dtype, shape) = sequence_elements(s, name)?;
             Ok(TensorType::sequence(dtype, shape, None))
         }
-        Some(type_proto::Value::OptionalType(o)) => match o.elem_type.as_deref().and_then(|e| e.value.as_ref()) {
+        Some(type_proto::Value::OptionalType(o)) => match o
+            .elem_type
+            .as_deref()
+            .and_then(|e| e.value.as_ref())
+        {
             Some(type_proto::Value::TensorType(t)) => {
                 let (dtype, shape) = tensor_type_of(t, name)?;
                 let ranked = shape.is_some();
-                Ok(TensorType { dtype, shape: shape.unwrap_or_else(Shape::scalar), kind: crate::Kind::Optional { sequence: false, ranked } })
+                Ok(TensorType {
+                    dtype,
+                    shape: shape.unwrap_or_else(Shape::scalar),
+                    kind: crate::Kind::Optional { sequence: false, ranked },
+                })
             }
             Some(type_proto::Value::SequenceType(s)) => {
                 let (dtype, shape) = sequence_elements(s, name)?;
                 Ok(TensorType::optional(&TensorType::sequence(dtype, shape, None)))
             }
-            _ => Err("an optional of anything but a tensor or a sequence of tensors is not supported".into()),
+            _ => Err(
+                "an optional of anything but a tensor or a sequence of tensors is not supported"
+                    .into(),
+            ),
         },
-        Some(type_proto::Value::MapType(_)) => Err("a map is not supported (tensors, sequences and optionals only)".into()),
-        Some(type_proto::Value::SparseTensorType(_)) => Err("a sparse tensor is not supported (dense tensors only)".into()),
+        Some(type_proto::Value::MapType(_)) => {
+            Err("a map is not supported (tensors, sequences and optionals only)".into())
+        }
+        Some(type_proto::Value::SparseTensorType(_)) => {
+            Err("a sparse tensor is not supported (dense tensors only)".into())
+        }
         None => Err("an input without a type is not supported".into()),
     }
 }
 
-fn sequence_elements(s: &type_proto::Sequence, name: &str) -> std::result::Result<(crate::DType, Option<Shape>), String> {
+fn sequence_elements(
+    s: &type_proto::Sequence,
+    name: &str,
+) -> std::result::Result<(crate::DType, Option<Shape>), String> {
     match s.elem_type.as_deref().and_then(|e| e.value.as_ref()) {
         Some(type_proto::Value::TensorType(t)) => tensor_type_of(t, name),
         _ => Err("a sequence of anything but tensors is not supported".into()),
@@ -387,7 +500,10 @@ fn sequence_elements(s: &type_proto::Sequence, name: &str) -> std::result::Resul
 }
 
 /// A tensor type's dtype and shape (`None` when it declares no shape).
-fn tensor_type_of(t: &type_proto::Tensor, name: &str) -> std::result::Result<(crate::DType, Option<Shape>), String> {
+fn tensor_type_of(
+    t: &type_proto::Tensor,
+    name: &str,
+) -> std::result::Result<(crate::DType, Option<Shape>), String> {
     let dtype = dtype_of(t.elem_type.unwrap_or(0))?;
     let shape = t.shape.as_ref().map(|s| {
         Shape(
@@ -401,7 +517,9 @@ fn tensor_type_of(t: &type_proto::Tensor, name: &str) -> std::result::Result<(cr
                         Some(Value::DimParam(p)) if !p.is_empty() && p != "?" => Dim::sym(p),
                         // Unnamed, missing, or negative: Paddle2ONNX and some TF exporters
                         // write -1 for "dynamic", and onnxruntime runs such models.
-                        Some(Value::DimValue(_)) | Some(Value::DimParam(_)) | None => Dim::sym(&format!("{name}_d{i}")),
+                        Some(Value::DimValue(_)) | Some(Value::DimParam(_)) | None => {
+                            Dim::sym(&format!("{name}_d{i}"))
+                        }
                     }
                 })
                 .collect(),
@@ -416,22 +534,33 @@ pub(super) fn attrs_of(node: &NodeProto, base_dir: Option<&Path>) -> Result<Attr
     for a in &node.attribute {
         let name = a.name.clone().unwrap_or_default();
         if a.ref_attr_name.as_deref().is_some_and(|r| !r.is_empty()) {
-            return Err(IrError::NotSupported(format!("attribute `{name}` refers to a function attribute, which is not supported")));
+            return Err(IrError::NotSupported(format!(
+                "attribute `{name}` refers to a function attribute, which is not supported"
+            )));
         }
         let ty = a.r#type.unwrap_or_else(|| guess_type(a));
-        let utf8 = |b: &[u8]| String::from_utf8(b.to_vec()).map_err(|_| IrError::Onnx(format!("attribute `{name}` is not UTF-8")));
+        let utf8 = |b: &[u8]| {
+            String::from_utf8(b.to_vec())
+                .map_err(|_| IrError::Onnx(format!("attribute `{name}` is not UTF-8")))
+        };
         let value = match ty {
             at::FLOAT => Attr::Float(a.f.unwrap_or(0.0)),
             at::INT => Attr::Int(a.i.unwrap_or(0)),
             at::STRING => Attr::Str(utf8(a.s.as_deref().unwrap_or_default())?),
             at::FLOATS => Attr::Floats(a.floats.clone()),
             at::INTS => Attr::Ints(a.ints.clone()),
-            at::STRINGS => Attr::Strs(a.strings.iter().map(|s| utf8(s)).collect::<std::result::Result<_, _>>()?),
-            at::TENSOR => {
-                Attr::Tensor(tensor_from_proto(a.t.as_ref().ok_or_else(|| IrError::Onnx(format!("attribute `{name}` has no tensor")))?, base_dir)?)
-            }
+            at::STRINGS => Attr::Strs(
+                a.strings.iter().map(|s| utf8(s)).collect::<std::result::Result<_, _>>()?,
+            ),
+            at::TENSOR => Attr::Tensor(tensor_from_proto(
+                a.t.as_ref()
+                    .ok_or_else(|| IrError::Onnx(format!("attribute `{name}` has no tensor")))?,
+                base_dir,
+            )?),
             at::SPARSE_TENSOR => Attr::Tensor(sparse_to_dense(
-                a.sparse_tensor.as_ref().ok_or_else(|| IrError::Onnx(format!("attribute `{name}` has no tensor")))?,
+                a.sparse_tensor
+                    .as_ref()
+                    .ok_or_else(|| IrError::Onnx(format!("attribute `{name}` has no tensor")))?,
                 base_dir,
             )?),
             // Graphs and types are read by the ops that take them.
@@ -439,7 +568,11 @@ pub(super) fn attrs_of(node: &NodeProto, base_dir: Option<&Path>) -> Result<Attr
             at::TENSORS | at::GRAPHS | at::SPARSE_TENSORS | at::TYPE_PROTOS => {
                 return Err(IrError::NotSupported(format!("attribute `{name}` is a list of tensors, graphs or types, which is not supported")));
             }
-            other => return Err(IrError::Onnx(format!("attribute `{name}` has an unknown type {other}"))),
+            other => {
+                return Err(IrError::Onnx(format!(
+                    "attribute `{name}` has an unknown type {other}"
+                )))
+            }
         };
         out.push(&name, value);
     }

@@ -37,10 +37,16 @@ pub fn inspect(path: impl AsRef<Path>) -> Result<Summary> {
 /// [`inspect`], importing with `options`.
 pub fn inspect_with(path: impl AsRef<Path>, options: &super::ImportOptions) -> Result<Summary> {
     let path = path.as_ref();
-    let bytes = std::fs::read(path).map_err(|e| IrError::Onnx(format!("{}: {e}", path.display())))?;
-    let model = super::decode_model(&bytes).map_err(|e| IrError::Onnx(format!("{}: {e}", path.display())))?;
+    let bytes =
+        std::fs::read(path).map_err(|e| IrError::Onnx(format!("{}: {e}", path.display())))?;
+    let model = super::decode_model(&bytes)
+        .map_err(|e| IrError::Onnx(format!("{}: {e}", path.display())))?;
     let g = model.graph.as_ref().expect("decode_model checked the graph");
-    let opsets: Vec<(String, i64)> = model.opset_import.iter().map(|o| (o.domain.clone().unwrap_or_default(), o.version.unwrap_or(1))).collect();
+    let opsets: Vec<(String, i64)> = model
+        .opset_import
+        .iter()
+        .map(|o| (o.domain.clone().unwrap_or_default(), o.version.unwrap_or(1)))
+        .collect();
     let mut ops = BTreeMap::new();
     let mut nodes = 0;
     count_ops(g, &mut ops, &mut nodes);
@@ -60,13 +66,32 @@ pub fn inspect_with(path: impl AsRef<Path>, options: &super::ImportOptions) -> R
         .collect();
     let unsupported = check_supported_list(g, &opsets);
     let (outputs, import_error) = match super::load_with(path, options) {
-        Ok(m) => (m.graph.outputs().iter().map(|(n, v)| (n.clone(), m.graph.value_type(*v).to_string())).collect(), None),
-        Err(IrError::Unsupported(_)) => (g.output.iter().map(|o| (o.name.clone().unwrap_or_default(), declared(o))).collect(), None),
-        Err(e) => (g.output.iter().map(|o| (o.name.clone().unwrap_or_default(), declared(o))).collect(), Some(e.to_string())),
+        Ok(m) => (
+            m.graph
+                .outputs()
+                .iter()
+                .map(|(n, v)| (n.clone(), m.graph.value_type(*v).to_string()))
+                .collect(),
+            None,
+        ),
+        Err(IrError::Unsupported(_)) => (
+            g.output.iter().map(|o| (o.name.clone().unwrap_or_default(), declared(o))).collect(),
+            None,
+        ),
+        Err(e) => (
+            g.output.iter().map(|o| (o.name.clone().unwrap_or_default(), declared(o))).collect(),
+            Some(e.to_string()),
+        ),
     };
     Ok(Summary {
         ir_version: model.ir_version.unwrap_or(0),
-        producer: [model.producer_name.clone().unwrap_or_default(), model.producer_version.clone().unwrap_or_default()].join(" ").trim().to_string(),
+        producer: [
+            model.producer_name.clone().unwrap_or_default(),
+            model.producer_version.clone().unwrap_or_default(),
+        ]
+        .join(" ")
+        .trim()
+        .to_string(),
         opsets,
         inputs,
         outputs,
@@ -83,7 +108,8 @@ fn count_ops(g: &GraphProto, ops: &mut BTreeMap<String, usize>, nodes: &mut usiz
     for n in &g.node {
         let domain = n.domain.clone().unwrap_or_default();
         let op = n.op_type.clone().unwrap_or_default();
-        let key = if domain.is_empty() || domain == "ai.onnx" { op } else { format!("{domain}:{op}") };
+        let key =
+            if domain.is_empty() || domain == "ai.onnx" { op } else { format!("{domain}:{op}") };
         *ops.entry(key).or_default() += 1;
         *nodes += 1;
         for a in &n.attribute {

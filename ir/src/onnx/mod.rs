@@ -70,7 +70,8 @@ pub fn load(path: impl AsRef<Path>) -> Result<Model> {
 /// [`load`] with import options.
 pub fn load_with(path: impl AsRef<Path>, options: &ImportOptions) -> Result<Model> {
     let path = path.as_ref();
-    let bytes = std::fs::read(path).map_err(|e| IrError::Onnx(format!("{}: {e}", path.display())))?;
+    let bytes =
+        std::fs::read(path).map_err(|e| IrError::Onnx(format!("{}: {e}", path.display())))?;
     let dir = path.parent().map(|p| if p.as_os_str().is_empty() { Path::new(".") } else { p });
     load_bytes_with(&bytes, dir, options).map_err(|e| match e {
         IrError::Onnx(m) => IrError::Onnx(format!("{}: {m}", path.display())),
@@ -84,7 +85,11 @@ pub fn load_bytes(bytes: &[u8], base_dir: Option<&Path>) -> Result<Model> {
 }
 
 /// [`load_bytes`] with import options.
-pub fn load_bytes_with(bytes: &[u8], base_dir: Option<&Path>, options: &ImportOptions) -> Result<Model> {
+pub fn load_bytes_with(
+    bytes: &[u8],
+    base_dir: Option<&Path>,
+    options: &ImportOptions,
+) -> Result<Model> {
     let model = decode_model(bytes)?;
     import::import_model(&model, base_dir, options)
 }
@@ -94,13 +99,20 @@ pub(crate) fn decode_model(bytes: &[u8]) -> Result<proto::ModelProto> {
     if bytes.is_empty() {
         return Err(IrError::Onnx("the file is empty, not an ONNX model".into()));
     }
-    let model =
-        proto::ModelProto::decode(bytes).map_err(|e| IrError::Onnx(format!("not a valid ONNX model (corrupt or truncated protobuf: {e})")))?;
+    let model = proto::ModelProto::decode(bytes).map_err(|e| {
+        IrError::Onnx(format!("not a valid ONNX model (corrupt or truncated protobuf: {e})"))
+    })?;
     if model.graph.is_none() {
         return Err(IrError::Onnx("not an ONNX model: it has no graph".into()));
     }
-    if model.ir_version.unwrap_or(0) <= 0 || model.opset_import.is_empty() && model.ir_version.unwrap_or(0) >= 3 {
-        return Err(IrError::Onnx(format!("not an ONNX model: ir_version {:?} and {} opset imports", model.ir_version, model.opset_import.len())));
+    if model.ir_version.unwrap_or(0) <= 0
+        || model.opset_import.is_empty() && model.ir_version.unwrap_or(0) >= 3
+    {
+        return Err(IrError::Onnx(format!(
+            "not an ONNX model: ir_version {:?} and {} opset imports",
+            model.ir_version,
+            model.opset_import.len()
+        )));
     }
     Ok(model)
 }
@@ -108,7 +120,8 @@ pub(crate) fn decode_model(bytes: &[u8]) -> Result<proto::ModelProto> {
 /// Reads a serialized TensorProto (the `.pb` files of ONNX test data).
 pub fn read_tensor(path: impl AsRef<Path>) -> Result<Tensor> {
     let path = path.as_ref();
-    let bytes = std::fs::read(path).map_err(|e| IrError::Onnx(format!("{}: {e}", path.display())))?;
+    let bytes =
+        std::fs::read(path).map_err(|e| IrError::Onnx(format!("{}: {e}", path.display())))?;
     decode_tensor(&bytes, path.parent()).map_err(|e| match e {
         IrError::Onnx(m) => IrError::Onnx(format!("{}: {m}", path.display())),
         IrError::NotSupported(m) => IrError::NotSupported(format!("{}: {m}", path.display())),
@@ -118,7 +131,9 @@ pub fn read_tensor(path: impl AsRef<Path>) -> Result<Tensor> {
 
 /// Decodes a serialized TensorProto.
 pub fn decode_tensor(bytes: &[u8], base_dir: Option<&Path>) -> Result<Tensor> {
-    let t = proto::TensorProto::decode(bytes).map_err(|e| IrError::Onnx(format!("not a valid ONNX tensor (corrupt or truncated protobuf: {e})")))?;
+    let t = proto::TensorProto::decode(bytes).map_err(|e| {
+        IrError::Onnx(format!("not a valid ONNX tensor (corrupt or truncated protobuf: {e})"))
+    })?;
     if t.data_type.is_none() {
         return Err(IrError::Onnx("not an ONNX tensor: it has no data type".into()));
     }
@@ -132,29 +147,48 @@ pub fn read_value(path: impl AsRef<Path>, ty: &crate::TensorType) -> Result<crat
     if ty.kind.is_tensor() {
         return read_tensor(path).map(crate::Value::Tensor);
     }
-    let bytes = std::fs::read(path).map_err(|e| IrError::Onnx(format!("{}: {e}", path.display())))?;
+    let bytes =
+        std::fs::read(path).map_err(|e| IrError::Onnx(format!("{}: {e}", path.display())))?;
     let base = path.parent();
     let corrupt = |what: &str, e: prost::DecodeError| {
-        IrError::Onnx(format!("{}: not a valid ONNX {what} (corrupt or truncated protobuf: {e})", path.display()))
+        IrError::Onnx(format!(
+            "{}: not a valid ONNX {what} (corrupt or truncated protobuf: {e})",
+            path.display()
+        ))
     };
     let sequence = |s: &proto::SequenceProto| -> Result<crate::Value> {
         if !s.sequence_values.is_empty() || !s.optional_values.is_empty() {
-            return Err(IrError::NotSupported(format!("{}: a sequence of sequences or optionals is not supported", path.display())));
+            return Err(IrError::NotSupported(format!(
+                "{}: a sequence of sequences or optionals is not supported",
+                path.display()
+            )));
         }
-        Ok(crate::Value::Sequence(s.tensor_values.iter().map(|t| tensor::tensor_from_proto(t, base)).collect::<Result<_>>()?))
+        Ok(crate::Value::Sequence(
+            s.tensor_values
+                .iter()
+                .map(|t| tensor::tensor_from_proto(t, base))
+                .collect::<Result<_>>()?,
+        ))
     };
     match ty.kind {
-        crate::Kind::Sequence { .. } => sequence(&proto::SequenceProto::decode(&bytes[..]).map_err(|e| corrupt("sequence", e))?),
+        crate::Kind::Sequence { .. } => {
+            sequence(&proto::SequenceProto::decode(&bytes[..]).map_err(|e| corrupt("sequence", e))?)
+        }
         _ => {
             let o = proto::OptionalProto::decode(&bytes[..]).map_err(|e| corrupt("optional", e))?;
             let held = match (o.elem_type.unwrap_or(0), &o.tensor_value, &o.sequence_value) {
-                (proto::value_elem_type::TENSOR, Some(t), _) => Some(crate::Value::Tensor(tensor::tensor_from_proto(t, base)?)),
+                (proto::value_elem_type::TENSOR, Some(t), _) => {
+                    Some(crate::Value::Tensor(tensor::tensor_from_proto(t, base)?))
+                }
                 (proto::value_elem_type::SEQUENCE, _, Some(s)) => Some(sequence(s)?),
                 (proto::value_elem_type::UNDEFINED, None, None)
                 | (proto::value_elem_type::TENSOR, None, _)
                 | (proto::value_elem_type::SEQUENCE, _, None) => None,
                 (other, _, _) => {
-                    return Err(IrError::NotSupported(format!("{}: an optional of element kind {other} is not supported", path.display())))
+                    return Err(IrError::NotSupported(format!(
+                        "{}: an optional of element kind {other} is not supported",
+                        path.display()
+                    )))
                 }
             };
             Ok(crate::Value::Optional(held.map(Box::new)))

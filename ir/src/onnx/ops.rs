@@ -8,8 +8,13 @@ use std::sync::Arc;
 use super::import::{attrs_of, free_values, GraphImporter};
 use super::proto::NodeProto;
 use super::tensor::dtype_of;
-use crate::op::{Attr, Attrs, CoordinateTransform, NearestMode, OptionalOp, Resize, ResizeMode, SequenceOp, Subgraph};
-use crate::{BinaryOp, DType, Graph, IrError, Op, Result, Shape, Tensor, TensorType, UnaryOp, ValueId};
+use crate::op::{
+    Attr, Attrs, CoordinateTransform, NearestMode, OptionalOp, Resize, ResizeMode, SequenceOp,
+    Subgraph,
+};
+use crate::{
+    BinaryOp, DType, Graph, IrError, Op, Result, Shape, Tensor, TensorType, UnaryOp, ValueId,
+};
 
 /// The ONNX op types (default domain) the importer converts that are not ops of the table (it
 /// rewrites them into table ops, or builds them otherwise).
@@ -37,7 +42,10 @@ pub(super) fn is_supported(op_type: &str) -> bool {
 pub(super) fn supported() -> &'static [&'static str] {
     static ALL: std::sync::OnceLock<Vec<&'static str>> = std::sync::OnceLock::new();
     ALL.get_or_init(|| {
-        let mut all: Vec<&'static str> = Op::names().into_iter().filter(|n| UnaryOp::from_name(n).is_none_or(UnaryOp::is_onnx)).collect();
+        let mut all: Vec<&'static str> = Op::names()
+            .into_iter()
+            .filter(|n| UnaryOp::from_name(n).is_none_or(UnaryOp::is_onnx))
+            .collect();
         all.extend(IMPORTED);
         all
     })
@@ -75,16 +83,19 @@ pub(super) fn convert(im: &mut GraphImporter, node: &NodeProto, op_type: &str) -
             let to = if op_type == "Cast" {
                 type_attr(&mut a, "to")?.ok_or_else(|| err("attribute `to` is required"))?
             } else {
-                let target = im.operand(node, 1).ok_or_else(|| err("operand 1 (target_type) is missing"))?;
+                let target =
+                    im.operand(node, 1).ok_or_else(|| err("operand 1 (target_type) is missing"))?;
                 im.ty(target).dtype
             };
             a.finish(op_type).map_err(err)?;
             emit(im, node, Op::Cast { to }, &[Some(x()?)], 1)
         }
         "Optional" => optional(im, node, a),
-        "DynamicQuantizeLinear" | "MatMulInteger" | "ConvInteger" | "QLinearMatMul" | "QLinearConv" => {
-            super::quantized::convert(im, node, op_type, a)
-        }
+        "DynamicQuantizeLinear"
+        | "MatMulInteger"
+        | "ConvInteger"
+        | "QLinearMatMul"
+        | "QLinearConv" => super::quantized::convert(im, node, op_type, a),
         "QuantizeLinear" | "DequantizeLinear" => {
             // `saturate` only changes float8 results, which kiln does not have.
             a.remove("saturate");
@@ -94,7 +105,10 @@ pub(super) fn convert(im: &mut GraphImporter, node: &NodeProto, op_type: &str) -
             match (op_type, out) {
                 ("QuantizeLinear", Some(d)) => a.set("output_dtype", Attr::Type(d)),
                 ("DequantizeLinear", Some(d)) if Some(d) != scale => {
-                    return Err(unsupported(format!("output_dtype {} differs from the scale's type", d.name())));
+                    return Err(unsupported(format!(
+                        "output_dtype {} differs from the scale's type",
+                        d.name()
+                    )));
                 }
                 _ => {}
             }
@@ -114,7 +128,10 @@ pub(super) fn convert(im: &mut GraphImporter, node: &NodeProto, op_type: &str) -
             generic(im, node, op_type, a, n_out)
         }
         "Sum" | "Mean" | "Max" | "Min" => variadic(im, node, op_type, a),
-        "Add" | "Sub" | "Mul" | "Div" | "Pow" | "And" | "Or" | "Xor" | "Equal" | "Less" | "Greater" | "PRelu" if opset < 7 => {
+        "Add" | "Sub" | "Mul" | "Div" | "Pow" | "And" | "Or" | "Xor" | "Equal" | "Less"
+        | "Greater" | "PRelu"
+            if opset < 7 =>
+        {
             legacy_broadcast(im, node, op_type, a)
         }
         "Gemm" => {
@@ -122,7 +139,8 @@ pub(super) fn convert(im: &mut GraphImporter, node: &NodeProto, op_type: &str) -
             generic(im, node, op_type, a, n_out)
         }
         "Reshape" if opset < 5 => {
-            let shape = ints_attr(&mut a, "shape")?.ok_or_else(|| err("attribute `shape` is required"))?;
+            let shape =
+                ints_attr(&mut a, "shape")?.ok_or_else(|| err("attribute `shape` is required"))?;
             let s = im.constant(node, "shape", Tensor::vector(&shape))?;
             with_operands(im, node, op_type, a, vec![Some(x()?), Some(s)], 1)
         }
@@ -130,8 +148,12 @@ pub(super) fn convert(im: &mut GraphImporter, node: &NodeProto, op_type: &str) -
             let dtype = im.ty(x()?).dtype;
             let lo = a.remove("min").map(|v| float_of(&v)).transpose()?;
             let hi = a.remove("max").map(|v| float_of(&v)).transpose()?;
-            let lo = lo.map(|v| im.constant(node, "min", Tensor::full(dtype, &[], v as f64))).transpose()?;
-            let hi = hi.map(|v| im.constant(node, "max", Tensor::full(dtype, &[], v as f64))).transpose()?;
+            let lo = lo
+                .map(|v| im.constant(node, "min", Tensor::full(dtype, &[], v as f64)))
+                .transpose()?;
+            let hi = hi
+                .map(|v| im.constant(node, "max", Tensor::full(dtype, &[], v as f64)))
+                .transpose()?;
             with_operands(im, node, op_type, a, vec![Some(x()?), lo, hi], 1)
         }
         "Split" => {
@@ -148,14 +170,16 @@ pub(super) fn convert(im: &mut GraphImporter, node: &NodeProto, op_type: &str) -
         }
         "Squeeze" | "Unsqueeze" if opset < 13 => axes_to_operand(im, node, op_type, a),
         "ReduceSum" if opset < 13 => axes_to_operand(im, node, op_type, a),
-        "ReduceMean" | "ReduceMax" | "ReduceMin" | "ReduceProd" | "ReduceL1" | "ReduceL2" | "ReduceLogSum" | "ReduceLogSumExp"
-        | "ReduceSumSquare"
+        "ReduceMean" | "ReduceMax" | "ReduceMin" | "ReduceProd" | "ReduceL1" | "ReduceL2"
+        | "ReduceLogSum" | "ReduceLogSumExp" | "ReduceSumSquare"
             if opset < 18 =>
         {
             axes_to_operand(im, node, op_type, a)
         }
         "Pad" if opset < 11 => {
-            let pads = ints_attr(&mut a, "pads")?.or(ints_attr(&mut a, "paddings")?).ok_or_else(|| err("attribute `pads` is required"))?;
+            let pads = ints_attr(&mut a, "pads")?
+                .or(ints_attr(&mut a, "paddings")?)
+                .ok_or_else(|| err("attribute `pads` is required"))?;
             let value = a.remove("value").map(|v| float_of(&v)).transpose()?.unwrap_or(0.0);
             let dtype = im.ty(x()?).dtype;
             let p = im.constant(node, "pads", Tensor::vector(&pads))?;
@@ -163,28 +187,44 @@ pub(super) fn convert(im: &mut GraphImporter, node: &NodeProto, op_type: &str) -
             with_operands(im, node, op_type, a, vec![Some(x()?), Some(p), Some(v)], 1)
         }
         "Slice" if opset < 10 => {
-            let starts = ints_attr(&mut a, "starts")?.ok_or_else(|| err("attribute `starts` is required"))?;
-            let ends = ints_attr(&mut a, "ends")?.ok_or_else(|| err("attribute `ends` is required"))?;
+            let starts = ints_attr(&mut a, "starts")?
+                .ok_or_else(|| err("attribute `starts` is required"))?;
+            let ends =
+                ints_attr(&mut a, "ends")?.ok_or_else(|| err("attribute `ends` is required"))?;
             let s = im.constant(node, "starts", Tensor::vector(&starts))?;
             let e = im.constant(node, "ends", Tensor::vector(&ends))?;
-            let axes = ints_attr(&mut a, "axes")?.map(|v| im.constant(node, "axes", Tensor::vector(&v))).transpose()?;
+            let axes = ints_attr(&mut a, "axes")?
+                .map(|v| im.constant(node, "axes", Tensor::vector(&v)))
+                .transpose()?;
             with_operands(im, node, op_type, a, vec![Some(x()?), Some(s), Some(e), axes], 1)
         }
         "TopK" if opset < 10 => {
-            let k = a.remove("k").map(|v| int_of(&v)).transpose()?.ok_or_else(|| err("attribute `k` is required"))?;
+            let k = a
+                .remove("k")
+                .map(|v| int_of(&v))
+                .transpose()?
+                .ok_or_else(|| err("attribute `k` is required"))?;
             let kc = im.constant(node, "k", Tensor::vector(&[k]))?;
             with_operands(im, node, op_type, a, vec![Some(x()?), Some(kc)], n_out)
         }
         "Softmax" | "LogSoftmax" | "Hardmax" if opset < 13 => softmax_v1(im, node, op_type, a),
         "Conv" | "ConvTranspose" => {
             if let Some(k) = ints_attr(&mut a, "kernel_shape")? {
-                let w = im.operand(node, 1).ok_or_else(|| err("operand 1 (the weight) is missing"))?;
+                let w =
+                    im.operand(node, 1).ok_or_else(|| err("operand 1 (the weight) is missing"))?;
                 let Some(wd) = im.ty(w).shape.dims().get(2..).map(<[_]>::to_vec) else {
-                    return Err(err(format!("the weight {} has no spatial axes for kernel_shape {k:?}", im.ty(w))));
+                    return Err(err(format!(
+                        "the weight {} has no spatial axes for kernel_shape {k:?}",
+                        im.ty(w)
+                    )));
                 };
-                let agrees = k.len() == wd.len() && k.iter().zip(&wd).all(|(&k, d)| d.fixed().is_none_or(|n| n as i64 == k));
+                let agrees = k.len() == wd.len()
+                    && k.iter().zip(&wd).all(|(&k, d)| d.fixed().is_none_or(|n| n as i64 == k));
                 if !agrees {
-                    return Err(err(format!("kernel_shape {k:?} does not match the weight {}", im.ty(w))));
+                    return Err(err(format!(
+                        "kernel_shape {k:?} does not match the weight {}",
+                        im.ty(w)
+                    )));
                 }
             }
             generic(im, node, op_type, a, n_out)
@@ -198,10 +238,14 @@ pub(super) fn convert(im: &mut GraphImporter, node: &NodeProto, op_type: &str) -
         "BatchNormalization" => {
             a.remove("momentum");
             if a.remove("training_mode").is_some_and(|v| int_of(&v).unwrap_or(0) != 0) {
-                return Err(unsupported("training mode is not supported (kiln compiles inference)"));
+                return Err(unsupported(
+                    "training mode is not supported (kiln compiles inference)",
+                ));
             }
             if a.remove("spatial").is_some_and(|v| int_of(&v).unwrap_or(1) != 1) {
-                return Err(unsupported("spatial = 0 (per-activation statistics) is not supported"));
+                return Err(unsupported(
+                    "spatial = 0 (per-activation statistics) is not supported",
+                ));
             }
             if n_out > 1 {
                 return Err(unsupported("the running statistics results exist only in training mode, which is not supported"));
@@ -229,22 +273,47 @@ pub(super) fn convert(im: &mut GraphImporter, node: &NodeProto, op_type: &str) -
 }
 
 /// `Op::from_attrs` on the node's own operands.
-fn generic(im: &mut GraphImporter, node: &NodeProto, op_type: &str, a: Attrs, n_out: usize) -> Result<()> {
+fn generic(
+    im: &mut GraphImporter,
+    node: &NodeProto,
+    op_type: &str,
+    a: Attrs,
+    n_out: usize,
+) -> Result<()> {
     generic_as(im, node, op_type, a, n_out)
 }
 
-fn generic_as(im: &mut GraphImporter, node: &NodeProto, kiln_name: &str, a: Attrs, n_out: usize) -> Result<()> {
+fn generic_as(
+    im: &mut GraphImporter,
+    node: &NodeProto,
+    kiln_name: &str,
+    a: Attrs,
+    n_out: usize,
+) -> Result<()> {
     let operands = im.operands(node);
     with_operands(im, node, kiln_name, a, operands, n_out)
 }
 
-fn with_operands(im: &mut GraphImporter, node: &NodeProto, kiln_name: &str, a: Attrs, operands: Vec<Option<ValueId>>, n_out: usize) -> Result<()> {
+fn with_operands(
+    im: &mut GraphImporter,
+    node: &NodeProto,
+    kiln_name: &str,
+    a: Attrs,
+    operands: Vec<Option<ValueId>>,
+    n_out: usize,
+) -> Result<()> {
     let op = Op::from_attrs(kiln_name, a).map_err(err)?;
     emit(im, node, op, &operands, n_out)
 }
 
 /// Adds the node's one kiln node and binds every declared output.
-fn emit(im: &mut GraphImporter, node: &NodeProto, op: Op, operands: &[Option<ValueId>], n_out: usize) -> Result<()> {
+fn emit(
+    im: &mut GraphImporter,
+    node: &NodeProto,
+    op: Op,
+    operands: &[Option<ValueId>],
+    n_out: usize,
+) -> Result<()> {
     // Trailing omitted operands are just absent.
     let used = operands.iter().rposition(Option::is_some).map_or(0, |i| i + 1);
     let values = im.add(node, "", op, &operands[..used], n_out)?;
@@ -271,7 +340,9 @@ fn ints_attr(a: &mut Attrs, name: &str) -> Result<Option<Vec<i64>>> {
     match a.remove(name) {
         None => Ok(None),
         Some(Attr::Ints(v)) => Ok(Some(v)),
-        Some(other) => Err(err(format!("attribute `{name}` must be a list of integers, got {other}"))),
+        Some(other) => {
+            Err(err(format!("attribute `{name}` must be a list of integers, got {other}")))
+        }
     }
 }
 
@@ -279,7 +350,9 @@ fn ints_attr(a: &mut Attrs, name: &str) -> Result<Option<Vec<i64>>> {
 fn type_attr(a: &mut Attrs, name: &str) -> Result<Option<DType>> {
     match a.remove(name) {
         None => Ok(None),
-        Some(Attr::Int(t)) => dtype_of(t as i32).map(Some).map_err(|e| unsupported(format!("attribute `{name}`: {e}"))),
+        Some(Attr::Int(t)) => dtype_of(t as i32)
+            .map(Some)
+            .map_err(|e| unsupported(format!("attribute `{name}`: {e}"))),
         Some(Attr::Type(t)) => Ok(Some(t)),
         Some(other) => Err(err(format!("attribute `{name}` must name a data type, got {other}"))),
     }
@@ -288,7 +361,12 @@ fn type_attr(a: &mut Attrs, name: &str) -> Result<Option<DType>> {
 /// Before opset 7, `broadcast = 1` aligned the second operand with the first starting at `axis`
 /// (default: at the end), and PRelu's slope was per channel. Both become numpy broadcasting by
 /// giving the second operand trailing unit dimensions.
-fn legacy_broadcast(im: &mut GraphImporter, node: &NodeProto, op_type: &str, mut a: Attrs) -> Result<()> {
+fn legacy_broadcast(
+    im: &mut GraphImporter,
+    node: &NodeProto,
+    op_type: &str,
+    mut a: Attrs,
+) -> Result<()> {
     let broadcast = a.remove("broadcast").map(|v| int_of(&v)).transpose()?.unwrap_or(0) != 0;
     let axis = a.remove("axis").map(|v| int_of(&v)).transpose()?;
     let (x, b) = match (im.operand(node, 0), im.operand(node, 1)) {
@@ -303,7 +381,11 @@ fn legacy_broadcast(im: &mut GraphImporter, node: &NodeProto, op_type: &str, mut
     };
     let b = match start {
         Some(start) if start + rb < ra && start >= 0 => {
-            let dims = im.ty(b).shape.as_fixed().ok_or_else(|| err("a legacy broadcast operand needs a known shape"))?;
+            let dims = im
+                .ty(b)
+                .shape
+                .as_fixed()
+                .ok_or_else(|| err("a legacy broadcast operand needs a known shape"))?;
             let mut shape: Vec<i64> = dims.iter().map(|&d| d as i64).collect();
             shape.extend(std::iter::repeat_n(1, (ra - start - rb) as usize));
             let s = im.constant(node, "aligned_shape", Tensor::vector(&shape))?;
@@ -315,9 +397,16 @@ fn legacy_broadcast(im: &mut GraphImporter, node: &NodeProto, op_type: &str, mut
 }
 
 /// Older opsets give axes as an attribute; kiln takes them as a constant operand.
-fn axes_to_operand(im: &mut GraphImporter, node: &NodeProto, op_type: &str, mut a: Attrs) -> Result<()> {
+fn axes_to_operand(
+    im: &mut GraphImporter,
+    node: &NodeProto,
+    op_type: &str,
+    mut a: Attrs,
+) -> Result<()> {
     let x = im.operand(node, 0).ok_or_else(|| err("operand 0 is missing"))?;
-    let axes = ints_attr(&mut a, "axes")?.map(|v| im.constant(node, "axes", Tensor::vector(&v))).transpose()?;
+    let axes = ints_attr(&mut a, "axes")?
+        .map(|v| im.constant(node, "axes", Tensor::vector(&v)))
+        .transpose()?;
     with_operands(im, node, op_type, a, vec![Some(x), axes], 1)
 }
 
@@ -342,10 +431,17 @@ fn constant(im: &mut GraphImporter, node: &NodeProto, mut a: Attrs) -> Result<()
     } else if a.contains("value_string") || a.contains("value_strings") {
         return Err(unsupported("string constants are not supported"));
     } else {
-        return Err(err("a Constant needs one of value, value_float(s), value_int(s), sparse_value"));
+        return Err(err(
+            "a Constant needs one of value, value_float(s), value_int(s), sparse_value",
+        ));
     };
     a.finish("Constant").map_err(err)?;
-    let name = node.output.first().filter(|o| !o.is_empty()).cloned().unwrap_or_else(|| im.name_for(node, ""));
+    let name = node
+        .output
+        .first()
+        .filter(|o| !o.is_empty())
+        .cloned()
+        .unwrap_or_else(|| im.name_for(node, ""));
     let kiln_name = im.graph.unique_name(&name);
     let v = im.graph.add_constant(&kiln_name, value)?;
     im.bind(node, &[v])
@@ -368,8 +464,15 @@ fn dropout(im: &mut GraphImporter, node: &NodeProto, mut a: Attrs, opset: i64) -
     let y = im.add(node, "", Op::Identity, &[Some(x)], 1)?[0];
     let mut outs = vec![y];
     if GraphImporter::num_outputs(node) > 1 {
-        let shape = im.add(node, "mask_shape", Op::Shape { start: 0, end: None }, &[Some(x)], 1)?[0];
-        let mask = im.add(node, "mask", Op::ConstantOfShape { value: Tensor::vector(&[true]) }, &[Some(shape)], 1)?[0];
+        let shape =
+            im.add(node, "mask_shape", Op::Shape { start: 0, end: None }, &[Some(x)], 1)?[0];
+        let mask = im.add(
+            node,
+            "mask",
+            Op::ConstantOfShape { value: Tensor::vector(&[true]) },
+            &[Some(shape)],
+            1,
+        )?[0];
         outs.push(mask);
     }
     im.bind(node, &outs)
@@ -387,11 +490,23 @@ fn variadic(im: &mut GraphImporter, node: &NodeProto, op_type: &str, a: Attrs) -
     };
     let mut acc = first;
     if xs.len() == 1 {
-        acc = im.add(node, if op_type == "Mean" { "sum" } else { "" }, Op::Identity, &[Some(first)], 1)?[0];
+        acc = im.add(
+            node,
+            if op_type == "Mean" { "sum" } else { "" },
+            Op::Identity,
+            &[Some(first)],
+            1,
+        )?[0];
     }
     for (i, &next) in xs.iter().enumerate().skip(1) {
         let last = i == xs.len() - 1 && op_type != "Mean";
-        acc = im.add(node, if last { "" } else { "step" }, Op::Binary(b), &[Some(acc), Some(next)], 1)?[0];
+        acc = im.add(
+            node,
+            if last { "" } else { "step" },
+            Op::Binary(b),
+            &[Some(acc), Some(next)],
+            1,
+        )?[0];
     }
     if op_type == "Mean" {
         let dtype = im.ty(acc).dtype;
@@ -431,15 +546,31 @@ fn group_norm(im: &mut GraphImporter, node: &NodeProto, mut a: Attrs, opset: i64
     let mut operands = im.operands(node);
     if opset < 21 {
         let x = operands.first().copied().flatten().ok_or_else(|| err("operand 0 is missing"))?;
-        let channels = im.ty(x).shape.dims().get(1).and_then(|d| d.fixed()).ok_or_else(|| err("the channel count must be known"))?;
+        let channels = im
+            .ty(x)
+            .shape
+            .dims()
+            .get(1)
+            .and_then(|d| d.fixed())
+            .ok_or_else(|| err("the channel count must be known"))?;
         for (i, what) in [(1, "scale"), (2, "bias")] {
-            let v = operands.get(i).copied().flatten().ok_or_else(|| err(format!("{what} is missing")))?;
-            let t = im.graph.constant_value(v).cloned().ok_or_else(|| err(format!("a per-group {what} (opset {opset}) must be a constant")))?;
+            let v = operands
+                .get(i)
+                .copied()
+                .flatten()
+                .ok_or_else(|| err(format!("{what} is missing")))?;
+            let t = im.graph.constant_value(v).cloned().ok_or_else(|| {
+                err(format!("a per-group {what} (opset {opset}) must be a constant"))
+            })?;
             let groups = t.len();
             if groups == 0 || channels % groups != 0 {
                 return Err(err(format!("{what} has {groups} entries for {channels} channels")));
             }
-            let per = t.to_f64s().iter().flat_map(|&v| std::iter::repeat_n(v, channels / groups)).collect::<Vec<_>>();
+            let per = t
+                .to_f64s()
+                .iter()
+                .flat_map(|&v| std::iter::repeat_n(v, channels / groups))
+                .collect::<Vec<_>>();
             let c = im.constant(node, what, Tensor::from_f64s(t.dtype(), &[channels], &per)?)?;
             operands[i] = Some(c);
         }
@@ -465,8 +596,12 @@ fn upsample(im: &mut GraphImporter, node: &NodeProto, mut a: Attrs, opset: i64) 
         im.operand(node, 1).ok_or_else(|| err("operand 1 (scales) is missing"))?
     };
     a.finish("Upsample").map_err(err)?;
-    let op =
-        Op::Resize(Resize { mode, coordinate_transform: CoordinateTransform::Asymmetric, nearest_mode: NearestMode::Floor, ..Resize::default() });
+    let op = Op::Resize(Resize {
+        mode,
+        coordinate_transform: CoordinateTransform::Asymmetric,
+        nearest_mode: NearestMode::Floor,
+        ..Resize::default()
+    });
     emit(im, node, op, &[Some(x), None, Some(scales)], 1)
 }
 
@@ -476,14 +611,20 @@ fn resize(im: &mut GraphImporter, node: &NodeProto, a: Attrs, opset: i64) -> Res
         // Resize-10: (X, scales), asymmetric coordinates, nearest rounds down.
         let mut a = a;
         let mode = a.remove("mode").map(|m| match m {
-            Attr::Str(s) => ResizeMode::from_name(&s).ok_or_else(|| err(format!("unknown Resize mode `{s}`"))),
+            Attr::Str(s) => {
+                ResizeMode::from_name(&s).ok_or_else(|| err(format!("unknown Resize mode `{s}`")))
+            }
             other => Err(err(format!("mode must be a string, got {other}"))),
         });
         let mode = mode.transpose()?.unwrap_or(ResizeMode::Nearest);
         a.finish("Resize").map_err(err)?;
         let scales = im.operand(node, 1).ok_or_else(|| err("operand 1 (scales) is missing"))?;
-        let op =
-            Op::Resize(Resize { mode, coordinate_transform: CoordinateTransform::Asymmetric, nearest_mode: NearestMode::Floor, ..Resize::default() });
+        let op = Op::Resize(Resize {
+            mode,
+            coordinate_transform: CoordinateTransform::Asymmetric,
+            nearest_mode: NearestMode::Floor,
+            ..Resize::default()
+        });
         return emit(im, node, op, &[Some(x), None, Some(scales)], 1);
     }
     // Empty roi/scales tensors stand for "absent" in opsets 11-12.
@@ -519,12 +660,17 @@ fn rnn_activations(a: &mut Attrs) -> Result<()> {
     let (mut alphas, mut betas) = (alpha.into_iter(), beta.into_iter());
     let mut spelled = Vec::new();
     for name in &names {
-        let u = crate::UnaryOp::from_name(name).ok_or_else(|| unsupported(format!("RNN activation `{name}` is not supported")))?;
+        let u = crate::UnaryOp::from_name(name)
+            .ok_or_else(|| unsupported(format!("RNN activation `{name}` is not supported")))?;
         let params = u.attrs_list();
         let text = match params.len() {
             0 => name.clone(),
             1 => format!("{name}({:?})", alphas.next().unwrap_or(params[0].1)),
-            _ => format!("{name}({:?}, {:?})", alphas.next().unwrap_or(params[0].1), betas.next().unwrap_or(params[1].1)),
+            _ => format!(
+                "{name}({:?}, {:?})",
+                alphas.next().unwrap_or(params[0].1),
+                betas.next().unwrap_or(params[1].1)
+            ),
         };
         spelled.push(text);
     }
@@ -534,7 +680,12 @@ fn rnn_activations(a: &mut Attrs) -> Result<()> {
 
 /// A Scan's or Loop's `body`: imported with the outer values it reads as its first inputs (their
 /// names returned, in order), its own inputs without a type taking `implied`'s.
-fn body_of(im: &GraphImporter, node: &NodeProto, op: &str, implied: Vec<TensorType>) -> Result<(Graph, Vec<String>)> {
+fn body_of(
+    im: &GraphImporter,
+    node: &NodeProto,
+    op: &str,
+    implied: Vec<TensorType>,
+) -> Result<(Graph, Vec<String>)> {
     let body_g = node
         .attribute
         .iter()
@@ -544,7 +695,9 @@ fn body_of(im: &GraphImporter, node: &NodeProto, op: &str, implied: Vec<TensorTy
     let names = free_values(body_g);
     let mut captures: Vec<(String, TensorType)> = Vec::new();
     for n in &names {
-        let ty = im.visible_type(n).ok_or_else(|| err(format!("the body reads `{n}`, which is not defined before the {op}")))?;
+        let ty = im.visible_type(n).ok_or_else(|| {
+            err(format!("the body reads `{n}`, which is not defined before the {op}"))
+        })?;
         captures.push((n.clone(), ty));
     }
     let name = body_g.name.clone().filter(|n| !n.is_empty()).unwrap_or_else(|| "body".to_string());
@@ -565,7 +718,13 @@ fn scan(im: &mut GraphImporter, node: &NodeProto, mut a: Attrs, opset: i64) -> R
     let flags = |v: Option<Vec<i64>>| -> Result<Vec<bool>> {
         v.unwrap_or_default()
             .iter()
-            .map(|&d| if d == 0 || d == 1 { Ok(d == 1) } else { Err(err(format!("a scan direction is 0 or 1, not {d}"))) })
+            .map(|&d| {
+                if d == 0 || d == 1 {
+                    Ok(d == 1)
+                } else {
+                    Err(err(format!("a scan direction is 0 or 1, not {d}")))
+                }
+            })
             .collect()
     };
     let scan_inputs = a.size("num_scan_inputs", 0).map_err(err)?;
@@ -577,9 +736,11 @@ fn scan(im: &mut GraphImporter, node: &NodeProto, mut a: Attrs, opset: i64) -> R
     if scan_inputs == 0 {
         return Err(err("num_scan_inputs must be at least 1"));
     }
-    let mut operands: Vec<Option<ValueId>> = names.iter().map(|n| im.values.get(n).copied()).collect();
+    let mut operands: Vec<Option<ValueId>> =
+        names.iter().map(|n| im.values.get(n).copied()).collect();
     for i in 0..node.input.len() {
-        operands.push(Some(im.operand(node, i).ok_or_else(|| err(format!("operand {i} is missing")))?));
+        operands
+            .push(Some(im.operand(node, i).ok_or_else(|| err(format!("operand {i} is missing")))?));
     }
     let op = Op::Scan(Box::new(crate::op::Scan {
         body: Subgraph(Arc::new(body)),
@@ -608,12 +769,19 @@ fn loop_(im: &mut GraphImporter, node: &NodeProto, a: Attrs) -> Result<()> {
         given.push(v);
     }
     // Body inputs may leave their types to the Loop: the step, the condition, the state's.
-    let mut implied = vec![TensorType::new(DType::I64, Shape::scalar()), TensorType::new(DType::Bool, Shape::scalar())];
+    let mut implied = vec![
+        TensorType::new(DType::I64, Shape::scalar()),
+        TensorType::new(DType::Bool, Shape::scalar()),
+    ];
     implied.extend(given[2..].iter().flatten().map(|&v| im.ty(v).clone()));
     let (body, names) = body_of(im, node, "Loop", implied)?;
-    let mut operands: Vec<Option<ValueId>> = names.iter().map(|n| im.values.get(n).copied()).collect();
+    let mut operands: Vec<Option<ValueId>> =
+        names.iter().map(|n| im.values.get(n).copied()).collect();
     operands.extend(given);
-    let op = Op::Loop(Box::new(crate::op::Loop { body: Subgraph(Arc::new(body)), captures: names.len() }));
+    let op = Op::Loop(Box::new(crate::op::Loop {
+        body: Subgraph(Arc::new(body)),
+        captures: names.len(),
+    }));
     emit(im, node, op, &operands, node.output.len())
 }
 
@@ -621,15 +789,22 @@ fn loop_(im: &mut GraphImporter, node: &NodeProto, a: Attrs) -> Result<()> {
 fn optional(im: &mut GraphImporter, node: &NodeProto, a: Attrs) -> Result<()> {
     a.finish("Optional").map_err(err)?;
     let x = im.operand(node, 0);
-    let declared = node.attribute.iter().find(|t| t.name.as_deref() == Some("type")).and_then(|t| t.tp.as_ref());
+    let declared = node
+        .attribute
+        .iter()
+        .find(|t| t.name.as_deref() == Some("type"))
+        .and_then(|t| t.tp.as_ref());
     let op = match (x, declared) {
         (Some(_), _) => OptionalOp::Wrap { dtype: None, sequence: false },
         (None, Some(tp)) => {
-            let ty = super::import::type_of(tp, "type").map_err(|e| err(format!("attribute `type`: {e}")))?;
+            let ty = super::import::type_of(tp, "type")
+                .map_err(|e| err(format!("attribute `type`: {e}")))?;
             let sequence = match ty.kind {
                 crate::Kind::Tensor => false,
                 crate::Kind::Sequence { .. } => true,
-                crate::Kind::Optional { .. } => return Err(err("an optional of an optional is not supported")),
+                crate::Kind::Optional { .. } => {
+                    return Err(err("an optional of an optional is not supported"))
+                }
             };
             OptionalOp::Wrap { dtype: Some(ty.dtype), sequence }
         }
@@ -646,11 +821,14 @@ fn sequence_map(im: &mut GraphImporter, node: &NodeProto, a: Attrs) -> Result<()
     for i in 0..node.input.len() {
         given.push(im.operand(node, i).ok_or_else(|| err(format!("operand {i} is missing")))?);
     }
-    let implied: Vec<TensorType> = given.iter().map(|&v| im.ty(v).element().unwrap_or_else(|| im.ty(v).clone())).collect();
+    let implied: Vec<TensorType> =
+        given.iter().map(|&v| im.ty(v).element().unwrap_or_else(|| im.ty(v).clone())).collect();
     let (body, names) = body_of(im, node, "SequenceMap", implied)?;
-    let mut operands: Vec<Option<ValueId>> = names.iter().map(|n| im.values.get(n).copied()).collect();
+    let mut operands: Vec<Option<ValueId>> =
+        names.iter().map(|n| im.values.get(n).copied()).collect();
     operands.extend(given.into_iter().map(Some));
-    let op = Op::Sequence(SequenceOp::Map { body: Subgraph(Arc::new(body)), captures: names.len() });
+    let op =
+        Op::Sequence(SequenceOp::Map { body: Subgraph(Arc::new(body)), captures: names.len() });
     emit(im, node, op, &operands, node.output.len())
 }
 
@@ -669,11 +847,17 @@ fn if_(im: &mut GraphImporter, node: &NodeProto, a: Attrs) -> Result<()> {
     // A condition known now: only the taken branch is imported, inline (the other may not even
     // type-check for these shapes, as in the expanded AffineGrid).
     if let Some(c) = im.graph.constant_value(cond) {
-        let taken = if c.to_f64s().first().copied().unwrap_or(0.0) != 0.0 { then_g } else { else_g };
+        let taken =
+            if c.to_f64s().first().copied().unwrap_or(0.0) != 0.0 { then_g } else { else_g };
         let names = free_values(taken);
         let mut captures = Vec::new();
         for n in &names {
-            captures.push((n.clone(), im.visible_type(n).ok_or_else(|| err(format!("a branch reads `{n}`, which is not defined before the If")))?));
+            captures.push((
+                n.clone(),
+                im.visible_type(n).ok_or_else(|| {
+                    err(format!("a branch reads `{n}`, which is not defined before the If"))
+                })?,
+            ));
         }
         let graph = GraphImporter::new("branch", im.opset, im.base_dir).import(taken, &captures)?;
         let inputs: Vec<ValueId> = names.iter().map(|n| im.values[n]).collect();
@@ -689,7 +873,9 @@ fn if_(im: &mut GraphImporter, node: &NodeProto, a: Attrs) -> Result<()> {
     }
     let mut captures: Vec<(String, TensorType)> = Vec::new();
     for n in &names {
-        let ty = im.visible_type(n).ok_or_else(|| err(format!("a branch reads `{n}`, which is not defined before the If")))?;
+        let ty = im.visible_type(n).ok_or_else(|| {
+            err(format!("a branch reads `{n}`, which is not defined before the If"))
+        })?;
         captures.push((n.clone(), ty));
     }
     let import = |g: &super::proto::GraphProto, label: &str| -> Result<Subgraph> {

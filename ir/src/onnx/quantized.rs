@@ -15,7 +15,13 @@ fn err(msg: impl Into<String>) -> IrError {
 }
 
 /// Adds one node named after the ONNX node and `what`.
-fn op(im: &mut GraphImporter, node: &NodeProto, what: &str, op: Op, operands: &[Option<ValueId>]) -> Result<ValueId> {
+fn op(
+    im: &mut GraphImporter,
+    node: &NodeProto,
+    what: &str,
+    op: Op,
+    operands: &[Option<ValueId>],
+) -> Result<ValueId> {
     Ok(im.add(node, what, op, operands, 1)?[0])
 }
 
@@ -28,7 +34,12 @@ fn operand(im: &GraphImporter, node: &NodeProto, i: usize, what: &str) -> Result
     im.operand(node, i).ok_or_else(|| err(format!("operand {i} ({what}) is missing")))
 }
 
-pub(super) fn convert(im: &mut GraphImporter, node: &NodeProto, op_type: &str, a: Attrs) -> Result<()> {
+pub(super) fn convert(
+    im: &mut GraphImporter,
+    node: &NodeProto,
+    op_type: &str,
+    a: Attrs,
+) -> Result<()> {
     match op_type {
         "DynamicQuantizeLinear" => dynamic_quantize(im, node, a),
         "MatMulInteger" => matmul_integer(im, node, a),
@@ -58,19 +69,39 @@ fn dynamic_quantize(im: &mut GraphImporter, node: &NodeProto, a: Attrs) -> Resul
     let zp = op(im, node, "zero_point_clipped", Op::Clip, &[Some(zp), Some(zero), Some(top)])?;
     let zp = op(im, node, "zero_point_rounded", Op::Unary(UnaryOp::Round), &[Some(zp)])?;
     let zp = op(im, node, "zero_point", Op::Cast { to: DType::U8 }, &[Some(zp)])?;
-    let y = op(im, node, "", Op::Quantize { axis: 1, block_size: 0, dtype: None }, &[Some(x), Some(scale), Some(zp)])?;
+    let y = op(
+        im,
+        node,
+        "",
+        Op::Quantize { axis: 1, block_size: 0, dtype: None },
+        &[Some(x), Some(scale), Some(zp)],
+    )?;
     im.bind(node, &[y, scale, zp])
 }
 
 /// `x` as int32 less its zero point (`per_row`: one per row of a matrix, so it broadcasts down
 /// the columns).
-fn centred(im: &mut GraphImporter, node: &NodeProto, what: &str, x: ValueId, zp: Option<ValueId>, per_row: bool, to: DType) -> Result<ValueId> {
+fn centred(
+    im: &mut GraphImporter,
+    node: &NodeProto,
+    what: &str,
+    x: ValueId,
+    zp: Option<ValueId>,
+    per_row: bool,
+    to: DType,
+) -> Result<ValueId> {
     let xc = op(im, node, &format!("{what}_wide"), Op::Cast { to }, &[Some(x)])?;
     let Some(z) = zp else { return Ok(xc) };
     let mut z = op(im, node, &format!("{what}_zero_point_wide"), Op::Cast { to }, &[Some(z)])?;
     if per_row && im.ty(z).rank() == 1 && im.ty(z).shape.numel() != Some(1) {
         let axes = constant(im, node, &format!("{what}_zero_point_axes"), Tensor::vector(&[-1]))?;
-        z = op(im, node, &format!("{what}_zero_point_rows"), Op::Unsqueeze, &[Some(z), Some(axes)])?;
+        z = op(
+            im,
+            node,
+            &format!("{what}_zero_point_rows"),
+            Op::Unsqueeze,
+            &[Some(z), Some(axes)],
+        )?;
     }
     op(im, node, &format!("{what}_centred"), Op::Binary(BinaryOp::Sub), &[Some(xc), Some(z)])
 }
@@ -85,7 +116,13 @@ fn matmul_integer(im: &mut GraphImporter, node: &NodeProto, a: Attrs) -> Result<
 }
 
 /// A per-output-channel weight zero point ([M]) as [M, 1, 1...] against the weight.
-fn per_channel(im: &mut GraphImporter, node: &NodeProto, what: &str, v: ValueId, rank: usize) -> Result<ValueId> {
+fn per_channel(
+    im: &mut GraphImporter,
+    node: &NodeProto,
+    what: &str,
+    v: ValueId,
+    rank: usize,
+) -> Result<ValueId> {
     if im.ty(v).rank() != 1 || im.ty(v).shape.numel() == Some(1) {
         return Ok(v);
     }
@@ -115,26 +152,44 @@ fn conv_integer(im: &mut GraphImporter, node: &NodeProto, a: Attrs) -> Result<()
 
 /// DequantizeLinear of `x` with a scale and zero point that are one value or one per position of
 /// `axis`.
-fn dequantize(im: &mut GraphImporter, node: &NodeProto, what: &str, x: ValueId, scale: ValueId, zp: Option<ValueId>, axis: i64) -> Result<ValueId> {
+fn dequantize(
+    im: &mut GraphImporter,
+    node: &NodeProto,
+    what: &str,
+    x: ValueId,
+    scale: ValueId,
+    zp: Option<ValueId>,
+    axis: i64,
+) -> Result<ValueId> {
     op(im, node, what, Op::Dequantize { axis, block_size: 0 }, &[Some(x), Some(scale), zp])
 }
 
 fn qlinear_matmul(im: &mut GraphImporter, node: &NodeProto, a: Attrs) -> Result<()> {
     a.finish("QLinearMatMul").map_err(err)?;
-    let names = ["a", "a_scale", "a_zero_point", "b", "b_scale", "b_zero_point", "y_scale", "y_zero_point"];
-    let v: Vec<ValueId> = names.iter().enumerate().map(|(i, n)| operand(im, node, i, n)).collect::<Result<_>>()?;
+    let names =
+        ["a", "a_scale", "a_zero_point", "b", "b_scale", "b_zero_point", "y_scale", "y_zero_point"];
+    let v: Vec<ValueId> =
+        names.iter().enumerate().map(|(i, n)| operand(im, node, i, n)).collect::<Result<_>>()?;
     // A's scale is per row (the second-last axis), B's per column (the last).
     let ad = dequantize(im, node, "a_real", v[0], v[1], Some(v[2]), -2)?;
     let bd = dequantize(im, node, "b_real", v[3], v[4], Some(v[5]), -1)?;
     let y = op(im, node, "real", Op::MatMul, &[Some(ad), Some(bd)])?;
-    let y = op(im, node, "", Op::Quantize { axis: -1, block_size: 0, dtype: None }, &[Some(y), Some(v[6]), Some(v[7])])?;
+    let y = op(
+        im,
+        node,
+        "",
+        Op::Quantize { axis: -1, block_size: 0, dtype: None },
+        &[Some(y), Some(v[6]), Some(v[7])],
+    )?;
     im.bind(node, &[y])
 }
 
 fn qlinear_conv(im: &mut GraphImporter, node: &NodeProto, a: Attrs) -> Result<()> {
     let conv = conv_op(a)?;
-    let names = ["x", "x_scale", "x_zero_point", "w", "w_scale", "w_zero_point", "y_scale", "y_zero_point"];
-    let v: Vec<ValueId> = names.iter().enumerate().map(|(i, n)| operand(im, node, i, n)).collect::<Result<_>>()?;
+    let names =
+        ["x", "x_scale", "x_zero_point", "w", "w_scale", "w_zero_point", "y_scale", "y_zero_point"];
+    let v: Vec<ValueId> =
+        names.iter().enumerate().map(|(i, n)| operand(im, node, i, n)).collect::<Result<_>>()?;
     let xd = dequantize(im, node, "x_real", v[0], v[1], Some(v[2]), 1)?;
     // The weight's scale is one or one per output channel (axis 0).
     let wd = dequantize(im, node, "w_real", v[3], v[4], Some(v[5]), 0)?;
@@ -142,24 +197,56 @@ fn qlinear_conv(im: &mut GraphImporter, node: &NodeProto, a: Attrs) -> Result<()
     let bias = match im.operand(node, 8) {
         None => None,
         Some(b) => {
-            let s = op(im, node, "bias_scale", Op::Binary(BinaryOp::Mul), &[Some(v[1]), Some(v[4])])?;
-            Some(op(im, node, "bias_real", Op::Dequantize { axis: 0, block_size: 0 }, &[Some(b), Some(s)])?)
+            let s =
+                op(im, node, "bias_scale", Op::Binary(BinaryOp::Mul), &[Some(v[1]), Some(v[4])])?;
+            Some(op(
+                im,
+                node,
+                "bias_real",
+                Op::Dequantize { axis: 0, block_size: 0 },
+                &[Some(b), Some(s)],
+            )?)
         }
     };
     let y = op(im, node, "real", conv, &[Some(xd), Some(wd), bias])?;
-    let y = op(im, node, "", Op::Quantize { axis: 1, block_size: 0, dtype: None }, &[Some(y), Some(v[6]), Some(v[7])])?;
+    let y = op(
+        im,
+        node,
+        "",
+        Op::Quantize { axis: 1, block_size: 0, dtype: None },
+        &[Some(y), Some(v[6]), Some(v[7])],
+    )?;
     im.bind(node, &[y])
 }
 
 /// The com.microsoft quantized ops onnxruntime's quantizer writes in QOperator form.
-pub(super) const MICROSOFT: &[&str] =
-    &["QLinearAdd", "QLinearMul", "QLinearGlobalAveragePool", "QLinearAveragePool", "QLinearConcat", "QGemm", "QLinearSigmoid", "QLinearLeakyRelu"];
+pub(super) const MICROSOFT: &[&str] = &[
+    "QLinearAdd",
+    "QLinearMul",
+    "QLinearGlobalAveragePool",
+    "QLinearAveragePool",
+    "QLinearConcat",
+    "QGemm",
+    "QLinearSigmoid",
+    "QLinearLeakyRelu",
+];
 
 /// A com.microsoft quantized op: dequantize its operands, the float op, quantize.
-pub(super) fn convert_microsoft(im: &mut GraphImporter, node: &NodeProto, op_type: &str, mut a: Attrs) -> Result<()> {
+pub(super) fn convert_microsoft(
+    im: &mut GraphImporter,
+    node: &NodeProto,
+    op_type: &str,
+    mut a: Attrs,
+) -> Result<()> {
     let v = |im: &GraphImporter, i: usize| operand(im, node, i, "a quantized operand");
     let quantize = |im: &mut GraphImporter, y: ValueId, scale: ValueId, zp: Option<ValueId>| {
-        op(im, node, "", Op::Quantize { axis: 1, block_size: 0, dtype: None }, &[Some(y), Some(scale), zp])
+        op(
+            im,
+            node,
+            "",
+            Op::Quantize { axis: 1, block_size: 0, dtype: None },
+            &[Some(y), Some(scale), zp],
+        )
     };
     if a.remove("channels_last").is_some_and(|c| matches!(c, crate::op::Attr::Int(1))) {
         return Err(IrError::NotSupported("channels_last = 1 (NHWC) is not supported".into()));
@@ -173,7 +260,10 @@ pub(super) fn convert_microsoft(im: &mut GraphImporter, node: &NodeProto, op_typ
             let y = op(im, node, "real", Op::Binary(b), &[Some(x), Some(w)])?;
             quantize(im, y, v(im, 6)?, im.operand(node, 7))?
         }
-        "QLinearGlobalAveragePool" | "QLinearAveragePool" | "QLinearSigmoid" | "QLinearLeakyRelu" => {
+        "QLinearGlobalAveragePool"
+        | "QLinearAveragePool"
+        | "QLinearSigmoid"
+        | "QLinearLeakyRelu" => {
             let real = match op_type {
                 "QLinearGlobalAveragePool" => {
                     a.finish(op_type).map_err(err)?;
@@ -195,7 +285,15 @@ pub(super) fn convert_microsoft(im: &mut GraphImporter, node: &NodeProto, op_typ
             a.finish(op_type).map_err(err)?;
             let mut parts = Vec::new();
             for (k, i) in (2..node.input.len()).step_by(3).enumerate() {
-                parts.push(Some(dequantize(im, node, &format!("x{k}_real"), v(im, i)?, v(im, i + 1)?, im.operand(node, i + 2), 1)?));
+                parts.push(Some(dequantize(
+                    im,
+                    node,
+                    &format!("x{k}_real"),
+                    v(im, i)?,
+                    v(im, i + 1)?,
+                    im.operand(node, i + 2),
+                    1,
+                )?));
             }
             let y = op(im, node, "real", Op::Concat { axis }, &parts)?;
             quantize(im, y, v(im, 0)?, im.operand(node, 1))?
@@ -207,13 +305,33 @@ pub(super) fn convert_microsoft(im: &mut GraphImporter, node: &NodeProto, op_typ
             a.finish(op_type).map_err(err)?;
             let x = dequantize(im, node, "a_real", v(im, 0)?, v(im, 1)?, im.operand(node, 2), 1)?;
             // B's scale is per output column: axis 0 of a transposed B, else axis 1.
-            let w = dequantize(im, node, "b_real", v(im, 3)?, v(im, 4)?, im.operand(node, 5), if trans_b { 0 } else { 1 })?;
+            let w = dequantize(
+                im,
+                node,
+                "b_real",
+                v(im, 3)?,
+                v(im, 4)?,
+                im.operand(node, 5),
+                if trans_b { 0 } else { 1 },
+            )?;
             // The int32 C is in units of a_scale * b_scale.
             let c = match im.operand(node, 6) {
                 None => None,
                 Some(c) => {
-                    let s = op(im, node, "c_scale", Op::Binary(BinaryOp::Mul), &[Some(v(im, 1)?), Some(v(im, 4)?)])?;
-                    Some(op(im, node, "c_real", Op::Dequantize { axis: 0, block_size: 0 }, &[Some(c), Some(s)])?)
+                    let s = op(
+                        im,
+                        node,
+                        "c_scale",
+                        Op::Binary(BinaryOp::Mul),
+                        &[Some(v(im, 1)?), Some(v(im, 4)?)],
+                    )?;
+                    Some(op(
+                        im,
+                        node,
+                        "c_real",
+                        Op::Dequantize { axis: 0, block_size: 0 },
+                        &[Some(c), Some(s)],
+                    )?)
                 }
             };
             let gemm = crate::op::Gemm { alpha, beta: 1.0, trans_a, trans_b };
@@ -226,7 +344,9 @@ pub(super) fn convert_microsoft(im: &mut GraphImporter, node: &NodeProto, op_typ
                 }
             }
         }
-        other => return Err(err(format!("{other} is not a quantized com.microsoft op kiln knows"))),
+        other => {
+            return Err(err(format!("{other} is not a quantized com.microsoft op kiln knows")))
+        }
     };
     im.bind(node, &[y])
 }

@@ -52,16 +52,31 @@ pub fn onnx_type_of(d: DType) -> i32 {
 pub fn tensor_from_proto(t: &TensorProto, base_dir: Option<&Path>) -> Result<Tensor, IrError> {
     let name = t.name.as_deref().unwrap_or("");
     let what = if name.is_empty() { "a tensor".to_string() } else { format!("tensor `{name}`") };
-    let dtype = dtype_of(t.data_type.unwrap_or(0)).map_err(|e| IrError::NotSupported(format!("{what}: {e}")))?;
+    let dtype = dtype_of(t.data_type.unwrap_or(0))
+        .map_err(|e| IrError::NotSupported(format!("{what}: {e}")))?;
     tensor_data(t, dtype, &what, base_dir).map_err(IrError::Onnx)
 }
 
-fn tensor_data(t: &TensorProto, dtype: DType, what: &str, base_dir: Option<&Path>) -> Result<Tensor, String> {
-    let dims: Vec<usize> =
-        t.dims.iter().map(|&d| usize::try_from(d).map_err(|_| format!("{what}: negative dimension {d}"))).collect::<Result<_, _>>()?;
-    let count = dims.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d)).ok_or_else(|| format!("{what}: dimensions {dims:?} overflow"))?;
-    let bytes_needed = count.checked_mul(dtype.size()).ok_or_else(|| format!("{what}: too large"))?;
-    let wrong_len = |have: usize| format!("{what}: {dtype}{:?} needs {count} values, the file holds {have}", dims);
+fn tensor_data(
+    t: &TensorProto,
+    dtype: DType,
+    what: &str,
+    base_dir: Option<&Path>,
+) -> Result<Tensor, String> {
+    let dims: Vec<usize> = t
+        .dims
+        .iter()
+        .map(|&d| usize::try_from(d).map_err(|_| format!("{what}: negative dimension {d}")))
+        .collect::<Result<_, _>>()?;
+    let count = dims
+        .iter()
+        .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+        .ok_or_else(|| format!("{what}: dimensions {dims:?} overflow"))?;
+    let bytes_needed =
+        count.checked_mul(dtype.size()).ok_or_else(|| format!("{what}: too large"))?;
+    let wrong_len = |have: usize| {
+        format!("{what}: {dtype}{:?} needs {count} values, the file holds {have}", dims)
+    };
 
     if t.data_location == Some(1) {
         let bytes = read_external(t, base_dir, bytes_needed).map_err(|e| format!("{what}: {e}"))?;
@@ -69,28 +84,48 @@ fn tensor_data(t: &TensorProto, dtype: DType, what: &str, base_dir: Option<&Path
     }
     if let Some(raw) = &t.raw_data {
         if raw.len() != bytes_needed {
-            return Err(format!("{what}: {dtype}{dims:?} needs {bytes_needed} bytes of raw data, the file holds {}", raw.len()));
+            return Err(format!(
+                "{what}: {dtype}{dims:?} needs {bytes_needed} bytes of raw data, the file holds {}",
+                raw.len()
+            ));
         }
         return Tensor::from_bytes(dtype, &dims, raw).map_err(|e| format!("{what}: {e}"));
     }
     // Typed fields: which one holds the data depends on the type (see onnx.proto).
     let tensor = match dtype {
-        DType::F32 => check_len(&t.float_data, count, wrong_len).and_then(|v| Tensor::from_slice(&dims, v).map_err(|e| e.to_string())),
-        DType::F64 => check_len(&t.double_data, count, wrong_len).and_then(|v| Tensor::from_slice(&dims, v).map_err(|e| e.to_string())),
-        DType::I64 => check_len(&t.int64_data, count, wrong_len).and_then(|v| Tensor::from_slice(&dims, v).map_err(|e| e.to_string())),
-        DType::U64 => check_len(&t.uint64_data, count, wrong_len).and_then(|v| Tensor::from_slice(&dims, v).map_err(|e| e.to_string())),
-        DType::U32 => check_len(&t.uint64_data, count, wrong_len)
-            .and_then(|v| Tensor::from_vec(&dims, v.iter().map(|&x| x as u32).collect()).map_err(|e| e.to_string())),
-        DType::F16 => int32s(t, count, wrong_len)
-            .and_then(|v| Tensor::from_vec(&dims, v.iter().map(|&x| f16::from_bits(x as u16)).collect()).map_err(|e| e.to_string())),
-        DType::BF16 => int32s(t, count, wrong_len)
-            .and_then(|v| Tensor::from_vec(&dims, v.iter().map(|&x| bf16::from_bits(x as u16)).collect()).map_err(|e| e.to_string())),
-        DType::Bool => {
-            int32s(t, count, wrong_len).and_then(|v| Tensor::from_vec(&dims, v.iter().map(|&x| x != 0).collect()).map_err(|e| e.to_string()))
-        }
-        DType::I32 | DType::I16 | DType::I8 | DType::U16 | DType::U8 => int32s(t, count, wrong_len).and_then(|v| {
-            Tensor::from_f64s(DType::I64, &dims, &v.iter().map(|&x| x as f64).collect::<Vec<_>>()).map(|t| t.cast(dtype)).map_err(|e| e.to_string())
+        DType::F32 => check_len(&t.float_data, count, wrong_len)
+            .and_then(|v| Tensor::from_slice(&dims, v).map_err(|e| e.to_string())),
+        DType::F64 => check_len(&t.double_data, count, wrong_len)
+            .and_then(|v| Tensor::from_slice(&dims, v).map_err(|e| e.to_string())),
+        DType::I64 => check_len(&t.int64_data, count, wrong_len)
+            .and_then(|v| Tensor::from_slice(&dims, v).map_err(|e| e.to_string())),
+        DType::U64 => check_len(&t.uint64_data, count, wrong_len)
+            .and_then(|v| Tensor::from_slice(&dims, v).map_err(|e| e.to_string())),
+        DType::U32 => check_len(&t.uint64_data, count, wrong_len).and_then(|v| {
+            Tensor::from_vec(&dims, v.iter().map(|&x| x as u32).collect())
+                .map_err(|e| e.to_string())
         }),
+        DType::F16 => int32s(t, count, wrong_len).and_then(|v| {
+            Tensor::from_vec(&dims, v.iter().map(|&x| f16::from_bits(x as u16)).collect())
+                .map_err(|e| e.to_string())
+        }),
+        DType::BF16 => int32s(t, count, wrong_len).and_then(|v| {
+            Tensor::from_vec(&dims, v.iter().map(|&x| bf16::from_bits(x as u16)).collect())
+                .map_err(|e| e.to_string())
+        }),
+        DType::Bool => int32s(t, count, wrong_len).and_then(|v| {
+            Tensor::from_vec(&dims, v.iter().map(|&x| x != 0).collect()).map_err(|e| e.to_string())
+        }),
+        DType::I32 | DType::I16 | DType::I8 | DType::U16 | DType::U8 => int32s(t, count, wrong_len)
+            .and_then(|v| {
+                Tensor::from_f64s(
+                    DType::I64,
+                    &dims,
+                    &v.iter().map(|&x| x as f64).collect::<Vec<_>>(),
+                )
+                .map(|t| t.cast(dtype))
+                .map_err(|e| e.to_string())
+            }),
     };
     tensor.map_err(|e| if e.starts_with(what) { e } else { format!("{what}: {e}") })
 }
@@ -103,16 +138,30 @@ fn check_len<T>(v: &[T], count: usize, wrong: impl Fn(usize) -> String) -> Resul
     }
 }
 
-fn int32s(t: &TensorProto, count: usize, wrong: impl Fn(usize) -> String) -> Result<&[i32], String> {
+fn int32s(
+    t: &TensorProto,
+    count: usize,
+    wrong: impl Fn(usize) -> String,
+) -> Result<&[i32], String> {
     check_len(&t.int32_data, count, wrong)
 }
 
 /// Reads a tensor's bytes from the external data file named in its `external_data` entries.
-fn read_external(t: &TensorProto, base_dir: Option<&Path>, bytes_needed: usize) -> Result<Vec<u8>, String> {
-    let entry = |key: &str| t.external_data.iter().find(|e| e.key.as_deref() == Some(key)).and_then(|e| e.value.clone());
+fn read_external(
+    t: &TensorProto,
+    base_dir: Option<&Path>,
+    bytes_needed: usize,
+) -> Result<Vec<u8>, String> {
+    let entry = |key: &str| {
+        t.external_data.iter().find(|e| e.key.as_deref() == Some(key)).and_then(|e| e.value.clone())
+    };
     let location = entry("location").ok_or("external data without a `location`")?;
     let parse = |key: &str| -> Result<Option<u64>, String> {
-        entry(key).map(|v| v.parse::<u64>().map_err(|_| format!("external data `{key}` is not a number: {v}"))).transpose()
+        entry(key)
+            .map(|v| {
+                v.parse::<u64>().map_err(|_| format!("external data `{key}` is not a number: {v}"))
+            })
+            .transpose()
     };
     let offset = parse("offset")?.unwrap_or(0);
     let length = parse("length")?;
@@ -121,47 +170,72 @@ fn read_external(t: &TensorProto, base_dir: Option<&Path>, bytes_needed: usize) 
     if rel.is_absolute() || rel.components().any(|c| matches!(c, std::path::Component::ParentDir)) {
         return Err(format!("external data location `{location}` must be a relative path inside the model's directory"));
     }
-    let dir = base_dir.ok_or("the tensor's data is in an external file, but the model was not loaded from a file")?;
+    let dir = base_dir.ok_or(
+        "the tensor's data is in an external file, but the model was not loaded from a file",
+    )?;
     let path = dir.join(rel);
-    let data = std::fs::read(&path).map_err(|e| format!("cannot read external data file {}: {e}", path.display()))?;
+    let data = std::fs::read(&path)
+        .map_err(|e| format!("cannot read external data file {}: {e}", path.display()))?;
     let start = usize::try_from(offset).map_err(|_| "offset too large")?;
     let len = match length {
         Some(l) => usize::try_from(l).map_err(|_| "length too large")?,
         None => bytes_needed,
     };
     if len != bytes_needed {
-        return Err(format!("external data length {len} does not match the {bytes_needed} bytes the tensor needs"));
+        return Err(format!(
+            "external data length {len} does not match the {bytes_needed} bytes the tensor needs"
+        ));
     }
     let end = start.checked_add(len).ok_or("offset + length overflows")?;
     if end > data.len() {
-        return Err(format!("external data file {} holds {} bytes, bytes {start}..{end} wanted (truncated?)", path.display(), data.len()));
+        return Err(format!(
+            "external data file {} holds {} bytes, bytes {start}..{end} wanted (truncated?)",
+            path.display(),
+            data.len()
+        ));
     }
     Ok(data[start..end].to_vec())
 }
 
 /// Converts a sparse tensor (values at flat or coordinate indices) to a dense one.
 pub fn sparse_to_dense(s: &SparseTensorProto, base_dir: Option<&Path>) -> Result<Tensor, IrError> {
-    let values = tensor_from_proto(s.values.as_ref().ok_or(IrError::Onnx("a sparse tensor without values".into()))?, base_dir)?;
-    let indices = tensor_from_proto(s.indices.as_ref().ok_or(IrError::Onnx("a sparse tensor without indices".into()))?, base_dir)?.to_i64s();
+    let values = tensor_from_proto(
+        s.values.as_ref().ok_or(IrError::Onnx("a sparse tensor without values".into()))?,
+        base_dir,
+    )?;
+    let indices = tensor_from_proto(
+        s.indices.as_ref().ok_or(IrError::Onnx("a sparse tensor without indices".into()))?,
+        base_dir,
+    )?
+    .to_i64s();
     sparse_fill(s, &values, &indices).map_err(IrError::Onnx)
 }
 
 fn sparse_fill(s: &SparseTensorProto, values: &Tensor, indices: &[i64]) -> Result<Tensor, String> {
-    let dims: Vec<usize> = s.dims.iter().map(|&d| usize::try_from(d).map_err(|_| format!("negative dimension {d}"))).collect::<Result<_, _>>()?;
+    let dims: Vec<usize> = s
+        .dims
+        .iter()
+        .map(|&d| usize::try_from(d).map_err(|_| format!("negative dimension {d}")))
+        .collect::<Result<_, _>>()?;
     let n: usize = dims.iter().product();
     let nnz = values.len();
     let flat: Vec<usize> = if indices.len() == nnz {
         indices.iter().map(|&i| i as usize).collect()
     } else if indices.len() == nnz * dims.len() {
         let strides = crate::eval::strides(&dims);
-        indices.chunks(dims.len()).map(|c| c.iter().zip(&strides).map(|(&i, &s)| i as usize * s).sum()).collect()
+        indices
+            .chunks(dims.len())
+            .map(|c| c.iter().zip(&strides).map(|(&i, &s)| i as usize * s).sum())
+            .collect()
     } else {
         return Err(format!("a sparse tensor has {nnz} values but {} indices", indices.len()));
     };
     let v = values.to_f64s();
     let mut dense = vec![0.0; n];
     for (k, &i) in flat.iter().enumerate() {
-        *dense.get_mut(i).ok_or_else(|| format!("sparse index {i} is out of range for {dims:?}"))? = v[k];
+        *dense
+            .get_mut(i)
+            .ok_or_else(|| format!("sparse index {i} is out of range for {dims:?}"))? = v[k];
     }
     Tensor::from_f64s(values.dtype(), &dims, &dense).map_err(|e| e.to_string())
 }

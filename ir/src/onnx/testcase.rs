@@ -48,10 +48,18 @@ pub fn find_tests(paths: &[PathBuf]) -> Result<Vec<PathBuf>, IrError> {
             out.push(p.clone());
             continue;
         }
-        let entries = std::fs::read_dir(p).map_err(|e| IrError::Onnx(format!("{}: {e}", p.display())))?;
-        let mut found: Vec<PathBuf> = entries.filter_map(|e| e.ok()).map(|e| e.path()).filter(|d| d.join("model.onnx").is_file()).collect();
+        let entries =
+            std::fs::read_dir(p).map_err(|e| IrError::Onnx(format!("{}: {e}", p.display())))?;
+        let mut found: Vec<PathBuf> = entries
+            .filter_map(|e| e.ok())
+            .map(|e| e.path())
+            .filter(|d| d.join("model.onnx").is_file())
+            .collect();
         if found.is_empty() {
-            return Err(IrError::Onnx(format!("{}: no model.onnx in it or in its subfolders", p.display())));
+            return Err(IrError::Onnx(format!(
+                "{}: no model.onnx in it or in its subfolders",
+                p.display()
+            )));
         }
         found.sort();
         out.extend(found);
@@ -71,7 +79,9 @@ pub enum EngineError {
 impl From<IrError> for EngineError {
     fn from(e: IrError) -> EngineError {
         match e {
-            IrError::Unsupported(_) | IrError::NotSupported(_) => EngineError::Unsupported(e.to_string()),
+            IrError::Unsupported(_) | IrError::NotSupported(_) => {
+                EngineError::Unsupported(e.to_string())
+            }
             other => EngineError::Failed(other.to_string()),
         }
     }
@@ -91,7 +101,11 @@ pub fn run_case(dir: &Path, engine: &Engine, tol: Tolerance) -> Outcome {
         Ok(entries) => entries
             .filter_map(|e| e.ok())
             .map(|e| e.path())
-            .filter(|p| p.is_dir() && p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("test_data_set_")))
+            .filter(|p| {
+                p.is_dir()
+                    && p.file_name()
+                        .is_some_and(|n| n.to_string_lossy().starts_with("test_data_set_"))
+            })
             .collect(),
         Err(e) => return Outcome::Fail(format!("{}: {e}", dir.display())),
     };
@@ -101,8 +115,10 @@ pub fn run_case(dir: &Path, engine: &Engine, tol: Tolerance) -> Outcome {
     }
     for set in &sets {
         // Each file holds what the graph declares there: a tensor, a sequence or an optional.
-        let input_types: Vec<&crate::TensorType> = graph.inputs().iter().map(|&id| &graph.node(id).outputs[0]).collect();
-        let output_types: Vec<&crate::TensorType> = graph.outputs().iter().map(|(_, v)| graph.value_type(*v)).collect();
+        let input_types: Vec<&crate::TensorType> =
+            graph.inputs().iter().map(|&id| &graph.node(id).outputs[0]).collect();
+        let output_types: Vec<&crate::TensorType> =
+            graph.outputs().iter().map(|(_, v)| graph.value_type(*v)).collect();
         let read = |prefix: &str, types: &[&crate::TensorType]| -> Result<Vec<Value>, IrError> {
             let mut v = Vec::new();
             while set.join(format!("{prefix}_{}.pb", v.len())).is_file() {
@@ -114,7 +130,8 @@ pub fn run_case(dir: &Path, engine: &Engine, tol: Tolerance) -> Outcome {
             }
             Ok(v)
         };
-        let (inputs, expected) = match (read("input", &input_types), read("output", &output_types)) {
+        let (inputs, expected) = match (read("input", &input_types), read("output", &output_types))
+        {
             (Ok(i), Ok(o)) => (i, o),
             (Err(e), _) | (_, Err(e)) => return classify(e),
         };
@@ -129,7 +146,8 @@ pub fn run_case(dir: &Path, engine: &Engine, tol: Tolerance) -> Outcome {
         for (i, (want, have)) in expected.iter().zip(&got).enumerate() {
             if let Err(why) = compare_values(want, have, tol) {
                 let name = graph.outputs().get(i).map_or("?", |(n, _)| n.as_str());
-                let set_name = set.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
+                let set_name =
+                    set.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
                 return Outcome::Fail(format!("{set_name}: output {i} `{name}`: {why}"));
             }
         }
@@ -177,12 +195,17 @@ pub fn compare(want: &Tensor, got: &Tensor, tol: Tolerance) -> Result<(), String
         return Err(format!("got {}, expected {}", got.ty(), want.ty()));
     }
     let float = want.dtype().is_float();
-    let (w, g) = if float || want.dtype() == DType::Bool { (want.to_f64s(), got.to_f64s()) } else { (Vec::new(), Vec::new()) };
+    let (w, g) = if float || want.dtype() == DType::Bool {
+        (want.to_f64s(), got.to_f64s())
+    } else {
+        (Vec::new(), Vec::new())
+    };
     let mut bad = 0usize;
     let mut first: Option<String> = None;
     let at = |i: usize| {
         let strides = crate::eval::strides(want.dims());
-        let idx: Vec<usize> = strides.iter().zip(want.dims()).map(|(s, d)| (i / s) % d.max(&1)).collect();
+        let idx: Vec<usize> =
+            strides.iter().zip(want.dims()).map(|(s, d)| (i / s) % d.max(&1)).collect();
         format!("{idx:?}")
     };
     if float || want.dtype() == DType::Bool {
@@ -207,7 +230,9 @@ pub fn compare(want: &Tensor, got: &Tensor, tol: Tolerance) -> Result<(), String
         for i in 0..w.len() {
             if w[i] != g[i] {
                 bad += 1;
-                first.get_or_insert_with(|| format!("element {} is {}, expected {}", at(i), g[i], w[i]));
+                first.get_or_insert_with(|| {
+                    format!("element {} is {}, expected {}", at(i), g[i], w[i])
+                });
             }
         }
     }
@@ -219,7 +244,13 @@ pub fn compare(want: &Tensor, got: &Tensor, tol: Tolerance) -> Result<(), String
 
 /// Runs every test on `engine` with `threads` workers; `done` is told of each result as it comes.
 /// Results come back in the order of `tests`. A panic in the engine fails that test only.
-pub fn run_all(tests: &[PathBuf], engine: &Engine, tol: Tolerance, threads: usize, done: &(dyn Fn(&CaseResult) + Sync)) -> Vec<CaseResult> {
+pub fn run_all(
+    tests: &[PathBuf],
+    engine: &Engine,
+    tol: Tolerance,
+    threads: usize,
+    done: &(dyn Fn(&CaseResult) + Sync),
+) -> Vec<CaseResult> {
     let next = AtomicUsize::new(0);
     let results: Mutex<Vec<Option<CaseResult>>> = Mutex::new(vec![None; tests.len()]);
     std::thread::scope(|s| {
@@ -228,25 +259,37 @@ pub fn run_all(tests: &[PathBuf], engine: &Engine, tol: Tolerance, threads: usiz
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 let Some(dir) = tests.get(i) else { break };
                 let start = Instant::now();
-                let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_case(dir, engine, tol)))
-                    .unwrap_or_else(|p| Outcome::Fail(format!("panicked: {}", panic_text(&p))));
+                let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    run_case(dir, engine, tol)
+                }))
+                .unwrap_or_else(|p| Outcome::Fail(format!("panicked: {}", panic_text(&p))));
                 let r = CaseResult { name: test_name(dir), outcome, time: start.elapsed() };
                 done(&r);
                 results.lock().expect("no worker panics while holding the lock")[i] = Some(r);
             });
         }
     });
-    results.into_inner().expect("workers finished").into_iter().map(|r| r.expect("every test ran")).collect()
+    results
+        .into_inner()
+        .expect("workers finished")
+        .into_iter()
+        .map(|r| r.expect("every test ran"))
+        .collect()
 }
 
 fn panic_text(p: &Box<dyn std::any::Any + Send>) -> String {
-    p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_else(|| "?".into())
+    p.downcast_ref::<String>()
+        .cloned()
+        .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "?".into())
 }
 
 /// A test's name: `suite/test`, its parent folder's name and its own (`node/test_abs`), so tests
 /// of several suites can share one ratchet list.
 pub fn test_name(dir: &Path) -> String {
-    let own = dir.file_name().map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().to_string());
+    let own = dir
+        .file_name()
+        .map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().to_string());
     match dir.parent().and_then(|p| p.file_name()) {
         Some(suite) => format!("{}/{own}", suite.to_string_lossy()),
         None => own,

@@ -122,7 +122,13 @@ impl Attrs {
 
     pub fn sizes(&mut self, name: &str) -> Result<Vec<usize>, String> {
         let v = self.ints(name)?.unwrap_or_default();
-        v.iter().map(|&x| usize::try_from(x).map_err(|_| format!("attribute `{name}` must not hold negative values, got {x}"))).collect()
+        v.iter()
+            .map(|&x| {
+                usize::try_from(x).map_err(|_| {
+                    format!("attribute `{name}` must not hold negative values, got {x}")
+                })
+            })
+            .collect()
     }
 
     pub fn floats(&mut self, name: &str) -> Result<Option<Vec<f32>>, String> {
@@ -181,10 +187,17 @@ impl Attrs {
     }
 
     /// A string attribute naming one variant of a named enum.
-    pub fn named<T>(&mut self, name: &str, default: T, parse: impl Fn(&str) -> Option<T>) -> Result<T, String> {
+    pub fn named<T>(
+        &mut self,
+        name: &str,
+        default: T,
+        parse: impl Fn(&str) -> Option<T>,
+    ) -> Result<T, String> {
         match self.take(name) {
             None => Ok(default),
-            Some(Attr::Str(s)) => parse(&s).ok_or_else(|| format!("attribute `{name}` has the unknown value `{s}`")),
+            Some(Attr::Str(s)) => {
+                parse(&s).ok_or_else(|| format!("attribute `{name}` has the unknown value `{s}`"))
+            }
             Some(a) => Err(Self::wrong(name, "a string", &a)),
         }
     }
@@ -224,7 +237,11 @@ impl Attrs {
 
 impl fmt::Display for Attr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fn list<T>(f: &mut fmt::Formatter<'_>, v: &[T], each: impl Fn(&T) -> String) -> fmt::Result {
+        fn list<T>(
+            f: &mut fmt::Formatter<'_>,
+            v: &[T],
+            each: impl Fn(&T) -> String,
+        ) -> fmt::Result {
             f.write_str("[")?;
             for (i, x) in v.iter().enumerate() {
                 if i > 0 {
@@ -243,7 +260,9 @@ impl fmt::Display for Attr {
             Attr::Type(v) => write!(f, "{v}"),
             Attr::Tensor(t) => f.write_str(&crate::text::tensor_literal(t, true)),
             Attr::Strs(v) => list(f, v, |x| format!("{x:?}")),
-            Attr::Graph(g) => f.write_str(crate::text::print(&g.0, crate::text::Weights::Full).trim_end()),
+            Attr::Graph(g) => {
+                f.write_str(crate::text::print(&g.0, crate::text::Weights::Full).trim_end())
+            }
         }
     }
 }
@@ -263,7 +282,8 @@ pub(crate) fn float_literal(v: f64, as_f32: bool) -> String {
 
 /// Prints an RNN activation as ONNX names it, with its parameters: `LeakyRelu(0.1)`.
 pub(crate) fn activation_text(u: &UnaryOp) -> String {
-    let params: Vec<String> = u.attrs_list().into_iter().map(|(_, v)| float_literal(v as f64, true)).collect();
+    let params: Vec<String> =
+        u.attrs_list().into_iter().map(|(_, v)| float_literal(v as f64, true)).collect();
     if params.is_empty() {
         u.name().to_string()
     } else {

@@ -152,7 +152,10 @@ impl UnaryOp {
 
     /// The float parameters, by ONNX attribute name (an RNN activation's `LeakyRelu(0.1)`).
     pub fn attrs_list(&self) -> Vec<(String, f32)> {
-        self.params().into_iter().filter_map(|(k, v)| if let Attr::Float(f) = v { Some((k, f)) } else { None }).collect()
+        self.params()
+            .into_iter()
+            .filter_map(|(k, v)| if let Attr::Float(f) = v { Some((k, f)) } else { None })
+            .collect()
     }
 }
 
@@ -189,7 +192,14 @@ elementwise_table! {
 
 impl BinaryOp {
     pub fn is_comparison(self) -> bool {
-        matches!(self, BinaryOp::Equal | BinaryOp::Less | BinaryOp::LessOrEqual | BinaryOp::Greater | BinaryOp::GreaterOrEqual)
+        matches!(
+            self,
+            BinaryOp::Equal
+                | BinaryOp::Less
+                | BinaryOp::LessOrEqual
+                | BinaryOp::Greater
+                | BinaryOp::GreaterOrEqual
+        )
     }
 
     /// True when the result is `bool` (comparisons and logic).

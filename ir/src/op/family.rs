@@ -6,7 +6,9 @@
 
 use super::attr::{activation_from_text, activation_text, Attr, Attrs};
 use super::schema::{attr_schema, AttrSchema, Family, NamedEnum};
-use super::schema::{Flag, Float, Graph, Int, Ints, Named, Nested, OptFloat, OptInt, OptType, Size, Sizes};
+use super::schema::{
+    Flag, Float, Graph, Int, Ints, Named, Nested, OptFloat, OptInt, OptType, Size, Sizes,
+};
 use super::*;
 use crate::DType;
 
@@ -125,7 +127,15 @@ impl AttrSchema for Scan {
         if scan_inputs == 0 {
             return Err("Scan needs num_scan_inputs of at least 1".into());
         }
-        Ok(Scan { body, captures, scan_inputs, input_axes, input_reverse, output_axes, output_reverse })
+        Ok(Scan {
+            body,
+            captures,
+            scan_inputs,
+            input_axes,
+            input_reverse,
+            output_axes,
+            output_reverse,
+        })
     }
 }
 
@@ -147,7 +157,9 @@ impl Family for Pool {
         self.window.write_attrs(a);
         a.push("ceil_mode", Attr::Int(self.ceil_mode as i64));
         match self.kind {
-            PoolKind::Average { count_include_pad } => a.push("count_include_pad", Attr::Int(count_include_pad as i64)),
+            PoolKind::Average { count_include_pad } => {
+                a.push("count_include_pad", Attr::Int(count_include_pad as i64))
+            }
             PoolKind::Lp { p } => a.push("p", Attr::Int(p as i64)),
             PoolKind::Max => a.push("storage_order", Attr::Int(self.column_major_indices as i64)),
         }
@@ -162,14 +174,23 @@ impl Family for Pool {
             let window = Window::read_attrs(a)?;
             let (kind, column_major_indices) = match name {
                 "MaxPool" => (PoolKind::Max, a.flag("storage_order", false)?),
-                "AveragePool" => (PoolKind::Average { count_include_pad: a.flag("count_include_pad", false)? }, false),
+                "AveragePool" => (
+                    PoolKind::Average { count_include_pad: a.flag("count_include_pad", false)? },
+                    false,
+                ),
                 _ => (PoolKind::Lp { p: a.size("p", 2)? as u32 }, false),
             };
             let kernel = a.sizes("kernel_shape")?;
             if kernel.is_empty() {
                 return Err(format!("{name} needs `kernel_shape`"));
             }
-            Ok(Pool { kind, kernel, window, ceil_mode: a.flag("ceil_mode", false)?, column_major_indices })
+            Ok(Pool {
+                kind,
+                kernel,
+                window,
+                ceil_mode: a.flag("ceil_mode", false)?,
+                column_major_indices,
+            })
         })())
     }
 }
@@ -220,7 +241,13 @@ impl Family for Reduce {
 
     fn read_named(name: &str, a: &mut Attrs) -> Option<Result<Reduce, String>> {
         let kind = ReduceKind::ALL.into_iter().find(|k| k.op_name() == name)?;
-        Some((|| Ok(Reduce { kind, keepdims: a.flag("keepdims", true)?, noop_with_empty_axes: a.flag("noop_with_empty_axes", false)? }))())
+        Some((|| {
+            Ok(Reduce {
+                kind,
+                keepdims: a.flag("keepdims", true)?,
+                noop_with_empty_axes: a.flag("noop_with_empty_axes", false)?,
+            })
+        })())
     }
 }
 
@@ -284,7 +311,13 @@ impl Family for Cumulative {
             "CumSum" => false,
             _ => return None,
         };
-        Some((|| Ok(Cumulative { prod, exclusive: a.flag("exclusive", false)?, reverse: a.flag("reverse", false)? }))())
+        Some((|| {
+            Ok(Cumulative {
+                prod,
+                exclusive: a.flag("exclusive", false)?,
+                reverse: a.flag("reverse", false)?,
+            })
+        })())
     }
 }
 
@@ -311,8 +344,12 @@ impl Family for Rnn {
         a.push("direction", Attr::Str(self.direction.name().into()));
         a.push("hidden_size", Attr::Int(self.hidden_size as i64));
         match self.cell {
-            RnnCell::Lstm { input_forget } => a.push("input_forget", Attr::Int(input_forget as i64)),
-            RnnCell::Gru { linear_before_reset } => a.push("linear_before_reset", Attr::Int(linear_before_reset as i64)),
+            RnnCell::Lstm { input_forget } => {
+                a.push("input_forget", Attr::Int(input_forget as i64))
+            }
+            RnnCell::Gru { linear_before_reset } => {
+                a.push("linear_before_reset", Attr::Int(linear_before_reset as i64))
+            }
             RnnCell::Simple => {}
         }
         a.push("layout", Attr::Int(self.batch_first as i64));
@@ -323,10 +360,17 @@ impl Family for Rnn {
             return None;
         }
         Some((|| {
-            let activations = a.strings("activations")?.unwrap_or_default().iter().map(|s| activation_from_text(s)).collect::<Result<Vec<_>, _>>()?;
+            let activations = a
+                .strings("activations")?
+                .unwrap_or_default()
+                .iter()
+                .map(|s| activation_from_text(s))
+                .collect::<Result<Vec<_>, _>>()?;
             let cell = match name {
                 "RNN" => RnnCell::Simple,
-                "GRU" => RnnCell::Gru { linear_before_reset: a.flag("linear_before_reset", false)? },
+                "GRU" => {
+                    RnnCell::Gru { linear_before_reset: a.flag("linear_before_reset", false)? }
+                }
                 _ => RnnCell::Lstm { input_forget: a.flag("input_forget", false)? },
             };
             Ok(Rnn {
@@ -363,7 +407,11 @@ impl Family for SequenceOp {
     fn write_attrs(&self, a: &mut Attrs) {
         match self {
             SequenceOp::Empty { dtype } => a.push("dtype", Attr::Type(*dtype)),
-            SequenceOp::Construct | SequenceOp::Insert | SequenceOp::Erase | SequenceOp::At | SequenceOp::Length => {}
+            SequenceOp::Construct
+            | SequenceOp::Insert
+            | SequenceOp::Erase
+            | SequenceOp::At
+            | SequenceOp::Length => {}
             SequenceOp::Split { axis, keepdims } => {
                 a.push("axis", Attr::Int(*axis));
                 a.push("keepdims", Attr::Int(*keepdims as i64));
@@ -382,15 +430,25 @@ impl Family for SequenceOp {
     fn read_named(name: &str, a: &mut Attrs) -> Option<Result<SequenceOp, String>> {
         let mut read = || -> Result<Option<SequenceOp>, String> {
             Ok(Some(match name {
-                "SequenceEmpty" => SequenceOp::Empty { dtype: a.opt_dtype("dtype")?.unwrap_or(DType::F32) },
+                "SequenceEmpty" => {
+                    SequenceOp::Empty { dtype: a.opt_dtype("dtype")?.unwrap_or(DType::F32) }
+                }
                 "SequenceConstruct" => SequenceOp::Construct,
                 "SequenceInsert" => SequenceOp::Insert,
                 "SequenceErase" => SequenceOp::Erase,
                 "SequenceAt" => SequenceOp::At,
                 "SequenceLength" => SequenceOp::Length,
-                "SplitToSequence" => SequenceOp::Split { axis: a.int("axis", 0)?, keepdims: a.flag("keepdims", true)? },
-                "ConcatFromSequence" => SequenceOp::Concat { axis: a.required_int("axis")?, new_axis: a.flag("new_axis", false)? },
-                "SequenceMap" => SequenceOp::Map { body: a.graph("body")?, captures: a.size("captures", 0)? },
+                "SplitToSequence" => SequenceOp::Split {
+                    axis: a.int("axis", 0)?,
+                    keepdims: a.flag("keepdims", true)?,
+                },
+                "ConcatFromSequence" => SequenceOp::Concat {
+                    axis: a.required_int("axis")?,
+                    new_axis: a.flag("new_axis", false)?,
+                },
+                "SequenceMap" => {
+                    SequenceOp::Map { body: a.graph("body")?, captures: a.size("captures", 0)? }
+                }
                 _ => return Ok(None),
             }))
         };
@@ -419,7 +477,10 @@ impl Family for OptionalOp {
     fn read_named(name: &str, a: &mut Attrs) -> Option<Result<OptionalOp, String>> {
         let mut read = || -> Result<Option<OptionalOp>, String> {
             Ok(Some(match name {
-                "Optional" => OptionalOp::Wrap { dtype: a.opt_dtype("dtype")?, sequence: a.flag("sequence", false)? },
+                "Optional" => OptionalOp::Wrap {
+                    dtype: a.opt_dtype("dtype")?,
+                    sequence: a.flag("sequence", false)?,
+                },
                 "OptionalHasElement" => OptionalOp::HasElement,
                 "OptionalGetElement" => OptionalOp::GetElement,
                 _ => return Ok(None),

@@ -24,7 +24,8 @@ use std::sync::Arc;
 
 use crate::{DType, Graph, Tensor};
 use schema::{
-    Count, DepthMode, Flag, Float, Graph as GraphAttr, Int, Ints, Named, OptInt, OptType, RequiredInt, Size, Sizes, Str, TensorValue, Type,
+    Count, DepthMode, Flag, Float, Graph as GraphAttr, Int, Ints, Named, OptInt, OptType,
+    RequiredInt, Size, Sizes, Str, TensorValue, Type,
 };
 
 /// A graph inside an op (the branches of `If`). Two subgraphs are equal when they print the same.
@@ -34,7 +35,8 @@ pub struct Subgraph(pub Arc<Graph>);
 impl PartialEq for Subgraph {
     fn eq(&self, other: &Subgraph) -> bool {
         Arc::ptr_eq(&self.0, &other.0)
-            || crate::text::print(&self.0, crate::text::Weights::Full) == crate::text::print(&other.0, crate::text::Weights::Full)
+            || crate::text::print(&self.0, crate::text::Weights::Full)
+                == crate::text::print(&other.0, crate::text::Weights::Full)
     }
 }
 
@@ -438,12 +440,18 @@ impl Scan {
 
     /// Scanned input `i`'s axis (not normalised) and whether it is read backwards.
     pub fn input(&self, i: usize) -> (i64, bool) {
-        (self.input_axes.get(i).copied().unwrap_or(0), self.input_reverse.get(i).copied().unwrap_or(false))
+        (
+            self.input_axes.get(i).copied().unwrap_or(0),
+            self.input_reverse.get(i).copied().unwrap_or(false),
+        )
     }
 
     /// Stacked result `k`'s axis (not normalised) and whether it is stacked backwards.
     pub fn output(&self, k: usize) -> (i64, bool) {
-        (self.output_axes.get(k).copied().unwrap_or(0), self.output_reverse.get(k).copied().unwrap_or(false))
+        (
+            self.output_axes.get(k).copied().unwrap_or(0),
+            self.output_reverse.get(k).copied().unwrap_or(false),
+        )
     }
 
     /// Whether the lists name one entry per scanned input and per stacked result (or none).

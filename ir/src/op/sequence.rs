@@ -73,7 +73,11 @@ impl SequenceOp {
         match self {
             SequenceOp::Insert => Some(2),
             SequenceOp::Erase | SequenceOp::At | SequenceOp::Split { .. } => Some(1),
-            SequenceOp::Empty { .. } | SequenceOp::Construct | SequenceOp::Length | SequenceOp::Concat { .. } | SequenceOp::Map { .. } => None,
+            SequenceOp::Empty { .. }
+            | SequenceOp::Construct
+            | SequenceOp::Length
+            | SequenceOp::Concat { .. }
+            | SequenceOp::Map { .. } => None,
         }
     }
 }

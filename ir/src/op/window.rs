@@ -25,7 +25,9 @@ impl AutoPad {
     }
 
     pub fn from_name(s: &str) -> Option<AutoPad> {
-        [AutoPad::NotSet, AutoPad::SameUpper, AutoPad::SameLower, AutoPad::Valid].into_iter().find(|p| p.name() == s)
+        [AutoPad::NotSet, AutoPad::SameUpper, AutoPad::SameLower, AutoPad::Valid]
+            .into_iter()
+            .find(|p| p.name() == s)
     }
 }
 
@@ -42,7 +44,12 @@ pub struct Window {
 impl Window {
     /// Stride 1, dilation 1, no padding, for `spatial` dimensions.
     pub fn unit(spatial: usize) -> Window {
-        Window { strides: vec![1; spatial], dilations: vec![1; spatial], pads: vec![0; 2 * spatial], auto_pad: AutoPad::NotSet }
+        Window {
+            strides: vec![1; spatial],
+            dilations: vec![1; spatial],
+            pads: vec![0; 2 * spatial],
+            auto_pad: AutoPad::NotSet,
+        }
     }
 
     pub fn spatial_rank(&self) -> usize {
@@ -91,13 +98,22 @@ impl Window {
     /// Resolves spatial axis `i` for an input of size `input` and a kernel of size `kernel`,
     /// following ONNX (auto_pad, and ceil_mode for pooling: a last window that would start in the
     /// end padding is dropped, as PyTorch and onnxruntime do).
-    pub fn resolve(&self, i: usize, input: usize, kernel: usize, ceil_mode: bool) -> Result<SpatialAxis, String> {
+    pub fn resolve(
+        &self,
+        i: usize,
+        input: usize,
+        kernel: usize,
+        ceil_mode: bool,
+    ) -> Result<SpatialAxis, String> {
         let (stride, dilation) = (self.stride(i), self.dilation(i));
         let extent = dilation * (kernel.max(1) - 1) + 1;
         let (pad_begin, pad_end) = match self.auto_pad {
             AutoPad::NotSet => {
                 let half = self.pads.len() / 2;
-                (self.pads.get(i).copied().unwrap_or(0), self.pads.get(half + i).copied().unwrap_or(0))
+                (
+                    self.pads.get(i).copied().unwrap_or(0),
+                    self.pads.get(half + i).copied().unwrap_or(0),
+                )
             }
             AutoPad::Valid => (0, 0),
             AutoPad::SameUpper | AutoPad::SameLower => {

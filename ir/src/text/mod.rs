@@ -39,7 +39,8 @@ pub enum Weights {
 
 /// True when a name prints without quotes.
 pub(crate) fn is_bare_name(s: &str) -> bool {
-    !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-' | '/'))
+    !s.is_empty()
+        && s.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-' | '/'))
 }
 
 pub(crate) fn name_literal(s: &str) -> String {

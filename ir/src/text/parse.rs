@@ -113,7 +113,9 @@ fn lex(text: &str) -> Result<Vec<Token>> {
                 }
                 Tok::Value(name)
             }
-        } else if c.is_ascii_digit() || (c == '-' && cur.peek(1).is_some_and(|d| d.is_ascii_digit() || d == 'i')) {
+        } else if c.is_ascii_digit()
+            || (c == '-' && cur.peek(1).is_some_and(|d| d.is_ascii_digit() || d == 'i'))
+        {
             let mut n = String::from(c);
             cur.bump();
             // Digits, letters (exponent, inf), dots; a sign only right after an exponent marker.
@@ -160,9 +162,13 @@ fn lex_string(chars: &[char]) -> std::result::Result<(String, usize), String> {
                         if chars.get(i) != Some(&'{') {
                             return Err("bad \\u escape".into());
                         }
-                        let end = chars[i..].iter().position(|&c| c == '}').ok_or("bad \\u escape")? + i;
+                        let end =
+                            chars[i..].iter().position(|&c| c == '}').ok_or("bad \\u escape")? + i;
                         let hex: String = chars[i + 1..end].iter().collect();
-                        let c = u32::from_str_radix(&hex, 16).ok().and_then(char::from_u32).ok_or("bad \\u escape")?;
+                        let c = u32::from_str_radix(&hex, 16)
+                            .ok()
+                            .and_then(char::from_u32)
+                            .ok_or("bad \\u escape")?;
                         s.push(c);
                         i = end + 1;
                     }
@@ -190,7 +196,11 @@ impl Parser {
     fn here(&self) -> Token {
         self.tokens.get(self.pos).cloned().unwrap_or_else(|| {
             let last = self.tokens.last();
-            Token { tok: Tok::Punct(' '), line: last.map_or(1, |t| t.line), column: last.map_or(1, |t| t.column + 1) }
+            Token {
+                tok: Tok::Punct(' '),
+                line: last.map_or(1, |t| t.line),
+                column: last.map_or(1, |t| t.column + 1),
+            }
         })
     }
 
@@ -292,7 +302,11 @@ impl Parser {
                 Some(Tok::Word(w)) if w == "output" => {
                     self.pos += 1;
                     let name = self.value_name()?;
-                    let v = if self.eat('=') { self.value_ref(&values)? } else { self.resolve(&values, &name, &at)? };
+                    let v = if self.eat('=') {
+                        self.value_ref(&values)?
+                    } else {
+                        self.resolve(&values, &name, &at)?
+                    };
                     g.add_output(&name, v).map_err(|e| err_at(&at, e.to_string()))?;
                 }
                 Some(Tok::Value(_)) => self.node(&mut g, &mut values)?,
@@ -302,8 +316,16 @@ impl Parser {
         Ok(g)
     }
 
-    fn resolve(&self, values: &HashMap<String, ValueId>, name: &str, at: &Token) -> Result<ValueId> {
-        values.get(name).copied().ok_or_else(|| err_at(at, format!("%{name} is not defined before this use")))
+    fn resolve(
+        &self,
+        values: &HashMap<String, ValueId>,
+        name: &str,
+        at: &Token,
+    ) -> Result<ValueId> {
+        values
+            .get(name)
+            .copied()
+            .ok_or_else(|| err_at(at, format!("%{name} is not defined before this use")))
     }
 
     /// `%name` or `%name#i`.
@@ -397,7 +419,9 @@ impl Parser {
                 let (dtype, elem) = self.element_type()?;
                 let len = if self.eat(',') {
                     match self.next()? {
-                        Tok::Num(n) => Some(n.parse().or_else(|_| self.fail(format!("`{n}` is not a length")))?),
+                        Tok::Num(n) => Some(
+                            n.parse().or_else(|_| self.fail(format!("`{n}` is not a length")))?,
+                        ),
                         _ => return self.fail("expected a sequence length"),
                     }
                 } else {
@@ -413,7 +437,11 @@ impl Parser {
                 } else {
                     let (dtype, elem) = self.element_type()?;
                     let ranked = elem.is_some();
-                    TensorType { dtype, shape: elem.unwrap_or_else(Shape::scalar), kind: crate::Kind::Optional { sequence: false, ranked } }
+                    TensorType {
+                        dtype,
+                        shape: elem.unwrap_or_else(Shape::scalar),
+                        kind: crate::Kind::Optional { sequence: false, ranked },
+                    }
                 };
                 self.expect(')')?;
                 return Ok(match inner.kind {
@@ -434,7 +462,8 @@ impl Parser {
     /// A dtype and, when `[...]` follows, a shape.
     fn element_type(&mut self) -> Result<(DType, Option<Shape>)> {
         let w = self.word()?;
-        let dtype = DType::from_name(&w).map_or_else(|| self.fail(format!("unknown type `{w}`")), Ok)?;
+        let dtype =
+            DType::from_name(&w).map_or_else(|| self.fail(format!("unknown type `{w}`")), Ok)?;
         if self.peek() != Some(&Tok::Punct('[')) {
             return Ok((dtype, None));
         }
@@ -443,7 +472,9 @@ impl Parser {
         if !self.eat(']') {
             loop {
                 dims.push(match self.next()? {
-                    Tok::Num(n) => Dim::Fixed(n.parse().or_else(|_| self.fail(format!("`{n}` is not a size")))?),
+                    Tok::Num(n) => Dim::Fixed(
+                        n.parse().or_else(|_| self.fail(format!("`{n}` is not a size")))?,
+                    ),
                     Tok::Word(s) | Tok::Str(s) => Dim::sym(&s),
                     _ => return self.fail("expected a size or a symbol"),
                 });
@@ -459,9 +490,14 @@ impl Parser {
     /// The data of a tensor of type `ty`: `[v, ...]` or `hex"..."`.
     fn tensor_data(&mut self, ty: &TensorType) -> Result<Tensor> {
         let at = self.here();
-        let dims = ty.shape.as_fixed().ok_or_else(|| err_at(&at, format!("a constant needs a fixed shape, got {ty}")))?;
+        let dims = ty
+            .shape
+            .as_fixed()
+            .ok_or_else(|| err_at(&at, format!("a constant needs a fixed shape, got {ty}")))?;
         if self.eat('<') {
-            return self.fail("this constant's data is elided; only text printed with full weights parses back");
+            return self.fail(
+                "this constant's data is elided; only text printed with full weights parses back",
+            );
         }
         if self.peek() == Some(&Tok::Word("hex".into())) {
             self.pos += 1;
@@ -473,7 +509,8 @@ impl Parser {
             if hex.len() % 2 != 0 {
                 return Err(err_at(&at, "bad hex data"));
             }
-            return Tensor::from_bytes(ty.dtype, &dims, &bytes).map_err(|e| err_at(&at, e.to_string()));
+            return Tensor::from_bytes(ty.dtype, &dims, &bytes)
+                .map_err(|e| err_at(&at, e.to_string()));
         }
         self.expect('[')?;
         let mut items = Vec::new();
@@ -505,23 +542,39 @@ impl Parser {
             }
             DType::I64 => Tensor::from_vec(
                 &dims,
-                items.iter().map(|t| num(t).and_then(|s| s.parse::<i64>().ok()).ok_or_else(|| bad(t))).collect::<Result<Vec<i64>>>()?,
+                items
+                    .iter()
+                    .map(|t| num(t).and_then(|s| s.parse::<i64>().ok()).ok_or_else(|| bad(t)))
+                    .collect::<Result<Vec<i64>>>()?,
             ),
             DType::U64 => Tensor::from_vec(
                 &dims,
-                items.iter().map(|t| num(t).and_then(|s| s.parse::<u64>().ok()).ok_or_else(|| bad(t))).collect::<Result<Vec<u64>>>()?,
+                items
+                    .iter()
+                    .map(|t| num(t).and_then(|s| s.parse::<u64>().ok()).ok_or_else(|| bad(t)))
+                    .collect::<Result<Vec<u64>>>()?,
             ),
             d if d.is_float() => {
-                let v = items.iter().map(|t| float(t).ok_or_else(|| bad(t))).collect::<Result<Vec<f64>>>()?;
+                let v = items
+                    .iter()
+                    .map(|t| float(t).ok_or_else(|| bad(t)))
+                    .collect::<Result<Vec<f64>>>()?;
                 if d == DType::F64 {
                     Tensor::from_vec(&dims, v)
                 } else {
                     // Parse as f32 first: the text holds the shortest f32 form, which rounds to the same f16/bf16.
-                    Tensor::from_f64s(d, &dims, &v.iter().map(|&x| x as f32 as f64).collect::<Vec<_>>())
+                    Tensor::from_f64s(
+                        d,
+                        &dims,
+                        &v.iter().map(|&x| x as f32 as f64).collect::<Vec<_>>(),
+                    )
                 }
             }
             d => {
-                let v = items.iter().map(|t| num(t).and_then(|s| s.parse::<i64>().ok()).ok_or_else(|| bad(t))).collect::<Result<Vec<i64>>>()?;
+                let v = items
+                    .iter()
+                    .map(|t| num(t).and_then(|s| s.parse::<i64>().ok()).ok_or_else(|| bad(t)))
+                    .collect::<Result<Vec<i64>>>()?;
                 Tensor::from_f64s(d, &dims, &v.iter().map(|&x| x as f64).collect::<Vec<_>>())
             }
         }
@@ -533,7 +586,9 @@ impl Parser {
         match self.next()? {
             Tok::Str(s) => Ok(Attr::Str(s)),
             Tok::Num(n) => number_attr(&n).ok_or_else(|| err_at(&at, format!("bad number `{n}`"))),
-            Tok::Word(w) if w == "nan" || w == "inf" => Ok(Attr::Float(float(&Tok::Word(w)).expect("nan/inf parse") as f32)),
+            Tok::Word(w) if w == "nan" || w == "inf" => {
+                Ok(Attr::Float(float(&Tok::Word(w)).expect("nan/inf parse") as f32))
+            }
             Tok::Word(w) if w == "graph" => {
                 self.pos -= 1;
                 Ok(Attr::Graph(Subgraph(Arc::new(self.graph()?))))
@@ -561,13 +616,29 @@ impl Parser {
                     }
                 }
                 if !items.is_empty() && items.iter().all(|t| matches!(t, Tok::Str(_))) {
-                    return Ok(Attr::Strs(items.into_iter().map(|t| if let Tok::Str(s) = t { s } else { unreachable!() }).collect()));
+                    return Ok(Attr::Strs(
+                        items
+                            .into_iter()
+                            .map(|t| if let Tok::Str(s) = t { s } else { unreachable!() })
+                            .collect(),
+                    ));
                 }
-                let is_float = items.iter().any(|t| matches!(t, Tok::Num(n) if n.contains(['.', 'e', 'E'])) || matches!(t, Tok::Word(_)));
+                let is_float = items.iter().any(|t| {
+                    matches!(t, Tok::Num(n) if n.contains(['.', 'e', 'E']))
+                        || matches!(t, Tok::Word(_))
+                });
                 if is_float {
-                    items.iter().map(|t| float(t).map(|v| v as f32)).collect::<Option<Vec<f32>>>().map(Attr::Floats)
+                    items
+                        .iter()
+                        .map(|t| float(t).map(|v| v as f32))
+                        .collect::<Option<Vec<f32>>>()
+                        .map(Attr::Floats)
                 } else {
-                    items.iter().map(|t| num(t).and_then(|s| s.parse().ok())).collect::<Option<Vec<i64>>>().map(Attr::Ints)
+                    items
+                        .iter()
+                        .map(|t| num(t).and_then(|s| s.parse().ok()))
+                        .collect::<Option<Vec<i64>>>()
+                        .map(Attr::Ints)
                 }
                 .ok_or_else(|| err_at(&at, "bad list"))
             }

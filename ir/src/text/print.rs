@@ -23,7 +23,8 @@ fn print_graph(graph: &Graph, weights: Weights, indent: &str, out: &mut String) 
     writeln!(out, "graph {} {{", name_literal(&graph.name)).expect("writing to a String");
     for &id in graph.inputs() {
         let node = graph.node(id);
-        writeln!(out, "{indent}  input %{}: {}", name_literal(&node.name), node.outputs[0]).expect("writing to a String");
+        writeln!(out, "{indent}  input %{}: {}", name_literal(&node.name), node.outputs[0])
+            .expect("writing to a String");
     }
     // A graph that cannot be ordered (a cycle) still prints, in insertion order, so it can be seen.
     let order = graph.topo_order().unwrap_or_else(|_| graph.nodes().map(|(id, _)| id).collect());
@@ -34,14 +35,21 @@ fn print_graph(graph: &Graph, weights: Weights, indent: &str, out: &mut String) 
         }
         let types = match node.outputs.as_slice() {
             [one] => one.to_string(),
-            many => format!("({})", many.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(", ")),
+            many => {
+                format!("({})", many.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(", "))
+            }
         };
-        write!(out, "{indent}  %{}: {types} = {}", name_literal(&node.name), node.op.name()).expect("writing to a String");
+        write!(out, "{indent}  %{}: {types} = {}", name_literal(&node.name), node.op.name())
+            .expect("writing to a String");
         if let Op::Constant(t) = &node.op {
             writeln!(out, " {}", tensor_data(t, weights)).expect("writing to a String");
             continue;
         }
-        let operands: Vec<String> = graph.operands(id).into_iter().map(|o| o.map_or_else(|| "_".to_string(), value)).collect();
+        let operands: Vec<String> = graph
+            .operands(id)
+            .into_iter()
+            .map(|o| o.map_or_else(|| "_".to_string(), value))
+            .collect();
         write!(out, "({})", operands.join(", ")).expect("writing to a String");
         let attrs = node.op.attrs();
         if !attrs.0.is_empty() {
@@ -66,7 +74,8 @@ fn print_graph(graph: &Graph, weights: Weights, indent: &str, out: &mut String) 
         if v[1..] == name_literal(name) {
             writeln!(out, "{indent}  output {v}").expect("writing to a String");
         } else {
-            writeln!(out, "{indent}  output %{} = {v}", name_literal(name)).expect("writing to a String");
+            writeln!(out, "{indent}  output %{} = {v}", name_literal(name))
+                .expect("writing to a String");
         }
     }
     writeln!(out, "{indent}}}").expect("writing to a String");
@@ -81,9 +90,13 @@ pub fn tensor_literal(t: &Tensor, full: bool) -> String {
 pub fn tensor_data(t: &Tensor, weights: Weights) -> String {
     if t.len() <= INLINE_LIMIT {
         let items: Vec<String> = match t.dtype() {
-            DType::Bool => t.as_slice::<bool>().expect("dtype matches").iter().map(|b| b.to_string()).collect(),
+            DType::Bool => {
+                t.as_slice::<bool>().expect("dtype matches").iter().map(|b| b.to_string()).collect()
+            }
             DType::I64 => t.to_i64s().iter().map(|v| v.to_string()).collect(),
-            DType::U64 => t.as_slice::<u64>().expect("dtype matches").iter().map(|v| v.to_string()).collect(),
+            DType::U64 => {
+                t.as_slice::<u64>().expect("dtype matches").iter().map(|v| v.to_string()).collect()
+            }
             DType::F64 => t.to_f64s().iter().map(|&v| float_literal(v, false)).collect(),
             d if d.is_float() => t.to_f64s().iter().map(|&v| float_literal(v, true)).collect(),
             _ => t.to_f64s().iter().map(|v| format!("{v}")).collect(),
@@ -93,8 +106,16 @@ pub fn tensor_data(t: &Tensor, weights: Weights) -> String {
     match weights {
         Weights::Summary => {
             let v = t.to_f64s();
-            let (lo, hi) = v.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), &x| (l.min(x), h.max(x)));
-            format!("<elided: {} values in [{}, {}], digest {:016x}>", v.len(), short(lo), short(hi), t.digest())
+            let (lo, hi) = v
+                .iter()
+                .fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), &x| (l.min(x), h.max(x)));
+            format!(
+                "<elided: {} values in [{}, {}], digest {:016x}>",
+                v.len(),
+                short(lo),
+                short(hi),
+                t.digest()
+            )
         }
         Weights::Full => {
             let mut s = String::with_capacity(t.bytes().len() * 2 + 5);

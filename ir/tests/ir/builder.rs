@@ -46,7 +46,10 @@ fn values_from_another_builder_are_rejected() {
     let xa = a.input("x", DType::F32, [2]);
     let xb = b.input("x", DType::F32, [2]);
     b.output("y", xb.add(xa));
-    assert_eq!(b.build().unwrap_err().to_string(), "invalid graph: a value from another graph builder was used");
+    assert_eq!(
+        b.build().unwrap_err().to_string(),
+        "invalid graph: a value from another graph builder was used"
+    );
 }
 
 #[test]
@@ -60,9 +63,14 @@ fn symbolic_batch_flows_through_shapes() {
     assert_eq!(graph.value_type(graph.outputs()[0].1).to_string(), "f32[batch,5]");
     // Binding the symbol: a batch of 2 runs, and re-inference gives concrete shapes.
     let mut fixed = graph.clone();
-    fixed.set_input_type(0, kiln_ir::TensorType::new(DType::F32, Shape::fixed(&[2, 3, 4]))).unwrap();
+    fixed
+        .set_input_type(0, kiln_ir::TensorType::new(DType::F32, Shape::fixed(&[2, 3, 4])))
+        .unwrap();
     assert_eq!(fixed.value_type(fixed.outputs()[0].1).to_string(), "f32[2,5]");
-    assert_eq!(eval::run(&graph, &[Tensor::zeros(DType::F32, &[2, 3, 4])]).unwrap()[0].dims(), &[2, 5]);
+    assert_eq!(
+        eval::run(&graph, &[Tensor::zeros(DType::F32, &[2, 3, 4])]).unwrap()[0].dims(),
+        &[2, 5]
+    );
 }
 
 #[test]
@@ -74,7 +82,9 @@ fn split_returns_one_handle_per_part() {
     g.output("y", parts[0] + parts[0]);
     g.output("z", parts[2]);
     let graph = g.build().unwrap();
-    let out = eval::run(&graph, &[f32s(&[2, 6], &[0., 1., 2., 3., 4., 5., 6., 7., 8., 9., 10., 11.])]).unwrap();
+    let out =
+        eval::run(&graph, &[f32s(&[2, 6], &[0., 1., 2., 3., 4., 5., 6., 7., 8., 9., 10., 11.])])
+            .unwrap();
     assert_close(&out[0], &[2, 1], &[0., 12.], 0.0);
     assert_close(&out[1], &[2, 3], &[3., 4., 5., 9., 10., 11.], 0.0);
 }
@@ -119,7 +129,8 @@ fn the_cifar_cnn_matches_a_hand_written_forward_pass() {
                     for ci in 0..c {
                         for ki in 0..5 {
                             for kj in 0..5 {
-                                acc += input[ci * hw * hw + (i + ki) * hw + j + kj] * w[((mi * c + ci) * 5 + ki) * 5 + kj];
+                                acc += input[ci * hw * hw + (i + ki) * hw + j + kj]
+                                    * w[((mi * c + ci) * 5 + ki) * 5 + kj];
                             }
                         }
                     }
@@ -135,8 +146,10 @@ fn the_cifar_cnn_matches_a_hand_written_forward_pass() {
         for ci in 0..c {
             for i in 0..o {
                 for j in 0..o {
-                    let at = |a: usize, b: usize| input[ci * hw * hw + (2 * i + a) * hw + 2 * j + b];
-                    out[(ci * o + i) * o + j] = at(0, 0).max(at(0, 1)).max(at(1, 0)).max(at(1, 1)).max(0.0);
+                    let at =
+                        |a: usize, b: usize| input[ci * hw * hw + (2 * i + a) * hw + 2 * j + b];
+                    out[(ci * o + i) * o + j] =
+                        at(0, 0).max(at(0, 1)).max(at(1, 0)).max(at(1, 1)).max(0.0);
                 }
             }
         }
@@ -145,7 +158,12 @@ fn the_cifar_cnn_matches_a_hand_written_forward_pass() {
     let fc = |input: &[f64], w: &[f64], b: &[f64], relu: bool| {
         (0..b.len())
             .map(|o| {
-                let v = b[o] + input.iter().enumerate().map(|(i, x)| x * w[o * input.len() + i]).sum::<f64>();
+                let v = b[o]
+                    + input
+                        .iter()
+                        .enumerate()
+                        .map(|(i, x)| x * w[o * input.len() + i])
+                        .sum::<f64>();
                 if relu {
                     v.max(0.0)
                 } else {
@@ -154,7 +172,11 @@ fn the_cifar_cnn_matches_a_hand_written_forward_pass() {
             })
             .collect::<Vec<f64>>()
     };
-    let h = pool_relu(&conv(&x.to_f64s(), 3, 32, &weight("conv1.weight"), &weight("conv1.bias"), 6), 6, 28);
+    let h = pool_relu(
+        &conv(&x.to_f64s(), 3, 32, &weight("conv1.weight"), &weight("conv1.bias"), 6),
+        6,
+        28,
+    );
     let h = pool_relu(&conv(&h, 6, 14, &weight("conv2.weight"), &weight("conv2.bias"), 16), 16, 10);
     let h = fc(&h, &weight("fc1.weight"), &weight("fc1.bias"), true);
     let h = fc(&h, &weight("fc2.weight"), &weight("fc2.bias"), true);

@@ -7,14 +7,19 @@ use super::{f32s, traced_type};
 
 #[test]
 fn broadcast_mismatch_names_node_op_and_both_shapes() {
-    let err = traced_type(&[(DType::F32, &[2, 3]), (DType::F32, &[4])], |_, x| x[0].add(x[1])).unwrap_err();
+    let err = traced_type(&[(DType::F32, &[2, 3]), (DType::F32, &[4])], |_, x| x[0].add(x[1]))
+        .unwrap_err();
     assert_eq!(err, "node `add` (Add): cannot broadcast f32[2,3] with f32[4]");
 }
 
 #[test]
 fn element_type_mismatch_is_an_error() {
-    let err = traced_type(&[(DType::F32, &[2]), (DType::I64, &[2])], |_, x| x[0].mul(x[1])).unwrap_err();
-    assert_eq!(err, "node `mul` (Mul): both operands must have the same element type, got f32[2] and i64[2]");
+    let err =
+        traced_type(&[(DType::F32, &[2]), (DType::I64, &[2])], |_, x| x[0].mul(x[1])).unwrap_err();
+    assert_eq!(
+        err,
+        "node `mul` (Mul): both operands must have the same element type, got f32[2] and i64[2]"
+    );
 }
 
 #[test]
@@ -22,22 +27,37 @@ fn matmul_and_conv_mismatches_show_both_shapes() {
     let f = DType::F32;
     let err = traced_type(&[(f, &[2, 3]), (f, &[4, 2])], |_, x| x[0].matmul(x[1])).unwrap_err();
     assert_eq!(err, "node `matmul` (MatMul): inner dimensions differ: f32[2,3] times f32[4,2]");
-    let err = traced_type(&[(f, &[1, 3, 8, 8]), (f, &[4, 2, 3, 3])], |_, x| x[0].conv(x[1], None, Default::default())).unwrap_err();
-    assert_eq!(err, "node `conv` (Conv): input has 3 channels but weight f32[4,2,3,3] with group 1 expects 2");
+    let err = traced_type(&[(f, &[1, 3, 8, 8]), (f, &[4, 2, 3, 3])], |_, x| {
+        x[0].conv(x[1], None, Default::default())
+    })
+    .unwrap_err();
+    assert_eq!(
+        err,
+        "node `conv` (Conv): input has 3 channels but weight f32[4,2,3,3] with group 1 expects 2"
+    );
 }
 
 #[test]
 fn reshape_to_the_wrong_count_is_an_error() {
     let err = traced_type(&[(DType::F32, &[2, 3])], |_, x| x[0].reshape(&[4, 2])).unwrap_err();
-    assert_eq!(err, "node `reshape` (Reshape): cannot reshape f32[2,3] (6 elements) to [4, 2] (8 elements)");
+    assert_eq!(
+        err,
+        "node `reshape` (Reshape): cannot reshape f32[2,3] (6 elements) to [4, 2] (8 elements)"
+    );
     let err = traced_type(&[(DType::F32, &[2, 3])], |_, x| x[0].reshape(&[-1, -1])).unwrap_err();
     assert!(err.contains("more than one -1"), "{err}");
 }
 
 #[test]
 fn later_ops_on_a_failed_value_keep_the_first_error() {
-    let err = traced_type(&[(DType::F32, &[2, 3]), (DType::F32, &[3, 3])], |_, x| x[0].transpose(&[0, 0]).matmul(x[1]).relu()).unwrap_err();
-    assert!(err.starts_with("node `transpose` (Transpose): perm [0, 0] is not a permutation"), "{err}");
+    let err = traced_type(&[(DType::F32, &[2, 3]), (DType::F32, &[3, 3])], |_, x| {
+        x[0].transpose(&[0, 0]).matmul(x[1]).relu()
+    })
+    .unwrap_err();
+    assert!(
+        err.starts_with("node `transpose` (Transpose): perm [0, 0] is not a permutation"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -54,7 +74,10 @@ fn wrong_operand_counts_are_rejected() {
 fn duplicate_names_and_dangling_values_are_rejected() {
     let mut g = Graph::new("g");
     let x = g.add_input("x", TensorType::new(DType::F32, [2])).unwrap();
-    assert_eq!(g.add_constant("x", Tensor::scalar(1f32)).unwrap_err(), IrError::Graph("two nodes are named `x`".into()));
+    assert_eq!(
+        g.add_constant("x", Tensor::scalar(1f32)).unwrap_err(),
+        IrError::Graph("two nodes are named `x`".into())
+    );
     let bad = ValueId::new(x.node, 3);
     let e = g.add_node("relu", Op::Unary(kiln_ir::UnaryOp::Relu), &[Some(bad)]).unwrap_err();
     assert!(e.to_string().contains("node `x` has 1 results, result 3 used"), "{e}");
@@ -72,7 +95,10 @@ fn a_cycle_is_found_by_the_verifier() {
     // Rewire a to read b instead of x: a -> b -> a.
     g.replace_uses(x, b.into()).unwrap();
     let e = g.verify().unwrap_err();
-    assert!(matches!(e, IrError::Graph(ref m) if m.starts_with("the graph has a cycle through node")), "{e}");
+    assert!(
+        matches!(e, IrError::Graph(ref m) if m.starts_with("the graph has a cycle through node")),
+        "{e}"
+    );
     assert!(eval::run(&g, &[f32s(&[2], &[1., 2.])]).is_err());
 }
 
@@ -86,7 +112,10 @@ fn eval_checks_inputs_by_name_type_and_symbol() {
     let t = |n: usize| Tensor::zeros(DType::F32, &[n, 3]);
     assert_eq!(eval::run(&g, &[t(2), t(2)]).unwrap()[0].dims(), &[2, 3]);
     let e = eval::run(&g, &[t(2)]).unwrap_err();
-    assert_eq!(e.to_string(), "input `g`: the graph takes 2 inputs (x: f32[batch,3], y: f32[batch,3]), 1 given");
+    assert_eq!(
+        e.to_string(),
+        "input `g`: the graph takes 2 inputs (x: f32[batch,3], y: f32[batch,3]), 1 given"
+    );
     let e = eval::run(&g, &[t(2), t(5)]).unwrap_err();
     assert_eq!(e.to_string(), "input `y`: `batch` is 2 in an earlier input but 5 here (f32[5,3])");
     let e = eval::run(&g, &[t(2), Tensor::zeros(DType::F32, &[2, 4])]).unwrap_err();
@@ -103,17 +132,24 @@ fn eval_errors_name_the_node() {
     b.output("y", x.gather(i, 0).named("lookup"));
     let g = b.build().unwrap();
     let e = eval::run(&g, &[f32s(&[3], &[1., 2., 3.]), Tensor::vector(&[7i64])]).unwrap_err();
-    assert_eq!(e.to_string(), "evaluating node `lookup` (Gather): index 7 is out of range for axis 0 of size 3");
+    assert_eq!(
+        e.to_string(),
+        "evaluating node `lookup` (Gather): index 7 is out of range for axis 0 of size 3"
+    );
 }
 
 #[test]
 fn parse_errors_give_line_and_column() {
-    let e = text::parse("graph g {\n  input %x: f32[2]\n  %y: f32[2] = Frobnicate(%x)\n}\n").unwrap_err();
+    let e = text::parse("graph g {\n  input %x: f32[2]\n  %y: f32[2] = Frobnicate(%x)\n}\n")
+        .unwrap_err();
     assert_eq!(e.to_string(), "line 3, column 16: unknown op `Frobnicate`");
     let e = text::parse("graph g {\n  %y: f32[2] = Relu(%x)\n}").unwrap_err();
     assert_eq!(e.to_string(), "line 2, column 21: %x is not defined before this use");
     let e = text::parse("graph g {\n  input %x: f32[2]\n  %y: f32[3] = Relu(%x)\n}").unwrap_err();
-    assert_eq!(e.to_string(), "line 3, column 3: node `y` (Relu): result 0 is declared f32[3] but inference gives f32[2]");
+    assert_eq!(
+        e.to_string(),
+        "line 3, column 3: node `y` (Relu): result 0 is declared f32[3] but inference gives f32[2]"
+    );
     let e = text::parse("graph g {\n  input %x: f33[2]\n}").unwrap_err();
     assert_eq!(e.to_string(), "line 2, column 16: unknown type `f33`");
     let e = text::parse("graph g {\n  input %x: f32[2]\n").unwrap_err();
@@ -124,7 +160,10 @@ fn parse_errors_give_line_and_column() {
 fn elided_weights_do_not_parse_back() {
     let g = kiln_ir::models::mlp(1, 8, 8, 2, 0).unwrap();
     let e = text::parse(&g.to_string()).unwrap_err();
-    assert!(e.to_string().contains("data is elided; only text printed with full weights parses back"), "{e}");
+    assert!(
+        e.to_string().contains("data is elided; only text printed with full weights parses back"),
+        "{e}"
+    );
 }
 
 #[test]

@@ -28,14 +28,24 @@ pub fn assert_close(t: &Tensor, dims: &[usize], want: &[f64], tol: f64) {
     let got = t.to_f64s();
     assert_eq!(got.len(), want.len());
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        assert!((g - w).abs() <= tol || (g.is_nan() && w.is_nan()), "element {i}: got {g}, want {w} (all: {got:?})");
+        assert!(
+            (g - w).abs() <= tol || (g.is_nan() && w.is_nan()),
+            "element {i}: got {g}, want {w} (all: {got:?})"
+        );
     }
 }
 
 /// Traces `f` over inputs of the given tensors' types, runs the graph on them, returns output 0.
-pub fn run_traced(inputs: &[Tensor], f: impl for<'g> Fn(&'g GraphBuilder, &[Traced<'g>]) -> Traced<'g>) -> Tensor {
+pub fn run_traced(
+    inputs: &[Tensor],
+    f: impl for<'g> Fn(&'g GraphBuilder, &[Traced<'g>]) -> Traced<'g>,
+) -> Tensor {
     let g = GraphBuilder::new("t");
-    let xs: Vec<Traced> = inputs.iter().enumerate().map(|(i, t)| g.input(&format!("x{i}"), t.dtype(), t.dims())).collect();
+    let xs: Vec<Traced> = inputs
+        .iter()
+        .enumerate()
+        .map(|(i, t)| g.input(&format!("x{i}"), t.dtype(), t.dims()))
+        .collect();
     let y = f(&g, &xs);
     g.output("y", y);
     let graph = g.build().expect("the test graph is valid");
@@ -43,9 +53,13 @@ pub fn run_traced(inputs: &[Tensor], f: impl for<'g> Fn(&'g GraphBuilder, &[Trac
 }
 
 /// The inferred type of output 0 of a traced graph, or the build error's text.
-pub fn traced_type(inputs: &[(DType, &[usize])], f: impl for<'g> Fn(&'g GraphBuilder, &[Traced<'g>]) -> Traced<'g>) -> Result<String, String> {
+pub fn traced_type(
+    inputs: &[(DType, &[usize])],
+    f: impl for<'g> Fn(&'g GraphBuilder, &[Traced<'g>]) -> Traced<'g>,
+) -> Result<String, String> {
     let g = GraphBuilder::new("t");
-    let xs: Vec<Traced> = inputs.iter().enumerate().map(|(i, (d, s))| g.input(&format!("x{i}"), *d, *s)).collect();
+    let xs: Vec<Traced> =
+        inputs.iter().enumerate().map(|(i, (d, s))| g.input(&format!("x{i}"), *d, *s)).collect();
     let y = f(&g, &xs);
     g.output("y", y);
     let graph = g.build().map_err(|e| e.to_string())?;

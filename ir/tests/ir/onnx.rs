@@ -15,18 +15,35 @@ fn tensor_type(elem: i32, dims: &[Option<i64>], params: &[&str]) -> TypeProto {
         .map(|(i, d)| tensor_shape_proto::Dimension {
             value: match d {
                 Some(n) => Some(DimValue::DimValue(*n)),
-                None => params.get(i).filter(|p| !p.is_empty()).map(|p| DimValue::DimParam(p.to_string())),
+                None => params
+                    .get(i)
+                    .filter(|p| !p.is_empty())
+                    .map(|p| DimValue::DimParam(p.to_string())),
             },
         })
         .collect();
-    TypeProto { value: Some(type_proto::Value::TensorType(type_proto::Tensor { elem_type: Some(elem), shape: Some(TensorShapeProto { dim }) })) }
+    TypeProto {
+        value: Some(type_proto::Value::TensorType(type_proto::Tensor {
+            elem_type: Some(elem),
+            shape: Some(TensorShapeProto { dim }),
+        })),
+    }
 }
 
 fn value(name: &str, elem: i32, dims: &[i64]) -> ValueInfoProto {
-    ValueInfoProto { name: Some(name.into()), r#type: Some(tensor_type(elem, &dims.iter().map(|&d| Some(d)).collect::<Vec<_>>(), &[])) }
+    ValueInfoProto {
+        name: Some(name.into()),
+        r#type: Some(tensor_type(elem, &dims.iter().map(|&d| Some(d)).collect::<Vec<_>>(), &[])),
+    }
 }
 
-fn node(op: &str, name: &str, inputs: &[&str], outputs: &[&str], attrs: Vec<AttributeProto>) -> NodeProto {
+fn node(
+    op: &str,
+    name: &str,
+    inputs: &[&str],
+    outputs: &[&str],
+    attrs: Vec<AttributeProto>,
+) -> NodeProto {
     NodeProto {
         input: inputs.iter().map(|s| s.to_string()).collect(),
         output: outputs.iter().map(|s| s.to_string()).collect(),
@@ -38,27 +55,64 @@ fn node(op: &str, name: &str, inputs: &[&str], outputs: &[&str], attrs: Vec<Attr
 }
 
 fn ints(name: &str, v: &[i64]) -> AttributeProto {
-    AttributeProto { name: Some(name.into()), r#type: Some(attribute_type::INTS), ints: v.to_vec(), ..Default::default() }
+    AttributeProto {
+        name: Some(name.into()),
+        r#type: Some(attribute_type::INTS),
+        ints: v.to_vec(),
+        ..Default::default()
+    }
 }
 
 fn float(name: &str, v: f32) -> AttributeProto {
-    AttributeProto { name: Some(name.into()), r#type: Some(attribute_type::FLOAT), f: Some(v), ..Default::default() }
+    AttributeProto {
+        name: Some(name.into()),
+        r#type: Some(attribute_type::FLOAT),
+        f: Some(v),
+        ..Default::default()
+    }
 }
 
 fn int(name: &str, v: i64) -> AttributeProto {
-    AttributeProto { name: Some(name.into()), r#type: Some(attribute_type::INT), i: Some(v), ..Default::default() }
+    AttributeProto {
+        name: Some(name.into()),
+        r#type: Some(attribute_type::INT),
+        i: Some(v),
+        ..Default::default()
+    }
 }
 
 fn f32_init(name: &str, dims: &[i64], v: &[f32]) -> TensorProto {
-    TensorProto { name: Some(name.into()), dims: dims.to_vec(), data_type: Some(data_type::FLOAT), float_data: v.to_vec(), ..Default::default() }
+    TensorProto {
+        name: Some(name.into()),
+        dims: dims.to_vec(),
+        data_type: Some(data_type::FLOAT),
+        float_data: v.to_vec(),
+        ..Default::default()
+    }
 }
 
-fn model(opset: i64, nodes: Vec<NodeProto>, inputs: Vec<ValueInfoProto>, outputs: Vec<ValueInfoProto>, init: Vec<TensorProto>) -> Vec<u8> {
+fn model(
+    opset: i64,
+    nodes: Vec<NodeProto>,
+    inputs: Vec<ValueInfoProto>,
+    outputs: Vec<ValueInfoProto>,
+    init: Vec<TensorProto>,
+) -> Vec<u8> {
     ModelProto {
         ir_version: Some(8),
-        opset_import: vec![OperatorSetIdProto { domain: Some(String::new()), version: Some(opset) }],
+        opset_import: vec![OperatorSetIdProto {
+            domain: Some(String::new()),
+            version: Some(opset),
+        }],
         producer_name: Some("kiln-tests".into()),
-        graph: Some(GraphProto { node: nodes, name: Some("g".into()), initializer: init, input: inputs, output: outputs, ..Default::default() }),
+        graph: Some(GraphProto {
+            node: nodes,
+            name: Some("g".into()),
+            initializer: init,
+            input: inputs,
+            output: outputs,
+            ..Default::default()
+        }),
         ..Default::default()
     }
     .encode_to_vec()
@@ -98,7 +152,10 @@ fn symbolic_and_unnamed_dimensions_become_symbols() {
     let bytes = model(
         17,
         vec![node("Relu", "r", &["x"], &["y"], vec![])],
-        vec![ValueInfoProto { name: Some("x".into()), r#type: Some(tensor_type(data_type::FLOAT, &[None, None, Some(4)], &["batch", ""])) }],
+        vec![ValueInfoProto {
+            name: Some("x".into()),
+            r#type: Some(tensor_type(data_type::FLOAT, &[None, None, Some(4)], &["batch", ""])),
+        }],
         vec![value("y", data_type::FLOAT, &[])],
         vec![],
     );
@@ -114,7 +171,10 @@ fn negative_dimensions_of_inputs_are_symbols() {
     let bytes = model(
         17,
         vec![node("Relu", "r", &["x"], &["y"], vec![])],
-        vec![ValueInfoProto { name: Some("x".into()), r#type: Some(tensor_type(data_type::FLOAT, &[Some(-1), Some(3), Some(-1)], &[])) }],
+        vec![ValueInfoProto {
+            name: Some("x".into()),
+            r#type: Some(tensor_type(data_type::FLOAT, &[Some(-1), Some(3), Some(-1)], &[])),
+        }],
         vec![value("y", data_type::FLOAT, &[])],
         vec![],
     );
@@ -132,7 +192,10 @@ fn every_unsupported_op_is_reported_at_once() {
             node("DFT", "dft1", &["x"], &["a"], vec![]),
             node("Relu", "r", &["a"], &["b"], vec![]),
             node("DFT", "dft2", &["b"], &["c"], vec![]),
-            NodeProto { domain: Some("com.example".into()), ..node("Fancy", "f", &["c"], &["y"], vec![]) },
+            NodeProto {
+                domain: Some("com.example".into()),
+                ..node("Fancy", "f", &["c"], &["y"], vec![])
+            },
         ],
         vec![value("x", data_type::FLOAT, &[4])],
         vec![value("y", data_type::FLOAT, &[4])],
@@ -172,7 +235,10 @@ fn a_tensor_whose_data_does_not_match_its_type_is_an_error() {
         vec![value("y", data_type::FLOAT, &[3])],
         vec![w],
     );
-    assert_eq!(load(&bytes).unwrap_err().to_string(), "tensor `w`: f32[3] needs 3 values, the file holds 0");
+    assert_eq!(
+        load(&bytes).unwrap_err().to_string(),
+        "tensor `w`: f32[3] needs 3 values, the file holds 0"
+    );
     let mut raw = f32_init("w", &[3], &[]);
     raw.raw_data = Some(vec![0; 11]);
     let bytes = model(
@@ -182,17 +248,27 @@ fn a_tensor_whose_data_does_not_match_its_type_is_an_error() {
         vec![value("y", data_type::FLOAT, &[3])],
         vec![raw],
     );
-    assert_eq!(load(&bytes).unwrap_err().to_string(), "tensor `w`: f32[3] needs 12 bytes of raw data, the file holds 11");
+    assert_eq!(
+        load(&bytes).unwrap_err().to_string(),
+        "tensor `w`: f32[3] needs 12 bytes of raw data, the file holds 11"
+    );
 }
 
 #[test]
 fn external_data_is_read_beside_the_model_and_its_absence_is_named() {
     let dir = std::env::temp_dir().join(format!("kiln-onnx-external-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let mut w =
-        TensorProto { name: Some("w".into()), dims: vec![3], data_type: Some(data_type::FLOAT), data_location: Some(1), ..Default::default() };
-    let entry = |k: &str, v: &str| StringStringEntryProto { key: Some(k.into()), value: Some(v.into()) };
-    w.external_data = vec![entry("location", "model.onnx.data"), entry("offset", "4"), entry("length", "12")];
+    let mut w = TensorProto {
+        name: Some("w".into()),
+        dims: vec![3],
+        data_type: Some(data_type::FLOAT),
+        data_location: Some(1),
+        ..Default::default()
+    };
+    let entry =
+        |k: &str, v: &str| StringStringEntryProto { key: Some(k.into()), value: Some(v.into()) };
+    w.external_data =
+        vec![entry("location", "model.onnx.data"), entry("offset", "4"), entry("length", "12")];
     let bytes = model(
         17,
         vec![node("Mul", "mul", &["x", "w"], &["y"], vec![])],
@@ -202,7 +278,10 @@ fn external_data_is_read_beside_the_model_and_its_absence_is_named() {
     );
     std::fs::write(dir.join("model.onnx"), &bytes).unwrap();
     let e = onnx::load(dir.join("model.onnx")).unwrap_err().to_string();
-    assert!(e.contains("tensor `w`: cannot read external data file") && e.contains("model.onnx.data"), "{e}");
+    assert!(
+        e.contains("tensor `w`: cannot read external data file") && e.contains("model.onnx.data"),
+        "{e}"
+    );
     let mut data = vec![0u8; 4];
     for v in [1f32, 2., 3.] {
         data.extend_from_slice(&v.to_le_bytes());
@@ -219,17 +298,39 @@ fn external_data_is_read_beside_the_model_and_its_absence_is_named() {
 
 #[test]
 fn cycles_and_dangling_names_are_errors_but_unsorted_nodes_are_fine() {
-    let io = || (vec![value("x", data_type::FLOAT, &[2])], vec![value("y", data_type::FLOAT, &[2])]);
+    let io =
+        || (vec![value("x", data_type::FLOAT, &[2])], vec![value("y", data_type::FLOAT, &[2])]);
     let (i, o) = io();
-    let cycle = model(17, vec![node("Relu", "a", &["y"], &["t"], vec![]), node("Neg", "b", &["t"], &["y"], vec![])], i, o, vec![]);
+    let cycle = model(
+        17,
+        vec![node("Relu", "a", &["y"], &["t"], vec![]), node("Neg", "b", &["t"], &["y"], vec![])],
+        i,
+        o,
+        vec![],
+    );
     assert_eq!(load(&cycle).unwrap_err().to_string(), "the graph has a cycle through node `a`");
     let (i, o) = io();
-    let dangling = model(17, vec![node("Add", "a", &["x", "nowhere"], &["y"], vec![])], i, o, vec![]);
-    assert_eq!(load(&dangling).unwrap_err().to_string(), "node `a` (Add): input 1 `nowhere` is not defined by any node, initializer or graph input");
+    let dangling =
+        model(17, vec![node("Add", "a", &["x", "nowhere"], &["y"], vec![])], i, o, vec![]);
+    assert_eq!(
+        load(&dangling).unwrap_err().to_string(),
+        "node `a` (Add): input 1 `nowhere` is not defined by any node, initializer or graph input"
+    );
     let (i, o) = io();
-    let unsorted = model(17, vec![node("Neg", "b", &["t"], &["y"], vec![]), node("Relu", "a", &["x"], &["t"], vec![])], i, o, vec![]);
+    let unsorted = model(
+        17,
+        vec![node("Neg", "b", &["t"], &["y"], vec![]), node("Relu", "a", &["x"], &["t"], vec![])],
+        i,
+        o,
+        vec![],
+    );
     let m = load(&unsorted).unwrap();
-    assert_close(&eval::run(&m.graph, &[f32s(&[2], &[-1., 2.])]).unwrap()[0], &[2], &[0., -2.], 0.0);
+    assert_close(
+        &eval::run(&m.graph, &[f32s(&[2], &[-1., 2.])]).unwrap()[0],
+        &[2],
+        &[0., -2.],
+        0.0,
+    );
 }
 
 #[test]
@@ -248,13 +349,20 @@ fn opsets_newer_than_kiln_knows_are_refused_unless_allowed() {
         load(&relu(99)).unwrap_err().to_string(),
         "the model imports opset 99 of the default ONNX domain; kiln knows opsets up to 27, and an op may mean something else in a newer one (--allow-newer-opsets imports it anyway)"
     );
-    let allowed = onnx::load_bytes_with(&relu(99), None, &onnx::ImportOptions { allow_newer_opsets: true }).unwrap();
+    let allowed =
+        onnx::load_bytes_with(&relu(99), None, &onnx::ImportOptions { allow_newer_opsets: true })
+            .unwrap();
     assert_eq!(
         allowed.warnings,
         vec!["the model imports opset 99 of the default ONNX domain; kiln knows opsets up to 27; imported as opset 27 (--allow-newer-opsets)"
             .to_string()]
     );
-    assert_close(&eval::run(&allowed.graph, &[f32s(&[2], &[-1., 2.])]).unwrap()[0], &[2], &[0., 2.], 0.0);
+    assert_close(
+        &eval::run(&allowed.graph, &[f32s(&[2], &[-1., 2.])]).unwrap()[0],
+        &[2],
+        &[0., 2.],
+        0.0,
+    );
 }
 
 #[test]
@@ -292,10 +400,17 @@ fn fuzzed_nodes_with_missing_operands_or_odd_weights_are_errors() {
     let c = || vec![f32_init("c", &[2, 3], &[1., 2., 3., 4., 5., 6.]), i64s("starts", &[0])];
     // A Slice of a constant with its ends (or everything but the data) missing was folded by
     // the importer, which evaluated it without checking its operands.
-    let no_ends = model(13, vec![node("Slice", "s", &["c", "starts"], &["y"], vec![])], vec![], y(), c());
-    assert_eq!(load(&no_ends).unwrap_err().to_string(), "node `s` (Slice): takes 3 to 5 operands, got 2 (of 2 slots)");
+    let no_ends =
+        model(13, vec![node("Slice", "s", &["c", "starts"], &["y"], vec![])], vec![], y(), c());
+    assert_eq!(
+        load(&no_ends).unwrap_err().to_string(),
+        "node `s` (Slice): takes 3 to 5 operands, got 2 (of 2 slots)"
+    );
     let data_only = model(13, vec![node("Slice", "s", &["c"], &["y"], vec![])], vec![], y(), c());
-    assert_eq!(load(&data_only).unwrap_err().to_string(), "node `s` (Slice): takes 3 to 5 operands, got 1 (of 1 slots)");
+    assert_eq!(
+        load(&data_only).unwrap_err().to_string(),
+        "node `s` (Slice): takes 3 to 5 operands, got 1 (of 1 slots)"
+    );
     // A Conv whose weight has no spatial axes, with kernel_shape given.
     let conv = model(
         13,
@@ -304,7 +419,10 @@ fn fuzzed_nodes_with_missing_operands_or_odd_weights_are_errors() {
         y(),
         vec![f32_init("w", &[3], &[1., 1., 1.])],
     );
-    assert_eq!(load(&conv).unwrap_err().to_string(), "node `conv` (Conv): the weight f32[3] has no spatial axes for kernel_shape [3]");
+    assert_eq!(
+        load(&conv).unwrap_err().to_string(),
+        "node `conv` (Conv): the weight f32[3] has no spatial axes for kernel_shape [3]"
+    );
 }
 
 #[test]
@@ -316,7 +434,10 @@ fn shape_errors_name_the_onnx_node() {
         vec![value("y", data_type::FLOAT, &[2, 2])],
         vec![f32_init("w", &[4, 2], &[0.; 8])],
     );
-    assert_eq!(load(&bytes).unwrap_err().to_string(), "node `/layer/MatMul` (MatMul): inner dimensions differ: f32[2,3] times f32[4,2]");
+    assert_eq!(
+        load(&bytes).unwrap_err().to_string(),
+        "node `/layer/MatMul` (MatMul): inner dimensions differ: f32[2,3] times f32[4,2]"
+    );
 }
 
 #[test]
@@ -331,7 +452,12 @@ fn attributes_that_became_operands_are_rewritten() {
         vec![],
     );
     let m = load(&clip).unwrap();
-    assert_close(&eval::run(&m.graph, &[f32s(&[3], &[-5., 0.5, 9.])]).unwrap()[0], &[3], &[-1., 0.5, 2.], 0.0);
+    assert_close(
+        &eval::run(&m.graph, &[f32s(&[3], &[-5., 0.5, 9.])]).unwrap()[0],
+        &[3],
+        &[-1., 0.5, 2.],
+        0.0,
+    );
 
     let split = model(
         11,
@@ -341,7 +467,12 @@ fn attributes_that_became_operands_are_rewritten() {
         vec![],
     );
     let m = load(&split).unwrap();
-    assert_close(&eval::run(&m.graph, &[f32s(&[3], &[1., 2., 3.])]).unwrap()[0], &[2], &[2., 3.], 0.0);
+    assert_close(
+        &eval::run(&m.graph, &[f32s(&[3], &[1., 2., 3.])]).unwrap()[0],
+        &[2],
+        &[2., 3.],
+        0.0,
+    );
 
     let reduce = model(
         12,
@@ -351,7 +482,12 @@ fn attributes_that_became_operands_are_rewritten() {
         vec![],
     );
     let m = load(&reduce).unwrap();
-    assert_close(&eval::run(&m.graph, &[f32s(&[2, 2], &[1., 2., 3., 4.])]).unwrap()[0], &[2], &[3., 7.], 0.0);
+    assert_close(
+        &eval::run(&m.graph, &[f32s(&[2, 2], &[1., 2., 3., 4.])]).unwrap()[0],
+        &[2],
+        &[3., 7.],
+        0.0,
+    );
 
     let reshape = model(
         4,
@@ -360,7 +496,14 @@ fn attributes_that_became_operands_are_rewritten() {
         vec![value("y", data_type::FLOAT, &[4])],
         vec![],
     );
-    assert_eq!(load(&reshape).unwrap().graph.value_type(load(&reshape).unwrap().graph.outputs()[0].1).to_string(), "f32[4]");
+    assert_eq!(
+        load(&reshape)
+            .unwrap()
+            .graph
+            .value_type(load(&reshape).unwrap().graph.outputs()[0].1)
+            .to_string(),
+        "f32[4]"
+    );
 }
 
 #[test]
@@ -382,7 +525,10 @@ fn old_softmax_normalises_the_flattened_input() {
 fn variadic_ops_and_cast_like() {
     let bytes = model(
         17,
-        vec![node("Mean", "m", &["a", "b", "c"], &["mean"], vec![]), node("CastLike", "c2", &["mean", "i"], &["y"], vec![])],
+        vec![
+            node("Mean", "m", &["a", "b", "c"], &["mean"], vec![]),
+            node("CastLike", "c2", &["mean", "i"], &["y"], vec![]),
+        ],
         vec![
             value("a", data_type::FLOAT, &[2]),
             value("b", data_type::FLOAT, &[2]),
@@ -393,7 +539,16 @@ fn variadic_ops_and_cast_like() {
         vec![],
     );
     let m = load(&bytes).unwrap();
-    let y = eval::run(&m.graph, &[f32s(&[2], &[1., 10.]), f32s(&[2], &[2., 20.]), f32s(&[2], &[3., 30.]), Tensor::vector(&[0i32])]).unwrap();
+    let y = eval::run(
+        &m.graph,
+        &[
+            f32s(&[2], &[1., 10.]),
+            f32s(&[2], &[2., 20.]),
+            f32s(&[2], &[3., 30.]),
+            Tensor::vector(&[0i32]),
+        ],
+    )
+    .unwrap();
     assert_eq!(y[0].as_slice::<i32>().unwrap(), &[2, 20]);
 }
 
@@ -406,7 +561,13 @@ fn tensor_files_round_trip_and_bad_ones_are_named() {
     assert!(e.contains("raw data") || e.contains("truncated"), "{e}");
     let e = onnx::decode_tensor(&[], None).unwrap_err().to_string();
     assert_eq!(e, "not an ONNX tensor: it has no data type");
-    let f8 = TensorProto { dims: vec![1], data_type: Some(17), raw_data: Some(vec![0]), ..Default::default() }.encode_to_vec();
+    let f8 = TensorProto {
+        dims: vec![1],
+        data_type: Some(17),
+        raw_data: Some(vec![0]),
+        ..Default::default()
+    }
+    .encode_to_vec();
     let e = onnx::decode_tensor(&f8, None).unwrap_err();
     assert!(matches!(e, IrError::NotSupported(_)), "{e}");
     assert_eq!(e.to_string(), "a tensor: element type FLOAT8E4M3FN is not supported");

@@ -25,7 +25,8 @@ fn lists() -> Graph {
     let picked = seq_op(&mut g, "picked", SequenceOp::At, &[s3, at]);
     let len = seq_op(&mut g, "len", SequenceOp::Length, &[s3]);
     let pair = seq_op(&mut g, "pair", SequenceOp::Construct, &[x, z]);
-    let stacked = seq_op(&mut g, "stacked", SequenceOp::Concat { axis: -1, new_axis: true }, &[pair]);
+    let stacked =
+        seq_op(&mut g, "stacked", SequenceOp::Concat { axis: -1, new_axis: true }, &[pair]);
     g.add_output("picked", picked).unwrap();
     g.add_output("len", len).unwrap();
     g.add_output("stacked", stacked).unwrap();
@@ -36,7 +37,9 @@ fn lists() -> Graph {
 #[test]
 fn sequence_types_carry_the_elements_common_shape_and_length() {
     let g = lists();
-    let ty = |name: &str| g.value_type(g.outputs().iter().find(|(n, _)| n == name).unwrap().1).to_string();
+    let ty = |name: &str| {
+        g.value_type(g.outputs().iter().find(|(n, _)| n == name).unwrap().1).to_string()
+    };
     assert_eq!(ty("list"), "seq(f32[\"s3.d0\",3], 3)");
     assert_eq!(ty("picked"), "f32[\"s3.d0\",3]");
     assert_eq!(ty("len"), "i64[]");
@@ -54,7 +57,11 @@ fn the_interpreter_runs_sequences_with_positions_given_at_run_time() {
     let y = Tensor::random(DType::F32, &[1, 3], 2);
     let z = Tensor::random(DType::F32, &[2, 3], 3);
     for (pos, at, want) in [(0i64, 0i64, &z), (-1, -1, &y), (2, 1, &y), (1, -3, &x)] {
-        let inputs: Vec<Value> = [x.clone(), y.clone(), z.clone(), Tensor::scalar(pos), Tensor::scalar(at)].into_iter().map(Value::Tensor).collect();
+        let inputs: Vec<Value> =
+            [x.clone(), y.clone(), z.clone(), Tensor::scalar(pos), Tensor::scalar(at)]
+                .into_iter()
+                .map(Value::Tensor)
+                .collect();
         let out = eval::run_values(&g, &inputs).unwrap();
         assert_eq!(out[0], Value::Tensor(want.clone()), "insert at {pos}, read at {at}");
         assert_eq!(out[1], Value::Tensor(Tensor::scalar(3i64)));
@@ -62,7 +69,10 @@ fn the_interpreter_runs_sequences_with_positions_given_at_run_time() {
         assert_eq!(items.len(), 3);
     }
     // A position outside the sequence names itself and the node.
-    let inputs: Vec<Value> = [x, y, z, Tensor::scalar(0i64), Tensor::scalar(3i64)].into_iter().map(Value::Tensor).collect();
+    let inputs: Vec<Value> = [x, y, z, Tensor::scalar(0i64), Tensor::scalar(3i64)]
+        .into_iter()
+        .map(Value::Tensor)
+        .collect();
     let e = eval::run_values(&g, &inputs).unwrap_err().to_string();
     assert!(e.contains("`picked`") && e.contains("position 3 is outside a sequence of 3"), "{e}");
 }
@@ -72,7 +82,8 @@ fn split_to_sequence_and_back() {
     let mut g = Graph::new("split");
     let x = g.add_input("x", TensorType::new(DType::F32, [3, 7])).unwrap();
     let three = g.add_constant("three", Tensor::scalar(3i64)).unwrap();
-    let pieces = seq_op(&mut g, "pieces", SequenceOp::Split { axis: 1, keepdims: true }, &[x, three]);
+    let pieces =
+        seq_op(&mut g, "pieces", SequenceOp::Split { axis: 1, keepdims: true }, &[x, three]);
     let back = seq_op(&mut g, "back", SequenceOp::Concat { axis: 1, new_axis: false }, &[pieces]);
     let rows = seq_op(&mut g, "rows", SequenceOp::Split { axis: 0, keepdims: false }, &[x]);
     g.add_output("pieces", pieces).unwrap();
@@ -94,29 +105,66 @@ fn split_to_sequence_and_back() {
 fn optionals_hold_a_value_or_none() {
     let mut g = Graph::new("opt");
     let x = g.add_input("x", TensorType::new(DType::F32, [4])).unwrap();
-    let some: ValueId = g.add_node("some", Op::Optional(OptionalOp::Wrap { dtype: None, sequence: false }), &[Some(x)]).unwrap().into();
-    let none: ValueId = g.add_node("none", Op::Optional(OptionalOp::Wrap { dtype: Some(DType::F32), sequence: false }), &[]).unwrap().into();
-    let has_some: ValueId = g.add_node("has_some", Op::Optional(OptionalOp::HasElement), &[Some(some)]).unwrap().into();
-    let has_none: ValueId = g.add_node("has_none", Op::Optional(OptionalOp::HasElement), &[Some(none)]).unwrap().into();
-    let got: ValueId = g.add_node("got", Op::Optional(OptionalOp::GetElement), &[Some(some)]).unwrap().into();
+    let some: ValueId = g
+        .add_node(
+            "some",
+            Op::Optional(OptionalOp::Wrap { dtype: None, sequence: false }),
+            &[Some(x)],
+        )
+        .unwrap()
+        .into();
+    let none: ValueId = g
+        .add_node(
+            "none",
+            Op::Optional(OptionalOp::Wrap { dtype: Some(DType::F32), sequence: false }),
+            &[],
+        )
+        .unwrap()
+        .into();
+    let has_some: ValueId =
+        g.add_node("has_some", Op::Optional(OptionalOp::HasElement), &[Some(some)]).unwrap().into();
+    let has_none: ValueId =
+        g.add_node("has_none", Op::Optional(OptionalOp::HasElement), &[Some(none)]).unwrap().into();
+    let got: ValueId =
+        g.add_node("got", Op::Optional(OptionalOp::GetElement), &[Some(some)]).unwrap().into();
     assert_eq!(g.value_type(some).to_string(), "opt(f32[4])");
     assert_eq!(g.value_type(none).to_string(), "opt(f32)");
     assert_eq!(g.value_type(got).to_string(), "f32[4]");
-    for (name, v) in [("has_some", has_some), ("has_none", has_none), ("got", got), ("none", none)] {
+    for (name, v) in [("has_some", has_some), ("has_none", has_none), ("got", got), ("none", none)]
+    {
         g.add_output(name, v).unwrap();
     }
     let t = Tensor::random(DType::F32, &[4], 5);
     let out = eval::run_values(&g, &[Value::Tensor(t.clone())]).unwrap();
-    assert_eq!(out, vec![Value::Tensor(Tensor::scalar(true)), Value::Tensor(Tensor::scalar(false)), Value::Tensor(t.clone()), Value::Optional(None)]);
+    assert_eq!(
+        out,
+        vec![
+            Value::Tensor(Tensor::scalar(true)),
+            Value::Tensor(Tensor::scalar(false)),
+            Value::Tensor(t.clone()),
+            Value::Optional(None)
+        ]
+    );
     // Reading an empty optional is an error naming the node.
     let mut bad = Graph::new("bad");
-    let none: ValueId = bad.add_node("none", Op::Optional(OptionalOp::Wrap { dtype: Some(DType::F32), sequence: false }), &[]).unwrap().into();
-    let got: ValueId = bad.add_node("got", Op::Optional(OptionalOp::GetElement), &[Some(none)]).unwrap().into();
+    let none: ValueId = bad
+        .add_node(
+            "none",
+            Op::Optional(OptionalOp::Wrap { dtype: Some(DType::F32), sequence: false }),
+            &[],
+        )
+        .unwrap()
+        .into();
+    let got: ValueId =
+        bad.add_node("got", Op::Optional(OptionalOp::GetElement), &[Some(none)]).unwrap().into();
     bad.add_output("got", got).unwrap();
     let e = eval::run_values(&bad, &[]).unwrap_err().to_string();
     assert!(e.contains("`got`") && e.contains("the optional is empty"), "{e}");
     // `run` (tensors only) refuses a graph whose output is an optional.
-    assert!(eval::run(&g, &[t]).unwrap_err().to_string().contains("expected a tensor, got an empty optional"));
+    assert!(eval::run(&g, &[t])
+        .unwrap_err()
+        .to_string()
+        .contains("expected a tensor, got an empty optional"));
 }
 
 #[test]
@@ -124,20 +172,33 @@ fn sequences_reach_only_the_ops_that_take_them() {
     let mut g = Graph::new("misuse");
     let x = g.add_input("x", TensorType::new(DType::F32, [2])).unwrap();
     let s = seq_op(&mut g, "s", SequenceOp::Construct, &[x]);
-    let e = g.add_node("add", Op::Binary(BinaryOp::Add), &[Some(s), Some(x)]).unwrap_err().to_string();
+    let e =
+        g.add_node("add", Op::Binary(BinaryOp::Add), &[Some(s), Some(x)]).unwrap_err().to_string();
     assert!(e.contains("operand 0 is seq(f32[2], 1), Add takes tensors"), "{e}");
     let i = g.add_constant("i", Tensor::scalar(1i64)).unwrap();
-    let e = g.add_node("at", Op::Sequence(SequenceOp::At), &[Some(s), Some(i)]).unwrap_err().to_string();
+    let e = g
+        .add_node("at", Op::Sequence(SequenceOp::At), &[Some(s), Some(i)])
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("position 1 is outside a sequence of 1"), "{e}");
     let mut g = Graph::new("unranked");
     let s = g.add_input("s", TensorType::sequence(DType::F32, None, None)).unwrap();
     let i = g.add_constant("i", Tensor::scalar(0i64)).unwrap();
-    let e = g.add_node("at", Op::Sequence(SequenceOp::At), &[Some(s), Some(i)]).unwrap_err().to_string();
+    let e = g
+        .add_node("at", Op::Sequence(SequenceOp::At), &[Some(s), Some(i)])
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("the elements of seq(f32) have no known rank"), "{e}");
     // An input sequence is checked for its dtype when a run passes it.
-    let len: ValueId = g.add_node("len", Op::Sequence(SequenceOp::Length), &[Some(s)]).unwrap().into();
+    let len: ValueId =
+        g.add_node("len", Op::Sequence(SequenceOp::Length), &[Some(s)]).unwrap().into();
     g.add_output("len", len).unwrap();
-    let e = eval::run_values(&g, &[Value::Sequence(vec![Tensor::scalar(1i64)])]).unwrap_err().to_string();
+    let e = eval::run_values(&g, &[Value::Sequence(vec![Tensor::scalar(1i64)])])
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("expected seq(f32), got a sequence of 1 tensors"), "{e}");
-    assert_eq!(eval::run_values(&g, &[Value::Sequence(vec![Tensor::scalar(1f32); 4])]).unwrap(), vec![Value::Tensor(Tensor::scalar(4i64))]);
+    assert_eq!(
+        eval::run_values(&g, &[Value::Sequence(vec![Tensor::scalar(1f32); 4])]).unwrap(),
+        vec![Value::Tensor(Tensor::scalar(4i64))]
+    );
 }

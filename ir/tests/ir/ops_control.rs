@@ -16,7 +16,11 @@ fn body(stop_at: Option<i64>) -> Subgraph {
     let acc = b.input("acc", DType::I64, [1]);
     let next = acc + step;
     let go = match stop_at {
-        Some(s) => b.apply(Op::Binary(BinaryOp::Less), &[Some(step), Some(b.constant("stop", Tensor::scalar::<i64>(s)))], 1)[0],
+        Some(s) => b.apply(
+            Op::Binary(BinaryOp::Less),
+            &[Some(step), Some(b.constant("stop", Tensor::scalar::<i64>(s)))],
+            1,
+        )[0],
         None => cond.identity(),
     };
     b.output("go", go);
@@ -34,8 +38,16 @@ fn counted(n: Option<i64>, cond_input: bool, stop_at: Option<i64>) -> Graph {
         Some(n) => g.constant("n", Tensor::scalar::<i64>(n)),
         None => g.input("n", DType::I64, Shape::scalar()),
     };
-    let c = if cond_input { g.input("c", DType::Bool, Shape::scalar()) } else { g.constant("c", Tensor::scalar(true)) };
-    let out = g.apply(Op::Loop(Box::new(Loop { body: body(stop_at), captures: 0 })), &[Some(n), Some(c), Some(acc)], 2);
+    let c = if cond_input {
+        g.input("c", DType::Bool, Shape::scalar())
+    } else {
+        g.constant("c", Tensor::scalar(true))
+    };
+    let out = g.apply(
+        Op::Loop(Box::new(Loop { body: body(stop_at), captures: 0 })),
+        &[Some(n), Some(c), Some(acc)],
+        2,
+    );
     g.output("acc_last", out[0]);
     g.output("seen", out[1]);
     g.build().unwrap()
@@ -66,7 +78,8 @@ fn the_interpreter_runs_until_the_trip_count_or_the_condition_stops_it() {
     let out = eval::run(&counted(Some(4), false, Some(1)), std::slice::from_ref(&acc)).unwrap();
     assert_eq!((out[1].dims(), out[1].to_i64s()), (&[2usize, 1][..], vec![10, 11]));
     // A false first condition runs no step.
-    let out = eval::run(&counted(Some(4), true, None), &[acc.clone(), Tensor::scalar(false)]).unwrap();
+    let out =
+        eval::run(&counted(Some(4), true, None), &[acc.clone(), Tensor::scalar(false)]).unwrap();
     assert_eq!((out[0].to_i64s(), out[1].dims()), (vec![10], &[0usize, 1][..]));
 }
 

@@ -8,9 +8,16 @@ use kiln_ir::{eval, DType, Dim, Op, Shape, Tensor, UnaryOp};
 use super::{assert_close, f32s, run_traced, traced_type};
 
 /// Like `run_traced`, but returns the build or run error's text instead of panicking.
-fn try_run(inputs: &[Tensor], f: impl for<'g> Fn(&'g GraphBuilder, &[Traced<'g>]) -> Traced<'g>) -> Result<Tensor, String> {
+fn try_run(
+    inputs: &[Tensor],
+    f: impl for<'g> Fn(&'g GraphBuilder, &[Traced<'g>]) -> Traced<'g>,
+) -> Result<Tensor, String> {
     let g = GraphBuilder::new("t");
-    let xs: Vec<Traced> = inputs.iter().enumerate().map(|(i, t)| g.input(&format!("x{i}"), t.dtype(), t.dims())).collect();
+    let xs: Vec<Traced> = inputs
+        .iter()
+        .enumerate()
+        .map(|(i, t)| g.input(&format!("x{i}"), t.dtype(), t.dims()))
+        .collect();
     let y = f(&g, &xs);
     g.output("y", y);
     let graph = g.build().map_err(|e| e.to_string())?;
@@ -18,9 +25,16 @@ fn try_run(inputs: &[Tensor], f: impl for<'g> Fn(&'g GraphBuilder, &[Traced<'g>]
 }
 
 /// Like `traced_type`, for inputs whose shapes may have symbols.
-fn sym_type(inputs: &[(DType, Shape)], f: impl for<'g> Fn(&'g GraphBuilder, &[Traced<'g>]) -> Traced<'g>) -> Result<String, String> {
+fn sym_type(
+    inputs: &[(DType, Shape)],
+    f: impl for<'g> Fn(&'g GraphBuilder, &[Traced<'g>]) -> Traced<'g>,
+) -> Result<String, String> {
     let g = GraphBuilder::new("t");
-    let xs: Vec<Traced> = inputs.iter().enumerate().map(|(i, (d, s))| g.input(&format!("x{i}"), *d, s.clone())).collect();
+    let xs: Vec<Traced> = inputs
+        .iter()
+        .enumerate()
+        .map(|(i, (d, s))| g.input(&format!("x{i}"), *d, s.clone()))
+        .collect();
     let y = f(&g, &xs);
     g.output("y", y);
     let graph = g.build().map_err(|e| e.to_string())?;
@@ -40,7 +54,9 @@ fn shape_op(start: i64, end: Option<i64>) -> Op {
 #[test]
 fn shape_takes_a_clamped_interval_of_the_dimensions() {
     let x = Tensor::zeros(DType::F32, &[3, 4, 5]);
-    let shape = |start, end| run_traced(&[x.clone()], |g, v| g.apply(shape_op(start, end), &[Some(v[0])], 1)[0]);
+    let shape = |start, end| {
+        run_traced(&[x.clone()], |g, v| g.apply(shape_op(start, end), &[Some(v[0])], 1)[0])
+    };
     assert_eq!(ints(&shape(0, None)), [3, 4, 5]);
     assert_eq!(ints(&shape(1, None)), [4, 5]);
     assert_eq!(ints(&shape(-1, None)), [5]);
@@ -51,14 +67,17 @@ fn shape_takes_a_clamped_interval_of_the_dimensions() {
     let empty = shape(2, Some(1));
     assert_eq!((empty.dims(), empty.dtype()), (&[0usize][..], DType::I64));
     // A scalar has an empty shape.
-    let s = run_traced(&[Tensor::scalar(1f32)], |g, v| g.apply(shape_op(0, None), &[Some(v[0])], 1)[0]);
+    let s =
+        run_traced(&[Tensor::scalar(1f32)], |g, v| g.apply(shape_op(0, None), &[Some(v[0])], 1)[0]);
     assert_eq!(s.dims(), &[0]);
 }
 
 #[test]
 fn shape_and_size_types_need_only_the_rank() {
     let batch = Shape(vec![Dim::sym("batch"), Dim::Fixed(3), Dim::Fixed(4)]);
-    let ty = |op: Op| sym_type(&[(DType::F16, batch.clone())], |g, v| g.apply(op.clone(), &[Some(v[0])], 1)[0]);
+    let ty = |op: Op| {
+        sym_type(&[(DType::F16, batch.clone())], |g, v| g.apply(op.clone(), &[Some(v[0])], 1)[0])
+    };
     assert_eq!(ty(shape_op(0, None)), Ok("i64[3]".into()));
     assert_eq!(ty(shape_op(-2, None)), Ok("i64[2]".into()));
     assert_eq!(ty(shape_op(3, Some(1))), Ok("i64[0]".into()));
@@ -100,11 +119,14 @@ fn constant_of_shape_with_a_runtime_shape() {
     let op = Op::ConstantOfShape { value: Tensor::vector(&[true]) };
     let ty = traced_type(&[(DType::I64, &[2])], |g, v| g.apply(op.clone(), &[Some(v[0])], 1)[0]);
     assert_eq!(ty, Ok("bool[\"constantofshape.d0\",\"constantofshape.d1\"]".into()));
-    let y = run_traced(&[Tensor::vector(&[3i64, 1])], |g, v| g.apply(op.clone(), &[Some(v[0])], 1)[0]);
+    let y =
+        run_traced(&[Tensor::vector(&[3i64, 1])], |g, v| g.apply(op.clone(), &[Some(v[0])], 1)[0]);
     assert_eq!(y.dims(), &[3, 1]);
     assert_eq!(y.as_slice::<bool>().unwrap(), &[true; 3]);
     // The rank must be known.
-    let unknown = sym_type(&[(DType::I64, Shape(vec![Dim::sym("n")]))], |g, v| g.apply(op.clone(), &[Some(v[0])], 1)[0]);
+    let unknown = sym_type(&[(DType::I64, Shape(vec![Dim::sym("n")]))], |g, v| {
+        g.apply(op.clone(), &[Some(v[0])], 1)[0]
+    });
     assert_eq!(unknown, Err("node `constantofshape` (ConstantOfShape): the shape operand must have a known length, got i64[n]".into()));
 }
 
@@ -118,7 +140,10 @@ fn constant_of_shape_rejects_bad_shapes_and_values() {
         .unwrap_err()
     };
     let one = Tensor::vector(&[1f32]);
-    assert_eq!(err(one.clone(), Tensor::vector(&[2i64, -1])), "node `constantofshape` (ConstantOfShape): shape [2, -1] has a negative size");
+    assert_eq!(
+        err(one.clone(), Tensor::vector(&[2i64, -1])),
+        "node `constantofshape` (ConstantOfShape): shape [2, -1] has a negative size"
+    );
     assert_eq!(
         err(Tensor::vector(&[1f32, 2.]), Tensor::vector(&[2i64])),
         "node `constantofshape` (ConstantOfShape): value must hold one element, got f32[2]"
@@ -127,13 +152,20 @@ fn constant_of_shape_rejects_bad_shapes_and_values() {
         err(one.clone(), Tensor::from_vec(&[1, 2], vec![2i64, 2]).unwrap()),
         "node `constantofshape` (ConstantOfShape): the shape operand must be 1-D, got i64[1,2]"
     );
-    assert_eq!(err(one.clone(), Tensor::vector(&[2f32])), "node `constantofshape` (ConstantOfShape): shape must be an integer tensor, got f32[1]");
+    assert_eq!(
+        err(one.clone(), Tensor::vector(&[2f32])),
+        "node `constantofshape` (ConstantOfShape): shape must be an integer tensor, got f32[1]"
+    );
     let huge = err(one, Tensor::vector(&[1i64 << 40, 1 << 40]));
     assert!(huge.ends_with("has too many elements"), "{huge}");
     // A run-time shape is checked when it is known.
     let op = Op::ConstantOfShape { value: Tensor::vector(&[1u8]) };
-    let e = try_run(&[Tensor::vector(&[-3i64])], |g, v| g.apply(op.clone(), &[Some(v[0])], 1)[0]).unwrap_err();
-    assert_eq!(e, "evaluating node `constantofshape` (ConstantOfShape): shape [-3] has a negative size");
+    let e = try_run(&[Tensor::vector(&[-3i64])], |g, v| g.apply(op.clone(), &[Some(v[0])], 1)[0])
+        .unwrap_err();
+    assert_eq!(
+        e,
+        "evaluating node `constantofshape` (ConstantOfShape): shape [-3] has a negative size"
+    );
 }
 
 // ----- Range -----
@@ -141,14 +173,20 @@ fn constant_of_shape_rejects_bad_shapes_and_values() {
 /// Range over constant bounds.
 fn range(start: Tensor, limit: Tensor, delta: Tensor) -> Result<Tensor, String> {
     try_run(&[], |g, _| {
-        let (s, l, d) = (g.constant("start", start.clone()), g.constant("limit", limit.clone()), g.constant("delta", delta.clone()));
+        let (s, l, d) = (
+            g.constant("start", start.clone()),
+            g.constant("limit", limit.clone()),
+            g.constant("delta", delta.clone()),
+        );
         g.apply(Op::Range, &[Some(s), Some(l), Some(d)], 1)[0]
     })
 }
 
 #[test]
 fn range_follows_the_onnx_examples() {
-    let r = |a: i32, b: i32, c: i32| range(Tensor::scalar(a), Tensor::scalar(b), Tensor::scalar(c)).unwrap();
+    let r = |a: i32, b: i32, c: i32| {
+        range(Tensor::scalar(a), Tensor::scalar(b), Tensor::scalar(c)).unwrap()
+    };
     assert_eq!(r(3, 9, 3).as_slice::<i32>().unwrap(), &[3, 6]);
     assert_eq!(r(10, 4, -2).as_slice::<i32>().unwrap(), &[10, 8, 6]);
     assert_eq!(r(0, 7, 3).as_slice::<i32>().unwrap(), &[0, 3, 6], "ceil(7 / 3) = 3 elements");
@@ -167,9 +205,11 @@ fn range_of_floats_and_of_large_integers() {
     let y = range(Tensor::scalar(1.0f64), Tensor::scalar(-1.0), Tensor::scalar(-0.5)).unwrap();
     assert_close(&y, &[4], &[1.0, 0.5, 0.0, -0.5], 0.0);
     // Integers are exact where f64 is not.
-    let y = range(Tensor::scalar(i64::MAX - 2), Tensor::scalar(i64::MAX), Tensor::scalar(1i64)).unwrap();
+    let y = range(Tensor::scalar(i64::MAX - 2), Tensor::scalar(i64::MAX), Tensor::scalar(1i64))
+        .unwrap();
     assert_eq!(ints(&y), [i64::MAX - 2, i64::MAX - 1]);
-    let y = range(Tensor::scalar(u64::MAX - 1), Tensor::scalar(u64::MAX), Tensor::scalar(1u64)).unwrap();
+    let y = range(Tensor::scalar(u64::MAX - 1), Tensor::scalar(u64::MAX), Tensor::scalar(1u64))
+        .unwrap();
     assert_eq!(y.as_slice::<u64>().unwrap(), &[u64::MAX - 1]);
     // One-element vectors count as scalars.
     let y = range(Tensor::vector(&[1i16]), Tensor::vector(&[3i16]), Tensor::scalar(1i16)).unwrap();
@@ -179,11 +219,14 @@ fn range_of_floats_and_of_large_integers() {
 #[test]
 fn range_length_is_symbolic_unless_the_bounds_are_constant() {
     let s = (DType::I32, &[][..]);
-    let ty = traced_type(&[s, s, s], |g, v| g.apply(Op::Range, &[Some(v[0]), Some(v[1]), Some(v[2])], 1)[0]);
-    assert_eq!(ty, Ok("i32[\"range.d0\"]".into()));
-    let y = run_traced(&[Tensor::scalar(2i32), Tensor::scalar(-3i32), Tensor::scalar(-2i32)], |g, v| {
+    let ty = traced_type(&[s, s, s], |g, v| {
         g.apply(Op::Range, &[Some(v[0]), Some(v[1]), Some(v[2])], 1)[0]
     });
+    assert_eq!(ty, Ok("i32[\"range.d0\"]".into()));
+    let y = run_traced(
+        &[Tensor::scalar(2i32), Tensor::scalar(-3i32), Tensor::scalar(-2i32)],
+        |g, v| g.apply(Op::Range, &[Some(v[0]), Some(v[1]), Some(v[2])], 1)[0],
+    );
     assert_eq!(y.as_slice::<i32>().unwrap(), &[2, 0, -2]);
 }
 
@@ -195,11 +238,14 @@ fn range_rejects_bad_bounds() {
     assert_eq!(e, "node `range` (Range): delta must not be 0");
     let e = range(Tensor::scalar(1i64), Tensor::scalar(5i32), Tensor::scalar(1i64)).unwrap_err();
     assert_eq!(e, "node `range` (Range): start, limit and delta must have the same type, got limit i32[] and start i64[]");
-    let e = range(Tensor::scalar(1f32), Tensor::vector(&[5f32, 6.]), Tensor::scalar(1f32)).unwrap_err();
+    let e =
+        range(Tensor::scalar(1f32), Tensor::vector(&[5f32, 6.]), Tensor::scalar(1f32)).unwrap_err();
     assert_eq!(e, "node `range` (Range): limit must be a scalar, got f32[2]");
-    let e = range(Tensor::scalar(0f64), Tensor::scalar(f64::INFINITY), Tensor::scalar(1f64)).unwrap_err();
+    let e = range(Tensor::scalar(0f64), Tensor::scalar(f64::INFINITY), Tensor::scalar(1f64))
+        .unwrap_err();
     assert!(e.ends_with("has too many elements"), "{e}");
-    let e = range(Tensor::scalar(0f64), Tensor::scalar(f64::NAN), Tensor::scalar(1f64)).unwrap_err();
+    let e =
+        range(Tensor::scalar(0f64), Tensor::scalar(f64::NAN), Tensor::scalar(1f64)).unwrap_err();
     assert!(e.contains("has no element count"), "{e}");
     let e = range(Tensor::scalar(true), Tensor::scalar(true), Tensor::scalar(true)).unwrap_err();
     assert_eq!(e, "node `range` (Range): needs a numeric type, got bool[]");
@@ -209,7 +255,9 @@ fn range_rejects_bad_bounds() {
 
 #[test]
 fn eye_like_puts_ones_on_diagonal_k() {
-    let eye = |x: Tensor, dtype, k| run_traced(&[x], |g, v| g.apply(Op::EyeLike { dtype, k }, &[Some(v[0])], 1)[0]);
+    let eye = |x: Tensor, dtype, k| {
+        run_traced(&[x], |g, v| g.apply(Op::EyeLike { dtype, k }, &[Some(v[0])], 1)[0])
+    };
     let x = Tensor::zeros(DType::I32, &[3, 4]);
     let y = eye(x.clone(), None, 0);
     assert_eq!(y.as_slice::<i32>().unwrap(), &[1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0]);
@@ -217,11 +265,16 @@ fn eye_like_puts_ones_on_diagonal_k() {
     assert_eq!(y.dtype(), DType::F64);
     assert_close(&y, &[3, 4], &[0., 1., 0., 0., 0., 0., 1., 0., 0., 0., 0., 1.], 0.0);
     let y = eye(x.clone(), Some(DType::Bool), -2);
-    assert_eq!(y.as_slice::<bool>().unwrap(), &[false, false, false, false, false, false, false, false, true, false, false, false]);
+    assert_eq!(
+        y.as_slice::<bool>().unwrap(),
+        &[false, false, false, false, false, false, false, false, true, false, false, false]
+    );
     // Off the matrix entirely: all zeros.
     assert_eq!(eye(x.clone(), None, 4).as_slice::<i32>().unwrap(), &[0; 12]);
     assert_eq!(eye(x, None, i64::MIN).as_slice::<i32>().unwrap(), &[0; 12]);
-    let err = traced_type(&[(DType::F32, &[2, 2, 2])], |g, v| g.apply(Op::EyeLike { dtype: None, k: 0 }, &[Some(v[0])], 1)[0]);
+    let err = traced_type(&[(DType::F32, &[2, 2, 2])], |g, v| {
+        g.apply(Op::EyeLike { dtype: None, k: 0 }, &[Some(v[0])], 1)[0]
+    });
     assert_eq!(err, Err("node `eyelike` (EyeLike): needs a 2-D input, got f32[2,2,2]".into()));
 }
 
@@ -243,15 +296,25 @@ fn arg_max_and_min_with_ties_and_axes() {
     assert_eq!(ints(&run(arg(false, 0, false, false))), [0, 0, 1]);
     assert_eq!(ints(&run(arg(false, -1, false, false))), [1, 2]);
     let ties = f32s(&[4], &[5., 1., 5., 1.]);
-    let run = |op: Op| ints(&run_traced(&[ties.clone()], |g, v| g.apply(op.clone(), &[Some(v[0])], 1)[0]));
-    assert_eq!((run(arg(true, 0, false, false)), run(arg(true, 0, false, true))), (vec![0], vec![2]));
-    assert_eq!((run(arg(false, 0, true, false)), run(arg(false, 0, true, true))), (vec![1], vec![3]));
+    let run = |op: Op| {
+        ints(&run_traced(&[ties.clone()], |g, v| g.apply(op.clone(), &[Some(v[0])], 1)[0]))
+    };
+    assert_eq!(
+        (run(arg(true, 0, false, false)), run(arg(true, 0, false, true))),
+        (vec![0], vec![2])
+    );
+    assert_eq!(
+        (run(arg(false, 0, true, false)), run(arg(false, 0, true, true))),
+        (vec![1], vec![3])
+    );
 }
 
 #[test]
 fn arg_reduce_picks_nan_and_compares_integers_exactly() {
     // numpy: argmax([1, nan, 3]) = argmin([1, nan, 0]) = 1.
-    let run = |x: Tensor, op: Op| ints(&run_traced(&[x], |g, v| g.apply(op.clone(), &[Some(v[0])], 1)[0]));
+    let run = |x: Tensor, op: Op| {
+        ints(&run_traced(&[x], |g, v| g.apply(op.clone(), &[Some(v[0])], 1)[0]))
+    };
     assert_eq!(run(f32s(&[3], &[1., f32::NAN, 3.]), arg(true, 0, false, false)), [1]);
     assert_eq!(run(f32s(&[3], &[1., f32::NAN, 0.]), arg(false, 0, false, false)), [1]);
     // These differ by 1 but are equal as f64.
@@ -262,19 +325,43 @@ fn arg_reduce_picks_nan_and_compares_integers_exactly() {
 #[test]
 fn arg_reduce_shapes_and_errors() {
     let f = DType::F32;
-    let ty = |op: Op, dims: &[usize]| traced_type(&[(f, dims)], |g, v| g.apply(op.clone(), &[Some(v[0])], 1)[0]);
+    let ty = |op: Op, dims: &[usize]| {
+        traced_type(&[(f, dims)], |g, v| g.apply(op.clone(), &[Some(v[0])], 1)[0])
+    };
     assert_eq!(ty(arg(true, 0, true, false), &[2, 3, 4]), Ok("i64[1,3,4]".into()));
     assert_eq!(ty(arg(false, -1, false, false), &[2, 3, 4]), Ok("i64[2,3]".into()));
-    assert_eq!(ty(arg(true, 2, true, false), &[2, 3]), Err("node `argmax` (ArgMax): axis 2 is out of range for f32[2,3]".into()));
-    assert_eq!(ty(arg(true, 0, true, false), &[]), Err("node `argmax` (ArgMax): axis 0 is out of range for f32[]".into()));
-    let b = traced_type(&[(DType::Bool, &[2])], |g, v| g.apply(arg(false, 0, true, false), &[Some(v[0])], 1)[0]);
+    assert_eq!(
+        ty(arg(true, 2, true, false), &[2, 3]),
+        Err("node `argmax` (ArgMax): axis 2 is out of range for f32[2,3]".into())
+    );
+    assert_eq!(
+        ty(arg(true, 0, true, false), &[]),
+        Err("node `argmax` (ArgMax): axis 0 is out of range for f32[]".into())
+    );
+    let b = traced_type(&[(DType::Bool, &[2])], |g, v| {
+        g.apply(arg(false, 0, true, false), &[Some(v[0])], 1)[0]
+    });
     assert_eq!(b, Err("node `argmin` (ArgMin): needs a numeric type, got bool[2]".into()));
     // An empty axis has no maximum, unless there is nothing to reduce at all.
-    let e = try_run(&[Tensor::zeros(f, &[2, 0])], |g, v| g.apply(arg(true, 1, true, false), &[Some(v[0])], 1)[0]).unwrap_err();
+    let e = try_run(&[Tensor::zeros(f, &[2, 0])], |g, v| {
+        g.apply(arg(true, 1, true, false), &[Some(v[0])], 1)[0]
+    })
+    .unwrap_err();
     assert_eq!(e, "evaluating node `argmax` (ArgMax): ArgMax of an empty axis 1 of f32[2,0]");
-    let e = try_run(&[Tensor::zeros(f, &[0, 3])], |g, v| g.apply(arg(false, 0, false, false), &[Some(v[0])], 1)[0]).unwrap_err();
+    let e = try_run(&[Tensor::zeros(f, &[0, 3])], |g, v| {
+        g.apply(arg(false, 0, false, false), &[Some(v[0])], 1)[0]
+    })
+    .unwrap_err();
     assert_eq!(e, "evaluating node `argmin` (ArgMin): ArgMin of an empty axis 0 of f32[0,3]");
-    assert_eq!(run_traced(&[Tensor::zeros(f, &[0, 3])], |g, v| g.apply(arg(true, 1, false, false), &[Some(v[0])], 1)[0]).dims(), &[0]);
+    assert_eq!(
+        run_traced(&[Tensor::zeros(f, &[0, 3])], |g, v| g.apply(
+            arg(true, 1, false, false),
+            &[Some(v[0])],
+            1
+        )[0])
+        .dims(),
+        &[0]
+    );
 }
 
 // ----- CumSum / CumProd -----
@@ -316,18 +403,27 @@ fn cumulative_along_an_axis_of_a_matrix() {
     let y = cumulative(x, cum(true, true, true), Tensor::scalar(1i32)).unwrap();
     assert_close(&y, &[2, 3], &[6., 3., 1., 30., 6., 1.], 0.0);
     // The axis may be a run-time value; the type is x's anyway.
-    let y =
-        run_traced(&[Tensor::vector(&[2i32, 3, 4]), Tensor::scalar(0i64)], |g, v| g.apply(cum(true, false, false), &[Some(v[0]), Some(v[1])], 1)[0]);
+    let y = run_traced(&[Tensor::vector(&[2i32, 3, 4]), Tensor::scalar(0i64)], |g, v| {
+        g.apply(cum(true, false, false), &[Some(v[0]), Some(v[1])], 1)[0]
+    });
     assert_eq!(y.as_slice::<i32>().unwrap(), &[2, 6, 24]);
 }
 
 #[test]
 fn cumulative_integers_are_exact_and_wrap() {
-    let y = cumulative(Tensor::vector(&[i64::MAX - 1, 1]), cum(false, false, false), Tensor::scalar(0i64)).unwrap();
+    let y = cumulative(
+        Tensor::vector(&[i64::MAX - 1, 1]),
+        cum(false, false, false),
+        Tensor::scalar(0i64),
+    )
+    .unwrap();
     assert_eq!(ints(&y), [i64::MAX - 1, i64::MAX]);
-    let y = cumulative(Tensor::vector(&[i32::MAX, 1]), cum(false, false, false), Tensor::scalar(0i64)).unwrap();
+    let y =
+        cumulative(Tensor::vector(&[i32::MAX, 1]), cum(false, false, false), Tensor::scalar(0i64))
+            .unwrap();
     assert_eq!(y.as_slice::<i32>().unwrap(), &[i32::MAX, i32::MIN], "wraps as numpy's int32");
-    let y = cumulative(Tensor::vector(&[200u8, 2]), cum(true, false, false), Tensor::scalar(0i64)).unwrap();
+    let y = cumulative(Tensor::vector(&[200u8, 2]), cum(true, false, false), Tensor::scalar(0i64))
+        .unwrap();
     assert_eq!(y.as_slice::<u8>().unwrap(), &[200, 144], "400 mod 256");
 }
 
@@ -340,7 +436,10 @@ fn cumulative_rejects_bad_axes() {
     assert_eq!(e, "node `cumprod` (CumProd): axis must hold one value, got i64[2]");
     let e = cumulative(x(), cum(false, false, false), Tensor::scalar(0f32)).unwrap_err();
     assert_eq!(e, "node `cumsum` (CumSum): axis must be an integer tensor, got f32[]");
-    let e = try_run(&[x(), Tensor::scalar(-3i64)], |g, v| g.apply(cum(false, false, false), &[Some(v[0]), Some(v[1])], 1)[0]).unwrap_err();
+    let e = try_run(&[x(), Tensor::scalar(-3i64)], |g, v| {
+        g.apply(cum(false, false, false), &[Some(v[0]), Some(v[1])], 1)[0]
+    })
+    .unwrap_err();
     assert_eq!(e, "evaluating node `cumsum` (CumSum): axis -3 is out of range for f32[2,3]");
 }
 
@@ -424,17 +523,28 @@ fn top_k_shapes_and_errors() {
     assert_eq!(r[0].ty().map(|t| t.to_string()), Some("f16[3,\"topk.d1\"]".into()));
     assert_eq!(r[1].ty().map(|t| t.to_string()), Some("i64[3,\"topk.d1\"]".into()));
     // ...and its value is checked when known.
-    let e = try_run(&[f32s(&[2], &[1., 2.]), Tensor::vector(&[3i64])], |g, v| g.apply(topk(0, true), &[Some(v[0]), Some(v[1])], 2)[0]).unwrap_err();
+    let e = try_run(&[f32s(&[2], &[1., 2.]), Tensor::vector(&[3i64])], |g, v| {
+        g.apply(topk(0, true), &[Some(v[0]), Some(v[1])], 2)[0]
+    })
+    .unwrap_err();
     assert_eq!(e, "evaluating node `topk` (TopK): k 3 exceeds axis 0 of f32[2]");
-    let e =
-        try_run(&[f32s(&[2], &[1., 2.]), Tensor::vector(&[1i64, 1])], |g, v| g.apply(topk(0, true), &[Some(v[0]), Some(v[1])], 2)[0]).unwrap_err();
+    let e = try_run(&[f32s(&[2], &[1., 2.]), Tensor::vector(&[1i64, 1])], |g, v| {
+        g.apply(topk(0, true), &[Some(v[0]), Some(v[1])], 2)[0]
+    })
+    .unwrap_err();
     assert_eq!(e, "node `topk` (TopK): k must hold one value, got i64[2]");
 }
 
 // ----- Einsum -----
 
 fn einsum(equation: &str, xs: &[Tensor]) -> Result<Tensor, String> {
-    try_run(xs, |g, v| g.apply(Op::Einsum { equation: equation.into() }, &v.iter().map(|t| Some(*t)).collect::<Vec<_>>(), 1)[0])
+    try_run(xs, |g, v| {
+        g.apply(
+            Op::Einsum { equation: equation.into() },
+            &v.iter().map(|t| Some(*t)).collect::<Vec<_>>(),
+            1,
+        )[0]
+    })
 }
 
 fn arange(dims: &[usize], scale: f32, offset: f32) -> Tensor {
@@ -458,7 +568,12 @@ fn einsum_matmul_transpose_and_sums() {
     assert_eq!(einsum("aB", &[a.clone()]).unwrap().dims(), &[3, 2]);
     assert_close(&einsum("ij->", &[a.clone()]).unwrap(), &[], &[15.], 0.0);
     assert_close(&einsum("ij->j", &[a.clone()]).unwrap(), &[3], &[3., 5., 7.], 0.0);
-    assert_close(&einsum("i,j->ij", &[f32s(&[2], &[1., 2.]), f32s(&[3], &[3., 4., 5.])]).unwrap(), &[2, 3], &[3., 4., 5., 6., 8., 10.], 0.0);
+    assert_close(
+        &einsum("i,j->ij", &[f32s(&[2], &[1., 2.]), f32s(&[3], &[3., 4., 5.])]).unwrap(),
+        &[2, 3],
+        &[3., 4., 5., 6., 8., 10.],
+        0.0,
+    );
     let v = |a: f32| f32s(&[3], &[a, a + 1., a + 2.]);
     assert_close(&einsum("i,i,i->", &[v(1.), v(4.), v(7.)]).unwrap(), &[], &[270.], 0.0);
     assert_close(&einsum("->", &[Tensor::scalar(2.5f32)]).unwrap(), &[], &[2.5], 0.0);
@@ -470,21 +585,50 @@ fn einsum_diagonals_traces_and_ellipsis() {
     assert_close(&einsum("ii", &[m.clone()]).unwrap(), &[], &[12.], 0.0);
     assert_close(&einsum("ii->i", &[m]).unwrap(), &[3], &[0., 4., 8.], 0.0);
     // numpy: einsum('iij->ji', arange(12).reshape(2, 2, 3)).
-    assert_close(&einsum("iij->ji", &[arange(&[2, 2, 3], 1.0, 0.0)]).unwrap(), &[3, 2], &[0., 9., 1., 10., 2., 11.], 0.0);
-    assert_close(&einsum("...ii ->...i", &[arange(&[3, 2, 2], 1.0, 0.0)]).unwrap(), &[3, 2], &[0., 3., 4., 7., 8., 11.], 0.0);
+    assert_close(
+        &einsum("iij->ji", &[arange(&[2, 2, 3], 1.0, 0.0)]).unwrap(),
+        &[3, 2],
+        &[0., 9., 1., 10., 2., 11.],
+        0.0,
+    );
+    assert_close(
+        &einsum("...ii ->...i", &[arange(&[3, 2, 2], 1.0, 0.0)]).unwrap(),
+        &[3, 2],
+        &[0., 3., 4., 7., 8., 11.],
+        0.0,
+    );
     // Ellipsis dimensions broadcast; numpy: p = arange(12).reshape(2, 1, 2, 3), q = arange(24).reshape(4, 3, 2) * 0.5.
     let p = arange(&[2, 1, 2, 3], 1.0, 0.0);
     let q = arange(&[4, 3, 2], 0.5, 0.0);
     #[rustfmt::skip]
     let want = [5.0, 6.5, 14.0, 20.0, 14.0, 15.5, 50.0, 56.0, 23.0, 24.5, 86.0, 92.0, 32.0, 33.5, 122.0, 128.0,
                 23.0, 33.5, 32.0, 47.0, 86.0, 96.5, 122.0, 137.0, 149.0, 159.5, 212.0, 227.0, 212.0, 222.5, 302.0, 317.0];
-    assert_close(&einsum("...ij,...jk->...ik", &[p.clone(), q.clone()]).unwrap(), &[2, 4, 2, 2], &want, 0.0);
+    assert_close(
+        &einsum("...ij,...jk->...ik", &[p.clone(), q.clone()]).unwrap(),
+        &[2, 4, 2, 2],
+        &want,
+        0.0,
+    );
     // Implicit mode puts the ellipsis dimensions first.
     assert_close(&einsum("...ij,...jk", &[p, q]).unwrap(), &[2, 4, 2, 2], &want, 0.0);
     // A letter of size 1 broadcasts against another operand's (numpy: einsum('i,i', [1, 2, 3], [2]) = 12).
-    assert_close(&einsum("i,i", &[f32s(&[3], &[1., 2., 3.]), f32s(&[1], &[2.])]).unwrap(), &[], &[12.], 0.0);
+    assert_close(
+        &einsum("i,i", &[f32s(&[3], &[1., 2., 3.]), f32s(&[1], &[2.])]).unwrap(),
+        &[],
+        &[12.],
+        0.0,
+    );
     // An empty summed axis gives zeros.
-    assert_close(&einsum("ij,jk->ik", &[Tensor::zeros(DType::F32, &[2, 0]), Tensor::zeros(DType::F32, &[0, 2])]).unwrap(), &[2, 2], &[0.; 4], 0.0);
+    assert_close(
+        &einsum(
+            "ij,jk->ik",
+            &[Tensor::zeros(DType::F32, &[2, 0]), Tensor::zeros(DType::F32, &[0, 2])],
+        )
+        .unwrap(),
+        &[2, 2],
+        &[0.; 4],
+        0.0,
+    );
 }
 
 #[test]
@@ -505,13 +649,22 @@ fn einsum_shapes_with_symbols() {
     let (b, n) = (Dim::sym("batch"), |n| Dim::Fixed(n));
     let ty = |eq: &str, shapes: &[Shape]| {
         let inputs: Vec<(DType, Shape)> = shapes.iter().map(|s| (DType::F32, s.clone())).collect();
-        sym_type(&inputs, |g, v| g.apply(Op::Einsum { equation: eq.into() }, &v.iter().map(|t| Some(*t)).collect::<Vec<_>>(), 1)[0])
+        sym_type(&inputs, |g, v| {
+            g.apply(
+                Op::Einsum { equation: eq.into() },
+                &v.iter().map(|t| Some(*t)).collect::<Vec<_>>(),
+                1,
+            )[0]
+        })
     };
     let x = s(&[b.clone(), n(2), n(3)]);
     let y = s(&[b.clone(), n(3), n(4)]);
     assert_eq!(ty("bij, bjk -> bik", &[x.clone(), y.clone()]), Ok("f32[batch,2,4]".into()));
     // A symbol meeting a size takes the size.
-    assert_eq!(ty("ij,jk->kj", &[s(&[n(2), Dim::sym("m")]), s(&[n(5), n(4)])]), Ok("f32[4,5]".into()));
+    assert_eq!(
+        ty("ij,jk->kj", &[s(&[n(2), Dim::sym("m")]), s(&[n(5), n(4)])]),
+        Ok("f32[4,5]".into())
+    );
     assert_eq!(ty("...j->...", &[x]), Ok("f32[batch,2]".into()));
 }
 
@@ -520,23 +673,50 @@ fn einsum_rejects_bad_equations() {
     let a = || f32s(&[2, 3], &[0.; 6]);
     let e = |eq: &str, xs: &[Tensor]| einsum(eq, xs).unwrap_err();
     let p = "node `einsum` (Einsum): ";
-    assert_eq!(e("ij,jk->ik", &[a()]), format!("{p}equation `ij,jk->ik` has 2 input terms for 1 operands"));
-    assert_eq!(e("ijk->i", &[a()]), format!("{p}term 0 `ijk` does not fit operand 0 of shape [2,3]"));
-    assert_eq!(e("...ijk", &[a()]), format!("{p}term 0 `...ijk` does not fit operand 0 of shape [2,3]"));
-    assert_eq!(e("ij,ij->i", &[a(), f32s(&[3, 2], &[0.; 6])]), format!("{p}letter `i` stands for sizes 2 and 3 (operand 1 of shape [3,2])"));
-    assert_eq!(e("ii->i", &[a()]), format!("{p}letter `i` of operand 0 of shape [2,3] stands for sizes 2 and 3"));
+    assert_eq!(
+        e("ij,jk->ik", &[a()]),
+        format!("{p}equation `ij,jk->ik` has 2 input terms for 1 operands")
+    );
+    assert_eq!(
+        e("ijk->i", &[a()]),
+        format!("{p}term 0 `ijk` does not fit operand 0 of shape [2,3]")
+    );
+    assert_eq!(
+        e("...ijk", &[a()]),
+        format!("{p}term 0 `...ijk` does not fit operand 0 of shape [2,3]")
+    );
+    assert_eq!(
+        e("ij,ij->i", &[a(), f32s(&[3, 2], &[0.; 6])]),
+        format!("{p}letter `i` stands for sizes 2 and 3 (operand 1 of shape [3,2])")
+    );
+    assert_eq!(
+        e("ii->i", &[a()]),
+        format!("{p}letter `i` of operand 0 of shape [2,3] stands for sizes 2 and 3")
+    );
     assert_eq!(e("ij->k", &[a()]), format!("{p}output letter `k` is in no input term"));
     assert_eq!(e("ij->ii", &[a()]), format!("{p}output letter `i` is repeated"));
-    assert_eq!(e("...j->j", &[a()]), format!("{p}output `j` needs `...` for the broadcast dimensions [2]"));
+    assert_eq!(
+        e("...j->j", &[a()]),
+        format!("{p}output `j` needs `...` for the broadcast dimensions [2]")
+    );
     assert_eq!(e("i.j->i", &[a()]), format!("{p}term `i.j` has the invalid character '.'"));
-    assert_eq!(e("i1->i", &[f32s(&[2, 3], &[0.; 6])]), format!("{p}term `i1` has the invalid character '1'"));
+    assert_eq!(
+        e("i1->i", &[f32s(&[2, 3], &[0.; 6])]),
+        format!("{p}term `i1` has the invalid character '1'")
+    );
     assert_eq!(e("...i...->i", &[a()]), format!("{p}term `...i...` has more than one `...`"));
-    assert_eq!(e("...i,...i->...i", &[a(), f32s(&[4, 3], &[0.; 12])]), format!("{p}the `...` dimensions [2] and [4] (operand 1) do not broadcast"));
+    assert_eq!(
+        e("...i,...i->...i", &[a(), f32s(&[4, 3], &[0.; 12])]),
+        format!("{p}the `...` dimensions [2] and [4] (operand 1) do not broadcast")
+    );
     assert_eq!(
         e("i,i", &[f32s(&[2], &[0.; 2]), Tensor::vector(&[1i32, 2])]),
         format!("{p}all operands must have the same element type, got f32[2] and i32[2]")
     );
-    assert_eq!(e("i", &[Tensor::vector(&[true])]), format!("{p}needs numeric operands, got operand 0 bool[1]"));
+    assert_eq!(
+        e("i", &[Tensor::vector(&[true])]),
+        format!("{p}needs numeric operands, got operand 0 bool[1]")
+    );
 }
 
 // ----- Swish -----
@@ -549,6 +729,7 @@ fn swish_is_x_times_sigmoid_of_alpha_x() {
     assert_close(&y, &[3], &[-0.2689414213699951, 0.0, 1.7615941559557646], 1e-7);
     let y = run_traced(&[x], |_, v| v[0].unary(UnaryOp::Swish { alpha: 0.5 }));
     assert_close(&y, &[3], &[-0.3775406687981454, 0.0, 1.4621171572600098], 1e-7);
-    let ty = traced_type(&[(DType::F16, &[2, 5])], |_, v| v[0].unary(UnaryOp::Swish { alpha: 2.0 }));
+    let ty =
+        traced_type(&[(DType::F16, &[2, 5])], |_, v| v[0].unary(UnaryOp::Swish { alpha: 2.0 }));
     assert_eq!(ty, Ok("f16[2,5]".into()));
 }

@@ -83,7 +83,11 @@ fn i64s(dims: &[usize], v: &[i64]) -> Tensor {
 }
 
 fn sym(dims: &[&str]) -> Shape {
-    Shape(dims.iter().map(|d| d.parse::<usize>().map(Dim::Fixed).unwrap_or_else(|_| Dim::sym(d))).collect())
+    Shape(
+        dims.iter()
+            .map(|d| d.parse::<usize>().map(Dim::Fixed).unwrap_or_else(|_| Dim::sym(d)))
+            .collect(),
+    )
 }
 
 fn vals<T: kiln_ir::Element>(t: &Tensor) -> Vec<T> {
@@ -95,13 +99,22 @@ fn vals<T: kiln_ir::Element>(t: &Tensor) -> Vec<T> {
 #[test]
 fn gather_elements_along_each_axis_with_negative_indices() {
     let x = || f32s(&[3, 3], &[1., 2., 3., 4., 5., 6., 7., 8., 9.]);
-    let y = run(Op::GatherElements { axis: 0 }, vec![A::In(x()), A::In(i64s(&[2, 3], &[1, -1, 0, 2, 0, -3]))]);
+    let y = run(
+        Op::GatherElements { axis: 0 },
+        vec![A::In(x()), A::In(i64s(&[2, 3], &[1, -1, 0, 2, 0, -3]))],
+    );
     assert_close(&y, &[2, 3], &[4., 8., 3., 7., 2., 3.], 0.0);
-    let y = run(Op::GatherElements { axis: -1 }, vec![A::In(x()), A::In(i64s(&[3, 2], &[0, 0, 1, 0, -1, 2]))]);
+    let y = run(
+        Op::GatherElements { axis: -1 },
+        vec![A::In(x()), A::In(i64s(&[3, 2], &[0, 0, 1, 0, -1, 2]))],
+    );
     assert_close(&y, &[3, 2], &[1., 1., 5., 4., 9., 9.], 0.0);
     // Off the axis, indices may be smaller than data (onnxruntime agrees: [[6], [0]]).
     let idx = Tensor::from_slice(&[2, 1], &[2i32, 0]).unwrap();
-    let y = run(Op::GatherElements { axis: 0 }, vec![A::In(f32s(&[3, 3], &[0., 1., 2., 3., 4., 5., 6., 7., 8.])), A::In(idx)]);
+    let y = run(
+        Op::GatherElements { axis: 0 },
+        vec![A::In(f32s(&[3, 3], &[0., 1., 2., 3., 4., 5., 6., 7., 8.])), A::In(idx)],
+    );
     assert_close(&y, &[2, 1], &[6., 0.], 0.0);
 }
 
@@ -115,14 +128,32 @@ fn gather_elements_copies_integers_exactly() {
 #[test]
 fn gather_elements_shapes_and_errors() {
     let f = DType::F32;
-    assert_eq!(ty(Op::GatherElements { axis: 1 }, vec![A::Ty(f, sym(&["b", "5"])), A::Ty(DType::I64, sym(&["b", "7"]))]), "f32[b,7]");
-    let e = err(Op::GatherElements { axis: 0 }, vec![A::Ty(f, sym(&["3", "3"])), A::Ty(DType::I64, sym(&["3"]))]);
+    assert_eq!(
+        ty(
+            Op::GatherElements { axis: 1 },
+            vec![A::Ty(f, sym(&["b", "5"])), A::Ty(DType::I64, sym(&["b", "7"]))]
+        ),
+        "f32[b,7]"
+    );
+    let e = err(
+        Op::GatherElements { axis: 0 },
+        vec![A::Ty(f, sym(&["3", "3"])), A::Ty(DType::I64, sym(&["3"]))],
+    );
     assert_eq!(e, "node `gatherelements` (GatherElements): indices i64[3] must have the rank of data f32[3,3]");
-    let e = err(Op::GatherElements { axis: 0 }, vec![A::Ty(f, sym(&["3", "3"])), A::Ty(DType::I64, sym(&["2", "4"]))]);
+    let e = err(
+        Op::GatherElements { axis: 0 },
+        vec![A::Ty(f, sym(&["3", "3"])), A::Ty(DType::I64, sym(&["2", "4"]))],
+    );
     assert_eq!(e, "node `gatherelements` (GatherElements): indices i64[2,4] is larger than data f32[3,3] in dimension 1");
-    let e = err(Op::GatherElements { axis: 2 }, vec![A::Ty(f, sym(&["3", "3"])), A::Ty(DType::I64, sym(&["3", "3"]))]);
+    let e = err(
+        Op::GatherElements { axis: 2 },
+        vec![A::Ty(f, sym(&["3", "3"])), A::Ty(DType::I64, sym(&["3", "3"]))],
+    );
     assert_eq!(e, "node `gatherelements` (GatherElements): axis 2 is out of range for f32[3,3]");
-    let e = err(Op::GatherElements { axis: 1 }, vec![A::In(f32s(&[2, 2], &[1., 2., 3., 4.])), A::In(i64s(&[2, 1], &[0, -3]))]);
+    let e = err(
+        Op::GatherElements { axis: 1 },
+        vec![A::In(f32s(&[2, 2], &[1., 2., 3., 4.])), A::In(i64s(&[2, 1], &[0, -3]))],
+    );
     assert_eq!(e, "evaluating node `gatherelements` (GatherElements): index -3 is out of range for axis 1 of size 2");
 }
 
@@ -134,27 +165,63 @@ fn gather_nd_elements_slices_and_batch_dims() {
     let y = run(Op::GatherNd { batch_dims: 0 }, vec![A::In(x()), A::In(i64s(&[2, 1], &[1, 0]))]);
     assert_eq!((y.dims(), vals::<i64>(&y)), (&[2, 2, 2][..], vec![4, 5, 6, 7, 0, 1, 2, 3]));
     // Full tuples give scalars; -1 counts from the end.
-    let y = run(Op::GatherNd { batch_dims: 0 }, vec![A::In(x()), A::In(i64s(&[2, 1, 3], &[0, 1, 1, 1, 0, -1]))]);
+    let y = run(
+        Op::GatherNd { batch_dims: 0 },
+        vec![A::In(x()), A::In(i64s(&[2, 1, 3], &[0, 1, 1, 1, 0, -1]))],
+    );
     assert_eq!((y.dims(), vals::<i64>(&y)), (&[2, 1][..], vec![3, 5]));
     let y = run(Op::GatherNd { batch_dims: 1 }, vec![A::In(x()), A::In(i64s(&[2, 1], &[1, 0]))]);
     assert_eq!((y.dims(), vals::<i64>(&y)), (&[2, 2][..], vec![2, 3, 4, 5]));
-    let y = run(Op::GatherNd { batch_dims: 1 }, vec![A::In(x()), A::In(i64s(&[2, 2, 2], &[0, 1, 1, 1, 1, 0, 0, 0]))]);
+    let y = run(
+        Op::GatherNd { batch_dims: 1 },
+        vec![A::In(x()), A::In(i64s(&[2, 2, 2], &[0, 1, 1, 1, 1, 0, 0, 0]))],
+    );
     assert_eq!((y.dims(), vals::<i64>(&y)), (&[2, 2][..], vec![1, 3, 6, 4]));
 }
 
 #[test]
 fn gather_nd_shapes_and_errors() {
     let (f, i) = (DType::F32, DType::I64);
-    assert_eq!(ty(Op::GatherNd { batch_dims: 0 }, vec![A::Ty(f, sym(&["4", "5", "6"])), A::Ty(i, sym(&["n", "2"]))]), "f32[n,6]");
-    assert_eq!(ty(Op::GatherNd { batch_dims: 1 }, vec![A::Ty(f, sym(&["b", "5", "6"])), A::Ty(i, sym(&["3", "7", "1"]))]), "f32[3,7,6]");
-    let e = err(Op::GatherNd { batch_dims: 0 }, vec![A::Ty(f, sym(&["4", "5"])), A::Ty(i, sym(&["2", "3"]))]);
+    assert_eq!(
+        ty(
+            Op::GatherNd { batch_dims: 0 },
+            vec![A::Ty(f, sym(&["4", "5", "6"])), A::Ty(i, sym(&["n", "2"]))]
+        ),
+        "f32[n,6]"
+    );
+    assert_eq!(
+        ty(
+            Op::GatherNd { batch_dims: 1 },
+            vec![A::Ty(f, sym(&["b", "5", "6"])), A::Ty(i, sym(&["3", "7", "1"]))]
+        ),
+        "f32[3,7,6]"
+    );
+    let e = err(
+        Op::GatherNd { batch_dims: 0 },
+        vec![A::Ty(f, sym(&["4", "5"])), A::Ty(i, sym(&["2", "3"]))],
+    );
     assert_eq!(e, "node `gathernd` (GatherND): index tuples of length 3 (indices i64[2,3]) cannot index data f32[4,5] with batch_dims 0");
-    let e = err(Op::GatherNd { batch_dims: 1 }, vec![A::Ty(f, sym(&["4", "5"])), A::Ty(i, sym(&["3", "1"]))]);
+    let e = err(
+        Op::GatherNd { batch_dims: 1 },
+        vec![A::Ty(f, sym(&["4", "5"])), A::Ty(i, sym(&["3", "1"]))],
+    );
     assert_eq!(e, "node `gathernd` (GatherND): batch dimension 0 differs between data f32[4,5] and indices i64[3,1]");
-    let e = err(Op::GatherNd { batch_dims: 0 }, vec![A::Ty(f, sym(&["4", "5"])), A::Ty(i, sym(&["2", "k"]))]);
-    assert_eq!(e, "node `gathernd` (GatherND): the last dimension of indices i64[2,k] must be known");
-    let e = err(Op::GatherNd { batch_dims: 0 }, vec![A::In(f32s(&[2, 2], &[1., 2., 3., 4.])), A::In(i64s(&[2, 2], &[0, 1, 1, 2]))]);
-    assert_eq!(e, "evaluating node `gathernd` (GatherND): index 2 is out of range for axis 1 of size 2");
+    let e = err(
+        Op::GatherNd { batch_dims: 0 },
+        vec![A::Ty(f, sym(&["4", "5"])), A::Ty(i, sym(&["2", "k"]))],
+    );
+    assert_eq!(
+        e,
+        "node `gathernd` (GatherND): the last dimension of indices i64[2,k] must be known"
+    );
+    let e = err(
+        Op::GatherNd { batch_dims: 0 },
+        vec![A::In(f32s(&[2, 2], &[1., 2., 3., 4.])), A::In(i64s(&[2, 2], &[0, 1, 1, 2]))],
+    );
+    assert_eq!(
+        e,
+        "evaluating node `gathernd` (GatherND): index 2 is out of range for axis 1 of size 2"
+    );
 }
 
 // ----- ScatterElements -----
@@ -163,7 +230,14 @@ fn gather_nd_shapes_and_errors() {
 fn scatter_elements_places_updates_along_the_axis() {
     let upd = f32s(&[2, 3], &[1., 1.1, 1.2, 2., 2.1, 2.2]);
     let op = Op::ScatterElements { axis: 0, reduction: ScatterReduction::None };
-    let y = run(op, vec![A::In(Tensor::zeros(DType::F32, &[3, 3])), A::In(i64s(&[2, 3], &[1, 0, 2, 0, 2, 1])), A::In(upd)]);
+    let y = run(
+        op,
+        vec![
+            A::In(Tensor::zeros(DType::F32, &[3, 3])),
+            A::In(i64s(&[2, 3], &[1, 0, 2, 0, 2, 1])),
+            A::In(upd),
+        ],
+    );
     assert_close(&y, &[3, 3], &[2., 1.1, 0., 1., 0., 2.2, 0., 2.1, 1.2], 1e-7);
 }
 
@@ -173,7 +247,14 @@ fn scatter_elements_reduces_duplicate_negative_indices() {
     let case = |r| {
         let op = Op::ScatterElements { axis: 1, reduction: r };
         let idx = i64s(&[1, 4], &[1, -4, 3, -2]);
-        run(op, vec![A::In(f32s(&[1, 5], &[1., 2., 3., 4., 5.])), A::In(idx), A::In(f32s(&[1, 4], &[1.1, 2.1, -3., 0.5]))])
+        run(
+            op,
+            vec![
+                A::In(f32s(&[1, 5], &[1., 2., 3., 4., 5.])),
+                A::In(idx),
+                A::In(f32s(&[1, 4], &[1.1, 2.1, -3., 0.5])),
+            ],
+        )
     };
     assert_close(&case(ScatterReduction::None), &[1, 5], &[1., 2.1, 3., 0.5, 5.], 1e-6);
     assert_close(&case(ScatterReduction::Add), &[1, 5], &[1., 5.2, 3., 1.5, 5.], 1e-6);
@@ -186,14 +267,26 @@ fn scatter_elements_reduces_duplicate_negative_indices() {
 fn scatter_elements_on_integers_wrap_and_bools_combine_logically() {
     let op = |r| Op::ScatterElements { axis: 0, reduction: r };
     let x = || Tensor::vector(&[250u8, 7, 9]);
-    let y = run(op(ScatterReduction::Add), vec![A::In(x()), A::In(i64s(&[2], &[0, 0])), A::In(Tensor::vector(&[3u8, 4]))]);
+    let y = run(
+        op(ScatterReduction::Add),
+        vec![A::In(x()), A::In(i64s(&[2], &[0, 0])), A::In(Tensor::vector(&[3u8, 4]))],
+    );
     assert_eq!(vals::<u8>(&y), [1, 7, 9], "250 + 3 + 4 wraps to 1");
-    let y = run(op(ScatterReduction::Mul), vec![A::In(x()), A::In(i64s(&[2], &[2, 1])), A::In(Tensor::vector(&[2u8, 0]))]);
+    let y = run(
+        op(ScatterReduction::Mul),
+        vec![A::In(x()), A::In(i64s(&[2], &[2, 1])), A::In(Tensor::vector(&[2u8, 0]))],
+    );
     assert_eq!(vals::<u8>(&y), [250, 0, 18]);
     let b = || Tensor::vector(&[true, false, false]);
-    let y = run(op(ScatterReduction::Max), vec![A::In(b()), A::In(i64s(&[2], &[1, 0])), A::In(Tensor::vector(&[true, false]))]);
+    let y = run(
+        op(ScatterReduction::Max),
+        vec![A::In(b()), A::In(i64s(&[2], &[1, 0])), A::In(Tensor::vector(&[true, false]))],
+    );
     assert_eq!(vals::<bool>(&y), [true, true, false], "max is or");
-    let y = run(op(ScatterReduction::Min), vec![A::In(b()), A::In(i64s(&[2], &[0, 2])), A::In(Tensor::vector(&[false, true]))]);
+    let y = run(
+        op(ScatterReduction::Min),
+        vec![A::In(b()), A::In(i64s(&[2], &[0, 2])), A::In(Tensor::vector(&[false, true]))],
+    );
     assert_eq!(vals::<bool>(&y), [false, false, false], "min is and");
 }
 
@@ -201,11 +294,28 @@ fn scatter_elements_on_integers_wrap_and_bools_combine_logically() {
 fn scatter_elements_errors() {
     let f = DType::F32;
     let op = || Op::ScatterElements { axis: 0, reduction: ScatterReduction::None };
-    let e = err(op(), vec![A::Ty(f, sym(&["3", "3"])), A::Ty(DType::I64, sym(&["2", "3"])), A::Ty(f, sym(&["3", "2"]))]);
+    let e = err(
+        op(),
+        vec![
+            A::Ty(f, sym(&["3", "3"])),
+            A::Ty(DType::I64, sym(&["2", "3"])),
+            A::Ty(f, sym(&["3", "2"])),
+        ],
+    );
     assert_eq!(e, "node `scatterelements` (ScatterElements): updates f32[3,2] must have the shape of indices i64[2,3]");
-    let e = err(op(), vec![A::Ty(f, sym(&["3"])), A::Ty(DType::I64, sym(&["2"])), A::Ty(DType::F64, sym(&["2"]))]);
+    let e = err(
+        op(),
+        vec![A::Ty(f, sym(&["3"])), A::Ty(DType::I64, sym(&["2"])), A::Ty(DType::F64, sym(&["2"]))],
+    );
     assert_eq!(e, "node `scatterelements` (ScatterElements): data and updates must have the same element type, got f32[3] and f64[2]");
-    let e = err(op(), vec![A::In(f32s(&[3], &[0., 0., 0.])), A::In(i64s(&[2], &[0, 3])), A::In(f32s(&[2], &[1., 2.]))]);
+    let e = err(
+        op(),
+        vec![
+            A::In(f32s(&[3], &[0., 0., 0.])),
+            A::In(i64s(&[2], &[0, 3])),
+            A::In(f32s(&[2], &[1., 2.])),
+        ],
+    );
     assert_eq!(e, "evaluating node `scatterelements` (ScatterElements): index 3 is out of range for axis 0 of size 3");
 }
 
@@ -215,12 +325,18 @@ fn scatter_elements_errors() {
 fn scatter_nd_writes_slices_and_reduces_duplicates() {
     let x = || i64s(&[2, 2, 2], &[1, 2, 3, 4, 5, 6, 7, 8]);
     let upd = i64s(&[2, 2, 2], &[10, 11, 12, 13, 20, 21, 22, 23]);
-    let y = run(Op::ScatterNd { reduction: ScatterReduction::None }, vec![A::In(x()), A::In(i64s(&[2, 1], &[1, 0])), A::In(upd)]);
+    let y = run(
+        Op::ScatterNd { reduction: ScatterReduction::None },
+        vec![A::In(x()), A::In(i64s(&[2, 1], &[1, 0])), A::In(upd)],
+    );
     assert_eq!(vals::<i64>(&y), [20, 21, 22, 23, 10, 11, 12, 13]);
     // Tuples (0,1), (0,1) and (-1,0) = (1,0), each taking a row of 2.
     let case = |r| {
         let idx = i64s(&[3, 2], &[0, 1, 0, 1, -1, 0]);
-        vals::<i64>(&run(Op::ScatterNd { reduction: r }, vec![A::In(x()), A::In(idx), A::In(i64s(&[3, 2], &[5, 6, 7, 8, -9, 9]))]))
+        vals::<i64>(&run(
+            Op::ScatterNd { reduction: r },
+            vec![A::In(x()), A::In(idx), A::In(i64s(&[3, 2], &[5, 6, 7, 8, -9, 9]))],
+        ))
     };
     assert_eq!(case(ScatterReduction::Add), [1, 2, 15, 18, -4, 15, 7, 8]);
     assert_eq!(case(ScatterReduction::Mul), [1, 2, 105, 192, -45, 54, 7, 8]);
@@ -233,13 +349,41 @@ fn scatter_nd_writes_slices_and_reduces_duplicates() {
 fn scatter_nd_shapes_and_errors() {
     let (f, i) = (DType::F32, DType::I64);
     let op = || Op::ScatterNd { reduction: ScatterReduction::Add };
-    assert_eq!(ty(op(), vec![A::Ty(f, sym(&["4", "b"])), A::Ty(i, sym(&["n", "1"])), A::Ty(f, sym(&["n", "b"]))]), "f32[4,b]");
-    let e = err(op(), vec![A::Ty(f, sym(&["4", "5", "6"])), A::Ty(i, sym(&["3", "2"])), A::Ty(f, sym(&["3", "5"]))]);
+    assert_eq!(
+        ty(
+            op(),
+            vec![
+                A::Ty(f, sym(&["4", "b"])),
+                A::Ty(i, sym(&["n", "1"])),
+                A::Ty(f, sym(&["n", "b"]))
+            ]
+        ),
+        "f32[4,b]"
+    );
+    let e = err(
+        op(),
+        vec![
+            A::Ty(f, sym(&["4", "5", "6"])),
+            A::Ty(i, sym(&["3", "2"])),
+            A::Ty(f, sym(&["3", "5"])),
+        ],
+    );
     assert_eq!(e, "node `scatternd` (ScatterND): updates f32[3,5] must have shape [3,6] for data f32[4,5,6] and indices i64[3,2]");
-    let e = err(op(), vec![A::Ty(f, sym(&["4"])), A::Ty(i, sym(&["3", "2"])), A::Ty(f, sym(&["3"]))]);
+    let e =
+        err(op(), vec![A::Ty(f, sym(&["4"])), A::Ty(i, sym(&["3", "2"])), A::Ty(f, sym(&["3"]))]);
     assert_eq!(e, "node `scatternd` (ScatterND): index tuples of length 2 (indices i64[3,2]) cannot index data f32[4]");
-    let e = err(op(), vec![A::In(f32s(&[2, 2], &[0.; 4])), A::In(i64s(&[1, 2], &[-3, 0])), A::In(f32s(&[1], &[1.]))]);
-    assert_eq!(e, "evaluating node `scatternd` (ScatterND): index -3 is out of range for axis 0 of size 2");
+    let e = err(
+        op(),
+        vec![
+            A::In(f32s(&[2, 2], &[0.; 4])),
+            A::In(i64s(&[1, 2], &[-3, 0])),
+            A::In(f32s(&[1], &[1.])),
+        ],
+    );
+    assert_eq!(
+        e,
+        "evaluating node `scatternd` (ScatterND): index -3 is out of range for axis 0 of size 2"
+    );
 }
 
 // ----- Tile -----
@@ -249,7 +393,10 @@ fn tile_repeats_each_axis() {
     let x = Tensor::from_slice(&[2, 2], &[1i32, 2, 3, 4]).unwrap();
     let y = run(Op::Tile, vec![A::In(x.clone()), A::K(i64s(&[2], &[2, 3]))]);
     assert_eq!(y.dims(), [4, 6]);
-    assert_eq!(vals::<i32>(&y), [1, 2, 1, 2, 1, 2, 3, 4, 3, 4, 3, 4, 1, 2, 1, 2, 1, 2, 3, 4, 3, 4, 3, 4]);
+    assert_eq!(
+        vals::<i32>(&y),
+        [1, 2, 1, 2, 1, 2, 3, 4, 3, 4, 3, 4, 1, 2, 1, 2, 1, 2, 3, 4, 3, 4, 3, 4]
+    );
     // Repeats known only at run time give fresh sizes, and still run.
     let (t, y) = go(Op::Tile, vec![A::In(x), A::In(i64s(&[2], &[1, 0]))]).unwrap();
     assert_eq!(t, r#"i32["tile.d0","tile.d1"]"#);
@@ -259,8 +406,14 @@ fn tile_repeats_each_axis() {
 #[test]
 fn tile_shapes_and_errors() {
     let f = DType::F32;
-    assert_eq!(ty(Op::Tile, vec![A::Ty(f, sym(&["b", "3", "c"])), A::K(i64s(&[3], &[1, 2, 0]))]), "f32[b,6,0]");
-    assert_eq!(ty(Op::Tile, vec![A::Ty(f, sym(&["b", "3"])), A::K(i64s(&[2], &[2, 1]))]), r#"f32["tile.d0",3]"#);
+    assert_eq!(
+        ty(Op::Tile, vec![A::Ty(f, sym(&["b", "3", "c"])), A::K(i64s(&[3], &[1, 2, 0]))]),
+        "f32[b,6,0]"
+    );
+    assert_eq!(
+        ty(Op::Tile, vec![A::Ty(f, sym(&["b", "3"])), A::K(i64s(&[2], &[2, 1]))]),
+        r#"f32["tile.d0",3]"#
+    );
     let e = err(Op::Tile, vec![A::Ty(f, sym(&["2", "3"])), A::K(i64s(&[1], &[2]))]);
     assert_eq!(e, "node `tile` (Tile): repeats [2] must have one entry per dimension of f32[2,3]");
     let e = err(Op::Tile, vec![A::Ty(f, sym(&["2", "3"])), A::K(i64s(&[2], &[2, -1]))]);
@@ -276,7 +429,10 @@ fn pad(mode: PadMode, x: Tensor, pads: &[i64]) -> Tensor {
 #[test]
 fn pad_in_each_mode() {
     let x = || f32s(&[2, 3], &[1., 2., 3., 4., 5., 6.]);
-    let y = run(Op::Pad { mode: PadMode::Constant }, vec![A::In(x()), A::K(Tensor::vector(&[1i64, 2, 0, 1])), A::K(Tensor::scalar(9.5f32))]);
+    let y = run(
+        Op::Pad { mode: PadMode::Constant },
+        vec![A::In(x()), A::K(Tensor::vector(&[1i64, 2, 0, 1])), A::K(Tensor::scalar(9.5f32))],
+    );
     #[rustfmt::skip]
     assert_close(&y, &[3, 6], &[9.5, 9.5, 9.5, 9.5, 9.5, 9.5, 9.5, 9.5, 1., 2., 3., 9.5, 9.5, 9.5, 4., 5., 6., 9.5], 0.0);
     let y = pad(PadMode::Constant, x(), &[0, 1, 0, 0]);
@@ -297,8 +453,14 @@ fn pad_in_each_mode() {
 fn pad_longer_than_the_axis_repeats_as_numpy_does() {
     let x = || Tensor::vector(&[1i64, 2, 3]);
     // np.pad([1, 2, 3], 7, mode): reflect and wrap repeat their pattern.
-    assert_eq!(vals::<i64>(&pad(PadMode::Reflect, x(), &[7, 7])), [2, 3, 2, 1, 2, 3, 2, 1, 2, 3, 2, 1, 2, 3, 2, 1, 2]);
-    assert_eq!(vals::<i64>(&pad(PadMode::Wrap, x(), &[7, 7])), [3, 1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2, 3, 1]);
+    assert_eq!(
+        vals::<i64>(&pad(PadMode::Reflect, x(), &[7, 7])),
+        [2, 3, 2, 1, 2, 3, 2, 1, 2, 3, 2, 1, 2, 3, 2, 1, 2]
+    );
+    assert_eq!(
+        vals::<i64>(&pad(PadMode::Wrap, x(), &[7, 7])),
+        [3, 1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2, 3, 1]
+    );
     assert_eq!(vals::<i64>(&pad(PadMode::Reflect, Tensor::vector(&[5i64]), &[2, 1])), [5, 5, 5, 5]);
 }
 
@@ -338,7 +500,12 @@ fn pad_with_axes_and_an_integer_value() {
     let x = Tensor::from_slice(&[2, 3], &[1i32, 2, 3, 4, 5, 6]).unwrap();
     let y = run(
         Op::Pad { mode: PadMode::Constant },
-        vec![A::In(x), A::K(Tensor::vector(&[2i64, -1])), A::K(Tensor::scalar(-7i32)), A::K(Tensor::vector(&[-1i64]))],
+        vec![
+            A::In(x),
+            A::K(Tensor::vector(&[2i64, -1])),
+            A::K(Tensor::scalar(-7i32)),
+            A::K(Tensor::vector(&[-1i64])),
+        ],
     );
     assert_eq!((y.dims(), vals::<i32>(&y)), (&[2, 4][..], vec![-7, -7, 1, 2, -7, -7, 4, 5]));
 }
@@ -347,24 +514,52 @@ fn pad_with_axes_and_an_integer_value() {
 fn pad_shapes_and_errors() {
     let f = DType::F32;
     let op = || Op::Pad { mode: PadMode::Constant };
-    let t = ty(op(), vec![A::Ty(f, sym(&["b", "3", "4"])), A::K(Tensor::vector(&[0i64, 1, 0, 2])), A::Skip, A::K(Tensor::vector(&[0i64, 2]))]);
+    let t = ty(
+        op(),
+        vec![
+            A::Ty(f, sym(&["b", "3", "4"])),
+            A::K(Tensor::vector(&[0i64, 1, 0, 2])),
+            A::Skip,
+            A::K(Tensor::vector(&[0i64, 2])),
+        ],
+    );
     assert_eq!(t, "f32[b,3,7]");
     let t = ty(op(), vec![A::Ty(f, sym(&["b", "3"])), A::K(Tensor::vector(&[1i64, 0, 0, 0]))]);
     assert_eq!(t, r#"f32["pad.d0",3]"#);
     // Pads known at run time: the listed axes get fresh sizes, or every axis without a list.
-    let t = ty(op(), vec![A::Ty(f, sym(&["2", "3"])), A::Ty(DType::I64, sym(&["2"])), A::Skip, A::K(Tensor::vector(&[1i64]))]);
+    let t = ty(
+        op(),
+        vec![
+            A::Ty(f, sym(&["2", "3"])),
+            A::Ty(DType::I64, sym(&["2"])),
+            A::Skip,
+            A::K(Tensor::vector(&[1i64])),
+        ],
+    );
     assert_eq!(t, r#"f32[2,"pad.d1"]"#);
-    assert_eq!(ty(op(), vec![A::Ty(f, sym(&["2", "3"])), A::Ty(DType::I64, sym(&["4"]))]), r#"f32["pad.d0","pad.d1"]"#);
+    assert_eq!(
+        ty(op(), vec![A::Ty(f, sym(&["2", "3"])), A::Ty(DType::I64, sym(&["4"]))]),
+        r#"f32["pad.d0","pad.d1"]"#
+    );
     let e = err(op(), vec![A::Ty(f, sym(&["2", "3"])), A::K(Tensor::vector(&[1i64, 1]))]);
     assert_eq!(e, "node `pad` (Pad): pads [1, 1] must have 2 entries per padded axis (2 axes)");
     let e = err(op(), vec![A::Ty(f, sym(&["2", "3"])), A::K(Tensor::vector(&[0i64, -2, 0, -2]))]);
     assert_eq!(e, "node `pad` (Pad): pads [0, -2, 0, -2] give axis 1 of f32[2,3] the size -1");
-    let e = err(op(), vec![A::Ty(f, sym(&["2"])), A::K(Tensor::vector(&[1i64, 1])), A::K(Tensor::scalar(1.0f64))]);
+    let e = err(
+        op(),
+        vec![A::Ty(f, sym(&["2"])), A::K(Tensor::vector(&[1i64, 1])), A::K(Tensor::scalar(1.0f64))],
+    );
     assert_eq!(e, "node `pad` (Pad): data and the pad value must have the same element type, got f32[2] and f64[]");
-    let e = err(Op::Pad { mode: PadMode::Edge }, vec![A::Ty(f, sym(&["2", "0"])), A::K(Tensor::vector(&[0i64, 1, 0, 0]))]);
+    let e = err(
+        Op::Pad { mode: PadMode::Edge },
+        vec![A::Ty(f, sym(&["2", "0"])), A::K(Tensor::vector(&[0i64, 1, 0, 0]))],
+    );
     assert_eq!(e, "node `pad` (Pad): edge padding of axis 1 of f32[2,0] by pads [0, 1, 0, 0] has no elements to copy from");
     // With the pads an input, the same checks happen when the graph runs.
-    let e = err(Op::Pad { mode: PadMode::Wrap }, vec![A::In(f32s(&[3], &[1., 2., 3.])), A::In(Tensor::vector(&[-3i64, 1]))]);
+    let e = err(
+        Op::Pad { mode: PadMode::Wrap },
+        vec![A::In(f32s(&[3], &[1., 2., 3.])), A::In(Tensor::vector(&[-3i64, 1]))],
+    );
     assert_eq!(e, "evaluating node `pad` (Pad): wrap padding of axis 0 of f32[3] by pads [-3, 1] has no elements to copy from");
 }
 
@@ -374,7 +569,10 @@ fn pad_shapes_and_errors() {
 fn one_hot_negative_and_out_of_range_indices() {
     // onnxruntime 1.31: 5 and -5 (outside [-4, 4)) give rows of off values; -1 and -4 count from depth.
     let idx = i64s(&[2, 3], &[0, 3, -1, 5, -4, -5]);
-    let y = run(Op::OneHot { axis: -1 }, vec![A::In(idx), A::K(Tensor::scalar(4i64)), A::In(f32s(&[2], &[0., 1.]))]);
+    let y = run(
+        Op::OneHot { axis: -1 },
+        vec![A::In(idx), A::K(Tensor::scalar(4i64)), A::In(f32s(&[2], &[0., 1.]))],
+    );
     #[rustfmt::skip]
     assert_close(&y, &[2, 3, 4], &[1., 0., 0., 0., 0., 0., 0., 1., 0., 0., 0., 1., 0., 0., 0., 0., 1., 0., 0., 0., 0., 0., 0., 0.], 0.0);
 }
@@ -385,22 +583,44 @@ fn one_hot_axis_float_indices_and_depth_and_integer_values() {
     // so row d holds on where the index is d: [[off, off, off], [on, off, off], [off, on, on]].
     let idx = f32s(&[3], &[1.7, -1.0, 2.2]);
     let values = Tensor::vector(&[-2i32, 7]);
-    let y = run(Op::OneHot { axis: 0 }, vec![A::In(idx), A::K(Tensor::vector(&[3.9f32])), A::In(values)]);
+    let y = run(
+        Op::OneHot { axis: 0 },
+        vec![A::In(idx), A::K(Tensor::vector(&[3.9f32])), A::In(values)],
+    );
     assert_eq!((y.dims(), vals::<i32>(&y)), (&[3, 3][..], vec![-2, -2, -2, 7, -2, -2, -2, 7, 7]));
 }
 
 #[test]
 fn one_hot_shapes_and_errors() {
     let (i, f) = (DType::I64, DType::F32);
-    let t = ty(Op::OneHot { axis: 1 }, vec![A::Ty(i, sym(&["b", "5"])), A::K(Tensor::scalar(10i64)), A::Ty(DType::F16, sym(&["2"]))]);
+    let t = ty(
+        Op::OneHot { axis: 1 },
+        vec![
+            A::Ty(i, sym(&["b", "5"])),
+            A::K(Tensor::scalar(10i64)),
+            A::Ty(DType::F16, sym(&["2"])),
+        ],
+    );
     assert_eq!(t, "f16[b,10,5]");
-    let t = ty(Op::OneHot { axis: -1 }, vec![A::Ty(i, sym(&["b"])), A::Ty(i, sym(&[])), A::Ty(f, sym(&["2"]))]);
+    let t = ty(
+        Op::OneHot { axis: -1 },
+        vec![A::Ty(i, sym(&["b"])), A::Ty(i, sym(&[])), A::Ty(f, sym(&["2"]))],
+    );
     assert_eq!(t, r#"f32[b,"onehot.d1"]"#);
-    let e = err(Op::OneHot { axis: 3 }, vec![A::Ty(i, sym(&["2", "3"])), A::K(Tensor::scalar(4i64)), A::Ty(f, sym(&["2"]))]);
+    let e = err(
+        Op::OneHot { axis: 3 },
+        vec![A::Ty(i, sym(&["2", "3"])), A::K(Tensor::scalar(4i64)), A::Ty(f, sym(&["2"]))],
+    );
     assert_eq!(e, "node `onehot` (OneHot): axis 3 is out of range for the result of rank 3 from indices i64[2,3]");
-    let e = err(Op::OneHot { axis: -1 }, vec![A::Ty(i, sym(&["2"])), A::K(Tensor::scalar(0i64)), A::Ty(f, sym(&["2"]))]);
+    let e = err(
+        Op::OneHot { axis: -1 },
+        vec![A::Ty(i, sym(&["2"])), A::K(Tensor::scalar(0i64)), A::Ty(f, sym(&["2"]))],
+    );
     assert_eq!(e, "node `onehot` (OneHot): depth must be positive, got 0");
-    let e = err(Op::OneHot { axis: -1 }, vec![A::Ty(i, sym(&["2"])), A::K(Tensor::scalar(4i64)), A::Ty(f, sym(&["3"]))]);
+    let e = err(
+        Op::OneHot { axis: -1 },
+        vec![A::Ty(i, sym(&["2"])), A::K(Tensor::scalar(4i64)), A::Ty(f, sym(&["3"]))],
+    );
     assert_eq!(e, "node `onehot` (OneHot): values must be [off_value, on_value], got f32[3]");
 }
 
@@ -416,9 +636,15 @@ fn trilu_keeps_a_triangle_from_diagonal_k() {
     // Without k: the main diagonal; batched over leading axes.
     let y = run(Op::Trilu { upper: false }, vec![A::In(x()), A::Skip]);
     assert_eq!(vals::<i64>(&y), [1, 0, 0, 0, 5, 6, 0, 0, 9, 10, 11, 0]);
-    let y = run(Op::Trilu { upper: true }, vec![A::In(i64s(&[2, 3, 2], &(1..=12).collect::<Vec<_>>())), A::K(Tensor::scalar(-1i64))]);
+    let y = run(
+        Op::Trilu { upper: true },
+        vec![A::In(i64s(&[2, 3, 2], &(1..=12).collect::<Vec<_>>())), A::K(Tensor::scalar(-1i64))],
+    );
     assert_eq!(vals::<i64>(&y), [1, 2, 3, 4, 0, 6, 7, 8, 9, 10, 0, 12]);
-    let y = run(Op::Trilu { upper: true }, vec![A::In(Tensor::from_slice(&[2, 2], &[true; 4]).unwrap()), A::Skip]);
+    let y = run(
+        Op::Trilu { upper: true },
+        vec![A::In(Tensor::from_slice(&[2, 2], &[true; 4]).unwrap()), A::Skip],
+    );
     assert_eq!(vals::<bool>(&y), [true, true, false, true]);
     let e = err(Op::Trilu { upper: true }, vec![A::Ty(DType::F32, sym(&["3"])), A::Skip]);
     assert_eq!(e, "node `trilu` (Trilu): the input must have rank at least 2, got f32[3]");
@@ -430,12 +656,25 @@ fn trilu_keeps_a_triangle_from_diagonal_k() {
 fn depth_to_space_in_both_orders_and_back() {
     let x = || f32s(&[1, 8, 1, 2], &(0..16).map(|v| v as f32).collect::<Vec<_>>());
     let y = run(Op::DepthToSpace { blocksize: 2, crd: false }, vec![A::In(x())]);
-    assert_close(&y, &[1, 2, 2, 4], &[0., 4., 1., 5., 8., 12., 9., 13., 2., 6., 3., 7., 10., 14., 11., 15.], 0.0);
+    assert_close(
+        &y,
+        &[1, 2, 2, 4],
+        &[0., 4., 1., 5., 8., 12., 9., 13., 2., 6., 3., 7., 10., 14., 11., 15.],
+        0.0,
+    );
     let y = run(Op::DepthToSpace { blocksize: 2, crd: true }, vec![A::In(x())]);
-    assert_close(&y, &[1, 2, 2, 4], &[0., 2., 1., 3., 4., 6., 5., 7., 8., 10., 9., 11., 12., 14., 13., 15.], 0.0);
+    assert_close(
+        &y,
+        &[1, 2, 2, 4],
+        &[0., 2., 1., 3., 4., 6., 5., 7., 8., 10., 9., 11., 12., 14., 13., 15.],
+        0.0,
+    );
     let s = Tensor::from_slice(&[1, 1, 4, 4], &(0..16i16).collect::<Vec<_>>()).unwrap();
     let y = run(Op::SpaceToDepth { blocksize: 2 }, vec![A::In(s.clone())]);
-    assert_eq!((y.dims(), vals::<i16>(&y)), (&[1, 4, 2, 2][..], vec![0, 2, 8, 10, 1, 3, 9, 11, 4, 6, 12, 14, 5, 7, 13, 15]));
+    assert_eq!(
+        (y.dims(), vals::<i16>(&y)),
+        (&[1, 4, 2, 2][..], vec![0, 2, 8, 10, 1, 3, 9, 11, 4, 6, 12, 14, 5, 7, 13, 15])
+    );
     // DCR DepthToSpace undoes SpaceToDepth.
     assert_eq!(run(Op::DepthToSpace { blocksize: 2, crd: false }, vec![A::In(y)]), s);
 }
@@ -443,14 +682,29 @@ fn depth_to_space_in_both_orders_and_back() {
 #[test]
 fn depth_to_space_shapes_and_errors() {
     let f = DType::F32;
-    assert_eq!(ty(Op::DepthToSpace { blocksize: 2, crd: true }, vec![A::Ty(f, sym(&["n", "12", "h", "5"]))]), r#"f32[n,3,"depthtospace.d2",10]"#);
-    assert_eq!(ty(Op::SpaceToDepth { blocksize: 3 }, vec![A::Ty(f, sym(&["n", "2", "6", "w"]))]), r#"f32[n,18,2,"spacetodepth.d3"]"#);
-    let e = err(Op::DepthToSpace { blocksize: 2, crd: false }, vec![A::Ty(f, sym(&["1", "6", "2", "2"]))]);
+    assert_eq!(
+        ty(
+            Op::DepthToSpace { blocksize: 2, crd: true },
+            vec![A::Ty(f, sym(&["n", "12", "h", "5"]))]
+        ),
+        r#"f32[n,3,"depthtospace.d2",10]"#
+    );
+    assert_eq!(
+        ty(Op::SpaceToDepth { blocksize: 3 }, vec![A::Ty(f, sym(&["n", "2", "6", "w"]))]),
+        r#"f32[n,18,2,"spacetodepth.d3"]"#
+    );
+    let e = err(
+        Op::DepthToSpace { blocksize: 2, crd: false },
+        vec![A::Ty(f, sym(&["1", "6", "2", "2"]))],
+    );
     assert_eq!(e, "node `depthtospace` (DepthToSpace): channels of f32[1,6,2,2] are not divisible by blocksize 2 squared");
     let e = err(Op::SpaceToDepth { blocksize: 2 }, vec![A::Ty(f, sym(&["1", "1", "4", "5"]))]);
     assert_eq!(e, "node `spacetodepth` (SpaceToDepth): dimension 3 of f32[1,1,4,5] is not divisible by blocksize 2");
     let e = err(Op::SpaceToDepth { blocksize: 2 }, vec![A::Ty(f, sym(&["4", "4"]))]);
-    assert_eq!(e, "node `spacetodepth` (SpaceToDepth): the input must be 4-D [N,C,H,W], got f32[4,4]");
+    assert_eq!(
+        e,
+        "node `spacetodepth` (SpaceToDepth): the input must be 4-D [N,C,H,W], got f32[4,4]"
+    );
 }
 
 // ----- NonZero -----
@@ -484,7 +738,10 @@ fn compress_along_an_axis_and_flattened() {
     assert_eq!((y.dims(), vals::<i8>(&y)), (&[2, 1][..], vec![2, 5]));
     let y = run(Op::Compress { axis: Some(0) }, vec![A::In(x()), A::In(c(&[false]))]);
     assert_eq!(y.dims(), [0, 3]);
-    let y = run(Op::Compress { axis: None }, vec![A::In(x()), A::In(c(&[false, true, true, false, true]))]);
+    let y = run(
+        Op::Compress { axis: None },
+        vec![A::In(x()), A::In(c(&[false, true, true, false, true]))],
+    );
     assert_eq!((y.dims(), vals::<i8>(&y)), (&[3][..], vec![2, 3, 5]));
 }
 
@@ -492,12 +749,30 @@ fn compress_along_an_axis_and_flattened() {
 fn compress_shapes_and_errors() {
     let f = DType::F32;
     let cond = Tensor::vector(&[true, false, true, true]);
-    assert_eq!(ty(Op::Compress { axis: Some(1) }, vec![A::Ty(f, sym(&["b", "4"])), A::K(cond.clone())]), "f32[b,3]");
-    assert_eq!(ty(Op::Compress { axis: None }, vec![A::Ty(f, sym(&["b", "4"])), A::K(cond)]), "f32[3]");
-    assert_eq!(ty(Op::Compress { axis: Some(0) }, vec![A::Ty(f, sym(&["b", "4"])), A::Ty(DType::Bool, sym(&["b"]))]), r#"f32["compress.d0",4]"#);
-    let e = err(Op::Compress { axis: Some(0) }, vec![A::Ty(f, sym(&["2"])), A::Ty(DType::I64, sym(&["2"]))]);
+    assert_eq!(
+        ty(Op::Compress { axis: Some(1) }, vec![A::Ty(f, sym(&["b", "4"])), A::K(cond.clone())]),
+        "f32[b,3]"
+    );
+    assert_eq!(
+        ty(Op::Compress { axis: None }, vec![A::Ty(f, sym(&["b", "4"])), A::K(cond)]),
+        "f32[3]"
+    );
+    assert_eq!(
+        ty(
+            Op::Compress { axis: Some(0) },
+            vec![A::Ty(f, sym(&["b", "4"])), A::Ty(DType::Bool, sym(&["b"]))]
+        ),
+        r#"f32["compress.d0",4]"#
+    );
+    let e = err(
+        Op::Compress { axis: Some(0) },
+        vec![A::Ty(f, sym(&["2"])), A::Ty(DType::I64, sym(&["2"]))],
+    );
     assert_eq!(e, "node `compress` (Compress): condition must be a 1-D bool tensor, got i64[2]");
-    let e = err(Op::Compress { axis: Some(0) }, vec![A::In(f32s(&[2], &[1., 2.])), A::In(Tensor::vector(&[true, false, true]))]);
+    let e = err(
+        Op::Compress { axis: Some(0) },
+        vec![A::In(f32s(&[2], &[1., 2.])), A::In(Tensor::vector(&[true, false, true]))],
+    );
     assert_eq!(e, "evaluating node `compress` (Compress): condition selects index 2, out of range for axis 0 of size 2");
 }
 
@@ -512,7 +787,10 @@ fn reverse_sequence_reverses_each_prefix() {
     assert_eq!(vals::<i64>(&y), [9, 4, 2, 6, 1, 5, 3, 7, 8, 0, 10, 11]);
     // Batch-major, and a length of 0 leaves the entry alone.
     let op = Op::ReverseSequence { batch_axis: 0, time_axis: 1 };
-    let y = run(op, vec![A::In(f32s(&[2, 4], &[0., 1., 2., 3., 4., 5., 6., 7.])), A::In(i64s(&[2], &[3, 0]))]);
+    let y = run(
+        op,
+        vec![A::In(f32s(&[2, 4], &[0., 1., 2., 3., 4., 5., 6., 7.])), A::In(i64s(&[2], &[3, 0]))],
+    );
     assert_close(&y, &[2, 4], &[2., 1., 0., 3., 4., 5., 6., 7.], 0.0);
 }
 
@@ -521,7 +799,10 @@ fn reverse_sequence_errors() {
     let op = || Op::ReverseSequence { batch_axis: 0, time_axis: 1 };
     let e = err(op(), vec![A::Ty(DType::F32, sym(&["2", "4"])), A::Ty(DType::I64, sym(&["3"]))]);
     assert_eq!(e, "node `reversesequence` (ReverseSequence): sequence_lens i64[3] must have one entry per batch entry of f32[2,4] (axis 0)");
-    let e = err(Op::ReverseSequence { batch_axis: 1, time_axis: 1 }, vec![A::Ty(DType::F32, sym(&["2", "4"])), A::Ty(DType::I64, sym(&["4"]))]);
+    let e = err(
+        Op::ReverseSequence { batch_axis: 1, time_axis: 1 },
+        vec![A::Ty(DType::F32, sym(&["2", "4"])), A::Ty(DType::I64, sym(&["4"]))],
+    );
     assert_eq!(e, "node `reversesequence` (ReverseSequence): batch_axis 1 and time_axis 1 must be 0 and 1 in some order");
     let e = err(op(), vec![A::In(f32s(&[2, 2], &[0.; 4])), A::In(i64s(&[2], &[1, 3]))]);
     assert_eq!(e, "evaluating node `reversesequence` (ReverseSequence): sequence_lens[1] = 3 is out of range for a time axis of size 2");

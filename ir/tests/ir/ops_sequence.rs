@@ -12,7 +12,11 @@ use super::{assert_close, f32s};
 /// Runs `op` on the given operands (`None` = omitted) through a traced graph; returns `n` results.
 fn run_op(op: Op, operands: &[Option<&Tensor>], n: usize) -> Result<Vec<Tensor>, String> {
     let g = GraphBuilder::new("t");
-    let vals: Vec<Option<Traced>> = operands.iter().enumerate().map(|(i, t)| t.map(|t| g.input(&format!("x{i}"), t.dtype(), t.dims()))).collect();
+    let vals: Vec<Option<Traced>> = operands
+        .iter()
+        .enumerate()
+        .map(|(i, t)| t.map(|t| g.input(&format!("x{i}"), t.dtype(), t.dims())))
+        .collect();
     let ys = g.apply(op, &vals, n);
     for (i, y) in ys.iter().enumerate() {
         g.output(&format!("y{i}"), *y);
@@ -30,13 +34,22 @@ fn run(op: Op, operands: &[Option<&Tensor>], n: usize) -> Vec<Tensor> {
 
 /// A shape from text: numbers are sizes, anything else a symbol (`"seq,batch,3"`).
 fn shape(s: &str) -> Shape {
-    Shape(s.split(',').filter(|d| !d.is_empty()).map(|d| d.parse::<usize>().map_or_else(|_| Dim::sym(d), Dim::Fixed)).collect())
+    Shape(
+        s.split(',')
+            .filter(|d| !d.is_empty())
+            .map(|d| d.parse::<usize>().map_or_else(|_| Dim::sym(d), Dim::Fixed))
+            .collect(),
+    )
 }
 
 /// The printed types of the first `n` results of `op` on operands of the given types, or the error.
 fn types(op: Op, operands: &[Option<(DType, &str)>], n: usize) -> Result<Vec<String>, String> {
     let g = GraphBuilder::new("t");
-    let vals: Vec<Option<Traced>> = operands.iter().enumerate().map(|(i, o)| o.map(|(d, s)| g.input(&format!("x{i}"), d, shape(s)))).collect();
+    let vals: Vec<Option<Traced>> = operands
+        .iter()
+        .enumerate()
+        .map(|(i, o)| o.map(|(d, s)| g.input(&format!("x{i}"), d, shape(s))))
+        .collect();
     let ys = g.apply(op, &vals, n);
     for (i, y) in ys.iter().enumerate() {
         g.output(&format!("y{i}"), *y);
@@ -70,11 +83,15 @@ fn rnn_one_step_one_unit_by_hand() {
     assert_close(&out[1], &[1, 1, 1], &[h], 1e-6);
     // Other activations come with their parameters: LeakyRelu(0.1) of -1.6.
     let h0 = f32s(&[1, 1, 1], &[-3.5]);
-    let leaky = Op::Rnn(Rnn { activations: vec![UnaryOp::LeakyRelu { alpha: 0.1 }], ..rnn(RnnCell::Simple, RnnDirection::Forward, 1) });
+    let leaky = Op::Rnn(Rnn {
+        activations: vec![UnaryOp::LeakyRelu { alpha: 0.1 }],
+        ..rnn(RnnCell::Simple, RnnDirection::Forward, 1)
+    });
     let out = run(leaky, &[Some(&x), Some(&w), Some(&r), Some(&b), None, Some(&h0)], 2);
     assert_close(&out[1], &[1, 1, 1], &[-0.22], 1e-6);
     // clip bounds the activation's input: tanh(clip(1.6, 0.5)).
-    let clipped = Op::Rnn(Rnn { clip: Some(0.5), ..rnn(RnnCell::Simple, RnnDirection::Forward, 1) });
+    let clipped =
+        Op::Rnn(Rnn { clip: Some(0.5), ..rnn(RnnCell::Simple, RnnDirection::Forward, 1) });
     let h0 = f32s(&[1, 1, 1], &[0.3]);
     let out = run(clipped, &[Some(&x), Some(&w), Some(&r), Some(&b), None, Some(&h0)], 2);
     assert_close(&out[1], &[1, 1, 1], &[0.5f64.tanh()], 1e-6);
@@ -92,7 +109,11 @@ fn gru_one_step_by_hand_both_reset_orders() {
     let z = sigmoid(xv * 0.4 + hp * 0.2 + 0.1 - 0.1);
     let rg = sigmoid(xv * -0.3 + hp * 0.6 + 0.2 + 0.05);
     for lbr in [false, true] {
-        let cand = if lbr { (xv * 0.8 + rg * (hp * -0.7 + 0.4) + 0.3).tanh() } else { (xv * 0.8 + (rg * hp) * -0.7 + 0.4 + 0.3).tanh() };
+        let cand = if lbr {
+            (xv * 0.8 + rg * (hp * -0.7 + 0.4) + 0.3).tanh()
+        } else {
+            (xv * 0.8 + (rg * hp) * -0.7 + 0.4 + 0.3).tanh()
+        };
         let want = (1.0 - z) * cand + z * hp;
         let op = Op::Rnn(rnn(RnnCell::Gru { linear_before_reset: lbr }, RnnDirection::Forward, 1));
         let out = run(op, &[Some(&x), Some(&w), Some(&r), Some(&b), None, Some(&h0)], 2);
@@ -118,7 +139,8 @@ fn lstm_one_step_with_peepholes_by_hand() {
     let o = sigmoid(-0.4 + hp * 0.2 + 0.1 + 0.0 + -0.2 * c);
     let h = o * c.tanh();
     let op = Op::Rnn(rnn(RnnCell::Lstm { input_forget: false }, RnnDirection::Forward, 1));
-    let out = run(op, &[Some(&x), Some(&w), Some(&r), Some(&b), None, Some(&h0), Some(&c0), Some(&p)], 3);
+    let out =
+        run(op, &[Some(&x), Some(&w), Some(&r), Some(&b), None, Some(&h0), Some(&c0), Some(&p)], 3);
     assert_close(&out[0], &[1, 1, 1, 1], &[h], 1e-6);
     assert_close(&out[1], &[1, 1, 1], &[h], 1e-6);
     assert_close(&out[2], &[1, 1, 1], &[c], 1e-6);
@@ -152,9 +174,23 @@ fn rnn_bidirectional_with_sequence_lens() {
 #[test]
 fn rnn_batch_first_is_the_transposed_layout() {
     let [x, w, r, b, lens, h0] = bidirectional_case();
-    let t = |t: &Tensor, perm: &[usize]| eval::eval_op(&Op::Transpose { perm: perm.to_vec() }, &[Some(t)], 1).unwrap().remove(0);
-    let op = Op::Rnn(Rnn { batch_first: true, ..rnn(RnnCell::Simple, RnnDirection::Bidirectional, 1) });
-    let out = run(op, &[Some(&t(&x, &[1, 0, 2])), Some(&w), Some(&r), Some(&b), Some(&lens), Some(&t(&h0, &[1, 0, 2]))], 2);
+    let t = |t: &Tensor, perm: &[usize]| {
+        eval::eval_op(&Op::Transpose { perm: perm.to_vec() }, &[Some(t)], 1).unwrap().remove(0)
+    };
+    let op =
+        Op::Rnn(Rnn { batch_first: true, ..rnn(RnnCell::Simple, RnnDirection::Bidirectional, 1) });
+    let out = run(
+        op,
+        &[
+            Some(&t(&x, &[1, 0, 2])),
+            Some(&w),
+            Some(&r),
+            Some(&b),
+            Some(&lens),
+            Some(&t(&h0, &[1, 0, 2])),
+        ],
+        2,
+    );
     let op0 = Op::Rnn(rnn(RnnCell::Simple, RnnDirection::Bidirectional, 1));
     let want = run(op0, &[Some(&x), Some(&w), Some(&r), Some(&b), Some(&lens), Some(&h0)], 2);
     assert_eq!(out[0], t(&want[0], &[2, 0, 1, 3]));
@@ -164,10 +200,15 @@ fn rnn_batch_first_is_the_transposed_layout() {
 #[test]
 fn rnn_zero_length_sequence_gives_zero_state() {
     let x = bidirectional_case()[0].clone();
-    let (w, r, b) = (f32s(&[1, 1, 1], &[0.8]), f32s(&[1, 1, 1], &[0.5]), f32s(&[1, 2], &[0.1, -0.2]));
+    let (w, r, b) =
+        (f32s(&[1, 1, 1], &[0.8]), f32s(&[1, 1, 1], &[0.5]), f32s(&[1, 2], &[0.1, -0.2]));
     let h0 = f32s(&[1, 2, 1], &[0.2, -0.4]);
     let lens = Tensor::vector(&[0i64, 2]);
-    let out = run(Op::Rnn(rnn(RnnCell::Simple, RnnDirection::Forward, 1)), &[Some(&x), Some(&w), Some(&r), Some(&b), Some(&lens), Some(&h0)], 2);
+    let out = run(
+        Op::Rnn(rnn(RnnCell::Simple, RnnDirection::Forward, 1)),
+        &[Some(&x), Some(&w), Some(&r), Some(&b), Some(&lens), Some(&h0)],
+        2,
+    );
     // As onnxruntime: nothing ran for batch 0, so its Y and Y_h are 0, not initial_h.
     let yh = out[1].to_f64s();
     assert_eq!(yh[0], 0.0);
@@ -178,12 +219,24 @@ fn rnn_zero_length_sequence_gives_zero_state() {
 #[test]
 fn gru_reverse_both_reset_orders_match_onnxruntime() {
     let x = f32s(&[2, 1, 2], &[0.25, 0.79, 0.55, -0.55]);
-    let w = f32s(&[1, 6, 2], &[-0.4, 0.75, -0.99, 0.64, 0.59, -0.06, -0.39, -0.44, -0.49, -0.11, 0.01, 0.11]);
-    let r = f32s(&[1, 6, 2], &[0.99, 0.59, 0.24, 0.98, -0.57, -0.68, 0.23, -0.91, -0.93, 0.03, -0.07, 0.83]);
-    let b = f32s(&[1, 12], &[0.26, 0.03, -0.01, -0.5, -0.98, -0.62, 0.38, -0.6, -0.26, -0.99, 0.66, -0.69]);
+    let w = f32s(
+        &[1, 6, 2],
+        &[-0.4, 0.75, -0.99, 0.64, 0.59, -0.06, -0.39, -0.44, -0.49, -0.11, 0.01, 0.11],
+    );
+    let r = f32s(
+        &[1, 6, 2],
+        &[0.99, 0.59, 0.24, 0.98, -0.57, -0.68, 0.23, -0.91, -0.93, 0.03, -0.07, 0.83],
+    );
+    let b = f32s(
+        &[1, 12],
+        &[0.26, 0.03, -0.01, -0.5, -0.98, -0.62, 0.38, -0.6, -0.26, -0.99, 0.66, -0.69],
+    );
     let h0 = f32s(&[1, 1, 2], &[-0.46, 0.76]);
     // onnxruntime, direction = "reverse", linear_before_reset = 0 and 1.
-    let want = [[-0.3608471, -0.6964958, -0.3896262, -0.3683207], [-0.5150662, -0.4282218, -0.5257393, -0.1806264]];
+    let want = [
+        [-0.3608471, -0.6964958, -0.3896262, -0.3683207],
+        [-0.5150662, -0.4282218, -0.5257393, -0.1806264],
+    ];
     for (lbr, want) in [false, true].into_iter().zip(want) {
         let op = Op::Rnn(rnn(RnnCell::Gru { linear_before_reset: lbr }, RnnDirection::Reverse, 2));
         let out = run(op, &[Some(&x), Some(&w), Some(&r), Some(&b), None, Some(&h0)], 2);
@@ -199,7 +252,13 @@ fn lstm_input_forget_clip_and_peepholes_match_onnxruntime() {
     let w = f32s(&[1, 8, 1], &[0.28, 0.48, -0.82, 0.08, 0.02, 0.74, -0.28, 0.2]);
     #[rustfmt::skip]
     let r = f32s(&[1, 8, 2], &[-0.88, -0.22, -0.35, -0.7, 0.63, -0.24, 0.96, 0.18, 0.21, 0.28, 0.35, -0.7, -0.12, -0.52, -0.2, -0.81]);
-    let b = f32s(&[1, 16], &[0.94, -0.57, 0.34, -0.4, 0.75, 0.32, -0.74, 0.69, 0.89, 0.81, 0.14, -0.71, -0.62, 0.86, 0.1, -0.64]);
+    let b = f32s(
+        &[1, 16],
+        &[
+            0.94, -0.57, 0.34, -0.4, 0.75, 0.32, -0.74, 0.69, 0.89, 0.81, 0.14, -0.71, -0.62, 0.86,
+            0.1, -0.64,
+        ],
+    );
     let p = f32s(&[1, 6], &[0.77, 0.28, 0.14, -0.25, -0.18, -0.52]);
     // onnxruntime, clip = 0.5, input_forget = 0 and 1: (Y, Y_c).
     let want = [
@@ -207,7 +266,10 @@ fn lstm_input_forget_clip_and_peepholes_match_onnxruntime() {
         ([-0.1691799, 0.01144456, -0.1648871, 0.05318088], [-0.3962484, 0.1418042]),
     ];
     for (input_forget, (y, c)) in [false, true].into_iter().zip(want) {
-        let op = Op::Rnn(Rnn { clip: Some(0.5), ..rnn(RnnCell::Lstm { input_forget }, RnnDirection::Forward, 2) });
+        let op = Op::Rnn(Rnn {
+            clip: Some(0.5),
+            ..rnn(RnnCell::Lstm { input_forget }, RnnDirection::Forward, 2)
+        });
         let out = run(op, &[Some(&x), Some(&w), Some(&r), Some(&b), None, None, None, Some(&p)], 3);
         assert_close(&out[0], &[2, 1, 1, 2], &y, 1e-6);
         assert_close(&out[1], &[1, 1, 2], &y[2..], 1e-6);
@@ -220,7 +282,8 @@ fn rnn_rejects_bad_sequence_lengths() {
     let [x, w, r, b, _, h0] = bidirectional_case();
     let op = Op::Rnn(rnn(RnnCell::Simple, RnnDirection::Bidirectional, 1));
     let lens = Tensor::vector(&[4i32, 1]);
-    let e = run_op(op, &[Some(&x), Some(&w), Some(&r), Some(&b), Some(&lens), Some(&h0)], 2).unwrap_err();
+    let e = run_op(op, &[Some(&x), Some(&w), Some(&r), Some(&b), Some(&lens), Some(&h0)], 2)
+        .unwrap_err();
     assert!(e.contains("sequence length 4 is outside 0..=3"), "{e}");
 }
 
@@ -228,46 +291,116 @@ fn rnn_rejects_bad_sequence_lengths() {
 
 #[test]
 fn rnn_result_shapes_follow_layout_and_direction() {
-    let lstm = |direction, batch_first| Op::Rnn(Rnn { batch_first, ..rnn(RnnCell::Lstm { input_forget: false }, direction, 4) });
-    let ops = |x: &'static str, dirs: &'static str| [Some((F, x)), Some((F, dirs)), Some((F, "2,16,4"))];
-    let t = types(lstm(RnnDirection::Bidirectional, false), &ops("seq,batch,3", "2,16,3"), 3).unwrap();
+    let lstm = |direction, batch_first| {
+        Op::Rnn(Rnn { batch_first, ..rnn(RnnCell::Lstm { input_forget: false }, direction, 4) })
+    };
+    let ops =
+        |x: &'static str, dirs: &'static str| [Some((F, x)), Some((F, dirs)), Some((F, "2,16,4"))];
+    let t =
+        types(lstm(RnnDirection::Bidirectional, false), &ops("seq,batch,3", "2,16,3"), 3).unwrap();
     assert_eq!(t, ["f32[seq,2,batch,4]", "f32[2,batch,4]", "f32[2,batch,4]"]);
-    let t = types(lstm(RnnDirection::Bidirectional, true), &ops("batch,seq,3", "2,16,3"), 3).unwrap();
+    let t =
+        types(lstm(RnnDirection::Bidirectional, true), &ops("batch,seq,3", "2,16,3"), 3).unwrap();
     assert_eq!(t, ["f32[batch,seq,2,4]", "f32[batch,2,4]", "f32[batch,2,4]"]);
     // hidden_size left out (0): R's last dimension gives it. GRU has two results.
     let gru = Op::Rnn(rnn(RnnCell::Gru { linear_before_reset: false }, RnnDirection::Reverse, 0));
     let t = types(gru, &[Some((F, "5,2,3")), Some((F, "1,15,3")), Some((F, "1,15,5"))], 2).unwrap();
     assert_eq!(t, ["f32[5,1,2,5]", "f32[1,2,5]"]);
     let gru = Op::Rnn(rnn(RnnCell::Gru { linear_before_reset: false }, RnnDirection::Forward, 5));
-    let e = types(gru, &[Some((F, "5,2,3")), Some((F, "1,15,3")), Some((F, "1,15,5"))], 3).unwrap_err();
+    let e =
+        types(gru, &[Some((F, "5,2,3")), Some((F, "1,15,3")), Some((F, "1,15,5"))], 3).unwrap_err();
     assert!(e.contains("has 2 results, 3 asked for"), "{e}");
 }
 
 #[test]
 fn rnn_shape_errors_name_the_shapes() {
     let lstm = Op::Rnn(rnn(RnnCell::Lstm { input_forget: false }, RnnDirection::Forward, 4));
-    let e = types(lstm.clone(), &[Some((F, "5,2,3")), Some((F, "1,12,3")), Some((F, "1,16,4"))], 1).unwrap_err();
-    assert!(e.contains("W must be [1,16,3] (dirs, 4*hidden, input) for f32[5,2,3], got f32[1,12,3]"), "{e}");
-    let e = types(lstm.clone(), &[Some((F, "5,2,3")), Some((F, "1,16,3")), Some((F, "1,16,4")), Some((F, "1,16"))], 1).unwrap_err();
+    let e = types(lstm.clone(), &[Some((F, "5,2,3")), Some((F, "1,12,3")), Some((F, "1,16,4"))], 1)
+        .unwrap_err();
+    assert!(
+        e.contains("W must be [1,16,3] (dirs, 4*hidden, input) for f32[5,2,3], got f32[1,12,3]"),
+        "{e}"
+    );
+    let e = types(
+        lstm.clone(),
+        &[Some((F, "5,2,3")), Some((F, "1,16,3")), Some((F, "1,16,4")), Some((F, "1,16"))],
+        1,
+    )
+    .unwrap_err();
     assert!(e.contains("B must be [1,32] (dirs, 2*4*hidden) for f32[5,2,3], got f32[1,16]"), "{e}");
-    let e = types(lstm.clone(), &[Some((F, "5,2,3")), Some((F, "1,16,3")), Some((F, "1,16,4")), None, Some((F, "2"))], 1).unwrap_err();
+    let e = types(
+        lstm.clone(),
+        &[Some((F, "5,2,3")), Some((F, "1,16,3")), Some((F, "1,16,4")), None, Some((F, "2"))],
+        1,
+    )
+    .unwrap_err();
     assert!(e.contains("sequence_lens must be an integer tensor, got f32[2]"), "{e}");
-    let e = types(lstm.clone(), &[Some((F, "5,2,3")), Some((F, "1,16,3")), Some((F, "1,16,4")), None, None, Some((F, "2,1,4"))], 1).unwrap_err();
-    assert!(e.contains("initial_h must be [1,2,4] (dirs, batch, hidden) for f32[5,2,3], got f32[2,1,4]"), "{e}");
-    let e = types(lstm, &[Some((F, "5,2,3")), Some((F, "1,16,3")), Some((F, "1,16,4")), None, None, None, None, Some((F, "1,8"))], 1).unwrap_err();
+    let e = types(
+        lstm.clone(),
+        &[
+            Some((F, "5,2,3")),
+            Some((F, "1,16,3")),
+            Some((F, "1,16,4")),
+            None,
+            None,
+            Some((F, "2,1,4")),
+        ],
+        1,
+    )
+    .unwrap_err();
+    assert!(
+        e.contains(
+            "initial_h must be [1,2,4] (dirs, batch, hidden) for f32[5,2,3], got f32[2,1,4]"
+        ),
+        "{e}"
+    );
+    let e = types(
+        lstm,
+        &[
+            Some((F, "5,2,3")),
+            Some((F, "1,16,3")),
+            Some((F, "1,16,4")),
+            None,
+            None,
+            None,
+            None,
+            Some((F, "1,8")),
+        ],
+        1,
+    )
+    .unwrap_err();
     assert!(e.contains("P must be [1,12] (dirs, 3*hidden) for f32[5,2,3], got f32[1,8]"), "{e}");
-    let two = Op::Rnn(Rnn { activations: vec![UnaryOp::Tanh, UnaryOp::Tanh], ..rnn(RnnCell::Simple, RnnDirection::Forward, 4) });
-    let e = types(two, &[Some((F, "5,2,3")), Some((F, "1,4,3")), Some((F, "1,4,4"))], 1).unwrap_err();
-    assert!(e.contains("RNN takes 1 activation(s) per direction, 1 for 1 direction(s); got 2"), "{e}");
+    let two = Op::Rnn(Rnn {
+        activations: vec![UnaryOp::Tanh, UnaryOp::Tanh],
+        ..rnn(RnnCell::Simple, RnnDirection::Forward, 4)
+    });
     let e =
-        types(Op::Rnn(rnn(RnnCell::Simple, RnnDirection::Forward, 4)), &[Some((F, "5,3")), Some((F, "1,4,3")), Some((F, "1,4,4"))], 1).unwrap_err();
+        types(two, &[Some((F, "5,2,3")), Some((F, "1,4,3")), Some((F, "1,4,4"))], 1).unwrap_err();
+    assert!(
+        e.contains("RNN takes 1 activation(s) per direction, 1 for 1 direction(s); got 2"),
+        "{e}"
+    );
+    let e = types(
+        Op::Rnn(rnn(RnnCell::Simple, RnnDirection::Forward, 4)),
+        &[Some((F, "5,3")), Some((F, "1,4,3")), Some((F, "1,4,4"))],
+        1,
+    )
+    .unwrap_err();
     assert!(e.contains("X must be 3-D [seq, batch, input], got f32[5,3]"), "{e}");
 }
 
 // ----- Attention -----
 
 fn attention() -> Attention {
-    Attention { is_causal: false, kv_num_heads: 0, q_num_heads: 0, qk_matmul_output_mode: 0, scale: None, softcap: 0.0, softmax_precision: None }
+    Attention {
+        is_causal: false,
+        kv_num_heads: 0,
+        q_num_heads: 0,
+        qk_matmul_output_mode: 0,
+        scale: None,
+        softcap: 0.0,
+        softmax_precision: None,
+    }
 }
 
 #[test]
@@ -288,7 +421,11 @@ fn attention_by_hand_with_every_qk_output_mode() {
     let p = sigmoid(capped + 1.0);
     let want: [&[f64]; 4] = [&[s, 0.0], &[capped, 0.0], &[capped, -1.0], &[p, 1.0 - p]];
     for (mode, want) in want.into_iter().enumerate() {
-        let op = Op::Attention(Attention { softcap: 0.5, qk_matmul_output_mode: mode as i64, ..attention() });
+        let op = Op::Attention(Attention {
+            softcap: 0.5,
+            qk_matmul_output_mode: mode as i64,
+            ..attention()
+        });
         let out = run(op, &[Some(&q), Some(&k), Some(&v), Some(&mask)], 4);
         assert_close(&out[3], &[1, 1, 1, 2], want, 1e-6);
         assert_close(&out[0], &[1, 1, 1, 1], &[p + 3.0 * (1.0 - p)], 1e-6);
@@ -309,9 +446,15 @@ fn attention_masks_bool_causal_past_and_padding() {
     let out = run(Op::Attention(attention()), &[Some(&q), Some(&k), Some(&v), Some(&m)], 1);
     assert_close(&out[0], &[1, 1, 2, 1], &[3.0, 1.0], 1e-6);
     // Causal: query 0 sees key 0 only.
-    let causal = Op::Attention(Attention { is_causal: true, qk_matmul_output_mode: 2, ..attention() });
+    let causal =
+        Op::Attention(Attention { is_causal: true, qk_matmul_output_mode: 2, ..attention() });
     let out = run(causal.clone(), &[Some(&q), Some(&k), Some(&v)], 4);
-    assert_close(&out[0].reshape(&[2]).unwrap(), &[2], &[1.0, 3.0 - 2.0 * sigmoid(-(0.5f64.sqrt()))], 1e-6);
+    assert_close(
+        &out[0].reshape(&[2]).unwrap(),
+        &[2],
+        &[1.0, 3.0 - 2.0 * sigmoid(-(0.5f64.sqrt()))],
+        1e-6,
+    );
     assert_eq!(out[3].to_f64s()[1], f64::NEG_INFINITY);
     // With one past step the triangle shifts: query i sees keys 0..=1+i of [past, k0, k1].
     let past_k = f32s(&[1, 1, 1, 2], &[5.0, 5.0]);
@@ -320,13 +463,20 @@ fn attention_masks_bool_causal_past_and_padding() {
     assert_close(&out[1], &[1, 1, 3, 2], &[5.0, 5.0, 1.0, 0.0, 0.0, 1.0], 0.0);
     assert_close(&out[2], &[1, 1, 3, 1], &[7.0, 1.0, 3.0], 0.0);
     let qk = out[3].to_f64s();
-    assert_eq!(qk.iter().map(|v| v.is_infinite()).collect::<Vec<_>>(), [false, false, true, false, false, false]);
+    assert_eq!(
+        qk.iter().map(|v| v.is_infinite()).collect::<Vec<_>>(),
+        [false, false, true, false, false, false]
+    );
     // A mask shorter than the keys, and nonpad_kv_seqlen, both mask out the keys past their end.
     let short = f32s(&[1, 1], &[0.0]);
     let out = run(Op::Attention(attention()), &[Some(&q), Some(&k), Some(&v), Some(&short)], 1);
     assert_close(&out[0], &[1, 1, 2, 1], &[1.0, 1.0], 1e-6);
     let nonpad = Tensor::vector(&[1i64]);
-    let out = run(Op::Attention(attention()), &[Some(&q), Some(&k), Some(&v), None, None, None, Some(&nonpad)], 1);
+    let out = run(
+        Op::Attention(attention()),
+        &[Some(&q), Some(&k), Some(&v), None, None, None, Some(&nonpad)],
+        1,
+    );
     assert_close(&out[0], &[1, 1, 2, 1], &[1.0, 1.0], 1e-6);
 }
 
@@ -336,18 +486,41 @@ fn attention_grouped_query_and_3d_layout_agree_with_4d_multi_head() {
     let k = Tensor::random(F, &[2, 2, 5, 2], 2);
     let v = Tensor::random(F, &[2, 2, 5, 3], 3);
     let m = Tensor::random(F, &[3, 5], 4);
-    let gqa = run(Op::Attention(Attention { is_causal: true, ..attention() }), &[Some(&q), Some(&k), Some(&v), Some(&m)], 1);
+    let gqa = run(
+        Op::Attention(Attention { is_causal: true, ..attention() }),
+        &[Some(&q), Some(&k), Some(&v), Some(&m)],
+        1,
+    );
     // Query heads 0, 1 share KV head 0 and heads 2, 3 share KV head 1: repeat the KV heads.
-    let repeat = |t: &Tensor| eval::eval_op(&Op::Gather { axis: 1 }, &[Some(t), Some(&Tensor::vector(&[0i64, 0, 1, 1]))], 1).unwrap().remove(0);
-    let mha = run(Op::Attention(Attention { is_causal: true, ..attention() }), &[Some(&q), Some(&repeat(&k)), Some(&repeat(&v)), Some(&m)], 1);
+    let repeat = |t: &Tensor| {
+        eval::eval_op(
+            &Op::Gather { axis: 1 },
+            &[Some(t), Some(&Tensor::vector(&[0i64, 0, 1, 1]))],
+            1,
+        )
+        .unwrap()
+        .remove(0)
+    };
+    let mha = run(
+        Op::Attention(Attention { is_causal: true, ..attention() }),
+        &[Some(&q), Some(&repeat(&k)), Some(&repeat(&v)), Some(&m)],
+        1,
+    );
     assert_eq!(gqa[0], mha[0]);
     // The same in 3-D [batch, seq, heads * size]; Y comes back 3-D.
     let to3 = |t: &Tensor| {
         let d = t.dims().to_vec();
-        let tr = eval::eval_op(&Op::Transpose { perm: vec![0, 2, 1, 3] }, &[Some(t)], 1).unwrap().remove(0);
+        let tr = eval::eval_op(&Op::Transpose { perm: vec![0, 2, 1, 3] }, &[Some(t)], 1)
+            .unwrap()
+            .remove(0);
         tr.reshape(&[d[0], d[2], d[1] * d[3]]).unwrap()
     };
-    let op3 = Op::Attention(Attention { is_causal: true, q_num_heads: 4, kv_num_heads: 2, ..attention() });
+    let op3 = Op::Attention(Attention {
+        is_causal: true,
+        q_num_heads: 4,
+        kv_num_heads: 2,
+        ..attention()
+    });
     let out3 = run(op3, &[Some(&to3(&q)), Some(&to3(&k)), Some(&to3(&v)), Some(&m)], 3);
     assert_eq!(out3[0], to3(&gqa[0]));
     assert_eq!(out3[1].dims(), [2, 2, 5, 2], "present_key is 4-D");
@@ -357,23 +530,84 @@ fn attention_grouped_query_and_3d_layout_agree_with_4d_multi_head() {
 #[test]
 fn attention_shapes() {
     let att = |q, kv| Op::Attention(Attention { q_num_heads: q, kv_num_heads: kv, ..attention() });
-    let t = types(att(8, 2), &[Some((F, "b,4,64")), Some((F, "b,s,16")), Some((F, "b,s,24")), None, Some((F, "b,2,p,8")), Some((F, "b,2,p,12"))], 4);
-    assert_eq!(t.unwrap(), ["f32[b,4,96]", r#"f32[b,2,"attention.d2",8]"#, r#"f32[b,2,"attention.d2",12]"#, r#"f32[b,8,4,"attention.d2"]"#]);
-    let t = types(att(0, 0), &[Some((F, "2,9,4,8")), Some((F, "2,3,6,8")), Some((F, "2,3,6,10")), Some((DType::Bool, "4,6"))], 4);
+    let t = types(
+        att(8, 2),
+        &[
+            Some((F, "b,4,64")),
+            Some((F, "b,s,16")),
+            Some((F, "b,s,24")),
+            None,
+            Some((F, "b,2,p,8")),
+            Some((F, "b,2,p,12")),
+        ],
+        4,
+    );
+    assert_eq!(
+        t.unwrap(),
+        [
+            "f32[b,4,96]",
+            r#"f32[b,2,"attention.d2",8]"#,
+            r#"f32[b,2,"attention.d2",12]"#,
+            r#"f32[b,8,4,"attention.d2"]"#
+        ]
+    );
+    let t = types(
+        att(0, 0),
+        &[
+            Some((F, "2,9,4,8")),
+            Some((F, "2,3,6,8")),
+            Some((F, "2,3,6,10")),
+            Some((DType::Bool, "4,6")),
+        ],
+        4,
+    );
     assert_eq!(t.unwrap(), ["f32[2,9,4,10]", "f32[2,3,6,8]", "f32[2,3,6,10]", "f32[2,9,4,6]"]);
-    let e = types(att(0, 0), &[Some((F, "2,3,4,8")), Some((F, "2,2,6,8")), Some((F, "2,2,6,8"))], 1).unwrap_err();
-    assert!(e.contains("q heads (3) must be a multiple of kv heads (2): f32[2,3,4,8], f32[2,2,6,8]"), "{e}");
-    let e = types(att(0, 0), &[Some((F, "2,4,24")), Some((F, "2,6,24")), Some((F, "2,6,24"))], 1).unwrap_err();
+    let e =
+        types(att(0, 0), &[Some((F, "2,3,4,8")), Some((F, "2,2,6,8")), Some((F, "2,2,6,8"))], 1)
+            .unwrap_err();
+    assert!(
+        e.contains("q heads (3) must be a multiple of kv heads (2): f32[2,3,4,8], f32[2,2,6,8]"),
+        "{e}"
+    );
+    let e = types(att(0, 0), &[Some((F, "2,4,24")), Some((F, "2,6,24")), Some((F, "2,6,24"))], 1)
+        .unwrap_err();
     assert!(e.contains("3-D Q, K and V need q_num_heads and kv_num_heads"), "{e}");
-    let e = types(att(5, 5), &[Some((F, "2,4,24")), Some((F, "2,6,24")), Some((F, "2,6,24"))], 1).unwrap_err();
+    let e = types(att(5, 5), &[Some((F, "2,4,24")), Some((F, "2,6,24")), Some((F, "2,6,24"))], 1)
+        .unwrap_err();
     assert!(e.contains("Q f32[2,4,24] hidden size 24 is not a multiple of 5 heads"), "{e}");
-    let e = types(att(0, 0), &[Some((F, "2,3,4,8")), Some((F, "2,3,6,8")), Some((F, "2,3,6,8")), Some((F, "3,6"))], 1).unwrap_err();
-    assert!(e.contains("attn_mask f32[3,6] does not broadcast to the attention scores f32[2,3,4,6]"), "{e}");
-    let e = types(att(0, 0), &[Some((F, "2,3,4,8")), Some((F, "2,3,6,8")), Some((F, "2,3,6,8")), Some((F, "4,7"))], 1).unwrap_err();
+    let e = types(
+        att(0, 0),
+        &[Some((F, "2,3,4,8")), Some((F, "2,3,6,8")), Some((F, "2,3,6,8")), Some((F, "3,6"))],
+        1,
+    )
+    .unwrap_err();
+    assert!(
+        e.contains("attn_mask f32[3,6] does not broadcast to the attention scores f32[2,3,4,6]"),
+        "{e}"
+    );
+    let e = types(
+        att(0, 0),
+        &[Some((F, "2,3,4,8")), Some((F, "2,3,6,8")), Some((F, "2,3,6,8")), Some((F, "4,7"))],
+        1,
+    )
+    .unwrap_err();
     assert!(e.contains("attn_mask f32[4,7] does not broadcast"), "{e}");
-    let e = types(att(0, 0), &[Some((F, "2,3,4,8")), Some((F, "2,3,6,8")), Some((F, "2,3,6,8")), None, Some((F, "2,3,1,8"))], 1).unwrap_err();
+    let e = types(
+        att(0, 0),
+        &[
+            Some((F, "2,3,4,8")),
+            Some((F, "2,3,6,8")),
+            Some((F, "2,3,6,8")),
+            None,
+            Some((F, "2,3,1,8")),
+        ],
+        1,
+    )
+    .unwrap_err();
     assert!(e.contains("past_key and past_value must be given together"), "{e}");
-    let e = types(att(0, 0), &[Some((F, "2,3,4,8")), Some((F, "2,3,6,7")), Some((F, "2,3,6,8"))], 1).unwrap_err();
+    let e =
+        types(att(0, 0), &[Some((F, "2,3,4,8")), Some((F, "2,3,6,7")), Some((F, "2,3,6,8"))], 1)
+            .unwrap_err();
     assert!(e.contains("Q and K head sizes differ: f32[2,3,4,8] and f32[2,3,6,7]"), "{e}");
 }
 
@@ -401,7 +635,8 @@ fn rotary_embedding_by_hand() {
     let y = run(rope(false, 0, 2), &[Some(&x), Some(&c1), Some(&s1)], 1);
     assert_close(&y[0], &[1, 1, 1, 4], &[-2.0, 1.0, 3.0, 4.0], 1e-6);
     // 3-D input [batch, seq, heads * size]: each of the 2 heads rotates on its own.
-    let y = run(rope(false, 2, 0), &[Some(&x.reshape(&[1, 1, 4]).unwrap()), Some(&c1), Some(&s1)], 1);
+    let y =
+        run(rope(false, 2, 0), &[Some(&x.reshape(&[1, 1, 4]).unwrap()), Some(&c1), Some(&s1)], 1);
     assert_close(&y[0], &[1, 1, 4], &[-2.0, 1.0, -4.0, 3.0], 1e-6);
     // Position ids pick cache rows: angles [0, pi/2, pi], steps at positions 2 and 1.
     let x = f32s(&[1, 1, 2, 2], &[1.0, 2.0, 3.0, 4.0]);
@@ -411,21 +646,51 @@ fn rotary_embedding_by_hand() {
     let y = run(rope(false, 0, 0), &[Some(&x), Some(&cos), Some(&sin), Some(&pos)], 1);
     assert_close(&y[0], &[1, 1, 2, 2], &[-1.0, -2.0, -4.0, 3.0], 1e-6);
     let bad = Tensor::from_slice(&[1, 2], &[3i64, 0]).unwrap();
-    let e = run_op(rope(false, 0, 0), &[Some(&x), Some(&cos), Some(&sin), Some(&bad)], 1).unwrap_err();
+    let e =
+        run_op(rope(false, 0, 0), &[Some(&x), Some(&cos), Some(&sin), Some(&bad)], 1).unwrap_err();
     assert!(e.contains("position id 3 is outside the 3 cached positions"), "{e}");
 }
 
 #[test]
 fn rotary_embedding_shapes() {
-    let t = types(rope(false, 4, 0), &[Some((F, "b,s,32")), Some((F, "50,4")), Some((F, "50,4")), Some((DType::I64, "b,s"))], 1);
+    let t = types(
+        rope(false, 4, 0),
+        &[Some((F, "b,s,32")), Some((F, "50,4")), Some((F, "50,4")), Some((DType::I64, "b,s"))],
+        1,
+    );
     assert_eq!(t.unwrap(), ["f32[b,s,32]"]);
-    let e = types(rope(false, 0, 0), &[Some((F, "2,3,32")), Some((F, "50,4")), Some((F, "50,4"))], 1).unwrap_err();
-    assert!(e.contains("a 3-D input [batch, seq, heads*size] needs num_heads, got f32[2,3,32]"), "{e}");
-    let e = types(rope(false, 0, 3), &[Some((F, "2,4,3,8")), Some((F, "2,3,1")), Some((F, "2,3,1"))], 1).unwrap_err();
+    let e =
+        types(rope(false, 0, 0), &[Some((F, "2,3,32")), Some((F, "50,4")), Some((F, "50,4"))], 1)
+            .unwrap_err();
+    assert!(
+        e.contains("a 3-D input [batch, seq, heads*size] needs num_heads, got f32[2,3,32]"),
+        "{e}"
+    );
+    let e = types(
+        rope(false, 0, 3),
+        &[Some((F, "2,4,3,8")), Some((F, "2,3,1")), Some((F, "2,3,1"))],
+        1,
+    )
+    .unwrap_err();
     assert!(e.contains("the rotated size must be even, got 3 for f32[2,4,3,8]"), "{e}");
-    let e = types(rope(false, 0, 0), &[Some((F, "2,4,3,8")), Some((F, "50,2")), Some((F, "50,2")), Some((DType::I64, "2,3"))], 1).unwrap_err();
-    assert!(e.contains("cos_cache must be [?,4] (max_position, rotary_dim/2) for f32[2,4,3,8], got f32[50,2]"), "{e}");
-    let e = types(rope(false, 0, 0), &[Some((F, "2,4,3,8")), Some((F, "2,4,4")), Some((F, "2,4,4"))], 1).unwrap_err();
+    let e = types(
+        rope(false, 0, 0),
+        &[Some((F, "2,4,3,8")), Some((F, "50,2")), Some((F, "50,2")), Some((DType::I64, "2,3"))],
+        1,
+    )
+    .unwrap_err();
+    assert!(
+        e.contains(
+            "cos_cache must be [?,4] (max_position, rotary_dim/2) for f32[2,4,3,8], got f32[50,2]"
+        ),
+        "{e}"
+    );
+    let e = types(
+        rope(false, 0, 0),
+        &[Some((F, "2,4,3,8")), Some((F, "2,4,4")), Some((F, "2,4,4"))],
+        1,
+    )
+    .unwrap_err();
     assert!(e.contains("cos_cache must be [2,3,4]"), "{e}");
 }
 
@@ -442,23 +707,68 @@ fn nll_loss_weights_reductions_and_ignore_index() {
     let w = f32s(&[3], &[1.0, 2.0, 3.0]);
     let nll = |r, ii| Op::NllLoss(loss(r, ii));
     // -w[t] * x[t]: 3 * 3 and 1 * 0.5; the mean divides by the weights used (3 + 1).
-    assert_close(&run(nll(LossReduction::None, None), &[Some(&x), Some(&t), Some(&w)], 1)[0], &[2], &[9.0, 0.5], 1e-6);
-    assert_close(&run(nll(LossReduction::Sum, None), &[Some(&x), Some(&t), Some(&w)], 1)[0], &[], &[9.5], 1e-6);
-    assert_close(&run(nll(LossReduction::Mean, None), &[Some(&x), Some(&t), Some(&w)], 1)[0], &[], &[2.375], 1e-6);
-    assert_close(&run(nll(LossReduction::Mean, None), &[Some(&x), Some(&t), None], 1)[0], &[], &[1.75], 1e-6);
+    assert_close(
+        &run(nll(LossReduction::None, None), &[Some(&x), Some(&t), Some(&w)], 1)[0],
+        &[2],
+        &[9.0, 0.5],
+        1e-6,
+    );
+    assert_close(
+        &run(nll(LossReduction::Sum, None), &[Some(&x), Some(&t), Some(&w)], 1)[0],
+        &[],
+        &[9.5],
+        1e-6,
+    );
+    assert_close(
+        &run(nll(LossReduction::Mean, None), &[Some(&x), Some(&t), Some(&w)], 1)[0],
+        &[],
+        &[2.375],
+        1e-6,
+    );
+    assert_close(
+        &run(nll(LossReduction::Mean, None), &[Some(&x), Some(&t), None], 1)[0],
+        &[],
+        &[1.75],
+        1e-6,
+    );
     // Ignoring class 0 drops the second sample from the sum and from the divisor.
-    assert_close(&run(nll(LossReduction::None, Some(0)), &[Some(&x), Some(&t), Some(&w)], 1)[0], &[2], &[9.0, 0.0], 1e-6);
-    assert_close(&run(nll(LossReduction::Mean, Some(0)), &[Some(&x), Some(&t), Some(&w)], 1)[0], &[], &[3.0], 1e-6);
-    assert_close(&run(nll(LossReduction::Mean, Some(0)), &[Some(&x), Some(&t), None], 1)[0], &[], &[3.0], 1e-6);
+    assert_close(
+        &run(nll(LossReduction::None, Some(0)), &[Some(&x), Some(&t), Some(&w)], 1)[0],
+        &[2],
+        &[9.0, 0.0],
+        1e-6,
+    );
+    assert_close(
+        &run(nll(LossReduction::Mean, Some(0)), &[Some(&x), Some(&t), Some(&w)], 1)[0],
+        &[],
+        &[3.0],
+        1e-6,
+    );
+    assert_close(
+        &run(nll(LossReduction::Mean, Some(0)), &[Some(&x), Some(&t), None], 1)[0],
+        &[],
+        &[3.0],
+        1e-6,
+    );
     // [N, C, d1]: the class axis is 1, the loss keeps [N, d1].
     let x3 = f32s(&[1, 2, 2], &[-1.0, -2.0, -3.0, -4.0]);
     let t3 = Tensor::from_slice(&[1, 2], &[1i64, 0]).unwrap();
-    assert_close(&run(nll(LossReduction::None, None), &[Some(&x3), Some(&t3)], 1)[0], &[1, 2], &[3.0, 2.0], 1e-6);
+    assert_close(
+        &run(nll(LossReduction::None, None), &[Some(&x3), Some(&t3)], 1)[0],
+        &[1, 2],
+        &[3.0, 2.0],
+        1e-6,
+    );
     let bad = Tensor::vector(&[3i64, 0]);
     let e = run_op(nll(LossReduction::Sum, None), &[Some(&x), Some(&bad)], 1).unwrap_err();
     assert!(e.contains("target 3 is not a class in 0..3"), "{e}");
     // An out-of-range target is fine when it is ignore_index.
-    assert_close(&run(nll(LossReduction::Sum, Some(3)), &[Some(&x), Some(&bad)], 1)[0], &[], &[0.5], 1e-6);
+    assert_close(
+        &run(nll(LossReduction::Sum, Some(3)), &[Some(&x), Some(&bad)], 1)[0],
+        &[],
+        &[0.5],
+        1e-6,
+    );
 }
 
 #[test]
@@ -476,7 +786,8 @@ fn softmax_cross_entropy_by_hand() {
     let out = run(sce(LossReduction::Mean, None), &[Some(&x), Some(&t), Some(&w)], 1);
     assert_close(&out[0], &[], &[(-2.0 * c - 4.0 * b) / 6.0], 1e-6);
     // Every target ignored: the weighted mean is 0/0.
-    let out = run(sce(LossReduction::Mean, Some(7)), &[Some(&x), Some(&Tensor::vector(&[7i64, 7]))], 1);
+    let out =
+        run(sce(LossReduction::Mean, Some(7)), &[Some(&x), Some(&Tensor::vector(&[7i64, 7]))], 1);
     assert!(out[0].to_f64s()[0].is_nan());
 }
 
@@ -484,12 +795,24 @@ fn softmax_cross_entropy_by_hand() {
 fn loss_shapes() {
     let i = DType::I64;
     let nll = |r| Op::NllLoss(loss(r, None));
-    assert_eq!(types(nll(LossReduction::None), &[Some((F, "n,5,6,7")), Some((i, "n,6,7"))], 1).unwrap(), ["f32[n,6,7]"]);
-    assert_eq!(types(nll(LossReduction::Mean), &[Some((F, "n,5,6,7")), Some((i, "n,6,7"))], 1).unwrap(), ["f32[]"]);
+    assert_eq!(
+        types(nll(LossReduction::None), &[Some((F, "n,5,6,7")), Some((i, "n,6,7"))], 1).unwrap(),
+        ["f32[n,6,7]"]
+    );
+    assert_eq!(
+        types(nll(LossReduction::Mean), &[Some((F, "n,5,6,7")), Some((i, "n,6,7"))], 1).unwrap(),
+        ["f32[]"]
+    );
     let sce = Op::SoftmaxCrossEntropyLoss(loss(LossReduction::Sum, Some(-1)));
-    assert_eq!(types(sce.clone(), &[Some((F, "3,5")), Some((i, "3")), Some((F, "5"))], 2).unwrap(), ["f32[]", "f32[3,5]"]);
+    assert_eq!(
+        types(sce.clone(), &[Some((F, "3,5")), Some((i, "3")), Some((F, "5"))], 2).unwrap(),
+        ["f32[]", "f32[3,5]"]
+    );
     let e = types(sce.clone(), &[Some((F, "3,5,2")), Some((i, "3,5"))], 1).unwrap_err();
-    assert!(e.contains("target must be [3,2] (input f32[3,5,2] without the class axis), got i64[3,5]"), "{e}");
+    assert!(
+        e.contains("target must be [3,2] (input f32[3,5,2] without the class axis), got i64[3,5]"),
+        "{e}"
+    );
     let e = types(sce.clone(), &[Some((F, "3,5")), Some((i, "3")), Some((F, "3"))], 1).unwrap_err();
     assert!(e.contains("weight must be [C] = [5] for input f32[3,5], got f32[3]"), "{e}");
     let e = types(sce.clone(), &[Some((F, "3,5")), Some((F, "3"))], 1).unwrap_err();

@@ -3,7 +3,10 @@
 //! reference implementation (onnx.reference, onnx 1.x in /tmp/devenv), pasted with a note.
 
 use kiln_ir::builder::GraphBuilder;
-use kiln_ir::op::{AspectRatioPolicy, AutoPad, ConvTranspose, CoordinateTransform, Lrn, NearestMode, Pool, PoolKind, Resize, ResizeMode, Window};
+use kiln_ir::op::{
+    AspectRatioPolicy, AutoPad, ConvTranspose, CoordinateTransform, Lrn, NearestMode, Pool,
+    PoolKind, Resize, ResizeMode, Window,
+};
 use kiln_ir::{eval, DType, Op, Tensor};
 
 use super::{assert_close, f32s, run_traced, traced_type};
@@ -11,7 +14,11 @@ use super::{assert_close, f32s, run_traced, traced_type};
 /// Runs `op` on `inputs` (graph inputs) and returns its first `n` results.
 fn run_op(op: &Op, inputs: &[Tensor], n: usize) -> Vec<Tensor> {
     let g = GraphBuilder::new("t");
-    let xs: Vec<_> = inputs.iter().enumerate().map(|(i, t)| Some(g.input(&format!("x{i}"), t.dtype(), t.dims()))).collect();
+    let xs: Vec<_> = inputs
+        .iter()
+        .enumerate()
+        .map(|(i, t)| Some(g.input(&format!("x{i}"), t.dtype(), t.dims())))
+        .collect();
     let ys = g.apply(op.clone(), &xs, n);
     for (i, y) in ys.into_iter().enumerate() {
         g.output(&format!("y{i}"), y);
@@ -22,7 +29,9 @@ fn run_op(op: &Op, inputs: &[Tensor], n: usize) -> Vec<Tensor> {
 
 /// The type of `op`'s first result for inputs of these types, or the build error.
 fn op_type(op: &Op, inputs: &[(DType, &[usize])]) -> Result<String, String> {
-    traced_type(inputs, |g, v| g.apply(op.clone(), &v.iter().map(|&x| Some(x)).collect::<Vec<_>>(), 1)[0])
+    traced_type(inputs, |g, v| {
+        g.apply(op.clone(), &v.iter().map(|&x| Some(x)).collect::<Vec<_>>(), 1)[0]
+    })
 }
 
 #[track_caller]
@@ -42,7 +51,12 @@ fn seq(n: usize) -> Vec<f32> {
 fn conv_t(strides: &[usize], pads: &[usize], auto_pad: AutoPad) -> ConvTranspose {
     let n = strides.len();
     ConvTranspose {
-        window: Window { strides: strides.to_vec(), dilations: vec![1; n], pads: pads.to_vec(), auto_pad },
+        window: Window {
+            strides: strides.to_vec(),
+            dilations: vec![1; n],
+            pads: pads.to_vec(),
+            auto_pad,
+        },
         group: 1,
         output_padding: vec![],
         output_shape: vec![],
@@ -82,8 +96,18 @@ fn conv_transpose_output_shape_derives_the_padding() {
     assert_close(&with_shape(6, AutoPad::SameUpper), &[1, 1, 6], &[1., 1., 3., 2., 5., 3.], 0.0);
     // A larger output pads with zeros; the ONNX reference splits the negative total with floor
     // division (test_convtranspose_output_shape has its extra row and column at the end).
-    assert_close(&with_shape(8, AutoPad::NotSet), &[1, 1, 8], &[1., 1., 3., 2., 5., 3., 3., 0.], 0.0);
-    assert_close(&with_shape(9, AutoPad::SameUpper), &[1, 1, 9], &[0., 1., 1., 3., 2., 5., 3., 3., 0.], 0.0);
+    assert_close(
+        &with_shape(8, AutoPad::NotSet),
+        &[1, 1, 8],
+        &[1., 1., 3., 2., 5., 3., 3., 0.],
+        0.0,
+    );
+    assert_close(
+        &with_shape(9, AutoPad::SameUpper),
+        &[1, 1, 9],
+        &[0., 1., 1., 3., 2., 5., 3., 3., 0.],
+        0.0,
+    );
 }
 
 #[test]
@@ -106,12 +130,18 @@ fn conv_transpose_2d_matches_the_onnx_examples() {
     // The ONNX ConvTranspose documentation example: 3x3 arange, 3x3 kernels of ones, 2 channels.
     let x = f32s(&[1, 1, 3, 3], &seq(9));
     let w = Tensor::full(DType::F32, &[1, 2, 3, 3], 1.0);
-    let y = run_op(&Op::ConvTranspose(conv_t(&[1, 1], &[], AutoPad::NotSet)), &[x.clone(), w.clone()], 1).remove(0);
+    let y = run_op(
+        &Op::ConvTranspose(conv_t(&[1, 1], &[], AutoPad::NotSet)),
+        &[x.clone(), w.clone()],
+        1,
+    )
+    .remove(0);
     #[rustfmt::skip]
     let plane = [0., 1., 3., 3., 2., 3., 8., 15., 12., 7., 9., 21., 36., 27., 15., 9., 20., 33., 24., 13., 6., 13., 21., 15., 8.];
     assert_close(&y, &[1, 2, 5, 5], &[plane, plane].concat(), 0.0);
     // Strides [3, 2] with pads [1, 2, 1, 2] (test_convtranspose_pads; from onnx.reference).
-    let y = run_op(&Op::ConvTranspose(conv_t(&[3, 2], &[1, 2, 1, 2], AutoPad::NotSet)), &[x, w], 1).remove(0);
+    let y = run_op(&Op::ConvTranspose(conv_t(&[3, 2], &[1, 2, 1, 2], AutoPad::NotSet)), &[x, w], 1)
+        .remove(0);
     #[rustfmt::skip]
     let plane = [1., 1., 3., 1., 1., 3., 7., 4., 9., 7., 4., 9., 7., 4., 9., 13., 7., 15., 13., 7., 15.];
     assert_close(&y, &[1, 2, 7, 3], &[plane, plane].concat(), 0.0);
@@ -141,7 +171,10 @@ fn conv_transpose_groups_and_bias_per_output_channel() {
     let x = Tensor::from_vec(&[2, 2, 1], vec![1.0f64, 10., 0.1, 0.2]).unwrap();
     let w = Tensor::from_vec(&[2, 2, 1], vec![1.0f64, 2., 3., 4.]).unwrap();
     let y = run_op(&Op::ConvTranspose(c), &[x, w], 1).remove(0);
-    assert_eq!(y.as_slice::<f64>().unwrap(), &[1., 2., 30., 40., 0.1, 0.2, 0.6000000000000001, 0.8]);
+    assert_eq!(
+        y.as_slice::<f64>().unwrap(),
+        &[1., 2., 30., 40., 0.1, 0.2, 0.6000000000000001, 0.8]
+    );
 }
 
 #[test]
@@ -152,21 +185,38 @@ fn conv_transpose_shapes() {
     c.group = 2;
     c.output_padding = vec![1, 1];
     // M = weight dim 1 times group; size = stride * (in - 1) + output_padding + kernel.
-    assert_eq!(op_type(&op(c.clone()), &[(f, &[1, 4, 3, 3]), (f, &[4, 3, 3, 3])]), Ok("f32[1,6,10,8]".into()));
+    assert_eq!(
+        op_type(&op(c.clone()), &[(f, &[1, 4, 3, 3]), (f, &[4, 3, 3, 3])]),
+        Ok("f32[1,6,10,8]".into())
+    );
     let mut s = c.clone();
     s.output_shape = vec![1, 6, 9, 7];
-    assert_eq!(op_type(&op(s.clone()), &[(f, &[1, 4, 3, 3]), (f, &[4, 3, 3, 3])]), Ok("f32[1,6,9,7]".into()));
+    assert_eq!(
+        op_type(&op(s.clone()), &[(f, &[1, 4, 3, 3]), (f, &[4, 3, 3, 3])]),
+        Ok("f32[1,6,9,7]".into())
+    );
     let same = conv_t(&[2, 3, 1], &[], AutoPad::SameLower);
-    assert_eq!(op_type(&op(same), &[(f, &[2, 1, 3, 4, 5]), (f, &[1, 2, 3, 3, 3])]), Ok("f32[2,2,6,12,5]".into()));
+    assert_eq!(
+        op_type(&op(same), &[(f, &[2, 1, 3, 4, 5]), (f, &[1, 2, 3, 3, 3])]),
+        Ok("f32[2,2,6,12,5]".into())
+    );
     // Sizes known only at run time get symbols, unless output_shape gives them.
     let sym = traced_type(&[(f, &[1, 4, 3, 3]), (f, &[4, 3, 3, 3])], |g, v| {
-        let x = g.input("dyn", DType::F32, kiln_ir::Shape(vec!["n".into(), 4.into(), "h".into(), 3.into()]));
+        let x = g.input(
+            "dyn",
+            DType::F32,
+            kiln_ir::Shape(vec!["n".into(), 4.into(), "h".into(), 3.into()]),
+        );
         let _ = v;
         g.apply(op(c.clone()), &[Some(x), Some(v[1])], 1)[0]
     });
     assert_eq!(sym, Ok("f32[n,6,\"convtranspose.d2\",8]".into()));
     let fixed = traced_type(&[(f, &[4, 3, 3, 3])], |g, v| {
-        let x = g.input("dyn", DType::F32, kiln_ir::Shape(vec!["n".into(), 4.into(), "h".into(), "w".into()]));
+        let x = g.input(
+            "dyn",
+            DType::F32,
+            kiln_ir::Shape(vec!["n".into(), 4.into(), "h".into(), "w".into()]),
+        );
         g.apply(op(s.clone()), &[Some(x), Some(v[0])], 1)[0]
     });
     assert_eq!(fixed, Ok("f32[n,6,9,7]".into()));
@@ -176,21 +226,39 @@ fn conv_transpose_shapes() {
 fn conv_transpose_errors_name_the_shapes() {
     let f = DType::F32;
     let plain = Op::ConvTranspose(conv_t(&[1, 1], &[], AutoPad::NotSet));
-    assert_err(op_type(&plain, &[(f, &[1, 3, 4, 4]), (f, &[2, 1, 3, 3])]), "input f32[1,3,4,4] has 3 channels but weight f32[2,1,3,3] is for 2");
+    assert_err(
+        op_type(&plain, &[(f, &[1, 3, 4, 4]), (f, &[2, 1, 3, 3])]),
+        "input f32[1,3,4,4] has 3 channels but weight f32[2,1,3,3] is for 2",
+    );
     let mut grouped = conv_t(&[1, 1], &[], AutoPad::NotSet);
     grouped.group = 2;
     assert_err(
         op_type(&Op::ConvTranspose(grouped), &[(f, &[1, 3, 4, 4]), (f, &[3, 1, 3, 3])]),
         "3 input channels of f32[1,3,4,4] do not split into 2 groups",
     );
-    assert_err(op_type(&plain, &[(f, &[1, 2, 4, 4]), (f, &[2, 1, 3, 3]), (f, &[2])]), "bias must be [M] = [1], got f32[2]");
-    assert_err(op_type(&plain, &[(f, &[1, 2, 4]), (f, &[2, 1, 3, 3])]), "must have the same rank of 3 or more");
+    assert_err(
+        op_type(&plain, &[(f, &[1, 2, 4, 4]), (f, &[2, 1, 3, 3]), (f, &[2])]),
+        "bias must be [M] = [1], got f32[2]",
+    );
+    assert_err(
+        op_type(&plain, &[(f, &[1, 2, 4]), (f, &[2, 1, 3, 3])]),
+        "must have the same rank of 3 or more",
+    );
     let cut = Op::ConvTranspose(conv_t(&[1], &[2, 2], AutoPad::NotSet));
-    assert_err(op_type(&cut, &[(f, &[1, 1, 1]), (f, &[1, 1, 3])]), "pads 2 and 2 remove the whole output (3) on spatial axis 0");
+    assert_err(
+        op_type(&cut, &[(f, &[1, 1, 1]), (f, &[1, 1, 3])]),
+        "pads 2 and 2 remove the whole output (3) on spatial axis 0",
+    );
     let mut bad = conv_t(&[1, 1], &[], AutoPad::NotSet);
     bad.output_padding = vec![1];
-    assert_err(op_type(&Op::ConvTranspose(bad), &[(f, &[1, 1, 4, 4]), (f, &[1, 1, 3, 3])]), "output_padding has 1 entries, 2 expected");
-    assert_err(op_type(&plain, &[(DType::I32, &[1, 1, 4, 4]), (DType::I32, &[1, 1, 3, 3])]), "needs a float type");
+    assert_err(
+        op_type(&Op::ConvTranspose(bad), &[(f, &[1, 1, 4, 4]), (f, &[1, 1, 3, 3])]),
+        "output_padding has 1 entries, 2 expected",
+    );
+    assert_err(
+        op_type(&plain, &[(DType::I32, &[1, 1, 4, 4]), (DType::I32, &[1, 1, 3, 3])]),
+        "needs a float type",
+    );
 }
 
 // ----- pooling -----
@@ -256,7 +324,11 @@ fn max_pool_indices_skip_padding_and_take_the_first_maximum() {
 fn average_pool_without_indices_has_one_result() {
     let g = GraphBuilder::new("t");
     let x = g.input("x", DType::F32, [1, 1, 4, 4]);
-    let ys = g.apply(Op::Pool(pool(PoolKind::Average { count_include_pad: false }, &[2, 2], &[], &[])), &[Some(x)], 2);
+    let ys = g.apply(
+        Op::Pool(pool(PoolKind::Average { count_include_pad: false }, &[2, 2], &[], &[])),
+        &[Some(x)],
+        2,
+    );
     g.output("y", ys[0]);
     assert!(g.build().unwrap_err().to_string().contains("has 1 results, 2 asked for"));
 }
@@ -279,20 +351,40 @@ fn average_pool_ceil_mode_counts_only_the_padded_input() {
 #[test]
 fn lp_pool_and_global_lp_pool() {
     let x = f32s(&[1, 1, 4], &[3., -4., 0., 5.]);
-    let y = run_op(&Op::Pool(pool(PoolKind::Lp { p: 2 }, &[2], &[2], &[])), &[x.clone()], 1).remove(0);
+    let y =
+        run_op(&Op::Pool(pool(PoolKind::Lp { p: 2 }, &[2], &[2], &[])), &[x.clone()], 1).remove(0);
     assert_close(&y, &[1, 1, 2], &[5., 5.], 1e-6);
-    let y = run_op(&Op::Pool(pool(PoolKind::Lp { p: 1 }, &[2], &[1], &[])), &[x.clone()], 1).remove(0);
+    let y =
+        run_op(&Op::Pool(pool(PoolKind::Lp { p: 1 }, &[2], &[1], &[])), &[x.clone()], 1).remove(0);
     assert_close(&y, &[1, 1, 3], &[7., 4., 5.], 1e-6);
     // Padding contributes nothing: windows [pad, 3], [-4, 0], [5, pad].
-    let y = run_op(&Op::Pool(pool(PoolKind::Lp { p: 3 }, &[2], &[2], &[1, 1])), &[x.clone()], 1).remove(0);
+    let y = run_op(&Op::Pool(pool(PoolKind::Lp { p: 3 }, &[2], &[2], &[1, 1])), &[x.clone()], 1)
+        .remove(0);
     assert_close(&y, &[1, 1, 3], &[3., 4., 5.], 1e-5);
-    let y = run_op(&Op::GlobalPool(PoolKind::Lp { p: 2 }), &[f32s(&[1, 2, 1, 2], &[3., 4., 6., -8.])], 1).remove(0);
+    let y = run_op(
+        &Op::GlobalPool(PoolKind::Lp { p: 2 }),
+        &[f32s(&[1, 2, 1, 2], &[3., 4., 6., -8.])],
+        1,
+    )
+    .remove(0);
     assert_close(&y, &[1, 2, 1, 1], &[5., 10.], 1e-6);
     let y = run_op(&Op::GlobalPool(PoolKind::Lp { p: 1 }), &[x], 1).remove(0);
     assert_close(&y, &[1, 1, 1], &[12.], 1e-6);
-    assert_err(op_type(&Op::GlobalPool(PoolKind::Lp { p: 0 }), &[(DType::F32, &[1, 1, 4])]), "GlobalLpPool needs p >= 1");
-    assert_err(op_type(&Op::Pool(pool(PoolKind::Lp { p: 0 }, &[2], &[], &[])), &[(DType::F32, &[1, 1, 4])]), "LpPool needs p >= 1");
-    assert_err(op_type(&Op::Pool(pool(PoolKind::Max, &[0], &[], &[])), &[(DType::F32, &[1, 1, 4])]), "kernel_shape [0] has a zero size");
+    assert_err(
+        op_type(&Op::GlobalPool(PoolKind::Lp { p: 0 }), &[(DType::F32, &[1, 1, 4])]),
+        "GlobalLpPool needs p >= 1",
+    );
+    assert_err(
+        op_type(
+            &Op::Pool(pool(PoolKind::Lp { p: 0 }, &[2], &[], &[])),
+            &[(DType::F32, &[1, 1, 4])],
+        ),
+        "LpPool needs p >= 1",
+    );
+    assert_err(
+        op_type(&Op::Pool(pool(PoolKind::Max, &[0], &[], &[])), &[(DType::F32, &[1, 1, 4])]),
+        "kernel_shape [0] has a zero size",
+    );
 }
 
 #[test]
@@ -314,7 +406,12 @@ fn pool_shapes_with_dilation_and_auto_pad() {
 #[test]
 fn log_softmax_is_stable_for_large_inputs() {
     // log(softmax([1, 2, 3])) = x - 3 - log(1 + e^-1 + e^-2), with log(...) = 0.40760596444438.
-    let y = run_op(&Op::LogSoftmax { axis: -1 }, &[f32s(&[2, 3], &[1., 2., 3., 1000., 1000., 1000.])], 1).remove(0);
+    let y = run_op(
+        &Op::LogSoftmax { axis: -1 },
+        &[f32s(&[2, 3], &[1., 2., 3., 1000., 1000., 1000.])],
+        1,
+    )
+    .remove(0);
     let c = 0.4076059644443804;
     let l3 = -(3f64).ln();
     assert_close(&y, &[2, 3], &[-2. - c, -1. - c, -c, l3, l3, l3], 1e-6);
@@ -340,10 +437,17 @@ fn instance_and_group_norm() {
     let x = f32s(&[1, 2, 1, 2], &[1., 3., 5., 7.]);
     let scale = f32s(&[2], &[2., 1.]);
     let bias = f32s(&[2], &[0., 10.]);
-    let y = run_op(&Op::InstanceNorm { epsilon: 0.0 }, &[x.clone(), scale.clone(), bias.clone()], 1).remove(0);
+    let y =
+        run_op(&Op::InstanceNorm { epsilon: 0.0 }, &[x.clone(), scale.clone(), bias.clone()], 1)
+            .remove(0);
     assert_close(&y, &[1, 2, 1, 2], &[-2., 2., 9., 11.], 1e-6);
     // Two groups of one channel are instance normalisation.
-    let y = run_op(&Op::GroupNorm { num_groups: 2, epsilon: 0.0 }, &[x.clone(), scale.clone(), bias.clone()], 1).remove(0);
+    let y = run_op(
+        &Op::GroupNorm { num_groups: 2, epsilon: 0.0 },
+        &[x.clone(), scale.clone(), bias.clone()],
+        1,
+    )
+    .remove(0);
     assert_close(&y, &[1, 2, 1, 2], &[-2., 2., 9., 11.], 1e-6);
     // One group: mean 4, variance 5 over both channels; epsilon 0.5 adds to the variance.
     // (x - 4) / sqrt(5.5) = [-1.2792042981336627, -0.42640143271122083, 0.4264..., 1.2792...].
@@ -352,8 +456,12 @@ fn instance_and_group_norm() {
     assert_close(&y, &[1, 2, 1, 2], &[2. * n[0], 2. * n[1], n[2] + 10., n[3] + 10.], 1e-6);
     // Four channels in two groups of two (from onnx.reference, opset 21).
     let x = f32s(&[1, 4, 3, 2], &(0..24).map(|v| (v as f32).powf(1.5)).collect::<Vec<_>>());
-    let y =
-        run_op(&Op::GroupNorm { num_groups: 2, epsilon: 1e-5 }, &[x, f32s(&[4], &[1., 2., -1., 0.5]), f32s(&[4], &[0., 1., 0., -1.])], 1).remove(0);
+    let y = run_op(
+        &Op::GroupNorm { num_groups: 2, epsilon: 1e-5 },
+        &[x, f32s(&[4], &[1., 2., -1., 0.5]), f32s(&[4], &[0., 1., 0., -1.])],
+        1,
+    )
+    .remove(0);
     #[rustfmt::skip]
     let want = [-1.2612990140914917, -1.1768159866333008, -1.022344708442688, -0.8223118782043457, -0.5854341387748718, -0.31674909591674805,
         0.9606882929801941, 1.6067001819610596, 2.300671339035034, 3.039490222930908, 3.8205831050872803, 4.641775131225586,
@@ -366,17 +474,33 @@ fn instance_and_group_norm() {
 fn rms_norm_over_trailing_axes_with_broadcast_scale() {
     // Rows [3, 4] and [0, 0]: rms sqrt(12.5) and sqrt(epsilon).
     let x = f32s(&[2, 2], &[3., 4., 0., 0.]);
-    let y = run_op(&Op::RmsNorm { axis: -1, epsilon: 0.0 }, &[x.clone(), f32s(&[2], &[1., 2.])], 1).remove(0);
-    assert_close(&y, &[2, 2], &[0.848528137423857, 2. * 1.131370849898476, f64::NAN, f64::NAN], 1e-6);
+    let y = run_op(&Op::RmsNorm { axis: -1, epsilon: 0.0 }, &[x.clone(), f32s(&[2], &[1., 2.])], 1)
+        .remove(0);
+    assert_close(
+        &y,
+        &[2, 2],
+        &[0.848528137423857, 2. * 1.131370849898476, f64::NAN, f64::NAN],
+        1e-6,
+    );
     // Over both axes: mean of squares 6.25, +1 epsilon; a scale of [2, 1] broadcasts down rows.
-    let y = run_op(&Op::RmsNorm { axis: 0, epsilon: 1.0 }, &[x, f32s(&[2, 1], &[1., 2.])], 1).remove(0);
+    let y =
+        run_op(&Op::RmsNorm { axis: 0, epsilon: 1.0 }, &[x, f32s(&[2, 1], &[1., 2.])], 1).remove(0);
     let r = (6.25f64 + 1.0).sqrt();
     assert_close(&y, &[2, 2], &[3. / r, 4. / r, 0., 0.], 1e-6);
     assert_err(
-        op_type(&Op::RmsNorm { axis: -1, epsilon: 0.0 }, &[(DType::F32, &[2, 3]), (DType::F32, &[2])]),
+        op_type(
+            &Op::RmsNorm { axis: -1, epsilon: 0.0 },
+            &[(DType::F32, &[2, 3]), (DType::F32, &[2])],
+        ),
         "scale f32[2] does not broadcast to the input f32[2,3]",
     );
-    assert_err(op_type(&Op::RmsNorm { axis: 2, epsilon: 0.0 }, &[(DType::F32, &[2, 3]), (DType::F32, &[3])]), "axis 2 is out of range for f32[2,3]");
+    assert_err(
+        op_type(
+            &Op::RmsNorm { axis: 2, epsilon: 0.0 },
+            &[(DType::F32, &[2, 3]), (DType::F32, &[3])],
+        ),
+        "axis 2 is out of range for f32[2,3]",
+    );
 }
 
 #[test]
@@ -386,10 +510,20 @@ fn lrn_sums_squares_over_neighbouring_channels() {
     let x = f32s(&[1, 3, 1, 1], &[1., 2., 3.]);
     let lrn = |size| Op::Lrn(Lrn { alpha: 0.3, beta: 0.75, bias: 2.0, size });
     let y = run_op(&lrn(3), &[x.clone()], 1).remove(0);
-    assert_close(&y, &[1, 3, 1, 1], &[0.5029733718731741, 0.7987682757159082, 1.225281284102679], 1e-6);
+    assert_close(
+        &y,
+        &[1, 3, 1, 1],
+        &[0.5029733718731741, 0.7987682757159082, 1.225281284102679],
+        1e-6,
+    );
     // An even size reaches one further after than before: sums 5, 13, 9 with alpha / size 0.15.
     let y = run_op(&lrn(2), &[x], 1).remove(0);
-    assert_close(&y, &[1, 3, 1, 1], &[0.46827446852752624, 0.7138092539782174, 1.2115396991017322], 1e-6);
+    assert_close(
+        &y,
+        &[1, 3, 1, 1],
+        &[0.46827446852752624, 0.7138092539782174, 1.2115396991017322],
+        1e-6,
+    );
     assert_err(op_type(&lrn(0), &[(DType::F32, &[1, 3, 2])]), "size must be positive");
     assert_err(op_type(&lrn(3), &[(DType::F32, &[1, 3])]), "input must be [N, C, spatial...]");
 }
@@ -403,15 +537,24 @@ fn lp_norm_and_mean_variance_norm() {
     assert_close(&y, &[2, 2], &[3. / 7., -4. / 7., 0., 0.], 1e-7);
     let y = run_op(&Op::LpNorm { axis: 0, p: 1 }, &[x], 1).remove(0);
     assert_close(&y, &[2, 2], &[1., -1., 0., 0.], 1e-7);
-    assert_err(op_type(&Op::LpNorm { axis: 0, p: 3 }, &[(DType::F32, &[2])]), "p must be 1 or 2, got 3");
+    assert_err(
+        op_type(&Op::LpNorm { axis: 0, p: 3 }, &[(DType::F32, &[2])]),
+        "p must be 1 or 2, got 3",
+    );
     // MVN over axes 0 and 2 of [2, 2, 2]: channel 0 holds 1, 3, 5, 7 (mean 4, std sqrt(5)),
     // channel 1 holds 2, 2, 2, 2 (std 0: zeros).
     let x = f32s(&[2, 2, 2], &[1., 3., 2., 2., 5., 7., 2., 2.]);
     let y = run_op(&Op::MeanVarianceNorm { axes: vec![0, -1] }, &[x], 1).remove(0);
     let s = 5f64.sqrt();
     assert_close(&y, &[2, 2, 2], &[-3. / s, -1. / s, 0., 0., 1. / s, 3. / s, 0., 0.], 1e-6);
-    assert_err(op_type(&Op::MeanVarianceNorm { axes: vec![0, -2] }, &[(DType::F32, &[2, 2])]), "name axis 0 twice");
-    assert_err(op_type(&Op::MeanVarianceNorm { axes: vec![0, 2, 3] }, &[(DType::F32, &[2, 2])]), "axis 2 is out of range for f32[2,2]");
+    assert_err(
+        op_type(&Op::MeanVarianceNorm { axes: vec![0, -2] }, &[(DType::F32, &[2, 2])]),
+        "name axis 0 twice",
+    );
+    assert_err(
+        op_type(&Op::MeanVarianceNorm { axes: vec![0, 2, 3] }, &[(DType::F32, &[2, 2])]),
+        "axis 2 is out of range for f32[2,2]",
+    );
 }
 
 #[test]
@@ -419,12 +562,24 @@ fn normalisation_shape_errors() {
     let f = DType::F32;
     let gn = Op::GroupNorm { num_groups: 2, epsilon: 1e-5 };
     assert_eq!(op_type(&gn, &[(f, &[2, 4, 3]), (f, &[4]), (f, &[4])]), Ok("f32[2,4,3]".into()));
-    assert_err(op_type(&gn, &[(f, &[2, 3, 3]), (f, &[3]), (f, &[3])]), "3 channels of f32[2,3,3] do not split into 2 groups");
-    assert_err(op_type(&gn, &[(f, &[2, 4, 3]), (f, &[2]), (f, &[4])]), "scale must be [C] = [4] for input f32[2,4,3], got f32[2]");
+    assert_err(
+        op_type(&gn, &[(f, &[2, 3, 3]), (f, &[3]), (f, &[3])]),
+        "3 channels of f32[2,3,3] do not split into 2 groups",
+    );
+    assert_err(
+        op_type(&gn, &[(f, &[2, 4, 3]), (f, &[2]), (f, &[4])]),
+        "scale must be [C] = [4] for input f32[2,4,3], got f32[2]",
+    );
     let zero = Op::GroupNorm { num_groups: 0, epsilon: 1e-5 };
-    assert_err(op_type(&zero, &[(f, &[2, 4, 3]), (f, &[4]), (f, &[4])]), "num_groups must be positive");
+    assert_err(
+        op_type(&zero, &[(f, &[2, 4, 3]), (f, &[4]), (f, &[4])]),
+        "num_groups must be positive",
+    );
     let inst = Op::InstanceNorm { epsilon: 1e-5 };
-    assert_err(op_type(&inst, &[(f, &[2, 4, 3]), (f, &[4]), (DType::F64, &[4])]), "input and bias must have the same element type");
+    assert_err(
+        op_type(&inst, &[(f, &[2, 4, 3]), (f, &[4]), (DType::F64, &[4])]),
+        "input and bias must have the same element type",
+    );
     assert_err(op_type(&Op::LogSoftmax { axis: 0 }, &[(DType::I32, &[3])]), "needs a float type");
     assert_err(op_type(&Op::Hardmax { axis: 1 }, &[(f, &[3])]), "axis 1 is out of range");
 }
@@ -436,7 +591,13 @@ fn resize_op(mode: ResizeMode, ct: CoordinateTransform) -> Resize {
 }
 
 /// Resize with constant roi/scales/sizes operands (as an importer makes them).
-fn resize(r: &Resize, x: Tensor, roi: Option<&[f32]>, scales: Option<&[f32]>, sizes: Option<&[i64]>) -> Tensor {
+fn resize(
+    r: &Resize,
+    x: Tensor,
+    roi: Option<&[f32]>,
+    scales: Option<&[f32]>,
+    sizes: Option<&[i64]>,
+) -> Tensor {
     run_traced(&[x], |g, v| {
         let roi = roi.map(|r| g.constant("roi", Tensor::vector(r)));
         let scales = scales.map(|s| g.constant("scales", Tensor::vector(s)));
@@ -452,12 +613,24 @@ fn resize_nearest_and_linear_match_the_onnx_examples() {
     #[rustfmt::skip]
     let want = [1., 1., 1., 2., 2., 2., 1., 1., 1., 2., 2., 2., 3., 3., 3., 4., 4., 4., 3., 3., 3., 4., 4., 4.];
     assert_close(&nearest, &[1, 1, 4, 6], &want, 0.0);
-    let linear = resize(&resize_op(ResizeMode::Linear, CoordinateTransform::HalfPixel), x.clone(), None, Some(&[1., 1., 2., 2.]), None);
+    let linear = resize(
+        &resize_op(ResizeMode::Linear, CoordinateTransform::HalfPixel),
+        x.clone(),
+        None,
+        Some(&[1., 1., 2., 2.]),
+        None,
+    );
     #[rustfmt::skip]
     let want = [1., 1.25, 1.75, 2., 1.5, 1.75, 2.25, 2.5, 2.5, 2.75, 3.25, 3.5, 3., 3.25, 3.75, 4.];
     assert_close(&linear, &[1, 1, 4, 4], &want, 0.0);
     // align_corners: x_in = y * (2 - 1) / (4 - 1), thirds.
-    let ac = resize(&resize_op(ResizeMode::Linear, CoordinateTransform::AlignCorners), x, None, Some(&[1., 1., 2., 2.]), None);
+    let ac = resize(
+        &resize_op(ResizeMode::Linear, CoordinateTransform::AlignCorners),
+        x,
+        None,
+        Some(&[1., 1., 2., 2.]),
+        None,
+    );
     let t = 1. / 3.;
     #[rustfmt::skip]
     let want = [1., 1. + t, 2. - t, 2., 1. + 2. * t, 2., 2. + t, 3. - t, 2. + t, 3. - t, 3., 3. + t, 3., 3. + t, 4. - t, 4.];
@@ -469,7 +642,11 @@ fn resize_nearest_modes() {
     // Asymmetric upsampling by 2: input coordinates 0, 0.5, 1, 1.5, 2, 2.5.
     let x = f32s(&[3], &[10., 20., 30.]);
     let run = |mode| {
-        let r = Resize { nearest_mode: mode, coordinate_transform: CoordinateTransform::Asymmetric, ..Resize::default() };
+        let r = Resize {
+            nearest_mode: mode,
+            coordinate_transform: CoordinateTransform::Asymmetric,
+            ..Resize::default()
+        };
         resize(&r, x.clone(), None, Some(&[2.]), None).to_f64s()
     };
     assert_eq!(run(NearestMode::RoundPreferFloor), [10., 10., 20., 20., 30., 30.]);
@@ -478,7 +655,16 @@ fn resize_nearest_modes() {
     assert_eq!(run(NearestMode::Ceil), [10., 20., 20., 30., 30., 30.]);
     // Half-pixel downsampling of 4 by 0.75: coordinates 1/6, 3/2, 17/6 (from onnx.reference).
     let x = f32s(&[4], &[10., 20., 30., 40.]);
-    let run = |mode| resize(&Resize { nearest_mode: mode, ..Resize::default() }, x.clone(), None, Some(&[0.75]), None).to_f64s();
+    let run = |mode| {
+        resize(
+            &Resize { nearest_mode: mode, ..Resize::default() },
+            x.clone(),
+            None,
+            Some(&[0.75]),
+            None,
+        )
+        .to_f64s()
+    };
     assert_eq!(run(NearestMode::RoundPreferFloor), [10., 20., 40.]);
     assert_eq!(run(NearestMode::RoundPreferCeil), [10., 30., 40.]);
     assert_eq!(run(NearestMode::Floor), [10., 20., 30.]);
@@ -489,20 +675,51 @@ fn resize_nearest_modes() {
 fn resize_cubic_and_antialias_match_the_reference() {
     // All values from onnx.reference (op_resize.py).
     let x4 = f32s(&[1, 1, 4, 4], &(1..=16).map(|v| v as f32).collect::<Vec<_>>());
-    let cubic = resize(&resize_op(ResizeMode::Cubic, CoordinateTransform::HalfPixel), x4.clone(), None, Some(&[1., 1., 0.8, 0.8]), None);
+    let cubic = resize(
+        &resize_op(ResizeMode::Cubic, CoordinateTransform::HalfPixel),
+        x4.clone(),
+        None,
+        Some(&[1., 1., 0.8, 0.8]),
+        None,
+    );
     #[rustfmt::skip]
     let want = [1.47119140625, 2.78125, 4.08251953125, 6.71142578125, 8.021484375, 9.32275390625, 11.91650390625, 13.2265625, 14.527831077575684];
     assert_close(&cubic, &[1, 1, 3, 3], &want, 1e-5);
     let x = f32s(&[4], &[1., 2., 4., 8.]);
-    let up = resize(&resize_op(ResizeMode::Cubic, CoordinateTransform::HalfPixel), x.clone(), None, Some(&[2.]), None);
-    assert_close(&up, &[8], &[0.89453125, 1.15625, 1.5625, 2.41796875, 3.16015625, 5.1171875, 7.1640625, 8.421875], 1e-6);
-    let excl = Resize { cubic_coeff_a: -0.5, exclude_outside: true, ..resize_op(ResizeMode::Cubic, CoordinateTransform::HalfPixel) };
+    let up = resize(
+        &resize_op(ResizeMode::Cubic, CoordinateTransform::HalfPixel),
+        x.clone(),
+        None,
+        Some(&[2.]),
+        None,
+    );
+    assert_close(
+        &up,
+        &[8],
+        &[0.89453125, 1.15625, 1.5625, 2.41796875, 3.16015625, 5.1171875, 7.1640625, 8.421875],
+        1e-6,
+    );
+    let excl = Resize {
+        cubic_coeff_a: -0.5,
+        exclude_outside: true,
+        ..resize_op(ResizeMode::Cubic, CoordinateTransform::HalfPixel)
+    };
     #[rustfmt::skip]
     let want = [0.9117646813392639, 1.1459853649139404, 1.6412214040756226, 2.3828125, 3.3359375, 5.022900581359863, 7.284671306610107, 8.352941513061523];
     assert_close(&resize(&excl, x, None, Some(&[2.]), None), &[8], &want, 1e-6);
-    let aa = Resize { antialias: true, ..resize_op(ResizeMode::Linear, CoordinateTransform::HalfPixel) };
-    assert_close(&resize(&aa, x4.clone(), None, Some(&[1., 1., 0.6, 0.6]), None), &[1, 1, 2, 2], &[2.875, 4.5, 9.375, 11.], 1e-6);
-    let aa = Resize { antialias: true, axes: vec![2, 3], ..resize_op(ResizeMode::Cubic, CoordinateTransform::HalfPixel) };
+    let aa =
+        Resize { antialias: true, ..resize_op(ResizeMode::Linear, CoordinateTransform::HalfPixel) };
+    assert_close(
+        &resize(&aa, x4.clone(), None, Some(&[1., 1., 0.6, 0.6]), None),
+        &[1, 1, 2, 2],
+        &[2.875, 4.5, 9.375, 11.],
+        1e-6,
+    );
+    let aa = Resize {
+        antialias: true,
+        axes: vec![2, 3],
+        ..resize_op(ResizeMode::Cubic, CoordinateTransform::HalfPixel)
+    };
     #[rustfmt::skip]
     let want = [1.7750091552734375, 3.1200075149536133, 4.465005397796631, 7.155002117156982, 8.500000953674316, 9.844998359680176, 12.534994125366211, 13.879993438720703, 15.224990844726562];
     assert_close(&resize(&aa, x4, None, None, Some(&[3, 3])), &[1, 1, 3, 3], &want, 1e-5);
@@ -512,28 +729,67 @@ fn resize_cubic_and_antialias_match_the_reference() {
 fn resize_coordinate_modes() {
     // Values from onnx.reference.
     let x = f32s(&[4], &[1., 2., 3., 4.]);
-    let hps = resize(&resize_op(ResizeMode::Linear, CoordinateTransform::HalfPixelSymmetric), x.clone(), None, Some(&[0.6]), None);
+    let hps = resize(
+        &resize_op(ResizeMode::Linear, CoordinateTransform::HalfPixelSymmetric),
+        x.clone(),
+        None,
+        Some(&[0.6]),
+        None,
+    );
     assert_close(&hps, &[2], &[1.6666667461395264, 3.3333332538604736], 1e-6);
     // pytorch_half_pixel maps a single output to -0.5, which clamps to the first element.
-    let pt = resize(&resize_op(ResizeMode::Linear, CoordinateTransform::PytorchHalfPixel), x.clone(), None, None, Some(&[1]));
+    let pt = resize(
+        &resize_op(ResizeMode::Linear, CoordinateTransform::PytorchHalfPixel),
+        x.clone(),
+        None,
+        None,
+        Some(&[1]),
+    );
     assert_close(&pt, &[1], &[1.], 0.0);
-    let hp = resize(&resize_op(ResizeMode::Linear, CoordinateTransform::HalfPixel), x, None, None, Some(&[1]));
+    let hp = resize(
+        &resize_op(ResizeMode::Linear, CoordinateTransform::HalfPixel),
+        x,
+        None,
+        None,
+        Some(&[1]),
+    );
     assert_close(&hp, &[1], &[2.5], 0.0);
     // tf_crop_and_resize on axes 2 and 3 of a 4x4: roi rows [0.4, 1.2], columns [0.6, 1.7];
     // coordinates beyond the input take the extrapolation value.
     let x4 = f32s(&[1, 1, 4, 4], &(1..=16).map(|v| v as f32).collect::<Vec<_>>());
-    let tf = Resize { axes: vec![2, 3], extrapolation_value: 10.0, ..resize_op(ResizeMode::Linear, CoordinateTransform::TfCropAndResize) };
+    let tf = Resize {
+        axes: vec![2, 3],
+        extrapolation_value: 10.0,
+        ..resize_op(ResizeMode::Linear, CoordinateTransform::TfCropAndResize)
+    };
     let y = resize(&tf, x4, Some(&[0.4, 0.6, 1.2, 1.7]), None, Some(&[3, 3]));
-    assert_close(&y, &[1, 1, 3, 3], &[7.600000381469727, 10., 10., 12.40000057220459, 10., 10., 10., 10., 10.], 1e-5);
+    assert_close(
+        &y,
+        &[1, 1, 3, 3],
+        &[7.600000381469727, 10., 10., 12.40000057220459, 10., 10., 10., 10., 10.],
+        1e-5,
+    );
 }
 
 #[test]
 fn resize_integers_round_half_to_even_and_saturate() {
     // From onnx.reference: linear 0..255 makes 127.5 -> 128; cubic overshoots clamp to 0 and 255.
     let x = Tensor::vector(&[0u8, 255, 100, 101]);
-    let y = resize(&resize_op(ResizeMode::Linear, CoordinateTransform::HalfPixel), x.clone(), None, Some(&[1.5]), None);
+    let y = resize(
+        &resize_op(ResizeMode::Linear, CoordinateTransform::HalfPixel),
+        x.clone(),
+        None,
+        Some(&[1.5]),
+        None,
+    );
     assert_eq!(y.as_slice::<u8>().unwrap(), &[0, 128, 229, 126, 100, 101]);
-    let y = resize(&resize_op(ResizeMode::Cubic, CoordinateTransform::HalfPixel), x, None, Some(&[2.]), None);
+    let y = resize(
+        &resize_op(ResizeMode::Cubic, CoordinateTransform::HalfPixel),
+        x,
+        None,
+        Some(&[2.]),
+        None,
+    );
     assert_eq!(y.as_slice::<u8>().unwrap(), &[0, 63, 214, 247, 144, 84, 95, 101]);
 }
 
@@ -548,22 +804,32 @@ fn resize_shapes_from_scales_sizes_axes_and_policy() {
     };
     let r = Resize::default();
     // floor(scale * size): 0.6 (as f32) * 4 = 2.4.
-    assert_eq!(shape(&r, &[1, 1, 2, 4], Some(&[1., 1., 0.6, 0.6]), None), Ok("f32[1,1,1,2]".into()));
+    assert_eq!(
+        shape(&r, &[1, 1, 2, 4], Some(&[1., 1., 0.6, 0.6]), None),
+        Ok("f32[1,1,1,2]".into())
+    );
     assert_eq!(shape(&r, &[1, 1, 2, 2], None, Some(&[1, 1, 7, 8])), Ok("f32[1,1,7,8]".into()));
     let axes = Resize { axes: vec![3, -2], ..Resize::default() };
     assert_eq!(shape(&axes, &[1, 1, 2, 2], None, Some(&[8, 7])), Ok("f32[1,1,7,8]".into()));
     assert_eq!(shape(&axes, &[1, 1, 2, 2], Some(&[3., 2.]), None), Ok("f32[1,1,4,6]".into()));
     // keep_aspect_ratio_policy: one scale for the resized axes, sizes rounded half up.
-    let not_larger = Resize { axes: vec![2, 3], keep_aspect_ratio_policy: AspectRatioPolicy::NotLarger, ..Resize::default() };
+    let not_larger = Resize {
+        axes: vec![2, 3],
+        keep_aspect_ratio_policy: AspectRatioPolicy::NotLarger,
+        ..Resize::default()
+    };
     assert_eq!(shape(&not_larger, &[1, 1, 2, 4], None, Some(&[1, 3])), Ok("f32[1,1,1,2]".into()));
     assert_eq!(shape(&not_larger, &[1, 1, 2, 2], None, Some(&[7, 8])), Ok("f32[1,1,7,7]".into()));
-    let not_smaller = Resize { keep_aspect_ratio_policy: AspectRatioPolicy::NotSmaller, ..not_larger };
+    let not_smaller =
+        Resize { keep_aspect_ratio_policy: AspectRatioPolicy::NotSmaller, ..not_larger };
     assert_eq!(shape(&not_smaller, &[1, 1, 2, 4], None, Some(&[1, 3])), Ok("f32[1,1,2,3]".into()));
     // Without axes the policy takes every axis into account, the unit scales of N and C too (as
     // the reference does; checked with onnx.reference).
-    let all = Resize { keep_aspect_ratio_policy: AspectRatioPolicy::NotSmaller, ..Resize::default() };
+    let all =
+        Resize { keep_aspect_ratio_policy: AspectRatioPolicy::NotSmaller, ..Resize::default() };
     assert_eq!(shape(&all, &[1, 1, 2, 4], None, Some(&[1, 1, 1, 3])), Ok("f32[1,1,2,4]".into()));
-    let all = Resize { keep_aspect_ratio_policy: AspectRatioPolicy::NotLarger, ..Resize::default() };
+    let all =
+        Resize { keep_aspect_ratio_policy: AspectRatioPolicy::NotLarger, ..Resize::default() };
     assert_eq!(shape(&all, &[1, 1, 2, 4], None, Some(&[1, 1, 1, 3])), Ok("f32[1,1,1,2]".into()));
 }
 
@@ -573,10 +839,13 @@ fn resize_shapes_known_only_at_run_time() {
     let x = f32s(&[1, 1, 2, 2], &[1., 2., 3., 4.]);
     let scales = Tensor::vector(&[2f32, 3.]);
     let r = Resize { axes: vec![2, 3], ..Resize::default() };
-    let ty =
-        traced_type(&[(DType::F32, &[1, 1, 2, 2]), (DType::F32, &[2])], |g, v| g.apply(Op::Resize(r.clone()), &[Some(v[0]), None, Some(v[1])], 1)[0]);
+    let ty = traced_type(&[(DType::F32, &[1, 1, 2, 2]), (DType::F32, &[2])], |g, v| {
+        g.apply(Op::Resize(r.clone()), &[Some(v[0]), None, Some(v[1])], 1)[0]
+    });
     assert_eq!(ty, Ok("f32[1,1,\"resize.d2\",\"resize.d3\"]".into()));
-    let y = run_traced(&[x, scales], |g, v| g.apply(Op::Resize(r.clone()), &[Some(v[0]), None, Some(v[1])], 1)[0]);
+    let y = run_traced(&[x, scales], |g, v| {
+        g.apply(Op::Resize(r.clone()), &[Some(v[0]), None, Some(v[1])], 1)[0]
+    });
     assert_eq!(y.dims(), &[1, 1, 4, 6]);
     // A symbolic input keeps its symbol where the scale is 1, and stretched sizes are known.
     let ty = traced_type(&[], |g, _| {
@@ -588,13 +857,22 @@ fn resize_shapes_known_only_at_run_time() {
     let ty = traced_type(&[], |g, _| {
         let x = g.input("x", DType::F32, kiln_ir::Shape(vec!["n".into(), "h".into()]));
         let s = g.constant("s", Tensor::vector(&[5i64]));
-        g.apply(Op::Resize(Resize { axes: vec![1], ..Resize::default() }), &[Some(x), None, None, Some(s)], 1)[0]
+        g.apply(
+            Op::Resize(Resize { axes: vec![1], ..Resize::default() }),
+            &[Some(x), None, None, Some(s)],
+            1,
+        )[0]
     });
     assert_eq!(ty, Ok("f32[n,5]".into()));
     // An empty scales tensor counts as absent (exporters write one next to sizes).
     let y = eval::eval_op(
         &Op::Resize(Resize::default()),
-        &[Some(&f32s(&[2], &[1., 2.])), Some(&Tensor::vector::<f32>(&[])), Some(&Tensor::vector::<f32>(&[])), Some(&Tensor::vector(&[4i64]))],
+        &[
+            Some(&f32s(&[2], &[1., 2.])),
+            Some(&Tensor::vector::<f32>(&[])),
+            Some(&Tensor::vector::<f32>(&[])),
+            Some(&Tensor::vector(&[4i64])),
+        ],
         1,
     )
     .unwrap();
@@ -614,14 +892,42 @@ fn resize_errors() {
     let sizes = || Some(Tensor::vector(&[1i64, 1, 4, 4]));
     assert_err(with(Resize::default(), scales(), sizes()), "needs exactly one of scales and sizes");
     assert_err(with(Resize::default(), None, None), "needs exactly one of scales and sizes");
-    assert_err(with(Resize::default(), Some(Tensor::vector(&[2f32, 2.])), None), "scales has 2 entries, 4 expected");
-    assert_err(with(Resize { axes: vec![2, 2], ..Resize::default() }, Some(Tensor::vector(&[2f32, 2.])), None), "name axis 2 twice");
-    assert_err(with(Resize { axes: vec![4], ..Resize::default() }, Some(Tensor::vector(&[2f32])), None), "4 is out of range for rank 4");
-    assert_err(with(Resize::default(), Some(Tensor::vector(&[1f32, 1., 0., 2.])), None), "scales must be positive");
-    assert_err(with(Resize::default(), None, Some(Tensor::vector(&[1i64, 1, -4, 4]))), "sizes must not be negative");
-    assert_err(with(Resize::default(), None, Some(Tensor::vector(&[1f32, 1., 4., 4.]))), "sizes must be a 1-D integer tensor");
-    assert_err(with(resize_op(ResizeMode::Linear, CoordinateTransform::TfCropAndResize), scales(), None), "tf_crop_and_resize needs roi");
-    assert_err(with(Resize { antialias: true, ..Resize::default() }, scales(), None), "antialias applies to the linear and cubic modes");
+    assert_err(
+        with(Resize::default(), Some(Tensor::vector(&[2f32, 2.])), None),
+        "scales has 2 entries, 4 expected",
+    );
+    assert_err(
+        with(
+            Resize { axes: vec![2, 2], ..Resize::default() },
+            Some(Tensor::vector(&[2f32, 2.])),
+            None,
+        ),
+        "name axis 2 twice",
+    );
+    assert_err(
+        with(Resize { axes: vec![4], ..Resize::default() }, Some(Tensor::vector(&[2f32])), None),
+        "4 is out of range for rank 4",
+    );
+    assert_err(
+        with(Resize::default(), Some(Tensor::vector(&[1f32, 1., 0., 2.])), None),
+        "scales must be positive",
+    );
+    assert_err(
+        with(Resize::default(), None, Some(Tensor::vector(&[1i64, 1, -4, 4]))),
+        "sizes must not be negative",
+    );
+    assert_err(
+        with(Resize::default(), None, Some(Tensor::vector(&[1f32, 1., 4., 4.]))),
+        "sizes must be a 1-D integer tensor",
+    );
+    assert_err(
+        with(resize_op(ResizeMode::Linear, CoordinateTransform::TfCropAndResize), scales(), None),
+        "tf_crop_and_resize needs roi",
+    );
+    assert_err(
+        with(Resize { antialias: true, ..Resize::default() }, scales(), None),
+        "antialias applies to the linear and cubic modes",
+    );
 }
 
 #[test]
@@ -631,14 +937,30 @@ fn empty_tensors_give_empty_results() {
         let refs: Vec<Option<&Tensor>> = operands.iter().map(Some).collect();
         eval::eval_op(&op, &refs, 1).map(|mut r| r.remove(0).dims().to_vec())
     };
-    assert_eq!(run(Op::InstanceNorm { epsilon: 1e-5 }, &[e(&[1, 0, 2]), e(&[0]), e(&[0])]), Ok(vec![1, 0, 2]));
-    assert_eq!(run(Op::GroupNorm { num_groups: 2, epsilon: 1e-5 }, &[e(&[2, 4, 0]), e(&[4]), e(&[4])]), Ok(vec![2, 4, 0]));
+    assert_eq!(
+        run(Op::InstanceNorm { epsilon: 1e-5 }, &[e(&[1, 0, 2]), e(&[0]), e(&[0])]),
+        Ok(vec![1, 0, 2])
+    );
+    assert_eq!(
+        run(Op::GroupNorm { num_groups: 2, epsilon: 1e-5 }, &[e(&[2, 4, 0]), e(&[4]), e(&[4])]),
+        Ok(vec![2, 4, 0])
+    );
     assert_eq!(run(Op::LogSoftmax { axis: 1 }, &[e(&[0, 3])]), Ok(vec![0, 3]));
     assert_eq!(run(Op::Hardmax { axis: 1 }, &[e(&[2, 0])]), Ok(vec![2, 0]));
     assert_eq!(run(Op::MeanVarianceNorm { axes: vec![0] }, &[e(&[0, 2])]), Ok(vec![0, 2]));
-    assert_eq!(run(Op::Lrn(Lrn { alpha: 1e-4, beta: 0.75, bias: 1.0, size: 3 }), &[e(&[1, 0, 2])]), Ok(vec![1, 0, 2]));
-    assert_eq!(run(Op::Resize(Resize::default()), &[e(&[0, 2]), e(&[0]), Tensor::vector(&[1f32, 2.])]), Ok(vec![0, 4]));
-    let err = run(Op::Resize(Resize::default()), &[e(&[0, 2]), e(&[0]), e(&[0]), Tensor::vector(&[3i64, 2])]).unwrap_err();
+    assert_eq!(
+        run(Op::Lrn(Lrn { alpha: 1e-4, beta: 0.75, bias: 1.0, size: 3 }), &[e(&[1, 0, 2])]),
+        Ok(vec![1, 0, 2])
+    );
+    assert_eq!(
+        run(Op::Resize(Resize::default()), &[e(&[0, 2]), e(&[0]), Tensor::vector(&[1f32, 2.])]),
+        Ok(vec![0, 4])
+    );
+    let err = run(
+        Op::Resize(Resize::default()),
+        &[e(&[0, 2]), e(&[0]), e(&[0]), Tensor::vector(&[3i64, 2])],
+    )
+    .unwrap_err();
     assert!(err.contains("cannot resize axis 0 of size 0 to a given size"), "{err}");
     let ct = Op::ConvTranspose(conv_t(&[1], &[], AutoPad::NotSet));
     assert_eq!(run(ct.clone(), &[e(&[0, 1, 3]), e(&[1, 2, 2])]), Ok(vec![0, 2, 4]));

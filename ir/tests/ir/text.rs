@@ -53,7 +53,8 @@ fn a_hand_written_graph_parses_and_runs() {
 fn special_float_values_round_trip() {
     let g = GraphBuilder::new("f");
     let x = g.input("x", DType::F32, [5]);
-    let c = g.constant("c", Tensor::vector(&[f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 1e-5, -0.0]));
+    let c =
+        g.constant("c", Tensor::vector(&[f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 1e-5, -0.0]));
     let h = g.constant("h", Tensor::vector(&[0.1f32, 65504.0]).cast(DType::F16));
     let b = g.constant("b", Tensor::vector(&[true, false]));
     let big = g.constant("big", Tensor::vector(&[i64::MIN, u32::MAX as i64]));
@@ -63,7 +64,11 @@ fn special_float_values_round_trip() {
     g.output("big", big);
     let graph = g.build().unwrap();
     let printed = text::print(&graph, Weights::Full);
-    assert!(printed.contains("Constant [NaN, inf, -inf, 1e-5, -0.0]") || printed.contains("Constant [nan, inf, -inf, 1e-5, -0.0]"), "{printed}");
+    assert!(
+        printed.contains("Constant [NaN, inf, -inf, 1e-5, -0.0]")
+            || printed.contains("Constant [nan, inf, -inf, 1e-5, -0.0]"),
+        "{printed}"
+    );
     let back = text::parse(&printed).unwrap();
     assert_eq!(text::print(&back, Weights::Full), printed);
     for name in ["c", "h", "b", "big"] {
@@ -103,7 +108,14 @@ fn step() -> impl Strategy<Value = Step> {
     ]
 }
 
-const UNARY: [UnaryOp; 6] = [UnaryOp::Relu, UnaryOp::Tanh, UnaryOp::Sigmoid, UnaryOp::Neg, UnaryOp::Gelu { tanh: false }, UnaryOp::Abs];
+const UNARY: [UnaryOp; 6] = [
+    UnaryOp::Relu,
+    UnaryOp::Tanh,
+    UnaryOp::Sigmoid,
+    UnaryOp::Neg,
+    UnaryOp::Gelu { tanh: false },
+    UnaryOp::Abs,
+];
 const BINARY: [BinaryOp; 4] = [BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Max];
 
 /// Builds a graph from the steps; every step is shaped to be valid, so the graph always builds.
@@ -128,7 +140,11 @@ fn random_graph(dims: &[usize], steps: &[Step], wide: bool) -> kiln_ir::Graph {
             Step::Constant(a, seed) => {
                 let x = pick(&values, a);
                 let t = x.ty().unwrap();
-                let n = if wide { t.shape.as_fixed().unwrap() } else { vec![*t.shape.as_fixed().unwrap().last().unwrap_or(&1)] };
+                let n = if wide {
+                    t.shape.as_fixed().unwrap()
+                } else {
+                    vec![*t.shape.as_fixed().unwrap().last().unwrap_or(&1)]
+                };
                 x * g.constant(&format!("c{seed}"), Tensor::random(DType::F32, &n, seed))
             }
             Step::Reduce(a, axis, keep) => {
@@ -137,7 +153,11 @@ fn random_graph(dims: &[usize], steps: &[Step], wide: bool) -> kiln_ir::Graph {
                 if r == 0 {
                     x.relu()
                 } else {
-                    x.reduce(ReduceKind::ALL[axis as usize % 4], &[(axis as usize % r) as i64], keep)
+                    x.reduce(
+                        ReduceKind::ALL[axis as usize % 4],
+                        &[(axis as usize % r) as i64],
+                        keep,
+                    )
                 }
             }
             Step::Transpose(a) => {
@@ -224,16 +244,28 @@ fn elementwise_ops_round_trip_through_their_attributes() {
         }
         Op::from_attrs(op.name(), a).expect("its own attributes")
     };
-    let ops: Vec<Op> = UnaryOp::ALL.iter().map(|&u| Op::Unary(u)).chain(BinaryOp::ALL.iter().map(|&b| Op::Binary(b))).collect();
+    let ops: Vec<Op> = UnaryOp::ALL
+        .iter()
+        .map(|&u| Op::Unary(u))
+        .chain(BinaryOp::ALL.iter().map(|&b| Op::Binary(b)))
+        .collect();
     for op in ops {
         assert_eq!(Op::from_attrs(op.name(), op.attrs()).as_ref(), Ok(&op));
         let other = changed(op.clone());
         assert_eq!(Op::from_attrs(other.name(), other.attrs()).as_ref(), Ok(&other));
-        assert_eq!(op.attrs().0.is_empty(), other == op, "{}: every attribute changes the op", op.name());
+        assert_eq!(
+            op.attrs().0.is_empty(),
+            other == op,
+            "{}: every attribute changes the op",
+            op.name()
+        );
         let onnx = !matches!(op, Op::Unary(u) if !u.is_onnx());
         assert_eq!(kiln_ir::onnx::supported_ops().contains(&op.name()), onnx, "{}", op.name());
     }
-    assert_eq!(Op::from_attrs("BitShift", kiln_ir::op::Attrs::new()).unwrap_err(), "BitShift direction must be LEFT or RIGHT, got ``");
+    assert_eq!(
+        Op::from_attrs("BitShift", kiln_ir::op::Attrs::new()).unwrap_err(),
+        "BitShift direction must be LEFT or RIGHT, got ``"
+    );
 }
 
 /// Every op the table declares comes back from its own attributes and keeps its name: built by
@@ -243,7 +275,8 @@ fn every_op_round_trips_through_its_attributes() {
     use kiln_ir::op::{Attr, Attrs, OpKind, Subgraph};
     let body = |inputs: usize, outputs: usize| {
         let g = GraphBuilder::new("body");
-        let xs: Vec<_> = (0..inputs.max(1)).map(|i| g.input(&format!("i{i}"), DType::F32, [1])).collect();
+        let xs: Vec<_> =
+            (0..inputs.max(1)).map(|i| g.input(&format!("i{i}"), DType::F32, [1])).collect();
         for o in 0..outputs {
             g.output(&format!("o{o}"), xs[o % xs.len()].relu());
         }
@@ -280,12 +313,26 @@ fn every_op_round_trips_through_its_attributes() {
         assert_eq!(Op::from_attrs(name, op.attrs()).as_ref(), Ok(&op), "{name}");
         let (min, max) = op.arity();
         assert!(min <= max, "{name}");
-        assert_eq!(op.is_view(), matches!(name, "Reshape" | "Flatten" | "Squeeze" | "Unsqueeze"), "{name}");
-        assert!(op.shape_operands().iter().all(|&i| i < max), "{name}: shape operands beyond its arity");
+        assert_eq!(
+            op.is_view(),
+            matches!(name, "Reshape" | "Flatten" | "Squeeze" | "Unsqueeze"),
+            "{name}"
+        );
+        assert!(
+            op.shape_operands().iter().all(|&i| i < max),
+            "{name}: shape operands beyond its arity"
+        );
         assert_ne!(op.kind(), OpKind::Source, "{name}");
     }
     assert!(built > 150, "only {built} ops built from their names");
-    assert_eq!(Op::from_attrs("Constant", Attrs::new()).unwrap_err(), "unknown op `Constant`", "a constant is built from its data");
+    assert_eq!(
+        Op::from_attrs("Constant", Attrs::new()).unwrap_err(),
+        "unknown op `Constant`",
+        "a constant is built from its data"
+    );
     assert_eq!(Op::from_attrs("Nope", Attrs::new()).unwrap_err(), "unknown op `Nope`");
-    assert_eq!(Op::from_attrs("Softmax", Attrs(vec![("axes".into(), Attr::Int(1))])).unwrap_err(), "Softmax has no attribute `axes`");
+    assert_eq!(
+        Op::from_attrs("Softmax", Attrs(vec![("axes".into(), Attr::Int(1))])).unwrap_err(),
+        "Softmax has no attribute `axes`"
+    );
 }

@@ -34,7 +34,8 @@ fn err(msg: impl Into<String>) -> RuntimeError {
 /// Checks that this CPU has every feature the code was compiled for (running AVX-512 code on a
 /// CPU without it would die of an illegal instruction).
 pub fn check_host_features(features: &[String]) -> Result<()> {
-    let missing: Vec<&str> = features.iter().map(String::as_str).filter(|f| host_has(f) == Some(false)).collect();
+    let missing: Vec<&str> =
+        features.iter().map(String::as_str).filter(|f| host_has(f) == Some(false)).collect();
     if missing.is_empty() {
         Ok(())
     } else {
@@ -105,10 +106,18 @@ fn private_library_path() -> Result<(PathBuf, PathBuf)> {
                 return Ok((dir.clone(), dir.join(name)));
             }
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-            Err(e) => return Err(err(format!("cannot create a private directory in {}: {e}", base.display()))),
+            Err(e) => {
+                return Err(err(format!(
+                    "cannot create a private directory in {}: {e}",
+                    base.display()
+                )))
+            }
         }
     }
-    Err(err(format!("cannot create a private directory in {} (every name tried exists)", base.display())))
+    Err(err(format!(
+        "cannot create a private directory in {} (every name tried exists)",
+        base.display()
+    )))
 }
 
 /// 64 bits no other process can guess: the OS's randomness, else std's per-process random
@@ -121,7 +130,11 @@ fn unpredictable() -> u64 {
     }
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
     h.finish()
 }
 
@@ -143,7 +156,9 @@ impl CpuProgram {
     /// caller and `threads - 1` workers).
     pub fn load(code: &[u8], symbols: &[String], threads: usize) -> Result<CpuProgram> {
         let (dir, path) = private_library_path()?;
-        write_new(&path, code).map_err(|e| err(format!("cannot write the kernel library to {}: {e}", path.display())))?;
+        write_new(&path, code).map_err(|e| {
+            err(format!("cannot write the kernel library to {}: {e}", path.display()))
+        })?;
         // SAFETY: the library is kiln-compiled code (the artifact's checksum was verified); it
         // has no initialisers with side effects. It lies in a directory only this user can
         // enter, under a name no one could predict, so nothing replaced it since it was written.
@@ -158,8 +173,8 @@ impl CpuProgram {
         let mut kernels = Vec::with_capacity(symbols.len());
         for s in symbols {
             // SAFETY: kiln's kernels all have the `KernelFn` signature.
-            let f: libloading::Symbol<KernelFn> =
-                unsafe { library.get(s.as_bytes()) }.map_err(|e| err(format!("the kernel library has no `{s}`: {e}")))?;
+            let f: libloading::Symbol<KernelFn> = unsafe { library.get(s.as_bytes()) }
+                .map_err(|e| err(format!("the kernel library has no `{s}`: {e}")))?;
             kernels.push(*f);
         }
         let threads = threads.max(1);
@@ -343,7 +358,9 @@ unsafe fn claim_and_run(s: &Shared, launch: u32) {
                     let f: KernelFn = std::mem::transmute::<usize, KernelFn>(f);
                     f(args, i, i + 1);
                 }
-                if s.finished.fetch_add(1, Ordering::SeqCst) + 1 == count && s.caller_waiting.load(Ordering::SeqCst) {
+                if s.finished.fetch_add(1, Ordering::SeqCst) + 1 == count
+                    && s.caller_waiting.load(Ordering::SeqCst)
+                {
                     let _g = s.lock.lock().unwrap_or_else(|p| p.into_inner());
                     s.done.notify_all();
                 }
@@ -395,7 +412,10 @@ mod tests {
 
     #[test]
     fn a_feature_the_host_lacks_refuses_the_artifact() {
-        assert!(check_host_features(&["not-a-feature".into()]).is_ok(), "unknown names are not checked");
+        assert!(
+            check_host_features(&["not-a-feature".into()]).is_ok(),
+            "unknown names are not checked"
+        );
         let known = ["avx", "avx2", "fma", "avx512f", "avx512bw", "avx512fp16", "avx512vbmi2"];
         for f in known {
             let r = check_host_features(&[f.to_string()]);
@@ -485,7 +505,10 @@ mod tests {
         assert_eq!(std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777, 0o700);
         write_new(&path, b"code").unwrap();
         // A file (or a link someone planted) already at the path is never written through.
-        assert_eq!(write_new(&path, b"other").unwrap_err().kind(), std::io::ErrorKind::AlreadyExists);
+        assert_eq!(
+            write_new(&path, b"other").unwrap_err().kind(),
+            std::io::ErrorKind::AlreadyExists
+        );
         assert_eq!(std::fs::read(&path).unwrap(), b"code");
         std::fs::remove_file(&path).unwrap();
         for d in [dir, dir2] {

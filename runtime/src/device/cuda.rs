@@ -35,7 +35,10 @@ fn driver(what: &str) -> impl Fn(DriverError) -> RuntimeError + '_ {
 
 /// `CUDA_ERROR_X (message)`; the driver is known to be loaded when an error comes back.
 fn describe(e: DriverError) -> String {
-    let name = e.error_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|_| format!("{:?}", e.0));
+    let name = e
+        .error_name()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| format!("{:?}", e.0));
     match e.error_string() {
         Ok(s) => format!("{name} ({})", s.to_string_lossy()),
         Err(_) => name,
@@ -64,7 +67,11 @@ fn require_driver(present: bool) -> Result<()> {
 /// Runs `f`, turning a panic inside cudarc (a driver without a symbol it expects) into an error.
 fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|p| {
-        let msg = p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default();
+        let msg = p
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_default();
         Err(err(format!("{what}: the CUDA driver library is unusable ({msg})")))
     })
 }
@@ -92,7 +99,9 @@ pub fn driver_version() -> Result<String> {
     guarded("cuDriverGetVersion", || {
         let mut v = 0;
         // SAFETY: writes one int.
-        unsafe { sys::cuDriverGetVersion(&mut v) }.result().map_err(driver("cuDriverGetVersion"))?;
+        unsafe { sys::cuDriverGetVersion(&mut v) }
+            .result()
+            .map_err(driver("cuDriverGetVersion"))?;
         Ok(format!("{}.{}", v / 1000, (v % 1000) / 10))
     })
 }
@@ -104,7 +113,9 @@ pub fn gpus() -> Result<Vec<GpuInfo>> {
         match result::init() {
             Ok(()) => {}
             Err(DriverError(sys::CUresult::CUDA_ERROR_NO_DEVICE)) => return Ok(Vec::new()),
-            Err(e) => return Err(err(format!("the CUDA driver did not initialise: {}", describe(e)))),
+            Err(e) => {
+                return Err(err(format!("the CUDA driver did not initialise: {}", describe(e))))
+            }
         }
         let n = result::device::get_count().map_err(driver("counting GPUs"))?;
         (0..n)
@@ -112,7 +123,8 @@ pub fn gpus() -> Result<Vec<GpuInfo>> {
                 let dev = result::device::get(i).map_err(driver("cuDeviceGet"))?;
                 let attr = |a| {
                     // SAFETY: `dev` came from cuDeviceGet.
-                    unsafe { result::device::get_attribute(dev, a) }.map_err(driver("cuDeviceGetAttribute"))
+                    unsafe { result::device::get_attribute(dev, a) }
+                        .map_err(driver("cuDeviceGetAttribute"))
                 };
                 use sys::CUdevice_attribute_enum as A;
                 Ok(GpuInfo {
@@ -123,7 +135,9 @@ pub fn gpus() -> Result<Vec<GpuInfo>> {
                         attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
                     ),
                     // SAFETY: as above.
-                    memory_bytes: unsafe { result::device::total_mem(dev) }.map_err(driver("cuDeviceTotalMem"))? as u64,
+                    memory_bytes: unsafe { result::device::total_mem(dev) }
+                        .map_err(driver("cuDeviceTotalMem"))?
+                        as u64,
                     multiprocessors: attr(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?,
                 })
             })
@@ -180,7 +194,13 @@ struct StreamPlan {
 /// already passed (`seen`).
 fn plan_streams(h: &Hazards, max: usize) -> StreamPlan {
     let n = h.deps.len();
-    let mut p = StreamPlan { streams: 0, stream_of: vec![0; n], waits: vec![Vec::new(); n], recorded: vec![false; n], joins: Vec::new() };
+    let mut p = StreamPlan {
+        streams: 0,
+        stream_of: vec![0; n],
+        waits: vec![Vec::new(); n],
+        recorded: vec![false; n],
+        joins: Vec::new(),
+    };
     let mut tail: Vec<usize> = Vec::new();
     let mut seen: Vec<Bits> = Vec::new();
     for j in 0..n {
@@ -263,9 +283,13 @@ impl CudaProgram {
             return Err(err("the CUDA driver is installed but sees no GPU"));
         }
         let index = index.unwrap_or(0);
-        let gpu = gpus
-            .get(index)
-            .ok_or_else(|| err(format!("there is no CUDA device {index}: this machine has {} (cuda:0..cuda:{})", gpus.len(), gpus.len() - 1)))?;
+        let gpu = gpus.get(index).ok_or_else(|| {
+            err(format!(
+                "there is no CUDA device {index}: this machine has {} (cuda:0..cuda:{})",
+                gpus.len(),
+                gpus.len() - 1
+            ))
+        })?;
         let ctx = CudaContext::new(index).map_err(driver("creating a context"))?;
         let description = format!("cuda:{index} {} ({})", gpu.name, gpu.sm());
         // Device memory free now, before anything is allocated there (a failed allocation later
@@ -276,28 +300,46 @@ impl CudaProgram {
 
         // The module, loaded once, with the JIT's log in the error when the driver rejects it.
         let code = artifact.blob(m.code)?;
-        let text = std::str::from_utf8(code).map_err(|_| err("the code blob is not PTX text (not UTF-8)"))?;
-        let ptx = CString::new(text).map_err(|_| err("the code blob is not PTX text (it holds a NUL byte)"))?;
+        let text = std::str::from_utf8(code)
+            .map_err(|_| err("the code blob is not PTX text (not UTF-8)"))?;
+        let ptx = CString::new(text)
+            .map_err(|_| err("the code blob is not PTX text (it holds a NUL byte)"))?;
         let module = Module { ctx: ctx.clone(), module: load_ptx(&ptx, &m.target_detail)? };
 
         let max_grid = {
             use sys::CUdevice_attribute_enum as A;
             let get = |a| {
                 // SAFETY: the context's device.
-                unsafe { result::device::get_attribute(ctx.cu_device(), a) }.map_err(driver("cuDeviceGetAttribute"))
+                unsafe { result::device::get_attribute(ctx.cu_device(), a) }
+                    .map_err(driver("cuDeviceGetAttribute"))
             };
-            [get(A::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X)?, get(A::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y)?, get(A::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z)?]
+            [
+                get(A::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X)?,
+                get(A::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y)?,
+                get(A::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z)?,
+            ]
         };
         let mut functions = Vec::with_capacity(m.kernels.len());
         for (i, k) in m.kernels.iter().enumerate() {
-            let name = CString::new(k.symbol.as_str()).map_err(|_| err(format!("kernel {i}'s symbol `{}` holds a NUL byte", k.symbol)))?;
+            let name = CString::new(k.symbol.as_str())
+                .map_err(|_| err(format!("kernel {i}'s symbol `{}` holds a NUL byte", k.symbol)))?;
             // SAFETY: the module is loaded.
-            let f = unsafe { result::module::get_function(module.module, name) }
-                .map_err(|e| err(format!("the PTX has no kernel `{}` (kernel {i}, {}): {}", k.symbol, k.label, describe(e))))?;
+            let f = unsafe { result::module::get_function(module.module, name) }.map_err(|e| {
+                err(format!(
+                    "the PTX has no kernel `{}` (kernel {i}, {}): {}",
+                    k.symbol,
+                    k.label,
+                    describe(e)
+                ))
+            })?;
             // SAFETY: `f` is a function of the loaded module.
-            let max_threads =
-                unsafe { result::function::get_function_attribute(f, sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK) }
-                    .map_err(driver("cuFuncGetAttribute"))?;
+            let max_threads = unsafe {
+                result::function::get_function_attribute(
+                    f,
+                    sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK,
+                )
+            }
+            .map_err(driver("cuFuncGetAttribute"))?;
             let threads: u64 = k.block.iter().map(|&b| b as u64).product();
             if threads > max_threads as u64 {
                 return Err(err(format!(
@@ -306,7 +348,10 @@ impl CudaProgram {
                 )));
             }
             if (0..3).any(|d| k.grid[d] as i64 > max_grid[d] as i64) {
-                return Err(err(format!("kernel `{}` ({}) has grid {:?}, over the device's limit {:?}", k.symbol, k.label, k.grid, max_grid)));
+                return Err(err(format!(
+                    "kernel `{}` ({}) has grid {:?}, over the device's limit {:?}",
+                    k.symbol, k.label, k.grid, max_grid
+                )));
             }
             functions.push(f);
         }
@@ -315,8 +360,12 @@ impl CudaProgram {
         let (offsets, total) = layout(m);
         // SAFETY: the context is current (bound by CudaContext::new and gpus()).
         ctx.bind_to_thread().map_err(driver("binding the context"))?;
-        let base = unsafe { result::malloc_sync(total.max(1) as usize) }
-            .map_err(|e| err(format!("cannot allocate {total} bytes of device memory on {description}: {}", describe(e))))?;
+        let base = unsafe { result::malloc_sync(total.max(1) as usize) }.map_err(|e| {
+            err(format!(
+                "cannot allocate {total} bytes of device memory on {description}: {}",
+                describe(e)
+            ))
+        })?;
         let memory = DeviceMemory { ctx: ctx.clone(), base };
         let ptrs: Vec<sys::CUdeviceptr> = offsets.iter().map(|o| base + o).collect();
 
@@ -327,7 +376,8 @@ impl CudaProgram {
                 let src = &artifact.blob(blob)?[..b.bytes as usize];
                 if !src.is_empty() {
                     // SAFETY: the destination lies inside the allocation (layout); synchronous.
-                    unsafe { result::memcpy_htod_sync(ptrs[i], src) }.map_err(driver("uploading constants"))?;
+                    unsafe { result::memcpy_htod_sync(ptrs[i], src) }
+                        .map_err(driver("uploading constants"))?;
                     load_bytes += src.len() as u64;
                 }
             }
@@ -335,13 +385,25 @@ impl CudaProgram {
 
         let hazards = Hazards::of(m);
         let plan = plan_streams(&hazards, MAX_STREAMS);
-        let streams = (0..plan.streams).map(|_| ctx.new_stream().map_err(driver("creating a stream"))).collect::<Result<Vec<_>>>()?;
+        let streams = (0..plan.streams)
+            .map(|_| ctx.new_stream().map_err(driver("creating a stream")))
+            .collect::<Result<Vec<_>>>()?;
         let events = plan
             .recorded
             .iter()
-            .map(|&r| if r { ctx.new_event(None).map(Some).map_err(driver("creating an event")) } else { Ok(None) })
+            .map(|&r| {
+                if r {
+                    ctx.new_event(None).map(Some).map_err(driver("creating an event"))
+                } else {
+                    Ok(None)
+                }
+            })
             .collect::<Result<Vec<_>>>()?;
-        let uploaded = if plan.streams > 1 { Some(ctx.new_event(None).map_err(driver("creating an event"))?) } else { None };
+        let uploaded = if plan.streams > 1 {
+            Some(ctx.new_event(None).map_err(driver("creating an event"))?)
+        } else {
+            None
+        };
         Ok(CudaProgram {
             ctx,
             description,
@@ -373,12 +435,22 @@ impl CudaProgram {
     }
 
     /// Copies `inputs` in, runs every launch, copies the outputs out (as bytes, in order).
-    pub fn run(&self, m: &Manifest, inputs: &[Tensor], profile: Option<&mut Profile>) -> Result<Vec<Vec<u8>>> {
+    pub fn run(
+        &self,
+        m: &Manifest,
+        inputs: &[Tensor],
+        profile: Option<&mut Profile>,
+    ) -> Result<Vec<Vec<u8>>> {
         let mut state = self.run_lock.lock().unwrap_or_else(|p| p.into_inner());
         self.ctx.bind_to_thread().map_err(driver("binding the context"))?;
         if profile.is_some() && state.is_none() {
-            let timed = || self.ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(driver("creating an event"));
-            *state = Some(m.launches.iter().map(|_| Ok((timed()?, timed()?))).collect::<Result<_>>()?);
+            let timed = || {
+                self.ctx
+                    .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+                    .map_err(driver("creating an event"))
+            };
+            *state =
+                Some(m.launches.iter().map(|_| Ok((timed()?, timed()?))).collect::<Result<_>>()?);
         }
         let timing = if profile.is_some() { state.as_ref() } else { None };
         let main = &self.streams[0];
@@ -388,7 +460,8 @@ impl CudaProgram {
             if !bytes.is_empty() {
                 // SAFETY: the buffer holds the declared size (checked by the caller); `bytes`
                 // lives until the stream is synchronised below.
-                unsafe { result::memcpy_htod_async(self.ptrs[d.buffer], bytes, main.cu_stream()) }.map_err(driver("copying inputs"))?;
+                unsafe { result::memcpy_htod_async(self.ptrs[d.buffer], bytes, main.cu_stream()) }
+                    .map_err(driver("copying inputs"))?;
                 to_device += bytes.len() as u64;
             }
         }
@@ -403,7 +476,9 @@ impl CudaProgram {
         for (j, launch) in m.launches.iter().enumerate() {
             let stream = &self.streams[self.plan.stream_of[j]];
             for &i in &self.plan.waits[j] {
-                stream.wait(self.events[i].as_ref().expect("planned")).map_err(driver("cuStreamWaitEvent"))?;
+                stream
+                    .wait(self.events[i].as_ref().expect("planned"))
+                    .map_err(driver("cuStreamWaitEvent"))?;
             }
             if let Some(ev) = timing {
                 ev[j].0.record(stream).map_err(driver("cuEventRecord"))?;
@@ -417,8 +492,20 @@ impl CudaProgram {
             let b = (k.block[0], k.block[1], k.block[2]);
             // SAFETY: the function takes one device pointer per argument (the convention of
             // kiln's GPU code), each to a buffer of the size the compiler planned.
-            unsafe { result::launch_kernel(self.functions[launch.kernel], g, b, 0, stream.cu_stream(), &mut params) }
-                .map_err(|e| RuntimeError::Launch { kernel: k.label.clone(), msg: format!("cuLaunchKernel: {}", describe(e)) })?;
+            unsafe {
+                result::launch_kernel(
+                    self.functions[launch.kernel],
+                    g,
+                    b,
+                    0,
+                    stream.cu_stream(),
+                    &mut params,
+                )
+            }
+            .map_err(|e| RuntimeError::Launch {
+                kernel: k.label.clone(),
+                msg: format!("cuLaunchKernel: {}", describe(e)),
+            })?;
             if let Some(ev) = timing {
                 ev[j].1.record(stream).map_err(driver("cuEventRecord"))?;
             }
@@ -427,23 +514,31 @@ impl CudaProgram {
             }
         }
         for &t in &self.plan.joins {
-            main.wait(self.events[t].as_ref().expect("planned")).map_err(driver("cuStreamWaitEvent"))?;
+            main.wait(self.events[t].as_ref().expect("planned"))
+                .map_err(driver("cuStreamWaitEvent"))?;
         }
         let mut outputs = Vec::with_capacity(m.outputs.len());
         for o in &m.outputs {
             let mut host = vec![0u8; m.buffers[o.buffer].bytes as usize];
             if !host.is_empty() {
                 // SAFETY: the buffer is this size; `host` outlives the synchronisation below.
-                unsafe { result::memcpy_dtoh_async(&mut host, self.ptrs[o.buffer], main.cu_stream()) }.map_err(driver("copying outputs"))?;
+                unsafe {
+                    result::memcpy_dtoh_async(&mut host, self.ptrs[o.buffer], main.cu_stream())
+                }
+                .map_err(driver("copying outputs"))?;
             }
             outputs.push(host);
         }
-        main.synchronize().map_err(|e| err(format!("running the kernels failed: {}", describe(e))))?;
+        main.synchronize()
+            .map_err(|e| err(format!("running the kernels failed: {}", describe(e))))?;
         if let Some(p) = profile {
             if let Some(ev) = timing {
                 for (launch, (start, end)) in m.launches.iter().zip(ev) {
                     let ms = start.elapsed_ms(end).map_err(driver("cuEventElapsedTime"))?;
-                    p.launches.push((m.kernels[launch.kernel].label.clone(), Duration::from_secs_f64(ms.max(0.0) as f64 / 1e3)));
+                    p.launches.push((
+                        m.kernels[launch.kernel].label.clone(),
+                        Duration::from_secs_f64(ms.max(0.0) as f64 / 1e3),
+                    ));
                 }
             }
             p.bytes_to_device += to_device;
@@ -457,11 +552,22 @@ impl CudaProgram {
 /// version or target newer than the driver knows, a syntax error).
 fn load_ptx(ptx: &CString, target_detail: &str) -> Result<sys::CUmodule> {
     let mut log = vec![0u8; 16 * 1024];
-    let mut options = [sys::CUjit_option_enum::CU_JIT_ERROR_LOG_BUFFER, sys::CUjit_option_enum::CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES];
+    let mut options = [
+        sys::CUjit_option_enum::CU_JIT_ERROR_LOG_BUFFER,
+        sys::CUjit_option_enum::CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
+    ];
     let mut values = [log.as_mut_ptr() as *mut c_void, log.len() as *mut c_void];
     let mut module = std::ptr::null_mut();
     // SAFETY: a NUL-terminated image; the option arrays and the log buffer outlive the call.
-    let r = unsafe { sys::cuModuleLoadDataEx(&mut module, ptx.as_ptr() as *const c_void, 2, options.as_mut_ptr(), values.as_mut_ptr()) };
+    let r = unsafe {
+        sys::cuModuleLoadDataEx(
+            &mut module,
+            ptx.as_ptr() as *const c_void,
+            2,
+            options.as_mut_ptr(),
+            values.as_mut_ptr(),
+        )
+    };
     match r.result() {
         Ok(()) => Ok(module),
         Err(e) => {
@@ -487,7 +593,8 @@ fn layout(m: &Manifest) -> (Vec<u64>, u64) {
     let mut offsets = vec![0u64; m.buffers.len()];
     let mut total = 0u64;
     for (i, b) in m.buffers.iter().enumerate() {
-        if matches!(b.kind, BufferKind::Input(_) | BufferKind::Output(_) | BufferKind::Constant(_)) {
+        if matches!(b.kind, BufferKind::Input(_) | BufferKind::Output(_) | BufferKind::Constant(_))
+        {
             offsets[i] = total;
             total = align(total + b.bytes);
         }
@@ -518,7 +625,8 @@ mod tests {
 
     #[test]
     fn independent_launches_get_their_own_stream_and_events_order_the_rest() {
-        let m = diamond(Target::Cuda, 4096, Blob { offset: 0, len: 0 }, Blob { offset: 0, len: 4096 });
+        let m =
+            diamond(Target::Cuda, 4096, Blob { offset: 0, len: 0 }, Blob { offset: 0, len: 4096 });
         let p = plan_streams(&Hazards::of(&m), MAX_STREAMS);
         // 0 on the main stream, 1 (independent) beside it; 2 follows 1 on its stream and waits
         // for 0; 3 and 4 follow on that stream; the main stream joins it before the outputs.
@@ -535,7 +643,8 @@ mod tests {
 
     #[test]
     fn layout_keeps_buffers_apart_and_scratch_in_the_arena() {
-        let m = diamond(Target::Cuda, 4000, Blob { offset: 0, len: 0 }, Blob { offset: 0, len: 4000 });
+        let m =
+            diamond(Target::Cuda, 4000, Blob { offset: 0, len: 0 }, Blob { offset: 0, len: 4000 });
         let (o, total) = layout(&m);
         // x, y, o0, o1, w at 256-aligned offsets, then the arena (s0 and s2 share its start).
         assert_eq!(&o[..5], &[0, 4096, 8192, 12288, 16384]);
@@ -548,18 +657,28 @@ mod tests {
         let text = require_driver(false).unwrap_err().to_string();
         assert!(text.starts_with("device cuda: no CUDA driver (libcuda.so) found"), "{text}");
         if driver_present() && gpus().is_ok_and(|g| !g.is_empty()) {
-            let _ = writeln!(std::io::stderr(), "SKIPPED: this machine has a CUDA GPU; the test checks the errors without one");
+            let _ = writeln!(
+                std::io::stderr(),
+                "SKIPPED: this machine has a CUDA GPU; the test checks the errors without one"
+            );
             return;
         }
         // Here: no driver library, or (Debian's libcuda1 without a GPU) a driver that sees none.
-        let m = diamond(Target::Cuda, 4096, Blob { offset: 0, len: 4 }, Blob { offset: 0, len: 4096 });
+        let m =
+            diamond(Target::Cuda, 4096, Blob { offset: 0, len: 4 }, Blob { offset: 0, len: 4096 });
         let art = Artifact { manifest: m, payload: vec![0; 4096] };
-        let want = if driver_present() { "the CUDA driver is installed but sees no GPU" } else { "no CUDA driver (libcuda.so) found" };
+        let want = if driver_present() {
+            "the CUDA driver is installed but sees no GPU"
+        } else {
+            "no CUDA driver (libcuda.so) found"
+        };
         let e = CudaProgram::load(&art, None).err().expect("no GPU, no program");
         assert!(matches!(e, RuntimeError::Device { ref device, .. } if device == "cuda"), "{e}");
         assert!(e.to_string().contains(want), "{e}");
         // Through the public API too.
-        let e = crate::Executable::load(art, &crate::LoadOptions::default()).err().expect("no GPU, no executable");
+        let e = crate::Executable::load(art, &crate::LoadOptions::default())
+            .err()
+            .expect("no GPU, no executable");
         assert!(e.to_string().starts_with("device cuda: ") && e.to_string().contains(want), "{e}");
         assert_eq!(gpus().map(|g| g.len()).ok(), driver_present().then_some(0));
     }

@@ -88,9 +88,18 @@ impl Hazards {
     pub fn of(m: &Manifest) -> Hazards {
         let n = m.launches.len();
         // (range, written) per argument of each launch.
-        let uses: Vec<Vec<(Range, bool)>> =
-            m.launches.iter().map(|l| l.args.iter().enumerate().map(|(p, &b)| (range_of(m, b), l.may_write(p))).collect()).collect();
-        let conflict = |i: usize, j: usize| uses[i].iter().any(|(ri, wi)| uses[j].iter().any(|(rj, wj)| (*wi || *wj) && ri.overlaps(rj)));
+        let uses: Vec<Vec<(Range, bool)>> = m
+            .launches
+            .iter()
+            .map(|l| {
+                l.args.iter().enumerate().map(|(p, &b)| (range_of(m, b), l.may_write(p))).collect()
+            })
+            .collect();
+        let conflict = |i: usize, j: usize| {
+            uses[i]
+                .iter()
+                .any(|(ri, wi)| uses[j].iter().any(|(rj, wj)| (*wi || *wj) && ri.overlaps(rj)))
+        };
         let mut deps = Vec::with_capacity(n);
         let mut after: Vec<Bits> = Vec::with_capacity(n);
         for j in 0..n {
@@ -110,7 +119,10 @@ impl Hazards {
         let inputs_used = uses
             .iter()
             .map(|u| {
-                let mut ks: Vec<usize> = u.iter().filter_map(|(r, _)| if let Space::Input(k) = r.space { Some(k) } else { None }).collect();
+                let mut ks: Vec<usize> = u
+                    .iter()
+                    .filter_map(|(r, _)| if let Space::Input(k) = r.space { Some(k) } else { None })
+                    .collect();
                 ks.sort_unstable();
                 ks.dedup();
                 ks
@@ -137,7 +149,12 @@ pub(crate) mod tests {
     /// s1 at n, s2 at 0 (reusing s0's bytes once s0 is dead); and five launches:
     /// 0: s0 = x + y; 1: s1 = x * w; 2: o0 = s0 + s1; 3: s2 = o0 * w; 4: o1 = s2 + w.
     pub(crate) fn diamond(target: Target, n: u64, code: Blob, consts: Blob) -> Manifest {
-        let f32s = |name: &str, buffer| TensorDesc { name: name.into(), dtype: "f32".into(), dims: vec![n as usize / 4], buffer };
+        let f32s = |name: &str, buffer| TensorDesc {
+            name: name.into(),
+            dtype: "f32".into(),
+            dims: vec![n as usize / 4],
+            buffer,
+        };
         let buf = |kind| BufferDesc { bytes: n, kind };
         let k = |symbol: &str, label: &str| KernelDesc {
             symbol: symbol.into(),
@@ -166,7 +183,13 @@ pub(crate) mod tests {
                 buf(BufferKind::Scratch { offset: 0 }),
             ],
             kernels: vec![k("add", "add"), k("mul", "mul")],
-            launches: vec![l(0, vec![0, 1, 5]), l(1, vec![0, 4, 6]), l(0, vec![5, 6, 2]), l(1, vec![2, 4, 7]), l(0, vec![7, 4, 3])],
+            launches: vec![
+                l(0, vec![0, 1, 5]),
+                l(1, vec![0, 4, 6]),
+                l(0, vec![5, 6, 2]),
+                l(1, vec![2, 4, 7]),
+                l(0, vec![7, 4, 3]),
+            ],
             code,
             arena_bytes: 2 * n,
             batch: None,
@@ -177,7 +200,12 @@ pub(crate) mod tests {
 
     #[test]
     fn dependencies_follow_memory_not_buffer_ids() {
-        let m = diamond(Target::Opencl, 4096, Blob { offset: 0, len: 0 }, Blob { offset: 0, len: 4096 });
+        let m = diamond(
+            Target::Opencl,
+            4096,
+            Blob { offset: 0, len: 0 },
+            Blob { offset: 0, len: 4096 },
+        );
         let h = Hazards::of(&m);
         // 0 and 1 are independent; 2 reads both; 3 reads o0 (from 2) and overwrites s0's bytes,
         // which 2 read (and 0 wrote: implied through 2); 4 reads s2.
@@ -189,19 +217,34 @@ pub(crate) mod tests {
 
     #[test]
     fn overlapping_scratch_ranges_conflict_and_aliases_resolve() {
-        let mut m = diamond(Target::Opencl, 4096, Blob { offset: 0, len: 0 }, Blob { offset: 0, len: 4096 });
+        let mut m = diamond(
+            Target::Opencl,
+            4096,
+            Blob { offset: 0, len: 0 },
+            Blob { offset: 0, len: 4096 },
+        );
         // s1 moves to overlap s0 by one byte: launch 1 now writes bytes launch 0 writes.
         m.buffers[6].kind = BufferKind::Scratch { offset: 4095 };
         m.arena_bytes = 4095 + 4096;
         assert_eq!(Hazards::of(&m).deps[1], vec![0]);
         // An alias of s1 read by a new launch depends on the write to s1.
-        let mut m = diamond(Target::Opencl, 4096, Blob { offset: 0, len: 0 }, Blob { offset: 0, len: 4096 });
+        let mut m = diamond(
+            Target::Opencl,
+            4096,
+            Blob { offset: 0, len: 0 },
+            Blob { offset: 0, len: 4096 },
+        );
         m.buffers.push(BufferDesc { bytes: 64, kind: BufferKind::Alias { of: 6, offset: 128 } });
         m.launches.truncate(2);
         m.launches.push(Launch { kernel: 0, args: vec![8, 0, 2], writes: vec![2] });
         assert_eq!(Hazards::of(&m).deps[2], vec![1]);
         // Empty `writes` means every argument may be written: read-only uses now conflict.
-        let mut m = diamond(Target::Opencl, 4096, Blob { offset: 0, len: 0 }, Blob { offset: 0, len: 4096 });
+        let mut m = diamond(
+            Target::Opencl,
+            4096,
+            Blob { offset: 0, len: 0 },
+            Blob { offset: 0, len: 4096 },
+        );
         m.launches[1].writes.clear();
         assert_eq!(Hazards::of(&m).deps[1], vec![0], "both touch input x and 1 may write it");
     }

@@ -86,12 +86,19 @@ fn cpu_info() -> (String, u32, Option<u64>) {
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let model = cpuinfo
         .lines()
-        .find_map(|l| l.strip_prefix("model name").and_then(|r| r.split_once(':')).map(|(_, v)| v.trim().to_string()))
+        .find_map(|l| {
+            l.strip_prefix("model name")
+                .and_then(|r| r.split_once(':'))
+                .map(|(_, v)| v.trim().to_string())
+        })
         .unwrap_or_else(|| std::env::consts::ARCH.to_string());
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as u32;
     let memory = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
-        m.lines()
-            .find_map(|l| l.strip_prefix("MemTotal:").and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok()).map(|kb| kb * 1024))
+        m.lines().find_map(|l| {
+            l.strip_prefix("MemTotal:")
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+                .map(|kb| kb * 1024)
+        })
     });
     (model, cores, memory)
 }
@@ -113,7 +120,10 @@ pub fn list_devices() -> Vec<DeviceInfo> {
         ..DeviceInfo::note(Target::Cpu, String::new())
     });
     match cuda::gpus() {
-        Ok(gpus) if gpus.is_empty() => out.push(DeviceInfo::note(Target::Cuda, "the CUDA driver is installed but sees no GPU".into())),
+        Ok(gpus) if gpus.is_empty() => out.push(DeviceInfo::note(
+            Target::Cuda,
+            "the CUDA driver is installed but sees no GPU".into(),
+        )),
         Ok(gpus) => {
             let version = cuda::driver_version().ok().map(|v| format!("CUDA driver {v}"));
             for g in gpus {
@@ -149,7 +159,9 @@ pub fn list_devices() -> Vec<DeviceInfo> {
                     platform: Some(format!("{} ({})", d.platform, d.platform_version)),
                     version: Some(d.version.clone()),
                     il_versions: Some(d.il_versions.clone()),
-                    note: (!spirv).then(|| "does not build SPIR-V, which is what kiln gives OpenCL".to_string()),
+                    note: (!spirv).then(|| {
+                        "does not build SPIR-V, which is what kiln gives OpenCL".to_string()
+                    }),
                     ..DeviceInfo::note(Target::Opencl, String::new())
                 });
             }
@@ -167,14 +179,21 @@ pub fn auto_device() -> (Target, String) {
         why.push("no CUDA driver".to_string());
     } else {
         match cuda::gpus() {
-            Ok(g) if !g.is_empty() => return (Target::Cuda, format!("cuda:0 {} ({}), a CUDA GPU", g[0].name, g[0].sm())),
+            Ok(g) if !g.is_empty() => {
+                return (Target::Cuda, format!("cuda:0 {} ({}), a CUDA GPU", g[0].name, g[0].sm()))
+            }
             Ok(_) => why.push("the CUDA driver sees no GPU".into()),
             Err(e) => why.push(format!("CUDA unusable ({})", message(e))),
         }
     }
     match opencl::devices() {
         Ok(devices) => match devices.iter().find(|d| d.kind == "GPU" && d.takes_spirv()) {
-            Some(d) => return (Target::Opencl, format!("{}, an OpenCL GPU ({})", d.describe(), why.join(", "))),
+            Some(d) => {
+                return (
+                    Target::Opencl,
+                    format!("{}, an OpenCL GPU ({})", d.describe(), why.join(", ")),
+                )
+            }
             None => why.push(format!(
                 "no OpenCL GPU that builds SPIR-V ({} other OpenCL device{})",
                 devices.len(),
@@ -212,7 +231,10 @@ mod tests {
         for t in [Target::Cuda, Target::Opencl] {
             let of: Vec<&DeviceInfo> = all.iter().filter(|d| d.target == t).collect();
             assert!(!of.is_empty(), "{t:?}");
-            assert!(of.iter().all(|d| d.index.is_some() || (d.note.is_some() && !d.usable)), "{of:?}");
+            assert!(
+                of.iter().all(|d| d.index.is_some() || (d.note.is_some() && !d.usable)),
+                "{of:?}"
+            );
         }
         if !cuda::driver_present() {
             let note = all.iter().find(|d| d.target == Target::Cuda).unwrap().note.clone().unwrap();

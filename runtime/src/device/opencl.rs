@@ -14,10 +14,17 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use kiln_ir::Tensor;
-use opencl3::command_queue::{CommandQueue, CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE, CL_QUEUE_PROFILING_ENABLE};
+use opencl3::command_queue::{
+    CommandQueue, CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE, CL_QUEUE_PROFILING_ENABLE,
+};
 use opencl3::context::Context;
-use opencl3::device::{Device, CL_DEVICE_TYPE_ACCELERATOR, CL_DEVICE_TYPE_ALL, CL_DEVICE_TYPE_CPU, CL_DEVICE_TYPE_GPU};
-use opencl3::error_codes::{ClError, CL_BUILD_PROGRAM_FAILURE, CL_DEVICE_NOT_FOUND, CL_PLATFORM_NOT_FOUND_KHR, DLOPEN_RUNTIME_LOAD_FAILED};
+use opencl3::device::{
+    Device, CL_DEVICE_TYPE_ACCELERATOR, CL_DEVICE_TYPE_ALL, CL_DEVICE_TYPE_CPU, CL_DEVICE_TYPE_GPU,
+};
+use opencl3::error_codes::{
+    ClError, CL_BUILD_PROGRAM_FAILURE, CL_DEVICE_NOT_FOUND, CL_PLATFORM_NOT_FOUND_KHR,
+    DLOPEN_RUNTIME_LOAD_FAILED,
+};
 use opencl3::event::Event;
 use opencl3::kernel::Kernel;
 use opencl3::memory::{Buffer, ClMem, CL_MEM_READ_WRITE};
@@ -99,7 +106,8 @@ pub fn devices() -> std::result::Result<Vec<ClDeviceInfo>, OpenclError> {
             Ok(ids) => ids,
             Err(e) if e.0 == CL_DEVICE_NOT_FOUND => continue,
             Err(e) => {
-                let what = format!("listing the devices of platform `{}`", p.name().unwrap_or_default());
+                let what =
+                    format!("listing the devices of platform `{}`", p.name().unwrap_or_default());
                 return Err(OpenclError::Call { what, error: e.to_string() });
             }
         };
@@ -139,14 +147,26 @@ pub fn choose(index: Option<usize>) -> Result<ClDeviceInfo> {
     let all = devices()?;
     let list = || {
         all.iter()
-            .map(|d| format!("  {} [IL: {}]", d.describe(), if d.il_versions.is_empty() { "none" } else { &d.il_versions }))
+            .map(|d| {
+                format!(
+                    "  {} [IL: {}]",
+                    d.describe(),
+                    if d.il_versions.is_empty() { "none" } else { &d.il_versions }
+                )
+            })
             .collect::<Vec<_>>()
             .join("\n")
     };
     if let Some(i) = index {
-        let d = all.get(i).ok_or_else(|| err(format!("there is no OpenCL device {i}; the devices are:\n{}", list())))?;
+        let d = all.get(i).ok_or_else(|| {
+            err(format!("there is no OpenCL device {i}; the devices are:\n{}", list()))
+        })?;
         if !d.takes_spirv() {
-            return Err(err(format!("{} does not build SPIR-V (kiln's OpenCL code); the devices are:\n{}", d.describe(), list())));
+            return Err(err(format!(
+                "{} does not build SPIR-V (kiln's OpenCL code); the devices are:\n{}",
+                d.describe(),
+                list()
+            )));
         }
         return Ok(d.clone());
     }
@@ -154,18 +174,30 @@ pub fn choose(index: Option<usize>) -> Result<ClDeviceInfo> {
     pick("GPU")
         .or_else(|| pick("CPU"))
         .or_else(|| all.iter().find(|d| d.takes_spirv()).cloned())
-        .ok_or_else(|| err(format!("no OpenCL device builds SPIR-V (kiln's OpenCL code); the devices are:\n{}", list())))
+        .ok_or_else(|| {
+            err(format!(
+                "no OpenCL device builds SPIR-V (kiln's OpenCL code); the devices are:\n{}",
+                list()
+            ))
+        })
 }
 
 /// A command queue: out of order when the device can, with profiling when asked.
-fn queue(context: &Context, device: cl_device_id, out_of_order: bool, profiling: bool) -> Result<CommandQueue> {
-    let props = if out_of_order { CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE } else { 0 } | if profiling { CL_QUEUE_PROFILING_ENABLE } else { 0 };
+fn queue(
+    context: &Context,
+    device: cl_device_id,
+    out_of_order: bool,
+    profiling: bool,
+) -> Result<CommandQueue> {
+    let props = if out_of_order { CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE } else { 0 }
+        | if profiling { CL_QUEUE_PROFILING_ENABLE } else { 0 };
     // SAFETY: the device belongs to the context.
     match unsafe { CommandQueue::create_with_properties(context, device, props, 0) } {
         Ok(q) => Ok(q),
         // OpenCL 1.2 platforms have only the older entry point.
         #[allow(deprecated)]
-        Err(_) => unsafe { CommandQueue::create(context, device, props) }.map_err(cl("creating a command queue")),
+        Err(_) => unsafe { CommandQueue::create(context, device, props) }
+            .map_err(cl("creating a command queue")),
     }
 }
 
@@ -219,7 +251,9 @@ impl OpenclProgram {
             crate::memory::check_device(m, &description, total)?;
         }
         let context = Context::from_device(&device).map_err(cl("creating a context"))?;
-        let out_of_order = device.queue_on_host_properties().unwrap_or(0) & CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE != 0
+        let out_of_order = device.queue_on_host_properties().unwrap_or(0)
+            & CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE
+            != 0
             && std::env::var_os("KILN_OPENCL_IN_ORDER").is_none();
         let queue = queue(&context, info.id, out_of_order, false)?;
 
@@ -232,12 +266,17 @@ impl OpenclProgram {
         let program = if m.kernels.is_empty() {
             None
         } else {
-            let mut program = Program::create_from_il(&context, code)
-                .map_err(|e| err(format!("{description} rejected the SPIR-V (clCreateProgramWithIL): {e}")))?;
+            let mut program = Program::create_from_il(&context, code).map_err(|e| {
+                err(format!("{description} rejected the SPIR-V (clCreateProgramWithIL): {e}"))
+            })?;
             if let Err(e) = program.build(&[info.id], "") {
                 let log = program.get_build_log(info.id).unwrap_or_default();
                 let log = log.trim();
-                let what = if e.0 == CL_BUILD_PROGRAM_FAILURE { "building the program failed" } else { "building the program" };
+                let what = if e.0 == CL_BUILD_PROGRAM_FAILURE {
+                    "building the program failed"
+                } else {
+                    "building the program"
+                };
                 return Err(err(format!(
                     "{what} on {description}: {e}{}",
                     if log.is_empty() { String::new() } else { format!("; build log:\n{log}") }
@@ -250,8 +289,15 @@ impl OpenclProgram {
         let align = (device.mem_base_addr_align().unwrap_or(1024) / 8).max(1) as u64;
         let create = |bytes: u64| {
             // SAFETY: no host pointer; a zero-sized buffer is not allowed, so empty ones get a byte.
-            unsafe { Buffer::<u8>::create(&context, CL_MEM_READ_WRITE, bytes.max(1) as usize, ptr::null_mut()) }
-                .map_err(|e| err(format!("cannot allocate {bytes} bytes on {description}: {e}")))
+            unsafe {
+                Buffer::<u8>::create(
+                    &context,
+                    CL_MEM_READ_WRITE,
+                    bytes.max(1) as usize,
+                    ptr::null_mut(),
+                )
+            }
+            .map_err(|e| err(format!("cannot allocate {bytes} bytes on {description}: {e}")))
         };
         let mut memory: Vec<Buffer<u8>> = Vec::new();
         let mut mems: Vec<cl_mem> = vec![ptr::null_mut(); m.buffers.len()];
@@ -283,7 +329,8 @@ impl OpenclProgram {
                     let src = &artifact.blob(*blob)?[..b.bytes as usize];
                     if !src.is_empty() {
                         // SAFETY: a blocking write of `src` into a buffer at least that large.
-                        unsafe { queue.enqueue_write_buffer(&mut buf, CL_BLOCKING, 0, src, &[]) }.map_err(cl("uploading constants"))?;
+                        unsafe { queue.enqueue_write_buffer(&mut buf, CL_BLOCKING, 0, src, &[]) }
+                            .map_err(cl("uploading constants"))?;
                         load_bytes += src.len() as u64;
                     }
                     mems[i] = buf.get();
@@ -294,8 +341,14 @@ impl OpenclProgram {
                     let buf = if b.bytes > 0 && offset % align == 0 {
                         place[i] = Some((Root::Arena, *offset));
                         // SAFETY: inside the arena (validated), at an aligned origin.
-                        unsafe { arena.create_sub_buffer(CL_MEM_READ_WRITE, *offset as usize, b.bytes as usize) }
-                            .map_err(cl("creating a sub-buffer"))?
+                        unsafe {
+                            arena.create_sub_buffer(
+                                CL_MEM_READ_WRITE,
+                                *offset as usize,
+                                b.bytes as usize,
+                            )
+                        }
+                        .map_err(cl("creating a sub-buffer"))?
                     } else {
                         // Not aligned for a sub-buffer: memory of its own (scratch shares nothing
                         // with buffers alive at the same time, so this costs only space).
@@ -328,7 +381,10 @@ impl OpenclProgram {
                 )));
             }
             // SAFETY: inside the parent (validated), at an aligned origin.
-            let sub = unsafe { parent.create_sub_buffer(CL_MEM_READ_WRITE, at as usize, b.bytes as usize) }.map_err(cl("creating a sub-buffer"))?;
+            let sub = unsafe {
+                parent.create_sub_buffer(CL_MEM_READ_WRITE, at as usize, b.bytes as usize)
+            }
+            .map_err(cl("creating a sub-buffer"))?;
             mems[i] = sub.get();
             memory.push(sub);
         }
@@ -352,11 +408,22 @@ impl OpenclProgram {
         let mut ranges = Vec::with_capacity(m.launches.len());
         for (j, launch) in m.launches.iter().enumerate() {
             let k = &m.kernels[launch.kernel];
-            let kernel = Kernel::create(program.as_ref().expect("built: the manifest has kernels"), &k.symbol)
-                .map_err(|e| err(format!("the SPIR-V has no kernel `{}` (kernel {}, {}): {e}", k.symbol, launch.kernel, k.label)))?;
+            let kernel = Kernel::create(
+                program.as_ref().expect("built: the manifest has kernels"),
+                &k.symbol,
+            )
+            .map_err(|e| {
+                err(format!(
+                    "the SPIR-V has no kernel `{}` (kernel {}, {}): {e}",
+                    k.symbol, launch.kernel, k.label
+                ))
+            })?;
             // A kernel built with a fixed LocalSize fails every launch with another local size.
             let fixed = kernel.get_compile_work_group_size(info.id).unwrap_or_default();
-            if fixed.len() == 3 && fixed.iter().any(|&n| n != 0) && fixed[..] != k.block.map(|b| b as usize)[..] {
+            if fixed.len() == 3
+                && fixed.iter().any(|&n| n != 0)
+                && fixed[..] != k.block.map(|b| b as usize)[..]
+            {
                 return Err(err(format!(
                     "kernel `{}` ({}) was compiled for workgroups of {fixed:?}; the manifest's block is {:?}",
                     k.symbol, k.label, k.block
@@ -364,19 +431,30 @@ impl OpenclProgram {
             }
             let nargs = kernel.num_args().map_err(cl("clGetKernelInfo"))? as usize;
             if nargs != launch.args.len() {
-                return Err(err(format!("kernel `{}` ({}) takes {nargs} arguments; launch {j} gives {}", k.symbol, k.label, launch.args.len())));
+                return Err(err(format!(
+                    "kernel `{}` ({}) takes {nargs} arguments; launch {j} gives {}",
+                    k.symbol,
+                    k.label,
+                    launch.args.len()
+                )));
             }
             for (p, &b) in launch.args.iter().enumerate() {
                 // SAFETY: argument `p` of a bare-pointer kernel is a global buffer.
-                unsafe { kernel.set_arg(p as u32, &mems[b]) }
-                    .map_err(|e| err(format!("binding argument {p} of `{}` ({}): {e}", k.symbol, k.label)))?;
+                unsafe { kernel.set_arg(p as u32, &mems[b]) }.map_err(|e| {
+                    err(format!("binding argument {p} of `{}` ({}): {e}", k.symbol, k.label))
+                })?;
             }
             let global = [0, 1, 2].map(|d| k.grid[d] as usize * k.block[d] as usize);
             ranges.push(NdRange { global, local: k.block.map(|b| b as usize) });
             kernels.push(kernel);
         }
-        let take = |v: Vec<Option<Buffer<u8>>>| v.into_iter().map(|b| b.expect("every input and output has a buffer (validated)")).collect();
-        let state = State { queue, profiling_queue: None, inputs: take(inputs), outputs: take(outputs) };
+        let take = |v: Vec<Option<Buffer<u8>>>| {
+            v.into_iter()
+                .map(|b| b.expect("every input and output has a buffer (validated)"))
+                .collect()
+        };
+        let state =
+            State { queue, profiling_queue: None, inputs: take(inputs), outputs: take(outputs) };
         Ok(OpenclProgram {
             description,
             out_of_order,
@@ -406,13 +484,23 @@ impl OpenclProgram {
     }
 
     /// Writes `inputs`, runs every launch, reads the outputs (as bytes, in order).
-    pub fn run(&self, m: &Manifest, inputs: &[Tensor], profile: Option<&mut Profile>) -> Result<Vec<Vec<u8>>> {
+    pub fn run(
+        &self,
+        m: &Manifest,
+        inputs: &[Tensor],
+        profile: Option<&mut Profile>,
+    ) -> Result<Vec<Vec<u8>>> {
         let mut guard = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let state = &mut *guard;
         if profile.is_some() && state.profiling_queue.is_none() {
-            state.profiling_queue = Some(queue(&self.context, self.device, self.out_of_order, true)?);
+            state.profiling_queue =
+                Some(queue(&self.context, self.device, self.out_of_order, true)?);
         }
-        let q = if profile.is_some() { state.profiling_queue.as_ref().expect("made above") } else { &state.queue };
+        let q = if profile.is_some() {
+            state.profiling_queue.as_ref().expect("made above")
+        } else {
+            &state.queue
+        };
         // On an in-order queue, order is implicit and events are not needed to express it.
         let ooo = self.out_of_order;
         let mut to_device = 0u64;
@@ -425,7 +513,8 @@ impl OpenclProgram {
             }
             // SAFETY: the buffer holds the declared size (checked by the caller); `bytes` outlives
             // the `finish` below.
-            let ev = unsafe { q.enqueue_write_buffer(buf, CL_NON_BLOCKING, 0, bytes, &[]) }.map_err(cl("writing inputs"))?;
+            let ev = unsafe { q.enqueue_write_buffer(buf, CL_NON_BLOCKING, 0, bytes, &[]) }
+                .map_err(cl("writing inputs"))?;
             to_device += bytes.len() as u64;
             uploads.push(Some(ev));
         }
@@ -435,12 +524,29 @@ impl OpenclProgram {
             wait.clear();
             if ooo {
                 wait.extend(self.hazards.deps[j].iter().map(|&i| done[i].get()));
-                wait.extend(self.hazards.inputs_used[j].iter().filter_map(|&k| uploads[k].as_ref().map(Event::get)));
+                wait.extend(
+                    self.hazards.inputs_used[j]
+                        .iter()
+                        .filter_map(|&k| uploads[k].as_ref().map(Event::get)),
+                );
             }
             // SAFETY: the kernel's arguments were bound at load to live buffers of the planned sizes.
-            let ev = unsafe { q.enqueue_nd_range_kernel(kernel.get(), 3, ptr::null(), r.global.as_ptr(), r.local.as_ptr(), &wait) }.map_err(|e| {
+            let ev = unsafe {
+                q.enqueue_nd_range_kernel(
+                    kernel.get(),
+                    3,
+                    ptr::null(),
+                    r.global.as_ptr(),
+                    r.local.as_ptr(),
+                    &wait,
+                )
+            }
+            .map_err(|e| {
                 let k = &m.kernels[m.launches[j].kernel];
-                RuntimeError::Launch { kernel: k.label.clone(), msg: format!("clEnqueueNDRangeKernel on {}: {e}", self.description) }
+                RuntimeError::Launch {
+                    kernel: k.label.clone(),
+                    msg: format!("clEnqueueNDRangeKernel on {}: {e}", self.description),
+                }
             })?;
             done.push(ev);
         }
@@ -454,12 +560,16 @@ impl OpenclProgram {
                     wait.extend(self.hazards.writers_of_output[o].iter().map(|&i| done[i].get()));
                 }
                 // SAFETY: `host` is the buffer's size and is not touched until `finish` returns.
-                reads.push(unsafe { q.enqueue_read_buffer(buf, CL_NON_BLOCKING, 0, &mut host, &wait) }.map_err(cl("reading outputs"))?);
+                reads.push(
+                    unsafe { q.enqueue_read_buffer(buf, CL_NON_BLOCKING, 0, &mut host, &wait) }
+                        .map_err(cl("reading outputs"))?,
+                );
             }
             outputs.push(host);
         }
         // Everything, not only the reads: the next run reuses the buffers.
-        q.finish().map_err(|e| err(format!("running the kernels on {} failed: {e}", self.description)))?;
+        q.finish()
+            .map_err(|e| err(format!("running the kernels on {} failed: {e}", self.description)))?;
         drop(reads);
         if let Some(p) = profile {
             for (j, ev) in done.iter().enumerate() {
@@ -467,7 +577,10 @@ impl OpenclProgram {
                     (Ok(s), Ok(e)) => e.saturating_sub(s),
                     _ => 0,
                 };
-                p.launches.push((m.kernels[m.launches[j].kernel].label.clone(), Duration::from_nanos(ns)));
+                p.launches.push((
+                    m.kernels[m.launches[j].kernel].label.clone(),
+                    Duration::from_nanos(ns),
+                ));
             }
             p.bytes_to_device += to_device;
             p.bytes_from_device += outputs.iter().map(|o| o.len() as u64).sum::<u64>();
@@ -497,7 +610,10 @@ mod tests {
             Ok(_) => "no OpenCL device builds SPIR-V".to_string(),
             Err(e) => e.to_string(),
         };
-        let _ = writeln!(std::io::stderr(), "SKIPPED: no OpenCL platform (run scripts/setup-opencl.sh): {why}");
+        let _ = writeln!(
+            std::io::stderr(),
+            "SKIPPED: no OpenCL platform (run scripts/setup-opencl.sh): {why}"
+        );
         false
     }
 
@@ -515,7 +631,12 @@ mod tests {
         payload.resize(SPIRV.len().div_ceil(64) * 64, 0);
         let consts = Blob { offset: payload.len() as u64, len: (N * 4) as u64 };
         payload.extend(w.iter().flat_map(|x| x.to_le_bytes()));
-        let manifest = diamond(Target::Opencl, (N * 4) as u64, Blob { offset: 0, len: SPIRV.len() as u64 }, consts);
+        let manifest = diamond(
+            Target::Opencl,
+            (N * 4) as u64,
+            Blob { offset: 0, len: SPIRV.len() as u64 },
+            consts,
+        );
         Artifact { manifest, payload }
     }
 
@@ -530,7 +651,10 @@ mod tests {
         }
         // The inputs in, the outputs out; the constant went over once, at load.
         assert_eq!((profile.bytes_to_device, profile.bytes_from_device), (2 * 4096, 2 * 4096));
-        assert_eq!(profile.launches.iter().map(|(l, _)| l.as_str()).collect::<Vec<_>>(), ["add", "mul", "add", "mul", "add"]);
+        assert_eq!(
+            profile.launches.iter().map(|(l, _)| l.as_str()).collect::<Vec<_>>(),
+            ["add", "mul", "add", "mul", "add"]
+        );
         assert_eq!(exe.load_bytes_to_device(), 4096);
     }
 
@@ -539,13 +663,23 @@ mod tests {
         if !have_platform() {
             return;
         }
-        let mut m = diamond(Target::Opencl, (N * 4) as u64, Blob { offset: 0, len: SPIRV.len() as u64 }, Blob { offset: 0, len: 0 });
+        let mut m = diamond(
+            Target::Opencl,
+            (N * 4) as u64,
+            Blob { offset: 0, len: SPIRV.len() as u64 },
+            Blob { offset: 0, len: 0 },
+        );
         // x + y straight into o0; no constants, no scratch.
         m.buffers.truncate(3);
         m.outputs.truncate(1);
-        m.launches = vec![crate::artifact::Launch { kernel: 0, args: vec![0, 1, 2], writes: vec![2] }];
+        m.launches =
+            vec![crate::artifact::Launch { kernel: 0, args: vec![0, 1, 2], writes: vec![2] }];
         m.arena_bytes = 0;
-        let exe = Executable::load(Artifact { manifest: m, payload: SPIRV.to_vec() }, &LoadOptions::default()).unwrap();
+        let exe = Executable::load(
+            Artifact { manifest: m, payload: SPIRV.to_vec() },
+            &LoadOptions::default(),
+        )
+        .unwrap();
         assert!(exe.device().starts_with("opencl:"), "{}", exe.device());
         let (a, b) = (values(|i| i as f32 * 0.5 - 200.0), values(|i| (i % 13) as f32 - 6.0));
         let out = exe.run(&[tensor(&a), tensor(&b)]).unwrap();
@@ -560,15 +694,28 @@ mod tests {
         }
         let w = values(|i| 0.25 + (i % 7) as f32);
         let program = OpenclProgram::load(&diamond_artifact(&w), None).unwrap();
-        let _ = writeln!(std::io::stderr(), "opencl test device: {} (out-of-order queue: {})", program.description(), program.out_of_order());
+        let _ = writeln!(
+            std::io::stderr(),
+            "opencl test device: {} (out-of-order queue: {})",
+            program.description(),
+            program.out_of_order()
+        );
         let exe = Executable::load(diamond_artifact(&w), &LoadOptions::default()).unwrap();
         // Twice, with other inputs: the resident buffers and the arena are reused.
-        check_diamond(&exe, &values(|i| i as f32 * 0.5 - 200.0), &values(|i| (i % 13) as f32 - 6.0), &w);
+        check_diamond(
+            &exe,
+            &values(|i| i as f32 * 0.5 - 200.0),
+            &values(|i| (i % 13) as f32 - 6.0),
+            &w,
+        );
         check_diamond(&exe, &values(|i| (i % 5) as f32 - 1.5), &values(|i| i as f32 * -0.25), &w);
         // Plain runs (no profiling queue) give the same numbers.
         let (x, y) = (values(|i| i as f32), values(|i| 1.0 - i as f32));
         let out = exe.run(&[tensor(&x), tensor(&y)]).unwrap();
-        assert_eq!(out[1].as_slice::<f32>().unwrap()[5], ((x[5] + y[5]) + x[5] * w[5]) * w[5] + w[5]);
+        assert_eq!(
+            out[1].as_slice::<f32>().unwrap()[5],
+            ((x[5] + y[5]) + x[5] * w[5]) * w[5] + w[5]
+        );
     }
 
     #[test]
@@ -608,7 +755,13 @@ mod tests {
         art.manifest.kernels[0].grid = [32, 1, 1];
         let e = Executable::load(art, &LoadOptions::default()).err().unwrap().to_string();
         assert!(e.contains("kernel `add` (add) was compiled for workgroups of [64, 1, 1]; the manifest's block is [32, 1, 1]"), "{e}");
-        let e = Executable::load(diamond_artifact(&w), &LoadOptions { device_index: Some(99), ..LoadOptions::default() }).err().unwrap().to_string();
+        let e = Executable::load(
+            diamond_artifact(&w),
+            &LoadOptions { device_index: Some(99), ..LoadOptions::default() },
+        )
+        .err()
+        .unwrap()
+        .to_string();
         assert!(e.contains("there is no OpenCL device 99"), "{e}");
     }
 }

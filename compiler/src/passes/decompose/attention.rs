@@ -14,7 +14,9 @@ fn heads_first(e: &mut Emit, what: &str, v: ValueId, heads: usize) -> Result<Val
         return Ok(v);
     }
     if heads == 0 || d[2] % heads != 0 {
-        return Err(crate::CompileError::Internal(format!("{what} {d:?} does not split into {heads} heads")));
+        return Err(crate::CompileError::Internal(format!(
+            "{what} {d:?} does not split into {heads} heads"
+        )));
     }
     let split = e.reshape(&format!("{what}_heads"), v, &[d[0], d[1], heads, d[2] / heads])?;
     e.transpose(&format!("{what}_heads_first"), split, &[0, 2, 1, 3])
@@ -31,7 +33,8 @@ pub(super) fn attention(e: &mut Emit, id: NodeId, a: &Attention) -> Result<Optio
     let q4 = heads_first(e, "q", q, a.q_num_heads)?;
     let k4 = heads_first(e, "k", k, a.kv_num_heads)?;
     let v4 = heads_first(e, "v", v, a.kv_num_heads)?;
-    let [batch, qh, sq, hs]: [usize; 4] = e.dims(q4)?.try_into().map_err(|_| internal("Q is not 4-D"))?;
+    let [batch, qh, sq, hs]: [usize; 4] =
+        e.dims(q4)?.try_into().map_err(|_| internal("Q is not 4-D"))?;
     let [_, kh, _, _]: [usize; 4] = e.dims(k4)?.try_into().map_err(|_| internal("K is not 4-D"))?;
     let vhs = e.dims(v4)?[3];
     if kh == 0 || qh % kh != 0 {
@@ -39,12 +42,15 @@ pub(super) fn attention(e: &mut Emit, id: NodeId, a: &Attention) -> Result<Optio
     }
 
     // The cache: past followed by the new keys and values (an empty or absent past adds nothing).
-    let with_past = |e: &mut Emit, what: &str, past: Option<ValueId>, new: ValueId| -> Result<ValueId> {
-        match past {
-            Some(p) if e.dims(p)?.len() == 4 && e.dims(p)?[2] > 0 => e.concat(what, &[p, new], 2),
-            _ => Ok(new),
-        }
-    };
+    let with_past =
+        |e: &mut Emit, what: &str, past: Option<ValueId>, new: ValueId| -> Result<ValueId> {
+            match past {
+                Some(p) if e.dims(p)?.len() == 4 && e.dims(p)?[2] > 0 => {
+                    e.concat(what, &[p, new], 2)
+                }
+                _ => Ok(new),
+            }
+        };
     let present_k = with_past(e, "present_key", operand(4), k4)?;
     let present_v = with_past(e, "present_value", operand(5), v4)?;
     let past = match operand(4) {
@@ -139,7 +145,12 @@ fn attention_bias(
             e.cast("mask_bias", mv, cd)?
         };
         let mb = if m4[3] < total {
-            let fill = e.full("mask_padding", cd, &[m4[0], m4[1], m4[2], total - m4[3]], f64::NEG_INFINITY)?;
+            let fill = e.full(
+                "mask_padding",
+                cd,
+                &[m4[0], m4[1], m4[2], total - m4[3]],
+                f64::NEG_INFINITY,
+            )?;
             if m4[3] == 0 {
                 fill
             } else {
@@ -152,10 +163,12 @@ fn attention_bias(
     }
     if a.is_causal {
         // Upper-left aligned after the past: query i sees keys up to past + i.
-        let keep: Vec<bool> = (0..sq).flat_map(|i| (0..total).map(move |j| j <= past + i)).collect();
+        let keep: Vec<bool> =
+            (0..sq).flat_map(|i| (0..total).map(move |j| j <= past + i)).collect();
         bias = Some(match bias {
             None => {
-                let v: Vec<f64> = keep.iter().map(|&k| if k { 0.0 } else { f64::NEG_INFINITY }).collect();
+                let v: Vec<f64> =
+                    keep.iter().map(|&k| if k { 0.0 } else { f64::NEG_INFINITY }).collect();
                 e.constant("causal_bias", Tensor::from_f64s(cd, &[sq, total], &v)?)?
             }
             Some(b) => {
@@ -181,10 +194,16 @@ fn attention_bias(
     Ok(bias)
 }
 
-pub(super) fn rotary(e: &mut Emit, id: NodeId, r: &RotaryEmbedding) -> Result<Option<Vec<ValueId>>> {
+pub(super) fn rotary(
+    e: &mut Emit,
+    id: NodeId,
+    r: &RotaryEmbedding,
+) -> Result<Option<Vec<ValueId>>> {
     let ops = e.g.operands(id);
     let operand = |i: usize| ops.get(i).copied().flatten();
-    let (Some(x), Some(cos), Some(sin)) = (operand(0), operand(1), operand(2)) else { return Ok(None) };
+    let (Some(x), Some(cos), Some(sin)) = (operand(0), operand(1), operand(2)) else {
+        return Ok(None);
+    };
     let dt = e.dtype(x);
     let cd = compute_type(dt);
     let xd = e.dims(x)?;

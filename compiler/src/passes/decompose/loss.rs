@@ -8,7 +8,12 @@ use kiln_ir::{BinaryOp, NodeId, Op, Tensor, UnaryOp, ValueId};
 use super::{compute_type, Emit};
 use crate::Result;
 
-pub(super) fn decompose(e: &mut Emit, id: NodeId, l: &Loss, softmax: bool) -> Result<Option<Vec<ValueId>>> {
+pub(super) fn decompose(
+    e: &mut Emit,
+    id: NodeId,
+    l: &Loss,
+    softmax: bool,
+) -> Result<Option<Vec<ValueId>>> {
     let node = e.g.node(id).clone();
     let ops = e.g.operands(id);
     let operand = |i: usize| ops.get(i).copied().flatten();

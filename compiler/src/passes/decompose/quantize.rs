@@ -10,13 +10,22 @@ use super::Emit;
 use crate::Result;
 
 /// `p` (a scale or zero point) shaped to broadcast against `x` of `xd`, in `ct`.
-fn broadcastable(e: &mut Emit, p: ValueId, xd: &[usize], axis: i64, block_size: usize, ct: DType) -> Result<ValueId> {
+fn broadcastable(
+    e: &mut Emit,
+    p: ValueId,
+    xd: &[usize],
+    axis: i64,
+    block_size: usize,
+    ct: DType,
+) -> Result<ValueId> {
     let pd = e.dims(p)?;
     let p = e.cast("param", p, ct)?;
     if pd.iter().product::<usize>() == 1 && block_size == 0 {
         return e.reshape("param", p, &[]);
     }
-    let a = kiln_ir::normalize_axis(axis, xd.len()).ok_or_else(|| crate::CompileError::Internal(format!("axis {axis} outside rank {}", xd.len())))?;
+    let a = kiln_ir::normalize_axis(axis, xd.len()).ok_or_else(|| {
+        crate::CompileError::Internal(format!("axis {axis} outside rank {}", xd.len()))
+    })?;
     if block_size == 0 {
         let mut dims = vec![1; xd.len()];
         dims[a] = xd[a];
@@ -51,7 +60,12 @@ fn compute(scale: DType) -> DType {
     }
 }
 
-pub(super) fn quantize(e: &mut Emit, id: NodeId, axis: i64, block_size: usize) -> Result<Option<Vec<ValueId>>> {
+pub(super) fn quantize(
+    e: &mut Emit,
+    id: NodeId,
+    axis: i64,
+    block_size: usize,
+) -> Result<Option<Vec<ValueId>>> {
     let ops = e.g.operands(id);
     let (Some(x), Some(scale)) = (ops[0], ops[1]) else { return Ok(None) };
     let to = e.g.node(id).outputs[0].dtype;
@@ -72,7 +86,12 @@ pub(super) fn quantize(e: &mut Emit, id: NodeId, axis: i64, block_size: usize) -
     Ok(Some(vec![e.cast("quantized", q, to)?]))
 }
 
-pub(super) fn dequantize(e: &mut Emit, id: NodeId, axis: i64, block_size: usize) -> Result<Option<Vec<ValueId>>> {
+pub(super) fn dequantize(
+    e: &mut Emit,
+    id: NodeId,
+    axis: i64,
+    block_size: usize,
+) -> Result<Option<Vec<ValueId>>> {
     let ops = e.g.operands(id);
     let (Some(x), Some(scale)) = (ops[0], ops[1]) else { return Ok(None) };
     let to = e.g.node(id).outputs[0].dtype;

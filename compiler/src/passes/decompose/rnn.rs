@@ -32,11 +32,14 @@ struct Lens {
 pub(super) fn decompose(e: &mut Emit, id: NodeId, r: &Rnn) -> Result<Option<Vec<ValueId>>> {
     let ops = e.g.operands(id);
     let operand = |i: usize| ops.get(i).copied().flatten();
-    let (Some(x), Some(w), Some(rw)) = (operand(0), operand(1), operand(2)) else { return Ok(None) };
+    let (Some(x), Some(w), Some(rw)) = (operand(0), operand(1), operand(2)) else {
+        return Ok(None);
+    };
     let dt = e.dtype(x);
     let cd = compute_type(dt);
     let xd = e.dims(x)?;
-    let (seq, batch, input) = if r.batch_first { (xd[1], xd[0], xd[2]) } else { (xd[0], xd[1], xd[2]) };
+    let (seq, batch, input) =
+        if r.batch_first { (xd[1], xd[0], xd[2]) } else { (xd[0], xd[1], xd[2]) };
     // R is [dirs, gates*hidden, hidden] (hidden_size may be left out).
     let Some(&hidden) = e.dims(rw)?.last() else { return Ok(None) };
     // Empty sequences or states: nothing worth unrolling (and zero-sized steps); leave it.
@@ -55,7 +58,9 @@ pub(super) fn decompose(e: &mut Emit, id: NodeId, r: &Rnn) -> Result<Option<Vec<
         return Ok(None);
     }
     // Constant lengths that are all full change nothing.
-    let lens = operand(4).filter(|&l| e.g.constant_value(l).is_none_or(|t| t.to_i64s().iter().any(|&n| n != seq as i64)));
+    let lens = operand(4).filter(|&l| {
+        e.g.constant_value(l).is_none_or(|t| t.to_i64s().iter().any(|&n| n != seq as i64))
+    });
     let any_reverse = r.direction != RnnDirection::Forward;
 
     // Time-major [seq, batch, input], flattened to [seq*batch, input] for the projections.
@@ -71,7 +76,8 @@ pub(super) fn decompose(e: &mut Emit, id: NodeId, r: &Rnn) -> Result<Option<Vec<
         }
     };
     let h0 = operand(5).map(|v| dirs_first(e, "initial_h", v)).transpose()?;
-    let c0 = if is_lstm { operand(6).map(|v| dirs_first(e, "initial_c", v)).transpose()? } else { None };
+    let c0 =
+        if is_lstm { operand(6).map(|v| dirs_first(e, "initial_c", v)).transpose()? } else { None };
     let w = e.cast("w", w, cd)?;
     let rw = e.cast("r", rw, cd)?;
     let bias = operand(3).map(|b| e.cast("b", b, cd)).transpose()?;
@@ -104,7 +110,14 @@ pub(super) fn decompose(e: &mut Emit, id: NodeId, r: &Rnn) -> Result<Option<Vec<
         let mut rb_h = None;
         for (g, gname) in names.iter().enumerate() {
             let rows = |e: &mut Emit, what: &str, v: ValueId, first: usize| {
-                e.slice(&format!("{tag}{what}_{gname}"), v, 0, first + g * hidden, first + (g + 1) * hidden, 1)
+                e.slice(
+                    &format!("{tag}{what}_{gname}"),
+                    v,
+                    0,
+                    first + g * hidden,
+                    first + (g + 1) * hidden,
+                    1,
+                )
             };
             let wg = rows(e, "w", wd, 0)?;
             rec.push(rows(e, "r", rd, 0)?);
@@ -133,12 +146,17 @@ pub(super) fn decompose(e: &mut Emit, id: NodeId, r: &Rnn) -> Result<Option<Vec<
                     v
                 }
                 _ => {
-                    let proj3 = e.reshape(&format!("{tag}x_{gname}_steps"), proj, &[seq, batch, hidden])?;
+                    let proj3 =
+                        e.reshape(&format!("{tag}x_{gname}_steps"), proj, &[seq, batch, hidden])?;
                     let parts = e.split(&format!("{tag}x_{gname}_split"), proj3, 0, seq)?;
                     let mut v = Vec::with_capacity(seq);
                     for s in 0..seq {
                         let t = if reverse { seq - 1 - s } else { s };
-                        v.push(e.reshape(&format!("{tag}step{s}/x_{gname}"), parts[t], &[batch, hidden])?);
+                        v.push(e.reshape(
+                            &format!("{tag}step{s}/x_{gname}"),
+                            parts[t],
+                            &[batch, hidden],
+                        )?);
                     }
                     v
                 }
@@ -149,7 +167,14 @@ pub(super) fn decompose(e: &mut Emit, id: NodeId, r: &Rnn) -> Result<Option<Vec<
             Some(p) => {
                 let mut v = Vec::new();
                 for (k, n) in ["i", "o", "f"].iter().enumerate() {
-                    v.push(e.slice(&format!("{tag}p_{n}"), p, 0, k * hidden, (k + 1) * hidden, 1)?);
+                    v.push(e.slice(
+                        &format!("{tag}p_{n}"),
+                        p,
+                        0,
+                        k * hidden,
+                        (k + 1) * hidden,
+                        1,
+                    )?);
                 }
                 Some(v)
             }
@@ -166,11 +191,17 @@ pub(super) fn decompose(e: &mut Emit, id: NodeId, r: &Rnn) -> Result<Option<Vec<
         let mut c = state(e, "c0", c0)?;
         let mut outs = Vec::with_capacity(seq);
         // Each step's gate inputs.
-        let by_step: Vec<Vec<ValueId>> = (0..seq).map(|s| step_in.iter().map(|g| g[s]).collect()).collect();
+        let by_step: Vec<Vec<ValueId>> =
+            (0..seq).map(|s| step_in.iter().map(|g| g[s]).collect()).collect();
         for (s, xin) in by_step.iter().enumerate() {
             let p = format!("{tag}step{s}");
             let nm = |what: &str| format!("{p}/{what}");
-            let gate = |e: &mut Emit, g: usize, hv: ValueId, peep: Option<(ValueId, ValueId)>, f: UnaryOp| -> Result<ValueId> {
+            let gate = |e: &mut Emit,
+                        g: usize,
+                        hv: ValueId,
+                        peep: Option<(ValueId, ValueId)>,
+                        f: UnaryOp|
+             -> Result<ValueId> {
                 let gn = names[g];
                 let mut pre = e.gemm_bt(&nm(&format!("{gn}_pre")), hv, rec[g], Some(xin[g]))?;
                 if let Some((pw, cv)) = peep {
@@ -298,7 +329,13 @@ fn clip(e: &mut Emit, what: &str, x: ValueId, c: Option<f32>) -> Result<ValueId>
     e.op2(what, Op::Clip, &[x, lo, hi])
 }
 
-fn lens_values(e: &mut Emit, lens: ValueId, seq: usize, batch: usize, reverse: bool) -> Result<Lens> {
+fn lens_values(
+    e: &mut Emit,
+    lens: ValueId,
+    seq: usize,
+    batch: usize,
+    reverse: bool,
+) -> Result<Lens> {
     let l = e.cast("lens", lens, DType::I64)?;
     let col = e.reshape("lens_col", l, &[batch, 1])?;
     let zero = e.constant("const", Tensor::scalar(0i64))?;
@@ -313,7 +350,10 @@ fn lens_values(e: &mut Emit, lens: ValueId, seq: usize, batch: usize, reverse: b
         let tp1 = e.constant("times_plus_1", Tensor::from_slice(&[seq, 1], &t_plus_1)?)?;
         let row = e.reshape("lens_row", l, &[1, batch])?;
         let back = e.sub("reverse_time", row, tp1)?;
-        let (lo, hi) = (e.constant("const", Tensor::scalar(0i64))?, e.constant("const", Tensor::scalar(seq as i64 - 1))?);
+        let (lo, hi) = (
+            e.constant("const", Tensor::scalar(0i64))?,
+            e.constant("const", Tensor::scalar(seq as i64 - 1))?,
+        );
         let back = e.op2("reverse_time_clamped", Op::Clip, &[back, lo, hi])?;
         let bsz = e.constant("const", Tensor::scalar(batch as i64))?;
         let scaled = e.mul("reverse_row_base", back, bsz)?;

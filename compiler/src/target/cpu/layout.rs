@@ -48,8 +48,11 @@ pub fn decide(graph: &Graph, kernels: &[Kernel], plans: &[Option<Ukernel>]) -> B
         if graph.users(*v).iter().any(|(n, _)| !in_kernel.contains(n)) {
             continue;
         }
-        let read_well =
-            readers.get(v).is_some_and(|rs| rs.iter().all(|&r| reads(r).is_some_and(|u| u.input == *v || u.epilogue.residual == Some(*v))));
+        let read_well = readers.get(v).is_some_and(|rs| {
+            rs.iter().all(|&r| {
+                reads(r).is_some_and(|u| u.input == *v || u.epilogue.residual == Some(*v))
+            })
+        });
         if read_well {
             blocked.insert(*v);
         }
@@ -90,7 +93,10 @@ pub fn decide(graph: &Graph, kernels: &[Kernel], plans: &[Option<Ukernel>]) -> B
 pub fn apply(kernels: &[Kernel], plans: &mut [Option<Ukernel>], blocked: &BTreeSet<ValueId>) {
     for (k, plan) in kernels.iter().zip(plans.iter_mut()) {
         let Some(u) = plan.as_mut() else { continue };
-        let b = Blocked { input: blocked.contains(&u.input), output: k.outputs.first().is_some_and(|v| blocked.contains(v)) };
+        let b = Blocked {
+            input: blocked.contains(&u.input),
+            output: k.outputs.first().is_some_and(|v| blocked.contains(v)),
+        };
         if b == Blocked::default() {
             continue;
         }
@@ -108,5 +114,9 @@ pub fn describe(graph: &Graph, blocked: &BTreeSet<ValueId>) -> String {
     }
     let mut names: Vec<String> = blocked.iter().map(|&v| graph.value_name(v)).collect();
     names.sort();
-    format!("layout: {} tensor(s) channel-blocked (NCHW16c) between convolutions: {}\n\n", names.len(), names.join(", "))
+    format!(
+        "layout: {} tensor(s) channel-blocked (NCHW16c) between convolutions: {}\n\n",
+        names.len(),
+        names.join(", ")
+    )
 }

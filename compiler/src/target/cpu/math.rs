@@ -24,7 +24,9 @@ pub fn expand(ctx: &melior::Context, func: ffi::MlirOperation) {
     let found: Vec<ffi::MlirOperation> = RawOp(func)
         .descendants()
         .into_iter()
-        .filter(|o| matches!(o.name().as_str(), "math.exp" | "math.tanh" | "math.erf" | "math.powf"))
+        .filter(|o| {
+            matches!(o.name().as_str(), "math.exp" | "math.tanh" | "math.erf" | "math.powf")
+        })
         .map(|o| o.0)
         .collect();
     for o in found {
@@ -66,7 +68,9 @@ fn constant_splat(v: ffi::MlirValue) -> Option<f64> {
         match raw_name(def).as_str() {
             // `dense<3.000000e+00> : vector<16xf32>` or `3.000000e+00 : f32`
             "arith.constant" => edit::float_attr(RawOp(def).attr("value")?),
-            "vector.broadcast" | "vector.transfer_read" => constant_splat(ffi::mlirOperationGetOperand(def, 0)),
+            "vector.broadcast" | "vector.transfer_read" => {
+                constant_splat(ffi::mlirOperationGetOperand(def, 0))
+            }
             _ => None,
         }
     }
@@ -87,20 +91,36 @@ impl<'c> Builder<'c> {
         }
     }
 
-    fn op(&self, name: &str, operands: &[ffi::MlirValue], result: &str, attrs: &[(&str, &str)]) -> Option<ffi::MlirValue> {
+    fn op(
+        &self,
+        name: &str,
+        operands: &[ffi::MlirValue],
+        result: &str,
+        attrs: &[(&str, &str)],
+    ) -> Option<ffi::MlirValue> {
         let loc = Location::unknown(self.ctx);
         let t = Type::parse(self.ctx, result)?;
         // SAFETY: values of this context's live IR.
-        let operands: Vec<Value> = operands.iter().map(|&v| unsafe { Value::from_raw(v) }).collect();
+        let operands: Vec<Value> =
+            operands.iter().map(|&v| unsafe { Value::from_raw(v) }).collect();
         let mut named = Vec::new();
         for (n, a) in attrs {
             named.push((Identifier::new(self.ctx, n), Attribute::parse(self.ctx, a)?));
         }
-        let op = OperationBuilder::new(name, loc).add_operands(&operands).add_results(&[t]).add_attributes(&named).build().ok()?;
+        let op = OperationBuilder::new(name, loc)
+            .add_operands(&operands)
+            .add_results(&[t])
+            .add_attributes(&named)
+            .build()
+            .ok()?;
         // SAFETY: inserting a freshly built (owned) op before a live op of a block.
         unsafe {
             let raw = op.into_raw();
-            ffi::mlirBlockInsertOwnedOperationBefore(ffi::mlirOperationGetBlock(self.at), self.at, raw);
+            ffi::mlirBlockInsertOwnedOperationBefore(
+                ffi::mlirOperationGetBlock(self.at),
+                self.at,
+                raw,
+            );
             Some(ffi::mlirOperationGetResult(raw, 0))
         }
     }
@@ -110,19 +130,33 @@ impl<'c> Builder<'c> {
     }
 
     fn cst(&self, v: f64) -> Option<ffi::MlirValue> {
-        let lit = if v.is_infinite() { "0x7F800000".to_string() } else { format!("{:.9e}", v as f32 as f64) };
-        let attr = if self.ty == "f32" { format!("{lit} : f32") } else { format!("dense<{lit}> : {}", self.ty) };
+        let lit = if v.is_infinite() {
+            "0x7F800000".to_string()
+        } else {
+            format!("{:.9e}", v as f32 as f64)
+        };
+        let attr = if self.ty == "f32" {
+            format!("{lit} : f32")
+        } else {
+            format!("dense<{lit}> : {}", self.ty)
+        };
         self.op("arith.constant", &[], &self.ty.clone(), &[("value", &attr)])
     }
 
     fn icst(&self, v: i32) -> Option<ffi::MlirValue> {
         let t = self.twin("i32");
-        let attr = if self.ty == "f32" { format!("{v} : i32") } else { format!("dense<{v}> : {t}") };
+        let attr =
+            if self.ty == "f32" { format!("{v} : i32") } else { format!("dense<{v}> : {t}") };
         self.op("arith.constant", &[], &t, &[("value", &attr)])
     }
 
     /// `a * b + c`
-    fn fma(&self, a: ffi::MlirValue, b: ffi::MlirValue, c: ffi::MlirValue) -> Option<ffi::MlirValue> {
+    fn fma(
+        &self,
+        a: ffi::MlirValue,
+        b: ffi::MlirValue,
+        c: ffi::MlirValue,
+    ) -> Option<ffi::MlirValue> {
         self.f("math.fma", &[a, b, c])
     }
 
@@ -154,7 +188,17 @@ impl<'c> Builder<'c> {
         let (c1, c2) = (self.cst(-0.693359375)?, self.cst(2.12194440e-4)?);
         let r = self.fma(n, c1, xc)?;
         let r = self.fma(n, c2, r)?;
-        let p = self.horner(r, &[1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1])?;
+        let p = self.horner(
+            r,
+            &[
+                1.9875691500e-4,
+                1.3981999507e-3,
+                8.3334519073e-3,
+                4.1665795894e-2,
+                1.6666665459e-1,
+                5.0000001201e-1,
+            ],
+        )?;
         let r2 = self.f("arith.mulf", &[r, r])?;
         let y = self.fma(p, r2, r)?;
         let one = self.cst(1.0)?;
@@ -171,7 +215,8 @@ impl<'c> Builder<'c> {
         let y = self.f("arith.mulf", &[y, two])?;
         // Above the range: inf. NaN stays NaN (the clamp and the arithmetic keep it).
         let hi = self.cst(HI)?;
-        let over = self.op("arith.cmpf", &[x, hi], &self.twin("i1"), &[("predicate", "2 : i64")])?;
+        let over =
+            self.op("arith.cmpf", &[x, hi], &self.twin("i1"), &[("predicate", "2 : i64")])?;
         let inf = self.cst(f64::INFINITY)?;
         self.op("arith.select", &[over, inf, y], &self.ty.clone(), &[])
     }
@@ -192,12 +237,21 @@ impl<'c> Builder<'c> {
             ],
         )?;
         let p = self.f("arith.mulf", &[xc, p])?;
-        let q = self.horner(x2, &[1.19825839466702e-06, 1.18534705686654e-04, 2.26843463243900e-03, 4.89352518554385e-03])?;
+        let q = self.horner(
+            x2,
+            &[
+                1.19825839466702e-06,
+                1.18534705686654e-04,
+                2.26843463243900e-03,
+                4.89352518554385e-03,
+            ],
+        )?;
         let y = self.f("arith.divf", &[p, q])?;
         // Tiny inputs: tanh x = x (and -0 stays -0).
         let ax = self.f("math.absf", &[x])?;
         let tiny = self.cst(0.0004)?;
-        let small = self.op("arith.cmpf", &[ax, tiny], &self.twin("i1"), &[("predicate", "4 : i64")])?;
+        let small =
+            self.op("arith.cmpf", &[ax, tiny], &self.twin("i1"), &[("predicate", "4 : i64")])?;
         self.op("arith.select", &[small, x, y], &self.ty.clone(), &[])
     }
 
@@ -208,13 +262,15 @@ impl<'c> Builder<'c> {
     fn erf(&self, x: ffi::MlirValue) -> Option<ffi::MlirValue> {
         let k = 2.0 / std::f64::consts::PI.sqrt();
         let x2 = self.f("arith.mulf", &[x, x])?;
-        let series = self.horner(x2, &[-k / 1320.0, k / 216.0, -k / 42.0, k / 10.0, -k / 3.0, k])?;
+        let series =
+            self.horner(x2, &[-k / 1320.0, k / 216.0, -k / 42.0, k / 10.0, -k / 3.0, k])?;
         let small = self.f("arith.mulf", &[x, series])?;
         let ax = self.f("math.absf", &[x])?;
         let (p, one) = (self.cst(0.3275911)?, self.cst(1.0)?);
         let d = self.fma(p, ax, one)?;
         let t = self.f("arith.divf", &[one, d])?;
-        let poly = self.horner(t, &[1.061405429, -1.453152027, 1.421413741, -0.284496736, 0.254829592])?;
+        let poly =
+            self.horner(t, &[1.061405429, -1.453152027, 1.421413741, -0.284496736, 0.254829592])?;
         let pt = self.f("arith.mulf", &[poly, t])?;
         let neg = self.f("arith.negf", &[x2])?;
         let e = self.exp(neg)?;
@@ -222,7 +278,8 @@ impl<'c> Builder<'c> {
         let big = self.f("arith.subf", &[one, tail])?;
         let big = self.f("math.copysign", &[big, x])?;
         let half = self.cst(0.5)?;
-        let near = self.op("arith.cmpf", &[ax, half], &self.twin("i1"), &[("predicate", "4 : i64")])?;
+        let near =
+            self.op("arith.cmpf", &[ax, half], &self.twin("i1"), &[("predicate", "4 : i64")])?;
         self.op("arith.select", &[near, small, big], &self.ty.clone(), &[])
     }
 

@@ -103,7 +103,12 @@ fn register_plan(ops: &[LinalgOp], a: usize, local: &[usize]) -> Option<Register
     let anchor = &ops[a];
     let full = anchor.output_shape()?.clone();
     let r = full.len();
-    if !anchor.is_generic() || !anchor.output_is_identity() || r == 0 || local.len() != r || anchor.loops() < r {
+    if !anchor.is_generic()
+        || !anchor.output_is_identity()
+        || r == 0
+        || local.len() != r
+        || anchor.loops() < r
+    {
         return None;
     }
     if anchor.parallel[..r].iter().any(|&p| !p) || anchor.parallel[r..].iter().any(|&p| p) {
@@ -134,12 +139,20 @@ fn register_plan(ops: &[LinalgOp], a: usize, local: &[usize]) -> Option<Register
                 continue;
             }
             let prod = &ops[p];
-            let reads_whole = op.maps[k].len() == r && op.maps[k].iter().enumerate().all(|(j, e)| e.as_dim() == Some(j));
-            if !prod.is_generic() || !prod.output_is_identity() || prod.output_shape() != Some(&full) || !reads_whole {
+            let reads_whole = op.maps[k].len() == r
+                && op.maps[k].iter().enumerate().all(|(j, e)| e.as_dim() == Some(j));
+            if !prod.is_generic()
+                || !prod.output_is_identity()
+                || prod.output_shape() != Some(&full)
+                || !reads_whole
+            {
                 continue;
             }
             if prod.loops() > r {
-                if contraction.is_some() || prod.parallel[..r].iter().any(|&p| !p) || prod.parallel[r..].iter().any(|&p| p) {
+                if contraction.is_some()
+                    || prod.parallel[..r].iter().any(|&p| !p)
+                    || prod.parallel[r..].iter().any(|&p| p)
+                {
                     return None;
                 }
                 let f = fill_of(p)?;
@@ -164,8 +177,11 @@ fn register_plan(ops: &[LinalgOp], a: usize, local: &[usize]) -> Option<Register
         maps.iter().all(|map| {
             map.iter().enumerate().all(|(j, e)| {
                 let Expr::Linear(terms, _) = e else { return false };
-                let par: Vec<&(usize, i64)> = terms.iter().filter(|&&(d, _)| op.parallel[d]).collect();
-                par.len() <= 1 && par.iter().all(|&&(_, c)| c == 1) && !(par.first().is_some_and(|&&(d, _)| d == v) && j + 1 != map.len())
+                let par: Vec<&(usize, i64)> =
+                    terms.iter().filter(|&&(d, _)| op.parallel[d]).collect();
+                par.len() <= 1
+                    && par.iter().all(|&&(_, c)| c == 1)
+                    && !(par.first().is_some_and(|&&(d, _)| d == v) && j + 1 != map.len())
             })
         })
     };
@@ -187,8 +203,11 @@ fn register_plan(ops: &[LinalgOp], a: usize, local: &[usize]) -> Option<Register
         if !contiguous(op, ins) {
             // Each input reads the one reduction loop as its last, whole dimension.
             let k = op.loops() - 1;
-            let along_k =
-                op.loops() == r + 1 && ins.iter().all(|m| m.last().and_then(Expr::as_dim) == Some(k) && m.iter().all(|e| e.as_dim().is_some()));
+            let along_k = op.loops() == r + 1
+                && ins.iter().all(|m| {
+                    m.last().and_then(Expr::as_dim) == Some(k)
+                        && m.iter().all(|e| e.as_dim().is_some())
+                });
             if !along_k {
                 return None;
             }
@@ -210,7 +229,13 @@ fn register_plan(ops: &[LinalgOp], a: usize, local: &[usize]) -> Option<Register
         // Rows of partial sums: one vector each per step.
         sizes[v] = divisor_at_most(local[v], 8);
         let red = (0..ops[c].loops()).map(|i| if i < r { 0 } else { lanes }).collect();
-        return Some(Register { peel: false, sizes, chain, contraction: Some((c, red)), dot: true });
+        return Some(Register {
+            peel: false,
+            sizes,
+            chain,
+            contraction: Some((c, red)),
+            dot: true,
+        });
     }
     match contraction {
         Some(c) => {
@@ -229,7 +254,10 @@ fn register_plan(ops: &[LinalgOp], a: usize, local: &[usize]) -> Option<Register
             let mut acc = 1;
             // Rows that only the broadcast operands index (a matmul's m, a convolution's output
             // channels): each costs one broadcast and one FMA per step.
-            if let Some(m) = (0..r).filter(|&i| i != v && local[i] > 1 && !vector_users.contains(&i)).max_by_key(|&i| local[i]) {
+            if let Some(m) = (0..r)
+                .filter(|&i| i != v && local[i] > 1 && !vector_users.contains(&i))
+                .max_by_key(|&i| local[i])
+            {
                 sizes[m] = divisor_at_most(local[m], 16 / acc);
                 acc *= sizes[m];
             }
@@ -258,19 +286,32 @@ fn register_plan(ops: &[LinalgOp], a: usize, local: &[usize]) -> Option<Register
         let n = ops[c].loops();
         (c, (0..n).map(|i| if i < r { 0 } else { 1 }).collect())
     });
-    Some(Register { peel: !local[v].is_multiple_of(sizes[v]), sizes, chain, contraction, dot: false })
+    Some(Register {
+        peel: !local[v].is_multiple_of(sizes[v]),
+        sizes,
+        chain,
+        contraction,
+        dot: false,
+    })
 }
 
 /// Decides a kernel's schedule from its ops and its output's dimensions; `None` runs it as it is
 /// (one workgroup, scalar loops). Without `vectorize`, only the workgroup split; without
 /// `distribute`, one workgroup.
-pub fn decide(ops: &[LinalgOp], dims: &[usize], sequential: bool, vectorize: bool, distribute: bool) -> Option<Schedule> {
+pub fn decide(
+    ops: &[LinalgOp],
+    dims: &[usize],
+    sequential: bool,
+    vectorize: bool,
+    distribute: bool,
+) -> Option<Schedule> {
     // A sequential loop (scatter updates applied in order) must run exactly once, as it is.
     if sequential {
         return None;
     }
     let a = ops.iter().rposition(|o| o.name.starts_with("linalg.") && o.kind != OpKind::Fill)?;
-    let work: usize = ops.iter().filter_map(|o| o.ranges()).map(|r| r.iter().product::<usize>()).sum();
+    let work: usize =
+        ops.iter().filter_map(|o| o.ranges()).map(|r| r.iter().product::<usize>()).sum();
     // Distribution: the dimension to split: image rows for batch-1 images (a halo of input per
     // workgroup instead of the whole input), else the first that is not tiny; evenly, so every
     // workgroup has the same static shape.
@@ -281,7 +322,10 @@ pub fn decide(ops: &[LinalgOp], dims: &[usize], sequential: bool, vectorize: boo
         let others = (0..dims.len()).filter(|&i| dims[i] >= 2);
         // Tiling loop d splits output dimension d only where the anchor's output map indexes
         // that dimension by loop d itself (not so for a reduction over a leading dimension).
-        let splittable = |d: usize| ops[a].maps.get(ops[a].n_inputs).and_then(|m| m.get(d)).and_then(Expr::as_dim) == Some(d);
+        let splittable = |d: usize| {
+            ops[a].maps.get(ops[a].n_inputs).and_then(|m| m.get(d)).and_then(Expr::as_dim)
+                == Some(d)
+        };
         split = rows.into_iter().chain(others).filter(|&d| splittable(d)).find_map(|d| {
             let w = divisor_at_most(dims[d], target);
             (w >= 2).then_some(Split { dim: d, tile: dims[d] / w, workgroups: w })
@@ -293,12 +337,17 @@ pub fn decide(ops: &[LinalgOp], dims: &[usize], sequential: bool, vectorize: boo
             local[s.dim] = s.tile;
         }
     }
-    let register = if vectorize && local.len() == dims.len() { register_plan(ops, a, &local) } else { None };
+    let register =
+        if vectorize && local.len() == dims.len() { register_plan(ops, a, &local) } else { None };
     // Row reductions outside the register tile (softmax's max and sum, a normalisation's
     // moments): one row at a time, the whole row a vector.
-    let in_chain: HashSet<usize> = register.iter().flat_map(|r| r.chain.iter().copied()).chain([a]).collect();
+    let in_chain: HashSet<usize> =
+        register.iter().flat_map(|r| r.chain.iter().copied()).chain([a]).collect();
     let rows: Vec<(usize, usize)> = if vectorize {
-        (0..ops.len()).filter(|i| !in_chain.contains(i)).filter_map(|i| row_reduction(&ops[i]).map(|c| (i, c))).collect()
+        (0..ops.len())
+            .filter(|i| !in_chain.contains(i))
+            .filter_map(|i| row_reduction(&ops[i]).map(|c| (i, c)))
+            .collect()
     } else {
         Vec::new()
     };
@@ -326,14 +375,25 @@ impl fmt::Display for Schedule {
     fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
         let list = |v: &[usize]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(",");
         match self.split {
-            Some(s) => writeln!(f, "workgroups: {} along output dim {} (tile {}), each {}", s.workgroups, s.dim, s.tile, shape(&self.local))?,
+            Some(s) => writeln!(
+                f,
+                "workgroups: {} along output dim {} (tile {}), each {}",
+                s.workgroups,
+                s.dim,
+                s.tile,
+                shape(&self.local)
+            )?,
             None => writeln!(f, "workgroups: 1, {}", shape(&self.local))?,
         }
         match &self.register {
             Some(r) => {
                 write!(f, "register tile: [{}] on op{}", list(&r.sizes), self.anchor)?;
                 if !r.chain.is_empty() {
-                    write!(f, ", fusing op{}", r.chain.iter().map(|c| c.to_string()).collect::<Vec<_>>().join(",op"))?;
+                    write!(
+                        f,
+                        ", fusing op{}",
+                        r.chain.iter().map(|c| c.to_string()).collect::<Vec<_>>().join(",op")
+                    )?;
                 }
                 if let Some((c, red)) = &r.contraction {
                     write!(f, "; op{c} reduction tiles [{}]", list(red))?;
@@ -397,7 +457,11 @@ pub fn describe(kernel: &str, ops: &[LinalgOp], schedule: Option<&Schedule>) -> 
 fn row_reduction(op: &LinalgOp) -> Option<usize> {
     let ranges = op.ranges()?;
     let p = op.parallel.iter().filter(|&&p| p).count();
-    if !op.is_generic() || p == op.loops() || op.parallel[..p].iter().any(|&x| !x) || op.elem.iter().any(|&e| e != Elem::F32) {
+    if !op.is_generic()
+        || p == op.loops()
+        || op.parallel[..p].iter().any(|&x| !x)
+        || op.elem.iter().any(|&e| e != Elem::F32)
+    {
         return None;
     }
     let reduced: usize = ranges[p..].iter().product();
@@ -417,7 +481,10 @@ fn row_reduction(op: &LinalgOp) -> Option<usize> {
     // No power of two of 16+ divides it (1000 classes): the largest multiple of 8 up to 512 that
     // does, vectorised at its exact size (`vector_sizes` keeps multiples of 8 unmasked).
     if chunk < 16 {
-        chunk = (16..=512.min(reduced)).rev().find(|&d| d % 8 == 0 && reduced.is_multiple_of(d)).unwrap_or(0);
+        chunk = (16..=512.min(reduced))
+            .rev()
+            .find(|&d| d % 8 == 0 && reduced.is_multiple_of(d))
+            .unwrap_or(0);
     }
     (op.loops() == p + 1 && reduced > 512.min(chunk * 2) && chunk >= 16).then_some(chunk)
 }
@@ -453,7 +520,8 @@ pub fn vector_sizes(op: &LinalgOp) -> Option<Vec<usize>> {
         return None;
     }
     if op.is_generic() {
-        let projected = op.maps.iter().all(|m| m.iter().all(|e| e.as_dim().is_some() || e.is_zero()));
+        let projected =
+            op.maps.iter().all(|m| m.iter().all(|e| e.as_dim().is_some() || e.is_zero()));
         if !projected {
             return None;
         }

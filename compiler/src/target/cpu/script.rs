@@ -38,7 +38,8 @@ pub fn phase_a(ctx: &melior::Context, ops: &[LinalgOp], raw: &[RawOp], sch: &Sch
         handle[i] = format!("%p{n}");
     }
     if let Some(Split { dim: d, tile, .. }) = sch.split {
-        let sizes: Vec<String> = (0..=d).map(|i| if i == d { tile.to_string() } else { "0".into() }).collect();
+        let sizes: Vec<String> =
+            (0..=d).map(|i| if i == d { tile.to_string() } else { "0".into() }).collect();
         s.push_str(&format!(
             "    %t, %l0 = transform.structured.tile_using_forall %a tile_sizes [{}] : ({ANY}) -> ({ANY}, {ANY})\n",
             sizes.join(", ")
@@ -80,7 +81,9 @@ pub fn phase_a(ctx: &melior::Context, ops: &[LinalgOp], raw: &[RawOp], sch: &Sch
                 handle[*c],
                 sizes.join(", ")
             ));
-            s.push_str(&format!("    %kg = transform.structured.generalize %kc : ({ANY}) -> {ANY}\n"));
+            s.push_str(&format!(
+                "    %kg = transform.structured.generalize %kc : ({ANY}) -> {ANY}\n"
+            ));
         } else if let Some((c, red)) = &reg.contraction {
             let q = red.iter().filter(|&&t| t != 0).count();
             let sizes: Vec<String> = red.iter().map(|t| t.to_string()).collect();
@@ -92,13 +95,19 @@ pub fn phase_a(ctx: &melior::Context, ops: &[LinalgOp], raw: &[RawOp], sch: &Sch
             ));
         }
         if reg.peel {
-            s.push_str(&format!("    %vl = transform.cast {cur} : {ANY} to !transform.op<\"scf.for\">\n"));
+            s.push_str(&format!(
+                "    %vl = transform.cast {cur} : {ANY} to !transform.op<\"scf.for\">\n"
+            ));
             s.push_str(&format!("    %vm, %vr = transform.loop.peel %vl : (!transform.op<\"scf.for\">) -> ({ANY}, {ANY})\n"));
         }
     }
     for (j, &(i, chunk)) in sch.rows.iter().enumerate() {
         let op = &ops[i];
-        let sizes: Vec<String> = op.parallel.iter().map(|&p| if p { "1".to_string() } else { chunk.to_string() }).collect();
+        let sizes: Vec<String> = op
+            .parallel
+            .iter()
+            .map(|&p| if p { "1".to_string() } else { chunk.to_string() })
+            .collect();
         let n = op.parallel.iter().filter(|&&p| p).count() + usize::from(chunk > 0);
         s.push_str(&format!(
             "    %row{j}, %rowl{j}:{n} = transform.structured.tile_using_for {} tile_sizes [{}] : ({ANY}) -> ({ANY}{})\n",
@@ -120,7 +129,13 @@ pub fn phase_a(ctx: &melior::Context, ops: &[LinalgOp], raw: &[RawOp], sch: &Sch
 }
 
 /// Carries out a schedule on the kernel's module.
-pub fn apply(mlir: &MlirContext, module: &mut Module, ops: &[LinalgOp], raw: &[RawOp], sch: &Schedule) -> Result<(), String> {
+pub fn apply(
+    mlir: &MlirContext,
+    module: &mut Module,
+    ops: &[LinalgOp],
+    raw: &[RawOp],
+    sch: &Schedule,
+) -> Result<(), String> {
     let script = phase_a(&mlir.ctx, ops, raw, sch);
     mlir.apply_transform(&module.as_operation(), &script)?;
     if !sch.vectorize {
@@ -134,7 +149,11 @@ pub fn apply(mlir: &MlirContext, module: &mut Module, ops: &[LinalgOp], raw: &[R
     script_footer(&mut s);
     mlir.apply_transform(&module.as_operation(), &s)?;
     let func = RawOp(super::kernel_func(module).ok_or("no function")?.to_raw());
-    let candidates: Vec<RawOp> = func.descendants().into_iter().filter(|o| o.is("linalg.generic") || o.is("linalg.fill")).collect();
+    let candidates: Vec<RawOp> = func
+        .descendants()
+        .into_iter()
+        .filter(|o| o.is("linalg.generic") || o.is("linalg.fill"))
+        .collect();
     for (i, o) in candidates.into_iter().enumerate() {
         let Some(sizes) = vector_sizes(&linalg::read_op(o)) else { continue };
         let tag = format!("kiln.v{i}");
@@ -142,7 +161,10 @@ pub fn apply(mlir: &MlirContext, module: &mut Module, ops: &[LinalgOp], raw: &[R
         let mut s = script_header();
         s.push_str(&format!("    %v = transform.structured.match attributes {{{tag}}} in %root : ({ANY}) -> {ANY}\n"));
         let sz: Vec<String> = sizes.iter().map(|x| x.to_string()).collect();
-        s.push_str(&format!("    transform.structured.vectorize %v vector_sizes [{}] : {ANY}\n", sz.join(", ")));
+        s.push_str(&format!(
+            "    transform.structured.vectorize %v vector_sizes [{}] : {ANY}\n",
+            sz.join(", ")
+        ));
         script_footer(&mut s);
         // An op that does not vectorise stays a loop nest.
         let _ = mlir.apply_transform(&module.as_operation(), &s);

@@ -12,7 +12,9 @@
 use std::fmt;
 
 use melior::dialect::{arith, func};
-use melior::ir::attribute::{FlatSymbolRefAttribute, FloatAttribute, IntegerAttribute, StringAttribute, TypeAttribute};
+use melior::ir::attribute::{
+    FlatSymbolRefAttribute, FloatAttribute, IntegerAttribute, StringAttribute, TypeAttribute,
+};
 use melior::ir::r#type::{FunctionType, IntegerType};
 use melior::ir::{Block, BlockLike, Location, Module, Region, RegionLike, Type, Value, ValueLike};
 use melior::Context;
@@ -61,7 +63,12 @@ impl Host {
             Level::V1
         };
         let mr = if level == Level::V4 { 8 } else { 4 };
-        Host { level, mr, l1_bytes: cache_bytes(1, "Data").unwrap_or(32 << 10), l2_bytes: cache_bytes(2, "Unified").unwrap_or(1 << 20) }
+        Host {
+            level,
+            mr,
+            l1_bytes: cache_bytes(1, "Data").unwrap_or(32 << 10),
+            l2_bytes: cache_bytes(2, "Unified").unwrap_or(1 << 20),
+        }
     }
 }
 
@@ -70,7 +77,8 @@ fn cache_bytes(level: usize, kind: &str) -> Option<usize> {
     let base = std::path::Path::new("/sys/devices/system/cpu/cpu0/cache");
     for i in 0..8 {
         let dir = base.join(format!("index{i}"));
-        let read = |f: &str| std::fs::read_to_string(dir.join(f)).ok().map(|s| s.trim().to_string());
+        let read =
+            |f: &str| std::fs::read_to_string(dir.join(f)).ok().map(|s| s.trim().to_string());
         if read("level")?.parse::<usize>().ok()? != level || read("type")? != kind {
             continue;
         }
@@ -271,7 +279,9 @@ impl Shape {
     /// (M, N, K) of the GEMM (per image for a convolution).
     pub fn mnk(&self) -> (usize, usize, usize) {
         match *self {
-            Shape::Conv { c, m, group, kh, kw, oh, ow, .. } => (m / group, oh * ow, c / group * kh * kw),
+            Shape::Conv { c, m, group, kh, kw, oh, ow, .. } => {
+                (m / group, oh * ow, c / group * kh * kw)
+            }
             Shape::Gemm { m, n, k, .. } => (m, n, k),
             Shape::ConvTranspose { cin, h, w, cout, kh, kw, .. } => (cout * kh * kw, h * w, cin),
             Shape::Pool { kh, kw, oh, ow, .. } => (1, oh * ow, kh * kw),
@@ -279,9 +289,13 @@ impl Shape {
             Shape::Reduce { outer, reduced, inner, .. } => (outer, inner, reduced),
             Shape::Softmax { rows, cols, .. } => (rows, cols, 1),
             Shape::Transpose { batch, rows, cols } => (batch * rows, cols, 1),
-            Shape::Attention { batch, heads, q_seq, kv_seq, head, .. } => (batch * heads * q_seq, kv_seq, head),
+            Shape::Attention { batch, heads, q_seq, kv_seq, head, .. } => {
+                (batch * heads * q_seq, kv_seq, head)
+            }
             // The input projection's GEMM.
-            Shape::Recurrent { cell, seq, batch, input, hidden, .. } => (seq * batch, gates(cell) * hidden, input),
+            Shape::Recurrent { cell, seq, batch, input, hidden, .. } => {
+                (seq * batch, gates(cell) * hidden, input)
+            }
         }
     }
 
@@ -293,7 +307,10 @@ impl Shape {
     /// The images (or matrices) the kernel's work units are per.
     fn images(&self) -> usize {
         match *self {
-            Shape::Conv { batch, .. } | Shape::ConvTranspose { batch, .. } | Shape::Pool { batch, .. } | Shape::Transpose { batch, .. } => batch,
+            Shape::Conv { batch, .. }
+            | Shape::ConvTranspose { batch, .. }
+            | Shape::Pool { batch, .. }
+            | Shape::Transpose { batch, .. } => batch,
             Shape::Gemm { .. }
             | Shape::Gather { .. }
             | Shape::Recurrent { .. }
@@ -347,7 +364,13 @@ impl Ukernel {
     pub fn blockable(&self) -> Blocked {
         match self.shape {
             Shape::Conv { c, m, group, h, w, kh, kw, stride, pad, oh, ow, .. } => {
-                if group == 1 && kh == 1 && kw == 1 && stride == [1, 1] && pad == [0, 0] && (oh, ow) == (h, w) {
+                if group == 1
+                    && kh == 1
+                    && kw == 1
+                    && stride == [1, 1]
+                    && pad == [0, 0]
+                    && (oh, ow) == (h, w)
+                {
                     Blocked { input: c % 16 == 0, output: m % 16 == 0 }
                 } else {
                     let depthwise = self.depthwise() && kh * kw <= 64 && c % 16 == 0;
@@ -463,14 +486,24 @@ impl fmt::Display for Ukernel {
         }
         if let Shape::Pool { kh, .. } = self.shape {
             writeln!(f, "separable: each input row reduced along it once (from a padded row buffer), then {kh} row results per output vector; bands of 8 output rows")?;
-            writeln!(f, "workgroups: {} ({} channel chunk(s) per image)", self.workgroups(), self.chunks)?;
+            writeln!(
+                f,
+                "workgroups: {} ({} channel chunk(s) per image)",
+                self.workgroups(),
+                self.chunks
+            )?;
         } else if let Some(form) = self.depthwise_form() {
             writeln!(f, "{}", match form {
                 DepthwiseForm::Blocked => "channel-blocked (NCHW16c) in and out: vectors of 16 channels of one position, one FMA a tap, 4 positions at a time",
                 DepthwiseForm::Rows => "vectors of 16 outputs along each row, one FMA a tap; the plane copied once, zero-padded",
                 DepthwiseForm::Regrouped => "each 16 channels regrouped through 16x16 transposes into vectors of 16 channels of one position, one FMA a tap, 4 positions at a time, and back",
             })?;
-            writeln!(f, "workgroups: {} ({} channel chunk(s) per image)", self.workgroups(), self.chunks)?;
+            writeln!(
+                f,
+                "workgroups: {} ({} channel chunk(s) per image)",
+                self.workgroups(),
+                self.chunks
+            )?;
         } else {
             let b = match self.shape {
                 Shape::Conv { .. } if self.blocked.input || self.blocked.output => match (self.blocked.input, self.blocked.output, self.transposed) {
@@ -492,17 +525,24 @@ impl fmt::Display for Ukernel {
                 Shape::Gemm { .. } => "A packed at run time",
             };
             writeln!(f, "register tile: {}x{NR}; blocks KC={} MC={} NC={}; weights packed at compile time, {b}", self.mr, self.kc, self.mc, self.nc)?;
-            let per_image = if matches!(self.shape, Shape::Gemm { .. }) { "" } else { " per image" };
-            let what = if self.transposed && self.split_n && matches!(self.shape, Shape::Conv { .. }) {
-                "position"
-            } else if self.transposed || matches!(self.shape, Shape::ConvTranspose { .. }) {
-                "channel"
-            } else if self.split_n {
-                "column"
-            } else {
-                "row"
-            };
-            writeln!(f, "workgroups: {} ({} {what} chunk(s){per_image})", self.workgroups(), self.chunks)?;
+            let per_image =
+                if matches!(self.shape, Shape::Gemm { .. }) { "" } else { " per image" };
+            let what =
+                if self.transposed && self.split_n && matches!(self.shape, Shape::Conv { .. }) {
+                    "position"
+                } else if self.transposed || matches!(self.shape, Shape::ConvTranspose { .. }) {
+                    "channel"
+                } else if self.split_n {
+                    "column"
+                } else {
+                    "row"
+                };
+            writeln!(
+                f,
+                "workgroups: {} ({} {what} chunk(s){per_image})",
+                self.workgroups(),
+                self.chunks
+            )?;
         }
         let mut epi = Vec::new();
         if self.epilogue.bias.is_some() {
@@ -516,7 +556,11 @@ impl fmt::Display for Ukernel {
             Activation::Relu => epi.push("relu".into()),
             Activation::Clip(lo, hi) => epi.push(format!("clip [{lo}, {hi}]")),
         }
-        writeln!(f, "epilogue: {}", if epi.is_empty() { "none".to_string() } else { epi.join(", ") })
+        writeln!(
+            f,
+            "epilogue: {}",
+            if epi.is_empty() { "none".to_string() } else { epi.join(", ") }
+        )
     }
 }
 
@@ -543,23 +587,34 @@ pub fn plan(graph: &Graph, kernel: &Kernel, host: &Host, always: bool) -> Option
     if let Op::Attention(_) = &graph.node(root).op {
         return attention_plan(graph, kernel, root);
     }
-    if matches!(graph.node(root).op, Op::Reduce(_) | Op::GlobalPool(_) | Op::Softmax { .. } | Op::LogSoftmax { .. }) {
+    if matches!(
+        graph.node(root).op,
+        Op::Reduce(_) | Op::GlobalPool(_) | Op::Softmax { .. } | Op::LogSoftmax { .. }
+    ) {
         return rows_plan(graph, kernel, root, tail, always);
     }
-    let f32_only = operands.iter().flatten().chain(&kernel.outputs).all(|&v| graph.value_type(v).dtype == DType::F32);
+    let f32_only = operands
+        .iter()
+        .flatten()
+        .chain(&kernel.outputs)
+        .all(|&v| graph.value_type(v).dtype == DType::F32);
     if !f32_only {
         return None;
     }
     let dims = |v: ValueId| graph.value_type(v).shape.as_fixed();
     let (shape, input, weight, mut bias) = match &graph.node(root).op {
         Op::Conv(c) => {
-            let (x, w) = (operands.first().copied().flatten()?, operands.get(1).copied().flatten()?);
+            let (x, w) =
+                (operands.first().copied().flatten()?, operands.get(1).copied().flatten()?);
             let (xd, wd) = (dims(x)?, dims(w)?);
             let g = c.group;
             if g == 0 || xd.len() < 3 || xd[1] % g != 0 || wd[0] % g != 0 || wd[1] * g != xd[1] {
                 return None;
             }
-            if !(3..=4).contains(&xd.len()) || wd.len() != xd.len() || graph.constant_value(w).is_none() {
+            if !(3..=4).contains(&xd.len())
+                || wd.len() != xd.len()
+                || graph.constant_value(w).is_none()
+            {
                 return None;
             }
             let spatial = xd.len() - 2;
@@ -567,10 +622,27 @@ pub fn plan(graph: &Graph, kernel: &Kernel, host: &Host, always: bool) -> Option
             for i in 0..spatial {
                 axes.push(c.window.resolve(i, xd[2 + i], wd[2 + i], false).ok()?);
             }
-            let (h, kh, kw, stride, dilation, pad, oh, ow) =
-                plane(&xd, &wd, axes.iter().map(|a| (a.stride, a.dilation, a.pad_begin as i64, a.output)))?;
+            let (h, kh, kw, stride, dilation, pad, oh, ow) = plane(
+                &xd,
+                &wd,
+                axes.iter().map(|a| (a.stride, a.dilation, a.pad_begin as i64, a.output)),
+            )?;
             let pad = [pad[0] as usize, pad[1] as usize];
-            let shape = Shape::Conv { batch: xd[0], c: xd[1], h, w: xd[xd.len() - 1], m: wd[0], group: g, kh, kw, stride, dilation, pad, oh, ow };
+            let shape = Shape::Conv {
+                batch: xd[0],
+                c: xd[1],
+                h,
+                w: xd[xd.len() - 1],
+                m: wd[0],
+                group: g,
+                kh,
+                kw,
+                stride,
+                dilation,
+                pad,
+                oh,
+                ow,
+            };
             (shape, x, w, operand_bias(graph, operands.get(2).copied().flatten(), wd[0])?)
         }
         Op::Pool(p) => {
@@ -578,7 +650,9 @@ pub fn plan(graph: &Graph, kernel: &Kernel, host: &Host, always: bool) -> Option
             let xd = dims(x)?;
             let kind = match p.kind {
                 PoolKind::Max => 0,
-                PoolKind::Average { count_include_pad } if !p.ceil_mode => 1 + u8::from(!count_include_pad),
+                PoolKind::Average { count_include_pad } if !p.ceil_mode => {
+                    1 + u8::from(!count_include_pad)
+                }
                 _ => return None,
             };
             if !(3..=4).contains(&xd.len()) || p.kernel.len() != xd.len() - 2 {
@@ -614,22 +688,48 @@ pub fn plan(graph: &Graph, kernel: &Kernel, host: &Host, always: bool) -> Option
             (shape, x, x, None)
         }
         Op::ConvTranspose(c) => {
-            let (x, w) = (operands.first().copied().flatten()?, operands.get(1).copied().flatten()?);
+            let (x, w) =
+                (operands.first().copied().flatten()?, operands.get(1).copied().flatten()?);
             let (xd, wd) = (dims(x)?, dims(w)?);
-            if c.group != 1 || !(3..=4).contains(&xd.len()) || wd.len() != xd.len() || wd[0] != xd[1] || graph.constant_value(w).is_none() {
+            if c.group != 1
+                || !(3..=4).contains(&xd.len())
+                || wd.len() != xd.len()
+                || wd[0] != xd[1]
+                || graph.constant_value(w).is_none()
+            {
                 return None;
             }
             let spatial = xd.len() - 2;
             let mut axes = Vec::new();
             for i in 0..spatial {
-                axes.push(kiln_ir::infer::transpose_axis(c, i, spatial, xd[2 + i], wd[2 + i]).ok()?);
+                axes.push(
+                    kiln_ir::infer::transpose_axis(c, i, spatial, xd[2 + i], wd[2 + i]).ok()?,
+                );
             }
-            let (h, kh, kw, stride, dilation, pad, oh, ow) = plane(&xd, &wd, axes.iter().map(|a| (a.stride, a.dilation, a.pad_begin, a.output)))?;
-            let shape = Shape::ConvTranspose { batch: xd[0], cin: xd[1], h, w: xd[xd.len() - 1], cout: wd[1], kh, kw, stride, dilation, pad, oh, ow };
+            let (h, kh, kw, stride, dilation, pad, oh, ow) = plane(
+                &xd,
+                &wd,
+                axes.iter().map(|a| (a.stride, a.dilation, a.pad_begin, a.output)),
+            )?;
+            let shape = Shape::ConvTranspose {
+                batch: xd[0],
+                cin: xd[1],
+                h,
+                w: xd[xd.len() - 1],
+                cout: wd[1],
+                kh,
+                kw,
+                stride,
+                dilation,
+                pad,
+                oh,
+                ow,
+            };
             (shape, x, w, operand_bias(graph, operands.get(2).copied().flatten(), wd[1])?)
         }
         Op::MatMul | Op::Gemm(_) => {
-            let (a, b) = (operands.first().copied().flatten()?, operands.get(1).copied().flatten()?);
+            let (a, b) =
+                (operands.first().copied().flatten()?, operands.get(1).copied().flatten()?);
             let (ad, bd) = (dims(a)?, dims(b)?);
             if bd.len() != 2 || graph.constant_value(b).is_none() || ad.len() < 2 {
                 return None;
@@ -667,7 +767,10 @@ pub fn plan(graph: &Graph, kernel: &Kernel, host: &Host, always: bool) -> Option
     let out = kernel.outputs[0];
     let out_dims = dims(out)?;
     let (m, n, k) = match shape {
-        Shape::Conv { .. } | Shape::Gemm { .. } | Shape::ConvTranspose { .. } | Shape::Pool { .. } => shape.mnk(),
+        Shape::Conv { .. }
+        | Shape::Gemm { .. }
+        | Shape::ConvTranspose { .. }
+        | Shape::Pool { .. } => shape.mnk(),
         // (Planned by gather_plan and recurrent_plan.)
         Shape::Gather { .. }
         | Shape::Recurrent { .. }
@@ -712,7 +815,8 @@ pub fn plan(graph: &Graph, kernel: &Kernel, host: &Host, always: bool) -> Option
     // A GEMM the linalg path cannot vectorise at all, and pooling (whose linalg windows are
     // scalar loop nests: a 2x2/2 max pool of 4x6x28x28 takes 24 us there, 2.7 here), are worth
     // the call at any size.
-    let enough = work >= MIN_MACS || scalar_on_linalg(&shape) || matches!(shape, Shape::Pool { .. });
+    let enough =
+        work >= MIN_MACS || scalar_on_linalg(&shape) || matches!(shape, Shape::Pool { .. });
     let wanted = always || (fills && enough && beats_linalg(&shape, k, n, host));
     if m * n * k == 0 || !wanted {
         return None;
@@ -740,7 +844,11 @@ pub fn plan(graph: &Graph, kernel: &Kernel, host: &Host, always: bool) -> Option
                 if graph.value_type(other).dtype != DType::F32 {
                     return None;
                 }
-                if od == out_dims && residual.is_none() && graph.constant_value(other).is_none() && kernel.inputs.contains(&other) {
+                if od == out_dims
+                    && residual.is_none()
+                    && graph.constant_value(other).is_none()
+                    && kernel.inputs.contains(&other)
+                {
                     residual = Some(other);
                 } else {
                     let add = match shape {
@@ -752,7 +860,9 @@ pub fn plan(graph: &Graph, kernel: &Kernel, host: &Host, always: bool) -> Option
                         | Shape::Softmax { .. }
                         | Shape::Transpose { .. }
                         | Shape::Attention { .. } => return None,
-                        Shape::Conv { .. } | Shape::ConvTranspose { .. } => channel_bias(graph, other, channels, out_dims.len())?,
+                        Shape::Conv { .. } | Shape::ConvTranspose { .. } => {
+                            channel_bias(graph, other, channels, out_dims.len())?
+                        }
                         Shape::Gemm { .. } => column_bias(graph, other, n)?,
                     };
                     let width = add.len();
@@ -767,10 +877,13 @@ pub fn plan(graph: &Graph, kernel: &Kernel, host: &Host, always: bool) -> Option
                 let bound = |i: usize, default: f32| -> Option<f32> {
                     match graph.operands(t).get(i).copied().flatten() {
                         None => Some(default),
-                        Some(v) => graph.constant_value(v).and_then(|c| c.to_f64s().first().map(|&x| x as f32)),
+                        Some(v) => graph
+                            .constant_value(v)
+                            .and_then(|c| c.to_f64s().first().map(|&x| x as f32)),
                     }
                 };
-                activation = Activation::Clip(bound(1, f32::NEG_INFINITY)?, bound(2, f32::INFINITY)?);
+                activation =
+                    Activation::Clip(bound(1, f32::NEG_INFINITY)?, bound(2, f32::INFINITY)?);
             }
             _ => return None,
         }
@@ -864,26 +977,41 @@ pub fn runs_recurrent(graph: &Graph, id: NodeId) -> bool {
     let operands = graph.operands(id);
     let operand = |i: usize| operands.get(i).copied().flatten();
     let defaults = Rnn { activations: Vec::new(), ..r.clone() };
-    if r.clip.is_some() || r.effective_activations() != defaults.effective_activations() || operands.len() > 8 {
+    if r.clip.is_some()
+        || r.effective_activations() != defaults.effective_activations()
+        || operands.len() > 8
+    {
         return false;
     }
-    let all_f32 = operands.iter().enumerate().filter(|(i, _)| *i != 4).filter_map(|(_, v)| *v).all(|v| graph.value_type(v).dtype == DType::F32)
+    let all_f32 = operands
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != 4)
+        .filter_map(|(_, v)| *v)
+        .all(|v| graph.value_type(v).dtype == DType::F32)
         && graph.node(id).outputs.iter().all(|t| t.dtype == DType::F32);
-    let static_shapes =
-        operands.iter().flatten().all(|&v| graph.value_type(v).shape.is_fixed()) && graph.node(id).outputs.iter().all(|t| t.shape.is_fixed());
+    let static_shapes = operands.iter().flatten().all(|&v| graph.value_type(v).shape.is_fixed())
+        && graph.node(id).outputs.iter().all(|t| t.shape.is_fixed());
     if !all_f32 || !static_shapes {
         return false;
     }
     let (Some(x), Some(w), Some(rw)) = (operand(0), operand(1), operand(2)) else { return false };
     let constant = |v: Option<ValueId>| v.is_none_or(|v| graph.constant_value(v).is_some());
-    if graph.constant_value(x).is_some() || !constant(Some(w)) || !constant(Some(rw)) || !constant(operand(3)) || !constant(operand(7)) {
+    if graph.constant_value(x).is_some()
+        || !constant(Some(w))
+        || !constant(Some(rw))
+        || !constant(operand(3))
+        || !constant(operand(7))
+    {
         return false;
     }
     if crate::fuse::is_inline_constant(graph, rw) {
         return false;
     }
     let Some(xd) = graph.value_type(x).shape.as_fixed() else { return false };
-    let Some(hidden) = graph.value_type(rw).shape.as_fixed().and_then(|d| d.last().copied()) else { return false };
+    let Some(hidden) = graph.value_type(rw).shape.as_fixed().and_then(|d| d.last().copied()) else {
+        return false;
+    };
     if xd.len() != 3 || xd.contains(&0) || hidden == 0 {
         return false;
     }
@@ -891,7 +1019,9 @@ pub fn runs_recurrent(graph: &Graph, id: NodeId) -> bool {
     // Sequence lengths: none, or a constant that is full for every sequence.
     match operand(4) {
         None => true,
-        Some(l) => graph.constant_value(l).is_some_and(|t| t.to_i64s().iter().all(|&n| n == seq as i64)),
+        Some(l) => {
+            graph.constant_value(l).is_some_and(|t| t.to_i64s().iter().all(|&n| n == seq as i64))
+        }
     }
 }
 
@@ -915,7 +1045,10 @@ fn attention_shape(graph: &Graph, id: NodeId) -> Option<Shape> {
     let Op::Attention(a) = &node.op else { return None };
     let operands = graph.operands(id);
     let operand = |i: usize| operands.get(i).copied().flatten();
-    if (4..operands.len()).any(|i| operand(i).is_some()) || a.softcap != 0.0 || a.softmax_precision.is_some_and(|p| p != DType::F32) {
+    if (4..operands.len()).any(|i| operand(i).is_some())
+        || a.softcap != 0.0
+        || a.softmax_precision.is_some_and(|p| p != DType::F32)
+    {
         return None;
     }
     let unused = |i: usize| {
@@ -939,15 +1072,28 @@ fn attention_shape(graph: &Graph, id: NodeId) -> Option<Shape> {
     let (batch, heads, kv_heads, q_seq, kv_seq, head, v_head, interleaved) = match rank {
         3 => {
             let (h, kh) = (a.q_num_heads, a.kv_num_heads);
-            if h == 0 || kh == 0 || qd[2] % h != 0 || kd[2] % kh != 0 || vd[2] % kh != 0 || kd[2] / kh != qd[2] / h || vd[1] != kd[1] {
+            if h == 0
+                || kh == 0
+                || qd[2] % h != 0
+                || kd[2] % kh != 0
+                || vd[2] % kh != 0
+                || kd[2] / kh != qd[2] / h
+                || vd[1] != kd[1]
+            {
                 return None;
             }
             (qd[0], h, kh, qd[1], kd[1], qd[2] / h, vd[2] / kh, true)
         }
-        4 if kd[3] == qd[3] && vd[1] == kd[1] && vd[2] == kd[2] => (qd[0], qd[1], kd[1], qd[2], kd[2], qd[3], vd[3], false),
+        4 if kd[3] == qd[3] && vd[1] == kd[1] && vd[2] == kd[2] => {
+            (qd[0], qd[1], kd[1], qd[2], kd[2], qd[3], vd[3], false)
+        }
         _ => return None,
     };
-    if [batch, heads, kv_heads, q_seq, kv_seq, head, v_head].contains(&0) || heads % kv_heads != 0 || kd[0] != batch || vd[0] != batch {
+    if [batch, heads, kv_heads, q_seq, kv_seq, head, v_head].contains(&0)
+        || heads % kv_heads != 0
+        || kd[0] != batch
+        || vd[0] != batch
+    {
         return None;
     }
     let mut mask_dims = [1; 4];
@@ -972,13 +1118,31 @@ fn attention_shape(graph: &Graph, id: NodeId) -> Option<Shape> {
         }
     };
     let scale = a.scale.unwrap_or(1.0 / (head as f32).sqrt());
-    Some(Shape::Attention { batch, heads, kv_heads, q_seq, kv_seq, head, v_head, interleaved, k, v, mask, mask_dims, causal: a.is_causal, scale })
+    Some(Shape::Attention {
+        batch,
+        heads,
+        kv_heads,
+        q_seq,
+        kv_seq,
+        head,
+        v_head,
+        interleaved,
+        k,
+        v,
+        mask,
+        mask_dims,
+        causal: a.is_causal,
+        scale,
+    })
 }
 
 /// An attention node kept whole for the CPU (see `runs_attention`): a kernel of its own.
 fn attention_plan(graph: &Graph, kernel: &Kernel, root: NodeId) -> Option<Ukernel> {
     let shape = attention_shape(graph, root)?;
-    let Shape::Attention { batch, heads, q_seq, kv_seq, head, v_head, k, v, mask, .. } = shape else { return None };
+    let Shape::Attention { batch, heads, q_seq, kv_seq, head, v_head, k, v, mask, .. } = shape
+    else {
+        return None;
+    };
     let q = graph.operands(root).first().copied().flatten()?;
     let inputs = [Some(q), Some(k), Some(v), mask.map(|(m, _)| m)];
     if kernel.nodes.len() != 1 || !inputs.iter().flatten().all(|x| kernel.inputs.contains(x)) {
@@ -993,7 +1157,13 @@ fn attention_plan(graph: &Graph, kernel: &Kernel, root: NodeId) -> Option<Ukerne
 }
 
 /// A recurrent layer kept whole for the CPU (see `runs_recurrent`).
-fn recurrent_plan(graph: &Graph, kernel: &Kernel, root: NodeId, r: &Rnn, host: &Host) -> Option<Ukernel> {
+fn recurrent_plan(
+    graph: &Graph,
+    kernel: &Kernel,
+    root: NodeId,
+    r: &Rnn,
+    host: &Host,
+) -> Option<Ukernel> {
     if !runs_recurrent(graph, root) || kernel.nodes.len() != 1 {
         return None;
     }
@@ -1002,7 +1172,8 @@ fn recurrent_plan(graph: &Graph, kernel: &Kernel, root: NodeId, r: &Rnn, host: &
     let (x, rw) = (operand(0)?, operand(2)?);
     let xd = graph.value_type(x).shape.as_fixed()?;
     let hidden = *graph.value_type(rw).shape.as_fixed()?.last()?;
-    let (seq, batch, input) = if r.batch_first { (xd[1], xd[0], xd[2]) } else { (xd[0], xd[1], xd[2]) };
+    let (seq, batch, input) =
+        if r.batch_first { (xd[1], xd[0], xd[2]) } else { (xd[0], xd[1], xd[2]) };
     let is_lstm = matches!(r.cell, RnnCell::Lstm { .. });
     let state = |v: Option<ValueId>| -> Option<State> {
         Some(match v {
@@ -1027,7 +1198,18 @@ fn recurrent_plan(graph: &Graph, kernel: &Kernel, root: NodeId, r: &Rnn, host: &
     let dirs = if r.direction == RnnDirection::Bidirectional { 2 } else { 1 };
     let (kc, mc, nc) = blocks(input, host);
     Some(Ukernel {
-        shape: Shape::Recurrent { cell: r.cell, direction: r.direction, batch_first: r.batch_first, seq, batch, input, hidden, h0, c0, results },
+        shape: Shape::Recurrent {
+            cell: r.cell,
+            direction: r.direction,
+            batch_first: r.batch_first,
+            seq,
+            batch,
+            input,
+            hidden,
+            h0,
+            c0,
+            results,
+        },
         input: x,
         weight: rw,
         epilogue: Epilogue { bias: None, residual: None, activation: Activation::None },
@@ -1045,18 +1227,32 @@ fn recurrent_plan(graph: &Graph, kernel: &Kernel, root: NodeId, r: &Rnn, host: &
 /// A reduction over consecutive axes (Reduce{Sum,Mean,Max,Min}, GlobalAveragePool,
 /// GlobalMaxPool) or a softmax over the last axis, f32, with nothing after it. The linalg path
 /// reduces a row in one vector chain and, split into workgroups, may reduce every row in each.
-fn rows_plan(graph: &Graph, kernel: &Kernel, root: NodeId, tail: &[NodeId], always: bool) -> Option<Ukernel> {
+fn rows_plan(
+    graph: &Graph,
+    kernel: &Kernel,
+    root: NodeId,
+    tail: &[NodeId],
+    always: bool,
+) -> Option<Ukernel> {
     let operands = graph.operands(root);
     let x = operands.first().copied().flatten()?;
     let out = *kernel.outputs.first()?;
-    if !tail.is_empty() || graph.value_type(x).dtype != DType::F32 || graph.value_type(out).dtype != DType::F32 || !kernel.inputs.contains(&x) {
+    if !tail.is_empty()
+        || graph.value_type(x).dtype != DType::F32
+        || graph.value_type(out).dtype != DType::F32
+        || !kernel.inputs.contains(&x)
+    {
         return None;
     }
     let xd = graph.value_type(x).shape.as_fixed()?;
     let rank = xd.len();
     // (outer, reduced, inner) around a consecutive run of axes.
     let around = |first: usize, last: usize| -> (usize, usize, usize) {
-        (xd[..first].iter().product(), xd[first..=last].iter().product(), xd[last + 1..].iter().product())
+        (
+            xd[..first].iter().product(),
+            xd[first..=last].iter().product(),
+            xd[last + 1..].iter().product(),
+        )
     };
     let shape = match &graph.node(root).op {
         Op::Reduce(r) => {
@@ -1069,7 +1265,12 @@ fn rows_plan(graph: &Graph, kernel: &Kernel, root: NodeId, tail: &[NodeId], alwa
             };
             let mut axes: Vec<usize> = match operands.get(1).copied().flatten() {
                 None => Vec::new(),
-                Some(a) => graph.constant_value(a)?.to_i64s().iter().map(|&a| kiln_ir::normalize_axis(a, rank)).collect::<Option<_>>()?,
+                Some(a) => graph
+                    .constant_value(a)?
+                    .to_i64s()
+                    .iter()
+                    .map(|&a| kiln_ir::normalize_axis(a, rank))
+                    .collect::<Option<_>>()?,
             };
             if axes.is_empty() {
                 if r.noop_with_empty_axes {
@@ -1126,9 +1327,17 @@ fn rows_plan(graph: &Graph, kernel: &Kernel, root: NodeId, tail: &[NodeId], alwa
 
 /// A Gather along axis 0 with nothing after it: whole rows copied by index. The linalg path
 /// loads element by element; rows of 64 bytes and more copy faster whole.
-fn gather_plan(graph: &Graph, kernel: &Kernel, root: kiln_ir::NodeId, axis: i64, tail: &[kiln_ir::NodeId], always: bool) -> Option<Ukernel> {
+fn gather_plan(
+    graph: &Graph,
+    kernel: &Kernel,
+    root: kiln_ir::NodeId,
+    axis: i64,
+    tail: &[kiln_ir::NodeId],
+    always: bool,
+) -> Option<Ukernel> {
     let operands = graph.operands(root);
-    let (data, indices) = (operands.first().copied().flatten()?, operands.get(1).copied().flatten()?);
+    let (data, indices) =
+        (operands.first().copied().flatten()?, operands.get(1).copied().flatten()?);
     let dd = graph.value_type(data).shape.as_fixed()?;
     let id = graph.value_type(indices).shape.as_fixed()?;
     let idx64 = match graph.value_type(indices).dtype {
@@ -1136,7 +1345,8 @@ fn gather_plan(graph: &Graph, kernel: &Kernel, root: kiln_ir::NodeId, axis: i64,
         DType::I32 => false,
         _ => return None,
     };
-    if !tail.is_empty() || dd.is_empty() || !(axis == 0 || axis == -(dd.len() as i64)) || dd[0] == 0 {
+    if !tail.is_empty() || dd.is_empty() || !(axis == 0 || axis == -(dd.len() as i64)) || dd[0] == 0
+    {
         return None;
     }
     if !kernel.inputs.contains(&data) || !kernel.inputs.contains(&indices) {
@@ -1148,7 +1358,11 @@ fn gather_plan(graph: &Graph, kernel: &Kernel, root: kiln_ir::NodeId, axis: i64,
         return None;
     }
     let chunks = if n_idx * row_bytes >= 256 << 10 { 4.min(n_idx) } else { 1 };
-    Some(Ukernel::unblocked(Shape::Gather { indices, rows: dd[0], row_bytes, n_idx, idx64 }, data, chunks))
+    Some(Ukernel::unblocked(
+        Shape::Gather { indices, rows: dd[0], row_bytes, n_idx, idx64 },
+        data,
+        chunks,
+    ))
 }
 
 /// A Transpose alone whose permutation swaps two adjacent groups of axes, the last axis among
@@ -1156,17 +1370,31 @@ fn gather_plan(graph: &Graph, kernel: &Kernel, root: kiln_ir::NodeId, axis: i64,
 /// linalg path vectorises along the output's last axis, which the input strides across: it moves
 /// one element at a time (NCHW -> NHWC of 64 x 56 x 56: 0.074 ms, 0.035 in 16x16 blocks).
 /// Permutations that keep the last axis last copy whole runs on the linalg path already.
-fn transpose_plan(graph: &Graph, kernel: &Kernel, root: NodeId, perm: &[usize], tail: &[NodeId]) -> Option<Ukernel> {
+fn transpose_plan(
+    graph: &Graph,
+    kernel: &Kernel,
+    root: NodeId,
+    perm: &[usize],
+    tail: &[NodeId],
+) -> Option<Ukernel> {
     let x = graph.operands(root).first().copied().flatten()?;
     let dims = graph.value_type(x).shape.as_fixed()?;
     let r = dims.len();
-    if !tail.is_empty() || r < 2 || perm.len() != r || graph.value_type(x).dtype.size() != 4 || !kernel.inputs.contains(&x) {
+    if !tail.is_empty()
+        || r < 2
+        || perm.len() != r
+        || graph.value_type(x).dtype.size() != 4
+        || !kernel.inputs.contains(&x)
+    {
         return None;
     }
     // perm = [0 .. b) ++ [s .. r) ++ [b .. s): axes b..s (R) and s..r (C) trade places.
     let b = (0..r).find(|&i| perm[i] != i)?;
     let s = perm[b];
-    let swapped = s > b && s < r && (b..r).all(|i| perm[i] == if i < b + (r - s) { s + (i - b) } else { b + (i - b - (r - s)) });
+    let swapped = s > b
+        && s < r
+        && (b..r)
+            .all(|i| perm[i] == if i < b + (r - s) { s + (i - b) } else { b + (i - b - (r - s)) });
     if !swapped {
         return None;
     }
@@ -1200,7 +1428,12 @@ fn beats_linalg(shape: &Shape, k: usize, n: usize, host: &Host) -> bool {
         // B stored transposed (PyTorch's Linear as Gemm transB=1): the linalg path reads it along
         // K, 1.3-2.6x slower at M 4-128 with B in cache (level at M = 1). At 2-4 rows the
         // linalg tile is mostly empty: 1.1-1.5x slower (level from 8 rows, faster from 16).
-        Shape::Gemm { m, trans_b, .. } => (trans_b && m > 1) || (2..=4).contains(&m) || k * n * 4 > host.l2_bytes / 2 || scalar_on_linalg(shape),
+        Shape::Gemm { m, trans_b, .. } => {
+            (trans_b && m > 1)
+                || (2..=4).contains(&m)
+                || k * n * 4 > host.l2_bytes / 2
+                || scalar_on_linalg(shape)
+        }
         // The linalg path convolves a stride-spread copy of the input: 4-9x slower.
         Shape::ConvTranspose { .. } => true,
         Shape::Gather { .. }
@@ -1296,7 +1529,12 @@ fn column_bias(graph: &Graph, v: ValueId, n: usize) -> Option<Vec<f32>> {
 pub fn pack(graph: &Graph, kernel: &Kernel, u: &Ukernel) -> Result<Vec<u8>> {
     if matches!(
         u.shape,
-        Shape::Pool { .. } | Shape::Gather { .. } | Shape::Reduce { .. } | Shape::Softmax { .. } | Shape::Transpose { .. } | Shape::Attention { .. }
+        Shape::Pool { .. }
+            | Shape::Gather { .. }
+            | Shape::Reduce { .. }
+            | Shape::Softmax { .. }
+            | Shape::Transpose { .. }
+            | Shape::Attention { .. }
     ) {
         return Ok(Vec::new());
     }
@@ -1304,7 +1542,9 @@ pub fn pack(graph: &Graph, kernel: &Kernel, u: &Ukernel) -> Result<Vec<u8>> {
         let out = pack_recurrent(graph, kernel, u)?;
         return Ok(out.iter().flat_map(|x| x.to_le_bytes()).collect());
     }
-    let w = constant_f32s(graph, u.weight).ok_or_else(|| CompileError::Internal("the microkernel's weight is not a constant".into()))?;
+    let w = constant_f32s(graph, u.weight).ok_or_else(|| {
+        CompileError::Internal("the microkernel's weight is not a constant".into())
+    })?;
     let (m, n, k) = u.mnk();
     let mut out: Vec<f32> = Vec::new();
     match u.shape {
@@ -1380,7 +1620,9 @@ pub fn pack(graph: &Graph, kernel: &Kernel, u: &Ukernel) -> Result<Vec<u8>> {
 fn packed_floats(u: &Ukernel) -> usize {
     let (m, n, k) = u.mnk();
     match u.shape {
-        Shape::Conv { c, .. } if u.depthwise_form().is_some_and(|f| f != DepthwiseForm::Rows) => c.div_ceil(16) * 16 * k,
+        Shape::Conv { c, .. } if u.depthwise_form().is_some_and(|f| f != DepthwiseForm::Rows) => {
+            c.div_ceil(16) * 16 * k
+        }
         Shape::Conv { c, .. } if u.depthwise() => c * k,
         Shape::Conv { m: channels, .. } if u.transposed => channels.div_ceil(NR) * k * NR,
         Shape::Conv { group, .. } => group * m.div_ceil(u.mr) * k * u.mr,
@@ -1392,7 +1634,10 @@ fn packed_floats(u: &Ukernel) -> usize {
         | Shape::Softmax { .. }
         | Shape::Transpose { .. }
         | Shape::Attention { .. } => 0,
-        Shape::Recurrent { direction, .. } => recurrent_floats_per_direction(&u.shape) * if direction == RnnDirection::Bidirectional { 2 } else { 1 },
+        Shape::Recurrent { direction, .. } => {
+            recurrent_floats_per_direction(&u.shape)
+                * if direction == RnnDirection::Bidirectional { 2 } else { 1 }
+        }
     }
 }
 
@@ -1409,11 +1654,20 @@ fn recurrent_floats_per_direction(shape: &Shape) -> usize {
 /// columns padded to a multiple of 16, padding zero), then the initial state and cell where they
 /// are constants.
 fn pack_recurrent(graph: &Graph, kernel: &Kernel, u: &Ukernel) -> Result<Vec<f32>> {
-    let Shape::Recurrent { cell, direction, input, hidden, h0, c0, .. } = u.shape else { return Ok(Vec::new()) };
-    let root = *kernel.nodes.first().ok_or_else(|| CompileError::Internal("a recurrent kernel without its node".into()))?;
+    let Shape::Recurrent { cell, direction, input, hidden, h0, c0, .. } = u.shape else {
+        return Ok(Vec::new());
+    };
+    let root = *kernel
+        .nodes
+        .first()
+        .ok_or_else(|| CompileError::Internal("a recurrent kernel without its node".into()))?;
     let operands = graph.operands(root);
-    let constant = |i: usize| -> Option<Vec<f32>> { operands.get(i).copied().flatten().and_then(|v| constant_f32s(graph, v)) };
-    let missing = |what: &str| CompileError::Internal(format!("the recurrent layer's {what} is not a constant"));
+    let constant = |i: usize| -> Option<Vec<f32>> {
+        operands.get(i).copied().flatten().and_then(|v| constant_f32s(graph, v))
+    };
+    let missing = |what: &str| {
+        CompileError::Internal(format!("the recurrent layer's {what} is not a constant"))
+    };
     let w = constant(1).ok_or_else(|| missing("W"))?;
     let r = constant(2).ok_or_else(|| missing("R"))?;
     let (b, p) = (constant(3), constant(7));
@@ -1471,7 +1725,12 @@ fn pack_recurrent(graph: &Graph, kernel: &Kernel, u: &Ukernel) -> Result<Vec<f32
 
 /// The kernel's module: `<name>_body` takes the kernel's buffers (the weight's slot holds the
 /// packed constant) and the workgroup range, and calls the microkernel on their pointers.
-pub fn build<'c>(ctx: &'c Context, graph: &Graph, kernel: &Kernel, u: &Ukernel) -> Result<Module<'c>> {
+pub fn build<'c>(
+    ctx: &'c Context,
+    graph: &Graph,
+    kernel: &Kernel,
+    u: &Ukernel,
+) -> Result<Module<'c>> {
     let loc = Location::unknown(ctx);
     let module = Module::new(loc);
     let i64t: Type = IntegerType::new(ctx, 64).into();
@@ -1500,19 +1759,29 @@ pub fn build<'c>(ctx: &'c Context, graph: &Graph, kernel: &Kernel, u: &Ukernel) 
     // signature is theirs.
     let mut callee_types: Vec<Type> = Vec::new();
     {
-        let c64 = |v: i64| -> Value { push(&block, arith::constant(ctx, IntegerAttribute::new(i64t, v).into(), loc)) };
-        let cf = |v: f32| -> Value { push(&block, arith::constant(ctx, FloatAttribute::new(ctx, f32t, v as f64).into(), loc)) };
+        let c64 = |v: i64| -> Value {
+            push(&block, arith::constant(ctx, IntegerAttribute::new(i64t, v).into(), loc))
+        };
+        let cf = |v: f32| -> Value {
+            push(&block, arith::constant(ctx, FloatAttribute::new(ctx, f32t, v as f64).into(), loc))
+        };
         let pointer = |i: usize| -> Result<Value> {
-            let arg: Value = block.argument(i).map_err(|e| CompileError::Internal(e.to_string()))?.into();
-            let p = push(&block, op(ctx, loc, "memref.extract_aligned_pointer_as_index", &[arg], &[index], &[])?);
+            let arg: Value =
+                block.argument(i).map_err(|e| CompileError::Internal(e.to_string()))?.into();
+            let p = push(
+                &block,
+                op(ctx, loc, "memref.extract_aligned_pointer_as_index", &[arg], &[index], &[])?,
+            );
             Ok(push(&block, arith::index_cast(p, i64t, loc)))
         };
         let slot = |v: ValueId| -> Result<usize> {
-            kernel
-                .inputs
-                .iter()
-                .position(|&x| x == v)
-                .ok_or_else(|| CompileError::Internal(format!("%{} is not an input of {}", graph.value_name(v), kernel.name)))
+            kernel.inputs.iter().position(|&x| x == v).ok_or_else(|| {
+                CompileError::Internal(format!(
+                    "%{} is not an input of {}",
+                    graph.value_name(v),
+                    kernel.name
+                ))
+            })
         };
         let n_in = kernel.inputs.len();
         let x = pointer(slot(u.input)?)?;
@@ -1535,13 +1804,17 @@ pub fn build<'c>(ctx: &'c Context, graph: &Graph, kernel: &Kernel, u: &Ukernel) 
             Activation::Clip(lo, hi) => (2, lo, hi),
         };
         let wg = |i: usize| -> Result<Value> {
-            let arg: Value = block.argument(i).map_err(|e| CompileError::Internal(e.to_string()))?.into();
+            let arg: Value =
+                block.argument(i).map_err(|e| CompileError::Internal(e.to_string()))?.into();
             Ok(push(&block, arith::index_cast(arg, i64t, loc)))
         };
         let (wg_begin, wg_end) = (wg(arg_types.len() - 2)?, wg(arg_types.len() - 1)?);
         let ints = |v: &[usize]| v.iter().map(|&x| c64(x as i64)).collect::<Vec<_>>();
         let mut args: Vec<Value> = vec![x, wp, bias, res, y];
-        if let Shape::Pool { c, h, w, kh, kw, stride, dilation, pad, pad_end, oh, ow, kind, .. } = &u.shape {
+        if let Shape::Pool {
+            c, h, w, kh, kw, stride, dilation, pad, pad_end, oh, ow, kind, ..
+        } = &u.shape
+        {
             args = vec![x, y];
             args.extend(ints(&[
                 *c,
@@ -1574,7 +1847,22 @@ pub fn build<'c>(ctx: &'c Context, graph: &Graph, kernel: &Kernel, u: &Ukernel) 
             args = vec![x, y];
             args.extend(ints(&[*batch, *rows, *cols]));
         }
-        if let Shape::Attention { batch, heads, kv_heads, q_seq, kv_seq, head, v_head, interleaved, k, v, mask, mask_dims, causal, scale } = &u.shape
+        if let Shape::Attention {
+            batch,
+            heads,
+            kv_heads,
+            q_seq,
+            kv_seq,
+            head,
+            v_head,
+            interleaved,
+            k,
+            v,
+            mask,
+            mask_dims,
+            causal,
+            scale,
+        } = &u.shape
         {
             let mask_ptr = match mask {
                 Some((m, _)) => pointer(slot(*m)?)?,
@@ -1609,10 +1897,23 @@ pub fn build<'c>(ctx: &'c Context, graph: &Graph, kernel: &Kernel, u: &Ukernel) 
             args = vec![x, pointer(slot(*indices)?)?, y];
             args.extend(ints(&[*rows, *row_bytes, *n_idx, *idx64 as usize]));
         }
-        if let Shape::Recurrent { cell, direction, batch_first, seq, batch, input, hidden, h0, c0, results } = &u.shape {
+        if let Shape::Recurrent {
+            cell,
+            direction,
+            batch_first,
+            seq,
+            batch,
+            input,
+            hidden,
+            h0,
+            c0,
+            results,
+        } = &u.shape
+        {
             // Constant initial states follow the weights in the packed constant.
             let mut packed_next = packed_floats(u);
-            let state_floats = batch * hidden * if *direction == RnnDirection::Bidirectional { 2 } else { 1 };
+            let state_floats =
+                batch * hidden * if *direction == RnnDirection::Bidirectional { 2 } else { 1 };
             let mut state = |s: &State| -> Result<Value> {
                 Ok(match s {
                     State::None => c64(0),
@@ -1625,7 +1926,9 @@ pub fn build<'c>(ctx: &'c Context, graph: &Graph, kernel: &Kernel, u: &Ukernel) 
                 })
             };
             let (h0, c0) = (state(h0)?, state(c0)?);
-            let result = |i: usize| -> Result<Value> { results[i].map_or_else(|| Ok(c64(0)), |slot| pointer(n_in + slot)) };
+            let result = |i: usize| -> Result<Value> {
+                results[i].map_or_else(|| Ok(c64(0)), |slot| pointer(n_in + slot))
+            };
             args = vec![x, wp, h0, c0, result(0)?, result(1)?, result(2)?];
             let (cell, lbr, input_forget) = match cell {
                 RnnCell::Simple => (0, false, false),
@@ -1661,13 +1964,56 @@ pub fn build<'c>(ctx: &'c Context, graph: &Graph, kernel: &Kernel, u: &Ukernel) 
             | Shape::Transpose { .. }
             | Shape::Attention { .. } => {}
             Shape::Conv { c, h, w, kh, kw, stride, dilation, pad, oh, ow, .. } if u.depthwise() => {
-                args.extend(ints(&[*c, *h, *w, *kh, *kw, stride[0], stride[1], dilation[0], dilation[1], pad[0], pad[1], *oh, *ow]));
+                args.extend(ints(&[
+                    *c,
+                    *h,
+                    *w,
+                    *kh,
+                    *kw,
+                    stride[0],
+                    stride[1],
+                    dilation[0],
+                    dilation[1],
+                    pad[0],
+                    pad[1],
+                    *oh,
+                    *ow,
+                ]));
             }
             Shape::Conv { c, h, w, m, group, kh, kw, stride, dilation, pad, oh, ow, .. } => {
-                args.extend(ints(&[*c, *h, *w, *m, *group, *kh, *kw, stride[0], stride[1], dilation[0], dilation[1], pad[0], pad[1], *oh, *ow]));
+                args.extend(ints(&[
+                    *c,
+                    *h,
+                    *w,
+                    *m,
+                    *group,
+                    *kh,
+                    *kw,
+                    stride[0],
+                    stride[1],
+                    dilation[0],
+                    dilation[1],
+                    pad[0],
+                    pad[1],
+                    *oh,
+                    *ow,
+                ]));
             }
-            Shape::ConvTranspose { cin, h, w, cout, kh, kw, stride, dilation, pad, oh, ow, .. } => {
-                args.extend(ints(&[*cin, *h, *w, *cout, *kh, *kw, stride[0], stride[1], dilation[0], dilation[1]]));
+            Shape::ConvTranspose {
+                cin, h, w, cout, kh, kw, stride, dilation, pad, oh, ow, ..
+            } => {
+                args.extend(ints(&[
+                    *cin,
+                    *h,
+                    *w,
+                    *cout,
+                    *kh,
+                    *kw,
+                    stride[0],
+                    stride[1],
+                    dilation[0],
+                    dilation[1],
+                ]));
                 args.extend([c64(pad[0]), c64(pad[1])]);
                 args.extend(ints(&[*oh, *ow]));
             }
@@ -1695,7 +2041,11 @@ pub fn build<'c>(ctx: &'c Context, graph: &Graph, kernel: &Kernel, u: &Ukernel) 
             // (Its blocks are among its sizes; its workgroups are its directions.)
         } else if matches!(
             u.shape,
-            Shape::Gather { .. } | Shape::Reduce { .. } | Shape::Softmax { .. } | Shape::Transpose { .. } | Shape::Attention { .. }
+            Shape::Gather { .. }
+                | Shape::Reduce { .. }
+                | Shape::Softmax { .. }
+                | Shape::Transpose { .. }
+                | Shape::Attention { .. }
         ) {
             args.extend(ints(&[u.chunks]));
         } else if u.depthwise() {
@@ -1707,13 +2057,23 @@ pub fn build<'c>(ctx: &'c Context, graph: &Graph, kernel: &Kernel, u: &Ukernel) 
         } else {
             args.extend(ints(&[u.kc, u.mc, u.nc, u.chunks, u.split_n as usize]));
             if matches!(u.shape, Shape::Conv { .. }) {
-                args.extend(ints(&[u.transposed as usize, u.blocked.input as usize, u.blocked.output as usize]));
+                args.extend(ints(&[
+                    u.transposed as usize,
+                    u.blocked.input as usize,
+                    u.blocked.output as usize,
+                ]));
             }
         }
         args.push(wg_begin);
         args.push(wg_end);
         callee_types.extend(args.iter().map(|a| a.r#type()));
-        block.append_operation(func::call(ctx, FlatSymbolRefAttribute::new(ctx, symbol), &args, &[], loc));
+        block.append_operation(func::call(
+            ctx,
+            FlatSymbolRefAttribute::new(ctx, symbol),
+            &args,
+            &[],
+            loc,
+        ));
         block.append_operation(func::r#return(&[], loc));
     }
     let decl = func::func(
@@ -1721,7 +2081,10 @@ pub fn build<'c>(ctx: &'c Context, graph: &Graph, kernel: &Kernel, u: &Ukernel) 
         StringAttribute::new(ctx, symbol),
         TypeAttribute::new(FunctionType::new(ctx, &callee_types, &[]).into()),
         Region::new(),
-        &[(melior::ir::Identifier::new(ctx, "sym_visibility"), StringAttribute::new(ctx, "private").into())],
+        &[(
+            melior::ir::Identifier::new(ctx, "sym_visibility"),
+            StringAttribute::new(ctx, "private").into(),
+        )],
         loc,
     );
     module.body().append_operation(decl);
@@ -1743,5 +2106,11 @@ pub fn build<'c>(ctx: &'c Context, graph: &Graph, kernel: &Kernel, u: &Ukernel) 
 /// into it): their slots receive the constant, and they need no buffer of their own.
 pub fn replaced_inputs(graph: &Graph, kernel: &Kernel, u: &Ukernel) -> Vec<usize> {
     let used: Vec<ValueId> = [Some(u.input), u.epilogue.residual].into_iter().flatten().collect();
-    kernel.inputs.iter().enumerate().filter(|(_, v)| !used.contains(v) && graph.constant_value(**v).is_some()).map(|(i, _)| i).collect()
+    kernel
+        .inputs
+        .iter()
+        .enumerate()
+        .filter(|(_, v)| !used.contains(v) && graph.constant_value(**v).is_some())
+        .map(|(i, _)| i)
+        .collect()
 }

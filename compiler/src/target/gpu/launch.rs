@@ -45,7 +45,9 @@ pub fn map(mlir: &MlirContext, module: &mut melior::ir::Module) -> Result<(), St
     let mut s = Script::new();
     if shared > 0 {
         let e = s.tagged("kiln.workgroup", None);
-        let cast = s.raw_result(&format!("transform.cast {e} : !transform.any_op to !transform.op<\"tensor.empty\">"));
+        let cast = s.raw_result(&format!(
+            "transform.cast {e} : !transform.any_op to !transform.op<\"tensor.empty\">"
+        ));
         let alloc = s.raw_result(&format!(
             "transform.bufferization.empty_tensor_to_alloc_tensor {cast} : (!transform.op<\"tensor.empty\">) -> !transform.op<\"bufferization.alloc_tensor\">"
         ));
@@ -60,15 +62,19 @@ pub fn map(mlir: &MlirContext, module: &mut melior::ir::Module) -> Result<(), St
     s.raw_result(
         "transform.bufferization.one_shot_bufferize %root {bufferize_function_boundaries = true, function_boundary_type_conversion = 1 : i32, memcpy_op = \"linalg.copy\"} : (!transform.any_op) -> !transform.any_op",
     );
-    mlir.apply_transform(&module.as_operation(), &s.finish()).map_err(|e| format!("bufferisation: {e}"))?;
+    mlir.apply_transform(&module.as_operation(), &s.finish())
+        .map_err(|e| format!("bufferisation: {e}"))?;
     // Identical views merge, so copies of a tile onto itself show.
-    mlir.run_pipeline(module, "builtin.module(func.func(cse))").map_err(|e| format!("after bufferisation: {e}"))?;
+    mlir.run_pipeline(module, "builtin.module(func.func(cse))")
+        .map_err(|e| format!("after bufferisation: {e}"))?;
     let root = RawOp::of(&module.as_operation());
     erase_self_copies(root);
-    let func = super::schedule::kernel_func(root).ok_or("no kernel function after bufferisation")?;
+    let func =
+        super::schedule::kernel_func(root).ok_or("no kernel function after bufferisation")?;
     // Work bufferisation added outside the block grids (copies into outputs) gets grids of its
     // own; what cannot be distributed runs on one thread.
-    let leftovers: Vec<RawOp> = func.children().into_iter().filter(|o| super::loops::is_structured(*o)).collect();
+    let leftovers: Vec<RawOp> =
+        func.children().into_iter().filter(|o| super::loops::is_structured(*o)).collect();
     super::schedule::tile_each(mlir, module, &leftovers, "distributing copies")?;
     serialize_leftovers(&mlir.ctx, func)?;
     sink_views(func);
@@ -85,7 +91,8 @@ pub fn map(mlir: &MlirContext, module: &mut melior::ir::Module) -> Result<(), St
     if std::env::var("KILN_DEBUG_MLIR").is_ok_and(|v| v == "2") {
         eprintln!("// before mapping to blocks and threads:\n{}", module.as_operation());
     }
-    mlir.apply_transform(&module.as_operation(), &s.finish()).map_err(|e| format!("mapping to blocks and threads: {e}"))?;
+    mlir.apply_transform(&module.as_operation(), &s.finish())
+        .map_err(|e| format!("mapping to blocks and threads: {e}"))?;
     mlir.run_pipeline(module, "builtin.module(canonicalize,cse,func.func(gpu-launch-sink-index-computations),gpu-kernel-outlining,canonicalize,cse)")
         .map_err(|e| format!("outlining: {e}"))
 }
@@ -98,25 +105,36 @@ pub fn map(mlir: &MlirContext, module: &mut melior::ir::Module) -> Result<(), St
 fn tag_workgroup_tensors(ctx: &melior::Context, root: RawOp) -> Result<usize, String> {
     let mut total = 0;
     let mut n = 0i64;
-    for forall in root.descendants().into_iter().filter(|o| o.attr("kiln.threads").is_some() && o.is("scf.forall")) {
+    for forall in root
+        .descendants()
+        .into_iter()
+        .filter(|o| o.attr("kiln.threads").is_some() && o.is("scf.forall"))
+    {
         for k in 0..forall.num_operands() {
             let Some((empty, user, operand)) = trace_to_empty(forall, k) else { continue };
             if empty.attr("kiln.workgroup").is_some() && empty.parent() == user.parent() {
                 continue;
             }
             let t = edit::value_type(empty.result(0));
-            let bytes = edit::static_dims(t).ok_or("a dynamic workgroup tensor")?.iter().product::<usize>() * edit::element_bytes(t).unwrap_or(4);
+            let bytes =
+                edit::static_dims(t).ok_or("a dynamic workgroup tensor")?.iter().product::<usize>()
+                    * edit::element_bytes(t).unwrap_or(4);
             total += bytes;
             let fresh = super::schedule::new_empty(ctx, t, user)?;
             fresh.set_unit_attr(ctx, "kiln.workgroup");
             // A distinct id, so nothing merges two of them.
-            fresh.set_attr("kiln.tile", edit::parse_attr(ctx, &format!("{n} : i64")).expect("an integer attribute"));
+            fresh.set_attr(
+                "kiln.tile",
+                edit::parse_attr(ctx, &format!("{n} : i64")).expect("an integer attribute"),
+            );
             n += 1;
             user.set_operand(operand, fresh.result(0));
         }
     }
     if total > WORKGROUP_BYTES {
-        return Err(format!("the schedule needs {total} bytes of workgroup memory, more than {WORKGROUP_BYTES}"));
+        return Err(format!(
+            "the schedule needs {total} bytes of workgroup memory, more than {WORKGROUP_BYTES}"
+        ));
     }
     Ok(total)
 }
@@ -177,7 +195,10 @@ fn trace_to_empty(start: RawOp, operand: usize) -> Option<(RawOp, RawOp, usize)>
 /// Copies of a buffer onto itself (left by bufferising in place) do nothing: erased.
 fn erase_self_copies(root: RawOp) {
     for op in root.descendants() {
-        if (op.is("linalg.copy") || op.is("memref.copy")) && op.num_operands() == 2 && edit::same_value(op.operand(0), op.operand(1)) {
+        if (op.is("linalg.copy") || op.is("memref.copy"))
+            && op.num_operands() == 2
+            && edit::same_value(op.operand(0), op.operand(1))
+        {
             op.erase();
         }
     }
@@ -228,8 +249,14 @@ fn serialize_leftovers(ctx: &melior::Context, func: RawOp) -> Result<(), String>
         // Values made inside the run must not be used after it.
         for op in &run {
             for r in 0..op.num_results() {
-                if edit::users(op.result(r)).iter().any(|u| !run.iter().any(|o| o == u || u.is_inside(*o))) {
-                    return Err(format!("`{}` outside a launch produces a value used elsewhere", op.name()));
+                if edit::users(op.result(r))
+                    .iter()
+                    .any(|u| !run.iter().any(|o| o == u || u.is_inside(*o)))
+                {
+                    return Err(format!(
+                        "`{}` outside a launch produces a value used elsewhere",
+                        op.name()
+                    ));
                 }
             }
         }
@@ -238,7 +265,12 @@ fn serialize_leftovers(ctx: &melior::Context, func: RawOp) -> Result<(), String>
         let body = Block::new(&[(index, loc)]);
         let term_region = Region::new();
         term_region.append_block(Block::new(&[]));
-        let term = body.append_operation(OperationBuilder::new("scf.forall.in_parallel", loc).add_regions([term_region]).build().expect("builds"));
+        let term = body.append_operation(
+            OperationBuilder::new("scf.forall.in_parallel", loc)
+                .add_regions([term_region])
+                .build()
+                .expect("builds"),
+        );
         let term_raw = term.to_raw();
         let region = Region::new();
         region.append_block(body);
@@ -272,8 +304,15 @@ fn serialize_leftovers(ctx: &melior::Context, func: RawOp) -> Result<(), String>
 /// Pure ops that compute views and indices: they move into the launches that use them (a
 /// kernel takes whole buffers, never views).
 fn is_sinkable(name: &str) -> bool {
-    matches!(name, "memref.subview" | "memref.expand_shape" | "memref.collapse_shape" | "memref.cast" | "memref.reinterpret_cast" | "affine.apply")
-        || (name.starts_with("arith.") && name != "arith.constant")
+    matches!(
+        name,
+        "memref.subview"
+            | "memref.expand_shape"
+            | "memref.collapse_shape"
+            | "memref.cast"
+            | "memref.reinterpret_cast"
+            | "affine.apply"
+    ) || (name.starts_with("arith.") && name != "arith.constant")
 }
 
 /// Copies each top-level view or index op into every block grid using it (at the start of its
@@ -413,10 +452,15 @@ fn wrap(ctx: &melior::Context, op: RawOp, tag: &str) {
     let loc = Location::unknown(ctx);
     let region = Region::new();
     let block = Block::new(&[]);
-    let y = block.append_operation(OperationBuilder::new("scf.yield", loc).build().expect("scf.yield builds"));
+    let y = block.append_operation(
+        OperationBuilder::new("scf.yield", loc).build().expect("scf.yield builds"),
+    );
     let y_raw = y.to_raw();
     region.append_block(block);
-    let exec = OperationBuilder::new("scf.execute_region", loc).add_regions([region]).build().expect("scf.execute_region builds");
+    let exec = OperationBuilder::new("scf.execute_region", loc)
+        .add_regions([region])
+        .build()
+        .expect("scf.execute_region builds");
     let exec_raw = exec.into_raw();
     // SAFETY: `op` is live in its block; the new op is handed to that block, then `op` moves into
     // the new region before its terminator.
@@ -443,15 +487,21 @@ pub fn plan(root: RawOp, n_buffers: usize) -> Result<LaunchPlan, String> {
             }
             continue;
         }
-        let seg = op.attr("operandSegmentSizes").ok_or("gpu.launch_func without operand segments")?;
+        let seg =
+            op.attr("operandSegmentSizes").ok_or("gpu.launch_func without operand segments")?;
         // SAFETY: operandSegmentSizes is a DenseI32ArrayAttr.
-        let seg: Vec<usize> =
-            unsafe { (0..mlir_sys::mlirDenseArrayGetNumElements(seg)).map(|i| mlir_sys::mlirDenseI32ArrayGetElement(seg, i) as usize).collect() };
+        let seg: Vec<usize> = unsafe {
+            (0..mlir_sys::mlirDenseArrayGetNumElements(seg))
+                .map(|i| mlir_sys::mlirDenseI32ArrayGetElement(seg, i) as usize)
+                .collect()
+        };
         // async deps, grid x y z, block x y z, cluster x y z, dynamic shared memory, kernel operands.
         let start = |k: usize| seg[..k].iter().sum::<usize>();
         let constant = |k: usize| -> Result<u32, String> {
             let v = op.operand(start(k));
-            edit::constant_int(v).and_then(|c| u32::try_from(c).ok()).ok_or_else(|| "a launch with a dynamic grid".to_string())
+            edit::constant_int(v)
+                .and_then(|c| u32::try_from(c).ok())
+                .ok_or_else(|| "a launch with a dynamic grid".to_string())
         };
         let grid = [constant(1)?, constant(2)?, constant(3)?];
         let block = [constant(4)?, constant(5)?, constant(6)?];
@@ -460,7 +510,8 @@ pub fn plan(root: RawOp, n_buffers: usize) -> Result<LaunchPlan, String> {
         // (the function inside may repeat another's name); `move_functions` renames to it.
         let func_name = unsafe {
             let s = mlir_sys::mlirSymbolRefAttrGetRootReference(kernel);
-            String::from_utf8_lossy(std::slice::from_raw_parts(s.data as *const u8, s.length)).into_owned()
+            String::from_utf8_lossy(std::slice::from_raw_parts(s.data as *const u8, s.length))
+                .into_owned()
         };
         let first = start(11);
         let mut args = Vec::new();
@@ -480,7 +531,10 @@ pub fn plan(root: RawOp, n_buffers: usize) -> Result<LaunchPlan, String> {
                             Some(&(_, k)) => k,
                             None => {
                                 let t = edit::value_type(v);
-                                let bytes = edit::static_dims(t).ok_or("a dynamic temporary")?.iter().product::<usize>()
+                                let bytes = edit::static_dims(t)
+                                    .ok_or("a dynamic temporary")?
+                                    .iter()
+                                    .product::<usize>()
                                     * edit::element_bytes(t).unwrap_or(4);
                                 plan.scratch.push(bytes as u64);
                                 scratch_of.push((d, plan.scratch.len() - 1));
@@ -490,7 +544,10 @@ pub fn plan(root: RawOp, n_buffers: usize) -> Result<LaunchPlan, String> {
                         Arg::Scratch(k)
                     }
                     "memref.get_global" => {
-                        let sym = d.attr("name").and_then(edit::string_attr).ok_or("get_global without a name")?;
+                        let sym = d
+                            .attr("name")
+                            .and_then(edit::string_attr)
+                            .ok_or("get_global without a name")?;
                         let k = match constant_of.iter().find(|(s, _)| *s == sym) {
                             Some((_, k)) => *k,
                             None => {
@@ -507,7 +564,12 @@ pub fn plan(root: RawOp, n_buffers: usize) -> Result<LaunchPlan, String> {
             args.push(arg);
         }
         // Kernel inputs and constants are only read; everything else may be written.
-        let writes = args.iter().enumerate().filter(|(_, a)| !matches!(a, Arg::Constant(_))).map(|(i, _)| i).collect();
+        let writes = args
+            .iter()
+            .enumerate()
+            .filter(|(_, a)| !matches!(a, Arg::Constant(_)))
+            .map(|(i, _)| i)
+            .collect();
         plan.launches.push(DeviceLaunch { func: func_name, grid, block, args, writes });
     }
     Ok(plan)
@@ -516,7 +578,10 @@ pub fn plan(root: RawOp, n_buffers: usize) -> Result<LaunchPlan, String> {
 /// A contiguous reshape of a buffer is the same buffer.
 fn resolve_view(mut v: mlir_sys::MlirValue) -> mlir_sys::MlirValue {
     while let Some(d) = edit::defining_op(v) {
-        if matches!(d.name().as_str(), "memref.expand_shape" | "memref.collapse_shape" | "memref.cast") {
+        if matches!(
+            d.name().as_str(),
+            "memref.expand_shape" | "memref.collapse_shape" | "memref.cast"
+        ) {
             v = d.operand(0);
         } else {
             break;
@@ -531,7 +596,10 @@ fn global_bytes(root: RawOp, sym: &str) -> Result<Vec<u8>, String> {
     let g = root
         .children()
         .into_iter()
-        .find(|o| o.is("memref.global") && o.attr("sym_name").and_then(edit::string_attr).is_some_and(|s| s == sym))
+        .find(|o| {
+            o.is("memref.global")
+                && o.attr("sym_name").and_then(edit::string_attr).is_some_and(|s| s == sym)
+        })
         .ok_or_else(|| format!("no memref.global @{sym}"))?;
     let init = g.attr("initial_value").ok_or_else(|| format!("@{sym} has no initial value"))?;
     let ty = g.attr("type").ok_or("memref.global without a type")?;
@@ -544,7 +612,9 @@ fn global_bytes(root: RawOp, sym: &str) -> Result<Vec<u8>, String> {
         }
         let e = mlir_sys::mlirShapedTypeGetElementType(t);
         if mlir_sys::mlirTypeIsAInteger(e) && mlir_sys::mlirIntegerTypeGetWidth(e) == 1 {
-            return Ok((0..numel).map(|i| mlir_sys::mlirDenseElementsAttrGetBoolValue(init, i as isize) as u8).collect());
+            return Ok((0..numel)
+                .map(|i| mlir_sys::mlirDenseElementsAttrGetBoolValue(init, i as isize) as u8)
+                .collect());
         }
         let size = edit::element_bytes(t).ok_or("a global of unknown element size")?;
         let raw = mlir_sys::mlirDenseElementsAttrGetRawData(init) as *const u8;

@@ -30,7 +30,11 @@ impl Loops {
 /// Whether `op` is a linalg structured op (it has indexing maps).
 pub fn is_structured(op: RawOp) -> bool {
     let n = op.name();
-    n.starts_with("linalg.") && !matches!(n.as_str(), "linalg.yield" | "linalg.index" | "linalg.pack" | "linalg.unpack" | "linalg.softmax")
+    n.starts_with("linalg.")
+        && !matches!(
+            n.as_str(),
+            "linalg.yield" | "linalg.index" | "linalg.pack" | "linalg.unpack" | "linalg.softmax"
+        )
 }
 
 /// The loops of a structured op with static shapes; `None` for anything else. Read through the

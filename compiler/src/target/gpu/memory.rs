@@ -26,30 +26,54 @@ pub fn legalize(ctx: &melior::Context, device: RawOp, flavor: Flavor) -> Result<
         resize_empty_arguments(func)?;
         let entry = func.block(0).ok_or("a gpu.func without a body")?;
         let mut attributions = 0usize;
-        for op in func.descendants().into_iter().filter(|o| o.is("memref.alloc") || o.is("memref.alloca")) {
+        for op in
+            func.descendants().into_iter().filter(|o| o.is("memref.alloc") || o.is("memref.alloca"))
+        {
             let v = op.result(0);
             let t = edit::value_type(v);
             for u in edit::users(v) {
                 if !matches!(u.name().as_str(), "memref.load" | "memref.store") {
-                    return Err(format!("a kernel temporary ({}) is used by `{}`", edit::type_text(t), u.name()));
+                    return Err(format!(
+                        "a kernel temporary ({}) is used by `{}`",
+                        edit::type_text(t),
+                        u.name()
+                    ));
                 }
             }
             let (Some(dims), Some(elem)) = (edit::static_dims(t), edit::element_type(t)) else {
-                return Err(format!("a kernel temporary has a dynamic shape ({})", edit::type_text(t)));
+                return Err(format!(
+                    "a kernel temporary has a dynamic shape ({})",
+                    edit::type_text(t)
+                ));
             };
             // Schedules put shared tiles in workgroup memory: NVVM's address space 3 or GPU's.
-            let workgroup = edit::memory_space(t).is_some_and(|s| edit::int_attr(s) == Some(3) || edit::attr_is(s, "#gpu.address_space<workgroup>"));
-            let space = |text: &str| edit::parse_attr(ctx, text).ok_or_else(|| format!("bad memory space {text}"));
+            let workgroup = edit::memory_space(t).is_some_and(|s| {
+                edit::int_attr(s) == Some(3) || edit::attr_is(s, "#gpu.address_space<workgroup>")
+            });
+            let space = |text: &str| {
+                edit::parse_attr(ctx, text).ok_or_else(|| format!("bad memory space {text}"))
+            };
             match (flavor, workgroup) {
                 (Flavor::Spirv, true) => {}
                 // SPIR-V's Function storage class: a private array.
-                (Flavor::Spirv, false) => replace_with_alloca(ctx, op, entry, edit::contiguous_memref(elem, &dims, Some(space("6 : i64")?)))?,
+                (Flavor::Spirv, false) => replace_with_alloca(
+                    ctx,
+                    op,
+                    entry,
+                    edit::contiguous_memref(elem, &dims, Some(space("6 : i64")?)),
+                )?,
                 (Flavor::Nvvm, false) => replace_with_alloca(ctx, op, entry, t)?,
                 (Flavor::Nvvm, true) => {
-                    let t = edit::contiguous_memref(elem, &dims, Some(space("#gpu.address_space<workgroup>")?));
+                    let t = edit::contiguous_memref(
+                        elem,
+                        &dims,
+                        Some(space("#gpu.address_space<workgroup>")?),
+                    );
                     // SAFETY: a new argument of the entry block after the function's arguments
                     // (there are no private attributions), declared below as an attribution.
-                    let arg = unsafe { mlir_sys::mlirBlockAddArgument(entry, t, Location::unknown(ctx).to_raw()) };
+                    let arg = unsafe {
+                        mlir_sys::mlirBlockAddArgument(entry, t, Location::unknown(ctx).to_raw())
+                    };
                     edit::replace_uses(v, arg);
                     op.erase();
                     attributions += 1;
@@ -57,7 +81,8 @@ pub fn legalize(ctx: &melior::Context, device: RawOp, flavor: Flavor) -> Result<
             }
         }
         if attributions > 0 {
-            let a = edit::parse_attr(ctx, &format!("{attributions} : i64")).expect("an integer attribute");
+            let a = edit::parse_attr(ctx, &format!("{attributions} : i64"))
+                .expect("an integer attribute");
             func.set_attr("workgroup_attributions", a);
         }
     }
@@ -74,11 +99,14 @@ fn resize_empty_arguments(func: RawOp) -> Result<(), String> {
     unsafe {
         let fty = mlir_sys::mlirTypeAttrGetValue(ft);
         let n_in = mlir_sys::mlirFunctionTypeGetNumInputs(fty);
-        let mut inputs: Vec<mlir_sys::MlirType> = (0..n_in).map(|i| mlir_sys::mlirFunctionTypeGetInput(fty, i)).collect();
+        let mut inputs: Vec<mlir_sys::MlirType> =
+            (0..n_in).map(|i| mlir_sys::mlirFunctionTypeGetInput(fty, i)).collect();
         let mut changed = false;
         for (i, input) in inputs.iter_mut().enumerate() {
             let dims = edit::static_dims(*input);
-            if dims.is_none_or(|d| d.iter().product::<usize>() != 0) || i >= mlir_sys::mlirBlockGetNumArguments(entry) as usize {
+            if dims.is_none_or(|d| d.iter().product::<usize>() != 0)
+                || i >= mlir_sys::mlirBlockGetNumArguments(entry) as usize
+            {
                 continue;
             }
             let arg = mlir_sys::mlirBlockGetArgument(entry, i as isize);
@@ -93,7 +121,8 @@ fn resize_empty_arguments(func: RawOp) -> Result<(), String> {
         }
         if changed {
             let n_out = mlir_sys::mlirFunctionTypeGetNumResults(fty);
-            let outputs: Vec<mlir_sys::MlirType> = (0..n_out).map(|i| mlir_sys::mlirFunctionTypeGetResult(fty, i)).collect();
+            let outputs: Vec<mlir_sys::MlirType> =
+                (0..n_out).map(|i| mlir_sys::mlirFunctionTypeGetResult(fty, i)).collect();
             let new = mlir_sys::mlirFunctionTypeGet(
                 mlir_sys::mlirTypeGetContext(fty),
                 inputs.len() as isize,
@@ -108,7 +137,12 @@ fn resize_empty_arguments(func: RawOp) -> Result<(), String> {
 }
 
 /// Replaces an allocation by an `alloca` of type `ty` at the start of `entry`.
-fn replace_with_alloca(ctx: &melior::Context, op: RawOp, entry: mlir_sys::MlirBlock, ty: mlir_sys::MlirType) -> Result<(), String> {
+fn replace_with_alloca(
+    ctx: &melior::Context,
+    op: RawOp,
+    entry: mlir_sys::MlirBlock,
+    ty: mlir_sys::MlirType,
+) -> Result<(), String> {
     // SAFETY: a live type of this context.
     let t = unsafe { Type::from_raw(ty) };
     let seg = edit::parse_attr(ctx, "array<i32: 0, 0>").expect("a dense array");

@@ -43,7 +43,9 @@ pub enum GpuTarget {
 impl GpuTarget {
     pub fn detail(&self) -> String {
         match self {
-            GpuTarget::Cuda(t) => format!("nvptx64 {} PTX ISA {}.{}", t.arch, t.isa / 10, t.isa % 10),
+            GpuTarget::Cuda(t) => {
+                format!("nvptx64 {} PTX ISA {}.{}", t.arch, t.isa / 10, t.isa % 10)
+            }
             GpuTarget::Opencl => "SPIR-V 1.0 (OpenCL, Kernel capability, 64-bit addressing)".into(),
         }
     }
@@ -66,7 +68,13 @@ impl Backend for GpuBackend {
         Ok(text)
     }
 
-    fn compile(&self, graph: &Graph, kernels: &[Kernel], texts: Option<&mut Stages>, progress: &dyn Fn(usize)) -> Result<TargetCode> {
+    fn compile(
+        &self,
+        graph: &Graph,
+        kernels: &[Kernel],
+        texts: Option<&mut Stages>,
+        progress: &dyn Fn(usize),
+    ) -> Result<TargetCode> {
         compile(graph, kernels, &self.target, self.strategy, texts, progress)
     }
 }
@@ -81,36 +89,77 @@ fn compile(
     progress: &dyn Fn(usize),
 ) -> Result<TargetCode> {
     let mlir = MlirContext::new();
-    let mut device_module = Module::parse(&mlir.ctx, "module attributes {gpu.container_module} {\n  gpu.module @kiln_kernels {\n  }\n}")
-        .ok_or_else(|| CompileError::Internal("the device module does not parse".into()))?;
-    let device = RawOp::of(&device_module.as_operation()).children().into_iter().find(|o| o.is("gpu.module")).expect("parsed above");
+    let mut device_module = Module::parse(
+        &mlir.ctx,
+        "module attributes {gpu.container_module} {\n  gpu.module @kiln_kernels {\n  }\n}",
+    )
+    .ok_or_else(|| CompileError::Internal("the device module does not parse".into()))?;
+    let device = RawOp::of(&device_module.as_operation())
+        .children()
+        .into_iter()
+        .find(|o| o.is("gpu.module"))
+        .expect("parsed above");
     let mut runs = Vec::with_capacity(kernels.len());
     let mut functions: Vec<KernelDesc> = Vec::new();
     for k in kernels {
         let (module, plan, text, strategy) = schedule_kernel(&mlir, graph, k, forced)?;
         if let Some(t) = texts.as_deref_mut() {
             t.push(Stage::Mlir, &text);
-            t.push(Stage::Lowered, &format!("// kernel {} ({}): {strategy} schedule\n", k.name, k.label));
+            t.push(
+                Stage::Lowered,
+                &format!("// kernel {} ({}): {strategy} schedule\n", k.name, k.label),
+            );
             for l in &plan.launches {
-                t.push(Stage::Lowered, &format!("//   launch {} grid {:?} block {:?} args {:?}\n", l.func, l.grid, l.block, l.args));
+                t.push(
+                    Stage::Lowered,
+                    &format!(
+                        "//   launch {} grid {:?} block {:?} args {:?}\n",
+                        l.func, l.grid, l.block, l.args
+                    ),
+                );
             }
         }
-        launch::move_functions(RawOp::of(&module.as_operation()), device).map_err(|e| CompileError::in_kernel(k, "outline", e))?;
+        launch::move_functions(RawOp::of(&module.as_operation()), device)
+            .map_err(|e| CompileError::in_kernel(k, "outline", e))?;
         let first = functions.len();
         for l in &plan.launches {
-            functions.push(KernelDesc { symbol: l.func.clone(), workgroups: 0, label: k.label.clone(), grid: l.grid, block: l.block });
+            functions.push(KernelDesc {
+                symbol: l.func.clone(),
+                workgroups: 0,
+                label: k.label.clone(),
+                grid: l.grid,
+                block: l.block,
+            });
         }
         // Each launch calls the function outlined for it (a kernel's functions are its own).
-        let index = |name: &str| first + functions[first..].iter().position(|f| f.symbol == name).expect("every launched function was outlined");
-        let calls = plan.launches.iter().map(|l| FunctionCall { function: index(&l.func), args: l.args.clone(), writes: l.writes.clone() }).collect();
+        let index = |name: &str| {
+            first
+                + functions[first..]
+                    .iter()
+                    .position(|f| f.symbol == name)
+                    .expect("every launched function was outlined")
+        };
+        let calls = plan
+            .launches
+            .iter()
+            .map(|l| FunctionCall {
+                function: index(&l.func),
+                args: l.args.clone(),
+                writes: l.writes.clone(),
+            })
+            .collect();
         runs.push(KernelRun { calls, scratch: plan.scratch, constants: plan.constants });
         progress(runs.len());
     }
     // Every kernel's functions, prepared once: loops from linalg, views folded into loads and
     // stores, arithmetic neither target has (floor division, bf16 conversions) expanded, then
     // memory spaces for the temporaries.
-    let internal =
-        |stage: &'static str, e: String| CompileError::Codegen { kernel: "device".into(), label: target.detail(), stage, source: e.into() };
+    let internal = |stage: &'static str, e: String| CompileError::Codegen {
+        kernel: "device".into(),
+        label: target.detail(),
+        stage,
+        source: e.into(),
+    };
     mlir.run_pipeline(
         &mut device_module,
         "builtin.module(gpu.module(convert-linalg-to-loops,fold-memref-alias-ops,lower-affine,arith-expand{include-bf16=true},canonicalize,cse))",
@@ -120,7 +169,11 @@ fn compile(
         GpuTarget::Cuda(_) => memory::Flavor::Nvvm,
         GpuTarget::Opencl => memory::Flavor::Spirv,
     };
-    let device = RawOp::of(&device_module.as_operation()).children().into_iter().find(|o| o.is("gpu.module")).expect("still there");
+    let device = RawOp::of(&device_module.as_operation())
+        .children()
+        .into_iter()
+        .find(|o| o.is("gpu.module"))
+        .expect("still there");
     memory::legalize(&mlir.ctx, device, flavor).map_err(|e| internal("memory spaces", e))?;
     let code = match target {
         GpuTarget::Cuda(t) => {
@@ -133,7 +186,8 @@ fn compile(
             p.ptx.into_bytes()
         }
         GpuTarget::Opencl => {
-            let (binary, text) = spirv::lower(&mlir, &mut device_module).map_err(|e| internal("spirv", e))?;
+            let (binary, text) =
+                spirv::lower(&mlir, &mut device_module).map_err(|e| internal("spirv", e))?;
             if let Some(x) = texts {
                 x.push(Stage::Lowered, &text);
                 x.set(Stage::Spirv, spirv::disassemble(&binary, &text));
@@ -145,7 +199,14 @@ fn compile(
         GpuTarget::Cuda(_) => ArtifactTarget::Cuda,
         GpuTarget::Opencl => ArtifactTarget::Opencl,
     };
-    Ok(TargetCode { target: kind, blob: code, target_detail: target.detail(), cpu_features: Vec::new(), functions, runs })
+    Ok(TargetCode {
+        target: kind,
+        blob: code,
+        target_detail: target.detail(),
+        cpu_features: Vec::new(),
+        functions,
+        runs,
+    })
 }
 
 /// A kernel's module as codegen builds it, verified.
@@ -179,21 +240,32 @@ fn schedule_kernel<'c>(
         };
         prepare(&mut m).map_err(|e| CompileError::in_kernel(k, "fuse elementwise", e))?;
         let root = RawOp::of(&m.as_operation());
-        let func = schedule::kernel_func(root).ok_or_else(|| CompileError::in_kernel(k, "schedule", "no kernel function"))?;
+        let func = schedule::kernel_func(root)
+            .ok_or_else(|| CompileError::in_kernel(k, "schedule", "no kernel function"))?;
         schedule::drop_empty_ops(func);
         let list = candidates
             .get_or_insert_with(|| {
                 let all = schedule::candidates(func);
                 // A forced schedule: only that one where it applies, else per-op.
                 match forced {
-                    Some(only) => all.into_iter().filter(|&s| s == only || s == schedule::Strategy::PerOp).collect(),
+                    Some(only) => all
+                        .into_iter()
+                        .filter(|&s| s == only || s == schedule::Strategy::PerOp)
+                        .collect(),
                     None => all,
                 }
             })
             .clone();
         let Some(&strategy) = list.get(tried.len()) else {
-            let why: Vec<String> = tried.iter().map(|(s, e): &(schedule::Strategy, String)| format!("{s}: {e}")).collect();
-            return Err(CompileError::in_kernel(k, "schedule", format!("no schedule applies ({})", why.join("; "))));
+            let why: Vec<String> = tried
+                .iter()
+                .map(|(s, e): &(schedule::Strategy, String)| format!("{s}: {e}"))
+                .collect();
+            return Err(CompileError::in_kernel(
+                k,
+                "schedule",
+                format!("no schedule applies ({})", why.join("; ")),
+            ));
         };
         let attempt = schedule::apply(mlir, &m, strategy)
             .and_then(|()| launch::map(mlir, &mut m))
@@ -207,7 +279,11 @@ fn schedule_kernel<'c>(
             }
             Err(e) => {
                 if std::env::var_os("KILN_DEBUG_MLIR").is_some() {
-                    eprintln!("// kernel {}: {strategy} schedule failed: {e}\n{}", k.name, m.as_operation());
+                    eprintln!(
+                        "// kernel {}: {strategy} schedule failed: {e}\n{}",
+                        k.name,
+                        m.as_operation()
+                    );
                 }
                 tried.push((strategy, e));
             }

@@ -7,7 +7,9 @@ use std::path::PathBuf;
 use inkwell::context::Context as LlvmContext;
 use inkwell::module::{Linkage, Module as LlvmModule};
 use inkwell::passes::PassBuilderOptions;
-use inkwell::targets::{CodeModel, FileType, InitializationConfig, RelocMode, Target, TargetTriple};
+use inkwell::targets::{
+    CodeModel, FileType, InitializationConfig, RelocMode, Target, TargetTriple,
+};
 use inkwell::OptimizationLevel;
 
 use crate::target::edit::RawOp;
@@ -38,19 +40,32 @@ pub struct Ptx {
 }
 
 /// Lowers the device module to PTX.
-pub fn lower(mlir: &MlirContext, module: &mut melior::ir::Module, target: &PtxTarget) -> Result<Ptx, String> {
+pub fn lower(
+    mlir: &MlirContext,
+    module: &mut melior::ir::Module,
+    target: &PtxTarget,
+) -> Result<Ptx, String> {
     mlir.run_pipeline(
         module,
         "builtin.module(gpu.module(convert-scf-to-cf,convert-gpu-to-nvvm{use-bare-ptr-memref-call-conv=1},convert-index-to-llvm,canonicalize,reconcile-unrealized-casts))",
     )
     .map_err(|e| format!("lowering to NVVM: {e}"))?;
     let lowered = module.as_operation().to_string();
-    let gpu_module = RawOp::of(&module.as_operation()).children().into_iter().find(|o| o.is("gpu.module")).ok_or("no gpu.module")?;
+    let gpu_module = RawOp::of(&module.as_operation())
+        .children()
+        .into_iter()
+        .find(|o| o.is("gpu.module"))
+        .ok_or("no gpu.module")?;
     let llvm = LlvmContext::create();
     // SAFETY: inkwell's context comes from the same statically linked LLVM as MLIR's translation.
-    let raw = unsafe { mlir_sys::mlirTranslateModuleToLLVMIR(gpu_module.0, llvm.raw() as mlir_sys::LLVMContextRef) };
+    let raw = unsafe {
+        mlir_sys::mlirTranslateModuleToLLVMIR(gpu_module.0, llvm.raw() as mlir_sys::LLVMContextRef)
+    };
     if raw.is_null() {
-        return Err(format!("translating the kernels to LLVM IR failed: {}", mlir.take_diagnostics()));
+        return Err(format!(
+            "translating the kernels to LLVM IR failed: {}",
+            mlir.take_diagnostics()
+        ));
     }
     // SAFETY: a module the translation just created in `llvm`, owned from here on.
     let m = unsafe { LlvmModule::new(raw as inkwell::llvm_sys::prelude::LLVMModuleRef) };
@@ -66,7 +81,14 @@ pub fn lower(mlir: &MlirContext, module: &mut melior::ir::Module, target: &PtxTa
             RelocMode::Default,
             CodeModel::Default,
         )
-        .ok_or_else(|| format!("LLVM cannot target {} with PTX ISA {}.{}", target.arch, target.isa / 10, target.isa % 10))?;
+        .ok_or_else(|| {
+            format!(
+                "LLVM cannot target {} with PTX ISA {}.{}",
+                target.arch,
+                target.isa / 10,
+                target.isa % 10
+            )
+        })?;
     m.set_triple(&triple);
     m.set_data_layout(&tm.get_target_data().get_data_layout());
     link_libdevice(&llvm, &m)?;
@@ -80,9 +102,12 @@ pub fn lower(mlir: &MlirContext, module: &mut melior::ir::Module, target: &PtxTa
         f = func.get_next_function();
     }
     m.verify().map_err(|e| format!("invalid LLVM IR for the kernels: {e}"))?;
-    m.run_passes("default<O3>", &tm, PassBuilderOptions::create()).map_err(|e| format!("LLVM optimisation failed: {e}"))?;
+    m.run_passes("default<O3>", &tm, PassBuilderOptions::create())
+        .map_err(|e| format!("LLVM optimisation failed: {e}"))?;
     let llvm_text = m.print_to_string().to_string();
-    let asm = tm.write_to_memory_buffer(&m, FileType::Assembly).map_err(|e| format!("PTX emission failed: {e}"))?;
+    let asm = tm
+        .write_to_memory_buffer(&m, FileType::Assembly)
+        .map_err(|e| format!("PTX emission failed: {e}"))?;
     Ok(Ptx { ptx: String::from_utf8_lossy(asm.as_slice()).into_owned(), lowered, llvm: llvm_text })
 }
 
@@ -103,7 +128,8 @@ fn link_libdevice<'l>(llvm: &'l LlvmContext, m: &LlvmModule<'l>) -> Result<(), S
         "the kernels call CUDA's math library (libdevice.10.bc), which was not found: install Debian's nvidia-cuda-toolkit \
          (scripts/setup-cuda-tools.sh) or a CUDA toolkit, or set KILN_LIBDEVICE to the file",
     )?;
-    let lib = LlvmModule::parse_bitcode_from_path(&path, llvm).map_err(|e| format!("{}: {e}", path.display()))?;
+    let lib = LlvmModule::parse_bitcode_from_path(&path, llvm)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
     lib.set_triple(&m.get_triple());
     lib.set_data_layout(&m.get_data_layout());
     m.link_in_module(lib).map_err(|e| format!("linking {}: {e}", path.display()))
@@ -115,9 +141,14 @@ pub fn libdevice() -> Option<PathBuf> {
     if let Some(p) = std::env::var_os("KILN_LIBDEVICE") {
         return Some(PathBuf::from(p));
     }
-    let mut roots: Vec<PathBuf> = ["CUDA_HOME", "CUDA_PATH", "CUDA_ROOT"].iter().filter_map(std::env::var_os).map(PathBuf::from).collect();
+    let mut roots: Vec<PathBuf> = ["CUDA_HOME", "CUDA_PATH", "CUDA_ROOT"]
+        .iter()
+        .filter_map(std::env::var_os)
+        .map(PathBuf::from)
+        .collect();
     roots.push("/usr/local/cuda".into());
-    let mut candidates: Vec<PathBuf> = roots.iter().map(|r| r.join("nvvm/libdevice/libdevice.10.bc")).collect();
+    let mut candidates: Vec<PathBuf> =
+        roots.iter().map(|r| r.join("nvvm/libdevice/libdevice.10.bc")).collect();
     candidates.push("/usr/lib/nvidia-cuda-toolkit/libdevice/libdevice.10.bc".into());
     candidates.push("/usr/lib/cuda/nvvm/libdevice/libdevice.10.bc".into());
     candidates.into_iter().find(|p| p.is_file())

@@ -58,7 +58,9 @@ impl std::str::FromStr for Strategy {
         [Strategy::Parallel, Strategy::Reduction, Strategy::Contraction, Strategy::PerOp]
             .into_iter()
             .find(|x| x.to_string() == s)
-            .ok_or_else(|| format!("no GPU schedule `{s}` (parallel, reduction, contraction or per-op)"))
+            .ok_or_else(|| {
+                format!("no GPU schedule `{s}` (parallel, reduction, contraction or per-op)")
+            })
     }
 }
 
@@ -91,18 +93,25 @@ pub fn drop_empty_ops(func: RawOp) {
 
 /// The strategies worth trying for a kernel, best first; `PerOp` always ends the list.
 pub fn candidates(func: RawOp) -> Vec<Strategy> {
-    let compute: Vec<(RawOp, Loops)> = func.children().into_iter().filter_map(|o| loops::loops(o).map(|l| (o, l))).collect();
+    let compute: Vec<(RawOp, Loops)> =
+        func.children().into_iter().filter_map(|o| loops::loops(o).map(|l| (o, l))).collect();
     let mut out = Vec::new();
     // Fusion tiles one output: a kernel writing several (a split, a normalisation's statistics)
     // gives each op its own grid.
-    let outputs = func.children().into_iter().filter(|o| o.is("bufferization.materialize_in_destination")).count();
+    let outputs = func
+        .children()
+        .into_iter()
+        .filter(|o| o.is("bufferization.materialize_in_destination"))
+        .count();
     if outputs > 1 {
         return vec![Strategy::PerOp];
     }
     if compute.iter().any(|(o, l)| is_contraction(*o) && contraction_plan(*o, l).is_some()) {
         out.push(Strategy::Contraction);
     }
-    if compute.iter().any(|(o, l)| splittable(*o) && innermost_reduction(l).is_some_and(|(_, r)| r >= SPLIT_REDUCTION)) {
+    if compute.iter().any(|(o, l)| {
+        splittable(*o) && innermost_reduction(l).is_some_and(|(_, r)| r >= SPLIT_REDUCTION)
+    }) {
         out.push(Strategy::Reduction);
     }
     out.push(Strategy::Parallel);
@@ -114,7 +123,9 @@ fn is_contraction(op: RawOp) -> bool {
     // SAFETY: a live linalg structured op.
     loops::is_structured(op)
         && !op.is("linalg.fill")
-        && unsafe { mlir_sys::mlirLinalgIsAContractionOp(op.0) || mlir_sys::mlirLinalgIsAConvolutionOp(op.0) }
+        && unsafe {
+            mlir_sys::mlirLinalgIsAContractionOp(op.0) || mlir_sys::mlirLinalgIsAConvolutionOp(op.0)
+        }
 }
 
 /// Whether a reduction can be split over threads: one result, combined by one op with a neutral
@@ -131,7 +142,11 @@ fn maps_are_projected_permutations(op: RawOp) -> bool {
             return false;
         }
         let n = mlir_sys::mlirArrayAttrGetNumElements(maps);
-        (0..n).all(|i| mlir_sys::mlirAffineMapIsProjectedPermutation(mlir_sys::mlirAffineMapAttrGetValue(mlir_sys::mlirArrayAttrGetElement(maps, i))))
+        (0..n).all(|i| {
+            mlir_sys::mlirAffineMapIsProjectedPermutation(mlir_sys::mlirAffineMapAttrGetValue(
+                mlir_sys::mlirArrayAttrGetElement(maps, i),
+            ))
+        })
     }
 }
 
@@ -155,7 +170,10 @@ fn splittable(op: RawOp) -> bool {
         // keepdims results have): MLIR's partial reductions assume it.
         let maps = mlir_sys::mlirLinalgGetIndexingMapsAttribute(op.0);
         let n_maps = mlir_sys::mlirArrayAttrGetNumElements(maps);
-        let out_map = mlir_sys::mlirAffineMapAttrGetValue(mlir_sys::mlirArrayAttrGetElement(maps, n_maps - 1));
+        let out_map = mlir_sys::mlirAffineMapAttrGetValue(mlir_sys::mlirArrayAttrGetElement(
+            maps,
+            n_maps - 1,
+        ));
         if !mlir_sys::mlirAffineMapIsProjectedPermutation(out_map) {
             return false;
         }
@@ -177,7 +195,8 @@ fn splittable(op: RawOp) -> bool {
             "arith.maxui",
             "arith.minui",
         ];
-        known.contains(&combiner.name().as_str()) && combiner.operands().iter().any(|v| edit::same_value(*v, out))
+        known.contains(&combiner.name().as_str())
+            && combiner.operands().iter().any(|v| edit::same_value(*v, out))
     }
 }
 
@@ -215,7 +234,8 @@ fn thread_split(l: &Loops, budget: usize) -> Vec<(usize, usize)> {
 
 /// Per-loop tile sizes and the forall's mapping for a tiling of `l` by `tiles` (0: untiled).
 fn forall_of(l: &Loops, tiles: &[usize], kind: &str) -> Vec<String> {
-    let counts: Vec<usize> = (0..l.ranges.len()).filter(|&i| tiles[i] != 0).map(|i| l.ranges[i] / tiles[i]).collect();
+    let counts: Vec<usize> =
+        (0..l.ranges.len()).filter(|&i| tiles[i] != 0).map(|i| l.ranges[i] / tiles[i]).collect();
     if kind == "block" {
         block_mapping(&counts)
     } else {
@@ -262,7 +282,11 @@ fn grid_tiles(l: &Loops, mut block: Vec<usize>) -> Vec<usize> {
     }
     let mut tiled: Vec<usize> = (0..block.len()).filter(|&i| block[i] != 0).collect();
     while tiled.len() > 3 {
-        let (k, _) = tiled.iter().enumerate().min_by_key(|(_, &i)| l.ranges[i] / block[i]).expect("more than three");
+        let (k, _) = tiled
+            .iter()
+            .enumerate()
+            .min_by_key(|(_, &i)| l.ranges[i] / block[i])
+            .expect("more than three");
         block[tiled[k]] = 0;
         tiled.remove(k);
     }
@@ -271,7 +295,8 @@ fn grid_tiles(l: &Loops, mut block: Vec<usize>) -> Vec<usize> {
     tiled.sort_by_key(|&i| std::cmp::Reverse(l.ranges[i] / block[i]));
     for &i in tiled.iter().skip(1) {
         if l.ranges[i] / block[i] > 65535 {
-            let bigger = (block[i]..=l.ranges[i]).find(|&t| l.ranges[i].is_multiple_of(t) && l.ranges[i] / t <= 65535);
+            let bigger = (block[i]..=l.ranges[i])
+                .find(|&t| l.ranges[i].is_multiple_of(t) && l.ranges[i] / t <= 65535);
             block[i] = match bigger {
                 Some(t) if t < l.ranges[i] => t,
                 _ => 0,
@@ -374,7 +399,11 @@ fn contraction_plan(op: RawOp, l: &Loops) -> Option<ContractionPlan> {
 
 /// Applies `strategy` to the kernel module. On error the module may be half transformed: the
 /// caller rebuilds it before trying another strategy.
-pub fn apply(mlir: &MlirContext, module: &melior::ir::Module, strategy: Strategy) -> Result<(), String> {
+pub fn apply(
+    mlir: &MlirContext,
+    module: &melior::ir::Module,
+    strategy: Strategy,
+) -> Result<(), String> {
     let root = RawOp::of(&module.as_operation());
     let func = kernel_func(root).ok_or("no kernel function")?;
     match strategy {
@@ -387,7 +416,12 @@ pub fn apply(mlir: &MlirContext, module: &melior::ir::Module, strategy: Strategy
     }
 }
 
-fn run(mlir: &MlirContext, module: &melior::ir::Module, s: Script, what: &str) -> Result<(), String> {
+fn run(
+    mlir: &MlirContext,
+    module: &melior::ir::Module,
+    s: Script,
+    what: &str,
+) -> Result<(), String> {
     mlir.apply_transform(&module.as_operation(), &s.finish()).map_err(|e| format!("{what}: {e}"))
 }
 
@@ -397,7 +431,12 @@ fn anchor_of(ops: &[RawOp]) -> Option<RawOp> {
 }
 
 /// Phase 1: the block grid over the anchor, every other compute op fused in.
-fn blocks(mlir: &MlirContext, module: &melior::ir::Module, func: RawOp, strategy: Strategy) -> Result<Option<ContractionPlan>, String> {
+fn blocks(
+    mlir: &MlirContext,
+    module: &melior::ir::Module,
+    func: RawOp,
+    strategy: Strategy,
+) -> Result<Option<ContractionPlan>, String> {
     let ctx = &mlir.ctx;
     let ops = func.children();
     let anchor = anchor_of(&ops).ok_or("nothing to tile")?;
@@ -405,14 +444,16 @@ fn blocks(mlir: &MlirContext, module: &melior::ir::Module, func: RawOp, strategy
     let mut plan = None;
     let block = match strategy {
         Strategy::Contraction => {
-            let root = ops.iter().copied().rev().find(|o| is_contraction(*o)).ok_or("no contraction")?;
+            let root =
+                ops.iter().copied().rev().find(|o| is_contraction(*o)).ok_or("no contraction")?;
             let rl = loops::loops(root).ok_or("the contraction has no static loops")?;
             let cp = contraction_plan(root, &rl).ok_or("the contraction is too small")?;
             let block = cp.block.clone();
             plan = Some(cp);
             root.set_unit_attr(ctx, "kiln.contraction");
             // The anchor's loops are the contraction's parallel loops, in order.
-            let par: Vec<usize> = (0..rl.ranges.len()).filter(|&i| rl.parallel[i]).map(|i| block[i]).collect();
+            let par: Vec<usize> =
+                (0..rl.ranges.len()).filter(|&i| rl.parallel[i]).map(|i| block[i]).collect();
             if par.len() != l.ranges.len() || l.has_reduction() && !is_contraction(anchor) {
                 return Err("the epilogue does not follow the contraction's layout".into());
             }
@@ -432,7 +473,10 @@ fn blocks(mlir: &MlirContext, module: &melior::ir::Module, func: RawOp, strategy
                 .find(|rl| innermost_reduction(rl).is_some_and(|(_, e)| e >= SPLIT_REDUCTION))
                 .ok_or("no long reduction")?;
             let keep = if long.ranges == l.ranges { &long.parallel } else { &l.parallel };
-            grid_tiles(&l, (0..l.ranges.len()).map(|i| usize::from(keep[i] && l.ranges[i] > 1)).collect())
+            grid_tiles(
+                &l,
+                (0..l.ranges.len()).map(|i| usize::from(keep[i] && l.ranges[i] > 1)).collect(),
+            )
         }
         _ => parallel_blocks(&l).ok_or("no parallel loop to distribute")?.0,
     };
@@ -440,7 +484,11 @@ fn blocks(mlir: &MlirContext, module: &melior::ir::Module, func: RawOp, strategy
     anchor.set_unit_attr(ctx, "kiln.anchor");
     // Padding stays out: fused into a tile it becomes a per-thread copy of the padded window
     // under a branch; alone it is a copy into a padded buffer in global memory.
-    let producers: Vec<RawOp> = ops.iter().copied().filter(|o| is_compute(*o) && *o != anchor && !o.is("tensor.pad")).collect();
+    let producers: Vec<RawOp> = ops
+        .iter()
+        .copied()
+        .filter(|o| is_compute(*o) && *o != anchor && !o.is("tensor.pad"))
+        .collect();
     let mut s = Script::new();
     let a = s.tagged("kiln.anchor", None);
     let (_, mut forall) = s.tile_forall(&a, &block, &forall_of(&l, &block, "block"));
@@ -458,11 +506,18 @@ fn blocks(mlir: &MlirContext, module: &melior::ir::Module, func: RawOp, strategy
 }
 
 /// Phase 2: the thread loops of the strategy inside the block.
-fn threads(mlir: &MlirContext, module: &melior::ir::Module, strategy: Strategy, plan: Option<&ContractionPlan>) -> Result<(), String> {
+fn threads(
+    mlir: &MlirContext,
+    module: &melior::ir::Module,
+    strategy: Strategy,
+    plan: Option<&ContractionPlan>,
+) -> Result<(), String> {
     let root = RawOp::of(&module.as_operation());
     let block = find_tagged(root, "kiln.block").ok_or("no block loop")?;
     let anchor = find_tagged(block, "kiln.anchor").ok_or("the anchor left the block")?;
-    let al = loops::loops(anchor).or_else(|| pad_loops(anchor)).ok_or("the anchor has no static loops")?;
+    let al = loops::loops(anchor)
+        .or_else(|| pad_loops(anchor))
+        .ok_or("the anchor has no static loops")?;
     // (Read now: scheduling may replace the anchor op.)
     let anchor_is_contraction = anchor.attr("kiln.contraction").is_some();
     let mut s = Script::new();
@@ -487,7 +542,8 @@ fn threads(mlir: &MlirContext, module: &melior::ir::Module, strategy: Strategy, 
                 n += 1;
                 op.set_unit_attr(&mlir.ctx, &t);
                 let h = s.tagged(&t, Some(&blk));
-                let single = l.parallel.iter().filter(|p| !**p).count() == 1 && maps_are_projected_permutations(op);
+                let single = l.parallel.iter().filter(|p| !**p).count() == 1
+                    && maps_are_projected_permutations(op);
                 let (fill, forall, combine) = if single {
                     // Thread p accumulates elements p, p + T, p + 2T...: neighbouring threads read
                     // neighbouring elements (coalesced). The reduction becomes (outer, inner) with
@@ -496,12 +552,14 @@ fn threads(mlir: &MlirContext, module: &melior::ir::Module, strategy: Strategy, 
                     let (fill, split, combine) = s.split_reduction(&h, threads, out_rank);
                     let mut counts = vec![0; l.ranges.len() + 1];
                     counts[r + 1] = threads;
-                    let (_, forall) = s.tile_forall_threads(&split, &counts, &["#gpu.thread<x>".to_string()]);
+                    let (_, forall) =
+                        s.tile_forall_threads(&split, &counts, &["#gpu.thread<x>".to_string()]);
                     (fill, forall, combine)
                 } else {
                     let mut counts = vec![0; l.ranges.len()];
                     counts[r] = threads;
-                    let (fill, _, combine, forall) = s.tile_reduction_threads(&h, &counts, "#gpu.thread<x>");
+                    let (fill, _, combine, forall) =
+                        s.tile_reduction_threads(&h, &counts, "#gpu.thread<x>");
                     (fill, forall, combine)
                 };
                 s.fuse(&fill, &forall);
@@ -519,19 +577,26 @@ fn threads(mlir: &MlirContext, module: &melior::ir::Module, strategy: Strategy, 
         Strategy::Contraction => {
             let plan = plan.ok_or("no contraction plan")?;
             contraction_steps(mlir, module, block, plan)?;
-            let c = find_tagged(block, "kiln.contraction").ok_or("the contraction left the block")?;
+            let c =
+                find_tagged(block, "kiln.contraction").ok_or("the contraction left the block")?;
             let cl = loops::loops(c).ok_or("the contraction has no static loops")?;
             let threads = plan.threads.clone();
             // Both operands' tiles are copied into workgroup memory by all the block's threads.
             for i in 0..c.num_operands() - 1 {
-                let pad = edit::defining_op(c.operand(i)).filter(|p| p.is("tensor.pad")).ok_or("an operand tile was not materialised")?;
-                let dims = edit::static_dims(edit::value_type(pad.result(0))).ok_or("a dynamic operand tile")?;
+                let pad = edit::defining_op(c.operand(i))
+                    .filter(|p| p.is("tensor.pad"))
+                    .ok_or("an operand tile was not materialised")?;
+                let dims = edit::static_dims(edit::value_type(pad.result(0)))
+                    .ok_or("a dynamic operand tile")?;
                 let t = format!("kiln.pad{i}");
                 pad.set_unit_attr(&mlir.ctx, &t);
                 let h = s.tagged(&t, Some(&blk));
                 let split = copy_split(&dims, BLOCK_THREADS);
                 let counts: Vec<usize> = split.iter().copied().filter(|&c| c != 0).collect();
-                let linear: Vec<String> = (0..counts.len()).rev().map(|k| format!("#gpu.thread<linear_dim_{k}>")).collect();
+                let linear: Vec<String> = (0..counts.len())
+                    .rev()
+                    .map(|k| format!("#gpu.thread<linear_dim_{k}>"))
+                    .collect();
                 let (_, copy) = s.tile_forall_threads(&h, &split, &linear);
                 s.annotate(&copy, "kiln.threads");
             }
@@ -540,7 +605,8 @@ fn threads(mlir: &MlirContext, module: &melior::ir::Module, strategy: Strategy, 
             s.annotate(&compute, "kiln.threads");
             let a = s.tagged("kiln.anchor", Some(&blk));
             if !anchor_is_contraction {
-                let at: Vec<usize> = (0..cl.ranges.len()).filter(|&i| cl.parallel[i]).map(|i| threads[i]).collect();
+                let at: Vec<usize> =
+                    (0..cl.ranges.len()).filter(|&i| cl.parallel[i]).map(|i| threads[i]).collect();
                 let (_, ep) = s.tile_forall_threads(&a, &at, &thread_mapping_of(&at));
                 s.annotate(&ep, "kiln.threads");
             }
@@ -558,7 +624,8 @@ fn threads(mlir: &MlirContext, module: &melior::ir::Module, strategy: Strategy, 
             for &(i, _) in &split {
                 tiles[i] = 1;
             }
-            let counts: Vec<usize> = (0..al.ranges.len()).filter(|&i| tiles[i] != 0).map(|i| al.ranges[i]).collect();
+            let counts: Vec<usize> =
+                (0..al.ranges.len()).filter(|&i| tiles[i] != 0).map(|i| al.ranges[i]).collect();
             let (_, f) = s.tile_forall(&a, &tiles, &mapping("thread", &counts));
             s.annotate(&f, "kiln.threads");
         }
@@ -571,13 +638,20 @@ fn threads(mlir: &MlirContext, module: &melior::ir::Module, strategy: Strategy, 
 /// The contraction's reduction in steps: its accumulator in workgroup memory, zeroed by the
 /// threads that will update it; each step's operand tiles materialised (padded copies, which
 /// become workgroup tiles).
-fn contraction_steps(mlir: &MlirContext, module: &melior::ir::Module, block: RawOp, plan: &ContractionPlan) -> Result<(), String> {
+fn contraction_steps(
+    mlir: &MlirContext,
+    module: &melior::ir::Module,
+    block: RawOp,
+    plan: &ContractionPlan,
+) -> Result<(), String> {
     let c = find_tagged(block, "kiln.contraction").ok_or("the contraction left the block")?;
     let cl = loops::loops(c).ok_or("the contraction has no static loops")?;
     let (threads, step) = (plan.threads.clone(), plan.step.clone());
     // The accumulator: the fill initialising it writes a fresh tensor, which becomes workgroup
     // memory (not the output tile: copying that in first would race with the fill).
-    let fill_op = edit::defining_op(c.operand(c.num_operands() - 1)).filter(|f| f.is("linalg.fill")).ok_or("the contraction's init is not a fill")?;
+    let fill_op = edit::defining_op(c.operand(c.num_operands() - 1))
+        .filter(|f| f.is("linalg.fill"))
+        .ok_or("the contraction's init is not a fill")?;
     let acc = fill_op.operand(fill_op.num_operands() - 1);
     let empty = new_empty(&mlir.ctx, edit::value_type(acc), fill_op)?;
     fill_op.set_operand(fill_op.num_operands() - 1, empty.result(0));
@@ -585,7 +659,11 @@ fn contraction_steps(mlir: &MlirContext, module: &melior::ir::Module, block: Raw
     let blk = s.tagged("kiln.block", None);
     let h = s.tagged("kiln.contraction", Some(&blk));
     let fill = s.producer_of(&h, c.num_operands() - 1);
-    let (_, fl) = s.tile_forall_threads(&fill, &threads_for_parallel(&cl, &threads), &thread_mapping_of(&threads));
+    let (_, fl) = s.tile_forall_threads(
+        &fill,
+        &threads_for_parallel(&cl, &threads),
+        &thread_mapping_of(&threads),
+    );
     s.annotate(&fl, "kiln.threads");
     let h = s.tagged("kiln.contraction", Some(&blk));
     let (stepped, _) = s.tile_for(&h, &step);
@@ -594,13 +672,20 @@ fn contraction_steps(mlir: &MlirContext, module: &melior::ir::Module, block: Raw
 }
 
 /// A `tensor.empty` of type `t` (static) inserted before `before`.
-pub fn new_empty(ctx: &melior::Context, t: mlir_sys::MlirType, before: RawOp) -> Result<RawOp, String> {
+pub fn new_empty(
+    ctx: &melior::Context,
+    t: mlir_sys::MlirType,
+    before: RawOp,
+) -> Result<RawOp, String> {
     // SAFETY: a live type of this context.
     let ty = unsafe { melior::ir::Type::from_raw(t) };
-    let op = melior::ir::operation::OperationBuilder::new("tensor.empty", melior::ir::Location::unknown(ctx))
-        .add_results(&[ty])
-        .build()
-        .map_err(|e| format!("building tensor.empty: {e}"))?;
+    let op = melior::ir::operation::OperationBuilder::new(
+        "tensor.empty",
+        melior::ir::Location::unknown(ctx),
+    )
+    .add_results(&[ty])
+    .build()
+    .map_err(|e| format!("building tensor.empty: {e}"))?;
     let raw = op.into_raw();
     // SAFETY: the new op goes into `before`'s block, before it.
     unsafe {
@@ -671,17 +756,25 @@ fn single_thread(s: &mut Script, op: &str, l: &Loops) {
 
 /// Phase 3: ops left at block level move into the thread loops using them, nearest first, until
 /// none can. The Reduction strategy keeps ops with reduction loops (its combines) at block level.
-fn fuse_into_threads(mlir: &MlirContext, module: &melior::ir::Module, strategy: Strategy) -> Result<(), String> {
+fn fuse_into_threads(
+    mlir: &MlirContext,
+    module: &melior::ir::Module,
+    strategy: Strategy,
+) -> Result<(), String> {
     let root = RawOp::of(&module.as_operation());
     for _round in 0..64 {
         let block = find_tagged(root, "kiln.block").ok_or("no block loop")?;
-        let thread_loops: Vec<RawOp> = block.descendants().into_iter().filter(|o| o.attr("kiln.threads").is_some()).collect();
+        let thread_loops: Vec<RawOp> =
+            block.descendants().into_iter().filter(|o| o.attr("kiln.threads").is_some()).collect();
         let in_threads = |op: RawOp| thread_loops.iter().any(|t| op.is_inside(*t));
         let candidates: Vec<RawOp> = block
             .descendants()
             .into_iter()
             .filter(|o| is_compute(*o) && !in_threads(*o))
-            .filter(|o| strategy != Strategy::Reduction || loops::loops(*o).is_none_or(|l| !l.has_reduction()))
+            .filter(|o| {
+                strategy != Strategy::Reduction
+                    || loops::loops(*o).is_none_or(|l| !l.has_reduction())
+            })
             .collect();
         let mut step = None;
         // The last candidate whose result a thread loop uses.
@@ -722,13 +815,19 @@ pub fn find_tagged(root: RawOp, name: &str) -> Option<RawOp> {
 /// PerOp: every compute op its own block grid and thread split, nothing fused.
 fn per_op(mlir: &MlirContext, module: &melior::ir::Module, func: RawOp) -> Result<(), String> {
     // (Padding is left to bufferisation: a fill and a copy, distributed afterwards.)
-    let ops: Vec<RawOp> = func.children().into_iter().filter(|o| loops::is_structured(*o)).collect();
+    let ops: Vec<RawOp> =
+        func.children().into_iter().filter(|o| loops::is_structured(*o)).collect();
     tile_each(mlir, module, &ops, "per-op tiling")
 }
 
 /// Gives each op its own block grid (tiles of its innermost loops) and thread loop (one element
 /// per thread), on tensors or, after bufferisation, on buffers.
-pub fn tile_each(mlir: &MlirContext, module: &melior::ir::Module, ops: &[RawOp], what: &str) -> Result<(), String> {
+pub fn tile_each(
+    mlir: &MlirContext,
+    module: &melior::ir::Module,
+    ops: &[RawOp],
+    what: &str,
+) -> Result<(), String> {
     let mut s = Script::new();
     let mut n = 0;
     for &op in ops {

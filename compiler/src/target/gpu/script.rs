@@ -29,7 +29,10 @@ impl Script {
     /// The ops carrying the unit attribute `tag`, inside `scope` (the root when `None`).
     pub fn tagged(&mut self, tag: &str, scope: Option<&str>) -> String {
         let h = self.fresh();
-        self.line(&format!("{h} = transform.structured.match attributes {{{tag}}} in {} : ({ANY}) -> {ANY}", scope.unwrap_or("%root")));
+        self.line(&format!(
+            "{h} = transform.structured.match attributes {{{tag}}} in {} : ({ANY}) -> {ANY}",
+            scope.unwrap_or("%root")
+        ));
         h
     }
 
@@ -37,13 +40,21 @@ impl Script {
     pub fn ops(&mut self, names: &[&str], scope: &str) -> String {
         let h = self.fresh();
         let list: Vec<String> = names.iter().map(|n| format!("\"{n}\"")).collect();
-        self.line(&format!("{h} = transform.structured.match ops{{[{}]}} in {scope} : ({ANY}) -> {ANY}", list.join(", ")));
+        self.line(&format!(
+            "{h} = transform.structured.match ops{{[{}]}} in {scope} : ({ANY}) -> {ANY}",
+            list.join(", ")
+        ));
         h
     }
 
     /// Tiles `op` into an `scf.forall` with the given per-loop tile sizes (0: not tiled) and
     /// mapping; returns (tiled op, forall).
-    pub fn tile_forall(&mut self, op: &str, sizes: &[usize], mapping: &[String]) -> (String, String) {
+    pub fn tile_forall(
+        &mut self,
+        op: &str,
+        sizes: &[usize],
+        mapping: &[String],
+    ) -> (String, String) {
         let (t, l) = (self.fresh(), self.fresh());
         self.line(&format!(
             "{t}, {l} = transform.structured.tile_using_forall {op} tile_sizes [{}] (mapping = [{}]) : ({ANY}) -> ({ANY}, {ANY})",
@@ -54,7 +65,12 @@ impl Script {
     }
 
     /// Tiles `op` into an `scf.forall` of the given thread counts per loop (0: not tiled).
-    pub fn tile_forall_threads(&mut self, op: &str, counts: &[usize], mapping: &[String]) -> (String, String) {
+    pub fn tile_forall_threads(
+        &mut self,
+        op: &str,
+        counts: &[usize],
+        mapping: &[String],
+    ) -> (String, String) {
         let (t, l) = (self.fresh(), self.fresh());
         self.line(&format!(
             "{t}, {l} = transform.structured.tile_using_forall {op} num_threads [{}] (mapping = [{}]) : ({ANY}) -> ({ANY}, {ANY})",
@@ -69,7 +85,8 @@ impl Script {
         let loops = sizes.iter().filter(|&&s| s != 0).count();
         let t = self.fresh();
         let ls: Vec<String> = (0..loops).map(|_| self.fresh()).collect();
-        let outs: Vec<String> = std::iter::once(ANY.to_string()).chain(ls.iter().map(|_| ANY.to_string())).collect();
+        let outs: Vec<String> =
+            std::iter::once(ANY.to_string()).chain(ls.iter().map(|_| ANY.to_string())).collect();
         self.line(&format!(
             "{t}, {} = transform.structured.tile_using_for {op} tile_sizes [{}] : ({ANY}) -> ({})",
             ls.join(", "),
@@ -90,7 +107,12 @@ impl Script {
 
     /// Splits a reduction across threads (partial results per thread, then a combining op);
     /// returns (fill of the partials, partial op, combining op, forall).
-    pub fn tile_reduction_threads(&mut self, op: &str, counts: &[usize], mapping: &str) -> (String, String, String, String) {
+    pub fn tile_reduction_threads(
+        &mut self,
+        op: &str,
+        counts: &[usize],
+        mapping: &str,
+    ) -> (String, String, String, String) {
         let (a, b, c, d) = (self.fresh(), self.fresh(), self.fresh(), self.fresh());
         self.line(&format!(
             "{a}, {b}, {c}, {d} = transform.structured.tile_reduction_using_forall {op} by num_threads = [{}] mapping = [{mapping}] : ({ANY}) -> ({ANY}, {ANY}, {ANY}, {ANY})",
@@ -102,7 +124,12 @@ impl Script {
     /// Splits a reduction into partial results over an inner parallel dimension of `factor`
     /// (element k = outer * factor + inner), inserted at `at` in the partials; returns (fill of
     /// the partials, partial op, combining op).
-    pub fn split_reduction(&mut self, op: &str, factor: usize, at: usize) -> (String, String, String) {
+    pub fn split_reduction(
+        &mut self,
+        op: &str,
+        factor: usize,
+        at: usize,
+    ) -> (String, String, String) {
         let (init, fill, split, combine) = (self.fresh(), self.fresh(), self.fresh(), self.fresh());
         self.line(&format!(
             "{init}, {fill}, {split}, {combine} = transform.structured.split_reduction {op} {{split_factor = {factor}, insert_split_dimension = {at}, inner_parallel}} : ({ANY}) -> ({ANY}, {ANY}, {ANY}, {ANY})"
@@ -119,10 +146,18 @@ impl Script {
 
     /// Pads `op`'s operands to full static tiles, materialising copies of the inputs (which
     /// later become workgroup-memory tiles); returns the padded op.
-    pub fn pad_inputs(&mut self, op: &str, n_loops: usize, n_operands: usize, zero: &str) -> String {
+    pub fn pad_inputs(
+        &mut self,
+        op: &str,
+        n_loops: usize,
+        n_operands: usize,
+        zero: &str,
+    ) -> String {
         let (p, pad, copy) = (self.fresh(), self.fresh(), self.fresh());
         let values: Vec<String> = (0..n_operands).map(|_| zero.to_string()).collect();
-        let nofold: Vec<String> = (0..n_operands).map(|i| if i + 1 < n_operands { "1".into() } else { "0".into() }).collect();
+        let nofold: Vec<String> = (0..n_operands)
+            .map(|i| if i + 1 < n_operands { "1".into() } else { "0".into() })
+            .collect();
         let dims: Vec<String> = (0..n_loops).map(|d| d.to_string()).collect();
         self.line(&format!(
             "{p}, {pad}, {copy} = transform.structured.pad {op} {{padding_values = [{}], padding_dimensions = [{}], nofold_flags = [{}], copy_back_op = \"none\"}} : ({ANY}) -> ({ANY}, {ANY}, {ANY})",
@@ -180,7 +215,11 @@ impl Script {
     /// The script module.
     pub fn finish(self) -> String {
         // Bufferizing the whole module consumes the root handle; every other script reads it.
-        let root = if self.body.contains("one_shot_bufferize %root") { "transform.consumed" } else { "transform.readonly" };
+        let root = if self.body.contains("one_shot_bufferize %root") {
+            "transform.consumed"
+        } else {
+            "transform.readonly"
+        };
         format!(
             "module attributes {{transform.with_named_sequence}} {{\n  transform.named_sequence @__transform_main(%root: {ANY} {{{root}}}) {{\n{}    transform.yield\n  }}\n}}\n",
             self.body

@@ -9,13 +9,23 @@ const CAPS: &str = "Addresses, Int64, Int8, Int16, Float16, Float64, Kernel";
 const TARGET: &str = "spirv-attach-target{ver=v1.0 caps=Addresses,Int64,Int8,Int16,Float16,Float64,Kernel client_api=OpenCL}";
 
 /// Lowers the device module to SPIR-V; returns the binary and the SPIR-V dialect text.
-pub fn lower(mlir: &MlirContext, module: &mut melior::ir::Module) -> Result<(Vec<u8>, String), String> {
+pub fn lower(
+    mlir: &MlirContext,
+    module: &mut melior::ir::Module,
+) -> Result<(Vec<u8>, String), String> {
     let root = RawOp::of(&module.as_operation());
     // Each kernel declares its workgroup size, as OpenCL's reqd_work_group_size.
     for f in root.descendants().into_iter().filter(|o| o.is("gpu.func")) {
-        let size = f.attr("known_block_size").and_then(edit::i32_array_attr).ok_or("a kernel without a known block size")?;
+        let size = f
+            .attr("known_block_size")
+            .and_then(edit::i32_array_attr)
+            .ok_or("a kernel without a known block size")?;
         let dims = size.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ");
-        let abi = edit::parse_attr(&mlir.ctx, &format!("#spirv.entry_point_abi<workgroup_size = [{dims}]>")).ok_or("bad entry point ABI")?;
+        let abi = edit::parse_attr(
+            &mlir.ctx,
+            &format!("#spirv.entry_point_abi<workgroup_size = [{dims}]>"),
+        )
+        .ok_or("bad entry point ABI")?;
         f.set_attr("spirv.entry_point_abi", abi);
     }
     // The same environment as the module's target, where the math conversion looks for it (without
@@ -30,7 +40,8 @@ pub fn lower(mlir: &MlirContext, module: &mut melior::ir::Module) -> Result<(Vec
     );
     mlir.run_pipeline(module, &pipeline).map_err(|e| format!("lowering to SPIR-V: {e}"))?;
     let text = module.as_operation().to_string();
-    mlir.run_pipeline(module, "builtin.module(gpu-module-to-binary)").map_err(|e| format!("serialising SPIR-V: {e}"))?;
+    mlir.run_pipeline(module, "builtin.module(gpu-module-to-binary)")
+        .map_err(|e| format!("serialising SPIR-V: {e}"))?;
     let binary = super::binary_object(RawOp::of(&module.as_operation()))?;
     Ok((binary, text))
 }
