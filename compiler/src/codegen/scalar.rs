@@ -4,13 +4,15 @@
 //! higher precision), f32/f64 and integers stay, bools are i1. `load` and `store` convert from and
 //! to the storage type of tensors (bools are bytes in memory).
 
+use melior::ir::attribute::{FloatAttribute, IntegerAttribute};
+use melior::ir::r#type::IntegerType;
 use melior::ir::{Block, Location, Type, Value};
 use melior::Context;
 
 use kiln_ir::op::{BinaryOp, UnaryOp};
 use kiln_ir::DType;
 
-use super::mlir::{err, op, parse_attr, parse_type, push, storage_type};
+use super::mlir::{err, op, push, storage_type};
 use crate::Result;
 
 /// A scalar in its compute type, with the kiln dtype it stands for.
@@ -40,9 +42,30 @@ fn bits(d: DType) -> u32 {
     (d.size() * 8) as u32
 }
 
+/// The bits of an integer type's name (`i8` -> 8; `index` is 64).
+fn int_bits(name: &str) -> Option<u32> {
+    if name == "index" {
+        return Some(64);
+    }
+    name.strip_prefix('i').and_then(|b| b.parse().ok())
+}
+
 impl<'c, 'a> ScalarBuilder<'c, 'a> {
-    pub fn ty(&self, s: &str) -> Result<Type<'c>> {
-        parse_type(self.ctx, s)
+    /// A scalar type by the name `compute`/`storage_type` give it, built with melior's type
+    /// constructors (never parsed from text).
+    pub fn ty(&self, name: &str) -> Result<Type<'c>> {
+        let ctx = self.ctx;
+        Ok(match name {
+            "f16" => Type::float16(ctx),
+            "bf16" => Type::bfloat16(ctx),
+            "f32" => Type::float32(ctx),
+            "f64" => Type::float64(ctx),
+            "index" => Type::index(ctx),
+            _ => match int_bits(name) {
+                Some(bits) => IntegerType::new(ctx, bits).into(),
+                None => return Err(err(format!("`{name}` is not a scalar type"))),
+            },
+        })
     }
 
     /// `name` with operands and one result of type `result`.
@@ -56,87 +79,48 @@ impl<'c, 'a> ScalarBuilder<'c, 'a> {
         Ok(push(self.block, op(self.ctx, self.loc, name, operands, &[t], &[])?))
     }
 
-    fn emit_attr(
+    /// `name` with one integer attribute (a predicate, a dimension).
+    fn emit_int_attr(
         &self,
         name: &str,
         operands: &[Value<'c, 'a>],
-        result: &str,
-        attr: (&str, &str),
+        result: Type<'c>,
+        attr: (&str, i64),
     ) -> Result<Value<'c, 'a>> {
-        let t = self.ty(result)?;
-        let a = parse_attr(self.ctx, attr.1)?;
-        Ok(push(self.block, op(self.ctx, self.loc, name, operands, &[t], &[(attr.0, a)])?))
+        let a = IntegerAttribute::new(IntegerType::new(self.ctx, 64).into(), attr.1).into();
+        Ok(push(self.block, op(self.ctx, self.loc, name, operands, &[result], &[(attr.0, a)])?))
     }
 
     /// A constant of compute type `ty` (`f32`, `i64`, `i1`...).
     pub fn constant(&self, value: f64, ty: &str) -> Result<Value<'c, 'a>> {
-        let lit = if ty.starts_with('f') {
-            if value.is_nan() {
-                // NaN has no decimal spelling in MLIR: the hex of a quiet NaN.
-                if ty == "f64" {
-                    format!("0x{:016X} : f64", f64::NAN.to_bits())
-                } else {
-                    format!("0x{:08X} : f32", f32::NAN.to_bits())
-                }
-            } else if value.is_infinite() {
-                if ty == "f64" {
-                    format!("0x{:016X} : f64", value.to_bits())
-                } else {
-                    format!("0x{:08X} : f32", (value as f32).to_bits())
-                }
-            } else {
-                format!("{} : {ty}", super::mlir::float_lit(value))
-            }
-        } else if ty == "i1" {
-            format!("{} : i1", (value != 0.0) as u8)
-        } else {
-            format!("{} : {ty}", value as i128)
-        };
-        let t = self.ty(ty)?;
-        Ok(push(
-            self.block,
-            op(
-                self.ctx,
-                self.loc,
-                "arith.constant",
-                &[],
-                &[t],
-                &[("value", parse_attr(self.ctx, &lit)?)],
-            )?,
-        ))
+        if ty.starts_with('f') || ty == "bf16" {
+            let t = self.ty(ty)?;
+            let a = FloatAttribute::new(self.ctx, t, value).into();
+            return Ok(push(
+                self.block,
+                op(self.ctx, self.loc, "arith.constant", &[], &[t], &[("value", a)])?,
+            ));
+        }
+        let v = if ty == "i1" { (value != 0.0) as i128 } else { value as i128 };
+        self.int_constant(v, ty)
     }
 
-    /// An integer constant given as i128 (exact for every integer type).
+    /// An integer constant given as i128 (exact for every integer type: its bits are the low
+    /// bits of the value).
     pub fn int_constant(&self, value: i128, ty: &str) -> Result<Value<'c, 'a>> {
         let t = self.ty(ty)?;
-        Ok(push(
-            self.block,
-            op(
-                self.ctx,
-                self.loc,
-                "arith.constant",
-                &[],
-                &[t],
-                &[("value", parse_attr(self.ctx, &format!("{value} : {ty}"))?)],
-            )?,
-        ))
+        let bits = int_bits(ty).ok_or_else(|| err(format!("`{ty}` is not an integer type")))?;
+        let v =
+            if bits >= 64 { value as i64 } else { ((value as u64) & ((1u64 << bits) - 1)) as i64 };
+        let a = IntegerAttribute::new(t, v).into();
+        Ok(push(self.block, op(self.ctx, self.loc, "arith.constant", &[], &[t], &[("value", a)])?))
     }
 
     /// The current iteration of loop `dim` of the enclosing `linalg.generic` (`linalg.index`),
     /// as `ty` (`index`, or an integer type by `arith.index_cast`).
     pub fn loop_index(&self, dim: usize, ty: &str) -> Result<Value<'c, 'a>> {
-        let index = self.ty("index")?;
-        let i = push(
-            self.block,
-            op(
-                self.ctx,
-                self.loc,
-                "linalg.index",
-                &[],
-                &[index],
-                &[("dim", parse_attr(self.ctx, &format!("{dim} : i64"))?)],
-            )?,
-        );
+        let i =
+            self.emit_int_attr("linalg.index", &[], Type::index(self.ctx), ("dim", dim as i64))?;
         if ty == "index" {
             return Ok(i);
         }
@@ -163,7 +147,12 @@ impl<'c, 'a> ScalarBuilder<'c, 'a> {
             .iter()
             .position(|&p| p == pred)
             .ok_or_else(|| err(format!("unknown cmpf predicate {pred}")))?;
-        self.emit_attr("arith.cmpf", &[a, b], "i1", ("predicate", &format!("{n} : i64")))
+        self.emit_int_attr(
+            "arith.cmpf",
+            &[a, b],
+            IntegerType::new(self.ctx, 1).into(),
+            ("predicate", n as i64),
+        )
     }
 
     /// `arith.cmpi` with a predicate by name (`eq`, `slt`, `uge`...).
@@ -174,7 +163,12 @@ impl<'c, 'a> ScalarBuilder<'c, 'a> {
             .iter()
             .position(|&p| p == pred)
             .ok_or_else(|| err(format!("unknown cmpi predicate {pred}")))?;
-        self.emit_attr("arith.cmpi", &[a, b], "i1", ("predicate", &format!("{n} : i64")))
+        self.emit_int_attr(
+            "arith.cmpi",
+            &[a, b],
+            IntegerType::new(self.ctx, 1).into(),
+            ("predicate", n as i64),
+        )
     }
 
     /// A tensor element (storage type) to its compute type.
