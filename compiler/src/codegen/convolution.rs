@@ -197,7 +197,7 @@ pub(super) fn conv_transpose(em: &mut Emitter, id: NodeId, c: &ConvTranspose) ->
     let zty = em.tensor_type(&zd, dtype)?;
     let zrank = zd.len();
     let id_map = broadcast_map(zrank, &zd, &zd);
-    let elem = super::mlir::parse_type(ctx, super::mlir::storage_type(dtype))?;
+    let elem = super::mlir::dtype_type(ctx, dtype);
     let g =
         generic(ctx, loc, &[], &[zdest], &[id_map], &vec!["parallel"; zrank], &[zty], |body| {
             let sb = ScalarBuilder { ctx, loc, block: body };

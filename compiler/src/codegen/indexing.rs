@@ -16,8 +16,7 @@ use melior::ir::{Block, BlockLike, Region, RegionLike, Type, Value, ValueLike};
 use melior::Context;
 
 use super::mlir::{
-    broadcast_map, dense_literal, dims_list, err, generic, op, parse_attr, parse_type, push,
-    storage_type,
+    broadcast_map, dense_literal, dims_list, err, generic, op, parse_attr, push, storage_type,
 };
 use super::scalar::{compute, ScalarBuilder};
 use super::Emitter;
@@ -540,7 +539,7 @@ impl<'c, 'b> Ix<'c, 'b> {
     ) -> Result<Value<'c, 'b>> {
         let mut operands: Vec<Value> = vec![t];
         operands.extend_from_slice(coords);
-        let elem = parse_type(self.sb.ctx, storage_type(dtype))?;
+        let elem = super::mlir::dtype_type(self.sb.ctx, dtype);
         self.push("tensor.extract", &operands, elem)
     }
 

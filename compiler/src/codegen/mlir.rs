@@ -30,6 +30,32 @@ pub fn storage_type(d: DType) -> &'static str {
     }
 }
 
+/// The MLIR element type of a dtype in memory (bools are bytes), built, not parsed.
+pub fn dtype_type(ctx: &Context, d: DType) -> Type<'_> {
+    match d {
+        DType::F32 => Type::float32(ctx),
+        DType::F64 => Type::float64(ctx),
+        DType::F16 => Type::float16(ctx),
+        DType::BF16 => Type::bfloat16(ctx),
+        DType::I8 | DType::U8 | DType::Bool => melior::ir::r#type::IntegerType::new(ctx, 8).into(),
+        DType::I16 | DType::U16 => melior::ir::r#type::IntegerType::new(ctx, 16).into(),
+        DType::I32 | DType::U32 => melior::ir::r#type::IntegerType::new(ctx, 32).into(),
+        DType::I64 | DType::U64 => melior::ir::r#type::IntegerType::new(ctx, 64).into(),
+    }
+}
+
+/// `tensor<dims x elem>` of a dtype, built.
+pub fn tensor_type<'c>(ctx: &'c Context, dims: &[usize], d: DType) -> Type<'c> {
+    let dims: Vec<u64> = dims.iter().map(|&x| x as u64).collect();
+    melior::ir::r#type::RankedTensorType::new(&dims, dtype_type(ctx, d), None).into()
+}
+
+/// `memref<dims x elem>` of a dtype (identity layout, default memory space), built.
+pub fn memref_type<'c>(ctx: &'c Context, dims: &[usize], d: DType) -> Type<'c> {
+    let dims: Vec<i64> = dims.iter().map(|&x| x as i64).collect();
+    melior::ir::r#type::MemRefType::new(dtype_type(ctx, d), &dims, None, None).into()
+}
+
 /// `tensor<2x3xf32>` / `memref<...>` spelling of a shape and dtype.
 pub fn shaped(kind: &str, dims: &[usize], d: DType) -> String {
     let mut s = format!("{kind}<");

@@ -32,7 +32,7 @@ use kiln_ir::{DType, Graph, NodeId, Op, TensorType, ValueId};
 
 use crate::fuse::{self, Kernel};
 use crate::{CompileError, Result};
-use mlir::{op, parse_attr, parse_type, push, shaped};
+use mlir::{op, parse_attr, push};
 
 /// Emits one kernel's ops into its function body.
 pub struct Emitter<'c, 'a> {
@@ -58,7 +58,7 @@ impl<'c, 'a> Emitter<'c, 'a> {
 
     /// `tensor<...>` type of a kiln type.
     pub fn tensor_type(&self, dims: &[usize], d: DType) -> Result<Type<'c>> {
-        parse_type(self.ctx, &shaped("tensor", dims, d))
+        Ok(mlir::tensor_type(self.ctx, dims, d))
     }
 
     /// The tensor for operand `v` (a small constant is materialised here on first use).
@@ -124,51 +124,23 @@ impl<'c, 'a> Emitter<'c, 'a> {
 
     /// A scalar constant (storage type of `dtype`) in the function body.
     pub fn scalar_constant(&self, value: f64, dtype: DType) -> Result<Value<'c, 'a>> {
-        let t = mlir::storage_type(dtype);
-        let lit = if dtype.is_float() {
-            if value.is_infinite() || value.is_nan() {
-                let bits: u64 = match dtype {
-                    DType::F64 => value.to_bits(),
-                    DType::F32 => (value as f32).to_bits() as u64,
-                    DType::F16 => kiln_ir::f16::from_f64(value).to_bits() as u64,
-                    _ => kiln_ir::bf16::from_f64(value).to_bits() as u64,
-                };
-                format!("0x{bits:X} : {t}")
-            } else {
-                format!("{} : {t}", mlir::float_lit(value))
-            }
-        } else {
-            format!("{} : {t}", value as i128)
-        };
-        let ty = parse_type(self.ctx, t)?;
-        Ok(push(
-            self.block,
-            op(
-                self.ctx,
-                self.loc,
-                "arith.constant",
-                &[],
-                &[ty],
-                &[("value", parse_attr(self.ctx, &lit)?)],
-            )?,
-        ))
+        if !dtype.is_float() {
+            return self.int_constant(value as i128, dtype);
+        }
+        let ty = mlir::dtype_type(self.ctx, dtype);
+        let a = melior::ir::attribute::FloatAttribute::new(self.ctx, ty, value).into();
+        Ok(push(self.block, op(self.ctx, self.loc, "arith.constant", &[], &[ty], &[("value", a)])?))
     }
 
-    /// An integer constant (storage type of `dtype`), exact.
+    /// An integer constant (storage type of `dtype`), exact: its bits are the low bits of the
+    /// value at the type's width.
     pub fn int_constant(&self, value: i128, dtype: DType) -> Result<Value<'c, 'a>> {
-        let t = mlir::storage_type(dtype);
-        let ty = parse_type(self.ctx, t)?;
-        Ok(push(
-            self.block,
-            op(
-                self.ctx,
-                self.loc,
-                "arith.constant",
-                &[],
-                &[ty],
-                &[("value", parse_attr(self.ctx, &format!("{value} : {t}"))?)],
-            )?,
-        ))
+        let ty = mlir::dtype_type(self.ctx, dtype);
+        let bits = dtype.size() as u32 * 8;
+        let v =
+            if bits >= 64 { value as i64 } else { ((value as u64) & ((1u64 << bits) - 1)) as i64 };
+        let a = melior::ir::attribute::IntegerAttribute::new(ty, v).into();
+        Ok(push(self.block, op(self.ctx, self.loc, "arith.constant", &[], &[ty], &[("value", a)])?))
     }
 
     /// Records the tensor computing `v`.
@@ -195,7 +167,7 @@ pub(crate) fn memref_type<'c>(ctx: &'c Context, graph: &Graph, v: ValueId) -> Re
     let dims = t.shape.as_fixed().ok_or_else(|| {
         CompileError::Internal(format!("value %{} has the dynamic type {t}", graph.value_name(v)))
     })?;
-    parse_type(ctx, &shaped("memref", &dims, t.dtype))
+    Ok(mlir::memref_type(ctx, &dims, t.dtype))
 }
 
 /// Builds the module holding `kernel`'s function, named `<kernel.name>_body`.

@@ -314,7 +314,7 @@ fn gather(em: &mut Emitter, id: NodeId, x: ValueId, indices: ValueId, axis: i64)
                     ));
                 }
             }
-            let elem = super::mlir::parse_type(ctx, super::mlir::storage_type(dtype))?;
+            let elem = super::mlir::dtype_type(ctx, dtype);
             let mut operands = vec![xv];
             operands.extend(coords);
             let v = push(body, op(ctx, loc, "tensor.extract", &operands, &[elem], &[])?);
