@@ -10,6 +10,7 @@
 use kiln_ir::infer::{transpose_axis, TransposeAxis};
 use kiln_ir::op::{Conv, ConvTranspose, SpatialAxis};
 use kiln_ir::{DType, NodeId, ValueId};
+use melior::dialect::arith::CmpiPredicate;
 
 use super::contraction::{convert, multiply_add};
 use super::mlir::{broadcast_map, fill, generic, pad, push, reshape};
@@ -210,9 +211,9 @@ pub(super) fn conv_transpose(em: &mut Emitter, id: NodeId, c: &ConvTranspose) ->
                 let t = sb.emit("arith.subi", &[z, c(l)?], "index")?;
                 let q = sb.emit("arith.floordivsi", &[t, c(s)?], "index")?;
                 let r = sb.emit("arith.remsi", &[t, c(s)?], "index")?;
-                let ok = sb.cmpi("eq", r, c(0)?)?;
-                let ge = sb.cmpi("sge", q, c(0)?)?;
-                let lt = sb.cmpi("slt", q, c(n)?)?;
+                let ok = sb.cmpi(CmpiPredicate::Eq, r, c(0)?)?;
+                let ge = sb.cmpi(CmpiPredicate::Sge, q, c(0)?)?;
+                let lt = sb.cmpi(CmpiPredicate::Slt, q, c(n)?)?;
                 for b in [ok, ge, lt] {
                     inside = sb.emit("arith.andi", &[inside, b], "i1")?;
                 }

@@ -11,6 +11,7 @@
 
 use kiln_ir::op::{PadMode, ScatterReduction};
 use kiln_ir::{normalize_axis, DType, NodeId, Op, Tensor, ValueId};
+use melior::dialect::arith::{CmpfPredicate, CmpiPredicate};
 use melior::ir::operation::OperationBuilder;
 use melior::ir::{Block, BlockLike, Region, RegionLike, Type, Value, ValueLike};
 use melior::Context;
@@ -168,12 +169,12 @@ pub(super) fn emit(em: &mut Emitter, id: NodeId) -> Result<()> {
                 // and out-of-range ones match nothing.
                 let i = ix.to_i64(args[0], idt)?;
                 let zero = ix.sb.int_constant(0, "i64")?;
-                let neg = ix.sb.cmpi("slt", i, zero)?;
+                let neg = ix.sb.cmpi(CmpiPredicate::Slt, i, zero)?;
                 let d = ix.sb.int_constant(depth, "i64")?;
                 let wrapped = ix.sb.emit("arith.addi", &[i, d], "i64")?;
                 let i = ix.sb.select(neg, wrapped, i, "i64")?;
                 let here = ix.index_to_i64(ix.loop_index(a)?)?;
-                let hit = ix.sb.cmpi("eq", i, here)?;
+                let hit = ix.sb.cmpi(CmpiPredicate::Eq, i, here)?;
                 let on = ix.extract(vv, &[ix.c(1)?], dtype)?;
                 let off = ix.extract(vv, &[ix.c(0)?], dtype)?;
                 ix.sb.select(hit, on, off, storage_type(dtype))
@@ -208,7 +209,11 @@ pub(super) fn emit(em: &mut Emitter, id: NodeId) -> Result<()> {
                         ix.to_i64(raw, kdt)?
                     }
                 };
-                let keep = ix.sb.cmpi(if upper { "sge" } else { "sle" }, diag, kk)?;
+                let keep = ix.sb.cmpi(
+                    if upper { CmpiPredicate::Sge } else { CmpiPredicate::Sle },
+                    diag,
+                    kk,
+                )?;
                 let zero = ix.zero(dtype)?;
                 ix.sb.select(keep, args[0], zero, storage_type(dtype))
             })
@@ -260,7 +265,7 @@ pub(super) fn emit(em: &mut Emitter, id: NodeId) -> Result<()> {
                 // Ones where column - row == k (k may be any i64: compare, never add).
                 let diag = ix.sb.emit("arith.subi", &[j, i], "i64")?;
                 let kk = ix.sb.int_constant(k as i128, "i64")?;
-                let on = ix.sb.cmpi("eq", diag, kk)?;
+                let on = ix.sb.cmpi(CmpiPredicate::Eq, diag, kk)?;
                 let one = ix.one(dtype)?;
                 let zero = ix.zero(dtype)?;
                 ix.sb.select(on, one, zero, storage_type(dtype))
@@ -285,7 +290,7 @@ pub(super) fn emit(em: &mut Emitter, id: NodeId) -> Result<()> {
                     ix.sb.emit("arith.minsi", &[len, ix.sb.int_constant(steps, "i64")?], "i64")?;
                 let len = ix.i64_to_index(len)?;
                 let t = coords[ta];
-                let inside = ix.sb.cmpi("ult", t, len)?;
+                let inside = ix.sb.cmpi(CmpiPredicate::Ult, t, len)?;
                 let rev = ix.sub(ix.sub(len, ix.c(1)?)?, t)?;
                 coords[ta] = ix.sb.select(inside, rev, t, "index")?;
                 ix.extract(xv, &coords, dtype)
@@ -420,7 +425,7 @@ fn pad(
             let c = ix.extract(*table, &[i], DType::I64)?;
             let zero = ix.sb.int_constant(0, "i64")?;
             if fill_anywhere {
-                let ok = ix.sb.cmpi("sge", c, zero)?;
+                let ok = ix.sb.cmpi(CmpiPredicate::Sge, c, zero)?;
                 valid = Some(match valid {
                     Some(v) => ix.sb.emit("arith.andi", &[v, ok], "i1")?,
                     None => ok,
@@ -580,9 +585,9 @@ impl<'c, 'b> Ix<'c, 'b> {
             _ => {
                 let f = sb.load(v, dtype)?.v;
                 let t = compute(dtype);
-                let nan = sb.cmpf("uno", f, f)?;
-                let hi = sb.cmpf("oge", f, sb.constant(9223372036854775808.0, t)?)?;
-                let lo = sb.cmpf("olt", f, sb.constant(-9223372036854775808.0, t)?)?;
+                let nan = sb.cmpf(CmpfPredicate::Uno, f, f)?;
+                let hi = sb.cmpf(CmpfPredicate::Oge, f, sb.constant(9223372036854775808.0, t)?)?;
+                let lo = sb.cmpf(CmpfPredicate::Olt, f, sb.constant(-9223372036854775808.0, t)?)?;
                 let safe = sb.select(nan, sb.constant(0.0, t)?, f, t)?;
                 let safe = sb.select(hi, sb.constant(0.0, t)?, safe, t)?;
                 let safe = sb.select(lo, sb.constant(0.0, t)?, safe, t)?;
@@ -601,7 +606,7 @@ impl<'c, 'b> Ix<'c, 'b> {
         let i = self.to_i64(raw, dtype)?;
         let n = n as i128;
         let zero = sb.int_constant(0, "i64")?;
-        let neg = sb.cmpi("slt", i, zero)?;
+        let neg = sb.cmpi(CmpiPredicate::Slt, i, zero)?;
         let wrapped = sb.emit("arith.addi", &[i, sb.int_constant(n, "i64")?], "i64")?;
         let i = sb.select(neg, wrapped, i, "i64")?;
         let i = sb.emit("arith.maxsi", &[i, zero], "i64")?;
@@ -646,7 +651,7 @@ impl<'c, 'b> Ix<'c, 'b> {
                 sb.emit("arith.truncf", &[f], storage_type(dtype))
             }
             DType::Bool => {
-                let nz = sb.cmpf("une", v, sb.constant(0.0, "f64")?)?;
+                let nz = sb.cmpf(CmpfPredicate::Une, v, sb.constant(0.0, "f64")?)?;
                 sb.emit("arith.extui", &[nz], "i8")
             }
             _ => {
@@ -658,10 +663,10 @@ impl<'c, 'b> Ix<'c, 'b> {
                 } else {
                     (0, (1i128 << bits) - 1)
                 };
-                let nan = sb.cmpf("uno", v, v)?;
+                let nan = sb.cmpf(CmpfPredicate::Uno, v, v)?;
                 // max + 1 is a power of two, exact in f64.
-                let hi = sb.cmpf("oge", v, sb.constant((max + 1) as f64, "f64")?)?;
-                let lo = sb.cmpf("olt", v, sb.constant(min as f64, "f64")?)?;
+                let hi = sb.cmpf(CmpfPredicate::Oge, v, sb.constant((max + 1) as f64, "f64")?)?;
+                let lo = sb.cmpf(CmpfPredicate::Olt, v, sb.constant(min as f64, "f64")?)?;
                 let zero = sb.constant(0.0, "f64")?;
                 let safe = sb.select(nan, zero, v, "f64")?;
                 let safe = sb.select(hi, zero, safe, "f64")?;
@@ -706,8 +711,12 @@ impl<'c, 'b> Ix<'c, 'b> {
                     R::Add => sb.emit("arith.addf", &[a.v, b.v], t)?,
                     R::Mul => sb.emit("arith.mulf", &[a.v, b.v], t)?,
                     _ => {
-                        let b_nan = sb.cmpf("uno", b.v, b.v)?;
-                        let better = sb.cmpf(if r == R::Max { "ogt" } else { "olt" }, b.v, a.v)?;
+                        let b_nan = sb.cmpf(CmpfPredicate::Uno, b.v, b.v)?;
+                        let better = sb.cmpf(
+                            if r == R::Max { CmpfPredicate::Ogt } else { CmpfPredicate::Olt },
+                            b.v,
+                            a.v,
+                        )?;
                         let take = sb.emit("arith.ori", &[b_nan, better], "i1")?;
                         sb.select(take, b.v, a.v, t)?
                     }

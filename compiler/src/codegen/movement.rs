@@ -4,6 +4,7 @@
 
 use kiln_ir::infer::slice_axis;
 use kiln_ir::{normalize_axis, NodeId, ValueId};
+use melior::dialect::arith::CmpiPredicate;
 use melior::ir::attribute::{DenseI32ArrayAttribute, DenseI64ArrayAttribute};
 use melior::ir::operation::OperationBuilder;
 use melior::ir::{Type, Value};
@@ -287,7 +288,7 @@ fn gather(em: &mut Emitter, id: NodeId, x: ValueId, indices: ValueId, axis: i64)
             // Negative indices count from the end; out-of-range ones are clamped (no stray reads).
             let zero = sb.int_constant(0, t)?;
             let nn = sb.int_constant(n, t)?;
-            let neg = sb.cmpi("slt", raw, zero)?;
+            let neg = sb.cmpi(CmpiPredicate::Slt, raw, zero)?;
             let wrapped = sb.emit("arith.addi", &[raw, nn], t)?;
             let i = sb.select(neg, wrapped, raw, t)?;
             let top = sb.int_constant((n - 1).max(0), t)?;

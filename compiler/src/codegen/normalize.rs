@@ -5,6 +5,7 @@
 
 use kiln_ir::op::Lrn;
 use kiln_ir::{normalize_axis, DType, NodeId, ValueId};
+use melior::dialect::arith::{CmpfPredicate, CmpiPredicate};
 use melior::ir::{BlockLike, Value};
 
 use super::mlir::{broadcast_map, dims_list, fill, generic, pad, push, reshape};
@@ -106,7 +107,7 @@ fn hardmax(em: &mut Emitter, id: NodeId, x: ValueId, axis: i64) -> Result<()> {
     let dest = em.dest(result)?;
     let t = map_generic(em, &[(best, km)], &xd, dt, dest, |sb, v| {
         let j = sb.loop_index(a, "i64")?;
-        let hit = sb.cmpi("eq", j, v[0])?;
+        let hit = sb.cmpi(CmpiPredicate::Eq, j, v[0])?;
         let t = compute(dt);
         let (one, zero) = (sb.constant(1.0, t)?, sb.constant(0.0, t)?);
         let y = sb.select(hit, one, zero, t)?;
@@ -306,7 +307,7 @@ fn lp_norm(em: &mut Emitter, id: NodeId, x: ValueId, axis: i64, p: u32) -> Resul
         let xv = load_as(sb, v[0], dt, acc)?;
         let norm = if l1 { v[1] } else { sb.emit("math.sqrt", &[v[1]], tc)? };
         let zero = sb.constant(0.0, tc)?;
-        let is_zero = sb.cmpf("oeq", norm, zero)?;
+        let is_zero = sb.cmpf(CmpfPredicate::Oeq, norm, zero)?;
         let y = sb.emit("arith.divf", &[xv, norm], tc)?;
         let y = sb.select(is_zero, zero, y, tc)?;
         store_as(sb, y, acc, dt)

@@ -5,6 +5,7 @@
 
 use kiln_ir::op::{Pool, PoolKind, SpatialAxis};
 use kiln_ir::{DType, NodeId, Tensor, ValueId};
+use melior::dialect::arith::CmpiPredicate;
 
 use super::mlir::{
     broadcast_map, dense_literal, dims_list, fill, generic, op, pad, parse_attr, push,
@@ -334,14 +335,14 @@ fn max_pool_indexed(
                 let k = sb.emit("arith.muli", &[k, c(a.dilation as i128)?], "i64")?;
                 let p = sb.emit("arith.addi", &[o, k], "i64")?;
                 let p = sb.emit("arith.subi", &[p, c(a.pad_begin as i128)?], "i64")?;
-                let ge = sb.cmpi("sge", p, c(0)?)?;
-                let lt = sb.cmpi("slt", p, c(a.input as i128)?)?;
+                let ge = sb.cmpi(CmpiPredicate::Sge, p, c(0)?)?;
+                let lt = sb.cmpi(CmpiPredicate::Slt, p, c(a.input as i128)?)?;
                 inside = sb.emit("arith.andi", &[inside, ge], "i1")?;
                 inside = sb.emit("arith.andi", &[inside, lt], "i1")?;
                 let w = sb.emit("arith.muli", &[p, c(weights[d] as i128)?], "i64")?;
                 offset = sb.emit("arith.addi", &[offset, w], "i64")?;
             }
-            let first = sb.cmpi("eq", i, c(-1)?)?;
+            let first = sb.cmpi(CmpiPredicate::Eq, i, c(-1)?)?;
             let (better, _) = super::scan::compare(&sb, v.v, m.v, dtype, true, true)?;
             let take = sb.emit("arith.ori", &[first, better], "i1")?;
             let take = sb.emit("arith.andi", &[take, inside], "i1")?;

@@ -5,6 +5,7 @@
 
 use kiln_ir::op::{Reduce, ReduceKind};
 use kiln_ir::{normalize_axis, DType, NodeId, ValueId};
+use melior::dialect::arith::CmpfPredicate;
 use melior::ir::Value;
 
 use super::mlir::{broadcast_map, dims_list, fill, generic, push};
@@ -357,7 +358,7 @@ fn finite_or_zero<'c, 'a>(
 ) -> Result<Value<'c, 'a>> {
     let inf = sb.constant(f64::INFINITY, t)?;
     let abs = sb.emit("math.absf", &[v], t)?;
-    let finite = sb.cmpf("olt", abs, inf)?;
+    let finite = sb.cmpf(CmpfPredicate::Olt, abs, inf)?;
     let zero = sb.constant(0.0, t)?;
     sb.select(finite, v, zero, t)
 }

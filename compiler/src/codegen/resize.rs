@@ -5,6 +5,7 @@
 //! (integers half to even, then saturating, as the interpreter does).
 
 use kiln_ir::{DType, NodeId, Op, Tensor, ValueId};
+use melior::dialect::arith::{CmpfPredicate, CmpiPredicate};
 
 use melior::ir::operation::OperationBuilder;
 use melior::ir::{Block, BlockLike, Region, RegionLike, Type, Value};
@@ -153,7 +154,7 @@ fn value_at<'c, 'x>(
         let term = sb.emit("arith.mulf", &[w, v], "f64")?;
         let sum = sb.emit("arith.addf", &[acc, term], "f64")?;
         // Zero weights are no taps (0 * inf would be NaN).
-        let used = sb.cmpf("une", w, sb.constant(0.0, "f64")?)?;
+        let used = sb.cmpf(CmpfPredicate::Une, w, sb.constant(0.0, "f64")?)?;
         let next = sb.select(used, sum, acc, "f64")?;
         body.append_operation(op(ctx, loc, "scf.yield", &[next], &[], &[])?);
     }
@@ -168,7 +169,7 @@ fn value_at<'c, 'x>(
     let mut acc = push(ix.sb.block, f);
     if p.extrapolates {
         let first = ix.extract(p.idx, &[o, ix.c(0)?], DType::I64)?;
-        let outside = ix.sb.cmpi("slt", first, ix.sb.int_constant(0, "i64")?)?;
+        let outside = ix.sb.cmpi(CmpiPredicate::Slt, first, ix.sb.int_constant(0, "i64")?)?;
         let e = ix.sb.constant(plan.extrapolation, "f64")?;
         acc = ix.sb.select(outside, e, acc, "f64")?;
     }

@@ -4,6 +4,7 @@
 //! higher precision), f32/f64 and integers stay, bools are i1. `load` and `store` convert from and
 //! to the storage type of tensors (bools are bytes in memory).
 
+use melior::dialect::arith::{self, CmpfPredicate, CmpiPredicate};
 use melior::ir::attribute::{FloatAttribute, IntegerAttribute};
 use melior::ir::r#type::IntegerType;
 use melior::ir::{Block, Location, Type, Value};
@@ -137,38 +138,24 @@ impl<'c, 'a> ScalarBuilder<'c, 'a> {
         self.emit("arith.select", &[c, a, b], ty)
     }
 
-    /// `arith.cmpf` with a predicate by name (`olt`, `une`, `uno`...).
-    pub fn cmpf(&self, pred: &str, a: Value<'c, 'a>, b: Value<'c, 'a>) -> Result<Value<'c, 'a>> {
-        const NAMES: [&str; 16] = [
-            "false", "oeq", "ogt", "oge", "olt", "ole", "one", "ord", "ueq", "ugt", "uge", "ult",
-            "ule", "une", "uno", "true",
-        ];
-        let n = NAMES
-            .iter()
-            .position(|&p| p == pred)
-            .ok_or_else(|| err(format!("unknown cmpf predicate {pred}")))?;
-        self.emit_int_attr(
-            "arith.cmpf",
-            &[a, b],
-            IntegerType::new(self.ctx, 1).into(),
-            ("predicate", n as i64),
-        )
+    /// `arith.cmpf`, by melior's typed builder.
+    pub fn cmpf(
+        &self,
+        pred: CmpfPredicate,
+        a: Value<'c, 'a>,
+        b: Value<'c, 'a>,
+    ) -> Result<Value<'c, 'a>> {
+        Ok(push(self.block, arith::cmpf(self.ctx, pred, a, b, self.loc)))
     }
 
-    /// `arith.cmpi` with a predicate by name (`eq`, `slt`, `uge`...).
-    pub fn cmpi(&self, pred: &str, a: Value<'c, 'a>, b: Value<'c, 'a>) -> Result<Value<'c, 'a>> {
-        const NAMES: [&str; 10] =
-            ["eq", "ne", "slt", "sle", "sgt", "sge", "ult", "ule", "ugt", "uge"];
-        let n = NAMES
-            .iter()
-            .position(|&p| p == pred)
-            .ok_or_else(|| err(format!("unknown cmpi predicate {pred}")))?;
-        self.emit_int_attr(
-            "arith.cmpi",
-            &[a, b],
-            IntegerType::new(self.ctx, 1).into(),
-            ("predicate", n as i64),
-        )
+    /// `arith.cmpi`, by melior's typed builder.
+    pub fn cmpi(
+        &self,
+        pred: CmpiPredicate,
+        a: Value<'c, 'a>,
+        b: Value<'c, 'a>,
+    ) -> Result<Value<'c, 'a>> {
+        Ok(push(self.block, arith::cmpi(self.ctx, pred, a, b, self.loc)))
     }
 
     /// A tensor element (storage type) to its compute type.
@@ -177,7 +164,7 @@ impl<'c, 'a> ScalarBuilder<'c, 'a> {
             DType::F16 | DType::BF16 => self.emit("arith.extf", &[v], "f32")?,
             DType::Bool => {
                 let zero = self.int_constant(0, "i8")?;
-                self.cmpi("ne", v, zero)?
+                self.cmpi(CmpiPredicate::Ne, v, zero)?
             }
             _ => v,
         };
@@ -230,11 +217,15 @@ impl<'c, 'a> ScalarBuilder<'c, 'a> {
             UnaryOp::Sign => {
                 let zero = self.int_constant(0, t)?;
                 let one = self.int_constant(1, t)?;
-                let gt = self.cmpi(if signed { "sgt" } else { "ugt" }, x.v, zero)?;
+                let gt = self.cmpi(
+                    if signed { CmpiPredicate::Sgt } else { CmpiPredicate::Ugt },
+                    x.v,
+                    zero,
+                )?;
                 let pos = self.select(gt, one, zero, t)?;
                 if signed {
                     let minus = self.int_constant(-1, t)?;
-                    let lt = self.cmpi("slt", x.v, zero)?;
+                    let lt = self.cmpi(CmpiPredicate::Slt, x.v, zero)?;
                     self.select(lt, minus, pos, t)?
                 } else {
                     pos
@@ -268,7 +259,7 @@ impl<'c, 'a> ScalarBuilder<'c, 'a> {
         };
         let select_ge0 = |x: Value<'c, 'a>, neg: Value<'c, 'a>| -> Result<Value<'c, 'a>> {
             let zero = c(0.0)?;
-            let ge = self.cmpf("oge", x, zero)?;
+            let ge = self.cmpf(CmpfPredicate::Oge, x, zero)?;
             self.select(ge, x, neg, t)
         };
         Ok(match u {
@@ -278,8 +269,8 @@ impl<'c, 'a> ScalarBuilder<'c, 'a> {
                 // 1, -1, or x itself (0, -0, NaN).
                 let zero = c(0.0)?;
                 let (one, minus) = (c(1.0)?, c(-1.0)?);
-                let gt = self.cmpf("ogt", x, zero)?;
-                let lt = self.cmpf("olt", x, zero)?;
+                let gt = self.cmpf(CmpfPredicate::Ogt, x, zero)?;
+                let lt = self.cmpf(CmpfPredicate::Olt, x, zero)?;
                 let a = self.select(lt, minus, x, t)?;
                 self.select(gt, one, a, t)?
             }
@@ -363,7 +354,7 @@ impl<'c, 'a> ScalarBuilder<'c, 'a> {
                 let e = math("math.expm1", x)?;
                 let neg = bin("arith.mulf", e, c(alpha as f64)?)?;
                 let zero = c(0.0)?;
-                let gt = self.cmpf("ogt", x, zero)?;
+                let gt = self.cmpf(CmpfPredicate::Ogt, x, zero)?;
                 let v = self.select(gt, x, neg, t)?;
                 bin("arith.mulf", v, c(gamma as f64)?)?
             }
@@ -383,22 +374,22 @@ impl<'c, 'a> ScalarBuilder<'c, 'a> {
                 bin("arith.minimumf", v, c(1.0)?)?
             }
             UnaryOp::ThresholdedRelu { alpha } => {
-                let gt = self.cmpf("ogt", x, c(alpha as f64)?)?;
+                let gt = self.cmpf(CmpfPredicate::Ogt, x, c(alpha as f64)?)?;
                 self.select(gt, x, c(0.0)?, t)?
             }
             UnaryOp::Shrink { bias, lambd } => {
                 let (b, l) = (bias as f64, lambd as f64);
-                let lo = self.cmpf("olt", x, c(-l)?)?;
-                let hi = self.cmpf("ogt", x, c(l)?)?;
+                let lo = self.cmpf(CmpfPredicate::Olt, x, c(-l)?)?;
+                let hi = self.cmpf(CmpfPredicate::Ogt, x, c(l)?)?;
                 let plus = bin("arith.addf", x, c(b)?)?;
                 let minus = bin("arith.subf", x, c(b)?)?;
                 let v = self.select(hi, minus, c(0.0)?, t)?;
                 self.select(lo, plus, v, t)?
             }
-            UnaryOp::IsNaN => self.cmpf("uno", x, x)?,
+            UnaryOp::IsNaN => self.cmpf(CmpfPredicate::Uno, x, x)?,
             UnaryOp::IsInf { detect_positive, detect_negative } => {
-                let pos = self.cmpf("oeq", x, c(f64::INFINITY)?)?;
-                let neg = self.cmpf("oeq", x, c(f64::NEG_INFINITY)?)?;
+                let pos = self.cmpf(CmpfPredicate::Oeq, x, c(f64::INFINITY)?)?;
+                let neg = self.cmpf(CmpfPredicate::Oeq, x, c(f64::NEG_INFINITY)?)?;
                 match (detect_positive, detect_negative) {
                     (true, true) => self.emit("arith.ori", &[pos, neg], "i1")?,
                     (true, false) => pos,
@@ -459,9 +450,9 @@ impl<'c, 'a> ScalarBuilder<'c, 'a> {
                 // Python's %: the remainder takes the divisor's sign.
                 let m = bin("arith.remf")?;
                 let zero = self.constant(0.0, t)?;
-                let nonzero = self.cmpf("one", m, zero)?;
-                let m_neg = self.cmpf("olt", m, zero)?;
-                let y_neg = self.cmpf("olt", y, zero)?;
+                let nonzero = self.cmpf(CmpfPredicate::One, m, zero)?;
+                let m_neg = self.cmpf(CmpfPredicate::Olt, m, zero)?;
+                let y_neg = self.cmpf(CmpfPredicate::Olt, y, zero)?;
                 let differ = self.emit("arith.xori", &[m_neg, y_neg], "i1")?;
                 let fix = self.emit("arith.andi", &[nonzero, differ], "i1")?;
                 let adj = self.emit("arith.addf", &[m, y], t)?;
@@ -469,15 +460,15 @@ impl<'c, 'a> ScalarBuilder<'c, 'a> {
             }
             BinaryOp::PRelu => {
                 let zero = self.constant(0.0, t)?;
-                let ge = self.cmpf("oge", x, zero)?;
+                let ge = self.cmpf(CmpfPredicate::Oge, x, zero)?;
                 let neg = bin("arith.mulf")?;
                 self.select(ge, x, neg, t)?
             }
-            BinaryOp::Equal => self.cmpf("oeq", x, y)?,
-            BinaryOp::Less => self.cmpf("olt", x, y)?,
-            BinaryOp::LessOrEqual => self.cmpf("ole", x, y)?,
-            BinaryOp::Greater => self.cmpf("ogt", x, y)?,
-            BinaryOp::GreaterOrEqual => self.cmpf("oge", x, y)?,
+            BinaryOp::Equal => self.cmpf(CmpfPredicate::Oeq, x, y)?,
+            BinaryOp::Less => self.cmpf(CmpfPredicate::Olt, x, y)?,
+            BinaryOp::LessOrEqual => self.cmpf(CmpfPredicate::Ole, x, y)?,
+            BinaryOp::Greater => self.cmpf(CmpfPredicate::Ogt, x, y)?,
+            BinaryOp::GreaterOrEqual => self.cmpf(CmpfPredicate::Oge, x, y)?,
             other => return Err(err(format!("{} is not defined for floats", other.name()))),
         })
     }
@@ -492,30 +483,32 @@ impl<'c, 'a> ScalarBuilder<'c, 'a> {
         let t = compute_type(d);
         let s = d.is_signed_int();
         let bin = |name: &str| self.emit(name, &[x, y], t);
-        let pick = |signed: &str, unsigned: &str| {
-            if s {
-                signed.to_string()
-            } else {
-                unsigned.to_string()
-            }
-        };
+        let pick = |signed: &'static str, unsigned: &'static str| if s { signed } else { unsigned };
+        let pick_cmp =
+            |signed: CmpiPredicate, unsigned: CmpiPredicate| if s { signed } else { unsigned };
         // Division by zero is undefined in ONNX and traps on x86: divide by one instead (the
         // interpreter reports it as an error).
         let safe_divisor = || -> Result<Value<'c, 'a>> {
             let zero = self.int_constant(0, t)?;
             let one = self.int_constant(1, t)?;
-            let is_zero = self.cmpi("eq", y, zero)?;
+            let is_zero = self.cmpi(CmpiPredicate::Eq, y, zero)?;
             self.select(is_zero, one, y, t)
         };
         Ok(match b {
             BinaryOp::And if d == DType::Bool => self.emit("arith.andi", &[x, y], "i1")?,
             BinaryOp::Or if d == DType::Bool => self.emit("arith.ori", &[x, y], "i1")?,
             BinaryOp::Xor if d == DType::Bool => self.emit("arith.xori", &[x, y], "i1")?,
-            BinaryOp::Equal => self.cmpi("eq", x, y)?,
-            BinaryOp::Less => self.cmpi(&pick("slt", "ult"), x, y)?,
-            BinaryOp::LessOrEqual => self.cmpi(&pick("sle", "ule"), x, y)?,
-            BinaryOp::Greater => self.cmpi(&pick("sgt", "ugt"), x, y)?,
-            BinaryOp::GreaterOrEqual => self.cmpi(&pick("sge", "uge"), x, y)?,
+            BinaryOp::Equal => self.cmpi(CmpiPredicate::Eq, x, y)?,
+            BinaryOp::Less => self.cmpi(pick_cmp(CmpiPredicate::Slt, CmpiPredicate::Ult), x, y)?,
+            BinaryOp::LessOrEqual => {
+                self.cmpi(pick_cmp(CmpiPredicate::Sle, CmpiPredicate::Ule), x, y)?
+            }
+            BinaryOp::Greater => {
+                self.cmpi(pick_cmp(CmpiPredicate::Sgt, CmpiPredicate::Ugt), x, y)?
+            }
+            BinaryOp::GreaterOrEqual => {
+                self.cmpi(pick_cmp(CmpiPredicate::Sge, CmpiPredicate::Uge), x, y)?
+            }
             _ if d == DType::Bool => {
                 return Err(err(format!("{} is not defined for bool", b.name())))
             }
@@ -524,20 +517,20 @@ impl<'c, 'a> ScalarBuilder<'c, 'a> {
             BinaryOp::Mul => bin("arith.muli")?,
             BinaryOp::Div => {
                 let y = safe_divisor()?;
-                self.emit(&pick("arith.divsi", "arith.divui"), &[x, y], t)?
+                self.emit(pick("arith.divsi", "arith.divui"), &[x, y], t)?
             }
-            BinaryOp::Max => bin(&pick("arith.maxsi", "arith.maxui"))?,
-            BinaryOp::Min => bin(&pick("arith.minsi", "arith.minui"))?,
+            BinaryOp::Max => bin(pick("arith.maxsi", "arith.maxui"))?,
+            BinaryOp::Min => bin(pick("arith.minsi", "arith.minui"))?,
             BinaryOp::Mod { fmod } => {
                 let y = safe_divisor()?;
-                let m = self.emit(&pick("arith.remsi", "arith.remui"), &[x, y], t)?;
+                let m = self.emit(pick("arith.remsi", "arith.remui"), &[x, y], t)?;
                 if fmod || !s {
                     m
                 } else {
                     let zero = self.int_constant(0, t)?;
-                    let nonzero = self.cmpi("ne", m, zero)?;
-                    let m_neg = self.cmpi("slt", m, zero)?;
-                    let y_neg = self.cmpi("slt", y, zero)?;
+                    let nonzero = self.cmpi(CmpiPredicate::Ne, m, zero)?;
+                    let m_neg = self.cmpi(CmpiPredicate::Slt, m, zero)?;
+                    let y_neg = self.cmpi(CmpiPredicate::Slt, y, zero)?;
                     let differ = self.emit("arith.xori", &[m_neg, y_neg], "i1")?;
                     let fix = self.emit("arith.andi", &[nonzero, differ], "i1")?;
                     let adj = self.emit("arith.addi", &[m, y], t)?;
@@ -556,7 +549,7 @@ impl<'c, 'a> ScalarBuilder<'c, 'a> {
             }
             BinaryOp::PRelu => {
                 let zero = self.int_constant(0, t)?;
-                let ge = self.cmpi("sge", x, zero)?;
+                let ge = self.cmpi(CmpiPredicate::Sge, x, zero)?;
                 let neg = bin("arith.muli")?;
                 self.select(ge, x, neg, t)?
             }
@@ -567,7 +560,7 @@ impl<'c, 'a> ScalarBuilder<'c, 'a> {
                 // Shifting by the width or more gives 0 (LLVM would give poison).
                 let shifted = bin(if left { "arith.shli" } else { "arith.shrui" })?;
                 let width = self.int_constant(bits(d) as i128, t)?;
-                let too_far = self.cmpi("uge", y, width)?;
+                let too_far = self.cmpi(CmpiPredicate::Uge, y, width)?;
                 let zero = self.int_constant(0, t)?;
                 self.select(too_far, zero, shifted, t)?
             }
@@ -587,10 +580,10 @@ impl<'c, 'a> ScalarBuilder<'c, 'a> {
         let v = if to == DType::Bool {
             if from.is_float() {
                 let zero = self.constant(0.0, ft)?;
-                self.cmpf("une", x.v, zero)?
+                self.cmpf(CmpfPredicate::Une, x.v, zero)?
             } else {
                 let zero = self.int_constant(0, ft)?;
-                self.cmpi("ne", x.v, zero)?
+                self.cmpi(CmpiPredicate::Ne, x.v, zero)?
             }
         } else if from == DType::Bool {
             if to.is_float() {

@@ -10,6 +10,7 @@
 
 use kiln_ir::op::{ArgReduce, Cumulative};
 use kiln_ir::{normalize_axis, DType, NodeId, ValueId};
+use melior::dialect::arith::{CmpfPredicate, CmpiPredicate};
 use melior::ir::operation::OperationLike;
 use melior::ir::{Block, BlockLike, Value};
 
@@ -74,23 +75,23 @@ pub(super) fn compare<'c, 'a>(
     if !dt.is_float() {
         let signed = dt.is_signed_int();
         let pred = match (greater, signed) {
-            (true, true) => "sgt",
-            (true, false) => "ugt",
-            (false, true) => "slt",
-            (false, false) => "ult",
+            (true, true) => CmpiPredicate::Sgt,
+            (true, false) => CmpiPredicate::Ugt,
+            (false, true) => CmpiPredicate::Slt,
+            (false, false) => CmpiPredicate::Ult,
         };
-        return Ok((sb.cmpi(pred, a, b)?, sb.cmpi("eq", a, b)?));
+        return Ok((sb.cmpi(pred, a, b)?, sb.cmpi(CmpiPredicate::Eq, a, b)?));
     }
-    let ord = sb.cmpf(if greater { "ogt" } else { "olt" }, a, b)?;
-    let an = sb.cmpf("uno", a, a)?;
-    let bn = sb.cmpf("uno", b, b)?;
+    let ord = sb.cmpf(if greater { CmpfPredicate::Ogt } else { CmpfPredicate::Olt }, a, b)?;
+    let an = sb.cmpf(CmpfPredicate::Uno, a, a)?;
+    let bn = sb.cmpf(CmpfPredicate::Uno, b, b)?;
     let t = sb.constant(1.0, "i1")?;
     // A NaN comes first exactly when it sits at the end of the order we walk from.
     let (nan, other) = if greater == nan_high { (an, bn) } else { (bn, an) };
     let other_not = sb.emit("arith.xori", &[other, t], "i1")?;
     let nan_first = sb.emit("arith.andi", &[nan, other_not], "i1")?;
     let strict = sb.emit("arith.ori", &[ord, nan_first], "i1")?;
-    let oeq = sb.cmpf("oeq", a, b)?;
+    let oeq = sb.cmpf(CmpfPredicate::Oeq, a, b)?;
     let both = sb.emit("arith.andi", &[an, bn], "i1")?;
     let equal = sb.emit("arith.ori", &[oeq, both], "i1")?;
     Ok((strict, equal))
@@ -148,11 +149,11 @@ pub(super) fn arg_best<'c, 'a>(
         let i = body.argument(2).expect("index").into();
         let j = sb.loop_index(axis_loop, "i64")?;
         let none = sb.int_constant(-1, "i64")?;
-        let first = sb.cmpi("eq", i, none)?;
+        let first = sb.cmpi(CmpiPredicate::Eq, i, none)?;
         let (better, equal) = compare(&sb, v.v, b.v, dt, max, max)?;
         let take = sb.emit("arith.ori", &[first, better], "i1")?;
         // Ties go to the lower (or, `last`, the higher) index, whatever order the loop runs in.
-        let side = sb.cmpi(if last { "sgt" } else { "slt" }, j, i)?;
+        let side = sb.cmpi(if last { CmpiPredicate::Sgt } else { CmpiPredicate::Slt }, j, i)?;
         let tie = sb.emit("arith.andi", &[equal, side], "i1")?;
         let take = sb.emit("arith.ori", &[take, tie], "i1")?;
         let nv = sb.select(take, v.v, b.v, compute(dt))?;
@@ -290,10 +291,10 @@ fn triangular_scan<'c, 'a>(
     iters.push("reduction");
     // Which source positions j a result position i covers.
     let pred = match (c.reverse, c.exclusive) {
-        (false, false) => "ule",
-        (false, true) => "ult",
-        (true, false) => "uge",
-        (true, true) => "ugt",
+        (false, false) => CmpiPredicate::Ule,
+        (false, true) => CmpiPredicate::Ult,
+        (true, false) => CmpiPredicate::Uge,
+        (true, true) => CmpiPredicate::Ugt,
     };
     let ty = em.tensor_type(xd, acc)?;
     let g = generic(ctx, loc, &[xv], &[filled], &maps, &iters, &[ty], |body| {
@@ -549,10 +550,8 @@ fn top_k(em: &mut Emitter, id: NodeId, x: ValueId, axis: i64, largest: bool) -> 
     let c0 = push(em.block, op(ctx, loc, "arith.index_cast", &[c0], &[index], &[])?);
     let c1 = push(em.block, op(ctx, loc, "arith.index_cast", &[c1], &[index], &[])?);
     let r = scf_for(em, k, &[vdest, idest], |block, step, carried| {
-        let i1 = melior::ir::Type::parse(ctx, "i1").ok_or_else(|| super::mlir::err("i1"))?;
-        let eq = super::mlir::parse_attr(ctx, "0 : i64")?;
         let first =
-            push(block, op(ctx, loc, "arith.cmpi", &[step, c0], &[i1], &[("predicate", eq)])?);
+            push(block, melior::dialect::arith::cmpi(ctx, CmpiPredicate::Eq, step, c0, loc));
         let before = push(block, op(ctx, loc, "arith.subi", &[step, c1], &[index], &[])?);
         let before = push(block, op(ctx, loc, "arith.maxsi", &[before, c0], &[index], &[])?);
         let zeros = vec![0; rank];
@@ -591,17 +590,17 @@ fn top_k(em: &mut Emitter, id: NodeId, x: ValueId, axis: i64, largest: bool) -> 
             let minus = sb.int_constant(-1, "i64")?;
             // Candidates come after the previous pick: it goes first, or ties and has a lower index.
             let (p_first, p_equal) = compare(&sb, pv.v, v.v, dt, largest, true)?;
-            let lower = sb.cmpi("slt", pi, j)?;
+            let lower = sb.cmpi(CmpiPredicate::Slt, pi, j)?;
             let tie = sb.emit("arith.andi", &[p_equal, lower], "i1")?;
             let after = sb.emit("arith.ori", &[p_first, tie], "i1")?;
             // (`first` is the loop's value: `op` takes operands of any lifetime.)
-            let candidate = push(body, op(ctx, loc, "arith.ori", &[after, first], &[i1], &[])?);
+            let candidate = push(body, melior::dialect::arith::ori(after, first, loc));
             // The best candidate goes first, ties to the lower index.
             let (v_first, v_equal) = compare(&sb, v.v, b.v, dt, largest, true)?;
-            let below = sb.cmpi("slt", j, bi)?;
+            let below = sb.cmpi(CmpiPredicate::Slt, j, bi)?;
             let tie = sb.emit("arith.andi", &[v_equal, below], "i1")?;
             let better = sb.emit("arith.ori", &[v_first, tie], "i1")?;
-            let no_best = sb.cmpi("eq", bi, minus)?;
+            let no_best = sb.cmpi(CmpiPredicate::Eq, bi, minus)?;
             let better = sb.emit("arith.ori", &[better, no_best], "i1")?;
             let take = sb.emit("arith.andi", &[candidate, better], "i1")?;
             let nv = sb.select(take, v.v, b.v, tv)?;
