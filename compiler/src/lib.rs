@@ -19,7 +19,7 @@ pub mod tune;
 pub mod values;
 
 pub use driver::{cache_dir, compile, compile_reporting, jit, Compiled, Progress};
-pub use error::{CompileError, KernelError, LowerError, Result};
+pub use error::{chain as error_chain, CompileError, KernelError, LowerError, Result};
 pub use options::{Options, TargetKind};
 pub use session::Session;
 pub use stage::{Stage, Stages};

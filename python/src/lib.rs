@@ -27,16 +27,7 @@ create_exception!(
 
 /// kiln's message with its causes, as the CLI prints them.
 fn message(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = e.to_string();
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        let s = c.to_string();
-        if !text.contains(&s) {
-            text.push_str(&format!(": {s}"));
-        }
-        cause = c.source();
-    }
-    text
+    kiln_compiler::error_chain(e)
 }
 
 fn compile_err(e: CompileError) -> PyErr {
