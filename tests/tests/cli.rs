@@ -437,3 +437,28 @@ fn a_model_larger_than_the_opencl_device_is_refused_at_load() {
         "{e}"
     );
 }
+
+/// `--dump-dir` writes each stage the CPU has into the file the stage table names, and nothing
+/// for the stages of other targets.
+#[test]
+fn dump_dir_writes_each_stage_to_its_file() {
+    let dir = std::env::temp_dir().join(format!("kiln-cli-dump-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let model = dir.join("relu.onnx");
+    std::fs::write(&model, relu_model(&[Some(2), Some(3)])).unwrap();
+    let (art, dumps) = (dir.join("relu.kiln"), dir.join("ir"));
+    let args = [
+        model.to_str().unwrap(),
+        "-o",
+        art.to_str().unwrap(),
+        "--dump-dir",
+        dumps.to_str().unwrap(),
+    ];
+    assert_eq!(kiln(&[&["compile"][..], &args, &["--no-cache", "--quiet"]].concat()), 0);
+    for stage in kiln_compiler::Stage::ALL {
+        let Some(file) = stage.file_name() else { continue };
+        let cpu = stage.targets().contains(&kiln_compiler::TargetKind::Cpu);
+        assert_eq!(dumps.join(file).exists(), cpu, "{stage}: {file}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -109,7 +109,12 @@ pub fn run(args: &Args) -> Result<()> {
         artifact_path.display(),
         artifact_path.display()
     );
-    println!("IR of every stage: {}/ (graph.kiln.txt, fused.txt, kernels.mlir, lowered.mlir, kernels.ll, kernels.s)", dumps.display());
+    let files: Vec<&str> = crate::Stage::ALL
+        .into_iter()
+        .filter(|s| !compiled.stages[*s].is_empty())
+        .filter_map(crate::Stage::file_name)
+        .collect();
+    println!("IR of every stage: {}/ ({})", dumps.display(), files.join(", "));
     if diff >= 1e-4 {
         return Err(CompileError::Internal(format!(
             "the native CNN differs from the interpreter by {diff}"
