@@ -6,7 +6,7 @@ CARGO ?= cargo
 
 SUITES := node pytorch-converted pytorch-operator simple
 
-.PHONY: setup demo test check-runtime-deps conformance ratchet ops-doc examples bench bench-ops fuzz fuzz-smoke soak python python-test python-ratchet python-overhead lint
+.PHONY: setup demo test check-runtime-deps conformance ratchet ops-doc examples bench bench-int8 bench-ops fuzz fuzz-smoke soak python python-test python-ratchet python-overhead lint
 
 setup:
 	@./scripts/setup.sh
@@ -73,6 +73,13 @@ ops-doc:
 # compile time cold and cached. onnxruntime is fetched once into ~/.cache/kiln/bench-venv.
 bench: setup
 	@./scripts/bench.sh
+
+# int8: resnet18 and mobilenet_v2 quantized by onnxruntime's quantize_static (QDQ, u8/s8
+# per-channel) into ~/.cache/kiln/int8-models once, timed next to their f32 originals in one
+# bench table (kiln and onnxruntime, same threads). THREADS, ROUNDS: as for bench.
+bench-int8: setup
+	@py=$$(./scripts/setup-python.sh) && out=$${KILN_CACHE:-$$HOME/.cache/kiln}/int8-models && \
+	  $$py scripts/quantize_bench_models.py $${MODELS:-../shared/models} $$out && ./scripts/bench.sh $$out
 
 # kiln against onnxruntime one op at a time, on ~70 single-op models of real models' shapes
 # (generated once into ~/.cache/kiln/bench-ops): latency, ratio, kiln's GFLOP/s and % of the
