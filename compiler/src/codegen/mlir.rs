@@ -67,17 +67,8 @@ pub fn shaped(kind: &str, dims: &[usize], d: DType) -> String {
     s
 }
 
-/// A finite float as MLIR spells it (it needs a decimal point), exact for f64.
-pub fn float_lit(v: f64) -> String {
-    format!("{v:.17e}")
-}
-
 pub(crate) fn err(msg: impl Into<String>) -> CompileError {
     CompileError::Internal(msg.into())
-}
-
-pub fn parse_type<'c>(ctx: &'c Context, s: &str) -> Result<Type<'c>> {
-    Type::parse(ctx, s).ok_or_else(|| err(format!("MLIR rejects the type `{s}`")))
 }
 
 pub fn parse_attr<'c>(ctx: &'c Context, s: &str) -> Result<Attribute<'c>> {

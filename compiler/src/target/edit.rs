@@ -7,7 +7,7 @@
 //! been erased; callers keep to that (they hold the module for the whole edit).
 
 use melior::ir::operation::OperationRef;
-use melior::ir::{Attribute, AttributeLike, Type, TypeLike};
+use melior::ir::{Attribute, AttributeLike, Type};
 use mlir_sys::{MlirAttribute, MlirOperation, MlirStringRef, MlirType, MlirValue};
 
 /// An operation handle.
@@ -282,11 +282,6 @@ pub fn type_text(t: MlirType) -> String {
     unsafe { Type::from_raw(t) }.to_string()
 }
 
-pub fn attr_text(a: MlirAttribute) -> String {
-    // SAFETY: a live attribute.
-    unsafe { Attribute::from_raw(a) }.to_string()
-}
-
 /// Static dimensions of a shaped type (`None` for a dynamic one or a non-shaped type).
 pub fn static_dims(t: MlirType) -> Option<Vec<usize>> {
     // SAFETY: querying a live type.
@@ -325,11 +320,6 @@ pub fn element_bytes(t: MlirType) -> Option<usize> {
         }
         None
     }
-}
-
-/// A type's textual form parsed in `ctx`.
-pub fn parse_type(ctx: &melior::Context, s: &str) -> Option<MlirType> {
-    Type::parse(ctx, s).map(|t| t.to_raw())
 }
 
 pub fn parse_attr(ctx: &melior::Context, s: &str) -> Option<MlirAttribute> {
