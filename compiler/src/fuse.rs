@@ -152,6 +152,27 @@ pub fn partition(graph: &Graph, allowed: Views) -> Result<Partition> {
                 }
             }
         }
+        if let Some(k) = joined {
+            // Another operand's elementwise chain, read only here, joins as well when both
+            // chains are elementwise alone: a residual Add of two dequantized tensors then reads
+            // both byte tensors in one kernel instead of one chain writing its floats for it.
+            let chains: Vec<(ValueId, usize)> = operands
+                .iter()
+                .filter_map(|&v| producer(v).filter(|&j| j != k).map(|j| (v, j)))
+                .collect();
+            for (v, j) in chains {
+                if mergeable_chain(graph, &kernels, &open, &deps, &kernel_of, j, k, v, id) {
+                    let moved = std::mem::take(&mut kernels[j]);
+                    for &n in &moved {
+                        kernel_of.insert(n, k);
+                    }
+                    kernels[k].splice(0..0, moved);
+                    let inherited: Vec<usize> = deps[j].drain().filter(|&d| d != k).collect();
+                    deps[k].extend(inherited);
+                    open[j] = false;
+                }
+            }
+        }
         let k = match joined {
             Some(k) => {
                 kernels[k].push(id);
@@ -163,13 +184,15 @@ pub fn partition(graph: &Graph, allowed: Views) -> Result<Partition> {
                 // Multi-result ops stay alone, and so does attention (on the CPU, where it
                 // reaches fusion, its kernel has no epilogue); everything else takes elementwise
                 // consumers.
-                open.push(node.outputs.len() == 1 && !matches!(node.op, Op::Attention(_)));
+                open.push(
+                    node.outputs.len() == 1 && !matches!(node.op, Op::Attention(_) | Op::QConv(_)),
+                );
                 kernels.len() - 1
             }
         };
         kernel_of.insert(id, k);
         for j in operand_kernels.into_iter().flatten() {
-            if j != k {
+            if j != k && !kernels[j].is_empty() {
                 deps[k].insert(j);
             }
         }
@@ -186,7 +209,9 @@ pub fn partition(graph: &Graph, allowed: Views) -> Result<Partition> {
         }
     }
 
-    let order = launch_order(&deps)?;
+    // (Chains merged into another kernel left theirs empty.)
+    let order: Vec<usize> =
+        launch_order(&deps)?.into_iter().filter(|&k| !kernels[k].is_empty()).collect();
     let mut out = Vec::with_capacity(order.len() + copies.len());
     for (n, &k) in order.iter().enumerate() {
         out.push(finish_kernel(graph, &kernels[k], n));
@@ -302,6 +327,48 @@ fn contiguous_parts(graph: &Graph, id: NodeId) -> Option<Vec<u64>> {
 }
 
 /// Whether kernel `a` reads, directly or not, from kernel `b`.
+/// Whether kernel `j`, an elementwise chain whose result `v` only node `id` reads, can move into
+/// kernel `k` (also elementwise alone), which `id` joins: nothing else reads any of `j`'s values,
+/// the shapes match, and neither kernel depends on the other.
+#[allow(clippy::too_many_arguments)]
+fn mergeable_chain(
+    graph: &Graph,
+    kernels: &[Vec<NodeId>],
+    open: &[bool],
+    deps: &[HashSet<usize>],
+    kernel_of: &HashMap<NodeId, usize>,
+    j: usize,
+    k: usize,
+    v: ValueId,
+    id: NodeId,
+) -> bool {
+    let elementwise = |kernel: &[NodeId]| {
+        !kernel.is_empty() && kernel.iter().all(|&n| is_elementwise(&graph.node(n).op))
+    };
+    if !open[j] || !elementwise(&kernels[j]) || !elementwise(&kernels[k]) {
+        return false;
+    }
+    if kernels[j].last() != Some(&v.node) || v.output != 0 {
+        return false;
+    }
+    if graph.value_type(v).shape != graph.node(id).outputs[0].shape {
+        return false;
+    }
+    // Every value of j is read inside j, or (its result) by `id` alone; none is a graph output.
+    let read_outside = kernels[j].iter().any(|&n| {
+        let value = ValueId::from(n);
+        graph.outputs().iter().any(|(_, o)| o.node == n)
+            || graph.users(value).iter().any(|&(u, _)| {
+                if n == v.node {
+                    u != id
+                } else {
+                    kernel_of.get(&u) != Some(&j)
+                }
+            })
+    });
+    !read_outside && !depends_on(deps, j, k) && !depends_on(deps, k, j)
+}
+
 fn depends_on(deps: &[HashSet<usize>], a: usize, b: usize) -> bool {
     let mut stack = vec![a];
     let mut seen = HashSet::new();

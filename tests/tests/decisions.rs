@@ -37,6 +37,33 @@ fn a_root_takes_its_elementwise_consumers() {
     assert_eq!(labels(&g, &p), ["fc1: MatMul + Add + Relu", "fc2: MatMul"]);
 }
 
+/// Two elementwise chains meeting at an elementwise node are one kernel (a residual Add of two
+/// dequantized tensors reads both where they lie); a chain whose value is read elsewhere too
+/// keeps its own kernel.
+#[test]
+fn elementwise_chains_meeting_at_an_elementwise_node_are_one_kernel() {
+    let g = GraphBuilder::new("chains");
+    let a = g.input("a", DType::F32, [2, 8]);
+    let b = g.input("b", DType::F32, [2, 8]);
+    let ca = a.relu().named("ca").sigmoid().named("ca2");
+    let cb = b.tanh().named("cb");
+    g.output("y", (ca + cb).named("sum"));
+    let g = g.build().unwrap();
+    let p = fuse::partition(&g, Views::WithOffsets).unwrap();
+    assert_eq!(labels(&g, &p), ["cb: Tanh + Relu + Sigmoid + Add"], "{}", fuse::print(&g, &p));
+
+    let g2 = GraphBuilder::new("shared");
+    let a = g2.input("a", DType::F32, [2, 8]);
+    let b = g2.input("b", DType::F32, [2, 8]);
+    let ca = a.relu().named("ca");
+    let cb = b.tanh().named("cb");
+    g2.output("y", (ca + cb).named("sum"));
+    g2.output("z", cb.sigmoid().named("other"));
+    let g2 = g2.build().unwrap();
+    let p = fuse::partition(&g2, Views::WithOffsets).unwrap();
+    assert_eq!(labels(&g2, &p), ["cb: Tanh", "ca: Relu + Add", "other: Sigmoid"]);
+}
+
 #[test]
 fn kernels_come_in_launch_order_and_pass_values_between_them() {
     let g = mlp();
