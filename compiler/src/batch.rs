@@ -476,6 +476,7 @@ fn rule(
             }
         }
         Op::Conv(_)
+        | Op::QConv(_)
         | Op::ConvTranspose(_)
         | Op::Pool(_)
         | Op::GlobalPool(_)

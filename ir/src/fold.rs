@@ -49,6 +49,10 @@ pub fn fold(
             return Some(vec![Tensor::scalar(has)]);
         }
         Op::Sequence(_) | Op::Optional(_) => return None,
+        // A dequantized constant (a quantized model's weight or bias) keeps its integers, scale
+        // and zero point, so that the CPU's integer kernels can take them (the compiler's
+        // `integer` pass); decomposition turns the rest into arithmetic that folds.
+        Op::Dequantize { .. } => return None,
         _ => {}
     }
     // What the graph would refuse is not folded either (the refusal names the node then).

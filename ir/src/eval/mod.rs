@@ -300,6 +300,7 @@ pub fn eval_op(
             operands.get(2).copied().flatten(),
             &out_dims[0],
         )?],
+        Op::QConv(c) => vec![window::qconv(c, operands, &out_types[0])?],
         Op::Pool(p) => window::pool(p, x(), &out_dims[0], num_outputs > 1)?,
         Op::GlobalPool(k) => vec![window::global_pool(*k, x())],
         Op::Softmax { axis } => vec![normalize::softmax(x(), *axis)],

@@ -381,3 +381,50 @@ fn scatter_table(
         .collect();
     combine_tables(&per_axis, &super::strides(odims), kdims, idims)
 }
+
+/// kiln's integer convolution (ONNX QLinearConv's meaning): the centred integers convolved
+/// exactly (in f64), the bias added, scaled by `x_scale * w_scale[m] / y_scale`, rounded half to
+/// even, shifted by the result zero point and saturated.
+pub(super) fn qconv(
+    c: &Conv,
+    operands: &[Option<&Tensor>],
+    out: &TensorType,
+) -> Result<Tensor, String> {
+    let get =
+        |i: usize| operands.get(i).copied().flatten().ok_or(format!("operand {i} is missing"));
+    let (x, w) = (get(0)?, get(3)?);
+    let m = w.dims()[0];
+    let per_channel = |t: &Tensor| -> Vec<f64> {
+        let v = t.to_f64s();
+        if v.len() == 1 {
+            vec![v[0]; m]
+        } else {
+            v
+        }
+    };
+    let (sx, zx) = (get(1)?.to_f64s()[0], get(2)?.to_f64s()[0]);
+    let (sw, zw) = (per_channel(get(4)?), per_channel(get(5)?));
+    let (sy, zy) = (get(6)?.to_f64s()[0], get(7)?.to_f64s()[0]);
+    let bias = match operands.get(8).copied().flatten() {
+        Some(b) => per_channel(b),
+        None => vec![0.0; m],
+    };
+    let xs: Vec<f64> = x.to_f64s().iter().map(|v| v - zx).collect();
+    let per_m = w.dims().iter().product::<usize>() / m.max(1);
+    let ws: Vec<f64> = w.to_f64s().iter().enumerate().map(|(i, v)| v - zw[i / per_m]).collect();
+    let xc = Tensor::from_f64s(DType::F64, x.dims(), &xs).map_err(|e| e.to_string())?;
+    let wc = Tensor::from_f64s(DType::F64, w.dims(), &ws).map_err(|e| e.to_string())?;
+    let dims = out.shape.as_fixed().ok_or("the result's shape is not known")?;
+    let acc = conv(c, &xc, &wc, None, &dims)?.to_f64s();
+    let plane: usize = dims[2..].iter().product();
+    let (lo, hi) = super::quantize::quantized_range(out.dtype);
+    let y: Vec<f64> = acc
+        .iter()
+        .enumerate()
+        .map(|(i, a)| {
+            let ch = (i / plane) % m;
+            (((a + bias[ch]) * (sx * sw[ch] / sy)).round_ties_even() + zy).clamp(lo, hi)
+        })
+        .collect();
+    Tensor::from_f64s(out.dtype, &dims, &y).map_err(|e| e.to_string())
+}

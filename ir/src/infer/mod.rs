@@ -95,6 +95,7 @@ pub fn infer(op: &Op, operands: &[Option<Operand>], node: &str) -> Result<Vec<Te
         Op::MatMul => contraction::matmul(&ops),
         Op::Gemm(g) => contraction::gemm(g, &ops),
         Op::Conv(c) => window::conv(c, &ops, &ctx),
+        Op::QConv(c) => window::qconv(c, &ops, &ctx),
         Op::Pool(p) => window::pool(p, &ops, &ctx),
         Op::GlobalPool(k) => window::global_pool(*k, &ops),
         Op::Softmax { axis } => normalize::softmax(*axis, &ops),

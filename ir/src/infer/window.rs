@@ -2,7 +2,7 @@
 
 use super::{same_dtype, Ctx, Infer, Operands};
 use crate::op::{AutoPad, Conv, ConvTranspose, Pool, PoolKind, Window};
-use crate::{Dim, Shape, TensorType};
+use crate::{DType, Dim, Shape, TensorType};
 
 /// Output spatial sizes for `x` of shape [N, C, spatial...] and kernel sizes `kernel`.
 fn spatial_out(
@@ -271,4 +271,69 @@ pub(super) fn conv_transpose(c: &ConvTranspose, ops: &Operands, ctx: &Ctx) -> In
         dims.push(d);
     }
     Ok(vec![TensorType::new(x.dtype, Shape(dims))])
+}
+
+/// kiln's integer convolution (ONNX QLinearConv's operands): 8-bit input and weight, one scale
+/// and zero point for the input and the result, one or one per output channel for the weight,
+/// an int32 bias `[M]`; the result has the result zero point's type.
+pub(super) fn qconv(c: &Conv, ops: &Operands, ctx: &Ctx) -> Infer {
+    let (x, w) = (ops.get(0)?.ty, ops.get(3)?.ty);
+    let byte = |t: &TensorType| matches!(t.dtype, DType::U8 | DType::I8);
+    if !byte(x) || !byte(w) {
+        return Err(format!("needs 8-bit integer input and weight, got {x} and {w}"));
+    }
+    if x.rank() < 3 || w.rank() != x.rank() || c.group == 0 {
+        return Err(format!("input [N, C, spatial...] and weight [M, C/group, kernel...] must have the same rank of 3 or more and group be positive, got {x} and {w}"));
+    }
+    if let (Dim::Fixed(cin), Dim::Fixed(cw)) = (&x.shape.0[1], &w.shape.0[1]) {
+        if *cin != cw * c.group {
+            return Err(format!(
+                "input has {cin} channels but weight {w} with group {} expects {}",
+                c.group,
+                cw * c.group
+            ));
+        }
+    }
+    let m = w.shape.0[0].clone();
+    let one = |t: &TensorType| t.shape.numel() == Some(1) && t.rank() <= 1;
+    let per_channel = |t: &TensorType| {
+        one(t) || (t.rank() == 1 && (t.shape.0[0] == m || !matches!(t.shape.0[0], Dim::Fixed(_))))
+    };
+    let names =
+        ["x_scale", "x_zero_point", "", "w_scale", "w_zero_point", "y_scale", "y_zero_point"];
+    for (i, name) in names.iter().enumerate().map(|(i, n)| (i + 1, n)) {
+        if i == 3 {
+            continue;
+        }
+        let t = ops.get(i)?.ty;
+        let scale = matches!(i, 1 | 4 | 6);
+        if scale && !t.dtype.is_float() {
+            return Err(format!("{name} must be a float, got {t}"));
+        }
+        if i == 2 && t.dtype != x.dtype || i == 5 && t.dtype != w.dtype {
+            return Err(format!("{name} {t} must have the type of what it shifts"));
+        }
+        if i == 7 && !matches!(t.dtype, DType::U8 | DType::I8) {
+            return Err(format!("{name} must be an 8-bit integer, got {t}"));
+        }
+        let ok = if matches!(i, 4 | 5) { per_channel(t) } else { one(t) };
+        if !ok {
+            return Err(format!(
+                "{name} {t} must be one value{}",
+                if matches!(i, 4 | 5) { " or one per output channel" } else { "" }
+            ));
+        }
+    }
+    if let Some(b) = ops.opt(8) {
+        if b.ty.dtype != DType::I32
+            || b.ty.rank() != 1
+            || !per_channel(b.ty)
+            || one(b.ty) && m != Dim::Fixed(1)
+        {
+            return Err(format!("bias must be int32 [M] = [{m}], got {}", b.ty));
+        }
+    }
+    let mut dims = vec![x.shape.0[0].clone(), m];
+    dims.extend(spatial_out(&c.window, x, &w.shape.0[2..], false, ctx)?);
+    Ok(vec![TensorType::new(ops.get(7)?.ty.dtype, Shape(dims))])
 }

@@ -45,6 +45,7 @@ pub(super) fn supported() -> &'static [&'static str] {
         let mut all: Vec<&'static str> = Op::names()
             .into_iter()
             .filter(|n| UnaryOp::from_name(n).is_none_or(UnaryOp::is_onnx))
+            .filter(|n| !crate::op::KILN_OWN.contains(n))
             .collect();
         all.extend(IMPORTED);
         all

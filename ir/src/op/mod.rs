@@ -365,6 +365,14 @@ op_table! {
     /// `(x, scale, zero_point?) -> y`, ONNX DequantizeLinear: (x - zero_point) * scale, in the
     /// scale's type; the scale as Quantize's.
     Dequantize { axis: i64 = 1; "axis" as Int, block_size: usize = 0; "block_size" as Size } => "DequantizeLinear", arity (2, 3), Root;
+    /// `(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point, bias?) -> y`,
+    /// kiln's own integer convolution, with ONNX QLinearConv's meaning: `Σ (x - x_zp)(w - w_zp)
+    /// + bias` (exact, in integers), times `x_scale * w_scale / y_scale`, rounded half to even,
+    /// plus `y_zp`, saturated to `y_zp`'s type. The activation's scale and zero point are one
+    /// value; the weight's are one or one per output channel; the bias is int32 `[M]`. The CPU's
+    /// `integer` pass makes it from DequantizeLinear -> Conv -> QuantizeLinear where the CPU's
+    /// integer kernel runs it; the importer still expands ONNX's QLinearConv into those three.
+    QConv(c: Conv) => "QConv", arity (8, 9), Root;
 
     // ----- sequences and optionals -----
     /// The ONNX sequence ops (`SequenceAt`, `SplitToSequence`...).
@@ -478,6 +486,9 @@ impl Default for Gemm {
         Gemm { alpha: 1.0, beta: 1.0, trans_a: false, trans_b: false }
     }
 }
+
+/// Rows of the op table that are kiln's own, not ONNX's: the importer does not take them.
+pub const KILN_OWN: &[&str] = &["QConv"];
 
 /// `Conv` attributes (the kernel shape is the weight's).
 #[derive(Clone, Debug, PartialEq, Eq)]
