@@ -1,6 +1,6 @@
 //! Builds the CPU microkernel (`src/target/cpu/ukernel.c`), the recurrent-layer kernel
-//! (`recurrent.c`), the reductions and softmax (`reduction.c`), the transpose (`movement.c`) and
-//! attention (`attention.c`) with the system C compiler, once per x86-64 instruction-set level, so that
+//! (`recurrent.c`), the reductions and softmax (`reduction.c`), the transpose (`movement.c`),
+//! attention (`attention.c`) and the integer convolution (`quantized.c`) with the system C compiler, once per x86-64 instruction-set level, so that
 //! compiling a model needs no C compiler run of its own for them: the compiler links the objects
 //! for the host's level into each kernel library.
 //!   v4: AVX-512 (F, BW, DQ, VL), register tile 8 x 32
@@ -18,6 +18,7 @@ fn main() {
         ("reduction", "src/target/cpu/reduction.c"),
         ("movement", "src/target/cpu/movement.c"),
         ("attention", "src/target/cpu/attention.c"),
+        ("quantized", "src/target/cpu/quantized.c"),
     ];
     for (_, src) in sources {
         println!("cargo:rerun-if-changed={src}");

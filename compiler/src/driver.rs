@@ -476,7 +476,8 @@ fn cache_key(graph: &Graph, options: &Options) -> String {
         options.target.name(),
         (
             options.microkernel_choice(),
-            overrides.iter().collect::<std::collections::BTreeMap<_, _>>()
+            overrides.iter().collect::<std::collections::BTreeMap<_, _>>(),
+            options.vnni_allowed()
         ),
         options.ptx,
         // A forced GPU schedule (tests, debugging) makes different code.

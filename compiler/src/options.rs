@@ -54,6 +54,10 @@ pub struct Options {
     /// CPU: per kernel (by `tune::kernel_signature`), microkernel or not, where `microkernel`
     /// does not force it; `None` takes the choices `--tune` stored for this CPU.
     pub microkernel_overrides: Option<HashMap<String, bool>>,
+    /// CPU: integer convolutions multiply with AVX-512 VNNI (`vpdpbusd`) where the host has it;
+    /// `false` takes the exact widening products instead (tests, comparisons; `KILN_VNNI=0`
+    /// does the same).
+    pub vnni: bool,
 }
 
 impl Default for Options {
@@ -70,11 +74,17 @@ impl Default for Options {
             gpu_schedule: None,
             microkernel: None,
             microkernel_overrides: None,
+            vnni: true,
         }
     }
 }
 
 impl Options {
+    /// Whether VNNI may be used where the host has it: the option, unless `KILN_VNNI=0`.
+    pub fn vnni_allowed(&self) -> bool {
+        self.vnni && std::env::var("KILN_VNNI").as_deref() != Ok("0")
+    }
+
     /// The microkernel choice in force: the option, else `KILN_UKERNEL` (`0` or `1`).
     pub fn microkernel_choice(&self) -> Option<bool> {
         self.microkernel.or_else(|| match std::env::var("KILN_UKERNEL").as_deref() {

@@ -13,6 +13,7 @@ mod determinism;
 mod differential;
 mod filetests;
 mod gpu;
+mod integer;
 mod microkernel;
 mod recognize;
 mod sequences;

@@ -5,6 +5,7 @@ pub mod absorb_pad;
 pub mod attention;
 pub mod decompose;
 pub mod fold;
+pub mod integer;
 pub mod recognize;
 pub mod sequences;
 pub mod simplify;
@@ -44,6 +45,9 @@ pub fn default_passes(target: crate::TargetKind) -> Vec<Pass> {
     // it back).
     if target == crate::TargetKind::Cpu {
         passes.push(Pass { name: "attention", run: attention::run });
+        // Quantized convolutions (DequantizeLinear -> Conv -> QuantizeLinear) become integer
+        // ones where the CPU's integer kernel runs them.
+        passes.push(Pass { name: "integer", run: integer::run });
     }
     passes.extend([
         // Ops without kernels of their own become ops that have them; simplification and

@@ -30,6 +30,7 @@ use crate::fuse::Kernel;
 use crate::stage::{Stage, Stages};
 use crate::{CompileError, Result};
 
+mod integer;
 mod layout;
 mod math;
 pub mod schedule;
@@ -49,12 +50,14 @@ const LOWER: &str = "builtin.module(buffer-deallocation-pipeline,convert-bufferi
 pub struct CpuBackend {
     pub microkernel: Option<bool>,
     pub overrides: std::collections::HashMap<String, bool>,
+    /// VNNI for integer convolutions where the host has it (`Options::vnni`).
+    pub vnni: bool,
 }
 
 impl Backend for CpuBackend {
     fn kernel_mlir(&self, graph: &Graph, kernels: &[Kernel]) -> Result<String> {
         let mlir = MlirContext::new();
-        let host = ukernel::Host::detect(&TargetMachine::get_host_cpu_features().to_string());
+        let host = self.host();
         let (plans, _) = self.plan(graph, kernels, &host)?;
         let mut text = String::new();
         for (k, micro) in kernels.iter().zip(&plans) {
@@ -73,7 +76,7 @@ impl Backend for CpuBackend {
         let mlir = MlirContext::new();
         let llvm = LlvmContext::create();
         let main = llvm.create_module("kiln");
-        let host = ukernel::Host::detect(&TargetMachine::get_host_cpu_features().to_string());
+        let host = self.host();
         let mut uses_ukernel = false;
         let (plans, layouts) = self.plan(graph, kernels, &host)?;
         if let Some(t) = texts.as_deref_mut() {
@@ -172,6 +175,13 @@ impl Backend for CpuBackend {
 }
 
 impl CpuBackend {
+    /// This machine as the microkernels see it, VNNI left out where the options say so.
+    fn host(&self) -> ukernel::Host {
+        let mut host = ukernel::Host::detect(&TargetMachine::get_host_cpu_features().to_string());
+        host.vnni &= self.vnni;
+        host
+    }
+
     /// Each kernel's microkernel plan (None: linalg and a schedule), with the layouts between
     /// them applied, and the layout decision as printed.
     fn plan(
@@ -192,7 +202,10 @@ impl CpuBackend {
             // A recurrent layer or attention kept whole (passes/decompose.rs asked
             // `ukernel::runs_whole`) has no linalg lowering: it takes its kernel whatever the choice.
             let whole = k.nodes.first().is_some_and(|&n| {
-                matches!(graph.node(n).op, kiln_ir::Op::Rnn(_) | kiln_ir::Op::Attention(_))
+                matches!(
+                    graph.node(n).op,
+                    kiln_ir::Op::Rnn(_) | kiln_ir::Op::Attention(_) | kiln_ir::Op::QConv(_)
+                )
             });
             plans.push(if whole {
                 Some(ukernel::plan(graph, k, host, true).ok_or_else(|| {
@@ -530,7 +543,8 @@ fn link_shared(object: &[u8], ukernel: Option<ukernel::Level>) -> Result<Vec<u8>
     result.map_err(CompileError::Internal)
 }
 
-/// The C kernels' objects (the microkernel, recurrent layers, rows, the transpose, attention) for the host's level, built
+/// The C kernels' objects (the microkernel, recurrent layers, rows, the transpose, attention,
+/// integer convolutions) for the host's level, built
 /// with kiln (build.rs, which names them `<file>-<level>.o`).
 fn ukernel_objects(dir: &std::path::Path, host: ukernel::Level) -> Result<Vec<PathBuf>, String> {
     macro_rules! level {
@@ -555,6 +569,10 @@ fn ukernel_objects(dir: &std::path::Path, host: ukernel::Level) -> Result<Vec<Pa
                 (
                     "attention.o",
                     include_bytes!(concat!(env!("OUT_DIR"), "/attention-", $l, ".o")).as_slice(),
+                ),
+                (
+                    "quantized.o",
+                    include_bytes!(concat!(env!("OUT_DIR"), "/quantized-", $l, ".o")).as_slice(),
                 ),
             ]
         };

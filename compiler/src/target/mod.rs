@@ -74,6 +74,7 @@ pub fn for_options(options: &Options) -> Result<Box<dyn Backend>> {
         TargetKind::Cpu => Box::new(cpu::CpuBackend {
             microkernel: options.microkernel_choice(),
             overrides: microkernel_overrides(options),
+            vnni: options.vnni_allowed(),
         }),
         TargetKind::Cuda => Box::new(gpu::GpuBackend {
             target: gpu::GpuTarget::Cuda(options.ptx.clone()),

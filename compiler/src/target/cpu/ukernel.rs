@@ -46,6 +46,8 @@ pub struct Host {
     pub level: Level,
     /// Rows of the register tile: 8 with 32 vector registers (AVX-512), else 4.
     pub mr: usize,
+    /// AVX-512 VNNI (`vpdpbusd`): the integer convolution's u8 x s8 products on it.
+    pub vnni: bool,
     pub l1_bytes: usize,
     pub l2_bytes: usize,
 }
@@ -66,6 +68,7 @@ impl Host {
         Host {
             level,
             mr,
+            vnni: level == Level::V4 && has("avx512vnni"),
             l1_bytes: cache_bytes(1, "Data").unwrap_or(32 << 10),
             l2_bytes: cache_bytes(2, "Unified").unwrap_or(1 << 20),
         }
@@ -145,11 +148,35 @@ pub enum Shape {
         oh: usize,
         ow: usize,
     },
+    /// kiln's integer convolution (`QConv`, `integer.rs`, `quantized.c`): 2-D, one group or
+    /// depthwise (`group` = channels), u8 input, s8 weights, int32 sums, requantised to 8 bits
+    /// as stored.
+    QConv {
+        batch: usize,
+        c: usize,
+        group: usize,
+        h: usize,
+        w: usize,
+        m: usize,
+        kh: usize,
+        kw: usize,
+        stride: [usize; 2],
+        dilation: [usize; 2],
+        pad: [usize; 2],
+        oh: usize,
+        ow: usize,
+        x_zero: u8,
+        y_zero: i32,
+        y_signed: bool,
+        /// `vpdpbusd`, else the exact widening product.
+        vnni: bool,
+    },
     /// C[m, n] = A[m, k] * B[k, n], A an input read row-major (or transposed), B constant.
     Gemm { m: usize, n: usize, k: usize, trans_a: bool, trans_b: bool },
     /// Gather along axis 0: whole rows of `rows` x `row_bytes` data copied by index (any dtype).
     Gather { indices: ValueId, rows: usize, row_bytes: usize, n_idx: usize, idx64: bool },
-    /// Max or average pooling (`kind` 0 max, 1 average counting pads, 2 average without them);
+    /// Max or average pooling (`kind` 0 max, 1 average counting pads, 2 average without them, 3
+    /// max of u8, in `quantized.c`);
     /// no weight.
     Pool {
         batch: usize,
@@ -283,6 +310,8 @@ impl Shape {
                 (m / group, oh * ow, c / group * kh * kw)
             }
             Shape::Gemm { m, n, k, .. } => (m, n, k),
+            Shape::QConv { group, kh, kw, oh, ow, .. } if group > 1 => (1, oh * ow, kh * kw),
+            Shape::QConv { c, m, kh, kw, oh, ow, .. } => (m, oh * ow, c.div_ceil(4) * 4 * kh * kw),
             Shape::ConvTranspose { cin, h, w, cout, kh, kw, .. } => (cout * kh * kw, h * w, cin),
             Shape::Pool { kh, kw, oh, ow, .. } => (1, oh * ow, kh * kw),
             Shape::Gather { n_idx, row_bytes, .. } => (n_idx, row_bytes, 1),
@@ -308,6 +337,7 @@ impl Shape {
     fn images(&self) -> usize {
         match *self {
             Shape::Conv { batch, .. }
+            | Shape::QConv { batch, .. }
             | Shape::ConvTranspose { batch, .. }
             | Shape::Pool { batch, .. }
             | Shape::Transpose { batch, .. } => batch,
@@ -423,6 +453,20 @@ impl fmt::Display for Ukernel {
                 "microkernel: ConvTranspose as GEMM M={m} N={n} K={k} and col2im, {batch} image(s) of {oh}x{ow} (window {kh}x{kw}, stride {}x{}, dilation {}x{}, pad {}x{})",
                 stride[0], stride[1], dilation[0], dilation[1], pad[0], pad[1]
             )?,
+            Shape::QConv { batch, c, group, kh, kw, stride, dilation, pad, oh, ow, y_zero, y_signed, .. } if *group > 1 => {
+                writeln!(f, "microkernel: integer depthwise conv, {batch} image(s) of {c} channels {oh}x{ow} (window {kh}x{kw}, stride {}x{}, dilation {}x{}, pad {}x{})", stride[0], stride[1], dilation[0], dilation[1], pad[0], pad[1])?;
+                writeln!(f, "each plane less its zero point copied into a zero-padded plane of floats (exact integers), vectors of 16 outputs along each row, one FMA a tap; sums exact")?;
+                writeln!(f, "epilogue: requantise to {} (scale, round half to even, zero point {y_zero}, saturate)", if *y_signed { "s8" } else { "u8" })?;
+                return writeln!(f, "workgroups: {} ({} channel chunk(s) per image)", self.workgroups(), self.chunks);
+            }
+            Shape::QConv { batch, kh, kw, stride, dilation, pad, x_zero, y_zero, y_signed, vnni, .. } => {
+                writeln!(f, "microkernel: integer conv, {batch} image(s) of M={m} N={n} K={k} (window {kh}x{kw}, stride {}x{}, dilation {}x{}, pad {}x{})", stride[0], stride[1], dilation[0], dilation[1], pad[0], pad[1])?;
+                writeln!(f, "u8 x s8 -> s32 {}; B read direct from a copy of the input padded with its zero point {x_zero}, 4 channels interleaved a position", if *vnni { "with vpdpbusd" } else { "by widening products (no VNNI)" })?;
+                writeln!(f, "register tile: {}x{NR}; weights packed at compile time in groups of 4, the zero point folded into the int32 bias", self.mr)?;
+                writeln!(f, "epilogue: requantise to {} (scale, round half to even, zero point {y_zero}, saturate)", if *y_signed { "s8" } else { "u8" })?;
+                let what = if self.split_n { "output row" } else { "output channel" };
+                return writeln!(f, "workgroups: {} ({} {what} chunk(s) per image)", self.workgroups(), self.chunks);
+            }
             Shape::Gather { rows, row_bytes, n_idx, .. } => write!(f, "microkernel: gather of {n_idx} rows of {row_bytes} bytes from a table of {rows} rows (row copies)")?,
             Shape::Reduce { outer, reduced, inner, kind } => {
                 let what = ["sum", "mean", "max", "min"][*kind as usize];
@@ -456,7 +500,7 @@ impl fmt::Display for Ukernel {
             Shape::Pool { batch, c, kh, kw, stride, dilation, pad, oh, ow, kind, .. } => write!(
                 f,
                 "microkernel: {} pooling, {batch} image(s) of {c} channels {oh}x{ow} (window {kh}x{kw}, stride {}x{}, dilation {}x{}, pad {}x{})",
-                ["max", "average (pads counted)", "average"][*kind as usize],
+                ["max", "average (pads counted)", "average", "u8 max"][*kind as usize],
                 stride[0], stride[1], dilation[0], dilation[1], pad[0], pad[1]
             )?,
             Shape::Gemm { trans_a, trans_b, .. } => {
@@ -484,7 +528,15 @@ impl fmt::Display for Ukernel {
             writeln!(f, "workgroups: {} (chunks of the indices)", self.workgroups())?;
             return Ok(());
         }
-        if let Shape::Pool { kh, .. } = self.shape {
+        if let Shape::Pool { kind: 3, .. } = self.shape {
+            writeln!(f, "separable: per output row the window's rows' maxima (on vectors), then each output's taps along the row")?;
+            writeln!(
+                f,
+                "workgroups: {} ({} channel chunk(s) per image)",
+                self.workgroups(),
+                self.chunks
+            )?;
+        } else if let Shape::Pool { kh, .. } = self.shape {
             writeln!(f, "separable: each input row reduced along it once (from a padded row buffer), then {kh} row results per output vector; bands of 8 output rows")?;
             writeln!(
                 f,
@@ -520,7 +572,7 @@ impl fmt::Display for Ukernel {
                 Shape::Conv { group: 1, .. } => "B is the input as it is",
                 Shape::Conv { .. } => "B packed (im2col) at run time",
                 Shape::ConvTranspose { .. } => "B (the input) packed at run time",
-                Shape::Pool { .. } | Shape::Gather { .. } | Shape::Recurrent { .. } | Shape::Reduce { .. } | Shape::Softmax { .. } | Shape::Transpose { .. } | Shape::Attention { .. } => "",
+                Shape::Pool { .. } | Shape::QConv { .. } | Shape::Gather { .. } | Shape::Recurrent { .. } | Shape::Reduce { .. } | Shape::Softmax { .. } | Shape::Transpose { .. } | Shape::Attention { .. } => "",
                 Shape::Gemm { m, .. } if m < self.mr => "rows times packed B strips, up to 4 rows a pass (matrix-vector)",
                 Shape::Gemm { .. } => "A packed at run time",
             };
@@ -565,7 +617,7 @@ impl fmt::Display for Ukernel {
 }
 
 /// Below this many multiply-adds the linalg path's single register tile is as good.
-const MIN_MACS: usize = 1 << 16;
+pub(super) const MIN_MACS: usize = 1 << 16;
 
 /// Whether `kernel` runs on the microkernel, and how. With `always`, wherever it applies (else
 /// only for the shape classes where it is the faster path).
@@ -573,6 +625,9 @@ pub fn plan(graph: &Graph, kernel: &Kernel, host: &Host, always: bool) -> Option
     let (&root, tail) = kernel.nodes.split_first()?;
     if let Op::Rnn(r) = &graph.node(root).op {
         return recurrent_plan(graph, kernel, root, r, host);
+    }
+    if let Op::QConv(_) = &graph.node(root).op {
+        return super::integer::plan(graph, kernel, root, host);
     }
     if kernel.outputs.len() != 1 || kernel.outputs[0] != ValueId::from(*kernel.nodes.last()?) {
         return None;
@@ -598,7 +653,15 @@ pub fn plan(graph: &Graph, kernel: &Kernel, host: &Host, always: bool) -> Option
         .flatten()
         .chain(&kernel.outputs)
         .all(|&v| graph.value_type(v).dtype == DType::F32);
-    if !f32_only {
+    // Max pooling of bytes (a quantized model's, `passes/integer.rs`) has a kernel of its own.
+    let u8_max_pool = matches!(&graph.node(root).op, Op::Pool(p) if p.kind == PoolKind::Max)
+        && tail.is_empty()
+        && operands
+            .iter()
+            .flatten()
+            .chain(&kernel.outputs)
+            .all(|&v| graph.value_type(v).dtype == DType::U8);
+    if !f32_only && !u8_max_pool {
         return None;
     }
     let dims = |v: ValueId| graph.value_type(v).shape.as_fixed();
@@ -649,6 +712,7 @@ pub fn plan(graph: &Graph, kernel: &Kernel, host: &Host, always: bool) -> Option
             let x = operands.first().copied().flatten()?;
             let xd = dims(x)?;
             let kind = match p.kind {
+                PoolKind::Max if u8_max_pool => 3,
                 PoolKind::Max => 0,
                 PoolKind::Average { count_include_pad } if !p.ceil_mode => {
                     1 + u8::from(!count_include_pad)
@@ -771,8 +835,9 @@ pub fn plan(graph: &Graph, kernel: &Kernel, host: &Host, always: bool) -> Option
         | Shape::Gemm { .. }
         | Shape::ConvTranspose { .. }
         | Shape::Pool { .. } => shape.mnk(),
-        // (Planned by gather_plan and recurrent_plan.)
-        Shape::Gather { .. }
+        // (Planned by gather_plan, recurrent_plan and integer::plan.)
+        Shape::QConv { .. }
+        | Shape::Gather { .. }
         | Shape::Recurrent { .. }
         | Shape::Reduce { .. }
         | Shape::Softmax { .. }
@@ -785,6 +850,7 @@ pub fn plan(graph: &Graph, kernel: &Kernel, host: &Host, always: bool) -> Option
         Shape::ConvTranspose { cout, .. } => cout,
         Shape::Pool { c, .. } => c,
         Shape::Gemm { .. }
+        | Shape::QConv { .. }
         | Shape::Gather { .. }
         | Shape::Recurrent { .. }
         | Shape::Reduce { .. }
@@ -802,7 +868,8 @@ pub fn plan(graph: &Graph, kernel: &Kernel, host: &Host, always: bool) -> Option
         Shape::Conv { .. } if few_positions(&shape) => true,
         Shape::Conv { .. } => m >= host.mr && n >= NR / 2,
         Shape::ConvTranspose { .. } | Shape::Pool { .. } => true,
-        Shape::Gather { .. }
+        Shape::QConv { .. }
+        | Shape::Gather { .. }
         | Shape::Recurrent { .. }
         | Shape::Reduce { .. }
         | Shape::Softmax { .. }
@@ -854,6 +921,7 @@ pub fn plan(graph: &Graph, kernel: &Kernel, host: &Host, always: bool) -> Option
                     let add = match shape {
                         // The pooling kernel adds nothing.
                         Shape::Pool { .. }
+                        | Shape::QConv { .. }
                         | Shape::Gather { .. }
                         | Shape::Recurrent { .. }
                         | Shape::Reduce { .. }
@@ -1036,6 +1104,11 @@ pub fn runs_attention(graph: &Graph, id: NodeId) -> bool {
 }
 
 /// What the CPU keeps whole for a kernel of its own (see `runs_recurrent`, `runs_attention`).
+/// Whether the CPU's integer convolution runs this QConv node (the `integer` pass makes no other).
+pub fn runs_qconv(graph: &Graph, id: NodeId) -> bool {
+    super::integer::runs(graph, id)
+}
+
 pub fn runs_whole(graph: &Graph, id: NodeId) -> bool {
     runs_recurrent(graph, id) || runs_attention(graph, id)
 }
@@ -1436,6 +1509,8 @@ fn beats_linalg(shape: &Shape, k: usize, n: usize, host: &Host) -> bool {
         }
         // The linalg path convolves a stride-spread copy of the input: 4-9x slower.
         Shape::ConvTranspose { .. } => true,
+        // (It has no linalg lowering.)
+        Shape::QConv { .. } => true,
         Shape::Gather { .. }
         | Shape::Recurrent { .. }
         | Shape::Reduce { .. }
@@ -1538,6 +1613,9 @@ pub fn pack(graph: &Graph, kernel: &Kernel, u: &Ukernel) -> Result<Vec<u8>> {
     ) {
         return Ok(Vec::new());
     }
+    if let Shape::QConv { .. } = u.shape {
+        return super::integer::pack(graph, kernel, u);
+    }
     if let Shape::Recurrent { .. } = u.shape {
         let out = pack_recurrent(graph, kernel, u)?;
         return Ok(out.iter().flat_map(|x| x.to_le_bytes()).collect());
@@ -1583,6 +1661,7 @@ pub fn pack(graph: &Graph, kernel: &Kernel, u: &Ukernel) -> Result<Vec<u8>> {
             }
         }
         Shape::Pool { .. }
+        | Shape::QConv { .. }
         | Shape::Gather { .. }
         | Shape::Recurrent { .. }
         | Shape::Reduce { .. }
@@ -1628,6 +1707,8 @@ fn packed_floats(u: &Ukernel) -> usize {
         Shape::Conv { group, .. } => group * m.div_ceil(u.mr) * k * u.mr,
         Shape::ConvTranspose { .. } => m.div_ceil(u.mr) * k * u.mr,
         Shape::Gemm { .. } => n.div_ceil(NR) * k * NR,
+        // (Its packed constant is bytes, with its own bias: integer::pack.)
+        Shape::QConv { .. } => 0,
         Shape::Pool { .. }
         | Shape::Gather { .. }
         | Shape::Reduce { .. }
@@ -1745,7 +1826,10 @@ pub fn build<'c>(
         Shape::Conv { .. } if u.depthwise() => "kiln_uk_depthwise",
         Shape::Conv { .. } => "kiln_uk_conv2d",
         Shape::Gemm { .. } => "kiln_uk_gemm",
+        Shape::QConv { group, .. } if group > 1 => "kiln_uk_qdepthwise",
+        Shape::QConv { .. } => "kiln_uk_qconv2d",
         Shape::ConvTranspose { .. } => "kiln_uk_conv_transpose",
+        Shape::Pool { kind: 3, .. } => "kiln_uk_maxpool_u8",
         Shape::Pool { .. } => "kiln_uk_pool2d",
         Shape::Gather { .. } => "kiln_uk_gather_rows",
         Shape::Reduce { .. } => "kiln_uk_reduce",
@@ -1834,6 +1918,10 @@ pub fn build<'c>(
                 *ow,
                 *kind as usize,
             ]));
+        }
+        if let Shape::QConv { .. } = &u.shape {
+            args = vec![x, wp, y];
+            args.extend(super::integer::sizes(&u.shape).into_iter().map(&c64));
         }
         if let Shape::Reduce { outer, reduced, inner, kind } = &u.shape {
             args = vec![x, y];
@@ -1957,6 +2045,7 @@ pub fn build<'c>(
         }
         match &u.shape {
             Shape::Pool { .. }
+            | Shape::QConv { .. }
             | Shape::Gather { .. }
             | Shape::Recurrent { .. }
             | Shape::Reduce { .. }
@@ -2027,6 +2116,7 @@ pub fn build<'c>(
         if !matches!(
             u.shape,
             Shape::Gather { .. }
+                | Shape::QConv { .. }
                 | Shape::Recurrent { .. }
                 | Shape::Reduce { .. }
                 | Shape::Softmax { .. }
@@ -2052,6 +2142,8 @@ pub fn build<'c>(
             args.extend(ints(&[u.chunks, u.depthwise_form().map_or(0, DepthwiseForm::code)]));
         } else if matches!(u.shape, Shape::Pool { .. }) {
             args.extend(ints(&[u.chunks]));
+        } else if matches!(u.shape, Shape::QConv { .. }) {
+            args.extend(ints(&[u.chunks, u.split_n as usize]));
         } else if matches!(u.shape, Shape::ConvTranspose { .. }) {
             args.extend(ints(&[u.kc, u.mc, u.nc, u.chunks]));
         } else {

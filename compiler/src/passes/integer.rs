@@ -1,0 +1,223 @@
+//! Integer convolutions (CPU): `QuantizeLinear(Conv(DequantizeLinear(x), DequantizeLinear(w),
+//! DequantizeLinear(b)))`, as onnxruntime's quantizer writes a convolution in QDQ form and as the
+//! importer expands ONNX's QLinearConv, becomes one `QConv` node, which the CPU's integer kernel
+//! runs on the 8-bit values (u8 x s8 products summed in int32, the requantisation as it stores).
+//!
+//! Taken where the kernel can (`ukernel::runs_qconv` checks the node it would make): a 2-D
+//! convolution of one group, u8 activations with one constant scale and zero point, constant
+//! s8 weights with one scale or one per output channel and zero points 0, a constant int32 bias
+//! whose scale is `x_scale * w_scale` (as the quantizer writes it) or none, the result quantized
+//! to u8 or s8 with one constant scale and zero point, and the float convolution's result used
+//! by that QuantizeLinear alone. Anything else stays float arithmetic (`decompose`).
+
+use kiln_ir::op::{Conv, PoolKind};
+use kiln_ir::{DType, Graph, NodeId, Op, Tensor, ValueId};
+
+use crate::Result;
+
+pub fn run(graph: &mut Graph) -> Result<bool> {
+    let mut changed = false;
+    for id in graph.topo_order()? {
+        let Some(node) = graph.try_node(id) else { continue };
+        if !matches!(node.op, Op::Quantize { block_size: 0, .. }) {
+            continue;
+        }
+        if let Some(pooled) = integer_max_pool(graph, id) {
+            let name = graph.unique_name(&format!("{}/integer", graph.node(id).name));
+            let op = graph.node(pooled.node).op.clone();
+            let x = graph.operands(pooled.node)[0].and_then(|d| graph.operands(d.node)[0]);
+            let new = graph.add_node(&name, op, &[x])?;
+            graph.replace_uses(ValueId::from(id), ValueId::from(new))?;
+            changed = true;
+            continue;
+        }
+        let Some((conv, operands)) = integer_conv(graph, id) else { continue };
+        let name = graph.unique_name(&format!("{}/integer", graph.node(id).name));
+        let operands = materialize(graph, &name, operands)?;
+        changed = true;
+        let new = graph.add_node(&name, Op::QConv(conv), &operands)?;
+        if !crate::target::cpu::ukernel::runs_qconv(graph, new) {
+            graph.remove_node(new)?;
+            continue;
+        }
+        graph.replace_uses(ValueId::from(id), ValueId::from(new))?;
+    }
+    if changed {
+        super::fold::remove_dead(graph)?;
+    }
+    Ok(changed)
+}
+
+/// `MaxPool(DequantizeLinear(x, s, z))` quantized again with the same `s` and `z` is
+/// `MaxPool(x)` (dequantizing is increasing when `s > 0`, and quantizing undoes it exactly):
+/// the pooling node, when `q` is such a QuantizeLinear of u8.
+fn integer_max_pool(graph: &Graph, q: NodeId) -> Option<ValueId> {
+    let q_ops = graph.operands(q);
+    let (pooled, sy, zy) = (
+        q_ops.first().copied().flatten()?,
+        q_ops.get(1).copied().flatten()?,
+        q_ops.get(2).copied().flatten()?,
+    );
+    let Op::Pool(p) = &graph.try_node(pooled.node)?.op else { return None };
+    if p.kind != PoolKind::Max
+        || graph.node(pooled.node).outputs.len() != 1
+        || graph.users(pooled).len() != 1
+    {
+        return None;
+    }
+    if graph.outputs().iter().any(|(_, o)| *o == pooled) {
+        return None;
+    }
+    let (x, sx, zx, _) =
+        dequantized(graph, graph.operands(pooled.node).first().copied().flatten()?)?;
+    let same = |a: ValueId, b: Option<ValueId>| -> Option<bool> {
+        let (a, b) = (constant(graph, a)?, constant(graph, b?)?);
+        Some(a.to_f64s() == b.to_f64s() && a.dims().len() <= 1 && a.to_f64s().len() == 1)
+    };
+    let positive = scalar(graph, Some(sx))? > 0.0;
+    let u8_in_out = graph.value_type(x).dtype == DType::U8
+        && graph.value_type(ValueId::from(q)).dtype == DType::U8;
+    (positive && u8_in_out && same(sx, Some(sy))? && same(zy, zx)?).then_some(pooled)
+}
+
+/// An operand of the QConv to be: a value of the graph, or a zero point the pattern left out.
+enum Operand {
+    Value(ValueId),
+    Zero(DType),
+}
+
+/// The zero points the pattern left out, as constants.
+fn materialize(
+    graph: &mut Graph,
+    name: &str,
+    operands: Vec<Option<Operand>>,
+) -> Result<Vec<Option<ValueId>>> {
+    operands
+        .into_iter()
+        .map(|o| match o {
+            None => Ok(None),
+            Some(Operand::Value(v)) => Ok(Some(v)),
+            Some(Operand::Zero(d)) => {
+                let zero = Tensor::from_f64s(d, &[], &[0.0])?;
+                Ok(Some(
+                    graph.add_constant(&graph.unique_name(&format!("{name}/zero_point")), zero)?,
+                ))
+            }
+        })
+        .collect()
+}
+
+/// The constant that `v` is, when it is one.
+fn constant(graph: &Graph, v: ValueId) -> Option<&Tensor> {
+    graph.constant_value(v)
+}
+
+/// One value, constant.
+fn scalar(graph: &Graph, v: Option<ValueId>) -> Option<f64> {
+    let t = constant(graph, v?)?;
+    let values = t.to_f64s();
+    (values.len() == 1).then(|| values[0])
+}
+
+/// `v` is made by a DequantizeLinear without blocks: its (x, scale, zero point).
+fn dequantized(graph: &Graph, v: ValueId) -> Option<(ValueId, ValueId, Option<ValueId>, i64)> {
+    let node = graph.try_node(v.node)?;
+    let Op::Dequantize { axis, block_size: 0 } = node.op else { return None };
+    let ops = graph.operands(v.node);
+    Some((
+        ops.first().copied().flatten()?,
+        ops.get(1).copied().flatten()?,
+        ops.get(2).copied().flatten(),
+        axis,
+    ))
+}
+
+/// The QConv operands for QuantizeLinear `q` of a convolution of dequantized values.
+fn integer_conv(graph: &Graph, q: NodeId) -> Option<(Conv, Vec<Option<Operand>>)> {
+    let q_ops = graph.operands(q);
+    let (real, sy, zy) = (
+        q_ops.first().copied().flatten()?,
+        q_ops.get(1).copied().flatten()?,
+        q_ops.get(2).copied().flatten()?,
+    );
+    scalar(graph, Some(sy))?;
+    scalar(graph, Some(zy))?;
+    let Op::Conv(conv) = &graph.try_node(real.node)?.op else { return None };
+    // The float result is this QuantizeLinear's alone.
+    if graph.users(real).len() != 1 || graph.outputs().iter().any(|(_, o)| *o == real) {
+        return None;
+    }
+    let c_ops = graph.operands(real.node);
+    let (x, sx, zx, _) = dequantized(graph, c_ops.first().copied().flatten()?)?;
+    let (w, sw, zw, w_axis) = dequantized(graph, c_ops.get(1).copied().flatten()?)?;
+    if graph.value_type(x).dtype != DType::U8 || graph.value_type(sx).dtype != DType::F32 {
+        return None;
+    }
+    let x_scale = scalar(graph, Some(sx))?;
+    if zx.is_some() {
+        scalar(graph, zx)?;
+    }
+    // Weights: s8 constants, zero points 0, the scale one value or one per output channel.
+    let wt = constant(graph, w)?;
+    if wt.dtype() != DType::I8 || wt.dims().len() != 4 {
+        return None;
+    }
+    let m = wt.dims()[0];
+    let w_scales = constant(graph, sw)?.to_f64s();
+    let per_channel = w_scales.len() == m && (w_axis == 0 || w_axis == -4);
+    if w_scales.len() != 1 && !per_channel {
+        return None;
+    }
+    if let Some(z) = zw {
+        if constant(graph, z)?.to_f64s().iter().any(|&v| v != 0.0) {
+            return None;
+        }
+    }
+    // The bias: int32 in units of x_scale * w_scale (the quantizer's choice), zero point 0.
+    let bias = match c_ops.get(2).copied().flatten() {
+        None => None,
+        Some(bd) => {
+            let (b, sb, zb, _) = dequantized(graph, bd)?;
+            let bt = constant(graph, b)?;
+            if bt.dtype() != DType::I32 || bt.dims() != [m] {
+                return None;
+            }
+            if let Some(z) = zb {
+                if constant(graph, z)?.to_f64s().iter().any(|&v| v != 0.0) {
+                    return None;
+                }
+            }
+            let sb = constant(graph, sb)?.to_f64s();
+            let agrees = (0..m).all(|i| {
+                let want = x_scale * w_scales[if w_scales.len() == 1 { 0 } else { i }];
+                let got = sb[if sb.len() == 1 { 0 } else { i.min(sb.len() - 1) }];
+                (got - want).abs() <= 1e-6 * want.abs()
+            });
+            if !agrees || (sb.len() != 1 && sb.len() != m) {
+                return None;
+            }
+            Some(b)
+        }
+    };
+    let zx = Some(match zx {
+        Some(z) => Operand::Value(z),
+        None => Operand::Zero(DType::U8),
+    });
+    let zw = Some(match zw {
+        Some(z) => Operand::Value(z),
+        None => Operand::Zero(DType::I8),
+    });
+    let value = |v: ValueId| Some(Operand::Value(v));
+    let operands = vec![
+        value(x),
+        value(sx),
+        zx,
+        value(w),
+        value(sw),
+        zw,
+        value(sy),
+        value(zy),
+        bias.map(Operand::Value),
+    ];
+    Some((conv.clone(), operands))
+}

@@ -1,0 +1,249 @@
+//! The CPU's integer convolution (`quantized.c`): a `QConv` node (made by the `integer` pass)
+//! planned, its weights packed at compile time, and its call's sizes.
+//!
+//! The kernel reads the u8 input straight from a copy padded with the input's zero point, four
+//! channels interleaved per position ([C/4][phase plane][4], so that 16 positions of 4 channels
+//! are one 64-byte vector), and multiplies it by the s8 weights, packed per register-tile strip
+//! as `[M/MR][K/4][MR]` groups of 4 (one 32-bit broadcast per row): `vpdpbusd` (u8 x s8, four
+//! products summed into int32) where the CPU has AVX-512 VNNI, an exact widening product
+//! elsewhere. The zero points need no work in the loop: the padding holds the input's zero point
+//! and the weights' is 0, so `Σ (x - zx) w = Σ x w - zx Σ w`, whose second term is folded into
+//! the packed int32 bias. As each tile is stored: `(acc + bias') * (x_scale * w_scale / y_scale)`
+//! in f32, rounded half to even, plus the result's zero point, saturated to 8 bits.
+
+use kiln_ir::{DType, Graph, NodeId, Op};
+
+use super::ukernel::{Activation, Blocked, Epilogue, Host, Shape, Ukernel, MIN_MACS};
+use crate::fuse::Kernel;
+use crate::{CompileError, Result};
+
+/// Everything about a QConv node the kernel needs, when it can run it: 2-D, one group, u8 input,
+/// s8 constant weights with zero points 0, constant scales and zero points (one each for the
+/// input and the result), a constant int32 bias or none, static shapes.
+pub fn shape(graph: &Graph, id: NodeId, vnni: bool) -> Option<Shape> {
+    let Op::QConv(c) = &graph.node(id).op else { return None };
+    let ops = graph.operands(id);
+    let operand = |i: usize| ops.get(i).copied().flatten();
+    let (x, w) = (operand(0)?, operand(3)?);
+    let xd = graph.value_type(x).shape.as_fixed()?;
+    let wt = graph.constant_value(w)?;
+    let wd = wt.dims().to_vec();
+    let depthwise = c.group == xd[1] && wd[0] == xd[1] && wd[1] == 1;
+    if xd.len() != 4 || wd.len() != 4 || !(c.group == 1 && wd[1] == xd[1] || depthwise) {
+        return None;
+    }
+    // (The depthwise kernel's float sums are exact below 2^24: 255 * 128 * taps.)
+    if depthwise && wd[2] * wd[3] > 256 {
+        return None;
+    }
+    if graph.value_type(x).dtype != DType::U8 || wt.dtype() != DType::I8 {
+        return None;
+    }
+    let y = graph.node(id).outputs.first()?;
+    if !matches!(y.dtype, DType::U8 | DType::I8) {
+        return None;
+    }
+    let one = |i: usize| -> Option<f64> {
+        let v = graph.constant_value(operand(i)?)?.to_f64s();
+        (v.len() == 1).then(|| v[0])
+    };
+    let (x_zero, y_zero) = (one(2)?, one(7)?);
+    one(1)?;
+    one(6)?;
+    graph.constant_value(operand(4)?)?;
+    if graph.constant_value(operand(5)?)?.to_f64s().iter().any(|&z| z != 0.0) {
+        return None;
+    }
+    if let Some(b) = operand(8) {
+        graph.constant_value(b)?;
+    }
+    let mut axes = Vec::new();
+    for i in 0..2 {
+        axes.push(c.window.resolve(i, xd[2 + i], wd[2 + i], false).ok()?);
+    }
+    let [a, b] = [&axes[0], &axes[1]];
+    Some(Shape::QConv {
+        batch: xd[0],
+        c: xd[1],
+        group: c.group,
+        h: xd[2],
+        w: xd[3],
+        m: wd[0],
+        kh: wd[2],
+        kw: wd[3],
+        stride: [a.stride, b.stride],
+        dilation: [a.dilation, b.dilation],
+        pad: [a.pad_begin, b.pad_begin],
+        oh: a.output,
+        ow: b.output,
+        x_zero: x_zero as u8,
+        y_zero: y_zero as i32,
+        y_signed: y.dtype == DType::I8,
+        vnni,
+    })
+}
+
+/// The plan for a kernel whose root is a QConv (alone in its kernel: fusion gives it no tail).
+pub fn plan(graph: &Graph, kernel: &Kernel, root: NodeId, host: &Host) -> Option<Ukernel> {
+    let shape = shape(graph, root, host.vnni)?;
+    let ops = graph.operands(root);
+    let (x, w) = (ops.first().copied().flatten()?, ops.get(3).copied().flatten()?);
+    if kernel.nodes.len() != 1 || !kernel.inputs.contains(&x) || !kernel.inputs.contains(&w) {
+        return None;
+    }
+    let Shape::QConv { batch, m, group, oh, ow, .. } = shape else { return None };
+    let (_, _, k) = shape.mnk();
+    // About 4 work units once there is enough work; by output rows where there are enough of
+    // them (each unit copies only the input rows it reads), else by output channels. A depthwise
+    // multiply-add counts 8 (a float FMA on 16 lanes, against vpdpbusd's 64), and its units are
+    // channel chunks, up to 16 so that threads share them evenly.
+    let per_mac = if group > 1 { 8 } else { 1 };
+    let work = batch * m * oh * ow * k * per_mac;
+    let target = if work < 4 * 4 * MIN_MACS { 1 } else { 4 };
+    let (chunks, split_n) = if group > 1 {
+        (if target == 1 { 1 } else { m.div_ceil(16).clamp(1, 16) }, false)
+    } else if batch >= target {
+        (1, true)
+    } else if oh >= 2 * target {
+        (target.div_ceil(batch), true)
+    } else {
+        (target.div_ceil(batch).min(m.div_ceil(host.mr)), false)
+    };
+    Some(Ukernel {
+        shape,
+        input: x,
+        weight: w,
+        epilogue: Epilogue { bias: None, residual: None, activation: Activation::None },
+        mr: host.mr,
+        kc: 0,
+        mc: 0,
+        nc: 0,
+        chunks,
+        split_n,
+        transposed: false,
+        blocked: Blocked::default(),
+    })
+}
+
+/// The packed constant `quantized.c` reads: the weights as `[M/MR][K/4][MR]` groups of 4 bytes
+/// (K ordered (channel group of 4, kh, kw), channels past C zero), then per output channel
+/// (padded to whole strips) the int32 bias less `x_zero * Σ w`, then the f32 multiplier
+/// `x_scale * w_scale / y_scale`.
+pub fn pack(graph: &Graph, kernel: &Kernel, u: &Ukernel) -> Result<Vec<u8>> {
+    let Shape::QConv { c, m, group, kh, kw, x_zero, .. } = u.shape else {
+        return Err(CompileError::Internal("not an integer convolution".into()));
+    };
+    let root =
+        *kernel.nodes.first().ok_or_else(|| CompileError::Internal("an empty kernel".into()))?;
+    let ops = graph.operands(root);
+    let value = |i: usize| -> Result<Vec<f64>> {
+        ops.get(i)
+            .copied()
+            .flatten()
+            .and_then(|v| graph.constant_value(v))
+            .map(|t| t.to_f64s())
+            .ok_or_else(|| {
+                CompileError::Internal(format!(
+                    "operand {i} of the integer convolution is not a constant"
+                ))
+            })
+    };
+    let weights = value(3)?;
+    let (x_scale, w_scale, y_scale) = (value(1)?[0], value(4)?, value(6)?[0]);
+    let bias = match ops.get(8).copied().flatten() {
+        Some(_) => value(8)?,
+        None => vec![0.0; m],
+    };
+    if group > 1 {
+        return Ok(pack_depthwise(&weights, &bias, x_scale, &w_scale, y_scale, m, kh * kw));
+    }
+    let (c4, taps, mr) = (c.div_ceil(4), kh * kw, u.mr);
+    let strips = m.div_ceil(mr);
+    let k4 = c4 * taps;
+    let mut packed = vec![0i8; strips * k4 * mr * 4];
+    let mut sums = vec![0i64; m];
+    for (i, sum) in sums.iter_mut().enumerate() {
+        for ch in 0..c {
+            for t in 0..taps {
+                let v = weights[(i * c + ch) * taps + t] as i8;
+                let quad = (ch / 4) * taps + t;
+                packed[(((i / mr) * k4 + quad) * mr + i % mr) * 4 + ch % 4] = v;
+                *sum += v as i64;
+            }
+        }
+    }
+    let mut out: Vec<u8> = packed.iter().map(|&b| b as u8).collect();
+    let padded = strips * mr;
+    for i in 0..padded {
+        let b = if i < m { bias[i] as i64 - x_zero as i64 * sums[i] } else { 0 };
+        let b = i32::try_from(b).map_err(|_| {
+            CompileError::Internal(format!(
+                "the bias of output channel {i} does not fit int32 with the zero point folded in"
+            ))
+        })?;
+        out.extend(b.to_le_bytes());
+    }
+    for i in 0..padded {
+        let s = if i < m { w_scale[if w_scale.len() == 1 { 0 } else { i }] } else { 0.0 };
+        out.extend(((x_scale * s / y_scale) as f32).to_le_bytes());
+    }
+    Ok(out)
+}
+
+/// A depthwise convolution's packed constant: the weights as floats `[C][taps]`, then the int32
+/// bias `[C]` as it is (the kernel subtracts the zero point before it multiplies), then the f32
+/// multipliers `[C]`.
+fn pack_depthwise(
+    weights: &[f64],
+    bias: &[f64],
+    x_scale: f64,
+    w_scale: &[f64],
+    y_scale: f64,
+    m: usize,
+    taps: usize,
+) -> Vec<u8> {
+    let mut out: Vec<u8> =
+        weights[..m * taps].iter().flat_map(|&w| (w as f32).to_le_bytes()).collect();
+    out.extend(bias[..m].iter().flat_map(|&b| (b as i32).to_le_bytes()));
+    for i in 0..m {
+        let s = w_scale[if w_scale.len() == 1 { 0 } else { i }];
+        out.extend(((x_scale * s / y_scale) as f32).to_le_bytes());
+    }
+    out
+}
+
+/// The sizes `kiln_uk_qconv2d` (and `kiln_uk_qdepthwise`) takes after its pointers (the work split comes after them).
+pub fn sizes(shape: &Shape) -> Vec<i64> {
+    let Shape::QConv {
+        c,
+        h,
+        w,
+        m,
+        kh,
+        kw,
+        stride,
+        dilation,
+        pad,
+        oh,
+        ow,
+        x_zero,
+        y_zero,
+        y_signed,
+        vnni,
+        ..
+    } = *shape
+    else {
+        return Vec::new();
+    };
+    let (lo, hi) = if y_signed { (-128, 127) } else { (0, 255) };
+    [c, h, w, m, kh, kw, stride[0], stride[1], dilation[0], dilation[1], pad[0], pad[1], oh, ow]
+        .iter()
+        .map(|&v| v as i64)
+        .chain([x_zero as i64, y_zero as i64, lo, hi, vnni as i64])
+        .collect()
+}
+
+/// Whether a QConv node runs on the integer kernel (the `integer` pass makes no other).
+pub fn runs(graph: &Graph, id: NodeId) -> bool {
+    shape(graph, id, false).is_some()
+}

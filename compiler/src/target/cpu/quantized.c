@@ -1,0 +1,401 @@
+/* kiln's integer convolution (a QConv node; the compiler's target/cpu/integer.rs plans it and
+ * packs its weights): 2-D, one group, NCHW u8 input, s8 weights, int32 sums, the result
+ * requantised to u8 or s8 as it is stored.
+ *
+ * - The input is copied once per work unit into padded planes split by stride phase (as the f32
+ *   direct convolution in ukernel.c does), with 4 channels interleaved at each position: plane
+ *   (channel group g, phase) holds, per position, the 4 bytes of channels 4g .. 4g + 3 as one
+ *   32-bit word. Padding holds the input's zero point. Positions are taken flat (oh * Wq + ow),
+ *   so that for one tap and one channel group, 16 consecutive positions are 16 consecutive words:
+ *   one 64-byte vector of u8, 4 channels a lane.
+ * - The weights come packed per strip of MR output channels as [K/4][MR] words, each the 4 s8
+ *   weights of one channel group at one tap. A register tile is MR rows x 32 positions of int32;
+ *   each step broadcasts a row's word and multiplies it into two vectors of positions:
+ *   `vpdpbusd` (u8 x s8, the four products summed into int32) where the CPU has AVX-512 VNNI, the
+ *   same products widened one byte lane at a time elsewhere. Both are exact.
+ * - After the words: per output channel the int32 bias less x_zero * (the channel's weight sum),
+ *   so Σ (x - x_zero) w needs no work in the loop, then the f32 multiplier
+ *   x_scale * w_scale / y_scale.
+ * - The result: (acc + bias) * multiplier, saturated, rounded half to even (adding and taking
+ *   away 1.5 * 2^23), plus the result's zero point, stored as bytes. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifndef KILN_MR
+#define KILN_MR 8
+#endif
+#define MR KILN_MR
+
+#include "simd.h"
+#include "workspace.h"
+
+typedef int32_t v16iu __attribute__((vector_size(64), aligned(4)));
+
+static inline v16i load16i(const int32_t *p) { return *(const v16iu *)p; }
+
+/* The register tile: c0[r], c1[r] (rows r < MR, positions 0-15 and 16-31) = Σ_k dot4(the 32
+ * words at xb + offs[k], a[k * MR + r]), the four u8 x s8 products of each word summed into
+ * int32. Two forms: widened one byte lane at a time (exact anywhere), and vpdpbusd. Macros, so
+ * that the tile is inlined into a function built for VNNI (the object is built for x86-64-v4,
+ * which does not include it) and the sums stay in registers for the epilogue. */
+#define QTILE_EXACT(K4, a, xb, offs, c0, c1)                                                  \
+    do {                                                                                      \
+        const int32_t *a_ = (a);                                                              \
+        _Pragma("GCC unroll 16") for (int r = 0; r < MR; r++) c0[r] = c1[r] = (v16i){0};      \
+        for (int64_t k = 0; k < (K4); k++) {                                                  \
+            const int32_t *b = (xb) + (offs)[k];                                              \
+            v16i b0 = load16i(b), b1 = load16i(b + 16);                                       \
+            _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {                             \
+                v16i u0 = (b0 >> (8 * j)) & 0xff, u1 = (b1 >> (8 * j)) & 0xff;                \
+                _Pragma("GCC unroll 16") for (int r = 0; r < MR; r++) {                       \
+                    int32_t wv = (int32_t)(int8_t)(a_[r] >> (8 * j));                         \
+                    c0[r] += u0 * wv;                                                         \
+                    c1[r] += u1 * wv;                                                         \
+                }                                                                             \
+            }                                                                                 \
+            a_ += MR;                                                                         \
+        }                                                                                     \
+    } while (0)
+
+#define QTILE_VNNI(K4, a, xb, offs, c0, c1)                                                   \
+    do {                                                                                      \
+        const int32_t *a_ = (a);                                                              \
+        _Pragma("GCC unroll 16") for (int r = 0; r < MR; r++) c0[r] = c1[r] = (v16i){0};      \
+        for (int64_t k = 0; k < (K4); k++) {                                                  \
+            const int32_t *b = (xb) + (offs)[k];                                              \
+            __m512i b0 = _mm512_loadu_si512(b), b1 = _mm512_loadu_si512(b + 16);              \
+            _Pragma("GCC unroll 16") for (int r = 0; r < MR; r++) {                           \
+                __m512i w = _mm512_set1_epi32(a_[r]);                                         \
+                c0[r] = (v16i)_mm512_dpbusd_epi32((__m512i)c0[r], b0, w);                     \
+                c1[r] = (v16i)_mm512_dpbusd_epi32((__m512i)c1[r], b1, w);                     \
+            }                                                                                 \
+            a_ += MR;                                                                         \
+        }                                                                                     \
+    } while (0)
+
+/* 16 int32 sums requantised: (acc + bias) * mult, clamped to [lo, hi] less the zero point,
+ * rounded half to even, plus the zero point. */
+static inline v16i requantise(v16i acc, int32_t bias, float mult, float lo, float hi, int32_t zero) {
+    v16 f = __builtin_convertvector(acc + bias, v16) * splat(mult);
+    f = vmin(vmax(f, splat(lo)), splat(hi));
+#if defined(__AVX512F__)
+    /* (The default rounding mode, to nearest even.) */
+    return (v16i)_mm512_cvtps_epi32((__m512)f) + zero;
+#else
+    const v16 magic = splat(12582912.0f);
+    v16 r = (f + magic) - magic;
+    return __builtin_convertvector(r, v16i) + zero;
+#endif
+}
+
+
+/* The strips of flat positions times the strips of output channels, each tile requantised and
+ * stored by runs as it leaves the registers (see qconv_rows). */
+#define QCONV_ARGS                                                                                                           \
+    int64_t flat, int64_t Wq, int64_t oh0, int64_t OW, int64_t N, int64_t m0, int64_t m1, const int32_t *wp, int64_t K4,     \
+        const int32_t *xp, const int64_t *offs, const int32_t *bias, const float *mult, float lo, float hi, int64_t y_zero, \
+        uint8_t *y
+/* Row r of a tile requantised and stored by runs: run q is lanes run_l .. run_l + run_n of the
+ * 32, stored at y_row + run_o. */
+static inline __attribute__((always_inline)) void store_row(v16i c0, v16i c1, int32_t bias, float mult, float lo, float hi,
+                                                            int32_t zero, uint8_t *yr, int64_t runs, const int64_t *run_l,
+                                                            const int64_t *run_n, const int64_t *run_o) {
+    v16i q0 = requantise(c0, bias, mult, lo, hi, zero), q1 = requantise(c1, bias, mult, lo, hi, zero);
+#if defined(__AVX512BW__)
+    /* The 32 bytes in one register (the values are in range: truncating is exact), each run
+     * stored under a mask. */
+    __m256i bytes = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm512_cvtepi32_epi8((__m512i)q0)), _mm512_cvtepi32_epi8((__m512i)q1), 1);
+    for (int64_t q = 0; q < runs; q++) {
+        __mmask32 keep = (__mmask32)(((1ull << run_n[q]) - 1) << run_l[q]);
+        _mm256_mask_storeu_epi8(yr + run_o[q] - run_l[q], keep, bytes);
+    }
+#else
+    uint8_t bytes[32];
+    for (int l = 0; l < 16; l++) {
+        bytes[l] = (uint8_t)q0[l];
+        bytes[16 + l] = (uint8_t)q1[l];
+    }
+    for (int64_t q = 0; q < runs; q++) memcpy(yr + run_o[q], bytes + run_l[q], (size_t)run_n[q]);
+#endif
+}
+
+#define QCONV_STRIPS(TILE)                                                                                   \
+    for (int64_t p0 = 0; p0 < flat; p0 += 32) {                                                              \
+        /* The strip's valid positions as runs: (lane, count, output index). */                              \
+        int64_t run_l[33], run_n[33], run_o[33], runs = 0;                                                   \
+        for (int64_t l = 0; l < 32 && p0 + l < flat;) {                                                      \
+            int64_t p = p0 + l, oh = p / Wq, ow = p % Wq;                                                    \
+            if (ow >= OW) {                                                                                  \
+                l += Wq - ow;                                                                                \
+                continue;                                                                                    \
+            }                                                                                                \
+            int64_t n = OW - ow < 32 - l ? OW - ow : 32 - l;                                                 \
+            if (p + n > flat) n = flat - p;                                                                  \
+            run_l[runs] = l;                                                                                 \
+            run_n[runs] = n;                                                                                 \
+            run_o[runs] = (oh0 + oh) * OW + ow;                                                              \
+            runs++;                                                                                          \
+            l += n;                                                                                          \
+        }                                                                                                    \
+        for (int64_t i = m0; i < m1; i += MR) {                                                              \
+            v16i c0[MR], c1[MR];                                                                             \
+            TILE(K4, wp + (i / MR) * K4 * MR, xp + p0, offs, c0, c1);                                        \
+            int64_t mr = m1 - i < MR ? m1 - i : MR;                                                          \
+            _Pragma("GCC unroll 16") for (int r = 0; r < MR; r++) if (r < mr)                              \
+                store_row(c0[r], c1[r], bias[i + r], mult[i + r], lo, hi, (int32_t)y_zero, y + (i + r) * N, \
+                          runs, run_l, run_n, run_o);                                                        \
+        }                                                                                                    \
+    }
+
+static void qconv_strips_exact(QCONV_ARGS) { QCONV_STRIPS(QTILE_EXACT); }
+
+#if defined(__AVX512F__)
+__attribute__((target("avx512vnni"))) static void qconv_strips_vnni(QCONV_ARGS) { QCONV_STRIPS(QTILE_VNNI); }
+#endif
+
+/* Output rows oh0 .. oh1 and channels m0 .. m1 of one image. */
+static void qconv_rows(const uint8_t *x, const int32_t *wp, uint8_t *y, int64_t C, int64_t H, int64_t W, int64_t M, int64_t KH,
+                       int64_t KW, int64_t SH, int64_t SW, int64_t DH, int64_t DW, int64_t PH, int64_t PW, int64_t OH, int64_t OW,
+                       int64_t x_zero, int64_t y_zero, int64_t y_lo, int64_t y_hi, int64_t vnni, int64_t oh0, int64_t oh1, int64_t m0,
+                       int64_t m1) {
+    int64_t Wq = OW + (KW - 1) * DW / SW;
+    int64_t rows = oh1 - oh0 + (KH - 1) * DH / SH, plane = rows * Wq;
+    int64_t C4 = (C + 3) / 4, taps = KH * KW, K4 = C4 * taps, phases = SH * SW;
+    int64_t strips = (M + MR - 1) / MR;
+    const int32_t *bias = wp + strips * K4 * MR;
+    const float *mult = (const float *)(bias + strips * MR);
+    /* The last strip may read 32 words past the last position of the last plane. */
+    size_t total = (size_t)(C4 * phases * plane + 64);
+    int32_t *xp = (int32_t *)scratch(0, total);
+    int64_t *offs = (int64_t *)scratch(1, (size_t)(2 * K4));
+    if (!xp || !offs) abort();
+    uint32_t fill = (uint32_t)(x_zero & 0xff) * 0x01010101u;
+    for (size_t i = 0; i < total; i++) xp[i] = (int32_t)fill;
+    /* The phases some tap reads (a 1x1 stride-2 convolution reads one of its four). */
+    char used[64] = {0};
+    int every = phases > 64;
+    for (int64_t t = 0; t < taps && !every; t++) used[((t / KW) * DH % SH) * SW + (t % KW) * DW % SW] = 1;
+    for (int64_t g = 0; g < C4; g++) {
+        for (int64_t a = 0; a < SH; a++) {
+            for (int64_t b = 0; b < SW; b++) {
+                if (!every && !used[a * SW + b]) continue;
+                uint32_t *ph = (uint32_t *)xp + ((g * SH + a) * SW + b) * plane;
+                int64_t jlo = PW - b <= 0 ? 0 : (PW - b + SW - 1) / SW;
+                int64_t jhi = W - 1 + PW - b < 0 ? 0 : (W - 1 + PW - b) / SW + 1;
+                if (jhi > Wq) jhi = Wq;
+                for (int64_t i = 0; i < rows; i++) {
+                    int64_t ih = (oh0 + i) * SH + a - PH;
+                    if (ih < 0 || ih >= H || jlo >= jhi) continue;
+                    /* The 4 channels' rows (a channel past C reads the zero point). */
+                    uint8_t pad[1] = {(uint8_t)x_zero};
+                    const uint8_t *src[4];
+                    int64_t step[4];
+                    for (int j4 = 0; j4 < 4; j4++) {
+                        int64_t ch = g * 4 + j4;
+                        src[j4] = ch < C ? x + (ch * H + ih) * W + jlo * SW + b - PW : pad;
+                        step[j4] = ch < C ? SW : 0;
+                    }
+                    uint32_t *dst = ph + i * Wq + jlo;
+                    int64_t n = jhi - jlo;
+                    if (g * 4 + 3 < C && SW == 1) {
+                        const uint8_t *s0 = src[0], *s1 = src[1], *s2 = src[2], *s3 = src[3];
+                        for (int64_t j = 0; j < n; j++)
+                            dst[j] = (uint32_t)s0[j] | (uint32_t)s1[j] << 8 | (uint32_t)s2[j] << 16 | (uint32_t)s3[j] << 24;
+                    } else {
+                        for (int64_t j = 0; j < n; j++)
+                            dst[j] = (uint32_t)src[0][j * step[0]] | (uint32_t)src[1][j * step[1]] << 8 |
+                                     (uint32_t)src[2][j * step[2]] << 16 | (uint32_t)src[3][j * step[3]] << 24;
+                    }
+                }
+            }
+        }
+    }
+    for (int64_t k = 0; k < K4; k++) {
+        int64_t g = k / taps, t = k % taps;
+        int64_t dy = (t / KW) * DH, dx = (t % KW) * DW;
+        offs[k] = ((g * SH + dy % SH) * SW + dx % SW) * plane + dy / SH * Wq + dx / SW;
+    }
+    int64_t N = OH * OW;
+    int64_t flat = (oh1 - oh0 - 1) * Wq + OW;
+    float lo = (float)(y_lo - y_zero), hi = (float)(y_hi - y_zero);
+#if defined(__AVX512F__)
+    if (vnni) {
+        qconv_strips_vnni(flat, Wq, oh0, OW, N, m0, m1, wp, K4, xp, offs, bias, mult, lo, hi, y_zero, y);
+        return;
+    }
+#endif
+    qconv_strips_exact(flat, Wq, oh0, OW, N, m0, m1, wp, K4, xp, offs, bias, mult, lo, hi, y_zero, y);
+}
+
+/* Work units: images x chunks of output rows (split_n) or of output channels (whole strips). */
+void kiln_uk_qconv2d(int64_t x_, int64_t wp_, int64_t y_, int64_t C, int64_t H, int64_t W, int64_t M, int64_t KH, int64_t KW, int64_t SH,
+                     int64_t SW, int64_t DH, int64_t DW, int64_t PH, int64_t PW, int64_t OH, int64_t OW, int64_t x_zero, int64_t y_zero,
+                     int64_t y_lo, int64_t y_hi, int64_t vnni, int64_t chunks, int64_t split_n, int64_t wg_begin, int64_t wg_end) {
+    const uint8_t *x = (const uint8_t *)(intptr_t)x_;
+    const int32_t *wp = (const int32_t *)(intptr_t)wp_;
+    uint8_t *y = (uint8_t *)(intptr_t)y_;
+    for (int64_t u = wg_begin; u < wg_end; u++) {
+        int64_t img = u / chunks, q = u % chunks;
+        int64_t oh0 = 0, oh1 = OH, m0 = 0, m1 = M;
+        if (split_n) chunk_range(OH, 1, chunks, q, &oh0, &oh1);
+        else chunk_range(M, MR, chunks, q, &m0, &m1);
+        if (oh0 < oh1 && m0 < m1)
+            qconv_rows(x + img * C * H * W, wp, y + img * M * OH * OW, C, H, W, M, KH, KW, SH, SW, DH, DW, PH, PW, OH, OW, x_zero, y_zero,
+                       y_lo, y_hi, vnni, oh0, oh1, m0, m1);
+    }
+}
+
+typedef uint8_t b16 __attribute__((vector_size(16)));
+typedef uint8_t b32 __attribute__((vector_size(32)));
+typedef uint8_t b32u __attribute__((vector_size(32), aligned(1)));
+static inline b32 load32_u8(const uint8_t *p) { return *(const b32u *)p; }
+static inline b16 evens_u8(b32 v) {
+    return __builtin_shufflevector(v, v, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+}
+
+/* Max pooling of u8 planes (a quantized model's; padding reads 0, the type's least value, so it
+ * never wins). Per output row: the maxima of the window's input rows, on vectors, into a row
+ * buffer with PW zero bytes before it, then per output the taps along the row. Same arguments as
+ * kiln_uk_pool2d (its kind, epilogue and end pads unused). Work units: images x channel chunks. */
+void kiln_uk_maxpool_u8(int64_t x_, int64_t y_, int64_t C, int64_t H, int64_t W, int64_t KH, int64_t KW, int64_t SH, int64_t SW,
+                        int64_t DH, int64_t DW, int64_t PH, int64_t PW, int64_t PH_end, int64_t PW_end, int64_t OH, int64_t OW,
+                        int64_t kind, int64_t act, float lo, float hi, int64_t chunks, int64_t wg_begin, int64_t wg_end) {
+    (void)PH_end, (void)kind, (void)act, (void)lo, (void)hi;
+    const uint8_t *x = (const uint8_t *)(intptr_t)x_;
+    uint8_t *y = (uint8_t *)(intptr_t)y_;
+    /* Output j reads buf[j * SW + kw * DW], up to (OW - 1) * SW + (KW - 1) * DW. */
+    int64_t len = (OW - 1) * SW + (KW - 1) * DW + 1;
+    if (len < PW + W) len = PW + W;
+    /* (64 zero bytes past the end for the vector loads of the last outputs.) */
+    uint8_t *buf = (uint8_t *)scratch(0, (size_t)(len + 64 + 3) / 4);
+    if (!buf) abort();
+    memset(buf, 0, (size_t)len + 64);
+    for (int64_t u = wg_begin; u < wg_end; u++) {
+        int64_t img = u / chunks, q = u % chunks, c0, c1;
+        chunk_range(C, 1, chunks, q, &c0, &c1);
+        for (int64_t c = c0; c < c1; c++) {
+            const uint8_t *plane = x + (img * C + c) * H * W;
+            uint8_t *yc = y + (img * C + c) * OH * OW;
+            for (int64_t oh = 0; oh < OH; oh++) {
+                uint8_t *row = buf + PW;
+                memset(row, 0, (size_t)W);
+                for (int64_t kh = 0; kh < KH; kh++) {
+                    int64_t ih = oh * SH - PH + kh * DH;
+                    if (ih < 0 || ih >= H) continue;
+                    const uint8_t *src = plane + ih * W;
+                    for (int64_t j = 0; j < W; j++) row[j] = src[j] > row[j] ? src[j] : row[j];
+                }
+                uint8_t *dst = yc + oh * OW;
+                int64_t j = 0;
+                if (SW == 2 && DW == 1) {
+                    /* 16 outputs at a time: the even bytes of 32 from each tap's start. */
+                    for (; j + 16 <= OW; j += 16) {
+                        const uint8_t *p = buf + 2 * j;
+                        b16 m = evens_u8(load32_u8(p));
+                        for (int64_t kw = 1; kw < KW; kw++) {
+                            b16 t = evens_u8(load32_u8(p + kw));
+                            b16 more = (b16)(m < t);
+                            m = (t & more) | (m & ~more);
+                        }
+                        memcpy(dst + j, &m, 16);
+                    }
+                }
+                for (; j < OW; j++) {
+                    const uint8_t *p = buf + j * SW;
+                    uint8_t m = 0;
+                    for (int64_t kw = 0; kw < KW; kw++) m = p[kw * DW] > m ? p[kw * DW] : m;
+                    dst[j] = m;
+                }
+            }
+        }
+    }
+}
+
+/* One channel of a depthwise integer convolution from its padded float plane (see
+ * kiln_uk_qdepthwise): 16 outputs along a row at a time, one FMA a tap. Inlined with the usual
+ * window sizes constant, so the tap loops unroll. */
+static inline __attribute__((always_inline)) void qdw_channel(const float *plane, int64_t cols, const float *w, int64_t KH, int64_t KW,
+                                                              int64_t SH, int64_t SW, int64_t DH, int64_t DW, int64_t OH, int64_t OW,
+                                                              int32_t bias, float mult, float lo, float hi, int32_t y_zero, uint8_t *yc) {
+    for (int64_t oh = 0; oh < OH; oh++) {
+        for (int64_t ow = 0; ow < OW; ow += 16) {
+            v16 acc = splat(0.0f);
+            for (int64_t kh = 0; kh < KH; kh++) {
+                const float *row = plane + (oh * SH + kh * DH) * cols + ow * SW;
+                for (int64_t kw = 0; kw < KW; kw++) {
+                    const float *p = row + kw * DW;
+                    v16 v;
+                    if (SW == 1) v = load16(p);
+                    else if (SW == 2) v = evens(load16(p), load16(p + 16));
+                    else
+                        for (int l = 0; l < 16; l++) v[l] = p[l * SW];
+                    acc += v * splat(w[kh * KW + kw]);
+                }
+            }
+            v16i qv = requantise(__builtin_convertvector(acc, v16i), bias, mult, lo, hi, y_zero);
+            int64_t n = OW - ow < 16 ? OW - ow : 16;
+#if defined(__AVX512BW__)
+            _mm_mask_storeu_epi8(yc + oh * OW + ow, (__mmask16)((1u << n) - 1), _mm512_cvtepi32_epi8((__m512i)qv));
+#else
+            uint8_t bytes[16];
+            for (int l = 0; l < 16; l++) bytes[l] = (uint8_t)qv[l];
+            memcpy(yc + oh * OW + ow, bytes, (size_t)n);
+#endif
+        }
+    }
+}
+
+/* A depthwise integer convolution (one input and output channel a group). Each channel's plane,
+ * less the input's zero point, is copied as floats into a plane padded with zeros (so padding
+ * counts as the zero point, and no correction is needed); outputs are computed 16 along a row
+ * at a time, one FMA a tap. The sums are integers below 2^24 in magnitude (255 * 128 * at most
+ * 256 taps), so float arithmetic is exact; they are then requantised with the channel's raw int32
+ * bias. The packed constant: weights as floats [C][KH*KW], the bias [C], the multipliers [C]. Work
+ * units: images x channel chunks. Same arguments as kiln_uk_qconv2d. */
+void kiln_uk_qdepthwise(int64_t x_, int64_t wp_, int64_t y_, int64_t C, int64_t H, int64_t W, int64_t M, int64_t KH, int64_t KW,
+                        int64_t SH, int64_t SW, int64_t DH, int64_t DW, int64_t PH, int64_t PW, int64_t OH, int64_t OW, int64_t x_zero,
+                        int64_t y_zero, int64_t y_lo, int64_t y_hi, int64_t vnni, int64_t chunks, int64_t split_n, int64_t wg_begin,
+                        int64_t wg_end) {
+    (void)M, (void)vnni, (void)split_n;
+    const uint8_t *x = (const uint8_t *)(intptr_t)x_;
+    const float *wf = (const float *)(intptr_t)wp_;
+    const int32_t *bias = (const int32_t *)(wf + C * KH * KW);
+    const float *mult = (const float *)(bias + C);
+    uint8_t *y = (uint8_t *)(intptr_t)y_;
+    int64_t taps = KH * KW;
+    /* The padded plane: rows the windows reach, columns up to the last vector's last tap. */
+    int64_t rows = (OH - 1) * SH + (KH - 1) * DH + 1, cols = ((OW + 15) / 16 * 16 - 1) * SW + (KW - 1) * DW + 1 + 16;
+    if (rows < PH + H) rows = PH + H;
+    if (cols < PW + W) cols = PW + W;
+    float *plane = scratch(0, (size_t)(rows * cols));
+    if (!plane) abort();
+    float lo = (float)(y_lo - y_zero), hi = (float)(y_hi - y_zero);
+    int unit = DH == 1 && DW == 1;
+    for (int64_t u = wg_begin; u < wg_end; u++) {
+        int64_t img = u / chunks, q = u % chunks, c0, c1;
+        chunk_range(C, 1, chunks, q, &c0, &c1);
+        for (int64_t c = c0; c < c1; c++) {
+            const uint8_t *xc = x + (img * C + c) * H * W;
+            /* Zeros around the plane, the plane less the zero point inside (each byte once). */
+            memset(plane, 0, (size_t)(PH * cols) * sizeof(float));
+            memset(plane + (PH + H) * cols, 0, (size_t)((rows - PH - H) * cols) * sizeof(float));
+            for (int64_t i = 0; i < H; i++) {
+                float *line = plane + (PH + i) * cols, *dst = line + PW;
+                const uint8_t *src = xc + i * W;
+                memset(line, 0, (size_t)PW * sizeof(float));
+                for (int64_t j = 0; j < W; j++) dst[j] = (float)((int32_t)src[j] - (int32_t)x_zero);
+                memset(dst + W, 0, (size_t)(cols - PW - W) * sizeof(float));
+            }
+            const float *w = wf + c * taps;
+            uint8_t *yc = y + (img * C + c) * OH * OW;
+#define QDW(kh, kw, sh, sw) qdw_channel(plane, cols, w, kh, kw, sh, sw, 1, 1, OH, OW, bias[c], mult[c], lo, hi, (int32_t)y_zero, yc)
+            if (unit && KH == 3 && KW == 3 && SH == 1 && SW == 1) QDW(3, 3, 1, 1);
+            else if (unit && KH == 3 && KW == 3 && SH == 2 && SW == 2) QDW(3, 3, 2, 2);
+            else if (unit && KH == 5 && KW == 5 && SH == 1 && SW == 1) QDW(5, 5, 1, 1);
+            else if (unit && KH == 5 && KW == 5 && SH == 2 && SW == 2) QDW(5, 5, 2, 2);
+            else qdw_channel(plane, cols, w, KH, KW, SH, SW, DH, DW, OH, OW, bias[c], mult[c], lo, hi, (int32_t)y_zero, yc);
+#undef QDW
+        }
+    }
+}

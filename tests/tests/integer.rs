@@ -1,0 +1,233 @@
+//! Integer convolutions on the CPU: DequantizeLinear -> Conv -> QuantizeLinear (onnxruntime's QDQ
+//! form) becomes a QConv on the integer kernel (`passes/integer.rs`, `quantized.c`), with and
+//! without VNNI, against the interpreter running the float form. Each case also checks that the
+//! integer kernel took the convolution, so a regression to the float path fails here.
+
+use kiln_compiler::{Options, Stage};
+use kiln_ir::builder::{ConvOptions, GraphBuilder};
+use kiln_ir::{eval, DType, Graph, Op, Tensor};
+use kiln_runtime::LoadOptions;
+
+/// Deterministic values in [lo, hi] (integers) for a seed.
+fn ints(n: usize, lo: i64, hi: i64, seed: u64) -> Vec<f64> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (lo + (s % (hi - lo + 1) as u64) as i64) as f64
+        })
+        .collect()
+}
+
+struct Case {
+    batch: usize,
+    c: usize,
+    hw: [usize; 2],
+    m: usize,
+    k: usize,
+    stride: usize,
+    pad: usize,
+    dilation: usize,
+    signed_out: bool,
+    per_channel: bool,
+}
+
+/// Q(Conv(DQ(x), DQ(w), DQ(b))) as onnxruntime's quantizer writes it, and an input.
+fn qdq_conv(case: &Case, seed: u64) -> (Graph, Tensor) {
+    let Case { batch, c, hw, m, k, stride, pad, dilation, signed_out, per_channel } = *case;
+    let g = GraphBuilder::new("qdq_conv");
+    let x = g.input("x", DType::U8, [batch, c, hw[0], hw[1]]);
+    let t = |d: DType, dims: &[usize], v: Vec<f64>| Tensor::from_f64s(d, dims, &v).unwrap();
+    let x_scale = 0.02f32;
+    let w_scales: Vec<f64> = if per_channel {
+        ints(m, 1, 40, seed + 1).iter().map(|v| v * 0.0005).collect()
+    } else {
+        vec![0.004]
+    };
+    let sx = g.constant("sx", t(DType::F32, &[], vec![x_scale as f64]));
+    let zx = g.constant("zx", t(DType::U8, &[], vec![37.0]));
+    let wq = g.constant("w", t(DType::I8, &[m, c, k, k], ints(m * c * k * k, -127, 127, seed + 2)));
+    let wdims = if per_channel { vec![m] } else { vec![] };
+    let sw = g.constant("sw", t(DType::F32, &wdims, w_scales.clone()));
+    let zw = g.constant("zw", t(DType::I8, &wdims, vec![0.0; w_scales.len()]));
+    let bias = g.constant("b", t(DType::I32, &[m], ints(m, -3000, 3000, seed + 3)));
+    let bias_scales: Vec<f64> =
+        (0..w_scales.len()).map(|i| (x_scale * w_scales[i] as f32) as f64).collect();
+    let sb = g.constant("sb", t(DType::F32, &wdims, bias_scales));
+    let deq = |v, s, z, axis| {
+        g.apply(Op::Dequantize { axis, block_size: 0 }, &[Some(v), Some(s), z], 1)[0]
+    };
+    let xd = deq(x, sx, Some(zx), 1);
+    let wd = deq(wq, sw, Some(zw), 0);
+    let bd = deq(bias, sb, None, 0);
+    let y = xd.conv(wd, Some(bd), ConvOptions { stride, pad, dilation, group: 1 });
+    let (zy_type, zy) = if signed_out { (DType::I8, -3.0) } else { (DType::U8, 5.0) };
+    let sy = g.constant("sy", t(DType::F32, &[], vec![0.35]));
+    let zy = g.constant("zy", t(zy_type, &[], vec![zy]));
+    let q = g.apply(
+        Op::Quantize { axis: 1, block_size: 0, dtype: None },
+        &[Some(y), Some(sy), Some(zy)],
+        1,
+    )[0];
+    g.output("y", q);
+    let graph = g.build().unwrap();
+    let input =
+        t(DType::U8, &[batch, c, hw[0], hw[1]], ints(batch * c * hw[0] * hw[1], 0, 255, seed));
+    (graph, input)
+}
+
+/// Compiles `case` (VNNI allowed or not), checks the integer kernel took it, and compares with the
+/// interpreter: every output within one quantization step, nearly all equal.
+fn check(case: &Case, vnni: bool, threads: usize) {
+    let (graph, x) = qdq_conv(case, 11);
+    let options = Options { cache: false, vnni, ..Options::default() };
+    let schedule = kiln_compiler::driver::emit(&graph, Stage::Schedule, &options).unwrap();
+    assert!(
+        schedule.contains("microkernel: integer conv"),
+        "not on the integer kernel:\n{schedule}"
+    );
+    let want_path = if vnni && schedule.contains("vpdpbusd") { "vpdpbusd" } else { "widening" };
+    if !vnni {
+        assert!(schedule.contains("widening"), "VNNI was not turned off:\n{schedule}");
+    }
+    assert!(schedule.contains(want_path));
+    let exe = kiln_compiler::jit(
+        &graph,
+        &options,
+        &LoadOptions { threads: Some(threads), ..Default::default() },
+    )
+    .unwrap_or_else(|e| panic!("compile failed: {e}"));
+    let got = exe.run(std::slice::from_ref(&x)).unwrap().remove(0);
+    let want = eval::run(&graph, &[x]).unwrap().remove(0);
+    assert_eq!(got.ty(), want.ty());
+    let (g, w) = (got.to_f64s(), want.to_f64s());
+    let off = g.iter().zip(&w).filter(|(a, b)| a != b).count();
+    let worst = g.iter().zip(&w).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+    assert!(worst <= 1.0, "an output {worst} steps from the interpreter's ({want_path})");
+    assert!(off * 100 <= g.len(), "{off} of {} outputs differ ({want_path})", g.len());
+    // The result must not be trivially saturated: the case spans the quantized range.
+    let distinct: std::collections::BTreeSet<i64> = g.iter().map(|&v| v as i64).collect();
+    assert!(distinct.len() > 20, "only {} distinct outputs", distinct.len());
+}
+
+const CASES: &[Case] = &[
+    // ResNet's stem: 3 channels (a partial group of 4), 7x7/2, pad 3.
+    Case {
+        batch: 1,
+        c: 3,
+        hw: [30, 30],
+        m: 10,
+        k: 7,
+        stride: 2,
+        pad: 3,
+        dilation: 1,
+        signed_out: false,
+        per_channel: true,
+    },
+    // 3x3, pad 1, output channels past a whole register tile, s8 result.
+    Case {
+        batch: 2,
+        c: 16,
+        hw: [19, 23],
+        m: 20,
+        k: 3,
+        stride: 1,
+        pad: 1,
+        dilation: 1,
+        signed_out: true,
+        per_channel: true,
+    },
+    // Pointwise, one weight scale.
+    Case {
+        batch: 1,
+        c: 32,
+        hw: [14, 14],
+        m: 24,
+        k: 1,
+        stride: 1,
+        pad: 0,
+        dilation: 1,
+        signed_out: false,
+        per_channel: false,
+    },
+    // Dilated 3x3 with 5 channels, stride 2 without padding.
+    Case {
+        batch: 1,
+        c: 5,
+        hw: [21, 17],
+        m: 9,
+        k: 3,
+        stride: 2,
+        pad: 0,
+        dilation: 2,
+        signed_out: false,
+        per_channel: true,
+    },
+];
+
+#[test]
+fn integer_convolutions_match_the_interpreter_with_vnni() {
+    for case in CASES {
+        check(case, true, 2);
+    }
+}
+
+#[test]
+fn integer_convolutions_match_the_interpreter_without_vnni() {
+    for case in CASES {
+        check(case, false, 1);
+    }
+}
+
+/// A convolution whose float result is used besides its QuantizeLinear (here, a graph output)
+/// stays float arithmetic, and still matches the interpreter.
+#[test]
+fn a_quantized_convolution_whose_float_result_is_used_stays_float() {
+    let (mut graph, x) = qdq_conv(&CASES[2], 5);
+    let conv = graph.nodes().find(|(_, n)| matches!(n.op, Op::Conv(_))).map(|(id, _)| id).unwrap();
+    graph.add_output("real", conv.into()).unwrap();
+    let options = Options { cache: false, ..Options::default() };
+    let passes = kiln_compiler::driver::emit(&graph, Stage::Passes, &options).unwrap();
+    assert!(!passes.contains("QConv"), "{passes}");
+    crate::compile::check_against_eval(&graph, &[x], 1, 1e-4);
+}
+
+/// MaxPool between a DequantizeLinear and a QuantizeLinear of the same scale and zero point (as
+/// the quantizer writes it after ResNet's stem) pools the u8 values themselves, on the byte
+/// kernel: exactly what the interpreter computes.
+#[test]
+fn a_quantized_max_pool_pools_the_bytes() {
+    let g = GraphBuilder::new("qdq_pool");
+    let dims = [2, 5, 23, 19];
+    let x = g.input("x", DType::U8, dims);
+    let t = |d: DType, v: f64| Tensor::from_f64s(d, &[], &[v]).unwrap();
+    let s = g.constant("s", t(DType::F32, 0.07));
+    let z = g.constant("z", t(DType::U8, 9.0));
+    let real =
+        g.apply(Op::Dequantize { axis: 1, block_size: 0 }, &[Some(x), Some(s), Some(z)], 1)[0];
+    let pooled = real.max_pool(3, 2, 1);
+    let q = g.apply(
+        Op::Quantize { axis: 1, block_size: 0, dtype: None },
+        &[Some(pooled), Some(s), Some(z)],
+        1,
+    )[0];
+    g.output("y", q);
+    let graph = g.build().unwrap();
+    let n = dims.iter().product();
+    let input = Tensor::from_f64s(DType::U8, &dims, &ints(n, 0, 255, 3)).unwrap();
+    let options = Options { cache: false, ..Options::default() };
+    let schedule = kiln_compiler::driver::emit(&graph, Stage::Schedule, &options).unwrap();
+    assert!(schedule.contains("u8 max pooling"), "{schedule}");
+    let exe = kiln_compiler::jit(
+        &graph,
+        &options,
+        &LoadOptions { threads: Some(2), ..Default::default() },
+    )
+    .unwrap();
+    let got = exe.run(std::slice::from_ref(&input)).unwrap().remove(0);
+    let want = eval::run(&graph, &[input]).unwrap().remove(0);
+    assert_eq!(got.ty(), want.ty());
+    assert_eq!(got.to_f64s(), want.to_f64s());
+}
