@@ -32,8 +32,9 @@ pub fn shape(graph: &Graph, id: NodeId, vnni: bool) -> Option<Shape> {
     if xd.len() != 4 || wd.len() != 4 || !(c.group == 1 && wd[1] == xd[1] || depthwise) {
         return None;
     }
-    // (The depthwise kernel's float sums are exact below 2^24: 255 * 128 * taps.)
-    if depthwise && wd[2] * wd[3] > 256 {
+    // The sums must fit: int32 (255 * 128 * K < 2^31), and for the depthwise kernel's float
+    // sums 2^24 (255 * 128 * taps).
+    if wd[1] * wd[2] * wd[3] > 65536 || depthwise && wd[2] * wd[3] > 256 {
         return None;
     }
     if graph.value_type(x).dtype != DType::U8 || wt.dtype() != DType::I8 {
