@@ -231,3 +231,19 @@ fn a_quantized_max_pool_pools_the_bytes() {
     assert_eq!(got.ty(), want.ty());
     assert_eq!(got.to_f64s(), want.to_f64s());
 }
+
+/// The interpreter's QConv (exact integer sums) agrees with the float form it replaces, within
+/// one step: the `integer` pass keeps the graph's meaning.
+#[test]
+fn the_integer_pass_keeps_the_interpreters_results() {
+    for (i, case) in CASES.iter().enumerate() {
+        let (graph, x) = qdq_conv(case, 20 + i as u64);
+        let mut rewritten = graph.clone();
+        assert!(kiln_compiler::passes::integer::run(&mut rewritten).unwrap());
+        assert!(rewritten.nodes().any(|(_, n)| matches!(n.op, Op::QConv(_))));
+        let want = eval::run(&graph, std::slice::from_ref(&x)).unwrap().remove(0).to_f64s();
+        let got = eval::run(&rewritten, &[x]).unwrap().remove(0).to_f64s();
+        let worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+        assert!(worst <= 1.0, "case {i}: {worst} steps apart");
+    }
+}

@@ -61,24 +61,29 @@ fn check_bias(ops: &Operands, x: &TensorType, m: &Dim) -> Result<(), String> {
     Ok(())
 }
 
-pub(super) fn conv(c: &Conv, ops: &Operands, ctx: &Ctx) -> Infer {
-    let (x, w) = (ops.get(0)?.ty, ops.get(1)?.ty);
-    check_conv_operands(x, w, c.group, "[M, C/group, kernel...]")?;
+/// A convolution's channels against its weight [M, C/group, ...] and group count; M.
+fn check_groups(x: &TensorType, w: &TensorType, group: usize) -> Result<Dim, String> {
     if let (Dim::Fixed(cin), Dim::Fixed(cw)) = (&x.shape.0[1], &w.shape.0[1]) {
-        if *cin != cw * c.group {
+        if *cin != cw * group {
             return Err(format!(
-                "input has {cin} channels but weight {w} with group {} expects {}",
-                c.group,
-                cw * c.group
+                "input has {cin} channels but weight {w} with group {group} expects {}",
+                cw * group
             ));
         }
     }
     let m = w.shape.0[0].clone();
     if let Dim::Fixed(m) = m {
-        if m % c.group != 0 {
-            return Err(format!("{m} output channels do not split into {} groups", c.group));
+        if m % group != 0 {
+            return Err(format!("{m} output channels do not split into {group} groups"));
         }
     }
+    Ok(m)
+}
+
+pub(super) fn conv(c: &Conv, ops: &Operands, ctx: &Ctx) -> Infer {
+    let (x, w) = (ops.get(0)?.ty, ops.get(1)?.ty);
+    check_conv_operands(x, w, c.group, "[M, C/group, kernel...]")?;
+    let m = check_groups(x, w, c.group)?;
     check_bias(ops, x, &m)?;
     let mut dims = vec![x.shape.0[0].clone(), m];
     dims.extend(spatial_out(&c.window, x, &w.shape.0[2..], false, ctx)?);
@@ -285,16 +290,7 @@ pub(super) fn qconv(c: &Conv, ops: &Operands, ctx: &Ctx) -> Infer {
     if x.rank() < 3 || w.rank() != x.rank() || c.group == 0 {
         return Err(format!("input [N, C, spatial...] and weight [M, C/group, kernel...] must have the same rank of 3 or more and group be positive, got {x} and {w}"));
     }
-    if let (Dim::Fixed(cin), Dim::Fixed(cw)) = (&x.shape.0[1], &w.shape.0[1]) {
-        if *cin != cw * c.group {
-            return Err(format!(
-                "input has {cin} channels but weight {w} with group {} expects {}",
-                c.group,
-                cw * c.group
-            ));
-        }
-    }
-    let m = w.shape.0[0].clone();
+    let m = check_groups(x, w, c.group)?;
     let one = |t: &TensorType| t.shape.numel() == Some(1) && t.rank() <= 1;
     let per_channel = |t: &TensorType| {
         one(t) || (t.rank() == 1 && (t.shape.0[0] == m || !matches!(t.shape.0[0], Dim::Fixed(_))))
