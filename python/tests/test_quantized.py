@@ -78,12 +78,13 @@ def usable(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("activations", [QuantType.QUInt8, QuantType.QInt8])
 @pytest.mark.parametrize("fmt", [QuantFormat.QDQ, QuantFormat.QOperator])
-def test_static_quantization(tmp_path, fmt, device):
+def test_static_quantization(tmp_path, fmt, activations, device):
     usable(device)
     f32, q = str(tmp_path / "cnn.onnx"), str(tmp_path / "cnn_q.onnx")
     cnn(f32)
-    quantize_static(f32, q, Calibration(), quant_format=fmt, activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, per_channel=True)
+    quantize_static(f32, q, Calibration(), quant_format=fmt, activation_type=activations, weight_type=QuantType.QInt8, per_channel=True)
     ops = {n.op_type for n in onnx.load(q).graph.node}
     assert ("QLinearConv" in ops) == (fmt == QuantFormat.QOperator), ops
     if device == "cpu":

@@ -32,13 +32,32 @@ struct Case {
     dilation: usize,
     signed_out: bool,
     per_channel: bool,
+    /// s8 activations (onnxruntime's `activation_type=QInt8`).
+    signed_in: bool,
+    /// 1, or the channels (depthwise).
+    group: usize,
 }
 
 /// Q(Conv(DQ(x), DQ(w), DQ(b))) as onnxruntime's quantizer writes it, and an input.
 fn qdq_conv(case: &Case, seed: u64) -> (Graph, Tensor) {
-    let Case { batch, c, hw, m, k, stride, pad, dilation, signed_out, per_channel } = *case;
+    let Case {
+        batch,
+        c,
+        hw,
+        m,
+        k,
+        stride,
+        pad,
+        dilation,
+        signed_out,
+        per_channel,
+        signed_in,
+        group,
+    } = *case;
+    let (x_type, zx, lo, hi) =
+        if signed_in { (DType::I8, -11.0, -128, 127) } else { (DType::U8, 37.0, 0, 255) };
     let g = GraphBuilder::new("qdq_conv");
-    let x = g.input("x", DType::U8, [batch, c, hw[0], hw[1]]);
+    let x = g.input("x", x_type, [batch, c, hw[0], hw[1]]);
     let t = |d: DType, dims: &[usize], v: Vec<f64>| Tensor::from_f64s(d, dims, &v).unwrap();
     let x_scale = 0.02f32;
     let w_scales: Vec<f64> = if per_channel {
@@ -47,8 +66,10 @@ fn qdq_conv(case: &Case, seed: u64) -> (Graph, Tensor) {
         vec![0.004]
     };
     let sx = g.constant("sx", t(DType::F32, &[], vec![x_scale as f64]));
-    let zx = g.constant("zx", t(DType::U8, &[], vec![37.0]));
-    let wq = g.constant("w", t(DType::I8, &[m, c, k, k], ints(m * c * k * k, -127, 127, seed + 2)));
+    let zx = g.constant("zx", t(x_type, &[], vec![zx]));
+    let cg = c / group;
+    let wq =
+        g.constant("w", t(DType::I8, &[m, cg, k, k], ints(m * cg * k * k, -127, 127, seed + 2)));
     let wdims = if per_channel { vec![m] } else { vec![] };
     let sw = g.constant("sw", t(DType::F32, &wdims, w_scales.clone()));
     let zw = g.constant("zw", t(DType::I8, &wdims, vec![0.0; w_scales.len()]));
@@ -62,7 +83,7 @@ fn qdq_conv(case: &Case, seed: u64) -> (Graph, Tensor) {
     let xd = deq(x, sx, Some(zx), 1);
     let wd = deq(wq, sw, Some(zw), 0);
     let bd = deq(bias, sb, None, 0);
-    let y = xd.conv(wd, Some(bd), ConvOptions { stride, pad, dilation, group: 1 });
+    let y = xd.conv(wd, Some(bd), ConvOptions { stride, pad, dilation, group });
     let (zy_type, zy) = if signed_out { (DType::I8, -3.0) } else { (DType::U8, 5.0) };
     let sy = g.constant("sy", t(DType::F32, &[], vec![0.35]));
     let zy = g.constant("zy", t(zy_type, &[], vec![zy]));
@@ -73,8 +94,7 @@ fn qdq_conv(case: &Case, seed: u64) -> (Graph, Tensor) {
     )[0];
     g.output("y", q);
     let graph = g.build().unwrap();
-    let input =
-        t(DType::U8, &[batch, c, hw[0], hw[1]], ints(batch * c * hw[0] * hw[1], 0, 255, seed));
+    let input = t(x_type, &[batch, c, hw[0], hw[1]], ints(batch * c * hw[0] * hw[1], lo, hi, seed));
     (graph, input)
 }
 
@@ -85,14 +105,21 @@ fn check(case: &Case, vnni: bool, threads: usize) {
     let options = Options { cache: false, vnni, ..Options::default() };
     let schedule = kiln_compiler::driver::emit(&graph, Stage::Schedule, &options).unwrap();
     assert!(
-        schedule.contains("microkernel: integer conv"),
+        schedule.contains("microkernel: integer conv")
+            || schedule.contains("microkernel: integer depthwise conv"),
         "not on the integer kernel:\n{schedule}"
     );
-    let want_path = if vnni && schedule.contains("vpdpbusd") { "vpdpbusd" } else { "widening" };
-    if !vnni {
+    let want_path = if case.group > 1 {
+        "depthwise"
+    } else if vnni && schedule.contains("vpdpbusd") {
+        "vpdpbusd"
+    } else {
+        "widening"
+    };
+    if !vnni && case.group == 1 {
         assert!(schedule.contains("widening"), "VNNI was not turned off:\n{schedule}");
     }
-    assert!(schedule.contains(want_path));
+    assert!(schedule.contains(want_path), "{schedule}");
     let exe = kiln_compiler::jit(
         &graph,
         &options,
@@ -125,6 +152,8 @@ const CASES: &[Case] = &[
         dilation: 1,
         signed_out: false,
         per_channel: true,
+        signed_in: false,
+        group: 1,
     },
     // 3x3, pad 1, output channels past a whole register tile, s8 result.
     Case {
@@ -138,6 +167,8 @@ const CASES: &[Case] = &[
         dilation: 1,
         signed_out: true,
         per_channel: true,
+        signed_in: false,
+        group: 1,
     },
     // Pointwise, one weight scale.
     Case {
@@ -151,6 +182,8 @@ const CASES: &[Case] = &[
         dilation: 1,
         signed_out: false,
         per_channel: false,
+        signed_in: false,
+        group: 1,
     },
     // Dilated 3x3 with 5 channels, stride 2 without padding.
     Case {
@@ -164,6 +197,53 @@ const CASES: &[Case] = &[
         dilation: 2,
         signed_out: false,
         per_channel: true,
+        signed_in: false,
+        group: 1,
+    },
+    // s8 activations, 3x3 stride 2 with padding.
+    Case {
+        batch: 1,
+        c: 12,
+        hw: [16, 15],
+        m: 16,
+        k: 3,
+        stride: 2,
+        pad: 1,
+        dilation: 1,
+        signed_out: false,
+        per_channel: true,
+        signed_in: true,
+        group: 1,
+    },
+    // Depthwise 3x3 stride 2 (MobileNet's), 40 channels.
+    Case {
+        batch: 2,
+        c: 40,
+        hw: [17, 18],
+        m: 40,
+        k: 3,
+        stride: 2,
+        pad: 1,
+        dilation: 1,
+        signed_out: false,
+        per_channel: true,
+        signed_in: false,
+        group: 40,
+    },
+    // Depthwise 5x5 stride 1, s8 in and out.
+    Case {
+        batch: 1,
+        c: 24,
+        hw: [13, 21],
+        m: 24,
+        k: 5,
+        stride: 1,
+        pad: 2,
+        dilation: 1,
+        signed_out: true,
+        per_channel: true,
+        signed_in: true,
+        group: 24,
     },
 ];
 

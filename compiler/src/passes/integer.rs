@@ -1,14 +1,18 @@
-//! Integer convolutions (CPU): `QuantizeLinear(Conv(DequantizeLinear(x), DequantizeLinear(w),
-//! DequantizeLinear(b)))`, as onnxruntime's quantizer writes a convolution in QDQ form and as the
-//! importer expands ONNX's QLinearConv, becomes one `QConv` node, which the CPU's integer kernel
-//! runs on the 8-bit values (u8 x s8 products summed in int32, the requantisation as it stores).
+//! Integer ops for the CPU's integer kernels (`target/cpu/quantized.c`):
 //!
-//! Taken where the kernel can (`ukernel::runs_qconv` checks the node it would make): a 2-D
-//! convolution of one group, u8 activations with one constant scale and zero point, constant
-//! s8 weights with one scale or one per output channel and zero points 0, a constant int32 bias
-//! whose scale is `x_scale * w_scale` (as the quantizer writes it) or none, the result quantized
-//! to u8 or s8 with one constant scale and zero point, and the float convolution's result used
-//! by that QuantizeLinear alone. Anything else stays float arithmetic (`decompose`).
+//! - `QuantizeLinear(Conv(DequantizeLinear(x), DequantizeLinear(w), DequantizeLinear(b)))`, as
+//!   onnxruntime's quantizer writes a convolution in QDQ form and as the importer expands ONNX's
+//!   QLinearConv, becomes one `QConv` node, run on the 8-bit values (u8 x s8 products summed in
+//!   int32, the requantisation as it stores). Taken where the kernel can
+//!   (`ukernel::runs_qconv` checks the node it would make): a 2-D convolution of one group or
+//!   depthwise, u8 or s8 activations with one constant scale and zero point, constant s8
+//!   weights with one scale or one per output channel and zero points 0, a constant int32 bias
+//!   whose scale is `x_scale * w_scale` (as the quantizer writes it) or none, the result
+//!   quantized to u8 or s8 with one constant scale and zero point, and the float convolution's
+//!   result used by that QuantizeLinear alone.
+//! - `QuantizeLinear(MaxPool(DequantizeLinear(x, s, z)), s, z)` of u8 becomes `MaxPool(x)`.
+//!
+//! Anything else stays float arithmetic (`decompose`).
 
 use kiln_ir::op::{Conv, PoolKind};
 use kiln_ir::{DType, Graph, NodeId, Op, Tensor, ValueId};
@@ -150,7 +154,9 @@ fn integer_conv(graph: &Graph, q: NodeId) -> Option<(Conv, Vec<Option<Operand>>)
     let c_ops = graph.operands(real.node);
     let (x, sx, zx, _) = dequantized(graph, c_ops.first().copied().flatten()?)?;
     let (w, sw, zw, w_axis) = dequantized(graph, c_ops.get(1).copied().flatten()?)?;
-    if graph.value_type(x).dtype != DType::U8 || graph.value_type(sx).dtype != DType::F32 {
+    if !matches!(graph.value_type(x).dtype, DType::U8 | DType::I8)
+        || graph.value_type(sx).dtype != DType::F32
+    {
         return None;
     }
     let x_scale = scalar(graph, Some(sx))?;
@@ -201,7 +207,7 @@ fn integer_conv(graph: &Graph, q: NodeId) -> Option<(Conv, Vec<Option<Operand>>)
     };
     let zx = Some(match zx {
         Some(z) => Operand::Value(z),
-        None => Operand::Zero(DType::U8),
+        None => Operand::Zero(graph.value_type(x).dtype),
     });
     let zw = Some(match zw {
         Some(z) => Operand::Value(z),

@@ -37,7 +37,8 @@ pub fn shape(graph: &Graph, id: NodeId, vnni: bool) -> Option<Shape> {
     if wd[1] * wd[2] * wd[3] > 65536 || depthwise && wd[2] * wd[3] > 256 {
         return None;
     }
-    if graph.value_type(x).dtype != DType::U8 || wt.dtype() != DType::I8 {
+    let x_signed = graph.value_type(x).dtype == DType::I8;
+    if !matches!(graph.value_type(x).dtype, DType::U8 | DType::I8) || wt.dtype() != DType::I8 {
         return None;
     }
     let y = graph.node(id).outputs.first()?;
@@ -77,7 +78,9 @@ pub fn shape(graph: &Graph, id: NodeId, vnni: bool) -> Option<Shape> {
         pad: [a.pad_begin, b.pad_begin],
         oh: a.output,
         ow: b.output,
-        x_zero: x_zero as u8,
+        // (s8 input is read as u8 with its top bit flipped: x + 128, and so its zero point.)
+        x_zero: (x_zero as i64 + if x_signed { 128 } else { 0 }) as u8,
+        x_signed,
         y_zero: y_zero as i32,
         y_signed: y.dtype == DType::I8,
         vnni,
@@ -228,6 +231,7 @@ pub fn sizes(shape: &Shape) -> Vec<i64> {
         oh,
         ow,
         x_zero,
+        x_signed,
         y_zero,
         y_signed,
         vnni,
@@ -240,7 +244,7 @@ pub fn sizes(shape: &Shape) -> Vec<i64> {
     [c, h, w, m, kh, kw, stride[0], stride[1], dilation[0], dilation[1], pad[0], pad[1], oh, ow]
         .iter()
         .map(|&v| v as i64)
-        .chain([x_zero as i64, y_zero as i64, lo, hi, vnni as i64])
+        .chain([x_zero as i64, if x_signed { 0x80 } else { 0 }, y_zero as i64, lo, hi, vnni as i64])
         .collect()
 }
 

@@ -2,6 +2,8 @@
  * packs its weights): 2-D, one group, NCHW u8 input, s8 weights, int32 sums, the result
  * requantised to u8 or s8 as it is stored.
  *
+ * - s8 input is read as u8 with its top bit flipped (x + 128; `x_flip` 0x80), its zero point
+ *   likewise, which leaves x - x_zero as it was.
  * - The input is copied once per work unit into padded planes split by stride phase (as the f32
  *   direct convolution in ukernel.c does), with 4 channels interleaved at each position: plane
  *   (channel group g, phase) holds, per position, the 4 bytes of channels 4g .. 4g + 3 as one
@@ -157,7 +159,7 @@ __attribute__((target("avx512vnni"))) static void qconv_strips_vnni(QCONV_ARGS) 
 /* Output rows oh0 .. oh1 and channels m0 .. m1 of one image. */
 static void qconv_rows(const uint8_t *x, const int32_t *wp, uint8_t *y, int64_t C, int64_t H, int64_t W, int64_t M, int64_t KH,
                        int64_t KW, int64_t SH, int64_t SW, int64_t DH, int64_t DW, int64_t PH, int64_t PW, int64_t OH, int64_t OW,
-                       int64_t x_zero, int64_t y_zero, int64_t y_lo, int64_t y_hi, int64_t vnni, int64_t oh0, int64_t oh1, int64_t m0,
+                       int64_t x_zero, int64_t x_flip, int64_t y_zero, int64_t y_lo, int64_t y_hi, int64_t vnni, int64_t oh0, int64_t oh1, int64_t m0,
                        int64_t m1) {
     int64_t Wq = OW + (KW - 1) * DW / SW;
     int64_t rows = oh1 - oh0 + (KH - 1) * DH / SH, plane = rows * Wq;
@@ -170,7 +172,7 @@ static void qconv_rows(const uint8_t *x, const int32_t *wp, uint8_t *y, int64_t 
     int32_t *xp = (int32_t *)scratch(0, total);
     int64_t *offs = (int64_t *)scratch(1, (size_t)(2 * K4));
     if (!xp || !offs) abort();
-    uint32_t fill = (uint32_t)(x_zero & 0xff) * 0x01010101u;
+    uint32_t fill = (uint32_t)(x_zero & 0xff) * 0x01010101u, flip = (uint32_t)(x_flip & 0xff) * 0x01010101u;
     for (size_t i = 0; i < total; i++) xp[i] = (int32_t)fill;
     /* The phases some tap reads (a 1x1 stride-2 convolution reads one of its four). */
     char used[64] = {0};
@@ -188,7 +190,7 @@ static void qconv_rows(const uint8_t *x, const int32_t *wp, uint8_t *y, int64_t 
                     int64_t ih = (oh0 + i) * SH + a - PH;
                     if (ih < 0 || ih >= H || jlo >= jhi) continue;
                     /* The 4 channels' rows (a channel past C reads the zero point). */
-                    uint8_t pad[1] = {(uint8_t)x_zero};
+                    uint8_t pad[1] = {(uint8_t)(x_zero ^ x_flip)};
                     const uint8_t *src[4];
                     int64_t step[4];
                     for (int j4 = 0; j4 < 4; j4++) {
@@ -201,11 +203,12 @@ static void qconv_rows(const uint8_t *x, const int32_t *wp, uint8_t *y, int64_t 
                     if (g * 4 + 3 < C && SW == 1) {
                         const uint8_t *s0 = src[0], *s1 = src[1], *s2 = src[2], *s3 = src[3];
                         for (int64_t j = 0; j < n; j++)
-                            dst[j] = (uint32_t)s0[j] | (uint32_t)s1[j] << 8 | (uint32_t)s2[j] << 16 | (uint32_t)s3[j] << 24;
+                            dst[j] = ((uint32_t)s0[j] | (uint32_t)s1[j] << 8 | (uint32_t)s2[j] << 16 | (uint32_t)s3[j] << 24) ^ flip;
                     } else {
                         for (int64_t j = 0; j < n; j++)
-                            dst[j] = (uint32_t)src[0][j * step[0]] | (uint32_t)src[1][j * step[1]] << 8 |
-                                     (uint32_t)src[2][j * step[2]] << 16 | (uint32_t)src[3][j * step[3]] << 24;
+                            dst[j] = ((uint32_t)src[0][j * step[0]] | (uint32_t)src[1][j * step[1]] << 8 |
+                                      (uint32_t)src[2][j * step[2]] << 16 | (uint32_t)src[3][j * step[3]] << 24) ^
+                                     flip;
                     }
                 }
             }
@@ -230,7 +233,7 @@ static void qconv_rows(const uint8_t *x, const int32_t *wp, uint8_t *y, int64_t 
 
 /* Work units: images x chunks of output rows (split_n) or of output channels (whole strips). */
 void kiln_uk_qconv2d(int64_t x_, int64_t wp_, int64_t y_, int64_t C, int64_t H, int64_t W, int64_t M, int64_t KH, int64_t KW, int64_t SH,
-                     int64_t SW, int64_t DH, int64_t DW, int64_t PH, int64_t PW, int64_t OH, int64_t OW, int64_t x_zero, int64_t y_zero,
+                     int64_t SW, int64_t DH, int64_t DW, int64_t PH, int64_t PW, int64_t OH, int64_t OW, int64_t x_zero, int64_t x_flip, int64_t y_zero,
                      int64_t y_lo, int64_t y_hi, int64_t vnni, int64_t chunks, int64_t split_n, int64_t wg_begin, int64_t wg_end) {
     const uint8_t *x = (const uint8_t *)(intptr_t)x_;
     const int32_t *wp = (const int32_t *)(intptr_t)wp_;
@@ -241,7 +244,7 @@ void kiln_uk_qconv2d(int64_t x_, int64_t wp_, int64_t y_, int64_t C, int64_t H, 
         if (split_n) chunk_range(OH, 1, chunks, q, &oh0, &oh1);
         else chunk_range(M, MR, chunks, q, &m0, &m1);
         if (oh0 < oh1 && m0 < m1)
-            qconv_rows(x + img * C * H * W, wp, y + img * M * OH * OW, C, H, W, M, KH, KW, SH, SW, DH, DW, PH, PW, OH, OW, x_zero, y_zero,
+            qconv_rows(x + img * C * H * W, wp, y + img * M * OH * OW, C, H, W, M, KH, KW, SH, SW, DH, DW, PH, PW, OH, OW, x_zero, x_flip, y_zero,
                        y_lo, y_hi, vnni, oh0, oh1, m0, m1);
     }
 }
@@ -354,7 +357,7 @@ static inline __attribute__((always_inline)) void qdw_channel(const float *plane
  * bias. The packed constant: weights as floats [C][KH*KW], the bias [C], the multipliers [C]. Work
  * units: images x channel chunks. Same arguments as kiln_uk_qconv2d. */
 void kiln_uk_qdepthwise(int64_t x_, int64_t wp_, int64_t y_, int64_t C, int64_t H, int64_t W, int64_t M, int64_t KH, int64_t KW,
-                        int64_t SH, int64_t SW, int64_t DH, int64_t DW, int64_t PH, int64_t PW, int64_t OH, int64_t OW, int64_t x_zero,
+                        int64_t SH, int64_t SW, int64_t DH, int64_t DW, int64_t PH, int64_t PW, int64_t OH, int64_t OW, int64_t x_zero, int64_t x_flip,
                         int64_t y_zero, int64_t y_lo, int64_t y_hi, int64_t vnni, int64_t chunks, int64_t split_n, int64_t wg_begin,
                         int64_t wg_end) {
     (void)M, (void)vnni, (void)split_n;
@@ -384,7 +387,7 @@ void kiln_uk_qdepthwise(int64_t x_, int64_t wp_, int64_t y_, int64_t C, int64_t 
                 float *line = plane + (PH + i) * cols, *dst = line + PW;
                 const uint8_t *src = xc + i * W;
                 memset(line, 0, (size_t)PW * sizeof(float));
-                for (int64_t j = 0; j < W; j++) dst[j] = (float)((int32_t)src[j] - (int32_t)x_zero);
+                for (int64_t j = 0; j < W; j++) dst[j] = (float)((int32_t)(src[j] ^ x_flip) - (int32_t)x_zero);
                 memset(dst + W, 0, (size_t)(cols - PW - W) * sizeof(float));
             }
             const float *w = wf + c * taps;

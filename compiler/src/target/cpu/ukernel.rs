@@ -165,7 +165,10 @@ pub enum Shape {
         pad: [usize; 2],
         oh: usize,
         ow: usize,
+        /// The input's zero point as the kernel reads the input: u8, or s8 with its top bit
+        /// flipped (x + 128).
         x_zero: u8,
+        x_signed: bool,
         y_zero: i32,
         y_signed: bool,
         /// `vpdpbusd`, else the exact widening product.
@@ -459,9 +462,9 @@ impl fmt::Display for Ukernel {
                 writeln!(f, "epilogue: requantise to {} (scale, round half to even, zero point {y_zero}, saturate)", if *y_signed { "s8" } else { "u8" })?;
                 return writeln!(f, "workgroups: {} ({} channel chunk(s) per image)", self.workgroups(), self.chunks);
             }
-            Shape::QConv { batch, kh, kw, stride, dilation, pad, x_zero, y_zero, y_signed, vnni, .. } => {
+            Shape::QConv { batch, kh, kw, stride, dilation, pad, x_zero, x_signed, y_zero, y_signed, vnni, .. } => {
                 writeln!(f, "microkernel: integer conv, {batch} image(s) of M={m} N={n} K={k} (window {kh}x{kw}, stride {}x{}, dilation {}x{}, pad {}x{})", stride[0], stride[1], dilation[0], dilation[1], pad[0], pad[1])?;
-                writeln!(f, "u8 x s8 -> s32 {}; B read direct from a copy of the input padded with its zero point {x_zero}, 4 channels interleaved a position", if *vnni { "with vpdpbusd" } else { "by widening products (no VNNI)" })?;
+                writeln!(f, "u8 x s8 -> s32 {}; B read direct from a copy of the input{} padded with its zero point {x_zero}, 4 channels interleaved a position", if *vnni { "with vpdpbusd" } else { "by widening products (no VNNI)" }, if *x_signed { " (s8 read as u8: x + 128)" } else { "" })?;
                 writeln!(f, "register tile: {}x{NR}; weights packed at compile time in groups of 4, the zero point folded into the int32 bias", self.mr)?;
                 writeln!(f, "epilogue: requantise to {} (scale, round half to even, zero point {y_zero}, saturate)", if *y_signed { "s8" } else { "u8" })?;
                 let what = if self.split_n { "output row" } else { "output channel" };
