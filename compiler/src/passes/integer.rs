@@ -194,15 +194,15 @@ fn integer_conv(graph: &Graph, q: NodeId) -> Option<(Conv, Vec<Option<Operand>>)
                 }
             }
             let sb = constant(graph, sb)?.to_f64s();
-            let agrees = (0..m).all(|i| {
-                let want = x_scale * w_scales[if w_scales.len() == 1 { 0 } else { i }];
-                let got = sb[if sb.len() == 1 { 0 } else { i.min(sb.len() - 1) }];
-                (got - want).abs() <= 1e-6 * want.abs()
-            });
-            if !agrees || (sb.len() != 1 && sb.len() != m) {
+            if sb.len() != 1 && sb.len() != m {
                 return None;
             }
-            Some(b)
+            let at = |v: &[f64], i: usize| v[if v.len() == 1 { 0 } else { i }];
+            let agrees = (0..m).all(|i| {
+                let want = x_scale * at(&w_scales, i);
+                (at(&sb, i) - want).abs() <= 1e-6 * want.abs()
+            });
+            agrees.then_some(b)
         }
     };
     let zx = Some(match zx {
