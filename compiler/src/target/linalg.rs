@@ -247,7 +247,7 @@ pub fn read_op(op: RawOp) -> LinalgOp {
     let n_inputs = if kind == OpKind::Pad {
         operands.len()
     } else {
-        operands.len().saturating_sub(op.num_results())
+        operands.len().saturating_sub(n_inits(op))
     };
     let maps = if kind == OpKind::Pad { Vec::new() } else { indexing_maps(op) };
     let n_loops =
@@ -275,6 +275,19 @@ pub fn read_op(op: RawOp) -> LinalgOp {
         producers: Vec::new(),
         multiplies,
     }
+}
+
+/// The number of outputs (`outs`) of a structured op. On tensors each gives a result; on buffers
+/// (after bufferisation: the copies and fills it adds) there are no results, and the operand
+/// segments say, or the last operand is the one output (`linalg.map`).
+fn n_inits(op: RawOp) -> usize {
+    if op.num_results() > 0 {
+        return op.num_results();
+    }
+    op.attr("operandSegmentSizes")
+        .and_then(edit::i32_array_attr)
+        .and_then(|s| s.last().map(|&n| n.max(0) as usize))
+        .unwrap_or(1)
 }
 
 /// The number of loops of a structured op (its maps' dimension count).

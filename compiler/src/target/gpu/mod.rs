@@ -224,68 +224,85 @@ fn schedule_kernel<'c>(
     forced: Option<schedule::Strategy>,
 ) -> Result<(Module<'c>, LaunchPlan, String, schedule::Strategy)> {
     let build = || build(mlir, graph, k);
-    let prepare = |m: &mut Module<'c>| {
-        mlir.run_pipeline(m, "builtin.module(func.func(linalg-fold-unit-extent-dims,linalg-fuse-elementwise-ops),canonicalize,cse)")
+    // Unit dimensions are folded first, so a keepdims reduction splits over a block's threads.
+    // Folding puts reshapes between ops, and block tiling cannot fuse a producer through one (a
+    // padded convolution's input, a strided 1x1 convolution's result). So each fused strategy
+    // is tried folded, then unfolded, before per-op.
+    let prepare = |m: &mut Module<'c>, fold: bool| {
+        let fold = if fold { "linalg-fold-unit-extent-dims," } else { "" };
+        mlir.run_pipeline(
+            m,
+            &format!(
+                "builtin.module(func.func({fold}linalg-fuse-elementwise-ops),canonicalize,cse)"
+            ),
+        )
     };
     let first = build()?;
     let text = first.as_operation().to_string();
     let mut first = Some(first);
     let n_buffers = k.inputs.len() + k.outputs.len();
-    let mut tried = Vec::new();
-    let mut candidates = None;
+    let mut tried: Vec<(String, String)> = Vec::new();
+    // Phases: the fused strategies on the folded kernel, then on the unfolded one (each list
+    // read from the kernel as prepared), then per-op.
+    let phases = [Some(true), Some(false), None];
+    let mut phase = 0;
+    let mut list: Option<Vec<schedule::Strategy>> = None;
+    let mut next = 0;
     loop {
+        let fold = phases[phase].unwrap_or(true);
         let mut m = match first.take() {
             Some(m) => m,
             None => build()?,
         };
-        prepare(&mut m).map_err(|e| CompileError::in_kernel(k, "fuse elementwise", e))?;
+        prepare(&mut m, fold).map_err(|e| CompileError::in_kernel(k, "fuse elementwise", e))?;
         let root = RawOp::of(&m.as_operation());
         let func = schedule::kernel_func(root)
             .ok_or_else(|| CompileError::in_kernel(k, "schedule", "no kernel function"))?;
         schedule::drop_empty_ops(func);
-        let list = candidates
-            .get_or_insert_with(|| {
-                let all = schedule::candidates(func);
-                // A forced schedule: only that one where it applies, else per-op.
-                match forced {
-                    Some(only) => all
-                        .into_iter()
-                        .filter(|&s| s == only || s == schedule::Strategy::PerOp)
-                        .collect(),
-                    None => all,
-                }
-            })
-            .clone();
-        let Some(&strategy) = list.get(tried.len()) else {
-            let why: Vec<String> = tried
-                .iter()
-                .map(|(s, e): &(schedule::Strategy, String)| format!("{s}: {e}"))
-                .collect();
+        let strategies = list.get_or_insert_with(|| match phases[phase] {
+            None => vec![schedule::Strategy::PerOp],
+            // A forced schedule: only that one where it applies, else per-op.
+            Some(_) => schedule::candidates(func)
+                .into_iter()
+                .filter(|&s| s != schedule::Strategy::PerOp && forced.is_none_or(|f| f == s))
+                .collect(),
+        });
+        let Some(&strategy) = strategies.get(next) else {
+            if phase + 1 < phases.len() {
+                // The module built for this attempt is dropped; the next phase builds its own.
+                phase += 1;
+                list = None;
+                next = 0;
+                continue;
+            }
+            let why: Vec<String> = tried.iter().map(|(s, e)| format!("{s}: {e}")).collect();
             return Err(CompileError::in_kernel(
                 k,
                 "schedule",
                 format!("no schedule applies ({})", why.join("; ")),
             ));
         };
+        next += 1;
         let attempt = schedule::apply(mlir, &m, strategy)
             .and_then(|()| launch::map(mlir, &mut m))
             .and_then(|()| launch::plan(RawOp::of(&m.as_operation()), n_buffers));
+        let name = if fold { strategy.to_string() } else { format!("{strategy} (unfolded)") };
         match attempt {
             Ok(plan) => {
                 if std::env::var_os("KILN_DEBUG_MLIR").is_some() {
-                    eprintln!("// kernel {} ({strategy} schedule)\n{}", k.name, m.as_operation());
+                    eprintln!("// kernel {} ({name} schedule)\n{}", k.name, m.as_operation());
                 }
                 return Ok((m, plan, text, strategy));
             }
             Err(e) => {
                 if std::env::var_os("KILN_DEBUG_MLIR").is_some() {
                     eprintln!(
-                        "// kernel {}: {strategy} schedule failed: {e}\n{}",
+                        "// kernel {}: {name} schedule failed: {e}\n{}",
                         k.name,
                         m.as_operation()
                     );
                 }
-                tried.push((strategy, e));
+                tried.push((name, e));
             }
         }
     }

@@ -12,7 +12,7 @@ use inkwell::targets::{
 };
 use inkwell::OptimizationLevel;
 
-use crate::target::edit::RawOp;
+use crate::target::edit::{self, RawOp};
 use crate::target::MlirContext;
 
 /// LLVM's calling convention for PTX kernels (`ptx_kernel`).
@@ -50,6 +50,7 @@ pub fn lower(
         "builtin.module(gpu.module(convert-scf-to-cf,convert-gpu-to-nvvm{use-bare-ptr-memref-call-conv=1},convert-index-to-llvm,canonicalize,reconcile-unrealized-casts))",
     )
     .map_err(|e| format!("lowering to NVVM: {e}"))?;
+    align_shared_memory(&mlir.ctx, RawOp::of(&module.as_operation()));
     let lowered = module.as_operation().to_string();
     let gpu_module = RawOp::of(&module.as_operation())
         .children()
@@ -152,4 +153,21 @@ pub fn libdevice() -> Option<PathBuf> {
     candidates.push("/usr/lib/nvidia-cuda-toolkit/libdevice/libdevice.10.bc".into());
     candidates.push("/usr/lib/cuda/nvvm/libdevice/libdevice.10.bc".into());
     candidates.into_iter().find(|p| p.is_file())
+}
+
+/// Shared-memory arrays aligned to 16 bytes. NVPTX's load/store vectoriser combines neighbouring
+/// shared accesses into `ld.shared.v2`/`v4` while the PTX still declares the arrays `.align 4`
+/// (their element's alignment), so an array that happened to start at an odd word faulted with a
+/// misaligned address on the GPU. With the alignment explicit, the vectors are sound.
+fn align_shared_memory(ctx: &melior::Context, root: RawOp) {
+    for op in root.descendants() {
+        let shared =
+            op.is("llvm.mlir.global") && op.attr("addr_space").and_then(edit::int_attr) == Some(3);
+        if shared && op.attr("alignment").and_then(edit::int_attr).is_none_or(|a| a < 16) {
+            op.set_attr(
+                "alignment",
+                edit::parse_attr(ctx, "16 : i64").expect("an integer attribute"),
+            );
+        }
+    }
 }
