@@ -2,12 +2,14 @@
 //! `kiln compile` and runs it; optionally checks the outputs against expected ones and times runs.
 //!
 //!     cargo run -p kiln-runtime --example run_artifact -- MODEL.kiln [[NAME=]INPUT]... \
-//!         [--expect OUTPUT]... [--bench N] [--json]
+//!         [--expect OUTPUT]... [--bench N] [--profile] [--json]
 //!
 //! Inputs are `.npy` or ONNX `.pb` files, by name or (bare) in declared order; those not given
 //! are seeded random tensors of the declared type.
 //! `--expect` files are the outputs in declared order (rtol 1e-3, atol 1e-4 for floats).
-//! `--bench N` times N runs after 5 warm-up runs; `--json` ends with one JSON line.
+//! `--bench N` times N runs after 5 warm-up runs; `--profile` then times one more run kernel by
+//! kernel (the device's clock on GPUs) and lists the kernels that took longest; `--json` ends
+//! with one JSON line.
 
 use std::path::Path;
 use std::time::Instant;
@@ -36,10 +38,11 @@ fn read(path: &str) -> Result<Tensor, Box<dyn std::error::Error>> {
 }
 
 fn run() -> Result<bool, Box<dyn std::error::Error>> {
-    let usage = "usage: run_artifact MODEL.kiln [[NAME=]INPUT]... [--expect OUTPUT]... [--bench N] [--json]";
+    let usage = "usage: run_artifact MODEL.kiln [[NAME=]INPUT]... [--expect OUTPUT]... [--bench N] [--profile] [--json]";
     let mut args = std::env::args().skip(1);
     let path = args.next().ok_or(usage)?;
     let (mut given, mut expect, mut bench, mut json) = (Vec::new(), Vec::new(), 0usize, false);
+    let mut by_kernel = false;
     while let Some(a) = args.next() {
         match a.as_str() {
             "--expect" => expect.push(args.next().ok_or(usage)?),
@@ -51,6 +54,7 @@ fn run() -> Result<bool, Box<dyn std::error::Error>> {
                     .map_err(|_| "--bench takes a number of runs")?
             }
             "--json" => json = true,
+            "--profile" => by_kernel = true,
             // NAME=FILE, or a bare FILE: the next input in declared order.
             _ => given.push(
                 a.split_once('=')
@@ -128,6 +132,11 @@ fn run() -> Result<bool, Box<dyn std::error::Error>> {
             times[bench - 1]
         );
     }
+    if by_kernel {
+        let mut p = Profile::default();
+        exe.run_profiled(&inputs, Some(&mut p))?;
+        print_profile(&p);
+    }
     if json {
         let median = times.get(times.len() / 2).copied();
         println!(
@@ -143,4 +152,25 @@ fn run() -> Result<bool, Box<dyn std::error::Error>> {
         );
     }
     Ok(ok)
+}
+
+/// Each kernel's device time in one run (a kernel launched several times summed), longest first.
+fn print_profile(p: &Profile) {
+    let mut kernels: Vec<(String, f64, usize)> = Vec::new();
+    for (label, t) in &p.launches {
+        let ms = t.as_secs_f64() * 1e3;
+        match kernels.iter_mut().find(|k| k.0 == *label) {
+            Some(k) => {
+                k.1 += ms;
+                k.2 += 1;
+            }
+            None => kernels.push((label.clone(), ms, 1)),
+        }
+    }
+    let total: f64 = kernels.iter().map(|k| k.1).sum();
+    kernels.sort_by(|a, b| b.1.total_cmp(&a.1));
+    println!("  profile: {} launches, {total:.4} ms of kernel time", p.launches.len());
+    for (label, ms, n) in kernels.iter().take(12) {
+        println!("  {ms:10.4} ms  {:5.1}%  {n:2} launches  {label}", 100.0 * ms / total.max(1e-12));
+    }
 }

@@ -13,6 +13,7 @@
 #      run(command="scripts/gpu/session.sh node",        carry=[".gpu-session/jit"])
 #      run(command="scripts/gpu/session.sh models aot1", carry=[".gpu-session/aot1"])
 #      run(command="scripts/gpu/session.sh models aot2", carry=[".gpu-session/aot2"])
+#    (TORCH=0 before a models run skips the PyTorch timings.)
 #    Each prints a summary and leaves JSON under $OUT: node_cuda.json (every node test), and
 #    models_<load>.json (kiln's match and median time per model next to PyTorch eager and
 #    torch.compile on the same GPU, from scripts/gpu/torch_baselines.py).
@@ -66,7 +67,7 @@ node)
   set -e
   end=$(date +%s.%N)
   tail -n 40 "$OUT/node_cuda.txt"
-  echo "node tests on cuda: $(tail -n 1 "$OUT/node_cuda.txt") in $(echo "$end - $start" | bc) s" | tee "$OUT/node_summary.txt"
+  echo "node tests on cuda: $(tail -n 1 "$OUT/node_cuda.txt") in $(python3 -c "print(round($end - $start))") s" | tee "$OUT/node_summary.txt"
   ;;
 models)
   need_gpu
@@ -78,10 +79,10 @@ models)
     name=$(basename "$m"); names+=("$name")
     inputs=$(ls "$m"input_*.pb | sort -V); expects=$(ls "$m"output_*.pb | sort -V | sed 's/^/--expect /')
     # shellcheck disable=SC2086
-    "$dir/run_artifact" "$m/model.kiln" $inputs $expects --bench 200 --json | tee "$m/run.txt" >&2 || true
+    "$dir/run_artifact" "$m/model.kiln" $inputs $expects --bench 200 --profile --json | tee "$m/run.txt" >&2 || true
     tail -n 1 "$m/run.txt" | sed "s/^{/{\"name\": \"$name\", /" >> "$OUT/kiln_$load.jsonl"
   done
-  PYTHONUNBUFFERED=1 python3 scripts/gpu/torch_baselines.py --json "$OUT/torch_$load.json" "${names[@]}" >&2 || say "PyTorch baselines failed"
+  [ "${TORCH:-1}" = 0 ] || PYTHONUNBUFFERED=1 python3 scripts/gpu/torch_baselines.py --json "$OUT/torch_$load.json" "${names[@]}" >&2 || say "PyTorch baselines failed"
   python3 - "$OUT/kiln_$load.jsonl" "$OUT/torch_$load.json" "$OUT/models_$load.json" <<'PY'
 import json, sys
 kiln = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]

@@ -157,9 +157,9 @@ def main():
                 r["compiled_error"] = str(e).splitlines()[0][:200]
         results[name] = r
         print(f"{name:34} eager {r['eager_ms']:.4f} ms  compiled {r.get('compiled_ms', float('nan')):.4f} ms", flush=True)
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "models": results}, f, indent=1)
+        if a.json:  # after every model, so a run cut short by its time limit keeps what it measured
+            with open(a.json, "w") as f:
+                json.dump({"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "models": results}, f, indent=1)
     return 0
 
 
