@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use kiln_ir::{text, Graph};
+use kiln_ir::{text, Graph, Op};
 use kiln_runtime::artifact::Artifact;
 use kiln_runtime::{Executable, LoadOptions};
 
@@ -340,7 +340,38 @@ fn optimize_traced(
         }
     }
     g.verify()?;
+    refuse_storage_types(&g)?;
     Ok(g)
+}
+
+/// Compiled code converts the storage types (8- and 4-bit floats, 4- and 2-bit integers) only
+/// in casts (QuantizeLinear and DequantizeLinear decompose into them): a value of one must come
+/// from an input, a constant or a Cast, and go only to Casts and graph outputs. Anything else
+/// (an Add on f8e5m2) is refused, naming the node.
+fn refuse_storage_types(g: &Graph) -> Result<()> {
+    let converts = |op: &Op| matches!(op, Op::Input | Op::Constant(_) | Op::Cast { .. });
+    for (id, node) in g.nodes() {
+        let storage_in = g
+            .operands(id)
+            .into_iter()
+            .flatten()
+            .map(|v| g.value_type(v).dtype)
+            .find(|d| d.is_storage());
+        let storage_out = node.outputs.iter().map(|t| t.dtype).find(|d| d.is_storage());
+        let bad = match (storage_in, storage_out) {
+            (Some(d), _) if !matches!(node.op, Op::Cast { .. }) => Some(d),
+            (_, Some(d)) if !converts(&node.op) => Some(d),
+            _ => None,
+        };
+        if let Some(dtype) = bad {
+            return Err(CompileError::StorageType {
+                node: node.name.clone(),
+                op: node.op.name(),
+                dtype,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// The graph after specialisation and after each graph pass, in kiln's text form (a pass that

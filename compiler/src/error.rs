@@ -76,6 +76,11 @@ pub enum CompileError {
     #[error("kernel `{kernel}` ({label}): node `{node}` ({op}) {what}")]
     Unsupported { kernel: String, label: String, node: String, op: &'static str, what: String },
 
+    /// A storage type (8- and 4-bit floats, 4- and 2-bit integers) computed on by something other
+    /// than a cast: compiled code converts them only in casts.
+    #[error("node `{node}` ({op}) computes on {dtype}, which compiled code only converts to and from with Cast (the interpreter, --device ref, runs it)")]
+    StorageType { node: String, op: &'static str, dtype: kiln_ir::DType },
+
     /// Result shapes that depend on values kiln does not have at compile time.
     #[error("{0}")]
     DynamicShapes(String),

@@ -307,7 +307,7 @@ impl<'g> Traced<'g> {
     }
 
     pub fn cast(self, to: DType) -> Traced<'g> {
-        self.builder.apply1(Op::Cast { to }, &[Some(self)])
+        self.builder.apply1(Op::Cast { to, saturate: true }, &[Some(self)])
     }
 
     pub fn identity(self) -> Traced<'g> {

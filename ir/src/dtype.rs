@@ -2,7 +2,9 @@
 
 use std::fmt;
 
-/// The element type of a tensor. The set is ONNX's common numeric types plus `bool`.
+/// The element type of a tensor: ONNX's numeric types and `bool`, and the storage types (8- and
+/// 4-bit floats, 4- and 2-bit integers: see `narrow`), which hold values but are computed on in a
+/// wider type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum DType {
     F32,
@@ -18,10 +20,20 @@ pub enum DType {
     U32,
     U64,
     Bool,
+    F8E4M3FN,
+    F8E4M3FNUZ,
+    F8E5M2,
+    F8E5M2FNUZ,
+    F8E8M0,
+    F4E2M1,
+    I4,
+    U4,
+    I2,
+    U2,
 }
 
 impl DType {
-    pub const ALL: [DType; 13] = [
+    pub const ALL: [DType; 23] = [
         DType::F32,
         DType::F64,
         DType::F16,
@@ -35,15 +47,58 @@ impl DType {
         DType::U32,
         DType::U64,
         DType::Bool,
+        DType::F8E4M3FN,
+        DType::F8E4M3FNUZ,
+        DType::F8E5M2,
+        DType::F8E5M2FNUZ,
+        DType::F8E8M0,
+        DType::F4E2M1,
+        DType::I4,
+        DType::U4,
+        DType::I2,
+        DType::U2,
     ];
 
-    /// Bytes per element (`bool` is stored as one byte, 0 or 1).
+    /// Bytes per element in memory (`bool` is one byte, 0 or 1; the storage types one byte each,
+    /// the 4- and 2-bit ones unpacked).
     pub fn size(self) -> usize {
         match self {
             DType::F64 | DType::I64 | DType::U64 => 8,
             DType::F32 | DType::I32 | DType::U32 => 4,
             DType::F16 | DType::BF16 | DType::I16 | DType::U16 => 2,
             DType::I8 | DType::U8 | DType::Bool => 1,
+            DType::F8E4M3FN
+            | DType::F8E4M3FNUZ
+            | DType::F8E5M2
+            | DType::F8E5M2FNUZ
+            | DType::F8E8M0
+            | DType::F4E2M1
+            | DType::I4
+            | DType::U4
+            | DType::I2
+            | DType::U2 => 1,
+        }
+    }
+
+    /// The storage types: they hold values, and kiln computes on them in a wider type.
+    pub fn is_storage(self) -> bool {
+        self.packed_bits().is_some() || self.is_float8()
+    }
+
+    /// The 8-bit floats.
+    pub fn is_float8(self) -> bool {
+        matches!(
+            self,
+            DType::F8E4M3FN | DType::F8E4M3FNUZ | DType::F8E5M2 | DType::F8E5M2FNUZ | DType::F8E8M0
+        )
+    }
+
+    /// Bits per element of the types ONNX packs several to a byte.
+    pub fn packed_bits(self) -> Option<u32> {
+        match self {
+            DType::F4E2M1 | DType::I4 | DType::U4 => Some(4),
+            DType::I2 | DType::U2 => Some(2),
+            _ => None,
         }
     }
 
@@ -63,7 +118,7 @@ impl DType {
         matches!(self, DType::U8 | DType::U16 | DType::U32 | DType::U64)
     }
 
-    /// Numeric types: everything but `bool`.
+    /// Numeric types: everything but `bool` (the storage types included).
     pub fn is_numeric(self) -> bool {
         self != DType::Bool
     }
@@ -84,6 +139,16 @@ impl DType {
             DType::U32 => "u32",
             DType::U64 => "u64",
             DType::Bool => "bool",
+            DType::F8E4M3FN => "f8e4m3fn",
+            DType::F8E4M3FNUZ => "f8e4m3fnuz",
+            DType::F8E5M2 => "f8e5m2",
+            DType::F8E5M2FNUZ => "f8e5m2fnuz",
+            DType::F8E8M0 => "f8e8m0",
+            DType::F4E2M1 => "f4e2m1",
+            DType::I4 => "i4",
+            DType::U4 => "u4",
+            DType::I2 => "i2",
+            DType::U2 => "u2",
         }
     }
 

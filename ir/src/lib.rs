@@ -25,6 +25,16 @@ macro_rules! with_dtype {
             $crate::DType::U32 => $mac!(u32),
             $crate::DType::U64 => $mac!(u64),
             $crate::DType::Bool => $mac!(bool),
+            $crate::DType::F8E4M3FN => $mac!($crate::narrow::F8E4M3FN),
+            $crate::DType::F8E4M3FNUZ => $mac!($crate::narrow::F8E4M3FNUZ),
+            $crate::DType::F8E5M2 => $mac!($crate::narrow::F8E5M2),
+            $crate::DType::F8E5M2FNUZ => $mac!($crate::narrow::F8E5M2FNUZ),
+            $crate::DType::F8E8M0 => $mac!($crate::narrow::F8E8M0),
+            $crate::DType::F4E2M1 => $mac!($crate::narrow::F4E2M1),
+            $crate::DType::I4 => $mac!($crate::narrow::I4),
+            $crate::DType::U4 => $mac!($crate::narrow::U4),
+            $crate::DType::I2 => $mac!($crate::narrow::I2),
+            $crate::DType::U2 => $mac!($crate::narrow::U2),
         }
     };
 }
@@ -42,6 +52,7 @@ pub mod fold;
 pub mod infer;
 pub mod memory;
 pub mod models;
+pub mod narrow;
 pub mod npy;
 #[cfg(feature = "onnx")]
 pub mod onnx;

@@ -18,8 +18,18 @@ fn descr(d: DType) -> Option<&'static str> {
         DType::U32 => "<u4",
         DType::U64 => "<u8",
         DType::Bool => "|b1",
-        // NumPy has no bfloat16.
-        DType::BF16 => return None,
+        // NumPy has no bfloat16, 8-bit or 4-bit floats, or 4- and 2-bit integers.
+        DType::BF16
+        | DType::F8E4M3FN
+        | DType::F8E4M3FNUZ
+        | DType::F8E5M2
+        | DType::F8E5M2FNUZ
+        | DType::F8E8M0
+        | DType::F4E2M1
+        | DType::I4
+        | DType::U4
+        | DType::I2
+        | DType::U2 => return None,
     })
 }
 
@@ -126,7 +136,7 @@ mod tests {
 
     #[test]
     fn round_trips_every_npy_dtype() {
-        for d in DType::ALL.into_iter().filter(|&d| d != DType::BF16) {
+        for d in DType::ALL.into_iter().filter(|&d| descr(d).is_some()) {
             for dims in [vec![], vec![3], vec![2, 3]] {
                 let t = Tensor::random(d, &dims, 1);
                 let b = encode(&t).unwrap();
@@ -137,6 +147,14 @@ mod tests {
                 );
                 assert_eq!(decode(&b).unwrap(), t);
             }
+        }
+    }
+
+    #[test]
+    fn types_numpy_lacks_are_named() {
+        for d in [DType::BF16, DType::F8E4M3FN, DType::I4] {
+            let e = encode(&Tensor::zeros(d, &[2])).unwrap_err().to_string();
+            assert!(e.contains(&format!("{d} has no .npy type")), "{e}");
         }
     }
 

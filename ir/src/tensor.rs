@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use half::{bf16, f16};
 
-use crate::{DType, IrError, Shape, TensorType};
+use crate::{narrow, DType, IrError, Shape, TensorType};
 
 /// A Rust type that can be a tensor element.
 ///
@@ -83,6 +83,79 @@ int_element!(u8, U8);
 int_element!(u16, U16);
 int_element!(u32, U32);
 int_element!(u64, U64);
+
+macro_rules! minifloat_element {
+    ($t:ident, $format:expr) => {
+        impl sealed::Sealed for narrow::$t {}
+        impl Element for narrow::$t {
+            const DTYPE: DType = DType::$t;
+            fn to_f64(self) -> f64 {
+                $format.decode(self.0)
+            }
+            /// Saturating, as ONNX's Cast is by default.
+            fn from_f64(v: f64) -> Self {
+                narrow::$t($format.encode(v, true))
+            }
+            fn to_i128(self) -> Option<i128> {
+                None
+            }
+            fn from_i128(v: i128) -> Self {
+                Self::from_f64(v as f64)
+            }
+        }
+    };
+}
+
+minifloat_element!(F8E4M3FN, narrow::E4M3FN);
+minifloat_element!(F8E4M3FNUZ, narrow::E4M3FNUZ);
+minifloat_element!(F8E5M2, narrow::E5M2);
+minifloat_element!(F8E5M2FNUZ, narrow::E5M2FNUZ);
+minifloat_element!(F4E2M1, narrow::E2M1);
+
+impl sealed::Sealed for narrow::F8E8M0 {}
+impl Element for narrow::F8E8M0 {
+    const DTYPE: DType = DType::F8E8M0;
+    fn to_f64(self) -> f64 {
+        narrow::decode_e8m0(self.0)
+    }
+    /// Saturating and rounding up, ONNX Cast's defaults.
+    fn from_f64(v: f64) -> Self {
+        narrow::F8E8M0(narrow::encode_e8m0(v, true, narrow::RoundMode::Up))
+    }
+    fn to_i128(self) -> Option<i128> {
+        None
+    }
+    fn from_i128(v: i128) -> Self {
+        Self::from_f64(v as f64)
+    }
+}
+
+macro_rules! narrow_int_element {
+    ($t:ident, $inner:ty, $bits:expr, $signed:expr) => {
+        impl sealed::Sealed for narrow::$t {}
+        impl Element for narrow::$t {
+            const DTYPE: DType = DType::$t;
+            fn to_f64(self) -> f64 {
+                self.0 as f64
+            }
+            /// Truncated toward zero, then wrapped, as the reference casts.
+            fn from_f64(v: f64) -> Self {
+                Self::from_i128(v as i64 as i128)
+            }
+            fn to_i128(self) -> Option<i128> {
+                Some(self.0 as i128)
+            }
+            fn from_i128(v: i128) -> Self {
+                narrow::$t(narrow::wrap_int(v, $bits, $signed) as $inner)
+            }
+        }
+    };
+}
+
+narrow_int_element!(I4, i8, 4, true);
+narrow_int_element!(U4, u8, 4, false);
+narrow_int_element!(I2, i8, 2, true);
+narrow_int_element!(U2, u8, 2, false);
 
 impl sealed::Sealed for bool {}
 impl Element for bool {
@@ -164,6 +237,10 @@ impl Tensor {
         if len != want || !(ptr as usize).is_multiple_of(8) || ptr.is_null() {
             return None;
         }
+        // SAFETY: the caller's contract: `len` readable bytes at `ptr`.
+        if normalised(dtype, unsafe { std::slice::from_raw_parts(ptr, len) }).is_some() {
+            return None; // bytes to normalise: copy them with `from_bytes`
+        }
         Some(Tensor {
             dtype,
             dims: dims.to_vec(),
@@ -188,9 +265,8 @@ impl Tensor {
             )));
         }
         let t = Tensor { dtype, dims: dims.to_vec(), data: Storage::Words { words, len: want } };
-        if dtype == DType::Bool && t.data.bytes().iter().any(|&b| b > 1) {
-            // Any nonzero byte is true, as `from_bytes` has it (a copy: the words are shared).
-            let norm: Vec<u8> = t.data.bytes().iter().map(|&b| (b != 0) as u8).collect();
+        if let Some(norm) = normalised(dtype, t.data.bytes()) {
+            // A copy: the words are shared.
             return Ok(Tensor { data: Storage::from_bytes(&norm), ..t });
         }
         Ok(t)
@@ -284,8 +360,7 @@ impl Tensor {
             )));
         }
         let mut t = Tensor { dtype, dims: dims.to_vec(), data: Storage::from_bytes(bytes) };
-        if dtype == DType::Bool && t.data.bytes().iter().any(|&b| b > 1) {
-            let norm: Vec<u8> = t.data.bytes().iter().map(|&b| (b != 0) as u8).collect();
+        if let Some(norm) = normalised(dtype, t.data.bytes()) {
             t.data = Storage::from_bytes(&norm);
         }
         Ok(t)
@@ -465,6 +540,20 @@ impl Tensor {
         with_dtype!(self.dtype, from)
     }
 
+    /// [`Tensor::cast`], but to an 8-bit float without saturating: values out of its range
+    /// become infinity or NaN (ONNX Cast with `saturate = 0`). Other types cast as `cast` does.
+    pub fn cast_unsaturated(&self, to: DType) -> Tensor {
+        if to == self.dtype || !to.is_float8() {
+            return self.cast(to);
+        }
+        let codes: Vec<u8> = self
+            .to_f64s()
+            .into_iter()
+            .map(|v| narrow::encode_unsaturated(to, v).expect("an 8-bit float"))
+            .collect();
+        Tensor::from_bytes(to, &self.dims, &codes).expect("one byte an element")
+    }
+
     /// A short human summary: type, count, range. Used where weights print.
     pub fn summary(&self) -> String {
         if self.is_empty() {
@@ -486,6 +575,28 @@ impl Tensor {
         h.write(self.bytes());
         h.finish()
     }
+}
+
+/// The bytes in kiln's form when they are not already: bools 0 or 1 (any nonzero byte is true),
+/// 4- and 2-bit integers sign-extended (signed) or masked (unsigned) from their low bits, as
+/// ml_dtypes leaves the high bits clear.
+fn normalised(dtype: DType, bytes: &[u8]) -> Option<Vec<u8>> {
+    let norm = |b: u8| -> u8 {
+        match dtype {
+            DType::Bool => (b != 0) as u8,
+            DType::I4 | DType::I2 => {
+                narrow::wrap_int(b as i128, dtype.packed_bits().expect("packed"), true) as u8
+            }
+            DType::U4 | DType::U2 => b & ((1u8 << dtype.packed_bits().expect("packed")) - 1),
+            _ => b,
+        }
+    };
+    if !matches!(dtype, DType::Bool | DType::I4 | DType::I2 | DType::U4 | DType::U2)
+        || bytes.iter().all(|&b| norm(b) == b)
+    {
+        return None;
+    }
+    Some(bytes.iter().map(|&b| norm(b)).collect())
 }
 
 /// One element converted: exactly through i128 between integers, through f64 otherwise.

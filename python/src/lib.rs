@@ -137,7 +137,40 @@ fn onnx_type(d: DType) -> &'static str {
         DType::U32 => "tensor(uint32)",
         DType::U64 => "tensor(uint64)",
         DType::Bool => "tensor(bool)",
+        DType::F8E4M3FN => "tensor(float8e4m3fn)",
+        DType::F8E4M3FNUZ => "tensor(float8e4m3fnuz)",
+        DType::F8E5M2 => "tensor(float8e5m2)",
+        DType::F8E5M2FNUZ => "tensor(float8e5m2fnuz)",
+        DType::F8E8M0 => "tensor(float8e8m0)",
+        DType::F4E2M1 => "tensor(float4e2m1)",
+        DType::I4 => "tensor(int4)",
+        DType::U4 => "tensor(uint4)",
+        DType::I2 => "tensor(int2)",
+        DType::U2 => "tensor(uint2)",
     }
+}
+
+/// The storage type of an ml_dtypes name.
+fn storage_of(name: &str) -> Option<DType> {
+    DType::ALL.into_iter().find(|&d| ml_dtype(d).is_some_and(|(n, _)| n == name))
+}
+
+/// ml_dtypes' name of a storage type (one byte an element there too), and the numpy type its
+/// values widen to without ml_dtypes.
+fn ml_dtype(d: DType) -> Option<(&'static str, DType)> {
+    Some(match d {
+        DType::F8E4M3FN => ("float8_e4m3fn", DType::F32),
+        DType::F8E4M3FNUZ => ("float8_e4m3fnuz", DType::F32),
+        DType::F8E5M2 => ("float8_e5m2", DType::F32),
+        DType::F8E5M2FNUZ => ("float8_e5m2fnuz", DType::F32),
+        DType::F8E8M0 => ("float8_e8m0fnu", DType::F32),
+        DType::F4E2M1 => ("float4_e2m1fn", DType::F32),
+        DType::I4 => ("int4", DType::I8),
+        DType::U4 => ("uint4", DType::U8),
+        DType::I2 => ("int2", DType::I8),
+        DType::U2 => ("uint2", DType::U8),
+        _ => return None,
+    })
 }
 
 fn graph_ports(g: &Graph) -> PyResult<(Vec<Port>, Vec<Port>)> {
@@ -298,6 +331,10 @@ fn tensor_of(py: Python<'_>, name: &str, want: DType, obj: &Bound<'_, PyAny>) ->
         (b'b', 1) => DType::Bool,
         // ml_dtypes' bfloat16 (what onnx's numpy_helper gives).
         (b'V', 2) if descr.str()? == "bfloat16" => DType::BF16,
+        // ml_dtypes' 8- and 4-bit floats and 4- and 2-bit integers, a byte each as in kiln.
+        (_, 1) if storage_of(&descr.str()?.to_string()).is_some() => {
+            storage_of(&descr.str()?.to_string()).expect("checked")
+        }
         _ => {
             return Err(KilnError::new_err(format!(
                 "input `{name}`: numpy dtype {} has no kiln type",
@@ -369,6 +406,24 @@ fn array_of<'py>(py: Python<'py>, t: &Tensor) -> PyResult<Bound<'py, PyAny>> {
         DType::U32 => copy::<u32>(py, t),
         DType::U64 => copy::<u64>(py, t),
         DType::Bool => copy::<bool>(py, t),
+        DType::F8E4M3FN
+        | DType::F8E4M3FNUZ
+        | DType::F8E5M2
+        | DType::F8E5M2FNUZ
+        | DType::F8E8M0
+        | DType::F4E2M1
+        | DType::I4
+        | DType::U4
+        | DType::I2
+        | DType::U2 => {
+            let (name, wide) = ml_dtype(t.dtype()).expect("a storage type");
+            match py.import("ml_dtypes").and_then(|ml| ml.getattr(name)) {
+                Ok(ty) => copy::<u8>(py, t)?.call_method1("view", (ty,)),
+                Err(_) if wide == DType::F32 => copy::<f32>(py, &t.cast(DType::F32)),
+                Err(_) if wide == DType::I8 => copy::<i8>(py, &t.cast(DType::I8)),
+                Err(_) => copy::<u8>(py, &t.cast(DType::U8)),
+            }
+        }
     }
 }
 

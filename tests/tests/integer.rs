@@ -88,7 +88,7 @@ fn qdq_conv(case: &Case, seed: u64) -> (Graph, Tensor) {
     let sy = g.constant("sy", t(DType::F32, &[], vec![0.35]));
     let zy = g.constant("zy", t(zy_type, &[], vec![zy]));
     let q = g.apply(
-        Op::Quantize { axis: 1, block_size: 0, dtype: None },
+        Op::Quantize { axis: 1, block_size: 0, dtype: None, saturate: true },
         &[Some(y), Some(sy), Some(zy)],
         1,
     )[0];
@@ -289,7 +289,7 @@ fn a_quantized_max_pool_pools_the_bytes() {
         g.apply(Op::Dequantize { axis: 1, block_size: 0 }, &[Some(x), Some(s), Some(z)], 1)[0];
     let pooled = real.max_pool(3, 2, 1);
     let q = g.apply(
-        Op::Quantize { axis: 1, block_size: 0, dtype: None },
+        Op::Quantize { axis: 1, block_size: 0, dtype: None, saturate: true },
         &[Some(pooled), Some(s), Some(z)],
         1,
     )[0];

@@ -424,7 +424,8 @@ fn engine_error(e: CompileError) -> EngineError {
     match e {
         CompileError::Unsupported { .. }
         | CompileError::DynamicShapes(_)
-        | CompileError::RuntimeSequence { .. } => EngineError::Unsupported(e.chain()),
+        | CompileError::RuntimeSequence { .. }
+        | CompileError::StorageType { .. } => EngineError::Unsupported(e.chain()),
         CompileError::Ir(e) => e.into(),
         other => EngineError::Failed(other.chain()),
     }

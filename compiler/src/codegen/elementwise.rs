@@ -53,7 +53,7 @@ pub(super) fn emit_chain(em: &mut Emitter, nodes: &[NodeId]) -> Result<()> {
             let y = match &node.op {
                 Op::Unary(u) => b.unary(*u, x, out)?,
                 Op::Binary(op) => b.binary(*op, x, operands[1].expect("binary"), out)?,
-                Op::Cast { to } => b.cast(x, *to)?,
+                Op::Cast { to, saturate } => b.cast_with(x, *to, *saturate)?,
                 Op::Identity => x,
                 Op::Where => {
                     let (t, f) = (operands[1].expect("where"), operands[2].expect("where"));

@@ -27,6 +27,17 @@ pub fn storage_type(d: DType) -> &'static str {
         DType::I16 | DType::U16 => "i16",
         DType::I32 | DType::U32 => "i32",
         DType::I64 | DType::U64 => "i64",
+        // One byte an element; the driver refuses them before codegen (`refuse_storage_types`).
+        DType::F8E4M3FN
+        | DType::F8E4M3FNUZ
+        | DType::F8E5M2
+        | DType::F8E5M2FNUZ
+        | DType::F8E8M0
+        | DType::F4E2M1
+        | DType::I4
+        | DType::U4
+        | DType::I2
+        | DType::U2 => "i8",
     }
 }
 
@@ -37,7 +48,19 @@ pub fn dtype_type(ctx: &Context, d: DType) -> Type<'_> {
         DType::F64 => Type::float64(ctx),
         DType::F16 => Type::float16(ctx),
         DType::BF16 => Type::bfloat16(ctx),
-        DType::I8 | DType::U8 | DType::Bool => melior::ir::r#type::IntegerType::new(ctx, 8).into(),
+        DType::I8
+        | DType::U8
+        | DType::Bool
+        | DType::F8E4M3FN
+        | DType::F8E4M3FNUZ
+        | DType::F8E5M2
+        | DType::F8E5M2FNUZ
+        | DType::F8E8M0
+        | DType::F4E2M1
+        | DType::I4
+        | DType::U4
+        | DType::I2
+        | DType::U2 => melior::ir::r#type::IntegerType::new(ctx, 8).into(),
         DType::I16 | DType::U16 => melior::ir::r#type::IntegerType::new(ctx, 16).into(),
         DType::I32 | DType::U32 => melior::ir::r#type::IntegerType::new(ctx, 32).into(),
         DType::I64 | DType::U64 => melior::ir::r#type::IntegerType::new(ctx, 64).into(),

@@ -19,6 +19,7 @@ mod reduction;
 mod resize;
 pub mod scalar;
 mod scan;
+mod storage;
 
 use std::collections::HashMap;
 

@@ -31,11 +31,26 @@ pub struct ScalarBuilder<'c, 'a> {
 }
 
 fn compute_type(d: DType) -> &'static str {
+    compute_type_of(storage_compute(d))
+}
+
+fn compute_type_of(d: DType) -> &'static str {
     match d {
         DType::F16 | DType::BF16 | DType::F32 => "f32",
         DType::F64 => "f64",
         DType::Bool => "i1",
         other => storage_type(other),
+    }
+}
+
+/// The type a storage type's values are computed in (`storage.rs`): f32 for the 8- and 4-bit
+/// floats, 8-bit integers for the 4- and 2-bit ones. Other types are their own.
+fn storage_compute(d: DType) -> DType {
+    match d {
+        DType::I4 | DType::I2 => DType::I8,
+        DType::U4 | DType::U2 => DType::U8,
+        d if d.is_storage() => DType::F32,
+        d => d,
     }
 }
 
@@ -161,6 +176,7 @@ impl<'c, 'a> ScalarBuilder<'c, 'a> {
     /// A tensor element (storage type) to its compute type.
     pub fn load(&self, v: Value<'c, 'a>, dtype: DType) -> Result<Scalar<'c, 'a>> {
         let v = match dtype {
+            d if d.is_storage() => self.decode_storage(v, d)?,
             DType::F16 | DType::BF16 => self.emit("arith.extf", &[v], "f32")?,
             DType::Bool => {
                 let zero = self.int_constant(0, "i8")?;
@@ -174,6 +190,8 @@ impl<'c, 'a> ScalarBuilder<'c, 'a> {
     /// A computed scalar back to its storage type.
     pub fn store(&self, s: Scalar<'c, 'a>) -> Result<Value<'c, 'a>> {
         match s.dtype {
+            // A value a cast made is exact; one computed otherwise rounds here.
+            d if d.is_storage() => self.encode_storage(s.v, d, false, true),
             DType::F16 | DType::BF16 => self.emit("arith.truncf", &[s.v], storage_type(s.dtype)),
             DType::Bool => self.emit("arith.extui", &[s.v], "i8"),
             _ => Ok(s.v),
@@ -572,9 +590,31 @@ impl<'c, 'a> ScalarBuilder<'c, 'a> {
 
     /// ONNX Cast between any two dtypes.
     pub fn cast(&self, x: Scalar<'c, 'a>, to: DType) -> Result<Scalar<'c, 'a>> {
+        self.cast_with(x, to, true)
+    }
+
+    /// `cast`, with ONNX Cast's `saturate` for 8-bit float results.
+    pub fn cast_with(
+        &self,
+        x: Scalar<'c, 'a>,
+        to: DType,
+        saturate: bool,
+    ) -> Result<Scalar<'c, 'a>> {
         let from = x.dtype;
         if from == to {
             return Ok(x);
+        }
+        // A storage type's compute value is an f32 or a byte integer: cast from that.
+        if from.is_storage() {
+            return self.cast_with(Scalar { v: x.v, dtype: storage_compute(from) }, to, saturate);
+        }
+        if to.is_storage() {
+            // Rounded (or wrapped) to the type and back, so what reads it in this kernel sees
+            // what a store keeps.
+            let wide = self.cast(x, storage_compute(to))?;
+            let code = self.encode_storage(wide.v, to, saturate, false)?;
+            let v = self.decode_storage(code, to)?;
+            return Ok(Scalar { v, dtype: to });
         }
         let (ft, tt) = (compute_type(from), compute_type(to));
         let v = if to == DType::Bool {

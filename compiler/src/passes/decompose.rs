@@ -67,8 +67,8 @@ fn decompose(graph: &mut Graph, keep: fn(&Graph, NodeId) -> bool) -> Result<bool
             Op::RotaryEmbedding(r) => attention::rotary(&mut e, id, r),
             Op::NllLoss(l) => loss::decompose(&mut e, id, l, false),
             Op::SoftmaxCrossEntropyLoss(l) => loss::decompose(&mut e, id, l, true),
-            Op::Quantize { axis, block_size, .. } => {
-                quantize::quantize(&mut e, id, *axis, *block_size)
+            Op::Quantize { axis, block_size, saturate, .. } => {
+                quantize::quantize(&mut e, id, *axis, *block_size, *saturate)
             }
             Op::Dequantize { axis, block_size } => {
                 quantize::dequantize(&mut e, id, *axis, *block_size)
@@ -208,7 +208,7 @@ impl<'g> Emit<'g> {
         if self.dtype(x) == to {
             return Ok(x);
         }
-        self.op2(what, Op::Cast { to }, &[x])
+        self.op2(what, Op::Cast { to, saturate: true }, &[x])
     }
 
     fn matmul(&mut self, what: &str, a: ValueId, b: ValueId) -> Result<ValueId> {

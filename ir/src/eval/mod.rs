@@ -284,7 +284,8 @@ pub fn eval_op(
             operands[2].expect("checked"),
             &out_dims[0],
         )],
-        Op::Cast { to } => vec![x().cast(*to)],
+        Op::Cast { to, saturate: true } => vec![x().cast(*to)],
+        Op::Cast { to, saturate: false } => vec![x().cast_unsaturated(*to)],
         Op::Identity => vec![x().clone()],
         Op::MatMul => vec![contraction::matmul(x(), operands[1].expect("checked"), &out_dims[0])?],
         Op::Gemm(g) => vec![contraction::gemm(
@@ -374,8 +375,8 @@ pub fn eval_op(
             sequence::eval(op, operands, &out_types)?
         }
         Op::NllLoss(_) | Op::SoftmaxCrossEntropyLoss(_) => loss::eval(op, operands, &out_types)?,
-        Op::Quantize { axis, block_size, .. } => {
-            vec![quantize::quantize(*axis, *block_size, operands, &out_types[0])?]
+        Op::Quantize { axis, block_size, saturate, .. } => {
+            vec![quantize::quantize(*axis, *block_size, *saturate, operands, &out_types[0])?]
         }
         Op::Dequantize { axis, block_size } => {
             vec![quantize::dequantize(*axis, *block_size, operands, &out_types[0])?]
@@ -424,6 +425,16 @@ macro_rules! typed {
             $crate::DType::U32 => $f::<u32>($($arg),*),
             $crate::DType::U64 => $f::<u64>($($arg),*),
             $crate::DType::Bool => $f::<bool>($($arg),*),
+            $crate::DType::F8E4M3FN => $f::<$crate::narrow::F8E4M3FN>($($arg),*),
+            $crate::DType::F8E4M3FNUZ => $f::<$crate::narrow::F8E4M3FNUZ>($($arg),*),
+            $crate::DType::F8E5M2 => $f::<$crate::narrow::F8E5M2>($($arg),*),
+            $crate::DType::F8E5M2FNUZ => $f::<$crate::narrow::F8E5M2FNUZ>($($arg),*),
+            $crate::DType::F8E8M0 => $f::<$crate::narrow::F8E8M0>($($arg),*),
+            $crate::DType::F4E2M1 => $f::<$crate::narrow::F4E2M1>($($arg),*),
+            $crate::DType::I4 => $f::<$crate::narrow::I4>($($arg),*),
+            $crate::DType::U4 => $f::<$crate::narrow::U4>($($arg),*),
+            $crate::DType::I2 => $f::<$crate::narrow::I2>($($arg),*),
+            $crate::DType::U2 => $f::<$crate::narrow::U2>($($arg),*),
         }
     };
 }

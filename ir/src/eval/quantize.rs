@@ -35,20 +35,31 @@ fn scale_index(
         .collect())
 }
 
-/// The range of a quantized type (what QuantizeLinear saturates to).
+/// The range of a quantized integer type (what QuantizeLinear saturates to).
 pub fn quantized_range(d: DType) -> (f64, f64) {
     match d {
         DType::U8 => (0.0, 255.0),
         DType::I8 => (-128.0, 127.0),
         DType::U16 => (0.0, 65535.0),
         DType::I16 => (-32768.0, 32767.0),
+        DType::U4 => (0.0, 15.0),
+        DType::I4 => (-8.0, 7.0),
+        DType::U2 => (0.0, 3.0),
+        DType::I2 => (-2.0, 1.0),
         _ => (i32::MIN as f64, i32::MAX as f64),
     }
+}
+
+/// Whether QuantizeLinear to `d` converts to a float format (8- or 4-bit) rather than rounding
+/// to an integer.
+fn quantizes_to_float(d: DType) -> bool {
+    d.is_float8() || d == DType::F4E2M1
 }
 
 pub(super) fn quantize(
     axis: i64,
     block_size: usize,
+    saturate: bool,
     operands: &[Option<&Tensor>],
     out: &TensorType,
 ) -> Result<Tensor, String> {
@@ -59,6 +70,7 @@ pub(super) fn quantize(
     let (xs, ss) = (x.to_f64s(), scale.to_f64s());
     let zs = zero.map(|z| z.to_f64s());
     let (lo, hi) = quantized_range(out.dtype);
+    let to_float = quantizes_to_float(out.dtype);
     // The division in f32 when both are f32, as the reference computes it (a tie must stay one).
     let single = x.dtype() == DType::F32 && scale.dtype() == DType::F32;
     let q: Vec<f64> = xs
@@ -67,10 +79,20 @@ pub(super) fn quantize(
         .map(|(&v, &i)| {
             let z = zs.as_ref().map_or(0.0, |z| z[i]);
             let r = if single { (v as f32 / ss[i] as f32) as f64 } else { v / ss[i] };
-            (r.round_ties_even() + z).clamp(lo, hi)
+            if to_float {
+                // Converted (rounded, saturated) by the float type itself.
+                if single {
+                    (r as f32 + z as f32) as f64
+                } else {
+                    r + z
+                }
+            } else {
+                (r.round_ties_even() + z).clamp(lo, hi)
+            }
         })
         .collect();
-    Tensor::from_f64s(out.dtype, x.dims(), &q).map_err(|e| e.to_string())
+    let q = Tensor::from_f64s(DType::F64, x.dims(), &q).map_err(|e| e.to_string())?;
+    Ok(if saturate { q.cast(out.dtype) } else { q.cast_unsaturated(out.dtype) })
 }
 
 pub(super) fn dequantize(

@@ -90,7 +90,7 @@ pub fn infer(op: &Op, operands: &[Option<Operand>], node: &str) -> Result<Vec<Te
         Op::Binary(b) => elementwise::binary(*b, &ops),
         Op::Clip => elementwise::clip(&ops),
         Op::Where => elementwise::where_(&ops),
-        Op::Cast { to } => elementwise::cast(*to, &ops),
+        Op::Cast { to, .. } => elementwise::cast(*to, &ops),
         Op::Identity => Ok(vec![ops.get(0)?.ty.clone()]),
         Op::MatMul => contraction::matmul(&ops),
         Op::Gemm(g) => contraction::gemm(g, &ops),
@@ -150,7 +150,7 @@ pub fn infer(op: &Op, operands: &[Option<Operand>], node: &str) -> Result<Vec<Te
         }
         Op::Scan(s) => control::scan(s, &ops),
         Op::Loop(l) => control::loop_(l, &ops, &ctx),
-        Op::Quantize { axis, block_size, dtype } => {
+        Op::Quantize { axis, block_size, dtype, .. } => {
             quantize::quantize(*axis, *block_size, *dtype, &ops)
         }
         Op::Dequantize { axis, block_size } => quantize::dequantize(*axis, *block_size, &ops),

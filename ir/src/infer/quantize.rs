@@ -60,7 +60,7 @@ fn same_layout(scale: &TensorType, zero: &TensorType) -> Result<(), String> {
 }
 
 fn is_quantized(d: DType) -> bool {
-    matches!(d, DType::U8 | DType::I8 | DType::U16 | DType::I16 | DType::I32)
+    matches!(d, DType::U8 | DType::I8 | DType::U16 | DType::I16 | DType::I32) || d.is_storage()
 }
 
 pub(super) fn quantize(
@@ -92,8 +92,11 @@ pub(super) fn quantize(
         }
         None => dtype.unwrap_or(DType::U8),
     };
-    if !is_quantized(to) || to == DType::I32 {
-        return Err(format!("quantizes to uint8, int8, uint16 or int16, not {}", to.name()));
+    if !is_quantized(to) || to == DType::I32 || to == DType::F8E8M0 {
+        return Err(format!(
+            "quantizes to 8-, 4- or 2-bit integers, 16-bit integers or 8- and 4-bit floats, not {}",
+            to.name()
+        ));
     }
     Ok(vec![TensorType::new(to, x.shape.clone())])
 }
@@ -101,7 +104,9 @@ pub(super) fn quantize(
 pub(super) fn dequantize(axis: i64, block_size: usize, ops: &Operands) -> Infer {
     let (x, scale) = (ops.get(0)?.ty, ops.get(1)?.ty);
     if !is_quantized(x.dtype) {
-        return Err(format!("dequantizes uint8, int8, uint16, int16 or int32, got {x}"));
+        return Err(format!(
+            "dequantizes 8-, 16- and 32-bit integers and the storage types, got {x}"
+        ));
     }
     if !scale.dtype.is_float() {
         return Err(format!("the scale must be a float, got {scale}"));

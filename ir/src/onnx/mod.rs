@@ -202,7 +202,11 @@ pub fn encode_tensor(t: &Tensor, name: &str) -> Vec<u8> {
         dims: t.dims().iter().map(|&d| d as i64).collect(),
         data_type: Some(onnx_type_of(t.dtype())),
         name: Some(name.to_string()),
-        raw_data: Some(t.bytes().to_vec()),
+        // The 4- and 2-bit types packed, as ONNX stores them.
+        raw_data: Some(match t.dtype().packed_bits() {
+            Some(bits) => crate::narrow::pack(t.bytes(), bits),
+            None => t.bytes().to_vec(),
+        }),
         ..Default::default()
     }
     .encode_to_vec()

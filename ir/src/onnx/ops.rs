@@ -79,8 +79,6 @@ pub(super) fn convert(im: &mut GraphImporter, node: &NodeProto, op_type: &str) -
         "Constant" => constant(im, node, a),
         "Dropout" => dropout(im, node, a, opset),
         "Cast" | "CastLike" => {
-            a.remove("saturate");
-            a.remove("round_mode");
             let to = if op_type == "Cast" {
                 type_attr(&mut a, "to")?.ok_or_else(|| err("attribute `to` is required"))?
             } else {
@@ -88,8 +86,22 @@ pub(super) fn convert(im: &mut GraphImporter, node: &NodeProto, op_type: &str) -
                     im.operand(node, 1).ok_or_else(|| err("operand 1 (target_type) is missing"))?;
                 im.ty(target).dtype
             };
+            // Only a conversion to E8M0 rounds by `round_mode`; kiln rounds up, the default.
+            match a.remove("round_mode") {
+                Some(Attr::Str(m)) if m != "up" && to == DType::F8E8M0 => {
+                    return Err(unsupported(format!(
+                        "{op_type}: round_mode `{m}` to f8e8m0 is not supported (only `up`)"
+                    )));
+                }
+                _ => {}
+            }
+            let saturate = match a.remove("saturate") {
+                None => true,
+                Some(Attr::Int(v)) => v != 0,
+                Some(_) => return Err(err("attribute `saturate` must be an integer")),
+            };
             a.finish(op_type).map_err(err)?;
-            emit(im, node, Op::Cast { to }, &[Some(x()?)], 1)
+            emit(im, node, Op::Cast { to, saturate }, &[Some(x()?)], 1)
         }
         "Optional" => optional(im, node, a),
         "DynamicQuantizeLinear"
@@ -98,8 +110,10 @@ pub(super) fn convert(im: &mut GraphImporter, node: &NodeProto, op_type: &str) -
         | "QLinearMatMul"
         | "QLinearConv" => super::quantized::convert(im, node, op_type, a),
         "QuantizeLinear" | "DequantizeLinear" => {
-            // `saturate` only changes float8 results, which kiln does not have.
-            a.remove("saturate");
+            // QuantizeLinear's `saturate` (float8 results) is the op's; DequantizeLinear has none.
+            if op_type == "DequantizeLinear" {
+                a.remove("saturate");
+            }
             // DequantizeLinear's (opset 23) must be the scale's type, which is what kiln gives.
             let out = type_attr(&mut a, "output_dtype")?;
             let scale = im.operand(node, 1).map(|s| im.ty(s).dtype);

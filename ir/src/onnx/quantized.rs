@@ -68,12 +68,12 @@ fn dynamic_quantize(im: &mut GraphImporter, node: &NodeProto, a: Attrs) -> Resul
     let zp = op(im, node, "zero_point_fp", Op::Binary(BinaryOp::Sub), &[Some(zero), Some(scaled)])?;
     let zp = op(im, node, "zero_point_clipped", Op::Clip, &[Some(zp), Some(zero), Some(top)])?;
     let zp = op(im, node, "zero_point_rounded", Op::Unary(UnaryOp::Round), &[Some(zp)])?;
-    let zp = op(im, node, "zero_point", Op::Cast { to: DType::U8 }, &[Some(zp)])?;
+    let zp = op(im, node, "zero_point", Op::Cast { to: DType::U8, saturate: true }, &[Some(zp)])?;
     let y = op(
         im,
         node,
         "",
-        Op::Quantize { axis: 1, block_size: 0, dtype: None },
+        Op::Quantize { axis: 1, block_size: 0, dtype: None, saturate: true },
         &[Some(x), Some(scale), Some(zp)],
     )?;
     im.bind(node, &[y, scale, zp])
@@ -90,9 +90,15 @@ fn centred(
     per_row: bool,
     to: DType,
 ) -> Result<ValueId> {
-    let xc = op(im, node, &format!("{what}_wide"), Op::Cast { to }, &[Some(x)])?;
+    let xc = op(im, node, &format!("{what}_wide"), Op::Cast { to, saturate: true }, &[Some(x)])?;
     let Some(z) = zp else { return Ok(xc) };
-    let mut z = op(im, node, &format!("{what}_zero_point_wide"), Op::Cast { to }, &[Some(z)])?;
+    let mut z = op(
+        im,
+        node,
+        &format!("{what}_zero_point_wide"),
+        Op::Cast { to, saturate: true },
+        &[Some(z)],
+    )?;
     if per_row && im.ty(z).rank() == 1 && im.ty(z).shape.numel() != Some(1) {
         let axes = constant(im, node, &format!("{what}_zero_point_axes"), Tensor::vector(&[-1]))?;
         z = op(
@@ -146,7 +152,7 @@ fn conv_integer(im: &mut GraphImporter, node: &NodeProto, a: Attrs) -> Result<()
     };
     let wc = centred(im, node, "w", w, wz, false, DType::F32)?;
     let y = op(im, node, "sum", conv, &[Some(xc), Some(wc)])?;
-    let y = op(im, node, "", Op::Cast { to: DType::I32 }, &[Some(y)])?;
+    let y = op(im, node, "", Op::Cast { to: DType::I32, saturate: true }, &[Some(y)])?;
     im.bind(node, &[y])
 }
 
@@ -178,7 +184,7 @@ fn qlinear_matmul(im: &mut GraphImporter, node: &NodeProto, a: Attrs) -> Result<
         im,
         node,
         "",
-        Op::Quantize { axis: -1, block_size: 0, dtype: None },
+        Op::Quantize { axis: -1, block_size: 0, dtype: None, saturate: true },
         &[Some(y), Some(v[6]), Some(v[7])],
     )?;
     im.bind(node, &[y])
@@ -213,7 +219,7 @@ fn qlinear_conv(im: &mut GraphImporter, node: &NodeProto, a: Attrs) -> Result<()
         im,
         node,
         "",
-        Op::Quantize { axis: 1, block_size: 0, dtype: None },
+        Op::Quantize { axis: 1, block_size: 0, dtype: None, saturate: true },
         &[Some(y), Some(v[6]), Some(v[7])],
     )?;
     im.bind(node, &[y])
@@ -244,7 +250,7 @@ pub(super) fn convert_microsoft(
             im,
             node,
             "",
-            Op::Quantize { axis: 1, block_size: 0, dtype: None },
+            Op::Quantize { axis: 1, block_size: 0, dtype: None, saturate: true },
             &[Some(y), Some(scale), zp],
         )
     };

@@ -6,7 +6,7 @@ use std::path::Path;
 use half::{bf16, f16};
 
 use super::proto::{data_type as dt, SparseTensorProto, TensorProto};
-use crate::{DType, IrError, Tensor};
+use crate::{narrow, DType, IrError, Tensor};
 
 /// The kiln dtype of an ONNX data type, or the spec's name of an unsupported one.
 pub fn dtype_of(t: i32) -> Result<DType, String> {
@@ -24,6 +24,16 @@ pub fn dtype_of(t: i32) -> Result<DType, String> {
         dt::UINT32 => DType::U32,
         dt::UINT64 => DType::U64,
         dt::BOOL => DType::Bool,
+        dt::FLOAT8E4M3FN => DType::F8E4M3FN,
+        dt::FLOAT8E4M3FNUZ => DType::F8E4M3FNUZ,
+        dt::FLOAT8E5M2 => DType::F8E5M2,
+        dt::FLOAT8E5M2FNUZ => DType::F8E5M2FNUZ,
+        dt::FLOAT8E8M0 => DType::F8E8M0,
+        dt::FLOAT4E2M1 => DType::F4E2M1,
+        dt::INT4 => DType::I4,
+        dt::UINT4 => DType::U4,
+        dt::INT2 => DType::I2,
+        dt::UINT2 => DType::U2,
         other => return Err(format!("element type {} is not supported", dt::name(other))),
     })
 }
@@ -44,6 +54,16 @@ pub fn onnx_type_of(d: DType) -> i32 {
         DType::U32 => dt::UINT32,
         DType::U64 => dt::UINT64,
         DType::Bool => dt::BOOL,
+        DType::F8E4M3FN => dt::FLOAT8E4M3FN,
+        DType::F8E4M3FNUZ => dt::FLOAT8E4M3FNUZ,
+        DType::F8E5M2 => dt::FLOAT8E5M2,
+        DType::F8E5M2FNUZ => dt::FLOAT8E5M2FNUZ,
+        DType::F8E8M0 => dt::FLOAT8E8M0,
+        DType::F4E2M1 => dt::FLOAT4E2M1,
+        DType::I4 => dt::INT4,
+        DType::U4 => dt::UINT4,
+        DType::I2 => dt::INT2,
+        DType::U2 => dt::UINT2,
     }
 }
 
@@ -72,15 +92,28 @@ fn tensor_data(
         .iter()
         .try_fold(1usize, |acc, &d| acc.checked_mul(d))
         .ok_or_else(|| format!("{what}: dimensions {dims:?} overflow"))?;
-    let bytes_needed =
-        count.checked_mul(dtype.size()).ok_or_else(|| format!("{what}: too large"))?;
+    // The 4- and 2-bit types are packed in files, low bits first; kiln keeps a byte each.
+    let bytes_needed = match dtype.packed_bits() {
+        Some(bits) => count.div_ceil((8 / bits) as usize),
+        None => count.checked_mul(dtype.size()).ok_or_else(|| format!("{what}: too large"))?,
+    };
+    let from_file_bytes = |bytes: &[u8]| {
+        let t = match dtype.packed_bits() {
+            Some(bits) => {
+                let signed = matches!(dtype, DType::I4 | DType::I2);
+                Tensor::from_bytes(dtype, &dims, &narrow::unpack(bytes, count, bits, signed))
+            }
+            None => Tensor::from_bytes(dtype, &dims, bytes),
+        };
+        t.map_err(|e| format!("{what}: {e}"))
+    };
     let wrong_len = |have: usize| {
         format!("{what}: {dtype}{:?} needs {count} values, the file holds {have}", dims)
     };
 
     if t.data_location == Some(1) {
         let bytes = read_external(t, base_dir, bytes_needed).map_err(|e| format!("{what}: {e}"))?;
-        return Tensor::from_bytes(dtype, &dims, &bytes).map_err(|e| format!("{what}: {e}"));
+        return from_file_bytes(&bytes);
     }
     if let Some(raw) = &t.raw_data {
         if raw.len() != bytes_needed {
@@ -89,7 +122,7 @@ fn tensor_data(
                 raw.len()
             ));
         }
-        return Tensor::from_bytes(dtype, &dims, raw).map_err(|e| format!("{what}: {e}"));
+        return from_file_bytes(raw);
     }
     // Typed fields: which one holds the data depends on the type (see onnx.proto).
     let tensor = match dtype {
@@ -116,6 +149,18 @@ fn tensor_data(
         DType::Bool => int32s(t, count, wrong_len).and_then(|v| {
             Tensor::from_vec(&dims, v.iter().map(|&x| x != 0).collect()).map_err(|e| e.to_string())
         }),
+        // One code a value (8-bit floats), or the packed bytes (4- and 2-bit types).
+        DType::F8E4M3FN
+        | DType::F8E4M3FNUZ
+        | DType::F8E5M2
+        | DType::F8E5M2FNUZ
+        | DType::F8E8M0
+        | DType::F4E2M1
+        | DType::I4
+        | DType::U4
+        | DType::I2
+        | DType::U2 => int32s(t, bytes_needed, wrong_len)
+            .and_then(|v| from_file_bytes(&v.iter().map(|&x| x as u8).collect::<Vec<_>>())),
         DType::I32 | DType::I16 | DType::I8 | DType::U16 | DType::U8 => int32s(t, count, wrong_len)
             .and_then(|v| {
                 Tensor::from_f64s(

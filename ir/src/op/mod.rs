@@ -207,8 +207,9 @@ op_table! {
     Clip => "Clip", arity (1, 3), Elementwise;
     /// `(cond, x, y) -> z`, broadcasting all three.
     Where => "Where", arity (3, 3), Elementwise;
-    /// `(x) -> y` converted to `to`.
-    Cast { to: DType; "to" as Type } => "Cast", arity (1, 1), Elementwise;
+    /// `(x) -> y` converted to `to`; to an 8- or 4-bit float, out-of-range values saturate to the
+    /// largest finite one unless `saturate` is off (then infinity or NaN).
+    Cast { to: DType; "to" as Type, saturate: bool = true; "saturate" as Flag } => "Cast", arity (1, 1), Elementwise;
 
     // ----- contractions -----
     /// `(a, b) -> y`, numpy matmul (batched, 1-D operands promoted).
@@ -360,7 +361,7 @@ op_table! {
     /// zero_point, saturated to the result type (the zero point's, else `dtype`, else u8). The
     /// scale is one value, one per position along `axis` (1-D), or (`block_size` > 0, the rank of
     /// `x`) one per block of `block_size` positions along `axis`; the zero point is shaped alike.
-    Quantize { axis: i64 = 1; "axis" as Int, block_size: usize = 0; "block_size" as Size, dtype: Option<DType> = None; "output_dtype" as OptType }
+    Quantize { axis: i64 = 1; "axis" as Int, block_size: usize = 0; "block_size" as Size, dtype: Option<DType> = None; "output_dtype" as OptType, saturate: bool = true; "saturate" as Flag }
         => "QuantizeLinear", arity (2, 3), Root;
     /// `(x, scale, zero_point?) -> y`, ONNX DequantizeLinear: (x - zero_point) * scale, in the
     /// scale's type; the scale as Quantize's.

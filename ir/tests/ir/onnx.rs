@@ -561,14 +561,42 @@ fn tensor_files_round_trip_and_bad_ones_are_named() {
     assert!(e.contains("raw data") || e.contains("truncated"), "{e}");
     let e = onnx::decode_tensor(&[], None).unwrap_err().to_string();
     assert_eq!(e, "not an ONNX tensor: it has no data type");
-    let f8 = TensorProto {
+    let complex = TensorProto {
         dims: vec![1],
-        data_type: Some(17),
-        raw_data: Some(vec![0]),
+        data_type: Some(14),
+        raw_data: Some(vec![0; 8]),
         ..Default::default()
     }
     .encode_to_vec();
-    let e = onnx::decode_tensor(&f8, None).unwrap_err();
+    let e = onnx::decode_tensor(&complex, None).unwrap_err();
     assert!(matches!(e, IrError::NotSupported(_)), "{e}");
-    assert_eq!(e.to_string(), "a tensor: element type FLOAT8E4M3FN is not supported");
+    assert_eq!(e.to_string(), "a tensor: element type COMPLEX64 is not supported");
+}
+
+/// The storage types: 8-bit floats a byte each; 4- and 2-bit values packed low bits first in
+/// the file, a byte each in memory (signed ones sign-extended); written back packed.
+#[test]
+fn storage_type_tensors_unpack_and_round_trip() {
+    let proto = |data_type: i32, dims: Vec<i64>, raw: Vec<u8>| {
+        TensorProto { dims, data_type: Some(data_type), raw_data: Some(raw), ..Default::default() }
+            .encode_to_vec()
+    };
+    // int4 [-8, 7, -1]: nibbles 0x8, 0x7 in the first byte, 0xF in the low half of the second.
+    let t = onnx::decode_tensor(&proto(22, vec![3], vec![0x78, 0x0F]), None).unwrap();
+    assert_eq!(t.dtype(), DType::I4);
+    assert_eq!(t.to_f64s(), vec![-8.0, 7.0, -1.0]);
+    assert_eq!(onnx::decode_tensor(&onnx::encode_tensor(&t, "t"), None).unwrap(), t);
+    // uint2 [1, 2, 3, 0, 3]: four to a byte.
+    let t = onnx::decode_tensor(&proto(25, vec![5], vec![0b0011_1001, 0b11]), None).unwrap();
+    assert_eq!(t.to_f64s(), vec![1.0, 2.0, 3.0, 0.0, 3.0]);
+    // float8 e4m3fn: 0x38 is 1.0, 0x7E the largest (448), 0x7F NaN; e5m2 0x7C is infinity.
+    let t = onnx::decode_tensor(&proto(17, vec![3], vec![0x38, 0x7E, 0x7F]), None).unwrap();
+    let v = t.to_f64s();
+    assert_eq!(&v[..2], &[1.0, 448.0]);
+    assert!(v[2].is_nan());
+    let t = onnx::decode_tensor(&proto(19, vec![1], vec![0x7C]), None).unwrap();
+    assert_eq!(t.to_f64s(), vec![f64::INFINITY]);
+    // A packed tensor with too few bytes is named.
+    let e = onnx::decode_tensor(&proto(21, vec![5], vec![0x12]), None).unwrap_err().to_string();
+    assert!(e.contains("needs 3 bytes"), "{e}");
 }

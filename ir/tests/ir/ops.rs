@@ -504,7 +504,7 @@ fn quantize_and_dequantize_per_tensor_per_axis_and_blocked() {
     // Per tensor, rounding half to even and saturating: 2.5 -> 2, 3.5 -> 4, -1 -> 0 + 128 - 1.
     let x = Tensor::from_slice(&[6], &[0.0f32, 2.5, 3.5, -1.0, 1000.0, -1000.0]).unwrap();
     let q = run(
-        Op::Quantize { axis: 1, block_size: 0, dtype: None },
+        Op::Quantize { axis: 1, block_size: 0, dtype: None, saturate: true },
         x.clone(),
         Tensor::scalar(1f32),
         Some(Tensor::scalar(128u8)),
@@ -512,7 +512,7 @@ fn quantize_and_dequantize_per_tensor_per_axis_and_blocked() {
     .unwrap();
     assert_eq!(q.to_i64s(), [128, 130, 132, 127, 255, 0]);
     let q = run(
-        Op::Quantize { axis: 1, block_size: 0, dtype: Some(DType::I8) },
+        Op::Quantize { axis: 1, block_size: 0, dtype: Some(DType::I8), saturate: true },
         x,
         Tensor::scalar(1f32),
         None,

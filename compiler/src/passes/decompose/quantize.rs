@@ -1,7 +1,8 @@
 //! QuantizeLinear and DequantizeLinear as elementwise arithmetic in f32 (f64 for an f64 scale):
 //! the scale and zero point reshaped to broadcast along their axis, or repeated per block.
 //!
-//! Quantize: `cast(clip(round_even(x / scale) + zero_point, lo, hi))`; Dequantize:
+//! Quantize: `cast(clip(round_even(x / scale) + zero_point, lo, hi))`, or to an 8- or 4-bit
+//! float `cast(x / scale + zero_point)` (the cast rounds and saturates); Dequantize:
 //! `(x - zero_point) * scale`.
 
 use kiln_ir::{BinaryOp, DType, NodeId, Op, UnaryOp, ValueId};
@@ -65,6 +66,7 @@ pub(super) fn quantize(
     id: NodeId,
     axis: i64,
     block_size: usize,
+    saturate: bool,
 ) -> Result<Option<Vec<ValueId>>> {
     let ops = e.g.operands(id);
     let (Some(x), Some(scale)) = (ops[0], ops[1]) else { return Ok(None) };
@@ -74,10 +76,19 @@ pub(super) fn quantize(
     let s = broadcastable(e, scale, &xd, axis, block_size, ct)?;
     let xc = e.cast("x", x, ct)?;
     let mut q = e.binary("div", BinaryOp::Div, xc, s)?;
-    q = e.unary("round", UnaryOp::Round, q)?;
+    // To an 8- or 4-bit float the cast itself rounds and saturates; to an integer, round to
+    // even and clip to its range first.
+    let to_float = to.is_float8() || to == DType::F4E2M1;
+    if !to_float {
+        q = e.unary("round", UnaryOp::Round, q)?;
+    }
     if let Some(z) = ops.get(2).copied().flatten() {
         let z = broadcastable(e, z, &xd, axis, block_size, ct)?;
         q = e.add("shift", q, z)?;
+    }
+    if to_float {
+        let q = e.op2("quantized", Op::Cast { to, saturate }, &[q])?;
+        return Ok(Some(vec![q]));
     }
     let (lo, hi) = kiln_ir::eval::quantized_range(to);
     let lo = e.scalar(lo, ct)?;
