@@ -206,3 +206,37 @@ fn computing_on_a_storage_type_is_refused_naming_the_node() {
         .to_string();
     assert!(err.contains("(Add)") && err.contains("f8e5m2"), "{err}");
 }
+
+/// A cast to f16 or bf16 that the same kernel reads on rounds there, as a stored one would (the
+/// kernel computes in f32). Arithmetic on half types rounds only where it is stored, as before.
+#[test]
+fn half_casts_round_inside_fused_kernels() {
+    for half in [DType::F16, DType::BF16] {
+        let g = GraphBuilder::new("half_in_a_chain");
+        let x = g.input("x", DType::F32, [256]);
+        let h = g.input("h", DType::F32, [256]);
+        g.output("y", x.cast(half).cast(DType::F32).add(h));
+        let g = g.build().unwrap();
+        let inputs =
+            [Tensor::random(DType::F32, &[256], 31), Tensor::random(DType::F32, &[256], 32)];
+        check_against_eval(&g, &inputs, 1, 0.0);
+    }
+}
+
+/// Integer Pow, wrapping, with negative exponents too (what truncating the real power gives:
+/// 1 for 1, +-1 for -1, 0 otherwise; 0 to a negative power has no integer answer and is left
+/// out). Every target squares and multiplies (SPIR-V and NVVM have no `math.ipowi`); the OpenCL
+/// ratchet holds ONNX's integer Pow tests.
+#[test]
+fn integer_pow_matches_the_interpreter() {
+    let g = GraphBuilder::new("ipow");
+    let x = g.input("x", DType::I64, [6, 1]);
+    let y = g.input("y", DType::I64, [1, 9]);
+    g.output("p", x.binary(kiln_ir::BinaryOp::Pow, y));
+    let g = g.build().unwrap();
+    let inputs = [
+        Tensor::from_vec(&[6, 1], vec![-3i64, -2, -1, 1, 2, 3]).unwrap(),
+        Tensor::from_vec(&[1, 9], vec![-3i64, -2, -1, 0, 1, 2, 5, 40, 63]).unwrap(),
+    ];
+    check_against_eval(&g, &inputs, 1, 0.0);
+}

@@ -557,7 +557,7 @@ impl<'c, 'a> ScalarBuilder<'c, 'a> {
             }
             BinaryOp::Pow => {
                 if s {
-                    bin("math.ipowi")?
+                    self.signed_pow(x, y, t)?
                 } else {
                     let xf = self.emit("arith.uitofp", &[x], "f64")?;
                     let yf = self.emit("arith.uitofp", &[y], "f64")?;
@@ -610,8 +610,16 @@ impl<'c, 'a> ScalarBuilder<'c, 'a> {
         }
         if to.is_storage() {
             // Rounded (or wrapped) to the type and back, so what reads it in this kernel sees
-            // what a store keeps.
-            let wide = self.cast(x, storage_compute(to))?;
+            // what a store keeps. A 4- or 2-bit integer goes through i32, so a negative float
+            // wraps into an unsigned one (-1 to 15) as the reference does: a float to unsigned
+            // conversion of a negative value has no defined result (0 on NVIDIA GPUs).
+            let wide = if storage_compute(to) == DType::F32 {
+                self.cast(x, DType::F32)?
+            } else {
+                let i = self.cast(x, DType::I32)?;
+                let byte = self.emit("arith.trunci", &[i.v], "i8")?;
+                Scalar { v: byte, dtype: storage_compute(to) }
+            };
             let code = self.encode_storage(wide.v, to, saturate, false)?;
             let v = self.decode_storage(code, to)?;
             return Ok(Scalar { v, dtype: to });
@@ -632,10 +640,17 @@ impl<'c, 'a> ScalarBuilder<'c, 'a> {
                 self.emit("arith.extui", &[x.v], tt)?
             }
         } else if from.is_float() && to.is_float() {
-            match (ft, tt) {
-                ("f32", "f64") => self.emit("arith.extf", &[x.v], "f64")?,
-                ("f64", "f32") => self.emit("arith.truncf", &[x.v], "f32")?,
-                _ => x.v,
+            if matches!(to, DType::F16 | DType::BF16) {
+                // Computed in f32, but rounded to the half type here, so what reads the cast
+                // in this kernel sees what a store would keep.
+                let half = self.emit("arith.truncf", &[x.v], storage_type(to))?;
+                self.emit("arith.extf", &[half], "f32")?
+            } else {
+                match (ft, tt) {
+                    ("f32", "f64") => self.emit("arith.extf", &[x.v], "f64")?,
+                    ("f64", "f32") => self.emit("arith.truncf", &[x.v], "f32")?,
+                    _ => x.v,
+                }
             }
         } else if from.is_float() {
             self.emit(if to.is_signed_int() { "arith.fptosi" } else { "arith.fptoui" }, &[x.v], tt)?
@@ -660,6 +675,37 @@ impl<'c, 'a> ScalarBuilder<'c, 'a> {
             }
         };
         Ok(Scalar { v, dtype: to })
+    }
+}
+
+impl<'c, 'a> ScalarBuilder<'c, 'a> {
+    /// `x ^ y` of signed integers, wrapping, by squaring and multiplying over y's bits (every
+    /// target: SPIR-V and NVVM have no `math.ipowi`). A negative y gives what truncating the
+    /// real power does: 1 for x = 1, +-1 for x = -1, else 0.
+    fn signed_pow(&self, x: Value<'c, 'a>, y: Value<'c, 'a>, t: &str) -> Result<Value<'c, 'a>> {
+        let bits = int_bits(t).ok_or_else(|| err(format!("`{t}` is not an integer type")))?;
+        let one = self.int_constant(1, t)?;
+        let (mut acc, mut base) = (one, x);
+        for i in 0..bits - 1 {
+            let shift = self.int_constant(i as i128, t)?;
+            let bit = self.emit("arith.shrui", &[y, shift], t)?;
+            let bit = self.emit("arith.andi", &[bit, one], t)?;
+            let set = self.cmpi(CmpiPredicate::Ne, bit, self.int_constant(0, t)?)?;
+            let times = self.emit("arith.muli", &[acc, base], t)?;
+            acc = self.select(set, times, acc, t)?;
+            base = self.emit("arith.muli", &[base, base], t)?;
+        }
+        let zero = self.int_constant(0, t)?;
+        let minus_one = self.int_constant(-1, t)?;
+        let is_one = self.cmpi(CmpiPredicate::Eq, x, one)?;
+        let is_minus_one = self.cmpi(CmpiPredicate::Eq, x, minus_one)?;
+        let odd = self.emit("arith.andi", &[y, one], t)?;
+        let odd = self.cmpi(CmpiPredicate::Ne, odd, zero)?;
+        let sign = self.select(odd, minus_one, one, t)?;
+        let fraction = self.select(is_minus_one, sign, zero, t)?;
+        let fraction = self.select(is_one, one, fraction, t)?;
+        let negative = self.cmpi(CmpiPredicate::Slt, y, zero)?;
+        self.select(negative, fraction, acc, t)
     }
 }
 
