@@ -169,6 +169,26 @@ fn padded_convolutions_are_spread_over_threads() {
     check_opencl(&g, &[Tensor::random(DType::F32, &[1, 16, 24, 24], 15)], None, 1e-4);
 }
 
+/// bf16 on OpenCL: SPIR-V 1.0 has none, so kernels keep its bits in i16 (rounding to nearest
+/// even when they make one); casts both ways and a bf16 result of arithmetic match the
+/// interpreter.
+#[test]
+fn bf16_runs_on_opencl_as_16_bit_integers() {
+    if !have(Target::Opencl) {
+        return skipped("no OpenCL device (run `eval \"$(scripts/setup-opencl.sh)\"`); bf16 on OpenCL was not run");
+    }
+    let g = GraphBuilder::new("bf16");
+    let x = g.input("x", DType::F32, [64]);
+    let h = g.input("h", DType::BF16, [64]);
+    g.output("to_bf16", x.cast(DType::BF16));
+    g.output("from_bf16", h.cast(DType::F32));
+    g.output("sum", h.add(x.cast(DType::BF16)));
+    let g = g.build().unwrap();
+    let x = Tensor::random(DType::F32, &[64], 21);
+    let h = Tensor::random(DType::BF16, &[64], 22);
+    check_opencl(&g, &[x, h], None, 0.0);
+}
+
 /// Shared-memory arrays are declared 16-byte aligned in PTX: NVPTX combines their accesses into
 /// `ld.shared.v4`, and an array declared `.align 4` that happened to start at an odd word faulted
 /// with a misaligned address on an H200.

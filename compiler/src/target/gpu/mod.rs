@@ -9,6 +9,7 @@
 //! 4. every kernel's `gpu.func`s move into one device module, whose temporaries get their memory
 //!    spaces (`memory.rs`) before it is lowered to PTX (`ptx.rs`) or SPIR-V (`spirv.rs`).
 
+pub mod bf16;
 pub mod launch;
 pub mod loops;
 pub mod memory;

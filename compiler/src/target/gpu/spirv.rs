@@ -35,6 +35,12 @@ pub fn lower(
     for m in root.children().into_iter().filter(|o| o.is("gpu.module")) {
         m.set_attr("spirv.target_env", env);
     }
+    // SPIR-V 1.0 has no bf16, and MLIR's converter widens it to f32, which would misread bf16
+    // buffers: bf16 becomes i16 here (`arith-expand` already turned its conversions into
+    // integer arithmetic; what is left moves bits).
+    super::bf16::to_i16(&mlir.ctx, root)?;
+    mlir.run_pipeline(module, "builtin.module(canonicalize)")
+        .map_err(|e| format!("after bf16 to i16: {e}"))?;
     let pipeline = format!(
         "builtin.module({TARGET},map-memref-spirv-storage-class{{client-api=opencl}},gpu.module(convert-math-to-spirv),convert-gpu-to-spirv{{use-64bit-index=true}},gpu.module(spirv.module(spirv-lower-abi-attrs,spirv-update-vce)))"
     );
