@@ -38,8 +38,22 @@ struct Case {
     group: usize,
 }
 
+/// Between the convolution and the QuantizeLinear.
+#[derive(Clone, Copy)]
+enum Activation {
+    None,
+    Relu,
+    Clip(f32, f32),
+}
+
 /// Q(Conv(DQ(x), DQ(w), DQ(b))) as onnxruntime's quantizer writes it, and an input.
 fn qdq_conv(case: &Case, seed: u64) -> (Graph, Tensor) {
+    qdq_conv_with(case, seed, Activation::None)
+}
+
+/// `qdq_conv` with an activation between the convolution and the QuantizeLinear, as other
+/// quantizers (PyTorch's) leave it.
+fn qdq_conv_with(case: &Case, seed: u64, act: Activation) -> (Graph, Tensor) {
     let Case {
         batch,
         c,
@@ -84,6 +98,15 @@ fn qdq_conv(case: &Case, seed: u64) -> (Graph, Tensor) {
     let wd = deq(wq, sw, Some(zw), 0);
     let bd = deq(bias, sb, None, 0);
     let y = xd.conv(wd, Some(bd), ConvOptions { stride, pad, dilation, group });
+    let y = match act {
+        Activation::None => y,
+        Activation::Relu => y.relu(),
+        Activation::Clip(lo, hi) => {
+            let lo = g.constant("lo", Tensor::scalar(lo));
+            let hi = g.constant("hi", Tensor::scalar(hi));
+            g.apply(Op::Clip, &[Some(y), Some(lo), Some(hi)], 1)[0]
+        }
+    };
     let (zy_type, zy) = if signed_out { (DType::I8, -3.0) } else { (DType::U8, 5.0) };
     let sy = g.constant("sy", t(DType::F32, &[], vec![0.35]));
     let zy = g.constant("zy", t(zy_type, &[], vec![zy]));
@@ -101,7 +124,11 @@ fn qdq_conv(case: &Case, seed: u64) -> (Graph, Tensor) {
 /// Compiles `case` (VNNI allowed or not), checks the integer kernel took it, and compares with the
 /// interpreter: every output within one quantization step, nearly all equal.
 fn check(case: &Case, vnni: bool, threads: usize) {
-    let (graph, x) = qdq_conv(case, 11);
+    check_with(case, vnni, threads, Activation::None)
+}
+
+fn check_with(case: &Case, vnni: bool, threads: usize, act: Activation) {
+    let (graph, x) = qdq_conv_with(case, 11, act);
     let options = Options { cache: false, vnni, ..Options::default() };
     let schedule = kiln_compiler::driver::emit(&graph, Stage::Schedule, &options).unwrap();
     assert!(
@@ -325,5 +352,28 @@ fn the_integer_pass_keeps_the_interpreters_results() {
         let got = eval::run(&rewritten, &[x]).unwrap().remove(0).to_f64s();
         let worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
         assert!(worst <= 1.0, "case {i}: {worst} steps apart");
+    }
+}
+
+/// A Relu or a Clip between the convolution and the QuantizeLinear stays on the integer kernel
+/// (a Clip of its 8-bit result), within one step of the interpreter, and really clamps.
+#[test]
+fn activations_between_conv_and_quantize_stay_integer() {
+    let case = &CASES[1];
+    for act in [Activation::Relu, Activation::Clip(-1.5, 12.0)] {
+        check_with(case, true, 2, act);
+        let (graph, x) = qdq_conv_with(case, 11, act);
+        let zy = if case.signed_out { -3.0 } else { 5.0 };
+        let (lo, hi) = match act {
+            Activation::Relu => (zy, f64::INFINITY),
+            Activation::Clip(lo, hi) => {
+                let q = |v: f32| (v / 0.35).round_ties_even() as f64 + zy;
+                (q(lo), q(hi))
+            }
+            Activation::None => unreachable!(),
+        };
+        let y = eval::run(&graph, &[x]).unwrap().remove(0).to_f64s();
+        assert!(y.iter().all(|&v| v >= lo && v <= hi), "outside [{lo}, {hi}]");
+        assert!(y.contains(&lo), "the lower bound never reached: the case does not test it");
     }
 }

@@ -10,6 +10,8 @@
 //!   whose scale is `x_scale * w_scale` (as the quantizer writes it) or none, the result
 //!   quantized to u8 or s8 with one constant scale and zero point, and the float convolution's
 //!   result used by that QuantizeLinear alone.
+//!   A Relu, or a Clip with constant bounds, between the convolution and the QuantizeLinear
+//!   becomes a Clip of the 8-bit result to the bounds quantized (quantizing is increasing).
 //! - `QuantizeLinear(MaxPool(DequantizeLinear(x, s, z)), s, z)` of u8 becomes `MaxPool(x)`.
 //!
 //! Anything else stays float arithmetic (`decompose`).
@@ -35,7 +37,7 @@ pub fn run(graph: &mut Graph) -> Result<bool> {
             changed = true;
             continue;
         }
-        let Some((conv, operands)) = integer_conv(graph, id) else { continue };
+        let Some((conv, operands, range)) = integer_conv(graph, id) else { continue };
         let name = graph.unique_name(&format!("{}/integer", graph.node(id).name));
         let operands = materialize(graph, &name, operands)?;
         changed = true;
@@ -44,7 +46,25 @@ pub fn run(graph: &mut Graph) -> Result<bool> {
             graph.remove_node(new)?;
             continue;
         }
-        graph.replace_uses(ValueId::from(id), ValueId::from(new))?;
+        let result = match quantized_bounds(graph, id, range) {
+            // An activation's bounds, as a Clip of the 8-bit result.
+            Some((lo, hi)) => {
+                let d = graph.value_type(ValueId::from(new)).dtype;
+                let clip_name = graph.unique_name(&format!("{name}/activation"));
+                let lo = graph
+                    .add_constant(&format!("{clip_name}/lo"), Tensor::from_f64s(d, &[], &[lo])?)?;
+                let hi = graph
+                    .add_constant(&format!("{clip_name}/hi"), Tensor::from_f64s(d, &[], &[hi])?)?;
+                let clip = graph.add_node(
+                    &clip_name,
+                    Op::Clip,
+                    &[Some(ValueId::from(new)), Some(lo), Some(hi)],
+                )?;
+                ValueId::from(clip)
+            }
+            None => ValueId::from(new),
+        };
+        graph.replace_uses(ValueId::from(id), result)?;
     }
     if changed {
         super::fold::remove_dead(graph)?;
@@ -136,21 +156,74 @@ fn dequantized(graph: &Graph, v: ValueId) -> Option<(ValueId, ValueId, Option<Va
     ))
 }
 
-/// The QConv operands for QuantizeLinear `q` of a convolution of dequantized values.
-fn integer_conv(graph: &Graph, q: NodeId) -> Option<(Conv, Vec<Option<Operand>>)> {
+/// Whether `v` is read by one node alone and is no graph output.
+fn used_once(graph: &Graph, v: ValueId) -> bool {
+    graph.users(v).len() == 1 && !graph.outputs().iter().any(|(_, o)| *o == v)
+}
+
+/// A Relu, or a Clip with constant bounds, between the convolution and the QuantizeLinear: its
+/// operand and the float range it keeps.
+fn activation(graph: &Graph, v: ValueId) -> Option<(ValueId, (f64, f64))> {
+    let node = graph.try_node(v.node)?;
+    let ops = graph.operands(v.node);
+    let x = ops.first().copied().flatten()?;
+    match node.op {
+        Op::Unary(kiln_ir::UnaryOp::Relu) => Some((x, (0.0, f64::INFINITY))),
+        Op::Clip => {
+            let bound = |i: usize, none: f64| match ops.get(i).copied().flatten() {
+                None => Some(none),
+                Some(b) => scalar(graph, Some(b)),
+            };
+            Some((x, (bound(1, f64::NEG_INFINITY)?, bound(2, f64::INFINITY)?)))
+        }
+        _ => None,
+    }
+}
+
+/// An activation's float range in the result's quantized domain (quantizing is increasing,
+/// so clamping after it is the same): `None` when it clamps nothing the type does not.
+fn quantized_bounds(graph: &Graph, q: NodeId, range: Option<(f64, f64)>) -> Option<(f64, f64)> {
+    let (lo, hi) = range?;
+    let ops = graph.operands(q);
+    let (sy, zy) = (scalar(graph, ops[1])?, scalar(graph, ops.get(2).copied().flatten())?);
+    let d = graph.value_type(ValueId::from(q)).dtype;
+    let (tmin, tmax) = kiln_ir::eval::quantized_range(d);
+    let quantize = |v: f64| ((v as f32 / sy as f32) as f64).round_ties_even() + zy;
+    let qlo = if lo.is_finite() { quantize(lo).clamp(tmin, tmax) } else { tmin };
+    let qhi = if hi.is_finite() { quantize(hi).clamp(tmin, tmax) } else { tmax };
+    (qlo > tmin || qhi < tmax).then_some((qlo, qhi))
+}
+
+/// The QConv operands for QuantizeLinear `q` of a convolution of dequantized values (with a
+/// Relu or Clip between them: its float range).
+#[allow(clippy::type_complexity)]
+fn integer_conv(
+    graph: &Graph,
+    q: NodeId,
+) -> Option<(Conv, Vec<Option<Operand>>, Option<(f64, f64)>)> {
     let q_ops = graph.operands(q);
-    let (real, sy, zy) = (
+    let (mut real, sy, zy) = (
         q_ops.first().copied().flatten()?,
         q_ops.get(1).copied().flatten()?,
         q_ops.get(2).copied().flatten()?,
     );
-    scalar(graph, Some(sy))?;
-    scalar(graph, Some(zy))?;
-    let Op::Conv(conv) = &graph.try_node(real.node)?.op else { return None };
-    // The float result is this QuantizeLinear's alone.
-    if graph.users(real).len() != 1 || graph.outputs().iter().any(|(_, o)| *o == real) {
+    if scalar(graph, Some(sy))? <= 0.0 {
         return None;
     }
+    scalar(graph, Some(zy))?;
+    // The float results are this QuantizeLinear's alone.
+    if !used_once(graph, real) {
+        return None;
+    }
+    let mut range = None;
+    if let Some((x, r)) = activation(graph, real) {
+        if !used_once(graph, x) {
+            return None;
+        }
+        real = x;
+        range = Some(r);
+    }
+    let Op::Conv(conv) = &graph.try_node(real.node)?.op else { return None };
     let c_ops = graph.operands(real.node);
     let (x, sx, zx, _) = dequantized(graph, c_ops.first().copied().flatten()?)?;
     let (w, sw, zw, w_axis) = dequantized(graph, c_ops.get(1).copied().flatten()?)?;
@@ -225,5 +298,5 @@ fn integer_conv(graph: &Graph, q: NodeId) -> Option<(Conv, Vec<Option<Operand>>)
         value(zy),
         bias.map(Operand::Value),
     ];
-    Some((conv.clone(), operands))
+    Some((conv.clone(), operands, range))
 }
