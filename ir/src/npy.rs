@@ -33,6 +33,19 @@ fn descr(d: DType) -> Option<&'static str> {
     })
 }
 
+/// The type a tensor numpy has no type for is written as (values kept exactly): f32 for bf16 and
+/// the 8- and 4-bit floats, i8 or u8 for the 4- and 2-bit integers. `None` when numpy has `d`.
+pub fn widened(d: DType) -> Option<DType> {
+    if descr(d).is_some() {
+        return None;
+    }
+    Some(match d {
+        DType::I4 | DType::I2 => DType::I8,
+        DType::U4 | DType::U2 => DType::U8,
+        _ => DType::F32,
+    })
+}
+
 fn dtype_of(descr: &str) -> Option<DType> {
     let d = descr.trim_start_matches(['<', '|', '=']);
     Some(match d {

@@ -462,3 +462,61 @@ fn dump_dir_writes_each_stage_to_its_file() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `kiln run --output-dir` writes a result numpy has no type for (here f8e4m3fn, from a Cast)
+/// widened to one that holds its values exactly.
+#[test]
+fn run_writes_results_numpy_lacks_widened() {
+    let f32_type = |elem: i32| TypeProto {
+        value: Some(type_proto::Value::TensorType(type_proto::Tensor {
+            elem_type: Some(elem),
+            shape: Some(TensorShapeProto {
+                dim: vec![tensor_shape_proto::Dimension { value: Some(DimValue::DimValue(4)) }],
+            }),
+        })),
+    };
+    let graph = GraphProto {
+        name: Some("to_f8".into()),
+        node: vec![NodeProto {
+            op_type: Some("Cast".into()),
+            name: Some("c".into()),
+            input: vec!["x".into()],
+            output: vec!["y".into()],
+            attribute: vec![AttributeProto {
+                name: Some("to".into()),
+                r#type: Some(attribute_type::INT),
+                i: Some(17),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }],
+        input: vec![ValueInfoProto {
+            name: Some("x".into()),
+            r#type: Some(f32_type(data_type::FLOAT)),
+        }],
+        output: vec![ValueInfoProto { name: Some("y".into()), r#type: Some(f32_type(17)) }],
+        ..Default::default()
+    };
+    let dir = std::env::temp_dir().join(format!("kiln-cli-f8-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let model = dir.join("m.onnx");
+    std::fs::write(&model, model_bytes_at(graph, 21)).unwrap();
+    let x = dir.join("x.npy");
+    kiln_ir::npy::write(&x, &Tensor::from_vec(&[4], vec![1.0f32, 0.3, -500.0, 3.1]).unwrap())
+        .unwrap();
+    let out = dir.join("out");
+    let code = kiln(&[
+        "run",
+        model.to_str().unwrap(),
+        "--input",
+        &format!("x={}", x.display()),
+        "--output-dir",
+        out.to_str().unwrap(),
+        "-q",
+    ]);
+    assert_eq!(code, 0);
+    let y = kiln_ir::npy::read(&out.join("output_0.npy")).unwrap();
+    assert_eq!(y.dtype(), DType::F32);
+    assert_eq!(y.to_f64s(), vec![1.0, 0.3125, -448.0, 3.0]);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -124,7 +124,19 @@ pub fn run(args: &Args) -> Result<()> {
         })?;
         for (i, t) in outputs.iter().enumerate() {
             let p = dir.join(format!("output_{i}.npy"));
-            kiln_ir::npy::write(&p, t)?;
+            match kiln_ir::npy::widened(t.dtype()) {
+                None => kiln_ir::npy::write(&p, t)?,
+                Some(w) => {
+                    if !args.quiet {
+                        eprintln!(
+                            "note: {}: numpy has no {}; written as {w} (the same values)",
+                            p.display(),
+                            t.dtype()
+                        );
+                    }
+                    kiln_ir::npy::write(&p, &t.cast(w))?
+                }
+            }
         }
     }
     for (i, (t, d)) in outputs.iter().zip(exe.outputs()).enumerate() {
