@@ -11,7 +11,8 @@ use crate::{narrow, DType, IrError, Shape, TensorType};
 /// A Rust type that can be a tensor element.
 ///
 /// Sealed: implemented for the numeric types of [`DType`] and `bool`. Every bit pattern of the
-/// numeric types is valid; `bool` tensors are kept normalised to bytes 0/1 on construction, so a
+/// numeric types is valid; `bool` tensors are kept normalised to bytes 0/1 (and 4- and 2-bit
+/// integers sign-extended or masked) on construction, so a
 /// typed view is always sound.
 pub trait Element: Copy + Send + Sync + fmt::Debug + PartialEq + 'static + sealed::Sealed {
     const DTYPE: DType;
@@ -220,12 +221,13 @@ pub struct Tensor {
 
 impl Tensor {
     /// A tensor over memory someone else owns (a caller's array), without copying: `owner` is
-    /// kept alive as long as any tensor over the bytes. `None` when `ptr` is not 8-byte aligned
-    /// or the length does not match the type (copy the bytes with `from_bytes` then).
+    /// kept alive as long as any tensor over the bytes. `None` when `ptr` is not 8-byte aligned,
+    /// the length does not match the type, or the bytes are not in kiln's form (bools other than
+    /// 0 and 1, 4- and 2-bit integers not sign-extended): copy them with `from_bytes` then.
     ///
     /// # Safety
     /// `ptr` must point to `len` readable bytes that stay valid and unchanged while `owner`
-    /// lives, and bools must be 0 or 1.
+    /// lives.
     pub unsafe fn from_external(
         dtype: DType,
         dims: &[usize],

@@ -316,6 +316,7 @@ fn tensor_of(py: Python<'_>, name: &str, want: DType, obj: &Bound<'_, PyAny>) ->
         }
     };
     let descr = arr.dtype();
+    let storage = if descr.itemsize() == 1 { storage_of(&descr.str()?.to_string()) } else { None };
     let dtype = match (descr.kind(), descr.itemsize()) {
         (b'f', 4) => DType::F32,
         (b'f', 8) => DType::F64,
@@ -332,9 +333,7 @@ fn tensor_of(py: Python<'_>, name: &str, want: DType, obj: &Bound<'_, PyAny>) ->
         // ml_dtypes' bfloat16 (what onnx's numpy_helper gives).
         (b'V', 2) if descr.str()? == "bfloat16" => DType::BF16,
         // ml_dtypes' 8- and 4-bit floats and 4- and 2-bit integers, a byte each as in kiln.
-        (_, 1) if storage_of(&descr.str()?.to_string()).is_some() => {
-            storage_of(&descr.str()?.to_string()).expect("checked")
-        }
+        (_, 1) if let Some(d) = storage => d,
         _ => {
             return Err(KilnError::new_err(format!(
                 "input `{name}`: numpy dtype {} has no kiln type",

@@ -41,29 +41,17 @@ pub fn storage_type(d: DType) -> &'static str {
     }
 }
 
-/// The MLIR element type of a dtype in memory (bools are bytes), built, not parsed.
+/// The MLIR element type of a dtype in memory (`storage_type`'s), built, not parsed.
 pub fn dtype_type(ctx: &Context, d: DType) -> Type<'_> {
-    match d {
-        DType::F32 => Type::float32(ctx),
-        DType::F64 => Type::float64(ctx),
-        DType::F16 => Type::float16(ctx),
-        DType::BF16 => Type::bfloat16(ctx),
-        DType::I8
-        | DType::U8
-        | DType::Bool
-        | DType::F8E4M3FN
-        | DType::F8E4M3FNUZ
-        | DType::F8E5M2
-        | DType::F8E5M2FNUZ
-        | DType::F8E8M0
-        | DType::F4E2M1
-        | DType::I4
-        | DType::U4
-        | DType::I2
-        | DType::U2 => melior::ir::r#type::IntegerType::new(ctx, 8).into(),
-        DType::I16 | DType::U16 => melior::ir::r#type::IntegerType::new(ctx, 16).into(),
-        DType::I32 | DType::U32 => melior::ir::r#type::IntegerType::new(ctx, 32).into(),
-        DType::I64 | DType::U64 => melior::ir::r#type::IntegerType::new(ctx, 64).into(),
+    match storage_type(d) {
+        "f32" => Type::float32(ctx),
+        "f64" => Type::float64(ctx),
+        "f16" => Type::float16(ctx),
+        "bf16" => Type::bfloat16(ctx),
+        int => {
+            let bits = int[1..].parse().expect("storage_type names iN");
+            melior::ir::r#type::IntegerType::new(ctx, bits).into()
+        }
     }
 }
 
