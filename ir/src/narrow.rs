@@ -284,8 +284,64 @@ pub fn pack(elements: &[u8], bits: u32) -> Vec<u8> {
     out
 }
 
+/// `x` as f32 rounded to odd: truncated toward zero, the last bit set where that was inexact.
+/// Rounding this to any format of at most 22 significant bits (f16, bf16) gives what rounding
+/// `x` to it directly would: no double rounding. (`half`'s own f64 conversions drop the low 32
+/// bits before they round, so an f32 just above a tie, 0xbf4a8001, became the tie and went to
+/// even, down.)
+fn f32_round_to_odd(x: f64) -> f32 {
+    let f = x as f32;
+    if f64::from(f) == x || !f.is_finite() {
+        return f;
+    }
+    let mut bits = f.to_bits();
+    if f64::from(f).abs() > x.abs() {
+        // Rounded away from zero: one step back toward it (the magnitude is the low 31 bits).
+        bits -= 1;
+    }
+    f32::from_bits(bits | 1)
+}
+
+/// f64 to bf16, to nearest with ties to even.
+pub fn bf16_from_f64(x: f64) -> half::bf16 {
+    half::bf16::from_f32(f32_round_to_odd(x))
+}
+
+/// f64 to f16, to nearest with ties to even.
+pub fn f16_from_f64(x: f64) -> half::f16 {
+    half::f16::from_f32(f32_round_to_odd(x))
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn f16_and_bf16_round_every_bit_of_an_f64() {
+        use half::{bf16, f16};
+        // Just above a tie only in f32's last bits: up, not to even.
+        assert_eq!(super::bf16_from_f64(f64::from(f32::from_bits(0xbf4a_8001))).to_bits(), 0xbf4b);
+        assert_eq!(super::bf16_from_f64(f64::from(f32::from_bits(0x3f80_8000))).to_bits(), 0x3f80);
+        assert_eq!(super::bf16_from_f64(f64::from(f32::from_bits(0x3f81_8000))).to_bits(), 0x3f82);
+        // An f64 just above a tie below f32's precision.
+        assert_eq!(super::bf16_from_f64(1.0 + 2f64.powi(-8) + 2f64.powi(-40)).to_bits(), 0x3f81);
+        assert_eq!(super::f16_from_f64(1.0 + 2f64.powi(-11) + 2f64.powi(-40)).to_bits(), 0x3c01);
+        assert_eq!(super::f16_from_f64(1.0 + 2f64.powi(-11)).to_bits(), 0x3c00);
+        // Every f32 of a sweep of bit patterns agrees with half's f32 conversions (which see
+        // every bit), specials and subnormals included.
+        for i in 0..200_000u32 {
+            let bits = i.wrapping_mul(2_654_435_761);
+            let f = f32::from_bits(bits);
+            let (b, h) = (super::bf16_from_f64(f64::from(f)), super::f16_from_f64(f64::from(f)));
+            if f.is_nan() {
+                assert!(b.is_nan() && h.is_nan());
+            } else {
+                assert_eq!(b.to_bits(), bf16::from_f32(f).to_bits(), "{bits:08x}");
+                assert_eq!(h.to_bits(), f16::from_f32(f).to_bits(), "{bits:08x}");
+            }
+        }
+        assert_eq!(super::bf16_from_f64(1e39).to_bits(), 0x7f80);
+        assert_eq!(super::f16_from_f64(-1e6).to_bits(), 0xfc00);
+    }
+
     use super::*;
 
     #[test]

@@ -52,8 +52,8 @@ macro_rules! float_element {
 
 float_element!(f32, F32, |x: f32| x as f64, |v: f64| v as f32);
 float_element!(f64, F64, |x: f64| x, |v: f64| v);
-float_element!(f16, F16, |x: f16| x.to_f64(), f16::from_f64);
-float_element!(bf16, BF16, |x: bf16| x.to_f64(), bf16::from_f64);
+float_element!(f16, F16, |x: f16| x.to_f64(), crate::narrow::f16_from_f64);
+float_element!(bf16, BF16, |x: bf16| x.to_f64(), crate::narrow::bf16_from_f64);
 
 macro_rules! int_element {
     ($t:ty, $d:ident) => {
