@@ -6,7 +6,7 @@ CARGO ?= cargo
 
 SUITES := node pytorch-converted pytorch-operator simple
 
-.PHONY: setup demo test check-runtime-deps conformance ratchet ops-doc examples bench bench-int8 bench-ops fuzz fuzz-smoke soak python python-test python-ratchet python-overhead lint
+.PHONY: setup demo test check-runtime-deps conformance ratchet ops-doc examples bench bench-int8 bench-precision bench-ops fuzz fuzz-smoke soak python python-test python-ratchet python-overhead lint
 
 setup:
 	@./scripts/setup.sh
@@ -80,6 +80,12 @@ bench: setup
 bench-int8: setup
 	@py=$$(./scripts/setup-python.sh) && out=$${KILN_CACHE:-$$HOME/.cache/kiln}/int8-models && \
 	  $$py scripts/quantize_bench_models.py $${MODELS:-../shared/models} $$out && ./scripts/bench.sh $$out
+
+# --precision bf16 against f32, kiln alone, on ../shared/models: latency of each (same threads,
+# taking turns), the speed-up, and the deviation from f32 on SAMPLES=100 random inputs (largest,
+# relative, top-1 agreement). THREADS, ROUNDS, PRECISION: see scripts/bench-precision.sh.
+bench-precision: setup
+	@./scripts/bench-precision.sh
 
 # kiln against onnxruntime one op at a time, on ~70 single-op models of real models' shapes
 # (generated once into ~/.cache/kiln/bench-ops): latency, ratio, kiln's GFLOP/s and % of the

@@ -508,7 +508,8 @@ fn cache_key(graph: &Graph, options: &Options) -> String {
         (
             options.microkernel_choice(),
             overrides.iter().collect::<std::collections::BTreeMap<_, _>>(),
-            options.vnni_allowed()
+            options.vnni_allowed(),
+            options.precision
         ),
         options.ptx,
         // A forced GPU schedule (tests, debugging) makes different code.

@@ -81,6 +81,10 @@ pub enum CompileError {
     #[error("node `{node}` ({op}) computes on {dtype}, which compiled code only converts to and from with Cast (the interpreter, --device ref, runs it)")]
     StorageType { node: String, op: &'static str, dtype: kiln_ir::DType },
 
+    /// A `--precision` the target (or this machine) has no kernels for.
+    #[error("--precision {precision} on {target}: {why}")]
+    Precision { precision: crate::Precision, target: &'static str, why: String },
+
     /// Result shapes that depend on values kiln does not have at compile time.
     #[error("{0}")]
     DynamicShapes(String),

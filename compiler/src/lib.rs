@@ -20,6 +20,6 @@ pub mod values;
 
 pub use driver::{cache_dir, compile, compile_reporting, jit, Compiled, Progress};
 pub use error::{chain as error_chain, CompileError, KernelError, LowerError, Result};
-pub use options::{Options, TargetKind};
+pub use options::{Options, Precision, TargetKind};
 pub use session::Session;
 pub use stage::{Stage, Stages};

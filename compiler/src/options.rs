@@ -21,6 +21,48 @@ impl TargetKind {
     }
 }
 
+/// The arithmetic of contractions and convolutions (`--precision`). Norms, softmax,
+/// reductions and everything elementwise stay f32 whatever it is, as mixed precision (AMP) has
+/// it; tensors between kernels stay f32.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Precision {
+    #[default]
+    F32,
+    /// Convolutions and matrix products multiply bf16 operands (weights rounded at compile time,
+    /// activations as the kernel reads them) and accumulate in f32: `vdpbf16ps` on the CPU.
+    Bf16,
+    /// The same in IEEE half precision (f16).
+    F16,
+}
+
+impl Precision {
+    pub const ALL: [Precision; 3] = [Precision::F32, Precision::Bf16, Precision::F16];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::F32 => "f32",
+            Precision::Bf16 => "bf16",
+            Precision::F16 => "f16",
+        }
+    }
+}
+
+impl std::fmt::Display for Precision {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Precision {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Precision, String> {
+        Precision::ALL
+            .into_iter()
+            .find(|p| p.name() == s)
+            .ok_or_else(|| format!("unknown precision `{s}`: one of f32, bf16, f16"))
+    }
+}
+
 /// Compile options. Everything that changes the generated code is part of the cache key.
 #[derive(Clone, Debug)]
 pub struct Options {
@@ -58,6 +100,8 @@ pub struct Options {
     /// `false` takes the exact widening products instead (tests, comparisons; `KILN_VNNI=0`
     /// does the same).
     pub vnni: bool,
+    /// The arithmetic of contractions and convolutions (f32 unless asked).
+    pub precision: Precision,
 }
 
 impl Default for Options {
@@ -75,6 +119,7 @@ impl Default for Options {
             microkernel: None,
             microkernel_overrides: None,
             vnni: true,
+            precision: Precision::F32,
         }
     }
 }

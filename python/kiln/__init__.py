@@ -46,9 +46,10 @@ class InferenceSession:
     ``"auto"`` (a CUDA GPU, else an OpenCL GPU, else the CPU), ``"cpu"``, ``"cuda"`` or
     ``"opencl"``; ``threads`` the CPU threads (default: every core). A model whose sizes are all
     known compiles here; one with symbolic sizes compiles on the first run of each size (through
-    kiln's compile cache). ``precision`` is accepted for onnxruntime-style code: only ``None``
-    and ``"f32"`` exist today. With ``profile=True``, ``profile()`` gives the last run's
-    per-kernel times and bytes copied.
+    kiln's compile cache). ``precision`` is the arithmetic of convolutions and matrix products:
+    ``"f32"`` (the default, also ``None``), or ``"bf16"``: bf16 products with f32 sums, norms,
+    softmax and the rest in f32, where the CPU has AVX512-BF16 (else an error says why). With
+    ``profile=True``, ``profile()`` gives the last run's per-kernel times and bytes copied.
     """
 
     def __init__(
@@ -61,11 +62,11 @@ class InferenceSession:
         providers: Any = None,
         sess_options: Any = None,
     ):
-        if precision not in (None, "f32"):
-            raise KilnError(f"precision {precision!r} is not supported yet (kiln computes in f32)")
         if not isinstance(model, (bytes, bytearray)):
             model = os.fspath(model)
-        self._session = _kiln.Session(bytes(model) if isinstance(model, bytearray) else model, device, threads, profile)
+        self._session = _kiln.Session(
+            bytes(model) if isinstance(model, bytearray) else model, device, threads, profile, precision or "f32"
+        )
         self._run = self._session.run
         self._inputs = [NodeArg(*t) for t in self._session.inputs()]
         self._outputs = [NodeArg(*t) for t in self._session.outputs()]

@@ -95,8 +95,19 @@ fn device_target(device: &str) -> PyResult<TargetKind> {
     })
 }
 
-fn options_for(target: TargetKind, shapes: Option<HashMap<String, Vec<usize>>>) -> Options {
-    Options { input_shapes: shapes.unwrap_or_default(), ..Options::for_target(target) }
+fn options_for(
+    target: TargetKind,
+    shapes: Option<HashMap<String, Vec<usize>>>,
+    precision: &str,
+) -> PyResult<Options> {
+    let precision = precision
+        .parse()
+        .map_err(|e: String| compile_err(kiln_compiler::CompileError::Usage(e)))?;
+    Ok(Options {
+        input_shapes: shapes.unwrap_or_default(),
+        precision,
+        ..Options::for_target(target)
+    })
 }
 
 /// One input or output as a session declares it: a name, an ONNX-style type and a shape whose
@@ -252,9 +263,13 @@ impl PySession {
         device: &str,
         threads: Option<usize>,
         profiling: bool,
+        precision: &str,
     ) -> PyResult<PySession> {
         let load = LoadOptions { threads, ..Default::default() };
         match model {
+            Model::Artifact(_) if precision != "f32" => Err(KilnError::new_err(format!(
+                "precision=\"{precision}\" applies when compiling: compile the model with it (kiln.compile(model, precision=\"{precision}\")), or load the ONNX model"
+            ))),
             Model::Artifact(a) => {
                 let compiled_for = a.manifest.target.name();
                 if device != "auto" && device != compiled_for {
@@ -274,7 +289,7 @@ impl PySession {
             }
             Model::Graph(g) => {
                 let (inputs, outputs) = graph_ports(&g)?;
-                let options = options_for(device_target(device)?, None);
+                let options = options_for(device_target(device)?, None, precision)?;
                 // A model whose sizes are all known compiles now; one with symbolic sizes or
                 // shape-deciding inputs, on the first run of each size.
                 let fixed = inputs.iter().all(|p| p.shape.iter().all(Result::is_ok))
@@ -438,16 +453,17 @@ mod bytemuck_like {
 #[pymethods]
 impl PySession {
     #[new]
-    #[pyo3(signature = (model, device = "auto", threads = None, profile = false))]
+    #[pyo3(signature = (model, device = "auto", threads = None, profile = false, precision = "f32"))]
     fn new(
         model: &Bound<'_, PyAny>,
         device: &str,
         threads: Option<usize>,
         profile: bool,
+        precision: &str,
     ) -> PyResult<PySession> {
         let m = read_model(model)?;
         let py = model.py();
-        py.detach(|| PySession::from_model(m, device, threads, profile))
+        py.detach(|| PySession::from_model(m, device, threads, profile, precision))
     }
 
     /// (name, type, shape) per input; a symbolic size is its name.
@@ -560,13 +576,14 @@ impl PySession {
 /// atomically, when given). `input_shapes` fixes symbolic sizes (name -> dims); without them a
 /// symbolic batch gives an artifact for any batch.
 #[pyfunction]
-#[pyo3(signature = (model, target = "cpu", output = None, input_shapes = None))]
+#[pyo3(signature = (model, target = "cpu", output = None, input_shapes = None, precision = "f32"))]
 fn compile<'py>(
     py: Python<'py>,
     model: &Bound<'py, PyAny>,
     target: &str,
     output: Option<std::path::PathBuf>,
     input_shapes: Option<HashMap<String, Vec<usize>>>,
+    precision: &str,
 ) -> PyResult<Bound<'py, PyBytes>> {
     let graph = match read_model(model)? {
         Model::Graph(g) => g,
@@ -574,7 +591,7 @@ fn compile<'py>(
             return Err(KilnError::new_err("the model is already a compiled artifact"))
         }
     };
-    let options = options_for(target_of(target)?, input_shapes);
+    let options = options_for(target_of(target)?, input_shapes, precision)?;
     let bytes = py
         .detach(|| kiln_compiler::compile(&graph, &options, false).map(|c| c.artifact.to_bytes()))
         .map_err(compile_err)?;
@@ -590,13 +607,14 @@ fn compile<'py>(
 /// One stage's text: `passes`, `graph`, `fused`, `schedule`, `mlir`, `lowered`, `llvm`, `asm`,
 /// `ptx` or `spirv`, as `kiln emit` prints it.
 #[pyfunction]
-#[pyo3(signature = (model, stage, target = "cpu", input_shapes = None))]
+#[pyo3(signature = (model, stage, target = "cpu", input_shapes = None, precision = "f32"))]
 fn emit(
     py: Python<'_>,
     model: &Bound<'_, PyAny>,
     stage: &str,
     target: &str,
     input_shapes: Option<HashMap<String, Vec<usize>>>,
+    precision: &str,
 ) -> PyResult<String> {
     let graph = match read_model(model)? {
         Model::Graph(g) => g,
@@ -604,7 +622,8 @@ fn emit(
             return Err(KilnError::new_err("emit takes a model, not a compiled artifact"))
         }
     };
-    let options = Options { cache: false, ..options_for(target_of(target)?, input_shapes) };
+    let options =
+        Options { cache: false, ..options_for(target_of(target)?, input_shapes, precision)? };
     let stage: kiln_compiler::Stage =
         stage.parse().map_err(|e: String| compile_err(kiln_compiler::CompileError::Usage(e)))?;
     py.detach(|| kiln_compiler::driver::emit(&graph, stage, &options)).map_err(compile_err)

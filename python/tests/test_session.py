@@ -116,8 +116,29 @@ def test_errors_name_the_input():
         kiln.InferenceSession(b"not a model")
     with pytest.raises(kiln.KilnError, match="no such file|No such file"):
         kiln.InferenceSession("/nonexistent/model.onnx")
-    with pytest.raises(kiln.KilnError, match="precision 'bf16' is not supported yet"):
-        kiln.InferenceSession(mlp(), precision="bf16")
+    with pytest.raises(kiln.KilnError, match="--precision f16 on cpu: kiln's CPU kernels have no f16 arithmetic"):
+        kiln.InferenceSession(conv(), device="cpu", precision="f16")
+    with pytest.raises(kiln.KilnError, match="unknown precision `fp8`: one of f32, bf16, f16"):
+        kiln.InferenceSession(conv(), precision="fp8")
+    with pytest.raises(kiln.KilnError, match="precision=\"bf16\" applies when compiling"):
+        kiln.InferenceSession(kiln.compile(conv()), precision="bf16")
+
+
+def test_bf16_sessions_round_products_and_stay_near_f32():
+    m = conv()
+    try:
+        sess = kiln.InferenceSession(m, device="cpu", precision="bf16")
+    except kiln.KilnError as e:
+        if "AVX512-BF16" in str(e):
+            pytest.skip(f"SKIPPED loudly: {e}")
+        raise
+    assert "vdpbf16ps" in kiln.emit(m, "schedule", precision="bf16")
+    x = np.random.default_rng(5).standard_normal((1, 4, 8, 8)).astype(np.float32)
+    got = sess.run(None, {"x": x})[0]
+    want = reference(m, {"x": x})[0]
+    # bf16 keeps 8 significant bits: within a few of its steps of f32, and not f32 itself.
+    np.testing.assert_allclose(got, want, rtol=0, atol=0.05 * np.abs(want).max())
+    assert np.abs(got - want).max() > 1e-5
 
 
 def test_sessions_run_from_several_threads():

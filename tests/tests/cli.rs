@@ -520,3 +520,104 @@ fn run_writes_results_numpy_lacks_widened() {
     assert_eq!(y.to_f64s(), vec![1.0, 0.3125, -448.0, 3.0]);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A model `y = relu(conv3x3(x, w) + b)` on x: f32[1, 8, 12, 12], weights initializers.
+fn conv_model() -> Vec<u8> {
+    let ty = |dims: &[i64]| TypeProto {
+        value: Some(type_proto::Value::TensorType(type_proto::Tensor {
+            elem_type: Some(data_type::FLOAT),
+            shape: Some(TensorShapeProto {
+                dim: dims
+                    .iter()
+                    .map(|&d| tensor_shape_proto::Dimension { value: Some(DimValue::DimValue(d)) })
+                    .collect(),
+            }),
+        })),
+    };
+    let init = |t: Tensor, name: &str| {
+        TensorProto::decode(kiln_ir::onnx::encode_tensor(&t, name).as_slice()).unwrap()
+    };
+    let graph = GraphProto {
+        name: Some("conv".into()),
+        node: vec![
+            NodeProto {
+                op_type: Some("Conv".into()),
+                name: Some("c".into()),
+                input: vec!["x".into(), "w".into(), "b".into()],
+                output: vec!["c".into()],
+                attribute: vec![AttributeProto {
+                    name: Some("pads".into()),
+                    r#type: Some(attribute_type::INTS),
+                    ints: vec![1, 1, 1, 1],
+                    ..Default::default()
+                }],
+                ..Default::default()
+            },
+            NodeProto {
+                op_type: Some("Relu".into()),
+                name: Some("r".into()),
+                input: vec!["c".into()],
+                output: vec!["y".into()],
+                ..Default::default()
+            },
+        ],
+        initializer: vec![
+            init(Tensor::random(DType::F32, &[16, 8, 3, 3], 1), "w"),
+            init(Tensor::random(DType::F32, &[16], 2), "b"),
+        ],
+        input: vec![ValueInfoProto { name: Some("x".into()), r#type: Some(ty(&[1, 8, 12, 12])) }],
+        output: vec![ValueInfoProto { name: Some("y".into()), r#type: Some(ty(&[1, 16, 12, 12])) }],
+        ..Default::default()
+    };
+    model_bytes(graph)
+}
+
+#[test]
+fn precision_flags_compile_run_bench_and_report_the_deviation() {
+    let dir = std::env::temp_dir().join(format!("kiln-cli-precision-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let model = dir.join("conv.onnx");
+    std::fs::write(&model, conv_model()).unwrap();
+    let m = model.to_str().unwrap();
+    let x = dir.join("x.npy");
+    kiln_ir::npy::write(&x, &Tensor::random(DType::F32, &[1, 8, 12, 12], 3)).unwrap();
+    let input = format!("x={}", x.display());
+    // Usage errors, whatever the machine: a deviation from f32 needs another precision, an
+    // unknown precision is refused by clap, f16 has no CPU kernels.
+    assert_ne!(kiln(&["run", m, "--input", &input, "--deviation", "-q"]), 0);
+    assert_ne!(kiln(&["bench", m, "--iters", "1", "--deviation", "3", "-q"]), 0);
+    assert_ne!(kiln(&["run", m, "--input", &input, "--precision", "fp8", "-q"]), 0);
+    assert_ne!(kiln(&["run", m, "--input", &input, "--precision", "f16", "-q"]), 0);
+    let art = dir.join("conv.kiln");
+    let code = kiln(&["compile", m, "-o", art.to_str().unwrap(), "--precision", "bf16", "-q"]);
+    if code != 0 {
+        eprintln!("SKIPPED the bf16 half of precision_flags_compile_run_bench_and_report_the_deviation: this machine cannot compile --precision bf16");
+        return;
+    }
+    // An artifact keeps the precision it was compiled with.
+    assert_ne!(
+        kiln(&["run", art.to_str().unwrap(), "--input", &input, "--precision", "bf16", "-q"]),
+        0
+    );
+    assert_eq!(kiln(&["run", art.to_str().unwrap(), "--input", &input, "-q"]), 0);
+    assert_eq!(kiln(&["run", m, "--input", &input, "--precision", "bf16", "--deviation", "-q"]), 0);
+    let bench =
+        ["bench", m, "--iters", "2", "--precision", "bf16", "--deviation", "3", "--json", "-q"];
+    assert_eq!(kiln(&bench), 0);
+}
+
+#[test]
+fn deviations_measure_the_largest_difference_and_top_1_per_row() {
+    let f32 = Tensor::from_vec(&[2, 3], vec![1.0f32, 2.0, 3.0, 0.5, 0.4, -4.0]).unwrap();
+    let got = Tensor::from_vec(&[2, 3], vec![1.0f32, 2.0, 3.5, 0.3, 0.45, -4.0]).unwrap();
+    let d = kiln_compiler::cli::Deviation::of(&got, &f32);
+    assert_eq!(d.max_abs, 0.5);
+    assert_eq!(d.relative, 0.5 / 4.0);
+    assert!((d.mean_abs - 0.75 / 6.0).abs() < 1e-7, "{}", d.mean_abs);
+    // Row 0's top-1 stays (index 2); row 1's moves from 0.5 to 0.45.
+    assert_eq!((d.rows, d.same_top1), (2, 1));
+    assert!(
+        d.to_string().contains("top-1 (largest along the last axis) the same in 1 of 2 row(s)"),
+        "{d}"
+    );
+}

@@ -15,6 +15,7 @@ mod filetests;
 mod gpu;
 mod integer;
 mod microkernel;
+mod precision;
 mod recognize;
 mod sequences;
 mod session;

@@ -41,6 +41,15 @@ pub struct Args {
     /// is refused, naming the tensor. Default: the memory available.
     #[arg(long, value_parser = super::common::parse_bytes)]
     max_memory: Option<u64>,
+    /// The arithmetic of convolutions and matrix products: f32, or bf16 (as `kiln run`).
+    #[arg(long, default_value = "f32")]
+    precision: crate::Precision,
+    /// With --precision bf16: also compile the model in f32 and run both on N random inputs
+    /// (new ones; inputs given with --input stay), reporting the largest deviation of the
+    /// outputs and in how many rows along their last axis the largest element (a classifier's
+    /// top-1) is the same.
+    #[arg(long, value_name = "N")]
+    deviation: Option<usize>,
     #[arg(long, short)]
     quiet: bool,
 }
@@ -56,13 +65,39 @@ struct Report {
     max_ms: f64,
     mean_ms: f64,
     iters: usize,
+    precision: String,
+    /// With --deviation: over the samples and outputs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    deviation: Option<DeviationReport>,
+}
+
+#[derive(serde::Serialize)]
+struct DeviationReport {
+    samples: usize,
+    /// The largest |got - f32| of any output element.
+    max_abs: f64,
+    /// The largest of each output's max |diff| over its largest |f32|.
+    max_relative: f64,
+    /// Rows along each output's last axis (a classifier's images), over the samples, and those
+    /// whose largest element (top-1) is the same one as in f32.
+    rows: usize,
+    same_top1: usize,
 }
 
 pub fn run(args: &Args) -> Result<()> {
     if args.iters == 0 {
         return Err(CompileError::Usage("--iters must be at least 1".into()));
     }
+    if args.deviation.is_some() && args.precision == crate::Precision::F32 {
+        return Err(CompileError::Usage(
+            "--deviation compares a reduced --precision (bf16) with f32: give one".into(),
+        ));
+    }
     let model = load_model(&args.model)?;
+    let reference = match (&model, args.deviation) {
+        (Model::Graph(g), Some(_)) => Some(g.clone()),
+        _ => None,
+    };
     let mut given = read_inputs(&args.inputs)?;
     let shapes = parse_shapes(&args.input_shapes)?;
     // Random inputs of the declared types for those not given; a given one's sizes come from
@@ -123,6 +158,7 @@ pub fn run(args: &Args) -> Result<()> {
                 .map(|(n, t)| (n.clone(), t.dims().to_vec()))
                 .collect(),
             input_values: names.iter().zip(&ordered).map(|(n, t)| (n.clone(), t.clone())).collect(),
+            precision: args.precision,
             ..crate::Options::default()
         };
         let quiet = args.quiet || args.json;
@@ -141,8 +177,14 @@ pub fn run(args: &Args) -> Result<()> {
         max_memory: args.max_memory,
         ..Default::default()
     };
-    let (exe, ordered) =
-        super::run::executable(model, &given, &load, args.device, args.quiet || args.json)?;
+    let (exe, ordered) = super::run::executable(
+        model,
+        &given,
+        &load,
+        args.device,
+        args.precision,
+        args.quiet || args.json,
+    )?;
     let compile_ms = start.elapsed().as_secs_f64() * 1e3;
     for _ in 0..args.warmup {
         exe.run(&ordered)?;
@@ -175,6 +217,12 @@ pub fn run(args: &Args) -> Result<()> {
         }
         println!("  {:>9.4} ms  (sum of the kernels' medians)", total.as_secs_f64() * 1e3);
     }
+    let deviation = match (reference, args.deviation) {
+        (Some(g), Some(samples)) => {
+            Some(deviation(g, &exe, &declared, &given, samples, &load, args, &left)?)
+        }
+        _ => None,
+    };
     times.sort();
     let median = times[times.len() / 2];
     let mean = times.iter().sum::<std::time::Duration>() / times.len() as u32;
@@ -191,6 +239,12 @@ pub fn run(args: &Args) -> Result<()> {
             args.iters,
             exe.device()
         );
+        if let Some(d) = &deviation {
+            println!(
+                "{} from f32 on {} random inputs: max |diff| {:.3e} ({:.3e} of the largest |f32|); top-1 (largest along the last axis) the same in {} of {} row(s)",
+                args.precision, d.samples, d.max_abs, d.max_relative, d.same_top1, d.rows
+            );
+        }
     }
     if args.json {
         let r = Report {
@@ -203,8 +257,76 @@ pub fn run(args: &Args) -> Result<()> {
             max_ms: times[times.len() - 1].as_secs_f64() * 1e3,
             mean_ms: mean.as_secs_f64() * 1e3,
             iters: args.iters,
+            precision: args.precision.to_string(),
+            deviation,
         };
         println!("{}", serde_json::to_string(&r).expect("the report serialises"));
     }
     Ok(())
+}
+
+/// Runs `samples` random inputs through `exe` (compiled at a reduced precision) and through
+/// `graph` compiled in f32, and measures how far apart their outputs are.
+#[allow(clippy::too_many_arguments)]
+fn deviation(
+    graph: kiln_ir::Graph,
+    exe: &kiln_runtime::Executable,
+    declared: &[(String, kiln_ir::DType, Vec<usize>)],
+    given: &[(String, kiln_ir::Tensor)],
+    samples: usize,
+    load: &kiln_runtime::LoadOptions,
+    args: &Args,
+    left: &u64,
+) -> Result<DeviationReport> {
+    let (f32_exe, _) = super::run::executable(
+        Model::Graph(graph),
+        given,
+        load,
+        args.device,
+        crate::Precision::F32,
+        true,
+    )?;
+    let mut report =
+        DeviationReport { samples, max_abs: 0.0, max_relative: 0.0, rows: 0, same_top1: 0 };
+    for s in 0..samples {
+        // New random values for the inputs the bench made up (one sample's at a time in
+        // memory); those given stay.
+        let mut room = *left;
+        let mut feeds = given.to_vec();
+        for (i, (name, dtype, dims)) in declared.iter().enumerate() {
+            if args.inputs.iter().any(|spec| spec.split_once('=').is_some_and(|(n, _)| n == name)) {
+                continue;
+            }
+            let t = crate::tune::random_input(
+                name,
+                *dtype,
+                dims,
+                7919 * (s as u64 + 1) + i as u64,
+                &mut room,
+            )?;
+            if let Some(slot) = feeds.iter_mut().find(|(n, _)| n == name) {
+                slot.1 = t;
+            }
+        }
+        let pick = |e: &kiln_runtime::Executable| -> Result<Vec<kiln_ir::Tensor>> {
+            e.inputs()
+                .iter()
+                .map(|d| {
+                    feeds.iter().find(|(n, _)| *n == d.name).map(|(_, t)| t.clone()).ok_or_else(
+                        || CompileError::Internal(format!("no value for input `{}`", d.name)),
+                    )
+                })
+                .collect()
+        };
+        let got = exe.run(&pick(exe)?)?;
+        let want = f32_exe.run(&pick(&f32_exe)?)?;
+        for (g, w) in got.iter().zip(&want) {
+            let d = super::run::Deviation::of(g, w);
+            report.max_abs = report.max_abs.max(d.max_abs);
+            report.max_relative = report.max_relative.max(d.relative);
+            report.rows += d.rows;
+            report.same_top1 += d.same_top1;
+        }
+    }
+    Ok(report)
 }

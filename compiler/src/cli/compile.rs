@@ -93,6 +93,10 @@ pub struct Args {
     /// random inputs and keep the faster; the choices are stored for later compiles on this CPU.
     #[arg(long)]
     tune: bool,
+    /// The arithmetic of convolutions and matrix products: f32, or bf16 (bf16 products, f32
+    /// sums; norms, softmax and the rest stay f32).
+    #[arg(long, default_value = "f32")]
+    precision: crate::Precision,
     /// Threads to tune with (default: every core).
     #[arg(long)]
     threads: Option<usize>,
@@ -139,6 +143,7 @@ pub fn run(args: &Args) -> Result<()> {
         dump_dir: args.dump_dir.clone(),
         cache: !args.no_cache,
         ptx: args.cuda.ptx()?,
+        precision: args.precision,
         ..Options::default()
     };
     if args.tune {

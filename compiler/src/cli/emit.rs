@@ -19,6 +19,9 @@ pub struct Args {
     /// Concrete sizes for an input with symbolic dimensions: NAME=D0,D1,...
     #[arg(long = "input-shape")]
     input_shapes: Vec<String>,
+    /// The arithmetic of convolutions and matrix products: f32, or bf16 (as `kiln compile`).
+    #[arg(long, default_value = "f32")]
+    precision: crate::Precision,
 }
 
 pub fn run(args: &Args) -> Result<()> {
@@ -34,6 +37,7 @@ pub fn run(args: &Args) -> Result<()> {
         dump_dir: None,
         cache: false,
         ptx: args.cuda.ptx()?,
+        precision: args.precision,
         ..Options::default()
     };
     print!("{}", crate::driver::emit(&graph, args.stage, &options)?);

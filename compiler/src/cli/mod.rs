@@ -10,6 +10,8 @@ mod emit;
 mod info;
 mod run;
 
+pub use run::Deviation;
+
 use clap::{Parser, Subcommand};
 
 use crate::Result;

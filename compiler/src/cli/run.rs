@@ -10,7 +10,7 @@ use super::common::{
     compile_with_bar, graph_inputs, load_model, ms, order_inputs, pick_device, print_timings,
     read_inputs, DeviceArg, Model,
 };
-use crate::{CompileError, Options, Result};
+use crate::{CompileError, Options, Precision, Result};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -34,19 +34,32 @@ pub struct Args {
     /// its largest tensor. Default: the memory available.
     #[arg(long, value_parser = super::common::parse_bytes)]
     max_memory: Option<u64>,
+    /// The arithmetic of convolutions and matrix products: f32, or bf16 (bf16 products, f32
+    /// sums; norms, softmax and the rest stay f32). A model only: an artifact keeps the precision
+    /// it was compiled with.
+    #[arg(long, default_value = "f32")]
+    precision: Precision,
+    /// With --precision bf16: run the model in f32 too, on the same inputs, and report each
+    /// output's deviation from it (and whether its largest element moved).
+    #[arg(long)]
+    deviation: bool,
     #[arg(long, short)]
     quiet: bool,
 }
 
-/// Loads or JIT-compiles `model` for the given inputs, on `device`.
+/// Loads or JIT-compiles `model` for the given inputs, on `device`, at `precision`.
 pub fn executable(
     model: Model,
     inputs: &[(String, Tensor)],
     load: &LoadOptions,
     device: DeviceArg,
+    precision: Precision,
     quiet: bool,
 ) -> Result<(Executable, Vec<Tensor>)> {
     match model {
+        Model::Artifact(_) if precision != Precision::F32 => Err(CompileError::Usage(format!(
+            "--precision {precision} applies when compiling: compile the model with it (kiln compile --precision {precision}), or run the ONNX model"
+        ))),
         Model::Artifact(a) => {
             let declared: Vec<(String, String)> = a
                 .manifest
@@ -75,6 +88,7 @@ pub fn executable(
             let options = Options {
                 input_shapes: shapes,
                 input_values: values,
+                precision,
                 ..Options::for_target(pick_device(device, quiet)?)
             };
             let compiled = compile_with_bar(&g, &options, false, quiet)?;
@@ -111,7 +125,18 @@ pub fn run(args: &Args) -> Result<()> {
     };
     let load =
         LoadOptions { threads: args.threads, max_memory: args.max_memory, ..Default::default() };
-    let (exe, ordered) = executable(model, &inputs, &load, args.device, args.quiet)?;
+    if args.deviation && args.precision == Precision::F32 {
+        return Err(CompileError::Usage(
+            "--deviation compares a reduced --precision (bf16) with f32: give one".into(),
+        ));
+    }
+    // The f32 reference is compiled from the same model, before it moves into the executable.
+    let reference = match (&model, args.deviation) {
+        (Model::Graph(g), true) => Some(Model::Graph(g.clone())),
+        _ => None,
+    };
+    let (exe, ordered) =
+        executable(model, &inputs, &load, args.device, args.precision, args.quiet)?;
     let mut profile = Profile::default();
     let start = Instant::now();
     let outputs = exe.run_profiled(&ordered, args.profile.then_some(&mut profile))?;
@@ -163,6 +188,14 @@ pub fn run(args: &Args) -> Result<()> {
             );
         }
     }
+    if let Some(reference) = reference {
+        let (f32_exe, f32_inputs) =
+            executable(reference, &inputs, &load, args.device, Precision::F32, true)?;
+        let expected = f32_exe.run(&f32_inputs)?;
+        for (i, (t, e)) in outputs.iter().zip(&expected).enumerate() {
+            println!("output {i}: {}", Deviation::of(t, e));
+        }
+    }
     if args.profile {
         println!("profile: {} launches", profile.launches.len());
         for (label, t) in &profile.launches {
@@ -174,6 +207,64 @@ pub fn run(args: &Args) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// How far a result computed at a reduced precision lies from the f32 one.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Deviation {
+    /// The largest |got - f32|.
+    pub max_abs: f64,
+    /// That over the largest |f32| (0 when the result is all zeros).
+    pub relative: f64,
+    /// The mean |got - f32|.
+    pub mean_abs: f64,
+    /// Rows along the last axis (a classifier's images), and those whose largest element (its
+    /// top-1) is the same one.
+    pub rows: usize,
+    pub same_top1: usize,
+}
+
+impl Deviation {
+    pub fn of(got: &Tensor, f32: &Tensor) -> Deviation {
+        let (g, e) = (got.to_f64s(), f32.to_f64s());
+        let (mut max_abs, mut sum, mut scale) = (0.0f64, 0.0f64, 0.0f64);
+        for (&a, &b) in g.iter().zip(&e) {
+            let d = if a == b { 0.0 } else { (a - b).abs() };
+            max_abs = max_abs.max(d);
+            sum += d;
+            scale = scale.max(b.abs());
+        }
+        let width = f32.dims().last().copied().unwrap_or(1).max(1);
+        let argmax = |row: &[f64]| {
+            row.iter().enumerate().fold(None, |best: Option<(usize, f64)>, (i, &x)| match best {
+                Some((_, b)) if b >= x || x.is_nan() => best,
+                _ => Some((i, x)),
+            })
+        };
+        let rows = e.len() / width;
+        let same_top1 = g
+            .chunks(width)
+            .zip(e.chunks(width))
+            .filter(|(a, b)| argmax(a).map(|x| x.0) == argmax(b).map(|x| x.0))
+            .count();
+        Deviation {
+            max_abs,
+            relative: if scale > 0.0 { max_abs / scale } else { 0.0 },
+            mean_abs: if e.is_empty() { 0.0 } else { sum / e.len() as f64 },
+            rows,
+            same_top1,
+        }
+    }
+}
+
+impl std::fmt::Display for Deviation {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        write!(
+            f,
+            "deviation from f32: max |diff| {:.3e} ({:.3e} of the largest |f32|), mean {:.3e}; top-1 (largest along the last axis) the same in {} of {} row(s)",
+            self.max_abs, self.relative, self.mean_abs, self.same_top1, self.rows
+        )
+    }
 }
 
 /// A model with sequence or optional inputs: each is read as the ONNX value its type says (a

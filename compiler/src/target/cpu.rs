@@ -52,6 +52,9 @@ pub struct CpuBackend {
     pub overrides: std::collections::HashMap<String, bool>,
     /// VNNI for integer convolutions where the host has it (`Options::vnni`).
     pub vnni: bool,
+    /// The arithmetic of convolutions and matrix products (`Options::precision`); `mod.rs`
+    /// refused those this host has no kernels for.
+    pub precision: crate::Precision,
 }
 
 impl Backend for CpuBackend {
@@ -208,13 +211,13 @@ impl CpuBackend {
                 )
             });
             plans.push(if whole {
-                Some(ukernel::plan(graph, k, host, true).ok_or_else(|| {
+                Some(ukernel::plan(graph, k, host, true, self.precision).ok_or_else(|| {
                     CompileError::in_kernel(k, "plan", "the node was kept whole for the CPU's kernel of its own, which cannot take it")
                 })?)
             } else if choice == Some(false) {
                 None
             } else {
-                ukernel::plan(graph, k, host, choice == Some(true))
+                ukernel::plan(graph, k, host, choice == Some(true), self.precision)
             });
         }
         let blocked = layout::decide(graph, kernels, &plans);

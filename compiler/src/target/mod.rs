@@ -75,16 +75,55 @@ pub fn for_options(options: &Options) -> Result<Box<dyn Backend>> {
             microkernel: options.microkernel_choice(),
             overrides: microkernel_overrides(options),
             vnni: options.vnni_allowed(),
+            precision: cpu_precision(options.precision)?,
         }),
-        TargetKind::Cuda => Box::new(gpu::GpuBackend {
-            target: gpu::GpuTarget::Cuda(options.ptx.clone()),
-            strategy: gpu_strategy(options)?,
-        }),
-        TargetKind::Opencl => Box::new(gpu::GpuBackend {
-            target: gpu::GpuTarget::Opencl,
-            strategy: gpu_strategy(options)?,
-        }),
+        TargetKind::Cuda => {
+            gpu_precision(options.precision, options.target)?;
+            Box::new(gpu::GpuBackend {
+                target: gpu::GpuTarget::Cuda(options.ptx.clone()),
+                strategy: gpu_strategy(options)?,
+            })
+        }
+        TargetKind::Opencl => {
+            gpu_precision(options.precision, options.target)?;
+            Box::new(gpu::GpuBackend {
+                target: gpu::GpuTarget::Opencl,
+                strategy: gpu_strategy(options)?,
+            })
+        }
     })
+}
+
+/// The precision the CPU backend compiles at: f32, or bf16 where the host multiplies bf16
+/// (AVX512-BF16's `vdpbf16ps`); anything else is refused, not run slower than asked.
+fn cpu_precision(precision: crate::Precision) -> Result<crate::Precision> {
+    let refuse = |why: &str| CompileError::Precision { precision, target: "cpu", why: why.into() };
+    match precision {
+        crate::Precision::F32 => Ok(precision),
+        crate::Precision::Bf16 => {
+            let features = inkwell::targets::TargetMachine::get_host_cpu_features().to_string();
+            if cpu::ukernel::Host::detect(&features).bf16 {
+                Ok(precision)
+            } else {
+                Err(refuse("this CPU has no AVX512-BF16 (vdpbf16ps), which kiln's bf16 kernels multiply with"))
+            }
+        }
+        crate::Precision::F16 => Err(refuse(
+            "kiln's CPU kernels have no f16 arithmetic (bf16 they have: --precision bf16)",
+        )),
+    }
+}
+
+/// The precision a GPU backend compiles at: f32 only, so far.
+fn gpu_precision(precision: crate::Precision, target: TargetKind) -> Result<()> {
+    match precision {
+        crate::Precision::F32 => Ok(()),
+        crate::Precision::Bf16 | crate::Precision::F16 => Err(CompileError::Precision {
+            precision,
+            target: target.name(),
+            why: "GPU kernels compute in f32 only so far".into(),
+        }),
+    }
 }
 
 /// The per-kernel microkernel choices in force: the options', else those `--tune` stored for

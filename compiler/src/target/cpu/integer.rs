@@ -126,6 +126,7 @@ pub fn plan(graph: &Graph, kernel: &Kernel, root: NodeId, host: &Host) -> Option
         split_n,
         transposed: false,
         blocked: Blocked::default(),
+        bf16: false,
     })
 }
 

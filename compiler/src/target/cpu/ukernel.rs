@@ -24,7 +24,7 @@ use kiln_ir::{DType, Graph, NodeId, Op, ValueId};
 
 use crate::codegen::mlir::{op, push};
 use crate::fuse::Kernel;
-use crate::{CompileError, Result};
+use crate::{CompileError, Precision, Result};
 
 /// Columns of the register tile (two 16-float vectors), as `ukernel.c` has it.
 pub const NR: usize = 32;
@@ -48,6 +48,8 @@ pub struct Host {
     pub mr: usize,
     /// AVX-512 VNNI (`vpdpbusd`): the integer convolution's u8 x s8 products on it.
     pub vnni: bool,
+    /// AVX512-BF16 (`vdpbf16ps`): `--precision bf16`'s products on it.
+    pub bf16: bool,
     pub l1_bytes: usize,
     pub l2_bytes: usize,
 }
@@ -69,6 +71,7 @@ impl Host {
             level,
             mr,
             vnni: level == Level::V4 && has("avx512vnni"),
+            bf16: level == Level::V4 && has("avx512bf16"),
             l1_bytes: cache_bytes(1, "Data").unwrap_or(32 << 10),
             l2_bytes: cache_bytes(2, "Unified").unwrap_or(1 << 20),
         }
@@ -281,6 +284,11 @@ pub struct Ukernel {
     /// [N, C/16, H, W, 16]) as `layout::decide` chose: a pointwise convolution then runs
     /// transposed, a depthwise one on whole vectors of channels.
     pub blocked: Blocked,
+    /// `--precision bf16`: a convolution multiplies bf16 (weights rounded at compile time, the
+    /// input as it is copied into the kernel's padded planes) with `vdpbf16ps`, summing in f32.
+    /// Only the direct form (`kiln_uk_conv2d`'s stride-phase planes) has it: such a convolution
+    /// is neither transposed nor blocked.
+    pub bf16: bool,
 }
 
 /// How a depthwise convolution's kernel holds its channels (see `Ukernel::depthwise_form`).
@@ -378,6 +386,7 @@ impl Ukernel {
             split_n: false,
             transposed: false,
             blocked: Blocked::default(),
+            bf16: false,
         }
     }
 
@@ -395,6 +404,9 @@ impl Ukernel {
     /// 16, and writes its result so when its output channels are; a depthwise one whose taps fit
     /// the kernel's registers does both or neither, in whole blocks.
     pub fn blockable(&self) -> Blocked {
+        if self.bf16 {
+            return Blocked::default();
+        }
         match self.shape {
             Shape::Conv { c, m, group, h, w, kh, kw, stride, pad, oh, ow, .. } => {
                 if group == 1
@@ -567,6 +579,7 @@ impl fmt::Display for Ukernel {
                     (true, false, false) => "channel-blocked (NCHW16c) in: B (the input) packed at run time through 16x16 transposes",
                     _ => "channel-blocked (NCHW16c) out: C^T = x^T (packed at run time) x W^T, vectors along output channels, stored where they lie",
                 },
+                Shape::Conv { .. } if self.bf16 => "bf16 products with vdpbf16ps, f32 sums: weights rounded to bf16 in channel pairs, B read direct from a bf16 copy of the input in stride-phase planes, channel pairs interleaved",
                 Shape::Conv { .. } if self.transposed => "transposed: C^T = im2col^T (packed at run time) x W^T, vectors along output channels",
                 // (As kiln_uk_conv2d chooses.)
                 Shape::Conv { group: 1, kh, kw, stride, .. } if kh * kw > 1 || stride != [1, 1] => {
@@ -624,7 +637,13 @@ pub(super) const MIN_MACS: usize = 1 << 16;
 
 /// Whether `kernel` runs on the microkernel, and how. With `always`, wherever it applies (else
 /// only for the shape classes where it is the faster path).
-pub fn plan(graph: &Graph, kernel: &Kernel, host: &Host, always: bool) -> Option<Ukernel> {
+pub fn plan(
+    graph: &Graph,
+    kernel: &Kernel,
+    host: &Host,
+    always: bool,
+    precision: Precision,
+) -> Option<Ukernel> {
     let (&root, tail) = kernel.nodes.split_first()?;
     if let Op::Rnn(r) = &graph.node(root).op {
         return recurrent_plan(graph, kernel, root, r, host);
@@ -887,7 +906,15 @@ pub fn plan(graph: &Graph, kernel: &Kernel, host: &Host, always: bool) -> Option
     // the call at any size.
     let enough =
         work >= MIN_MACS || scalar_on_linalg(&shape) || matches!(shape, Shape::Pool { .. });
-    let wanted = always || (fills && enough && beats_linalg(&shape, k, n, host));
+    // bf16 products run on this kernel only, in its direct form (a padded copy of the input,
+    // made bf16 as it is copied): every one-group convolution with a window or a stride takes
+    // it. A pointwise one keeps f32, its input read where it lies (often channel-blocked
+    // between depthwise ones): copying it costs more than bf16 products save (mobilenet_v2,
+    // 2 threads: 0.77x f32's speed when they took it; resnet18, which has none: 1.7x).
+    let bf16 = precision == Precision::Bf16
+        && host.bf16
+        && matches!(shape, Shape::Conv { group: 1, kh, kw, stride, .. } if kh * kw > 1 || stride != [1, 1]);
+    let wanted = always || bf16 || (fills && enough && beats_linalg(&shape, k, n, host));
     if m * n * k == 0 || !wanted {
         return None;
     }
@@ -964,7 +991,7 @@ pub fn plan(graph: &Graph, kernel: &Kernel, host: &Host, always: bool) -> Option
     let (kc, mc, nc) = blocks(k, host);
     // Workgroups: whole images when there are enough, else column chunks (each packs its own
     // part of B), else row chunks (each packs all of B), for about 4 in all.
-    let transposed = few_positions(&shape);
+    let transposed = few_positions(&shape) && !bf16;
     // A depthwise or pooling multiply-add runs about 8x slower than a packed GEMM's (8-30% of
     // peak against 80-100%), so the same time of work is 8x fewer of them: a depthwise 3x3/2
     // with 576 channels on 7x7 (254K MACs, 0.07 ms) ran on one thread.
@@ -1011,6 +1038,7 @@ pub fn plan(graph: &Graph, kernel: &Kernel, host: &Host, always: bool) -> Option
         split_n,
         transposed,
         blocked: Blocked::default(),
+        bf16,
     })
 }
 
@@ -1297,6 +1325,7 @@ fn recurrent_plan(
         split_n: false,
         transposed: false,
         blocked: Blocked::default(),
+        bf16: false,
     })
 }
 
@@ -1627,6 +1656,11 @@ pub fn pack(graph: &Graph, kernel: &Kernel, u: &Ukernel) -> Result<Vec<u8>> {
         CompileError::Internal("the microkernel's weight is not a constant".into())
     })?;
     let (m, n, k) = u.mnk();
+    if let (true, Shape::Conv { c, kh, kw, .. }) = (u.bf16, &u.shape) {
+        let mut out = pack_conv_bf16(&w, m, *c, kh * kw, u.mr);
+        out.extend(u.epilogue.bias.iter().flatten().map(|b| b.to_bits()));
+        return Ok(out.iter().flat_map(|x| x.to_le_bytes()).collect());
+    }
     let mut out: Vec<f32> = Vec::new();
     match u.shape {
         // Depthwise, channel-blocked or regrouped: [C/16, KH*KW, 16], each tap a vector of 16
@@ -1698,9 +1732,32 @@ pub fn pack(graph: &Graph, kernel: &Kernel, u: &Ukernel) -> Result<Vec<u8>> {
     Ok(out.iter().flat_map(|x| x.to_le_bytes()).collect())
 }
 
+/// A one-group convolution's weights W[m, c, taps] for `kiln_uk_conv2d`'s bf16 form: A[i, q]
+/// with q = (channel pair, tap), each word two bf16 (rounded to nearest even), the even
+/// channel's in the low half, as `vdpbf16ps` pairs them with the input's channel pairs; in
+/// strips of `mr` rows ([(s * K2 + q) * mr + r]), rows past m and an odd c's last channel zero.
+fn pack_conv_bf16(w: &[f32], m: usize, c: usize, taps: usize, mr: usize) -> Vec<u32> {
+    let k2 = c.div_ceil(2) * taps;
+    let bf16 = |x: f32| u32::from(half::bf16::from_f32(x).to_bits());
+    let mut out = vec![0u32; m.div_ceil(mr) * k2 * mr];
+    for i in 0..m {
+        let (s, r) = (i / mr, i % mr);
+        for ch in 0..c {
+            for t in 0..taps {
+                let q = (ch / 2) * taps + t;
+                out[(s * k2 + q) * mr + r] |= bf16(w[(i * c + ch) * taps + t]) << (16 * (ch % 2));
+            }
+        }
+    }
+    out
+}
+
 /// The packed weights' length in floats (where the bias starts).
 fn packed_floats(u: &Ukernel) -> usize {
     let (m, n, k) = u.mnk();
+    if let (true, Shape::Conv { c, kh, kw, .. }) = (u.bf16, &u.shape) {
+        return m.div_ceil(u.mr) * c.div_ceil(2) * kh * kw * u.mr;
+    }
     match u.shape {
         Shape::Conv { c, .. } if u.depthwise_form().is_some_and(|f| f != DepthwiseForm::Rows) => {
             c.div_ceil(16) * 16 * k
@@ -2156,6 +2213,7 @@ pub fn build<'c>(
                     u.transposed as usize,
                     u.blocked.input as usize,
                     u.blocked.output as usize,
+                    u.bf16 as usize,
                 ]));
             }
         }

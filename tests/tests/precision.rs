@@ -1,0 +1,200 @@
+//! `--precision`: bf16 convolutions on the CPU (bf16 products with `vdpbf16ps`, f32 sums)
+//! against the interpreter on operands rounded to bf16, and the precisions a target has no
+//! kernels for refused by name.
+
+use kiln_compiler::{compile, jit, CompileError, Options, Precision, TargetKind};
+use kiln_ir::builder::{ConvOptions, GraphBuilder};
+use kiln_ir::{eval, DType, Graph, Tensor};
+use kiln_runtime::LoadOptions;
+
+fn options(precision: Precision) -> Options {
+    Options {
+        cache: false,
+        microkernel_overrides: Some(Default::default()),
+        precision,
+        ..Options::default()
+    }
+}
+
+/// `t` rounded to bf16 (to nearest, ties to even) and widened back.
+fn bf16(t: &Tensor) -> Tensor {
+    t.cast(DType::BF16).cast(DType::F32)
+}
+
+/// A convolution (bias, a residual, a ReLU) with its weight `w`; `x` and `r` are inputs.
+fn conv(x: &[usize], w: &Tensor, o: ConvOptions, residual: Option<&[usize]>) -> Graph {
+    let g = GraphBuilder::new("conv");
+    let xi = g.input("x", DType::F32, x);
+    let wt = g.constant("w", w.clone());
+    let b = g.constant("b", Tensor::random(DType::F32, &[w.dims()[0]], 2));
+    let mut y = xi.conv(wt, Some(b), o);
+    if let Some(r) = residual {
+        y = y + g.input("r", DType::F32, r);
+    }
+    g.output("y", y.relu());
+    g.build().unwrap()
+}
+
+/// Whether this machine has bf16 kernels; says loudly when it has not.
+fn bf16_here(test: &str) -> bool {
+    let g = conv(
+        &[1, 2, 4, 4],
+        &Tensor::random(DType::F32, &[8, 2, 3, 3], 1),
+        ConvOptions::default(),
+        None,
+    );
+    match compile(&g, &options(Precision::Bf16), false) {
+        Ok(_) => true,
+        Err(e @ CompileError::Precision { .. }) => {
+            eprintln!("SKIPPED {test}: {e}");
+            false
+        }
+        Err(e) => panic!("compiling at bf16: {e}"),
+    }
+}
+
+#[test]
+fn bf16_convolutions_multiply_rounded_operands_and_sum_in_f32() {
+    if !bf16_here("bf16_convolutions_multiply_rounded_operands_and_sum_in_f32") {
+        return;
+    }
+    // (input, weight, options, residual): a 7x7/2 stem on 3 channels (an odd channel count: the
+    // last pair half zero), 3x3 with a residual, rows that start at any lane, a dilated strided
+    // window, 1x3, 1x1 at stride 2, channels not a multiple of the 8-row tile, a 7x7 image of
+    // many channels, two images.
+    let cases: Vec<(Vec<usize>, Vec<usize>, ConvOptions, bool)> = vec![
+        (
+            vec![1, 3, 30, 30],
+            vec![16, 3, 7, 7],
+            ConvOptions { stride: 2, pad: 3, ..Default::default() },
+            false,
+        ),
+        (
+            vec![1, 16, 14, 14],
+            vec![16, 16, 3, 3],
+            ConvOptions { pad: 1, ..Default::default() },
+            true,
+        ),
+        (vec![1, 5, 7, 45], vec![10, 5, 3, 3], ConvOptions { pad: 1, ..Default::default() }, true),
+        (
+            vec![2, 8, 17, 17],
+            vec![12, 8, 3, 3],
+            ConvOptions { stride: 2, pad: 2, dilation: 2, ..Default::default() },
+            false,
+        ),
+        (
+            vec![1, 32, 20, 20],
+            vec![48, 32, 1, 3],
+            ConvOptions { pad: 1, ..Default::default() },
+            true,
+        ),
+        (
+            vec![1, 32, 20, 20],
+            vec![20, 32, 1, 1],
+            ConvOptions { stride: 2, ..Default::default() },
+            false,
+        ),
+        (
+            vec![1, 128, 7, 7],
+            vec![64, 128, 3, 3],
+            ConvOptions { pad: 1, ..Default::default() },
+            true,
+        ),
+    ];
+    for (i, (x, w, o, with_residual)) in cases.into_iter().enumerate() {
+        let weight = Tensor::random(DType::F32, &w, 10 + i as u64);
+        let x_in = Tensor::random(DType::F32, &x, 20 + i as u64);
+        let oh = (x[2] + 2 * o.pad - o.dilation * (w[2] - 1) - 1) / o.stride + 1;
+        let ow = (x[3] + 2 * o.pad - o.dilation * (w[3] - 1) - 1) / o.stride + 1;
+        let r_dims = [x[0], w[0], oh, ow];
+        let residual = with_residual.then_some(&r_dims[..]);
+        let g = conv(&x, &weight, o, residual);
+        let mut inputs = vec![x_in.clone()];
+        if with_residual {
+            inputs.push(Tensor::random(DType::F32, &r_dims, 30 + i as u64));
+        }
+        let s = compile(&g, &options(Precision::Bf16), true).expect("compiles at bf16").stages
+            [kiln_compiler::Stage::Schedule]
+            .to_string();
+        assert!(s.contains("vdpbf16ps"), "case {i}: the convolution is not on bf16 products:\n{s}");
+        // The reference: the same convolution on the input and weight rounded to bf16, in f32.
+        // Their products are exact in f32, so only the order of the f32 sums differs.
+        let rounded = conv(&x, &bf16(&weight), o, residual);
+        let mut rounded_inputs = inputs.clone();
+        rounded_inputs[0] = bf16(&x_in);
+        let want = eval::run(&rounded, &rounded_inputs).expect("the interpreter runs it");
+        let exact = eval::run(&g, &inputs).expect("the interpreter runs it");
+        for threads in [1, 2] {
+            let exe = jit(
+                &g,
+                &options(Precision::Bf16),
+                &LoadOptions { threads: Some(threads), ..Default::default() },
+            )
+            .expect("compiles");
+            let got = exe.run(&inputs).expect("runs");
+            let (got, want, exact) = (got[0].to_f64s(), want[0].to_f64s(), exact[0].to_f64s());
+            let mut off_f32 = 0.0f64;
+            for (j, ((a, b), e)) in got.iter().zip(&want).zip(&exact).enumerate() {
+                assert!(
+                    (a - b).abs() <= 1e-4 + 1e-4 * b.abs(),
+                    "case {i}, element {j}: compiled {a}, bf16 reference {b} ({threads} threads)"
+                );
+                off_f32 = off_f32.max((a - e).abs());
+            }
+            // The test can tell: the f32 result lies well outside that tolerance.
+            assert!(
+                off_f32 > 1e-3,
+                "case {i}: compiled within {off_f32} of f32: were the operands rounded?"
+            );
+        }
+    }
+}
+
+#[test]
+fn pointwise_convolutions_keep_f32_at_bf16() {
+    if !bf16_here("pointwise_convolutions_keep_f32_at_bf16") {
+        return;
+    }
+    // Their input is read where it lies: a bf16 copy of it costs more than it saves.
+    let g = conv(
+        &[1, 32, 20, 20],
+        &Tensor::random(DType::F32, &[48, 32, 1, 1], 1),
+        ConvOptions::default(),
+        None,
+    );
+    let s = compile(&g, &options(Precision::Bf16), true).expect("compiles").stages
+        [kiln_compiler::Stage::Schedule]
+        .to_string();
+    assert!(!s.contains("vdpbf16ps"), "{s}");
+    let x = Tensor::random(DType::F32, &[1, 32, 20, 20], 2);
+    let got = jit(&g, &options(Precision::Bf16), &LoadOptions::default())
+        .expect("compiles")
+        .run(&[x.clone()])
+        .expect("runs");
+    let want = eval::run(&g, &[x]).expect("the interpreter runs it");
+    for (a, b) in got[0].to_f64s().iter().zip(want[0].to_f64s()) {
+        assert!((a - b).abs() <= 1e-4 + 1e-4 * b.abs(), "compiled {a}, f32 {b}");
+    }
+}
+
+#[test]
+fn precisions_without_kernels_are_refused_by_name() {
+    let g = conv(
+        &[1, 4, 8, 8],
+        &Tensor::random(DType::F32, &[8, 4, 3, 3], 1),
+        ConvOptions::default(),
+        None,
+    );
+    let refused = |o: &Options| match compile(&g, o, false) {
+        Ok(_) => panic!("compiled at {} for {}", o.precision, o.target.name()),
+        Err(e) => e,
+    };
+    let err = refused(&options(Precision::F16));
+    assert!(matches!(err, CompileError::Precision { .. }), "{err}");
+    assert!(err.to_string().starts_with("--precision f16 on cpu: "), "{err}");
+    let gpu = Options { target: TargetKind::Opencl, ..options(Precision::Bf16) };
+    let err = refused(&gpu);
+    assert!(err.to_string().starts_with("--precision bf16 on opencl: "), "{err}");
+    assert_eq!("bf16".parse::<Precision>(), Ok(Precision::Bf16));
+    assert!("fp8".parse::<Precision>().unwrap_err().contains("one of f32, bf16, f16"));
+}
