@@ -25,6 +25,7 @@ fn main() {
     }
     println!("cargo:rerun-if-changed=src/target/cpu/simd.h");
     println!("cargo:rerun-if-changed=src/target/cpu/workspace.h");
+    println!("cargo:rerun-if-changed=src/target/cpu/ukernel.h");
     println!("cargo:rerun-if-env-changed=CC");
     let out = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());

@@ -29,7 +29,8 @@ pub enum Precision {
     #[default]
     F32,
     /// Convolutions and matrix products multiply bf16 operands (weights rounded at compile time,
-    /// activations as the kernel reads them) and accumulate in f32: `vdpbf16ps` on the CPU.
+    /// activations as the kernel reads them) and accumulate in f32: `vdpbf16ps` on the CPU, in
+    /// one-group convolutions with a window or a stride and GEMMs by constant weights.
     Bf16,
     /// The same in IEEE half precision (f16).
     F16,

@@ -1,9 +1,10 @@
-//! `--precision`: bf16 convolutions on the CPU (bf16 products with `vdpbf16ps`, f32 sums)
-//! against the interpreter on operands rounded to bf16, and the precisions a target has no
+//! `--precision`: bf16 convolutions and GEMMs on the CPU (bf16 products with `vdpbf16ps`, f32
+//! sums) against the interpreter on operands rounded to bf16, and the precisions a target has no
 //! kernels for refused by name.
 
 use kiln_compiler::{compile, jit, CompileError, Options, Precision, TargetKind};
 use kiln_ir::builder::{ConvOptions, GraphBuilder};
+use kiln_ir::op::Gemm;
 use kiln_ir::{eval, DType, Graph, Tensor};
 use kiln_runtime::LoadOptions;
 
@@ -113,41 +114,114 @@ fn bf16_convolutions_multiply_rounded_operands_and_sum_in_f32() {
         if with_residual {
             inputs.push(Tensor::random(DType::F32, &r_dims, 30 + i as u64));
         }
-        let s = compile(&g, &options(Precision::Bf16), true).expect("compiles at bf16").stages
-            [kiln_compiler::Stage::Schedule]
-            .to_string();
-        assert!(s.contains("vdpbf16ps"), "case {i}: the convolution is not on bf16 products:\n{s}");
-        // The reference: the same convolution on the input and weight rounded to bf16, in f32.
-        // Their products are exact in f32, so only the order of the f32 sums differs.
-        let rounded = conv(&x, &bf16(&weight), o, residual);
         let mut rounded_inputs = inputs.clone();
         rounded_inputs[0] = bf16(&x_in);
-        let want = eval::run(&rounded, &rounded_inputs).expect("the interpreter runs it");
-        let exact = eval::run(&g, &inputs).expect("the interpreter runs it");
-        for threads in [1, 2] {
-            let exe = jit(
-                &g,
-                &options(Precision::Bf16),
-                &LoadOptions { threads: Some(threads), ..Default::default() },
-            )
-            .expect("compiles");
-            let got = exe.run(&inputs).expect("runs");
-            let (got, want, exact) = (got[0].to_f64s(), want[0].to_f64s(), exact[0].to_f64s());
-            let mut off_f32 = 0.0f64;
-            for (j, ((a, b), e)) in got.iter().zip(&want).zip(&exact).enumerate() {
-                assert!(
-                    (a - b).abs() <= 1e-4 + 1e-4 * b.abs(),
-                    "case {i}, element {j}: compiled {a}, bf16 reference {b} ({threads} threads)"
-                );
-                off_f32 = off_f32.max((a - e).abs());
-            }
-            // The test can tell: the f32 result lies well outside that tolerance.
-            assert!(
-                off_f32 > 1e-3,
-                "case {i}: compiled within {off_f32} of f32: were the operands rounded?"
-            );
-        }
+        let rounded = conv(&x, &bf16(&weight), o, residual);
+        check_bf16(&format!("conv case {i}"), &g, &inputs, &rounded, &rounded_inputs);
     }
+}
+
+/// Compiles `g` at bf16 and checks that its kernels say so and that it computes `rounded` (the
+/// same graph with its weights rounded to bf16) on `rounded_inputs` (the inputs the bf16 kernels
+/// multiply rounded likewise), in f32: bf16 products are exact in f32, so only the order of the
+/// sums differs. With 1 and 2 threads.
+fn check_bf16(
+    case: &str,
+    g: &Graph,
+    inputs: &[Tensor],
+    rounded: &Graph,
+    rounded_inputs: &[Tensor],
+) {
+    let s = compile(g, &options(Precision::Bf16), true).expect("compiles at bf16").stages
+        [kiln_compiler::Stage::Schedule]
+        .to_string();
+    assert!(s.contains("vdpbf16ps"), "{case}: not on bf16 products:\n{s}");
+    let want = eval::run(rounded, rounded_inputs).expect("the interpreter runs it");
+    let exact = eval::run(g, inputs).expect("the interpreter runs it");
+    for threads in [1, 2] {
+        let exe = jit(
+            g,
+            &options(Precision::Bf16),
+            &LoadOptions { threads: Some(threads), ..Default::default() },
+        )
+        .expect("compiles");
+        let got = exe.run(inputs).expect("runs");
+        let (got, want, exact) = (got[0].to_f64s(), want[0].to_f64s(), exact[0].to_f64s());
+        let mut off_f32 = 0.0f64;
+        for (j, ((a, b), e)) in got.iter().zip(&want).zip(&exact).enumerate() {
+            assert!(
+                (a - b).abs() <= 1e-4 + 1e-4 * b.abs(),
+                "{case}, element {j}: compiled {a}, bf16 reference {b} ({threads} threads)"
+            );
+            off_f32 = off_f32.max((a - e).abs());
+        }
+        // The test can tell: the f32 result lies well outside that tolerance.
+        assert!(
+            off_f32 > 1e-3,
+            "{case}: compiled within {off_f32} of f32: were the operands rounded?"
+        );
+    }
+}
+
+#[test]
+fn bf16_gemms_multiply_rounded_operands_and_sum_in_f32() {
+    if !bf16_here("bf16_gemms_multiply_rounded_operands_and_sum_in_f32") {
+        return;
+    }
+    // A linear layer (B transposed, a bias row, a ReLU) with rows not a multiple of the tile and
+    // an odd K (the last pair half zero); one row (a matrix-vector product); a batched MatMul
+    // with a residual; A read transposed; columns not a multiple of 32.
+    let linear = |w: &Tensor, b: &Tensor| {
+        let g = GraphBuilder::new("linear");
+        let x = g.input("x", DType::F32, [10, 301]);
+        let w = g.constant("w", w.clone());
+        let b = g.constant("b", b.clone());
+        g.output("y", x.linear(w, b).relu());
+        g.build().unwrap()
+    };
+    let (w, b) = (Tensor::random(DType::F32, &[70, 301], 8), Tensor::random(DType::F32, &[70], 9));
+    let x = Tensor::random(DType::F32, &[10, 301], 10);
+    check_bf16("linear", &linear(&w, &b), &[x.clone()], &linear(&bf16(&w), &b), &[bf16(&x)]);
+    let vector = |w: &Tensor| {
+        let g = GraphBuilder::new("vector");
+        let x = g.input("x", DType::F32, [1, 512]);
+        g.output("y", x.matmul(g.constant("w", w.clone())));
+        g.build().unwrap()
+    };
+    let (w, x) =
+        (Tensor::random(DType::F32, &[512, 100], 11), Tensor::random(DType::F32, &[1, 512], 12));
+    check_bf16("vector", &vector(&w), &[x.clone()], &vector(&bf16(&w)), &[bf16(&x)]);
+    let batched = |w: &Tensor| {
+        let g = GraphBuilder::new("batched");
+        let x = g.input("x", DType::F32, [2, 6, 200]);
+        let r = g.input("r", DType::F32, [2, 6, 96]);
+        g.output("y", x.matmul(g.constant("w", w.clone())) + r);
+        g.build().unwrap()
+    };
+    let (w, x, r) = (
+        Tensor::random(DType::F32, &[200, 96], 13),
+        Tensor::random(DType::F32, &[2, 6, 200], 14),
+        Tensor::random(DType::F32, &[2, 6, 96], 15),
+    );
+    check_bf16(
+        "batched",
+        &batched(&w),
+        &[x.clone(), r.clone()],
+        &batched(&bf16(&w)),
+        &[bf16(&x), r],
+    );
+    let trans_a = |w: &Tensor| {
+        let g = GraphBuilder::new("trans_a");
+        let x = g.input("x", DType::F32, [150, 9]);
+        g.output(
+            "y",
+            x.gemm(g.constant("w", w.clone()), None, Gemm { trans_a: true, ..Gemm::default() }),
+        );
+        g.build().unwrap()
+    };
+    let (w, x) =
+        (Tensor::random(DType::F32, &[150, 40], 16), Tensor::random(DType::F32, &[150, 9], 17));
+    check_bf16("trans_a", &trans_a(&w), &[x.clone()], &trans_a(&bf16(&w)), &[bf16(&x)]);
 }
 
 #[test]

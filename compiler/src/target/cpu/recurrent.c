@@ -21,16 +21,13 @@
 
 #include "simd.h"
 #include "workspace.h"
+#include "ukernel.h"
 
 #define NR 32
 
 enum { CELL_SIMPLE = 0, CELL_GRU = 1, CELL_LSTM = 2 };
 enum { DIR_FORWARD = 0, DIR_REVERSE = 1, DIR_BIDIRECTIONAL = 2 };
 
-/* ukernel.c: C[M, N] = A[M, K] * packed B + bias per column. */
-void kiln_uk_gemm(int64_t a_, int64_t bp_, int64_t bias_, int64_t res_, int64_t y_, int64_t M, int64_t N, int64_t K, int64_t lda,
-                  int64_t ka, int64_t act, float lo, float hi, int64_t kc, int64_t mc, int64_t nc, int64_t chunks, int64_t split_n,
-                  int64_t wg_begin, int64_t wg_end);
 
 static inline v16 vsigmoid(v16 x) { return splat(1.0f) / (splat(1.0f) + vexp(-x)); }
 
@@ -109,7 +106,7 @@ void kiln_uk_recurrent(int64_t x_, int64_t packed_, int64_t h0_, int64_t c0_, in
         const float *wp = packed + d * per_dir, *rt = wp + wp_len, *bias = rt + hidden * GHp, *rbh = bias + GHp, *peep = rbh + Hp;
         /* Every step's input projection at once; rows in x's order. */
         kiln_uk_gemm(x_, (int64_t)(intptr_t)wp, (int64_t)(intptr_t)bias, 0, (int64_t)(intptr_t)proj, rows, GHp, input, input, 1, 0, 0.0f,
-                     0.0f, kc, mc, nc, 1, 1, 0, 1);
+                     0.0f, kc, mc, nc, 1, 1, 0, 0, 1);
         memset(h, 0, (size_t)(3 * batch * Hp) * sizeof(float));
         for (int64_t b = 0; b < batch; b++) {
             int64_t s = batch_first ? (b * dirs + d) * hidden : (d * batch + b) * hidden;

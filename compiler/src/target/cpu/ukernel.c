@@ -28,6 +28,7 @@
 
 #include "simd.h"
 #include "workspace.h"
+#include "ukernel.h"
 
 enum { ACT_NONE = 0, ACT_RELU = 1, ACT_CLIP = 2 };
 
@@ -1549,12 +1550,120 @@ static void gemv(const float *a, int64_t lda, int64_t ka, const float *bp, float
     }
 }
 
+#if MR == 8
+/* The top R rows of a bf16 GEMM's register tile: c0/c1[r] = sum over K2 pair steps of A's pair
+ * (row r of `a`, rows lda2 words apart: a word holds A[r, 2q] low and A[r, 2q + 1] high) times
+ * B's packed pair strip (NR words a step), by vdpbf16ps. */
+static inline __attribute__((always_inline, target("avx512bf16,avx512bw,avx512f"))) void
+micro_bf16_rows(int R, int64_t K2, const uint32_t *restrict a, int64_t lda2, const uint32_t *restrict b, v16 *c0, v16 *c1) {
+    __m512 s0[MR], s1[MR];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) s0[r] = s1[r] = _mm512_setzero_ps();
+    for (int64_t q = 0; q < K2; q++) {
+        __m512bh b0 = (__m512bh)_mm512_loadu_si512(b), b1 = (__m512bh)_mm512_loadu_si512(b + 16);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            __m512bh ar = (__m512bh)_mm512_set1_epi32((int)a[r * lda2 + q]);
+            s0[r] = _mm512_dpbf16_ps(s0[r], ar, b0);
+            s1[r] = _mm512_dpbf16_ps(s1[r], ar, b1);
+        }
+        b += NR;
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) {
+        c0[r] = (v16)s0[r];
+        c1[r] = (v16)s1[r];
+    }
+}
+
+/* micro_bf16_rows for R = rows (1..MR), each with its own straight-line loop: a matrix-vector
+ * product costs one row's products, not a tile's. */
+KILN_BF16 static void micro_bf16(int64_t rows, int64_t K2, const uint32_t *a, int64_t lda2, const uint32_t *b, v16 *c0, v16 *c1) {
+    switch (rows) {
+#define KILN_ROWS(R)                                          \
+    case R:                                                   \
+        micro_bf16_rows(R, K2, a, lda2, b, c0, c1);          \
+        break;
+        KILN_ROWS(1)
+        KILN_ROWS(2)
+        KILN_ROWS(3)
+        KILN_ROWS(4)
+        KILN_ROWS(5)
+        KILN_ROWS(6)
+        KILN_ROWS(7)
+        KILN_ROWS(8)
+#undef KILN_ROWS
+    default:
+        abort(); /* rows is 1..MR: a bug, not input */
+    }
+}
+
+/* Rows i0 .. i1 of A (A[i, k] = a[i * lda + k * ka]) as bf16 pairs, row-major: out[(i - i0) *
+ * K2 + q] = bf16(A[i, 2q]) | bf16(A[i, 2q + 1]) << 16, an odd K's last high half zero. */
+KILN_BF16 static void rows_to_bf16(const float *a, int64_t lda, int64_t ka, int64_t i0, int64_t i1, int64_t K, uint32_t *out) {
+    int64_t K2 = (K + 1) / 2;
+    for (int64_t i = i0; i < i1; i++) {
+        const float *row = a + i * lda;
+        uint16_t *o = (uint16_t *)(out + (i - i0) * K2);
+        int64_t k = 0;
+        if (ka == 1) {
+            /* 32 consecutive floats become 32 consecutive bf16: 16 pair words in order. */
+            for (; k + 32 <= K; k += 32) {
+                __m512bh v = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(row + k + 16), _mm512_loadu_ps(row + k));
+                _mm512_storeu_si512(o + k, (__m512i)v);
+            }
+        }
+        for (; k < K; k++) {
+            __m512bh v = _mm512_cvtne2ps_pbh(_mm512_setzero_ps(), _mm512_set1_ps(row[k * ka]));
+            uint16_t h[32];
+            _mm512_storeu_si512(h, (__m512i)v);
+            o[k] = h[0];
+        }
+        if (K % 2) o[K] = 0;
+    }
+}
+
+/* C = A * B in bf16 products (f32 sums), B packed at compile time as pair strips
+ * ([(j / NR) * K2 + q] * NR + j % NR: B[2q, j] low, B[2q + 1, j] high), rows a0 .. a1 and columns
+ * b0 .. b1, the epilogue applied as each tile is stored. A's rows are made bf16 once per call;
+ * each B strip then meets every row tile while it is in cache. */
+static void gemm_bf16(const float *a, int64_t lda, int64_t ka, const uint32_t *bp, float *y, int64_t N, int64_t K, int64_t a0,
+                      int64_t a1, int64_t b0, int64_t b1, const Epilogue *epi) {
+    int64_t K2 = (K + 1) / 2;
+    uint32_t *ab = (uint32_t *)scratch(1, (size_t)((a1 - a0) * K2));
+    if (!ab) abort(); /* out of memory: nothing sensible to return */
+    rows_to_bf16(a, lda, ka, a0, a1, K, ab);
+    for (int64_t j = b0; j < b1; j += NR) {
+        int64_t nr = b1 - j < NR ? b1 - j : NR;
+        const uint32_t *b = bp + (j / NR) * K2 * NR;
+        for (int64_t i = a0; i < a1; i += MR) {
+            int64_t mr = a1 - i < MR ? a1 - i : MR;
+            v16 c0[MR], c1[MR];
+            micro_bf16(mr, K2, ab + (i - a0) * K2, K2, b, c0, c1);
+            Epilogue e = *epi;
+            if (e.bias_col) e.bias_col += j;
+            if (e.res) e.res += i * e.ldr + j;
+            for (int64_t r = 0; r < mr; r++) {
+                float *yr = y + (i + r) * N + j;
+                if (nr == NR) {
+                    store16(yr, finish(c0[r], &e, r, 0));
+                    store16(yr + 16, finish(c1[r], &e, r, 16));
+                } else {
+                    store16_n(yr, finish_n(c0[r], &e, r, 0, nr < 16 ? nr : 16), nr < 16 ? nr : 16);
+                    if (nr > 16) store16_n(yr + 16, finish_n(c1[r], &e, r, 16, nr - 16), nr - 16);
+                }
+            }
+        }
+    }
+}
+#endif
+
 /* C[M, N] = A[M, K] * B[K, N] (+ bias per column, + residual [M, N], activation), A strided
- * (A[i, k] = a[i * lda + k * ka]), B packed at compile time. Work units: chunks of N (split_n)
- * or of M. */
+ * (A[i, k] = a[i * lda + k * ka]), B packed at compile time (f32, or bf16 pairs with `bf16`).
+ * Work units: chunks of N (split_n) or of M. */
 void kiln_uk_gemm(int64_t a_, int64_t bp_, int64_t bias_, int64_t res_, int64_t y_, int64_t M, int64_t N, int64_t K, int64_t lda,
                   int64_t ka, int64_t act, float lo, float hi, int64_t kc, int64_t mc, int64_t nc, int64_t chunks, int64_t split_n,
-                  int64_t wg_begin, int64_t wg_end) {
+                  int64_t bf16, int64_t wg_begin, int64_t wg_end) {
     const float *a = (const float *)(intptr_t)a_, *bp = (const float *)(intptr_t)bp_;
     const float *bias = (const float *)(intptr_t)bias_, *res = (const float *)(intptr_t)res_;
     float *y = (float *)(intptr_t)y_;
@@ -1562,6 +1671,19 @@ void kiln_uk_gemm(int64_t a_, int64_t bp_, int64_t bias_, int64_t res_, int64_t 
     Asource A = {NULL, a, lda, ka, NULL, 0};
     Bsource B = {bp, NULL, 0, 0, NULL};
     Epilogue e = epilogue_of(NULL, bias, res, N, act, lo, hi);
+    if (bf16) {
+#if MR == 8
+        for (int64_t q = wg_begin; q < wg_end; q++) {
+            int64_t a0 = 0, a1 = M, b0 = 0, b1 = N;
+            if (split_n) chunk_range(N, NR, chunks, q, &b0, &b1);
+            else chunk_range(M, MR, chunks, q, &a0, &a1);
+            if (a0 < a1 && b0 < b1) gemm_bf16(a, lda, ka, (const uint32_t *)bp, y, N, K, a0, a1, b0, b1, &e);
+        }
+        return;
+#else
+        abort(); /* planned only where the host has AVX512-BF16: a bug, not input */
+#endif
+    }
     if (M < MR) {
         gemv(a, lda, ka, bp, y, M, N, K, &e, chunks, wg_begin, wg_end);
         return;

@@ -284,10 +284,11 @@ pub struct Ukernel {
     /// [N, C/16, H, W, 16]) as `layout::decide` chose: a pointwise convolution then runs
     /// transposed, a depthwise one on whole vectors of channels.
     pub blocked: Blocked,
-    /// `--precision bf16`: a convolution multiplies bf16 (weights rounded at compile time, the
-    /// input as it is copied into the kernel's padded planes) with `vdpbf16ps`, summing in f32.
-    /// Only the direct form (`kiln_uk_conv2d`'s stride-phase planes) has it: such a convolution
-    /// is neither transposed nor blocked.
+    /// `--precision bf16`: a convolution or GEMM multiplies bf16 (weights rounded at compile
+    /// time, the input as it is copied into the kernel's padded planes, or A's rows as the GEMM
+    /// reads them) with `vdpbf16ps`, summing in f32. Convolutions have it in the direct form
+    /// (`kiln_uk_conv2d`'s stride-phase planes) only: such a convolution is neither transposed
+    /// nor blocked.
     pub bf16: bool,
 }
 
@@ -589,6 +590,7 @@ impl fmt::Display for Ukernel {
                 Shape::Conv { .. } => "B packed (im2col) at run time",
                 Shape::ConvTranspose { .. } => "B (the input) packed at run time",
                 Shape::Pool { .. } | Shape::QConv { .. } | Shape::Gather { .. } | Shape::Recurrent { .. } | Shape::Reduce { .. } | Shape::Softmax { .. } | Shape::Transpose { .. } | Shape::Attention { .. } => "",
+                Shape::Gemm { .. } if self.bf16 => "bf16 products with vdpbf16ps, f32 sums: B rounded to bf16 in pairs along K, A's rows made bf16 pairs at run time, each B strip against every row tile",
                 Shape::Gemm { m, .. } if m < self.mr => "rows times packed B strips, up to 4 rows a pass (matrix-vector)",
                 Shape::Gemm { .. } => "A packed at run time",
             };
@@ -906,14 +908,21 @@ pub fn plan(
     // the call at any size.
     let enough =
         work >= MIN_MACS || scalar_on_linalg(&shape) || matches!(shape, Shape::Pool { .. });
-    // bf16 products run on this kernel only, in its direct form (a padded copy of the input,
-    // made bf16 as it is copied): every one-group convolution with a window or a stride takes
-    // it. A pointwise one keeps f32, its input read where it lies (often channel-blocked
+    // bf16 products run on this kernel only: in its direct convolution (a padded copy of the
+    // input, made bf16 as it is copied), every one-group convolution with a window or a stride
+    // takes it. A pointwise one keeps f32, its input read where it lies (often channel-blocked
     // between depthwise ones): copying it costs more than bf16 products save (mobilenet_v2,
     // 2 threads: 0.77x f32's speed when they took it; resnet18, which has none: 1.7x).
+    // A GEMM by constant weights takes it too (B rounded and packed at compile time).
     let bf16 = precision == Precision::Bf16
         && host.bf16
-        && matches!(shape, Shape::Conv { group: 1, kh, kw, stride, .. } if kh * kw > 1 || stride != [1, 1]);
+        && match shape {
+            Shape::Conv { group, kh, kw, stride, .. } => {
+                group == 1 && (kh * kw > 1 || stride != [1, 1])
+            }
+            Shape::Gemm { .. } => true,
+            _ => false,
+        };
     let wanted = always || bf16 || (fills && enough && beats_linalg(&shape, k, n, host));
     if m * n * k == 0 || !wanted {
         return None;
@@ -1656,8 +1665,12 @@ pub fn pack(graph: &Graph, kernel: &Kernel, u: &Ukernel) -> Result<Vec<u8>> {
         CompileError::Internal("the microkernel's weight is not a constant".into())
     })?;
     let (m, n, k) = u.mnk();
-    if let (true, Shape::Conv { c, kh, kw, .. }) = (u.bf16, &u.shape) {
-        let mut out = pack_conv_bf16(&w, m, *c, kh * kw, u.mr);
+    if u.bf16 {
+        let mut out = match u.shape {
+            Shape::Conv { c, kh, kw, .. } => pack_conv_bf16(&w, m, c, kh * kw, u.mr),
+            Shape::Gemm { trans_b, .. } => pack_gemm_bf16(&w, n, k, trans_b),
+            _ => return Err(CompileError::Internal(format!("no bf16 packing for {u}"))),
+        };
         out.extend(u.epilogue.bias.iter().flatten().map(|b| b.to_bits()));
         return Ok(out.iter().flat_map(|x| x.to_le_bytes()).collect());
     }
@@ -1752,11 +1765,31 @@ fn pack_conv_bf16(w: &[f32], m: usize, c: usize, taps: usize, mr: usize) -> Vec<
     out
 }
 
+/// A GEMM's constant B[k, n] (W[k, n], or W[n, k] transposed) for `kiln_uk_gemm`'s bf16 form:
+/// in strips of NR columns, a word per column and pair of rows ([(t * K2 + q) * NR + c]: B[2q, j]
+/// low, B[2q + 1, j] high, rounded to nearest even), columns past n and an odd k's last row zero.
+fn pack_gemm_bf16(w: &[f32], n: usize, k: usize, trans_b: bool) -> Vec<u32> {
+    let k2 = k.div_ceil(2);
+    let bf16 = |x: f32| u32::from(half::bf16::from_f32(x).to_bits());
+    let mut out = vec![0u32; n.div_ceil(NR) * k2 * NR];
+    for kk in 0..k {
+        for j in 0..n {
+            let v = if trans_b { w[j * k + kk] } else { w[kk * n + j] };
+            out[((j / NR) * k2 + kk / 2) * NR + j % NR] |= bf16(v) << (16 * (kk % 2));
+        }
+    }
+    out
+}
+
 /// The packed weights' length in floats (where the bias starts).
 fn packed_floats(u: &Ukernel) -> usize {
     let (m, n, k) = u.mnk();
-    if let (true, Shape::Conv { c, kh, kw, .. }) = (u.bf16, &u.shape) {
-        return m.div_ceil(u.mr) * c.div_ceil(2) * kh * kw * u.mr;
+    match (u.bf16, &u.shape) {
+        (true, Shape::Conv { c, kh, kw, .. }) => {
+            return m.div_ceil(u.mr) * c.div_ceil(2) * kh * kw * u.mr
+        }
+        (true, Shape::Gemm { .. }) => return n.div_ceil(NR) * k.div_ceil(2) * NR,
+        _ => {}
     }
     match u.shape {
         Shape::Conv { c, .. } if u.depthwise_form().is_some_and(|f| f != DepthwiseForm::Rows) => {
@@ -2215,6 +2248,8 @@ pub fn build<'c>(
                     u.blocked.output as usize,
                     u.bf16 as usize,
                 ]));
+            } else if matches!(u.shape, Shape::Gemm { .. }) {
+                args.extend(ints(&[u.bf16 as usize]));
             }
         }
         args.push(wg_begin);
