@@ -169,7 +169,11 @@ impl Backend for CpuBackend {
         Ok(TargetCode {
             target: ArtifactTarget::Cpu,
             blob,
-            target_detail: detail,
+            // (What `kiln info` and `kiln compile` print: the precision is the artifact's.)
+            target_detail: match self.precision {
+                crate::Precision::F32 => detail,
+                p => format!("{detail}, --precision {p}"),
+            },
             cpu_features,
             functions,
             runs,
