@@ -505,30 +505,40 @@ static inline __attribute__((always_inline)) void micro_direct(int64_t K, const 
  * file keeps its own target. */
 #define KILN_BF16 __attribute__((target("avx512bf16,avx512bw,avx512f"), noinline))
 
-/* The register tile of a direct convolution in bf16: c0/c1[r] = sum over K2 channel-pair steps
- * of the weight pair (a, one 32-bit word a row: the even channel's bf16 low) times the input's
- * pairs at xb + offs[q] (32 positions, a word each), two products a lane with vdpbf16ps. */
-KILN_BF16 static void micro_direct_bf16(int64_t K2, const uint32_t *restrict a, const uint32_t *restrict xb,
-                                        const int64_t *restrict offs, v16 *c0, v16 *c1) {
+/* The top R rows of a bf16 register tile: c0/c1[r] = sum over K2 pair steps q of A's pair for
+ * row r (a word at a[r * a_row + q * a_step]: the even k's bf16 low) times B's 32 pair words of
+ * step q (at b + offs[q] where `gathered`, else at b + q * NR), two products a lane with
+ * vdpbf16ps. Inlined with R, `gathered` and the strides constant: a direct convolution (packed
+ * weights, offsets into its planes) and a GEMM (A's rows, a packed B strip) get loops of their
+ * own. */
+static inline __attribute__((always_inline, target("avx512bf16,avx512bw,avx512f"))) void
+tile_bf16(int R, int gathered, int64_t K2, const uint32_t *restrict a, int64_t a_row, int64_t a_step, const uint32_t *restrict b,
+          const int64_t *restrict offs, v16 *c0, v16 *c1) {
     __m512 s0[MR], s1[MR];
 #pragma GCC unroll 8
-    for (int r = 0; r < MR; r++) s0[r] = s1[r] = _mm512_setzero_ps();
+    for (int r = 0; r < R; r++) s0[r] = s1[r] = _mm512_setzero_ps();
     for (int64_t q = 0; q < K2; q++) {
-        const uint32_t *b = xb + offs[q];
-        __m512bh b0 = (__m512bh)_mm512_loadu_si512(b), b1 = (__m512bh)_mm512_loadu_si512(b + 16);
+        const uint32_t *bq = gathered ? b + offs[q] : b + q * NR;
+        __m512bh b0 = (__m512bh)_mm512_loadu_si512(bq), b1 = (__m512bh)_mm512_loadu_si512(bq + 16);
 #pragma GCC unroll 8
-        for (int r = 0; r < MR; r++) {
-            __m512bh ar = (__m512bh)_mm512_set1_epi32((int)a[r]);
+        for (int r = 0; r < R; r++) {
+            __m512bh ar = (__m512bh)_mm512_set1_epi32((int)a[r * a_row + q * a_step]);
             s0[r] = _mm512_dpbf16_ps(s0[r], ar, b0);
             s1[r] = _mm512_dpbf16_ps(s1[r], ar, b1);
         }
-        a += MR;
     }
 #pragma GCC unroll 8
-    for (int r = 0; r < MR; r++) {
+    for (int r = 0; r < R; r++) {
         c0[r] = (v16)s0[r];
         c1[r] = (v16)s1[r];
     }
+}
+
+/* A direct convolution's whole tile in bf16: the weights packed in MR-row strips of pairs, B
+ * read at xb + offs[q] (the input's channel-pair planes). */
+KILN_BF16 static void micro_direct_bf16(int64_t K2, const uint32_t *restrict a, const uint32_t *restrict xb,
+                                        const int64_t *restrict offs, v16 *c0, v16 *c1) {
+    tile_bf16(MR, 1, K2, a, 1, MR, xb, offs, c0, c1);
 }
 
 /* n words of channel pairs: out[i] = bf16(even[i]) | bf16(odd[i]) << 16, rounded to nearest
@@ -1551,38 +1561,14 @@ static void gemv(const float *a, int64_t lda, int64_t ka, const float *bp, float
 }
 
 #if MR == 8
-/* The top R rows of a bf16 GEMM's register tile: c0/c1[r] = sum over K2 pair steps of A's pair
- * (row r of `a`, rows lda2 words apart: a word holds A[r, 2q] low and A[r, 2q + 1] high) times
- * B's packed pair strip (NR words a step), by vdpbf16ps. */
-static inline __attribute__((always_inline, target("avx512bf16,avx512bw,avx512f"))) void
-micro_bf16_rows(int R, int64_t K2, const uint32_t *restrict a, int64_t lda2, const uint32_t *restrict b, v16 *c0, v16 *c1) {
-    __m512 s0[MR], s1[MR];
-#pragma GCC unroll 8
-    for (int r = 0; r < R; r++) s0[r] = s1[r] = _mm512_setzero_ps();
-    for (int64_t q = 0; q < K2; q++) {
-        __m512bh b0 = (__m512bh)_mm512_loadu_si512(b), b1 = (__m512bh)_mm512_loadu_si512(b + 16);
-#pragma GCC unroll 8
-        for (int r = 0; r < R; r++) {
-            __m512bh ar = (__m512bh)_mm512_set1_epi32((int)a[r * lda2 + q]);
-            s0[r] = _mm512_dpbf16_ps(s0[r], ar, b0);
-            s1[r] = _mm512_dpbf16_ps(s1[r], ar, b1);
-        }
-        b += NR;
-    }
-#pragma GCC unroll 8
-    for (int r = 0; r < R; r++) {
-        c0[r] = (v16)s0[r];
-        c1[r] = (v16)s1[r];
-    }
-}
-
-/* micro_bf16_rows for R = rows (1..MR), each with its own straight-line loop: a matrix-vector
- * product costs one row's products, not a tile's. */
+/* A GEMM's tile of `rows` (1..MR) rows in bf16, each row count with its own straight-line loop
+ * (a matrix-vector product costs one row's products, not a tile's): A's rows lda2 words apart,
+ * B a packed strip of pairs (NR words a step). */
 KILN_BF16 static void micro_bf16(int64_t rows, int64_t K2, const uint32_t *a, int64_t lda2, const uint32_t *b, v16 *c0, v16 *c1) {
     switch (rows) {
 #define KILN_ROWS(R)                                          \
     case R:                                                   \
-        micro_bf16_rows(R, K2, a, lda2, b, c0, c1);          \
+        tile_bf16(R, 0, K2, a, lda2, 1, b, NULL, c0, c1);    \
         break;
         KILN_ROWS(1)
         KILN_ROWS(2)
