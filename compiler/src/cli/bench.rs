@@ -249,7 +249,7 @@ pub fn run(args: &Args) -> Result<()> {
     if args.json {
         let r = Report {
             model: args.model.display().to_string(),
-            device: "cpu".into(),
+            device: exe.target().name().into(),
             threads,
             compile_ms,
             median_ms: median.as_secs_f64() * 1e3,
