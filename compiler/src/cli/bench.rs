@@ -289,14 +289,11 @@ fn deviation(
     let mut report =
         DeviationReport { samples, max_abs: 0.0, max_relative: 0.0, rows: 0, same_top1: 0 };
     for s in 0..samples {
-        // New random values for the inputs the bench made up (one sample's at a time in
-        // memory); those given stay.
+        // New random values for the inputs the bench made up (`declared`: those not given by
+        // file, which stay), one sample's at a time in memory.
         let mut room = *left;
         let mut feeds = given.to_vec();
         for (i, (name, dtype, dims)) in declared.iter().enumerate() {
-            if args.inputs.iter().any(|spec| spec.split_once('=').is_some_and(|(n, _)| n == name)) {
-                continue;
-            }
             let t = crate::tune::random_input(
                 name,
                 *dtype,

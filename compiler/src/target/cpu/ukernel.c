@@ -1591,19 +1591,20 @@ KILN_BF16 static void rows_to_bf16(const float *a, int64_t lda, int64_t ka, int6
     for (int64_t i = i0; i < i1; i++) {
         const float *row = a + i * lda;
         uint16_t *o = (uint16_t *)(out + (i - i0) * K2);
-        int64_t k = 0;
-        if (ka == 1) {
-            /* 32 consecutive floats become 32 consecutive bf16: 16 pair words in order. */
-            for (; k + 32 <= K; k += 32) {
-                __m512bh v = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(row + k + 16), _mm512_loadu_ps(row + k));
-                _mm512_storeu_si512(o + k, (__m512i)v);
+        /* 32 consecutive k become 32 consecutive bf16: 16 pair words in order. A strided row
+         * (A transposed) is gathered 32 at a time first. */
+        for (int64_t k = 0; k < K; k += 32) {
+            int64_t n = K - k < 32 ? K - k : 32;
+            float t[32];
+            const float *src = row + k * ka;
+            if (ka != 1) {
+                for (int64_t j = 0; j < n; j++) t[j] = row[(k + j) * ka];
+                src = t;
             }
-        }
-        for (; k < K; k++) {
-            __m512bh v = _mm512_cvtne2ps_pbh(_mm512_setzero_ps(), _mm512_set1_ps(row[k * ka]));
-            uint16_t h[32];
-            _mm512_storeu_si512(h, (__m512i)v);
-            o[k] = h[0];
+            __mmask16 lo = n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1);
+            __mmask16 hi = n >= 32 ? (__mmask16)0xffff : n > 16 ? (__mmask16)((1u << (n - 16)) - 1) : 0;
+            __m512bh v = _mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(hi, src + 16), _mm512_maskz_loadu_ps(lo, src));
+            _mm512_mask_storeu_epi16(o + k, (__mmask32)(n >= 32 ? 0xffffffffu : (1u << n) - 1), (__m512i)v);
         }
         if (K % 2) o[K] = 0;
     }

@@ -1745,20 +1745,25 @@ pub fn pack(graph: &Graph, kernel: &Kernel, u: &Ukernel) -> Result<Vec<u8>> {
     Ok(out.iter().flat_map(|x| x.to_le_bytes()).collect())
 }
 
+/// `x` as bf16 (to nearest, ties to even), its 16 bits in the low half of a word.
+fn bf16_bits(x: f32) -> u32 {
+    u32::from(half::bf16::from_f32(x).to_bits())
+}
+
 /// A one-group convolution's weights W[m, c, taps] for `kiln_uk_conv2d`'s bf16 form: A[i, q]
 /// with q = (channel pair, tap), each word two bf16 (rounded to nearest even), the even
 /// channel's in the low half, as `vdpbf16ps` pairs them with the input's channel pairs; in
 /// strips of `mr` rows ([(s * K2 + q) * mr + r]), rows past m and an odd c's last channel zero.
 fn pack_conv_bf16(w: &[f32], m: usize, c: usize, taps: usize, mr: usize) -> Vec<u32> {
     let k2 = c.div_ceil(2) * taps;
-    let bf16 = |x: f32| u32::from(half::bf16::from_f32(x).to_bits());
     let mut out = vec![0u32; m.div_ceil(mr) * k2 * mr];
     for i in 0..m {
         let (s, r) = (i / mr, i % mr);
         for ch in 0..c {
             for t in 0..taps {
                 let q = (ch / 2) * taps + t;
-                out[(s * k2 + q) * mr + r] |= bf16(w[(i * c + ch) * taps + t]) << (16 * (ch % 2));
+                out[(s * k2 + q) * mr + r] |=
+                    bf16_bits(w[(i * c + ch) * taps + t]) << (16 * (ch % 2));
             }
         }
     }
@@ -1770,12 +1775,11 @@ fn pack_conv_bf16(w: &[f32], m: usize, c: usize, taps: usize, mr: usize) -> Vec<
 /// low, B[2q + 1, j] high, rounded to nearest even), columns past n and an odd k's last row zero.
 fn pack_gemm_bf16(w: &[f32], n: usize, k: usize, trans_b: bool) -> Vec<u32> {
     let k2 = k.div_ceil(2);
-    let bf16 = |x: f32| u32::from(half::bf16::from_f32(x).to_bits());
     let mut out = vec![0u32; n.div_ceil(NR) * k2 * NR];
     for kk in 0..k {
         for j in 0..n {
             let v = if trans_b { w[j * k + kk] } else { w[kk * n + j] };
-            out[((j / NR) * k2 + kk / 2) * NR + j % NR] |= bf16(v) << (16 * (kk % 2));
+            out[((j / NR) * k2 + kk / 2) * NR + j % NR] |= bf16_bits(v) << (16 * (kk % 2));
         }
     }
     out
