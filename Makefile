@@ -31,11 +31,18 @@ lint:
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy -q --workspace --all-targets -- -D warnings
 
+# The debug kiln and the compiler's examples, built the way `cargo test --workspace` builds them
+# (every member, dev-dependencies on), so they are the binaries the tests already made. A `-p
+# kiln-compiler` build resolves features differently and would build LLVM, MLIR and everything
+# over them a second time: about 2 GB more on disk and minutes on CI's two cores.
+DEBUG_BUILD := $(CARGO) build -q --workspace --bins --examples
+
 # The JIT example traces, compiles and checks an MLP and saves its artifact; the runtime-only
 # example (no MLIR/LLVM in its build) loads and runs that artifact.
 examples:
 	@mkdir -p target/examples
-	$(CARGO) run -q -p kiln-compiler --example jit_mlp -- --save target/examples/mlp.kiln
+	$(DEBUG_BUILD)
+	./target/debug/examples/jit_mlp --save target/examples/mlp.kiln
 	$(CARGO) run -q -p kiln-runtime --example run_artifact -- target/examples/mlp.kiln
 	$(MAKE) --no-print-directory soak SOAK_RUNS=10000
 
@@ -43,7 +50,7 @@ examples:
 # warm-up) by more than 1 MiB.
 SOAK_RUNS ?= 100000
 soak:
-	@mkdir -p target/examples; test -f target/examples/mlp.kiln || $(CARGO) run -q -p kiln-compiler --example jit_mlp -- --save target/examples/mlp.kiln
+	@mkdir -p target/examples; test -f target/examples/mlp.kiln || { $(DEBUG_BUILD) && ./target/debug/examples/jit_mlp --save target/examples/mlp.kiln; }
 	$(CARGO) run -q -p kiln-runtime --example soak -- target/examples/mlp.kiln $(SOAK_RUNS)
 
 # The ONNX backend tests, on the reference interpreter, compiled for the CPU and compiled to SPIR-V
@@ -51,7 +58,7 @@ soak:
 # pass (a ratchet). The data is fetched once into ~/.cache/kiln.
 DEVICES := ref cpu opencl
 conformance:
-	$(CARGO) build -q -p kiln-compiler --bin kiln
+	$(DEBUG_BUILD)
 	@eval "$$(./scripts/setup-opencl.sh)" && d=$$(./scripts/fetch-onnx-tests.sh) && for dev in $(DEVICES); do \
 	  echo "conformance on $$dev:"; \
 	  ./target/debug/kiln check $(addprefix $$d/,$(SUITES)) --device $$dev --expect tests/conformance/$$dev.txt --quiet || exit 1; \
@@ -59,7 +66,7 @@ conformance:
 
 # Refreshes the ratchet lists with every test that passes now.
 ratchet:
-	$(CARGO) build -q -p kiln-compiler --bin kiln
+	$(DEBUG_BUILD)
 	@eval "$$(./scripts/setup-opencl.sh)" && d=$$(./scripts/fetch-onnx-tests.sh) && for dev in $(DEVICES); do \
 	  ./target/debug/kiln check $(addprefix $$d/,$(SUITES)) --device $$dev --write-passing tests/conformance/$$dev.txt --quiet | tail -n 1; \
 	done
