@@ -2,7 +2,6 @@
 //! graph passes, fusion, codegen and the target pipeline, artifact assembly), times each, keeps
 //! each stage's text when asked, and caches artifacts by content; `jit` compiles and loads.
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use kiln_ir::{text, Graph, Op};
@@ -12,7 +11,7 @@ use kiln_runtime::{Executable, LoadOptions};
 use crate::options::Options;
 use crate::stage::{Stage, Stages};
 use crate::target;
-use crate::{artifact, fuse, passes, CompileError, Result};
+use crate::{artifact, cache, fuse, passes, CompileError, Result};
 
 /// A compiled model.
 pub struct Compiled {
@@ -60,8 +59,12 @@ pub fn compile_reporting(
     };
     let keep = keep_stages || options.dump_dir.is_some();
     let backend = target::for_options(options)?;
-    let key = (options.cache && !keep).then(|| cache_key(graph, options));
-    if let Some(hit) = key.as_ref().and_then(|k| cache_load(k)) {
+    let key = if options.cache && !keep && cache::limit()? > 0 {
+        Some(cache::key(graph, options))
+    } else {
+        None
+    };
+    if let Some(hit) = key.as_ref().and_then(|k| cache::load(k)) {
         lap("cache", &mut timings);
         return Ok(Compiled {
             artifact: hit,
@@ -75,7 +78,7 @@ pub fn compile_reporting(
     if let Some(split) = crate::control::split(&g)? {
         let compiled = compile_control(&g, options, &split, keep_stages, progress)?;
         if let Some(k) = &key {
-            cache_store(k, &compiled.artifact);
+            cache::store(k, &compiled.artifact);
         }
         return Ok(compiled);
     }
@@ -104,7 +107,7 @@ pub fn compile_reporting(
         dump(dir, &stages)?;
     }
     if let Some(k) = &key {
-        cache_store(k, &art);
+        cache::store(k, &art);
     }
     Ok(Compiled { artifact: art, stages, timings, from_cache: false })
 }
@@ -477,71 +480,4 @@ fn dump(dir: &std::path::Path, stages: &Stages) -> Result<()> {
         })?;
     }
     Ok(())
-}
-
-/// The compile cache's folder: `$KILN_CACHE/compile`, else `~/.cache/kiln/compile`.
-pub fn cache_dir() -> Option<PathBuf> {
-    let base = std::env::var_os("KILN_CACHE")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/kiln")))?;
-    Some(base.join("compile"))
-}
-
-/// A content hash of everything that decides the artifact: the graph (weights by digest), the
-/// options, kiln's version and build, and the host CPU.
-fn cache_key(graph: &Graph, options: &Options) -> String {
-    let overrides = target::microkernel_overrides(options);
-    let mut shapes: Vec<_> = options.input_shapes.iter().collect();
-    shapes.sort();
-    let mut values: Vec<(&String, u64)> =
-        options.input_values.iter().map(|(n, t)| (n, t.digest())).collect();
-    values.sort();
-    // The compiler's own build: a rebuilt kiln must not reuse what an older one compiled.
-    let build = std::env::current_exe()
-        .and_then(std::fs::metadata)
-        .map(|m| format!("{} {:?}", m.len(), m.modified().ok()))
-        .unwrap_or_default();
-    let text = format!(
-        "{} {build}\n{} {:?} {:?} {:?}\n{:?}\n{:?}\n{}\n{}",
-        env!("CARGO_PKG_VERSION"),
-        options.target.name(),
-        (
-            options.microkernel_choice(),
-            overrides.iter().collect::<std::collections::BTreeMap<_, _>>(),
-            options.vnni_allowed(),
-            options.precision
-        ),
-        options.ptx,
-        // A forced GPU schedule (tests, debugging) makes different code.
-        target::gpu_strategy(options).ok().flatten(),
-        shapes,
-        values,
-        inkwell::targets::TargetMachine::get_host_cpu_features(),
-        text::print(graph, text::Weights::Summary)
-    );
-    let (mut a, mut b) = (0xcbf2_9ce4_8422_2325u64, 0x8422_2325_cbf2_9ce4u64);
-    for byte in text.bytes() {
-        a = (a ^ byte as u64).wrapping_mul(0x0000_0100_0000_01b3);
-        b = (b ^ byte as u64).wrapping_mul(0x0000_0100_0000_01b3).rotate_left(7);
-    }
-    format!("{a:016x}{b:016x}")
-}
-
-fn cache_load(key: &str) -> Option<Artifact> {
-    let p = cache_dir()?.join(format!("{key}.kiln"));
-    Artifact::read(&p).ok()
-}
-
-/// Stores an artifact in the cache (atomically: written aside, then renamed). Failures only cost
-/// the next compile its speed.
-fn cache_store(key: &str, art: &Artifact) {
-    let Some(dir) = cache_dir() else { return };
-    if std::fs::create_dir_all(&dir).is_err() {
-        return;
-    }
-    let tmp = dir.join(format!("{key}.{}.tmp", std::process::id()));
-    if art.write(&tmp).is_ok() {
-        let _ = std::fs::rename(&tmp, dir.join(format!("{key}.kiln")));
-    }
-    let _ = std::fs::remove_file(&tmp);
 }

@@ -2,6 +2,7 @@
 
 pub mod artifact;
 pub mod batch;
+pub mod cache;
 pub mod cli;
 pub mod codegen;
 pub mod control;
@@ -18,7 +19,8 @@ pub mod toolchain;
 pub mod tune;
 pub mod values;
 
-pub use driver::{cache_dir, compile, compile_reporting, jit, Compiled, Progress};
+pub use cache::dir as cache_dir;
+pub use driver::{compile, compile_reporting, jit, Compiled, Progress};
 pub use error::{chain as error_chain, CompileError, KernelError, LowerError, Result};
 pub use options::{Options, Precision, TargetKind};
 pub use session::Session;

@@ -621,3 +621,8 @@ fn deviations_measure_the_largest_difference_and_top_1_per_row() {
         "{d}"
     );
 }
+
+#[test]
+fn cache_prune_and_clear_are_one_or_the_other() {
+    assert_eq!(kiln(&["cache", "--prune", "--clear"]), 2);
+}

@@ -2,6 +2,7 @@
 
 mod artifact;
 mod batch;
+mod cache;
 mod cli;
 mod codegen_indexing;
 mod codegen_scan;

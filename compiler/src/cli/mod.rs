@@ -1,6 +1,7 @@
 //! The `kiln` command line (clap). Each subcommand lives in its own file.
 
 mod bench;
+mod cache;
 mod check;
 mod common;
 mod compile;
@@ -50,6 +51,8 @@ enum Command {
     Check(check::Args),
     /// List the devices kiln can run on (CPU, CUDA, OpenCL) and what `--device auto` picks.
     Devices(devices::Args),
+    /// Show the compile cache's folder, size and limit; prune or clear it.
+    Cache(cache::Args),
 }
 
 /// Runs the CLI on the process arguments; returns the exit code.
@@ -90,6 +93,7 @@ fn run_cli(cli: Cli) -> i32 {
         Some(Command::Emit(args)) => emit::run(&args),
         Some(Command::Bench(args)) => bench::run(&args),
         Some(Command::Devices(args)) => devices::run(&args),
+        Some(Command::Cache(args)) => cache::run(&args),
         Some(Command::Check(args)) => match check::run(&args) {
             Ok(code) => return code,
             Err(e) => Err(e),
