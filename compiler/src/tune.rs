@@ -159,6 +159,13 @@ pub fn tune(
             "--tune tunes CPU kernels: use it with the cpu target".into(),
         ));
     }
+    if options.precision != crate::Precision::F32 {
+        return Err(CompileError::Usage(format!(
+            "--tune chooses between the microkernels and the linalg schedules, which exist in f32 \
+             only: tune without --precision {} (its kernels always run on the microkernels)",
+            options.precision
+        )));
+    }
     const ITERS: usize = 20;
     let load = LoadOptions { threads, ..Default::default() };
     // Compiles with the microkernel forced (or not) and these per-kernel choices, and times it.

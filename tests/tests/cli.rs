@@ -620,6 +620,13 @@ fn deviations_measure_the_largest_difference_and_top_1_per_row() {
         d.to_string().contains("top-1 (largest along the last axis) the same in 1 of 2 row(s)"),
         "{d}"
     );
+    // NaN where f32 has a number is the largest difference, whatever comes after it; NaN on
+    // both sides is none.
+    let f32 = Tensor::from_vec(&[4], vec![1.0f32, f32::NAN, 2.0, f32::INFINITY]).unwrap();
+    let got = Tensor::from_vec(&[4], vec![f32::NAN, f32::NAN, 9.0, f32::INFINITY]).unwrap();
+    assert!(kiln_compiler::cli::Deviation::of(&got, &f32).max_abs.is_nan());
+    let got = Tensor::from_vec(&[4], vec![1.0f32, f32::NAN, 2.5, f32::INFINITY]).unwrap();
+    assert_eq!(kiln_compiler::cli::Deviation::of(&got, &f32).max_abs, 0.5);
 }
 
 #[test]

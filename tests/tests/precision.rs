@@ -272,3 +272,27 @@ fn precisions_without_kernels_are_refused_by_name() {
     assert_eq!("bf16".parse::<Precision>(), Ok(Precision::Bf16));
     assert!("fp8".parse::<Precision>().unwrap_err().contains("one of f32, bf16, f16"));
 }
+
+/// The microkernels are what compute in bf16: forcing them off at bf16 is refused, `--tune`
+/// (which times them against the f32 linalg schedules) refuses bf16.
+#[test]
+fn bf16_is_not_turned_off_by_microkernel_choices() {
+    let g = conv(
+        &[1, 16, 8, 8],
+        &Tensor::random(DType::F32, &[16, 16, 3, 3], 1),
+        ConvOptions::default(),
+        None,
+    );
+    let x = Tensor::random(DType::F32, &[1, 16, 8, 8], 2);
+    let tuned =
+        kiln_compiler::tune::tune(&g, &options(Precision::Bf16), Some(1), &[x], false, &|_| {});
+    let Err(err) = tuned else { panic!("tuning at bf16 is refused") };
+    assert!(err.to_string().contains("tune without --precision bf16"), "{err}");
+    if !bf16_here("bf16_is_not_turned_off_by_microkernel_choices") {
+        return;
+    }
+    let off = Options { microkernel: Some(false), ..options(Precision::Bf16) };
+    let Err(err) = compile(&g, &off, false) else { panic!("bf16 without microkernels is refused") };
+    assert!(matches!(err, CompileError::Precision { .. }), "{err}");
+    assert!(err.to_string().contains("the microkernels are turned off"), "{err}");
+}

@@ -229,8 +229,12 @@ impl Deviation {
         let (g, e) = (got.to_f64s(), f32.to_f64s());
         let (mut max_abs, mut sum, mut scale) = (0.0f64, 0.0f64, 0.0f64);
         for (&a, &b) in g.iter().zip(&e) {
-            let d = if a == b { 0.0 } else { (a - b).abs() };
-            max_abs = max_abs.max(d);
+            // Equal (infinities included) or both NaN: no difference. NaN on one side only is
+            // a NaN difference, which the largest keeps (`f64::max` would drop it).
+            let d = if a == b || (a.is_nan() && b.is_nan()) { 0.0 } else { (a - b).abs() };
+            if d.is_nan() || d > max_abs {
+                max_abs = d;
+            }
             sum += d;
             scale = scale.max(b.abs());
         }

@@ -75,7 +75,7 @@ pub fn for_options(options: &Options) -> Result<Box<dyn Backend>> {
             microkernel: options.microkernel_choice(),
             overrides: microkernel_overrides(options),
             vnni: options.vnni_allowed(),
-            precision: cpu_precision(options.precision)?,
+            precision: cpu_precision(options)?,
         }),
         TargetKind::Cuda => {
             gpu_precision(options.precision, options.target)?;
@@ -95,17 +95,24 @@ pub fn for_options(options: &Options) -> Result<Box<dyn Backend>> {
 }
 
 /// The precision the CPU backend compiles at: f32, or bf16 where the host multiplies bf16
-/// (AVX512-BF16's `vdpbf16ps`); anything else is refused, not run slower than asked.
-fn cpu_precision(precision: crate::Precision) -> Result<crate::Precision> {
+/// (AVX512-BF16's `vdpbf16ps`) and the microkernels, which are what compute in bf16, are not
+/// forced off; anything else is refused, not run slower than asked.
+fn cpu_precision(options: &Options) -> Result<crate::Precision> {
+    let precision = options.precision;
     let refuse = |why: &str| CompileError::Precision { precision, target: "cpu", why: why.into() };
     match precision {
         crate::Precision::F32 => Ok(precision),
         crate::Precision::Bf16 => {
             let features = inkwell::targets::TargetMachine::get_host_cpu_features().to_string();
-            if cpu::ukernel::Host::detect(&features).bf16 {
-                Ok(precision)
-            } else {
+            if !cpu::ukernel::Host::detect(&features).bf16 {
                 Err(refuse("this CPU has no AVX512-BF16 (vdpbf16ps), which kiln's bf16 kernels multiply with"))
+            } else if options.microkernel_choice() == Some(false) {
+                Err(refuse(
+                    "the microkernels are turned off (KILN_UKERNEL=0 or Options::microkernel), \
+                     and they are what computes in bf16",
+                ))
+            } else {
+                Ok(precision)
             }
         }
         crate::Precision::F16 => Err(refuse(
@@ -127,11 +134,12 @@ fn gpu_precision(precision: crate::Precision, target: TargetKind) -> Result<()> 
 }
 
 /// The per-kernel microkernel choices in force: the options', else those `--tune` stored for
-/// this CPU.
+/// this CPU. The records were timed in f32: at another precision a kernel off the microkernel
+/// would silently lose it, so they apply to f32 only.
 pub(crate) fn microkernel_overrides(options: &Options) -> std::collections::HashMap<String, bool> {
     match &options.microkernel_overrides {
         Some(o) => o.clone(),
-        None if options.target == TargetKind::Cpu => {
+        None if options.target == TargetKind::Cpu && options.precision == crate::Precision::F32 => {
             crate::tune::load_record().into_iter().collect()
         }
         None => Default::default(),
