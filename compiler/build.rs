@@ -24,6 +24,7 @@ fn main() {
         println!("cargo:rerun-if-changed={src}");
     }
     println!("cargo:rerun-if-changed=src/target/cpu/simd.h");
+    println!("cargo:rerun-if-changed=src/target/cpu/depthwise.h");
     println!("cargo:rerun-if-changed=src/target/cpu/workspace.h");
     println!("cargo:rerun-if-changed=src/target/cpu/ukernel.h");
     println!("cargo:rerun-if-env-changed=CC");

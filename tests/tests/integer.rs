@@ -272,6 +272,22 @@ const CASES: &[Case] = &[
         signed_in: true,
         group: 24,
     },
+    // Depthwise on a 7x7 plane (shorter than a vector), dilated, two images, one whole block
+    // of 16 channels.
+    Case {
+        batch: 2,
+        c: 16,
+        hw: [7, 7],
+        m: 16,
+        k: 3,
+        stride: 1,
+        pad: 2,
+        dilation: 2,
+        signed_out: false,
+        per_channel: false,
+        signed_in: false,
+        group: 16,
+    },
 ];
 
 #[test]

@@ -33,8 +33,8 @@ pub fn shape(graph: &Graph, id: NodeId, vnni: bool) -> Option<Shape> {
         return None;
     }
     // The sums must fit: int32 (255 * 128 * K < 2^31), and for the depthwise kernel's float
-    // sums 2^24 (255 * 128 * taps).
-    if wd[1] * wd[2] * wd[3] > 65536 || depthwise && wd[2] * wd[3] > 256 {
+    // sums 2^24 (255 * 128 * taps, up to 256); its taps stay in registers, at most 64 of them.
+    if wd[1] * wd[2] * wd[3] > 65536 || depthwise && wd[2] * wd[3] > 64 {
         return None;
     }
     let x_signed = graph.value_type(x).dtype == DType::I8;
@@ -195,9 +195,9 @@ pub fn pack(graph: &Graph, kernel: &Kernel, u: &Ukernel) -> Result<Vec<u8>> {
     Ok(out)
 }
 
-/// A depthwise convolution's packed constant: the weights as floats `[C][taps]`, then the int32
-/// bias `[C]` as it is (the kernel subtracts the zero point before it multiplies), then the f32
-/// multipliers `[C]`.
+/// A depthwise convolution's packed constant: the weights as floats `[C/16][taps][16]`, 16
+/// channels a vector (the last block padded with zeros), then the int32 bias `[C]` as it is (the
+/// kernel subtracts the zero point before it multiplies), then the f32 multipliers `[C]`.
 fn pack_depthwise(
     weights: &[f64],
     bias: &[f64],
@@ -207,8 +207,13 @@ fn pack_depthwise(
     m: usize,
     taps: usize,
 ) -> Vec<u8> {
-    let mut out: Vec<u8> =
-        weights[..m * taps].iter().flat_map(|&w| (w as f32).to_le_bytes()).collect();
+    let mut blocked = vec![0f32; m.div_ceil(16) * taps * 16];
+    for c in 0..m {
+        for t in 0..taps {
+            blocked[((c / 16) * taps + t) * 16 + c % 16] = weights[c * taps + t] as f32;
+        }
+    }
+    let mut out: Vec<u8> = blocked.iter().flat_map(|w| w.to_le_bytes()).collect();
     out.extend(bias[..m].iter().flat_map(|&b| (b as i32).to_le_bytes()));
     for i in 0..m {
         let s = w_scale[if w_scale.len() == 1 { 0 } else { i }];

@@ -30,6 +30,7 @@
 #define MR KILN_MR
 
 #include "simd.h"
+#include "depthwise.h"
 #include "workspace.h"
 
 typedef int32_t v16iu __attribute__((vector_size(64), aligned(4)));
@@ -315,47 +316,30 @@ void kiln_uk_maxpool_u8(int64_t x_, int64_t y_, int64_t C, int64_t H, int64_t W,
     }
 }
 
-/* One channel of a depthwise integer convolution from its padded float plane (see
- * kiln_uk_qdepthwise): 16 outputs along a row at a time, one FMA a tap. Inlined with the usual
- * window sizes constant, so the tap loops unroll. */
-static inline __attribute__((always_inline)) void qdw_channel(const float *plane, int64_t cols, const float *w, int64_t KH, int64_t KW,
-                                                              int64_t SH, int64_t SW, int64_t DH, int64_t DW, int64_t OH, int64_t OW,
-                                                              int32_t bias, float mult, float lo, float hi, int32_t y_zero, uint8_t *yc) {
-    for (int64_t oh = 0; oh < OH; oh++) {
-        for (int64_t ow = 0; ow < OW; ow += 16) {
-            v16 acc = splat(0.0f);
-            for (int64_t kh = 0; kh < KH; kh++) {
-                const float *row = plane + (oh * SH + kh * DH) * cols + ow * SW;
-                for (int64_t kw = 0; kw < KW; kw++) {
-                    const float *p = row + kw * DW;
-                    v16 v;
-                    if (SW == 1) v = load16(p);
-                    else if (SW == 2) v = evens(load16(p), load16(p + 16));
-                    else
-                        for (int l = 0; l < 16; l++) v[l] = p[l * SW];
-                    acc += v * splat(w[kh * KW + kw]);
-                }
-            }
-            v16i qv = requantise(__builtin_convertvector(acc, v16i), bias, mult, lo, hi, y_zero);
-            int64_t n = OW - ow < 16 ? OW - ow : 16;
+/* n (1..16) bytes as floats less the zero point (s8 read as u8 with the top bit flipped); the
+ * lanes past n are not positions anyone stores. */
+static inline v16 bytes_less_zero(const uint8_t *p, int64_t n, int32_t flip, int32_t zero) {
 #if defined(__AVX512BW__)
-            _mm_mask_storeu_epi8(yc + oh * OW + ow, (__mmask16)((1u << n) - 1), _mm512_cvtepi32_epi8((__m512i)qv));
+    v16i v = (v16i)_mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8((__mmask16)((1u << n) - 1), p));
 #else
-            uint8_t bytes[16];
-            for (int l = 0; l < 16; l++) bytes[l] = (uint8_t)qv[l];
-            memcpy(yc + oh * OW + ow, bytes, (size_t)n);
+    v16i v = {0};
+    for (int64_t l = 0; l < n; l++) v[l] = p[l];
 #endif
-        }
-    }
+    return __builtin_convertvector((v ^ flip) - zero, v16);
 }
 
-/* A depthwise integer convolution (one input and output channel a group). Each channel's plane,
- * less the input's zero point, is copied as floats into a plane padded with zeros (so padding
- * counts as the zero point, and no correction is needed); outputs are computed 16 along a row
- * at a time, one FMA a tap. The sums are integers below 2^24 in magnitude (255 * 128 * at most
- * 256 taps), so float arithmetic is exact; they are then requantised with the channel's raw int32
- * bias. The packed constant: weights as floats [C][KH*KW], the bias [C], the multipliers [C]. Work
- * units: images x channel chunks. Same arguments as kiln_uk_qconv2d. */
+/* A depthwise integer convolution (one input and one output channel a group), 16 channels a
+ * vector. Each block of 16 channels' planes, less the input's zero point, goes as floats into a
+ * zero-padded channel-blocked scratch plane through 16x16 register transposes (so padding counts
+ * as the zero point and needs no correction); every output then takes one FMA a tap on its 16
+ * channels, 4 outputs at a time with the taps in registers (depthwise.h, as the float kernel
+ * does); the sums come back through transposes, requantised with each channel's raw int32 bias
+ * and multiplier and stored as bytes. The sums are integers below 2^24 in magnitude (255 * 128 *
+ * at most 64 taps), so float arithmetic is exact. Vectorised along rows instead, a 7x7 plane used
+ * 7 of 16 lanes and stride 2 discarded half of each load.
+ * The packed constant: the taps as floats [C/16][KH*KW][16] (the last block padded with zeros),
+ * the bias [C], the multipliers [C]. Work units: images x chunks of 16 channels. Same arguments
+ * as kiln_uk_qconv2d. */
 void kiln_uk_qdepthwise(int64_t x_, int64_t wp_, int64_t y_, int64_t C, int64_t H, int64_t W, int64_t M, int64_t KH, int64_t KW,
                         int64_t SH, int64_t SW, int64_t DH, int64_t DW, int64_t PH, int64_t PW, int64_t OH, int64_t OW, int64_t x_zero, int64_t x_flip,
                         int64_t y_zero, int64_t y_lo, int64_t y_hi, int64_t vnni, int64_t chunks, int64_t split_n, int64_t wg_begin,
@@ -363,42 +347,74 @@ void kiln_uk_qdepthwise(int64_t x_, int64_t wp_, int64_t y_, int64_t C, int64_t 
     (void)M, (void)vnni, (void)split_n;
     const uint8_t *x = (const uint8_t *)(intptr_t)x_;
     const float *wf = (const float *)(intptr_t)wp_;
-    const int32_t *bias = (const int32_t *)(wf + C * KH * KW);
+    int64_t T = KH * KW, P = H * W, Q = OH * OW;
+    const int32_t *bias = (const int32_t *)(wf + (C + 15) / 16 * T * 16);
     const float *mult = (const float *)(bias + C);
     uint8_t *y = (uint8_t *)(intptr_t)y_;
-    int64_t taps = KH * KW;
-    /* The padded plane: rows the windows reach, columns up to the last vector's last tap. */
-    int64_t rows = (OH - 1) * SH + (KH - 1) * DH + 1, cols = ((OW + 15) / 16 * 16 - 1) * SW + (KW - 1) * DW + 1 + 16;
-    if (rows < PH + H) rows = PH + H;
-    if (cols < PW + W) cols = PW + W;
-    float *plane = scratch(0, (size_t)(rows * cols));
-    if (!plane) abort();
+    /* The padded plane: every row and column a window reaches. */
+    int64_t Hp = (OH - 1) * SH + (KH - 1) * DH + 1, Wp = (OW - 1) * SW + (KW - 1) * DW + 1;
+    if (Hp < PH + H) Hp = PH + H;
+    if (Wp < PW + W) Wp = PW + W;
+    float *xb = scratch(0, (size_t)(Hp * Wp * 16));
+    float *yb = scratch(1, (size_t)(Q * 16));
+    if (!xb || !yb || T > 64) abort();
+    /* The border is the same zeros for every block: the rows above and below the input's, and
+     * the columns left and right of it in between. */
+    int64_t below = (PH + H) * Wp * 16;
+    memset(xb, 0, (size_t)(PH * Wp * 16) * sizeof(float));
+    memset(xb + below, 0, (size_t)(Hp * Wp * 16 - below) * sizeof(float));
+    for (int64_t r = PH; r < PH + H; r++) {
+        memset(xb + r * Wp * 16, 0, (size_t)(PW * 16) * sizeof(float));
+        memset(xb + (r * Wp + PW + W) * 16, 0, (size_t)((Wp - PW - W) * 16) * sizeof(float));
+    }
     float lo = (float)(y_lo - y_zero), hi = (float)(y_hi - y_zero);
-    int unit = DH == 1 && DW == 1;
+    int32_t flip = (int32_t)x_flip, zero = (int32_t)x_zero;
     for (int64_t u = wg_begin; u < wg_end; u++) {
         int64_t img = u / chunks, q = u % chunks, c0, c1;
-        chunk_range(C, 1, chunks, q, &c0, &c1);
-        for (int64_t c = c0; c < c1; c++) {
-            const uint8_t *xc = x + (img * C + c) * H * W;
-            /* Zeros around the plane, the plane less the zero point inside (each byte once). */
-            memset(plane, 0, (size_t)(PH * cols) * sizeof(float));
-            memset(plane + (PH + H) * cols, 0, (size_t)((rows - PH - H) * cols) * sizeof(float));
-            for (int64_t i = 0; i < H; i++) {
-                float *line = plane + (PH + i) * cols, *dst = line + PW;
-                const uint8_t *src = xc + i * W;
-                memset(line, 0, (size_t)PW * sizeof(float));
-                for (int64_t j = 0; j < W; j++) dst[j] = (float)((int32_t)(src[j] ^ x_flip) - (int32_t)x_zero);
-                memset(dst + W, 0, (size_t)(cols - PW - W) * sizeof(float));
+        chunk_range(C, 16, chunks, q, &c0, &c1);
+        for (int64_t cb = c0 / 16; cb * 16 < c1; cb++) {
+            int64_t nc = c1 - cb * 16 < 16 ? c1 - cb * 16 : 16;
+            const uint8_t *xc = x + (img * C + cb * 16) * P;
+            for (int64_t p = 0; p < P; p += 16) {
+                int64_t n = P - p < 16 ? P - p : 16;
+                v16 r[16];
+#pragma GCC unroll 16
+                for (int l = 0; l < 16; l++) r[l] = l < nc ? bytes_less_zero(xc + l * P + p, n, flip, zero) : splat(0.0f);
+                transpose16(r);
+                /* Position p + j is at (ih, iw) of the input: one division a block, not a position. */
+                int64_t ih = p / W, iw = p % W;
+                for (int64_t j = 0; j < n; j++) {
+                    store16(xb + ((ih + PH) * Wp + iw + PW) * 16, r[j]);
+                    if (++iw == W) iw = 0, ih++;
+                }
             }
-            const float *w = wf + c * taps;
-            uint8_t *yc = y + (img * C + c) * OH * OW;
-#define QDW(kh, kw, sh, sw) qdw_channel(plane, cols, w, kh, kw, sh, sw, 1, 1, OH, OW, bias[c], mult[c], lo, hi, (int32_t)y_zero, yc)
-            if (unit && KH == 3 && KW == 3 && SH == 1 && SW == 1) QDW(3, 3, 1, 1);
-            else if (unit && KH == 3 && KW == 3 && SH == 2 && SW == 2) QDW(3, 3, 2, 2);
-            else if (unit && KH == 5 && KW == 5 && SH == 1 && SW == 1) QDW(5, 5, 1, 1);
-            else if (unit && KH == 5 && KW == 5 && SH == 2 && SW == 2) QDW(5, 5, 2, 2);
-            else qdw_channel(plane, cols, w, KH, KW, SH, SW, DH, DW, OH, OW, bias[c], mult[c], lo, hi, (int32_t)y_zero, yc);
-#undef QDW
+            v16 wv[64];
+            for (int64_t t = 0; t < T; t++) wv[t] = load16(wf + (cb * T + t) * 16);
+            const v16 none = splat(0.0f);
+            /* The usual windows get copies with their sizes constant: the taps stay in registers
+             * and the tap loops unroll. */
+            if (KH == 3 && KW == 3) dw_padded_plane(xb, yb, none, wv, 3, 3, SH, SW, DH, DW, Wp, OH, OW);
+            else if (KH == 5 && KW == 5) dw_padded_plane(xb, yb, none, wv, 5, 5, SH, SW, DH, DW, Wp, OH, OW);
+            else dw_padded_plane(xb, yb, none, wv, KH, KW, SH, SW, DH, DW, Wp, OH, OW);
+            uint8_t *yc = y + (img * C + cb * 16) * Q;
+            for (int64_t q0 = 0; q0 < Q; q0 += 16) {
+                int64_t n = Q - q0 < 16 ? Q - q0 : 16;
+                v16 r[16];
+#pragma GCC unroll 16
+                for (int j = 0; j < 16; j++) r[j] = j < n ? load16(yb + (q0 + j) * 16) : splat(0.0f);
+                transpose16(r);
+                for (int64_t l = 0; l < nc; l++) {
+                    int64_t c = cb * 16 + l;
+                    v16i qv = requantise(__builtin_convertvector(r[l], v16i), bias[c], mult[c], lo, hi, (int32_t)y_zero);
+#if defined(__AVX512BW__)
+                    _mm_mask_storeu_epi8(yc + l * Q + q0, (__mmask16)((1u << n) - 1), _mm512_cvtepi32_epi8((__m512i)qv));
+#else
+                    uint8_t bytes[16];
+                    for (int b = 0; b < 16; b++) bytes[b] = (uint8_t)qv[b];
+                    memcpy(yc + l * Q + q0, bytes, (size_t)n);
+#endif
+                }
+            }
         }
     }
 }

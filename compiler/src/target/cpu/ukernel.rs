@@ -471,7 +471,7 @@ impl fmt::Display for Ukernel {
             )?,
             Shape::QConv { batch, c, group, kh, kw, stride, dilation, pad, oh, ow, y_zero, y_signed, .. } if *group > 1 => {
                 writeln!(f, "microkernel: integer depthwise conv, {batch} image(s) of {c} channels {oh}x{ow} (window {kh}x{kw}, stride {}x{}, dilation {}x{}, pad {}x{})", stride[0], stride[1], dilation[0], dilation[1], pad[0], pad[1])?;
-                writeln!(f, "each plane less its zero point copied into a zero-padded plane of floats (exact integers), vectors of 16 outputs along each row, one FMA a tap; sums exact")?;
+                writeln!(f, "each 16 channels' planes less the zero point transposed into a zero-padded channel-blocked plane of floats (exact integers), vectors of 16 channels at each output, one FMA a tap, 4 outputs at a time; sums exact, transposed back")?;
                 writeln!(f, "epilogue: requantise to {} (scale, round half to even, zero point {y_zero}, saturate)", if *y_signed { "s8" } else { "u8" })?;
                 return writeln!(f, "workgroups: {} ({} channel chunk(s) per image)", self.workgroups(), self.chunks);
             }

@@ -1,0 +1,57 @@
+/* The channel-blocked depthwise convolution's inner loops, shared by the float kernel
+ * (ukernel.c) and the integer one (quantized.c, on exact float sums): one vector is one
+ * position's 16 channels, so every lane is used whatever the plane's width or the stride. */
+#ifndef KILN_DEPTHWISE_H
+#define KILN_DEPTHWISE_H
+#include "simd.h"
+
+/* R adjacent outputs of a channel-blocked depthwise row, every tap inside the input: acc[j] +=
+ * tap * x at the tap's position, 16 channels a vector, aligned loads. Inlined with R constant. */
+static inline __attribute__((always_inline)) void dw_blocked_run(int R, v16 *acc, const float *row0, int64_t kh0, int64_t kh1,
+                                                                 int64_t KW, int64_t row_step, int64_t tap_step, int64_t out_step,
+                                                                 const v16 *wv) {
+#pragma GCC unroll 5
+    for (int64_t kh = kh0; kh < kh1; kh++) {
+        const float *row = row0 + kh * row_step;
+#pragma GCC unroll 5
+        for (int64_t kw = 0; kw < KW; kw++) {
+            v16 wt = wv[kh * KW + kw];
+            const float *p = row + kw * tap_step;
+#pragma GCC unroll 8
+            for (int j = 0; j < R; j++) acc[j] += wt * load16(p + j * out_step);
+        }
+    }
+}
+
+/* R adjacent outputs of a row of a zero-padded channel-blocked plane (every tap inside it), from
+ * the bias, stored to y. Inlined with R constant. */
+static inline __attribute__((always_inline)) void dw_padded_run(int R, v16 bv, const float *row0, float *y, int64_t KH, int64_t KW,
+                                                               int64_t row_step, int64_t tap_step, int64_t out_step, const v16 *wv) {
+    v16 acc[4] = {bv, bv, bv, bv};
+    dw_blocked_run(R, acc, row0, 0, KH, KW, row_step, tap_step, out_step, wv);
+#pragma GCC unroll 4
+    for (int j = 0; j < R; j++) store16(y + j * 16, acc[j]);
+}
+
+/* Every output of one block of 16 channels from its zero-padded channel-blocked plane xb (rows
+ * Wp positions long) into yb [OH, OW, 16]; inlined with the window's size constant where it is
+ * a usual one. */
+static inline __attribute__((always_inline)) void dw_padded_plane(const float *xb, float *yb, v16 bv, const v16 *wv, int64_t KH, int64_t KW,
+                                                                 int64_t SH, int64_t SW, int64_t DH, int64_t DW, int64_t Wp, int64_t OH,
+                                                                 int64_t OW) {
+    int64_t rs = DH * Wp * 16, ts = DW * 16, os = SW * 16;
+    for (int64_t oh = 0; oh < OH; oh++) {
+        const float *row0 = xb + oh * SH * Wp * 16;
+        float *yrow = yb + oh * OW * 16;
+        int64_t ow = 0;
+        for (; ow + 4 <= OW; ow += 4) dw_padded_run(4, bv, row0 + ow * os, yrow + ow * 16, KH, KW, rs, ts, os, wv);
+        const float *at0 = row0 + ow * os;
+        float *yo = yrow + ow * 16;
+        /* (Constant counts: a store loop of a variable count became a `rep movs`.) */
+        if (OW - ow == 3) dw_padded_run(3, bv, at0, yo, KH, KW, rs, ts, os, wv);
+        else if (OW - ow == 2) dw_padded_run(2, bv, at0, yo, KH, KW, rs, ts, os, wv);
+        else if (OW - ow == 1) dw_padded_run(1, bv, at0, yo, KH, KW, rs, ts, os, wv);
+    }
+}
+
+#endif
