@@ -393,3 +393,150 @@ fn activations_between_conv_and_quantize_stay_integer() {
         assert!(y.contains(&lo), "the lower bound never reached: the case does not test it");
     }
 }
+
+/// A quantized matrix product: QuantizeLinear(Gemm or MatMul(DequantizeLinear(a),
+/// DequantizeLinear(w), DequantizeLinear(b)?)), as onnxruntime's quantizer writes a Gemm or
+/// MatMul in QDQ form.
+struct ProductCase {
+    /// A's dims before K (their product is the rows).
+    rows: &'static [usize],
+    k: usize,
+    m: usize,
+    /// Gemm (else MatMul), and whether its B is [M, K].
+    gemm: bool,
+    trans_b: bool,
+    per_channel: bool,
+    signed_in: bool,
+    signed_out: bool,
+    bias: bool,
+    relu: bool,
+}
+
+const PRODUCTS: &[ProductCase] = &[
+    // A classifier head: one row, K not a multiple of 4, M not of 64, per-channel weights.
+    ProductCase {
+        rows: &[1],
+        k: 301,
+        m: 1000,
+        gemm: true,
+        trans_b: true,
+        per_channel: true,
+        signed_in: false,
+        signed_out: false,
+        bias: true,
+        relu: false,
+    },
+    // A batched MatMul of s8 activations (2 x 7 rows), one weight scale, s8 out.
+    ProductCase {
+        rows: &[2, 7],
+        k: 64,
+        m: 70,
+        gemm: false,
+        trans_b: false,
+        per_channel: false,
+        signed_in: true,
+        signed_out: true,
+        bias: false,
+        relu: false,
+    },
+    // Enough rows to split by rows, B as [K, M], a Relu before the QuantizeLinear.
+    ProductCase {
+        rows: &[67],
+        k: 130,
+        m: 200,
+        gemm: true,
+        trans_b: false,
+        per_channel: true,
+        signed_in: false,
+        signed_out: false,
+        bias: true,
+        relu: true,
+    },
+];
+
+fn qdq_product(p: &ProductCase, seed: u64) -> (Graph, Tensor) {
+    let t = |d: DType, dims: &[usize], v: Vec<f64>| Tensor::from_f64s(d, dims, &v).unwrap();
+    let (a_type, za, lo, hi) =
+        if p.signed_in { (DType::I8, -9.0, -128, 127) } else { (DType::U8, 41.0, 0, 255) };
+    let g = GraphBuilder::new("qdq_product");
+    let a_dims: Vec<usize> = p.rows.iter().copied().chain([p.k]).collect();
+    let a = g.input("a", a_type, a_dims.clone());
+    let a_scale = 0.02f32;
+    let w_scales: Vec<f64> = if p.per_channel {
+        ints(p.m, 1, 40, seed + 1).iter().map(|v| v * 0.0005).collect()
+    } else {
+        vec![0.004]
+    };
+    let wdims = if p.per_channel { vec![p.m] } else { vec![] };
+    let sa = g.constant("sa", t(DType::F32, &[], vec![a_scale as f64]));
+    let za = g.constant("za", t(a_type, &[], vec![za]));
+    let b_dims = if p.trans_b { [p.m, p.k] } else { [p.k, p.m] };
+    let wq = g.constant("w", t(DType::I8, &b_dims, ints(p.m * p.k, -127, 127, seed + 2)));
+    let sw = g.constant("sw", t(DType::F32, &wdims, w_scales.clone()));
+    let zw = g.constant("zw", t(DType::I8, &wdims, vec![0.0; w_scales.len()]));
+    let deq = |v, s, z, axis| {
+        g.apply(Op::Dequantize { axis, block_size: 0 }, &[Some(v), Some(s), z], 1)[0]
+    };
+    let ad = deq(a, sa, Some(za), 1);
+    let wd = deq(wq, sw, Some(zw), if p.trans_b { 0 } else { 1 });
+    let y = if p.gemm {
+        let bias = p.bias.then(|| {
+            let b = g.constant("b", t(DType::I32, &[p.m], ints(p.m, -3000, 3000, seed + 3)));
+            let scales: Vec<f64> = w_scales.iter().map(|&s| (a_scale * s as f32) as f64).collect();
+            let sb = g.constant("sb", t(DType::F32, &wdims, scales));
+            deq(b, sb, None, 0)
+        });
+        let gemm = kiln_ir::op::Gemm { trans_b: p.trans_b, ..Default::default() };
+        g.apply(Op::Gemm(gemm), &[Some(ad), Some(wd), bias], 1)[0]
+    } else {
+        g.apply(Op::MatMul, &[Some(ad), Some(wd)], 1)[0]
+    };
+    let y = if p.relu { y.relu() } else { y };
+    let (zy_type, zy) = if p.signed_out { (DType::I8, -3.0) } else { (DType::U8, 5.0) };
+    let sy = g.constant("sy", t(DType::F32, &[], vec![0.3]));
+    let zy = g.constant("zy", t(zy_type, &[], vec![zy]));
+    let q = g.apply(
+        Op::Quantize { axis: 1, block_size: 0, dtype: None, saturate: true },
+        &[Some(y), Some(sy), Some(zy)],
+        1,
+    )[0];
+    g.output("y", q);
+    let n: usize = a_dims.iter().product();
+    (g.build().unwrap(), t(a_type, &a_dims, ints(n, lo, hi, seed)))
+}
+
+/// Quantized Gemms and MatMuls run on the integer matrix kernel (with VNNI and without, 1 and 2
+/// threads), every output within one quantization step of the interpreter on the float form.
+#[test]
+fn integer_matrix_products_match_the_interpreter() {
+    for (i, p) in PRODUCTS.iter().enumerate() {
+        let (graph, x) = qdq_product(p, 30 + i as u64);
+        let want = eval::run(&graph, std::slice::from_ref(&x)).unwrap().remove(0);
+        for (vnni, threads) in [(true, 2), (false, 1)] {
+            let options = Options { cache: false, vnni, ..Options::default() };
+            let schedule = kiln_compiler::driver::emit(&graph, Stage::Schedule, &options).unwrap();
+            assert!(
+                schedule.contains("microkernel: integer matrix product"),
+                "case {i}: not on the integer kernel:\n{schedule}"
+            );
+            if !vnni {
+                assert!(schedule.contains("widening"), "VNNI was not turned off:\n{schedule}");
+            }
+            let exe = kiln_compiler::jit(
+                &graph,
+                &options,
+                &LoadOptions { threads: Some(threads), ..Default::default() },
+            )
+            .unwrap_or_else(|e| panic!("case {i}: compile failed: {e}"));
+            let got = exe.run(std::slice::from_ref(&x)).unwrap().remove(0);
+            assert_eq!(got.ty(), want.ty(), "case {i}");
+            let (g, w) = (got.to_f64s(), want.to_f64s());
+            let off = g.iter().zip(&w).filter(|(a, b)| a != b).count();
+            let worst = g.iter().zip(&w).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+            assert!(worst <= 1.0, "case {i}: an output {worst} steps from the interpreter's");
+            assert!(off * 100 <= g.len(), "case {i}: {off} of {} outputs differ", g.len());
+            let distinct: std::collections::BTreeSet<i64> = g.iter().map(|&v| v as i64).collect();
+            assert!(distinct.len() > 20, "case {i}: only {} distinct outputs", distinct.len());
+        }
+    }
+}

@@ -12,6 +12,12 @@
 //!   result used by that QuantizeLinear alone.
 //!   A Relu, or a Clip with constant bounds, between the convolution and the QuantizeLinear
 //!   becomes a Clip of the 8-bit result to the bounds quantized (quantizing is increasing).
+//! - `QuantizeLinear(Gemm(DequantizeLinear(a), DequantizeLinear(w), DequantizeLinear(b)))`, and
+//!   the same of a MatMul (no bias), with the same conditions on the operands (the weights a
+//!   constant matrix, per output column where per channel), become a `QConv` with a 1x1 window
+//!   on the rows reshaped to `[rows, K, 1, 1]`, and a Reshape back: a matrix product is that
+//!   convolution, and the CPU runs it on its integer matrix kernel (`kiln_uk_qgemm`). This is
+//!   onnxruntime's QDQ Gemm/MatMul, the importer's QLinearMatMul, and classifier heads.
 //! - `QuantizeLinear(MaxPool(DequantizeLinear(x, s, z)), s, z)` of u8 becomes `MaxPool(x)`.
 //!
 //! Anything else stays float arithmetic (`decompose`).
@@ -37,32 +43,38 @@ pub fn run(graph: &mut Graph) -> Result<bool> {
             changed = true;
             continue;
         }
-        let Some((conv, operands, range)) = integer_conv(graph, id) else { continue };
         let name = graph.unique_name(&format!("{}/integer", graph.node(id).name));
-        let operands = materialize(graph, &name, operands)?;
-        changed = true;
-        let new = graph.add_node(&name, Op::QConv(conv), &operands)?;
-        if !crate::target::cpu::ukernel::runs_qconv(graph, new) {
-            graph.remove_node(new)?;
+        let (value, range) = if let Some((conv, operands, range)) = integer_conv(graph, id) {
+            let operands = materialize(graph, &name, operands)?;
+            changed = true;
+            let new = graph.add_node(&name, Op::QConv(conv), &operands)?;
+            if !crate::target::cpu::ukernel::runs_qconv(graph, new) {
+                graph.remove_node(new)?;
+                continue;
+            }
+            (ValueId::from(new), range)
+        } else if let Some(product) = integer_product(graph, id) {
+            changed = true;
+            let range = product.range;
+            let Some(v) = product.build(graph, &name)? else { continue };
+            (v, range)
+        } else {
             continue;
-        }
+        };
         let result = match quantized_bounds(graph, id, range) {
             // An activation's bounds, as a Clip of the 8-bit result.
             Some((lo, hi)) => {
-                let d = graph.value_type(ValueId::from(new)).dtype;
+                let d = graph.value_type(value).dtype;
                 let clip_name = graph.unique_name(&format!("{name}/activation"));
                 let lo = graph
                     .add_constant(&format!("{clip_name}/lo"), Tensor::from_f64s(d, &[], &[lo])?)?;
                 let hi = graph
                     .add_constant(&format!("{clip_name}/hi"), Tensor::from_f64s(d, &[], &[hi])?)?;
-                let clip = graph.add_node(
-                    &clip_name,
-                    Op::Clip,
-                    &[Some(ValueId::from(new)), Some(lo), Some(hi)],
-                )?;
+                let clip =
+                    graph.add_node(&clip_name, Op::Clip, &[Some(value), Some(lo), Some(hi)])?;
                 ValueId::from(clip)
             }
-            None => ValueId::from(new),
+            None => value,
         };
         graph.replace_uses(ValueId::from(id), result)?;
     }
@@ -255,28 +267,7 @@ fn integer_conv(
     // The bias: int32 in units of x_scale * w_scale (the quantizer's choice), zero point 0.
     let bias = match c_ops.get(2).copied().flatten() {
         None => None,
-        Some(bd) => {
-            let (b, sb, zb, _) = dequantized(graph, bd)?;
-            let bt = constant(graph, b)?;
-            if bt.dtype() != DType::I32 || bt.dims() != [m] {
-                return None;
-            }
-            if let Some(z) = zb {
-                if constant(graph, z)?.to_f64s().iter().any(|&v| v != 0.0) {
-                    return None;
-                }
-            }
-            let sb = constant(graph, sb)?.to_f64s();
-            if sb.len() != 1 && sb.len() != m {
-                return None;
-            }
-            let at = |v: &[f64], i: usize| v[if v.len() == 1 { 0 } else { i }];
-            let agrees = (0..m).all(|i| {
-                let want = x_scale * at(&w_scales, i);
-                (at(&sb, i) - want).abs() <= 1e-6 * want.abs()
-            });
-            agrees.then_some(b)
-        }
+        Some(bd) => Some(quantized_bias(graph, bd, m, x_scale, &w_scales)?),
     };
     let zx = Some(match zx {
         Some(z) => Operand::Value(z),
@@ -299,4 +290,205 @@ fn integer_conv(
         bias.map(Operand::Value),
     ];
     Some((conv.clone(), operands, range))
+}
+
+/// A quantized matrix product found by `integer_product`: what the QConv that computes it
+/// takes, and the shapes around it.
+struct Product {
+    a: ValueId,
+    a_scale: ValueId,
+    a_zero: Option<ValueId>,
+    /// The weights as the convolution's `[M, K, 1, 1]`.
+    weights: Tensor,
+    w_scale: ValueId,
+    w_zero: Option<ValueId>,
+    y_scale: ValueId,
+    y_zero: ValueId,
+    bias: Option<ValueId>,
+    rows: usize,
+    k: usize,
+    /// The product's result dims.
+    out: Vec<usize>,
+    range: Option<(f64, f64)>,
+}
+
+impl Product {
+    /// Reshape -> QConv (1x1) -> Reshape; `None` (nothing added that stays) where the CPU's
+    /// integer kernel does not take the QConv.
+    fn build(self, graph: &mut Graph, name: &str) -> Result<Option<ValueId>> {
+        let shape = |dims: &[usize]| {
+            let d: Vec<f64> = dims.iter().map(|&d| d as f64).collect();
+            Tensor::from_f64s(DType::I64, &[d.len()], &d)
+        };
+        let rows_shape = graph
+            .add_constant(&format!("{name}/rows_shape"), shape(&[self.rows, self.k, 1, 1])?)?;
+        let rows = graph.add_node(
+            &format!("{name}/rows"),
+            Op::Reshape { allowzero: false },
+            &[Some(self.a), Some(rows_shape)],
+        )?;
+        let w = graph.add_constant(&format!("{name}/weights"), self.weights)?;
+        let a_dtype = graph.value_type(self.a).dtype;
+        let value = |v: ValueId| Some(Operand::Value(v));
+        let operands = materialize(
+            graph,
+            name,
+            vec![
+                value(ValueId::from(rows)),
+                value(self.a_scale),
+                Some(self.a_zero.map_or(Operand::Zero(a_dtype), Operand::Value)),
+                value(w),
+                value(self.w_scale),
+                Some(self.w_zero.map_or(Operand::Zero(DType::I8), Operand::Value)),
+                value(self.y_scale),
+                value(self.y_zero),
+                self.bias.map(Operand::Value),
+            ],
+        )?;
+        let conv = Conv { window: kiln_ir::op::Window::unit(2), group: 1 };
+        let product = graph.add_node(name, Op::QConv(conv), &operands)?;
+        if !crate::target::cpu::ukernel::runs_qconv(graph, product) {
+            graph.remove_node(product)?;
+            graph.remove_node(rows)?;
+            return Ok(None);
+        }
+        let out_shape = graph.add_constant(&format!("{name}/result_shape"), shape(&self.out)?)?;
+        let result = graph.add_node(
+            &format!("{name}/result"),
+            Op::Reshape { allowzero: false },
+            &[Some(ValueId::from(product)), Some(out_shape)],
+        )?;
+        Ok(Some(ValueId::from(result)))
+    }
+}
+
+/// QuantizeLinear `q` of a Gemm (`alpha` = `beta` = 1, A not transposed) or MatMul of
+/// dequantized 8-bit rows by dequantized constant s8 weights (a matrix), with the conditions of
+/// `integer_conv` on scales, zero points and bias, and a Relu or Clip between allowed.
+fn integer_product(graph: &Graph, q: NodeId) -> Option<Product> {
+    let q_ops = graph.operands(q);
+    let (mut real, sy, zy) = (
+        q_ops.first().copied().flatten()?,
+        q_ops.get(1).copied().flatten()?,
+        q_ops.get(2).copied().flatten()?,
+    );
+    if scalar(graph, Some(sy))? <= 0.0 {
+        return None;
+    }
+    scalar(graph, Some(zy))?;
+    if !used_once(graph, real) {
+        return None;
+    }
+    let mut range = None;
+    if let Some((x, r)) = activation(graph, real) {
+        if !used_once(graph, x) {
+            return None;
+        }
+        real = x;
+        range = Some(r);
+    }
+    let p_ops = graph.operands(real.node);
+    let (trans_b, bias) = match &graph.try_node(real.node)?.op {
+        Op::MatMul => (false, None),
+        Op::Gemm(g) if g.alpha == 1.0 && g.beta == 1.0 && !g.trans_a => {
+            (g.trans_b, p_ops.get(2).copied().flatten())
+        }
+        _ => return None,
+    };
+    let (a, sa, za, _) = dequantized(graph, p_ops.first().copied().flatten()?)?;
+    let (w, sw, zw, w_axis) = dequantized(graph, p_ops.get(1).copied().flatten()?)?;
+    let at = graph.value_type(a);
+    if !matches!(at.dtype, DType::U8 | DType::I8) || graph.value_type(sa).dtype != DType::F32 {
+        return None;
+    }
+    let a_dims = at.shape.as_fixed()?;
+    if a_dims.len() < 2 || graph.value_type(real).shape.as_fixed().is_none() {
+        return None;
+    }
+    let a_scale = scalar(graph, Some(sa))?;
+    if za.is_some() {
+        scalar(graph, za)?;
+    }
+    // The weights: an s8 constant matrix [K, M] ([M, K] transposed), zero points 0, one scale or
+    // one per output column.
+    let wt = constant(graph, w)?;
+    if wt.dtype() != DType::I8 || wt.dims().len() != 2 {
+        return None;
+    }
+    let (k, m) = if trans_b { (wt.dims()[1], wt.dims()[0]) } else { (wt.dims()[0], wt.dims()[1]) };
+    if a_dims[a_dims.len() - 1] != k {
+        return None;
+    }
+    let w_scales = constant(graph, sw)?.to_f64s();
+    let column_axis = if trans_b { [0, -2] } else { [1, -1] };
+    if w_scales.len() != 1 && !(w_scales.len() == m && column_axis.contains(&w_axis)) {
+        return None;
+    }
+    if let Some(z) = zw {
+        if constant(graph, z)?.to_f64s().iter().any(|&v| v != 0.0) {
+            return None;
+        }
+    }
+    let bias = match bias {
+        None => None,
+        Some(bd) => Some(quantized_bias(graph, bd, m, a_scale, &w_scales)?),
+    };
+    let values = wt.to_f64s();
+    let weights: Vec<f64> = (0..m * k)
+        .map(|i| {
+            let (row, col) = (i / k, i % k);
+            if trans_b {
+                values[row * k + col]
+            } else {
+                values[col * m + row]
+            }
+        })
+        .collect();
+    let out = graph.value_type(real).shape.as_fixed()?;
+    Some(Product {
+        a,
+        a_scale: sa,
+        a_zero: za,
+        weights: Tensor::from_f64s(DType::I8, &[m, k, 1, 1], &weights).ok()?,
+        w_scale: sw,
+        w_zero: zw,
+        y_scale: sy,
+        y_zero: zy,
+        bias,
+        rows: a_dims[..a_dims.len() - 1].iter().product(),
+        k,
+        out,
+        range,
+    })
+}
+
+/// A bias `DequantizeLinear(b)` of int32 `[m]` with zero point 0 and scale `x_scale * w_scale`
+/// (per channel where the weights' is), as the quantizer writes it: `b`.
+fn quantized_bias(
+    graph: &Graph,
+    bd: ValueId,
+    m: usize,
+    x_scale: f64,
+    w_scales: &[f64],
+) -> Option<ValueId> {
+    let (b, sb, zb, _) = dequantized(graph, bd)?;
+    let bt = constant(graph, b)?;
+    if bt.dtype() != DType::I32 || bt.dims() != [m] {
+        return None;
+    }
+    if let Some(z) = zb {
+        if constant(graph, z)?.to_f64s().iter().any(|&v| v != 0.0) {
+            return None;
+        }
+    }
+    let sb = constant(graph, sb)?.to_f64s();
+    if sb.len() != 1 && sb.len() != m {
+        return None;
+    }
+    let at = |v: &[f64], i: usize| v[if v.len() == 1 { 0 } else { i }];
+    let agrees = (0..m).all(|i| {
+        let want = x_scale * at(w_scales, i);
+        (at(&sb, i) - want).abs() <= 1e-6 * want.abs()
+    });
+    agrees.then_some(b)
 }

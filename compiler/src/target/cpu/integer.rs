@@ -87,6 +87,16 @@ pub fn shape(graph: &Graph, id: NodeId, vnni: bool) -> Option<Shape> {
     })
 }
 
+/// Whether a QConv is a matrix product: N images of K channels at one position, a 1x1 window.
+/// The `integer` pass writes quantized Gemms and MatMuls so; `kiln_uk_qgemm` runs them on the
+/// rows as they lie (a row's 4 consecutive k are one word) instead of 32 positions a tile.
+pub fn gemm_form(shape: &Shape) -> bool {
+    matches!(*shape, Shape::QConv { group: 1, h: 1, w: 1, kh: 1, kw: 1, oh: 1, ow: 1, .. })
+}
+
+/// The output channels one strip of `kiln_uk_qgemm`'s packed weights holds.
+const GEMM_STRIP: usize = 64;
+
 /// The plan for a kernel whose root is a QConv (alone in its kernel: fusion gives it no tail).
 pub fn plan(graph: &Graph, kernel: &Kernel, root: NodeId, host: &Host) -> Option<Ukernel> {
     let shape = shape(graph, root, host.vnni)?;
@@ -104,7 +114,15 @@ pub fn plan(graph: &Graph, kernel: &Kernel, root: NodeId, host: &Host) -> Option
     let per_mac = if group > 1 { 8 } else { 1 };
     let work = batch * m * oh * ow * k * per_mac;
     let target = if work < 4 * 4 * MIN_MACS { 1 } else { 4 };
-    let (chunks, split_n) = if group > 1 {
+    // A matrix product's units are chunks of rows (4 a tile) where there are enough of them,
+    // else chunks of 64-channel strips.
+    let (chunks, split_n) = if gemm_form(&shape) {
+        if batch >= 4 * target {
+            (target, true)
+        } else {
+            (target.min(m.div_ceil(GEMM_STRIP)), false)
+        }
+    } else if group > 1 {
         (if target == 1 { 1 } else { m.div_ceil(16).clamp(1, 16) }, false)
     } else if batch >= target {
         (1, true)
@@ -131,7 +149,8 @@ pub fn plan(graph: &Graph, kernel: &Kernel, root: NodeId, host: &Host) -> Option
 }
 
 /// The packed constant `quantized.c` reads: the weights as `[M/MR][K/4][MR]` groups of 4 bytes
-/// (K ordered (channel group of 4, kh, kw), channels past C zero), then per output channel
+/// (K ordered (channel group of 4, kh, kw), channels past C zero; a matrix product's strips are
+/// 64 channels, not MR), then per output channel
 /// (padded to whole strips) the int32 bias less `x_zero * Σ w`, then the f32 multiplier
 /// `x_scale * w_scale / y_scale`.
 pub fn pack(graph: &Graph, kernel: &Kernel, u: &Ukernel) -> Result<Vec<u8>> {
@@ -162,7 +181,9 @@ pub fn pack(graph: &Graph, kernel: &Kernel, u: &Ukernel) -> Result<Vec<u8>> {
     if group > 1 {
         return Ok(pack_depthwise(&weights, &bias, x_scale, &w_scale, y_scale, m, kh * kw));
     }
-    let (c4, taps, mr) = (c.div_ceil(4), kh * kw, u.mr);
+    // The matrix product's strips are 64 channels; the convolution's, MR.
+    let gemm = gemm_form(&u.shape);
+    let (c4, taps, mr) = (c.div_ceil(4), kh * kw, if gemm { GEMM_STRIP } else { u.mr });
     let strips = m.div_ceil(mr);
     let k4 = c4 * taps;
     let mut packed = vec![0i8; strips * k4 * mr * 4];
@@ -225,6 +246,7 @@ fn pack_depthwise(
 /// The sizes `kiln_uk_qconv2d` (and `kiln_uk_qdepthwise`) takes after its pointers (the work split comes after them).
 pub fn sizes(shape: &Shape) -> Vec<i64> {
     let Shape::QConv {
+        batch,
         c,
         h,
         w,
@@ -247,10 +269,17 @@ pub fn sizes(shape: &Shape) -> Vec<i64> {
         return Vec::new();
     };
     let (lo, hi) = if y_signed { (-128, 127) } else { (0, 255) };
+    let flip = if x_signed { 0x80 } else { 0 };
+    if gemm_form(shape) {
+        // kiln_uk_qgemm: K, M, the rows, then as the convolution's tail (the input's zero point
+        // is in the packed bias).
+        return [c as i64, m as i64, batch as i64, flip, y_zero as i64, lo, hi, vnni as i64]
+            .to_vec();
+    }
     [c, h, w, m, kh, kw, stride[0], stride[1], dilation[0], dilation[1], pad[0], pad[1], oh, ow]
         .iter()
         .map(|&v| v as i64)
-        .chain([x_zero as i64, if x_signed { 0x80 } else { 0 }, y_zero as i64, lo, hi, vnni as i64])
+        .chain([x_zero as i64, flip, y_zero as i64, lo, hi, vnni as i64])
         .collect()
 }
 

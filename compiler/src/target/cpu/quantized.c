@@ -34,6 +34,7 @@
 #include "workspace.h"
 
 typedef int32_t v16iu __attribute__((vector_size(64), aligned(4)));
+typedef uint32_t v16u32 __attribute__((vector_size(64)));
 
 static inline v16i load16i(const int32_t *p) { return *(const v16iu *)p; }
 
@@ -79,8 +80,8 @@ static inline v16i load16i(const int32_t *p) { return *(const v16iu *)p; }
 
 /* 16 int32 sums requantised: (acc + bias) * mult, clamped to [lo, hi] less the zero point,
  * rounded half to even, plus the zero point. */
-static inline v16i requantise(v16i acc, int32_t bias, float mult, float lo, float hi, int32_t zero) {
-    v16 f = __builtin_convertvector(acc + bias, v16) * splat(mult);
+static inline v16i requantise_v(v16i acc, v16i bias, v16 mult, float lo, float hi, int32_t zero) {
+    v16 f = __builtin_convertvector(acc + bias, v16) * mult;
     f = vmin(vmax(f, splat(lo)), splat(hi));
 #if defined(__AVX512F__)
     /* (The default rounding mode, to nearest even.) */
@@ -90,6 +91,10 @@ static inline v16i requantise(v16i acc, int32_t bias, float mult, float lo, floa
     v16 r = (f + magic) - magic;
     return __builtin_convertvector(r, v16i) + zero;
 #endif
+}
+
+static inline v16i requantise(v16i acc, int32_t bias, float mult, float lo, float hi, int32_t zero) {
+    return requantise_v(acc, (v16i){0} + bias, splat(mult), lo, hi, zero);
 }
 
 
@@ -416,5 +421,134 @@ void kiln_uk_qdepthwise(int64_t x_, int64_t wp_, int64_t y_, int64_t C, int64_t 
                 }
             }
         }
+    }
+}
+
+/* kiln's integer GEMM: a QConv of N images of K channels at one position with a 1x1 window, which
+ * is how the integer pass writes a quantized Gemm or MatMul (rows reshaped to [N, K, 1, 1]):
+ * y[n, m] = the requantised Σ_k (a[n, k] - a_zero) w[m, k] + bias[m]. A row's bytes are its K
+ * values in order, so 4 consecutive k are one 32-bit word as they lie, with no copy: each is
+ * broadcast and multiplied into vectors of 16 output channels, whose weights are packed per strip
+ * of 64 channels as [K/4][64] words (4 k each, s8; channels past M and k past K zero), so one k
+ * step reads 256 contiguous bytes. A tile is R rows (up to 4) x 64 channels: 16 int32 vectors.
+ * After the words: per channel (padded to whole strips) the int32 bias less a_zero * Σ w, then
+ * the f32 multiplier, as for the convolution. Work units: chunks of rows (split_n) or of strips. */
+#define QG_NV 4
+#define QG_STRIP (16 * QG_NV)
+
+static inline int32_t whole_word(const uint8_t *p, uint32_t flip) {
+    uint32_t w;
+    memcpy(&w, p, 4);
+    return (int32_t)(w ^ flip);
+}
+
+/* Word k4 of a row of K bytes (the last may be partial: the bytes past K read as 0, which the
+ * zero weights past K ignore), its top bits flipped for s8. */
+static inline int32_t row_word(const uint8_t *row, int64_t K, int64_t k4, uint32_t flip) {
+    uint32_t w = 0;
+    if (4 * k4 + 4 <= K) memcpy(&w, row + 4 * k4, 4);
+    else memcpy(&w, row + 4 * k4, (size_t)(K - 4 * k4));
+    return (int32_t)(w ^ flip);
+}
+
+#define QG_TILE(R, DOT)                                                                                              \
+    do {                                                                                                             \
+        _Pragma("GCC unroll 4") for (int r = 0; r < (R); r++) _Pragma("GCC unroll 4") for (int v = 0; v < QG_NV; v++) \
+            acc[r][v] = (v16i){0};                                                                                   \
+        for (int64_t k4 = 0; k4 < K4; k4++) {                                                                        \
+            const int32_t *b = bp + k4 * QG_STRIP;                                                                   \
+            v16i bv[QG_NV];                                                                                          \
+            _Pragma("GCC unroll 4") for (int v = 0; v < QG_NV; v++) bv[v] = load16i(b + 16 * v);                     \
+            _Pragma("GCC unroll 4") for (int r = 0; r < (R); r++) {                                                  \
+                int32_t aw = k4 < K4full ? whole_word(rows[r] + 4 * k4, flip) : row_word(rows[r], K, k4, flip);      \
+                _Pragma("GCC unroll 4") for (int v = 0; v < QG_NV; v++) DOT(acc[r][v], aw, bv[v]);                   \
+            }                                                                                                        \
+        }                                                                                                            \
+    } while (0)
+
+/* acc += the four u8 (word a) x s8 (each lane of b) products, summed. */
+#define QG_DOT_EXACT(acc, a, b)                                                    \
+    do {                                                                           \
+        _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {                      \
+            int32_t aj = (int32_t)(((uint32_t)(a) >> (8 * j)) & 0xff);             \
+            (acc) += ((v16i)((v16u32)(b) << (24 - 8 * j)) >> 24) * aj;             \
+        }                                                                          \
+    } while (0)
+#define QG_DOT_VNNI(acc, a, b) ((acc) = (v16i)_mm512_dpbusd_epi32((__m512i)(acc), _mm512_set1_epi32(a), (__m512i)(b)))
+
+#define QGEMM_ARGS                                                                                                      \
+    const uint8_t *a, const int32_t *wp, uint8_t *y, int64_t K, int64_t M, int64_t n0, int64_t n1, int64_t s0, int64_t s1, \
+        uint32_t flip, float lo, float hi, int32_t zero
+
+/* Rows n0 .. n1 by strips s0 .. s1, each tile requantised and stored as it leaves the registers. */
+#define QGEMM_BODY(DOT)                                                                                          \
+    int64_t K4 = (K + 3) / 4, K4full = K / 4, strips = (M + QG_STRIP - 1) / QG_STRIP;                            \
+    const int32_t *bias = wp + strips * K4 * QG_STRIP;                                                           \
+    const float *mult = (const float *)(bias + strips * QG_STRIP);                                               \
+    for (int64_t s = s0; s < s1; s++) {                                                                          \
+        const int32_t *bp = wp + s * K4 * QG_STRIP;                                                              \
+        for (int64_t n = n0; n < n1; n += 4) {                                                                   \
+            int64_t R = n1 - n < 4 ? n1 - n : 4;                                                                 \
+            const uint8_t *rows[4];                                                                              \
+            for (int r = 0; r < 4; r++) rows[r] = a + (n + (r < R ? r : 0)) * K;                                 \
+            v16i acc[4][QG_NV];                                                                                  \
+            if (R == 4) QG_TILE(4, DOT);                                                                         \
+            else if (R == 3) QG_TILE(3, DOT);                                                                    \
+            else if (R == 2) QG_TILE(2, DOT);                                                                    \
+            else QG_TILE(1, DOT);                                                                                \
+            for (int v = 0; v < QG_NV; v++) {                                                                    \
+                int64_t m = s * QG_STRIP + 16 * v;                                                               \
+                if (m >= M) break;                                                                               \
+                int64_t cnt = M - m < 16 ? M - m : 16;                                                           \
+                v16i bv = load16i(bias + m);                                                                     \
+                v16 mv = load16((const float *)mult + m);                                                        \
+                for (int64_t r = 0; r < R; r++) {                                                                \
+                    v16i q = requantise_v(acc[r][v], bv, mv, lo, hi, zero);                                      \
+                    uint8_t *dst = y + (n + r) * M + m;                                                          \
+                    store_bytes(dst, q, cnt);                                                                    \
+                }                                                                                                \
+            }                                                                                                    \
+        }                                                                                                        \
+    }
+
+/* The first n (1..16) of 16 int32 values in range, stored as bytes. */
+static inline void store_bytes(uint8_t *dst, v16i q, int64_t n) {
+#if defined(__AVX512BW__)
+    _mm_mask_storeu_epi8(dst, (__mmask16)((1u << n) - 1), _mm512_cvtepi32_epi8((__m512i)q));
+#else
+    uint8_t bytes[16];
+    for (int b = 0; b < 16; b++) bytes[b] = (uint8_t)q[b];
+    memcpy(dst, bytes, (size_t)n);
+#endif
+}
+
+static void qgemm_exact(QGEMM_ARGS) { QGEMM_BODY(QG_DOT_EXACT) }
+
+#if defined(__AVX512F__)
+__attribute__((target("avx512vnni"))) static void qgemm_vnni(QGEMM_ARGS) { QGEMM_BODY(QG_DOT_VNNI) }
+#endif
+
+/* y[N, M] from a[N, K] (u8, or s8 with x_flip 0x80) and the packed weights. Work units: chunks
+ * of rows (split_n) or of 64-channel strips, `chunks` of them. */
+void kiln_uk_qgemm(int64_t x_, int64_t wp_, int64_t y_, int64_t K, int64_t M, int64_t N, int64_t x_flip, int64_t y_zero, int64_t y_lo,
+                   int64_t y_hi, int64_t vnni, int64_t chunks, int64_t split_n, int64_t wg_begin, int64_t wg_end) {
+    const uint8_t *a = (const uint8_t *)(intptr_t)x_;
+    const int32_t *wp = (const int32_t *)(intptr_t)wp_;
+    uint8_t *y = (uint8_t *)(intptr_t)y_;
+    int64_t strips = (M + QG_STRIP - 1) / QG_STRIP;
+    uint32_t flip = (uint32_t)(x_flip & 0xff) * 0x01010101u;
+    float lo = (float)(y_lo - y_zero), hi = (float)(y_hi - y_zero);
+    for (int64_t u = wg_begin; u < wg_end; u++) {
+        int64_t n0 = 0, n1 = N, s0 = 0, s1 = strips;
+        if (split_n) chunk_range(N, 4, chunks, u, &n0, &n1);
+        else chunk_range(strips, 1, chunks, u, &s0, &s1);
+        if (n0 >= n1 || s0 >= s1) continue;
+#if defined(__AVX512F__)
+        if (vnni) {
+            qgemm_vnni(a, wp, y, K, M, n0, n1, s0, s1, flip, lo, hi, (int32_t)y_zero);
+            continue;
+        }
+#endif
+        qgemm_exact(a, wp, y, K, M, n0, n1, s0, s1, flip, lo, hi, (int32_t)y_zero);
     }
 }

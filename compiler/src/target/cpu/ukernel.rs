@@ -348,6 +348,8 @@ impl Shape {
     /// The images (or matrices) the kernel's work units are per.
     fn images(&self) -> usize {
         match *self {
+            // (A matrix product's units split its rows: integer::plan.)
+            Shape::QConv { .. } if super::integer::gemm_form(self) => 1,
             Shape::Conv { batch, .. }
             | Shape::QConv { batch, .. }
             | Shape::ConvTranspose { batch, .. }
@@ -474,6 +476,14 @@ impl fmt::Display for Ukernel {
                 writeln!(f, "each 16 channels' planes less the zero point transposed into a zero-padded channel-blocked plane of floats (exact integers), vectors of 16 channels at each output, one FMA a tap, 4 outputs at a time; sums exact, transposed back")?;
                 writeln!(f, "epilogue: requantise to {} (scale, round half to even, zero point {y_zero}, saturate)", if *y_signed { "s8" } else { "u8" })?;
                 return writeln!(f, "workgroups: {} ({} channel chunk(s) per image)", self.workgroups(), self.chunks);
+            }
+            Shape::QConv { batch, c, m, x_zero, x_signed, y_zero, y_signed, vnni, .. } if super::integer::gemm_form(&self.shape) => {
+                writeln!(f, "microkernel: integer matrix product, {batch} row(s) of K={c} by M={m}")?;
+                writeln!(f, "u8 x s8 -> s32 {}; each row's 4 consecutive k one word as it lies{}, broadcast into vectors of 16 output channels", if *vnni { "with vpdpbusd" } else { "by widening products (no VNNI)" }, if *x_signed { " (s8 read as u8: x + 128)" } else { "" })?;
+                writeln!(f, "register tile: 4 rows x 64 channels; weights packed at compile time in strips of 64 channels, the zero point {x_zero} folded into the int32 bias")?;
+                writeln!(f, "epilogue: requantise to {} (scale, round half to even, zero point {y_zero}, saturate)", if *y_signed { "s8" } else { "u8" })?;
+                let what = if self.split_n { "row" } else { "64-channel strip" };
+                return writeln!(f, "workgroups: {} ({what} chunks)", self.workgroups());
             }
             Shape::QConv { batch, kh, kw, stride, dilation, pad, x_zero, x_signed, y_zero, y_signed, vnni, .. } => {
                 writeln!(f, "microkernel: integer conv, {batch} image(s) of M={m} N={n} K={k} (window {kh}x{kw}, stride {}x{}, dilation {}x{}, pad {}x{})", stride[0], stride[1], dilation[0], dilation[1], pad[0], pad[1])?;
@@ -1924,6 +1934,7 @@ pub fn build<'c>(
         Shape::Conv { .. } => "kiln_uk_conv2d",
         Shape::Gemm { .. } => "kiln_uk_gemm",
         Shape::QConv { group, .. } if group > 1 => "kiln_uk_qdepthwise",
+        Shape::QConv { .. } if super::integer::gemm_form(&u.shape) => "kiln_uk_qgemm",
         Shape::QConv { .. } => "kiln_uk_qconv2d",
         Shape::ConvTranspose { .. } => "kiln_uk_conv_transpose",
         Shape::Pool { kind: 3, .. } => "kiln_uk_maxpool_u8",
