@@ -445,6 +445,31 @@ fn sequential_kernels_and_kernels_without_linalg_ops_are_left_alone() {
     assert_eq!(schedule::decide(&[], &[4], false, true, true), None);
 }
 
+/// A quantized model's elementwise work (dequantizing u8 to f32, a residual add requantised)
+/// is vectorised like f32's; 64-bit and boolean elements, and integer contractions, are not.
+#[test]
+fn elementwise_ops_on_8_to_32_bit_integers_are_vectorised() {
+    let dims = [1, 64, 14, 14];
+    let with = |elem: Vec<Elem>| {
+        let mut ops = elementwise_op(&dims);
+        ops[0].elem = elem;
+        schedule::decide(&ops, &dims, false, true, true)
+    };
+    for elem in
+        [vec![Elem::Int(8), Elem::F32], vec![Elem::F32, Elem::Int(8)], vec![Elem::Int(32); 2]]
+    {
+        let s = with(elem.clone()).expect("a schedule");
+        assert!(s.vectorize && s.register.is_some(), "{elem:?}: {s:?}");
+    }
+    for elem in [vec![Elem::Int(64), Elem::F32], vec![Elem::Int(1), Elem::F32]] {
+        assert!(with(elem.clone()).is_none_or(|s| s.register.is_none()), "{elem:?}");
+    }
+    let mut ops = matmul_ops(64, 64, 64);
+    ops[1].elem = vec![Elem::Int(8), Elem::Int(8), Elem::Int(32)];
+    let s = schedule::decide(&ops, &[64, 64], false, true, true);
+    assert!(s.is_none_or(|s| s.register.is_none()), "an integer contraction is not tiled");
+}
+
 #[test]
 fn schedule_decisions_print_stably() {
     let mut text = String::new();

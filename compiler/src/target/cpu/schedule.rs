@@ -92,7 +92,9 @@ fn divisor_at_most(n: usize, cap: usize) -> usize {
 /// Elements of the native vector for an element type (64-byte registers).
 fn lanes(elem: Elem) -> Option<usize> {
     match elem {
-        Elem::F32 | Elem::Int(32) => Some(16),
+        // (8- and 16-bit integers take 16 lanes too: they are converted to or from f32 or i32
+        // beside them, a quantized model's elementwise work.)
+        Elem::F32 | Elem::Int(32) | Elem::Int(16) | Elem::Int(8) => Some(16),
         Elem::F64 | Elem::Int(64) => Some(8),
         _ => None,
     }
@@ -192,7 +194,12 @@ fn register_plan(ops: &[LinalgOp], a: usize, local: &[usize]) -> Option<Register
         if op.kind == OpKind::Fill {
             continue;
         }
-        if op.elem.iter().any(|&e| e != Elem::F32) {
+        // Contractions in f32; elementwise ops also on 8-, 16- and 32-bit integers (a
+        // quantized model's (de)quantizing and residual adds, which ran as scalar loops).
+        let elementwise_elem = |e: &Elem| matches!(e, Elem::F32 | Elem::Int(8 | 16 | 32));
+        if op.elem.iter().any(|&e| e != Elem::F32)
+            && (contraction.is_some() || !op.elem.iter().all(elementwise_elem))
+        {
             return None;
         }
         let inputs_of_contraction = Some(i) == contraction;
