@@ -212,6 +212,37 @@ const CASES: &[Case] = &[
         signed_in: false,
         group: 1,
     },
+    // Pointwise on 400 positions, split into chunks of 32-position strips.
+    Case {
+        batch: 1,
+        c: 96,
+        hw: [20, 20],
+        m: 64,
+        k: 1,
+        stride: 1,
+        pad: 0,
+        dilation: 1,
+        signed_out: true,
+        per_channel: true,
+        signed_in: false,
+        group: 1,
+    },
+    // Pointwise on a 7x7 plane (fewer strips than units: split by output channels), s8 in, 122
+    // channels (a partial group of 4).
+    Case {
+        batch: 1,
+        c: 122,
+        hw: [7, 7],
+        m: 200,
+        k: 1,
+        stride: 1,
+        pad: 0,
+        dilation: 1,
+        signed_out: false,
+        per_channel: true,
+        signed_in: true,
+        group: 1,
+    },
     // Dilated 3x3 with 5 channels, stride 2 without padding.
     Case {
         batch: 1,

@@ -94,6 +94,13 @@ pub fn gemm_form(shape: &Shape) -> bool {
     matches!(*shape, Shape::QConv { group: 1, h: 1, w: 1, kh: 1, kw: 1, oh: 1, ow: 1, .. })
 }
 
+/// Whether a QConv is pointwise (1x1, stride 1, no padding, over a plane): `kiln_uk_qconv2d`
+/// takes its positions flat, and splits them in 32-position strips.
+pub fn pointwise(shape: &Shape) -> bool {
+    matches!(*shape, Shape::QConv { kh: 1, kw: 1, stride: [1, 1], pad: [0, 0], h, w, oh, ow, .. } if oh == h && ow == w)
+        && !gemm_form(shape)
+}
+
 /// The output channels one strip of `kiln_uk_qgemm`'s packed weights holds.
 const GEMM_STRIP: usize = 64;
 
@@ -124,6 +131,18 @@ pub fn plan(graph: &Graph, kernel: &Kernel, root: NodeId, host: &Host) -> Option
         }
     } else if group > 1 {
         (if target == 1 { 1 } else { m.div_ceil(16).clamp(1, 16) }, false)
+    } else if pointwise(&shape) {
+        // Positions are flat: chunks of 32-position strips where there are enough of them for
+        // every unit, else of output channels (each unit then copies the whole input, which is
+        // one vectorised pass).
+        let strips = (oh * ow).div_ceil(32);
+        if batch >= target {
+            (1, true)
+        } else if strips >= target {
+            (target.div_ceil(batch), true)
+        } else {
+            (target.div_ceil(batch).min(m.div_ceil(host.mr)), false)
+        }
     } else if batch >= target {
         (1, true)
     } else if oh >= 2 * target {

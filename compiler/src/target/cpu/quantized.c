@@ -237,15 +237,74 @@ static void qconv_rows(const uint8_t *x, const int32_t *wp, uint8_t *y, int64_t 
     qconv_strips_exact(flat, Wq, oh0, OW, N, m0, m1, wp, K4, xp, offs, bias, mult, lo, hi, y_zero, y);
 }
 
-/* Work units: images x chunks of output rows (split_n) or of output channels (whole strips). */
+/* A pointwise convolution (1x1, stride 1, no padding) of positions p0 .. p1 and channels m0 ..
+ * m1 of one image: positions are flat, so each group of 4 channels is copied as one run of
+ * p1 - p0 words (a loop that vectorises, where a 7x7 plane's rows were runs of 7), and the
+ * strips store at their position. */
+static void qconv_pointwise(const uint8_t *x, const int32_t *wp, uint8_t *y, int64_t C, int64_t P, int64_t M, int64_t x_zero,
+                            int64_t x_flip, int64_t y_zero, int64_t y_lo, int64_t y_hi, int64_t vnni, int64_t p0, int64_t p1,
+                            int64_t m0, int64_t m1) {
+    int64_t n = p1 - p0, K4 = (C + 3) / 4, strips = (M + MR - 1) / MR;
+    const int32_t *bias = wp + strips * K4 * MR;
+    const float *mult = (const float *)(bias + strips * MR);
+    /* The last strip may read 32 words past the last group's run. */
+    int32_t *xp = (int32_t *)scratch(0, (size_t)(K4 * n + 64));
+    int64_t *offs = (int64_t *)scratch(1, (size_t)(2 * K4));
+    if (!xp || !offs) abort();
+    uint32_t flip = (uint32_t)(x_flip & 0xff) * 0x01010101u;
+    uint8_t pad = (uint8_t)(x_zero ^ x_flip);
+    for (int64_t g = 0; g < K4; g++) {
+        const uint8_t *src[4];
+        int64_t step[4];
+        for (int j4 = 0; j4 < 4; j4++) {
+            int64_t ch = g * 4 + j4;
+            src[j4] = ch < C ? x + ch * P + p0 : &pad;
+            step[j4] = ch < C;
+        }
+        uint32_t *dst = (uint32_t *)xp + g * n;
+        if (g * 4 + 3 < C) {
+            const uint8_t *s0 = src[0], *s1 = src[1], *s2 = src[2], *s3 = src[3];
+            for (int64_t j = 0; j < n; j++)
+                dst[j] = ((uint32_t)s0[j] | (uint32_t)s1[j] << 8 | (uint32_t)s2[j] << 16 | (uint32_t)s3[j] << 24) ^ flip;
+        } else {
+            for (int64_t j = 0; j < n; j++)
+                dst[j] = ((uint32_t)src[0][j * step[0]] | (uint32_t)src[1][j * step[1]] << 8 | (uint32_t)src[2][j * step[2]] << 16 |
+                          (uint32_t)src[3][j * step[3]] << 24) ^
+                         flip;
+        }
+        offs[g] = g * n;
+    }
+    for (size_t i = (size_t)(K4 * n); i < (size_t)(K4 * n + 64); i++) xp[i] = 0;
+    float lo = (float)(y_lo - y_zero), hi = (float)(y_hi - y_zero);
+    /* One "row" of n positions: flat = Wq = OW = n, stored from y + p0 with channel stride P. */
+#if defined(__AVX512F__)
+    if (vnni) {
+        qconv_strips_vnni(n, n, 0, n, P, m0, m1, wp, K4, xp, offs, bias, mult, lo, hi, y_zero, y + p0);
+        return;
+    }
+#endif
+    qconv_strips_exact(n, n, 0, n, P, m0, m1, wp, K4, xp, offs, bias, mult, lo, hi, y_zero, y + p0);
+}
+
+/* Work units: images x chunks of output rows (split_n; of 32-position strips for a pointwise
+ * convolution) or of output channels (whole strips). */
 void kiln_uk_qconv2d(int64_t x_, int64_t wp_, int64_t y_, int64_t C, int64_t H, int64_t W, int64_t M, int64_t KH, int64_t KW, int64_t SH,
                      int64_t SW, int64_t DH, int64_t DW, int64_t PH, int64_t PW, int64_t OH, int64_t OW, int64_t x_zero, int64_t x_flip, int64_t y_zero,
                      int64_t y_lo, int64_t y_hi, int64_t vnni, int64_t chunks, int64_t split_n, int64_t wg_begin, int64_t wg_end) {
     const uint8_t *x = (const uint8_t *)(intptr_t)x_;
     const int32_t *wp = (const int32_t *)(intptr_t)wp_;
     uint8_t *y = (uint8_t *)(intptr_t)y_;
+    int pointwise = KH == 1 && KW == 1 && SH == 1 && SW == 1 && PH == 0 && PW == 0 && OH == H && OW == W;
     for (int64_t u = wg_begin; u < wg_end; u++) {
         int64_t img = u / chunks, q = u % chunks;
+        if (pointwise) {
+            int64_t P = H * W, p0 = 0, p1 = P, m0 = 0, m1 = M;
+            if (split_n) chunk_range(P, 32, chunks, q, &p0, &p1);
+            else chunk_range(M, MR, chunks, q, &m0, &m1);
+            if (p0 < p1 && m0 < m1)
+                qconv_pointwise(x + img * C * P, wp, y + img * M * P, C, P, M, x_zero, x_flip, y_zero, y_lo, y_hi, vnni, p0, p1, m0, m1);
+            continue;
+        }
         int64_t oh0 = 0, oh1 = OH, m0 = 0, m1 = M;
         if (split_n) chunk_range(OH, 1, chunks, q, &oh0, &oh1);
         else chunk_range(M, MR, chunks, q, &m0, &m1);

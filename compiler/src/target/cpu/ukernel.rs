@@ -490,7 +490,11 @@ impl fmt::Display for Ukernel {
                 writeln!(f, "u8 x s8 -> s32 {}; B read direct from a copy of the input{} padded with its zero point {x_zero}, 4 channels interleaved a position", if *vnni { "with vpdpbusd" } else { "by widening products (no VNNI)" }, if *x_signed { " (s8 read as u8: x + 128)" } else { "" })?;
                 writeln!(f, "register tile: {}x{NR}; weights packed at compile time in groups of 4, the zero point folded into the int32 bias", self.mr)?;
                 writeln!(f, "epilogue: requantise to {} (scale, round half to even, zero point {y_zero}, saturate)", if *y_signed { "s8" } else { "u8" })?;
-                let what = if self.split_n { "output row" } else { "output channel" };
+                let what = match (self.split_n, super::integer::pointwise(&self.shape)) {
+                    (true, true) => "32-position strip",
+                    (true, false) => "output row",
+                    (false, _) => "output channel",
+                };
                 return writeln!(f, "workgroups: {} ({} {what} chunk(s) per image)", self.workgroups(), self.chunks);
             }
             Shape::Gather { rows, row_bytes, n_idx, .. } => write!(f, "microkernel: gather of {n_idx} rows of {row_bytes} bytes from a table of {rows} rows (row copies)")?,
