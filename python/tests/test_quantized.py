@@ -88,9 +88,10 @@ def test_static_quantization(tmp_path, fmt, activations, device):
     ops = {n.op_type for n in onnx.load(q).graph.node}
     assert ("QLinearConv" in ops) == (fmt == QuantFormat.QOperator), ops
     if device == "cpu":
-        # Both forms reach the CPU's integer kernels: the two convolutions as int8 ones.
+        # Both forms reach the CPU's integer kernels: the two convolutions and the Gemm.
         schedule = kiln.emit(q, "schedule")
         assert schedule.count("microkernel: integer conv") == 2, schedule
+        assert schedule.count("microkernel: integer matrix product") == 1, schedule
     for seed in range(3):
         check(q, np.random.default_rng(seed).standard_normal((1, 3, 16, 16)).astype(np.float32), device)
 
