@@ -206,13 +206,16 @@ fn quantized_bounds(graph: &Graph, q: NodeId, range: Option<(f64, f64)>) -> Opti
     (qlo > tmin || qhi < tmax).then_some((qlo, qhi))
 }
 
-/// The QConv operands for QuantizeLinear `q` of a convolution of dequantized values (with a
-/// Relu or Clip between them: its float range).
-#[allow(clippy::type_complexity)]
-fn integer_conv(
-    graph: &Graph,
-    q: NodeId,
-) -> Option<(Conv, Vec<Option<Operand>>, Option<(f64, f64)>)> {
+/// What a QuantizeLinear with one constant positive scale and one zero point quantizes: the
+/// float result it alone reads (through a Relu or Clip, itself read only there: its range).
+struct Quantized {
+    real: ValueId,
+    sy: ValueId,
+    zy: ValueId,
+    range: Option<(f64, f64)>,
+}
+
+fn quantized(graph: &Graph, q: NodeId) -> Option<Quantized> {
     let q_ops = graph.operands(q);
     let (mut real, sy, zy) = (
         q_ops.first().copied().flatten()?,
@@ -223,7 +226,6 @@ fn integer_conv(
         return None;
     }
     scalar(graph, Some(zy))?;
-    // The float results are this QuantizeLinear's alone.
     if !used_once(graph, real) {
         return None;
     }
@@ -235,6 +237,17 @@ fn integer_conv(
         real = x;
         range = Some(r);
     }
+    Some(Quantized { real, sy, zy, range })
+}
+
+/// The QConv operands for QuantizeLinear `q` of a convolution of dequantized values (with a
+/// Relu or Clip between them: its float range).
+#[allow(clippy::type_complexity)]
+fn integer_conv(
+    graph: &Graph,
+    q: NodeId,
+) -> Option<(Conv, Vec<Option<Operand>>, Option<(f64, f64)>)> {
+    let Quantized { real, sy, zy, range } = quantized(graph, q)?;
     let Op::Conv(conv) = &graph.try_node(real.node)?.op else { return None };
     let c_ops = graph.operands(real.node);
     let (x, sx, zx, _) = dequantized(graph, c_ops.first().copied().flatten()?)?;
@@ -366,27 +379,7 @@ impl Product {
 /// dequantized 8-bit rows by dequantized constant s8 weights (a matrix), with the conditions of
 /// `integer_conv` on scales, zero points and bias, and a Relu or Clip between allowed.
 fn integer_product(graph: &Graph, q: NodeId) -> Option<Product> {
-    let q_ops = graph.operands(q);
-    let (mut real, sy, zy) = (
-        q_ops.first().copied().flatten()?,
-        q_ops.get(1).copied().flatten()?,
-        q_ops.get(2).copied().flatten()?,
-    );
-    if scalar(graph, Some(sy))? <= 0.0 {
-        return None;
-    }
-    scalar(graph, Some(zy))?;
-    if !used_once(graph, real) {
-        return None;
-    }
-    let mut range = None;
-    if let Some((x, r)) = activation(graph, real) {
-        if !used_once(graph, x) {
-            return None;
-        }
-        real = x;
-        range = Some(r);
-    }
+    let Quantized { real, sy, zy, range } = quantized(graph, q)?;
     let p_ops = graph.operands(real.node);
     let (trans_b, bias) = match &graph.try_node(real.node)?.op {
         Op::MatMul => (false, None),

@@ -3,7 +3,41 @@
  * position's 16 channels, so every lane is used whatever the plane's width or the stride. */
 #ifndef KILN_DEPTHWISE_H
 #define KILN_DEPTHWISE_H
+#include <string.h>
 #include "simd.h"
+
+/* The zero-padded channel-blocked plane of the NCHW forms: Hp x Wp positions of 16 floats, every
+ * row and column a window reaches. */
+static inline void dw_plane_size(int64_t H, int64_t W, int64_t KH, int64_t KW, int64_t SH, int64_t SW, int64_t DH, int64_t DW,
+                                 int64_t PH, int64_t PW, int64_t OH, int64_t OW, int64_t *Hp, int64_t *Wp) {
+    *Hp = (OH - 1) * SH + (KH - 1) * DH + 1;
+    *Wp = (OW - 1) * SW + (KW - 1) * DW + 1;
+    if (*Hp < PH + H) *Hp = PH + H;
+    if (*Wp < PW + W) *Wp = PW + W;
+}
+
+/* The plane's border, the same zeros for every block of channels: the rows above and below the
+ * input's, and the columns left and right of it in between. */
+static inline void dw_clear_border(float *xb, int64_t H, int64_t W, int64_t PH, int64_t PW, int64_t Hp, int64_t Wp) {
+    int64_t below = (PH + H) * Wp * 16;
+    memset(xb, 0, (size_t)(PH * Wp * 16) * sizeof(float));
+    memset(xb + below, 0, (size_t)(Hp * Wp * 16 - below) * sizeof(float));
+    for (int64_t r = PH; r < PH + H; r++) {
+        memset(xb + r * Wp * 16, 0, (size_t)(PW * 16) * sizeof(float));
+        memset(xb + (r * Wp + PW + W) * 16, 0, (size_t)((Wp - PW - W) * 16) * sizeof(float));
+    }
+}
+
+/* Flat input positions p .. p + n (n <= 16), transposed so r[j] holds position p + j's 16
+ * channels, stored where they lie in the plane (one division a block, not a position). */
+static inline __attribute__((always_inline)) void dw_scatter(float *xb, const v16 *r, int64_t p, int64_t n, int64_t W, int64_t PH,
+                                                            int64_t PW, int64_t Wp) {
+    int64_t ih = p / W, iw = p % W;
+    for (int64_t j = 0; j < n; j++) {
+        store16(xb + ((ih + PH) * Wp + iw + PW) * 16, r[j]);
+        if (++iw == W) iw = 0, ih++;
+    }
+}
 
 /* R adjacent outputs of a channel-blocked depthwise row, every tap inside the input: acc[j] +=
  * tap * x at the tap's position, 16 channels a vector, aligned loads. Inlined with R constant. */

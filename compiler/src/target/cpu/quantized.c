@@ -415,22 +415,12 @@ void kiln_uk_qdepthwise(int64_t x_, int64_t wp_, int64_t y_, int64_t C, int64_t 
     const int32_t *bias = (const int32_t *)(wf + (C + 15) / 16 * T * 16);
     const float *mult = (const float *)(bias + C);
     uint8_t *y = (uint8_t *)(intptr_t)y_;
-    /* The padded plane: every row and column a window reaches. */
-    int64_t Hp = (OH - 1) * SH + (KH - 1) * DH + 1, Wp = (OW - 1) * SW + (KW - 1) * DW + 1;
-    if (Hp < PH + H) Hp = PH + H;
-    if (Wp < PW + W) Wp = PW + W;
+    int64_t Hp, Wp;
+    dw_plane_size(H, W, KH, KW, SH, SW, DH, DW, PH, PW, OH, OW, &Hp, &Wp);
     float *xb = scratch(0, (size_t)(Hp * Wp * 16));
     float *yb = scratch(1, (size_t)(Q * 16));
     if (!xb || !yb || T > 64) abort();
-    /* The border is the same zeros for every block: the rows above and below the input's, and
-     * the columns left and right of it in between. */
-    int64_t below = (PH + H) * Wp * 16;
-    memset(xb, 0, (size_t)(PH * Wp * 16) * sizeof(float));
-    memset(xb + below, 0, (size_t)(Hp * Wp * 16 - below) * sizeof(float));
-    for (int64_t r = PH; r < PH + H; r++) {
-        memset(xb + r * Wp * 16, 0, (size_t)(PW * 16) * sizeof(float));
-        memset(xb + (r * Wp + PW + W) * 16, 0, (size_t)((Wp - PW - W) * 16) * sizeof(float));
-    }
+    dw_clear_border(xb, H, W, PH, PW, Hp, Wp);
     float lo = (float)(y_lo - y_zero), hi = (float)(y_hi - y_zero);
     int32_t flip = (int32_t)x_flip, zero = (int32_t)x_zero;
     for (int64_t u = wg_begin; u < wg_end; u++) {
@@ -445,12 +435,7 @@ void kiln_uk_qdepthwise(int64_t x_, int64_t wp_, int64_t y_, int64_t C, int64_t 
 #pragma GCC unroll 16
                 for (int l = 0; l < 16; l++) r[l] = l < nc ? bytes_less_zero(xc + l * P + p, n, flip, zero) : splat(0.0f);
                 transpose16(r);
-                /* Position p + j is at (ih, iw) of the input: one division a block, not a position. */
-                int64_t ih = p / W, iw = p % W;
-                for (int64_t j = 0; j < n; j++) {
-                    store16(xb + ((ih + PH) * Wp + iw + PW) * 16, r[j]);
-                    if (++iw == W) iw = 0, ih++;
-                }
+                dw_scatter(xb, r, p, n, W, PH, PW, Wp);
             }
             v16 wv[64];
             for (int64_t t = 0; t < T; t++) wv[t] = load16(wf + (cb * T + t) * 16);

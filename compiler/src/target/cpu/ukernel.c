@@ -602,7 +602,7 @@ static void conv_direct(const float *x, const float *wp, const float *bias, cons
     }
     /* bf16: the planes again as channel pairs, a word a position (the weights are packed so),
      * and B's rows are pairs: K2 of them. */
-    uint32_t *xq = NULL;
+    uint32_t *xq __attribute__((unused)) = NULL; /* (only the AVX-512 object has bf16 kernels) */
     int64_t K2 = (C + 1) / 2 * KH * KW;
     if (bf16) {
 #if MR == 8
@@ -1261,24 +1261,14 @@ static void depthwise_regrouped(const float *x, const float *wb, const float *bi
                                 int64_t KH, int64_t KW, int64_t SH, int64_t SW, int64_t DH, int64_t DW, int64_t PH, int64_t PW,
                                 int64_t OH, int64_t OW, int64_t c0, int64_t c1, const Epilogue *e) {
     int64_t T = KH * KW, P = H * W, Q = OH * OW;
-    /* The padded plane: every row and column a window reaches. */
-    int64_t Hp = (OH - 1) * SH + (KH - 1) * DH + 1, Wp = (OW - 1) * SW + (KW - 1) * DW + 1;
-    if (Hp < PH + H) Hp = PH + H;
-    if (Wp < PW + W) Wp = PW + W;
+    int64_t Hp, Wp;
+    dw_plane_size(H, W, KH, KW, SH, SW, DH, DW, PH, PW, OH, OW, &Hp, &Wp);
     float *xb = scratch(0, (size_t)(Hp * Wp * 16));
     float *yb = scratch(1, (size_t)(Q * 16));
     if (!xb || !yb) abort();
     /* A local copy: stores through y cannot change it, so its fields stay in registers. */
     Epilogue ep = *e;
-    /* The border is the same zeros for every block of channels: the rows above and below the
-     * input's, and the columns left and right of it in between. */
-    int64_t below = (PH + H) * Wp * 16;
-    memset(xb, 0, (size_t)(PH * Wp * 16) * sizeof(float));
-    memset(xb + below, 0, (size_t)(Hp * Wp * 16 - below) * sizeof(float));
-    for (int64_t r = PH; r < PH + H; r++) {
-        memset(xb + r * Wp * 16, 0, (size_t)(PW * 16) * sizeof(float));
-        memset(xb + (r * Wp + PW + W) * 16, 0, (size_t)((Wp - PW - W) * 16) * sizeof(float));
-    }
+    dw_clear_border(xb, H, W, PH, PW, Hp, Wp);
     for (int64_t cb = c0 / 16; cb * 16 < c1; cb++) {
         int64_t nc = c1 - cb * 16 < 16 ? c1 - cb * 16 : 16;
         const float *xc = x + cb * 16 * P;
@@ -1288,12 +1278,7 @@ static void depthwise_regrouped(const float *x, const float *wb, const float *bi
 #pragma GCC unroll 16
             for (int l = 0; l < 16; l++) r[l] = l < nc ? load16_n(xc + l * P + p, n) : splat(0.0f);
             transpose16(r);
-            /* Position p + j is at (ih, iw) of the input: one division a block, not a position. */
-            int64_t ih = p / W, iw = p % W;
-            for (int64_t j = 0; j < n; j++) {
-                store16(xb + ((ih + PH) * Wp + iw + PW) * 16, r[j]);
-                if (++iw == W) iw = 0, ih++;
-            }
+            dw_scatter(xb, r, p, n, W, PH, PW, Wp);
         }
         v16 wv[64];
         for (int64_t t = 0; t < T; t++) wv[t] = load16(wb + (cb * T + t) * 16);
