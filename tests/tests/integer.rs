@@ -485,6 +485,46 @@ const PRODUCTS: &[ProductCase] = &[
     },
 ];
 
+/// Edge sizes: K of 1 to 5 (a partial word only, a whole one and a partial), one output column,
+/// M of 16 (one vector of a strip), and weights too few to be a buffer (1 x 1).
+#[test]
+fn integer_matrix_products_at_edge_sizes() {
+    let sizes: [(usize, usize, &'static [usize]); 5] =
+        [(1, 1, &[1]), (2, 16, &[5]), (3, 65, &[2]), (4, 7, &[9]), (5, 64, &[4])];
+    for (k, m, rows) in sizes {
+        let p = ProductCase {
+            rows,
+            k,
+            m,
+            gemm: false,
+            trans_b: false,
+            per_channel: true,
+            signed_in: k % 2 == 0,
+            signed_out: false,
+            bias: false,
+            relu: false,
+        };
+        let (graph, x) = qdq_product(&p, 70 + k as u64);
+        let want = eval::run(&graph, std::slice::from_ref(&x)).unwrap().remove(0).to_f64s();
+        for vnni in [true, false] {
+            let options = Options { cache: false, vnni, ..Options::default() };
+            let schedule = kiln_compiler::driver::emit(&graph, Stage::Schedule, &options).unwrap();
+            // Weights of 16 values or fewer are inlined into the kernel, which the integer
+            // kernel cannot read: such a product stays float arithmetic, and still compiles.
+            let integer = k * m > 16;
+            assert_eq!(
+                schedule.contains("integer matrix product"),
+                integer,
+                "k {k}, m {m}:\n{schedule}"
+            );
+            let exe = kiln_compiler::jit(&graph, &options, &LoadOptions::default()).unwrap();
+            let got = exe.run(std::slice::from_ref(&x)).unwrap().remove(0).to_f64s();
+            let worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+            assert!(worst <= 1.0, "k {k}, m {m}, rows {rows:?}: {worst} steps apart");
+        }
+    }
+}
+
 fn qdq_product(p: &ProductCase, seed: u64) -> (Graph, Tensor) {
     let t = |d: DType, dims: &[usize], v: Vec<f64>| Tensor::from_f64s(d, dims, &v).unwrap();
     let (a_type, za, lo, hi) =
@@ -570,4 +610,34 @@ fn integer_matrix_products_match_the_interpreter() {
             assert!(distinct.len() > 20, "case {i}: only {} distinct outputs", distinct.len());
         }
     }
+}
+
+/// A quantized convolution whose weights fusion inlines into its kernel (one 3x3 filter: 9
+/// values) stays float arithmetic and compiles; the integer kernel reads weights from a buffer,
+/// and being given the node anyway was a compile error.
+#[test]
+fn a_quantized_convolution_with_inlined_weights_stays_float() {
+    let case = Case {
+        batch: 1,
+        c: 1,
+        hw: [9, 9],
+        m: 1,
+        k: 3,
+        stride: 1,
+        pad: 1,
+        dilation: 1,
+        signed_out: false,
+        per_channel: false,
+        signed_in: false,
+        group: 1,
+    };
+    let (graph, x) = qdq_conv(&case, 5);
+    let options = Options { cache: false, ..Options::default() };
+    let schedule = kiln_compiler::driver::emit(&graph, Stage::Schedule, &options).unwrap();
+    assert!(!schedule.contains("integer conv"), "{schedule}");
+    let exe = kiln_compiler::jit(&graph, &options, &LoadOptions::default()).unwrap();
+    let got = exe.run(std::slice::from_ref(&x)).unwrap().remove(0).to_f64s();
+    let want = eval::run(&graph, &[x]).unwrap().remove(0).to_f64s();
+    let worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+    assert!(worst <= 1.0, "{worst} steps apart");
 }

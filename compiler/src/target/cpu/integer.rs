@@ -25,6 +25,11 @@ pub fn shape(graph: &Graph, id: NodeId, vnni: bool) -> Option<Shape> {
     let ops = graph.operands(id);
     let operand = |i: usize| ops.get(i).copied().flatten();
     let (x, w) = (operand(0)?, operand(3)?);
+    // The kernel reads both from buffers: a constant small enough for fusion to inline into the
+    // kernel (a 1x1 convolution of 4 channels into 4, one 3x3 depthwise channel) has none.
+    if crate::fuse::is_inline_constant(graph, x) || crate::fuse::is_inline_constant(graph, w) {
+        return None;
+    }
     let xd = graph.value_type(x).shape.as_fixed()?;
     let wt = graph.constant_value(w)?;
     let wd = wt.dims().to_vec();
