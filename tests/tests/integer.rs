@@ -641,3 +641,55 @@ fn a_quantized_convolution_with_inlined_weights_stays_float() {
     let worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
     assert!(worst <= 1.0, "{worst} steps apart");
 }
+
+/// Depthwise and pointwise integer convolutions at edge sizes: a partial last block of 16
+/// channels, planes of one position or one row, stride past the plane, one position per strip.
+#[test]
+fn integer_convolutions_at_edge_sizes() {
+    let cases = [
+        // (channels, plane, window, stride, pad, group = channels?)
+        (17, [1, 1], 3, 2, 1, true),
+        (33, [2, 30], 3, 1, 1, true),
+        (16, [5, 3], 5, 2, 2, true),
+        (24, [1, 1], 1, 1, 0, false),
+        (20, [1, 33], 1, 1, 0, false),
+    ];
+    for (i, &(c, hw, k, stride, pad, depthwise)) in cases.iter().enumerate() {
+        let case = Case {
+            batch: 1,
+            c,
+            hw,
+            m: if depthwise { c } else { 40 },
+            k,
+            stride,
+            pad,
+            dilation: 1,
+            signed_out: i % 2 == 1,
+            per_channel: true,
+            signed_in: i % 2 == 0,
+            group: if depthwise { c } else { 1 },
+        };
+        let (graph, x) = qdq_conv(&case, 90 + i as u64);
+        let want = eval::run(&graph, std::slice::from_ref(&x)).unwrap().remove(0).to_f64s();
+        for vnni in [true, false] {
+            let options = Options { cache: false, vnni, ..Options::default() };
+            let schedule = kiln_compiler::driver::emit(&graph, Stage::Schedule, &options).unwrap();
+            // (A 1x1 convolution of a 1x1 plane is a matrix product: it runs as one.)
+            let path = match (depthwise, hw) {
+                (true, _) => "integer depthwise conv",
+                (false, [1, 1]) => "integer matrix product",
+                (false, _) => "integer conv",
+            };
+            assert!(schedule.contains(path), "case {i}:\n{schedule}");
+            let exe = kiln_compiler::jit(
+                &graph,
+                &options,
+                &LoadOptions { threads: Some(2), ..Default::default() },
+            )
+            .unwrap();
+            let got = exe.run(std::slice::from_ref(&x)).unwrap().remove(0).to_f64s();
+            let worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+            assert!(worst <= 1.0, "case {i}: {worst} steps apart");
+        }
+    }
+}
