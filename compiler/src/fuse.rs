@@ -88,6 +88,20 @@ pub fn is_elementwise(op: &Op) -> bool {
     op.is_elementwise()
 }
 
+/// Whether node `id` is a Clip with constant bounds of the result of a kernel that is one
+/// integer convolution: the CPU's integer kernel stores its result within the bounds (the
+/// `integer` pass writes a Relu or Clip before a QuantizeLinear as such a Clip), so it joins
+/// that kernel, which stays closed to anything else.
+fn clips_integer_result(graph: &Graph, kernel: &[NodeId], id: NodeId) -> bool {
+    let [root] = kernel else { return false };
+    if !matches!(graph.node(*root).op, Op::QConv(_)) || !matches!(graph.node(id).op, Op::Clip) {
+        return false;
+    }
+    let ops = graph.operands(id);
+    ops.first().copied().flatten().is_some_and(|v| v.node == *root)
+        && ops[1..].iter().flatten().all(|&b| graph.constant_value(b).is_some_and(|t| t.len() == 1))
+}
+
 /// Whether a value is a constant small enough to inline into kernels.
 pub fn is_inline_constant(graph: &Graph, v: ValueId) -> bool {
     graph.constant_value(v).is_some_and(|t| t.len() <= INLINE_CONSTANT)
@@ -146,7 +160,8 @@ pub fn partition(graph: &Graph, allowed: Views) -> Result<Partition> {
                     .iter()
                     .filter(|&&o| o != v)
                     .all(|&o| producer(o).is_none_or(|j| j != k && !depends_on(&deps, j, k)));
-                if open[k] && reads_tail && only_reader && same_shape && acyclic {
+                let takes = open[k] || clips_integer_result(graph, &kernels[k], id);
+                if takes && reads_tail && only_reader && same_shape && acyclic {
                     joined = Some(k);
                     break;
                 }

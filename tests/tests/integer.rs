@@ -409,7 +409,17 @@ fn activations_between_conv_and_quantize_stay_integer() {
     let case = &CASES[1];
     for act in [Activation::Relu, Activation::Clip(-1.5, 12.0)] {
         check_with(case, true, 2, act);
+        check_with(case, false, 1, act);
         let (graph, x) = qdq_conv_with(case, 11, act);
+        // The Clip is stored by the integer kernel, not run as a kernel of its own.
+        let options = Options { cache: false, ..Options::default() };
+        let schedule = kiln_compiler::driver::emit(&graph, Stage::Schedule, &options).unwrap();
+        assert!(schedule.contains("(a fused Clip)"), "{schedule}");
+        assert_eq!(
+            schedule.matches("\nkernel ").count() + schedule.starts_with("kernel ") as usize,
+            1,
+            "{schedule}"
+        );
         let zy = if case.signed_out { -3.0 } else { 5.0 };
         let (lo, hi) = match act {
             Activation::Relu => (zy, f64::INFINITY),

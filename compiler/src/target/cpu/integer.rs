@@ -88,8 +88,28 @@ pub fn shape(graph: &Graph, id: NodeId, vnni: bool) -> Option<Shape> {
         x_signed,
         y_zero: y_zero as i32,
         y_signed: y.dtype == DType::I8,
+        y_range: if y.dtype == DType::I8 { [-128, 127] } else { [0, 255] },
         vnni,
     })
+}
+
+/// A Clip of the 8-bit result with constant bounds (missing ones the type's), within `range`.
+fn clip_range(graph: &Graph, clip: NodeId, range: [i32; 2]) -> Option<[i32; 2]> {
+    if !matches!(graph.node(clip).op, Op::Clip) {
+        return None;
+    }
+    let ops = graph.operands(clip);
+    let bound = |i: usize, none: i32| -> Option<i32> {
+        match ops.get(i).copied().flatten() {
+            None => Some(none),
+            Some(b) => {
+                let v = graph.constant_value(b)?.to_f64s();
+                (v.len() == 1).then(|| v[0].clamp(range[0] as f64, range[1] as f64) as i32)
+            }
+        }
+    };
+    let (lo, hi) = (bound(1, range[0])?, bound(2, range[1])?);
+    (lo <= hi).then_some([lo, hi])
 }
 
 /// Whether a QConv is a matrix product: N images of K channels at one position, a 1x1 window.
@@ -111,11 +131,21 @@ const GEMM_STRIP: usize = 64;
 
 /// The plan for a kernel whose root is a QConv (alone in its kernel: fusion gives it no tail).
 pub fn plan(graph: &Graph, kernel: &Kernel, root: NodeId, host: &Host) -> Option<Ukernel> {
-    let shape = shape(graph, root, host.vnni)?;
+    let mut shape = shape(graph, root, host.vnni)?;
     let ops = graph.operands(root);
     let (x, w) = (ops.first().copied().flatten()?, ops.get(3).copied().flatten()?);
-    if kernel.nodes.len() != 1 || !kernel.inputs.contains(&x) || !kernel.inputs.contains(&w) {
+    if !kernel.inputs.contains(&x) || !kernel.inputs.contains(&w) {
         return None;
+    }
+    // Alone, or with the Clip fusion gave it (`fuse::clips_integer_result`): its bounds narrow
+    // the stored range.
+    match kernel.nodes.as_slice() {
+        [_] => {}
+        [_, clip] => {
+            let Shape::QConv { y_range, .. } = &mut shape else { return None };
+            *y_range = clip_range(graph, *clip, *y_range)?;
+        }
+        _ => return None,
     }
     let Shape::QConv { batch, m, group, oh, ow, .. } = shape else { return None };
     let (_, _, k) = shape.mnk();
@@ -285,14 +315,14 @@ pub fn sizes(shape: &Shape) -> Vec<i64> {
         x_zero,
         x_signed,
         y_zero,
-        y_signed,
+        y_range,
         vnni,
         ..
     } = *shape
     else {
         return Vec::new();
     };
-    let (lo, hi) = if y_signed { (-128, 127) } else { (0, 255) };
+    let (lo, hi) = (y_range[0] as i64, y_range[1] as i64);
     let flip = if x_signed { 0x80 } else { 0 };
     if gemm_form(shape) {
         // kiln_uk_qgemm: K, M, the rows, then as the convolution's tail (the input's zero point

@@ -174,6 +174,9 @@ pub enum Shape {
         x_signed: bool,
         y_zero: i32,
         y_signed: bool,
+        /// The stored range: the type's, or a Clip's fused into the kernel (an activation the
+        /// integer pass turned into a Clip of the 8-bit result).
+        y_range: [i32; 2],
         /// `vpdpbusd`, else the exact widening product.
         vnni: bool,
     },
@@ -453,6 +456,16 @@ impl Ukernel {
     }
 }
 
+/// ", clamp to [lo, hi]" where a fused Clip narrows an integer convolution's stored range.
+fn qclamp(signed: bool, range: [i32; 2]) -> String {
+    let full = if signed { [-128, 127] } else { [0, 255] };
+    if range == full {
+        String::new()
+    } else {
+        format!(", clamp to [{}, {}] (a fused Clip)", range[0], range[1])
+    }
+}
+
 impl fmt::Display for Ukernel {
     fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
         let (m, n, k) = self.mnk();
@@ -471,25 +484,25 @@ impl fmt::Display for Ukernel {
                 "microkernel: ConvTranspose as GEMM M={m} N={n} K={k} and col2im, {batch} image(s) of {oh}x{ow} (window {kh}x{kw}, stride {}x{}, dilation {}x{}, pad {}x{})",
                 stride[0], stride[1], dilation[0], dilation[1], pad[0], pad[1]
             )?,
-            Shape::QConv { batch, c, group, kh, kw, stride, dilation, pad, oh, ow, y_zero, y_signed, .. } if *group > 1 => {
+            Shape::QConv { batch, c, group, kh, kw, stride, dilation, pad, oh, ow, y_zero, y_signed, y_range, .. } if *group > 1 => {
                 writeln!(f, "microkernel: integer depthwise conv, {batch} image(s) of {c} channels {oh}x{ow} (window {kh}x{kw}, stride {}x{}, dilation {}x{}, pad {}x{})", stride[0], stride[1], dilation[0], dilation[1], pad[0], pad[1])?;
                 writeln!(f, "each 16 channels' planes less the zero point transposed into a zero-padded channel-blocked plane of floats (exact integers), vectors of 16 channels at each output, one FMA a tap, 4 outputs at a time; sums exact, transposed back")?;
-                writeln!(f, "epilogue: requantise to {} (scale, round half to even, zero point {y_zero}, saturate)", if *y_signed { "s8" } else { "u8" })?;
+                writeln!(f, "epilogue: requantise to {} (scale, round half to even, zero point {y_zero}, saturate{})", if *y_signed { "s8" } else { "u8" }, qclamp(*y_signed, *y_range))?;
                 return writeln!(f, "workgroups: {} ({} channel chunk(s) per image)", self.workgroups(), self.chunks);
             }
-            Shape::QConv { batch, c, m, x_zero, x_signed, y_zero, y_signed, vnni, .. } if super::integer::gemm_form(&self.shape) => {
+            Shape::QConv { batch, c, m, x_zero, x_signed, y_zero, y_signed, y_range, vnni, .. } if super::integer::gemm_form(&self.shape) => {
                 writeln!(f, "microkernel: integer matrix product, {batch} row(s) of K={c} by M={m}")?;
                 writeln!(f, "u8 x s8 -> s32 {}; each row's 4 consecutive k one word as it lies{}, broadcast into vectors of 16 output channels", if *vnni { "with vpdpbusd" } else { "by widening products (no VNNI)" }, if *x_signed { " (s8 read as u8: x + 128)" } else { "" })?;
                 writeln!(f, "register tile: 4 rows x 64 channels; weights packed at compile time in strips of 64 channels, the zero point {x_zero} folded into the int32 bias")?;
-                writeln!(f, "epilogue: requantise to {} (scale, round half to even, zero point {y_zero}, saturate)", if *y_signed { "s8" } else { "u8" })?;
+                writeln!(f, "epilogue: requantise to {} (scale, round half to even, zero point {y_zero}, saturate{})", if *y_signed { "s8" } else { "u8" }, qclamp(*y_signed, *y_range))?;
                 let what = if self.split_n { "row" } else { "64-channel strip" };
                 return writeln!(f, "workgroups: {} ({what} chunks)", self.workgroups());
             }
-            Shape::QConv { batch, kh, kw, stride, dilation, pad, x_zero, x_signed, y_zero, y_signed, vnni, .. } => {
+            Shape::QConv { batch, kh, kw, stride, dilation, pad, x_zero, x_signed, y_zero, y_signed, y_range, vnni, .. } => {
                 writeln!(f, "microkernel: integer conv, {batch} image(s) of M={m} N={n} K={k} (window {kh}x{kw}, stride {}x{}, dilation {}x{}, pad {}x{})", stride[0], stride[1], dilation[0], dilation[1], pad[0], pad[1])?;
                 writeln!(f, "u8 x s8 -> s32 {}; B read direct from a copy of the input{} padded with its zero point {x_zero}, 4 channels interleaved a position", if *vnni { "with vpdpbusd" } else { "by widening products (no VNNI)" }, if *x_signed { " (s8 read as u8: x + 128)" } else { "" })?;
                 writeln!(f, "register tile: {}x{NR}; weights packed at compile time in groups of 4, the zero point folded into the int32 bias", self.mr)?;
-                writeln!(f, "epilogue: requantise to {} (scale, round half to even, zero point {y_zero}, saturate)", if *y_signed { "s8" } else { "u8" })?;
+                writeln!(f, "epilogue: requantise to {} (scale, round half to even, zero point {y_zero}, saturate{})", if *y_signed { "s8" } else { "u8" }, qclamp(*y_signed, *y_range))?;
                 let what = match (self.split_n, super::integer::pointwise(&self.shape)) {
                     (true, true) => "32-position strip",
                     (true, false) => "output row",
