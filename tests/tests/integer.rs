@@ -703,3 +703,46 @@ fn integer_convolutions_at_edge_sizes() {
         }
     }
 }
+
+/// Quantized convolutions and products of no images or rows compile (as float arithmetic: the
+/// integer kernels have no work to split) and give empty results.
+#[test]
+fn empty_quantized_convolutions_and_products_compile() {
+    let options = Options { cache: false, ..Options::default() };
+    for (k, hw, group) in [(1, [20, 20], 1), (3, [9, 9], 1), (1, [1, 1], 1), (3, [9, 9], 24)] {
+        let case = Case {
+            batch: 0,
+            c: 24,
+            hw,
+            m: 24,
+            k,
+            stride: 1,
+            pad: 0,
+            dilation: 1,
+            signed_out: false,
+            per_channel: true,
+            signed_in: false,
+            group,
+        };
+        let (graph, x) = qdq_conv(&case, 5);
+        let exe = kiln_compiler::jit(&graph, &options, &LoadOptions::default())
+            .unwrap_or_else(|e| panic!("window {k}, group {group}: {e}"));
+        let y = exe.run(&[x]).unwrap().remove(0);
+        assert_eq!(y.dims()[..2], [0, 24], "window {k}, group {group}");
+    }
+    let p = ProductCase {
+        rows: &[0],
+        k: 32,
+        m: 40,
+        gemm: true,
+        trans_b: true,
+        per_channel: true,
+        signed_in: false,
+        signed_out: false,
+        bias: true,
+        relu: false,
+    };
+    let (graph, x) = qdq_product(&p, 3);
+    let exe = kiln_compiler::jit(&graph, &options, &LoadOptions::default()).unwrap();
+    assert_eq!(exe.run(&[x]).unwrap()[0].dims(), [0, 40]);
+}

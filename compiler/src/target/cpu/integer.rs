@@ -31,6 +31,10 @@ pub fn shape(graph: &Graph, id: NodeId, vnni: bool) -> Option<Shape> {
         return None;
     }
     let xd = graph.value_type(x).shape.as_fixed()?;
+    // An empty input (no images, no positions) has no work for the kernel to split.
+    if xd.contains(&0) {
+        return None;
+    }
     let wt = graph.constant_value(w)?;
     let wd = wt.dims().to_vec();
     let depthwise = c.group == xd[1] && wd[0] == xd[1] && wd[1] == 1;
