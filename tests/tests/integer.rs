@@ -746,3 +746,19 @@ fn empty_quantized_convolutions_and_products_compile() {
     let exe = kiln_compiler::jit(&graph, &options, &LoadOptions::default()).unwrap();
     assert_eq!(exe.run(&[x]).unwrap()[0].dims(), [0, 40]);
 }
+
+/// A Clip whose bounds cross (min above max) before the QuantizeLinear gives max everywhere, as
+/// ONNX's Clip does, on the integer kernel too (the plan refused it, a compile error).
+#[test]
+fn crossed_clip_bounds_clamp_to_the_maximum() {
+    let case = &CASES[1];
+    let (graph, x) = qdq_conv_with(case, 11, Activation::Clip(12.0, -1.5));
+    let options = Options { cache: false, ..Options::default() };
+    let schedule = kiln_compiler::driver::emit(&graph, Stage::Schedule, &options).unwrap();
+    assert!(schedule.contains("(a fused Clip)"), "{schedule}");
+    let exe = kiln_compiler::jit(&graph, &options, &LoadOptions::default()).unwrap();
+    let got = exe.run(std::slice::from_ref(&x)).unwrap().remove(0).to_f64s();
+    let want = eval::run(&graph, &[x]).unwrap().remove(0).to_f64s();
+    assert_eq!(got, want);
+    assert!(want.windows(2).all(|w| w[0] == w[1]), "not one value: the case does not test it");
+}

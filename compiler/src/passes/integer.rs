@@ -168,6 +168,27 @@ fn dequantized(graph: &Graph, v: ValueId) -> Option<(ValueId, ValueId, Option<Va
     ))
 }
 
+/// An 8-bit activation's scale (one f32 constant) where its zero point is one constant or none.
+fn activation_scale(graph: &Graph, x: ValueId, sx: ValueId, zx: Option<ValueId>) -> Option<f64> {
+    if !matches!(graph.value_type(x).dtype, DType::U8 | DType::I8)
+        || graph.value_type(sx).dtype != DType::F32
+    {
+        return None;
+    }
+    if zx.is_some() {
+        scalar(graph, zx)?;
+    }
+    scalar(graph, Some(sx))
+}
+
+/// `Some` where a zero point is absent or a constant of zeros.
+fn zero_or_absent(graph: &Graph, z: Option<ValueId>) -> Option<()> {
+    match z {
+        Some(z) => constant(graph, z)?.to_f64s().iter().all(|&v| v == 0.0).then_some(()),
+        None => Some(()),
+    }
+}
+
 /// Whether `v` is read by one node alone and is no graph output.
 fn used_once(graph: &Graph, v: ValueId) -> bool {
     graph.users(v).len() == 1 && !graph.outputs().iter().any(|(_, o)| *o == v)
@@ -252,15 +273,7 @@ fn integer_conv(
     let c_ops = graph.operands(real.node);
     let (x, sx, zx, _) = dequantized(graph, c_ops.first().copied().flatten()?)?;
     let (w, sw, zw, w_axis) = dequantized(graph, c_ops.get(1).copied().flatten()?)?;
-    if !matches!(graph.value_type(x).dtype, DType::U8 | DType::I8)
-        || graph.value_type(sx).dtype != DType::F32
-    {
-        return None;
-    }
-    let x_scale = scalar(graph, Some(sx))?;
-    if zx.is_some() {
-        scalar(graph, zx)?;
-    }
+    let x_scale = activation_scale(graph, x, sx, zx)?;
     // Weights: s8 constants, zero points 0, the scale one value or one per output channel.
     let wt = constant(graph, w)?;
     if wt.dtype() != DType::I8 || wt.dims().len() != 4 {
@@ -272,11 +285,7 @@ fn integer_conv(
     if w_scales.len() != 1 && !per_channel {
         return None;
     }
-    if let Some(z) = zw {
-        if constant(graph, z)?.to_f64s().iter().any(|&v| v != 0.0) {
-            return None;
-        }
-    }
+    zero_or_absent(graph, zw)?;
     // The bias: int32 in units of x_scale * w_scale (the quantizer's choice), zero point 0.
     let bias = match c_ops.get(2).copied().flatten() {
         None => None,
@@ -390,17 +399,10 @@ fn integer_product(graph: &Graph, q: NodeId) -> Option<Product> {
     };
     let (a, sa, za, _) = dequantized(graph, p_ops.first().copied().flatten()?)?;
     let (w, sw, zw, w_axis) = dequantized(graph, p_ops.get(1).copied().flatten()?)?;
-    let at = graph.value_type(a);
-    if !matches!(at.dtype, DType::U8 | DType::I8) || graph.value_type(sa).dtype != DType::F32 {
+    let a_scale = activation_scale(graph, a, sa, za)?;
+    let a_dims = graph.value_type(a).shape.as_fixed()?;
+    if a_dims.len() < 2 {
         return None;
-    }
-    let a_dims = at.shape.as_fixed()?;
-    if a_dims.len() < 2 || graph.value_type(real).shape.as_fixed().is_none() {
-        return None;
-    }
-    let a_scale = scalar(graph, Some(sa))?;
-    if za.is_some() {
-        scalar(graph, za)?;
     }
     // The weights: an s8 constant matrix [K, M] ([M, K] transposed), zero points 0, one scale or
     // one per output column.
@@ -417,11 +419,7 @@ fn integer_product(graph: &Graph, q: NodeId) -> Option<Product> {
     if w_scales.len() != 1 && !(w_scales.len() == m && column_axis.contains(&w_axis)) {
         return None;
     }
-    if let Some(z) = zw {
-        if constant(graph, z)?.to_f64s().iter().any(|&v| v != 0.0) {
-            return None;
-        }
-    }
+    zero_or_absent(graph, zw)?;
     let bias = match bias {
         None => None,
         Some(bd) => Some(quantized_bias(graph, bd, m, a_scale, &w_scales)?),
@@ -469,11 +467,7 @@ fn quantized_bias(
     if bt.dtype() != DType::I32 || bt.dims() != [m] {
         return None;
     }
-    if let Some(z) = zb {
-        if constant(graph, z)?.to_f64s().iter().any(|&v| v != 0.0) {
-            return None;
-        }
-    }
+    zero_or_absent(graph, zb)?;
     let sb = constant(graph, sb)?.to_f64s();
     if sb.len() != 1 && sb.len() != m {
         return None;

@@ -98,6 +98,8 @@ pub fn shape(graph: &Graph, id: NodeId, vnni: bool) -> Option<Shape> {
 }
 
 /// A Clip of the 8-bit result with constant bounds (missing ones the type's), within `range`.
+/// Bounds that cross (min above max) give max everywhere, as ONNX's Clip does and as the
+/// kernel's clamp (max, then min) computes.
 fn clip_range(graph: &Graph, clip: NodeId, range: [i32; 2]) -> Option<[i32; 2]> {
     if !matches!(graph.node(clip).op, Op::Clip) {
         return None;
@@ -112,8 +114,7 @@ fn clip_range(graph: &Graph, clip: NodeId, range: [i32; 2]) -> Option<[i32; 2]> 
             }
         }
     };
-    let (lo, hi) = (bound(1, range[0])?, bound(2, range[1])?);
-    (lo <= hi).then_some([lo, hi])
+    Some([bound(1, range[0])?, bound(2, range[1])?])
 }
 
 /// Whether a QConv is a matrix product: N images of K channels at one position, a 1x1 window.
@@ -133,7 +134,8 @@ pub fn pointwise(shape: &Shape) -> bool {
 /// The output channels one strip of `kiln_uk_qgemm`'s packed weights holds.
 const GEMM_STRIP: usize = 64;
 
-/// The plan for a kernel whose root is a QConv (alone in its kernel: fusion gives it no tail).
+/// The plan for a kernel whose root is a QConv (alone in its kernel, or with the one Clip fusion
+/// gives it).
 pub fn plan(graph: &Graph, kernel: &Kernel, root: NodeId, host: &Host) -> Option<Ukernel> {
     let mut shape = shape(graph, root, host.vnni)?;
     let ops = graph.operands(root);
@@ -301,7 +303,8 @@ fn pack_depthwise(
     out
 }
 
-/// The sizes `kiln_uk_qconv2d` (and `kiln_uk_qdepthwise`) takes after its pointers (the work split comes after them).
+/// The sizes `kiln_uk_qconv2d` and `kiln_uk_qdepthwise` (or, for the matrix-product form,
+/// `kiln_uk_qgemm`) take after their pointers (the work split comes after them).
 pub fn sizes(shape: &Shape) -> Vec<i64> {
     let Shape::QConv {
         batch,

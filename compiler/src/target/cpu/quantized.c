@@ -162,6 +162,31 @@ static void qconv_strips_exact(QCONV_ARGS) { QCONV_STRIPS(QTILE_EXACT); }
 __attribute__((target("avx512vnni"))) static void qconv_strips_vnni(QCONV_ARGS) { QCONV_STRIPS(QTILE_VNNI); }
 #endif
 
+/* n words of channel group g (channels 4g .. 4g + 3): word j holds their bytes at x + ch *
+ * channel_stride + j * step, channel 4g lowest, top bits flipped for s8; a channel past C reads
+ * `pad` (the input's zero point as read). Four whole channels read one after another take the
+ * loop that vectorises. */
+static inline void interleave4(uint32_t *dst, const uint8_t *x, int64_t C, int64_t g, int64_t channel_stride, int64_t step,
+                               int64_t n, uint8_t pad, uint32_t flip) {
+    const uint8_t *src[4];
+    int64_t steps[4];
+    for (int j4 = 0; j4 < 4; j4++) {
+        int64_t ch = g * 4 + j4;
+        src[j4] = ch < C ? x + ch * channel_stride : &pad;
+        steps[j4] = ch < C ? step : 0;
+    }
+    if (g * 4 + 3 < C && step == 1) {
+        const uint8_t *s0 = src[0], *s1 = src[1], *s2 = src[2], *s3 = src[3];
+        for (int64_t j = 0; j < n; j++)
+            dst[j] = ((uint32_t)s0[j] | (uint32_t)s1[j] << 8 | (uint32_t)s2[j] << 16 | (uint32_t)s3[j] << 24) ^ flip;
+    } else {
+        for (int64_t j = 0; j < n; j++)
+            dst[j] = ((uint32_t)src[0][j * steps[0]] | (uint32_t)src[1][j * steps[1]] << 8 | (uint32_t)src[2][j * steps[2]] << 16 |
+                      (uint32_t)src[3][j * steps[3]] << 24) ^
+                     flip;
+    }
+}
+
 /* Output rows oh0 .. oh1 and channels m0 .. m1 of one image. */
 static void qconv_rows(const uint8_t *x, const int32_t *wp, uint8_t *y, int64_t C, int64_t H, int64_t W, int64_t M, int64_t KH,
                        int64_t KW, int64_t SH, int64_t SW, int64_t DH, int64_t DW, int64_t PH, int64_t PW, int64_t OH, int64_t OW,
@@ -195,27 +220,8 @@ static void qconv_rows(const uint8_t *x, const int32_t *wp, uint8_t *y, int64_t 
                 for (int64_t i = 0; i < rows; i++) {
                     int64_t ih = (oh0 + i) * SH + a - PH;
                     if (ih < 0 || ih >= H || jlo >= jhi) continue;
-                    /* The 4 channels' rows (a channel past C reads the zero point). */
-                    uint8_t pad[1] = {(uint8_t)(x_zero ^ x_flip)};
-                    const uint8_t *src[4];
-                    int64_t step[4];
-                    for (int j4 = 0; j4 < 4; j4++) {
-                        int64_t ch = g * 4 + j4;
-                        src[j4] = ch < C ? x + (ch * H + ih) * W + jlo * SW + b - PW : pad;
-                        step[j4] = ch < C ? SW : 0;
-                    }
-                    uint32_t *dst = ph + i * Wq + jlo;
-                    int64_t n = jhi - jlo;
-                    if (g * 4 + 3 < C && SW == 1) {
-                        const uint8_t *s0 = src[0], *s1 = src[1], *s2 = src[2], *s3 = src[3];
-                        for (int64_t j = 0; j < n; j++)
-                            dst[j] = ((uint32_t)s0[j] | (uint32_t)s1[j] << 8 | (uint32_t)s2[j] << 16 | (uint32_t)s3[j] << 24) ^ flip;
-                    } else {
-                        for (int64_t j = 0; j < n; j++)
-                            dst[j] = ((uint32_t)src[0][j * step[0]] | (uint32_t)src[1][j * step[1]] << 8 |
-                                      (uint32_t)src[2][j * step[2]] << 16 | (uint32_t)src[3][j * step[3]] << 24) ^
-                                     flip;
-                    }
+                    interleave4(ph + i * Wq + jlo, x + ih * W + jlo * SW + b - PW, C, g, H * W, SW, jhi - jlo,
+                                (uint8_t)(x_zero ^ x_flip), flip);
                 }
             }
         }
@@ -252,26 +258,8 @@ static void qconv_pointwise(const uint8_t *x, const int32_t *wp, uint8_t *y, int
     int64_t *offs = (int64_t *)scratch(1, (size_t)(2 * K4));
     if (!xp || !offs) abort();
     uint32_t flip = (uint32_t)(x_flip & 0xff) * 0x01010101u;
-    uint8_t pad = (uint8_t)(x_zero ^ x_flip);
     for (int64_t g = 0; g < K4; g++) {
-        const uint8_t *src[4];
-        int64_t step[4];
-        for (int j4 = 0; j4 < 4; j4++) {
-            int64_t ch = g * 4 + j4;
-            src[j4] = ch < C ? x + ch * P + p0 : &pad;
-            step[j4] = ch < C;
-        }
-        uint32_t *dst = (uint32_t *)xp + g * n;
-        if (g * 4 + 3 < C) {
-            const uint8_t *s0 = src[0], *s1 = src[1], *s2 = src[2], *s3 = src[3];
-            for (int64_t j = 0; j < n; j++)
-                dst[j] = ((uint32_t)s0[j] | (uint32_t)s1[j] << 8 | (uint32_t)s2[j] << 16 | (uint32_t)s3[j] << 24) ^ flip;
-        } else {
-            for (int64_t j = 0; j < n; j++)
-                dst[j] = ((uint32_t)src[0][j * step[0]] | (uint32_t)src[1][j * step[1]] << 8 | (uint32_t)src[2][j * step[2]] << 16 |
-                          (uint32_t)src[3][j * step[3]] << 24) ^
-                         flip;
-        }
+        interleave4((uint32_t *)xp + g * n, x + p0, C, g, P, 1, n, (uint8_t)(x_zero ^ x_flip), flip);
         offs[g] = g * n;
     }
     for (size_t i = (size_t)(K4 * n); i < (size_t)(K4 * n + 64); i++) xp[i] = 0;
@@ -380,6 +368,17 @@ void kiln_uk_maxpool_u8(int64_t x_, int64_t y_, int64_t C, int64_t H, int64_t W,
     }
 }
 
+/* The first n (1..16) of 16 int32 values in range, stored as bytes. */
+static inline void store_bytes(uint8_t *dst, v16i q, int64_t n) {
+#if defined(__AVX512BW__)
+    _mm_mask_storeu_epi8(dst, (__mmask16)((1u << n) - 1), _mm512_cvtepi32_epi8((__m512i)q));
+#else
+    uint8_t bytes[16];
+    for (int b = 0; b < 16; b++) bytes[b] = (uint8_t)q[b];
+    memcpy(dst, bytes, (size_t)n);
+#endif
+}
+
 /* n (1..16) bytes as floats less the zero point (s8 read as u8 with the top bit flipped); the
  * lanes past n are not positions anyone stores. */
 static inline v16 bytes_less_zero(const uint8_t *p, int64_t n, int32_t flip, int32_t zero) {
@@ -455,13 +454,7 @@ void kiln_uk_qdepthwise(int64_t x_, int64_t wp_, int64_t y_, int64_t C, int64_t 
                 for (int64_t l = 0; l < nc; l++) {
                     int64_t c = cb * 16 + l;
                     v16i qv = requantise(__builtin_convertvector(r[l], v16i), bias[c], mult[c], lo, hi, (int32_t)y_zero);
-#if defined(__AVX512BW__)
-                    _mm_mask_storeu_epi8(yc + l * Q + q0, (__mmask16)((1u << n) - 1), _mm512_cvtepi32_epi8((__m512i)qv));
-#else
-                    uint8_t bytes[16];
-                    for (int b = 0; b < 16; b++) bytes[b] = (uint8_t)qv[b];
-                    memcpy(yc + l * Q + q0, bytes, (size_t)n);
-#endif
+                    store_bytes(yc + l * Q + q0, qv, n);
                 }
             }
         }
@@ -486,12 +479,11 @@ static inline int32_t whole_word(const uint8_t *p, uint32_t flip) {
     return (int32_t)(w ^ flip);
 }
 
-/* Word k4 of a row of K bytes (the last may be partial: the bytes past K read as 0, which the
- * zero weights past K ignore), its top bits flipped for s8. */
-static inline int32_t row_word(const uint8_t *row, int64_t K, int64_t k4, uint32_t flip) {
+/* A row's last, partial word (K not a multiple of 4): the bytes past K read as 0, which the zero
+ * weights past K ignore; top bits flipped for s8. */
+static inline int32_t tail_word(const uint8_t *row, int64_t K, int64_t k4, uint32_t flip) {
     uint32_t w = 0;
-    if (4 * k4 + 4 <= K) memcpy(&w, row + 4 * k4, 4);
-    else memcpy(&w, row + 4 * k4, (size_t)(K - 4 * k4));
+    memcpy(&w, row + 4 * k4, (size_t)(K - 4 * k4));
     return (int32_t)(w ^ flip);
 }
 
@@ -504,7 +496,7 @@ static inline int32_t row_word(const uint8_t *row, int64_t K, int64_t k4, uint32
             v16i bv[QG_NV];                                                                                          \
             _Pragma("GCC unroll 4") for (int v = 0; v < QG_NV; v++) bv[v] = load16i(b + 16 * v);                     \
             _Pragma("GCC unroll 4") for (int r = 0; r < (R); r++) {                                                  \
-                int32_t aw = k4 < K4full ? whole_word(rows[r] + 4 * k4, flip) : row_word(rows[r], K, k4, flip);      \
+                int32_t aw = k4 < K4full ? whole_word(rows[r] + 4 * k4, flip) : tail_word(rows[r], K, k4, flip);     \
                 _Pragma("GCC unroll 4") for (int v = 0; v < QG_NV; v++) DOT(acc[r][v], aw, bv[v]);                   \
             }                                                                                                        \
         }                                                                                                            \
@@ -545,7 +537,7 @@ static inline int32_t row_word(const uint8_t *row, int64_t K, int64_t k4, uint32
                 if (m >= M) break;                                                                               \
                 int64_t cnt = M - m < 16 ? M - m : 16;                                                           \
                 v16i bv = load16i(bias + m);                                                                     \
-                v16 mv = load16((const float *)mult + m);                                                        \
+                v16 mv = load16(mult + m);                                                                       \
                 for (int64_t r = 0; r < R; r++) {                                                                \
                     v16i q = requantise_v(acc[r][v], bv, mv, lo, hi, zero);                                      \
                     uint8_t *dst = y + (n + r) * M + m;                                                          \
@@ -555,16 +547,6 @@ static inline int32_t row_word(const uint8_t *row, int64_t K, int64_t k4, uint32
         }                                                                                                        \
     }
 
-/* The first n (1..16) of 16 int32 values in range, stored as bytes. */
-static inline void store_bytes(uint8_t *dst, v16i q, int64_t n) {
-#if defined(__AVX512BW__)
-    _mm_mask_storeu_epi8(dst, (__mmask16)((1u << n) - 1), _mm512_cvtepi32_epi8((__m512i)q));
-#else
-    uint8_t bytes[16];
-    for (int b = 0; b < 16; b++) bytes[b] = (uint8_t)q[b];
-    memcpy(dst, bytes, (size_t)n);
-#endif
-}
 
 static void qgemm_exact(QGEMM_ARGS) { QGEMM_BODY(QG_DOT_EXACT) }
 
