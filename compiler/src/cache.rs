@@ -11,6 +11,7 @@ use std::time::{Duration, SystemTime};
 use kiln_ir::{text, Graph};
 use kiln_runtime::artifact::Artifact;
 
+pub use crate::options::parse_size;
 use crate::options::Options;
 use crate::target;
 use crate::{CompileError, Result};
@@ -52,25 +53,6 @@ pub fn limit() -> Result<u64> {
             Err(CompileError::Usage("KILN_CACHE_SIZE is not valid UTF-8".into()))
         }
     }
-}
-
-/// `2G`, `500M`, `64k`, `1.5G`, `1048576`, `2GiB`: bytes, with binary multiples.
-pub fn parse_size(text: &str) -> Option<u64> {
-    let t = text.trim();
-    let t = t.strip_suffix("iB").or_else(|| t.strip_suffix('B')).unwrap_or(t);
-    let (number, scale) = match t.chars().last()?.to_ascii_uppercase() {
-        'K' => (&t[..t.len() - 1], 1u64 << 10),
-        'M' => (&t[..t.len() - 1], 1 << 20),
-        'G' => (&t[..t.len() - 1], 1 << 30),
-        'T' => (&t[..t.len() - 1], 1 << 40),
-        _ => (t, 1),
-    };
-    let number = number.trim();
-    if number.is_empty() || !number.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
-        return None;
-    }
-    let value = number.parse::<f64>().ok()? * scale as f64;
-    (value.is_finite() && value < u64::MAX as f64).then_some(value as u64)
 }
 
 /// A content hash of everything that decides the artifact: the graph (weights by digest), the

@@ -158,3 +158,26 @@ impl Options {
         o
     }
 }
+
+/// A size in bytes as users write one (`KILN_CACHE_SIZE`, `--max-memory`): `2G`, `500M`, `64k`,
+/// `1.5G`, `1048576`, `2GiB`; multiples are powers of 1024. Whole numbers are exact.
+pub fn parse_size(text: &str) -> Option<u64> {
+    let t = text.trim();
+    let t = t.strip_suffix("iB").or_else(|| t.strip_suffix('B')).unwrap_or(t);
+    let (number, scale) = match t.chars().last()?.to_ascii_uppercase() {
+        'K' => (&t[..t.len() - 1], 1u64 << 10),
+        'M' => (&t[..t.len() - 1], 1 << 20),
+        'G' => (&t[..t.len() - 1], 1 << 30),
+        'T' => (&t[..t.len() - 1], 1 << 40),
+        _ => (t, 1),
+    };
+    let number = number.trim();
+    if number.is_empty() || !number.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
+        return None;
+    }
+    if !number.contains('.') {
+        return number.parse::<u64>().ok()?.checked_mul(scale);
+    }
+    let value = number.parse::<f64>().ok()? * scale as f64;
+    (value.is_finite() && value < u64::MAX as f64).then_some(value as u64)
+}

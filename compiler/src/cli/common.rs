@@ -35,21 +35,10 @@ pub fn import_options() -> kiln_ir::onnx::ImportOptions {
     IMPORT_OPTIONS.with(|c| c.get())
 }
 
-/// A size in bytes, as `--max-memory` takes it: a number, with K, M, G or T (powers of 1024).
+/// A size in bytes, as `--max-memory` takes it (`crate::options::parse_size`).
 pub fn parse_bytes(s: &str) -> std::result::Result<u64, String> {
-    let t = s.trim();
-    let (digits, shift) = match t.chars().last().map(|c| c.to_ascii_uppercase()) {
-        Some('K') => (&t[..t.len() - 1], 10),
-        Some('M') => (&t[..t.len() - 1], 20),
-        Some('G') => (&t[..t.len() - 1], 30),
-        Some('T') => (&t[..t.len() - 1], 40),
-        _ => (t, 0),
-    };
-    let n: u64 = digits
-        .trim()
-        .parse()
-        .map_err(|_| format!("`{s}` is not a size (bytes, or a number with K, M, G or T)"))?;
-    n.checked_mul(1u64 << shift).ok_or_else(|| format!("`{s}` is more than 2^64 bytes"))
+    crate::options::parse_size(s)
+        .ok_or_else(|| format!("`{s}` is not a size (bytes, or a number with K, M, G or T)"))
 }
 
 /// Loads an ONNX model or a compiled artifact (told apart by the artifact's magic bytes).
