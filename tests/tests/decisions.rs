@@ -512,12 +512,18 @@ fn each_target_has_its_code_stages() {
 
 #[test]
 fn gpu_strategies_parse_by_name() {
-    for s in [Strategy::Parallel, Strategy::Reduction, Strategy::Contraction, Strategy::PerOp] {
+    for s in [
+        Strategy::Parallel,
+        Strategy::Reduction,
+        Strategy::Contraction,
+        Strategy::PerOp,
+        Strategy::Tile,
+    ] {
         assert_eq!(s.to_string().parse::<Strategy>(), Ok(s));
     }
     assert_eq!(
         "fast".parse::<Strategy>().unwrap_err(),
-        "no GPU schedule `fast` (parallel, reduction, contraction or per-op)"
+        "no GPU schedule `fast` (parallel, reduction, contraction, per-op or tile)"
     );
 }
 

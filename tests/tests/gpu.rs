@@ -8,19 +8,19 @@ use kiln_ir::builder::{ConvOptions, GraphBuilder};
 use kiln_ir::{eval, models, DType, Graph, Tensor};
 use kiln_runtime::{LoadOptions, Target};
 
-fn skipped(what: &str) {
+pub(crate) fn skipped(what: &str) {
     // Both streams: the harness captures stdout of passing tests, and `--nocapture` runs show it.
     eprintln!("SKIPPED: {what}");
     println!("SKIPPED: {what}");
 }
 
-fn have(target: Target) -> bool {
+pub(crate) fn have(target: Target) -> bool {
     kiln_runtime::list_devices().iter().any(|d| d.target == target && d.usable)
 }
 
 /// Compiles `graph` for OpenCL (with `schedule` forced where it applies), runs it and checks every
 /// output against the interpreter.
-fn check_opencl(graph: &Graph, inputs: &[Tensor], schedule: Option<&str>, tol: f64) {
+pub(crate) fn check_opencl(graph: &Graph, inputs: &[Tensor], schedule: Option<&str>, tol: f64) {
     let options = Options {
         target: TargetKind::Opencl,
         cache: false,

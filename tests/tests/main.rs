@@ -14,6 +14,7 @@ mod determinism;
 mod differential;
 mod filetests;
 mod gpu;
+mod gpu_tile;
 mod integer;
 mod microkernel;
 mod precision;

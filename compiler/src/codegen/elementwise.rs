@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use kiln_ir::{NodeId, Op, ValueId};
+use kiln_ir::{Graph, NodeId, Op, ValueId};
 
 use super::mlir::{broadcast_map, generic, push};
 use super::scalar::{Scalar, ScalarBuilder};
@@ -44,36 +44,46 @@ pub(super) fn emit_chain(em: &mut Emitter, nodes: &[NodeId]) -> Result<()> {
             let arg = body.argument(i).expect("one argument per input").into();
             vals.insert(v, b.load(arg, graph.value_type(v).dtype)?);
         }
-        for &id in nodes {
-            let node = graph.node(id);
-            let operands: Vec<Option<Scalar>> =
-                graph.operands(id).into_iter().map(|o| o.map(|v| vals[&v])).collect();
-            let x = operands[0].expect("elementwise ops have a first operand");
-            let out = node.outputs[0].dtype;
-            let y = match &node.op {
-                Op::Unary(u) => b.unary(*u, x, out)?,
-                Op::Binary(op) => b.binary(*op, x, operands[1].expect("binary"), out)?,
-                Op::Cast { to, saturate } => b.cast_with(x, *to, *saturate)?,
-                Op::Identity => x,
-                Op::Where => {
-                    let (t, f) = (operands[1].expect("where"), operands[2].expect("where"));
-                    let v = b.select(x.v, t.v, f.v, super::scalar::compute(t.dtype))?;
-                    Scalar { v, dtype: out }
-                }
-                Op::Clip => clip(
-                    &b,
-                    x,
-                    operands.get(1).copied().flatten(),
-                    operands.get(2).copied().flatten(),
-                )?,
-                other => unreachable!("{} is not elementwise", other.name()),
-            };
-            vals.insert(ValueId::from(id), y);
-        }
+        eval_chain(&b, graph, nodes, &mut vals)?;
         Ok(vec![b.store(vals[&result])?])
     })?;
     let t = push(em.block, g);
     em.set(result, t);
+    Ok(())
+}
+
+/// Evaluates the elementwise `nodes` in order on scalars: `vals` holds every operand produced
+/// outside them and receives each node's result. Codegen's loop bodies and the GPU tile kernels'
+/// epilogues share it, so an elementwise op means the same wherever it is fused.
+pub(crate) fn eval_chain<'c, 'a>(
+    b: &ScalarBuilder<'c, 'a>,
+    graph: &Graph,
+    nodes: &[NodeId],
+    vals: &mut HashMap<ValueId, Scalar<'c, 'a>>,
+) -> Result<()> {
+    for &id in nodes {
+        let node = graph.node(id);
+        let operands: Vec<Option<Scalar>> =
+            graph.operands(id).into_iter().map(|o| o.map(|v| vals[&v])).collect();
+        let x = operands[0].expect("elementwise ops have a first operand");
+        let out = node.outputs[0].dtype;
+        let y = match &node.op {
+            Op::Unary(u) => b.unary(*u, x, out)?,
+            Op::Binary(op) => b.binary(*op, x, operands[1].expect("binary"), out)?,
+            Op::Cast { to, saturate } => b.cast_with(x, *to, *saturate)?,
+            Op::Identity => x,
+            Op::Where => {
+                let (t, f) = (operands[1].expect("where"), operands[2].expect("where"));
+                let v = b.select(x.v, t.v, f.v, super::scalar::compute(t.dtype))?;
+                Scalar { v, dtype: out }
+            }
+            Op::Clip => {
+                clip(b, x, operands.get(1).copied().flatten(), operands.get(2).copied().flatten())?
+            }
+            other => unreachable!("{} is not elementwise", other.name()),
+        };
+        vals.insert(ValueId::from(id), y);
+    }
     Ok(())
 }
 

@@ -9,7 +9,7 @@
 
 mod contraction;
 mod convolution;
-mod elementwise;
+pub(crate) mod elementwise;
 mod indexing;
 pub mod mlir;
 mod movement;

@@ -32,7 +32,10 @@ pub fn legalize(ctx: &melior::Context, device: RawOp, flavor: Flavor) -> Result<
             let v = op.result(0);
             let t = edit::value_type(v);
             for u in edit::users(v) {
-                if !matches!(u.name().as_str(), "memref.load" | "memref.store") {
+                if !matches!(
+                    u.name().as_str(),
+                    "memref.load" | "memref.store" | "vector.load" | "vector.store"
+                ) {
                     return Err(format!(
                         "a kernel temporary ({}) is used by `{}`",
                         edit::type_text(t),

@@ -17,6 +17,7 @@ pub mod ptx;
 pub mod schedule;
 pub mod script;
 pub mod spirv;
+pub mod tile;
 
 use melior::ir::Module;
 
@@ -102,14 +103,35 @@ fn compile(
         .expect("parsed above");
     let mut runs = Vec::with_capacity(kernels.len());
     let mut functions: Vec<KernelDesc> = Vec::new();
+    let flavor = match target {
+        GpuTarget::Cuda(_) => tile::builder::Flavor::Nvvm,
+        GpuTarget::Opencl => tile::builder::Flavor::Spirv,
+    };
+    let tile_target = tile::TileTarget { flavor, sms: tile::ASSUMED_SMS };
+    let device_body = device.block(0).expect("a gpu.module has a body");
     for k in kernels {
-        let (module, plan, text, strategy) = schedule_kernel(&mlir, graph, k, forced)?;
+        let tile_plan = match forced {
+            None | Some(schedule::Strategy::Tile) => tile::plan(&tile_target, graph, k),
+            Some(_) => None,
+        };
+        let (plan, strategy) = if let Some(p) = &tile_plan {
+            if let Some(t) = texts.as_deref_mut() {
+                // The kernel's MLIR as codegen builds it, for `--stage mlir`, as for any other.
+                t.push(Stage::Mlir, &build(&mlir, graph, k)?.as_operation().to_string());
+            }
+            let plan = tile::build(&mlir.ctx, device_body, flavor, graph, k, p)?;
+            (plan, p.describe(graph))
+        } else {
+            let (module, plan, text, strategy) = schedule_kernel(&mlir, graph, k, forced)?;
+            if let Some(t) = texts.as_deref_mut() {
+                t.push(Stage::Mlir, &text);
+            }
+            launch::move_functions(RawOp::of(&module.as_operation()), device)
+                .map_err(|e| CompileError::in_kernel(k, "outline", e))?;
+            (plan, format!("{strategy} schedule"))
+        };
         if let Some(t) = texts.as_deref_mut() {
-            t.push(Stage::Mlir, &text);
-            t.push(
-                Stage::Lowered,
-                &format!("// kernel {} ({}): {strategy} schedule\n", k.name, k.label),
-            );
+            t.push(Stage::Lowered, &format!("// kernel {} ({}): {strategy}\n", k.name, k.label));
             for l in &plan.launches {
                 t.push(
                     Stage::Lowered,
@@ -120,8 +142,6 @@ fn compile(
                 );
             }
         }
-        launch::move_functions(RawOp::of(&module.as_operation()), device)
-            .map_err(|e| CompileError::in_kernel(k, "outline", e))?;
         let first = functions.len();
         for l in &plan.launches {
             functions.push(KernelDesc {
@@ -166,7 +186,7 @@ fn compile(
         "builtin.module(gpu.module(convert-linalg-to-loops,fold-memref-alias-ops,lower-affine,arith-expand{include-bf16=true},canonicalize,cse))",
     )
     .map_err(|e| internal("device loops", e.into()))?;
-    let flavor = match target {
+    let memory_flavor = match target {
         GpuTarget::Cuda(_) => memory::Flavor::Nvvm,
         GpuTarget::Opencl => memory::Flavor::Spirv,
     };
@@ -175,7 +195,7 @@ fn compile(
         .into_iter()
         .find(|o| o.is("gpu.module"))
         .expect("still there");
-    memory::legalize(&mlir.ctx, device, flavor).map_err(|e| internal("memory spaces", e))?;
+    memory::legalize(&mlir.ctx, device, memory_flavor).map_err(|e| internal("memory spaces", e))?;
     let code = match target {
         GpuTarget::Cuda(t) => {
             let p = ptx::lower(&mlir, &mut device_module, t).map_err(|e| internal("ptx", e))?;

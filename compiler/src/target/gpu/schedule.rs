@@ -38,6 +38,8 @@ pub enum Strategy {
     Reduction,
     Contraction,
     PerOp,
+    /// The tile kernels (`tile/`), where one takes the kernel.
+    Tile,
 }
 
 impl fmt::Display for Strategy {
@@ -47,6 +49,7 @@ impl fmt::Display for Strategy {
             Strategy::Reduction => "reduction",
             Strategy::Contraction => "contraction",
             Strategy::PerOp => "per-op",
+            Strategy::Tile => "tile",
         })
     }
 }
@@ -55,12 +58,18 @@ impl std::str::FromStr for Strategy {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Strategy, String> {
-        [Strategy::Parallel, Strategy::Reduction, Strategy::Contraction, Strategy::PerOp]
-            .into_iter()
-            .find(|x| x.to_string() == s)
-            .ok_or_else(|| {
-                format!("no GPU schedule `{s}` (parallel, reduction, contraction or per-op)")
-            })
+        [
+            Strategy::Parallel,
+            Strategy::Reduction,
+            Strategy::Contraction,
+            Strategy::PerOp,
+            Strategy::Tile,
+        ]
+        .into_iter()
+        .find(|x| x.to_string() == s)
+        .ok_or_else(|| {
+            format!("no GPU schedule `{s}` (parallel, reduction, contraction, per-op or tile)")
+        })
     }
 }
 
@@ -408,6 +417,7 @@ pub fn apply(
     let func = kernel_func(root).ok_or("no kernel function")?;
     match strategy {
         Strategy::PerOp => per_op(mlir, module, func),
+        Strategy::Tile => Err("tile kernels are not transform schedules".into()),
         _ => {
             let plan = blocks(mlir, module, func, strategy)?;
             threads(mlir, module, strategy, plan.as_ref())?;
@@ -612,7 +622,7 @@ fn threads(
             }
             anchor_done = true;
         }
-        Strategy::PerOp => unreachable!("PerOp has no block phase"),
+        Strategy::PerOp | Strategy::Tile => unreachable!("{strategy} has no block phase"),
     }
     if !anchor_done {
         let split = thread_split(&al, BLOCK_THREADS);

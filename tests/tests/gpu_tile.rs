@@ -1,0 +1,365 @@
+//! The GPU tile kernels (`target/gpu/tile/`): each shape at the sizes that pick each of its
+//! forms, run on OpenCL against the interpreter (Intel's CPU runtime under `make test`; the
+//! OpenCL flavour exchanges values through workgroup memory where NVIDIA's shuffles), their PTX
+//! through `ptxas` for sm_80 and sm_90, and the plans as a snapshot.
+
+use kiln_compiler::{Options, Stage, TargetKind};
+use kiln_ir::builder::{ConvOptions, GraphBuilder};
+use kiln_ir::op::ReduceKind;
+use kiln_ir::Op;
+use kiln_ir::{DType, Graph, Tensor};
+use kiln_runtime::Target;
+
+use crate::gpu::{check_opencl, have, skipped};
+
+/// One test graph: a name, the graph, its inputs, and the plan text its kernel must get.
+struct Case {
+    name: &'static str,
+    graph: Graph,
+    inputs: Vec<Tensor>,
+    plan: &'static str,
+}
+
+fn reduce_case(
+    name: &'static str,
+    dims: &[usize],
+    kind: ReduceKind,
+    axes: &[i64],
+    keepdims: bool,
+    tail: bool,
+    plan: &'static str,
+) -> Case {
+    let g = GraphBuilder::new(name);
+    let x = g.input("x", DType::F32, dims.to_vec());
+    let mut y = x.reduce(kind, axes, keepdims);
+    if tail {
+        // A tail reading a broadcast operand and an activation.
+        let out = y.ty().unwrap().shape.as_fixed().unwrap();
+        let b = g.constant("b", Tensor::random(DType::F32, &[*out.last().unwrap()], 2));
+        y = y.add(b).tanh();
+    }
+    g.output("y", y);
+    Case {
+        name,
+        graph: g.build().unwrap(),
+        inputs: vec![Tensor::random(DType::F32, dims, 1)],
+        plan,
+    }
+}
+
+/// Reductions at sizes that pick every form.
+fn reductions() -> Vec<Case> {
+    vec![
+        reduce_case("rows_warp", &[300, 96], ReduceKind::Sum, &[-1], false, true, "a warp a row"),
+        reduce_case("rows_odd", &[37, 33], ReduceKind::Max, &[1], true, false, "a warp a row"),
+        reduce_case(
+            "rows_block",
+            &[40, 5000],
+            ReduceKind::Mean,
+            &[1],
+            false,
+            false,
+            "a block of 256 a row",
+        ),
+        reduce_case("scalar_l2", &[700, 1000], ReduceKind::L2, &[], false, false, "each row over"),
+        reduce_case(
+            "split_rows_l1",
+            &[3, 131072],
+            ReduceKind::L1,
+            &[1],
+            true,
+            false,
+            "each row over",
+        ),
+        reduce_case(
+            "columns",
+            &[64, 70, 9],
+            ReduceKind::Sum,
+            &[1],
+            false,
+            true,
+            "a thread an output",
+        ),
+        reduce_case(
+            "split_columns",
+            &[3000, 100],
+            ReduceKind::SumSquare,
+            &[0],
+            false,
+            false,
+            "the reduction over",
+        ),
+        reduce_case(
+            "min_middle",
+            &[4, 6, 50, 7],
+            ReduceKind::Min,
+            &[1, 2],
+            true,
+            false,
+            "a thread an output",
+        ),
+        {
+            let g = GraphBuilder::new("global_pool");
+            let x = g.input("x", DType::F32, [2, 64, 7, 7]);
+            g.output("y", x.global_avg_pool().relu());
+            Case {
+                name: "global_pool",
+                graph: g.build().unwrap(),
+                inputs: vec![Tensor::random(DType::F32, &[2, 64, 7, 7], 3)],
+                plan: "GlobalAveragePool",
+            }
+        },
+    ]
+}
+
+fn rows_case(name: &'static str, dims: &[usize], op: &str, tail: bool, plan: &'static str) -> Case {
+    let g = GraphBuilder::new(name);
+    let x = g.input("x", DType::F32, dims.to_vec());
+    let last = *dims.last().unwrap();
+    let mut y = match op {
+        "softmax" => x.softmax(-1),
+        "logsoftmax" => g.apply(Op::LogSoftmax { axis: -1 }, &[Some(x)], 1)[0],
+        "layernorm" => {
+            let s = g.constant("s", Tensor::random(DType::F32, &[last], 2));
+            let b = g.constant("b", Tensor::random(DType::F32, &[last], 3));
+            x.layer_norm(s, b, -1, 1e-5)
+        }
+        "layernorm2" => {
+            // Over the last two axes, the scale broadcast along the second to last.
+            let s = g.constant("s", Tensor::random(DType::F32, &[1, last], 2));
+            let b = g.constant("b", Tensor::random(DType::F32, &[1], 3));
+            x.layer_norm(s, b, -2, 1e-5)
+        }
+        "rmsnorm" => {
+            let s = g.constant("s", Tensor::random(DType::F32, &[last], 4));
+            g.apply(Op::RmsNorm { axis: -1, epsilon: 1e-6 }, &[Some(x), Some(s)], 1)[0]
+        }
+        other => panic!("no row op {other}"),
+    };
+    if tail {
+        y = y.mul(x).sigmoid();
+    }
+    g.output("y", y);
+    let inputs = vec![Tensor::random(DType::F32, dims, 5)];
+    Case { name, graph: g.build().unwrap(), inputs, plan }
+}
+
+/// Row kernels at sizes that pick every form.
+fn row_kernels() -> Vec<Case> {
+    vec![
+        rows_case("softmax_warp", &[3, 40, 128], "softmax", false, "a warp a row"),
+        rows_case("softmax_odd", &[37, 45], "softmax", true, "the row in registers"),
+        rows_case("logsoftmax_block", &[6, 3000], "logsoftmax", false, "a block of 256 a row"),
+        rows_case("softmax_long", &[3, 20000], "softmax", false, "the row read per statistic"),
+        rows_case("logsoftmax_long", &[2, 9001], "logsoftmax", true, "the row read per statistic"),
+        rows_case("layernorm_warp", &[50, 768], "layernorm", false, "a warp a row"),
+        rows_case("layernorm_tail", &[20, 100], "layernorm", true, "the row in registers"),
+        rows_case(
+            "layernorm_axes",
+            &[4, 6, 10],
+            "layernorm2",
+            false,
+            "LayerNormalization [4 x 60]",
+        ),
+        rows_case("layernorm_long", &[2, 10000], "layernorm", false, "the row read per statistic"),
+        rows_case("rmsnorm", &[33, 512], "rmsnorm", false, "RMSNormalization"),
+        rows_case("rmsnorm_long", &[2, 12000], "rmsnorm", true, "the row read per statistic"),
+    ]
+}
+
+fn matmul_case(
+    name: &'static str,
+    a: &[usize],
+    b: &[usize],
+    tail: bool,
+    plan: &'static str,
+) -> Case {
+    let g = GraphBuilder::new(name);
+    let x = g.input("x", DType::F32, a.to_vec());
+    let w = g.constant("w", Tensor::random(DType::F32, b, 2));
+    let mut y = x.matmul(w);
+    if tail {
+        let n = *b.last().unwrap();
+        let bias = g.constant("bias", Tensor::random(DType::F32, &[n], 3));
+        y = y.add(bias).relu();
+    }
+    g.output("y", y);
+    Case { name, graph: g.build().unwrap(), inputs: vec![Tensor::random(DType::F32, a, 1)], plan }
+}
+
+fn gemm_case(
+    name: &'static str,
+    [m, k, n]: [usize; 3],
+    trans: (bool, bool),
+    c: Option<&[usize]>,
+    [alpha, beta]: [f32; 2],
+) -> Case {
+    let g = GraphBuilder::new(name);
+    let ad = if trans.0 { [k, m] } else { [m, k] };
+    let bd = if trans.1 { vec![n, k] } else { vec![k, n] };
+    let x = g.input("x", DType::F32, ad.to_vec());
+    let w = g.constant("w", Tensor::random(DType::F32, &bd, 2));
+    let cv = c.map(|d| g.constant("c", Tensor::random(DType::F32, d, 3)));
+    let attrs = kiln_ir::op::Gemm { alpha, beta, trans_a: trans.0, trans_b: trans.1 };
+    g.output("y", x.gemm(w, cv, attrs).sigmoid());
+    Case {
+        name,
+        graph: g.build().unwrap(),
+        inputs: vec![Tensor::random(DType::F32, &ad, 1)],
+        plan: "tile gemm: Gemm",
+    }
+}
+
+fn conv_case(
+    name: &'static str,
+    x: [usize; 4],
+    co: usize,
+    k: usize,
+    [stride, pad, dilation]: [usize; 3],
+    plan: &'static str,
+) -> Case {
+    let g = GraphBuilder::new(name);
+    let input = g.input("x", DType::F32, x.to_vec());
+    let w = g.constant("w", Tensor::random(DType::F32, &[co, x[1], k, k], 2));
+    let b = g.constant("b", Tensor::random(DType::F32, &[co], 3));
+    let o = ConvOptions::default().stride(stride).pad(pad).dilation(dilation);
+    g.output("y", input.conv(w, Some(b), o).relu());
+    Case { name, graph: g.build().unwrap(), inputs: vec![Tensor::random(DType::F32, &x, 1)], plan }
+}
+
+/// Contractions: every tile, edges in every dimension, transposed operands, split-K, batches
+/// that broadcast, Gemm's alpha/beta/C, convolutions direct and pointwise.
+fn contractions() -> Vec<Case> {
+    vec![
+        matmul_case("matmul_large", &[1024, 64], &[64, 2048], true, "128x128 tiles"),
+        matmul_case(
+            "matmul_edges",
+            &[130, 37],
+            &[37, 70],
+            false,
+            "tile gemm: MatMul [130 x 70 x 37]",
+        ),
+        matmul_case("matmul_skinny", &[5, 300], &[300, 200], true, "16x128 tiles"),
+        matmul_case("matmul_split_k", &[64, 4096], &[4096, 64], false, "split over"),
+        matmul_case("matmul_batched", &[3, 40, 24], &[24, 36], true, "x 3 ("),
+        matmul_case("matmul_broadcast", &[2, 1, 20, 16], &[3, 16, 12], false, "x 6 ("),
+        gemm_case("gemm_t", [70, 50, 90], (true, true), Some(&[90]), [0.5, 2.0]),
+        gemm_case("gemm_tb", [33, 64, 48], (false, true), Some(&[33, 1]), [1.0, 1.0]),
+        gemm_case("gemm_plain", [64, 64, 64], (false, false), None, [1.5, 0.0]),
+        conv_case("conv3x3", [2, 8, 20, 20], 16, 3, [1, 1, 1], "tile gemm: Conv [16 x 400 x 72]"),
+        conv_case(
+            "conv_stem",
+            [1, 3, 30, 30],
+            12,
+            7,
+            [2, 3, 1],
+            "tile gemm: Conv [12 x 225 x 147]",
+        ),
+        conv_case("conv_dilated", [1, 4, 17, 13], 8, 3, [1, 2, 2], "tile gemm: Conv"),
+        conv_case("conv1x1", [2, 32, 9, 9], 24, 1, [1, 0, 1], "tile gemm: Conv 1x1"),
+    ]
+}
+
+fn lowered(graph: &Graph, target: TargetKind) -> String {
+    let options = Options { target, cache: false, ..Options::default() };
+    let stages = kiln_compiler::compile(graph, &options, true).expect("compiles").stages;
+    stages[Stage::Lowered].lines().filter(|l| l.starts_with("//")).collect::<Vec<_>>().join("\n")
+}
+
+#[test]
+fn tile_reductions_match_the_interpreter_on_opencl() {
+    for c in reductions() {
+        let plans = lowered(&c.graph, TargetKind::Opencl);
+        assert!(plans.contains("tile reduce") && plans.contains(c.plan), "{}: {plans}", c.name);
+    }
+    if !have(Target::Opencl) {
+        return skipped("no OpenCL device (run `eval \"$(scripts/setup-opencl.sh)\"`); the tile reductions were not run");
+    }
+    for c in reductions() {
+        eprintln!("{}", c.name);
+        check_opencl(&c.graph, &c.inputs, None, 1e-4);
+    }
+}
+
+#[test]
+fn tile_rows_match_the_interpreter_on_opencl() {
+    for c in row_kernels() {
+        let plans = lowered(&c.graph, TargetKind::Opencl);
+        assert!(plans.contains("tile rows") && plans.contains(c.plan), "{}: {plans}", c.name);
+    }
+    if !have(Target::Opencl) {
+        return skipped("no OpenCL device (run `eval \"$(scripts/setup-opencl.sh)\"`); the tile row kernels were not run");
+    }
+    for c in row_kernels() {
+        eprintln!("{}", c.name);
+        check_opencl(&c.graph, &c.inputs, None, 1e-4);
+    }
+}
+
+#[test]
+fn tile_contractions_match_the_interpreter_on_opencl() {
+    for c in contractions() {
+        let plans = lowered(&c.graph, TargetKind::Opencl);
+        assert!(plans.contains("tile gemm") && plans.contains(c.plan), "{}: {plans}", c.name);
+    }
+    if !have(Target::Opencl) {
+        return skipped("no OpenCL device (run `eval \"$(scripts/setup-opencl.sh)\"`); the tile contractions were not run");
+    }
+    for c in contractions() {
+        eprintln!("{}", c.name);
+        check_opencl(&c.graph, &c.inputs, None, 1e-4);
+    }
+}
+
+/// Every tile test graph.
+fn all_cases() -> Vec<Case> {
+    let mut all = reductions();
+    all.extend(row_kernels());
+    all.extend(contractions());
+    all
+}
+
+#[test]
+fn tile_plans_snapshot() {
+    let plans: Vec<String> = all_cases()
+        .iter()
+        .map(|c| format!("{}:\n{}", c.name, lowered(&c.graph, TargetKind::Cuda)))
+        .collect();
+    insta::assert_snapshot!("tile_plans", plans.join("\n"));
+}
+
+#[test]
+fn tile_ptx_passes_ptxas() {
+    let ptxas = std::process::Command::new("ptxas").arg("--version").output();
+    if !ptxas.is_ok_and(|o| o.status.success()) {
+        return skipped("ptxas not installed (scripts/setup-cuda-tools.sh installs Debian's nvidia-cuda-toolkit); the tile kernels' PTX was not assembled");
+    }
+    let dir = std::env::temp_dir().join(format!("kiln-tile-ptx-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for c in all_cases() {
+        for arch in ["sm_80", "sm_90"] {
+            let mut options =
+                Options { target: TargetKind::Cuda, cache: false, ..Options::default() };
+            options.ptx.arch = arch.to_string();
+            let stages = kiln_compiler::compile(&c.graph, &options, true)
+                .unwrap_or_else(|e| panic!("{} for {arch}: {e}", c.name))
+                .stages;
+            let file = dir.join(format!("{}_{arch}.ptx", c.name));
+            std::fs::write(&file, &stages[Stage::Ptx]).unwrap();
+            let out = std::process::Command::new("ptxas")
+                .arg(format!("-arch={arch}"))
+                .arg(&file)
+                .arg("-o")
+                .arg(dir.join("out.cubin"))
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "ptxas rejects {} for {arch}: {}",
+                c.name,
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
