@@ -311,11 +311,58 @@ fn tile_contractions_match_the_interpreter_on_opencl() {
     }
 }
 
+fn depthwise_case(
+    name: &'static str,
+    x: [usize; 4],
+    mult: usize,
+    k: usize,
+    [stride, pad, dilation]: [usize; 3],
+    bias: bool,
+) -> Case {
+    let g = GraphBuilder::new(name);
+    let input = g.input("x", DType::F32, x.to_vec());
+    let w = g.constant("w", Tensor::random(DType::F32, &[x[1] * mult, 1, k, k], 2));
+    let b = bias.then(|| g.constant("b", Tensor::random(DType::F32, &[x[1] * mult], 3)));
+    let o = ConvOptions::default().stride(stride).pad(pad).dilation(dilation).group(x[1]);
+    g.output("y", input.conv(w, b, o).clip(0.0, 6.0));
+    Case {
+        name,
+        graph: g.build().unwrap(),
+        inputs: vec![Tensor::random(DType::F32, &x, 1)],
+        plan: "tile depthwise",
+    }
+}
+
+/// Depthwise convolutions: strides, padding, dilation, a depth multiplier, with and without bias.
+fn depthwise() -> Vec<Case> {
+    vec![
+        depthwise_case("dw3x3", [2, 32, 14, 14], 1, 3, [1, 1, 1], true),
+        depthwise_case("dw3x3_s2", [1, 24, 15, 15], 1, 3, [2, 1, 1], true),
+        depthwise_case("dw5x5_dilated", [1, 8, 11, 9], 2, 5, [1, 4, 2], false),
+    ]
+}
+
+#[test]
+fn tile_depthwise_matches_the_interpreter_on_opencl() {
+    for c in depthwise() {
+        let plans = lowered(&c.graph, TargetKind::Opencl);
+        assert!(plans.contains(c.plan), "{}: {plans}", c.name);
+    }
+    if !have(Target::Opencl) {
+        return skipped("no OpenCL device (run `eval \"$(scripts/setup-opencl.sh)\"`); the depthwise tile kernel was not run");
+    }
+    for c in depthwise() {
+        eprintln!("{}", c.name);
+        check_opencl(&c.graph, &c.inputs, None, 1e-4);
+    }
+}
+
 /// Every tile test graph.
 fn all_cases() -> Vec<Case> {
     let mut all = reductions();
     all.extend(row_kernels());
     all.extend(contractions());
+    all.extend(depthwise());
     all
 }
 

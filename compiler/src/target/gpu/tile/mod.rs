@@ -12,6 +12,7 @@
 //! is applied as results are stored (`tail.rs`).
 
 pub mod builder;
+pub mod depthwise;
 pub mod exchange;
 pub mod gemm;
 pub mod reduce;
@@ -64,6 +65,7 @@ impl TileTarget {
 #[derive(Clone, Debug)]
 pub enum TilePlan {
     Gemm(Box<gemm::GemmPlan>),
+    Depthwise(depthwise::DepthwisePlan),
     Reduce(reduce::ReducePlan),
     Rows(rows::RowsPlan),
 }
@@ -73,6 +75,7 @@ impl TilePlan {
     pub fn name(&self) -> &'static str {
         match self {
             TilePlan::Gemm(_) => "tile gemm",
+            TilePlan::Depthwise(_) => "tile depthwise",
             TilePlan::Reduce(_) => "tile reduce",
             TilePlan::Rows(_) => "tile rows",
         }
@@ -81,6 +84,7 @@ impl TilePlan {
     pub fn describe(&self, graph: &Graph) -> String {
         match self {
             TilePlan::Gemm(p) => p.describe(graph),
+            TilePlan::Depthwise(p) => p.describe(graph),
             TilePlan::Reduce(p) => p.describe(graph),
             TilePlan::Rows(p) => p.describe(graph),
         }
@@ -90,6 +94,7 @@ impl TilePlan {
     fn constants(&self) -> Vec<kiln_ir::ValueId> {
         match self {
             TilePlan::Gemm(p) => p.constants(),
+            TilePlan::Depthwise(p) => p.constants(),
             TilePlan::Reduce(p) => p.tail.constant_values(),
             TilePlan::Rows(p) => p.constants(),
         }
@@ -98,6 +103,7 @@ impl TilePlan {
     fn build(&self, cx: &mut BuildContext) -> Result<()> {
         match self {
             TilePlan::Gemm(p) => p.build(cx),
+            TilePlan::Depthwise(p) => p.build(cx),
             TilePlan::Reduce(p) => p.build(cx),
             TilePlan::Rows(p) => p.build(cx),
         }
@@ -108,6 +114,7 @@ impl TilePlan {
 pub fn plan(t: &TileTarget, graph: &Graph, kernel: &Kernel) -> Option<TilePlan> {
     gemm::plan(t, graph, kernel)
         .map(|p| TilePlan::Gemm(Box::new(p)))
+        .or_else(|| depthwise::plan(t, graph, kernel).map(TilePlan::Depthwise))
         .or_else(|| reduce::plan(t, graph, kernel).map(TilePlan::Reduce))
         .or_else(|| rows::plan(t, graph, kernel).map(TilePlan::Rows))
 }
