@@ -28,6 +28,10 @@ impl TargetKind {
 pub enum Precision {
     #[default]
     F32,
+    /// f32 tensors, products of operands rounded to TF32 (10-bit mantissas, f32's range) and
+    /// summed in f32: NVIDIA's tensor cores (PyTorch's `allow_tf32`, onnxruntime's CUDA
+    /// `use_tf32`). GPU targets only.
+    Tf32,
     /// Convolutions and matrix products multiply bf16 operands (weights rounded at compile time,
     /// activations as the kernel reads them) and accumulate in f32: `vdpbf16ps` on the CPU, in
     /// one-group convolutions with a window or a stride and GEMMs by constant weights.
@@ -37,11 +41,13 @@ pub enum Precision {
 }
 
 impl Precision {
-    pub const ALL: [Precision; 3] = [Precision::F32, Precision::Bf16, Precision::F16];
+    pub const ALL: [Precision; 4] =
+        [Precision::F32, Precision::Tf32, Precision::Bf16, Precision::F16];
 
     pub fn name(self) -> &'static str {
         match self {
             Precision::F32 => "f32",
+            Precision::Tf32 => "tf32",
             Precision::Bf16 => "bf16",
             Precision::F16 => "f16",
         }
@@ -60,7 +66,7 @@ impl std::str::FromStr for Precision {
         Precision::ALL
             .into_iter()
             .find(|p| p.name() == s)
-            .ok_or_else(|| format!("unknown precision `{s}`: one of f32, bf16, f16"))
+            .ok_or_else(|| format!("unknown precision `{s}`: one of f32, tf32, bf16, f16"))
     }
 }
 

@@ -118,7 +118,7 @@ def test_errors_name_the_input():
         kiln.InferenceSession("/nonexistent/model.onnx")
     with pytest.raises(kiln.KilnError, match="--precision f16 on cpu: kiln's CPU kernels have no f16 arithmetic"):
         kiln.InferenceSession(conv(), device="cpu", precision="f16")
-    with pytest.raises(kiln.KilnError, match="unknown precision `fp8`: one of f32, bf16, f16"):
+    with pytest.raises(kiln.KilnError, match="unknown precision `fp8`: one of f32, tf32, bf16, f16"):
         kiln.InferenceSession(conv(), precision="fp8")
     with pytest.raises(kiln.KilnError, match="precision=\"bf16\" applies when compiling"):
         kiln.InferenceSession(kiln.compile(conv()), precision="bf16")

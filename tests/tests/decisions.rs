@@ -518,12 +518,13 @@ fn gpu_strategies_parse_by_name() {
         Strategy::Contraction,
         Strategy::PerOp,
         Strategy::Tile,
+        Strategy::TensorCore,
     ] {
         assert_eq!(s.to_string().parse::<Strategy>(), Ok(s));
     }
     assert_eq!(
         "fast".parse::<Strategy>().unwrap_err(),
-        "no GPU schedule `fast` (parallel, reduction, contraction, per-op or tile)"
+        "no GPU schedule `fast` (parallel, reduction, contraction, per-op, tile or tensor-core)"
     );
 }
 

@@ -3,11 +3,12 @@
 //! OpenCL flavour exchanges values through workgroup memory where NVIDIA's shuffles), their PTX
 //! through `ptxas` for sm_80 and sm_90, and the plans as a snapshot.
 
-use kiln_compiler::{Options, Stage, TargetKind};
+use kiln_compiler::{Options, Precision, Stage, TargetKind};
 use kiln_ir::builder::{ConvOptions, GraphBuilder};
 use kiln_ir::op::ReduceKind;
 use kiln_ir::Op;
 use kiln_ir::{DType, Graph, Tensor};
+use kiln_runtime::LoadOptions;
 use kiln_runtime::Target;
 
 use crate::gpu::{check_opencl, have, skipped};
@@ -357,6 +358,75 @@ fn tile_depthwise_matches_the_interpreter_on_opencl() {
     }
 }
 
+/// Runs `graph` on OpenCL with `precision` and a forced GPU schedule (None: the default).
+fn run_opencl(
+    graph: &Graph,
+    inputs: &[Tensor],
+    precision: Precision,
+    schedule: Option<&str>,
+) -> Vec<Tensor> {
+    let options = Options {
+        target: TargetKind::Opencl,
+        cache: false,
+        precision,
+        gpu_schedule: schedule.map(|s| s.parse().expect("a schedule")),
+        ..Options::default()
+    };
+    let exe = kiln_compiler::jit(graph, &options, &LoadOptions::default())
+        .unwrap_or_else(|e| panic!("{precision} {schedule:?}: {e}"));
+    exe.run(inputs).unwrap_or_else(|e| panic!("{precision} {schedule:?}: {e}"))
+}
+
+/// The largest difference of `got` from `want`, relative to `want`'s largest magnitude.
+fn relative_error(got: &[Tensor], want: &[Tensor]) -> f64 {
+    let mut worst = 0f64;
+    for (g, w) in got.iter().zip(want) {
+        let (g, w) = (g.to_f64s(), w.to_f64s());
+        let scale = w.iter().fold(1e-30f64, |m, x| m.max(x.abs()));
+        for (a, b) in g.iter().zip(&w) {
+            worst = worst.max((a - b).abs() / scale);
+        }
+    }
+    worst
+}
+
+/// The contractions at lower precision: operands rounded on the FMA tiles, and the tensor-core
+/// kernel (its `mma` emulated through workgroup memory on OpenCL, with the same fragment
+/// placement the hardware has). Both against the interpreter within the precision's error, and
+/// against each other much closer (they round the same operands and differ only in the order
+/// of the sums): a fragment in the wrong place would be far off.
+#[test]
+fn tile_contractions_at_lower_precision_on_opencl() {
+    if !have(Target::Opencl) {
+        return skipped("no OpenCL device (run `eval \"$(scripts/setup-opencl.sh)\"`); the tensor-core kernels were not run");
+    }
+    let picked =
+        ["matmul_edges", "matmul_split_k", "matmul_broadcast", "gemm_t", "conv_stem", "conv1x1"];
+    let cases: Vec<Case> =
+        contractions().into_iter().filter(|c| picked.contains(&c.name)).collect();
+    for (precision, tol) in
+        [(Precision::Tf32, 4e-3), (Precision::Bf16, 3e-2), (Precision::F16, 4e-3)]
+    {
+        for c in &cases {
+            let want = kiln_ir::eval::run(&c.graph, &c.inputs).expect("the interpreter runs it");
+            let fma = run_opencl(&c.graph, &c.inputs, precision, None);
+            let cores = run_opencl(&c.graph, &c.inputs, precision, Some("tensor-core"));
+            let (e_fma, e_cores, e_both) = (
+                relative_error(&fma, &want),
+                relative_error(&cores, &want),
+                relative_error(&cores, &fma),
+            );
+            eprintln!("{} {precision}: rounded FMA {e_fma:.2e}, tensor cores {e_cores:.2e}, apart {e_both:.2e}", c.name);
+            assert!(e_fma < tol && e_cores < tol, "{} at {precision}: {e_fma} / {e_cores}", c.name);
+            assert!(
+                e_both < tol / 4.0,
+                "{} at {precision}: the two kernels differ by {e_both}",
+                c.name
+            );
+        }
+    }
+}
+
 /// Every tile test graph.
 fn all_cases() -> Vec<Case> {
     let mut all = reductions();
@@ -375,6 +445,8 @@ fn tile_plans_snapshot() {
     insta::assert_snapshot!("tile_plans", plans.join("\n"));
 }
 
+/// PTX for sm_80 and sm_90 that NVIDIA's assembler accepts: every test graph in f32, and the
+/// contractions on tensor cores at tf32, bf16 and f16.
 #[test]
 fn tile_ptx_passes_ptxas() {
     let ptxas = std::process::Command::new("ptxas").arg("--version").output();
@@ -383,15 +455,37 @@ fn tile_ptx_passes_ptxas() {
     }
     let dir = std::env::temp_dir().join(format!("kiln-tile-ptx-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    for c in all_cases() {
+    let mut runs: Vec<(Case, Precision)> =
+        all_cases().into_iter().map(|c| (c, Precision::F32)).collect();
+    for p in [Precision::Tf32, Precision::Bf16, Precision::F16] {
+        runs.extend(contractions().into_iter().map(|c| (c, p)));
+    }
+    for (c, precision) in &runs {
         for arch in ["sm_80", "sm_90"] {
-            let mut options =
-                Options { target: TargetKind::Cuda, cache: false, ..Options::default() };
+            let mut options = Options {
+                target: TargetKind::Cuda,
+                cache: false,
+                precision: *precision,
+                ..Options::default()
+            };
             options.ptx.arch = arch.to_string();
             let stages = kiln_compiler::compile(&c.graph, &options, true)
-                .unwrap_or_else(|e| panic!("{} for {arch}: {e}", c.name))
+                .unwrap_or_else(|e| panic!("{} {precision} for {arch}: {e:?}", c.name))
                 .stages;
-            let file = dir.join(format!("{}_{arch}.ptx", c.name));
+            if *precision != Precision::F32 {
+                let plans = &stages[Stage::Lowered];
+                assert!(
+                    plans.contains("tensor cores"),
+                    "{} {precision}: no tensor cores:\n{plans}",
+                    c.name
+                );
+                assert!(
+                    stages[Stage::Ptx].contains("mma.sync.aligned"),
+                    "{} {precision}: no mma",
+                    c.name
+                );
+            }
+            let file = dir.join(format!("{}_{precision}_{arch}.ptx", c.name));
             std::fs::write(&file, &stages[Stage::Ptx]).unwrap();
             let out = std::process::Command::new("ptxas")
                 .arg(format!("-arch={arch}"))
@@ -402,7 +496,7 @@ fn tile_ptx_passes_ptxas() {
                 .unwrap();
             assert!(
                 out.status.success(),
-                "ptxas rejects {} for {arch}: {}",
+                "ptxas rejects {} {precision} for {arch}: {}",
                 c.name,
                 String::from_utf8_lossy(&out.stderr)
             );

@@ -266,11 +266,15 @@ fn precisions_without_kernels_are_refused_by_name() {
     let err = refused(&options(Precision::F16));
     assert!(matches!(err, CompileError::Precision { .. }), "{err}");
     assert!(err.to_string().starts_with("--precision f16 on cpu: "), "{err}");
-    let gpu = Options { target: TargetKind::Opencl, ..options(Precision::Bf16) };
-    let err = refused(&gpu);
-    assert!(err.to_string().starts_with("--precision bf16 on opencl: "), "{err}");
+    let err = refused(&options(Precision::Tf32));
+    assert!(err.to_string().starts_with("--precision tf32 on cpu: "), "{err}");
+    // GPU targets take every precision (tensor cores, or rounded operands where there are none).
+    for p in [Precision::Tf32, Precision::Bf16, Precision::F16] {
+        let gpu = Options { target: TargetKind::Opencl, ..options(p) };
+        compile(&g, &gpu, false).unwrap_or_else(|e| panic!("{p} on opencl: {e}"));
+    }
     assert_eq!("bf16".parse::<Precision>(), Ok(Precision::Bf16));
-    assert!("fp8".parse::<Precision>().unwrap_err().contains("one of f32, bf16, f16"));
+    assert!("fp8".parse::<Precision>().unwrap_err().contains("one of f32, tf32, bf16, f16"));
 }
 
 /// The microkernels are what compute in bf16: forcing them off at bf16 is refused, `--tune`

@@ -41,7 +41,8 @@ pub struct Args {
     /// is refused, naming the tensor. Default: the memory available.
     #[arg(long, value_parser = super::common::parse_bytes)]
     max_memory: Option<u64>,
-    /// The arithmetic of convolutions and matrix products: f32, or bf16 (as `kiln run`).
+    /// The arithmetic of convolutions and matrix products: f32, bf16, tf32 or f16 (as `kiln
+    /// compile`).
     #[arg(long, default_value = "f32")]
     precision: crate::Precision,
     /// With --precision bf16: also compile the model in f32 and run both on N random inputs

@@ -93,8 +93,9 @@ pub struct Args {
     /// random inputs and keep the faster; the choices are stored for later compiles on this CPU.
     #[arg(long)]
     tune: bool,
-    /// The arithmetic of convolutions and matrix products: f32, or bf16 (bf16 products, f32
-    /// sums; norms, softmax and the rest stay f32).
+    /// The arithmetic of convolutions and matrix products: f32; bf16 (bf16 products, f32 sums;
+    /// norms, softmax and the rest stay f32: CPUs with AVX512-BF16, GPUs); tf32 or f16 (GPUs:
+    /// tensor cores on NVIDIA's sm_80 and later).
     #[arg(long, default_value = "f32")]
     precision: crate::Precision,
     /// Threads to tune with (default: every core).

@@ -19,7 +19,8 @@ pub struct Args {
     /// Concrete sizes for an input with symbolic dimensions: NAME=D0,D1,...
     #[arg(long = "input-shape")]
     input_shapes: Vec<String>,
-    /// The arithmetic of convolutions and matrix products: f32, or bf16 (as `kiln compile`).
+    /// The arithmetic of convolutions and matrix products: f32, bf16, tf32 or f16 (as `kiln
+    /// compile`).
     #[arg(long, default_value = "f32")]
     precision: crate::Precision,
 }

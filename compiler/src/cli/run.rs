@@ -34,9 +34,8 @@ pub struct Args {
     /// its largest tensor. Default: the memory available.
     #[arg(long, value_parser = super::common::parse_bytes)]
     max_memory: Option<u64>,
-    /// The arithmetic of convolutions and matrix products: f32, or bf16 (bf16 products, f32
-    /// sums; norms, softmax and the rest stay f32). A model only: an artifact keeps the precision
-    /// it was compiled with.
+    /// The arithmetic of convolutions and matrix products: f32, bf16, tf32 or f16 (as `kiln
+    /// compile`). A model only: an artifact keeps the precision it was compiled with.
     #[arg(long, default_value = "f32")]
     precision: Precision,
     /// With --precision bf16: run the model in f32 too, on the same inputs, and report each

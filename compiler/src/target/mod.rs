@@ -77,20 +77,16 @@ pub fn for_options(options: &Options) -> Result<Box<dyn Backend>> {
             vnni: options.vnni_allowed(),
             precision: cpu_precision(options)?,
         }),
-        TargetKind::Cuda => {
-            gpu_precision(options.precision, options.target)?;
-            Box::new(gpu::GpuBackend {
-                target: gpu::GpuTarget::Cuda(options.ptx.clone()),
-                strategy: gpu_strategy(options)?,
-            })
-        }
-        TargetKind::Opencl => {
-            gpu_precision(options.precision, options.target)?;
-            Box::new(gpu::GpuBackend {
-                target: gpu::GpuTarget::Opencl,
-                strategy: gpu_strategy(options)?,
-            })
-        }
+        TargetKind::Cuda => Box::new(gpu::GpuBackend {
+            target: gpu::GpuTarget::Cuda(options.ptx.clone()),
+            strategy: gpu_strategy(options)?,
+            precision: gpu_precision(options.precision, options.target)?,
+        }),
+        TargetKind::Opencl => Box::new(gpu::GpuBackend {
+            target: gpu::GpuTarget::Opencl,
+            strategy: gpu_strategy(options)?,
+            precision: gpu_precision(options.precision, options.target)?,
+        }),
     })
 }
 
@@ -118,19 +114,18 @@ fn cpu_precision(options: &Options) -> Result<crate::Precision> {
         crate::Precision::F16 => Err(refuse(
             "kiln's CPU kernels have no f16 arithmetic (bf16 they have: --precision bf16)",
         )),
+        crate::Precision::Tf32 => Err(refuse(
+            "TF32 is NVIDIA's tensor-core format; CPUs have none (bf16 they may: --precision bf16)",
+        )),
     }
 }
 
-/// The precision a GPU backend compiles at: f32 only, so far.
-fn gpu_precision(precision: crate::Precision, target: TargetKind) -> Result<()> {
-    match precision {
-        crate::Precision::F32 => Ok(()),
-        crate::Precision::Bf16 | crate::Precision::F16 => Err(CompileError::Precision {
-            precision,
-            target: target.name(),
-            why: "GPU kernels compute in f32 only so far".into(),
-        }),
-    }
+/// The precision a GPU backend compiles at. Every one is accepted: on NVIDIA GPUs from sm_80 the
+/// contractions run on tensor cores at tf32, bf16 or f16; elsewhere (older GPUs, OpenCL, whose
+/// SPIR-V 1.0 has no matrix instructions) they multiply operands rounded to that precision in f32
+/// arithmetic: the same numbers, without the speed.
+fn gpu_precision(precision: crate::Precision, _target: TargetKind) -> Result<crate::Precision> {
+    Ok(precision)
 }
 
 /// The per-kernel microkernel choices in force: the options', else those `--tune` stored for

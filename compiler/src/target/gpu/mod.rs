@@ -58,6 +58,8 @@ impl GpuTarget {
 pub struct GpuBackend {
     pub target: GpuTarget,
     pub strategy: Option<schedule::Strategy>,
+    /// The contractions' arithmetic (`--precision`).
+    pub precision: crate::Precision,
 }
 
 impl Backend for GpuBackend {
@@ -77,7 +79,7 @@ impl Backend for GpuBackend {
         texts: Option<&mut Stages>,
         progress: &dyn Fn(usize),
     ) -> Result<TargetCode> {
-        compile(graph, kernels, &self.target, self.strategy, texts, progress)
+        compile(graph, kernels, &self.target, self.strategy, self.precision, texts, progress)
     }
 }
 
@@ -87,6 +89,7 @@ fn compile(
     kernels: &[Kernel],
     target: &GpuTarget,
     forced: Option<schedule::Strategy>,
+    precision: crate::Precision,
     mut texts: Option<&mut Stages>,
     progress: &dyn Fn(usize),
 ) -> Result<TargetCode> {
@@ -107,11 +110,23 @@ fn compile(
         GpuTarget::Cuda(_) => tile::builder::Flavor::Nvvm,
         GpuTarget::Opencl => tile::builder::Flavor::Spirv,
     };
-    let tile_target = tile::TileTarget { flavor, sms: tile::ASSUMED_SMS };
+    let sm = match target {
+        GpuTarget::Cuda(t) => t.arch.trim_start_matches("sm_").parse().unwrap_or(0),
+        GpuTarget::Opencl => 0,
+    };
+    let tile_target = tile::TileTarget {
+        flavor,
+        sms: tile::ASSUMED_SMS,
+        sm,
+        precision,
+        tensor_cores: forced == Some(schedule::Strategy::TensorCore),
+    };
     let device_body = device.block(0).expect("a gpu.module has a body");
     for k in kernels {
         let tile_plan = match forced {
-            None | Some(schedule::Strategy::Tile) => tile::plan(&tile_target, graph, k),
+            None | Some(schedule::Strategy::Tile) | Some(schedule::Strategy::TensorCore) => {
+                tile::plan(&tile_target, graph, k)
+            }
             Some(_) => None,
         };
         let (plan, strategy) = if let Some(p) = &tile_plan {

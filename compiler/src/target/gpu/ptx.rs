@@ -47,7 +47,9 @@ pub fn lower(
 ) -> Result<Ptx, String> {
     mlir.run_pipeline(
         module,
-        "builtin.module(gpu.module(convert-scf-to-cf,convert-gpu-to-nvvm{use-bare-ptr-memref-call-conv=1},convert-index-to-llvm,canonicalize,reconcile-unrealized-casts))",
+        // Tensor-core ops (nvgpu) and the n-D vectors that carry their fragments first; then
+        // everything else.
+        "builtin.module(gpu.module(convert-nvgpu-to-nvvm,convert-vector-to-llvm,convert-scf-to-cf,convert-gpu-to-nvvm{use-bare-ptr-memref-call-conv=1},convert-index-to-llvm,canonicalize,reconcile-unrealized-casts))",
     )
     .map_err(|e| format!("lowering to NVVM: {e}"))?;
     align_shared_memory(&mlir.ctx, RawOp::of(&module.as_operation()));

@@ -40,6 +40,9 @@ pub enum Strategy {
     PerOp,
     /// The tile kernels (`tile/`), where one takes the kernel.
     Tile,
+    /// The tile kernels with contractions on the tensor-core path whatever the precision and
+    /// target (on OpenCL, the matrix instruction emulated through workgroup memory): for tests.
+    TensorCore,
 }
 
 impl fmt::Display for Strategy {
@@ -50,6 +53,7 @@ impl fmt::Display for Strategy {
             Strategy::Contraction => "contraction",
             Strategy::PerOp => "per-op",
             Strategy::Tile => "tile",
+            Strategy::TensorCore => "tensor-core",
         })
     }
 }
@@ -64,11 +68,14 @@ impl std::str::FromStr for Strategy {
             Strategy::Contraction,
             Strategy::PerOp,
             Strategy::Tile,
+            Strategy::TensorCore,
         ]
         .into_iter()
         .find(|x| x.to_string() == s)
         .ok_or_else(|| {
-            format!("no GPU schedule `{s}` (parallel, reduction, contraction, per-op or tile)")
+            format!(
+                "no GPU schedule `{s}` (parallel, reduction, contraction, per-op, tile or tensor-core)"
+            )
         })
     }
 }
@@ -417,7 +424,9 @@ pub fn apply(
     let func = kernel_func(root).ok_or("no kernel function")?;
     match strategy {
         Strategy::PerOp => per_op(mlir, module, func),
-        Strategy::Tile => Err("tile kernels are not transform schedules".into()),
+        Strategy::Tile | Strategy::TensorCore => {
+            Err("tile kernels are not transform schedules".into())
+        }
         _ => {
             let plan = blocks(mlir, module, func, strategy)?;
             threads(mlir, module, strategy, plan.as_ref())?;
@@ -622,7 +631,9 @@ fn threads(
             }
             anchor_done = true;
         }
-        Strategy::PerOp | Strategy::Tile => unreachable!("{strategy} has no block phase"),
+        Strategy::PerOp | Strategy::Tile | Strategy::TensorCore => {
+            unreachable!("{strategy} has no block phase")
+        }
     }
     if !anchor_done {
         let split = thread_split(&al, BLOCK_THREADS);

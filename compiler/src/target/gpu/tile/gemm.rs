@@ -19,7 +19,9 @@
 
 use kiln_ir::{DType, Graph, Op, ValueId};
 
+use super::builder::Flavor;
 use super::builder::{type_of, KernelBuilder, V};
+use super::mma::{self, MmaKind, MmaTile};
 use super::reduce::trips;
 use super::tail::{broadcast_strides, source_of, Source, Tail};
 use super::{Args, BuildContext, TileTarget};
@@ -103,6 +105,15 @@ pub struct Bias {
     pub beta: f32,
 }
 
+/// How the products are computed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Math {
+    /// f32 FMAs on register tiles; operands rounded to a lower precision first when asked.
+    Simt { round: Option<MmaKind> },
+    /// Tensor cores (`mma.rs`).
+    Mma { kind: MmaKind, tile: MmaTile },
+}
+
 #[derive(Clone, Debug)]
 pub struct GemmPlan {
     pub what: &'static str,
@@ -117,6 +128,7 @@ pub struct GemmPlan {
     /// The output's batch dimensions (their product is `batch`).
     pub batch_dims: Vec<usize>,
     pub tile: Tile,
+    pub math: Math,
     /// Global loads' widths for A and B.
     pub vec_a: usize,
     pub vec_b: usize,
@@ -300,6 +312,27 @@ fn finish_plan(
     tail: Tail,
 ) -> GemmPlan {
     let tile = pick_tile(t, batch, m, n);
+    let kind = MmaKind::of(t.precision);
+    // Tensor cores from sm_80 (mma.sync on TF32 and bf16); on OpenCL only when forced (tests).
+    let cores = match t.flavor {
+        Flavor::Nvvm => t.sm >= 80 || t.tensor_cores,
+        Flavor::Spirv => t.tensor_cores,
+    };
+    let math = match (kind, cores) {
+        (Some(_), true) | (None, true) if t.tensor_cores || kind.is_some() => {
+            let kind = kind.unwrap_or(MmaKind::Tf32);
+            // The large tile when it still gives every SM a block (and not on OpenCL, whose
+            // 32 KB of workgroup memory it exceeds).
+            let blocks = m.div_ceil(128) * n.div_ceil(128) * batch;
+            let large = t.flavor == Flavor::Nvvm && blocks * 2 >= t.sms;
+            Math::Mma { kind, tile: mma::tile(kind, large) }
+        }
+        _ => Math::Simt { round: kind },
+    };
+    let (bm, bn, bk) = match math {
+        Math::Mma { tile, .. } => (tile.bm, tile.bn, tile.bk),
+        Math::Simt { .. } => (tile.bm, tile.bn, tile.bk),
+    };
     let width = |o: &Operand, along: usize| -> usize {
         // 128-bit loads along the contiguous axis when every row starts aligned and the tile's
         // steps along it are whole vectors.
@@ -320,8 +353,8 @@ fn finish_plan(
     };
     let vec_a = width(&a, if a.contiguous() == Some(0) { m } else { k });
     let vec_b = width(&b, if b.contiguous() == Some(1) { n } else { k });
-    let blocks = m.div_ceil(tile.bm) * n.div_ceil(tile.bn) * batch;
-    let steps = k.div_ceil(tile.bk);
+    let blocks = m.div_ceil(bm) * n.div_ceil(bn) * batch;
+    let steps = k.div_ceil(bk);
     // Split the reduction when the tiles leave SMs idle and each split keeps 8 steps or more.
     let splits = if blocks < 2 * t.sms && steps >= 16 {
         (2 * t.sms).div_ceil(blocks).min(steps / 8).clamp(1, 64)
@@ -340,6 +373,7 @@ fn finish_plan(
         c,
         batch_dims,
         tile,
+        math,
         vec_a,
         vec_b,
         splits,
@@ -374,18 +408,33 @@ impl GemmPlan {
         } else {
             String::new()
         };
+        let how = match self.math {
+            Math::Simt { round } => {
+                let round =
+                    round.map_or(String::new(), |k| format!(", operands rounded to {}", k.name()));
+                format!(
+                    "{}x{} tiles, {}x{} a thread, k {} a step{round}",
+                    t.bm, t.bn, t.tm, t.tn, t.bk
+                )
+            }
+            Math::Mma { kind, tile } => format!(
+                "{} tensor cores, {}x{} tiles, {} warps of {}x{}, k {} a step",
+                kind.name(),
+                tile.bm,
+                tile.bn,
+                tile.warps(),
+                tile.wm,
+                tile.wn,
+                tile.bk
+            ),
+        };
         format!(
-            "tile gemm: {} [{} x {} x {}] x {} ({}x{} tiles, {}x{} a thread, k {} a step, loads {}/{} wide{split}){}",
+            "tile gemm: {} [{} x {} x {}] x {} ({how}, loads {}/{} wide{split}){}",
             self.what,
             self.m,
             self.n,
             self.k,
             self.batch,
-            t.bm,
-            t.bn,
-            t.tm,
-            t.tn,
-            t.bk,
             self.vec_a,
             self.vec_b,
             self.tail.describe(graph)
@@ -405,19 +454,29 @@ impl GemmPlan {
 
     pub fn build(&self, cx: &mut BuildContext) -> crate::Result<()> {
         let graph = cx.graph;
-        let t = self.tile;
+        let (bm, bn, threads) = match self.math {
+            Math::Simt { .. } => (self.tile.bm, self.tile.bn, self.tile.threads()),
+            Math::Mma { tile, .. } => (tile.bm, tile.bn, tile.threads()),
+        };
         let grid = [
-            self.n.div_ceil(t.bn) as u32,
-            self.m.div_ceil(t.bm) as u32,
+            self.n.div_ceil(bn) as u32,
+            self.m.div_ceil(bm) as u32,
             (self.batch * self.splits) as u32,
         ];
-        let block = [t.threads() as u32, 1, 1];
+        let block = [threads as u32, 1, 1];
+        let main = |kb: &KernelBuilder, a: &Args, partial: Option<V>| match self.math {
+            Math::Simt { round } => self.kernel(kb, a, graph, round, partial),
+            Math::Mma { kind, tile } => self.mma_kernel(kb, a, graph, kind, tile, partial),
+        };
+        // Two blocks a multiprocessor for the FMA tiles (128 registers a thread): one leaves
+        // half the warps that hide shared-memory latency.
+        let bound = matches!(self.math, Math::Simt { .. }).then_some(2);
         if self.splits == 1 {
-            return cx.launch("gemm", grid, block, &[], |kb, a| self.kernel(kb, a, graph, None));
+            return cx.launch_bounded("gemm", grid, block, &[], bound, |kb, a| main(kb, a, None));
         }
         let part = cx.scratch(self.splits * self.batch * self.m * self.n * 4);
-        cx.launch("gemm_partial", grid, block, &[part], |kb, a| {
-            self.kernel(kb, a, graph, Some(a.scratch[0]))
+        cx.launch_bounded("gemm_partial", grid, block, &[part], bound, |kb, a| {
+            main(kb, a, Some(a.scratch[0]))
         })?;
         let total = self.batch * self.m * self.n;
         let grid = [total.div_ceil(256) as u32, 1, 1];
@@ -441,6 +500,7 @@ impl GemmPlan {
         kb: &KernelBuilder,
         a: &Args,
         graph: &Graph,
+        round: Option<MmaKind>,
         partial: Option<V>,
     ) -> crate::Result<()> {
         let t = self.tile;
@@ -466,14 +526,17 @@ impl GemmPlan {
         let f32t = kb.f32_t();
         let a_tile = kb.shared(2 * t.bk * pm, f32t);
         let b_tile = kb.shared(2 * t.bk * pn, f32t);
-        let loader_a = Loader::new(&self.a, self.vec_a, t.bm, t.bk, threads, true);
-        let loader_b = Loader::new(&self.b, self.vec_b, t.bk, t.bn, threads, false);
+        // Rounded operands are computed in f32 here: their tiles hold rounded f32 values.
+        let loader_a = Loader::new(&self.a, self.vec_a, t.bm, t.bk, threads, true)
+            .with_layout(TileLayout::KMajor, Some(Rounding::InF32(round)));
+        let loader_b = Loader::new(&self.b, self.vec_b, t.bk, t.bn, threads, false)
+            .with_layout(TileLayout::KMajor, Some(Rounding::InF32(round)));
         let ctx = LoadContext { m0, n0, tid, a_base, b_base };
         // The first step's tiles, then the loop: prefetch the next step into registers,
         // compute this one, store the prefetched tiles into the other buffer, wait.
         let k0 = kb.mul_k(first_step, t.bk as i64);
-        let ra = loader_a.load(kb, self, a, &ctx, k0, count);
-        let rb = loader_b.load(kb, self, a, &ctx, k0, count);
+        let ra = loader_a.load(kb, self, a, &ctx, k0);
+        let rb = loader_b.load(kb, self, a, &ctx, k0);
         loader_a.store(kb, a_tile, kb.index(0), pm, &ra);
         loader_b.store(kb, b_tile, kb.index(0), pn, &rb);
         kb.barrier();
@@ -494,8 +557,8 @@ impl GemmPlan {
                 more,
                 &types,
                 |kb| {
-                    let mut v = loader_a.load(kb, self, a, &ctx, k_next, count);
-                    v.extend(loader_b.load(kb, self, a, &ctx, k_next, count));
+                    let mut v = loader_a.load(kb, self, a, &ctx, k_next);
+                    v.extend(loader_b.load(kb, self, a, &ctx, k_next));
                     v
                 },
                 |kb| {
@@ -562,7 +625,7 @@ impl GemmPlan {
     }
 
     /// The batch offset of an operand for output batch index `b`.
-    fn batch_offset(&self, kb: &KernelBuilder, o: &Operand, b: V) -> V {
+    pub(super) fn batch_offset(&self, kb: &KernelBuilder, o: &Operand, b: V) -> V {
         let strides: Vec<usize> = match &o.access {
             Access::Strided { batch, .. } => batch.clone(),
             Access::Window(w) => vec![w.channels * w.height * w.width],
@@ -579,9 +642,10 @@ impl GemmPlan {
         super::tail::offset(kb, &dims, &strides, &[(b, 0, n)])
     }
 
-    /// Stores four consecutive results `vals` at row `m`, columns `n..n + 4` (those inside C).
+    /// Stores consecutive results `vals` at row `m`, columns `n..` (those inside C); `n` is a
+    /// multiple of their count.
     #[allow(clippy::too_many_arguments)]
-    fn store(
+    pub(super) fn store(
         &self,
         kb: &KernelBuilder,
         a: &Args,
@@ -594,7 +658,8 @@ impl GemmPlan {
         vals: &[V],
     ) -> crate::Result<()> {
         let row_in = kb.lt_k(m, self.m as i64);
-        let whole = self.n.is_multiple_of(4);
+        // A vector store when the row's length keeps every run whole and aligned.
+        let whole = self.n.is_multiple_of(vals.len());
         let mut result = Ok(());
         kb.when(row_in, |kb| {
             let at_row = |kb: &KernelBuilder, j: usize| -> (V, V) {
@@ -610,7 +675,7 @@ impl GemmPlan {
                     if whole {
                         let (_, inside) = at_row(kb, 0);
                         let v = kb.from_elements(vals);
-                        kb.when(inside, |kb| kb.vstore(v, p, at, 16));
+                        kb.when(inside, |kb| kb.vstore(v, p, at, 4 * vals.len()));
                     } else {
                         for (j, &v) in vals.iter().enumerate() {
                             let (_, inside) = at_row(kb, j);
@@ -710,18 +775,38 @@ impl GemmPlan {
 }
 
 /// Where a launch is: its block's tile origin and the thread, and the operands' batch offsets.
-struct LoadContext {
-    m0: V,
-    n0: V,
-    tid: V,
-    a_base: V,
-    b_base: V,
+pub(super) struct LoadContext {
+    pub m0: V,
+    pub n0: V,
+    pub tid: V,
+    pub a_base: V,
+    pub b_base: V,
+}
+
+/// How an operand tile lies in workgroup memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum TileLayout {
+    /// `[k][x]` (x: A's m, B's n).
+    KMajor,
+    /// `[x][k]`.
+    KContiguous,
+}
+
+/// What is done to operands as they are stored in workgroup memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Rounding {
+    /// Rounded to the precision and kept as f32 (the FMA kernel's rounded operands).
+    InF32(Option<MmaKind>),
+    /// Converted to the tensor-core element type.
+    To(MmaKind),
 }
 
 /// Copies one operand's tile of a step: `rows x cols` of the tile in `(i, j)` (A: `bm x bk`,
 /// B: `bk x bn`), `vec` elements a load along the contiguous axis.
-struct Loader<'o> {
+pub(super) struct Loader<'o> {
     op: &'o Operand,
+    layout: TileLayout,
+    rounding: Option<Rounding>,
     vec: usize,
     rows: usize,
     cols: usize,
@@ -735,7 +820,7 @@ struct Loader<'o> {
 }
 
 impl<'o> Loader<'o> {
-    fn new(
+    pub(super) fn new(
         op: &'o Operand,
         vec: usize,
         rows: usize,
@@ -745,7 +830,44 @@ impl<'o> Loader<'o> {
     ) -> Loader<'o> {
         let along = op.contiguous().unwrap_or(1);
         let per_thread = (rows * cols / vec).div_ceil(threads);
-        Loader { op, vec, rows, cols, per_thread, threads, is_a, along }
+        Loader {
+            op,
+            layout: TileLayout::KMajor,
+            rounding: None,
+            vec,
+            rows,
+            cols,
+            per_thread,
+            threads,
+            is_a,
+            along,
+        }
+    }
+
+    pub(super) fn with_layout(
+        mut self,
+        layout: TileLayout,
+        rounding: Option<Rounding>,
+    ) -> Loader<'o> {
+        self.layout = layout;
+        self.rounding = rounding;
+        self
+    }
+
+    /// A loaded value as the tile keeps it.
+    fn convert(&self, kb: &KernelBuilder, v: V) -> V {
+        match self.rounding {
+            None | Some(Rounding::InF32(None)) => v,
+            Some(Rounding::InF32(Some(k))) => {
+                let r = k.convert(kb, v);
+                if k == MmaKind::Tf32 {
+                    r
+                } else {
+                    kb.op1("arith.extf", &[r], type_of(v), &[])
+                }
+            }
+            Some(Rounding::To(k)) => k.convert(kb, v),
+        }
     }
 
     /// The tile position `(i, j)` of a thread's `l`-th load.
@@ -762,14 +884,13 @@ impl<'o> Loader<'o> {
 
     /// The thread's loads of the step starting at reduction index `k0`: values (vectors of
     /// `vec`), zero outside the operand.
-    fn load(
+    pub(super) fn load(
         &self,
         kb: &KernelBuilder,
         p: &GemmPlan,
         a: &Args,
         cx: &LoadContext,
         k0: V,
-        _count: V,
     ) -> Vec<V> {
         let mem = a.buffers[self.op.input];
         let zero = if self.vec > 1 { kb.splat(kb.f32(0.0), self.vec) } else { kb.f32(0.0) };
@@ -849,28 +970,47 @@ impl<'o> Loader<'o> {
             .collect()
     }
 
-    /// Stores loaded values into the workgroup tile at `base` (row pitch `pitch`), `[k][m]` for
-    /// A and `[k][n]` for B.
-    fn store(&self, kb: &KernelBuilder, tile: V, base: V, pitch: usize, vals: &[V]) {
+    /// Stores loaded values into the workgroup tile at `base` (row pitch `pitch`): `[k][x]` or
+    /// `[x][k]` (x: A's m, B's n), converted as the tile keeps them.
+    pub(super) fn store(&self, kb: &KernelBuilder, tile: V, base: V, pitch: usize, vals: &[V]) {
         let tid = kb.thread_id(0);
         for (l, &v) in vals.iter().enumerate() {
             let (i, j) = self.position(kb, tid, l);
-            // The tile's (k, x) with x = m for A, n for B.
+            // The tile's (k, x) with x = m for A, n for B; whether the load ran along x.
             let (kk, x, x_along) =
                 if self.is_a { (j, i, self.along == 0) } else { (i, j, self.along == 1) };
             let lin = kb.add_k(tid, (l * self.threads) as i64);
             let live = kb.lt_k(lin, (self.rows * self.cols / self.vec) as i64);
             kb.when(live, |kb| {
-                let at = kb.add(base, kb.add(kb.mul_k(kk, pitch as i64), x));
-                if self.vec == 1 {
-                    kb.store(v, tile, at);
-                } else if x_along {
-                    kb.vstore(v, tile, at, 4 * self.vec);
+                let (at, step_k, step_x) = match self.layout {
+                    TileLayout::KMajor => {
+                        (kb.add(base, kb.add(kb.mul_k(kk, pitch as i64), x)), pitch, 1)
+                    }
+                    TileLayout::KContiguous => {
+                        (kb.add(base, kb.add(kb.mul_k(x, pitch as i64), kk)), 1, pitch)
+                    }
+                };
+                // The vector runs along x or k; it is one store where that is the tile's
+                // contiguous axis (and vectors of converted 16-bit values are NVIDIA's only:
+                // OpenCL's SPIR-V 1.0 has no bf16).
+                let step = if x_along { step_x } else { step_k };
+                let wide = self.rounding.is_none_or(|r| !matches!(r, Rounding::To(_)))
+                    || kb.flavor == Flavor::Nvvm;
+                if self.vec > 1 && step == 1 && wide {
+                    let c = self.convert(kb, v);
+                    let bytes = self.vec
+                        * if matches!(self.rounding, Some(Rounding::To(k)) if k != MmaKind::Tf32) {
+                            2
+                        } else {
+                            4
+                        };
+                    kb.vstore(c, tile, at, bytes);
+                } else if self.vec == 1 {
+                    kb.store(self.convert(kb, v), tile, at);
                 } else {
-                    // Along k: one element a row of the tile.
                     for e in 0..self.vec {
-                        let x = kb.extract(v, e);
-                        kb.store(x, tile, kb.add_k(at, (e * pitch) as i64));
+                        let x = self.convert(kb, kb.extract(v, e));
+                        kb.store(x, tile, kb.add_k(at, (e * step) as i64));
                     }
                 }
             });

@@ -15,6 +15,7 @@ pub mod builder;
 pub mod depthwise;
 pub mod exchange;
 pub mod gemm;
+pub mod mma;
 pub mod reduce;
 pub mod rows;
 pub mod tail;
@@ -51,6 +52,13 @@ pub struct TileTarget {
     /// Streaming multiprocessors (NVIDIA) or compute units the grids are sized for: the H100
     /// and H200 have 132. A kernel run on a smaller GPU only queues its blocks.
     pub sms: usize,
+    /// NVIDIA's compute capability as a number (80: sm_80), 0 for OpenCL.
+    pub sm: u32,
+    /// The contractions' arithmetic.
+    pub precision: crate::Precision,
+    /// Contractions take the tensor-core path whatever the precision and target (tests: on
+    /// OpenCL the matrix instruction is emulated).
+    pub tensor_cores: bool,
 }
 
 impl TileTarget {
@@ -187,6 +195,20 @@ impl<'c, 'g> BuildContext<'c, 'g> {
         scratch: &[usize],
         body: impl FnOnce(&KernelBuilder<'c>, &Args) -> Result<()>,
     ) -> Result<()> {
+        self.launch_bounded(suffix, grid, block, scratch, None, body)
+    }
+
+    /// `launch`, asking for `min_blocks` blocks resident on each multiprocessor (NVIDIA: the
+    /// compiler keeps the registers a thread uses within what that allows).
+    pub fn launch_bounded(
+        &mut self,
+        suffix: &str,
+        grid: [u32; 3],
+        block: [u32; 3],
+        scratch: &[usize],
+        min_blocks: Option<u32>,
+        body: impl FnOnce(&KernelBuilder<'c>, &Args) -> Result<()>,
+    ) -> Result<()> {
         let (graph, kernel) = (self.graph, self.kernel);
         let name = format!("{}_tile_{suffix}", kernel.name);
         let kb = KernelBuilder::at(self.ctx, self.device, self.flavor);
@@ -206,7 +228,7 @@ impl<'c, 'g> BuildContext<'c, 'g> {
         let n_buf = values.len();
         let n_scratch = scratch.len();
         let mut failed = None;
-        builder::kernel_func(
+        let func = builder::kernel_func(
             self.ctx,
             self.device,
             self.flavor,
@@ -227,6 +249,13 @@ impl<'c, 'g> BuildContext<'c, 'g> {
         );
         if let Some(e) = failed {
             return Err(CompileError::in_kernel(kernel, "tile kernel", e.to_string()));
+        }
+        if let (Some(n), Flavor::Nvvm) = (min_blocks, self.flavor) {
+            let a = melior::ir::attribute::IntegerAttribute::new(
+                melior::ir::r#type::IntegerType::new(self.ctx, 32).into(),
+                n as i64,
+            );
+            func.set_attr("nvvm.minctasm", melior::ir::attribute::AttributeLike::to_raw(&a));
         }
         let mut args: Vec<Arg> = (0..n_buf).map(Arg::Buffer).collect();
         args.extend(scratch.iter().map(|&s| Arg::Scratch(s)));
