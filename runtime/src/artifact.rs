@@ -109,6 +109,14 @@ pub struct KernelDesc {
     /// GPU: threads per workgroup in x, y, z.
     #[serde(default)]
     pub block: [u32; 3],
+    /// GPU: the bytes one launch moves at least (each argument buffer read or written once),
+    /// for profiles' achieved bandwidth.
+    #[serde(default)]
+    pub bytes: u64,
+    /// GPU: the floating-point operations one launch does (a multiply-add counts two), where
+    /// the compiler counts them (contractions); 0 where it does not.
+    #[serde(default)]
+    pub flops: u64,
 }
 
 /// One launch of a kernel on buffers.

@@ -242,6 +242,8 @@ fn fake_code(p: &Partition) -> TargetCode {
             label: k.label.clone(),
             grid: [0; 3],
             block: [0; 3],
+            bytes: 0,
+            flops: 0,
         })
         .collect();
     let runs = p

@@ -145,6 +145,8 @@ impl Backend for CpuBackend {
                 label: k.label.clone(),
                 grid: [0; 3],
                 block: [0; 3],
+                bytes: 0,
+                flops: 0,
             });
             progress(runs.len());
         }

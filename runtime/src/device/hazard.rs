@@ -162,6 +162,8 @@ pub(crate) mod tests {
             label: label.into(),
             grid: [(n / 4 / 64) as u32, 1, 1],
             block: [64, 1, 1],
+            bytes: 0,
+            flops: 0,
         };
         let l = |kernel, args: Vec<usize>| Launch { kernel, args, writes: vec![2] };
         Manifest {

@@ -21,6 +21,8 @@ pub struct DeviceLaunch {
     pub args: Vec<Arg>,
     /// Positions in `args` the function may write.
     pub writes: Vec<usize>,
+    /// Floating-point operations a launch does, where counted (contractions); 0 otherwise.
+    pub flops: u64,
 }
 
 /// How one fused kernel runs: its launches in order, its temporaries' sizes, its constants.
@@ -570,7 +572,7 @@ pub fn plan(root: RawOp, n_buffers: usize) -> Result<LaunchPlan, String> {
             .filter(|(_, a)| !matches!(a, Arg::Constant(_)))
             .map(|(i, _)| i)
             .collect();
-        plan.launches.push(DeviceLaunch { func: func_name, grid, block, args, writes });
+        plan.launches.push(DeviceLaunch { func: func_name, grid, block, args, writes, flops: 0 });
     }
     Ok(plan)
 }

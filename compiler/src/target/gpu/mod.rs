@@ -165,6 +165,8 @@ fn compile(
                 label: k.label.clone(),
                 grid: l.grid,
                 block: l.block,
+                bytes: launch_bytes(graph, k, &plan, l),
+                flops: l.flops,
             });
         }
         // Each launch calls the function outlined for it (a kernel's functions are its own).
@@ -243,6 +245,26 @@ fn compile(
         functions,
         runs,
     })
+}
+
+/// The bytes a launch moves at least: each of its argument buffers once.
+fn launch_bytes(graph: &Graph, k: &Kernel, plan: &LaunchPlan, l: &DeviceLaunch) -> u64 {
+    let buffer = |i: usize| -> u64 {
+        let v = k.inputs.iter().chain(&k.outputs).nth(i).copied();
+        v.map_or(0, |v| {
+            let t = graph.value_type(v);
+            let n: usize = t.shape.as_fixed().map_or(0, |d| d.iter().product());
+            (n * t.dtype.size()) as u64
+        })
+    };
+    l.args
+        .iter()
+        .map(|a| match *a {
+            Arg::Buffer(i) => buffer(i),
+            Arg::Scratch(s) => plan.scratch.get(s).copied().unwrap_or(0),
+            Arg::Constant(c) => plan.constants.get(c).map_or(0, |b| b.len() as u64),
+        })
+        .sum()
 }
 
 /// A kernel's module as codegen builds it, verified.

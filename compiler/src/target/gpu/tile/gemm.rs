@@ -471,11 +471,13 @@ impl GemmPlan {
         // Two blocks a multiprocessor for the FMA tiles (128 registers a thread): one leaves
         // half the warps that hide shared-memory latency.
         let bound = matches!(self.math, Math::Simt { .. }).then_some(2);
+        let flops = 2 * (self.batch * self.m * self.n * self.k) as u64;
         if self.splits == 1 {
-            return cx.launch_bounded("gemm", grid, block, &[], bound, |kb, a| main(kb, a, None));
+            return cx
+                .launch_bounded("gemm", grid, block, &[], bound, flops, |kb, a| main(kb, a, None));
         }
         let part = cx.scratch(self.splits * self.batch * self.m * self.n * 4);
-        cx.launch_bounded("gemm_partial", grid, block, &[part], bound, |kb, a| {
+        cx.launch_bounded("gemm_partial", grid, block, &[part], bound, flops, |kb, a| {
             main(kb, a, Some(a.scratch[0]))
         })?;
         let total = self.batch * self.m * self.n;

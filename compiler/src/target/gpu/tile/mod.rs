@@ -195,11 +195,12 @@ impl<'c, 'g> BuildContext<'c, 'g> {
         scratch: &[usize],
         body: impl FnOnce(&KernelBuilder<'c>, &Args) -> Result<()>,
     ) -> Result<()> {
-        self.launch_bounded(suffix, grid, block, scratch, None, body)
+        self.launch_bounded(suffix, grid, block, scratch, None, 0, body)
     }
 
     /// `launch`, asking for `min_blocks` blocks resident on each multiprocessor (NVIDIA: the
-    /// compiler keeps the registers a thread uses within what that allows).
+    /// compiler keeps the registers a thread uses within what that allows), and counting
+    /// `flops` floating-point operations for profiles.
     pub fn launch_bounded(
         &mut self,
         suffix: &str,
@@ -207,6 +208,7 @@ impl<'c, 'g> BuildContext<'c, 'g> {
         block: [u32; 3],
         scratch: &[usize],
         min_blocks: Option<u32>,
+        flops: u64,
         body: impl FnOnce(&KernelBuilder<'c>, &Args) -> Result<()>,
     ) -> Result<()> {
         let (graph, kernel) = (self.graph, self.kernel);
@@ -262,7 +264,7 @@ impl<'c, 'g> BuildContext<'c, 'g> {
         args.extend((0..self.n_constants).map(Arg::Constant));
         // It writes the kernel's outputs and its scratch.
         let writes = (kernel.inputs.len()..n_buf + n_scratch).collect();
-        self.plan.launches.push(DeviceLaunch { func: name, grid, block, args, writes });
+        self.plan.launches.push(DeviceLaunch { func: name, grid, block, args, writes, flops });
         Ok(())
     }
 }
