@@ -504,3 +504,91 @@ fn tile_ptx_passes_ptxas() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The single ops the GPU issue measures against PyTorch, at their real sizes: compiled only
+/// (no GPU needed), so their launch shapes can be checked from the artifact.
+fn real_sized_ops() -> Vec<(&'static str, Graph)> {
+    let mut out = Vec::new();
+    let conv = |name: &'static str,
+                x: [usize; 4],
+                co: usize,
+                k: usize,
+                stride: usize,
+                pad: usize,
+                group: usize| {
+        let g = GraphBuilder::new(name);
+        let input = g.input("x", DType::F32, x.to_vec());
+        let w = g.constant("w", Tensor::zeros(DType::F32, &[co, x[1] / group, k, k]));
+        let b = g.constant("b", Tensor::zeros(DType::F32, &[co]));
+        let o = ConvOptions::default().stride(stride).pad(pad).group(group);
+        g.output("y", input.conv(w, Some(b), o).relu());
+        (name, g.build().unwrap())
+    };
+    {
+        let g = GraphBuilder::new("matmul_4096");
+        let a = g.input("a", DType::F32, [4096, 4096]);
+        let b = g.input("b", DType::F32, [4096, 4096]);
+        g.output("y", a.matmul(b));
+        out.push(("matmul 4096^3", g.build().unwrap()));
+    }
+    out.push(conv("conv 3x3 64->64 56x56 b1", [1, 64, 56, 56], 64, 3, 1, 1, 1));
+    out.push(conv("conv 3x3 64->64 56x56 b32", [32, 64, 56, 56], 64, 3, 1, 1, 1));
+    out.push(conv("conv 7x7/2 3->64 224 (stem)", [1, 3, 224, 224], 64, 7, 2, 3, 1));
+    out.push(conv("conv 1x1 256->64 56x56", [1, 256, 56, 56], 64, 1, 1, 0, 1));
+    out.push(conv("depthwise 3x3 144 56x56", [1, 144, 56, 56], 144, 3, 1, 1, 144));
+    {
+        let g = GraphBuilder::new("reduce_l2");
+        let x = g.input("x", DType::F32, [4096, 4096]);
+        g.output("y", x.reduce_l2(&[], false));
+        out.push(("ReduceL2 4096x4096 to a scalar", g.build().unwrap()));
+    }
+    {
+        let g = GraphBuilder::new("softmax");
+        let x = g.input("x", DType::F32, [32, 12, 128, 128]);
+        g.output("y", x.softmax(-1));
+        out.push(("Softmax [32,12,128,128]", g.build().unwrap()));
+    }
+    {
+        let g = GraphBuilder::new("layernorm");
+        let x = g.input("x", DType::F32, [32, 128, 768]);
+        let s = g.constant("s", Tensor::zeros(DType::F32, &[768]));
+        let b = g.constant("b", Tensor::zeros(DType::F32, &[768]));
+        g.output("y", x.layer_norm(s, b, -1, 1e-5));
+        out.push(("LayerNorm [32,128,768]", g.build().unwrap()));
+    }
+    out
+}
+
+/// From the compiled artifact alone: no launch moving over 1 MB or doing over 10 MFLOP runs on
+/// fewer threads than an H100/H200 has SMs x 128, and every contraction takes the register-tile
+/// kernel (f32) or the tensor cores (tf32, bf16).
+#[test]
+fn real_sized_gpu_launches_fill_the_gpu() {
+    const SMS: u64 = 132;
+    for (name, g) in real_sized_ops() {
+        for precision in [Precision::F32, Precision::Tf32, Precision::Bf16] {
+            let mut options =
+                Options { target: TargetKind::Cuda, cache: false, precision, ..Options::default() };
+            options.ptx.arch = "sm_90".into();
+            let compiled = kiln_compiler::compile(&g, &options, true)
+                .unwrap_or_else(|e| panic!("{name} at {precision}: {e}"));
+            let m = &compiled.artifact.manifest;
+            for l in &m.launches {
+                let k = &m.kernels[l.kernel];
+                let threads: u64 = k.grid.iter().chain(&k.block).map(|&d| d as u64).product();
+                if k.bytes > 1 << 20 || k.flops > 10_000_000 {
+                    assert!(
+                        threads >= SMS * 128,
+                        "{name} at {precision}: `{}` moves {} bytes and does {} flops on {threads} threads (grid {:?}, block {:?})",
+                        k.symbol, k.bytes, k.flops, k.grid, k.block
+                    );
+                }
+            }
+            let lowered = &compiled.stages[Stage::Lowered];
+            if name.starts_with("matmul") || name.starts_with("conv") {
+                let want = if precision == Precision::F32 { "tile gemm" } else { "tensor cores" };
+                assert!(lowered.contains(want), "{name} at {precision}: no {want}:\n{lowered}");
+            }
+        }
+    }
+}

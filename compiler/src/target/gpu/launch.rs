@@ -23,6 +23,9 @@ pub struct DeviceLaunch {
     pub writes: Vec<usize>,
     /// Floating-point operations a launch does, where counted (contractions); 0 otherwise.
     pub flops: u64,
+    /// The bytes a launch moves at least, when its builder knows which arguments it uses
+    /// (else every argument counts).
+    pub bytes: Option<u64>,
 }
 
 /// How one fused kernel runs: its launches in order, its temporaries' sizes, its constants.
@@ -572,7 +575,15 @@ pub fn plan(root: RawOp, n_buffers: usize) -> Result<LaunchPlan, String> {
             .filter(|(_, a)| !matches!(a, Arg::Constant(_)))
             .map(|(i, _)| i)
             .collect();
-        plan.launches.push(DeviceLaunch { func: func_name, grid, block, args, writes, flops: 0 });
+        plan.launches.push(DeviceLaunch {
+            func: func_name,
+            grid,
+            block,
+            args,
+            writes,
+            flops: 0,
+            bytes: None,
+        });
     }
     Ok(plan)
 }

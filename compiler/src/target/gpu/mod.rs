@@ -165,7 +165,7 @@ fn compile(
                 label: k.label.clone(),
                 grid: l.grid,
                 block: l.block,
-                bytes: launch_bytes(graph, k, &plan, l),
+                bytes: l.bytes.unwrap_or_else(|| launch_bytes(graph, k, &plan, l)),
                 flops: l.flops,
             });
         }

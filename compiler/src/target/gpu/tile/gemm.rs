@@ -329,9 +329,9 @@ fn finish_plan(
         }
         _ => Math::Simt { round: kind },
     };
-    let (bm, bn, bk) = match math {
-        Math::Mma { tile, .. } => (tile.bm, tile.bn, tile.bk),
-        Math::Simt { .. } => (tile.bm, tile.bn, tile.bk),
+    let (bm, bn, bk, threads) = match math {
+        Math::Mma { tile, .. } => (tile.bm, tile.bn, tile.bk, tile.threads()),
+        Math::Simt { .. } => (tile.bm, tile.bn, tile.bk, tile.threads()),
     };
     let width = |o: &Operand, along: usize| -> usize {
         // 128-bit loads along the contiguous axis when every row starts aligned and the tile's
@@ -355,9 +355,12 @@ fn finish_plan(
     let vec_b = width(&b, if b.contiguous() == Some(1) { n } else { k });
     let blocks = m.div_ceil(bm) * n.div_ceil(bn) * batch;
     let steps = k.div_ceil(bk);
-    // Split the reduction when the tiles leave SMs idle and each split keeps 8 steps or more.
-    let splits = if blocks < 2 * t.sms && steps >= 16 {
-        (2 * t.sms).div_ceil(blocks).min(steps / 8).clamp(1, 64)
+    // Split the reduction when the tiles give the GPU fewer than twice the threads it needs
+    // to be busy, as long as each split keeps 64 of the reduction or more (whole steps).
+    let want = 2 * t.min_threads();
+    let per_split = 64usize.div_ceil(bk);
+    let splits = if blocks * threads < want && steps >= 2 * per_split {
+        want.div_ceil(blocks * threads).min(steps / per_split).clamp(1, 64)
     } else {
         1
     };

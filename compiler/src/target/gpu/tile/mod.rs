@@ -264,7 +264,32 @@ impl<'c, 'g> BuildContext<'c, 'g> {
         args.extend((0..self.n_constants).map(Arg::Constant));
         // It writes the kernel's outputs and its scratch.
         let writes = (kernel.inputs.len()..n_buf + n_scratch).collect();
-        self.plan.launches.push(DeviceLaunch { func: name, grid, block, args, writes, flops });
+        // Every function takes all the kernel's buffers; the bytes it moves are those of the
+        // arguments it uses.
+        let entry = func.block(0).expect("a function body");
+        let bytes = types
+            .iter()
+            .enumerate()
+            .filter(|&(i, _)| {
+                // SAFETY: argument `i` of the function's entry block.
+                let arg = unsafe { mlir_sys::mlirBlockGetArgument(entry, i as isize) };
+                !crate::target::edit::users(arg).is_empty()
+            })
+            .map(|(_, &t)| {
+                let n: usize =
+                    crate::target::edit::static_dims(t).map_or(0, |d| d.iter().product());
+                (n * crate::target::edit::element_bytes(t).unwrap_or(4)) as u64
+            })
+            .sum();
+        self.plan.launches.push(DeviceLaunch {
+            func: name,
+            grid,
+            block,
+            args,
+            writes,
+            flops,
+            bytes: Some(bytes),
+        });
         Ok(())
     }
 }
