@@ -1,22 +1,30 @@
 #!/usr/bin/env bash
-# The checks that need an NVIDIA GPU (issue 5), for a session that the `device` tool lends one to.
+# The checks that need an NVIDIA GPU, for a session that the `device` tool lends one to.
 # Nothing here runs in CI or `make test`; on a machine without a GPU every step says so and stops.
 #
 # 1. Here, on the build machine:   scripts/gpu/session.sh prepare
 #    Builds kiln (release) and fills .gpu-session/ (git ignores it) with what the GPU machine
 #    needs, in loads that each fit the device tool's 64 MiB working-tree limit:
-#      jit/   kiln (stripped, xz) and the ONNX node tests     -> the node tests on --device cuda
-#      aot1/  the runtime-only runner and CUDA artifacts of every model in ../shared/models but
-#             resnet18, with their test data                   -> correctness and timings
-#      aot2/  the same for resnet18
-# 2. On the GPU machine, through the device tool, from the repository root:
-#      run(command="scripts/gpu/session.sh node",        carry=[".gpu-session/jit"])
-#      run(command="scripts/gpu/session.sh models aot1", carry=[".gpu-session/aot1"])
-#      run(command="scripts/gpu/session.sh models aot2", carry=[".gpu-session/aot2"])
-#    (TORCH=0 before a models run skips the PyTorch timings.)
-#    Each prints a summary and leaves JSON under $OUT: node_cuda.json (every node test), and
-#    models_<load>.json (kiln's match and median time per model next to PyTorch eager and
-#    torch.compile on the same GPU, from scripts/gpu/torch_baselines.py).
+#      jit/   kiln (stripped, xz) and the ONNX node tests     -> single ops, node tests
+#      aot1/  the runtime-only runner and CUDA artifacts (sm_90) of every model in
+#             ../shared/models but resnet18, mobilenet_v2 also at --precision tf32
+#      aot2/  resnet18 (f32)        aot3/  resnet18 at --precision tf32
+# 2. On the GPU machine, through the device tool, from the repository root (one call each; the
+#    first is the one that matters most):
+#      run(command="scripts/gpu/session.sh ops",          carry=[".gpu-session/jit"])
+#        single ops (MatMul 4096^3, the ResNet convolutions, ReduceL2, Softmax, LayerNorm, a
+#        depthwise convolution) at f32/tf32/bf16 against PyTorch on the same GPU, each checked
+#        against PyTorch's result (scripts/gpu/ops.py), then `ncu` on the f32 MatMul and the
+#        3x3 convolution when NCU=1.
+#      run(command="scripts/gpu/session.sh node",         carry=[".gpu-session/jit"])
+#      run(command="scripts/gpu/session.sh models aot1",  carry=[".gpu-session/aot1"])
+#      run(command="scripts/gpu/session.sh models aot2",  carry=[".gpu-session/aot2"])
+#      run(command="scripts/gpu/session.sh models aot3",  carry=[".gpu-session/aot3"])
+#    (`ops node` runs both steps in one call. TORCH=0 before a models run skips the PyTorch
+#    timings.)
+#    Each prints a summary and leaves JSON under $OUT: ops.json, node_cuda.json (every node
+#    test), models_<load>.json (kiln's match and median time per model next to PyTorch eager
+#    with TF32 off and on, and torch.compile, on the same GPU: scripts/gpu/torch_baselines.py).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 say() { printf 'gpu-session: %s\n' "$*" >&2; }
@@ -31,6 +39,15 @@ need_gpu() {
   nvidia-smi -L >&2
 }
 
+steps=("$@")
+[ ${#steps[@]} -gt 0 ] || steps=(help)
+# `models` takes its load as the next word: pair them up.
+i=0
+while [ $i -lt ${#steps[@]} ]; do
+step=${steps[$i]}; arg=${steps[$((i + 1))]:-}
+i=$((i + 1))
+[ "$step" = models ] && i=$((i + 1))
+set -- "$step" "$arg"
 case "${1:-}" in
 prepare)
   EXCLUDE=$(git rev-parse --git-path info/exclude); mkdir -p "$(dirname "$EXCLUDE")"
@@ -41,24 +58,48 @@ prepare)
   NODE="${KILN_CACHE:-$HOME/.cache/kiln}/onnx-1.22.0/node"
   [ -d "$NODE" ] || scripts/fetch-onnx-tests.sh
   MODELS=../shared/models
-  rm -rf .gpu-session && mkdir -p .gpu-session/jit .gpu-session/aot1 .gpu-session/aot2
+  rm -rf .gpu-session && mkdir -p .gpu-session/jit .gpu-session/aot1 .gpu-session/aot2 .gpu-session/aot3
   cp target/release/kiln .gpu-session/jit/kiln && strip .gpu-session/jit/kiln && xz -T0 -6 .gpu-session/jit/kiln
   tar -C "$(dirname "$NODE")" -cJf .gpu-session/jit/node.tar.xz node
+  compile_model() { # DIR NAME LOAD PRECISION
+    local out=".gpu-session/$3/$2"
+    mkdir -p "$out"
+    say "compiling $2 for CUDA ($ARCH, $4)"
+    target/release/kiln compile "$1/model.onnx" --target cuda --cuda-arch "$ARCH" --precision "$4" -o "$out/model.kiln" -q --no-cache
+    cp "$1"/test_data_set_0/*.pb "$out/"
+  }
   for d in "$MODELS"/*/; do
     name=$(basename "$d"); load=aot1; [ "$name" = resnet18_dynamo_op18 ] && load=aot2
-    mkdir -p ".gpu-session/$load/$name"
-    say "compiling $name for CUDA ($ARCH)"
-    target/release/kiln compile "$d/model.onnx" --target cuda --cuda-arch "$ARCH" -o ".gpu-session/$load/$name/model.kiln" -q --no-cache
-    cp "$d"/test_data_set_0/*.pb ".gpu-session/$load/$name/"
+    compile_model "$d" "$name" "$load" f32
+    case "$name" in
+      resnet18_dynamo_op18) compile_model "$d" "$name@tf32" aot3 tf32 ;;
+      mobilenet_v2_dynamo_op18) compile_model "$d" "$name@tf32" aot1 tf32 ;;
+    esac
   done
-  for load in aot1 aot2; do cp target/release/examples/run_artifact ".gpu-session/$load/"; strip ".gpu-session/$load/run_artifact"; done
+  for load in aot1 aot2 aot3; do cp target/release/examples/run_artifact ".gpu-session/$load/"; strip ".gpu-session/$load/run_artifact"; done
   du -sh .gpu-session/* >&2
-  say "ready: see the comment at the top of this script for the three device runs"
+  say "ready: see the comment at the top of this script for the device runs"
+  ;;
+ops)
+  need_gpu
+  dir=.gpu-session/jit; [ -f "$dir/kiln.xz" ] || { say "missing $dir (run 'prepare' here and carry it)"; exit 2; }
+  [ -x /tmp/kiln ] || { xz -dc "$dir/kiln.xz" > /tmp/kiln && chmod +x /tmp/kiln; }
+  /tmp/kiln devices | tee "$OUT/devices.txt" >&2
+  PYTHONUNBUFFERED=1 python3 scripts/gpu/ops.py --kiln /tmp/kiln --json "$OUT/ops.json" | tee "$OUT/ops.md"
+  if [ "${NCU:-0}" = 1 ] && command -v ncu >/dev/null; then
+    # The two kernels that matter most, with the counters that say why.
+    for op in "MatMul" "Conv 3x3, 64->64, 56x56, batch 1"; do
+      say "ncu: $op"
+      ncu --target-processes all --section SpeedOfLight --section Occupancy --section LaunchStats -k regex:tile_gemm -c 2 \
+        python3 scripts/gpu/ops.py --kiln /tmp/kiln --iters 1 --only "$op" > "$OUT/ncu_${op%%,*}.txt" 2>&1 || true
+      grep -E "Duration|Throughput|Registers|Occupancy|Shared Memory" "$OUT/ncu_${op%%,*}.txt" | head -30 >&2 || true
+    done
+  fi
   ;;
 node)
   need_gpu
   dir=.gpu-session/jit; [ -f "$dir/kiln.xz" ] || { say "missing $dir (run 'prepare' here and carry it)"; exit 2; }
-  xz -dc "$dir/kiln.xz" > /tmp/kiln && chmod +x /tmp/kiln
+  [ -x /tmp/kiln ] || { xz -dc "$dir/kiln.xz" > /tmp/kiln && chmod +x /tmp/kiln; }
   rm -rf /tmp/node && tar -C /tmp -xJf "$dir/node.tar.xz"
   /tmp/kiln devices | tee "$OUT/devices.txt" >&2
   start=$(date +%s.%N)
@@ -82,7 +123,8 @@ models)
     "$dir/run_artifact" "$m/model.kiln" $inputs $expects --bench 200 --profile --json | tee "$m/run.txt" >&2 || true
     tail -n 1 "$m/run.txt" | sed "s/^{/{\"name\": \"$name\", /" >> "$OUT/kiln_$load.jsonl"
   done
-  [ "${TORCH:-1}" = 0 ] || PYTHONUNBUFFERED=1 python3 scripts/gpu/torch_baselines.py --json "$OUT/torch_$load.json" "${names[@]}" >&2 || say "PyTorch baselines failed"
+  bases=(); for n in "${names[@]}"; do bases+=("${n%@*}"); done
+  [ "${TORCH:-1}" = 0 ] || PYTHONUNBUFFERED=1 python3 scripts/gpu/torch_baselines.py --json "$OUT/torch_$load.json" $(printf '%s\n' "${bases[@]}" | sort -u) >&2 || say "PyTorch baselines failed"
   python3 - "$OUT/kiln_$load.jsonl" "$OUT/torch_$load.json" "$OUT/models_$load.json" <<'PY'
 import json, sys
 kiln = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
@@ -93,8 +135,10 @@ except Exception:
 rows = []
 print(f"{'model':32} {'match':>5} {'kiln ms':>9} {'torch ms':>9} {'compiled':>9} {'kiln/torch':>10}")
 for k in kiln:
-    t = torch["models"].get(k["name"], {})
-    kiln_ms, eager = k.get("median_ms"), t.get("eager_ms")
+    base, _, precision = k["name"].partition("@")
+    t = torch["models"].get(base, {})
+    # A --precision tf32 artifact against PyTorch with TF32 on; f32 against TF32 off.
+    kiln_ms, eager = k.get("median_ms"), t.get("eager_tf32_ms" if precision == "tf32" else "eager_ms")
     ratio = kiln_ms / eager if kiln_ms and eager else None
     rows.append({**k, "torch_eager_ms": eager, "torch_compiled_ms": t.get("compiled_ms"), "kiln_over_torch_eager": ratio})
     f = lambda x: f"{x:9.4f}" if isinstance(x, (int, float)) else f"{'-':>9}"
@@ -103,5 +147,6 @@ json.dump({"device": torch.get("device"), "torch": torch.get("torch"), "models":
 PY
   ;;
 *)
-  sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac
+done

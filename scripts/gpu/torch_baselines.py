@@ -1,6 +1,7 @@
 """PyTorch on the same GPU, for the models in ../shared/models: the same architectures and input
-shapes (weights random: timing depends on shapes, not values). Eager and torch.compile, median of
-CUDA-event-timed runs after warm-up.
+shapes (weights random: timing depends on shapes, not values). Eager (TF32 off, as PyTorch's
+matmul default and kiln's f32; and TF32 on, as kiln's --precision tf32) and torch.compile, median
+of CUDA-event-timed runs after warm-up.
 
     python3 scripts/gpu/torch_baselines.py [--iters N] [--json OUT.json] [NAME...]
 
@@ -149,14 +150,22 @@ def main():
             continue
         m = make().cuda().eval()
         x = [t.cuda() for t in inputs]
+        # f32 as kiln's default computes it (TF32 off), then with TF32 on (kiln's --precision tf32).
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
         r = {"eager_ms": time_ms(m, x, a.iters)}
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+        r["eager_tf32_ms"] = time_ms(m, x, a.iters)
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
         if not a.no_compile:
             try:
                 r["compiled_ms"] = time_ms(torch.compile(m), x, a.iters)
             except Exception as e:  # torch.compile may not support every model/version
                 r["compiled_error"] = str(e).splitlines()[0][:200]
         results[name] = r
-        print(f"{name:34} eager {r['eager_ms']:.4f} ms  compiled {r.get('compiled_ms', float('nan')):.4f} ms", flush=True)
+        print(f"{name:34} eager {r['eager_ms']:.4f} ms (TF32 {r['eager_tf32_ms']:.4f})  compiled {r.get('compiled_ms', float('nan')):.4f} ms", flush=True)
         if a.json:  # after every model, so a run cut short by its time limit keeps what it measured
             with open(a.json, "w") as f:
                 json.dump({"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "models": results}, f, indent=1)
