@@ -11,8 +11,9 @@ use crate::artifact::{
     Target, TensorDesc, ValueDesc,
 };
 use crate::device::cpu::CpuProgram;
-use crate::device::cuda::CudaProgram;
+use crate::device::cuda::{CudaProgram, RunMode};
 use crate::device::opencl::OpenclProgram;
+use crate::device::{KernelTime, Peaks, Work};
 use crate::{Result, RuntimeError};
 
 /// How to load an executable. The device kind is the artifact's target.
@@ -36,11 +37,57 @@ pub struct Profile {
     /// (kernel label, time) per launch, in order. GPU times are the device's (CUDA events,
     /// OpenCL profiling), CPU times the host's.
     pub launches: Vec<(String, Duration)>,
+    /// Per launch, beside `launches` (same order, same count): what it moves and computes at
+    /// least, from the artifact (`KernelDesc::bytes` and `flops`; 0 where not counted).
+    pub work: Vec<Work>,
     /// Bytes copied from the host to the device by this run: the inputs (0 on the CPU: it runs
     /// in place). Constants were copied at load: see `Executable::load_bytes_to_device`.
     pub bytes_to_device: u64,
     /// Bytes copied back: the outputs.
     pub bytes_from_device: u64,
+    /// The device time of the kernels alone, from the end of the input copies to the start of
+    /// the output copies, summed over the device programs the run ran; `None` where the device
+    /// does not measure it (CPU, OpenCL).
+    pub device_time: Option<Duration>,
+    /// The device's peak rates (CUDA), which `kernel_table` measures each kernel against.
+    pub peaks: Option<Peaks>,
+}
+
+impl Profile {
+    /// Each launch's time with what it moves and computes, in launch order.
+    pub fn kernels(&self) -> Vec<KernelTime> {
+        Profile::medians(std::slice::from_ref(self))
+    }
+
+    /// Per launch, the median time over `runs` (profiles of runs of one executable), with its
+    /// label and work from the first run.
+    pub fn medians(runs: &[Profile]) -> Vec<KernelTime> {
+        let Some(first) = runs.first() else { return Vec::new() };
+        (0..first.launches.len())
+            .map(|i| {
+                let mut times: Vec<Duration> =
+                    runs.iter().filter_map(|p| p.launches.get(i).map(|l| l.1)).collect();
+                times.sort();
+                KernelTime {
+                    label: first.launches[i].0.clone(),
+                    time: times[times.len() / 2],
+                    work: first.work.get(i).copied().unwrap_or_default(),
+                }
+            })
+            .collect()
+    }
+
+    /// Adds the work of the launches a run of `m` just appended after the first `before`, so
+    /// `work` stays beside `launches` whatever device timed them.
+    fn add_work(&mut self, m: &Manifest, before: usize) {
+        self.work.resize(before, Work::default());
+        let added = self.launches.len().saturating_sub(before);
+        let work = m.launches.iter().map(|l| {
+            let k = &m.kernels[l.kernel];
+            Work { bytes: k.bytes, flops: k.flops }
+        });
+        self.work.extend(work.chain(std::iter::repeat(Work::default())).take(added));
+    }
 }
 
 /// 64-byte aligned, zeroed bytes.
@@ -326,7 +373,7 @@ impl Executable {
     pub fn run_profiled(
         &self,
         inputs: &[Tensor],
-        profile: Option<&mut Profile>,
+        mut profile: Option<&mut Profile>,
     ) -> Result<Vec<Tensor>> {
         let m = &self.manifest;
         if let (Program::Padded(program), Some(padded)) = (&self.program, &m.padded) {
@@ -339,15 +386,56 @@ impl Executable {
         if let (Program::Control(programs), Some(control)) = (&self.program, &m.control) {
             return run_control(control, programs, inputs, profile);
         }
-        let bytes = match &self.program {
-            Program::Cpu(cpu) => return self.run_cpu(cpu, inputs, profile),
-            Program::Cuda(p) => p.run(m, inputs, profile)?,
-            Program::Opencl(p) => p.run(m, inputs, profile)?,
+        let before = profile.as_ref().map_or(0, |p| p.launches.len());
+        let outputs = match &self.program {
+            Program::Cpu(cpu) => self.run_cpu(cpu, inputs, profile.as_deref_mut())?,
+            Program::Cuda(p) => output_tensors(m, &p.run(m, inputs, profile.as_deref_mut())?)?,
+            Program::Opencl(p) => output_tensors(m, &p.run(m, inputs, profile.as_deref_mut())?)?,
             Program::Batched(_) | Program::Control(_) | Program::Padded(_) => {
                 unreachable!("a program of programs has its description (validated at load)")
             }
         };
-        m.outputs.iter().zip(&bytes).map(|(o, b)| output_tensor(o, b)).collect()
+        if let Some(p) = profile {
+            p.add_work(m, before);
+            p.peaks = p.peaks.or(self.peaks());
+        }
+        Ok(outputs)
+    }
+
+    /// The device's peak rates, where known (CUDA: from the GPU's attributes, else its name).
+    pub fn peaks(&self) -> Option<Peaks> {
+        match &self.program {
+            Program::Cuda(p) => Some(p.peaks()),
+            Program::Cpu(_) | Program::Opencl(_) => None,
+            Program::Batched(ps) => ps.first().and_then(|(_, e)| e.peaks()),
+            Program::Control(ps) => ps.first().and_then(Executable::peaks),
+            Program::Padded(p) => p.peaks(),
+        }
+    }
+
+    /// The device time of every run so far, kernels alone (without the input and output
+    /// copies), over every program: the difference across a run is that run's. `None` where the
+    /// device does not measure it (CPU, OpenCL) or a measurement failed.
+    pub fn device_time_spent(&self) -> Option<Duration> {
+        match &self.program {
+            Program::Cuda(p) => p.device_time_spent(),
+            Program::Cpu(_) | Program::Opencl(_) => None,
+            Program::Batched(ps) => ps.iter().map(|(_, e)| e.device_time_spent()).sum(),
+            Program::Control(ps) => ps.iter().map(Executable::device_time_spent).sum(),
+            Program::Padded(p) => p.device_time_spent(),
+        }
+    }
+
+    /// How plain CUDA runs go (`None` off CUDA): replaying a CUDA graph or launching directly,
+    /// copying through pinned or pageable host memory (see `docs/devices.md`).
+    pub fn cuda_run_mode(&self) -> Option<RunMode> {
+        match &self.program {
+            Program::Cuda(p) => Some(p.run_mode()),
+            Program::Cpu(_) | Program::Opencl(_) => None,
+            Program::Batched(ps) => ps.first().and_then(|(_, e)| e.cuda_run_mode()),
+            Program::Control(ps) => ps.first().and_then(Executable::cuda_run_mode),
+            Program::Padded(p) => p.cuda_run_mode(),
+        }
     }
 
     fn run_cpu(
@@ -871,6 +959,11 @@ fn rows_of(t: &Tensor, at: usize, n: usize) -> Result<Tensor> {
         .map_err(|e| RuntimeError::Launch { kernel: "batch".into(), msg: e.to_string() })
 }
 
+/// The outputs' tensors from their buffers' bytes, in order.
+fn output_tensors(m: &Manifest, bytes: &[Vec<u8>]) -> Result<Vec<Tensor>> {
+    m.outputs.iter().zip(bytes).map(|(o, b)| output_tensor(o, b)).collect()
+}
+
 /// An output's tensor from its buffer's bytes.
 fn output_tensor(o: &TensorDesc, bytes: &[u8]) -> Result<Tensor> {
     let dtype = DType::from_name(&o.dtype).expect("validated at load");
@@ -881,4 +974,42 @@ fn output_tensor(o: &TensorDesc, bytes: &[u8]) -> Result<Tensor> {
     })?;
     Tensor::from_bytes(dtype, &o.dims, bytes)
         .map_err(|e| RuntimeError::Launch { kernel: "output".into(), msg: e.to_string() })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::artifact::Blob;
+    use crate::device::hazard::tests::diamond;
+
+    #[test]
+    fn work_stays_beside_launches_and_medians_are_per_launch() {
+        let mut m =
+            diamond(Target::Cuda, 4096, Blob { offset: 0, len: 0 }, Blob { offset: 0, len: 4096 });
+        m.kernels[0].bytes = 12288;
+        m.kernels[1].flops = 2048;
+        let ms = Duration::from_millis;
+        let run = |times: [u64; 5]| {
+            let mut p = Profile::default();
+            for (l, t) in m.launches.iter().zip(times) {
+                p.launches.push((m.kernels[l.kernel].label.clone(), ms(t)));
+            }
+            p.add_work(&m, 0);
+            p
+        };
+        let runs = [run([1, 2, 3, 4, 5]), run([3, 2, 1, 4, 9]), run([2, 2, 2, 2, 2])];
+        assert_eq!(runs[0].work.len(), 5);
+        let medians = Profile::medians(&runs);
+        let times: Vec<Duration> = medians.iter().map(|k| k.time).collect();
+        assert_eq!(times, vec![ms(2), ms(2), ms(2), ms(4), ms(5)]);
+        assert_eq!(medians[0].work, Work { bytes: 12288, flops: 0 });
+        assert_eq!((medians[1].label.as_str(), medians[1].work.flops), ("mul", 2048));
+        assert_eq!(runs[0].kernels()[4].time, ms(5));
+        assert!(Profile::medians(&[]).is_empty());
+        // A second program's launches (control flow, batches) append theirs after the first's.
+        let mut p = run([1; 5]);
+        p.launches.push(("add".into(), ms(1)));
+        p.add_work(&m, 5);
+        assert_eq!((p.work.len(), p.work[5].bytes), (6, 12288));
+    }
 }

@@ -1,7 +1,9 @@
 //! `kiln bench MODEL`: times runs; with `--json` the last line is one JSON object.
 
 use std::path::PathBuf;
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+use kiln_runtime::device::cuda::GraphUse;
 
 use super::common::{
     graph_input_types, graph_inputs, load_model, ms, order_inputs, parse_shapes, read_inputs,
@@ -27,10 +29,12 @@ pub struct Args {
     /// Sizes for inputs with symbolic dimensions: NAME=D0,D1,...
     #[arg(long = "input-shape")]
     input_shapes: Vec<String>,
-    /// End with a JSON object: model, device, threads, compile_ms, median_ms, min_ms, max_ms, iters.
+    /// End with a JSON object: model, device, threads, compile_ms, median_ms, min_ms, max_ms, iters
+    /// (on CUDA also the device time without the copies: device_median_ms ...).
     #[arg(long)]
     json: bool,
-    /// Also time each kernel launch: per kernel, the median over the timed runs.
+    /// Also time each kernel launch: per kernel, the median over the timed runs (on a GPU with
+    /// the achieved GB/s, GFLOP/s and fraction of the device's peak).
     #[arg(long)]
     profile: bool,
     /// Tune first (as `kiln compile --tune`) on these inputs and threads, then bench the tuned
@@ -67,9 +71,47 @@ struct Report {
     mean_ms: f64,
     iters: usize,
     precision: String,
+    /// The device time of the kernels alone (without the input and output copies), over the
+    /// same runs, where the device measures it (CUDA).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    device_median_ms: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    device_min_ms: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    device_max_ms: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    device_mean_ms: Option<f64>,
+    /// CUDA: whether the timed runs replayed a CUDA graph, and copied through pinned memory.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cuda_graph: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pinned_copies: Option<bool>,
     /// With --deviation: over the samples and outputs.
     #[serde(skip_serializing_if = "Option::is_none")]
     deviation: Option<DeviationReport>,
+}
+
+/// Median, min, max and mean of some times.
+#[derive(Clone, Copy)]
+struct Stats {
+    median: Duration,
+    min: Duration,
+    max: Duration,
+    mean: Duration,
+}
+
+impl Stats {
+    /// `None` for no times.
+    fn of(mut times: Vec<Duration>) -> Option<Stats> {
+        times.sort();
+        let (&min, &max) = (times.first()?, times.last()?);
+        let mean = times.iter().sum::<Duration>() / times.len() as u32;
+        Some(Stats { median: times[times.len() / 2], min, max, mean })
+    }
+}
+
+fn ms_f64(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
 }
 
 #[derive(serde::Serialize)]
@@ -191,32 +233,38 @@ pub fn run(args: &Args) -> Result<()> {
         exe.run(&ordered)?;
     }
     let mut times = Vec::with_capacity(args.iters);
+    // The device's own time of each run, without the copies (CUDA): the difference of what it
+    // has spent in all, read outside the timed span.
+    let mut device_times = Vec::with_capacity(args.iters);
     for _ in 0..args.iters {
+        let spent = exe.device_time_spent();
         let t = Instant::now();
         exe.run(&ordered)?;
         times.push(t.elapsed());
+        if let (Some(a), Some(b)) = (spent, exe.device_time_spent()) {
+            device_times.push(b.saturating_sub(a));
+        }
     }
+    // Only when every run was measured.
+    let device = if device_times.len() == times.len() { Stats::of(device_times) } else { None };
+    let mode = exe.cuda_run_mode();
     if args.profile {
         // Separate runs: timing each launch adds a little to each.
-        let mut per: Vec<(String, Vec<std::time::Duration>)> = Vec::new();
+        let mut runs = Vec::with_capacity(args.iters);
         for _ in 0..args.iters {
             let mut p = kiln_runtime::Profile::default();
             exe.run_profiled(&ordered, Some(&mut p))?;
-            for (i, (label, t)) in p.launches.into_iter().enumerate() {
-                if per.len() <= i {
-                    per.push((label, Vec::new()));
-                }
-                per[i].1.push(t);
-            }
+            runs.push(p);
         }
-        let mut total = std::time::Duration::ZERO;
-        for (label, ts) in &mut per {
-            ts.sort();
-            let m = ts[ts.len() / 2];
-            total += m;
-            println!("  {:>9.4} ms  {label}", m.as_secs_f64() * 1e3);
+        let kernels = kiln_runtime::Profile::medians(&runs);
+        let peaks = runs.first().and_then(|p| p.peaks);
+        for line in kiln_runtime::device::kernel_table(
+            &kernels,
+            peaks.as_ref(),
+            "(sum of the kernels' medians)",
+        ) {
+            println!("{line}");
         }
-        println!("  {:>9.4} ms  (sum of the kernels' medians)", total.as_secs_f64() * 1e3);
     }
     let deviation = match (reference, args.deviation) {
         (Some(g), Some(samples)) => {
@@ -224,22 +272,33 @@ pub fn run(args: &Args) -> Result<()> {
         }
         _ => None,
     };
-    times.sort();
-    let median = times[times.len() / 2];
-    let mean = times.iter().sum::<std::time::Duration>() / times.len() as u32;
+    let wall = Stats::of(times)
+        .ok_or_else(|| CompileError::Internal("no timed runs (--iters is at least 1)".into()))?;
     let threads =
         args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     if !args.quiet {
         println!(
             "{}: median {}, min {}, max {}, mean {} over {} runs on {}",
             args.model.display(),
-            ms(median),
-            ms(times[0]),
-            ms(times[times.len() - 1]),
-            ms(mean),
+            ms(wall.median),
+            ms(wall.min),
+            ms(wall.max),
+            ms(wall.mean),
             args.iters,
             exe.device()
         );
+        if let Some(d) = &device {
+            println!(
+                "  device time without the copies: median {}, min {}, max {}, mean {}",
+                ms(d.median),
+                ms(d.min),
+                ms(d.max),
+                ms(d.mean)
+            );
+        }
+        if let Some(mode) = &mode {
+            println!("  {mode}");
+        }
         if let Some(d) = &deviation {
             println!(
                 "{} from f32 on {} random inputs: max |diff| {:.3e} ({:.3e} of the largest |f32|); top-1 (largest along the last axis) the same in {} of {} row(s)",
@@ -253,12 +312,18 @@ pub fn run(args: &Args) -> Result<()> {
             device: exe.target().name().into(),
             threads,
             compile_ms,
-            median_ms: median.as_secs_f64() * 1e3,
-            min_ms: times[0].as_secs_f64() * 1e3,
-            max_ms: times[times.len() - 1].as_secs_f64() * 1e3,
-            mean_ms: mean.as_secs_f64() * 1e3,
+            median_ms: ms_f64(wall.median),
+            min_ms: ms_f64(wall.min),
+            max_ms: ms_f64(wall.max),
+            mean_ms: ms_f64(wall.mean),
             iters: args.iters,
             precision: args.precision.to_string(),
+            device_median_ms: device.map(|d| ms_f64(d.median)),
+            device_min_ms: device.map(|d| ms_f64(d.min)),
+            device_max_ms: device.map(|d| ms_f64(d.max)),
+            device_mean_ms: device.map(|d| ms_f64(d.mean)),
+            cuda_graph: mode.as_ref().map(|m| m.graph == GraphUse::InUse),
+            pinned_copies: mode.as_ref().map(|m| m.pageable.is_none()),
             deviation,
         };
         println!("{}", serde_json::to_string(&r).expect("the report serialises"));

@@ -197,8 +197,23 @@ pub fn run(args: &Args) -> Result<()> {
     }
     if args.profile {
         println!("profile: {} launches", profile.launches.len());
-        for (label, t) in &profile.launches {
-            println!("  {:>10}  {label}", ms(*t));
+        if profile.work.iter().any(|w| w.counted()) {
+            // A GPU's kernels: with the rates they reached and how close to the device's peaks.
+            let table = kiln_runtime::device::kernel_table(
+                &profile.kernels(),
+                profile.peaks.as_ref(),
+                "(sum of the kernels)",
+            );
+            for line in table {
+                println!("{line}");
+            }
+        } else {
+            for (label, t) in &profile.launches {
+                println!("  {:>10}  {label}", ms(*t));
+            }
+        }
+        if let Some(t) = profile.device_time {
+            println!("  device time without the copies {}", ms(t));
         }
         println!(
             "  host->device {} bytes, device->host {} bytes",

@@ -6,15 +6,23 @@
 //! run copies the inputs in, launches every kernel, and copies the outputs out. Launches that do
 //! not depend on each other (see `hazard.rs`) go on up to `MAX_STREAMS` streams, ordered by
 //! events.
+//!
+//! Launch overhead: the copies go through page-locked host slots (allocated at load), and once a
+//! run has launched every kernel directly, the next plain run captures the launches into a CUDA
+//! graph that later plain runs replay with one call. Both are optional: a failure of either
+//! falls back to pageable copies or direct launches, never a failed run. Every buffer address is
+//! fixed at load (one device allocation, fixed host slots), which is what keeps the graph valid.
 
 use std::ffi::{c_void, CString};
+use std::fmt;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaStream, DriverError};
+use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaGraph, CudaStream, DriverError};
 use kiln_ir::Tensor;
 
 use super::hazard::{Bits, Hazards};
+use super::Peaks;
 use crate::artifact::{Artifact, BufferKind, Manifest};
 use crate::executable::Profile;
 use crate::{Result, RuntimeError};
@@ -145,6 +153,73 @@ pub fn gpus() -> Result<Vec<GpuInfo>> {
     })
 }
 
+/// What the driver reports of a GPU's clocks (kHz) and memory bus (bits), for its peak rates;
+/// `None` where it reports nothing (newer drivers may not report the clocks).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Clocks {
+    pub core_khz: Option<i32>,
+    pub memory_khz: Option<i32>,
+    pub bus_bits: Option<i32>,
+}
+
+impl Clocks {
+    /// The device's attributes; one the driver refuses or reports as 0 is `None`.
+    fn of(dev: sys::CUdevice) -> Clocks {
+        use sys::CUdevice_attribute_enum as A;
+        // SAFETY: `dev` came from the driver (the context's device).
+        let get = |a| unsafe { result::device::get_attribute(dev, a) }.ok().filter(|&v| v > 0);
+        Clocks {
+            core_khz: get(A::CU_DEVICE_ATTRIBUTE_CLOCK_RATE),
+            memory_khz: get(A::CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE),
+            bus_bits: get(A::CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH),
+        }
+    }
+}
+
+/// f32 FMA lanes per multiprocessor: 64 on sm_60, sm_7x and sm_80 (the A100), 128 on the others
+/// kiln targets (sm_61, sm_86, sm_89, sm_90 and later).
+fn fp32_lanes(capability: (i32, i32)) -> f64 {
+    match capability {
+        (6, 0) | (7, _) | (8, 0) => 64.0,
+        _ => 128.0,
+    }
+}
+
+/// Memory bandwidth (bytes/s) and boost clock (kHz) of GPUs kiln is run on, by name, for a
+/// driver that does not report the attributes.
+fn known_gpu(name: &str) -> Option<(f64, i32)> {
+    if name.contains("H200") {
+        Some((4.8e12, 1_980_000))
+    } else if name.contains("H100") && (name.contains("HBM3") || name.contains("SXM")) {
+        Some((3.35e12, 1_980_000))
+    } else if name.contains("A100") && name.contains("80GB") {
+        Some((2.0e12, 1_410_000))
+    } else {
+        None
+    }
+}
+
+/// A GPU's peak memory bandwidth (double data rate: 2 x memory clock x bus width) and f32 FMA
+/// throughput (multiprocessors x FMA lanes x 2 x clock), from the driver's attributes, else the
+/// table of known GPUs, else unknown.
+pub fn peaks(gpu: &GpuInfo, clocks: Clocks) -> Peaks {
+    let known = known_gpu(&gpu.name);
+    let bytes_per_s = match (clocks.memory_khz, clocks.bus_bits) {
+        (Some(khz), Some(bits)) => Some(2.0 * khz as f64 * 1e3 * bits as f64 / 8.0),
+        _ => known.map(|k| k.0),
+    };
+    let flops_per_s =
+        clocks.core_khz.or(known.map(|k| k.1)).filter(|_| gpu.multiprocessors > 0).map(|khz| {
+            gpu.multiprocessors as f64 * fp32_lanes(gpu.compute_capability) * 2.0 * khz as f64 * 1e3
+        });
+    Peaks { bytes_per_s, flops_per_s }
+}
+
+/// Whether `KILN_CUDA_GRAPH` (its value) lets plain runs replay a CUDA graph: all but `0`.
+fn graphs_wanted(value: Option<&str>) -> bool {
+    value.map(str::trim) != Some("0")
+}
+
 /// The loaded module; unloaded on drop.
 struct Module {
     ctx: Arc<CudaContext>,
@@ -173,6 +248,166 @@ impl Drop for DeviceMemory {
             let _ = unsafe { result::free_sync(self.base) };
         }
     }
+}
+
+/// Page-locked host memory; freed on drop.
+struct PinnedMemory {
+    ctx: Arc<CudaContext>,
+    ptr: *mut u8,
+}
+
+impl Drop for PinnedMemory {
+    fn drop(&mut self) {
+        if self.ctx.bind_to_thread().is_ok() {
+            // SAFETY: allocated by cuMemHostAlloc, freed once; no copy in flight (every run
+            // synchronises, a failed one too).
+            let _ = unsafe { result::free_host(self.ptr as *mut c_void) };
+        }
+    }
+}
+
+/// A byte range of the pinned staging memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Slot {
+    offset: usize,
+    len: usize,
+}
+
+/// Where each input's and output's pinned slot lies, and the bytes they take in all.
+#[derive(Debug, PartialEq, Eq)]
+struct StagingLayout {
+    inputs: Vec<Slot>,
+    outputs: Vec<Slot>,
+    total: usize,
+}
+
+/// One slot per input and output, the size of its device buffer, each at an `ALIGN` offset.
+fn staging_layout(m: &Manifest) -> StagingLayout {
+    let mut total = 0usize;
+    let mut place = |buffer: usize| {
+        let len = m.buffers[buffer].bytes as usize;
+        let slot = Slot { offset: total, len };
+        total = (total + len).div_ceil(ALIGN as usize) * ALIGN as usize;
+        slot
+    };
+    let inputs = m.inputs.iter().map(|d| place(d.buffer)).collect();
+    let outputs = m.outputs.iter().map(|d| place(d.buffer)).collect();
+    StagingLayout { inputs, outputs, total }
+}
+
+/// Pinned host slots the copies go through: a copy from pageable memory is staged by the driver
+/// and does not overlap the host, one from pinned memory is a direct DMA.
+struct Staging {
+    memory: PinnedMemory,
+    layout: StagingLayout,
+}
+
+impl Staging {
+    /// Allocates the slots; why not, when the driver refuses (the copies then stay pageable).
+    fn new(ctx: &Arc<CudaContext>, m: &Manifest) -> std::result::Result<Staging, String> {
+        let layout = staging_layout(m);
+        if layout.total == 0 {
+            return Err("no input or output bytes to copy".into());
+        }
+        let ptr = guarded("cuMemHostAlloc", || {
+            // SAFETY: plain page-locked host memory, freed by `PinnedMemory`.
+            unsafe { result::malloc_host(layout.total, 0) }.map_err(driver("cuMemHostAlloc"))
+        })
+        .map_err(|e| format!("pinned host memory of {} bytes: {e}", layout.total))?;
+        if ptr.is_null() {
+            return Err("cuMemHostAlloc returned no memory".into());
+        }
+        Ok(Staging { memory: PinnedMemory { ctx: ctx.clone(), ptr: ptr as *mut u8 }, layout })
+    }
+
+    /// Copies `bytes` into input `i`'s slot and returns where they are.
+    fn fill(&self, i: usize, bytes: &[u8]) -> Result<*const u8> {
+        let slot = self.layout.inputs[i];
+        if bytes.len() > slot.len {
+            return Err(err(format!(
+                "input {i} has {} bytes, its buffer {}",
+                bytes.len(),
+                slot.len
+            )));
+        }
+        // SAFETY: the slot lies inside the allocation (layout) and no copy reads it now (the
+        // previous run synchronised; runs are serialised).
+        unsafe {
+            let at = self.memory.ptr.add(slot.offset);
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), at, bytes.len());
+            Ok(at)
+        }
+    }
+
+    /// Where output `i`'s slot starts.
+    fn output(&self, i: usize) -> *mut u8 {
+        // SAFETY: inside the allocation (layout).
+        unsafe { self.memory.ptr.add(self.layout.outputs[i].offset) }
+    }
+
+    /// Output `i`'s bytes, once the copy into its slot has finished.
+    fn take_output(&self, i: usize) -> Vec<u8> {
+        let slot = self.layout.outputs[i];
+        // SAFETY: inside the allocation; the stream that wrote it has synchronised.
+        unsafe { std::slice::from_raw_parts(self.memory.ptr.add(slot.offset), slot.len) }.to_vec()
+    }
+}
+
+/// Whether plain runs replay a CUDA graph.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum GraphUse {
+    /// Plain runs replay the graph one of them captured.
+    InUse,
+    /// None captured yet: the first run launches directly (a kernel's first launch may load it,
+    /// which a capture cannot do); the next plain run captures.
+    Pending,
+    /// Plain runs launch directly, and why.
+    Off(String),
+}
+
+impl fmt::Display for GraphUse {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            GraphUse::InUse => write!(f, "CUDA graph in use"),
+            GraphUse::Pending => write!(f, "CUDA graph not captured yet"),
+            GraphUse::Off(why) => write!(f, "CUDA graph off ({why})"),
+        }
+    }
+}
+
+/// How plain runs of a CUDA program go: graph or direct launches, pinned or pageable copies.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RunMode {
+    pub graph: GraphUse,
+    /// Why the copies go from and to pageable memory; `None` when they use pinned slots.
+    pub pageable: Option<String>,
+}
+
+impl fmt::Display for RunMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.pageable {
+            None => write!(f, "{}, pinned copies", self.graph),
+            Some(why) => write!(f, "{}, pageable copies ({why})", self.graph),
+        }
+    }
+}
+
+/// The graph plain runs replay, or why not yet or not at all.
+enum Graph {
+    Pending,
+    Ready(CudaGraph),
+    Off(String),
+}
+
+/// What runs change, under the run lock.
+struct RunState {
+    /// Timing events for `run_profiled`, made on the first profiled run.
+    profile_events: Option<ProfileEvents>,
+    graph: Graph,
+    /// Runs that launched every kernel directly (a capture waits for one).
+    direct_runs: u64,
+    /// The device time of every run so far; `None` once one could not be measured.
+    spent: Option<Duration>,
 }
 
 /// Which stream runs each launch and which events order them.
@@ -239,7 +474,7 @@ fn plan_streams(h: &Hazards, max: usize) -> StreamPlan {
     p
 }
 
-/// Timing events for `run_profiled`, made on the first profiled run.
+/// Timing events for `run_profiled`, one pair per launch, made on the first profiled run.
 type ProfileEvents = Vec<(CudaEvent, CudaEvent)>;
 
 /// A loaded CUDA executable.
@@ -255,12 +490,27 @@ pub struct CudaProgram {
     events: Vec<Option<CudaEvent>>,
     /// Recorded on the main stream once the inputs are copied; side streams wait for it.
     uploaded: Option<CudaEvent>,
-    /// One run at a time: the buffers are resident; holds the profiling events once made.
-    run_lock: Mutex<Option<ProfileEvents>>,
+    /// Timing events on the main stream after the input copies and before the output copies:
+    /// every run's device time without the copies (`None`: they could not be made).
+    span: Option<(CudaEvent, CudaEvent)>,
+    /// The pinned slots, or why the copies stay pageable.
+    staging: std::result::Result<Staging, String>,
+    peaks: Peaks,
+    /// One run at a time: the buffers are resident.
+    run_lock: Mutex<RunState>,
     load_bytes: u64,
     // Dropped after everything above that refers to them.
     _memory: DeviceMemory,
     _module: Module,
+}
+
+impl Drop for CudaProgram {
+    fn drop(&mut self) {
+        // The graph and events are destroyed with the context current and nothing in flight.
+        if self.ctx.bind_to_thread().is_ok() {
+            self.settle();
+        }
+    }
 }
 
 // SAFETY: the raw handles (functions, device pointers) are plain values the driver accepts from
@@ -404,6 +654,16 @@ impl CudaProgram {
         } else {
             None
         };
+        // Optional: without them a run reports no device time.
+        let timed = || ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT)).ok();
+        let span = timed().zip(timed());
+        let staging = Staging::new(&ctx, m);
+        let graph = if graphs_wanted(std::env::var("KILN_CUDA_GRAPH").ok().as_deref()) {
+            Graph::Pending
+        } else {
+            Graph::Off("KILN_CUDA_GRAPH=0".into())
+        };
+        let peaks = peaks(gpu, Clocks::of(ctx.cu_device()));
         Ok(CudaProgram {
             ctx,
             description,
@@ -413,7 +673,15 @@ impl CudaProgram {
             streams,
             events,
             uploaded,
-            run_lock: Mutex::new(None),
+            span,
+            staging,
+            peaks,
+            run_lock: Mutex::new(RunState {
+                profile_events: None,
+                graph,
+                direct_runs: 0,
+                spent: Some(Duration::ZERO),
+            }),
             load_bytes,
             _memory: memory,
             _module: module,
@@ -434,6 +702,35 @@ impl CudaProgram {
         self.plan.streams
     }
 
+    /// The GPU's peak rates (from its attributes, else its name).
+    pub fn peaks(&self) -> Peaks {
+        self.peaks
+    }
+
+    /// The device time of every run so far, kernels alone; `None` when a run could not measure
+    /// it.
+    pub fn device_time_spent(&self) -> Option<Duration> {
+        self.lock().spent
+    }
+
+    /// Whether plain runs replay a CUDA graph.
+    pub fn graph_use(&self) -> GraphUse {
+        match &self.lock().graph {
+            Graph::Pending => GraphUse::Pending,
+            Graph::Ready(_) => GraphUse::InUse,
+            Graph::Off(why) => GraphUse::Off(why.clone()),
+        }
+    }
+
+    /// How plain runs go: graph or direct launches, pinned or pageable copies.
+    pub fn run_mode(&self) -> RunMode {
+        RunMode { graph: self.graph_use(), pageable: self.staging.as_ref().err().cloned() }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, RunState> {
+        self.run_lock.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// Copies `inputs` in, runs every launch, copies the outputs out (as bytes, in order).
     pub fn run(
         &self,
@@ -441,30 +738,152 @@ impl CudaProgram {
         inputs: &[Tensor],
         profile: Option<&mut Profile>,
     ) -> Result<Vec<Vec<u8>>> {
-        let mut state = self.run_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let mut state = self.lock();
         self.ctx.bind_to_thread().map_err(driver("binding the context"))?;
-        if profile.is_some() && state.is_none() {
+        if profile.is_some() && state.profile_events.is_none() {
             let timed = || {
                 self.ctx
                     .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
                     .map_err(driver("creating an event"))
             };
-            *state =
+            state.profile_events =
                 Some(m.launches.iter().map(|_| Ok((timed()?, timed()?))).collect::<Result<_>>()?);
         }
-        let timing = if profile.is_some() { state.as_ref() } else { None };
-        let main = &self.streams[0];
-        let mut to_device = 0u64;
-        for (t, d) in inputs.iter().zip(&m.inputs) {
-            let bytes = t.bytes();
-            if !bytes.is_empty() {
-                // SAFETY: the buffer holds the declared size (checked by the caller); `bytes`
-                // lives until the stream is synchronised below.
-                unsafe { result::memcpy_htod_async(self.ptrs[d.buffer], bytes, main.cu_stream()) }
-                    .map_err(driver("copying inputs"))?;
-                to_device += bytes.len() as u64;
-            }
+        if profile.is_none() {
+            self.capture_when_due(&mut state, m);
         }
+        // Pageable copies land in these; pinned ones in the slots, copied out after the run.
+        let mut pageable: Vec<Vec<u8>> = match &self.staging {
+            Ok(_) => Vec::new(),
+            Err(_) => {
+                m.outputs.iter().map(|o| vec![0u8; m.buffers[o.buffer].bytes as usize]).collect()
+            }
+        };
+        let ran = self.run_once(&mut state, m, inputs, &mut pageable, profile);
+        if ran.is_err() {
+            // Nothing may still copy into host memory that is about to be freed.
+            self.settle();
+        }
+        ran?;
+        Ok(match &self.staging {
+            Ok(staging) => (0..m.outputs.len()).map(|i| staging.take_output(i)).collect(),
+            Err(_) => pageable,
+        })
+    }
+
+    /// One run: the input copies, the kernels (the graph's replay or direct launches), the
+    /// output copies, the synchronisation, then the profile and the device time.
+    fn run_once(
+        &self,
+        state: &mut RunState,
+        m: &Manifest,
+        inputs: &[Tensor],
+        pageable: &mut [Vec<u8>],
+        profile: Option<&mut Profile>,
+    ) -> Result<()> {
+        let main = &self.streams[0];
+        let to_device = self.copy_inputs(m, inputs)?;
+        if let Some((start, _)) = &self.span {
+            start.record(main).map_err(driver("cuEventRecord"))?;
+        }
+        let replayed = profile.is_none() && self.replay(state);
+        if !replayed {
+            let timing = if profile.is_some() { state.profile_events.as_ref() } else { None };
+            self.enqueue(m, timing)?;
+        }
+        if let Some((_, end)) = &self.span {
+            end.record(main).map_err(driver("cuEventRecord"))?;
+        }
+        let from_device = self.copy_outputs(m, pageable)?;
+        main.synchronize()
+            .map_err(|e| err(format!("running the kernels failed: {}", describe(e))))?;
+        if !replayed {
+            state.direct_runs += 1;
+        }
+        let took = self.span.as_ref().and_then(|(start, end)| start.elapsed_ms(end).ok());
+        let took = took.map(|ms| Duration::from_secs_f64(ms.max(0.0) as f64 / 1e3));
+        state.spent = state.spent.zip(took).map(|(a, t)| a + t);
+        if let Some(p) = profile {
+            if let Some(ev) = &state.profile_events {
+                for (launch, (start, end)) in m.launches.iter().zip(ev) {
+                    let ms = start.elapsed_ms(end).map_err(driver("cuEventElapsedTime"))?;
+                    p.launches.push((
+                        m.kernels[launch.kernel].label.clone(),
+                        Duration::from_secs_f64(ms.max(0.0) as f64 / 1e3),
+                    ));
+                }
+            }
+            if let Some(t) = took {
+                p.device_time = Some(p.device_time.unwrap_or_default() + t);
+            }
+            p.bytes_to_device += to_device;
+            p.bytes_from_device += from_device;
+        }
+        Ok(())
+    }
+
+    /// Copies each input to its device buffer on the main stream, from its pinned slot when
+    /// there are slots; returns the bytes copied.
+    fn copy_inputs(&self, m: &Manifest, inputs: &[Tensor]) -> Result<u64> {
+        let main = self.streams[0].cu_stream();
+        let mut to_device = 0u64;
+        for (i, (t, d)) in inputs.iter().zip(&m.inputs).enumerate() {
+            let bytes = t.bytes();
+            if bytes.is_empty() {
+                continue;
+            }
+            let src = match &self.staging {
+                Ok(staging) => staging.fill(i, bytes)?,
+                Err(_) => bytes.as_ptr(),
+            };
+            // SAFETY: the buffer holds the declared size (checked by the caller); `src` (a slot
+            // or the caller's tensor) lives until the stream is synchronised.
+            unsafe {
+                sys::cuMemcpyHtoDAsync_v2(
+                    self.ptrs[d.buffer],
+                    src as *const c_void,
+                    bytes.len(),
+                    main,
+                )
+            }
+            .result()
+            .map_err(driver("copying inputs"))?;
+            to_device += bytes.len() as u64;
+        }
+        Ok(to_device)
+    }
+
+    /// Copies each output from its device buffer on the main stream, into its pinned slot when
+    /// there are slots, else into `pageable`; returns the bytes copied.
+    fn copy_outputs(&self, m: &Manifest, pageable: &mut [Vec<u8>]) -> Result<u64> {
+        let main = self.streams[0].cu_stream();
+        let mut from_device = 0u64;
+        for (i, o) in m.outputs.iter().enumerate() {
+            let len = m.buffers[o.buffer].bytes as usize;
+            if len == 0 {
+                continue;
+            }
+            let dst = match &self.staging {
+                Ok(staging) => staging.output(i),
+                Err(_) => pageable[i].as_mut_ptr(),
+            };
+            // SAFETY: the buffer and `dst` (a slot or a vector of the buffer's size, both alive
+            // until the stream is synchronised) hold `len` bytes.
+            unsafe {
+                sys::cuMemcpyDtoHAsync_v2(dst as *mut c_void, self.ptrs[o.buffer], len, main)
+            }
+            .result()
+            .map_err(driver("copying outputs"))?;
+            from_device += len as u64;
+        }
+        Ok(from_device)
+    }
+
+    /// Enqueues every launch on its stream with the plan's event waits and records, between the
+    /// main stream's fork (after the input copies) and join (before the output copies); with
+    /// `timing`, an event pair around each launch. The same calls run directly or are captured.
+    fn enqueue(&self, m: &Manifest, timing: Option<&ProfileEvents>) -> Result<()> {
+        let main = &self.streams[0];
         if let Some(up) = &self.uploaded {
             up.record(main).map_err(driver("cuEventRecord"))?;
             for s in &self.streams[1..] {
@@ -517,34 +936,81 @@ impl CudaProgram {
             main.wait(self.events[t].as_ref().expect("planned"))
                 .map_err(driver("cuStreamWaitEvent"))?;
         }
-        let mut outputs = Vec::with_capacity(m.outputs.len());
-        for o in &m.outputs {
-            let mut host = vec![0u8; m.buffers[o.buffer].bytes as usize];
-            if !host.is_empty() {
-                // SAFETY: the buffer is this size; `host` outlives the synchronisation below.
-                unsafe {
-                    result::memcpy_dtoh_async(&mut host, self.ptrs[o.buffer], main.cu_stream())
-                }
-                .map_err(driver("copying outputs"))?;
-            }
-            outputs.push(host);
+        Ok(())
+    }
+
+    /// Captures the graph when one is due: graphs on, none yet, and a run has launched every
+    /// kernel directly. A failed capture turns graphs off for this program, saying why.
+    fn capture_when_due(&self, state: &mut RunState, m: &Manifest) {
+        if matches!(state.graph, Graph::Pending) && state.direct_runs > 0 {
+            state.graph = match self.capture(m) {
+                Ok(graph) => Graph::Ready(graph),
+                Err(e) => Graph::Off(format!("the capture failed: {e}")),
+            };
         }
-        main.synchronize()
-            .map_err(|e| err(format!("running the kernels failed: {}", describe(e))))?;
-        if let Some(p) = profile {
-            if let Some(ev) = timing {
-                for (launch, (start, end)) in m.launches.iter().zip(ev) {
-                    let ms = start.elapsed_ms(end).map_err(driver("cuEventElapsedTime"))?;
-                    p.launches.push((
-                        m.kernels[launch.kernel].label.clone(),
-                        Duration::from_secs_f64(ms.max(0.0) as f64 / 1e3),
-                    ));
-                }
-            }
-            p.bytes_to_device += to_device;
-            p.bytes_from_device += outputs.iter().map(|o| o.len() as u64).sum::<u64>();
+    }
+
+    /// The launches (with the fork to and join of the side streams) captured from the main
+    /// stream into a graph, instantiated and uploaded once. On any failure no stream is left
+    /// capturing: a capturing stream refuses ordinary work.
+    fn capture(&self, m: &Manifest) -> Result<CudaGraph> {
+        let main = &self.streams[0];
+        let captured = guarded("capturing a CUDA graph", || {
+            main.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+                .map_err(driver("cuStreamBeginCapture"))?;
+            let enqueued = self.enqueue(m, None);
+            let ended = main
+                .end_capture(sys::CUgraphInstantiate_flags(0))
+                .map_err(driver("cuStreamEndCapture or cuGraphInstantiate"));
+            enqueued?;
+            let graph = ended?.ok_or_else(|| err("the capture holds no work"))?;
+            graph.upload().map_err(driver("cuGraphUpload"))?;
+            Ok(graph)
+        });
+        if captured.is_err() {
+            self.end_captures();
         }
-        Ok(outputs)
+        captured
+    }
+
+    /// Ends any capture a failed one left open on any stream, dropping what it captured.
+    fn end_captures(&self) {
+        for s in &self.streams {
+            let _ = guarded("ending a capture", || {
+                let status = s.capture_status().map_err(driver("cuStreamIsCapturing"))?;
+                if status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
+                    // SAFETY: our stream; the graph it returns, if any, is ours to destroy.
+                    let graph = unsafe { result::stream::end_capture(s.cu_stream()) }
+                        .map_err(driver("cuStreamEndCapture"))?;
+                    if !graph.is_null() {
+                        // SAFETY: not instantiated, destroyed once.
+                        let _ = unsafe { result::graph::destroy(graph) };
+                    }
+                }
+                Ok(())
+            });
+        }
+    }
+
+    /// Replays the graph on the main stream, when there is one; a failed launch turns graphs off
+    /// and the run launches directly.
+    fn replay(&self, state: &mut RunState) -> bool {
+        let Graph::Ready(graph) = &state.graph else { return false };
+        match guarded("cuGraphLaunch", || graph.launch().map_err(driver("cuGraphLaunch"))) {
+            Ok(()) => true,
+            Err(e) => {
+                state.graph = Graph::Off(format!("the graph's launch failed: {e}"));
+                false
+            }
+        }
+    }
+
+    /// Waits for every stream, ignoring errors: after a failed run, before host memory a copy
+    /// may still use is freed.
+    fn settle(&self) {
+        for s in &self.streams {
+            let _ = s.synchronize();
+        }
     }
 }
 
@@ -650,6 +1116,74 @@ mod tests {
         assert_eq!(&o[..5], &[0, 4096, 8192, 12288, 16384]);
         assert_eq!((o[5], o[6], o[7]), (20480, 20480 + 4000, 20480));
         assert_eq!(total, 20480 + 8000);
+    }
+
+    fn gpu(name: &str, capability: (i32, i32), multiprocessors: i32) -> GpuInfo {
+        GpuInfo {
+            index: 0,
+            name: name.into(),
+            compute_capability: capability,
+            memory_bytes: 0,
+            multiprocessors,
+        }
+    }
+
+    fn near(got: Option<f64>, want: f64) -> bool {
+        got.is_some_and(|g| (g - want).abs() <= want * 1e-3)
+    }
+
+    #[test]
+    fn peaks_come_from_the_attributes_else_the_gpus_name() {
+        // The H200 as its driver reports it: 132 SMs at 1.98 GHz, HBM3e at 3.2 GHz on 6144 bits.
+        let h200 = gpu("NVIDIA H200", (9, 0), 132);
+        let clocks =
+            Clocks { core_khz: Some(1_980_000), memory_khz: Some(3_201_000), bus_bits: Some(6144) };
+        let p = peaks(&h200, clocks);
+        assert!(near(p.flops_per_s, 66.9e12), "{p:?}"); // 132 x 128 lanes x 2 x 1.98 GHz
+        assert!(near(p.bytes_per_s, 4.917e12), "{p:?}"); // 2 x 3.201 GHz x 768 bytes
+                                                         // The H100 SXM: HBM3 at 2.619 GHz on 5120 bits is its 3.35 TB/s.
+        let h100 = gpu("NVIDIA H100 80GB HBM3", (9, 0), 132);
+        let clocks =
+            Clocks { core_khz: Some(1_980_000), memory_khz: Some(2_619_000), bus_bits: Some(5120) };
+        let p = peaks(&h100, clocks);
+        assert!(near(p.bytes_per_s, 3.352e12) && near(p.flops_per_s, 66.9e12), "{p:?}");
+        // A driver that reports no clocks: the table by name.
+        let p = peaks(&h200, Clocks::default());
+        assert!(near(p.bytes_per_s, 4.8e12) && near(p.flops_per_s, 66.9e12), "{p:?}");
+        assert!(near(peaks(&h100, Clocks::default()).bytes_per_s, 3.35e12));
+        // The A100 has 64 f32 lanes an SM: 108 x 64 x 2 x 1.41 GHz = 19.5 TFLOP/s.
+        let p = peaks(&gpu("NVIDIA A100-SXM4-80GB", (8, 0), 108), Clocks::default());
+        assert!(near(p.bytes_per_s, 2.0e12) && near(p.flops_per_s, 19.49e12), "{p:?}");
+        // Unknown by name and unreported: unknown; a reported clock alone gives the compute.
+        let other = gpu("NVIDIA GeForce RTX 4090", (8, 9), 128);
+        assert_eq!(peaks(&other, Clocks::default()), Peaks::default());
+        let p = peaks(&other, Clocks { core_khz: Some(2_520_000), ..Clocks::default() });
+        assert!(p.bytes_per_s.is_none() && near(p.flops_per_s, 82.6e12), "{p:?}");
+    }
+
+    #[test]
+    fn pinned_slots_hold_each_input_and_output_apart() {
+        let mut m =
+            diamond(Target::Cuda, 4000, Blob { offset: 0, len: 0 }, Blob { offset: 0, len: 4000 });
+        m.buffers[3].bytes = 10;
+        let l = staging_layout(&m);
+        let slot = |offset, len| Slot { offset, len };
+        assert_eq!(l.inputs, vec![slot(0, 4000), slot(4096, 4000)]);
+        assert_eq!(l.outputs, vec![slot(8192, 4000), slot(12288, 10)]);
+        assert_eq!(l.total, 12544);
+        m.inputs.clear();
+        m.outputs.clear();
+        assert_eq!(staging_layout(&m).total, 0);
+    }
+
+    #[test]
+    fn graphs_are_on_unless_the_environment_says_0() {
+        assert!(graphs_wanted(None) && graphs_wanted(Some("1")));
+        assert!(!graphs_wanted(Some("0")) && !graphs_wanted(Some(" 0 ")));
+        let mode = RunMode { graph: GraphUse::Off("KILN_CUDA_GRAPH=0".into()), pageable: None };
+        assert_eq!(mode.to_string(), "CUDA graph off (KILN_CUDA_GRAPH=0), pinned copies");
+        let mode = RunMode { graph: GraphUse::InUse, pageable: Some("no room".into()) };
+        assert_eq!(mode.to_string(), "CUDA graph in use, pageable copies (no room)");
     }
 
     #[test]

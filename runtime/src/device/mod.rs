@@ -7,11 +7,15 @@
 //!
 //! Neither GPU library is needed to build or start kiln: a missing one is an error (or a note in
 //! `list_devices`) that says so.
+//!
+//! Profiles say how close each kernel comes to the device's peaks (`Peaks`, `kernel_table`).
 
 pub mod cpu;
 pub mod cuda;
 pub(crate) mod hazard;
 pub mod opencl;
+
+use std::time::Duration;
 
 use serde::Serialize;
 
@@ -207,6 +211,142 @@ pub fn auto_device() -> (Target, String) {
     (Target::Cpu, format!("cpu ({})", why.join(", ")))
 }
 
+/// What one launch moves and computes at least: the artifact's `KernelDesc::bytes` and `flops`
+/// (0 where the compiler does not count them: the CPU's kernels, ops without a FLOP count).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Work {
+    pub bytes: u64,
+    pub flops: u64,
+}
+
+impl Work {
+    /// Whether anything is counted (the roofline columns have something to say).
+    pub fn counted(&self) -> bool {
+        self.bytes > 0 || self.flops > 0
+    }
+}
+
+/// A device's peak rates, where known: what a kernel's achieved rates are measured against.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct Peaks {
+    /// Memory bandwidth, bytes per second.
+    pub bytes_per_s: Option<f64>,
+    /// f32 fused multiply-add throughput, FLOP per second (a multiply-add counts two).
+    pub flops_per_s: Option<f64>,
+}
+
+impl std::fmt::Display for Peaks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let bandwidth = self.bytes_per_s.map_or("unknown".into(), |b| format!("{:.0}", b / 1e9));
+        let flops = self.flops_per_s.map_or("unknown".into(), |x| format!("{:.1}", x / 1e12));
+        write!(f, "{bandwidth} GB/s memory, {flops} TFLOP/s f32")
+    }
+}
+
+/// Which peak a kernel came closer to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum Bound {
+    Memory,
+    Compute,
+}
+
+impl Bound {
+    pub fn name(self) -> &'static str {
+        match self {
+            Bound::Memory => "memory",
+            Bound::Compute => "compute",
+        }
+    }
+}
+
+/// A launch's achieved rates and how close they come to the peaks.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Roofline {
+    /// Bytes per second (where bytes are counted).
+    pub bytes_per_s: Option<f64>,
+    /// FLOP per second (where FLOPs are counted).
+    pub flops_per_s: Option<f64>,
+    /// The larger of the bandwidth and the compute fractions of the peaks, and which.
+    pub of_peak: Option<(f64, Bound)>,
+}
+
+impl Peaks {
+    /// `work` done in `time`, against these peaks. Nothing is known of a zero time.
+    pub fn roofline(&self, work: Work, time: Duration) -> Roofline {
+        let secs = time.as_secs_f64();
+        if secs <= 0.0 {
+            return Roofline::default();
+        }
+        let rate = |n: u64| (n > 0).then(|| n as f64 / secs);
+        let (bytes_per_s, flops_per_s) = (rate(work.bytes), rate(work.flops));
+        let fraction = |got: Option<f64>, peak: Option<f64>, bound| match (got, peak) {
+            (Some(g), Some(p)) if p > 0.0 => Some((g / p, bound)),
+            _ => None,
+        };
+        let memory = fraction(bytes_per_s, self.bytes_per_s, Bound::Memory);
+        let compute = fraction(flops_per_s, self.flops_per_s, Bound::Compute);
+        let of_peak = match (memory, compute) {
+            (Some(m), Some(c)) => Some(if c.0 > m.0 { c } else { m }),
+            (m, c) => m.or(c),
+        };
+        Roofline { bytes_per_s, flops_per_s, of_peak }
+    }
+}
+
+/// One line of a profile table: a kernel's time (one run's, or a median over runs) and what one
+/// launch of it moves and computes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KernelTime {
+    pub label: String,
+    pub time: Duration,
+    pub work: Work,
+}
+
+/// A profile as lines of text: per kernel its time and label, then `total` (the sum). Where the
+/// artifact counts what kernels move and compute (GPU targets), each line also has the achieved
+/// GB/s, GFLOP/s (where FLOPs are counted) and the fraction of `peaks` reached (the larger of
+/// bandwidth and compute, and which), under a header, and the device's peaks end the table.
+/// Without counted work (the CPU's kernels) the lines are time and label alone.
+pub fn kernel_table(kernels: &[KernelTime], peaks: Option<&Peaks>, total: &str) -> Vec<String> {
+    let time: Duration = kernels.iter().map(|k| k.time).sum();
+    let ms = |t: Duration| t.as_secs_f64() * 1e3;
+    if !kernels.iter().any(|k| k.work.counted()) {
+        let mut lines: Vec<String> =
+            kernels.iter().map(|k| format!("  {:>9.4} ms  {}", ms(k.time), k.label)).collect();
+        lines.push(format!("  {:>9.4} ms  {total}", ms(time)));
+        return lines;
+    }
+    let none = Peaks::default();
+    let peaks_or_none = peaks.unwrap_or(&none);
+    let row = |t: Duration, work: Work, label: &str| {
+        let r = peaks_or_none.roofline(work, t);
+        let rate = |x: Option<f64>| x.map_or("-".to_string(), |x| format!("{:.1}", x / 1e9));
+        let of_peak =
+            r.of_peak.map_or("-".to_string(), |(f, b)| format!("{:.1}% {}", f * 100.0, b.name()));
+        format!(
+            "  {:>9.4} ms  {:>9}  {:>9}  {:>14}  {label}",
+            ms(t),
+            rate(r.bytes_per_s),
+            rate(r.flops_per_s),
+            of_peak
+        )
+    };
+    let mut lines = vec![format!(
+        "  {:>12}  {:>9}  {:>9}  {:>14}  kernel",
+        "time", "GB/s", "GFLOP/s", "of peak"
+    )];
+    lines.extend(kernels.iter().map(|k| row(k.time, k.work, &k.label)));
+    let all = kernels.iter().fold(Work::default(), |a, k| Work {
+        bytes: a.bytes + k.work.bytes,
+        flops: a.flops + k.work.flops,
+    });
+    lines.push(row(time, all, total));
+    if let Some(p) = peaks {
+        lines.push(format!("  the device's peaks: {p}"));
+    }
+    lines
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -254,5 +394,67 @@ mod tests {
         if target == Target::Cpu {
             assert!(why.starts_with("cpu ("), "{why}");
         }
+    }
+
+    #[test]
+    fn a_kernel_reaches_the_larger_of_its_bandwidth_and_compute_fractions() {
+        let peaks = Peaks { bytes_per_s: Some(4.0e12), flops_per_s: Some(60.0e12) };
+        let ms = Duration::from_millis(1);
+        // 1 GB in 1 ms: 1 TB/s, a quarter of the bandwidth; 3 TFLOP in 1 ms: half the compute.
+        let r = peaks.roofline(Work { bytes: 1_000_000_000, flops: 30_000_000_000 }, ms);
+        assert_eq!(r.bytes_per_s, Some(1.0e12));
+        assert_eq!(r.flops_per_s, Some(30.0e12));
+        assert_eq!(r.of_peak, Some((0.5, Bound::Compute)));
+        let r = peaks.roofline(Work { bytes: 2_000_000_000, flops: 0 }, ms);
+        assert_eq!((r.flops_per_s, r.of_peak), (None, Some((0.5, Bound::Memory))));
+        // Unknown peaks, no counted work or no time: no fraction.
+        let r = Peaks::default().roofline(Work { bytes: 1, flops: 1 }, ms);
+        assert_eq!(r.of_peak, None);
+        assert!(r.bytes_per_s.is_some());
+        assert_eq!(peaks.roofline(Work::default(), ms), Roofline::default());
+        assert_eq!(
+            peaks.roofline(Work { bytes: 1, flops: 1 }, Duration::ZERO),
+            Roofline::default()
+        );
+    }
+
+    #[test]
+    fn the_profile_table_shows_rates_and_peaks_where_work_is_counted() {
+        let k = |label: &str, us: u64, bytes: u64, flops: u64| KernelTime {
+            label: label.into(),
+            time: Duration::from_micros(us),
+            work: Work { bytes, flops },
+        };
+        // The CPU: no counted work, the lines kiln always printed.
+        let cpu = [k("k0: Relu", 1500, 0, 0), k("k1: Add", 500, 0, 0)];
+        assert_eq!(
+            kernel_table(&cpu, None, "(sum of the kernels' medians)"),
+            vec![
+                "     1.5000 ms  k0: Relu",
+                "     0.5000 ms  k1: Add",
+                "     2.0000 ms  (sum of the kernels' medians)",
+            ]
+        );
+        // A GPU: 4 MB in 10 us is 400 GB/s, 10% of 4 TB/s; 400 MFLOP in 10 us is 40 TFLOP/s.
+        let gpu = [k("k0: Gemm", 10, 4_000_000, 400_000_000), k("k1: Relu", 10, 20_000_000, 0)];
+        let peaks = Peaks { bytes_per_s: Some(4.0e12), flops_per_s: Some(80.0e12) };
+        let table = kernel_table(&gpu, Some(&peaks), "(sum)");
+        assert_eq!(
+            table,
+            vec![
+                "          time       GB/s    GFLOP/s         of peak  kernel",
+                "     0.0100 ms      400.0    40000.0   50.0% compute  k0: Gemm",
+                "     0.0100 ms     2000.0          -    50.0% memory  k1: Relu",
+                "     0.0200 ms     1200.0    20000.0    30.0% memory  (sum)",
+                "  the device's peaks: 4000 GB/s memory, 80.0 TFLOP/s f32",
+            ]
+            .into_iter()
+            .map(String::from)
+            .collect::<Vec<_>>()
+        );
+        // Peaks unknown (OpenCL): rates, no fraction.
+        let table = kernel_table(&gpu[1..], None, "(sum)");
+        assert_eq!(table[1], "     0.0100 ms     2000.0          -               -  k1: Relu");
+        assert_eq!(table.len(), 3);
     }
 }

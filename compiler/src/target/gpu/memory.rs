@@ -92,6 +92,40 @@ pub fn legalize(ctx: &melior::Context, device: RawOp, flavor: Flavor) -> Result<
     Ok(())
 }
 
+/// The workgroup memory each `gpu.func` of `device` declares, in bytes, by function name: its
+/// workgroup attributions (NVVM) or its workgroup-space allocations (SPIR-V), after `legalize`.
+pub fn workgroup_bytes(device: RawOp) -> std::collections::HashMap<String, usize> {
+    let mut out = std::collections::HashMap::new();
+    for func in device.children().into_iter().filter(|f| f.is("gpu.func")) {
+        let Some(name) = func.attr("sym_name").and_then(edit::string_attr) else { continue };
+        let size = |t| {
+            edit::static_dims(t).map_or(0, |d| d.iter().product::<usize>())
+                * edit::element_bytes(t).unwrap_or(4)
+        };
+        let mut bytes = 0;
+        // NVVM: the entry block's arguments after the function's are its attributions.
+        if let (Some(entry), Some(ft)) = (func.block(0), func.attr("function_type")) {
+            // SAFETY: reading a live gpu.func's signature and entry block.
+            unsafe {
+                let inputs =
+                    mlir_sys::mlirFunctionTypeGetNumInputs(mlir_sys::mlirTypeAttrGetValue(ft));
+                for i in inputs..mlir_sys::mlirBlockGetNumArguments(entry) {
+                    bytes += size(edit::value_type(mlir_sys::mlirBlockGetArgument(entry, i)));
+                }
+            }
+        }
+        // SPIR-V: allocations in workgroup memory.
+        for op in func.descendants().into_iter().filter(|o| o.is("memref.alloc")) {
+            let t = edit::value_type(op.result(0));
+            if edit::memory_space(t).is_some_and(|s| edit::int_attr(s) == Some(3)) {
+                bytes += size(t);
+            }
+        }
+        out.insert(name, bytes);
+    }
+    out
+}
+
 /// A buffer argument with no elements (an empty input a kernel never reads) becomes a
 /// one-element buffer: SPIR-V has no zero-length arrays, and the runtime gives empty buffers a
 /// few bytes anyway. Only arguments nothing uses are changed.

@@ -122,6 +122,7 @@ fn compile(
         tensor_cores: forced == Some(schedule::Strategy::TensorCore),
     };
     let device_body = device.block(0).expect("a gpu.module has a body");
+    let mut plans_text: Vec<(String, Vec<DeviceLaunch>)> = Vec::new();
     for k in kernels {
         let tile_plan = match forced {
             None | Some(schedule::Strategy::Tile) | Some(schedule::Strategy::TensorCore) => {
@@ -145,18 +146,11 @@ fn compile(
                 .map_err(|e| CompileError::in_kernel(k, "outline", e))?;
             (plan, format!("{strategy} schedule"))
         };
-        if let Some(t) = texts.as_deref_mut() {
-            t.push(Stage::Lowered, &format!("// kernel {} ({}): {strategy}\n", k.name, k.label));
-            for l in &plan.launches {
-                t.push(
-                    Stage::Lowered,
-                    &format!(
-                        "//   launch {} grid {:?} block {:?} args {:?}\n",
-                        l.func, l.grid, l.block, l.args
-                    ),
-                );
-            }
-        }
+        // The launch lines wait for the device module's memory spaces (their shared memory).
+        plans_text.push((
+            format!("// kernel {} ({}): {strategy}\n", k.name, k.label),
+            plan.launches.clone(),
+        ));
         let first = functions.len();
         for l in &plan.launches {
             functions.push(KernelDesc {
@@ -213,6 +207,22 @@ fn compile(
         .find(|o| o.is("gpu.module"))
         .expect("still there");
     memory::legalize(&mlir.ctx, device, memory_flavor).map_err(|e| internal("memory spaces", e))?;
+    if let Some(t) = texts.as_deref_mut() {
+        let shared = memory::workgroup_bytes(device);
+        for (head, launches) in &plans_text {
+            t.push(Stage::Lowered, head);
+            for l in launches {
+                let bytes = shared.get(&l.func).copied().unwrap_or(0);
+                t.push(
+                    Stage::Lowered,
+                    &format!(
+                        "//   launch {} grid {:?} block {:?} shared {bytes} B args {:?}\n",
+                        l.func, l.grid, l.block, l.args
+                    ),
+                );
+            }
+        }
+    }
     let code = match target {
         GpuTarget::Cuda(t) => {
             let p = ptx::lower(&mlir, &mut device_module, t).map_err(|e| internal("ptx", e))?;

@@ -24,7 +24,7 @@ use super::builder::{type_of, KernelBuilder, V};
 use super::mma::{self, MmaKind, MmaTile};
 use super::reduce::trips;
 use super::tail::{broadcast_strides, source_of, Source, Tail};
-use super::{Args, BuildContext, TileTarget};
+use super::{Args, BuildContext, Hints, TileTarget};
 use crate::fuse::Kernel;
 
 /// How one operand's element `(b, i, j)` is found (`i`, `j`: A's `(m, k)`, B's `(k, n)`).
@@ -356,10 +356,12 @@ fn finish_plan(
     let blocks = m.div_ceil(bm) * n.div_ceil(bn) * batch;
     let steps = k.div_ceil(bk);
     // Split the reduction when the tiles give the GPU fewer than twice the threads it needs
-    // to be busy, as long as each split keeps 64 of the reduction or more (whole steps).
+    // to be busy, as long as each split keeps 64 of the reduction or more (whole steps), and
+    // the contraction is big enough (10 MFLOP) to be worth the second launch.
     let want = 2 * t.min_threads();
     let per_split = 64usize.div_ceil(bk);
-    let splits = if blocks * threads < want && steps >= 2 * per_split {
+    let big = 2 * batch * m * n * k > 10_000_000;
+    let splits = if big && blocks * threads < want && steps >= 2 * per_split {
         want.div_ceil(blocks * threads).min(steps / per_split).clamp(1, 64)
     } else {
         1
@@ -474,13 +476,13 @@ impl GemmPlan {
         // Two blocks a multiprocessor for the FMA tiles (128 registers a thread): one leaves
         // half the warps that hide shared-memory latency.
         let bound = matches!(self.math, Math::Simt { .. }).then_some(2);
-        let flops = 2 * (self.batch * self.m * self.n * self.k) as u64;
+        let hints =
+            Hints { min_blocks: bound, flops: 2 * (self.batch * self.m * self.n * self.k) as u64 };
         if self.splits == 1 {
-            return cx
-                .launch_bounded("gemm", grid, block, &[], bound, flops, |kb, a| main(kb, a, None));
+            return cx.launch_with("gemm", grid, block, &[], hints, |kb, a| main(kb, a, None));
         }
         let part = cx.scratch(self.splits * self.batch * self.m * self.n * 4);
-        cx.launch_bounded("gemm_partial", grid, block, &[part], bound, flops, |kb, a| {
+        cx.launch_with("gemm_partial", grid, block, &[part], hints, |kb, a| {
             main(kb, a, Some(a.scratch[0]))
         })?;
         let total = self.batch * self.m * self.n;

@@ -165,6 +165,16 @@ pub fn build(
     Ok(cx.plan)
 }
 
+/// What a launch tells the compiler and the profiles beyond its shape.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Hints {
+    /// Blocks that should be resident on each multiprocessor at once (NVIDIA: the compiler keeps
+    /// the registers a thread uses within what that allows).
+    pub min_blocks: Option<u32>,
+    /// Floating-point operations one launch does (profiles; 0: not counted).
+    pub flops: u64,
+}
+
 /// What a tile kernel's `build` adds functions and launches through.
 pub struct BuildContext<'c, 'g> {
     pub ctx: &'c melior::Context,
@@ -195,22 +205,20 @@ impl<'c, 'g> BuildContext<'c, 'g> {
         scratch: &[usize],
         body: impl FnOnce(&KernelBuilder<'c>, &Args) -> Result<()>,
     ) -> Result<()> {
-        self.launch_bounded(suffix, grid, block, scratch, None, 0, body)
+        self.launch_with(suffix, grid, block, scratch, Hints::default(), body)
     }
 
-    /// `launch`, asking for `min_blocks` blocks resident on each multiprocessor (NVIDIA: the
-    /// compiler keeps the registers a thread uses within what that allows), and counting
-    /// `flops` floating-point operations for profiles.
-    pub fn launch_bounded(
+    /// `launch` with `hints`.
+    pub fn launch_with(
         &mut self,
         suffix: &str,
         grid: [u32; 3],
         block: [u32; 3],
         scratch: &[usize],
-        min_blocks: Option<u32>,
-        flops: u64,
+        hints: Hints,
         body: impl FnOnce(&KernelBuilder<'c>, &Args) -> Result<()>,
     ) -> Result<()> {
+        let Hints { min_blocks, flops } = hints;
         let (graph, kernel) = (self.graph, self.kernel);
         let name = format!("{}_tile_{suffix}", kernel.name);
         let kb = KernelBuilder::at(self.ctx, self.device, self.flavor);
