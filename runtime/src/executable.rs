@@ -45,6 +45,9 @@ pub struct Profile {
     pub bytes_to_device: u64,
     /// Bytes copied back: the outputs.
     pub bytes_from_device: u64,
+    /// Per launch, beside `launches`: what its function holds on the device, where the device
+    /// says (CUDA: registers, shared and local memory).
+    pub resources: Vec<Option<crate::device::Resources>>,
     /// The device time of the kernels alone, from the end of the input copies to the start of
     /// the output copies, summed over the device programs the run ran; `None` where the device
     /// does not measure it (CPU, OpenCL).
@@ -72,6 +75,7 @@ impl Profile {
                     label: first.launches[i].0.clone(),
                     time: times[times.len() / 2],
                     work: first.work.get(i).copied().unwrap_or_default(),
+                    resources: first.resources.get(i).copied().flatten(),
                 }
             })
             .collect()
@@ -398,6 +402,15 @@ impl Executable {
         if let Some(p) = profile {
             p.add_work(m, before);
             p.peaks = p.peaks.or(self.peaks());
+            // What each launch's function holds on the device (CUDA), beside `launches`.
+            p.resources.resize(before, None);
+            let added = p.launches.len().saturating_sub(before);
+            let of = |l: &crate::artifact::Launch| match &self.program {
+                Program::Cuda(c) => c.resources(l.kernel),
+                _ => None,
+            };
+            let res = m.launches.iter().map(of).chain(std::iter::repeat(None)).take(added);
+            p.resources.extend(res);
         }
         Ok(outputs)
     }

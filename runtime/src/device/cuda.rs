@@ -482,6 +482,8 @@ pub struct CudaProgram {
     ctx: Arc<CudaContext>,
     description: String,
     functions: Vec<sys::CUfunction>,
+    /// Per function, what it holds on the device (for profiles).
+    resources: Vec<Option<super::Resources>>,
     /// Device address of every buffer.
     ptrs: Vec<sys::CUdeviceptr>,
     plan: StreamPlan,
@@ -570,6 +572,7 @@ impl CudaProgram {
             ]
         };
         let mut functions = Vec::with_capacity(m.kernels.len());
+        let mut resources = Vec::with_capacity(m.kernels.len());
         for (i, k) in m.kernels.iter().enumerate() {
             let name = CString::new(k.symbol.as_str())
                 .map_err(|_| err(format!("kernel {i}'s symbol `{}` holds a NUL byte", k.symbol)))?;
@@ -604,6 +607,7 @@ impl CudaProgram {
                 )));
             }
             functions.push(f);
+            resources.push(function_resources(f));
         }
 
         // One allocation: inputs, outputs and constants each at an aligned offset, then the arena.
@@ -668,6 +672,7 @@ impl CudaProgram {
             ctx,
             description,
             functions,
+            resources,
             ptrs,
             plan,
             streams,
@@ -705,6 +710,11 @@ impl CudaProgram {
     /// The GPU's peak rates (from its attributes, else its name).
     pub fn peaks(&self) -> Peaks {
         self.peaks
+    }
+
+    /// What kernel `i`'s function holds on the device (registers, shared and local memory).
+    pub fn resources(&self, i: usize) -> Option<super::Resources> {
+        self.resources.get(i).copied().flatten()
     }
 
     /// The device time of every run so far, kernels alone; `None` when a run could not measure
@@ -1012,6 +1022,19 @@ impl CudaProgram {
             let _ = s.synchronize();
         }
     }
+}
+
+/// A loaded function's registers, static shared memory and local memory (spills), as the driver
+/// reports them; `None` when it does not.
+fn function_resources(f: sys::CUfunction) -> Option<super::Resources> {
+    use sys::CUfunction_attribute_enum as A;
+    // SAFETY: `f` is a function of a loaded module.
+    let get = |a| unsafe { result::function::get_function_attribute(f, a) }.ok();
+    Some(super::Resources {
+        registers: u32::try_from(get(A::CU_FUNC_ATTRIBUTE_NUM_REGS)?).ok()?,
+        shared_bytes: u32::try_from(get(A::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)?).ok()?,
+        local_bytes: u32::try_from(get(A::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES)?).ok()?,
+    })
 }
 
 /// Loads PTX text into the current context. On failure the error carries the JIT's log (a PTX

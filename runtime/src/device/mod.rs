@@ -226,6 +226,26 @@ impl Work {
     }
 }
 
+/// What a compiled GPU function holds on the device (CUDA's function attributes): registers a
+/// thread, static workgroup (shared) memory a block, and local memory a thread (register
+/// spills).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Resources {
+    pub registers: u32,
+    pub shared_bytes: u32,
+    pub local_bytes: u32,
+}
+
+impl std::fmt::Display for Resources {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        write!(f, "{} regs, {} B shared", self.registers, self.shared_bytes)?;
+        if self.local_bytes > 0 {
+            write!(f, ", {} B local (spills)", self.local_bytes)?;
+        }
+        Ok(())
+    }
+}
+
 /// A device's peak rates, where known: what a kernel's achieved rates are measured against.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
 pub struct Peaks {
@@ -300,6 +320,8 @@ pub struct KernelTime {
     pub label: String,
     pub time: Duration,
     pub work: Work,
+    /// What its function holds on the device, where the device says (CUDA).
+    pub resources: Option<Resources>,
 }
 
 /// A profile as lines of text: per kernel its time and label, then `total` (the sum). Where the
@@ -331,11 +353,15 @@ pub fn kernel_table(kernels: &[KernelTime], peaks: Option<&Peaks>, total: &str) 
             of_peak
         )
     };
+    let with_resources = |line: String, k: &KernelTime| match k.resources {
+        Some(res) => format!("{line} [{res}]"),
+        None => line,
+    };
     let mut lines = vec![format!(
         "  {:>12}  {:>9}  {:>9}  {:>14}  kernel",
         "time", "GB/s", "GFLOP/s", "of peak"
     )];
-    lines.extend(kernels.iter().map(|k| row(k.time, k.work, &k.label)));
+    lines.extend(kernels.iter().map(|k| with_resources(row(k.time, k.work, &k.label), k)));
     let all = kernels.iter().fold(Work::default(), |a, k| Work {
         bytes: a.bytes + k.work.bytes,
         flops: a.flops + k.work.flops,
@@ -421,6 +447,7 @@ mod tests {
     #[test]
     fn the_profile_table_shows_rates_and_peaks_where_work_is_counted() {
         let k = |label: &str, us: u64, bytes: u64, flops: u64| KernelTime {
+            resources: None,
             label: label.into(),
             time: Duration::from_micros(us),
             work: Work { bytes, flops },
@@ -456,5 +483,13 @@ mod tests {
         let table = kernel_table(&gpu[1..], None, "(sum)");
         assert_eq!(table[1], "     0.0100 ms     2000.0          -               -  k1: Relu");
         assert_eq!(table.len(), 3);
+        // CUDA says what each function holds; spills show.
+        let mut held = gpu[0].clone();
+        held.resources = Some(Resources { registers: 128, shared_bytes: 16896, local_bytes: 0 });
+        let table = kernel_table(&[held.clone()], Some(&peaks), "(sum)");
+        assert!(table[1].ends_with("k0: Gemm [128 regs, 16896 B shared]"), "{}", table[1]);
+        held.resources = Some(Resources { registers: 255, shared_bytes: 0, local_bytes: 64 });
+        let table = kernel_table(&[held], Some(&peaks), "(sum)");
+        assert!(table[1].ends_with("[255 regs, 0 B shared, 64 B local (spills)]"), "{}", table[1]);
     }
 }
