@@ -4,12 +4,24 @@
 //!
 //! A key covers kiln's own build, so every rebuild of kiln starts a new set of entries; without
 //! a limit the folder only grows (a developer's reached 160k entries and 6 GB).
+//!
+//! An entry is code kiln will run, so it is trusted only as far as it is checked: the key is a
+//! SHA-256 of everything that decides the artifact (the weights by a SHA-256 of their bytes); an
+//! entry records its key ahead of the artifact and is refused when the record differs (a file
+//! renamed or swapped in from another key); the folder must be this user's and 0700 (created so,
+//! tightened if this user's and open), and an entry this user's, not writable by others and not a
+//! link (written 0600). A refused entry is never run: the model is compiled anew and the entry
+//! overwritten.
 
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
-use kiln_ir::{text, Graph};
+use kiln_ir::op::Attr;
+use kiln_ir::{text, Graph, Op, Tensor};
 use kiln_runtime::artifact::Artifact;
+use kiln_runtime::files;
+use sha2::{Digest, Sha256};
 
 pub use crate::options::parse_size;
 use crate::options::Options;
@@ -29,6 +41,9 @@ const PRUNE_EVERY: u64 = 16;
 
 /// A `.tmp` file this old is left by a process that died while writing.
 const STALE_TMP: Duration = Duration::from_secs(3600);
+
+/// What an entry starts with, before its key and a newline; the artifact follows.
+const ENTRY_TAG: &str = "kiln-cache-entry-1 ";
 
 /// The compile cache's folder: `$KILN_CACHE/compile`, else `~/.cache/kiln/compile`.
 pub fn dir() -> Option<PathBuf> {
@@ -55,23 +70,26 @@ pub fn limit() -> Result<u64> {
     }
 }
 
-/// A content hash of everything that decides the artifact: the graph (weights by digest), the
-/// options, kiln's version and build, and the host CPU.
-pub(crate) fn key(graph: &Graph, options: &Options) -> String {
+/// The cache key: the SHA-256 (64 hex digits) of everything that decides the artifact: the
+/// graph (its text, and every weight's bytes), the options (bound input values by their bytes),
+/// kiln's version and build, and the host CPU.
+pub fn key(graph: &Graph, options: &Options) -> String {
+    hex(&Sha256::digest(key_text(graph, options).as_bytes()))
+}
+
+/// What the key digests. The graph's text gives each large weight only as a 64-bit summary
+/// digest, which a hostile model could collide with; the weights enter by SHA-256 as well.
+fn key_text(graph: &Graph, options: &Options) -> String {
     let overrides = target::microkernel_overrides(options);
     let mut shapes: Vec<_> = options.input_shapes.iter().collect();
     shapes.sort();
-    let mut values: Vec<(&String, u64)> =
-        options.input_values.iter().map(|(n, t)| (n, t.digest())).collect();
+    let mut values: Vec<(&String, String)> =
+        options.input_values.iter().map(|(n, t)| (n, tensor_digest(t))).collect();
     values.sort();
-    // The compiler's own build: a rebuilt kiln must not reuse what an older one compiled.
-    let build = std::env::current_exe()
-        .and_then(std::fs::metadata)
-        .map(|m| format!("{} {:?}", m.len(), m.modified().ok()))
-        .unwrap_or_default();
-    let text = format!(
-        "{} {build}\n{} {:?} {:?} {:?}\n{:?}\n{:?}\n{}\n{}",
+    format!(
+        "{} {}\n{} {:?} {:?} {:?}\n{:?}\n{:?}\n{}\n{}\nweights {}",
         env!("CARGO_PKG_VERSION"),
+        build(),
         options.target.name(),
         (
             options.microkernel_choice(),
@@ -85,44 +103,178 @@ pub(crate) fn key(graph: &Graph, options: &Options) -> String {
         shapes,
         values,
         inkwell::targets::TargetMachine::get_host_cpu_features(),
-        text::print(graph, text::Weights::Summary)
-    );
-    let (mut a, mut b) = (0xcbf2_9ce4_8422_2325u64, 0x8422_2325_cbf2_9ce4u64);
-    for byte in text.bytes() {
-        a = (a ^ byte as u64).wrapping_mul(0x0000_0100_0000_01b3);
-        b = (b ^ byte as u64).wrapping_mul(0x0000_0100_0000_01b3).rotate_left(7);
-    }
-    format!("{a:016x}{b:016x}")
+        text::print(graph, text::Weights::Summary),
+        weights_digest(graph)
+    )
 }
 
-/// The artifact stored under `key`, if any; marks it used, for the limit's order.
+/// The compiler's own build: a rebuilt kiln must not reuse what an older one compiled.
+fn build() -> String {
+    std::env::current_exe()
+        .and_then(std::fs::metadata)
+        .map(|m| format!("{} {:?}", m.len(), m.modified().ok()))
+        .unwrap_or_default()
+}
+
+/// The SHA-256 of every tensor the graph holds (constants, tensor attributes, and those of the
+/// graphs inside its ops), each with the node and attribute it belongs to.
+fn weights_digest(graph: &Graph) -> String {
+    let mut h = Sha256::new();
+    digest_graph(&mut h, graph);
+    hex(&h.finalize())
+}
+
+fn digest_graph(h: &mut Sha256, graph: &Graph) {
+    for (_, node) in graph.nodes() {
+        if let Op::Constant(t) = &node.op {
+            digest_tensor(h, &node.name, "", t);
+            continue;
+        }
+        for (name, attr) in node.op.attrs().0 {
+            match attr {
+                Attr::Tensor(t) => digest_tensor(h, &node.name, &name, &t),
+                Attr::Graph(g) => {
+                    field(h, b"graph");
+                    field(h, node.name.as_bytes());
+                    field(h, name.as_bytes());
+                    digest_graph(h, &g.0);
+                    field(h, b"end");
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+/// One tensor: where it is, its type and its bytes, each length-prefixed so that no two
+/// sequences of fields read the same.
+fn digest_tensor(h: &mut Sha256, node: &str, attr: &str, t: &Tensor) {
+    field(h, b"tensor");
+    field(h, node.as_bytes());
+    field(h, attr.as_bytes());
+    field(h, t.dtype().name().as_bytes());
+    h.update((t.dims().len() as u64).to_le_bytes());
+    for d in t.dims() {
+        h.update((*d as u64).to_le_bytes());
+    }
+    field(h, t.bytes());
+}
+
+fn field(h: &mut Sha256, bytes: &[u8]) {
+    h.update((bytes.len() as u64).to_le_bytes());
+    h.update(bytes);
+}
+
+/// A bound input value's SHA-256.
+fn tensor_digest(t: &Tensor) -> String {
+    let mut h = Sha256::new();
+    digest_tensor(&mut h, "", "", t);
+    hex(&h.finalize())
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// What the cache holds for a key.
+#[derive(Debug)]
+pub enum Lookup {
+    /// Boxed: an artifact's manifest is large beside the other cases.
+    Hit(Box<Artifact>),
+    /// Nothing stored (or no cache folder to look in).
+    Miss,
+    /// Something is stored but cannot be trusted, and must not be run: why.
+    Refused(String),
+}
+
+/// The artifact stored under `key` in the cache folder, if any and if it can be trusted; a
+/// refusal is reported on stderr (the model is compiled anew and the entry overwritten). Marks
+/// a hit used, for the limit's order.
 pub(crate) fn load(key: &str) -> Option<Artifact> {
-    let p = dir()?.join(format!("{key}.kiln"));
-    let art = Artifact::read(&p).ok()?;
-    if let Ok(f) = std::fs::File::options().write(true).open(&p) {
-        let _ = f.set_modified(SystemTime::now());
+    match lookup(&dir()?, key) {
+        Lookup::Hit(art) => Some(*art),
+        Lookup::Miss => None,
+        Lookup::Refused(why) => {
+            eprintln!("kiln: warning: compile cache: {why}; compiling anew");
+            None
+        }
     }
-    Some(art)
 }
 
-/// Stores an artifact (atomically: written aside, then renamed), and now and then prunes the
-/// folder to its limit. Failures only cost the next compile its speed.
+/// The artifact stored under `key` in `dir`, checked: the folder must be this user's and not
+/// open to others (see [`files::private_folder`]), the entry this user's, not writable by
+/// others, not a link, and recorded for `key`. Marks a hit used. A folder not made yet is a
+/// miss (a store makes it).
+pub fn lookup(dir: &Path, key: &str) -> Lookup {
+    let Some(path) = entry_path(dir, key) else {
+        return Lookup::Refused(format!("`{key}` is not a cache key"));
+    };
+    if std::fs::metadata(dir).is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound) {
+        return Lookup::Miss;
+    }
+    if let Err(e) = files::private_folder(dir) {
+        return Lookup::Refused(format!("the cache folder is refused: {e}"));
+    }
+    let mut file = match files::open_owned(&path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Lookup::Miss,
+        // The error names the entry and why.
+        Err(e) => return Lookup::Refused(e.to_string()),
+    };
+    let mut bytes = Vec::new();
+    if let Err(e) = file.read_to_end(&mut bytes) {
+        return Lookup::Refused(format!("{}: {e}", path.display()));
+    }
+    let Some(artifact) = bytes.strip_prefix(entry_header(key).as_bytes()) else {
+        return Lookup::Refused(format!("{} was not stored for its key", path.display()));
+    };
+    match Artifact::from_bytes(artifact, &path.display().to_string()) {
+        Ok(art) => {
+            // The open file is this user's, so its time can be set through it (not through the
+            // name, which is checked no more).
+            let _ = file.set_modified(SystemTime::now());
+            Lookup::Hit(Box::new(art))
+        }
+        Err(e) => Lookup::Refused(e.to_string()),
+    }
+}
+
+/// Where `key`'s entry lies; `None` for a key kiln cannot have made (only hex digits), so that
+/// no key names a path outside the folder.
+fn entry_path(dir: &Path, key: &str) -> Option<PathBuf> {
+    (!key.is_empty() && key.bytes().all(|b| b.is_ascii_hexdigit()))
+        .then(|| dir.join(format!("{key}.kiln")))
+}
+
+/// The record of the key an entry was stored for.
+fn entry_header(key: &str) -> String {
+    format!("{ENTRY_TAG}{key}\n")
+}
+
+/// Stores an artifact in the cache folder, and now and then prunes the folder to its limit.
+/// Failures only cost the next compile its speed.
 pub(crate) fn store(key: &str, art: &Artifact) {
     let Some(dir) = dir() else { return };
-    if std::fs::create_dir_all(&dir).is_err() {
+    if store_in(&dir, key, art).is_err() {
         return;
     }
-    let tmp = dir.join(format!("{key}.{}.tmp", std::process::id()));
-    if art.write(&tmp).is_ok() {
-        let _ = std::fs::rename(&tmp, dir.join(format!("{key}.kiln")));
-    }
-    let _ = std::fs::remove_file(&tmp);
     let turn = u64::from_str_radix(&key[key.len().saturating_sub(4)..], 16).unwrap_or(0);
     if turn.is_multiple_of(PRUNE_EVERY) {
         if let Ok(limit) = limit() {
             let _ = prune(&dir, limit);
         }
     }
+}
+
+/// Stores an artifact under `key` in `dir` (made 0700 if missing; refused if it is another
+/// user's): its key, then the artifact, 0600, written aside under an unpredictable name and
+/// renamed over any entry there.
+pub fn store_in(dir: &Path, key: &str, art: &Artifact) -> std::io::Result<()> {
+    let path = entry_path(dir, key).ok_or_else(|| {
+        std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("`{key}` is not a cache key"))
+    })?;
+    files::private_folder(dir)?;
+    files::replace_private(&path, &[entry_header(key).as_bytes(), &art.to_bytes()])
 }
 
 /// What a cache folder holds: its artifacts and their bytes.

@@ -8,10 +8,11 @@
 //! on this machine uses them (they are part of the compile cache key).
 
 use std::collections::{BTreeMap, HashMap};
+use std::io::Read;
 use std::time::Duration;
 
 use kiln_ir::{Graph, Tensor};
-use kiln_runtime::{Executable, LoadOptions, Profile};
+use kiln_runtime::{files, Executable, LoadOptions, Profile};
 
 use crate::fuse::Kernel;
 use crate::{CompileError, Options, Result};
@@ -47,11 +48,14 @@ fn record_path() -> Option<std::path::PathBuf> {
     crate::cache_dir().map(|d| d.join(format!("tune-{:016x}.json", fnv(&cpu))))
 }
 
-/// The tuned choices stored for this CPU: kernel signature -> microkernel or not.
+/// The tuned choices stored for this CPU: kernel signature -> microkernel or not. A record that
+/// is not this user's, or that others may write, is not read (see [`files::open_owned`]).
 pub fn load_record() -> BTreeMap<String, bool> {
+    let mut text = Vec::new();
     record_path()
-        .and_then(|p| std::fs::read(p).ok())
-        .and_then(|b| serde_json::from_slice(&b).ok())
+        .and_then(|p| files::open_owned(&p).ok())
+        .and_then(|mut f| f.read_to_end(&mut text).ok())
+        .and_then(|_| serde_json::from_slice(&text).ok())
         .unwrap_or_default()
 }
 
@@ -63,15 +67,14 @@ fn store_record(choices: &BTreeMap<String, bool>) -> Result<()> {
         path: path.display().to_string(),
         msg: e.to_string(),
     };
+    // The compile cache's folder: this user's, 0700 (another user's is refused).
     if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(io)?;
+        files::private_folder(dir).map_err(io)?;
     }
     let text =
         serde_json::to_string_pretty(&all).map_err(|e| CompileError::Internal(e.to_string()))?;
     // Written aside, then renamed: a concurrent compile reads the old or the new whole.
-    let tmp = path.with_extension(format!("{}.tmp", std::process::id()));
-    std::fs::write(&tmp, text).map_err(io)?;
-    std::fs::rename(&tmp, &path).map_err(io)
+    files::replace_private(&path, &[text.as_bytes()]).map_err(io)
 }
 
 /// One kernel's outcome.

@@ -15,6 +15,7 @@ pub mod artifact;
 pub mod device;
 mod error;
 mod executable;
+pub mod files;
 pub mod memory;
 
 pub use artifact::{Artifact, Target};

@@ -276,13 +276,9 @@ pub fn ms(d: Duration) -> String {
     }
 }
 
-/// Writes `bytes` to `path` only once complete (written aside, then renamed), so a failure never
-/// leaves a half-written file or destroys an earlier one.
+/// Writes `bytes` to `path` only once complete (written aside under an unpredictable name,
+/// created exclusively, then renamed), so a failure never leaves a half-written file or destroys
+/// an earlier one, and no one can plant the file written aside.
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    std::fs::write(&tmp, bytes).map_err(|e| file_err(&tmp, e.to_string()))?;
-    std::fs::rename(&tmp, path).map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        file_err(path, e.to_string())
-    })
+    kiln_runtime::files::replace(path, &[bytes]).map_err(|e| file_err(path, e.to_string()))
 }

@@ -21,6 +21,7 @@ use melior::ir::{BlockLike, Module, RegionLike};
 
 use kiln_ir::Graph;
 use kiln_runtime::artifact::{KernelDesc, Target as ArtifactTarget};
+use kiln_runtime::files::{self, PrivateDir};
 
 use super::edit::RawOp;
 use super::{linalg, Backend, MlirContext};
@@ -521,19 +522,17 @@ const SUPPORT_C: &str = include_str!("support.c");
 /// Links an object file into a shared object with the system C compiler (libm for the math
 /// that has no LLVM intrinsic); with `ukernel`, the microkernel compiled for the host goes in.
 fn link_shared(object: &[u8], ukernel: Option<ukernel::Level>) -> Result<Vec<u8>> {
-    static COUNTER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let dir: PathBuf = std::env::temp_dir().join(format!("kiln-link-{}-{n}", std::process::id()));
-    std::fs::create_dir_all(&dir)
-        .map_err(|e| CompileError::Internal(format!("{}: {e}", dir.display())))?;
+    // A fresh directory only this user may enter, under a name no one can predict: the library
+    // read back from it goes into the artifact and the cache, and runs.
+    let dir = PrivateDir::new("kiln-link").map_err(|e| CompileError::Internal(e.to_string()))?;
     let (obj, so, support) = (dir.join("kernels.o"), dir.join("kernels.so"), dir.join("support.c"));
     let result = (|| {
-        std::fs::write(&obj, object).map_err(|e| format!("{}: {e}", obj.display()))?;
-        std::fs::write(&support, SUPPORT_C).map_err(|e| format!("{}: {e}", support.display()))?;
+        write_new(&obj, object)?;
+        write_new(&support, SUPPORT_C.as_bytes())?;
         let mut cmd = std::process::Command::new("cc");
         cmd.args(["-shared", "-fPIC", "-O2", "-o"]).arg(&so).arg(&obj).arg(&support);
         if let Some(host) = ukernel {
-            cmd.args(ukernel_objects(&dir, host)?);
+            cmd.args(ukernel_objects(dir.path(), host)?);
         }
         let out = cmd.arg("-lm").output().map_err(|e| {
             format!(
@@ -548,8 +547,13 @@ fn link_shared(object: &[u8], ukernel: Option<ukernel::Level>) -> Result<Vec<u8>
         }
         std::fs::read(&so).map_err(|e| format!("{}: {e}", so.display()))
     })();
-    let _ = std::fs::remove_dir_all(&dir);
+    drop(dir);
     result.map_err(CompileError::Internal)
+}
+
+/// Writes a file of the link directory (created new, 0600).
+fn write_new(path: &std::path::Path, bytes: &[u8]) -> Result<(), String> {
+    files::write_new(path, bytes, 0o600).map_err(|e| format!("{}: {e}", path.display()))
 }
 
 /// The C kernels' objects (the microkernel, recurrent layers, rows, the transpose, attention,
@@ -594,7 +598,7 @@ fn ukernel_objects(dir: &std::path::Path, host: ukernel::Level) -> Result<Vec<Pa
     let mut paths = Vec::new();
     for (name, bytes) in objects {
         let path = dir.join(name);
-        std::fs::write(&path, bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+        write_new(&path, bytes)?;
         paths.push(path);
     }
     Ok(paths)

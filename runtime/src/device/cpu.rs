@@ -8,11 +8,11 @@
 //! scheduler favours threads that slept. Whoever is awake takes the next workgroup, so a worker
 //! that wakes late finds the work done rather than delaying it.
 
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::files::{self, PrivateDir};
 use crate::{Result, RuntimeError};
 
 /// The C signature of every CPU kernel.
@@ -86,88 +86,26 @@ fn host_has(f: &str) -> Option<bool> {
     }
 }
 
-/// A fresh directory of the temporary folder that only this user may enter (0700), under a
-/// name no other process can predict, and the library's path in it: a shared object written
-/// where another local user could swap or pre-create it would run their code in kiln's process.
-fn private_library_path() -> Result<(PathBuf, PathBuf)> {
-    static COUNTER: AtomicUsize = AtomicUsize::new(0);
-    let base = std::env::temp_dir();
-    for _ in 0..8 {
-        let dir = base.join(format!("kiln-{}-{:016x}", std::process::id(), unpredictable()));
-        let mut builder = std::fs::DirBuilder::new();
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::DirBuilderExt;
-            builder.mode(0o700);
-        }
-        match builder.create(&dir) {
-            Ok(()) => {
-                let name = format!("kernels-{}.so", COUNTER.fetch_add(1, Ordering::Relaxed));
-                return Ok((dir.clone(), dir.join(name)));
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-            Err(e) => {
-                return Err(err(format!(
-                    "cannot create a private directory in {}: {e}",
-                    base.display()
-                )))
-            }
-        }
-    }
-    Err(err(format!(
-        "cannot create a private directory in {} (every name tried exists)",
-        base.display()
-    )))
-}
-
-/// 64 bits no other process can guess: the OS's randomness, else std's per-process random
-/// hasher keys mixed with the time.
-fn unpredictable() -> u64 {
-    use std::io::Read;
-    let mut b = [0u8; 8];
-    if std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut b)).is_ok() {
-        return u64::from_le_bytes(b);
-    }
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos()),
-    );
-    h.finish()
-}
-
-/// Writes a file that must not exist yet (never through a link someone left there).
-fn write_new(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    let mut options = std::fs::OpenOptions::new();
-    options.write(true).create_new(true);
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        options.mode(0o700);
-    }
-    options.open(path)?.write_all(bytes)
-}
-
 impl CpuProgram {
     /// Loads a shared object's bytes and resolves `symbols`; `threads` threads run launches (the
     /// caller and `threads - 1` workers).
     pub fn load(code: &[u8], symbols: &[String], threads: usize) -> Result<CpuProgram> {
-        let (dir, path) = private_library_path()?;
-        write_new(&path, code).map_err(|e| {
+        // A fresh directory only this user may enter, under a name no other process can predict:
+        // a shared object written where another local user could swap or pre-create it would
+        // run their code in kiln's process.
+        let dir = PrivateDir::new("kiln").map_err(|e| err(e.to_string()))?;
+        let path = dir.join("kernels.so");
+        files::write_new(&path, code, 0o700).map_err(|e| {
             err(format!("cannot write the kernel library to {}: {e}", path.display()))
         })?;
         // SAFETY: the library is kiln-compiled code (the artifact's checksum was verified); it
         // has no initialisers with side effects. It lies in a directory only this user can
         // enter, under a name no one could predict, so nothing replaced it since it was written.
         let library = unsafe { libloading::Library::new(&path) };
-        // The file is not needed once mapped (KILN_KEEP_SO keeps it, for profilers to read the
-        // kernels' symbols).
-        if std::env::var_os("KILN_KEEP_SO").is_none() {
-            let _ = std::fs::remove_file(&path);
-            let _ = std::fs::remove_dir(&dir);
+        // The file is not needed once mapped; dropping the directory removes it (KILN_KEEP_SO
+        // keeps it, for profilers to read the kernels' symbols).
+        if std::env::var_os("KILN_KEEP_SO").is_some() {
+            dir.keep();
         }
         let library = library.map_err(|e| err(format!("cannot load the kernel library: {e}")))?;
         let mut kernels = Vec::with_capacity(symbols.len());
@@ -492,27 +430,6 @@ mod tests {
             }
             let got: Vec<u64> = counts.iter().map(|c| c.load(Ordering::Relaxed)).collect();
             assert_eq!(got, expected.to_vec(), "{workers} workers");
-        }
-    }
-
-    #[test]
-    #[cfg(unix)]
-    fn the_kernel_library_is_written_where_no_one_else_can_reach_it() {
-        use std::os::unix::fs::PermissionsExt;
-        let (dir, path) = private_library_path().unwrap();
-        let (dir2, _) = private_library_path().unwrap();
-        assert_ne!(dir, dir2, "every load gets a directory of its own");
-        assert_eq!(std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777, 0o700);
-        write_new(&path, b"code").unwrap();
-        // A file (or a link someone planted) already at the path is never written through.
-        assert_eq!(
-            write_new(&path, b"other").unwrap_err().kind(),
-            std::io::ErrorKind::AlreadyExists
-        );
-        assert_eq!(std::fs::read(&path).unwrap(), b"code");
-        std::fs::remove_file(&path).unwrap();
-        for d in [dir, dir2] {
-            std::fs::remove_dir(d).unwrap();
         }
     }
 }

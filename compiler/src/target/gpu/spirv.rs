@@ -55,14 +55,14 @@ pub fn lower(
 /// The SPIR-V binary as text: `spirv-dis` when installed (the standard disassembly), else the
 /// SPIR-V dialect form MLIR printed (the same module, one op per instruction).
 pub fn disassemble(binary: &[u8], dialect_text: &str) -> String {
-    let dir = std::env::temp_dir().join(format!("kiln-spirv-{}", std::process::id()));
+    // A fresh directory only this user may enter (removed when dropped): what `spirv-dis` reads
+    // is what kiln wrote.
     let out = (|| {
-        std::fs::create_dir_all(&dir).ok()?;
+        let dir = kiln_runtime::files::PrivateDir::new("kiln-spirv").ok()?;
         let p = dir.join("kernels.spv");
-        std::fs::write(&p, binary).ok()?;
+        kiln_runtime::files::write_new(&p, binary, 0o600).ok()?;
         let o = std::process::Command::new("spirv-dis").arg(&p).output().ok()?;
         o.status.success().then(|| String::from_utf8_lossy(&o.stdout).into_owned())
     })();
-    let _ = std::fs::remove_dir_all(&dir);
     out.unwrap_or_else(|| format!("; spirv-dis is not installed (Debian: spirv-tools); the module in MLIR's SPIR-V dialect:\n{dialect_text}"))
 }
