@@ -17,7 +17,10 @@ pub fn fold(
     num_outputs: usize,
 ) -> Option<Vec<Tensor>> {
     match op {
-        Op::Input | Op::Constant(_) | Op::If { .. } => return None,
+        // Loop and Scan run their bodies: a Loop of constant operands may run 10^15 trips, so
+        // folding never runs them (the compiler unrolls small ones, `passes/unroll.rs`, and
+        // runs the rest).
+        Op::Input | Op::Constant(_) | Op::If { .. } | Op::Loop(_) | Op::Scan(_) => return None,
         Op::Shape { start, end } => {
             let dims = graph.value_type(operands.first().copied().flatten()?).shape.as_fixed()?;
             let (lo, hi) = crate::infer::shape_interval(dims.len(), *start, *end);

@@ -145,6 +145,7 @@ impl Graph {
         if name.is_empty() {
             return Err(IrError::Graph(format!("a {} node has an empty name", op.name())));
         }
+        check_sizes(name, &op, &outputs)?;
         if self.names.contains_key(name) {
             return Err(IrError::Graph(format!("two nodes are named `{name}`")));
         }
@@ -174,6 +175,7 @@ impl Graph {
             return Err(shape_err(format!("has {} results, {num_outputs} asked for", types.len())));
         }
         types.truncate(num_outputs);
+        check_sizes(name, op, &types)?;
         Ok(types)
     }
 
@@ -430,6 +432,7 @@ impl Graph {
             .inputs
             .get(input)
             .ok_or_else(|| IrError::Graph(format!("the graph has no input {input}")))?;
+        check_sizes(&self.graph[id].name, &Op::Input, std::slice::from_ref(&ty))?;
         self.graph[id].outputs = vec![ty];
         self.reinfer()
     }
@@ -580,6 +583,20 @@ pub(crate) fn check_arity(
         };
         let present = operands.iter().filter(|o| o.is_some()).count();
         return Err(format!("takes {want} operands, got {present} (of {} slots)", operands.len()));
+    }
+    Ok(())
+}
+
+/// Every result type of a node must fit in memory's address space (`size::check_type`): a
+/// shape whose element count overflows is refused here, naming the node, so no later product
+/// of its dimensions wraps.
+fn check_sizes(name: &str, op: &Op, types: &[TensorType]) -> Result<()> {
+    for t in types {
+        crate::size::check_type(t).map_err(|msg| IrError::Shape {
+            node: name.to_string(),
+            op: op.name(),
+            msg,
+        })?;
     }
     Ok(())
 }

@@ -57,6 +57,7 @@ pub mod npy;
 #[cfg(feature = "onnx")]
 pub mod onnx;
 pub mod op;
+pub mod size;
 pub mod text;
 
 pub use dtype::DType;

@@ -88,9 +88,9 @@ impl Shape {
         self.0.iter().all(|d| d.fixed().is_some())
     }
 
-    /// Number of elements, if every dimension is known.
+    /// Number of elements, if every dimension is known and their product fits.
     pub fn numel(&self) -> Option<usize> {
-        self.as_fixed().map(|d| d.iter().product())
+        self.as_fixed().and_then(|d| crate::size::numel(&d))
     }
 
     /// Normalises a possibly negative axis against this rank.

@@ -258,8 +258,8 @@ impl Tensor {
         dims: &[usize],
         words: Arc<[u64]>,
     ) -> Result<Tensor, IrError> {
-        let want = dims.iter().product::<usize>() * dtype.size();
-        if words.len() * 8 < want {
+        let want = crate::size::checked_bytes(dims, dtype).map_err(IrError::Tensor)?;
+        if words.len().saturating_mul(8) < want {
             return Err(IrError::Tensor(format!(
                 "{dtype}{} needs {want} bytes, got {}",
                 Shape::fixed(dims),
@@ -353,7 +353,7 @@ impl Tensor {
 
     /// A tensor from raw little-endian bytes; the length must match the type.
     pub fn from_bytes(dtype: DType, dims: &[usize], bytes: &[u8]) -> Result<Tensor, IrError> {
-        let want = dims.iter().product::<usize>() * dtype.size();
+        let want = crate::size::checked_bytes(dims, dtype).map_err(IrError::Tensor)?;
         if bytes.len() != want {
             return Err(IrError::Tensor(format!(
                 "{dtype}{} needs {want} bytes, got {}",
@@ -374,7 +374,8 @@ impl Tensor {
     }
 
     pub fn from_slice<T: Element>(dims: &[usize], values: &[T]) -> Result<Tensor, IrError> {
-        let n: usize = dims.iter().product();
+        let n =
+            crate::size::checked_bytes(dims, T::DTYPE).map_err(IrError::Tensor)? / T::DTYPE.size();
         if values.len() != n {
             return Err(IrError::Tensor(format!(
                 "shape {} holds {n} elements, got {} values",
@@ -398,8 +399,9 @@ impl Tensor {
         Self::from_slice(&[values.len()], values).expect("a vector holds its values")
     }
 
+    /// Zeros of a size the caller knows fits (a checked type's); panics otherwise.
     pub fn zeros(dtype: DType, dims: &[usize]) -> Tensor {
-        let n = dims.iter().product::<usize>() * dtype.size();
+        let n = crate::size::bytes(dims, dtype).expect("the dimensions of a checked tensor type");
         Tensor {
             dtype,
             dims: dims.to_vec(),

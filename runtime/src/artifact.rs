@@ -811,6 +811,11 @@ impl Artifact {
         if !b.programs.iter().any(|p| p.batch == 1) {
             return Err("a batched artifact needs a program for batch 1 (every batch is a sum of its programs' sizes)".into());
         }
+        if b.programs.iter().any(|p| p.batch == 0) {
+            return Err(
+                "a batch program for batch 0 (every program runs at least one sample)".into()
+            );
+        }
         if b.programs.windows(2).any(|w| w[0].batch <= w[1].batch) {
             return Err("the batch programs are not in decreasing order of batch size".into());
         }
@@ -898,12 +903,36 @@ impl Artifact {
                 _ => {}
             }
         }
-        for t in m.inputs.iter().chain(&m.outputs) {
-            if t.buffer >= nbuf {
-                return Err(format!("tensor `{}` names missing buffer {}", t.name, t.buffer));
+        let tensors = m.inputs.iter().enumerate().map(|(k, t)| (t, BufferKind::Input(k)));
+        let tensors =
+            tensors.chain(m.outputs.iter().enumerate().map(|(k, t)| (t, BufferKind::Output(k))));
+        for (t, kind) in tensors {
+            let b = m
+                .buffers
+                .get(t.buffer)
+                .ok_or_else(|| format!("tensor `{}` names missing buffer {}", t.name, t.buffer))?;
+            let dtype = kiln_ir::DType::from_name(&t.dtype)
+                .ok_or_else(|| format!("tensor `{}` has unknown type `{}`", t.name, t.dtype))?;
+            // Its own buffer, of exactly its bytes: a run copies and returns that many.
+            if b.kind != kind {
+                return Err(format!(
+                    "tensor `{}` names buffer {}, which is not its {} buffer",
+                    t.name,
+                    t.buffer,
+                    if matches!(kind, BufferKind::Input(_)) { "input" } else { "output" }
+                ));
             }
-            if kiln_ir::DType::from_name(&t.dtype).is_none() {
-                return Err(format!("tensor `{}` has unknown type `{}`", t.name, t.dtype));
+            let want = kiln_ir::size::bytes(&t.dims, dtype).map(|n| n as u64);
+            if want != Some(b.bytes) {
+                return Err(format!(
+                    "tensor `{}` is {}{:?} ({}), its buffer {} holds {} bytes",
+                    t.name,
+                    t.dtype,
+                    t.dims,
+                    want.map_or("too many bytes to address".to_string(), |n| format!("{n} bytes")),
+                    t.buffer,
+                    b.bytes
+                ));
             }
         }
         let gpu = matches!(m.target, Target::Cuda | Target::Opencl);
@@ -1025,9 +1054,44 @@ mod tests {
             e(batched(vec![bad])),
             "the program for batch 1: launch 0 names missing buffer 99"
         );
+        let mut zero = one.clone();
+        zero.batch = 0;
+        assert_eq!(
+            e(batched(vec![one.clone(), zero])),
+            "a batch program for batch 0 (every program runs at least one sample)"
+        );
         let mut a = batched(vec![one]);
         a.manifest.batch.as_mut().unwrap().min = 0;
         assert_eq!(e(a), "the batch range 0..8 is empty or starts at 0");
+    }
+
+    /// Inputs and outputs name their own buffers, of exactly their bytes: a run copies that many
+    /// in and out (an output naming a constant, or a buffer smaller than its tensor, segfaulted).
+    #[test]
+    fn tensors_name_their_own_buffers_of_their_size() {
+        assert_eq!(art(Target::Cpu).validate(), Ok(()));
+        let mut a = art(Target::Cpu);
+        let o = a.manifest.outputs[0].buffer;
+        a.manifest.buffers[o].bytes -= 4;
+        assert_eq!(
+            a.validate().unwrap_err(),
+            format!("tensor `o0` is f32[1024] (4096 bytes), its buffer {o} holds 4092 bytes")
+        );
+        let mut a = art(Target::Cpu);
+        let constant = a
+            .manifest
+            .buffers
+            .iter()
+            .position(|b| matches!(b.kind, BufferKind::Constant(_)))
+            .expect("the diamond has a constant");
+        a.manifest.outputs[1].buffer = constant;
+        assert_eq!(
+            a.validate().unwrap_err(),
+            format!("tensor `o1` names buffer {constant}, which is not its output buffer")
+        );
+        let mut a = art(Target::Cpu);
+        a.manifest.inputs[0].dims = vec![1 << 62, 8];
+        assert!(a.validate().unwrap_err().contains("too many bytes to address"));
     }
 
     #[test]

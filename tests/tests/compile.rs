@@ -240,3 +240,72 @@ fn integer_pow_matches_the_interpreter() {
     ];
     check_against_eval(&g, &inputs, 1, 0.0);
 }
+
+/// Contractions over nothing (K = 0, no input channels, an Einsum summing an empty letter) give
+/// ONNX's zeros (plus Gemm's beta * C and a convolution's bias), as the interpreter does: they
+/// crashed inside MLIR's tiling, on every target.
+#[test]
+fn empty_contractions_give_zeros_or_the_bias() {
+    use kiln_ir::builder::ConvOptions;
+    let mut cases: Vec<(Graph, Vec<Tensor>)> = Vec::new();
+    {
+        let g = GraphBuilder::new("matmul_k0");
+        let x = g.input("x", DType::F32, [3, 0]);
+        let w = g.constant("w", Tensor::zeros(DType::F32, &[0, 4]));
+        g.output("y", x.matmul(w).relu());
+        cases.push((g.build().unwrap(), vec![Tensor::zeros(DType::F32, &[3, 0])]));
+    }
+    {
+        let g = GraphBuilder::new("gemm_k0");
+        let x = g.input("x", DType::F32, [0, 3]);
+        let w = g.constant("w", Tensor::zeros(DType::F32, &[0, 5]));
+        let c = g.constant("c", Tensor::random(DType::F32, &[5], 1));
+        let attrs = kiln_ir::op::Gemm { alpha: 1.0, beta: 2.0, trans_a: true, trans_b: false };
+        g.output("y", x.gemm(w, Some(c), attrs));
+        cases.push((g.build().unwrap(), vec![Tensor::zeros(DType::F32, &[0, 3])]));
+    }
+    {
+        let g = GraphBuilder::new("conv_no_channels");
+        let x = g.input("x", DType::F32, [1, 0, 6, 6]);
+        let w = g.constant("w", Tensor::zeros(DType::F32, &[4, 0, 3, 3]));
+        let b = g.constant("b", Tensor::random(DType::F32, &[4], 2));
+        g.output("y", x.conv(w, Some(b), ConvOptions::default().pad(1)));
+        cases.push((g.build().unwrap(), vec![Tensor::zeros(DType::F32, &[1, 0, 6, 6])]));
+    }
+    {
+        let g = GraphBuilder::new("einsum_empty");
+        let a = g.input("a", DType::F32, [2, 0]);
+        let b = g.input("b", DType::F32, [0, 3]);
+        let y =
+            g.apply(kiln_ir::Op::Einsum { equation: "ij,jk->ik".into() }, &[Some(a), Some(b)], 1)
+                [0];
+        g.output("y", y);
+        cases.push((
+            g.build().unwrap(),
+            vec![Tensor::zeros(DType::F32, &[2, 0]), Tensor::zeros(DType::F32, &[0, 3])],
+        ));
+    }
+    for (g, inputs) in &cases {
+        check_against_eval(g, inputs, 1, 1e-6);
+    }
+}
+
+/// Integer MIN / -1 and MIN % -1 wrap as the reference's arithmetic does (MIN and 0) instead of
+/// killing the process with SIGFPE, for every signed width.
+#[test]
+fn integer_min_over_minus_one_does_not_trap() {
+    for dtype in [DType::I8, DType::I16, DType::I32, DType::I64] {
+        let g = GraphBuilder::new("min_div");
+        let x = g.input("x", dtype, [4]);
+        let y = g.input("y", dtype, [4]);
+        g.output("q", x.div(y));
+        g.output("r", x.binary(kiln_ir::BinaryOp::Mod { fmod: false }, y));
+        g.output("f", x.binary(kiln_ir::BinaryOp::Mod { fmod: true }, y));
+        let g = g.build().unwrap();
+        let bits = dtype.size() * 8;
+        let min = (i64::MIN >> (64 - bits)) as f64;
+        let xs = Tensor::from_f64s(dtype, &[4], &[min, min, 7.0, -7.0]).unwrap();
+        let ys = Tensor::from_f64s(dtype, &[4], &[-1.0, 3.0, -1.0, 2.0]).unwrap();
+        check_against_eval(&g, &[xs, ys], 1, 0.0);
+    }
+}

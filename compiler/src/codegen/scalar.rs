@@ -504,13 +504,23 @@ impl<'c, 'a> ScalarBuilder<'c, 'a> {
         let pick = |signed: &'static str, unsigned: &'static str| if s { signed } else { unsigned };
         let pick_cmp =
             |signed: CmpiPredicate, unsigned: CmpiPredicate| if s { signed } else { unsigned };
-        // Division by zero is undefined in ONNX and traps on x86: divide by one instead (the
-        // interpreter reports it as an error).
+        // x86 traps (SIGFPE) on a division by 0 and on MIN / -1: both divide by 1 instead. ONNX
+        // leaves a division by zero undefined (the interpreter reports it as an error); a
+        // division by -1 is a negation, wrapping as the reference's, and x % -1 is 0.
+        let minus_one = || -> Result<Value<'c, 'a>> {
+            let m = self.int_constant(-1, t)?;
+            self.cmpi(CmpiPredicate::Eq, y, m)
+        };
         let safe_divisor = || -> Result<Value<'c, 'a>> {
             let zero = self.int_constant(0, t)?;
             let one = self.int_constant(1, t)?;
             let is_zero = self.cmpi(CmpiPredicate::Eq, y, zero)?;
-            self.select(is_zero, one, y, t)
+            let y = self.select(is_zero, one, y, t)?;
+            if !s {
+                return Ok(y);
+            }
+            let is_minus_one = minus_one()?;
+            self.select(is_minus_one, one, y, t)
         };
         Ok(match b {
             BinaryOp::And if d == DType::Bool => self.emit("arith.andi", &[x, y], "i1")?,
@@ -534,8 +544,14 @@ impl<'c, 'a> ScalarBuilder<'c, 'a> {
             BinaryOp::Sub => bin("arith.subi")?,
             BinaryOp::Mul => bin("arith.muli")?,
             BinaryOp::Div => {
-                let y = safe_divisor()?;
-                self.emit(pick("arith.divsi", "arith.divui"), &[x, y], t)?
+                let q = self.emit(pick("arith.divsi", "arith.divui"), &[x, safe_divisor()?], t)?;
+                if s {
+                    let zero = self.int_constant(0, t)?;
+                    let negated = self.emit("arith.subi", &[zero, x], t)?;
+                    self.select(minus_one()?, negated, q, t)?
+                } else {
+                    q
+                }
             }
             BinaryOp::Max => bin(pick("arith.maxsi", "arith.maxui"))?,
             BinaryOp::Min => bin(pick("arith.minsi", "arith.minui"))?,

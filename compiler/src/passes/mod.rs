@@ -4,6 +4,7 @@
 pub mod absorb_pad;
 pub mod attention;
 pub mod decompose;
+pub mod empty;
 pub mod fold;
 pub mod integer;
 pub mod recognize;
@@ -29,6 +30,8 @@ pub fn default_passes(target: crate::TargetKind) -> Vec<Pass> {
         if target == crate::TargetKind::Cpu { decompose::run_for_cpu } else { decompose::run };
     let mut passes = vec![
         Pass { name: "fold", run: fold::run },
+        // Contractions over nothing become their result (zeros, or the bias) written out.
+        Pass { name: "empty", run: empty::run },
         // Small loops of a known length become straight-line code (their trip counts are
         // constants by now).
         Pass { name: "unroll", run: unroll::run },

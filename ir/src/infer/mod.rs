@@ -214,7 +214,9 @@ impl DimProduct {
         let mut p = DimProduct { fixed: 1, syms: Vec::new() };
         for d in dims {
             match d {
-                Dim::Fixed(n) => p.fixed *= n,
+                // Saturating: a product past usize is no size any tensor has, and the result
+                // type it leads to is refused by the graph (`size::check_type`).
+                Dim::Fixed(n) => p.fixed = p.fixed.saturating_mul(*n),
                 s => p.syms.push(s.clone()),
             }
         }

@@ -187,49 +187,53 @@ fn node_order(g: &GraphProto, known: &HashSet<&str>) -> Result<Vec<usize>> {
         .flat_map(|(i, n)| n.output.iter().filter(|o| !o.is_empty()).map(move |o| (o.as_str(), i)))
         .collect();
     let mut order = Vec::with_capacity(g.node.len());
-    // 0: not visited, 1: on the current path, 2: done.
+    // 0: not visited, 1: on the current path, 2: done. Depth-first with an explicit stack of
+    // (node, next input to look at): a long chain of nodes given in reverse must not overflow
+    // the thread's stack (30,000 did).
     let mut state = vec![0u8; g.node.len()];
-    fn visit(
-        i: usize,
-        g: &GraphProto,
-        known: &HashSet<&str>,
-        producer: &HashMap<&str, usize>,
-        state: &mut [u8],
-        order: &mut Vec<usize>,
-    ) -> Result<()> {
-        match state[i] {
-            2 => return Ok(()),
-            1 => {
-                return Err(IrError::Onnx(format!(
-                    "the graph has a cycle through node `{}`",
-                    node_label(&g.node[i])
-                )))
-            }
-            _ => {}
+    let mut stack: Vec<(usize, usize)> = Vec::new();
+    for root in 0..g.node.len() {
+        if state[root] == 2 {
+            continue;
         }
-        state[i] = 1;
-        for (k, input) in g.node[i].input.iter().enumerate() {
+        state[root] = 1;
+        stack.push((root, 0));
+        while let Some(&mut (i, ref mut k)) = stack.last_mut() {
+            let inputs = &g.node[i].input;
+            if *k == inputs.len() {
+                state[i] = 2;
+                order.push(i);
+                stack.pop();
+                continue;
+            }
+            let input = &inputs[*k];
+            let at = *k;
+            *k += 1;
             if input.is_empty() || known.contains(input.as_str()) {
                 continue;
             }
-            match producer.get(input.as_str()) {
-                Some(&p) => visit(p, g, known, producer, state, order)?,
-                None => {
-                    let n = &g.node[i];
+            let Some(&p) = producer.get(input.as_str()) else {
+                let n = &g.node[i];
+                return Err(IrError::Onnx(format!(
+                    "node `{}` ({}): input {at} `{input}` is not defined by any node, initializer or graph input",
+                    node_label(n),
+                    n.op_type.as_deref().unwrap_or("")
+                )));
+            };
+            match state[p] {
+                2 => {}
+                1 => {
                     return Err(IrError::Onnx(format!(
-                        "node `{}` ({}): input {k} `{input}` is not defined by any node, initializer or graph input",
-                        node_label(n),
-                        n.op_type.as_deref().unwrap_or("")
-                    )));
+                        "the graph has a cycle through node `{}`",
+                        node_label(&g.node[p])
+                    )))
+                }
+                _ => {
+                    state[p] = 1;
+                    stack.push((p, 0));
                 }
             }
         }
-        state[i] = 2;
-        order.push(i);
-        Ok(())
-    }
-    for i in 0..g.node.len() {
-        visit(i, g, known, &producer, &mut state, &mut order)?;
     }
     Ok(order)
 }

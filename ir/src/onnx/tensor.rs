@@ -218,9 +218,6 @@ fn read_external(
     let dir = base_dir.ok_or(
         "the tensor's data is in an external file, but the model was not loaded from a file",
     )?;
-    let path = dir.join(rel);
-    let data = std::fs::read(&path)
-        .map_err(|e| format!("cannot read external data file {}: {e}", path.display()))?;
     let start = usize::try_from(offset).map_err(|_| "offset too large")?;
     let len = match length {
         Some(l) => usize::try_from(l).map_err(|_| "length too large")?,
@@ -232,14 +229,62 @@ fn read_external(
         ));
     }
     let end = start.checked_add(len).ok_or("offset + length overflows")?;
-    if end > data.len() {
+    let available = crate::memory::available_at_start();
+    if len as u64 > available {
         return Err(format!(
-            "external data file {} holds {} bytes, bytes {start}..{end} wanted (truncated?)",
-            path.display(),
-            data.len()
+            "the tensor's {} of external data are more than the {} of memory available",
+            crate::memory::human(len as u64),
+            crate::memory::human(available)
         ));
     }
-    Ok(data[start..end].to_vec())
+    let (mut file, path, size) = open_external(dir, rel, &location)?;
+    if end as u64 > size {
+        return Err(format!(
+            "external data file {} holds {size} bytes, bytes {start}..{end} wanted (truncated?)",
+            path.display()
+        ));
+    }
+    // Only the tensor's own bytes: a file holding many tensors is not read once a tensor.
+    use std::io::{Read, Seek, SeekFrom};
+    let mut data = vec![0u8; len];
+    file.seek(SeekFrom::Start(start as u64))
+        .and_then(|_| file.read_exact(&mut data))
+        .map_err(|e| format!("cannot read external data file {}: {e}", path.display()))?;
+    Ok(data)
+}
+
+/// Opens the external data file `rel` of the model in `dir`: after following every link it
+/// must still lie inside the model's directory and be a regular file (a link to `/etc/passwd`
+/// or to `/dev/zero` is refused). Returns the file, its resolved path and its size.
+fn open_external(
+    dir: &Path,
+    rel: &Path,
+    location: &str,
+) -> Result<(std::fs::File, std::path::PathBuf, u64), String> {
+    let dir =
+        dir.canonicalize().map_err(|e| format!("the model's directory {}: {e}", dir.display()))?;
+    let joined = dir.join(rel);
+    let path = joined
+        .canonicalize()
+        .map_err(|e| format!("cannot read external data file {}: {e}", joined.display()))?;
+    if !path.starts_with(&dir) {
+        return Err(format!(
+            "external data location `{location}` leads outside the model's directory (to {})",
+            path.display()
+        ));
+    }
+    let file = std::fs::File::open(&path)
+        .map_err(|e| format!("cannot read external data file {}: {e}", path.display()))?;
+    let meta = file
+        .metadata()
+        .map_err(|e| format!("cannot read external data file {}: {e}", path.display()))?;
+    if !meta.is_file() {
+        return Err(format!(
+            "external data location `{location}` is not a regular file ({})",
+            path.display()
+        ));
+    }
+    Ok((file, path, meta.len()))
 }
 
 /// Converts a sparse tensor (values at flat or coordinate indices) to a dense one.
@@ -262,25 +307,49 @@ fn sparse_fill(s: &SparseTensorProto, values: &Tensor, indices: &[i64]) -> Resul
         .iter()
         .map(|&d| usize::try_from(d).map_err(|_| format!("negative dimension {d}")))
         .collect::<Result<_, _>>()?;
-    let n: usize = dims.iter().product();
+    let dtype = values.dtype();
+    let bytes = crate::size::checked_bytes(&dims, dtype)?;
+    let n = bytes / dtype.size().max(1);
+    // The dense tensor, and the f64 values it is filled from: both must fit before either is
+    // allocated (a small file can declare a huge sparse tensor).
+    let need = (bytes as u64).saturating_add((n as u64).saturating_mul(8));
+    let available = crate::memory::available_at_start();
+    if need > available {
+        return Err(format!(
+            "a sparse tensor of {dtype}{} would take {} as a dense one, more than the {} of memory available",
+            crate::Shape::fixed(&dims),
+            crate::memory::human(need),
+            crate::memory::human(available)
+        ));
+    }
     let nnz = values.len();
+    let out_of_range = |i: i64| format!("sparse index {i} is out of range for {dims:?}");
     let flat: Vec<usize> = if indices.len() == nnz {
-        indices.iter().map(|&i| i as usize).collect()
-    } else if indices.len() == nnz * dims.len() {
+        indices
+            .iter()
+            .map(|&i| usize::try_from(i).ok().filter(|&i| i < n).ok_or_else(|| out_of_range(i)))
+            .collect::<Result<_, _>>()?
+    } else if indices.len() == nnz.saturating_mul(dims.len()) && !dims.is_empty() {
         let strides = crate::eval::strides(&dims);
         indices
             .chunks(dims.len())
-            .map(|c| c.iter().zip(&strides).map(|(&i, &s)| i as usize * s).sum())
-            .collect()
+            .map(|c| {
+                c.iter().zip(&strides).zip(&dims).try_fold(0usize, |acc, ((&i, &st), &d)| {
+                    let i = usize::try_from(i)
+                        .ok()
+                        .filter(|&i| i < d)
+                        .ok_or_else(|| out_of_range(i))?;
+                    Ok(acc + i * st)
+                })
+            })
+            .collect::<Result<_, String>>()?
     } else {
         return Err(format!("a sparse tensor has {nnz} values but {} indices", indices.len()));
     };
     let v = values.to_f64s();
     let mut dense = vec![0.0; n];
     for (k, &i) in flat.iter().enumerate() {
-        *dense
-            .get_mut(i)
-            .ok_or_else(|| format!("sparse index {i} is out of range for {dims:?}"))? = v[k];
+        dense[i] = v[k];
     }
-    Tensor::from_f64s(values.dtype(), &dims, &dense).map_err(|e| e.to_string())
+    Tensor::from_f64s(dtype, &dims, &dense).map_err(|e| e.to_string())
 }

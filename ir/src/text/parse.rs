@@ -523,7 +523,8 @@ impl Parser {
                 self.expect(',')?;
             }
         }
-        let n: usize = dims.iter().product();
+        let n = crate::size::checked_bytes(&dims, ty.dtype).map_err(|m| err_at(&at, m))?
+            / ty.dtype.size().max(1);
         if items.len() != n {
             return Err(err_at(&at, format!("{ty} holds {n} values, {} given", items.len())));
         }

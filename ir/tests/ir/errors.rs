@@ -179,3 +179,48 @@ fn the_interpreter_refuses_a_result_larger_than_memory() {
         "{e}"
     );
 }
+
+/// Sizes that overflow (or would not fit any address space) are errors naming the node at every
+/// entry point, never a wrapped size: an Expand of f32[1] to [2^32, 2^32] had a 0-byte buffer
+/// that passed validation and segfaulted; a Reshape to [2^62 + 1, 4] "succeeded".
+#[test]
+fn sizes_that_overflow_are_errors_naming_the_node() {
+    let err =
+        traced_type(&[(DType::F32, &[1])], |_, x| x[0].expand(&[1 << 32, 1 << 32])).unwrap_err();
+    assert!(err.starts_with("node `expand` (Expand): f32[4294967296,4294967296] has more elements than a tensor can hold"), "{err}");
+    let err =
+        traced_type(&[(DType::F32, &[16])], |_, x| x[0].reshape(&[(1 << 62) + 1, 4])).unwrap_err();
+    assert!(err.starts_with("node `reshape` (Reshape): "), "{err}");
+    // A declared input.
+    let mut g = Graph::new("huge");
+    let err = g
+        .add_input("x", TensorType::new(DType::F32, [1usize << 40, 1 << 40]))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("node `x`") && err.contains("more elements than a tensor can hold"),
+        "{err}"
+    );
+    // Tensors from bytes, and the text form's constants.
+    let err = Tensor::from_bytes(DType::F32, &[(1 << 62) + 1, 4], &[0; 16]).unwrap_err();
+    assert!(err.to_string().contains("more elements than a tensor can hold"), "{err}");
+    let src = "graph g {\n  %c: f32[4611686018427387905,4] = Constant [1.0]\n  output %c = %c\n}\n";
+    let err = text::parse(src).unwrap_err().to_string();
+    assert!(err.contains("more elements than a tensor can hold"), "{err}");
+}
+
+/// A `.npy` whose header claims more than it holds, or more than any tensor can hold, is an
+/// error: a header of (2^62 + 1, 4) over 16 bytes of data corrupted the heap.
+#[test]
+fn npy_headers_that_overflow_are_errors() {
+    let header =
+        format!("{{'descr': '<f4', 'fortran_order': False, 'shape': ({}, 4), }}", (1u64 << 62) + 1);
+    let mut bytes = b"\x93NUMPY\x01\x00".to_vec();
+    let pad = 64 - (10 + header.len() + 1) % 64;
+    let h = format!("{header}{}\n", " ".repeat(pad));
+    bytes.extend_from_slice(&(h.len() as u16).to_le_bytes());
+    bytes.extend_from_slice(h.as_bytes());
+    bytes.extend_from_slice(&[0u8; 16]);
+    let err = kiln_ir::npy::decode(&bytes).unwrap_err().to_string();
+    assert!(err.contains("more elements than a tensor can hold"), "{err}");
+}

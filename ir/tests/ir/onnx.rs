@@ -5,6 +5,7 @@ use kiln_ir::onnx::proto::*;
 use kiln_ir::onnx::{self, proto::tensor_shape_proto::dimension::Value as DimValue};
 use kiln_ir::{eval, DType, IrError, Tensor};
 use prost::Message;
+use std::path::Path;
 
 use super::{assert_close, f32s};
 
@@ -293,6 +294,63 @@ fn external_data_is_read_beside_the_model_and_its_absence_is_named() {
     let m = onnx::load(dir.join("model.onnx")).unwrap();
     let y = eval::run(&m.graph, &[f32s(&[3], &[1., 1., 1.])]).unwrap();
     assert_close(&y[0], &[3], &[1., 2., 3.], 0.0);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// External data through links: a location is read only if, after every link is followed, it is
+/// a regular file inside the model's directory (`w.bin -> /etc/passwd` put that file into the
+/// model's output; `-> /dev/zero` read until memory ran out).
+#[cfg(unix)]
+#[test]
+fn external_data_through_links_must_stay_a_file_in_the_models_folder() {
+    let dir = std::env::temp_dir().join(format!("kiln-onnx-links-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("sub")).unwrap();
+    let entry =
+        |k: &str, v: &str| StringStringEntryProto { key: Some(k.into()), value: Some(v.into()) };
+    let with_location = |loc: &str| {
+        let w = TensorProto {
+            name: Some("w".into()),
+            dims: vec![3],
+            data_type: Some(data_type::FLOAT),
+            data_location: Some(1),
+            external_data: vec![entry("location", loc), entry("length", "12")],
+            ..Default::default()
+        };
+        let bytes = model(
+            17,
+            vec![node("Mul", "mul", &["x", "w"], &["y"], vec![])],
+            vec![value("x", data_type::FLOAT, &[3])],
+            vec![value("y", data_type::FLOAT, &[3])],
+            vec![w],
+        );
+        std::fs::write(dir.join("model.onnx"), &bytes).unwrap();
+        onnx::load(dir.join("model.onnx"))
+    };
+    let link = |name: &str, to: &Path| {
+        let _ = std::fs::remove_file(dir.join(name));
+        std::os::unix::fs::symlink(to, dir.join(name)).unwrap();
+    };
+    link("passwd.bin", Path::new("/etc/passwd"));
+    let e = with_location("passwd.bin").unwrap_err().to_string();
+    assert!(e.contains("leads outside the model's directory"), "{e}");
+    link("zero.bin", Path::new("/dev/zero"));
+    let e = with_location("zero.bin").unwrap_err().to_string();
+    assert!(e.contains("leads outside the model's directory"), "{e}");
+    // Inside the folder but not a file.
+    link("dir.bin", &dir.join("sub"));
+    let e = with_location("dir.bin").unwrap_err().to_string();
+    assert!(e.contains("is not a regular file"), "{e}");
+    // A link to a file inside the folder is fine, and only the tensor's bytes are read.
+    let mut data = Vec::new();
+    for v in [4f32, 5., 6.] {
+        data.extend_from_slice(&v.to_le_bytes());
+    }
+    std::fs::write(dir.join("sub/real.bin"), &data).unwrap();
+    link("w.bin", &dir.join("sub/real.bin"));
+    let m = with_location("w.bin").expect("a link inside the folder");
+    let y = eval::run(&m.graph, &[f32s(&[3], &[1., 1., 1.])]).unwrap();
+    assert_close(&y[0], &[3], &[4., 5., 6.], 0.0);
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -599,4 +657,143 @@ fn storage_type_tensors_unpack_and_round_trip() {
     // A packed tensor with too few bytes is named.
     let e = onnx::decode_tensor(&proto(21, vec![5], vec![0x12]), None).unwrap_err().to_string();
     assert!(e.contains("needs 3 bytes"), "{e}");
+}
+
+/// A sparse initializer declaring a dense size past the memory available is an error before
+/// anything that size is allocated ([1e6, 1e6] aborted on allocation), and indices outside it
+/// are errors, not wrapped offsets.
+#[test]
+fn sparse_initializers_past_memory_or_range_are_errors() {
+    let sparse = |dims: &[i64], indices: &[i64]| {
+        let mut g = GraphProto {
+            node: vec![node("Identity", "id", &["w"], &["y"], vec![])],
+            name: Some("g".into()),
+            output: vec![value("y", data_type::FLOAT, dims)],
+            ..Default::default()
+        };
+        g.sparse_initializer.push(SparseTensorProto {
+            values: Some(TensorProto {
+                name: Some("w".into()),
+                dims: vec![indices.len() as i64],
+                data_type: Some(data_type::FLOAT),
+                float_data: vec![1.0; indices.len()],
+                ..Default::default()
+            }),
+            indices: Some(TensorProto {
+                dims: vec![indices.len() as i64],
+                data_type: Some(data_type::INT64),
+                int64_data: indices.to_vec(),
+                ..Default::default()
+            }),
+            dims: dims.to_vec(),
+        });
+        ModelProto {
+            ir_version: Some(8),
+            opset_import: vec![OperatorSetIdProto {
+                domain: Some(String::new()),
+                version: Some(18),
+            }],
+            graph: Some(g),
+            ..Default::default()
+        }
+        .encode_to_vec()
+    };
+    let refused = |bytes: Vec<u8>| match load(&bytes) {
+        Ok(_) => panic!("loaded"),
+        Err(e) => e.to_string(),
+    };
+    let err = refused(sparse(&[1_000_000, 1_000_000], &[0, 5]));
+    assert!(err.contains("more than the") && err.contains("memory available"), "{err}");
+    let err = refused(sparse(&[4, 4], &[3, 16]));
+    assert!(err.contains("sparse index 16 is out of range"), "{err}");
+    let err = refused(sparse(&[4, 4], &[-1]));
+    assert!(err.contains("sparse index -1 is out of range"), "{err}");
+    // In range: read as the dense tensor.
+    let m = load(&sparse(&[2, 3], &[1, 5])).expect("loads");
+    let out = eval::run(&m.graph, &[]).unwrap();
+    assert_eq!(out[0].to_f64s(), vec![0.0, 1.0, 0.0, 0.0, 0.0, 1.0]);
+}
+
+/// Nodes out of order are sorted without recursion: 30,000 nodes in a chain given in reverse
+/// overflowed the stack.
+#[test]
+fn a_long_chain_given_in_reverse_imports() {
+    let n = 30_000;
+    let mut nodes: Vec<NodeProto> = (0..n)
+        .map(|i| {
+            let src = if i == 0 { "x".to_string() } else { format!("v{}", i - 1) };
+            let dst = if i == n - 1 { "y".to_string() } else { format!("v{i}") };
+            node("Relu", &format!("r{i}"), &[&src], &[&dst], vec![])
+        })
+        .collect();
+    nodes.reverse();
+    let bytes = model(
+        17,
+        nodes,
+        vec![value("x", data_type::FLOAT, &[2])],
+        vec![value("y", data_type::FLOAT, &[2])],
+        vec![],
+    );
+    let m = load(&bytes).expect("imports");
+    assert_eq!(m.graph.node_count(), n + 1);
+}
+
+/// Import-time folding never runs a Loop: one of 10^15 trips over constants never returned.
+#[test]
+fn a_loop_of_constants_is_not_run_when_importing() {
+    let body = GraphProto {
+        node: vec![
+            node("Add", "acc", &["s", "one"], &["s_next"], vec![]),
+            node("Identity", "c", &["cond"], &["c_next"], vec![]),
+        ],
+        name: Some("body".into()),
+        initializer: vec![f32_init("one", &[], &[1.0])],
+        input: vec![
+            value("i", data_type::INT64, &[]),
+            value("cond", data_type::BOOL, &[]),
+            value("s", data_type::FLOAT, &[]),
+        ],
+        output: vec![value("c_next", data_type::BOOL, &[]), value("s_next", data_type::FLOAT, &[])],
+        ..Default::default()
+    };
+    let loop_node = node(
+        "Loop",
+        "forever",
+        &["trips", "go", "s0"],
+        &["s"],
+        vec![AttributeProto {
+            name: Some("body".into()),
+            r#type: Some(attribute_type::GRAPH),
+            g: Some(body),
+            ..Default::default()
+        }],
+    );
+    let trips = TensorProto {
+        name: Some("trips".into()),
+        dims: vec![],
+        data_type: Some(data_type::INT64),
+        int64_data: vec![1_000_000_000_000_000],
+        ..Default::default()
+    };
+    let go = TensorProto {
+        name: Some("go".into()),
+        dims: vec![],
+        data_type: Some(data_type::BOOL),
+        int32_data: vec![1],
+        ..Default::default()
+    };
+    let bytes = model(
+        17,
+        vec![loop_node],
+        vec![],
+        vec![value("s", data_type::FLOAT, &[])],
+        vec![trips, go, f32_init("s0", &[], &[0.0])],
+    );
+    let started = std::time::Instant::now();
+    let m = load(&bytes).expect("imports");
+    assert!(started.elapsed() < std::time::Duration::from_secs(10));
+    assert!(
+        m.graph.nodes().any(|(_, n)| matches!(n.op, kiln_ir::Op::Loop(_))),
+        "the Loop stays a node"
+    );
 }
