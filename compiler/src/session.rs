@@ -31,10 +31,18 @@ pub struct Session {
     shape_inputs: Vec<usize>,
     /// Per symbol: whether it can be padded (decided the first time it is seen).
     plans: HashMap<String, std::result::Result<PadPlan, String>>,
-    /// Loaded programs by what they were compiled for (sizes, padded capacities, values).
-    programs: HashMap<String, Executable>,
+    /// Loaded programs by what they were compiled for (sizes, padded capacities, values), each
+    /// with the turn it was last used on.
+    programs: HashMap<String, (Executable, u64)>,
+    /// The most programs kept loaded (each holds its code, scratch and threads): past it, the
+    /// least recently used is dropped.
+    max_programs: usize,
+    turn: u64,
     compiles: usize,
 }
+
+/// Programs a session keeps loaded unless told otherwise.
+pub const DEFAULT_MAX_PROGRAMS: usize = 16;
 
 impl Session {
     /// A session for `graph`, compiling with `options` (its input sizes and values are the
@@ -48,7 +56,34 @@ impl Session {
             shape_inputs,
             plans: HashMap::new(),
             programs: HashMap::new(),
+            max_programs: DEFAULT_MAX_PROGRAMS,
+            turn: 0,
             compiles: 0,
+        }
+    }
+
+    /// Keeps at most `n` programs loaded (at least 1; default [`DEFAULT_MAX_PROGRAMS`]): a run
+    /// needing another drops the least recently used, freeing its code, scratch and threads.
+    pub fn set_max_programs(&mut self, n: usize) {
+        self.max_programs = n.max(1);
+        self.evict_to(self.max_programs);
+    }
+
+    /// How many programs are loaded now.
+    pub fn loaded_programs(&self) -> usize {
+        self.programs.len()
+    }
+
+    /// Drops least recently used programs until at most `n` are loaded.
+    fn evict_to(&mut self, n: usize) {
+        while self.programs.len() > n {
+            let oldest = self
+                .programs
+                .iter()
+                .min_by_key(|(_, (_, used))| *used)
+                .map(|(k, _)| k.clone())
+                .expect("more than n >= 1 programs");
+            self.programs.remove(&oldest);
         }
     }
 
@@ -100,11 +135,15 @@ impl Session {
         if !self.programs.contains_key(&key) {
             let program = self.compile(inputs, &sizes, padded.as_deref())?;
             self.compiles += 1;
-            self.programs.insert(key.clone(), program);
+            self.evict_to(self.max_programs - 1);
+            self.programs.insert(key.clone(), (program, 0));
         }
+        self.turn += 1;
+        let entry = self.programs.get_mut(&key).expect("inserted above");
+        entry.1 = self.turn;
         // The program's inputs by name: the model's, less those whose values were bound (a
         // padded program pads and cuts itself).
-        let exe = &self.programs[&key];
+        let exe = &entry.0;
         let args: Vec<Tensor> = exe
             .inputs()
             .iter()

@@ -107,6 +107,19 @@ fn a_symbol_that_cannot_be_padded_is_compiled_per_size() {
     // Inputs that contradict the model are refused, naming them.
     let e = session.run(&[Tensor::zeros(DType::F32, &[3, 9])]).unwrap_err().to_string();
     assert_eq!(e, "input `x` is f32[past,8], got f32[3,9]");
+    // At most so many programs stay loaded (each holds its code, scratch and threads): the
+    // least recently used goes, and comes back compiled again (through the compile cache, in
+    // a user's session) when it is needed.
+    assert_eq!(session.loaded_programs(), 3);
+    session.set_max_programs(2);
+    assert_eq!(session.loaded_programs(), 2);
+    for (i, n) in [9, 7, 3].into_iter().enumerate() {
+        let x = vec![Tensor::random(DType::F32, &[n, 8], 10 + i as u64)];
+        close(&session.run(&x).unwrap(), &eval::run(&graph, &x).unwrap(), &format!("length {n}"));
+        assert!(session.loaded_programs() <= 2);
+    }
+    // 9 is new; 7 was loaded (used last before); 3 had been dropped (least recently used).
+    assert_eq!(session.compiles(), 5);
 }
 
 #[test]

@@ -256,7 +256,20 @@ fn host_machine() -> Result<(TargetMachine, String, Vec<String>)> {
     let target = Target::from_triple(&triple)
         .map_err(|e| CompileError::Internal(format!("LLVM target for {triple}: {e}")))?;
     let cpu = TargetMachine::get_host_cpu_name().to_string();
-    let features = TargetMachine::get_host_cpu_features().to_string();
+    // The host's features, less the wide ones the runtime cannot check on the machine that
+    // loads the artifact (it refuses an artifact naming one: code using it could die of an
+    // illegal instruction there).
+    let features: String = TargetMachine::get_host_cpu_features()
+        .to_string()
+        .split(',')
+        .map(|f| match f.strip_prefix('+') {
+            Some(name) if is_wide(name) && !kiln_runtime::device::cpu::can_check(name) => {
+                format!("-{name}")
+            }
+            _ => f.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join(",");
     let tm = target
         .create_target_machine(
             &triple,
@@ -271,10 +284,9 @@ fn host_machine() -> Result<(TargetMachine, String, Vec<String>)> {
         })?;
     let mut wide: Vec<String> = features
         .split(',')
-        .filter(|f| {
-            f.starts_with('+') && (f.contains("avx") || f.contains("fma") || f.contains("sse4"))
-        })
-        .map(|f| f[1..].to_string())
+        .filter_map(|f| f.strip_prefix('+'))
+        .filter(|f| is_wide(f))
+        .map(str::to_string)
         .collect();
     wide.sort();
     let widest = ["avx512f", "avx2", "avx", "sse4.2"]
@@ -282,6 +294,12 @@ fn host_machine() -> Result<(TargetMachine, String, Vec<String>)> {
         .find(|f| wide.iter().any(|w| w == f))
         .unwrap_or("sse2");
     Ok((tm, format!("{} {cpu} ({widest})", triple.as_str().to_string_lossy()), wide))
+}
+
+/// The vector features an artifact records and the runtime checks (the SSE2 baseline every
+/// x86-64 has is not among them).
+fn is_wide(feature: &str) -> bool {
+    feature.contains("avx") || feature.contains("fma") || feature.contains("sse4")
 }
 
 /// Builds, distributes and lowers one kernel; returns the lowered module, its workgroup count,

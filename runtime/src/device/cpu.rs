@@ -36,14 +36,29 @@ fn err(msg: impl Into<String>) -> RuntimeError {
 pub fn check_host_features(features: &[String]) -> Result<()> {
     let missing: Vec<&str> =
         features.iter().map(String::as_str).filter(|f| host_has(f) == Some(false)).collect();
-    if missing.is_empty() {
-        Ok(())
-    } else {
-        Err(err(format!(
+    if !missing.is_empty() {
+        return Err(err(format!(
             "the artifact was compiled for CPU features this machine lacks ({}); compile it on (or for) this machine",
             missing.join(", ")
-        )))
+        )));
     }
+    // A feature this runtime cannot check may be used by the code: running it could die of an
+    // illegal instruction, so it is refused rather than skipped.
+    let unknown: Vec<&str> =
+        features.iter().map(String::as_str).filter(|f| host_has(f).is_none()).collect();
+    if !unknown.is_empty() {
+        return Err(err(format!(
+            "the artifact needs CPU features this runtime cannot check ({}): run it with the kiln that compiled it, or compile the model again",
+            unknown.join(", ")
+        )));
+    }
+    Ok(())
+}
+
+/// Whether this runtime can tell if a host has `feature`: the compiler uses no wide feature it
+/// cannot (`check_host_features` refuses those).
+pub fn can_check(feature: &str) -> bool {
+    host_has(feature).is_some()
 }
 
 /// Whether the host has a feature; `None` for names this check does not know.
@@ -76,7 +91,14 @@ fn host_has(f: &str) -> Option<bool> {
             "avx512bitalg",
             "avx512vpopcntdq",
             "avx512bf16",
-            "avx512fp16"
+            "avx512fp16",
+            "avx512vp2intersect",
+            "avxvnni",
+            "avxifma",
+            "avxneconvert",
+            "avxvnniint8",
+            "avxvnniint16",
+            "sse4a"
         )
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -349,11 +371,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_feature_the_host_lacks_refuses_the_artifact() {
-        assert!(
-            check_host_features(&["not-a-feature".into()]).is_ok(),
-            "unknown names are not checked"
-        );
+    fn a_feature_the_host_lacks_or_cannot_check_refuses_the_artifact() {
+        // A name this runtime cannot check is refused: the code may use it.
+        let e = check_host_features(&["avx10.9-512".into()]).unwrap_err().to_string();
+        assert!(e.contains("cannot check (avx10.9-512)"), "{e}");
+        // Every feature the compiler records on this machine is one it can check.
+        let recorded = ["avxvnni", "avx512vp2intersect", "sse4.1", "sse4.2", "avx512bitalg"];
+        for f in recorded {
+            assert!(host_has(f).is_some(), "{f}");
+        }
         let known = ["avx", "avx2", "fma", "avx512f", "avx512bw", "avx512fp16", "avx512vbmi2"];
         for f in known {
             let r = check_host_features(&[f.to_string()]);
