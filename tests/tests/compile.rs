@@ -309,3 +309,19 @@ fn integer_min_over_minus_one_does_not_trap() {
         check_against_eval(&g, &[xs, ys], 1, 0.0);
     }
 }
+
+/// Slices with extreme steps (+-2^63: "one element, then past the end") compile and give the
+/// interpreter's element; the count overflowed i64 and was an internal error.
+#[test]
+fn slices_with_extreme_steps_take_one_element() {
+    for (start, end, step) in
+        [(4i64, i64::MIN, i64::MIN), (1, i64::MAX, i64::MAX), (-1, -100, i64::MIN + 1)]
+    {
+        let g = GraphBuilder::new("extreme_slice");
+        let x = g.input("x", DType::F32, [6, 3]);
+        g.output("y", x.slice(&[start], &[end], &[0], &[step]));
+        let g = g.build().unwrap();
+        assert_eq!(g.value_type(g.outputs()[0].1).shape.as_fixed(), Some(vec![1, 3]));
+        check_against_eval(&g, &[Tensor::random(DType::F32, &[6, 3], 4)], 1, 0.0);
+    }
+}

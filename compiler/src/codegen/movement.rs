@@ -66,10 +66,12 @@ pub(super) fn emit_slice(em: &mut Emitter, id: NodeId) -> Result<()> {
     for i in 0..starts.len() {
         let a = normalize_axis(axes[i], xd.len())
             .ok_or_else(|| em.unsupported(id, "has an axis out of range"))?;
-        let (start, _) =
+        let (start, count) =
             slice_axis(xd[a], starts[i], ends[i], steps[i]).map_err(|e| em.unsupported(id, &e))?;
         offsets[a] = start;
-        strides[a] = steps[i];
+        // One element needs no step (and an extreme one, +-2^63, would overflow the index
+        // arithmetic).
+        strides[a] = if count <= 1 { 1 } else { steps[i] };
     }
     if strides.iter().all(|&s| s > 0) || od.contains(&0) {
         let xv = em.value(x)?;

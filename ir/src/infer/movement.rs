@@ -271,12 +271,11 @@ pub fn slice_axis(n: usize, start: i64, end: i64, step: i64) -> Result<(i64, usi
     } else {
         (start.clamp(-1, n - 1), end.clamp(-1, n - 1))
     };
-    let count = if step > 0 {
-        (end - start + step - 1).div_euclid(step)
-    } else {
-        (start - end + (-step) - 1).div_euclid(-step)
-    };
-    Ok((start, count.max(0) as usize))
+    // In i128: a step of +-2^63 (ONNX's "to the end" by an extreme step) overflows i64 here.
+    let (s, e, st) = (start as i128, end as i128, step as i128);
+    let count =
+        if step > 0 { (e - s + st - 1).div_euclid(st) } else { (s - e - st - 1).div_euclid(-st) };
+    Ok((start, count.clamp(0, n as i128) as usize))
 }
 
 pub(super) fn slice(ops: &Operands, ctx: &Ctx) -> Infer {
