@@ -633,3 +633,52 @@ fn deviations_measure_the_largest_difference_and_top_1_per_row() {
 fn cache_prune_and_clear_are_one_or_the_other() {
     assert_eq!(kiln(&["cache", "--prune", "--clear"]), 2);
 }
+
+/// An input file is checked against `--max-memory`, not only the memory available: a 4 MB `.npy`
+/// that a model summing it would fit in 6 MB is refused under a 6 MB budget before it is read
+/// (reading it takes twice its size), and read without one.
+#[test]
+fn input_files_are_checked_against_max_memory() {
+    let dir = std::env::temp_dir().join(format!("kiln-cli-input-budget-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let ty = |dims: &[i64]| TypeProto {
+        value: Some(type_proto::Value::TensorType(type_proto::Tensor {
+            elem_type: Some(data_type::FLOAT),
+            shape: Some(TensorShapeProto {
+                dim: dims
+                    .iter()
+                    .map(|&d| tensor_shape_proto::Dimension { value: Some(DimValue::DimValue(d)) })
+                    .collect(),
+            }),
+        })),
+    };
+    let graph = GraphProto {
+        name: Some("sum".into()),
+        node: vec![NodeProto {
+            op_type: Some("ReduceSum".into()),
+            name: Some("s".into()),
+            input: vec!["x".into()],
+            output: vec!["y".into()],
+            attribute: vec![AttributeProto {
+                name: Some("keepdims".into()),
+                r#type: Some(attribute_type::INT),
+                i: Some(0),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }],
+        input: vec![ValueInfoProto { name: Some("x".into()), r#type: Some(ty(&[1024, 1024])) }],
+        output: vec![ValueInfoProto { name: Some("y".into()), r#type: Some(ty(&[])) }],
+        ..Default::default()
+    };
+    let model = dir.join("sum.onnx");
+    std::fs::write(&model, model_bytes(graph)).unwrap();
+    let x = dir.join("x.npy");
+    kiln_ir::npy::write(&x, &Tensor::random(DType::F32, &[1024, 1024], 3)).unwrap();
+    let input = format!("x={}", x.display());
+    let m = model.to_str().unwrap();
+    let run = ["run", m, "--device", "cpu", "--threads", "1", "--input", &input, "--quiet"];
+    assert_eq!(kiln(&[&run[..], &["--max-memory", "6M"]].concat()), 1, "a 4 MB input, 6 MB budget");
+    assert_eq!(kiln(&[&run[..], &["--max-memory", "16M"]].concat()), 0, "within 16 MB");
+    let _ = std::fs::remove_dir_all(&dir);
+}

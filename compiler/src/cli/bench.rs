@@ -141,7 +141,7 @@ pub fn run(args: &Args) -> Result<()> {
         (Model::Graph(g), Some(_)) => Some(g.clone()),
         _ => None,
     };
-    let mut given = read_inputs(&args.inputs)?;
+    let mut given = read_inputs(&args.inputs, args.max_memory)?;
     let shapes = parse_shapes(&args.input_shapes)?;
     // Random inputs of the declared types for those not given; a given one's sizes come from
     // its file (and bind the symbols it is declared with).

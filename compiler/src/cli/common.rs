@@ -59,14 +59,15 @@ pub fn load_model(path: &Path) -> Result<Model> {
     Ok(Model::Graph(model.graph))
 }
 
-/// Reads an input tensor: `.npy`, or an ONNX TensorProto (`.pb`).
-pub fn read_tensor(path: &Path) -> Result<Tensor> {
+/// Reads an input tensor: `.npy`, or an ONNX TensorProto (`.pb`), within the memory budget
+/// (`--max-memory`, else the memory available).
+pub fn read_tensor(path: &Path, max_memory: Option<u64>) -> Result<Tensor> {
     // The file is read whole and decoded into a tensor of about its size: twice it must fit.
     let size = std::fs::metadata(path).map_err(|e| file_err(path, e.to_string()))?.len();
     kiln_runtime::memory::check(
         &format!("reading the input file {}", path.display()),
         size.checked_mul(2),
-        kiln_runtime::memory::budget(None),
+        kiln_runtime::memory::budget(max_memory),
     )?;
     let bytes = std::fs::read(path).map_err(|e| file_err(path, e.to_string()))?;
     if bytes.starts_with(b"\x93NUMPY") {
@@ -76,15 +77,15 @@ pub fn read_tensor(path: &Path) -> Result<Tensor> {
         .map_err(|e| file_err(path, format!("neither a .npy file nor an ONNX tensor: {e}")))
 }
 
-/// Parses `NAME=FILE` arguments into named tensors.
-pub fn read_inputs(specs: &[String]) -> Result<Vec<(String, Tensor)>> {
+/// Parses `NAME=FILE` arguments into named tensors, each read within the memory budget.
+pub fn read_inputs(specs: &[String], max_memory: Option<u64>) -> Result<Vec<(String, Tensor)>> {
     specs
         .iter()
         .map(|s| {
             let (name, file) = s
                 .split_once('=')
                 .ok_or_else(|| CompileError::Usage(format!("--input `{s}` is not NAME=FILE")))?;
-            Ok((name.to_string(), read_tensor(&PathBuf::from(file))?))
+            Ok((name.to_string(), read_tensor(&PathBuf::from(file), max_memory)?))
         })
         .collect()
 }

@@ -118,9 +118,9 @@ pub fn run(args: &Args) -> Result<()> {
     let model = load_model(&args.model)?;
     let (model, inputs) = match model {
         Model::Graph(g) if g.inputs().iter().any(|&id| !g.node(id).outputs[0].kind.is_tensor()) => {
-            bind_sequence_inputs(&g, &args.inputs)?
+            bind_sequence_inputs(&g, &args.inputs, args.max_memory)?
         }
-        m => (m, read_inputs(&args.inputs)?),
+        m => (m, read_inputs(&args.inputs, args.max_memory)?),
     };
     let load =
         LoadOptions { threads: args.threads, max_memory: args.max_memory, ..Default::default() };
@@ -291,6 +291,7 @@ impl std::fmt::Display for Deviation {
 fn bind_sequence_inputs(
     g: &kiln_ir::Graph,
     specs: &[String],
+    max_memory: Option<u64>,
 ) -> Result<(Model, Vec<(String, Tensor)>)> {
     let mut given: Vec<(String, kiln_ir::Value)> = Vec::new();
     for spec in specs {
@@ -312,11 +313,14 @@ fn bind_sequence_inputs(
                 kiln_runtime::memory::check(
                     &format!("reading the input file {file}"),
                     size.checked_mul(2),
-                    kiln_runtime::memory::budget(None),
+                    kiln_runtime::memory::budget(max_memory),
                 )?;
                 kiln_ir::onnx::read_value(path, &ty)?
             }
-            _ => kiln_ir::Value::Tensor(super::common::read_tensor(std::path::Path::new(file))?),
+            _ => kiln_ir::Value::Tensor(super::common::read_tensor(
+                std::path::Path::new(file),
+                max_memory,
+            )?),
         };
         given.push((name.to_string(), value));
     }

@@ -52,10 +52,13 @@ pub fn inspect_with(path: impl AsRef<Path>, options: &super::ImportOptions) -> R
     count_ops(g, &mut ops, &mut nodes);
     let initializers: Vec<&str> = g.initializer.iter().filter_map(|t| t.name.as_deref()).collect();
     let (mut parameters, mut parameter_bytes) = (0usize, 0usize);
+    // Saturating: a hostile file may declare dimensions whose product overflows (the import
+    // below refuses it, naming the tensor).
     for t in &g.initializer {
-        let n = t.dims.iter().map(|&d| d.max(0) as usize).product::<usize>();
-        parameters += n;
-        parameter_bytes += n * dtype_of(t.data_type.unwrap_or(0)).map_or(0, |d| d.size());
+        let n = t.dims.iter().fold(1usize, |acc, &d| acc.saturating_mul(d.max(0) as usize));
+        parameters = parameters.saturating_add(n);
+        let size = dtype_of(t.data_type.unwrap_or(0)).map_or(0, |d| d.size());
+        parameter_bytes = parameter_bytes.saturating_add(n.saturating_mul(size));
     }
     let declared = |v: &ValueInfoProto| declared_type(v);
     let inputs = g
@@ -65,7 +68,14 @@ pub fn inspect_with(path: impl AsRef<Path>, options: &super::ImportOptions) -> R
         .map(|i| (i.name.clone().unwrap_or_default(), declared(i)))
         .collect();
     let unsupported = check_supported_list(g, &opsets);
-    let (outputs, import_error) = match super::load_with(path, options) {
+    // Imported from the model already decoded: a file is read and decoded once (a model of
+    // millions of attributes took as long again to decode a second time).
+    let dir = path.parent().map(|p| if p.as_os_str().is_empty() { Path::new(".") } else { p });
+    let imported = super::import::import_model(&model, dir, options).map_err(|e| match e {
+        IrError::Onnx(m) => IrError::Onnx(format!("{}: {m}", path.display())),
+        other => other,
+    });
+    let (outputs, import_error) = match imported {
         Ok(m) => (
             m.graph
                 .outputs()
