@@ -682,3 +682,45 @@ fn input_files_are_checked_against_max_memory() {
     assert_eq!(kiln(&[&run[..], &["--max-memory", "16M"]].concat()), 0, "within 16 MB");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The CLI behaves as the tools people know: `kiln info` describes an artifact (it called one a
+/// corrupt ONNX file), a repeated `--input`, a PTX ISA LLVM does not write and an output folder
+/// that does not exist are errors (exit 1; the first two were accepted), times keep three digits
+/// (a small model's time printed as `0.00 ms`), and an all-NaN output says so (`min inf, max
+/// -inf`).
+#[test]
+fn the_cli_behaves() {
+    let dir = std::env::temp_dir().join(format!("kiln-cli-behaves-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let model = dir.join("relu.onnx");
+    std::fs::write(&model, relu_model(&[Some(2), Some(3)])).unwrap();
+    let m = model.to_str().unwrap();
+    let art = dir.join("relu.kiln");
+    assert_eq!(kiln(&["compile", m, "-o", art.to_str().unwrap(), "-q", "--no-cache"]), 0);
+    assert_eq!(kiln(&["info", art.to_str().unwrap()]), 0, "kiln info on an artifact");
+    let a = kiln_runtime::artifact::Artifact::read(&art).unwrap();
+    let lines = kiln_compiler::cli::artifact_lines(&a.manifest, 1000);
+    assert!(lines[0].starts_with("artifact of `relu`, compiled by kiln"), "{lines:?}");
+    assert!(lines.iter().any(|l| l.starts_with("target: cpu (")), "{lines:?}");
+    assert!(lines.contains(&"  x: f32[2,3]".to_string()), "{lines:?}");
+    assert!(lines.iter().any(|l| l.starts_with("one program: 1 kernel, 1 launch")), "{lines:?}");
+    let x = dir.join("x.npy");
+    kiln_ir::npy::write(&x, &Tensor::random(DType::F32, &[2, 3], 1)).unwrap();
+    let input = format!("x={}", x.display());
+    assert_eq!(kiln(&["run", m, "--device", "cpu", "--input", &input, "--input", &input]), 1);
+    assert_eq!(kiln(&["compile", m, "--target", "cuda", "--ptx-isa", "9.9", "-o", "y.kiln"]), 1);
+    let nowhere = dir.join("no/such/folder/relu.kiln");
+    assert_eq!(kiln(&["compile", m, "-o", nowhere.to_str().unwrap(), "-q", "--no-cache"]), 1);
+    assert!(!dir.join("no").exists());
+    use std::time::Duration;
+    assert_eq!(kiln_compiler::cli::ms(Duration::from_micros(4)), "4.0 us");
+    assert_eq!(kiln_compiler::cli::ms(Duration::from_micros(250)), "0.250 ms");
+    assert_eq!(kiln_compiler::cli::ms(Duration::from_millis(1234)), "1234 ms");
+    assert_eq!(kiln_compiler::cli::range_text(&[f64::NAN, f64::NAN]), "all 2 NaN");
+    assert_eq!(
+        kiln_compiler::cli::range_text(&[1.0, f64::NAN, -2.0]),
+        "min -2.000000, max 1.000000, 1 NaN"
+    );
+    assert_eq!(kiln_compiler::cli::range_text(&[]), "empty");
+    let _ = std::fs::remove_dir_all(&dir);
+}

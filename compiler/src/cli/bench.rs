@@ -276,7 +276,8 @@ pub fn run(args: &Args) -> Result<()> {
         .ok_or_else(|| CompileError::Internal("no timed runs (--iters is at least 1)".into()))?;
     let threads =
         args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    if !args.quiet {
+    // The result, --quiet or not (quiet keeps out progress and notes); only --json replaces it.
+    if !args.json {
         println!(
             "{}: median {}, min {}, max {}, mean {} over {} runs on {}",
             args.model.display(),
@@ -287,6 +288,20 @@ pub fn run(args: &Args) -> Result<()> {
             args.iters,
             exe.device()
         );
+        // The sizes it ran at (a symbolic model's, an artifact's batch), and whose values.
+        let inputs: Vec<String> = ordered
+            .iter()
+            .zip(exe.inputs())
+            .map(|(t, d)| {
+                let from = if args.inputs.iter().any(|s| s.split('=').next() == Some(&d.name)) {
+                    "file"
+                } else {
+                    "random"
+                };
+                format!("{} {} ({from})", d.name, t.ty())
+            })
+            .collect();
+        println!("  inputs: {}", inputs.join(", "));
         if let Some(d) = &device {
             println!(
                 "  device time without the copies: median {}, min {}, max {}, mean {}",

@@ -17,7 +17,7 @@ pub enum Model {
     Artifact(Artifact),
 }
 
-fn file_err(path: &Path, msg: impl Into<String>) -> CompileError {
+pub(crate) fn file_err(path: &Path, msg: impl Into<String>) -> CompileError {
     CompileError::File { path: path.display().to_string(), msg: msg.into() }
 }
 
@@ -79,15 +79,29 @@ pub fn read_tensor(path: &Path, max_memory: Option<u64>) -> Result<Tensor> {
 
 /// Parses `NAME=FILE` arguments into named tensors, each read within the memory budget.
 pub fn read_inputs(specs: &[String], max_memory: Option<u64>) -> Result<Vec<(String, Tensor)>> {
-    specs
-        .iter()
-        .map(|s| {
-            let (name, file) = s
-                .split_once('=')
-                .ok_or_else(|| CompileError::Usage(format!("--input `{s}` is not NAME=FILE")))?;
-            Ok((name.to_string(), read_tensor(&PathBuf::from(file), max_memory)?))
-        })
+    let named = input_specs(specs)?;
+    named
+        .into_iter()
+        .map(|(name, file)| Ok((name.to_string(), read_tensor(&PathBuf::from(file), max_memory)?)))
         .collect()
+}
+
+/// `NAME=FILE` arguments split, each name given once (a repeated one would silently keep one
+/// of the files).
+pub fn input_specs(specs: &[String]) -> Result<Vec<(&str, &str)>> {
+    let mut out: Vec<(&str, &str)> = Vec::with_capacity(specs.len());
+    for s in specs {
+        let (name, file) = s
+            .split_once('=')
+            .ok_or_else(|| CompileError::Usage(format!("--input `{s}` is not NAME=FILE")))?;
+        if let Some((_, first)) = out.iter().find(|(n, _)| *n == name) {
+            return Err(CompileError::Usage(format!(
+                "--input `{name}` is given twice ({first} and {file}): give each input once"
+            )));
+        }
+        out.push((name, file));
+    }
+    Ok(out)
 }
 
 /// Parses `NAME=D0,D1,...` arguments.
@@ -269,11 +283,18 @@ pub fn print_timings(what: &str, timings: &[(&'static str, Duration)]) {
 }
 
 pub fn ms(d: Duration) -> String {
+    // Three significant digits or so at every scale: a small model's 4 us is not `0.00 ms`.
     let m = d.as_secs_f64() * 1e3;
     if m >= 100.0 {
         format!("{m:.0} ms")
-    } else {
+    } else if m >= 10.0 {
+        format!("{m:.1} ms")
+    } else if m >= 1.0 {
         format!("{m:.2} ms")
+    } else if m >= 0.1 {
+        format!("{m:.3} ms")
+    } else {
+        format!("{:.1} us", m * 1e3)
     }
 }
 
@@ -281,5 +302,17 @@ pub fn ms(d: Duration) -> String {
 /// created exclusively, then renamed), so a failure never leaves a half-written file or destroys
 /// an earlier one, and no one can plant the file written aside.
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
-    kiln_runtime::files::replace(path, &[bytes]).map_err(|e| file_err(path, e.to_string()))
+    // Said of the path asked for: the name written aside is kiln's business, not the user's.
+    let parent = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    if !parent.is_dir() {
+        return Err(file_err(path, format!("its folder {} does not exist", parent.display())));
+    }
+    kiln_runtime::files::replace(path, &[bytes]).map_err(|e| {
+        let why = match e.kind() {
+            std::io::ErrorKind::PermissionDenied => "permission denied".to_string(),
+            std::io::ErrorKind::StorageFull => "the disk is full".to_string(),
+            _ => e.to_string(),
+        };
+        file_err(path, format!("cannot write it: {why}"))
+    })
 }

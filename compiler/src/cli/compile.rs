@@ -37,8 +37,17 @@ impl CudaArgs {
         let (major, minor) = self.ptx_isa.split_once('.').ok_or_else(bad)?;
         let (major, minor): (u32, u32) =
             (major.parse().map_err(|_| bad())?, minor.parse().map_err(|_| bad())?);
-        if minor > 9 || !(6..=9).contains(&major) {
-            return Err(bad());
+        // The versions LLVM 22's NVPTX backend knows (`llc -march=nvptx64 -mattr=help`): one it
+        // does not know would be ignored and PTX of another version written.
+        const KNOWN: &[u32] = &[
+            60, 61, 62, 63, 64, 65, 70, 71, 72, 73, 74, 75, 76, 77, 78, 80, 81, 82, 83, 84, 85, 86,
+            87, 88, 90,
+        ];
+        if minor > 9 || !KNOWN.contains(&(major * 10 + minor)) {
+            return Err(CompileError::Usage(format!(
+                "--ptx-isa {}: kiln's LLVM writes PTX ISA 6.0 to 6.5, 7.0 to 7.8, 8.0 to 8.8 and 9.0",
+                self.ptx_isa
+            )));
         }
         let arch = self.cuda_arch.trim();
         if !arch.strip_prefix("sm_").is_some_and(|n| {

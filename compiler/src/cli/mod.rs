@@ -11,6 +11,11 @@ mod emit;
 mod info;
 mod run;
 
+// What the commands print, as pure functions (tests read them without capturing stdout).
+pub use common::ms;
+pub use info::artifact_lines;
+pub use run::range_text;
+
 pub use run::Deviation;
 
 use clap::{Parser, Subcommand};
@@ -57,7 +62,20 @@ enum Command {
 
 /// Runs the CLI on the process arguments; returns the exit code.
 pub fn main() -> i32 {
+    quiet_on_closed_pipes();
     run_cli(Cli::parse())
+}
+
+/// Output into a pipe whose reader has gone (`kiln emit ... | head`) ends the process quietly,
+/// as it does every Unix tool: Rust ignores SIGPIPE, so each write would fail with EPIPE and
+/// `println!` would panic ("Broken pipe", exit 101). Only the binary does this, not the
+/// in-process `main_with` the tests use.
+fn quiet_on_closed_pipes() {
+    #[cfg(unix)]
+    // SAFETY: restoring a signal's default disposition at start-up, before any thread exists.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
 }
 
 /// Runs the CLI on `args` (the first is the program's name), as the `kiln` binary would, in

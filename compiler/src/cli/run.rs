@@ -165,13 +165,12 @@ pub fn run(args: &Args) -> Result<()> {
     }
     for (i, (t, d)) in outputs.iter().zip(exe.outputs()).enumerate() {
         let v = t.to_f64s();
-        let (lo, hi) =
-            v.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), &x| (l.min(x), h.max(x)));
         let head: Vec<String> = v.iter().take(6).map(|x| format!("{x:.6}")).collect();
         println!(
-            "output {i} `{}`: {}  min {lo:.6}, max {hi:.6}  [{}{}]",
+            "output {i} `{}`: {}  {}  [{}{}]",
             d.name,
             t.ty(),
+            range_text(&v),
             head.join(", "),
             if v.len() > 6 { ", ..." } else { "" }
         );
@@ -285,6 +284,21 @@ impl std::fmt::Display for Deviation {
     }
 }
 
+/// An output's range for people: `min x, max y` over its numbers, with how many are NaN; an
+/// output with no numbers (empty, or all NaN) says so rather than `min inf, max -inf`.
+pub fn range_text(v: &[f64]) -> String {
+    let nan = v.iter().filter(|x| x.is_nan()).count();
+    let numbers = v.iter().filter(|x| !x.is_nan());
+    let (lo, hi) =
+        numbers.fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), &x| (l.min(x), h.max(x)));
+    match (v.len(), nan) {
+        (0, _) => "empty".into(),
+        (n, k) if k == n => format!("all {n} NaN"),
+        (_, 0) => format!("min {lo:.6}, max {hi:.6}"),
+        (_, k) => format!("min {lo:.6}, max {hi:.6}, {k} NaN"),
+    }
+}
+
 /// A model with sequence or optional inputs: each is read as the ONNX value its type says (a
 /// SequenceProto or OptionalProto `.pb`) and passed as its elements (`values::bind`), so the
 /// program compiled is specialised to them.
@@ -294,10 +308,7 @@ fn bind_sequence_inputs(
     max_memory: Option<u64>,
 ) -> Result<(Model, Vec<(String, Tensor)>)> {
     let mut given: Vec<(String, kiln_ir::Value)> = Vec::new();
-    for spec in specs {
-        let (name, file) = spec
-            .split_once('=')
-            .ok_or_else(|| CompileError::Usage(format!("--input `{spec}` is not NAME=FILE")))?;
+    for (name, file) in super::common::input_specs(specs)? {
         let ty = g
             .inputs()
             .iter()
