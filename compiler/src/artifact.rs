@@ -1,6 +1,7 @@
 //! Writes the artifact the runtime reads (the format's types are the runtime's): buffers for
 //! inputs, outputs, constants and views; the scratch arena planned from buffer lifetimes; the
-//! launches in order; the code and the constants in the payload.
+//! status word where a function takes it; the launches in order; the code and the constants in
+//! the payload.
 
 use std::collections::HashMap;
 
@@ -9,6 +10,7 @@ use kiln_runtime::artifact::{
     Artifact, BatchDesc, BatchProgram, Blob, BufferDesc, BufferKind, ControlDesc, KernelDesc,
     Launch, Manifest, Target, TensorDesc,
 };
+use kiln_runtime::status::STATUS_BYTES;
 
 use crate::batch::BatchPlan;
 use crate::fuse::{self, Partition};
@@ -29,6 +31,9 @@ pub enum Arg {
     Scratch(usize),
     /// Constant data of the fused kernel, by index into `KernelRun::constants`.
     Constant(usize),
+    /// The program's status word (`kiln_runtime::status`), which the function sets when it
+    /// cannot finish (an index out of range, an allocation refused).
+    Status,
 }
 
 /// One launch of a compiled function.
@@ -163,6 +168,13 @@ pub fn assemble(graph: &Graph, partition: &Partition, code: TargetCode) -> Resul
         consts.push(c);
     }
     let arena_bytes = plan_arena(&mut buffers, &scratch);
+    // One status word for the program, when a function takes it.
+    let takes_status =
+        code.runs.iter().flat_map(|r| &r.calls).any(|c| c.args.contains(&Arg::Status));
+    let status = takes_status.then(|| {
+        buffers.push(BufferDesc { bytes: STATUS_BYTES, kind: BufferKind::Status });
+        buffers.len() - 1
+    });
     let mut launches = Vec::new();
     for (k, (kernel, plan)) in partition.kernels.iter().zip(&code.runs).enumerate() {
         // (Slots no launch reads may have no buffer.)
@@ -183,6 +195,7 @@ pub fn assemble(graph: &Graph, partition: &Partition, code: TargetCode) -> Resul
                     Arg::Buffer(i) => own[*i],
                     Arg::Scratch(i) => temps[k][*i],
                     Arg::Constant(i) => consts[k][*i],
+                    Arg::Status => status.expect("made above for any call that takes it"),
                 })
                 .collect();
             launches.push(Launch { kernel: l.function, args, writes: l.writes.clone() });

@@ -27,8 +27,12 @@ pub const MAGIC: &[u8; 8] = b"KILNART\0";
 /// 3: an artifact may hold programs for several batch sizes (`Manifest::batch`).
 /// 4: an artifact may hold programs that host steps run and choose between (`Manifest::control`:
 ///    run, if, scan and loop steps).
-pub const FORMAT_VERSION: u32 = 4;
-/// The oldest version this runtime reads (2 has no `batch`, 3 no `control`: both are optional).
+/// 5: a program may have a status word (`BufferKind::Status`) that its kernels take as an
+///    argument and set when they fail; a runtime that does not reset and read it must refuse
+///    the artifact.
+pub const FORMAT_VERSION: u32 = 5;
+/// The oldest version this runtime reads (2 has no `batch`, 3 no `control`, 4 no status word:
+/// all are optional).
 pub const OLDEST_FORMAT_VERSION: u32 = 2;
 const HEADER: usize = 64;
 
@@ -86,6 +90,9 @@ pub enum BufferKind {
     Scratch { offset: u64 },
     /// The same bytes as another buffer, from this byte offset (views: reshape, squeeze...).
     Alias { of: usize, offset: u64 },
+    /// The run's status word (`crate::status`, `STATUS_BYTES`): reset before a run, written by
+    /// kernels that fail, read after. At most one a program.
+    Status,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -896,12 +903,27 @@ impl Artifact {
                     if matches!(target.kind, BufferKind::Alias { .. }) {
                         return Err(format!("buffer {i} aliases an alias (buffer {of})"));
                     }
+                    if target.kind == BufferKind::Status {
+                        return Err(format!("buffer {i} aliases the status word (buffer {of})"));
+                    }
                     if offset.checked_add(b.bytes).is_none_or(|end| end > target.bytes) {
                         return Err(format!("buffer {i} aliases bytes outside buffer {of}"));
                     }
                 }
+                // Kernels write all of it, and the devices keep one a program.
+                BufferKind::Status if b.bytes != crate::status::STATUS_BYTES => {
+                    return Err(format!(
+                        "buffer {i} is the status word of {} bytes, not {}",
+                        b.bytes,
+                        crate::status::STATUS_BYTES
+                    ));
+                }
                 _ => {}
             }
+        }
+        let words = m.buffers.iter().filter(|b| b.kind == BufferKind::Status).count();
+        if words > 1 {
+            return Err(format!("{words} buffers are the status word; a program has at most one"));
         }
         let tensors = m.inputs.iter().enumerate().map(|(k, t)| (t, BufferKind::Input(k)));
         let tensors =
@@ -1165,10 +1187,39 @@ mod tests {
     }
 
     #[test]
+    fn a_status_word_is_one_buffer_of_16_bytes_that_nothing_aliases() {
+        let with_word = |bytes: u64| {
+            let mut a = art(Target::Cpu);
+            a.manifest.buffers.push(BufferDesc { bytes, kind: BufferKind::Status });
+            a.manifest.launches[0].args.push(8);
+            a
+        };
+        assert_eq!(with_word(16).validate(), Ok(()));
+        assert_eq!(
+            with_word(8).validate().unwrap_err(),
+            "buffer 8 is the status word of 8 bytes, not 16"
+        );
+        let mut a = with_word(16);
+        a.manifest.buffers.push(BufferDesc { bytes: 16, kind: BufferKind::Status });
+        assert_eq!(
+            a.validate().unwrap_err(),
+            "2 buffers are the status word; a program has at most one"
+        );
+        let mut a = with_word(16);
+        a.manifest
+            .buffers
+            .push(BufferDesc { bytes: 4, kind: BufferKind::Alias { of: 8, offset: 0 } });
+        assert_eq!(a.validate().unwrap_err(), "buffer 9 aliases the status word (buffer 8)");
+        // Through the file format, as a reader meets it.
+        let a = with_word(16);
+        assert_eq!(Artifact::from_bytes(&a.to_bytes(), "m.kiln").unwrap().manifest, a.manifest);
+    }
+
+    #[test]
     fn older_format_versions_are_refused() {
         let mut bytes = art(Target::Cpu).to_bytes();
         bytes[8..12].copy_from_slice(&1u32.to_le_bytes());
         let e = Artifact::from_bytes(&bytes, "old.kiln").unwrap_err().to_string();
-        assert!(e.contains("artifact format version 1, this runtime reads versions 2 to 4; recompile the model"), "{e}");
+        assert!(e.contains("artifact format version 1, this runtime reads versions 2 to 5; recompile the model"), "{e}");
     }
 }

@@ -24,6 +24,11 @@ pub enum RuntimeError {
     #[error("kernel `{kernel}`: {msg}")]
     Launch { kernel: String, msg: String },
 
+    /// A kernel could not finish and said why through the run's status word (an index out of
+    /// range, an allocation refused); `kernel` is its label, naming the node and op.
+    #[error("kernel `{kernel}`: {failure}")]
+    Kernel { kernel: String, failure: crate::status::KernelFailure },
+
     #[error("{0}")]
     Io(String),
 

@@ -14,6 +14,7 @@ use crate::device::cpu::CpuProgram;
 use crate::device::cuda::{CudaProgram, RunMode};
 use crate::device::opencl::OpenclProgram;
 use crate::device::{KernelTime, Peaks, Work};
+use crate::status::StatusWord;
 use crate::{Result, RuntimeError};
 
 /// How to load an executable. The device kind is the artifact's target.
@@ -124,13 +125,20 @@ fn bytemuck_bytes_mut(words: &mut [u64]) -> &mut [u8] {
     unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr() as *mut u8, words.len() * 8) }
 }
 
+/// What a CPU run writes besides its outputs: the scratch arena and the status word.
+struct RunMemory {
+    arena: Aligned,
+    status: StatusWord,
+}
+
 /// The CPU's loaded state: the code, the constants in one aligned block, the arena.
 struct Cpu {
     program: CpuProgram,
     constants: Aligned,
     /// Where each constant buffer starts in `constants`.
     constant_offsets: Vec<Option<usize>>,
-    arena: Mutex<Aligned>,
+    /// One run at a time uses the arena and the status word.
+    arena: Mutex<RunMemory>,
     /// Each output's buffer of the last run: the tensors returned share it, and the next run
     /// writes it again once they are all dropped (warm pages, no copy), else takes a new one.
     outputs: Mutex<Vec<Option<Arc<[u64]>>>>,
@@ -244,7 +252,10 @@ impl Executable {
                     .copy_from_slice(&src[..b.bytes as usize]);
             }
         }
-        let arena = Mutex::new(Aligned::new(m.arena_bytes as usize));
+        let arena = Mutex::new(RunMemory {
+            arena: Aligned::new(m.arena_bytes as usize),
+            status: StatusWord::default(),
+        });
         Ok(Cpu {
             program,
             constants,
@@ -455,7 +466,7 @@ impl Executable {
         &self,
         cpu: &Cpu,
         inputs: &[Tensor],
-        mut profile: Option<&mut Profile>,
+        profile: Option<&mut Profile>,
     ) -> Result<Vec<Tensor>> {
         cpu.program.prepare();
         let m = &self.manifest;
@@ -473,9 +484,11 @@ impl Executable {
                 }
             })
             .collect();
-        // One run at a time uses the arena.
-        let mut arena = cpu.arena.lock().unwrap_or_else(|p| p.into_inner());
-        let arena_ptr = arena.ptr();
+        // One run at a time uses the arena and the status word.
+        let mut memory = cpu.arena.lock().unwrap_or_else(|p| p.into_inner());
+        memory.status.reset();
+        let arena_ptr = memory.arena.ptr();
+        let status_ptr = memory.status.as_ptr();
         let constants_ptr = cpu.constants.words.as_ptr() as *mut u8;
         let constants_base = cpu.constants.offset;
         let mut ptrs: Vec<*mut u8> = vec![std::ptr::null_mut(); m.buffers.len()];
@@ -494,6 +507,8 @@ impl Executable {
                 // SAFETY: validated at load: inside the arena.
                 BufferKind::Scratch { offset } => unsafe { arena_ptr.add(*offset as usize) },
                 BufferKind::Alias { .. } => std::ptr::null_mut(),
+                // Validated at load: the word's 16 bytes, the only one.
+                BufferKind::Status => status_ptr,
             };
         }
         for (i, b) in m.buffers.iter().enumerate() {
@@ -502,19 +517,15 @@ impl Executable {
                 ptrs[i] = unsafe { ptrs[of].add(offset as usize) };
             }
         }
-        let mut args: Vec<*mut u8> = Vec::new();
-        for launch in &m.launches {
-            args.clear();
-            args.extend(launch.args.iter().map(|&b| ptrs[b]));
-            let kernel = &m.kernels[launch.kernel];
-            let start = profile.as_ref().map(|_| Instant::now());
-            // SAFETY: buffers are sized as the compiler planned them for this kernel.
-            unsafe { cpu.program.launch(launch.kernel, &args, kernel.workgroups) };
-            if let (Some(p), Some(t)) = (profile.as_deref_mut(), start) {
-                p.launches.push((kernel.label.clone(), t.elapsed()));
+        let ran = run_cpu_launches(cpu, m, &ptrs, &memory.status, profile);
+        drop(memory);
+        if let Err(e) = ran {
+            // The buffers go back for the next run; what they hold now is not returned.
+            for (slot, buf) in pool.iter_mut().zip(outputs) {
+                *slot = Some(buf);
             }
+            return Err(e);
         }
-        drop(arena);
         let tensors = m
             .outputs
             .iter()
@@ -762,6 +773,34 @@ impl Executable {
         }
         Ok(())
     }
+}
+
+/// Launches every kernel of a CPU program on `ptrs`, in order, and stops at the first whose
+/// workgroups set the status word: its error names the kernel (the later ones would read what
+/// it did not write).
+fn run_cpu_launches(
+    cpu: &Cpu,
+    m: &Manifest,
+    ptrs: &[*mut u8],
+    status: &StatusWord,
+    mut profile: Option<&mut Profile>,
+) -> Result<()> {
+    let mut args: Vec<*mut u8> = Vec::new();
+    for launch in &m.launches {
+        args.clear();
+        args.extend(launch.args.iter().map(|&b| ptrs[b]));
+        let kernel = &m.kernels[launch.kernel];
+        let start = profile.as_ref().map(|_| Instant::now());
+        // SAFETY: buffers are sized as the compiler planned them for this kernel.
+        unsafe { cpu.program.launch(launch.kernel, &args, kernel.workgroups) };
+        if let (Some(p), Some(t)) = (profile.as_deref_mut(), start) {
+            p.launches.push((kernel.label.clone(), t.elapsed()));
+        }
+        if let Some(failed) = status.read() {
+            return Err(failed.error(m, Some(launch.kernel)));
+        }
+    }
+    Ok(())
 }
 
 /// Records the size `n` that input `name` gives symbol `sym`, or refuses it when an earlier input

@@ -17,6 +17,7 @@ mod error;
 mod executable;
 pub mod files;
 pub mod memory;
+pub mod status;
 
 pub use artifact::{Artifact, Target};
 pub use device::{auto_device, list_devices, DeviceInfo};

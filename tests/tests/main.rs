@@ -22,4 +22,5 @@ mod recognize;
 mod sequences;
 mod session;
 mod stages;
+mod status;
 mod toolchain;

@@ -20,6 +20,7 @@ use super::mlir::{
     broadcast_map, dense_literal, dims_list, err, generic, op, parse_attr, push, storage_type,
 };
 use super::scalar::{compute, ScalarBuilder};
+use super::status::{self, Status};
 use super::Emitter;
 use crate::Result;
 
@@ -44,8 +45,9 @@ pub(super) fn emit(em: &mut Emitter, id: NodeId) -> Result<()> {
             let idt = em.ty(ind).dtype;
             let (xv, iv) = (em.value(x)?, em.value(ind)?);
             let rank = od.len();
+            let status = em.status;
             over_output(em, result, &[(iv, identity(rank))], |ix, args| {
-                let j = ix.norm_index(args[0], idt, xd[a])?;
+                let j = ix.norm_index(args[0], idt, xd[a], status)?;
                 let coords = (0..rank)
                     .map(|d| if d == a { Ok(j) } else { ix.loop_index(d) })
                     .collect::<Result<Vec<_>>>()?;
@@ -60,6 +62,7 @@ pub(super) fn emit(em: &mut Emitter, id: NodeId) -> Result<()> {
             no_reads_from_empty(em, id, &xd, &od)?;
             let idt = em.ty(ind).dtype;
             let (xv, iv) = (em.value(x)?, em.value(ind)?);
+            let status = em.status;
             over_output(em, result, &[], |ix, _| {
                 // Result loops: batch (b), the other index dims (q - 1 - b), then the slice.
                 let tuple: Vec<Value> =
@@ -69,7 +72,7 @@ pub(super) fn emit(em: &mut Emitter, id: NodeId) -> Result<()> {
                     let mut at = tuple.clone();
                     at.push(ix.c(j as i128)?);
                     let raw = ix.extract(iv, &at, idt)?;
-                    coords.push(ix.norm_index(raw, idt, xd[b + j])?);
+                    coords.push(ix.norm_index(raw, idt, xd[b + j], status)?);
                 }
                 for k in 0..xd.len() - b - m {
                     coords.push(ix.loop_index(q - 1 + k)?);
@@ -93,7 +96,7 @@ pub(super) fn emit(em: &mut Emitter, id: NodeId) -> Result<()> {
                 let at = ix.delinearize(i, &ud)?;
                 let raw = ix.extract(iv, &at, idt)?;
                 let mut coords = at.clone();
-                coords[a] = ix.norm_index(raw, idt, xd[a])?;
+                coords[a] = ix.norm_index(raw, idt, xd[a], em.status)?;
                 let new = ix.extract(uv, &at, dtype)?;
                 ix.combine_into(acc, &coords, new, dtype, r)
             })?;
@@ -120,7 +123,7 @@ pub(super) fn emit(em: &mut Emitter, id: NodeId) -> Result<()> {
                     let mut t: Vec<Value> = at[..q - 1].to_vec();
                     t.push(ix.c(j as i128)?);
                     let raw = ix.extract(iv, &t, idt)?;
-                    coords.push(ix.norm_index(raw, idt, n)?);
+                    coords.push(ix.norm_index(raw, idt, n, em.status)?);
                 }
                 coords.extend_from_slice(&at[q - 1..]);
                 let new = ix.extract(uv, &at, dtype)?;
@@ -599,9 +602,15 @@ impl<'c, 'b> Ix<'c, 'b> {
     }
 
     /// An index element read from a tensor of `dtype` (i32/i64) for an axis of size `n`:
-    /// negative counts from the end; out of range is clamped so reads stay in bounds (the
-    /// interpreter rejects it).
-    pub fn norm_index(&self, raw: Value<'c, 'b>, dtype: DType, n: usize) -> Result<Value<'c, 'b>> {
+    /// negative counts from the end. Out of range (the interpreter rejects it) sets the run's
+    /// status word when the kernel has one (`status`), and is clamped so reads stay in bounds.
+    pub fn norm_index(
+        &self,
+        raw: Value<'c, 'b>,
+        dtype: DType,
+        n: usize,
+        status: Option<Status<'c, '_>>,
+    ) -> Result<Value<'c, 'b>> {
         let sb = &self.sb;
         let i = self.to_i64(raw, dtype)?;
         let n = n as i128;
@@ -609,6 +618,12 @@ impl<'c, 'b> Ix<'c, 'b> {
         let neg = sb.cmpi(CmpiPredicate::Slt, i, zero)?;
         let wrapped = sb.emit("arith.addi", &[i, sb.int_constant(n, "i64")?], "i64")?;
         let i = sb.select(neg, wrapped, i, "i64")?;
+        if let Some(status) = status {
+            let below = sb.cmpi(CmpiPredicate::Slt, i, zero)?;
+            let above = sb.cmpi(CmpiPredicate::Sge, i, sb.int_constant(n, "i64")?)?;
+            let bad = sb.emit("arith.ori", &[below, above], "i1")?;
+            status::fail_if(sb.ctx, sb.loc, sb.block, bad, status)?;
+        }
         let i = sb.emit("arith.maxsi", &[i, zero], "i64")?;
         let i = sb.emit("arith.minsi", &[i, sb.int_constant((n - 1).max(0), "i64")?], "i64")?;
         self.i64_to_index(i)

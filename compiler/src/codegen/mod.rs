@@ -1,8 +1,9 @@
 //! Codegen: each kernel becomes one MLIR `func.func` on tensors (linalg, arith, math, tensor),
 //! op families in their own files.
 //!
-//! The function takes one memref per kernel input and output (static shapes), then the range of
-//! workgroups to run: `(%in..., %out..., %wg_begin: index, %wg_end: index)`. Inputs enter as
+//! The function takes one memref per kernel input and output (static shapes), the run's status
+//! word where the kernel checks indices (`status.rs`), then the range of workgroups to run:
+//! `(%in..., %out..., [%status: memref<4xi32>,] %wg_begin: index, %wg_end: index)`. Inputs enter as
 //! `bufferization.to_tensor`; the op producing each output writes into the output buffer (its
 //! destination is the output memref as a tensor), and `materialize_in_destination` ends it, so
 //! bufferization works in place. The target pipeline tiles the result into workgroups.
@@ -19,6 +20,7 @@ mod reduction;
 mod resize;
 pub mod scalar;
 mod scan;
+pub mod status;
 mod storage;
 
 use std::collections::HashMap;
@@ -46,6 +48,8 @@ pub struct Emitter<'c, 'a> {
     values: HashMap<ValueId, Value<'c, 'a>>,
     /// The output memrefs by kiln value.
     outputs: HashMap<ValueId, Value<'c, 'a>>,
+    /// The run's status word, when the kernel takes it (`status::takes_status`).
+    pub status: Option<status::Status<'c, 'a>>,
 }
 
 impl<'c, 'a> Emitter<'c, 'a> {
@@ -171,13 +175,23 @@ pub(crate) fn memref_type<'c>(ctx: &'c Context, graph: &Graph, v: ValueId) -> Re
     Ok(mlir::memref_type(ctx, &dims, t.dtype))
 }
 
-/// Builds the module holding `kernel`'s function, named `<kernel.name>_body`.
-pub fn build_kernel<'c>(ctx: &'c Context, graph: &Graph, kernel: &Kernel) -> Result<Module<'c>> {
+/// Builds the module holding `kernel`'s function, named `<kernel.name>_body`. `function` is the
+/// index of its (first) function in the artifact, which a failed index check records.
+pub fn build_kernel<'c>(
+    ctx: &'c Context,
+    graph: &Graph,
+    kernel: &Kernel,
+    function: u32,
+) -> Result<Module<'c>> {
     let loc = Location::unknown(ctx);
     let module = Module::new(loc);
     let mut arg_types: Vec<Type<'c>> = Vec::new();
     for &v in kernel.inputs.iter().chain(&kernel.outputs) {
         arg_types.push(memref_type(ctx, graph, v)?);
+    }
+    let takes_status = status::takes_status(graph, kernel);
+    if takes_status {
+        arg_types.push(status::word_type(ctx));
     }
     let index = Type::index(ctx);
     arg_types.push(index);
@@ -192,7 +206,13 @@ pub fn build_kernel<'c>(ctx: &'c Context, graph: &Graph, kernel: &Kernel) -> Res
             kernel,
             values: HashMap::new(),
             outputs: HashMap::new(),
+            status: None,
         };
+        let n_buffers = kernel.inputs.len() + kernel.outputs.len();
+        if takes_status {
+            let word = block.argument(n_buffers).expect("declared").into();
+            em.status = Some(status::Status { word, kernel: function });
+        }
         let unit = melior::ir::Attribute::unit(ctx);
         for (i, &v) in kernel.inputs.iter().enumerate() {
             let ty = em.tensor_type(&em.dims(v), em.ty(v).dtype)?;

@@ -4,13 +4,11 @@
 
 use kiln_ir::infer::slice_axis;
 use kiln_ir::{normalize_axis, NodeId, ValueId};
-use melior::dialect::arith::CmpiPredicate;
 use melior::ir::attribute::{DenseI32ArrayAttribute, DenseI64ArrayAttribute};
 use melior::ir::operation::OperationBuilder;
 use melior::ir::{Type, Value};
 
 use super::mlir::{broadcast_map, dims_list, err, generic, named, op, parse_attr, push};
-use super::scalar::ScalarBuilder;
 use super::Emitter;
 use crate::Result;
 use melior::ir::BlockLike;
@@ -273,7 +271,8 @@ fn gather(em: &mut Emitter, id: NodeId, x: ValueId, indices: ValueId, axis: i64)
     let out_map = broadcast_map(rank, &od, &od);
     let ty = em.tensor_type(&od, dtype)?;
     let (ctx, loc) = (em.ctx, em.loc);
-    let n = xd[a] as i128;
+    let n = xd[a];
+    let status = em.status;
     let g = generic(
         ctx,
         loc,
@@ -283,20 +282,11 @@ fn gather(em: &mut Emitter, id: NodeId, x: ValueId, indices: ValueId, axis: i64)
         &vec!["parallel"; rank],
         &[ty],
         |body| {
-            let sb = ScalarBuilder { ctx, loc, block: body };
             let index = Type::index(ctx);
             let raw = body.argument(0).expect("index").into();
-            let t = super::mlir::storage_type(idt);
-            // Negative indices count from the end; out-of-range ones are clamped (no stray reads).
-            let zero = sb.int_constant(0, t)?;
-            let nn = sb.int_constant(n, t)?;
-            let neg = sb.cmpi(CmpiPredicate::Slt, raw, zero)?;
-            let wrapped = sb.emit("arith.addi", &[raw, nn], t)?;
-            let i = sb.select(neg, wrapped, raw, t)?;
-            let top = sb.int_constant((n - 1).max(0), t)?;
-            let i = sb.emit("arith.maxsi", &[i, zero], t)?;
-            let i = sb.emit("arith.minsi", &[i, top], t)?;
-            let i: Value = push(body, op(ctx, loc, "arith.index_cast", &[i], &[index], &[])?);
+            // Negative indices count from the end; out-of-range ones set the status word and
+            // are clamped (no stray reads).
+            let i = super::indexing::Ix::new(ctx, loc, body).norm_index(raw, idt, n, status)?;
             let mut coords: Vec<Value> = Vec::with_capacity(xd.len());
             for d in 0..xd.len() {
                 if d == a {

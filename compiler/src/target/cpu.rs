@@ -6,6 +6,9 @@
 //! aligned pointer, offset, sizes, strides), then `i64 wg_begin, i64 wg_end`; an exported wrapper
 //! `k(void **args, i64 wg_begin, i64 wg_end)` loads each buffer pointer, builds the descriptor
 //! from the static shape, and calls it. That is the signature the runtime's CPU device calls.
+//! `args` ends with the run's status word (`kiln_runtime::status`): the wrapper hands it to
+//! `support.c` for what fails in C (a kernel's scratch, an MLIR temporary: `cpu/alloc.rs`), and
+//! to the body when its index checks take it (`codegen::status`).
 
 use std::path::PathBuf;
 
@@ -19,7 +22,7 @@ use inkwell::OptimizationLevel;
 use melior::ir::operation::{OperationLike, OperationRef};
 use melior::ir::{BlockLike, Module, RegionLike};
 
-use kiln_ir::Graph;
+use kiln_ir::{Graph, ValueId};
 use kiln_runtime::artifact::{KernelDesc, Target as ArtifactTarget};
 use kiln_runtime::files::{self, PrivateDir};
 
@@ -31,6 +34,7 @@ use crate::fuse::Kernel;
 use crate::stage::{Stage, Stages};
 use crate::{CompileError, Result};
 
+mod alloc;
 mod integer;
 mod layout;
 mod math;
@@ -42,9 +46,12 @@ pub mod ukernel;
 /// it into a plain loop whose bounds become the workgroup range.
 const BUFFERIZE: &str = "builtin.module(canonicalize,cse,one-shot-bufferize{bufferize-function-boundaries=1 function-boundary-type-conversion=identity-layout-map},canonicalize,cse,scf-forall-to-for)";
 
-/// Lowering to the LLVM dialect. Temporaries are freed (kernels run many times); math without an
-/// LLVM intrinsic becomes libm calls.
-const LOWER: &str = "builtin.module(buffer-deallocation-pipeline,convert-bufferization-to-memref,func.func(convert-linalg-to-loops,lower-vector-mask,lower-vector-multi-reduction{lowering-strategy=inner-reduction}),convert-vector-to-scf{full-unroll=true},expand-strided-metadata,lower-affine,convert-scf-to-cf,finalize-memref-to-llvm,convert-math-to-funcs,convert-math-to-llvm,convert-math-to-libm,convert-vector-to-llvm{reassociate-fp-reductions=1},convert-arith-to-llvm,convert-index-to-llvm,convert-func-to-llvm,convert-cf-to-llvm,convert-ub-to-llvm,reconcile-unrealized-casts)";
+/// Lowering to the LLVM dialect, in two parts: to a CFG on memrefs (temporaries are freed: kernels
+/// run many times), where every allocation gets its failure test (`alloc.rs`), then to LLVM
+/// (allocations through `support.c`'s `_mlir_memref_to_llvm_alloc`; math without an LLVM
+/// intrinsic becomes libm calls).
+const LOWER_TO_CF: &str = "builtin.module(buffer-deallocation-pipeline,convert-bufferization-to-memref,func.func(convert-linalg-to-loops,lower-vector-mask,lower-vector-multi-reduction{lowering-strategy=inner-reduction}),convert-vector-to-scf{full-unroll=true},expand-strided-metadata,lower-affine,convert-scf-to-cf)";
+const LOWER_TO_LLVM: &str = "builtin.module(finalize-memref-to-llvm{use-generic-functions=1},convert-math-to-funcs,convert-math-to-llvm,convert-math-to-libm,convert-vector-to-llvm{reassociate-fp-reductions=1},convert-arith-to-llvm,convert-index-to-llvm,convert-func-to-llvm,convert-cf-to-llvm,convert-ub-to-llvm,reconcile-unrealized-casts)";
 
 /// The CPU backend: the microkernel choices in force (see `Options::microkernel` and
 /// `Options::microkernel_overrides`; the first forces, the second chooses per kernel signature).
@@ -64,8 +71,9 @@ impl Backend for CpuBackend {
         let host = self.host();
         let (plans, _) = self.plan(graph, kernels, &host)?;
         let mut text = String::new();
-        for (k, micro) in kernels.iter().zip(&plans) {
-            text.push_str(&build(&mlir, graph, k, micro.as_ref())?.as_operation().to_string());
+        for (i, (k, micro)) in kernels.iter().zip(&plans).enumerate() {
+            let built = build(&mlir, graph, k, micro.as_ref(), function_index(i)?)?;
+            text.push_str(&built.as_operation().to_string());
         }
         Ok(text)
     }
@@ -105,7 +113,8 @@ impl Backend for CpuBackend {
                         (module, u.workgroups(), text, described, constants, slots)
                     }
                     None => {
-                        let (module, workgroups, text, described) = lower_linalg(&mlir, graph, k)?;
+                        let (module, workgroups, text, described) =
+                            lower_linalg(&mlir, graph, k, function_index(i)?)?;
                         (module, workgroups, text, described, Vec::new(), Vec::new())
                     }
                 };
@@ -132,12 +141,13 @@ impl Backend for CpuBackend {
             let m = unsafe { LlvmModule::new(raw as inkwell::llvm_sys::prelude::LLVMModuleRef) };
             main.link_in_module(m)
                 .map_err(|e| CompileError::in_kernel(k, "llvm", format!("linking: {e}")))?;
-            // One function per kernel, called once on its buffers; a kernel's own constants
-            // (packed weights) take the slots of the values they replace.
+            // One function per kernel, called once on its buffers and the status word; a
+            // kernel's own constants (packed weights) take the slots of the values they replace.
             let mut run = KernelRun::single(i, k.inputs.len() + k.outputs.len());
             for &s in &constant_slots {
                 run.calls[0].args[s] = Arg::Constant(0);
             }
+            run.calls[0].args.push(Arg::Status);
             run.constants = constants;
             runs.push(run);
             functions.push(KernelDesc {
@@ -151,7 +161,14 @@ impl Backend for CpuBackend {
             });
             progress(runs.len());
         }
-        add_wrappers(&llvm, &main, kernels, graph)?;
+        // The linalg path's index checks take the word as an argument; microkernels report
+        // through `support.c`.
+        let body_status: Vec<bool> = kernels
+            .iter()
+            .zip(&plans)
+            .map(|(k, micro)| micro.is_none() && codegen::status::takes_status(graph, k))
+            .collect();
+        add_wrappers(&llvm, &main, kernels, graph, &body_status)?;
         let (tm, detail, cpu_features) = host_machine()?;
         main.set_triple(&tm.get_triple());
         main.set_data_layout(&tm.get_target_data().get_data_layout());
@@ -234,17 +251,32 @@ impl CpuBackend {
 }
 
 /// A kernel's module as codegen builds it (a microkernel call, or linalg ops), verified.
+/// `function` is its function's index in the artifact (the CPU has one a kernel).
 fn build<'c>(
     mlir: &'c MlirContext,
     graph: &Graph,
     k: &Kernel,
     micro: Option<&ukernel::Ukernel>,
+    function: u32,
 ) -> Result<Module<'c>> {
     let built = match micro {
         Some(u) => ukernel::build(&mlir.ctx, graph, k, u),
-        None => codegen::build_kernel(&mlir.ctx, graph, k),
+        None => codegen::build_kernel(&mlir.ctx, graph, k, function),
     };
     super::verified(mlir, k, built)
+}
+
+/// Kernel `i`'s function index as the status word records it.
+fn function_index(i: usize) -> Result<u32> {
+    u32::try_from(i).map_err(|_| CompileError::Internal(format!("{i} kernels are too many")))
+}
+
+/// The lowering of a kernel's bufferised module to the LLVM dialect, allocations checked.
+fn lower<'c>(mlir: &'c MlirContext, module: &mut Module<'c>, k: &Kernel) -> Result<()> {
+    mlir.run_pipeline(module, LOWER_TO_CF).map_err(|e| CompileError::in_kernel(k, "lower", e))?;
+    alloc::check_allocations(&mlir.ctx, module)
+        .map_err(|e| CompileError::in_kernel(k, "lower", e))?;
+    mlir.run_pipeline(module, LOWER_TO_LLVM).map_err(|e| CompileError::in_kernel(k, "lower", e))
 }
 
 /// The host's target machine (its CPU name and real features: AVX-512 where present), a line
@@ -308,8 +340,9 @@ fn lower_linalg<'c>(
     mlir: &'c MlirContext,
     graph: &Graph,
     k: &Kernel,
+    function: u32,
 ) -> Result<(Module<'c>, u64, String, String)> {
-    let mut module = build(mlir, graph, k, None)?;
+    let mut module = build(mlir, graph, k, None, function)?;
     let text = module.as_operation().to_string();
     let debug = std::env::var_os("KILN_DEBUG_SCHEDULE").is_some();
     let mut described: Option<String> = None;
@@ -347,6 +380,7 @@ fn lower_linalg<'c>(
                         module.as_operation()
                     );
                 }
+                super::erase_dead_checks(&module);
                 if let Some(f) = kernel_func(&module) {
                     math::expand(&mlir.ctx, f.to_raw());
                 }
@@ -374,7 +408,7 @@ fn lower_linalg<'c>(
                     };
                     d.push_str(&format!("  ({what} failed to apply; fell back)\n"));
                 }
-                module = build(mlir, graph, k, None)?;
+                module = build(mlir, graph, k, None, function)?;
             }
         }
     }
@@ -389,7 +423,7 @@ fn lower_linalg<'c>(
             1
         }
     };
-    mlir.run_pipeline(&mut module, LOWER).map_err(|e| CompileError::in_kernel(k, "lower", e))?;
+    lower(mlir, &mut module, k)?;
     // A developer's view of each kernel after the pipeline (KILN_DEBUG_MLIR=1).
     if std::env::var_os("KILN_DEBUG_MLIR").is_some() {
         eprintln!("// kernel {} ({} workgroups)\n{}", k.name, workgroups, module.as_operation());
@@ -431,13 +465,14 @@ fn lower_ukernel<'c>(
     k: &Kernel,
     u: &ukernel::Ukernel,
 ) -> Result<(Module<'c>, String, String)> {
-    let mut module = build(mlir, graph, k, Some(u))?;
+    // (A microkernel's function index is unused: its C code reports through `support.c`.)
+    let mut module = build(mlir, graph, k, Some(u), 0)?;
     let text = module.as_operation().to_string();
     let mut described = format!("kernel {}\n", k.name);
     for line in u.to_string().lines() {
         described.push_str(&format!("  {line}\n"));
     }
-    mlir.run_pipeline(&mut module, LOWER).map_err(|e| CompileError::in_kernel(k, "lower", e))?;
+    lower(mlir, &mut module, k)?;
     Ok((module, text, described))
 }
 
@@ -470,18 +505,32 @@ fn bind_workgroup_loop(module: &Module) -> Result<(), String> {
     Ok(())
 }
 
-/// Adds `k(void **args, i64, i64)` for each kernel, calling `k_body` with a descriptor per buffer.
+/// Adds `k(void **args, i64, i64)` for each kernel: it hands `support.c` the status word (the
+/// slot after the buffers) and its function's index, calls `k_body` with a descriptor per
+/// buffer, and one of the word where the body checks indices (`body_status`), then lets
+/// `support.c` free what a body that stopped early still holds.
 fn add_wrappers<'l>(
     llvm: &'l LlvmContext,
     module: &LlvmModule<'l>,
     kernels: &[Kernel],
     graph: &Graph,
+    body_status: &[bool],
 ) -> Result<()> {
     let ptr = llvm.ptr_type(inkwell::AddressSpace::default());
     let i64t = llvm.i64_type();
     let fn_type = llvm.void_type().fn_type(&[ptr.into(), i64t.into(), i64t.into()], false);
+    let enter = module.add_function(
+        "kiln_status_enter",
+        llvm.void_type().fn_type(&[ptr.into(), i64t.into()], false),
+        Some(inkwell::module::Linkage::External),
+    );
+    let leave = module.add_function(
+        "kiln_status_leave",
+        llvm.void_type().fn_type(&[], false),
+        Some(inkwell::module::Linkage::External),
+    );
     let builder = llvm.create_builder();
-    for k in kernels {
+    for (index, k) in kernels.iter().enumerate() {
         let internal = |e: inkwell::builder::BuilderError| {
             CompileError::Internal(format!("building the wrapper of {}: {e}", k.name))
         };
@@ -492,31 +541,46 @@ fn add_wrappers<'l>(
         let entry = llvm.append_basic_block(f, "entry");
         builder.position_at_end(entry);
         let args = f.get_nth_param(0).expect("declared").into_pointer_value();
-        let mut call_args: Vec<inkwell::values::BasicMetadataValueEnum> = Vec::new();
-        for (i, &v) in k.inputs.iter().chain(&k.outputs).enumerate() {
-            // SAFETY: args points to an array with one pointer per kernel buffer.
+        let load = |i: usize| {
+            // SAFETY: args points to an array with one pointer per kernel buffer, then the
+            // status word's.
             let slot = unsafe {
                 builder.build_in_bounds_gep(ptr, args, &[i64t.const_int(i as u64, false)], "slot")
             }
             .map_err(internal)?;
-            let p = builder.build_load(ptr, slot, "buffer").map_err(internal)?;
-            let dims = graph.value_type(v).shape.as_fixed().expect("static after specialisation");
-            let mut strides = vec![1u64; dims.len()];
-            for d in (0..dims.len().saturating_sub(1)).rev() {
-                strides[d] = strides[d + 1] * dims[d + 1] as u64;
-            }
-            // {allocated, aligned, offset, sizes..., strides...}
-            call_args.push(p.into());
-            call_args.push(p.into());
-            call_args.push(i64t.const_zero().into());
-            call_args.extend(dims.iter().map(|&d| {
-                inkwell::values::BasicMetadataValueEnum::from(i64t.const_int(d as u64, false))
-            }));
-            call_args.extend(
-                strides.iter().map(|&s| {
+            builder.build_load(ptr, slot, "buffer").map_err(internal)
+        };
+        let buffers: Vec<ValueId> = k.inputs.iter().chain(&k.outputs).copied().collect();
+        let status = load(buffers.len())?;
+        builder
+            .build_call(enter, &[status.into(), i64t.const_int(index as u64, false).into()], "")
+            .map_err(internal)?;
+        let mut call_args: Vec<inkwell::values::BasicMetadataValueEnum> = Vec::new();
+        let mut descriptor =
+            |p: inkwell::values::BasicValueEnum<'l>, dims: &[usize]| {
+                let mut strides = vec![1u64; dims.len()];
+                for d in (0..dims.len().saturating_sub(1)).rev() {
+                    strides[d] = strides[d + 1] * dims[d + 1] as u64;
+                }
+                // {allocated, aligned, offset, sizes..., strides...}
+                call_args.push(p.into());
+                call_args.push(p.into());
+                call_args.push(i64t.const_zero().into());
+                call_args.extend(dims.iter().map(|&d| {
+                    inkwell::values::BasicMetadataValueEnum::from(i64t.const_int(d as u64, false))
+                }));
+                call_args.extend(strides.iter().map(|&s| {
                     inkwell::values::BasicMetadataValueEnum::from(i64t.const_int(s, false))
-                }),
-            );
+                }));
+            };
+        for (i, &v) in buffers.iter().enumerate() {
+            let p = load(i)?;
+            let dims = graph.value_type(v).shape.as_fixed().expect("static after specialisation");
+            descriptor(p, &dims);
+        }
+        if body_status.get(index).copied().unwrap_or(false) {
+            // memref<4xi32>: the word's 16 bytes.
+            descriptor(status, &[4]);
         }
         call_args.push(f.get_nth_param(1).expect("declared").into());
         call_args.push(f.get_nth_param(2).expect("declared").into());
@@ -529,6 +593,7 @@ fn add_wrappers<'l>(
             )));
         }
         builder.build_call(body, &call_args, "").map_err(internal)?;
+        builder.build_call(leave, &[], "").map_err(internal)?;
         builder.build_return(None).map_err(internal)?;
     }
     Ok(())

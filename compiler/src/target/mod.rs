@@ -67,6 +67,31 @@ pub(crate) fn verified<'c>(
     Ok(module)
 }
 
+/// Erases the linalg ops that check indices (`codegen::status`: their `scf.if` is tagged
+/// `kiln.status`) whose results nothing uses. Fusion (elementwise fusion, tiling a consumer with
+/// its producers) copies such an op into its consumer, check and all; the original then reads
+/// as dead, but the status store in its body keeps MLIR from erasing it, and it would run a
+/// second time on its own.
+pub(crate) fn erase_dead_checks(module: &Module) {
+    let root = edit::RawOp::of(&module.as_operation());
+    let checks = root.descendants().into_iter().filter(|o| o.attr("kiln.status").is_some());
+    let mut dead: Vec<edit::RawOp> = Vec::new();
+    for check in checks {
+        let mut owner = check.parent();
+        while let Some(o) = owner.filter(|o| !o.name().starts_with("linalg.")) {
+            owner = o.parent();
+        }
+        let Some(op) = owner else { continue };
+        let unused = (0..op.num_results()).all(|i| edit::users(op.result(i)).is_empty());
+        if unused && op.num_results() > 0 && !dead.contains(&op) {
+            dead.push(op);
+        }
+    }
+    for op in dead {
+        op.erase();
+    }
+}
+
 /// The backend for `options.target`, with its settings read once (a forced GPU schedule from the
 /// options or `KILN_GPU_SCHEDULE`, the microkernel choices).
 pub fn for_options(options: &Options) -> Result<Box<dyn Backend>> {

@@ -25,6 +25,7 @@ use super::hazard::{Bits, Hazards};
 use super::Peaks;
 use crate::artifact::{Artifact, BufferKind, Manifest};
 use crate::executable::Profile;
+use crate::status;
 use crate::{Result, RuntimeError};
 
 /// At most this many streams run one executable's launches concurrently.
@@ -792,6 +793,10 @@ impl CudaProgram {
         profile: Option<&mut Profile>,
     ) -> Result<()> {
         let main = &self.streams[0];
+        let status = m.buffers.iter().position(|b| b.kind == BufferKind::Status);
+        if let Some(b) = status {
+            self.reset_status(b)?;
+        }
         let to_device = self.copy_inputs(m, inputs)?;
         if let Some((start, _)) = &self.span {
             start.record(main).map_err(driver("cuEventRecord"))?;
@@ -805,8 +810,25 @@ impl CudaProgram {
             end.record(main).map_err(driver("cuEventRecord"))?;
         }
         let from_device = self.copy_outputs(m, pageable)?;
+        let mut word = status::RESET;
+        if let Some(b) = status {
+            // SAFETY: the word's 16 bytes, into `word`, which lives past the synchronisation.
+            unsafe {
+                sys::cuMemcpyDtoHAsync_v2(
+                    word.as_mut_ptr() as *mut c_void,
+                    self.ptrs[b],
+                    word.len(),
+                    main.cu_stream(),
+                )
+            }
+            .result()
+            .map_err(driver("reading the status word"))?;
+        }
         main.synchronize()
             .map_err(|e| err(format!("running the kernels failed: {}", describe(e))))?;
+        if let Some(failed) = status::Reported::decode(&word) {
+            return Err(failed.error(m, None));
+        }
         if !replayed {
             state.direct_runs += 1;
         }
@@ -830,6 +852,22 @@ impl CudaProgram {
             p.bytes_from_device += from_device;
         }
         Ok(())
+    }
+
+    /// Resets status word `b` on the main stream, ahead of the launches (side streams start
+    /// after the input copies that follow, and a graph's replay after both).
+    fn reset_status(&self, b: usize) -> Result<()> {
+        // SAFETY: the word's 16 bytes from `RESET`, which is static.
+        unsafe {
+            sys::cuMemcpyHtoDAsync_v2(
+                self.ptrs[b],
+                status::RESET.as_ptr() as *const c_void,
+                status::RESET.len(),
+                self.streams[0].cu_stream(),
+            )
+        }
+        .result()
+        .map_err(driver("resetting the status word"))
     }
 
     /// Copies each input to its device buffer on the main stream, from its pinned slot when
@@ -1082,8 +1120,13 @@ fn layout(m: &Manifest) -> (Vec<u64>, u64) {
     let mut offsets = vec![0u64; m.buffers.len()];
     let mut total = 0u64;
     for (i, b) in m.buffers.iter().enumerate() {
-        if matches!(b.kind, BufferKind::Input(_) | BufferKind::Output(_) | BufferKind::Constant(_))
-        {
+        if matches!(
+            b.kind,
+            BufferKind::Input(_)
+                | BufferKind::Output(_)
+                | BufferKind::Constant(_)
+                | BufferKind::Status
+        ) {
             offsets[i] = total;
             total = align(total + b.bytes);
         }

@@ -16,6 +16,8 @@ enum Space {
     /// Each constant is its own memory (keyed by its buffer index).
     Constant(usize),
     Arena,
+    /// The status word: kernels only set it atomically, in any order, so it orders nothing.
+    Status,
 }
 
 /// A byte range `start..end` of one space.
@@ -29,6 +31,11 @@ struct Range {
 impl Range {
     fn overlaps(&self, other: &Range) -> bool {
         self.space == other.space && self.start < other.end && other.start < self.end
+    }
+
+    /// Whether two launches using these ranges must keep their order.
+    fn conflicts(&self, other: &Range) -> bool {
+        self.space != Space::Status && self.overlaps(other)
     }
 }
 
@@ -44,6 +51,7 @@ fn range_of(m: &Manifest, b: usize) -> Range {
             let base = range_of(m, of);
             (base.space, base.start + offset)
         }
+        BufferKind::Status => (Space::Status, 0),
     };
     Range { space, start, end: start + desc.bytes }
 }
@@ -81,6 +89,9 @@ pub struct Hazards {
     pub inputs_used: Vec<Vec<usize>>,
     /// For each output, the launches that write its bytes (its download waits for them).
     pub writers_of_output: Vec<Vec<usize>>,
+    /// The launches that take the status word (they wait for its reset; its read waits for
+    /// them).
+    pub status_users: Vec<usize>,
 }
 
 impl Hazards {
@@ -98,7 +109,7 @@ impl Hazards {
         let conflict = |i: usize, j: usize| {
             uses[i]
                 .iter()
-                .any(|(ri, wi)| uses[j].iter().any(|(rj, wj)| (*wi || *wj) && ri.overlaps(rj)))
+                .any(|(ri, wi)| uses[j].iter().any(|(rj, wj)| (*wi || *wj) && ri.conflicts(rj)))
         };
         let mut deps = Vec::with_capacity(n);
         let mut after: Vec<Bits> = Vec::with_capacity(n);
@@ -136,7 +147,9 @@ impl Hazards {
                 (0..n).filter(|&j| uses[j].iter().any(|(rj, w)| *w && rj.overlaps(&r))).collect()
             })
             .collect();
-        Hazards { deps, after, inputs_used, writers_of_output }
+        let status_users =
+            (0..n).filter(|&j| uses[j].iter().any(|(r, _)| r.space == Space::Status)).collect();
+        Hazards { deps, after, inputs_used, writers_of_output, status_users }
     }
 }
 
@@ -215,6 +228,25 @@ pub(crate) mod tests {
         assert!(h.after[4].get(0) && h.after[4].get(1) && h.after[3].get(0));
         assert_eq!(h.inputs_used, vec![vec![0, 1], vec![0], vec![], vec![], vec![]]);
         assert_eq!(h.writers_of_output, vec![vec![2], vec![4]]);
+    }
+
+    #[test]
+    fn the_status_word_orders_no_launches() {
+        let mut m = diamond(
+            Target::Opencl,
+            4096,
+            Blob { offset: 0, len: 0 },
+            Blob { offset: 0, len: 4096 },
+        );
+        // Launches 0 and 1 both take (and may write) the status word: still independent.
+        m.buffers.push(BufferDesc { bytes: 16, kind: BufferKind::Status });
+        m.launches[0].args.push(8);
+        m.launches[1].args.push(8);
+        m.launches[0].writes = vec![2, 3];
+        m.launches[1].writes = vec![2, 3];
+        let h = Hazards::of(&m);
+        assert!(h.deps[0].is_empty() && h.deps[1].is_empty());
+        assert_eq!(h.status_users, vec![0, 1]);
     }
 
     #[test]

@@ -35,6 +35,7 @@ use opencl3::types::{cl_device_id, cl_event, cl_mem, CL_BLOCKING, CL_NON_BLOCKIN
 use super::hazard::Hazards;
 use crate::artifact::{Artifact, BufferKind, Manifest};
 use crate::executable::Profile;
+use crate::status;
 use crate::{Result, RuntimeError};
 
 fn err(msg: impl Into<String>) -> RuntimeError {
@@ -214,6 +215,8 @@ struct State {
     profiling_queue: Option<CommandQueue>,
     inputs: Vec<Buffer<u8>>,
     outputs: Vec<Buffer<u8>>,
+    /// The program's status word, when its kernels take one: reset before each run, read after.
+    status: Option<Buffer<u8>>,
 }
 
 /// A loaded OpenCL executable.
@@ -310,6 +313,7 @@ impl OpenclProgram {
         let mut place: Vec<Option<(Root, u64)>> = vec![None; m.buffers.len()];
         let mut inputs: Vec<Option<Buffer<u8>>> = (0..m.inputs.len()).map(|_| None).collect();
         let mut outputs: Vec<Option<Buffer<u8>>> = (0..m.outputs.len()).map(|_| None).collect();
+        let mut status: Option<Buffer<u8>> = None;
         let arena = create(m.arena_bytes)?;
         let mut load_bytes = 0u64;
         for (i, b) in m.buffers.iter().enumerate() {
@@ -359,6 +363,12 @@ impl OpenclProgram {
                     memory.push(buf);
                 }
                 BufferKind::Alias { .. } => {}
+                // (At most one: validated.)
+                BufferKind::Status => {
+                    let buf = create(b.bytes)?;
+                    mems[i] = buf.get();
+                    status = Some(buf);
+                }
             }
         }
         // Views: the same cl_mem at offset 0, else a sub-buffer of the memory they live in.
@@ -453,8 +463,13 @@ impl OpenclProgram {
                 .map(|b| b.expect("every input and output has a buffer (validated)"))
                 .collect()
         };
-        let state =
-            State { queue, profiling_queue: None, inputs: take(inputs), outputs: take(outputs) };
+        let state = State {
+            queue,
+            profiling_queue: None,
+            inputs: take(inputs),
+            outputs: take(outputs),
+            status,
+        };
         Ok(OpenclProgram {
             description,
             out_of_order,
@@ -518,6 +533,15 @@ impl OpenclProgram {
             to_device += bytes.len() as u64;
             uploads.push(Some(ev));
         }
+        // The status word starts each run reset; launches that take it wait for that.
+        let reset = match state.status.as_mut() {
+            // SAFETY: the word's buffer holds its 16 bytes; `RESET` is static.
+            Some(buf) => Some(
+                unsafe { q.enqueue_write_buffer(buf, CL_NON_BLOCKING, 0, &status::RESET, &[]) }
+                    .map_err(cl("resetting the status word"))?,
+            ),
+            None => None,
+        };
         let mut done: Vec<Event> = Vec::with_capacity(self.kernels.len());
         let mut wait: Vec<cl_event> = Vec::new();
         for (j, (kernel, r)) in self.kernels.iter().zip(&self.ranges).enumerate() {
@@ -529,6 +553,9 @@ impl OpenclProgram {
                         .iter()
                         .filter_map(|&k| uploads[k].as_ref().map(Event::get)),
                 );
+                if self.hazards.status_users.binary_search(&j).is_ok() {
+                    wait.extend(reset.as_ref().map(Event::get));
+                }
             }
             // SAFETY: the kernel's arguments were bound at load to live buffers of the planned sizes.
             let ev = unsafe {
@@ -567,10 +594,26 @@ impl OpenclProgram {
             }
             outputs.push(host);
         }
+        let mut word = [0u8; 16];
+        if let Some(buf) = state.status.as_ref() {
+            wait.clear();
+            if ooo {
+                wait.extend(self.hazards.status_users.iter().map(|&i| done[i].get()));
+            }
+            // SAFETY: `word` is the buffer's size and is not touched until `finish` returns.
+            reads.push(
+                unsafe { q.enqueue_read_buffer(buf, CL_NON_BLOCKING, 0, &mut word, &wait) }
+                    .map_err(cl("reading the status word"))?,
+            );
+        }
         // Everything, not only the reads: the next run reuses the buffers.
         q.finish()
             .map_err(|e| err(format!("running the kernels on {} failed: {e}", self.description)))?;
         drop(reads);
+        drop(reset);
+        if let Some(failed) = state.status.as_ref().and_then(|_| status::Reported::decode(&word)) {
+            return Err(failed.error(m, None));
+        }
         if let Some(p) = profile {
             for (j, ev) in done.iter().enumerate() {
                 let ns = match (ev.profiling_command_start(), ev.profiling_command_end()) {

@@ -111,7 +111,7 @@ void kiln_uk_attention(int64_t q_, int64_t k_, int64_t v_, int64_t m_, int64_t y
     const int64_t tp = (T + 31) / 32 * 32, group = heads / kv_heads, blocks = (S + AT_UNIT_ROWS - 1) / AT_UNIT_ROWS;
     float *kt = scratch(0, (size_t)(hs * tp));
     float *sc = scratch(1, (size_t)(AT_ROWS * tp));
-    if (!kt || !sc) abort(); /* out of memory: nothing sensible to return */
+    if (!kt || !sc) return; /* out of memory, recorded by scratch */
     for (int64_t wq = wg_begin; wq < wg_end; wq++) {
         int64_t u0, u1, packed = -1;
         chunk_range(batch * heads * blocks, 1, chunks, wq, &u0, &u1);

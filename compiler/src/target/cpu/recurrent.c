@@ -99,7 +99,7 @@ void kiln_uk_recurrent(int64_t x_, int64_t packed_, int64_t h0_, int64_t c0_, in
     /* Projections of every step, then the state, the cell, the reset state, the recurrent sums. */
     size_t floats = (size_t)(rows * GHp + 3 * batch * Hp + batch * GHp);
     float *buf = scratch(0, floats);
-    if (!buf) abort(); /* out of memory: nothing sensible to return */
+    if (!buf) return; /* out of memory, recorded by scratch */
     float *proj = buf, *h = proj + rows * GHp, *c = h + batch * Hp, *rh = c + batch * Hp, *gr = rh + batch * Hp;
     for (int64_t d = wg_begin; d < wg_end; d++) {
         int reverse = direction == DIR_REVERSE || d == 1;

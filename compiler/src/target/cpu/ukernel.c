@@ -186,7 +186,8 @@ static void micro_edge(int64_t kc, int ak, const float *a, int64_t jump, const f
 #undef KILN_EDGE_ROWS
 #undef KILN_EDGE
     default:
-        abort(); /* mr is 1..MR and ak one of two: a bug, not input */
+        KILN_INTERNAL_FAILURE(); /* mr is 1..MR and ak one of two: a bug, not input */
+        return;
     }
     if (whole) return;
     for (int64_t r = 0; r < mr; r++) {
@@ -256,7 +257,7 @@ static inline __attribute__((always_inline)) void pack_window_strip_gather(const
                                                                           int64_t p0, int64_t kc, float *out) {
     int64_t khw = g->KH * g->KW;
     int32_t *idx = (int32_t *)scratch(2, (size_t)(khw * width));
-    if (!idx) abort();
+    if (!idx) return; /* (recorded by scratch) */
     for (int64_t c = 0; c < width; c++) {
         int64_t p = first + c;
         int64_t oh = p / g->OW, ow = p % g->OW;
@@ -435,7 +436,7 @@ static void gemm_block(const Asource *A, const Bsource *B, float *c, int64_t ldc
     int64_t kc_max = bl->kc, mc_max = bl->mc, nc_max = bl->nc;
     float *bbuf = (B->packed) ? NULL : scratch(0, (size_t)kc_max * (size_t)((nc_max + NR - 1) / NR * NR));
     float *abuf = (A->packed || A->plane) ? NULL : scratch(1, (size_t)kc_max * (size_t)((mc_max + MR - 1) / MR * MR));
-    if ((!B->packed && !bbuf) || (!A->packed && !A->plane && !abuf)) abort(); /* out of memory: nothing sensible to return */
+    if ((!B->packed && !bbuf) || (!A->packed && !A->plane && !abuf)) return; /* out of memory, recorded by scratch */
     for (int64_t jc = j0; jc < j1; jc += nc_max) {
         int64_t nc = j1 - jc < nc_max ? j1 - jc : nc_max;
         for (int64_t pc = 0; pc < K; pc += kc_max) {
@@ -577,7 +578,7 @@ static void conv_direct(const float *x, const float *wp, const float *bias, cons
     size_t total = (size_t)(C * phases * plane + 64);
     float *xp = scratch(0, total);
     int64_t *offs = (int64_t *)scratch(1, (size_t)(2 * K));
-    if (!xp || !offs) abort();
+    if (!xp || !offs) return; /* (recorded by scratch) */
     memset(xp, 0, total * sizeof(float));
     for (int64_t c = 0; c < C; c++) {
         for (int64_t a = 0; a < SH; a++) {
@@ -608,7 +609,7 @@ static void conv_direct(const float *x, const float *wp, const float *bias, cons
 #if MR == 8
         size_t words = (size_t)((C + 1) / 2 * phases * plane + 64);
         xq = (uint32_t *)scratch(2, words);
-        if (!xq) abort();
+        if (!xq) return; /* (recorded by scratch) */
         memset(xq + words - 64, 0, 64 * sizeof(uint32_t));
         for (int64_t cp = 0; cp < (C + 1) / 2; cp++) {
             for (int64_t f = 0; f < phases; f++) {
@@ -618,7 +619,8 @@ static void conv_direct(const float *x, const float *wp, const float *bias, cons
             }
         }
 #else
-        abort(); /* planned only where the host has AVX512-BF16: a bug, not input */
+        KILN_INTERNAL_FAILURE(); /* planned only where the host has AVX512-BF16: a bug, not input */
+        return;
 #endif
     }
     for (int64_t k = 0; k < (bf16 ? K2 : K); k++) {
@@ -723,7 +725,7 @@ void kiln_uk_conv2d(int64_t x_, int64_t wp_, int64_t bias_, int64_t res_, int64_
          * else C^T goes through scratch and is stored transposed, with the epilogue. Chunks are
          * of positions (split_n) or of channels. */
         float *ct = out_blocked ? NULL : scratch(3, (size_t)(N * M));
-        if (!out_blocked && !ct) abort();
+        if (!out_blocked && !ct) return; /* (recorded by scratch) */
         for (int64_t u = wg_begin; u < wg_end; u++) {
             int64_t img = u / chunks, q = u % chunks;
             Im2col g = {x + img * C * H * W, H, W, KH, KW, SH, SW, DH, DW, PH, PW, OW};
@@ -828,7 +830,7 @@ void kiln_uk_conv_transpose(int64_t x_, int64_t wp_, int64_t bias_, int64_t res_
         if (c0 >= c1) continue;
         int64_t i0 = c0 * khw, i1 = c1 * khw;
         float *cols = scratch(3, (size_t)((i1 - i0) * N));
-        if (!cols) abort();
+        if (!cols) return; /* (recorded by scratch) */
         Bsource B = {NULL, x + img * Cin * N, N, 1, NULL};
         /* gemm_block writes rows i0 .. i1 at cols + (i - i0) * N. */
         gemm_block(&A, &B, cols - i0 * N, N, 16, M, N, K, i0, i1, 0, N, NULL, &bl);
@@ -916,7 +918,7 @@ static inline __attribute__((always_inline)) void pool2d(const float *x, float *
     float *hm = scratch(2, (size_t)(band_rows * lanes));
     /* Divisors of the average: per output row and per output column, the taps that count. */
     float *rows = scratch(1, (size_t)(OH + lanes + 16));
-    if (!rowbufs || !hm || !rows) abort();
+    if (!rowbufs || !hm || !rows) return; /* (recorded by scratch) */
     float *cols = rows + OH;
     for (int64_t o = 0; o < OH + lanes; o++) {
         int is_row = o < OH;
@@ -1064,7 +1066,7 @@ static void maxpool3x3s2(const float *x, float *y, int64_t C, int64_t H, int64_t
     int64_t len = 2 * lanes + 48;
     if (len < PW + W + 16) len = PW + W + 16;
     float *buf = scratch(0, (size_t)len);
-    if (!buf) abort();
+    if (!buf) return; /* (recorded by scratch) */
     for (int64_t i = 0; i < len; i++) buf[i] = -__builtin_inff();
     for (int64_t u = wg_begin; u < wg_end; u++) {
         int64_t img = u / chunks, q = u % chunks, c0, c1;
@@ -1133,8 +1135,9 @@ void kiln_uk_pool2d(int64_t x_, int64_t y_, int64_t C, int64_t H, int64_t W, int
 #undef POOL2D
 }
 
-/* Gather along axis 0: output row i is data row idx[i] (negative indices count from the end,
- * then clamped into the table, as kiln's generated gathers do), copied whole. Any element type:
+/* Gather along axis 0: output row i is data row idx[i] (negative indices count from the end;
+ * one outside the table fails the run and is clamped into it, as kiln's generated gathers do),
+ * copied whole. Any element type:
  * rows are bytes. Work units: chunks of the indices. */
 void kiln_uk_gather_rows(int64_t data_, int64_t idx_, int64_t y_, int64_t rows, int64_t row_bytes, int64_t n_idx, int64_t idx64, int64_t chunks,
                          int64_t wg_begin, int64_t wg_end) {
@@ -1147,7 +1150,10 @@ void kiln_uk_gather_rows(int64_t data_, int64_t idx_, int64_t y_, int64_t rows, 
         for (int64_t i = i0; i < i1; i++) {
             int64_t v = idx64 ? ((const int64_t *)idx)[i] : (int64_t)((const int32_t *)idx)[i];
             if (v < 0) v += rows;
-            v = v < 0 ? 0 : v >= rows ? rows - 1 : v;
+            if (v < 0 || v >= rows) {
+                kiln_fail(KILN_STATUS_INDEX, 0); /* the run fails; the copy stays in bounds */
+                v = v < 0 ? 0 : rows - 1;
+            }
             memcpy(y + i * row_bytes, data + v * row_bytes, (size_t)row_bytes);
         }
     }
@@ -1265,7 +1271,7 @@ static void depthwise_regrouped(const float *x, const float *wb, const float *bi
     dw_plane_size(H, W, KH, KW, SH, SW, DH, DW, PH, PW, OH, OW, &Hp, &Wp);
     float *xb = scratch(0, (size_t)(Hp * Wp * 16));
     float *yb = scratch(1, (size_t)(Q * 16));
-    if (!xb || !yb) abort();
+    if (!xb || !yb) return; /* (recorded by scratch) */
     /* A local copy: stores through y cannot change it, so its fields stay in registers. */
     Epilogue ep = *e;
     dw_clear_border(xb, H, W, PH, PW, Hp, Wp);
@@ -1337,7 +1343,7 @@ void kiln_uk_depthwise(int64_t x_, int64_t w_, int64_t bias_, int64_t res_, int6
     /* Slack past the end: a row's last vectors may read up to 4 x 16 x SW past it. */
     int64_t slack = 160 * SW + 64;
     float *xp = scratch(0, (size_t)(Hp * Wp + slack));
-    if (!xp) abort();
+    if (!xp) return; /* (recorded by scratch) */
     for (int64_t u = wg_begin; u < wg_end; u++) {
         int64_t img = u / chunks, q = u % chunks;
         int64_t c0, c1;
@@ -1517,7 +1523,8 @@ KILN_BF16 static void micro_bf16(int64_t rows, int64_t K2, const uint32_t *a, in
         KILN_ROWS(8)
 #undef KILN_ROWS
     default:
-        abort(); /* rows is 1..MR: a bug, not input */
+        KILN_INTERNAL_FAILURE(); /* rows is 1..MR: a bug, not input */
+        return;
     }
 }
 
@@ -1555,7 +1562,7 @@ static void gemm_bf16(const float *a, int64_t lda, int64_t ka, const uint32_t *b
                       int64_t a1, int64_t b0, int64_t b1, const Epilogue *epi) {
     int64_t K2 = (K + 1) / 2;
     uint32_t *ab = (uint32_t *)scratch(1, (size_t)((a1 - a0) * K2));
-    if (!ab) abort(); /* out of memory: nothing sensible to return */
+    if (!ab) return; /* out of memory, recorded by scratch */
     rows_to_bf16(a, lda, ka, a0, a1, K, ab);
     for (int64_t j = b0; j < b1; j += NR) {
         int64_t nr = b1 - j < NR ? b1 - j : NR;
@@ -1605,7 +1612,8 @@ void kiln_uk_gemm(int64_t a_, int64_t bp_, int64_t bias_, int64_t res_, int64_t 
         }
         return;
 #else
-        abort(); /* planned only where the host has AVX512-BF16: a bug, not input */
+        KILN_INTERNAL_FAILURE(); /* planned only where the host has AVX512-BF16: a bug, not input */
+        return;
 #endif
     }
     if (M < MR) {

@@ -1,19 +1,38 @@
-/* What kiln's C kernels (ukernel.c, recurrent.c, reduction.c, movement.c) share besides vectors: per-thread
- * scratch space and the split of work into units. */
+/* What kiln's C kernels (ukernel.c, recurrent.c, reduction.c, movement.c, attention.c,
+ * quantized.c) share besides vectors: per-thread scratch space, failure reports and the split of
+ * work into units. */
 #ifndef KILN_WORKSPACE_H
 #define KILN_WORKSPACE_H
 #include <stdint.h>
 #include <stdlib.h>
 
+/* The run's status word (kiln_runtime::status; support.c keeps it): a kernel that cannot finish
+ * records why and returns without writing its result, and the run fails naming the kernel. No
+ * kernel aborts the process. */
+#define KILN_STATUS_INDEX 1
+#define KILN_STATUS_ALLOC 2
+#define KILN_STATUS_INTERNAL 3
+__attribute__((visibility("hidden"))) void kiln_fail(uint32_t code, uint64_t detail);
+/* Test only (KILN_TEST_FAIL_ALLOC): whether an allocation of `bytes` is refused. */
+__attribute__((visibility("hidden"))) int kiln_refuse_alloc(uint64_t bytes);
+
+/* A state the planner rules out (a bug, not input): reported, not aborted on. */
+#define KILN_INTERNAL_FAILURE() kiln_fail(KILN_STATUS_INTERNAL, 0)
+
 /* Per-thread scratch space, 4 slots for each object file that includes this, grown on demand
- * (the runtime's threads live as long as the process). */
+ * (the runtime's threads live as long as the process). NULL when the memory cannot be had, the
+ * failure recorded: the caller returns without writing its result. Every worker returns from
+ * its workgroups as usual, so no thread waits for it. */
 static inline float *scratch(int which, size_t floats) {
     static __thread float *buf[4];
     static __thread size_t cap[4];
+    if (floats == 0) floats = 1; /* (so that NULL always means failure) */
     if (cap[which] < floats) {
         free(buf[which]);
-        buf[which] = aligned_alloc(64, ((floats * sizeof(float) + 63) / 64) * 64);
+        size_t bytes = ((floats * sizeof(float) + 63) / 64) * 64;
+        buf[which] = kiln_refuse_alloc(bytes) ? NULL : aligned_alloc(64, bytes);
         cap[which] = buf[which] ? floats : 0;
+        if (!buf[which]) kiln_fail(KILN_STATUS_ALLOC, bytes);
     }
     return buf[which];
 }

@@ -478,8 +478,9 @@ fn wrap(ctx: &melior::Context, op: RawOp, tag: &str) {
 }
 
 /// Reads the launch plan from the outlined host function: the launches in order with their
-/// buffers. `n_buffers` is the kernel's buffer count (its first function arguments).
-pub fn plan(root: RawOp, n_buffers: usize) -> Result<LaunchPlan, String> {
+/// buffers. `n_buffers` is the kernel's buffer count (its first function arguments); with
+/// `status`, the argument after them is the run's status word.
+pub fn plan(root: RawOp, n_buffers: usize, status: bool) -> Result<LaunchPlan, String> {
     let func = root.children().into_iter().find(|o| o.is("func.func")).ok_or("no host function")?;
     let mut plan = LaunchPlan::default();
     let mut scratch_of: Vec<(RawOp, usize)> = Vec::new();
@@ -525,6 +526,8 @@ pub fn plan(root: RawOp, n_buffers: usize) -> Result<LaunchPlan, String> {
             let arg = if let Some((owner, n)) = edit::block_argument_owner(v) {
                 if owner.is("func.func") && n < n_buffers {
                     Arg::Buffer(n)
+                } else if owner.is("func.func") && status && n == n_buffers {
+                    Arg::Status
                 } else {
                     return Err(format!("launch argument {i} is not a buffer"));
                 }

@@ -66,8 +66,9 @@ impl Backend for GpuBackend {
     fn kernel_mlir(&self, graph: &Graph, kernels: &[Kernel]) -> Result<String> {
         let mlir = MlirContext::new();
         let mut text = String::new();
-        for k in kernels {
-            text.push_str(&build(&mlir, graph, k)?.as_operation().to_string());
+        // (Without scheduling, a kernel's function index is not known: its position stands in.)
+        for (i, k) in kernels.iter().enumerate() {
+            text.push_str(&build(&mlir, graph, k, function_index(i)?)?.as_operation().to_string());
         }
         Ok(text)
     }
@@ -124,7 +125,12 @@ fn compile(
     let device_body = device.block(0).expect("a gpu.module has a body");
     let mut plans_text: Vec<(String, Vec<DeviceLaunch>)> = Vec::new();
     for k in kernels {
+        // What a failed index check records: the kernel's first function (every function of a
+        // kernel has its label).
+        let function = function_index(functions.len())?;
         let tile_plan = match forced {
+            // (Tile kernels have no index checks: a kernel with one is scheduled.)
+            _ if codegen::status::takes_status(graph, k) => None,
             None | Some(schedule::Strategy::Tile) | Some(schedule::Strategy::TensorCore) => {
                 tile::plan(&tile_target, graph, k)
             }
@@ -133,12 +139,13 @@ fn compile(
         let (plan, strategy) = if let Some(p) = &tile_plan {
             if let Some(t) = texts.as_deref_mut() {
                 // The kernel's MLIR as codegen builds it, for `--stage mlir`, as for any other.
-                t.push(Stage::Mlir, &build(&mlir, graph, k)?.as_operation().to_string());
+                t.push(Stage::Mlir, &build(&mlir, graph, k, function)?.as_operation().to_string());
             }
             let plan = tile::build(&mlir.ctx, device_body, flavor, graph, k, p)?;
             (plan, p.describe(graph))
         } else {
-            let (module, plan, text, strategy) = schedule_kernel(&mlir, graph, k, forced)?;
+            let (module, plan, text, strategy) =
+                schedule_kernel(&mlir, graph, k, forced, function)?;
             if let Some(t) = texts.as_deref_mut() {
                 t.push(Stage::Mlir, &text);
             }
@@ -273,13 +280,26 @@ fn launch_bytes(graph: &Graph, k: &Kernel, plan: &LaunchPlan, l: &DeviceLaunch) 
             Arg::Buffer(i) => buffer(i),
             Arg::Scratch(s) => plan.scratch.get(s).copied().unwrap_or(0),
             Arg::Constant(c) => plan.constants.get(c).map_or(0, |b| b.len() as u64),
+            // (Written only when the launch fails.)
+            Arg::Status => 0,
         })
         .sum()
 }
 
-/// A kernel's module as codegen builds it, verified.
-fn build<'c>(mlir: &'c MlirContext, graph: &Graph, k: &Kernel) -> Result<Module<'c>> {
-    super::verified(mlir, k, codegen::build_kernel(&mlir.ctx, graph, k))
+/// A kernel's module as codegen builds it, verified. `function` is the index of its first
+/// function in the artifact, which its index checks record.
+fn build<'c>(
+    mlir: &'c MlirContext,
+    graph: &Graph,
+    k: &Kernel,
+    function: u32,
+) -> Result<Module<'c>> {
+    super::verified(mlir, k, codegen::build_kernel(&mlir.ctx, graph, k, function))
+}
+
+/// A function index as the status word records it.
+fn function_index(i: usize) -> Result<u32> {
+    u32::try_from(i).map_err(|_| CompileError::Internal(format!("{i} functions are too many")))
 }
 
 /// Builds one kernel, schedules it (the first strategy that applies) and maps it to launches;
@@ -290,8 +310,9 @@ fn schedule_kernel<'c>(
     graph: &Graph,
     k: &Kernel,
     forced: Option<schedule::Strategy>,
+    function: u32,
 ) -> Result<(Module<'c>, LaunchPlan, String, schedule::Strategy)> {
-    let build = || build(mlir, graph, k);
+    let build = || build(mlir, graph, k, function);
     // Unit dimensions are folded first, so a keepdims reduction splits over a block's threads.
     // Folding puts reshapes between ops, and block tiling cannot fuse a producer through one (a
     // padded convolution's input, a strided 1x1 convolution's result). So each fused strategy
@@ -309,6 +330,7 @@ fn schedule_kernel<'c>(
     let text = first.as_operation().to_string();
     let mut first = Some(first);
     let n_buffers = k.inputs.len() + k.outputs.len();
+    let status = codegen::status::takes_status(graph, k);
     let mut tried: Vec<(String, String)> = Vec::new();
     // Phases: the fused strategies on the folded kernel, then on the unfolded one (each list
     // read from the kernel as prepared), then per-op.
@@ -323,6 +345,7 @@ fn schedule_kernel<'c>(
             None => build()?,
         };
         prepare(&mut m, fold).map_err(|e| CompileError::in_kernel(k, "fuse elementwise", e))?;
+        super::erase_dead_checks(&m);
         let root = RawOp::of(&m.as_operation());
         let func = schedule::kernel_func(root)
             .ok_or_else(|| CompileError::in_kernel(k, "schedule", "no kernel function"))?;
@@ -352,8 +375,11 @@ fn schedule_kernel<'c>(
         };
         next += 1;
         let attempt = schedule::apply(mlir, &m, strategy)
-            .and_then(|()| launch::map(mlir, &mut m))
-            .and_then(|()| launch::plan(RawOp::of(&m.as_operation()), n_buffers));
+            .and_then(|()| {
+                super::erase_dead_checks(&m);
+                launch::map(mlir, &mut m)
+            })
+            .and_then(|()| launch::plan(RawOp::of(&m.as_operation()), n_buffers, status));
         let name = if fold { strategy.to_string() } else { format!("{strategy} (unfolded)") };
         match attempt {
             Ok(plan) => {
