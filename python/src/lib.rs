@@ -294,6 +294,7 @@ impl PySession {
                 // shape-deciding inputs, on the first run of each size.
                 let fixed = inputs.iter().all(|p| p.shape.iter().all(Result::is_ok))
                     && kiln_compiler::passes::specialize::shape_inputs(&g).is_empty();
+                let cpu_threads = load.cpu_threads();
                 let engine = if fixed {
                     Engine::Fixed(Box::new(
                         kiln_compiler::jit(&g, &options, &load).map_err(compile_err)?,
@@ -303,6 +304,10 @@ impl PySession {
                 };
                 let device = match &engine {
                     Engine::Fixed(exe) => exe.device(),
+                    // The device is chosen at the first run; the CPU's threads are known now.
+                    Engine::Sized(_) if options.target == TargetKind::Cpu => {
+                        kiln_runtime::cpu_description(cpu_threads)
+                    }
                     Engine::Sized(_) => options.target.name().to_string(),
                 };
                 Ok(PySession {
@@ -324,8 +329,14 @@ fn tensor_of(py: Python<'_>, name: &str, want: DType, obj: &Bound<'_, PyAny>) ->
     let arr = match obj.cast::<PyUntypedArray>() {
         Ok(a) => a.clone(),
         Err(_) => {
+            // A list (or any sequence or scalar) becomes an array of the type the input
+            // declares, as onnxruntime takes it: [1.5, 2] is not a float64 input.
             let np = py.import("numpy")?;
-            np.call_method1("asarray", (obj,))?
+            let converted = match numpy_name(want) {
+                Some(t) => np.call_method1("asarray", (obj, t)),
+                None => np.call_method1("asarray", (obj,)),
+            };
+            converted?
                 .cast_into::<PyUntypedArray>()
                 .map_err(|_| KilnError::new_err(format!("input `{name}`: not an array")))?
         }
@@ -364,7 +375,13 @@ fn tensor_of(py: Python<'_>, name: &str, want: DType, obj: &Bound<'_, PyAny>) ->
             descr.str()?
         )));
     }
-    let arr = if arr.is_c_contiguous() && descr.byteorder() != b'>' {
+    let arr = if descr.byteorder() == b'>' {
+        // Big-endian values (kiln's hosts are little-endian): converted, not reinterpreted.
+        let native = descr.call_method1("newbyteorder", ("=",))?;
+        let kwargs = PyDict::new(py);
+        kwargs.set_item("order", "C")?;
+        arr.call_method("astype", (native,), Some(&kwargs))?.cast_into::<PyUntypedArray>()?
+    } else if arr.is_c_contiguous() {
         arr
     } else {
         py.import("numpy")?
@@ -384,6 +401,25 @@ fn tensor_of(py: Python<'_>, name: &str, want: DType, obj: &Bound<'_, PyAny>) ->
     let bytes = if len == 0 { &[][..] } else { unsafe { std::slice::from_raw_parts(ptr, len) } };
     Tensor::from_bytes(dtype, &dims, bytes)
         .map_err(|e| KilnError::new_err(format!("input `{name}`: {e}")))
+}
+
+/// numpy's name for a kiln type with a numpy type of its own.
+fn numpy_name(d: DType) -> Option<&'static str> {
+    Some(match d {
+        DType::F32 => "float32",
+        DType::F64 => "float64",
+        DType::F16 => "float16",
+        DType::I8 => "int8",
+        DType::I16 => "int16",
+        DType::I32 => "int32",
+        DType::I64 => "int64",
+        DType::U8 => "uint8",
+        DType::U16 => "uint16",
+        DType::U32 => "uint32",
+        DType::U64 => "uint64",
+        DType::Bool => "bool",
+        _ => return None,
+    })
 }
 
 /// A tensor as a new numpy array.
@@ -574,9 +610,12 @@ impl PySession {
 
 /// Compiles `model` for `target` and returns the artifact's bytes (also written to `output`,
 /// atomically, when given). `input_shapes` fixes symbolic sizes (name -> dims); without them a
-/// symbolic batch gives an artifact for any batch.
+/// symbolic batch gives an artifact for any batch. `max_size` (`{"symbol": n}`, one symbol)
+/// compiles a symbol padded to `n`, so one program runs every size up to it (`kiln compile
+/// --max-size`); `cuda_arch` the GPU architecture for `target="cuda"` (default sm_80).
 #[pyfunction]
-#[pyo3(signature = (model, target = "cpu", output = None, input_shapes = None, precision = "f32"))]
+#[pyo3(signature = (model, target = "cpu", output = None, input_shapes = None, precision = "f32", max_size = None, cuda_arch = None))]
+#[allow(clippy::too_many_arguments)] // the CLI's options, by name from Python
 fn compile<'py>(
     py: Python<'py>,
     model: &Bound<'py, PyAny>,
@@ -584,6 +623,8 @@ fn compile<'py>(
     output: Option<std::path::PathBuf>,
     input_shapes: Option<HashMap<String, Vec<usize>>>,
     precision: &str,
+    max_size: Option<HashMap<String, usize>>,
+    cuda_arch: Option<String>,
 ) -> PyResult<Bound<'py, PyBytes>> {
     let graph = match read_model(model)? {
         Model::Graph(g) => g,
@@ -591,14 +632,23 @@ fn compile<'py>(
             return Err(KilnError::new_err("the model is already a compiled artifact"))
         }
     };
-    let options = options_for(target_of(target)?, input_shapes, precision)?;
+    let mut options = options_for(target_of(target)?, input_shapes, precision)?;
+    if let Some(m) = max_size {
+        let mut entries = m.into_iter();
+        match (entries.next(), entries.next()) {
+            (Some(pad), None) => options.pad = Some(pad),
+            _ => return Err(KilnError::new_err("max_size pads one symbol: give {\"symbol\": n}")),
+        }
+    }
+    if let Some(arch) = cuda_arch {
+        options.ptx.arch = arch;
+    }
     let bytes = py
         .detach(|| kiln_compiler::compile(&graph, &options, false).map(|c| c.artifact.to_bytes()))
         .map_err(compile_err)?;
     if let Some(path) = output {
-        let tmp = path.with_extension("kiln.tmp");
-        std::fs::write(&tmp, &bytes)
-            .and_then(|()| std::fs::rename(&tmp, &path))
+        // Written aside under an unpredictable name (exclusive create), then renamed.
+        kiln_runtime::files::replace(&path, &[&bytes])
             .map_err(|e| KilnError::new_err(format!("{}: {e}", path.display())))?;
     }
     Ok(PyBytes::new(py, &bytes))

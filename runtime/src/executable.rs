@@ -32,6 +32,19 @@ pub struct LoadOptions {
     pub max_memory: Option<u64>,
 }
 
+impl LoadOptions {
+    /// The CPU worker threads a program loaded with these options runs on.
+    pub fn cpu_threads(&self) -> usize {
+        self.threads
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+    }
+}
+
+/// The CPU as `device()` names it: `cpu (16 threads)`.
+pub fn cpu_description(threads: usize) -> String {
+    format!("cpu ({threads} thread{})", if threads == 1 { "" } else { "s" })
+}
+
 /// Per-kernel timings of one run.
 #[derive(Clone, Debug, Default)]
 pub struct Profile {
@@ -229,9 +242,7 @@ impl Executable {
                 msg: format!("there is no CPU device {i}: the CPU is device 0"),
             });
         }
-        let threads = options
-            .threads
-            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+        let threads = options.cpu_threads();
         crate::device::cpu::check_host_features(&m.cpu_features)?;
         let symbols: Vec<String> = m.kernels.iter().map(|k| k.symbol.clone()).collect();
         let program = CpuProgram::load(artifact.blob(m.code)?, &symbols, threads)?;
@@ -354,11 +365,7 @@ impl Executable {
     /// `opencl:0 Intel(R) OpenCL / AMD EPYC 9B14 (CPU device)`.
     pub fn device(&self) -> String {
         match &self.program {
-            Program::Cpu(c) => format!(
-                "cpu ({} thread{})",
-                c.program.threads(),
-                if c.program.threads() == 1 { "" } else { "s" }
-            ),
+            Program::Cpu(c) => cpu_description(c.program.threads()),
             Program::Cuda(p) => p.description().to_string(),
             Program::Opencl(p) => p.description().to_string(),
             Program::Batched(ps) => ps[0].1.device(),
