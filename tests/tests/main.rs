@@ -12,6 +12,7 @@ mod decisions;
 mod decompose;
 mod determinism;
 mod differential;
+mod docs;
 mod filetests;
 mod gpu;
 mod gpu_tile;

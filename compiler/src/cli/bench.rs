@@ -29,8 +29,9 @@ pub struct Args {
     /// Sizes for inputs with symbolic dimensions: NAME=D0,D1,...
     #[arg(long = "input-shape")]
     input_shapes: Vec<String>,
-    /// End with a JSON object: model, device, threads, compile_ms, median_ms, min_ms, max_ms, iters
-    /// (on CUDA also the device time without the copies: device_median_ms ...).
+    /// End with a JSON object: model, device, threads, compile_ms, median_ms, min_ms, max_ms,
+    /// mean_ms, iters, precision; on a GPU device_{median,min,max,mean}_ms (the time without the
+    /// copies), cuda_graph and pinned_copies; with --deviation, deviation.
     #[arg(long)]
     json: bool,
     /// Also time each kernel launch: per kernel, the median over the timed runs (on a GPU with

@@ -82,7 +82,9 @@ pub struct Args {
     target: TargetArg,
     #[command(flatten)]
     cuda: CudaArgs,
-    /// Write every stage's text (graph, fused, MLIR, lowered, LLVM IR, assembly, PTX, SPIR-V) into this folder.
+    /// Write every stage's text into this folder: graph.kiln.txt, fused.txt, schedule.txt,
+    /// kernels.mlir, lowered.mlir, kernels.ll, kernels.s (CPU), kernels.ptx (CUDA),
+    /// kernels.spvasm (OpenCL); a symbolic model's programs each in a folder of their own.
     #[arg(long)]
     dump_dir: Option<PathBuf>,
     /// Concrete sizes for an input with symbolic dimensions: NAME=D0,D1,... The first may be a
