@@ -55,7 +55,7 @@ for dir in "$MODELS"/*/; do
     [ -f "$model" ] || continue
     name=$(basename "$dir")
     # The first run at the precision also compares it with f32 (and warms the cache).
-    first=$(kiln_json "$model" "$PRECISION" 1 --deviation "$SAMPLES")
+    first=$(kiln_json "$model" "$PRECISION" 1 --deviation --deviation-samples "$SAMPLES")
     if [ -z "$first" ]; then
         printf '%-34s %s\n' "$name" "(kiln cannot run it at $PRECISION: kiln bench $model --precision $PRECISION)"
         continue

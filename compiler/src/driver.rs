@@ -92,15 +92,24 @@ pub fn compile_reporting(
     }
     lap("fuse", &mut timings);
     progress(Progress::Kernels(partition.kernels.len()));
+    // When the kernels are done and the whole-program step starts: codegen's time splits there
+    // (the timings and `--trace` show the two phases).
+    let finishing = std::cell::Cell::new(None);
     let kernel_done = |n: usize| {
         progress(Progress::KernelsDone(n));
         if n == partition.kernels.len() {
+            finishing.set(Some(Instant::now()));
             progress(Progress::Finishing);
         }
     };
     let code =
         backend.compile(&g, &partition.kernels, keep.then_some(&mut stages), &kernel_done)?;
+    let finish = finishing.get().map(|at: Instant| at.elapsed());
     lap("codegen", &mut timings);
+    if let (Some(finish), Some(codegen)) = (finish, timings.last_mut()) {
+        codegen.1 = codegen.1.saturating_sub(finish);
+        timings.push((finish_phase(options.target), finish));
+    }
     let art = artifact::assemble(&g, &partition, code)?;
     lap("artifact", &mut timings);
     if let Some(dir) = &options.dump_dir {
@@ -228,6 +237,25 @@ fn compile_padded(
     keep_stages: bool,
     progress: &dyn Fn(Progress),
 ) -> Result<Compiled> {
+    let (plan, padded, o) = padded(graph, options, symbol, capacity)?;
+    let mut c = compile_reporting(&padded, &o, keep_stages, progress)?;
+    if !c.stages.get(Stage::Fused).is_empty() {
+        c.stages.set(Stage::Fused, format!("{plan}\n{}", c.stages.get(Stage::Fused)));
+    }
+    let clock = Instant::now();
+    c.artifact = artifact::assemble_padded(&graph.name, &plan, capacity, c.artifact)?;
+    c.timings.push(("padded artifact", clock.elapsed()));
+    Ok(c)
+}
+
+/// The graph with `symbol` padded to `capacity` (`pad::plan` proves nothing reads the padding,
+/// or says which node does), its plan, and the options that compile it as one static program.
+fn padded(
+    graph: &Graph,
+    options: &Options,
+    symbol: &str,
+    capacity: usize,
+) -> Result<(crate::pad::PadPlan, Graph, Options)> {
     use kiln_ir::Dim;
     let mut shapes = options.input_shapes.clone();
     for &id in graph.inputs() {
@@ -255,14 +283,16 @@ fn compile_padded(
     })?;
     let padded = crate::pad::apply(graph, &plan, &shapes)?;
     let o = Options { pad: None, input_shapes: Default::default(), ..options.clone() };
-    let mut c = compile_reporting(&padded, &o, keep_stages, progress)?;
-    if !c.stages.get(Stage::Fused).is_empty() {
-        c.stages.set(Stage::Fused, format!("{plan}\n{}", c.stages.get(Stage::Fused)));
+    Ok((plan, padded, o))
+}
+
+/// The name of the whole-program step after the kernels' code, as the timings show it.
+fn finish_phase(target: crate::TargetKind) -> &'static str {
+    match target {
+        crate::TargetKind::Cpu => "llvm+link",
+        crate::TargetKind::Cuda => "llvm+ptx",
+        crate::TargetKind::Opencl => "spirv",
     }
-    let clock = Instant::now();
-    c.artifact = artifact::assemble_padded(&graph.name, &plan, capacity, c.artifact)?;
-    c.timings.push(("padded artifact", clock.elapsed()));
-    Ok(c)
 }
 
 /// Adds a program's stage times to those of the programs compiled before it, stage by stage.
@@ -395,6 +425,8 @@ pub fn pass_trace(graph: &Graph, options: &Options) -> Result<String> {
 /// `fused` stop before code generation, so a model kiln cannot compile still prints them; `mlir`
 /// stops after codegen (no target pipeline, LLVM or linker).
 pub fn emit(graph: &Graph, stage: Stage, options: &Options) -> Result<String> {
+    let (options, _) = emitted_program(graph, options);
+    let options = &options;
     let target = options.target;
     if !stage.targets().contains(&target) {
         if stage == Stage::Llvm {
@@ -410,12 +442,108 @@ pub fn emit(graph: &Graph, stage: Stage, options: &Options) -> Result<String> {
         )));
     }
     match stage {
-        Stage::Passes => pass_trace(graph, options),
-        Stage::Graph | Stage::Fused | Stage::Mlir if options.pad.is_none() => {
-            Ok(front(graph, options, stage == Stage::Mlir)?.get(stage).to_string())
+        Stage::Passes => {
+            let (g, o, plan) = emitted_graph(graph, options)?;
+            Ok(format!(
+                "{}{}",
+                plan.map_or(String::new(), |p| format!("{p}\n")),
+                pass_trace(&g, &o)?
+            ))
+        }
+        Stage::Graph | Stage::Fused | Stage::Mlir => {
+            let (g, o, plan) = emitted_graph(graph, options)?;
+            let text = front(&g, &o, stage == Stage::Mlir)?.get(stage).to_string();
+            Ok(match plan.filter(|_| stage == Stage::Fused) {
+                Some(plan) => format!("{plan}\n{text}"),
+                None => text,
+            })
         }
         _ => Ok(compile(graph, options, true)?.stages.get(stage).to_string()),
     }
+}
+
+/// Which program `emit` shows a model's stages for, and the options that give it. A model of
+/// one program (static sizes, or sizes given) is shown as it is (`None`); a symbolic batch by
+/// its largest program, the one `kiln compile` makes first; a padded symbol (`Options::pad`) by
+/// its one program, compiled at the capacity. The text says which, for people: without it a
+/// batch-8 program would pass for the model.
+pub fn emitted_program(graph: &Graph, options: &Options) -> (Options, Option<String>) {
+    if let Some((symbol, capacity)) = &options.pad {
+        let note = format!(
+            "showing the one program for every `{symbol}` up to {capacity}: compiled at {symbol}={capacity}, the inputs zero-padded to it (the fused stage starts with the plan)"
+        );
+        return (options.clone(), Some(note));
+    }
+    // A model whose symbols are not a batch says why when its stage is made, not here.
+    let Ok(Some(plan)) = crate::batch::plan(graph, options) else {
+        return (options.clone(), None);
+    };
+    let largest = plan.sizes.first().copied().unwrap_or(1);
+    let input = plan.shapes.iter().zip(&plan.inputs).find(|(_, &b)| b).map_or(
+        String::new(),
+        |((name, dims), _)| {
+            let rest: Vec<String> = dims.iter().skip(1).map(|d| d.to_string()).collect();
+            format!(
+                " (--input-shape {name}={})",
+                std::iter::once("N".to_string()).chain(rest).collect::<Vec<_>>().join(",")
+            )
+        },
+    );
+    let sizes: Vec<String> = plan.sizes.iter().map(|s| s.to_string()).collect();
+    let note = format!(
+        "`{}` is a symbolic batch: showing the program for {}={largest}, the largest of the programs an artifact holds (batch {}); give a batch size{input} for another",
+        plan.symbol,
+        plan.symbol,
+        sizes.join(", ")
+    );
+    (plan.options_for(options, largest), Some(note))
+}
+
+/// The graph `emit` shows the early stages of: with a padded symbol the padded graph (and its
+/// plan's text), compiled as one static program.
+fn emitted_graph<'g>(
+    graph: &'g Graph,
+    options: &Options,
+) -> Result<(std::borrow::Cow<'g, Graph>, Options, Option<String>)> {
+    match &options.pad {
+        None => Ok((std::borrow::Cow::Borrowed(graph), options.clone(), None)),
+        Some((symbol, capacity)) => {
+            let (plan, g, o) = padded(graph, options, symbol, *capacity)?;
+            Ok((std::borrow::Cow::Owned(g), o, Some(plan.to_string())))
+        }
+    }
+}
+
+/// The fused stage as a Graphviz digraph (`kiln emit --stage fused --format dot`): the kernels
+/// and the buffers between them (`dot.rs`); a control-flow split draws each program in a box of
+/// its own. `options` as `emit` takes them (see [`emitted_program`]).
+pub fn fused_dot(graph: &Graph, options: &Options) -> Result<String> {
+    let (options, _) = emitted_program(graph, options);
+    let (g, o, _) = emitted_graph(graph, &options)?;
+    Ok(crate::dot::digraph(&graph.name, &fused_dot_body(&g, &o, "")?))
+}
+
+/// One program's kernels and buffers, or each program's in a cluster when it splits at run-time
+/// control flow (as `front` prints them).
+fn fused_dot_body(graph: &Graph, options: &Options, prefix: &str) -> Result<String> {
+    let g = optimize(graph, options)?;
+    let Some(split) = crate::control::split(&g)? else {
+        let partition = fuse::partition(&g, fuse::views_for(options.target))?;
+        return Ok(crate::dot::fused_body(&g, &partition, prefix));
+    };
+    let mut out = String::new();
+    for (i, (role, piece)) in split.programs.iter().enumerate() {
+        let o = Options {
+            input_shapes: Default::default(),
+            input_values: Default::default(),
+            batch_ranges: Default::default(),
+            ..options.clone()
+        };
+        let id = format!("{prefix}p{i}_");
+        let label = format!("program {i}: {} of `{}` ({})", role.name(), split.node, piece.name);
+        out.push_str(&crate::dot::cluster(&id, &label, &fused_dot_body(piece, &o, &id)?));
+    }
+    Ok(out)
 }
 
 /// The stages up to fusion (the optimised graph and the fused kernels), and with `codegen` each

@@ -6,6 +6,7 @@ pub mod cache;
 pub mod cli;
 pub mod codegen;
 pub mod control;
+pub mod dot;
 pub mod driver;
 mod error;
 pub mod fuse;

@@ -35,8 +35,7 @@ pub struct LoadOptions {
 impl LoadOptions {
     /// The CPU worker threads a program loaded with these options runs on.
     pub fn cpu_threads(&self) -> usize {
-        self.threads
-            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+        self.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
     }
 }
 
@@ -68,6 +67,43 @@ pub struct Profile {
     pub device_time: Option<Duration>,
     /// The device's peak rates (CUDA), which `kernel_table` measures each kernel against.
     pub peaks: Option<Peaks>,
+    /// When the first run recorded into this profile started (set by `run_profiled` when
+    /// unset): `starts` and `copies` count from it, so the inner runs of a program of programs
+    /// (batch chunks, control flow's steps) and later runs into the same profile share one clock.
+    pub origin: Option<Instant>,
+    /// Per launch, beside `launches`: when it started, from `origin`. CPU starts are the host's
+    /// clock; GPU starts are the device's events, counted from the run's first event, which is
+    /// placed at the host time it was enqueued (the device is idle then: the previous run ended
+    /// with a synchronisation).
+    pub starts: Vec<Duration>,
+    /// Per launch, beside `launches`: the queue it ran on, for timelines.
+    pub tracks: Vec<Track>,
+    /// The copies between host and device (GPUs), on the device's clock as `starts`.
+    pub copies: Vec<CopySpan>,
+}
+
+/// Where a launch ran, as a timeline draws it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Track {
+    /// The CPU thread that called `run`: it launches each kernel and takes workgroups with the
+    /// pool's workers, so a launch is its span on that thread (which worker ran which
+    /// workgroup is not recorded).
+    Host,
+    /// A CUDA stream of the program, 0 being the one the copies use.
+    CudaStream(usize),
+    /// The OpenCL command queue.
+    OpenclQueue,
+}
+
+/// A copy between host and device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CopySpan {
+    /// Host to device (an input), else device to host (an output).
+    pub to_device: bool,
+    pub bytes: u64,
+    /// From `Profile::origin`, on the device's clock as `Profile::starts`.
+    pub start: Duration,
+    pub time: Duration,
 }
 
 impl Profile {
@@ -93,6 +129,27 @@ impl Profile {
                 }
             })
             .collect()
+    }
+
+    /// Records one launch: its label and time, and beside them its start (from `origin`) and
+    /// track, so the four lists stay the same length whatever device timed it.
+    pub(crate) fn push_launch(
+        &mut self,
+        label: &str,
+        time: Duration,
+        start: Duration,
+        track: Track,
+    ) {
+        self.starts.resize(self.launches.len(), Duration::ZERO);
+        self.tracks.resize(self.launches.len(), Track::Host);
+        self.launches.push((label.to_string(), time));
+        self.starts.push(start);
+        self.tracks.push(track);
+    }
+
+    /// Time since `origin` (zero before it is set, or for an instant before it).
+    pub(crate) fn since_origin(&self, t: Instant) -> Duration {
+        self.origin.map_or(Duration::ZERO, |o| t.saturating_duration_since(o))
     }
 
     /// Adds the work of the launches a run of `m` just appended after the first `before`, so
@@ -398,6 +455,10 @@ impl Executable {
         mut profile: Option<&mut Profile>,
     ) -> Result<Vec<Tensor>> {
         let m = &self.manifest;
+        // The outermost run sets the clock every start counts from; inner runs keep it.
+        if let Some(p) = profile.as_deref_mut() {
+            p.origin.get_or_insert_with(Instant::now);
+        }
         if let (Program::Padded(program), Some(padded)) = (&self.program, &m.padded) {
             return self.run_padded(padded, program, inputs, profile);
         }
@@ -801,7 +862,9 @@ fn run_cpu_launches(
         // SAFETY: buffers are sized as the compiler planned them for this kernel.
         unsafe { cpu.program.launch(launch.kernel, &args, kernel.workgroups) };
         if let (Some(p), Some(t)) = (profile.as_deref_mut(), start) {
-            p.launches.push((kernel.label.clone(), t.elapsed()));
+            let took = t.elapsed();
+            let at = p.since_origin(t);
+            p.push_launch(&kernel.label, took, at, Track::Host);
         }
         if let Some(failed) = status.read() {
             return Err(failed.error(m, Some(launch.kernel)));

@@ -22,4 +22,4 @@ pub mod status;
 pub use artifact::{Artifact, Target};
 pub use device::{auto_device, list_devices, DeviceInfo};
 pub use error::{Result, RuntimeError};
-pub use executable::{cpu_description, Executable, LoadOptions, Profile};
+pub use executable::{cpu_description, CopySpan, Executable, LoadOptions, Profile, Track};

@@ -585,7 +585,7 @@ fn precision_flags_compile_run_bench_and_report_the_deviation() {
     // Usage errors, whatever the machine: a deviation from f32 needs another precision, an
     // unknown precision is refused by clap, f16 has no CPU kernels.
     assert_ne!(kiln(&["run", m, "--input", &input, "--deviation", "-q"]), 0);
-    assert_ne!(kiln(&["bench", m, "--iters", "1", "--deviation", "3", "-q"]), 0);
+    assert_ne!(kiln(&["bench", m, "--iters", "1", "--deviation", "-q"]), 0);
     assert_ne!(kiln(&["run", m, "--input", &input, "--precision", "fp8", "-q"]), 0);
     assert_ne!(kiln(&["run", m, "--input", &input, "--precision", "f16", "-q"]), 0);
     let art = dir.join("conv.kiln");
@@ -601,9 +601,10 @@ fn precision_flags_compile_run_bench_and_report_the_deviation() {
     );
     assert_eq!(kiln(&["run", art.to_str().unwrap(), "--input", &input, "-q"]), 0);
     assert_eq!(kiln(&["run", m, "--input", &input, "--precision", "bf16", "--deviation", "-q"]), 0);
-    let bench =
-        ["bench", m, "--iters", "2", "--precision", "bf16", "--deviation", "3", "--json", "-q"];
-    assert_eq!(kiln(&bench), 0);
+    let bench = ["bench", m, "--iters", "2", "--precision", "bf16", "--deviation", "--json", "-q"];
+    assert_eq!(kiln(&[&bench[..], &["--deviation-samples", "3"]].concat()), 0);
+    // The old spelling, `--deviation N`, still works.
+    assert_eq!(kiln(&[&bench[..], &["3"]].concat()), 0);
 }
 
 #[test]
@@ -723,4 +724,419 @@ fn the_cli_behaves() {
     );
     assert_eq!(kiln_compiler::cli::range_text(&[]), "empty");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A model `y = softmax(relu(x w + b))` on x: f32[2, 8], two kernels (the matrix product with its
+/// bias and activation, the softmax), weights large enough to be buffers.
+fn mlp_model() -> Vec<u8> {
+    let ty = |dims: &[i64]| TypeProto {
+        value: Some(type_proto::Value::TensorType(type_proto::Tensor {
+            elem_type: Some(data_type::FLOAT),
+            shape: Some(TensorShapeProto {
+                dim: dims
+                    .iter()
+                    .map(|&d| tensor_shape_proto::Dimension { value: Some(DimValue::DimValue(d)) })
+                    .collect(),
+            }),
+        })),
+    };
+    let init = |t: Tensor, name: &str| {
+        TensorProto::decode(kiln_ir::onnx::encode_tensor(&t, name).as_slice()).unwrap()
+    };
+    let node = |op: &str, inputs: &[&str], output: &str| NodeProto {
+        op_type: Some(op.into()),
+        name: Some(output.into()),
+        input: inputs.iter().map(|s| s.to_string()).collect(),
+        output: vec![output.into()],
+        ..Default::default()
+    };
+    let graph = GraphProto {
+        name: Some("mlp".into()),
+        node: vec![
+            node("MatMul", &["x", "w"], "fc"),
+            node("Add", &["fc", "b"], "biased"),
+            node("Relu", &["biased"], "act"),
+            node("Softmax", &["act"], "y"),
+        ],
+        initializer: vec![
+            init(Tensor::random(DType::F32, &[8, 32], 1), "w"),
+            init(Tensor::random(DType::F32, &[32], 2), "b"),
+        ],
+        input: vec![ValueInfoProto { name: Some("x".into()), r#type: Some(ty(&[2, 8])) }],
+        output: vec![ValueInfoProto { name: Some("y".into()), r#type: Some(ty(&[2, 32])) }],
+        ..Default::default()
+    };
+    model_bytes(graph)
+}
+
+/// A trace's events of phase `X` (complete slices).
+fn slices(trace: &serde_json::Value) -> Vec<&serde_json::Value> {
+    trace["traceEvents"]
+        .as_array()
+        .expect("traceEvents is a list")
+        .iter()
+        .filter(|e| e["ph"] == "X")
+        .collect()
+}
+
+/// `kiln run --trace` and `kiln bench --trace` write a Chrome/Perfetto trace: metadata naming
+/// the process and thread, the import, the compile and its phases, the load, each run, and one
+/// slice per kernel launch named after the kernel, nested in its run; a trace whose folder does
+/// not exist is refused before anything runs.
+#[test]
+fn run_and_bench_write_a_trace_of_every_launch() {
+    let dir = std::env::temp_dir().join(format!("kiln-cli-trace-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let model = dir.join("mlp.onnx");
+    std::fs::write(&model, mlp_model()).unwrap();
+    let m = model.to_str().unwrap();
+    let x = dir.join("x.npy");
+    kiln_ir::npy::write(&x, &Tensor::random(DType::F32, &[2, 8], 3)).unwrap();
+    let input = format!("x={}", x.display());
+    // The kernels a run launches, in order, as the compiler labels them.
+    let graph = kiln_ir::onnx::load(&model).unwrap().graph;
+    let art = kiln_compiler::compile(
+        &graph,
+        &kiln_compiler::Options { cache: false, ..Default::default() },
+        false,
+    )
+    .unwrap()
+    .artifact;
+    let labels: Vec<String> = art
+        .manifest
+        .launches
+        .iter()
+        .map(|l| art.manifest.kernels[l.kernel].label.clone())
+        .collect();
+    assert_eq!(labels.len(), 2, "{labels:?}");
+    let read = |p: &std::path::Path| -> serde_json::Value {
+        serde_json::from_slice(&std::fs::read(p).unwrap()).expect("the trace is JSON")
+    };
+
+    let trace = dir.join("run.json");
+    let run_args =
+        ["run", m, "--device", "cpu", "--threads", "1", "--input", &input, "-q", "--trace"];
+    assert_eq!(kiln(&[&run_args[..], &[trace.to_str().unwrap()]].concat()), 0);
+    let t = read(&trace);
+    let events = t["traceEvents"].as_array().unwrap();
+    let named = |what: &str| {
+        events.iter().any(|e| e["ph"] == "M" && e["name"] == what && e["args"]["name"].is_string())
+    };
+    assert!(named("process_name") && named("thread_name"), "{t:#}");
+    let xs = slices(&t);
+    for e in &xs {
+        let (ts, dur) = (e["ts"].as_f64().unwrap(), e["dur"].as_f64().unwrap());
+        assert!(ts >= 0.0 && dur >= 0.0, "{e}");
+        assert!(e["pid"].is_u64() && e["tid"].is_u64() && e["name"].is_string(), "{e}");
+    }
+    let of = |cat: &str| xs.iter().filter(|e| e["cat"] == cat).copied().collect::<Vec<_>>();
+    let kernels: Vec<&str> = of("kernel").iter().map(|e| e["name"].as_str().unwrap()).collect();
+    assert_eq!(kernels, labels, "one slice per launch, named after its kernel");
+    assert_eq!(of("import").len(), 1, "{t:#}");
+    assert_eq!(of("load").len(), 1, "{t:#}");
+    // The compile (or its cache hit) and the phases the compiler timed, inside it.
+    let compile = of("compile");
+    assert!(compile.iter().any(|e| e["name"].as_str().unwrap().starts_with("compile")), "{t:#}");
+    assert!(compile.len() >= 2, "the compile's phases: {t:#}");
+    let [run] = of("run")[..] else { panic!("one run: {t:#}") };
+    let span = |e: &serde_json::Value| {
+        let ts = e["ts"].as_f64().unwrap();
+        (ts, ts + e["dur"].as_f64().unwrap())
+    };
+    let (start, end) = span(run);
+    for k in of("kernel") {
+        let (a, b) = span(k);
+        assert!(a >= start && b <= end + 1.0, "launch {k} inside the run {run}");
+    }
+
+    // bench: every run a slice; the profiled runs (as --profile's) each launch.
+    let trace = dir.join("bench.json");
+    let bench = ["bench", m, "--device", "cpu", "--threads", "1", "--warmup", "1", "--iters", "2"];
+    let traced = [&bench[..], &["--input", &input, "-q", "--trace", trace.to_str().unwrap()]];
+    assert_eq!(kiln(&traced.concat()), 0);
+    let t = read(&trace);
+    let xs = slices(&t);
+    let names = |cat: &str| {
+        xs.iter()
+            .filter(|e| e["cat"] == cat)
+            .map(|e| e["name"].as_str().unwrap())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        names("run"),
+        ["warmup 1", "run 1", "run 2", "profiled run 1", "profiled run 2"],
+        "{t:#}"
+    );
+    assert_eq!(names("kernel"), [&labels[..], &labels[..]].concat(), "{t:#}");
+
+    // A folder that does not exist: refused (exit 1) before the run, nothing written.
+    let nowhere = dir.join("no/such/trace.json");
+    assert_eq!(kiln(&[&run_args[..], &[nowhere.to_str().unwrap()]].concat()), 1);
+    assert!(!dir.join("no").exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The trace is a pure function of what was recorded: a CPU run's launches on the command's
+/// thread, a CUDA run's on its streams with its copies, and an out-of-order queue's overlapping
+/// launches on a lane beside the queue's.
+#[test]
+fn trace_json_is_pinned() {
+    use kiln_compiler::cli::trace::{json, Span, Timeline, TracedRun};
+    use kiln_runtime::{CopySpan, Profile, Track};
+    use std::time::Duration;
+    let us = Duration::from_micros;
+    let span = |name: &str, category, start, time| Span {
+        name: name.into(),
+        category,
+        start: us(start),
+        time: us(time),
+    };
+    let profile = |launches: &[(&str, u64, u64, Track)], copies: Vec<CopySpan>| {
+        let mut p = Profile::default();
+        for &(label, start, time, track) in launches {
+            p.launches.push((label.into(), us(time)));
+            p.starts.push(us(start));
+            p.tracks.push(track);
+            p.work.push(kiln_runtime::device::Work { bytes: 4096, flops: 0 });
+        }
+        p.copies = copies;
+        p
+    };
+    let cpu = Timeline {
+        command: "kiln run mlp.onnx".into(),
+        device: "cpu (2 threads)".into(),
+        host: vec![
+            span("import mlp.onnx", "import", 0, 100),
+            span("compile", "compile", 100, 1000),
+            span("passes", "compile", 100, 200),
+            span("codegen", "compile", 300, 800),
+            span("load", "load", 1100, 50),
+            span("run", "run", 1200, 40),
+        ],
+        runs: vec![TracedRun {
+            name: "run".into(),
+            origin: us(1201),
+            profile: profile(
+                &[
+                    ("fc: MatMul + Add + Relu", 2, 20, Track::Host),
+                    ("y: Softmax", 25, 10, Track::Host),
+                ],
+                vec![],
+            ),
+        }],
+    };
+    insta::assert_snapshot!("trace_cpu", format!("{:#}", json(&cpu)));
+    let copy = |to_device, start, time| CopySpan {
+        to_device,
+        bytes: 64,
+        start: us(start),
+        time: us(time),
+    };
+    let cuda = Timeline {
+        command: "kiln bench mlp.onnx".into(),
+        device: "cuda:0 NVIDIA H100".into(),
+        host: vec![span("profiled run 1", "run", 10, 100)],
+        runs: vec![TracedRun {
+            name: "profiled run 1".into(),
+            origin: us(10),
+            profile: profile(
+                &[
+                    ("a: Conv", 5, 30, Track::CudaStream(0)),
+                    ("b: Conv", 6, 20, Track::CudaStream(1)),
+                    ("c: Add", 40, 5, Track::CudaStream(0)),
+                ],
+                vec![copy(true, 0, 4), copy(false, 50, 3)],
+            ),
+        }],
+    };
+    insta::assert_snapshot!("trace_cuda", format!("{:#}", json(&cuda)));
+    // An out-of-order queue: the second launch starts before the first ends.
+    let opencl = Timeline {
+        command: "kiln run m.onnx".into(),
+        device: "opencl:0".into(),
+        host: vec![],
+        runs: vec![TracedRun {
+            name: "run".into(),
+            origin: us(0),
+            profile: profile(
+                &[("a: Relu", 0, 10, Track::OpenclQueue), ("b: Neg", 5, 10, Track::OpenclQueue)],
+                vec![],
+            ),
+        }],
+    };
+    let t = json(&opencl);
+    let tid_of = |name: &str| {
+        slices(&t).iter().find(|e| e["name"] == name).map(|e| e["tid"].as_u64().unwrap()).unwrap()
+    };
+    assert_ne!(tid_of("a: Relu"), tid_of("b: Neg"), "overlapping slices on lanes: {t:#}");
+}
+
+/// `kiln emit --stage fused --format dot` draws the kernels (boxes: name, root node and ops) and
+/// the buffers between them (ellipses: name and type; inputs, outputs, constants and views each
+/// their own way) for Graphviz; `--format dot` with another stage is a usage error naming the
+/// flag and the stage that takes it.
+#[test]
+fn fused_stage_draws_as_a_graphviz_digraph() {
+    use kiln_ir::builder::{ConvOptions, GraphBuilder};
+    let g = GraphBuilder::new("drawn");
+    let x = g.input("x", DType::F32, [1, 8, 6, 6]);
+    let r = x.relu().named("r");
+    let halves = r.split(1, &[3, 5]);
+    let w = g.constant("w", Tensor::random(DType::F32, &[4, 3, 3, 3], 2));
+    let c = halves[0].conv(w, None, ConvOptions::default().pad(1)).named("conv");
+    g.output("upper", halves[1]);
+    g.output("probs", c.reshape(&[4, 36]).named("flat").softmax(-1).named("softmax"));
+    let graph = g.build().unwrap();
+    let options = kiln_compiler::Options { cache: false, ..Default::default() };
+    let drawn = kiln_compiler::driver::fused_dot(&graph, &options).unwrap();
+    insta::assert_snapshot!("fused_dot", drawn);
+    // Graphviz reads it, where it is installed.
+    match std::process::Command::new("dot")
+        .arg("-Tsvg")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+    {
+        Ok(mut child) => {
+            use std::io::Write;
+            child.stdin.take().unwrap().write_all(drawn.as_bytes()).unwrap();
+            assert!(child.wait().unwrap().success(), "dot -Tsvg refused:\n{drawn}");
+        }
+        Err(_) => {
+            eprintln!("SKIPPED: Graphviz's `dot` is not installed; the digraph was not drawn")
+        }
+    }
+
+    let dir = std::env::temp_dir().join(format!("kiln-cli-dot-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let model = dir.join("mlp.onnx");
+    std::fs::write(&model, mlp_model()).unwrap();
+    let m = model.to_str().unwrap();
+    assert_eq!(kiln(&["emit", m, "--stage", "fused", "--format", "dot"]), 0);
+    assert_eq!(kiln(&["emit", m, "--stage", "fused", "--format", "text"]), 0);
+    assert_eq!(kiln(&["emit", m, "--stage", "mlir", "--format", "dot"]), 1);
+    assert_eq!(kiln(&["emit", m, "--stage", "fused", "--format", "svg"]), 2);
+    use kiln_compiler::{cli::Format, Stage};
+    let e = Format::Dot.check(Stage::Mlir).unwrap_err().to_string();
+    assert!(e.contains("--format dot") && e.contains("--stage fused") && e.contains("mlir"), "{e}");
+    assert!(Format::Dot.check(Stage::Fused).is_ok() && Format::Text.check(Stage::Asm).is_ok());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `kiln emit` takes `--max-size` as `kiln compile` does, and says which program it shows for a
+/// model of several (a symbolic batch: its largest) or of a padded symbol, instead of showing a
+/// batch-8 program as if it were the model.
+#[test]
+fn emit_takes_max_size_and_says_which_program_it_shows() {
+    let dir = std::env::temp_dir().join(format!("kiln-cli-emit-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cache = dir.join("cache.onnx");
+    std::fs::write(&cache, cache_attention_model()).unwrap();
+    let c = cache.to_str().unwrap();
+    assert_eq!(kiln(&["emit", c, "--stage", "fused"]), 1, "`past` unknown and not a batch");
+    for stage in ["passes", "graph", "fused", "mlir"] {
+        assert_eq!(kiln(&["emit", c, "--stage", stage, "--max-size", "past=16"]), 0, "{stage}");
+    }
+    assert_eq!(kiln(&["emit", c, "--stage", "fused", "--max-size", "past"]), 1, "no size");
+    let options = |pad: Option<(&str, usize)>| kiln_compiler::Options {
+        cache: false,
+        pad: pad.map(|(s, n)| (s.to_string(), n)),
+        ..Default::default()
+    };
+    let graph = kiln_ir::onnx::load(&cache).unwrap().graph;
+    let (_, note) = kiln_compiler::driver::emitted_program(&graph, &options(Some(("past", 16))));
+    assert!(note.as_deref().is_some_and(|n| n.contains("`past` up to 16")), "{note:?}");
+    let fused = kiln_compiler::driver::emit(
+        &graph,
+        kiln_compiler::Stage::Fused,
+        &options(Some(("past", 16))),
+    )
+    .unwrap();
+    assert!(fused.contains("f32[1,16,4]"), "the program at the capacity: {fused}");
+    // A symbolic batch: every stage shows its largest program, and says so.
+    let batch = dir.join("relu.onnx");
+    std::fs::write(&batch, relu_model(&[Some(-1), Some(3)])).unwrap();
+    let b = batch.to_str().unwrap();
+    for stage in ["passes", "graph", "fused", "mlir", "asm"] {
+        assert_eq!(kiln(&["emit", b, "--stage", stage]), 0, "{stage}");
+    }
+    let graph = kiln_ir::onnx::load(&batch).unwrap().graph;
+    let (shown, note) = kiln_compiler::driver::emitted_program(&graph, &options(None));
+    let note = note.expect("a symbolic batch says which program");
+    assert!(note.contains("showing the program for") && note.contains("=8"), "{note}");
+    assert_eq!(shown.input_shapes.values().next(), Some(&vec![8, 3]));
+    // Sizes given: one program, nothing to say.
+    let sized = kiln_compiler::Options {
+        input_shapes: [("x".to_string(), vec![2, 3])].into(),
+        ..options(None)
+    };
+    assert_eq!(kiln_compiler::driver::emitted_program(&graph, &sized).1, None);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Flags mean one thing across subcommands: `--deviation` is a switch in `run` and `bench`
+/// (bench's number of samples is `--deviation-samples`; the old `--deviation N` still works);
+/// `kiln check` runs `--jobs` tests at a time (`--threads` there is its old, hidden spelling).
+#[test]
+fn flags_mean_the_same_in_every_subcommand() {
+    let dir = std::env::temp_dir().join(format!("kiln-cli-flags-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let model = dir.join("relu.onnx");
+    std::fs::write(&model, relu_model(&[Some(2), Some(3)])).unwrap();
+    let m = model.to_str().unwrap();
+    let bench = ["bench", m, "--device", "cpu", "--iters", "1", "--warmup", "0", "-q"];
+    let with = |extra: &[&str]| -> Vec<String> {
+        bench.iter().chain(extra).map(|s| s.to_string()).collect()
+    };
+    // Without a reduced precision, --deviation is a usage error in both spellings.
+    assert_eq!(kiln(&with(&["--deviation"])), 1);
+    assert_eq!(kiln(&with(&["--deviation", "3"])), 1);
+    // --deviation-samples needs --deviation; a stray argument is refused.
+    assert_eq!(kiln(&with(&["--deviation-samples", "3"])), 2);
+    assert_eq!(kiln(&with(&["extra"])), 1);
+    assert_eq!(kiln(&with(&[])), 0);
+
+    // A backend-style test folder: the relu model and one data set.
+    let case = dir.join("suite/test_relu");
+    let data = case.join("test_data_set_0");
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::write(case.join("model.onnx"), relu_model(&[Some(2), Some(3)])).unwrap();
+    let xt = Tensor::from_vec(&[2, 3], vec![1.0f32, -2.0, 3.0, -4.0, 5.0, -6.0]).unwrap();
+    let yt = Tensor::from_vec(&[2, 3], vec![1.0f32, 0.0, 3.0, 0.0, 5.0, 0.0]).unwrap();
+    std::fs::write(data.join("input_0.pb"), kiln_ir::onnx::encode_tensor(&xt, "x")).unwrap();
+    std::fs::write(data.join("output_0.pb"), kiln_ir::onnx::encode_tensor(&yt, "y")).unwrap();
+    let c = case.to_str().unwrap();
+    assert_eq!(kiln(&["check", c, "--jobs", "1", "-q"]), 0, "--jobs");
+    assert_eq!(kiln(&["check", c, "-j", "1", "-q"]), 0, "-j");
+    assert_eq!(kiln(&["check", c, "--threads", "1", "-q"]), 0, "the old spelling still works");
+    assert_eq!(kiln(&["check", c, "--threads", "1", "--jobs", "1", "-q"]), 2, "not both");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Every subcommand's every flag and argument has help text (`kiln <cmd> --help` shows none
+/// without a description), and so does every value a flag lists.
+#[test]
+fn every_flag_has_help() {
+    fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+        for arg in cmd.get_arguments() {
+            let id = arg.get_id().as_str();
+            if arg.get_help().is_none() && arg.get_long_help().is_none() {
+                missing.push(format!("{path} {id}"));
+            }
+            for v in arg.get_possible_values() {
+                if !v.is_hide_set() && v.get_help().is_none() {
+                    missing.push(format!("{path} {id}={}", v.get_name()));
+                }
+            }
+        }
+        for sub in cmd.get_subcommands() {
+            walk(sub, &format!("{path} {}", sub.get_name()), missing);
+        }
+    }
+    let mut cmd = kiln_compiler::cli::command();
+    // The help and version flags clap adds exist once built.
+    cmd.build();
+    let mut missing = Vec::new();
+    walk(&cmd, "kiln", &mut missing);
+    assert!(missing.is_empty(), "flags without help: {missing:#?}");
 }

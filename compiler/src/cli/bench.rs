@@ -9,18 +9,26 @@ use super::common::{
     graph_input_types, graph_inputs, load_model, ms, order_inputs, parse_shapes, read_inputs,
     DeviceArg, Model,
 };
+use super::trace::Recorder;
 use crate::{CompileError, Result};
 
 #[derive(clap::Args)]
 pub struct Args {
     /// An ONNX model or a compiled artifact.
     model: PathBuf,
+    /// (Refused) a number after --deviation: the number of samples is --deviation-samples N.
+    #[arg(hide = true)]
+    stray: Vec<String>,
+    /// Where to run (auto: a CUDA GPU, else an OpenCL GPU, else the CPU).
     #[arg(long, value_enum, default_value = "auto")]
     device: DeviceArg,
+    /// CPU threads (default: every core).
     #[arg(long)]
     threads: Option<usize>,
+    /// Untimed runs first.
     #[arg(long, default_value_t = 5)]
     warmup: usize,
+    /// Timed runs.
     #[arg(long, default_value_t = 50)]
     iters: usize,
     /// An input: NAME=FILE; inputs not given are random of the declared type.
@@ -38,6 +46,12 @@ pub struct Args {
     /// the achieved GB/s, GFLOP/s and fraction of the device's peak).
     #[arg(long)]
     profile: bool,
+    /// Write a Chrome/Perfetto trace (JSON) to FILE: the import, the compile's phases, the load,
+    /// every run, and the profiled runs (--iters more, as --profile's) with each kernel launch on
+    /// the thread or GPU stream that ran it and the copies between host and device. Open it in
+    /// ui.perfetto.dev or chrome://tracing.
+    #[arg(long, value_name = "FILE")]
+    trace: Option<PathBuf>,
     /// Tune first (as `kiln compile --tune`) on these inputs and threads, then bench the tuned
     /// model.
     #[arg(long)]
@@ -50,12 +64,16 @@ pub struct Args {
     /// compile`).
     #[arg(long, default_value = "f32")]
     precision: crate::Precision,
-    /// With --precision bf16: also compile the model in f32 and run both on N random inputs
-    /// (new ones; inputs given with --input stay), reporting the largest deviation of the
-    /// outputs and in how many rows along their last axis the largest element (a classifier's
-    /// top-1) is the same.
-    #[arg(long, value_name = "N")]
-    deviation: Option<usize>,
+    /// With --precision bf16: also compile the model in f32 and run both on random inputs
+    /// (--deviation-samples of them, new ones; inputs given with --input stay), reporting the
+    /// largest deviation of the outputs and in how many rows along their last axis the largest
+    /// element (a classifier's top-1) is the same.
+    #[arg(long)]
+    deviation: bool,
+    /// With --deviation: how many random inputs to compare on.
+    #[arg(long, value_name = "N", default_value_t = 8, requires = "deviation")]
+    deviation_samples: usize,
+    /// Print only the result: no progress, timings or notes.
     #[arg(long, short)]
     quiet: bool,
 }
@@ -132,13 +150,19 @@ pub fn run(args: &Args) -> Result<()> {
     if args.iters == 0 {
         return Err(CompileError::Usage("--iters must be at least 1".into()));
     }
-    if args.deviation.is_some() && args.precision == crate::Precision::F32 {
+    let samples = deviation_samples(args)?;
+    if samples.is_some() && args.precision == crate::Precision::F32 {
         return Err(CompileError::Usage(
             "--deviation compares a reduced --precision (bf16) with f32: give one".into(),
         ));
     }
+    let mut trace = args.trace.as_deref().map(Recorder::new).transpose()?;
+    let start = Instant::now();
     let model = load_model(&args.model)?;
-    let reference = match (&model, args.deviation) {
+    if let Some(t) = trace.as_mut() {
+        t.span(super::run::import_name(&model, &args.model), "import", start);
+    }
+    let reference = match (&model, samples) {
         (Model::Graph(g), Some(_)) => Some(g.clone()),
         _ => None,
     };
@@ -206,11 +230,15 @@ pub fn run(args: &Args) -> Result<()> {
             ..crate::Options::default()
         };
         let quiet = args.quiet || args.json;
+        let start = Instant::now();
         let report = crate::tune::tune(g, &options, args.threads, &ordered, true, &|what| {
             if !quiet {
                 eprintln!("tune: {what}");
             }
         })?;
+        if let Some(t) = trace.as_mut() {
+            t.span("tune", "tune", start);
+        }
         if !quiet {
             eprint!("{report}");
         }
@@ -228,20 +256,28 @@ pub fn run(args: &Args) -> Result<()> {
         args.device,
         args.precision,
         args.quiet || args.json,
+        trace.as_mut(),
     )?;
     let compile_ms = start.elapsed().as_secs_f64() * 1e3;
-    for _ in 0..args.warmup {
+    for i in 0..args.warmup {
+        let start = Instant::now();
         exe.run(&ordered)?;
+        if let Some(t) = trace.as_mut() {
+            t.run(format!("warmup {}", i + 1), start, None);
+        }
     }
     let mut times = Vec::with_capacity(args.iters);
     // The device's own time of each run, without the copies (CUDA): the difference of what it
     // has spent in all, read outside the timed span.
     let mut device_times = Vec::with_capacity(args.iters);
-    for _ in 0..args.iters {
+    for i in 0..args.iters {
         let spent = exe.device_time_spent();
         let t = Instant::now();
         exe.run(&ordered)?;
         times.push(t.elapsed());
+        if let Some(trace) = trace.as_mut() {
+            trace.run(format!("run {}", i + 1), t, None);
+        }
         if let (Some(a), Some(b)) = (spent, exe.device_time_spent()) {
             device_times.push(b.saturating_sub(a));
         }
@@ -249,14 +285,21 @@ pub fn run(args: &Args) -> Result<()> {
     // Only when every run was measured.
     let device = if device_times.len() == times.len() { Stats::of(device_times) } else { None };
     let mode = exe.cuda_run_mode();
-    if args.profile {
-        // Separate runs: timing each launch adds a little to each.
-        let mut runs = Vec::with_capacity(args.iters);
-        for _ in 0..args.iters {
+    // Separate runs: timing each launch adds a little to each (on CUDA, it launches each kernel
+    // instead of replaying a graph).
+    let mut runs = Vec::new();
+    if args.profile || trace.is_some() {
+        for i in 0..args.iters {
             let mut p = kiln_runtime::Profile::default();
+            let start = Instant::now();
             exe.run_profiled(&ordered, Some(&mut p))?;
+            if let Some(t) = trace.as_mut() {
+                t.run(format!("profiled run {}", i + 1), start, Some(p.clone()));
+            }
             runs.push(p);
         }
+    }
+    if args.profile {
         let kernels = kiln_runtime::Profile::medians(&runs);
         let peaks = runs.first().and_then(|p| p.peaks);
         for line in kiln_runtime::device::kernel_table(
@@ -267,9 +310,14 @@ pub fn run(args: &Args) -> Result<()> {
             println!("{line}");
         }
     }
-    let deviation = match (reference, args.deviation) {
+    let deviation = match (reference, samples) {
         (Some(g), Some(samples)) => {
-            Some(deviation(g, &exe, &declared, &given, samples, &load, args, &left)?)
+            let start = Instant::now();
+            let d = deviation(g, &exe, &declared, &given, samples, &load, args, &left)?;
+            if let Some(t) = trace.as_mut() {
+                t.span("deviation from f32", "deviation", start);
+            }
+            Some(d)
         }
         _ => None,
     };
@@ -344,7 +392,28 @@ pub fn run(args: &Args) -> Result<()> {
         };
         println!("{}", serde_json::to_string(&r).expect("the report serialises"));
     }
+    if let (Some(t), Some(path)) = (trace, &args.trace) {
+        t.write(path, format!("kiln bench {}", args.model.display()), exe.device())?;
+        if !(args.quiet || args.json) {
+            eprintln!("trace written to {} (open it in ui.perfetto.dev)", path.display());
+        }
+    }
     Ok(())
+}
+
+/// The random inputs `--deviation` compares on, if asked. `--deviation N` (its spelling when it
+/// took the number) still works, with a warning; a stray argument otherwise is refused.
+fn deviation_samples(args: &Args) -> Result<Option<usize>> {
+    match args.stray.as_slice() {
+        [] => Ok(args.deviation.then_some(args.deviation_samples)),
+        [n] if args.deviation && n.parse::<usize>().is_ok() => {
+            eprintln!("warning: `--deviation {n}` is now `--deviation --deviation-samples {n}` (--deviation is a switch, as in kiln run)");
+            Ok(n.parse().ok())
+        }
+        [extra, ..] => Err(CompileError::Usage(format!(
+            "unexpected argument `{extra}`: bench takes one model (the number of --deviation samples is --deviation-samples N)"
+        ))),
+    }
 }
 
 /// Runs `samples` random inputs through `exe` (compiled at a reduced precision) and through
@@ -367,6 +436,7 @@ fn deviation(
         args.device,
         crate::Precision::F32,
         true,
+        None,
     )?;
     let mut report =
         DeviationReport { samples, max_abs: 0.0, max_relative: 0.0, rows: 0, same_top1: 0 };

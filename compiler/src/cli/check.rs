@@ -43,8 +43,11 @@ pub struct Args {
     /// Also write every result as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
-    /// Worker threads (default: all cores).
-    #[arg(long)]
+    /// Tests run at a time: worker processes (threads with --in-process). Default: every core.
+    #[arg(long, short = 'j', value_name = "N")]
+    jobs: Option<usize>,
+    /// (Old spelling of --jobs: elsewhere --threads means compute threads.)
+    #[arg(long, hide = true, value_name = "N", conflicts_with = "jobs")]
     threads: Option<usize>,
     /// A list of tests (`suite/test`, one a line) that must pass: any that does not fails the
     /// command; other failures are only reported.
@@ -109,8 +112,13 @@ pub fn run(args: &Args) -> Result<i32> {
                 .collect(),
         ),
     };
-    let threads =
-        args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    if args.threads.is_some() {
+        eprintln!("warning: kiln check's --threads is now --jobs (tests run at a time; elsewhere --threads means compute threads)");
+    }
+    let jobs = args
+        .jobs
+        .or(args.threads)
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let tol = Tolerance { rtol: args.rtol, atol: args.atol };
     let bar = if args.quiet { ProgressBar::hidden() } else { ProgressBar::new(tests.len() as u64) };
     bar.set_style(
@@ -145,9 +153,9 @@ pub fn run(args: &Args) -> Result<i32> {
         }
     };
     let results = if device == CheckDevice::Ref || args.in_process {
-        testcase::run_all(&tests, &engine, tol, threads, &done)
+        testcase::run_all(&tests, &engine, tol, jobs, &done)
     } else {
-        run_isolated(&tests, args, threads, &done)
+        run_isolated(&tests, args, jobs, &done)
     };
     bar.finish_and_clear();
 
@@ -244,12 +252,12 @@ pub fn run(args: &Args) -> Result<i32> {
     Ok(code)
 }
 
-/// Runs each test in a worker process (`kiln check --worker`), `threads` workers at a time; a
+/// Runs each test in a worker process (`kiln check --worker`), `jobs` workers at a time; a
 /// worker that dies fails the test it was running and is replaced.
 fn run_isolated(
     tests: &[PathBuf],
     args: &Args,
-    threads: usize,
+    jobs: usize,
     done: &(dyn Fn(&CaseResult) + Sync),
 ) -> Vec<CaseResult> {
     use std::io::{BufRead, BufReader, Write};
@@ -288,7 +296,7 @@ fn run_isolated(
     let results: Mutex<Vec<Option<CaseResult>>> =
         Mutex::new((0..tests.len()).map(|_| None).collect());
     std::thread::scope(|s| {
-        for _ in 0..threads.max(1) {
+        for _ in 0..jobs.max(1) {
             s.spawn(|| {
                 let mut worker: Option<Worker> = None;
                 loop {

@@ -164,6 +164,19 @@ pub fn parse_shapes_or_ranges(
     Ok((shapes, ranges))
 }
 
+/// `--max-size SYMBOL=N` (`compile`, `emit`): the symbol and its capacity, at least 1.
+pub fn parse_max_size(spec: Option<&str>) -> Result<Option<(String, usize)>> {
+    let Some(spec) = spec else { return Ok(None) };
+    let parsed =
+        spec.split_once('=').and_then(|(s, n)| Some((s.trim(), n.trim().parse::<usize>().ok()?)));
+    match parsed {
+        Some((symbol, n)) if !symbol.is_empty() && n > 0 => Ok(Some((symbol.to_string(), n))),
+        _ => Err(CompileError::Usage(format!(
+            "--max-size `{spec}` is not SYMBOL=N (a symbol of the model and a size of at least 1)"
+        ))),
+    }
+}
+
 /// Puts named tensors in the declared order; a missing or unknown name is an error that lists
 /// what the model expects.
 pub fn order_inputs(
@@ -211,8 +224,11 @@ pub fn graph_input_types(g: &Graph) -> Vec<(String, TensorType)> {
 pub enum DeviceArg {
     /// The best available: CUDA, then an OpenCL GPU, then the CPU.
     Auto,
+    /// Native code on this CPU.
     Cpu,
+    /// PTX on an NVIDIA GPU.
     Cuda,
+    /// SPIR-V on an OpenCL device.
     Opencl,
 }
 

@@ -3,15 +3,19 @@
 use std::path::PathBuf;
 
 use super::common::{
-    compile_with_bar, load_model, parse_shapes_or_ranges, print_timings, write_atomically, Model,
+    compile_with_bar, load_model, parse_max_size, parse_shapes_or_ranges, print_timings,
+    write_atomically, Model,
 };
 use crate::target::gpu::PtxTarget;
 use crate::{CompileError, Options, Result, TargetKind};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum TargetArg {
+    /// Native code for the CPU (a shared object).
     Cpu,
+    /// PTX for an NVIDIA GPU.
     Cuda,
+    /// SPIR-V for an OpenCL device.
     Opencl,
 }
 
@@ -78,6 +82,7 @@ pub struct Args {
     /// Where to write the artifact.
     #[arg(short, long)]
     output: PathBuf,
+    /// The device the artifact is for.
     #[arg(long, value_enum, default_value = "cpu")]
     target: TargetArg,
     #[command(flatten)]
@@ -112,6 +117,7 @@ pub struct Args {
     /// Threads to tune with (default: every core).
     #[arg(long)]
     threads: Option<usize>,
+    /// No progress bar, timings or summary.
     #[arg(long, short)]
     quiet: bool,
 }
@@ -133,20 +139,7 @@ pub fn run(args: &Args) -> Result<()> {
         }
     };
     let (input_shapes, batch_ranges) = parse_shapes_or_ranges(&args.input_shapes)?;
-    let pad = match &args.max_size {
-        None => None,
-        Some(spec) => {
-            let parsed = spec
-                .split_once('=')
-                .and_then(|(s, n)| Some((s.trim(), n.trim().parse::<usize>().ok()?)));
-            match parsed {
-                Some((symbol, n)) if !symbol.is_empty() && n > 0 => Some((symbol.to_string(), n)),
-                _ => {
-                    return Err(CompileError::Usage(format!("--max-size `{spec}` is not SYMBOL=N (a symbol of the model and a size of at least 1)")))
-                }
-            }
-        }
-    };
+    let pad = parse_max_size(args.max_size.as_deref())?;
     let options = Options {
         target: args.target.kind(),
         input_shapes,

@@ -19,6 +19,7 @@ pub struct Args {
     /// Where the artifact and the IR dumps go.
     #[arg(long, default_value = "target/demo")]
     out: PathBuf,
+    /// Where to run (auto: a CUDA GPU, else an OpenCL GPU, else the CPU).
     #[arg(long, value_enum, default_value = "auto")]
     device: DeviceArg,
     /// Also print the traced graph in kiln's text form.

@@ -10,12 +10,14 @@ mod devices;
 mod emit;
 mod info;
 mod run;
+pub mod trace;
 
 // What the commands print, as pure functions (tests read them without capturing stdout).
 pub use common::ms;
 pub use info::artifact_lines;
 pub use run::range_text;
 
+pub use emit::Format;
 pub use run::Deviation;
 
 use clap::{Parser, Subcommand};
@@ -48,7 +50,8 @@ enum Command {
     Compile(compile::Args),
     /// Run a model (ONNX or artifact) on inputs and write its outputs.
     Run(run::Args),
-    /// Print one compilation stage (passes, graph, fused, schedule, mlir, lowered, llvm, asm, ptx, spirv).
+    /// Print one compilation stage (passes, graph, fused, schedule, mlir, lowered, llvm, asm, ptx,
+    /// spirv), or draw the fused stage for Graphviz (--format dot).
     Emit(emit::Args),
     /// Time a model's runs.
     Bench(bench::Args),
@@ -58,6 +61,12 @@ enum Command {
     Devices(devices::Args),
     /// Show the compile cache's folder, size and limit; prune or clear it.
     Cache(cache::Args),
+}
+
+/// The command line's definition: every subcommand and flag, with their help (tests walk it).
+pub fn command() -> clap::Command {
+    use clap::CommandFactory;
+    Cli::command()
 }
 
 /// Runs the CLI on the process arguments; returns the exit code.

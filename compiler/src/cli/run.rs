@@ -10,6 +10,7 @@ use super::common::{
     compile_with_bar, graph_inputs, load_model, ms, order_inputs, pick_device, print_timings,
     read_inputs, DeviceArg, Model,
 };
+use super::trace::Recorder;
 use crate::{CompileError, Options, Precision, Result};
 
 #[derive(clap::Args)]
@@ -22,6 +23,7 @@ pub struct Args {
     /// Write output_<i>.npy for the i-th output into this folder.
     #[arg(long)]
     output_dir: Option<PathBuf>,
+    /// Where to run (auto: a CUDA GPU, else an OpenCL GPU, else the CPU).
     #[arg(long, value_enum, default_value = "auto")]
     device: DeviceArg,
     /// CPU threads (default: every core).
@@ -30,6 +32,11 @@ pub struct Args {
     /// Report each kernel's time and the bytes copied between host and device.
     #[arg(long)]
     profile: bool,
+    /// Write a Chrome/Perfetto trace (JSON) to FILE: the import, the compile's phases, the load,
+    /// and the run with each kernel launch on the thread or GPU stream that ran it and the
+    /// copies between host and device. Open it in ui.perfetto.dev or chrome://tracing.
+    #[arg(long, value_name = "FILE")]
+    trace: Option<PathBuf>,
     /// The memory budget (bytes, or with K, M, G or T): a model needing more is refused, naming
     /// its largest tensor. Default: the memory available.
     #[arg(long, value_parser = super::common::parse_bytes)]
@@ -42,11 +49,13 @@ pub struct Args {
     /// output's deviation from it (and whether its largest element moved).
     #[arg(long)]
     deviation: bool,
+    /// Print only the outputs: no progress, timings or notes.
     #[arg(long, short)]
     quiet: bool,
 }
 
-/// Loads or JIT-compiles `model` for the given inputs, on `device`, at `precision`.
+/// Loads or JIT-compiles `model` for the given inputs, on `device`, at `precision`; the compile
+/// and the load go into `trace` when given.
 pub fn executable(
     model: Model,
     inputs: &[(String, Tensor)],
@@ -54,6 +63,7 @@ pub fn executable(
     device: DeviceArg,
     precision: Precision,
     quiet: bool,
+    mut trace: Option<&mut Recorder>,
 ) -> Result<(Executable, Vec<Tensor>)> {
     match model {
         Model::Artifact(_) if precision != Precision::F32 => Err(CompileError::Usage(format!(
@@ -75,7 +85,12 @@ pub fn executable(
                     pick_device(device, true)?.name()
                 )));
             }
-            Ok((Executable::load(a, load)?, ordered))
+            let start = Instant::now();
+            let exe = Executable::load(a, load)?;
+            if let Some(t) = trace {
+                t.span("load", "load", start);
+            }
+            Ok((exe, ordered))
         }
         Model::Graph(g) => {
             let ordered = order_inputs(&graph_inputs(&g), inputs.to_vec())?;
@@ -90,14 +105,22 @@ pub fn executable(
                 precision,
                 ..Options::for_target(pick_device(device, quiet)?)
             };
+            let start = Instant::now();
             let compiled = compile_with_bar(&g, &options, false, quiet)?;
+            if let Some(t) = trace.as_deref_mut() {
+                t.compile(start, &compiled.timings, compiled.from_cache);
+            }
             if !quiet {
                 print_timings(
                     if compiled.from_cache { "compile (from the cache)" } else { "compile" },
                     &compiled.timings,
                 );
             }
+            let start = Instant::now();
             let exe = Executable::load(compiled.artifact, load)?;
+            if let Some(t) = trace {
+                t.span("load", "load", start);
+            }
             let remaining = exe
                 .inputs()
                 .iter()
@@ -115,7 +138,12 @@ pub fn executable(
 }
 
 pub fn run(args: &Args) -> Result<()> {
+    let mut trace = args.trace.as_deref().map(Recorder::new).transpose()?;
+    let start = Instant::now();
     let model = load_model(&args.model)?;
+    if let Some(t) = trace.as_mut() {
+        t.span(import_name(&model, &args.model), "import", start);
+    }
     let (model, inputs) = match model {
         Model::Graph(g) if g.inputs().iter().any(|&id| !g.node(id).outputs[0].kind.is_tensor()) => {
             bind_sequence_inputs(&g, &args.inputs, args.max_memory)?
@@ -135,11 +163,15 @@ pub fn run(args: &Args) -> Result<()> {
         _ => None,
     };
     let (exe, ordered) =
-        executable(model, &inputs, &load, args.device, args.precision, args.quiet)?;
+        executable(model, &inputs, &load, args.device, args.precision, args.quiet, trace.as_mut())?;
     let mut profile = Profile::default();
     let start = Instant::now();
-    let outputs = exe.run_profiled(&ordered, args.profile.then_some(&mut profile))?;
+    let profiled = args.profile || trace.is_some();
+    let outputs = exe.run_profiled(&ordered, profiled.then_some(&mut profile))?;
     let took = start.elapsed();
+    if let Some(t) = trace.as_mut() {
+        t.run("run", start, Some(profile.clone()));
+    }
     // Outputs are written only after a successful run.
     if let Some(dir) = &args.output_dir {
         std::fs::create_dir_all(dir).map_err(|e| CompileError::File {
@@ -186,9 +218,15 @@ pub fn run(args: &Args) -> Result<()> {
             );
         }
     }
+    if let (Some(t), Some(path)) = (trace, &args.trace) {
+        t.write(path, format!("kiln run {}", args.model.display()), exe.device())?;
+        if !args.quiet {
+            eprintln!("trace written to {} (open it in ui.perfetto.dev)", path.display());
+        }
+    }
     if let Some(reference) = reference {
         let (f32_exe, f32_inputs) =
-            executable(reference, &inputs, &load, args.device, Precision::F32, true)?;
+            executable(reference, &inputs, &load, args.device, Precision::F32, true, None)?;
         let expected = f32_exe.run(&f32_inputs)?;
         for (i, (t, e)) in outputs.iter().zip(&expected).enumerate() {
             println!("output {i}: {}", Deviation::of(t, e));
@@ -220,6 +258,17 @@ pub fn run(args: &Args) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// The import span's name: what was read.
+pub fn import_name(model: &Model, path: &std::path::Path) -> String {
+    let file = path
+        .file_name()
+        .map_or_else(|| path.display().to_string(), |f| f.to_string_lossy().into_owned());
+    match model {
+        Model::Graph(_) => format!("import {file}"),
+        Model::Artifact(_) => format!("read {file}"),
+    }
 }
 
 /// How far a result computed at a reduced precision lies from the f32 one.

@@ -16,7 +16,7 @@
 use std::ffi::{c_void, CString};
 use std::fmt;
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaGraph, CudaStream, DriverError};
 use kiln_ir::Tensor;
@@ -24,7 +24,7 @@ use kiln_ir::Tensor;
 use super::hazard::{Bits, Hazards};
 use super::Peaks;
 use crate::artifact::{Artifact, BufferKind, Manifest};
-use crate::executable::Profile;
+use crate::executable::{CopySpan, Profile, Track};
 use crate::status;
 use crate::{Result, RuntimeError};
 
@@ -404,6 +404,8 @@ enum Graph {
 struct RunState {
     /// Timing events for `run_profiled`, made on the first profiled run.
     profile_events: Option<ProfileEvents>,
+    /// With them, the events that place a profiled run's launches and copies on a timeline.
+    profile_marks: Option<CopyMarks>,
     graph: Graph,
     /// Runs that launched every kernel directly (a capture waits for one).
     direct_runs: u64,
@@ -477,6 +479,21 @@ fn plan_streams(h: &Hazards, max: usize) -> StreamPlan {
 
 /// Timing events for `run_profiled`, one pair per launch, made on the first profiled run.
 type ProfileEvents = Vec<(CudaEvent, CudaEvent)>;
+
+/// A profiled run's events on the main stream around the copies: every launch's start is
+/// measured from `start`, the first thing the run does on the device.
+struct CopyMarks {
+    start: CudaEvent,
+    inputs_copied: CudaEvent,
+    outputs_start: CudaEvent,
+    end: CudaEvent,
+}
+
+/// The time from `a` to `b` (two recorded events), never negative.
+fn between(a: &CudaEvent, b: &CudaEvent) -> Result<Duration> {
+    let ms = a.elapsed_ms(b).map_err(driver("cuEventElapsedTime"))?;
+    Ok(Duration::from_secs_f64(ms.max(0.0) as f64 / 1e3))
+}
 
 /// A loaded CUDA executable.
 pub struct CudaProgram {
@@ -684,6 +701,7 @@ impl CudaProgram {
             peaks,
             run_lock: Mutex::new(RunState {
                 profile_events: None,
+                profile_marks: None,
                 graph,
                 direct_runs: 0,
                 spent: Some(Duration::ZERO),
@@ -759,6 +777,12 @@ impl CudaProgram {
             };
             state.profile_events =
                 Some(m.launches.iter().map(|_| Ok((timed()?, timed()?))).collect::<Result<_>>()?);
+            state.profile_marks = Some(CopyMarks {
+                start: timed()?,
+                inputs_copied: timed()?,
+                outputs_start: timed()?,
+                end: timed()?,
+            });
         }
         if profile.is_none() {
             self.capture_when_due(&mut state, m);
@@ -797,7 +821,17 @@ impl CudaProgram {
         if let Some(b) = status {
             self.reset_status(b)?;
         }
+        // A profiled run's marks around the copies; the device is idle here (the last run
+        // synchronised), so the first mark runs about when it is enqueued: `enqueued`.
+        let marks = if profile.is_some() { state.profile_marks.as_ref() } else { None };
+        let mark = |e: Option<&CudaEvent>| match e {
+            Some(e) => e.record(main).map_err(driver("cuEventRecord")),
+            None => Ok(()),
+        };
+        let enqueued = Instant::now();
+        mark(marks.map(|k| &k.start))?;
         let to_device = self.copy_inputs(m, inputs)?;
+        mark(marks.map(|k| &k.inputs_copied))?;
         if let Some((start, _)) = &self.span {
             start.record(main).map_err(driver("cuEventRecord"))?;
         }
@@ -809,7 +843,10 @@ impl CudaProgram {
         if let Some((_, end)) = &self.span {
             end.record(main).map_err(driver("cuEventRecord"))?;
         }
+        let marks = if profile.is_some() { state.profile_marks.as_ref() } else { None };
+        mark(marks.map(|k| &k.outputs_start))?;
         let from_device = self.copy_outputs(m, pageable)?;
+        mark(marks.map(|k| &k.end))?;
         let mut word = status::RESET;
         if let Some(b) = status {
             // SAFETY: the word's 16 bytes, into `word`, which lives past the synchronisation.
@@ -836,13 +873,31 @@ impl CudaProgram {
         let took = took.map(|ms| Duration::from_secs_f64(ms.max(0.0) as f64 / 1e3));
         state.spent = state.spent.zip(took).map(|(a, t)| a + t);
         if let Some(p) = profile {
-            if let Some(ev) = &state.profile_events {
-                for (launch, (start, end)) in m.launches.iter().zip(ev) {
-                    let ms = start.elapsed_ms(end).map_err(driver("cuEventElapsedTime"))?;
-                    p.launches.push((
-                        m.kernels[launch.kernel].label.clone(),
-                        Duration::from_secs_f64(ms.max(0.0) as f64 / 1e3),
-                    ));
+            if let (Some(ev), Some(marks)) = (&state.profile_events, &state.profile_marks) {
+                let base = p.since_origin(enqueued);
+                for (j, (launch, (start, end))) in m.launches.iter().zip(ev).enumerate() {
+                    p.push_launch(
+                        &m.kernels[launch.kernel].label,
+                        between(start, end)?,
+                        base + between(&marks.start, start)?,
+                        Track::CudaStream(self.plan.stream_of[j]),
+                    );
+                }
+                if to_device > 0 {
+                    p.copies.push(CopySpan {
+                        to_device: true,
+                        bytes: to_device,
+                        start: base,
+                        time: between(&marks.start, &marks.inputs_copied)?,
+                    });
+                }
+                if from_device > 0 {
+                    p.copies.push(CopySpan {
+                        to_device: false,
+                        bytes: from_device,
+                        start: base + between(&marks.start, &marks.outputs_start)?,
+                        time: between(&marks.outputs_start, &marks.end)?,
+                    });
                 }
             }
             if let Some(t) = took {

@@ -11,7 +11,7 @@
 
 use std::ptr;
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use kiln_ir::Tensor;
 use opencl3::command_queue::{
@@ -34,7 +34,7 @@ use opencl3::types::{cl_device_id, cl_event, cl_mem, CL_BLOCKING, CL_NON_BLOCKIN
 
 use super::hazard::Hazards;
 use crate::artifact::{Artifact, BufferKind, Manifest};
-use crate::executable::Profile;
+use crate::executable::{CopySpan, Profile, Track};
 use crate::status;
 use crate::{Result, RuntimeError};
 
@@ -518,6 +518,9 @@ impl OpenclProgram {
         };
         // On an in-order queue, order is implicit and events are not needed to express it.
         let ooo = self.out_of_order;
+        // The queue is idle here (the last run finished it), so the first command starts about
+        // when it is enqueued: a profile places the device's times from that host time.
+        let enqueued = Instant::now();
         let mut to_device = 0u64;
         let mut uploads: Vec<Option<Event>> = Vec::with_capacity(inputs.len());
         for (t, buf) in inputs.iter().zip(state.inputs.iter_mut()) {
@@ -578,7 +581,9 @@ impl OpenclProgram {
             done.push(ev);
         }
         let mut outputs = Vec::with_capacity(m.outputs.len());
+        // The outputs' reads (with their sizes), then the status word's.
         let mut reads = Vec::with_capacity(m.outputs.len());
+        let mut read_bytes = Vec::with_capacity(m.outputs.len());
         for (o, buf) in state.outputs.iter().enumerate() {
             let mut host = vec![0u8; m.buffers[m.outputs[o].buffer].bytes as usize];
             if !host.is_empty() {
@@ -591,6 +596,7 @@ impl OpenclProgram {
                     unsafe { q.enqueue_read_buffer(buf, CL_NON_BLOCKING, 0, &mut host, &wait) }
                         .map_err(cl("reading outputs"))?,
                 );
+                read_bytes.push(host.len() as u64);
             }
             outputs.push(host);
         }
@@ -609,21 +615,50 @@ impl OpenclProgram {
         // Everything, not only the reads: the next run reuses the buffers.
         q.finish()
             .map_err(|e| err(format!("running the kernels on {} failed: {e}", self.description)))?;
-        drop(reads);
         drop(reset);
         if let Some(failed) = state.status.as_ref().and_then(|_| status::Reported::decode(&word)) {
             return Err(failed.error(m, None));
         }
         if let Some(p) = profile {
+            // The device's clock (ns) from its first command of this run.
+            let span = |ev: &Event| match (ev.profiling_command_start(), ev.profiling_command_end())
+            {
+                (Ok(s), Ok(e)) => Some((s, e.saturating_sub(s))),
+                _ => None,
+            };
+            let written =
+                uploads.iter().flatten().zip(inputs.iter().filter(|t| !t.bytes().is_empty()));
+            let first = uploads
+                .iter()
+                .flatten()
+                .chain(&done)
+                .chain(&reads)
+                .filter_map(|e| span(e).map(|s| s.0))
+                .min()
+                .unwrap_or(0);
+            let base = p.since_origin(enqueued);
+            let at = |ns: u64| base + Duration::from_nanos(ns.saturating_sub(first));
             for (j, ev) in done.iter().enumerate() {
-                let ns = match (ev.profiling_command_start(), ev.profiling_command_end()) {
-                    (Ok(s), Ok(e)) => e.saturating_sub(s),
-                    _ => 0,
-                };
-                p.launches.push((
-                    m.kernels[m.launches[j].kernel].label.clone(),
+                let (start, ns) = span(ev).unwrap_or((first, 0));
+                p.push_launch(
+                    &m.kernels[m.launches[j].kernel].label,
                     Duration::from_nanos(ns),
-                ));
+                    at(start),
+                    Track::OpenclQueue,
+                );
+            }
+            let copies = written
+                .map(|(ev, t)| (true, t.bytes().len() as u64, ev))
+                .chain(read_bytes.iter().zip(&reads).map(|(&n, ev)| (false, n, ev)));
+            for (to_device, bytes, ev) in copies {
+                if let Some((start, ns)) = span(ev) {
+                    p.copies.push(CopySpan {
+                        to_device,
+                        bytes,
+                        start: at(start),
+                        time: Duration::from_nanos(ns),
+                    });
+                }
             }
             p.bytes_to_device += to_device;
             p.bytes_from_device += outputs.iter().map(|o| o.len() as u64).sum::<u64>();
