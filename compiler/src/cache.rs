@@ -87,7 +87,7 @@ fn key_text(graph: &Graph, options: &Options) -> String {
         options.input_values.iter().map(|(n, t)| (n, tensor_digest(t))).collect();
     values.sort();
     format!(
-        "{} {}\n{} {:?} {:?} {:?}\n{:?}\n{:?}\n{}\n{}\nweights {}",
+        "{} {}\n{} {:?} {:?} {:?}\n{:?}\n{:?}\n{:?}\n{}\nweights {}",
         env!("CARGO_PKG_VERSION"),
         build(),
         options.target.name(),
@@ -102,7 +102,10 @@ fn key_text(graph: &Graph, options: &Options) -> String {
         target::gpu_strategy(options).ok().flatten(),
         shapes,
         values,
-        inkwell::targets::TargetMachine::get_host_cpu_features(),
+        (
+            options.target_cpu.name(),
+            inkwell::targets::TargetMachine::get_host_cpu_features().to_string(),
+        ),
         text::print(graph, text::Weights::Summary),
         weights_digest(graph)
     )

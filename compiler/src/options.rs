@@ -109,6 +109,9 @@ pub struct Options {
     pub vnni: bool,
     /// The arithmetic of contractions and convolutions (f32 unless asked).
     pub precision: Precision,
+    /// CPU: the CPU the code is for (`--target-cpu`): the host by default, whose code runs only
+    /// on CPUs with its wide features; an x86-64 level or a CPU name for artifacts that travel.
+    pub target_cpu: crate::target::cpu::machine::CpuTarget,
 }
 
 impl Default for Options {
@@ -127,6 +130,7 @@ impl Default for Options {
             microkernel_overrides: None,
             vnni: true,
             precision: Precision::F32,
+            target_cpu: Default::default(),
         }
     }
 }

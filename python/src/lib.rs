@@ -614,7 +614,7 @@ impl PySession {
 /// compiles a symbol padded to `n`, so one program runs every size up to it (`kiln compile
 /// --max-size`); `cuda_arch` the GPU architecture for `target="cuda"` (default sm_80).
 #[pyfunction]
-#[pyo3(signature = (model, target = "cpu", output = None, input_shapes = None, precision = "f32", max_size = None, cuda_arch = None))]
+#[pyo3(signature = (model, target = "cpu", output = None, input_shapes = None, precision = "f32", max_size = None, cuda_arch = None, target_cpu = "native"))]
 #[allow(clippy::too_many_arguments)] // the CLI's options, by name from Python
 fn compile<'py>(
     py: Python<'py>,
@@ -625,6 +625,7 @@ fn compile<'py>(
     precision: &str,
     max_size: Option<HashMap<String, usize>>,
     cuda_arch: Option<String>,
+    target_cpu: &str,
 ) -> PyResult<Bound<'py, PyBytes>> {
     let graph = match read_model(model)? {
         Model::Graph(g) => g,
@@ -642,6 +643,12 @@ fn compile<'py>(
     }
     if let Some(arch) = cuda_arch {
         options.ptx.arch = arch;
+    }
+    options.target_cpu = target_cpu.parse().map_err(|e: String| KilnError::new_err(e))?;
+    if options.target != TargetKind::Cpu && target_cpu != "native" {
+        return Err(KilnError::new_err(format!(
+            "target_cpu=\"{target_cpu}\" is for target=\"cpu\""
+        )));
     }
     let bytes = py
         .detach(|| kiln_compiler::compile(&graph, &options, false).map(|c| c.artifact.to_bytes()))

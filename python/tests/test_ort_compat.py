@@ -119,3 +119,17 @@ def test_padded_artifacts_from_python(tmp_path):
         session.run(None, feeds_for(17))
     with pytest.raises(kiln.KilnError, match="max_size pads one symbol"):
         kiln.compile(mlp(), max_size={"N": 4, "M": 4})
+
+
+def test_portable_artifacts_from_python(tmp_path):
+    # kiln compile --target-cpu x86-64-v3: AVX2 code that loads on any CPU that has it.
+    out = tmp_path / "mlp_v3.kiln"
+    kiln.compile(mlp(), input_shapes={"x": [3, 16]}, target_cpu="x86-64-v3", output=str(out))
+    session = kiln.load(str(out), device="cpu")
+    feeds = feeds_for()
+    for g, w in zip(session.run(None, feeds), onnxruntime_outputs(mlp(), feeds)):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
+    with pytest.raises(kiln.KilnError, match="--target-cpu pentium-9000 is not a CPU"):
+        kiln.compile(mlp(), input_shapes={"x": [3, 16]}, target_cpu="pentium-9000")
+    with pytest.raises(kiln.KilnError, match='is for target="cpu"'):
+        kiln.compile(mlp(), target="opencl", target_cpu="x86-64-v3")

@@ -24,4 +24,5 @@ mod sequences;
 mod session;
 mod stages;
 mod status;
+mod target_cpu;
 mod toolchain;

@@ -213,7 +213,7 @@ fn constant_indices_are_checked_only_when_one_is_out_of_range() {
 
 /// Runs this binary's test `name` again in a child process with `env` set, through `sh -c
 /// shell` when given (which must end by running `"$0" "$@"`), and checks that it passed.
-fn run_in_child(name: &str, env: (&str, &str), shell: Option<&str>) {
+pub(crate) fn run_in_child(name: &str, env: (&str, &str), shell: Option<&str>) {
     let exe = std::env::current_exe().expect("the test binary's path");
     let args = [name, "--exact", "--test-threads=1", "--nocapture"];
     let mut cmd = match shell {

@@ -114,6 +114,14 @@ pub struct Args {
     /// tensor cores on NVIDIA's sm_80 and later).
     #[arg(long, default_value = "f32")]
     precision: crate::Precision,
+    /// The CPU the code is for (--target cpu): `native` (the default) uses every feature of the
+    /// CPU compiling (AVX-512 where it has it) and the artifact loads only on CPUs that have
+    /// them too; `x86-64-v3` (AVX2, FMA: most x86 CPUs since 2015), `x86-64-v4` (AVX-512),
+    /// `x86-64-v2`, `x86-64` or a CPU name (`skylake`, `znver3`, `sapphirerapids`, as `cc
+    /// -march=` takes it) makes an artifact for every CPU that has what it names. `kiln info`
+    /// shows what an artifact needs.
+    #[arg(long, default_value = "native", value_name = "CPU")]
+    target_cpu: crate::target::cpu::machine::CpuTarget,
     /// Threads to tune with (default: every core).
     #[arg(long)]
     threads: Option<usize>,
@@ -138,6 +146,13 @@ pub fn run(args: &Args) -> Result<()> {
             )))
         }
     };
+    if args.target != TargetArg::Cpu && args.target_cpu != Default::default() {
+        return Err(CompileError::Usage(format!(
+            "--target-cpu {} is for --target cpu; the target is {}",
+            args.target_cpu,
+            args.target.kind().name()
+        )));
+    }
     let (input_shapes, batch_ranges) = parse_shapes_or_ranges(&args.input_shapes)?;
     let pad = parse_max_size(args.max_size.as_deref())?;
     let options = Options {
@@ -149,6 +164,7 @@ pub fn run(args: &Args) -> Result<()> {
         cache: !args.no_cache,
         ptx: args.cuda.ptx()?,
         precision: args.precision,
+        target_cpu: args.target_cpu.clone(),
         ..Options::default()
     };
     if args.tune {

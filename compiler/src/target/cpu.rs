@@ -37,6 +37,7 @@ use crate::{CompileError, Result};
 mod alloc;
 mod integer;
 mod layout;
+pub mod machine;
 mod math;
 pub mod schedule;
 mod script;
@@ -63,6 +64,8 @@ pub struct CpuBackend {
     /// The arithmetic of convolutions and matrix products (`Options::precision`); `mod.rs`
     /// refused those this host has no kernels for.
     pub precision: crate::Precision,
+    /// The CPU the code is for (`Options::target_cpu`).
+    pub cpu: machine::CpuSpec,
 }
 
 impl Backend for CpuBackend {
@@ -169,7 +172,7 @@ impl Backend for CpuBackend {
             .map(|(k, micro)| micro.is_none() && codegen::status::takes_status(graph, k))
             .collect();
         add_wrappers(&llvm, &main, kernels, graph, &body_status)?;
-        let (tm, detail, cpu_features) = host_machine()?;
+        let (tm, detail, cpu_features) = target_machine(&self.cpu)?;
         main.set_triple(&tm.get_triple());
         main.set_data_layout(&tm.get_target_data().get_data_layout());
         main.verify().map_err(|e| CompileError::Internal(format!("invalid LLVM IR: {e}")))?;
@@ -202,9 +205,9 @@ impl Backend for CpuBackend {
 }
 
 impl CpuBackend {
-    /// This machine as the microkernels see it, VNNI left out where the options say so.
+    /// The target CPU as the microkernels see it, VNNI left out where the options say so.
     fn host(&self) -> ukernel::Host {
-        let mut host = ukernel::Host::detect(&TargetMachine::get_host_cpu_features().to_string());
+        let mut host = ukernel::Host::detect(&self.cpu.features);
         host.vnni &= self.vnni;
         host
     }
@@ -279,59 +282,32 @@ fn lower<'c>(mlir: &'c MlirContext, module: &mut Module<'c>, k: &Kernel) -> Resu
     mlir.run_pipeline(module, LOWER_TO_LLVM).map_err(|e| CompileError::in_kernel(k, "lower", e))
 }
 
-/// The host's target machine (its CPU name and real features: AVX-512 where present), a line
-/// describing it, and the vector features the code may use.
-fn host_machine() -> Result<(TargetMachine, String, Vec<String>)> {
+/// The target machine for `cpu` (its LLVM CPU name and pinned features), a line describing
+/// it, and the wide features the code may use.
+fn target_machine(cpu: &machine::CpuSpec) -> Result<(TargetMachine, String, Vec<String>)> {
     Target::initialize_native(&InitializationConfig::default())
         .map_err(|e| CompileError::Internal(format!("LLVM native target: {e}")))?;
     let triple = TargetMachine::get_default_triple();
     let target = Target::from_triple(&triple)
         .map_err(|e| CompileError::Internal(format!("LLVM target for {triple}: {e}")))?;
-    let cpu = TargetMachine::get_host_cpu_name().to_string();
-    // The host's features, less the wide ones the runtime cannot check on the machine that
-    // loads the artifact (it refuses an artifact naming one: code using it could die of an
-    // illegal instruction there).
-    let features: String = TargetMachine::get_host_cpu_features()
-        .to_string()
-        .split(',')
-        .map(|f| match f.strip_prefix('+') {
-            Some(name) if is_wide(name) && !kiln_runtime::device::cpu::can_check(name) => {
-                format!("-{name}")
-            }
-            _ => f.to_string(),
-        })
-        .collect::<Vec<_>>()
-        .join(",");
     let tm = target
         .create_target_machine(
             &triple,
-            &cpu,
-            &features,
+            &cpu.llvm_cpu,
+            &cpu.features,
             OptimizationLevel::Aggressive,
             RelocMode::PIC,
             CodeModel::Default,
         )
         .ok_or_else(|| {
-            CompileError::Internal(format!("LLVM cannot make a target machine for {triple} {cpu}"))
+            CompileError::Internal(format!(
+                "LLVM cannot make a target machine for {triple} {}",
+                cpu.llvm_cpu
+            ))
         })?;
-    let mut wide: Vec<String> = features
-        .split(',')
-        .filter_map(|f| f.strip_prefix('+'))
-        .filter(|f| is_wide(f))
-        .map(str::to_string)
-        .collect();
-    wide.sort();
-    let widest = ["avx512f", "avx2", "avx", "sse4.2"]
-        .into_iter()
-        .find(|f| wide.iter().any(|w| w == f))
-        .unwrap_or("sse2");
-    Ok((tm, format!("{} {cpu} ({widest})", triple.as_str().to_string_lossy()), wide))
-}
-
-/// The vector features an artifact records and the runtime checks (the SSE2 baseline every
-/// x86-64 has is not among them).
-fn is_wide(feature: &str) -> bool {
-    feature.contains("avx") || feature.contains("fma") || feature.contains("sse4")
+    let detail =
+        format!("{} {} ({})", triple.as_str().to_string_lossy(), cpu.llvm_cpu, cpu.widest());
+    Ok((tm, detail, cpu.wide()))
 }
 
 /// Builds, distributes and lowers one kernel; returns the lowered module, its workgroup count,

@@ -96,12 +96,16 @@ pub(crate) fn erase_dead_checks(module: &Module) {
 /// options or `KILN_GPU_SCHEDULE`, the microkernel choices).
 pub fn for_options(options: &Options) -> Result<Box<dyn Backend>> {
     Ok(match options.target {
-        TargetKind::Cpu => Box::new(cpu::CpuBackend {
-            microkernel: options.microkernel_choice(),
-            overrides: microkernel_overrides(options),
-            vnni: options.vnni_allowed(),
-            precision: cpu_precision(options)?,
-        }),
+        TargetKind::Cpu => {
+            let cpu = cpu::machine::resolve(&options.target_cpu)?;
+            Box::new(cpu::CpuBackend {
+                microkernel: options.microkernel_choice(),
+                overrides: microkernel_overrides(options),
+                vnni: options.vnni_allowed(),
+                precision: cpu_precision(options, &cpu)?,
+                cpu,
+            })
+        }
         TargetKind::Cuda => Box::new(gpu::GpuBackend {
             target: gpu::GpuTarget::Cuda(options.ptx.clone()),
             strategy: gpu_strategy(options)?,
@@ -116,17 +120,20 @@ pub fn for_options(options: &Options) -> Result<Box<dyn Backend>> {
 }
 
 /// The precision the CPU backend compiles at: f32, or bf16 where the host multiplies bf16
-/// (AVX512-BF16's `vdpbf16ps`) and the microkernels, which are what compute in bf16, are not
+/// (AVX512-BF16's `vdpbf16ps`; the target CPU's, which is the host's unless `--target-cpu`
+/// names another) and the microkernels, which are what compute in bf16, are not
 /// forced off; anything else is refused, not run slower than asked.
-fn cpu_precision(options: &Options) -> Result<crate::Precision> {
+fn cpu_precision(options: &Options, cpu: &cpu::machine::CpuSpec) -> Result<crate::Precision> {
     let precision = options.precision;
     let refuse = |why: &str| CompileError::Precision { precision, target: "cpu", why: why.into() };
     match precision {
         crate::Precision::F32 => Ok(precision),
         crate::Precision::Bf16 => {
-            let features = inkwell::targets::TargetMachine::get_host_cpu_features().to_string();
-            if !cpu::ukernel::Host::detect(&features).bf16 {
-                Err(refuse("this CPU has no AVX512-BF16 (vdpbf16ps), which kiln's bf16 kernels multiply with"))
+            if !cpu::ukernel::Host::detect(&cpu.features).bf16 {
+                Err(refuse(&format!(
+                    "the target CPU ({}) has no AVX512-BF16 (vdpbf16ps), which kiln's bf16 kernels multiply with",
+                    cpu.target
+                )))
             } else if options.microkernel_choice() == Some(false) {
                 Err(refuse(
                     "the microkernels are turned off (KILN_UKERNEL=0 or Options::microkernel), \

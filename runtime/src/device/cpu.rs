@@ -38,7 +38,7 @@ pub fn check_host_features(features: &[String]) -> Result<()> {
         features.iter().map(String::as_str).filter(|f| host_has(f) == Some(false)).collect();
     if !missing.is_empty() {
         return Err(err(format!(
-            "the artifact was compiled for CPU features this machine lacks ({}); compile it on (or for) this machine",
+            "the artifact was compiled for CPU features this machine lacks ({}); compile it on this machine, or for a CPU level it has (kiln compile --target-cpu x86-64-v3, or x86-64-v2)",
             missing.join(", ")
         )));
     }
@@ -61,8 +61,28 @@ pub fn can_check(feature: &str) -> bool {
     host_has(feature).is_some()
 }
 
-/// Whether the host has a feature; `None` for names this check does not know.
+/// Whether the host has a feature; `None` for names this check does not know. Features
+/// `KILN_CPU_LACKS` lists (`avx512f,avx512bw`) count as absent: a way to see, on a newer CPU,
+/// whether an artifact loads on one without them.
 fn host_has(f: &str) -> Option<bool> {
+    detect(f).map(|has| has && !lacks().iter().any(|l| l == f))
+}
+
+/// The features `KILN_CPU_LACKS` hides, read once.
+fn lacks() -> &'static [String] {
+    static LACKS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    LACKS.get_or_init(|| {
+        std::env::var("KILN_CPU_LACKS")
+            .unwrap_or_default()
+            .split(',')
+            .map(|f| f.trim().to_string())
+            .filter(|f| !f.is_empty())
+            .collect()
+    })
+}
+
+/// Whether this CPU has a feature; `None` for names this check does not know.
+fn detect(f: &str) -> Option<bool> {
     #[cfg(target_arch = "x86_64")]
     {
         macro_rules! known {
