@@ -6,7 +6,7 @@ CARGO ?= cargo
 
 SUITES := node pytorch-converted pytorch-operator simple
 
-.PHONY: setup demo test check-runtime-deps conformance ratchet ops-doc examples bench bench-int8 bench-precision bench-ops fuzz fuzz-smoke soak python python-test python-ratchet python-overhead lint
+.PHONY: setup demo test check-runtime-deps conformance ratchet ops-doc examples bench bench-int8 bench-precision bench-ops fuzz fuzz-smoke soak python python-test python-ratchet python-overhead install-check lint
 
 setup:
 	@./scripts/setup.sh
@@ -38,12 +38,16 @@ lint:
 DEBUG_BUILD := $(CARGO) build -q --workspace --bins --examples
 
 # The JIT example traces, compiles and checks an MLP and saves its artifact; the runtime-only
-# example (no MLIR/LLVM in its build) loads and runs that artifact.
+# example (no MLIR/LLVM in its build) loads and runs that artifact. The `kiln` crate's examples
+# (the code its docs show) and the host crate of examples/host run as a user's program would.
 examples:
 	@mkdir -p target/examples
 	$(DEBUG_BUILD)
 	./target/debug/examples/jit_mlp --save target/examples/mlp.kiln
 	$(CARGO) run -q -p kiln-runtime --example run_artifact -- target/examples/mlp.kiln
+	./target/debug/examples/aot
+	./target/debug/examples/jit
+	./target/debug/kiln-host-example
 	$(MAKE) --no-print-directory soak SOAK_RUNS=10000
 
 # Runs the example MLP's artifact SOAK_RUNS times and fails if resident memory grows (after a
@@ -139,3 +143,10 @@ python-overhead:
 	@$(MAKE) --no-print-directory python PROFILE=release
 	@py=$$(./scripts/setup-python.sh) && cargo build --release -q -p kiln-compiler --example overhead && \
 	  $$py scripts/python_overhead.py target/release/examples/overhead
+
+# A new user's install, outside this repository: `cargo install --path compiler --locked` gives a
+# working `kiln`, and a copy of examples/host depending on `kiln` by path builds and runs, with
+# only what scripts/setup.sh wrote into ~/.cargo/config.toml. Release builds from nothing: about
+# 20 minutes on 2 cores, so not part of `make test` (which builds and runs examples/host).
+install-check: setup
+	./scripts/install-check.sh

@@ -42,3 +42,30 @@ if ! command -v cargo >/dev/null 2>&1 && [ ! -x "$HOME/.cargo/bin/cargo" ]; then
 else
   say "Rust present: $( (command -v cargo >/dev/null && cargo --version) || "$HOME/.cargo/bin/cargo" --version)"
 fi
+
+# Where cargo finds LLVM/MLIR 22 for crates built outside this repository (`cargo install --path
+# compiler`, a host crate depending on `kiln`): /usr/bin/llvm-config is LLVM 14 on Debian 12, and
+# the -sys crates read these variables. The repository's own .cargo/config.toml sets them for
+# builds inside it; the user's ~/.cargo/config.toml gets any that it does not set yet.
+python3 - "${CARGO_HOME:-$HOME/.cargo}/config.toml" <<'PY'
+import os, re, sys
+path = sys.argv[1]
+want = {k: "/usr/lib/llvm-22" for k in ("MLIR_SYS_220_PREFIX", "TABLEGEN_220_PREFIX", "LLVM_SYS_221_PREFIX")}
+text = open(path).read() if os.path.exists(path) else ""
+missing = [k for k in want if not re.search(rf"^\s*{k}\s*=", text, re.M)]
+if not missing:
+    print(f"setup: {path} already tells cargo where LLVM/MLIR 22 is")
+    sys.exit(0)
+lines = "".join(f'{k} = "{want[k]}"\n' for k in missing)
+m = re.search(r"^\[env\]\s*$", text, re.M)
+if m:
+    text = text[: m.end()] + "\n" + lines.rstrip("\n") + text[m.end():]
+else:
+    text = text + ("\n" if text and not text.endswith("\n") else "") + "\n# kiln (scripts/setup.sh): LLVM/MLIR 22\n[env]\n" + lines
+os.makedirs(os.path.dirname(path), exist_ok=True)
+tmp = path + ".kiln-setup"
+with open(tmp, "w") as f:
+    f.write(text)
+os.replace(tmp, path)
+print(f"setup: {path}: set {', '.join(missing)} (where cargo finds LLVM/MLIR 22 outside this repository)")
+PY

@@ -13,6 +13,7 @@ mod decompose;
 mod determinism;
 mod differential;
 mod docs;
+mod facade;
 mod filetests;
 mod gpu;
 mod gpu_tile;
