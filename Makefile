@@ -6,7 +6,7 @@ CARGO ?= cargo
 
 SUITES := node pytorch-converted pytorch-operator simple
 
-.PHONY: setup demo test check-runtime-deps conformance ratchet ops-doc examples bench bench-int8 bench-precision bench-ops fuzz fuzz-smoke soak python python-test python-ratchet python-overhead install-check lint
+.PHONY: setup demo test check-runtime-deps conformance ratchet ops-doc examples bench bench-int8 bench-precision bench-ops fuzz fuzz-smoke soak python python-test python-ratchet python-overhead serve-demo install-check lint
 
 setup:
 	@./scripts/setup.sh
@@ -143,6 +143,15 @@ python-overhead:
 	@$(MAKE) --no-print-directory python PROFILE=release
 	@py=$$(./scripts/setup-python.sh) && cargo build --release -q -p kiln-compiler --example overhead && \
 	  $$py scripts/python_overhead.py target/release/examples/overhead
+
+# kiln inside Ray Serve (examples/serving/, docs/serving.md): a local Ray cluster in the client's
+# process (stopped at the end, failure and SIGTERM included), the built-in MLP served by 1 replica
+# without and with dynamic batching, by 2, and by 2 from a .kiln artifact over HTTP, every answer
+# checked against onnxruntime; exits nonzero on any wrong one. Its own venv (setup-serve.sh: Ray
+# Serve, kiln built in release mode); not part of `make test`. SERVE_ARGS passes flags to the client.
+SERVE_ARGS ?=
+serve-demo:
+	@py=$$(./scripts/setup-serve.sh) && $$py examples/serving/client.py $(SERVE_ARGS)
 
 # A new user's install, outside this repository: `cargo install --path compiler --locked` gives a
 # working `kiln`, and a copy of examples/host depending on `kiln` by path builds and runs, with
