@@ -802,3 +802,40 @@ fn runs_of_convolutions_hold_channel_blocked_tensors() {
         insta::assert_snapshot!("inverted_residual_schedule", schedule(&g, Some(true)));
     });
 }
+
+/// Recurrences over no steps give the interpreter's answer (onnxruntime's for a sequence of
+/// length 0): an empty `Y`, zero `Y_h` and `Y_c` whatever the initial states, in both layouts
+/// and every direction; the recurrent kernel refused a sequence of length 0 ("kept whole ...
+/// cannot take it").
+#[test]
+fn recurrences_over_no_steps_give_the_initial_states() {
+    use kiln_ir::op::{Rnn, RnnCell, RnnDirection};
+    let rnn = |cell, direction, batch_first| Rnn {
+        cell,
+        direction,
+        hidden_size: 5,
+        activations: vec![],
+        clip: None,
+        batch_first,
+    };
+    let cases = [
+        (rnn(RnnCell::Lstm { input_forget: false }, RnnDirection::Bidirectional, false), false, 3),
+        (rnn(RnnCell::Gru { linear_before_reset: true }, RnnDirection::Forward, true), true, 2),
+        (rnn(RnnCell::Simple, RnnDirection::Reverse, false), false, 2),
+    ];
+    for (r, const_state, outputs) in cases {
+        let (g, inputs) = recurrent_graph(r, 0, 3, 4, const_state, outputs);
+        crate::compile::check_against_eval(&g, &inputs, 1, 0.0);
+    }
+    // No initial state and no sequence lengths.
+    let g = GraphBuilder::new("lstm_no_state");
+    let x = g.input("x", DType::F32, [0, 2, 4]);
+    let w = g.constant("w", Tensor::random(DType::F32, &[1, 20, 4], 1));
+    let r = g.constant("r", Tensor::random(DType::F32, &[1, 20, 5], 2));
+    let lstm = rnn(RnnCell::Lstm { input_forget: false }, RnnDirection::Forward, false);
+    for (i, y) in g.apply(Op::Rnn(lstm), &[Some(x), Some(w), Some(r)], 3).into_iter().enumerate() {
+        g.output(&format!("y{i}"), y);
+    }
+    let g = g.build().unwrap();
+    crate::compile::check_against_eval(&g, &[Tensor::zeros(DType::F32, &[0, 2, 4])], 1, 0.0);
+}

@@ -4,6 +4,11 @@
 //! bias), and onnxruntime returns them; the code generators tile by the reduction's extent and
 //! crashed on 0. Each becomes its result written out: an Expand of the zero (or of the bias) to
 //! the result's shape.
+//!
+//! Recurrences over no steps (an RNN, GRU or LSTM whose sequence has length 0) likewise: `Y` is
+//! empty and `Y_h`, `Y_c` are zeros, what onnxruntime and kiln's interpreter give a sequence of
+//! length 0 (an entry of `sequence_lens` that is 0 gets zero states, whatever the initial ones);
+//! the recurrent kernels refused a zero-length sequence.
 
 use kiln_ir::{Graph, NodeId, Op, Tensor, ValueId};
 
@@ -13,6 +18,13 @@ pub fn run(graph: &mut Graph) -> Result<bool> {
     let mut changed = false;
     for id in graph.topo_order()? {
         if graph.try_node(id).is_none() {
+            continue;
+        }
+        if let Some(states) = zero_step_recurrence(graph, id)? {
+            for (k, v) in states.into_iter().enumerate() {
+                graph.replace_uses(ValueId::new(id, k), v)?;
+            }
+            changed = true;
             continue;
         }
         if let Some(v) = replacement(graph, id)? {
@@ -101,6 +113,45 @@ fn replacement(graph: &mut Graph, id: NodeId) -> Result<Option<ValueId>> {
         ));
     }
     Ok(Some(e))
+}
+
+/// For a recurrence over a sequence of length 0, the values of its outputs (`Y`, `Y_h`[,
+/// `Y_c`]): all zeros (`Y` empty).
+fn zero_step_recurrence(graph: &mut Graph, id: NodeId) -> Result<Option<Vec<ValueId>>> {
+    let node = graph.node(id).clone();
+    let Op::Rnn(r) = &node.op else { return Ok(None) };
+    let operands = graph.operands(id);
+    let Some(x) = operands.first().copied().flatten() else { return Ok(None) };
+    let Some(xd) = graph.value_type(x).shape.as_fixed() else { return Ok(None) };
+    let steps = if r.batch_first { xd.get(1) } else { xd.first() };
+    if steps != Some(&0) {
+        return Ok(None);
+    }
+    let mut values = Vec::with_capacity(node.outputs.len());
+    for (k, out) in node.outputs.iter().enumerate() {
+        let Some(dims) = out.shape.as_fixed() else { return Ok(None) };
+        values.push(zeros(graph, &format!("{}.{k}", node.name), out.dtype, &dims)?);
+    }
+    Ok(Some(values))
+}
+
+/// Zeros of a shape: an empty constant, or a scalar zero expanded (no constant as large as the
+/// result in the artifact).
+fn zeros(graph: &mut Graph, name: &str, dtype: kiln_ir::DType, dims: &[usize]) -> Result<ValueId> {
+    if dims.contains(&0) {
+        return Ok(graph.add_constant(
+            &graph.unique_name(&format!("{name}.empty")),
+            Tensor::zeros(dtype, dims),
+        )?);
+    }
+    let zero = graph
+        .add_constant(&graph.unique_name(&format!("{name}.zero")), Tensor::zeros(dtype, &[]))?;
+    let shape = graph.add_constant(
+        &graph.unique_name(&format!("{name}.shape")),
+        Tensor::vector(&dims.iter().map(|&d| d as i64).collect::<Vec<_>>()),
+    )?;
+    let n = graph.unique_name(&format!("{name}.zeros"));
+    Ok(graph.add_node(&n, Op::Expand, &[Some(zero), Some(shape)])?.into())
 }
 
 /// `beta * c` (c itself when beta is 1).
