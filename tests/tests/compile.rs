@@ -325,3 +325,33 @@ fn slices_with_extreme_steps_take_one_element() {
         check_against_eval(&g, &[Tensor::random(DType::F32, &[6, 3], 4)], 1, 0.0);
     }
 }
+
+/// Compile-time tables (a Pad's index map per axis, a Resize's taps) of more entries than
+/// `codegen::TABLE_LIMIT` are refused naming the node before they are built: a Pad of f32[1] to
+/// 2^40 + 1 elements aborted the compiler allocating 16 TB.
+#[test]
+fn compile_time_tables_are_bounded() {
+    use kiln_ir::op::PadMode;
+    let g = GraphBuilder::new("huge_pad");
+    let x = g.input("x", DType::F32, [1]);
+    let pads = g.constant("pads", Tensor::vector(&[0i64, 1 << 40]));
+    let y = g.apply(kiln_ir::Op::Pad { mode: PadMode::Edge }, &[Some(x), Some(pads)], 1)[0];
+    g.output("y", y);
+    let g = g.build().unwrap();
+    let e = kiln_compiler::compile(&g, &Options { cache: false, ..Options::default() }, false)
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(
+        e.contains("(Pad) needs an index map along an axis of 1099511627777 entries, more than"),
+        "{e}"
+    );
+    // A table well inside the bound still compiles and matches.
+    let g = GraphBuilder::new("long_pad");
+    let x = g.input("x", DType::F32, [3]);
+    let pads = g.constant("pads", Tensor::vector(&[2i64, 100_000]));
+    let y = g.apply(kiln_ir::Op::Pad { mode: PadMode::Reflect }, &[Some(x), Some(pads)], 1)[0];
+    g.output("y", y);
+    let g = g.build().unwrap();
+    check_against_eval(&g, &[Tensor::random(DType::F32, &[3], 1)], 1, 0.0);
+}

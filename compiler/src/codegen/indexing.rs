@@ -371,6 +371,9 @@ fn pad(
     let dtype = em.ty(result).dtype;
     let amounts = kiln_ir::infer::pad_amounts(&pads, axes.as_deref(), xd.len())
         .map_err(|e| em.unsupported(id, &e))?;
+    for &size in &od {
+        em.check_table(id, "an index map along an axis", Some(size))?;
+    }
     let maps: Vec<Vec<Option<usize>>> = xd
         .iter()
         .zip(&amounts)

@@ -153,6 +153,22 @@ impl<'c, 'a> Emitter<'c, 'a> {
         self.values.insert(v, t);
     }
 
+    /// Refuses a compile-time table (a Pad's or Resize's index map, a pooling's window counts)
+    /// of more than [`TABLE_LIMIT`] entries before it is built: such tables are made in the
+    /// compiler's memory and stored in the artifact, and a hostile size aborted the compile.
+    pub fn check_table(&self, id: NodeId, what: &str, entries: Option<usize>) -> Result<()> {
+        match entries {
+            Some(n) if n <= TABLE_LIMIT => Ok(()),
+            n => Err(self.unsupported(
+                id,
+                &format!(
+                    "needs {what} of {} entries, more than the {TABLE_LIMIT} that kiln's compile-time tables take",
+                    n.map_or("over 2^64".to_string(), |n| n.to_string())
+                ),
+            )),
+        }
+    }
+
     /// An error naming this kernel and a node.
     pub fn unsupported(&self, id: NodeId, what: &str) -> CompileError {
         let n = self.graph.node(id);
@@ -165,6 +181,11 @@ impl<'c, 'a> Emitter<'c, 'a> {
         }
     }
 }
+
+/// The most entries a compile-time table of one op may have (64 Mi, 512 MiB of i64 or f64: an
+/// average pooling's counts over an 8192 x 8192 image on the linalg path): past any real
+/// model's axis or window grid.
+pub const TABLE_LIMIT: usize = 1 << 26;
 
 /// The MLIR type of a kernel argument for value `v`.
 pub(crate) fn memref_type<'c>(ctx: &'c Context, graph: &Graph, v: ValueId) -> Result<Type<'c>> {

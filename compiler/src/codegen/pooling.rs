@@ -119,7 +119,11 @@ fn pool(
     let reduced = push(em.block, g);
     // Finish: divide by the count (average), take the p-th root (Lp), convert to the dtype.
     let divisors = match kind {
-        PoolKind::Average { count_include_pad } => Some(counts(&axes, count_include_pad)),
+        PoolKind::Average { count_include_pad } => {
+            let total = axes.iter().try_fold(1usize, |t, a| t.checked_mul(a.output));
+            em.check_table(id, "a table of window counts", total)?;
+            Some(counts(&axes, count_include_pad))
+        }
         _ => None,
     };
     let dest = em.dest(result)?;

@@ -39,6 +39,10 @@ pub(super) fn emit(em: &mut Emitter, id: NodeId) -> Result<()> {
         consts.push(c);
     }
     let xd = em.dims(x);
+    // The plan holds taps per output position of each axis: bounded before it is made.
+    for &size in &em.dims(ValueId::from(id)) {
+        em.check_table(id, "taps along an axis", Some(size))?;
+    }
     let (out, steps) = kiln_ir::eval::resize_steps(r, &xd, consts[0], consts[1], consts[2])
         .map_err(|e| em.unsupported(id, &e))?;
     let result = ValueId::from(id);
@@ -64,6 +68,7 @@ pub(super) fn emit(em: &mut Emitter, id: NodeId) -> Result<()> {
     for step in &steps {
         let n_out = step.taps.len();
         let k = step.taps.iter().map(|t| t.as_ref().map_or(1, Vec::len)).max().unwrap_or(1).max(1);
+        em.check_table(id, "a tap table", n_out.checked_mul(k))?;
         let mut idx = vec![0i64; n_out * k];
         let mut wts = vec![0f64; n_out * k];
         let mut extrapolates = false;
