@@ -12,8 +12,10 @@ say() { printf 'install-check: %s\n' "$*" >&2; }
 
 say "cargo install --path compiler --locked (into $work/root)"
 (cd "$work" && cargo install -q --locked --path "$repo/compiler" --root "$work/root" --target-dir "$work/target")
-"$work/root/bin/kiln" --version | head -1
-"$work/root/bin/kiln" demo --out "$work/demo" | tail -2
+# (Whole outputs: under pipefail, a reader that stops early would fail the check by SIGPIPE.)
+"$work/root/bin/kiln" --version
+demo=$("$work/root/bin/kiln" demo --out "$work/demo")
+printf '%s\n' "$demo" | tail -n 2
 
 say "a host crate outside the repository, depending on kiln by path"
 host="$work/host"
