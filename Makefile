@@ -38,15 +38,14 @@ lint:
 DEBUG_BUILD := $(CARGO) build -q --workspace --bins --examples
 
 # The JIT example traces, compiles and checks an MLP and saves its artifact; the runtime-only
-# example (no MLIR/LLVM in its build) loads and runs that artifact. The `kiln` crate's examples
-# (the code its docs show) and the host crate of examples/host run as a user's program would.
+# example (no MLIR/LLVM in its build) loads and runs that artifact. The host crate of
+# examples/host runs as a user's program would (the `kiln` crate's own examples run inside the
+# integration tests: tests/tests/facade.rs).
 examples:
 	@mkdir -p target/examples
 	$(DEBUG_BUILD)
 	./target/debug/examples/jit_mlp --save target/examples/mlp.kiln
 	$(CARGO) run -q -p kiln-runtime --example run_artifact -- target/examples/mlp.kiln
-	./target/debug/examples/aot
-	./target/debug/examples/jit
 	./target/debug/kiln-host-example
 	$(MAKE) --no-print-directory soak SOAK_RUNS=10000
 

@@ -1,11 +1,15 @@
 //! Ahead of time: import an ONNX model, compile it for CPUs with AVX2 (x86-64-v3), save the
-//! artifact, load it back and run it by input name. `cargo run -p kiln --example aot [MODEL]`;
+//! artifact, load it back and run it by input name. `cargo run -p kiln --example aot --features examples [MODEL]`;
 //! without a model it builds a small one (y = softmax(x W)).
 
 use kiln::{DType, Options, Tensor};
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let graph = match std::env::args().nth(1) {
+pub fn main() -> Result<(), Box<dyn std::error::Error>> {
+    run(std::env::args().nth(1))
+}
+
+pub fn run(model: Option<String>) -> Result<(), Box<dyn std::error::Error>> {
+    let graph = match model {
         Some(path) => kiln::load_onnx(path)?,
         None => small_model(),
     };

@@ -1,11 +1,11 @@
 //! In this process: a model with a symbolic batch, run at whatever batch each call brings (each
 //! new size compiled on its first run), inputs by name, errors with their causes.
-//! `cargo run -p kiln --example jit`.
+//! `cargo run -p kiln --example jit --features examples`.
 
 use kiln::builder::GraphBuilder;
 use kiln::{DType, Dim, Options, Session, Tensor};
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+pub fn main() -> Result<(), Box<dyn std::error::Error>> {
     // y = relu(x W + b) over a batch `N` known only at run time.
     let g = GraphBuilder::new("dense");
     let x = g.input("x", DType::F32, vec![Dim::sym("N"), Dim::from(32)]);

@@ -2,6 +2,13 @@
 //! naming the input and the model's inputs, errors whose source chain reaches the cause, and
 //! sessions and artifacts that give what the interpreter gives.
 
+// The crate's documented examples, compiled here (a binary each would be ~440 MB in debug).
+#[allow(dead_code)] // its `main` reads the command line, which is the test harness's here
+#[path = "../../kiln/examples/aot.rs"]
+mod aot_example;
+#[path = "../../kiln/examples/jit.rs"]
+mod jit_example;
+
 use kiln::builder::GraphBuilder;
 use kiln::{DType, Dim, Options, Session, Tensor};
 use kiln_ir::eval;
@@ -87,4 +94,10 @@ fn an_artifact_saved_and_loaded_runs_as_the_jit_does() {
     }
     let e = kiln::save_artifact(&kiln::compile(&graph, &options).unwrap(), "/nonexistent/x.kiln");
     assert!(chain(&e.err().unwrap()).starts_with("/nonexistent/x.kiln: cannot write the artifact"));
+}
+
+#[test]
+fn the_crate_docs_examples_run() {
+    aot_example::run(None).expect("examples/aot.rs");
+    jit_example::main().expect("examples/jit.rs");
 }
