@@ -167,13 +167,9 @@ fn compile_control(
     let mut from_cache = true;
     let mut programs = Vec::with_capacity(split.programs.len());
     for (i, (role, piece)) in split.programs.iter().enumerate() {
-        // The program's inputs are fully typed and the values bound already.
         let o = Options {
-            input_shapes: Default::default(),
-            input_values: Default::default(),
-            batch_ranges: Default::default(),
             dump_dir: options.dump_dir.as_ref().map(|d| d.join(format!("{i}-{}", role.name()))),
-            ..options.clone()
+            ..program_options(options)
         };
         let c = compile_reporting(piece, &o, keep_stages, progress)?;
         add_timings(&mut timings, c.timings);
@@ -514,6 +510,17 @@ fn emitted_graph<'g>(
     }
 }
 
+/// The options a program of a control-flow split compiles with: its inputs are fully typed and
+/// the values bound already, so the whole graph's sizes and values do not apply.
+fn program_options(options: &Options) -> Options {
+    Options {
+        input_shapes: Default::default(),
+        input_values: Default::default(),
+        batch_ranges: Default::default(),
+        ..options.clone()
+    }
+}
+
 /// The fused stage as a Graphviz digraph (`kiln emit --stage fused --format dot`): the kernels
 /// and the buffers between them (`dot.rs`); a control-flow split draws each program in a box of
 /// its own. `options` as `emit` takes them (see [`emitted_program`]).
@@ -533,12 +540,7 @@ fn fused_dot_body(graph: &Graph, options: &Options, prefix: &str) -> Result<Stri
     };
     let mut out = String::new();
     for (i, (role, piece)) in split.programs.iter().enumerate() {
-        let o = Options {
-            input_shapes: Default::default(),
-            input_values: Default::default(),
-            batch_ranges: Default::default(),
-            ..options.clone()
-        };
+        let o = program_options(options);
         let id = format!("{prefix}p{i}_");
         let label = format!("program {i}: {} of `{}` ({})", role.name(), split.node, piece.name);
         out.push_str(&crate::dot::cluster(&id, &label, &fused_dot_body(piece, &o, &id)?));
@@ -560,12 +562,7 @@ pub fn front(graph: &Graph, options: &Options, codegen: bool) -> Result<Stages> 
         let mut fused = split.to_string();
         let mut mlir = String::new();
         for (i, (role, piece)) in split.programs.iter().enumerate() {
-            let o = Options {
-                input_shapes: Default::default(),
-                input_values: Default::default(),
-                batch_ranges: Default::default(),
-                ..options.clone()
-            };
+            let o = program_options(options);
             let header =
                 format!("// program {i}: {} of `{}` ({})\n", role.name(), split.node, piece.name);
             let inner = front(piece, &o, codegen)?;

@@ -521,9 +521,9 @@ fn run_writes_results_numpy_lacks_widened() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// A model `y = relu(conv3x3(x, w) + b)` on x: f32[1, 8, 12, 12], weights initializers.
-fn conv_model() -> Vec<u8> {
-    let ty = |dims: &[i64]| TypeProto {
+/// An f32 tensor type of these fixed sizes.
+fn f32_type(dims: &[i64]) -> TypeProto {
+    TypeProto {
         value: Some(type_proto::Value::TensorType(type_proto::Tensor {
             elem_type: Some(data_type::FLOAT),
             shape: Some(TensorShapeProto {
@@ -533,10 +533,16 @@ fn conv_model() -> Vec<u8> {
                     .collect(),
             }),
         })),
-    };
-    let init = |t: Tensor, name: &str| {
-        TensorProto::decode(kiln_ir::onnx::encode_tensor(&t, name).as_slice()).unwrap()
-    };
+    }
+}
+
+/// `t` as an initializer named `name`.
+fn initializer(t: Tensor, name: &str) -> TensorProto {
+    TensorProto::decode(kiln_ir::onnx::encode_tensor(&t, name).as_slice()).unwrap()
+}
+
+/// A model `y = relu(conv3x3(x, w) + b)` on x: f32[1, 8, 12, 12], weights initializers.
+fn conv_model() -> Vec<u8> {
     let graph = GraphProto {
         name: Some("conv".into()),
         node: vec![
@@ -562,11 +568,17 @@ fn conv_model() -> Vec<u8> {
             },
         ],
         initializer: vec![
-            init(Tensor::random(DType::F32, &[16, 8, 3, 3], 1), "w"),
-            init(Tensor::random(DType::F32, &[16], 2), "b"),
+            initializer(Tensor::random(DType::F32, &[16, 8, 3, 3], 1), "w"),
+            initializer(Tensor::random(DType::F32, &[16], 2), "b"),
         ],
-        input: vec![ValueInfoProto { name: Some("x".into()), r#type: Some(ty(&[1, 8, 12, 12])) }],
-        output: vec![ValueInfoProto { name: Some("y".into()), r#type: Some(ty(&[1, 16, 12, 12])) }],
+        input: vec![ValueInfoProto {
+            name: Some("x".into()),
+            r#type: Some(f32_type(&[1, 8, 12, 12])),
+        }],
+        output: vec![ValueInfoProto {
+            name: Some("y".into()),
+            r#type: Some(f32_type(&[1, 16, 12, 12])),
+        }],
         ..Default::default()
     };
     model_bytes(graph)
@@ -642,17 +654,6 @@ fn cache_prune_and_clear_are_one_or_the_other() {
 fn input_files_are_checked_against_max_memory() {
     let dir = std::env::temp_dir().join(format!("kiln-cli-input-budget-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let ty = |dims: &[i64]| TypeProto {
-        value: Some(type_proto::Value::TensorType(type_proto::Tensor {
-            elem_type: Some(data_type::FLOAT),
-            shape: Some(TensorShapeProto {
-                dim: dims
-                    .iter()
-                    .map(|&d| tensor_shape_proto::Dimension { value: Some(DimValue::DimValue(d)) })
-                    .collect(),
-            }),
-        })),
-    };
     let graph = GraphProto {
         name: Some("sum".into()),
         node: vec![NodeProto {
@@ -668,8 +669,11 @@ fn input_files_are_checked_against_max_memory() {
             }],
             ..Default::default()
         }],
-        input: vec![ValueInfoProto { name: Some("x".into()), r#type: Some(ty(&[1024, 1024])) }],
-        output: vec![ValueInfoProto { name: Some("y".into()), r#type: Some(ty(&[])) }],
+        input: vec![ValueInfoProto {
+            name: Some("x".into()),
+            r#type: Some(f32_type(&[1024, 1024])),
+        }],
+        output: vec![ValueInfoProto { name: Some("y".into()), r#type: Some(f32_type(&[])) }],
         ..Default::default()
     };
     let model = dir.join("sum.onnx");
@@ -729,20 +733,6 @@ fn the_cli_behaves() {
 /// A model `y = softmax(relu(x w + b))` on x: f32[2, 8], two kernels (the matrix product with its
 /// bias and activation, the softmax), weights large enough to be buffers.
 fn mlp_model() -> Vec<u8> {
-    let ty = |dims: &[i64]| TypeProto {
-        value: Some(type_proto::Value::TensorType(type_proto::Tensor {
-            elem_type: Some(data_type::FLOAT),
-            shape: Some(TensorShapeProto {
-                dim: dims
-                    .iter()
-                    .map(|&d| tensor_shape_proto::Dimension { value: Some(DimValue::DimValue(d)) })
-                    .collect(),
-            }),
-        })),
-    };
-    let init = |t: Tensor, name: &str| {
-        TensorProto::decode(kiln_ir::onnx::encode_tensor(&t, name).as_slice()).unwrap()
-    };
     let node = |op: &str, inputs: &[&str], output: &str| NodeProto {
         op_type: Some(op.into()),
         name: Some(output.into()),
@@ -759,11 +749,11 @@ fn mlp_model() -> Vec<u8> {
             node("Softmax", &["act"], "y"),
         ],
         initializer: vec![
-            init(Tensor::random(DType::F32, &[8, 32], 1), "w"),
-            init(Tensor::random(DType::F32, &[32], 2), "b"),
+            initializer(Tensor::random(DType::F32, &[8, 32], 1), "w"),
+            initializer(Tensor::random(DType::F32, &[32], 2), "b"),
         ],
-        input: vec![ValueInfoProto { name: Some("x".into()), r#type: Some(ty(&[2, 8])) }],
-        output: vec![ValueInfoProto { name: Some("y".into()), r#type: Some(ty(&[2, 32])) }],
+        input: vec![ValueInfoProto { name: Some("x".into()), r#type: Some(f32_type(&[2, 8])) }],
+        output: vec![ValueInfoProto { name: Some("y".into()), r#type: Some(f32_type(&[2, 32])) }],
         ..Default::default()
     };
     model_bytes(graph)
