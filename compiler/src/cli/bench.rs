@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 use kiln_runtime::device::cuda::GraphUse;
 
 use super::common::{
-    graph_input_types, graph_inputs, load_model, ms, order_inputs, parse_shapes, read_inputs,
-    DeviceArg, Model,
+    graph_input_types, graph_inputs, load_model_within, ms, order_inputs, parse_shapes,
+    read_inputs, DeviceArg, Model,
 };
 use super::trace::Recorder;
 use crate::{CompileError, Result};
@@ -56,8 +56,9 @@ pub struct Args {
     /// model.
     #[arg(long)]
     tune: bool,
-    /// The memory budget (bytes, or with K, M, G or T) for the random inputs and the model: more
-    /// is refused, naming the tensor. Default: the memory available.
+    /// The memory budget (bytes, or with K, M, G or T) for decoding the model, the random inputs
+    /// and the model: more is refused, naming the tensor (or what the file holds too many of).
+    /// Default: the memory available.
     #[arg(long, value_parser = super::common::parse_bytes)]
     max_memory: Option<u64>,
     /// The arithmetic of convolutions and matrix products: f32, bf16, tf32 or f16 (as `kiln
@@ -158,7 +159,7 @@ pub fn run(args: &Args) -> Result<()> {
     }
     let mut trace = args.trace.as_deref().map(Recorder::new).transpose()?;
     let start = Instant::now();
-    let model = load_model(&args.model)?;
+    let model = load_model_within(&args.model, args.max_memory)?;
     if let Some(t) = trace.as_mut() {
         t.span(super::run::import_name(&model, &args.model), "import", start);
     }

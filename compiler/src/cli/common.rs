@@ -43,16 +43,25 @@ pub fn parse_bytes(s: &str) -> std::result::Result<u64, String> {
 
 /// Loads an ONNX model or a compiled artifact (told apart by the artifact's magic bytes).
 pub fn load_model(path: &Path) -> Result<Model> {
+    load_model_with(path, &import_options())
+}
+
+/// [`load_model`] within the memory budget `max_memory` (`--max-memory`; `None`: the memory
+/// available): an ONNX file whose decode would take more is refused before it is decoded.
+pub fn load_model_within(path: &Path, max_memory: Option<u64>) -> Result<Model> {
+    load_model_with(path, &kiln_ir::onnx::ImportOptions { max_memory, ..import_options() })
+}
+
+fn load_model_with(path: &Path, options: &kiln_ir::onnx::ImportOptions) -> Result<Model> {
     let bytes = std::fs::read(path).map_err(|e| file_err(path, e.to_string()))?;
     if bytes.starts_with(kiln_runtime::artifact::MAGIC) {
         return Ok(Model::Artifact(Artifact::from_bytes(&bytes, &path.display().to_string())?));
     }
     let dir = path.parent().map(|p| if p.as_os_str().is_empty() { Path::new(".") } else { p });
-    let model =
-        kiln_ir::onnx::load_bytes_with(&bytes, dir, &import_options()).map_err(|e| match e {
-            kiln_ir::IrError::Onnx(m) => file_err(path, m),
-            other => CompileError::Ir(other),
-        })?;
+    let model = kiln_ir::onnx::load_bytes_with(&bytes, dir, options).map_err(|e| match e {
+        kiln_ir::IrError::Onnx(m) => file_err(path, m),
+        other => CompileError::Ir(other),
+    })?;
     for w in &model.warnings {
         eprintln!("warning: {}: {w}", path.display());
     }

@@ -107,6 +107,7 @@ where
 fn run_cli(cli: Cli) -> i32 {
     common::set_import_options(kiln_ir::onnx::ImportOptions {
         allow_newer_opsets: cli.allow_newer_opsets,
+        ..Default::default()
     });
     let result = match cli.command {
         _ if cli.version => {

@@ -7,8 +7,8 @@ use kiln_ir::Tensor;
 use kiln_runtime::{Executable, LoadOptions, Profile};
 
 use super::common::{
-    compile_with_bar, graph_inputs, load_model, ms, order_inputs, pick_device, print_timings,
-    read_inputs, DeviceArg, Model,
+    compile_with_bar, graph_inputs, load_model_within, ms, order_inputs, pick_device,
+    print_timings, read_inputs, DeviceArg, Model,
 };
 use super::trace::Recorder;
 use crate::{CompileError, Options, Precision, Result};
@@ -38,7 +38,8 @@ pub struct Args {
     #[arg(long, value_name = "FILE")]
     trace: Option<PathBuf>,
     /// The memory budget (bytes, or with K, M, G or T): a model needing more is refused, naming
-    /// its largest tensor. Default: the memory available.
+    /// its largest tensor, and an ONNX file whose decode would, naming what it holds too many of.
+    /// Default: the memory available.
     #[arg(long, value_parser = super::common::parse_bytes)]
     max_memory: Option<u64>,
     /// The arithmetic of convolutions and matrix products: f32, bf16, tf32 or f16 (as `kiln
@@ -140,7 +141,7 @@ pub fn executable(
 pub fn run(args: &Args) -> Result<()> {
     let mut trace = args.trace.as_deref().map(Recorder::new).transpose()?;
     let start = Instant::now();
-    let model = load_model(&args.model)?;
+    let model = load_model_within(&args.model, args.max_memory)?;
     if let Some(t) = trace.as_mut() {
         t.span(import_name(&model, &args.model), "import", start);
     }

@@ -39,7 +39,7 @@ pub fn inspect_with(path: impl AsRef<Path>, options: &super::ImportOptions) -> R
     let path = path.as_ref();
     let bytes =
         std::fs::read(path).map_err(|e| IrError::Onnx(format!("{}: {e}", path.display())))?;
-    let model = super::decode_model(&bytes)
+    let model = super::decode_model(&bytes, options)
         .map_err(|e| IrError::Onnx(format!("{}: {e}", path.display())))?;
     let g = model.graph.as_ref().expect("decode_model checked the graph");
     let opsets: Vec<(String, i64)> = model
@@ -123,7 +123,7 @@ fn count_ops(g: &GraphProto, ops: &mut BTreeMap<String, usize>, nodes: &mut usiz
         *ops.entry(key).or_default() += 1;
         *nodes += 1;
         for a in &n.attribute {
-            for sub in a.g.iter().chain(&a.graphs) {
+            for sub in a.g.as_deref().into_iter().chain(&a.graphs) {
                 count_ops(sub, ops, nodes);
             }
         }

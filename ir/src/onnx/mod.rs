@@ -16,6 +16,7 @@ pub mod proto;
 mod quantized;
 mod tensor;
 pub mod testcase;
+mod wire;
 
 use std::path::Path;
 
@@ -36,6 +37,9 @@ pub struct ImportOptions {
     /// Import a model whose default opset is newer than [`NEWEST_OPSET`] (with a warning in
     /// [`Model::warnings`]) instead of refusing it.
     pub allow_newer_opsets: bool,
+    /// The memory budget for decoding the model (bytes): a file whose decoded messages would
+    /// take more is refused before they are decoded. `None`: the memory available.
+    pub max_memory: Option<u64>,
 }
 
 /// An imported model.
@@ -90,15 +94,18 @@ pub fn load_bytes_with(
     base_dir: Option<&Path>,
     options: &ImportOptions,
 ) -> Result<Model> {
-    let model = decode_model(bytes)?;
+    let model = decode_model(bytes, options)?;
     import::import_model(&model, base_dir, options)
 }
 
-/// Decodes a ModelProto and checks it looks like an ONNX model.
-pub(crate) fn decode_model(bytes: &[u8]) -> Result<proto::ModelProto> {
+/// Decodes a ModelProto and checks it looks like an ONNX model; one whose decoded messages
+/// would not fit in the memory budget is refused first.
+pub(crate) fn decode_model(bytes: &[u8], options: &ImportOptions) -> Result<proto::ModelProto> {
     if bytes.is_empty() {
         return Err(IrError::Onnx("the file is empty, not an ONNX model".into()));
     }
+    let budget = options.max_memory.or_else(crate::memory::available).unwrap_or(u64::MAX);
+    check_decoded_size(bytes, wire::Msg::Model, "model", budget)?;
     let model = proto::ModelProto::decode(bytes).map_err(|e| {
         IrError::Onnx(format!("not a valid ONNX model (corrupt or truncated protobuf: {e})"))
     })?;
@@ -117,6 +124,24 @@ pub(crate) fn decode_model(bytes: &[u8]) -> Result<proto::ModelProto> {
     Ok(model)
 }
 
+/// An error unless decoding `bytes` as a `root` (`what`, for the message) fits in `budget`
+/// bytes. Counted before prost allocates: 2 bytes on the wire can be hundreds in memory (an
+/// empty attribute), so a file's size does not bound its decode.
+fn check_decoded_size(bytes: &[u8], root: wire::Msg, what: &str, budget: u64) -> Result<()> {
+    // Bytes that do not scan are left to prost, which says what is wrong with them.
+    let Some(estimate) = wire::estimate(bytes, root) else { return Ok(()) };
+    if estimate.bytes <= budget {
+        return Ok(());
+    }
+    Err(IrError::Onnx(format!(
+        "decoding the {what} would take {} bytes ({}) of memory, more than the memory budget of {budget} bytes ({}) (the memory available, or --max-memory): it holds {}",
+        estimate.bytes,
+        crate::memory::human(estimate.bytes),
+        crate::memory::human(budget),
+        estimate.largest_part()
+    )))
+}
+
 /// Reads a serialized TensorProto (the `.pb` files of ONNX test data).
 pub fn read_tensor(path: impl AsRef<Path>) -> Result<Tensor> {
     let path = path.as_ref();
@@ -131,6 +156,8 @@ pub fn read_tensor(path: impl AsRef<Path>) -> Result<Tensor> {
 
 /// Decodes a serialized TensorProto.
 pub fn decode_tensor(bytes: &[u8], base_dir: Option<&Path>) -> Result<Tensor> {
+    let budget = crate::memory::available().unwrap_or(u64::MAX);
+    check_decoded_size(bytes, wire::Msg::Tensor, "tensor", budget)?;
     let t = proto::TensorProto::decode(bytes).map_err(|e| {
         IrError::Onnx(format!("not a valid ONNX tensor (corrupt or truncated protobuf: {e})"))
     })?;

@@ -705,7 +705,7 @@ fn body_of(
         .attribute
         .iter()
         .find(|x| x.name.as_deref() == Some("body"))
-        .and_then(|x| x.g.as_ref())
+        .and_then(|x| x.g.as_deref())
         .ok_or_else(|| err("attribute `body` is required"))?;
     let names = free_values(body_g);
     let mut captures: Vec<(String, TensorType)> = Vec::new();
@@ -808,7 +808,7 @@ fn optional(im: &mut GraphImporter, node: &NodeProto, a: Attrs) -> Result<()> {
         .attribute
         .iter()
         .find(|t| t.name.as_deref() == Some("type"))
-        .and_then(|t| t.tp.as_ref());
+        .and_then(|t| t.tp.as_deref());
     let op = match (x, declared) {
         (Some(_), _) => OptionalOp::Wrap { dtype: None, sequence: false },
         (None, Some(tp)) => {
@@ -854,7 +854,7 @@ fn if_(im: &mut GraphImporter, node: &NodeProto, a: Attrs) -> Result<()> {
         node.attribute
             .iter()
             .find(|x| x.name.as_deref() == Some(name))
-            .and_then(|x| x.g.as_ref())
+            .and_then(|x| x.g.as_deref())
             .ok_or_else(|| err(format!("attribute `{name}` is required")))
     };
     let (then_g, else_g) = (branch("then_branch")?, branch("else_branch")?);

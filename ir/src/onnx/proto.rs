@@ -109,12 +109,14 @@ pub struct AttributeProto {
     pub i: Option<i64>,
     #[prost(bytes = "vec", optional, tag = "4")]
     pub s: Option<Vec<u8>>,
-    #[prost(message, optional, tag = "5")]
-    pub t: Option<TensorProto>,
-    #[prost(message, optional, tag = "6")]
-    pub g: Option<GraphProto>,
-    #[prost(message, optional, tag = "22")]
-    pub sparse_tensor: Option<SparseTensorProto>,
+    // The sub-messages are boxed: inline, they made an attribute 1224 bytes in memory, and an
+    // empty one is 2 bytes on the wire (5 million of them, a 10 MB file, took 6.4 GB to decode).
+    #[prost(message, optional, boxed, tag = "5")]
+    pub t: Option<Box<TensorProto>>,
+    #[prost(message, optional, boxed, tag = "6")]
+    pub g: Option<Box<GraphProto>>,
+    #[prost(message, optional, boxed, tag = "22")]
+    pub sparse_tensor: Option<Box<SparseTensorProto>>,
     #[prost(float, repeated, packed = "false", tag = "7")]
     pub floats: Vec<f32>,
     #[prost(int64, repeated, packed = "false", tag = "8")]
@@ -125,8 +127,8 @@ pub struct AttributeProto {
     pub tensors: Vec<TensorProto>,
     #[prost(message, repeated, tag = "11")]
     pub graphs: Vec<GraphProto>,
-    #[prost(message, optional, tag = "14")]
-    pub tp: Option<TypeProto>,
+    #[prost(message, optional, boxed, tag = "14")]
+    pub tp: Option<Box<TypeProto>>,
 }
 
 #[derive(Clone, PartialEq, Message)]
@@ -304,10 +306,12 @@ pub struct TensorProto {
 
 #[derive(Clone, PartialEq, Message)]
 pub struct SparseTensorProto {
-    #[prost(message, optional, tag = "1")]
-    pub values: Option<TensorProto>,
-    #[prost(message, optional, tag = "2")]
-    pub indices: Option<TensorProto>,
+    // Boxed, as an attribute's: inline, an empty sparse initializer (2 bytes on the wire) took
+    // 536 bytes in memory.
+    #[prost(message, optional, boxed, tag = "1")]
+    pub values: Option<Box<TensorProto>>,
+    #[prost(message, optional, boxed, tag = "2")]
+    pub indices: Option<Box<TensorProto>>,
     #[prost(int64, repeated, packed = "false", tag = "3")]
     pub dims: Vec<i64>,
 }

@@ -225,6 +225,84 @@ fn malformed_files_are_clear_errors() {
     assert!(e.starts_with("/nonexistent/model.onnx: No such file"), "{e}");
 }
 
+/// A model whose Relu carries `n` empty attributes: 2 bytes each in the file. Written on the
+/// wire, not encoded from structs, so that making it takes no more memory than the file.
+fn empty_attributes(n: usize) -> Vec<u8> {
+    use prost::encoding::{encode_key, encode_varint, WireType};
+    let field = |tag: u32, payload: &[u8], out: &mut Vec<u8>| {
+        encode_key(tag, WireType::LengthDelimited, out);
+        encode_varint(payload.len() as u64, out);
+        out.extend_from_slice(payload);
+    };
+    let mut relu = node("Relu", "relu", &["x"], &["y"], vec![]).encode_to_vec();
+    for _ in 0..n {
+        // Field 5 (attribute), an empty message.
+        relu.extend([0x2a, 0x00]);
+    }
+    let mut graph = Vec::new();
+    field(1, &relu, &mut graph);
+    let x = GraphProto { input: vec![value("x", data_type::FLOAT, &[4])], ..Default::default() };
+    graph.extend(x.encode_to_vec());
+    let opsets = vec![OperatorSetIdProto { domain: None, version: Some(17) }];
+    let mut bytes = ModelProto { ir_version: Some(8), opset_import: opsets, ..Default::default() }
+        .encode_to_vec();
+    field(7, &graph, &mut bytes);
+    bytes
+}
+
+/// This process's peak resident memory (bytes), from `/proc/self/status`.
+fn peak_rss() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+    let line = status.lines().find(|l| l.starts_with("VmHWM:")).expect("VmHWM in /proc");
+    line.split_whitespace().nth(1).and_then(|k| k.parse::<u64>().ok()).expect("VmHWM in kB") * 1024
+}
+
+#[test]
+fn decoding_a_model_takes_memory_in_proportion_to_its_size() {
+    // 300,000 empty attributes, 600 kB: 1224 bytes each once decoded (367 MB) before their
+    // sub-messages were boxed, and 80 more each as kiln attributes before being refused.
+    let n = 300_000;
+    if std::env::var_os("KILN_TEST_DECODE_PEAK").is_some() {
+        // In a child process (below): its peak memory is this decode's alone.
+        let bytes = empty_attributes(n);
+        let before = peak_rss();
+        let e = load(&bytes).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "node `relu` (Relu): attribute 0 (of 300000) has no name, which ONNX requires"
+        );
+        let grew = peak_rss().saturating_sub(before);
+        // At most 256 bytes a message (128 times its smallest encoding), and some slack.
+        assert!(
+            grew < 160 * bytes.len() as u64,
+            "decoding {} bytes took {grew} bytes",
+            bytes.len()
+        );
+        return;
+    }
+    // Over the memory budget, the model is refused before it is decoded, saying what it holds.
+    let bytes = empty_attributes(n);
+    let options = onnx::ImportOptions { max_memory: Some(16 << 20), ..Default::default() };
+    let e = onnx::load_bytes_with(&bytes, None, &options).unwrap_err().to_string();
+    assert!(
+        e.starts_with("decoding the model would take 7680") && e.contains(
+            "more than the memory budget of 16777216 bytes (16.0 MiB) (the memory available, or --max-memory): it holds 300000 attributes (73.2 MiB; 300000 on node `relu` (Relu))"
+        ),
+        "{e}"
+    );
+    if cfg!(target_os = "linux") {
+        let exe = std::env::current_exe().expect("the test binary's path");
+        let name = "onnx::decoding_a_model_takes_memory_in_proportion_to_its_size";
+        let out = std::process::Command::new(exe)
+            .args([name, "--exact", "--test-threads=1", "--nocapture"])
+            .env("KILN_TEST_DECODE_PEAK", "1")
+            .output()
+            .expect("the test binary runs again");
+        let text = String::from_utf8_lossy(&out.stdout) + String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success() && text.contains("1 passed"), "in a child process:\n{text}");
+    }
+}
+
 #[test]
 fn a_tensor_whose_data_does_not_match_its_type_is_an_error() {
     let mut w = f32_init("w", &[3], &[]);
@@ -407,9 +485,12 @@ fn opsets_newer_than_kiln_knows_are_refused_unless_allowed() {
         load(&relu(99)).unwrap_err().to_string(),
         "the model imports opset 99 of the default ONNX domain; kiln knows opsets up to 27, and an op may mean something else in a newer one (--allow-newer-opsets imports it anyway)"
     );
-    let allowed =
-        onnx::load_bytes_with(&relu(99), None, &onnx::ImportOptions { allow_newer_opsets: true })
-            .unwrap();
+    let allowed = onnx::load_bytes_with(
+        &relu(99),
+        None,
+        &onnx::ImportOptions { allow_newer_opsets: true, ..Default::default() },
+    )
+    .unwrap();
     assert_eq!(
         allowed.warnings,
         vec!["the model imports opset 99 of the default ONNX domain; kiln knows opsets up to 27; imported as opset 27 (--allow-newer-opsets)"
@@ -672,19 +753,19 @@ fn sparse_initializers_past_memory_or_range_are_errors() {
             ..Default::default()
         };
         g.sparse_initializer.push(SparseTensorProto {
-            values: Some(TensorProto {
+            values: Some(Box::new(TensorProto {
                 name: Some("w".into()),
                 dims: vec![indices.len() as i64],
                 data_type: Some(data_type::FLOAT),
                 float_data: vec![1.0; indices.len()],
                 ..Default::default()
-            }),
-            indices: Some(TensorProto {
+            })),
+            indices: Some(Box::new(TensorProto {
                 dims: vec![indices.len() as i64],
                 data_type: Some(data_type::INT64),
                 int64_data: indices.to_vec(),
                 ..Default::default()
-            }),
+            })),
             dims: dims.to_vec(),
         });
         ModelProto {
@@ -764,7 +845,7 @@ fn a_loop_of_constants_is_not_run_when_importing() {
         vec![AttributeProto {
             name: Some("body".into()),
             r#type: Some(attribute_type::GRAPH),
-            g: Some(body),
+            g: Some(Box::new(body)),
             ..Default::default()
         }],
     );
