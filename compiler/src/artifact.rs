@@ -77,6 +77,8 @@ pub struct TargetCode {
     pub functions: Vec<KernelDesc>,
     /// Per fused kernel, in partition order.
     pub runs: Vec<KernelRun>,
+    /// CPU: the bounds of the kernels' own scratch (`None`: not known).
+    pub scratch: Option<kiln_runtime::artifact::ScratchDesc>,
 }
 
 /// Assembles the artifact for compiled kernels.
@@ -217,6 +219,7 @@ pub fn assemble(graph: &Graph, partition: &Partition, code: TargetCode) -> Resul
         batch: None,
         control: None,
         padded: None,
+        scratch: code.scratch,
     };
     Ok(Artifact { manifest, payload })
 }
@@ -371,6 +374,7 @@ fn outer_manifest(interface: &Manifest, programs: &[&Manifest]) -> Manifest {
         batch: None,
         control: None,
         padded: None,
+        scratch: None,
     }
 }
 

@@ -182,6 +182,27 @@ pub struct Manifest {
     /// inputs and outputs give the sizes at the capacity.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub padded: Option<PaddedDesc>,
+    /// CPU: the scratch the kernels allocate for themselves (the C kernels' packed panels and
+    /// padded copies, MLIR's temporaries), bounded at compile time. Absent where a bound is not
+    /// known (an artifact written before it, a temporary of a size the compiler cannot read):
+    /// the load does not count it, and the run-time cap alone holds the budget.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scratch: Option<ScratchDesc>,
+}
+
+/// Bounds of the kernel scratch of one CPU program, in bytes a thread. Scratch is per thread:
+/// the C kernels keep theirs from launch to launch (each thread its own, grown to the largest
+/// any kernel asked of it), MLIR's temporaries live while their kernel runs. The thread that
+/// calls `run` takes part in every launch; a worker only in those of more than one workgroup.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScratchDesc {
+    /// What the calling thread may hold at once.
+    pub caller: u64,
+    /// What each worker thread may hold at once.
+    pub worker: u64,
+    /// Per kernel (beside `kernels`), what it asks of one thread by itself, for errors that
+    /// name the kernel.
+    pub kernels: Vec<u64>,
 }
 
 /// How an artifact compiled for a padded symbol runs a size `n` up to its capacity: the padded
@@ -420,6 +441,12 @@ impl Artifact {
     }
 
     fn validate_manifest(&self, m: &Manifest) -> std::result::Result<(), String> {
+        let programs = m.batch.is_some() || m.control.is_some() || m.padded.is_some();
+        if programs && m.scratch.is_some() {
+            return Err(
+                "a manifest of programs has no kernel scratch of its own (its programs do)".into(),
+            );
+        }
         match (&m.batch, &m.control, &m.padded) {
             (None, None, None) => self.validate_program(m),
             (Some(b), None, None) => self.validate_batched(m, b),
@@ -968,6 +995,9 @@ impl Artifact {
                 }
             }
         }
+        if let Some(s) = &m.scratch {
+            validate_scratch(m, s)?;
+        }
         for (i, l) in m.launches.iter().enumerate() {
             if l.kernel >= m.kernels.len() {
                 return Err(format!("launch {i} names missing kernel {}", l.kernel));
@@ -981,6 +1011,38 @@ impl Artifact {
         }
         Ok(())
     }
+}
+
+/// A program's scratch bounds: CPU only, one per kernel, and each thread's bound covers every
+/// kernel it runs (the caller all of them, a worker those of more than one workgroup), so that
+/// the load's count cannot be less than a kernel's own.
+fn validate_scratch(m: &Manifest, s: &ScratchDesc) -> std::result::Result<(), String> {
+    if m.target != Target::Cpu {
+        return Err(format!("kernel scratch is a CPU program's, not {}'s", m.target.name()));
+    }
+    if s.kernels.len() != m.kernels.len() {
+        return Err(format!(
+            "kernel scratch is given for {} kernels, of {}",
+            s.kernels.len(),
+            m.kernels.len()
+        ));
+    }
+    if s.worker > s.caller {
+        return Err(format!(
+            "a worker's kernel scratch ({} bytes) exceeds the calling thread's ({}), which runs every kernel",
+            s.worker, s.caller
+        ));
+    }
+    for (i, (k, &bytes)) in m.kernels.iter().zip(&s.kernels).enumerate() {
+        let thread = if k.workgroups > 1 { s.worker } else { s.caller };
+        if bytes > thread {
+            return Err(format!(
+                "kernel {i} (`{}`) asks {bytes} bytes of scratch a thread, more than the {thread} bytes bounding a thread that runs it",
+                k.label
+            ));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -1213,6 +1275,72 @@ mod tests {
         // Through the file format, as a reader meets it.
         let a = with_word(16);
         assert_eq!(Artifact::from_bytes(&a.to_bytes(), "m.kiln").unwrap().manifest, a.manifest);
+    }
+
+    #[test]
+    fn kernel_scratch_bounds_are_checked_before_anything_runs() {
+        let with = |target, scratch: ScratchDesc| {
+            let mut a = art(target);
+            a.manifest.scratch = Some(scratch);
+            a
+        };
+        let ok = ScratchDesc { caller: 100, worker: 50, kernels: vec![100, 30] };
+        let a = with(Target::Cpu, ok.clone());
+        assert_eq!(a.validate(), Ok(()));
+        // Through the file format; a manifest without it (one written before it) reads as
+        // unknown.
+        assert_eq!(Artifact::from_bytes(&a.to_bytes(), "m.kiln").unwrap().manifest, a.manifest);
+        let back = Artifact::from_bytes(&art(Target::Cpu).to_bytes(), "m.kiln").unwrap();
+        assert_eq!(back.manifest.scratch, None);
+        let e = |a: Artifact| a.validate().unwrap_err();
+        assert_eq!(
+            e(with(Target::Cpu, ScratchDesc { kernels: vec![100], ..ok.clone() })),
+            "kernel scratch is given for 1 kernels, of 2"
+        );
+        assert_eq!(
+            e(with(Target::Cpu, ScratchDesc { worker: 101, ..ok.clone() })),
+            "a worker's kernel scratch (101 bytes) exceeds the calling thread's (100), which runs every kernel"
+        );
+        // A kernel of several workgroups runs on workers too: their bound must cover it.
+        let mut a = with(Target::Cpu, ScratchDesc { kernels: vec![100, 80], ..ok.clone() });
+        assert_eq!(a.validate(), Ok(()));
+        a.manifest.kernels[1].workgroups = 4;
+        assert_eq!(
+            e(a),
+            "kernel 1 (`mul`) asks 80 bytes of scratch a thread, more than the 50 bytes bounding a thread that runs it"
+        );
+        assert_eq!(
+            e(with(Target::Cuda, ok.clone())),
+            "kernel scratch is a CPU program's, not cuda's"
+        );
+        // A manifest of programs has none of its own.
+        let program =
+            diamond(Target::Cpu, 4, Blob { offset: 0, len: 16 }, Blob { offset: 64, len: 4 });
+        let mut m = program.clone();
+        (m.buffers, m.kernels, m.launches) = (vec![], vec![], vec![]);
+        m.padded = None;
+        m.control = Some(ControlDesc {
+            programs: vec![program.clone()],
+            values: m
+                .inputs
+                .iter()
+                .chain(&m.outputs)
+                .map(|t| ValueDesc {
+                    name: t.name.clone(),
+                    dtype: t.dtype.clone(),
+                    dims: t.dims.clone(),
+                })
+                .collect(),
+            steps: vec![Step::Run { program: 0, args: vec![0, 1], results: vec![2, 3] }],
+            outputs: vec![2, 3],
+        });
+        let mut outer = Artifact { manifest: m, payload: vec![0; 128] };
+        assert_eq!(outer.validate(), Ok(()));
+        outer.manifest.scratch = Some(ScratchDesc::default());
+        assert_eq!(
+            outer.validate().unwrap_err(),
+            "a manifest of programs has no kernel scratch of its own (its programs do)"
+        );
     }
 
     #[test]

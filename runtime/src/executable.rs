@@ -14,7 +14,8 @@ use crate::device::cpu::CpuProgram;
 use crate::device::cuda::{CudaProgram, RunMode};
 use crate::device::opencl::OpenclProgram;
 use crate::device::{KernelTime, Peaks, Work};
-use crate::status::StatusWord;
+use crate::memory::ScratchAccount;
+use crate::status::{KernelFailure, StatusWord};
 use crate::{Result, RuntimeError};
 
 /// How to load an executable. The device kind is the artifact's target.
@@ -212,6 +213,8 @@ struct Cpu {
     /// Each output's buffer of the last run: the tensors returned share it, and the next run
     /// writes it again once they are all dropped (warm pages, no copy), else takes a new one.
     outputs: Mutex<Vec<Option<Arc<[u64]>>>>,
+    /// The artifact's kernel scratch, for the error of an allocation it refused.
+    scratch: Arc<ScratchAccount>,
 }
 
 enum Program {
@@ -226,10 +229,92 @@ enum Program {
     Padded(Box<Executable>),
 }
 
+/// `1 thread`, `4 threads`.
+fn threads_text(threads: usize) -> String {
+    format!("{threads} thread{}", if threads == 1 { "" } else { "s" })
+}
+
+/// What loading a manifest holds, counted before any of it is allocated.
+struct Needs {
+    /// Constants, arenas and outputs (`None`: past a u64).
+    other: Option<u64>,
+    /// The kernels' own scratch, where bounded (`None`: past a u64).
+    kernels: Option<u64>,
+    /// The largest single item: its bytes, and what it is in words.
+    largest: (u64, String),
+}
+
+impl Needs {
+    fn of(m: &Manifest, threads: usize) -> Needs {
+        let mut n = Needs { other: Some(0), kernels: Some(0), largest: (0, String::new()) };
+        n.add(m, threads);
+        n
+    }
+
+    fn total(&self) -> Option<u64> {
+        self.other?.checked_add(self.kernels?)
+    }
+
+    fn add(&mut self, m: &Manifest, threads: usize) {
+        let nested: Vec<&Manifest> = m
+            .batch
+            .iter()
+            .flat_map(|b| b.programs.iter().map(|p| &p.manifest))
+            .chain(m.control.iter().flat_map(|c| &c.programs))
+            .chain(m.padded.iter().map(|p| &*p.program))
+            .collect();
+        for n in nested {
+            self.add(n, threads);
+        }
+        self.other = self.other.and_then(|t| t.checked_add(m.arena_bytes));
+        if m.arena_bytes > self.largest.0 {
+            self.largest = (m.arena_bytes, "a scratch arena".to_string());
+        }
+        for b in &m.buffers {
+            let name = match b.kind {
+                BufferKind::Constant(_) => "a constant".to_string(),
+                BufferKind::Output(i) => match m.outputs.get(i) {
+                    Some(o) => {
+                        let dims: Vec<String> = o.dims.iter().map(usize::to_string).collect();
+                        format!("output `{}` ({}[{}])", o.name, o.dtype, dims.join(","))
+                    }
+                    None => format!("output {i}"),
+                },
+                _ => continue,
+            };
+            self.other = self.other.and_then(|t| t.checked_add(b.bytes.div_ceil(64) * 64));
+            if b.bytes > self.largest.0 {
+                self.largest = (b.bytes, name);
+            }
+        }
+        // Kernel scratch where the artifact bounds it; each program's library keeps its own.
+        if let Some(s) = &m.scratch {
+            let bytes = crate::memory::scratch_bytes(s, threads);
+            self.kernels = self.kernels.zip(bytes).and_then(|(t, b)| t.checked_add(b));
+            // Named by the kernel that asks most of a thread.
+            let most = m.kernels.iter().zip(&s.kernels).max_by_key(|(_, &b)| b);
+            if let (Some((k, &each)), Some(all)) = (most, bytes) {
+                if all > self.largest.0 && each > 0 {
+                    self.largest = (
+                        all,
+                        format!(
+                            "the kernels' scratch at {} ({all} bytes; kernel `{}` asks {each} of a thread)",
+                            threads_text(threads),
+                            k.label
+                        ),
+                    );
+                }
+            }
+        }
+    }
+}
+
 /// A compiled model, loaded once (code, constants), run many times.
 pub struct Executable {
     manifest: Manifest,
     program: Program,
+    /// The kernel scratch of the whole artifact (every program of it shares it).
+    scratch: Arc<ScratchAccount>,
 }
 
 impl Executable {
@@ -244,54 +329,71 @@ impl Executable {
         artifact
             .validate()
             .map_err(|msg| RuntimeError::Artifact { path: artifact.manifest.model.clone(), msg })?;
-        // Everything every program will hold, against the budget, before anything is allocated.
-        Executable::check_memory(&artifact.manifest, crate::memory::budget(options.max_memory))?;
+        // Everything every program will hold, against the budget, before anything is allocated;
+        // what is left of it caps the kernels' scratch at run time, whatever the artifact says.
+        let budget = crate::memory::budget(options.max_memory);
+        let left = Executable::check_memory(&artifact.manifest, budget, options.cpu_threads())?;
+        let scratch = Arc::new(ScratchAccount::new(left));
         if artifact.manifest.batch.is_none()
             && artifact.manifest.control.is_none()
             && artifact.manifest.padded.is_none()
         {
-            let program = Executable::load_static(&artifact, options)?;
-            return Ok(Executable { manifest: artifact.manifest, program });
+            let program = Executable::load_static(&artifact, options, &scratch)?;
+            return Ok(Executable { manifest: artifact.manifest, program, scratch });
         }
         // Each program reads its blobs from the one payload.
         let Artifact { manifest, payload } = artifact;
         let mut one = Artifact { manifest: manifest.clone(), payload };
-        Executable::load_nested(&mut one, &manifest, options)
+        Executable::load_nested(&mut one, &manifest, options, &scratch)
     }
 
     /// Loads `m`, a manifest inside `one`'s (a batch's or control flow's program, or the
     /// outermost), whose blobs are in `one`'s payload.
-    fn load_nested(one: &mut Artifact, m: &Manifest, options: &LoadOptions) -> Result<Executable> {
+    /// `scratch` is the artifact's one account, which every program's kernels share.
+    fn load_nested(
+        one: &mut Artifact,
+        m: &Manifest,
+        options: &LoadOptions,
+        scratch: &Arc<ScratchAccount>,
+    ) -> Result<Executable> {
         let program = if let Some(b) = &m.batch {
             let programs = b.programs.iter().map(|p| {
-                Ok((p.batch as usize, Executable::load_nested(one, &p.manifest, options)?))
+                Ok((p.batch as usize, Executable::load_nested(one, &p.manifest, options, scratch)?))
             });
             Program::Batched(programs.collect::<Result<_>>()?)
         } else if let Some(c) = &m.control {
             Program::Control(
                 c.programs
                     .iter()
-                    .map(|p| Executable::load_nested(one, p, options))
+                    .map(|p| Executable::load_nested(one, p, options, scratch))
                     .collect::<Result<_>>()?,
             )
         } else if let Some(p) = &m.padded {
-            Program::Padded(Box::new(Executable::load_nested(one, &p.program, options)?))
+            Program::Padded(Box::new(Executable::load_nested(one, &p.program, options, scratch)?))
         } else {
             one.manifest = m.clone();
-            Executable::load_static(one, options)?
+            Executable::load_static(one, options, scratch)?
         };
-        Ok(Executable { manifest: m.clone(), program })
+        Ok(Executable { manifest: m.clone(), program, scratch: scratch.clone() })
     }
 
-    fn load_static(artifact: &Artifact, options: &LoadOptions) -> Result<Program> {
+    fn load_static(
+        artifact: &Artifact,
+        options: &LoadOptions,
+        scratch: &Arc<ScratchAccount>,
+    ) -> Result<Program> {
         Ok(match artifact.manifest.target {
-            Target::Cpu => Program::Cpu(Executable::load_cpu(artifact, options)?),
+            Target::Cpu => Program::Cpu(Executable::load_cpu(artifact, options, scratch)?),
             Target::Cuda => Program::Cuda(CudaProgram::load(artifact, options.device_index)?),
             Target::Opencl => Program::Opencl(OpenclProgram::load(artifact, options.device_index)?),
         })
     }
 
-    fn load_cpu(artifact: &Artifact, options: &LoadOptions) -> Result<Cpu> {
+    fn load_cpu(
+        artifact: &Artifact,
+        options: &LoadOptions,
+        scratch: &Arc<ScratchAccount>,
+    ) -> Result<Cpu> {
         let m = &artifact.manifest;
         if let Some(i) = options.device_index.filter(|&i| i != 0) {
             return Err(RuntimeError::Device {
@@ -302,7 +404,7 @@ impl Executable {
         let threads = options.cpu_threads();
         crate::device::cpu::check_host_features(&m.cpu_features)?;
         let symbols: Vec<String> = m.kernels.iter().map(|k| k.symbol.clone()).collect();
-        let program = CpuProgram::load(artifact.blob(m.code)?, &symbols, threads)?;
+        let program = CpuProgram::load(artifact.blob(m.code)?, &symbols, threads, scratch.clone())?;
         // Constants go into one aligned block, each at a 64-byte boundary.
         let mut offsets = vec![None; m.buffers.len()];
         let mut total = 0usize;
@@ -330,68 +432,38 @@ impl Executable {
             constant_offsets: offsets,
             arena,
             outputs: Mutex::new(vec![None; m.outputs.len()]),
+            scratch: scratch.clone(),
         })
     }
 
     /// What an artifact's programs allocate (each its constants, once; its arena, once; its
-    /// outputs, per run), all of them together, against `limit`, before any of it is: an error
-    /// naming the largest.
-    fn check_memory(m: &Manifest, limit: u64) -> Result<()> {
-        let (mut total, mut largest) = (Some(0u64), (0u64, String::new()));
-        Executable::add_needs(m, &mut total, &mut largest);
-        if total.is_some_and(|t| t <= limit) {
-            return Ok(());
-        }
+    /// outputs, per run; its kernels' scratch, per thread), all of them together, against
+    /// `limit`, before any of it is: an error naming the largest. Returns what the kernels'
+    /// scratch may take at run time (`memory::scratch_limit`).
+    fn check_memory(m: &Manifest, limit: u64, threads: usize) -> Result<u64> {
+        let needs = Needs::of(m, threads);
+        let what = if needs.kernels == Some(0) {
+            "its constants, scratch arena and outputs".to_string()
+        } else {
+            format!(
+                "its constants, scratch arena, outputs and kernel scratch at {}",
+                threads_text(threads)
+            )
+        };
         crate::memory::check(
-            &format!(
-                "`{}` (its constants, scratch arena and outputs; the largest is {})",
-                m.model, largest.1
-            ),
-            total,
+            &format!("`{}` ({what}; the largest is {})", m.model, needs.largest.1),
+            needs.total(),
             limit,
-        )
+        )?;
+        Ok(crate::memory::scratch_limit(limit, needs.other))
     }
 
     /// The bytes loading `m` allocates and a run holds: every program's constants, scratch
-    /// arena and outputs (`None` when that overflows a u64). `LoadOptions::max_memory` bounds it.
-    pub fn memory_needed(m: &Manifest) -> Option<u64> {
-        let (mut total, mut largest) = (Some(0u64), (0u64, String::new()));
-        Executable::add_needs(m, &mut total, &mut largest);
-        total
-    }
-
-    fn add_needs(m: &Manifest, total: &mut Option<u64>, largest: &mut (u64, String)) {
-        let nested: Vec<&Manifest> = m
-            .batch
-            .iter()
-            .flat_map(|b| b.programs.iter().map(|p| &p.manifest))
-            .chain(m.control.iter().flat_map(|c| &c.programs))
-            .chain(m.padded.iter().map(|p| &*p.program))
-            .collect();
-        for n in nested {
-            Executable::add_needs(n, total, largest);
-        }
-        *total = total.and_then(|t| t.checked_add(m.arena_bytes));
-        if m.arena_bytes > largest.0 {
-            *largest = (m.arena_bytes, "a scratch arena".to_string());
-        }
-        for b in &m.buffers {
-            let name = match b.kind {
-                BufferKind::Constant(_) => "a constant".to_string(),
-                BufferKind::Output(i) => match m.outputs.get(i) {
-                    Some(o) => {
-                        let dims: Vec<String> = o.dims.iter().map(usize::to_string).collect();
-                        format!("output `{}` ({}[{}])", o.name, o.dtype, dims.join(","))
-                    }
-                    None => format!("output {i}"),
-                },
-                _ => continue,
-            };
-            *total = total.and_then(|t| t.checked_add(b.bytes.div_ceil(64) * 64));
-            if b.bytes > largest.0 {
-                *largest = (b.bytes, name);
-            }
-        }
+    /// arena and outputs, and its kernels' own scratch at `threads` CPU threads where the
+    /// artifact bounds it (`None` when that overflows a u64). `LoadOptions::max_memory` bounds
+    /// it.
+    pub fn memory_needed(m: &Manifest, threads: usize) -> Option<u64> {
+        Needs::of(m, threads).total()
     }
 
     pub fn inputs(&self) -> &[TensorDesc] {
@@ -429,6 +501,18 @@ impl Executable {
             Program::Control(ps) => ps[0].device(),
             Program::Padded(p) => p.device(),
         }
+    }
+
+    /// The most kernel scratch (the CPU's C kernels' scratch and MLIR's temporaries, every
+    /// thread's) this artifact's kernels have held at once since it was loaded, in bytes.
+    pub fn kernel_scratch_peak(&self) -> u64 {
+        self.scratch.peak()
+    }
+
+    /// What the kernels' scratch may hold at once: the memory budget less what the load counted
+    /// of everything else. An allocation past it fails the run naming the kernel.
+    pub fn kernel_scratch_limit(&self) -> u64 {
+        self.scratch.limit()
     }
 
     /// Bytes copied to the device once, at load (the constants); 0 on the CPU.
@@ -867,7 +951,16 @@ fn run_cpu_launches(
             p.push_launch(&kernel.label, took, at, Track::Host);
         }
         if let Some(failed) = status.read() {
-            return Err(failed.error(m, Some(launch.kernel)));
+            let mut e = failed.error(m, Some(launch.kernel));
+            // A refusal of the budget's, not the system's: said so, with what it left.
+            if let (RuntimeError::Kernel { failure, .. }, Some(bytes)) =
+                (&mut e, cpu.scratch.take_refused())
+            {
+                if matches!(failure, KernelFailure::Alloc { .. }) {
+                    *failure = KernelFailure::OverBudget { bytes, limit: cpu.scratch.limit() };
+                }
+            }
+            return Err(e);
         }
     }
     Ok(())

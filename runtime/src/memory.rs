@@ -3,6 +3,8 @@
 //! the allocator. The budget is the memory available when it is asked for (`MemAvailable`), or
 //! what the caller sets (`LoadOptions::max_memory`, `--max-memory`).
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use crate::{Result, RuntimeError};
 
 pub use kiln_ir::memory::{available, bytes_of, human};
@@ -17,6 +19,66 @@ pub fn check(what: &str, bytes: Option<u64>, limit: u64) -> Result<()> {
     match bytes {
         Some(b) if b <= limit => Ok(()),
         _ => Err(RuntimeError::Memory { what: what.to_string(), bytes, limit }),
+    }
+}
+
+/// The kernel scratch a CPU program's threads may hold at once, from its compile-time bounds:
+/// the calling thread's and `threads - 1` workers' (`None` when it overflows a u64).
+pub fn scratch_bytes(s: &crate::artifact::ScratchDesc, threads: usize) -> Option<u64> {
+    let workers = u64::try_from(threads.max(1) - 1).ok()?;
+    s.worker.checked_mul(workers)?.checked_add(s.caller)
+}
+
+/// What the kernels' scratch may take at run time: the budget less what the load counted of
+/// everything else (constants, arenas, outputs). The compile-time bounds are within it when
+/// the load passed; an allocation past it is refused (`ScratchAccount`).
+pub fn scratch_limit(budget: u64, loaded: Option<u64>) -> u64 {
+    loaded.map_or(0, |l| budget.saturating_sub(l))
+}
+
+/// The kernel scratch of one loaded artifact, shared by the kernel libraries of all its
+/// programs (`support.c` keeps a pointer to it: `kiln_scratch_account`): every C kernel's
+/// scratch and MLIR temporary is counted in `held` before it is allocated, and one that would
+/// take `held` past `limit` is refused, the kernel failing the run through the status word as
+/// for memory the system refused. Laid out as `support.c`'s `KilnScratchAccount`.
+#[repr(C)]
+#[derive(Debug, Default)]
+pub struct ScratchAccount {
+    held: AtomicU64,
+    limit: AtomicU64,
+    peak: AtomicU64,
+    /// The bytes of the last allocation refused for the limit (0: none since read).
+    refused: AtomicU64,
+}
+
+impl ScratchAccount {
+    pub fn new(limit: u64) -> ScratchAccount {
+        ScratchAccount { limit: AtomicU64::new(limit), ..ScratchAccount::default() }
+    }
+
+    /// The bytes kernels hold now.
+    pub fn held(&self) -> u64 {
+        self.held.load(Ordering::Relaxed)
+    }
+
+    /// The most they held at once since the load.
+    pub fn peak(&self) -> u64 {
+        self.peak.load(Ordering::Relaxed)
+    }
+
+    pub fn limit(&self) -> u64 {
+        self.limit.load(Ordering::Relaxed)
+    }
+
+    /// The bytes of an allocation refused for the limit since this was last asked, if any: a
+    /// refusal the status word reports was the budget's, not the system's.
+    pub fn take_refused(&self) -> Option<u64> {
+        Some(self.refused.swap(0, Ordering::Relaxed)).filter(|&b| b > 0)
+    }
+
+    /// Where `support.c` counts.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self as *const ScratchAccount as *mut u8
     }
 }
 
@@ -42,6 +104,26 @@ pub fn check_device(m: &crate::artifact::Manifest, device: &str, total: u64) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::artifact::ScratchDesc;
+
+    #[test]
+    fn kernel_scratch_is_the_callers_and_each_workers() {
+        let s = ScratchDesc { caller: 10, worker: 3, kernels: vec![] };
+        assert_eq!(scratch_bytes(&s, 1), Some(10));
+        assert_eq!(scratch_bytes(&s, 0), Some(10));
+        assert_eq!(scratch_bytes(&s, 4), Some(19));
+        let huge = ScratchDesc { caller: 1, worker: u64::MAX / 2, kernels: vec![] };
+        assert_eq!(scratch_bytes(&huge, 3), Some(u64::MAX));
+        assert_eq!(scratch_bytes(&huge, 4), None);
+        // What the budget leaves them after the load.
+        assert_eq!(scratch_limit(100, Some(30)), 70);
+        assert_eq!(scratch_limit(10, Some(30)), 0);
+        assert_eq!(scratch_limit(10, None), 0);
+        let a = ScratchAccount::new(70);
+        assert_eq!((a.limit(), a.held(), a.peak(), a.take_refused()), (70, 0, 0, None));
+        a.refused.store(80, Ordering::Relaxed);
+        assert_eq!((a.take_refused(), a.take_refused()), (Some(80), None));
+    }
 
     #[test]
     fn sizes_that_overflow_or_exceed_the_budget_are_errors() {

@@ -41,6 +41,14 @@ pub enum KernelFailure {
     IndexOutOfRange,
     #[error("cannot allocate {bytes} bytes ({}) of scratch", crate::memory::human(*bytes))]
     Alloc { bytes: u64 },
+    /// An allocation the runtime refused because the kernels' scratch would have passed what
+    /// the memory budget left after the load (`memory::ScratchAccount`).
+    #[error(
+        "cannot allocate {bytes} bytes ({}) of scratch: the kernels' scratch would pass the {limit} bytes ({}) the memory budget leaves after the load (the memory available, or --max-memory / LoadOptions::max_memory)",
+        crate::memory::human(*bytes),
+        crate::memory::human(*limit)
+    )]
+    OverBudget { bytes: u64, limit: u64 },
     #[error("an internal check of kiln's kernel failed (a bug; please report it)")]
     Internal,
     #[error("it reported failure code {code}, which this runtime does not know")]
@@ -154,6 +162,10 @@ mod tests {
         assert_eq!(
             r.failure().to_string(),
             "cannot allocate 1099511627776 bytes (1.0 TiB) of scratch"
+        );
+        assert_eq!(
+            KernelFailure::OverBudget { bytes: 1 << 30, limit: 1 << 20 }.to_string(),
+            "cannot allocate 1073741824 bytes (1.0 GiB) of scratch: the kernels' scratch would pass the 1048576 bytes (1.0 MiB) the memory budget leaves after the load (the memory available, or --max-memory / LoadOptions::max_memory)"
         );
         let w = StatusWord::default();
         assert_eq!(w.read(), None);

@@ -346,10 +346,12 @@ fn models_and_inputs_larger_than_memory_are_refused_not_aborted() {
     .unwrap()
     .artifact;
     let programs = &batched.manifest.batch.as_ref().unwrap().programs;
-    let whole = kiln_runtime::Executable::memory_needed(&batched.manifest).unwrap();
+    // (At the threads a default load runs on: each program's kernels keep scratch per thread.)
+    let threads = kiln_runtime::LoadOptions::default().cpu_threads();
+    let whole = kiln_runtime::Executable::memory_needed(&batched.manifest, threads).unwrap();
     let largest = programs
         .iter()
-        .map(|p| kiln_runtime::Executable::memory_needed(&p.manifest).unwrap())
+        .map(|p| kiln_runtime::Executable::memory_needed(&p.manifest, threads).unwrap())
         .max()
         .unwrap();
     assert!(whole > largest, "{whole} > {largest}");

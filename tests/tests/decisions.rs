@@ -259,6 +259,7 @@ fn fake_code(p: &Partition) -> TargetCode {
         cpu_features: Vec::new(),
         functions,
         runs,
+        scratch: None,
     }
 }
 

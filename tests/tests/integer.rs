@@ -154,6 +154,7 @@ fn check_with(case: &Case, vnni: bool, threads: usize, act: Activation) {
     )
     .unwrap_or_else(|e| panic!("compile failed: {e}"));
     let got = exe.run(std::slice::from_ref(&x)).unwrap().remove(0);
+    crate::microkernel::assert_scratch_bounded(&exe, threads);
     let want = eval::run(&graph, &[x]).unwrap().remove(0);
     assert_eq!(got.ty(), want.ty());
     let (g, w) = (got.to_f64s(), want.to_f64s());

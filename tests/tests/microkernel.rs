@@ -41,6 +41,7 @@ fn check(graph: &Graph, inputs: &[Tensor], kernels: usize) {
         )
         .expect("compiles");
         let got = exe.run(inputs).expect("runs");
+        assert_scratch_bounded(&exe, threads);
         for (g, w) in got.iter().zip(&want) {
             assert_eq!(g.ty(), w.ty());
             for (j, (a, b)) in g.to_f64s().iter().zip(w.to_f64s()).enumerate() {
@@ -51,6 +52,18 @@ fn check(graph: &Graph, inputs: &[Tensor], kernels: usize) {
             }
         }
     }
+}
+
+/// The kernels' scratch a run held stays within what the artifact bounds it by at `threads`
+/// threads (the load counts that bound against the memory budget).
+pub(crate) fn assert_scratch_bounded(exe: &kiln_runtime::Executable, threads: usize) {
+    let desc = exe.manifest().scratch.as_ref().expect("the program bounds its kernels' scratch");
+    let bound = kiln_runtime::memory::scratch_bytes(desc, threads).expect("a bound in range");
+    let held = exe.kernel_scratch_peak();
+    assert!(
+        held <= bound,
+        "the kernels held {held} bytes of scratch, bounded by {bound} ({desc:?})"
+    );
 }
 
 fn conv_graph(x: &[usize], w: &[usize], o: ConvOptions, bias: bool) -> (Graph, Vec<Tensor>) {

@@ -146,6 +146,7 @@ fn check_bf16(
         )
         .expect("compiles");
         let got = exe.run(inputs).expect("runs");
+        crate::microkernel::assert_scratch_bounded(&exe, threads);
         let (got, want, exact) = (got[0].to_f64s(), want[0].to_f64s(), exact[0].to_f64s());
         let mut off_f32 = 0.0f64;
         for (j, ((a, b), e)) in got.iter().zip(&want).zip(&exact).enumerate() {

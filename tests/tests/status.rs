@@ -298,15 +298,156 @@ fn an_lrn_whose_temporary_cannot_be_allocated_is_an_error_not_a_crash() {
     let lrn = Lrn { alpha: 1e-4, beta: 0.75, bias: 1.0, size: (1 << 31) + 1 };
     let id = g.add_node("norm", Op::Lrn(lrn), &[Some(x)]).unwrap();
     g.add_output("y", kiln_ir::ValueId::new(id, 0)).unwrap();
-    let exe = kiln_compiler::jit(
-        &g,
-        &Options { cache: false, ..Options::default() },
-        &LoadOptions::default(),
-    )
-    .expect("compiles");
+    let options = Options { cache: false, ..Options::default() };
+    // Its temporary's size is static: the load counts it and refuses it, naming the kernel.
+    let e = kiln_compiler::jit(&g, &options, &LoadOptions::default()).err().expect("refused");
+    assert!(e.to_string().contains("kernel `norm: LRN` asks"), "{e}");
+    // With a budget that lets it load, the system refuses it at run time.
+    let unbounded = LoadOptions { max_memory: Some(u64::MAX), ..Default::default() };
+    let exe = kiln_compiler::jit(&g, &options, &unbounded).expect("compiles");
     let e = exe.run(&[Tensor::random(DType::F32, &[1, 4, 8, 8], 1)]).expect_err("fails");
     assert!(e.to_string().starts_with("kernel `norm: LRN`: cannot allocate"), "{e}");
     // What the run allocated before the refusal was freed: the next one fails the same way.
     let again = exe.run(&[Tensor::random(DType::F32, &[1, 4, 8, 8], 1)]).expect_err("fails");
     assert_eq!(again.to_string(), e.to_string());
+}
+
+/// A transposed convolution whose columns (`kiln_uk_conv_transpose`'s scratch, per chunk of
+/// output channels) are 16 times its input and 512 times its weights: 8 MiB a chunk. A 1 MiB
+/// model of this kind held 1.16 GB under `--max-memory 64M`.
+fn wide_conv_transpose() -> (Graph, Vec<Tensor>) {
+    use kiln_ir::op::{AutoPad, ConvTranspose, Window};
+    let g = GraphBuilder::new("convt");
+    let x = g.input("x", DType::F32, [1, 8, 64, 64]);
+    let w = g.constant("w", Tensor::random(DType::F32, &[8, 8, 16, 16], 1));
+    let window = Window {
+        strides: vec![2, 2],
+        dilations: vec![1, 1],
+        pads: vec![0; 4],
+        auto_pad: AutoPad::NotSet,
+    };
+    let op = Op::ConvTranspose(ConvTranspose {
+        window,
+        group: 1,
+        output_padding: vec![],
+        output_shape: vec![],
+    });
+    let y = g.apply(op, &[Some(x), Some(w)], 1)[0];
+    g.output("y", y);
+    (g.build().unwrap(), vec![Tensor::random(DType::F32, &[1, 8, 64, 64], 2)])
+}
+
+/// The budget the artifact needs at `threads` threads, without its kernels' scratch and with it.
+fn needs(art: &kiln_runtime::Artifact, threads: usize) -> (u64, u64) {
+    let mut bare = art.manifest.clone();
+    bare.scratch = None;
+    let without = kiln_runtime::Executable::memory_needed(&bare, threads).unwrap();
+    (without, kiln_runtime::Executable::memory_needed(&art.manifest, threads).unwrap())
+}
+
+#[test]
+fn kernel_scratch_is_counted_at_load_and_capped_at_run_time() {
+    let (g, inputs) = wide_conv_transpose();
+    let options = Options { cache: false, ..Options::default() };
+    let art = kiln_compiler::compile(&g, &options, false).expect("compiles").artifact;
+    let want = eval::run(&g, &inputs).unwrap();
+    for threads in [1, 2] {
+        let (without, with) = needs(&art, threads);
+        let scratch = art.manifest.scratch.as_ref().expect("bounded at compile time");
+        assert_eq!(
+            with - without,
+            kiln_runtime::memory::scratch_bytes(scratch, threads).unwrap(),
+            "memory_needed counts the kernels' scratch at {threads} threads"
+        );
+        assert!(with - without > 8 << 20, "the columns of a chunk: {} bytes", with - without);
+        let load = |max: u64| LoadOptions {
+            threads: Some(threads),
+            max_memory: Some(max),
+            ..Default::default()
+        };
+        // Refused at load naming the kernel, under what it needs...
+        let e = kiln_runtime::Executable::load(art.clone(), &load(with - 1))
+            .err()
+            .expect("refused at load")
+            .to_string();
+        assert!(
+            e.starts_with("`convt` (its constants, scratch arena, outputs and kernel scratch at ")
+                && e.contains("kernel `convtranspose: ConvTranspose` asks"),
+            "{e}"
+        );
+        // ... and runs with it, holding no more than the bound.
+        let exe = kiln_runtime::Executable::load(art.clone(), &load(with)).expect("loads");
+        let got = exe.run(&inputs).expect("runs");
+        assert!(got[0].to_f64s().iter().zip(want[0].to_f64s()).all(|(a, b)| (a - b).abs() <= 1e-3));
+        crate::microkernel::assert_scratch_bounded(&exe, threads);
+        assert!(exe.kernel_scratch_peak() > 8 << 20, "{}", exe.kernel_scratch_peak());
+        // Where the bound is not known (an artifact written before it), the load cannot count
+        // it: the run-time cap holds the budget, failing the run naming the kernel.
+        let mut unknown = art.clone();
+        unknown.manifest.scratch = None;
+        let exe = kiln_runtime::Executable::load(unknown, &load(without + (1 << 20)))
+            .expect("the rest fits");
+        assert_eq!(exe.kernel_scratch_limit(), 1 << 20);
+        for _ in 0..2 {
+            let e = exe.run(&inputs).expect_err("over the budget").to_string();
+            assert!(
+                e.starts_with("kernel `convtranspose: ConvTranspose`: cannot allocate ")
+                    && e.ends_with("of scratch: the kernels' scratch would pass the 1048576 bytes (1.0 MiB) the memory budget leaves after the load (the memory available, or --max-memory / LoadOptions::max_memory)"),
+                "{e}"
+            );
+        }
+        assert!(exe.kernel_scratch_peak() <= 1 << 20);
+    }
+}
+
+/// MLIR's temporaries (a linalg kernel's padded copy) are bounded from the module, and every
+/// kind of kernel holds no more than its bound: attention (its own C file), a linalg LRN, an
+/// elementwise kernel that holds nothing.
+#[test]
+fn kernel_scratch_bounds_hold_for_temporaries_and_attention() {
+    let options = Options { cache: false, ..Options::default() };
+    let mut graphs = Vec::new();
+    let mut g = Graph::new("lrn");
+    let x = g.add_input("x", kiln_ir::TensorType::new(DType::F32, [1, 6, 5, 5])).unwrap();
+    let lrn = Lrn { alpha: 1e-4, beta: 0.75, bias: 1.0, size: 3 };
+    let id = g.add_node("norm", Op::Lrn(lrn), &[Some(x)]).unwrap();
+    g.add_output("y", kiln_ir::ValueId::new(id, 0)).unwrap();
+    graphs.push((g, vec![Tensor::random(DType::F32, &[1, 6, 5, 5], 3)], true));
+    // Attention on the heads of one projection (recognised into one op, `attention.c`).
+    let (b, s, h, d) = (2i64, 37i64, 4i64, 16i64);
+    let gb = GraphBuilder::new("gpt");
+    let qkv = gb.input("qkv", DType::F32, [b as usize, s as usize, (3 * h * d) as usize]);
+    let parts = qkv.split(-1, &[h * d; 3]);
+    let heads = |i: usize, keys: bool| {
+        parts[i].reshape(&[b, s, h, d]).transpose(if keys { &[0, 2, 3, 1] } else { &[0, 2, 1, 3] })
+    };
+    let (q, k, v) = (heads(0, false), heads(1, true), heads(2, false));
+    let scores = q.matmul(k) / q.scalar((d as f64).sqrt());
+    gb.output("y", scores.softmax(-1).matmul(v).transpose(&[0, 2, 1, 3]).reshape(&[b, s, h * d]));
+    let inputs =
+        vec![Tensor::random(DType::F32, &[b as usize, s as usize, (3 * h * d) as usize], 4)];
+    graphs.push((gb.build().unwrap(), inputs, true));
+    let gb = GraphBuilder::new("add");
+    let x = gb.input("x", DType::F32, [64, 64]);
+    gb.output("y", (x + x).relu());
+    graphs.push((gb.build().unwrap(), vec![Tensor::random(DType::F32, &[64, 64], 5)], false));
+    for (g, inputs, holds) in graphs {
+        let schedule = kiln_compiler::driver::emit(&g, kiln_compiler::Stage::Schedule, &options)
+            .expect("compiles");
+        for threads in [1, 2] {
+            let exe = kiln_compiler::jit(
+                &g,
+                &options,
+                &LoadOptions { threads: Some(threads), ..Default::default() },
+            )
+            .expect("compiles");
+            let want = eval::run(&g, &inputs).unwrap();
+            let got = exe.run(&inputs).expect("runs");
+            for (a, b) in got[0].to_f64s().iter().zip(want[0].to_f64s()) {
+                assert!((a - b).abs() <= 1e-4 + 1e-4 * b.abs(), "`{}`: {a} for {b}", g.name);
+            }
+            crate::microkernel::assert_scratch_bounded(&exe, threads);
+            assert_eq!(exe.kernel_scratch_peak() > 0, holds, "`{}`:\n{schedule}", g.name);
+        }
+    }
 }

@@ -40,6 +40,7 @@ mod layout;
 pub mod machine;
 mod math;
 pub mod schedule;
+mod scratch;
 mod script;
 pub mod ukernel;
 
@@ -99,12 +100,14 @@ impl Backend for CpuBackend {
         }
         let mut runs = Vec::with_capacity(kernels.len());
         let mut functions = Vec::with_capacity(kernels.len());
+        let mut asks = Vec::with_capacity(kernels.len());
         for (i, (k, micro)) in kernels.iter().zip(&plans).enumerate() {
             let (module, workgroups, mlir_text, schedule_text, constants, constant_slots) =
                 match micro {
                     Some(u) => {
                         uses_ukernel = true;
-                        let (module, text, described) = lower_ukernel(&mlir, graph, k, u)?;
+                        let (module, text, described, temps) = lower_ukernel(&mlir, graph, k, u)?;
+                        asks.push(KernelScratch { slots: scratch::slots(u), temps });
                         let packed = ukernel::pack(graph, k, u)
                             .map_err(|e| CompileError::in_kernel(k, "pack", e.to_string()))?;
                         // (A pooling kernel has no constant of its own.)
@@ -116,8 +119,9 @@ impl Backend for CpuBackend {
                         (module, u.workgroups(), text, described, constants, slots)
                     }
                     None => {
-                        let (module, workgroups, text, described) =
+                        let (module, workgroups, text, described, temps) =
                             lower_linalg(&mlir, graph, k, function_index(i)?)?;
+                        asks.push(KernelScratch { slots: Vec::new(), temps });
                         (module, workgroups, text, described, Vec::new(), Vec::new())
                     }
                 };
@@ -197,11 +201,43 @@ impl Backend for CpuBackend {
                 crate::Precision::F32 => detail,
                 p => format!("{detail}, --precision {p}"),
             },
+            scratch: scratch_bounds(&asks, &functions),
             cpu_features,
             functions,
             runs,
         })
     }
+}
+
+/// What one kernel may ask of a thread besides its buffers: the C code's scratch slots and
+/// MLIR's temporaries (`None`: of a size not known when compiling).
+struct KernelScratch {
+    slots: Vec<(scratch::Slot, u64)>,
+    temps: Option<u64>,
+}
+
+/// The program's kernel scratch a thread (`ScratchDesc`): the C slots it keeps, each at the
+/// largest any kernel it runs asks, plus the largest temporaries of one kernel (they live while
+/// it runs). The calling thread runs every kernel, a worker those of more than one workgroup.
+/// `None` where a kernel's temporaries have no static size: the runtime's cap alone holds them.
+fn scratch_bounds(
+    kernels: &[KernelScratch],
+    functions: &[KernelDesc],
+) -> Option<kiln_runtime::artifact::ScratchDesc> {
+    let thread = |runs: &dyn Fn(&KernelDesc) -> bool| -> Option<u64> {
+        let ran = || kernels.iter().zip(functions).filter(|(_, f)| runs(f)).map(|(k, _)| k);
+        let temps = ran().map(|k| k.temps).try_fold(0u64, |m, t| t.map(|t| m.max(t)))?;
+        Some(scratch::held(ran().map(|k| k.slots.as_slice())).saturating_add(temps))
+    };
+    let own = kernels
+        .iter()
+        .map(|k| Some(scratch::held([k.slots.as_slice()]).saturating_add(k.temps?)))
+        .collect::<Option<Vec<u64>>>()?;
+    Some(kiln_runtime::artifact::ScratchDesc {
+        caller: thread(&|_| true)?,
+        worker: thread(&|f| f.workgroups > 1)?,
+        kernels: own,
+    })
 }
 
 impl CpuBackend {
@@ -274,12 +310,15 @@ fn function_index(i: usize) -> Result<u32> {
     u32::try_from(i).map_err(|_| CompileError::Internal(format!("{i} kernels are too many")))
 }
 
-/// The lowering of a kernel's bufferised module to the LLVM dialect, allocations checked.
-fn lower<'c>(mlir: &'c MlirContext, module: &mut Module<'c>, k: &Kernel) -> Result<()> {
+/// The lowering of a kernel's bufferised module to the LLVM dialect, allocations checked;
+/// returns the bound of what its temporaries hold at once (`alloc::temporaries`).
+fn lower<'c>(mlir: &'c MlirContext, module: &mut Module<'c>, k: &Kernel) -> Result<Option<u64>> {
     mlir.run_pipeline(module, LOWER_TO_CF).map_err(|e| CompileError::in_kernel(k, "lower", e))?;
+    let temps = alloc::temporaries(module);
     alloc::check_allocations(&mlir.ctx, module)
         .map_err(|e| CompileError::in_kernel(k, "lower", e))?;
-    mlir.run_pipeline(module, LOWER_TO_LLVM).map_err(|e| CompileError::in_kernel(k, "lower", e))
+    mlir.run_pipeline(module, LOWER_TO_LLVM).map_err(|e| CompileError::in_kernel(k, "lower", e))?;
+    Ok(temps)
 }
 
 /// The target machine for `cpu` (its LLVM CPU name and pinned features), a line describing
@@ -311,13 +350,14 @@ fn target_machine(cpu: &machine::CpuSpec) -> Result<(TargetMachine, String, Vec<
 }
 
 /// Builds, distributes and lowers one kernel; returns the lowered module, its workgroup count,
-/// the text of its MLIR before the pipeline and its schedule as printed.
+/// the text of its MLIR before the pipeline, its schedule as printed and the bound of its
+/// temporaries.
 fn lower_linalg<'c>(
     mlir: &'c MlirContext,
     graph: &Graph,
     k: &Kernel,
     function: u32,
-) -> Result<(Module<'c>, u64, String, String)> {
+) -> Result<(Module<'c>, u64, String, String, Option<u64>)> {
     let mut module = build(mlir, graph, k, None, function)?;
     let text = module.as_operation().to_string();
     let debug = std::env::var_os("KILN_DEBUG_SCHEDULE").is_some();
@@ -399,13 +439,13 @@ fn lower_linalg<'c>(
             1
         }
     };
-    lower(mlir, &mut module, k)?;
+    let temps = lower(mlir, &mut module, k)?;
     // A developer's view of each kernel after the pipeline (KILN_DEBUG_MLIR=1).
     if std::env::var_os("KILN_DEBUG_MLIR").is_some() {
         eprintln!("// kernel {} ({} workgroups)\n{}", k.name, workgroups, module.as_operation());
     }
     let described = described.unwrap_or_else(|| format!("kernel {}\n  no function\n", k.name));
-    Ok((module, workgroups, text, described))
+    Ok((module, workgroups, text, described, temps))
 }
 
 /// The kernel's function (bufferisation may put globals before it).
@@ -434,13 +474,14 @@ fn body_ops<'c, 'a>(module: &'a Module<'c>) -> Vec<OperationRef<'c, 'a>> {
     out
 }
 
-/// A microkernel kernel's module, lowered; its MLIR text before lowering and its schedule.
+/// A microkernel kernel's module, lowered; its MLIR text before lowering, its schedule and the
+/// bound of its MLIR temporaries (none: it calls C).
 fn lower_ukernel<'c>(
     mlir: &'c MlirContext,
     graph: &Graph,
     k: &Kernel,
     u: &ukernel::Ukernel,
-) -> Result<(Module<'c>, String, String)> {
+) -> Result<(Module<'c>, String, String, Option<u64>)> {
     // (A microkernel's function index is unused: its C code reports through `support.c`.)
     let mut module = build(mlir, graph, k, Some(u), 0)?;
     let text = module.as_operation().to_string();
@@ -448,8 +489,8 @@ fn lower_ukernel<'c>(
     for line in u.to_string().lines() {
         described.push_str(&format!("  {line}\n"));
     }
-    lower(mlir, &mut module, k)?;
-    Ok((module, text, described))
+    let temps = lower(mlir, &mut module, k)?;
+    Ok((module, text, described, temps))
 }
 
 /// After bufferisation, the workgroup `scf.forall` is an `scf.for` over 0..G at the top of the
@@ -535,8 +576,10 @@ fn add_wrappers<'l>(
         let mut descriptor =
             |p: inkwell::values::BasicValueEnum<'l>, dims: &[usize]| {
                 let mut strides = vec![1u64; dims.len()];
+                // Saturating: a tensor with an axis of 0 may have other axes whose product
+                // overflows (it holds nothing, so no stride is ever used).
                 for d in (0..dims.len().saturating_sub(1)).rev() {
-                    strides[d] = strides[d + 1] * dims[d + 1] as u64;
+                    strides[d] = strides[d + 1].saturating_mul(dims[d + 1] as u64);
                 }
                 // {allocated, aligned, offset, sizes..., strides...}
                 call_args.push(p.into());

@@ -13,6 +13,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::files::{self, PrivateDir};
+use crate::memory::ScratchAccount;
 use crate::{Result, RuntimeError};
 
 /// The C signature of every CPU kernel.
@@ -23,8 +24,26 @@ pub struct CpuProgram {
     kernels: Vec<KernelFn>,
     pool: Option<Pool>,
     threads: usize,
+    /// Frees every thread's C kernel scratch (`support.c`'s `kiln_scratch_release`; absent in
+    /// libraries written before it), called once no kernel can run.
+    release: Option<unsafe extern "C" fn()>,
+    /// The artifact's kernel scratch, which the library counts in (it keeps a pointer to it).
+    _scratch: Arc<ScratchAccount>,
     // Kept alive while the function pointers are in use.
     _library: libloading::Library,
+}
+
+impl Drop for CpuProgram {
+    fn drop(&mut self) {
+        // The workers end first: after that no thread runs a kernel of this library, and the
+        // scratch blocks every thread kept (the workers' and each caller's) can go. Without
+        // this, each unloaded program leaked them (a `Session` drops programs it holds no more).
+        drop(self.pool.take());
+        if let Some(release) = self.release {
+            // SAFETY: the library is still loaded, and no kernel of it runs now or later.
+            unsafe { release() };
+        }
+    }
 }
 
 fn err(msg: impl Into<String>) -> RuntimeError {
@@ -130,8 +149,13 @@ fn detect(f: &str) -> Option<bool> {
 
 impl CpuProgram {
     /// Loads a shared object's bytes and resolves `symbols`; `threads` threads run launches (the
-    /// caller and `threads - 1` workers).
-    pub fn load(code: &[u8], symbols: &[String], threads: usize) -> Result<CpuProgram> {
+    /// caller and `threads - 1` workers); the kernels count their scratch in `scratch`.
+    pub fn load(
+        code: &[u8],
+        symbols: &[String],
+        threads: usize,
+        scratch: Arc<ScratchAccount>,
+    ) -> Result<CpuProgram> {
         // A fresh directory only this user may enter, under a name no other process can predict:
         // a shared object written where another local user could swap or pre-create it would
         // run their code in kiln's process.
@@ -157,9 +181,23 @@ impl CpuProgram {
                 .map_err(|e| err(format!("the kernel library has no `{s}`: {e}")))?;
             kernels.push(*f);
         }
+        // The scratch account, before any kernel runs or any worker exists. A library written
+        // before it has neither function: its kernels' scratch is then not counted.
+        // SAFETY: `support.c`'s functions of these signatures; the account outlives the library
+        // (this program holds both, and unloads the library first).
+        let account: Option<libloading::Symbol<unsafe extern "C" fn(*mut u8)>> =
+            unsafe { library.get(b"kiln_scratch_account") }.ok();
+        if let Some(set) = account {
+            // SAFETY: as above; `ScratchAccount` is laid out as `KilnScratchAccount`.
+            unsafe { set(scratch.as_ptr()) };
+        }
+        // SAFETY: as above.
+        let release: Option<libloading::Symbol<unsafe extern "C" fn()>> =
+            unsafe { library.get(b"kiln_scratch_release") }.ok();
+        let release = release.map(|f| *f);
         let threads = threads.max(1);
         let pool = if threads > 1 { Some(Pool::new(threads - 1)?) } else { None };
-        Ok(CpuProgram { kernels, pool, threads, _library: library })
+        Ok(CpuProgram { kernels, pool, threads, release, _scratch: scratch, _library: library })
     }
 
     pub fn threads(&self) -> usize {

@@ -210,6 +210,7 @@ pub(crate) mod tests {
             batch: None,
             control: None,
             padded: None,
+            scratch: None,
         }
     }
 

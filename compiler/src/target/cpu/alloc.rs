@@ -6,7 +6,9 @@
 //! is followed by a test of its pointer and a branch to a block that returns, so the kernel
 //! stops before it writes through NULL and the run fails naming it (an LRN of 2^31 + 1 channels
 //! segfaulted in the memset after its padded copy's `malloc`). What the function allocated
-//! before the failure is not freed: a failed run leaks it.
+//! before the failure is freed when its wrapper returns (`support.c`'s per-thread list). The
+//! same CFG gives the bound of what the temporaries hold (`temporaries`), which the artifact
+//! records for the memory budget.
 
 use melior::dialect::arith::{self, CmpiPredicate};
 use melior::dialect::func;
@@ -16,6 +18,32 @@ use melior::ir::{Block, BlockLike, BlockRef, Identifier, Location, Module, Type,
 use melior::Context;
 
 use crate::target::edit::RawOp;
+
+/// What `module`'s temporaries may hold at once on one thread, in bytes as `support.c` counts
+/// them: every `memref.alloc` at its static size, plus the alignment the lowering adds to it
+/// (`finalize-memref-to-llvm` asks size + alignment to align by hand). Each alloc holds one
+/// buffer at a time (the deallocation pipeline frees a loop's before its next iteration), so
+/// their sum bounds what the kernel holds, whatever its order. `None` when one has a size the
+/// type does not fix (a dynamic dimension, an element kiln does not size). Read after
+/// `convert-scf-to-cf`, from the types of the ops themselves.
+pub fn temporaries(module: &Module) -> Option<u64> {
+    let root = RawOp::of(&module.as_operation());
+    let mut total = 0u64;
+    for a in root.descendants().into_iter().filter(|o| o.is("memref.alloc")) {
+        let ty = crate::target::edit::value_type(a.result(0));
+        let dims = crate::target::edit::static_dims(ty)?;
+        let element = crate::target::edit::element_bytes(ty)? as u64;
+        let numel = dims.iter().try_fold(1u64, |n, &d| n.checked_mul(d as u64))?;
+        let alignment = a
+            .attr("alignment")
+            .and_then(crate::target::edit::int_attr)
+            .map_or(0, |x| x.max(0) as u64);
+        // (support.c asks at least a byte.)
+        let bytes = numel.checked_mul(element)?.checked_add(alignment)?.max(1);
+        total = total.checked_add(bytes)?;
+    }
+    Some(total)
+}
 
 /// Makes every `memref.alloc` of every function in `module` (after `convert-scf-to-cf`) return
 /// from its function when the allocation fails.

@@ -19,20 +19,26 @@ __attribute__((visibility("hidden"))) int kiln_refuse_alloc(uint64_t bytes);
 /* A state the planner rules out (a bug, not input): reported, not aborted on. */
 #define KILN_INTERNAL_FAILURE() kiln_fail(KILN_STATUS_INTERNAL, 0)
 
+/* Scratch blocks (support.c): counted against the memory budget and listed, so that the
+ * runtime frees every thread's when it unloads the library. `bytes` a multiple of 64; NULL, the
+ * failure recorded, when the budget or the system refuses them. */
+__attribute__((visibility("hidden"))) void *kiln_scratch_alloc(uint64_t bytes);
+__attribute__((visibility("hidden"))) void kiln_scratch_free(void *p);
+
 /* Per-thread scratch space, 4 slots for each object file that includes this, grown on demand
- * (the runtime's threads live as long as the process). NULL when the memory cannot be had, the
- * failure recorded: the caller returns without writing its result. Every worker returns from
- * its workgroups as usual, so no thread waits for it. */
+ * and kept from launch to launch (the compiler bounds what each slot may hold: ukernel.rs,
+ * `scratch`). NULL when the memory cannot be had, the failure recorded: the caller returns
+ * without writing its result. Every worker returns from its workgroups as usual, so no thread
+ * waits for it. */
 static inline float *scratch(int which, size_t floats) {
     static __thread float *buf[4];
     static __thread size_t cap[4];
     if (floats == 0) floats = 1; /* (so that NULL always means failure) */
     if (cap[which] < floats) {
-        free(buf[which]);
+        kiln_scratch_free(buf[which]);
         size_t bytes = ((floats * sizeof(float) + 63) / 64) * 64;
-        buf[which] = kiln_refuse_alloc(bytes) ? NULL : aligned_alloc(64, bytes);
+        buf[which] = (float *)kiln_scratch_alloc(bytes);
         cap[which] = buf[which] ? floats : 0;
-        if (!buf[which]) kiln_fail(KILN_STATUS_ALLOC, bytes);
     }
     return buf[which];
 }

@@ -261,6 +261,8 @@ fn compile(
         cpu_features: Vec::new(),
         functions,
         runs,
+        // A GPU kernel allocates nothing of its own: its temporaries are arena buffers.
+        scratch: None,
     })
 }
 
