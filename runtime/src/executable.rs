@@ -28,8 +28,9 @@ pub struct LoadOptions {
     /// default: the first GPU that builds SPIR-V, else the first such CPU device). The CPU has
     /// only device 0.
     pub device_index: Option<usize>,
-    /// The memory budget in bytes: a program whose constants, scratch arena and outputs need
-    /// more is refused at load, naming its largest tensor. Default: the memory available then.
+    /// The memory budget in bytes: a program whose constants, scratch arena, outputs and
+    /// kernel scratch (at its threads) need more is refused at load, naming the largest; what
+    /// is left caps the kernels' scratch at run time. Default: the memory available then.
     pub max_memory: Option<u64>,
 }
 
