@@ -52,6 +52,12 @@ fn pool(
     axes: Vec<SpatialAxis>,
     column_major: bool,
 ) -> Result<()> {
+    // A window over nothing (a global pool of an axis of size 0) has no ONNX answer to give
+    // (numpy's max of nothing raises; its mean is 0/0); the window arithmetic below assumes one
+    // element. Empty results never get here (the `empty` pass writes them out).
+    if axes.iter().any(|a| a.kernel == 0 || a.output == 0) {
+        return Err(em.unsupported(id, "pools over an empty window (a spatial axis of size 0)"));
+    }
     let node = em.graph.node(id).clone();
     let result = ValueId::from(id);
     let xd = em.dims(x);

@@ -249,6 +249,18 @@ impl<'c, 'a> ScalarBuilder<'c, 'a> {
                     pos
                 }
             }
+            // ONNX defines Shrink on integers by its float formula, truncated back (as the
+            // interpreter computes it).
+            UnaryOp::Shrink { .. } => {
+                let (to_f, to_i) = if signed {
+                    ("arith.sitofp", "arith.fptosi")
+                } else {
+                    ("arith.uitofp", "arith.fptoui")
+                };
+                let f = self.emit(to_f, &[x.v], "f64")?;
+                let f = self.unary_float(u, f, "f64")?;
+                self.emit(to_i, &[f], t)?
+            }
             other => return Err(err(format!("{} is not defined for {d}", other.name()))),
         };
         Ok(Scalar { v, dtype: out })

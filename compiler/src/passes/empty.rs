@@ -5,11 +5,14 @@
 //! crashed on 0. Each becomes its result written out: an Expand of the zero (or of the bias) to
 //! the result's shape.
 //!
+//! Any other node whose results are all empty becomes empty constants.
+//!
 //! Recurrences over no steps (an RNN, GRU or LSTM whose sequence has length 0) likewise: `Y` is
 //! empty and `Y_h`, `Y_c` are zeros, what onnxruntime and kiln's interpreter give a sequence of
 //! length 0 (an entry of `sequence_lens` that is 0 gets zero states, whatever the initial ones);
 //! the recurrent kernels refused a zero-length sequence.
 
+use kiln_ir::op::OpKind;
 use kiln_ir::{Graph, NodeId, Op, Tensor, ValueId};
 
 use crate::Result;
@@ -18,6 +21,13 @@ pub fn run(graph: &mut Graph) -> Result<bool> {
     let mut changed = false;
     for id in graph.topo_order()? {
         if graph.try_node(id).is_none() {
+            continue;
+        }
+        if let Some(empty) = empty_results(graph, id)? {
+            for (k, v) in empty.into_iter().enumerate() {
+                graph.replace_uses(ValueId::new(id, k), v)?;
+            }
+            changed = true;
             continue;
         }
         if let Some(states) = zero_step_recurrence(graph, id)? {
@@ -131,6 +141,31 @@ fn zero_step_recurrence(graph: &mut Graph, id: NodeId) -> Result<Option<Vec<Valu
     for (k, out) in node.outputs.iter().enumerate() {
         let Some(dims) = out.shape.as_fixed() else { return Ok(None) };
         values.push(zeros(graph, &format!("{}.{k}", node.name), out.dtype, &dims)?);
+    }
+    Ok(Some(values))
+}
+
+/// Empty constants for a node every result of which has no elements: nothing to compute. The
+/// code generators assume a window, a row or a tile to work on (a MaxPool whose output axis has
+/// size 0 underflowed computing its last window), so such nodes never reach them. Control flow
+/// keeps its nodes (its bodies still run: a Loop's termination is its own).
+fn empty_results(graph: &mut Graph, id: NodeId) -> Result<Option<Vec<ValueId>>> {
+    let node = graph.node(id);
+    if matches!(node.op.kind(), OpKind::Source | OpKind::Control) || node.outputs.is_empty() {
+        return Ok(None);
+    }
+    let mut dims = Vec::with_capacity(node.outputs.len());
+    for out in &node.outputs {
+        match out.shape.as_fixed() {
+            Some(d) if out.kind.is_tensor() && d.contains(&0) => dims.push((out.dtype, d)),
+            _ => return Ok(None),
+        }
+    }
+    let name = node.name.clone();
+    let mut values = Vec::with_capacity(dims.len());
+    for (k, (dtype, d)) in dims.into_iter().enumerate() {
+        let n = graph.unique_name(&format!("{name}.{k}.empty"));
+        values.push(graph.add_constant(&n, Tensor::zeros(dtype, &d))?);
     }
     Ok(Some(values))
 }

@@ -74,7 +74,14 @@ pub fn unary_float(u: UnaryOp, x: f64) -> f64 {
         UnaryOp::Atanh => x.atanh(),
         UnaryOp::Erf => erf(x),
         UnaryOp::Sigmoid => sigmoid(x),
-        UnaryOp::Relu => x.max(0.0),
+        // NaN propagates, as numpy's maximum/minimum (ONNX's reference) do; f64::max drops it.
+        UnaryOp::Relu => {
+            if x.is_nan() {
+                x
+            } else {
+                x.max(0.0)
+            }
+        }
         UnaryOp::Softplus => softplus(x),
         UnaryOp::Softsign => x / (1.0 + x.abs()),
         UnaryOp::Mish => x * softplus(x).tanh(),
@@ -104,7 +111,10 @@ pub fn unary_float(u: UnaryOp, x: f64) -> f64 {
         }
         UnaryOp::Celu { alpha } => {
             let a = alpha as f64;
-            x.max(0.0) + (a * ((x / a).exp() - 1.0)).min(0.0)
+            let neg = a * ((x / a).exp() - 1.0);
+            let neg = if neg.is_nan() { neg } else { neg.min(0.0) };
+            let pos = if x.is_nan() { x } else { x.max(0.0) };
+            pos + neg
         }
         UnaryOp::HardSigmoid { alpha, beta } => (alpha as f64 * x + beta as f64).clamp(0.0, 1.0),
         UnaryOp::ThresholdedRelu { alpha } => {

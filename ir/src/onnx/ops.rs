@@ -581,6 +581,16 @@ fn group_norm(im: &mut GraphImporter, node: &NodeProto, mut a: Attrs, opset: i64
             if groups == 0 || channels % groups != 0 {
                 return Err(err(format!("{what} has {groups} entries for {channels} channels")));
             }
+            // The per-channel constant is built here, sized by the input's shape: an empty
+            // input may still claim 2^32 channels (a 32 GiB allocation aborted the import).
+            let bytes = crate::memory::bytes_of(&[channels], 8 + t.dtype().size());
+            let available = crate::memory::available_at_start();
+            if bytes.is_none_or(|b| b > available) {
+                return Err(err(format!(
+                    "a per-channel {what} for {channels} channels needs more than the {} of memory available",
+                    crate::memory::human(available)
+                )));
+            }
             let per = t
                 .to_f64s()
                 .iter()

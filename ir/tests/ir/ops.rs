@@ -291,6 +291,18 @@ fn max_min_propagate_nan() {
     assert_close(&run_traced(&[a, b], |_, v| v[0].min(v[1])), &[3], &[1., f64::NAN, 4.], 0.0);
 }
 
+/// Relu and Celu take NaN to NaN, as ONNX's reference (numpy's maximum and minimum) does, and
+/// as compiled code does: `f64::max` dropped it (the compiler's fuzz target found Celu with
+/// alpha 0, whose negative part is 0 * inf = NaN, giving x on the interpreter and NaN compiled).
+#[test]
+fn relu_and_celu_propagate_nan() {
+    use kiln_ir::UnaryOp;
+    let x = f32s(&[3], &[-1., f32::NAN, 0.5]);
+    assert_close(&run_traced(&[x.clone()], |_, v| v[0].relu()), &[3], &[0., f64::NAN, 0.5], 0.0);
+    let celu = run_traced(&[x], |_, v| v[0].unary(UnaryOp::Celu { alpha: 0.0 }));
+    assert_close(&celu, &[3], &[0., f64::NAN, f64::NAN], 0.0);
+}
+
 #[test]
 fn clip_where_comparisons_and_cast() {
     let x = f32s(&[3], &[-2., 0.5, 3.]);
