@@ -103,15 +103,18 @@ bench-precision: setup
 bench-ops: setup
 	@./scripts/bench-ops.sh
 
-# The fuzz targets (fuzz/: the ONNX importer, the text form, .npy, artifacts; cargo-fuzz on the
-# stable toolchain) for FUZZ_SECONDS each; the corpus grows in ~/.cache/kiln/fuzz-corpus. A crash
-# is kept under fuzz/artifacts/ and fails the target. `make test` runs a 10-second smoke of each.
+# The fuzz targets (fuzz/: the ONNX importer, the text form, .npy, artifacts, one op evaluated, and
+# the compiler against the interpreter; cargo-fuzz on the stable toolchain) for FUZZ_SECONDS each;
+# the corpus grows in ~/.cache/kiln/fuzz-corpus. A crash is kept under fuzz/artifacts/ and fails
+# the target. FUZZ_JOBS=N runs each in N processes. `make test` runs a 10-second smoke of each
+# parser target; the compiler's target (compile_diff, which links MLIR: a long build) is smoked by
+# the integration tests instead (tests/tests/fuzzed.rs, the same check on fixed inputs).
 FUZZ_SECONDS ?= 300
 fuzz:
 	@./scripts/fuzz.sh $(FUZZ_SECONDS)
 
 fuzz-smoke:
-	@./scripts/fuzz.sh 10
+	@./scripts/fuzz.sh 10 onnx_import text_parse npy_read artifact_read op_eval
 
 # The Python package (python/, PyO3 + maturin) into the venv setup-python.sh keeps outside the
 # repo; PROFILE=dev (the default here) reuses the debug build `cargo test` made, PROFILE=release

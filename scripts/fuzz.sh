@@ -2,17 +2,20 @@
 # Runs kiln's fuzz targets (fuzz/, cargo-fuzz with libFuzzer on the stable toolchain: no
 # sanitizer) for SECONDS each: the ONNX importer, the text-form parser, the .npy reader, the
 # artifact reader and one op of every kind with odd operands and attributes, imported and
-# evaluated (op_eval). Seeds: the ONNX node tests' models, fuzz/seeds/, artifacts kiln compiles here;
+# evaluated (op_eval), and the compiler run against the interpreter (compile_diff: built with
+# `--features compiler`, since it links MLIR and LLVM). Seeds: the ONNX node tests' models, fuzz/seeds/, artifacts kiln compiles here;
 # the corpus grows in ~/.cache/kiln/fuzz-corpus. A crash is saved under fuzz/artifacts/TARGET/ and
 # fails the script.
 #   scripts/fuzz.sh [SECONDS] [TARGET...]     (default 60 s, every target)
+#   FUZZ_JOBS=N: N processes a target (libFuzzer's fork mode)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$HOME/.cargo/bin:$PATH"
 SECONDS_EACH=${1:-60}
 shift || true
 TARGETS=("$@")
-[ ${#TARGETS[@]} -gt 0 ] || TARGETS=(onnx_import text_parse npy_read artifact_read op_eval)
+[ ${#TARGETS[@]} -gt 0 ] || TARGETS=(onnx_import text_parse npy_read artifact_read op_eval compile_diff)
+JOBS=${FUZZ_JOBS:-1}
 say() { printf 'fuzz: %s\n' "$*" >&2; }
 
 ./scripts/setup-fuzz.sh
@@ -39,6 +42,11 @@ if [ ! -f "$CACHE/.seeded" ]; then
 fi
 
 (cd fuzz && cargo fuzz build -s none --release 2>&1 | tail -n 3) >&2 || { say "the fuzz build failed"; exit 1; }
+if [[ " ${TARGETS[*]} " == *" compile_diff "* ]]; then
+  say "building compile_diff (links MLIR and LLVM: several minutes the first time)"
+  (cd fuzz && cargo fuzz build -s none --release --features compiler compile_diff 2>&1 | tail -n 3) >&2 \
+    || { say "the compile_diff build failed"; exit 1; }
+fi
 failed=0
 bin=fuzz/target/x86_64-unknown-linux-gnu/release
 for t in "${TARGETS[@]}"; do
@@ -52,9 +60,15 @@ for t in "${TARGETS[@]}"; do
     fi
   fi
   log=$(mktemp)
-  if (cd fuzz && cargo fuzz run -s none --release "$t" "$CACHE/$t" -- \
-        -max_total_time="$SECONDS_EACH" -rss_limit_mb=4096 -timeout=20 -print_final_stats=1 >"$log" 2>&1); then
+  features=() timeout=20 fork=()
+  # The compiler's target compiles a graph an input (~0.1 s): longer per input, and linked with MLIR.
+  [ "$t" = compile_diff ] && features=(--features compiler) timeout=120
+  [ "$JOBS" -gt 1 ] && fork=(-fork="$JOBS")
+  if (cd fuzz && cargo fuzz run -s none --release "${features[@]}" "$t" "$CACHE/$t" -- \
+        -max_total_time="$SECONDS_EACH" -rss_limit_mb=4096 -timeout="$timeout" -print_final_stats=1 "${fork[@]}" >"$log" 2>&1); then
+    # One process prints its count; fork mode prints the children's total as it goes.
     runs=$(grep -E '^stat::number_of_executed_units' "$log" | awk '{print $2}')
+    [ -n "$runs" ] || runs=$(grep -oE '^#[0-9]+' "$log" | tail -n 1 | tr -d '#')
     say "$t: ${runs:-?} runs in ${SECONDS_EACH}s, no crash"
   else
     say "$t: FAILED (the input is under fuzz/artifacts/$t/):"

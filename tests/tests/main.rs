@@ -15,6 +15,7 @@ mod differential;
 mod docs;
 mod facade;
 mod filetests;
+mod fuzzed;
 mod gpu;
 mod gpu_tile;
 mod integer;
