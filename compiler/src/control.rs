@@ -301,6 +301,7 @@ pub fn split(graph: &Graph) -> Result<Option<ControlSplit>> {
             let optional_host =
                 |i: usize| given.get(i).copied().flatten().map(|v| host(&v)).transpose();
             steps.push(Step::Loop {
+                node: if_name.clone(),
                 body: programs.len(),
                 captured: captured
                     .iter()
@@ -461,7 +462,7 @@ impl fmt::Display for ControlSplit {
                         names(results)
                     )?;
                 }
-                Step::Loop { body, captured, trip_count, cond, state, results } => {
+                Step::Loop { body, captured, trip_count, cond, state, results, .. } => {
                     let one = |v: &Option<usize>| v.map_or("none", |v| self.values[v].0.as_str());
                     let mut takes = Vec::new();
                     if !captured.is_empty() {

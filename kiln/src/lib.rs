@@ -193,6 +193,13 @@ impl Options {
         self
     }
 
+    /// The most steps one run of a Loop may take: a Loop that would take another (one whose
+    /// condition never turns false) fails the run, naming it. Default: no limit, as in ONNX.
+    pub fn max_loop_steps(mut self, steps: u64) -> Options {
+        self.load.max_loop_steps = Some(steps);
+        self
+    }
+
     fn target_name(&self) -> &'static str {
         self.compile.target.name()
     }

@@ -293,6 +293,10 @@ pub enum Step {
     /// one slice of each stacked result. `results` are the final state, then each stacked value
     /// (its slices along a new leading axis, whose size the run must match).
     Loop {
+        /// The Loop node's name, for errors (`LoadOptions::max_loop_steps`); empty in artifacts
+        /// written before it.
+        #[serde(default)]
+        node: String,
         body: usize,
         captured: Vec<usize>,
         trip_count: Option<usize>,
@@ -719,7 +723,7 @@ impl Artifact {
                     }
                     results
                 }
-                Step::Loop { body, captured, trip_count, cond, state, results } => {
+                Step::Loop { body, captured, trip_count, cond, state, results, .. } => {
                     let pm = program(*body)?;
                     counts(*body, pm, captured.len() + 2 + state.len(), results.len() + 1)?;
                     if results.len() < state.len() {

@@ -39,6 +39,12 @@ pub enum RuntimeError {
         crate::memory::human(*limit)
     )]
     Memory { what: String, bytes: Option<u64>, limit: u64 },
+
+    /// A run-time Loop would take more steps than `LoadOptions::max_loop_steps` allows.
+    #[error(
+        "Loop `{node}` reached the limit of {limit} steps without ending (--max-loop-steps / LoadOptions::max_loop_steps: raise it, or leave it unset for no limit)"
+    )]
+    LoopLimit { node: String, limit: u64 },
 }
 
 pub type Result<T, E = RuntimeError> = std::result::Result<T, E>;

@@ -32,6 +32,10 @@ pub struct LoadOptions {
     /// kernel scratch (at its threads) need more is refused at load, naming the largest; what
     /// is left caps the kernels' scratch at run time. Default: the memory available then.
     pub max_memory: Option<u64>,
+    /// The most steps one run of a Loop may take: a Loop that would take another fails the
+    /// run, naming the node (`--max-loop-steps`). `None`, the default: no limit, as in ONNX,
+    /// where a Loop with no trip count runs until its condition turns false, if ever.
+    pub max_loop_steps: Option<u64>,
 }
 
 impl LoadOptions {
@@ -314,6 +318,8 @@ impl Needs {
 pub struct Executable {
     manifest: Manifest,
     program: Program,
+    /// `LoadOptions::max_loop_steps`, for the Loops its control flow runs.
+    max_loop_steps: Option<u64>,
     /// The kernel scratch of the whole artifact (every program of it shares it).
     scratch: Arc<ScratchAccount>,
 }
@@ -340,7 +346,12 @@ impl Executable {
             && artifact.manifest.padded.is_none()
         {
             let program = Executable::load_static(&artifact, options, &scratch)?;
-            return Ok(Executable { manifest: artifact.manifest, program, scratch });
+            return Ok(Executable {
+                manifest: artifact.manifest,
+                program,
+                max_loop_steps: options.max_loop_steps,
+                scratch,
+            });
         }
         // Each program reads its blobs from the one payload.
         let Artifact { manifest, payload } = artifact;
@@ -375,7 +386,12 @@ impl Executable {
             one.manifest = m.clone();
             Executable::load_static(one, options, scratch)?
         };
-        Ok(Executable { manifest: m.clone(), program, scratch: scratch.clone() })
+        Ok(Executable {
+            manifest: m.clone(),
+            program,
+            max_loop_steps: options.max_loop_steps,
+            scratch: scratch.clone(),
+        })
     }
 
     fn load_static(
@@ -552,7 +568,7 @@ impl Executable {
         }
         self.check_inputs(inputs)?;
         if let (Program::Control(programs), Some(control)) = (&self.program, &m.control) {
-            return run_control(control, programs, inputs, profile);
+            return run_control(control, programs, inputs, self.max_loop_steps, profile);
         }
         let before = profile.as_ref().map_or(0, |p| p.launches.len());
         let outputs = match &self.program {
@@ -995,6 +1011,7 @@ fn run_control(
     c: &ControlDesc,
     programs: &[Executable],
     inputs: &[Tensor],
+    max_loop_steps: Option<u64>,
     mut profile: Option<&mut Profile>,
 ) -> Result<Vec<Tensor>> {
     let mut values: Vec<Option<Tensor>> = vec![None; c.values.len()];
@@ -1029,7 +1046,7 @@ fn run_control(
                 }
                 continue;
             }
-            Step::Loop { body, captured, trip_count, cond, state, results } => {
+            Step::Loop { node, body, captured, trip_count, cond, state, results } => {
                 let captured: Vec<Tensor> = captured.iter().map(|&v| read(&values, v)).collect();
                 let state: Vec<Tensor> = state.iter().map(|&v| read(&values, v)).collect();
                 let trip =
@@ -1041,10 +1058,10 @@ fn run_control(
                 let outs = run_loop(
                     &programs[*body],
                     captured,
-                    trip,
-                    cond,
+                    (trip, cond),
                     state,
                     &stacked,
+                    (node, max_loop_steps),
                     profile.as_deref_mut(),
                 )?;
                 for (&r, t) in results.iter().zip(outs) {
@@ -1108,14 +1125,15 @@ fn run_scan(
 /// A Loop step: the body while the step is below the trip count and the condition holds, the
 /// state carried, the other results stacked along a new leading axis. The stacked values' sizes
 /// were decided at compile time (validated at load); a run that takes another number of steps
-/// is an error, not a wrong shape.
+/// is an error, not a wrong shape. `(node, limit)`: the Loop's name and the most steps it may
+/// take (`LoadOptions::max_loop_steps`).
 fn run_loop(
     body: &Executable,
     captured: Vec<Tensor>,
-    trip: Option<i64>,
-    mut cond: bool,
+    (trip, mut cond): (Option<i64>, bool),
     mut state: Vec<Tensor>,
     stacked: &[&ValueDesc],
+    (node, limit): (&str, Option<u64>),
     mut profile: Option<&mut Profile>,
 ) -> Result<Vec<Tensor>> {
     let moved =
@@ -1123,6 +1141,10 @@ fn run_loop(
     let mut parts: Vec<Vec<Tensor>> = vec![Vec::new(); stacked.len()];
     let mut step: i64 = 0;
     while cond && trip.is_none_or(|m| step < m) {
+        // ONNX sets no limit (a Loop whose condition never turns false never ends); a user may.
+        if let Some(limit) = limit.filter(|&n| step as u64 >= n) {
+            return Err(RuntimeError::LoopLimit { node: node.to_string(), limit });
+        }
         if let Some(d) = stacked.first().filter(|d| d.dims[0] as i64 <= step) {
             return Err(RuntimeError::Launch {
                 kernel: "loop".into(),

@@ -2,7 +2,8 @@
 //! model's sample rate) compiles once into programs and host steps, and each run takes the
 //! branch its inputs pick; against the interpreter, on the CPU and OpenCL, inside a symbolic
 //! batch; branches of different shapes specialise on the condition instead. Scan and Loop bodies
-//! compile once and the host runs them per step; small counted loops are unrolled.
+//! compile once and the host runs them per step; small counted loops are unrolled; a Loop stops
+//! at `max_loop_steps` when one is given.
 
 use std::sync::Arc;
 
@@ -374,10 +375,10 @@ fn a_short_counted_loop_is_unrolled() {
     close(&exe.run(&x).unwrap(), &want, "bound trip count");
 }
 
-/// A while loop: no trip count, the condition computed from the state and a run-time limit, so
-/// the number of steps is decided per run by the data; the body is compiled once.
-#[test]
-fn a_while_loop_stops_when_its_body_says() {
+/// A while loop: no trip count, the condition `sum(h) < limit` computed from the state and a
+/// run-time limit, so the number of steps is decided per run by the data (a limit over 12 never
+/// stops it: `h` is a tanh of 12 elements).
+fn while_loop() -> Graph {
     let g = GraphBuilder::new("while_loop");
     let x = g.input("x", DType::F32, [3, 4]);
     let b = g.input("b", DType::F32, [4]);
@@ -393,7 +394,13 @@ fn a_while_loop_stops_when_its_body_says() {
         1,
     );
     g.output("h_last", out[0]);
-    let graph = g.build().unwrap();
+    g.build().unwrap()
+}
+
+/// The body is compiled once; the data decides each run's steps.
+#[test]
+fn a_while_loop_stops_when_its_body_says() {
+    let graph = while_loop();
     let exe = kiln_compiler::jit(
         &graph,
         &Options { cache: false, ..Options::default() },
@@ -410,4 +417,41 @@ fn a_while_loop_stops_when_its_body_says() {
         distinct.insert(want[0].to_f64s().iter().map(|v| (v * 1e4) as i64).collect::<Vec<_>>());
     }
     assert!(distinct.len() >= 3, "the limits stop the loop after different numbers of steps");
+}
+
+/// With `max_loop_steps`, a Loop whose condition never turns false fails the run at the limit,
+/// naming the node, compiled for the CPU and on the interpreter alike; one that ends within the
+/// limit runs as it does without one.
+#[test]
+fn a_loop_that_never_ends_stops_at_max_loop_steps() {
+    let graph = while_loop();
+    let node = graph.node(graph.outputs()[0].1.node).name.clone();
+    let exe = kiln_compiler::jit(
+        &graph,
+        &Options { cache: false, ..Options::default() },
+        &LoadOptions { max_loop_steps: Some(50), ..Default::default() },
+    )
+    .unwrap();
+    let x = |limit: f32| {
+        let ones = Tensor::from_f64s(DType::F32, &[4], &[0.1; 4]).unwrap();
+        vec![Tensor::zeros(DType::F32, &[3, 4]), ones, Tensor::scalar::<f32>(limit)]
+    };
+    let e = exe.run(&x(100.0)).unwrap_err();
+    assert!(matches!(e, kiln_runtime::RuntimeError::LoopLimit { limit: 50, .. }), "{e}");
+    assert_eq!(
+        e.to_string(),
+        format!("Loop `{node}` reached the limit of 50 steps without ending (--max-loop-steps / LoadOptions::max_loop_steps: raise it, or leave it unset for no limit)")
+    );
+    let limited = eval::EvalOptions { max_loop_steps: Some(50) };
+    let e = eval::run_with(&graph, &x(100.0), &limited).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        format!("evaluating node `{node}` (Loop): reached the limit of 50 steps without ending (--max-loop-steps / EvalOptions::max_loop_steps: raise it, or leave it unset for no limit)")
+    );
+    // Loops that end within the limit (after 0 steps and more), on the same executable.
+    for limit in [-100.0, 2.0, 6.0, 9.0] {
+        let want = eval::run(&graph, &x(limit)).unwrap();
+        assert_eq!(eval::run_with(&graph, &x(limit), &limited).unwrap(), want);
+        close(&exe.run(&x(limit)).unwrap(), &want, &format!("limit {limit}"));
+    }
 }

@@ -61,6 +61,11 @@ pub struct Args {
     /// Default: the memory available.
     #[arg(long, value_parser = super::common::parse_bytes)]
     max_memory: Option<u64>,
+    /// Stop a run-time Loop after N steps, failing the run with an error naming the Loop (a
+    /// Loop whose condition never turns false runs forever otherwise). Default: no limit, as
+    /// ONNX has none.
+    #[arg(long, value_name = "N")]
+    max_loop_steps: Option<u64>,
     /// The arithmetic of convolutions and matrix products: f32, bf16, tf32 or f16 (as `kiln
     /// compile`).
     #[arg(long, default_value = "f32")]
@@ -248,6 +253,7 @@ pub fn run(args: &Args) -> Result<()> {
     let load = kiln_runtime::LoadOptions {
         threads: args.threads,
         max_memory: args.max_memory,
+        max_loop_steps: args.max_loop_steps,
         ..Default::default()
     };
     let (exe, ordered) = super::run::executable(

@@ -62,6 +62,10 @@ pub struct Args {
     /// Absolute tolerance for float outputs.
     #[arg(long, default_value_t = 1e-5)]
     atol: f64,
+    /// Stop a Loop after N steps, failing its test with an error naming the Loop (on the
+    /// interpreter and compiled). Default: no limit, as ONNX has none.
+    #[arg(long, value_name = "N")]
+    max_loop_steps: Option<u64>,
     /// No progress bar.
     #[arg(long, short)]
     quiet: bool,
@@ -138,12 +142,17 @@ pub fn run(args: &Args) -> Result<i32> {
         }
     };
     // Each test compiles single-threaded; the tests themselves run in parallel.
+    let limit = args.max_loop_steps;
     let engine = move |g: &kiln_ir::Graph,
                        x: &[kiln_ir::Value]|
           -> Result<Vec<kiln_ir::Value>, EngineError> {
         match device {
-            CheckDevice::Ref => Ok(kiln_ir::eval::run_values(g, x)?),
-            _ => compiled(g, x, &base),
+            CheckDevice::Ref => Ok(kiln_ir::eval::run_values_with(
+                g,
+                x,
+                &kiln_ir::eval::EvalOptions { max_loop_steps: limit },
+            )?),
+            _ => compiled(g, x, &base, limit),
         }
     };
     let done = |r: &CaseResult| {
@@ -272,6 +281,7 @@ fn run_isolated(
     }
     let spawn = || -> std::io::Result<Worker> {
         let exe = std::env::current_exe()?;
+        let limit = args.max_loop_steps.map(|n| n.to_string());
         let mut child = Command::new(exe)
             .args([
                 "check",
@@ -282,8 +292,9 @@ fn run_isolated(
                 &args.rtol.to_string(),
                 "--atol",
                 &args.atol.to_string(),
-                ".",
             ])
+            .args(limit.iter().flat_map(|n| ["--max-loop-steps", n.as_str()]))
+            .arg(".")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -368,12 +379,17 @@ fn worker(args: &Args) -> Result<i32> {
         _ => crate::Options::default(),
     };
     let device = args.device;
+    let limit = args.max_loop_steps;
     let engine = move |g: &kiln_ir::Graph,
                        x: &[kiln_ir::Value]|
           -> Result<Vec<kiln_ir::Value>, EngineError> {
         match device {
-            CheckDevice::Ref => Ok(kiln_ir::eval::run_values(g, x)?),
-            _ => compiled(g, x, &base),
+            CheckDevice::Ref => Ok(kiln_ir::eval::run_values_with(
+                g,
+                x,
+                &kiln_ir::eval::EvalOptions { max_loop_steps: limit },
+            )?),
+            _ => compiled(g, x, &base, limit),
         }
     };
     let tol = Tolerance { rtol: args.rtol, atol: args.atol };
@@ -445,9 +461,10 @@ fn compiled(
     g: &kiln_ir::Graph,
     x: &[kiln_ir::Value],
     base: &crate::Options,
+    max_loop_steps: Option<u64>,
 ) -> Result<Vec<kiln_ir::Value>, EngineError> {
     let (flat, tensors) = crate::values::bind(g, x).map_err(engine_error)?;
-    let (names, out) = compiled_tensors(&flat, &tensors, base)?;
+    let (names, out) = compiled_tensors(&flat, &tensors, base, max_loop_steps)?;
     crate::values::regroup(g, &names, out).map_err(|e| EngineError::Failed(e.to_string()))
 }
 
@@ -456,6 +473,7 @@ fn compiled_tensors(
     g: &kiln_ir::Graph,
     x: &[kiln_ir::Tensor],
     base: &crate::Options,
+    max_loop_steps: Option<u64>,
 ) -> Result<(Vec<String>, Vec<kiln_ir::Tensor>), EngineError> {
     let names: Vec<String> = g.inputs().iter().map(|&id| g.node(id).name.clone()).collect();
     let shapes = names.iter().zip(x).map(|(n, t)| (n.clone(), t.dims().to_vec())).collect();
@@ -464,7 +482,7 @@ fn compiled_tensors(
     let exe = crate::jit(
         g,
         &options,
-        &kiln_runtime::LoadOptions { threads: Some(1), ..Default::default() },
+        &kiln_runtime::LoadOptions { threads: Some(1), max_loop_steps, ..Default::default() },
     )
     .map_err(engine_error)?;
     // Inputs bound at compile time are no longer taken.

@@ -42,6 +42,11 @@ pub struct Args {
     /// Default: the memory available.
     #[arg(long, value_parser = super::common::parse_bytes)]
     max_memory: Option<u64>,
+    /// Stop a run-time Loop after N steps, failing the run with an error naming the Loop (a
+    /// Loop whose condition never turns false runs forever otherwise). Default: no limit, as
+    /// ONNX has none.
+    #[arg(long, value_name = "N")]
+    max_loop_steps: Option<u64>,
     /// The arithmetic of convolutions and matrix products: f32, bf16, tf32 or f16 (as `kiln
     /// compile`). A model only: an artifact keeps the precision it was compiled with.
     #[arg(long, default_value = "f32")]
@@ -151,8 +156,12 @@ pub fn run(args: &Args) -> Result<()> {
         }
         m => (m, read_inputs(&args.inputs, args.max_memory)?),
     };
-    let load =
-        LoadOptions { threads: args.threads, max_memory: args.max_memory, ..Default::default() };
+    let load = LoadOptions {
+        threads: args.threads,
+        max_memory: args.max_memory,
+        max_loop_steps: args.max_loop_steps,
+        ..Default::default()
+    };
     if args.deviation && args.precision == Precision::F32 {
         return Err(CompileError::Usage(
             "--deviation compares a reduced --precision (bf16) with f32: give one".into(),

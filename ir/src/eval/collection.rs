@@ -5,9 +5,13 @@ use crate::op::{OptionalOp, SequenceOp};
 use crate::shape::normalize_axis;
 use crate::{Op, Tensor, Value};
 
-pub(super) fn eval(op: &Op, operands: &[Option<&Value>]) -> Result<Vec<Value>, String> {
+pub(super) fn eval(
+    op: &Op,
+    operands: &[Option<&Value>],
+    options: &crate::eval::EvalOptions,
+) -> Result<Vec<Value>, String> {
     let v = match op {
-        Op::Sequence(s) => return sequence(s, operands),
+        Op::Sequence(s) => return sequence(s, operands, options),
         Op::Optional(o) => optional(o, operands)?,
         _ => return Err(format!("{} is not a sequence or optional op", op.name())),
     };
@@ -46,7 +50,11 @@ fn position(
     Ok(Some(if p < 0 { p + n } else { p } as usize))
 }
 
-fn sequence(s: &SequenceOp, operands: &[Option<&Value>]) -> Result<Vec<Value>, String> {
+fn sequence(
+    s: &SequenceOp,
+    operands: &[Option<&Value>],
+    options: &crate::eval::EvalOptions,
+) -> Result<Vec<Value>, String> {
     let v = match s {
         SequenceOp::Empty { .. } => Value::Sequence(Vec::new()),
         SequenceOp::Construct => {
@@ -130,7 +138,7 @@ fn sequence(s: &SequenceOp, operands: &[Option<&Value>]) -> Result<Vec<Value>, S
                 Value::Tensor(super::movement::concat(&items.iter().collect::<Vec<_>>(), a as i64))
             }
         }
-        SequenceOp::Map { body, captures } => return map(&body.0, *captures, operands),
+        SequenceOp::Map { body, captures } => return map(&body.0, *captures, operands, options),
     };
     Ok(vec![v])
 }
@@ -184,6 +192,7 @@ fn map(
     body: &crate::Graph,
     captures: usize,
     operands: &[Option<&Value>],
+    options: &crate::eval::EvalOptions,
 ) -> Result<Vec<Value>, String> {
     let len = seq(operands, captures)?.len();
     let mut results: Vec<Vec<Tensor>> = vec![Vec::with_capacity(len); body.outputs().len()];
@@ -199,7 +208,7 @@ fn map(
                 v => v.clone(),
             });
         }
-        let out = crate::eval::run_values(body, &inputs)
+        let out = crate::eval::run_values_with(body, &inputs, options)
             .map_err(|e| format!("in the body `{}`, element {i}: {e}", body.name))?;
         for (k, v) in out.into_iter().enumerate() {
             results[k].push(v.into_tensor()?);

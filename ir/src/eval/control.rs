@@ -2,21 +2,29 @@
 //! body once per position of the scanned inputs; Loop runs its body while its trip count and
 //! condition allow.
 
+use super::EvalOptions;
 use crate::shape::normalize_axis;
 use crate::{DType, Op, Tensor, Value};
 
 /// If and Loop carry any value (a sequence through a branch or as loop state); Scan tensors.
-pub(super) fn eval(op: &Op, operands: &[Option<&Value>]) -> Result<Vec<Value>, String> {
+/// `options` hold in the branches and bodies too.
+pub(super) fn eval(
+    op: &Op,
+    operands: &[Option<&Value>],
+    options: &EvalOptions,
+) -> Result<Vec<Value>, String> {
     match op {
-        Op::If { then_branch, else_branch } => if_(&then_branch.0, &else_branch.0, operands),
+        Op::If { then_branch, else_branch } => {
+            if_(&then_branch.0, &else_branch.0, operands, options)
+        }
         Op::Scan(s) => {
             let tensors: Vec<Option<&Tensor>> = operands
                 .iter()
                 .map(|o| o.map(Value::as_tensor).transpose())
                 .collect::<Result<_, _>>()?;
-            Ok(scan(s, &tensors)?.into_iter().map(Value::Tensor).collect())
+            Ok(scan(s, &tensors, options)?.into_iter().map(Value::Tensor).collect())
         }
-        Op::Loop(l) => loop_(l, operands),
+        Op::Loop(l) => loop_(l, operands, options),
         other => Err(format!("{} is not a control-flow op", other.name())),
     }
 }
@@ -26,6 +34,7 @@ fn if_(
     then_branch: &crate::Graph,
     else_branch: &crate::Graph,
     operands: &[Option<&Value>],
+    options: &EvalOptions,
 ) -> Result<Vec<Value>, String> {
     let cond =
         operands.first().copied().flatten().ok_or("the condition is missing")?.as_tensor()?;
@@ -38,11 +47,15 @@ fn if_(
         .iter()
         .map(|o| o.cloned().ok_or("a captured value is missing"))
         .collect::<Result<_, _>>()?;
-    crate::eval::run_values(taken, &captured)
+    crate::eval::run_values_with(taken, &captured, options)
         .map_err(|e| format!("in branch `{}`: {e}", taken.name))
 }
 
-fn scan(s: &crate::op::Scan, operands: &[Option<&Tensor>]) -> Result<Vec<Tensor>, String> {
+fn scan(
+    s: &crate::op::Scan,
+    operands: &[Option<&Tensor>],
+    options: &EvalOptions,
+) -> Result<Vec<Tensor>, String> {
     let all: Vec<Tensor> = operands
         .iter()
         .map(|o| o.cloned().ok_or("a Scan operand is missing"))
@@ -74,7 +87,7 @@ fn scan(s: &crate::op::Scan, operands: &[Option<&Tensor>]) -> Result<Vec<Tensor>
                     .map_err(|e| e.to_string())?,
             );
         }
-        let mut out = crate::eval::run(body, &inputs)
+        let mut out = crate::eval::run_with(body, &inputs, options)
             .map_err(|e| format!("in the body `{}`, step {step}: {e}", body.name))?;
         let rest = out.split_off(states.min(out.len()));
         state = out;
@@ -104,7 +117,11 @@ fn scan(s: &crate::op::Scan, operands: &[Option<&Tensor>]) -> Result<Vec<Tensor>
     Ok(results)
 }
 
-fn loop_(l: &crate::op::Loop, operands: &[Option<&Value>]) -> Result<Vec<Value>, String> {
+fn loop_(
+    l: &crate::op::Loop,
+    operands: &[Option<&Value>],
+    options: &EvalOptions,
+) -> Result<Vec<Value>, String> {
     let c = l.captures;
     let body = &l.body.0;
     let captured: Vec<Value> = (0..c)
@@ -127,6 +144,10 @@ fn loop_(l: &crate::op::Loop, operands: &[Option<&Value>]) -> Result<Vec<Value>,
     let mut slices: Vec<Vec<Tensor>> = vec![Vec::new(); stacked];
     let mut step: i64 = 0;
     while cond && trip.is_none_or(|m| step < m) {
+        // ONNX sets no limit (a Loop whose condition never turns false never ends); a user may.
+        if let Some(limit) = options.max_loop_steps.filter(|&n| step as u64 >= n) {
+            return Err(limit_reached(limit));
+        }
         let mut inputs = captured.clone();
         inputs.push(Value::Tensor(
             Tensor::from_f64s(DType::I64, &step_dims, &[step as f64]).map_err(|e| e.to_string())?,
@@ -135,7 +156,7 @@ fn loop_(l: &crate::op::Loop, operands: &[Option<&Value>]) -> Result<Vec<Value>,
             Tensor::from_f64s(DType::Bool, &cond_dims, &[1.0]).map_err(|e| e.to_string())?,
         ));
         inputs.append(&mut state);
-        let mut out = crate::eval::run_values(body, &inputs)
+        let mut out = crate::eval::run_values_with(body, &inputs, options)
             .map_err(|e| format!("in the body `{}`, step {step}: {e}", body.name))?;
         if out.len() < 1 + states {
             return Err(format!(
@@ -167,4 +188,11 @@ fn loop_(l: &crate::op::Loop, operands: &[Option<&Value>]) -> Result<Vec<Value>,
         ));
     }
     Ok(results)
+}
+
+/// Why a Loop stopped at `limit` steps (the error around it names the node).
+fn limit_reached(limit: u64) -> String {
+    format!(
+        "reached the limit of {limit} steps without ending (--max-loop-steps / EvalOptions::max_loop_steps: raise it, or leave it unset for no limit)"
+    )
 }

@@ -31,11 +31,25 @@ use ndarray::{ArrayD, ArrayViewD, IxDyn};
 use crate::infer::{self, Operand};
 use crate::{Dim, Element, Graph, IrError, Op, Result, Tensor, TensorType, Value, ValueId};
 
+/// How the interpreter runs a graph.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EvalOptions {
+    /// The most steps one run of a Loop may take: a Loop that would take another fails the run,
+    /// naming it (`--max-loop-steps`). `None`, the default: no limit, as in ONNX, where a Loop
+    /// with no trip count runs until its condition turns false, if ever.
+    pub max_loop_steps: Option<u64>,
+}
+
 /// Runs `graph` on `inputs` (in graph-input order) and returns its outputs in graph-output order.
 /// Every input and output is a tensor; [`run_values`] takes and gives sequences and optionals.
 pub fn run(graph: &Graph, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
+    run_with(graph, inputs, &EvalOptions::default())
+}
+
+/// [`run`] with options.
+pub fn run_with(graph: &Graph, inputs: &[Tensor], options: &EvalOptions) -> Result<Vec<Tensor>> {
     let inputs: Vec<Value> = inputs.iter().cloned().map(Value::Tensor).collect();
-    run_values(graph, &inputs)?
+    run_values_with(graph, &inputs, options)?
         .into_iter()
         .zip(graph.outputs())
         .map(|(v, (name, _))| {
@@ -47,6 +61,15 @@ pub fn run(graph: &Graph, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
 
 /// Runs `graph` on `inputs` (in graph-input order), any of which may be a sequence or an optional.
 pub fn run_values(graph: &Graph, inputs: &[Value]) -> Result<Vec<Value>> {
+    run_values_with(graph, inputs, &EvalOptions::default())
+}
+
+/// [`run_values`] with options (they hold inside every branch and body it runs too).
+pub fn run_values_with(
+    graph: &Graph,
+    inputs: &[Value],
+    options: &EvalOptions,
+) -> Result<Vec<Value>> {
     check_inputs(graph, inputs)?;
     let order = graph.topo_order()?;
     // How many times each value is still to be read, so intermediates are dropped early.
@@ -72,11 +95,8 @@ pub fn run_values(graph: &Graph, inputs: &[Value]) -> Result<Vec<Value>> {
         let results = {
             let operands: Vec<Option<&Value>> =
                 operand_ids.iter().map(|o| o.map(|v| &values[&v])).collect();
-            eval_node(&node.op, &operands, node.outputs.len()).map_err(|msg| IrError::Eval {
-                node: node.name.clone(),
-                op: node.op.name(),
-                msg,
-            })?
+            eval_node(&node.op, &operands, node.outputs.len(), options)
+                .map_err(|msg| IrError::Eval { node: node.name.clone(), op: node.op.name(), msg })?
         };
         for v in operand_ids.into_iter().flatten() {
             let n = uses.get_mut(&v).expect("counted above");
@@ -101,14 +121,15 @@ fn eval_node(
     op: &Op,
     operands: &[Option<&Value>],
     num_outputs: usize,
+    options: &EvalOptions,
 ) -> Result<Vec<Value>, String> {
     match op {
-        Op::Sequence(_) | Op::Optional(_) => collection::eval(op, operands),
+        Op::Sequence(_) | Op::Optional(_) => collection::eval(op, operands, options),
         Op::Identity => {
             Ok(vec![operands.first().copied().flatten().ok_or("operand 0 is missing")?.clone()])
         }
         Op::If { .. } | Op::Scan(_) | Op::Loop(_) => {
-            let mut r = control::eval(op, operands)?;
+            let mut r = control::eval(op, operands, options)?;
             r.truncate(num_outputs);
             Ok(r)
         }
@@ -220,7 +241,7 @@ pub fn eval_op(
             let values: Vec<Option<Value>> =
                 operands.iter().map(|o| o.cloned().map(Value::Tensor)).collect();
             let refs: Vec<Option<&Value>> = values.iter().map(Option::as_ref).collect();
-            let mut r = control::eval(op, &refs)?;
+            let mut r = control::eval(op, &refs, &EvalOptions::default())?;
             r.truncate(num_outputs);
             return r.into_iter().map(Value::into_tensor).collect();
         }

@@ -92,3 +92,49 @@ fn a_loop_round_trips_through_the_text_form() {
     let x = [Tensor::vector(&[1i64]), Tensor::scalar(true)];
     assert_eq!(eval::run(&back, &x).unwrap(), eval::run(&g, &x).unwrap());
 }
+
+/// `Loop(no trip count, true, acc)`: only the body's condition ends it, after step `stop_at`
+/// (steps 0 to `stop_at`), or never.
+fn conditioned(stop_at: Option<i64>) -> Graph {
+    let g = GraphBuilder::new("conditioned");
+    let acc = g.input("acc", DType::I64, [1]);
+    let c = g.constant("c", Tensor::scalar(true));
+    let out = g.apply(
+        Op::Loop(Box::new(Loop { body: body(stop_at), captures: 0 })),
+        &[None, Some(c), Some(acc)],
+        2,
+    );
+    g.output("acc_last", out[0]);
+    g.output("seen", out[1]);
+    g.build().unwrap()
+}
+
+#[test]
+fn a_loop_stops_at_max_loop_steps_naming_the_node() {
+    let acc = Tensor::vector(&[0i64]);
+    let limited = eval::EvalOptions { max_loop_steps: Some(1000) };
+    // A condition that never turns false: ONNX runs it forever; the limit stops it.
+    let g = conditioned(None);
+    let loop_name = g.node(g.outputs()[0].1.node).name.clone();
+    let e = eval::run_with(&g, std::slice::from_ref(&acc), &limited).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        format!("evaluating node `{loop_name}` (Loop): reached the limit of 1000 steps without ending (--max-loop-steps / EvalOptions::max_loop_steps: raise it, or leave it unset for no limit)")
+    );
+    // One that ends within the limit, or right at it, runs as before.
+    for stop_at in [10, 999] {
+        let g = conditioned(Some(stop_at));
+        let out = eval::run_with(&g, std::slice::from_ref(&acc), &limited).unwrap();
+        assert_eq!(out, eval::run(&g, std::slice::from_ref(&acc)).unwrap());
+        assert_eq!(out[1].dims(), &[stop_at as usize + 1, 1]);
+    }
+    // One step past it is refused, trip count or not.
+    let e = eval::run_with(&conditioned(Some(1000)), std::slice::from_ref(&acc), &limited);
+    assert!(e.unwrap_err().to_string().contains("reached the limit of 1000 steps"));
+    let few = eval::EvalOptions { max_loop_steps: Some(3) };
+    let e = eval::run_with(&counted(Some(4), false, None), std::slice::from_ref(&acc), &few);
+    assert!(e.unwrap_err().to_string().contains("reached the limit of 3 steps"));
+    assert!(
+        eval::run_with(&counted(Some(3), false, None), std::slice::from_ref(&acc), &few).is_ok()
+    );
+}
