@@ -55,7 +55,7 @@ pub(super) fn constant_of_shape(value: &Tensor, ops: &Operands, ctx: &Ctx) -> In
         Some(Some(dims)) => dims,
         _ => {
             return match &shape.ty.shape.0[0] {
-                Dim::Fixed(n) => Ok(vec![TensorType::new(value.dtype(), ctx.fresh_shape(*n))]),
+                Dim::Fixed(n) => Ok(vec![TensorType::new(value.dtype(), ctx.fresh_shape(*n)?)]),
                 Dim::Sym(_) => {
                     Err(format!("the shape operand must have a known length, got {}", shape.ty))
                 }

@@ -173,7 +173,7 @@ fn tile(ops: &Operands, ctx: &Ctx) -> Infer {
                 return Err(format!("repeats {reps_ty} must have one entry per dimension of {x}"));
             }
         }
-        return Ok(vec![TensorType::new(x.dtype, ctx.fresh_shape(x.rank()))]);
+        return Ok(vec![TensorType::new(x.dtype, ctx.fresh_shape(x.rank())?)]);
     };
     if reps.len() != x.rank() {
         return Err(format!("repeats {reps:?} must have one entry per dimension of {x}"));
@@ -239,7 +239,7 @@ fn pad(mode: PadMode, ops: &Operands, ctx: &Ctx) -> Infer {
             }
             return Ok(vec![TensorType::new(x.dtype, Shape(dims))]);
         }
-        _ => return Ok(vec![TensorType::new(x.dtype, ctx.fresh_shape(x.rank()))]),
+        _ => return Ok(vec![TensorType::new(x.dtype, ctx.fresh_shape(x.rank())?)]),
     };
     let amounts = pad_amounts(&pads, axes.as_deref(), x.rank())?;
     let mut dims = Vec::with_capacity(x.rank());

@@ -48,12 +48,22 @@ impl Ctx<'_> {
     }
 
     /// A shape of `rank` fresh symbols.
-    pub(crate) fn fresh_shape(&self, rank: usize) -> Shape {
-        Shape((0..rank).map(|i| self.fresh(i)).collect())
+    /// A shape of `rank` unknown dims. The rank may come from a value's length (a Reshape's
+    /// shape operand, Unsqueeze's axes) that only its type bounds: an operand of 2^31 entries
+    /// asked for 32 GiB of dims, so ranks past [`MAX_RANK`] are refused.
+    pub(crate) fn fresh_shape(&self, rank: usize) -> Result<Shape, String> {
+        if rank > MAX_RANK {
+            return Err(format!("a result of rank {rank}: kiln takes at most {MAX_RANK} axes"));
+        }
+        Ok(Shape((0..rank).map(|i| self.fresh(i)).collect()))
     }
 }
 
 pub(crate) type Infer = Result<Vec<TensorType>, String>;
+
+/// The most axes a result may have when its rank comes from a value's length (no model has
+/// more than a handful; numpy allows 64).
+pub const MAX_RANK: usize = 1024;
 
 /// What an op without its rules yet reports.
 pub(crate) fn not_yet(op: &Op) -> Infer {

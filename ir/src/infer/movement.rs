@@ -9,7 +9,7 @@ pub(super) fn reshape(allowzero: bool, ops: &Operands, ctx: &Ctx) -> Infer {
     let shape_op = ops.get(1)?;
     let Some(Some(spec)) = ops.ints(1, "shape")? else {
         return match shape_op.ty.shape.0.as_slice() {
-            [Dim::Fixed(n)] => Ok(vec![TensorType::new(x.dtype, ctx.fresh_shape(*n))]),
+            [Dim::Fixed(n)] => Ok(vec![TensorType::new(x.dtype, ctx.fresh_shape(*n)?)]),
             _ => Err(format!("the shape operand must be 1-D of known length, got {}", shape_op.ty)),
         };
     };
@@ -114,7 +114,7 @@ pub(super) fn squeeze(ops: &Operands, ctx: &Ctx) -> Infer {
         // Axes known at run time only: the rank follows from their count.
         Some(None) => match ops.get(1)?.ty.shape.dims() {
             [Dim::Fixed(k)] if *k <= x.rank() => {
-                return Ok(vec![TensorType::new(x.dtype, ctx.fresh_shape(x.rank() - k))])
+                return Ok(vec![TensorType::new(x.dtype, ctx.fresh_shape(x.rank() - k)?)])
             }
             _ => {
                 return Err(format!(
@@ -149,7 +149,7 @@ pub(super) fn unsqueeze(ops: &Operands, ctx: &Ctx) -> Infer {
     let Some(Some(axes)) = ops.ints(1, "axes")? else {
         // Axes known at run time only: the rank follows from their count.
         return match ops.get(1)?.ty.shape.dims() {
-            [Dim::Fixed(k)] => Ok(vec![TensorType::new(x.dtype, ctx.fresh_shape(x.rank() + k))]),
+            [Dim::Fixed(k)] => Ok(vec![TensorType::new(x.dtype, ctx.fresh_shape(x.rank() + k)?)]),
             _ => Err(format!(
                 "Unsqueeze axes {} must be constant or of known length",
                 ops.get(1)?.ty
@@ -285,7 +285,7 @@ pub(super) fn slice(ops: &Operands, ctx: &Ctx) -> Infer {
     let axes = ops.ints(3, "axes")?;
     let steps = ops.ints(4, "steps")?;
     let (Some(Some(starts)), Some(Some(ends))) = (starts, ends) else {
-        return Ok(vec![TensorType::new(x.dtype, ctx.fresh_shape(x.rank()))]);
+        return Ok(vec![TensorType::new(x.dtype, ctx.fresh_shape(x.rank())?)]);
     };
     if starts.len() != ends.len() {
         return Err(format!("starts {starts:?} and ends {ends:?} differ in length"));
@@ -293,12 +293,12 @@ pub(super) fn slice(ops: &Operands, ctx: &Ctx) -> Infer {
     let axes = match axes {
         None => (0..starts.len() as i64).collect(),
         Some(Some(a)) => a,
-        Some(None) => return Ok(vec![TensorType::new(x.dtype, ctx.fresh_shape(x.rank()))]),
+        Some(None) => return Ok(vec![TensorType::new(x.dtype, ctx.fresh_shape(x.rank())?)]),
     };
     let steps = match steps {
         None => vec![1; starts.len()],
         Some(Some(s)) => s,
-        Some(None) => return Ok(vec![TensorType::new(x.dtype, ctx.fresh_shape(x.rank()))]),
+        Some(None) => return Ok(vec![TensorType::new(x.dtype, ctx.fresh_shape(x.rank())?)]),
     };
     if axes.len() != starts.len() || steps.len() != starts.len() {
         return Err(format!(
@@ -342,7 +342,7 @@ pub(super) fn expand(ops: &Operands, ctx: &Ctx) -> Infer {
             Shape(s.iter().map(|&d| Dim::Fixed(d as usize)).collect())
         }
         _ => match shape_op.ty.shape.0.as_slice() {
-            [Dim::Fixed(n)] => ctx.fresh_shape(*n),
+            [Dim::Fixed(n)] => ctx.fresh_shape(*n)?,
             _ => {
                 return Err(format!(
                     "the shape operand must be 1-D of known length, got {}",

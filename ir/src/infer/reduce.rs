@@ -51,10 +51,10 @@ pub(super) fn reduce(r: &Reduce, ops: &Operands, ctx: &Ctx) -> Infer {
                 })
                 .collect(),
         ),
-        None if r.keepdims => ctx.fresh_shape(x.rank()),
+        None if r.keepdims => ctx.fresh_shape(x.rank())?,
         // Without keepdims the rank still follows from how many axes there are.
         None => match ops.get(1)?.ty.shape.dims() {
-            [Dim::Fixed(k)] if *k > 0 && *k <= x.rank() => ctx.fresh_shape(x.rank() - k),
+            [Dim::Fixed(k)] if *k > 0 && *k <= x.rank() => ctx.fresh_shape(x.rank() - k)?,
             _ => {
                 return Err(format!(
                     "axes {} known only at run time need keepdims = 1 or a known count",

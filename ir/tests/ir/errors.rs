@@ -209,6 +209,20 @@ fn sizes_that_overflow_are_errors_naming_the_node() {
     assert!(err.contains("more elements than a tensor can hold"), "{err}");
 }
 
+/// A rank that comes from a value's length (Unsqueeze's axes, a Reshape's shape known only by
+/// its type) is bounded: an empty input unsqueezed by 2^31 run-time axes aborted the import
+/// allocating 32 GiB of dims (found by the compiler's fuzz target).
+#[test]
+fn ranks_from_a_values_length_are_bounded() {
+    let mut g = Graph::new("wide");
+    let x = g.add_input("x", TensorType::new(DType::F32, [0usize])).unwrap();
+    let axes = g.add_input("axes", TensorType::new(DType::I64, [1usize << 31])).unwrap();
+    let err = g.add_node("u", Op::Unsqueeze, &[Some(x), Some(axes)]).unwrap_err().to_string();
+    assert!(err.contains("node `u`") && err.contains("a result of rank 2147483649"), "{err}");
+    let shape = g.add_input("shape", TensorType::new(DType::I64, [3usize])).unwrap();
+    assert!(g.add_node("r", Op::Reshape { allowzero: false }, &[Some(x), Some(shape)]).is_ok());
+}
+
 /// A `.npy` whose header claims more than it holds, or more than any tensor can hold, is an
 /// error: a header of (2^62 + 1, 4) over 16 bytes of data corrupted the heap.
 #[test]
