@@ -305,6 +305,9 @@ fn construct(graph: &mut Graph, base: &str, dtype: DType, items: &[ValueId]) -> 
     Ok(graph.add_node(&name, op, &operands)?.into())
 }
 
+/// The most tensors a sequence that compiled code holds as separate values may have.
+pub const MAX_SEQUENCE_TENSORS: usize = 1 << 12;
+
 /// SplitToSequence as a Split (and a Squeeze per piece without `keepdims`), when the operand's
 /// shape and the split are known.
 fn split(
@@ -338,6 +341,18 @@ fn split(
     };
     if lengths.is_empty() {
         return Ok(Some(Vec::new()));
+    }
+    // Each piece becomes a value of its own (and its kernels): a split of f32[2^20] into 2^20
+    // pieces did not finish compiling in 5 minutes.
+    if lengths.len() > MAX_SEQUENCE_TENSORS {
+        return Err(CompileError::RuntimeSequence {
+            node: name.to_string(),
+            op: "SplitToSequence",
+            what: format!(
+                "splits into {} tensors; compiled code holds a sequence as its tensors, at most {MAX_SEQUENCE_TENSORS} (the interpreter, --device ref, runs it)",
+                lengths.len()
+            ),
+        });
     }
     let sizes = graph
         .add_constant(&graph.unique_name(&format!("{name}.sizes")), Tensor::vector(&lengths))?;
