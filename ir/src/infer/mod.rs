@@ -65,6 +65,10 @@ pub(crate) type Infer = Result<Vec<TensorType>, String>;
 /// more than a handful; numpy allows 64).
 pub const MAX_RANK: usize = 1024;
 
+/// The most results one node may have when an attribute, not its names, says how many (Split's
+/// `num_outputs`).
+pub const MAX_RESULTS: usize = 1 << 16;
+
 /// What an op without its rules yet reports.
 pub(crate) fn not_yet(op: &Op) -> Infer {
     Err(format!("{} is not implemented yet", op.name()))

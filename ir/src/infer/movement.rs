@@ -221,6 +221,14 @@ pub(super) fn split(ax: i64, num_outputs: usize, ops: &Operands, ctx: &Ctx) -> I
     if num_outputs == 0 {
         return Err("num_outputs must be positive".into());
     }
+    // The count is an attribute, not the names the node has: 4 * 10^13 of them aborted the
+    // text parser allocating their types (found by text_parse).
+    if num_outputs > super::MAX_RESULTS {
+        return Err(format!(
+            "num_outputs {num_outputs} is more than the {} results a node may have",
+            super::MAX_RESULTS
+        ));
+    }
     let part = |d: Dim| {
         let mut dims = x.shape.0.clone();
         dims[a] = d;

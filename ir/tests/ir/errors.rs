@@ -219,6 +219,10 @@ fn ranks_from_a_values_length_are_bounded() {
     let axes = g.add_input("axes", TensorType::new(DType::I64, [1usize << 31])).unwrap();
     let err = g.add_node("u", Op::Unsqueeze, &[Some(x), Some(axes)]).unwrap_err().to_string();
     assert!(err.contains("node `u`") && err.contains("a result of rank 2147483649"), "{err}");
+    // A Split whose num_outputs attribute asks for 4 * 10^13 results (the text form's fuzzer).
+    let src = "graph g {\n  input %x: f32[n,4]\n  %s: (f32[n,4], f32[n,4]) = Split(%x) {axis = 0, num_outputs = 41444444444444}\n  output %y = %x\n}\n";
+    let err = text::parse(src).unwrap_err().to_string();
+    assert!(err.contains("num_outputs 41444444444444 is more than the 65536 results"), "{err}");
     let shape = g.add_input("shape", TensorType::new(DType::I64, [3usize])).unwrap();
     assert!(g.add_node("r", Op::Reshape { allowzero: false }, &[Some(x), Some(shape)]).is_ok());
 }
