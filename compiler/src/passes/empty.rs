@@ -164,8 +164,7 @@ fn empty_results(graph: &mut Graph, id: NodeId) -> Result<Option<Vec<ValueId>>> 
     let name = node.name.clone();
     let mut values = Vec::with_capacity(dims.len());
     for (k, (dtype, d)) in dims.into_iter().enumerate() {
-        let n = graph.unique_name(&format!("{name}.{k}.empty"));
-        values.push(graph.add_constant(&n, Tensor::zeros(dtype, &d))?);
+        values.push(zeros(graph, &format!("{name}.{k}"), dtype, &d)?);
     }
     Ok(Some(values))
 }
