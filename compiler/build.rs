@@ -1,4 +1,4 @@
-//! Builds the CPU microkernel (`src/target/cpu/ukernel.c`), the recurrent-layer kernel
+//! Builds the CPU microkernel (`src/backend/cpu/ukernel.c`), the recurrent-layer kernel
 //! (`recurrent.c`), the reductions and softmax (`reduction.c`), the transpose (`movement.c`),
 //! attention (`attention.c`) and the integer convolution (`quantized.c`) with the system C compiler, once per x86-64 instruction-set level, so that
 //! compiling a model needs no C compiler run of its own for them: the compiler links the objects
@@ -13,20 +13,20 @@ use std::process::Command;
 fn main() {
     // The microkernel, the recurrent-layer kernel, the row kernels, the transpose and attention, one object each per level.
     let sources = [
-        ("ukernel", "src/target/cpu/ukernel.c"),
-        ("recurrent", "src/target/cpu/recurrent.c"),
-        ("reduction", "src/target/cpu/reduction.c"),
-        ("movement", "src/target/cpu/movement.c"),
-        ("attention", "src/target/cpu/attention.c"),
-        ("quantized", "src/target/cpu/quantized.c"),
+        ("ukernel", "src/backend/cpu/ukernel.c"),
+        ("recurrent", "src/backend/cpu/recurrent.c"),
+        ("reduction", "src/backend/cpu/reduction.c"),
+        ("movement", "src/backend/cpu/movement.c"),
+        ("attention", "src/backend/cpu/attention.c"),
+        ("quantized", "src/backend/cpu/quantized.c"),
     ];
     for (_, src) in sources {
         println!("cargo:rerun-if-changed={src}");
     }
-    println!("cargo:rerun-if-changed=src/target/cpu/simd.h");
-    println!("cargo:rerun-if-changed=src/target/cpu/depthwise.h");
-    println!("cargo:rerun-if-changed=src/target/cpu/workspace.h");
-    println!("cargo:rerun-if-changed=src/target/cpu/ukernel.h");
+    println!("cargo:rerun-if-changed=src/backend/cpu/simd.h");
+    println!("cargo:rerun-if-changed=src/backend/cpu/depthwise.h");
+    println!("cargo:rerun-if-changed=src/backend/cpu/workspace.h");
+    println!("cargo:rerun-if-changed=src/backend/cpu/ukernel.h");
     println!("cargo:rerun-if-env-changed=CC");
     let out = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());

@@ -23,9 +23,9 @@ use kiln_runtime::artifact::Artifact;
 use kiln_runtime::files;
 use sha2::{Digest, Sha256};
 
+use crate::backend;
 pub use crate::options::parse_size;
 use crate::options::Options;
-use crate::target;
 use crate::{CompileError, Result};
 
 /// The limit when `KILN_CACHE_SIZE` is not set.
@@ -80,7 +80,7 @@ pub fn key(graph: &Graph, options: &Options) -> String {
 /// What the key digests. The graph's text gives each large weight only as a 64-bit summary
 /// digest, which a hostile model could collide with; the weights enter by SHA-256 as well.
 fn key_text(graph: &Graph, options: &Options) -> String {
-    let overrides = target::microkernel_overrides(options);
+    let overrides = backend::microkernel_overrides(options);
     let mut shapes: Vec<_> = options.input_shapes.iter().collect();
     shapes.sort();
     let mut values: Vec<(&String, String)> =
@@ -99,7 +99,7 @@ fn key_text(graph: &Graph, options: &Options) -> String {
         ),
         options.ptx,
         // A forced GPU schedule (tests, debugging) makes different code.
-        target::gpu_strategy(options).ok().flatten(),
+        backend::gpu_strategy(options).ok().flatten(),
         shapes,
         values,
         (

@@ -8,9 +8,9 @@ use kiln_ir::{text, Graph, Op};
 use kiln_runtime::artifact::Artifact;
 use kiln_runtime::{Executable, LoadOptions};
 
+use crate::backend;
 use crate::options::Options;
 use crate::stage::{Stage, Stages};
-use crate::target;
 use crate::{artifact, cache, fuse, passes, CompileError, Result};
 
 /// A compiled model.
@@ -58,7 +58,7 @@ pub fn compile_reporting(
         clock = Instant::now();
     };
     let keep = keep_stages || options.dump_dir.is_some();
-    let backend = target::for_options(options)?;
+    let backend = backend::for_options(options)?;
     let key = if options.cache && !keep && cache::limit()? > 0 {
         Some(cache::key(graph, options))
     } else {
@@ -582,7 +582,8 @@ pub fn front(graph: &Graph, options: &Options, codegen: bool) -> Result<Stages> 
     let partition = fuse::partition(&g, fuse::views_for(options.target))?;
     stages.set(Stage::Fused, fuse::print(&g, &partition));
     if codegen {
-        stages.set(Stage::Mlir, target::for_options(options)?.kernel_mlir(&g, &partition.kernels)?);
+        stages
+            .set(Stage::Mlir, backend::for_options(options)?.kernel_mlir(&g, &partition.kernels)?);
     }
     Ok(stages)
 }

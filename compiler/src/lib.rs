@@ -1,6 +1,7 @@
 //! kiln-compiler: graph passes, fusion, MLIR/LLVM codegen, targets, and the `kiln` CLI.
 
 pub mod artifact;
+pub mod backend;
 pub mod batch;
 pub mod cache;
 pub mod cli;
@@ -15,7 +16,6 @@ pub mod pad;
 pub mod passes;
 pub mod session;
 mod stage;
-pub mod target;
 pub mod toolchain;
 pub mod tune;
 pub mod values;

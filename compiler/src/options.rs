@@ -92,10 +92,10 @@ pub struct Options {
     /// Use the compile cache (on by default).
     pub cache: bool,
     /// For `--target cuda`: the GPU architecture and PTX ISA version.
-    pub ptx: crate::target::gpu::PtxTarget,
+    pub ptx: crate::backend::gpu::PtxTarget,
     /// GPU targets: use only this schedule (`parallel`, `reduction`, `contraction`) where it applies,
     /// else per-op; for tests and debugging (`KILN_GPU_SCHEDULE` does the same).
-    pub gpu_schedule: Option<crate::target::gpu::schedule::Strategy>,
+    pub gpu_schedule: Option<crate::backend::gpu::schedule::Strategy>,
     /// CPU: which contractions and convolutions run on the packed microkernel. `None` decides by
     /// shape class (where it beats the linalg path); `Some(true)` takes it wherever it applies,
     /// `Some(false)` never (tests, comparisons; `KILN_UKERNEL=1|0` does the same).
@@ -111,7 +111,7 @@ pub struct Options {
     pub precision: Precision,
     /// CPU: the CPU the code is for (`--target-cpu`): the host by default, whose code runs only
     /// on CPUs with its wide features; an x86-64 level or a CPU name for artifacts that travel.
-    pub target_cpu: crate::target::cpu::machine::CpuTarget,
+    pub target_cpu: crate::backend::cpu::machine::CpuTarget,
 }
 
 impl Default for Options {

@@ -27,7 +27,7 @@
 
 use std::path::{Path, PathBuf};
 
-pub use kiln_compiler::target::cpu::machine::CpuTarget;
+pub use kiln_compiler::backend::cpu::machine::CpuTarget;
 pub use kiln_compiler::{Precision, TargetKind as Target};
 pub use kiln_ir::{builder, DType, Dim, Graph, Tensor};
 pub use kiln_runtime::artifact::TensorDesc;

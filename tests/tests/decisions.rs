@@ -3,10 +3,10 @@
 //! None of these tests runs MLIR or LLVM, so they take milliseconds.
 
 use kiln_compiler::artifact::{self, Arg, KernelRun, TargetCode};
+use kiln_compiler::backend::cpu::schedule;
+use kiln_compiler::backend::gpu::schedule::Strategy;
+use kiln_compiler::backend::linalg::{Elem, Expr, LinalgOp, OpKind};
 use kiln_compiler::fuse::{self, Partition, Views};
-use kiln_compiler::target::cpu::schedule;
-use kiln_compiler::target::gpu::schedule::Strategy;
-use kiln_compiler::target::linalg::{Elem, Expr, LinalgOp, OpKind};
 use kiln_compiler::{Stage, TargetKind};
 use kiln_ir::builder::GraphBuilder;
 use kiln_ir::{DType, Graph, Tensor};

@@ -194,7 +194,7 @@ fn bf16_runs_on_opencl_as_16_bit_integers() {
 /// with a misaligned address on an H200.
 #[test]
 fn ptx_shared_memory_is_aligned_for_vector_accesses() {
-    if kiln_compiler::target::gpu::ptx::libdevice().is_none() {
+    if kiln_compiler::backend::gpu::ptx::libdevice().is_none() {
         return skipped("CUDA's libdevice not found; the PTX was not built");
     }
     let options = Options { target: TargetKind::Cuda, cache: false, ..Options::default() };
@@ -215,7 +215,7 @@ fn ptx_passes_ptxas() {
     if !ptxas.is_ok_and(|o| o.status.success()) {
         return skipped("ptxas not installed (scripts/setup-cuda-tools.sh installs Debian's nvidia-cuda-toolkit); the PTX was not assembled");
     }
-    if kiln_compiler::target::gpu::ptx::libdevice().is_none() {
+    if kiln_compiler::backend::gpu::ptx::libdevice().is_none() {
         return skipped("CUDA's libdevice not found; the PTX was not built");
     }
     let dir = std::env::temp_dir().join(format!("kiln-ptx-test-{}", std::process::id()));

@@ -1,4 +1,4 @@
-//! The GPU tile kernels (`target/gpu/tile/`): each shape at the sizes that pick each of its
+//! The GPU tile kernels (`backend/gpu/tile/`): each shape at the sizes that pick each of its
 //! forms, run on OpenCL against the interpreter (Intel's CPU runtime under `make test`; the
 //! OpenCL flavour exchanges values through workgroup memory where NVIDIA's shuffles), their PTX
 //! through `ptxas` for sm_80 and sm_90, and the plans as a snapshot.

@@ -138,7 +138,7 @@ fn stages_are_one_list() {
 /// kernel context, and the chain prints both.
 #[test]
 fn errors_chain_the_kernel_context_to_the_leaf() {
-    let mlir = kiln_compiler::target::MlirContext::new();
+    let mlir = kiln_compiler::backend::MlirContext::new();
     let mut module = melior::ir::Module::new(melior::ir::Location::unknown(&mlir.ctx));
     let e = mlir.run_pipeline(&mut module, "builtin.module(no-such-pass)").unwrap_err();
     assert_eq!(e.pipeline, "no-such-pass");

@@ -4,7 +4,7 @@
 //! than the CPU has is refused naming what is missing. The runtime's feature set is narrowed
 //! with `KILN_CPU_LACKS` in a child process of this binary (the runtime reads it once).
 
-use kiln_compiler::target::cpu::machine::{self, CpuTarget};
+use kiln_compiler::backend::cpu::machine::{self, CpuTarget};
 use kiln_compiler::{Options, Stage};
 use kiln_ir::builder::{ConvOptions, GraphBuilder};
 use kiln_ir::{eval, DType, Graph, Tensor};

@@ -6,7 +6,7 @@ use super::common::{
     compile_with_bar, load_model, parse_max_size, parse_shapes_or_ranges, print_timings,
     write_atomically, Model,
 };
-use crate::target::gpu::PtxTarget;
+use crate::backend::gpu::PtxTarget;
 use crate::{CompileError, Options, Result, TargetKind};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -121,7 +121,7 @@ pub struct Args {
     /// -march=` takes it) makes an artifact for every CPU that has what it names. `kiln info`
     /// shows what an artifact needs.
     #[arg(long, default_value = "native", value_name = "CPU")]
-    target_cpu: crate::target::cpu::machine::CpuTarget,
+    target_cpu: crate::backend::cpu::machine::CpuTarget,
     /// Threads to tune with (default: every core).
     #[arg(long)]
     threads: Option<usize>,

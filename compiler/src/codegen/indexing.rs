@@ -828,7 +828,7 @@ pub(super) fn copy_into_dest<'c, 'a>(
 }
 
 /// `scf.for %i = 0 to n` threading the tensor `init` through `body(i, acc) -> acc'`: sequential
-/// in-place updates (the kernel then runs as one workgroup, see `target::cpu`).
+/// in-place updates (the kernel then runs as one workgroup, see `backend::cpu`).
 pub(super) fn scf_for<'c, 'a>(
     em: &Emitter<'c, 'a>,
     n: usize,

@@ -1,5 +1,5 @@
 //! Attention recognition (the CPU's pass): scaled dot-product attention as exporters write it
-//! becomes one `Attention` node, which the CPU runs as one kernel (`target/cpu/attention.c`).
+//! becomes one `Attention` node, which the CPU runs as one kernel (`backend/cpu/attention.c`).
 //!
 //! ```text
 //! S = MatMul(Q, K^T) [Div c | Mul c] [Add mask];  P = Softmax(S, last axis);  Y = MatMul(P, V)

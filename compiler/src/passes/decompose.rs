@@ -36,7 +36,7 @@ pub fn run(graph: &mut Graph) -> Result<bool> {
 /// (`ukernel::runs_recurrent`: one kernel a layer, its time loop inside) and attention its
 /// attention kernel runs whole (`ukernel::runs_attention`) stay as they are.
 pub fn run_for_cpu(graph: &mut Graph) -> Result<bool> {
-    decompose(graph, crate::target::cpu::ukernel::runs_whole)
+    decompose(graph, crate::backend::cpu::ukernel::runs_whole)
 }
 
 fn decompose(graph: &mut Graph, keep: fn(&Graph, NodeId) -> bool) -> Result<bool> {

@@ -1,4 +1,4 @@
-//! Integer ops for the CPU's integer kernels (`target/cpu/quantized.c`):
+//! Integer ops for the CPU's integer kernels (`backend/cpu/quantized.c`):
 //!
 //! - `QuantizeLinear(Conv(DequantizeLinear(x), DequantizeLinear(w), DequantizeLinear(b)))`, as
 //!   onnxruntime's quantizer writes a convolution in QDQ form and as the importer expands ONNX's
@@ -48,7 +48,7 @@ pub fn run(graph: &mut Graph) -> Result<bool> {
             let operands = materialize(graph, &name, operands)?;
             changed = true;
             let new = graph.add_node(&name, Op::QConv(conv), &operands)?;
-            if !crate::target::cpu::ukernel::runs_qconv(graph, new) {
+            if !crate::backend::cpu::ukernel::runs_qconv(graph, new) {
                 graph.remove_node(new)?;
                 continue;
             }
@@ -369,7 +369,7 @@ impl Product {
         )?;
         let conv = Conv { window: kiln_ir::op::Window::unit(2), group: 1 };
         let product = graph.add_node(name, Op::QConv(conv), &operands)?;
-        if !crate::target::cpu::ukernel::runs_qconv(graph, product) {
+        if !crate::backend::cpu::ukernel::runs_qconv(graph, product) {
             graph.remove_node(product)?;
             graph.remove_node(rows)?;
             return Ok(None);

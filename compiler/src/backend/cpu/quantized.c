@@ -1,4 +1,4 @@
-/* kiln's integer convolution (a QConv node; the compiler's target/cpu/integer.rs plans it and
+/* kiln's integer convolution (a QConv node; the compiler's backend/cpu/integer.rs plans it and
  * packs its weights): 2-D, one group, NCHW u8 input, s8 weights, int32 sums, the result
  * requantised to u8 or s8 as it is stored.
  *

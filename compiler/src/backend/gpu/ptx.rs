@@ -12,8 +12,8 @@ use inkwell::targets::{
 };
 use inkwell::OptimizationLevel;
 
-use crate::target::edit::{self, RawOp};
-use crate::target::MlirContext;
+use crate::backend::edit::{self, RawOp};
+use crate::backend::MlirContext;
 
 /// LLVM's calling convention for PTX kernels (`ptx_kernel`).
 const PTX_KERNEL_CC: u32 = 71;

@@ -12,7 +12,7 @@
 use melior::ir::operation::OperationBuilder;
 use melior::ir::{Location, Type};
 
-use crate::target::edit::{self, RawOp};
+use crate::backend::edit::{self, RawOp};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Flavor {

@@ -7,8 +7,8 @@ use melior::ir::operation::OperationBuilder;
 use melior::ir::{Block, BlockLike, Location, Region, RegionLike};
 
 use super::script::Script;
-use crate::target::edit::{self, RawOp};
-use crate::target::MlirContext;
+use crate::backend::edit::{self, RawOp};
+use crate::backend::MlirContext;
 
 pub use crate::artifact::Arg;
 

@@ -24,8 +24,8 @@ use std::fmt;
 
 use super::loops::{self, Loops};
 use super::script::{block_mapping, mapping, Script};
-use crate::target::edit::{self, RawOp};
-use crate::target::MlirContext;
+use crate::backend::edit::{self, RawOp};
+use crate::backend::MlirContext;
 
 /// Threads per block the schedules aim for.
 pub const BLOCK_THREADS: usize = 256;

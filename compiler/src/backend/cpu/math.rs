@@ -13,7 +13,7 @@ use melior::ir::operation::OperationBuilder;
 use melior::ir::{Identifier, Location, Type, Value};
 use mlir_sys as ffi;
 
-use crate::target::edit::{self, RawOp};
+use crate::backend::edit::{self, RawOp};
 
 fn raw_name(o: ffi::MlirOperation) -> String {
     RawOp(o).name()

@@ -18,8 +18,8 @@ use melior::ir::{
 use melior::Context;
 use mlir_sys::{MlirBlock, MlirType, MlirValue};
 
+use crate::backend::edit::RawOp;
 use crate::codegen::scalar::ScalarBuilder;
-use crate::target::edit::RawOp;
 
 /// A value in the kernel being built.
 pub type V = MlirValue;

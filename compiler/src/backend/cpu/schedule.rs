@@ -1,5 +1,5 @@
 //! Per-kernel schedules for the CPU, decided in Rust from the typed analysis of the kernel's linalg
-//! ops (`target::linalg`): how a kernel is split into workgroups, how each workgroup is tiled into
+//! ops (`backend::linalg`): how a kernel is split into workgroups, how each workgroup is tiled into
 //! register-sized pieces and vectorised. `decide` is a pure function of the analysis; its
 //! `Schedule` prints (`kiln emit --stage schedule`) and `script.rs` turns it into the transform
 //! dialect scripts that carry it out.
@@ -19,7 +19,7 @@
 use std::collections::HashSet;
 use std::fmt;
 
-use crate::target::linalg::{Elem, Expr, LinalgOp, OpKind};
+use crate::backend::linalg::{Elem, Expr, LinalgOp, OpKind};
 
 /// Kernels with less work than this (loop iterations of all their ops: multiply-adds of a
 /// contraction, elements of an elementwise op) run as one workgroup: a few microseconds of

@@ -6,7 +6,7 @@
 
 use mlir_sys::{MlirType, MlirValue};
 
-use crate::target::edit::{self, RawOp};
+use crate::backend::edit::{self, RawOp};
 
 /// `t` with bf16 replaced by i16 (as a memref's element too); `None` when `t` holds no bf16.
 fn replaced(ctx: &melior::Context, t: MlirType) -> Option<MlirType> {

@@ -180,7 +180,7 @@ void kiln_scratch_release(void) {
 }
 
 /* MLIR's temporaries (finalize-memref-to-llvm with use-generic-functions). A refused allocation
- * is recorded here and returns NULL, which the kernel tests before any use (target/cpu/alloc.rs)
+ * is recorded here and returns NULL, which the kernel tests before any use (backend/cpu/alloc.rs)
  * and returns; at least a byte is asked for, so NULL always means failure. The temporaries a
  * body holds are listed per thread with their sizes (the free has only the pointer, and the
  * account gets the bytes back), so that those it allocated before a refusal are freed when its

@@ -1,8 +1,8 @@
 //! SPIR-V for OpenCL (Kernel capability, physical 64-bit addressing): the device module's
 //! `gpu.func`s become one SPIR-V module, serialised to the binary `clCreateProgramWithIL` takes.
 
-use crate::target::edit::{self, RawOp};
-use crate::target::MlirContext;
+use crate::backend::edit::{self, RawOp};
+use crate::backend::MlirContext;
 
 /// Capabilities kernels may use; `spirv-update-vce` keeps only those they do use.
 const CAPS: &str = "Addresses, Int64, Int8, Int16, Float16, Float64, Kernel";

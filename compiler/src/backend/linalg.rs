@@ -8,7 +8,7 @@ use std::fmt;
 
 use mlir_sys as ffi;
 
-use crate::target::edit::{self, RawOp};
+use crate::backend::edit::{self, RawOp};
 
 /// One result of an indexing map: `sum(coefficient * d_i) + constant`, or anything else
 /// (floordiv, mod, a symbol...).
@@ -212,7 +212,7 @@ pub struct KernelOps {
 
 /// Whether `op` is one the schedules read: a structured linalg op or a `tensor.pad`.
 pub fn is_schedulable(op: RawOp) -> bool {
-    crate::target::gpu::loops::is_structured(op) || op.is("tensor.pad")
+    crate::backend::gpu::loops::is_structured(op) || op.is("tensor.pad")
 }
 
 /// The ops of a kernel function's body.

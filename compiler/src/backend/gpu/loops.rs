@@ -2,8 +2,8 @@
 //! result) or a reduction, from the typed linalg analysis. GPU schedules tile loops, so this is
 //! what they reason about.
 
-use crate::target::edit::RawOp;
-use crate::target::linalg;
+use crate::backend::edit::RawOp;
+use crate::backend::linalg;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Loops {
@@ -38,7 +38,7 @@ pub fn is_structured(op: RawOp) -> bool {
 }
 
 /// The loops of a structured op with static shapes; `None` for anything else. Read through the
-/// analysis the CPU schedule uses (`target::linalg`), so both targets see one reading of an op.
+/// analysis the CPU schedule uses (`backend::linalg`), so both targets see one reading of an op.
 pub fn loops(op: RawOp) -> Option<Loops> {
     if !is_structured(op) {
         return None;

@@ -17,7 +17,7 @@ use melior::ir::operation::OperationBuilder;
 use melior::ir::{Block, BlockLike, BlockRef, Identifier, Location, Module, Type, Value};
 use melior::Context;
 
-use crate::target::edit::RawOp;
+use crate::backend::edit::RawOp;
 
 /// What `module`'s temporaries may hold at once on one thread, in bytes as `support.c` counts
 /// them: every `memref.alloc` at its static size, plus the alignment the lowering adds to it
@@ -30,13 +30,13 @@ pub fn temporaries(module: &Module) -> Option<u64> {
     let root = RawOp::of(&module.as_operation());
     let mut total = 0u64;
     for a in root.descendants().into_iter().filter(|o| o.is("memref.alloc")) {
-        let ty = crate::target::edit::value_type(a.result(0));
-        let dims = crate::target::edit::static_dims(ty)?;
-        let element = crate::target::edit::element_bytes(ty)? as u64;
+        let ty = crate::backend::edit::value_type(a.result(0));
+        let dims = crate::backend::edit::static_dims(ty)?;
+        let element = crate::backend::edit::element_bytes(ty)? as u64;
         let numel = dims.iter().try_fold(1u64, |n, &d| n.checked_mul(d as u64))?;
         let alignment = a
             .attr("alignment")
-            .and_then(crate::target::edit::int_attr)
+            .and_then(crate::backend::edit::int_attr)
             .map_or(0, |x| x.max(0) as u64);
         // (support.c asks at least a byte.)
         let bytes = numel.checked_mul(element)?.checked_add(alignment)?.max(1);

@@ -281,12 +281,12 @@ impl<'c, 'g> BuildContext<'c, 'g> {
             .filter(|&(i, _)| {
                 // SAFETY: argument `i` of the function's entry block.
                 let arg = unsafe { mlir_sys::mlirBlockGetArgument(entry, i as isize) };
-                !crate::target::edit::users(arg).is_empty()
+                !crate::backend::edit::users(arg).is_empty()
             })
             .map(|(_, &t)| {
                 let n: usize =
-                    crate::target::edit::static_dims(t).map_or(0, |d| d.iter().product());
-                (n * crate::target::edit::element_bytes(t).unwrap_or(4)) as u64
+                    crate::backend::edit::static_dims(t).map_or(0, |d| d.iter().product());
+                (n * crate::backend::edit::element_bytes(t).unwrap_or(4)) as u64
             })
             .sum();
         self.plan.launches.push(DeviceLaunch {

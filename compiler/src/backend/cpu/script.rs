@@ -6,9 +6,9 @@
 use melior::ir::Module;
 
 use super::schedule::{vector_sizes, Schedule, Split};
-use crate::target::edit::RawOp;
-use crate::target::linalg::{self, LinalgOp};
-use crate::target::MlirContext;
+use crate::backend::edit::RawOp;
+use crate::backend::linalg::{self, LinalgOp};
+use crate::backend::MlirContext;
 
 const ANY: &str = "!transform.any_op";
 
