@@ -86,7 +86,7 @@ pub fn compile_reporting(
         stages.set(Stage::Graph, text::print(&g, text::Weights::Summary));
     }
     lap("passes", &mut timings);
-    let partition = fuse::partition(&g, fuse::views_for(options.target))?;
+    let partition = fuse::partition(&g, backend.views())?;
     if keep {
         stages.set(Stage::Fused, fuse::print(&g, &partition));
     }
@@ -108,7 +108,7 @@ pub fn compile_reporting(
     lap("codegen", &mut timings);
     if let (Some(finish), Some(codegen)) = (finish, timings.last_mut()) {
         codegen.1 = codegen.1.saturating_sub(finish);
-        timings.push((finish_phase(options.target), finish));
+        timings.push((backend.finish_phase(), finish));
     }
     let art = artifact::assemble(&g, &partition, code)?;
     lap("artifact", &mut timings);
@@ -282,15 +282,6 @@ fn padded(
     Ok((plan, padded, o))
 }
 
-/// The name of the whole-program step after the kernels' code, as the timings show it.
-fn finish_phase(target: crate::TargetKind) -> &'static str {
-    match target {
-        crate::TargetKind::Cpu => "llvm+link",
-        crate::TargetKind::Cuda => "llvm+ptx",
-        crate::TargetKind::Opencl => "spirv",
-    }
-}
-
 /// Adds a program's stage times to those of the programs compiled before it, stage by stage.
 fn add_timings(into: &mut Vec<(&'static str, Duration)>, from: Vec<(&'static str, Duration)>) {
     for (name, t) in from {
@@ -314,10 +305,11 @@ fn optimize_traced(
     after: &mut dyn FnMut(&str, &Graph, bool),
 ) -> Result<Graph> {
     use passes::specialize;
+    let passes = passes::default_passes(&*backend::for_options(options)?);
     let mut g = graph.clone();
     specialize::specialize(&mut g, &options.input_shapes)?;
     after("specialize", &g, true);
-    passes::run_passes(&mut g, &passes::default_passes(options.target), &mut *after)?;
+    passes::run_passes(&mut g, &passes, &mut *after)?;
     if specialize::has_dynamic_shapes(&g) {
         // Shapes that depend on input values: bind those inputs when their values are known.
         let names: Vec<String> = specialize::shape_inputs(&g)
@@ -348,7 +340,7 @@ fn optimize_traced(
         }
         specialize::bind_values(&mut g, &bound)?;
         after("bind-values", &g, true);
-        passes::run_passes(&mut g, &passes::default_passes(options.target), &mut *after)?;
+        passes::run_passes(&mut g, &passes, &mut *after)?;
         passes::sequences::check_resolved(&g)?;
         if specialize::has_dynamic_shapes(&g) {
             return Err(CompileError::DynamicShapes(
@@ -365,7 +357,7 @@ fn optimize_traced(
             .collect();
         if !bound.is_empty() {
             specialize::bind_values(&mut g, &bound)?;
-            passes::run_passes(&mut g, &passes::default_passes(options.target), |_, _, _| {})?;
+            passes::run_passes(&mut g, &passes, |_, _, _| {})?;
         }
     }
     g.verify()?;
@@ -424,14 +416,14 @@ pub fn emit(graph: &Graph, stage: Stage, options: &Options) -> Result<String> {
     let (options, _) = emitted_program(graph, options);
     let options = &options;
     let target = options.target;
-    if !stage.targets().contains(&target) {
+    if !backend::stages_of(target).contains(&stage) {
         if stage == Stage::Llvm {
             return Err(CompileError::Usage(format!(
                 "stage llvm: the {} target goes through SPIR-V, not LLVM IR; try stage lowered or spirv",
                 target.name()
             )));
         }
-        let theirs: Vec<&str> = stage.targets().iter().map(|t| t.name()).collect();
+        let theirs: Vec<&str> = backend::targets_having(stage).iter().map(|t| t.name()).collect();
         let theirs = theirs.join(" or ");
         return Err(CompileError::Usage(format!(
             "stage {stage} is the {theirs} target's code: compile for target {theirs}"
@@ -535,7 +527,7 @@ pub fn fused_dot(graph: &Graph, options: &Options) -> Result<String> {
 fn fused_dot_body(graph: &Graph, options: &Options, prefix: &str) -> Result<String> {
     let g = optimize(graph, options)?;
     let Some(split) = crate::control::split(&g)? else {
-        let partition = fuse::partition(&g, fuse::views_for(options.target))?;
+        let partition = fuse::partition(&g, backend::for_options(options)?.views())?;
         return Ok(crate::dot::fused_body(&g, &partition, prefix));
     };
     let mut out = String::new();
@@ -579,11 +571,11 @@ pub fn front(graph: &Graph, options: &Options, codegen: bool) -> Result<Stages> 
         stages.set(Stage::Mlir, mlir);
         return Ok(stages);
     }
-    let partition = fuse::partition(&g, fuse::views_for(options.target))?;
+    let backend = backend::for_options(options)?;
+    let partition = fuse::partition(&g, backend.views())?;
     stages.set(Stage::Fused, fuse::print(&g, &partition));
     if codegen {
-        stages
-            .set(Stage::Mlir, backend::for_options(options)?.kernel_mlir(&g, &partition.kernels)?);
+        stages.set(Stage::Mlir, backend.kernel_mlir(&g, &partition.kernels)?);
     }
     Ok(stages)
 }

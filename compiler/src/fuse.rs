@@ -59,7 +59,7 @@ pub struct View {
     pub offset: u64,
 }
 
-/// What a target lets fusion make views of.
+/// What a target lets fusion make views of (`Backend::views`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Views {
     /// Shape-only ops (every target: their views never move the bytes' start).
@@ -67,15 +67,6 @@ pub enum Views {
     /// Also contiguous Slices and Splits (a target whose buffers can start anywhere, as a
     /// pointer can; OpenCL sub-buffers must start aligned).
     WithOffsets,
-}
-
-/// The views `target`'s buffers can be: the CPU's are pointers, which start anywhere; an OpenCL
-/// sub-buffer must start aligned, and the CUDA path has yet to run views at offsets on hardware.
-pub fn views_for(target: crate::TargetKind) -> Views {
-    match target {
-        crate::TargetKind::Cpu => Views::WithOffsets,
-        crate::TargetKind::Cuda | crate::TargetKind::Opencl => Views::ShapeOnly,
-    }
 }
 
 /// Shape-only ops: a new shape on the same bytes (all shapes are static after specialisation).

@@ -1,11 +1,9 @@
-//! The stages of a compile, in order: the one list of their names, files, descriptions and the
-//! targets that have them. `kiln emit --stage`, `--dump-dir`, the driver, the Python package and
+//! The stages of a compile, in order: the one list of their names, files and descriptions
+//! (which targets have which is each backend's: `Backend::stages`). `kiln emit --stage`, `--dump-dir`, the driver, the Python package and
 //! the docs all read it, and [`Stages`] holds each stage's text keyed by it.
 
 use std::collections::BTreeMap;
 use std::fmt;
-
-use crate::options::TargetKind;
 
 /// One stage whose text kiln prints.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -22,9 +20,6 @@ pub enum Stage {
     Ptx,
     Spirv,
 }
-
-const CPU: &[TargetKind] = &[TargetKind::Cpu];
-const ALL_TARGETS: &[TargetKind] = &[TargetKind::Cpu, TargetKind::Cuda, TargetKind::Opencl];
 
 impl Stage {
     /// Every stage, in the order a compile reaches them.
@@ -88,19 +83,6 @@ impl Stage {
             Stage::Asm => "host assembly",
             Stage::Ptx => "NVIDIA PTX",
             Stage::Spirv => "SPIR-V, disassembled",
-        }
-    }
-
-    /// The targets whose compiles have it.
-    pub fn targets(self) -> &'static [TargetKind] {
-        match self {
-            Stage::Schedule | Stage::Asm => CPU,
-            Stage::Llvm => &[TargetKind::Cpu, TargetKind::Cuda],
-            Stage::Ptx => &[TargetKind::Cuda],
-            Stage::Spirv => &[TargetKind::Opencl],
-            Stage::Passes | Stage::Graph | Stage::Fused | Stage::Mlir | Stage::Lowered => {
-                ALL_TARGETS
-            }
         }
     }
 

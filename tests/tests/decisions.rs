@@ -7,7 +7,7 @@ use kiln_compiler::backend::cpu::schedule;
 use kiln_compiler::backend::gpu::schedule::Strategy;
 use kiln_compiler::backend::linalg::{Elem, Expr, LinalgOp, OpKind};
 use kiln_compiler::fuse::{self, Partition, Views};
-use kiln_compiler::{Stage, TargetKind};
+use kiln_compiler::{Options, Stage, TargetKind};
 use kiln_ir::builder::GraphBuilder;
 use kiln_ir::{DType, Graph, Tensor};
 use kiln_runtime::artifact::{BufferDesc, BufferKind, KernelDesc, Target};
@@ -136,8 +136,9 @@ fn contiguous_slices_are_views_only_where_the_target_allows_offsets() {
     let rows = r.slice(&[2], &[6], &[0], &[1]).named("rows");
     g.output("y", rows.sigmoid().named("s"));
     let g = g.build().unwrap();
-    let cpu = fuse::partition(&g, fuse::views_for(TargetKind::Cpu)).unwrap();
-    let ocl = fuse::partition(&g, fuse::views_for(TargetKind::Opencl)).unwrap();
+    let views = |t| kiln_compiler::backend::for_options(&Options::for_target(t)).unwrap().views();
+    let cpu = fuse::partition(&g, views(TargetKind::Cpu)).unwrap();
+    let ocl = fuse::partition(&g, views(TargetKind::Opencl)).unwrap();
     assert_eq!(
         cpu.views.values().next().map(|v| v.offset),
         Some(2 * 4 * 4),
@@ -500,7 +501,13 @@ fn stages_are_in_compile_order_and_front_stages_come_first() {
 #[test]
 fn each_target_has_its_code_stages() {
     let of = |t: TargetKind| -> Vec<&str> {
-        Stage::ALL.into_iter().filter(|s| s.targets().contains(&t)).map(Stage::name).collect()
+        let stages = kiln_compiler::backend::stages_of(t);
+        assert!(stages.windows(2).all(|w| w[0] < w[1]), "{t:?}'s stages in compile order");
+        assert_eq!(
+            kiln_compiler::backend::for_options(&Options::for_target(t)).unwrap().stages(),
+            stages
+        );
+        stages.iter().map(|s| s.name()).collect()
     };
     assert_eq!(
         of(TargetKind::Cpu),

@@ -394,7 +394,7 @@ fn the_integer_pass_keeps_the_interpreters_results() {
     for (i, case) in CASES.iter().enumerate() {
         let (graph, x) = qdq_conv(case, 20 + i as u64);
         let mut rewritten = graph.clone();
-        assert!(kiln_compiler::passes::integer::run(&mut rewritten).unwrap());
+        assert!(kiln_compiler::backend::cpu::passes::integer::run(&mut rewritten).unwrap());
         assert!(rewritten.nodes().any(|(_, n)| matches!(n.op, Op::QConv(_))));
         let want = eval::run(&graph, std::slice::from_ref(&x)).unwrap().remove(0).to_f64s();
         let got = eval::run(&rewritten, &[x]).unwrap().remove(0).to_f64s();

@@ -3,7 +3,8 @@
 //! Each graph runs on the interpreter before and after the pass (the rewrite must not change
 //! results) and compiled against the interpreter.
 
-use kiln_compiler::passes::{absorb_pad, attention, recognize, simplify};
+use kiln_compiler::backend::cpu::passes::attention;
+use kiln_compiler::passes::{absorb_pad, recognize, simplify};
 use kiln_ir::builder::{ConvOptions, GraphBuilder, Traced};
 use kiln_ir::{eval, BinaryOp, DType, Graph, Op, Tensor};
 

@@ -19,14 +19,36 @@ use melior::utility::{
 use melior::Context;
 
 use crate::artifact::TargetCode;
-use crate::fuse::Kernel;
+use crate::fuse::{Kernel, Views};
 use crate::options::{Options, TargetKind};
-use crate::stage::Stages;
+use crate::passes::Pass;
+use crate::stage::{Stage, Stages};
 use crate::{CompileError, Result};
 
-/// What a target does with the fused kernels. The driver holds one, picked by [`for_options`],
-/// and never matches on targets itself.
+/// What a target decides: its graph passes, the views fusion may make, its stages and what it
+/// does with the fused kernels. The driver holds one, picked by [`for_options`]; the driver,
+/// passes, fusion and stages ask it and never match on targets themselves.
 pub trait Backend {
+    /// The target's own graph passes, run after the shared ones and before decomposition.
+    fn graph_passes(&self) -> Vec<Pass> {
+        Vec::new()
+    }
+
+    /// Decomposition as this target wants it: the ops it has no kernel for rewritten, but the
+    /// nodes it runs whole.
+    fn decompose(&self) -> fn(&mut kiln_ir::Graph) -> Result<bool> {
+        crate::passes::decompose::run
+    }
+
+    /// What fusion may make views of in this target's buffers.
+    fn views(&self) -> Views;
+
+    /// The stages a compile for this target has (`kiln emit --stage`).
+    fn stages(&self) -> &'static [Stage];
+
+    /// The whole-program step after the kernels' code, as the timings name it.
+    fn finish_phase(&self) -> &'static str;
+
     /// Each kernel's MLIR as codegen builds it, before the target's pipeline (`--stage mlir`
     /// stops here: no LLVM, no linker).
     fn kernel_mlir(&self, graph: &kiln_ir::Graph, kernels: &[Kernel]) -> Result<String>;
@@ -90,6 +112,23 @@ pub(crate) fn erase_dead_checks(module: &Module) {
     for op in dead {
         op.erase();
     }
+}
+
+/// The stages a compile for `target` has, as its backend says (without building one).
+pub fn stages_of(target: TargetKind) -> &'static [Stage] {
+    match target {
+        TargetKind::Cpu => cpu::STAGES,
+        TargetKind::Cuda => gpu::CUDA_STAGES,
+        TargetKind::Opencl => gpu::OPENCL_STAGES,
+    }
+}
+
+/// The targets whose compiles have `stage`.
+pub fn targets_having(stage: Stage) -> Vec<TargetKind> {
+    [TargetKind::Cpu, TargetKind::Cuda, TargetKind::Opencl]
+        .into_iter()
+        .filter(|t| stages_of(*t).contains(&stage))
+        .collect()
 }
 
 /// The backend for `options.target`, with its settings read once (a forced GPU schedule from the

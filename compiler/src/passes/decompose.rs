@@ -3,7 +3,8 @@
 //!
 //! - `Rnn` (RNN, GRU, LSTM) is unrolled over its sequence: one Gemm per gate for the whole input
 //!   sequence, then per step a Gemm per gate on the state and elementwise gate arithmetic
-//!   (`rnn.rs`). On the CPU, layers its recurrent kernel runs whole stay (`run_for_cpu`).
+//!   (`rnn.rs`). A target that runs some layers whole keeps them (`decompose` with its test: the
+//!   CPU's recurrent kernel).
 //! - `Attention` becomes MatMul / Softmax / elementwise (`attention.rs`). On the CPU, what its
 //!   attention kernel runs whole stays.
 //! - `RotaryEmbedding` becomes Slice / Gather / elementwise / Concat (`attention.rs`).
@@ -32,14 +33,9 @@ pub fn run(graph: &mut Graph) -> Result<bool> {
     decompose(graph, |_, _| false)
 }
 
-/// The CPU's decomposition: recurrent layers its recurrent kernel runs whole
-/// (`ukernel::runs_recurrent`: one kernel a layer, its time loop inside) and attention its
-/// attention kernel runs whole (`ukernel::runs_attention`) stay as they are.
-pub fn run_for_cpu(graph: &mut Graph) -> Result<bool> {
-    decompose(graph, crate::backend::cpu::ukernel::runs_whole)
-}
-
-fn decompose(graph: &mut Graph, keep: fn(&Graph, NodeId) -> bool) -> Result<bool> {
+/// Decomposes every op the code generator has no kernel for, but the nodes `keep` says the
+/// target runs whole (a backend's own decomposition: `Backend::decompose`).
+pub fn decompose(graph: &mut Graph, keep: fn(&Graph, NodeId) -> bool) -> Result<bool> {
     let mut changed = false;
     for id in graph.topo_order()? {
         let Some(node) = graph.try_node(id) else { continue };

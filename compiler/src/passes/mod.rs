@@ -2,11 +2,9 @@
 //! anything), run in order by `PassManager`, which can print the graph after each pass.
 
 pub mod absorb_pad;
-pub mod attention;
 pub mod decompose;
 pub mod empty;
 pub mod fold;
-pub mod integer;
 pub mod recognize;
 pub mod sequences;
 pub mod simplify;
@@ -23,11 +21,9 @@ pub struct Pass {
     pub run: fn(&mut Graph) -> Result<bool>,
 }
 
-/// The passes every compile for `target` runs, in order.
-pub fn default_passes(target: crate::TargetKind) -> Vec<Pass> {
-    // The CPU runs recurrent layers whole; the GPU targets get them unrolled.
-    let decompose =
-        if target == crate::TargetKind::Cpu { decompose::run_for_cpu } else { decompose::run };
+/// The passes every compile for `backend`'s target runs, in order: the shared ones, the
+/// target's own (`Backend::graph_passes`), then decomposition as the target wants it.
+pub fn default_passes(backend: &dyn crate::backend::Backend) -> Vec<Pass> {
     let mut passes = vec![
         Pass { name: "fold", run: fold::run },
         // Contractions over nothing become their result (zeros, or the bias) written out.
@@ -44,18 +40,12 @@ pub fn default_passes(target: crate::TargetKind) -> Vec<Pass> {
         // A zero Pad before a Conv becomes the Conv's padding (the pads are constants by now).
         Pass { name: "absorb-pad", run: absorb_pad::run },
     ];
-    // Attention becomes one node where a kernel runs it whole (the GPU targets would decompose
-    // it back).
-    if target == crate::TargetKind::Cpu {
-        passes.push(Pass { name: "attention", run: attention::run });
-        // Quantized convolutions (DequantizeLinear -> Conv -> QuantizeLinear) become integer
-        // ones where the CPU's integer kernel runs them.
-        passes.push(Pass { name: "integer", run: integer::run });
-    }
+    passes.extend(backend.graph_passes());
     passes.extend([
-        // Ops without kernels of their own become ops that have them; simplification and
-        // folding then tidy what they made (weight slices of constant weights fold away).
-        Pass { name: "decompose", run: decompose },
+        // Ops without kernels of their own become ops that have them (but those the target
+        // runs whole); simplification and folding then tidy what they made (weight slices of
+        // constant weights fold away).
+        Pass { name: "decompose", run: backend.decompose() },
         Pass { name: "simplify", run: simplify::run },
         // Simplification exposes more constants (a Reshape of a folded shape...).
         Pass { name: "fold-again", run: fold::run },

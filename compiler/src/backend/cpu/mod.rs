@@ -39,6 +39,7 @@ mod integer;
 mod layout;
 pub mod machine;
 mod math;
+pub mod passes;
 pub mod schedule;
 mod scratch;
 mod script;
@@ -69,7 +70,40 @@ pub struct CpuBackend {
     pub cpu: machine::CpuSpec,
 }
 
+/// The stages a CPU compile has: every shared one, its schedule, LLVM IR and assembly.
+pub const STAGES: &[Stage] = &[
+    Stage::Passes,
+    Stage::Graph,
+    Stage::Fused,
+    Stage::Schedule,
+    Stage::Mlir,
+    Stage::Lowered,
+    Stage::Llvm,
+    Stage::Asm,
+];
+
 impl Backend for CpuBackend {
+    fn graph_passes(&self) -> Vec<crate::passes::Pass> {
+        passes::passes()
+    }
+
+    fn decompose(&self) -> fn(&mut Graph) -> Result<bool> {
+        passes::decompose
+    }
+
+    /// The CPU's buffers are pointers, which start anywhere.
+    fn views(&self) -> crate::fuse::Views {
+        crate::fuse::Views::WithOffsets
+    }
+
+    fn stages(&self) -> &'static [Stage] {
+        STAGES
+    }
+
+    fn finish_phase(&self) -> &'static str {
+        "llvm+link"
+    }
+
     fn kernel_mlir(&self, graph: &Graph, kernels: &[Kernel]) -> Result<String> {
         let mlir = MlirContext::new();
         let host = self.host();

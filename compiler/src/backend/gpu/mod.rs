@@ -62,7 +62,42 @@ pub struct GpuBackend {
     pub precision: crate::Precision,
 }
 
+/// The stages a CUDA compile has: the shared ones, LLVM IR and PTX.
+pub const CUDA_STAGES: &[Stage] = &[
+    Stage::Passes,
+    Stage::Graph,
+    Stage::Fused,
+    Stage::Mlir,
+    Stage::Lowered,
+    Stage::Llvm,
+    Stage::Ptx,
+];
+
+/// The stages an OpenCL compile has: the shared ones and SPIR-V (no LLVM IR on the way).
+pub const OPENCL_STAGES: &[Stage] =
+    &[Stage::Passes, Stage::Graph, Stage::Fused, Stage::Mlir, Stage::Lowered, Stage::Spirv];
+
 impl Backend for GpuBackend {
+    /// An OpenCL sub-buffer must start aligned, and the CUDA path has yet to run views at
+    /// offsets on hardware: shape-only views.
+    fn views(&self) -> crate::fuse::Views {
+        crate::fuse::Views::ShapeOnly
+    }
+
+    fn stages(&self) -> &'static [Stage] {
+        match self.target {
+            GpuTarget::Cuda(_) => CUDA_STAGES,
+            GpuTarget::Opencl => OPENCL_STAGES,
+        }
+    }
+
+    fn finish_phase(&self) -> &'static str {
+        match self.target {
+            GpuTarget::Cuda(_) => "llvm+ptx",
+            GpuTarget::Opencl => "spirv",
+        }
+    }
+
     fn kernel_mlir(&self, graph: &Graph, kernels: &[Kernel]) -> Result<String> {
         let mlir = MlirContext::new();
         let mut text = String::new();

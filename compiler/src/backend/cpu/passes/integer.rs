@@ -79,7 +79,7 @@ pub fn run(graph: &mut Graph) -> Result<bool> {
         graph.replace_uses(ValueId::from(id), result)?;
     }
     if changed {
-        super::fold::remove_dead(graph)?;
+        crate::passes::fold::remove_dead(graph)?;
     }
     Ok(changed)
 }

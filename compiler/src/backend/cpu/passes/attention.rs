@@ -37,7 +37,7 @@ pub fn run(graph: &mut Graph) -> Result<bool> {
         changed = true;
     }
     if changed {
-        super::fold::remove_dead(graph)?;
+        crate::passes::fold::remove_dead(graph)?;
     }
     Ok(changed)
 }
