@@ -447,7 +447,7 @@ impl<'c, 'a> ScalarBuilder<'c, 'a> {
             if !d.is_float() {
                 let lf = self.cast(l, DType::F64)?;
                 let p = self.emit("math.powf", &[lf.v, r.v], "f64")?;
-                return self.cast(Scalar { v: p, dtype: DType::F64 }, out);
+                return self.saturating_int(p, out);
             }
             return self.binary(b, l, r, out);
         }
@@ -587,10 +587,9 @@ impl<'c, 'a> ScalarBuilder<'c, 'a> {
                 if s {
                     self.signed_pow(x, y, t)?
                 } else {
-                    let xf = self.emit("arith.uitofp", &[x], "f64")?;
-                    let yf = self.emit("arith.uitofp", &[y], "f64")?;
-                    let p = self.emit("math.powf", &[xf, yf], "f64")?;
-                    self.emit("arith.fptoui", &[p], t)?
+                    // Wrapping, as the interpreter multiplies (a real power past the type's
+                    // range would not convert back).
+                    self.wrapping_pow(x, y, t)?
                 }
             }
             BinaryOp::PRelu => {
@@ -709,12 +708,72 @@ impl<'c, 'a> ScalarBuilder<'c, 'a> {
 impl<'c, 'a> ScalarBuilder<'c, 'a> {
     /// `x ^ y` of signed integers, wrapping, by squaring and multiplying over y's bits (every
     /// target: SPIR-V and NVVM have no `math.ipowi`). A negative y gives what truncating the
-    /// real power does: 1 for x = 1, +-1 for x = -1, else 0.
+    /// real power does: 1 for x = 1, +-1 for x = -1, the type's maximum for x = 0 (+inf,
+    /// saturated), else 0; as the interpreter computes it.
     fn signed_pow(&self, x: Value<'c, 'a>, y: Value<'c, 'a>, t: &str) -> Result<Value<'c, 'a>> {
         let bits = int_bits(t).ok_or_else(|| err(format!("`{t}` is not an integer type")))?;
         let one = self.int_constant(1, t)?;
+        let acc = self.squarings(x, y, t, bits - 1)?;
+        let zero = self.int_constant(0, t)?;
+        let minus_one = self.int_constant(-1, t)?;
+        let max = self.int_constant((1i128 << (bits - 1)) - 1, t)?;
+        let is_zero = self.cmpi(CmpiPredicate::Eq, x, zero)?;
+        let is_one = self.cmpi(CmpiPredicate::Eq, x, one)?;
+        let is_minus_one = self.cmpi(CmpiPredicate::Eq, x, minus_one)?;
+        let odd = self.emit("arith.andi", &[y, one], t)?;
+        let odd = self.cmpi(CmpiPredicate::Ne, odd, zero)?;
+        let sign = self.select(odd, minus_one, one, t)?;
+        let fraction = self.select(is_minus_one, sign, zero, t)?;
+        let fraction = self.select(is_one, one, fraction, t)?;
+        let fraction = self.select(is_zero, max, fraction, t)?;
+        let negative = self.cmpi(CmpiPredicate::Slt, y, zero)?;
+        self.select(negative, fraction, acc, t)
+    }
+}
+
+impl<'c, 'a> ScalarBuilder<'c, 'a> {
+    /// An f64 truncated to the integer type `to`, clamped to its range and NaN to 0, as the
+    /// interpreter converts (Rust's `as`): `fptosi` alone gives poison out of range.
+    fn saturating_int(&self, x: Value<'c, 'a>, to: DType) -> Result<Scalar<'c, 'a>> {
+        let t = compute_type(to);
+        let bits = bits(to);
+        let (lo, hi, convert) = if to.is_signed_int() {
+            (-(1i128 << (bits - 1)), (1i128 << (bits - 1)) - 1, "arith.fptosi")
+        } else {
+            (0, (1i128 << bits) - 1, "arith.fptoui")
+        };
+        let v = self.emit(convert, &[x], t)?;
+        // The bounds as f64 are exact powers of two (or 0): at or past them the conversion
+        // would overflow.
+        let above = self.cmpf(CmpfPredicate::Oge, x, self.constant((hi + 1) as f64, "f64")?)?;
+        let below = self.cmpf(CmpfPredicate::Olt, x, self.constant(lo as f64, "f64")?)?;
+        let nan = self.cmpf(CmpfPredicate::Uno, x, x)?;
+        let v = self.select(above, self.int_constant(hi, t)?, v, t)?;
+        let v = self.select(below, self.int_constant(lo, t)?, v, t)?;
+        let v = self.select(nan, self.int_constant(0, t)?, v, t)?;
+        Ok(Scalar { v, dtype: to })
+    }
+}
+
+impl<'c, 'a> ScalarBuilder<'c, 'a> {
+    /// `x ^ y` of unsigned integers, wrapping.
+    fn wrapping_pow(&self, x: Value<'c, 'a>, y: Value<'c, 'a>, t: &str) -> Result<Value<'c, 'a>> {
+        let bits = int_bits(t).ok_or_else(|| err(format!("`{t}` is not an integer type")))?;
+        self.squarings(x, y, t, bits)
+    }
+
+    /// `x ^ y` over the low `bits` bits of y, wrapping: x squared once a bit, multiplied in
+    /// where the bit is set.
+    fn squarings(
+        &self,
+        x: Value<'c, 'a>,
+        y: Value<'c, 'a>,
+        t: &str,
+        bits: u32,
+    ) -> Result<Value<'c, 'a>> {
+        let one = self.int_constant(1, t)?;
         let (mut acc, mut base) = (one, x);
-        for i in 0..bits - 1 {
+        for i in 0..bits {
             let shift = self.int_constant(i as i128, t)?;
             let bit = self.emit("arith.shrui", &[y, shift], t)?;
             let bit = self.emit("arith.andi", &[bit, one], t)?;
@@ -723,17 +782,7 @@ impl<'c, 'a> ScalarBuilder<'c, 'a> {
             acc = self.select(set, times, acc, t)?;
             base = self.emit("arith.muli", &[base, base], t)?;
         }
-        let zero = self.int_constant(0, t)?;
-        let minus_one = self.int_constant(-1, t)?;
-        let is_one = self.cmpi(CmpiPredicate::Eq, x, one)?;
-        let is_minus_one = self.cmpi(CmpiPredicate::Eq, x, minus_one)?;
-        let odd = self.emit("arith.andi", &[y, one], t)?;
-        let odd = self.cmpi(CmpiPredicate::Ne, odd, zero)?;
-        let sign = self.select(odd, minus_one, one, t)?;
-        let fraction = self.select(is_minus_one, sign, zero, t)?;
-        let fraction = self.select(is_one, one, fraction, t)?;
-        let negative = self.cmpi(CmpiPredicate::Slt, y, zero)?;
-        self.select(negative, fraction, acc, t)
+        Ok(acc)
     }
 }
 

@@ -428,6 +428,17 @@ pub fn binary_float(b: BinaryOp, x: f64, y: f64) -> f64 {
     }
 }
 
+/// `v` truncated and clamped to `dtype`'s range (NaN to 0), as Rust's float-to-int `as` does.
+fn saturate(dtype: DType, v: f64) -> i128 {
+    let bits = dtype.size() as u32 * 8;
+    let (lo, hi) = if dtype.is_signed_int() {
+        (-(1i128 << (bits - 1)), (1i128 << (bits - 1)) - 1)
+    } else {
+        (0, (1i128 << bits) - 1)
+    };
+    (v as i128).clamp(lo, hi)
+}
+
 fn binary_int(b: BinaryOp, x: i128, y: i128, dtype: DType) -> Result<i128, String> {
     let bits = dtype.size() as u32 * 8;
     Ok(match b {
@@ -438,11 +449,19 @@ fn binary_int(b: BinaryOp, x: i128, y: i128, dtype: DType) -> Result<i128, Strin
         BinaryOp::Div => x / y,
         BinaryOp::Pow => {
             if y < 0 {
-                (x as f64).powf(y as f64) as i128
+                // What truncating the real power gives (0, or +-1 for x = +-1), saturated to the
+                // type: 0 to a negative power is +inf, the type's maximum.
+                saturate(dtype, (x as f64).powf(y as f64))
             } else {
-                let mut acc: i128 = 1;
-                for _ in 0..y.min(128) {
-                    acc = acc.wrapping_mul(x);
+                // By squaring, wrapping: exact modulo 2^128, so exact in the type's bits for
+                // every exponent.
+                let (mut acc, mut base, mut e) = (1i128, x, y);
+                while e > 0 {
+                    if e & 1 == 1 {
+                        acc = acc.wrapping_mul(base);
+                    }
+                    base = base.wrapping_mul(base);
+                    e >>= 1;
                 }
                 acc
             }
@@ -532,6 +551,20 @@ mod tests {
             assert!((erf(x) - want).abs() < 1e-9, "erf({x}) = {}", erf(x));
             assert!((erf(-x) + want).abs() < 1e-9);
         }
+    }
+
+    #[test]
+    fn integer_powers_wrap_and_negative_ones_saturate() {
+        let pow = |x, y, d| binary_int(BinaryOp::Pow, x, y, d).unwrap();
+        // 3^200 modulo 2^32, the exponent past any loop bound (was 3^128's low bits).
+        let want = (0..200).fold(1u32, |a, _| a.wrapping_mul(3));
+        assert_eq!(pow(3, 200, DType::U32) as u32, want);
+        assert_eq!(pow(-1, 201, DType::I32), -1);
+        assert_eq!(pow(2, -1, DType::I32), 0);
+        assert_eq!(pow(-1, -3, DType::I32), -1);
+        // 0 to a negative power is +inf: the type's maximum, as compiled code gives it.
+        assert_eq!(pow(0, -2, DType::I32), i32::MAX as i128);
+        assert_eq!(pow(0, -2, DType::I8), 127);
     }
 
     #[test]
