@@ -183,7 +183,11 @@ fn reduce_op<'c, 'a>(
     if axes.is_empty() && !r.noop_with_empty_axes {
         axes = (0..xd.len()).collect();
     }
-    let acc = acc_of(dt);
+    // Integers reduce exactly where the result is an integer function of them; L2, LogSum and
+    // LogSumExp of integers are real numbers, computed in f64 and truncated, as the
+    // interpreter computes them.
+    let real = matches!(r.kind, ReduceKind::L2 | ReduceKind::LogSum | ReduceKind::LogSumExp);
+    let acc = if real && dt.is_int() { DType::F64 } else { acc_of(dt) };
     let tc = compute(acc);
     let float = acc.is_float();
     let xv = em.value(x)?;
@@ -331,7 +335,12 @@ fn reduce_op<'c, 'a>(
             ReduceKind::LogSum if float => v = sb.emit("math.log", &[v], tc)?,
             _ => {}
         }
-        let s = sb.cast(Scalar { v, dtype: acc }, dt)?;
+        let s = if float && dt.is_int() {
+            // (+-inf and NaN, log of 0 or of a negative sum, saturate as the interpreter's do.)
+            sb.saturating_int(v, dt)?
+        } else {
+            sb.cast(Scalar { v, dtype: acc }, dt)?
+        };
         sb.store(s)
     })?;
     em.set(result, t);

@@ -734,7 +734,7 @@ impl<'c, 'a> ScalarBuilder<'c, 'a> {
 impl<'c, 'a> ScalarBuilder<'c, 'a> {
     /// An f64 truncated to the integer type `to`, clamped to its range and NaN to 0, as the
     /// interpreter converts (Rust's `as`): `fptosi` alone gives poison out of range.
-    fn saturating_int(&self, x: Value<'c, 'a>, to: DType) -> Result<Scalar<'c, 'a>> {
+    pub fn saturating_int(&self, x: Value<'c, 'a>, to: DType) -> Result<Scalar<'c, 'a>> {
         let t = compute_type(to);
         let bits = bits(to);
         let (lo, hi, convert) = if to.is_signed_int() {
