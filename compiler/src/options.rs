@@ -3,23 +3,9 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-/// The kind of code to generate.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum TargetKind {
-    Cpu,
-    Cuda,
-    Opencl,
-}
-
-impl TargetKind {
-    pub fn name(self) -> &'static str {
-        match self {
-            TargetKind::Cpu => "cpu",
-            TargetKind::Cuda => "cuda",
-            TargetKind::Opencl => "opencl",
-        }
-    }
-}
+/// The kind of code to generate: the runtime's target enum (what the artifact says it carries),
+/// so one enum names a target from the CLI to the runtime.
+pub use kiln_runtime::Target as TargetKind;
 
 /// The arithmetic of contractions and convolutions (`--precision`). Norms, softmax,
 /// reductions and everything elementwise stay f32 whatever it is, as mixed precision (AMP) has

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use kiln_compiler::{CompileError, Options, Session, TargetKind};
 use kiln_ir::{DType, Dim, Graph, Tensor};
-use kiln_runtime::{Artifact, Executable, LoadOptions, Profile, RuntimeError, Target};
+use kiln_runtime::{Artifact, Executable, LoadOptions, Profile, RuntimeError};
 use numpy::{PyArray, PyArrayDescrMethods, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::create_exception;
 use pyo3::exceptions::PyException;
@@ -74,12 +74,8 @@ fn read_model(model: &Bound<'_, PyAny>) -> PyResult<Model> {
 }
 
 fn target_of(name: &str) -> PyResult<TargetKind> {
-    match name {
-        "cpu" => Ok(TargetKind::Cpu),
-        "cuda" => Ok(TargetKind::Cuda),
-        "opencl" => Ok(TargetKind::Opencl),
-        other => Err(KilnError::new_err(format!("unknown target `{other}` (cpu, cuda or opencl)"))),
-    }
+    name.parse()
+        .map_err(|_| KilnError::new_err(format!("unknown target `{name}` (cpu, cuda or opencl)")))
 }
 
 /// The target to compile for on `device`: `auto` takes a CUDA GPU, else an OpenCL GPU, else the
@@ -88,11 +84,7 @@ fn device_target(device: &str) -> PyResult<TargetKind> {
     if device != "auto" {
         return target_of(device);
     }
-    Ok(match kiln_runtime::auto_device().0 {
-        Target::Cpu => TargetKind::Cpu,
-        Target::Cuda => TargetKind::Cuda,
-        Target::Opencl => TargetKind::Opencl,
-    })
+    Ok(kiln_runtime::auto_device().0)
 }
 
 fn options_for(

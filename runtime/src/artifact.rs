@@ -43,8 +43,9 @@ pub struct Blob {
     pub len: u64,
 }
 
-/// What kind of code the artifact carries.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// What kind of code the artifact carries: kiln's one target enum, from the CLI's `--target`
+/// through the compiler (`kiln_compiler::TargetKind`) to the runtime.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Target {
     /// A shared object for the host CPU (x86-64 Linux).
@@ -56,12 +57,35 @@ pub enum Target {
 }
 
 impl Target {
+    /// Every target, in the order `auto` prefers them last to first.
+    pub const ALL: [Target; 3] = [Target::Cpu, Target::Cuda, Target::Opencl];
+
+    /// What its code is, for help text.
+    pub fn description(self) -> &'static str {
+        match self {
+            Target::Cpu => "native code for the CPU (a shared object)",
+            Target::Cuda => "PTX for an NVIDIA GPU",
+            Target::Opencl => "SPIR-V for an OpenCL device",
+        }
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Target::Cpu => "cpu",
             Target::Cuda => "cuda",
             Target::Opencl => "opencl",
         }
+    }
+}
+
+impl std::str::FromStr for Target {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Target, String> {
+        Target::ALL.into_iter().find(|t| t.name() == s).ok_or_else(|| {
+            let names: Vec<&str> = Target::ALL.iter().map(|t| t.name()).collect();
+            format!("unknown target `{s}`: one of {}", names.join(", "))
+        })
     }
 }
 

@@ -125,10 +125,7 @@ pub fn stages_of(target: TargetKind) -> &'static [Stage] {
 
 /// The targets whose compiles have `stage`.
 pub fn targets_having(stage: Stage) -> Vec<TargetKind> {
-    [TargetKind::Cpu, TargetKind::Cuda, TargetKind::Opencl]
-        .into_iter()
-        .filter(|t| stages_of(*t).contains(&stage))
-        .collect()
+    TargetKind::ALL.into_iter().filter(|t| stages_of(*t).contains(&stage)).collect()
 }
 
 /// The backend for `options.target`, with its settings read once (a forced GPU schedule from the

@@ -254,11 +254,7 @@ pub fn pick_device(d: DeviceArg, quiet: bool) -> Result<TargetKind> {
             if !quiet {
                 eprintln!("device: {why}");
             }
-            match target {
-                kiln_runtime::Target::Cpu => TargetKind::Cpu,
-                kiln_runtime::Target::Cuda => TargetKind::Cuda,
-                kiln_runtime::Target::Opencl => TargetKind::Opencl,
-            }
+            target
         }
     };
     Ok(kind)

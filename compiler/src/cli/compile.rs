@@ -9,14 +9,11 @@ use super::common::{
 use crate::backend::gpu::PtxTarget;
 use crate::{CompileError, Options, Result, TargetKind};
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum TargetArg {
-    /// Native code for the CPU (a shared object).
-    Cpu,
-    /// PTX for an NVIDIA GPU.
-    Cuda,
-    /// SPIR-V for an OpenCL device.
-    Opencl,
+/// `--target`'s values: the targets, each with its description in `--help`.
+pub fn target_parser() -> impl clap::builder::TypedValueParser<Value = TargetKind> {
+    use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
+    let values = TargetKind::ALL.map(|t| PossibleValue::new(t.name()).help(t.description()));
+    PossibleValuesParser::new(values).try_map(|s| s.parse::<TargetKind>())
 }
 
 /// The NVIDIA code options (`--target cuda`).
@@ -65,16 +62,6 @@ impl CudaArgs {
     }
 }
 
-impl TargetArg {
-    pub fn kind(self) -> TargetKind {
-        match self {
-            TargetArg::Cpu => TargetKind::Cpu,
-            TargetArg::Cuda => TargetKind::Cuda,
-            TargetArg::Opencl => TargetKind::Opencl,
-        }
-    }
-}
-
 #[derive(clap::Args)]
 pub struct Args {
     /// An ONNX model.
@@ -83,8 +70,8 @@ pub struct Args {
     #[arg(short, long)]
     output: PathBuf,
     /// The device the artifact is for.
-    #[arg(long, value_enum, default_value = "cpu")]
-    target: TargetArg,
+    #[arg(long, value_parser = target_parser(), default_value = "cpu")]
+    target: TargetKind,
     #[command(flatten)]
     cuda: CudaArgs,
     /// Write every stage's text into this folder: graph.kiln.txt, fused.txt, schedule.txt,
@@ -146,17 +133,17 @@ pub fn run(args: &Args) -> Result<()> {
             )))
         }
     };
-    if args.target != TargetArg::Cpu && args.target_cpu != Default::default() {
+    if args.target != TargetKind::Cpu && args.target_cpu != Default::default() {
         return Err(CompileError::Usage(format!(
             "--target-cpu {} is for --target cpu; the target is {}",
             args.target_cpu,
-            args.target.kind().name()
+            args.target.name()
         )));
     }
     let (input_shapes, batch_ranges) = parse_shapes_or_ranges(&args.input_shapes)?;
     let pad = parse_max_size(args.max_size.as_deref())?;
     let options = Options {
-        target: args.target.kind(),
+        target: args.target,
         input_shapes,
         batch_ranges,
         pad,

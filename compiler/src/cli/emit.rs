@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use super::common::{load_model, parse_max_size, parse_shapes, Model};
-use super::compile::{CudaArgs, TargetArg};
+use super::compile::{target_parser, CudaArgs};
 
 use crate::{CompileError, Options, Result, Stage};
 
@@ -20,8 +20,8 @@ pub struct Args {
     #[arg(long, value_enum, default_value = "text")]
     format: Format,
     /// The target whose code to print.
-    #[arg(long, value_enum, default_value = "cpu")]
-    target: TargetArg,
+    #[arg(long, value_parser = target_parser(), default_value = "cpu")]
+    target: crate::TargetKind,
     #[command(flatten)]
     cuda: CudaArgs,
     /// Concrete sizes for an input with symbolic dimensions: NAME=D0,D1,... (a symbolic batch
@@ -87,7 +87,7 @@ pub fn run(args: &Args) -> Result<()> {
         }
     };
     let options = Options {
-        target: args.target.kind(),
+        target: args.target,
         input_shapes: parse_shapes(&args.input_shapes)?,
         pad: parse_max_size(args.max_size.as_deref())?,
         dump_dir: None,
