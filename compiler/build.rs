@@ -1,8 +1,10 @@
-//! Builds the CPU microkernel (`src/backend/cpu/ukernel.c`), the recurrent-layer kernel
-//! (`recurrent.c`), the reductions and softmax (`reduction.c`), the transpose (`movement.c`),
-//! attention (`attention.c`) and the integer convolution (`quantized.c`) with the system C compiler, once per x86-64 instruction-set level, so that
-//! compiling a model needs no C compiler run of its own for them: the compiler links the objects
-//! for the host's level into each kernel library.
+//! Builds the CPU microkernel's C files (`src/backend/cpu/`: the packed GEMM `gemm.c`, the
+//! convolutions `conv.c` and `depthwise.c`, pooling `pool.c`, the row gather `gather.c`, the
+//! recurrent-layer kernel `recurrent.c`, the reductions and softmax `reduction.c`, the transpose
+//! `movement.c`, attention `attention.c` and the integer convolution `quantized.c`) with the
+//! system C compiler, once per x86-64 instruction-set level, so that compiling a model needs no C
+//! compiler run of its own for them: the compiler links the objects for the host's level into
+//! each kernel library.
 //!   v4: AVX-512 (F, BW, DQ, VL), register tile 8 x 32
 //!   v3: AVX2 and FMA, 4 x 32
 //!   v1: baseline x86-64 (SSE2), 4 x 32
@@ -11,9 +13,13 @@ use std::path::PathBuf;
 use std::process::Command;
 
 fn main() {
-    // The microkernel, the recurrent-layer kernel, the row kernels, the transpose and attention, one object each per level.
+    // The C kernels, one object each per level.
     let sources = [
-        ("ukernel", "src/backend/cpu/ukernel.c"),
+        ("gemm", "src/backend/cpu/gemm.c"),
+        ("conv", "src/backend/cpu/conv.c"),
+        ("depthwise", "src/backend/cpu/depthwise.c"),
+        ("pool", "src/backend/cpu/pool.c"),
+        ("gather", "src/backend/cpu/gather.c"),
         ("recurrent", "src/backend/cpu/recurrent.c"),
         ("reduction", "src/backend/cpu/reduction.c"),
         ("movement", "src/backend/cpu/movement.c"),
@@ -26,6 +32,7 @@ fn main() {
     println!("cargo:rerun-if-changed=src/backend/cpu/simd.h");
     println!("cargo:rerun-if-changed=src/backend/cpu/depthwise.h");
     println!("cargo:rerun-if-changed=src/backend/cpu/workspace.h");
+    println!("cargo:rerun-if-changed=src/backend/cpu/tile.h");
     println!("cargo:rerun-if-changed=src/backend/cpu/ukernel.h");
     println!("cargo:rerun-if-env-changed=CC");
     let out = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));

@@ -1,5 +1,5 @@
 //! Tuning by measurement (`kiln compile --tune`, `kiln bench --tune`): where the heuristics in
-//! `backend/cpu/ukernel.rs` cannot decide, time each kernel's candidates on this machine and keep
+//! `backend/cpu/ukernel/` cannot decide, time each kernel's candidates on this machine and keep
 //! the faster. The candidates of a CPU kernel are its linalg schedule and the packed microkernel
 //! (where it applies). The model is compiled and timed with every kernel on each, each kernel
 //! takes its faster one, and the result is timed against the untuned model: it is kept only if it

@@ -1,5 +1,5 @@
 /* The channel-blocked depthwise convolution's inner loops, shared by the float kernel
- * (ukernel.c) and the integer one (quantized.c, on exact float sums): one vector is one
+ * (depthwise.c) and the integer one (quantized.c, on exact float sums): one vector is one
  * position's 16 channels, so every lane is used whatever the plane's width or the stride. */
 #ifndef KILN_DEPTHWISE_H
 #define KILN_DEPTHWISE_H

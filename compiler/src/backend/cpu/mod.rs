@@ -35,7 +35,6 @@ use crate::stage::{Stage, Stages};
 use crate::{CompileError, Result};
 
 mod alloc;
-mod integer;
 mod layout;
 pub mod machine;
 mod math;
@@ -692,38 +691,20 @@ fn write_new(path: &std::path::Path, bytes: &[u8]) -> Result<(), String> {
     files::write_new(path, bytes, 0o600).map_err(|e| format!("{}: {e}", path.display()))
 }
 
-/// The C kernels' objects (the microkernel, recurrent layers, rows, the transpose, attention,
-/// integer convolutions) for the host's level, built
-/// with kiln (build.rs, which names them `<file>-<level>.o`).
+/// The C kernels' objects (the microkernel's files: the packed GEMM, convolutions, pooling, the
+/// gather, recurrent layers, rows, the transpose, attention, integer convolutions) for the host's
+/// level, built with kiln (build.rs, which names them `<file>-<level>.o`).
 fn ukernel_objects(dir: &std::path::Path, host: ukernel::Level) -> Result<Vec<PathBuf>, String> {
     macro_rules! level {
         ($l:literal) => {
-            [
-                (
-                    "ukernel.o",
-                    include_bytes!(concat!(env!("OUT_DIR"), "/ukernel-", $l, ".o")).as_slice(),
-                ),
-                (
-                    "recurrent.o",
-                    include_bytes!(concat!(env!("OUT_DIR"), "/recurrent-", $l, ".o")).as_slice(),
-                ),
-                (
-                    "reduction.o",
-                    include_bytes!(concat!(env!("OUT_DIR"), "/reduction-", $l, ".o")).as_slice(),
-                ),
-                (
-                    "movement.o",
-                    include_bytes!(concat!(env!("OUT_DIR"), "/movement-", $l, ".o")).as_slice(),
-                ),
-                (
-                    "attention.o",
-                    include_bytes!(concat!(env!("OUT_DIR"), "/attention-", $l, ".o")).as_slice(),
-                ),
-                (
-                    "quantized.o",
-                    include_bytes!(concat!(env!("OUT_DIR"), "/quantized-", $l, ".o")).as_slice(),
-                ),
-            ]
+            level!($l: "gemm", "conv", "depthwise", "pool", "gather", "recurrent", "reduction",
+                "movement", "attention", "quantized")
+        };
+        ($l:literal: $($name:literal),*) => {
+            [$((
+                concat!($name, ".o"),
+                include_bytes!(concat!(env!("OUT_DIR"), "/", $name, "-", $l, ".o")).as_slice(),
+            )),*]
         };
     }
     let objects = match host {

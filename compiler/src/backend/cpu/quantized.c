@@ -1,11 +1,11 @@
-/* kiln's integer convolution (a QConv node; the compiler's backend/cpu/integer.rs plans it and
- * packs its weights): 2-D, one group, NCHW u8 input, s8 weights, int32 sums, the result
+/* kiln's integer convolution (a QConv node; the compiler's backend/cpu/ukernel/qconv.rs plans it
+ * and packs its weights): 2-D, one group, NCHW u8 input, s8 weights, int32 sums, the result
  * requantised to u8 or s8 as it is stored.
  *
  * - s8 input is read as u8 with its top bit flipped (x + 128; `x_flip` 0x80), its zero point
  *   likewise, which leaves x - x_zero as it was.
  * - The input is copied once per work unit into padded planes split by stride phase (as the f32
- *   direct convolution in ukernel.c does), with 4 channels interleaved at each position: plane
+ *   direct convolution in conv.c does), with 4 channels interleaved at each position: plane
  *   (channel group g, phase) holds, per position, the 4 bytes of channels 4g .. 4g + 3 as one
  *   32-bit word. Padding holds the input's zero point. Positions are taken flat (oh * Wq + ow),
  *   so that for one tap and one channel group, 16 consecutive positions are 16 consecutive words:

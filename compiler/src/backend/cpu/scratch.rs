@@ -12,13 +12,17 @@ use std::collections::BTreeMap;
 
 use kiln_ir::op::RnnCell;
 
-use super::integer;
-use super::ukernel::{DepthwiseForm, Shape, Ukernel};
+use super::ukernel::{qconv, DepthwiseForm, Shape, Ukernel};
 
-/// The object files with scratch slots of their own (`reduction.c` and `movement.c` have none).
+/// The object files with scratch slots of their own (`gather.c`, `reduction.c` and `movement.c`
+/// have none).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum File {
-    Ukernel,
+    /// The packed GEMM (`kiln_gemm_block`'s panels, whoever calls it) and `kiln_uk_gemm`.
+    Gemm,
+    Conv,
+    Depthwise,
+    Pool,
     Recurrent,
     Attention,
     Quantized,
@@ -27,7 +31,7 @@ pub enum File {
 /// A slot: its file and number (0 to 3).
 pub type Slot = (File, u8);
 
-/// The register tile's columns (`NR` in `ukernel.c`).
+/// The register tile's columns (`NR` in `tile.h`).
 const NR: u64 = 32;
 
 /// What the kernel's C code may ask of each slot on one thread, in bytes as `support.c` counts
@@ -38,7 +42,7 @@ pub fn slots(u: &Ukernel) -> Vec<(Slot, u64)> {
     // The register tile's rows (`KILN_MR`): the plan's, else AVX-512's (the larger).
     let mr = if u.mr > 0 { u.mr as u64 } else { 8 };
     let (kc, mc, nc, chunks) = (u.kc as u64, u.mc as u64, u.nc as u64, u.chunks.max(1) as u64);
-    // gemm_block's panels: B's when B is packed at run time, A's when A is.
+    // kiln_gemm_block's panels: B's when B is packed at run time, A's when A is.
     let b_panel = kc.saturating_mul(round_up(nc, NR));
     let a_panel = kc.saturating_mul(round_up(mc, mr));
     match u.shape {
@@ -57,25 +61,25 @@ pub fn slots(u: &Ukernel) -> Vec<(Slot, u64)> {
                 Some(DepthwiseForm::Blocked) => {}
                 Some(DepthwiseForm::Regrouped) => {
                     let (hp, wp) = dw_plane(h, w, kh, kw, sh, sw, dh, dw, ph, pw, oh, ow);
-                    ask(File::Ukernel, 0, hp.saturating_mul(wp).saturating_mul(16));
-                    ask(File::Ukernel, 1, oh.saturating_mul(ow).saturating_mul(16));
+                    ask(File::Depthwise, 0, hp.saturating_mul(wp).saturating_mul(16));
+                    ask(File::Depthwise, 1, oh.saturating_mul(ow).saturating_mul(16));
                 }
                 Some(DepthwiseForm::Rows) => {
                     let hp = (oh.saturating_sub(1)) * sh + (kh - 1) * dh + 1;
                     let lanes = round_up(ow, 16);
                     let wp = (lanes - 1) * sw + (kw - 1) * dw + 1 + 16 * sw;
-                    ask(File::Ukernel, 0, hp.saturating_mul(wp).saturating_add(160 * sw + 64));
+                    ask(File::Depthwise, 0, hp.saturating_mul(wp).saturating_add(160 * sw + 64));
                 }
                 None if u.transposed || u.blocked.output => {
                     // C^T through scratch unless stored blocked; A is the image's positions.
                     if !u.blocked.output {
-                        ask(File::Ukernel, 3, oh.saturating_mul(ow).saturating_mul(m));
+                        ask(File::Conv, 3, oh.saturating_mul(ow).saturating_mul(m));
                     }
                     if !u.blocked.input {
-                        ask(File::Ukernel, 1, a_panel);
+                        ask(File::Gemm, 1, a_panel);
                         if !pointwise {
                             if let Some(g) = gather(mr) {
-                                ask(File::Ukernel, 2, g);
+                                ask(File::Gemm, 2, g);
                             }
                         }
                     }
@@ -90,18 +94,18 @@ pub fn slots(u: &Ukernel) -> Vec<(Slot, u64)> {
                     let planes = |channels: u64| {
                         channels.saturating_mul(phases).saturating_mul(plane).saturating_add(64)
                     };
-                    ask(File::Ukernel, 0, planes(c));
-                    ask(File::Ukernel, 1, 2 * c * khw);
+                    ask(File::Conv, 0, planes(c));
+                    ask(File::Conv, 1, 2 * c * khw);
                     if u.bf16 {
-                        ask(File::Ukernel, 2, planes(c.div_ceil(2)));
+                        ask(File::Conv, 2, planes(c.div_ceil(2)));
                     }
                 }
                 None => {
                     // One GEMM a group, B the image (im2col) packed at run time.
-                    ask(File::Ukernel, 0, b_panel);
+                    ask(File::Gemm, 0, b_panel);
                     if !u.blocked.input && !pointwise {
                         if let Some(g) = gather(NR) {
-                            ask(File::Ukernel, 2, g);
+                            ask(File::Gemm, 2, g);
                         }
                     }
                 }
@@ -113,17 +117,17 @@ pub fn slots(u: &Ukernel) -> Vec<(Slot, u64)> {
             let khw = (kh * kw) as u64;
             let step = mr / gcd(khw, mr);
             let channels = chunk(cout as u64, step, chunks);
-            ask(File::Ukernel, 3, channels.saturating_mul(khw).saturating_mul((h * w) as u64));
-            ask(File::Ukernel, 0, b_panel);
+            ask(File::Conv, 3, channels.saturating_mul(khw).saturating_mul((h * w) as u64));
+            ask(File::Gemm, 0, b_panel);
         }
         Shape::Gemm { m, k, .. } => {
             let (m, k) = (m as u64, k as u64);
             if u.bf16 {
                 // A's rows of a chunk as bf16 pairs.
                 let rows = if u.split_n { m } else { chunk(m, mr, chunks) };
-                ask(File::Ukernel, 1, rows.saturating_mul(k.div_ceil(2)));
+                ask(File::Gemm, 1, rows.saturating_mul(k.div_ceil(2)));
             } else if m >= mr {
-                ask(File::Ukernel, 1, a_panel);
+                ask(File::Gemm, 1, a_panel);
             }
         }
         Shape::Pool { h: _, w, kh, kw, stride, dilation, pad, oh, ow, kind, .. } => {
@@ -141,9 +145,9 @@ pub fn slots(u: &Ukernel) -> Vec<(Slot, u64)> {
                 let wp = (lanes - 1) * sw + (kw - 1) * dw + 1 + 16 * sw;
                 let band = 7 * sh + (kh - 1) * dh + 1;
                 let row3 = (2 * lanes + 48).max(pw + w + 16);
-                ask(File::Ukernel, 0, (2 * (wp + 64)).max(row3));
-                ask(File::Ukernel, 2, band.saturating_mul(lanes));
-                ask(File::Ukernel, 1, oh + lanes + 16);
+                ask(File::Pool, 0, (2 * (wp + 64)).max(row3));
+                ask(File::Pool, 2, band.saturating_mul(lanes));
+                ask(File::Pool, 1, oh + lanes + 16);
             }
         }
         Shape::QConv { c, group, h, w, kh, kw, stride, dilation, pad, oh, ow, .. } => {
@@ -156,7 +160,7 @@ pub fn slots(u: &Ukernel) -> Vec<(Slot, u64)> {
                 let (hp, wp) = dw_plane(h, w, kh, kw, sh, sw, dh, dw, ph, pw, oh, ow);
                 ask(File::Quantized, 0, hp.saturating_mul(wp).saturating_mul(16));
                 ask(File::Quantized, 1, oh.saturating_mul(ow).saturating_mul(16));
-            } else if integer::gemm_form(&u.shape) {
+            } else if qconv::gemm_form(&u.shape) {
                 // kiln_uk_qgemm reads its rows where they lie.
             } else if kh * kw == 1 && sh == 1 && sw == 1 && ph == 0 && pw == 0 && oh == h && ow == w
             {
@@ -193,7 +197,7 @@ pub fn slots(u: &Ukernel) -> Vec<(Slot, u64)> {
             let floats = rows.saturating_mul(ghp).saturating_add(3 * batch * hp + batch * ghp);
             ask(File::Recurrent, 0, floats);
             if rows >= mr {
-                ask(File::Ukernel, 1, a_panel);
+                ask(File::Gemm, 1, a_panel);
             }
         }
         Shape::Gather { .. }
@@ -282,8 +286,8 @@ mod tests {
 
     #[test]
     fn a_thread_holds_each_slot_at_its_largest() {
-        let a = [((File::Ukernel, 0), 100), ((File::Ukernel, 1), 10)];
-        let b = [((File::Ukernel, 0), 50), ((File::Ukernel, 3), 7), ((File::Attention, 0), 1)];
+        let a = [((File::Gemm, 0), 100), ((File::Gemm, 1), 10)];
+        let b = [((File::Gemm, 0), 50), ((File::Gemm, 3), 7), ((File::Attention, 0), 1)];
         assert_eq!(held([&a[..], &b[..]]), 100 + 10 + 7 + 1);
         assert_eq!(held(std::iter::empty::<&[(Slot, u64)]>()), 0);
     }

@@ -1,6 +1,7 @@
-/* The 16-float vectors kiln's C kernels (ukernel.c, recurrent.c, reduction.c, movement.c) compute with: GCC
- * vector types, so the compiler picks the instructions for the level each object is built for
- * (AVX-512: one register; AVX2: two; baseline: four). */
+/* The 16-float vectors kiln's C kernels (gemm.c, conv.c, depthwise.c, pool.c, recurrent.c,
+ * reduction.c, movement.c, attention.c, quantized.c) compute with: GCC vector types, so the
+ * compiler picks the instructions for the level each object is built for (AVX-512: one register;
+ * AVX2: two; baseline: four). */
 #ifndef KILN_SIMD_H
 #define KILN_SIMD_H
 #include <stdint.h>

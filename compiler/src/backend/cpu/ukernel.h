@@ -1,5 +1,5 @@
-/* The entry points of ukernel.c that kiln's other C kernels call, declared once so the compiler
- * checks every caller against the definition. */
+/* The entry points of the microkernel (gemm.c) that kiln's other C kernels call, declared once so
+ * the compiler checks every caller against the definition. */
 #ifndef KILN_UKERNEL_H
 #define KILN_UKERNEL_H
 #include <stdint.h>

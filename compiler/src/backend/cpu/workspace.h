@@ -1,6 +1,6 @@
-/* What kiln's C kernels (ukernel.c, recurrent.c, reduction.c, movement.c, attention.c,
- * quantized.c) share besides vectors: per-thread scratch space, failure reports and the split of
- * work into units. */
+/* What kiln's C kernels (gemm.c, conv.c, depthwise.c, pool.c, gather.c, recurrent.c, reduction.c,
+ * movement.c, attention.c, quantized.c) share besides vectors: per-thread scratch space, failure
+ * reports and the split of work into units. */
 #ifndef KILN_WORKSPACE_H
 #define KILN_WORKSPACE_H
 #include <stdint.h>
@@ -26,8 +26,8 @@ __attribute__((visibility("hidden"))) void *kiln_scratch_alloc(uint64_t bytes);
 __attribute__((visibility("hidden"))) void kiln_scratch_free(void *p);
 
 /* Per-thread scratch space, 4 slots for each object file that includes this, grown on demand
- * and kept from launch to launch (the compiler bounds what each slot may hold: ukernel.rs,
- * `scratch`). NULL when the memory cannot be had, the failure recorded: the caller returns
+ * and kept from launch to launch (the compiler bounds what each slot may hold: scratch.rs,
+ * `slots`). NULL when the memory cannot be had, the failure recorded: the caller returns
  * without writing its result. Every worker returns from its workgroups as usual, so no thread
  * waits for it. */
 static inline float *scratch(int which, size_t floats) {

@@ -1,5 +1,5 @@
-//! The CPU's integer convolution (`quantized.c`): a `QConv` node (made by the `integer` pass)
-//! planned, its weights packed at compile time, and its call's sizes.
+//! The CPU's integer convolution (`Shape::QConv`, `quantized.c`): a `QConv` node (made by the
+//! `integer` pass) planned, described, its weights packed at compile time, and its call.
 //!
 //! The kernel reads the u8 input straight from a copy padded with the input's zero point, four
 //! channels interleaved per position ([C/4][phase plane][4], so that 16 positions of 4 channels
@@ -11,16 +11,26 @@
 //! the packed int32 bias. As each tile is stored: `(acc + bias') * (x_scale * w_scale / y_scale)`
 //! in f32, rounded half to even, plus the result's zero point, saturated to 8 bits.
 
-use kiln_ir::{DType, Graph, NodeId, Op};
+use std::fmt;
 
-use super::ukernel::{Activation, Blocked, Epilogue, Host, Shape, Ukernel, MIN_MACS};
+use kiln_ir::{DType, Graph, NodeId, Op};
+use melior::ir::Value;
+
+use super::{
+    describe_channel_chunks, other_shape, Activation, Blocked, Call, Epilogue, Host, KernelShape,
+    Pointers, Shape, Ukernel, MIN_MACS, NR,
+};
 use crate::fuse::Kernel;
 use crate::{CompileError, Result};
+
+/// Integer convolutions and matrix products: `kiln_uk_qconv2d`, `kiln_uk_qdepthwise` and
+/// `kiln_uk_qgemm`.
+pub(super) struct QConv;
 
 /// Everything about a QConv node the kernel needs, when it can run it: 2-D, one group, u8 input,
 /// s8 constant weights with zero points 0, constant scales and zero points (one each for the
 /// input and the result), a constant int32 bias or none, static shapes.
-pub fn shape(graph: &Graph, id: NodeId, vnni: bool) -> Option<Shape> {
+fn shape(graph: &Graph, id: NodeId, vnni: bool) -> Option<Shape> {
     let Op::QConv(c) = &graph.node(id).op else { return None };
     let ops = graph.operands(id);
     let operand = |i: usize| ops.get(i).copied().flatten();
@@ -126,7 +136,7 @@ pub fn gemm_form(shape: &Shape) -> bool {
 
 /// Whether a QConv is pointwise (1x1, stride 1, no padding, over a plane): `kiln_uk_qconv2d`
 /// takes its positions flat, and splits them in 32-position strips.
-pub fn pointwise(shape: &Shape) -> bool {
+fn pointwise(shape: &Shape) -> bool {
     matches!(*shape, Shape::QConv { kh: 1, kw: 1, stride: [1, 1], pad: [0, 0], h, w, oh, ow, .. } if oh == h && ow == w)
         && !gemm_form(shape)
 }
@@ -136,7 +146,7 @@ const GEMM_STRIP: usize = 64;
 
 /// The plan for a kernel whose root is a QConv (alone in its kernel, or with the one Clip fusion
 /// gives it).
-pub fn plan(graph: &Graph, kernel: &Kernel, root: NodeId, host: &Host) -> Option<Ukernel> {
+pub(super) fn plan(graph: &Graph, kernel: &Kernel, root: NodeId, host: &Host) -> Option<Ukernel> {
     let mut shape = shape(graph, root, host.vnni)?;
     let ops = graph.operands(root);
     let (x, w) = (ops.first().copied().flatten()?, ops.get(3).copied().flatten()?);
@@ -208,12 +218,105 @@ pub fn plan(graph: &Graph, kernel: &Kernel, root: NodeId, host: &Host) -> Option
     })
 }
 
+/// ", clamp to [lo, hi]" where a fused Clip narrows an integer convolution's stored range.
+fn qclamp(signed: bool, range: [i32; 2]) -> String {
+    let full = if signed { [-128, 127] } else { [0, 255] };
+    if range == full {
+        String::new()
+    } else {
+        format!(", clamp to [{}, {}] (a fused Clip)", range[0], range[1])
+    }
+}
+
+impl KernelShape for QConv {
+    fn describe(&self, u: &Ukernel, f: &mut fmt::Formatter) -> fmt::Result {
+        let (m, n, k) = u.mnk();
+        let Shape::QConv {
+            batch,
+            c,
+            m: channels,
+            group,
+            kh,
+            kw,
+            stride,
+            dilation,
+            pad,
+            oh,
+            ow,
+            x_zero,
+            x_signed,
+            y_zero,
+            y_signed,
+            y_range,
+            vnni,
+            ..
+        } = u.shape
+        else {
+            return Err(fmt::Error);
+        };
+        let products = if vnni { "with vpdpbusd" } else { "by widening products (no VNNI)" };
+        let flipped = if x_signed { " (s8 read as u8: x + 128)" } else { "" };
+        let epilogue = format!("epilogue: requantise to {} (scale, round half to even, zero point {y_zero}, saturate{})", if y_signed { "s8" } else { "u8" }, qclamp(y_signed, y_range));
+        if group > 1 {
+            writeln!(f, "microkernel: integer depthwise conv, {batch} image(s) of {c} channels {oh}x{ow} (window {kh}x{kw}, stride {}x{}, dilation {}x{}, pad {}x{})", stride[0], stride[1], dilation[0], dilation[1], pad[0], pad[1])?;
+            writeln!(f, "each 16 channels' planes less the zero point transposed into a zero-padded channel-blocked plane of floats (exact integers), vectors of 16 channels at each output, one FMA a tap, 4 outputs at a time; sums exact, transposed back")?;
+            writeln!(f, "{epilogue}")?;
+            describe_channel_chunks(u, f)
+        } else if gemm_form(&u.shape) {
+            writeln!(
+                f,
+                "microkernel: integer matrix product, {batch} row(s) of K={c} by M={channels}"
+            )?;
+            writeln!(f, "u8 x s8 -> s32 {products}; each row's 4 consecutive k one word as it lies{flipped}, broadcast into vectors of 16 output channels")?;
+            writeln!(f, "register tile: 4 rows x 64 channels; weights packed at compile time in strips of 64 channels, the zero point {x_zero} folded into the int32 bias")?;
+            writeln!(f, "{epilogue}")?;
+            let what = if u.split_n { "row" } else { "64-channel strip" };
+            writeln!(f, "workgroups: {} ({what} chunks)", u.workgroups())
+        } else {
+            writeln!(f, "microkernel: integer conv, {batch} image(s) of M={m} N={n} K={k} (window {kh}x{kw}, stride {}x{}, dilation {}x{}, pad {}x{})", stride[0], stride[1], dilation[0], dilation[1], pad[0], pad[1])?;
+            writeln!(f, "u8 x s8 -> s32 {products}; B read direct from a copy of the input{flipped} padded with its zero point {x_zero}, 4 channels interleaved a position")?;
+            writeln!(f, "register tile: {}x{NR}; weights packed at compile time in groups of 4, the zero point folded into the int32 bias", u.mr)?;
+            writeln!(f, "{epilogue}")?;
+            let what = match (u.split_n, pointwise(&u.shape)) {
+                (true, true) => "32-position strip",
+                (true, false) => "output row",
+                (false, _) => "output channel",
+            };
+            writeln!(f, "workgroups: {} ({} {what} chunk(s) per image)", u.workgroups(), u.chunks)
+        }
+    }
+
+    fn pack(&self, graph: &Graph, kernel: &Kernel, u: &Ukernel) -> Result<Vec<u8>> {
+        pack(graph, kernel, u)
+    }
+
+    fn build<'c, 'a>(
+        &self,
+        u: &Ukernel,
+        call: &Call<'c, 'a>,
+        p: Pointers<'c, 'a>,
+    ) -> Result<(&'static str, Vec<Value<'c, 'a>>)> {
+        let Shape::QConv { group, .. } = u.shape else { return Err(other_shape(u)) };
+        let symbol = if group > 1 {
+            "kiln_uk_qdepthwise"
+        } else if gemm_form(&u.shape) {
+            "kiln_uk_qgemm"
+        } else {
+            "kiln_uk_qconv2d"
+        };
+        let mut args = vec![p.x, p.wp, p.y];
+        args.extend(sizes(&u.shape).into_iter().map(|v| call.int(v)));
+        args.extend(call.ints(&[u.chunks, u.split_n as usize]));
+        Ok((symbol, args))
+    }
+}
+
 /// The packed constant `quantized.c` reads: the weights as `[M/MR][K/4][MR]` groups of 4 bytes
 /// (K ordered (channel group of 4, kh, kw), channels past C zero; a matrix product's strips are
 /// 64 channels, not MR), then per output channel
 /// (padded to whole strips) the int32 bias less `x_zero * Σ w`, then the f32 multiplier
 /// `x_scale * w_scale / y_scale`.
-pub fn pack(graph: &Graph, kernel: &Kernel, u: &Ukernel) -> Result<Vec<u8>> {
+fn pack(graph: &Graph, kernel: &Kernel, u: &Ukernel) -> Result<Vec<u8>> {
     let Shape::QConv { c, m, group, kh, kw, x_zero, .. } = u.shape else {
         return Err(CompileError::Internal("not an integer convolution".into()));
     };
@@ -305,7 +408,7 @@ fn pack_depthwise(
 
 /// The sizes `kiln_uk_qconv2d` and `kiln_uk_qdepthwise` (or, for the matrix-product form,
 /// `kiln_uk_qgemm`) take after their pointers (the work split comes after them).
-pub fn sizes(shape: &Shape) -> Vec<i64> {
+fn sizes(shape: &Shape) -> Vec<i64> {
     let Shape::QConv {
         batch,
         c,
@@ -345,6 +448,6 @@ pub fn sizes(shape: &Shape) -> Vec<i64> {
 }
 
 /// Whether a QConv node runs on the integer kernel (the `integer` pass makes no other).
-pub fn runs(graph: &Graph, id: NodeId) -> bool {
+pub(super) fn runs(graph: &Graph, id: NodeId) -> bool {
     shape(graph, id, false).is_some()
 }

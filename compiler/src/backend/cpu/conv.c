@@ -1,0 +1,359 @@
+/* kiln's f32 convolutions: kiln_uk_conv2d (one group with a window or a stride read direct from
+ * padded stride-phase planes; grouped and pointwise ones, and few positions by many channels, on
+ * the packed GEMM of gemm.c) and kiln_uk_conv_transpose (a GEMM, then col2im). Their epilogue
+ * (bias, residual, ReLU or clip) is applied as results are stored. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "simd.h"
+#include "workspace.h"
+#include "tile.h"
+
+/* One K step of the MR x 32 register tile: c0/c1[r] += a[r] (broadcast) * b0/b1. */
+static inline __attribute__((always_inline)) void tile_step(const float *a, v16 b0, v16 b1, v16 *c0, v16 *c1) {
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; r++) {
+        v16 ar = splat(a[r]);
+        c0[r] += ar * b0;
+        c1[r] += ar * b1;
+    }
+}
+
+/* The register tile of a direct convolution: c[MR rows][32 flat positions] = A panel (K x MR,
+ * packed weights) times B rows read straight from the padded input: row k at xb + offs[k]. */
+static inline __attribute__((always_inline)) void micro_direct(int64_t K, const float *restrict a, const float *restrict xb,
+                                                              const int64_t *restrict offs, v16 *c0, v16 *c1) {
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; r++) c0[r] = c1[r] = splat(0.0f);
+    for (int64_t k = 0; k < K; k++) {
+        const float *b = xb + offs[k];
+        tile_step(a, load16(b), load16(b + 16), c0, c1);
+        a += MR;
+    }
+}
+
+#if MR == 8
+/* A direct convolution's whole tile in bf16: the weights packed in MR-row strips of pairs, B
+ * read at xb + offs[q] (the input's channel-pair planes). */
+KILN_BF16 static void micro_direct_bf16(int64_t K2, const uint32_t *restrict a, const uint32_t *restrict xb,
+                                        const int64_t *restrict offs, v16 *c0, v16 *c1) {
+    tile_bf16(MR, 1, K2, a, 1, MR, xb, offs, c0, c1);
+}
+
+/* n words of channel pairs: out[i] = bf16(even[i]) | bf16(odd[i]) << 16, rounded to nearest
+ * even; odd NULL for an odd channel count's last pair (zeros). */
+KILN_BF16 static void pair_bf16(const float *even, const float *odd, int64_t n, uint32_t *out) {
+    /* cvtne2ps gives [even 0..15, odd 0..15]; the permutation interleaves them. */
+    static const uint16_t order[32] = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23,
+                                       8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+    __m512i idx = _mm512_loadu_si512(order);
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 m = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
+        __m512 e = _mm512_maskz_loadu_ps(m, even + i);
+        __m512 o = odd ? _mm512_maskz_loadu_ps(m, odd + i) : _mm512_setzero_ps();
+        __m512i w = _mm512_permutexvar_epi16(idx, (__m512i)_mm512_cvtne2ps_pbh(o, e));
+        _mm512_mask_storeu_epi32(out + i, m, w);
+    }
+}
+#endif
+
+/* A convolution of one image without im2col. The input is copied once into padded planes, split
+ * by stride phase: phase (a, b) of channel c holds padded rows a, a + SH, ... and columns b,
+ * b + SW, ... (one plane at stride 1), so that every window tap of a run of output positions is
+ * a contiguous run of one phase plane. Positions are taken "flat", p = oh * Wq + ow (Wq the
+ * phase planes' pitch), so that row k of B = im2col for 32 consecutive p is 32 consecutive
+ * floats at offs[k] + p; the positions with ow >= OW are computed and dropped. Output rows
+ * oh0 .. oh1 and channels m0 .. m1; the epilogue applied as the valid positions are stored. */
+static void conv_direct(const float *x, const float *wp, const float *bias, const float *res, float *y, int64_t C, int64_t H, int64_t W,
+                        int64_t KH, int64_t KW, int64_t SH, int64_t SW, int64_t DH, int64_t DW, int64_t PH, int64_t PW, int64_t OH,
+                        int64_t OW, int64_t act, float lo, float hi, int64_t oh0, int64_t oh1, int64_t m0, int64_t m1, int bf16) {
+    int64_t Wq = OW + (KW - 1) * DW / SW;
+    /* The phase rows these output rows read. */
+    int64_t rows = oh1 - oh0 + (KH - 1) * DH / SH, plane = rows * Wq;
+    int64_t K = C * KH * KW, phases = SH * SW;
+    /* The last strip may read 32 floats past the last position of the last plane. */
+    size_t total = (size_t)(C * phases * plane + 64);
+    float *xp = scratch(0, total);
+    int64_t *offs = (int64_t *)scratch(1, (size_t)(2 * K));
+    if (!xp || !offs) return; /* (recorded by scratch) */
+    memset(xp, 0, total * sizeof(float));
+    for (int64_t c = 0; c < C; c++) {
+        for (int64_t a = 0; a < SH; a++) {
+            for (int64_t b = 0; b < SW; b++) {
+                float *ph = xp + ((c * SH + a) * SW + b) * plane;
+                /* Columns j of the phase read input column j * SW + b - PW. */
+                int64_t jlo = PW - b <= 0 ? 0 : (PW - b + SW - 1) / SW;
+                int64_t jhi = W - 1 + PW - b < 0 ? 0 : (W - 1 + PW - b) / SW + 1;
+                if (jhi > Wq) jhi = Wq;
+                for (int64_t i = 0; i < rows; i++) {
+                    int64_t ih = (oh0 + i) * SH + a - PH;
+                    if (ih < 0 || ih >= H || jlo >= jhi) continue;
+                    const float *src = x + (c * H + ih) * W + jlo * SW + b - PW;
+                    float *dst = ph + i * Wq + jlo;
+                    if (SW == 1) copy_floats(dst, src, jhi - jlo);
+                    else if (SW == 2) copy_floats_stride2(dst, src, jhi - jlo);
+                    else
+                        for (int64_t j = 0; j < jhi - jlo; j++) dst[j] = src[j * SW];
+                }
+            }
+        }
+    }
+    /* bf16: the planes again as channel pairs, a word a position (the weights are packed so),
+     * and B's rows are pairs: K2 of them. */
+    uint32_t *xq __attribute__((unused)) = NULL; /* (only the AVX-512 object has bf16 kernels) */
+    int64_t K2 = (C + 1) / 2 * KH * KW;
+    if (bf16) {
+#if MR == 8
+        size_t words = (size_t)((C + 1) / 2 * phases * plane + 64);
+        xq = (uint32_t *)scratch(2, words);
+        if (!xq) return; /* (recorded by scratch) */
+        memset(xq + words - 64, 0, 64 * sizeof(uint32_t));
+        for (int64_t cp = 0; cp < (C + 1) / 2; cp++) {
+            for (int64_t f = 0; f < phases; f++) {
+                const float *even = xp + (2 * cp * phases + f) * plane;
+                const float *odd = 2 * cp + 1 < C ? xp + ((2 * cp + 1) * phases + f) * plane : NULL;
+                pair_bf16(even, odd, plane, xq + (cp * phases + f) * plane);
+            }
+        }
+#else
+        KILN_INTERNAL_FAILURE(); /* planned only where the host has AVX512-BF16: a bug, not input */
+        return;
+#endif
+    }
+    for (int64_t k = 0; k < (bf16 ? K2 : K); k++) {
+        int64_t c = k / (KH * KW), t = k % (KH * KW);
+        int64_t dy = (t / KW) * DH, dx = (t % KW) * DW;
+        offs[k] = ((c * SH + dy % SH) * SW + dx % SW) * plane + dy / SH * Wq + dx / SW;
+    }
+    Epilogue act_only = {NULL, NULL, NULL, 0, act, lo, hi};
+    int64_t N = OH * OW;
+    /* Flat positions of the rows (relative to row oh0): the last row ends at OW. */
+    int64_t flat = (oh1 - oh0 - 1) * Wq + OW;
+    for (int64_t p0 = 0; p0 < flat; p0 += 32) {
+        /* The strip's valid positions as runs: (lane, count, output index). */
+        int64_t run_l[33], run_n[33], run_o[33], runs = 0;
+        for (int64_t l = 0; l < 32 && p0 + l < flat;) {
+            int64_t p = p0 + l, oh = p / Wq, ow = p % Wq;
+            if (ow >= OW) {
+                l += Wq - ow;
+                continue;
+            }
+            int64_t n = OW - ow < 32 - l ? OW - ow : 32 - l;
+            if (p + n > flat) n = flat - p;
+            run_l[runs] = l;
+            run_n[runs] = n;
+            run_o[runs] = (oh0 + oh) * OW + ow;
+            runs++;
+            l += n;
+        }
+        for (int64_t i = m0; i < m1; i += MR) {
+            v16 c0[MR], c1[MR];
+#if MR == 8
+            if (bf16)
+                micro_direct_bf16(K2, (const uint32_t *)wp + (i / MR) * K2 * MR, xq + p0, offs, c0, c1);
+            else
+#endif
+                micro_direct(K, wp + (i / MR) * K * MR, xp + p0, offs, c0, c1);
+            int64_t mr = m1 - i < MR ? m1 - i : MR;
+            for (int64_t r = 0; r < mr; r++) {
+                v16 b = splat(bias ? bias[i + r] : 0.0f);
+                v16 lo = c0[r] + b, hi = c1[r] + b;
+                float *yr = y + (i + r) * N;
+                const float *rr = res ? res + (i + r) * N : NULL;
+                for (int64_t q = 0; q < runs; q++) {
+                    for (int64_t j = 0; j < run_n[q]; j += 16) {
+                        int64_t n = run_n[q] - j < 16 ? run_n[q] - j : 16, l = run_l[q] + j;
+                        /* Runs rarely start on a vector (Wq is no multiple of 32): the lanes
+                         * are shifted in registers, not stored and reloaded at an offset. */
+                        v16 v = l == 0 ? lo : l == 16 ? hi : lanes_from(lo, hi, l);
+                        float *yo = yr + run_o[q] + j;
+                        if (n == 16) {
+                            if (rr) v += load16(rr + run_o[q] + j);
+                            store16(yo, finish(v, &act_only, 0, 0));
+                        } else {
+                            if (rr) v += load16_n(rr + run_o[q] + j, n);
+                            store16_n(yo, finish(v, &act_only, 0, 0), n);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/* y[m, n] = the epilogue on ct[n, m] for channels m0 .. m1 and positions n0 .. n1 of N: the
+ * transposed convolution's result put back in NCHW, a 16 x 16 block at a time through registers. */
+static void store_transposed(const float *ct, int64_t M, int64_t N, int64_t m0, int64_t m1, int64_t n0, int64_t n1, float *y,
+                             const Epilogue *e) {
+    for (int64_t m = m0; m < m1; m += 16) {
+        int64_t nm = m1 - m < 16 ? m1 - m : 16;
+        for (int64_t n = n0; n < n1; n += 16) {
+            int64_t nn = n1 - n < 16 ? n1 - n : 16;
+            v16 r[16];
+            for (int64_t k = 0; k < 16; k++) r[k] = k < nn ? load16_n(ct + (n + k) * M + m, nm) : splat(0.0f);
+            transpose16(r);
+            for (int64_t k = 0; k < nm; k++) store16_n(y + (m + k) * N + n, finish_n(r[k], e, m + k, n, nn), nn);
+        }
+    }
+}
+
+/* A 2-D convolution (NCHW) as implicit GEMM, one GEMM a group: per image and group g,
+ * C[Mg = M/G out channels, N = OH*OW] = W_g[Mg, K = C/G*KH*KW] (packed, groups one after another)
+ * * im2col(x_g)[K, N]. Work units: images x chunks of N (split_n) or of Mg. */
+void kiln_uk_conv2d(int64_t x_, int64_t wp_, int64_t bias_, int64_t res_, int64_t y_, int64_t C, int64_t H, int64_t W, int64_t M,
+                    int64_t G, int64_t KH, int64_t KW, int64_t SH, int64_t SW, int64_t DH, int64_t DW, int64_t PH, int64_t PW,
+                    int64_t OH, int64_t OW, int64_t act, float lo, float hi, int64_t kc, int64_t mc, int64_t nc, int64_t chunks,
+                    int64_t split_n, int64_t transposed, int64_t in_blocked, int64_t out_blocked, int64_t bf16, int64_t wg_begin,
+                    int64_t wg_end) {
+    const float *x = (const float *)(intptr_t)x_, *wp = (const float *)(intptr_t)wp_;
+    const float *bias = (const float *)(intptr_t)bias_, *res = (const float *)(intptr_t)res_;
+    float *y = (float *)(intptr_t)y_;
+    int64_t Cg = C / G, Mg = M / G;
+    int64_t N = OH * OW, K = Cg * KH * KW;
+    int64_t a_group = (Mg + MR - 1) / MR * K * MR;
+    Blocking bl = {kc, mc, nc};
+    /* 1x1, stride 1, no padding: the input is the matrix [C, H*W] as it is. */
+    int pointwise = KH == 1 && KW == 1 && SH == 1 && SW == 1 && PH == 0 && PW == 0 && OH == H && OW == W;
+    if (transposed || out_blocked) {
+        /* Few output positions, many channels (a 7x7 image), or a pointwise convolution between
+         * channel-blocked (NCHW16c) tensors: C^T[N, M] = im2col(x)^T[N, K] * W^T[K, M], the
+         * weights packed in 32-channel strips, so the vectors run along channels. One group.
+         * A blocked result is stored where it lies (each vector 16 channels of one position);
+         * else C^T goes through scratch and is stored transposed, with the epilogue. Chunks are
+         * of positions (split_n) or of channels. */
+        float *ct = out_blocked ? NULL : scratch(3, (size_t)(N * M));
+        if (!out_blocked && !ct) return; /* (recorded by scratch) */
+        for (int64_t u = wg_begin; u < wg_end; u++) {
+            int64_t img = u / chunks, q = u % chunks;
+            Im2col g = {x + img * C * H * W, H, W, KH, KW, SH, SW, DH, DW, PH, PW, OW};
+            Asource A = {NULL, NULL, 0, 0, &g, 0};
+            if (in_blocked) {
+                /* (Pointwise: the planner blocks no other input.) */
+                A.a = g.x;
+                A.plane = N * 16;
+                A.im2col = NULL;
+            } else if (pointwise) {
+                /* A[n, c] = x[c, n], a strided read, no offsets to compute. */
+                A.a = g.x;
+                A.lda = 1;
+                A.ka = H * W;
+                A.im2col = NULL;
+            }
+            Bsource B = {wp, NULL, 0, 0, NULL};
+            int64_t m0 = 0, m1 = M, n0 = 0, n1 = N;
+            if (split_n) chunk_range(N, MR, chunks, q, &n0, &n1);
+            else chunk_range(M, NR, chunks, q, &m0, &m1);
+            if (m0 >= m1 || n0 >= n1) continue;
+            const float *ri = res ? res + img * M * N : NULL;
+            if (out_blocked) {
+                Epilogue e = {NULL, bias, ri, 16, act, lo, hi, N * 16};
+                kiln_gemm_block(&A, &B, y + img * M * N, 16, N * 16, N, M, K, n0, n1, m0, m1, &e, &bl);
+            } else {
+                kiln_gemm_block(&A, &B, ct, M, 16, N, M, K, n0, n1, m0, m1, NULL, &bl);
+                Epilogue e = epilogue_of(bias, NULL, ri, N, act, lo, hi);
+                store_transposed(ct, M, N, m0, m1, n0, n1, y + img * M * N, &e);
+            }
+        }
+        return;
+    }
+    for (int64_t u = wg_begin; u < wg_end; u++) {
+        int64_t img = u / chunks, q = u % chunks;
+        /* One group, a window or a stride: directly from a padded copy of the input (in bf16,
+         * that copy is where the input becomes bf16). */
+        if (G == 1 && (KH * KW > 1 || SH * SW > 1)) {
+            int64_t oh0 = 0, oh1 = OH, m0 = 0, m1 = M;
+            if (split_n) chunk_range(OH, 1, chunks, q, &oh0, &oh1);
+            else chunk_range(M, MR, chunks, q, &m0, &m1);
+            if (oh0 < oh1 && m0 < m1)
+                conv_direct(x + img * C * H * W, wp, bias, res ? res + img * M * N : NULL, y + img * M * N, C, H, W, KH, KW, SH, SW, DH, DW,
+                            PH, PW, OH, OW, act, lo, hi, oh0, oh1, m0, m1, (int)bf16);
+            continue;
+        }
+        for (int64_t grp = 0; grp < G; grp++) {
+            Asource A = {wp + grp * a_group, NULL, 0, 0, NULL, 0};
+            Im2col g = {x + (img * C + grp * Cg) * H * W, H, W, KH, KW, SH, SW, DH, DW, PH, PW, OW};
+            Bsource B = {NULL, NULL, 0, 0, &g, 0};
+            if (in_blocked) {
+                /* A pointwise convolution whose input is channel-blocked: B packed through
+                 * transposes (the planner blocks no other input). */
+                B.b = g.x;
+                B.plane = N * 16;
+                B.im2col = NULL;
+            } else if (pointwise) {
+                /* B[C, H*W] is the input as it is. */
+                B.b = g.x;
+                B.ldb = H * W;
+                B.jb = 1;
+                B.im2col = NULL;
+            }
+            float *yi = y + (img * M + grp * Mg) * N;
+            const float *ri = res ? res + (img * M + grp * Mg) * N : NULL;
+            Epilogue e = epilogue_of(bias ? bias + grp * Mg : NULL, NULL, ri, N, act, lo, hi);
+            int64_t a0 = 0, a1 = Mg, b0 = 0, b1 = N;
+            if (split_n) chunk_range(N, NR, chunks, q, &b0, &b1);
+            else chunk_range(Mg, MR, chunks, q, &a0, &a1);
+            if (a0 < a1 && b0 < b1) kiln_gemm_block(&A, &B, yi, N, 16, Mg, N, K, a0, a1, b0, b1, &e, &bl);
+        }
+    }
+}
+
+/* A transposed convolution (NCHW, one group) as a GEMM and a scatter: per image,
+ * cols[(co, kh, kw), (ih, iw)] = W[Cin, Cout*KH*KW]^T (packed) * x[Cin, H*W], then each column
+ * value is added at output (ih*SH + kh*DH - PH, iw*SW + kw*DW - PW) when that lies inside (pads
+ * may be negative); the epilogue runs over the finished planes. Work units: images x chunks of
+ * output channels (whole register-tile strips of rows each). */
+void kiln_uk_conv_transpose(int64_t x_, int64_t wp_, int64_t bias_, int64_t res_, int64_t y_, int64_t Cin, int64_t H, int64_t W,
+                            int64_t Cout, int64_t KH, int64_t KW, int64_t SH, int64_t SW, int64_t DH, int64_t DW, int64_t PH, int64_t PW,
+                            int64_t OH, int64_t OW, int64_t act, float lo, float hi, int64_t kc, int64_t mc, int64_t nc, int64_t chunks,
+                            int64_t wg_begin, int64_t wg_end) {
+    const float *x = (const float *)(intptr_t)x_, *wp = (const float *)(intptr_t)wp_;
+    const float *bias = (const float *)(intptr_t)bias_, *res = (const float *)(intptr_t)res_;
+    float *y = (float *)(intptr_t)y_;
+    int64_t khw = KH * KW, M = Cout * khw, N = H * W, K = Cin, P = OH * OW;
+    /* Channels a chunk boundary falls on: their first row starts a register-tile strip. */
+    int64_t step = MR;
+    for (int64_t a = khw, b = MR; b;) {
+        int64_t t = a % b;
+        a = b;
+        b = t;
+        step = MR / a;
+    }
+    Blocking bl = {kc, mc, nc};
+    Asource A = {wp, NULL, 0, 0, NULL, 0};
+    for (int64_t u = wg_begin; u < wg_end; u++) {
+        int64_t img = u / chunks, q = u % chunks;
+        int64_t c0, c1;
+        chunk_range(Cout, step, chunks, q, &c0, &c1);
+        if (c0 >= c1) continue;
+        int64_t i0 = c0 * khw, i1 = c1 * khw;
+        float *cols = scratch(3, (size_t)((i1 - i0) * N));
+        if (!cols) return; /* (recorded by scratch) */
+        Bsource B = {NULL, x + img * Cin * N, N, 1, NULL};
+        /* kiln_gemm_block writes rows i0 .. i1 at cols + (i - i0) * N. */
+        kiln_gemm_block(&A, &B, cols - i0 * N, N, 16, M, N, K, i0, i1, 0, N, NULL, &bl);
+        float *yi = y + img * Cout * P;
+        const float *ri = res ? res + img * Cout * P : NULL;
+        Epilogue e = epilogue_of(bias, NULL, ri, P, act, lo, hi);
+        for (int64_t co = c0; co < c1; co++) {
+            float *plane = yi + co * P;
+            memset(plane, 0, (size_t)P * sizeof(float));
+            for (int64_t kh = 0; kh < KH; kh++) {
+                for (int64_t kw = 0; kw < KW; kw++) {
+                    const float *row = cols + ((co * KH + kh) * KW + kw - i0) * N;
+                    for (int64_t ih = 0; ih < H; ih++) {
+                        int64_t oh = ih * SH + kh * DH - PH;
+                        if (oh < 0 || oh >= OH) continue;
+                        float *orow = plane + oh * OW;
+                        const float *src = row + ih * W;
+                        for (int64_t iw = 0; iw < W; iw++) {
+                            int64_t ow = iw * SW + kw * DW - PW;
+                            if (ow >= 0 && ow < OW) orow[ow] += src[iw];
+                        }
+                    }
+                }
+            }
+            for (int64_t p = 0; p < P; p++) plane[p] = finish1(plane[p], &e, co, p);
+        }
+    }
+}

@@ -1,0 +1,389 @@
+//! Convolutions (`Shape::Conv`, `conv.c`; depthwise ones `depthwise.c`) and transposed
+//! convolutions (`Shape::ConvTranspose`, `conv.c`), both on the packed GEMM (`gemm.c`): their
+//! shapes read from the root op (the rest of their planning is `tiled`'s), their descriptions,
+//! their weights packed and their calls.
+
+use std::fmt;
+
+use kiln_ir::op::{Conv as ConvOp, ConvTranspose as ConvTransposeOp};
+use kiln_ir::{Graph, ValueId};
+use melior::ir::Value;
+
+use super::tiled::Root;
+use super::{
+    bf16_bits, bf16_bytes, describe_channel_chunks, describe_epilogue, describe_tiles, f32_bytes,
+    operand_bias, other_shape, weight_f32s, Call, DepthwiseForm, KernelShape, Pointers, Shape,
+    Ukernel, NR,
+};
+use crate::fuse::Kernel;
+use crate::{CompileError, Result};
+
+/// Convolutions, grouped and depthwise: `kiln_uk_conv2d` and `kiln_uk_depthwise`.
+pub(super) struct Conv;
+
+/// Transposed convolutions: `kiln_uk_conv_transpose`.
+pub(super) struct ConvTranspose;
+
+/// A Conv root as the kernel takes it: f32 (checked by `tiled::plan`), 1-D or 2-D, a constant
+/// weight, groups that divide the channels, and a bias that is a constant or none.
+pub(super) fn shape(graph: &Graph, operands: &[Option<ValueId>], c: &ConvOp) -> Option<Root> {
+    let dims = |v: ValueId| graph.value_type(v).shape.as_fixed();
+    let (x, w) = (operands.first().copied().flatten()?, operands.get(1).copied().flatten()?);
+    let (xd, wd) = (dims(x)?, dims(w)?);
+    let g = c.group;
+    if g == 0 || xd.len() < 3 || xd[1] % g != 0 || wd[0] % g != 0 || wd[1] * g != xd[1] {
+        return None;
+    }
+    if !(3..=4).contains(&xd.len()) || wd.len() != xd.len() || graph.constant_value(w).is_none() {
+        return None;
+    }
+    let spatial = xd.len() - 2;
+    let mut axes = Vec::new();
+    for i in 0..spatial {
+        axes.push(c.window.resolve(i, xd[2 + i], wd[2 + i], false).ok()?);
+    }
+    let (h, kh, kw, stride, dilation, pad, oh, ow) =
+        plane(&xd, &wd, axes.iter().map(|a| (a.stride, a.dilation, a.pad_begin as i64, a.output)))?;
+    let pad = [pad[0] as usize, pad[1] as usize];
+    let shape = Shape::Conv {
+        batch: xd[0],
+        c: xd[1],
+        h,
+        w: xd[xd.len() - 1],
+        m: wd[0],
+        group: g,
+        kh,
+        kw,
+        stride,
+        dilation,
+        pad,
+        oh,
+        ow,
+    };
+    Some((shape, x, w, operand_bias(graph, operands.get(2).copied().flatten(), wd[0])?))
+}
+
+/// A ConvTranspose root as the kernel takes it: one group, 1-D or 2-D, a constant weight, and a
+/// bias that is a constant or none.
+pub(super) fn transpose_shape(
+    graph: &Graph,
+    operands: &[Option<ValueId>],
+    c: &ConvTransposeOp,
+) -> Option<Root> {
+    let dims = |v: ValueId| graph.value_type(v).shape.as_fixed();
+    let (x, w) = (operands.first().copied().flatten()?, operands.get(1).copied().flatten()?);
+    let (xd, wd) = (dims(x)?, dims(w)?);
+    if c.group != 1
+        || !(3..=4).contains(&xd.len())
+        || wd.len() != xd.len()
+        || wd[0] != xd[1]
+        || graph.constant_value(w).is_none()
+    {
+        return None;
+    }
+    let spatial = xd.len() - 2;
+    let mut axes = Vec::new();
+    for i in 0..spatial {
+        axes.push(kiln_ir::infer::transpose_axis(c, i, spatial, xd[2 + i], wd[2 + i]).ok()?);
+    }
+    let (h, kh, kw, stride, dilation, pad, oh, ow) =
+        plane(&xd, &wd, axes.iter().map(|a| (a.stride, a.dilation, a.pad_begin, a.output)))?;
+    let shape = Shape::ConvTranspose {
+        batch: xd[0],
+        cin: xd[1],
+        h,
+        w: xd[xd.len() - 1],
+        cout: wd[1],
+        kh,
+        kw,
+        stride,
+        dilation,
+        pad,
+        oh,
+        ow,
+    };
+    Some((shape, x, w, operand_bias(graph, operands.get(2).copied().flatten(), wd[1])?))
+}
+
+/// A window over one or two spatial axes as the 2-D one the kernels take (a 1-D window is a 2-D
+/// one of height 1): input height, kernel size, stride, dilation, begin padding and output size
+/// per axis, from the input and weight dims and each axis's (stride, dilation, pad, output).
+#[allow(clippy::type_complexity)]
+fn plane(
+    xd: &[usize],
+    wd: &[usize],
+    axes: impl Iterator<Item = (usize, usize, i64, usize)>,
+) -> Option<(usize, usize, usize, [usize; 2], [usize; 2], [i64; 2], usize, usize)> {
+    let axes: Vec<_> = axes.collect();
+    let (sw, dw, pw, ow) = *axes.last()?;
+    let (h, kh, (sh, dh, ph, oh)) = match axes.len() {
+        2 => (xd[2], wd[2], axes[0]),
+        1 => (1, 1, (1, 1, 0, 1)),
+        _ => return None,
+    };
+    Some((h, kh, wd[wd.len() - 1], [sh, sw], [dh, dw], [ph, pw], oh, ow))
+}
+
+impl KernelShape for Conv {
+    fn describe(&self, u: &Ukernel, f: &mut fmt::Formatter) -> fmt::Result {
+        let (m, n, k) = u.mnk();
+        let Shape::Conv { batch, c, group, kh, kw, stride, dilation, pad, oh, ow, .. } = u.shape
+        else {
+            return Err(fmt::Error);
+        };
+        let window = format!(
+            "window {kh}x{kw}, stride {}x{}, dilation {}x{}, pad {}x{}",
+            stride[0], stride[1], dilation[0], dilation[1], pad[0], pad[1]
+        );
+        if let Some(form) = u.depthwise_form() {
+            writeln!(f, "microkernel: depthwise conv, {batch} image(s) of {c} channels {oh}x{ow} ({window})")?;
+            writeln!(f, "{}", match form {
+                DepthwiseForm::Blocked => "channel-blocked (NCHW16c) in and out: vectors of 16 channels of one position, one FMA a tap, 4 positions at a time",
+                DepthwiseForm::Rows => "vectors of 16 outputs along each row, one FMA a tap; the plane copied once, zero-padded",
+                DepthwiseForm::Regrouped => "each 16 channels regrouped through 16x16 transposes into vectors of 16 channels of one position, one FMA a tap, 4 positions at a time, and back",
+            })?;
+            describe_channel_chunks(u, f)?;
+        } else {
+            let groups =
+                if group > 1 { format!(" in each of {group} groups") } else { String::new() };
+            writeln!(f, "microkernel: conv as implicit GEMM, {batch} image(s) of M={m} N={n} K={k}{groups} ({window})")?;
+            let b = if u.blocked.input || u.blocked.output {
+                match (u.blocked.input, u.blocked.output, u.transposed) {
+                    (true, true, _) => "channel-blocked (NCHW16c) in and out: C^T = x^T (read where it lies) x W^T, vectors along output channels, stored where they lie",
+                    (true, false, true) => "channel-blocked (NCHW16c) in: C^T = x^T (read where it lies) x W^T, vectors along output channels, stored transposed to NCHW",
+                    (true, false, false) => "channel-blocked (NCHW16c) in: B (the input) packed at run time through 16x16 transposes",
+                    _ => "channel-blocked (NCHW16c) out: C^T = x^T (packed at run time) x W^T, vectors along output channels, stored where they lie",
+                }
+            } else if u.bf16 {
+                "bf16 products with vdpbf16ps, f32 sums: weights rounded to bf16 in channel pairs, B read direct from a bf16 copy of the input in stride-phase planes, channel pairs interleaved"
+            } else if u.transposed {
+                "transposed: C^T = im2col^T (packed at run time) x W^T, vectors along output channels"
+            } else if group == 1 && (kh * kw > 1 || stride != [1, 1]) {
+                // (As kiln_uk_conv2d chooses.)
+                "B read direct from a padded copy of the input in stride-phase planes (no im2col)"
+            } else if group == 1 {
+                "B is the input as it is"
+            } else {
+                "B packed (im2col) at run time"
+            };
+            let what = match (u.transposed, u.split_n) {
+                (true, true) => "position",
+                (true, false) => "channel",
+                (false, true) => "column",
+                (false, false) => "row",
+            };
+            describe_tiles(u, f, b, what, " per image")?;
+        }
+        describe_epilogue(u, f)
+    }
+
+    fn pack(&self, graph: &Graph, _kernel: &Kernel, u: &Ukernel) -> Result<Vec<u8>> {
+        let w = weight_f32s(graph, u)?;
+        let (m, _, k) = u.mnk();
+        let Shape::Conv { c, m: channels, group, kh, kw, .. } = u.shape else {
+            return Err(other_shape(u));
+        };
+        if u.bf16 {
+            return Ok(bf16_bytes(pack_conv_bf16(&w, m, c, kh * kw, u.mr), u));
+        }
+        let mut out: Vec<f32> = Vec::new();
+        if u.depthwise_form().is_some_and(|f| f != DepthwiseForm::Rows) {
+            // Depthwise, channel-blocked or regrouped: [C/16, KH*KW, 16], each tap a vector of 16
+            // channels (the last padded with zeros).
+            out.resize(c.div_ceil(16) * 16 * k, 0.0);
+            for ch in 0..c {
+                for t in 0..k {
+                    out[((ch / 16) * k + t) * 16 + ch % 16] = w[ch * k + t];
+                }
+            }
+        } else if u.depthwise() {
+            // Depthwise: the weights as they are, [C, KH*KW].
+            out = w;
+        } else if u.transposed {
+            // Transposed: B[k, m] = W[m, k], in strips of NR output channels.
+            out.resize(channels.div_ceil(NR) * k * NR, 0.0);
+            for j in 0..channels {
+                for kk in 0..k {
+                    out[((j / NR) * k + kk) * NR + j % NR] = w[j * k + kk];
+                }
+            }
+        } else {
+            // Per group, A = W_g[m, k] (row-major as stored), in strips of MR rows.
+            let per_group = m.div_ceil(u.mr) * k * u.mr;
+            out.resize(group * per_group, 0.0);
+            for g in 0..group {
+                for i in 0..m {
+                    let (s, r) = (i / u.mr, i % u.mr);
+                    for kk in 0..k {
+                        out[g * per_group + (s * k + kk) * u.mr + r] = w[(g * m + i) * k + kk];
+                    }
+                }
+            }
+        }
+        Ok(f32_bytes(out, u))
+    }
+
+    fn packed_floats(&self, u: &Ukernel) -> usize {
+        let (m, _, k) = u.mnk();
+        let Shape::Conv { c, m: channels, group, kh, kw, .. } = u.shape else { return 0 };
+        if u.bf16 {
+            m.div_ceil(u.mr) * c.div_ceil(2) * kh * kw * u.mr
+        } else if u.depthwise_form().is_some_and(|f| f != DepthwiseForm::Rows) {
+            c.div_ceil(16) * 16 * k
+        } else if u.depthwise() {
+            c * k
+        } else if u.transposed {
+            channels.div_ceil(NR) * k * NR
+        } else {
+            group * m.div_ceil(u.mr) * k * u.mr
+        }
+    }
+
+    fn build<'c, 'a>(
+        &self,
+        u: &Ukernel,
+        call: &Call<'c, 'a>,
+        p: Pointers<'c, 'a>,
+    ) -> Result<(&'static str, Vec<Value<'c, 'a>>)> {
+        let Shape::Conv { c, h, w, m, group, kh, kw, stride, dilation, pad, oh, ow, .. } = u.shape
+        else {
+            return Err(other_shape(u));
+        };
+        let mut args = vec![p.x, p.wp, p.bias, p.res, p.y];
+        if let Some(form) = u.depthwise_form() {
+            args.extend(call.ints(&[
+                c,
+                h,
+                w,
+                kh,
+                kw,
+                stride[0],
+                stride[1],
+                dilation[0],
+                dilation[1],
+                pad[0],
+                pad[1],
+                oh,
+                ow,
+            ]));
+            args.extend(call.activation(&u.epilogue));
+            args.extend(call.ints(&[u.chunks, form.code()]));
+            return Ok(("kiln_uk_depthwise", args));
+        }
+        args.extend(call.ints(&[
+            c,
+            h,
+            w,
+            m,
+            group,
+            kh,
+            kw,
+            stride[0],
+            stride[1],
+            dilation[0],
+            dilation[1],
+            pad[0],
+            pad[1],
+            oh,
+            ow,
+        ]));
+        args.extend(call.activation(&u.epilogue));
+        args.extend(call.ints(&[u.kc, u.mc, u.nc, u.chunks, u.split_n as usize]));
+        args.extend(call.ints(&[
+            u.transposed as usize,
+            u.blocked.input as usize,
+            u.blocked.output as usize,
+            u.bf16 as usize,
+        ]));
+        Ok(("kiln_uk_conv2d", args))
+    }
+}
+
+/// A one-group convolution's weights W[m, c, taps] for `kiln_uk_conv2d`'s bf16 form: A[i, q]
+/// with q = (channel pair, tap), each word two bf16 (rounded to nearest even), the even
+/// channel's in the low half, as `vdpbf16ps` pairs them with the input's channel pairs; in
+/// strips of `mr` rows ([(s * K2 + q) * mr + r]), rows past m and an odd c's last channel zero.
+fn pack_conv_bf16(w: &[f32], m: usize, c: usize, taps: usize, mr: usize) -> Vec<u32> {
+    let k2 = c.div_ceil(2) * taps;
+    let mut out = vec![0u32; m.div_ceil(mr) * k2 * mr];
+    for i in 0..m {
+        let (s, r) = (i / mr, i % mr);
+        for ch in 0..c {
+            for t in 0..taps {
+                let q = (ch / 2) * taps + t;
+                out[(s * k2 + q) * mr + r] |=
+                    bf16_bits(w[(i * c + ch) * taps + t]) << (16 * (ch % 2));
+            }
+        }
+    }
+    out
+}
+
+impl KernelShape for ConvTranspose {
+    fn describe(&self, u: &Ukernel, f: &mut fmt::Formatter) -> fmt::Result {
+        let (m, n, k) = u.mnk();
+        let Shape::ConvTranspose { batch, kh, kw, stride, dilation, pad, oh, ow, .. } = u.shape
+        else {
+            return Err(fmt::Error);
+        };
+        writeln!(
+            f,
+            "microkernel: ConvTranspose as GEMM M={m} N={n} K={k} and col2im, {batch} image(s) of {oh}x{ow} (window {kh}x{kw}, stride {}x{}, dilation {}x{}, pad {}x{})",
+            stride[0], stride[1], dilation[0], dilation[1], pad[0], pad[1]
+        )?;
+        describe_tiles(u, f, "B (the input) packed at run time", "channel", " per image")?;
+        describe_epilogue(u, f)
+    }
+
+    fn pack(&self, graph: &Graph, _kernel: &Kernel, u: &Ukernel) -> Result<Vec<u8>> {
+        let w = weight_f32s(graph, u)?;
+        if u.bf16 {
+            return Err(CompileError::Internal(format!("no bf16 packing for {u}")));
+        }
+        // A[m, ci] = W[ci, m] (W is [Cin, Cout*KH*KW]), in strips of MR rows.
+        let (m, _, k) = u.mnk();
+        let mut out = vec![0.0; m.div_ceil(u.mr) * k * u.mr];
+        for i in 0..m {
+            for ci in 0..k {
+                out[((i / u.mr) * k + ci) * u.mr + i % u.mr] = w[ci * m + i];
+            }
+        }
+        Ok(f32_bytes(out, u))
+    }
+
+    fn packed_floats(&self, u: &Ukernel) -> usize {
+        let (m, _, k) = u.mnk();
+        m.div_ceil(u.mr) * k * u.mr
+    }
+
+    fn build<'c, 'a>(
+        &self,
+        u: &Ukernel,
+        call: &Call<'c, 'a>,
+        p: Pointers<'c, 'a>,
+    ) -> Result<(&'static str, Vec<Value<'c, 'a>>)> {
+        let Shape::ConvTranspose { cin, h, w, cout, kh, kw, stride, dilation, pad, oh, ow, .. } =
+            u.shape
+        else {
+            return Err(other_shape(u));
+        };
+        let mut args = vec![p.x, p.wp, p.bias, p.res, p.y];
+        args.extend(call.ints(&[
+            cin,
+            h,
+            w,
+            cout,
+            kh,
+            kw,
+            stride[0],
+            stride[1],
+            dilation[0],
+            dilation[1],
+        ]));
+        args.extend([call.int(pad[0]), call.int(pad[1])]);
+        args.extend(call.ints(&[oh, ow]));
+        args.extend(call.activation(&u.epilogue));
+        args.extend(call.ints(&[u.kc, u.mc, u.nc, u.chunks]));
+        Ok(("kiln_uk_conv_transpose", args))
+    }
+}
