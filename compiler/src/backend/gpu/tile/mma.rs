@@ -16,7 +16,8 @@
 use kiln_ir::{DType, Graph};
 
 use super::builder::{type_of, Flavor, KernelBuilder, V, WARP};
-use super::gemm::{GemmPlan, LoadContext, Loader, Rounding, TileLayout};
+use super::gemm::GemmPlan;
+use super::load::{LoadContext, Loader, Rounding, TileLayout};
 use super::reduce::trips;
 use super::Args;
 use crate::Precision;

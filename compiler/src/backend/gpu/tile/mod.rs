@@ -15,6 +15,7 @@ pub mod builder;
 pub mod depthwise;
 pub mod exchange;
 pub mod gemm;
+pub mod load;
 pub mod mma;
 pub mod reduce;
 pub mod rows;
