@@ -86,7 +86,7 @@ pub fn compile_reporting(
         stages.set(Stage::Graph, text::print(&g, text::Weights::Summary));
     }
     lap("passes", &mut timings);
-    let partition = fuse::partition(&g, backend.views())?;
+    let partition = fuse::partition(&g, backend.rules().views())?;
     if keep {
         stages.set(Stage::Fused, fuse::print(&g, &partition));
     }
@@ -108,7 +108,7 @@ pub fn compile_reporting(
     lap("codegen", &mut timings);
     if let (Some(finish), Some(codegen)) = (finish, timings.last_mut()) {
         codegen.1 = codegen.1.saturating_sub(finish);
-        timings.push((backend.finish_phase(), finish));
+        timings.push((backend.rules().finish_phase(), finish));
     }
     let art = artifact::assemble(&g, &partition, code)?;
     lap("artifact", &mut timings);
@@ -305,7 +305,7 @@ fn optimize_traced(
     after: &mut dyn FnMut(&str, &Graph, bool),
 ) -> Result<Graph> {
     use passes::specialize;
-    let passes = passes::default_passes(&*backend::for_options(options)?);
+    let passes = passes::default_passes(backend::rules(options.target));
     let mut g = graph.clone();
     specialize::specialize(&mut g, &options.input_shapes)?;
     after("specialize", &g, true);
@@ -527,7 +527,7 @@ pub fn fused_dot(graph: &Graph, options: &Options) -> Result<String> {
 fn fused_dot_body(graph: &Graph, options: &Options, prefix: &str) -> Result<String> {
     let g = optimize(graph, options)?;
     let Some(split) = crate::control::split(&g)? else {
-        let partition = fuse::partition(&g, backend::for_options(options)?.views())?;
+        let partition = fuse::partition(&g, backend::rules(options.target).views())?;
         return Ok(crate::dot::fused_body(&g, &partition, prefix));
     };
     let mut out = String::new();
@@ -571,10 +571,10 @@ pub fn front(graph: &Graph, options: &Options, codegen: bool) -> Result<Stages> 
         stages.set(Stage::Mlir, mlir);
         return Ok(stages);
     }
-    let backend = backend::for_options(options)?;
-    let partition = fuse::partition(&g, backend.views())?;
+    let partition = fuse::partition(&g, backend::rules(options.target).views())?;
     stages.set(Stage::Fused, fuse::print(&g, &partition));
     if codegen {
+        let backend = backend::for_options(options)?;
         stages.set(Stage::Mlir, backend.kernel_mlir(&g, &partition.kernels)?);
     }
     Ok(stages)

@@ -59,7 +59,7 @@ pub struct View {
     pub offset: u64,
 }
 
-/// What a target lets fusion make views of (`Backend::views`).
+/// What a target lets fusion make views of (`Rules::views`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Views {
     /// Shape-only ops (every target: their views never move the bytes' start).

@@ -1,6 +1,7 @@
 //! The stages of a compile, in order: the one list of their names, files and descriptions
-//! (which targets have which is each backend's: `Backend::stages`). `kiln emit --stage`, `--dump-dir`, the driver, the Python package and
-//! the docs all read it, and [`Stages`] holds each stage's text keyed by it.
+//! (which targets have which is each target's `Rules::stages`). `kiln emit --stage`,
+//! `--dump-dir`, the driver, the Python package and the docs all read it, and [`Stages`] holds
+//! each stage's text keyed by it.
 
 use std::collections::BTreeMap;
 use std::fmt;

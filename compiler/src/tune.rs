@@ -187,7 +187,7 @@ pub fn tune(
     };
     // The kernels and their signatures, as the compile partitions them.
     let g = crate::driver::optimize(graph, options)?;
-    let partition = crate::fuse::partition(&g, crate::backend::for_options(options)?.views())?;
+    let partition = crate::fuse::partition(&g, crate::backend::rules(options.target).views())?;
     let sigs: Vec<String> = partition.kernels.iter().map(|k| kernel_signature(&g, k)).collect();
     let (_, untuned, labels) =
         variant(options.microkernel, HashMap::new(), "the untuned model (1 of 4)")?;

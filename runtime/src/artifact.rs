@@ -57,7 +57,7 @@ pub enum Target {
 }
 
 impl Target {
-    /// Every target, in the order `auto` prefers them last to first.
+    /// Every target (`auto_device` tries CUDA, then OpenCL, then the CPU).
     pub const ALL: [Target; 3] = [Target::Cpu, Target::Cuda, Target::Opencl];
 
     /// What its code is, for help text.

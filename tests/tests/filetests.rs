@@ -13,9 +13,7 @@ const EXPECT: &str = "// expect:";
 /// What `pass` makes of `input`: the printed graph, or `unchanged`.
 fn run(name: &str, input: &str) -> Result<String, String> {
     let mut g = text::parse(input).map_err(|e| format!("the input does not parse: {e}"))?;
-    let cpu = kiln_compiler::backend::for_options(&kiln_compiler::Options::default())
-        .map_err(|e| format!("no CPU backend: {e}"))?;
-    let all = passes::default_passes(&*cpu);
+    let all = passes::default_passes(kiln_compiler::backend::rules(kiln_compiler::TargetKind::Cpu));
     let pass = all.iter().find(|p| p.name == name).ok_or_else(|| format!("no pass `{name}`"))?;
     let changed = (pass.run)(&mut g).map_err(|e| format!("the pass failed: {e}"))?;
     g.verify().map_err(|e| format!("the pass made an invalid graph: {e}"))?;

@@ -1,5 +1,5 @@
 //! Integer convolutions on the CPU: DequantizeLinear -> Conv -> QuantizeLinear (onnxruntime's QDQ
-//! form) becomes a QConv on the integer kernel (`passes/integer.rs`, `quantized.c`), with and
+//! form) becomes a QConv on the integer kernel (`backend/cpu/passes/integer.rs`, `quantized.c`), with and
 //! without VNNI, against the interpreter running the float form. Each case also checks that the
 //! integer kernel took the convolution, so a regression to the float path fails here.
 

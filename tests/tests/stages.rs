@@ -157,3 +157,21 @@ fn errors_chain_the_kernel_context_to_the_leaf() {
         format!("compiling kernel `k0_x` (x: Relu), stage lower: {source}")
     );
 }
+
+/// The stages before code generation need no backend: settings only a backend checks (a
+/// precision the CPU has no kernels for) do not stop them, and the first code stage refuses.
+#[test]
+fn front_stages_print_where_the_backend_refuses_the_options() {
+    let g = tiny_mlp();
+    let options =
+        Options { cache: false, precision: kiln_compiler::Precision::F16, ..Options::default() };
+    for stage in [Stage::Passes, Stage::Graph, Stage::Fused] {
+        let text = kiln_compiler::driver::emit(&g, stage, &options)
+            .unwrap_or_else(|e| panic!("stage {stage} with --precision f16: {e}"));
+        assert!(text.contains("fc"), "stage {stage} shows the model");
+    }
+    let dot = kiln_compiler::driver::fused_dot(&g, &options).expect("the fused graph draws");
+    assert!(dot.starts_with("digraph"), "{dot}");
+    let refused = kiln_compiler::driver::emit(&g, Stage::Mlir, &options).unwrap_err().to_string();
+    assert!(refused.contains("f16"), "{refused}");
+}

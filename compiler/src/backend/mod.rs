@@ -25,10 +25,12 @@ use crate::passes::Pass;
 use crate::stage::{Stage, Stages};
 use crate::{CompileError, Result};
 
-/// What a target decides: its graph passes, the views fusion may make, its stages and what it
-/// does with the fused kernels. The driver holds one, picked by [`for_options`]; the driver,
-/// passes, fusion and stages ask it and never match on targets themselves.
-pub trait Backend {
+/// What a target decides before code generation: its graph passes, what decomposition keeps
+/// whole, the views fusion may make and its stages. Fixed per target ([`rules`]), so the stages
+/// before code generation need no [`Backend`], whose construction checks the precision, the
+/// target CPU and a forced schedule and may refuse them. Passes, fusion, the stage list and the
+/// driver ask these and never match on targets themselves.
+pub trait Rules: Sync {
     /// The target's own graph passes, run after the shared ones and before decomposition.
     fn graph_passes(&self) -> Vec<Pass> {
         Vec::new()
@@ -48,6 +50,23 @@ pub trait Backend {
 
     /// The whole-program step after the kernels' code, as the timings name it.
     fn finish_phase(&self) -> &'static str;
+}
+
+/// The rules of `target`.
+pub fn rules(target: TargetKind) -> &'static dyn Rules {
+    match target {
+        TargetKind::Cpu => &cpu::CpuRules,
+        TargetKind::Cuda => &gpu::GpuRules::CUDA,
+        TargetKind::Opencl => &gpu::GpuRules::OPENCL,
+    }
+}
+
+/// What a target does with the fused kernels, with its settings checked (the precision, the
+/// target CPU, a forced GPU schedule). The driver holds one, picked by [`for_options`], and
+/// never matches on targets itself.
+pub trait Backend {
+    /// The target's rules (the same as [`rules`] gives for it).
+    fn rules(&self) -> &'static dyn Rules;
 
     /// Each kernel's MLIR as codegen builds it, before the target's pipeline (`--stage mlir`
     /// stops here: no LLVM, no linker).
@@ -114,13 +133,9 @@ pub(crate) fn erase_dead_checks(module: &Module) {
     }
 }
 
-/// The stages a compile for `target` has, as its backend says (without building one).
+/// The stages a compile for `target` has.
 pub fn stages_of(target: TargetKind) -> &'static [Stage] {
-    match target {
-        TargetKind::Cpu => cpu::STAGES,
-        TargetKind::Cuda => gpu::CUDA_STAGES,
-        TargetKind::Opencl => gpu::OPENCL_STAGES,
-    }
+    rules(target).stages()
 }
 
 /// The targets whose compiles have `stage`.

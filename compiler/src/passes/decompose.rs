@@ -34,7 +34,7 @@ pub fn run(graph: &mut Graph) -> Result<bool> {
 }
 
 /// Decomposes every op the code generator has no kernel for, but the nodes `keep` says the
-/// target runs whole (a backend's own decomposition: `Backend::decompose`).
+/// target runs whole (a backend's own decomposition: `Rules::decompose`).
 pub fn decompose(graph: &mut Graph, keep: fn(&Graph, NodeId) -> bool) -> Result<bool> {
     let mut changed = false;
     for id in graph.topo_order()? {

@@ -21,9 +21,9 @@ pub struct Pass {
     pub run: fn(&mut Graph) -> Result<bool>,
 }
 
-/// The passes every compile for `backend`'s target runs, in order: the shared ones, the
-/// target's own (`Backend::graph_passes`), then decomposition as the target wants it.
-pub fn default_passes(backend: &dyn crate::backend::Backend) -> Vec<Pass> {
+/// The passes every compile for a target runs, in order: the shared ones, the target's own
+/// (`Rules::graph_passes`), then decomposition as the target wants it.
+pub fn default_passes(target: &dyn crate::backend::Rules) -> Vec<Pass> {
     let mut passes = vec![
         Pass { name: "fold", run: fold::run },
         // Contractions over nothing become their result (zeros, or the bias) written out.
@@ -40,12 +40,12 @@ pub fn default_passes(backend: &dyn crate::backend::Backend) -> Vec<Pass> {
         // A zero Pad before a Conv becomes the Conv's padding (the pads are constants by now).
         Pass { name: "absorb-pad", run: absorb_pad::run },
     ];
-    passes.extend(backend.graph_passes());
+    passes.extend(target.graph_passes());
     passes.extend([
         // Ops without kernels of their own become ops that have them (but those the target
         // runs whole); simplification and folding then tidy what they made (weight slices of
         // constant weights fold away).
-        Pass { name: "decompose", run: backend.decompose() },
+        Pass { name: "decompose", run: target.decompose() },
         Pass { name: "simplify", run: simplify::run },
         // Simplification exposes more constants (a Reshape of a folded shape...).
         Pass { name: "fold-again", run: fold::run },

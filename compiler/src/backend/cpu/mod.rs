@@ -81,7 +81,10 @@ pub const STAGES: &[Stage] = &[
     Stage::Asm,
 ];
 
-impl Backend for CpuBackend {
+/// The CPU's rules.
+pub struct CpuRules;
+
+impl super::Rules for CpuRules {
     fn graph_passes(&self) -> Vec<crate::passes::Pass> {
         passes::passes()
     }
@@ -101,6 +104,12 @@ impl Backend for CpuBackend {
 
     fn finish_phase(&self) -> &'static str {
         "llvm+link"
+    }
+}
+
+impl Backend for CpuBackend {
+    fn rules(&self) -> &'static dyn super::Rules {
+        &CpuRules
     }
 
     fn kernel_mlir(&self, graph: &Graph, kernels: &[Kernel]) -> Result<String> {
@@ -298,7 +307,7 @@ impl CpuBackend {
                     self.overrides.get(&crate::tune::kernel_signature(graph, k)).copied()
                 }
             });
-            // A recurrent layer or attention kept whole (passes/decompose.rs asked
+            // A recurrent layer or attention kept whole (cpu/passes/mod.rs asked
             // `ukernel::runs_whole`) has no linalg lowering: it takes its kernel whatever the choice.
             let whole = k.nodes.first().is_some_and(|&n| {
                 matches!(

@@ -77,7 +77,17 @@ pub const CUDA_STAGES: &[Stage] = &[
 pub const OPENCL_STAGES: &[Stage] =
     &[Stage::Passes, Stage::Graph, Stage::Fused, Stage::Mlir, Stage::Lowered, Stage::Spirv];
 
-impl Backend for GpuBackend {
+/// A GPU target's rules.
+pub struct GpuRules {
+    cuda: bool,
+}
+
+impl GpuRules {
+    pub const CUDA: GpuRules = GpuRules { cuda: true };
+    pub const OPENCL: GpuRules = GpuRules { cuda: false };
+}
+
+impl super::Rules for GpuRules {
     /// An OpenCL sub-buffer must start aligned, and the CUDA path has yet to run views at
     /// offsets on hardware: shape-only views.
     fn views(&self) -> crate::fuse::Views {
@@ -85,16 +95,27 @@ impl Backend for GpuBackend {
     }
 
     fn stages(&self) -> &'static [Stage] {
-        match self.target {
-            GpuTarget::Cuda(_) => CUDA_STAGES,
-            GpuTarget::Opencl => OPENCL_STAGES,
+        if self.cuda {
+            CUDA_STAGES
+        } else {
+            OPENCL_STAGES
         }
     }
 
     fn finish_phase(&self) -> &'static str {
+        if self.cuda {
+            "llvm+ptx"
+        } else {
+            "spirv"
+        }
+    }
+}
+
+impl Backend for GpuBackend {
+    fn rules(&self) -> &'static dyn super::Rules {
         match self.target {
-            GpuTarget::Cuda(_) => "llvm+ptx",
-            GpuTarget::Opencl => "spirv",
+            GpuTarget::Cuda(_) => &GpuRules::CUDA,
+            GpuTarget::Opencl => &GpuRules::OPENCL,
         }
     }
 

@@ -33,7 +33,7 @@ pub(super) fn plan(
         .flatten()
         .chain(&kernel.outputs)
         .all(|&v| graph.value_type(v).dtype == DType::F32);
-    // Max pooling of bytes (a quantized model's, `passes/integer.rs`) has a kernel of its own.
+    // Max pooling of bytes (a quantized model's, `cpu/passes/integer.rs`) has a kernel of its own.
     let u8_max_pool = matches!(&graph.node(root).op, Op::Pool(p) if p.kind == PoolKind::Max)
         && tail.is_empty()
         && operands
