@@ -224,21 +224,65 @@ fn half_casts_round_inside_fused_kernels() {
 }
 
 /// Integer Pow, wrapping, with negative exponents too (what truncating the real power gives:
-/// 1 for 1, +-1 for -1, 0 otherwise; 0 to a negative power has no integer answer and is left
-/// out). Every target squares and multiplies (SPIR-V and NVVM have no `math.ipowi`); the OpenCL
-/// ratchet holds ONNX's integer Pow tests.
+/// 1 for 1, +-1 for -1, 0 otherwise; 0 to a negative power is +inf, saturated to the type's
+/// maximum). Every target squares and multiplies (SPIR-V and NVVM have no `math.ipowi`); the
+/// OpenCL ratchet holds ONNX's integer Pow tests. An exponent of another type takes the real
+/// power, converted saturating (compiled code's `fptosi` of +inf gave INT_MIN).
 #[test]
 fn integer_pow_matches_the_interpreter() {
     let g = GraphBuilder::new("ipow");
-    let x = g.input("x", DType::I64, [6, 1]);
-    let y = g.input("y", DType::I64, [1, 9]);
+    let x = g.input("x", DType::I64, [7, 1]);
+    let y = g.input("y", DType::I64, [1, 11]);
     g.output("p", x.binary(kiln_ir::BinaryOp::Pow, y));
     let g = g.build().unwrap();
+    let big_odd = -(1i64 << 60) - 1;
     let inputs = [
-        Tensor::from_vec(&[6, 1], vec![-3i64, -2, -1, 1, 2, 3]).unwrap(),
-        Tensor::from_vec(&[1, 9], vec![-3i64, -2, -1, 0, 1, 2, 5, 40, 63]).unwrap(),
+        Tensor::from_vec(&[7, 1], vec![-3i64, -2, -1, 0, 1, 2, 3]).unwrap(),
+        Tensor::from_vec(&[1, 11], vec![big_odd, -3, -2, -1, 0, 1, 2, 5, 40, 63, 200]).unwrap(),
     ];
     check_against_eval(&g, &inputs, 1, 0.0);
+    for base in [DType::I32, DType::U8, DType::U32] {
+        let g = GraphBuilder::new("ipow_mixed");
+        let x = g.input("x", base, [5, 1]);
+        let y = g.input("y", DType::I64, [1, 5]);
+        g.output("p", x.binary(kiln_ir::BinaryOp::Pow, y));
+        let g = g.build().unwrap();
+        let inputs = [
+            Tensor::from_f64s(base, &[5, 1], &[0.0, 1.0, 2.0, 3.0, 7.0]).unwrap(),
+            Tensor::from_vec(&[1, 5], vec![-2i64, -1, 0, 3, 40]).unwrap(),
+        ];
+        check_against_eval(&g, &inputs, 1, 0.0);
+    }
+}
+
+/// Integer reductions: sums, products and extrema exact (wrapping), over nothing the type's
+/// bound; the mean, L2, LogSum and LogSumExp computed in f64 and truncated, saturating (an i8
+/// mean of [100, 100] wrapped to -28; LogSumExp of integers did not compile).
+#[test]
+fn integer_reductions_match_the_interpreter() {
+    use kiln_ir::op::ReduceKind;
+    for dtype in [DType::I8, DType::I32, DType::I64, DType::U8] {
+        for kind in [
+            ReduceKind::Sum,
+            ReduceKind::Mean,
+            ReduceKind::Max,
+            ReduceKind::Min,
+            ReduceKind::L2,
+            ReduceKind::LogSum,
+            ReduceKind::LogSumExp,
+        ] {
+            for (dims, values) in
+                [(vec![2, 3], vec![100.0, 100.0, 27.0, 0.0, 3.0, 2.0]), (vec![2, 0], vec![])]
+            {
+                let g = GraphBuilder::new("ireduce");
+                let x = g.input("x", dtype, dims.clone());
+                g.output("y", x.reduce(kind, &[1], false));
+                let g = g.build().unwrap();
+                let x = Tensor::from_f64s(dtype, &dims, &values).unwrap();
+                check_against_eval(&g, &[x], 1, 0.0);
+            }
+        }
+    }
 }
 
 /// Contractions over nothing (K = 0, no input channels, an Einsum summing an empty letter) give

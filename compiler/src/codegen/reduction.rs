@@ -183,10 +183,13 @@ fn reduce_op<'c, 'a>(
     if axes.is_empty() && !r.noop_with_empty_axes {
         axes = (0..xd.len()).collect();
     }
-    // Integers reduce exactly where the result is an integer function of them; L2, LogSum and
-    // LogSumExp of integers are real numbers, computed in f64 and truncated, as the
-    // interpreter computes them.
-    let real = matches!(r.kind, ReduceKind::L2 | ReduceKind::LogSum | ReduceKind::LogSumExp);
+    // Integers reduce exactly (wrapping) where the result is an integer function of them; the
+    // mean, L2, LogSum and LogSumExp of integers are real numbers, computed in f64 and truncated
+    // (saturating), as the interpreter computes them (an i8 mean of [100, 100] is 100).
+    let real = matches!(
+        r.kind,
+        ReduceKind::Mean | ReduceKind::L2 | ReduceKind::LogSum | ReduceKind::LogSumExp
+    );
     let acc = if real && dt.is_int() { DType::F64 } else { acc_of(dt) };
     let tc = compute(acc);
     let float = acc.is_float();

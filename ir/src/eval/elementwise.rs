@@ -449,9 +449,16 @@ fn binary_int(b: BinaryOp, x: i128, y: i128, dtype: DType) -> Result<i128, Strin
         BinaryOp::Div => x / y,
         BinaryOp::Pow => {
             if y < 0 {
-                // What truncating the real power gives (0, or +-1 for x = +-1), saturated to the
-                // type: 0 to a negative power is +inf, the type's maximum.
-                saturate(dtype, (x as f64).powf(y as f64))
+                // What truncating the real power gives, exactly (an odd y past 2^53 is not an odd
+                // f64): +-1 for x = +-1, 0 for any other x but 0, whose power is +inf, saturated
+                // to the type's maximum.
+                match x {
+                    0 => saturate(dtype, f64::INFINITY),
+                    1 => 1,
+                    -1 if y % 2 != 0 => -1,
+                    -1 => 1,
+                    _ => 0,
+                }
             } else {
                 // By squaring, wrapping: exact modulo 2^128, so exact in the type's bits for
                 // every exponent.
@@ -562,6 +569,7 @@ mod tests {
         assert_eq!(pow(-1, 201, DType::I32), -1);
         assert_eq!(pow(2, -1, DType::I32), 0);
         assert_eq!(pow(-1, -3, DType::I32), -1);
+        assert_eq!(pow(-1, -(1 << 60) - 1, DType::I64), -1);
         // 0 to a negative power is +inf: the type's maximum, as compiled code gives it.
         assert_eq!(pow(0, -2, DType::I32), i32::MAX as i128);
         assert_eq!(pow(0, -2, DType::I8), 127);

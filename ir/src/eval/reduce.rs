@@ -29,6 +29,14 @@ pub(super) fn reduce(
                 | ReduceKind::SumSquare
                 | ReduceKind::L1
         );
+    if exact_ints && reduced == 0 && x.dtype().is_int() {
+        if let ReduceKind::Max | ReduceKind::Min = r.kind {
+            // Over nothing: the type's smallest (Max) or largest (Min) value, where compiled code
+            // starts (the i64 bound cast back would wrap).
+            let v = if r.kind == ReduceKind::Max { f64::NEG_INFINITY } else { f64::INFINITY };
+            return Tensor::from_f64s(x.dtype(), out, &vec![v; rows]).map_err(|e| e.to_string());
+        }
+    }
     if exact_ints {
         let xi = x.cast(DType::I64);
         let v = view::<i64>(&xi).permuted_axes(perm).as_standard_layout().to_owned();
