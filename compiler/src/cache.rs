@@ -74,12 +74,18 @@ pub fn limit() -> Result<u64> {
 /// graph (its text, and every weight's bytes), the options (bound input values by their bytes),
 /// kiln's version and build, and the host CPU.
 pub fn key(graph: &Graph, options: &Options) -> String {
-    hex(&Sha256::digest(key_text(graph, options).as_bytes()))
+    key_on(graph, options, options.target.name())
+}
+
+/// [`key`] for a compile by the backend named `backend` (which, passed to
+/// [`crate::driver::compile_on`], need not be the options' target's).
+pub fn key_on(graph: &Graph, options: &Options, backend: &str) -> String {
+    hex(&Sha256::digest(key_text(graph, options, backend).as_bytes()))
 }
 
 /// What the key digests. The graph's text gives each large weight only as a 64-bit summary
 /// digest, which a hostile model could collide with; the weights enter by SHA-256 as well.
-fn key_text(graph: &Graph, options: &Options) -> String {
+fn key_text(graph: &Graph, options: &Options, backend: &str) -> String {
     let overrides = backend::microkernel_overrides(options);
     let mut shapes: Vec<_> = options.input_shapes.iter().collect();
     shapes.sort();
@@ -90,7 +96,7 @@ fn key_text(graph: &Graph, options: &Options) -> String {
         "{} {}\n{} {:?} {:?} {:?}\n{:?}\n{:?}\n{:?}\n{}\nweights {}",
         env!("CARGO_PKG_VERSION"),
         build(),
-        options.target.name(),
+        backend,
         (
             options.microkernel_choice(),
             overrides.iter().collect::<std::collections::BTreeMap<_, _>>(),

@@ -45,11 +45,27 @@ pub fn compile_reporting(
     keep_stages: bool,
     progress: &dyn Fn(Progress),
 ) -> Result<Compiled> {
+    let backend = backend::for_options(options)?;
+    compile_on(graph, options, &*backend, keep_stages, progress)
+}
+
+/// [`compile_reporting`] by `backend`, whatever `options.target` says: every stage asks the
+/// backend (its rules for the passes, fusion's views and the stage names, itself for the
+/// kernels' code), so a target the compiler does not list compiles through the same driver (a
+/// test builds one). The options' remaining settings (shapes, bound values, batch, padding,
+/// cache) apply as for any target; the cache keys the compile by the backend's name.
+pub fn compile_on(
+    graph: &Graph,
+    options: &Options,
+    backend: &dyn backend::Backend,
+    keep_stages: bool,
+    progress: &dyn Fn(Progress),
+) -> Result<Compiled> {
     if let Some((symbol, capacity)) = &options.pad {
-        return compile_padded(graph, options, symbol, *capacity, keep_stages, progress);
+        return compile_padded(graph, options, backend, symbol, *capacity, keep_stages, progress);
     }
     if let Some(plan) = crate::batch::plan(graph, options)? {
-        return compile_batched(graph, options, &plan, keep_stages, progress);
+        return compile_batched(graph, options, backend, &plan, keep_stages, progress);
     }
     let mut timings = Vec::new();
     let mut clock = Instant::now();
@@ -58,9 +74,9 @@ pub fn compile_reporting(
         clock = Instant::now();
     };
     let keep = keep_stages || options.dump_dir.is_some();
-    let backend = backend::for_options(options)?;
+    let rules = backend.rules();
     let key = if options.cache && !keep && cache::limit()? > 0 {
-        Some(cache::key(graph, options))
+        Some(cache::key_on(graph, options, rules.name()))
     } else {
         None
     };
@@ -74,9 +90,9 @@ pub fn compile_reporting(
         });
     }
     let mut stages = Stages::default();
-    let g = optimize(graph, options)?;
+    let g = optimize_for(graph, options, rules)?;
     if let Some(split) = crate::control::split(&g)? {
-        let compiled = compile_control(&g, options, &split, keep_stages, progress)?;
+        let compiled = compile_control(&g, options, backend, &split, keep_stages, progress)?;
         if let Some(k) = &key {
             cache::store(k, &compiled.artifact);
         }
@@ -86,7 +102,7 @@ pub fn compile_reporting(
         stages.set(Stage::Graph, text::print(&g, text::Weights::Summary));
     }
     lap("passes", &mut timings);
-    let partition = fuse::partition(&g, backend.rules().views())?;
+    let partition = fuse::partition(&g, rules.views())?;
     if keep {
         stages.set(Stage::Fused, fuse::print(&g, &partition));
     }
@@ -108,7 +124,7 @@ pub fn compile_reporting(
     lap("codegen", &mut timings);
     if let (Some(finish), Some(codegen)) = (finish, timings.last_mut()) {
         codegen.1 = codegen.1.saturating_sub(finish);
-        timings.push((backend.rules().finish_phase(), finish));
+        timings.push((rules.finish_phase(), finish));
     }
     let art = artifact::assemble(&g, &partition, code)?;
     lap("artifact", &mut timings);
@@ -126,6 +142,7 @@ pub fn compile_reporting(
 fn compile_batched(
     graph: &Graph,
     options: &Options,
+    backend: &dyn backend::Backend,
     plan: &crate::batch::BatchPlan,
     keep_stages: bool,
     progress: &dyn Fn(Progress),
@@ -137,7 +154,7 @@ fn compile_batched(
     for &size in &plan.sizes {
         let mut o = plan.options_for(options, size);
         o.dump_dir = options.dump_dir.as_ref().map(|d| d.join(format!("batch-{size}")));
-        let c = compile_reporting(graph, &o, keep_stages, progress)?;
+        let c = compile_on(graph, &o, backend, keep_stages, progress)?;
         add_timings(&mut timings, c.timings);
         from_cache &= c.from_cache;
         stages.get_or_insert(c.stages);
@@ -155,6 +172,7 @@ fn compile_batched(
 fn compile_control(
     graph: &Graph,
     options: &Options,
+    backend: &dyn backend::Backend,
     split: &crate::control::ControlSplit,
     keep_stages: bool,
     progress: &dyn Fn(Progress),
@@ -171,7 +189,7 @@ fn compile_control(
             dump_dir: options.dump_dir.as_ref().map(|d| d.join(format!("{i}-{}", role.name()))),
             ..program_options(options)
         };
-        let c = compile_reporting(piece, &o, keep_stages, progress)?;
+        let c = compile_on(piece, &o, backend, keep_stages, progress)?;
         add_timings(&mut timings, c.timings);
         from_cache &= c.from_cache;
         let header =
@@ -228,13 +246,14 @@ fn compile_control(
 fn compile_padded(
     graph: &Graph,
     options: &Options,
+    backend: &dyn backend::Backend,
     symbol: &str,
     capacity: usize,
     keep_stages: bool,
     progress: &dyn Fn(Progress),
 ) -> Result<Compiled> {
     let (plan, padded, o) = padded(graph, options, symbol, capacity)?;
-    let mut c = compile_reporting(&padded, &o, keep_stages, progress)?;
+    let mut c = compile_on(&padded, &o, backend, keep_stages, progress)?;
     if !c.stages.get(Stage::Fused).is_empty() {
         c.stages.set(Stage::Fused, format!("{plan}\n{}", c.stages.get(Stage::Fused)));
     }
@@ -295,17 +314,23 @@ fn add_timings(into: &mut Vec<(&'static str, Duration)>, from: Vec<(&'static str
 /// The artifact's view of GPU code: one function per `gpu.func`, launches by function index.
 /// The graph after specialisation and the graph passes.
 pub(crate) fn optimize(graph: &Graph, options: &Options) -> Result<Graph> {
-    optimize_traced(graph, options, &mut |_, _, _| {})
+    optimize_for(graph, options, backend::rules(options.target))
+}
+
+/// [`optimize`] with `rules`' graph passes.
+fn optimize_for(graph: &Graph, options: &Options, rules: &dyn backend::Rules) -> Result<Graph> {
+    optimize_traced(graph, options, rules, &mut |_, _, _| {})
 }
 
 /// `optimize`, calling `after(stage, graph, changed)` after specialisation and each pass.
 fn optimize_traced(
     graph: &Graph,
     options: &Options,
+    rules: &dyn backend::Rules,
     after: &mut dyn FnMut(&str, &Graph, bool),
 ) -> Result<Graph> {
     use passes::specialize;
-    let passes = passes::default_passes(backend::rules(options.target));
+    let passes = passes::default_passes(rules);
     let mut g = graph.clone();
     specialize::specialize(&mut g, &options.input_shapes)?;
     after("specialize", &g, true);
@@ -399,7 +424,7 @@ fn refuse_storage_types(g: &Graph) -> Result<()> {
 /// changed nothing is named without its graph).
 pub fn pass_trace(graph: &Graph, options: &Options) -> Result<String> {
     let mut out = String::new();
-    optimize_traced(graph, options, &mut |name, g, changed| {
+    optimize_traced(graph, options, backend::rules(options.target), &mut |name, g, changed| {
         if changed {
             out.push_str(&format!("// after {name}\n{}\n", text::print(g, text::Weights::Summary)));
         } else {

@@ -21,7 +21,7 @@ pub mod tune;
 pub mod values;
 
 pub use cache::dir as cache_dir;
-pub use driver::{compile, compile_reporting, jit, Compiled, Progress};
+pub use driver::{compile, compile_on, compile_reporting, jit, Compiled, Progress};
 pub use error::{chain as error_chain, CompileError, KernelError, LowerError, Result};
 pub use options::{Options, Precision, TargetKind};
 pub use session::Session;

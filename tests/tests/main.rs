@@ -1,6 +1,7 @@
 //! kiln's integration tests: one binary for everything that links MLIR/LLVM.
 
 mod artifact;
+mod backend;
 mod batch;
 mod cache;
 mod cli;

@@ -31,6 +31,9 @@ use crate::{CompileError, Result};
 /// target CPU and a forced schedule and may refuse them. Passes, fusion, the stage list and the
 /// driver ask these and never match on targets themselves.
 pub trait Rules: Sync {
+    /// The target's name, as the cache key and messages give it (`cpu`, `cuda`...).
+    fn name(&self) -> &'static str;
+
     /// The target's own graph passes, run after the shared ones and before decomposition.
     fn graph_passes(&self) -> Vec<Pass> {
         Vec::new()
@@ -62,9 +65,9 @@ pub fn rules(target: TargetKind) -> &'static dyn Rules {
 }
 
 /// What a target does with the fused kernels, with its settings checked (the precision, the
-/// target CPU, a forced GPU schedule). The driver holds one, picked by [`for_options`], and
-/// never matches on targets itself.
-pub trait Backend {
+/// target CPU, a forced GPU schedule). The driver holds one, picked by [`for_options`] or given
+/// to [`crate::driver::compile_on`], and never matches on targets itself.
+pub trait Backend: Sync {
     /// The target's rules (the same as [`rules`] gives for it).
     fn rules(&self) -> &'static dyn Rules;
 

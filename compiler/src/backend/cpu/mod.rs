@@ -85,6 +85,10 @@ pub const STAGES: &[Stage] = &[
 pub struct CpuRules;
 
 impl super::Rules for CpuRules {
+    fn name(&self) -> &'static str {
+        "cpu"
+    }
+
     fn graph_passes(&self) -> Vec<crate::passes::Pass> {
         passes::passes()
     }

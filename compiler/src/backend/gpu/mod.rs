@@ -88,6 +88,14 @@ impl GpuRules {
 }
 
 impl super::Rules for GpuRules {
+    fn name(&self) -> &'static str {
+        if self.cuda {
+            "cuda"
+        } else {
+            "opencl"
+        }
+    }
+
     /// An OpenCL sub-buffer must start aligned, and the CUDA path has yet to run views at
     /// offsets on hardware: shape-only views.
     fn views(&self) -> crate::fuse::Views {
