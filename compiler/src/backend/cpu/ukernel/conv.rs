@@ -10,6 +10,7 @@ use kiln_ir::{Graph, ValueId};
 use melior::ir::Value;
 
 use super::tiled::Root;
+use super::window_text;
 use super::{
     bf16_bits, bf16_bytes, describe_channel_chunks, describe_epilogue, describe_tiles, f32_bytes,
     operand_bias, other_shape, weight_f32s, Call, DepthwiseForm, KernelShape, Pointers, Shape,
@@ -131,10 +132,7 @@ impl KernelShape for Conv {
         else {
             return Err(fmt::Error);
         };
-        let window = format!(
-            "window {kh}x{kw}, stride {}x{}, dilation {}x{}, pad {}x{}",
-            stride[0], stride[1], dilation[0], dilation[1], pad[0], pad[1]
-        );
+        let window = window_text([kh, kw], stride, dilation, pad);
         if let Some(form) = u.depthwise_form() {
             writeln!(f, "microkernel: depthwise conv, {batch} image(s) of {c} channels {oh}x{ow} ({window})")?;
             writeln!(f, "{}", match form {

@@ -551,6 +551,19 @@ fn describe_channel_chunks(u: &Ukernel, f: &mut fmt::Formatter) -> fmt::Result {
     writeln!(f, "workgroups: {} ({} channel chunk(s) per image)", u.workgroups(), u.chunks)
 }
 
+/// A 2-D window as the descriptions of convolutions and pooling give it.
+fn window_text(
+    [kh, kw]: [usize; 2],
+    stride: [usize; 2],
+    dilation: [usize; 2],
+    pad: [usize; 2],
+) -> String {
+    format!(
+        "window {kh}x{kw}, stride {}x{}, dilation {}x{}, pad {}x{}",
+        stride[0], stride[1], dilation[0], dilation[1], pad[0], pad[1]
+    )
+}
+
 /// The lines of a kernel on the packed GEMM: its register tile, cache blocks and how B is had
 /// (`b`), then its work units, chunks of `what` (`per_image` where they are per image).
 fn describe_tiles(

@@ -9,6 +9,7 @@ use kiln_ir::{Graph, ValueId};
 use melior::ir::Value;
 
 use super::tiled::Root;
+use super::window_text;
 use super::{
     describe_channel_chunks, describe_epilogue, other_shape, Call, KernelShape, Pointers, Shape,
     Ukernel,
@@ -75,9 +76,9 @@ impl KernelShape for Pool {
         };
         writeln!(
             f,
-            "microkernel: {} pooling, {batch} image(s) of {c} channels {oh}x{ow} (window {kh}x{kw}, stride {}x{}, dilation {}x{}, pad {}x{})",
+            "microkernel: {} pooling, {batch} image(s) of {c} channels {oh}x{ow} ({})",
             ["max", "average (pads counted)", "average", "u8 max"][kind as usize],
-            stride[0], stride[1], dilation[0], dilation[1], pad[0], pad[1]
+            window_text([kh, kw], stride, dilation, pad)
         )?;
         if kind == 3 {
             writeln!(f, "separable: per output row the window's rows' maxima (on vectors), then each output's taps along the row")?;

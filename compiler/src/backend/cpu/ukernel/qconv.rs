@@ -16,6 +16,7 @@ use std::fmt;
 use kiln_ir::{DType, Graph, NodeId, Op};
 use melior::ir::Value;
 
+use super::window_text;
 use super::{
     describe_channel_chunks, other_shape, Activation, Blocked, Call, Epilogue, Host, KernelShape,
     Pointers, Shape, Ukernel, MIN_MACS, NR,
@@ -254,11 +255,12 @@ impl KernelShape for QConv {
         else {
             return Err(fmt::Error);
         };
+        let window = window_text([kh, kw], stride, dilation, pad);
         let products = if vnni { "with vpdpbusd" } else { "by widening products (no VNNI)" };
         let flipped = if x_signed { " (s8 read as u8: x + 128)" } else { "" };
         let epilogue = format!("epilogue: requantise to {} (scale, round half to even, zero point {y_zero}, saturate{})", if y_signed { "s8" } else { "u8" }, qclamp(y_signed, y_range));
         if group > 1 {
-            writeln!(f, "microkernel: integer depthwise conv, {batch} image(s) of {c} channels {oh}x{ow} (window {kh}x{kw}, stride {}x{}, dilation {}x{}, pad {}x{})", stride[0], stride[1], dilation[0], dilation[1], pad[0], pad[1])?;
+            writeln!(f, "microkernel: integer depthwise conv, {batch} image(s) of {c} channels {oh}x{ow} ({window})")?;
             writeln!(f, "each 16 channels' planes less the zero point transposed into a zero-padded channel-blocked plane of floats (exact integers), vectors of 16 channels at each output, one FMA a tap, 4 outputs at a time; sums exact, transposed back")?;
             writeln!(f, "{epilogue}")?;
             describe_channel_chunks(u, f)
@@ -273,7 +275,10 @@ impl KernelShape for QConv {
             let what = if u.split_n { "row" } else { "64-channel strip" };
             writeln!(f, "workgroups: {} ({what} chunks)", u.workgroups())
         } else {
-            writeln!(f, "microkernel: integer conv, {batch} image(s) of M={m} N={n} K={k} (window {kh}x{kw}, stride {}x{}, dilation {}x{}, pad {}x{})", stride[0], stride[1], dilation[0], dilation[1], pad[0], pad[1])?;
+            writeln!(
+                f,
+                "microkernel: integer conv, {batch} image(s) of M={m} N={n} K={k} ({window})"
+            )?;
             writeln!(f, "u8 x s8 -> s32 {products}; B read direct from a copy of the input{flipped} padded with its zero point {x_zero}, 4 channels interleaved a position")?;
             writeln!(f, "register tile: {}x{NR}; weights packed at compile time in groups of 4, the zero point folded into the int32 bias", u.mr)?;
             writeln!(f, "{epilogue}")?;
