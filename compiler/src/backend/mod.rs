@@ -146,72 +146,20 @@ pub fn targets_having(stage: Stage) -> Vec<TargetKind> {
     TargetKind::ALL.into_iter().filter(|t| stages_of(*t).contains(&stage)).collect()
 }
 
-/// The backend for `options.target`, with its settings read once (a forced GPU schedule from the
-/// options or `KILN_GPU_SCHEDULE`, the microkernel choices).
+/// The backend for `options.target`, with its settings read once and checked (each backend's
+/// `from_options`: a forced GPU schedule from the options or `KILN_GPU_SCHEDULE`, the
+/// microkernel choices, the precision it accepts).
 pub fn for_options(options: &Options) -> Result<Box<dyn Backend>> {
     Ok(match options.target {
-        TargetKind::Cpu => {
-            let cpu = cpu::machine::resolve(&options.target_cpu)?;
-            Box::new(cpu::CpuBackend {
-                microkernel: options.microkernel_choice(),
-                overrides: microkernel_overrides(options),
-                vnni: options.vnni_allowed(),
-                precision: cpu_precision(options, &cpu)?,
-                cpu,
-            })
+        TargetKind::Cpu => Box::new(cpu::CpuBackend::from_options(options)?),
+        TargetKind::Cuda => Box::new(gpu::GpuBackend::from_options(
+            options,
+            gpu::GpuTarget::Cuda(options.ptx.clone()),
+        )?),
+        TargetKind::Opencl => {
+            Box::new(gpu::GpuBackend::from_options(options, gpu::GpuTarget::Opencl)?)
         }
-        TargetKind::Cuda => Box::new(gpu::GpuBackend {
-            target: gpu::GpuTarget::Cuda(options.ptx.clone()),
-            strategy: gpu_strategy(options)?,
-            precision: gpu_precision(options.precision, options.target)?,
-        }),
-        TargetKind::Opencl => Box::new(gpu::GpuBackend {
-            target: gpu::GpuTarget::Opencl,
-            strategy: gpu_strategy(options)?,
-            precision: gpu_precision(options.precision, options.target)?,
-        }),
     })
-}
-
-/// The precision the CPU backend compiles at: f32, or bf16 where the host multiplies bf16
-/// (AVX512-BF16's `vdpbf16ps`; the target CPU's, which is the host's unless `--target-cpu`
-/// names another) and the microkernels, which are what compute in bf16, are not
-/// forced off; anything else is refused, not run slower than asked.
-fn cpu_precision(options: &Options, cpu: &cpu::machine::CpuSpec) -> Result<crate::Precision> {
-    let precision = options.precision;
-    let refuse = |why: &str| CompileError::Precision { precision, target: "cpu", why: why.into() };
-    match precision {
-        crate::Precision::F32 => Ok(precision),
-        crate::Precision::Bf16 => {
-            if !cpu::ukernel::Host::detect(&cpu.features).bf16 {
-                Err(refuse(&format!(
-                    "the target CPU ({}) has no AVX512-BF16 (vdpbf16ps), which kiln's bf16 kernels multiply with",
-                    cpu.target
-                )))
-            } else if options.microkernel_choice() == Some(false) {
-                Err(refuse(
-                    "the microkernels are turned off (KILN_UKERNEL=0 or Options::microkernel), \
-                     and they are what computes in bf16",
-                ))
-            } else {
-                Ok(precision)
-            }
-        }
-        crate::Precision::F16 => Err(refuse(
-            "kiln's CPU kernels have no f16 arithmetic (bf16 they have: --precision bf16)",
-        )),
-        crate::Precision::Tf32 => Err(refuse(
-            "TF32 is NVIDIA's tensor-core format; CPUs have none (bf16 they may: --precision bf16)",
-        )),
-    }
-}
-
-/// The precision a GPU backend compiles at. Every one is accepted: on NVIDIA GPUs from sm_80 the
-/// contractions run on tensor cores at tf32, bf16 or f16; elsewhere (older GPUs, OpenCL, whose
-/// SPIR-V 1.0 has no matrix instructions) they multiply operands rounded to that precision in f32
-/// arithmetic: the same numbers, without the speed.
-fn gpu_precision(precision: crate::Precision, _target: TargetKind) -> Result<crate::Precision> {
-    Ok(precision)
 }
 
 /// The per-kernel microkernel choices in force: the options', else those `--tune` stored for

@@ -69,6 +69,53 @@ pub struct CpuBackend {
     pub cpu: machine::CpuSpec,
 }
 
+impl CpuBackend {
+    /// The CPU backend `options` ask for, the target CPU resolved and the precision checked.
+    pub fn from_options(options: &crate::Options) -> Result<CpuBackend> {
+        let cpu = machine::resolve(&options.target_cpu)?;
+        Ok(CpuBackend {
+            microkernel: options.microkernel_choice(),
+            overrides: super::microkernel_overrides(options),
+            vnni: options.vnni_allowed(),
+            precision: precision(options, &cpu)?,
+            cpu,
+        })
+    }
+}
+
+/// The precision the CPU backend compiles at: f32, or bf16 where the host multiplies bf16
+/// (AVX512-BF16's `vdpbf16ps`; the target CPU's, which is the host's unless `--target-cpu`
+/// names another) and the microkernels, which are what compute in bf16, are not
+/// forced off; anything else is refused, not run slower than asked.
+fn precision(options: &crate::Options, cpu: &machine::CpuSpec) -> Result<crate::Precision> {
+    let precision = options.precision;
+    let refuse = |why: &str| CompileError::Precision { precision, target: "cpu", why: why.into() };
+    match precision {
+        crate::Precision::F32 => Ok(precision),
+        crate::Precision::Bf16 => {
+            if !ukernel::Host::detect(&cpu.features).bf16 {
+                Err(refuse(&format!(
+                    "the target CPU ({}) has no AVX512-BF16 (vdpbf16ps), which kiln's bf16 kernels multiply with",
+                    cpu.target
+                )))
+            } else if options.microkernel_choice() == Some(false) {
+                Err(refuse(
+                    "the microkernels are turned off (KILN_UKERNEL=0 or Options::microkernel), \
+                     and they are what computes in bf16",
+                ))
+            } else {
+                Ok(precision)
+            }
+        }
+        crate::Precision::F16 => Err(refuse(
+            "kiln's CPU kernels have no f16 arithmetic (bf16 they have: --precision bf16)",
+        )),
+        crate::Precision::Tf32 => Err(refuse(
+            "TF32 is NVIDIA's tensor-core format; CPUs have none (bf16 they may: --precision bf16)",
+        )),
+    }
+}
+
 /// The stages a CPU compile has: every shared one, its schedule, LLVM IR and assembly.
 pub const STAGES: &[Stage] = &[
     Stage::Passes,

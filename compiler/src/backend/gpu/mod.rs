@@ -62,6 +62,20 @@ pub struct GpuBackend {
     pub precision: crate::Precision,
 }
 
+impl GpuBackend {
+    /// The GPU backend for `target` as `options` ask for it. Every precision is accepted: on
+    /// NVIDIA GPUs from sm_80 the contractions run on tensor cores at tf32, bf16 or f16;
+    /// elsewhere (older GPUs, OpenCL, whose SPIR-V 1.0 has no matrix instructions) they multiply
+    /// operands rounded to that precision in f32 arithmetic: the same numbers, without the speed.
+    pub fn from_options(options: &crate::Options, target: GpuTarget) -> crate::Result<GpuBackend> {
+        Ok(GpuBackend {
+            target,
+            strategy: super::gpu_strategy(options)?,
+            precision: options.precision,
+        })
+    }
+}
+
 /// The stages a CUDA compile has: the shared ones, LLVM IR and PTX.
 pub const CUDA_STAGES: &[Stage] = &[
     Stage::Passes,
