@@ -20,6 +20,7 @@ mod fuzzed;
 mod gpu;
 mod gpu_tile;
 mod integer;
+mod kernels;
 mod microkernel;
 mod precision;
 mod recognize;

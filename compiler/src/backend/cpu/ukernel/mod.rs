@@ -517,6 +517,41 @@ trait KernelShape {
     ) -> Result<(&'static str, Vec<Value<'c, 'a>>)>;
 }
 
+impl Shape {
+    /// The shape's name: how the kernel suite (tests/tests/kernels.rs) files its cases.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Shape::Conv { .. } => "conv",
+            Shape::ConvTranspose { .. } => "conv-transpose",
+            Shape::QConv { .. } => "qconv",
+            Shape::Gemm { .. } => "gemm",
+            Shape::Pool { .. } => "pool",
+            Shape::Gather { .. } => "gather",
+            Shape::Recurrent { .. } => "recurrent",
+            Shape::Reduce { .. } => "reduce",
+            Shape::Softmax { .. } => "softmax",
+            Shape::Transpose { .. } => "transpose",
+            Shape::Attention { .. } => "attention",
+        }
+    }
+}
+
+/// Every shape's [`Shape::name`] (a new shape joins this list with its arm above): the kernel
+/// suite runs each at its edge sizes and fails for a shape it has no cases for.
+pub const SHAPE_NAMES: [&str; 11] = [
+    "conv",
+    "conv-transpose",
+    "qconv",
+    "gemm",
+    "pool",
+    "gather",
+    "recurrent",
+    "reduce",
+    "softmax",
+    "transpose",
+    "attention",
+];
+
 /// The module that describes, packs and builds plans of this shape.
 fn family(shape: &Shape) -> &'static dyn KernelShape {
     match shape {
