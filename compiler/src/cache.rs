@@ -110,6 +110,7 @@ fn key_text(graph: &Graph, options: &Options, backend: &str) -> String {
         values,
         (
             options.target_cpu.name(),
+            options.planned_threads(),
             inkwell::targets::TargetMachine::get_host_cpu_features().to_string(),
         ),
         text::print(graph, text::Weights::Summary),

@@ -98,6 +98,10 @@ pub struct Options {
     /// CPU: the CPU the code is for (`--target-cpu`): the host by default, whose code runs only
     /// on CPUs with its wide features; an x86-64 level or a CPU name for artifacts that travel.
     pub target_cpu: crate::backend::cpu::machine::CpuTarget,
+    /// The CPU threads the code is planned for: a kernel with enough work splits into about two
+    /// work units a thread (`kiln emit --stage schedule --threads N` shows them). `None`: this
+    /// machine's cores. An artifact runs at any thread count, fastest near this one.
+    pub threads: Option<usize>,
 }
 
 impl Default for Options {
@@ -117,11 +121,20 @@ impl Default for Options {
             vnni: true,
             precision: Precision::F32,
             target_cpu: Default::default(),
+            threads: None,
         }
     }
 }
 
 impl Options {
+    /// The threads the CPU code is planned for: [`Options::threads`], else this machine's
+    /// cores (at least 1; at most 1024, past which no machine kiln plans for goes).
+    pub fn planned_threads(&self) -> usize {
+        self.threads
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+            .clamp(1, 1024)
+    }
+
     /// Whether VNNI may be used where the host has it: the option, unless `KILN_VNNI=0`.
     pub fn vnni_allowed(&self) -> bool {
         self.vnni && std::env::var("KILN_VNNI").as_deref() != Ok("0")

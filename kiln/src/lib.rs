@@ -177,6 +177,8 @@ impl Options {
     /// CPU threads a loaded program runs on (default: every core).
     pub fn threads(mut self, n: usize) -> Options {
         self.load.threads = Some(n);
+        // The code is planned for the threads it runs on.
+        self.compile.threads = Some(n);
         self
     }
 

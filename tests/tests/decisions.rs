@@ -400,14 +400,15 @@ fn elementwise_op(dims: &[usize]) -> Vec<LinalgOp> {
 
 #[test]
 fn small_kernels_run_as_one_workgroup() {
-    let s = schedule::decide(&matmul_ops(8, 8, 8), &[8, 8], false, true, true).unwrap();
+    let s = schedule::decide(&matmul_ops(8, 8, 8), &[8, 8], false, true, Some(4)).unwrap();
     assert_eq!(s.workgroups(), 1);
     assert_eq!(s.anchor, 1, "the matmul, not its fill");
 }
 
 #[test]
 fn large_kernels_split_evenly_into_a_few_workgroups() {
-    let s = schedule::decide(&matmul_ops(256, 256, 256), &[256, 256], false, true, true).unwrap();
+    let s =
+        schedule::decide(&matmul_ops(256, 256, 256), &[256, 256], false, true, Some(4)).unwrap();
     let split = s.split.expect("split");
     assert!((2..=4).contains(&split.workgroups), "{split:?}");
     assert_eq!(split.tile * split.workgroups, 256);
@@ -417,20 +418,20 @@ fn large_kernels_split_evenly_into_a_few_workgroups() {
 #[test]
 fn batch_one_images_split_along_rows() {
     let s =
-        schedule::decide(&elementwise_op(&[1, 64, 64, 64]), &[1, 64, 64, 64], false, true, true)
+        schedule::decide(&elementwise_op(&[1, 64, 64, 64]), &[1, 64, 64, 64], false, true, Some(4))
             .unwrap();
     assert_eq!(s.split.map(|x| x.dim), Some(2), "{s:?}");
 }
 
 #[test]
 fn no_distribution_means_one_workgroup() {
-    let s = schedule::decide(&matmul_ops(256, 256, 256), &[256, 256], false, true, false).unwrap();
+    let s = schedule::decide(&matmul_ops(256, 256, 256), &[256, 256], false, true, None).unwrap();
     assert_eq!(s.split, None);
 }
 
 #[test]
 fn a_contraction_gets_a_register_tile_and_steps_its_reduction() {
-    let s = schedule::decide(&matmul_ops(64, 64, 64), &[64, 64], false, true, true).unwrap();
+    let s = schedule::decide(&matmul_ops(64, 64, 64), &[64, 64], false, true, Some(4)).unwrap();
     let r = s.register.expect("a register tile");
     assert_eq!(r.contraction, Some((1, vec![0, 0, 1])), "one k at a time into the output tile");
     assert!(r.sizes.iter().product::<usize>() <= 1024, "{:?}", r.sizes);
@@ -439,14 +440,14 @@ fn a_contraction_gets_a_register_tile_and_steps_its_reduction() {
 
 #[test]
 fn without_vectors_there_is_no_register_tile() {
-    let s = schedule::decide(&matmul_ops(64, 64, 64), &[64, 64], false, false, true).unwrap();
+    let s = schedule::decide(&matmul_ops(64, 64, 64), &[64, 64], false, false, Some(4)).unwrap();
     assert!(s.register.is_none() && !s.vectorize);
 }
 
 #[test]
 fn sequential_kernels_and_kernels_without_linalg_ops_are_left_alone() {
-    assert_eq!(schedule::decide(&matmul_ops(64, 64, 64), &[64, 64], true, true, true), None);
-    assert_eq!(schedule::decide(&[], &[4], false, true, true), None);
+    assert_eq!(schedule::decide(&matmul_ops(64, 64, 64), &[64, 64], true, true, Some(4)), None);
+    assert_eq!(schedule::decide(&[], &[4], false, true, Some(4)), None);
 }
 
 /// A quantized model's elementwise work (dequantizing u8 to f32, a residual add requantised)
@@ -457,7 +458,7 @@ fn elementwise_ops_on_8_to_32_bit_integers_are_vectorised() {
     let with = |elem: Vec<Elem>| {
         let mut ops = elementwise_op(&dims);
         ops[0].elem = elem;
-        schedule::decide(&ops, &dims, false, true, true)
+        schedule::decide(&ops, &dims, false, true, Some(4))
     };
     for elem in
         [vec![Elem::Int(8), Elem::F32], vec![Elem::F32, Elem::Int(8)], vec![Elem::Int(32); 2]]
@@ -470,7 +471,7 @@ fn elementwise_ops_on_8_to_32_bit_integers_are_vectorised() {
     }
     let mut ops = matmul_ops(64, 64, 64);
     ops[1].elem = vec![Elem::Int(8), Elem::Int(8), Elem::Int(32)];
-    let s = schedule::decide(&ops, &[64, 64], false, true, true);
+    let s = schedule::decide(&ops, &[64, 64], false, true, Some(4));
     assert!(s.is_none_or(|s| s.register.is_none()), "an integer contraction is not tiled");
 }
 
@@ -482,7 +483,7 @@ fn schedule_decisions_print_stably() {
         ("matmul_large", matmul_ops(256, 512, 256), vec![256, 256]),
         ("image_elementwise", elementwise_op(&[1, 32, 56, 56]), vec![1, 32, 56, 56]),
     ] {
-        let s = schedule::decide(&ops, &dims, false, true, true);
+        let s = schedule::decide(&ops, &dims, false, true, Some(4));
         text.push_str(&schedule::describe(name, &ops, s.as_ref()));
     }
     insta::assert_snapshot!("schedule_decisions", text);

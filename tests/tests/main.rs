@@ -29,4 +29,5 @@ mod session;
 mod stages;
 mod status;
 mod target_cpu;
+mod threads;
 mod toolchain;

@@ -233,6 +233,7 @@ pub fn run(args: &Args) -> Result<()> {
                 .collect(),
             input_values: names.iter().zip(&ordered).map(|(n, t)| (n.clone(), t.clone())).collect(),
             precision: args.precision,
+            threads: args.threads,
             ..crate::Options::default()
         };
         let quiet = args.quiet || args.json;

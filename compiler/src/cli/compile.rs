@@ -109,8 +109,10 @@ pub struct Args {
     /// shows what an artifact needs.
     #[arg(long, default_value = "native", value_name = "CPU")]
     target_cpu: crate::backend::cpu::machine::CpuTarget,
-    /// Threads to tune with (default: every core).
-    #[arg(long)]
+    /// The CPU threads the code is planned for (about two work units a thread in each kernel
+    /// with enough work) and, with --tune, tuned with. Default: every core of this machine.
+    /// The artifact runs at any thread count.
+    #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1024))]
     threads: Option<usize>,
     /// No progress bar, timings or summary.
     #[arg(long, short)]
@@ -152,6 +154,7 @@ pub fn run(args: &Args) -> Result<()> {
         ptx: args.cuda.ptx()?,
         precision: args.precision,
         target_cpu: args.target_cpu.clone(),
+        threads: args.threads,
         ..Options::default()
     };
     if args.tune {

@@ -36,6 +36,9 @@ pub struct Args {
     /// compile`).
     #[arg(long, default_value = "f32")]
     precision: crate::Precision,
+    /// The CPU threads to plan for, as `kiln compile --threads` (default: every core).
+    #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1024))]
+    threads: Option<usize>,
 }
 
 /// How `emit` prints a stage.
@@ -94,6 +97,7 @@ pub fn run(args: &Args) -> Result<()> {
         cache: false,
         ptx: args.cuda.ptx()?,
         precision: args.precision,
+        threads: args.threads,
         ..Options::default()
     };
     // Which program the text is of, when the model has more than one or a padded one: on

@@ -109,6 +109,8 @@ pub fn executable(
                 input_shapes: shapes,
                 input_values: values,
                 precision,
+                // Planned for the threads it will run on.
+                threads: load.threads,
                 ..Options::for_target(pick_device(device, quiet)?)
             };
             let start = Instant::now();

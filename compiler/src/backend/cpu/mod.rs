@@ -67,6 +67,8 @@ pub struct CpuBackend {
     pub precision: crate::Precision,
     /// The CPU the code is for (`Options::target_cpu`).
     pub cpu: machine::CpuSpec,
+    /// The threads it is planned for (`Options::planned_threads`).
+    pub threads: usize,
 }
 
 impl CpuBackend {
@@ -79,6 +81,7 @@ impl CpuBackend {
             vnni: options.vnni_allowed(),
             precision: precision(options, &cpu)?,
             cpu,
+            threads: options.planned_threads(),
         })
     }
 }
@@ -213,7 +216,7 @@ impl Backend for CpuBackend {
                     }
                     None => {
                         let (module, workgroups, text, described, temps) =
-                            lower_linalg(&mlir, graph, k, function_index(i)?)?;
+                            lower_linalg(&mlir, graph, k, function_index(i)?, host.max_units())?;
                         asks.push(KernelScratch { slots: Vec::new(), temps });
                         (module, workgroups, text, described, Vec::new(), Vec::new())
                     }
@@ -338,6 +341,7 @@ impl CpuBackend {
     fn host(&self) -> ukernel::Host {
         let mut host = ukernel::Host::detect(&self.cpu.features);
         host.vnni &= self.vnni;
+        host.threads = self.threads;
         host
     }
 
@@ -450,6 +454,7 @@ fn lower_linalg<'c>(
     graph: &Graph,
     k: &Kernel,
     function: u32,
+    max_workgroups: usize,
 ) -> Result<(Module<'c>, u64, String, String, Option<u64>)> {
     let mut module = build(mlir, graph, k, None, function)?;
     let text = module.as_operation().to_string();
@@ -460,7 +465,8 @@ fn lower_linalg<'c>(
     // without a tiling rule, a reshape between ops), and bufferisation may split a workgroup
     // loop apart; a failed attempt may leave the module half done, so it is rebuilt.
     let mut scheduled = None;
-    for (vectorize, distribute) in [(true, true), (true, false), (false, true)] {
+    let split = Some(max_workgroups);
+    for (vectorize, distribute) in [(true, split), (true, None), (false, split)] {
         let Some(func) = kernel_func(&module) else { break };
         let kernel_ops = linalg::read_kernel(RawOp(func.to_raw()));
         let dims = if k.outputs.len() == 1 {
@@ -506,11 +512,11 @@ fn lower_linalg<'c>(
             }
             Err(e) => {
                 if debug {
-                    eprintln!("// kernel {}: schedule (vectorize={vectorize}, distribute={distribute}) failed: {e}", k.name);
+                    eprintln!("// kernel {}: schedule (vectorize={vectorize}, distribute={distribute:?}) failed: {e}", k.name);
                 }
                 // What runs instead is said in the printed schedule too.
                 if let Some(d) = described.as_mut() {
-                    let what = match (vectorize, distribute) {
+                    let what = match (vectorize, distribute.is_some()) {
                         (true, true) => "this schedule",
                         (false, true) => "the workgroup split alone",
                         _ => "the vectors in one workgroup",

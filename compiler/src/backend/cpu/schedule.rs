@@ -25,12 +25,14 @@ use crate::backend::linalg::{Elem, Expr, LinalgOp, OpKind};
 /// contraction, elements of an elementwise op) run as one workgroup: a few microseconds of
 /// vector code, less than handing work to another thread is worth.
 const MIN_DISTRIBUTED_WORK: usize = 128 * 1024;
-/// Work per workgroup aimed at, and the most workgroups a kernel gets: enough for threads that
-/// take them one at a time to finish together, few enough to keep each one's share of fused
-/// producers (a convolution's padded rows) small. With 2 threads, at most 4 measured best
-/// (resnet18 22.0 ms against 22.8 with 2, 22.2 with 6, 23.7 with 8).
+/// Work per workgroup aimed at, up to the most workgroups a kernel gets (`decide`'s
+/// `distribute`, `Host::max_units`: two a planned thread, enough for threads that take them one
+/// at a time to finish together, few enough to keep each one's share of fused producers (a
+/// convolution's padded rows) small. With 2 threads, at most 4 measured best (resnet18 22.0 ms
+/// against 22.8 with 2, 22.2 with 6, 23.7 with 8).
 const WORK_PER_WORKGROUP: usize = 1 << 20;
-const MAX_WORKGROUPS: usize = 4;
+/// The most workgroups the figures above measured (2 threads): up to it, plans are as measured.
+const MAX_WORKGROUPS_MEASURED: usize = 4;
 /// Vectorised ops at most this many elements (a register tile, not a whole tensor).
 const MAX_VECTOR_ELEMENTS: usize = 1024;
 
@@ -303,14 +305,14 @@ fn register_plan(ops: &[LinalgOp], a: usize, local: &[usize]) -> Option<Register
 }
 
 /// Decides a kernel's schedule from its ops and its output's dimensions; `None` runs it as it is
-/// (one workgroup, scalar loops). Without `vectorize`, only the workgroup split; without
-/// `distribute`, one workgroup.
+/// (one workgroup, scalar loops). Without `vectorize`, only the workgroup split; `distribute`
+/// is the most workgroups it may split into (`None`: one).
 pub fn decide(
     ops: &[LinalgOp],
     dims: &[usize],
     sequential: bool,
     vectorize: bool,
-    distribute: bool,
+    distribute: Option<usize>,
 ) -> Option<Schedule> {
     // A sequential loop (scatter updates applied in order) must run exactly once, as it is.
     if sequential {
@@ -323,8 +325,13 @@ pub fn decide(
     // workgroup instead of the whole input), else the first that is not tiny; evenly, so every
     // workgroup has the same static shape.
     let mut split = None;
-    if distribute && work >= MIN_DISTRIBUTED_WORK {
-        let target = (work / WORK_PER_WORKGROUP).clamp(2, MAX_WORKGROUPS);
+    if let Some(most) = distribute.filter(|_| work >= MIN_DISTRIBUTED_WORK) {
+        // Past 4 units (more than 2 threads), each unit's share shrinks with the threads, to
+        // MIN_DISTRIBUTED_WORK at the least: a 3 M-iteration convolution is 3 units at 2
+        // threads and 23 at 16.
+        let most = most.max(2);
+        let per = (WORK_PER_WORKGROUP * MAX_WORKGROUPS_MEASURED / most).max(MIN_DISTRIBUTED_WORK);
+        let target = (work / per).clamp(2, most);
         let rows = (dims.len() == 4 && dims[0] == 1 && dims[2] >= 8).then_some(2);
         let others = (0..dims.len()).filter(|&i| dims[i] >= 2);
         // Tiling loop d splits output dimension d only where the anchor's output map indexes
@@ -333,10 +340,23 @@ pub fn decide(
             ops[a].maps.get(ops[a].n_inputs).and_then(|m| m.get(d)).and_then(Expr::as_dim)
                 == Some(d)
         };
-        split = rows.into_iter().chain(others).filter(|&d| splittable(d)).find_map(|d| {
-            let w = divisor_at_most(dims[d], target);
-            (w >= 2).then_some(Split { dim: d, tile: dims[d] / w, workgroups: w })
-        });
+        let candidates: Vec<(usize, usize)> = rows
+            .into_iter()
+            .chain(others)
+            .filter(|&d| splittable(d))
+            .map(|d| (d, divisor_at_most(dims[d], target)))
+            .collect();
+        // The first candidate that splits; past 4 units, the first giving the target, else the
+        // one giving the most (a batch of 8 caps a split of it at 8 units; its rows may give
+        // more). At 2 threads the first, as measured.
+        let pick = if target <= MAX_WORKGROUPS_MEASURED {
+            candidates.iter().find(|(_, w)| *w >= 2)
+        } else {
+            candidates.iter().find(|(_, w)| *w == target).or_else(|| {
+                candidates.iter().rev().max_by_key(|(_, w)| *w).filter(|(_, w)| *w >= 2)
+            })
+        };
+        split = pick.map(|&(d, w)| Split { dim: d, tile: dims[d] / w, workgroups: w });
     }
     let mut local = ops[a].output_shape().cloned().unwrap_or_default();
     if let Some(s) = split {

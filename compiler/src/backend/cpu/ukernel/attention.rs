@@ -6,7 +6,7 @@ use std::fmt;
 use kiln_ir::{DType, Graph, NodeId, Op, ValueId};
 use melior::ir::Value;
 
-use super::{other_shape, Call, KernelShape, Pointers, Shape, Ukernel, MIN_MACS};
+use super::{other_shape, Call, Host, KernelShape, Pointers, Shape, Ukernel, MIN_MACS};
 use crate::fuse::Kernel;
 use crate::Result;
 
@@ -121,7 +121,7 @@ fn attention_shape(graph: &Graph, id: NodeId) -> Option<Shape> {
 }
 
 /// An attention node kept whole for the CPU (see `runs_attention`): a kernel of its own.
-pub(super) fn plan(graph: &Graph, kernel: &Kernel, root: NodeId) -> Option<Ukernel> {
+pub(super) fn plan(graph: &Graph, kernel: &Kernel, root: NodeId, host: &Host) -> Option<Ukernel> {
     let shape = attention_shape(graph, root)?;
     let Shape::Attention { batch, heads, q_seq, kv_seq, head, v_head, k, v, mask, .. } = shape
     else {
@@ -136,7 +136,7 @@ pub(super) fn plan(graph: &Graph, kernel: &Kernel, root: NodeId) -> Option<Ukern
     // share (a few microseconds each).
     let units = batch * heads * q_seq.div_ceil(64);
     let work = batch * heads * q_seq * kv_seq * (head + v_head);
-    let chunks = if work >= 4 * MIN_MACS { units.min(4) } else { 1 };
+    let chunks = host.units(work, MIN_MACS).min(units);
     Some(Ukernel::unblocked(shape, q, chunks))
 }
 

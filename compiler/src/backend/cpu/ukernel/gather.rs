@@ -5,7 +5,7 @@ use std::fmt;
 use kiln_ir::{DType, Graph, NodeId};
 use melior::ir::Value;
 
-use super::{other_shape, Call, KernelShape, Pointers, Shape, Ukernel};
+use super::{other_shape, Call, Host, KernelShape, Pointers, Shape, Ukernel};
 use crate::fuse::Kernel;
 use crate::Result;
 
@@ -21,6 +21,7 @@ pub(super) fn plan(
     axis: i64,
     tail: &[NodeId],
     always: bool,
+    host: &Host,
 ) -> Option<Ukernel> {
     let operands = graph.operands(root);
     let (data, indices) =
@@ -44,7 +45,7 @@ pub(super) fn plan(
     if n_idx == 0 || row_bytes == 0 || !always && (row_bytes < 64 || n_idx * row_bytes < 16 << 10) {
         return None;
     }
-    let chunks = if n_idx * row_bytes >= 256 << 10 { 4.min(n_idx) } else { 1 };
+    let chunks = host.units(n_idx * row_bytes, 64 << 10).min(n_idx);
     Some(Ukernel::unblocked(
         Shape::Gather { indices, rows: dd[0], row_bytes, n_idx, idx64 },
         data,

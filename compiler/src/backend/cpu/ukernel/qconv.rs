@@ -172,7 +172,7 @@ pub(super) fn plan(graph: &Graph, kernel: &Kernel, root: NodeId, host: &Host) ->
     // channel chunks, up to 16 so that threads share them evenly.
     let per_mac = if group > 1 { 8 } else { 1 };
     let work = batch * m * oh * ow * k * per_mac;
-    let target = if work < 4 * 4 * MIN_MACS { 1 } else { 4 };
+    let target = host.units(work, 4 * MIN_MACS);
     // A matrix product's units are chunks of rows (4 a tile) where there are enough of them,
     // else chunks of 64-channel strips.
     let (chunks, split_n) = if gemm_form(&shape) {
@@ -182,7 +182,7 @@ pub(super) fn plan(graph: &Graph, kernel: &Kernel, root: NodeId, host: &Host) ->
             (target.min(m.div_ceil(GEMM_STRIP)), false)
         }
     } else if group > 1 {
-        (if target == 1 { 1 } else { m.div_ceil(16).clamp(1, 16) }, false)
+        (if target == 1 { 1 } else { m.div_ceil(16).clamp(1, 4 * host.max_units()) }, false)
     } else if pointwise(&shape) {
         // Positions are flat: chunks of 32-position strips where there are enough of them for
         // every unit, else of output channels (each unit then copies the whole input, which is

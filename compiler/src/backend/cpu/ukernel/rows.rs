@@ -8,7 +8,7 @@ use kiln_ir::op::PoolKind;
 use kiln_ir::{DType, Graph, NodeId, Op};
 use melior::ir::Value;
 
-use super::{other_shape, Call, KernelShape, Pointers, Shape, Ukernel, MIN_MACS};
+use super::{other_shape, Call, Host, KernelShape, Pointers, Shape, Ukernel, MIN_MACS};
 use crate::fuse::Kernel;
 use crate::Result;
 
@@ -27,6 +27,7 @@ pub(super) fn plan(
     root: NodeId,
     tail: &[NodeId],
     always: bool,
+    host: &Host,
 ) -> Option<Ukernel> {
     let operands = graph.operands(root);
     let x = operands.first().copied().flatten()?;
@@ -115,7 +116,7 @@ pub(super) fn plan(
     // Up to 4 chunks of rows once there is enough to share: each a few microseconds at least
     // (a reduction streams about 20 floats a nanosecond, softmax's e^x about 2).
     let share = if matches!(shape, Shape::Softmax { .. }) { MIN_MACS / 2 } else { 4 * MIN_MACS };
-    let chunks = if elements >= share { rows.min(4) } else { 1 };
+    let chunks = host.units(elements, share / 4).min(rows);
     Some(Ukernel::unblocked(shape, x, chunks.max(1)))
 }
 

@@ -209,33 +209,38 @@ pub(super) fn plan(
     // peak against 80-100%), so the same time of work is 8x fewer of them: a depthwise 3x3/2
     // with 576 channels on 7x7 (254K MACs, 0.07 ms) ran on one thread.
     let per_mac = if per_channel { 8 } else { 1 };
-    let target = if work * per_mac < 4 * MIN_MACS { 1 } else { 4 };
+    let target = host.units(work * per_mac, MIN_MACS);
     let (chunks, split_n) = if images >= target {
         (1, true)
     } else if depthwise {
         // Whole blocks of 16 channels (as the blocked and regrouped forms take them), up to 16
         // chunks, so threads claiming them share the work evenly: 4 chunks of 6 blocks were 2,
         // 2, 2 and none, one thread's work twice the other's at 2 threads.
-        (channels.div_ceil(16).clamp(1, 16), false)
+        (channels.div_ceil(16).clamp(1, 4 * host.max_units()), false)
     } else if transposed {
         // Each chunk packs all of A (the im2col of the image) again: 2 chunks, not 4 (3x3 by 512
         // channels on 7x7, 2 threads: 1.59 -> 1.36 ms).
-        (target.div_ceil(images).min(m.div_ceil(NR)).min(2), false)
+        (target.div_ceil(images).min(m.div_ceil(NR)).min(host.max_units() / 2), false)
     } else if matches!(shape, Shape::ConvTranspose { .. } | Shape::Pool { .. }) {
         (target.div_ceil(images).min(channels), false)
     } else {
         // Chunks of the operand packed at run time (a convolution's columns, a GEMM's rows), so
         // no chunk packs another's part again; the constant operand is read packed, from cache.
-        let want = target.div_ceil(images);
+        // Where neither has the units wanted, fewer (halving to 4) before falling back to the
+        // strips of its own operand: a GEMM of 4 column strips wanting 5 units takes 4.
         let (n_strips, m_strips) = (n.div_ceil(NR), m.div_ceil(mr));
         let by_columns = matches!(shape, Shape::Conv { .. });
         let (own, other) = if by_columns { (n_strips, m_strips) } else { (m_strips, n_strips) };
-        if own >= want {
-            (want, by_columns)
-        } else if other >= want {
-            (want, !by_columns)
-        } else {
-            (own.clamp(1, want), by_columns)
+        let mut want = target.div_ceil(images);
+        loop {
+            if own >= want {
+                break (want, by_columns);
+            } else if other >= want {
+                break (want, !by_columns);
+            } else if want <= 4 {
+                break (own.clamp(1, want), by_columns);
+            }
+            want = (want / 2).max(4);
         }
     };
     Some(Ukernel {

@@ -6,7 +6,7 @@ use std::fmt;
 use kiln_ir::{Graph, NodeId};
 use melior::ir::Value;
 
-use super::{other_shape, Call, KernelShape, Pointers, Shape, Ukernel};
+use super::{other_shape, Call, Host, KernelShape, Pointers, Shape, Ukernel};
 use crate::fuse::Kernel;
 use crate::Result;
 
@@ -24,6 +24,7 @@ pub(super) fn plan(
     root: NodeId,
     perm: &[usize],
     tail: &[NodeId],
+    host: &Host,
 ) -> Option<Ukernel> {
     let x = graph.operands(root).first().copied().flatten()?;
     let dims = graph.value_type(x).shape.as_fixed()?;
@@ -53,7 +54,8 @@ pub(super) fn plan(
     }
     let bytes = batch * rows * cols * 4;
     // About 4 units in all when it is worth handing some to another thread.
-    let chunks = if bytes >= 256 << 10 { 4usize.div_ceil(batch).min(cols.div_ceil(16)) } else { 1 };
+    let target = host.units(bytes, 64 << 10);
+    let chunks = if target == 1 { 1 } else { target.div_ceil(batch).min(cols.div_ceil(16)) };
     Some(Ukernel::unblocked(Shape::Transpose { batch, rows, cols }, x, chunks))
 }
 
