@@ -84,8 +84,10 @@ ops-doc:
 	@d=$$(./scripts/fetch-onnx-tests.sh) && \
 	  $(CARGO) run -q -p kiln-ir --release --example ops_table -- $$d/node > docs/ops.md
 
-# kiln against onnxruntime on ../shared/models (THREADS=2 by default): median latency, ratio,
-# compile time cold and cached. onnxruntime is fetched once into ~/.cache/kiln/bench-venv.
+# kiln against onnxruntime on ../shared/models and three generated models (squeezenet1_1,
+# yolov8n_320, dbnet_mv3_640: scripts/bench_models.py, once into ~/.cache/kiln/bench-models;
+# GENERATED=0 leaves them out) (THREADS=2 by default): median latency, ratio, compile time cold
+# and cached. onnxruntime is fetched once into ~/.cache/kiln/bench-venv.
 bench: setup
 	@./scripts/bench.sh
 

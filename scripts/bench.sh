@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# `make bench`: kiln against onnxruntime on the shared models, as a table: median latency of
-# each (same thread count), their ratio, and kiln's compile time cold (empty cache) and from the
-# compile cache.
+# `make bench`: kiln against onnxruntime on the shared models and three generated ones, as a
+# table: median latency of each (same thread count), their ratio, and kiln's compile time cold
+# (empty cache) and from the compile cache.
 #
-#   scripts/bench.sh [MODELS_DIR]      default: ../shared/models next to the repo ($MODELS)
+#   scripts/bench.sh [MODELS_DIR...]   default: ../shared/models next to the repo ($MODELS), then
+#                                       squeezenet1_1, yolov8n_320 and dbnet_mv3_640, written once
+#                                       by scripts/bench_models.py into $KILN_CACHE/bench-models
+#                                       (onnx.helper at seeded random weights, in the venv of
+#                                       scripts/setup-python.sh); GENERATED=0 leaves them out
 #   THREADS=2 ITERS=30 WARMUP=5         thread count for both, timed runs, warm-up runs
 #   ROUNDS=3                            kiln and onnxruntime take turns this many times per model;
 #                                       each column is the median of the rounds' medians (a shared
@@ -15,7 +19,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$(pwd)
-MODELS="${1:-${MODELS:-$REPO/../shared/models}}"
+DIRS=("$@")
+GENERATED="${GENERATED:-1}"
+[ ${#DIRS[@]} -gt 0 ] || DIRS=("${MODELS:-$REPO/../shared/models}")
+[ $# -eq 0 ] || GENERATED=0
 THREADS="${THREADS:-2}"
 ITERS="${ITERS:-30}"
 WARMUP="${WARMUP:-5}"
@@ -24,9 +31,20 @@ CACHE="${KILN_CACHE:-$HOME/.cache/kiln}"
 VENV="$CACHE/bench-venv"
 say() { printf 'bench: %s\n' "$*" >&2; }
 
-if [ ! -d "$MODELS" ]; then
-    say "no models folder at $MODELS (give one: scripts/bench.sh DIR, or MODELS=DIR)"
-    exit 1
+if [ ! -d "${DIRS[0]}" ]; then
+    say "no models folder at ${DIRS[0]} (give one: scripts/bench.sh DIR, or MODELS=DIR)"
+    [ "$GENERATED" != 0 ] || exit 1
+fi
+MODELS="${DIRS[0]}"
+
+# The generated models (squeezenet 1.1, a YOLOv8n detector, a DBNet text detector), once.
+if [ "$GENERATED" != 0 ]; then
+    GEN="$CACHE/bench-models"
+    if PY=$("$REPO/scripts/setup-python.sh") && "$PY" "$REPO/scripts/bench_models.py" "$GEN" >&2; then
+        DIRS+=("$GEN")
+    else
+        say "could not write the generated models into $GEN: they are left out"
+    fi
 fi
 
 # onnxruntime, once.
@@ -54,7 +72,7 @@ trap 'rm -rf "$BENCH_CACHE"' EXIT
 # Prints `median_ms compile_ms` from kiln bench's JSON line, or nothing on failure.
 kiln_bench() {
     local out
-    out=$(KILN_CACHE="$BENCH_CACHE" "$KILN" bench "$1" --threads "$THREADS" --iters "$ITERS" --warmup "$WARMUP" --json --quiet 2>/dev/null | tail -n 1) || return 0
+    out=$(KILN_CACHE="$BENCH_CACHE" "$KILN" bench "$1" --device cpu --threads "$THREADS" --iters "$ITERS" --warmup "$WARMUP" --json --quiet 2>/dev/null | tail -n 1) || return 0
     python3 -c 'import json,sys; d=json.loads(sys.argv[1]); print(d["median_ms"], d["compile_ms"])' "$out" 2>/dev/null || true
 }
 
@@ -105,14 +123,16 @@ median() {
     python3 -c 'import sys, statistics; print(statistics.median(float(x) for x in sys.argv[1:]))' "$@"
 }
 
-say "models in $MODELS, $THREADS threads, $ROUNDS rounds of $ITERS runs each; load average: $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null)"
+say "models in ${DIRS[*]}, $THREADS threads, $ROUNDS rounds of $ITERS runs each; load average: $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null)"
 printf '%-34s %12s %12s %8s %14s %14s\n' model "kiln ms" "onnxrt ms" ratio "compile ms" "cached ms"
 for name in mlp gpt_block mobilenet_v2 resnet18; do
     if ! ls -d "$MODELS/$name"*/ >/dev/null 2>&1; then
         printf '%-34s (missing from %s: skipped)\n' "$name" "$MODELS"
     fi
 done
-for dir in "$MODELS"/*/; do
+ALL=()
+for d in "${DIRS[@]}"; do [ ! -d "$d" ] || ALL+=("$d"/*/); done
+for dir in "${ALL[@]}"; do
     dir=${dir%/}
     model="$dir/model.onnx"
     [ -f "$model" ] || continue

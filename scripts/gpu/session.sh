@@ -25,6 +25,18 @@
 #    Each prints a summary and leaves JSON under $OUT: ops.json, node_cuda.json (every node
 #    test), models_<load>.json (kiln's match and median time per model next to PyTorch eager
 #    with TF32 off and on, and torch.compile, on the same GPU: scripts/gpu/torch_baselines.py).
+# 3. The CPU at 1, 4 and 16 threads (the machine's 16 cores; no GPU used): here
+#      scripts/gpu/session.sh prepare-cpu        (kiln alone into .gpu-session/cpu, 35 MB)
+#    then on the machine
+#      run(command="scripts/gpu/session.sh cpu-scale", carry=[".gpu-session/cpu"], timeout_s=560)
+#    writes the bench models there (scripts/bench_models.py: squeezenet1_1, yolov8n_320,
+#    dbnet_mv3_640, and resnet18 and mobilenet_v2 exported by its PyTorch), checks kiln's output
+#    on each and prints one table: model, threads, kiln ms, onnxruntime ms, ratio and each
+#    engine's speed-up over 1 thread (scripts/bench_threads.py; $OUT/cpu_scale.json, .txt).
+#    THREADS_LIST=1,4,16 ROUNDS=3 SECONDS_EACH=0.5 BUDGET=330 (seconds of checks and timing,
+#    after which no measurement starts); KILN=PATH PYTHON=PATH run it anywhere, as
+#      KILN=target/release/kiln PYTHON=$(scripts/setup-python.sh) THREADS_LIST=1,2 \
+#        scripts/gpu/session.sh cpu-scale
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 say() { printf 'gpu-session: %s\n' "$*" >&2; }
@@ -79,6 +91,42 @@ prepare)
   for load in aot1 aot2 aot3; do cp target/release/examples/run_artifact ".gpu-session/$load/"; strip ".gpu-session/$load/run_artifact"; done
   du -sh .gpu-session/* >&2
   say "ready: see the comment at the top of this script for the device runs"
+  ;;
+prepare-cpu)
+  EXCLUDE=$(git rev-parse --git-path info/exclude); mkdir -p "$(dirname "$EXCLUDE")"
+  grep -qx '/.gpu-session/' "$EXCLUDE" 2>/dev/null || echo '/.gpu-session/' >> "$EXCLUDE"
+  say "building kiln (release)"
+  cargo build --release -q -p kiln-compiler --bin kiln
+  rm -rf .gpu-session/cpu && mkdir -p .gpu-session/cpu
+  cp target/release/kiln .gpu-session/cpu/kiln && strip .gpu-session/cpu/kiln && xz -T0 -6 .gpu-session/cpu/kiln
+  du -sh .gpu-session/cpu >&2
+  say "ready: run(command=\"scripts/gpu/session.sh cpu-scale\", carry=[\".gpu-session/cpu\"], timeout_s=560)"
+  ;;
+cpu-scale)
+  # kiln against onnxruntime on the CPU at 1, 4 and 16 threads; needs no GPU.
+  PY="${PYTHON:-python3}"
+  if [ -z "${KILN:-}" ]; then
+    for dir in .gpu-session/cpu .gpu-session/jit; do
+      [ -f "$dir/kiln.xz" ] || continue
+      xz -dc "$dir/kiln.xz" > /tmp/kiln-cpu && chmod +x /tmp/kiln-cpu && KILN=/tmp/kiln-cpu && break
+    done
+  fi
+  [ -n "${KILN:-}" ] || { say "missing .gpu-session/cpu/kiln.xz (run 'prepare-cpu' here and carry it), or give KILN=PATH"; exit 2; }
+  command -v cc >/dev/null || say "no cc on the PATH: kiln links its CPU code with it"
+  "$KILN" --version >&2
+  say "$(nproc) CPUs: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2)"
+  models="${BENCH_MODELS_DIR:-/tmp/kiln-bench-models}"
+  tv=--torchvision; [ "${TORCHVISION:-1}" = 0 ] && tv=
+  # shellcheck disable=SC2086
+  "$PY" scripts/bench_models.py "$models" $tv --stats | tee "$OUT/cpu_scale_models.txt" >&2
+  # The detectors first: a measurement started past the budget is skipped.
+  dirs=()
+  for n in yolov8n_320 dbnet_mv3_640 squeezenet1_1 resnet18_dynamo_op18 mobilenet_v2_dynamo_op18; do
+    [ ! -f "$models/$n/model.onnx" ] || dirs+=("$models/$n")
+  done
+  PYTHONUNBUFFERED=1 "$PY" scripts/bench_threads.py --kiln "$KILN" --threads "${THREADS_LIST:-1,4,16}" \
+    --rounds "${ROUNDS:-3}" --seconds "${SECONDS_EACH:-0.5}" --budget "${BUDGET:-330}" \
+    --json "$OUT/cpu_scale.json" "${dirs[@]}" | tee "$OUT/cpu_scale.txt"
   ;;
 ops)
   need_gpu
@@ -147,6 +195,6 @@ json.dump({"device": torch.get("device"), "torch": torch.get("torch"), "models":
 PY
   ;;
 *)
-  sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  sed -n '2,39p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac
 done
