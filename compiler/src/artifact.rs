@@ -111,8 +111,12 @@ pub fn assemble(graph: &Graph, partition: &Partition, code: TargetCode) -> Resul
         }
         outputs.push(desc(graph, name, *v, b));
     }
-    // Constants, views and scratch values, on first use by a kernel.
-    let mut scratch: Vec<(usize, usize, usize)> = Vec::new(); // (buffer, first kernel, last kernel)
+    // Constants, views and scratch values, on first use by a kernel. A scratch buffer's lifetime
+    // is counted in the kernels' waves (`kernel_waves`), not their order: two buffers share bytes
+    // only if no kernel using one can run at once with a kernel using the other, so the reuse
+    // adds no hazard that would keep independent kernels apart.
+    let wave = kernel_waves(partition);
+    let mut scratch: Vec<(usize, usize, usize)> = Vec::new(); // (buffer, first wave, last wave)
     for (k, kernel) in partition.kernels.iter().enumerate() {
         // A constant none of the kernel's launches reads (a weight it reads packed, from its own
         // constants) needs no buffer for it.
@@ -134,16 +138,16 @@ pub fn assemble(graph: &Graph, partition: &Partition, code: TargetCode) -> Resul
                     &mut payload,
                     bytes_of,
                     &mut scratch,
-                    k,
+                    wave[k],
                 );
             }
         }
-        // Everything this kernel reads is live at least until now.
+        // Everything this kernel reads is live at least until its wave.
         for &v in &kernel.inputs {
             let src = fuse::resolve_view(&partition.views, v).of;
             if let Some(&b) = buffer_of.get(&src) {
                 if let Some(s) = scratch.iter_mut().find(|s| s.0 == b) {
-                    s.2 = s.2.max(k);
+                    s.2 = s.2.max(wave[k]);
                 }
             }
         }
@@ -155,7 +159,7 @@ pub fn assemble(graph: &Graph, partition: &Partition, code: TargetCode) -> Resul
         let mut t = Vec::new();
         for &bytes in &plan.scratch {
             buffers.push(BufferDesc { bytes, kind: BufferKind::Scratch { offset: 0 } });
-            scratch.push((buffers.len() - 1, k, k));
+            scratch.push((buffers.len() - 1, wave[k], wave[k]));
             t.push(buffers.len() - 1);
         }
         temps.push(t);
@@ -177,8 +181,14 @@ pub fn assemble(graph: &Graph, partition: &Partition, code: TargetCode) -> Resul
         buffers.push(BufferDesc { bytes: STATUS_BYTES, kind: BufferKind::Status });
         buffers.len() - 1
     });
+    // Launches go wave by wave (each wave's kernels in order): the order the arena's sharing
+    // assumes, so the hazards a device derives from it (byte ranges, in launch order) keep the
+    // kernels of one wave apart from none but their own dependencies.
+    let mut order: Vec<usize> = (0..partition.kernels.len()).collect();
+    order.sort_by_key(|&k| wave[k]);
     let mut launches = Vec::new();
-    for (k, (kernel, plan)) in partition.kernels.iter().zip(&code.runs).enumerate() {
+    for k in order {
+        let (kernel, plan) = (&partition.kernels[k], &code.runs[k]);
         // (Slots no launch reads may have no buffer.)
         let mut own: Vec<usize> =
             kernel.inputs.iter().map(|v| buffer_of.get(v).copied().unwrap_or(usize::MAX)).collect();
@@ -235,7 +245,7 @@ fn desc(graph: &Graph, name: &str, v: ValueId, buffer: usize) -> TensorDesc {
 }
 
 /// Gives `v` a buffer if it has none: a constant's data goes into the payload, a view aliases its
-/// source, anything else is scratch first written by kernel `k`.
+/// source, anything else is scratch first written in wave `k` (`kernel_waves`).
 #[allow(clippy::too_many_arguments)]
 fn resolve(
     graph: &Graph,
@@ -273,6 +283,32 @@ fn resolve(
     };
     buffer_of.insert(v, b);
     b
+}
+
+/// Each kernel's wave: one past the latest wave of the kernels whose results it reads (0 for
+/// those reading only inputs and constants). Kernels of one wave do not depend on each other,
+/// and a device that runs launches at once (the CPU's pool, CUDA streams) may run them so; a
+/// chain of kernels is one a wave, as in order.
+pub fn kernel_waves(partition: &Partition) -> Vec<usize> {
+    let mut producer: HashMap<ValueId, usize> = HashMap::new();
+    let mut wave = Vec::with_capacity(partition.kernels.len());
+    for (k, kernel) in partition.kernels.iter().enumerate() {
+        let w = kernel
+            .inputs
+            .iter()
+            .filter_map(|&v| {
+                let src = fuse::resolve_view(&partition.views, v).of;
+                producer.get(&src).or_else(|| producer.get(&v)).map(|&p| wave[p] + 1)
+            })
+            .max()
+            .unwrap_or(0);
+        wave.push(w);
+        for &o in &kernel.outputs {
+            producer.insert(o, k);
+            producer.insert(fuse::resolve_view(&partition.views, o).of, k);
+        }
+    }
+    wave
 }
 
 /// Places scratch buffers in one arena so that buffers alive at the same time do not overlap:

@@ -99,6 +99,9 @@ pub enum Track {
     CudaStream(usize),
     /// The OpenCL command queue.
     OpenclQueue,
+    /// The CPU's threads running launches that do not depend on each other at once (a wave of
+    /// them); a launch alone in its wave is on `Host`.
+    CpuPool,
 }
 
 /// A copy between host and device.
@@ -151,6 +154,27 @@ impl Profile {
         self.launches.push((label.to_string(), time));
         self.starts.push(start);
         self.tracks.push(track);
+    }
+
+    /// The other launches that ran while launch `i` did on the CPU's threads (`Track::CpuPool`:
+    /// a wave of independent launches run at once), in order.
+    pub fn concurrent_with(&self, i: usize) -> Vec<usize> {
+        let on_pool = |j: usize| self.tracks.get(j) == Some(&Track::CpuPool);
+        if !on_pool(i) {
+            return Vec::new();
+        }
+        let span = |j: usize| {
+            let start = self.starts.get(j).copied().unwrap_or_default();
+            (start, start + self.launches[j].1)
+        };
+        let (s, e) = span(i);
+        (0..self.launches.len())
+            .filter(|&j| j != i && on_pool(j))
+            .filter(|&j| {
+                let (a, b) = span(j);
+                a < e && s < b
+            })
+            .collect()
     }
 
     /// Time since `origin` (zero before it is set, or for an instant before it).
@@ -220,6 +244,8 @@ struct Cpu {
     outputs: Mutex<Vec<Option<Arc<[u64]>>>>,
     /// The artifact's kernel scratch, for the error of an allocation it refused.
     scratch: Arc<ScratchAccount>,
+    /// The launches in waves of independent ones (`Hazards::waves`), each wave run at once.
+    waves: Vec<Vec<usize>>,
 }
 
 enum Program {
@@ -450,6 +476,7 @@ impl Executable {
             arena,
             outputs: Mutex::new(vec![None; m.outputs.len()]),
             scratch: scratch.clone(),
+            waves: crate::device::hazard::Hazards::of(m).waves(),
         })
     }
 
@@ -954,21 +981,45 @@ fn run_cpu_launches(
     status: &StatusWord,
     mut profile: Option<&mut Profile>,
 ) -> Result<()> {
-    let mut args: Vec<*mut u8> = Vec::new();
-    for launch in &m.launches {
-        args.clear();
-        args.extend(launch.args.iter().map(|&b| ptrs[b]));
-        let kernel = &m.kernels[launch.kernel];
-        let start = profile.as_ref().map(|_| Instant::now());
-        // SAFETY: buffers are sized as the compiler planned them for this kernel.
-        unsafe { cpu.program.launch(launch.kernel, &args, kernel.workgroups) };
-        if let (Some(p), Some(t)) = (profile.as_deref_mut(), start) {
-            let took = t.elapsed();
-            let at = p.since_origin(t);
-            p.push_launch(&kernel.label, took, at, Track::Host);
+    use crate::device::cpu::{Part, Span};
+    for wave in &cpu.waves {
+        let args: Vec<Vec<*mut u8>> =
+            wave.iter().map(|&j| m.launches[j].args.iter().map(|&b| ptrs[b]).collect()).collect();
+        let parts: Vec<Part> = wave
+            .iter()
+            .zip(&args)
+            .map(|(&j, a)| {
+                let kernel = m.launches[j].kernel;
+                Part { kernel, args: a, workgroups: m.kernels[kernel].workgroups }
+            })
+            .collect();
+        let start = Instant::now();
+        let mut spans = profile.as_ref().map(|_| vec![None::<Span>; parts.len()]);
+        // SAFETY: buffers are sized as the compiler planned them for each kernel, and the
+        // launches of a wave touch no bytes another writes (`Hazards`).
+        unsafe { cpu.program.launch_group(&parts, spans.as_deref_mut()) };
+        if let Some(p) = profile.as_deref_mut() {
+            let end = Instant::now();
+            for (n, &j) in wave.iter().enumerate() {
+                let label = &m.kernels[m.launches[j].kernel].label;
+                if wave.len() == 1 {
+                    p.push_launch(label, end - start, p.since_origin(start), Track::Host);
+                } else {
+                    let span = spans.as_ref().and_then(|s| s[n]);
+                    let (s, e) = span.map_or((start, end), |s| (s.start, s.end));
+                    p.push_launch(
+                        label,
+                        e.saturating_duration_since(s),
+                        p.since_origin(s),
+                        Track::CpuPool,
+                    );
+                }
+            }
         }
         if let Some(failed) = status.read() {
-            let mut e = failed.error(m, Some(launch.kernel));
+            // The kernel that failed says so in the word; else, a wave of one names its own.
+            let launched = (wave.len() == 1).then(|| m.launches[wave[0]].kernel);
+            let mut e = failed.error(m, launched);
             // A refusal of the budget's, not the system's: said so, with what it left.
             if let (RuntimeError::Kernel { failure, .. }, Some(bytes)) =
                 (&mut e, cpu.scratch.take_refused())

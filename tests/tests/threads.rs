@@ -139,3 +139,70 @@ fn code_planned_for_64_threads_runs_bitwise_alike_at_any_thread_count() {
         }
     }
 }
+
+/// Two GRUs over two inputs, as the seed's model has them: nothing connects them.
+fn two_grus() -> (Graph, Vec<Tensor>) {
+    use kiln_ir::builder::GraphBuilder;
+    use kiln_ir::op::{Rnn, RnnCell, RnnDirection};
+    use kiln_ir::{DType, Op};
+    let g = GraphBuilder::new("two_grus");
+    let mut inputs = Vec::new();
+    for i in 0..2u64 {
+        let x = g.input(&format!("x{i}"), DType::F32, [5, 32, 10]);
+        let c = |name: &str, dims: &[usize], seed| {
+            g.constant(&format!("{name}{i}"), Tensor::random(DType::F32, dims, seed + 10 * i))
+        };
+        let (w, r, b) = (c("w", &[1, 60, 10], 1), c("r", &[1, 60, 20], 2), c("b", &[1, 120], 3));
+        let rnn = Rnn {
+            cell: RnnCell::Gru { linear_before_reset: true },
+            direction: RnnDirection::Forward,
+            hidden_size: 20,
+            activations: vec![],
+            clip: None,
+            batch_first: false,
+        };
+        let y = g.apply(Op::Rnn(rnn), &[Some(x), Some(w), Some(r), Some(b)], 2);
+        g.output(&format!("y{i}"), y[0]);
+        g.output(&format!("h{i}"), y[1]);
+        inputs.push(Tensor::random(DType::F32, &[5, 32, 10], 20 + i));
+    }
+    (g.build().unwrap(), inputs)
+}
+
+// Independent kernels at once: the two GRUs go to the CPU's threads as one group (the profile
+// puts them on the pool's track, each beside the other), with the same bits at 1 and 2 threads
+// and the interpreter's numbers.
+#[test]
+fn independent_recurrent_layers_run_at_once() {
+    let (g, x) = two_grus();
+    let options = Options {
+        cache: false,
+        microkernel_overrides: Some(Default::default()),
+        ..Options::default()
+    };
+    let compiled = compile(&g, &options, false).unwrap();
+    let want = eval::run(&g, &x).unwrap();
+    let mut first: Option<Vec<Tensor>> = None;
+    for threads in [1, 2] {
+        let load = LoadOptions { threads: Some(threads), ..Default::default() };
+        let exe = Executable::load(compiled.artifact.clone(), &load).unwrap();
+        let mut profile = kiln_runtime::Profile::default();
+        let got = exe.run_profiled(&x, Some(&mut profile)).unwrap();
+        for (a, b) in got.iter().zip(&want) {
+            for (p, q) in a.to_f64s().iter().zip(b.to_f64s()) {
+                assert!((p - q).abs() <= 1e-5 + 1e-4 * q.abs(), "{p} against {q}");
+            }
+        }
+        match &first {
+            None => first = Some(got),
+            Some(f) => assert!(f.iter().zip(&got).all(|(a, b)| a.bytes() == b.bytes())),
+        }
+        let grus: Vec<usize> = (0..profile.launches.len())
+            .filter(|&i| profile.launches[i].0.contains("GRU"))
+            .collect();
+        assert_eq!(grus.len(), 2, "{:?}", profile.launches);
+        for &i in &grus {
+            assert_eq!(profile.tracks[i], kiln_runtime::Track::CpuPool, "{:?}", profile.launches);
+        }
+    }
+}

@@ -257,8 +257,17 @@ pub fn run(args: &Args) -> Result<()> {
                 println!("{line}");
             }
         } else {
-            for (label, t) in &profile.launches {
-                println!("  {:>10}  {label}", ms(*t));
+            for (i, (label, t)) in profile.launches.iter().enumerate() {
+                // Launches the CPU ran at once (a wave of independent ones) say with which.
+                let with = profile.concurrent_with(i);
+                let note = if with.is_empty() {
+                    String::new()
+                } else {
+                    let names: Vec<&str> =
+                        with.iter().map(|&j| profile.launches[j].0.as_str()).collect();
+                    format!("  (at once with {})", names.join(", "))
+                };
+                println!("  {:>10}  {label}{note}", ms(*t));
             }
         }
         if let Some(t) = profile.device_time {

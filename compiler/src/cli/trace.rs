@@ -190,6 +190,7 @@ fn track_name(track: Track) -> String {
         Track::Host => "host".into(),
         Track::CudaStream(s) => format!("CUDA stream {s}"),
         Track::OpenclQueue => "OpenCL queue".into(),
+        Track::CpuPool => "CPU threads".into(),
     }
 }
 

@@ -1,7 +1,9 @@
 //! The CPU device: kernels are functions of a shared object, `void k(void **args, i64 wg_begin,
 //! i64 wg_end)`, each running workgroups `wg_begin..wg_end`; a launch hands its workgroups out one
 //! at a time to the calling thread and a few workers (whoever is free takes the next), and returns
-//! when all have run.
+//! when all have run. Launches that do not depend on each other go out as one group
+//! ([`CpuProgram::launch_group`]): their workgroups are claimed from one count, so two
+//! single-workgroup kernels run on two threads at once.
 //!
 //! Idle workers sleep (after polling for 50 microseconds) and the launching thread wakes them:
 //! on a machine shared with other work a polling thread takes the core the kernel needs, and the
@@ -218,15 +220,162 @@ impl CpuProgram {
     /// # Safety
     /// `args` must hold valid pointers to buffers of the sizes the kernel was compiled for.
     pub unsafe fn launch(&self, k: usize, args: &[*mut u8], workgroups: u64) {
-        let f = self.kernels[k];
-        let w = workgroups as i64;
-        match &self.pool {
-            // SAFETY: as the caller promised; workgroups of one launch write disjoint parts of
-            // its outputs (the compiler's distribution guarantees it).
-            Some(pool) if workgroups > 1 => unsafe { pool.run(f, args.as_ptr(), w) },
-            // SAFETY: as the caller promised.
-            _ => unsafe { f(args.as_ptr(), 0, w) },
+        let part = Part { kernel: k, args, workgroups };
+        // SAFETY: as the caller promised.
+        unsafe { self.launch_group(std::slice::from_ref(&part), None) };
+    }
+
+    /// Runs every workgroup of every part, the parts at once: their workgroups are handed out
+    /// from one count, so threads that finish one part's take another's. With `spans`, each
+    /// part's first start and last end are recorded in its slot (one a part).
+    ///
+    /// # Safety
+    /// Each part's `args` must hold valid pointers to buffers of the sizes its kernel was
+    /// compiled for, and no part may write memory another reads or writes (the runtime's hazard
+    /// analysis groups only such launches).
+    pub unsafe fn launch_group(&self, parts: &[Part], spans: Option<&mut [Option<Span>]>) {
+        let timed = spans.is_some();
+        let mut items: Vec<Item> = Vec::with_capacity(parts.len());
+        let mut out = spans;
+        let flush = |items: &mut Vec<Item>, out: &mut Option<&mut [Option<Span>]>| {
+            if items.is_empty() {
+                return;
+            }
+            let total: i64 = items.iter().map(|i| i.count).sum();
+            match &self.pool {
+                // SAFETY: as the caller promised; workgroups of one launch write disjoint parts
+                // of its outputs (the compiler's distribution guarantees it), and parts of a
+                // group touch disjoint memory.
+                Some(pool) if total > 1 => unsafe { pool.run(items, timed) },
+                _ => {
+                    for item in items.iter() {
+                        // SAFETY: as the caller promised.
+                        unsafe { item.run_all(timed) };
+                    }
+                }
+            }
+            if let Some(out) = out.as_deref_mut() {
+                for item in items.iter() {
+                    if let (Some(slot), Some(ran)) = (out.get_mut(item.part), item.span()) {
+                        *slot = Some(slot.map_or(ran, |s| s.union(ran)));
+                    }
+                }
+            }
+            items.clear();
+        };
+        for (n, part) in parts.iter().enumerate() {
+            let f = self.kernels[part.kernel];
+            // A group counts at most 2^16 - 1 workgroups: larger grids go in slices, alone.
+            let mut base = 0i64;
+            let w = part.workgroups as i64;
+            while base < w {
+                let count = (w - base).min(MAX_GROUP);
+                let used: i64 = items.iter().map(|i| i.count).sum();
+                if used + count > MAX_GROUP {
+                    flush(&mut items, &mut out);
+                }
+                items.push(Item::new(n, f, part.args.as_ptr(), base, count));
+                base += count;
+            }
         }
+        flush(&mut items, &mut out);
+    }
+}
+
+/// One launch of a group: its kernel, its arguments and its workgroups.
+pub struct Part<'a> {
+    pub kernel: usize,
+    pub args: &'a [*mut u8],
+    pub workgroups: u64,
+}
+
+/// When a part of a group ran: its first workgroup's start and its last one's end.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Span {
+    pub start: Instant,
+    pub end: Instant,
+}
+
+impl Span {
+    fn union(self, other: Span) -> Span {
+        Span { start: self.start.min(other.start), end: self.end.max(other.end) }
+    }
+}
+
+/// The most workgroups one group hands out (its count is 16 bits of the launch word).
+const MAX_GROUP: i64 = 0xffff;
+
+/// A slice of a part's workgroups in a group: `count` of them from `base`, claimed as the
+/// group's indices `first..first + count` (set when the group is published).
+struct Item {
+    part: usize,
+    f: KernelFn,
+    args: *const *mut u8,
+    base: i64,
+    count: i64,
+    first: i64,
+    /// Nanoseconds after `ORIGIN` of the first start and the last end (when timed).
+    started: AtomicU64,
+    ended: AtomicU64,
+}
+
+/// The clock the items' times count from.
+static ORIGIN: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+
+fn nanos_now() -> u64 {
+    ORIGIN.get_or_init(Instant::now).elapsed().as_nanos() as u64
+}
+
+impl Item {
+    fn new(part: usize, f: KernelFn, args: *const *mut u8, base: i64, count: i64) -> Item {
+        Item {
+            part,
+            f,
+            args,
+            base,
+            count,
+            first: 0,
+            started: AtomicU64::new(u64::MAX),
+            ended: AtomicU64::new(0),
+        }
+    }
+
+    /// Runs workgroup `index` of this item (0-based within it).
+    ///
+    /// # Safety
+    /// As `launch_group`'s caller promised for this item's part.
+    unsafe fn run_one(&self, index: i64, timed: bool) {
+        let start = if timed { nanos_now() } else { 0 };
+        let i = self.base + index;
+        // SAFETY: as promised.
+        unsafe { (self.f)(self.args, i, i + 1) };
+        if timed {
+            self.started.fetch_min(start, Ordering::Relaxed);
+            self.ended.fetch_max(nanos_now(), Ordering::Relaxed);
+        }
+    }
+
+    /// Runs all its workgroups on this thread, in one call.
+    ///
+    /// # Safety
+    /// As `launch_group`'s caller promised for this item's part.
+    unsafe fn run_all(&self, timed: bool) {
+        let start = if timed { nanos_now() } else { 0 };
+        // SAFETY: as promised.
+        unsafe { (self.f)(self.args, self.base, self.base + self.count) };
+        if timed {
+            self.started.fetch_min(start, Ordering::Relaxed);
+            self.ended.fetch_max(nanos_now(), Ordering::Relaxed);
+        }
+    }
+
+    fn span(&self) -> Option<Span> {
+        let (s, e) = (self.started.load(Ordering::Relaxed), self.ended.load(Ordering::Relaxed));
+        let origin = *ORIGIN.get()?;
+        (s <= e).then(|| Span {
+            start: origin + Duration::from_nanos(s),
+            end: origin + Duration::from_nanos(e),
+        })
     }
 }
 
@@ -234,19 +383,19 @@ impl CpuProgram {
 /// workers are awake for the next kernel (5 us was 14% slower on mobilenet_v2).
 const SPIN: Duration = Duration::from_micros(50);
 
-/// The launch in progress, published to the workers.
+/// The launch (a group of parts) in progress, published to the workers.
 ///
 /// `next` packs the launch's number (bits 32..64), its workgroup count (16..32) and the next
 /// unclaimed workgroup (0..16): a claim is a compare-and-swap of that one word, so it only
 /// succeeds for a workgroup of the current launch, whatever a late worker read before. The
-/// kernel, arguments and first workgroup are written before `next` announces the launch and read
-/// after a successful claim (which synchronises with that announcement); they are not rewritten
-/// until every claimed workgroup has run.
+/// group's items (each a part's kernel, arguments and workgroups) are written before `next`
+/// announces the launch and read after a successful claim (which synchronises with that
+/// announcement); they are not rewritten, nor freed, until every claimed workgroup has run.
 struct Shared {
     next: AtomicU64,
-    kernel: AtomicUsize,
-    args: AtomicPtr<*mut u8>,
-    base: AtomicI64,
+    items: AtomicPtr<Item>,
+    n_items: AtomicUsize,
+    timed: AtomicBool,
     /// Workgroups finished in the current launch.
     finished: AtomicI64,
     /// Workers asleep, and the lock and condition they sleep on.
@@ -270,9 +419,9 @@ impl Pool {
     fn new(workers: usize) -> Result<Pool> {
         let shared = Arc::new(Shared {
             next: AtomicU64::new(0),
-            kernel: AtomicUsize::new(0),
-            args: AtomicPtr::new(std::ptr::null_mut()),
-            base: AtomicI64::new(0),
+            items: AtomicPtr::new(std::ptr::null_mut()),
+            n_items: AtomicUsize::new(0),
+            timed: AtomicBool::new(false),
             finished: AtomicI64::new(0),
             sleepers: AtomicUsize::new(0),
             lock: Mutex::new(()),
@@ -302,25 +451,24 @@ impl Pool {
         }
     }
 
-    /// Runs workgroups `0..w` of `f`, on this thread and the workers.
-    unsafe fn run(&self, f: KernelFn, args: *const *mut u8, w: i64) {
-        // A launch word counts at most 2^16 - 1 workgroups; larger grids go in parts.
-        let mut base = 0;
-        while base < w {
-            let count = (w - base).min(0xffff);
-            // SAFETY: as the caller promised, for these workgroups.
-            unsafe { self.run_part(f, args, base, count) };
-            base += count;
+    /// Runs every workgroup of every item (at most `MAX_GROUP` in all), on this thread and the
+    /// workers; with `timed`, each item records when it ran.
+    ///
+    /// # Safety
+    /// As `CpuProgram::launch_group`'s caller promised, for every item.
+    unsafe fn run(&self, items: &mut [Item], timed: bool) {
+        let mut first = 0;
+        for item in items.iter_mut() {
+            item.first = first;
+            first += item.count;
         }
-    }
-
-    unsafe fn run_part(&self, f: KernelFn, args: *const *mut u8, base: i64, count: i64) {
+        let count = first;
         let mut launch = self.busy.lock().unwrap_or_else(|p| p.into_inner());
         *launch = launch.wrapping_add(1);
         let s = &self.shared;
-        s.kernel.store(f as usize, Ordering::Relaxed);
-        s.args.store(args as *mut *mut u8, Ordering::Relaxed);
-        s.base.store(base, Ordering::Relaxed);
+        s.items.store(items.as_mut_ptr(), Ordering::Relaxed);
+        s.n_items.store(items.len(), Ordering::Relaxed);
+        s.timed.store(timed, Ordering::Relaxed);
         s.finished.store(0, Ordering::Relaxed);
         s.next.store(((*launch as u64) << 32) | ((count as u64) << 16), Ordering::SeqCst);
         self.wake();
@@ -339,6 +487,19 @@ impl Pool {
                 g = s.done.wait(g).unwrap_or_else(|p| p.into_inner());
             }
             s.caller_waiting.store(false, Ordering::SeqCst);
+        }
+    }
+
+    /// Runs workgroups `0..w` of `f` (tests: one kernel, as a group of one part).
+    #[cfg(test)]
+    unsafe fn run_kernel(&self, f: KernelFn, args: *const *mut u8, w: i64) {
+        let mut base = 0;
+        while base < w {
+            let count = (w - base).min(MAX_GROUP);
+            let mut items = [Item::new(0, f, args, base, count)];
+            // SAFETY: as the caller promised, for these workgroups.
+            unsafe { self.run(&mut items, false) };
+            base += count;
         }
     }
 }
@@ -366,16 +527,18 @@ unsafe fn claim_and_run(s: &Shared, launch: u32) {
         }
         match s.next.compare_exchange_weak(cur, cur + 1, Ordering::AcqRel, Ordering::Acquire) {
             Ok(_) => {
-                // The claim proves the launch is still running, so these are its own.
-                let f = s.kernel.load(Ordering::Relaxed);
-                let args = s.args.load(Ordering::Relaxed) as *const *mut u8;
-                let i = s.base.load(Ordering::Relaxed) + index;
-                // SAFETY: `f` is the `KernelFn` `run_part` stored for this launch, with its
-                // arguments; the caller of `run` promised they are valid for every workgroup.
-                unsafe {
-                    let f: KernelFn = std::mem::transmute::<usize, KernelFn>(f);
-                    f(args, i, i + 1);
-                }
+                // The claim proves the launch is still running, so these are its own items.
+                let n = s.n_items.load(Ordering::Relaxed);
+                let timed = s.timed.load(Ordering::Relaxed);
+                // SAFETY: `run` published `n` items that live until every claimed workgroup
+                // has run, and this claim is one of them.
+                let items =
+                    unsafe { std::slice::from_raw_parts(s.items.load(Ordering::Relaxed), n) };
+                // The item whose indices hold `index` (groups have a few items).
+                let item = items.iter().rev().find(|it| it.first <= index).unwrap_or(&items[0]);
+                // SAFETY: the caller of `run` promised the item's kernel and arguments are valid
+                // for every one of its workgroups.
+                unsafe { item.run_one(index - item.first, timed) };
                 if s.finished.fetch_add(1, Ordering::SeqCst) + 1 == count
                     && s.caller_waiting.load(Ordering::SeqCst)
                 {
@@ -473,7 +636,7 @@ mod tests {
                 launch_no.store(launch, Ordering::SeqCst);
                 let w = 2 + launch % 63;
                 // SAFETY: `record` only reads the two pointers given.
-                unsafe { pool.run(record, args.as_ptr(), w) };
+                unsafe { pool.run_kernel(record, args.as_ptr(), w) };
                 let mut got = std::mem::take(&mut *log.lock().unwrap());
                 got.sort_unstable();
                 let want: Vec<(i64, i64)> = (0..w).map(|i| (launch, i)).collect();
@@ -485,6 +648,76 @@ mod tests {
             }
         }
     }
+    /// A rendezvous: adds 1 to the counter args[0] points to, then waits (up to 10 s) until it
+    /// reaches 2, and adds 1 to args[1]'s counter if it did.
+    unsafe extern "C" fn meet(args: *const *mut u8, _b: i64, _e: i64) {
+        // SAFETY: the test passes two pointers to AtomicU64s.
+        unsafe {
+            let arrived = &*(*args as *const AtomicU64);
+            let met = &*(*args.add(1) as *const AtomicU64);
+            arrived.fetch_add(1, Ordering::SeqCst);
+            let start = Instant::now();
+            while arrived.load(Ordering::SeqCst) < 2 && start.elapsed() < Duration::from_secs(10) {
+                std::thread::yield_now();
+            }
+            if arrived.load(Ordering::SeqCst) >= 2 {
+                met.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+    }
+
+    #[test]
+    fn the_parts_of_a_group_run_at_once() {
+        // Two single-workgroup parts, a caller and one worker: each part waits for the other to
+        // start, which only happens when they run at once.
+        let pool = Pool::new(1).expect("threads");
+        let (arrived, met) = (AtomicU64::new(0), AtomicU64::new(0));
+        let args = [&arrived as *const AtomicU64 as *mut u8, &met as *const AtomicU64 as *mut u8];
+        let mut items =
+            [Item::new(0, meet, args.as_ptr(), 0, 1), Item::new(1, meet, args.as_ptr(), 0, 1)];
+        // SAFETY: `meet` only touches the two counters.
+        unsafe { pool.run(&mut items, true) };
+        assert_eq!(met.load(Ordering::SeqCst), 2, "the two parts did not run at once");
+        let spans: Vec<Span> = items.iter().map(|i| i.span().expect("timed")).collect();
+        assert!(spans[0].start < spans[1].end && spans[1].start < spans[0].end, "{spans:?}");
+    }
+
+    #[test]
+    fn every_workgroup_of_every_part_runs_once() {
+        for workers in [1, 3] {
+            let pool = Pool::new(workers).expect("threads");
+            let counts: Vec<AtomicU64> = (0..64 * 5).map(|_| AtomicU64::new(0)).collect();
+            for round in 0..2000u64 {
+                // Up to 5 parts of 1 to 64 workgroups, each counting into its own 64 counters,
+                // some starting past workgroup 0 (the slices of a large grid).
+                let parts = 1 + (round % 5) as usize;
+                let ptrs: Vec<[*mut u8; 1]> =
+                    (0..parts).map(|p| [counts[p * 64..].as_ptr() as *mut u8]).collect();
+                let mut items: Vec<Item> = (0..parts)
+                    .map(|p| {
+                        let w = 1 + ((round * 7 + p as u64 * 13) % 64) as i64;
+                        let base = (round % 3) as i64 % w;
+                        Item::new(p, count, ptrs[p].as_ptr(), base, w - base)
+                    })
+                    .collect();
+                let before: Vec<u64> = counts.iter().map(|c| c.load(Ordering::Relaxed)).collect();
+                // SAFETY: `count` only touches its part's counters below 64.
+                unsafe { pool.run(&mut items, round % 2 == 0) };
+                for (p, item) in items.iter().enumerate() {
+                    for i in 0..64i64 {
+                        let c = counts[p * 64 + i as usize].load(Ordering::Relaxed);
+                        let want = u64::from(i >= item.base && i < item.base + item.count);
+                        assert_eq!(
+                            c - before[p * 64 + i as usize],
+                            want,
+                            "round {round} part {p} workgroup {i}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
     /// Adds 1 to `counts[i]` for each workgroup i it runs; args[0] points to the counts. Cheap,
     /// so launches follow each other as fast as they can (where late workers meet new launches).
     unsafe extern "C" fn count(args: *const *mut u8, b: i64, e: i64) {
@@ -507,7 +740,7 @@ mod tests {
             for launch in 0..20000i64 {
                 let w = 2 + launch % 63;
                 // SAFETY: `count` only touches the first `w` counters.
-                unsafe { pool.run(count, args.as_ptr(), w) };
+                unsafe { pool.run_kernel(count, args.as_ptr(), w) };
                 for e in expected.iter_mut().take(w as usize) {
                     *e += 1;
                 }

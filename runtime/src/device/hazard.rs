@@ -151,6 +151,23 @@ impl Hazards {
             (0..n).filter(|&j| uses[j].iter().any(|(r, _)| r.space == Space::Status)).collect();
         Hazards { deps, after, inputs_used, writers_of_output, status_users }
     }
+
+    /// The launches in waves, for a device that runs launches at once (the CPU's pool): each
+    /// launch in the wave one past its latest dependency's, so no launch of a wave depends on
+    /// another of it, and each wave's launches in the manifest's order. A chain is one launch a
+    /// wave; two independent layers (two GRUs over one input) share their waves.
+    pub fn waves(&self) -> Vec<Vec<usize>> {
+        let mut level = vec![0usize; self.deps.len()];
+        let mut waves: Vec<Vec<usize>> = Vec::new();
+        for (j, deps) in self.deps.iter().enumerate() {
+            level[j] = deps.iter().map(|&d| level[d] + 1).max().unwrap_or(0);
+            if waves.len() <= level[j] {
+                waves.resize(level[j] + 1, Vec::new());
+            }
+            waves[level[j]].push(j);
+        }
+        waves
+    }
 }
 
 #[cfg(test)]
@@ -229,6 +246,18 @@ pub(crate) mod tests {
         assert!(h.after[4].get(0) && h.after[4].get(1) && h.after[3].get(0));
         assert_eq!(h.inputs_used, vec![vec![0, 1], vec![0], vec![], vec![], vec![]]);
         assert_eq!(h.writers_of_output, vec![vec![2], vec![4]]);
+    }
+
+    #[test]
+    fn waves_hold_launches_that_depend_on_none_of_each_other() {
+        let m =
+            diamond(Target::Cpu, 4096, Blob { offset: 0, len: 0 }, Blob { offset: 0, len: 4096 });
+        // 0 and 1 at once, then 2 (both), 3, 4: a chain after the diamond's join.
+        assert_eq!(Hazards::of(&m).waves(), vec![vec![0, 1], vec![2], vec![3], vec![4]]);
+        // s1 overlapping s0's bytes keeps 0 and 1 apart: bytes, not ids, decide.
+        let mut m = m;
+        m.buffers[6].kind = BufferKind::Scratch { offset: 100 };
+        assert_eq!(Hazards::of(&m).waves(), vec![vec![0], vec![1], vec![2], vec![3], vec![4]]);
     }
 
     #[test]
