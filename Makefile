@@ -6,7 +6,7 @@ CARGO ?= cargo
 
 SUITES := node pytorch-converted pytorch-operator simple
 
-.PHONY: setup demo test check-runtime-deps conformance conformance-mirror ratchet ops-doc examples bench bench-int8 bench-precision bench-ops fuzz fuzz-smoke soak python python-test python-ratchet python-overhead serve-demo install-check lint
+.PHONY: setup demo test check-runtime-deps conformance conformance-mirror ratchet bench-pool ops-doc examples bench bench-int8 bench-precision bench-ops fuzz fuzz-smoke soak python python-test python-ratchet python-overhead serve-demo install-check lint
 
 setup:
 	@./scripts/setup.sh
@@ -90,6 +90,12 @@ ops-doc:
 # and cached. onnxruntime is fetched once into ~/.cache/kiln/bench-venv.
 bench: setup
 	@./scripts/bench.sh
+
+# The CPU launch pool's synchronisation: one launch of empty workgroups at 1 to 16 threads, back
+# to back and after the workers sleep (runtime/examples/pool_cost.rs; the 16-core host runs it in
+# scripts/gpu/session.sh cpu-scale).
+bench-pool:
+	$(CARGO) run -q --release -p kiln-runtime --example pool_cost
 
 # int8: resnet18 and mobilenet_v2 quantized by onnxruntime's quantize_static (QDQ, u8/s8
 # per-channel) into ~/.cache/kiln/int8-models once, timed next to their f32 originals in one

@@ -99,6 +99,9 @@ prepare-cpu)
   cargo build --release -q -p kiln-compiler --bin kiln
   rm -rf .gpu-session/cpu && mkdir -p .gpu-session/cpu
   cp target/release/kiln .gpu-session/cpu/kiln && strip .gpu-session/cpu/kiln && xz -T0 -6 .gpu-session/cpu/kiln
+  # The launch pool's synchronisation cost at 1 to 16 threads (runtime only: small).
+  cargo build --release -q -p kiln-runtime --example pool_cost
+  cp target/release/examples/pool_cost .gpu-session/cpu/ && strip .gpu-session/cpu/pool_cost
   du -sh .gpu-session/cpu >&2
   say "ready: run(command=\"scripts/gpu/session.sh cpu-scale\", carry=[\".gpu-session/cpu\"], timeout_s=560)"
   ;;
@@ -124,6 +127,9 @@ cpu-scale)
   for n in yolov8n_320 dbnet_mv3_640 squeezenet1_1 resnet18_dynamo_op18 mobilenet_v2_dynamo_op18; do
     [ ! -f "$models/$n/model.onnx" ] || dirs+=("$models/$n")
   done
+  if [ -x .gpu-session/cpu/pool_cost ]; then
+    .gpu-session/cpu/pool_cost 20000 | tee "$OUT/pool_cost.txt"
+  fi
   PYTHONUNBUFFERED=1 "$PY" scripts/bench_threads.py --kiln "$KILN" --threads "${THREADS_LIST:-1,4,16}" \
     --rounds "${ROUNDS:-3}" --seconds "${SECONDS_EACH:-0.5}" --budget "${BUDGET:-330}" \
     --json "$OUT/cpu_scale.json" "${dirs[@]}" | tee "$OUT/cpu_scale.txt"

@@ -282,6 +282,41 @@ impl CpuProgram {
     }
 }
 
+/// What one launch of `workgroups` empty workgroups takes on a pool of `threads` threads (the
+/// caller and `threads - 1` workers): the pool's synchronisation alone, the median of
+/// `launches`. With `gap`, the caller waits that long before each launch, so the workers have
+/// gone to sleep (past the 50 us they poll) and the launch pays their wake-up. `kiln`'s
+/// `pool_cost` example prints it (`make bench-pool`).
+pub fn launch_overhead(
+    threads: usize,
+    workgroups: u64,
+    launches: usize,
+    gap: Option<Duration>,
+) -> Result<Duration> {
+    unsafe extern "C" fn nothing(_args: *const *mut u8, _b: i64, _e: i64) {}
+    let threads = threads.max(1);
+    let pool = if threads > 1 { Some(Pool::new(threads - 1)?) } else { None };
+    let args: [*mut u8; 1] = [std::ptr::null_mut()];
+    let mut times = Vec::with_capacity(launches.max(1));
+    for _ in 0..launches.max(1) {
+        if let Some(g) = gap {
+            std::thread::sleep(g);
+        }
+        let mut items =
+            [Item::new(0, nothing, args.as_ptr(), 0, workgroups.clamp(1, 0xffff) as i64)];
+        let start = Instant::now();
+        match &pool {
+            // SAFETY: `nothing` reads no argument.
+            Some(pool) => unsafe { pool.run(&mut items, false) },
+            // SAFETY: as above.
+            None => unsafe { items[0].run_all(false) },
+        }
+        times.push(start.elapsed());
+    }
+    times.sort_unstable();
+    Ok(times[times.len() / 2])
+}
+
 /// One launch of a group: its kernel, its arguments and its workgroups.
 pub struct Part<'a> {
     pub kernel: usize,
