@@ -13,7 +13,7 @@ use kiln_compiler::{compile, Options, Stage};
 use kiln_ir::builder::{ConvOptions, GraphBuilder};
 use kiln_ir::op::{
     Attention, AutoPad, ConvTranspose, Pool, PoolKind, Reduce, ReduceKind, Rnn, RnnCell,
-    RnnDirection, Window,
+    RnnDirection, UnaryOp, Window,
 };
 use kiln_ir::{eval, DType, Graph, Op, Tensor};
 use kiln_runtime::{Executable, LoadOptions};
@@ -153,13 +153,17 @@ fn conv_cases() -> Vec<Case> {
 
 fn conv_transpose_cases() -> Vec<Case> {
     let mut cases = Vec::new();
-    for (what, x, w, strides, pads) in [
+    // (The last two: one output channel, a bias and a Sigmoid, as DBNet's probability map ends;
+    // their units are chunks of input rows, 37 rows in 4 uneven ones, and with pads each chunk's
+    // output rows shifted by one.)
+    for (what, x, w, strides, pads, head) in [
         (
             "a degenerate 1x1 image of one channel",
             vec![1, 1, 1, 1],
             vec![1, 1, 2, 2],
             vec![2, 2],
             vec![0; 4],
+            false,
         ),
         (
             "17 to 3 channels, overlapping",
@@ -167,13 +171,31 @@ fn conv_transpose_cases() -> Vec<Case> {
             vec![17, 3, 3, 3],
             vec![2, 2],
             vec![1; 4],
+            false,
         ),
-        ("1-D, stride 1", vec![2, 5, 9], vec![5, 7, 4], vec![1], vec![0; 2]),
+        ("1-D, stride 1", vec![2, 5, 9], vec![5, 7, 4], vec![1], vec![0; 2], false),
+        (
+            "64 to 1 channel, 2x2/2, bias and Sigmoid",
+            vec![1, 64, 37, 45],
+            vec![64, 1, 2, 2],
+            vec![2, 2],
+            vec![0; 4],
+            true,
+        ),
+        (
+            "80 to 1 channel, 2x2/2 padded by 1, bias and Sigmoid",
+            vec![1, 80, 31, 33],
+            vec![80, 1, 2, 2],
+            vec![2, 2],
+            vec![1; 4],
+            true,
+        ),
     ] {
         let spatial = x.len() - 2;
         let g = GraphBuilder::new("conv_transpose");
         let xi = g.input("x", DType::F32, x.as_slice());
         let wt = g.constant("w", Tensor::random(DType::F32, &w, 4));
+        let bias = head.then(|| g.constant("b", Tensor::random(DType::F32, &[w[1]], 6)));
         let window =
             Window { strides, dilations: vec![1; spatial], pads, auto_pad: AutoPad::NotSet };
         let op = Op::ConvTranspose(ConvTranspose {
@@ -182,7 +204,10 @@ fn conv_transpose_cases() -> Vec<Case> {
             output_padding: vec![],
             output_shape: vec![],
         });
-        let y = g.apply(op, &[Some(xi), Some(wt), None], 1)[0];
+        let mut y = g.apply(op, &[Some(xi), Some(wt), bias], 1)[0];
+        if head {
+            y = g.apply(Op::Unary(UnaryOp::Sigmoid), &[Some(y)], 1)[0];
+        }
         g.output("y", y);
         cases.push(case(
             "conv-transpose",

@@ -302,15 +302,55 @@ void kiln_uk_conv2d(int64_t x_, int64_t wp_, int64_t bias_, int64_t res_, int64_
  * cols[(co, kh, kw), (ih, iw)] = W[Cin, Cout*KH*KW]^T (packed) * x[Cin, H*W], then each column
  * value is added at output (ih*SH + kh*DH - PH, iw*SW + kw*DW - PW) when that lies inside (pads
  * may be negative); the epilogue runs over the finished planes. Work units: images x chunks of
- * output channels (whole register-tile strips of rows each). */
+ * output channels (whole register-tile strips of rows each), or with split_rows (only where the
+ * window's rows do not overlap, (KH-1)*DH < SH) images x chunks of input rows, all channels
+ * each: a chunk of input rows [r0, r1) writes output rows [r0*SH - PH, r1*SH - PH) only, and
+ * owns them (the first and last chunks also the rows before and after), so one output channel
+ * (a segmentation head's last layer) splits too. */
+static void conv_transpose_rows(const float *x, const Asource *A, const float *bias, const float *res, float *y, int64_t Cin,
+                                int64_t H, int64_t W, int64_t Cout, int64_t KH, int64_t KW, int64_t SH, int64_t SW, int64_t DH,
+                                int64_t DW, int64_t PH, int64_t PW, int64_t OH, int64_t OW, int64_t act, float lo, float hi,
+                                const Blocking *bl, int64_t c0, int64_t c1, int64_t r0, int64_t r1, int64_t oh0, int64_t oh1) {
+    int64_t khw = KH * KW, M = Cout * khw, N = H * W, P = OH * OW;
+    int64_t i0 = c0 * khw, i1 = c1 * khw, n0 = r0 * W, n1 = r1 * W, ld = n1 - n0;
+    float *cols = scratch(3, (size_t)((i1 - i0) * ld));
+    if (!cols) return; /* (recorded by scratch) */
+    Bsource B = {NULL, x, N, 1, NULL};
+    /* kiln_gemm_block writes C[i, j] (rows i0 .. i1, columns n0 .. n1) at cols + (i - i0) * ld + j - n0. */
+    if (n0 < n1) kiln_gemm_block(A, &B, cols - i0 * ld - n0, ld, 16, M, N, Cin, i0, i1, n0, n1, NULL, bl);
+    Epilogue e = epilogue_of(bias, NULL, res, P, act, lo, hi);
+    for (int64_t co = c0; co < c1; co++) {
+        float *plane = y + co * P;
+        memset(plane + oh0 * OW, 0, (size_t)((oh1 - oh0) * OW) * sizeof(float));
+        for (int64_t kh = 0; kh < KH; kh++) {
+            for (int64_t kw = 0; kw < KW; kw++) {
+                const float *row = cols + ((co * KH + kh) * KW + kw - i0) * ld;
+                for (int64_t ih = r0; ih < r1; ih++) {
+                    int64_t oh = ih * SH + kh * DH - PH;
+                    if (oh < oh0 || oh >= oh1) continue;
+                    float *orow = plane + oh * OW;
+                    const float *src = row + (ih - r0) * W;
+                    for (int64_t iw = 0; iw < W; iw++) {
+                        int64_t ow = iw * SW + kw * DW - PW;
+                        if (ow >= 0 && ow < OW) orow[ow] += src[iw];
+                    }
+                }
+            }
+        }
+        int64_t p = oh0 * OW, p1 = oh1 * OW;
+        for (; p + 16 <= p1; p += 16) store16(plane + p, finish(load16(plane + p), &e, co, p));
+        for (; p < p1; p++) plane[p] = finish1(plane[p], &e, co, p);
+    }
+}
+
 void kiln_uk_conv_transpose(int64_t x_, int64_t wp_, int64_t bias_, int64_t res_, int64_t y_, int64_t Cin, int64_t H, int64_t W,
                             int64_t Cout, int64_t KH, int64_t KW, int64_t SH, int64_t SW, int64_t DH, int64_t DW, int64_t PH, int64_t PW,
                             int64_t OH, int64_t OW, int64_t act, float lo, float hi, int64_t kc, int64_t mc, int64_t nc, int64_t chunks,
-                            int64_t wg_begin, int64_t wg_end) {
+                            int64_t split_rows, int64_t wg_begin, int64_t wg_end) {
     const float *x = (const float *)(intptr_t)x_, *wp = (const float *)(intptr_t)wp_;
     const float *bias = (const float *)(intptr_t)bias_, *res = (const float *)(intptr_t)res_;
     float *y = (float *)(intptr_t)y_;
-    int64_t khw = KH * KW, M = Cout * khw, N = H * W, K = Cin, P = OH * OW;
+    int64_t khw = KH * KW, N = H * W, P = OH * OW;
     /* Channels a chunk boundary falls on: their first row starts a register-tile strip. */
     int64_t step = MR;
     for (int64_t a = khw, b = MR; b;) {
@@ -323,37 +363,21 @@ void kiln_uk_conv_transpose(int64_t x_, int64_t wp_, int64_t bias_, int64_t res_
     Asource A = {wp, NULL, 0, 0, NULL, 0};
     for (int64_t u = wg_begin; u < wg_end; u++) {
         int64_t img = u / chunks, q = u % chunks;
-        int64_t c0, c1;
-        chunk_range(Cout, step, chunks, q, &c0, &c1);
-        if (c0 >= c1) continue;
-        int64_t i0 = c0 * khw, i1 = c1 * khw;
-        float *cols = scratch(3, (size_t)((i1 - i0) * N));
-        if (!cols) return; /* (recorded by scratch) */
-        Bsource B = {NULL, x + img * Cin * N, N, 1, NULL};
-        /* kiln_gemm_block writes rows i0 .. i1 at cols + (i - i0) * N. */
-        kiln_gemm_block(&A, &B, cols - i0 * N, N, 16, M, N, K, i0, i1, 0, N, NULL, &bl);
+        const float *xi = x + img * Cin * N, *ri = res ? res + img * Cout * P : NULL;
         float *yi = y + img * Cout * P;
-        const float *ri = res ? res + img * Cout * P : NULL;
-        Epilogue e = epilogue_of(bias, NULL, ri, P, act, lo, hi);
-        for (int64_t co = c0; co < c1; co++) {
-            float *plane = yi + co * P;
-            memset(plane, 0, (size_t)P * sizeof(float));
-            for (int64_t kh = 0; kh < KH; kh++) {
-                for (int64_t kw = 0; kw < KW; kw++) {
-                    const float *row = cols + ((co * KH + kh) * KW + kw - i0) * N;
-                    for (int64_t ih = 0; ih < H; ih++) {
-                        int64_t oh = ih * SH + kh * DH - PH;
-                        if (oh < 0 || oh >= OH) continue;
-                        float *orow = plane + oh * OW;
-                        const float *src = row + ih * W;
-                        for (int64_t iw = 0; iw < W; iw++) {
-                            int64_t ow = iw * SW + kw * DW - PW;
-                            if (ow >= 0 && ow < OW) orow[ow] += src[iw];
-                        }
-                    }
-                }
-            }
-            for (int64_t p = 0; p < P; p++) plane[p] = finish1(plane[p], &e, co, p);
+        if (split_rows) {
+            int64_t r0 = H * q / chunks, r1 = H * (q + 1) / chunks;
+            int64_t oh0 = q == 0 ? 0 : r0 * SH - PH, oh1 = q == chunks - 1 ? OH : r1 * SH - PH;
+            oh0 = oh0 < 0 ? 0 : oh0 > OH ? OH : oh0;
+            oh1 = oh1 < oh0 ? oh0 : oh1 > OH ? OH : oh1;
+            conv_transpose_rows(xi, &A, bias, ri, yi, Cin, H, W, Cout, KH, KW, SH, SW, DH, DW, PH, PW, OH, OW, act, lo, hi, &bl,
+                                0, Cout, r0, r1, oh0, oh1);
+        } else {
+            int64_t c0, c1;
+            chunk_range(Cout, step, chunks, q, &c0, &c1);
+            if (c0 >= c1) continue;
+            conv_transpose_rows(xi, &A, bias, ri, yi, Cin, H, W, Cout, KH, KW, SH, SW, DH, DW, PH, PW, OH, OW, act, lo, hi, &bl,
+                                c0, c1, 0, H, 0, OH);
         }
     }
 }

@@ -14,7 +14,7 @@
 
 #include "simd.h"
 
-enum { ACT_NONE = 0, ACT_RELU = 1, ACT_CLIP = 2 };
+enum { ACT_NONE = 0, ACT_RELU = 1, ACT_CLIP = 2, ACT_SIGMOID = 3 };
 
 /* What the last K block's store adds and clamps. Pointers are at the tile's first element. */
 typedef struct {
@@ -42,6 +42,8 @@ static inline v16 finish(v16 v, const Epilogue *e, int64_t i, int64_t j) {
         v = vmax(splat(0.0f), v);
     } else if (e->act == ACT_CLIP) {
         v = vmin(splat(e->hi), vmax(splat(e->lo), v));
+    } else if (e->act == ACT_SIGMOID) {
+        v = splat(1.0f) / (splat(1.0f) + vexp(-v));
     }
     return v;
 }
@@ -54,6 +56,9 @@ static inline float finish1(float v, const Epilogue *e, int64_t i, int64_t j) {
     else if (e->act == ACT_CLIP) {
         v = v < e->lo ? e->lo : v;
         v = v > e->hi ? e->hi : v;
+    } else if (e->act == ACT_SIGMOID) {
+        v16 s = splat(1.0f) / (splat(1.0f) + vexp(splat(-v)));
+        v = s[0];
     }
     return v;
 }

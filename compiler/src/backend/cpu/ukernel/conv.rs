@@ -329,7 +329,8 @@ impl KernelShape for ConvTranspose {
             "microkernel: ConvTranspose as GEMM M={m} N={n} K={k} and col2im, {batch} image(s) of {oh}x{ow} (window {kh}x{kw}, stride {}x{}, dilation {}x{}, pad {}x{})",
             stride[0], stride[1], dilation[0], dilation[1], pad[0], pad[1]
         )?;
-        describe_tiles(u, f, "B (the input) packed at run time", "channel", " per image")?;
+        let what = if u.split_n { "input row" } else { "channel" };
+        describe_tiles(u, f, "B (the input) packed at run time", what, " per image")?;
         describe_epilogue(u, f)
     }
 
@@ -381,7 +382,7 @@ impl KernelShape for ConvTranspose {
         args.extend([call.int(pad[0]), call.int(pad[1])]);
         args.extend(call.ints(&[oh, ow]));
         args.extend(call.activation(&u.epilogue));
-        args.extend(call.ints(&[u.kc, u.mc, u.nc, u.chunks]));
+        args.extend(call.ints(&[u.kc, u.mc, u.nc, u.chunks, u.split_n as usize]));
         Ok(("kiln_uk_conv_transpose", args))
     }
 }

@@ -162,6 +162,8 @@ pub enum Activation {
     None,
     Relu,
     Clip(f32, f32),
+    /// (Transposed convolutions only: their epilogue runs over finished planes.)
+    Sigmoid,
 }
 
 /// What the microkernel adds to each result as it stores it.
@@ -651,6 +653,7 @@ fn describe_epilogue(u: &Ukernel, f: &mut fmt::Formatter) -> fmt::Result {
         Activation::None => {}
         Activation::Relu => epi.push("relu".into()),
         Activation::Clip(lo, hi) => epi.push(format!("clip [{lo}, {hi}]")),
+        Activation::Sigmoid => epi.push("sigmoid".into()),
     }
     writeln!(f, "epilogue: {}", if epi.is_empty() { "none".to_string() } else { epi.join(", ") })
 }
@@ -875,13 +878,15 @@ impl<'c, 'a> Call<'c, 'a> {
         push(self.block, arith::addi(base, off, self.loc))
     }
 
-    /// The epilogue's activation as the C code takes it: its code (0 none, 1 ReLU, 2 clip) and
+    /// The epilogue's activation as the C code takes it: its code (0 none, 1 ReLU, 2 clip, 3
+    /// sigmoid) and
     /// the clip's bounds.
     fn activation(&self, e: &Epilogue) -> [Value<'c, 'a>; 3] {
         let (act, lo, hi) = match e.activation {
             Activation::None => (0, 0.0, 0.0),
             Activation::Relu => (1, 0.0, 0.0),
             Activation::Clip(lo, hi) => (2, lo, hi),
+            Activation::Sigmoid => (3, 0.0, 0.0),
         };
         [self.int(act), self.float(lo), self.float(hi)]
     }

@@ -184,6 +184,11 @@ pub(super) fn plan(
                 }
             }
             Op::Unary(UnaryOp::Relu) => activation = Activation::Relu,
+            // A segmentation head's last layer (DBNet's probability map): a ConvTranspose's
+            // epilogue runs over finished planes, 16 lanes at a time.
+            Op::Unary(UnaryOp::Sigmoid) if matches!(shape, Shape::ConvTranspose { .. }) => {
+                activation = Activation::Sigmoid
+            }
             Op::Clip => {
                 let bound = |i: usize, default: f32| -> Option<f32> {
                     match graph.operands(t).get(i).copied().flatten() {
@@ -221,7 +226,18 @@ pub(super) fn plan(
         // Each chunk packs all of A (the im2col of the image) again: 2 chunks, not 4 (3x3 by 512
         // channels on 7x7, 2 threads: 1.59 -> 1.36 ms).
         (target.div_ceil(images).min(m.div_ceil(NR)).min(host.max_units() / 2), false)
-    } else if matches!(shape, Shape::ConvTranspose { .. } | Shape::Pool { .. }) {
+    } else if let Shape::ConvTranspose { h, kh, stride, dilation, .. } = shape {
+        // Chunks of output channels; where there are fewer channels than units wanted and the
+        // window's rows do not overlap (a 2x2/2 upsampling), chunks of input rows instead
+        // (split_n), each owning its output rows: DBNet's 64 -> 1 channel 2x2/2 to 640x640 ran
+        // as one unit.
+        let want = target.div_ceil(images);
+        if channels < want && (kh - 1) * dilation[0] < stride[0] && h > 1 {
+            (want.min(h), true)
+        } else {
+            (want.min(channels), false)
+        }
+    } else if matches!(shape, Shape::Pool { .. }) {
         (target.div_ceil(images).min(channels), false)
     } else {
         // Chunks of the operand packed at run time (a convolution's columns, a GEMM's rows), so
