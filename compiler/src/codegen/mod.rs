@@ -9,19 +9,18 @@
 //! bufferization works in place. The target pipeline tiles the result into workgroups.
 
 mod contraction;
-mod convolution;
 pub(crate) mod elementwise;
+mod generate;
 mod indexing;
 pub mod mlir;
 mod movement;
 mod normalize;
-mod pooling;
-mod reduction;
+mod reduce;
 mod resize;
 pub mod scalar;
-mod scan;
 pub mod status;
 mod storage;
+mod window;
 
 use std::collections::HashMap;
 
@@ -169,6 +168,11 @@ impl<'c, 'a> Emitter<'c, 'a> {
         }
     }
 
+    /// The error for a node whose op the native code generator does not emit.
+    pub fn not_supported(&self, id: NodeId) -> CompileError {
+        self.unsupported(id, "is not supported by the native code generator yet")
+    }
+
     /// An error naming this kernel and a node.
     pub fn unsupported(&self, id: NodeId, what: &str) -> CompileError {
         let n = self.graph.node(id);
@@ -304,15 +308,13 @@ fn emit_node(em: &mut Emitter, id: NodeId) -> Result<()> {
         Op::MatMul => contraction::emit_matmul(em, id),
         Op::Gemm(g) => contraction::emit_gemm(em, id, g),
         Op::Einsum { equation } => contraction::einsum(em, id, equation),
-        Op::Conv(c) => convolution::conv(em, id, c),
-        Op::ConvTranspose(c) => convolution::conv_transpose(em, id, c),
-        Op::Pool(p) => pooling::emit_pool(em, id, p),
-        Op::GlobalPool(k) => pooling::emit_global_pool(em, id, *k),
-        Op::Reduce(r) => reduction::emit_reduce(em, id, r),
-        Op::Softmax { axis } => reduction::emit_softmax(em, id, *axis, false),
-        Op::LogSoftmax { axis } => reduction::emit_softmax(em, id, *axis, true),
-        Op::LayerNorm { axis, epsilon } => reduction::emit_layer_norm(em, id, *axis, *epsilon),
-        Op::BatchNorm { epsilon } => reduction::emit_batch_norm(em, id, *epsilon),
+        Op::Conv(_) | Op::ConvTranspose(_) | Op::Pool(_) | Op::GlobalPool(_) => {
+            window::emit(em, id)
+        }
+        Op::Softmax { axis } => normalize::emit_softmax(em, id, *axis, false),
+        Op::LogSoftmax { axis } => normalize::emit_softmax(em, id, *axis, true),
+        Op::LayerNorm { axis, epsilon } => normalize::emit_layer_norm(em, id, *axis, *epsilon),
+        Op::BatchNorm { epsilon } => normalize::emit_batch_norm(em, id, *epsilon),
         Op::Hardmax { axis } => normalize::emit_hardmax(em, id, *axis),
         Op::InstanceNorm { epsilon } => normalize::emit_instance_norm(em, id, *epsilon),
         Op::GroupNorm { num_groups, epsilon } => {
@@ -322,9 +324,9 @@ fn emit_node(em: &mut Emitter, id: NodeId) -> Result<()> {
         Op::LpNorm { axis, p } => normalize::emit_lp_norm(em, id, *axis, *p),
         Op::MeanVarianceNorm { axes } => normalize::emit_mean_variance_norm(em, id, axes),
         Op::Lrn(l) => normalize::emit_lrn(em, id, l),
-        Op::ArgReduce(r) => scan::emit_arg_reduce(em, id, r),
-        Op::Cumulative(c) => scan::emit_cumulative(em, id, c),
-        Op::TopK { axis, largest, .. } => scan::emit_top_k(em, id, *axis, *largest),
+        Op::Reduce(_) | Op::ArgReduce(_) | Op::Cumulative(_) | Op::TopK { .. } => {
+            reduce::emit(em, id)
+        }
         Op::Transpose { perm } => movement::emit_transpose(em, id, perm),
         Op::Concat { axis } => movement::concat(em, id, *axis),
         Op::Split { axis, .. } => movement::emit_split(em, id, *axis),
@@ -341,11 +343,9 @@ fn emit_node(em: &mut Emitter, id: NodeId) -> Result<()> {
         | Op::Trilu { .. }
         | Op::DepthToSpace { .. }
         | Op::SpaceToDepth { .. }
-        | Op::EyeLike { .. }
-        | Op::ReverseSequence { .. }
-        | Op::Range
-        | Op::ConstantOfShape { .. } => indexing::emit(em, id),
+        | Op::ReverseSequence { .. } => indexing::emit(em, id),
+        Op::ConstantOfShape { .. } | Op::Range | Op::EyeLike { .. } => generate::emit(em, id),
         Op::Resize(_) => resize::emit(em, id),
-        _ => Err(em.unsupported(id, "is not supported by the native code generator yet")),
+        _ => Err(em.not_supported(id)),
     }
 }
