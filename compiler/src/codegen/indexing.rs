@@ -285,7 +285,7 @@ pub(super) fn emit(em: &mut Emitter, id: NodeId) -> Result<()> {
                 ix.extract(xv, &coords, dtype)
             })
         }
-        _ => Err(em.unsupported(id, "is not an indexing op")),
+        _ => Err(em.not_supported(id)),
     }
 }
 

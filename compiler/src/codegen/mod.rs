@@ -1,5 +1,6 @@
 //! Codegen: each kernel becomes one MLIR `func.func` on tensors (linalg, arith, math, tensor),
-//! op families in their own files.
+//! op families in their own files, named as kiln-ir's `infer/` and `eval/` name them
+//! (`Op::family`); each family's `emit` takes a node of it.
 //!
 //! The function takes one memref per kernel input and output (static shapes), the run's status
 //! word where the kernel checks indices (`status.rs`), then the range of workgroups to run:
@@ -30,7 +31,8 @@ use melior::ir::r#type::FunctionType;
 use melior::ir::{Block, BlockLike, Location, Module, Region, RegionLike, Type, Value};
 use melior::Context;
 
-use kiln_ir::{DType, Graph, NodeId, Op, TensorType, ValueId};
+use kiln_ir::op::OpFamily;
+use kiln_ir::{DType, Graph, NodeId, TensorType, ValueId};
 
 use crate::fuse::{self, Kernel};
 use crate::{CompileError, Result};
@@ -304,48 +306,22 @@ fn emit_nodes(em: &mut Emitter, nodes: &[NodeId]) -> Result<()> {
 }
 
 fn emit_node(em: &mut Emitter, id: NodeId) -> Result<()> {
-    match &em.graph.node(id).op {
-        Op::MatMul => contraction::emit_matmul(em, id),
-        Op::Gemm(g) => contraction::emit_gemm(em, id, g),
-        Op::Einsum { equation } => contraction::einsum(em, id, equation),
-        Op::Conv(_) | Op::ConvTranspose(_) | Op::Pool(_) | Op::GlobalPool(_) => {
-            window::emit(em, id)
-        }
-        Op::Softmax { axis } => normalize::emit_softmax(em, id, *axis, false),
-        Op::LogSoftmax { axis } => normalize::emit_softmax(em, id, *axis, true),
-        Op::LayerNorm { axis, epsilon } => normalize::emit_layer_norm(em, id, *axis, *epsilon),
-        Op::BatchNorm { epsilon } => normalize::emit_batch_norm(em, id, *epsilon),
-        Op::Hardmax { axis } => normalize::emit_hardmax(em, id, *axis),
-        Op::InstanceNorm { epsilon } => normalize::emit_instance_norm(em, id, *epsilon),
-        Op::GroupNorm { num_groups, epsilon } => {
-            normalize::emit_group_norm(em, id, *num_groups, *epsilon)
-        }
-        Op::RmsNorm { axis, epsilon } => normalize::emit_rms_norm(em, id, *axis, *epsilon),
-        Op::LpNorm { axis, p } => normalize::emit_lp_norm(em, id, *axis, *p),
-        Op::MeanVarianceNorm { axes } => normalize::emit_mean_variance_norm(em, id, axes),
-        Op::Lrn(l) => normalize::emit_lrn(em, id, l),
-        Op::Reduce(_) | Op::ArgReduce(_) | Op::Cumulative(_) | Op::TopK { .. } => {
-            reduce::emit(em, id)
-        }
-        Op::Transpose { perm } => movement::emit_transpose(em, id, perm),
-        Op::Concat { axis } => movement::concat(em, id, *axis),
-        Op::Split { axis, .. } => movement::emit_split(em, id, *axis),
-        Op::Slice => movement::emit_slice(em, id),
-        Op::Gather { axis } => movement::emit_gather(em, id, *axis),
-        Op::Expand => movement::emit_expand(em, id),
-        Op::GatherElements { .. }
-        | Op::GatherNd { .. }
-        | Op::ScatterElements { .. }
-        | Op::ScatterNd { .. }
-        | Op::Tile
-        | Op::Pad { .. }
-        | Op::OneHot { .. }
-        | Op::Trilu { .. }
-        | Op::DepthToSpace { .. }
-        | Op::SpaceToDepth { .. }
-        | Op::ReverseSequence { .. } => indexing::emit(em, id),
-        Op::ConstantOfShape { .. } | Op::Range | Op::EyeLike { .. } => generate::emit(em, id),
-        Op::Resize(_) => resize::emit(em, id),
-        _ => Err(em.not_supported(id)),
+    match em.graph.node(id).op.family() {
+        OpFamily::Contraction => contraction::emit(em, id),
+        OpFamily::Window => window::emit(em, id),
+        OpFamily::Normalize => normalize::emit(em, id),
+        OpFamily::Reduce => reduce::emit(em, id),
+        OpFamily::Movement => movement::emit(em, id),
+        OpFamily::Indexing => indexing::emit(em, id),
+        OpFamily::Generate => generate::emit(em, id),
+        OpFamily::Resize => resize::emit(em, id),
+        // Elementwise nodes are emitted as chains (`emit_nodes`).
+        OpFamily::Source
+        | OpFamily::Elementwise
+        | OpFamily::Sequence
+        | OpFamily::Loss
+        | OpFamily::Control
+        | OpFamily::Quantize
+        | OpFamily::Collection => Err(em.not_supported(id)),
     }
 }

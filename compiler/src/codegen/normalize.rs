@@ -5,7 +5,7 @@
 //! f64 tensors).
 
 use kiln_ir::op::Lrn;
-use kiln_ir::{normalize_axis, DType, NodeId, ValueId};
+use kiln_ir::{normalize_axis, DType, NodeId, Op, ValueId};
 use melior::dialect::arith::{CmpfPredicate, CmpiPredicate};
 use melior::ir::{BlockLike, Value};
 
@@ -28,12 +28,29 @@ fn float_input(em: &Emitter, id: NodeId) -> Result<(ValueId, Option<ValueId>, Op
     Ok((x, arg(1), arg(2)))
 }
 
-pub(super) fn emit_softmax(em: &mut Emitter, id: NodeId, axis: i64, log: bool) -> Result<()> {
+pub(super) fn emit(em: &mut Emitter, id: NodeId) -> Result<()> {
+    match &em.graph.node(id).op {
+        Op::Softmax { axis } => emit_softmax(em, id, *axis, false),
+        Op::LogSoftmax { axis } => emit_softmax(em, id, *axis, true),
+        Op::LayerNorm { axis, epsilon } => emit_layer_norm(em, id, *axis, *epsilon),
+        Op::BatchNorm { epsilon } => emit_batch_norm(em, id, *epsilon),
+        Op::Hardmax { axis } => emit_hardmax(em, id, *axis),
+        Op::InstanceNorm { epsilon } => emit_instance_norm(em, id, *epsilon),
+        Op::GroupNorm { num_groups, epsilon } => emit_group_norm(em, id, *num_groups, *epsilon),
+        Op::RmsNorm { axis, epsilon } => emit_rms_norm(em, id, *axis, *epsilon),
+        Op::LpNorm { axis, p } => emit_lp_norm(em, id, *axis, *p),
+        Op::MeanVarianceNorm { axes } => emit_mean_variance_norm(em, id, axes),
+        Op::Lrn(l) => emit_lrn(em, id, l),
+        _ => Err(em.not_supported(id)),
+    }
+}
+
+fn emit_softmax(em: &mut Emitter, id: NodeId, axis: i64, log: bool) -> Result<()> {
     let x = inputs(em, id)[0].expect("softmax has an input");
     softmax(em, id, x, axis, log)
 }
 
-pub(super) fn emit_layer_norm(em: &mut Emitter, id: NodeId, axis: i64, epsilon: f32) -> Result<()> {
+fn emit_layer_norm(em: &mut Emitter, id: NodeId, axis: i64, epsilon: f32) -> Result<()> {
     let o = inputs(em, id);
     layer_norm(
         em,
@@ -46,7 +63,7 @@ pub(super) fn emit_layer_norm(em: &mut Emitter, id: NodeId, axis: i64, epsilon: 
     )
 }
 
-pub(super) fn emit_batch_norm(em: &mut Emitter, id: NodeId, epsilon: f32) -> Result<()> {
+fn emit_batch_norm(em: &mut Emitter, id: NodeId, epsilon: f32) -> Result<()> {
     let o = inputs(em, id);
     batch_norm(
         em,
@@ -57,43 +74,38 @@ pub(super) fn emit_batch_norm(em: &mut Emitter, id: NodeId, epsilon: f32) -> Res
     )
 }
 
-pub(super) fn emit_hardmax(em: &mut Emitter, id: NodeId, axis: i64) -> Result<()> {
+fn emit_hardmax(em: &mut Emitter, id: NodeId, axis: i64) -> Result<()> {
     let (x, _, _) = float_input(em, id)?;
     hardmax(em, id, x, axis)
 }
 
-pub(super) fn emit_instance_norm(em: &mut Emitter, id: NodeId, epsilon: f32) -> Result<()> {
+fn emit_instance_norm(em: &mut Emitter, id: NodeId, epsilon: f32) -> Result<()> {
     let (x, scale, bias) = float_input(em, id)?;
     let c = em.dims(x).get(1).copied().ok_or_else(|| em.unsupported(id, "needs a channel axis"))?;
     group_norm(em, id, x, scale, bias, c, epsilon)
 }
 
-pub(super) fn emit_group_norm(
-    em: &mut Emitter,
-    id: NodeId,
-    num_groups: usize,
-    epsilon: f32,
-) -> Result<()> {
+fn emit_group_norm(em: &mut Emitter, id: NodeId, num_groups: usize, epsilon: f32) -> Result<()> {
     let (x, scale, bias) = float_input(em, id)?;
     group_norm(em, id, x, scale, bias, num_groups, epsilon)
 }
 
-pub(super) fn emit_rms_norm(em: &mut Emitter, id: NodeId, axis: i64, epsilon: f32) -> Result<()> {
+fn emit_rms_norm(em: &mut Emitter, id: NodeId, axis: i64, epsilon: f32) -> Result<()> {
     let (x, scale, _) = float_input(em, id)?;
     rms_norm(em, id, x, scale, axis, epsilon)
 }
 
-pub(super) fn emit_lp_norm(em: &mut Emitter, id: NodeId, axis: i64, p: u32) -> Result<()> {
+fn emit_lp_norm(em: &mut Emitter, id: NodeId, axis: i64, p: u32) -> Result<()> {
     let (x, _, _) = float_input(em, id)?;
     lp_norm(em, id, x, axis, p)
 }
 
-pub(super) fn emit_mean_variance_norm(em: &mut Emitter, id: NodeId, axes: &[i64]) -> Result<()> {
+fn emit_mean_variance_norm(em: &mut Emitter, id: NodeId, axes: &[i64]) -> Result<()> {
     let (x, _, _) = float_input(em, id)?;
     mean_variance_norm(em, id, x, axes)
 }
 
-pub(super) fn emit_lrn(em: &mut Emitter, id: NodeId, l: &Lrn) -> Result<()> {
+fn emit_lrn(em: &mut Emitter, id: NodeId, l: &Lrn) -> Result<()> {
     let (x, _, _) = float_input(em, id)?;
     lrn(em, id, x, l)
 }
