@@ -628,4 +628,28 @@ impl Op {
     pub fn is_view(&self) -> bool {
         self.kind() == OpKind::View
     }
+
+    /// How a gather or scatter addresses its data (operand 0) with the indices it reads from
+    /// operand 1; `None` for every other op.
+    pub fn indexed_by(&self) -> Option<IndexedBy> {
+        match self {
+            Op::Gather { axis }
+            | Op::GatherElements { axis }
+            | Op::ScatterElements { axis, .. } => Some(IndexedBy::Axis(*axis)),
+            Op::GatherNd { batch_dims } => Some(IndexedBy::Tuple { first: *batch_dims }),
+            Op::ScatterNd { .. } => Some(IndexedBy::Tuple { first: 0 }),
+            _ => None,
+        }
+    }
+}
+
+/// How a gather or scatter addresses its data with its indices ([`Op::indexed_by`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IndexedBy {
+    /// Each index is a position along one axis (not normalised): Gather, GatherElements,
+    /// ScatterElements.
+    Axis(i64),
+    /// Each index tuple (along the indices' last axis) is a position in the data's axes from
+    /// `first` on: GatherND after its batch dimensions, ScatterND.
+    Tuple { first: usize },
 }
