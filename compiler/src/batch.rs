@@ -8,7 +8,8 @@
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 
-use kiln_ir::{normalize_axis, Dim, Graph, NodeId, Op, TensorType, ValueId};
+use kiln_ir::op::OpFamily;
+use kiln_ir::{normalize_axis, Dim, Graph, Node, NodeId, Op, TensorType, ValueId};
 
 use crate::passes::specialize;
 use crate::{CompileError, Options, Result};
@@ -348,47 +349,120 @@ fn separable(
         .collect()
 }
 
+/// What a rule decides for a node: how its results depend on the batch, or why it mixes samples.
+type Verdict = std::result::Result<Dep, String>;
+
 /// The dependence of a node's results on the batch, given its operands'.
-fn rule(
-    g: &Graph,
-    id: NodeId,
-    operands: &[Option<ValueId>],
-    deps: &[Dep],
-) -> std::result::Result<Dep, String> {
+fn rule(g: &Graph, id: NodeId, operands: &[Option<ValueId>], deps: &[Dep]) -> Verdict {
     let node = g.node(id);
-    let batched = |i: usize| deps.get(i) == Some(&Dep::Batched);
     let any_batched = deps.contains(&Dep::Batched);
     if !any_batched && !deps.contains(&Dep::Sized) {
         return Ok(Dep::Free);
     }
-    let ty = |i: usize| operands.get(i).copied().flatten().map(|v| g.value_type(v));
-    let rank = |i: usize| ty(i).map_or(0, |t| t.rank());
-    let out_rank = node.outputs[0].rank();
-    let constant = |i: usize| {
-        operands.get(i).copied().flatten().and_then(|v| g.constant_value(v)).map(|t| t.to_i64s())
+    let n = NodeDeps::new(g, id, operands, deps);
+    if !any_batched {
+        // Only shape arithmetic on the batch size, unless the op makes a tensor that size.
+        return match &node.op {
+            Op::ConstantOfShape { .. } | Op::Expand | Op::Tile => n.leading_is_batch(),
+            _ => Ok(Dep::Sized),
+        };
+    }
+    // The batch size may only shape a result.
+    let sized_ok: &[usize] = match &node.op {
+        Op::Reshape { .. } | Op::Expand => &[1],
+        _ => &[],
     };
-    let only = |positions: &[usize]| -> std::result::Result<(), String> {
-        match (0..deps.len()).find(|i| deps[*i] == Dep::Batched && !positions.contains(i)) {
+    if let Some(i) = (0..deps.len()).find(|i| deps[*i] == Dep::Sized && !sized_ok.contains(i)) {
+        return Err(format!(
+            "uses the batch size as a value (operand {i}, from the Shape of a batched tensor)"
+        ));
+    }
+    match node.op.family() {
+        OpFamily::Source => unreachable!("inputs and constants have no operands"),
+        OpFamily::Elementwise => elementwise(&n),
+        OpFamily::Contraction => contraction(&n),
+        OpFamily::Window => window(&n),
+        OpFamily::Normalize => normalize(&n),
+        OpFamily::Reduce => reduce(&n),
+        OpFamily::Movement => movement(&n),
+        OpFamily::Indexing => indexing(&n),
+        OpFamily::Generate => generate(&n),
+        OpFamily::Resize => resize(&n),
+        OpFamily::Sequence => sequence(&n),
+        OpFamily::Loss => loss(&n),
+        OpFamily::Control => control(&n),
+        OpFamily::Quantize => quantize(&n),
+        OpFamily::Collection => collection(&n),
+    }
+}
+
+/// A node with operands that depend on the batch, as its family's rule sees it: its operands and
+/// how each depends on the batch.
+struct NodeDeps<'g> {
+    g: &'g Graph,
+    node: &'g Node,
+    operands: &'g [Option<ValueId>],
+    deps: &'g [Dep],
+    /// The ranks of operand 0 and of result 0.
+    x_rank: usize,
+    out_rank: usize,
+}
+
+impl<'g> NodeDeps<'g> {
+    fn new(g: &'g Graph, id: NodeId, operands: &'g [Option<ValueId>], deps: &'g [Dep]) -> Self {
+        let node = g.node(id);
+        let mut n =
+            NodeDeps { g, node, operands, deps, x_rank: 0, out_rank: node.outputs[0].rank() };
+        n.x_rank = n.rank(0);
+        n
+    }
+
+    fn op(&self) -> &'g Op {
+        &self.node.op
+    }
+
+    fn batched(&self, i: usize) -> bool {
+        self.deps.get(i) == Some(&Dep::Batched)
+    }
+
+    fn ty(&self, i: usize) -> Option<&'g TensorType> {
+        self.operands.get(i).copied().flatten().map(|v| self.g.value_type(v))
+    }
+
+    fn rank(&self, i: usize) -> usize {
+        self.ty(i).map_or(0, |t| t.rank())
+    }
+
+    fn given(&self, i: usize) -> bool {
+        self.operands.get(i).copied().flatten().is_some()
+    }
+
+    fn constant(&self, i: usize) -> Option<Vec<i64>> {
+        self.operands
+            .get(i)
+            .copied()
+            .flatten()
+            .and_then(|v| self.g.constant_value(v))
+            .map(|t| t.to_i64s())
+    }
+
+    /// Only the operands at `positions` may be batched.
+    fn only(&self, positions: &[usize]) -> std::result::Result<(), String> {
+        match (0..self.deps.len()).find(|i| self.deps[*i] == Dep::Batched && !positions.contains(i))
+        {
             Some(i) => Err(format!(
                 "takes a batched tensor as operand {i}, which it does not treat per sample"
             )),
             None => Ok(()),
         }
-    };
-    let axis_not_batch = |axis: i64, r: usize, what: &str| match normalize_axis(axis, r) {
-        Some(0) => Err(format!("works along the batch axis ({what} {axis})")),
-        _ => Ok(()),
-    };
-    let axes_not_batch =
-        |axes: Option<Vec<i64>>, r: usize, what: &str| -> std::result::Result<(), String> {
-            let axes = axes.ok_or_else(|| format!("has {what} computed at run time"))?;
-            axes.iter().try_for_each(|&a| axis_not_batch(a, r, what))
-        };
-    // Operands that broadcast against a batched one: batched ones rank-aligned with the result,
-    // others size 1 (or absent) on the batch axis.
-    let broadcast = || -> std::result::Result<(), String> {
-        for (i, d) in deps.iter().enumerate() {
-            let Some(t) = ty(i) else { continue };
+    }
+
+    /// Operands that broadcast against a batched one: batched ones rank-aligned with the
+    /// result, others size 1 (or absent) on the batch axis.
+    fn broadcast(&self) -> std::result::Result<(), String> {
+        let out_rank = self.out_rank;
+        for (i, d) in self.deps.iter().enumerate() {
+            let Some(t) = self.ty(i) else { continue };
             match d {
                 Dep::Batched if t.rank() != out_rank => {
                     return Err(format!("broadcasts batched operand {i} ({t}) to rank {out_rank}"))
@@ -405,53 +479,58 @@ fn rule(
             }
         }
         Ok(())
-    };
+    }
 
-    if !any_batched {
-        // Only shape arithmetic on the batch size, unless the op makes a tensor that size.
-        return match &node.op {
-            Op::ConstantOfShape { .. } | Op::Expand | Op::Tile => {
-                leading_is_batch(node.outputs.as_slice())
-            }
-            _ => Ok(Dep::Sized),
-        };
+    /// The node's verdict once its family's rule found nothing that mixes samples.
+    fn leading_is_batch(&self) -> Verdict {
+        leading_is_batch(self.node.outputs.as_slice())
     }
-    // The batch size may only shape a result.
-    let sized_ok: &[usize] = match &node.op {
-        Op::Reshape { .. } | Op::Expand => &[1],
-        _ => &[],
-    };
-    if let Some(i) = (0..deps.len()).find(|i| deps[*i] == Dep::Sized && !sized_ok.contains(i)) {
-        return Err(format!(
-            "uses the batch size as a value (operand {i}, from the Shape of a batched tensor)"
-        ));
+}
+
+fn axis_not_batch(axis: i64, r: usize, what: &str) -> std::result::Result<(), String> {
+    match normalize_axis(axis, r) {
+        Some(0) => Err(format!("works along the batch axis ({what} {axis})")),
+        _ => Ok(()),
     }
-    let x_rank = rank(0);
-    match &node.op {
-        Op::Input | Op::Constant(_) => unreachable!("inputs and constants have no operands"),
-        Op::Shape { start, end } => {
-            // The dimensions start..end of a batched tensor: the batch size when they include 0.
-            let r = x_rank as i64;
-            let clamp = |a: i64| if a < 0 { (a + r).max(0) } else { a.min(r) };
-            let (s, e) = (clamp(*start), end.map_or(r, clamp));
-            return Ok(if s == 0 && e > 0 { Dep::Sized } else { Dep::Free });
-        }
-        Op::Size => return Ok(Dep::Sized),
+}
+
+fn axes_not_batch(axes: Option<Vec<i64>>, r: usize, what: &str) -> std::result::Result<(), String> {
+    let axes = axes.ok_or_else(|| format!("has {what} computed at run time"))?;
+    axes.iter().try_for_each(|&a| axis_not_batch(a, r, what))
+}
+
+/// A family's rule for an op it has none for: refused, as nothing shows that its samples stay
+/// apart.
+fn untraced(op: &Op) -> Verdict {
+    Err(format!("is a {}, which kiln does not trace per sample", op.name()))
+}
+
+fn elementwise(n: &NodeDeps) -> Verdict {
+    match n.op() {
         Op::Unary(_) | Op::Binary(_) | Op::Clip | Op::Where | Op::Cast { .. } | Op::Identity => {
-            broadcast()?
+            n.broadcast()?
         }
+        op => return untraced(op),
+    }
+    n.leading_is_batch()
+}
+
+fn contraction(n: &NodeDeps) -> Verdict {
+    let (ty, rank) = (|i| n.ty(i), |i| n.rank(i));
+    let (x_rank, out_rank) = (n.x_rank, n.out_rank);
+    match n.op() {
         Op::MatMul => {
             // The batch is a row axis of A, or a broadcast (stack) axis of both.
-            if batched(0) && (x_rank < 2 || x_rank != out_rank) {
+            if n.batched(0) && (x_rank < 2 || x_rank != out_rank) {
                 return Err(format!(
                     "multiplies a batched {} with the batch among its rows or columns",
                     ty(0).expect("operand")
                 ));
             }
-            if batched(1) && (rank(1) < 3 || rank(1) != out_rank) {
+            if n.batched(1) && (rank(1) < 3 || rank(1) != out_rank) {
                 return Err("multiplies by a batched matrix along the batch".into());
             }
-            for (i, d) in deps.iter().enumerate().take(2) {
+            for (i, d) in n.deps.iter().enumerate().take(2) {
                 let t = ty(i).expect("MatMul has two operands");
                 if *d == Dep::Free
                     && t.rank() >= 3
@@ -463,7 +542,7 @@ fn rule(
             }
         }
         Op::Gemm(gemm) => {
-            only(&[0])?;
+            n.only(&[0])?;
             if gemm.trans_a {
                 return Err(
                     "reads its batched A transposed (the batch is then a reduction axis)".into()
@@ -475,62 +554,82 @@ fn rule(
                 );
             }
         }
-        Op::Conv(_)
-        | Op::QConv(_)
-        | Op::ConvTranspose(_)
-        | Op::Pool(_)
-        | Op::GlobalPool(_)
-        | Op::BatchNorm { .. }
-        | Op::InstanceNorm { .. }
-        | Op::GroupNorm { .. }
-        | Op::Lrn(_)
-        | Op::DepthToSpace { .. }
-        | Op::SpaceToDepth { .. } => only(&[0])?,
-        // Per element; a scale per position of an axis must not be per position of the batch.
-        Op::Quantize { axis, block_size, .. } | Op::Dequantize { axis, block_size } => {
-            only(&[0])?;
-            let per_tensor = ty(1).is_some_and(|t| t.shape.numel() == Some(1)) && *block_size == 0;
-            if !per_tensor {
-                axis_not_batch(*axis, x_rank, "scale axis")?;
-            }
+        Op::Einsum { .. } => return Err("is an Einsum, whose batch kiln does not trace".into()),
+        op => return untraced(op),
+    }
+    n.leading_is_batch()
+}
+
+fn window(n: &NodeDeps) -> Verdict {
+    match n.op() {
+        Op::Conv(_) | Op::QConv(_) | Op::ConvTranspose(_) | Op::Pool(_) | Op::GlobalPool(_) => {
+            n.only(&[0])?
+        }
+        op => return untraced(op),
+    }
+    n.leading_is_batch()
+}
+
+fn normalize(n: &NodeDeps) -> Verdict {
+    let x_rank = n.x_rank;
+    match n.op() {
+        Op::BatchNorm { .. } | Op::InstanceNorm { .. } | Op::GroupNorm { .. } | Op::Lrn(_) => {
+            n.only(&[0])?
         }
         Op::Softmax { axis }
         | Op::LogSoftmax { axis }
         | Op::Hardmax { axis }
         | Op::LpNorm { axis, .. } => {
-            only(&[0])?;
+            n.only(&[0])?;
             axis_not_batch(*axis, x_rank, "axis")?;
         }
         Op::LayerNorm { axis, .. } | Op::RmsNorm { axis, .. } => {
-            only(&[0])?;
+            n.only(&[0])?;
             axis_not_batch(*axis, x_rank, "normalising from axis")?;
         }
         Op::MeanVarianceNorm { axes } => {
-            only(&[0])?;
+            n.only(&[0])?;
             axes_not_batch(Some(axes.clone()), x_rank, "axes")?;
         }
+        op => return untraced(op),
+    }
+    n.leading_is_batch()
+}
+
+fn reduce(n: &NodeDeps) -> Verdict {
+    let x_rank = n.x_rank;
+    match n.op() {
         Op::Reduce(r) => {
-            only(&[0])?;
-            match operands.get(1).copied().flatten() {
+            n.only(&[0])?;
+            match n.operands.get(1).copied().flatten() {
                 None if r.noop_with_empty_axes => {}
                 None => return Err("reduces every axis, the batch among them".into()),
-                Some(_) => axes_not_batch(constant(1), x_rank, "axes")?,
+                Some(_) => axes_not_batch(n.constant(1), x_rank, "axes")?,
             }
         }
         Op::ArgReduce(a) => {
-            only(&[0])?;
+            n.only(&[0])?;
             axis_not_batch(a.axis, x_rank, "axis")?;
         }
         Op::Cumulative(_) => {
-            only(&[0])?;
-            axes_not_batch(constant(1), x_rank, "axis")?;
+            n.only(&[0])?;
+            axes_not_batch(n.constant(1), x_rank, "axis")?;
         }
         Op::TopK { axis, .. } => {
-            only(&[0])?;
+            n.only(&[0])?;
             axis_not_batch(*axis, x_rank, "axis")?;
         }
+        op => return untraced(op),
+    }
+    n.leading_is_batch()
+}
+
+fn movement(n: &NodeDeps) -> Verdict {
+    let (ty, constant) = (|i| n.ty(i), |i| n.constant(i));
+    let (x_rank, out_rank, deps, node) = (n.x_rank, n.out_rank, n.deps, n.node);
+    match n.op() {
         Op::Reshape { allowzero } => {
-            only(&[0])?;
+            n.only(&[0])?;
             if deps[1] == Dep::Free {
                 // A constant shape: its leading entry must follow the batch (0 copies it, -1 infers it).
                 let shape = constant(1).ok_or("has a shape computed at run time")?;
@@ -565,8 +664,8 @@ fn rule(
             }
         }
         Op::Squeeze => {
-            only(&[0])?;
-            if operands.get(1).copied().flatten().is_none() {
+            n.only(&[0])?;
+            if !n.given(1) {
                 return Err(
                     "squeezes every size-1 axis, which takes the batch away at batch 1".into()
                 );
@@ -574,7 +673,7 @@ fn rule(
             axes_not_batch(constant(1), x_rank, "axes")?;
         }
         Op::Unsqueeze => {
-            only(&[0])?;
+            n.only(&[0])?;
             axes_not_batch(constant(1), out_rank, "axes")?;
         }
         Op::Concat { axis } => {
@@ -584,22 +683,24 @@ fn rule(
             axis_not_batch(*axis, out_rank, "axis")?;
         }
         Op::Split { axis, .. } => {
-            only(&[0])?;
+            n.only(&[0])?;
             axis_not_batch(*axis, x_rank, "axis")?;
         }
         Op::Slice => {
-            only(&[0])?;
+            n.only(&[0])?;
             let (starts, ends) = (
                 constant(1).ok_or("has starts computed at run time")?,
                 constant(2).ok_or("has ends computed at run time")?,
             );
-            let axes = match operands.get(3).copied().flatten() {
-                Some(_) => constant(3).ok_or("has axes computed at run time")?,
-                None => (0..starts.len() as i64).collect(),
+            let axes = if n.given(3) {
+                constant(3).ok_or("has axes computed at run time")?
+            } else {
+                (0..starts.len() as i64).collect()
             };
-            let steps = match operands.get(4).copied().flatten() {
-                Some(_) => constant(4).ok_or("has steps computed at run time")?,
-                None => vec![1; starts.len()],
+            let steps = if n.given(4) {
+                constant(4).ok_or("has steps computed at run time")?
+            } else {
+                vec![1; starts.len()]
             };
             for (k, &a) in axes.iter().enumerate() {
                 // A malformed Slice (more axes than starts) is refused here, not indexed past its end.
@@ -611,24 +712,13 @@ fn rule(
                 }
             }
         }
-        Op::Gather { axis } => match (batched(0), batched(1)) {
+        Op::Gather { axis } => match (n.batched(0), n.batched(1)) {
             (true, false) => axis_not_batch(*axis, x_rank, "axis")?,
             (false, true) if normalize_axis(*axis, x_rank) == Some(0) => {}
             _ => return Err("gathers across the batch".into()),
         },
-        Op::GatherElements { axis } | Op::ScatterElements { axis, .. } => {
-            if deps.iter().any(|d| *d != Dep::Batched) {
-                return Err("indexes a batched tensor with one that is not per sample".into());
-            }
-            axis_not_batch(*axis, x_rank, "axis")?;
-        }
-        Op::GatherNd { batch_dims } => {
-            if *batch_dims == 0 || !(batched(0) && batched(1)) {
-                return Err("gathers across the batch (batch_dims 0)".into());
-            }
-        }
         Op::Expand => {
-            only(&[0])?;
+            n.only(&[0])?;
             if x_rank != out_rank {
                 return Err(
                     "broadcasts the batched tensor to a higher rank, which moves the batch".into(),
@@ -639,98 +729,159 @@ fn rule(
                 return Err("expands the batch axis to a constant size".into());
             }
         }
+        op => return untraced(op),
+    }
+    n.leading_is_batch()
+}
+
+fn indexing(n: &NodeDeps) -> Verdict {
+    let constant = |i| n.constant(i);
+    let (x_rank, out_rank, deps) = (n.x_rank, n.out_rank, n.deps);
+    match n.op() {
+        Op::GatherElements { axis } | Op::ScatterElements { axis, .. } => {
+            if deps.iter().any(|d| *d != Dep::Batched) {
+                return Err("indexes a batched tensor with one that is not per sample".into());
+            }
+            axis_not_batch(*axis, x_rank, "axis")?;
+        }
+        Op::GatherNd { batch_dims } => {
+            if *batch_dims == 0 || !(n.batched(0) && n.batched(1)) {
+                return Err("gathers across the batch (batch_dims 0)".into());
+            }
+        }
+        Op::ScatterNd { .. } => return Err("scatters into a batched tensor by index tuples".into()),
         Op::Tile => {
-            only(&[0])?;
+            n.only(&[0])?;
             if constant(1).is_none_or(|r| r.first() != Some(&1)) {
                 return Err("repeats the batch axis".into());
             }
         }
         Op::Pad { .. } => {
-            only(&[0])?;
+            n.only(&[0])?;
             let pads = constant(1).ok_or("has pads computed at run time")?;
-            let axes: Vec<i64> = match operands.get(3).copied().flatten() {
-                Some(_) => constant(3).ok_or("has axes computed at run time")?,
-                None => (0..x_rank as i64).collect(),
+            let axes: Vec<i64> = if n.given(3) {
+                constant(3).ok_or("has axes computed at run time")?
+            } else {
+                (0..x_rank as i64).collect()
             };
-            let n = axes.len();
+            let k_axes = axes.len();
             for (k, &a) in axes.iter().enumerate() {
                 if normalize_axis(a, x_rank) == Some(0)
-                    && (pads.get(k) != Some(&0) || pads.get(k + n) != Some(&0))
+                    && (pads.get(k) != Some(&0) || pads.get(k + k_axes) != Some(&0))
                 {
                     return Err("pads the batch axis".into());
                 }
             }
         }
-        Op::Resize(r) => {
-            only(&[0])?;
-            let axes: Vec<usize> = if r.axes.is_empty() {
-                (0..x_rank).collect()
-            } else {
-                r.axes.iter().filter_map(|&a| normalize_axis(a, x_rank)).collect()
-            };
-            if let Some(k) = axes.iter().position(|&a| a == 0) {
-                if operands.get(3).copied().flatten().is_some()
-                    && constant(3).is_none_or(|s| !s.is_empty())
-                {
-                    return Err("gives the batch axis a size".into());
-                }
-                let scales = operands
-                    .get(2)
-                    .copied()
-                    .flatten()
-                    .and_then(|v| g.constant_value(v))
-                    .map(|t| t.to_f64s());
-                if scales.is_some_and(|s| s.get(k).is_some_and(|&s| s != 1.0)) {
-                    return Err("scales the batch axis".into());
-                }
-            }
-        }
         Op::OneHot { axis } => {
-            only(&[0])?;
+            n.only(&[0])?;
             axis_not_batch(*axis, out_rank, "axis")?;
         }
         Op::Trilu { .. } => {
-            only(&[0])?;
+            n.only(&[0])?;
             if x_rank < 3 {
                 return Err("takes the triangle of a matrix whose rows are the batch".into());
             }
+        }
+        Op::DepthToSpace { .. } | Op::SpaceToDepth { .. } => n.only(&[0])?,
+        Op::NonZero | Op::Compress { .. } => {
+            return Err("has a result whose size depends on the data".into())
         }
         Op::ReverseSequence { batch_axis, .. } => {
             if *batch_axis != 0 {
                 return Err("has its batch on another axis".into());
             }
         }
+        op => return untraced(op),
+    }
+    n.leading_is_batch()
+}
+
+fn generate(n: &NodeDeps) -> Verdict {
+    match n.op() {
+        Op::Shape { start, end } => {
+            // The dimensions start..end of a batched tensor: the batch size when they include 0.
+            let r = n.x_rank as i64;
+            let clamp = |a: i64| if a < 0 { (a + r).max(0) } else { a.min(r) };
+            let (s, e) = (clamp(*start), end.map_or(r, clamp));
+            Ok(if s == 0 && e > 0 { Dep::Sized } else { Dep::Free })
+        }
+        Op::Size => Ok(Dep::Sized),
+        Op::EyeLike { .. } | Op::Range | Op::ConstantOfShape { .. } => {
+            Err("makes a tensor shaped by a batched one".into())
+        }
+        op => untraced(op),
+    }
+}
+
+fn resize(n: &NodeDeps) -> Verdict {
+    let x_rank = n.x_rank;
+    match n.op() {
+        Op::Resize(r) => {
+            n.only(&[0])?;
+            let axes: Vec<usize> = if r.axes.is_empty() {
+                (0..x_rank).collect()
+            } else {
+                r.axes.iter().filter_map(|&a| normalize_axis(a, x_rank)).collect()
+            };
+            if let Some(k) = axes.iter().position(|&a| a == 0) {
+                if n.given(3) && n.constant(3).is_none_or(|s| !s.is_empty()) {
+                    return Err("gives the batch axis a size".into());
+                }
+                let scales = n
+                    .operands
+                    .get(2)
+                    .copied()
+                    .flatten()
+                    .and_then(|v| n.g.constant_value(v))
+                    .map(|t| t.to_f64s());
+                if scales.is_some_and(|s| s.get(k).is_some_and(|&s| s != 1.0)) {
+                    return Err("scales the batch axis".into());
+                }
+            }
+        }
+        op => return untraced(op),
+    }
+    n.leading_is_batch()
+}
+
+fn sequence(n: &NodeDeps) -> Verdict {
+    let (ty, deps) = (|i| n.ty(i), n.deps);
+    match n.op() {
         Op::Rnn(r) => {
-            only(&[0, 4, 5, 6])?;
+            n.only(&[0, 4, 5, 6])?;
             if !r.batch_first {
                 return Err("has its batch on axis 1 (layout 0)".into());
             }
         }
         Op::Attention(_) => {
-            only(&[0, 1, 2, 3, 4, 5])?;
+            n.only(&[0, 1, 2, 3, 4, 5])?;
             if ty(3).is_some_and(|t| {
                 deps[3] == Dep::Free && t.rank() == 4 && !t.shape.dims()[0].is_one()
             }) {
                 return Err("masks with a tensor that is not per sample".into());
             }
         }
-        Op::RotaryEmbedding(_) => only(&[0, 3])?,
-        Op::Einsum { .. } => return Err("is an Einsum, whose batch kiln does not trace".into()),
-        Op::NonZero | Op::Compress { .. } => {
-            return Err("has a result whose size depends on the data".into())
-        }
-        Op::EyeLike { .. } | Op::Range | Op::ConstantOfShape { .. } => {
-            return Err("makes a tensor shaped by a batched one".into())
-        }
-        Op::ScatterNd { .. } => return Err("scatters into a batched tensor by index tuples".into()),
+        Op::RotaryEmbedding(_) => n.only(&[0, 3])?,
+        op => return untraced(op),
+    }
+    n.leading_is_batch()
+}
+
+fn loss(n: &NodeDeps) -> Verdict {
+    match n.op() {
         Op::NllLoss(_) | Op::SoftmaxCrossEntropyLoss(_) => {
-            return Err("is a loss, which reduces over the batch".into())
+            Err("is a loss, which reduces over the batch".into())
         }
+        op => untraced(op),
+    }
+}
+
+fn control(n: &NodeDeps) -> Verdict {
+    let (ty, deps) = (|i| n.ty(i), n.deps);
+    match n.op() {
         Op::Scan(_) => return Err("is a Scan, whose steps kiln does not trace per sample".into()),
         Op::Loop(_) => return Err("is a Loop, whose steps kiln does not trace per sample".into()),
-        Op::Sequence(_) | Op::Optional(_) => {
-            return Err("is a sequence or optional op, which kiln does not trace per sample".into())
-        }
         Op::If { then_branch, else_branch } => {
             if deps[0] != Dep::Free {
                 return Err("branches on a batched value".into());
@@ -766,8 +917,34 @@ fn rule(
                 return Err("has results of which some are per sample and some are not".into());
             }
         }
+        op => return untraced(op),
     }
-    leading_is_batch(node.outputs.as_slice())
+    n.leading_is_batch()
+}
+
+fn quantize(n: &NodeDeps) -> Verdict {
+    match n.op() {
+        // Per element; a scale per position of an axis must not be per position of the batch.
+        Op::Quantize { axis, block_size, .. } | Op::Dequantize { axis, block_size } => {
+            n.only(&[0])?;
+            let per_tensor =
+                n.ty(1).is_some_and(|t| t.shape.numel() == Some(1)) && *block_size == 0;
+            if !per_tensor {
+                axis_not_batch(*axis, n.x_rank, "scale axis")?;
+            }
+        }
+        op => return untraced(op),
+    }
+    n.leading_is_batch()
+}
+
+fn collection(n: &NodeDeps) -> Verdict {
+    match n.op() {
+        Op::Sequence(_) | Op::Optional(_) => {
+            Err("is a sequence or optional op, which kiln does not trace per sample".into())
+        }
+        op => untraced(op),
+    }
 }
 
 /// Every result's leading dimension is the probe batch: the batch is still axis 0.

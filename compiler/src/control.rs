@@ -17,6 +17,7 @@
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 
+use kiln_ir::op::OpFamily;
 use kiln_ir::{Graph, NodeId, Op, TensorType, ValueId};
 use kiln_runtime::artifact::Step;
 
@@ -64,9 +65,7 @@ pub struct ControlSplit {
 /// or Scan; `None` when it has none.
 pub fn split(graph: &Graph) -> Result<Option<ControlSplit>> {
     let order = graph.topo_order()?;
-    let Some(&at) = order
-        .iter()
-        .find(|&&id| matches!(graph.node(id).op, Op::If { .. } | Op::Scan(_) | Op::Loop(_)))
+    let Some(&at) = order.iter().find(|&&id| graph.node(id).op.family() == OpFamily::Control)
     else {
         return Ok(None);
     };

@@ -4,7 +4,7 @@
 //! label reads a diagonal, a size-1 axis against a larger label broadcasts.
 
 use kiln_ir::op::Gemm;
-use kiln_ir::{DType, NodeId, ValueId};
+use kiln_ir::{DType, NodeId, Op, ValueId};
 
 use super::mlir::{generic, push};
 use super::scalar::{compute, ScalarBuilder};
@@ -12,7 +12,16 @@ use super::Emitter;
 use crate::Result;
 use melior::ir::BlockLike;
 
-pub(super) fn emit_matmul(em: &mut Emitter, id: NodeId) -> Result<()> {
+pub(super) fn emit(em: &mut Emitter, id: NodeId) -> Result<()> {
+    match &em.graph.node(id).op {
+        Op::MatMul => emit_matmul(em, id),
+        Op::Gemm(g) => emit_gemm(em, id, g),
+        Op::Einsum { equation } => einsum(em, id, equation),
+        _ => Err(em.not_supported(id)),
+    }
+}
+
+fn emit_matmul(em: &mut Emitter, id: NodeId) -> Result<()> {
     let operands = em.graph.operands(id);
     let (a, b) = (operands[0].expect("matmul a"), operands[1].expect("matmul b"));
     let result = ValueId::from(id);
@@ -22,7 +31,7 @@ pub(super) fn emit_matmul(em: &mut Emitter, id: NodeId) -> Result<()> {
     Ok(())
 }
 
-pub(super) fn emit_gemm(em: &mut Emitter, id: NodeId, g: &Gemm) -> Result<()> {
+fn emit_gemm(em: &mut Emitter, id: NodeId, g: &Gemm) -> Result<()> {
     let operands = em.graph.operands(id);
     let (a, b) = (operands[0].expect("gemm a"), operands[1].expect("gemm b"));
     gemm(em, id, g, a, b, operands.get(2).copied().flatten())
@@ -240,7 +249,7 @@ fn gemm(
     Ok(())
 }
 
-pub(super) fn einsum(em: &mut Emitter, id: NodeId, equation: &str) -> Result<()> {
+fn einsum(em: &mut Emitter, id: NodeId, equation: &str) -> Result<()> {
     let result = ValueId::from(id);
     let xs: Vec<ValueId> = em
         .graph

@@ -1,5 +1,6 @@
 //! Codegen: each kernel becomes one MLIR `func.func` on tensors (linalg, arith, math, tensor),
-//! op families in their own files.
+//! op families in their own files, named as kiln-ir's `infer/` and `eval/` name them
+//! (`Op::family`); each family's `emit` takes a node of it.
 //!
 //! The function takes one memref per kernel input and output (static shapes), the run's status
 //! word where the kernel checks indices (`status.rs`), then the range of workgroups to run:
@@ -9,19 +10,18 @@
 //! bufferization works in place. The target pipeline tiles the result into workgroups.
 
 mod contraction;
-mod convolution;
 pub(crate) mod elementwise;
+mod generate;
 mod indexing;
 pub mod mlir;
 mod movement;
 mod normalize;
-mod pooling;
-mod reduction;
+mod reduce;
 mod resize;
 pub mod scalar;
-mod scan;
 pub mod status;
 mod storage;
+mod window;
 
 use std::collections::HashMap;
 
@@ -31,7 +31,8 @@ use melior::ir::r#type::FunctionType;
 use melior::ir::{Block, BlockLike, Location, Module, Region, RegionLike, Type, Value};
 use melior::Context;
 
-use kiln_ir::{DType, Graph, NodeId, Op, TensorType, ValueId};
+use kiln_ir::op::OpFamily;
+use kiln_ir::{DType, Graph, NodeId, TensorType, ValueId};
 
 use crate::fuse::{self, Kernel};
 use crate::{CompileError, Result};
@@ -169,6 +170,11 @@ impl<'c, 'a> Emitter<'c, 'a> {
         }
     }
 
+    /// The error for a node whose op the native code generator does not emit.
+    pub fn not_supported(&self, id: NodeId) -> CompileError {
+        self.unsupported(id, "is not supported by the native code generator yet")
+    }
+
     /// An error naming this kernel and a node.
     pub fn unsupported(&self, id: NodeId, what: &str) -> CompileError {
         let n = self.graph.node(id);
@@ -300,52 +306,22 @@ fn emit_nodes(em: &mut Emitter, nodes: &[NodeId]) -> Result<()> {
 }
 
 fn emit_node(em: &mut Emitter, id: NodeId) -> Result<()> {
-    match &em.graph.node(id).op {
-        Op::MatMul => contraction::emit_matmul(em, id),
-        Op::Gemm(g) => contraction::emit_gemm(em, id, g),
-        Op::Einsum { equation } => contraction::einsum(em, id, equation),
-        Op::Conv(c) => convolution::conv(em, id, c),
-        Op::ConvTranspose(c) => convolution::conv_transpose(em, id, c),
-        Op::Pool(p) => pooling::emit_pool(em, id, p),
-        Op::GlobalPool(k) => pooling::emit_global_pool(em, id, *k),
-        Op::Reduce(r) => reduction::emit_reduce(em, id, r),
-        Op::Softmax { axis } => reduction::emit_softmax(em, id, *axis, false),
-        Op::LogSoftmax { axis } => reduction::emit_softmax(em, id, *axis, true),
-        Op::LayerNorm { axis, epsilon } => reduction::emit_layer_norm(em, id, *axis, *epsilon),
-        Op::BatchNorm { epsilon } => reduction::emit_batch_norm(em, id, *epsilon),
-        Op::Hardmax { axis } => normalize::emit_hardmax(em, id, *axis),
-        Op::InstanceNorm { epsilon } => normalize::emit_instance_norm(em, id, *epsilon),
-        Op::GroupNorm { num_groups, epsilon } => {
-            normalize::emit_group_norm(em, id, *num_groups, *epsilon)
-        }
-        Op::RmsNorm { axis, epsilon } => normalize::emit_rms_norm(em, id, *axis, *epsilon),
-        Op::LpNorm { axis, p } => normalize::emit_lp_norm(em, id, *axis, *p),
-        Op::MeanVarianceNorm { axes } => normalize::emit_mean_variance_norm(em, id, axes),
-        Op::Lrn(l) => normalize::emit_lrn(em, id, l),
-        Op::ArgReduce(r) => scan::emit_arg_reduce(em, id, r),
-        Op::Cumulative(c) => scan::emit_cumulative(em, id, c),
-        Op::TopK { axis, largest, .. } => scan::emit_top_k(em, id, *axis, *largest),
-        Op::Transpose { perm } => movement::emit_transpose(em, id, perm),
-        Op::Concat { axis } => movement::concat(em, id, *axis),
-        Op::Split { axis, .. } => movement::emit_split(em, id, *axis),
-        Op::Slice => movement::emit_slice(em, id),
-        Op::Gather { axis } => movement::emit_gather(em, id, *axis),
-        Op::Expand => movement::emit_expand(em, id),
-        Op::GatherElements { .. }
-        | Op::GatherNd { .. }
-        | Op::ScatterElements { .. }
-        | Op::ScatterNd { .. }
-        | Op::Tile
-        | Op::Pad { .. }
-        | Op::OneHot { .. }
-        | Op::Trilu { .. }
-        | Op::DepthToSpace { .. }
-        | Op::SpaceToDepth { .. }
-        | Op::EyeLike { .. }
-        | Op::ReverseSequence { .. }
-        | Op::Range
-        | Op::ConstantOfShape { .. } => indexing::emit(em, id),
-        Op::Resize(_) => resize::emit(em, id),
-        _ => Err(em.unsupported(id, "is not supported by the native code generator yet")),
+    match em.graph.node(id).op.family() {
+        OpFamily::Contraction => contraction::emit(em, id),
+        OpFamily::Window => window::emit(em, id),
+        OpFamily::Normalize => normalize::emit(em, id),
+        OpFamily::Reduce => reduce::emit(em, id),
+        OpFamily::Movement => movement::emit(em, id),
+        OpFamily::Indexing => indexing::emit(em, id),
+        OpFamily::Generate => generate::emit(em, id),
+        OpFamily::Resize => resize::emit(em, id),
+        // Elementwise nodes are emitted as chains (`emit_nodes`).
+        OpFamily::Source
+        | OpFamily::Elementwise
+        | OpFamily::Sequence
+        | OpFamily::Loss
+        | OpFamily::Control
+        | OpFamily::Quantize
+        | OpFamily::Collection => Err(em.not_supported(id)),
     }
 }

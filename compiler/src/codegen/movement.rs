@@ -3,7 +3,7 @@
 //! slice of the destination; Gather reads the data with `tensor.extract` at the looked-up index.
 
 use kiln_ir::infer::slice_axis;
-use kiln_ir::{normalize_axis, NodeId, ValueId};
+use kiln_ir::{normalize_axis, NodeId, Op, ValueId};
 use melior::ir::attribute::{DenseI32ArrayAttribute, DenseI64ArrayAttribute};
 use melior::ir::operation::OperationBuilder;
 use melior::ir::{Type, Value};
@@ -19,7 +19,19 @@ fn input(em: &Emitter, id: NodeId) -> (ValueId, Vec<Option<ValueId>>) {
     (operands[0].expect("movement ops have an input"), operands)
 }
 
-pub(super) fn emit_transpose(em: &mut Emitter, id: NodeId, perm: &[usize]) -> Result<()> {
+pub(super) fn emit(em: &mut Emitter, id: NodeId) -> Result<()> {
+    match &em.graph.node(id).op {
+        Op::Transpose { perm } => emit_transpose(em, id, perm),
+        Op::Concat { axis } => concat(em, id, *axis),
+        Op::Split { axis, .. } => emit_split(em, id, *axis),
+        Op::Slice => emit_slice(em, id),
+        Op::Gather { axis } => emit_gather(em, id, *axis),
+        Op::Expand => emit_expand(em, id),
+        _ => Err(em.not_supported(id)),
+    }
+}
+
+fn emit_transpose(em: &mut Emitter, id: NodeId, perm: &[usize]) -> Result<()> {
     let (x, _) = input(em, id);
     let r = em.dims(x).len();
     let perm: Vec<usize> = if perm.is_empty() { (0..r).rev().collect() } else { perm.to_vec() };
@@ -31,7 +43,7 @@ pub(super) fn emit_transpose(em: &mut Emitter, id: NodeId, perm: &[usize]) -> Re
     copy_with_map(em, x, ValueId::from(id), &exprs)
 }
 
-pub(super) fn emit_expand(em: &mut Emitter, id: NodeId) -> Result<()> {
+fn emit_expand(em: &mut Emitter, id: NodeId) -> Result<()> {
     let (x, _) = input(em, id);
     let result = ValueId::from(id);
     let od = em.dims(result);
@@ -40,7 +52,7 @@ pub(super) fn emit_expand(em: &mut Emitter, id: NodeId) -> Result<()> {
     copy_map(em, x, result, map)
 }
 
-pub(super) fn emit_slice(em: &mut Emitter, id: NodeId) -> Result<()> {
+fn emit_slice(em: &mut Emitter, id: NodeId) -> Result<()> {
     let (x, operands) = input(em, id);
     let xd = em.dims(x);
     let ints = |i: usize| -> Option<Vec<i64>> {
@@ -94,7 +106,7 @@ pub(super) fn emit_slice(em: &mut Emitter, id: NodeId) -> Result<()> {
     copy_with_map(em, x, result, &exprs)
 }
 
-pub(super) fn emit_split(em: &mut Emitter, id: NodeId, axis: i64) -> Result<()> {
+fn emit_split(em: &mut Emitter, id: NodeId, axis: i64) -> Result<()> {
     let (x, _) = input(em, id);
     let node = em.graph.node(id).clone();
     let xd = em.dims(x);
@@ -118,7 +130,7 @@ pub(super) fn emit_split(em: &mut Emitter, id: NodeId, axis: i64) -> Result<()> 
     Ok(())
 }
 
-pub(super) fn emit_gather(em: &mut Emitter, id: NodeId, axis: i64) -> Result<()> {
+fn emit_gather(em: &mut Emitter, id: NodeId, axis: i64) -> Result<()> {
     let (x, operands) = input(em, id);
     gather(em, id, x, operands[1].expect("gather indices"), axis)
 }
@@ -208,7 +220,7 @@ fn copy_value<'c, 'a>(em: &mut Emitter<'c, 'a>, v: Value<'c, 'a>, result: ValueI
     Ok(())
 }
 
-pub(super) fn concat(em: &mut Emitter, id: NodeId, axis: i64) -> Result<()> {
+fn concat(em: &mut Emitter, id: NodeId, axis: i64) -> Result<()> {
     let result = ValueId::from(id);
     let od = em.dims(result);
     let a = normalize_axis(axis, od.len())

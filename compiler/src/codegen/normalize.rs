@@ -1,17 +1,18 @@
-//! Normalisations beyond softmax and layer norm: Hardmax, InstanceNormalization,
-//! GroupNormalization, RMSNormalization, LpNormalization, MeanVarianceNormalization, LRN.
-//! Each is a few keepdims reductions (`reduction::reduce_generic`) and one elementwise pass that
-//! writes the result, in f32 (f64 for f64 tensors) as the other normalisations.
+//! Normalisations: Softmax, LogSoftmax, Hardmax, LayerNormalization, BatchNormalization,
+//! InstanceNormalization, GroupNormalization, RMSNormalization, LpNormalization,
+//! MeanVarianceNormalization, LRN. Each is a few keepdims reductions (`reduce::reduce_generic`)
+//! and elementwise passes (`reduce::map_generic`), the last writing the result, in f32 (f64 for
+//! f64 tensors).
 
 use kiln_ir::op::Lrn;
-use kiln_ir::{normalize_axis, DType, NodeId, ValueId};
+use kiln_ir::{normalize_axis, DType, NodeId, Op, ValueId};
 use melior::dialect::arith::{CmpfPredicate, CmpiPredicate};
 use melior::ir::{BlockLike, Value};
 
 use super::mlir::{broadcast_map, dims_list, fill, generic, pad, push, reshape};
-use super::reduction::{acc_of, keep_map, map_generic, reduce_generic, Init};
+use super::reduce::scan::{affine, arg_best, loops_with};
+use super::reduce::{acc_of, inputs, keep_map, map_generic, reduce_generic, Init};
 use super::scalar::{compute, Scalar, ScalarBuilder};
-use super::scan::{affine, arg_best, loops_with};
 use super::Emitter;
 use crate::Result;
 
@@ -27,43 +28,84 @@ fn float_input(em: &Emitter, id: NodeId) -> Result<(ValueId, Option<ValueId>, Op
     Ok((x, arg(1), arg(2)))
 }
 
-pub(super) fn emit_hardmax(em: &mut Emitter, id: NodeId, axis: i64) -> Result<()> {
+pub(super) fn emit(em: &mut Emitter, id: NodeId) -> Result<()> {
+    match &em.graph.node(id).op {
+        Op::Softmax { axis } => emit_softmax(em, id, *axis, false),
+        Op::LogSoftmax { axis } => emit_softmax(em, id, *axis, true),
+        Op::LayerNorm { axis, epsilon } => emit_layer_norm(em, id, *axis, *epsilon),
+        Op::BatchNorm { epsilon } => emit_batch_norm(em, id, *epsilon),
+        Op::Hardmax { axis } => emit_hardmax(em, id, *axis),
+        Op::InstanceNorm { epsilon } => emit_instance_norm(em, id, *epsilon),
+        Op::GroupNorm { num_groups, epsilon } => emit_group_norm(em, id, *num_groups, *epsilon),
+        Op::RmsNorm { axis, epsilon } => emit_rms_norm(em, id, *axis, *epsilon),
+        Op::LpNorm { axis, p } => emit_lp_norm(em, id, *axis, *p),
+        Op::MeanVarianceNorm { axes } => emit_mean_variance_norm(em, id, axes),
+        Op::Lrn(l) => emit_lrn(em, id, l),
+        _ => Err(em.not_supported(id)),
+    }
+}
+
+fn emit_softmax(em: &mut Emitter, id: NodeId, axis: i64, log: bool) -> Result<()> {
+    let x = inputs(em, id)[0].expect("softmax has an input");
+    softmax(em, id, x, axis, log)
+}
+
+fn emit_layer_norm(em: &mut Emitter, id: NodeId, axis: i64, epsilon: f32) -> Result<()> {
+    let o = inputs(em, id);
+    layer_norm(
+        em,
+        id,
+        o[0].expect("layer norm input"),
+        o[1].expect("scale"),
+        o.get(2).copied().flatten(),
+        axis,
+        epsilon,
+    )
+}
+
+fn emit_batch_norm(em: &mut Emitter, id: NodeId, epsilon: f32) -> Result<()> {
+    let o = inputs(em, id);
+    batch_norm(
+        em,
+        id,
+        o[0].expect("batchnorm input"),
+        &o[1..5].iter().map(|o| o.expect("batchnorm params")).collect::<Vec<_>>(),
+        epsilon,
+    )
+}
+
+fn emit_hardmax(em: &mut Emitter, id: NodeId, axis: i64) -> Result<()> {
     let (x, _, _) = float_input(em, id)?;
     hardmax(em, id, x, axis)
 }
 
-pub(super) fn emit_instance_norm(em: &mut Emitter, id: NodeId, epsilon: f32) -> Result<()> {
+fn emit_instance_norm(em: &mut Emitter, id: NodeId, epsilon: f32) -> Result<()> {
     let (x, scale, bias) = float_input(em, id)?;
     let c = em.dims(x).get(1).copied().ok_or_else(|| em.unsupported(id, "needs a channel axis"))?;
     group_norm(em, id, x, scale, bias, c, epsilon)
 }
 
-pub(super) fn emit_group_norm(
-    em: &mut Emitter,
-    id: NodeId,
-    num_groups: usize,
-    epsilon: f32,
-) -> Result<()> {
+fn emit_group_norm(em: &mut Emitter, id: NodeId, num_groups: usize, epsilon: f32) -> Result<()> {
     let (x, scale, bias) = float_input(em, id)?;
     group_norm(em, id, x, scale, bias, num_groups, epsilon)
 }
 
-pub(super) fn emit_rms_norm(em: &mut Emitter, id: NodeId, axis: i64, epsilon: f32) -> Result<()> {
+fn emit_rms_norm(em: &mut Emitter, id: NodeId, axis: i64, epsilon: f32) -> Result<()> {
     let (x, scale, _) = float_input(em, id)?;
     rms_norm(em, id, x, scale, axis, epsilon)
 }
 
-pub(super) fn emit_lp_norm(em: &mut Emitter, id: NodeId, axis: i64, p: u32) -> Result<()> {
+fn emit_lp_norm(em: &mut Emitter, id: NodeId, axis: i64, p: u32) -> Result<()> {
     let (x, _, _) = float_input(em, id)?;
     lp_norm(em, id, x, axis, p)
 }
 
-pub(super) fn emit_mean_variance_norm(em: &mut Emitter, id: NodeId, axes: &[i64]) -> Result<()> {
+fn emit_mean_variance_norm(em: &mut Emitter, id: NodeId, axes: &[i64]) -> Result<()> {
     let (x, _, _) = float_input(em, id)?;
     mean_variance_norm(em, id, x, axes)
 }
 
-pub(super) fn emit_lrn(em: &mut Emitter, id: NodeId, l: &Lrn) -> Result<()> {
+fn emit_lrn(em: &mut Emitter, id: NodeId, l: &Lrn) -> Result<()> {
     let (x, _, _) = float_input(em, id)?;
     lrn(em, id, x, l)
 }
@@ -90,6 +132,192 @@ fn store_as<'c, 'b>(
     dt: DType,
 ) -> Result<Value<'c, 'b>> {
     sb.store(sb.cast(Scalar { v, dtype: acc }, dt)?)
+}
+
+fn softmax(em: &mut Emitter, id: NodeId, x: ValueId, axis: i64, log: bool) -> Result<()> {
+    let result = ValueId::from(id);
+    let xd = em.dims(x);
+    let dt = em.ty(x).dtype;
+    let a = normalize_axis(axis, xd.len())
+        .ok_or_else(|| em.unsupported(id, "has an axis out of range"))?;
+    let acc = acc_of(dt);
+    let tc = compute(acc);
+    let xv = em.value(x)?;
+    let km = keep_map(xd.len(), &[a]);
+    let m = reduce_generic(
+        em,
+        xv,
+        &xd,
+        dt,
+        &[a],
+        acc,
+        Init::Float(f64::NEG_INFINITY),
+        &[],
+        |sb, acc, v, _| sb.emit("arith.maximumf", &[acc, v.v], tc),
+    )?;
+    let s = reduce_generic(
+        em,
+        xv,
+        &xd,
+        dt,
+        &[a],
+        acc,
+        Init::Float(0.0),
+        &[(m, km.clone())],
+        |sb, acc, v, ex| {
+            let d = sb.emit("arith.subf", &[v.v, ex[0]], tc)?;
+            let e = sb.emit("math.exp", &[d], tc)?;
+            sb.emit("arith.addf", &[acc, e], tc)
+        },
+    )?;
+    let dest = em.dest(result)?;
+    let id_map = broadcast_map(xd.len(), &xd, &xd);
+    let t = map_generic(em, &[(xv, id_map), (m, km.clone()), (s, km)], &xd, dt, dest, |sb, v| {
+        let x = sb.load(v[0], dt)?;
+        let x = sb.cast(x, acc)?;
+        let d = sb.emit("arith.subf", &[x.v, v[1]], tc)?;
+        let y = if log {
+            let l = sb.emit("math.log", &[v[2]], tc)?;
+            sb.emit("arith.subf", &[d, l], tc)?
+        } else {
+            let e = sb.emit("math.exp", &[d], tc)?;
+            sb.emit("arith.divf", &[e, v[2]], tc)?
+        };
+        let y = sb.cast(Scalar { v: y, dtype: acc }, dt)?;
+        sb.store(y)
+    })?;
+    em.set(result, t);
+    Ok(())
+}
+
+fn layer_norm(
+    em: &mut Emitter,
+    id: NodeId,
+    x: ValueId,
+    scale: ValueId,
+    bias: Option<ValueId>,
+    axis: i64,
+    eps: f32,
+) -> Result<()> {
+    let node = em.graph.node(id).clone();
+    let result = ValueId::from(id);
+    let xd = em.dims(x);
+    let dt = em.ty(x).dtype;
+    let r = xd.len();
+    let a =
+        normalize_axis(axis, r).ok_or_else(|| em.unsupported(id, "has an axis out of range"))?;
+    let axes: Vec<usize> = (a..r).collect();
+    let n: usize = axes.iter().map(|&i| xd[i]).product();
+    let acc = acc_of(dt);
+    let tc = compute(acc);
+    let xv = em.value(x)?;
+    let km = keep_map(r, &axes);
+    let sum =
+        reduce_generic(em, xv, &xd, dt, &axes, acc, Init::Float(0.0), &[], |sb, acc, v, _| {
+            sb.emit("arith.addf", &[acc, v.v], tc)
+        })?;
+    let kd: Vec<usize> = xd.iter().enumerate().map(|(i, &d)| if i >= a { 1 } else { d }).collect();
+    let kid = broadcast_map(kd.len(), &kd, &kd);
+    let mean_dest =
+        if node.outputs.len() > 1 { em.dest(ValueId::new(id, 1))? } else { em.empty(&kd, acc)? };
+    let mean = map_generic(em, &[(sum, kid.clone())], &kd, acc, mean_dest, |sb, v| {
+        let c = sb.constant(n as f64, tc)?;
+        sb.emit("arith.divf", &[v[0], c], tc)
+    })?;
+    let var = reduce_generic(
+        em,
+        xv,
+        &xd,
+        dt,
+        &axes,
+        acc,
+        Init::Float(0.0),
+        &[(mean, km.clone())],
+        |sb, acc, v, ex| {
+            let d = sb.emit("arith.subf", &[v.v, ex[0]], tc)?;
+            let sq = sb.emit("arith.mulf", &[d, d], tc)?;
+            sb.emit("arith.addf", &[acc, sq], tc)
+        },
+    )?;
+    let inv_dest =
+        if node.outputs.len() > 2 { em.dest(ValueId::new(id, 2))? } else { em.empty(&kd, acc)? };
+    let inv = map_generic(em, &[(var, kid)], &kd, acc, inv_dest, |sb, v| {
+        let c = sb.constant(n as f64, tc)?;
+        let var = sb.emit("arith.divf", &[v[0], c], tc)?;
+        let e = sb.constant(eps as f64, tc)?;
+        let s = sb.emit("arith.addf", &[var, e], tc)?;
+        sb.emit("math.rsqrt", &[s], tc)
+    })?;
+    let dest = em.dest(result)?;
+    let full = broadcast_map(r, &xd, &xd);
+    let mut ins = vec![(xv, full), (mean, km.clone()), (inv, km)];
+    let scale_v = em.value(scale)?;
+    ins.push((scale_v, broadcast_map(r, &em.dims(scale), &xd)));
+    if let Some(b) = bias {
+        let bv = em.value(b)?;
+        ins.push((bv, broadcast_map(r, &em.dims(b), &xd)));
+    }
+    let has_bias = bias.is_some();
+    let t = map_generic(em, &ins, &xd, dt, dest, |sb, v| {
+        let x = sb.load(v[0], dt)?;
+        let x = sb.cast(x, acc)?;
+        let d = sb.emit("arith.subf", &[x.v, v[1]], tc)?;
+        let y = sb.emit("arith.mulf", &[d, v[2]], tc)?;
+        let s = sb.cast(sb.load(v[3], dt)?, acc)?;
+        let mut y = sb.emit("arith.mulf", &[y, s.v], tc)?;
+        if has_bias {
+            let b = sb.cast(sb.load(v[4], dt)?, acc)?;
+            y = sb.emit("arith.addf", &[y, b.v], tc)?;
+        }
+        let y = sb.cast(Scalar { v: y, dtype: acc }, dt)?;
+        sb.store(y)
+    })?;
+    em.set(result, t);
+    if node.outputs.len() > 1 {
+        em.set(ValueId::new(id, 1), mean);
+    }
+    if node.outputs.len() > 2 {
+        em.set(ValueId::new(id, 2), inv);
+    }
+    Ok(())
+}
+
+fn batch_norm(
+    em: &mut Emitter,
+    id: NodeId,
+    x: ValueId,
+    params: &[ValueId],
+    eps: f32,
+) -> Result<()> {
+    let result = ValueId::from(id);
+    let xd = em.dims(x);
+    let dt = em.ty(x).dtype;
+    let r = xd.len();
+    let acc = acc_of(dt);
+    let tc = compute(acc);
+    let mut ins = vec![(em.value(x)?, broadcast_map(r, &xd, &xd))];
+    let channel = format!("affine_map<({}) -> (d1)>", dims_list(r));
+    for &p in params {
+        ins.push((em.value(p)?, channel.clone()));
+    }
+    let pdt: Vec<DType> = params.iter().map(|&p| em.ty(p).dtype).collect();
+    let dest = em.dest(result)?;
+    let t = map_generic(em, &ins, &xd, dt, dest, |sb, v| {
+        let p = |i: usize| -> Result<Value> { Ok(sb.cast(sb.load(v[1 + i], pdt[i])?, acc)?.v) };
+        let x = sb.cast(sb.load(v[0], dt)?, acc)?.v;
+        let (scale, bias, mean, var) = (p(0)?, p(1)?, p(2)?, p(3)?);
+        let e = sb.constant(eps as f64, tc)?;
+        let s = sb.emit("arith.addf", &[var, e], tc)?;
+        let inv = sb.emit("math.rsqrt", &[s], tc)?;
+        let d = sb.emit("arith.subf", &[x, mean], tc)?;
+        let y = sb.emit("arith.mulf", &[d, inv], tc)?;
+        let y = sb.emit("arith.mulf", &[y, scale], tc)?;
+        let y = sb.emit("arith.addf", &[y, bias], tc)?;
+        let y = sb.cast(Scalar { v: y, dtype: acc }, dt)?;
+        sb.store(y)
+    })?;
+    em.set(result, t);
+    Ok(())
 }
 
 fn hardmax(em: &mut Emitter, id: NodeId, x: ValueId, axis: i64) -> Result<()> {

@@ -5,7 +5,8 @@
 //! read or written out of bounds and the run fails naming the kernel. Indices known when
 //! compiling and all in range need no check.
 
-use kiln_ir::{normalize_axis, Graph, NodeId, Op, Tensor, ValueId};
+use kiln_ir::op::IndexedBy;
+use kiln_ir::{normalize_axis, Graph, NodeId, Tensor, ValueId};
 use kiln_runtime::status::CODE_INDEX;
 use melior::dialect::arith::CmpiPredicate;
 use melior::ir::attribute::IntegerAttribute;
@@ -39,18 +40,6 @@ pub fn takes_status(graph: &Graph, kernel: &Kernel) -> bool {
     kernel.nodes.iter().any(|&n| checks_indices(graph, n))
 }
 
-/// Whether `op` reads indices into its data (the ops this module checks).
-fn reads_indices(op: &Op) -> bool {
-    matches!(
-        op,
-        Op::Gather { .. }
-            | Op::GatherElements { .. }
-            | Op::GatherNd { .. }
-            | Op::ScatterElements { .. }
-            | Op::ScatterNd { .. }
-    )
-}
-
 /// The indices of a gather or scatter node and the axes they address: one extent for every
 /// index (Gather, GatherElements, ScatterElements), or one per position of the index tuple (the
 /// indices' last axis: GatherND, ScatterND). `None` where the shapes do not say.
@@ -58,20 +47,12 @@ fn indexed_axes(graph: &Graph, id: NodeId) -> Option<(ValueId, Vec<usize>)> {
     let operands = graph.operands(id);
     let (data, indices) = (operands.first().copied()??, operands.get(1).copied()??);
     let xd = graph.value_type(data).shape.as_fixed()?;
-    let one_axis = |axis: i64| normalize_axis(axis, xd.len()).map(|a| vec![xd[a]]);
-    let axes = match &graph.node(id).op {
-        Op::Gather { axis } | Op::GatherElements { axis } | Op::ScatterElements { axis, .. } => {
-            one_axis(*axis)?
-        }
-        Op::GatherNd { batch_dims } => {
+    let axes = match graph.node(id).op.indexed_by()? {
+        IndexedBy::Axis(axis) => normalize_axis(axis, xd.len()).map(|a| vec![xd[a]])?,
+        IndexedBy::Tuple { first } => {
             let m = *graph.value_type(indices).shape.as_fixed()?.last()?;
-            xd.get(*batch_dims..batch_dims + m)?.to_vec()
+            xd.get(first..first + m)?.to_vec()
         }
-        Op::ScatterNd { .. } => {
-            let m = *graph.value_type(indices).shape.as_fixed()?.last()?;
-            xd.get(..m)?.to_vec()
-        }
-        _ => return None,
     };
     Some((indices, axes))
 }
@@ -79,7 +60,7 @@ fn indexed_axes(graph: &Graph, id: NodeId) -> Option<(ValueId, Vec<usize>)> {
 /// Whether node `id` needs its indices checked when it runs: a gather or scatter, unless its
 /// indices are a constant lying wholly inside their axes (ONNX allows -n to n - 1).
 fn checks_indices(graph: &Graph, id: NodeId) -> bool {
-    if !reads_indices(&graph.node(id).op) {
+    if graph.node(id).op.indexed_by().is_none() {
         return false;
     }
     let known = indexed_axes(graph, id)

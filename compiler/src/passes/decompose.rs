@@ -23,7 +23,7 @@ mod loss;
 mod quantize;
 mod rnn;
 
-use kiln_ir::op::{Gemm, Reduce, ReduceKind};
+use kiln_ir::op::{Gemm, OpFamily, Reduce, ReduceKind};
 use kiln_ir::{BinaryOp, DType, Graph, NodeId, Op, Tensor, UnaryOp, ValueId};
 
 use crate::{CompileError, Result};
@@ -39,16 +39,9 @@ pub fn decompose(graph: &mut Graph, keep: fn(&Graph, NodeId) -> bool) -> Result<
     let mut changed = false;
     for id in graph.topo_order()? {
         let Some(node) = graph.try_node(id) else { continue };
-        let decomposed = matches!(
-            node.op,
-            Op::Rnn(_)
-                | Op::Attention(_)
-                | Op::RotaryEmbedding(_)
-                | Op::NllLoss(_)
-                | Op::SoftmaxCrossEntropyLoss(_)
-                | Op::Quantize { .. }
-                | Op::Dequantize { .. }
-        );
+        // The families codegen has no rules for that this pass rewrites (the match below).
+        let decomposed =
+            matches!(node.op.family(), OpFamily::Sequence | OpFamily::Loss | OpFamily::Quantize);
         if !decomposed {
             continue;
         }

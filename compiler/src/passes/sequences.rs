@@ -13,7 +13,7 @@
 
 use std::collections::HashMap;
 
-use kiln_ir::op::{OptionalOp, SequenceOp};
+use kiln_ir::op::{OpFamily, OptionalOp, SequenceOp};
 use kiln_ir::{DType, Graph, Kind, NodeId, Op, Tensor, ValueId};
 
 use crate::{CompileError, Result};
@@ -47,8 +47,7 @@ pub fn run(graph: &mut Graph) -> Result<bool> {
 /// Whether any value of `graph` is a sequence or an optional.
 pub fn uses_sequences(graph: &Graph) -> bool {
     graph.nodes().any(|(_, n)| {
-        matches!(n.op, Op::Sequence(_) | Op::Optional(_))
-            || n.outputs.iter().any(|t| !t.kind.is_tensor())
+        n.op.family() == OpFamily::Collection || n.outputs.iter().any(|t| !t.kind.is_tensor())
     })
 }
 
@@ -494,7 +493,7 @@ fn flatten_outputs(graph: &mut Graph) -> Result<bool> {
 pub fn check_resolved(graph: &Graph) -> Result<()> {
     for id in graph.topo_order()? {
         let node = graph.node(id);
-        let left = matches!(node.op, Op::Sequence(_) | Op::Optional(_))
+        let left = node.op.family() == OpFamily::Collection
             || node.outputs.iter().any(|t| !t.kind.is_tensor());
         if left && matches!(node.op, Op::Input) {
             return Err(CompileError::RuntimeSequence {

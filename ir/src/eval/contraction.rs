@@ -4,10 +4,27 @@
 use ndarray::{Array2, Array3, ArrayD, Axis, Ix2, IxDyn, Zip};
 
 use super::reduce::Nums;
-use super::{tensor, view};
+use super::{first, not_yet, tensor, view};
 use crate::infer::EinsumSpec;
 use crate::op::Gemm;
-use crate::{DType, Tensor};
+use crate::{DType, Op, Tensor, TensorType};
+
+pub(super) fn eval(
+    op: &Op,
+    operands: &[Option<&Tensor>],
+    out_types: &[TensorType],
+    out_dims: &[Vec<usize>],
+) -> Result<Vec<Tensor>, String> {
+    let x = || first(operands);
+    Ok(match op {
+        Op::MatMul => vec![matmul(x(), operands[1].expect("checked"), &out_dims[0])?],
+        Op::Gemm(g) => {
+            vec![gemm(g, x(), operands[1].expect("checked"), operands.get(2).copied().flatten())?]
+        }
+        Op::Einsum { equation } => einsum(equation, operands, out_types)?,
+        _ => return not_yet(op),
+    })
+}
 
 /// A batch of matrices [batch, rows, cols] in the compute type.
 enum Mats {

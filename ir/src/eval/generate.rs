@@ -1,8 +1,25 @@
 //! Ops that make tensors from shapes and scalars: Shape, Size, ConstantOfShape, Range, EyeLike.
 
-use super::typed;
+use super::{first, not_yet, typed};
 use crate::infer::{range_count, shape_interval, Scalar};
-use crate::{DType, Element, Tensor, TensorType};
+use crate::{DType, Element, Op, Tensor, TensorType};
+
+pub(super) fn eval(
+    op: &Op,
+    operands: &[Option<&Tensor>],
+    out_types: &[TensorType],
+    out_dims: &[Vec<usize>],
+) -> Result<Vec<Tensor>, String> {
+    let x = || first(operands);
+    Ok(match op {
+        Op::Shape { start, end } => vec![shape(x(), *start, *end)],
+        Op::Size => vec![Tensor::scalar(x().len() as i64)],
+        Op::ConstantOfShape { value } => vec![constant_of_shape(value, &out_dims[0])],
+        Op::Range => vec![range(operands)?],
+        Op::EyeLike { k, .. } => vec![eye_like(*k, &out_types[0])?],
+        _ => return not_yet(op),
+    })
+}
 
 /// Shape: the dimensions `start..end`.
 pub(super) fn shape(x: &Tensor, start: i64, end: Option<i64>) -> Tensor {

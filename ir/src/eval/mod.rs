@@ -3,7 +3,8 @@
 //!
 //! Each op first has its result types inferred from the concrete operands (so shape rules live in
 //! one place, `infer`), then its data computed on ndarray views. Floats are computed in f64 and
-//! rounded to the result type; integers in i128 with wrap-around, as C and numpy do.
+//! rounded to the result type; integers in i128 with wrap-around, as C and numpy do. One op family
+//! a file, as in `infer`: each file's `eval` takes its family's ops.
 
 mod collection;
 mod contraction;
@@ -29,6 +30,7 @@ use std::collections::HashMap;
 use ndarray::{ArrayD, ArrayViewD, IxDyn};
 
 use crate::infer::{self, Operand};
+use crate::op::OpFamily;
 use crate::{Dim, Element, Graph, IrError, Op, Result, Tensor, TensorType, Value, ValueId};
 
 /// How the interpreter runs a graph.
@@ -123,12 +125,12 @@ fn eval_node(
     num_outputs: usize,
     options: &EvalOptions,
 ) -> Result<Vec<Value>, String> {
-    match op {
-        Op::Sequence(_) | Op::Optional(_) => collection::eval(op, operands, options),
-        Op::Identity => {
+    match op.family() {
+        OpFamily::Collection => collection::eval(op, operands, options),
+        _ if matches!(op, Op::Identity) => {
             Ok(vec![operands.first().copied().flatten().ok_or("operand 0 is missing")?.clone()])
         }
-        Op::If { .. } | Op::Scan(_) | Op::Loop(_) => {
+        OpFamily::Control => {
             let mut r = control::eval(op, operands, options)?;
             r.truncate(num_outputs);
             Ok(r)
@@ -237,7 +239,7 @@ pub fn eval_op(
         Op::Input => return Err("graph inputs are not evaluated".into()),
         Op::Constant(t) => return Ok(vec![t.clone()]),
         // A branch's result shapes are known once it has run.
-        Op::If { .. } | Op::Scan(_) | Op::Loop(_) => {
+        _ if op.family() == OpFamily::Control => {
             let values: Vec<Option<Value>> =
                 operands.iter().map(|o| o.cloned().map(Value::Tensor)).collect();
             let refs: Vec<Option<&Value>> = values.iter().map(Option::as_ref).collect();
@@ -245,7 +247,7 @@ pub fn eval_op(
             r.truncate(num_outputs);
             return r.into_iter().map(Value::into_tensor).collect();
         }
-        Op::Sequence(_) | Op::Optional(_) => {
+        _ if op.family() == OpFamily::Collection => {
             return Err(format!("{} gives a sequence or an optional, not tensors", op.name()))
         }
         _ => {}
@@ -287,124 +289,22 @@ pub fn eval_op(
             }
         }
     }
-    let x = || operands[0].expect("inference checked operand 0");
-    let mut results = match op {
-        Op::Input | Op::Constant(_) => unreachable!("handled above"),
-        Op::Unary(u) => vec![elementwise::unary(*u, x(), out_types[0].dtype)?],
-        Op::Binary(b) => {
-            vec![elementwise::binary(*b, x(), operands[1].expect("checked"), &out_dims[0])?]
-        }
-        Op::Clip => vec![elementwise::clip(
-            x(),
-            operands.get(1).copied().flatten(),
-            operands.get(2).copied().flatten(),
-        )],
-        Op::Where => vec![elementwise::where_(
-            x(),
-            operands[1].expect("checked"),
-            operands[2].expect("checked"),
-            &out_dims[0],
-        )],
-        Op::Cast { to, saturate: true } => vec![x().cast(*to)],
-        Op::Cast { to, saturate: false } => vec![x().cast_unsaturated(*to)],
-        Op::Identity => vec![x().clone()],
-        Op::MatMul => vec![contraction::matmul(x(), operands[1].expect("checked"), &out_dims[0])?],
-        Op::Gemm(g) => vec![contraction::gemm(
-            g,
-            x(),
-            operands[1].expect("checked"),
-            operands.get(2).copied().flatten(),
-        )?],
-        Op::Conv(c) => vec![window::conv(
-            c,
-            x(),
-            operands[1].expect("checked"),
-            operands.get(2).copied().flatten(),
-            &out_dims[0],
-        )?],
-        Op::QConv(c) => vec![window::qconv(c, operands, &out_types[0])?],
-        Op::Pool(p) => window::pool(p, x(), &out_dims[0], num_outputs > 1)?,
-        Op::GlobalPool(k) => vec![window::global_pool(*k, x())],
-        Op::Softmax { axis } => vec![normalize::softmax(x(), *axis)],
-        Op::LayerNorm { axis, epsilon } => normalize::layer_norm(
-            x(),
-            operands[1].expect("checked"),
-            operands.get(2).copied().flatten(),
-            *axis,
-            *epsilon,
-            &out_types,
-        )?,
-        Op::BatchNorm { epsilon } => {
-            vec![normalize::batch_norm(
-                x(),
-                &operands[1..5].iter().map(|o| o.expect("checked")).collect::<Vec<_>>(),
-                *epsilon,
-            )]
-        }
-        Op::Reduce(r) => {
-            vec![reduce::reduce(r, x(), operands.get(1).copied().flatten(), &out_dims[0])?]
-        }
-        Op::Reshape { .. } | Op::Flatten { .. } | Op::Squeeze | Op::Unsqueeze => {
-            vec![x().reshape(&out_dims[0]).map_err(|e| e.to_string())?]
-        }
-        Op::Transpose { perm } => vec![movement::transpose(x(), perm)],
-        Op::Concat { axis } => vec![movement::concat(
-            &operands.iter().map(|o| o.expect("checked")).collect::<Vec<_>>(),
-            *axis,
-        )],
-        Op::Split { axis, .. } => movement::split(x(), *axis, &out_dims),
-        Op::Slice => vec![movement::slice(
-            x(),
-            &operands[1..].iter().map(|o| o.map(|t| t.to_i64s())).collect::<Vec<_>>(),
-        )?],
-        Op::Gather { axis } => {
-            vec![movement::gather(x(), operands[1].expect("checked"), *axis, &out_dims[0])?]
-        }
-        Op::Expand => vec![movement::expand(x(), &out_dims[0])],
-        Op::Einsum { equation } => contraction::einsum(equation, operands, &out_types)?,
-        Op::ConvTranspose(c) => window::conv_transpose(c, operands, &out_types)?,
-        Op::LogSoftmax { .. } | Op::Hardmax { .. } => normalize::eval(op, operands, &out_types)?,
-        Op::InstanceNorm { .. }
-        | Op::GroupNorm { .. }
-        | Op::RmsNorm { .. }
-        | Op::Lrn(_)
-        | Op::LpNorm { .. }
-        | Op::MeanVarianceNorm { .. } => normalize::eval(op, operands, &out_types)?,
-        Op::ArgReduce(r) => reduce::arg_reduce(r, operands, &out_types)?,
-        Op::Cumulative(c) => reduce::cumulative(c, operands)?,
-        Op::TopK { axis, largest, .. } => reduce::top_k(*axis, *largest, operands, &out_types)?,
-        Op::Shape { start, end } => vec![generate::shape(x(), *start, *end)],
-        Op::Size => vec![Tensor::scalar(x().len() as i64)],
-        Op::ConstantOfShape { value } => vec![generate::constant_of_shape(value, &out_dims[0])],
-        Op::Range => vec![generate::range(operands)?],
-        Op::EyeLike { k, .. } => vec![generate::eye_like(*k, &out_types[0])?],
-        Op::GatherElements { .. }
-        | Op::GatherNd { .. }
-        | Op::ScatterElements { .. }
-        | Op::ScatterNd { .. }
-        | Op::Tile
-        | Op::Pad { .. }
-        | Op::OneHot { .. }
-        | Op::Trilu { .. }
-        | Op::DepthToSpace { .. }
-        | Op::SpaceToDepth { .. }
-        | Op::NonZero
-        | Op::Compress { .. }
-        | Op::ReverseSequence { .. } => indexing::eval(op, operands, &out_types)?,
-        Op::Resize(r) => resize::eval(r, operands, &out_types)?,
-        Op::Rnn(_) | Op::Attention(_) | Op::RotaryEmbedding(_) => {
-            sequence::eval(op, operands, &out_types)?
-        }
-        Op::NllLoss(_) | Op::SoftmaxCrossEntropyLoss(_) => loss::eval(op, operands, &out_types)?,
-        Op::Quantize { axis, block_size, saturate, .. } => {
-            vec![quantize::quantize(*axis, *block_size, *saturate, operands, &out_types[0])?]
-        }
-        Op::Dequantize { axis, block_size } => {
-            vec![quantize::dequantize(*axis, *block_size, operands, &out_types[0])?]
-        }
-        Op::If { .. } | Op::Scan(_) | Op::Loop(_) | Op::Sequence(_) | Op::Optional(_) => {
+    let mut results = match op.family() {
+        OpFamily::Source | OpFamily::Control | OpFamily::Collection => {
             unreachable!("handled above")
         }
+        OpFamily::Elementwise => elementwise::eval(op, operands, &out_types, &out_dims)?,
+        OpFamily::Contraction => contraction::eval(op, operands, &out_types, &out_dims)?,
+        OpFamily::Window => window::eval(op, operands, &out_types, &out_dims, num_outputs)?,
+        OpFamily::Normalize => normalize::eval(op, operands, &out_types)?,
+        OpFamily::Reduce => reduce::eval(op, operands, &out_types, &out_dims)?,
+        OpFamily::Movement => movement::eval(op, operands, &out_dims)?,
+        OpFamily::Indexing => indexing::eval(op, operands, &out_types)?,
+        OpFamily::Generate => generate::eval(op, operands, &out_types, &out_dims)?,
+        OpFamily::Resize => resize::eval(op, operands, &out_types)?,
+        OpFamily::Sequence => sequence::eval(op, operands, &out_types)?,
+        OpFamily::Loss => loss::eval(op, operands, &out_types)?,
+        OpFamily::Quantize => quantize::eval(op, operands, &out_types)?,
     };
     results.truncate(num_outputs);
     Ok(results)
@@ -460,6 +360,11 @@ macro_rules! typed {
     };
 }
 pub(crate) use typed;
+
+/// Operand 0, which inference has checked is there.
+pub(crate) fn first<'t>(operands: &[Option<&'t Tensor>]) -> &'t Tensor {
+    operands[0].expect("inference checked operand 0")
+}
 
 /// What an op without an interpreter yet reports.
 pub(crate) fn not_yet(op: &Op) -> Result<Vec<Tensor>, String> {

@@ -3,9 +3,36 @@
 
 use ndarray::{Axis, IxDyn};
 
-use super::{tensor, typed, view};
+use super::{first, not_yet, tensor, typed, view};
 use crate::infer::slice_axis;
-use crate::{normalize_axis, Element, Tensor};
+use crate::{normalize_axis, Element, Op, Tensor};
+
+pub(super) fn eval(
+    op: &Op,
+    operands: &[Option<&Tensor>],
+    out_dims: &[Vec<usize>],
+) -> Result<Vec<Tensor>, String> {
+    let x = || first(operands);
+    Ok(match op {
+        Op::Reshape { .. } | Op::Flatten { .. } | Op::Squeeze | Op::Unsqueeze => {
+            vec![x().reshape(&out_dims[0]).map_err(|e| e.to_string())?]
+        }
+        Op::Transpose { perm } => vec![transpose(x(), perm)],
+        Op::Concat { axis } => {
+            vec![concat(&operands.iter().map(|o| o.expect("checked")).collect::<Vec<_>>(), *axis)]
+        }
+        Op::Split { axis, .. } => split(x(), *axis, out_dims),
+        Op::Slice => vec![slice(
+            x(),
+            &operands[1..].iter().map(|o| o.map(|t| t.to_i64s())).collect::<Vec<_>>(),
+        )?],
+        Op::Gather { axis } => {
+            vec![gather(x(), operands[1].expect("checked"), *axis, &out_dims[0])?]
+        }
+        Op::Expand => vec![expand(x(), &out_dims[0])],
+        _ => return not_yet(op),
+    })
+}
 
 pub(super) fn transpose(x: &Tensor, perm: &[usize]) -> Tensor {
     let perm: Vec<usize> =

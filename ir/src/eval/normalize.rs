@@ -1,8 +1,35 @@
 //! Softmax and the normalisations, computed in f64.
 
-use super::view;
+use super::{first, view};
 use crate::op::Lrn;
 use crate::{normalize_axis, DType, Op, Tensor, TensorType};
+
+pub(super) fn eval(
+    op: &Op,
+    operands: &[Option<&Tensor>],
+    out_types: &[TensorType],
+) -> Result<Vec<Tensor>, String> {
+    let x = || first(operands);
+    Ok(match op {
+        Op::Softmax { axis } => vec![softmax(x(), *axis)],
+        Op::LayerNorm { axis, epsilon } => layer_norm(
+            x(),
+            operands[1].expect("checked"),
+            operands.get(2).copied().flatten(),
+            *axis,
+            *epsilon,
+            out_types,
+        )?,
+        Op::BatchNorm { epsilon } => {
+            vec![batch_norm(
+                x(),
+                &operands[1..5].iter().map(|o| o.expect("checked")).collect::<Vec<_>>(),
+                *epsilon,
+            )]
+        }
+        _ => return normalization(op, operands, out_types),
+    })
+}
 
 /// `x` as f64 rows: [outer, n, inner] for an axis of size n, so the axis is a strided run.
 fn split_at_axis(dims: &[usize], axis: usize) -> (usize, usize, usize) {
@@ -97,7 +124,7 @@ pub(super) fn batch_norm(x: &Tensor, params: &[&Tensor], eps: f32) -> Tensor {
 }
 
 /// LogSoftmax, Hardmax, InstanceNormalization, GroupNormalization, RMSNormalization, LRN, LpNormalization, MeanVarianceNormalization.
-pub(super) fn eval(
+fn normalization(
     op: &Op,
     operands: &[Option<&Tensor>],
     _out: &[TensorType],

@@ -1,8 +1,25 @@
 //! QuantizeLinear and DequantizeLinear, element by element in f64: each element finds its scale
 //! (and zero point) by its position along the axis, or its block.
 
+use super::not_yet;
 use crate::shape::normalize_axis;
-use crate::{DType, Tensor, TensorType};
+use crate::{DType, Op, Tensor, TensorType};
+
+pub(super) fn eval(
+    op: &Op,
+    operands: &[Option<&Tensor>],
+    out_types: &[TensorType],
+) -> Result<Vec<Tensor>, String> {
+    Ok(match op {
+        Op::Quantize { axis, block_size, saturate, .. } => {
+            vec![quantize(*axis, *block_size, *saturate, operands, &out_types[0])?]
+        }
+        Op::Dequantize { axis, block_size } => {
+            vec![dequantize(*axis, *block_size, operands, &out_types[0])?]
+        }
+        _ => return not_yet(op),
+    })
+}
 
 /// For each element of `dims`, the index of its scale in a scale of `scale_dims`.
 fn scale_index(

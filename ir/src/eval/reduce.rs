@@ -2,10 +2,28 @@
 
 use std::cmp::Ordering;
 
-use super::{typed, view};
+use super::{first, not_yet, typed, view};
 use crate::infer::reduced_axes;
 use crate::op::{Reduce, ReduceKind};
-use crate::{normalize_axis, DType, Element, Tensor, TensorType};
+use crate::{normalize_axis, DType, Element, Op, Tensor, TensorType};
+
+pub(super) fn eval(
+    op: &Op,
+    operands: &[Option<&Tensor>],
+    out_types: &[TensorType],
+    out_dims: &[Vec<usize>],
+) -> Result<Vec<Tensor>, String> {
+    let x = || first(operands);
+    Ok(match op {
+        Op::Reduce(r) => {
+            vec![reduce(r, x(), operands.get(1).copied().flatten(), &out_dims[0])?]
+        }
+        Op::ArgReduce(r) => arg_reduce(r, operands, out_types)?,
+        Op::Cumulative(c) => cumulative(c, operands)?,
+        Op::TopK { axis, largest, .. } => top_k(*axis, *largest, operands, out_types)?,
+        _ => return not_yet(op),
+    })
+}
 
 pub(super) fn reduce(
     r: &Reduce,

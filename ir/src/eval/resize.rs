@@ -2,16 +2,28 @@
 //! time in f64, each output coordinate mapped to the input, then a small kernel of neighbours
 //! (clamped to the edge) weighted by the mode's coefficients.
 
+use super::not_yet;
 use crate::infer::{resize_plan, ResizePlan};
 use crate::op::{CoordinateTransform, NearestMode, Resize, ResizeMode};
-use crate::{DType, Tensor, TensorType};
+use crate::{DType, Op, Tensor, TensorType};
+
+pub(super) fn eval(
+    op: &Op,
+    operands: &[Option<&Tensor>],
+    out_types: &[TensorType],
+) -> Result<Vec<Tensor>, String> {
+    match op {
+        Op::Resize(r) => resize(r, operands, out_types),
+        _ => not_yet(op),
+    }
+}
 
 /// An optional operand with no elements counts as absent.
 fn given<'a>(operands: &[Option<&'a Tensor>], i: usize) -> Option<&'a Tensor> {
     operands.get(i).copied().flatten().filter(|t| !t.is_empty())
 }
 
-pub(super) fn eval(
+fn resize(
     r: &Resize,
     operands: &[Option<&Tensor>],
     _out: &[TensorType],

@@ -2,9 +2,34 @@
 
 use ndarray::{Array2, ArrayView2, Axis};
 
+use super::{first, not_yet};
 use crate::infer::{transpose_axis, TransposeAxis};
 use crate::op::{Conv, ConvTranspose, Pool, PoolKind, SpatialAxis, Window};
-use crate::{DType, Tensor, TensorType};
+use crate::{DType, Op, Tensor, TensorType};
+
+pub(super) fn eval(
+    op: &Op,
+    operands: &[Option<&Tensor>],
+    out_types: &[TensorType],
+    out_dims: &[Vec<usize>],
+    num_outputs: usize,
+) -> Result<Vec<Tensor>, String> {
+    let x = || first(operands);
+    Ok(match op {
+        Op::Conv(c) => vec![conv(
+            c,
+            x(),
+            operands[1].expect("checked"),
+            operands.get(2).copied().flatten(),
+            &out_dims[0],
+        )?],
+        Op::QConv(c) => vec![qconv(c, operands, &out_types[0])?],
+        Op::Pool(p) => pool(p, x(), &out_dims[0], num_outputs > 1)?,
+        Op::GlobalPool(k) => vec![global_pool(*k, x())],
+        Op::ConvTranspose(c) => conv_transpose(c, operands, out_types)?,
+        _ => return not_yet(op),
+    })
+}
 
 /// For each spatial axis, for each kernel offset, for each output position: the input position it
 /// reads, or `None` in the padding.

@@ -1,10 +1,18 @@
 //! Sequences and optionals: a sequence's type is its elements' dtype, what their shapes have in
 //! common, and their number when it is known (which is what lets the compiler resolve them).
 
-use super::{Ctx, Infer, Operand, Operands};
+use super::{not_yet, Ctx, Infer, Operand, Operands};
 use crate::op::{OptionalOp, SequenceOp};
 use crate::shape::normalize_axis;
-use crate::{DType, Dim, Kind, Shape, TensorType};
+use crate::{DType, Dim, Kind, Op, Shape, TensorType};
+
+pub(super) fn infer(op: &Op, ops: &Operands, ctx: &Ctx) -> Infer {
+    match op {
+        Op::Sequence(s) => sequence(s, ops, ctx),
+        Op::Optional(o) => optional(o, ops),
+        _ => not_yet(op),
+    }
+}
 
 /// The operand as a sequence: (its type, its elements' shape if ranked, its length if known).
 fn seq<'a>(o: Operand<'a>) -> Result<(&'a TensorType, Option<&'a Shape>, Option<usize>), String> {

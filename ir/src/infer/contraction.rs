@@ -1,7 +1,16 @@
 //! MatMul, Gemm and Einsum.
 
-use super::{same_dtype, Ctx, Infer, Operands};
-use crate::{broadcast, Dim, Shape, TensorType};
+use super::{not_yet, same_dtype, Ctx, Infer, Operands};
+use crate::{broadcast, Dim, Op, Shape, TensorType};
+
+pub(super) fn infer(op: &Op, ops: &Operands, ctx: &Ctx) -> Infer {
+    match op {
+        Op::MatMul => matmul(ops),
+        Op::Gemm(g) => gemm(g, ops),
+        Op::Einsum { equation } => einsum(equation, ops, ctx),
+        _ => not_yet(op),
+    }
+}
 
 fn dims_agree(a: &Dim, b: &Dim) -> bool {
     match (a, b) {

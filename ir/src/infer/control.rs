@@ -1,8 +1,17 @@
 //! Control flow: If, Scan, Loop.
 
-use super::{Ctx, Infer, Operands};
+use super::{not_yet, Ctx, Infer, Operands};
 use crate::shape::normalize_axis;
-use crate::{DType, Dim, Graph, Shape, TensorType};
+use crate::{DType, Dim, Graph, Op, Shape, TensorType};
+
+pub(super) fn infer(op: &Op, ops: &Operands, ctx: &Ctx) -> Infer {
+    match op {
+        Op::If { then_branch, else_branch } => if_(&then_branch.0, &else_branch.0, ops, ctx),
+        Op::Scan(s) => scan(s, ops),
+        Op::Loop(l) => loop_(l, ops, ctx),
+        _ => not_yet(op),
+    }
+}
 
 /// `g` with its inputs given `types` (sizes a caller bound reach its results); `None` when they
 /// are its types already.

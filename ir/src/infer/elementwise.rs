@@ -1,8 +1,20 @@
 //! Elementwise ops: broadcasting and type rules.
 
-use super::{same_dtype, Infer, Operands};
+use super::{not_yet, same_dtype, Infer, Operands};
 use crate::op::{BinaryOp, TypeClass, UnaryOp};
-use crate::{broadcast, DType, TensorType};
+use crate::{broadcast, DType, Op, TensorType};
+
+pub(super) fn infer(op: &Op, ops: &Operands) -> Infer {
+    match op {
+        Op::Unary(u) => unary(*u, ops),
+        Op::Binary(b) => binary(*b, ops),
+        Op::Clip => clip(ops),
+        Op::Where => where_(ops),
+        Op::Cast { to, .. } => cast(*to, ops),
+        Op::Identity => Ok(vec![ops.get(0)?.ty.clone()]),
+        _ => not_yet(op),
+    }
+}
 
 fn accept(class: TypeClass, ty: &TensorType) -> Result<(), String> {
     if !class.contains(ty.dtype) {

@@ -1,7 +1,18 @@
 //! Ops that make tensors from shapes and scalars: Shape, Size, ConstantOfShape, Range, EyeLike.
 
-use super::{Ctx, Infer, Operand, Operands};
-use crate::{DType, Dim, Shape, Tensor, TensorType};
+use super::{not_yet, Ctx, Infer, Operand, Operands};
+use crate::{DType, Dim, Op, Shape, Tensor, TensorType};
+
+pub(super) fn infer(op: &Op, ops: &Operands, ctx: &Ctx) -> Infer {
+    match op {
+        Op::Shape { start, end } => shape(*start, *end, ops),
+        Op::Size => size(ops),
+        Op::ConstantOfShape { value } => constant_of_shape(value, ops, ctx),
+        Op::Range => range(ops, ctx),
+        Op::EyeLike { dtype, .. } => eye_like(*dtype, ops),
+        _ => not_yet(op),
+    }
+}
 
 /// Shape: the dimensions `start..end`.
 pub(super) fn shape(start: i64, end: Option<i64>, ops: &Operands) -> Infer {

@@ -1,7 +1,7 @@
-//! Shape and type inference, one op family a file. Each rule takes the operands' types (and their
-//! values when they are constants: Reshape's shape, the axes of a reduction...) and returns the
-//! types of every result, or a message that names the offending shapes; the graph wraps it with the
-//! node and op.
+//! Shape and type inference, one op family a file (`Op::family` names it; each file's `infer`
+//! takes its family's ops). Each rule takes the operands' types (and their values when they are
+//! constants: Reshape's shape, the axes of a reduction...) and returns the types of every result,
+//! or a message that names the offending shapes; the graph wraps it with the node and op.
 
 mod collection;
 mod contraction;
@@ -26,6 +26,7 @@ pub(crate) use reduce::reduced_axes;
 pub(crate) use resize::{resize_plan, ResizePlan};
 pub use window::{transpose_axis, TransposeAxis};
 
+use crate::op::OpFamily;
 use crate::{Dim, Op, Shape, Tensor, TensorType};
 
 /// What inference knows about one operand.
@@ -80,15 +81,8 @@ pub fn infer(op: &Op, operands: &[Option<Operand>], node: &str) -> Result<Vec<Te
     let ctx = Ctx { node };
     let ops = Operands(operands);
     // Sequences and optionals reach only the ops that take them.
-    let takes_any = matches!(
-        op,
-        Op::Identity
-            | Op::If { .. }
-            | Op::Scan(_)
-            | Op::Loop(_)
-            | Op::Sequence(_)
-            | Op::Optional(_)
-    );
+    let takes_any = matches!(op, Op::Identity)
+        || matches!(op.family(), OpFamily::Control | OpFamily::Collection);
     if !takes_any {
         if let Some((i, o)) = operands
             .iter()
@@ -98,78 +92,22 @@ pub fn infer(op: &Op, operands: &[Option<Operand>], node: &str) -> Result<Vec<Te
             return Err(format!("operand {i} is {}, {} takes tensors", o.ty, op.name()));
         }
     }
-    match op {
-        Op::Input | Op::Constant(_) => Err("Input and Constant nodes carry their own types".into()),
-        Op::Unary(u) => elementwise::unary(*u, &ops),
-        Op::Binary(b) => elementwise::binary(*b, &ops),
-        Op::Clip => elementwise::clip(&ops),
-        Op::Where => elementwise::where_(&ops),
-        Op::Cast { to, .. } => elementwise::cast(*to, &ops),
-        Op::Identity => Ok(vec![ops.get(0)?.ty.clone()]),
-        Op::MatMul => contraction::matmul(&ops),
-        Op::Gemm(g) => contraction::gemm(g, &ops),
-        Op::Conv(c) => window::conv(c, &ops, &ctx),
-        Op::QConv(c) => window::qconv(c, &ops, &ctx),
-        Op::Pool(p) => window::pool(p, &ops, &ctx),
-        Op::GlobalPool(k) => window::global_pool(*k, &ops),
-        Op::Softmax { axis } => normalize::softmax(*axis, &ops),
-        Op::LayerNorm { axis, .. } => normalize::layer_norm(*axis, &ops),
-        Op::BatchNorm { .. } => normalize::batch_norm(&ops),
-        Op::Reduce(r) => reduce::reduce(r, &ops, &ctx),
-        Op::Reshape { allowzero } => movement::reshape(*allowzero, &ops, &ctx),
-        Op::Flatten { axis } => movement::flatten(*axis, &ops, &ctx),
-        Op::Transpose { perm } => movement::transpose(perm, &ops),
-        Op::Squeeze => movement::squeeze(&ops, &ctx),
-        Op::Unsqueeze => movement::unsqueeze(&ops, &ctx),
-        Op::Concat { axis } => movement::concat(*axis, &ops, &ctx),
-        Op::Split { axis, num_outputs } => movement::split(*axis, *num_outputs, &ops, &ctx),
-        Op::Slice => movement::slice(&ops, &ctx),
-        Op::Gather { axis } => movement::gather(*axis, &ops),
-        Op::Expand => movement::expand(&ops, &ctx),
-        Op::Einsum { equation } => contraction::einsum(equation, &ops, &ctx),
-        Op::ConvTranspose(c) => window::conv_transpose(c, &ops, &ctx),
-        Op::LogSoftmax { axis } | Op::Hardmax { axis } => normalize::softmax(*axis, &ops),
-        Op::InstanceNorm { .. }
-        | Op::GroupNorm { .. }
-        | Op::RmsNorm { .. }
-        | Op::Lrn(_)
-        | Op::LpNorm { .. }
-        | Op::MeanVarianceNorm { .. } => normalize::infer(op, &ops, &ctx),
-        Op::ArgReduce(r) => reduce::arg_reduce(r, &ops),
-        Op::Cumulative(_) => reduce::cumulative(&ops),
-        Op::TopK { axis, .. } => reduce::top_k(*axis, &ops, &ctx),
-        Op::Shape { start, end } => generate::shape(*start, *end, &ops),
-        Op::Size => generate::size(&ops),
-        Op::ConstantOfShape { value } => generate::constant_of_shape(value, &ops, &ctx),
-        Op::Range => generate::range(&ops, &ctx),
-        Op::EyeLike { dtype, .. } => generate::eye_like(*dtype, &ops),
-        Op::GatherElements { .. }
-        | Op::GatherNd { .. }
-        | Op::ScatterElements { .. }
-        | Op::ScatterNd { .. }
-        | Op::Tile
-        | Op::Pad { .. }
-        | Op::OneHot { .. }
-        | Op::Trilu { .. }
-        | Op::DepthToSpace { .. }
-        | Op::SpaceToDepth { .. }
-        | Op::NonZero
-        | Op::Compress { .. }
-        | Op::ReverseSequence { .. } => indexing::infer(op, &ops, &ctx),
-        Op::Resize(r) => resize::infer(r, &ops, &ctx),
-        Op::Rnn(_) | Op::Attention(_) | Op::RotaryEmbedding(_) => sequence::infer(op, &ops, &ctx),
-        Op::NllLoss(_) | Op::SoftmaxCrossEntropyLoss(_) => loss::infer(op, &ops, &ctx),
-        Op::If { then_branch, else_branch } => {
-            control::if_(&then_branch.0, &else_branch.0, &ops, &ctx)
-        }
-        Op::Scan(s) => control::scan(s, &ops),
-        Op::Loop(l) => control::loop_(l, &ops, &ctx),
-        Op::Quantize { axis, block_size, dtype, .. } => {
-            quantize::quantize(*axis, *block_size, *dtype, &ops)
-        }
-        Op::Dequantize { axis, block_size } => quantize::dequantize(*axis, *block_size, &ops),
-        Op::Sequence(s) => collection::sequence(s, &ops, &ctx),
-        Op::Optional(o) => collection::optional(o, &ops),
+    match op.family() {
+        OpFamily::Source => Err("Input and Constant nodes carry their own types".into()),
+        OpFamily::Elementwise => elementwise::infer(op, &ops),
+        OpFamily::Contraction => contraction::infer(op, &ops, &ctx),
+        OpFamily::Window => window::infer(op, &ops, &ctx),
+        OpFamily::Normalize => normalize::infer(op, &ops),
+        OpFamily::Reduce => reduce::infer(op, &ops, &ctx),
+        OpFamily::Movement => movement::infer(op, &ops, &ctx),
+        OpFamily::Indexing => indexing::infer(op, &ops, &ctx),
+        OpFamily::Generate => generate::infer(op, &ops, &ctx),
+        OpFamily::Resize => resize::infer(op, &ops, &ctx),
+        OpFamily::Sequence => sequence::infer(op, &ops, &ctx),
+        OpFamily::Loss => loss::infer(op, &ops, &ctx),
+        OpFamily::Control => control::infer(op, &ops, &ctx),
+        OpFamily::Quantize => quantize::infer(op, &ops),
+        OpFamily::Collection => collection::infer(op, &ops, &ctx),
     }
 }
 

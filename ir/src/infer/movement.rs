@@ -1,8 +1,24 @@
 //! Data movement and view ops: Reshape, Flatten, Transpose, Squeeze, Unsqueeze, Concat, Split,
 //! Slice, Gather, Expand.
 
-use super::{axis, Ctx, DimProduct, Infer, Operands};
-use crate::{broadcast, normalize_axis, DType, Dim, Shape, TensorType};
+use super::{axis, not_yet, Ctx, DimProduct, Infer, Operands};
+use crate::{broadcast, normalize_axis, DType, Dim, Op, Shape, TensorType};
+
+pub(super) fn infer(op: &Op, ops: &Operands, ctx: &Ctx) -> Infer {
+    match op {
+        Op::Reshape { allowzero } => reshape(*allowzero, ops, ctx),
+        Op::Flatten { axis } => flatten(*axis, ops, ctx),
+        Op::Transpose { perm } => transpose(perm, ops),
+        Op::Squeeze => squeeze(ops, ctx),
+        Op::Unsqueeze => unsqueeze(ops, ctx),
+        Op::Concat { axis } => concat(*axis, ops, ctx),
+        Op::Split { axis, num_outputs } => split(*axis, *num_outputs, ops, ctx),
+        Op::Slice => slice(ops, ctx),
+        Op::Gather { axis } => gather(*axis, ops),
+        Op::Expand => expand(ops, ctx),
+        _ => not_yet(op),
+    }
+}
 
 pub(super) fn reshape(allowzero: bool, ops: &Operands, ctx: &Ctx) -> Infer {
     let x = ops.get(0)?.ty;

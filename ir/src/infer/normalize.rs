@@ -1,8 +1,19 @@
 //! Softmax and the normalisations.
 
-use super::{axis, not_yet, same_dtype, Ctx, Infer, Operands};
+use super::{axis, not_yet, same_dtype, Infer, Operands};
 use crate::Op;
 use crate::{broadcast, DType, Dim, Shape, TensorType};
+
+pub(super) fn infer(op: &Op, ops: &Operands) -> Infer {
+    match op {
+        Op::Softmax { axis } | Op::LogSoftmax { axis } | Op::Hardmax { axis } => {
+            softmax(*axis, ops)
+        }
+        Op::LayerNorm { axis, .. } => layer_norm(*axis, ops),
+        Op::BatchNorm { .. } => batch_norm(ops),
+        _ => normalization(op, ops),
+    }
+}
 
 pub(super) fn softmax(ax: i64, ops: &Operands) -> Infer {
     let x = ops.get(0)?.ty;
@@ -71,7 +82,7 @@ pub(super) fn batch_norm(ops: &Operands) -> Infer {
 }
 
 /// InstanceNormalization, GroupNormalization, RMSNormalization, LRN, LpNormalization, MeanVarianceNormalization.
-pub(super) fn infer(op: &Op, ops: &Operands, _ctx: &Ctx) -> Infer {
+fn normalization(op: &Op, ops: &Operands) -> Infer {
     let x = ops.get(0)?.ty;
     if !x.dtype.is_float() {
         return Err(format!("needs a float type, got {x}"));

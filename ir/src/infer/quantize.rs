@@ -1,9 +1,17 @@
 //! QuantizeLinear and DequantizeLinear: the result has the input's shape; the scale (and zero
 //! point) is one value, one per position along the axis, or one per block along it.
 
-use super::{Infer, Operands};
+use super::{not_yet, Infer, Operands};
 use crate::shape::normalize_axis;
-use crate::{DType, Dim, TensorType};
+use crate::{DType, Dim, Op, TensorType};
+
+pub(super) fn infer(op: &Op, ops: &Operands) -> Infer {
+    match op {
+        Op::Quantize { axis, block_size, dtype, .. } => quantize(*axis, *block_size, *dtype, ops),
+        Op::Dequantize { axis, block_size } => dequantize(*axis, *block_size, ops),
+        _ => not_yet(op),
+    }
+}
 
 /// Checks the scale's (and zero point's) shape against `x`'s; the normalised axis.
 fn scale_layout(

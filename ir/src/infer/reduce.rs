@@ -1,8 +1,18 @@
 //! Reductions.
 
-use super::{Ctx, Infer, Operands};
+use super::{not_yet, Ctx, Infer, Operands};
 use crate::op::{Reduce, ReduceKind};
-use crate::{DType, Dim, Shape, TensorType};
+use crate::{DType, Dim, Op, Shape, TensorType};
+
+pub(super) fn infer(op: &Op, ops: &Operands, ctx: &Ctx) -> Infer {
+    match op {
+        Op::Reduce(r) => reduce(r, ops, ctx),
+        Op::ArgReduce(r) => arg_reduce(r, ops),
+        Op::Cumulative(_) => cumulative(ops),
+        Op::TopK { axis, .. } => top_k(*axis, ops, ctx),
+        _ => not_yet(op),
+    }
+}
 
 /// The axes a reduction reduces, normalised and sorted; `None` when they are known only at run time.
 pub(crate) fn reduced_axes(

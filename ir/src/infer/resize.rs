@@ -1,9 +1,16 @@
 //! Resize: `(x, roi?, scales?, sizes?) -> y`, following ONNX's reference implementation
 //! (onnx/reference/ops/op_resize.py) for output sizes, `axes` and `keep_aspect_ratio_policy`.
 
-use super::{Ctx, Infer, Operand, Operands};
+use super::{not_yet, Ctx, Infer, Operand, Operands};
 use crate::op::{AspectRatioPolicy, CoordinateTransform, Resize, ResizeMode};
-use crate::{normalize_axis, Dim, Shape, TensorType};
+use crate::{normalize_axis, Dim, Op, Shape, TensorType};
+
+pub(super) fn infer(op: &Op, ops: &Operands, ctx: &Ctx) -> Infer {
+    match op {
+        Op::Resize(r) => resize(r, ops, ctx),
+        _ => not_yet(op),
+    }
+}
 
 /// How a Resize maps its input to its output, resolved against concrete operands: one entry per
 /// axis of the input.
@@ -133,7 +140,7 @@ fn given<'a>(o: Option<Operand<'a>>) -> Option<Operand<'a>> {
     o.filter(|o| o.ty.shape.numel() != Some(0))
 }
 
-pub(super) fn infer(r: &Resize, ops: &Operands, ctx: &Ctx) -> Infer {
+fn resize(r: &Resize, ops: &Operands, ctx: &Ctx) -> Infer {
     let x = ops.get(0)?.ty;
     if x.rank() == 0 {
         return Err(format!("cannot resize a scalar {x}"));

@@ -1,8 +1,19 @@
 //! Convolution and pooling.
 
-use super::{same_dtype, Ctx, Infer, Operands};
+use super::{not_yet, same_dtype, Ctx, Infer, Operands};
 use crate::op::{AutoPad, Conv, ConvTranspose, Pool, PoolKind, Window};
-use crate::{DType, Dim, Shape, TensorType};
+use crate::{DType, Dim, Op, Shape, TensorType};
+
+pub(super) fn infer(op: &Op, ops: &Operands, ctx: &Ctx) -> Infer {
+    match op {
+        Op::Conv(c) => conv(c, ops, ctx),
+        Op::QConv(c) => qconv(c, ops, ctx),
+        Op::Pool(p) => pool(p, ops, ctx),
+        Op::GlobalPool(k) => global_pool(*k, ops),
+        Op::ConvTranspose(c) => conv_transpose(c, ops, ctx),
+        _ => not_yet(op),
+    }
+}
 
 /// Output spatial sizes for `x` of shape [N, C, spatial...] and kernel sizes `kernel`.
 fn spatial_out(

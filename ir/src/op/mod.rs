@@ -55,19 +55,55 @@ pub enum OpKind {
     Control,
 }
 
+/// Which family an op belongs to. Each stage keeps a family's rules in a file of its name
+/// (`infer/`, `eval/`, the compiler's `codegen/`, a function in its `batch.rs`) and dispatches on
+/// this, so an op's rules sit side by side in every stage and no stage lists a family's ops.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum OpFamily {
+    /// Graph inputs and constants, which no stage computes.
+    Source,
+    /// `Unary`, `Binary`, `Clip`, `Where`, `Cast`, `Identity`.
+    Elementwise,
+    /// MatMul, Gemm, Einsum.
+    Contraction,
+    /// Convolutions and pooling.
+    Window,
+    /// Softmax and the normalisations.
+    Normalize,
+    /// Reductions (`Reduce*`, ArgMax/ArgMin) and scans (CumSum/CumProd, TopK).
+    Reduce,
+    /// Reshapes, transposes, joins, splits, slices, Gather, Expand.
+    Movement,
+    /// Gathers and scatters by index tensors, and the ops that compute each element's source
+    /// (Tile, Pad, OneHot, Trilu, DepthToSpace...).
+    Indexing,
+    /// Tensors made from shapes: Shape, Size, ConstantOfShape, Range, EyeLike.
+    Generate,
+    Resize,
+    /// Recurrent layers, attention, rotary embeddings.
+    Sequence,
+    Loss,
+    /// If, Scan, Loop.
+    Control,
+    /// QuantizeLinear, DequantizeLinear.
+    Quantize,
+    /// The sequence and optional ops.
+    Collection,
+}
+
 /// The op table: one row per op gives its variant and attributes (each with its type, ONNX
 /// default, attribute name and codec), its ONNX name (`family` when its parameters decide it),
-/// its arity, its kind, the operands whose values decide its result shape, and its default
-/// result count. The enum `Op`, `name`, `arity`, `kind`, `shape_operands`, `default_num_outputs`,
-/// `attrs` and `from_attrs` are generated from it, so the text form and ONNX import round-trip
-/// by construction. A row's expressions may use its fields (by reference).
+/// its arity, its kind, its family, the operands whose values decide its result shape, and its
+/// default result count. The enum `Op`, `name`, `arity`, `kind`, `family`, `shape_operands`,
+/// `default_num_outputs`, `attrs` and `from_attrs` are generated from it, so the text form and
+/// ONNX import round-trip by construction. A row's expressions may use its fields (by reference).
 macro_rules! op_table {
     ($(
         $(#[$doc:meta])*
         $variant:ident
         $({ $($field:ident : $fty:ty $(= $default:expr)? ; $attr:literal as $codec:ty),* $(,)? })?
         $(( $bind:ident : $pty:ty ))?
-        => $name:tt, arity $arity:expr, $kind:ident
+        => $name:tt, arity $arity:expr, $kind:ident, $family:ident
         $(, shapes $shapes:expr)?
         $(, outputs $outputs:expr)?
         ;
@@ -106,6 +142,12 @@ macro_rules! op_table {
             pub fn kind(&self) -> OpKind {
                 match self {
                     $( op_table!(@any $variant $({ $($field),* })? $(($bind))?) => OpKind::$kind, )*
+                }
+            }
+
+            pub fn family(&self) -> OpFamily {
+                match self {
+                    $( op_table!(@any $variant $({ $($field),* })? $(($bind))?) => OpFamily::$family, )*
                 }
             }
 
@@ -194,167 +236,167 @@ const ANY: usize = usize::MAX;
 
 op_table! {
     /// A graph input (no operands; its type is the node's output type).
-    Input => "Input", arity (0, 0), Source;
+    Input => "Input", arity (0, 0), Source, Source;
     /// A constant tensor (weights, shapes, scalars).
-    Constant(t: Tensor) => "Constant", arity (0, 0), Source;
+    Constant(t: Tensor) => "Constant", arity (0, 0), Source, Source;
 
     // ----- elementwise -----
     /// `(x) -> y`, elementwise.
-    Unary(u: UnaryOp) => family, arity (1, 1), Elementwise;
+    Unary(u: UnaryOp) => family, arity (1, 1), Elementwise, Elementwise;
     /// `(a, b) -> y`, elementwise with numpy broadcasting.
-    Binary(b: BinaryOp) => family, arity (2, 2), Elementwise;
+    Binary(b: BinaryOp) => family, arity (2, 2), Elementwise, Elementwise;
     /// `(x, min?, max?) -> y`; bounds are scalars.
-    Clip => "Clip", arity (1, 3), Elementwise;
+    Clip => "Clip", arity (1, 3), Elementwise, Elementwise;
     /// `(cond, x, y) -> z`, broadcasting all three.
-    Where => "Where", arity (3, 3), Elementwise;
+    Where => "Where", arity (3, 3), Elementwise, Elementwise;
     /// `(x) -> y` converted to `to`; to an 8- or 4-bit float, out-of-range values saturate to the
     /// largest finite one unless `saturate` is off (then infinity or NaN).
-    Cast { to: DType; "to" as Type, saturate: bool = true; "saturate" as Flag } => "Cast", arity (1, 1), Elementwise;
+    Cast { to: DType; "to" as Type, saturate: bool = true; "saturate" as Flag } => "Cast", arity (1, 1), Elementwise, Elementwise;
 
     // ----- contractions -----
     /// `(a, b) -> y`, numpy matmul (batched, 1-D operands promoted).
-    MatMul => "MatMul", arity (2, 2), Root;
+    MatMul => "MatMul", arity (2, 2), Root, Contraction;
     /// `(a, b, c?) -> alpha * a' b' + beta * c`.
-    Gemm(g: Gemm) => "Gemm", arity (2, 3), Root;
+    Gemm(g: Gemm) => "Gemm", arity (2, 3), Root, Contraction;
     /// `(x...) -> y`, Einstein summation (`"ij,jk->ik"`).
-    Einsum { equation: String = String::new(); "equation" as Str } => "Einsum", arity (1, ANY), Root;
+    Einsum { equation: String = String::new(); "equation" as Str } => "Einsum", arity (1, ANY), Root, Contraction;
 
     // ----- windows -----
     /// `(x, w, b?) -> y`, N-d convolution with groups.
-    Conv(c: Conv) => "Conv", arity (2, 3), Root;
+    Conv(c: Conv) => "Conv", arity (2, 3), Root, Window;
     /// `(x, w, b?) -> y`, N-d transposed convolution with groups.
-    ConvTranspose(c: ConvTranspose) => "ConvTranspose", arity (2, 3), Root;
+    ConvTranspose(c: ConvTranspose) => "ConvTranspose", arity (2, 3), Root, Window;
     /// `(x) -> (y, indices)`: MaxPool (indices only for Max), AveragePool, LpPool.
-    Pool(p: Pool) => family, arity (1, 1), Root;
+    Pool(p: Pool) => family, arity (1, 1), Root, Window;
     /// `(x) -> y`: pooling over every spatial dimension, kept as size 1.
-    GlobalPool(k: PoolKind) => family, arity (1, 1), Root;
+    GlobalPool(k: PoolKind) => family, arity (1, 1), Root, Window;
 
     // ----- normalisations -----
     /// `(x) -> y`, along one axis.
-    Softmax { axis: i64 = -1; "axis" as Int } => "Softmax", arity (1, 1), Root;
+    Softmax { axis: i64 = -1; "axis" as Int } => "Softmax", arity (1, 1), Root, Normalize;
     /// `(x) -> y`, `log(softmax(x))` along one axis.
-    LogSoftmax { axis: i64 = -1; "axis" as Int } => "LogSoftmax", arity (1, 1), Root;
+    LogSoftmax { axis: i64 = -1; "axis" as Int } => "LogSoftmax", arity (1, 1), Root, Normalize;
     /// `(x) -> y`, one-hot of the first maximum along one axis.
-    Hardmax { axis: i64 = -1; "axis" as Int } => "Hardmax", arity (1, 1), Root;
+    Hardmax { axis: i64 = -1; "axis" as Int } => "Hardmax", arity (1, 1), Root, Normalize;
     /// `(x, scale, bias?) -> (y, mean, inv_std_dev)`, normalising over axes `axis..rank`.
-    LayerNorm { axis: i64 = -1; "axis" as Int, epsilon: f32 = 1e-5; "epsilon" as Float } => "LayerNormalization", arity (2, 3), Root;
+    LayerNorm { axis: i64 = -1; "axis" as Int, epsilon: f32 = 1e-5; "epsilon" as Float } => "LayerNormalization", arity (2, 3), Root, Normalize;
     /// `(x, scale, bias, mean, var) -> y`, inference form.
-    BatchNorm { epsilon: f32 = 1e-5; "epsilon" as Float } => "BatchNormalization", arity (5, 5), Root;
+    BatchNorm { epsilon: f32 = 1e-5; "epsilon" as Float } => "BatchNormalization", arity (5, 5), Root, Normalize;
     /// `(x, scale, bias) -> y`, per sample and channel over the spatial axes.
-    InstanceNorm { epsilon: f32 = 1e-5; "epsilon" as Float } => "InstanceNormalization", arity (3, 3), Root;
+    InstanceNorm { epsilon: f32 = 1e-5; "epsilon" as Float } => "InstanceNormalization", arity (3, 3), Root, Normalize;
     /// `(x, scale, bias) -> y`, over channel groups; scale and bias are per channel.
-    GroupNorm { epsilon: f32 = 1e-5; "epsilon" as Float, num_groups: usize = 0; "num_groups" as Size } => "GroupNormalization", arity (3, 3), Root;
+    GroupNorm { epsilon: f32 = 1e-5; "epsilon" as Float, num_groups: usize = 0; "num_groups" as Size } => "GroupNormalization", arity (3, 3), Root, Normalize;
     /// `(x, scale) -> y`, `x / sqrt(mean(x^2) + epsilon) * scale` over axes `axis..rank`.
-    RmsNorm { axis: i64 = -1; "axis" as Int, epsilon: f32 = 1e-5; "epsilon" as Float } => "RMSNormalization", arity (2, 2), Root;
+    RmsNorm { axis: i64 = -1; "axis" as Int, epsilon: f32 = 1e-5; "epsilon" as Float } => "RMSNormalization", arity (2, 2), Root, Normalize;
     /// `(x) -> y`, local response normalisation across channels.
-    Lrn(l: Lrn) => "LRN", arity (1, 1), Root;
+    Lrn(l: Lrn) => "LRN", arity (1, 1), Root, Normalize;
     /// `(x) -> y`, `x / ||x||_p` along one axis.
-    LpNorm { axis: i64 = -1; "axis" as Int, p: u32 = 2; "p" as Count } => "LpNormalization", arity (1, 1), Root;
+    LpNorm { axis: i64 = -1; "axis" as Int, p: u32 = 2; "p" as Count } => "LpNormalization", arity (1, 1), Root, Normalize;
     /// `(x) -> y`, `(x - mean) / std` over `axes`.
-    MeanVarianceNorm { axes: Vec<i64> = vec![0, 2, 3]; "axes" as Ints } => "MeanVarianceNormalization", arity (1, 1), Root;
+    MeanVarianceNorm { axes: Vec<i64> = vec![0, 2, 3]; "axes" as Ints } => "MeanVarianceNormalization", arity (1, 1), Root, Normalize;
 
     // ----- reductions and scans -----
     /// `(x, axes?) -> y`.
-    Reduce(r: Reduce) => family, arity (1, 2), Root, shapes &[1];
+    Reduce(r: Reduce) => family, arity (1, 2), Root, Reduce, shapes &[1];
     /// `(x) -> indices (i64)`: ArgMax, ArgMin.
-    ArgReduce(r: ArgReduce) => family, arity (1, 1), Root;
+    ArgReduce(r: ArgReduce) => family, arity (1, 1), Root, Reduce;
     /// `(x, axis) -> y`: CumSum, CumProd.
-    Cumulative(c: Cumulative) => family, arity (2, 2), Root, shapes &[1];
+    Cumulative(c: Cumulative) => family, arity (2, 2), Root, Reduce, shapes &[1];
     /// `(x, k) -> (values, indices)`.
     TopK { axis: i64 = -1; "axis" as Int, largest: bool = true; "largest" as Flag, sorted: bool = true; "sorted" as Flag }
-        => "TopK", arity (2, 2), Root, shapes &[1], outputs 2;
+        => "TopK", arity (2, 2), Root, Reduce, shapes &[1], outputs 2;
 
     // ----- data movement -----
     /// `(x, shape) -> y`; `0` copies a dimension unless `allowzero`, `-1` is inferred.
-    Reshape { allowzero: bool = false; "allowzero" as Flag } => "Reshape", arity (2, 2), View, shapes &[1];
+    Reshape { allowzero: bool = false; "allowzero" as Flag } => "Reshape", arity (2, 2), View, Movement, shapes &[1];
     /// `(x) -> y`, 2-D: dims before `axis` times dims from `axis`.
-    Flatten { axis: i64 = 1; "axis" as Int } => "Flatten", arity (1, 1), View;
+    Flatten { axis: i64 = 1; "axis" as Int } => "Flatten", arity (1, 1), View, Movement;
     /// `(x) -> y`, dimensions permuted.
-    Transpose { perm: Vec<usize> = Vec::new(); "perm" as Sizes } => "Transpose", arity (1, 1), Root;
+    Transpose { perm: Vec<usize> = Vec::new(); "perm" as Sizes } => "Transpose", arity (1, 1), Root, Movement;
     /// `(x, axes?) -> y`; without axes every size-1 dimension goes.
-    Squeeze => "Squeeze", arity (1, 2), View, shapes &[1];
+    Squeeze => "Squeeze", arity (1, 2), View, Movement, shapes &[1];
     /// `(x, axes) -> y`.
-    Unsqueeze => "Unsqueeze", arity (2, 2), View, shapes &[1];
+    Unsqueeze => "Unsqueeze", arity (2, 2), View, Movement, shapes &[1];
     /// `(x...) -> y`.
-    Concat { axis: i64; "axis" as RequiredInt } => "Concat", arity (1, ANY), Root;
+    Concat { axis: i64; "axis" as RequiredInt } => "Concat", arity (1, ANY), Root, Movement;
     /// `(x, split?) -> y...` into `num_outputs` parts (equal unless `split` gives sizes).
     Split { axis: i64 = 0; "axis" as Int, num_outputs: usize = 0; "num_outputs" as Size }
-        => "Split", arity (1, 2), Root, shapes &[1], outputs *num_outputs;
+        => "Split", arity (1, 2), Root, Movement, shapes &[1], outputs *num_outputs;
     /// `(x, starts, ends, axes?, steps?) -> y`.
-    Slice => "Slice", arity (3, 5), Root, shapes &[1, 2, 3, 4];
+    Slice => "Slice", arity (3, 5), Root, Movement, shapes &[1, 2, 3, 4];
     /// `(x, indices) -> y`, taking along `axis`.
-    Gather { axis: i64 = 0; "axis" as Int } => "Gather", arity (2, 2), Root;
+    Gather { axis: i64 = 0; "axis" as Int } => "Gather", arity (2, 2), Root, Movement;
     /// `(x, indices) -> y`, `y[i][j] = x[indices[i][j]][j]` along `axis`.
-    GatherElements { axis: i64 = 0; "axis" as Int } => "GatherElements", arity (2, 2), Root;
+    GatherElements { axis: i64 = 0; "axis" as Int } => "GatherElements", arity (2, 2), Root, Indexing;
     /// `(x, indices) -> y`, indexing the leading dimensions by index tuples.
-    GatherNd { batch_dims: usize = 0; "batch_dims" as Size } => "GatherND", arity (2, 2), Root;
+    GatherNd { batch_dims: usize = 0; "batch_dims" as Size } => "GatherND", arity (2, 2), Root, Indexing;
     /// `(x, indices, updates) -> y` along `axis`.
     ScatterElements { axis: i64 = 0; "axis" as Int, reduction: ScatterReduction = ScatterReduction::None; "reduction" as Named }
-        => "ScatterElements", arity (3, 3), Root;
+        => "ScatterElements", arity (3, 3), Root, Indexing;
     /// `(x, indices, updates) -> y` at index tuples.
-    ScatterNd { reduction: ScatterReduction = ScatterReduction::None; "reduction" as Named } => "ScatterND", arity (3, 3), Root;
+    ScatterNd { reduction: ScatterReduction = ScatterReduction::None; "reduction" as Named } => "ScatterND", arity (3, 3), Root, Indexing;
     /// `(x, shape) -> y`, broadcast to `shape`.
-    Expand => "Expand", arity (2, 2), Root, shapes &[1];
+    Expand => "Expand", arity (2, 2), Root, Movement, shapes &[1];
     /// `(x, repeats) -> y`.
-    Tile => "Tile", arity (2, 2), Root, shapes &[1];
+    Tile => "Tile", arity (2, 2), Root, Indexing, shapes &[1];
     /// `(x, pads, value?, axes?) -> y`.
-    Pad { mode: PadMode = PadMode::Constant; "mode" as Named } => "Pad", arity (2, 4), Root, shapes &[1, 3];
+    Pad { mode: PadMode = PadMode::Constant; "mode" as Named } => "Pad", arity (2, 4), Root, Indexing, shapes &[1, 3];
     /// `(x) -> i64[n]`, the dimensions `start..end`.
-    Shape { end: Option<i64> = None; "end" as OptInt, start: i64 = 0; "start" as Int } => "Shape", arity (1, 1), Root;
+    Shape { end: Option<i64> = None; "end" as OptInt, start: i64 = 0; "start" as Int } => "Shape", arity (1, 1), Root, Generate;
     /// `(x) -> i64[]`, the element count.
-    Size => "Size", arity (1, 1), Root;
+    Size => "Size", arity (1, 1), Root, Generate;
     /// `(shape) -> y` filled with `value` (a one-element tensor that also gives the type).
-    ConstantOfShape { value: Tensor = Tensor::vector(&[0f32]); "value" as TensorValue } => "ConstantOfShape", arity (1, 1), Root, shapes &[0];
+    ConstantOfShape { value: Tensor = Tensor::vector(&[0f32]); "value" as TensorValue } => "ConstantOfShape", arity (1, 1), Root, Generate, shapes &[0];
     /// `(start, limit, delta) -> y`.
-    Range => "Range", arity (3, 3), Root, shapes &[0, 1, 2];
+    Range => "Range", arity (3, 3), Root, Generate, shapes &[0, 1, 2];
     /// `(indices, depth, values) -> y`, a new axis `axis` of size `depth`.
-    OneHot { axis: i64 = -1; "axis" as Int } => "OneHot", arity (3, 3), Root, shapes &[1];
+    OneHot { axis: i64 = -1; "axis" as Int } => "OneHot", arity (3, 3), Root, Indexing, shapes &[1];
     /// `(x, k?) -> y`, the upper or lower triangle of the last two axes.
-    Trilu { upper: bool = true; "upper" as Flag } => "Trilu", arity (1, 2), Root, shapes &[1];
+    Trilu { upper: bool = true; "upper" as Flag } => "Trilu", arity (1, 2), Root, Indexing, shapes &[1];
     /// `(x) -> y` of x's shape (2-D): ones on diagonal `k`, of type `dtype` (x's if `None`).
-    EyeLike { dtype: Option<DType> = None; "dtype" as OptType, k: i64 = 0; "k" as Int } => "EyeLike", arity (1, 1), Root;
+    EyeLike { dtype: Option<DType> = None; "dtype" as OptType, k: i64 = 0; "k" as Int } => "EyeLike", arity (1, 1), Root, Generate;
     /// `(x) -> y`, channels to space in blocks (`crd`: column-row-depth order, else depth-column-row).
-    DepthToSpace { blocksize: usize = 0; "blocksize" as Size, crd: bool = false; "mode" as DepthMode } => "DepthToSpace", arity (1, 1), Root;
+    DepthToSpace { blocksize: usize = 0; "blocksize" as Size, crd: bool = false; "mode" as DepthMode } => "DepthToSpace", arity (1, 1), Root, Indexing;
     /// `(x) -> y`, space to channels in blocks.
-    SpaceToDepth { blocksize: usize = 0; "blocksize" as Size } => "SpaceToDepth", arity (1, 1), Root;
+    SpaceToDepth { blocksize: usize = 0; "blocksize" as Size } => "SpaceToDepth", arity (1, 1), Root, Indexing;
     /// `(x, roi?, scales?, sizes?) -> y`.
-    Resize(r: Resize) => "Resize", arity (1, 4), Root, shapes &[1, 2, 3];
+    Resize(r: Resize) => "Resize", arity (1, 4), Root, Resize, shapes &[1, 2, 3];
     /// `(x) -> i64[rank, n]`, the indices of the non-zero elements.
-    NonZero => "NonZero", arity (1, 1), Root;
+    NonZero => "NonZero", arity (1, 1), Root, Indexing;
     /// `(x, condition) -> y`, the slices where `condition` holds (flattened without `axis`).
-    Compress { axis: Option<i64> = None; "axis" as OptInt } => "Compress", arity (2, 2), Root;
+    Compress { axis: Option<i64> = None; "axis" as OptInt } => "Compress", arity (2, 2), Root, Indexing;
     /// `(x, sequence_lens) -> y`, each batch entry's first `len` steps reversed.
     ReverseSequence { batch_axis: usize = 1; "batch_axis" as Size, time_axis: usize = 0; "time_axis" as Size }
-        => "ReverseSequence", arity (2, 2), Root;
+        => "ReverseSequence", arity (2, 2), Root, Indexing;
     /// `(x) -> x`.
-    Identity => "Identity", arity (1, 1), Elementwise;
+    Identity => "Identity", arity (1, 1), Elementwise, Elementwise;
 
     // ----- sequence models -----
     /// `(x, w, r, b?, sequence_lens?, initial_h?, initial_c?, p?) -> (y, y_h, y_c)`: RNN, GRU, LSTM.
-    Rnn(r: Rnn) => family, arity (3, if matches!(r.cell, RnnCell::Lstm { .. }) { 8 } else { 6 }), Root, outputs 2;
+    Rnn(r: Rnn) => family, arity (3, if matches!(r.cell, RnnCell::Lstm { .. }) { 8 } else { 6 }), Root, Sequence, outputs 2;
     /// `(q, k, v, attn_mask?, past_key?, past_value?) -> (y, present_key, present_value, qk)`.
-    Attention(t: Attention) => "Attention", arity (3, 7), Root;
+    Attention(t: Attention) => "Attention", arity (3, 7), Root, Sequence;
     /// `(x, cos_cache, sin_cache, position_ids?) -> y`.
-    RotaryEmbedding(r: RotaryEmbedding) => "RotaryEmbedding", arity (3, 4), Root;
+    RotaryEmbedding(r: RotaryEmbedding) => "RotaryEmbedding", arity (3, 4), Root, Sequence;
 
     // ----- losses -----
     /// `(input, target, weight?) -> loss`.
-    NllLoss(l: Loss) => "NegativeLogLikelihoodLoss", arity (2, 3), Root;
+    NllLoss(l: Loss) => "NegativeLogLikelihoodLoss", arity (2, 3), Root, Loss;
     /// `(scores, labels, weights?) -> (loss, log_prob)`.
-    SoftmaxCrossEntropyLoss(l: Loss) => "SoftmaxCrossEntropyLoss", arity (2, 3), Root;
+    SoftmaxCrossEntropyLoss(l: Loss) => "SoftmaxCrossEntropyLoss", arity (2, 3), Root, Loss;
 
     // ----- control flow -----
     /// `(cond, captured...) -> results`: runs one branch. Each branch takes the captured values
     /// as its inputs, in order, and has one output per result.
     If { else_branch: Subgraph; "else_branch" as GraphAttr, then_branch: Subgraph; "then_branch" as GraphAttr }
-        => "If", arity (1, ANY), Control, outputs then_branch.0.outputs().len();
+        => "If", arity (1, ANY), Control, Control, outputs then_branch.0.outputs().len();
     /// `(captured..., state..., scanned...) -> (state..., stacked...)`: runs the body once per
     /// position along the scanned inputs' axes, carrying the state from one step to the next.
-    Scan(s: Box<Scan>) => "Scan", arity (1, ANY), Control, outputs s.body.0.outputs().len();
+    Scan(s: Box<Scan>) => "Scan", arity (1, ANY), Control, Control, outputs s.body.0.outputs().len();
     /// `(captured..., trip count?, cond?, state...) -> (state..., stacked...)`: runs the body
     /// while the step is below the trip count and the condition holds, carrying the state. The
     /// trip count and the condition are positional, either may be absent.
-    Loop(l: Box<Loop>) => "Loop", arity (0, ANY), Control, outputs l.body.0.outputs().len().saturating_sub(1);
+    Loop(l: Box<Loop>) => "Loop", arity (0, ANY), Control, Control, outputs l.body.0.outputs().len().saturating_sub(1);
 
     // ----- quantization -----
     /// `(x, scale, zero_point?) -> y`, ONNX QuantizeLinear: round-half-even(x / scale) +
@@ -362,10 +404,10 @@ op_table! {
     /// scale is one value, one per position along `axis` (1-D), or (`block_size` > 0, the rank of
     /// `x`) one per block of `block_size` positions along `axis`; the zero point is shaped alike.
     Quantize { axis: i64 = 1; "axis" as Int, block_size: usize = 0; "block_size" as Size, dtype: Option<DType> = None; "output_dtype" as OptType, saturate: bool = true; "saturate" as Flag }
-        => "QuantizeLinear", arity (2, 3), Root;
+        => "QuantizeLinear", arity (2, 3), Root, Quantize;
     /// `(x, scale, zero_point?) -> y`, ONNX DequantizeLinear: (x - zero_point) * scale, in the
     /// scale's type; the scale as Quantize's.
-    Dequantize { axis: i64 = 1; "axis" as Int, block_size: usize = 0; "block_size" as Size } => "DequantizeLinear", arity (2, 3), Root;
+    Dequantize { axis: i64 = 1; "axis" as Int, block_size: usize = 0; "block_size" as Size } => "DequantizeLinear", arity (2, 3), Root, Quantize;
     /// `(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point, bias?) -> y`,
     /// kiln's own integer convolution, with ONNX QLinearConv's meaning: `Σ (x - x_zp)(w - w_zp)
     /// + bias` (exact, in integers), times `x_scale * w_scale / y_scale`, rounded half to even,
@@ -373,13 +415,13 @@ op_table! {
     /// value; the weight's are one or one per output channel; the bias is int32 `[M]`. The CPU's
     /// `integer` pass makes it from DequantizeLinear -> Conv -> QuantizeLinear where the CPU's
     /// integer kernel runs it; the importer still expands ONNX's QLinearConv into those three.
-    QConv(c: Conv) => "QConv", arity (8, 9), Root;
+    QConv(c: Conv) => "QConv", arity (8, 9), Root, Window;
 
     // ----- sequences and optionals -----
     /// The ONNX sequence ops (`SequenceAt`, `SplitToSequence`...).
-    Sequence(s: SequenceOp) => family, arity s.arity(), Control, outputs s.outputs();
+    Sequence(s: SequenceOp) => family, arity s.arity(), Control, Collection, outputs s.outputs();
     /// The ONNX optional ops.
-    Optional(o: OptionalOp) => family, arity o.arity(), Control;
+    Optional(o: OptionalOp) => family, arity o.arity(), Control, Collection;
 }
 
 /// `Loop`: the body takes the captured values, the step number (one i64), the condition (one
@@ -586,4 +628,28 @@ impl Op {
     pub fn is_view(&self) -> bool {
         self.kind() == OpKind::View
     }
+
+    /// How a gather or scatter addresses its data (operand 0) with the indices it reads from
+    /// operand 1; `None` for every other op.
+    pub fn indexed_by(&self) -> Option<IndexedBy> {
+        match self {
+            Op::Gather { axis }
+            | Op::GatherElements { axis }
+            | Op::ScatterElements { axis, .. } => Some(IndexedBy::Axis(*axis)),
+            Op::GatherNd { batch_dims } => Some(IndexedBy::Tuple { first: *batch_dims }),
+            Op::ScatterNd { .. } => Some(IndexedBy::Tuple { first: 0 }),
+            _ => None,
+        }
+    }
+}
+
+/// How a gather or scatter addresses its data with its indices ([`Op::indexed_by`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IndexedBy {
+    /// Each index is a position along one axis (not normalised): Gather, GatherElements,
+    /// ScatterElements.
+    Axis(i64),
+    /// Each index tuple (along the indices' last axis) is a position in the data's axes from
+    /// `first` on: GatherND after its batch dimensions, ScatterND.
+    Tuple { first: usize },
 }

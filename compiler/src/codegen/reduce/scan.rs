@@ -14,9 +14,9 @@ use melior::dialect::arith::{CmpfPredicate, CmpiPredicate};
 use melior::ir::operation::OperationLike;
 use melior::ir::{Block, BlockLike, Value};
 
-use super::mlir::{dims_list, fill, generic, op, push};
-use super::scalar::{compute, Scalar, ScalarBuilder};
-use super::Emitter;
+use crate::codegen::mlir::{dims_list, fill, generic, op, push};
+use crate::codegen::scalar::{compute, Scalar, ScalarBuilder};
+use crate::codegen::Emitter;
 use crate::Result;
 
 /// The scanned operand (and operand 1, an axis or `k`, when given).
@@ -42,7 +42,7 @@ pub(super) fn emit_top_k(em: &mut Emitter, id: NodeId, axis: i64, largest: bool)
 }
 
 /// Appends a multi-result op and returns its results.
-pub(super) fn push_all<'c, 'a>(
+pub(in crate::codegen) fn push_all<'c, 'a>(
     block: &'a Block<'c>,
     op: melior::ir::Operation<'c>,
 ) -> Vec<Value<'c, 'a>> {
@@ -51,12 +51,12 @@ pub(super) fn push_all<'c, 'a>(
 }
 
 /// `affine_map<(d0..d{n-1}) -> (exprs)>`.
-pub(super) fn affine(n: usize, exprs: &[String]) -> String {
+pub(in crate::codegen) fn affine(n: usize, exprs: &[String]) -> String {
     format!("affine_map<({}) -> ({})>", dims_list(n), exprs.join(", "))
 }
 
 /// The loop indices `d0..d{n-1}` as expressions, loop `axis` replaced by `with`.
-pub(super) fn loops_with(n: usize, axis: usize, with: &str) -> Vec<String> {
+pub(in crate::codegen) fn loops_with(n: usize, axis: usize, with: &str) -> Vec<String> {
     (0..n).map(|i| if i == axis { with.to_string() } else { format!("d{i}") }).collect()
 }
 
@@ -64,7 +64,7 @@ pub(super) fn loops_with(n: usize, axis: usize, with: &str) -> Vec<String> {
 /// (`greater`: descending, else ascending), and whether the two are equal. Floats order NaN above
 /// everything when `nan_high` (numpy's sort order), below everything otherwise; NaNs are equal to
 /// each other.
-pub(super) fn compare<'c, 'a>(
+pub(in crate::codegen) fn compare<'c, 'a>(
     sb: &ScalarBuilder<'c, 'a>,
     a: Value<'c, 'a>,
     b: Value<'c, 'a>,
@@ -103,7 +103,7 @@ pub(super) fn compare<'c, 'a>(
 /// when `axis_last` (so that, with the axis dropped, the parallel loops are the result's dims, as
 /// the workgroup split expects). Returns the index tensor.
 #[allow(clippy::too_many_arguments)]
-pub(super) fn arg_best<'c, 'a>(
+pub(in crate::codegen) fn arg_best<'c, 'a>(
     em: &mut Emitter<'c, 'a>,
     x: Value<'c, 'a>,
     xd: &[usize],
@@ -435,7 +435,7 @@ pub(super) fn scf_for<'c, 'a>(
     let (ctx, loc) = (em.ctx, em.loc);
     let index = melior::ir::Type::index(ctx);
     let c = |v: usize| -> Result<Value<'c, 'a>> {
-        let attr = super::mlir::parse_attr(ctx, &format!("{v} : index"))?;
+        let attr = crate::codegen::mlir::parse_attr(ctx, &format!("{v} : index"))?;
         Ok(push(em.block, op(ctx, loc, "arith.constant", &[], &[index], &[("value", attr)])?))
     };
     let (lb, ub, step) = (c(0)?, c(n)?, c(1)?);
@@ -459,7 +459,7 @@ pub(super) fn scf_for<'c, 'a>(
         .add_results(&types)
         .add_regions([region])
         .build()
-        .map_err(|e| super::mlir::err(format!("building scf.for: {e}")))?;
+        .map_err(|e| crate::codegen::mlir::err(format!("building scf.for: {e}")))?;
     Ok(push_all(em.block, op))
 }
 
@@ -487,22 +487,22 @@ pub(super) fn slice_at<'c, 'b>(
     let o = melior::ir::operation::OperationBuilder::new(name, loc)
         .add_operands(operands)
         .add_attributes(&[
-            super::mlir::named(
+            crate::codegen::mlir::named(
                 ctx,
                 "static_offsets",
                 DenseI64ArrayAttribute::new(ctx, &offsets).into(),
             ),
-            super::mlir::named(
+            crate::codegen::mlir::named(
                 ctx,
                 "static_sizes",
                 DenseI64ArrayAttribute::new(ctx, &sizes).into(),
             ),
-            super::mlir::named(
+            crate::codegen::mlir::named(
                 ctx,
                 "static_strides",
                 DenseI64ArrayAttribute::new(ctx, &vec![1; sizes.len()]).into(),
             ),
-            super::mlir::named(
+            crate::codegen::mlir::named(
                 ctx,
                 "operandSegmentSizes",
                 DenseI32ArrayAttribute::new(ctx, segments).into(),
@@ -510,7 +510,7 @@ pub(super) fn slice_at<'c, 'b>(
         ])
         .add_results(&[result])
         .build()
-        .map_err(|e| super::mlir::err(format!("building {name}: {e}")))?;
+        .map_err(|e| crate::codegen::mlir::err(format!("building {name}: {e}")))?;
     Ok(push(block, o))
 }
 

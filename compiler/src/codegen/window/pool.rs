@@ -7,11 +7,11 @@ use kiln_ir::op::{Pool, PoolKind, SpatialAxis};
 use kiln_ir::{DType, NodeId, Tensor, ValueId};
 use melior::dialect::arith::CmpiPredicate;
 
-use super::mlir::{
+use crate::codegen::mlir::{
     broadcast_map, dense_literal, dims_list, fill, generic, op, pad, parse_attr, push,
 };
-use super::scalar::{compute, ScalarBuilder};
-use super::Emitter;
+use crate::codegen::scalar::{compute, ScalarBuilder};
+use crate::codegen::Emitter;
 use crate::Result;
 use melior::ir::BlockLike;
 
@@ -173,7 +173,7 @@ fn pool(
                 let inv = sb.constant(1.0 / p as f64, t)?;
                 v = sb.emit("math.powf", &[v, inv], t)?;
             }
-            let s = sb.cast(super::scalar::Scalar { v, dtype: acc_dtype }, dtype)?;
+            let s = sb.cast(crate::codegen::scalar::Scalar { v, dtype: acc_dtype }, dtype)?;
             Ok(vec![sb.store(s)?])
         })?;
     let r = push(em.block, fin);
@@ -353,7 +353,8 @@ fn max_pool_indexed(
                 offset = sb.emit("arith.addi", &[offset, w], "i64")?;
             }
             let first = sb.cmpi(CmpiPredicate::Eq, i, c(-1)?)?;
-            let (better, _) = super::scan::compare(&sb, v.v, m.v, dtype, true, true)?;
+            let (better, _) =
+                crate::codegen::reduce::scan::compare(&sb, v.v, m.v, dtype, true, true)?;
             let take = sb.emit("arith.ori", &[first, better], "i1")?;
             let take = sb.emit("arith.andi", &[take, inside], "i1")?;
             let n = sb.loop_index(0, "i64")?;
@@ -364,10 +365,10 @@ fn max_pool_indexed(
             let flat = sb.emit("arith.addi", &[base, offset], "i64")?;
             let nv = sb.select(take, v.v, m.v, compute(dtype))?;
             let ni = sb.select(take, flat, i, "i64")?;
-            Ok(vec![sb.store(super::scalar::Scalar { v: nv, dtype })?, ni])
+            Ok(vec![sb.store(crate::codegen::scalar::Scalar { v: nv, dtype })?, ni])
         },
     )?;
-    let out = super::scan::push_all(em.block, g);
+    let out = crate::codegen::reduce::scan::push_all(em.block, g);
     em.set(result, out[0]);
     if want_indices {
         em.set(indices, out[1]);

@@ -12,10 +12,10 @@ use kiln_ir::op::{Conv, ConvTranspose, SpatialAxis};
 use kiln_ir::{DType, NodeId, ValueId};
 use melior::dialect::arith::CmpiPredicate;
 
-use super::contraction::{convert, multiply_add};
-use super::mlir::{broadcast_map, fill, generic, pad, push, reshape};
-use super::scalar::{compute, ScalarBuilder};
-use super::Emitter;
+use crate::codegen::contraction::{convert, multiply_add};
+use crate::codegen::mlir::{broadcast_map, fill, generic, pad, push, reshape};
+use crate::codegen::scalar::{compute, ScalarBuilder};
+use crate::codegen::Emitter;
 use crate::Result;
 use melior::ir::BlockLike;
 
@@ -198,7 +198,7 @@ pub(super) fn conv_transpose(em: &mut Emitter, id: NodeId, c: &ConvTranspose) ->
     let zty = em.tensor_type(&zd, dtype)?;
     let zrank = zd.len();
     let id_map = broadcast_map(zrank, &zd, &zd);
-    let elem = super::mlir::dtype_type(ctx, dtype);
+    let elem = crate::codegen::mlir::dtype_type(ctx, dtype);
     let g =
         generic(ctx, loc, &[], &[zdest], &[id_map], &vec!["parallel"; zrank], &[zty], |body| {
             let sb = ScalarBuilder { ctx, loc, block: body };
@@ -226,9 +226,11 @@ pub(super) fn conv_transpose(em: &mut Emitter, id: NodeId, c: &ConvTranspose) ->
             }
             let mut operands = vec![xv];
             operands.extend(coords);
-            let v =
-                push(body, super::mlir::op(ctx, loc, "tensor.extract", &operands, &[elem], &[])?);
-            let t = super::mlir::storage_type(dtype);
+            let v = push(
+                body,
+                crate::codegen::mlir::op(ctx, loc, "tensor.extract", &operands, &[elem], &[])?,
+            );
+            let t = crate::codegen::mlir::storage_type(dtype);
             Ok(vec![sb.select(inside, v, sb.constant(0.0, t)?, t)?])
         })?;
     let zv = push(em.block, g);
@@ -268,7 +270,7 @@ pub(super) fn conv_transpose(em: &mut Emitter, id: NodeId, c: &ConvTranspose) ->
             operands.extend(coords);
             Ok(vec![push(
                 body,
-                super::mlir::op(ctx, loc, "tensor.extract", &operands, &[elem], &[])?,
+                crate::codegen::mlir::op(ctx, loc, "tensor.extract", &operands, &[elem], &[])?,
             )])
         },
     )?;
@@ -535,7 +537,7 @@ fn add_bias<'c, 'a>(
 ) -> Result<melior::ir::Value<'c, 'a>> {
     let rank = od.len();
     let id = broadcast_map(rank, od, od);
-    let bias_map = format!("affine_map<({}) -> (d1)>", super::mlir::dims_list(rank));
+    let bias_map = format!("affine_map<({}) -> (d1)>", crate::codegen::mlir::dims_list(rank));
     let ty = em.tensor_type(od, dtype)?;
     let (ctx, loc) = (em.ctx, em.loc);
     let g = generic(

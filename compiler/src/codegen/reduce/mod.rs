@@ -1,10 +1,11 @@
-//! Reductions and the normalisations built on them: Reduce*, Softmax, LogSoftmax,
-//! LayerNormalization, BatchNormalization. A reduction is a `linalg.generic` with reduction
-//! iterators over the reduced axes; the normalisations chain a few of them with elementwise
-//! steps, in f32 (f64 for f64 tensors).
+//! Reductions and scans: Reduce* here, ArgMax/ArgMin, CumSum/CumProd and TopK in `scan`. A
+//! reduction is a `linalg.generic` with reduction iterators over the reduced axes; its helpers
+//! (`reduce_generic`, `map_generic`) are also what the normalisations are built from.
+
+pub(super) mod scan;
 
 use kiln_ir::op::{Reduce, ReduceKind};
-use kiln_ir::{normalize_axis, DType, NodeId, ValueId};
+use kiln_ir::{normalize_axis, DType, NodeId, Op, ValueId};
 use melior::dialect::arith::CmpfPredicate;
 use melior::ir::Value;
 
@@ -24,42 +25,23 @@ pub(super) fn acc_of(d: DType) -> DType {
 }
 
 /// The node's operands; inference checked the required ones are there.
-fn inputs(em: &Emitter, id: NodeId) -> Vec<Option<ValueId>> {
+pub(super) fn inputs(em: &Emitter, id: NodeId) -> Vec<Option<ValueId>> {
     em.graph.operands(id)
 }
 
-pub(super) fn emit_reduce(em: &mut Emitter, id: NodeId, r: &Reduce) -> Result<()> {
+pub(super) fn emit(em: &mut Emitter, id: NodeId) -> Result<()> {
+    match &em.graph.node(id).op {
+        Op::Reduce(r) => emit_reduce(em, id, r),
+        Op::ArgReduce(r) => scan::emit_arg_reduce(em, id, r),
+        Op::Cumulative(c) => scan::emit_cumulative(em, id, c),
+        Op::TopK { axis, largest, .. } => scan::emit_top_k(em, id, *axis, *largest),
+        _ => Err(em.not_supported(id)),
+    }
+}
+
+fn emit_reduce(em: &mut Emitter, id: NodeId, r: &Reduce) -> Result<()> {
     let o = inputs(em, id);
     reduce_op(em, id, r, o[0].expect("reductions have an input"), o.get(1).copied().flatten())
-}
-
-pub(super) fn emit_softmax(em: &mut Emitter, id: NodeId, axis: i64, log: bool) -> Result<()> {
-    let x = inputs(em, id)[0].expect("softmax has an input");
-    softmax(em, id, x, axis, log)
-}
-
-pub(super) fn emit_layer_norm(em: &mut Emitter, id: NodeId, axis: i64, epsilon: f32) -> Result<()> {
-    let o = inputs(em, id);
-    layer_norm(
-        em,
-        id,
-        o[0].expect("layer norm input"),
-        o[1].expect("scale"),
-        o.get(2).copied().flatten(),
-        axis,
-        epsilon,
-    )
-}
-
-pub(super) fn emit_batch_norm(em: &mut Emitter, id: NodeId, epsilon: f32) -> Result<()> {
-    let o = inputs(em, id);
-    batch_norm(
-        em,
-        id,
-        o[0].expect("batchnorm input"),
-        &o[1..5].iter().map(|o| o.expect("batchnorm params")).collect::<Vec<_>>(),
-        epsilon,
-    )
 }
 
 /// A reduction's starting value: floats as f64, integers exactly.
@@ -373,190 +355,4 @@ fn finite_or_zero<'c, 'a>(
     let finite = sb.cmpf(CmpfPredicate::Olt, abs, inf)?;
     let zero = sb.constant(0.0, t)?;
     sb.select(finite, v, zero, t)
-}
-
-fn softmax(em: &mut Emitter, id: NodeId, x: ValueId, axis: i64, log: bool) -> Result<()> {
-    let result = ValueId::from(id);
-    let xd = em.dims(x);
-    let dt = em.ty(x).dtype;
-    let a = normalize_axis(axis, xd.len())
-        .ok_or_else(|| em.unsupported(id, "has an axis out of range"))?;
-    let acc = acc_of(dt);
-    let tc = compute(acc);
-    let xv = em.value(x)?;
-    let km = keep_map(xd.len(), &[a]);
-    let m = reduce_generic(
-        em,
-        xv,
-        &xd,
-        dt,
-        &[a],
-        acc,
-        Init::Float(f64::NEG_INFINITY),
-        &[],
-        |sb, acc, v, _| sb.emit("arith.maximumf", &[acc, v.v], tc),
-    )?;
-    let s = reduce_generic(
-        em,
-        xv,
-        &xd,
-        dt,
-        &[a],
-        acc,
-        Init::Float(0.0),
-        &[(m, km.clone())],
-        |sb, acc, v, ex| {
-            let d = sb.emit("arith.subf", &[v.v, ex[0]], tc)?;
-            let e = sb.emit("math.exp", &[d], tc)?;
-            sb.emit("arith.addf", &[acc, e], tc)
-        },
-    )?;
-    let dest = em.dest(result)?;
-    let id_map = broadcast_map(xd.len(), &xd, &xd);
-    let t = map_generic(em, &[(xv, id_map), (m, km.clone()), (s, km)], &xd, dt, dest, |sb, v| {
-        let x = sb.load(v[0], dt)?;
-        let x = sb.cast(x, acc)?;
-        let d = sb.emit("arith.subf", &[x.v, v[1]], tc)?;
-        let y = if log {
-            let l = sb.emit("math.log", &[v[2]], tc)?;
-            sb.emit("arith.subf", &[d, l], tc)?
-        } else {
-            let e = sb.emit("math.exp", &[d], tc)?;
-            sb.emit("arith.divf", &[e, v[2]], tc)?
-        };
-        let y = sb.cast(Scalar { v: y, dtype: acc }, dt)?;
-        sb.store(y)
-    })?;
-    em.set(result, t);
-    Ok(())
-}
-
-fn layer_norm(
-    em: &mut Emitter,
-    id: NodeId,
-    x: ValueId,
-    scale: ValueId,
-    bias: Option<ValueId>,
-    axis: i64,
-    eps: f32,
-) -> Result<()> {
-    let node = em.graph.node(id).clone();
-    let result = ValueId::from(id);
-    let xd = em.dims(x);
-    let dt = em.ty(x).dtype;
-    let r = xd.len();
-    let a =
-        normalize_axis(axis, r).ok_or_else(|| em.unsupported(id, "has an axis out of range"))?;
-    let axes: Vec<usize> = (a..r).collect();
-    let n: usize = axes.iter().map(|&i| xd[i]).product();
-    let acc = acc_of(dt);
-    let tc = compute(acc);
-    let xv = em.value(x)?;
-    let km = keep_map(r, &axes);
-    let sum =
-        reduce_generic(em, xv, &xd, dt, &axes, acc, Init::Float(0.0), &[], |sb, acc, v, _| {
-            sb.emit("arith.addf", &[acc, v.v], tc)
-        })?;
-    let kd: Vec<usize> = xd.iter().enumerate().map(|(i, &d)| if i >= a { 1 } else { d }).collect();
-    let kid = broadcast_map(kd.len(), &kd, &kd);
-    let mean_dest =
-        if node.outputs.len() > 1 { em.dest(ValueId::new(id, 1))? } else { em.empty(&kd, acc)? };
-    let mean = map_generic(em, &[(sum, kid.clone())], &kd, acc, mean_dest, |sb, v| {
-        let c = sb.constant(n as f64, tc)?;
-        sb.emit("arith.divf", &[v[0], c], tc)
-    })?;
-    let var = reduce_generic(
-        em,
-        xv,
-        &xd,
-        dt,
-        &axes,
-        acc,
-        Init::Float(0.0),
-        &[(mean, km.clone())],
-        |sb, acc, v, ex| {
-            let d = sb.emit("arith.subf", &[v.v, ex[0]], tc)?;
-            let sq = sb.emit("arith.mulf", &[d, d], tc)?;
-            sb.emit("arith.addf", &[acc, sq], tc)
-        },
-    )?;
-    let inv_dest =
-        if node.outputs.len() > 2 { em.dest(ValueId::new(id, 2))? } else { em.empty(&kd, acc)? };
-    let inv = map_generic(em, &[(var, kid)], &kd, acc, inv_dest, |sb, v| {
-        let c = sb.constant(n as f64, tc)?;
-        let var = sb.emit("arith.divf", &[v[0], c], tc)?;
-        let e = sb.constant(eps as f64, tc)?;
-        let s = sb.emit("arith.addf", &[var, e], tc)?;
-        sb.emit("math.rsqrt", &[s], tc)
-    })?;
-    let dest = em.dest(result)?;
-    let full = broadcast_map(r, &xd, &xd);
-    let mut ins = vec![(xv, full), (mean, km.clone()), (inv, km)];
-    let scale_v = em.value(scale)?;
-    ins.push((scale_v, broadcast_map(r, &em.dims(scale), &xd)));
-    if let Some(b) = bias {
-        let bv = em.value(b)?;
-        ins.push((bv, broadcast_map(r, &em.dims(b), &xd)));
-    }
-    let has_bias = bias.is_some();
-    let t = map_generic(em, &ins, &xd, dt, dest, |sb, v| {
-        let x = sb.load(v[0], dt)?;
-        let x = sb.cast(x, acc)?;
-        let d = sb.emit("arith.subf", &[x.v, v[1]], tc)?;
-        let y = sb.emit("arith.mulf", &[d, v[2]], tc)?;
-        let s = sb.cast(sb.load(v[3], dt)?, acc)?;
-        let mut y = sb.emit("arith.mulf", &[y, s.v], tc)?;
-        if has_bias {
-            let b = sb.cast(sb.load(v[4], dt)?, acc)?;
-            y = sb.emit("arith.addf", &[y, b.v], tc)?;
-        }
-        let y = sb.cast(Scalar { v: y, dtype: acc }, dt)?;
-        sb.store(y)
-    })?;
-    em.set(result, t);
-    if node.outputs.len() > 1 {
-        em.set(ValueId::new(id, 1), mean);
-    }
-    if node.outputs.len() > 2 {
-        em.set(ValueId::new(id, 2), inv);
-    }
-    Ok(())
-}
-
-fn batch_norm(
-    em: &mut Emitter,
-    id: NodeId,
-    x: ValueId,
-    params: &[ValueId],
-    eps: f32,
-) -> Result<()> {
-    let result = ValueId::from(id);
-    let xd = em.dims(x);
-    let dt = em.ty(x).dtype;
-    let r = xd.len();
-    let acc = acc_of(dt);
-    let tc = compute(acc);
-    let mut ins = vec![(em.value(x)?, broadcast_map(r, &xd, &xd))];
-    let channel = format!("affine_map<({}) -> (d1)>", dims_list(r));
-    for &p in params {
-        ins.push((em.value(p)?, channel.clone()));
-    }
-    let pdt: Vec<DType> = params.iter().map(|&p| em.ty(p).dtype).collect();
-    let dest = em.dest(result)?;
-    let t = map_generic(em, &ins, &xd, dt, dest, |sb, v| {
-        let p = |i: usize| -> Result<Value> { Ok(sb.cast(sb.load(v[1 + i], pdt[i])?, acc)?.v) };
-        let x = sb.cast(sb.load(v[0], dt)?, acc)?.v;
-        let (scale, bias, mean, var) = (p(0)?, p(1)?, p(2)?, p(3)?);
-        let e = sb.constant(eps as f64, tc)?;
-        let s = sb.emit("arith.addf", &[var, e], tc)?;
-        let inv = sb.emit("math.rsqrt", &[s], tc)?;
-        let d = sb.emit("arith.subf", &[x, mean], tc)?;
-        let y = sb.emit("arith.mulf", &[d, inv], tc)?;
-        let y = sb.emit("arith.mulf", &[y, scale], tc)?;
-        let y = sb.emit("arith.addf", &[y, bias], tc)?;
-        let y = sb.cast(Scalar { v: y, dtype: acc }, dt)?;
-        sb.store(y)
-    })?;
-    em.set(result, t);
-    Ok(())
 }
