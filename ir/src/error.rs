@@ -2,15 +2,21 @@
 
 use thiserror::Error;
 
+use crate::TensorType;
+
 #[derive(Debug, Error, Clone, PartialEq)]
 pub enum IrError {
-    /// Shape or type inference rejected a node.
-    #[error("node `{node}` ({op}): {msg}")]
-    Shape { node: String, op: &'static str, msg: String },
+    /// Shape or type inference rejected a node: its operands' types, an attribute, a constant.
+    #[error("node `{node}` ({op}): {error}")]
+    Shape { node: String, op: &'static str, error: OpError },
 
-    /// The reference interpreter could not run a node.
-    #[error("evaluating node `{node}` ({op}): {msg}")]
-    Eval { node: String, op: &'static str, msg: String },
+    /// The reference interpreter could not run a node: a value out of range, a limit reached.
+    #[error("evaluating node `{node}` ({op}): {error}")]
+    Eval { node: String, op: &'static str, error: OpError },
+
+    /// An imported node's attributes do not make an op: missing, mistyped or out of range.
+    #[error("node `{node}` ({op}): {error}")]
+    Attr { node: String, op: String, error: AttrError },
 
     /// The graph's structure is broken (a dangling operand, a cycle, a duplicate name...).
     #[error("invalid graph: {0}")]
@@ -42,6 +48,167 @@ pub enum IrError {
 }
 
 pub type Result<T, E = IrError> = std::result::Result<T, E>;
+
+impl IrError {
+    /// The error with `what` in front of its message (`tensor `w`: ...`) where it is a message
+    /// (`Onnx`, `NotSupported`, `Tensor`); the other variants already say what they are about.
+    pub(crate) fn context(self, what: impl std::fmt::Display) -> IrError {
+        match self {
+            IrError::Onnx(m) => IrError::Onnx(format!("{what}: {m}")),
+            IrError::NotSupported(m) => IrError::NotSupported(format!("{what}: {m}")),
+            IrError::Tensor(m) => IrError::Tensor(format!("{what}: {m}")),
+            other => other,
+        }
+    }
+}
+
+/// Why an op could not be built from its attributes ([`crate::op::Attrs`]): which attribute,
+/// and the value it had. The node and op are the caller's ([`IrError::Attr`], a parse error's
+/// line).
+#[derive(Debug, Error, Clone, PartialEq)]
+pub enum AttrError {
+    #[error("attribute `{name}` is required")]
+    Missing { name: String },
+    /// The attribute is of another kind (`want` and `got`: "an integer", "a list of floats"...).
+    #[error("attribute `{name}` must be {want}, got {got}")]
+    WrongKind { name: String, want: &'static str, got: &'static str },
+    #[error("attribute `{name}` must not be negative, got {value}")]
+    Negative { name: String, value: i64 },
+    /// An entry of a list of sizes is negative.
+    #[error("attribute `{name}` must not hold negative values, got {value}")]
+    NegativeEntry { name: String, value: i64 },
+    #[error("attribute `{name}` must be 0 or 1, got {value}")]
+    NotFlag { name: String, value: i64 },
+    /// A string attribute names no member of its enum.
+    #[error("attribute `{name}` has the unknown value `{value}`")]
+    UnknownValue { name: String, value: String },
+    /// A string attribute is none of the spellings the op takes.
+    #[error("attribute `{name}` must be {}, got `{value}`", or_list(allowed))]
+    NotOneOf { name: String, value: String, allowed: &'static [&'static str] },
+    /// A value its kind allows but the op does not (a direction of 2, a count of 0...).
+    #[error("attribute `{name}` {why}, got {value}")]
+    OutOfRange { name: String, value: String, why: &'static str },
+    /// An attribute the op does not have (a misspelling never passes silently).
+    #[error("{op} has no attribute `{name}`")]
+    Unexpected { op: String, name: String },
+    #[error("unknown op `{0}`")]
+    UnknownOp(String),
+    /// A list attribute whose length does not fit the input (a window's `pads` for its spatial
+    /// rank).
+    #[error("{name} has {len} entries, {want} expected")]
+    Length { name: &'static str, len: usize, want: usize },
+    /// Attributes that cannot be read as any op's (a Constant's data is not an attribute).
+    #[error("{0}")]
+    Inconsistent(&'static str),
+}
+
+/// `a`, `a or b`, `a, b or c`.
+fn or_list(items: &[&str]) -> String {
+    match items {
+        [] => String::new(),
+        [one] => (*one).to_string(),
+        [init @ .., last] => format!("{} or {last}", init.join(", ")),
+    }
+}
+
+/// What is wrong with one node's operands, attributes or values for its op: the leaf of
+/// [`IrError::Shape`] (inference) and [`IrError::Eval`] (the interpreter), which name the node
+/// and op. The common findings are typed with their values; a rule's own finding, which names
+/// the shapes and values it is about, is [`OpError::Invalid`].
+#[derive(Debug, Error, Clone, PartialEq)]
+pub enum OpError {
+    #[error(transparent)]
+    Attr(#[from] AttrError),
+    #[error("operand {index} is missing")]
+    MissingOperand { index: usize },
+    /// More or fewer operands than the op takes.
+    #[error("takes {} operands, got {present} (of {slots} slots)", arity_text(*min, *max))]
+    Arity { min: usize, max: usize, present: usize, slots: usize },
+    /// A context around an operand's error (`operand 1: expected a tensor, got ...`).
+    #[error("operand {index}: {error}")]
+    Operand { index: usize, error: Box<OpError> },
+    #[error("axis {axis} is out of range for {ty}")]
+    Axis { axis: i64, ty: TensorType },
+    /// Operands that must share an element type do not.
+    #[error("{what} must have the same element type, got {a} and {b}")]
+    DTypeMismatch { what: String, a: TensorType, b: TensorType },
+    /// An element type outside the class the op takes (`class`: "float", "numeric").
+    #[error("needs a {class} type, got {ty}")]
+    NeedsType { class: &'static str, ty: TensorType },
+    /// A result rank taken from a value's length, past [`crate::infer::MAX_RANK`].
+    #[error("a result of rank {rank}: kiln takes at most {} axes", crate::infer::MAX_RANK)]
+    TooManyAxes { rank: usize },
+    /// A tensor type whose bytes overflow what memory can address ([`crate::size`]).
+    #[error("{what} has more elements than a tensor can hold (at most 2^63 - 1 bytes)")]
+    TooLarge { what: String },
+    /// A sequence or optional where the op takes a tensor (`got`: [`crate::Value::describe`]).
+    #[error("expected a tensor, got {got}")]
+    NotTensor { got: String },
+    /// A convolution's or pool's window wider than its padded input on one spatial axis.
+    #[error("the window ({extent} wide with dilation) does not fit the padded input ({padded}) on spatial axis {axis}")]
+    WindowTooWide { extent: usize, padded: usize, axis: usize },
+    /// An index value outside its axis (the interpreter's gathers and scatters).
+    #[error("index {index} is out of range for axis {axis} of size {size}")]
+    Index { index: i64, axis: usize, size: usize },
+    /// A Loop that ran `limit` steps (`EvalOptions::max_loop_steps`) without ending.
+    #[error("reached the limit of {limit} steps without ending (--max-loop-steps / EvalOptions::max_loop_steps: raise it, or leave it unset for no limit)")]
+    StepLimit { limit: u64 },
+    /// An op whose rules are not written yet.
+    #[error("{op} is not implemented yet")]
+    NotYet { op: &'static str },
+    /// A node asks for more results than its op gives (or for none).
+    #[error("has {have} results, {asked} asked for")]
+    ResultCount { have: usize, asked: usize },
+    /// A node's declared result type disagrees with what inference gives.
+    #[error("result {index} is declared {declared} but inference gives {inferred}")]
+    ResultType { index: usize, declared: TensorType, inferred: TensorType },
+    /// A branch, body or step of a control-flow op that failed (`what`: "branch `then`", "the
+    /// body `b`, step 3").
+    #[error("in {what}: {error}")]
+    Subgraph { what: String, error: Box<IrError> },
+    /// A tensor the rule builds that cannot be made (too large for memory's addresses).
+    #[error(transparent)]
+    Ir(Box<IrError>),
+    /// A rule's own finding, naming the shapes and values it is about.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+fn arity_text(min: usize, max: usize) -> String {
+    if min == max {
+        format!("{min}")
+    } else if max == usize::MAX {
+        format!("at least {min}")
+    } else {
+        format!("{min} to {max}")
+    }
+}
+
+impl From<IrError> for OpError {
+    fn from(e: IrError) -> OpError {
+        OpError::Ir(Box::new(e))
+    }
+}
+
+impl From<String> for OpError {
+    fn from(msg: String) -> OpError {
+        OpError::Invalid(msg)
+    }
+}
+
+impl From<&str> for OpError {
+    fn from(msg: &str) -> OpError {
+        OpError::Invalid(msg.into())
+    }
+}
+
+/// `Err(invalid!("...", args))`: an [`OpError::Invalid`] from a format string.
+macro_rules! invalid {
+    ($($arg:tt)*) => {
+        $crate::error::OpError::Invalid(format!($($arg)*))
+    };
+}
+pub(crate) use invalid;
 
 /// An op a model uses that kiln does not support, with every node that uses it.
 #[derive(Debug, Clone, PartialEq)]

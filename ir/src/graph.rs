@@ -9,7 +9,7 @@ use petgraph::visit::EdgeRef;
 use petgraph::Direction;
 
 use crate::infer::{self, Operand};
-use crate::{IrError, Op, Result, Tensor, TensorType};
+use crate::{IrError, Op, OpError, Result, Tensor, TensorType};
 
 pub type NodeId = NodeIndex<u32>;
 
@@ -161,10 +161,12 @@ impl Graph {
         operands: &[Option<ValueId>],
         num_outputs: usize,
     ) -> Result<Vec<TensorType>> {
-        let shape_err = |msg: String| IrError::Shape { node: name.to_string(), op: op.name(), msg };
+        let shape_err =
+            |error: OpError| IrError::Shape { node: name.to_string(), op: op.name(), error };
         check_arity(op, operands).map_err(shape_err)?;
         for v in operands.iter().flatten() {
-            self.check_value(*v).map_err(|e| shape_err(e.to_string()))?;
+            // A dangling operand: the graph's error, told as this node's.
+            self.check_value(*v).map_err(|e| shape_err(OpError::Invalid(e.to_string())))?;
         }
         let ops: Vec<Option<Operand>> = operands
             .iter()
@@ -172,7 +174,7 @@ impl Graph {
             .collect();
         let mut types = infer::infer(op, &ops, name).map_err(shape_err)?;
         if num_outputs == 0 || num_outputs > types.len() {
-            return Err(shape_err(format!("has {} results, {num_outputs} asked for", types.len())));
+            return Err(shape_err(OpError::ResultCount { have: types.len(), asked: num_outputs }));
         }
         types.truncate(num_outputs);
         check_sizes(name, op, &types)?;
@@ -472,9 +474,11 @@ impl Graph {
                 return Err(IrError::Shape {
                     node: node.name.clone(),
                     op: node.op.name(),
-                    msg: format!(
-                        "result {i} is declared {declared} but inference gives {inferred}"
-                    ),
+                    error: OpError::ResultType {
+                        index: i,
+                        declared: declared.clone(),
+                        inferred: inferred.clone(),
+                    },
                 });
             }
         }
@@ -535,7 +539,11 @@ impl Graph {
                     return Err(IrError::Shape {
                         node: node.name.clone(),
                         op: node.op.name(),
-                        msg: format!("result {i} is declared {have} but inference gives {want}"),
+                        error: OpError::ResultType {
+                            index: i,
+                            declared: have.clone(),
+                            inferred: want.clone(),
+                        },
                     });
                 }
             }
@@ -568,21 +576,14 @@ fn type_matches(declared: &TensorType, inferred: &TensorType) -> bool {
 pub(crate) fn check_arity(
     op: &Op,
     operands: &[Option<ValueId>],
-) -> std::result::Result<(), String> {
+) -> std::result::Result<(), OpError> {
     let (min, max) = op.arity();
     if operands.len() > max
         || operands.len() < min
         || operands.iter().take(min).any(|o| o.is_none())
     {
-        let want = if min == max {
-            format!("{min}")
-        } else if max == usize::MAX {
-            format!("at least {min}")
-        } else {
-            format!("{min} to {max}")
-        };
         let present = operands.iter().filter(|o| o.is_some()).count();
-        return Err(format!("takes {want} operands, got {present} (of {} slots)", operands.len()));
+        return Err(OpError::Arity { min, max, present, slots: operands.len() });
     }
     Ok(())
 }
@@ -592,10 +593,10 @@ pub(crate) fn check_arity(
 /// of its dimensions wraps.
 fn check_sizes(name: &str, op: &Op, types: &[TensorType]) -> Result<()> {
     for t in types {
-        crate::size::check_type(t).map_err(|msg| IrError::Shape {
+        crate::size::check_type(t).map_err(|error| IrError::Shape {
             node: name.to_string(),
             op: op.name(),
-            msg,
+            error,
         })?;
     }
     Ok(())

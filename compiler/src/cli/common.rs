@@ -80,7 +80,7 @@ pub fn read_tensor(path: &Path, max_memory: Option<u64>) -> Result<Tensor> {
     )?;
     let bytes = std::fs::read(path).map_err(|e| file_err(path, e.to_string()))?;
     if bytes.starts_with(b"\x93NUMPY") {
-        return kiln_ir::npy::decode(&bytes).map_err(|e| file_err(path, e));
+        return kiln_ir::npy::decode(&bytes).map_err(|e| file_err(path, e.to_string()));
     }
     kiln_ir::onnx::decode_tensor(&bytes, path.parent())
         .map_err(|e| file_err(path, format!("neither a .npy file nor an ONNX tensor: {e}")))

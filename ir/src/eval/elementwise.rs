@@ -3,11 +3,12 @@
 use ndarray::{ArrayD, IxDyn, Zip};
 
 use super::{tensor, typed, view};
+use crate::error::{invalid, OpError};
 use crate::op::{BinaryOp, UnaryOp};
 use crate::{DType, Element, Tensor};
 
-pub(super) fn unary(u: UnaryOp, x: &Tensor, out: DType) -> Result<Tensor, String> {
-    fn go<T: Element>(u: UnaryOp, x: &Tensor, out: DType) -> Result<Tensor, String> {
+pub(super) fn unary(u: UnaryOp, x: &Tensor, out: DType) -> Result<Tensor, OpError> {
+    fn go<T: Element>(u: UnaryOp, x: &Tensor, out: DType) -> Result<Tensor, OpError> {
         let v = view::<T>(x);
         if out == DType::Bool {
             let f = |a: T| match u {
@@ -29,7 +30,7 @@ pub(super) fn unary(u: UnaryOp, x: &Tensor, out: DType) -> Result<Tensor, String
         let r = v.mapv(|a| match unary_int(u, a.to_i128().expect("integer type")) {
             Some(r) => T::from_i128(r),
             None => {
-                err = Some(format!("{} is not defined for {}", u.name(), T::DTYPE));
+                err = Some(invalid!("{} is not defined for {}", u.name(), T::DTYPE));
                 T::from_i128(0)
             }
         });
@@ -309,7 +310,12 @@ fn libm_erf(x: f64) -> f64 {
     sign * (1.0 - e / ax)
 }
 
-pub(super) fn binary(b: BinaryOp, l: &Tensor, r: &Tensor, out: &[usize]) -> Result<Tensor, String> {
+pub(super) fn binary(
+    b: BinaryOp,
+    l: &Tensor,
+    r: &Tensor,
+    out: &[usize],
+) -> Result<Tensor, OpError> {
     if b == BinaryOp::Pow && l.dtype() != r.dtype() {
         return Ok(pow_mixed(l, r, out));
     }
@@ -318,7 +324,7 @@ pub(super) fn binary(b: BinaryOp, l: &Tensor, r: &Tensor, out: &[usize]) -> Resu
         l: &Tensor,
         r: &Tensor,
         out: &[usize],
-    ) -> Result<Tensor, String> {
+    ) -> Result<Tensor, OpError> {
         let (lv, rv) = (view::<T>(l), view::<T>(r));
         let shape = IxDyn(out);
         let (lv, rv) = (
@@ -439,7 +445,7 @@ fn saturate(dtype: DType, v: f64) -> i128 {
     (v as i128).clamp(lo, hi)
 }
 
-fn binary_int(b: BinaryOp, x: i128, y: i128, dtype: DType) -> Result<i128, String> {
+fn binary_int(b: BinaryOp, x: i128, y: i128, dtype: DType) -> Result<i128, OpError> {
     let bits = dtype.size() as u32 * 8;
     Ok(match b {
         BinaryOp::Add => x.wrapping_add(y),
@@ -499,7 +505,7 @@ fn binary_int(b: BinaryOp, x: i128, y: i128, dtype: DType) -> Result<i128, Strin
                 x >> y
             }
         }
-        other => return Err(format!("{} is not defined for integers", other.name())),
+        other => return Err(invalid!("{} is not defined for integers", other.name())),
     })
 }
 

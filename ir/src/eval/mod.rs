@@ -28,6 +28,7 @@ use std::collections::HashMap;
 
 use ndarray::{ArrayD, ArrayViewD, IxDyn};
 
+use crate::error::{invalid, OpError};
 use crate::infer::{self, Operand};
 use crate::{Dim, Element, Graph, IrError, Op, Result, Tensor, TensorType, Value, ValueId};
 
@@ -54,7 +55,7 @@ pub fn run_with(graph: &Graph, inputs: &[Tensor], options: &EvalOptions) -> Resu
         .zip(graph.outputs())
         .map(|(v, (name, _))| {
             v.into_tensor()
-                .map_err(|msg| IrError::Input { name: name.clone(), msg: format!("output: {msg}") })
+                .map_err(|e| IrError::Input { name: name.clone(), msg: format!("output: {e}") })
         })
         .collect()
 }
@@ -95,8 +96,9 @@ pub fn run_values_with(
         let results = {
             let operands: Vec<Option<&Value>> =
                 operand_ids.iter().map(|o| o.map(|v| &values[&v])).collect();
-            eval_node(&node.op, &operands, node.outputs.len(), options)
-                .map_err(|msg| IrError::Eval { node: node.name.clone(), op: node.op.name(), msg })?
+            eval_node(&node.op, &operands, node.outputs.len(), options).map_err(|error| {
+                IrError::Eval { node: node.name.clone(), op: node.op.name(), error }
+            })?
         };
         for v in operand_ids.into_iter().flatten() {
             let n = uses.get_mut(&v).expect("counted above");
@@ -122,7 +124,7 @@ fn eval_node(
     operands: &[Option<&Value>],
     num_outputs: usize,
     options: &EvalOptions,
-) -> Result<Vec<Value>, String> {
+) -> Result<Vec<Value>, OpError> {
     match op {
         Op::Sequence(_) | Op::Optional(_) => collection::eval(op, operands, options),
         Op::Identity => {
@@ -138,9 +140,12 @@ fn eval_node(
                 .iter()
                 .enumerate()
                 .map(|(i, o)| {
-                    o.map(|v| v.as_tensor().map_err(|e| format!("operand {i}: {e}"))).transpose()
+                    o.map(|v| {
+                        v.as_tensor().map_err(|e| OpError::Operand { index: i, error: Box::new(e) })
+                    })
+                    .transpose()
                 })
-                .collect::<Result<_, String>>()?;
+                .collect::<Result<_, OpError>>()?;
             Ok(eval_op(op, &tensors, num_outputs)?.into_iter().map(Value::Tensor).collect())
         }
     }
@@ -232,7 +237,7 @@ pub fn eval_op(
     op: &Op,
     operands: &[Option<&Tensor>],
     num_outputs: usize,
-) -> Result<Vec<Tensor>, String> {
+) -> Result<Vec<Tensor>, OpError> {
     match op {
         Op::Input => return Err("graph inputs are not evaluated".into()),
         Op::Constant(t) => return Ok(vec![t.clone()]),
@@ -246,7 +251,7 @@ pub fn eval_op(
             return r.into_iter().map(Value::into_tensor).collect();
         }
         Op::Sequence(_) | Op::Optional(_) => {
-            return Err(format!("{} gives a sequence or an optional, not tensors", op.name()))
+            return Err(invalid!("{} gives a sequence or an optional, not tensors", op.name()))
         }
         _ => {}
     }
@@ -268,9 +273,9 @@ pub fn eval_op(
         .map(|t| {
             t.shape
                 .as_fixed()
-                .ok_or_else(|| format!("result shape {t} is not known from the operands"))
+                .ok_or_else(|| invalid!("result shape {t} is not known from the operands"))
         })
-        .collect::<Result<_, String>>()?;
+        .collect::<Result<_, OpError>>()?;
     // Each result is checked against the memory available before the op allocates it.
     let limit = crate::memory::available_at_start();
     for (t, dims) in out_types.iter().zip(&out_dims).take(num_outputs.max(1)) {
@@ -280,7 +285,7 @@ pub fn eval_op(
                 let need = b.map_or("more than 2^64 bytes".to_string(), |b| {
                     format!("{b} bytes ({})", crate::memory::human(b))
                 });
-                return Err(format!(
+                return Err(invalid!(
                     "the result {t} needs {need}, more than the {limit} bytes ({}) of memory available",
                     crate::memory::human(limit)
                 ));
@@ -345,7 +350,7 @@ pub fn eval_op(
             vec![reduce::reduce(r, x(), operands.get(1).copied().flatten(), &out_dims[0])?]
         }
         Op::Reshape { .. } | Op::Flatten { .. } | Op::Squeeze | Op::Unsqueeze => {
-            vec![x().reshape(&out_dims[0]).map_err(|e| e.to_string())?]
+            vec![x().reshape(&out_dims[0]).map_err(OpError::from)?]
         }
         Op::Transpose { perm } => vec![movement::transpose(x(), perm)],
         Op::Concat { axis } => vec![movement::concat(
@@ -462,8 +467,8 @@ macro_rules! typed {
 pub(crate) use typed;
 
 /// What an op without an interpreter yet reports.
-pub(crate) fn not_yet(op: &Op) -> Result<Vec<Tensor>, String> {
-    Err(format!("{} is not implemented yet", op.name()))
+pub(crate) fn not_yet(op: &Op) -> Result<Vec<Tensor>, OpError> {
+    Err(invalid!("{} is not implemented yet", op.name()))
 }
 
 /// Row-major strides of `dims`.

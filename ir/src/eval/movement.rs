@@ -4,6 +4,7 @@
 use ndarray::{Axis, IxDyn};
 
 use super::{tensor, typed, view};
+use crate::error::OpError;
 use crate::infer::slice_axis;
 use crate::{normalize_axis, Element, Tensor};
 
@@ -43,7 +44,7 @@ pub(super) fn split(x: &Tensor, axis: i64, outs: &[Vec<usize>]) -> Vec<Tensor> {
 }
 
 /// `params` = starts, ends, axes?, steps? as integer lists.
-pub(super) fn slice(x: &Tensor, params: &[Option<Vec<i64>>]) -> Result<Tensor, String> {
+pub(super) fn slice(x: &Tensor, params: &[Option<Vec<i64>>]) -> Result<Tensor, OpError> {
     let starts = params[0].clone().expect("checked");
     let ends = params[1].clone().expect("checked");
     let axes =
@@ -73,7 +74,7 @@ pub(super) fn gather(
     indices: &Tensor,
     axis: i64,
     out: &[usize],
-) -> Result<Tensor, String> {
+) -> Result<Tensor, OpError> {
     let a = normalize_axis(axis, x.rank()).expect("inferred");
     let n = x.dims()[a] as i64;
     let idx = indices
@@ -84,10 +85,10 @@ pub(super) fn gather(
             if (0..n).contains(&j) {
                 Ok(j as usize)
             } else {
-                Err(format!("index {i} is out of range for axis {a} of size {n}"))
+                Err(OpError::Index { index: i, axis: a, size: n as usize })
             }
         })
-        .collect::<Result<Vec<usize>, String>>()?;
+        .collect::<Result<Vec<usize>, OpError>>()?;
     fn go<T: Element>(x: &Tensor, a: usize, idx: &[usize], out: &[usize]) -> Tensor {
         let picked = view::<T>(x).select(Axis(a), idx);
         tensor(picked).reshape(out).expect("same count")

@@ -1,13 +1,14 @@
 //! Softmax and the normalisations.
 
 use super::{axis, not_yet, same_dtype, Ctx, Infer, Operands};
+use crate::error::{invalid, OpError};
 use crate::Op;
 use crate::{broadcast, DType, Dim, Shape, TensorType};
 
 pub(super) fn softmax(ax: i64, ops: &Operands) -> Infer {
     let x = ops.get(0)?.ty;
     if !x.dtype.is_float() {
-        return Err(format!("needs a float type, got {x}"));
+        return Err(OpError::NeedsType { class: "float", ty: x.clone() });
     }
     axis(ax, x)?;
     Ok(vec![x.clone()])
@@ -16,7 +17,7 @@ pub(super) fn softmax(ax: i64, ops: &Operands) -> Infer {
 pub(super) fn layer_norm(ax: i64, ops: &Operands) -> Infer {
     let x = ops.get(0)?.ty;
     if !x.dtype.is_float() {
-        return Err(format!("needs a float type, got {x}"));
+        return Err(OpError::NeedsType { class: "float", ty: x.clone() });
     }
     let a = axis(ax, x)?;
     let normalized = Shape(x.shape.0[a..].to_vec());
@@ -24,7 +25,7 @@ pub(super) fn layer_norm(ax: i64, ops: &Operands) -> Infer {
         if let Some(p) = ops.opt(i) {
             same_dtype(&format!("input and {what}"), x, p.ty)?;
             if broadcast(&p.ty.shape, &normalized).as_ref() != Some(&normalized) {
-                return Err(format!(
+                return Err(invalid!(
                     "{what} {} does not broadcast to the normalised shape {normalized} of {x}",
                     p.ty
                 ));
@@ -47,16 +48,16 @@ pub(super) fn layer_norm(ax: i64, ops: &Operands) -> Infer {
 pub(super) fn batch_norm(ops: &Operands) -> Infer {
     let x = ops.get(0)?.ty;
     if !x.dtype.is_float() {
-        return Err(format!("needs a float type, got {x}"));
+        return Err(OpError::NeedsType { class: "float", ty: x.clone() });
     }
     if x.rank() < 2 {
-        return Err(format!("input must be [N, C, ...], got {x}"));
+        return Err(invalid!("input must be [N, C, ...], got {x}"));
     }
     let c = &x.shape.0[1];
     for (i, what) in [(1, "scale"), (2, "bias"), (3, "mean"), (4, "var")] {
         let p = ops.get(i)?.ty;
         if !p.dtype.is_float() {
-            return Err(format!("{what} must be a float tensor, got {}", p));
+            return Err(invalid!("{what} must be a float tensor, got {}", p));
         }
         let ok = p.rank() == 1
             && match (&p.shape.0[0], c) {
@@ -64,7 +65,7 @@ pub(super) fn batch_norm(ops: &Operands) -> Infer {
                 _ => true,
             };
         if !ok {
-            return Err(format!("{what} must be [C] = [{c}] for input {x}, got {}", p));
+            return Err(invalid!("{what} must be [C] = [{c}] for input {x}, got {}", p));
         }
     }
     Ok(vec![x.clone()])
@@ -74,7 +75,7 @@ pub(super) fn batch_norm(ops: &Operands) -> Infer {
 pub(super) fn infer(op: &Op, ops: &Operands, _ctx: &Ctx) -> Infer {
     let x = ops.get(0)?.ty;
     if !x.dtype.is_float() {
-        return Err(format!("needs a float type, got {x}"));
+        return Err(OpError::NeedsType { class: "float", ty: x.clone() });
     }
     match op {
         Op::InstanceNorm { .. } => {
@@ -87,7 +88,7 @@ pub(super) fn infer(op: &Op, ops: &Operands, _ctx: &Ctx) -> Infer {
             }
             if let Dim::Fixed(c) = c {
                 if c % num_groups != 0 {
-                    return Err(format!(
+                    return Err(invalid!(
                         "{c} channels of {x} do not split into {num_groups} groups"
                     ));
                 }
@@ -101,12 +102,12 @@ pub(super) fn infer(op: &Op, ops: &Operands, _ctx: &Ctx) -> Infer {
             if scale.rank() > x.rank()
                 || broadcast(&scale.shape, &x.shape).as_ref() != Some(&x.shape)
             {
-                return Err(format!("scale {scale} does not broadcast to the input {x}"));
+                return Err(invalid!("scale {scale} does not broadcast to the input {x}"));
             }
         }
         Op::Lrn(l) => {
             if x.rank() < 3 {
-                return Err(format!("input must be [N, C, spatial...], got {x}"));
+                return Err(invalid!("input must be [N, C, spatial...], got {x}"));
             }
             if l.size == 0 {
                 return Err("size must be positive".into());
@@ -115,7 +116,7 @@ pub(super) fn infer(op: &Op, ops: &Operands, _ctx: &Ctx) -> Infer {
         Op::LpNorm { axis: ax, p } => {
             axis(*ax, x)?;
             if !matches!(p, 1 | 2) {
-                return Err(format!("p must be 1 or 2, got {p}"));
+                return Err(invalid!("p must be 1 or 2, got {p}"));
             }
         }
         Op::MeanVarianceNorm { axes } => {
@@ -123,7 +124,7 @@ pub(super) fn infer(op: &Op, ops: &Operands, _ctx: &Ctx) -> Infer {
             for &a in axes {
                 let i = axis(a, x)?;
                 if std::mem::replace(&mut seen[i], true) {
-                    return Err(format!("axes {axes:?} name axis {i} twice"));
+                    return Err(invalid!("axes {axes:?} name axis {i} twice"));
                 }
             }
         }
@@ -133,9 +134,9 @@ pub(super) fn infer(op: &Op, ops: &Operands, _ctx: &Ctx) -> Infer {
 }
 
 /// Checks an [N, C, ...] input and per-channel [C] parameters at operands `first..`; returns C.
-fn channel_params(x: &TensorType, ops: &Operands, first: usize) -> Result<Dim, String> {
+fn channel_params(x: &TensorType, ops: &Operands, first: usize) -> Result<Dim, OpError> {
     if x.rank() < 2 {
-        return Err(format!("input must be [N, C, ...], got {x}"));
+        return Err(invalid!("input must be [N, C, ...], got {x}"));
     }
     let c = x.shape.0[1].clone();
     for (i, what) in [(first, "scale"), (first + 1, "bias")] {
@@ -147,7 +148,7 @@ fn channel_params(x: &TensorType, ops: &Operands, first: usize) -> Result<Dim, S
                 _ => true,
             };
         if !ok {
-            return Err(format!("{what} must be [C] = [{c}] for input {x}, got {p}"));
+            return Err(invalid!("{what} must be [C] = [{c}] for input {x}, got {p}"));
         }
     }
     Ok(c)

@@ -21,6 +21,25 @@ impl Default for Tolerance {
     }
 }
 
+/// How an output differs from its reference ([`compare`], [`compare_values`]).
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum Mismatch {
+    /// Another element type or shape.
+    #[error("got {got}, expected {want}")]
+    Type { got: crate::TensorType, want: crate::TensorType },
+    /// Values outside the tolerance: the first one (its index and both values, as text), and
+    /// how many of all differ.
+    #[error("element {at} is {got}, expected {want} ({bad} of {total} elements differ)")]
+    Values { at: String, got: String, want: String, bad: usize, total: usize },
+    #[error("a sequence of {got} tensors, expected {want}")]
+    SequenceLength { got: usize, want: usize },
+    #[error("element {index}: {mismatch}")]
+    Element { index: usize, mismatch: Box<Mismatch> },
+    /// A tensor, sequence or optional where another kind was expected ([`Value::describe`]).
+    #[error("got {got}, expected {want}")]
+    Kind { got: String, want: String },
+}
+
 /// How one test ended.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Outcome {
@@ -170,29 +189,30 @@ fn classify(e: IrError) -> Outcome {
 
 /// Compares values: tensors as [`compare`] does, sequences element by element, optionals by
 /// whether they hold a value and then what.
-pub fn compare_values(want: &Value, got: &Value, tol: Tolerance) -> Result<(), String> {
+pub fn compare_values(want: &Value, got: &Value, tol: Tolerance) -> Result<(), Mismatch> {
     match (want, got) {
         (Value::Tensor(w), Value::Tensor(g)) => compare(w, g, tol),
         (Value::Sequence(w), Value::Sequence(g)) => {
             if w.len() != g.len() {
-                return Err(format!("a sequence of {} tensors, expected {}", g.len(), w.len()));
+                return Err(Mismatch::SequenceLength { got: g.len(), want: w.len() });
             }
             for (i, (w, g)) in w.iter().zip(g).enumerate() {
-                compare(w, g, tol).map_err(|e| format!("element {i}: {e}"))?;
+                compare(w, g, tol)
+                    .map_err(|e| Mismatch::Element { index: i, mismatch: Box::new(e) })?;
             }
             Ok(())
         }
         (Value::Optional(None), Value::Optional(None)) => Ok(()),
         (Value::Optional(Some(w)), Value::Optional(Some(g))) => compare_values(w, g, tol),
-        (w, g) => Err(format!("got {}, expected {}", g.describe(), w.describe())),
+        (w, g) => Err(Mismatch::Kind { got: g.describe(), want: w.describe() }),
     }
 }
 
 /// Compares an output with its reference: same dtype and shape; floats within `tol` (NaN matches
 /// NaN, infinities must be equal); integers and bools exactly.
-pub fn compare(want: &Tensor, got: &Tensor, tol: Tolerance) -> Result<(), String> {
+pub fn compare(want: &Tensor, got: &Tensor, tol: Tolerance) -> Result<(), Mismatch> {
     if want.dtype() != got.dtype() || want.dims() != got.dims() {
-        return Err(format!("got {}, expected {}", got.ty(), want.ty()));
+        return Err(Mismatch::Type { got: got.ty(), want: want.ty() });
     }
     let float = want.dtype().is_float();
     let (w, g) = if float || want.dtype() == DType::Bool {
@@ -201,7 +221,8 @@ pub fn compare(want: &Tensor, got: &Tensor, tol: Tolerance) -> Result<(), String
         (Vec::new(), Vec::new())
     };
     let mut bad = 0usize;
-    let mut first: Option<String> = None;
+    // The first difference: its index, the value got and the value expected.
+    let mut first: Option<(String, String, String)> = None;
     let at = |i: usize| {
         let strides = crate::eval::strides(want.dims());
         let idx: Vec<usize> =
@@ -222,7 +243,7 @@ pub fn compare(want: &Tensor, got: &Tensor, tol: Tolerance) -> Result<(), String
             };
             if !ok {
                 bad += 1;
-                first.get_or_insert_with(|| format!("element {} is {b}, expected {a}", at(i)));
+                first.get_or_insert_with(|| (at(i), b.to_string(), a.to_string()));
             }
         }
     } else {
@@ -230,15 +251,15 @@ pub fn compare(want: &Tensor, got: &Tensor, tol: Tolerance) -> Result<(), String
         for i in 0..w.len() {
             if w[i] != g[i] {
                 bad += 1;
-                first.get_or_insert_with(|| {
-                    format!("element {} is {}, expected {}", at(i), g[i], w[i])
-                });
+                first.get_or_insert_with(|| (at(i), g[i].to_string(), w[i].to_string()));
             }
         }
     }
     match first {
         None => Ok(()),
-        Some(f) => Err(format!("{f} ({bad} of {} elements differ)", want.len())),
+        Some((at, got, want_v)) => {
+            Err(Mismatch::Values { at, got, want: want_v, bad, total: want.len() })
+        }
     }
 }
 

@@ -1,5 +1,7 @@
 //! Sliding-window geometry shared by convolution and pooling: padding rules and output sizes.
 
+use crate::error::{AttrError, OpError};
+
 /// How ONNX derives padding when `auto_pad` is set.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum AutoPad {
@@ -79,18 +81,25 @@ impl Window {
     }
 
     /// Checks the attribute lists against the number of spatial dimensions.
-    pub fn check(&self, spatial: usize) -> Result<(), String> {
-        let check = |name: &str, v: &[usize], want: usize| {
+    pub fn check(&self, spatial: usize) -> Result<(), AttrError> {
+        let check = |name: &'static str, v: &[usize], want: usize| {
             if !v.is_empty() && v.len() != want {
-                return Err(format!("{name} has {} entries, {want} expected", v.len()));
+                return Err(AttrError::Length { name, len: v.len(), want });
             }
             Ok(())
         };
         check("strides", &self.strides, spatial)?;
         check("dilations", &self.dilations, spatial)?;
         check("pads", &self.pads, 2 * spatial)?;
-        if self.strides.contains(&0) || self.dilations.contains(&0) {
-            return Err("strides and dilations must be positive".into());
+        for (name, v) in [("strides", &self.strides), ("dilations", &self.dilations)] {
+            if v.contains(&0) {
+                let value = format!("{v:?}");
+                return Err(AttrError::OutOfRange {
+                    name: name.into(),
+                    value,
+                    why: "must be positive",
+                });
+            }
         }
         Ok(())
     }
@@ -104,7 +113,7 @@ impl Window {
         input: usize,
         kernel: usize,
         ceil_mode: bool,
-    ) -> Result<SpatialAxis, String> {
+    ) -> Result<SpatialAxis, OpError> {
         let (stride, dilation) = (self.stride(i), self.dilation(i));
         let extent = dilation * (kernel.max(1) - 1) + 1;
         let (pad_begin, pad_end) = match self.auto_pad {
@@ -129,7 +138,7 @@ impl Window {
         };
         let padded = input + pad_begin + pad_end;
         if padded < extent {
-            return Err(format!("the window ({extent} wide with dilation) does not fit the padded input ({padded}) on spatial axis {i}"));
+            return Err(OpError::WindowTooWide { extent, padded, axis: i });
         }
         let span = padded - extent;
         let mut output = if ceil_mode { span.div_ceil(stride) + 1 } else { span / stride + 1 };
