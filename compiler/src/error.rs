@@ -107,7 +107,23 @@ pub enum CompileError {
         why: String,
     },
 
-    /// A kiln bug, not bad input.
+    /// Linking the kernels into a library failed outside kiln: the system C compiler `cc` is
+    /// missing or refused (its message), or the private folder it links in could not be made,
+    /// written or read.
+    #[error("{0}")]
+    Link(String),
+
+    /// Reading or writing a stream that is not a model or tensor file (the conformance worker's
+    /// standard input and output).
+    #[error("{what}")]
+    Io {
+        what: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// A kiln bug, not bad input: an invariant a stage relies on that an earlier stage broke.
+    /// Whatever a model, an option or the machine can cause has its own variant.
     #[error("internal error: {0}")]
     Internal(String),
 

@@ -276,6 +276,7 @@ pub fn apply(graph: &Graph, plan: &PadPlan, shapes: &HashMap<String, Vec<usize>>
     crate::passes::specialize::specialize(&mut g, shapes)?;
     let length =
         g.add_input(&length_input(&plan.symbol), TensorType::new(DType::I64, Shape::scalar()))?;
+    // `plan` chose these nodes in this graph, static once specialised.
     let bug = |m: String| CompileError::Internal(format!("padding `{}`: {m}", plan.symbol));
     let by_name = |g: &Graph, name: &str| {
         g.nodes()
