@@ -240,3 +240,63 @@ impl std::fmt::Display for UnsupportedOp {
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{DType, Shape};
+
+    #[test]
+    fn choices_and_arities_read_as_sentences() {
+        assert_eq!(or_list(&[]), "");
+        assert_eq!(or_list(&["LEFT"]), "LEFT");
+        assert_eq!(or_list(&["LEFT", "RIGHT"]), "LEFT or RIGHT");
+        assert_eq!(or_list(&["a", "b", "c"]), "a, b or c");
+        let arity = |min, max| OpError::Arity { min, max, present: 1, slots: 4 }.to_string();
+        assert_eq!(arity(2, 2), "takes 2 operands, got 1 (of 4 slots)");
+        assert_eq!(arity(2, usize::MAX), "takes at least 2 operands, got 1 (of 4 slots)");
+        assert_eq!(arity(2, 3), "takes 2 to 3 operands, got 1 (of 4 slots)");
+    }
+
+    #[test]
+    fn leaves_print_inside_the_node_that_failed() {
+        let ty = TensorType::new(DType::F32, Shape::fixed(&[2, 3]));
+        let e = IrError::Shape {
+            node: "sm".into(),
+            op: "Softmax",
+            error: OpError::Axis { axis: 2, ty },
+        };
+        assert_eq!(e.to_string(), "node `sm` (Softmax): axis 2 is out of range for f32[2,3]");
+        let inner = OpError::NotTensor { got: "a sequence of 2 tensors".into() };
+        let e = IrError::Eval {
+            node: "g".into(),
+            op: "Gather",
+            error: OpError::Operand { index: 1, error: Box::new(inner) },
+        };
+        assert_eq!(
+            e.to_string(),
+            "evaluating node `g` (Gather): operand 1: expected a tensor, got a sequence of 2 tensors"
+        );
+        let e = IrError::Attr {
+            node: "c".into(),
+            op: "Conv".into(),
+            error: AttrError::NotOneOf {
+                name: "auto_pad".into(),
+                value: "X".into(),
+                allowed: &["A", "B"],
+            },
+        };
+        assert_eq!(e.to_string(), "node `c` (Conv): attribute `auto_pad` must be A or B, got `X`");
+    }
+
+    #[test]
+    fn context_prefixes_messages_only() {
+        let e = IrError::Onnx("bad".into()).context("tensor `w`");
+        assert_eq!(e, IrError::Onnx("tensor `w`: bad".into()));
+        let e = IrError::NotSupported("bf17".into()).context("input `x`");
+        assert_eq!(e, IrError::NotSupported("input `x`: bf17".into()));
+        let typed =
+            IrError::Shape { node: "n".into(), op: "Add", error: OpError::NotYet { op: "Add" } };
+        assert_eq!(typed.clone().context("ignored"), typed);
+    }
+}

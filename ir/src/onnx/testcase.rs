@@ -316,3 +316,60 @@ pub fn test_name(dir: &Path) -> String {
         None => own,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn f32s(dims: &[usize], v: &[f32]) -> Tensor {
+        Tensor::from_vec(dims, v.to_vec()).unwrap()
+    }
+
+    #[test]
+    fn floats_match_within_the_tolerance_and_nan_matches_nan() {
+        let tol = Tolerance { rtol: 1e-3, atol: 1e-5 };
+        let want = f32s(&[3], &[1.0, f32::NAN, f32::INFINITY]);
+        assert_eq!(compare(&want, &f32s(&[3], &[1.0005, f32::NAN, f32::INFINITY]), tol), Ok(()));
+        assert_eq!(
+            compare(&want, &f32s(&[3], &[1.01, 0.0, f32::NEG_INFINITY]), tol),
+            Err(Mismatch::Values {
+                at: "[0]".into(),
+                got: "1.0099999904632568".into(),
+                want: "1".into(),
+                bad: 3,
+                total: 3
+            })
+        );
+    }
+
+    #[test]
+    fn mismatches_name_the_first_element_the_type_or_the_kind() {
+        let tol = Tolerance::default();
+        let want = Tensor::from_vec(&[2, 2], vec![1i64, 2, 3, 4]).unwrap();
+        let got = Tensor::from_vec(&[2, 2], vec![1i64, 2, 3, 5]).unwrap();
+        let e = compare(&want, &got, tol).unwrap_err();
+        assert_eq!(e.to_string(), "element [1, 1] is 5, expected 4 (1 of 4 elements differ)");
+        let e = compare(&want, &want.reshape(&[4]).unwrap(), tol).unwrap_err();
+        assert_eq!(e.to_string(), "got i64[4], expected i64[2,2]");
+        let seq = |n: i64| Value::Sequence(vec![Tensor::vector(&[n])]);
+        assert_eq!(compare_values(&seq(1), &seq(1), tol), Ok(()));
+        assert_eq!(
+            compare_values(&seq(1), &seq(2), tol).unwrap_err().to_string(),
+            "element 0: element [0] is 2, expected 1 (1 of 1 elements differ)"
+        );
+        assert_eq!(
+            compare_values(&seq(1), &Value::Sequence(vec![]), tol),
+            Err(Mismatch::SequenceLength { got: 0, want: 1 })
+        );
+        assert_eq!(
+            compare_values(&Value::Optional(None), &seq(1), tol).unwrap_err().to_string(),
+            "got a sequence of 1 tensors, expected an empty optional"
+        );
+    }
+
+    #[test]
+    fn test_names_are_the_suite_and_the_test() {
+        assert_eq!(test_name(Path::new("/data/node/test_abs")), "node/test_abs");
+        assert_eq!(test_name(Path::new("test_abs")), "test_abs");
+    }
+}

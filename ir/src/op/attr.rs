@@ -318,3 +318,69 @@ pub(crate) fn activation_from_text(s: &str) -> Result<UnaryOp, AttrError> {
 fn unknown(s: &str) -> AttrError {
     AttrError::UnknownValue { name: "activations".into(), value: s.into() }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attrs(list: &[(&str, Attr)]) -> Attrs {
+        Attrs(list.iter().map(|(n, a)| (n.to_string(), a.clone())).collect())
+    }
+
+    #[test]
+    fn attributes_are_read_once_with_defaults() {
+        let mut a =
+            attrs(&[("k", Attr::Int(3)), ("alpha", Attr::Int(2)), ("s", Attr::Ints(vec![]))]);
+        assert_eq!(a.int("k", 1), Ok(3));
+        assert_eq!(a.int("k", 1), Ok(1), "taken: the default now");
+        assert_eq!(a.float("alpha", 0.5), Ok(2.0), "an integer reads as a float");
+        assert_eq!(a.strings("s"), Ok(Some(vec![])), "an empty list of any kind");
+        assert_eq!(a.size("absent", 7), Ok(7));
+        assert_eq!(a.finish("Op"), Ok(()));
+    }
+
+    #[test]
+    fn bad_attributes_are_typed_with_the_name_and_value() {
+        let mut a = attrs(&[
+            ("neg", Attr::Int(-2)),
+            ("flag", Attr::Int(2)),
+            ("list", Attr::Ints(vec![1, -1])),
+            ("f", Attr::Str("x".into())),
+            ("dir", Attr::Str("sideways".into())),
+            ("extra", Attr::Int(0)),
+        ]);
+        assert_eq!(a.size("neg", 0), Err(AttrError::Negative { name: "neg".into(), value: -2 }));
+        assert_eq!(
+            a.flag("flag", false),
+            Err(AttrError::NotFlag { name: "flag".into(), value: 2 })
+        );
+        assert_eq!(
+            a.sizes("list"),
+            Err(AttrError::NegativeEntry { name: "list".into(), value: -1 })
+        );
+        let e = a.float("f", 0.0).unwrap_err();
+        assert_eq!(e, AttrError::WrongKind { name: "f".into(), want: "a float", got: "a string" });
+        assert_eq!(e.to_string(), "attribute `f` must be a float, got a string");
+        let e = a.named("dir", 0, |s| (s == "up").then_some(1)).unwrap_err();
+        assert_eq!(e.to_string(), "attribute `dir` has the unknown value `sideways`");
+        assert_eq!(a.required_int("k"), Err(AttrError::Missing { name: "k".into() }));
+        assert_eq!(
+            a.finish("Op"),
+            Err(AttrError::Unexpected { op: "Op".into(), name: "extra".into() })
+        );
+    }
+
+    #[test]
+    fn activations_read_back_what_they_print() {
+        for u in [UnaryOp::Relu, UnaryOp::LeakyRelu { alpha: 0.25 }] {
+            assert_eq!(activation_from_text(&activation_text(&u)), Ok(u));
+        }
+        for bad in ["Nope", "Relu(", "LeakyRelu(x)", "Add"] {
+            assert_eq!(
+                activation_from_text(bad),
+                Err(AttrError::UnknownValue { name: "activations".into(), value: bad.into() }),
+                "{bad}"
+            );
+        }
+    }
+}
