@@ -8,15 +8,15 @@ use crate::TensorType;
 pub enum IrError {
     /// Shape or type inference rejected a node: its operands' types, an attribute, a constant.
     #[error("node `{node}` ({op}): {error}")]
-    Shape { node: String, op: &'static str, error: OpError },
+    Shape { node: String, op: &'static str, error: Box<OpError> },
 
     /// The reference interpreter could not run a node: a value out of range, a limit reached.
     #[error("evaluating node `{node}` ({op}): {error}")]
-    Eval { node: String, op: &'static str, error: OpError },
+    Eval { node: String, op: &'static str, error: Box<OpError> },
 
     /// An imported node's attributes do not make an op: missing, mistyped or out of range.
     #[error("node `{node}` ({op}): {error}")]
-    Attr { node: String, op: String, error: AttrError },
+    Attr { node: String, op: String, error: Box<AttrError> },
 
     /// The graph's structure is broken (a dangling operand, a cycle, a duplicate name...).
     #[error("invalid graph: {0}")]
@@ -49,7 +49,23 @@ pub enum IrError {
 
 pub type Result<T, E = IrError> = std::result::Result<T, E>;
 
+/// The leaves are boxed: an `IrError` stays small in every `Result` of the crate.
 impl IrError {
+    /// Inference's finding about node `node` (`op`).
+    pub fn shape(node: impl Into<String>, op: &'static str, error: OpError) -> IrError {
+        IrError::Shape { node: node.into(), op, error: Box::new(error) }
+    }
+
+    /// The interpreter's finding about node `node` (`op`).
+    pub fn eval(node: impl Into<String>, op: &'static str, error: OpError) -> IrError {
+        IrError::Eval { node: node.into(), op, error: Box::new(error) }
+    }
+
+    /// A bad attribute of node `node` (`op`).
+    pub fn attr(node: impl Into<String>, op: impl Into<String>, error: AttrError) -> IrError {
+        IrError::Attr { node: node.into(), op: op.into(), error: Box::new(error) }
+    }
+
     /// The error with `what` in front of its message (`tensor `w`: ...`) where it is a message
     /// (`Onnx`, `NotSupported`, `Tensor`); the other variants already say what they are about.
     pub(crate) fn context(self, what: impl std::fmt::Display) -> IrError {
@@ -128,13 +144,13 @@ pub enum OpError {
     #[error("operand {index}: {error}")]
     Operand { index: usize, error: Box<OpError> },
     #[error("axis {axis} is out of range for {ty}")]
-    Axis { axis: i64, ty: TensorType },
+    Axis { axis: i64, ty: Box<TensorType> },
     /// Operands that must share an element type do not.
     #[error("{what} must have the same element type, got {a} and {b}")]
-    DTypeMismatch { what: String, a: TensorType, b: TensorType },
+    DTypeMismatch { what: String, a: Box<TensorType>, b: Box<TensorType> },
     /// An element type outside the class the op takes (`class`: "float", "numeric").
     #[error("needs a {class} type, got {ty}")]
-    NeedsType { class: &'static str, ty: TensorType },
+    NeedsType { class: &'static str, ty: Box<TensorType> },
     /// A result rank taken from a value's length, past [`crate::infer::MAX_RANK`].
     #[error("a result of rank {rank}: kiln takes at most {} axes", crate::infer::MAX_RANK)]
     TooManyAxes { rank: usize },
@@ -161,7 +177,7 @@ pub enum OpError {
     ResultCount { have: usize, asked: usize },
     /// A node's declared result type disagrees with what inference gives.
     #[error("result {index} is declared {declared} but inference gives {inferred}")]
-    ResultType { index: usize, declared: TensorType, inferred: TensorType },
+    ResultType { index: usize, declared: Box<TensorType>, inferred: Box<TensorType> },
     /// A branch, body or step of a control-flow op that failed (`what`: "branch `then`", "the
     /// body `b`, step 3").
     #[error("in {what}: {error}")]
@@ -261,32 +277,29 @@ mod tests {
     #[test]
     fn leaves_print_inside_the_node_that_failed() {
         let ty = TensorType::new(DType::F32, Shape::fixed(&[2, 3]));
-        let e = IrError::Shape {
-            node: "sm".into(),
-            op: "Softmax",
-            error: OpError::Axis { axis: 2, ty },
-        };
+        let e = IrError::shape("sm", "Softmax", OpError::Axis { axis: 2, ty: Box::new(ty) });
         assert_eq!(e.to_string(), "node `sm` (Softmax): axis 2 is out of range for f32[2,3]");
         let inner = OpError::NotTensor { got: "a sequence of 2 tensors".into() };
-        let e = IrError::Eval {
-            node: "g".into(),
-            op: "Gather",
-            error: OpError::Operand { index: 1, error: Box::new(inner) },
-        };
+        let e = IrError::eval("g", "Gather", OpError::Operand { index: 1, error: Box::new(inner) });
         assert_eq!(
             e.to_string(),
             "evaluating node `g` (Gather): operand 1: expected a tensor, got a sequence of 2 tensors"
         );
-        let e = IrError::Attr {
-            node: "c".into(),
-            op: "Conv".into(),
-            error: AttrError::NotOneOf {
-                name: "auto_pad".into(),
-                value: "X".into(),
-                allowed: &["A", "B"],
-            },
+        let bad = AttrError::NotOneOf {
+            name: "auto_pad".into(),
+            value: "X".into(),
+            allowed: &["A", "B"],
         };
+        let e = IrError::attr("c", "Conv", bad);
         assert_eq!(e.to_string(), "node `c` (Conv): attribute `auto_pad` must be A or B, got `X`");
+    }
+
+    #[test]
+    fn errors_stay_small_in_every_result() {
+        // Every fallible function of the crate returns one: the leaves are boxed (clippy's
+        // result_large_err draws the line at 128 bytes).
+        assert!(std::mem::size_of::<IrError>() <= 64, "{}", std::mem::size_of::<IrError>());
+        assert!(std::mem::size_of::<OpError>() <= 80, "{}", std::mem::size_of::<OpError>());
     }
 
     #[test]
@@ -295,8 +308,7 @@ mod tests {
         assert_eq!(e, IrError::Onnx("tensor `w`: bad".into()));
         let e = IrError::NotSupported("bf17".into()).context("input `x`");
         assert_eq!(e, IrError::NotSupported("input `x`: bf17".into()));
-        let typed =
-            IrError::Shape { node: "n".into(), op: "Add", error: OpError::NotYet { op: "Add" } };
+        let typed = IrError::shape("n", "Add", OpError::NotYet { op: "Add" });
         assert_eq!(typed.clone().context("ignored"), typed);
     }
 }

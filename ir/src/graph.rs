@@ -161,8 +161,7 @@ impl Graph {
         operands: &[Option<ValueId>],
         num_outputs: usize,
     ) -> Result<Vec<TensorType>> {
-        let shape_err =
-            |error: OpError| IrError::Shape { node: name.to_string(), op: op.name(), error };
+        let shape_err = |error: OpError| IrError::shape(name, op.name(), error);
         check_arity(op, operands).map_err(shape_err)?;
         for v in operands.iter().flatten() {
             // A dangling operand: the graph's error, told as this node's.
@@ -471,15 +470,15 @@ impl Graph {
         }
         for (i, (declared, inferred)) in types.iter().zip(&node.outputs).enumerate() {
             if !type_matches(declared, inferred) {
-                return Err(IrError::Shape {
-                    node: node.name.clone(),
-                    op: node.op.name(),
-                    error: OpError::ResultType {
+                return Err(IrError::shape(
+                    node.name.clone(),
+                    node.op.name(),
+                    OpError::ResultType {
                         index: i,
-                        declared: declared.clone(),
-                        inferred: inferred.clone(),
+                        declared: Box::new(declared.clone()),
+                        inferred: Box::new(inferred.clone()),
                     },
-                });
+                ));
             }
         }
         self.graph[id].outputs = types;
@@ -536,15 +535,15 @@ impl Graph {
             let inferred = self.infer_node(&node.name, &node.op, &operands, node.outputs.len())?;
             for (i, (have, want)) in node.outputs.iter().zip(&inferred).enumerate() {
                 if !type_matches(have, want) {
-                    return Err(IrError::Shape {
-                        node: node.name.clone(),
-                        op: node.op.name(),
-                        error: OpError::ResultType {
+                    return Err(IrError::shape(
+                        node.name.clone(),
+                        node.op.name(),
+                        OpError::ResultType {
                             index: i,
-                            declared: have.clone(),
-                            inferred: want.clone(),
+                            declared: Box::new(have.clone()),
+                            inferred: Box::new(want.clone()),
                         },
-                    });
+                    ));
                 }
             }
         }
@@ -593,11 +592,7 @@ pub(crate) fn check_arity(
 /// of its dimensions wraps.
 fn check_sizes(name: &str, op: &Op, types: &[TensorType]) -> Result<()> {
     for t in types {
-        crate::size::check_type(t).map_err(|error| IrError::Shape {
-            node: name.to_string(),
-            op: op.name(),
-            error,
-        })?;
+        crate::size::check_type(t).map_err(|error| IrError::shape(name, op.name(), error))?;
     }
     Ok(())
 }

@@ -170,7 +170,7 @@ impl<'c, 'a> Emitter<'c, 'a> {
     }
 
     /// An error naming this kernel and a node.
-    pub fn unsupported(&self, id: NodeId, what: impl std::fmt::Display) -> CompileError {
+    pub fn unsupported(&self, id: NodeId, what: &str) -> CompileError {
         let n = self.graph.node(id);
         CompileError::Unsupported {
             kernel: self.kernel.name.clone(),

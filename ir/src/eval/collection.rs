@@ -20,7 +20,7 @@ pub(super) fn eval(
 }
 
 fn operand<'a>(operands: &[Option<&'a Value>], i: usize) -> Result<&'a Value, OpError> {
-    operands.get(i).copied().flatten().ok_or_else(|| OpError::MissingOperand { index: i })
+    operands.get(i).copied().flatten().ok_or(OpError::MissingOperand { index: i })
 }
 
 fn seq<'a>(operands: &[Option<&'a Value>], i: usize) -> Result<&'a [Tensor], OpError> {

@@ -17,9 +17,8 @@ pub(super) fn eval(
     operands: &[Option<&Tensor>],
     out: &[TensorType],
 ) -> Result<Vec<Tensor>, OpError> {
-    let arg = |i: usize| {
-        operands.get(i).copied().flatten().ok_or_else(|| OpError::MissingOperand { index: i })
-    };
+    let arg =
+        |i: usize| operands.get(i).copied().flatten().ok_or(OpError::MissingOperand { index: i });
     let opt = |i: usize| operands.get(i).copied().flatten();
     let dims =
         out[0].shape.as_fixed().ok_or_else(|| invalid!("result shape {} is not known", out[0]))?;

@@ -96,9 +96,8 @@ pub fn run_values_with(
         let results = {
             let operands: Vec<Option<&Value>> =
                 operand_ids.iter().map(|o| o.map(|v| &values[&v])).collect();
-            eval_node(&node.op, &operands, node.outputs.len(), options).map_err(|error| {
-                IrError::Eval { node: node.name.clone(), op: node.op.name(), error }
-            })?
+            eval_node(&node.op, &operands, node.outputs.len(), options)
+                .map_err(|error| IrError::eval(node.name.clone(), node.op.name(), error))?
         };
         for v in operand_ids.into_iter().flatten() {
             let n = uses.get_mut(&v).expect("counted above");

@@ -102,9 +102,8 @@ pub(super) fn eval(
     operands: &[Option<&Tensor>],
     _out: &[TensorType],
 ) -> Result<Vec<Tensor>, OpError> {
-    let arg = |i: usize| {
-        operands.get(i).copied().flatten().ok_or_else(|| OpError::MissingOperand { index: i })
-    };
+    let arg =
+        |i: usize| operands.get(i).copied().flatten().ok_or(OpError::MissingOperand { index: i });
     let x = arg(0)?;
     let y = match op {
         Op::LogSoftmax { axis } => along_axis(x, *axis, |v| {

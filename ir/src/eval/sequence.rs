@@ -26,7 +26,7 @@ fn opt<'a>(operands: &[Option<&'a Tensor>], i: usize) -> Option<&'a Tensor> {
 }
 
 fn get<'a>(operands: &[Option<&'a Tensor>], i: usize) -> Result<&'a Tensor, OpError> {
-    opt(operands, i).ok_or_else(|| OpError::MissingOperand { index: i })
+    opt(operands, i).ok_or(OpError::MissingOperand { index: i })
 }
 
 fn result(ty: &TensorType, values: &[f64]) -> Result<Tensor, OpError> {

@@ -145,7 +145,7 @@ pub(super) fn range(ops: &Operands, ctx: &Ctx) -> Infer {
         }
     }
     if !dtype.is_numeric() {
-        return Err(OpError::NeedsType { class: "numeric", ty: operands[0].ty.clone() });
+        return Err(OpError::NeedsType { class: "numeric", ty: Box::new(operands[0].ty.clone()) });
     }
     let values: Option<Vec<Scalar>> = operands.iter().map(|o| o.value.map(Scalar::of)).collect();
     let len = match values {

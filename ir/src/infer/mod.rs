@@ -183,7 +183,7 @@ pub(crate) struct Operands<'o, 'a>(&'o [Option<Operand<'a>>]);
 
 impl<'a> Operands<'_, 'a> {
     pub(crate) fn get(&self, i: usize) -> Result<Operand<'a>, OpError> {
-        self.opt(i).ok_or_else(|| OpError::MissingOperand { index: i })
+        self.opt(i).ok_or(OpError::MissingOperand { index: i })
     }
 
     pub(crate) fn opt(&self, i: usize) -> Option<Operand<'a>> {
@@ -211,14 +211,18 @@ impl<'a> Operands<'_, 'a> {
 /// A type check shared by many rules.
 pub(crate) fn same_dtype(what: &str, a: &TensorType, b: &TensorType) -> Result<(), OpError> {
     if a.dtype != b.dtype {
-        return Err(OpError::DTypeMismatch { what: what.into(), a: a.clone(), b: b.clone() });
+        return Err(OpError::DTypeMismatch {
+            what: what.into(),
+            a: Box::new(a.clone()),
+            b: Box::new(b.clone()),
+        });
     }
     Ok(())
 }
 
 /// Normalises an axis or explains why it is out of range.
 pub(crate) fn axis(axis: i64, ty: &TensorType) -> Result<usize, OpError> {
-    ty.shape.axis(axis).ok_or_else(|| OpError::Axis { axis, ty: ty.clone() })
+    ty.shape.axis(axis).ok_or_else(|| OpError::Axis { axis, ty: Box::new(ty.clone()) })
 }
 
 /// A product of dimensions kept symbolically: a fixed factor and the symbols (as a multiset).

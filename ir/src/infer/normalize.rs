@@ -8,7 +8,7 @@ use crate::{broadcast, DType, Dim, Shape, TensorType};
 pub(super) fn softmax(ax: i64, ops: &Operands) -> Infer {
     let x = ops.get(0)?.ty;
     if !x.dtype.is_float() {
-        return Err(OpError::NeedsType { class: "float", ty: x.clone() });
+        return Err(OpError::NeedsType { class: "float", ty: Box::new(x.clone()) });
     }
     axis(ax, x)?;
     Ok(vec![x.clone()])
@@ -17,7 +17,7 @@ pub(super) fn softmax(ax: i64, ops: &Operands) -> Infer {
 pub(super) fn layer_norm(ax: i64, ops: &Operands) -> Infer {
     let x = ops.get(0)?.ty;
     if !x.dtype.is_float() {
-        return Err(OpError::NeedsType { class: "float", ty: x.clone() });
+        return Err(OpError::NeedsType { class: "float", ty: Box::new(x.clone()) });
     }
     let a = axis(ax, x)?;
     let normalized = Shape(x.shape.0[a..].to_vec());
@@ -48,7 +48,7 @@ pub(super) fn layer_norm(ax: i64, ops: &Operands) -> Infer {
 pub(super) fn batch_norm(ops: &Operands) -> Infer {
     let x = ops.get(0)?.ty;
     if !x.dtype.is_float() {
-        return Err(OpError::NeedsType { class: "float", ty: x.clone() });
+        return Err(OpError::NeedsType { class: "float", ty: Box::new(x.clone()) });
     }
     if x.rank() < 2 {
         return Err(invalid!("input must be [N, C, ...], got {x}"));
@@ -75,7 +75,7 @@ pub(super) fn batch_norm(ops: &Operands) -> Infer {
 pub(super) fn infer(op: &Op, ops: &Operands, _ctx: &Ctx) -> Infer {
     let x = ops.get(0)?.ty;
     if !x.dtype.is_float() {
-        return Err(OpError::NeedsType { class: "float", ty: x.clone() });
+        return Err(OpError::NeedsType { class: "float", ty: Box::new(x.clone()) });
     }
     match op {
         Op::InstanceNorm { .. } => {

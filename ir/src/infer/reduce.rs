@@ -36,7 +36,7 @@ pub(super) fn reduce(r: &Reduce, ops: &Operands, ctx: &Ctx) -> Infer {
     // ReduceMax/ReduceMin also take bool (opset 20).
     let bool_ok = matches!(r.kind, ReduceKind::Max | ReduceKind::Min);
     if !x.dtype.is_numeric() && !bool_ok {
-        return Err(OpError::NeedsType { class: "numeric", ty: x.clone() });
+        return Err(OpError::NeedsType { class: "numeric", ty: Box::new(x.clone()) });
     }
     let axes = reduced_axes(r.noop_with_empty_axes, ops.ints(1, "axes")?, x)?;
     let shape = match axes {
@@ -71,7 +71,7 @@ pub(super) fn reduce(r: &Reduce, ops: &Operands, ctx: &Ctx) -> Infer {
 fn numeric<'a>(ops: &Operands<'_, 'a>) -> Result<&'a TensorType, OpError> {
     let x = ops.get(0)?.ty;
     if !x.dtype.is_numeric() {
-        return Err(OpError::NeedsType { class: "numeric", ty: x.clone() });
+        return Err(OpError::NeedsType { class: "numeric", ty: Box::new(x.clone()) });
     }
     Ok(x)
 }

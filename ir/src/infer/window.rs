@@ -35,7 +35,7 @@ fn check_conv_operands(
 ) -> Result<(), OpError> {
     same_dtype("input and weight", x, w)?;
     if !x.dtype.is_float() {
-        return Err(OpError::NeedsType { class: "float", ty: x.clone() });
+        return Err(OpError::NeedsType { class: "float", ty: Box::new(x.clone()) });
     }
     if x.rank() < 3 || w.rank() != x.rank() {
         return Err(invalid!("input [N, C, spatial...] and weight {layout} must have the same rank of 3 or more, got {x} and {w}"));
@@ -94,7 +94,7 @@ pub(super) fn conv(c: &Conv, ops: &Operands, ctx: &Ctx) -> Infer {
 pub(super) fn pool(p: &Pool, ops: &Operands, ctx: &Ctx) -> Infer {
     let x = ops.get(0)?.ty;
     if !x.dtype.is_numeric() {
-        return Err(OpError::NeedsType { class: "numeric", ty: x.clone() });
+        return Err(OpError::NeedsType { class: "numeric", ty: Box::new(x.clone()) });
     }
     if x.rank() < 3 {
         return Err(invalid!("input must be [N, C, spatial...], got {x}"));
@@ -127,7 +127,7 @@ pub(super) fn pool(p: &Pool, ops: &Operands, ctx: &Ctx) -> Infer {
 pub(super) fn global_pool(kind: PoolKind, ops: &Operands) -> Infer {
     let x = ops.get(0)?.ty;
     if !x.dtype.is_numeric() {
-        return Err(OpError::NeedsType { class: "numeric", ty: x.clone() });
+        return Err(OpError::NeedsType { class: "numeric", ty: Box::new(x.clone()) });
     }
     if kind == (PoolKind::Lp { p: 0 }) {
         return Err("GlobalLpPool needs p >= 1".into());

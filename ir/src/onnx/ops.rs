@@ -59,7 +59,7 @@ fn err(msg: impl Into<String>) -> IrError {
 
 /// A node's attributes that make no op; `GraphImporter::node` names the node and op.
 pub(super) fn attr(error: AttrError) -> IrError {
-    IrError::Attr { node: String::new(), op: String::new(), error }
+    IrError::attr("", "", error)
 }
 
 /// A valid use of a supported op that kiln does not handle (a training mode, a legacy form).
