@@ -424,6 +424,7 @@ pub fn assemble_batched(plan: &BatchPlan, programs: Vec<(usize, Artifact)>) -> R
         payload.take(&mut m, &art)?;
         descs.push(BatchProgram { batch: size as u64, manifest: m });
     }
+    // A plan's sizes always end with 1 (`batch::plan`).
     let one = &descs
         .last()
         .ok_or_else(|| crate::CompileError::Internal("a symbolic batch with no programs".into()))?
@@ -438,6 +439,7 @@ pub fn assemble_batched(plan: &BatchPlan, programs: Vec<(usize, Artifact)>) -> R
         programs: descs,
     });
     let art = Artifact { manifest, payload: payload.bytes };
+    // Assembled here from programs that validate: an artifact that does not is a bug.
     art.validate().map_err(|e| {
         crate::CompileError::Internal(format!("the batched artifact does not validate: {e}"))
     })?;
@@ -460,6 +462,7 @@ pub fn assemble_control(
         payload.take(&mut m, art)?;
         manifests.push(m);
     }
+    // A split always has a program (the control-flow node's own).
     let first = manifests
         .first()
         .ok_or_else(|| crate::CompileError::Internal("control flow with no programs".into()))?;
@@ -467,6 +470,7 @@ pub fn assemble_control(
     (manifest.model, manifest.inputs, manifest.outputs) = (model.to_string(), inputs, outputs);
     manifest.control = Some(control(manifests));
     let art = Artifact { manifest, payload: payload.bytes };
+    // Assembled here from programs that validate: an artifact that does not is a bug.
     art.validate().map_err(|e| {
         crate::CompileError::Internal(format!("the control-flow artifact does not validate: {e}"))
     })?;
@@ -501,6 +505,7 @@ pub fn assemble_padded(
         program: Box::new(program.manifest),
     });
     let art = Artifact { manifest, payload: program.payload };
+    // Assembled here from a program that validates: an artifact that does not is a bug.
     art.validate().map_err(|e| {
         crate::CompileError::Internal(format!("the padded artifact does not validate: {e}"))
     })?;

@@ -383,3 +383,38 @@ pub fn clear(dir: &Path) -> std::io::Result<Pruned> {
         other => other,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_hex_keys_name_an_entry() {
+        let dir = Path::new("/cache");
+        assert_eq!(entry_path(dir, "00ff1a"), Some(PathBuf::from("/cache/00ff1a.kiln")));
+        assert_eq!(entry_path(dir, "ABCDEF"), Some(PathBuf::from("/cache/ABCDEF.kiln")));
+        for bad in ["", "../x", "a/b", "0g", "abc.kiln"] {
+            assert_eq!(entry_path(dir, bad), None, "{bad:?}");
+        }
+        assert_eq!(hex(&[0x00, 0xff, 0x1a]), "00ff1a");
+        assert_eq!(entry_header("ab"), format!("{ENTRY_TAG}ab\n"));
+    }
+
+    #[test]
+    fn tensor_digests_frame_every_field() {
+        let digest = |node: &str, attr: &str, t: &Tensor| {
+            let mut h = Sha256::new();
+            digest_tensor(&mut h, node, attr, t);
+            hex(&h.finalize())
+        };
+        let t = Tensor::vector(&[1f32, 2.]);
+        assert_eq!(digest("n", "a", &t), digest("n", "a", &t));
+        // The same characters split differently between node and attribute.
+        assert_ne!(digest("ab", "", &t), digest("a", "b", &t));
+        // The same bytes as another type, or in another shape.
+        let zeros = Tensor::vector(&[0f32; 4]);
+        assert_ne!(tensor_digest(&zeros), tensor_digest(&Tensor::vector(&[0i32; 4])));
+        assert_ne!(tensor_digest(&zeros), tensor_digest(&zeros.reshape(&[2, 2]).unwrap()));
+        assert_eq!(tensor_digest(&zeros).len(), 64);
+    }
+}

@@ -70,6 +70,7 @@ pub fn split(graph: &Graph) -> Result<Option<ControlSplit>> {
         return Ok(None);
     };
     let if_name = graph.node(at).name.clone();
+    // Inference checked the node's operands and axes, and `split` follows its rules.
     let bug = |msg: String| {
         CompileError::Internal(format!(
             "splitting at {} `{if_name}`: {msg}",

@@ -107,7 +107,23 @@ pub enum CompileError {
         why: String,
     },
 
-    /// A kiln bug, not bad input.
+    /// Linking the kernels into a library failed outside kiln: the system C compiler `cc` is
+    /// missing or refused (its message), or the private folder it links in could not be made,
+    /// written or read.
+    #[error("{0}")]
+    Link(String),
+
+    /// Reading or writing a stream that is not a model or tensor file (the conformance worker's
+    /// standard input and output).
+    #[error("{what}")]
+    Io {
+        what: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// A kiln bug, not bad input: an invariant a stage relies on that an earlier stage broke.
+    /// Whatever a model, an option or the machine can cause has its own variant.
     #[error("internal error: {0}")]
     Internal(String),
 
@@ -152,3 +168,53 @@ pub fn chain(e: &(dyn std::error::Error + 'static)) -> String {
 }
 
 pub type Result<T, E = CompileError> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_chain_gives_each_cause_once() {
+        let io = std::io::Error::new(std::io::ErrorKind::BrokenPipe, "the pipe closed");
+        let e = CompileError::Io { what: "answering", source: io };
+        assert_eq!(e.to_string(), "answering");
+        assert_eq!(e.chain(), "answering: the pipe closed");
+        // A cause whose text the error already holds is not repeated.
+        let lower = LowerError { pipeline: "p".into(), diagnostics: "d".into() };
+        let e = CompileError::Codegen {
+            kernel: "k0".into(),
+            label: "Add".into(),
+            stage: "lower",
+            source: KernelError::Lower(lower),
+        };
+        assert_eq!(e.chain(), "compiling kernel `k0` (Add), stage lower: the pipeline p failed: d");
+        let ir = CompileError::Ir(kiln_ir::IrError::Graph("a cycle".into()));
+        assert_eq!(ir.chain(), "invalid graph: a cycle");
+    }
+
+    #[test]
+    fn user_errors_name_what_they_are_about() {
+        let e = CompileError::Unsupported {
+            kernel: "k3".into(),
+            label: "QConv".into(),
+            node: "conv1".into(),
+            op: "QConv",
+            what: "has a bias of 2e9".into(),
+        };
+        assert_eq!(e.to_string(), "kernel `k3` (QConv): node `conv1` (QConv) has a bias of 2e9");
+        let e = CompileError::NotBatchable {
+            input: "x".into(),
+            symbol: "n".into(),
+            node: Some(("sum".into(), "ReduceSum")),
+            why: "sums over the batch".into(),
+        };
+        assert!(
+            e.to_string().starts_with(
+                "input `x` has the symbolic batch `n`, but node `sum` (ReduceSum) sums over the batch"
+            ),
+            "{e}"
+        );
+        let e = CompileError::Internal("an invariant".into());
+        assert_eq!(e.to_string(), "internal error: an invariant");
+    }
+}

@@ -401,6 +401,7 @@ fn launch_order(deps: &[HashSet<usize>]) -> Result<Vec<usize>> {
                 done[k] = true;
                 order.push(k);
             }
+            // Kernels are convex groups of an acyclic graph: a cycle is a fusion bug.
             None => {
                 return Err(crate::CompileError::Internal(
                     "fusion made a cycle between kernels".into(),

@@ -276,6 +276,7 @@ pub fn apply(graph: &Graph, plan: &PadPlan, shapes: &HashMap<String, Vec<usize>>
     crate::passes::specialize::specialize(&mut g, shapes)?;
     let length =
         g.add_input(&length_input(&plan.symbol), TensorType::new(DType::I64, Shape::scalar()))?;
+    // `plan` chose these nodes in this graph, static once specialised.
     let bug = |m: String| CompileError::Internal(format!("padding `{}`: {m}", plan.symbol));
     let by_name = |g: &Graph, name: &str| {
         g.nodes()
@@ -529,5 +530,23 @@ impl fmt::Display for PadPlan {
             "  outputs cut: {}",
             if outputs.is_empty() { "none".to_string() } else { outputs.join(", ") }
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reshape_keeps_an_axis_where_the_elements_before_it_match() {
+        // [2, 5, 6] -> [10, 6]: axis 2 is output axis 1; axis 1 is merged away.
+        assert_eq!(kept_axis(&[2, 5, 6], 2, &[10, 6]), Some(1));
+        assert_eq!(kept_axis(&[2, 5, 6], 1, &[10, 6]), None);
+        // [4, 3] -> [4, 1, 3]: the size-1 axis in between does not hide it.
+        assert_eq!(kept_axis(&[4, 3], 1, &[4, 1, 3]), Some(2));
+        assert_eq!(kept_axis(&[4, 3], 0, &[4, 1, 3]), Some(0));
+        // Split: [6] -> [2, 3] keeps no axis of 6.
+        assert_eq!(kept_axis(&[6], 0, &[2, 3]), None);
+        assert_eq!(length_input("past"), "past.length");
     }
 }

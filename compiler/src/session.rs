@@ -150,6 +150,7 @@ impl Session {
             .map(|d| {
                 let i =
                     self.graph.inputs().iter().position(|&id| self.graph.node(id).name == d.name);
+                // The program was compiled from this model.
                 i.map(|i| inputs[i].clone()).ok_or_else(|| {
                     CompileError::Internal(format!(
                         "the program takes `{}`, which the model does not",

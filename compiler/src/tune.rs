@@ -71,6 +71,7 @@ fn store_record(choices: &BTreeMap<String, bool>) -> Result<()> {
     if let Some(dir) = path.parent() {
         files::private_folder(dir).map_err(io)?;
     }
+    // A map of strings to booleans always serialises.
     let text =
         serde_json::to_string_pretty(&all).map_err(|e| CompileError::Internal(e.to_string()))?;
     // Written aside, then renamed: a concurrent compile reads the old or the new whole.
@@ -195,6 +196,7 @@ pub fn tune(
         variant(Some(true), HashMap::new(), "every kernel that can on the microkernel (2 of 4)")?;
     let (off, _, _) =
         variant(Some(false), HashMap::new(), "every kernel on its linalg schedule (3 of 4)")?;
+    // The three variants compile the same partition, one label per kernel.
     if on.len() != sigs.len() || off.len() != sigs.len() {
         return Err(CompileError::Internal(format!(
             "tuning: {} kernels, {} and {} timed",

@@ -107,6 +107,7 @@ pub fn regroup(graph: &Graph, names: &[String], tensors: Vec<Tensor>) -> Result<
     let mut out = Vec::with_capacity(graph.outputs().len());
     for (name, v) in graph.outputs() {
         let ty = graph.value_type(*v);
+        // The program was compiled from this graph, which names every output it gives.
         let missing =
             || CompileError::Internal(format!("the compiled program gives no output for `{name}`"));
         let sequence = |take: &mut dyn FnMut(&str) -> Option<Tensor>| {

@@ -9,7 +9,7 @@ use petgraph::visit::EdgeRef;
 use petgraph::Direction;
 
 use crate::infer::{self, Operand};
-use crate::{IrError, Op, Result, Tensor, TensorType};
+use crate::{IrError, Op, OpError, Result, Tensor, TensorType};
 
 pub type NodeId = NodeIndex<u32>;
 
@@ -161,10 +161,11 @@ impl Graph {
         operands: &[Option<ValueId>],
         num_outputs: usize,
     ) -> Result<Vec<TensorType>> {
-        let shape_err = |msg: String| IrError::Shape { node: name.to_string(), op: op.name(), msg };
+        let shape_err = |error: OpError| IrError::shape(name, op.name(), error);
         check_arity(op, operands).map_err(shape_err)?;
         for v in operands.iter().flatten() {
-            self.check_value(*v).map_err(|e| shape_err(e.to_string()))?;
+            // A dangling operand: the graph's error, told as this node's.
+            self.check_value(*v).map_err(|e| shape_err(OpError::Invalid(e.to_string())))?;
         }
         let ops: Vec<Option<Operand>> = operands
             .iter()
@@ -172,7 +173,7 @@ impl Graph {
             .collect();
         let mut types = infer::infer(op, &ops, name).map_err(shape_err)?;
         if num_outputs == 0 || num_outputs > types.len() {
-            return Err(shape_err(format!("has {} results, {num_outputs} asked for", types.len())));
+            return Err(shape_err(OpError::ResultCount { have: types.len(), asked: num_outputs }));
         }
         types.truncate(num_outputs);
         check_sizes(name, op, &types)?;
@@ -469,13 +470,15 @@ impl Graph {
         }
         for (i, (declared, inferred)) in types.iter().zip(&node.outputs).enumerate() {
             if !type_matches(declared, inferred) {
-                return Err(IrError::Shape {
-                    node: node.name.clone(),
-                    op: node.op.name(),
-                    msg: format!(
-                        "result {i} is declared {declared} but inference gives {inferred}"
-                    ),
-                });
+                return Err(IrError::shape(
+                    node.name.clone(),
+                    node.op.name(),
+                    OpError::ResultType {
+                        index: i,
+                        declared: Box::new(declared.clone()),
+                        inferred: Box::new(inferred.clone()),
+                    },
+                ));
             }
         }
         self.graph[id].outputs = types;
@@ -532,11 +535,15 @@ impl Graph {
             let inferred = self.infer_node(&node.name, &node.op, &operands, node.outputs.len())?;
             for (i, (have, want)) in node.outputs.iter().zip(&inferred).enumerate() {
                 if !type_matches(have, want) {
-                    return Err(IrError::Shape {
-                        node: node.name.clone(),
-                        op: node.op.name(),
-                        msg: format!("result {i} is declared {have} but inference gives {want}"),
-                    });
+                    return Err(IrError::shape(
+                        node.name.clone(),
+                        node.op.name(),
+                        OpError::ResultType {
+                            index: i,
+                            declared: Box::new(have.clone()),
+                            inferred: Box::new(want.clone()),
+                        },
+                    ));
                 }
             }
         }
@@ -568,21 +575,14 @@ fn type_matches(declared: &TensorType, inferred: &TensorType) -> bool {
 pub(crate) fn check_arity(
     op: &Op,
     operands: &[Option<ValueId>],
-) -> std::result::Result<(), String> {
+) -> std::result::Result<(), OpError> {
     let (min, max) = op.arity();
     if operands.len() > max
         || operands.len() < min
         || operands.iter().take(min).any(|o| o.is_none())
     {
-        let want = if min == max {
-            format!("{min}")
-        } else if max == usize::MAX {
-            format!("at least {min}")
-        } else {
-            format!("{min} to {max}")
-        };
         let present = operands.iter().filter(|o| o.is_some()).count();
-        return Err(format!("takes {want} operands, got {present} (of {} slots)", operands.len()));
+        return Err(OpError::Arity { min, max, present, slots: operands.len() });
     }
     Ok(())
 }
@@ -592,11 +592,7 @@ pub(crate) fn check_arity(
 /// of its dimensions wraps.
 fn check_sizes(name: &str, op: &Op, types: &[TensorType]) -> Result<()> {
     for t in types {
-        crate::size::check_type(t).map_err(|msg| IrError::Shape {
-            node: name.to_string(),
-            op: op.name(),
-            msg,
-        })?;
+        crate::size::check_type(t).map_err(|error| IrError::shape(name, op.name(), error))?;
     }
     Ok(())
 }

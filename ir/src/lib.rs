@@ -61,7 +61,7 @@ pub mod size;
 pub mod text;
 
 pub use dtype::DType;
-pub use error::{IrError, Result, UnsupportedOp};
+pub use error::{AttrError, IrError, OpError, Result, UnsupportedOp};
 pub use graph::{Edge, Graph, Node, NodeId, ValueId};
 pub use half::{bf16, f16};
 pub use op::{BinaryOp, Op, UnaryOp};

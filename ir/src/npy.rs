@@ -87,20 +87,47 @@ pub fn encode(t: &Tensor) -> Result<Vec<u8>> {
     Ok(out)
 }
 
+/// Why `.npy` bytes do not decode.
+#[derive(Debug, thiserror::Error, Clone, PartialEq)]
+pub enum NpyError {
+    #[error("not a .npy file (no \\x93NUMPY magic)")]
+    NotNpy,
+    #[error("unsupported .npy version {0}")]
+    Version(u8),
+    #[error("truncated .npy header")]
+    Truncated,
+    #[error("the .npy header is not text")]
+    NotText,
+    /// The header lacks a field (`descr`, `shape`).
+    #[error("the .npy header has no {0}")]
+    NoField(&'static str),
+    #[error("unsupported .npy element type {0}")]
+    ElementType(String),
+    #[error("big-endian .npy data is not supported")]
+    BigEndian,
+    #[error("Fortran-order .npy data is not supported (save it in C order)")]
+    FortranOrder,
+    #[error("bad .npy dimension `{0}`")]
+    Dimension(String),
+    /// The data's length is not what the header's type and shape need.
+    #[error("the .npy data does not match its header: {0}")]
+    Data(IrError),
+}
+
 /// Parses `.npy` bytes.
-pub fn decode(bytes: &[u8]) -> std::result::Result<Tensor, String> {
+pub fn decode(bytes: &[u8]) -> std::result::Result<Tensor, NpyError> {
     if bytes.len() < 10 || &bytes[..6] != b"\x93NUMPY" {
-        return Err("not a .npy file (no \\x93NUMPY magic)".into());
+        return Err(NpyError::NotNpy);
     }
     let (header_len, start) = match bytes[6] {
         1 => (u16::from_le_bytes([bytes[8], bytes[9]]) as usize, 10),
         2 | 3 if bytes.len() >= 12 => {
             (u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize, 12)
         }
-        v => return Err(format!("unsupported .npy version {v}")),
+        v => return Err(NpyError::Version(v)),
     };
-    let header = bytes.get(start..start + header_len).ok_or("truncated .npy header")?;
-    let header = std::str::from_utf8(header).map_err(|_| "the .npy header is not text")?;
+    let header = bytes.get(start..start + header_len).ok_or(NpyError::Truncated)?;
+    let header = std::str::from_utf8(header).map_err(|_| NpyError::NotText)?;
     let field = |key: &str| -> Option<&str> {
         let at = header.find(&format!("'{key}'"))? + key.len() + 2;
         let rest = header[at..].trim_start().strip_prefix(':')?.trim_start();
@@ -109,27 +136,26 @@ pub fn decode(bytes: &[u8]) -> std::result::Result<Tensor, String> {
     let descr = field("descr")
         .and_then(|r| r.strip_prefix('\''))
         .and_then(|r| r.split('\'').next())
-        .ok_or("the .npy header has no descr")?;
-    let dtype = dtype_of(descr).ok_or_else(|| format!("unsupported .npy element type {descr}"))?;
+        .ok_or(NpyError::NoField("descr"))?;
+    let dtype = dtype_of(descr).ok_or_else(|| NpyError::ElementType(descr.into()))?;
     if descr.starts_with('>') {
-        return Err("big-endian .npy data is not supported".into());
+        return Err(NpyError::BigEndian);
     }
     if field("fortran_order").is_some_and(|r| r.starts_with("True")) {
-        return Err("Fortran-order .npy data is not supported (save it in C order)".into());
+        return Err(NpyError::FortranOrder);
     }
     let shape = field("shape")
         .and_then(|r| r.strip_prefix('('))
         .and_then(|r| r.split(')').next())
-        .ok_or("the .npy header has no shape")?;
+        .ok_or(NpyError::NoField("shape"))?;
     let dims: Vec<usize> = shape
         .split(',')
         .map(str::trim)
         .filter(|s| !s.is_empty())
-        .map(|s| s.parse::<usize>().map_err(|_| format!("bad .npy dimension `{s}`")))
+        .map(|s| s.parse::<usize>().map_err(|_| NpyError::Dimension(s.into())))
         .collect::<std::result::Result<_, _>>()?;
     let data = &bytes[start + header_len..];
-    Tensor::from_bytes(dtype, &dims, data)
-        .map_err(|e| format!("the .npy data does not match its header: {e}"))
+    Tensor::from_bytes(dtype, &dims, data).map_err(NpyError::Data)
 }
 
 pub fn read(path: &Path) -> Result<Tensor> {
@@ -185,7 +211,9 @@ mod tests {
             b.extend_from_slice(&v.to_le_bytes());
         }
         assert_eq!(decode(&b).unwrap(), Tensor::vector(&[0i64, 1, 2]));
-        assert!(decode(b"junk").is_err());
-        assert!(decode(&b[..130]).unwrap_err().contains("does not match"));
+        assert_eq!(decode(b"junk"), Err(NpyError::NotNpy));
+        let e = decode(&b[..130]).unwrap_err();
+        assert!(matches!(e, NpyError::Data(_)), "{e:?}");
+        assert!(e.to_string().contains("does not match"), "{e}");
     }
 }

@@ -4,6 +4,7 @@
 //! a proto, so products of a checked tensor's dimensions elsewhere (a row, a slice) cannot
 //! overflow: they are at most its element count.
 
+use crate::error::OpError;
 use crate::{DType, Dim, TensorType};
 
 /// The most bytes one tensor may hold: what a pointer offset can address.
@@ -21,24 +22,21 @@ pub fn bytes(dims: &[usize], dtype: DType) -> Option<usize> {
 }
 
 /// `bytes`, or an error saying what is too large.
-pub fn checked_bytes(dims: &[usize], dtype: DType) -> Result<usize, String> {
-    bytes(dims, dtype).ok_or_else(|| too_large(&format!("{dtype}{}", crate::Shape::fixed(dims))))
-}
-
-fn too_large(what: &str) -> String {
-    format!("{what} has more elements than a tensor can hold (at most 2^63 - 1 bytes)")
+pub fn checked_bytes(dims: &[usize], dtype: DType) -> Result<usize, OpError> {
+    bytes(dims, dtype)
+        .ok_or_else(|| OpError::TooLarge { what: format!("{dtype}{}", crate::Shape::fixed(dims)) })
 }
 
 /// Checks a value's type: its known dimensions' product times its element size fits in
 /// [`MAX_BYTES`] (symbols count as 1: a size bound later is checked again).
-pub fn check_type(ty: &TensorType) -> Result<(), String> {
+pub fn check_type(ty: &TensorType) -> Result<(), OpError> {
     if !ty.kind.ranked() {
         return Ok(());
     }
     let known: Vec<usize> = ty.shape.0.iter().filter_map(Dim::fixed).collect();
     match bytes(&known, ty.dtype) {
         Some(_) => Ok(()),
-        None => Err(too_large(&ty.to_string())),
+        None => Err(OpError::TooLarge { what: ty.to_string() }),
     }
 }
 
@@ -55,6 +53,6 @@ mod tests {
         assert_eq!(bytes(&[1 << 61], DType::F32), None);
         assert_eq!(bytes(&[1 << 60], DType::F32), Some(1 << 62));
         let e = checked_bytes(&[1 << 40, 1 << 40], DType::F32).unwrap_err();
-        assert!(e.contains("f32[1099511627776,1099511627776]"), "{e}");
+        assert_eq!(e, OpError::TooLarge { what: "f32[1099511627776,1099511627776]".into() });
     }
 }

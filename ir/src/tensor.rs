@@ -258,7 +258,8 @@ impl Tensor {
         dims: &[usize],
         words: Arc<[u64]>,
     ) -> Result<Tensor, IrError> {
-        let want = crate::size::checked_bytes(dims, dtype).map_err(IrError::Tensor)?;
+        let want =
+            crate::size::checked_bytes(dims, dtype).map_err(|e| IrError::Tensor(e.to_string()))?;
         if words.len().saturating_mul(8) < want {
             return Err(IrError::Tensor(format!(
                 "{dtype}{} needs {want} bytes, got {}",
@@ -353,7 +354,8 @@ impl Tensor {
 
     /// A tensor from raw little-endian bytes; the length must match the type.
     pub fn from_bytes(dtype: DType, dims: &[usize], bytes: &[u8]) -> Result<Tensor, IrError> {
-        let want = crate::size::checked_bytes(dims, dtype).map_err(IrError::Tensor)?;
+        let want =
+            crate::size::checked_bytes(dims, dtype).map_err(|e| IrError::Tensor(e.to_string()))?;
         if bytes.len() != want {
             return Err(IrError::Tensor(format!(
                 "{dtype}{} needs {want} bytes, got {}",
@@ -374,8 +376,9 @@ impl Tensor {
     }
 
     pub fn from_slice<T: Element>(dims: &[usize], values: &[T]) -> Result<Tensor, IrError> {
-        let n =
-            crate::size::checked_bytes(dims, T::DTYPE).map_err(IrError::Tensor)? / T::DTYPE.size();
+        let n = crate::size::checked_bytes(dims, T::DTYPE)
+            .map_err(|e| IrError::Tensor(e.to_string()))?
+            / T::DTYPE.size();
         if values.len() != n {
             return Err(IrError::Tensor(format!(
                 "shape {} holds {n} elements, got {} values",

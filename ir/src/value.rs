@@ -4,6 +4,7 @@
 
 use std::fmt;
 
+use crate::error::OpError;
 use crate::{Kind, Tensor, TensorType};
 
 #[derive(Clone, Debug, PartialEq)]
@@ -16,17 +17,17 @@ pub enum Value {
 
 impl Value {
     /// The tensor this value is, or an error naming what it is instead.
-    pub fn as_tensor(&self) -> Result<&Tensor, String> {
+    pub fn as_tensor(&self) -> Result<&Tensor, OpError> {
         match self {
             Value::Tensor(t) => Ok(t),
-            other => Err(format!("expected a tensor, got {}", other.describe())),
+            other => Err(OpError::NotTensor { got: other.describe() }),
         }
     }
 
-    pub fn into_tensor(self) -> Result<Tensor, String> {
+    pub fn into_tensor(self) -> Result<Tensor, OpError> {
         match self {
             Value::Tensor(t) => Ok(t),
-            other => Err(format!("expected a tensor, got {}", other.describe())),
+            other => Err(OpError::NotTensor { got: other.describe() }),
         }
     }
 

@@ -763,3 +763,43 @@ fn crossed_clip_bounds_clamp_to_the_maximum() {
     assert_eq!(got, want);
     assert!(want.windows(2).all(|w| w[0] == w[1]), "not one value: the case does not test it");
 }
+
+/// A bias the integer kernel cannot hold once the input's zero point is folded into it (int32
+/// past its maximum) is an error naming the node and the values, not an internal error.
+#[test]
+fn a_bias_past_int32_with_the_zero_point_folded_in_is_unsupported() {
+    let case = Case {
+        batch: 1,
+        c: 3,
+        hw: [30, 30],
+        m: 10,
+        k: 7,
+        stride: 2,
+        pad: 3,
+        dilation: 1,
+        signed_out: false,
+        per_channel: true,
+        signed_in: false,
+        group: 1,
+    };
+    let (mut graph, _) = qdq_conv(&case, 11);
+    // Every weight -127 (sums of -127 * 3 * 49), every bias int32's maximum less one: with the
+    // input zero point 37 folded in, 2147483646 + 37 * 18669 passes int32.
+    let mut swap = |name: &str, t: Tensor| {
+        let old = kiln_ir::ValueId::new(graph.node_by_name(name).unwrap(), 0);
+        let new = graph.add_constant(&format!("{name}_big"), t).unwrap();
+        graph.replace_uses(old, new).unwrap();
+    };
+    swap("w", Tensor::from_f64s(DType::I8, &[10, 3, 7, 7], &[-127.0; 10 * 3 * 49]).unwrap());
+    swap("b", Tensor::from_f64s(DType::I32, &[10], &[2147483646.0; 10]).unwrap());
+    let options = Options { cache: false, ..Options::default() };
+    let e = kiln_compiler::jit(&graph, &options, &LoadOptions::default()).err().unwrap();
+    let kiln_compiler::CompileError::Unsupported { op, what, .. } = &e else {
+        panic!("not Unsupported: {e}")
+    };
+    assert_eq!(*op, "QConv");
+    assert_eq!(
+        what,
+        "has a bias of 2147483646 at output channel 0, which with the input zero point 37 folded in (2148174399) does not fit int32"
+    );
+}

@@ -329,6 +329,7 @@ pub fn run(args: &Args) -> Result<()> {
         }
         _ => None,
     };
+    // --iters was checked to be at least 1.
     let wall = Stats::of(times)
         .ok_or_else(|| CompileError::Internal("no timed runs (--iters is at least 1)".into()))?;
     let threads =
@@ -465,6 +466,7 @@ fn deviation(
                 slot.1 = t;
             }
         }
+        // Both programs were compiled from the model the feeds were made for.
         let pick = |e: &kiln_runtime::Executable| -> Result<Vec<kiln_ir::Tensor>> {
             e.inputs()
                 .iter()

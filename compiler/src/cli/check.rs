@@ -396,7 +396,7 @@ fn worker(args: &Args) -> Result<i32> {
     let stdout = std::io::stdout();
     for line in std::io::stdin().lock().lines() {
         let line =
-            line.map_err(|e| CompileError::Internal(format!("reading the test list: {e}")))?;
+            line.map_err(|source| CompileError::Io { what: "reading the test list", source })?;
         let dir = PathBuf::from(line.trim());
         let start = std::time::Instant::now();
         let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -419,7 +419,7 @@ fn worker(args: &Args) -> Result<i32> {
         let mut out = stdout.lock();
         writeln!(out, "{text}")
             .and_then(|()| out.flush())
-            .map_err(|e| CompileError::Internal(format!("answering: {e}")))?;
+            .map_err(|source| CompileError::Io { what: "answering", source })?;
     }
     Ok(0)
 }

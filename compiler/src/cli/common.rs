@@ -80,7 +80,7 @@ pub fn read_tensor(path: &Path, max_memory: Option<u64>) -> Result<Tensor> {
     )?;
     let bytes = std::fs::read(path).map_err(|e| file_err(path, e.to_string()))?;
     if bytes.starts_with(b"\x93NUMPY") {
-        return kiln_ir::npy::decode(&bytes).map_err(|e| file_err(path, e));
+        return kiln_ir::npy::decode(&bytes).map_err(|e| file_err(path, e.to_string()));
     }
     kiln_ir::onnx::decode_tensor(&bytes, path.parent())
         .map_err(|e| file_err(path, format!("neither a .npy file nor an ONNX tensor: {e}")))
@@ -336,4 +336,98 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
         };
         file_err(path, format!("cannot write it: {why}"))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn strings(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    fn usage<T: std::fmt::Debug>(r: Result<T>) -> String {
+        match r {
+            Err(CompileError::Usage(m)) => m,
+            other => panic!("not a usage error: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn inputs_are_name_equals_file_each_once() {
+        let specs = strings(&["x=a.npy", "y=dir/b=c.pb"]);
+        assert_eq!(input_specs(&specs).unwrap(), [("x", "a.npy"), ("y", "dir/b=c.pb")]);
+        assert_eq!(usage(input_specs(&strings(&["x"]))), "--input `x` is not NAME=FILE");
+        assert_eq!(
+            usage(input_specs(&strings(&["x=a.npy", "x=b.npy"]))),
+            "--input `x` is given twice (a.npy and b.npy): give each input once"
+        );
+    }
+
+    #[test]
+    fn shapes_are_sizes_and_a_leading_range_keeps_the_batch_open() {
+        let shapes = parse_shapes(&strings(&["x=1, 2,3", "s="])).unwrap();
+        assert_eq!(shapes["x"], [1, 2, 3]);
+        assert_eq!(shapes["s"], Vec::<usize>::new());
+        assert!(usage(parse_shapes(&strings(&["x=1,-2"]))).contains("is not NAME=D0,D1"));
+
+        let specs = strings(&["x=1..64,3,224", "y=2,3", "z=4..,5", "w=1..8"]);
+        let (shapes, ranges) = parse_shapes_or_ranges(&specs).unwrap();
+        assert_eq!(shapes.len(), 1);
+        assert_eq!(shapes["y"], [2, 3]);
+        assert_eq!(ranges["x"], (1, 64, vec![0, 3, 224]));
+        assert_eq!(ranges["z"], (4, crate::batch::NO_LIMIT, vec![0, 5]));
+        assert_eq!(ranges["w"], (1, 8, vec![0]));
+        for (bad, says) in [
+            ("x=0..4,3", "the batch range 0..4 is empty"),
+            ("x=5..4", "the batch range 5..4 is empty"),
+            ("x=..4", "is not NAME=D0"),
+            ("x=1..4,a", "is not NAME=D0"),
+            ("x", "is not NAME=D0"),
+        ] {
+            let e = usage(parse_shapes_or_ranges(&strings(&[bad])));
+            assert!(e.contains(says), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_max_size_is_a_symbol_and_a_positive_size() {
+        assert_eq!(parse_max_size(None).unwrap(), None);
+        assert_eq!(parse_max_size(Some(" past = 64 ")).unwrap(), Some(("past".into(), 64)));
+        for bad in ["past=0", "=8", "past", "past=-1", "past=8x"] {
+            let e = usage(parse_max_size(Some(bad)));
+            assert!(e.starts_with(&format!("--max-size `{bad}` is not SYMBOL=N")), "{e}");
+        }
+        assert_eq!(parse_bytes("2G"), Ok(2 << 30));
+        assert_eq!(
+            parse_bytes("2X"),
+            Err("`2X` is not a size (bytes, or a number with K, M, G or T)".into())
+        );
+    }
+
+    #[test]
+    fn inputs_come_in_declared_order_and_a_wrong_name_lists_the_model_s() {
+        let declared = vec![("a".to_string(), "f32[2]".to_string()), ("b".into(), "i64[]".into())];
+        let (ta, tb) = (Tensor::vector(&[1f32, 2.]), Tensor::scalar(7i64));
+        let got = order_inputs(&declared, vec![("b".into(), tb.clone()), ("a".into(), ta.clone())])
+            .unwrap();
+        assert_eq!(got, [ta.clone(), tb]);
+        assert_eq!(
+            usage(order_inputs(&declared, vec![("c".into(), ta.clone())])),
+            "the model has no input `c`; it expects:\n  a: f32[2]\n  b: i64[]"
+        );
+        assert!(usage(order_inputs(&declared, vec![("a".into(), ta)]))
+            .starts_with("missing input `b` (give it with --input b=FILE.npy)"));
+    }
+
+    #[test]
+    fn durations_print_with_about_three_digits() {
+        let us = Duration::from_micros;
+        assert_eq!(ms(us(4)), "4.0 us");
+        assert_eq!(ms(us(250)), "0.250 ms");
+        assert_eq!(ms(us(1_500)), "1.50 ms");
+        assert_eq!(ms(us(12_340)), "12.3 ms");
+        assert_eq!(ms(us(250_000)), "250 ms");
+        assert_eq!(ms(Duration::ZERO), "0.0 us");
+    }
 }

@@ -260,7 +260,7 @@ fn einsum(em: &mut Emitter, id: NodeId, equation: &str) -> Result<()> {
     let dims: Vec<Vec<usize>> = xs.iter().map(|&v| em.dims(v)).collect();
     let shapes: Vec<kiln_ir::Shape> = dims.iter().map(|d| kiln_ir::Shape::fixed(d)).collect();
     let spec = kiln_ir::infer::EinsumSpec::new(equation, &shapes.iter().collect::<Vec<_>>())
-        .map_err(|e| em.unsupported(id, &e))?;
+        .map_err(|e| em.unsupported(id, &e.to_string()))?;
     let sizes: Vec<usize> = spec
         .sizes
         .iter()

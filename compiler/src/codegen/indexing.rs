@@ -315,7 +315,7 @@ fn pad(
     let (xd, od) = (em.dims(x), em.dims(result));
     let dtype = em.ty(result).dtype;
     let amounts = kiln_ir::infer::pad_amounts(&pads, axes.as_deref(), xd.len())
-        .map_err(|e| em.unsupported(id, &e))?;
+        .map_err(|e| em.unsupported(id, &e.to_string()))?;
     for &size in &od {
         em.check_table(id, "an index map along an axis", Some(size))?;
     }

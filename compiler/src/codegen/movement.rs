@@ -76,8 +76,8 @@ fn emit_slice(em: &mut Emitter, id: NodeId) -> Result<()> {
     for i in 0..starts.len() {
         let a = normalize_axis(axes[i], xd.len())
             .ok_or_else(|| em.unsupported(id, "has an axis out of range"))?;
-        let (start, count) =
-            slice_axis(xd[a], starts[i], ends[i], steps[i]).map_err(|e| em.unsupported(id, &e))?;
+        let (start, count) = slice_axis(xd[a], starts[i], ends[i], steps[i])
+            .map_err(|e| em.unsupported(id, &e.to_string()))?;
         offsets[a] = start;
         // One element needs no step (and an extreme one, +-2^63, would overflow the index
         // arithmetic).

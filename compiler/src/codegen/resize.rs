@@ -44,7 +44,7 @@ pub(super) fn emit(em: &mut Emitter, id: NodeId) -> Result<()> {
         em.check_table(id, "taps along an axis", Some(size))?;
     }
     let (out, steps) = kiln_ir::eval::resize_steps(r, &xd, consts[0], consts[1], consts[2])
-        .map_err(|e| em.unsupported(id, &e))?;
+        .map_err(|e| em.unsupported(id, &e.to_string()))?;
     let result = ValueId::from(id);
     let od = em.dims(result);
     if out != od {

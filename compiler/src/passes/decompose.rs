@@ -118,6 +118,7 @@ impl<'g> Emit<'g> {
 
     fn dims(&self, v: ValueId) -> Result<Vec<usize>> {
         let t = self.g.value_type(v);
+        // Decomposition takes only nodes whose operands are static (`decomposable`).
         t.shape.as_fixed().ok_or_else(|| {
             CompileError::Internal(format!(
                 "value %{} has the dynamic type {t}",

@@ -108,6 +108,7 @@ fn resolve_once(graph: &mut Graph) -> Result<bool> {
                         continue;
                     };
                     if matches!(s, SequenceOp::Insert) {
+                        // The op's arity requires the value.
                         let x = operands[1].ok_or_else(|| {
                             CompileError::Internal(format!(
                                 "node `{}`: SequenceInsert without a value",

@@ -62,6 +62,7 @@ pub fn run(graph: &mut Graph) -> Result<bool> {
             args.push(match operands.get(i).copied().flatten() {
                 _ if i == c || i == c + 1 => always,
                 Some(v) => v,
+                // Inference requires every state operand.
                 None => {
                     return Err(crate::CompileError::Internal(format!(
                         "Loop `{}`: operand {i} is missing",

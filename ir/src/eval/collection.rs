@@ -1,6 +1,7 @@
 //! Sequences and optionals, on values: a sequence is a list of tensors, an optional holds one
 //! value or none.
 
+use crate::error::{invalid, OpError};
 use crate::op::{OptionalOp, SequenceOp};
 use crate::shape::normalize_axis;
 use crate::{Op, Tensor, Value};
@@ -9,28 +10,28 @@ pub(super) fn eval(
     op: &Op,
     operands: &[Option<&Value>],
     options: &crate::eval::EvalOptions,
-) -> Result<Vec<Value>, String> {
+) -> Result<Vec<Value>, OpError> {
     let v = match op {
         Op::Sequence(s) => return sequence(s, operands, options),
         Op::Optional(o) => optional(o, operands)?,
-        _ => return Err(format!("{} is not a sequence or optional op", op.name())),
+        _ => return Err(invalid!("{} is not a sequence or optional op", op.name())),
     };
     Ok(vec![v])
 }
 
-fn operand<'a>(operands: &[Option<&'a Value>], i: usize) -> Result<&'a Value, String> {
-    operands.get(i).copied().flatten().ok_or_else(|| format!("operand {i} is missing"))
+fn operand<'a>(operands: &[Option<&'a Value>], i: usize) -> Result<&'a Value, OpError> {
+    operands.get(i).copied().flatten().ok_or(OpError::MissingOperand { index: i })
 }
 
-fn seq<'a>(operands: &[Option<&'a Value>], i: usize) -> Result<&'a [Tensor], String> {
+fn seq<'a>(operands: &[Option<&'a Value>], i: usize) -> Result<&'a [Tensor], OpError> {
     match operand(operands, i)? {
         Value::Sequence(s) => Ok(s),
-        other => Err(format!("operand {i} must be a sequence, got {}", other.describe())),
+        other => Err(invalid!("operand {i} must be a sequence, got {}", other.describe())),
     }
 }
 
-fn tensor<'a>(operands: &[Option<&'a Value>], i: usize) -> Result<&'a Tensor, String> {
-    operand(operands, i)?.as_tensor().map_err(|e| format!("operand {i}: {e}"))
+fn tensor<'a>(operands: &[Option<&'a Value>], i: usize) -> Result<&'a Tensor, OpError> {
+    operand(operands, i)?.as_tensor().map_err(|e| OpError::Operand { index: i, error: Box::new(e) })
 }
 
 /// A position in a sequence of `len` (`insert`: the end is allowed too), negative from the end.
@@ -39,13 +40,13 @@ fn position(
     i: usize,
     len: usize,
     insert: bool,
-) -> Result<Option<usize>, String> {
+) -> Result<Option<usize>, OpError> {
     let Some(p) = operands.get(i).copied().flatten() else { return Ok(None) };
     let p = p.as_tensor()?.to_i64s().first().copied().ok_or("the position is empty")?;
     let n = len as i64;
     let hi = if insert { n } else { n - 1 };
     if p < -n || p > hi {
-        return Err(format!("position {p} is outside a sequence of {len}"));
+        return Err(invalid!("position {p} is outside a sequence of {len}"));
     }
     Ok(Some(if p < 0 { p + n } else { p } as usize))
 }
@@ -54,7 +55,7 @@ fn sequence(
     s: &SequenceOp,
     operands: &[Option<&Value>],
     options: &crate::eval::EvalOptions,
-) -> Result<Vec<Value>, String> {
+) -> Result<Vec<Value>, OpError> {
     let v = match s {
         SequenceOp::Empty { .. } => Value::Sequence(Vec::new()),
         SequenceOp::Construct => {
@@ -62,7 +63,7 @@ fn sequence(
                 .map(|i| tensor(operands, i).cloned())
                 .collect::<Result<_, _>>()?;
             if let Some(t) = items.iter().find(|t| t.dtype() != items[0].dtype()) {
-                return Err(format!("the elements are {} and {}", items[0].ty(), t.ty()));
+                return Err(invalid!("the elements are {} and {}", items[0].ty(), t.ty()));
             }
             Value::Sequence(items)
         }
@@ -70,7 +71,7 @@ fn sequence(
             let mut items = seq(operands, 0)?.to_vec();
             let x = tensor(operands, 1)?;
             if items.first().is_some_and(|t| t.dtype() != x.dtype()) {
-                return Err(format!(
+                return Err(invalid!(
                     "inserting {} into a sequence of {}",
                     x.ty(),
                     items[0].dtype()
@@ -111,14 +112,13 @@ fn sequence(
             let first = items.first().ok_or("joining an empty sequence")?;
             if *new_axis {
                 let a = normalize_axis(*axis, first.rank() + 1)
-                    .ok_or_else(|| format!("axis {axis} is outside rank {}", first.rank() + 1))?;
+                    .ok_or_else(|| invalid!("axis {axis} is outside rank {}", first.rank() + 1))?;
                 Value::Tensor(
-                    Tensor::stack(first.dtype(), first.dims(), items, a)
-                        .map_err(|e| e.to_string())?,
+                    Tensor::stack(first.dtype(), first.dims(), items, a).map_err(OpError::from)?,
                 )
             } else {
                 let a = normalize_axis(*axis, first.rank())
-                    .ok_or_else(|| format!("axis {axis} is outside {}", first.ty()))?;
+                    .ok_or_else(|| invalid!("axis {axis} is outside {}", first.ty()))?;
                 for t in items {
                     let same = t.dtype() == first.dtype()
                         && t.rank() == first.rank()
@@ -128,7 +128,7 @@ fn sequence(
                             .enumerate()
                             .all(|(i, (x, y))| i == a || x == y);
                     if !same {
-                        return Err(format!(
+                        return Err(invalid!(
                             "cannot join {} and {} along axis {a}",
                             first.ty(),
                             t.ty()
@@ -149,23 +149,23 @@ fn split_to_sequence(
     axis: i64,
     keepdims: bool,
     split: Option<(usize, Vec<i64>)>,
-) -> Result<Vec<Tensor>, String> {
+) -> Result<Vec<Tensor>, OpError> {
     let a = normalize_axis(axis, x.rank())
-        .ok_or_else(|| format!("axis {axis} is outside {}", x.ty()))?;
+        .ok_or_else(|| invalid!("axis {axis} is outside {}", x.ty()))?;
     let dim = x.dims()[a];
     let lengths: Vec<usize> = match &split {
         None => vec![1; dim],
         Some((0, v)) => {
             let n = *v.first().ok_or("the split is empty")?;
             if n <= 0 {
-                return Err(format!("a split length of {n}"));
+                return Err(invalid!("a split length of {n}"));
             }
             let n = n as usize;
             (0..dim.div_ceil(n)).map(|i| n.min(dim - i * n)).collect()
         }
         Some((_, v)) => {
             if v.iter().any(|&n| n < 0) || v.iter().sum::<i64>() != dim as i64 {
-                return Err(format!("the split lengths {v:?} do not make axis {a} of {}", x.ty()));
+                return Err(invalid!("the split lengths {v:?} do not make axis {a} of {}", x.ty()));
             }
             v.iter().map(|&n| n as usize).collect()
         }
@@ -182,7 +182,7 @@ fn split_to_sequence(
     if split.is_none() && !keepdims {
         let mut d = x.dims().to_vec();
         d.remove(a);
-        return pieces.into_iter().map(|p| p.reshape(&d).map_err(|e| e.to_string())).collect();
+        return pieces.into_iter().map(|p| p.reshape(&d).map_err(OpError::from)).collect();
     }
     Ok(pieces)
 }
@@ -193,7 +193,7 @@ fn map(
     captures: usize,
     operands: &[Option<&Value>],
     options: &crate::eval::EvalOptions,
-) -> Result<Vec<Value>, String> {
+) -> Result<Vec<Value>, OpError> {
     let len = seq(operands, captures)?.len();
     let mut results: Vec<Vec<Tensor>> = vec![Vec::with_capacity(len); body.outputs().len()];
     for i in 0..len {
@@ -208,8 +208,12 @@ fn map(
                 v => v.clone(),
             });
         }
-        let out = crate::eval::run_values_with(body, &inputs, options)
-            .map_err(|e| format!("in the body `{}`, element {i}: {e}", body.name))?;
+        let out = crate::eval::run_values_with(body, &inputs, options).map_err(|e| {
+            OpError::Subgraph {
+                what: format!("the body `{}`, element {i}", body.name),
+                error: Box::new(e),
+            }
+        })?;
         for (k, v) in out.into_iter().enumerate() {
             results[k].push(v.into_tensor()?);
         }
@@ -217,7 +221,7 @@ fn map(
     Ok(results.into_iter().map(Value::Sequence).collect())
 }
 
-fn optional(o: &OptionalOp, operands: &[Option<&Value>]) -> Result<Value, String> {
+fn optional(o: &OptionalOp, operands: &[Option<&Value>]) -> Result<Value, OpError> {
     let given = operands.first().copied().flatten();
     Ok(match o {
         OptionalOp::Wrap { .. } => Value::Optional(given.map(|v| Box::new(v.clone()))),

@@ -5,6 +5,7 @@ use ndarray::{Array2, Array3, ArrayD, Axis, Ix2, IxDyn, Zip};
 
 use super::reduce::Nums;
 use super::{first, not_yet, tensor, view};
+use crate::error::{invalid, OpError};
 use crate::infer::EinsumSpec;
 use crate::op::Gemm;
 use crate::{DType, Op, Tensor, TensorType};
@@ -14,7 +15,7 @@ pub(super) fn eval(
     operands: &[Option<&Tensor>],
     out_types: &[TensorType],
     out_dims: &[Vec<usize>],
-) -> Result<Vec<Tensor>, String> {
+) -> Result<Vec<Tensor>, OpError> {
     let x = || first(operands);
     Ok(match op {
         Op::MatMul => vec![matmul(x(), operands[1].expect("checked"), &out_dims[0])?],
@@ -74,7 +75,7 @@ fn int_matmul(a: ndarray::ArrayView2<i64>, b: ndarray::ArrayView2<i64>) -> Array
 }
 
 /// numpy matmul of `a` and `b` with result dims `out`.
-pub(super) fn matmul(a: &Tensor, b: &Tensor, out: &[usize]) -> Result<Tensor, String> {
+pub(super) fn matmul(a: &Tensor, b: &Tensor, out: &[usize]) -> Result<Tensor, OpError> {
     // Promote 1-D operands to matrices, as numpy does, and restore the result's rank after.
     let a2 =
         if a.rank() == 1 { a.reshape(&[1, a.dims()[0]]).expect("same count") } else { a.clone() };
@@ -103,7 +104,7 @@ pub(super) fn matmul(a: &Tensor, b: &Tensor, out: &[usize]) -> Result<Tensor, St
         }
         _ => return Err("operand types differ".into()),
     };
-    c.reshape(out).map_err(|e| e.to_string())
+    c.reshape(out).map_err(OpError::from)
 }
 
 fn batched<T: ndarray::LinalgScalar>(
@@ -120,8 +121,13 @@ fn batched<T: ndarray::LinalgScalar>(
     out
 }
 
-pub(super) fn gemm(g: &Gemm, a: &Tensor, b: &Tensor, c: Option<&Tensor>) -> Result<Tensor, String> {
-    let t = |x: &Tensor, trans: bool| -> Result<Tensor, String> {
+pub(super) fn gemm(
+    g: &Gemm,
+    a: &Tensor,
+    b: &Tensor,
+    c: Option<&Tensor>,
+) -> Result<Tensor, OpError> {
+    let t = |x: &Tensor, trans: bool| -> Result<Tensor, OpError> {
         if trans {
             Ok(super::movement::transpose(x, &[1, 0]))
         } else {
@@ -152,7 +158,7 @@ pub(super) fn einsum(
     equation: &str,
     operands: &[Option<&Tensor>],
     out: &[crate::TensorType],
-) -> Result<Vec<Tensor>, String> {
+) -> Result<Vec<Tensor>, OpError> {
     let xs: Vec<&Tensor> =
         operands.iter().map(|o| o.ok_or("an operand is missing")).collect::<Result<_, _>>()?;
     let shapes: Vec<crate::Shape> = xs.iter().map(|t| crate::Shape::fixed(t.dims())).collect();
@@ -183,7 +189,7 @@ pub(super) fn einsum(
     let count = |d: &[usize]| {
         d.iter()
             .try_fold(1usize, |a, &n| a.checked_mul(n))
-            .ok_or_else(|| format!("equation `{equation}` over sizes {dims:?} is too large"))
+            .ok_or_else(|| invalid!("equation `{equation}` over sizes {dims:?} is too large"))
     };
     let (n_out, n_sum) = (count(&dims[..spec.output.len()])?, count(&dims[spec.output.len()..])?);
     count(&[n_out, n_sum])?;

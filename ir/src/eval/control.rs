@@ -3,6 +3,7 @@
 //! condition allow.
 
 use super::EvalOptions;
+use crate::error::{invalid, OpError};
 use crate::shape::normalize_axis;
 use crate::{DType, Op, Tensor, Value};
 
@@ -12,7 +13,7 @@ pub(super) fn eval(
     op: &Op,
     operands: &[Option<&Value>],
     options: &EvalOptions,
-) -> Result<Vec<Value>, String> {
+) -> Result<Vec<Value>, OpError> {
     match op {
         Op::If { then_branch, else_branch } => {
             if_(&then_branch.0, &else_branch.0, operands, options)
@@ -25,7 +26,7 @@ pub(super) fn eval(
             Ok(scan(s, &tensors, options)?.into_iter().map(Value::Tensor).collect())
         }
         Op::Loop(l) => loop_(l, operands, options),
-        other => Err(format!("{} is not a control-flow op", other.name())),
+        other => Err(invalid!("{} is not a control-flow op", other.name())),
     }
 }
 
@@ -35,7 +36,7 @@ fn if_(
     else_branch: &crate::Graph,
     operands: &[Option<&Value>],
     options: &EvalOptions,
-) -> Result<Vec<Value>, String> {
+) -> Result<Vec<Value>, OpError> {
     let cond =
         operands.first().copied().flatten().ok_or("the condition is missing")?.as_tensor()?;
     let taken = if cond.to_f64s().first().copied().unwrap_or(0.0) != 0.0 {
@@ -47,15 +48,17 @@ fn if_(
         .iter()
         .map(|o| o.cloned().ok_or("a captured value is missing"))
         .collect::<Result<_, _>>()?;
-    crate::eval::run_values_with(taken, &captured, options)
-        .map_err(|e| format!("in branch `{}`: {e}", taken.name))
+    crate::eval::run_values_with(taken, &captured, options).map_err(|e| OpError::Subgraph {
+        what: format!("branch `{}`", taken.name),
+        error: Box::new(e),
+    })
 }
 
 fn scan(
     s: &crate::op::Scan,
     operands: &[Option<&Tensor>],
     options: &EvalOptions,
-) -> Result<Vec<Tensor>, String> {
+) -> Result<Vec<Tensor>, OpError> {
     let all: Vec<Tensor> = operands
         .iter()
         .map(|o| o.cloned().ok_or("a Scan operand is missing"))
@@ -69,7 +72,7 @@ fn scan(
         let (axis, reverse) = s.input(i);
         axes.push((
             normalize_axis(axis, t.rank())
-                .ok_or_else(|| format!("scan axis {axis} is outside {}", t.ty()))?,
+                .ok_or_else(|| invalid!("scan axis {axis} is outside {}", t.ty()))?,
             reverse,
         ));
     }
@@ -84,11 +87,14 @@ fn scan(
         for (t, &(axis, reverse)) in scanned.iter().zip(&axes) {
             inputs.push(
                 t.index_axis(axis, if reverse { length - 1 - step } else { step })
-                    .map_err(|e| e.to_string())?,
+                    .map_err(OpError::from)?,
             );
         }
-        let mut out = crate::eval::run_with(body, &inputs, options)
-            .map_err(|e| format!("in the body `{}`, step {step}: {e}", body.name))?;
+        let mut out =
+            crate::eval::run_with(body, &inputs, options).map_err(|e| OpError::Subgraph {
+                what: format!("the body `{}`, step {step}", body.name),
+                error: Box::new(e),
+            })?;
         let rest = out.split_off(states.min(out.len()));
         state = out;
         for (k, t) in rest.into_iter().enumerate() {
@@ -111,8 +117,8 @@ fn scan(
                 .ok_or("a scan of length 0 whose result slices have no static shape")?,
         };
         let axis = normalize_axis(axis, dims.len() + 1)
-            .ok_or_else(|| format!("stacking axis {axis} is outside rank {}", dims.len() + 1))?;
-        results.push(Tensor::stack(ty.dtype, &dims, &parts, axis).map_err(|e| e.to_string())?);
+            .ok_or_else(|| invalid!("stacking axis {axis} is outside rank {}", dims.len() + 1))?;
+        results.push(Tensor::stack(ty.dtype, &dims, &parts, axis).map_err(OpError::from)?);
     }
     Ok(results)
 }
@@ -121,7 +127,7 @@ fn loop_(
     l: &crate::op::Loop,
     operands: &[Option<&Value>],
     options: &EvalOptions,
-) -> Result<Vec<Value>, String> {
+) -> Result<Vec<Value>, OpError> {
     let c = l.captures;
     let body = &l.body.0;
     let captured: Vec<Value> = (0..c)
@@ -150,16 +156,20 @@ fn loop_(
         }
         let mut inputs = captured.clone();
         inputs.push(Value::Tensor(
-            Tensor::from_f64s(DType::I64, &step_dims, &[step as f64]).map_err(|e| e.to_string())?,
+            Tensor::from_f64s(DType::I64, &step_dims, &[step as f64]).map_err(OpError::from)?,
         ));
         inputs.push(Value::Tensor(
-            Tensor::from_f64s(DType::Bool, &cond_dims, &[1.0]).map_err(|e| e.to_string())?,
+            Tensor::from_f64s(DType::Bool, &cond_dims, &[1.0]).map_err(OpError::from)?,
         ));
         inputs.append(&mut state);
-        let mut out = crate::eval::run_values_with(body, &inputs, options)
-            .map_err(|e| format!("in the body `{}`, step {step}: {e}", body.name))?;
+        let mut out = crate::eval::run_values_with(body, &inputs, options).map_err(|e| {
+            OpError::Subgraph {
+                what: format!("the body `{}`, step {step}", body.name),
+                error: Box::new(e),
+            }
+        })?;
         if out.len() < 1 + states {
-            return Err(format!(
+            return Err(invalid!(
                 "the body gave {} results for the condition and {states} state values",
                 out.len()
             ));
@@ -183,16 +193,13 @@ fn loop_(
                 .as_fixed()
                 .ok_or("a loop of no step whose stacked results have no static shape")?,
         };
-        results.push(Value::Tensor(
-            Tensor::stack(ty.dtype, &dims, &parts, 0).map_err(|e| e.to_string())?,
-        ));
+        results
+            .push(Value::Tensor(Tensor::stack(ty.dtype, &dims, &parts, 0).map_err(OpError::from)?));
     }
     Ok(results)
 }
 
 /// Why a Loop stopped at `limit` steps (the error around it names the node).
-fn limit_reached(limit: u64) -> String {
-    format!(
-        "reached the limit of {limit} steps without ending (--max-loop-steps / EvalOptions::max_loop_steps: raise it, or leave it unset for no limit)"
-    )
+fn limit_reached(limit: u64) -> OpError {
+    OpError::StepLimit { limit }
 }

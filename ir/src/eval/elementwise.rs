@@ -3,6 +3,7 @@
 use ndarray::{ArrayD, IxDyn, Zip};
 
 use super::{first, not_yet, tensor, typed, view};
+use crate::error::{invalid, OpError};
 use crate::op::{BinaryOp, UnaryOp};
 use crate::{DType, Element, Op, Tensor, TensorType};
 
@@ -11,7 +12,7 @@ pub(super) fn eval(
     operands: &[Option<&Tensor>],
     out_types: &[TensorType],
     out_dims: &[Vec<usize>],
-) -> Result<Vec<Tensor>, String> {
+) -> Result<Vec<Tensor>, OpError> {
     let x = || first(operands);
     Ok(match op {
         Op::Unary(u) => vec![unary(*u, x(), out_types[0].dtype)?],
@@ -32,8 +33,8 @@ pub(super) fn eval(
     })
 }
 
-pub(super) fn unary(u: UnaryOp, x: &Tensor, out: DType) -> Result<Tensor, String> {
-    fn go<T: Element>(u: UnaryOp, x: &Tensor, out: DType) -> Result<Tensor, String> {
+pub(super) fn unary(u: UnaryOp, x: &Tensor, out: DType) -> Result<Tensor, OpError> {
+    fn go<T: Element>(u: UnaryOp, x: &Tensor, out: DType) -> Result<Tensor, OpError> {
         let v = view::<T>(x);
         if out == DType::Bool {
             let f = |a: T| match u {
@@ -55,7 +56,7 @@ pub(super) fn unary(u: UnaryOp, x: &Tensor, out: DType) -> Result<Tensor, String
         let r = v.mapv(|a| match unary_int(u, a.to_i128().expect("integer type")) {
             Some(r) => T::from_i128(r),
             None => {
-                err = Some(format!("{} is not defined for {}", u.name(), T::DTYPE));
+                err = Some(invalid!("{} is not defined for {}", u.name(), T::DTYPE));
                 T::from_i128(0)
             }
         });
@@ -335,7 +336,12 @@ fn libm_erf(x: f64) -> f64 {
     sign * (1.0 - e / ax)
 }
 
-pub(super) fn binary(b: BinaryOp, l: &Tensor, r: &Tensor, out: &[usize]) -> Result<Tensor, String> {
+pub(super) fn binary(
+    b: BinaryOp,
+    l: &Tensor,
+    r: &Tensor,
+    out: &[usize],
+) -> Result<Tensor, OpError> {
     if b == BinaryOp::Pow && l.dtype() != r.dtype() {
         return Ok(pow_mixed(l, r, out));
     }
@@ -344,7 +350,7 @@ pub(super) fn binary(b: BinaryOp, l: &Tensor, r: &Tensor, out: &[usize]) -> Resu
         l: &Tensor,
         r: &Tensor,
         out: &[usize],
-    ) -> Result<Tensor, String> {
+    ) -> Result<Tensor, OpError> {
         let (lv, rv) = (view::<T>(l), view::<T>(r));
         let shape = IxDyn(out);
         let (lv, rv) = (
@@ -465,7 +471,7 @@ fn saturate(dtype: DType, v: f64) -> i128 {
     (v as i128).clamp(lo, hi)
 }
 
-fn binary_int(b: BinaryOp, x: i128, y: i128, dtype: DType) -> Result<i128, String> {
+fn binary_int(b: BinaryOp, x: i128, y: i128, dtype: DType) -> Result<i128, OpError> {
     let bits = dtype.size() as u32 * 8;
     Ok(match b {
         BinaryOp::Add => x.wrapping_add(y),
@@ -525,7 +531,7 @@ fn binary_int(b: BinaryOp, x: i128, y: i128, dtype: DType) -> Result<i128, Strin
                 x >> y
             }
         }
-        other => return Err(format!("{} is not defined for integers", other.name())),
+        other => return Err(invalid!("{} is not defined for integers", other.name())),
     })
 }
 

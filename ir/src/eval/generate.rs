@@ -1,6 +1,7 @@
 //! Ops that make tensors from shapes and scalars: Shape, Size, ConstantOfShape, Range, EyeLike.
 
 use super::{first, not_yet, typed};
+use crate::error::OpError;
 use crate::infer::{range_count, shape_interval, Scalar};
 use crate::{DType, Element, Op, Tensor, TensorType};
 
@@ -9,7 +10,7 @@ pub(super) fn eval(
     operands: &[Option<&Tensor>],
     out_types: &[TensorType],
     out_dims: &[Vec<usize>],
-) -> Result<Vec<Tensor>, String> {
+) -> Result<Vec<Tensor>, OpError> {
     let x = || first(operands);
     Ok(match op {
         Op::Shape { start, end } => vec![shape(x(), *start, *end)],
@@ -37,7 +38,7 @@ pub(super) fn constant_of_shape(value: &Tensor, dims: &[usize]) -> Tensor {
 }
 
 /// Range: `start, start + delta, ...` below `limit`.
-pub(super) fn range(operands: &[Option<&Tensor>]) -> Result<Tensor, String> {
+pub(super) fn range(operands: &[Option<&Tensor>]) -> Result<Tensor, OpError> {
     let s: Vec<Scalar> = operands[..3]
         .iter()
         .map(|o| o.map(Scalar::of).ok_or("operand missing"))
@@ -48,7 +49,7 @@ pub(super) fn range(operands: &[Option<&Tensor>]) -> Result<Tensor, String> {
 }
 
 /// EyeLike: ones where column - row == k.
-pub(super) fn eye_like(k: i64, out: &TensorType) -> Result<Tensor, String> {
+pub(super) fn eye_like(k: i64, out: &TensorType) -> Result<Tensor, OpError> {
     let dims = out.shape.as_fixed().ok_or("the result shape is known")?;
     let (rows, cols) = (dims[0] as i64, dims[1] as i64);
     let mut v = vec![0.0; dims[0] * dims[1]];
@@ -58,7 +59,7 @@ pub(super) fn eye_like(k: i64, out: &TensorType) -> Result<Tensor, String> {
             v[(r * cols + c) as usize] = 1.0;
         }
     }
-    Tensor::from_f64s(out.dtype, &dims, &v).map_err(|e| e.to_string())
+    Tensor::from_f64s(out.dtype, &dims, &v).map_err(OpError::from)
 }
 
 /// `start + i * delta` for `i < n`: exactly for integers, in f64 (rounded once) for floats.

@@ -7,6 +7,7 @@
 use ndarray::IxDyn;
 
 use super::{strides, tensor, typed, view};
+use crate::error::{invalid, OpError};
 use crate::infer::pad_amounts;
 use crate::op::{PadMode, ScatterReduction};
 use crate::{normalize_axis, Element, Op, Tensor, TensorType};
@@ -15,17 +16,16 @@ pub(super) fn eval(
     op: &Op,
     operands: &[Option<&Tensor>],
     out: &[TensorType],
-) -> Result<Vec<Tensor>, String> {
-    let arg = |i: usize| {
-        operands.get(i).copied().flatten().ok_or_else(|| format!("operand {i} is missing"))
-    };
+) -> Result<Vec<Tensor>, OpError> {
+    let arg =
+        |i: usize| operands.get(i).copied().flatten().ok_or(OpError::MissingOperand { index: i });
     let opt = |i: usize| operands.get(i).copied().flatten();
     let dims =
-        out[0].shape.as_fixed().ok_or_else(|| format!("result shape {} is not known", out[0]))?;
+        out[0].shape.as_fixed().ok_or_else(|| invalid!("result shape {} is not known", out[0]))?;
     let x = arg(0)?;
     // Inference has checked ranks, axes and shapes; what is left to check here is data.
     let ax = |a: i64, rank: usize| {
-        normalize_axis(a, rank).ok_or_else(|| format!("axis {a} is out of range for rank {rank}"))
+        normalize_axis(a, rank).ok_or_else(|| invalid!("axis {a} is out of range for rank {rank}"))
     };
     let y = match op {
         Op::GatherElements { axis } => {
@@ -261,16 +261,16 @@ fn offsets<O>(dims: &[usize], mut f: impl FnMut(&[usize]) -> O) -> Vec<O> {
 }
 
 /// An index into an axis of size `n` (negative counts from the end), or an error naming both.
-fn index(i: i64, n: usize, axis: usize) -> Result<usize, String> {
+fn index(i: i64, n: usize, axis: usize) -> Result<usize, OpError> {
     let j = if i < 0 { i + n as i64 } else { i };
     if (0..n as i64).contains(&j) {
         Ok(j as usize)
     } else {
-        Err(format!("index {i} is out of range for axis {axis} of size {n}"))
+        Err(OpError::Index { index: i, axis, size: n })
     }
 }
 
-fn gather_elements(xd: &[usize], indices: &Tensor, a: usize) -> Result<Vec<usize>, String> {
+fn gather_elements(xd: &[usize], indices: &Tensor, a: usize) -> Result<Vec<usize>, OpError> {
     let idx = indices.to_i64s();
     let st = strides(xd);
     let mut k = 0;
@@ -289,14 +289,14 @@ fn gather_elements(xd: &[usize], indices: &Tensor, a: usize) -> Result<Vec<usize
 }
 
 /// The flat offset in data of `dims` where an index tuple starting at axis `first` points.
-fn tuple_offset(tuple: &[i64], xd: &[usize], st: &[usize], first: usize) -> Result<usize, String> {
+fn tuple_offset(tuple: &[i64], xd: &[usize], st: &[usize], first: usize) -> Result<usize, OpError> {
     tuple
         .iter()
         .enumerate()
         .try_fold(0, |acc, (j, &i)| Ok(acc + index(i, xd[first + j], first + j)? * st[first + j]))
 }
 
-fn gather_nd(xd: &[usize], indices: &Tensor, b: usize) -> Result<Vec<usize>, String> {
+fn gather_nd(xd: &[usize], indices: &Tensor, b: usize) -> Result<Vec<usize>, OpError> {
     let id = indices.dims();
     let m = id[id.len() - 1];
     let idx = indices.to_i64s();
@@ -314,12 +314,12 @@ fn gather_nd(xd: &[usize], indices: &Tensor, b: usize) -> Result<Vec<usize>, Str
     Ok(offs)
 }
 
-fn scatter_elements(xd: &[usize], indices: &Tensor, a: usize) -> Result<Vec<usize>, String> {
+fn scatter_elements(xd: &[usize], indices: &Tensor, a: usize) -> Result<Vec<usize>, OpError> {
     // The same arithmetic as GatherElements: where each update goes instead of where it comes from.
     gather_elements(xd, indices, a)
 }
 
-fn scatter_nd(xd: &[usize], indices: &Tensor) -> Result<Vec<usize>, String> {
+fn scatter_nd(xd: &[usize], indices: &Tensor) -> Result<Vec<usize>, OpError> {
     let id = indices.dims();
     let m = id[id.len() - 1];
     let idx = indices.to_i64s();
@@ -372,7 +372,7 @@ pub fn pad_axis(mode: PadMode, n: usize, lo: i64, hi: i64, size: usize) -> Vec<O
         .collect()
 }
 
-fn non_zero(x: &Tensor, dims: &[usize]) -> Result<Tensor, String> {
+fn non_zero(x: &Tensor, dims: &[usize]) -> Result<Tensor, OpError> {
     // A scalar is a 1-D tensor of one element here (see inference).
     let xd: Vec<usize> = if x.rank() == 0 { vec![1] } else { x.dims().to_vec() };
     let v = x.to_f64s();
@@ -386,11 +386,11 @@ fn non_zero(x: &Tensor, dims: &[usize]) -> Result<Tensor, String> {
         }
         advance(&mut pos, &xd);
     }
-    Tensor::from_vec(dims, rows.concat()).map_err(|e| e.to_string())
+    Tensor::from_vec(dims, rows.concat()).map_err(OpError::from)
 }
 
-fn compress(x: &Tensor, condition: &Tensor, a: Option<usize>) -> Result<Vec<usize>, String> {
-    let c = condition.as_slice::<bool>().map_err(|e| e.to_string())?;
+fn compress(x: &Tensor, condition: &Tensor, a: Option<usize>) -> Result<Vec<usize>, OpError> {
+    let c = condition.as_slice::<bool>().map_err(OpError::from)?;
     // Without an axis the input is flattened.
     let (a, xd) = match a {
         Some(a) => (a, x.dims().to_vec()),
@@ -398,7 +398,7 @@ fn compress(x: &Tensor, condition: &Tensor, a: Option<usize>) -> Result<Vec<usiz
     };
     let n = xd[a];
     if let Some(p) = c.iter().rposition(|&b| b).filter(|&p| p >= n) {
-        return Err(format!("condition selects index {p}, out of range for axis {a} of size {n}"));
+        return Err(invalid!("condition selects index {p}, out of range for axis {a} of size {n}"));
     }
     let kept: Vec<usize> =
         c.iter().take(n).enumerate().filter(|(_, &b)| b).map(|(j, _)| j).collect();
@@ -419,12 +419,12 @@ fn reverse_sequence(
     lens: &Tensor,
     batch_axis: usize,
     time_axis: usize,
-) -> Result<Vec<usize>, String> {
+) -> Result<Vec<usize>, OpError> {
     let lens = lens.to_i64s();
     let steps = xd[time_axis];
     for (b, &l) in lens.iter().enumerate() {
         if !(0..=steps as i64).contains(&l) {
-            return Err(format!(
+            return Err(invalid!(
                 "sequence_lens[{b}] = {l} is out of range for a time axis of size {steps}"
             ));
         }

@@ -1,5 +1,6 @@
 //! Losses: NegativeLogLikelihoodLoss, SoftmaxCrossEntropyLoss, computed in f64.
 
+use crate::error::{invalid, OpError};
 use crate::op::{Loss, LossReduction};
 use crate::{Op, Tensor, TensorType};
 
@@ -7,11 +8,11 @@ pub(super) fn eval(
     op: &Op,
     operands: &[Option<&Tensor>],
     out: &[TensorType],
-) -> Result<Vec<Tensor>, String> {
+) -> Result<Vec<Tensor>, OpError> {
     let (l, softmax) = match op {
         Op::NllLoss(l) => (l, false),
         Op::SoftmaxCrossEntropyLoss(l) => (l, true),
-        _ => return Err(format!("{} is not a loss", op.name())),
+        _ => return Err(invalid!("{} is not a loss", op.name())),
     };
     let x = operands.first().copied().flatten().ok_or("the input is missing")?;
     let target = operands.get(1).copied().flatten().ok_or("the target is missing")?;
@@ -29,9 +30,9 @@ pub(super) fn eval(
         // Weighted mean over the targets that count (0/0 = NaN when none does, as PyTorch).
         LossReduction::Mean => vec![losses.iter().sum::<f64>() / weight_sum],
     };
-    let to = |ty: &TensorType, v: &[f64]| -> Result<Tensor, String> {
-        let dims = ty.shape.as_fixed().ok_or_else(|| format!("result shape {ty} is not known"))?;
-        Tensor::from_f64s(ty.dtype, &dims, v).map_err(|e| e.to_string())
+    let to = |ty: &TensorType, v: &[f64]| -> Result<Tensor, OpError> {
+        let dims = ty.shape.as_fixed().ok_or_else(|| invalid!("result shape {ty} is not known"))?;
+        Tensor::from_f64s(ty.dtype, &dims, v).map_err(OpError::from)
     };
     let mut results = vec![to(&out[0], &loss)?];
     if softmax {
@@ -63,7 +64,7 @@ fn nll(
     n: usize,
     c: usize,
     inner: usize,
-) -> Result<(Vec<f64>, f64), String> {
+) -> Result<(Vec<f64>, f64), OpError> {
     let mut losses = vec![0.0; n * inner];
     let mut weight_sum = 0.0;
     for b in 0..n {

@@ -29,6 +29,7 @@ use std::collections::HashMap;
 
 use ndarray::{ArrayD, ArrayViewD, IxDyn};
 
+use crate::error::{invalid, OpError};
 use crate::infer::{self, Operand};
 use crate::op::OpFamily;
 use crate::{Dim, Element, Graph, IrError, Op, Result, Tensor, TensorType, Value, ValueId};
@@ -56,7 +57,7 @@ pub fn run_with(graph: &Graph, inputs: &[Tensor], options: &EvalOptions) -> Resu
         .zip(graph.outputs())
         .map(|(v, (name, _))| {
             v.into_tensor()
-                .map_err(|msg| IrError::Input { name: name.clone(), msg: format!("output: {msg}") })
+                .map_err(|e| IrError::Input { name: name.clone(), msg: format!("output: {e}") })
         })
         .collect()
 }
@@ -98,7 +99,7 @@ pub fn run_values_with(
             let operands: Vec<Option<&Value>> =
                 operand_ids.iter().map(|o| o.map(|v| &values[&v])).collect();
             eval_node(&node.op, &operands, node.outputs.len(), options)
-                .map_err(|msg| IrError::Eval { node: node.name.clone(), op: node.op.name(), msg })?
+                .map_err(|error| IrError::eval(node.name.clone(), node.op.name(), error))?
         };
         for v in operand_ids.into_iter().flatten() {
             let n = uses.get_mut(&v).expect("counted above");
@@ -124,7 +125,7 @@ fn eval_node(
     operands: &[Option<&Value>],
     num_outputs: usize,
     options: &EvalOptions,
-) -> Result<Vec<Value>, String> {
+) -> Result<Vec<Value>, OpError> {
     match op.family() {
         OpFamily::Collection => collection::eval(op, operands, options),
         _ if matches!(op, Op::Identity) => {
@@ -140,9 +141,12 @@ fn eval_node(
                 .iter()
                 .enumerate()
                 .map(|(i, o)| {
-                    o.map(|v| v.as_tensor().map_err(|e| format!("operand {i}: {e}"))).transpose()
+                    o.map(|v| {
+                        v.as_tensor().map_err(|e| OpError::Operand { index: i, error: Box::new(e) })
+                    })
+                    .transpose()
                 })
-                .collect::<Result<_, String>>()?;
+                .collect::<Result<_, OpError>>()?;
             Ok(eval_op(op, &tensors, num_outputs)?.into_iter().map(Value::Tensor).collect())
         }
     }
@@ -234,7 +238,7 @@ pub fn eval_op(
     op: &Op,
     operands: &[Option<&Tensor>],
     num_outputs: usize,
-) -> Result<Vec<Tensor>, String> {
+) -> Result<Vec<Tensor>, OpError> {
     match op {
         Op::Input => return Err("graph inputs are not evaluated".into()),
         Op::Constant(t) => return Ok(vec![t.clone()]),
@@ -248,7 +252,7 @@ pub fn eval_op(
             return r.into_iter().map(Value::into_tensor).collect();
         }
         _ if op.family() == OpFamily::Collection => {
-            return Err(format!("{} gives a sequence or an optional, not tensors", op.name()))
+            return Err(invalid!("{} gives a sequence or an optional, not tensors", op.name()))
         }
         _ => {}
     }
@@ -270,9 +274,9 @@ pub fn eval_op(
         .map(|t| {
             t.shape
                 .as_fixed()
-                .ok_or_else(|| format!("result shape {t} is not known from the operands"))
+                .ok_or_else(|| invalid!("result shape {t} is not known from the operands"))
         })
-        .collect::<Result<_, String>>()?;
+        .collect::<Result<_, OpError>>()?;
     // Each result is checked against the memory available before the op allocates it.
     let limit = crate::memory::available_at_start();
     for (t, dims) in out_types.iter().zip(&out_dims).take(num_outputs.max(1)) {
@@ -282,7 +286,7 @@ pub fn eval_op(
                 let need = b.map_or("more than 2^64 bytes".to_string(), |b| {
                     format!("{b} bytes ({})", crate::memory::human(b))
                 });
-                return Err(format!(
+                return Err(invalid!(
                     "the result {t} needs {need}, more than the {limit} bytes ({}) of memory available",
                     crate::memory::human(limit)
                 ));
@@ -367,8 +371,8 @@ pub(crate) fn first<'t>(operands: &[Option<&'t Tensor>]) -> &'t Tensor {
 }
 
 /// What an op without an interpreter yet reports.
-pub(crate) fn not_yet(op: &Op) -> Result<Vec<Tensor>, String> {
-    Err(format!("{} is not implemented yet", op.name()))
+pub(crate) fn not_yet(op: &Op) -> Result<Vec<Tensor>, OpError> {
+    Err(invalid!("{} is not implemented yet", op.name()))
 }
 
 /// Row-major strides of `dims`.

@@ -4,6 +4,7 @@
 use ndarray::{Axis, IxDyn};
 
 use super::{first, not_yet, tensor, typed, view};
+use crate::error::OpError;
 use crate::infer::slice_axis;
 use crate::{normalize_axis, Element, Op, Tensor};
 
@@ -11,7 +12,7 @@ pub(super) fn eval(
     op: &Op,
     operands: &[Option<&Tensor>],
     out_dims: &[Vec<usize>],
-) -> Result<Vec<Tensor>, String> {
+) -> Result<Vec<Tensor>, OpError> {
     let x = || first(operands);
     Ok(match op {
         Op::Reshape { .. } | Op::Flatten { .. } | Op::Squeeze | Op::Unsqueeze => {
@@ -70,7 +71,7 @@ pub(super) fn split(x: &Tensor, axis: i64, outs: &[Vec<usize>]) -> Vec<Tensor> {
 }
 
 /// `params` = starts, ends, axes?, steps? as integer lists.
-pub(super) fn slice(x: &Tensor, params: &[Option<Vec<i64>>]) -> Result<Tensor, String> {
+pub(super) fn slice(x: &Tensor, params: &[Option<Vec<i64>>]) -> Result<Tensor, OpError> {
     let starts = params[0].clone().expect("checked");
     let ends = params[1].clone().expect("checked");
     let axes =
@@ -100,7 +101,7 @@ pub(super) fn gather(
     indices: &Tensor,
     axis: i64,
     out: &[usize],
-) -> Result<Tensor, String> {
+) -> Result<Tensor, OpError> {
     let a = normalize_axis(axis, x.rank()).expect("inferred");
     let n = x.dims()[a] as i64;
     let idx = indices
@@ -111,10 +112,10 @@ pub(super) fn gather(
             if (0..n).contains(&j) {
                 Ok(j as usize)
             } else {
-                Err(format!("index {i} is out of range for axis {a} of size {n}"))
+                Err(OpError::Index { index: i, axis: a, size: n as usize })
             }
         })
-        .collect::<Result<Vec<usize>, String>>()?;
+        .collect::<Result<Vec<usize>, OpError>>()?;
     fn go<T: Element>(x: &Tensor, a: usize, idx: &[usize], out: &[usize]) -> Tensor {
         let picked = view::<T>(x).select(Axis(a), idx);
         tensor(picked).reshape(out).expect("same count")

@@ -1,6 +1,7 @@
 //! Softmax and the normalisations, computed in f64.
 
 use super::{first, view};
+use crate::error::OpError;
 use crate::op::Lrn;
 use crate::{normalize_axis, DType, Op, Tensor, TensorType};
 
@@ -8,7 +9,7 @@ pub(super) fn eval(
     op: &Op,
     operands: &[Option<&Tensor>],
     out_types: &[TensorType],
-) -> Result<Vec<Tensor>, String> {
+) -> Result<Vec<Tensor>, OpError> {
     let x = || first(operands);
     Ok(match op {
         Op::Softmax { axis } => vec![softmax(x(), *axis)],
@@ -66,7 +67,7 @@ pub(super) fn layer_norm(
     axis: i64,
     eps: f32,
     types: &[TensorType],
-) -> Result<Vec<Tensor>, String> {
+) -> Result<Vec<Tensor>, OpError> {
     let a = normalize_axis(axis, x.rank()).expect("inferred");
     let outer: usize = x.dims()[..a].iter().product();
     let norm_dims = &x.dims()[a..];
@@ -94,11 +95,10 @@ pub(super) fn layer_norm(
         inv_stds.push(inv);
     }
     let stat = |vals: &[f64], t: &TensorType| {
-        Tensor::from_f64s(t.dtype, &t.shape.as_fixed().expect("fixed"), vals)
-            .map_err(|e| e.to_string())
+        Tensor::from_f64s(t.dtype, &t.shape.as_fixed().expect("fixed"), vals).map_err(OpError::from)
     };
     Ok(vec![
-        Tensor::from_f64s(x.dtype(), x.dims(), &y).map_err(|e| e.to_string())?,
+        Tensor::from_f64s(x.dtype(), x.dims(), &y).map_err(OpError::from)?,
         stat(&means, &types[1])?,
         stat(&inv_stds, &types[2])?,
     ])
@@ -128,10 +128,9 @@ fn normalization(
     op: &Op,
     operands: &[Option<&Tensor>],
     _out: &[TensorType],
-) -> Result<Vec<Tensor>, String> {
-    let arg = |i: usize| {
-        operands.get(i).copied().flatten().ok_or_else(|| format!("operand {i} is missing"))
-    };
+) -> Result<Vec<Tensor>, OpError> {
+    let arg =
+        |i: usize| operands.get(i).copied().flatten().ok_or(OpError::MissingOperand { index: i });
     let x = arg(0)?;
     let y = match op {
         Op::LogSoftmax { axis } => along_axis(x, *axis, |v| {
@@ -167,7 +166,7 @@ fn normalization(
         Op::MeanVarianceNorm { axes } => mean_variance_norm(x, axes),
         _ => return super::not_yet(op),
     };
-    Ok(vec![Tensor::from_f64s(x.dtype(), x.dims(), &y).map_err(|e| e.to_string())?])
+    Ok(vec![Tensor::from_f64s(x.dtype(), x.dims(), &y).map_err(OpError::from)?])
 }
 
 /// `x` as f64 with `f` applied to every line along `axis` (a copied-out run of values).
@@ -225,7 +224,7 @@ fn group_norm(x: &Tensor, scale: &Tensor, bias: &Tensor, groups: usize, eps: f32
 }
 
 /// `x / sqrt(mean(x^2 over axis..) + eps) * scale`, scale broadcast to x.
-fn rms_norm(x: &Tensor, scale: &Tensor, axis: i64, eps: f32) -> Result<Vec<f64>, String> {
+fn rms_norm(x: &Tensor, scale: &Tensor, axis: i64, eps: f32) -> Result<Vec<f64>, OpError> {
     let a = normalize_axis(axis, x.rank()).expect("inferred");
     let inner: usize = x.dims()[a..].iter().product();
     let s64 = scale.cast(DType::F64);

@@ -2,6 +2,7 @@
 //! (and zero point) by its position along the axis, or its block.
 
 use super::not_yet;
+use crate::error::{invalid, OpError};
 use crate::shape::normalize_axis;
 use crate::{DType, Op, Tensor, TensorType};
 
@@ -9,7 +10,7 @@ pub(super) fn eval(
     op: &Op,
     operands: &[Option<&Tensor>],
     out_types: &[TensorType],
-) -> Result<Vec<Tensor>, String> {
+) -> Result<Vec<Tensor>, OpError> {
     Ok(match op {
         Op::Quantize { axis, block_size, saturate, .. } => {
             vec![quantize(*axis, *block_size, *saturate, operands, &out_types[0])?]
@@ -27,14 +28,14 @@ fn scale_index(
     scale_dims: &[usize],
     axis: i64,
     block_size: usize,
-) -> Result<Vec<usize>, String> {
+) -> Result<Vec<usize>, OpError> {
     let n: usize = dims.iter().product();
     let numel: usize = scale_dims.iter().product();
     if numel == 1 && block_size == 0 {
         return Ok(vec![0; n]);
     }
     let a = normalize_axis(axis, dims.len())
-        .ok_or_else(|| format!("axis {axis} is outside rank {}", dims.len()))?;
+        .ok_or_else(|| invalid!("axis {axis} is outside rank {}", dims.len()))?;
     let strides = super::strides(dims);
     if block_size == 0 {
         return Ok((0..n).map(|i| (i / strides[a]) % dims[a]).collect());
@@ -79,7 +80,7 @@ pub(super) fn quantize(
     saturate: bool,
     operands: &[Option<&Tensor>],
     out: &TensorType,
-) -> Result<Tensor, String> {
+) -> Result<Tensor, OpError> {
     let x = operands[0].ok_or("operand 0 is missing")?;
     let scale = operands[1].ok_or("operand 1 is missing")?;
     let zero = operands.get(2).copied().flatten();
@@ -108,7 +109,7 @@ pub(super) fn quantize(
             }
         })
         .collect();
-    let q = Tensor::from_f64s(DType::F64, x.dims(), &q).map_err(|e| e.to_string())?;
+    let q = Tensor::from_f64s(DType::F64, x.dims(), &q).map_err(OpError::from)?;
     Ok(if saturate { q.cast(out.dtype) } else { q.cast_unsaturated(out.dtype) })
 }
 
@@ -117,7 +118,7 @@ pub(super) fn dequantize(
     block_size: usize,
     operands: &[Option<&Tensor>],
     out: &TensorType,
-) -> Result<Tensor, String> {
+) -> Result<Tensor, OpError> {
     let x = operands[0].ok_or("operand 0 is missing")?;
     let scale = operands[1].ok_or("operand 1 is missing")?;
     let zero = operands.get(2).copied().flatten();
@@ -137,5 +138,5 @@ pub(super) fn dequantize(
             }
         })
         .collect();
-    Tensor::from_f64s(out.dtype, x.dims(), &y).map_err(|e| e.to_string())
+    Tensor::from_f64s(out.dtype, x.dims(), &y).map_err(OpError::from)
 }

@@ -3,6 +3,7 @@
 use std::cmp::Ordering;
 
 use super::{first, not_yet, typed, view};
+use crate::error::{invalid, OpError};
 use crate::infer::reduced_axes;
 use crate::op::{Reduce, ReduceKind};
 use crate::{normalize_axis, DType, Element, Op, Tensor, TensorType};
@@ -12,7 +13,7 @@ pub(super) fn eval(
     operands: &[Option<&Tensor>],
     out_types: &[TensorType],
     out_dims: &[Vec<usize>],
-) -> Result<Vec<Tensor>, String> {
+) -> Result<Vec<Tensor>, OpError> {
     let x = || first(operands);
     Ok(match op {
         Op::Reduce(r) => {
@@ -30,7 +31,7 @@ pub(super) fn reduce(
     x: &Tensor,
     axes: Option<&Tensor>,
     out: &[usize],
-) -> Result<Tensor, String> {
+) -> Result<Tensor, OpError> {
     let axes = reduced_axes(r.noop_with_empty_axes, axes.map(|a| Some(a.to_i64s())), &x.ty())?
         .expect("constant axes");
     let kept: Vec<usize> = (0..x.rank()).filter(|a| !axes.contains(a)).collect();
@@ -52,7 +53,7 @@ pub(super) fn reduce(
             // Over nothing: the type's smallest (Max) or largest (Min) value, where compiled code
             // starts (the i64 bound cast back would wrap).
             let v = if r.kind == ReduceKind::Max { f64::NEG_INFINITY } else { f64::INFINITY };
-            return Tensor::from_f64s(x.dtype(), out, &vec![v; rows]).map_err(|e| e.to_string());
+            return Tensor::from_f64s(x.dtype(), out, &vec![v; rows]).map_err(OpError::from);
         }
     }
     if exact_ints {
@@ -61,14 +62,14 @@ pub(super) fn reduce(
         let flat = v.as_slice().expect("standard layout");
         let y: Vec<i64> =
             (0..rows).map(|i| fold_int(r.kind, &flat[i * reduced..(i + 1) * reduced])).collect();
-        return Tensor::from_vec(out, y).map(|t| t.cast(x.dtype())).map_err(|e| e.to_string());
+        return Tensor::from_vec(out, y).map(|t| t.cast(x.dtype())).map_err(OpError::from);
     }
     let x64 = x.cast(DType::F64);
     let v = view::<f64>(&x64).permuted_axes(perm).as_standard_layout().to_owned();
     let flat = v.as_slice().expect("standard layout");
     let y: Vec<f64> =
         (0..rows).map(|i| fold_float(r.kind, &flat[i * reduced..(i + 1) * reduced])).collect();
-    Tensor::from_f64s(x.dtype(), out, &y).map_err(|e| e.to_string())
+    Tensor::from_f64s(x.dtype(), out, &y).map_err(OpError::from)
 }
 
 fn fold_float(kind: ReduceKind, v: &[f64]) -> f64 {
@@ -115,7 +116,7 @@ fn fold_int(kind: ReduceKind, v: &[i64]) -> i64 {
 fn operand_and_dims<'t>(
     operands: &[Option<&'t Tensor>],
     out: &TensorType,
-) -> Result<(&'t Tensor, Vec<usize>), String> {
+) -> Result<(&'t Tensor, Vec<usize>), OpError> {
     Ok((
         operands[0].ok_or("operand 0 is missing")?,
         out.shape.as_fixed().ok_or("the result shape is known")?,
@@ -127,13 +128,13 @@ pub(super) fn arg_reduce(
     r: &crate::op::ArgReduce,
     operands: &[Option<&Tensor>],
     out: &[TensorType],
-) -> Result<Vec<Tensor>, String> {
+) -> Result<Vec<Tensor>, OpError> {
     let (x, out_dims) = operand_and_dims(operands, &out[0])?;
     let name = if r.max { "ArgMax" } else { "ArgMin" };
     let a = normalize_axis(r.axis, x.rank()).ok_or("axis checked by inference")?;
     let (outer, n, inner) = split_at_axis(x.dims(), a);
     if n == 0 && outer * inner > 0 {
-        return Err(format!("{name} of an empty axis {a} of {}", x.ty()));
+        return Err(invalid!("{name} of an empty axis {a} of {}", x.ty()));
     }
     let v = Nums::of(x);
     let mut y = Vec::with_capacity(outer * inner);
@@ -152,14 +153,14 @@ pub(super) fn arg_reduce(
             y.push(best as i64);
         }
     }
-    Ok(vec![Tensor::from_vec(&out_dims, y).map_err(|e| e.to_string())?])
+    Ok(vec![Tensor::from_vec(&out_dims, y).map_err(OpError::from)?])
 }
 
 /// CumSum/CumProd along the axis operand 1 gives.
 pub(super) fn cumulative(
     c: &crate::op::Cumulative,
     operands: &[Option<&Tensor>],
-) -> Result<Vec<Tensor>, String> {
+) -> Result<Vec<Tensor>, OpError> {
     let x = operands[0].ok_or("operand 0 is missing")?;
     let axis = operands
         .get(1)
@@ -171,7 +172,7 @@ pub(super) fn cumulative(
         .copied()
         .ok_or("axis must hold one value")?;
     let a = normalize_axis(axis, x.rank())
-        .ok_or_else(|| format!("axis {axis} is out of range for {}", x.ty()))?;
+        .ok_or_else(|| invalid!("axis {axis} is out of range for {}", x.ty()))?;
     let (outer, n, inner) = split_at_axis(x.dims(), a);
     let mut v = Nums::of(x);
     for o in 0..outer {
@@ -191,7 +192,7 @@ pub(super) fn top_k(
     largest: bool,
     operands: &[Option<&Tensor>],
     out: &[TensorType],
-) -> Result<Vec<Tensor>, String> {
+) -> Result<Vec<Tensor>, OpError> {
     let (x, d) = operand_and_dims(operands, &out[0])?;
     let a = normalize_axis(axis, x.rank()).ok_or("axis checked by inference")?;
     let k = d[a];
@@ -221,7 +222,7 @@ pub(super) fn top_k(
         Tensor::from_vec(dims, picks.iter().map(|&p| s[p]).collect()).expect("length matches")
     }
     let values = typed!(x.dtype(), take(x, &picks, &d));
-    Ok(vec![values, Tensor::from_vec(&d, indices).map_err(|e| e.to_string())?])
+    Ok(vec![values, Tensor::from_vec(&d, indices).map_err(OpError::from)?])
 }
 
 /// `dims` as (product before `axis`, size of `axis`, product after).

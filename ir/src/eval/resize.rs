@@ -3,6 +3,7 @@
 //! (clamped to the edge) weighted by the mode's coefficients.
 
 use super::not_yet;
+use crate::error::{invalid, OpError};
 use crate::infer::{resize_plan, ResizePlan};
 use crate::op::{CoordinateTransform, NearestMode, Resize, ResizeMode};
 use crate::{DType, Op, Tensor, TensorType};
@@ -11,7 +12,7 @@ pub(super) fn eval(
     op: &Op,
     operands: &[Option<&Tensor>],
     out_types: &[TensorType],
-) -> Result<Vec<Tensor>, String> {
+) -> Result<Vec<Tensor>, OpError> {
     match op {
         Op::Resize(r) => resize(r, operands, out_types),
         _ => not_yet(op),
@@ -27,7 +28,7 @@ fn resize(
     r: &Resize,
     operands: &[Option<&Tensor>],
     _out: &[TensorType],
-) -> Result<Vec<Tensor>, String> {
+) -> Result<Vec<Tensor>, OpError> {
     let x = operands.first().copied().flatten().ok_or("Resize needs an input")?;
     let (out, steps) =
         resize_steps(r, x.dims(), given(operands, 1), given(operands, 2), given(operands, 3))?;
@@ -41,7 +42,7 @@ fn resize(
     if !x.dtype().is_float() {
         data.iter_mut().for_each(|v| *v = v.round_ties_even());
     }
-    Ok(vec![Tensor::from_f64s(x.dtype(), &out, &data).map_err(|e| e.to_string())?])
+    Ok(vec![Tensor::from_f64s(x.dtype(), &out, &data).map_err(OpError::from)?])
 }
 
 /// One pass of a Resize, along one axis: for every output position along it, the input
@@ -62,7 +63,7 @@ pub fn resize_steps(
     roi: Option<&Tensor>,
     scales: Option<&Tensor>,
     sizes: Option<&Tensor>,
-) -> Result<(Vec<usize>, Vec<ResizeStep>), String> {
+) -> Result<(Vec<usize>, Vec<ResizeStep>), OpError> {
     fn nonempty(t: Option<&Tensor>) -> Option<&Tensor> {
         t.filter(|t| !t.is_empty())
     }
@@ -85,7 +86,7 @@ pub fn resize_steps(
             continue;
         }
         if dims[axis] == 0 && plan.out[axis] > 0 {
-            return Err(format!("cannot resize axis {axis} of size 0 to {}", plan.out[axis]));
+            return Err(invalid!("cannot resize axis {axis} of size 0 to {}", plan.out[axis]));
         }
         steps.push(ResizeStep { axis, taps: taps(r, &plan, dims[axis], axis) });
     }

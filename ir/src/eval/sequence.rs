@@ -4,6 +4,7 @@
 //! remaining run-time checks are on values (sequence lengths, position ids).
 
 use super::elementwise::unary_float;
+use crate::error::{invalid, OpError};
 use crate::op::{Attention, Rnn, RnnCell, RnnDirection, RotaryEmbedding};
 use crate::{DType, Op, Tensor, TensorType};
 
@@ -11,12 +12,12 @@ pub(super) fn eval(
     op: &Op,
     operands: &[Option<&Tensor>],
     out: &[TensorType],
-) -> Result<Vec<Tensor>, String> {
+) -> Result<Vec<Tensor>, OpError> {
     match op {
         Op::Rnn(r) => rnn(r, operands, out),
         Op::Attention(a) => attention(a, operands, out),
         Op::RotaryEmbedding(r) => rotary(r, operands, out),
-        _ => Err(format!("{} is not a sequence op", op.name())),
+        _ => Err(invalid!("{} is not a sequence op", op.name())),
     }
 }
 
@@ -24,13 +25,13 @@ fn opt<'a>(operands: &[Option<&'a Tensor>], i: usize) -> Option<&'a Tensor> {
     operands.get(i).copied().flatten()
 }
 
-fn get<'a>(operands: &[Option<&'a Tensor>], i: usize) -> Result<&'a Tensor, String> {
-    opt(operands, i).ok_or_else(|| format!("operand {i} is missing"))
+fn get<'a>(operands: &[Option<&'a Tensor>], i: usize) -> Result<&'a Tensor, OpError> {
+    opt(operands, i).ok_or(OpError::MissingOperand { index: i })
 }
 
-fn result(ty: &TensorType, values: &[f64]) -> Result<Tensor, String> {
-    let dims = ty.shape.as_fixed().ok_or_else(|| format!("result shape {ty} is not known"))?;
-    Tensor::from_f64s(ty.dtype, &dims, values).map_err(|e| e.to_string())
+fn result(ty: &TensorType, values: &[f64]) -> Result<Tensor, OpError> {
+    let dims = ty.shape.as_fixed().ok_or_else(|| invalid!("result shape {ty} is not known"))?;
+    Tensor::from_f64s(ty.dtype, &dims, values).map_err(OpError::from)
 }
 
 // ----- RNN, GRU, LSTM -----
@@ -44,7 +45,7 @@ fn mat_vec(m: &[f64], v: &[f64], b: &[f64]) -> Vec<f64> {
         .collect()
 }
 
-fn rnn(r: &Rnn, operands: &[Option<&Tensor>], out: &[TensorType]) -> Result<Vec<Tensor>, String> {
+fn rnn(r: &Rnn, operands: &[Option<&Tensor>], out: &[TensorType]) -> Result<Vec<Tensor>, OpError> {
     let x = get(operands, 0)?;
     let xd = x.dims();
     let (seq, batch, input) =
@@ -79,7 +80,7 @@ fn rnn(r: &Rnn, operands: &[Option<&Tensor>], out: &[TensorType]) -> Result<Vec<
                 usize::try_from(l)
                     .ok()
                     .filter(|&l| l <= seq)
-                    .ok_or_else(|| format!("sequence length {l} is outside 0..={seq}"))
+                    .ok_or_else(|| invalid!("sequence length {l} is outside 0..={seq}"))
             })
             .collect::<Result<_, _>>()?,
     };
@@ -224,7 +225,7 @@ fn attention(
     a: &Attention,
     operands: &[Option<&Tensor>],
     out: &[TensorType],
-) -> Result<Vec<Tensor>, String> {
+) -> Result<Vec<Tensor>, OpError> {
     let (q, k, v) = (get(operands, 0)?, get(operands, 1)?, get(operands, 2)?);
     let (qv, [batch, qh, sq, hs]) = heads_first(q, a.q_num_heads);
     let (kv, kd @ [_, kh, skv, _]) = heads_first(k, a.kv_num_heads);
@@ -367,7 +368,7 @@ fn rotary(
     r: &RotaryEmbedding,
     operands: &[Option<&Tensor>],
     out: &[TensorType],
-) -> Result<Vec<Tensor>, String> {
+) -> Result<Vec<Tensor>, OpError> {
     let x = get(operands, 0)?;
     let (cos, sin) = (get(operands, 1)?.to_f64s(), get(operands, 2)?.to_f64s());
     let cache_rows = get(operands, 1)?.dims()[0];

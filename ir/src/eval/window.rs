@@ -3,6 +3,7 @@
 use ndarray::{Array2, ArrayView2, Axis};
 
 use super::{first, not_yet};
+use crate::error::OpError;
 use crate::infer::{transpose_axis, TransposeAxis};
 use crate::op::{Conv, ConvTranspose, Pool, PoolKind, SpatialAxis, Window};
 use crate::{DType, Op, Tensor, TensorType};
@@ -13,7 +14,7 @@ pub(super) fn eval(
     out_types: &[TensorType],
     out_dims: &[Vec<usize>],
     num_outputs: usize,
-) -> Result<Vec<Tensor>, String> {
+) -> Result<Vec<Tensor>, OpError> {
     let x = || first(operands);
     Ok(match op {
         Op::Conv(c) => vec![conv(
@@ -67,7 +68,7 @@ fn resolve(
     input: &[usize],
     kernel: &[usize],
     ceil_mode: bool,
-) -> Result<Vec<SpatialAxis>, String> {
+) -> Result<Vec<SpatialAxis>, OpError> {
     (0..input.len()).map(|i| window.resolve(i, input[i], kernel[i], ceil_mode)).collect()
 }
 
@@ -117,7 +118,7 @@ pub(super) fn conv(
     w: &Tensor,
     b: Option<&Tensor>,
     out: &[usize],
-) -> Result<Tensor, String> {
+) -> Result<Tensor, OpError> {
     let (n, cin) = (x.dims()[0], x.dims()[1]);
     let m = w.dims()[0];
     let axes = resolve(&c.window, &x.dims()[2..], &w.dims()[2..], false)?;
@@ -168,7 +169,7 @@ pub(super) fn conv(
                     chunk.iter_mut().for_each(|v| *v += bias);
                 }
             }
-            Tensor::from_vec(out, y).map_err(|e| e.to_string())?
+            Tensor::from_vec(out, y).map_err(OpError::from)?
         }};
     }
     let y = if f64_path { run!(f64) } else { run!(f32) };
@@ -183,7 +184,7 @@ pub(super) fn pool(
     x: &Tensor,
     out: &[usize],
     want_indices: bool,
-) -> Result<Vec<Tensor>, String> {
+) -> Result<Vec<Tensor>, OpError> {
     let axes = resolve(&p.window, &x.dims()[2..], &p.kernel, p.ceil_mode)?;
     let (table, nk, no) = offsets(&axes);
     let planes = x.dims()[0] * x.dims()[1];
@@ -236,9 +237,9 @@ pub(super) fn pool(
             });
         }
     }
-    let mut results = vec![Tensor::from_f64s(x.dtype(), out, &y).map_err(|e| e.to_string())?];
+    let mut results = vec![Tensor::from_f64s(x.dtype(), out, &y).map_err(OpError::from)?];
     if want_indices {
-        results.push(Tensor::from_vec(out, indices).map_err(|e| e.to_string())?);
+        results.push(Tensor::from_vec(out, indices).map_err(OpError::from)?);
     }
     Ok(results)
 }
@@ -305,7 +306,7 @@ pub(super) fn conv_transpose(
     c: &ConvTranspose,
     operands: &[Option<&Tensor>],
     out: &[TensorType],
-) -> Result<Vec<Tensor>, String> {
+) -> Result<Vec<Tensor>, OpError> {
     let (x, w) = match (operands.first().copied().flatten(), operands.get(1).copied().flatten()) {
         (Some(x), Some(w)) => (x, w),
         _ => return Err("ConvTranspose needs an input and a weight".into()),
@@ -372,7 +373,7 @@ pub(super) fn conv_transpose(
                     chunk.iter_mut().for_each(|v| *v += bias);
                 }
             }
-            Tensor::from_vec(&out_dims, y).map_err(|e| e.to_string())?
+            Tensor::from_vec(&out_dims, y).map_err(OpError::from)?
         }};
     }
     let y = if f64_path { run!(f64) } else { run!(f32) };
@@ -414,7 +415,7 @@ pub(super) fn qconv(
     c: &Conv,
     operands: &[Option<&Tensor>],
     out: &TensorType,
-) -> Result<Tensor, String> {
+) -> Result<Tensor, OpError> {
     let get =
         |i: usize| operands.get(i).copied().flatten().ok_or(format!("operand {i} is missing"));
     let (x, w) = (get(0)?, get(3)?);
@@ -437,8 +438,8 @@ pub(super) fn qconv(
     let xs: Vec<f64> = x.to_f64s().iter().map(|v| v - zx).collect();
     let per_m = w.dims().iter().product::<usize>() / m.max(1);
     let ws: Vec<f64> = w.to_f64s().iter().enumerate().map(|(i, v)| v - zw[i / per_m]).collect();
-    let xc = Tensor::from_f64s(DType::F64, x.dims(), &xs).map_err(|e| e.to_string())?;
-    let wc = Tensor::from_f64s(DType::F64, w.dims(), &ws).map_err(|e| e.to_string())?;
+    let xc = Tensor::from_f64s(DType::F64, x.dims(), &xs).map_err(OpError::from)?;
+    let wc = Tensor::from_f64s(DType::F64, w.dims(), &ws).map_err(OpError::from)?;
     let dims = out.shape.as_fixed().ok_or("the result's shape is not known")?;
     let acc = conv(c, &xc, &wc, None, &dims)?.to_f64s();
     let plane: usize = dims[2..].iter().product();
@@ -451,5 +452,5 @@ pub(super) fn qconv(
             (((a + bias[ch]) * (sx * sw[ch] / sy)).round_ties_even() + zy).clamp(lo, hi)
         })
         .collect();
-    Tensor::from_f64s(out.dtype, &dims, &y).map_err(|e| e.to_string())
+    Tensor::from_f64s(out.dtype, &dims, &y).map_err(OpError::from)
 }

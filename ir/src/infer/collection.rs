@@ -2,6 +2,7 @@
 //! common, and their number when it is known (which is what lets the compiler resolve them).
 
 use super::{not_yet, Ctx, Infer, Operand, Operands};
+use crate::error::{invalid, OpError};
 use crate::op::{OptionalOp, SequenceOp};
 use crate::shape::normalize_axis;
 use crate::{DType, Dim, Kind, Op, Shape, TensorType};
@@ -15,23 +16,23 @@ pub(super) fn infer(op: &Op, ops: &Operands, ctx: &Ctx) -> Infer {
 }
 
 /// The operand as a sequence: (its type, its elements' shape if ranked, its length if known).
-fn seq<'a>(o: Operand<'a>) -> Result<(&'a TensorType, Option<&'a Shape>, Option<usize>), String> {
+fn seq<'a>(o: Operand<'a>) -> Result<(&'a TensorType, Option<&'a Shape>, Option<usize>), OpError> {
     match o.ty.kind {
         Kind::Sequence { ranked, len } => Ok((o.ty, ranked.then_some(&o.ty.shape), len)),
-        _ => Err(format!("expected a sequence, got {}", o.ty)),
+        _ => Err(invalid!("expected a sequence, got {}", o.ty)),
     }
 }
 
-fn tensor<'a>(o: Operand<'a>, what: &str) -> Result<&'a TensorType, String> {
+fn tensor<'a>(o: Operand<'a>, what: &str) -> Result<&'a TensorType, OpError> {
     if o.ty.kind.is_tensor() {
         Ok(o.ty)
     } else {
-        Err(format!("{what} must be a tensor, got {}", o.ty))
+        Err(invalid!("{what} must be a tensor, got {}", o.ty))
     }
 }
 
 /// A position operand: one integer (a scalar or one element).
-fn position(ops: &Operands, i: usize) -> Result<Option<i64>, String> {
+fn position(ops: &Operands, i: usize) -> Result<Option<i64>, OpError> {
     let Some(p) = ops.opt(i) else { return Ok(None) };
     let ty = tensor(p, "the position")?;
     // A scalar, as ONNX says, or one element, as some of its tests pass.
@@ -39,18 +40,18 @@ fn position(ops: &Operands, i: usize) -> Result<Option<i64>, String> {
         || ty.rank() > 1
         || ty.shape.numel().is_some_and(|n| n != 1)
     {
-        return Err(format!("the position must be an int32 or int64 scalar, got {ty}"));
+        return Err(invalid!("the position must be an int32 or int64 scalar, got {ty}"));
     }
     Ok(p.value.and_then(|v| v.to_i64s().first().copied()))
 }
 
 /// Checks a known position against a known length (`insert`: the end is allowed too).
-fn check_position(pos: Option<i64>, len: Option<usize>, insert: bool) -> Result<(), String> {
+fn check_position(pos: Option<i64>, len: Option<usize>, insert: bool) -> Result<(), OpError> {
     if let (Some(p), Some(n)) = (pos, len) {
         let n = n as i64;
         let hi = if insert { n } else { n - 1 };
         if p < -n || p > hi {
-            return Err(format!("position {p} is outside a sequence of {n}"));
+            return Err(invalid!("position {p} is outside a sequence of {n}"));
         }
     }
     Ok(())
@@ -70,7 +71,7 @@ pub(super) fn sequence(s: &SequenceOp, ops: &Operands, ctx: &Ctx) -> Infer {
             for i in 1..ops.len() {
                 let t = tensor(ops.get(i)?, "an element")?;
                 if t.dtype != first.dtype {
-                    return Err(format!("the elements are {} and {}", first, t));
+                    return Err(invalid!("the elements are {} and {}", first, t));
                 }
                 elem = elem.and_then(|e| merged(&e, &t.shape));
             }
@@ -80,7 +81,7 @@ pub(super) fn sequence(s: &SequenceOp, ops: &Operands, ctx: &Ctx) -> Infer {
             let (st, elem, len) = seq(ops.get(0)?)?;
             let x = tensor(ops.get(1)?, "the inserted value")?;
             if x.dtype != st.dtype {
-                return Err(format!("inserting {x} into {st}"));
+                return Err(invalid!("inserting {x} into {st}"));
             }
             check_position(position(ops, 2)?, len, true)?;
             let elem = match (len, elem) {
@@ -107,7 +108,7 @@ pub(super) fn sequence(s: &SequenceOp, ops: &Operands, ctx: &Ctx) -> Infer {
             if len == Some(0) {
                 return Err("reading from an empty sequence".into());
             }
-            let elem = elem.ok_or_else(|| format!("the elements of {st} have no known rank"))?;
+            let elem = elem.ok_or_else(|| invalid!("the elements of {st} have no known rank"))?;
             TensorType::new(st.dtype, elem.clone())
         }
         SequenceOp::Length => {
@@ -117,10 +118,10 @@ pub(super) fn sequence(s: &SequenceOp, ops: &Operands, ctx: &Ctx) -> Infer {
         SequenceOp::Split { axis, keepdims } => return split(*axis, *keepdims, ops, ctx),
         SequenceOp::Concat { axis, new_axis } => {
             let (st, elem, len) = seq(ops.get(0)?)?;
-            let elem = elem.ok_or_else(|| format!("the elements of {st} have no known rank"))?;
+            let elem = elem.ok_or_else(|| invalid!("the elements of {st} have no known rank"))?;
             let rank = elem.rank() + *new_axis as usize;
             let a = normalize_axis(*axis, rank)
-                .ok_or_else(|| format!("axis {axis} is outside rank {rank}"))?;
+                .ok_or_else(|| invalid!("axis {axis} is outside rank {rank}"))?;
             let mut dims = elem.dims().to_vec();
             if *new_axis {
                 dims.insert(a, len.map_or_else(|| ctx.fresh(a), Dim::Fixed));
@@ -142,7 +143,7 @@ pub(super) fn sequence(s: &SequenceOp, ops: &Operands, ctx: &Ctx) -> Infer {
 
 fn split(axis: i64, keepdims: bool, ops: &Operands, ctx: &Ctx) -> Infer {
     let x = tensor(ops.get(0)?, "the split value")?;
-    let a = normalize_axis(axis, x.rank()).ok_or_else(|| format!("axis {axis} is outside {x}"))?;
+    let a = normalize_axis(axis, x.rank()).ok_or_else(|| invalid!("axis {axis} is outside {x}"))?;
     let dim = x.shape.dims()[a].fixed();
     let mut elem = x.shape.dims().to_vec();
     let len = match ops.opt(1) {
@@ -157,7 +158,7 @@ fn split(axis: i64, keepdims: bool, ops: &Operands, ctx: &Ctx) -> Infer {
         Some(s) => {
             let st = tensor(s, "the split")?;
             if !matches!(st.dtype, DType::I32 | DType::I64) || st.rank() > 1 {
-                return Err(format!(
+                return Err(invalid!(
                     "the split must be an int32 or int64 scalar or list, got {st}"
                 ));
             }
@@ -165,7 +166,7 @@ fn split(axis: i64, keepdims: bool, ops: &Operands, ctx: &Ctx) -> Infer {
             if let Some(bad) =
                 sizes.iter().flatten().find(|&&n| n < 0 || (st.rank() == 0 && n == 0))
             {
-                return Err(format!("a split length of {bad}"));
+                return Err(invalid!("a split length of {bad}"));
             }
             match (st.rank(), sizes) {
                 (0, Some(v)) => {
@@ -179,7 +180,7 @@ fn split(axis: i64, keepdims: bool, ops: &Operands, ctx: &Ctx) -> Infer {
                 (_, Some(v)) => {
                     if let Some(d) = dim {
                         if v.iter().sum::<i64>() != d as i64 {
-                            return Err(format!(
+                            return Err(invalid!(
                                 "the split lengths {v:?} do not add up to axis {a} of {x}"
                             ));
                         }
@@ -209,7 +210,7 @@ fn split(axis: i64, keepdims: bool, ops: &Operands, ctx: &Ctx) -> Infer {
 /// whole); it gives one sequence per result, as long as the first sequence.
 fn map(body: &crate::Graph, captures: usize, ops: &Operands) -> Infer {
     if body.inputs().len() != ops.len() {
-        return Err(format!(
+        return Err(invalid!(
             "the body takes {} values, {} are passed",
             body.inputs().len(),
             ops.len()
@@ -223,7 +224,7 @@ fn map(body: &crate::Graph, captures: usize, ops: &Operands) -> Infer {
             Kind::Sequence { len, .. } if i >= captures => {
                 if let (Some(m), Some(n)) = (first.2, len) {
                     if m != n {
-                        return Err(format!("the sequences have {m} and {n} elements"));
+                        return Err(invalid!("the sequences have {m} and {n} elements"));
                     }
                 }
                 // Elements may differ in size: the body's declared type stands for each.
@@ -233,7 +234,7 @@ fn map(body: &crate::Graph, captures: usize, ops: &Operands) -> Infer {
         };
         let want = &body.node(body.inputs()[i]).outputs[0];
         if !want.accepts(&ty) {
-            return Err(format!("the body reads value {i} as {want}, it is {ty}"));
+            return Err(invalid!("the body reads value {i} as {want}, it is {ty}"));
         }
         types.push(ty);
     }
@@ -242,7 +243,7 @@ fn map(body: &crate::Graph, captures: usize, ops: &Operands) -> Infer {
         .map(|(_, v)| {
             let t = body.value_type(*v);
             if !t.kind.is_tensor() {
-                return Err(format!("a SequenceMap body gives {t}, not a tensor"));
+                return Err(invalid!("a SequenceMap body gives {t}, not a tensor"));
             }
             Ok(TensorType::sequence(t.dtype, Some(t.shape.clone()), first.2))
         })
@@ -254,7 +255,7 @@ pub(super) fn optional(o: &OptionalOp, ops: &Operands) -> Infer {
         OptionalOp::Wrap { dtype, sequence } => match ops.opt(0) {
             Some(x) => {
                 if matches!(x.ty.kind, Kind::Optional { .. }) {
-                    return Err(format!("an optional cannot hold {}", x.ty));
+                    return Err(invalid!("an optional cannot hold {}", x.ty));
                 }
                 TensorType::optional(x.ty)
             }

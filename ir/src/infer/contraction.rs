@@ -11,6 +11,7 @@ pub(super) fn infer(op: &Op, ops: &Operands, ctx: &Ctx) -> Infer {
         _ => not_yet(op),
     }
 }
+use crate::error::{invalid, OpError};
 
 fn dims_agree(a: &Dim, b: &Dim) -> bool {
     match (a, b) {
@@ -23,10 +24,10 @@ pub(super) fn matmul(ops: &Operands) -> Infer {
     let (a, b) = (ops.get(0)?.ty, ops.get(1)?.ty);
     same_dtype("both operands", a, b)?;
     if !a.dtype.is_numeric() {
-        return Err(format!("needs numeric operands, got {a}"));
+        return Err(invalid!("needs numeric operands, got {a}"));
     }
     if a.rank() == 0 || b.rank() == 0 {
-        return Err(format!("operands must have rank 1 or more, got {a} and {b}"));
+        return Err(invalid!("operands must have rank 1 or more, got {a} and {b}"));
     }
     // numpy: a 1-D left operand is a row, a 1-D right operand a column; both are dropped after.
     let mut ad = a.shape.0.clone();
@@ -40,10 +41,10 @@ pub(super) fn matmul(ops: &Operands) -> Infer {
     let (m, k) = (&ad[ad.len() - 2], &ad[ad.len() - 1]);
     let (k2, n) = (&bd[bd.len() - 2], &bd[bd.len() - 1]);
     if !dims_agree(k, k2) {
-        return Err(format!("inner dimensions differ: {a} times {b}"));
+        return Err(invalid!("inner dimensions differ: {a} times {b}"));
     }
     let batch = broadcast(&Shape(ad[..ad.len() - 2].to_vec()), &Shape(bd[..bd.len() - 2].to_vec()))
-        .ok_or_else(|| format!("batch dimensions do not broadcast: {a} times {b}"))?;
+        .ok_or_else(|| invalid!("batch dimensions do not broadcast: {a} times {b}"))?;
     let mut out = batch.0;
     if a.rank() > 1 {
         out.push(m.clone());
@@ -58,14 +59,14 @@ pub(super) fn gemm(g: &crate::op::Gemm, ops: &Operands) -> Infer {
     let (a, b) = (ops.get(0)?.ty, ops.get(1)?.ty);
     same_dtype("A and B", a, b)?;
     if a.rank() != 2 || b.rank() != 2 {
-        return Err(format!("A and B must be 2-D, got {a} and {b}"));
+        return Err(invalid!("A and B must be 2-D, got {a} and {b}"));
     }
     let (m, k) =
         if g.trans_a { (&a.shape.0[1], &a.shape.0[0]) } else { (&a.shape.0[0], &a.shape.0[1]) };
     let (k2, n) =
         if g.trans_b { (&b.shape.0[1], &b.shape.0[0]) } else { (&b.shape.0[0], &b.shape.0[1]) };
     if !dims_agree(k, k2) {
-        return Err(format!(
+        return Err(invalid!(
             "inner dimensions differ: {a}{} times {b}{}",
             if g.trans_a { "ᵀ" } else { "" },
             if g.trans_b { "ᵀ" } else { "" }
@@ -76,7 +77,7 @@ pub(super) fn gemm(g: &crate::op::Gemm, ops: &Operands) -> Infer {
         same_dtype("A and C", a, c.ty)?;
         // C broadcasts one way: to the result's shape.
         if c.ty.rank() > 2 || broadcast(&c.ty.shape, &out).as_ref() != Some(&out) {
-            return Err(format!("C {} does not broadcast to the result {}{out}", c.ty, a.dtype));
+            return Err(invalid!("C {} does not broadcast to the result {}{out}", c.ty, a.dtype));
         }
     }
     Ok(vec![TensorType::new(a.dtype, out)])
@@ -89,7 +90,7 @@ pub(super) fn einsum(equation: &str, ops: &Operands, _ctx: &Ctx) -> Infer {
     for (i, t) in types.iter().enumerate() {
         same_dtype("all operands", first, t)?;
         if !t.dtype.is_numeric() {
-            return Err(format!("needs numeric operands, got operand {i} {t}"));
+            return Err(invalid!("needs numeric operands, got operand {i} {t}"));
         }
     }
     let shapes: Vec<&Shape> = types.iter().map(|t| &t.shape).collect();
@@ -118,14 +119,14 @@ struct Term {
     ellipsis: Option<usize>,
 }
 
-fn parse_term(text: &str, what: &str) -> Result<Term, String> {
+fn parse_term(text: &str, what: &str) -> Result<Term, OpError> {
     let mut letters = Vec::new();
     let mut ellipsis = None;
     let mut rest = text.as_bytes();
     while let Some(&c) = rest.first() {
         if rest.starts_with(b"...") {
             if ellipsis.is_some() {
-                return Err(format!("{what} `{text}` has more than one `...`"));
+                return Err(invalid!("{what} `{text}` has more than one `...`"));
             }
             ellipsis = Some(letters.len());
             rest = &rest[3..];
@@ -133,7 +134,7 @@ fn parse_term(text: &str, what: &str) -> Result<Term, String> {
             letters.push(c);
             rest = &rest[1..];
         } else {
-            return Err(format!(
+            return Err(invalid!(
                 "{what} `{text}` has the invalid character {:?}",
                 text[text.len() - rest.len()..].chars().next().unwrap_or('?')
             ));
@@ -143,7 +144,7 @@ fn parse_term(text: &str, what: &str) -> Result<Term, String> {
 }
 
 impl EinsumSpec {
-    pub fn new(equation: &str, shapes: &[&Shape]) -> Result<EinsumSpec, String> {
+    pub fn new(equation: &str, shapes: &[&Shape]) -> Result<EinsumSpec, OpError> {
         let eq: String = equation.chars().filter(|c| !c.is_whitespace()).collect();
         let (lhs, rhs) = match eq.split_once("->") {
             Some((l, r)) => (l, Some(r)),
@@ -152,7 +153,7 @@ impl EinsumSpec {
         let terms: Vec<Term> =
             lhs.split(',').map(|t| parse_term(t, "term")).collect::<Result<_, _>>()?;
         if terms.len() != shapes.len() {
-            return Err(format!(
+            return Err(invalid!(
                 "equation `{equation}` has {} input terms for {} operands",
                 terms.len(),
                 shapes.len()
@@ -167,7 +168,10 @@ impl EinsumSpec {
                 None => s.rank() == t.letters.len(),
             };
             if !fits {
-                return Err(format!("term {i} `{}` does not fit operand {i} of shape {s}", t.text));
+                return Err(invalid!(
+                    "term {i} `{}` does not fit operand {i} of shape {s}",
+                    t.text
+                ));
             }
             if let Some(p) = t.ellipsis {
                 any_ellipsis = true;
@@ -202,7 +206,7 @@ impl EinsumSpec {
                 match own.iter_mut().find(|(c, _)| *c == letter) {
                     Some((_, prev)) => match (&*prev, d) {
                         (Dim::Fixed(a), Dim::Fixed(b)) if a != b => {
-                            return Err(format!("letter `{}` of operand {i} of shape {s} stands for sizes {a} and {b}", letter as char));
+                            return Err(invalid!("letter `{}` of operand {i} of shape {s} stands for sizes {a} and {b}", letter as char));
                         }
                         (Dim::Sym(_), Dim::Fixed(_)) => *prev = d.clone(),
                         _ => {}
@@ -234,7 +238,7 @@ impl EinsumSpec {
                 let t = parse_term(r, "output")?;
                 let mut out = Vec::new();
                 if e_rank > 0 && t.ellipsis.is_none() {
-                    return Err(format!(
+                    return Err(invalid!(
                         "output `{r}` needs `...` for the broadcast dimensions {ellipsis}"
                     ));
                 }
@@ -244,10 +248,10 @@ impl EinsumSpec {
                     }
                     let l = letter_label[c as usize];
                     if l == usize::MAX {
-                        return Err(format!("output letter `{}` is in no input term", c as char));
+                        return Err(invalid!("output letter `{}` is in no input term", c as char));
                     }
                     if out.contains(&l) {
-                        return Err(format!("output letter `{}` is repeated", c as char));
+                        return Err(invalid!("output letter `{}` is repeated", c as char));
                     }
                     out.push(l);
                 }

@@ -1,6 +1,7 @@
 //! Control flow: If, Scan, Loop.
 
 use super::{not_yet, Ctx, Infer, Operands};
+use crate::error::{invalid, OpError};
 use crate::shape::normalize_axis;
 use crate::{DType, Dim, Graph, Op, Shape, TensorType};
 
@@ -15,9 +16,9 @@ pub(super) fn infer(op: &Op, ops: &Operands, ctx: &Ctx) -> Infer {
 
 /// `g` with its inputs given `types` (sizes a caller bound reach its results); `None` when they
 /// are its types already.
-fn specialised(g: &Graph, types: &[TensorType]) -> Result<Option<Graph>, String> {
+fn specialised(g: &Graph, types: &[TensorType]) -> Result<Option<Graph>, OpError> {
     if g.inputs().len() != types.len() {
-        return Err(format!(
+        return Err(invalid!(
             "`{}` takes {} values, {} are passed",
             g.name,
             g.inputs().len(),
@@ -27,7 +28,7 @@ fn specialised(g: &Graph, types: &[TensorType]) -> Result<Option<Graph>, String>
     for (i, (&id, have)) in g.inputs().iter().zip(types).enumerate() {
         let want = &g.node(id).outputs[0];
         if !want.accepts(have) {
-            return Err(format!("`{}` reads value {i} as {want}, it is {have}", g.name));
+            return Err(invalid!("`{}` reads value {i} as {want}, it is {have}", g.name));
         }
     }
     if g.inputs().iter().zip(types).all(|(&id, ty)| &g.node(id).outputs[0] == ty) {
@@ -35,7 +36,8 @@ fn specialised(g: &Graph, types: &[TensorType]) -> Result<Option<Graph>, String>
     }
     let mut s = g.clone();
     for (i, ty) in types.iter().enumerate() {
-        s.set_input_type(i, ty.clone()).map_err(|e| format!("in `{}`: {e}", g.name))?;
+        s.set_input_type(i, ty.clone())
+            .map_err(|e| OpError::Subgraph { what: format!("`{}`", g.name), error: Box::new(e) })?;
     }
     Ok(Some(s))
 }
@@ -45,12 +47,12 @@ pub(super) fn if_(then_branch: &Graph, else_branch: &Graph, ops: &Operands, ctx:
     let (t, e) = (then_branch, else_branch);
     let cond = ops.get(0)?.ty;
     if cond.dtype != DType::Bool || cond.shape.numel() != Some(1) {
-        return Err(format!("the condition must be one bool, got {cond}"));
+        return Err(invalid!("the condition must be one bool, got {cond}"));
     }
     let captures = ops.len() - 1;
     for (g, which) in [(t, "then"), (e, "else")] {
         if g.inputs().len() != captures {
-            return Err(format!(
+            return Err(invalid!(
                 "the {which} branch takes {} values, {captures} are passed",
                 g.inputs().len()
             ));
@@ -59,7 +61,7 @@ pub(super) fn if_(then_branch: &Graph, else_branch: &Graph, ops: &Operands, ctx:
             let want = &g.node(id).outputs[0];
             let have = ops.get(i + 1)?.ty;
             if !want.accepts(have) {
-                return Err(format!("the {which} branch reads value {i} as {want}, it is {have}"));
+                return Err(invalid!("the {which} branch reads value {i} as {want}, it is {have}"));
             }
         }
     }
@@ -70,7 +72,7 @@ pub(super) fn if_(then_branch: &Graph, else_branch: &Graph, ops: &Operands, ctx:
     let (ts, es) = (specialised(t, &types)?, specialised(e, &types)?);
     let (t, e) = (ts.as_ref().unwrap_or(t), es.as_ref().unwrap_or(e));
     if t.outputs().len() != e.outputs().len() {
-        return Err(format!(
+        return Err(invalid!(
             "the branches have {} and {} results",
             t.outputs().len(),
             e.outputs().len()
@@ -84,7 +86,7 @@ pub(super) fn if_(then_branch: &Graph, else_branch: &Graph, ops: &Operands, ctx:
         .map(|(i, ((_, a), (_, b)))| {
             let (a, b) = (t.value_type(*a), e.value_type(*b));
             a.merge(b, |d| fresh(ctx, i, d))
-                .ok_or_else(|| format!("result {i} is {a} in one branch and {b} in the other"))
+                .ok_or_else(|| invalid!("result {i} is {a} in one branch and {b} in the other"))
         })
         .collect()
 }
@@ -101,9 +103,10 @@ fn fresh(ctx: &Ctx, result: usize, dim: usize) -> Dim {
 pub(super) fn scan(s: &crate::op::Scan, ops: &Operands) -> Infer {
     let n = ops.len();
     if n < s.captures + s.scan_inputs {
-        return Err(format!(
+        return Err(invalid!(
             "{n} operands, but {} captured and {} scanned",
-            s.captures, s.scan_inputs
+            s.captures,
+            s.scan_inputs
         ));
     }
     let states = s.states(n);
@@ -114,12 +117,12 @@ pub(super) fn scan(s: &crate::op::Scan, ops: &Operands) -> Infer {
         let t = &mut types[s.captures + states + i];
         let (axis, _) = s.input(i);
         let a = normalize_axis(axis, t.rank())
-            .ok_or_else(|| format!("scan axis {axis} is outside scanned input {i} ({t})"))?;
+            .ok_or_else(|| invalid!("scan axis {axis} is outside scanned input {i} ({t})"))?;
         let mut dims = t.shape.dims().to_vec();
         let l = dims.remove(a);
         match &length {
             Some(m) if m.fixed().is_some() && l.fixed().is_some() && *m != l => {
-                return Err(format!("the scanned inputs have lengths {m} and {l}"));
+                return Err(invalid!("the scanned inputs have lengths {m} and {l}"));
             }
             None => length = Some(l),
             _ => {}
@@ -131,7 +134,7 @@ pub(super) fn scan(s: &crate::op::Scan, ops: &Operands) -> Infer {
     let body = spec.as_ref().unwrap_or(body);
     let outs = body.outputs();
     if outs.len() < states || !s.lists_fit(outs.len() - states) {
-        return Err(format!(
+        return Err(invalid!(
             "the body gives {} results for {states} state values, and the scan lists must name each scanned input and stacked result",
             outs.len()
         ));
@@ -143,14 +146,14 @@ pub(super) fn scan(s: &crate::op::Scan, ops: &Operands) -> Infer {
         if k < states {
             let have = &types[s.captures + k];
             if t.dtype != have.dtype || t.rank() != have.rank() {
-                return Err(format!("state {k} goes in as {have} and comes out as {t}"));
+                return Err(invalid!("state {k} goes in as {have} and comes out as {t}"));
             }
             results.push(t);
             continue;
         }
         let (axis, _) = s.output(k - states);
         let a = normalize_axis(axis, t.rank() + 1)
-            .ok_or_else(|| format!("stacking axis {axis} is outside rank {}", t.rank() + 1))?;
+            .ok_or_else(|| invalid!("stacking axis {axis} is outside rank {}", t.rank() + 1))?;
         let mut dims = t.shape.dims().to_vec();
         dims.insert(a, length.clone());
         results.push(TensorType::new(t.dtype, Shape(dims)));
@@ -168,7 +171,7 @@ pub(super) fn loop_(l: &crate::op::Loop, ops: &Operands, ctx: &Ctx) -> Infer {
     let body = &l.body.0;
     let states = l.states(n);
     if body.inputs().len() != c + 2 + states {
-        return Err(format!(
+        return Err(invalid!(
             "the body takes {} values, the Loop passes {c} captured, the step number, the condition and {states} state",
             body.inputs().len()
         ));
@@ -176,11 +179,11 @@ pub(super) fn loop_(l: &crate::op::Loop, ops: &Operands, ctx: &Ctx) -> Infer {
     let one = |t: &TensorType, dtype: DType| t.dtype == dtype && t.shape.numel() == Some(1);
     let trip = ops.opt(c);
     if let Some(t) = trip.filter(|t| !one(t.ty, DType::I64)) {
-        return Err(format!("the trip count must be one int64, got {}", t.ty));
+        return Err(invalid!("the trip count must be one int64, got {}", t.ty));
     }
     let cond = ops.opt(c + 1);
     if let Some(t) = cond.filter(|t| !one(t.ty, DType::Bool)) {
-        return Err(format!("the condition must be one bool, got {}", t.ty));
+        return Err(invalid!("the condition must be one bool, got {}", t.ty));
     }
     let mut types: Vec<TensorType> =
         (0..c).map(|i| ops.get(i).map(|o| o.ty.clone())).collect::<Result<_, _>>()?;
@@ -189,7 +192,7 @@ pub(super) fn loop_(l: &crate::op::Loop, ops: &Operands, ctx: &Ctx) -> Infer {
         body.node(body.inputs()[c + 1]).outputs[0].clone(),
     );
     if !one(&step_ty, DType::I64) || !one(&cond_ty, DType::Bool) {
-        return Err(format!("the body must take the step number as one int64 and the condition as one bool, it takes {step_ty} and {cond_ty}"));
+        return Err(invalid!("the body must take the step number as one int64 and the condition as one bool, it takes {step_ty} and {cond_ty}"));
     }
     types.extend([step_ty, cond_ty]);
     for k in 0..states {
@@ -199,14 +202,14 @@ pub(super) fn loop_(l: &crate::op::Loop, ops: &Operands, ctx: &Ctx) -> Infer {
     let body = spec.as_ref().unwrap_or(body);
     let outs = body.outputs();
     if outs.len() < 1 + states {
-        return Err(format!(
+        return Err(invalid!(
             "the body gives {} results, it must give the condition and {states} state values",
             outs.len()
         ));
     }
     let cond_out = body.value_type(outs[0].1);
     if !one(cond_out, DType::Bool) {
-        return Err(format!(
+        return Err(invalid!(
             "the body's first result is the condition, one bool; it is {cond_out}"
         ));
     }
@@ -236,9 +239,9 @@ pub(super) fn loop_(l: &crate::op::Loop, ops: &Operands, ctx: &Ctx) -> Infer {
                 }
                 _ => have.clone(),
             };
-            let merged = from
-                .merge(t, |d| fresh(ctx, k, d))
-                .ok_or_else(|| format!("state {} goes in as {have} and comes out as {t}", k - 1))?;
+            let merged = from.merge(t, |d| fresh(ctx, k, d)).ok_or_else(|| {
+                invalid!("state {} goes in as {have} and comes out as {t}", k - 1)
+            })?;
             // A sequence's length may change from step to step.
             results.push(match merged.kind {
                 crate::Kind::Sequence { ranked, .. } => {
@@ -249,7 +252,7 @@ pub(super) fn loop_(l: &crate::op::Loop, ops: &Operands, ctx: &Ctx) -> Infer {
             continue;
         }
         if !t.kind.is_tensor() {
-            return Err(format!("a Loop stacks tensors, its body gives {t}"));
+            return Err(invalid!("a Loop stacks tensors, its body gives {t}"));
         }
         let mut dims = vec![length.clone()];
         dims.extend(t.shape.dims().iter().cloned());

@@ -1,6 +1,7 @@
 //! Elementwise ops: broadcasting and type rules.
 
 use super::{not_yet, same_dtype, Infer, Operands};
+use crate::error::{invalid, OpError};
 use crate::op::{BinaryOp, TypeClass, UnaryOp};
 use crate::{broadcast, DType, Op, TensorType};
 
@@ -16,9 +17,9 @@ pub(super) fn infer(op: &Op, ops: &Operands) -> Infer {
     }
 }
 
-fn accept(class: TypeClass, ty: &TensorType) -> Result<(), String> {
+fn accept(class: TypeClass, ty: &TensorType) -> Result<(), OpError> {
     if !class.contains(ty.dtype) {
-        return Err(format!("needs {}, got {ty}", class.describe()));
+        return Err(invalid!("needs {}, got {ty}", class.describe()));
     }
     Ok(())
 }
@@ -39,7 +40,7 @@ pub(super) fn binary(b: BinaryOp, ops: &Operands) -> Infer {
         same_dtype("both operands", l, r)?;
     }
     let shape =
-        broadcast(&l.shape, &r.shape).ok_or_else(|| format!("cannot broadcast {l} with {r}"))?;
+        broadcast(&l.shape, &r.shape).ok_or_else(|| invalid!("cannot broadcast {l} with {r}"))?;
     let dtype = if b.returns_bool() { DType::Bool } else { l.dtype };
     Ok(vec![TensorType::new(dtype, shape)])
 }
@@ -51,7 +52,7 @@ pub(super) fn clip(ops: &Operands) -> Infer {
         if let Some(b) = ops.opt(i) {
             same_dtype(&format!("input and {what}"), x, b.ty)?;
             if b.ty.shape.numel() != Some(1) || b.ty.rank() > 1 {
-                return Err(format!("{what} must be a scalar, got {}", b.ty));
+                return Err(invalid!("{what} must be a scalar, got {}", b.ty));
             }
         }
     }
@@ -61,13 +62,13 @@ pub(super) fn clip(ops: &Operands) -> Infer {
 pub(super) fn where_(ops: &Operands) -> Infer {
     let (c, x, y) = (ops.get(0)?.ty, ops.get(1)?.ty, ops.get(2)?.ty);
     if c.dtype != DType::Bool {
-        return Err(format!("the condition must be bool, got {c}"));
+        return Err(invalid!("the condition must be bool, got {c}"));
     }
     same_dtype("both branches", x, y)?;
     let xy =
-        broadcast(&x.shape, &y.shape).ok_or_else(|| format!("cannot broadcast {x} with {y}"))?;
+        broadcast(&x.shape, &y.shape).ok_or_else(|| invalid!("cannot broadcast {x} with {y}"))?;
     let shape = broadcast(&c.shape, &xy)
-        .ok_or_else(|| format!("cannot broadcast condition {c} with {}{xy}", x.dtype))?;
+        .ok_or_else(|| invalid!("cannot broadcast condition {c} with {}{xy}", x.dtype))?;
     Ok(vec![TensorType::new(x.dtype, shape)])
 }
 

@@ -13,6 +13,7 @@ pub(super) fn infer(op: &Op, ops: &Operands, ctx: &Ctx) -> Infer {
         _ => not_yet(op),
     }
 }
+use crate::error::{invalid, OpError};
 
 /// Shape: the dimensions `start..end`.
 pub(super) fn shape(start: i64, end: Option<i64>, ops: &Operands) -> Infer {
@@ -31,7 +32,7 @@ pub(super) fn size(ops: &Operands) -> Infer {
 pub(super) fn eye_like(dtype: Option<DType>, ops: &Operands) -> Infer {
     let x = ops.get(0)?.ty;
     if x.rank() != 2 {
-        return Err(format!("needs a 2-D input, got {x}"));
+        return Err(invalid!("needs a 2-D input, got {x}"));
     }
     Ok(vec![TensorType::new(dtype.unwrap_or(x.dtype), x.shape.clone())])
 }
@@ -46,21 +47,21 @@ pub(crate) fn shape_interval(rank: usize, start: i64, end: Option<i64>) -> (usiz
 }
 
 /// The number of elements of `dims`, or why it is too large to allocate.
-pub(crate) fn checked_count(dims: &[usize], dtype: DType, what: &str) -> Result<usize, String> {
+pub(crate) fn checked_count(dims: &[usize], dtype: DType, what: &str) -> Result<usize, OpError> {
     let n = dims.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d));
     match n {
         Some(n) if n.checked_mul(dtype.size()).is_some_and(|b| b <= isize::MAX as usize) => Ok(n),
-        _ => Err(format!("{what} {} has too many elements", Shape::fixed(dims))),
+        _ => Err(invalid!("{what} {} has too many elements", Shape::fixed(dims))),
     }
 }
 
 pub(super) fn constant_of_shape(value: &Tensor, ops: &Operands, ctx: &Ctx) -> Infer {
     if value.len() != 1 {
-        return Err(format!("value must hold one element, got {}", value.ty()));
+        return Err(invalid!("value must hold one element, got {}", value.ty()));
     }
     let shape = ops.get(0)?;
     if shape.ty.rank() != 1 {
-        return Err(format!("the shape operand must be 1-D, got {}", shape.ty));
+        return Err(invalid!("the shape operand must be 1-D, got {}", shape.ty));
     }
     let dims = match ops.ints(0, "shape")? {
         Some(Some(dims)) => dims,
@@ -68,13 +69,13 @@ pub(super) fn constant_of_shape(value: &Tensor, ops: &Operands, ctx: &Ctx) -> In
             return match &shape.ty.shape.0[0] {
                 Dim::Fixed(n) => Ok(vec![TensorType::new(value.dtype(), ctx.fresh_shape(*n)?)]),
                 Dim::Sym(_) => {
-                    Err(format!("the shape operand must have a known length, got {}", shape.ty))
+                    Err(invalid!("the shape operand must have a known length, got {}", shape.ty))
                 }
             };
         }
     };
     if dims.iter().any(|&d| d < 0) {
-        return Err(format!("shape {dims:?} has a negative size"));
+        return Err(invalid!("shape {dims:?} has a negative size"));
     }
     let dims: Vec<usize> = dims.iter().map(|&d| d as usize).collect();
     checked_count(&dims, value.dtype(), "shape")?;
@@ -110,7 +111,7 @@ impl Scalar {
 }
 
 /// Range's element count, `max(ceil((limit - start) / delta), 0)`.
-pub(crate) fn range_count(start: Scalar, limit: Scalar, delta: Scalar) -> Result<usize, String> {
+pub(crate) fn range_count(start: Scalar, limit: Scalar, delta: Scalar) -> Result<usize, OpError> {
     let count = match (start, limit, delta) {
         (Scalar::Int(s), Scalar::Int(l), Scalar::Int(d)) => {
             if d == 0 {
@@ -129,12 +130,12 @@ pub(crate) fn range_count(start: Scalar, limit: Scalar, delta: Scalar) -> Result
             }
             let c = ((l - s) / d).ceil();
             if c.is_nan() {
-                return Err(format!("range({s}, {l}, {d}) has no element count"));
+                return Err(invalid!("range({s}, {l}, {d}) has no element count"));
             }
             (c < 1e18).then(|| c.max(0.0) as usize)
         }
     };
-    count.ok_or_else(|| format!("range({start:?}, {limit:?}, {delta:?}) has too many elements"))
+    count.ok_or_else(|| invalid!("range({start:?}, {limit:?}, {delta:?}) has too many elements"))
 }
 
 pub(super) fn range(ops: &Operands, ctx: &Ctx) -> Infer {
@@ -143,18 +144,19 @@ pub(super) fn range(ops: &Operands, ctx: &Ctx) -> Infer {
     let dtype = operands[0].ty.dtype;
     for (o, name) in operands.iter().zip(names) {
         if o.ty.dtype != dtype {
-            return Err(format!(
+            return Err(invalid!(
                 "start, limit and delta must have the same type, got {name} {} and start {}",
-                o.ty, operands[0].ty
+                o.ty,
+                operands[0].ty
             ));
         }
         // ONNX says scalar; a one-element 1-D tensor means the same thing.
         if !(o.ty.rank() == 0 || (o.ty.rank() == 1 && o.ty.shape.0[0] == Dim::Fixed(1))) {
-            return Err(format!("{name} must be a scalar, got {}", o.ty));
+            return Err(invalid!("{name} must be a scalar, got {}", o.ty));
         }
     }
     if !dtype.is_numeric() {
-        return Err(format!("needs a numeric type, got {}", operands[0].ty));
+        return Err(OpError::NeedsType { class: "numeric", ty: Box::new(operands[0].ty.clone()) });
     }
     let values: Option<Vec<Scalar>> = operands.iter().map(|o| o.value.map(Scalar::of)).collect();
     let len = match values {

@@ -1,6 +1,7 @@
 //! Indexing and rearranging ops: GatherElements, GatherND, ScatterElements, ScatterND, Tile, Pad, OneHot, Trilu, DepthToSpace, SpaceToDepth, NonZero, Compress, ReverseSequence.
 
 use super::{axis, same_dtype, Ctx, Infer, Operand, Operands};
+use crate::error::{invalid, OpError};
 use crate::op::PadMode;
 use crate::{normalize_axis, DType, Dim, Op, Shape, TensorType};
 
@@ -25,17 +26,17 @@ pub(super) fn infer(op: &Op, ops: &Operands, ctx: &Ctx) -> Infer {
     }
 }
 
-fn index_dtype(what: &str, t: &TensorType) -> Result<(), String> {
+fn index_dtype(what: &str, t: &TensorType) -> Result<(), OpError> {
     if !matches!(t.dtype, DType::I32 | DType::I64) {
-        return Err(format!("{what} must be i32 or i64, got {t}"));
+        return Err(invalid!("{what} must be i32 or i64, got {t}"));
     }
     Ok(())
 }
 
 /// The operand must hold exactly one element (a scalar, or a 1-element tensor as ONNX allows).
-fn one_element(what: &str, o: &Operand) -> Result<(), String> {
+fn one_element(what: &str, o: &Operand) -> Result<(), OpError> {
     if o.ty.rank() > 1 || o.ty.shape.numel().is_some_and(|n| n != 1) {
-        return Err(format!("{what} must be a scalar, got {}", o.ty));
+        return Err(invalid!("{what} must be a scalar, got {}", o.ty));
     }
     Ok(())
 }
@@ -50,10 +51,10 @@ fn unify(a: &Dim, b: &Dim) -> Option<Dim> {
 }
 
 /// `d * k`, kept symbolic where possible.
-fn scaled(d: &Dim, k: usize, fresh: impl FnOnce() -> Dim) -> Result<Dim, String> {
+fn scaled(d: &Dim, k: usize, fresh: impl FnOnce() -> Dim) -> Result<Dim, OpError> {
     match d {
         Dim::Fixed(n) => {
-            n.checked_mul(k).map(Dim::Fixed).ok_or_else(|| format!("size {n} times {k} overflows"))
+            n.checked_mul(k).map(Dim::Fixed).ok_or_else(|| invalid!("size {n} times {k} overflows"))
         }
         _ if k == 1 => Ok(d.clone()),
         _ if k == 0 => Ok(Dim::Fixed(0)),
@@ -66,13 +67,13 @@ fn gather_elements(ax: i64, ops: &Operands) -> Infer {
     index_dtype("indices", idx)?;
     let a = axis(ax, x)?;
     if idx.rank() != x.rank() {
-        return Err(format!("indices {idx} must have the rank of data {x}"));
+        return Err(invalid!("indices {idx} must have the rank of data {x}"));
     }
     // Off the axis, indices may be smaller than data (as onnxruntime and PyTorch allow), not larger.
     for (d, (xd, id)) in x.shape.0.iter().zip(&idx.shape.0).enumerate() {
         if let (Dim::Fixed(n), Dim::Fixed(m)) = (xd, id) {
             if d != a && m > n {
-                return Err(format!("indices {idx} is larger than data {x} in dimension {d}"));
+                return Err(invalid!("indices {idx} is larger than data {x} in dimension {d}"));
             }
         }
     }
@@ -80,11 +81,11 @@ fn gather_elements(ax: i64, ops: &Operands) -> Infer {
 }
 
 /// The length of the index tuples (the last dimension of `indices`), which must be known.
-fn tuple_len(idx: &TensorType) -> Result<usize, String> {
+fn tuple_len(idx: &TensorType) -> Result<usize, OpError> {
     match idx.shape.0.last() {
         Some(Dim::Fixed(m)) => Ok(*m),
-        Some(_) => Err(format!("the last dimension of indices {idx} must be known")),
-        None => Err(format!("indices must have rank at least 1, got {idx}")),
+        Some(_) => Err(invalid!("the last dimension of indices {idx} must be known")),
+        None => Err(invalid!("indices must have rank at least 1, got {idx}")),
     }
 }
 
@@ -93,16 +94,16 @@ fn gather_nd(b: usize, ops: &Operands) -> Infer {
     index_dtype("indices", idx)?;
     let (r, q) = (x.rank(), idx.rank());
     if r == 0 || q == 0 {
-        return Err(format!("data {x} and indices {idx} must have rank at least 1"));
+        return Err(invalid!("data {x} and indices {idx} must have rank at least 1"));
     }
     if b >= r.min(q) {
-        return Err(format!(
+        return Err(invalid!(
             "batch_dims {b} must be less than the ranks of data {x} and indices {idx}"
         ));
     }
     let m = tuple_len(idx)?;
     if m < 1 || m > r - b {
-        return Err(format!(
+        return Err(invalid!(
             "index tuples of length {m} (indices {idx}) cannot index data {x} with batch_dims {b}"
         ));
     }
@@ -123,17 +124,17 @@ fn scatter_elements(ax: i64, ops: &Operands) -> Infer {
     same_dtype("data and updates", x, upd)?;
     let a = axis(ax, x)?;
     if idx.rank() != x.rank() {
-        return Err(format!("indices {idx} must have the rank of data {x}"));
+        return Err(invalid!("indices {idx} must have the rank of data {x}"));
     }
     if idx.rank() != upd.rank()
         || idx.shape.0.iter().zip(&upd.shape.0).any(|(p, q)| unify(p, q).is_none())
     {
-        return Err(format!("updates {upd} must have the shape of indices {idx}"));
+        return Err(invalid!("updates {upd} must have the shape of indices {idx}"));
     }
     for (d, (xd, id)) in x.shape.0.iter().zip(&idx.shape.0).enumerate() {
         if let (Dim::Fixed(n), Dim::Fixed(m)) = (xd, id) {
             if d != a && m > n {
-                return Err(format!("indices {idx} is larger than data {x} in dimension {d}"));
+                return Err(invalid!("indices {idx} is larger than data {x} in dimension {d}"));
             }
         }
     }
@@ -146,17 +147,17 @@ fn scatter_nd(ops: &Operands) -> Infer {
     same_dtype("data and updates", x, upd)?;
     let (r, q) = (x.rank(), idx.rank());
     if r == 0 {
-        return Err(format!("data must have rank at least 1, got {x}"));
+        return Err(invalid!("data must have rank at least 1, got {x}"));
     }
     let m = tuple_len(idx)?;
     if m < 1 || m > r {
-        return Err(format!("index tuples of length {m} (indices {idx}) cannot index data {x}"));
+        return Err(invalid!("index tuples of length {m} (indices {idx}) cannot index data {x}"));
     }
     // updates = indices.shape[:-1] + data.shape[m:]
     let want: Vec<Dim> = idx.shape.0[..q - 1].iter().chain(&x.shape.0[m..]).cloned().collect();
     if upd.rank() != want.len() || want.iter().zip(&upd.shape.0).any(|(p, q)| unify(p, q).is_none())
     {
-        return Err(format!(
+        return Err(invalid!(
             "updates {upd} must have shape {} for data {x} and indices {idx}",
             Shape(want)
         ));
@@ -170,13 +171,13 @@ fn tile(ops: &Operands, ctx: &Ctx) -> Infer {
     let Some(Some(reps)) = ops.ints(1, "repeats")? else {
         if let Some(n) = reps_ty.shape.0.first().and_then(Dim::fixed) {
             if reps_ty.rank() != 1 || n != x.rank() {
-                return Err(format!("repeats {reps_ty} must have one entry per dimension of {x}"));
+                return Err(invalid!("repeats {reps_ty} must have one entry per dimension of {x}"));
             }
         }
         return Ok(vec![TensorType::new(x.dtype, ctx.fresh_shape(x.rank())?)]);
     };
     if reps.len() != x.rank() {
-        return Err(format!("repeats {reps:?} must have one entry per dimension of {x}"));
+        return Err(invalid!("repeats {reps:?} must have one entry per dimension of {x}"));
     }
     let mut dims = Vec::with_capacity(reps.len());
     for (i, (d, &k)) in x.shape.0.iter().zip(&reps).enumerate() {
@@ -193,13 +194,13 @@ pub fn pad_amounts(
     pads: &[i64],
     axes: Option<&[i64]>,
     rank: usize,
-) -> Result<Vec<(i64, i64)>, String> {
+) -> Result<Vec<(i64, i64)>, OpError> {
     let axes: Vec<i64> = match axes {
         Some(a) => a.to_vec(),
         None => (0..rank as i64).collect(),
     };
     if pads.len() != 2 * axes.len() {
-        return Err(format!(
+        return Err(invalid!(
             "pads {pads:?} must have 2 entries per padded axis ({} axes)",
             axes.len()
         ));
@@ -208,9 +209,9 @@ pub fn pad_amounts(
     let mut seen = vec![false; rank];
     for (i, &a) in axes.iter().enumerate() {
         let n = normalize_axis(a, rank)
-            .ok_or_else(|| format!("pad axis {a} is out of range for rank {rank}"))?;
+            .ok_or_else(|| invalid!("pad axis {a} is out of range for rank {rank}"))?;
         if std::mem::replace(&mut seen[n], true) {
-            return Err(format!("pad axis {a} is listed twice"));
+            return Err(invalid!("pad axis {a} is listed twice"));
         }
         out[n] = (pads[i], pads[axes.len() + i]);
     }
@@ -234,7 +235,7 @@ fn pad(mode: PadMode, ops: &Operands, ctx: &Ctx) -> Infer {
             let mut dims = x.shape.0.clone();
             for a in axes {
                 let n = normalize_axis(a, x.rank())
-                    .ok_or_else(|| format!("pad axis {a} is out of range for {x}"))?;
+                    .ok_or_else(|| invalid!("pad axis {a} is out of range for {x}"))?;
                 dims[n] = ctx.fresh(n);
             }
             return Ok(vec![TensorType::new(x.dtype, Shape(dims))]);
@@ -250,12 +251,12 @@ fn pad(mode: PadMode, ops: &Operands, ctx: &Ctx) -> Infer {
                 let (lo, hi) = (lo as i128, hi as i128);
                 let size = n + lo + hi;
                 if size < 0 || size > i64::MAX as i128 {
-                    return Err(format!("pads {pads:?} give axis {i} of {x} the size {size}"));
+                    return Err(invalid!("pads {pads:?} give axis {i} of {x} the size {size}"));
                 }
                 // Negative pads crop first; the other modes then need something to copy from.
                 let kept = n + lo.min(0) + hi.min(0);
                 if mode != PadMode::Constant && (lo > 0 || hi > 0) && kept <= 0 {
-                    return Err(format!("{} padding of axis {i} of {x} by pads {pads:?} has no elements to copy from", mode.name()));
+                    return Err(invalid!("{} padding of axis {i} of {x} by pads {pads:?} has no elements to copy from", mode.name()));
                 }
                 Dim::Fixed(size as usize)
             }
@@ -269,14 +270,14 @@ fn pad(mode: PadMode, ops: &Operands, ctx: &Ctx) -> Infer {
 fn one_hot(ax: i64, ops: &Operands, ctx: &Ctx) -> Infer {
     let (idx, depth, values) = (ops.get(0)?.ty, ops.get(1)?, ops.get(2)?.ty);
     if !idx.dtype.is_numeric() {
-        return Err(format!("indices must be numeric, got {idx}"));
+        return Err(invalid!("indices must be numeric, got {idx}"));
     }
     one_element("depth", &depth)?;
     if !depth.ty.dtype.is_numeric() {
-        return Err(format!("depth must be numeric, got {}", depth.ty));
+        return Err(invalid!("depth must be numeric, got {}", depth.ty));
     }
     if values.rank() != 1 || values.shape.0[0].fixed().is_some_and(|n| n != 2) {
-        return Err(format!("values must be [off_value, on_value], got {values}"));
+        return Err(invalid!("values must be [off_value, on_value], got {values}"));
     }
     let r = idx.rank() as i64;
     // The new axis may be anywhere in the result, whose rank is one more.
@@ -288,7 +289,7 @@ fn one_hot(ax: i64, ops: &Operands, ctx: &Ctx) -> Infer {
             // A float depth is truncated, as ONNX casts it to int64.
             let n = t.to_i64s().first().copied().unwrap_or(0);
             if n < 1 {
-                return Err(format!("depth must be positive, got {n}"));
+                return Err(invalid!("depth must be positive, got {n}"));
             }
             Dim::Fixed(n as usize)
         }
@@ -302,21 +303,21 @@ fn one_hot(ax: i64, ops: &Operands, ctx: &Ctx) -> Infer {
 fn trilu(ops: &Operands) -> Infer {
     let x = ops.get(0)?.ty;
     if x.rank() < 2 {
-        return Err(format!("the input must have rank at least 2, got {x}"));
+        return Err(invalid!("the input must have rank at least 2, got {x}"));
     }
     if let Some(k) = ops.opt(1) {
         one_element("k", &k)?;
         if !k.ty.dtype.is_int() {
-            return Err(format!("k must be an integer, got {}", k.ty));
+            return Err(invalid!("k must be an integer, got {}", k.ty));
         }
     }
     Ok(vec![x.clone()])
 }
 
-fn rank4<'a>(ops: &Operands<'_, 'a>, blocksize: usize) -> Result<&'a TensorType, String> {
+fn rank4<'a>(ops: &Operands<'_, 'a>, blocksize: usize) -> Result<&'a TensorType, OpError> {
     let x = ops.get(0)?.ty;
     if x.rank() != 4 {
-        return Err(format!("the input must be 4-D [N,C,H,W], got {x}"));
+        return Err(invalid!("the input must be 4-D [N,C,H,W], got {x}"));
     }
     if blocksize == 0 {
         return Err("blocksize must be positive".into());
@@ -326,10 +327,10 @@ fn rank4<'a>(ops: &Operands<'_, 'a>, blocksize: usize) -> Result<&'a TensorType,
 
 fn depth_to_space(b: usize, ops: &Operands, ctx: &Ctx) -> Infer {
     let x = rank4(ops, b)?;
-    let bb = b.checked_mul(b).ok_or_else(|| format!("blocksize {b} is too large"))?;
+    let bb = b.checked_mul(b).ok_or_else(|| invalid!("blocksize {b} is too large"))?;
     let c = match &x.shape.0[1] {
         Dim::Fixed(c) if c % bb != 0 => {
-            return Err(format!("channels of {x} are not divisible by blocksize {b} squared"))
+            return Err(invalid!("channels of {x} are not divisible by blocksize {b} squared"))
         }
         Dim::Fixed(c) => Dim::Fixed(c / bb),
         d if bb == 1 => d.clone(),
@@ -342,13 +343,13 @@ fn depth_to_space(b: usize, ops: &Operands, ctx: &Ctx) -> Infer {
 
 fn space_to_depth(b: usize, ops: &Operands, ctx: &Ctx) -> Infer {
     let x = rank4(ops, b)?;
-    let bb = b.checked_mul(b).ok_or_else(|| format!("blocksize {b} is too large"))?;
+    let bb = b.checked_mul(b).ok_or_else(|| invalid!("blocksize {b} is too large"))?;
     let c = scaled(&x.shape.0[1], bb, || ctx.fresh(1))?;
     let mut spatial = Vec::with_capacity(2);
     for i in [2, 3] {
         spatial.push(match &x.shape.0[i] {
             Dim::Fixed(n) if n % b != 0 => {
-                return Err(format!("dimension {i} of {x} is not divisible by blocksize {b}"))
+                return Err(invalid!("dimension {i} of {x} is not divisible by blocksize {b}"))
             }
             Dim::Fixed(n) => Dim::Fixed(n / b),
             d if b == 1 => d.clone(),
@@ -378,7 +379,7 @@ fn non_zero(ops: &Operands, ctx: &Ctx) -> Infer {
 fn compress(ax: Option<i64>, ops: &Operands, ctx: &Ctx) -> Infer {
     let (x, cond) = (ops.get(0)?.ty, ops.get(1)?);
     if cond.ty.dtype != DType::Bool || cond.ty.rank() != 1 {
-        return Err(format!("condition must be a 1-D bool tensor, got {}", cond.ty));
+        return Err(invalid!("condition must be a 1-D bool tensor, got {}", cond.ty));
     }
     let a = ax.map(|ax| axis(ax, x)).transpose()?;
     // How many entries the condition can select from, when known.
@@ -388,15 +389,15 @@ fn compress(ax: Option<i64>, ops: &Operands, ctx: &Ctx) -> Infer {
     };
     let kept = match cond.value {
         Some(t) => {
-            let c = t.as_slice::<bool>().map_err(|e| e.to_string())?;
+            let c = t.as_slice::<bool>().map_err(OpError::from)?;
             // A shorter condition drops the rest; a longer one may only select what exists.
             if let (Some(n), Some(p)) = (along, c.iter().rposition(|&b| b)) {
                 if p >= n {
                     return Err(match a {
-                        Some(a) => format!(
+                        Some(a) => invalid!(
                             "condition selects index {p}, out of range for axis {a} of size {n}"
                         ),
-                        None => format!(
+                        None => invalid!(
                             "condition selects index {p}, out of range for the {n} elements of {x}"
                         ),
                     });
@@ -420,16 +421,16 @@ fn compress(ax: Option<i64>, ops: &Operands, ctx: &Ctx) -> Infer {
 fn reverse_sequence(batch_axis: usize, time_axis: usize, ops: &Operands) -> Infer {
     let (x, lens) = (ops.get(0)?.ty, ops.get(1)?.ty);
     if x.rank() < 2 {
-        return Err(format!("the input must have rank at least 2, got {x}"));
+        return Err(invalid!("the input must have rank at least 2, got {x}"));
     }
     if batch_axis > 1 || time_axis > 1 || batch_axis == time_axis {
-        return Err(format!(
+        return Err(invalid!(
             "batch_axis {batch_axis} and time_axis {time_axis} must be 0 and 1 in some order"
         ));
     }
     index_dtype("sequence_lens", lens)?;
     if lens.rank() != 1 || unify(&lens.shape.0[0], &x.shape.0[batch_axis]).is_none() {
-        return Err(format!(
+        return Err(invalid!(
             "sequence_lens {lens} must have one entry per batch entry of {x} (axis {batch_axis})"
         ));
     }

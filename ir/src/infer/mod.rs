@@ -26,6 +26,7 @@ pub(crate) use reduce::reduced_axes;
 pub(crate) use resize::{resize_plan, ResizePlan};
 pub use window::{transpose_axis, TransposeAxis};
 
+use crate::error::{invalid, OpError};
 use crate::op::OpFamily;
 use crate::{Dim, Op, Shape, Tensor, TensorType};
 
@@ -52,15 +53,15 @@ impl Ctx<'_> {
     /// A shape of `rank` unknown dims. The rank may come from a value's length (a Reshape's
     /// shape operand, Unsqueeze's axes) that only its type bounds: an operand of 2^31 entries
     /// asked for 32 GiB of dims, so ranks past [`MAX_RANK`] are refused.
-    pub(crate) fn fresh_shape(&self, rank: usize) -> Result<Shape, String> {
+    pub(crate) fn fresh_shape(&self, rank: usize) -> Result<Shape, OpError> {
         if rank > MAX_RANK {
-            return Err(format!("a result of rank {rank}: kiln takes at most {MAX_RANK} axes"));
+            return Err(OpError::TooManyAxes { rank });
         }
         Ok(Shape((0..rank).map(|i| self.fresh(i)).collect()))
     }
 }
 
-pub(crate) type Infer = Result<Vec<TensorType>, String>;
+pub(crate) type Infer = Result<Vec<TensorType>, OpError>;
 
 /// The most axes a result may have when its rank comes from a value's length (no model has
 /// more than a handful; numpy allows 64).
@@ -72,12 +73,16 @@ pub const MAX_RESULTS: usize = 1 << 16;
 
 /// What an op without its rules yet reports.
 pub(crate) fn not_yet(op: &Op) -> Infer {
-    Err(format!("{} is not implemented yet", op.name()))
+    Err(OpError::NotYet { op: op.name() })
 }
 
 /// The types of every result of `op` applied to `operands` (`None` = omitted optional operand).
 /// `node` names the node, for the symbols of sizes known only at run time.
-pub fn infer(op: &Op, operands: &[Option<Operand>], node: &str) -> Result<Vec<TensorType>, String> {
+pub fn infer(
+    op: &Op,
+    operands: &[Option<Operand>],
+    node: &str,
+) -> Result<Vec<TensorType>, OpError> {
     let ctx = Ctx { node };
     let ops = Operands(operands);
     // Sequences and optionals reach only the ops that take them.
@@ -89,7 +94,7 @@ pub fn infer(op: &Op, operands: &[Option<Operand>], node: &str) -> Result<Vec<Te
             .enumerate()
             .find_map(|(i, o)| o.filter(|o| !o.ty.kind.is_tensor()).map(|o| (i, o)))
         {
-            return Err(format!("operand {i} is {}, {} takes tensors", o.ty, op.name()));
+            return Err(invalid!("operand {i} is {}, {} takes tensors", o.ty, op.name()));
         }
     }
     match op.family() {
@@ -115,8 +120,8 @@ pub fn infer(op: &Op, operands: &[Option<Operand>], node: &str) -> Result<Vec<Te
 pub(crate) struct Operands<'o, 'a>(&'o [Option<Operand<'a>>]);
 
 impl<'a> Operands<'_, 'a> {
-    pub(crate) fn get(&self, i: usize) -> Result<Operand<'a>, String> {
-        self.opt(i).ok_or_else(|| format!("operand {i} is missing"))
+    pub(crate) fn get(&self, i: usize) -> Result<Operand<'a>, OpError> {
+        self.opt(i).ok_or(OpError::MissingOperand { index: i })
     }
 
     pub(crate) fn opt(&self, i: usize) -> Option<Operand<'a>> {
@@ -129,29 +134,33 @@ impl<'a> Operands<'_, 'a> {
 
     /// A constant integer vector operand: `Ok(None)` if absent, `Err` if not 1-D integer,
     /// `Ok(Some(None))` if present but only known at run time.
-    pub(crate) fn ints(&self, i: usize, what: &str) -> Result<Option<Option<Vec<i64>>>, String> {
+    pub(crate) fn ints(&self, i: usize, what: &str) -> Result<Option<Option<Vec<i64>>>, OpError> {
         let Some(o) = self.opt(i) else { return Ok(None) };
         if !o.ty.dtype.is_int() {
-            return Err(format!("{what} must be an integer tensor, got {}", o.ty));
+            return Err(invalid!("{what} must be an integer tensor, got {}", o.ty));
         }
         if o.ty.rank() > 1 {
-            return Err(format!("{what} must be 1-D, got {}", o.ty));
+            return Err(invalid!("{what} must be 1-D, got {}", o.ty));
         }
         Ok(Some(o.value.map(|t| t.to_i64s())))
     }
 }
 
 /// A type check shared by many rules.
-pub(crate) fn same_dtype(what: &str, a: &TensorType, b: &TensorType) -> Result<(), String> {
+pub(crate) fn same_dtype(what: &str, a: &TensorType, b: &TensorType) -> Result<(), OpError> {
     if a.dtype != b.dtype {
-        return Err(format!("{what} must have the same element type, got {a} and {b}"));
+        return Err(OpError::DTypeMismatch {
+            what: what.into(),
+            a: Box::new(a.clone()),
+            b: Box::new(b.clone()),
+        });
     }
     Ok(())
 }
 
 /// Normalises an axis or explains why it is out of range.
-pub(crate) fn axis(axis: i64, ty: &TensorType) -> Result<usize, String> {
-    ty.shape.axis(axis).ok_or_else(|| format!("axis {axis} is out of range for {ty}"))
+pub(crate) fn axis(axis: i64, ty: &TensorType) -> Result<usize, OpError> {
+    ty.shape.axis(axis).ok_or_else(|| OpError::Axis { axis, ty: Box::new(ty.clone()) })
 }
 
 /// A product of dimensions kept symbolically: a fixed factor and the symbols (as a multiset).

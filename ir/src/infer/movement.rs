@@ -19,6 +19,7 @@ pub(super) fn infer(op: &Op, ops: &Operands, ctx: &Ctx) -> Infer {
         _ => not_yet(op),
     }
 }
+use crate::error::{invalid, OpError};
 
 pub(super) fn reshape(allowzero: bool, ops: &Operands, ctx: &Ctx) -> Infer {
     let x = ops.get(0)?.ty;
@@ -26,14 +27,18 @@ pub(super) fn reshape(allowzero: bool, ops: &Operands, ctx: &Ctx) -> Infer {
     let Some(Some(spec)) = ops.ints(1, "shape")? else {
         return match shape_op.ty.shape.0.as_slice() {
             [Dim::Fixed(n)] => Ok(vec![TensorType::new(x.dtype, ctx.fresh_shape(*n)?)]),
-            _ => Err(format!("the shape operand must be 1-D of known length, got {}", shape_op.ty)),
+            _ => {
+                Err(invalid!("the shape operand must be 1-D of known length, got {}", shape_op.ty))
+            }
         };
     };
     let mut out: Vec<Option<Dim>> = Vec::with_capacity(spec.len());
     let mut infer_at = None;
     for (i, &s) in spec.iter().enumerate() {
         match s {
-            -1 if infer_at.is_some() => return Err(format!("shape {spec:?} has more than one -1")),
+            -1 if infer_at.is_some() => {
+                return Err(invalid!("shape {spec:?} has more than one -1"))
+            }
             -1 => {
                 infer_at = Some(i);
                 out.push(None);
@@ -45,7 +50,7 @@ pub(super) fn reshape(allowzero: bool, ops: &Operands, ctx: &Ctx) -> Infer {
                 out.push(Some(d.clone()));
             }
             s if s >= 0 => out.push(Some(Dim::Fixed(s as usize))),
-            s => return Err(format!("shape {spec:?} has the invalid size {s}")),
+            s => return Err(invalid!("shape {spec:?} has the invalid size {s}")),
         }
     }
     let total = DimProduct::of(&x.shape.0);
@@ -57,7 +62,7 @@ pub(super) fn reshape(allowzero: bool, ops: &Operands, ctx: &Ctx) -> Infer {
             out[i] = Some(match rest.as_ref().and_then(DimProduct::as_dim) {
                 Some(d) => d,
                 None if known.syms.is_empty() && total.syms.is_empty() => {
-                    return Err(format!(
+                    return Err(invalid!(
                         "cannot reshape {x} ({} elements) to {spec:?}",
                         total.fixed
                     ));
@@ -67,9 +72,10 @@ pub(super) fn reshape(allowzero: bool, ops: &Operands, ctx: &Ctx) -> Infer {
         }
         None => {
             if total.syms.is_empty() && known.syms.is_empty() && total.fixed != known.fixed {
-                return Err(format!(
+                return Err(invalid!(
                     "cannot reshape {x} ({} elements) to {spec:?} ({} elements)",
-                    total.fixed, known.fixed
+                    total.fixed,
+                    known.fixed
                 ));
             }
         }
@@ -83,7 +89,7 @@ pub(super) fn flatten(ax: i64, ops: &Operands, ctx: &Ctx) -> Infer {
     let r = x.rank() as i64;
     let a = if ax < 0 { ax + r } else { ax };
     if !(0..=r).contains(&a) {
-        return Err(format!("axis {ax} is out of range for {x}"));
+        return Err(invalid!("axis {ax} is out of range for {x}"));
     }
     let a = a as usize;
     let part = |dims: &[Dim], i| DimProduct::of(dims).as_dim().unwrap_or_else(|| ctx.fresh(i));
@@ -101,7 +107,7 @@ pub(super) fn transpose(perm: &[usize], ops: &Operands) -> Infer {
     if perm.len() != x.rank()
         || perm.iter().any(|&p| p >= x.rank() || std::mem::replace(&mut seen[p], true))
     {
-        return Err(format!(
+        return Err(invalid!(
             "perm {perm:?} is not a permutation of the {} dimensions of {x}",
             x.rank()
         ));
@@ -110,13 +116,13 @@ pub(super) fn transpose(perm: &[usize], ops: &Operands) -> Infer {
 }
 
 /// Normalised, de-duplicated axes against `rank`.
-fn axes_for(axes: &[i64], rank: usize, what: &str) -> Result<Vec<usize>, String> {
+fn axes_for(axes: &[i64], rank: usize, what: &str) -> Result<Vec<usize>, OpError> {
     let mut out = Vec::with_capacity(axes.len());
     for &a in axes {
         let n = normalize_axis(a, rank)
-            .ok_or_else(|| format!("{what} axis {a} is out of range for rank {rank}"))?;
+            .ok_or_else(|| invalid!("{what} axis {a} is out of range for rank {rank}"))?;
         if out.contains(&n) {
-            return Err(format!("{what} axis {a} is listed twice"));
+            return Err(invalid!("{what} axis {a} is listed twice"));
         }
         out.push(n);
     }
@@ -133,7 +139,7 @@ pub(super) fn squeeze(ops: &Operands, ctx: &Ctx) -> Infer {
                 return Ok(vec![TensorType::new(x.dtype, ctx.fresh_shape(x.rank() - k)?)])
             }
             _ => {
-                return Err(format!(
+                return Err(invalid!(
                     "Squeeze axes {} must be constant or of known length",
                     ops.get(1)?.ty
                 ))
@@ -144,7 +150,7 @@ pub(super) fn squeeze(ops: &Operands, ctx: &Ctx) -> Infer {
             for &a in &axes {
                 if let Dim::Fixed(n) = x.shape.0[a] {
                     if n != 1 {
-                        return Err(format!("cannot squeeze axis {a} of {x}: its size is {n}"));
+                        return Err(invalid!("cannot squeeze axis {a} of {x}: its size is {n}"));
                     }
                 }
             }
@@ -166,7 +172,7 @@ pub(super) fn unsqueeze(ops: &Operands, ctx: &Ctx) -> Infer {
         // Axes known at run time only: the rank follows from their count.
         return match ops.get(1)?.ty.shape.dims() {
             [Dim::Fixed(k)] => Ok(vec![TensorType::new(x.dtype, ctx.fresh_shape(x.rank() + k)?)]),
-            _ => Err(format!(
+            _ => Err(invalid!(
                 "Unsqueeze axes {} must be constant or of known length",
                 ops.get(1)?.ty
             )),
@@ -196,7 +202,7 @@ pub(super) fn concat(ax: i64, ops: &Operands, ctx: &Ctx) -> Infer {
     for i in 1..ops.len() {
         let t = ops.get(i)?.ty;
         if t.dtype != first.dtype || t.rank() != first.rank() {
-            return Err(format!("operand {i} {t} does not match operand 0 {first}"));
+            return Err(invalid!("operand {i} {t} does not match operand 0 {first}"));
         }
         for (d, (x, y)) in dims.iter_mut().zip(&t.shape.0).enumerate() {
             if d == a {
@@ -204,7 +210,7 @@ pub(super) fn concat(ax: i64, ops: &Operands, ctx: &Ctx) -> Infer {
             }
             match (&*x, y) {
                 (Dim::Fixed(p), Dim::Fixed(q)) if p != q => {
-                    return Err(format!(
+                    return Err(invalid!(
                         "operand {i} {t} differs from operand 0 {first} outside axis {a}"
                     ));
                 }
@@ -240,7 +246,7 @@ pub(super) fn split(ax: i64, num_outputs: usize, ops: &Operands, ctx: &Ctx) -> I
     // The count is an attribute, not the names the node has: 4 * 10^13 of them aborted the
     // text parser allocating their types (found by text_parse).
     if num_outputs > super::MAX_RESULTS {
-        return Err(format!(
+        return Err(invalid!(
             "num_outputs {num_outputs} is more than the {} results a node may have",
             super::MAX_RESULTS
         ));
@@ -253,17 +259,17 @@ pub(super) fn split(ax: i64, num_outputs: usize, ops: &Operands, ctx: &Ctx) -> I
     match (ops.ints(1, "split")?, &x.shape.0[a]) {
         (Some(Some(sizes)), dim) => {
             if sizes.len() != num_outputs {
-                return Err(format!(
+                return Err(invalid!(
                     "split {sizes:?} has {} sizes for {num_outputs} results",
                     sizes.len()
                 ));
             }
             if sizes.iter().any(|&s| s < 0) {
-                return Err(format!("split {sizes:?} has a negative size"));
+                return Err(invalid!("split {sizes:?} has a negative size"));
             }
             if let Dim::Fixed(n) = dim {
                 if sizes.iter().sum::<i64>() != *n as i64 {
-                    return Err(format!(
+                    return Err(invalid!(
                         "split {sizes:?} does not add up to {n}, the size of axis {a} of {x}"
                     ));
                 }
@@ -273,7 +279,9 @@ pub(super) fn split(ax: i64, num_outputs: usize, ops: &Operands, ctx: &Ctx) -> I
         (Some(None), _) => Ok((0..num_outputs).map(|_| part(ctx.fresh(a))).collect()),
         (None, Dim::Fixed(n)) => {
             if *n < num_outputs {
-                return Err(format!("cannot split axis {a} of {x} ({n}) into {num_outputs} parts"));
+                return Err(invalid!(
+                    "cannot split axis {a} of {x} ({n}) into {num_outputs} parts"
+                ));
             }
             Ok(equal_split(*n, num_outputs).into_iter().map(|s| part(Dim::Fixed(s))).collect())
         }
@@ -283,7 +291,7 @@ pub(super) fn split(ax: i64, num_outputs: usize, ops: &Operands, ctx: &Ctx) -> I
 }
 
 /// ONNX Slice for one axis of size `n`: the clamped start and the element count.
-pub fn slice_axis(n: usize, start: i64, end: i64, step: i64) -> Result<(i64, usize), String> {
+pub fn slice_axis(n: usize, start: i64, end: i64, step: i64) -> Result<(i64, usize), OpError> {
     if step == 0 {
         return Err("slice step must not be 0".into());
     }
@@ -312,7 +320,7 @@ pub(super) fn slice(ops: &Operands, ctx: &Ctx) -> Infer {
         return Ok(vec![TensorType::new(x.dtype, ctx.fresh_shape(x.rank())?)]);
     };
     if starts.len() != ends.len() {
-        return Err(format!("starts {starts:?} and ends {ends:?} differ in length"));
+        return Err(invalid!("starts {starts:?} and ends {ends:?} differ in length"));
     }
     let axes = match axes {
         None => (0..starts.len() as i64).collect(),
@@ -325,7 +333,7 @@ pub(super) fn slice(ops: &Operands, ctx: &Ctx) -> Infer {
         Some(None) => return Ok(vec![TensorType::new(x.dtype, ctx.fresh_shape(x.rank())?)]),
     };
     if axes.len() != starts.len() || steps.len() != starts.len() {
-        return Err(format!(
+        return Err(invalid!(
             "starts, ends, axes and steps differ in length: {starts:?} {ends:?} {axes:?} {steps:?}"
         ));
     }
@@ -346,7 +354,7 @@ pub(super) fn slice(ops: &Operands, ctx: &Ctx) -> Infer {
 pub(super) fn gather(ax: i64, ops: &Operands) -> Infer {
     let (x, idx) = (ops.get(0)?.ty, ops.get(1)?.ty);
     if !matches!(idx.dtype, DType::I32 | DType::I64) {
-        return Err(format!("indices must be i32 or i64, got {idx}"));
+        return Err(invalid!("indices must be i32 or i64, got {idx}"));
     }
     let a = axis(ax, x)?;
     let mut dims = x.shape.0[..a].to_vec();
@@ -361,14 +369,14 @@ pub(super) fn expand(ops: &Operands, ctx: &Ctx) -> Infer {
     let target = match ops.ints(1, "shape")? {
         Some(Some(s)) => {
             if s.iter().any(|&d| d < 0) {
-                return Err(format!("shape {s:?} has a negative size"));
+                return Err(invalid!("shape {s:?} has a negative size"));
             }
             Shape(s.iter().map(|&d| Dim::Fixed(d as usize)).collect())
         }
         _ => match shape_op.ty.shape.0.as_slice() {
             [Dim::Fixed(n)] => ctx.fresh_shape(*n)?,
             _ => {
-                return Err(format!(
+                return Err(invalid!(
                     "the shape operand must be 1-D of known length, got {}",
                     shape_op.ty
                 ))
@@ -376,6 +384,6 @@ pub(super) fn expand(ops: &Operands, ctx: &Ctx) -> Infer {
         },
     };
     let shape =
-        broadcast(&x.shape, &target).ok_or_else(|| format!("cannot expand {x} to {target}"))?;
+        broadcast(&x.shape, &target).ok_or_else(|| invalid!("cannot expand {x} to {target}"))?;
     Ok(vec![TensorType::new(x.dtype, shape)])
 }

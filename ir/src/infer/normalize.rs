@@ -1,6 +1,7 @@
 //! Softmax and the normalisations.
 
 use super::{axis, not_yet, same_dtype, Infer, Operands};
+use crate::error::{invalid, OpError};
 use crate::Op;
 use crate::{broadcast, DType, Dim, Shape, TensorType};
 
@@ -18,7 +19,7 @@ pub(super) fn infer(op: &Op, ops: &Operands) -> Infer {
 pub(super) fn softmax(ax: i64, ops: &Operands) -> Infer {
     let x = ops.get(0)?.ty;
     if !x.dtype.is_float() {
-        return Err(format!("needs a float type, got {x}"));
+        return Err(OpError::NeedsType { class: "float", ty: Box::new(x.clone()) });
     }
     axis(ax, x)?;
     Ok(vec![x.clone()])
@@ -27,7 +28,7 @@ pub(super) fn softmax(ax: i64, ops: &Operands) -> Infer {
 pub(super) fn layer_norm(ax: i64, ops: &Operands) -> Infer {
     let x = ops.get(0)?.ty;
     if !x.dtype.is_float() {
-        return Err(format!("needs a float type, got {x}"));
+        return Err(OpError::NeedsType { class: "float", ty: Box::new(x.clone()) });
     }
     let a = axis(ax, x)?;
     let normalized = Shape(x.shape.0[a..].to_vec());
@@ -35,7 +36,7 @@ pub(super) fn layer_norm(ax: i64, ops: &Operands) -> Infer {
         if let Some(p) = ops.opt(i) {
             same_dtype(&format!("input and {what}"), x, p.ty)?;
             if broadcast(&p.ty.shape, &normalized).as_ref() != Some(&normalized) {
-                return Err(format!(
+                return Err(invalid!(
                     "{what} {} does not broadcast to the normalised shape {normalized} of {x}",
                     p.ty
                 ));
@@ -58,16 +59,16 @@ pub(super) fn layer_norm(ax: i64, ops: &Operands) -> Infer {
 pub(super) fn batch_norm(ops: &Operands) -> Infer {
     let x = ops.get(0)?.ty;
     if !x.dtype.is_float() {
-        return Err(format!("needs a float type, got {x}"));
+        return Err(OpError::NeedsType { class: "float", ty: Box::new(x.clone()) });
     }
     if x.rank() < 2 {
-        return Err(format!("input must be [N, C, ...], got {x}"));
+        return Err(invalid!("input must be [N, C, ...], got {x}"));
     }
     let c = &x.shape.0[1];
     for (i, what) in [(1, "scale"), (2, "bias"), (3, "mean"), (4, "var")] {
         let p = ops.get(i)?.ty;
         if !p.dtype.is_float() {
-            return Err(format!("{what} must be a float tensor, got {}", p));
+            return Err(invalid!("{what} must be a float tensor, got {}", p));
         }
         let ok = p.rank() == 1
             && match (&p.shape.0[0], c) {
@@ -75,7 +76,7 @@ pub(super) fn batch_norm(ops: &Operands) -> Infer {
                 _ => true,
             };
         if !ok {
-            return Err(format!("{what} must be [C] = [{c}] for input {x}, got {}", p));
+            return Err(invalid!("{what} must be [C] = [{c}] for input {x}, got {}", p));
         }
     }
     Ok(vec![x.clone()])
@@ -85,7 +86,7 @@ pub(super) fn batch_norm(ops: &Operands) -> Infer {
 fn normalization(op: &Op, ops: &Operands) -> Infer {
     let x = ops.get(0)?.ty;
     if !x.dtype.is_float() {
-        return Err(format!("needs a float type, got {x}"));
+        return Err(OpError::NeedsType { class: "float", ty: Box::new(x.clone()) });
     }
     match op {
         Op::InstanceNorm { .. } => {
@@ -98,7 +99,7 @@ fn normalization(op: &Op, ops: &Operands) -> Infer {
             }
             if let Dim::Fixed(c) = c {
                 if c % num_groups != 0 {
-                    return Err(format!(
+                    return Err(invalid!(
                         "{c} channels of {x} do not split into {num_groups} groups"
                     ));
                 }
@@ -112,12 +113,12 @@ fn normalization(op: &Op, ops: &Operands) -> Infer {
             if scale.rank() > x.rank()
                 || broadcast(&scale.shape, &x.shape).as_ref() != Some(&x.shape)
             {
-                return Err(format!("scale {scale} does not broadcast to the input {x}"));
+                return Err(invalid!("scale {scale} does not broadcast to the input {x}"));
             }
         }
         Op::Lrn(l) => {
             if x.rank() < 3 {
-                return Err(format!("input must be [N, C, spatial...], got {x}"));
+                return Err(invalid!("input must be [N, C, spatial...], got {x}"));
             }
             if l.size == 0 {
                 return Err("size must be positive".into());
@@ -126,7 +127,7 @@ fn normalization(op: &Op, ops: &Operands) -> Infer {
         Op::LpNorm { axis: ax, p } => {
             axis(*ax, x)?;
             if !matches!(p, 1 | 2) {
-                return Err(format!("p must be 1 or 2, got {p}"));
+                return Err(invalid!("p must be 1 or 2, got {p}"));
             }
         }
         Op::MeanVarianceNorm { axes } => {
@@ -134,7 +135,7 @@ fn normalization(op: &Op, ops: &Operands) -> Infer {
             for &a in axes {
                 let i = axis(a, x)?;
                 if std::mem::replace(&mut seen[i], true) {
-                    return Err(format!("axes {axes:?} name axis {i} twice"));
+                    return Err(invalid!("axes {axes:?} name axis {i} twice"));
                 }
             }
         }
@@ -144,9 +145,9 @@ fn normalization(op: &Op, ops: &Operands) -> Infer {
 }
 
 /// Checks an [N, C, ...] input and per-channel [C] parameters at operands `first..`; returns C.
-fn channel_params(x: &TensorType, ops: &Operands, first: usize) -> Result<Dim, String> {
+fn channel_params(x: &TensorType, ops: &Operands, first: usize) -> Result<Dim, OpError> {
     if x.rank() < 2 {
-        return Err(format!("input must be [N, C, ...], got {x}"));
+        return Err(invalid!("input must be [N, C, ...], got {x}"));
     }
     let c = x.shape.0[1].clone();
     for (i, what) in [(first, "scale"), (first + 1, "bias")] {
@@ -158,7 +159,7 @@ fn channel_params(x: &TensorType, ops: &Operands, first: usize) -> Result<Dim, S
                 _ => true,
             };
         if !ok {
-            return Err(format!("{what} must be [C] = [{c}] for input {x}, got {p}"));
+            return Err(invalid!("{what} must be [C] = [{c}] for input {x}, got {p}"));
         }
     }
     Ok(c)

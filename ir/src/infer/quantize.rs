@@ -2,6 +2,7 @@
 //! point) is one value, one per position along the axis, or one per block along it.
 
 use super::{not_yet, Infer, Operands};
+use crate::error::{invalid, OpError};
 use crate::shape::normalize_axis;
 use crate::{DType, Dim, Op, TensorType};
 
@@ -20,11 +21,11 @@ fn scale_layout(
     x: &TensorType,
     scale: &TensorType,
     what: &str,
-) -> Result<(), String> {
+) -> Result<(), OpError> {
     if scale.shape.numel() == Some(1) && block_size == 0 && scale.rank() <= 1 {
         return Ok(());
     }
-    let a = normalize_axis(axis, x.rank()).ok_or_else(|| format!("axis {axis} is outside {x}"))?;
+    let a = normalize_axis(axis, x.rank()).ok_or_else(|| invalid!("axis {axis} is outside {x}"))?;
     let dim = &x.shape.dims()[a];
     if block_size == 0 {
         let ok = scale.rank() == 1
@@ -34,13 +35,13 @@ fn scale_layout(
         return if ok {
             Ok(())
         } else {
-            Err(format!(
+            Err(invalid!(
                 "the {what} {scale} is neither one value nor one per position of axis {a} of {x}"
             ))
         };
     }
     if scale.rank() != x.rank() {
-        return Err(format!("a blocked {what} has the input's rank: {scale} for {x}"));
+        return Err(invalid!("a blocked {what} has the input's rank: {scale} for {x}"));
     }
     for (i, (s, d)) in scale.shape.dims().iter().zip(x.shape.dims()).enumerate() {
         let want = if i == a {
@@ -50,7 +51,7 @@ fn scale_layout(
         };
         if let (Some(w), Dim::Fixed(_)) = (want, s) {
             if *s != w {
-                return Err(format!("the {what} {scale} does not give one value per block of {block_size} along axis {a} of {x}"));
+                return Err(invalid!("the {what} {scale} does not give one value per block of {block_size} along axis {a} of {x}"));
             }
         }
     }
@@ -58,10 +59,10 @@ fn scale_layout(
 }
 
 /// The zero point gives one value where the scale does (the interpreter indexes both alike).
-fn same_layout(scale: &TensorType, zero: &TensorType) -> Result<(), String> {
+fn same_layout(scale: &TensorType, zero: &TensorType) -> Result<(), OpError> {
     match (scale.shape.numel(), zero.shape.numel()) {
         (Some(s), Some(z)) if s != z => {
-            Err(format!("the zero point {zero} does not match the scale {scale}"))
+            Err(invalid!("the zero point {zero} does not match the scale {scale}"))
         }
         _ => Ok(()),
     }
@@ -79,10 +80,10 @@ pub(super) fn quantize(
 ) -> Infer {
     let (x, scale) = (ops.get(0)?.ty, ops.get(1)?.ty);
     if !x.dtype.is_float() && x.dtype != DType::I32 {
-        return Err(format!("quantizes floats (or int32), got {x}"));
+        return Err(invalid!("quantizes floats (or int32), got {x}"));
     }
     if !scale.dtype.is_float() {
-        return Err(format!("the scale must be a float, got {scale}"));
+        return Err(invalid!("the scale must be a float, got {scale}"));
     }
     scale_layout(axis, block_size, x, scale, "scale")?;
     let to = match ops.opt(2) {
@@ -90,7 +91,7 @@ pub(super) fn quantize(
             scale_layout(axis, block_size, x, z.ty, "zero point")?;
             same_layout(scale, z.ty)?;
             if dtype.is_some_and(|d| d != z.ty.dtype) {
-                return Err(format!(
+                return Err(invalid!(
                     "output_dtype {} disagrees with the zero point {}",
                     dtype.map_or("", |d| d.name()),
                     z.ty
@@ -101,7 +102,7 @@ pub(super) fn quantize(
         None => dtype.unwrap_or(DType::U8),
     };
     if !is_quantized(to) || to == DType::I32 || to == DType::F8E8M0 {
-        return Err(format!(
+        return Err(invalid!(
             "quantizes to 8-, 4- or 2-bit integers, 16-bit integers or 8- and 4-bit floats, not {}",
             to.name()
         ));
@@ -112,19 +113,19 @@ pub(super) fn quantize(
 pub(super) fn dequantize(axis: i64, block_size: usize, ops: &Operands) -> Infer {
     let (x, scale) = (ops.get(0)?.ty, ops.get(1)?.ty);
     if !is_quantized(x.dtype) {
-        return Err(format!(
+        return Err(invalid!(
             "dequantizes 8-, 16- and 32-bit integers and the storage types, got {x}"
         ));
     }
     if !scale.dtype.is_float() {
-        return Err(format!("the scale must be a float, got {scale}"));
+        return Err(invalid!("the scale must be a float, got {scale}"));
     }
     scale_layout(axis, block_size, x, scale, "scale")?;
     if let Some(z) = ops.opt(2) {
         scale_layout(axis, block_size, x, z.ty, "zero point")?;
         same_layout(scale, z.ty)?;
         if z.ty.dtype != x.dtype {
-            return Err(format!(
+            return Err(invalid!(
                 "the zero point {} is not of the input's type {}",
                 z.ty,
                 x.dtype.name()

@@ -1,6 +1,7 @@
 //! Reductions.
 
 use super::{not_yet, Ctx, Infer, Operands};
+use crate::error::{invalid, OpError};
 use crate::op::{Reduce, ReduceKind};
 use crate::{DType, Dim, Op, Shape, TensorType};
 
@@ -19,7 +20,7 @@ pub(crate) fn reduced_axes(
     noop_with_empty_axes: bool,
     axes: Option<Option<Vec<i64>>>,
     x: &TensorType,
-) -> Result<Option<Vec<usize>>, String> {
+) -> Result<Option<Vec<usize>>, OpError> {
     let axes = match axes {
         None => Vec::new(),
         Some(None) => return Ok(None),
@@ -32,7 +33,7 @@ pub(crate) fn reduced_axes(
     for a in axes {
         let n = super::axis(a, x)?;
         if out.contains(&n) {
-            return Err(format!("axis {a} is listed twice"));
+            return Err(invalid!("axis {a} is listed twice"));
         }
         out.push(n);
     }
@@ -45,7 +46,7 @@ pub(super) fn reduce(r: &Reduce, ops: &Operands, ctx: &Ctx) -> Infer {
     // ReduceMax/ReduceMin also take bool (opset 20).
     let bool_ok = matches!(r.kind, ReduceKind::Max | ReduceKind::Min);
     if !x.dtype.is_numeric() && !bool_ok {
-        return Err(format!("needs a numeric type, got {x}"));
+        return Err(OpError::NeedsType { class: "numeric", ty: Box::new(x.clone()) });
     }
     let axes = reduced_axes(r.noop_with_empty_axes, ops.ints(1, "axes")?, x)?;
     let shape = match axes {
@@ -66,7 +67,7 @@ pub(super) fn reduce(r: &Reduce, ops: &Operands, ctx: &Ctx) -> Infer {
         None => match ops.get(1)?.ty.shape.dims() {
             [Dim::Fixed(k)] if *k > 0 && *k <= x.rank() => ctx.fresh_shape(x.rank() - k)?,
             _ => {
-                return Err(format!(
+                return Err(invalid!(
                     "axes {} known only at run time need keepdims = 1 or a known count",
                     ops.get(1)?.ty
                 ))
@@ -77,10 +78,10 @@ pub(super) fn reduce(r: &Reduce, ops: &Operands, ctx: &Ctx) -> Infer {
 }
 
 /// The operand the scanning reductions take: numeric.
-fn numeric<'a>(ops: &Operands<'_, 'a>) -> Result<&'a TensorType, String> {
+fn numeric<'a>(ops: &Operands<'_, 'a>) -> Result<&'a TensorType, OpError> {
     let x = ops.get(0)?.ty;
     if !x.dtype.is_numeric() {
-        return Err(format!("needs a numeric type, got {x}"));
+        return Err(OpError::NeedsType { class: "numeric", ty: Box::new(x.clone()) });
     }
     Ok(x)
 }
@@ -113,10 +114,10 @@ pub(super) fn top_k(axis: i64, ops: &Operands, ctx: &Ctx) -> Infer {
     let a = super::axis(axis, x)?;
     let mut dims = x.shape.0.clone();
     dims[a] = match one_int(ops, 1, "k")? {
-        Some(k) if k < 0 => return Err(format!("k {k} is negative")),
+        Some(k) if k < 0 => return Err(invalid!("k {k} is negative")),
         Some(k) => match &x.shape.0[a] {
             Dim::Fixed(n) if k as u64 > *n as u64 => {
-                return Err(format!("k {k} exceeds axis {a} of {x}"))
+                return Err(invalid!("k {k} exceeds axis {a} of {x}"))
             }
             _ => Dim::Fixed(k as usize),
         },
@@ -127,7 +128,7 @@ pub(super) fn top_k(axis: i64, ops: &Operands, ctx: &Ctx) -> Infer {
 }
 
 /// A one-element integer operand (0-D, or 1-D of length 1): its value if it is a constant.
-fn one_int(ops: &Operands, i: usize, what: &str) -> Result<Option<i64>, String> {
+fn one_int(ops: &Operands, i: usize, what: &str) -> Result<Option<i64>, OpError> {
     let o = ops.get(i)?;
     let values = ops.ints(i, what)?.flatten();
     let one = match o.ty.shape.0.as_slice() {
@@ -136,7 +137,7 @@ fn one_int(ops: &Operands, i: usize, what: &str) -> Result<Option<i64>, String> 
         _ => false,
     };
     if !one || values.as_ref().is_some_and(|v| v.len() != 1) {
-        return Err(format!("{what} must hold one value, got {}", o.ty));
+        return Err(invalid!("{what} must hold one value, got {}", o.ty));
     }
     Ok(values.map(|v| v[0]))
 }

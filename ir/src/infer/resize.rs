@@ -2,6 +2,7 @@
 //! (onnx/reference/ops/op_resize.py) for output sizes, `axes` and `keep_aspect_ratio_policy`.
 
 use super::{not_yet, Ctx, Infer, Operand, Operands};
+use crate::error::{invalid, OpError};
 use crate::op::{AspectRatioPolicy, CoordinateTransform, Resize, ResizeMode};
 use crate::{normalize_axis, Dim, Op, Shape, TensorType};
 
@@ -28,16 +29,16 @@ pub(crate) struct ResizePlan {
 }
 
 /// The axes `scales`/`sizes`/`roi` refer to, normalised, in attribute order.
-fn resized_axes(r: &Resize, rank: usize) -> Result<Vec<usize>, String> {
+fn resized_axes(r: &Resize, rank: usize) -> Result<Vec<usize>, OpError> {
     if r.axes.is_empty() {
         return Ok((0..rank).collect());
     }
     let mut out = Vec::with_capacity(r.axes.len());
     for &a in &r.axes {
         let i = normalize_axis(a, rank)
-            .ok_or_else(|| format!("axes {:?}: {a} is out of range for rank {rank}", r.axes))?;
+            .ok_or_else(|| invalid!("axes {:?}: {a} is out of range for rank {rank}", r.axes))?;
         if out.contains(&i) {
-            return Err(format!("axes {:?} name axis {i} twice", r.axes));
+            return Err(invalid!("axes {:?} name axis {i} twice", r.axes));
         }
         out.push(i);
     }
@@ -52,7 +53,7 @@ pub(crate) fn resize_plan(
     roi: Option<(&[f64], bool)>,
     scales: Option<&[f64]>,
     sizes: Option<&[i64]>,
-) -> Result<ResizePlan, String> {
+) -> Result<ResizePlan, OpError> {
     let rank = input.len();
     let axes = resized_axes(r, rank)?;
     let n = axes.len();
@@ -63,36 +64,36 @@ pub(crate) fn resize_plan(
         (None, None) => return Err("needs scales or sizes".into()),
         (Some(s), None) => {
             if s.len() != n {
-                return Err(format!(
+                return Err(invalid!(
                     "scales has {} entries, {n} expected (one per resized axis)",
                     s.len()
                 ));
             }
             for (&a, &f) in axes.iter().zip(s) {
                 if !(f > 0.0 && f.is_finite()) {
-                    return Err(format!("scales must be positive, got {s:?}"));
+                    return Err(invalid!("scales must be positive, got {s:?}"));
                 }
                 factors[a] = f;
                 let size = (f * input[a] as f64).floor();
                 if size > usize::MAX as f64 / 2.0 {
-                    return Err(format!("scale {f} makes axis {a} too large"));
+                    return Err(invalid!("scale {f} makes axis {a} too large"));
                 }
                 out[a] = size as usize;
             }
         }
         (None, Some(s)) => {
             if s.len() != n {
-                return Err(format!(
+                return Err(invalid!(
                     "sizes has {} entries, {n} expected (one per resized axis)",
                     s.len()
                 ));
             }
             for (&a, &size) in axes.iter().zip(s) {
                 if size < 0 {
-                    return Err(format!("sizes must not be negative, got {s:?}"));
+                    return Err(invalid!("sizes must not be negative, got {s:?}"));
                 }
                 if input[a] == 0 {
-                    return Err(format!("cannot resize axis {a} of size 0 to a given size"));
+                    return Err(invalid!("cannot resize axis {a} of size 0 to a given size"));
                 }
                 factors[a] = size as f64 / input[a] as f64;
                 out[a] = size as usize;
@@ -118,7 +119,7 @@ pub(crate) fn resize_plan(
         None => None,
         Some((v, _)) => {
             if v.len() != 2 * n {
-                return Err(format!(
+                return Err(invalid!(
                     "roi has {} entries, {} expected (starts and ends of the resized axes)",
                     v.len(),
                     2 * n
@@ -143,19 +144,19 @@ fn given<'a>(o: Option<Operand<'a>>) -> Option<Operand<'a>> {
 fn resize(r: &Resize, ops: &Operands, ctx: &Ctx) -> Infer {
     let x = ops.get(0)?.ty;
     if x.rank() == 0 {
-        return Err(format!("cannot resize a scalar {x}"));
+        return Err(invalid!("cannot resize a scalar {x}"));
     }
     let (roi, scales, sizes) = (given(ops.opt(1)), given(ops.opt(2)), given(ops.opt(3)));
     for (o, what) in [(roi, "roi"), (scales, "scales")] {
         if let Some(o) = o {
             if !o.ty.dtype.is_float() || o.ty.rank() != 1 {
-                return Err(format!("{what} must be a 1-D float tensor, got {}", o.ty));
+                return Err(invalid!("{what} must be a 1-D float tensor, got {}", o.ty));
             }
         }
     }
     if let Some(o) = sizes {
         if !o.ty.dtype.is_int() || o.ty.rank() != 1 {
-            return Err(format!("sizes must be a 1-D integer tensor, got {}", o.ty));
+            return Err(invalid!("sizes must be a 1-D integer tensor, got {}", o.ty));
         }
     }
     if scales.is_some() == sizes.is_some() {
@@ -174,7 +175,7 @@ fn resize(r: &Resize, ops: &Operands, ctx: &Ctx) -> Infer {
     for (o, what, want) in [(scales, "scales", n), (sizes, "sizes", n), (roi, "roi", 2 * n)] {
         if let Some(Dim::Fixed(len)) = o.map(|o| &o.ty.shape.0[0]) {
             if *len != want {
-                return Err(format!(
+                return Err(invalid!(
                     "{what} has {len} entries, {want} expected for {x} with axes {:?}",
                     r.axes
                 ));
@@ -185,12 +186,12 @@ fn resize(r: &Resize, ops: &Operands, ctx: &Ctx) -> Infer {
     let size_values = sizes.and_then(|o| o.value).map(|t| t.to_i64s());
     if let Some(s) = &scale_values {
         if s.iter().any(|f| !(*f > 0.0 && f.is_finite())) {
-            return Err(format!("scales must be positive, got {s:?}"));
+            return Err(invalid!("scales must be positive, got {s:?}"));
         }
     }
     if let Some(s) = &size_values {
         if s.iter().any(|&v| v < 0) {
-            return Err(format!("sizes must not be negative, got {s:?}"));
+            return Err(invalid!("sizes must not be negative, got {s:?}"));
         }
     }
     let known = scale_values.is_some() || size_values.is_some();

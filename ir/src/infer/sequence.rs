@@ -1,6 +1,7 @@
 //! Sequence models: RNN, GRU, LSTM, Attention, RotaryEmbedding.
 
 use super::{same_dtype, Ctx, Infer, Operands};
+use crate::error::{invalid, OpError};
 use crate::op::{Attention, Rnn, RnnCell, RnnDirection, RotaryEmbedding};
 use crate::{broadcast, DType, Dim, Op, Shape, TensorType};
 
@@ -9,7 +10,7 @@ pub(super) fn infer(op: &Op, ops: &Operands, ctx: &Ctx) -> Infer {
         Op::Rnn(r) => rnn(r, ops),
         Op::Attention(a) => attention(a, ops, ctx),
         Op::RotaryEmbedding(r) => rotary(r, ops),
-        _ => Err(format!("{} is not a sequence op", op.name())),
+        _ => Err(invalid!("{} is not a sequence op", op.name())),
     }
 }
 
@@ -37,7 +38,7 @@ fn expect_shape(
     want: &[Option<Dim>],
     layout: &str,
     ctx_ty: &TensorType,
-) -> Result<(), String> {
+) -> Result<(), OpError> {
     let ok = ty.rank() == want.len()
         && ty.shape.0.iter().zip(want).all(|(d, w)| w.as_ref().is_none_or(|w| agree(d, w)));
     if ok {
@@ -45,7 +46,7 @@ fn expect_shape(
     }
     let shown: Vec<String> =
         want.iter().map(|w| w.as_ref().map_or("?".to_string(), |d| d.to_string())).collect();
-    Err(format!("{what} must be [{}] ({layout}) for {ctx_ty}, got {ty}", shown.join(",")))
+    Err(invalid!("{what} must be [{}] ({layout}) for {ctx_ty}, got {ty}", shown.join(",")))
 }
 
 // ----- RNN, GRU, LSTM -----
@@ -71,11 +72,11 @@ fn activations_per_direction(cell: RnnCell) -> usize {
 fn rnn(r: &Rnn, ops: &Operands) -> Infer {
     let x = ops.get(0)?.ty;
     if !x.dtype.is_float() {
-        return Err(format!("X must be a float tensor, got {x}"));
+        return Err(invalid!("X must be a float tensor, got {x}"));
     }
     if x.rank() != 3 {
         let want = if r.batch_first { "[batch, seq, input]" } else { "[seq, batch, input]" };
-        return Err(format!("X must be 3-D {want}, got {x}"));
+        return Err(invalid!("X must be 3-D {want}, got {x}"));
     }
     let (seq, batch, input) = if r.batch_first {
         (&x.shape.0[1], &x.shape.0[0], &x.shape.0[2])
@@ -93,7 +94,7 @@ fn rnn(r: &Rnn, ops: &Operands) -> Infer {
     } else if rr.rank() == 3 {
         rr.shape.0[2].clone()
     } else {
-        return Err(format!("R must be 3-D [dirs, {g}*hidden, hidden], got {rr}"));
+        return Err(invalid!("R must be 3-D [dirs, {g}*hidden, hidden], got {rr}"));
     };
     let gh = times(g, &hidden);
     let d = Some(Dim::Fixed(dirs));
@@ -118,7 +119,7 @@ fn rnn(r: &Rnn, ops: &Operands) -> Infer {
     }
     if let Some(s) = ops.opt(4) {
         if !s.ty.dtype.is_int() {
-            return Err(format!("sequence_lens must be an integer tensor, got {}", s.ty));
+            return Err(invalid!("sequence_lens must be an integer tensor, got {}", s.ty));
         }
         expect_shape("sequence_lens", s.ty, &[Some(batch.clone())], "batch", x)?;
     }
@@ -154,7 +155,7 @@ fn rnn(r: &Rnn, ops: &Operands) -> Infer {
     let acts = r.effective_activations();
     let per = activations_per_direction(r.cell);
     if acts.len() != per * dirs {
-        return Err(format!(
+        return Err(invalid!(
             "{} takes {per} activation(s) per direction, {} for {} direction(s); got {}",
             Op::Rnn(r.clone()).name(),
             per * dirs,
@@ -163,11 +164,11 @@ fn rnn(r: &Rnn, ops: &Operands) -> Infer {
         ));
     }
     if let Some(a) = acts.iter().find(|a| a.returns_bool() || !a.accepts().contains(DType::F32)) {
-        return Err(format!("{} is not a float activation", a.name()));
+        return Err(invalid!("{} is not a float activation", a.name()));
     }
     if let Some(c) = r.clip {
         if c.is_nan() || c < 0.0 {
-            return Err(format!("clip must be a non-negative threshold, got {c}"));
+            return Err(invalid!("clip must be a non-negative threshold, got {c}"));
         }
     }
     let y = if r.batch_first {
@@ -199,10 +200,10 @@ struct AttentionDims {
 }
 
 /// `d / n` exactly, or an error naming `what`; a symbol divided by n > 1 gets a fresh symbol.
-fn split_heads(d: &Dim, n: usize, what: &str, fresh: Dim) -> Result<Dim, String> {
+fn split_heads(d: &Dim, n: usize, what: &str, fresh: Dim) -> Result<Dim, OpError> {
     match d {
         Dim::Fixed(k) if k % n != 0 => {
-            Err(format!("{what} size {k} is not a multiple of {n} heads"))
+            Err(invalid!("{what} size {k} is not a multiple of {n} heads"))
         }
         Dim::Fixed(k) => Ok(Dim::Fixed(k / n)),
         s if n == 1 => Ok(s.clone()),
@@ -210,29 +211,30 @@ fn split_heads(d: &Dim, n: usize, what: &str, fresh: Dim) -> Result<Dim, String>
     }
 }
 
-fn attention_dims(a: &Attention, ops: &Operands, ctx: &Ctx) -> Result<AttentionDims, String> {
+fn attention_dims(a: &Attention, ops: &Operands, ctx: &Ctx) -> Result<AttentionDims, OpError> {
     let (q, k, v) = (ops.get(0)?.ty, ops.get(1)?.ty, ops.get(2)?.ty);
     if !q.dtype.is_float() {
-        return Err(format!("Q must be a float tensor, got {q}"));
+        return Err(invalid!("Q must be a float tensor, got {q}"));
     }
     same_dtype("Q and K", q, k)?;
     same_dtype("Q and V", q, v)?;
     if q.rank() != k.rank() || q.rank() != v.rank() || !(q.rank() == 3 || q.rank() == 4) {
-        return Err(format!("Q, K and V must all be 3-D [batch, seq, heads*size] or all 4-D [batch, heads, seq, size], got {q}, {k} and {v}"));
+        return Err(invalid!("Q, K and V must all be 3-D [batch, seq, heads*size] or all 4-D [batch, heads, seq, size], got {q}, {k} and {v}"));
     }
     let (qs, ks, vs) = (&q.shape.0, &k.shape.0, &v.shape.0);
     let mut d = if q.rank() == 3 {
         if a.q_num_heads == 0 || a.kv_num_heads == 0 {
-            return Err(format!(
+            return Err(invalid!(
                 "3-D Q, K and V need q_num_heads and kv_num_heads, got {} and {} for {q}",
-                a.q_num_heads, a.kv_num_heads
+                a.q_num_heads,
+                a.kv_num_heads
             ));
         }
         let head_size = split_heads(&qs[2], a.q_num_heads, &format!("Q {q} hidden"), ctx.fresh(3))?;
         let k_head =
             split_heads(&ks[2], a.kv_num_heads, &format!("K {k} hidden"), head_size.clone())?;
         if !agree(&head_size, &k_head) {
-            return Err(format!(
+            return Err(invalid!(
                 "Q and K head sizes differ: {q} has {} heads of {head_size}, {k} has {} heads of {k_head}",
                 a.q_num_heads, a.kv_num_heads
             ));
@@ -257,10 +259,10 @@ fn attention_dims(a: &Attention, ops: &Operands, ctx: &Ctx) -> Result<AttentionD
         }
     } else {
         if !agree(&qs[3], &ks[3]) {
-            return Err(format!("Q and K head sizes differ: {q} and {k}"));
+            return Err(invalid!("Q and K head sizes differ: {q} and {k}"));
         }
         if !agree(&ks[1], &vs[1]) {
-            return Err(format!("K and V head counts differ: {k} and {v}"));
+            return Err(invalid!("K and V head counts differ: {k} and {v}"));
         }
         AttentionDims {
             batch: qs[0].clone(),
@@ -275,16 +277,16 @@ fn attention_dims(a: &Attention, ops: &Operands, ctx: &Ctx) -> Result<AttentionD
         }
     };
     if !agree(&d.batch, &ks[0]) || !agree(&d.batch, &vs[0]) {
-        return Err(format!("Q, K and V batch sizes differ: {q}, {k} and {v}"));
+        return Err(invalid!("Q, K and V batch sizes differ: {q}, {k} and {v}"));
     }
     let kv_seq_v = if v.rank() == 3 { &vs[1] } else { &vs[2] };
     if !agree(&d.kv_seq, kv_seq_v) {
-        return Err(format!("K and V sequence lengths differ: {k} and {v}"));
+        return Err(invalid!("K and V sequence lengths differ: {k} and {v}"));
     }
     // Grouped-query attention: each KV head serves q_heads / kv_heads query heads.
     if let (Dim::Fixed(qh), Dim::Fixed(kh)) = (&d.q_heads, &d.kv_heads) {
         if *kh == 0 || qh % kh != 0 {
-            return Err(format!("q heads ({qh}) must be a multiple of kv heads ({kh}): {q}, {k}"));
+            return Err(invalid!("q heads ({qh}) must be a multiple of kv heads ({kh}): {q}, {k}"));
         }
     }
     match (ops.opt(4), ops.opt(5)) {
@@ -320,23 +322,23 @@ fn attention(a: &Attention, ops: &Operands, ctx: &Ctx) -> Infer {
     let d = attention_dims(a, ops, ctx)?;
     let q = ops.get(0)?.ty;
     if !(0..=3).contains(&a.qk_matmul_output_mode) {
-        return Err(format!(
+        return Err(invalid!(
             "qk_matmul_output_mode must be 0 to 3, got {}",
             a.qk_matmul_output_mode
         ));
     }
     if let Some(p) = a.softmax_precision {
         if !p.is_float() {
-            return Err(format!("softmax_precision must be a float type, got {p}"));
+            return Err(invalid!("softmax_precision must be a float type, got {p}"));
         }
     }
     if a.softcap.is_nan() || a.softcap < 0.0 {
-        return Err(format!("softcap must be 0 (off) or positive, got {}", a.softcap));
+        return Err(invalid!("softcap must be 0 (off) or positive, got {}", a.softcap));
     }
     let scores = Shape(vec![d.batch.clone(), d.q_heads.clone(), d.q_seq.clone(), d.total.clone()]);
     if let Some(m) = ops.opt(3) {
         if m.ty.dtype != DType::Bool && m.ty.dtype != q.dtype {
-            return Err(format!("attn_mask must be bool or {} like Q, got {}", q.dtype, m.ty));
+            return Err(invalid!("attn_mask must be bool or {} like Q, got {}", q.dtype, m.ty));
         }
         // The mask's last dimension may be shorter than total_seq: the rest is masked out.
         let ok = m.ty.rank() >= 1 && m.ty.rank() <= 4 && {
@@ -350,17 +352,19 @@ fn attention(a: &Attention, ops: &Operands, ctx: &Ctx) -> Infer {
             short && broadcast(&Shape(padded), &scores).as_ref() == Some(&scores)
         };
         if !ok {
-            return Err(format!(
+            return Err(invalid!(
                 "attn_mask {} does not broadcast to the attention scores {}{scores}",
-                m.ty, q.dtype
+                m.ty,
+                q.dtype
             ));
         }
     }
     if let Some(n) = ops.opt(6) {
         if !n.ty.dtype.is_int() || n.ty.rank() != 1 || !agree(&n.ty.shape.0[0], &d.batch) {
-            return Err(format!(
+            return Err(invalid!(
                 "nonpad_kv_seqlen must be an integer vector [batch] = [{}], got {}",
-                d.batch, n.ty
+                d.batch,
+                n.ty
             ));
         }
         if d.past.is_some() {
@@ -390,17 +394,17 @@ fn attention(a: &Attention, ops: &Operands, ctx: &Ctx) -> Infer {
 // ----- RotaryEmbedding -----
 
 /// How many leading features of each head rotate, when it is known.
-fn rotated_size(r: &RotaryEmbedding, x: &TensorType) -> Result<Option<usize>, String> {
+fn rotated_size(r: &RotaryEmbedding, x: &TensorType) -> Result<Option<usize>, OpError> {
     let head_size = match x.rank() {
         3 => {
             if r.num_heads == 0 {
-                return Err(format!(
+                return Err(invalid!(
                     "a 3-D input [batch, seq, heads*size] needs num_heads, got {x}"
                 ));
             }
             match &x.shape.0[2] {
                 Dim::Fixed(h) if h % r.num_heads != 0 => {
-                    return Err(format!(
+                    return Err(invalid!(
                         "hidden size of {x} is not a multiple of {} heads",
                         r.num_heads
                     ))
@@ -411,7 +415,7 @@ fn rotated_size(r: &RotaryEmbedding, x: &TensorType) -> Result<Option<usize>, St
         }
         4 => x.shape.0[3].fixed(),
         _ => {
-            return Err(format!(
+            return Err(invalid!(
             "input must be 3-D [batch, seq, hidden] or 4-D [batch, heads, seq, head_size], got {x}"
         ))
         }
@@ -419,10 +423,10 @@ fn rotated_size(r: &RotaryEmbedding, x: &TensorType) -> Result<Option<usize>, St
     let rot = if r.rotary_embedding_dim > 0 { Some(r.rotary_embedding_dim) } else { head_size };
     if let Some(rot) = rot {
         if rot % 2 != 0 {
-            return Err(format!("the rotated size must be even, got {rot} for {x}"));
+            return Err(invalid!("the rotated size must be even, got {rot} for {x}"));
         }
         if head_size.is_some_and(|h| rot > h) {
-            return Err(format!("rotary_embedding_dim {rot} is larger than the head size of {x}"));
+            return Err(invalid!("rotary_embedding_dim {rot} is larger than the head size of {x}"));
         }
     }
     Ok(rot)
@@ -431,14 +435,14 @@ fn rotated_size(r: &RotaryEmbedding, x: &TensorType) -> Result<Option<usize>, St
 fn rotary(r: &RotaryEmbedding, ops: &Operands) -> Infer {
     let x = ops.get(0)?.ty;
     if !x.dtype.is_float() {
-        return Err(format!("input must be a float tensor, got {x}"));
+        return Err(invalid!("input must be a float tensor, got {x}"));
     }
     let rot = rotated_size(r, x)?;
     let (cos, sin) = (ops.get(1)?.ty, ops.get(2)?.ty);
     same_dtype("input and cos_cache", x, cos)?;
     same_dtype("input and sin_cache", x, sin)?;
     if cos.shape != sin.shape {
-        return Err(format!(
+        return Err(invalid!(
             "cos_cache and sin_cache must have the same shape, got {cos} and {sin}"
         ));
     }
@@ -447,7 +451,7 @@ fn rotary(r: &RotaryEmbedding, ops: &Operands) -> Infer {
     let half = rot.map(|r| Dim::Fixed(r / 2));
     if let Some(p) = ops.opt(3) {
         if !p.ty.dtype.is_int() {
-            return Err(format!("position_ids must be an integer tensor, got {}", p.ty));
+            return Err(invalid!("position_ids must be an integer tensor, got {}", p.ty));
         }
         expect_shape(
             "position_ids",

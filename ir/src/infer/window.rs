@@ -1,6 +1,7 @@
 //! Convolution and pooling.
 
 use super::{not_yet, same_dtype, Ctx, Infer, Operands};
+use crate::error::{invalid, OpError};
 use crate::op::{AutoPad, Conv, ConvTranspose, Pool, PoolKind, Window};
 use crate::{DType, Dim, Op, Shape, TensorType};
 
@@ -22,7 +23,7 @@ fn spatial_out(
     kernel: &[Dim],
     ceil_mode: bool,
     ctx: &Ctx,
-) -> Result<Vec<Dim>, String> {
+) -> Result<Vec<Dim>, OpError> {
     let spatial = x.rank() - 2;
     window.check(spatial)?;
     (0..spatial)
@@ -42,13 +43,13 @@ fn check_conv_operands(
     w: &TensorType,
     group: usize,
     layout: &str,
-) -> Result<(), String> {
+) -> Result<(), OpError> {
     same_dtype("input and weight", x, w)?;
     if !x.dtype.is_float() {
-        return Err(format!("needs a float type, got {x}"));
+        return Err(OpError::NeedsType { class: "float", ty: Box::new(x.clone()) });
     }
     if x.rank() < 3 || w.rank() != x.rank() {
-        return Err(format!("input [N, C, spatial...] and weight {layout} must have the same rank of 3 or more, got {x} and {w}"));
+        return Err(invalid!("input [N, C, spatial...] and weight {layout} must have the same rank of 3 or more, got {x} and {w}"));
     }
     if group == 0 {
         return Err("group must be positive".into());
@@ -57,7 +58,7 @@ fn check_conv_operands(
 }
 
 /// An optional bias (operand 2) must be [M].
-fn check_bias(ops: &Operands, x: &TensorType, m: &Dim) -> Result<(), String> {
+fn check_bias(ops: &Operands, x: &TensorType, m: &Dim) -> Result<(), OpError> {
     if let Some(b) = ops.opt(2) {
         same_dtype("input and bias", x, b.ty)?;
         let ok = b.ty.rank() == 1
@@ -66,17 +67,17 @@ fn check_bias(ops: &Operands, x: &TensorType, m: &Dim) -> Result<(), String> {
                 _ => true,
             };
         if !ok {
-            return Err(format!("bias must be [M] = [{m}], got {}", b.ty));
+            return Err(invalid!("bias must be [M] = [{m}], got {}", b.ty));
         }
     }
     Ok(())
 }
 
 /// A convolution's channels against its weight [M, C/group, ...] and group count; M.
-fn check_groups(x: &TensorType, w: &TensorType, group: usize) -> Result<Dim, String> {
+fn check_groups(x: &TensorType, w: &TensorType, group: usize) -> Result<Dim, OpError> {
     if let (Dim::Fixed(cin), Dim::Fixed(cw)) = (&x.shape.0[1], &w.shape.0[1]) {
         if *cin != cw * group {
-            return Err(format!(
+            return Err(invalid!(
                 "input has {cin} channels but weight {w} with group {group} expects {}",
                 cw * group
             ));
@@ -85,7 +86,7 @@ fn check_groups(x: &TensorType, w: &TensorType, group: usize) -> Result<Dim, Str
     let m = w.shape.0[0].clone();
     if let Dim::Fixed(m) = m {
         if m % group != 0 {
-            return Err(format!("{m} output channels do not split into {group} groups"));
+            return Err(invalid!("{m} output channels do not split into {group} groups"));
         }
     }
     Ok(m)
@@ -104,20 +105,20 @@ pub(super) fn conv(c: &Conv, ops: &Operands, ctx: &Ctx) -> Infer {
 pub(super) fn pool(p: &Pool, ops: &Operands, ctx: &Ctx) -> Infer {
     let x = ops.get(0)?.ty;
     if !x.dtype.is_numeric() {
-        return Err(format!("needs a numeric type, got {x}"));
+        return Err(OpError::NeedsType { class: "numeric", ty: Box::new(x.clone()) });
     }
     if x.rank() < 3 {
-        return Err(format!("input must be [N, C, spatial...], got {x}"));
+        return Err(invalid!("input must be [N, C, spatial...], got {x}"));
     }
     if p.kernel.len() != x.rank() - 2 {
-        return Err(format!(
+        return Err(invalid!(
             "kernel_shape {:?} does not match the {} spatial dimensions of {x}",
             p.kernel,
             x.rank() - 2
         ));
     }
     if p.kernel.contains(&0) {
-        return Err(format!("kernel_shape {:?} has a zero size", p.kernel));
+        return Err(invalid!("kernel_shape {:?} has a zero size", p.kernel));
     }
     if p.kind == (PoolKind::Lp { p: 0 }) {
         return Err("LpPool needs p >= 1".into());
@@ -137,13 +138,13 @@ pub(super) fn pool(p: &Pool, ops: &Operands, ctx: &Ctx) -> Infer {
 pub(super) fn global_pool(kind: PoolKind, ops: &Operands) -> Infer {
     let x = ops.get(0)?.ty;
     if !x.dtype.is_numeric() {
-        return Err(format!("needs a numeric type, got {x}"));
+        return Err(OpError::NeedsType { class: "numeric", ty: Box::new(x.clone()) });
     }
     if kind == (PoolKind::Lp { p: 0 }) {
         return Err("GlobalLpPool needs p >= 1".into());
     }
     if x.rank() < 3 {
-        return Err(format!("input must be [N, C, spatial...], got {x}"));
+        return Err(invalid!("input must be [N, C, spatial...], got {x}"));
     }
     let mut dims = x.shape.0[..2].to_vec();
     dims.resize(x.rank(), Dim::Fixed(1));
@@ -163,10 +164,10 @@ pub struct TransposeAxis {
 }
 
 /// Checks ConvTranspose's attribute lists for `spatial` spatial dimensions.
-fn check_transpose_attrs(c: &ConvTranspose, spatial: usize) -> Result<(), String> {
+fn check_transpose_attrs(c: &ConvTranspose, spatial: usize) -> Result<(), OpError> {
     c.window.check(spatial)?;
     if !c.output_padding.is_empty() && c.output_padding.len() != spatial {
-        return Err(format!(
+        return Err(invalid!(
             "output_padding has {} entries, {spatial} expected",
             c.output_padding.len()
         ));
@@ -176,7 +177,7 @@ fn check_transpose_attrs(c: &ConvTranspose, spatial: usize) -> Result<(), String
         && c.output_shape.len() != spatial
         && c.output_shape.len() != spatial + 2
     {
-        return Err(format!(
+        return Err(invalid!(
             "output_shape {:?} must have {spatial} spatial entries",
             c.output_shape
         ));
@@ -194,10 +195,10 @@ pub fn transpose_axis(
     spatial: usize,
     input: usize,
     kernel: usize,
-) -> Result<TransposeAxis, String> {
+) -> Result<TransposeAxis, OpError> {
     let (stride, dilation) = (c.window.stride(i), c.window.dilation(i));
     if input == 0 || kernel == 0 {
-        return Err(format!("spatial axis {i} has input size {input} and kernel size {kernel}; both must be positive"));
+        return Err(invalid!("spatial axis {i} has input size {input} and kernel size {kernel}; both must be positive"));
     }
     let adj = c.output_padding.get(i).copied().unwrap_or(0);
     // In i128 so that absurd attribute values are an error, not an overflow.
@@ -228,7 +229,7 @@ pub fn transpose_axis(
             };
             let out = full - wide(begin) - wide(end);
             if out <= 0 {
-                return Err(format!(
+                return Err(invalid!(
                     "pads {begin} and {end} remove the whole output ({full}) on spatial axis {i}"
                 ));
             }
@@ -236,7 +237,7 @@ pub fn transpose_axis(
         }
     };
     if output == 0 {
-        return Err(format!("output_shape gives size 0 on spatial axis {i}"));
+        return Err(invalid!("output_shape gives size 0 on spatial axis {i}"));
     }
     let too_big = || format!("the output of spatial axis {i} is too large");
     Ok(TransposeAxis {
@@ -257,14 +258,14 @@ pub(super) fn conv_transpose(c: &ConvTranspose, ops: &Operands, ctx: &Ctx) -> In
     check_transpose_attrs(c, spatial)?;
     if let Dim::Fixed(cin) = x.shape.0[1] {
         if cin % c.group != 0 {
-            return Err(format!(
+            return Err(invalid!(
                 "{cin} input channels of {x} do not split into {} groups",
                 c.group
             ));
         }
         if let Dim::Fixed(cw) = w.shape.0[0] {
             if cw != cin {
-                return Err(format!("input {x} has {cin} channels but weight {w} is for {cw}"));
+                return Err(invalid!("input {x} has {cin} channels but weight {w} is for {cw}"));
             }
         }
     }
@@ -296,10 +297,10 @@ pub(super) fn qconv(c: &Conv, ops: &Operands, ctx: &Ctx) -> Infer {
     let (x, w) = (ops.get(0)?.ty, ops.get(3)?.ty);
     let byte = |t: &TensorType| matches!(t.dtype, DType::U8 | DType::I8);
     if !byte(x) || !byte(w) {
-        return Err(format!("needs 8-bit integer input and weight, got {x} and {w}"));
+        return Err(invalid!("needs 8-bit integer input and weight, got {x} and {w}"));
     }
     if x.rank() < 3 || w.rank() != x.rank() || c.group == 0 {
-        return Err(format!("input [N, C, spatial...] and weight [M, C/group, kernel...] must have the same rank of 3 or more and group be positive, got {x} and {w}"));
+        return Err(invalid!("input [N, C, spatial...] and weight [M, C/group, kernel...] must have the same rank of 3 or more and group be positive, got {x} and {w}"));
     }
     let m = check_groups(x, w, c.group)?;
     let one = |t: &TensorType| t.shape.numel() == Some(1) && t.rank() <= 1;
@@ -315,17 +316,17 @@ pub(super) fn qconv(c: &Conv, ops: &Operands, ctx: &Ctx) -> Infer {
         let t = ops.get(i)?.ty;
         let scale = matches!(i, 1 | 4 | 6);
         if scale && !t.dtype.is_float() {
-            return Err(format!("{name} must be a float, got {t}"));
+            return Err(invalid!("{name} must be a float, got {t}"));
         }
         if i == 2 && t.dtype != x.dtype || i == 5 && t.dtype != w.dtype {
-            return Err(format!("{name} {t} must have the type of what it shifts"));
+            return Err(invalid!("{name} {t} must have the type of what it shifts"));
         }
         if i == 7 && !matches!(t.dtype, DType::U8 | DType::I8) {
-            return Err(format!("{name} must be an 8-bit integer, got {t}"));
+            return Err(invalid!("{name} must be an 8-bit integer, got {t}"));
         }
         let ok = if matches!(i, 4 | 5) { per_channel(t) } else { one(t) };
         if !ok {
-            return Err(format!(
+            return Err(invalid!(
                 "{name} {t} must be one value{}",
                 if matches!(i, 4 | 5) { " or one per output channel" } else { "" }
             ));
@@ -337,7 +338,7 @@ pub(super) fn qconv(c: &Conv, ops: &Operands, ctx: &Ctx) -> Infer {
             || !per_channel(b.ty)
             || one(b.ty) && m != Dim::Fixed(1)
         {
-            return Err(format!("bias must be int32 [M] = [{m}], got {}", b.ty));
+            return Err(invalid!("bias must be int32 [M] = [{m}], got {}", b.ty));
         }
     }
     let mut dims = vec![x.shape.0[0].clone(), m];

@@ -312,8 +312,9 @@ impl<'a> GraphImporter<'a> {
                 .filter(|_| input.r#type.as_ref().and_then(|t| t.value.as_ref()).is_none());
             let ty = match implied {
                 Some(t) => t.clone(),
-                None => value_type(input)
-                    .map_err(|e| IrError::NotSupported(format!("graph input `{name}`: {e}")))?,
+                None => {
+                    value_type(input).map_err(|e| e.context(format!("graph input `{name}`")))?
+                }
             };
             let kiln_name = self.graph.unique_name(&name);
             let v = self.graph.add_input(&kiln_name, ty)?;
@@ -352,6 +353,10 @@ impl<'a> GraphImporter<'a> {
             IrError::Onnx(m) => IrError::Onnx(format!("node `{label}` ({op_type}): {m}")),
             IrError::NotSupported(m) => {
                 IrError::NotSupported(format!("node `{label}` ({op_type}): {m}"))
+            }
+            // `ops::attr` leaves the node to this wrapper (one in a body already has its own).
+            IrError::Attr { node, error, .. } if node.is_empty() => {
+                IrError::Attr { node: label, op: op_type.clone(), error }
             }
             other => other,
         })
@@ -436,24 +441,33 @@ impl<'a> GraphImporter<'a> {
     }
 }
 
+/// A type kiln does not take (a map, an input without a shape...).
+fn unsupported(msg: &str) -> IrError {
+    IrError::NotSupported(msg.into())
+}
+
 /// The declared type of a graph input.
-fn value_type(v: &proto::ValueInfoProto) -> std::result::Result<TensorType, String> {
+fn value_type(v: &proto::ValueInfoProto) -> std::result::Result<TensorType, IrError> {
     let name = v.name.as_deref().unwrap_or("");
     match v.r#type.as_ref() {
-        None => Err("an input without a type is not supported".into()),
+        None => Err(unsupported("an input without a type is not supported")),
         Some(t) => type_of(t, name),
     }
 }
 
 /// A kiln type from an ONNX type: a tensor (which must have a rank), a sequence of tensors or an
 /// optional tensor or sequence (whose elements may leave their rank open).
-pub(super) fn type_of(t: &proto::TypeProto, name: &str) -> std::result::Result<TensorType, String> {
+pub(super) fn type_of(
+    t: &proto::TypeProto,
+    name: &str,
+) -> std::result::Result<TensorType, IrError> {
     match t.value.as_ref() {
         Some(type_proto::Value::TensorType(t)) => {
             let (dtype, shape) = tensor_type_of(t, name)?;
             // No shape at all: kiln needs the rank.
-            let shape =
-                shape.ok_or("an input without a shape is not supported (kiln needs the rank)")?;
+            let shape = shape.ok_or_else(|| {
+                unsupported("an input without a shape is not supported (kiln needs the rank)")
+            })?;
             Ok(TensorType::new(dtype, shape))
         }
         Some(type_proto::Value::SequenceType(s)) => {
@@ -478,28 +492,27 @@ pub(super) fn type_of(t: &proto::TypeProto, name: &str) -> std::result::Result<T
                 let (dtype, shape) = sequence_elements(s, name)?;
                 Ok(TensorType::optional(&TensorType::sequence(dtype, shape, None)))
             }
-            _ => Err(
-                "an optional of anything but a tensor or a sequence of tensors is not supported"
-                    .into(),
-            ),
+            _ => Err(unsupported(
+                "an optional of anything but a tensor or a sequence of tensors is not supported",
+            )),
         },
         Some(type_proto::Value::MapType(_)) => {
-            Err("a map is not supported (tensors, sequences and optionals only)".into())
+            Err(unsupported("a map is not supported (tensors, sequences and optionals only)"))
         }
         Some(type_proto::Value::SparseTensorType(_)) => {
-            Err("a sparse tensor is not supported (dense tensors only)".into())
+            Err(unsupported("a sparse tensor is not supported (dense tensors only)"))
         }
-        None => Err("an input without a type is not supported".into()),
+        None => Err(unsupported("an input without a type is not supported")),
     }
 }
 
 fn sequence_elements(
     s: &type_proto::Sequence,
     name: &str,
-) -> std::result::Result<(crate::DType, Option<Shape>), String> {
+) -> std::result::Result<(crate::DType, Option<Shape>), IrError> {
     match s.elem_type.as_deref().and_then(|e| e.value.as_ref()) {
         Some(type_proto::Value::TensorType(t)) => tensor_type_of(t, name),
-        _ => Err("a sequence of anything but tensors is not supported".into()),
+        _ => Err(unsupported("a sequence of anything but tensors is not supported")),
     }
 }
 
@@ -507,7 +520,7 @@ fn sequence_elements(
 fn tensor_type_of(
     t: &type_proto::Tensor,
     name: &str,
-) -> std::result::Result<(crate::DType, Option<Shape>), String> {
+) -> std::result::Result<(crate::DType, Option<Shape>), IrError> {
     let dtype = dtype_of(t.elem_type.unwrap_or(0))?;
     let shape = t.shape.as_ref().map(|s| {
         Shape(

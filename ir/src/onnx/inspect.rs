@@ -136,7 +136,7 @@ fn declared_type(v: &ValueInfoProto) -> String {
         Some(type_proto::Value::TensorType(t)) => {
             let dtype = match dtype_of(t.elem_type.unwrap_or(0)) {
                 Ok(d) => d.to_string(),
-                Err(e) => return e,
+                Err(e) => return e.to_string(),
             };
             match &t.shape {
                 None => format!("{dtype}[?] (rank unknown)"),

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use super::import::{attrs_of, free_values, GraphImporter};
 use super::proto::NodeProto;
 use super::tensor::dtype_of;
+use crate::error::AttrError;
 use crate::op::{
     Attr, Attrs, CoordinateTransform, NearestMode, OptionalOp, Resize, ResizeMode, SequenceOp,
     Subgraph,
@@ -56,6 +57,11 @@ fn err(msg: impl Into<String>) -> IrError {
     IrError::Onnx(msg.into())
 }
 
+/// A node's attributes that make no op; `GraphImporter::node` names the node and op.
+pub(super) fn attr(error: AttrError) -> IrError {
+    IrError::attr("", "", error)
+}
+
 /// A valid use of a supported op that kiln does not handle (a training mode, a legacy form).
 fn unsupported(msg: impl Into<String>) -> IrError {
     IrError::NotSupported(msg.into())
@@ -80,7 +86,8 @@ pub(super) fn convert(im: &mut GraphImporter, node: &NodeProto, op_type: &str) -
         "Dropout" => dropout(im, node, a, opset),
         "Cast" | "CastLike" => {
             let to = if op_type == "Cast" {
-                type_attr(&mut a, "to")?.ok_or_else(|| err("attribute `to` is required"))?
+                type_attr(&mut a, "to")?
+                    .ok_or_else(|| attr(AttrError::Missing { name: "to".into() }))?
             } else {
                 let target =
                     im.operand(node, 1).ok_or_else(|| err("operand 1 (target_type) is missing"))?;
@@ -100,7 +107,7 @@ pub(super) fn convert(im: &mut GraphImporter, node: &NodeProto, op_type: &str) -
                 Some(Attr::Int(v)) => v != 0,
                 Some(_) => return Err(err("attribute `saturate` must be an integer")),
             };
-            a.finish(op_type).map_err(err)?;
+            a.finish(op_type).map_err(attr)?;
             emit(im, node, Op::Cast { to, saturate }, &[Some(x()?)], 1)
         }
         "Optional" => optional(im, node, a),
@@ -154,8 +161,8 @@ pub(super) fn convert(im: &mut GraphImporter, node: &NodeProto, op_type: &str) -
             generic(im, node, op_type, a, n_out)
         }
         "Reshape" if opset < 5 => {
-            let shape =
-                ints_attr(&mut a, "shape")?.ok_or_else(|| err("attribute `shape` is required"))?;
+            let shape = ints_attr(&mut a, "shape")?
+                .ok_or_else(|| attr(AttrError::Missing { name: "shape".into() }))?;
             let s = im.constant(node, "shape", Tensor::vector(&shape))?;
             with_operands(im, node, op_type, a, vec![Some(x()?), Some(s)], 1)
         }
@@ -194,7 +201,7 @@ pub(super) fn convert(im: &mut GraphImporter, node: &NodeProto, op_type: &str) -
         "Pad" if opset < 11 => {
             let pads = ints_attr(&mut a, "pads")?
                 .or(ints_attr(&mut a, "paddings")?)
-                .ok_or_else(|| err("attribute `pads` is required"))?;
+                .ok_or_else(|| attr(AttrError::Missing { name: "pads".into() }))?;
             let value = a.remove("value").map(|v| float_of(&v)).transpose()?.unwrap_or(0.0);
             let dtype = im.ty(x()?).dtype;
             let p = im.constant(node, "pads", Tensor::vector(&pads))?;
@@ -203,9 +210,9 @@ pub(super) fn convert(im: &mut GraphImporter, node: &NodeProto, op_type: &str) -
         }
         "Slice" if opset < 10 => {
             let starts = ints_attr(&mut a, "starts")?
-                .ok_or_else(|| err("attribute `starts` is required"))?;
-            let ends =
-                ints_attr(&mut a, "ends")?.ok_or_else(|| err("attribute `ends` is required"))?;
+                .ok_or_else(|| attr(AttrError::Missing { name: "starts".into() }))?;
+            let ends = ints_attr(&mut a, "ends")?
+                .ok_or_else(|| attr(AttrError::Missing { name: "ends".into() }))?;
             let s = im.constant(node, "starts", Tensor::vector(&starts))?;
             let e = im.constant(node, "ends", Tensor::vector(&ends))?;
             let axes = ints_attr(&mut a, "axes")?
@@ -218,7 +225,7 @@ pub(super) fn convert(im: &mut GraphImporter, node: &NodeProto, op_type: &str) -
                 .remove("k")
                 .map(|v| int_of(&v))
                 .transpose()?
-                .ok_or_else(|| err("attribute `k` is required"))?;
+                .ok_or_else(|| attr(AttrError::Missing { name: "k".into() }))?;
             let kc = im.constant(node, "k", Tensor::vector(&[k]))?;
             with_operands(im, node, op_type, a, vec![Some(x()?), Some(kc)], n_out)
         }
@@ -317,7 +324,7 @@ fn with_operands(
     operands: Vec<Option<ValueId>>,
     n_out: usize,
 ) -> Result<()> {
-    let op = Op::from_attrs(kiln_name, a).map_err(err)?;
+    let op = Op::from_attrs(kiln_name, a).map_err(attr)?;
     emit(im, node, op, &operands, n_out)
 }
 
@@ -365,9 +372,9 @@ fn ints_attr(a: &mut Attrs, name: &str) -> Result<Option<Vec<i64>>> {
 fn type_attr(a: &mut Attrs, name: &str) -> Result<Option<DType>> {
     match a.remove(name) {
         None => Ok(None),
-        Some(Attr::Int(t)) => dtype_of(t as i32)
-            .map(Some)
-            .map_err(|e| unsupported(format!("attribute `{name}`: {e}"))),
+        Some(Attr::Int(t)) => {
+            dtype_of(t as i32).map(Some).map_err(|e| e.context(format_args!("attribute `{name}`")))
+        }
         Some(Attr::Type(t)) => Ok(Some(t)),
         Some(other) => Err(err(format!("attribute `{name}` must name a data type, got {other}"))),
     }
@@ -450,7 +457,7 @@ fn constant(im: &mut GraphImporter, node: &NodeProto, mut a: Attrs) -> Result<()
             "a Constant needs one of value, value_float(s), value_int(s), sparse_value",
         ));
     };
-    a.finish("Constant").map_err(err)?;
+    a.finish("Constant").map_err(attr)?;
     let name = node
         .output
         .first()
@@ -465,7 +472,7 @@ fn constant(im: &mut GraphImporter, node: &NodeProto, mut a: Attrs) -> Result<()
 /// Dropout is the identity at inference; its mask, when asked for, is all true.
 fn dropout(im: &mut GraphImporter, node: &NodeProto, mut a: Attrs, opset: i64) -> Result<()> {
     a.remove("ratio");
-    a.finish("Dropout").map_err(err)?;
+    a.finish("Dropout").map_err(attr)?;
     let x = im.operand(node, 0).ok_or_else(|| err("operand 0 is missing"))?;
     if opset >= 12 {
         if let Some(t) = im.operand(node, 2) {
@@ -495,7 +502,7 @@ fn dropout(im: &mut GraphImporter, node: &NodeProto, mut a: Attrs, opset: i64) -
 
 /// Sum, Mean, Max, Min over any number of operands, as a chain of binary ops.
 fn variadic(im: &mut GraphImporter, node: &NodeProto, op_type: &str, a: Attrs) -> Result<()> {
-    a.finish(op_type).map_err(err)?;
+    a.finish(op_type).map_err(attr)?;
     let xs: Vec<ValueId> = im.operands(node).into_iter().flatten().collect();
     let first = *xs.first().ok_or_else(|| err("needs at least one operand"))?;
     let b = match op_type {
@@ -534,7 +541,7 @@ fn variadic(im: &mut GraphImporter, node: &NodeProto, op_type: &str, a: Attrs) -
 /// Softmax-family ops before opset 13 flatten the input to 2-D at `axis` (default 1).
 fn softmax_v1(im: &mut GraphImporter, node: &NodeProto, op_type: &str, mut a: Attrs) -> Result<()> {
     let axis = a.remove("axis").map(|v| int_of(&v)).transpose()?.unwrap_or(1);
-    a.finish(op_type).map_err(err)?;
+    a.finish(op_type).map_err(attr)?;
     let x = im.operand(node, 0).ok_or_else(|| err("operand 0 is missing"))?;
     let rank = im.ty(x).rank() as i64;
     let axis_n = if axis < 0 { axis + rank } else { axis };
@@ -615,12 +622,12 @@ fn upsample(im: &mut GraphImporter, node: &NodeProto, mut a: Attrs, opset: i64) 
     let scales = if opset < 9 {
         match a.remove("scales") {
             Some(Attr::Floats(s)) => im.constant(node, "scales", Tensor::vector(&s))?,
-            _ => return Err(err("attribute `scales` is required")),
+            _ => return Err(attr(AttrError::Missing { name: "scales".into() })),
         }
     } else {
         im.operand(node, 1).ok_or_else(|| err("operand 1 (scales) is missing"))?
     };
-    a.finish("Upsample").map_err(err)?;
+    a.finish("Upsample").map_err(attr)?;
     let op = Op::Resize(Resize {
         mode,
         coordinate_transform: CoordinateTransform::Asymmetric,
@@ -642,7 +649,7 @@ fn resize(im: &mut GraphImporter, node: &NodeProto, a: Attrs, opset: i64) -> Res
             other => Err(err(format!("mode must be a string, got {other}"))),
         });
         let mode = mode.transpose()?.unwrap_or(ResizeMode::Nearest);
-        a.finish("Resize").map_err(err)?;
+        a.finish("Resize").map_err(attr)?;
         let scales = im.operand(node, 1).ok_or_else(|| err("operand 1 (scales) is missing"))?;
         let op = Op::Resize(Resize {
             mode,
@@ -716,7 +723,7 @@ fn body_of(
         .iter()
         .find(|x| x.name.as_deref() == Some("body"))
         .and_then(|x| x.g.as_deref())
-        .ok_or_else(|| err("attribute `body` is required"))?;
+        .ok_or_else(|| attr(AttrError::Missing { name: "body".into() }))?;
     let names = free_values(body_g);
     let mut captures: Vec<(String, TensorType)> = Vec::new();
     for n in &names {
@@ -740,26 +747,33 @@ fn scan(im: &mut GraphImporter, node: &NodeProto, mut a: Attrs, opset: i64) -> R
         ));
     }
     let (body, names) = body_of(im, node, "Scan", Vec::new())?;
-    let flags = |v: Option<Vec<i64>>| -> Result<Vec<bool>> {
+    let flags = |name: &str, v: Option<Vec<i64>>| -> Result<Vec<bool>> {
         v.unwrap_or_default()
             .iter()
-            .map(|&d| {
-                if d == 0 || d == 1 {
-                    Ok(d == 1)
-                } else {
-                    Err(err(format!("a scan direction is 0 or 1, not {d}")))
-                }
+            .map(|&d| match d {
+                0 | 1 => Ok(d == 1),
+                _ => Err(attr(AttrError::OutOfRange {
+                    name: name.into(),
+                    value: d.to_string(),
+                    why: "must hold only 0 and 1",
+                })),
             })
             .collect()
     };
-    let scan_inputs = a.size("num_scan_inputs", 0).map_err(err)?;
-    let input_axes = a.ints("scan_input_axes").map_err(err)?.unwrap_or_default();
-    let input_reverse = flags(a.ints("scan_input_directions").map_err(err)?)?;
-    let output_axes = a.ints("scan_output_axes").map_err(err)?.unwrap_or_default();
-    let output_reverse = flags(a.ints("scan_output_directions").map_err(err)?)?;
-    a.finish("Scan").map_err(err)?;
+    let scan_inputs = a.size("num_scan_inputs", 0).map_err(attr)?;
+    let input_axes = a.ints("scan_input_axes").map_err(attr)?.unwrap_or_default();
+    let input_reverse =
+        flags("scan_input_directions", a.ints("scan_input_directions").map_err(attr)?)?;
+    let output_axes = a.ints("scan_output_axes").map_err(attr)?.unwrap_or_default();
+    let output_reverse =
+        flags("scan_output_directions", a.ints("scan_output_directions").map_err(attr)?)?;
+    a.finish("Scan").map_err(attr)?;
     if scan_inputs == 0 {
-        return Err(err("num_scan_inputs must be at least 1"));
+        return Err(attr(AttrError::OutOfRange {
+            name: "num_scan_inputs".into(),
+            value: "0".into(),
+            why: "must be at least 1",
+        }));
     }
     let mut operands: Vec<Option<ValueId>> =
         names.iter().map(|n| im.values.get(n).copied()).collect();
@@ -783,7 +797,7 @@ fn scan(im: &mut GraphImporter, node: &NodeProto, mut a: Attrs, opset: i64) -> R
 /// step number, the condition, the state); those outer values lead the operands, then the trip
 /// count and the condition (either may be absent) and the initial state.
 fn loop_(im: &mut GraphImporter, node: &NodeProto, a: Attrs) -> Result<()> {
-    a.finish("Loop").map_err(err)?;
+    a.finish("Loop").map_err(attr)?;
     // The trip count and the condition may be omitted (empty names); the state may not.
     let mut given: Vec<Option<ValueId>> = Vec::new();
     for i in 0..node.input.len().max(2) {
@@ -812,7 +826,7 @@ fn loop_(im: &mut GraphImporter, node: &NodeProto, a: Attrs) -> Result<()> {
 
 /// Optional: holding its operand, or empty of the type its `type` attribute gives.
 fn optional(im: &mut GraphImporter, node: &NodeProto, a: Attrs) -> Result<()> {
-    a.finish("Optional").map_err(err)?;
+    a.finish("Optional").map_err(attr)?;
     let x = im.operand(node, 0);
     let declared = node
         .attribute
@@ -841,7 +855,7 @@ fn optional(im: &mut GraphImporter, node: &NodeProto, a: Attrs) -> Result<()> {
 /// SequenceMap: the body becomes a graph whose inputs are the outer values it reads, then one
 /// per operand (a sequence's element, a tensor itself); its untyped inputs take those types.
 fn sequence_map(im: &mut GraphImporter, node: &NodeProto, a: Attrs) -> Result<()> {
-    a.finish("SequenceMap").map_err(err)?;
+    a.finish("SequenceMap").map_err(attr)?;
     let mut given = Vec::new();
     for i in 0..node.input.len() {
         given.push(im.operand(node, i).ok_or_else(|| err(format!("operand {i} is missing")))?);
@@ -859,13 +873,13 @@ fn sequence_map(im: &mut GraphImporter, node: &NodeProto, a: Attrs) -> Result<()
 
 /// If: each branch becomes a graph whose inputs are the outer values it reads.
 fn if_(im: &mut GraphImporter, node: &NodeProto, a: Attrs) -> Result<()> {
-    a.finish("If").map_err(err)?;
+    a.finish("If").map_err(attr)?;
     let branch = |name: &str| {
         node.attribute
             .iter()
             .find(|x| x.name.as_deref() == Some(name))
             .and_then(|x| x.g.as_deref())
-            .ok_or_else(|| err(format!("attribute `{name}` is required")))
+            .ok_or_else(|| attr(AttrError::Missing { name: name.into() }))
     };
     let (then_g, else_g) = (branch("then_branch")?, branch("else_branch")?);
     let cond = im.operand(node, 0).ok_or_else(|| err("operand 0 (cond) is missing"))?;

@@ -10,6 +10,8 @@ use super::proto::NodeProto;
 use crate::op::{Attrs, Reduce, ReduceKind};
 use crate::{BinaryOp, DType, IrError, Op, Result, Tensor, UnaryOp, ValueId};
 
+use super::ops::attr;
+
 fn err(msg: impl Into<String>) -> IrError {
     IrError::Onnx(msg.into())
 }
@@ -53,7 +55,7 @@ pub(super) fn convert(
 /// The function body ONNX gives DynamicQuantizeLinear: the scale spans [min(x, 0), max(x, 0)]
 /// over 255 steps; the zero point puts 0 on a step.
 fn dynamic_quantize(im: &mut GraphImporter, node: &NodeProto, a: Attrs) -> Result<()> {
-    a.finish("DynamicQuantizeLinear").map_err(err)?;
+    a.finish("DynamicQuantizeLinear").map_err(attr)?;
     let x = operand(im, node, 0, "x")?;
     let reduce = |kind| Op::Reduce(Reduce { kind, keepdims: false, noop_with_empty_axes: false });
     let zero = constant(im, node, "q_min", Tensor::scalar(0f32))?;
@@ -113,7 +115,7 @@ fn centred(
 }
 
 fn matmul_integer(im: &mut GraphImporter, node: &NodeProto, a: Attrs) -> Result<()> {
-    a.finish("MatMulInteger").map_err(err)?;
+    a.finish("MatMulInteger").map_err(attr)?;
     let (x, w) = (operand(im, node, 0, "A")?, operand(im, node, 1, "B")?);
     let ac = centred(im, node, "a", x, im.operand(node, 2), true, DType::I32)?;
     let bc = centred(im, node, "b", w, im.operand(node, 3), false, DType::I32)?;
@@ -139,7 +141,7 @@ fn per_channel(
 
 fn conv_op(mut a: Attrs) -> Result<Op> {
     a.remove("kernel_shape");
-    Op::from_attrs("Conv", a).map_err(err)
+    Op::from_attrs("Conv", a).map_err(attr)
 }
 
 fn conv_integer(im: &mut GraphImporter, node: &NodeProto, a: Attrs) -> Result<()> {
@@ -171,7 +173,7 @@ fn dequantize(
 }
 
 fn qlinear_matmul(im: &mut GraphImporter, node: &NodeProto, a: Attrs) -> Result<()> {
-    a.finish("QLinearMatMul").map_err(err)?;
+    a.finish("QLinearMatMul").map_err(attr)?;
     let names =
         ["a", "a_scale", "a_zero_point", "b", "b_scale", "b_zero_point", "y_scale", "y_zero_point"];
     let v: Vec<ValueId> =
@@ -259,7 +261,7 @@ pub(super) fn convert_microsoft(
     }
     let y = match op_type {
         "QLinearAdd" | "QLinearMul" => {
-            a.finish(op_type).map_err(err)?;
+            a.finish(op_type).map_err(attr)?;
             let x = dequantize(im, node, "a_real", v(im, 0)?, v(im, 1)?, im.operand(node, 2), 1)?;
             let w = dequantize(im, node, "b_real", v(im, 3)?, v(im, 4)?, im.operand(node, 5), 1)?;
             let b = if op_type == "QLinearAdd" { BinaryOp::Add } else { BinaryOp::Mul };
@@ -272,23 +274,23 @@ pub(super) fn convert_microsoft(
         | "QLinearLeakyRelu" => {
             let real = match op_type {
                 "QLinearGlobalAveragePool" => {
-                    a.finish(op_type).map_err(err)?;
-                    Op::from_attrs("GlobalAveragePool", Attrs::new()).map_err(err)?
+                    a.finish(op_type).map_err(attr)?;
+                    Op::from_attrs("GlobalAveragePool", Attrs::new()).map_err(attr)?
                 }
-                "QLinearAveragePool" => Op::from_attrs("AveragePool", a).map_err(err)?,
+                "QLinearAveragePool" => Op::from_attrs("AveragePool", a).map_err(attr)?,
                 "QLinearSigmoid" => {
-                    a.finish(op_type).map_err(err)?;
-                    Op::from_attrs("Sigmoid", Attrs::new()).map_err(err)?
+                    a.finish(op_type).map_err(attr)?;
+                    Op::from_attrs("Sigmoid", Attrs::new()).map_err(attr)?
                 }
-                _ => Op::from_attrs("LeakyRelu", a).map_err(err)?,
+                _ => Op::from_attrs("LeakyRelu", a).map_err(attr)?,
             };
             let x = dequantize(im, node, "x_real", v(im, 0)?, v(im, 1)?, im.operand(node, 2), 1)?;
             let y = op(im, node, "real", real, &[Some(x)])?;
             quantize(im, y, v(im, 3)?, im.operand(node, 4))?
         }
         "QLinearConcat" => {
-            let axis = a.int("axis", 0).map_err(err)?;
-            a.finish(op_type).map_err(err)?;
+            let axis = a.int("axis", 0).map_err(attr)?;
+            a.finish(op_type).map_err(attr)?;
             let mut parts = Vec::new();
             for (k, i) in (2..node.input.len()).step_by(3).enumerate() {
                 parts.push(Some(dequantize(
@@ -305,10 +307,10 @@ pub(super) fn convert_microsoft(
             quantize(im, y, v(im, 0)?, im.operand(node, 1))?
         }
         "QGemm" => {
-            let alpha = a.float("alpha", 1.0).map_err(err)?;
-            let trans_a = a.flag("transA", false).map_err(err)?;
-            let trans_b = a.flag("transB", false).map_err(err)?;
-            a.finish(op_type).map_err(err)?;
+            let alpha = a.float("alpha", 1.0).map_err(attr)?;
+            let trans_a = a.flag("transA", false).map_err(attr)?;
+            let trans_b = a.flag("transB", false).map_err(attr)?;
+            a.finish(op_type).map_err(attr)?;
             let x = dequantize(im, node, "a_real", v(im, 0)?, v(im, 1)?, im.operand(node, 2), 1)?;
             // B's scale is per output column: axis 0 of a transposed B, else axis 1.
             let w = dequantize(

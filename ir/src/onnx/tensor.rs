@@ -8,8 +8,9 @@ use half::{bf16, f16};
 use super::proto::{data_type as dt, SparseTensorProto, TensorProto};
 use crate::{narrow, DType, IrError, Tensor};
 
-/// The kiln dtype of an ONNX data type, or the spec's name of an unsupported one.
-pub fn dtype_of(t: i32) -> Result<DType, String> {
+/// The kiln dtype of an ONNX data type; one kiln lacks is `NotSupported`, named as the spec
+/// names it.
+pub fn dtype_of(t: i32) -> Result<DType, IrError> {
     Ok(match t {
         dt::FLOAT => DType::F32,
         dt::DOUBLE => DType::F64,
@@ -34,7 +35,12 @@ pub fn dtype_of(t: i32) -> Result<DType, String> {
         dt::UINT4 => DType::U4,
         dt::INT2 => DType::I2,
         dt::UINT2 => DType::U2,
-        other => return Err(format!("element type {} is not supported", dt::name(other))),
+        other => {
+            return Err(IrError::NotSupported(format!(
+                "element type {} is not supported",
+                dt::name(other)
+            )))
+        }
     })
 }
 
@@ -72,30 +78,31 @@ pub fn onnx_type_of(d: DType) -> i32 {
 pub fn tensor_from_proto(t: &TensorProto, base_dir: Option<&Path>) -> Result<Tensor, IrError> {
     let name = t.name.as_deref().unwrap_or("");
     let what = if name.is_empty() { "a tensor".to_string() } else { format!("tensor `{name}`") };
-    let dtype = dtype_of(t.data_type.unwrap_or(0))
-        .map_err(|e| IrError::NotSupported(format!("{what}: {e}")))?;
-    tensor_data(t, dtype, &what, base_dir).map_err(IrError::Onnx)
+    let dtype = dtype_of(t.data_type.unwrap_or(0)).map_err(|e| e.context(&what))?;
+    tensor_data(t, dtype, &what, base_dir)
 }
 
+/// The tensor's data; what is broken is an `Onnx` error that starts with `what`.
 fn tensor_data(
     t: &TensorProto,
     dtype: DType,
     what: &str,
     base_dir: Option<&Path>,
-) -> Result<Tensor, String> {
+) -> Result<Tensor, IrError> {
+    let bad = |m: String| IrError::Onnx(format!("{what}: {m}"));
     let dims: Vec<usize> = t
         .dims
         .iter()
-        .map(|&d| usize::try_from(d).map_err(|_| format!("{what}: negative dimension {d}")))
+        .map(|&d| usize::try_from(d).map_err(|_| bad(format!("negative dimension {d}"))))
         .collect::<Result<_, _>>()?;
     let count = dims
         .iter()
         .try_fold(1usize, |acc, &d| acc.checked_mul(d))
-        .ok_or_else(|| format!("{what}: dimensions {dims:?} overflow"))?;
+        .ok_or_else(|| bad(format!("dimensions {dims:?} overflow")))?;
     // The 4- and 2-bit types are packed in files, low bits first; kiln keeps a byte each.
     let bytes_needed = match dtype.packed_bits() {
         Some(bits) => count.div_ceil((8 / bits) as usize),
-        None => count.checked_mul(dtype.size()).ok_or_else(|| format!("{what}: too large"))?,
+        None => count.checked_mul(dtype.size()).ok_or_else(|| bad("too large".into()))?,
     };
     let from_file_bytes = |bytes: &[u8]| {
         let t = match dtype.packed_bits() {
@@ -105,77 +112,75 @@ fn tensor_data(
             }
             None => Tensor::from_bytes(dtype, &dims, bytes),
         };
-        t.map_err(|e| format!("{what}: {e}"))
+        t.map_err(|e| bad(e.to_string()))
     };
-    let wrong_len = |have: usize| {
-        format!("{what}: {dtype}{:?} needs {count} values, the file holds {have}", dims)
-    };
+    let wrong_len =
+        |have: usize| bad(format!("{dtype}{:?} needs {count} values, the file holds {have}", dims));
 
     if t.data_location == Some(1) {
-        let bytes = read_external(t, base_dir, bytes_needed).map_err(|e| format!("{what}: {e}"))?;
+        let bytes = read_external(t, base_dir, bytes_needed).map_err(|e| e.context(what))?;
         return from_file_bytes(&bytes);
     }
     if let Some(raw) = &t.raw_data {
         if raw.len() != bytes_needed {
-            return Err(format!(
-                "{what}: {dtype}{dims:?} needs {bytes_needed} bytes of raw data, the file holds {}",
+            return Err(bad(format!(
+                "{dtype}{dims:?} needs {bytes_needed} bytes of raw data, the file holds {}",
                 raw.len()
-            ));
+            )));
         }
         return from_file_bytes(raw);
     }
     // Typed fields: which one holds the data depends on the type (see onnx.proto).
-    let tensor = match dtype {
-        DType::F32 => check_len(&t.float_data, count, wrong_len)
-            .and_then(|v| Tensor::from_slice(&dims, v).map_err(|e| e.to_string())),
-        DType::F64 => check_len(&t.double_data, count, wrong_len)
-            .and_then(|v| Tensor::from_slice(&dims, v).map_err(|e| e.to_string())),
-        DType::I64 => check_len(&t.int64_data, count, wrong_len)
-            .and_then(|v| Tensor::from_slice(&dims, v).map_err(|e| e.to_string())),
-        DType::U64 => check_len(&t.uint64_data, count, wrong_len)
-            .and_then(|v| Tensor::from_slice(&dims, v).map_err(|e| e.to_string())),
-        DType::U32 => check_len(&t.uint64_data, count, wrong_len).and_then(|v| {
-            Tensor::from_vec(&dims, v.iter().map(|&x| x as u32).collect())
-                .map_err(|e| e.to_string())
-        }),
-        DType::F16 => int32s(t, count, wrong_len).and_then(|v| {
-            Tensor::from_vec(&dims, v.iter().map(|&x| f16::from_bits(x as u16)).collect())
-                .map_err(|e| e.to_string())
-        }),
-        DType::BF16 => int32s(t, count, wrong_len).and_then(|v| {
-            Tensor::from_vec(&dims, v.iter().map(|&x| bf16::from_bits(x as u16)).collect())
-                .map_err(|e| e.to_string())
-        }),
-        DType::Bool => int32s(t, count, wrong_len).and_then(|v| {
-            Tensor::from_vec(&dims, v.iter().map(|&x| x != 0).collect()).map_err(|e| e.to_string())
-        }),
-        // One code a value (8-bit floats), or the packed bytes (4- and 2-bit types).
-        DType::F8E4M3FN
-        | DType::F8E4M3FNUZ
-        | DType::F8E5M2
-        | DType::F8E5M2FNUZ
-        | DType::F8E8M0
-        | DType::F4E2M1
-        | DType::I4
-        | DType::U4
-        | DType::I2
-        | DType::U2 => int32s(t, bytes_needed, wrong_len)
-            .and_then(|v| from_file_bytes(&v.iter().map(|&x| x as u8).collect::<Vec<_>>())),
-        DType::I32 | DType::I16 | DType::I8 | DType::U16 | DType::U8 => int32s(t, count, wrong_len)
-            .and_then(|v| {
-                Tensor::from_f64s(
-                    DType::I64,
-                    &dims,
-                    &v.iter().map(|&x| x as f64).collect::<Vec<_>>(),
-                )
-                .map(|t| t.cast(dtype))
-                .map_err(|e| e.to_string())
+    let tensor =
+        match dtype {
+            DType::F32 => check_len(&t.float_data, count, wrong_len)
+                .and_then(|v| Tensor::from_slice(&dims, v)),
+            DType::F64 => check_len(&t.double_data, count, wrong_len)
+                .and_then(|v| Tensor::from_slice(&dims, v)),
+            DType::I64 => check_len(&t.int64_data, count, wrong_len)
+                .and_then(|v| Tensor::from_slice(&dims, v)),
+            DType::U64 => check_len(&t.uint64_data, count, wrong_len)
+                .and_then(|v| Tensor::from_slice(&dims, v)),
+            DType::U32 => check_len(&t.uint64_data, count, wrong_len)
+                .and_then(|v| Tensor::from_vec(&dims, v.iter().map(|&x| x as u32).collect())),
+            DType::F16 => int32s(t, count, wrong_len).and_then(|v| {
+                Tensor::from_vec(&dims, v.iter().map(|&x| f16::from_bits(x as u16)).collect())
             }),
-    };
-    tensor.map_err(|e| if e.starts_with(what) { e } else { format!("{what}: {e}") })
+            DType::BF16 => int32s(t, count, wrong_len).and_then(|v| {
+                Tensor::from_vec(&dims, v.iter().map(|&x| bf16::from_bits(x as u16)).collect())
+            }),
+            DType::Bool => int32s(t, count, wrong_len)
+                .and_then(|v| Tensor::from_vec(&dims, v.iter().map(|&x| x != 0).collect())),
+            // One code a value (8-bit floats), or the packed bytes (4- and 2-bit types).
+            DType::F8E4M3FN
+            | DType::F8E4M3FNUZ
+            | DType::F8E5M2
+            | DType::F8E5M2FNUZ
+            | DType::F8E8M0
+            | DType::F4E2M1
+            | DType::I4
+            | DType::U4
+            | DType::I2
+            | DType::U2 => int32s(t, bytes_needed, wrong_len)
+                .and_then(|v| from_file_bytes(&v.iter().map(|&x| x as u8).collect::<Vec<_>>())),
+            DType::I32 | DType::I16 | DType::I8 | DType::U16 | DType::U8 => {
+                int32s(t, count, wrong_len).and_then(|v| {
+                    Tensor::from_f64s(
+                        DType::I64,
+                        &dims,
+                        &v.iter().map(|&x| x as f64).collect::<Vec<_>>(),
+                    )
+                    .map(|t| t.cast(dtype))
+                })
+            }
+        };
+    tensor.map_err(|e| match e {
+        IrError::Onnx(m) if m.starts_with(what) => IrError::Onnx(m),
+        other => bad(other.to_string()),
+    })
 }
 
-fn check_len<T>(v: &[T], count: usize, wrong: impl Fn(usize) -> String) -> Result<&[T], String> {
+fn check_len<T>(v: &[T], count: usize, wrong: impl Fn(usize) -> IrError) -> Result<&[T], IrError> {
     if v.len() == count {
         Ok(v)
     } else {
@@ -186,8 +191,8 @@ fn check_len<T>(v: &[T], count: usize, wrong: impl Fn(usize) -> String) -> Resul
 fn int32s(
     t: &TensorProto,
     count: usize,
-    wrong: impl Fn(usize) -> String,
-) -> Result<&[i32], String> {
+    wrong: impl Fn(usize) -> IrError,
+) -> Result<&[i32], IrError> {
     check_len(&t.int32_data, count, wrong)
 }
 
@@ -196,15 +201,16 @@ fn read_external(
     t: &TensorProto,
     base_dir: Option<&Path>,
     bytes_needed: usize,
-) -> Result<Vec<u8>, String> {
+) -> Result<Vec<u8>, IrError> {
     let entry = |key: &str| {
         t.external_data.iter().find(|e| e.key.as_deref() == Some(key)).and_then(|e| e.value.clone())
     };
-    let location = entry("location").ok_or("external data without a `location`")?;
-    let parse = |key: &str| -> Result<Option<u64>, String> {
+    let location = entry("location").ok_or_else(|| onnx("external data without a `location`"))?;
+    let parse = |key: &str| -> Result<Option<u64>, IrError> {
         entry(key)
             .map(|v| {
-                v.parse::<u64>().map_err(|_| format!("external data `{key}` is not a number: {v}"))
+                v.parse::<u64>()
+                    .map_err(|_| onnx(format!("external data `{key}` is not a number: {v}")))
             })
             .transpose()
     };
@@ -213,43 +219,43 @@ fn read_external(
     // The location is relative to the model's directory and must stay inside it.
     let rel = Path::new(&location);
     if rel.is_absolute() || rel.components().any(|c| matches!(c, std::path::Component::ParentDir)) {
-        return Err(format!("external data location `{location}` must be a relative path inside the model's directory"));
+        return Err(onnx(format!("external data location `{location}` must be a relative path inside the model's directory")));
     }
-    let dir = base_dir.ok_or(
-        "the tensor's data is in an external file, but the model was not loaded from a file",
-    )?;
-    let start = usize::try_from(offset).map_err(|_| "offset too large")?;
+    let dir = base_dir.ok_or_else(|| {
+        onnx("the tensor's data is in an external file, but the model was not loaded from a file")
+    })?;
+    let start = usize::try_from(offset).map_err(|_| onnx("offset too large"))?;
     let len = match length {
-        Some(l) => usize::try_from(l).map_err(|_| "length too large")?,
+        Some(l) => usize::try_from(l).map_err(|_| onnx("length too large"))?,
         None => bytes_needed,
     };
     if len != bytes_needed {
-        return Err(format!(
+        return Err(onnx(format!(
             "external data length {len} does not match the {bytes_needed} bytes the tensor needs"
-        ));
+        )));
     }
-    let end = start.checked_add(len).ok_or("offset + length overflows")?;
+    let end = start.checked_add(len).ok_or_else(|| onnx("offset + length overflows"))?;
     let available = crate::memory::available_at_start();
     if len as u64 > available {
-        return Err(format!(
+        return Err(onnx(format!(
             "the tensor's {} of external data are more than the {} of memory available",
             crate::memory::human(len as u64),
             crate::memory::human(available)
-        ));
+        )));
     }
     let (mut file, path, size) = open_external(dir, rel, &location)?;
     if end as u64 > size {
-        return Err(format!(
+        return Err(onnx(format!(
             "external data file {} holds {size} bytes, bytes {start}..{end} wanted (truncated?)",
             path.display()
-        ));
+        )));
     }
     // Only the tensor's own bytes: a file holding many tensors is not read once a tensor.
     use std::io::{Read, Seek, SeekFrom};
     let mut data = vec![0u8; len];
     file.seek(SeekFrom::Start(start as u64))
         .and_then(|_| file.read_exact(&mut data))
-        .map_err(|e| format!("cannot read external data file {}: {e}", path.display()))?;
+        .map_err(|e| onnx(format!("cannot read external data file {}: {e}", path.display())))?;
     Ok(data)
 }
 
@@ -260,29 +266,30 @@ fn open_external(
     dir: &Path,
     rel: &Path,
     location: &str,
-) -> Result<(std::fs::File, std::path::PathBuf, u64), String> {
-    let dir =
-        dir.canonicalize().map_err(|e| format!("the model's directory {}: {e}", dir.display()))?;
+) -> Result<(std::fs::File, std::path::PathBuf, u64), IrError> {
+    let dir = dir
+        .canonicalize()
+        .map_err(|e| onnx(format!("the model's directory {}: {e}", dir.display())))?;
     let joined = dir.join(rel);
     let path = joined
         .canonicalize()
-        .map_err(|e| format!("cannot read external data file {}: {e}", joined.display()))?;
+        .map_err(|e| onnx(format!("cannot read external data file {}: {e}", joined.display())))?;
     if !path.starts_with(&dir) {
-        return Err(format!(
+        return Err(onnx(format!(
             "external data location `{location}` leads outside the model's directory (to {})",
             path.display()
-        ));
+        )));
     }
     let file = std::fs::File::open(&path)
-        .map_err(|e| format!("cannot read external data file {}: {e}", path.display()))?;
+        .map_err(|e| onnx(format!("cannot read external data file {}: {e}", path.display())))?;
     let meta = file
         .metadata()
-        .map_err(|e| format!("cannot read external data file {}: {e}", path.display()))?;
+        .map_err(|e| onnx(format!("cannot read external data file {}: {e}", path.display())))?;
     if !meta.is_file() {
-        return Err(format!(
+        return Err(onnx(format!(
             "external data location `{location}` is not a regular file ({})",
             path.display()
-        ));
+        )));
     }
     Ok((file, path, meta.len()))
 }
@@ -298,32 +305,37 @@ pub fn sparse_to_dense(s: &SparseTensorProto, base_dir: Option<&Path>) -> Result
         base_dir,
     )?
     .to_i64s();
-    sparse_fill(s, &values, &indices).map_err(IrError::Onnx)
+    sparse_fill(s, &values, &indices)
 }
 
-fn sparse_fill(s: &SparseTensorProto, values: &Tensor, indices: &[i64]) -> Result<Tensor, String> {
+/// A broken file's error.
+fn onnx(msg: impl Into<String>) -> IrError {
+    IrError::Onnx(msg.into())
+}
+
+fn sparse_fill(s: &SparseTensorProto, values: &Tensor, indices: &[i64]) -> Result<Tensor, IrError> {
     let dims: Vec<usize> = s
         .dims
         .iter()
-        .map(|&d| usize::try_from(d).map_err(|_| format!("negative dimension {d}")))
+        .map(|&d| usize::try_from(d).map_err(|_| onnx(format!("negative dimension {d}"))))
         .collect::<Result<_, _>>()?;
     let dtype = values.dtype();
-    let bytes = crate::size::checked_bytes(&dims, dtype)?;
+    let bytes = crate::size::checked_bytes(&dims, dtype).map_err(|e| onnx(e.to_string()))?;
     let n = bytes / dtype.size().max(1);
     // The dense tensor, and the f64 values it is filled from: both must fit before either is
     // allocated (a small file can declare a huge sparse tensor).
     let need = (bytes as u64).saturating_add((n as u64).saturating_mul(8));
     let available = crate::memory::available_at_start();
     if need > available {
-        return Err(format!(
+        return Err(onnx(format!(
             "a sparse tensor of {dtype}{} would take {} as a dense one, more than the {} of memory available",
             crate::Shape::fixed(&dims),
             crate::memory::human(need),
             crate::memory::human(available)
-        ));
+        )));
     }
     let nnz = values.len();
-    let out_of_range = |i: i64| format!("sparse index {i} is out of range for {dims:?}");
+    let out_of_range = |i: i64| onnx(format!("sparse index {i} is out of range for {dims:?}"));
     let flat: Vec<usize> = if indices.len() == nnz {
         indices
             .iter()
@@ -342,14 +354,17 @@ fn sparse_fill(s: &SparseTensorProto, values: &Tensor, indices: &[i64]) -> Resul
                     Ok(acc + i * st)
                 })
             })
-            .collect::<Result<_, String>>()?
+            .collect::<Result<_, IrError>>()?
     } else {
-        return Err(format!("a sparse tensor has {nnz} values but {} indices", indices.len()));
+        return Err(onnx(format!(
+            "a sparse tensor has {nnz} values but {} indices",
+            indices.len()
+        )));
     };
     let v = values.to_f64s();
     let mut dense = vec![0.0; n];
     for (k, &i) in flat.iter().enumerate() {
         dense[i] = v[k];
     }
-    Tensor::from_f64s(dtype, &dims, &dense).map_err(|e| e.to_string())
+    Tensor::from_f64s(dtype, &dims, &dense).map_err(|e| onnx(e.to_string()))
 }

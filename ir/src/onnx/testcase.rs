@@ -21,6 +21,25 @@ impl Default for Tolerance {
     }
 }
 
+/// How an output differs from its reference ([`compare`], [`compare_values`]).
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum Mismatch {
+    /// Another element type or shape.
+    #[error("got {got}, expected {want}")]
+    Type { got: crate::TensorType, want: crate::TensorType },
+    /// Values outside the tolerance: the first one (its index and both values, as text), and
+    /// how many of all differ.
+    #[error("element {at} is {got}, expected {want} ({bad} of {total} elements differ)")]
+    Values { at: String, got: String, want: String, bad: usize, total: usize },
+    #[error("a sequence of {got} tensors, expected {want}")]
+    SequenceLength { got: usize, want: usize },
+    #[error("element {index}: {mismatch}")]
+    Element { index: usize, mismatch: Box<Mismatch> },
+    /// A tensor, sequence or optional where another kind was expected ([`Value::describe`]).
+    #[error("got {got}, expected {want}")]
+    Kind { got: String, want: String },
+}
+
 /// How one test ended.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Outcome {
@@ -170,29 +189,30 @@ fn classify(e: IrError) -> Outcome {
 
 /// Compares values: tensors as [`compare`] does, sequences element by element, optionals by
 /// whether they hold a value and then what.
-pub fn compare_values(want: &Value, got: &Value, tol: Tolerance) -> Result<(), String> {
+pub fn compare_values(want: &Value, got: &Value, tol: Tolerance) -> Result<(), Mismatch> {
     match (want, got) {
         (Value::Tensor(w), Value::Tensor(g)) => compare(w, g, tol),
         (Value::Sequence(w), Value::Sequence(g)) => {
             if w.len() != g.len() {
-                return Err(format!("a sequence of {} tensors, expected {}", g.len(), w.len()));
+                return Err(Mismatch::SequenceLength { got: g.len(), want: w.len() });
             }
             for (i, (w, g)) in w.iter().zip(g).enumerate() {
-                compare(w, g, tol).map_err(|e| format!("element {i}: {e}"))?;
+                compare(w, g, tol)
+                    .map_err(|e| Mismatch::Element { index: i, mismatch: Box::new(e) })?;
             }
             Ok(())
         }
         (Value::Optional(None), Value::Optional(None)) => Ok(()),
         (Value::Optional(Some(w)), Value::Optional(Some(g))) => compare_values(w, g, tol),
-        (w, g) => Err(format!("got {}, expected {}", g.describe(), w.describe())),
+        (w, g) => Err(Mismatch::Kind { got: g.describe(), want: w.describe() }),
     }
 }
 
 /// Compares an output with its reference: same dtype and shape; floats within `tol` (NaN matches
 /// NaN, infinities must be equal); integers and bools exactly.
-pub fn compare(want: &Tensor, got: &Tensor, tol: Tolerance) -> Result<(), String> {
+pub fn compare(want: &Tensor, got: &Tensor, tol: Tolerance) -> Result<(), Mismatch> {
     if want.dtype() != got.dtype() || want.dims() != got.dims() {
-        return Err(format!("got {}, expected {}", got.ty(), want.ty()));
+        return Err(Mismatch::Type { got: got.ty(), want: want.ty() });
     }
     let float = want.dtype().is_float();
     let (w, g) = if float || want.dtype() == DType::Bool {
@@ -201,7 +221,8 @@ pub fn compare(want: &Tensor, got: &Tensor, tol: Tolerance) -> Result<(), String
         (Vec::new(), Vec::new())
     };
     let mut bad = 0usize;
-    let mut first: Option<String> = None;
+    // The first difference: its index, the value got and the value expected.
+    let mut first: Option<(String, String, String)> = None;
     let at = |i: usize| {
         let strides = crate::eval::strides(want.dims());
         let idx: Vec<usize> =
@@ -222,7 +243,7 @@ pub fn compare(want: &Tensor, got: &Tensor, tol: Tolerance) -> Result<(), String
             };
             if !ok {
                 bad += 1;
-                first.get_or_insert_with(|| format!("element {} is {b}, expected {a}", at(i)));
+                first.get_or_insert_with(|| (at(i), b.to_string(), a.to_string()));
             }
         }
     } else {
@@ -230,15 +251,15 @@ pub fn compare(want: &Tensor, got: &Tensor, tol: Tolerance) -> Result<(), String
         for i in 0..w.len() {
             if w[i] != g[i] {
                 bad += 1;
-                first.get_or_insert_with(|| {
-                    format!("element {} is {}, expected {}", at(i), g[i], w[i])
-                });
+                first.get_or_insert_with(|| (at(i), g[i].to_string(), w[i].to_string()));
             }
         }
     }
     match first {
         None => Ok(()),
-        Some(f) => Err(format!("{f} ({bad} of {} elements differ)", want.len())),
+        Some((at, got, want_v)) => {
+            Err(Mismatch::Values { at, got, want: want_v, bad, total: want.len() })
+        }
     }
 }
 
@@ -293,5 +314,62 @@ pub fn test_name(dir: &Path) -> String {
     match dir.parent().and_then(|p| p.file_name()) {
         Some(suite) => format!("{}/{own}", suite.to_string_lossy()),
         None => own,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn f32s(dims: &[usize], v: &[f32]) -> Tensor {
+        Tensor::from_vec(dims, v.to_vec()).unwrap()
+    }
+
+    #[test]
+    fn floats_match_within_the_tolerance_and_nan_matches_nan() {
+        let tol = Tolerance { rtol: 1e-3, atol: 1e-5 };
+        let want = f32s(&[3], &[1.0, f32::NAN, f32::INFINITY]);
+        assert_eq!(compare(&want, &f32s(&[3], &[1.0005, f32::NAN, f32::INFINITY]), tol), Ok(()));
+        assert_eq!(
+            compare(&want, &f32s(&[3], &[1.01, 0.0, f32::NEG_INFINITY]), tol),
+            Err(Mismatch::Values {
+                at: "[0]".into(),
+                got: "1.0099999904632568".into(),
+                want: "1".into(),
+                bad: 3,
+                total: 3
+            })
+        );
+    }
+
+    #[test]
+    fn mismatches_name_the_first_element_the_type_or_the_kind() {
+        let tol = Tolerance::default();
+        let want = Tensor::from_vec(&[2, 2], vec![1i64, 2, 3, 4]).unwrap();
+        let got = Tensor::from_vec(&[2, 2], vec![1i64, 2, 3, 5]).unwrap();
+        let e = compare(&want, &got, tol).unwrap_err();
+        assert_eq!(e.to_string(), "element [1, 1] is 5, expected 4 (1 of 4 elements differ)");
+        let e = compare(&want, &want.reshape(&[4]).unwrap(), tol).unwrap_err();
+        assert_eq!(e.to_string(), "got i64[4], expected i64[2,2]");
+        let seq = |n: i64| Value::Sequence(vec![Tensor::vector(&[n])]);
+        assert_eq!(compare_values(&seq(1), &seq(1), tol), Ok(()));
+        assert_eq!(
+            compare_values(&seq(1), &seq(2), tol).unwrap_err().to_string(),
+            "element 0: element [0] is 2, expected 1 (1 of 1 elements differ)"
+        );
+        assert_eq!(
+            compare_values(&seq(1), &Value::Sequence(vec![]), tol),
+            Err(Mismatch::SequenceLength { got: 0, want: 1 })
+        );
+        assert_eq!(
+            compare_values(&Value::Optional(None), &seq(1), tol).unwrap_err().to_string(),
+            "got a sequence of 1 tensors, expected an empty optional"
+        );
+    }
+
+    #[test]
+    fn test_names_are_the_suite_and_the_test() {
+        assert_eq!(test_name(Path::new("/data/node/test_abs")), "node/test_abs");
+        assert_eq!(test_name(Path::new("test_abs")), "test_abs");
     }
 }

@@ -4,6 +4,7 @@
 use std::fmt;
 
 use super::*;
+use crate::error::AttrError;
 use crate::{DType, Tensor};
 
 /// One attribute value.
@@ -70,11 +71,11 @@ impl Attrs {
         Some(self.0.remove(i).1)
     }
 
-    fn wrong(name: &str, want: &str, got: &Attr) -> String {
-        format!("attribute `{name}` must be {want}, got {}", got.kind())
+    fn wrong(name: &str, want: &'static str, got: &Attr) -> AttrError {
+        AttrError::WrongKind { name: name.into(), want, got: got.kind() }
     }
 
-    pub fn int(&mut self, name: &str, default: i64) -> Result<i64, String> {
+    pub fn int(&mut self, name: &str, default: i64) -> Result<i64, AttrError> {
         match self.take(name) {
             None => Ok(default),
             Some(Attr::Int(v)) => Ok(v),
@@ -82,28 +83,28 @@ impl Attrs {
         }
     }
 
-    pub fn required_int(&mut self, name: &str) -> Result<i64, String> {
+    pub fn required_int(&mut self, name: &str) -> Result<i64, AttrError> {
         match self.take(name) {
-            None => Err(format!("attribute `{name}` is required")),
+            None => Err(AttrError::Missing { name: name.into() }),
             Some(Attr::Int(v)) => Ok(v),
             Some(a) => Err(Self::wrong(name, "an integer", &a)),
         }
     }
 
-    pub fn size(&mut self, name: &str, default: usize) -> Result<usize, String> {
+    pub fn size(&mut self, name: &str, default: usize) -> Result<usize, AttrError> {
         let v = self.int(name, default as i64)?;
-        usize::try_from(v).map_err(|_| format!("attribute `{name}` must not be negative, got {v}"))
+        usize::try_from(v).map_err(|_| AttrError::Negative { name: name.into(), value: v })
     }
 
-    pub fn flag(&mut self, name: &str, default: bool) -> Result<bool, String> {
+    pub fn flag(&mut self, name: &str, default: bool) -> Result<bool, AttrError> {
         match self.int(name, default as i64)? {
             0 => Ok(false),
             1 => Ok(true),
-            v => Err(format!("attribute `{name}` must be 0 or 1, got {v}")),
+            v => Err(AttrError::NotFlag { name: name.into(), value: v }),
         }
     }
 
-    pub fn float(&mut self, name: &str, default: f32) -> Result<f32, String> {
+    pub fn float(&mut self, name: &str, default: f32) -> Result<f32, AttrError> {
         match self.take(name) {
             None => Ok(default),
             Some(Attr::Float(v)) => Ok(v),
@@ -112,7 +113,7 @@ impl Attrs {
         }
     }
 
-    pub fn ints(&mut self, name: &str) -> Result<Option<Vec<i64>>, String> {
+    pub fn ints(&mut self, name: &str) -> Result<Option<Vec<i64>>, AttrError> {
         match self.take(name) {
             None => Ok(None),
             Some(Attr::Ints(v)) => Ok(Some(v)),
@@ -120,18 +121,17 @@ impl Attrs {
         }
     }
 
-    pub fn sizes(&mut self, name: &str) -> Result<Vec<usize>, String> {
+    pub fn sizes(&mut self, name: &str) -> Result<Vec<usize>, AttrError> {
         let v = self.ints(name)?.unwrap_or_default();
         v.iter()
             .map(|&x| {
-                usize::try_from(x).map_err(|_| {
-                    format!("attribute `{name}` must not hold negative values, got {x}")
-                })
+                usize::try_from(x)
+                    .map_err(|_| AttrError::NegativeEntry { name: name.into(), value: x })
             })
             .collect()
     }
 
-    pub fn floats(&mut self, name: &str) -> Result<Option<Vec<f32>>, String> {
+    pub fn floats(&mut self, name: &str) -> Result<Option<Vec<f32>>, AttrError> {
         match self.take(name) {
             None => Ok(None),
             Some(Attr::Floats(v)) => Ok(Some(v)),
@@ -141,7 +141,7 @@ impl Attrs {
         }
     }
 
-    pub fn strings(&mut self, name: &str) -> Result<Option<Vec<String>>, String> {
+    pub fn strings(&mut self, name: &str) -> Result<Option<Vec<String>>, AttrError> {
         match self.take(name) {
             None => Ok(None),
             Some(Attr::Strs(v)) => Ok(Some(v)),
@@ -150,16 +150,16 @@ impl Attrs {
         }
     }
 
-    pub fn graph(&mut self, name: &str) -> Result<Subgraph, String> {
+    pub fn graph(&mut self, name: &str) -> Result<Subgraph, AttrError> {
         match self.take(name) {
-            None => Err(format!("attribute `{name}` is required")),
+            None => Err(AttrError::Missing { name: name.into() }),
             Some(Attr::Graph(g)) => Ok(g),
             Some(a) => Err(Self::wrong(name, "a graph", &a)),
         }
     }
 
     /// An optional type attribute.
-    pub fn opt_dtype(&mut self, name: &str) -> Result<Option<DType>, String> {
+    pub fn opt_dtype(&mut self, name: &str) -> Result<Option<DType>, AttrError> {
         match self.take(name) {
             None => Ok(None),
             Some(Attr::Type(v)) => Ok(Some(v)),
@@ -168,7 +168,7 @@ impl Attrs {
     }
 
     /// An optional integer attribute.
-    pub fn opt_int(&mut self, name: &str) -> Result<Option<i64>, String> {
+    pub fn opt_int(&mut self, name: &str) -> Result<Option<i64>, AttrError> {
         match self.take(name) {
             None => Ok(None),
             Some(Attr::Int(v)) => Ok(Some(v)),
@@ -177,7 +177,7 @@ impl Attrs {
     }
 
     /// An optional float attribute.
-    pub fn opt_float(&mut self, name: &str) -> Result<Option<f32>, String> {
+    pub fn opt_float(&mut self, name: &str) -> Result<Option<f32>, AttrError> {
         match self.take(name) {
             None => Ok(None),
             Some(Attr::Float(v)) => Ok(Some(v)),
@@ -192,17 +192,17 @@ impl Attrs {
         name: &str,
         default: T,
         parse: impl Fn(&str) -> Option<T>,
-    ) -> Result<T, String> {
+    ) -> Result<T, AttrError> {
         match self.take(name) {
             None => Ok(default),
             Some(Attr::Str(s)) => {
-                parse(&s).ok_or_else(|| format!("attribute `{name}` has the unknown value `{s}`"))
+                parse(&s).ok_or_else(|| AttrError::UnknownValue { name: name.into(), value: s })
             }
             Some(a) => Err(Self::wrong(name, "a string", &a)),
         }
     }
 
-    pub fn string(&mut self, name: &str, default: &str) -> Result<String, String> {
+    pub fn string(&mut self, name: &str, default: &str) -> Result<String, AttrError> {
         match self.take(name) {
             None => Ok(default.to_string()),
             Some(Attr::Str(v)) => Ok(v),
@@ -210,15 +210,15 @@ impl Attrs {
         }
     }
 
-    pub fn dtype(&mut self, name: &str) -> Result<DType, String> {
+    pub fn dtype(&mut self, name: &str) -> Result<DType, AttrError> {
         match self.take(name) {
-            None => Err(format!("attribute `{name}` is required")),
+            None => Err(AttrError::Missing { name: name.into() }),
             Some(Attr::Type(v)) => Ok(v),
             Some(a) => Err(Self::wrong(name, "a type", &a)),
         }
     }
 
-    pub fn tensor(&mut self, name: &str) -> Result<Option<Tensor>, String> {
+    pub fn tensor(&mut self, name: &str) -> Result<Option<Tensor>, AttrError> {
         match self.take(name) {
             None => Ok(None),
             Some(Attr::Tensor(v)) => Ok(Some(v)),
@@ -227,10 +227,10 @@ impl Attrs {
     }
 
     /// Fails if any attribute was not consumed.
-    pub fn finish(self, op: &str) -> Result<(), String> {
+    pub fn finish(self, op: &str) -> Result<(), AttrError> {
         match self.0.first() {
             None => Ok(()),
-            Some((n, _)) => Err(format!("{op} has no attribute `{n}`")),
+            Some((n, _)) => Err(AttrError::Unexpected { op: op.into(), name: n.clone() }),
         }
     }
 }
@@ -291,7 +291,7 @@ pub(crate) fn activation_text(u: &UnaryOp) -> String {
     }
 }
 
-pub(crate) fn activation_from_text(s: &str) -> Result<UnaryOp, String> {
+pub(crate) fn activation_from_text(s: &str) -> Result<UnaryOp, AttrError> {
     let (name, params) = match s.find('(') {
         Some(i) if s.ends_with(')') => (
             &s[..i],
@@ -299,17 +299,88 @@ pub(crate) fn activation_from_text(s: &str) -> Result<UnaryOp, String> {
                 .split(',')
                 .map(|p| p.trim().parse::<f32>())
                 .collect::<Result<Vec<_>, _>>()
-                .map_err(|_| format!("bad activation `{s}`"))?,
+                .map_err(|_| unknown(s))?,
         ),
         _ => (s, Vec::new()),
     };
-    let u = UnaryOp::from_name(name).ok_or_else(|| format!("unknown activation `{name}`"))?;
+    let u = UnaryOp::from_name(name).ok_or_else(|| unknown(s))?;
     let mut a = Attrs::new();
     for ((key, _), v) in u.attrs_list().into_iter().zip(params) {
         a.push(&key, Attr::Float(v));
     }
     match Op::from_attrs(name, a)? {
         Op::Unary(u) => Ok(u),
-        _ => Err(format!("`{name}` is not an activation")),
+        _ => Err(unknown(s)),
+    }
+}
+
+/// An RNN activation kiln does not know, named as the attribute holds it.
+fn unknown(s: &str) -> AttrError {
+    AttrError::UnknownValue { name: "activations".into(), value: s.into() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attrs(list: &[(&str, Attr)]) -> Attrs {
+        Attrs(list.iter().map(|(n, a)| (n.to_string(), a.clone())).collect())
+    }
+
+    #[test]
+    fn attributes_are_read_once_with_defaults() {
+        let mut a =
+            attrs(&[("k", Attr::Int(3)), ("alpha", Attr::Int(2)), ("s", Attr::Ints(vec![]))]);
+        assert_eq!(a.int("k", 1), Ok(3));
+        assert_eq!(a.int("k", 1), Ok(1), "taken: the default now");
+        assert_eq!(a.float("alpha", 0.5), Ok(2.0), "an integer reads as a float");
+        assert_eq!(a.strings("s"), Ok(Some(vec![])), "an empty list of any kind");
+        assert_eq!(a.size("absent", 7), Ok(7));
+        assert_eq!(a.finish("Op"), Ok(()));
+    }
+
+    #[test]
+    fn bad_attributes_are_typed_with_the_name_and_value() {
+        let mut a = attrs(&[
+            ("neg", Attr::Int(-2)),
+            ("flag", Attr::Int(2)),
+            ("list", Attr::Ints(vec![1, -1])),
+            ("f", Attr::Str("x".into())),
+            ("dir", Attr::Str("sideways".into())),
+            ("extra", Attr::Int(0)),
+        ]);
+        assert_eq!(a.size("neg", 0), Err(AttrError::Negative { name: "neg".into(), value: -2 }));
+        assert_eq!(
+            a.flag("flag", false),
+            Err(AttrError::NotFlag { name: "flag".into(), value: 2 })
+        );
+        assert_eq!(
+            a.sizes("list"),
+            Err(AttrError::NegativeEntry { name: "list".into(), value: -1 })
+        );
+        let e = a.float("f", 0.0).unwrap_err();
+        assert_eq!(e, AttrError::WrongKind { name: "f".into(), want: "a float", got: "a string" });
+        assert_eq!(e.to_string(), "attribute `f` must be a float, got a string");
+        let e = a.named("dir", 0, |s| (s == "up").then_some(1)).unwrap_err();
+        assert_eq!(e.to_string(), "attribute `dir` has the unknown value `sideways`");
+        assert_eq!(a.required_int("k"), Err(AttrError::Missing { name: "k".into() }));
+        assert_eq!(
+            a.finish("Op"),
+            Err(AttrError::Unexpected { op: "Op".into(), name: "extra".into() })
+        );
+    }
+
+    #[test]
+    fn activations_read_back_what_they_print() {
+        for u in [UnaryOp::Relu, UnaryOp::LeakyRelu { alpha: 0.25 }] {
+            assert_eq!(activation_from_text(&activation_text(&u)), Ok(u));
+        }
+        for bad in ["Nope", "Relu(", "LeakyRelu(x)", "Add"] {
+            assert_eq!(
+                activation_from_text(bad),
+                Err(AttrError::UnknownValue { name: "activations".into(), value: bad.into() }),
+                "{bad}"
+            );
+        }
     }
 }

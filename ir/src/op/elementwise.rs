@@ -7,6 +7,7 @@
 
 use super::attr::{Attr, Attrs};
 use super::schema::{Approximation, AttrCodec, Family, Flag, Float, ShiftDirection};
+use crate::error::AttrError;
 
 macro_rules! elementwise_table {
     (
@@ -54,7 +55,7 @@ macro_rules! elementwise_table {
         impl $family {
             /// The op with its attributes read from `a` (those missing keep `self`'s values).
             #[allow(unused_variables)]
-            pub fn with_attrs(self, a: &mut Attrs) -> Result<$family, String> {
+            pub fn with_attrs(self, a: &mut Attrs) -> Result<$family, AttrError> {
                 Ok(match self {
                     $( $family::$variant $({ $($field),+ })? => $family::$variant $({ $($field: <$codec as AttrCodec<$ty>>::read(a, $attr, || $field)?),+ })?, )*
                 })
@@ -77,7 +78,7 @@ macro_rules! elementwise_table {
                 }
             }
 
-            fn read_named(name: &str, a: &mut Attrs) -> Option<Result<$family, String>> {
+            fn read_named(name: &str, a: &mut Attrs) -> Option<Result<$family, AttrError>> {
                 $family::from_name(name).map(|op| op.with_attrs(a))
             }
         }

@@ -106,26 +106,34 @@ impl AttrSchema for Scan {
         a.push("scan_output_directions", flags(&self.output_reverse));
     }
 
-    fn read_attrs(a: &mut Attrs) -> Result<Scan, String> {
+    fn read_attrs(a: &mut Attrs) -> Result<Scan, AttrError> {
         let body = a.graph("body")?;
         let captures = a.size("captures", 0)?;
         let scan_inputs = a.size("num_scan_inputs", 0)?;
-        let flags = |v: Option<Vec<i64>>| -> Result<Vec<bool>, String> {
+        let flags = |name: &str, v: Option<Vec<i64>>| -> Result<Vec<bool>, AttrError> {
             v.unwrap_or_default()
                 .iter()
                 .map(|&d| match d {
                     0 => Ok(false),
                     1 => Ok(true),
-                    _ => Err(format!("a scan direction is 0 or 1, not {d}")),
+                    _ => Err(AttrError::OutOfRange {
+                        name: name.into(),
+                        value: d.to_string(),
+                        why: "must hold only 0 and 1",
+                    }),
                 })
                 .collect()
         };
         let input_axes = a.ints("scan_input_axes")?.unwrap_or_default();
-        let input_reverse = flags(a.ints("scan_input_directions")?)?;
+        let input_reverse = flags("scan_input_directions", a.ints("scan_input_directions")?)?;
         let output_axes = a.ints("scan_output_axes")?.unwrap_or_default();
-        let output_reverse = flags(a.ints("scan_output_directions")?)?;
+        let output_reverse = flags("scan_output_directions", a.ints("scan_output_directions")?)?;
         if scan_inputs == 0 {
-            return Err("Scan needs num_scan_inputs of at least 1".into());
+            return Err(AttrError::OutOfRange {
+                name: "num_scan_inputs".into(),
+                value: "0".into(),
+                why: "must be at least 1",
+            });
         }
         Ok(Scan {
             body,
@@ -166,7 +174,7 @@ impl Family for Pool {
         a.push("kernel_shape", Attr::Ints(self.kernel.iter().map(|&k| k as i64).collect()));
     }
 
-    fn read_named(name: &str, a: &mut Attrs) -> Option<Result<Pool, String>> {
+    fn read_named(name: &str, a: &mut Attrs) -> Option<Result<Pool, AttrError>> {
         if !matches!(name, "MaxPool" | "AveragePool" | "LpPool") {
             return None;
         }
@@ -180,9 +188,16 @@ impl Family for Pool {
                 ),
                 _ => (PoolKind::Lp { p: a.size("p", 2)? as u32 }, false),
             };
+            let given = a.contains("kernel_shape");
             let kernel = a.sizes("kernel_shape")?;
             if kernel.is_empty() {
-                return Err(format!("{name} needs `kernel_shape`"));
+                let name = "kernel_shape".to_string();
+                return Err(match given {
+                    false => AttrError::Missing { name },
+                    true => {
+                        AttrError::OutOfRange { name, value: "[]".into(), why: "must not be empty" }
+                    }
+                });
             }
             Ok(Pool {
                 kind,
@@ -215,7 +230,7 @@ impl Family for PoolKind {
         }
     }
 
-    fn read_named(name: &str, a: &mut Attrs) -> Option<Result<PoolKind, String>> {
+    fn read_named(name: &str, a: &mut Attrs) -> Option<Result<PoolKind, AttrError>> {
         Some(match name {
             "GlobalMaxPool" => Ok(PoolKind::Max),
             "GlobalAveragePool" => Ok(PoolKind::Average { count_include_pad: false }),
@@ -239,7 +254,7 @@ impl Family for Reduce {
         a.push("noop_with_empty_axes", Attr::Int(self.noop_with_empty_axes as i64));
     }
 
-    fn read_named(name: &str, a: &mut Attrs) -> Option<Result<Reduce, String>> {
+    fn read_named(name: &str, a: &mut Attrs) -> Option<Result<Reduce, AttrError>> {
         let kind = ReduceKind::ALL.into_iter().find(|k| k.op_name() == name)?;
         Some((|| {
             Ok(Reduce {
@@ -270,7 +285,7 @@ impl Family for ArgReduce {
         a.push("select_last_index", Attr::Int(self.select_last_index as i64));
     }
 
-    fn read_named(name: &str, a: &mut Attrs) -> Option<Result<ArgReduce, String>> {
+    fn read_named(name: &str, a: &mut Attrs) -> Option<Result<ArgReduce, AttrError>> {
         let max = match name {
             "ArgMax" => true,
             "ArgMin" => false,
@@ -305,7 +320,7 @@ impl Family for Cumulative {
         a.push("reverse", Attr::Int(self.reverse as i64));
     }
 
-    fn read_named(name: &str, a: &mut Attrs) -> Option<Result<Cumulative, String>> {
+    fn read_named(name: &str, a: &mut Attrs) -> Option<Result<Cumulative, AttrError>> {
         let prod = match name {
             "CumProd" => true,
             "CumSum" => false,
@@ -355,7 +370,7 @@ impl Family for Rnn {
         a.push("layout", Attr::Int(self.batch_first as i64));
     }
 
-    fn read_named(name: &str, a: &mut Attrs) -> Option<Result<Rnn, String>> {
+    fn read_named(name: &str, a: &mut Attrs) -> Option<Result<Rnn, AttrError>> {
         if !matches!(name, "RNN" | "GRU" | "LSTM") {
             return None;
         }
@@ -427,8 +442,8 @@ impl Family for SequenceOp {
         }
     }
 
-    fn read_named(name: &str, a: &mut Attrs) -> Option<Result<SequenceOp, String>> {
-        let mut read = || -> Result<Option<SequenceOp>, String> {
+    fn read_named(name: &str, a: &mut Attrs) -> Option<Result<SequenceOp, AttrError>> {
+        let mut read = || -> Result<Option<SequenceOp>, AttrError> {
             Ok(Some(match name {
                 "SequenceEmpty" => {
                     SequenceOp::Empty { dtype: a.opt_dtype("dtype")?.unwrap_or(DType::F32) }
@@ -474,8 +489,8 @@ impl Family for OptionalOp {
         }
     }
 
-    fn read_named(name: &str, a: &mut Attrs) -> Option<Result<OptionalOp, String>> {
-        let mut read = || -> Result<Option<OptionalOp>, String> {
+    fn read_named(name: &str, a: &mut Attrs) -> Option<Result<OptionalOp, AttrError>> {
+        let mut read = || -> Result<Option<OptionalOp>, AttrError> {
             Ok(Some(match name {
                 "Optional" => OptionalOp::Wrap {
                     dtype: a.opt_dtype("dtype")?,

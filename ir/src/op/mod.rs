@@ -22,6 +22,7 @@ pub use window::{AutoPad, SpatialAxis, Window};
 
 use std::sync::Arc;
 
+use crate::error::AttrError;
 use crate::{DType, Graph, Tensor};
 use schema::{
     Count, DepthMode, Flag, Float, Graph as GraphAttr, Int, Ints, Named, OptInt, OptType,
@@ -184,14 +185,14 @@ macro_rules! op_table {
 
             /// The op named `name` (its ONNX name) with these attributes; missing ones take ONNX's
             /// defaults, unknown ones are an error. `Input` and `Constant` are not built this way.
-            pub fn from_attrs(name: &str, mut a: Attrs) -> Result<Op, String> {
+            pub fn from_attrs(name: &str, mut a: Attrs) -> Result<Op, AttrError> {
                 let op = 'found: {
                     $(
                         if let Some(op) = op_table!(@read name, a, $kind, $variant, $name $(, { $($field: $fty $(= $default)?; $attr as $codec),* })? $(, ($bind: $pty))?) {
                             break 'found op?;
                         }
                     )*
-                    return Err(format!("unknown op `{name}`"));
+                    return Err(AttrError::UnknownOp(name.into()));
                 };
                 a.finish(name)?;
                 Ok(op)
@@ -217,7 +218,7 @@ macro_rules! op_table {
     (@write $a:ident, $lit:literal, $bind:ident, $pty:ty) => { <$pty as schema::AttrSchema>::write_attrs($bind, &mut $a) };
     (@write $a:ident, $lit:literal) => {};
     // Sources (inputs, constants) are not built from attributes.
-    (@read $n:ident, $a:ident, Source, $($rest:tt)*) => { None::<Result<Op, String>> };
+    (@read $n:ident, $a:ident, Source, $($rest:tt)*) => { None::<Result<Op, AttrError>> };
     (@read $n:ident, $a:ident, $kind:ident, $variant:ident, family, ($bind:ident : $pty:ty)) => {
         <$pty as schema::Family>::read_named($n, &mut $a).map(|r| r.map(Op::$variant))
     };
@@ -225,11 +226,11 @@ macro_rules! op_table {
         ($n == $lit).then(|| <$pty as schema::AttrSchema>::read_attrs(&mut $a).map(Op::$variant))
     };
     (@read $n:ident, $a:ident, $kind:ident, $variant:ident, $lit:literal, { $($field:ident : $fty:ty $(= $default:expr)? ; $attr:literal as $codec:ty),* }) => {
-        ($n == $lit).then(|| -> Result<Op, String> {
+        ($n == $lit).then(|| -> Result<Op, AttrError> {
             Ok(Op::$variant { $( $field: <$codec as schema::AttrCodec<$fty>>::read(&mut $a, $attr, || op_table!(@default $($default)?))? ),* })
         })
     };
-    (@read $n:ident, $a:ident, $kind:ident, $variant:ident, $lit:literal) => { ($n == $lit).then(|| Ok::<Op, String>(Op::$variant)) };
+    (@read $n:ident, $a:ident, $kind:ident, $variant:ident, $lit:literal) => { ($n == $lit).then(|| Ok::<Op, AttrError>(Op::$variant)) };
 }
 
 const ANY: usize = usize::MAX;

@@ -5,12 +5,13 @@
 
 use super::attr::{Attr, Attrs};
 use super::Subgraph;
+use crate::error::AttrError;
 use crate::{DType, Tensor};
 
 /// How one typed attribute field is read and written.
 pub trait AttrCodec<T> {
     /// The attribute `name`, or `default()` when it is absent (a required one fails instead).
-    fn read(a: &mut Attrs, name: &str, default: impl FnOnce() -> T) -> Result<T, String>;
+    fn read(a: &mut Attrs, name: &str, default: impl FnOnce() -> T) -> Result<T, AttrError>;
     /// Writes the field (an optional one only when present).
     fn write(a: &mut Attrs, name: &str, v: &T);
 }
@@ -18,7 +19,7 @@ pub trait AttrCodec<T> {
 /// A struct of attributes (an op's parameters), read and written field by field.
 pub trait AttrSchema: Sized {
     fn write_attrs(&self, a: &mut Attrs);
-    fn read_attrs(a: &mut Attrs) -> Result<Self, String>;
+    fn read_attrs(a: &mut Attrs) -> Result<Self, AttrError>;
 }
 
 /// Parameters whose value decides the op's name too (`ReduceSum` and `ReduceMax` are one
@@ -29,7 +30,7 @@ pub trait Family: Sized {
     fn name(&self) -> &'static str;
     fn write_attrs(&self, a: &mut Attrs);
     /// The member named `name`, its attributes read from `a`; `None` when `name` is no member.
-    fn read_named(name: &str, a: &mut Attrs) -> Option<Result<Self, String>>;
+    fn read_named(name: &str, a: &mut Attrs) -> Option<Result<Self, AttrError>>;
 }
 
 impl<T: Family> Family for Box<T> {
@@ -42,7 +43,7 @@ impl<T: Family> Family for Box<T> {
     fn write_attrs(&self, a: &mut Attrs) {
         (**self).write_attrs(a)
     }
-    fn read_named(name: &str, a: &mut Attrs) -> Option<Result<Self, String>> {
+    fn read_named(name: &str, a: &mut Attrs) -> Option<Result<Self, AttrError>> {
         T::read_named(name, a).map(|r| r.map(Box::new))
     }
 }
@@ -62,7 +63,7 @@ macro_rules! attr_schema {
             fn write_attrs(&self, a: &mut $crate::op::Attrs) {
                 $( <$codec as $crate::op::schema::AttrCodec<$fty>>::write(a, $attr, &self.$field); )*
             }
-            fn read_attrs(a: &mut $crate::op::Attrs) -> Result<$ty, String> {
+            fn read_attrs(a: &mut $crate::op::Attrs) -> Result<$ty, AttrError> {
                 Ok($ty { $( $field: <$codec as $crate::op::schema::AttrCodec<$fty>>::read(a, $attr, || $default)? ),* })
             }
         }
@@ -75,7 +76,7 @@ macro_rules! codec {
         $(#[$doc])*
         pub struct $name;
         impl AttrCodec<$t> for $name {
-            fn read($a: &mut Attrs, $n: &str, $d: impl FnOnce() -> $t) -> Result<$t, String> {
+            fn read($a: &mut Attrs, $n: &str, $d: impl FnOnce() -> $t) -> Result<$t, AttrError> {
                 $read
             }
             fn write($wa: &mut Attrs, $wn: &str, $v: &$t) {
@@ -119,26 +120,30 @@ codec!(/// DepthToSpace's `mode`: `"CRD"` (true) or `"DCR"`.
     DepthMode: bool, |a, n, d| match a.string(n, if d() { "CRD" } else { "DCR" })?.as_str() {
         "DCR" => Ok(false),
         "CRD" => Ok(true),
-        other => Err(format!("DepthToSpace mode must be DCR or CRD, got `{other}`")),
+        other => Err(AttrError::NotOneOf { name: n.into(), value: other.into(), allowed: &["DCR", "CRD"] }),
     }, |a, n, v| a.push(n, Attr::Str(if *v { "CRD" } else { "DCR" }.into())));
 codec!(/// Gelu's `approximate`: `"tanh"` (true) or `"none"`.
     Approximation: bool, |a, n, d| match a.string(n, if d() { "tanh" } else { "none" })?.as_str() {
         "none" => Ok(false),
         "tanh" => Ok(true),
-        other => Err(format!("unknown Gelu approximation `{other}`")),
+        other => Err(AttrError::NotOneOf { name: n.into(), value: other.into(), allowed: &["none", "tanh"] }),
     }, |a, n, v| a.push(n, Attr::Str(if *v { "tanh" } else { "none" }.into())));
 codec!(/// BitShift's required `direction`: `"LEFT"` (true) or `"RIGHT"`.
-    ShiftDirection: bool, |a, n, _d| match a.string(n, "")?.as_str() {
-        "LEFT" => Ok(true),
-        "RIGHT" => Ok(false),
-        other => Err(format!("BitShift direction must be LEFT or RIGHT, got `{other}`")),
+    ShiftDirection: bool, |a, n, _d| if !a.contains(n) {
+        Err(AttrError::Missing { name: n.into() })
+    } else {
+        match a.string(n, "")?.as_str() {
+            "LEFT" => Ok(true),
+            "RIGHT" => Ok(false),
+            other => Err(AttrError::NotOneOf { name: n.into(), value: other.into(), allowed: &["LEFT", "RIGHT"] }),
+        }
     }, |a, n, v| a.push(n, Attr::Str(if *v { "LEFT" } else { "RIGHT" }.into())));
 
 /// A named enum, spelled as its string.
 pub struct Named;
 
 impl<E: NamedEnum> AttrCodec<E> for Named {
-    fn read(a: &mut Attrs, name: &str, default: impl FnOnce() -> E) -> Result<E, String> {
+    fn read(a: &mut Attrs, name: &str, default: impl FnOnce() -> E) -> Result<E, AttrError> {
         a.named(name, default(), E::from_name)
     }
     fn write(a: &mut Attrs, name: &str, v: &E) {
@@ -150,7 +155,7 @@ impl<E: NamedEnum> AttrCodec<E> for Named {
 pub struct Nested;
 
 impl<T: AttrSchema> AttrCodec<T> for Nested {
-    fn read(a: &mut Attrs, _name: &str, _default: impl FnOnce() -> T) -> Result<T, String> {
+    fn read(a: &mut Attrs, _name: &str, _default: impl FnOnce() -> T) -> Result<T, AttrError> {
         T::read_attrs(a)
     }
     fn write(a: &mut Attrs, _name: &str, v: &T) {
@@ -162,7 +167,7 @@ impl<T: AttrSchema> AttrSchema for Box<T> {
     fn write_attrs(&self, a: &mut Attrs) {
         (**self).write_attrs(a)
     }
-    fn read_attrs(a: &mut Attrs) -> Result<Self, String> {
+    fn read_attrs(a: &mut Attrs) -> Result<Self, AttrError> {
         T::read_attrs(a).map(Box::new)
     }
 }
@@ -170,8 +175,8 @@ impl<T: AttrSchema> AttrSchema for Box<T> {
 /// A constant's tensor is its data, not an attribute: it writes none and is not read from any.
 impl AttrSchema for Tensor {
     fn write_attrs(&self, _a: &mut Attrs) {}
-    fn read_attrs(_a: &mut Attrs) -> Result<Tensor, String> {
-        Err("a Constant is built from its data, not from attributes".into())
+    fn read_attrs(_a: &mut Attrs) -> Result<Tensor, AttrError> {
+        Err(AttrError::Inconsistent("a Constant is built from its data, not from attributes"))
     }
 }
 

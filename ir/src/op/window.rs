@@ -1,5 +1,7 @@
 //! Sliding-window geometry shared by convolution and pooling: padding rules and output sizes.
 
+use crate::error::{AttrError, OpError};
+
 /// How ONNX derives padding when `auto_pad` is set.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum AutoPad {
@@ -79,18 +81,25 @@ impl Window {
     }
 
     /// Checks the attribute lists against the number of spatial dimensions.
-    pub fn check(&self, spatial: usize) -> Result<(), String> {
-        let check = |name: &str, v: &[usize], want: usize| {
+    pub fn check(&self, spatial: usize) -> Result<(), AttrError> {
+        let check = |name: &'static str, v: &[usize], want: usize| {
             if !v.is_empty() && v.len() != want {
-                return Err(format!("{name} has {} entries, {want} expected", v.len()));
+                return Err(AttrError::Length { name, len: v.len(), want });
             }
             Ok(())
         };
         check("strides", &self.strides, spatial)?;
         check("dilations", &self.dilations, spatial)?;
         check("pads", &self.pads, 2 * spatial)?;
-        if self.strides.contains(&0) || self.dilations.contains(&0) {
-            return Err("strides and dilations must be positive".into());
+        for (name, v) in [("strides", &self.strides), ("dilations", &self.dilations)] {
+            if v.contains(&0) {
+                let value = format!("{v:?}");
+                return Err(AttrError::OutOfRange {
+                    name: name.into(),
+                    value,
+                    why: "must be positive",
+                });
+            }
         }
         Ok(())
     }
@@ -104,7 +113,7 @@ impl Window {
         input: usize,
         kernel: usize,
         ceil_mode: bool,
-    ) -> Result<SpatialAxis, String> {
+    ) -> Result<SpatialAxis, OpError> {
         let (stride, dilation) = (self.stride(i), self.dilation(i));
         let extent = dilation * (kernel.max(1) - 1) + 1;
         let (pad_begin, pad_end) = match self.auto_pad {
@@ -129,7 +138,7 @@ impl Window {
         };
         let padded = input + pad_begin + pad_end;
         if padded < extent {
-            return Err(format!("the window ({extent} wide with dilation) does not fit the padded input ({padded}) on spatial axis {i}"));
+            return Err(OpError::WindowTooWide { extent, padded, axis: i });
         }
         let span = padded - extent;
         let mut output = if ceil_mode { span.div_ceil(stride) + 1 } else { span / stride + 1 };
@@ -137,5 +146,61 @@ impl Window {
             output -= 1;
         }
         Ok(SpatialAxis { input, kernel, stride, dilation, pad_begin, pad_end, output })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn window(strides: &[usize], dilations: &[usize], pads: &[usize], auto_pad: AutoPad) -> Window {
+        Window {
+            strides: strides.to_vec(),
+            dilations: dilations.to_vec(),
+            pads: pads.to_vec(),
+            auto_pad,
+        }
+    }
+
+    #[test]
+    fn lists_must_fit_the_spatial_rank_and_steps_be_positive() {
+        assert_eq!(Window::unit(2).check(2), Ok(()));
+        assert_eq!(window(&[], &[], &[], AutoPad::NotSet).check(3), Ok(()), "empty: defaults");
+        assert_eq!(
+            window(&[1], &[], &[], AutoPad::NotSet).check(2),
+            Err(AttrError::Length { name: "strides", len: 1, want: 2 })
+        );
+        assert_eq!(
+            window(&[1, 1], &[1, 1], &[0, 0], AutoPad::NotSet).check(2),
+            Err(AttrError::Length { name: "pads", len: 2, want: 4 })
+        );
+        let e = window(&[1, 1], &[2, 0], &[], AutoPad::NotSet).check(2).unwrap_err();
+        assert_eq!(e.to_string(), "attribute `dilations` must be positive, got [2, 0]");
+    }
+
+    #[test]
+    fn axes_resolve_as_onnx_pads_them() {
+        // Explicit pads: begins, then ends. 7 + 1 + 2 = 10 wide, a 3-window at stride 2: 4.
+        let w = window(&[2], &[1], &[1, 2], AutoPad::NotSet);
+        let a = w.resolve(0, 7, 3, false).unwrap();
+        assert_eq!((a.pad_begin, a.pad_end, a.output), (1, 2, 4));
+        // SAME: ceil(7 / 2) = 4 outputs; 1 of padding in all, at the end (upper) or start.
+        let upper = window(&[2], &[1], &[], AutoPad::SameUpper).resolve(0, 7, 2, false).unwrap();
+        assert_eq!((upper.pad_begin, upper.pad_end, upper.output), (0, 1, 4));
+        let lower = window(&[2], &[1], &[], AutoPad::SameLower).resolve(0, 7, 2, false).unwrap();
+        assert_eq!((lower.pad_begin, lower.pad_end, lower.output), (1, 0, 4));
+        // Dilation 2 makes a 3-window 5 wide.
+        let d = window(&[1], &[2], &[], AutoPad::Valid).resolve(0, 7, 3, false).unwrap();
+        assert_eq!(d.output, 3);
+        // ceil_mode adds the partial last window, unless it would start in the end padding.
+        let w = window(&[2], &[1], &[0, 0], AutoPad::NotSet);
+        assert_eq!(w.resolve(0, 6, 3, false).unwrap().output, 2);
+        assert_eq!(w.resolve(0, 6, 3, true).unwrap().output, 3);
+        let w = window(&[2], &[1], &[0, 1], AutoPad::NotSet);
+        assert_eq!(w.resolve(0, 5, 2, true).unwrap().output, 3, "starts at 4, inside the input");
+        assert_eq!(
+            window(&[1], &[3], &[0, 1], AutoPad::NotSet).resolve(0, 4, 3, false),
+            Err(OpError::WindowTooWide { extent: 7, padded: 5, axis: 0 })
+        );
     }
 }

@@ -97,13 +97,14 @@ fn lex(text: &str) -> Result<Vec<Token>> {
             continue;
         }
         let tok = if c == '"' {
-            let (s, used) = lex_string(&cur.chars[cur.i..]).map_err(|m| here(&m))?;
+            let (s, used) = lex_string(&cur.chars[cur.i..]).map_err(|e| here(&e.to_string()))?;
             cur.bump_n(used);
             Tok::Str(s)
         } else if c == '%' {
             cur.bump();
             if cur.peek(0) == Some('"') {
-                let (s, used) = lex_string(&cur.chars[cur.i..]).map_err(|m| here(&m))?;
+                let (s, used) =
+                    lex_string(&cur.chars[cur.i..]).map_err(|e| here(&e.to_string()))?;
                 cur.bump_n(used);
                 Tok::Value(s)
             } else {
@@ -141,16 +142,29 @@ fn lex(text: &str) -> Result<Vec<Token>> {
     Ok(out)
 }
 
+/// Why a string literal does not lex.
+#[derive(Debug, thiserror::Error)]
+enum BadString {
+    #[error("unterminated string")]
+    Unterminated,
+    #[error("unterminated escape")]
+    UnterminatedEscape,
+    #[error("bad \\u escape")]
+    Unicode,
+    #[error("unknown escape \\{0}")]
+    UnknownEscape(char),
+}
+
 /// A double-quoted string with Rust's escapes (as `{:?}` writes them); returns it and the chars used.
-fn lex_string(chars: &[char]) -> std::result::Result<(String, usize), String> {
+fn lex_string(chars: &[char]) -> std::result::Result<(String, usize), BadString> {
     let mut s = String::new();
     let mut i = 1;
     loop {
         match chars.get(i) {
-            None => return Err("unterminated string".into()),
+            None => return Err(BadString::Unterminated),
             Some('"') => return Ok((s, i + 1)),
             Some('\\') => {
-                let e = chars.get(i + 1).ok_or("unterminated escape")?;
+                let e = chars.get(i + 1).ok_or(BadString::UnterminatedEscape)?;
                 i += 2;
                 match e {
                     'n' => s.push('\n'),
@@ -160,19 +174,20 @@ fn lex_string(chars: &[char]) -> std::result::Result<(String, usize), String> {
                     '\\' | '"' | '\'' => s.push(*e),
                     'u' => {
                         if chars.get(i) != Some(&'{') {
-                            return Err("bad \\u escape".into());
+                            return Err(BadString::Unicode);
                         }
                         let end =
-                            chars[i..].iter().position(|&c| c == '}').ok_or("bad \\u escape")? + i;
+                            chars[i..].iter().position(|&c| c == '}').ok_or(BadString::Unicode)?
+                                + i;
                         let hex: String = chars[i + 1..end].iter().collect();
                         let c = u32::from_str_radix(&hex, 16)
                             .ok()
                             .and_then(char::from_u32)
-                            .ok_or("bad \\u escape")?;
+                            .ok_or(BadString::Unicode)?;
                         s.push(c);
                         i = end + 1;
                     }
-                    other => return Err(format!("unknown escape \\{other}")),
+                    other => return Err(BadString::UnknownEscape(*other)),
                 }
             }
             Some(&c) => {
@@ -393,7 +408,7 @@ impl Parser {
                 self.expect(',')?;
             }
         }
-        let op = Op::from_attrs(&op_name, attrs).map_err(|m| err_at(&op_at, m))?;
+        let op = Op::from_attrs(&op_name, attrs).map_err(|e| err_at(&op_at, e.to_string()))?;
         let id = g.add_node_with_outputs(&name, op, &operands, types.len()).map_err(err)?;
         g.declare_output_types(id, types).map_err(err)?;
         values.insert(name, id.into());
@@ -523,7 +538,8 @@ impl Parser {
                 self.expect(',')?;
             }
         }
-        let n = crate::size::checked_bytes(&dims, ty.dtype).map_err(|m| err_at(&at, m))?
+        let n = crate::size::checked_bytes(&dims, ty.dtype)
+            .map_err(|e| err_at(&at, e.to_string()))?
             / ty.dtype.size().max(1);
         if items.len() != n {
             return Err(err_at(&at, format!("{ty} holds {n} values, {} given", items.len())));

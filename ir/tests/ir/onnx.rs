@@ -3,7 +3,7 @@
 
 use kiln_ir::onnx::proto::*;
 use kiln_ir::onnx::{self, proto::tensor_shape_proto::dimension::Value as DimValue};
-use kiln_ir::{eval, DType, IrError, Tensor};
+use kiln_ir::{eval, AttrError, DType, IrError, OpError, Tensor};
 use prost::Message;
 use std::path::Path;
 
@@ -576,6 +576,75 @@ fn shape_errors_name_the_onnx_node() {
     assert_eq!(
         load(&bytes).unwrap_err().to_string(),
         "node `/layer/MatMul` (MatMul): inner dimensions differ: f32[2,3] times f32[4,2]"
+    );
+}
+
+/// A bad attribute is an `IrError::Attr`: the ONNX node, its op, the attribute and its value.
+#[test]
+fn bad_attributes_name_the_node_op_attribute_and_value() {
+    let one = |op: &str, attrs: Vec<AttributeProto>| {
+        let bytes = model(
+            17,
+            vec![node(op, "/enc/n", &["x"], &["y"], attrs)],
+            vec![value("x", data_type::FLOAT, &[1, 1, 4, 4])],
+            vec![value("y", data_type::FLOAT, &[1, 1, 4, 4])],
+            vec![],
+        );
+        load(&bytes).unwrap_err()
+    };
+    let e = one("Softmax", vec![int("axis", 1), ints("axes", &[1])]);
+    let unexpected = AttrError::Unexpected { op: "Softmax".into(), name: "axes".into() };
+    assert_eq!(e, IrError::attr("/enc/n", "Softmax", unexpected));
+    assert_eq!(e.to_string(), "node `/enc/n` (Softmax): Softmax has no attribute `axes`");
+    let e = one("MaxPool", vec![ints("kernel_shape", &[2, -2])]);
+    assert_eq!(
+        e.to_string(),
+        "node `/enc/n` (MaxPool): attribute `kernel_shape` must not hold negative values, got -2"
+    );
+    assert!(
+        matches!(&e, IrError::Attr { error, .. } if matches!(**error, AttrError::NegativeEntry { value: -2, .. })),
+        "{e:?}"
+    );
+    let e = one("MaxPool", vec![]);
+    assert_eq!(e.to_string(), "node `/enc/n` (MaxPool): attribute `kernel_shape` is required");
+    let e = one("LeakyRelu", vec![ints("alpha", &[1])]);
+    assert_eq!(
+        e.to_string(),
+        "node `/enc/n` (LeakyRelu): attribute `alpha` must be a float, got a list of integers"
+    );
+    let e = one("Elu", vec![float("alpha", 1.0), int("beta", 0)]);
+    assert_eq!(e.to_string(), "node `/enc/n` (Elu): Elu has no attribute `beta`");
+}
+
+/// Inference errors are `IrError::Shape` with a typed finding where one fits: the axis and the
+/// type, the window and the padded input.
+#[test]
+fn shape_errors_carry_the_values_they_are_about() {
+    let one = |op: &str, attrs: Vec<AttributeProto>| {
+        let bytes = model(
+            17,
+            vec![node(op, "n", &["x"], &["y"], attrs)],
+            vec![value("x", data_type::FLOAT, &[1, 1, 4, 4])],
+            vec![value("y", data_type::FLOAT, &[1, 1, 4, 4])],
+            vec![],
+        );
+        load(&bytes).unwrap_err()
+    };
+    let e = one("Softmax", vec![int("axis", 7)]);
+    let IrError::Shape { node, op, error } = &e else { panic!("{e:?}") };
+    let OpError::Axis { axis, ty } = error.as_ref() else { panic!("{e:?}") };
+    assert_eq!(
+        (node.as_str(), *op, *axis, ty.to_string()),
+        ("n", "Softmax", 7, "f32[1,1,4,4]".into())
+    );
+    assert_eq!(e.to_string(), "node `n` (Softmax): axis 7 is out of range for f32[1,1,4,4]");
+    let e = one("MaxPool", vec![ints("kernel_shape", &[6, 1])]);
+    let too_wide = OpError::WindowTooWide { extent: 6, padded: 4, axis: 0 };
+    assert_eq!(e, IrError::shape("n", "MaxPool", too_wide));
+    let e = one("MaxPool", vec![ints("kernel_shape", &[2, 2]), ints("strides", &[1, 0])]);
+    assert_eq!(
+        e.to_string(),
+        "node `n` (MaxPool): attribute `strides` must be positive, got [1, 0]"
     );
 }
 

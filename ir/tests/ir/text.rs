@@ -3,7 +3,7 @@
 use kiln_ir::builder::{GraphBuilder, Traced};
 use kiln_ir::op::ReduceKind;
 use kiln_ir::text::{self, Weights};
-use kiln_ir::{eval, models, BinaryOp, DType, Dim, Op, Tensor, UnaryOp};
+use kiln_ir::{eval, models, AttrError, BinaryOp, DType, Dim, Op, Tensor, UnaryOp};
 use proptest::prelude::*;
 
 #[test]
@@ -262,10 +262,14 @@ fn elementwise_ops_round_trip_through_their_attributes() {
         let onnx = !matches!(op, Op::Unary(u) if !u.is_onnx());
         assert_eq!(kiln_ir::onnx::supported_ops().contains(&op.name()), onnx, "{}", op.name());
     }
-    assert_eq!(
-        Op::from_attrs("BitShift", kiln_ir::op::Attrs::new()).unwrap_err(),
-        "BitShift direction must be LEFT or RIGHT, got ``"
-    );
+    // A required string attribute that is missing says so, not that "" is no direction.
+    let e = Op::from_attrs("BitShift", kiln_ir::op::Attrs::new()).unwrap_err();
+    assert_eq!(e, AttrError::Missing { name: "direction".into() });
+    assert_eq!(e.to_string(), "attribute `direction` is required");
+    let mut a = kiln_ir::op::Attrs::new();
+    a.push("direction", kiln_ir::op::Attr::Str("UP".into()));
+    let e = Op::from_attrs("BitShift", a).unwrap_err();
+    assert_eq!(e.to_string(), "attribute `direction` must be LEFT or RIGHT, got `UP`");
 }
 
 /// Every op the table declares comes back from its own attributes and keeps its name: built by
@@ -327,12 +331,12 @@ fn every_op_round_trips_through_its_attributes() {
     assert!(built > 150, "only {built} ops built from their names");
     assert_eq!(
         Op::from_attrs("Constant", Attrs::new()).unwrap_err(),
-        "unknown op `Constant`",
+        AttrError::UnknownOp("Constant".into()),
         "a constant is built from its data"
     );
-    assert_eq!(Op::from_attrs("Nope", Attrs::new()).unwrap_err(), "unknown op `Nope`");
-    assert_eq!(
-        Op::from_attrs("Softmax", Attrs(vec![("axes".into(), Attr::Int(1))])).unwrap_err(),
-        "Softmax has no attribute `axes`"
-    );
+    let e = Op::from_attrs("Nope", Attrs::new()).unwrap_err();
+    assert_eq!(e.to_string(), "unknown op `Nope`");
+    let e = Op::from_attrs("Softmax", Attrs(vec![("axes".into(), Attr::Int(1))])).unwrap_err();
+    assert_eq!(e, AttrError::Unexpected { op: "Softmax".into(), name: "axes".into() });
+    assert_eq!(e.to_string(), "Softmax has no attribute `axes`");
 }

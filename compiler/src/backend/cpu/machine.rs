@@ -201,3 +201,39 @@ fn c_compiler_macros(name: &str) -> Result<BTreeSet<String>> {
         .map(str::to_string)
         .collect())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn target_cpus_parse_as_plain_names_only() {
+        assert_eq!("native".parse::<CpuTarget>(), Ok(CpuTarget::Native));
+        assert_eq!(" x86-64-v3 ".parse::<CpuTarget>(), Ok(CpuTarget::Named("x86-64-v3".into())));
+        assert_eq!("znver3".parse::<CpuTarget>().unwrap().to_string(), "znver3");
+        // What would be another option or a second word on cc's command line is refused.
+        for bad in ["", "-march=native", "sky lake", "a;b", &"x".repeat(65)] {
+            let e = bad.parse::<CpuTarget>().unwrap_err();
+            assert!(e.contains("is not a CPU"), "{bad:?}: {e}");
+        }
+        assert!("x".repeat(64).parse::<CpuTarget>().is_ok());
+    }
+
+    #[test]
+    fn every_wide_feature_is_pinned_on_or_off() {
+        let macros: BTreeSet<String> =
+            ["__AVX2__", "__FMA__", "__SSE4_2__"].into_iter().map(String::from).collect();
+        let pinned = pinned_features(&macros);
+        let entries: Vec<&str> = pinned.split(',').collect();
+        assert_eq!(entries.len(), WIDE.len());
+        assert!(entries.contains(&"+avx2") && entries.contains(&"+fma"), "{pinned}");
+        assert!(entries.contains(&"-avx512f") && entries.contains(&"-sse4.1"), "{pinned}");
+        let spec = CpuSpec { llvm_cpu: "x".into(), features: pinned, target: CpuTarget::Native };
+        assert_eq!(spec.wide(), ["avx2", "fma", "sse4.2"]);
+        assert_eq!(spec.widest(), "avx2");
+        let bare = CpuSpec { features: "+sse2,-avx".into(), ..spec };
+        assert_eq!(bare.wide(), Vec::<String>::new());
+        assert_eq!(bare.widest(), "sse2");
+        assert!(is_wide("avx512vnni") && is_wide("sse4.1") && !is_wide("sse2") && !is_wide("cx16"));
+    }
+}

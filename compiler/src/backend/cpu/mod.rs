@@ -275,6 +275,7 @@ impl Backend for CpuBackend {
         let (tm, detail, cpu_features) = target_machine(&self.cpu)?;
         main.set_triple(&tm.get_triple());
         main.set_data_layout(&tm.get_target_data().get_data_layout());
+        // kiln made this module: IR LLVM rejects, or cannot optimise or emit, is a kiln bug.
         main.verify().map_err(|e| CompileError::Internal(format!("invalid LLVM IR: {e}")))?;
         main.run_passes("default<O3>", &tm, PassBuilderOptions::create())
             .map_err(|e| CompileError::Internal(format!("LLVM optimisation failed: {e}")))?;
@@ -404,6 +405,7 @@ fn build<'c>(
 
 /// Kernel `i`'s function index as the status word records it.
 fn function_index(i: usize) -> Result<u32> {
+    // A graph of 2^32 kernels does not fit in memory to get here.
     u32::try_from(i).map_err(|_| CompileError::Internal(format!("{i} kernels are too many")))
 }
 
@@ -421,6 +423,8 @@ fn lower<'c>(mlir: &'c MlirContext, module: &mut Module<'c>, k: &Kernel) -> Resu
 /// The target machine for `cpu` (its LLVM CPU name and pinned features), a line describing
 /// it, and the wide features the code may use.
 fn target_machine(cpu: &machine::CpuSpec) -> Result<(TargetMachine, String, Vec<String>)> {
+    // The host's target, and a --target-cpu the backend checked when it was made
+    // (`machine::CpuSpec`): LLVM refusing them is a kiln bug.
     Target::initialize_native(&InitializationConfig::default())
         .map_err(|e| CompileError::Internal(format!("LLVM native target: {e}")))?;
     let triple = TargetMachine::get_default_triple();
@@ -647,6 +651,7 @@ fn add_wrappers<'l>(
     );
     let builder = llvm.create_builder();
     for (index, k) in kernels.iter().enumerate() {
+        // The wrapper calls the body codegen made for the same kernel: a mismatch is a bug.
         let internal = |e: inkwell::builder::BuilderError| {
             CompileError::Internal(format!("building the wrapper of {}: {e}", k.name))
         };
@@ -725,7 +730,8 @@ const SUPPORT_C: &str = include_str!("support.c");
 fn link_shared(object: &[u8], ukernel: Option<ukernel::Level>) -> Result<Vec<u8>> {
     // A fresh directory only this user may enter, under a name no one can predict: the library
     // read back from it goes into the artifact and the cache, and runs.
-    let dir = PrivateDir::new("kiln-link").map_err(|e| CompileError::Internal(e.to_string()))?;
+    let dir = PrivateDir::new("kiln-link")
+        .map_err(|e| CompileError::Link(format!("a private folder to link in: {e}")))?;
     let (obj, so, support) = (dir.join("kernels.o"), dir.join("kernels.so"), dir.join("support.c"));
     let result = (|| {
         write_new(&obj, object)?;
@@ -749,7 +755,7 @@ fn link_shared(object: &[u8], ukernel: Option<ukernel::Level>) -> Result<Vec<u8>
         std::fs::read(&so).map_err(|e| format!("{}: {e}", so.display()))
     })();
     drop(dir);
-    result.map_err(CompileError::Internal)
+    result.map_err(CompileError::Link)
 }
 
 /// Writes a file of the link directory (created new, 0600).

@@ -177,6 +177,7 @@ fn compile(
         &mlir.ctx,
         "module attributes {gpu.container_module} {\n  gpu.module @kiln_kernels {\n  }\n}",
     )
+    // A constant text.
     .ok_or_else(|| CompileError::Internal("the device module does not parse".into()))?;
     let device = RawOp::of(&device_module.as_operation())
         .children()
@@ -379,6 +380,7 @@ fn build<'c>(
 
 /// A function index as the status word records it.
 fn function_index(i: usize) -> Result<u32> {
+    // A graph of 2^32 kernels does not fit in memory to get here.
     u32::try_from(i).map_err(|_| CompileError::Internal(format!("{i} functions are too many")))
 }
 

@@ -904,3 +904,77 @@ fn pad_loops(op: RawOp) -> Option<Loops> {
     let n = dims.len();
     Some(Loops { ranges: dims, parallel: vec![true; n] })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn loops(ranges: &[usize], parallel: &[bool]) -> Loops {
+        Loops { ranges: ranges.to_vec(), parallel: parallel.to_vec() }
+    }
+
+    #[test]
+    fn divisors_stay_under_the_cap_and_degenerate_sizes_give_one() {
+        assert_eq!(divisor_at_most(12, 5), 4);
+        assert_eq!(divisor_at_most(128, 256), 128);
+        assert_eq!(divisor_at_most(257, 256), 1, "a prime past the cap");
+        assert_eq!(divisor_at_most(0, 8), 1);
+        assert_eq!(divisor_at_most(8, 0), 1);
+    }
+
+    #[test]
+    fn threads_split_the_innermost_parallel_loops_within_the_budget() {
+        // 128 threads on the innermost loop leave 2 for the next; the outermost gets none.
+        let l = loops(&[4, 64, 128], &[true, true, true]);
+        assert_eq!(thread_split(&l, BLOCK_THREADS), vec![(2, 128), (1, 2)]);
+        // Reduction loops take no threads; a loop of one neither.
+        let l = loops(&[8, 1, 100, 7], &[true, true, true, false]);
+        assert_eq!(thread_split(&l, BLOCK_THREADS), vec![(2, 100), (0, 2)]);
+        // A prime extent past the budget has no divisor to split by.
+        assert_eq!(thread_split(&loops(&[257], &[true]), BLOCK_THREADS), vec![]);
+        // At most three loops, each count dividing its loop.
+        let l = loops(&[2, 2, 2, 2], &[true; 4]);
+        assert_eq!(thread_split(&l, BLOCK_THREADS), vec![(3, 2), (2, 2), (1, 2)]);
+    }
+
+    #[test]
+    fn grid_tiles_drop_whole_loops_keep_three_and_fit_y_and_z() {
+        // A tile covering its loop is no tiling.
+        assert_eq!(grid_tiles(&loops(&[4, 8], &[true, true]), vec![4, 2]), vec![0, 2]);
+        // Four tiled loops: the one with the fewest blocks stays whole.
+        let l = loops(&[2, 3, 4, 5], &[true; 4]);
+        assert_eq!(grid_tiles(&l, vec![1, 1, 1, 1]), vec![0, 1, 1, 1]);
+        // y holds at most 65535 blocks: a coarser tile that divides the loop (2^17 / 2 is one
+        // block too many)...
+        let l = loops(&[200_000, 131_072], &[true, true]);
+        assert_eq!(grid_tiles(&l, vec![1, 1]), vec![1, 4]);
+        // ...or, when only the whole loop divides a prime, no tiling of it.
+        let l = loops(&[200_000, 131_071], &[true, true]);
+        assert_eq!(grid_tiles(&l, vec![1, 1]), vec![1, 0]);
+    }
+
+    #[test]
+    fn parallel_blocks_cover_the_thread_split() {
+        let l = loops(&[4, 64, 128], &[true, true, true]);
+        // The innermost loop's 128 threads cover it whole: the grid tiles the other two.
+        assert_eq!(parallel_blocks(&l), Some((vec![1, 2, 0], vec![(2, 128), (1, 2)])));
+        // Nothing parallel to tile or split.
+        assert_eq!(parallel_blocks(&loops(&[1, 9], &[true, false])), None);
+    }
+
+    #[test]
+    fn one_block_at_least_on_the_first_parallel_loop() {
+        let l = loops(&[5, 6], &[false, true]);
+        assert_eq!(at_least_one_block(&l, vec![0, 0]), Some(vec![0, 6]));
+        assert_eq!(at_least_one_block(&l, vec![0, 3]), Some(vec![0, 3]), "already tiled");
+        assert_eq!(at_least_one_block(&loops(&[5], &[false]), vec![0]), None);
+    }
+
+    #[test]
+    fn copies_split_innermost_first_and_a_single_element_takes_one_thread() {
+        assert_eq!(copy_split(&[4, 64], 256), vec![4, 64]);
+        assert_eq!(copy_split(&[7, 9], 4), vec![0, 3]);
+        assert_eq!(copy_split(&[1, 1], 256), vec![0, 1]);
+        assert_eq!(copy_split(&[], 256), Vec::<usize>::new());
+    }
+}

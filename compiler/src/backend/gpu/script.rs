@@ -271,3 +271,43 @@ pub fn mapping(kind: &str, counts: &[usize]) -> Vec<String> {
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mappings_put_x_innermost_and_go_linear_past_the_hardware() {
+        assert_eq!(mapping("thread", &[4, 8]), ["#gpu.thread<y>", "#gpu.thread<x>"]);
+        assert_eq!(
+            mapping("block", &[2, 3, 4]),
+            ["#gpu.block<z>", "#gpu.block<y>", "#gpu.block<x>"]
+        );
+        // Four dimensions, or a y count past 65535 (x may be larger): linear ids.
+        assert_eq!(
+            mapping("thread", &[1, 2, 3, 4]),
+            [
+                "#gpu.thread<linear_dim_3>",
+                "#gpu.thread<linear_dim_2>",
+                "#gpu.thread<linear_dim_1>",
+                "#gpu.thread<linear_dim_0>"
+            ]
+        );
+        assert_eq!(
+            mapping("block", &[70_000, 2]),
+            ["#gpu.block<linear_dim_1>", "#gpu.block<linear_dim_0>"]
+        );
+        assert_eq!(mapping("block", &[2, 70_000]), ["#gpu.block<y>", "#gpu.block<x>"]);
+        assert!(mapping("block", &[]).is_empty());
+    }
+
+    #[test]
+    fn block_mappings_give_x_to_the_most_blocks() {
+        // Ties go to the innermost loop.
+        assert_eq!(block_mapping(&[2, 8, 8]), ["#gpu.block<z>", "#gpu.block<y>", "#gpu.block<x>"]);
+        assert_eq!(
+            block_mapping(&[3, 1, 2, 5]),
+            ["#gpu.block<y>", "#gpu.block<linear_dim_3>", "#gpu.block<z>", "#gpu.block<x>"]
+        );
+    }
+}

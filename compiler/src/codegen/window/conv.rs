@@ -31,8 +31,8 @@ pub(super) fn conv(em: &mut Emitter, id: NodeId, c: &Conv) -> Result<()> {
     // Resolve the padding the interpreter's way (auto_pad included).
     let axes: Vec<_> = (0..spatial)
         .map(|i| c.window.resolve(i, xd[2 + i], wd[2 + i], false))
-        .collect::<std::result::Result<_, String>>()
-        .map_err(|e| em.unsupported(id, &e))?;
+        .collect::<std::result::Result<_, kiln_ir::OpError>>()
+        .map_err(|e| em.unsupported(id, &e.to_string()))?;
     let mut low = vec![0i64; 2];
     let mut high = vec![0i64; 2];
     let mut padded_dims = xd[..2].to_vec();
@@ -171,8 +171,8 @@ pub(super) fn conv_transpose(em: &mut Emitter, id: NodeId, c: &ConvTranspose) ->
     let m = mg * group;
     let taxes: Vec<TransposeAxis> = (0..spatial)
         .map(|i| transpose_axis(c, i, spatial, xd[2 + i], wd[2 + i]))
-        .collect::<std::result::Result<_, String>>()
-        .map_err(|e| em.unsupported(id, &e))?;
+        .collect::<std::result::Result<_, kiln_ir::OpError>>()
+        .map_err(|e| em.unsupported(id, &e.to_string()))?;
     let (ctx, loc) = (em.ctx, em.loc);
     // Per axis: the buffer size Z = O + (K-1)*D; input i lands at L + i*S, L = (K-1)*D - pad.
     let mut zd = xd[..2].to_vec();

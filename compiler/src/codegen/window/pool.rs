@@ -21,8 +21,8 @@ pub(super) fn emit_pool(em: &mut Emitter, id: NodeId, p: &Pool) -> Result<()> {
     let xd = em.dims(x);
     let axes = (0..xd.len() - 2)
         .map(|i| p.window.resolve(i, xd[2 + i], p.kernel[i], p.ceil_mode))
-        .collect::<std::result::Result<Vec<SpatialAxis>, String>>()
-        .map_err(|e| em.unsupported(id, &e))?;
+        .collect::<std::result::Result<Vec<SpatialAxis>, kiln_ir::OpError>>()
+        .map_err(|e| em.unsupported(id, &e.to_string()))?;
     pool(em, id, x, p.kind, axes, p.column_major_indices)
 }
 

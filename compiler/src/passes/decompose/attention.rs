@@ -13,6 +13,7 @@ fn heads_first(e: &mut Emit, what: &str, v: ValueId, heads: usize) -> Result<Val
     if d.len() == 4 {
         return Ok(v);
     }
+    // Inference checked that the heads split the hidden size.
     if heads == 0 || d[2] % heads != 0 {
         return Err(crate::CompileError::Internal(format!(
             "{what} {d:?} does not split into {heads} heads"
@@ -113,6 +114,7 @@ pub(super) fn attention(e: &mut Emit, id: NodeId, a: &Attention) -> Result<Optio
     Ok(Some(results))
 }
 
+/// A shape inference guarantees that is not there: a bug of this pass.
 fn internal(msg: &str) -> crate::CompileError {
     crate::CompileError::Internal(msg.to_string())
 }

@@ -24,6 +24,7 @@ fn broadcastable(
     if pd.iter().product::<usize>() == 1 && block_size == 0 {
         return e.reshape("param", p, &[]);
     }
+    // Inference checked the axis.
     let a = kiln_ir::normalize_axis(axis, xd.len()).ok_or_else(|| {
         crate::CompileError::Internal(format!("axis {axis} outside rank {}", xd.len()))
     })?;

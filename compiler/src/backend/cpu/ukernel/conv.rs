@@ -336,6 +336,7 @@ impl KernelShape for ConvTranspose {
 
     fn pack(&self, graph: &Graph, _kernel: &Kernel, u: &Ukernel) -> Result<Vec<u8>> {
         let w = weight_f32s(graph, u)?;
+        // `tiled::plan` gives bf16 only to one-group convolutions and GEMMs.
         if u.bf16 {
             return Err(CompileError::Internal(format!("no bf16 packing for {u}")));
         }

@@ -768,6 +768,7 @@ pub fn pack(graph: &Graph, kernel: &Kernel, u: &Ukernel) -> Result<Vec<u8>> {
 
 /// The kernel's weight as f32s, to be packed.
 fn weight_f32s(graph: &Graph, u: &Ukernel) -> Result<Vec<f32>> {
+    // A plan is made only for a constant weight.
     constant_f32s(graph, u.weight)
         .ok_or_else(|| CompileError::Internal("the microkernel's weight is not a constant".into()))
 }
@@ -839,6 +840,7 @@ impl<'c, 'a> Call<'c, 'a> {
     fn pointer(&self, i: usize) -> Result<Value<'c, 'a>> {
         let index = Type::index(self.ctx);
         let i64t: Type = IntegerType::new(self.ctx, 64).into();
+        // The block was made with an argument per buffer and workgroup bound.
         let arg: Value =
             self.block.argument(i).map_err(|e| CompileError::Internal(e.to_string()))?.into();
         let p = push(
@@ -857,6 +859,7 @@ impl<'c, 'a> Call<'c, 'a> {
 
     /// The pointer of a kernel input.
     fn input(&self, v: ValueId) -> Result<Value<'c, 'a>> {
+        // The plan's values are the kernel's own: one that is not is a bug of the plan.
         let slot = self.kernel.inputs.iter().position(|&x| x == v).ok_or_else(|| {
             CompileError::Internal(format!(
                 "%{} is not an input of {}",
@@ -894,6 +897,7 @@ impl<'c, 'a> Call<'c, 'a> {
     /// The workgroup range's bound at argument `i`, as an i64.
     fn workgroup(&self, i: usize) -> Result<Value<'c, 'a>> {
         let i64t: Type = IntegerType::new(self.ctx, 64).into();
+        // The block was made with an argument per buffer and workgroup bound.
         let arg: Value =
             self.block.argument(i).map_err(|e| CompileError::Internal(e.to_string()))?.into();
         Ok(push(self.block, arith::index_cast(arg, i64t, self.loc)))

@@ -322,12 +322,15 @@ impl KernelShape for QConv {
 /// (padded to whole strips) the int32 bias less `x_zero * Σ w`, then the f32 multiplier
 /// `x_scale * w_scale / y_scale`.
 fn pack(graph: &Graph, kernel: &Kernel, u: &Ukernel) -> Result<Vec<u8>> {
+    // `family` hands this module its own plans, made only for a kernel rooted at an integer
+    // convolution whose weights, scales and bias are constants (`plan`): anything else is a bug.
     let Shape::QConv { c, m, group, kh, kw, x_zero, .. } = u.shape else {
         return Err(CompileError::Internal("not an integer convolution".into()));
     };
     let root =
         *kernel.nodes.first().ok_or_else(|| CompileError::Internal("an empty kernel".into()))?;
     let ops = graph.operands(root);
+    let node = graph.node(root);
     let value = |i: usize| -> Result<Vec<f64>> {
         ops.get(i)
             .copied()
@@ -370,10 +373,17 @@ fn pack(graph: &Graph, kernel: &Kernel, u: &Ukernel) -> Result<Vec<u8>> {
     let padded = strips * mr;
     for i in 0..padded {
         let b = if i < m { bias[i] as i64 - x_zero as i64 * sums[i] } else { 0 };
-        let b = i32::try_from(b).map_err(|_| {
-            CompileError::Internal(format!(
-                "the bias of output channel {i} does not fit int32 with the zero point folded in"
-            ))
+        // The model's values decide this: a bias and zero point whose folded sum passes int32.
+        let b = i32::try_from(b).map_err(|_| CompileError::Unsupported {
+            kernel: kernel.name.clone(),
+            label: kernel.label.clone(),
+            node: node.name.clone(),
+            op: node.op.name(),
+            what: format!(
+                "has a bias of {} at output channel {i}, which with the input zero point {x_zero} \
+                 folded in ({b}) does not fit int32",
+                bias[i]
+            ),
         })?;
         out.extend(b.to_le_bytes());
     }

@@ -280,6 +280,7 @@ fn pack_recurrent(graph: &Graph, kernel: &Kernel, u: &Ukernel) -> Result<Vec<f32
     let Shape::Recurrent { cell, direction, input, hidden, h0, c0, .. } = u.shape else {
         return Ok(Vec::new());
     };
+    // A plan is made only for a kernel of one recurrent node with constant weights.
     let root = *kernel
         .nodes
         .first()
