@@ -204,8 +204,15 @@ impl Backend for CpuBackend {
                         uses_ukernel = true;
                         let (module, text, described, temps) = lower_ukernel(&mlir, graph, k, u)?;
                         asks.push(KernelScratch { slots: scratch::slots(u), temps });
-                        let packed = ukernel::pack(graph, k, u)
-                            .map_err(|e| CompileError::in_kernel(k, "pack", e.to_string()))?;
+                        // What the model's values decide (a bias past int32) says so itself.
+                        let packed = ukernel::pack(graph, k, u).map_err(|e| match e {
+                            CompileError::Unsupported { .. } => e,
+                            e => CompileError::in_kernel(
+                                k,
+                                "pack",
+                                crate::KernelError::Codegen(Box::new(e)),
+                            ),
+                        })?;
                         // (A pooling kernel has no constant of its own.)
                         let (constants, slots) = if packed.is_empty() {
                             (Vec::new(), Vec::new())
