@@ -215,16 +215,6 @@ impl CpuProgram {
         }
     }
 
-    /// Runs every workgroup of kernel `k` on `args`.
-    ///
-    /// # Safety
-    /// `args` must hold valid pointers to buffers of the sizes the kernel was compiled for.
-    pub unsafe fn launch(&self, k: usize, args: &[*mut u8], workgroups: u64) {
-        let part = Part { kernel: k, args, workgroups };
-        // SAFETY: as the caller promised.
-        unsafe { self.launch_group(std::slice::from_ref(&part), None) };
-    }
-
     /// Runs every workgroup of every part, the parts at once: their workgroups are handed out
     /// from one count, so threads that finish one part's take another's. With `spans`, each
     /// part's first start and last end are recorded in its slot (one a part).
