@@ -2,7 +2,7 @@
 //! (log-probabilities, or scores): weights per class and `ignore_index` as the forward reads them.
 
 use super::normalize::log_softmax_backward;
-use super::{expand_like, ty, Grads, RuleError, Step};
+use super::{ty, Grads, RuleError, Step};
 use crate::builder::Traced;
 use crate::op::{Loss, LossReduction};
 use crate::{Dim, Op, Tensor, UnaryOp};
@@ -64,10 +64,8 @@ fn nll_backward<'g>(l: &Loss, s: &Step<'_, 'g>, dy: Traced<'g>) -> Result<Traced
     };
     let mut weight = match s.inputs.get(2).copied().flatten() {
         Some(w) => w.gather(safe_target, 0),
-        None => {
-            let one = g.anon_constant(Tensor::full(t.dtype, &[], 1.0));
-            expand_like(one, target)?
-        }
+        // Ones shaped as the target, its symbols kept: the (finite) targets times 0, plus 1.
+        None => target.cast(t.dtype).mul(input.scalar(0.0)).add(input.scalar(1.0)),
     };
     if let Some(kept) = kept {
         weight = weight.mul(kept);

@@ -142,18 +142,25 @@ pub(crate) fn ty(t: Traced<'_>) -> Result<TensorType, RuleError> {
     }
 }
 
-/// A tensor of zeros typed as `like`.
+/// A tensor of zeros typed as `like`. With symbolic sizes it is `Where(false, like, 0)`, whose
+/// inferred type keeps `like`'s symbols (a ConstantOfShape of a Shape would get fresh ones), and
+/// which is 0 even where `like` is not finite.
 pub(crate) fn zeros_like(like: Traced<'_>) -> Result<Traced<'_>, RuleError> {
     let ty = ty(like)?;
     let g = like.builder();
-    match ty.shape.as_fixed() {
-        Some(dims) => Ok(g.anon_constant(Tensor::zeros(ty.dtype, &dims))),
+    Ok(match ty.shape.as_fixed() {
+        Some(dims) => g.anon_constant(Tensor::zeros(ty.dtype, &dims)),
         None => {
-            let shape = g.apply(Op::Shape { end: None, start: 0 }, &[Some(like)], 1)[0];
-            let value = Tensor::zeros(ty.dtype, &[1]);
-            Ok(g.apply(Op::ConstantOfShape { value }, &[Some(shape)], 1)[0])
+            let never = g.anon_constant(Tensor::scalar(false));
+            never.select(like, like.scalar(0.0))
         }
-    }
+    })
+}
+
+/// `t` given `like`'s type when their sizes agree at run time but inference could not tell (a
+/// symbol against a fresh one): broadcasting keeps the left operand's symbol.
+fn retype<'g>(t: Traced<'g>, like: Traced<'g>) -> Result<Traced<'g>, RuleError> {
+    Ok(zeros_like(like)?.add(t))
 }
 
 /// A value's rank.
@@ -167,19 +174,61 @@ pub(crate) fn fixed_dims(t: Traced<'_>, what: &'static str) -> Result<Vec<usize>
     ty.shape.as_fixed().ok_or_else(|| RuleError::NeedsFixedShape { what, ty: Box::new(ty) })
 }
 
-/// A value's shape as a value: a constant when its sizes are fixed, a Shape op otherwise.
-pub(crate) fn shape_of<'g>(t: Traced<'g>) -> Result<Traced<'g>, RuleError> {
-    let ty = ty(t)?;
-    Ok(match ty.shape.as_fixed() {
-        Some(dims) => t.ints(&dims.iter().map(|&d| d as i64).collect::<Vec<_>>()),
-        None => t.builder().apply(Op::Shape { end: None, start: 0 }, &[Some(t)], 1)[0],
+/// `t` reshaped to `like`'s shape (the element counts agree).
+pub(crate) fn reshape_like<'g>(t: Traced<'g>, like: Traced<'g>) -> Result<Traced<'g>, RuleError> {
+    let want = ty(like)?;
+    let g = t.builder();
+    let reshape = Op::Reshape { allowzero: true };
+    Ok(match want.shape.as_fixed() {
+        Some(dims) => {
+            let shape = t.ints(&dims.iter().map(|&d| d as i64).collect::<Vec<_>>());
+            g.apply(reshape, &[Some(t), Some(shape)], 1)[0]
+        }
+        None => {
+            // Fixed sizes as they are; a symbol `t` has on the same axis copied (`0`); one other
+            // symbol inferred (`-1`). Inference then keeps the symbols, which a Shape op would
+            // replace with fresh ones.
+            let have = ty(t)?;
+            let no_empty = want.shape.dims().iter().all(|d| *d != Dim::Fixed(0));
+            let mut unmatched = 0;
+            let spec: Vec<i64> = want
+                .shape
+                .dims()
+                .iter()
+                .enumerate()
+                .map(|(i, d)| match d {
+                    Dim::Fixed(n) => *n as i64,
+                    Dim::Sym(_) if have.shape.dims().get(i) == Some(d) => 0,
+                    Dim::Sym(_) => {
+                        unmatched += 1;
+                        -1
+                    }
+                })
+                .collect();
+            if no_empty && unmatched <= 1 {
+                let shape = t.ints(&spec);
+                let r = g.apply(Op::Reshape { allowzero: false }, &[Some(t), Some(shape)], 1)[0];
+                // The `-1` axis gets a fresh symbol; `like`'s replaces it.
+                if unmatched == 0 {
+                    r
+                } else {
+                    retype(r, like)?
+                }
+            } else {
+                let shape = g.apply(Op::Shape { end: None, start: 0 }, &[Some(like)], 1)[0];
+                retype(g.apply(reshape, &[Some(t), Some(shape)], 1)[0], like)?
+            }
+        }
     })
 }
 
-/// `g` broadcast to `like`'s shape.
+/// `g` broadcast to `like`'s shape (and type: `like` has `g`'s element type).
 pub(crate) fn expand_like<'g>(g: Traced<'g>, like: Traced<'g>) -> Result<Traced<'g>, RuleError> {
-    let shape = shape_of(like)?;
-    Ok(g.builder().apply(Op::Expand, &[Some(g), Some(shape)], 1)[0])
+    let want = ty(like)?;
+    Ok(match want.shape.as_fixed() {
+        Some(dims) => g.expand(&dims.iter().map(|&d| d as i64).collect::<Vec<_>>()),
+        None => zeros_like(like)?.add(g),
+    })
 }
 
 /// The gradient `g` of a broadcast result summed back to the shape of the operand that was

@@ -5,7 +5,7 @@
 //! the input (an "iota"): the result says where each picked element came from, and a
 //! ScatterElements that adds sends the gradient there (a Gather may pick one element twice).
 
-use super::{fixed_dims, reduce_to, shape_of, ty, zeros_like, Grads, RuleError, Step};
+use super::{fixed_dims, reduce_to, reshape_like, ty, zeros_like, Grads, RuleError, Step};
 use crate::builder::Traced;
 use crate::op::ScatterReduction;
 use crate::{normalize_axis, Op, Tensor};
@@ -82,10 +82,4 @@ pub(super) fn grad<'g>(s: &Step<'_, 'g>) -> Result<Grads<'g>, RuleError> {
         }
         _ => Err(RuleError::NoRule),
     }
-}
-
-/// `t` reshaped to `like`'s shape.
-fn reshape_like<'g>(t: Traced<'g>, like: Traced<'g>) -> Result<Traced<'g>, RuleError> {
-    let shape = shape_of(like)?;
-    Ok(t.builder().apply(Op::Reshape { allowzero: true }, &[Some(t), Some(shape)], 1)[0])
 }

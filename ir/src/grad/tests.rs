@@ -6,7 +6,7 @@
 use super::{append_backward, GradError};
 use crate::builder::{ConvOptions, GraphBuilder, Traced};
 use crate::op::{AutoPad, Conv, Gemm, Loss, LossReduction, Pool, PoolKind, Window};
-use crate::{eval, DType, Graph, Op, Tensor, UnaryOp, ValueId};
+use crate::{eval, DType, Dim, Graph, Op, Tensor, UnaryOp, ValueId};
 
 /// Builds the graph under test from its differentiable inputs (the closure adds any constants:
 /// labels, indices, a fixed exponent).
@@ -432,4 +432,51 @@ fn the_loss_must_be_one_float_element() {
     let (y, x) = (graph.outputs()[0].1, ValueId::from(graph.inputs()[0]));
     let e = append_backward(&mut graph, y, &[x]).expect_err("not a scalar");
     assert!(matches!(e, GradError::LossNotScalar { .. }), "{e}");
+}
+
+/// The CNN with the batch as a symbol (as exported models have it) and its parameters as
+/// constants (as imported weights are): the backward graph builds with symbolic shapes, and on a
+/// concrete batch gives the gradients the fixed-shape graph gives.
+#[test]
+fn a_symbolic_batch_and_constant_parameters() {
+    let params = [rand(&[3, 2, 3, 3], 1), rand(&[3], 2), rand(&[4, 27], 3), rand(&[4], 4)];
+    let build = |batch: Dim| {
+        let g = GraphBuilder::new("cnn_symbolic");
+        let x = g.input("x", DType::F64, vec![batch.clone(), 2.into(), 6.into(), 6.into()]);
+        let labels = g.input("labels", DType::I64, vec![batch]);
+        let p: Vec<Traced> = params
+            .iter()
+            .enumerate()
+            .map(|(i, t)| g.constant(&format!("p{i}"), t.clone()))
+            .collect();
+        let h = x.conv(p[0], Some(p[1]), ConvOptions::default().pad(1)).relu();
+        let h = h.max_pool(2, 2, 0).avg_pool(1, 1, 0).global_avg_pool().flatten(1);
+        let h = g.concat(&[h, x.reduce_mean(&[2, 3], false).flatten(1)], 1);
+        let logits = h.reshape(&[-1, 5]).matmul(g.anon_constant(rand(&[5, 4], 9))).add(p[3]);
+        let op = loss_op(true, LossReduction::Mean, None);
+        let loss = g.apply(op, &[Some(logits), Some(labels)], 1)[0];
+        g.output("loss", loss);
+        let mut graph = g.build().expect("builds");
+        let loss = graph.outputs()[0].1;
+        let wrt: Vec<ValueId> = (0..4)
+            .map(|i| ValueId::from(graph.node_by_name(&format!("p{i}")).expect("constant")))
+            .collect();
+        let d = append_backward(&mut graph, loss, &wrt).unwrap_or_else(|e| panic!("{e:?}"));
+        for (i, v) in d.into_iter().enumerate() {
+            graph.add_output(&format!("d{i}"), v).expect("output");
+        }
+        graph
+    };
+    let x = rand(&[2, 2, 6, 6], 5);
+    let labels = Tensor::from_vec(&[2], vec![3i64, 1]).expect("labels");
+    let symbolic = eval::run(&build(Dim::sym("N")), &[x.clone(), labels.clone()]).expect("runs");
+    let fixed = eval::run(&build(Dim::Fixed(2)), &[x, labels]).expect("runs");
+    for (s, f) in symbolic.iter().zip(&fixed) {
+        assert_eq!(s.dims(), f.dims());
+        for (a, b) in s.to_f64s().iter().zip(f.to_f64s()) {
+            assert!((a - b).abs() <= 1e-12, "{a} vs {b}");
+        }
+    }
+    // The third parameter (p2) is not used: its gradient is zeros.
+    assert!(symbolic[3].to_f64s().iter().all(|&v| v == 0.0));
 }

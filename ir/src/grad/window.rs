@@ -5,7 +5,7 @@
 //! AveragePool spreads it back with a depthwise ConvTranspose of ones, divided by each window's
 //! count.
 
-use super::{expand_like, fixed_dims, shape_of, ty, zeros_like, Grads, RuleError, Step};
+use super::{expand_like, fixed_dims, reshape_like, ty, zeros_like, Grads, RuleError, Step};
 use crate::builder::Traced;
 use crate::op::{
     AutoPad, Conv, ConvTranspose, Pool, PoolKind, ScatterReduction, SpatialAxis, Window,
@@ -159,8 +159,7 @@ fn max_pool<'g>(p: &Pool, s: &Step<'_, 'g>) -> Result<Grads<'g>, RuleError> {
     let zeros = flat(zeros_like(x)?);
     let scatter = Op::ScatterElements { axis: 0, reduction: ScatterReduction::Add };
     let dx = g.apply(scatter, &[Some(zeros), Some(flat(indices)), Some(flat(dy))], 1)[0];
-    let shape = shape_of(x)?;
-    Ok(vec![Some(g.apply(Op::Reshape { allowzero: true }, &[Some(dx), Some(shape)], 1)[0])])
+    Ok(vec![Some(reshape_like(dx, x)?)])
 }
 
 /// Each window's gradient, divided by the count the forward divided by, spread back over the
