@@ -20,6 +20,23 @@ pub(super) fn grad<'g>(s: &Step<'_, 'g>) -> Result<Grads<'g>, RuleError> {
             }
             Ok(vec![Some(s.dy()?.cast(from))])
         }
+        Op::Clip => {
+            // The gradient passes where x is within the bounds (both included, as PyTorch's
+            // clamp); the bounds' own gradients are not written.
+            if s.needs(1) || s.needs(2) {
+                return Err(RuleError::Unsupported { what: "a gradient of Clip's bounds" });
+            }
+            let (x, dy) = (s.input(0)?, s.dy()?);
+            let mut d = dy;
+            let zero = dy.scalar(0.0);
+            if let Some(lo) = s.inputs.get(1).copied().flatten() {
+                d = x.binary(BinaryOp::GreaterOrEqual, lo).select(d, zero);
+            }
+            if let Some(hi) = s.inputs.get(2).copied().flatten() {
+                d = x.binary(BinaryOp::LessOrEqual, hi).select(d, zero);
+            }
+            Ok(vec![Some(d), None, None])
+        }
         Op::Where => {
             // `cond ? x : y`: the gradient goes to the branch each element was taken from.
             let (cond, dy) = (s.input(0)?, s.dy()?);
@@ -102,6 +119,14 @@ fn binary<'g>(b: BinaryOp, s: &Step<'_, 'g>) -> Result<Grads<'g>, RuleError> {
             let da = s.needs(0).then(|| dy.mul(e).mul(a.pow(e.sub(e.scalar(1.0)))));
             let db = s.needs(1).then(|| dy.mul(y).mul(a.log()));
             (da, db)
+        }
+        BinaryOp::Max | BinaryOp::Min => {
+            // The gradient goes to the operand taken (to `a` on a tie).
+            let op =
+                if b == BinaryOp::Max { BinaryOp::GreaterOrEqual } else { BinaryOp::LessOrEqual };
+            let a_taken = a.binary(op, x);
+            let zero = dy.scalar(0.0);
+            (Some(a_taken.select(dy, zero)), Some(a_taken.select(zero, dy)))
         }
         _ => return Err(RuleError::NoRule),
     };

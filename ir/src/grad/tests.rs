@@ -138,6 +138,12 @@ fn activations() {
     check("erf", &[x.clone()], |_, x| x[0].erf());
     check("gelu", &[x.clone()], |_, x| x[0].gelu());
     check("gelu_tanh", &[x.clone()], |_, x| x[0].gelu_tanh());
+    check("clip", &[x.clone()], |_, x| x[0].clip(-1.0, 1.5));
+    check("clip_low_only", &[x.clone()], |g, x| {
+        g.apply(Op::Clip, &[Some(x[0]), Some(x[0].scalar(-0.5))], 1)[0]
+    });
+    check("max", &[x.clone(), rand(&[5], 23)], |_, x| x[0].max(x[1]));
+    check("min", &[rand(&[5], 24), x.clone()], |_, x| x[0].min(x[1]));
     check("where", &[x.clone(), rand(&[5], 22)], |_, x| {
         x[0].greater(x[0].scalar(0.0)).select(x[0], x[1])
     });
