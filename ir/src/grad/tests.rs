@@ -486,3 +486,48 @@ fn a_symbolic_batch_and_constant_parameters() {
     // The third parameter (p2) is not used: its gradient is zeros.
     assert!(symbolic[3].to_f64s().iter().all(|&v| v == 0.0));
 }
+
+/// The backward graph is built in the forward's element type: an f32 network (Conv, BatchNorm,
+/// Relu, AveragePool, LayerNorm, Gemm, cross-entropy) gives in f32 the gradients it gives in f64,
+/// to f32's precision.
+#[test]
+fn f32_graphs_get_f32_gradients() {
+    let run = |dtype: DType| {
+        let g = GraphBuilder::new("f32");
+        let c =
+            |name: &str, dims: &[usize], seed: u64| g.constant(name, rand(dims, seed).cast(dtype));
+        let x = c("x", &[2, 2, 6, 6], 1);
+        let w = c("w", &[3, 2, 3, 3], 2);
+        let (scale, bias, mean) = (c("s", &[3], 3), c("b", &[3], 4), c("m", &[3], 5));
+        let var = g.constant("v", positive(&[3], 6).cast(dtype));
+        let fc = c("fc", &[4, 27], 7);
+        let h =
+            x.conv(w, None, ConvOptions::default().pad(1)).batch_norm(scale, bias, mean, var, 1e-5);
+        let h = h.relu().avg_pool(2, 2, 0).flatten(1);
+        let h = h
+            .layer_norm(c("ln_s", &[27], 8), c("ln_b", &[27], 9), -1, 1e-5)
+            .linear(fc, bias.slice(&[0], &[1], &[0], &[1]));
+        let labels = ints(&g, &[2], &[3, 0]);
+        let loss =
+            g.apply(loss_op(true, LossReduction::Mean, None), &[Some(h), Some(labels)], 1)[0];
+        g.output("loss", loss);
+        let mut graph = g.build().expect("builds");
+        let loss = graph.outputs()[0].1;
+        let wrt: Vec<ValueId> = ["w", "s", "fc"]
+            .iter()
+            .map(|n| ValueId::from(graph.node_by_name(n).expect("constant")))
+            .collect();
+        let d = append_backward(&mut graph, loss, &wrt).unwrap_or_else(|e| panic!("{e:?}"));
+        for (i, v) in d.into_iter().enumerate() {
+            assert_eq!(graph.value_type(v).dtype, dtype);
+            graph.add_output(&format!("d{i}"), v).expect("output");
+        }
+        eval::run(&graph, &[]).expect("runs")
+    };
+    let (single, double) = (run(DType::F32), run(DType::F64));
+    for (s, d) in single.iter().zip(&double) {
+        for (a, b) in s.to_f64s().iter().zip(d.to_f64s()) {
+            assert!((a - b).abs() <= 1e-4 * (1.0 + b.abs()), "f32 {a} vs f64 {b}");
+        }
+    }
+}
