@@ -26,7 +26,7 @@ use thiserror::Error;
 
 use crate::builder::{GraphBuilder, Traced};
 use crate::op::OpFamily;
-use crate::{Dim, Graph, IrError, NodeId, Op, Shape, Tensor, TensorType, ValueId};
+use crate::{Dim, Graph, IrError, NodeId, Op, OpError, Shape, Tensor, TensorType, ValueId};
 
 /// Why the backward graph could not be built.
 #[derive(Debug, Error, Clone, PartialEq)]
@@ -73,6 +73,9 @@ pub enum RuleError {
     /// The op's attributes ask for a case the rule does not cover.
     #[error("{what} has no gradient rule yet")]
     Unsupported { what: &'static str },
+    /// The forward op's own attributes do not resolve (a window wider than its padded input).
+    #[error("the forward op")]
+    Forward(#[source] OpError),
     /// A backward op failed shape inference or could not be added.
     #[error("building a backward op")]
     Build(#[source] IrError),

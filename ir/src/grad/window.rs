@@ -57,7 +57,7 @@ fn resolve(
     (0..input.len())
         .map(|i| window.resolve(i, input[i], kernel[i], ceil_mode))
         .collect::<Result<_, _>>()
-        .map_err(|e| RuleError::Build(crate::IrError::shape("window", "Conv", e)))
+        .map_err(RuleError::Forward)
 }
 
 /// The ConvTranspose that spreads a window op's result gradient back over its input: same
