@@ -93,6 +93,33 @@ impl GraphBuilder {
         }
     }
 
+    /// Continues tracing on an existing graph: new ops are appended to it, its values are
+    /// reached with [`GraphBuilder::value`]. The autodiff transform builds backward graphs so.
+    pub fn from_graph(graph: Graph) -> GraphBuilder {
+        GraphBuilder { state: RefCell::new(State { graph, error: None, counters: HashMap::new() }) }
+    }
+
+    /// A handle on a value already in the graph (one from [`GraphBuilder::from_graph`]'s graph).
+    pub fn value(&self, v: ValueId) -> Traced<'_> {
+        let known =
+            self.state.borrow().graph.try_node(v.node).is_some_and(|n| v.output < n.outputs.len());
+        if !known {
+            self.record(IrError::Graph(format!("value {v:?} is not in the graph being traced")));
+            return Traced { builder: self, value: None };
+        }
+        Traced { builder: self, value: Some(v) }
+    }
+
+    /// The first error recorded so far, if any (tracing goes on; [`GraphBuilder::build`] returns it).
+    pub fn error(&self) -> Option<IrError> {
+        self.state.borrow().error.clone()
+    }
+
+    /// Reads the graph as traced so far.
+    pub(crate) fn with_graph<R>(&self, f: impl FnOnce(&Graph) -> R) -> R {
+        f(&self.state.borrow().graph)
+    }
+
     fn record(&self, e: IrError) {
         let mut s = self.state.borrow_mut();
         if s.error.is_none() {
@@ -136,7 +163,8 @@ impl GraphBuilder {
         self.traced(r)
     }
 
-    fn anon_constant(&self, value: Tensor) -> Traced<'_> {
+    /// A constant with an automatic name (`const_3`).
+    pub fn anon_constant(&self, value: Tensor) -> Traced<'_> {
         let name = self.auto_name("const");
         self.constant(&name, value)
     }
@@ -228,6 +256,16 @@ macro_rules! binary_methods {
 }
 
 impl<'g> Traced<'g> {
+    /// The value's id in the graph, if it was traced without error.
+    pub fn id(&self) -> Option<ValueId> {
+        self.value
+    }
+
+    /// The builder this value belongs to.
+    pub fn builder(&self) -> &'g GraphBuilder {
+        self.builder
+    }
+
     /// The value's type, if it was traced without error.
     pub fn ty(&self) -> Option<TensorType> {
         self.value.map(|v| self.builder.state.borrow().graph.value_type(v).clone())
@@ -245,7 +283,8 @@ impl<'g> Traced<'g> {
         self
     }
 
-    fn ints(self, v: &[i64]) -> Traced<'g> {
+    /// A constant i64 vector (axes, a shape, starts...) in this value's graph.
+    pub fn ints(self, v: &[i64]) -> Traced<'g> {
         self.builder.anon_constant(Tensor::vector(v))
     }
 

@@ -49,6 +49,7 @@ mod value;
 pub mod builder;
 pub mod eval;
 pub mod fold;
+pub mod grad;
 pub mod infer;
 pub mod memory;
 pub mod models;
