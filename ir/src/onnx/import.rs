@@ -79,6 +79,9 @@ pub(super) fn check_supported_list(
         if domain == "com.microsoft" && super::quantized::MICROSOFT.contains(&op_type.as_str()) {
             return;
         }
+        if domain == super::training::DOMAIN && super::training::OPS.contains(&op_type.as_str()) {
+            return;
+        }
         let shown_domain = if default_domain { "ai.onnx".to_string() } else { domain.clone() };
         let opset = opsets
             .iter()
