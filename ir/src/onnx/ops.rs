@@ -261,17 +261,19 @@ pub(super) fn convert(im: &mut GraphImporter, node: &NodeProto, op_type: &str) -
             generic(im, node, op_type, a, n_out)
         }
         "BatchNormalization" => {
-            a.remove("momentum");
-            if a.remove("training_mode").is_some_and(|v| int_of(&v).unwrap_or(0) != 0) {
-                return Err(unsupported(
-                    "training mode is not supported (kiln compiles inference)",
-                ));
-            }
+            let momentum = a.remove("momentum").map(|v| float_of(&v)).transpose()?.unwrap_or(0.9);
+            let training =
+                a.remove("training_mode").map(|v| int_of(&v)).transpose()?.is_some_and(|v| v != 0);
             if a.remove("spatial").is_some_and(|v| int_of(&v).unwrap_or(1) != 1) {
                 return Err(unsupported(
                     "spatial = 0 (per-activation statistics) is not supported",
                 ));
             }
+            if training {
+                return batch_norm_training(im, node, a, momentum);
+            }
+            // Before opset 14 more results meant training (with saved statistics kiln does not
+            // make); from 14 on they need training_mode = 1.
             if n_out > 1 {
                 return Err(unsupported("the running statistics results exist only in training mode, which is not supported"));
             }
@@ -470,6 +472,31 @@ fn constant(im: &mut GraphImporter, node: &NodeProto, mut a: Attrs) -> Result<()
     let kiln_name = im.graph.unique_name(&name);
     let v = im.graph.add_constant(&kiln_name, value)?;
     im.bind(node, &[v])
+}
+
+/// BatchNormalization with `training_mode = 1` (opset 14 on): normalised by the batch's
+/// statistics, with the running statistics (its optional second and third results) updated;
+/// expanded into existing ops by `train::batch_norm_training`.
+fn batch_norm_training(
+    im: &mut GraphImporter,
+    node: &NodeProto,
+    mut a: Attrs,
+    momentum: f32,
+) -> Result<()> {
+    let epsilon = a.remove("epsilon").map(|v| float_of(&v)).transpose()?.unwrap_or(1e-5);
+    a.finish("BatchNormalization").map_err(attr)?;
+    let operands: Vec<ValueId> = (0..5)
+        .map(|i| im.operand(node, i).ok_or_else(|| err(format!("operand {i} is missing"))))
+        .collect::<Result<_>>()?;
+    if im.ty(operands[0]).rank() < 2 {
+        return Err(err(format!("the input {} needs a channel axis", im.ty(operands[0]))));
+    }
+    let outs = im.trace(|b| {
+        let v = |i: usize| b.value(operands[i]);
+        let r = crate::train::batch_norm_training(v(0), v(1), v(2), v(3), v(4), epsilon, momentum);
+        Ok(vec![r.y, r.running_mean, r.running_var])
+    })?;
+    im.bind(node, &outs)
 }
 
 /// Dropout is the identity at inference; its mask, when asked for, is all true.

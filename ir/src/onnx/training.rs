@@ -11,11 +11,11 @@
 use super::import::GraphImporter;
 use super::ops::attr;
 use super::proto::NodeProto;
-use crate::builder::{GraphBuilder, Traced};
+use crate::builder::Traced;
 use crate::error::AttrError;
 use crate::op::Attrs;
 use crate::train::optimizer::{adam_direction, momentum, regularized};
-use crate::{Graph, IrError, Result, ValueId};
+use crate::{IrError, Result, ValueId};
 
 pub(super) const DOMAIN: &str = "ai.onnx.preview.training";
 
@@ -122,58 +122,54 @@ pub(super) fn convert(
     if !dtype.is_float() {
         return Err(err(format!("the tensors to optimize must be floats, got {}", dtype.name())));
     }
-    // The expansion is traced with the builder on the importer's graph (handed back after),
-    // so it is the same code as the Rust optimizers'.
-    let graph = std::mem::replace(&mut im.graph, Graph::new(""));
-    let b = GraphBuilder::from_graph(graph);
-    let v = |i: usize| b.value(operands[i]);
-    let (r, t) = (v(0), v(1));
-    // R and T in the tensors' type (ONNX lets R be float while X is double).
-    let r = if r.ty().is_some_and(|ty| ty.dtype == dtype) { r } else { r.cast(dtype) };
-    let t_pos = t.greater(t.scalar(0.0));
-    let t = t.cast(dtype);
-    let mut outs: Vec<Vec<Traced>> = vec![Vec::with_capacity(n); k - 1];
-    for j in 0..n {
-        let (x, g) = (v(2 + j), v(2 + n + j));
-        let state = |s: usize| v(2 + (2 + s) * n + j);
-        let new = match rule {
-            Rule::Momentum { alpha, beta, norm, nesterov } => {
-                // The first update (T = 0) takes the whole gradient.
-                let beta = t_pos.select(x.scalar(beta), x.scalar(1.0));
-                let g = regularized(x, g, norm);
-                let (x_new, v_new) = momentum(x, g, state(0), r, Some(beta), alpha, nesterov);
-                vec![x_new, v_new]
+    im.trace(|b| {
+        let v = |i: usize| b.value(operands[i]);
+        let (r, t) = (v(0), v(1));
+        // R and T in the tensors' type (ONNX lets R be float while X is double).
+        let r = if r.ty().is_some_and(|ty| ty.dtype == dtype) { r } else { r.cast(dtype) };
+        let t_pos = t.greater(t.scalar(0.0));
+        let t = t.cast(dtype);
+        let mut outs: Vec<Vec<Traced>> = vec![Vec::with_capacity(n); k - 1];
+        for j in 0..n {
+            let (x, g) = (v(2 + j), v(2 + n + j));
+            let state = |s: usize| v(2 + (2 + s) * n + j);
+            let new = match rule {
+                Rule::Momentum { alpha, beta, norm, nesterov } => {
+                    // The first update (T = 0) takes the whole gradient.
+                    let beta = t_pos.select(x.scalar(beta), x.scalar(1.0));
+                    let g = regularized(x, g, norm);
+                    let (x_new, v_new) = momentum(x, g, state(0), r, Some(beta), alpha, nesterov);
+                    vec![x_new, v_new]
+                }
+                Rule::Adam { alpha, beta, epsilon, norm, norm_post } => {
+                    let g = regularized(x, g, norm);
+                    let (dir, v_new, h_new) =
+                        adam_direction(g, state(0), state(1), alpha, beta, epsilon, None);
+                    // R·√(1-βᵀ)/(1-αᵀ) for T > 0, R at T = 0; the corrected branch reads T ≥ 1 so
+                    // it is finite (0/0 otherwise) where Where drops it.
+                    let one = x.scalar(1.0);
+                    let t1 = t.max(one);
+                    let c2 = one.sub(x.scalar(beta).pow(t1)).sqrt();
+                    let c1 = one.sub(x.scalar(alpha).pow(t1));
+                    let r_adj = t_pos.select(r.mul(c2).div(c1), r);
+                    let x_new = x.sub(r_adj.mul(dir));
+                    let x_new =
+                        if norm_post == 0.0 { x_new } else { x.scalar(1.0 - norm_post).mul(x_new) };
+                    vec![x_new, v_new, h_new]
+                }
+                Rule::Adagrad { decay, epsilon, norm } => {
+                    let r_t = r.div(x.scalar(1.0).add(t.mul(x.scalar(decay))));
+                    let g = regularized(x, g, norm);
+                    let h_new = state(0).add(g.mul(g));
+                    let x_new = x.sub(r_t.mul(g).div(h_new.sqrt().add(x.scalar(epsilon))));
+                    vec![x_new, h_new]
+                }
+            };
+            for (group, value) in outs.iter_mut().zip(new) {
+                group.push(value);
             }
-            Rule::Adam { alpha, beta, epsilon, norm, norm_post } => {
-                let g = regularized(x, g, norm);
-                let (dir, v_new, h_new) =
-                    adam_direction(g, state(0), state(1), alpha, beta, epsilon, None);
-                // R·√(1-βᵀ)/(1-αᵀ) for T > 0, R at T = 0; the corrected branch reads T ≥ 1 so
-                // it is finite (0/0 otherwise) where Where drops it.
-                let one = x.scalar(1.0);
-                let t1 = t.max(one);
-                let c2 = one.sub(x.scalar(beta).pow(t1)).sqrt();
-                let c1 = one.sub(x.scalar(alpha).pow(t1));
-                let r_adj = t_pos.select(r.mul(c2).div(c1), r);
-                let x_new = x.sub(r_adj.mul(dir));
-                let x_new =
-                    if norm_post == 0.0 { x_new } else { x.scalar(1.0 - norm_post).mul(x_new) };
-                vec![x_new, v_new, h_new]
-            }
-            Rule::Adagrad { decay, epsilon, norm } => {
-                let r_t = r.div(x.scalar(1.0).add(t.mul(x.scalar(decay))));
-                let g = regularized(x, g, norm);
-                let h_new = state(0).add(g.mul(g));
-                let x_new = x.sub(r_t.mul(g).div(h_new.sqrt().add(x.scalar(epsilon))));
-                vec![x_new, h_new]
-            }
-        };
-        for (group, value) in outs.iter_mut().zip(new) {
-            group.push(value);
         }
-    }
-    let ids: Option<Vec<ValueId>> = outs.iter().flatten().map(Traced::id).collect();
-    im.graph = b.into_graph()?;
-    let ids = ids.ok_or_else(|| err("the update failed to trace"))?;
-    im.bind(node, &ids)
+        Ok(outs.into_iter().flatten().collect())
+    })
+    .and_then(|ids| im.bind(node, &ids))
 }
