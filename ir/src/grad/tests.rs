@@ -391,6 +391,17 @@ fn batch_norm_training_mode() {
     });
 }
 
+/// Training-mode Dropout (`train::dropout`) has no rule of its own: its Where gives the gradient
+/// where kept, scaled by 1 / (1 - ratio), and zero where dropped.
+#[test]
+fn dropout_training_mode() {
+    check("dropout", &[rand(&[4, 5], 17)], |g, x| {
+        let ratio = g.anon_constant(Tensor::scalar(0.4f64));
+        let seed = g.anon_constant(Tensor::scalar(11u32));
+        crate::train::dropout(x[0], ratio, seed).y
+    });
+}
+
 #[test]
 fn a_value_used_many_times_sums_its_gradients() {
     check("reuse", &[rand(&[3, 4], 1)], |_, x| x[0].mul(x[0]).add(x[0].exp()).mul(x[0]));
