@@ -230,6 +230,17 @@ impl GraphBuilder {
         self.apply1(Op::Concat { axis }, &ops)
     }
 
+    /// The graph as traced so far, not verified, or the first error met while tracing: for a
+    /// caller that traces into a graph it is still building (the ONNX importer expanding a node
+    /// into ops), which would be verified whole once per node otherwise.
+    pub(crate) fn into_graph(self) -> Result<Graph> {
+        let s = self.state.into_inner();
+        match s.error {
+            Some(e) => Err(e),
+            None => Ok(s.graph),
+        }
+    }
+
     /// The finished graph, verified, or the first error met while tracing.
     pub fn build(self) -> Result<Graph> {
         let s = self.state.into_inner();

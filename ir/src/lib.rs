@@ -60,6 +60,7 @@ pub mod onnx;
 pub mod op;
 pub mod size;
 pub mod text;
+pub mod train;
 
 pub use dtype::DType;
 pub use error::{AttrError, IrError, OpError, Result, UnsupportedOp};

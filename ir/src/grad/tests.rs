@@ -362,6 +362,46 @@ fn normalisations() {
     check("batch_norm_inference", &inputs, |_, x| x[0].batch_norm(x[1], x[2], x[3], x[4], 1e-5));
 }
 
+/// Training-mode BatchNormalization (batch statistics, `train::batch_norm_training`) has no rule
+/// of its own: the inference rule's statistics gradients chained through ReduceMean's must give
+/// the full gradient, of the result and of the running statistics.
+#[test]
+fn batch_norm_training_mode() {
+    fn stats(g: &GraphBuilder) -> (Traced<'_>, Traced<'_>) {
+        (f64s(g, &[2], &[0.1, -0.2]), f64s(g, &[2], &[1.0, 0.5]))
+    }
+    let x = rand(&[3, 2, 2, 2], 11);
+    check("batch_norm_training", &[x.clone(), rand(&[2], 12), rand(&[2], 13)], |g, x| {
+        let (m, v) = stats(g);
+        crate::train::batch_norm_training(x[0], x[1], x[2], m, v, 1e-5, 0.9).y
+    });
+    check(
+        "batch_norm_training_2d",
+        &[rand(&[5, 2], 14), rand(&[2], 15), rand(&[2], 16)],
+        |g, x| {
+            let (m, v) = stats(g);
+            crate::train::batch_norm_training(x[0], x[1], x[2], m, v, 1e-3, 0.9).y
+        },
+    );
+    check("batch_norm_training_running_stats", &[x], |g, x| {
+        let (m, v) = stats(g);
+        let (scale, bias) = (f64s(g, &[2], &[1.5, 0.5]), f64s(g, &[2], &[0.0, 0.1]));
+        let r = crate::train::batch_norm_training(x[0], scale, bias, m, v, 1e-5, 0.8);
+        r.running_mean.add(r.running_var.mul(r.running_var))
+    });
+}
+
+/// Training-mode Dropout (`train::dropout`) has no rule of its own: its Where gives the gradient
+/// where kept, scaled by 1 / (1 - ratio), and zero where dropped.
+#[test]
+fn dropout_training_mode() {
+    check("dropout", &[rand(&[4, 5], 17)], |g, x| {
+        let ratio = g.anon_constant(Tensor::scalar(0.4f64));
+        let seed = g.anon_constant(Tensor::scalar(11u32));
+        crate::train::dropout(x[0], ratio, seed).y
+    });
+}
+
 #[test]
 fn a_value_used_many_times_sums_its_gradients() {
     check("reuse", &[rand(&[3, 4], 1)], |_, x| x[0].mul(x[0]).add(x[0].exp()).mul(x[0]));

@@ -6,6 +6,7 @@ use std::path::Path;
 use super::proto::{self, attribute_type as at, type_proto, GraphProto, ModelProto, NodeProto};
 use super::tensor::{dtype_of, sparse_to_dense, tensor_from_proto};
 use super::{ops, Model};
+use crate::builder::{GraphBuilder, Traced};
 use crate::op::{Attr, Attrs};
 use crate::{Dim, Graph, IrError, Op, Result, Shape, TensorType, UnsupportedOp, ValueId};
 
@@ -77,6 +78,9 @@ pub(super) fn check_supported_list(
             return;
         }
         if domain == "com.microsoft" && super::quantized::MICROSOFT.contains(&op_type.as_str()) {
+            return;
+        }
+        if domain == super::training::DOMAIN && super::training::OPS.contains(&op_type.as_str()) {
             return;
         }
         let shown_domain = if default_domain { "ai.onnx".to_string() } else { domain.clone() };
@@ -407,6 +411,23 @@ impl<'a> GraphImporter<'a> {
         }
         let id = self.graph.add_node_with_outputs(&name, op, operands, num_outputs)?;
         Ok((0..num_outputs).map(|i| ValueId::new(id, i)).collect())
+    }
+
+    /// Expands a node into ops traced with the builder on this graph (so the expansion is the
+    /// same code a Rust user calls, as the optimizers and training-mode BatchNormalization are);
+    /// returns the ids of the values `f` gives. The graph is handed to the builder and back, not
+    /// copied; on an error the import fails as a whole, so its loss does not matter.
+    pub(super) fn trace(
+        &mut self,
+        f: impl for<'b> FnOnce(&'b GraphBuilder) -> Result<Vec<Traced<'b>>>,
+    ) -> Result<Vec<ValueId>> {
+        let graph = std::mem::replace(&mut self.graph, Graph::new(""));
+        let b = GraphBuilder::from_graph(graph);
+        let ids: Result<Option<Vec<ValueId>>> = f(&b).map(|vs| vs.iter().map(Traced::id).collect());
+        // The builder's own error (an op that failed inference) comes first: a value that failed
+        // to trace is only its consequence.
+        self.graph = b.into_graph()?;
+        ids?.ok_or_else(|| IrError::Graph("an expanded value failed to trace".into()))
     }
 
     /// Adds a constant for (part of) an ONNX node.

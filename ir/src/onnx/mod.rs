@@ -16,6 +16,7 @@ pub mod proto;
 mod quantized;
 mod tensor;
 pub mod testcase;
+mod training;
 mod wire;
 
 use std::path::Path;

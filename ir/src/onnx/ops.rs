@@ -74,16 +74,23 @@ pub(super) fn convert(im: &mut GraphImporter, node: &NodeProto, op_type: &str) -
     let n_out = GraphImporter::num_outputs(node).max(1);
     let x0 = im.operand(node, 0);
     let x = || x0.ok_or_else(|| err("operand 0 is missing"));
-    // Attributes that never change inference results.
+    // Attributes that never change inference results; Dropout's seed does in training mode.
+    let mut seed = None;
     for ignored in ["consumed_inputs", "is_test", "seed"] {
-        a.remove(ignored);
+        let v = a.remove(ignored);
+        if ignored == "seed" {
+            seed = v;
+        }
     }
     if node.domain.as_deref() == Some("com.microsoft") {
         return super::quantized::convert_microsoft(im, node, op_type, a);
     }
+    if node.domain.as_deref() == Some(super::training::DOMAIN) {
+        return super::training::convert(im, node, op_type, a);
+    }
     match op_type {
         "Constant" => constant(im, node, a),
-        "Dropout" => dropout(im, node, a, opset),
+        "Dropout" => dropout(im, node, a, opset, seed),
         "Cast" | "CastLike" => {
             let to = if op_type == "Cast" {
                 type_attr(&mut a, "to")?
@@ -258,17 +265,19 @@ pub(super) fn convert(im: &mut GraphImporter, node: &NodeProto, op_type: &str) -
             generic(im, node, op_type, a, n_out)
         }
         "BatchNormalization" => {
-            a.remove("momentum");
-            if a.remove("training_mode").is_some_and(|v| int_of(&v).unwrap_or(0) != 0) {
-                return Err(unsupported(
-                    "training mode is not supported (kiln compiles inference)",
-                ));
-            }
+            let momentum = a.remove("momentum").map(|v| float_of(&v)).transpose()?.unwrap_or(0.9);
+            let training =
+                a.remove("training_mode").map(|v| int_of(&v)).transpose()?.is_some_and(|v| v != 0);
             if a.remove("spatial").is_some_and(|v| int_of(&v).unwrap_or(1) != 1) {
                 return Err(unsupported(
                     "spatial = 0 (per-activation statistics) is not supported",
                 ));
             }
+            if training {
+                return batch_norm_training(im, node, a, momentum);
+            }
+            // Before opset 14 more results meant training (with saved statistics kiln does not
+            // make); from 14 on they need training_mode = 1.
             if n_out > 1 {
                 return Err(unsupported("the running statistics results exist only in training mode, which is not supported"));
             }
@@ -469,19 +478,74 @@ fn constant(im: &mut GraphImporter, node: &NodeProto, mut a: Attrs) -> Result<()
     im.bind(node, &[v])
 }
 
-/// Dropout is the identity at inference; its mask, when asked for, is all true.
-fn dropout(im: &mut GraphImporter, node: &NodeProto, mut a: Attrs, opset: i64) -> Result<()> {
+/// BatchNormalization with `training_mode = 1` (opset 14 on): normalised by the batch's
+/// statistics, with the running statistics (its optional second and third results) updated;
+/// expanded into existing ops by `train::batch_norm_training`.
+fn batch_norm_training(
+    im: &mut GraphImporter,
+    node: &NodeProto,
+    mut a: Attrs,
+    momentum: f32,
+) -> Result<()> {
+    let epsilon = a.remove("epsilon").map(|v| float_of(&v)).transpose()?.unwrap_or(1e-5);
+    a.finish("BatchNormalization").map_err(attr)?;
+    let operands: Vec<ValueId> = (0..5)
+        .map(|i| im.operand(node, i).ok_or_else(|| err(format!("operand {i} is missing"))))
+        .collect::<Result<_>>()?;
+    if im.ty(operands[0]).rank() < 2 {
+        return Err(err(format!("the input {} needs a channel axis", im.ty(operands[0]))));
+    }
+    let outs = im.trace(|b| {
+        let v = |i: usize| b.value(operands[i]);
+        let r = crate::train::batch_norm_training(v(0), v(1), v(2), v(3), v(4), epsilon, momentum);
+        Ok(vec![r.y, r.running_mean, r.running_var])
+    })?;
+    im.bind(node, &outs)
+}
+
+/// Dropout is the identity at inference; its mask, when asked for, is all true. In training
+/// mode (opset 12 on: `training_mode` true, or known only at run time) it is
+/// `train::dropout`, whose mask is a counter-based hash of the `seed` attribute (0 when absent:
+/// ONNX leaves an absent seed to the implementation) and of each element's number, so the same
+/// on every target; ONNX's tests draw theirs from numpy, so only a ratio of 0 can match them.
+fn dropout(
+    im: &mut GraphImporter,
+    node: &NodeProto,
+    mut a: Attrs,
+    opset: i64,
+    seed: Option<Attr>,
+) -> Result<()> {
     a.remove("ratio");
     a.finish("Dropout").map_err(attr)?;
     let x = im.operand(node, 0).ok_or_else(|| err("operand 0 is missing"))?;
-    if opset >= 12 {
-        if let Some(t) = im.operand(node, 2) {
-            match im.graph.constant_value(t).map(|t| t.to_f64s()) {
-                Some(v) if v.iter().all(|&b| b == 0.0) => {}
-                Some(_) => return Err(unsupported("training_mode = true drops values at random; kiln compiles inference")),
-                None => return Err(unsupported("a training_mode known only at run time is not supported (kiln compiles inference)")),
-            }
-        }
+    // Before opset 12 training was `is_test = 0` (opset < 7) or left to the runtime: inference.
+    let mode = match im.operand(node, 2).filter(|_| opset >= 12) {
+        None => Some(false),
+        Some(t) => im.graph.constant_value(t).map(|t| t.to_f64s().iter().any(|&b| b != 0.0)),
+    };
+    if mode != Some(false) {
+        let seed = seed.map(|s| int_of(&s)).transpose()?.unwrap_or(0);
+        let ratio = im.operand(node, 1);
+        let training = im.operand(node, 2);
+        let outs = im.trace(|b| {
+            let x = b.value(x);
+            let ratio = match ratio {
+                Some(r) => b.value(r),
+                None => b.anon_constant(Tensor::scalar(0.5f32)),
+            };
+            // The seed's low 32 bits: the hash works on u32.
+            let seed = b.anon_constant(Tensor::scalar(seed as u32));
+            let d = crate::train::dropout(x, ratio, seed);
+            Ok(match (mode, training) {
+                (None, Some(t)) => {
+                    let t = b.value(t);
+                    let all = b.anon_constant(Tensor::scalar(true));
+                    vec![t.select(d.y, x), t.select(d.mask, all)]
+                }
+                _ => vec![d.y, d.mask],
+            })
+        })?;
+        return im.bind(node, &outs);
     }
     let y = im.add(node, "", Op::Identity, &[Some(x)], 1)?[0];
     let mut outs = vec![y];
