@@ -507,9 +507,13 @@ fn untraced(op: &Op) -> Verdict {
 
 fn elementwise(n: &NodeDeps) -> Verdict {
     match n.op() {
-        Op::Unary(_) | Op::Binary(_) | Op::Clip | Op::Where | Op::Cast { .. } | Op::Identity => {
-            n.broadcast()?
-        }
+        Op::Unary(_)
+        | Op::Binary(_)
+        | Op::Clip
+        | Op::Where
+        | Op::Cast { .. }
+        | Op::BitCast { .. }
+        | Op::Identity => n.broadcast()?,
         op => return untraced(op),
     }
     n.leading_is_batch()

@@ -110,7 +110,8 @@ pub fn plan(
         let out_dims = node.outputs[0].shape.as_fixed().unwrap_or_default();
         let first = pads.iter().flatten().next().copied().expect("one operand is padded");
         let result = match &node.op {
-            Op::Identity | Op::Cast { .. } => first,
+            // Zero bits are zero in every type.
+            Op::Identity | Op::Cast { .. } | Op::BitCast { .. } => first,
             Op::Unary(_) => Padded { zeroed: false, ..first },
             Op::Binary(_) | Op::Where | Op::Clip => {
                 let rank = out_dims.len();

@@ -102,6 +102,11 @@ impl DType {
         }
     }
 
+    /// The bits one element takes: its packed width, else its byte size's.
+    pub fn bits(self) -> u32 {
+        self.packed_bits().unwrap_or(self.size() as u32 * 8)
+    }
+
     pub fn is_float(self) -> bool {
         matches!(self, DType::F32 | DType::F64 | DType::F16 | DType::BF16)
     }

@@ -3,7 +3,9 @@
 
 use kiln_compiler::passes::decompose;
 use kiln_ir::builder::GraphBuilder;
-use kiln_ir::op::{Attention, Loss, LossReduction, Rnn, RnnCell, RnnDirection, RotaryEmbedding};
+use kiln_ir::op::{
+    Attention, Col2Im, Loss, LossReduction, Rnn, RnnCell, RnnDirection, RotaryEmbedding,
+};
 use kiln_ir::{eval, DType, Graph, Op, Shape, Tensor, UnaryOp};
 
 use crate::compile::check_against_eval;
@@ -17,6 +19,9 @@ fn decomposable(op: &Op) -> bool {
             | Op::RotaryEmbedding(_)
             | Op::NllLoss(_)
             | Op::SoftmaxCrossEntropyLoss(_)
+            | Op::CenterCropPad { .. }
+            | Op::Col2Im(_)
+            | Op::Det
     )
 }
 
@@ -524,4 +529,43 @@ fn softmax_cross_entropy_with_log_prob() {
         loss_case(true, reduction, Some(0), true, &[3, 4, 2], true);
         loss_case(true, reduction, None, false, &[5, 3], true);
     }
+}
+
+// ----- CenterCropPad, Col2Im, Det -----
+
+/// One node of `op` on input `x` (random values) and constant shape operands.
+fn one_node(op: Op, dtype: DType, xd: &[usize], shapes: &[Tensor], tol: f64) {
+    let g = GraphBuilder::new("image");
+    let x = g.input("x", dtype, xd);
+    let mut operands = vec![Some(x)];
+    for (i, s) in shapes.iter().enumerate() {
+        operands.push(Some(g.constant(&format!("s{i}"), s.clone())));
+    }
+    let y = g.apply(op, &operands, 1)[0];
+    g.output("y", y);
+    let graph = g.build().expect("the graph builds");
+    check(&graph, &[Tensor::random(dtype, xd, 7)], tol);
+}
+
+#[test]
+fn center_crop_pad_crops_and_pads_in_one_node() {
+    // Axis 0 cropped by an odd amount, axis 2 padded by one, axis 1 untouched.
+    let op = Op::CenterCropPad { axes: vec![0, -1] };
+    one_node(op, DType::F32, &[7, 3, 4], &[Tensor::vector(&[4i64, 5])], 0.0);
+}
+
+#[test]
+fn col2im_with_strides_pads_and_dilations() {
+    let c = Col2Im { dilations: vec![2, 1], pads: vec![1, 0, 1, 2], strides: vec![1, 2] };
+    // Image 5 x 6, block 2 x 3: positions (5 + 2 - 3) / 1 + 1 = 5 by (6 + 2 - 3) / 2 + 1 = 3.
+    let shapes = [Tensor::vector(&[5i64, 6]), Tensor::vector(&[2i64, 3])];
+    one_node(Op::Col2Im(c), DType::F32, &[2, 2 * 6, 15], &shapes, 1e-5);
+}
+
+#[test]
+fn det_of_stacked_matrices_up_to_four_by_four() {
+    for m in 1..=4 {
+        one_node(Op::Det, DType::F32, &[2, 3, m, m], &[], 1e-4);
+    }
+    one_node(Op::Det, DType::F64, &[3, 3], &[], 1e-9);
 }

@@ -71,6 +71,7 @@ pub(crate) fn eval_chain<'c, 'a>(
             Op::Unary(u) => b.unary(*u, x, out)?,
             Op::Binary(op) => b.binary(*op, x, operands[1].expect("binary"), out)?,
             Op::Cast { to, saturate } => b.cast_with(x, *to, *saturate)?,
+            Op::BitCast { to } => b.bitcast(x, *to)?,
             Op::Identity => x,
             Op::Where => {
                 let (t, f) = (operands[1].expect("where"), operands[2].expect("where"));

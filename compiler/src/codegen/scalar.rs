@@ -615,6 +615,16 @@ impl<'c, 'a> ScalarBuilder<'c, 'a> {
         })
     }
 
+    /// ONNX BitCast: `x`'s stored bits read as `to`, which is as wide (inference checks). The
+    /// value goes through its storage form, so a bool is its byte and a half float its 16 bits.
+    pub fn bitcast(&self, x: Scalar<'c, 'a>, to: DType) -> Result<Scalar<'c, 'a>> {
+        let stored = self.store(x)?;
+        let (from_ty, to_ty) = (storage_type(x.dtype), storage_type(to));
+        let v =
+            if from_ty == to_ty { stored } else { self.emit("arith.bitcast", &[stored], to_ty)? };
+        self.load(v, to)
+    }
+
     /// ONNX Cast between any two dtypes.
     pub fn cast(&self, x: Scalar<'c, 'a>, to: DType) -> Result<Scalar<'c, 'a>> {
         self.cast_with(x, to, true)

@@ -10,6 +10,9 @@
 //! - `RotaryEmbedding` becomes Slice / Gather / elementwise / Concat (`attention.rs`).
 //! - `NegativeLogLikelihoodLoss` and `SoftmaxCrossEntropyLoss` become Equal / Where / ReduceSum
 //!   (and LogSoftmax) (`loss.rs`).
+//! - `CenterCropPad` becomes Slice and Pad, `Col2Im` (floats) a MatMul by a constant scatter
+//!   matrix, `Det` (matrices up to 4 x 4) its permutation expansion: Gather / ReduceProd /
+//!   ReduceSum (`image.rs`).
 //! - `QuantizeLinear` and `DequantizeLinear` become elementwise arithmetic with the scale shaped
 //!   to broadcast (`quantize.rs`): quantized models run, computing in f32, not yet on integer
 //!   kernels.
@@ -19,6 +22,7 @@
 //! A node whose shapes are not all static is left alone (codegen then reports it unsupported).
 
 mod attention;
+mod image;
 mod loss;
 mod quantize;
 mod rnn;
@@ -40,8 +44,11 @@ pub fn decompose(graph: &mut Graph, keep: fn(&Graph, NodeId) -> bool) -> Result<
     for id in graph.topo_order()? {
         let Some(node) = graph.try_node(id) else { continue };
         // The families codegen has no rules for that this pass rewrites (the match below).
+        // And the ops of other families that are natural as existing ops, which codegen has no
+        // rules for either.
         let decomposed =
-            matches!(node.op.family(), OpFamily::Sequence | OpFamily::Loss | OpFamily::Quantize);
+            matches!(node.op.family(), OpFamily::Sequence | OpFamily::Loss | OpFamily::Quantize)
+                || matches!(node.op, Op::CenterCropPad { .. } | Op::Col2Im(_) | Op::Det);
         if !decomposed {
             continue;
         }
@@ -62,6 +69,9 @@ pub fn decompose(graph: &mut Graph, keep: fn(&Graph, NodeId) -> bool) -> Result<
             Op::Dequantize { axis, block_size } => {
                 quantize::dequantize(&mut e, id, *axis, *block_size)
             }
+            Op::CenterCropPad { axes } => image::center_crop_pad(&mut e, id, axes),
+            Op::Col2Im(c) => image::col2im(&mut e, id, c),
+            Op::Det => image::det(&mut e, id),
             _ => continue,
         };
         // A failure here is a bug in this pass, not in the model: say which node it was.

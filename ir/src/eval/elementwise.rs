@@ -28,6 +28,8 @@ pub(super) fn eval(
         )],
         Op::Cast { to, saturate: true } => vec![x().cast(*to)],
         Op::Cast { to, saturate: false } => vec![x().cast_unsaturated(*to)],
+        // The same little-endian bytes (bools normalised to 0/1, as every bool tensor is).
+        Op::BitCast { to } => vec![Tensor::from_bytes(*to, x().dims(), x().bytes())?],
         Op::Identity => vec![x().clone()],
         _ => return not_yet(op),
     })

@@ -8,7 +8,7 @@ use ndarray::IxDyn;
 
 use super::{strides, tensor, typed, view};
 use crate::error::{invalid, OpError};
-use crate::infer::pad_amounts;
+use crate::infer::{center_crop_pad_amounts, pad_amounts};
 use crate::op::{PadMode, ScatterReduction};
 use crate::{normalize_axis, Element, Op, Tensor, TensorType};
 
@@ -51,16 +51,26 @@ pub(super) fn eval(
             });
             typed!(x.dtype(), pick(x, &offs, &dims))
         }
-        Op::Pad { mode } => {
-            let pads = arg(1)?.to_i64s();
-            let axes = opt(3).map(Tensor::to_i64s);
-            let amounts = pad_amounts(&pads, axes.as_deref(), x.rank())?;
+        Op::Pad { .. } | Op::CenterCropPad { .. } => {
+            // CenterCropPad is a zero Pad whose negative amounts crop.
+            let (mode, amounts, value) = match op {
+                Op::Pad { mode } => {
+                    let pads = arg(1)?.to_i64s();
+                    let axes = opt(3).map(Tensor::to_i64s);
+                    (*mode, pad_amounts(&pads, axes.as_deref(), x.rank())?, opt(2))
+                }
+                Op::CenterCropPad { axes } => {
+                    let targets = arg(1)?.to_i64s();
+                    (PadMode::Constant, center_crop_pad_amounts(x.dims(), &targets, axes)?, None)
+                }
+                _ => unreachable!("matched above"),
+            };
             let maps: Vec<Vec<Option<usize>>> = x
                 .dims()
                 .iter()
                 .zip(&amounts)
                 .zip(&dims)
-                .map(|((&n, &(lo, hi)), &size)| pad_axis(*mode, n, lo, hi, size))
+                .map(|((&n, &(lo, hi)), &size)| pad_axis(mode, n, lo, hi, size))
                 .collect();
             let st = strides(x.dims());
             let offs = offsets(&dims, |pos| {
@@ -69,7 +79,7 @@ pub(super) fn eval(
                     .zip(&st)
                     .try_fold(0, |acc, ((&p, map), &s)| map[p].map(|i| acc + i * s))
             });
-            typed!(x.dtype(), pick_or(x, &offs, opt(2), &dims))
+            typed!(x.dtype(), pick_or(x, &offs, value, &dims))
         }
         Op::OneHot { axis } => {
             let values = arg(2)?;

@@ -22,8 +22,55 @@ pub(super) fn eval(
         Op::ArgReduce(r) => arg_reduce(r, operands, out_types)?,
         Op::Cumulative(c) => cumulative(c, operands)?,
         Op::TopK { axis, largest, .. } => top_k(*axis, *largest, operands, out_types)?,
+        Op::Det => vec![det(x())?],
         _ => return not_yet(op),
     })
+}
+
+/// Det: each matrix's determinant by LU decomposition with partial pivoting, in f64.
+fn det(x: &Tensor) -> Result<Tensor, OpError> {
+    let dims = x.dims();
+    let r = dims.len();
+    if r < 2 || dims[r - 2] != dims[r - 1] {
+        return Err(invalid!("needs square matrices, got {}", x.ty()));
+    }
+    let m = dims[r - 1];
+    let values = x.to_f64s();
+    let out: Vec<f64> = if m == 0 {
+        // The determinant of the empty matrix is 1 (the empty product).
+        vec![1.0; dims[..r - 2].iter().product()]
+    } else {
+        values.chunks(m * m).map(|a| determinant(a.to_vec(), m)).collect()
+    };
+    Ok(Tensor::from_f64s(x.dtype(), &dims[..r - 2], &out)?)
+}
+
+/// The determinant of the `m` x `m` row-major matrix `a` (Gaussian elimination; the pivot is
+/// the largest entry of its column, as LAPACK's getrf chooses it).
+pub fn determinant(mut a: Vec<f64>, m: usize) -> f64 {
+    let mut det = 1.0;
+    for c in 0..m {
+        let p =
+            (c..m).max_by(|&i, &j| a[i * m + c].abs().total_cmp(&a[j * m + c].abs())).unwrap_or(c);
+        if a[p * m + c] == 0.0 {
+            return 0.0;
+        }
+        if p != c {
+            for k in 0..m {
+                a.swap(p * m + k, c * m + k);
+            }
+            det = -det;
+        }
+        let pivot = a[c * m + c];
+        det *= pivot;
+        for i in c + 1..m {
+            let f = a[i * m + c] / pivot;
+            for k in c..m {
+                a[i * m + k] -= f * a[c * m + k];
+            }
+        }
+    }
+    det
 }
 
 pub(super) fn reduce(

@@ -3,9 +3,9 @@
 use ndarray::{Array2, ArrayView2, Axis};
 
 use super::{first, not_yet};
-use crate::error::OpError;
-use crate::infer::{transpose_axis, TransposeAxis};
-use crate::op::{Conv, ConvTranspose, Pool, PoolKind, SpatialAxis, Window};
+use crate::error::{invalid, OpError};
+use crate::infer::{transpose_axis, Col2ImPlan, TransposeAxis};
+use crate::op::{Col2Im, Conv, ConvTranspose, Pool, PoolKind, SpatialAxis, Window};
 use crate::{DType, Op, Tensor, TensorType};
 
 pub(super) fn eval(
@@ -28,8 +28,51 @@ pub(super) fn eval(
         Op::Pool(p) => pool(p, x(), &out_dims[0], num_outputs > 1)?,
         Op::GlobalPool(k) => vec![global_pool(*k, x())],
         Op::ConvTranspose(c) => conv_transpose(c, operands, out_types)?,
+        Op::Col2Im(c) => vec![col2im(c, operands)?],
         _ => return not_yet(op),
     })
+}
+
+/// Col2Im: every column element added into the image element the plan sends it to (in f64 for
+/// floats, exactly for integers, which wrap as the sum of the type does).
+fn col2im(c: &Col2Im, operands: &[Option<&Tensor>]) -> Result<Tensor, OpError> {
+    let arg =
+        |i: usize| operands.get(i).copied().flatten().ok_or(OpError::MissingOperand { index: i });
+    let x = arg(0)?;
+    let plan = Col2ImPlan::new(c, &arg(1)?.to_i64s(), &arg(2)?.to_i64s())?;
+    let [n, cb, l] = <[usize; 3]>::try_from(x.dims())
+        .map_err(|_| invalid!("input must be 3-D, got {}", x.ty()))?;
+    if plan.block == 0 || cb % plan.block != 0 || l != plan.columns {
+        return Err(invalid!("input {} does not fit the plan's blocks", x.ty()));
+    }
+    let channels = cb / plan.block;
+    let pixels: usize = plan.image.iter().product();
+    let mut dims = vec![n, channels];
+    dims.extend(&plan.image);
+    if x.dtype().is_float() {
+        let v = x.to_f64s();
+        let mut out = vec![0.0; n * channels * pixels];
+        for (plane, src) in out.chunks_mut(pixels).zip(v.chunks(plan.block * l)) {
+            for (&t, &s) in plan.targets.iter().zip(src) {
+                if let Some(t) = t {
+                    plane[t] += s;
+                }
+            }
+        }
+        Ok(Tensor::from_f64s(x.dtype(), &dims, &out)?)
+    } else {
+        let v = x.to_i64s();
+        let mut out = vec![0i64; n * channels * pixels];
+        for (plane, src) in out.chunks_mut(pixels).zip(v.chunks(plan.block * l)) {
+            for (&t, &s) in plan.targets.iter().zip(src) {
+                if let Some(t) = t {
+                    plane[t] = plane[t].wrapping_add(s);
+                }
+            }
+        }
+        let t = Tensor::from_vec(&dims, out)?;
+        Ok(t.cast(x.dtype()))
+    }
 }
 
 /// For each spatial axis, for each kernel offset, for each output position: the input position it

@@ -12,6 +12,7 @@ pub(super) fn infer(op: &Op, ops: &Operands) -> Infer {
         Op::Clip => clip(ops),
         Op::Where => where_(ops),
         Op::Cast { to, .. } => cast(*to, ops),
+        Op::BitCast { to } => bitcast(*to, ops),
         Op::Identity => Ok(vec![ops.get(0)?.ty.clone()]),
         _ => not_yet(op),
     }
@@ -70,6 +71,20 @@ pub(super) fn where_(ops: &Operands) -> Infer {
     let shape = broadcast(&c.shape, &xy)
         .ok_or_else(|| invalid!("cannot broadcast condition {c} with {}{xy}", x.dtype))?;
     Ok(vec![TensorType::new(x.dtype, shape)])
+}
+
+/// BitCast: the same shape; the types must be as wide (ONNX has no rule for other widths).
+pub(super) fn bitcast(to: DType, ops: &Operands) -> Infer {
+    let x = ops.get(0)?.ty;
+    if x.dtype.bits() != to.bits() {
+        return Err(invalid!(
+            "cannot reinterpret {x} as {to}: {} has {} bits, {to} has {}",
+            x.dtype,
+            x.dtype.bits(),
+            to.bits()
+        ));
+    }
+    Ok(vec![TensorType::new(to, x.shape.clone())])
 }
 
 pub(super) fn cast(to: DType, ops: &Operands) -> Infer {

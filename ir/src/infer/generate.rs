@@ -1,6 +1,7 @@
 //! Ops that make tensors from shapes and scalars: Shape, Size, ConstantOfShape, Range, EyeLike.
 
 use super::{not_yet, Ctx, Infer, Operand, Operands};
+use crate::op::SignalWindow;
 use crate::{DType, Dim, Op, Shape, Tensor, TensorType};
 
 pub(super) fn infer(op: &Op, ops: &Operands, ctx: &Ctx) -> Infer {
@@ -10,6 +11,7 @@ pub(super) fn infer(op: &Op, ops: &Operands, ctx: &Ctx) -> Infer {
         Op::ConstantOfShape { value } => constant_of_shape(value, ops, ctx),
         Op::Range => range(ops, ctx),
         Op::EyeLike { dtype, .. } => eye_like(*dtype, ops),
+        Op::SignalWindow(w) => signal_window(w, ops, ctx),
         _ => not_yet(op),
     }
 }
@@ -26,6 +28,33 @@ pub(super) fn shape(start: i64, end: Option<i64>, ops: &Operands) -> Infer {
 pub(super) fn size(ops: &Operands) -> Infer {
     ops.get(0)?;
     Ok(vec![TensorType::new(DType::I64, Shape::scalar())])
+}
+
+/// HannWindow, HammingWindow, BlackmanWindow: `size` points (a scalar, its value known when
+/// the size is a constant, as `kiln check` and `kiln run` make it by binding the input).
+pub(super) fn signal_window(w: &SignalWindow, ops: &Operands, ctx: &Ctx) -> Infer {
+    let size = ops.get(0)?;
+    if !size.ty.dtype.is_int() || size.ty.rank() != 0 {
+        return Err(invalid!("size must be an integer scalar, got {}", size.ty));
+    }
+    let dtype = w.out_dtype();
+    if !dtype.is_float() {
+        return Err(invalid!("output_datatype must be a float type, got {dtype}"));
+    }
+    let len = match size.value {
+        Some(t) => Dim::Fixed(window_size(t)?),
+        None => ctx.fresh(0),
+    };
+    if let Dim::Fixed(n) = len {
+        checked_count(&[n], dtype, "window")?;
+    }
+    Ok(vec![TensorType::new(dtype, Shape(vec![len]))])
+}
+
+/// A window's size operand as a point count.
+pub(crate) fn window_size(size: &Tensor) -> Result<usize, OpError> {
+    let n = size.to_i64s().first().copied().ok_or("size is empty")?;
+    usize::try_from(n).map_err(|_| invalid!("size must not be negative, got {n}"))
 }
 
 /// EyeLike: x's 2-D shape, in `dtype` or x's type.

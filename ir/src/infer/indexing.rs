@@ -1,4 +1,4 @@
-//! Indexing and rearranging ops: GatherElements, GatherND, ScatterElements, ScatterND, Tile, Pad, OneHot, Trilu, DepthToSpace, SpaceToDepth, NonZero, Compress, ReverseSequence.
+//! Indexing and rearranging ops: GatherElements, GatherND, ScatterElements, ScatterND, Tile, Pad, CenterCropPad, OneHot, Trilu, DepthToSpace, SpaceToDepth, NonZero, Compress, ReverseSequence.
 
 use super::{axis, same_dtype, Ctx, Infer, Operand, Operands};
 use crate::error::{invalid, OpError};
@@ -13,6 +13,7 @@ pub(super) fn infer(op: &Op, ops: &Operands, ctx: &Ctx) -> Infer {
         Op::ScatterNd { .. } => scatter_nd(ops),
         Op::Tile => tile(ops, ctx),
         Op::Pad { mode } => pad(*mode, ops, ctx),
+        Op::CenterCropPad { axes } => center_crop_pad(axes, ops, ctx),
         Op::OneHot { axis } => one_hot(*axis, ops, ctx),
         Op::Trilu { .. } => trilu(ops),
         Op::DepthToSpace { blocksize, .. } => depth_to_space(*blocksize, ops, ctx),
@@ -265,6 +266,84 @@ fn pad(mode: PadMode, ops: &Operands, ctx: &Ctx) -> Infer {
         });
     }
     Ok(vec![TensorType::new(x.dtype, Shape(dims))])
+}
+
+/// CenterCropPad's axes (normalised): `axes`, or every axis when it is empty; one per entry of
+/// the shape operand, none twice.
+pub fn crop_pad_axes(axes: &[i64], rank: usize, targets: usize) -> Result<Vec<usize>, OpError> {
+    let axes: Vec<i64> = if axes.is_empty() { (0..rank as i64).collect() } else { axes.to_vec() };
+    if axes.len() != targets {
+        return Err(invalid!(
+            "shape has {targets} entries, but there are {} axes to crop or pad",
+            axes.len()
+        ));
+    }
+    let mut seen = vec![false; rank];
+    axes.iter()
+        .map(|&a| {
+            let n = normalize_axis(a, rank)
+                .ok_or_else(|| invalid!("axis {a} is out of range for rank {rank}"))?;
+            if std::mem::replace(&mut seen[n], true) {
+                return Err(invalid!("axis {a} is listed twice"));
+            }
+            Ok(n)
+        })
+        .collect()
+}
+
+/// CenterCropPad as Pad's amounts per axis (negative ones crop): the difference between an
+/// axis and its target size is split in two, the odd element at the end, whether it is added
+/// or taken away (ONNX: the crop window starts rounded down, the extra padding goes right).
+pub fn center_crop_pad_amounts(
+    dims: &[usize],
+    targets: &[i64],
+    axes: &[i64],
+) -> Result<Vec<(i64, i64)>, OpError> {
+    let mut out = vec![(0, 0); dims.len()];
+    for (&a, &t) in crop_pad_axes(axes, dims.len(), targets.len())?.iter().zip(targets) {
+        if t < 0 {
+            return Err(invalid!("shape {targets:?} has a negative size"));
+        }
+        let n = i64::try_from(dims[a]).map_err(|_| invalid!("axis {a} is too long"))?;
+        out[a] = if t >= n {
+            let lo = (t - n) / 2;
+            (lo, t - n - lo)
+        } else {
+            let lo = (n - t) / 2;
+            (-lo, -(n - t - lo))
+        };
+    }
+    Ok(out)
+}
+
+fn center_crop_pad(axes: &[i64], ops: &Operands, ctx: &Ctx) -> Infer {
+    let x = ops.get(0)?.ty;
+    let shape = ops.get(1)?;
+    index_dtype("shape", shape.ty)?;
+    let targets = match ops.ints(1, "shape")?.flatten() {
+        Some(t) => t,
+        // Sizes known only at run time: the listed axes get fresh sizes (every axis when the
+        // list is empty).
+        None => {
+            let mut dims = x.shape.0.clone();
+            let n = shape.ty.shape.0.first().and_then(Dim::fixed).unwrap_or(x.rank());
+            for a in crop_pad_axes(axes, x.rank(), n)? {
+                dims[a] = ctx.fresh(a);
+            }
+            return Ok(vec![TensorType::new(x.dtype, Shape(dims))]);
+        }
+    };
+    let mut dims = x.shape.0.clone();
+    for (a, &t) in crop_pad_axes(axes, x.rank(), targets.len())?.into_iter().zip(&targets) {
+        let t =
+            usize::try_from(t).map_err(|_| invalid!("shape {targets:?} has a negative size"))?;
+        dims[a] = Dim::Fixed(t);
+    }
+    let ty = TensorType::new(x.dtype, Shape(dims));
+    if let Some(fixed) = ty.shape.as_fixed() {
+        super::generate::checked_count(&fixed, x.dtype, "result")?;
+    }
+    Ok(vec![ty])
 }
 
 fn one_hot(ax: i64, ops: &Operands, ctx: &Ctx) -> Infer {

@@ -19,12 +19,12 @@ mod sequence;
 mod window;
 
 pub use contraction::EinsumSpec;
-pub(crate) use generate::{range_count, shape_interval, Scalar};
-pub use indexing::pad_amounts;
+pub(crate) use generate::{range_count, shape_interval, window_size, Scalar};
+pub use indexing::{center_crop_pad_amounts, pad_amounts};
 pub use movement::{equal_split, slice_axis};
 pub(crate) use reduce::reduced_axes;
 pub(crate) use resize::{resize_plan, ResizePlan};
-pub use window::{transpose_axis, TransposeAxis};
+pub use window::{transpose_axis, Col2ImPlan, TransposeAxis};
 
 use crate::error::{invalid, OpError};
 use crate::op::OpFamily;

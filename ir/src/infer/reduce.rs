@@ -11,8 +11,28 @@ pub(super) fn infer(op: &Op, ops: &Operands, ctx: &Ctx) -> Infer {
         Op::ArgReduce(r) => arg_reduce(r, ops),
         Op::Cumulative(_) => cumulative(ops),
         Op::TopK { axis, .. } => top_k(*axis, ops, ctx),
+        Op::Det => det(ops),
         _ => not_yet(op),
     }
+}
+
+/// Det: the batch axes of a stack of square matrices, in x's float type.
+fn det(ops: &Operands) -> Infer {
+    let x = ops.get(0)?.ty;
+    if !x.dtype.is_float() {
+        return Err(invalid!("needs a float tensor, got {x}"));
+    }
+    let r = x.rank();
+    if r < 2 {
+        return Err(invalid!("needs matrices (at least 2-D), got {x}"));
+    }
+    let (m, n) = (&x.shape.0[r - 2], &x.shape.0[r - 1]);
+    if let (Dim::Fixed(a), Dim::Fixed(b)) = (m, n) {
+        if a != b {
+            return Err(invalid!("needs square matrices, got {x}"));
+        }
+    }
+    Ok(vec![TensorType::new(x.dtype, Shape(x.shape.0[..r - 2].to_vec()))])
 }
 
 /// The axes a reduction reduces, normalised and sorted; `None` when they are known only at run time.

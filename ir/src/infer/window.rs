@@ -2,7 +2,7 @@
 
 use super::{not_yet, same_dtype, Ctx, Infer, Operands};
 use crate::error::{invalid, OpError};
-use crate::op::{AutoPad, Conv, ConvTranspose, Pool, PoolKind, Window};
+use crate::op::{AutoPad, Col2Im, Conv, ConvTranspose, Pool, PoolKind, Window};
 use crate::{DType, Dim, Op, Shape, TensorType};
 
 pub(super) fn infer(op: &Op, ops: &Operands, ctx: &Ctx) -> Infer {
@@ -12,6 +12,7 @@ pub(super) fn infer(op: &Op, ops: &Operands, ctx: &Ctx) -> Infer {
         Op::Pool(p) => pool(p, ops, ctx),
         Op::GlobalPool(k) => global_pool(*k, ops),
         Op::ConvTranspose(c) => conv_transpose(c, ops, ctx),
+        Op::Col2Im(c) => col2im(c, ops, ctx),
         _ => not_yet(op),
     }
 }
@@ -344,4 +345,149 @@ pub(super) fn qconv(c: &Conv, ops: &Operands, ctx: &Ctx) -> Infer {
     let mut dims = vec![x.shape.0[0].clone(), m];
     dims.extend(spatial_out(&c.window, x, &w.shape.0[2..], false, ctx)?);
     Ok(vec![TensorType::new(ops.get(7)?.ty.dtype, Shape(dims))])
+}
+
+/// Where Col2Im's columns go: for an image of `image` and blocks of `block`, with the node's
+/// strides, pads and dilations.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Col2ImPlan {
+    pub image: Vec<usize>,
+    /// Elements in one block (the product of the block shape).
+    pub block: usize,
+    /// Block positions per axis, and in all (`L`, the input's last axis).
+    pub positions: Vec<usize>,
+    pub columns: usize,
+    /// For block element `k` (row-major over the block) at block position `l` (row-major over
+    /// the positions), at `k * columns + l`: the flat image element it adds to, or `None` where
+    /// it falls in the padding.
+    pub targets: Vec<Option<usize>>,
+}
+
+impl Col2ImPlan {
+    pub fn new(c: &Col2Im, image: &[i64], block: &[i64]) -> Result<Col2ImPlan, OpError> {
+        let n = image.len();
+        if block.len() != n || n == 0 {
+            return Err(invalid!(
+                "image_shape {image:?} and block_shape {block:?} must have one entry per image axis"
+            ));
+        }
+        let or_ones = |v: &[usize], what: &str, len: usize, default: usize| match v.len() {
+            0 => Ok(vec![default; len]),
+            l if l == len => Ok(v.to_vec()),
+            _ => Err(invalid!("{what} {v:?} must have {len} entries")),
+        };
+        let strides = or_ones(&c.strides, "strides", n, 1)?;
+        let dilations = or_ones(&c.dilations, "dilations", n, 1)?;
+        let pads = or_ones(&c.pads, "pads", 2 * n, 0)?;
+        if strides.contains(&0) || dilations.contains(&0) {
+            return Err(invalid!("strides and dilations must be positive"));
+        }
+        let size = |v: i64, what: &str| {
+            usize::try_from(v)
+                .ok()
+                .filter(|&s| s > 0 && s <= 1 << 31)
+                .ok_or_else(|| invalid!("{what} must hold sizes from 1 to 2^31, got {v}"))
+        };
+        let image: Vec<usize> =
+            image.iter().map(|&d| size(d, "image_shape")).collect::<Result<_, _>>()?;
+        let block_dims: Vec<usize> =
+            block.iter().map(|&d| size(d, "block_shape")).collect::<Result<_, _>>()?;
+        let mut positions = Vec::with_capacity(n);
+        for i in 0..n {
+            // Sizes up to 2^31 and attributes read from an int64 list: u128 cannot overflow.
+            let padded = image[i] as u128 + pads[i] as u128 + pads[n + i] as u128;
+            let span = dilations[i] as u128 * (block_dims[i] as u128 - 1) + 1;
+            if padded < span {
+                return Err(invalid!(
+                    "a block of {block:?} (dilations {dilations:?}) does not fit the padded image {image:?}"
+                ));
+            }
+            positions.push(((padded - span) / strides[i] as u128 + 1) as usize);
+        }
+        let block_len = checked_product(&block_dims)?;
+        let columns = checked_product(&positions)?;
+        let entries =
+            block_len.checked_mul(columns).filter(|&e| e <= 1 << 28).ok_or_else(|| {
+                invalid!("{block_len} block elements at {columns} positions are too many")
+            })?;
+        let mut targets = Vec::with_capacity(entries);
+        for k in 0..block_len {
+            let kk = unravel(k, &block_dims);
+            for l in 0..columns {
+                let ll = unravel(l, &positions);
+                let mut flat = Some(0usize);
+                for i in 0..n {
+                    let at = (ll[i] * strides[i] + kk[i] * dilations[i]) as i128 - pads[i] as i128;
+                    flat = match flat {
+                        Some(f) if (0..image[i] as i128).contains(&at) => {
+                            Some(f * image[i] + at as usize)
+                        }
+                        _ => None,
+                    };
+                }
+                targets.push(flat);
+            }
+        }
+        Ok(Col2ImPlan { image, block: block_len, positions, columns, targets })
+    }
+}
+
+fn checked_product(dims: &[usize]) -> Result<usize, OpError> {
+    dims.iter()
+        .try_fold(1usize, |a, &d| a.checked_mul(d))
+        .ok_or_else(|| invalid!("{dims:?} has too many elements"))
+}
+
+/// The row-major multi-index of flat position `i` in `dims`.
+fn unravel(mut i: usize, dims: &[usize]) -> Vec<usize> {
+    let mut idx = vec![0; dims.len()];
+    for (slot, &d) in idx.iter_mut().zip(dims).rev() {
+        *slot = i % d;
+        i /= d;
+    }
+    idx
+}
+
+/// Col2Im: `[N, C * prod(block), L]` to `[N, C, image...]`; the image and block shapes must be
+/// known (constants) for the result's shape and for `L` to be checked.
+fn col2im(c: &Col2Im, ops: &Operands, ctx: &Ctx) -> Infer {
+    let x = ops.get(0)?.ty;
+    if x.rank() != 3 {
+        return Err(invalid!("input must be [N, C * prod(block_shape), L], got {x}"));
+    }
+    if !x.dtype.is_numeric() {
+        return Err(invalid!("needs a numeric tensor, got {x}"));
+    }
+    let (image, block) = (ops.ints(1, "image_shape")?, ops.ints(2, "block_shape")?);
+    let (Some(Some(image)), Some(Some(block))) = (image, block) else {
+        let rank = ops.get(1)?.ty.shape.0.first().and_then(Dim::fixed);
+        let rank = rank.ok_or_else(|| invalid!("image_shape must have a known length"))?;
+        let mut shape = ctx.fresh_shape(rank + 2)?;
+        shape.0[0] = x.shape.0[0].clone();
+        return Ok(vec![TensorType::new(x.dtype, shape)]);
+    };
+    let plan = Col2ImPlan::new(c, &image, &block)?;
+    let channels = match &x.shape.0[1] {
+        Dim::Fixed(cb) => {
+            if cb % plan.block != 0 {
+                return Err(invalid!(
+                    "input channels {cb} are not a multiple of the block's {} elements",
+                    plan.block
+                ));
+            }
+            Dim::Fixed(cb / plan.block)
+        }
+        _ => ctx.fresh(1),
+    };
+    if let Dim::Fixed(l) = x.shape.0[2] {
+        if l != plan.columns {
+            return Err(invalid!(
+                "input has {l} columns, but blocks of {block:?} fit {} times in the image {image:?}",
+                plan.columns
+            ));
+        }
+    }
+    let mut dims = vec![x.shape.0[0].clone(), channels];
+    dims.extend(plan.image.iter().map(|&d| Dim::Fixed(d)));
+    Ok(vec![TensorType::new(x.dtype, Shape(dims))])
 }

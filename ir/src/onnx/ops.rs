@@ -144,9 +144,16 @@ pub(super) fn convert(im: &mut GraphImporter, node: &NodeProto, op_type: &str) -
             generic(im, node, op_type, a, n_out)
         }
         "SequenceMap" => sequence_map(im, node, a),
-        "EyeLike" | "SequenceEmpty" => {
-            if let Some(d) = type_attr(&mut a, "dtype")? {
-                a.set("dtype", Attr::Type(d));
+        // Type attributes are ONNX's integer codes; kiln's table holds types.
+        "EyeLike" | "SequenceEmpty" | "BitCast" | "HannWindow" | "HammingWindow"
+        | "BlackmanWindow" => {
+            let name = match op_type {
+                "BitCast" => "to",
+                "EyeLike" | "SequenceEmpty" => "dtype",
+                _ => "output_datatype",
+            };
+            if let Some(d) = type_attr(&mut a, name)? {
+                a.set(name, Attr::Type(d));
             }
             generic(im, node, op_type, a, n_out)
         }

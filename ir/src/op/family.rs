@@ -47,6 +47,12 @@ attr_schema!(ConvTranspose {
     output_shape: Vec<usize> = Vec::new(); "output_shape" as Sizes,
 });
 
+attr_schema!(Col2Im {
+    dilations: Vec<usize> = Vec::new(); "dilations" as Sizes,
+    pads: Vec<usize> = Vec::new(); "pads" as Sizes,
+    strides: Vec<usize> = Vec::new(); "strides" as Sizes,
+});
+
 attr_schema!(Lrn {
     alpha: f32 = 1e-4; "alpha" as Float,
     beta: f32 = 0.75; "beta" as Float,
@@ -261,6 +267,35 @@ impl Family for Reduce {
                 kind,
                 keepdims: a.flag("keepdims", true)?,
                 noop_with_empty_axes: a.flag("noop_with_empty_axes", false)?,
+            })
+        })())
+    }
+}
+
+/// HannWindow, HammingWindow, BlackmanWindow: the shape decides the name.
+impl Family for SignalWindow {
+    fn names() -> Vec<&'static str> {
+        WindowShape::ALL.iter().map(|s| s.op_name()).collect()
+    }
+
+    fn name(&self) -> &'static str {
+        self.shape.op_name()
+    }
+
+    fn write_attrs(&self, a: &mut Attrs) {
+        if let Some(d) = self.dtype {
+            a.push("output_datatype", Attr::Type(d));
+        }
+        a.push("periodic", Attr::Int(self.periodic as i64));
+    }
+
+    fn read_named(name: &str, a: &mut Attrs) -> Option<Result<SignalWindow, AttrError>> {
+        let shape = WindowShape::ALL.into_iter().find(|s| s.op_name() == name)?;
+        Some((|| {
+            Ok(SignalWindow {
+                shape,
+                periodic: a.flag("periodic", true)?,
+                dtype: a.opt_dtype("output_datatype")?,
             })
         })())
     }

@@ -253,6 +253,8 @@ op_table! {
     /// `(x) -> y` converted to `to`; to an 8- or 4-bit float, out-of-range values saturate to the
     /// largest finite one unless `saturate` is off (then infinity or NaN).
     Cast { to: DType; "to" as Type, saturate: bool = true; "saturate" as Flag } => "Cast", arity (1, 1), Elementwise, Elementwise;
+    /// `(x) -> y`, x's bits read as `to` (of the same width): no value is converted.
+    BitCast { to: DType; "to" as Type } => "BitCast", arity (1, 1), Elementwise, Elementwise;
 
     // ----- contractions -----
     /// `(a, b) -> y`, numpy matmul (batched, 1-D operands promoted).
@@ -267,6 +269,9 @@ op_table! {
     Conv(c: Conv) => "Conv", arity (2, 3), Root, Window;
     /// `(x, w, b?) -> y`, N-d transposed convolution with groups.
     ConvTranspose(c: ConvTranspose) => "ConvTranspose", arity (2, 3), Root, Window;
+    /// `(x, image_shape, block_shape) -> y`: columns of blocks `[N, C * prod(block), L]` summed
+    /// back into the image `[N, C, image...]` (the inverse of im2col; PyTorch's `fold`).
+    Col2Im(c: Col2Im) => "Col2Im", arity (3, 3), Root, Window, shapes &[1, 2];
     /// `(x) -> (y, indices)`: MaxPool (indices only for Max), AveragePool, LpPool.
     Pool(p: Pool) => family, arity (1, 1), Root, Window;
     /// `(x) -> y`: pooling over every spatial dimension, kept as size 1.
@@ -303,6 +308,8 @@ op_table! {
     ArgReduce(r: ArgReduce) => family, arity (1, 1), Root, Reduce;
     /// `(x, axis) -> y`: CumSum, CumProd.
     Cumulative(c: Cumulative) => family, arity (2, 2), Root, Reduce, shapes &[1];
+    /// `(x) -> y`, the determinant of each matrix of the last two (square) axes.
+    Det => "Det", arity (1, 1), Root, Reduce;
     /// `(x, k) -> (values, indices)`.
     TopK { axis: i64 = -1; "axis" as Int, largest: bool = true; "largest" as Flag, sorted: bool = true; "sorted" as Flag }
         => "TopK", arity (2, 2), Root, Reduce, shapes &[1], outputs 2;
@@ -342,6 +349,9 @@ op_table! {
     Tile => "Tile", arity (2, 2), Root, Indexing, shapes &[1];
     /// `(x, pads, value?, axes?) -> y`.
     Pad { mode: PadMode = PadMode::Constant; "mode" as Named } => "Pad", arity (2, 4), Root, Indexing, shapes &[1, 3];
+    /// `(x, shape) -> y`, each of `axes` (every axis when empty) cropped or zero-padded about its
+    /// centre to the size `shape` gives it.
+    CenterCropPad { axes: Vec<i64> = Vec::new(); "axes" as Ints } => "CenterCropPad", arity (2, 2), Root, Indexing, shapes &[1];
     /// `(x) -> i64[n]`, the dimensions `start..end`.
     Shape { end: Option<i64> = None; "end" as OptInt, start: i64 = 0; "start" as Int } => "Shape", arity (1, 1), Root, Generate;
     /// `(x) -> i64[]`, the element count.
@@ -356,6 +366,8 @@ op_table! {
     Trilu { upper: bool = true; "upper" as Flag } => "Trilu", arity (1, 2), Root, Indexing, shapes &[1];
     /// `(x) -> y` of x's shape (2-D): ones on diagonal `k`, of type `dtype` (x's if `None`).
     EyeLike { dtype: Option<DType> = None; "dtype" as OptType, k: i64 = 0; "k" as Int } => "EyeLike", arity (1, 1), Root, Generate;
+    /// `(size) -> y`: a Hann, Hamming or Blackman window of `size` points.
+    SignalWindow(w: SignalWindow) => family, arity (1, 1), Root, Generate, shapes &[0];
     /// `(x) -> y`, channels to space in blocks (`crd`: column-row-depth order, else depth-column-row).
     DepthToSpace { blocksize: usize = 0; "blocksize" as Size, crd: bool = false; "mode" as DepthMode } => "DepthToSpace", arity (1, 1), Root, Indexing;
     /// `(x) -> y`, space to channels in blocks.

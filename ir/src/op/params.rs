@@ -232,3 +232,79 @@ pub struct Loss {
     /// Targets equal to this contribute nothing.
     pub ignore_index: Option<i64>,
 }
+
+/// `Col2Im` attributes; the image and block shapes are operands. Empty lists mean ONNX's
+/// defaults (strides and dilations of 1, no padding) on every image axis.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct Col2Im {
+    pub dilations: Vec<usize>,
+    /// Begin values for every image axis, then end values.
+    pub pads: Vec<usize>,
+    pub strides: Vec<usize>,
+}
+
+/// The window functions of ONNX's signal ops (opset 17), each a sum of cosines:
+/// `w[n] = a0 - a1 cos(2πn/N) + a2 cos(4πn/N)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum WindowShape {
+    Hann,
+    Hamming,
+    Blackman,
+}
+
+impl WindowShape {
+    pub const ALL: [WindowShape; 3] =
+        [WindowShape::Hann, WindowShape::Hamming, WindowShape::Blackman];
+
+    /// The ONNX op name.
+    pub fn op_name(self) -> &'static str {
+        match self {
+            WindowShape::Hann => "HannWindow",
+            WindowShape::Hamming => "HammingWindow",
+            WindowShape::Blackman => "BlackmanWindow",
+        }
+    }
+
+    /// `(a0, a1, a2)`, as the ONNX reference defines them (Hamming's are 25/46 and 21/46, not
+    /// the rounded 0.54 and 0.46).
+    pub fn coefficients(self) -> (f64, f64, f64) {
+        match self {
+            WindowShape::Hann => (0.5, 0.5, 0.0),
+            WindowShape::Hamming => (25.0 / 46.0, 21.0 / 46.0, 0.0),
+            WindowShape::Blackman => (0.42, 0.5, 0.08),
+        }
+    }
+}
+
+/// HannWindow, HammingWindow, BlackmanWindow: the shape, whether the window is periodic (its
+/// period is `size`, for spectral analysis) or symmetric (period `size - 1`, for filter design),
+/// and the result type (`output_datatype`; f32 when `None`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct SignalWindow {
+    pub shape: WindowShape,
+    pub periodic: bool,
+    pub dtype: Option<DType>,
+}
+
+impl SignalWindow {
+    /// The result type.
+    pub fn out_dtype(&self) -> DType {
+        self.dtype.unwrap_or(DType::F32)
+    }
+
+    /// The window's `size` values.
+    pub fn values(&self, size: usize) -> Vec<f64> {
+        let (a0, a1, a2) = self.shape.coefficients();
+        // A symmetric window of N points is the periodic one of N - 1 points with its first
+        // point repeated at the end.
+        let period = if self.periodic { size as f64 } else { size.saturating_sub(1) as f64 };
+        let tau = 2.0 * std::f64::consts::PI;
+        (0..size)
+            .map(|n| {
+                // One point (symmetric) has no period: it is the window's first point.
+                let x = if period > 0.0 { tau * n as f64 / period } else { 0.0 };
+                a0 - a1 * x.cos() + a2 * (2.0 * x).cos()
+            })
+            .collect()
+    }
+}

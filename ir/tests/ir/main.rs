@@ -10,6 +10,7 @@ mod ops_control;
 mod ops_generate;
 mod ops_indexing;
 mod ops_sequence;
+mod ops_signal;
 mod ops_windows;
 mod text;
 
