@@ -127,7 +127,7 @@ pub(super) fn plan(
             Shape::Gemm { .. } => true,
             _ => false,
         };
-    let wanted = always || bf16 || (fills && enough && beats_linalg(&shape, k, n, host));
+    let wanted = always || bf16 || (fills && enough && beats_linalg(&shape, m, k, n, host));
     if m * n * k == 0 || !wanted {
         return None;
     }
@@ -277,21 +277,30 @@ pub(super) fn plan(
 }
 
 /// Where the microkernel is faster than the linalg path's register tiles, measured by shape class
-/// on a 2-core Zen 4 (`make bench-ops`, docs/performance.md). The linalg path vectorises along the
-/// output's last dimension and streams its operands unpacked: it loses when that dimension is
-/// short (a k x 1 convolution, a 4x4 image), on pointwise convolutions, on strided windows, and
-/// on GEMMs whose constant B does not stay in L2 between row tiles. On stride-1 windows over rows
-/// of 6 or more the two are level (3x3 by 64 on 56x56: 2.18 linalg, 2.24 ms direct), and on
-/// GEMMs in cache with B as it is and 8 or more rows the linalg path wins.
-fn beats_linalg(shape: &Shape, k: usize, n: usize, host: &Host) -> bool {
+/// on a 2-core Zen 4 and a 2-core Xeon (Emerald Rapids; `make bench-ops`, docs/performance.md).
+/// The linalg path vectorises along the output's last dimension and streams its operands
+/// unpacked: it loses on every one-group convolution. On the Zen 4 stride-1 windows over rows of
+/// 6 or more were level (3x3 by 64 on 56x56: 2.18 linalg, 2.24 ms direct); on the Xeon, whose
+/// two 512-bit FMA ports the packed tiles keep busier, the direct kernel is ahead from there up
+/// (1 thread, CPU time: 3x3 by 64 on 56x56 2.66 -> 2.36 ms, by 128 on 28x28 2.31 -> 1.80, by
+/// 256 on 14x14 2.31 -> 1.28), and far ahead where the operands leave the caches (DBNet's 3x3
+/// 256 -> 64 on 160x160: 372 -> 106 ms at 2 threads). On GEMMs in cache with B as it is and 8
+/// or more rows the linalg path wins.
+fn beats_linalg(shape: &Shape, m: usize, k: usize, n: usize, host: &Host) -> bool {
     match *shape {
         // Grouped and depthwise convolutions: the linalg path runs them 2-20x slower; few output
         // positions by many channels fill the transposed tile, not the linalg path's rows.
         Shape::Conv { group, .. } if group > 1 => true,
         Shape::Conv { .. } if few_positions(shape) => true,
         // Strided windows: the microkernel reads them direct from stride-phase planes (3x3/2
-        // 1.43 -> 1.29 ms, the 7x7/2 stem 10.0 -> 2.5 ms, 1 thread).
-        Shape::Conv { kh, kw, stride, ow, .. } => ow < 6 || kh * kw == 1 || stride != [1, 1],
+        // 1.43 -> 1.29 ms, the 7x7/2 stem 10.0 -> 2.5 ms, 1 thread); pointwise ones and short
+        // rows do not vectorise on linalg; stride-1 windows are level or ahead (above) once an
+        // image's work pays for its padded copy: below 1M multiply-adds an image (cifarnet's
+        // 6 -> 16 5x5 on 14x14, 240K, batch 64) the linalg tile is ahead (1.02 against 1.19 ms
+        // for the model at 1 thread).
+        Shape::Conv { kh, kw, stride, ow, .. } => {
+            ow < 6 || kh * kw == 1 || stride != [1, 1] || m * n * k >= 16 * MIN_MACS
+        }
         // B stored transposed (PyTorch's Linear as Gemm transB=1): the linalg path reads it along
         // K, 1.3-2.6x slower at M 4-128 with B in cache (level at M = 1). At 2-4 rows the
         // linalg tile is mostly empty: 1.1-1.5x slower (level from 8 rows, faster from 16).
