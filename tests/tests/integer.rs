@@ -1030,3 +1030,91 @@ fn the_dynamic_pass_keeps_the_interpreters_results() {
         assert_eq!(a.to_f64s(), b.to_f64s());
     }
 }
+
+/// onnxruntime's fused forms of those products (com.microsoft DynamicQuantizeMatMul, with a
+/// bias, and MatMulIntegerToFloat after a DynamicQuantizeLinear), as models saved after its
+/// optimizer hold them, import as the same ops and run on the same integer kernel.
+#[test]
+fn onnxruntimes_fused_dynamic_products_run_on_the_integer_kernel() {
+    use kiln_ir::onnx::proto::tensor_shape_proto::dimension::Value as DimValue;
+    use kiln_ir::onnx::proto::*;
+    use prost::Message;
+    let t = |d: DType, dims: &[usize], v: Vec<f64>| Tensor::from_f64s(d, dims, &v).unwrap();
+    let init = |tensor: Tensor, name: &str| {
+        TensorProto::decode(kiln_ir::onnx::encode_tensor(&tensor, name).as_slice()).unwrap()
+    };
+    let value = |name: &str, dims: &[i64]| ValueInfoProto {
+        name: Some(name.into()),
+        r#type: Some(TypeProto {
+            value: Some(type_proto::Value::TensorType(type_proto::Tensor {
+                elem_type: Some(data_type::FLOAT),
+                shape: Some(TensorShapeProto {
+                    dim: dims
+                        .iter()
+                        .map(|&d| tensor_shape_proto::Dimension {
+                            value: Some(DimValue::DimValue(d)),
+                        })
+                        .collect(),
+                }),
+            })),
+        }),
+    };
+    let node = |op: &str, domain: &str, inputs: &[&str], outputs: &[&str]| NodeProto {
+        op_type: Some(op.into()),
+        domain: Some(domain.into()),
+        name: Some(outputs[0].into()),
+        input: inputs.iter().map(|s| s.to_string()).collect(),
+        output: outputs.iter().map(|s| s.to_string()).collect(),
+        ..Default::default()
+    };
+    let (k, m, m2) = (48, 70, 33);
+    let ws: Vec<f64> = ints(m, 1, 40, 5).iter().map(|v| v * 0.0005).collect();
+    let graph = GraphProto {
+        name: Some("fused".into()),
+        node: vec![
+            node("DynamicQuantizeMatMul", "com.microsoft", &["x", "w", "ws", "", "b"], &["y"]),
+            node("DynamicQuantizeLinear", "", &["x"], &["q", "s", "z"]),
+            node("MatMulIntegerToFloat", "com.microsoft", &["q", "w2", "s", "ws2", "z"], &["y2"]),
+        ],
+        initializer: vec![
+            init(t(DType::I8, &[k, m], ints(k * m, -127, 127, 6)), "w"),
+            init(t(DType::F32, &[m], ws), "ws"),
+            init(t(DType::F32, &[m], ints(m, -50, 50, 7).iter().map(|v| v * 0.1).collect()), "b"),
+            init(t(DType::I8, &[k, m2], ints(k * m2, -127, 127, 8)), "w2"),
+            init(t(DType::F32, &[], vec![0.003]), "ws2"),
+        ],
+        input: vec![value("x", &[2, 9, k as i64])],
+        output: vec![value("y", &[2, 9, m as i64]), value("y2", &[2, 9, m2 as i64])],
+        ..Default::default()
+    };
+    let opset = |domain: &str, version| OperatorSetIdProto {
+        domain: Some(domain.into()),
+        version: Some(version),
+    };
+    let bytes = ModelProto {
+        ir_version: Some(8),
+        opset_import: vec![opset("", 17), opset("com.microsoft", 1)],
+        graph: Some(graph),
+        ..Default::default()
+    }
+    .encode_to_vec();
+    let graph = kiln_ir::onnx::load_bytes(&bytes, None).unwrap().graph;
+    let x: Vec<f64> = ints(2 * 9 * k, 0, 1000, 9).iter().map(|v| v * 0.004 - 1.3).collect();
+    let x = t(DType::F32, &[2, 9, k], x);
+    let options = Options { cache: false, ..Options::default() };
+    let schedule = kiln_compiler::driver::emit(&graph, Stage::Schedule, &options).unwrap();
+    assert_eq!(
+        schedule.matches("microkernel: dynamically quantized matrix product").count(),
+        2,
+        "{schedule}"
+    );
+    let want = eval::run(&graph, std::slice::from_ref(&x)).unwrap();
+    let exe = kiln_compiler::jit(&graph, &options, &LoadOptions::default()).unwrap();
+    let got = exe.run(&[x]).unwrap();
+    for (o, (g, w)) in got.iter().zip(&want).enumerate() {
+        for (a, b) in g.to_f64s().iter().zip(w.to_f64s()) {
+            // (The bias's Add fused into the kernel may round once with the Mul.)
+            assert!((a - b).abs() <= 1e-6 * (1.0 + b.abs()), "output {o}: {a} against {b}");
+        }
+    }
+}
