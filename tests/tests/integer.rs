@@ -949,14 +949,14 @@ const DYNAMIC: &[DynamicCase] = &[
     },
     // Partial tiles everywhere: K not a multiple of 4, M past a 64-column strip and not a
     // multiple of 16, rows not a multiple of 4; per-column scales; u8 weights with a zero point
-    // (128: the weights less it fit s8, which the kernel multiplies; others stay float).
+    // other than 128 (less it they pass s8: the kernel packs them less a column offset).
     DynamicCase {
         rows: &[3, 5],
         k: 37,
         m: 70,
         per_column: true,
         bias: false,
-        w_zero: Some(128),
+        w_zero: Some(131),
         range: (-0.3, 7.0),
     },
     // All-positive activations (the range clamps at 0: zero point 0), more rows than a stack

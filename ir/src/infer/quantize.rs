@@ -136,13 +136,14 @@ pub(super) fn dequantize(axis: i64, block_size: usize, ops: &Operands) -> Infer 
     Ok(vec![TensorType::new(scale.dtype, x.shape.clone())])
 }
 
-/// kiln's DynQMatMul: f32 `[..., K]` by s8 `[K, M]`, with one f32 weight scale or one per
+/// kiln's DynQMatMul: f32 `[..., K]` by s8 or int32 `[K, M]`, with one f32 weight scale or one per
 /// column: f32 `[..., M]`.
 fn dynamic_product(ops: &Operands) -> Infer {
     let (x, w, scale) = (ops.get(0)?.ty, ops.get(1)?.ty, ops.get(2)?.ty);
-    if x.dtype != DType::F32 || w.dtype != DType::I8 || scale.dtype != DType::F32 {
+    let weights = matches!(w.dtype, DType::I8 | DType::I32);
+    if x.dtype != DType::F32 || !weights || scale.dtype != DType::F32 {
         return Err(invalid!(
-            "takes f32 rows by s8 weights with an f32 scale, got {x}, {w}, {scale}"
+            "takes f32 rows by s8 or int32 weights with an f32 scale, got {x}, {w}, {scale}"
         ));
     }
     if x.rank() < 1 || w.rank() != 2 || scale.rank() > 1 {

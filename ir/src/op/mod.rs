@@ -421,8 +421,9 @@ op_table! {
     /// onnxruntime's `quantize_dynamic` writes (DynamicQuantizeLinear, MatMulInteger, a Cast to
     /// f32 and a Mul by the product of the scales) as one op: `x` (f32 `[..., K]`) quantized to
     /// u8 as DynamicQuantizeLinear does (scale `(max(x, 0) - min(x, 0)) / 255`, zero point
-    /// `round(clip(-min / scale, 0, 255))`, the whole tensor's), times the s8 weights `w`
-    /// (`[K, M]`, their zero point already subtracted) summed in int32, the sum in f32 times
+    /// `round(clip(-min / scale, 0, 255))`, the whole tensor's), less its zero point, times the
+    /// weights `w` (`[K, M]`, s8 or int32, their zero point already subtracted) summed in int32,
+    /// the sum in f32 times
     /// `scale * w_scale` (one value or one per column). The CPU's `dynamic` pass makes it where
     /// its integer kernel runs it.
     DynQMatMul => "DynQMatMul", arity (3, 3), Root, Quantize;

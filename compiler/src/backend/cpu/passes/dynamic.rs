@@ -8,9 +8,9 @@
 //! QuantizeLinear, and the product in int32 of the operands less their zero points), which the
 //! CPU would run as float arithmetic. This pass finds that chain, ending at the Mul, and makes
 //! it one `DynQMatMul(x, w, w_scale)` where the kernel runs it (`ukernel::runs_dynamic_product`):
-//! the weights a constant matrix whose values less their zero point fit s8 (after folding, the
-//! importer's centred int32 weights are one constant), the weight scale one constant value or
-//! one per column. The QuantizeLinear and its scale stay for any other reader (a second product
+//! the weights a constant matrix less its zero point (after folding, the importer's centred
+//! int32 weights are one constant; kept s8 where they fit), the weight scale one constant value
+//! or one per column. The QuantizeLinear and its scale stay for any other reader (a second product
 //! of the same activation takes its own DynQMatMul) and go where none is left.
 
 use kiln_ir::op::{Reduce, ReduceKind};
@@ -118,13 +118,15 @@ fn product(graph: &Graph, cast: ValueId, scales: ValueId) -> Option<Found> {
     {
         return None;
     }
-    let values = wt.to_f64s();
-    if !matches!(wt.dtype(), DType::I32 | DType::I8)
-        || values.iter().any(|&v| !(-128.0..=127.0).contains(&v))
-    {
+    if !matches!(wt.dtype(), DType::I32 | DType::I8) {
         return None;
     }
-    let weights = Tensor::from_f64s(DType::I8, wt.dims(), &values).ok()?;
+    let values = wt.to_f64s();
+    // s8 where the values fit (a quarter of the int32 constant's bytes), else int32 (u8 weights
+    // less a zero point other than 128: the kernel packs them less a column offset).
+    let fits = values.iter().all(|&v| (-128.0..=127.0).contains(&v));
+    let dtype = if fits { DType::I8 } else { DType::I32 };
+    let weights = Tensor::from_f64s(dtype, wt.dims(), &values).ok()?;
     // The scales: Mul(scale, w_scale) (either order), w_scale one constant f32 or one per column.
     let (s1, s2) = binary(graph, scales, BinaryOp::Mul)?;
     let w_scale = if s1 == scale {

@@ -34,8 +34,9 @@ const STRIP: usize = 64;
 const MAX_K: usize = 8192;
 
 /// The product's sizes, when the kernel can run this DynQMatMul node: f32 rows of a static shape,
-/// constant s8 weights `[K, M]` in a buffer (not inlined into the kernel), a constant f32 scale
-/// of one value or one per column.
+/// constant weights `[K, M]` in a buffer (not inlined into the kernel), s8 or int32 whose
+/// columns each span at most 255 within [-255, 255] (`column_offsets`), a constant f32 scale of
+/// one value or one per column.
 fn shape(graph: &Graph, id: NodeId, vnni: bool) -> Option<Shape> {
     if !matches!(graph.node(id).op, Op::DynQMatMul) {
         return None;
@@ -51,9 +52,13 @@ fn shape(graph: &Graph, id: NodeId, vnni: bool) -> Option<Shape> {
     let (&k, rows_dims) = xd.split_last()?;
     let rows: usize = rows_dims.iter().product();
     let [wk, m] = *wt.dims() else { return None };
-    if graph.value_type(x).dtype != DType::F32 || wt.dtype() != DType::I8 || wk != k {
+    if graph.value_type(x).dtype != DType::F32
+        || !matches!(wt.dtype(), DType::I8 | DType::I32)
+        || wk != k
+    {
         return None;
     }
+    column_offsets(&wt.to_f64s(), k, m)?;
     // Nothing to multiply: the float path makes the zeros (or the empty result) as well.
     if rows == 0 || k == 0 || m == 0 || k > MAX_K {
         return None;
@@ -63,6 +68,26 @@ fn shape(graph: &Graph, id: NodeId, vnni: bool) -> Option<Shape> {
         return None;
     }
     Some(Shape::DynQGemm { rows, k, m, vnni })
+}
+
+/// Per column, the offset c that brings its weights into s8 (`w - c`; 0 where they are s8
+/// already): `None` where a column's values span more than 255 or pass [-255, 255] (u8 weights
+/// less their zero point span at most 255, in [-255, 255]).
+fn column_offsets(weights: &[f64], k: usize, m: usize) -> Option<Vec<i32>> {
+    (0..m)
+        .map(|col| {
+            let (lo, hi) = (0..k)
+                .map(|kk| weights[kk * m + col])
+                .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| (lo.min(v), hi.max(v)));
+            if lo < -255.0 || hi > 255.0 || hi - lo > 255.0 {
+                None
+            } else if lo >= -128.0 && hi <= 127.0 {
+                Some(0)
+            } else {
+                Some(hi as i32 - 127)
+            }
+        })
+        .collect()
 }
 
 /// Whether the kernel runs this DynQMatMul node (the `dynamic` pass makes no other).
@@ -150,15 +175,20 @@ impl KernelShape for DynQGemm {
         let Shape::DynQGemm { rows, k, m, vnni } = u.shape else { return Err(other_shape(u)) };
         let mut args = vec![p.x, p.wp, p.y];
         let bias = u.epilogue.bias.is_some();
-        args.extend(call.ints(&[k, m, rows, bias as usize, vnni as usize, u.chunks]));
+        let offset = call.graph.constant_value(u.weight).is_some_and(|w| {
+            column_offsets(&w.to_f64s(), k, m).is_some_and(|c| c.iter().any(|&c| c != 0))
+        });
+        args.extend(call.ints(&[k, m, rows, bias as usize, offset as usize, vnni as usize]));
+        args.extend(call.ints(&[u.chunks]));
         args.extend(call.ints(&[u.split_n as usize]));
         Ok(("kiln_uk_dqgemm", args))
     }
 }
 
-/// The packed constant `kiln_uk_dqgemm` reads: the weights as `[M/64][K/4][64]` words of 4 k
-/// (s8; columns past M and k past K zero), then per column (padded to whole strips) the int32
-/// sum of its weights, the f32 weight scale, and the f32 bias where there is one.
+/// The packed constant `kiln_uk_dqgemm` reads: the weights less their column's offset as
+/// `[M/64][K/4][64]` words of 4 k (s8; columns past M and k past K zero), then per column (padded
+/// to whole strips) the int32 sum of its packed weights, the int32 offset, the f32 weight scale,
+/// and the f32 bias where there is one.
 fn pack(graph: &Graph, kernel: &Kernel, u: &Ukernel) -> Result<Vec<u8>> {
     // `family` hands this module its own plans, made only for a DynQMatMul whose weights and
     // scale are constants (`plan`): anything else is a bug.
@@ -179,17 +209,23 @@ fn pack(graph: &Graph, kernel: &Kernel, u: &Ukernel) -> Result<Vec<u8>> {
     let (weights, scales) = (constant(u.weight)?, constant(scale_value)?);
     let (k4, strips) = (k.div_ceil(4), m.div_ceil(STRIP));
     let padded = strips * STRIP;
+    let offsets = column_offsets(&weights, k, m).ok_or_else(|| {
+        CompileError::Internal("the quantized product's weights do not fit its kernel".into())
+    })?;
     let mut packed = vec![0i8; strips * k4 * STRIP * 4];
     let mut sums = vec![0i32; padded];
     for kk in 0..k {
         for col in 0..m {
-            let v = weights[kk * m + col] as i8;
+            let v = (weights[kk * m + col] as i32 - offsets[col]) as i8;
             packed[(((col / STRIP) * k4 + kk / 4) * STRIP + col % STRIP) * 4 + kk % 4] = v;
             sums[col] += v as i32;
         }
     }
     let mut out: Vec<u8> = packed.iter().map(|&b| b as u8).collect();
     out.extend(sums.iter().flat_map(|s| s.to_le_bytes()));
+    for col in 0..padded {
+        out.extend(offsets.get(col).copied().unwrap_or(0).to_le_bytes());
+    }
     for col in 0..padded {
         let s = if col < m { scales[if scales.len() == 1 { 0 } else { col }] as f32 } else { 0.0 };
         out.extend(s.to_le_bytes());
