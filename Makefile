@@ -84,8 +84,8 @@ ops-doc:
 	@d=$$(./scripts/fetch-onnx-tests.sh) && \
 	  $(CARGO) run -q -p kiln-ir --release --example ops_table -- $$d/node > docs/ops.md
 
-# kiln against onnxruntime on ../shared/models and three generated models (squeezenet1_1,
-# yolov8n_320, dbnet_mv3_640: scripts/bench_models.py, once into ~/.cache/kiln/bench-models;
+# kiln against onnxruntime on ../shared/models and four generated models (squeezenet1_1,
+# yolov8n_320, dbnet_mv3_640, bert_tiny_128: scripts/bench_models.py, once into ~/.cache/kiln/bench-models;
 # GENERATED=0 leaves them out) (THREADS=2 by default): median latency, ratio, compile time cold
 # and cached. onnxruntime is fetched once into ~/.cache/kiln/bench-venv.
 bench: setup
@@ -98,8 +98,10 @@ bench-pool:
 	$(CARGO) run -q --release -p kiln-runtime --example pool_cost
 
 # int8: resnet18 and mobilenet_v2 quantized by onnxruntime's quantize_static (QDQ, u8/s8
-# per-channel) into ~/.cache/kiln/int8-models once, timed next to their f32 originals in one
-# bench table (kiln and onnxruntime, same threads). THREADS, ROUNDS: as for bench.
+# per-channel), gpt_block and BERT-tiny's encoder (bench_models.py's bert_tiny_128) by its
+# quantize_dynamic (DynamicQuantizeLinear + MatMulInteger, s8 weights), into
+# ~/.cache/kiln/int8-models once, timed next to their f32 originals in one bench table (kiln and
+# onnxruntime, same threads). THREADS, ROUNDS: as for bench.
 bench-int8: setup
 	@py=$$(./scripts/setup-python.sh) && out=$${KILN_CACHE:-$$HOME/.cache/kiln}/int8-models && \
 	  $$py scripts/quantize_bench_models.py $${MODELS:-../shared/models} $$out && ./scripts/bench.sh $$out

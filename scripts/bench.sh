@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# `make bench`: kiln against onnxruntime on the shared models and three generated ones, as a
+# `make bench`: kiln against onnxruntime on the shared models and four generated ones, as a
 # table: median latency of each (same thread count), their ratio, and kiln's compile time cold
 # (empty cache) and from the compile cache.
 #
 #   scripts/bench.sh [MODELS_DIR...]   default: ../shared/models next to the repo ($MODELS), then
-#                                       squeezenet1_1, yolov8n_320 and dbnet_mv3_640, written once
+#                                       squeezenet1_1, yolov8n_320, dbnet_mv3_640 and bert_tiny_128, written once
 #                                       by scripts/bench_models.py into $KILN_CACHE/bench-models
 #                                       (onnx.helper at seeded random weights, in the venv of
 #                                       scripts/setup-python.sh); GENERATED=0 leaves them out

@@ -1,4 +1,4 @@
-"""Three models for `make bench` beside ../shared/models, written with onnx.helper (no PyTorch
+"""Four models for `make bench` beside ../shared/models, written with onnx.helper (no PyTorch
 needed) in the op forms PyTorch's dynamo exporter writes (opset 18, f32, static shapes, batch
 norms folded into the convolutions before them), at seeded random weights:
 
@@ -9,6 +9,8 @@ norms folded into the convolutions before them), at seeded random weights:
   dbnet_mv3_640    a DBNet text detector as PaddleOCR's det_mv3_db (MobileNetV3-large x0.5
                    backbone with squeeze-excite, the DB FPN of 256 channels, the DB head's
                    probability map), 1x3x640x640 -> 1x1x640x640
+  bert_tiny_128    BERT-tiny's encoder (2 layers, hidden 128, 2 heads, feed-forward 512) on 128
+                   tokens' embeddings, 1x128x128 -> 1x128x128
 
 Each goes to OUT/<name>/model.onnx with OUT/<name>/test_data_set_0/{input_0,output_0}.pb (a seeded
 standard-normal input and onnxruntime's output for it, graph optimizations off), the layout of
@@ -344,10 +346,61 @@ def dbnet_mv3(size: int = 640) -> onnx.ModelProto:
     return g.model("dbnet_mv3")
 
 
+# --- BERT-tiny (google/bert_uncased_L-2_H-128_A-2) -----------------------------------------------
+
+
+def bert_tiny(seq: int = 128, hidden: int = 128, heads: int = 2, ffn: int = 512, layers: int = 2) -> onnx.ModelProto:
+    """BERT-tiny's encoder on its embeddings (the token lookup left out: the input is the summed
+    embeddings, 1 x seq x hidden), post-norm layers as Hugging Face's export writes them: Q, K and
+    V products with biases, heads by Reshape and Transpose, softmax attention, the output
+    projection and residual LayerNorm, an Erf GELU feed-forward block. The products by constants
+    are what onnxruntime's quantize_dynamic quantizes (scripts/quantize_bench_models.py)."""
+    g = Graph(seed=7)
+    d = hidden // heads
+
+    def linear(x, cin, cout, name):
+        w = (g.rng.standard_normal((cin, cout)) * np.sqrt(1.0 / cin)).astype(np.float32)
+        b = (g.rng.standard_normal(cout) * 0.02).astype(np.float32)
+        y = g.op("MatMul", [x, g.const(f"{name}.weight", w)], name)
+        return g.op("Add", [y, g.const(f"{name}.bias", b)], name + "_bias")
+
+    def layer_norm(x, name):
+        ones, zeros = np.ones(hidden, np.float32), np.zeros(hidden, np.float32)
+        return g.op("LayerNormalization", [x, g.const(f"{name}.weight", ones), g.const(f"{name}.bias", zeros)],
+                    name, axis=-1, epsilon=1e-12)
+
+    heads_shape = g.const("val_heads", np.array([1, seq, heads, d], np.int64))
+    flat_shape = g.const("val_flat", np.array([1, seq, hidden], np.int64))
+    x = layer_norm(g.input("embeddings", [1, seq, hidden]), "embeddings.LayerNorm")
+    for i in range(layers):
+        p = f"layer.{i}"
+        q, k, v = (g.op("Reshape", [linear(x, hidden, hidden, f"{p}.{n}"), heads_shape], f"{p}.{n}_heads")
+                   for n in ("query", "key", "value"))
+        q = g.op("Transpose", [q], f"{p}.q_t", perm=[0, 2, 1, 3])
+        k = g.op("Transpose", [k], f"{p}.k_t", perm=[0, 2, 3, 1])
+        v = g.op("Transpose", [v], f"{p}.v_t", perm=[0, 2, 1, 3])
+        scores = g.op("Div", [g.op("MatMul", [q, k], f"{p}.scores"), g.const("val_sqrt_d", np.array(np.sqrt(d), np.float32))],
+                      f"{p}.scaled")
+        probs = g.op("Softmax", [scores], f"{p}.probs", axis=-1)
+        ctx = g.op("Transpose", [g.op("MatMul", [probs, v], f"{p}.context")], f"{p}.context_t", perm=[0, 2, 1, 3])
+        ctx = g.op("Reshape", [ctx, flat_shape], f"{p}.context_flat")
+        x = layer_norm(g.op("Add", [linear(ctx, hidden, hidden, f"{p}.output"), x], f"{p}.residual"), f"{p}.LayerNorm")
+        h = linear(x, hidden, ffn, f"{p}.intermediate")
+        erf = g.op("Erf", [g.op("Div", [h, g.const("val_sqrt2", np.array(np.sqrt(2.0), np.float32))], f"{p}.gelu_div")],
+                   f"{p}.gelu_erf")
+        one, half = g.const("val_one", np.array(1.0, np.float32)), g.const("val_half", np.array(0.5, np.float32))
+        h = g.op("Mul", [g.op("Mul", [h, g.op("Add", [erf, one], f"{p}.gelu_add")], f"{p}.gelu_mul"), half], f"{p}.gelu")
+        y = linear(h, ffn, hidden, f"{p}.ffn_output")
+        x = layer_norm(g.op("Add", [y, x], f"{p}.ffn_residual"), f"{p}.ffn_LayerNorm")
+    g.output(x, "last_hidden_state", [1, seq, hidden])
+    return g.model("bert_tiny")
+
+
 MODELS = {
     "squeezenet1_1": squeezenet1_1,
     "yolov8n_320": lambda: yolov8n(320),
     "dbnet_mv3_640": lambda: dbnet_mv3(640),
+    "bert_tiny_128": bert_tiny,
 }
 
 

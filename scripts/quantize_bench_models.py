@@ -1,7 +1,11 @@
 """Quantizes the shared models' CNNs (resnet18, mobilenet_v2) with onnxruntime's quantize_static,
 as a user deploying on CPUs would (QDQ; u8 activations, s8 per-channel weights; calibrated on 8
-seeded random images), into OUT/<model>_int8_qdq/model.onnx, next to links to the f32 originals,
-so that scripts/bench.sh OUT times kiln and onnxruntime on both in one run (`make bench-int8`).
+seeded random images), into OUT/<model>_int8_qdq/model.onnx, and the transformers (the shared
+gpt_block, and BERT-tiny's encoder written by bench_models.py into OUT/bert_tiny_128) with its
+quantize_dynamic, as BERT-style models are quantized for CPUs (DynamicQuantizeLinear +
+MatMulInteger: u8 activations quantized at run time, s8 weights), into
+OUT/<model>_int8_dynamic/model.onnx, next to links to (or copies of) the f32 originals, so that
+scripts/bench.sh OUT times kiln and onnxruntime on all of them in one run (`make bench-int8`).
 
     python quantize_bench_models.py MODELS_DIR OUT_DIR
 
@@ -12,15 +16,42 @@ import os
 import sys
 
 import numpy as np
+import onnx
 import onnxruntime as ort
-from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_dynamic, quantize_static
 
 MODELS = ["resnet18", "mobilenet_v2"]
+# Quantized dynamically: the shared models', and bench_models.py's written into OUT.
+DYNAMIC = ["gpt_block"]
+GENERATED_DYNAMIC = ["bert_tiny_128"]
+
+
+def dynamic(src: str, out_dir: str, entry: str) -> None:
+    """OUT/<entry>_int8_dynamic/model.onnx from the f32 model at src, unless it is there."""
+    dst_dir = os.path.join(out_dir, entry + "_int8_dynamic")
+    dst = os.path.join(dst_dir, "model.onnx")
+    if os.path.isfile(dst):
+        return
+    os.makedirs(dst_dir, exist_ok=True)
+    quantize_dynamic(src, dst, weight_type=QuantType.QInt8)
+    print(f"quantized {entry} dynamically -> {dst}", file=sys.stderr)
 
 
 def main(models_dir: str, out_dir: str) -> None:
     os.makedirs(out_dir, exist_ok=True)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import bench_models
+
+    for name in GENERATED_DYNAMIC:
+        folder = bench_models.write(name, out_dir, lambda path, f=bench_models.MODELS[name]: onnx.save(f(), path))
+        dynamic(os.path.join(folder, "model.onnx"), out_dir, name)
     for entry in sorted(os.listdir(models_dir)):
+        src = os.path.join(models_dir, entry, "model.onnx")
+        if any(entry.startswith(m) for m in DYNAMIC) and os.path.isfile(src):
+            link = os.path.join(out_dir, entry)
+            if not os.path.exists(link):
+                os.symlink(os.path.abspath(os.path.join(models_dir, entry)), link)
+            dynamic(src, out_dir, entry)
         if not any(entry.startswith(m) for m in MODELS) or entry.endswith("_int8_qdq"):
             continue
         src = os.path.join(models_dir, entry, "model.onnx")

@@ -93,6 +93,29 @@ fn clips_integer_result(graph: &Graph, kernel: &[NodeId], id: NodeId) -> bool {
         && ops[1..].iter().flatten().all(|&b| graph.constant_value(b).is_some_and(|t| t.len() == 1))
 }
 
+/// Whether node `id` is an Add of a constant column bias (`[M]`, `[1, M]`...) to the result of a
+/// kernel that is one dynamically quantized product: the CPU's kernel adds it as it stores (the
+/// bias onnxruntime's quantizer leaves after the dequantizing Mul), and the kernel stays closed
+/// to anything else.
+fn biases_dynamic_product(graph: &Graph, kernel: &[NodeId], id: NodeId) -> bool {
+    let [root] = kernel else { return false };
+    if !matches!(graph.node(*root).op, Op::DynQMatMul)
+        || !matches!(graph.node(id).op, Op::Binary(kiln_ir::BinaryOp::Add))
+    {
+        return false;
+    }
+    let ops: Vec<ValueId> = graph.operands(id).into_iter().flatten().collect();
+    let [a, b] = ops[..] else { return false };
+    let (product, bias) = if a.node == *root { (a, b) } else { (b, a) };
+    let m = graph.value_type(product).shape.dims().last().and_then(|d| d.fixed());
+    product.node == *root
+        && bias.node != *root
+        && graph.constant_value(bias).is_some_and(|t| {
+            let d = t.dims();
+            Some(t.len()) == m && d.iter().rev().skip(1).all(|&x| x == 1) && d.len() <= 2
+        })
+}
+
 /// Whether a value is a constant small enough to inline into kernels.
 pub fn is_inline_constant(graph: &Graph, v: ValueId) -> bool {
     graph.constant_value(v).is_some_and(|t| t.len() <= INLINE_CONSTANT)
@@ -151,7 +174,9 @@ pub fn partition(graph: &Graph, allowed: Views) -> Result<Partition> {
                     .iter()
                     .filter(|&&o| o != v)
                     .all(|&o| producer(o).is_none_or(|j| j != k && !depends_on(&deps, j, k)));
-                let takes = open[k] || clips_integer_result(graph, &kernels[k], id);
+                let takes = open[k]
+                    || clips_integer_result(graph, &kernels[k], id)
+                    || biases_dynamic_product(graph, &kernels[k], id);
                 if takes && reads_tail && only_reader && same_shape && acyclic {
                     joined = Some(k);
                     break;
@@ -191,7 +216,8 @@ pub fn partition(graph: &Graph, allowed: Views) -> Result<Partition> {
                 // reaches fusion, its kernel has no epilogue); everything else takes elementwise
                 // consumers.
                 open.push(
-                    node.outputs.len() == 1 && !matches!(node.op, Op::Attention(_) | Op::QConv(_)),
+                    node.outputs.len() == 1
+                        && !matches!(node.op, Op::Attention(_) | Op::QConv(_) | Op::DynQMatMul),
                 );
                 kernels.len() - 1
             }

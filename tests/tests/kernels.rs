@@ -50,6 +50,8 @@ fn shape_of(line: &str) -> Option<&'static str> {
         "conv-transpose"
     } else if d.starts_with("integer ") {
         "qconv"
+    } else if d.starts_with("dynamically quantized") {
+        "dqgemm"
     } else if d.starts_with("GEMM") {
         "gemm"
     } else if d.contains(" pooling, ") {
@@ -548,12 +550,35 @@ fn attention_cases() -> Vec<Case> {
     cases
 }
 
+/// kiln's DynQMatMul (f32 rows quantized at run time, by s8 weights), as the `dynamic` pass makes
+/// it from onnxruntime's `quantize_dynamic` products.
+fn dqgemm_cases() -> Vec<Case> {
+    let mut cases = Vec::new();
+    for (what, rows, k, m) in [
+        ("one row, one column, K of 5 (a partial word)", vec![1], 5, 17),
+        ("rows past a tile, columns past a strip", vec![2, 7], 33, 65),
+        ("one input channel", vec![9], 1, 80),
+    ] {
+        let g = GraphBuilder::new("dqgemm");
+        let x_dims: Vec<usize> = rows.iter().copied().chain([k]).collect();
+        let x = g.input("x", DType::F32, x_dims.clone());
+        let w = g.constant("w", Tensor::random(DType::I8, &[k, m], 4));
+        let s = g.constant("s", Tensor::scalar(0.01f32));
+        let y = g.apply(Op::DynQMatMul, &[Some(x), Some(w), Some(s)], 1)[0];
+        g.output("y", y);
+        let input = Tensor::random(DType::F32, &x_dims, 5);
+        cases.push(case("dqgemm", what, g.build().unwrap(), vec![input]));
+    }
+    cases
+}
+
 #[test]
 fn every_microkernel_shape_at_its_edge_sizes() {
     let cases: Vec<Case> = [
         conv_cases(),
         conv_transpose_cases(),
         qconv_cases(),
+        dqgemm_cases(),
         gemm_cases(),
         pool_cases(),
         gather_cases(),

@@ -18,6 +18,7 @@ pub(super) fn eval(
         Op::Dequantize { axis, block_size } => {
             vec![dequantize(*axis, *block_size, operands, &out_types[0])?]
         }
+        Op::DynQMatMul => vec![dynamic_product(operands, &out_types[0])?],
         _ => return not_yet(op),
     })
 }
@@ -139,4 +140,58 @@ pub(super) fn dequantize(
         })
         .collect();
     Tensor::from_f64s(out.dtype, x.dims(), &y).map_err(OpError::from)
+}
+
+/// DynamicQuantizeLinear's scale and zero point for `xs`, in f32 step by step as its ONNX
+/// function body computes them (the importer's ops): `(max(x, 0) - min(x, 0)) / 255` and
+/// `round_half_even(clip(0 - min / scale, 0, 255))`. A tensor of zeros has scale 0 and zero point
+/// 0 (the body's 0 / 0 saturates to 0 as it is cast to u8).
+fn dynamic_scale(xs: impl Iterator<Item = f32>) -> (f32, f32) {
+    let (mut lo, mut hi) = (0f32, 0f32);
+    for v in xs {
+        lo = lo.min(v);
+        hi = hi.max(v);
+    }
+    let scale = (hi - lo) / 255f32;
+    let zero = (0f32 - lo / scale).clamp(0.0, 255.0).round_ties_even();
+    (scale, if zero.is_nan() { 0.0 } else { zero })
+}
+
+/// kiln's DynQMatMul as its ops compute it: x quantized (round half to even, plus the zero
+/// point, saturated to u8), the sums of (q - zero) * w in int32 (exact: K is bounded by the op's
+/// users), converted to f32 and multiplied by the f32 product `scale * w_scale`.
+fn dynamic_product(operands: &[Option<&Tensor>], out: &TensorType) -> Result<Tensor, OpError> {
+    let x = operands[0].ok_or("operand 0 is missing")?;
+    let w = operands[1].ok_or("operand 1 is missing")?;
+    let ws = operands[2].ok_or("operand 2 is missing")?.to_f64s();
+    let xs: Vec<f32> = x.to_f64s().into_iter().map(|v| v as f32).collect();
+    let (k, m) = match w.dims() {
+        [k, m] => (*k, *m),
+        d => return Err(invalid!("the weights must be a matrix, got {d:?}")),
+    };
+    if ws.len() != 1 && ws.len() != m {
+        return Err(invalid!("{} weight scales for {m} columns", ws.len()));
+    }
+    let (scale, zero) = dynamic_scale(xs.iter().copied());
+    let q: Vec<i64> = xs
+        .iter()
+        .map(|&v| {
+            let r = (v / scale).round_ties_even();
+            // (0 / 0 is NaN, which saturates to 0 as the u8 cast does.)
+            let r = if r.is_nan() { 0.0 } else { r };
+            (r + zero).clamp(0.0, 255.0) as i64 - zero as i64
+        })
+        .collect();
+    let wv: Vec<i64> = w.to_f64s().into_iter().map(|v| v as i64).collect();
+    let rows = xs.len().checked_div(k).unwrap_or(xs.len());
+    let mut y = vec![0f64; rows * m];
+    for r in 0..rows {
+        for j in 0..m {
+            let acc: i64 = (0..k).map(|i| q[r * k + i] * wv[i * m + j]).sum();
+            let s = scale * ws[if ws.len() == 1 { 0 } else { j }] as f32;
+            y[r * m + j] = (acc as i32 as f32 * s) as f64;
+        }
+    }
+    let dims: Vec<usize> = out.shape.as_fixed().ok_or("the result's shape is not static")?;
+    Tensor::from_f64s(DType::F32, &dims, &y).map_err(OpError::from)
 }

@@ -10,6 +10,7 @@ pub(super) fn infer(op: &Op, ops: &Operands) -> Infer {
     match op {
         Op::Quantize { axis, block_size, dtype, .. } => quantize(*axis, *block_size, *dtype, ops),
         Op::Dequantize { axis, block_size } => dequantize(*axis, *block_size, ops),
+        Op::DynQMatMul => dynamic_product(ops),
         _ => not_yet(op),
     }
 }
@@ -133,4 +134,29 @@ pub(super) fn dequantize(axis: i64, block_size: usize, ops: &Operands) -> Infer 
         }
     }
     Ok(vec![TensorType::new(scale.dtype, x.shape.clone())])
+}
+
+/// kiln's DynQMatMul: f32 `[..., K]` by s8 or int32 `[K, M]`, with one f32 weight scale or one per
+/// column: f32 `[..., M]`.
+fn dynamic_product(ops: &Operands) -> Infer {
+    let (x, w, scale) = (ops.get(0)?.ty, ops.get(1)?.ty, ops.get(2)?.ty);
+    let weights = matches!(w.dtype, DType::I8 | DType::I32);
+    if x.dtype != DType::F32 || !weights || scale.dtype != DType::F32 {
+        return Err(invalid!(
+            "takes f32 rows by s8 or int32 weights with an f32 scale, got {x}, {w}, {scale}"
+        ));
+    }
+    if x.rank() < 1 || w.rank() != 2 || scale.rank() > 1 {
+        return Err(invalid!(
+            "takes rows by a matrix with a scalar or 1-D scale, got {x}, {w}, {scale}"
+        ));
+    }
+    let (k, m) = (&w.shape.dims()[0], &w.shape.dims()[1]);
+    let xk = &x.shape.dims()[x.rank() - 1];
+    if matches!((xk, k), (Dim::Fixed(a), Dim::Fixed(b)) if a != b) {
+        return Err(invalid!("inner dimensions differ: {x} times {w}"));
+    }
+    let mut out = x.shape.dims().to_vec();
+    *out.last_mut().expect("rank 1 or more") = m.clone();
+    Ok(vec![TensorType::new(DType::F32, crate::Shape(out))])
 }

@@ -1,7 +1,9 @@
 //! ONNX's quantized operators imported as the ops they are made of, as ONNX defines them:
 //! DynamicQuantizeLinear (its function body), MatMulInteger and ConvInteger (the zero points
 //! subtracted, then the product in int32, or in f32 for the convolution: exact while sums stay
-//! below 2^24), QLinearMatMul and QLinearConv (dequantize, the float op, quantize). The
+//! below 2^24), QLinearMatMul and QLinearConv (dequantize, the float op, quantize), and the
+//! com.microsoft forms onnxruntime writes (its QOperator ops; DynamicQuantizeMatMul and
+//! MatMulIntegerToFloat as DynamicQuantizeLinear, MatMulInteger, Cast and Mul). The
 //! interpreter and every target then run them with no op of their own; integer kernels that
 //! keep them in integers are the next step.
 
@@ -57,6 +59,16 @@ pub(super) fn convert(
 fn dynamic_quantize(im: &mut GraphImporter, node: &NodeProto, a: Attrs) -> Result<()> {
     a.finish("DynamicQuantizeLinear").map_err(attr)?;
     let x = operand(im, node, 0, "x")?;
+    let (y, scale, zp) = dynamic_quantized(im, node, x)?;
+    im.bind(node, &[y, scale, zp])
+}
+
+/// DynamicQuantizeLinear's function body on `x`: (y, scale, zero point).
+fn dynamic_quantized(
+    im: &mut GraphImporter,
+    node: &NodeProto,
+    x: ValueId,
+) -> Result<(ValueId, ValueId, ValueId)> {
     let reduce = |kind| Op::Reduce(Reduce { kind, keepdims: false, noop_with_empty_axes: false });
     let zero = constant(im, node, "q_min", Tensor::scalar(0f32))?;
     let top = constant(im, node, "q_max", Tensor::scalar(255f32))?;
@@ -78,7 +90,57 @@ fn dynamic_quantize(im: &mut GraphImporter, node: &NodeProto, a: Attrs) -> Resul
         Op::Quantize { axis: 1, block_size: 0, dtype: None, saturate: true },
         &[Some(x), Some(scale), Some(zp)],
     )?;
-    im.bind(node, &[y, scale, zp])
+    Ok((y, scale, zp))
+}
+
+/// com.microsoft MatMulIntegerToFloat (onnxruntime's optimizer's MatMulInteger -> Cast -> Mul
+/// where A's scale is a run-time value): `(A, B, a_scale, b_scale, a_zero_point?,
+/// b_zero_point?, bias?) -> Y`, imported as those ops (after a DynamicQuantizeLinear, the form
+/// the CPU's `dynamic` pass puts on its integer kernel).
+fn matmul_integer_to_float(im: &mut GraphImporter, node: &NodeProto, a: Attrs) -> Result<()> {
+    a.finish("MatMulIntegerToFloat").map_err(attr)?;
+    let (x, w) = (operand(im, node, 0, "A")?, operand(im, node, 1, "B")?);
+    let (scale, w_scale) = (operand(im, node, 2, "a_scale")?, operand(im, node, 3, "b_scale")?);
+    let ac = centred(im, node, "a", x, im.operand(node, 4), true, DType::I32)?;
+    let bc = centred(im, node, "b", w, im.operand(node, 5), false, DType::I32)?;
+    scaled_product(im, node, ac, bc, scale, w_scale, im.operand(node, 6))
+}
+
+/// Cast<f32>(MatMul(ac, bc)) * (scale * w_scale) (+ bias), bound to the node's result.
+fn scaled_product(
+    im: &mut GraphImporter,
+    node: &NodeProto,
+    ac: ValueId,
+    bc: ValueId,
+    scale: ValueId,
+    w_scale: ValueId,
+    bias: Option<ValueId>,
+) -> Result<()> {
+    let sums = op(im, node, "sums", Op::MatMul, &[Some(ac), Some(bc)])?;
+    let real =
+        op(im, node, "sums_real", Op::Cast { to: DType::F32, saturate: true }, &[Some(sums)])?;
+    let s = op(im, node, "scales", Op::Binary(BinaryOp::Mul), &[Some(scale), Some(w_scale)])?;
+    let what = if bias.is_some() { "product" } else { "" };
+    let mut y = op(im, node, what, Op::Binary(BinaryOp::Mul), &[Some(real), Some(s)])?;
+    if let Some(bias) = bias {
+        y = op(im, node, "", Op::Binary(BinaryOp::Add), &[Some(y), Some(bias)])?;
+    }
+    im.bind(node, &[y])
+}
+
+/// com.microsoft DynamicQuantizeMatMul (what onnxruntime's optimizer makes of
+/// quantize_dynamic's products, and what models saved after it hold): `(A, B, b_scale,
+/// b_zero_point?, bias?) -> Y`, A quantized as DynamicQuantizeLinear does, MatMulInteger by B,
+/// the sums in f32 times `a_scale * b_scale`, plus the bias: imported as exactly those ops, the
+/// form the CPU's `dynamic` pass puts on its integer kernel.
+fn dynamic_quantize_matmul(im: &mut GraphImporter, node: &NodeProto, a: Attrs) -> Result<()> {
+    a.finish("DynamicQuantizeMatMul").map_err(attr)?;
+    let x = operand(im, node, 0, "A")?;
+    let (w, w_scale) = (operand(im, node, 1, "B")?, operand(im, node, 2, "b_scale")?);
+    let (q, scale, zp) = dynamic_quantized(im, node, x)?;
+    let ac = centred(im, node, "a", q, Some(zp), true, DType::I32)?;
+    let bc = centred(im, node, "b", w, im.operand(node, 3), false, DType::I32)?;
+    scaled_product(im, node, ac, bc, scale, w_scale, im.operand(node, 4))
 }
 
 /// `x` as int32 less its zero point (`per_row`: one per row of a matrix, so it broadcasts down
@@ -237,6 +299,8 @@ pub(super) const MICROSOFT: &[&str] = &[
     "QGemm",
     "QLinearSigmoid",
     "QLinearLeakyRelu",
+    "DynamicQuantizeMatMul",
+    "MatMulIntegerToFloat",
 ];
 
 /// A com.microsoft quantized op: dequantize its operands, the float op, quantize.
@@ -256,6 +320,11 @@ pub(super) fn convert_microsoft(
             &[Some(y), Some(scale), zp],
         )
     };
+    match op_type {
+        "DynamicQuantizeMatMul" => return dynamic_quantize_matmul(im, node, a),
+        "MatMulIntegerToFloat" => return matmul_integer_to_float(im, node, a),
+        _ => {}
+    }
     if a.remove("channels_last").is_some_and(|c| matches!(c, crate::op::Attr::Int(1))) {
         return Err(IrError::NotSupported("channels_last = 1 (NHWC) is not supported".into()));
     }

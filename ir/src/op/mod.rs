@@ -429,6 +429,16 @@ op_table! {
     /// `integer` pass makes it from DequantizeLinear -> Conv -> QuantizeLinear where the CPU's
     /// integer kernel runs it; the importer still expands ONNX's QLinearConv into those three.
     QConv(c: Conv) => "QConv", arity (8, 9), Root, Window;
+    /// `(x, w, w_scale) -> y`, kiln's own dynamically quantized matrix product, what
+    /// onnxruntime's `quantize_dynamic` writes (DynamicQuantizeLinear, MatMulInteger, a Cast to
+    /// f32 and a Mul by the product of the scales) as one op: `x` (f32 `[..., K]`) quantized to
+    /// u8 as DynamicQuantizeLinear does (scale `(max(x, 0) - min(x, 0)) / 255`, zero point
+    /// `round(clip(-min / scale, 0, 255))`, the whole tensor's), less its zero point, times the
+    /// weights `w` (`[K, M]`, s8 or int32, their zero point already subtracted) summed in int32,
+    /// the sum in f32 times
+    /// `scale * w_scale` (one value or one per column). The CPU's `dynamic` pass makes it where
+    /// its integer kernel runs it.
+    DynQMatMul => "DynQMatMul", arity (3, 3), Root, Quantize;
 
     // ----- sequences and optionals -----
     /// The ONNX sequence ops (`SequenceAt`, `SplitToSequence`...).
@@ -544,7 +554,7 @@ impl Default for Gemm {
 }
 
 /// Rows of the op table that are kiln's own, not ONNX's: the importer does not take them.
-pub const KILN_OWN: &[&str] = &["QConv"];
+pub const KILN_OWN: &[&str] = &["QConv", "DynQMatMul"];
 
 /// `Conv` attributes (the kernel shape is the weight's).
 #[derive(Clone, Debug, PartialEq, Eq)]

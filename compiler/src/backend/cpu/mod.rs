@@ -375,7 +375,10 @@ impl CpuBackend {
             let whole = k.nodes.first().is_some_and(|&n| {
                 matches!(
                     graph.node(n).op,
-                    kiln_ir::Op::Rnn(_) | kiln_ir::Op::Attention(_) | kiln_ir::Op::QConv(_)
+                    kiln_ir::Op::Rnn(_)
+                        | kiln_ir::Op::Attention(_)
+                        | kiln_ir::Op::QConv(_)
+                        | kiln_ir::Op::DynQMatMul
                 )
             });
             plans.push(if whole {

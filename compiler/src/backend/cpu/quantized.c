@@ -582,3 +582,170 @@ void kiln_uk_qgemm(int64_t x_, int64_t wp_, int64_t y_, int64_t K, int64_t M, in
         qgemm_exact(a, wp, y, K, M, n0, n1, s0, s1, flip, lo, hi, (int32_t)y_zero);
     }
 }
+
+/* kiln's dynamically quantized matrix product (DynQMatMul: onnxruntime's DynamicQuantizeLinear ->
+ * MatMulInteger -> Cast -> Mul): y[n, m] = (float)(Σ_k (q[n, k] - zero) w[k, m]) * (scale *
+ * w_scale[m]) (+ bias[m]), where q is the f32 input x quantized as DynamicQuantizeLinear does,
+ * over the whole tensor: scale = (max(x, 0) - min(x, 0)) / 255, zero = round(clip(0 - min /
+ * scale, 0, 255)), q = saturate(round(x / scale) + zero), every step in f32 and rounding half to
+ * even, as the op's function body does. Each work unit finds the scale itself (one pass over x,
+ * small beside the product), quantizes blocks of its rows into a buffer on its stack, and runs
+ * qgemm's tiles on them (flip 0: the bytes are u8). The packed constant: the weights as qgemm's
+ * (strips of 64 columns of [K/4][64] words), then per column (padded to whole strips) the int32
+ * column sum (so Σ (q - zero) w = Σ q w - zero Σ w), the int32 column offset c, the f32 weight
+ * scale and, with a bias, the f32 bias. Weights less their zero point span up to [-255, 255] (u8
+ * weights with a zero point other than 128); each column's span is at most 255, so the packed
+ * bytes are w - c in s8, and (has_offset) the epilogue adds c Σ_k (q - zero), from each row's
+ * byte sum taken as it is quantized: exact in int32 (|Σ| <= 255 * 255 * 8192). */
+#define DQ_BUF 32768
+
+/* Round half to even of |v| < 2^22 (every value here is within [-256, 512]). */
+static inline float dq_round(float v) {
+    const float magic = 12582912.0f;
+    volatile float t = v + magic;
+    return t - magic;
+}
+
+static void dq_scale(const float *x, int64_t n, float *scale, float *zero) {
+    v16 lo = splat(0.0f), hi = splat(0.0f);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        v16 v = load16(x + i);
+        lo = vmin(v, lo);
+        hi = vmax(v, hi);
+    }
+    float l = hmin(lo), h = hmax(hi);
+    for (; i < n; i++) {
+        l = x[i] < l ? x[i] : l;
+        h = x[i] > h ? x[i] : h;
+    }
+    float s = (h - l) / 255.0f;
+    if (!(s > 0.0f)) {
+        /* All zeros: scale 0 and zero point 0 (the function body's 0 / 0 casts to 0). */
+        *scale = 0.0f;
+        *zero = 0.0f;
+        return;
+    }
+    float z = 0.0f - l / s;
+    z = z < 0.0f ? 0.0f : (z > 255.0f ? 255.0f : z);
+    *scale = s;
+    *zero = dq_round(z);
+}
+
+/* n values of x quantized into q. */
+static void dq_quantize(const float *x, uint8_t *q, int64_t n, float scale, float zero) {
+    if (!(scale > 0.0f)) {
+        memset(q, 0, (size_t)n);
+        return;
+    }
+    const v16 s = splat(scale), z = splat(zero), top = splat(255.0f), none = splat(0.0f);
+    for (int64_t i = 0; i < n; i += 16) {
+        int64_t cnt = n - i < 16 ? n - i : 16;
+        v16 f = load16_n(x + i, cnt) / s;
+#if defined(__AVX512F__)
+        /* (The default rounding mode, to nearest even.) */
+        v16i r = (v16i)_mm512_cvtps_epi32((__m512)f);
+        v16 g = __builtin_convertvector(r, v16) + z;
+#else
+        const v16 magic = splat(12582912.0f);
+        v16 g = ((f + magic) - magic) + z;
+#endif
+        g = vmin(vmax(g, none), top);
+        store_bytes(q + i, __builtin_convertvector(g, v16i), cnt);
+    }
+}
+
+/* Each of `rows` rows' sum of its K bytes (for the weights' column offsets). */
+static void dq_row_sums(const uint8_t *q, int64_t rows, int64_t K, int32_t *sums) {
+    for (int64_t r = 0; r < rows; r++) {
+        int32_t s = 0;
+        for (int64_t k = 0; k < K; k++) s += q[r * K + k];
+        sums[r] = s;
+    }
+}
+
+/* The rows a block quantizes at most (their sums live on the stack beside the bytes). */
+#define DQ_ROWS 1024
+
+#define DQGEMM_ARGS                                                                                             \
+    const float *x, const int32_t *wp, float *y, int64_t K, int64_t M, int64_t n0, int64_t n1, int64_t s0, int64_t s1, \
+        float scale, float zero, int64_t has_bias, int64_t has_offset
+
+#define DQGEMM_BODY(DOT)                                                                                         \
+    int64_t K4 = (K + 3) / 4, K4full = K / 4, strips = (M + QG_STRIP - 1) / QG_STRIP;                            \
+    const int32_t *sums = wp + strips * K4 * QG_STRIP;                                                           \
+    const int32_t *offs = sums + strips * QG_STRIP;                                                              \
+    const float *wscale = (const float *)(offs + strips * QG_STRIP);                                             \
+    const float *bias = wscale + strips * QG_STRIP;                                                              \
+    const uint32_t flip = 0;                                                                                     \
+    uint8_t qb[DQ_BUF] __attribute__((aligned(64)));                                                             \
+    int32_t rsum[DQ_ROWS];                                                                                       \
+    int64_t rb = (DQ_BUF / K) / 4 * 4;                                                                           \
+    if (rb > DQ_ROWS) rb = DQ_ROWS;                                                                              \
+    const v16 sv = splat(scale);                                                                                 \
+    const int32_t zi = (int32_t)zero;                                                                            \
+    for (int64_t nb = n0; nb < n1; nb += rb) {                                                                   \
+        int64_t ne = n1 - nb < rb ? n1 : nb + rb;                                                                \
+        dq_quantize(x + nb * K, qb, (ne - nb) * K, scale, zero);                                                 \
+        if (has_offset) dq_row_sums(qb, ne - nb, K, rsum);                                                       \
+        for (int64_t s = s0; s < s1; s++) {                                                                      \
+            const int32_t *bp = wp + s * K4 * QG_STRIP;                                                          \
+            for (int64_t n = nb; n < ne; n += 4) {                                                               \
+                int64_t R = ne - n < 4 ? ne - n : 4;                                                             \
+                const uint8_t *rows[4];                                                                          \
+                for (int r = 0; r < 4; r++) rows[r] = qb + (n - nb + (r < R ? r : 0)) * K;                       \
+                v16i acc[4][QG_NV];                                                                              \
+                if (R == 4) QG_TILE(4, DOT);                                                                     \
+                else if (R == 3) QG_TILE(3, DOT);                                                                \
+                else if (R == 2) QG_TILE(2, DOT);                                                                \
+                else QG_TILE(1, DOT);                                                                            \
+                for (int v = 0; v < QG_NV; v++) {                                                                \
+                    int64_t m = s * QG_STRIP + 16 * v;                                                           \
+                    if (m >= M) break;                                                                           \
+                    int64_t cnt = M - m < 16 ? M - m : 16;                                                       \
+                    v16i zs = load16i(sums + m) * zi;                                                            \
+                    v16 mult = sv * load16(wscale + m);                                                          \
+                    v16i off = has_offset ? load16i(offs + m) : (v16i){0};                                       \
+                    for (int64_t r = 0; r < R; r++) {                                                            \
+                        v16i a = acc[r][v] - zs;                                                                 \
+                        if (has_offset) a += off * (rsum[n + r - nb] - (int32_t)K * zi);                         \
+                        v16 f = __builtin_convertvector(a, v16) * mult;                                          \
+                        if (has_bias) f += load16(bias + m);                                                     \
+                        store16_n(y + (n + r) * M + m, f, cnt);                                                  \
+                    }                                                                                            \
+                }                                                                                                \
+            }                                                                                                    \
+        }                                                                                                        \
+    }
+
+static void dqgemm_exact(DQGEMM_ARGS) { DQGEMM_BODY(QG_DOT_EXACT) }
+
+#if defined(__AVX512F__)
+__attribute__((target("avx512vnni"))) static void dqgemm_vnni(DQGEMM_ARGS) { DQGEMM_BODY(QG_DOT_VNNI) }
+#endif
+
+/* y[N, M] (f32) from x[N, K] (f32) and the packed weights. Work units: chunks of rows (split_n)
+ * or of 64-column strips, `chunks` of them. K is at most 8192 (the plan's bound), so 4 rows fit
+ * the stack buffer. */
+void kiln_uk_dqgemm(int64_t x_, int64_t wp_, int64_t y_, int64_t K, int64_t M, int64_t N, int64_t has_bias, int64_t has_offset, int64_t vnni,
+                    int64_t chunks, int64_t split_n, int64_t wg_begin, int64_t wg_end) {
+    const float *x = (const float *)(intptr_t)x_;
+    const int32_t *wp = (const int32_t *)(intptr_t)wp_;
+    float *y = (float *)(intptr_t)y_;
+    int64_t strips = (M + QG_STRIP - 1) / QG_STRIP;
+    float scale = 0.0f, zero = 0.0f;
+    if (wg_begin < wg_end) dq_scale(x, N * K, &scale, &zero);
+    for (int64_t u = wg_begin; u < wg_end; u++) {
+        int64_t n0 = 0, n1 = N, s0 = 0, s1 = strips;
+        if (split_n) chunk_range(N, 4, chunks, u, &n0, &n1);
+        else chunk_range(strips, 1, chunks, u, &s0, &s1);
+        if (n0 >= n1 || s0 >= s1) continue;
+#if defined(__AVX512F__)
+        if (vnni) {
+            dqgemm_vnni(x, wp, y, K, M, n0, n1, s0, s1, scale, zero, has_bias, has_offset);
+            continue;
+        }
+#endif
+        dqgemm_exact(x, wp, y, K, M, n0, n1, s0, s1, scale, zero, has_bias, has_offset);
+    }
+}

@@ -200,7 +200,9 @@ pub fn slots(u: &Ukernel) -> Vec<(Slot, u64)> {
                 ask(File::Gemm, 1, a_panel);
             }
         }
-        Shape::Gather { .. }
+        // (kiln_uk_dqgemm quantizes its rows into a buffer on its stack.)
+        Shape::DynQGemm { .. }
+        | Shape::Gather { .. }
         | Shape::Reduce { .. }
         | Shape::Softmax { .. }
         | Shape::Transpose { .. } => {}

@@ -2,6 +2,7 @@
 //! integer convolution), which the GPU targets would only decompose back.
 
 pub mod attention;
+pub mod dynamic;
 pub mod integer;
 
 use kiln_ir::Graph;
@@ -17,6 +18,9 @@ pub fn passes() -> Vec<Pass> {
         // Quantized convolutions (DequantizeLinear -> Conv -> QuantizeLinear) become integer
         // ones where the CPU's integer kernel runs them.
         Pass { name: "integer", run: integer::run },
+        // Dynamically quantized products (DynamicQuantizeLinear -> MatMulInteger -> Cast -> Mul,
+        // onnxruntime's `quantize_dynamic`) become one op where the CPU's integer kernel runs it.
+        Pass { name: "dynamic", run: dynamic::run },
     ]
 }
 

@@ -17,6 +17,7 @@
 //! - `conv`: convolutions, grouped and depthwise (`conv.c`, `depthwise.c`), and transposed
 //!   convolutions (`conv.c`), on the packed GEMM (`gemm.c`);
 //! - `qconv`: the integer convolution (`quantized.c`);
+//! - `dqgemm`: the dynamically quantized matrix product (`quantized.c`);
 //! - `gemm`: matrix products by a constant B (`gemm.c`, which also holds the packed GEMM the
 //!   convolutions and recurrent layers run on);
 //! - `pool`: max and average pooling (`pool.c`; u8 max pooling in `quantized.c`);
@@ -47,6 +48,7 @@ use crate::{CompileError, Precision, Result};
 
 mod attention;
 mod conv;
+mod dqgemm;
 mod gather;
 mod gemm;
 mod pool;
@@ -237,6 +239,10 @@ pub enum Shape {
         /// `vpdpbusd`, else the exact widening product.
         vnni: bool,
     },
+    /// kiln's dynamically quantized matrix product (`DynQMatMul`, `dqgemm.rs`, `quantized.c`):
+    /// f32 rows `[rows, k]` quantized to u8 at run time (the scale and zero point from their
+    /// min and max, in the kernel), by s8 weights `[k, m]`, int32 sums, f32 results.
+    DynQGemm { rows: usize, k: usize, m: usize, vnni: bool },
     /// C[m, n] = A[m, k] * B[k, n], A an input read row-major (or transposed), B constant.
     Gemm { m: usize, n: usize, k: usize, trans_a: bool, trans_b: bool },
     /// Gather along axis 0: whole rows of `rows` x `row_bytes` data copied by index (any dtype).
@@ -382,6 +388,7 @@ impl Shape {
                 (m / group, oh * ow, c / group * kh * kw)
             }
             Shape::Gemm { m, n, k, .. } => (m, n, k),
+            Shape::DynQGemm { rows, k, m, .. } => (rows, m, k.div_ceil(4) * 4),
             Shape::QConv { group, kh, kw, oh, ow, .. } if group > 1 => (1, oh * ow, kh * kw),
             Shape::QConv { c, m, kh, kw, oh, ow, .. } => (m, oh * ow, c.div_ceil(4) * 4 * kh * kw),
             Shape::ConvTranspose { cin, h, w, cout, kh, kw, .. } => (cout * kh * kw, h * w, cin),
@@ -416,6 +423,7 @@ impl Shape {
             | Shape::Pool { batch, .. }
             | Shape::Transpose { batch, .. } => batch,
             Shape::Gemm { .. }
+            | Shape::DynQGemm { .. }
             | Shape::Gather { .. }
             | Shape::Recurrent { .. }
             | Shape::Reduce { .. }
@@ -548,6 +556,7 @@ impl Shape {
             Shape::Conv { .. } => "conv",
             Shape::ConvTranspose { .. } => "conv-transpose",
             Shape::QConv { .. } => "qconv",
+            Shape::DynQGemm { .. } => "dqgemm",
             Shape::Gemm { .. } => "gemm",
             Shape::Pool { .. } => "pool",
             Shape::Gather { .. } => "gather",
@@ -562,10 +571,11 @@ impl Shape {
 
 /// Every shape's [`Shape::name`] (a new shape joins this list with its arm above): the kernel
 /// suite runs each at its edge sizes and fails for a shape it has no cases for.
-pub const SHAPE_NAMES: [&str; 11] = [
+pub const SHAPE_NAMES: [&str; 12] = [
     "conv",
     "conv-transpose",
     "qconv",
+    "dqgemm",
     "gemm",
     "pool",
     "gather",
@@ -582,6 +592,7 @@ fn family(shape: &Shape) -> &'static dyn KernelShape {
         Shape::Conv { .. } => &conv::Conv,
         Shape::ConvTranspose { .. } => &conv::ConvTranspose,
         Shape::QConv { .. } => &qconv::QConv,
+        Shape::DynQGemm { .. } => &dqgemm::DynQGemm,
         Shape::Gemm { .. } => &gemm::Gemm,
         Shape::Pool { .. } => &pool::Pool,
         Shape::Gather { .. } => &gather::Gather,
@@ -674,6 +685,7 @@ pub fn plan(
     match &graph.node(root).op {
         Op::Rnn(r) => return recurrent::plan(graph, kernel, root, r, host),
         Op::QConv(_) => return qconv::plan(graph, kernel, root, host),
+        Op::DynQMatMul => return dqgemm::plan(graph, kernel, root, host),
         _ => {}
     }
     if kernel.outputs.len() != 1 || kernel.outputs[0] != ValueId::from(*kernel.nodes.last()?) {
@@ -707,6 +719,12 @@ fn blocks(k: usize, host: &Host) -> (usize, usize, usize) {
 /// Whether the CPU's integer convolution runs this QConv node (the `integer` pass makes no other).
 pub fn runs_qconv(graph: &Graph, id: NodeId) -> bool {
     qconv::runs(graph, id)
+}
+
+/// Whether the CPU's dynamically quantized matrix product runs this DynQMatMul node (the
+/// `dynamic` pass makes no other).
+pub fn runs_dynamic_product(graph: &Graph, id: NodeId) -> bool {
+    dqgemm::runs(graph, id)
 }
 
 /// What the CPU keeps whole for a kernel of its own (see `runs_recurrent`, `runs_attention`).

@@ -65,6 +65,7 @@ pub(super) fn plan(
         | Shape::Pool { .. } => shape.mnk(),
         // (Planned by their own modules.)
         Shape::QConv { .. }
+        | Shape::DynQGemm { .. }
         | Shape::Gather { .. }
         | Shape::Recurrent { .. }
         | Shape::Reduce { .. }
@@ -79,6 +80,7 @@ pub(super) fn plan(
         Shape::Pool { c, .. } => c,
         Shape::Gemm { .. }
         | Shape::QConv { .. }
+        | Shape::DynQGemm { .. }
         | Shape::Gather { .. }
         | Shape::Recurrent { .. }
         | Shape::Reduce { .. }
@@ -97,6 +99,7 @@ pub(super) fn plan(
         Shape::Conv { .. } => m >= host.mr && n >= NR / 2,
         Shape::ConvTranspose { .. } | Shape::Pool { .. } => true,
         Shape::QConv { .. }
+        | Shape::DynQGemm { .. }
         | Shape::Gather { .. }
         | Shape::Recurrent { .. }
         | Shape::Reduce { .. }
@@ -165,6 +168,7 @@ pub(super) fn plan(
                         // The pooling kernel adds nothing.
                         Shape::Pool { .. }
                         | Shape::QConv { .. }
+                        | Shape::DynQGemm { .. }
                         | Shape::Gather { .. }
                         | Shape::Recurrent { .. }
                         | Shape::Reduce { .. }
@@ -313,7 +317,7 @@ fn beats_linalg(shape: &Shape, m: usize, k: usize, n: usize, host: &Host) -> boo
         // The linalg path convolves a stride-spread copy of the input: 4-9x slower.
         Shape::ConvTranspose { .. } => true,
         // (It has no linalg lowering.)
-        Shape::QConv { .. } => true,
+        Shape::QConv { .. } | Shape::DynQGemm { .. } => true,
         Shape::Gather { .. }
         | Shape::Recurrent { .. }
         | Shape::Reduce { .. }
