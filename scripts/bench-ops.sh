@@ -42,7 +42,7 @@ fi
 if [ -z "${KILN:-}" ]; then
     say "building kiln (release)"
     cargo build --release -q -p kiln-compiler --bin kiln >&2
-    export KILN="$REPO/target/release/kiln"
+    export KILN="${CARGO_TARGET_DIR:-$REPO/target}/release/kiln"
 fi
 
 # A throwaway compile cache for kiln alone (the models stay in $CACHE): each shape's first run

@@ -28,7 +28,7 @@ if [ ! -d "$MODELS" ]; then
 fi
 say "building kiln (release)"
 cargo build --release -q -p kiln-compiler --bin kiln >&2
-KILN="$REPO/target/release/kiln"
+KILN="${CARGO_TARGET_DIR:-$REPO/target}/release/kiln"
 BENCH_CACHE=$(mktemp -d "${TMPDIR:-/tmp}/kiln-bench-cache.XXXXXX")
 trap 'rm -rf "$BENCH_CACHE"' EXIT
 

@@ -63,7 +63,7 @@ fi
 
 say "building kiln (release)"
 cargo build --release -q -p kiln-compiler --bin kiln >&2
-KILN="$REPO/target/release/kiln"
+KILN="${CARGO_TARGET_DIR:-$REPO/target}/release/kiln"
 
 # A throwaway compile cache: the first run compiles cold, the second loads from it.
 BENCH_CACHE=$(mktemp -d "${TMPDIR:-/tmp}/kiln-bench-cache.XXXXXX")
