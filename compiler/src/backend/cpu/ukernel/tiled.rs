@@ -299,9 +299,10 @@ fn beats_linalg(shape: &Shape, m: usize, k: usize, n: usize, host: &Host) -> boo
         // Strided windows: the microkernel reads them direct from stride-phase planes (3x3/2
         // 1.43 -> 1.29 ms, the 7x7/2 stem 10.0 -> 2.5 ms, 1 thread); pointwise ones and short
         // rows do not vectorise on linalg; stride-1 windows are level or ahead (above) once an
-        // image's work pays for its padded copy: below 1M multiply-adds an image (cifarnet's
-        // 6 -> 16 5x5 on 14x14, 240K, batch 64) the linalg tile is ahead (1.02 against 1.19 ms
-        // for the model at 1 thread).
+        // image's work pays for its padded copy; below 1M multiply-adds an image they stay on
+        // linalg as before (cifarnet's 6 -> 16 5x5 on 14x14, 240K, batch 64: 1.02 against
+        // 1.19 ms for the model on the kernel, one A/B run, which this noisy machine cannot
+        // tell from even).
         Shape::Conv { kh, kw, stride, ow, .. } => {
             ow < 6 || kh * kw == 1 || stride != [1, 1] || m * n * k >= 16 * MIN_MACS
         }
