@@ -152,7 +152,11 @@ pub(crate) fn zeros_like(like: Traced<'_>) -> Result<Traced<'_>, RuleError> {
     let ty = ty(like)?;
     let g = like.builder();
     Ok(match ty.shape.as_fixed() {
-        Some(dims) => g.anon_constant(Tensor::zeros(ty.dtype, &dims)),
+        // A scalar broadcast, not a constant of the full size: a parameter's shape comes from
+        // the user's model, and its zeros need not be held in memory while the graph is built.
+        Some(dims) => g
+            .anon_constant(Tensor::zeros(ty.dtype, &[]))
+            .expand(&dims.iter().map(|&d| d as i64).collect::<Vec<_>>()),
         None => {
             let never = g.anon_constant(Tensor::scalar(false));
             never.select(like, like.scalar(0.0))
