@@ -110,10 +110,13 @@ fn a_small_image_with_a_residual_and_a_clip_over_several_k_blocks() {
 
 #[test]
 fn direct_convolutions_store_rows_that_start_at_any_lane_with_a_residual() {
-    // Rows of 35 and 45 outputs in flat strips of 32 positions (pitch 36 and 47): runs start at
-    // every lane and some fill a whole vector; stride-2 rows of 70 inputs are split into their
-    // phases a vector at a time, then the tail.
-    for (x, stride, pad) in [([1, 6, 9, 70], 2, 1), ([1, 5, 7, 45], 1, 1)] {
+    // Rows of 35, 45 and 14 outputs in flat strips of 48 or 32 positions (pitch 36, 47 and 16):
+    // runs start at every lane and some fill a whole vector; stride-2 rows of 70 inputs are
+    // split into their phases a vector at a time, then the tail. Where the register tile has 8
+    // rows (AVX-512) the first two take strips of 48 and the last (62 positions a unit: 96 as
+    // 48s) strips of 32; elsewhere all take 32.
+    let mut widths = Vec::new();
+    for (x, stride, pad) in [([1, 6, 9, 70], 2, 1), ([1, 5, 7, 45], 1, 1), ([1, 6, 4, 14], 1, 1)] {
         let oh = (x[2] + 2 * pad - 3) / stride + 1;
         let ow = (x[3] + 2 * pad - 3) / stride + 1;
         let g = GraphBuilder::new("direct");
@@ -126,11 +129,35 @@ fn direct_convolutions_store_rows_that_start_at_any_lane_with_a_residual() {
         let g = g.build().unwrap();
         let s = schedule(&g, Some(true));
         assert!(s.contains("stride-phase planes"), "{s}");
+        let tile = s.split("register tile: ").nth(1).and_then(|t| t.split(';').next());
+        widths.push(tile.expect("the schedule prints the register tile").to_string());
         check(
             &g,
             &[Tensor::random(DType::F32, &x, 6), Tensor::random(DType::F32, &[1, 10, oh, ow], 7)],
             1,
         );
+    }
+    let want = if widths[0].starts_with("8x") { ["8x48", "8x48", "8x32"] } else { ["4x32"; 3] };
+    assert_eq!(widths, want, "register tiles of the three convolutions");
+}
+
+#[test]
+fn direct_convolutions_whose_taps_read_some_stride_phases() {
+    // The direct form fills only the stride-phase planes a tap reads: a 1x1 stride-2 window
+    // reads one of four, a 2x2 stride-4 window four of sixteen, a 3x3 window dilated 2 at stride
+    // 2 only the even phase; a 3x3 stride-3 window every one.
+    for (k, stride, dilation, pad) in [(1, 2, 1, 0), (2, 4, 1, 1), (3, 2, 2, 2), (3, 3, 1, 1)] {
+        let (g, x) = conv_graph(
+            &[2, 6, 19, 23],
+            &[10, 6, k, k],
+            ConvOptions { stride, pad, dilation, ..ConvOptions::default() },
+            true,
+        );
+        let s = schedule(&g, Some(true));
+        if k > 1 || stride > 1 {
+            assert!(s.contains("stride-phase planes"), "{s}");
+        }
+        check(&g, &x, 1);
     }
 }
 
@@ -489,7 +516,7 @@ fn schedules_print_and_are_stable() {
     let cnn = kiln_ir::models::cifarnet(4, 0).unwrap();
     insta::assert_snapshot!("cifarnet_schedule", schedule(&cnn, Some(false)));
     let (g, _) = conv_graph(&[1, 24, 40, 1], &[20, 24, 5, 1], ConvOptions::default(), true);
-    insta::with_settings!({filters => vec![(r"register tile: \d+x32; blocks KC=\d+ MC=\d+ NC=\d+", "register tile: [MR]x32; blocks KC=[kc] MC=[mc] NC=[nc]")]}, {
+    insta::with_settings!({filters => vec![(r"register tile: \d+x\d+; blocks KC=\d+ MC=\d+ NC=\d+", "register tile: [MR]x[cols]; blocks KC=[kc] MC=[mc] NC=[nc]")]}, {
         insta::assert_snapshot!("k_by_1_schedule", schedule(&g, None));
     });
 }
@@ -811,7 +838,7 @@ fn runs_of_convolutions_hold_channel_blocked_tensors() {
     // The decision and each kernel's form, pinned (the tile's rows and cache blocks are the
     // host's, masked).
     let (g, _) = inverted_residual(1, 14);
-    insta::with_settings!({filters => vec![(r"register tile: \d+x32; blocks KC=\d+ MC=\d+ NC=\d+", "register tile: [MR]x32; blocks KC=[kc] MC=[mc] NC=[nc]")]}, {
+    insta::with_settings!({filters => vec![(r"register tile: \d+x\d+; blocks KC=\d+ MC=\d+ NC=\d+", "register tile: [MR]x[cols]; blocks KC=[kc] MC=[mc] NC=[nc]")]}, {
         insta::assert_snapshot!("inverted_residual_schedule", schedule(&g, Some(true)));
     });
 }

@@ -10,35 +10,52 @@
 #include "workspace.h"
 #include "tile.h"
 
-/* One K step of the MR x 32 register tile: c0/c1[r] += a[r] (broadcast) * b0/b1. */
-static inline __attribute__((always_inline)) void tile_step(const float *a, v16 b0, v16 b1, v16 *c0, v16 *c1) {
+/* The register tile of a direct convolution: c[MR rows][16 * NV flat positions] = A panel (K x
+ * MR, packed weights) times B rows read straight from the padded input: row k at xb + offs[k].
+ * Inlined with NV constant: 2 (8x32) or 3 (8x48, AVX-512 only: 24 accumulators; a third fewer
+ * broadcasts a multiply-add). */
+static inline __attribute__((always_inline)) void micro_direct(int NV, int64_t K, const float *restrict a, const float *restrict xb,
+                                                              const int64_t *restrict offs, v16 c[MR][3]) {
 #pragma GCC unroll 16
-    for (int r = 0; r < MR; r++) {
-        v16 ar = splat(a[r]);
-        c0[r] += ar * b0;
-        c1[r] += ar * b1;
-    }
-}
-
-/* The register tile of a direct convolution: c[MR rows][32 flat positions] = A panel (K x MR,
- * packed weights) times B rows read straight from the padded input: row k at xb + offs[k]. */
-static inline __attribute__((always_inline)) void micro_direct(int64_t K, const float *restrict a, const float *restrict xb,
-                                                              const int64_t *restrict offs, v16 *c0, v16 *c1) {
-#pragma GCC unroll 16
-    for (int r = 0; r < MR; r++) c0[r] = c1[r] = splat(0.0f);
+    for (int r = 0; r < MR; r++)
+#pragma GCC unroll 3
+        for (int v = 0; v < NV; v++) c[r][v] = splat(0.0f);
     for (int64_t k = 0; k < K; k++) {
         const float *b = xb + offs[k];
-        tile_step(a, load16(b), load16(b + 16), c0, c1);
+        v16 bv[3];
+#pragma GCC unroll 3
+        for (int v = 0; v < NV; v++) bv[v] = load16(b + 16 * v);
+#pragma GCC unroll 16
+        for (int r = 0; r < MR; r++) {
+            v16 ar = splat(a[r]);
+#pragma GCC unroll 3
+            for (int v = 0; v < NV; v++) c[r][v] += ar * bv[v];
+        }
         a += MR;
     }
 }
+
+static void micro_direct_32(int64_t K, const float *a, const float *xb, const int64_t *offs, v16 c[MR][3]) {
+    micro_direct(2, K, a, xb, offs, c);
+}
+
+#if MR == 8
+static void micro_direct_48(int64_t K, const float *a, const float *xb, const int64_t *offs, v16 c[MR][3]) {
+    micro_direct(3, K, a, xb, offs, c);
+}
+#endif
 
 #if MR == 8
 /* A direct convolution's whole tile in bf16: the weights packed in MR-row strips of pairs, B
  * read at xb + offs[q] (the input's channel-pair planes). */
 KILN_BF16 static void micro_direct_bf16(int64_t K2, const uint32_t *restrict a, const uint32_t *restrict xb,
-                                        const int64_t *restrict offs, v16 *c0, v16 *c1) {
+                                        const int64_t *restrict offs, v16 c[MR][3]) {
+    v16 c0[MR], c1[MR];
     tile_bf16(MR, 1, K2, a, 1, MR, xb, offs, c0, c1);
+    for (int r = 0; r < MR; r++) {
+        c[r][0] = c0[r];
+        c[r][1] = c1[r];
+    }
 }
 
 /* n words of channel pairs: out[i] = bf16(even[i]) | bf16(odd[i]) << 16, rounded to nearest
@@ -58,6 +75,13 @@ KILN_BF16 static void pair_bf16(const float *even, const float *odd, int64_t n, 
 }
 #endif
 
+/* Whether a tap of a window of `k` taps `d` apart falls on phase `a` of stride `s`. */
+static int phase_read(int64_t a, int64_t s, int64_t k, int64_t d) {
+    for (int64_t t = 0; t < k; t++)
+        if (t * d % s == a) return 1;
+    return 0;
+}
+
 /* A convolution of one image without im2col. The input is copied once into padded planes, split
  * by stride phase: phase (a, b) of channel c holds padded rows a, a + SH, ... and columns b,
  * b + SW, ... (one plane at stride 1), so that every window tap of a run of output positions is
@@ -67,21 +91,31 @@ KILN_BF16 static void pair_bf16(const float *even, const float *odd, int64_t n, 
  * oh0 .. oh1 and channels m0 .. m1; the epilogue applied as the valid positions are stored. */
 static void conv_direct(const float *x, const float *wp, const float *bias, const float *res, float *y, int64_t C, int64_t H, int64_t W,
                         int64_t KH, int64_t KW, int64_t SH, int64_t SW, int64_t DH, int64_t DW, int64_t PH, int64_t PW, int64_t OH,
-                        int64_t OW, int64_t act, float lo, float hi, int64_t oh0, int64_t oh1, int64_t m0, int64_t m1, int bf16) {
+                        int64_t OW, int64_t act, float lo, float hi, int64_t oh0, int64_t oh1, int64_t m0, int64_t m1, int bf16, int64_t cols) {
+    /* Strips of 48 positions only where the planner can have them (AVX-512, f32). */
+    if (cols != 32 && !(cols == 48 && MR == 8 && !bf16)) {
+        KILN_INTERNAL_FAILURE(); /* a bug, not input */
+        return;
+    }
     int64_t Wq = OW + (KW - 1) * DW / SW;
     /* The phase rows these output rows read. */
     int64_t rows = oh1 - oh0 + (KH - 1) * DH / SH, plane = rows * Wq;
     int64_t K = C * KH * KW, phases = SH * SW;
-    /* The last strip may read 32 floats past the last position of the last plane. */
+    /* The last strip may read `cols` (at most 48) floats past the last position of the last
+     * plane; scratch.rs bounds the slot so. */
     size_t total = (size_t)(C * phases * plane + 64);
     float *xp = scratch(0, total);
     int64_t *offs = (int64_t *)scratch(1, (size_t)(2 * K));
     if (!xp || !offs) return; /* (recorded by scratch) */
-    memset(xp, 0, total * sizeof(float));
+    /* Only the phases some tap reads are filled (a 1x1 stride-2 convolution reads one of four);
+     * the others' lanes feed only positions that are dropped. bf16 pairs every plane. */
+    memset(xp + C * phases * plane, 0, 64 * sizeof(float));
     for (int64_t c = 0; c < C; c++) {
         for (int64_t a = 0; a < SH; a++) {
             for (int64_t b = 0; b < SW; b++) {
                 float *ph = xp + ((c * SH + a) * SW + b) * plane;
+                if (!bf16 && !(phase_read(a, SH, KH, DH) && phase_read(b, SW, KW, DW))) continue;
+                memset(ph, 0, (size_t)plane * sizeof(float));
                 /* Columns j of the phase read input column j * SW + b - PW. */
                 int64_t jlo = PW - b <= 0 ? 0 : (PW - b + SW - 1) / SW;
                 int64_t jhi = W - 1 + PW - b < 0 ? 0 : (W - 1 + PW - b) / SW + 1;
@@ -130,16 +164,16 @@ static void conv_direct(const float *x, const float *wp, const float *bias, cons
     int64_t N = OH * OW;
     /* Flat positions of the rows (relative to row oh0): the last row ends at OW. */
     int64_t flat = (oh1 - oh0 - 1) * Wq + OW;
-    for (int64_t p0 = 0; p0 < flat; p0 += 32) {
+    for (int64_t p0 = 0; p0 < flat; p0 += cols) {
         /* The strip's valid positions as runs: (lane, count, output index). */
-        int64_t run_l[33], run_n[33], run_o[33], runs = 0;
-        for (int64_t l = 0; l < 32 && p0 + l < flat;) {
+        int64_t run_l[49], run_n[49], run_o[49], runs = 0;
+        for (int64_t l = 0; l < cols && p0 + l < flat;) {
             int64_t p = p0 + l, oh = p / Wq, ow = p % Wq;
             if (ow >= OW) {
                 l += Wq - ow;
                 continue;
             }
-            int64_t n = OW - ow < 32 - l ? OW - ow : 32 - l;
+            int64_t n = OW - ow < cols - l ? OW - ow : cols - l;
             if (p + n > flat) n = flat - p;
             run_l[runs] = l;
             run_n[runs] = n;
@@ -148,25 +182,28 @@ static void conv_direct(const float *x, const float *wp, const float *bias, cons
             l += n;
         }
         for (int64_t i = m0; i < m1; i += MR) {
-            v16 c0[MR], c1[MR];
+            v16 c[MR][3];
 #if MR == 8
             if (bf16)
-                micro_direct_bf16(K2, (const uint32_t *)wp + (i / MR) * K2 * MR, xq + p0, offs, c0, c1);
+                micro_direct_bf16(K2, (const uint32_t *)wp + (i / MR) * K2 * MR, xq + p0, offs, c);
+            else if (cols == 48)
+                micro_direct_48(K, wp + (i / MR) * K * MR, xp + p0, offs, c);
             else
 #endif
-                micro_direct(K, wp + (i / MR) * K * MR, xp + p0, offs, c0, c1);
+                micro_direct_32(K, wp + (i / MR) * K * MR, xp + p0, offs, c);
             int64_t mr = m1 - i < MR ? m1 - i : MR;
             for (int64_t r = 0; r < mr; r++) {
+                /* The row's positions through the stack: runs rarely start on a vector (Wq is
+                 * no multiple of 16), and a reload at an offset is cheap beside the K loop. */
+                float row[48] __attribute__((aligned(64)));
                 v16 b = splat(bias ? bias[i + r] : 0.0f);
-                v16 lo = c0[r] + b, hi = c1[r] + b;
+                for (int64_t v = 0; v < cols / 16; v++) store16(row + 16 * v, c[r][v] + b);
                 float *yr = y + (i + r) * N;
                 const float *rr = res ? res + (i + r) * N : NULL;
                 for (int64_t q = 0; q < runs; q++) {
                     for (int64_t j = 0; j < run_n[q]; j += 16) {
-                        int64_t n = run_n[q] - j < 16 ? run_n[q] - j : 16, l = run_l[q] + j;
-                        /* Runs rarely start on a vector (Wq is no multiple of 32): the lanes
-                         * are shifted in registers, not stored and reloaded at an offset. */
-                        v16 v = l == 0 ? lo : l == 16 ? hi : lanes_from(lo, hi, l);
+                        int64_t n = run_n[q] - j < 16 ? run_n[q] - j : 16;
+                        v16 v = load16_n(row + run_l[q] + j, n);
                         float *yo = yr + run_o[q] + j;
                         if (n == 16) {
                             if (rr) v += load16(rr + run_o[q] + j);
@@ -204,7 +241,7 @@ static void store_transposed(const float *ct, int64_t M, int64_t N, int64_t m0, 
 void kiln_uk_conv2d(int64_t x_, int64_t wp_, int64_t bias_, int64_t res_, int64_t y_, int64_t C, int64_t H, int64_t W, int64_t M,
                     int64_t G, int64_t KH, int64_t KW, int64_t SH, int64_t SW, int64_t DH, int64_t DW, int64_t PH, int64_t PW,
                     int64_t OH, int64_t OW, int64_t act, float lo, float hi, int64_t kc, int64_t mc, int64_t nc, int64_t chunks,
-                    int64_t split_n, int64_t transposed, int64_t in_blocked, int64_t out_blocked, int64_t bf16, int64_t wg_begin,
+                    int64_t split_n, int64_t transposed, int64_t in_blocked, int64_t out_blocked, int64_t bf16, int64_t cols, int64_t wg_begin,
                     int64_t wg_end) {
     const float *x = (const float *)(intptr_t)x_, *wp = (const float *)(intptr_t)wp_;
     const float *bias = (const float *)(intptr_t)bias_, *res = (const float *)(intptr_t)res_;
@@ -267,7 +304,7 @@ void kiln_uk_conv2d(int64_t x_, int64_t wp_, int64_t bias_, int64_t res_, int64_
             else chunk_range(M, MR, chunks, q, &m0, &m1);
             if (oh0 < oh1 && m0 < m1)
                 conv_direct(x + img * C * H * W, wp, bias, res ? res + img * M * N : NULL, y + img * M * N, C, H, W, KH, KW, SH, SW, DH, DW,
-                            PH, PW, OH, OW, act, lo, hi, oh0, oh1, m0, m1, (int)bf16);
+                            PH, PW, OH, OW, act, lo, hi, oh0, oh1, m0, m1, (int)bf16, cols);
             continue;
         }
         for (int64_t grp = 0; grp < G; grp++) {

@@ -75,7 +75,7 @@ impl KernelShape for Gemm {
         } else {
             "row"
         };
-        describe_tiles(u, f, b, what, "")?;
+        describe_tiles(u, f, NR, b, what, "")?;
         describe_epilogue(u, f)
     }
 

@@ -547,13 +547,14 @@ fn window_text(
 fn describe_tiles(
     u: &Ukernel,
     f: &mut fmt::Formatter,
+    cols: usize,
     b: &str,
     what: &str,
     per_image: &str,
 ) -> fmt::Result {
     writeln!(
         f,
-        "register tile: {}x{NR}; blocks KC={} MC={} NC={}; weights packed at compile time, {b}",
+        "register tile: {}x{cols}; blocks KC={} MC={} NC={}; weights packed at compile time, {b}",
         u.mr, u.kc, u.mc, u.nc
     )?;
     writeln!(f, "workgroups: {} ({} {what} chunk(s){per_image})", u.workgroups(), u.chunks)
