@@ -35,6 +35,8 @@ pub enum TrainError {
     UnknownLoss { name: String, outputs: String },
     #[error("the loss `{name}` must be a float of one element, but it is {ty}")]
     LossNotScalar { name: String, ty: Box<TensorType> },
+    #[error("output `{name}` is {ty}, not float scores of [batch, classes]")]
+    NotScores { name: String, ty: Box<TensorType> },
     #[error("`{name}` is not a parameter: the graph has no constant of that name")]
     UnknownParam { name: String },
     #[error("parameter `{name}` is {ty}, not a float tensor")]
@@ -137,7 +139,7 @@ pub fn step_graph(
     optimizer: &Optimizer,
 ) -> Result<StepGraph> {
     let mut g = forward.clone();
-    let outputs = || g_outputs(forward);
+    let outputs = || output_names(forward);
     let loss_value =
         forward.outputs().iter().find(|(n, _)| n == loss).map(|(_, v)| *v).ok_or_else(|| {
             TrainError::UnknownLoss { name: loss.to_string(), outputs: outputs() }
@@ -230,7 +232,55 @@ pub fn step_graph(
     Ok(StepGraph { graph: g, plan, initial })
 }
 
-fn g_outputs(g: &Graph) -> String {
+/// `graph` with the constants named in `values` holding those values instead (each typed as the
+/// constant): the forward graph with trained weights, for inference.
+pub fn with_constants(graph: &Graph, values: &[(String, Tensor)]) -> Result<Graph> {
+    let mut g = graph.clone();
+    for (name, t) in values {
+        let unknown = || TrainError::UnknownParam { name: name.clone() };
+        let id = g.node_by_name(name).ok_or_else(unknown)?;
+        let v = ValueId::from(id);
+        let ty = g.constant_value(v).ok_or_else(unknown)?.ty();
+        if t.ty() != ty {
+            let (want, got) = (Box::new(ty), Box::new(t.ty()));
+            return Err(TrainError::ParamValue { name: name.clone(), want, got });
+        }
+        let temp = g.unique_name(&format!("{name}.trained"));
+        let c = g.add_constant(&temp, t.clone()).map_err(TrainError::Graph)?;
+        g.replace_uses(v, c).map_err(TrainError::Graph)?;
+        g.remove_node(id).map_err(TrainError::Graph)?;
+        g.rename_node(c.node, name).map_err(TrainError::Graph)?;
+    }
+    Ok(g)
+}
+
+/// `graph` with a loss: an `i64[batch]` input `labels` (class numbers) and an output `loss`, the
+/// mean softmax cross-entropy of its output `logits` (`f32[batch, classes]`) against them. The
+/// graph's outputs are kept after the loss.
+pub fn with_cross_entropy(graph: &Graph, logits: &str) -> Result<Graph> {
+    use kiln_ir::builder::GraphBuilder;
+    use kiln_ir::op::{Loss, LossReduction};
+    let v =
+        graph.outputs().iter().find(|(n, _)| n == logits).map(|(_, v)| *v).ok_or_else(|| {
+            TrainError::UnknownLoss { name: logits.to_string(), outputs: output_names(graph) }
+        })?;
+    let ty = graph.value_type(v).clone();
+    let batch = match ty.shape.dims() {
+        [b, _] if ty.dtype.is_float() => b.clone(),
+        _ => return Err(TrainError::NotScores { name: logits.to_string(), ty: Box::new(ty) }),
+    };
+    let b = GraphBuilder::from_graph(graph.clone());
+    let labels = b.input("labels", DType::I64, vec![batch]);
+    let op = kiln_ir::Op::SoftmaxCrossEntropyLoss(Loss {
+        reduction: LossReduction::Mean,
+        ignore_index: None,
+    });
+    let loss = b.apply(op, &[Some(b.value(v)), Some(labels)], 1)[0];
+    b.output("loss", loss);
+    b.build().map_err(TrainError::Graph)
+}
+
+fn output_names(g: &Graph) -> String {
     let names: Vec<&str> = g.outputs().iter().map(|(n, _)| n.as_str()).collect();
     if names.is_empty() {
         "none".into()
@@ -275,8 +325,9 @@ pub struct TrainSession {
     index: HashMap<String, usize>,
     steps: u64,
     lr: f64,
-    /// The forward graph, for `save_onnx`'s names and for reading results.
     optimizer: Optimizer,
+    /// The forward graph, whose constants `trained_graph` replaces.
+    forward: Graph,
 }
 
 impl TrainSession {
@@ -317,6 +368,7 @@ impl TrainSession {
             steps: 0,
             lr,
             optimizer,
+            forward: graph.clone(),
         })
     }
 
@@ -431,6 +483,11 @@ impl TrainSession {
     /// Every parameter by name, as the graph's constants would take them.
     pub fn params(&self) -> Vec<(String, Tensor)> {
         self.plan.params.iter().cloned().zip(self.carried.iter().cloned()).collect()
+    }
+
+    /// The forward graph with the parameters' values now: the trained model, for inference.
+    pub fn trained_graph(&self) -> Result<Graph> {
+        with_constants(&self.forward, &self.params())
     }
 
     /// Writes a copy of the ONNX model `source` (the model the session's graph was imported
