@@ -77,7 +77,7 @@ conformance-mirror:
 # scikit-learn's digits by kiln's compiled step (examples/train_cifar.rs) and by PyTorch from the
 # same weights, order and optimizer; fails when the test accuracies differ by more than a point.
 TRAIN_DIGITS_DIR := target/train-digits
-TRAIN_DIGITS_ARGS := --batch 64 --lr 0.05 --momentum 0.9 --threads 2
+TRAIN_DIGITS_ARGS := --batch 64 --lr 0.01 --momentum 0.9 --threads 2
 train-digits:
 	@py=$$(./scripts/setup-train.sh) && \
 	$$py scripts/train_digits.py prepare $(TRAIN_DIGITS_DIR) --epochs 10 && \

@@ -180,7 +180,7 @@ def main():
     a = sub.add_parser("compare")
     a.add_argument("dir")
     a.add_argument("--batch", type=int, default=64)
-    a.add_argument("--lr", type=float, default=0.05)
+    a.add_argument("--lr", type=float, default=0.01)
     a.add_argument("--momentum", type=float, default=0.9)
     a.add_argument("--threads", type=int, default=2)
     a = sub.add_parser("bench")

@@ -3,7 +3,7 @@
 //! allocation per step), the step's plan pinned, bad input refused by name, and the trained
 //! weights written back into the ONNX model they came from.
 
-use kiln_compiler::train::{step_graph, StepGraph, TrainError};
+use kiln_compiler::train::{step_graph, with_cross_entropy, StepGraph, TrainError};
 use kiln_compiler::{TrainOptions, TrainSession};
 use kiln_ir::builder::{ConvOptions, GraphBuilder};
 use kiln_ir::op::{Loss, LossReduction};
@@ -177,6 +177,10 @@ fn bad_input_is_refused_by_name() {
     assert_eq!(e, "`w9` is not a parameter: the graph has no constant of that name");
     let e = err(TrainSession::new(&graph, "loss", &["x"], opt, options(1)));
     assert_eq!(e, "`x` is not a parameter: the graph has no constant of that name");
+    let e = with_cross_entropy(&graph, "loss").unwrap_err().to_string();
+    assert_eq!(e, "output `loss` is f32[], not float scores of [batch, classes]");
+    let e = with_cross_entropy(&graph, "probs").unwrap_err().to_string();
+    assert_eq!(e, "the graph has no output `probs` to train on (its outputs: logits, loss)");
     let mut session = TrainSession::new(&graph, "loss", &PARAMS, opt, options(1)).unwrap();
     let e = session.step(&batch(0)[..1]).unwrap_err().to_string();
     assert_eq!(e, "the step takes 2 batch tensors (x, labels), 1 given");
