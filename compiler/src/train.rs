@@ -187,6 +187,7 @@ pub fn step_graph(
             ids.push(g.add_input(&unique, ty.clone()).map_err(TrainError::Graph)?);
             state.push((unique, name.to_string()));
         }
+        // The gradient is filled in once the backward graph exists.
         slots.push(Slot { param: p, grad: p, state: ids });
     }
     let step = if optimizer.needs_step() {
