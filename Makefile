@@ -6,7 +6,7 @@ CARGO ?= cargo
 
 SUITES := node pytorch-converted pytorch-operator simple
 
-.PHONY: setup demo test check-runtime-deps conformance conformance-mirror ratchet bench-pool ops-doc examples bench bench-int8 bench-precision bench-ops fuzz fuzz-smoke soak python python-test python-ratchet python-overhead serve-demo install-check lint
+.PHONY: train-digits setup demo test check-runtime-deps conformance conformance-mirror ratchet bench-pool ops-doc examples bench bench-int8 bench-precision bench-ops fuzz fuzz-smoke soak python python-test python-ratchet python-overhead serve-demo install-check lint
 
 setup:
 	@./scripts/setup.sh
@@ -71,6 +71,18 @@ conformance:
 # `make test` runs a fifth of it): what a target decides reaches the driver through its traits.
 conformance-mirror:
 	KILN_MIRROR_FULL=1 $(CARGO) test -q -p kiln-tests --test integration backend:: -- --nocapture
+
+# The digits check of issue 37 (not part of `make test`: it installs PyTorch into a dev venv,
+# ~/.cache/kiln/train-venv, and trains for about a minute): the CIFAR-10 CNN trained on
+# scikit-learn's digits by kiln's compiled step (examples/train_cifar.rs) and by PyTorch from the
+# same weights, order and optimizer; fails when the test accuracies differ by more than a point.
+TRAIN_DIGITS_DIR := target/train-digits
+TRAIN_DIGITS_ARGS := --batch 64 --lr 0.01 --momentum 0.9 --threads 2
+train-digits:
+	@py=$$(./scripts/setup-train.sh) && \
+	$$py scripts/train_digits.py prepare $(TRAIN_DIGITS_DIR) --epochs 10 && \
+	$(CARGO) run --release -q -p kiln-compiler --example train_cifar -- --data $(TRAIN_DIGITS_DIR) $(TRAIN_DIGITS_ARGS) --every 22 && \
+	$$py scripts/train_digits.py compare $(TRAIN_DIGITS_DIR) $(TRAIN_DIGITS_ARGS)
 
 # Refreshes the ratchet lists with every test that passes now.
 ratchet:

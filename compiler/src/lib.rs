@@ -17,6 +17,7 @@ pub mod passes;
 pub mod session;
 mod stage;
 pub mod toolchain;
+pub mod train;
 pub mod tune;
 pub mod values;
 
@@ -26,3 +27,4 @@ pub use error::{chain as error_chain, CompileError, KernelError, LowerError, Res
 pub use options::{Options, Precision, TargetKind};
 pub use session::Session;
 pub use stage::{Stage, Stages};
+pub use train::{TrainError, TrainOptions, TrainSession};

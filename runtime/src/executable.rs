@@ -36,12 +36,27 @@ pub struct LoadOptions {
     /// run, naming the node (`--max-loop-steps`). `None`, the default: no limit, as in ONNX,
     /// where a Loop with no trip count runs until its condition turns false, if ever.
     pub max_loop_steps: Option<u64>,
+    /// CPU: keep two buffers per output instead of one, so a caller that feeds a run's outputs
+    /// back as the next run's inputs (a training step's parameters and optimizer state) finds
+    /// the buffer of the run before last free: each run writes one buffer while reading the
+    /// other (ping-pong), with no copy and no allocation once both exist. The memory check
+    /// counts the outputs twice. Off by default: one buffer per output.
+    pub double_buffer_outputs: bool,
 }
 
 impl LoadOptions {
     /// The CPU worker threads a program loaded with these options runs on.
     pub fn cpu_threads(&self) -> usize {
         self.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+    }
+
+    /// The buffers the CPU keeps per output: 2 with `double_buffer_outputs`, else 1.
+    pub fn output_buffers(&self) -> u64 {
+        if self.double_buffer_outputs {
+            2
+        } else {
+            1
+        }
     }
 }
 
@@ -239,9 +254,13 @@ struct Cpu {
     constant_offsets: Vec<Option<usize>>,
     /// One run at a time uses the arena and the status word.
     arena: Mutex<RunMemory>,
-    /// Each output's buffer of the last run: the tensors returned share it, and the next run
-    /// writes it again once they are all dropped (warm pages, no copy), else takes a new one.
-    outputs: Mutex<Vec<Option<Arc<[u64]>>>>,
+    /// Each output's buffers of the last runs, latest first (one, or two with
+    /// `LoadOptions::double_buffer_outputs`): the tensors returned share them, and a run writes
+    /// one again once the tensors over it are all dropped (warm pages, no copy), else takes a
+    /// new one.
+    outputs: Mutex<Vec<Vec<Arc<[u64]>>>>,
+    /// How many buffers `outputs` keeps per output.
+    output_buffers: usize,
     /// The artifact's kernel scratch, for the error of an allocation it refused.
     scratch: Arc<ScratchAccount>,
     /// The launches in waves of independent ones (`Hazards::waves`), each wave run at once.
@@ -276,9 +295,9 @@ struct Needs {
 }
 
 impl Needs {
-    fn of(m: &Manifest, threads: usize) -> Needs {
+    fn of(m: &Manifest, threads: usize, output_buffers: u64) -> Needs {
         let mut n = Needs { other: Some(0), kernels: Some(0), largest: (0, String::new()) };
-        n.add(m, threads);
+        n.add(m, threads, output_buffers);
         n
     }
 
@@ -286,7 +305,7 @@ impl Needs {
         self.other?.checked_add(self.kernels?)
     }
 
-    fn add(&mut self, m: &Manifest, threads: usize) {
+    fn add(&mut self, m: &Manifest, threads: usize, output_buffers: u64) {
         let nested: Vec<&Manifest> = m
             .batch
             .iter()
@@ -295,13 +314,14 @@ impl Needs {
             .chain(m.padded.iter().map(|p| &*p.program))
             .collect();
         for n in nested {
-            self.add(n, threads);
+            self.add(n, threads, output_buffers);
         }
         self.other = self.other.and_then(|t| t.checked_add(m.arena_bytes));
         if m.arena_bytes > self.largest.0 {
             self.largest = (m.arena_bytes, "a scratch arena".to_string());
         }
         for b in &m.buffers {
+            let copies = if matches!(b.kind, BufferKind::Output(_)) { output_buffers } else { 1 };
             let name = match b.kind {
                 BufferKind::Constant(_) => "a constant".to_string(),
                 BufferKind::Output(i) => match m.outputs.get(i) {
@@ -313,7 +333,8 @@ impl Needs {
                 },
                 _ => continue,
             };
-            self.other = self.other.and_then(|t| t.checked_add(b.bytes.div_ceil(64) * 64));
+            let held = (b.bytes.div_ceil(64) * 64).checked_mul(copies);
+            self.other = self.other.zip(held).and_then(|(t, h)| t.checked_add(h));
             if b.bytes > self.largest.0 {
                 self.largest = (b.bytes, name);
             }
@@ -365,7 +386,12 @@ impl Executable {
         // Everything every program will hold, against the budget, before anything is allocated;
         // what is left of it caps the kernels' scratch at run time, whatever the artifact says.
         let budget = crate::memory::budget(options.max_memory);
-        let left = Executable::check_memory(&artifact.manifest, budget, options.cpu_threads())?;
+        let left = Executable::check_memory(
+            &artifact.manifest,
+            budget,
+            options.cpu_threads(),
+            options.output_buffers(),
+        )?;
         let scratch = Arc::new(ScratchAccount::new(left));
         if artifact.manifest.batch.is_none()
             && artifact.manifest.control.is_none()
@@ -474,7 +500,8 @@ impl Executable {
             constants,
             constant_offsets: offsets,
             arena,
-            outputs: Mutex::new(vec![None; m.outputs.len()]),
+            outputs: Mutex::new(vec![Vec::new(); m.outputs.len()]),
+            output_buffers: options.output_buffers() as usize,
             scratch: scratch.clone(),
             waves: crate::device::hazard::Hazards::of(m).waves(),
         })
@@ -484,8 +511,8 @@ impl Executable {
     /// outputs, per run; its kernels' scratch, per thread), all of them together, against
     /// `limit`, before any of it is: an error naming the largest. Returns what the kernels'
     /// scratch may take at run time (`memory::scratch_limit`).
-    fn check_memory(m: &Manifest, limit: u64, threads: usize) -> Result<u64> {
-        let needs = Needs::of(m, threads);
+    fn check_memory(m: &Manifest, limit: u64, threads: usize, output_buffers: u64) -> Result<u64> {
+        let needs = Needs::of(m, threads, output_buffers);
         let what = if needs.kernels == Some(0) {
             "its constants, scratch arena and outputs".to_string()
         } else {
@@ -507,7 +534,7 @@ impl Executable {
     /// artifact bounds it (`None` when that overflows a u64). `LoadOptions::max_memory` bounds
     /// it.
     pub fn memory_needed(m: &Manifest, threads: usize) -> Option<u64> {
-        Needs::of(m, threads).total()
+        Needs::of(m, threads, 1).total()
     }
 
     pub fn inputs(&self) -> &[TensorDesc] {
@@ -671,12 +698,16 @@ impl Executable {
             .outputs
             .iter()
             .zip(pool.iter_mut())
-            .map(|(o, slot)| match slot.take() {
-                Some(a) if Arc::strong_count(&a) == 1 && Arc::weak_count(&a) == 0 => a,
-                _ => {
-                    let words = (m.buffers[o.buffer].bytes as usize).div_ceil(8).max(1);
-                    // SAFETY: zeroed u64s are initialised.
-                    unsafe { Arc::<[u64]>::new_zeroed_slice(words).assume_init() }
+            .map(|(o, kept)| {
+                let free =
+                    kept.iter().position(|a| Arc::strong_count(a) == 1 && Arc::weak_count(a) == 0);
+                match free {
+                    Some(i) => kept.remove(i),
+                    None => {
+                        let words = (m.buffers[o.buffer].bytes as usize).div_ceil(8).max(1);
+                        // SAFETY: zeroed u64s are initialised.
+                        unsafe { Arc::<[u64]>::new_zeroed_slice(words).assume_init() }
+                    }
                 }
             })
             .collect();
@@ -717,9 +748,7 @@ impl Executable {
         drop(memory);
         if let Err(e) = ran {
             // The buffers go back for the next run; what they hold now is not returned.
-            for (slot, buf) in pool.iter_mut().zip(outputs) {
-                *slot = Some(buf);
-            }
+            keep_outputs(&mut pool, outputs, cpu.output_buffers);
             return Err(e);
         }
         let tensors = m
@@ -733,10 +762,21 @@ impl Executable {
                 })
             })
             .collect();
-        for (slot, buf) in pool.iter_mut().zip(outputs) {
-            *slot = Some(buf);
-        }
+        keep_outputs(&mut pool, outputs, cpu.output_buffers);
         tensors
+    }
+
+    /// The address of output `i`'s buffer that the last CPU run wrote (`None` before a run, off
+    /// the CPU, or past the outputs): a caller can see that runs reuse buffers rather than
+    /// allocate (with `LoadOptions::double_buffer_outputs`, two addresses alternate).
+    pub fn output_address(&self, i: usize) -> Option<usize> {
+        match &self.program {
+            Program::Cpu(cpu) => {
+                let pool = cpu.outputs.lock().unwrap_or_else(|p| p.into_inner());
+                pool.get(i)?.first().map(|a| a.as_ptr() as usize)
+            }
+            _ => None,
+        }
     }
 
     /// A batch of `n`: split into chunks of the programs' sizes, largest first; each chunk runs
@@ -968,6 +1008,15 @@ impl Executable {
             }
         }
         Ok(())
+    }
+}
+
+/// Puts the buffers a run wrote back, each first in its output's list (the latest), keeping at
+/// most `keep` a output.
+fn keep_outputs(pool: &mut [Vec<Arc<[u64]>>], outputs: Vec<Arc<[u64]>>, keep: usize) {
+    for (kept, buf) in pool.iter_mut().zip(outputs) {
+        kept.insert(0, buf);
+        kept.truncate(keep);
     }
 }
 

@@ -31,3 +31,4 @@ mod status;
 mod target_cpu;
 mod threads;
 mod toolchain;
+mod train;

@@ -224,6 +224,34 @@ pub fn read_value(path: impl AsRef<Path>, ty: &crate::TensorType) -> Result<crat
     }
 }
 
+/// The ONNX model `bytes` with each initializer named in `values` replaced by that value (raw
+/// data, in place of the stored or external data): a trained model's weights written back into
+/// the model it was imported from. Each name must be an initializer of the main graph, typed as
+/// it. The model is re-encoded from the messages kiln reads, so fields kiln does not read (doc
+/// strings, metadata, value_info) are not kept.
+pub fn replace_initializers(bytes: &[u8], values: &[(String, Tensor)]) -> Result<Vec<u8>> {
+    let mut model = decode_model(bytes, &ImportOptions::default())?;
+    let graph =
+        model.graph.as_mut().ok_or_else(|| IrError::Onnx("the model has no graph".into()))?;
+    for (name, t) in values {
+        let init = graph
+            .initializer
+            .iter_mut()
+            .find(|i| i.name.as_deref() == Some(name.as_str()))
+            .ok_or_else(|| IrError::Onnx(format!("the model has no initializer `{name}`")))?;
+        let dims: Vec<i64> = t.dims().iter().map(|&d| d as i64).collect();
+        if init.dims != dims || init.data_type != Some(onnx_type_of(t.dtype())) {
+            return Err(IrError::Onnx(format!(
+                "initializer `{name}` is typed otherwise than its new value {}",
+                t.ty()
+            )));
+        }
+        *init = proto::TensorProto::decode(&encode_tensor(t, name)[..])
+            .map_err(|e| IrError::Onnx(format!("re-encoding `{name}`: {e}")))?;
+    }
+    Ok(model.encode_to_vec())
+}
+
 /// Serializes a tensor as a TensorProto (raw data).
 pub fn encode_tensor(t: &Tensor, name: &str) -> Vec<u8> {
     proto::TensorProto {

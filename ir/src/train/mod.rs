@@ -11,4 +11,4 @@ pub mod optimizer;
 
 pub use dropout::{dropout, Dropout};
 pub use normalize::{batch_norm_training, BatchNormTraining};
-pub use optimizer::{append_update, OptimError, Optimizer, Slot, Update};
+pub use optimizer::{append_update, append_update_at, OptimError, Optimizer, Slot, Update};

@@ -93,6 +93,8 @@ pub enum OptimError {
     NoStep { optimizer: &'static str },
     #[error("the step count must be a number of no dimensions, got {ty}")]
     Step { ty: Box<TensorType> },
+    #[error("the learning rate must be a float of no dimensions, got {ty}")]
+    Rate { ty: Box<TensorType> },
     #[error("parameter {index}: {optimizer} keeps {want} state tensors a parameter, got {got}")]
     StateCount { index: usize, optimizer: &'static str, want: usize, got: usize },
     #[error("parameter {index}: it is {ty}, not a float tensor")]
@@ -115,15 +117,39 @@ pub fn append_update(
     step: Option<ValueId>,
     slots: &[Slot],
 ) -> Result<Vec<Update>, OptimError> {
+    append_update_at(graph, optimizer, step, None, slots)
+}
+
+/// [`append_update`] with the learning rate read from `lr` (a float scalar of the graph, such
+/// as an input a schedule sets each step) instead of the optimizer's constant; `None` is the
+/// constant. Every use of the rate reads it: SGD's step, Adam's step size, AdamW's decay
+/// `1 - lr·wd`.
+pub fn append_update_at(
+    graph: &mut Graph,
+    optimizer: &Optimizer,
+    step: Option<ValueId>,
+    lr: Option<ValueId>,
+    slots: &[Slot],
+) -> Result<Vec<Update>, OptimError> {
     check(graph, optimizer, step, slots)?;
+    if let Some(r) = lr {
+        let t = match graph.try_node(r.node) {
+            Some(n) if r.output < n.outputs.len() => graph.value_type(r),
+            _ => return Err(OptimError::UnknownValue { value: r }),
+        };
+        if t.shape.rank() != 0 || !t.kind.is_tensor() || !t.dtype.is_float() {
+            return Err(OptimError::Rate { ty: Box::new(t.clone()) });
+        }
+    }
     let g = GraphBuilder::from_graph(graph.clone());
     let step = if optimizer.needs_step() { step.map(|s| g.value(s)) } else { None };
+    let lr = lr.map(|r| g.value(r));
     let mut traced = Vec::with_capacity(slots.len());
     for slot in slots {
         let x = g.value(slot.param);
         let grad = g.value(slot.grad);
         let state: Vec<Traced> = slot.state.iter().map(|&s| g.value(s)).collect();
-        traced.push(update(optimizer, step, x, grad, &state)?);
+        traced.push(update(optimizer, step, lr, x, grad, &state)?);
     }
     // The ids are read before `build` takes the builder; a value that failed to trace has
     // recorded the error `build` returns.
@@ -191,12 +217,16 @@ fn check(
 fn update<'g>(
     optimizer: &Optimizer,
     step: Option<Traced<'g>>,
+    rate: Option<Traced<'g>>,
     x: Traced<'g>,
     grad: Traced<'g>,
     state: &[Traced<'g>],
 ) -> Result<(Traced<'g>, Vec<Traced<'g>>), OptimError> {
+    // The rate as a value typed as the parameter: the input's, else the constant.
+    let dtype = x.ty().map_or(DType::F32, |t| t.dtype);
+    let rate_of = |lr: f64| rate.map_or_else(|| x.scalar(lr), |r| r.cast(dtype));
     let adam = |x: Traced<'g>, g: Traced<'g>, lr, beta1, beta2, epsilon| match (state, step) {
-        (&[m, v], Some(t)) => Ok(adam_torch(x, g, m, v, t, lr, beta1, beta2, epsilon)),
+        (&[m, v], Some(t)) => Ok(adam_torch(x, g, m, v, t, rate_of(lr), beta1, beta2, epsilon)),
         (_, None) => Err(OptimError::NoStep { optimizer: optimizer.name() }),
         _ => Err(OptimError::StateCount {
             index: 0,
@@ -208,7 +238,7 @@ fn update<'g>(
     Ok(match *optimizer {
         Optimizer::Sgd { lr, momentum: mu, nesterov, weight_decay } => {
             let g = regularized(x, grad, weight_decay);
-            let lr = x.scalar(lr);
+            let lr = rate_of(lr);
             match state.first() {
                 Some(&v) => {
                     // PyTorch's buffer starts as the first gradient: with a zero buffer and
@@ -223,8 +253,11 @@ fn update<'g>(
             adam(x, regularized(x, grad, weight_decay), lr, beta1, beta2, epsilon)?
         }
         Optimizer::AdamW { lr, beta1, beta2, epsilon, weight_decay } => {
-            let decayed =
-                if weight_decay == 0.0 { x } else { x.mul(x.scalar(1.0 - lr * weight_decay)) };
+            let decayed = match rate {
+                _ if weight_decay == 0.0 => x,
+                None => x.mul(x.scalar(1.0 - lr * weight_decay)),
+                Some(_) => x.mul(x.scalar(1.0).sub(rate_of(lr).mul(x.scalar(weight_decay)))),
+            };
             adam(decayed, grad, lr, beta1, beta2, epsilon)?
         }
     })
@@ -238,7 +271,7 @@ fn adam_torch<'g>(
     m: Traced<'g>,
     v: Traced<'g>,
     step: Traced<'g>,
-    lr: f64,
+    lr: Traced<'g>,
     beta1: f64,
     beta2: f64,
     epsilon: f64,
@@ -247,7 +280,7 @@ fn adam_torch<'g>(
     let one = x.scalar(1.0);
     let bc1 = one.sub(x.scalar(beta1).pow(t));
     let bc2 = one.sub(x.scalar(beta2).pow(t));
-    let step_size = x.scalar(lr).div(bc1);
+    let step_size = lr.div(bc1);
     let (dir, m_new, v_new) =
         adam_direction(g, m, v, beta1, beta2, epsilon, Some(bc2.sqrt().reciprocal()));
     (x.sub(step_size.mul(dir)), vec![m_new, v_new])

@@ -197,3 +197,70 @@ fn bad_slots_are_typed_errors_and_leave_the_graph_unchanged() {
     assert!(matches!(e, OptimError::Mismatch { what: "gradient", .. }), "{e}");
     assert_eq!(graph.nodes().count(), before);
 }
+
+/// The rate read from an input (`append_update_at`) steps as the optimizer's constant does,
+/// for every optimizer (AdamW's decay reads it too); a rate of another shape is refused.
+#[test]
+fn rate_as_an_input_steps_as_the_constant() {
+    let opts = [
+        Optimizer::Sgd { lr: 0.1, momentum: 0.9, nesterov: true, weight_decay: 0.01 },
+        Optimizer::Adam { lr: 0.05, beta1: 0.9, beta2: 0.99, epsilon: 1e-8, weight_decay: 0.1 },
+        Optimizer::AdamW { lr: 0.05, beta1: 0.9, beta2: 0.99, epsilon: 1e-8, weight_decay: 0.1 },
+    ];
+    for opt in opts {
+        let lr = match opt {
+            Optimizer::Sgd { lr, .. }
+            | Optimizer::Adam { lr, .. }
+            | Optimizer::AdamW { lr, .. } => lr,
+        };
+        // The same optimizer with a wrong constant: only the input's rate can give the steps.
+        let wrong = match opt {
+            Optimizer::Sgd { momentum, nesterov, weight_decay, .. } => {
+                Optimizer::Sgd { lr: 7.0, momentum, nesterov, weight_decay }
+            }
+            Optimizer::Adam { beta1, beta2, epsilon, weight_decay, .. } => {
+                Optimizer::Adam { lr: 7.0, beta1, beta2, epsilon, weight_decay }
+            }
+            Optimizer::AdamW { beta1, beta2, epsilon, weight_decay, .. } => {
+                Optimizer::AdamW { lr: 7.0, beta1, beta2, epsilon, weight_decay }
+            }
+        };
+        let mut graph = Graph::new("step");
+        let ty = TensorType::new(DType::F64, [N]);
+        let param = graph.add_input("p", ty.clone()).expect("input");
+        let grad_in = graph.add_input("g", ty.clone()).expect("input");
+        let state: Vec<ValueId> = (0..opt.state_len())
+            .map(|i| graph.add_input(&format!("s{i}"), ty.clone()).expect("input"))
+            .collect();
+        let step = graph.add_input("t", TensorType::new(DType::I64, [])).expect("input");
+        let rate = graph.add_input("lr", TensorType::new(DType::F32, [])).expect("input");
+        let slot = Slot { param, grad: grad_in, state };
+        let bad = graph.add_input("bad", TensorType::new(DType::F32, [2])).expect("input");
+        let refused =
+            super::append_update_at(&mut graph, &wrong, Some(step), Some(bad), &[slot.clone()]);
+        assert!(matches!(refused, Err(OptimError::Rate { .. })), "{refused:?}");
+        let up = super::append_update_at(&mut graph, &wrong, Some(step), Some(rate), &[slot])
+            .expect("update builds");
+        graph.add_output("p_new", up[0].param).expect("output");
+        for (i, s) in up[0].state.iter().enumerate() {
+            graph.add_output(&format!("s{i}_new"), *s).expect("output");
+        }
+        let mut p = start();
+        let mut st = vec![vec![0.0; N]; opt.state_len()];
+        let mut got = Vec::new();
+        for t in 1..=STEPS {
+            let t64 = |v: &[f64]| Tensor::from_f64s(DType::F64, &[N], v).expect("length");
+            let mut inputs = vec![t64(&p), t64(&grad(t))];
+            inputs.extend(st.iter().map(|s| t64(s)));
+            inputs.push(Tensor::scalar(t as i64));
+            inputs.push(Tensor::scalar(lr as f32));
+            inputs.push(Tensor::from_f64s(DType::F32, &[2], &[0.0, 0.0]).expect("length"));
+            let r = eval::run(&graph, &inputs).expect("the step runs");
+            p = r[0].to_f64s();
+            st = r[1..].iter().map(Tensor::to_f64s).collect();
+            got.push(p.clone());
+        }
+        // The rate went through f32: 1e-7 relative.
+        assert_close(opt.name(), &got, &run(&opt, DType::F64), 1e-6);
+    }
+}

@@ -1,0 +1,297 @@
+//! `TrainSession`: a training step compiled for the CPU against the interpreter running the same
+//! step graph, the parameters kept in the runtime's two buffers per output (no copy, no
+//! allocation per step), the step's plan pinned, bad input refused by name, and the trained
+//! weights written back into the ONNX model they came from.
+
+use kiln_compiler::train::{step_graph, with_cross_entropy, StepGraph, TrainError};
+use kiln_compiler::{TrainOptions, TrainSession};
+use kiln_ir::builder::{ConvOptions, GraphBuilder};
+use kiln_ir::op::{Loss, LossReduction};
+use kiln_ir::train::Optimizer;
+use kiln_ir::{eval, DType, Graph, Op, Tensor};
+use kiln_runtime::LoadOptions;
+
+const PARAMS: [&str; 4] = ["conv.weight", "conv.bias", "fc.weight", "fc.bias"];
+
+/// A small CNN with its loss: x f32[4,1,8,8] -> conv 1->4 3x3 (pad 1) -> relu -> maxpool 2 ->
+/// flatten -> fc 64->3 -> softmax cross-entropy (mean) against labels i64[4]. Outputs the
+/// logits and the loss.
+fn small_cnn() -> Graph {
+    let g = GraphBuilder::new("small_cnn");
+    let scaled = |name: &str, dims: &[usize], seed: u64, k: f64| {
+        let t = Tensor::random(DType::F32, dims, seed);
+        let v: Vec<f64> = t.to_f64s().iter().map(|v| v * k).collect();
+        g.constant(name, Tensor::from_f64s(DType::F32, dims, &v).unwrap())
+    };
+    let x = g.input("x", DType::F32, [4, 1, 8, 8]);
+    let labels = g.input("labels", DType::I64, [4]);
+    let c = x.conv(
+        scaled("conv.weight", &[4, 1, 3, 3], 1, 0.3),
+        Some(scaled("conv.bias", &[4], 2, 0.1)),
+        ConvOptions::default().pad(1),
+    );
+    let p = c.relu().max_pool(2, 2, 0).flatten(1);
+    let logits = p.linear(scaled("fc.weight", &[3, 64], 3, 0.1), scaled("fc.bias", &[3], 4, 0.1));
+    let loss = g.apply(
+        Op::SoftmaxCrossEntropyLoss(Loss { reduction: LossReduction::Mean, ignore_index: None }),
+        &[Some(logits), Some(labels)],
+        1,
+    )[0];
+    g.output("logits", logits);
+    g.output("loss", loss);
+    g.build().unwrap()
+}
+
+fn batch(seed: u64) -> Vec<Tensor> {
+    let x = Tensor::random(DType::F32, &[4, 1, 8, 8], 100 + seed);
+    let labels: Vec<i64> = (0..4).map(|i| ((i + seed) % 3) as i64).collect();
+    vec![x, Tensor::from_vec(&[4], labels).unwrap()]
+}
+
+fn options(threads: usize) -> TrainOptions {
+    TrainOptions {
+        load: LoadOptions { threads: Some(threads), ..Default::default() },
+        ..Default::default()
+    }
+}
+
+/// The step graph run by the interpreter, its outputs fed back as the next step's inputs: the
+/// loss of each step and the parameters at the end.
+fn interpreted(step: &StepGraph, opt: &Optimizer, steps: u64, lr: f32) -> (Vec<f64>, Vec<Tensor>) {
+    let mut carried: Vec<Tensor> = step.initial.clone();
+    for (_, p) in &step.plan.state {
+        let i = step.plan.params.iter().position(|q| q == p).unwrap();
+        carried.push(Tensor::zeros(DType::F32, step.initial[i].dims()));
+    }
+    let mut losses = Vec::new();
+    for s in 0..steps {
+        let mut inputs = batch(s);
+        inputs.extend(carried.iter().cloned());
+        if opt.needs_step() {
+            inputs.push(Tensor::scalar(s as i64 + 1));
+        }
+        inputs.push(Tensor::scalar(lr));
+        let mut out = eval::run(&step.graph, &inputs).unwrap();
+        losses.push(out[0].to_f64s()[0]);
+        carried = out.split_off(1);
+    }
+    carried.truncate(step.plan.params.len());
+    (losses, carried)
+}
+
+#[test]
+fn a_compiled_step_follows_the_interpreter() {
+    let graph = small_cnn();
+    let opts = [
+        Optimizer::Sgd { lr: 0.2, momentum: 0.9, nesterov: false, weight_decay: 1e-3 },
+        Optimizer::adam(0.01),
+    ];
+    for opt in opts {
+        let step = step_graph(&graph, "loss", &PARAMS, &opt).unwrap();
+        let lr = match opt {
+            Optimizer::Sgd { lr, .. }
+            | Optimizer::Adam { lr, .. }
+            | Optimizer::AdamW { lr, .. } => lr,
+        };
+        let (want_losses, want_params) = interpreted(&step, &opt, 5, lr as f32);
+        for threads in [1, 2] {
+            let mut session =
+                TrainSession::new(&graph, "loss", &PARAMS, opt, options(threads)).unwrap();
+            let losses: Vec<f32> = (0..5).map(|s| session.step(&batch(s)).unwrap()).collect();
+            // f32 on both sides, the compiled kernels summing in other orders: 1e-4 relative.
+            for (s, (a, b)) in losses.iter().zip(&want_losses).enumerate() {
+                let (a, b) = (*a as f64, *b);
+                assert!(
+                    (a - b).abs() <= 1e-4 * (1.0 + b.abs()),
+                    "{} step {s}: loss {a} vs {b}",
+                    opt.name()
+                );
+            }
+            assert!(
+                want_losses[4] < want_losses[0],
+                "{}: the loss fell: {want_losses:?}",
+                opt.name()
+            );
+            for (name, want) in PARAMS.iter().zip(&want_params) {
+                let got = session.param(name).unwrap();
+                for (a, b) in got.to_f64s().iter().zip(want.to_f64s()) {
+                    assert!(
+                        (a - b).abs() <= 1e-4 * (1.0 + b.abs()),
+                        "{} {name}: {a} vs {b}",
+                        opt.name()
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Each parameter lives in the runtime's two output buffers, which alternate: step k+2 writes
+/// the buffer step k wrote (no allocation), and the parameter the session holds is that buffer
+/// (no copy).
+#[test]
+fn parameters_stay_in_two_buffers_that_alternate() {
+    let graph = small_cnn();
+    let opt = Optimizer::Sgd { lr: 0.1, momentum: 0.9, nesterov: false, weight_decay: 0.0 };
+    let mut session = TrainSession::new(&graph, "loss", &PARAMS, opt, options(2)).unwrap();
+    let outputs = 1 + PARAMS.len() * 2;
+    let mut seen: Vec<Vec<usize>> = Vec::new();
+    for s in 0..6 {
+        session.step(&batch(s)).unwrap();
+        let exe = session.executable();
+        let addresses: Vec<usize> = (1..outputs).map(|i| exe.output_address(i).unwrap()).collect();
+        for (i, name) in PARAMS.iter().enumerate() {
+            let held = session.param(name).unwrap().bytes().as_ptr() as usize;
+            assert_eq!(held, addresses[i], "step {s}: `{name}` is the output buffer itself");
+        }
+        seen.push(addresses);
+    }
+    for s in 2..6 {
+        assert_eq!(seen[s], seen[s - 2], "step {s} writes the buffers of step {}", s - 2);
+        for (a, b) in seen[s].iter().zip(&seen[s - 1]) {
+            assert_ne!(a, b, "step {s} does not write the buffer it reads");
+        }
+    }
+}
+
+#[test]
+fn the_step_plan() {
+    let step = step_graph(&small_cnn(), "loss", &PARAMS, &Optimizer::adam(1e-3)).unwrap();
+    insta::assert_snapshot!("train_step_plan_adam", step.plan.to_string());
+    let sgd = Optimizer::sgd(0.1);
+    let step = step_graph(&small_cnn(), "loss", &["fc.weight"], &sgd).unwrap();
+    insta::assert_snapshot!("train_step_plan_sgd", step.plan.to_string());
+}
+
+#[test]
+fn bad_input_is_refused_by_name() {
+    let graph = small_cnn();
+    let opt = Optimizer::sgd(0.1);
+    let err =
+        |r: Result<TrainSession, TrainError>| r.err().map(|e| e.to_string()).unwrap_or_default();
+    let e = err(TrainSession::new(&graph, "nope", &PARAMS, opt, options(1)));
+    assert_eq!(e, "the graph has no output `nope` to train on (its outputs: logits, loss)");
+    let e = err(TrainSession::new(&graph, "logits", &PARAMS, opt, options(1)));
+    assert_eq!(e, "the loss `logits` must be a float of one element, but it is f32[4,3]");
+    let e = err(TrainSession::new(&graph, "loss", &["conv.weight", "w9"], opt, options(1)));
+    assert_eq!(e, "`w9` is not a parameter: the graph has no constant of that name");
+    let e = err(TrainSession::new(&graph, "loss", &["x"], opt, options(1)));
+    assert_eq!(e, "`x` is not a parameter: the graph has no constant of that name");
+    let e = with_cross_entropy(&graph, "loss").unwrap_err().to_string();
+    assert_eq!(e, "output `loss` is f32[], not float scores of [batch, classes]");
+    let e = with_cross_entropy(&graph, "probs").unwrap_err().to_string();
+    assert_eq!(e, "the graph has no output `probs` to train on (its outputs: logits, loss)");
+    let mut session = TrainSession::new(&graph, "loss", &PARAMS, opt, options(1)).unwrap();
+    let e = session.step(&batch(0)[..1]).unwrap_err().to_string();
+    assert_eq!(e, "the step takes 2 batch tensors (x, labels), 1 given");
+    let wrong = vec![Tensor::zeros(DType::F32, &[4, 1, 8, 9]), batch(0)[1].clone()];
+    let e = session.step(&wrong).unwrap_err().to_string();
+    assert_eq!(e, "batch input `x` is f32[4,1,8,8], got f32[4,1,8,9]");
+    let e = session.param("w9").unwrap_err().to_string();
+    assert_eq!(e, "`w9` is not a parameter: the graph has no constant of that name");
+    let e = session.set_param("fc.bias", Tensor::zeros(DType::F32, &[4])).unwrap_err().to_string();
+    assert_eq!(e, "parameter `fc.bias` is f32[3], got f32[4]");
+    let e = session.set_lr(f64::NAN).unwrap_err().to_string();
+    assert_eq!(e, "the learning rate must be finite, got NaN");
+    // Nothing above changed the session: a step still runs.
+    assert!(session.step(&batch(0)).unwrap().is_finite());
+}
+
+/// A parameter set by name is what the next step reads: zero weights give the loss of uniform
+/// scores, ln 3.
+#[test]
+fn a_parameter_set_by_name_is_read_by_the_next_step() {
+    let mut session =
+        TrainSession::new(&small_cnn(), "loss", &PARAMS, Optimizer::sgd(0.1), options(1)).unwrap();
+    session.set_param("fc.weight", Tensor::zeros(DType::F32, &[3, 64])).unwrap();
+    session.set_param("fc.bias", Tensor::zeros(DType::F32, &[3])).unwrap();
+    let loss = session.step(&batch(0)).unwrap() as f64;
+    assert!((loss - 3f64.ln()).abs() < 1e-6, "{loss}");
+}
+
+/// x f32[4,3] -> Gemm(w, b) -> ReduceSumSquare (keepdims 0): a model with initializers, written
+/// back after two steps and imported again.
+#[test]
+fn trained_weights_are_written_into_the_onnx_model() {
+    use kiln_ir::onnx::proto::tensor_shape_proto::dimension::Value as DimValue;
+    use kiln_ir::onnx::proto::*;
+    use prost::Message;
+    let init = |t: &Tensor, name: &str| {
+        TensorProto::decode(kiln_ir::onnx::encode_tensor(t, name).as_slice()).unwrap()
+    };
+    let f32_type = |dims: &[usize]| TypeProto {
+        value: Some(type_proto::Value::TensorType(type_proto::Tensor {
+            elem_type: Some(data_type::FLOAT),
+            shape: Some(TensorShapeProto {
+                dim: dims
+                    .iter()
+                    .map(|&d| tensor_shape_proto::Dimension {
+                        value: Some(DimValue::DimValue(d as i64)),
+                    })
+                    .collect(),
+            }),
+        })),
+    };
+    let node = |op: &str, inputs: &[&str], output: &str, attribute| NodeProto {
+        op_type: Some(op.into()),
+        name: Some(output.into()),
+        input: inputs.iter().map(|s| s.to_string()).collect(),
+        output: vec![output.into()],
+        attribute,
+        ..Default::default()
+    };
+    let keepdims = AttributeProto {
+        name: Some("keepdims".into()),
+        r#type: Some(attribute_type::INT),
+        i: Some(0),
+        ..Default::default()
+    };
+    let (w, b) = (Tensor::random(DType::F32, &[3, 2], 1), Tensor::random(DType::F32, &[2], 2));
+    let graph = GraphProto {
+        name: Some("linear".into()),
+        node: vec![
+            node("Gemm", &["x", "w", "b"], "y", vec![]),
+            node("ReduceSumSquare", &["y"], "loss", vec![keepdims]),
+        ],
+        initializer: vec![init(&w, "w"), init(&b, "b")],
+        input: vec![ValueInfoProto { name: Some("x".into()), r#type: Some(f32_type(&[4, 3])) }],
+        output: vec![ValueInfoProto { name: Some("loss".into()), r#type: Some(f32_type(&[])) }],
+        ..Default::default()
+    };
+    let bytes = ModelProto {
+        ir_version: Some(8),
+        opset_import: vec![OperatorSetIdProto { domain: Some(String::new()), version: Some(17) }],
+        graph: Some(graph),
+        ..Default::default()
+    }
+    .encode_to_vec();
+    let dir = std::env::temp_dir().join(format!("kiln-train-onnx-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (source, saved) = (dir.join("linear.onnx"), dir.join("trained.onnx"));
+    std::fs::write(&source, &bytes).unwrap();
+    let model = kiln_ir::onnx::load(&source).unwrap().graph;
+    let mut session =
+        TrainSession::new(&model, "loss", &["w", "b"], Optimizer::sgd(0.01), options(1)).unwrap();
+    let x = Tensor::random(DType::F32, &[4, 3], 3);
+    let first = session.step(std::slice::from_ref(&x)).unwrap();
+    let second = session.step(std::slice::from_ref(&x)).unwrap();
+    assert!(second < first, "{first} then {second}");
+    session.save_onnx(&source, &saved).unwrap();
+    let reloaded = kiln_ir::onnx::load(&saved).unwrap().graph;
+    for name in ["w", "b"] {
+        let v = reloaded.constant_value(reloaded.node_by_name(name).unwrap().into()).unwrap();
+        assert_eq!(v.to_f64s(), session.param(name).unwrap().to_f64s(), "{name}");
+        assert_ne!(
+            v.to_f64s(),
+            if name == "w" { w.to_f64s() } else { b.to_f64s() },
+            "{name} trained"
+        );
+    }
+    // The trained model's loss on x is the loss the third step would report.
+    let third = eval::run(&reloaded, &[x]).unwrap()[0].to_f64s()[0];
+    let next = session.step(&[Tensor::random(DType::F32, &[4, 3], 3)]).unwrap() as f64;
+    assert!((third - next).abs() <= 1e-5 * (1.0 + next.abs()), "{third} vs {next}");
+    let e = session.save_onnx(&dir.join("missing.onnx"), &saved).unwrap_err().to_string();
+    assert!(e.contains("missing.onnx"), "{e}");
+    std::fs::remove_dir_all(&dir).ok();
+}
