@@ -200,8 +200,10 @@ pub fn slots(u: &Ukernel) -> Vec<(Slot, u64)> {
                 ask(File::Gemm, 1, a_panel);
             }
         }
-        // (kiln_uk_dqgemm quantizes its rows into a buffer on its stack.)
+        // (kiln_uk_dqgemm quantizes its rows into a buffer on its stack; kiln_uk_nbgemm copies
+        // a partial group of at most 4 rows there.)
         Shape::DynQGemm { .. }
+        | Shape::NBitsGemm { .. }
         | Shape::Gather { .. }
         | Shape::Reduce { .. }
         | Shape::Softmax { .. }
