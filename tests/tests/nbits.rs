@@ -103,7 +103,6 @@ fn model(
         input: inputs.iter().map(|s| s.to_string()).collect(),
         output: vec!["y".into()],
         attribute: attrs,
-        ..Default::default()
     };
     let graph = GraphProto {
         name: Some("nbits".into()),

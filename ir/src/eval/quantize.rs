@@ -212,7 +212,7 @@ pub fn nbits_weights(
     scales: &[f32],
     zero_points: Option<&[f32]>,
 ) -> Result<Vec<f32>, OpError> {
-    if bits == 0 || bits > 8 || block_size == 0 || (block_size * bits) % 8 != 0 {
+    if bits == 0 || bits > 8 || block_size == 0 || !(block_size * bits).is_multiple_of(8) {
         return Err(invalid!(
             "{bits}-bit weights in blocks of {block_size} do not pack into bytes"
         ));

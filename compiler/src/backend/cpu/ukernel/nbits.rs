@@ -176,7 +176,7 @@ fn pack(graph: &Graph, kernel: &Kernel, u: &Ukernel) -> Result<Vec<u8>> {
             return 0;
         }
         let byte = packed[(col * blocks + kk / block_size) * blob + (kk % block_size) / 2];
-        if kk % 2 == 0 {
+        if kk.is_multiple_of(2) {
             byte & 15
         } else {
             byte >> 4
