@@ -1,5 +1,5 @@
 //! onnxruntime's com.microsoft MatMulNBits (4-bit weight-only matrix products): imported from
-//! ONNX, run on the CPU's kernel that unpacks the 4-bit weights in its loop (`ukernel/nbits.rs`,
+//! ONNX, run on the CPU's kernel that unpacks the 4-bit weights in its loop or once per strip (`ukernel/nbits.rs`,
 //! `quantized.c`'s `kiln_uk_nbgemm`), and decomposed where the weights are not constants (the
 //! path every other target takes), each against the interpreter and against a dequantize and
 //! matrix product written out here from the packing onnxruntime documents.
@@ -244,15 +244,23 @@ fn run_case(c: &Case, seed: u64) {
         let schedule = kiln_compiler::driver::emit(&graph, Stage::Schedule, &options).unwrap();
         let on_kernel = schedule.contains("microkernel: 4-bit weight-only matrix product");
         assert_eq!(on_kernel, !c.weights_input, "{what}: {schedule}");
-        let exe = kiln_compiler::jit(&graph, &options, &LoadOptions::default()).unwrap();
+        let load = LoadOptions { threads: Some(2), ..LoadOptions::default() };
+        let exe = kiln_compiler::jit(&graph, &options, &load).unwrap();
         let got = exe.run(&inputs).unwrap();
         close(&got[0].to_f64s(), &want, &format!("{what}: compiled"));
+        // The kernel holds scratch (each strip's weights as f32) only for more than 4 rows, and
+        // no more than the artifact bounds it by.
+        crate::microkernel::assert_scratch_bounded(&exe, 2);
+        if on_kernel {
+            assert_eq!(exe.kernel_scratch_peak() > 0, rows > 4, "{what}: scratch held");
+        }
     }
 }
 
 /// Blocks of 16 (a 32-weight group spans two), 32 and 128; K a whole number of blocks or not,
 /// and not of 32; N not a whole number of 4-column strips; packed, f32 and absent zero points;
-/// with and without the bias; one row (decoding) to 17 (4-row tiles and the rest).
+/// with and without the bias; one row (decoding) to 4, which read the packed weights, and 6 to
+/// 64, which make each strip's weights f32 once (4-row tiles and the rest).
 #[test]
 fn matmul_nbits_runs_on_the_cpu_kernel() {
     let cases = [
@@ -266,7 +274,7 @@ fn matmul_nbits_runs_on_the_cpu_kernel() {
             weights_input: false,
         },
         Case {
-            rows: &[1, 10],
+            rows: &[1, 4, 10],
             k: 72,
             n: 21,
             block_size: 16,
@@ -284,7 +292,7 @@ fn matmul_nbits_runs_on_the_cpu_kernel() {
             weights_input: false,
         },
         Case {
-            rows: &[1, 17],
+            rows: &[1, 17, 64],
             k: 256,
             n: 64,
             block_size: 32,

@@ -200,10 +200,15 @@ pub fn slots(u: &Ukernel) -> Vec<(Slot, u64)> {
                 ask(File::Gemm, 1, a_panel);
             }
         }
-        // (kiln_uk_dqgemm quantizes its rows into a buffer on its stack; kiln_uk_nbgemm copies
-        // a partial group of at most 4 rows there.)
+        Shape::NBitsGemm { rows, k, .. } => {
+            // More than NB_PANEL_ROWS rows: a strip's weights as f32, [K / 32 groups][4][32].
+            // (Fewer read them packed, and copy a partial group of rows onto the stack.)
+            if rows > 4 {
+                ask(File::Quantized, 2, (k as u64).div_ceil(32).saturating_mul(32 * 4));
+            }
+        }
+        // (kiln_uk_dqgemm quantizes its rows into a buffer on its stack.)
         Shape::DynQGemm { .. }
-        | Shape::NBitsGemm { .. }
         | Shape::Gather { .. }
         | Shape::Reduce { .. }
         | Shape::Softmax { .. }
