@@ -4,7 +4,9 @@ seeded random images), into OUT/<model>_int8_qdq/model.onnx, and the transformer
 gpt_block, and BERT-tiny's encoder written by bench_models.py into OUT/bert_tiny_128) with its
 quantize_dynamic, as BERT-style models are quantized for CPUs (DynamicQuantizeLinear +
 MatMulInteger: u8 activations quantized at run time, s8 weights), into
-OUT/<model>_int8_dynamic/model.onnx, next to links to (or copies of) the f32 originals, so that
+OUT/<model>_int8_dynamic/model.onnx, and gpt_block's MatMuls to 4-bit weights with its
+MatMulNBitsQuantizer (com.microsoft MatMulNBits, as int4 LLM exports hold them: blocks of 32
+with zero points) into OUT/<model>_int4/model.onnx, next to links to (or copies of) the f32 originals, so that
 scripts/bench.sh OUT times kiln and onnxruntime on all of them in one run (`make bench-int8`).
 
     python quantize_bench_models.py MODELS_DIR OUT_DIR
@@ -37,6 +39,21 @@ def dynamic(src: str, out_dir: str, entry: str) -> None:
     print(f"quantized {entry} dynamically -> {dst}", file=sys.stderr)
 
 
+def nbits(src: str, out_dir: str, entry: str) -> None:
+    """OUT/<entry>_int4/model.onnx: src's MatMuls with 4-bit weights (MatMulNBits), unless it is there."""
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    dst_dir = os.path.join(out_dir, entry + "_int4")
+    dst = os.path.join(dst_dir, "model.onnx")
+    if os.path.isfile(dst):
+        return
+    os.makedirs(dst_dir, exist_ok=True)
+    quant = MatMulNBitsQuantizer(onnx.load(src), block_size=32, is_symmetric=False)
+    quant.process()
+    quant.model.save_model_to_file(dst, use_external_data_format=False)
+    print(f"quantized {entry} to 4-bit weights -> {dst}", file=sys.stderr)
+
+
 def main(models_dir: str, out_dir: str) -> None:
     os.makedirs(out_dir, exist_ok=True)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -52,6 +69,7 @@ def main(models_dir: str, out_dir: str) -> None:
             if not os.path.exists(link):
                 os.symlink(os.path.abspath(os.path.join(models_dir, entry)), link)
             dynamic(src, out_dir, entry)
+            nbits(src, out_dir, entry)
         if not any(entry.startswith(m) for m in MODELS) or entry.endswith("_int8_qdq"):
             continue
         src = os.path.join(models_dir, entry, "model.onnx")

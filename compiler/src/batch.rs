@@ -937,6 +937,14 @@ fn quantize(n: &NodeDeps) -> Verdict {
                 axis_not_batch(*axis, n.x_rank, "scale axis")?;
             }
         }
+        // Row by row: only the rows may carry the batch (a rank-1 input has no batch axis of
+        // its own to keep).
+        Op::MatMulNBits { .. } => {
+            n.only(&[0])?;
+            if n.x_rank < 2 {
+                return Err("multiplies a single row, which has no batch axis".into());
+            }
+        }
         op => return untraced(op),
     }
     n.leading_is_batch()

@@ -217,7 +217,13 @@ pub fn partition(graph: &Graph, allowed: Views) -> Result<Partition> {
                 // consumers.
                 open.push(
                     node.outputs.len() == 1
-                        && !matches!(node.op, Op::Attention(_) | Op::QConv(_) | Op::DynQMatMul),
+                        && !matches!(
+                            node.op,
+                            Op::Attention(_)
+                                | Op::QConv(_)
+                                | Op::DynQMatMul
+                                | Op::MatMulNBits { .. }
+                        ),
                 );
                 kernels.len() - 1
             }

@@ -22,6 +22,7 @@ mod gpu_tile;
 mod integer;
 mod kernels;
 mod microkernel;
+mod nbits;
 mod precision;
 mod recognize;
 mod sequences;

@@ -16,6 +16,9 @@
 //! - `QuantizeLinear` and `DequantizeLinear` become elementwise arithmetic with the scale shaped
 //!   to broadcast (`quantize.rs`): quantized models run, computing in f32, not yet on integer
 //!   kernels.
+//! - `MatMulNBits` becomes its weights unpacked (BitwiseAnd, BitShift), dequantized in f32 and a
+//!   Gemm by their transpose (`quantize.rs`); the CPU runs what its kernel takes whole, the 4-bit
+//!   weights unpacked in the kernel.
 //!
 //! Each rewrite computes what `kiln_ir::eval` computes for the op; nodes are named
 //! `<node>/<part>` (`gru/step3/z`) so errors and `kiln emit --stage graph` point back to the op.
@@ -68,6 +71,9 @@ pub fn decompose(graph: &mut Graph, keep: fn(&Graph, NodeId) -> bool) -> Result<
             }
             Op::Dequantize { axis, block_size } => {
                 quantize::dequantize(&mut e, id, *axis, *block_size)
+            }
+            Op::MatMulNBits { k, n, block_size, .. } => {
+                quantize::nbits_product(&mut e, id, *k, *n, *block_size)
             }
             Op::CenterCropPad { axes } => image::center_crop_pad(&mut e, id, axes),
             Op::Col2Im(c) => image::col2im(&mut e, id, c),

@@ -19,6 +19,9 @@ pub(super) fn eval(
             vec![dequantize(*axis, *block_size, operands, &out_types[0])?]
         }
         Op::DynQMatMul => vec![dynamic_product(operands, &out_types[0])?],
+        Op::MatMulNBits { k, n, bits, block_size } => {
+            vec![nbits_product(*k, *n, *bits, *block_size, operands, &out_types[0])?]
+        }
         _ => return not_yet(op),
     })
 }
@@ -190,6 +193,88 @@ fn dynamic_product(operands: &[Option<&Tensor>], out: &TensorType) -> Result<Ten
             let acc: i64 = (0..k).map(|i| q[r * k + i] * wv[i * m + j]).sum();
             let s = scale * ws[if ws.len() == 1 { 0 } else { j }] as f32;
             y[r * m + j] = (acc as i32 as f32 * s) as f64;
+        }
+    }
+    let dims: Vec<usize> = out.shape.as_fixed().ok_or("the result's shape is not static")?;
+    Tensor::from_f64s(DType::F32, &dims, &y).map_err(OpError::from)
+}
+
+/// MatMulNBits' weights dequantized, `[k, n]` row-major: weight (column `j`, row `i`) is the
+/// `bits`-bit field `i % block_size` of block `i / block_size` of column `j` (packed from each
+/// byte's low bits up), less its zero point (`2^(bits - 1)` without one), times its scale, in
+/// f32.
+pub fn nbits_weights(
+    k: usize,
+    n: usize,
+    bits: usize,
+    block_size: usize,
+    packed: &[u8],
+    scales: &[f32],
+    zero_points: Option<&[f32]>,
+) -> Result<Vec<f32>, OpError> {
+    if bits == 0 || bits > 8 || block_size == 0 || !(block_size * bits).is_multiple_of(8) {
+        return Err(invalid!(
+            "{bits}-bit weights in blocks of {block_size} do not pack into bytes"
+        ));
+    }
+    let blocks = k.div_ceil(block_size);
+    let blob = block_size * bits / 8;
+    if packed.len() != n * blocks * blob || scales.len() != n * blocks {
+        return Err(invalid!(
+            "{} packed bytes and {} scales for {n} columns of {blocks} blocks",
+            packed.len(),
+            scales.len()
+        ));
+    }
+    if zero_points.is_some_and(|z| z.len() != n * blocks) {
+        return Err(invalid!("the zero points are not one per column and block"));
+    }
+    let mask = (1u32 << bits) - 1;
+    let default_zero = (1u32 << (bits - 1)) as f32;
+    let mut w = vec![0f32; k * n];
+    for j in 0..n {
+        for i in 0..k {
+            let (block, pos) = (i / block_size, i % block_size);
+            let bit = pos * bits;
+            let base = (j * blocks + block) * blob;
+            let lo = packed[base + bit / 8] as u32;
+            let hi = packed.get(base + bit / 8 + 1).copied().unwrap_or(0) as u32;
+            let q = (((hi << 8) | lo) >> (bit % 8)) & mask;
+            let at = j * blocks + block;
+            let z = zero_points.map_or(default_zero, |z| z[at]);
+            w[i * n + j] = (q as f32 - z) * scales[at];
+        }
+    }
+    Ok(w)
+}
+
+/// MatMulNBits as defined: the weights dequantized in f32 (`nbits_weights`), then the product
+/// summed in f64, plus the bias.
+fn nbits_product(
+    k: usize,
+    n: usize,
+    bits: usize,
+    block_size: usize,
+    operands: &[Option<&Tensor>],
+    out: &TensorType,
+) -> Result<Tensor, OpError> {
+    let a = operands[0].ok_or("operand 0 is missing")?.to_f64s();
+    let b = operands[1].ok_or("operand 1 is missing")?;
+    let packed: Vec<u8> = b.to_f64s().into_iter().map(|v| v as u8).collect();
+    let f32s = |t: &Tensor| t.to_f64s().into_iter().map(|v| v as f32).collect::<Vec<f32>>();
+    let scales = f32s(operands[2].ok_or("operand 2 is missing")?);
+    let zeros = operands.get(3).copied().flatten().map(f32s);
+    let bias = operands.get(4).copied().flatten().map(|t| t.to_f64s());
+    let w = nbits_weights(k, n, bits, block_size, &packed, &scales, zeros.as_deref())?;
+    let rows = a.len() / k.max(1);
+    let mut y = vec![0f64; rows * n];
+    for r in 0..rows {
+        for j in 0..n {
+            let mut acc: f64 = (0..k).map(|i| a[r * k + i] * w[i * n + j] as f64).sum();
+            if let Some(b) = &bias {
+                acc += b[j];
+            }
+            y[r * n + j] = acc;
         }
     }
     let dims: Vec<usize> = out.shape.as_fixed().ok_or("the result's shape is not static")?;

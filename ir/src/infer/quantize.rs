@@ -11,6 +11,9 @@ pub(super) fn infer(op: &Op, ops: &Operands) -> Infer {
         Op::Quantize { axis, block_size, dtype, .. } => quantize(*axis, *block_size, *dtype, ops),
         Op::Dequantize { axis, block_size } => dequantize(*axis, *block_size, ops),
         Op::DynQMatMul => dynamic_product(ops),
+        Op::MatMulNBits { k, n, bits, block_size } => {
+            nbits_product(*k, *n, *bits, *block_size, ops)
+        }
         _ => not_yet(op),
     }
 }
@@ -158,5 +161,51 @@ fn dynamic_product(ops: &Operands) -> Infer {
     }
     let mut out = x.shape.dims().to_vec();
     *out.last_mut().expect("rank 1 or more") = m.clone();
+    Ok(vec![TensorType::new(DType::F32, crate::Shape(out))])
+}
+
+/// MatMulNBits: f32 `[..., k]` by u8 `[n, blocks, block_size / 2]` (4 bits) with f32 scales,
+/// zero points `[n, blocks]` and bias `[n]`: f32 `[..., n]`.
+fn nbits_product(k: usize, n: usize, bits: usize, block_size: usize, ops: &Operands) -> Infer {
+    if bits != 4 {
+        return Err(invalid!("takes 4-bit weights, not {bits}-bit"));
+    }
+    if block_size < 16 || !block_size.is_power_of_two() {
+        return Err(invalid!("block_size {block_size} is not a power of two of 16 or more"));
+    }
+    if k == 0 || n == 0 {
+        return Err(invalid!("K ({k}) and N ({n}) must be positive"));
+    }
+    let blocks = k.div_ceil(block_size);
+    let (a, b, scales) = (ops.get(0)?.ty, ops.get(1)?.ty, ops.get(2)?.ty);
+    if a.dtype != DType::F32 || a.rank() < 1 {
+        return Err(invalid!("takes f32 rows [..., K], got {a}"));
+    }
+    if matches!(&a.shape.dims()[a.rank() - 1], Dim::Fixed(x) if *x != k) {
+        return Err(invalid!("the input {a} does not have K = {k} columns"));
+    }
+    let fits = |t: &TensorType, want: &[usize]| {
+        t.rank() == want.len()
+            && t.shape.dims().iter().zip(want).all(|(d, w)| !matches!(d, Dim::Fixed(x) if x != w))
+    };
+    let blob = block_size * bits / 8;
+    if b.dtype != DType::U8 || !fits(b, &[n, blocks, blob]) {
+        return Err(invalid!("the packed weights {b} are not u8 [{n}, {blocks}, {blob}]"));
+    }
+    if scales.dtype != DType::F32 || !fits(scales, &[n, blocks]) {
+        return Err(invalid!("the scales {scales} are not f32 [{n}, {blocks}]"));
+    }
+    if let Some(z) = ops.opt(3) {
+        if z.ty.dtype != DType::F32 || !fits(z.ty, &[n, blocks]) {
+            return Err(invalid!("the zero points {} are not f32 [{n}, {blocks}]", z.ty));
+        }
+    }
+    if let Some(bias) = ops.opt(4) {
+        if bias.ty.dtype != DType::F32 || !fits(bias.ty, &[n]) {
+            return Err(invalid!("the bias {} is not f32 [{n}]", bias.ty));
+        }
+    }
+    let mut out = a.shape.dims().to_vec();
+    *out.last_mut().expect("rank 1 or more") = Dim::Fixed(n);
     Ok(vec![TensorType::new(DType::F32, crate::Shape(out))])
 }

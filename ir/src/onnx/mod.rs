@@ -11,6 +11,7 @@
 
 mod import;
 mod inspect;
+mod nbits;
 mod ops;
 pub mod proto;
 mod quantized;

@@ -301,6 +301,7 @@ pub(super) const MICROSOFT: &[&str] = &[
     "QLinearLeakyRelu",
     "DynamicQuantizeMatMul",
     "MatMulIntegerToFloat",
+    "MatMulNBits",
 ];
 
 /// A com.microsoft quantized op: dequantize its operands, the float op, quantize.
@@ -323,6 +324,7 @@ pub(super) fn convert_microsoft(
     match op_type {
         "DynamicQuantizeMatMul" => return dynamic_quantize_matmul(im, node, a),
         "MatMulIntegerToFloat" => return matmul_integer_to_float(im, node, a),
+        "MatMulNBits" => return super::nbits::convert(im, node, a),
         _ => {}
     }
     if a.remove("channels_last").is_some_and(|c| matches!(c, crate::op::Attr::Int(1))) {

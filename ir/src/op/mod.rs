@@ -439,6 +439,16 @@ op_table! {
     /// `scale * w_scale` (one value or one per column). The CPU's `dynamic` pass makes it where
     /// its integer kernel runs it.
     DynQMatMul => "DynQMatMul", arity (3, 3), Root, Quantize;
+    /// `(a, b, scales, zero_points?, bias?) -> y`, onnxruntime's com.microsoft MatMulNBits
+    /// (weight-only quantized matrix product): `a` (f32 `[..., k]`) times the transpose of the
+    /// dequantized `b` (plus `bias`, f32 `[n]`). `b` is u8 `[n, blocks, block_size * bits / 8]`:
+    /// each of the n columns' k weights in blocks of `block_size` (a power of two, 16 or more;
+    /// the last block padded), packed `bits` at a time from each byte's low bits up. A weight is
+    /// `(q - zero_point) * scale` with one f32 scale and zero point per column and block
+    /// (`scales` and `zero_points` f32 `[n, blocks]`; without zero points `2^(bits - 1)`). Only
+    /// 4 bits. The importer unpacks onnxruntime's packed u8 zero points into floats.
+    MatMulNBits { k: usize = 0; "K" as Size, n: usize = 0; "N" as Size, bits: usize = 4; "bits" as Size, block_size: usize = 0; "block_size" as Size }
+        => "MatMulNBits", arity (3, 5), Root, Quantize;
 
     // ----- sequences and optionals -----
     /// The ONNX sequence ops (`SequenceAt`, `SplitToSequence`...).
@@ -553,8 +563,9 @@ impl Default for Gemm {
     }
 }
 
-/// Rows of the op table that are kiln's own, not ONNX's: the importer does not take them.
-pub const KILN_OWN: &[&str] = &["QConv", "DynQMatMul"];
+/// Rows of the op table that are kiln's own, not ONNX's: the importer does not take them
+/// (MatMulNBits is onnxruntime's com.microsoft op, which the importer reads itself).
+pub const KILN_OWN: &[&str] = &["QConv", "DynQMatMul", "MatMulNBits"];
 
 /// `Conv` attributes (the kernel shape is the weight's).
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -379,6 +379,7 @@ impl CpuBackend {
                         | kiln_ir::Op::Attention(_)
                         | kiln_ir::Op::QConv(_)
                         | kiln_ir::Op::DynQMatMul
+                        | kiln_ir::Op::MatMulNBits { .. }
                 )
             });
             plans.push(if whole {

@@ -749,3 +749,233 @@ void kiln_uk_dqgemm(int64_t x_, int64_t wp_, int64_t y_, int64_t K, int64_t M, i
         dqgemm_exact(x, wp, y, K, M, n0, n1, s0, s1, scale, zero, has_bias, has_offset);
     }
 }
+
+/* kiln's 4-bit weight-only matrix product (MatMulNBits; the compiler's ukernel/nbits.rs plans it
+ * and packs its weights): y[r, n] = Σ_k x[r, k] * (q[n, k] - zero[n, k / bs]) * scale[n, k / bs]
+ * (+ bias[n]), f32 rows x, 4-bit weights q that stay 4-bit in memory and are unpacked in the loop.
+ *
+ * - The weights come in strips of NB_COLS columns as [K32 / 32 groups][NB_COLS][16 bytes]: the 16
+ *   bytes of a column's group hold its k = 32g + j in byte j's low 4 bits and k = 32g + 16 + j in
+ *   its high 4 bits (the packer reorders onnxruntime's pairs), so one 16-byte load widened to
+ *   16 int32 lanes gives, by a mask and by a shift, 16 consecutive weights each, in x's order.
+ *   Weights past K are 0 and the x lanes past K are loaded as 0.
+ * - After the weights, per strip [blocks][NB_COLS] scales then [blocks][NB_COLS] offsets
+ *   (-zero * scale): a weight is fma(q, scale, offset), made once per group and used by every
+ *   row of the tile (up to 4); then the bias, NB_COLS a strip, where there is one.
+ * - A tile is R rows x NB_COLS columns of 16-lane accumulators, summed across lanes at the end
+ *   (one tree of shuffles for all 16); one row keeps the high halves in a second set, for twice
+ *   the independent sums.
+ * - Up to NB_PANEL_ROWS rows (decoding) read the 4-bit weights in the loop, unpacking them once
+ *   per 4-row tile. More rows make each strip's weights f32 once, into a scratch panel, and run
+ *   every tile over the panel with plain fmas: the unpacking costs as much as the 32 fmas per
+ *   group it feeds, so it is done once per strip, not once per tile.
+ * - Work units are ranges of strips. GCC vector types: the same code on every x86-64 level. */
+#define NB_COLS 4
+/* More rows than this: the weights made f32 once per strip (a panel), not once per tile. */
+#define NB_PANEL_ROWS 4
+
+/* 16 bytes widened to 16 int32 lanes. */
+static inline v16i widen16_u8(const uint8_t *p) {
+#if defined(__AVX512F__)
+    return (v16i)_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
+#else
+    v16i r;
+    for (int l = 0; l < 16; l++) r[l] = p[l];
+    return r;
+#endif
+}
+
+/* One group of 32 k: the tile's R rows of x (at x, row stride ldx) by the strip's NB_COLS
+ * columns (16 bytes each at w), each half's weights fma(q, s, o) from its block's s and o. */
+static inline __attribute__((always_inline)) void nb_group(int R, const uint8_t *w, const float *x, int64_t ldx,
+                                                           const v16 *sl, const v16 *ol, const v16 *sh, const v16 *oh,
+                                                           v16 acc[4][NB_COLS]) {
+    _Pragma("GCC unroll 4") for (int c = 0; c < NB_COLS; c++) {
+        v16i b = widen16_u8(w + 16 * c);
+        v16 wl = __builtin_convertvector(b & 15, v16) * sl[c] + ol[c];
+        v16 wh = __builtin_convertvector(b >> 4, v16) * sh[c] + oh[c];
+        if (R == 1) {
+            acc[0][c] += load16(x) * wl;
+            acc[1][c] += load16(x + 16) * wh;
+        } else {
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+                acc[r][c] += load16(x + r * ldx) * wl;
+                acc[r][c] += load16(x + r * ldx + 16) * wh;
+            }
+        }
+    }
+}
+
+/* The tile's sums: the 16 accumulators (row r, column c at lane 4r + c; rows past R are not
+ * read) summed across their lanes by a tree of shuffles, 15 vector additions for all 16 sums,
+ * then stored with the bias. */
+static inline __attribute__((always_inline)) void nb_store(int R, v16 acc[4][NB_COLS], const float *bias, float *y,
+                                                           int64_t N, int64_t n0, int64_t ncols) {
+    typedef int32_t v16m __attribute__((vector_size(64)));
+    const v16m l1a = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
+    const v16m l1b = {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31};
+    const v16m l2a = {0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27};
+    const v16m l2b = {4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31};
+    const v16m l3a = {0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29};
+    const v16m l3b = {2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31};
+    const v16m l4a = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30};
+    const v16m l4b = {1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31};
+    v16 a[16], b[8], c[4], d[2];
+    _Pragma("GCC unroll 16") for (int i = 0; i < 16; i++) a[i] = i / NB_COLS < R ? acc[i / NB_COLS][i % NB_COLS] : (v16){0};
+    _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) b[i] = __builtin_shuffle(a[2 * i], a[2 * i + 1], l1a) + __builtin_shuffle(a[2 * i], a[2 * i + 1], l1b);
+    _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) c[i] = __builtin_shuffle(b[2 * i], b[2 * i + 1], l2a) + __builtin_shuffle(b[2 * i], b[2 * i + 1], l2b);
+    _Pragma("GCC unroll 2") for (int i = 0; i < 2; i++) d[i] = __builtin_shuffle(c[2 * i], c[2 * i + 1], l3a) + __builtin_shuffle(c[2 * i], c[2 * i + 1], l3b);
+    v16 s = __builtin_shuffle(d[0], d[1], l4a) + __builtin_shuffle(d[0], d[1], l4b);
+    for (int r = 0; r < R; r++)
+        for (int64_t cc = 0; cc < ncols; cc++) y[r * N + n0 + cc] = s[r * NB_COLS + cc] + (bias ? bias[cc] : 0.0f);
+}
+
+/* A strip's weights made f32 once, for tiles of many rows: [groups][NB_COLS][32], each column's
+ * group its 32 weights fma(q, scale, offset) in k's order (those past K from q = 0: x's lanes
+ * there are 0). */
+static inline __attribute__((always_inline)) void nb_panel(int split, int64_t K, int64_t bs, const uint8_t *w,
+                                                           const float *scales, const float *offs, float *panel) {
+    int64_t groups = (K + 31) / 32;
+    v16 sl[NB_COLS] = {0}, ol[NB_COLS] = {0}, sh[NB_COLS] = {0}, oh[NB_COLS] = {0};
+    for (int64_t g = 0; g < groups; g++) {
+        int64_t blo = 32 * g / bs;
+        _Pragma("GCC unroll 4") for (int c = 0; c < NB_COLS; c++) {
+            sl[c] = splat(scales[blo * NB_COLS + c]);
+            ol[c] = splat(offs[blo * NB_COLS + c]);
+            sh[c] = split ? splat(scales[(blo + 1) * NB_COLS + c]) : sl[c];
+            oh[c] = split ? splat(offs[(blo + 1) * NB_COLS + c]) : ol[c];
+        }
+        _Pragma("GCC unroll 4") for (int c = 0; c < NB_COLS; c++) {
+            v16i b = widen16_u8(w + 16 * (NB_COLS * g + c));
+            float *p = panel + 32 * (NB_COLS * g + c);
+            store16(p, __builtin_convertvector(b & 15, v16) * sl[c] + ol[c]);
+            store16(p + 16, __builtin_convertvector(b >> 4, v16) * sh[c] + oh[c]);
+        }
+    }
+}
+
+/* R rows (R <= 4) from x (row stride K) by a strip's f32 panel into y. */
+static inline __attribute__((always_inline)) void nb_panel_tile(int R, const float *x, int64_t K, const float *panel,
+                                                                const float *bias, float *y, int64_t N, int64_t n0,
+                                                                int64_t ncols) {
+    int64_t groups = (K + 31) / 32, full = K / 32;
+    v16 acc[4][NB_COLS];
+    _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++) _Pragma("GCC unroll 4") for (int c = 0; c < NB_COLS; c++) acc[r][c] = (v16){0};
+    float xt[4 * 32];
+    for (int64_t g = 0; g < groups; g++) {
+        const float *xg = x + 32 * g;
+        int64_t ldx = K;
+        if (g >= full) {
+            int64_t left = K - 32 * g;
+            for (int r = 0; r < R; r++)
+                for (int64_t j = 0; j < 32; j++) xt[r * 32 + j] = j < left ? xg[r * K + j] : 0.0f;
+            xg = xt;
+            ldx = 32;
+        }
+        const float *p = panel + 32 * NB_COLS * g;
+        _Pragma("GCC unroll 4") for (int c = 0; c < NB_COLS; c++) {
+            v16 wl = load16(p + 32 * c), wh = load16(p + 32 * c + 16);
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+                acc[r][c] += load16(xg + r * ldx) * wl;
+                acc[r][c] += load16(xg + r * ldx + 16) * wh;
+            }
+        }
+    }
+    nb_store(R, acc, bias, y, N, n0, ncols);
+}
+
+/* R rows from x (row stride K) by one strip into y (row stride N), columns n0 .. n0 + ncols;
+ * `split`: blocks of 16, so a group's halves have blocks of their own. */
+static inline __attribute__((always_inline)) void nb_tile(int R, int split, const float *x, int64_t K, int64_t bs,
+                                                          const uint8_t *w, const float *scales, const float *offs,
+                                                          const float *bias, float *y, int64_t N, int64_t n0, int64_t ncols) {
+    int64_t groups = (K + 31) / 32, full = K / 32;
+    v16 acc[4][NB_COLS];
+    _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++) _Pragma("GCC unroll 4") for (int c = 0; c < NB_COLS; c++) acc[r][c] = (v16){0};
+    v16 sl[NB_COLS] = {0}, ol[NB_COLS] = {0}, sh[NB_COLS] = {0}, oh[NB_COLS] = {0};
+    float xt[4 * 32];
+    for (int64_t g = 0; g < groups; g++) {
+        int64_t blo = 32 * g / bs;
+        if (split || (32 * g) % bs == 0) {
+            _Pragma("GCC unroll 4") for (int c = 0; c < NB_COLS; c++) {
+                sl[c] = splat(scales[blo * NB_COLS + c]);
+                ol[c] = splat(offs[blo * NB_COLS + c]);
+                if (split) {
+                    sh[c] = splat(scales[(blo + 1) * NB_COLS + c]);
+                    oh[c] = splat(offs[(blo + 1) * NB_COLS + c]);
+                }
+            }
+        }
+        const float *xg = x + 32 * g;
+        int64_t ldx = K;
+        if (g >= full) {
+            /* The last, partial group: its rows copied into zeros. */
+            int64_t left = K - 32 * g;
+            for (int r = 0; r < R; r++) {
+                for (int64_t j = 0; j < 32; j++) xt[r * 32 + j] = j < left ? xg[r * K + j] : 0.0f;
+            }
+            xg = xt;
+            ldx = 32;
+        }
+        nb_group(R, w + 16 * NB_COLS * g, xg, ldx, sl, ol, split ? sh : sl, split ? oh : ol, acc);
+    }
+    if (R == 1) _Pragma("GCC unroll 4") for (int c = 0; c < NB_COLS; c++) acc[0][c] += acc[1][c];
+    nb_store(R, acc, bias, y, N, n0, ncols);
+}
+
+/* Rows `rows` by one strip: tiles of 4 rows, then the rest. */
+static inline __attribute__((always_inline)) void nb_strip(int split, const float *x, int64_t K, int64_t bs, int64_t rows,
+                                                           const uint8_t *w, const float *sc, const float *of,
+                                                           const float *b, float *y, int64_t N, int64_t n0, int64_t nc) {
+    int64_t r = 0;
+    for (; r + 4 <= rows; r += 4) nb_tile(4, split, x + r * K, K, bs, w, sc, of, b, y + r * N, N, n0, nc);
+    switch (rows - r) {
+    case 3: nb_tile(3, split, x + r * K, K, bs, w, sc, of, b, y + r * N, N, n0, nc); break;
+    case 2: nb_tile(2, split, x + r * K, K, bs, w, sc, of, b, y + r * N, N, n0, nc); break;
+    case 1: nb_tile(1, split, x + r * K, K, bs, w, sc, of, b, y + r * N, N, n0, nc); break;
+    default: break;
+    }
+}
+
+void kiln_uk_nbgemm(int64_t x_, int64_t wp_, int64_t y_, int64_t K, int64_t N, int64_t rows, int64_t bs, int64_t has_bias,
+                    int64_t chunks, int64_t wg_begin, int64_t wg_end) {
+    const float *x = (const float *)(intptr_t)x_;
+    const uint8_t *wp = (const uint8_t *)(intptr_t)wp_;
+    float *y = (float *)(intptr_t)y_;
+    int64_t strips = (N + NB_COLS - 1) / NB_COLS, groups = (K + 31) / 32;
+    /* Blocks as the packer counts them: whole groups' worth, so that a split group's high half
+     * always has its block's entry. */
+    int64_t blocks = (32 * groups + bs - 1) / bs;
+    /* Per strip: the weights, then the scales and offsets; the biases after every strip's. */
+    int64_t wbytes = groups * 16 * NB_COLS, sfloats = 2 * blocks * NB_COLS;
+    const float *so = (const float *)(wp + strips * wbytes);
+    const float *biases = has_bias ? so + strips * sfloats : NULL;
+    /* Many rows: each strip's weights made f32 once into scratch slot 2 (scratch.rs bounds it). */
+    float *panel = NULL;
+    if (rows > NB_PANEL_ROWS && wg_begin < wg_end) {
+        panel = scratch(2, (size_t)(groups * 32 * NB_COLS));
+        if (!panel) return;
+    }
+    for (int64_t u = wg_begin; u < wg_end; u++) {
+        int64_t s0 = 0, s1 = strips;
+        chunk_range(strips, 1, chunks, u, &s0, &s1);
+        for (int64_t s = s0; s < s1; s++) {
+            const uint8_t *w = wp + s * wbytes;
+            const float *sc = so + s * sfloats, *of = sc + blocks * NB_COLS;
+            const float *b = biases ? biases + s * NB_COLS : NULL;
+            int64_t n0 = s * NB_COLS, nc = N - n0 < NB_COLS ? N - n0 : NB_COLS;
+            if (rows > NB_PANEL_ROWS) {
+                nb_panel(bs < 32, K, bs, w, sc, of, panel);
+                int64_t r = 0;
+                for (; r + 4 <= rows; r += 4) nb_panel_tile(4, x + r * K, K, panel, b, y + r * N, N, n0, nc);
+                switch (rows - r) {
+                case 3: nb_panel_tile(3, x + r * K, K, panel, b, y + r * N, N, n0, nc); break;
+                case 2: nb_panel_tile(2, x + r * K, K, panel, b, y + r * N, N, n0, nc); break;
+                case 1: nb_panel_tile(1, x + r * K, K, panel, b, y + r * N, N, n0, nc); break;
+                default: break;
+                }
+            } else if (bs < 32) nb_strip(1, x, K, bs, rows, w, sc, of, b, y, N, n0, nc);
+            else nb_strip(0, x, K, bs, rows, w, sc, of, b, y, N, n0, nc);
+        }
+    }
+}

@@ -200,6 +200,13 @@ pub fn slots(u: &Ukernel) -> Vec<(Slot, u64)> {
                 ask(File::Gemm, 1, a_panel);
             }
         }
+        Shape::NBitsGemm { rows, k, .. } => {
+            // More than NB_PANEL_ROWS rows: a strip's weights as f32, [K / 32 groups][4][32].
+            // (Fewer read them packed, and copy a partial group of rows onto the stack.)
+            if rows > 4 {
+                ask(File::Quantized, 2, (k as u64).div_ceil(32).saturating_mul(32 * 4));
+            }
+        }
         // (kiln_uk_dqgemm quantizes its rows into a buffer on its stack.)
         Shape::DynQGemm { .. }
         | Shape::Gather { .. }

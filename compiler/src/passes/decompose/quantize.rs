@@ -118,3 +118,53 @@ pub(super) fn dequantize(
     let y = e.mul("scale", d, s)?;
     Ok(Some(vec![e.cast("dequantized", y, to)?]))
 }
+
+/// MatMulNBits as a dequantized weight and a Gemm: each byte's low and high 4 bits (BitwiseAnd,
+/// BitShift) interleaved back into K order, in f32 less the zero point (8 without one) times the
+/// scale, `[n, blocks * block_size]` cut to K; then `a` as rows `[rows, k]` times its transpose,
+/// plus the bias, in the result's shape.
+pub(super) fn nbits_product(
+    e: &mut Emit,
+    id: NodeId,
+    k: usize,
+    n: usize,
+    block_size: usize,
+) -> Result<Option<Vec<ValueId>>> {
+    let ops = e.g.operands(id);
+    let (Some(a), Some(b), Some(scales)) = (ops[0], ops[1], ops[2]) else { return Ok(None) };
+    let (zeros, bias) = (ops.get(3).copied().flatten(), ops.get(4).copied().flatten());
+    let bd = e.dims(b)?;
+    let [_, blocks, blob] = bd[..] else { return Ok(None) };
+    let mask = e.scalar(15.0, DType::U8)?;
+    let four = e.scalar(4.0, DType::U8)?;
+    let low = e.binary("low", BinaryOp::BitwiseAnd, b, mask)?;
+    let high = e.binary("high", BinaryOp::BitShift { left: false }, b, four)?;
+    let low = e.reshape("low_column", low, &[n, blocks, blob, 1])?;
+    let high = e.reshape("high_column", high, &[n, blocks, blob, 1])?;
+    let q = e.concat("fields", &[low, high], 3)?;
+    let q = e.cast("fields_real", q, DType::F32)?;
+    let q = e.reshape("blocks", q, &[n, blocks, block_size])?;
+    let centred = match zeros {
+        Some(z) => {
+            let z = e.reshape("zero_points", z, &[n, blocks, 1])?;
+            e.sub("centred", q, z)?
+        }
+        None => {
+            let z = e.scalar(8.0, DType::F32)?;
+            e.sub("centred", q, z)?
+        }
+    };
+    let s = e.reshape("scales", scales, &[n, blocks, 1])?;
+    let w = e.mul("weights", centred, s)?;
+    let w = e.reshape("weights_rows", w, &[n, blocks * block_size])?;
+    let w = e.slice("weights_cut", w, 1, 0, k, 1)?;
+    let ad = e.dims(a)?;
+    let rows: usize = ad[..ad.len() - 1].iter().product();
+    let a2 = e.reshape("rows", a, &[rows, k])?;
+    let y = e.gemm_bt("product", a2, w, bias)?;
+    let mut out = ad.clone();
+    if let Some(last) = out.last_mut() {
+        *last = n;
+    }
+    Ok(Some(vec![e.reshape("result", y, &out)?]))
+}

@@ -18,6 +18,7 @@
 //!   convolutions (`conv.c`), on the packed GEMM (`gemm.c`);
 //! - `qconv`: the integer convolution (`quantized.c`);
 //! - `dqgemm`: the dynamically quantized matrix product (`quantized.c`);
+//! - `nbits`: the 4-bit weight-only matrix product, MatMulNBits (`quantized.c`);
 //! - `gemm`: matrix products by a constant B (`gemm.c`, which also holds the packed GEMM the
 //!   convolutions and recurrent layers run on);
 //! - `pool`: max and average pooling (`pool.c`; u8 max pooling in `quantized.c`);
@@ -52,6 +53,7 @@ mod dqgemm;
 mod gather;
 mod gemm;
 mod host;
+mod nbits;
 mod pool;
 pub(super) mod qconv;
 mod recurrent;
@@ -151,6 +153,10 @@ pub enum Shape {
     /// f32 rows `[rows, k]` quantized to u8 at run time (the scale and zero point from their
     /// min and max, in the kernel), by s8 weights `[k, m]`, int32 sums, f32 results.
     DynQGemm { rows: usize, k: usize, m: usize, vnni: bool },
+    /// onnxruntime's 4-bit weight-only matrix product (`MatMulNBits`, `nbits.rs`,
+    /// `quantized.c`): f32 rows `[rows, k]` by `n` columns of 4-bit weights in blocks of
+    /// `block_size` (each with its scale and zero point), unpacked in the loop; f32 results.
+    NBitsGemm { rows: usize, k: usize, n: usize, block_size: usize },
     /// C[m, n] = A[m, k] * B[k, n], A an input read row-major (or transposed), B constant.
     Gemm { m: usize, n: usize, k: usize, trans_a: bool, trans_b: bool },
     /// Gather along axis 0: whole rows of `rows` x `row_bytes` data copied by index (any dtype).
@@ -297,6 +303,7 @@ impl Shape {
             }
             Shape::Gemm { m, n, k, .. } => (m, n, k),
             Shape::DynQGemm { rows, k, m, .. } => (rows, m, k.div_ceil(4) * 4),
+            Shape::NBitsGemm { rows, k, n, .. } => (rows, n, k),
             Shape::QConv { group, kh, kw, oh, ow, .. } if group > 1 => (1, oh * ow, kh * kw),
             Shape::QConv { c, m, kh, kw, oh, ow, .. } => (m, oh * ow, c.div_ceil(4) * 4 * kh * kw),
             Shape::ConvTranspose { cin, h, w, cout, kh, kw, .. } => (cout * kh * kw, h * w, cin),
@@ -332,6 +339,7 @@ impl Shape {
             | Shape::Transpose { batch, .. } => batch,
             Shape::Gemm { .. }
             | Shape::DynQGemm { .. }
+            | Shape::NBitsGemm { .. }
             | Shape::Gather { .. }
             | Shape::Recurrent { .. }
             | Shape::Reduce { .. }
@@ -465,6 +473,7 @@ impl Shape {
             Shape::ConvTranspose { .. } => "conv-transpose",
             Shape::QConv { .. } => "qconv",
             Shape::DynQGemm { .. } => "dqgemm",
+            Shape::NBitsGemm { .. } => "nbgemm",
             Shape::Gemm { .. } => "gemm",
             Shape::Pool { .. } => "pool",
             Shape::Gather { .. } => "gather",
@@ -501,6 +510,7 @@ fn family(shape: &Shape) -> &'static dyn KernelShape {
         Shape::ConvTranspose { .. } => &conv::ConvTranspose,
         Shape::QConv { .. } => &qconv::QConv,
         Shape::DynQGemm { .. } => &dqgemm::DynQGemm,
+        Shape::NBitsGemm { .. } => &nbits::NBitsGemm,
         Shape::Gemm { .. } => &gemm::Gemm,
         Shape::Pool { .. } => &pool::Pool,
         Shape::Gather { .. } => &gather::Gather,
@@ -595,6 +605,7 @@ pub fn plan(
         Op::Rnn(r) => return recurrent::plan(graph, kernel, root, r, host),
         Op::QConv(_) => return qconv::plan(graph, kernel, root, host),
         Op::DynQMatMul => return dqgemm::plan(graph, kernel, root, host),
+        Op::MatMulNBits { .. } => return nbits::plan(graph, kernel, root, host),
         _ => {}
     }
     if kernel.outputs.len() != 1 || kernel.outputs[0] != ValueId::from(*kernel.nodes.last()?) {
@@ -636,9 +647,15 @@ pub fn runs_dynamic_product(graph: &Graph, id: NodeId) -> bool {
     dqgemm::runs(graph, id)
 }
 
-/// What the CPU keeps whole for a kernel of its own (see `runs_recurrent`, `runs_attention`).
+/// Whether the CPU's 4-bit weight-only matrix product runs this MatMulNBits node.
+pub fn runs_nbits_product(graph: &Graph, id: NodeId) -> bool {
+    nbits::runs(graph, id)
+}
+
+/// What the CPU keeps whole for a kernel of its own (see `runs_recurrent`, `runs_attention`,
+/// `runs_nbits_product`).
 pub fn runs_whole(graph: &Graph, id: NodeId) -> bool {
-    runs_recurrent(graph, id) || runs_attention(graph, id)
+    runs_recurrent(graph, id) || runs_attention(graph, id) || runs_nbits_product(graph, id)
 }
 
 /// A constant as f32s.

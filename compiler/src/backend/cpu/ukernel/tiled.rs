@@ -66,6 +66,7 @@ pub(super) fn plan(
         // (Planned by their own modules.)
         Shape::QConv { .. }
         | Shape::DynQGemm { .. }
+        | Shape::NBitsGemm { .. }
         | Shape::Gather { .. }
         | Shape::Recurrent { .. }
         | Shape::Reduce { .. }
@@ -81,6 +82,7 @@ pub(super) fn plan(
         Shape::Gemm { .. }
         | Shape::QConv { .. }
         | Shape::DynQGemm { .. }
+        | Shape::NBitsGemm { .. }
         | Shape::Gather { .. }
         | Shape::Recurrent { .. }
         | Shape::Reduce { .. }
@@ -100,6 +102,7 @@ pub(super) fn plan(
         Shape::ConvTranspose { .. } | Shape::Pool { .. } => true,
         Shape::QConv { .. }
         | Shape::DynQGemm { .. }
+        | Shape::NBitsGemm { .. }
         | Shape::Gather { .. }
         | Shape::Recurrent { .. }
         | Shape::Reduce { .. }
@@ -169,6 +172,7 @@ pub(super) fn plan(
                         Shape::Pool { .. }
                         | Shape::QConv { .. }
                         | Shape::DynQGemm { .. }
+                        | Shape::NBitsGemm { .. }
                         | Shape::Gather { .. }
                         | Shape::Recurrent { .. }
                         | Shape::Reduce { .. }
@@ -318,7 +322,7 @@ fn beats_linalg(shape: &Shape, m: usize, k: usize, n: usize, host: &Host) -> boo
         // The linalg path convolves a stride-spread copy of the input: 4-9x slower.
         Shape::ConvTranspose { .. } => true,
         // (It has no linalg lowering.)
-        Shape::QConv { .. } | Shape::DynQGemm { .. } => true,
+        Shape::QConv { .. } | Shape::DynQGemm { .. } | Shape::NBitsGemm { .. } => true,
         Shape::Gather { .. }
         | Shape::Recurrent { .. }
         | Shape::Reduce { .. }
