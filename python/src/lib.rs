@@ -18,6 +18,8 @@ use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 
+mod training;
+
 create_exception!(
     _kiln,
     KilnError,
@@ -701,6 +703,7 @@ fn _kiln(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("KilnError", m.py().get_type::<KilnError>())?;
     m.add_class::<PySession>()?;
+    m.add_class::<training::PyTrainSession>()?;
     m.add_function(wrap_pyfunction!(compile, m)?)?;
     m.add_function(wrap_pyfunction!(emit, m)?)?;
     m.add_function(wrap_pyfunction!(devices, m)?)?;
