@@ -47,8 +47,12 @@ enum Model {
     Artifact(Box<Artifact>),
 }
 
-fn read_model(model: &Bound<'_, PyAny>) -> PyResult<Model> {
-    let (bytes, dir, label) = if let Ok(b) = model.cast::<PyBytes>() {
+/// A model's bytes, the folder its external data is read from (a path's), and its name in
+/// messages.
+fn model_bytes(
+    model: &Bound<'_, PyAny>,
+) -> PyResult<(Vec<u8>, Option<std::path::PathBuf>, String)> {
+    Ok(if let Ok(b) = model.cast::<PyBytes>() {
         (b.as_bytes().to_vec(), None, "<bytes>".to_string())
     } else {
         let path: std::path::PathBuf = model
@@ -64,7 +68,11 @@ fn read_model(model: &Bound<'_, PyAny>) -> PyResult<Model> {
             }
         });
         (bytes, dir, path.display().to_string())
-    };
+    })
+}
+
+fn read_model(model: &Bound<'_, PyAny>) -> PyResult<Model> {
+    let (bytes, dir, label) = model_bytes(model)?;
     if bytes.starts_with(kiln_runtime::artifact::MAGIC) {
         return Ok(Model::Artifact(Box::new(
             Artifact::from_bytes(&bytes, &label).map_err(runtime_err)?,

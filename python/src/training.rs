@@ -11,9 +11,9 @@ use kiln_ir::train::Optimizer;
 use kiln_ir::{Graph, Tensor};
 use kiln_runtime::LoadOptions;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
+use pyo3::types::{PyDict, PyList, PyTuple};
 
-use crate::{array_of, device_target, message, options_for, tensor_of, KilnError};
+use crate::{array_of, device_target, message, model_bytes, options_for, tensor_of, KilnError};
 
 fn train_err(e: TrainError) -> PyErr {
     KilnError::new_err(message(&e))
@@ -21,23 +21,7 @@ fn train_err(e: TrainError) -> PyErr {
 
 /// The ONNX model's bytes (kept for `save_onnx`) and its graph.
 fn read_onnx(model: &Bound<'_, PyAny>) -> PyResult<(Vec<u8>, Graph)> {
-    let (bytes, dir, label) = if let Ok(b) = model.cast::<PyBytes>() {
-        (b.as_bytes().to_vec(), None, "<bytes>".to_string())
-    } else {
-        let path: PathBuf = model
-            .extract()
-            .map_err(|_| KilnError::new_err("a model is a path (str or os.PathLike) or bytes"))?;
-        let bytes = std::fs::read(&path)
-            .map_err(|e| KilnError::new_err(format!("{}: {e}", path.display())))?;
-        let dir = path.parent().map(|p| {
-            if p.as_os_str().is_empty() {
-                PathBuf::from(".")
-            } else {
-                p.to_path_buf()
-            }
-        });
-        (bytes, dir, path.display().to_string())
-    };
+    let (bytes, dir, label) = model_bytes(model)?;
     if bytes.starts_with(kiln_runtime::artifact::MAGIC) {
         return Err(KilnError::new_err(format!(
             "{label}: a compiled artifact cannot be trained; give the ONNX model"

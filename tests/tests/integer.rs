@@ -9,7 +9,7 @@ use kiln_ir::{eval, DType, Graph, Op, Tensor};
 use kiln_runtime::LoadOptions;
 
 /// Deterministic values in [lo, hi] (integers) for a seed.
-fn ints(n: usize, lo: i64, hi: i64, seed: u64) -> Vec<f64> {
+pub(crate) fn ints(n: usize, lo: i64, hi: i64, seed: u64) -> Vec<f64> {
     let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     (0..n)
         .map(|_| {

@@ -11,18 +11,7 @@ use kiln_ir::{eval, DType, Graph, Tensor};
 use kiln_runtime::LoadOptions;
 use prost::Message;
 
-/// Deterministic values in [lo, hi] (integers) for a seed.
-fn ints(n: usize, lo: i64, hi: i64, seed: u64) -> Vec<f64> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (lo + (s % (hi - lo + 1) as u64) as i64) as f64
-        })
-        .collect()
-}
+use crate::integer::ints;
 
 #[derive(Clone, Copy)]
 enum Zeros {

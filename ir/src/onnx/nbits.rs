@@ -10,27 +10,9 @@
 use super::import::GraphImporter;
 use super::ops::attr;
 use super::proto::NodeProto;
+use super::quantized::{constant, err, op};
 use crate::op::Attrs;
 use crate::{BinaryOp, DType, IrError, Op, Result, Tensor, ValueId};
-
-fn err(msg: impl Into<String>) -> IrError {
-    IrError::Onnx(msg.into())
-}
-
-fn op(
-    im: &mut GraphImporter,
-    node: &NodeProto,
-    what: &str,
-    op: Op,
-    operands: &[Option<ValueId>],
-) -> Result<ValueId> {
-    Ok(im.add(node, what, op, operands, 1)?[0])
-}
-
-fn constant(im: &mut GraphImporter, node: &NodeProto, what: &str, t: Tensor) -> Result<ValueId> {
-    let name = im.graph.unique_name(&im.name_for(node, what));
-    im.graph.add_constant(&name, t)
-}
 
 fn reshape(
     im: &mut GraphImporter,

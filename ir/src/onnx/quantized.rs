@@ -14,12 +14,12 @@ use crate::{BinaryOp, DType, IrError, Op, Result, Tensor, UnaryOp, ValueId};
 
 use super::ops::attr;
 
-fn err(msg: impl Into<String>) -> IrError {
+pub(super) fn err(msg: impl Into<String>) -> IrError {
     IrError::Onnx(msg.into())
 }
 
 /// Adds one node named after the ONNX node and `what`.
-fn op(
+pub(super) fn op(
     im: &mut GraphImporter,
     node: &NodeProto,
     what: &str,
@@ -29,7 +29,12 @@ fn op(
     Ok(im.add(node, what, op, operands, 1)?[0])
 }
 
-fn constant(im: &mut GraphImporter, node: &NodeProto, what: &str, t: Tensor) -> Result<ValueId> {
+pub(super) fn constant(
+    im: &mut GraphImporter,
+    node: &NodeProto,
+    what: &str,
+    t: Tensor,
+) -> Result<ValueId> {
     let name = im.graph.unique_name(&im.name_for(node, what));
     im.graph.add_constant(&name, t)
 }
