@@ -77,6 +77,9 @@ fn args() -> Result<Args, Error> {
             _ => return Err(format!("unknown option `{flag}` (see the example's header)").into()),
         }
     }
+    if a.batch == 0 {
+        return Err("--batch: at least 1".into());
+    }
     Ok(a)
 }
 
@@ -178,7 +181,12 @@ fn train_folder(
     let xs: &[f32] = x.as_slice()?;
     let ys: &[i64] = y.as_slice()?;
     let order: &[i64] = order.as_slice()?;
+    let xts: &[f32] = xt.as_slice()?;
+    let yts: &[i64] = yt.as_slice()?;
     let n = ys.len();
+    if xs.len() != n * sample || xts.len() != yts.len() * sample {
+        return Err("x_train.npy / x_test.npy: not one 3x32x32 image for each label".into());
+    }
     let epochs = order.len() / n.max(1);
     let per_epoch = n / a.batch;
     let total = epochs * per_epoch;
@@ -210,8 +218,6 @@ fn train_folder(
     // padded with zero images (their predictions are not counted).
     let trained = with_constants(forward, &session.params())?;
     let exe = kiln_compiler::jit(&trained, &Options { cache: false, ..Options::default() }, load)?;
-    let xts: &[f32] = xt.as_slice()?;
-    let yts: &[i64] = yt.as_slice()?;
     let mut correct = 0usize;
     for chunk in (0..yts.len()).step_by(a.batch) {
         let m = a.batch.min(yts.len() - chunk);
