@@ -314,20 +314,168 @@ fn direct(u: &Ukernel) -> bool {
 /// that: a unit computes whole strips, so 4 rows of a 14x14 image (62 positions) take 64 as 32s
 /// but 96 as 48s. Else 32.
 pub(super) fn direct_cols(u: &Ukernel) -> usize {
-    let Shape::Conv { kw, stride, dilation, oh, ow, .. } = u.shape else { return 32 };
+    let Shape::Conv { oh, .. } = u.shape else { return 32 };
     if !direct(u) || u.bf16 || u.mr != 8 {
         return 32;
     }
-    // The largest unit's rows (chunk_range in workspace.h) and its flat positions (conv_direct).
+    // The largest unit's rows (chunk_range in workspace.h).
     let rows = if u.split_n { oh.div_ceil(u.chunks.max(1)) } else { oh };
-    let pitch = ow + (kw - 1) * dilation[1] / stride[1];
-    let flat = (rows.max(1) - 1) * pitch + ow;
+    strip_cols(&u.shape, rows, true)
+}
+
+/// The strip width for a unit of `rows` output rows: 48 where `wide` (AVX-512 tiles in f32) and
+/// the unit's flat positions fill 48s within the 6% the wider tile gains, else 32.
+fn strip_cols(shape: &Shape, rows: usize, wide: bool) -> usize {
+    let flat = direct_flat(shape, rows);
     let (by32, by48) = (flat.div_ceil(32) * 32, flat.div_ceil(48) * 48);
-    if by48 * 100 < by32 * 106 {
+    if wide && by48 * 100 < by32 * 106 {
         48
     } else {
         32
     }
+}
+
+/// The flat positions `conv_direct` computes for `rows` output rows: rows of the stride phase's
+/// pitch (the output width plus the window's reach), the last ending at the output width.
+fn direct_flat(shape: &Shape, rows: usize) -> usize {
+    let Shape::Conv { kw, stride, dilation, ow, .. } = *shape else { return 0 };
+    let pitch = ow + (kw - 1) * dilation[1] / stride[1].max(1);
+    (rows.max(1) - 1) * pitch + ow
+}
+
+/// Whether a one-group convolution takes the direct form (a window or a stride), before the
+/// layout pass decides on channel blocking.
+pub(super) fn direct_shape(shape: &Shape) -> bool {
+    matches!(*shape, Shape::Conv { group: 1, kh, kw, stride, .. } if kh * kw > 1 || stride != [1, 1])
+}
+
+/// How a direct convolution splits each image into at most `want` work units, as (chunks,
+/// split_n): by output rows (each unit pads only the input rows it reads, and reads every
+/// weight) or by output channels in whole register tiles (each unit pads the whole image). A
+/// unit computes whole strips of flat positions, so a split by rows pays for a part-filled
+/// strip in every unit, and for the narrower strips `direct_cols` takes then: 3x3 by 256 on
+/// 14x14 in 4 units of rows is 4 x 64 positions on 8x32 tiles against one image's 240 on 8x48,
+/// and scaled 1.6x from 1 to 2 threads where 3x3 by 64 on 56x56 (whose units fill their
+/// strips) scaled 2x. Each split's units are costed (tile lanes times channels times K, a
+/// narrower tile 6% dearer, plus the floats each unit pads) and dealt in order to the least
+/// busy of `threads`, as threads claiming units in turn take them; the split whose busiest
+/// thread has the least work wins, rows on a tie.
+pub(super) fn direct_split(
+    shape: &Shape,
+    mr: usize,
+    wide: bool,
+    want: usize,
+    threads: usize,
+) -> (usize, bool) {
+    let Shape::Conv { batch, c, m, kh, kw, stride, dilation, oh, .. } = *shape else {
+        return (want, true);
+    };
+    let k = (c * kh * kw) as u64;
+    let pitch = direct_flat(shape, 2) - direct_flat(shape, 1);
+    let reach = (kh - 1) * dilation[0] / stride[0].max(1);
+    let phases = (0..stride[0]).filter(|&a| phase_read(a, stride[0], kh, dilation[0])).count()
+        * (0..stride[1]).filter(|&b| phase_read(b, stride[1], kw, dilation[1])).count();
+    // A padded float costs about as much as 16 multiply-adds on the tiles (a copy at ~10 GB/s
+    // against ~130 GFLOP/s).
+    let unit = |rows: usize, channels: usize, cols: usize| -> u64 {
+        if rows == 0 || channels == 0 {
+            return 0;
+        }
+        let lanes = direct_flat(shape, rows).div_ceil(cols) * cols;
+        let tiles = (channels.div_ceil(mr) * mr) as u64;
+        let macs = lanes as u64 * tiles * k * if cols == 48 { 100 } else { 106 } / 100;
+        let padded = ((rows + reach) * pitch * c * phases) as u64;
+        macs + 16 * padded
+    };
+    let by_rows = want.clamp(1, oh.max(1));
+    let rows_cols = strip_cols(shape, oh.div_ceil(by_rows), wide);
+    let rows_cost = busiest(
+        &ranges(oh, 1, by_rows).iter().map(|&r| unit(r, m, rows_cols)).collect::<Vec<_>>(),
+        batch,
+        threads,
+    );
+    let by_channels = want.clamp(1, m.div_ceil(mr).max(1));
+    let full_cols = strip_cols(shape, oh, wide);
+    let channels_cost = busiest(
+        &ranges(m, mr, by_channels).iter().map(|&n| unit(oh, n, full_cols)).collect::<Vec<_>>(),
+        batch,
+        threads,
+    );
+    if channels_cost < rows_cost {
+        (by_channels, false)
+    } else {
+        (by_rows, true)
+    }
+}
+
+/// How a convolution on the packed GEMM (pointwise, grouped) splits each image into at most
+/// `want` work units, as (chunks, split_n): by columns (output positions: each unit packs its
+/// own columns of the input and reads every weight) or by rows (output channels: each unit packs
+/// all the input and reads its channels' weights). Weights packed at compile time are read from
+/// beyond L2 once a model's layers have passed, so a unit that reads them all pays for them:
+/// squeezenet's classifier (1x1, 512 -> 1000 on 13x13) in 4 units of its 6 column strips gave
+/// one thread 3 strips and every unit 2 MB of weights, and scaled 1.3x from 1 to 2 threads.
+/// Each split's units are costed (multiply-adds over whole tiles, plus 8 for each weight read
+/// and each input float packed) and dealt as in [`direct_split`]; columns on a tie.
+pub(super) fn gemm_split(
+    (m, n, k): (usize, usize, usize),
+    images: usize,
+    mr: usize,
+    want: usize,
+    threads: usize,
+) -> (usize, bool) {
+    let unit = |rows: usize, cols: usize| -> u64 {
+        if rows == 0 || cols == 0 {
+            return 0;
+        }
+        let tiles = (rows.div_ceil(mr) * mr * cols.div_ceil(16) * 16 * k) as u64;
+        tiles + 8 * (rows * k) as u64 + 8 * (cols * k) as u64
+    };
+    let by_cols = want.clamp(1, n.div_ceil(NR).max(1));
+    let cols_cost = busiest(
+        &ranges(n, NR, by_cols).iter().map(|&c| unit(m, c)).collect::<Vec<_>>(),
+        images,
+        threads,
+    );
+    // A channel-blocked result (decided after this plan, by the layout pass) is cut in chunks
+    // of NR channels, not MR: costed so, either way.
+    let by_rows = want.clamp(1, m.div_ceil(NR).max(1));
+    let rows_cost = busiest(
+        &ranges(m, NR, by_rows).iter().map(|&r| unit(r, n)).collect::<Vec<_>>(),
+        images,
+        threads,
+    );
+    if rows_cost < cols_cost {
+        (by_rows, false)
+    } else {
+        (by_cols, true)
+    }
+}
+
+/// The work of the busiest of `threads` threads when `images` copies of `units` (work each)
+/// are dealt in order, each to the least busy thread, as threads claiming units in turn take
+/// them.
+fn busiest(units: &[u64], images: usize, threads: usize) -> u64 {
+    let mut load = vec![0u64; threads.max(1)];
+    for &w in units.iter().cycle().take(units.len() * images.max(1)) {
+        if let Some(least) = load.iter_mut().min() {
+            *least += w;
+        }
+    }
+    load.into_iter().max().unwrap_or(0)
+}
+
+/// The sizes of `chunks` ranges of `n` as `chunk_range` (workspace.h) cuts them: `per` a unit,
+/// a multiple of `step`, the last fewer (or none).
+fn ranges(n: usize, step: usize, chunks: usize) -> Vec<usize> {
+    let per = n.div_ceil(step.max(1)).div_ceil(chunks.max(1)) * step.max(1);
+    (0..chunks).map(|q| n.min((q + 1) * per).saturating_sub(q * per)).collect()
+}
+
+/// Whether a tap of a window of `k` taps `d` apart falls on phase `a` of stride `s` (conv.c's
+/// `phase_read`: only those phases are padded).
+fn phase_read(a: usize, s: usize, k: usize, d: usize) -> bool {
+    (0..k).any(|t| t * d % s.max(1) == a)
 }
 
 /// A one-group convolution's weights W[m, c, taps] for `kiln_uk_conv2d`'s bf16 form: A[i, q]
@@ -471,5 +619,33 @@ mod tests {
         u.transposed = true;
         assert_eq!(direct_cols(&u), 32);
         assert_eq!(direct_cols(&conv(64, 64, 56, 1, 1, 4)), 32);
+    }
+
+    #[test]
+    fn direct_convolutions_split_where_units_fill_their_strips() {
+        let split =
+            |c, m, hw, k, stride| direct_split(&conv(c, m, hw, k, stride, 1).shape, 8, true, 4, 2);
+        // 14 rows of 56 a unit fill their strips: by rows, as before.
+        assert_eq!(split(64, 64, 56, 3, 1), (4, true));
+        // 4 rows of 14 a unit are 62 positions on 64 lanes, four times, on the narrower tile;
+        // 64 channels a unit each compute the whole image's 224.
+        assert_eq!(split(256, 256, 14, 3, 1), (4, false));
+        assert_eq!(split(128, 128, 28, 3, 1), (4, false));
+        // 3 channels in, 64 out: padding the whole 224x224 image in every unit costs more
+        // than the rows' part-filled strips.
+        assert_eq!(split(3, 64, 224, 7, 2), (4, true));
+        // One unit wanted: one unit, by rows.
+        assert_eq!(direct_split(&conv(256, 256, 14, 3, 1, 1).shape, 8, true, 1, 1), (1, true));
+    }
+
+    #[test]
+    fn pointwise_convolutions_split_by_channels_where_weights_outweigh_positions() {
+        // squeezenet's classifier: 1000 channels by 169 positions (6 column strips for 4 units).
+        assert_eq!(gemm_split((1000, 169, 512), 1, 8, 4, 2), (4, false));
+        // 64 channels by 3025 positions: each unit packs its own columns.
+        assert_eq!(gemm_split((64, 3025, 16), 1, 8, 4, 2), (4, true));
+        assert_eq!(busiest(&[3, 3, 2, 0], 1, 2), 5);
+        assert_eq!(ranges(169, 32, 4), vec![64, 64, 41, 0]);
+        assert_eq!(ranges(14, 1, 4), vec![4, 4, 4, 2]);
     }
 }

@@ -247,6 +247,11 @@ pub(super) fn plan(
         }
     } else if matches!(shape, Shape::Pool { .. }) {
         (target.div_ceil(images).min(channels), false)
+    } else if conv::direct_shape(&shape) {
+        let want = target.div_ceil(images);
+        conv::direct_split(&shape, mr, mr == 8 && !bf16, want, host.threads)
+    } else if matches!(shape, Shape::Conv { group: 1, .. }) {
+        conv::gemm_split((m, n, k), images, mr, target.div_ceil(images), host.threads)
     } else {
         // Chunks of the operand packed at run time (a convolution's columns, a GEMM's rows), so
         // no chunk packs another's part again; the constant operand is read packed, from cache.
