@@ -265,6 +265,11 @@ fn resolve(
     let b = if view.of != v {
         let s =
             resolve(graph, partition, view.of, buffers, buffer_of, payload, bytes_of, scratch, k);
+        // A concat's result is written part by part (`fuse::concat_views`), by kernels of
+        // different waves: it is alive from the earliest.
+        if let Some(e) = scratch.iter_mut().find(|e| e.0 == s) {
+            e.1 = e.1.min(k);
+        }
         buffers.push(BufferDesc {
             bytes: bytes_of(v),
             kind: BufferKind::Alias { of: s, offset: view.offset },
@@ -305,7 +310,12 @@ pub fn kernel_waves(partition: &Partition) -> Vec<usize> {
         wave.push(w);
         for &o in &kernel.outputs {
             producer.insert(o, k);
-            producer.insert(fuse::resolve_view(&partition.views, o).of, k);
+            // A value several kernels write parts of (a concat's result) is ready after the
+            // latest of them.
+            let of = fuse::resolve_view(&partition.views, o).of;
+            if producer.get(&of).is_none_or(|&p| wave[p] <= w) {
+                producer.insert(of, k);
+            }
         }
     }
     wave

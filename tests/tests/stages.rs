@@ -87,6 +87,48 @@ fn contiguous_slices_are_views_at_offsets() {
     crate::compile::check_against_eval(&graph, &inputs, 2, 1e-4);
 }
 
+/// On the CPU, a Concat of one image's parts, each written by another kernel, has no kernel:
+/// the parts are views of its result, so the convolutions write where the Concat would have
+/// copied them, and a part read elsewhere too is read there. Not placed: a part that is a
+/// graph input, a concat of a placed result (views are one level deep), a batch of two, and
+/// parts that would start unaligned. Every output against the interpreter, at 1 and 2 threads.
+#[test]
+fn concat_parts_are_written_where_they_lie() {
+    let g = GraphBuilder::new("concats");
+    let x = g.input("x", DType::F32, [1, 8, 6, 6]);
+    let w =
+        |name: &str, dims: &[usize], seed| g.constant(name, Tensor::random(DType::F32, dims, seed));
+    let o = kiln_ir::builder::ConvOptions::default;
+    let s = x.conv(w("ws", &[4, 8, 1, 1], 1), None, o()).relu().named("squeeze");
+    let e1 = s.conv(w("w1", &[16, 4, 1, 1], 2), None, o()).relu().named("expand1x1");
+    let e3 = s.conv(w("w3", &[16, 4, 3, 3], 3), None, o().pad(1)).relu().named("expand3x3");
+    let fire = g.concat(&[e1, e3], 1).named("fire");
+    g.output("next", fire.conv(w("wn", &[8, 32, 1, 1], 4), None, o()).named("next"));
+    g.output("expand1x1_again", e1.neg().named("again"));
+    // (Reductions after the others, so that each Concat is a kernel of its own: an
+    // elementwise op after it would join its kernel.)
+    let nested = g.concat(&[fire, x.relu().named("r")], 1).named("nested");
+    g.output("nested", nested.reduce_sum(&[1], true));
+    let with_input = g.concat(&[x, x.neg().named("nx")], 1).named("with_input");
+    g.output("with_input", with_input.reduce_sum(&[1], true));
+    let y = g.input("y", DType::F32, [2, 4, 3, 3]);
+    g.output("batch", g.concat(&[y.relu(), y.neg()], 1).named("batch").reduce_sum(&[1], true));
+    let z = g.input("z", DType::F32, [1, 1, 3, 3]);
+    let unaligned = g.concat(&[z.relu(), z.neg()], 1).named("unaligned");
+    g.output("unaligned", unaligned.reduce_sum(&[1], true));
+    let graph = g.build().unwrap();
+    let s = stages(&graph);
+    insta::assert_snapshot!("concat_views_fused", s[Stage::Fused]);
+    let inputs = [
+        Tensor::random(DType::F32, &[1, 8, 6, 6], 5),
+        Tensor::random(DType::F32, &[2, 4, 3, 3], 6),
+        Tensor::random(DType::F32, &[1, 1, 3, 3], 7),
+    ];
+    for threads in [1, 2] {
+        crate::compile::check_against_eval(&graph, &inputs, threads, 1e-4);
+    }
+}
+
 /// `emit --stage mlir` stops after codegen (no target pipeline, LLVM or linker) and prints what a
 /// full compile keeps as the stage: with linalg kernels and with microkernel calls.
 #[test]
