@@ -389,7 +389,7 @@ fn pack(graph: &Graph, kernel: &Kernel, u: &Ukernel) -> Result<Vec<u8>> {
     }
     for i in 0..padded {
         let s = if i < m { w_scale[if w_scale.len() == 1 { 0 } else { i }] } else { 0.0 };
-        out.extend(((x_scale * s / y_scale) as f32).to_le_bytes());
+        out.extend(kiln_ir::eval::requant_multiplier(x_scale, s, y_scale).to_le_bytes());
     }
     Ok(out)
 }
@@ -416,7 +416,7 @@ fn pack_depthwise(
     out.extend(bias[..m].iter().flat_map(|&b| (b as i32).to_le_bytes()));
     for i in 0..m {
         let s = w_scale[if w_scale.len() == 1 { 0 } else { i }];
-        out.extend(((x_scale * s / y_scale) as f32).to_le_bytes());
+        out.extend(kiln_ir::eval::requant_multiplier(x_scale, s, y_scale).to_le_bytes());
     }
     out
 }
