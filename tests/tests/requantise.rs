@@ -341,3 +341,70 @@ fn a_quantized_mobilenet_block_rounds_as_onnxruntime_does() {
         }
     }
 }
+
+/// (scale, zero point) of a, b and the result of three of mobilenet_v2's residual Adds as
+/// onnxruntime's quantizer calibrated them (`add_1`, `add_6`, `add_8`): ONNX's float form rounds
+/// one or two of their 65536 operand pairs apart from onnxruntime's QLinearAdd.
+const ADDS: [[(f32, i64); 3]; 3] = [
+    [(0.039219916, 125), (0.040052, 130), (0.058004223, 111)],
+    [(0.035400078, 125), (0.03871004, 119), (0.053303294, 126)],
+    [(0.03542502, 132), (0.037332162, 126), (0.04993159, 138)],
+];
+
+/// onnxruntime's QLinearAdd of u8 `a` and `b` (MLAS's AVX2 kernel): the scale ratios and zero
+/// points folded into one constant, two fused multiply-adds, rounded half to even, saturated.
+fn qlinear_add_of(q: &[(f32, i64); 3], a: i64, b: i64) -> i64 {
+    let [(sa, za), (sb, zb), (sc, zc)] = *q;
+    let (ra, rb) = (sa / sc, sb / sc);
+    let fixed = zc as f32 - ra.mul_add(za as f32, rb * zb as f32);
+    let v = (a as f32).mul_add(ra, (b as f32).mul_add(rb, fixed));
+    (v.round_ties_even() as i64).clamp(0, 255)
+}
+
+/// ONNX's QuantizeLinear(DequantizeLinear(a) + DequantizeLinear(b)) in f32.
+fn float_add_of(q: &[(f32, i64); 3], a: i64, b: i64) -> i64 {
+    let [(sa, za), (sb, zb), (sc, zc)] = *q;
+    let sum = (a - za) as f32 * sa + (b - zb) as f32 * sb;
+    ((sum / sc).round_ties_even() as i64 + zc).clamp(0, 255)
+}
+
+/// A residual Add in QDQ form gives onnxruntime's bytes for every pair of operands, where ONNX's
+/// float arithmetic rounds some pairs the other way (the `integer` pass corrects those pairs).
+#[test]
+fn a_quantized_add_rounds_every_pair_as_onnxruntime_does() {
+    let n = 256 * 256;
+    let a: Vec<i64> = (0..n as i64).map(|i| i / 256).collect();
+    let b: Vec<i64> = (0..n as i64).map(|i| i % 256).collect();
+    let bytes = |v: &[i64]| tensor(DType::U8, &[n], v.iter().map(|&v| v as f64).collect());
+    for q in &ADDS {
+        let g = GraphBuilder::new("qdq_add");
+        let (x, y) = (g.input("a", DType::U8, [n]), g.input("b", DType::U8, [n]));
+        let sum = quantize(&g, dq(&g, x, q[0]).add(dq(&g, y, q[1])), q[2]);
+        g.output("c", sum);
+        let graph = g.build().unwrap();
+        let want: Vec<f64> = (0..n).map(|i| qlinear_add_of(q, a[i], b[i]) as f64).collect();
+        let apart = (0..n).filter(|&i| float_add_of(q, a[i], b[i]) as f64 != want[i]).count();
+        assert!(
+            apart > 0,
+            "{q:?}: the float form rounds as onnxruntime does: the case tells nothing"
+        );
+        let options = Options { cache: false, ..Options::default() };
+        let exe = kiln_compiler::jit(
+            &graph,
+            &options,
+            &LoadOptions { threads: Some(2), ..Default::default() },
+        )
+        .unwrap_or_else(|e| panic!("compile failed: {e}"));
+        let got = exe.run(&[bytes(&a), bytes(&b)]).unwrap().remove(0).to_f64s();
+        let off: Vec<usize> = (0..n).filter(|&i| got[i] != want[i]).collect();
+        assert!(
+            off.is_empty(),
+            "{q:?}: {} pairs differ from onnxruntime's QLinearAdd, first (a {}, b {}): {} against {}",
+            off.len(),
+            a[off[0]],
+            b[off[0]],
+            got[off[0]],
+            want[off[0]]
+        );
+    }
+}
