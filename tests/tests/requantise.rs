@@ -289,7 +289,7 @@ fn choose_tie_biases(layer: &mut Layer) {
 /// biases), the rest spread over the bytes.
 fn input() -> Vec<i64> {
     let v = ints(C * HW * HW, 0, 255, 5);
-    (0..C * HW * HW).map(|i| if (i / HW) % HW == 0 { X.1 } else { v[i] as i64 }).collect()
+    (0..C * HW * HW).map(|i| if (i / HW).is_multiple_of(HW) { X.1 } else { v[i] as i64 }).collect()
 }
 
 #[test]
