@@ -113,10 +113,12 @@ bench-pool:
 # per-channel), gpt_block and BERT-tiny's encoder (bench_models.py's bert_tiny_128) by its
 # quantize_dynamic (DynamicQuantizeLinear + MatMulInteger, s8 weights), into
 # ~/.cache/kiln/int8-models once, timed next to their f32 originals in one bench table (kiln and
-# onnxruntime, same threads). THREADS, ROUNDS: as for bench.
+# onnxruntime, same threads), then how many quantization steps the QDQ models' outputs are from
+# onnxruntime's on 8 random inputs (scripts/int8_agreement.py). THREADS, ROUNDS: as for bench.
 bench-int8: setup
 	@py=$$(./scripts/setup-python.sh) && out=$${KILN_CACHE:-$$HOME/.cache/kiln}/int8-models && \
-	  $$py scripts/quantize_bench_models.py $${MODELS:-../shared/models} $$out && ./scripts/bench.sh $$out
+	  $$py scripts/quantize_bench_models.py $${MODELS:-../shared/models} $$out && ./scripts/bench.sh $$out && \
+	  $$py scripts/int8_agreement.py $${CARGO_TARGET_DIR:-target}/release/kiln $$out
 
 # --precision bf16 against f32, kiln alone, on ../shared/models: latency of each (same threads,
 # taking turns), the speed-up, and the deviation from f32 on SAMPLES=100 random inputs (largest,

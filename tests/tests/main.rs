@@ -25,6 +25,7 @@ mod microkernel;
 mod nbits;
 mod precision;
 mod recognize;
+mod requantise;
 mod sequences;
 mod session;
 mod stages;

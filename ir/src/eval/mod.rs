@@ -22,7 +22,7 @@ mod sequence;
 mod window;
 
 pub use indexing::pad_axis;
-pub use quantize::quantized_range;
+pub use quantize::{quantized_range, requant_multiplier, requantise};
 pub use resize::{resize_steps, ResizeStep};
 
 use std::collections::HashMap;

@@ -72,6 +72,22 @@ pub fn quantized_range(d: DType) -> (f64, f64) {
     }
 }
 
+/// An integer convolution's or matrix product's requantising multiplier for one output channel:
+/// `x_scale * w_scale / y_scale` in f32, one rounding after each operation, as onnxruntime
+/// computes it (QLinearConv's and QGemm's output scales). In f64 it differs in the last bit for
+/// some channels, which moves a sum near a rounding tie to the other integer; in a deep network
+/// such single steps grow from layer to layer (mobilenet_v2 ended 7 steps from onnxruntime).
+pub fn requant_multiplier(x_scale: f64, w_scale: f64, y_scale: f64) -> f32 {
+    x_scale as f32 * w_scale as f32 / y_scale as f32
+}
+
+/// An int32 sum (the bias added) requantised as onnxruntime's MLAS does: converted to f32 (which
+/// rounds above 2^24), times the f32 multiplier, rounded half to even, plus the zero point, and
+/// saturated to `[lo, hi]`.
+pub fn requantise(sum: f64, multiplier: f32, zero: f64, lo: f64, hi: f64) -> f64 {
+    ((sum as f32 * multiplier).round_ties_even() as f64 + zero).clamp(lo, hi)
+}
+
 /// Whether QuantizeLinear to `d` converts to a float format (8- or 4-bit) rather than rounding
 /// to an integer.
 fn quantizes_to_float(d: DType) -> bool {

@@ -452,8 +452,9 @@ fn scatter_table(
 }
 
 /// kiln's integer convolution (ONNX QLinearConv's meaning): the centred integers convolved
-/// exactly (in f64), the bias added, scaled by `x_scale * w_scale[m] / y_scale`, rounded half to
-/// even, shifted by the result zero point and saturated.
+/// exactly (in f64), the bias added, requantised as onnxruntime does (`quantize::requantise`:
+/// in f32, times `x_scale * w_scale[m] / y_scale` formed in f32, rounded half to even, shifted by
+/// the result zero point and saturated).
 pub(super) fn qconv(
     c: &Conv,
     operands: &[Option<&Tensor>],
@@ -492,7 +493,8 @@ pub(super) fn qconv(
         .enumerate()
         .map(|(i, a)| {
             let ch = (i / plane) % m;
-            (((a + bias[ch]) * (sx * sw[ch] / sy)).round_ties_even() + zy).clamp(lo, hi)
+            let multiplier = super::quantize::requant_multiplier(sx, sw[ch], sy);
+            super::quantize::requantise(a + bias[ch], multiplier, zy, lo, hi)
         })
         .collect();
     Tensor::from_f64s(out.dtype, &dims, &y).map_err(OpError::from)

@@ -19,6 +19,17 @@
 //!   convolution, and the CPU runs it on its integer matrix kernel (`kiln_uk_qgemm`). This is
 //!   onnxruntime's QDQ Gemm/MatMul, the importer's QLinearMatMul, and classifier heads.
 //! - `QuantizeLinear(MaxPool(DequantizeLinear(x, s, z)), s, z)` of u8 becomes `MaxPool(x)`.
+//! - `QuantizeLinear(Add(DequantizeLinear(a), DequantizeLinear(b)))` (a residual Add), all three
+//!   u8 or all s8 with constant scalar scales and zero points, gives onnxruntime's bytes: its
+//!   optimizer makes the pattern a QLinearAdd, which computes `fma(a, sa/sc, fma(b, sb/sc, zc -
+//!   fma(sa/sc, za, (sb/sc) zb)))` in f32, rounded half to even. ONNX's float form (dequantize,
+//!   add, quantize with a division) rounds a few of the 65536 operand pairs the other way (0 to
+//!   2 in mobilenet_v2's Adds), and in a deep network one step grows from layer to layer. kiln
+//!   has no fused multiply-add op, so the pass keeps the float form, written out as elementwise
+//!   ops, and selects onnxruntime's result for each pair found apart by trying all of them
+//!   (`QuantizedAdd::corrections`, at most `MAX_CORRECTIONS`; past that the Add is left as it
+//!   is). An emulation of the fused multiply-adds in f64 or with TwoSum in f32 cost 1.5 to 3
+//!   times the Add's kernel time; a test of two bytes where there is a correction costs little.
 //!
 //! Anything else stays float arithmetic (`decompose`).
 
@@ -41,6 +52,14 @@ pub fn run(graph: &mut Graph) -> Result<bool> {
             let new = graph.add_node(&name, op, &[x])?;
             graph.replace_uses(ValueId::from(id), ValueId::from(new))?;
             changed = true;
+            continue;
+        }
+        if let Some(add) = integer_add(graph, id) {
+            let name = graph.unique_name(&format!("{}/qlinear_add", graph.node(id).name));
+            if let Some(new) = add.build(graph, &name)? {
+                graph.replace_uses(ValueId::from(id), new)?;
+                changed = true;
+            }
             continue;
         }
         let name = graph.unique_name(&format!("{}/integer", graph.node(id).name));
@@ -451,6 +470,152 @@ fn integer_product(graph: &Graph, q: NodeId) -> Option<Product> {
         out,
         range,
     })
+}
+
+/// A residual Add between quantized tensors, found by `integer_add`: its operands' bytes, their
+/// and the result's scales and zero points (f32), and the result's type.
+struct QuantizedAdd {
+    a: ValueId,
+    b: ValueId,
+    /// (scale, zero point) of a, b and the result.
+    qa: (f32, f32),
+    qb: (f32, f32),
+    qc: (f32, f32),
+    dtype: DType,
+}
+
+/// The most operand pairs `QuantizedAdd::build` corrects one by one; past it the Add stays ONNX's
+/// float arithmetic (a test on every element costs more than the rare step it saves).
+const MAX_CORRECTIONS: usize = 4;
+
+/// QuantizeLinear `q` of an Add (read by it alone) of two DequantizeLinears, all three of the same
+/// 8-bit type with one constant f32 scale and zero point each.
+fn integer_add(graph: &Graph, q: NodeId) -> Option<QuantizedAdd> {
+    let Quantized { real, sy, zy, range } = quantized(graph, q)?;
+    if range.is_some() || graph.try_node(real.node)?.op != Op::Binary(kiln_ir::BinaryOp::Add) {
+        return None;
+    }
+    let dtype = graph.value_type(ValueId::from(q)).dtype;
+    let ops = graph.operands(real.node);
+    let operand = |i: usize| -> Option<(ValueId, (f32, f32))> {
+        let (x, s, z, _) = dequantized(graph, ops.get(i).copied().flatten()?)?;
+        let scale = activation_scale(graph, x, s, z)?;
+        let zero = if z.is_some() { scalar(graph, z)? } else { 0.0 };
+        (graph.value_type(x).dtype == dtype && scale > 0.0)
+            .then_some((x, (scale as f32, zero as f32)))
+    };
+    let ((a, qa), (b, qb)) = (operand(0)?, operand(1)?);
+    if graph.value_type(sy).dtype != DType::F32 {
+        return None;
+    }
+    let qc = (scalar(graph, Some(sy))? as f32, scalar(graph, Some(zy))? as f32);
+    Some(QuantizedAdd { a, b, qa, qb, qc, dtype })
+}
+
+impl QuantizedAdd {
+    /// onnxruntime's QLinearAdd (MLAS's AVX2 kernel, what its optimizer makes of this
+    /// pattern): the ratios of the scales and the zero points folded into one constant, then
+    /// two fused multiply-adds in f32, rounded half to even, saturated.
+    fn onnxruntime(&self, a: f32, b: f32) -> f32 {
+        let (ra, rb) = (self.qa.0 / self.qc.0, self.qb.0 / self.qc.0);
+        let fixed = self.qc.1 - ra.mul_add(self.qa.1, rb * self.qb.1);
+        self.saturate(a.mul_add(ra, b.mul_add(rb, fixed)).round_ties_even())
+    }
+
+    /// ONNX's float form, as `build` computes it: `round(((a - za) sa + (b - zb) sb) / sc) + zc`.
+    fn float_form(&self, a: f32, b: f32) -> f32 {
+        let sum = (a - self.qa.1) * self.qa.0 + (b - self.qb.1) * self.qb.0;
+        self.saturate((sum / self.qc.0).round_ties_even() + self.qc.1)
+    }
+
+    fn saturate(&self, v: f32) -> f32 {
+        let (lo, hi) = kiln_ir::eval::quantized_range(self.dtype);
+        v.clamp(lo as f32, hi as f32)
+    }
+
+    /// The operand pairs (a, b) whose results the two forms round apart, with onnxruntime's.
+    fn corrections(&self) -> Vec<(f32, f32, f32)> {
+        let (lo, hi) = kiln_ir::eval::quantized_range(self.dtype);
+        let values = || (lo as i32..=hi as i32).map(|v| v as f32);
+        values()
+            .flat_map(|a| values().map(move |b| (a, b)))
+            .filter_map(|(a, b)| {
+                let want = self.onnxruntime(a, b);
+                (self.float_form(a, b) != want).then_some((a, b, want))
+            })
+            .collect()
+    }
+
+    /// `float_form` as elementwise ops, each of `corrections` then selected where both operands
+    /// are its pair; `None` where there are more than `MAX_CORRECTIONS`. The operands' casts
+    /// are repeated for each reader: fusion makes one kernel of an elementwise tree, not of
+    /// values with several readers (LLVM merges the repeats inside the kernel).
+    fn build(&self, graph: &mut Graph, name: &str) -> Result<Option<ValueId>> {
+        use kiln_ir::BinaryOp::{Add, And, Div, Equal, Mul, Sub};
+        let corrections = self.corrections();
+        if corrections.len() > MAX_CORRECTIONS {
+            return Ok(None);
+        }
+        let mut g = Emitter { graph, name };
+        let centred = |g: &mut Emitter, x: ValueId, (scale, zero): (f32, f32)| -> Result<ValueId> {
+            let x = g.cast(x, DType::F32)?;
+            let zero = g.constant(zero)?;
+            let x = g.binary(Sub, x, zero)?;
+            let scale = g.constant(scale)?;
+            g.binary(Mul, x, scale)
+        };
+        let a = centred(&mut g, self.a, self.qa)?;
+        let b = centred(&mut g, self.b, self.qb)?;
+        let sum = g.binary(Add, a, b)?;
+        let scale = g.constant(self.qc.0)?;
+        let v = g.binary(Div, sum, scale)?;
+        let v = g.node(Op::Unary(kiln_ir::UnaryOp::Round), &[v])?;
+        let zero = g.constant(self.qc.1)?;
+        let mut v = g.binary(Add, v, zero)?;
+        for (pa, pb, want) in corrections {
+            let is = |g: &mut Emitter, x: ValueId, value: f32| -> Result<ValueId> {
+                let x = g.cast(x, DType::F32)?;
+                let value = g.constant(value)?;
+                g.binary(Equal, x, value)
+            };
+            let (ea, eb) = (is(&mut g, self.a, pa)?, is(&mut g, self.b, pb)?);
+            let both = g.binary(And, ea, eb)?;
+            let want = g.constant(want)?;
+            v = g.node(Op::Where, &[both, want, v])?;
+        }
+        let (lo, hi) = kiln_ir::eval::quantized_range(self.dtype);
+        let (lo, hi) = (g.constant(lo as f32)?, g.constant(hi as f32)?);
+        let v = g.node(Op::Clip, &[v, lo, hi])?;
+        Ok(Some(g.cast(v, self.dtype)?))
+    }
+}
+
+/// Adds elementwise nodes and f32 scalar constants named under `name`.
+struct Emitter<'a> {
+    graph: &'a mut Graph,
+    name: &'a str,
+}
+
+impl Emitter<'_> {
+    fn node(&mut self, op: Op, operands: &[ValueId]) -> Result<ValueId> {
+        let operands: Vec<Option<ValueId>> = operands.iter().copied().map(Some).collect();
+        let name = self.graph.unique_name(&format!("{}/{}", self.name, op.name()));
+        Ok(ValueId::from(self.graph.add_node(&name, op, &operands)?))
+    }
+
+    fn binary(&mut self, b: kiln_ir::BinaryOp, l: ValueId, r: ValueId) -> Result<ValueId> {
+        self.node(Op::Binary(b), &[l, r])
+    }
+
+    fn cast(&mut self, x: ValueId, to: DType) -> Result<ValueId> {
+        self.node(Op::Cast { to, saturate: true }, &[x])
+    }
+
+    fn constant(&mut self, v: f32) -> Result<ValueId> {
+        let t = Tensor::from_f64s(DType::F32, &[], &[v as f64])?;
+        let name = self.graph.unique_name(&format!("{}/constant", self.name));
+        Ok(self.graph.add_constant(&name, t)?)
+    }
 }
 
 /// A bias `DequantizeLinear(b)` of int32 `[m]` with zero point 0 and scale `x_scale * w_scale`

@@ -9,7 +9,8 @@
 //! elsewhere. The zero points need no work in the loop: the padding holds the input's zero point
 //! and the weights' is 0, so `Σ (x - zx) w = Σ x w - zx Σ w`, whose second term is folded into
 //! the packed int32 bias. As each tile is stored: `(acc + bias') * (x_scale * w_scale / y_scale)`
-//! in f32, rounded half to even, plus the result's zero point, saturated to 8 bits.
+//! in f32 (the multiplier formed in f32, as onnxruntime's QLinearConv forms it), rounded half to
+//! even, plus the result's zero point, saturated to 8 bits: onnxruntime's MLAS requantisation.
 
 use std::fmt;
 
@@ -320,7 +321,8 @@ impl KernelShape for QConv {
 /// (K ordered (channel group of 4, kh, kw), channels past C zero; a matrix product's strips are
 /// 64 channels, not MR), then per output channel
 /// (padded to whole strips) the int32 bias less `x_zero * Σ w`, then the f32 multiplier
-/// `x_scale * w_scale / y_scale`.
+/// `x_scale * w_scale / y_scale`, formed in f32 as onnxruntime forms it
+/// (`kiln_ir::eval::requant_multiplier`), so that the bytes are its bytes.
 fn pack(graph: &Graph, kernel: &Kernel, u: &Ukernel) -> Result<Vec<u8>> {
     // `family` hands this module its own plans, made only for a kernel rooted at an integer
     // convolution whose weights, scales and bias are constants (`plan`): anything else is a bug.
@@ -389,7 +391,7 @@ fn pack(graph: &Graph, kernel: &Kernel, u: &Ukernel) -> Result<Vec<u8>> {
     }
     for i in 0..padded {
         let s = if i < m { w_scale[if w_scale.len() == 1 { 0 } else { i }] } else { 0.0 };
-        out.extend(((x_scale * s / y_scale) as f32).to_le_bytes());
+        out.extend(kiln_ir::eval::requant_multiplier(x_scale, s, y_scale).to_le_bytes());
     }
     Ok(out)
 }
@@ -416,7 +418,7 @@ fn pack_depthwise(
     out.extend(bias[..m].iter().flat_map(|&b| (b as i32).to_le_bytes()));
     for i in 0..m {
         let s = w_scale[if w_scale.len() == 1 { 0 } else { i }];
-        out.extend(((x_scale * s / y_scale) as f32).to_le_bytes());
+        out.extend(kiln_ir::eval::requant_multiplier(x_scale, s, y_scale).to_le_bytes());
     }
     out
 }
