@@ -172,10 +172,19 @@ pub(super) fn free_values(graph: &GraphProto) -> Vec<String> {
 /// The order to import nodes in: as given when that is topological (the spec requires it),
 /// else a topological order; a cycle or a name nothing defines is an error naming the node.
 fn node_order(g: &GraphProto, known: &HashSet<&str>) -> Result<Vec<usize>> {
+    // What each node reads: its inputs, then the values a Gradient's attributes name (its y is
+    // no input, yet it must be imported first).
+    let reads: Vec<Vec<&str>> = g
+        .node
+        .iter()
+        .map(|n| {
+            n.input.iter().map(String::as_str).chain(super::training::named_values(n)).collect()
+        })
+        .collect();
     let mut defined: HashSet<&str> = known.clone();
     let mut in_order = true;
-    for n in &g.node {
-        if n.input.iter().any(|i| !i.is_empty() && !defined.contains(i.as_str())) {
+    for (n, reads) in g.node.iter().zip(&reads) {
+        if reads.iter().any(|i| !i.is_empty() && !defined.contains(i)) {
             in_order = false;
             break;
         }
@@ -203,25 +212,28 @@ fn node_order(g: &GraphProto, known: &HashSet<&str>) -> Result<Vec<usize>> {
         state[root] = 1;
         stack.push((root, 0));
         while let Some(&mut (i, ref mut k)) = stack.last_mut() {
-            let inputs = &g.node[i].input;
+            let inputs = &reads[i];
             if *k == inputs.len() {
                 state[i] = 2;
                 order.push(i);
                 stack.pop();
                 continue;
             }
-            let input = &inputs[*k];
+            let input = inputs[*k];
             let at = *k;
             *k += 1;
-            if input.is_empty() || known.contains(input.as_str()) {
+            if input.is_empty() || known.contains(input) {
                 continue;
             }
-            let Some(&p) = producer.get(input.as_str()) else {
+            let Some(&p) = producer.get(input) else {
                 let n = &g.node[i];
+                if at >= n.input.len() {
+                    // A name from a Gradient's attributes: its import says which attribute.
+                    continue;
+                }
+                let (label, op) = (node_label(n), n.op_type.as_deref().unwrap_or(""));
                 return Err(IrError::Onnx(format!(
-                    "node `{}` ({}): input {at} `{input}` is not defined by any node, initializer or graph input",
-                    node_label(n),
-                    n.op_type.as_deref().unwrap_or("")
+                    "node `{label}` ({op}): input {at} `{input}` is not defined by any node, initializer or graph input"
                 )));
             };
             match state[p] {
