@@ -264,6 +264,10 @@ pub(super) struct GraphImporter<'a> {
     /// The types a subgraph's own inputs take when they declare none (ONNX lets a Loop body
     /// leave them to the Loop's operands).
     pub(super) implied_input_types: Vec<TensorType>,
+    /// The names the graph's Gradient nodes differentiate by or hold constant (their xs and
+    /// zs): a node reading one is never folded into a constant, which would cut y's
+    /// dependence on it (an x is often an initializer, and `Transpose(w)` would fold).
+    variables: HashSet<String>,
 }
 
 impl<'a> GraphImporter<'a> {
@@ -274,6 +278,7 @@ impl<'a> GraphImporter<'a> {
             opset,
             base_dir,
             implied_input_types: Vec::new(),
+            variables: HashSet::new(),
         }
     }
 
@@ -284,6 +289,8 @@ impl<'a> GraphImporter<'a> {
         captures: &[(String, TensorType)],
     ) -> Result<Graph> {
         let onnx_err = |m: String| IrError::Onnx(m);
+        self.variables =
+            g.node.iter().flat_map(super::training::variables).map(str::to_string).collect();
         for (name, ty) in captures {
             let kiln_name = self.graph.unique_name(name);
             let v = self.graph.add_input(&kiln_name, ty.clone())?;
@@ -399,7 +406,8 @@ impl<'a> GraphImporter<'a> {
     }
 
     /// Adds a kiln node for (part of) an ONNX node, or constants when its results are known now
-    /// (shape arithmetic collapses this way, so later nodes see real shapes); returns its results.
+    /// (shape arithmetic collapses this way, so later nodes see real shapes), except where it
+    /// reads a Gradient's variable; returns its results.
     pub(super) fn add(
         &mut self,
         node: &NodeProto,
@@ -409,7 +417,13 @@ impl<'a> GraphImporter<'a> {
         num_outputs: usize,
     ) -> Result<Vec<ValueId>> {
         let name = self.name_for(node, suffix);
-        if let Some(results) = crate::fold::fold(&self.graph, &op, operands, num_outputs) {
+        let variable = |v: &ValueId| self.variables.iter().any(|n| self.values.get(n) == Some(v));
+        let folded = if operands.iter().flatten().any(variable) {
+            None
+        } else {
+            crate::fold::fold(&self.graph, &op, operands, num_outputs)
+        };
+        if let Some(results) = folded {
             let mut out = Vec::with_capacity(results.len());
             for (i, t) in results.into_iter().enumerate() {
                 let n = if i == 0 {

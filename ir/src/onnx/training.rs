@@ -186,12 +186,23 @@ pub(super) fn convert(
 /// The values a Gradient node's attributes name (xs, zs, y): the import reads them although no
 /// input edge says so, so `node_order` imports their producers first. Empty for other nodes.
 pub(super) fn named_values(node: &NodeProto) -> Vec<&str> {
+    gradient_names(node, &["xs", "zs", "y"])
+}
+
+/// The values a Gradient node differentiates by or holds constant (xs and zs), which the
+/// importer must not fold away. Empty for other nodes.
+pub(super) fn variables(node: &NodeProto) -> Vec<&str> {
+    gradient_names(node, &["xs", "zs"])
+}
+
+/// The names in a Gradient node's attributes `which`.
+fn gradient_names<'n>(node: &'n NodeProto, which: &[&str]) -> Vec<&'n str> {
     if node.domain.as_deref() != Some(DOMAIN) || node.op_type.as_deref() != Some("Gradient") {
         return Vec::new();
     }
     node.attribute
         .iter()
-        .filter(|a| matches!(a.name.as_deref(), Some("xs" | "zs" | "y")))
+        .filter(|a| a.name.as_deref().is_some_and(|n| which.contains(&n)))
         .flat_map(|a| a.strings.iter().map(Vec::as_slice).chain(a.s.as_deref()))
         .filter_map(|b| std::str::from_utf8(b).ok())
         .filter(|n| !n.is_empty())

@@ -82,7 +82,7 @@ pub(super) fn int(name: &str, v: i64) -> AttributeProto {
     }
 }
 
-fn f32_init(name: &str, dims: &[i64], v: &[f32]) -> TensorProto {
+pub(super) fn f32_init(name: &str, dims: &[i64], v: &[f32]) -> TensorProto {
     TensorProto {
         name: Some(name.into()),
         dims: dims.to_vec(),

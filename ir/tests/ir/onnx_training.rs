@@ -8,7 +8,7 @@ use kiln_ir::{eval, AttrError, DType, GradientOpError, IrError, Tensor};
 use prost::Message;
 
 use super::assert_close;
-use super::onnx::{int, load, node, value};
+use super::onnx::{f32_init, int, load, node, value};
 
 const TRAINING: &str = "ai.onnx.preview.training";
 
@@ -52,6 +52,15 @@ fn model(
     inputs: Vec<ValueInfoProto>,
     outputs: Vec<ValueInfoProto>,
 ) -> Vec<u8> {
+    model_with(nodes, inputs, outputs, vec![])
+}
+
+fn model_with(
+    nodes: Vec<NodeProto>,
+    inputs: Vec<ValueInfoProto>,
+    outputs: Vec<ValueInfoProto>,
+    initializer: Vec<TensorProto>,
+) -> Vec<u8> {
     let opset = |domain: &str, version| OperatorSetIdProto {
         domain: Some(domain.into()),
         version: Some(version),
@@ -64,6 +73,7 @@ fn model(
             name: Some("g".into()),
             input: inputs,
             output: outputs,
+            initializer,
             ..Default::default()
         }),
         ..Default::default()
@@ -173,6 +183,32 @@ fn gradient_of_a_gradient_is_the_second_derivative() {
     let out = eval::run(&graph, &[Tensor::scalar(1.5f32)]).unwrap();
     assert_close(&out[0], &[], &[3.0 * 1.5 * 1.5], 1e-5);
     assert_close(&out[1], &[], &[6.0 * 1.5], 1e-5);
+}
+
+/// An x that is an initializer, read through ops of constants only (Transpose, Mul by a
+/// constant), which the importer would otherwise fold into new constants, cutting y off from
+/// it: y = sum(x · (2w)ᵀ), so dy/dw[j][k] = 2 Σ_i x[i][k].
+#[test]
+fn gradient_by_an_initializer_read_through_constant_ops() {
+    let bytes = model_with(
+        vec![
+            node("Mul", "w2", &["w", "two"], &["w2"], vec![]),
+            node("Transpose", "wt", &["w2"], &["wt"], vec![]),
+            node("MatMul", "m", &["x", "wt"], &["m"], vec![]),
+            sum("y", "m", "y"),
+            gradient("g", &["w"], &["dw"], &["w"], &[], "y"),
+        ],
+        vec![value("x", data_type::FLOAT, &[4, 3])],
+        vec![value("y", data_type::FLOAT, &[]), value("dw", data_type::FLOAT, &[2, 3])],
+        vec![f32_init("w", &[2, 3], &[1., 2., 3., 4., 5., 6.]), f32_init("two", &[], &[2.])],
+    );
+    let graph = load(&bytes).unwrap().graph;
+    let x = Tensor::random(DType::F32, &[4, 3], 3);
+    let out = eval::run(&graph, std::slice::from_ref(&x)).unwrap();
+    let xs = x.to_f64s();
+    let col = |k: usize| 2.0 * (0..4).map(|i| xs[i * 3 + k]).sum::<f64>();
+    let want: Vec<f64> = (0..2).flat_map(|_| (0..3).map(col)).collect();
+    assert_close(&out[1], &[2, 3], &want, 1e-5);
 }
 
 /// Gradient nodes that define no derivative kiln can build are typed errors naming the node,
