@@ -21,7 +21,7 @@ use std::fmt;
 use std::path::Path;
 
 use kiln_ir::grad::{append_backward, GradError};
-use kiln_ir::train::{append_update_at, OptimError, Optimizer, Slot};
+use kiln_ir::train::{append_update_at, running_statistics, OptimError, Optimizer, Slot};
 use kiln_ir::{DType, Graph, IrError, Tensor, TensorType, ValueId};
 use kiln_runtime::{Executable, LoadOptions, RuntimeError};
 use thiserror::Error;
@@ -43,6 +43,11 @@ pub enum TrainError {
     ParamNotFloat { name: String, ty: Box<TensorType> },
     #[error("parameter `{name}` is given twice")]
     DuplicateParam { name: String },
+    /// Each step updates a running statistic by its momentum; the optimizer cannot also.
+    #[error("`{name}` is a running statistic of a training-mode BatchNormalization, which each step updates itself: it cannot be a trained parameter")]
+    RunningStatParam { name: String },
+    #[error("the running statistic `{name}` is updated by more than one BatchNormalization")]
+    SharedRunningStat { name: String },
     #[error("no parameters to train")]
     NoParams,
     #[error("the step takes {want} batch tensors ({names}), {got} given")]
@@ -82,14 +87,17 @@ pub struct StepPlan {
     pub params: Vec<String>,
     /// The optimizer state inputs: (name, parameter), `Optimizer::state_len` a parameter.
     pub state: Vec<(String, String)>,
+    /// The running statistics of training-mode BatchNormalizations (inputs after the state):
+    /// each step gives their update, carried like the state.
+    pub running: Vec<String>,
     /// The step count input (i64, 1 at the first step), where the optimizer reads it.
     pub step: Option<String>,
     /// The learning rate input (f32 scalar).
     pub lr: String,
     /// The loss output (the step's first).
     pub loss: String,
-    /// What a step carries to the next: (output, the input it becomes), each parameter then
-    /// each state, in that order after the loss.
+    /// What a step carries to the next: (output, the input it becomes), each parameter, each
+    /// state, then each running statistic, in that order after the loss.
     pub carried: Vec<(String, String)>,
 }
 
@@ -99,6 +107,10 @@ impl fmt::Display for StepPlan {
         writeln!(f, "params: {}", self.params.join(", "))?;
         let state: Vec<String> = self.state.iter().map(|(s, p)| format!("{s} (of {p})")).collect();
         writeln!(f, "state:  {}", if state.is_empty() { "-".into() } else { state.join(", ") })?;
+        // (Only where there are some: the plans of models without them read as before.)
+        if !self.running.is_empty() {
+            writeln!(f, "running: {}", self.running.join(", "))?;
+        }
         writeln!(f, "step:   {}", self.step.as_deref().unwrap_or("-"))?;
         writeln!(f, "lr:     {}", self.lr)?;
         writeln!(f, "loss:   {} (output 0)", self.loss)?;
@@ -116,6 +128,8 @@ pub struct StepGraph {
     pub plan: StepPlan,
     /// Each parameter's value in the forward graph (its initial value).
     pub initial: Vec<Tensor>,
+    /// Each running statistic's value in the forward graph.
+    pub running: Vec<Tensor>,
 }
 
 /// Names of the state inputs of `param` under `optimizer`.
@@ -129,9 +143,11 @@ fn state_names(optimizer: &Optimizer, param: &str) -> Vec<String> {
 
 /// Builds the step graph of `forward` trained on its output `loss` for the constants `params`
 /// (named as in the graph: ONNX initializers, the builder's constants), which become inputs.
-/// The forward graph's other outputs are dropped. Inputs, in order: the forward graph's inputs
-/// (the batch), the parameters, their state, `step` (where the optimizer reads it), `lr`.
-/// Outputs: the loss, then `<param>.new` each, then `<state>.new` each.
+/// The running statistics of training-mode BatchNormalizations (`train::running_statistics`)
+/// become inputs too, and their updates outputs. The forward graph's other outputs are
+/// dropped. Inputs, in order: the forward graph's inputs (the batch), the parameters, their
+/// state, the running statistics, `step` (where the optimizer reads it), `lr`. Outputs: the
+/// loss, then `<param>.new` each, `<state>.new` each, `<statistic>.new` each.
 pub fn step_graph(
     forward: &Graph,
     loss: &str,
@@ -153,7 +169,24 @@ pub fn step_graph(
     }
     let batch: Vec<String> =
         forward.inputs().iter().map(|&i| forward.node(i).name.clone()).collect();
+    // Found before the parameters' constants are replaced (the value ids stay valid: the
+    // graph's nodes keep their ids when others are removed).
+    let stats = running_statistics(&g);
     g.set_outputs(vec![(loss.to_string(), loss_value)]).map_err(TrainError::Graph)?;
+    // Named, and refused as parameters, before any constant is replaced.
+    let mut running = Vec::with_capacity(stats.len());
+    for (i, stat) in stats.iter().enumerate() {
+        let name = g.node(stat.constant.node).name.clone();
+        if params.contains(&name.as_str()) {
+            return Err(TrainError::RunningStatParam { name });
+        }
+        if stats[..i].iter().any(|s| s.constant == stat.constant) {
+            return Err(TrainError::SharedRunningStat { name });
+        }
+        // (running_statistics finds constants only.)
+        let Some(t) = g.constant_value(stat.constant).cloned() else { continue };
+        running.push((name, stat.constant, stat.update, t));
+    }
     // Each parameter's constant becomes an input of its name.
     let mut values = Vec::with_capacity(params.len());
     let mut initial = Vec::with_capacity(params.len());
@@ -190,6 +223,16 @@ pub fn step_graph(
         // The gradient is filled in once the backward graph exists.
         slots.push(Slot { param: p, grad: p, state: ids });
     }
+    // Each running statistic's constant becomes an input of its name, as a parameter's does.
+    let mut running_initial = Vec::with_capacity(running.len());
+    for (name, c, _, t) in &running {
+        let temp = g.unique_name(&format!("{name}.running"));
+        let input = g.add_input(&temp, t.ty()).map_err(TrainError::Graph)?;
+        g.replace_uses(*c, input).map_err(TrainError::Graph)?;
+        g.remove_node(c.node).map_err(TrainError::Graph)?;
+        g.rename_node(input.node, name).map_err(TrainError::Graph)?;
+        running_initial.push(t.clone());
+    }
     let step = if optimizer.needs_step() {
         let name = g.unique_name("step");
         let v = g.add_input(&name, TensorType::new(DType::I64, [])).map_err(TrainError::Graph)?;
@@ -219,18 +262,23 @@ pub fn step_graph(
             carried.push((format!("{s}.new"), s.clone()));
         }
     }
+    for (name, _, update, _) in &running {
+        outs.push((format!("{name}.new"), *update));
+        carried.push((format!("{name}.new"), name.clone()));
+    }
     g.set_outputs(outs).map_err(TrainError::Graph)?;
     g.name = format!("{}_train_step", forward.name);
     let plan = StepPlan {
         batch,
         params: params.iter().map(|p| p.to_string()).collect(),
         state,
+        running: running.into_iter().map(|(name, ..)| name).collect(),
         step: step.map(|s| s.0),
         lr: lr_name,
         loss: loss.to_string(),
         carried,
     };
-    Ok(StepGraph { graph: g, plan, initial })
+    Ok(StepGraph { graph: g, plan, initial, running: running_initial })
 }
 
 /// `graph` with the constants named in `values` holding those values instead (each typed as the
@@ -319,8 +367,9 @@ pub struct TrainSession {
     exe: Executable,
     /// The batch inputs' types, for errors naming them.
     batch_types: Vec<TensorType>,
-    /// The step's inputs after the batch: parameters, state, step, lr (the tensors of the last
-    /// step's outputs, shared with the runtime's buffers).
+    /// The step's inputs after the batch: parameters, state, running statistics (the tensors
+    /// of the last step's outputs, shared with the runtime's buffers); step and lr are added
+    /// at each step.
     carried: Vec<Tensor>,
     /// Where each parameter is in `plan.params`, by name.
     index: HashMap<String, usize>,
@@ -359,6 +408,7 @@ impl TrainSession {
             let i = step.plan.params.iter().position(|q| q == p).expect("a state's parameter");
             carried.push(Tensor::zeros(step.initial[i].dtype(), step.initial[i].dims()));
         }
+        carried.extend(step.running.iter().cloned());
         let index = step.plan.params.iter().enumerate().map(|(i, p)| (p.clone(), i)).collect();
         Ok(TrainSession {
             plan: step.plan,
@@ -486,19 +536,36 @@ impl TrainSession {
         self.plan.params.iter().cloned().zip(self.carried.iter().cloned()).collect()
     }
 
-    /// The forward graph with the parameters' values now: the trained model, for inference.
+    /// Every running statistic of a training-mode BatchNormalization by name (as the graph's
+    /// constants would take them): their values after the steps taken.
+    pub fn running_stats(&self) -> Vec<(String, Tensor)> {
+        let first = self.carried.len() - self.plan.running.len();
+        self.plan.running.iter().cloned().zip(self.carried[first..].iter().cloned()).collect()
+    }
+
+    /// The parameters then the running statistics: every constant the steps change, as
+    /// `save_onnx` writes them into the model's initializers.
+    pub fn trained(&self) -> Vec<(String, Tensor)> {
+        let mut all = self.params();
+        all.extend(self.running_stats());
+        all
+    }
+
+    /// The forward graph with the parameters' and running statistics' values now: the trained
+    /// model.
     pub fn trained_graph(&self) -> Result<Graph> {
-        with_constants(&self.forward, &self.params())
+        with_constants(&self.forward, &self.trained())
     }
 
     /// Writes a copy of the ONNX model `source` (the model the session's graph was imported
-    /// from) to `path` with each initializer named as a parameter replaced by its trained value.
+    /// from) to `path` with each initializer named as a parameter or running statistic replaced
+    /// by its value now.
     pub fn save_onnx(&self, source: &Path, path: &Path) -> Result<()> {
         let bytes = std::fs::read(source).map_err(|e| TrainError::File {
             path: source.display().to_string(),
             msg: e.to_string(),
         })?;
-        let out = kiln_ir::onnx::replace_initializers(&bytes, &self.params())
+        let out = kiln_ir::onnx::replace_initializers(&bytes, &self.trained())
             .map_err(TrainError::Onnx)?;
         std::fs::write(path, out)
             .map_err(|e| TrainError::File { path: path.display().to_string(), msg: e.to_string() })

@@ -45,6 +45,13 @@ pub enum IrError {
     /// The text form could not be parsed.
     #[error("line {line}, column {column}: {msg}")]
     Parse { line: usize, column: usize, msg: String },
+
+    /// An ONNX `Gradient` node (`ai.onnx.preview.training`) that defines no derivative kiln can
+    /// build: a name it does not resolve, inputs that do not match its names, a `y` that does
+    /// not depend on an x, or the backward graph's own error. (Its attributes' errors are
+    /// [`IrError::Attr`].)
+    #[error("node `{node}` (Gradient): {error}")]
+    Gradient { node: String, error: Box<GradientOpError> },
 }
 
 pub type Result<T, E = IrError> = std::result::Result<T, E>;
@@ -225,6 +232,49 @@ macro_rules! invalid {
     };
 }
 pub(crate) use invalid;
+
+/// What is wrong with an ONNX `Gradient` node: the leaf of [`IrError::Gradient`], which names
+/// the node. `attr` is the attribute a name comes from (`xs`, `zs` or `y`).
+#[derive(Debug, Error, Clone, PartialEq)]
+pub enum GradientOpError {
+    #[error("attribute `{attr}` names `{name}`, which no node, initializer or input defines")]
+    UnknownName { attr: &'static str, name: String },
+    #[error("`{name}` is named twice in xs and zs")]
+    Repeated { name: String },
+    /// The spec's independent variables: an x or z computed from the others is not one.
+    #[error("`{name}` of {attr} is computed from other values of xs and zs, so it is not an independent variable")]
+    NotIndependent { attr: &'static str, name: String },
+    #[error("takes one input for each name of xs and then of zs ({want}), got {got}")]
+    InputCount { want: usize, got: usize },
+    /// Input `index` is missing or of another element type than the value it stands for.
+    #[error("input {index} stands for `{name}` ({want}), got {got}")]
+    InputType { index: usize, name: String, want: Box<TensorType>, got: String },
+    #[error("gives one output for each name of xs ({xs}), got {got}")]
+    OutputCount { xs: usize, got: usize },
+    /// The outputs have each x's shape, which holds dy/dx only for a `y` of one element.
+    #[error("y `{y}` must be a float tensor of one element, got {ty}")]
+    NotScalar { y: String, ty: Box<TensorType> },
+    #[error("y `{y}` does not depend on `{x}` of xs")]
+    NotReachable { x: String, y: String },
+    /// The backward graph could not be built (an op between xs and y without a gradient rule,
+    /// an x that is not a float...): the error of [`crate::grad::append_backward`].
+    #[error("differentiating `{y}`: {}", chain(error))]
+    Backward { y: String, error: crate::grad::GradError },
+}
+
+/// An error and its causes joined by `: `, each once, so a leaf shown inline keeps its causes.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let s = c.to_string();
+        if !text.contains(&s) {
+            text.push_str(&format!(": {s}"));
+        }
+        cause = c.source();
+    }
+    text
+}
 
 /// An op a model uses that kiln does not support, with every node that uses it.
 #[derive(Debug, Clone, PartialEq)]

@@ -214,9 +214,10 @@ impl PyTrainSession {
         Ok(d)
     }
 
-    /// Writes the model with each parameter's initializer replaced by its trained value.
+    /// Writes the model with each parameter's (and each training-mode BatchNormalization's
+    /// running statistic's) initializer replaced by its value now.
     fn save_onnx(&self, path: PathBuf) -> PyResult<()> {
-        let out = kiln_ir::onnx::replace_initializers(&self.source, &self.session.params())
+        let out = kiln_ir::onnx::replace_initializers(&self.source, &self.session.trained())
             .map_err(|e| KilnError::new_err(message(&e)))?;
         std::fs::write(&path, out)
             .map_err(|e| KilnError::new_err(format!("{}: {e}", path.display())))

@@ -295,3 +295,214 @@ fn trained_weights_are_written_into_the_onnx_model() {
     assert!(e.contains("missing.onnx"), "{e}");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// x f32[4,3,2,2] -> BatchNormalization (training_mode 1, momentum 0.9; running mean and
+/// variance initializers `rm`, `rv`) -> Flatten -> Gemm(w, b) -> logits f32[4,5], as ONNX.
+fn batch_norm_model() -> Vec<u8> {
+    use kiln_ir::onnx::proto::tensor_shape_proto::dimension::Value as DimValue;
+    use kiln_ir::onnx::proto::*;
+    use prost::Message;
+    let init = |t: Tensor, name: &str| {
+        TensorProto::decode(kiln_ir::onnx::encode_tensor(&t, name).as_slice()).unwrap()
+    };
+    let f32_type = |dims: &[usize]| TypeProto {
+        value: Some(type_proto::Value::TensorType(type_proto::Tensor {
+            elem_type: Some(data_type::FLOAT),
+            shape: Some(TensorShapeProto {
+                dim: dims
+                    .iter()
+                    .map(|&d| tensor_shape_proto::Dimension {
+                        value: Some(DimValue::DimValue(d as i64)),
+                    })
+                    .collect(),
+            }),
+        })),
+    };
+    let value = |name: &str, dims: &[usize]| ValueInfoProto {
+        name: Some(name.into()),
+        r#type: Some(f32_type(dims)),
+    };
+    let attr = |name: &str, f: Option<f32>, i: Option<i64>| AttributeProto {
+        name: Some(name.into()),
+        r#type: Some(if f.is_some() { attribute_type::FLOAT } else { attribute_type::INT }),
+        f,
+        i,
+        ..Default::default()
+    };
+    let node = |op: &str, inputs: &[&str], outputs: &[&str], attribute| NodeProto {
+        op_type: Some(op.into()),
+        name: Some(outputs[0].into()),
+        input: inputs.iter().map(|s| s.to_string()).collect(),
+        output: outputs.iter().map(|s| s.to_string()).collect(),
+        attribute,
+        ..Default::default()
+    };
+    let t = |dims: &[usize], v: Vec<f64>| Tensor::from_f64s(DType::F32, dims, &v).unwrap();
+    let graph = GraphProto {
+        name: Some("bn".into()),
+        node: vec![
+            node(
+                "BatchNormalization",
+                &["x", "scale", "shift", "rm", "rv"],
+                &["y", "rm_out", "rv_out"],
+                vec![attr("momentum", Some(0.9), None), attr("training_mode", None, Some(1))],
+            ),
+            node("Flatten", &["y"], &["flat"], vec![]),
+            node("Gemm", &["flat", "w", "b"], &["logits"], vec![attr("transB", None, Some(1))]),
+        ],
+        initializer: vec![
+            init(t(&[3], vec![1.0, 0.5, 2.0]), "scale"),
+            init(t(&[3], vec![0.1, -0.2, 0.0]), "shift"),
+            init(t(&[3], vec![0.5, -1.0, 0.0]), "rm"),
+            init(t(&[3], vec![1.0, 2.0, 0.5]), "rv"),
+            init(Tensor::random(DType::F32, &[5, 12], 7), "w"),
+            init(Tensor::random(DType::F32, &[5], 8), "b"),
+        ],
+        input: vec![value("x", &[4, 3, 2, 2])],
+        output: vec![value("logits", &[4, 5])],
+        ..Default::default()
+    };
+    let opset = OperatorSetIdProto { domain: Some(String::new()), version: Some(15) };
+    ModelProto {
+        ir_version: Some(8),
+        opset_import: vec![opset],
+        graph: Some(graph),
+        ..Default::default()
+    }
+    .encode_to_vec()
+}
+
+/// A batch for `batch_norm_model`: channel c's values around c - 1, each step's different.
+fn bn_batch(step: u64) -> Vec<Tensor> {
+    let r = Tensor::random(DType::F32, &[4, 3, 2, 2], 200 + step).to_f64s();
+    let x: Vec<f64> =
+        r.iter().enumerate().map(|(i, v)| 2.0 * v + ((i / 4) % 3) as f64 - 1.0).collect();
+    let labels: Vec<i64> = (0..4).map(|i| ((i + step) % 5) as i64).collect();
+    vec![
+        Tensor::from_f64s(DType::F32, &[4, 3, 2, 2], &x).unwrap(),
+        Tensor::from_vec(&[4], labels).unwrap(),
+    ]
+}
+
+/// A model with a training-mode BatchNormalization trained by the session: each step updates
+/// the running mean and variance as ONNX defines it (`running·momentum + batch·(1 - momentum)`,
+/// the population variance), against those formulas in f64 and against the interpreter running
+/// the step graph; they stay in the runtime's output buffers like the parameters; and
+/// `save_onnx` writes them into the model's initializers.
+#[test]
+fn batch_norm_running_statistics_are_carried_and_saved() {
+    let bytes = batch_norm_model();
+    let dir = std::env::temp_dir().join(format!("kiln-train-bn-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (source, saved) = (dir.join("bn.onnx"), dir.join("bn-trained.onnx"));
+    std::fs::write(&source, &bytes).unwrap();
+    let model = kiln_ir::onnx::load(&source).unwrap().graph;
+    let graph = with_cross_entropy(&model, "logits").unwrap();
+    let params = ["scale", "shift", "w", "b"];
+    let opt = Optimizer::Sgd { lr: 0.1, momentum: 0.9, nesterov: false, weight_decay: 0.0 };
+    let step = step_graph(&graph, "loss", &params, &opt).unwrap();
+    assert_eq!(step.plan.running, ["rm", "rv"]);
+    assert!(step.plan.to_string().contains("running: rm, rv\n"), "{}", step.plan);
+    assert!(step.plan.to_string().contains("`rv.new` -> next step's input `rv`"), "{}", step.plan);
+
+    // The formulas: per channel, over the batch and the spatial axes.
+    let (mut mean, mut var) = (vec![0.5, -1.0, 0.0], vec![1.0, 2.0, 0.5]);
+    // The interpreter on the step graph, its outputs fed back.
+    let mut carried: Vec<Tensor> = step.initial.clone();
+    carried.extend(step.initial.iter().map(|t| Tensor::zeros(DType::F32, t.dims())));
+    carried.extend(step.running.iter().cloned());
+    let mut session = TrainSession::new(&graph, "loss", &params, opt, options(2)).unwrap();
+    for s in 0..3 {
+        let batch = bn_batch(s);
+        let x = batch[0].to_f64s();
+        for c in 0..3 {
+            let v: Vec<f64> = (0..4)
+                .flat_map(|n| (0..4).map(move |i| (n * 3 + c) * 4 + i))
+                .map(|i| x[i])
+                .collect();
+            let m = v.iter().sum::<f64>() / 16.0;
+            let pv = v.iter().map(|a| (a - m) * (a - m)).sum::<f64>() / 16.0;
+            mean[c] = mean[c] * 0.9 + m * 0.1;
+            var[c] = var[c] * 0.9 + pv * 0.1;
+        }
+        let mut inputs = batch.clone();
+        inputs.extend(carried.iter().cloned());
+        inputs.push(Tensor::scalar(0.1f32));
+        let mut out = eval::run(&step.graph, &inputs).unwrap();
+        let want_loss = out[0].to_f64s()[0];
+        carried = out.split_off(1);
+
+        let loss = session.step(&batch).unwrap() as f64;
+        assert!(
+            (loss - want_loss).abs() <= 1e-5 * (1.0 + want_loss.abs()),
+            "step {s}: {loss} vs {want_loss}"
+        );
+        let stats = session.running_stats();
+        assert_eq!(stats.len(), 2);
+        for ((name, got), (want, interpreted)) in
+            stats.iter().zip([(&mean, &carried[8]), (&var, &carried[9])])
+        {
+            for (c, (a, b)) in got.to_f64s().iter().zip(want.iter()).enumerate() {
+                assert!(
+                    (a - b).abs() <= 1e-5 * (1.0 + b.abs()),
+                    "step {s} {name}[{c}]: {a} vs {b}"
+                );
+            }
+            assert_eq!(got.to_f64s().len(), 3);
+            for (a, b) in got.to_f64s().iter().zip(interpreted.to_f64s()) {
+                assert!((a - b).abs() <= 1e-5 * (1.0 + b.abs()), "step {s} {name}: {a} vs {b}");
+            }
+        }
+        // Resident like the parameters: the statistic the session holds is its output buffer
+        // (outputs: the loss, 4 parameters, 4 momenta, then rm and rv).
+        let exe = session.executable();
+        for (i, (name, t)) in stats.iter().enumerate() {
+            let held = t.bytes().as_ptr() as usize;
+            assert_eq!(held, exe.output_address(9 + i).unwrap(), "step {s}: `{name}`");
+        }
+    }
+
+    // The saved model holds the statistics now, and the trained parameters.
+    session.save_onnx(&source, &saved).unwrap();
+    let reloaded = kiln_ir::onnx::load(&saved).unwrap().graph;
+    let constant = |name: &str| {
+        reloaded.constant_value(reloaded.node_by_name(name).unwrap().into()).unwrap().to_f64s()
+    };
+    for (name, t) in session.running_stats().iter().chain(&session.params()) {
+        assert_eq!(constant(name), t.to_f64s(), "{name}");
+    }
+    assert_ne!(constant("rm"), [0.5, -1.0, 0.0].map(|v: f64| v as f32 as f64));
+    std::fs::remove_dir_all(&dir).ok();
+
+    // A running statistic is no parameter.
+    let e = TrainSession::new(&graph, "loss", &["w", "rm"], opt, options(1)).err().unwrap();
+    assert_eq!(
+        e.to_string(),
+        "`rm` is a running statistic of a training-mode BatchNormalization, which each step updates itself: it cannot be a trained parameter"
+    );
+}
+
+/// `running_statistics` finds what `batch_norm_training` builds, and not a blend of a
+/// constant that no BatchNormalization normalises by (which a step must not overwrite).
+#[test]
+fn running_statistics_are_found_by_their_batch_norm_only() {
+    use kiln_ir::train::{batch_norm_training, running_statistics};
+    let g = GraphBuilder::new("bn");
+    let x = g.input("x", DType::F32, [2, 3, 4]);
+    let c = |name: &str| g.constant(name, Tensor::zeros(DType::F32, &[3]));
+    let (scale, shift) = (c("scale"), c("shift"));
+    let r = batch_norm_training(x, scale, shift, c("rm"), c("rv"), 1e-5, 0.9);
+    let ema = c("ema");
+    let blend = ema.mul(ema.scalar(0.9)).add(x.reduce_mean(&[0, 2], false).mul(ema.scalar(0.1)));
+    g.output("y", r.y);
+    g.output("rm_out", r.running_mean);
+    g.output("rv_out", r.running_var);
+    g.output("blend", blend);
+    let graph = g.build().unwrap();
+    let found: Vec<(String, kiln_ir::ValueId)> = running_statistics(&graph)
+        .iter()
+        .map(|s| (graph.node(s.constant.node).name.clone(), s.update))
+        .collect();
+    let out = |i: usize| graph.outputs()[i].1;
+    assert_eq!(found, [("rm".to_string(), out(1)), ("rv".to_string(), out(2))]);
+}

@@ -172,10 +172,19 @@ pub(super) fn free_values(graph: &GraphProto) -> Vec<String> {
 /// The order to import nodes in: as given when that is topological (the spec requires it),
 /// else a topological order; a cycle or a name nothing defines is an error naming the node.
 fn node_order(g: &GraphProto, known: &HashSet<&str>) -> Result<Vec<usize>> {
+    // What each node reads: its inputs, then the values a Gradient's attributes name (its y is
+    // no input, yet it must be imported first).
+    let reads: Vec<Vec<&str>> = g
+        .node
+        .iter()
+        .map(|n| {
+            n.input.iter().map(String::as_str).chain(super::training::named_values(n)).collect()
+        })
+        .collect();
     let mut defined: HashSet<&str> = known.clone();
     let mut in_order = true;
-    for n in &g.node {
-        if n.input.iter().any(|i| !i.is_empty() && !defined.contains(i.as_str())) {
+    for (n, reads) in g.node.iter().zip(&reads) {
+        if reads.iter().any(|i| !i.is_empty() && !defined.contains(i)) {
             in_order = false;
             break;
         }
@@ -203,25 +212,28 @@ fn node_order(g: &GraphProto, known: &HashSet<&str>) -> Result<Vec<usize>> {
         state[root] = 1;
         stack.push((root, 0));
         while let Some(&mut (i, ref mut k)) = stack.last_mut() {
-            let inputs = &g.node[i].input;
+            let inputs = &reads[i];
             if *k == inputs.len() {
                 state[i] = 2;
                 order.push(i);
                 stack.pop();
                 continue;
             }
-            let input = &inputs[*k];
+            let input = inputs[*k];
             let at = *k;
             *k += 1;
-            if input.is_empty() || known.contains(input.as_str()) {
+            if input.is_empty() || known.contains(input) {
                 continue;
             }
-            let Some(&p) = producer.get(input.as_str()) else {
+            let Some(&p) = producer.get(input) else {
                 let n = &g.node[i];
+                if at >= n.input.len() {
+                    // A name from a Gradient's attributes: its import says which attribute.
+                    continue;
+                }
+                let (label, op) = (node_label(n), n.op_type.as_deref().unwrap_or(""));
                 return Err(IrError::Onnx(format!(
-                    "node `{}` ({}): input {at} `{input}` is not defined by any node, initializer or graph input",
-                    node_label(n),
-                    n.op_type.as_deref().unwrap_or("")
+                    "node `{label}` ({op}): input {at} `{input}` is not defined by any node, initializer or graph input"
                 )));
             };
             match state[p] {
@@ -252,6 +264,10 @@ pub(super) struct GraphImporter<'a> {
     /// The types a subgraph's own inputs take when they declare none (ONNX lets a Loop body
     /// leave them to the Loop's operands).
     pub(super) implied_input_types: Vec<TensorType>,
+    /// The names the graph's Gradient nodes differentiate by or hold constant (their xs and
+    /// zs): a node reading one is never folded into a constant, which would cut y's
+    /// dependence on it (an x is often an initializer, and `Transpose(w)` would fold).
+    variables: HashSet<String>,
 }
 
 impl<'a> GraphImporter<'a> {
@@ -262,6 +278,7 @@ impl<'a> GraphImporter<'a> {
             opset,
             base_dir,
             implied_input_types: Vec::new(),
+            variables: HashSet::new(),
         }
     }
 
@@ -272,6 +289,8 @@ impl<'a> GraphImporter<'a> {
         captures: &[(String, TensorType)],
     ) -> Result<Graph> {
         let onnx_err = |m: String| IrError::Onnx(m);
+        self.variables =
+            g.node.iter().flat_map(super::training::variables).map(str::to_string).collect();
         for (name, ty) in captures {
             let kiln_name = self.graph.unique_name(name);
             let v = self.graph.add_input(&kiln_name, ty.clone())?;
@@ -387,7 +406,8 @@ impl<'a> GraphImporter<'a> {
     }
 
     /// Adds a kiln node for (part of) an ONNX node, or constants when its results are known now
-    /// (shape arithmetic collapses this way, so later nodes see real shapes); returns its results.
+    /// (shape arithmetic collapses this way, so later nodes see real shapes), except where it
+    /// reads a Gradient's variable; returns its results.
     pub(super) fn add(
         &mut self,
         node: &NodeProto,
@@ -397,7 +417,13 @@ impl<'a> GraphImporter<'a> {
         num_outputs: usize,
     ) -> Result<Vec<ValueId>> {
         let name = self.name_for(node, suffix);
-        if let Some(results) = crate::fold::fold(&self.graph, &op, operands, num_outputs) {
+        let variable = |v: &ValueId| self.variables.iter().any(|n| self.values.get(n) == Some(v));
+        let folded = if operands.iter().flatten().any(variable) {
+            None
+        } else {
+            crate::fold::fold(&self.graph, &op, operands, num_outputs)
+        };
+        if let Some(results) = folded {
             let mut out = Vec::with_capacity(results.len());
             for (i, t) in results.into_iter().enumerate() {
                 let n = if i == 0 {

@@ -10,5 +10,5 @@ pub mod normalize;
 pub mod optimizer;
 
 pub use dropout::{dropout, Dropout};
-pub use normalize::{batch_norm_training, BatchNormTraining};
+pub use normalize::{batch_norm_training, running_statistics, BatchNormTraining, RunningStat};
 pub use optimizer::{append_update, append_update_at, OptimError, Optimizer, Slot, Update};

@@ -6,6 +6,7 @@
 //! the statistics' gradients, ReduceMean's takes them back to the input).
 
 use crate::builder::Traced;
+use crate::{BinaryOp, Graph, Op, ValueId};
 
 /// The results of [`batch_norm_training`].
 #[derive(Clone, Copy)]
@@ -51,4 +52,55 @@ pub fn batch_norm_training<'g>(
         running_mean: blend(running_mean, batch_mean),
         running_var: blend(running_var, batch_var),
     }
+}
+
+/// A running statistic a graph updates: the constant it starts from and the value it becomes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RunningStat {
+    /// The statistic before the step: a constant of the graph (an ONNX initializer).
+    pub constant: ValueId,
+    /// `constant·momentum + batch·(1 - momentum)`: the statistic after.
+    pub update: ValueId,
+}
+
+/// The running statistics of the training-mode batch normalisations of `graph`, as
+/// [`batch_norm_training`] builds them (the ONNX importer's `training_mode = 1` included), in
+/// node order. Found by that shape: `Add(Mul(C, m), Mul(s, k))` with `C` a constant, `m` and
+/// `k` scalar constants summing to 1, and `s` the mean or variance a BatchNormalization
+/// normalises by (its operand 3 or 4). Nothing looser: a training step overwrites each
+/// constant found with its update, so a blend of a constant that is no running statistic must
+/// not match.
+pub fn running_statistics(graph: &Graph) -> Vec<RunningStat> {
+    let scalar = |v: ValueId| match graph.constant_value(v) {
+        Some(t) if t.len() == 1 => t.to_f64s().first().copied(),
+        _ => None,
+    };
+    // (left operand, right operand as a scalar constant) of a Mul.
+    let scaled = |v: ValueId| -> Option<(ValueId, f64)> {
+        if v.output != 0 || !matches!(graph.node(v.node).op, Op::Binary(BinaryOp::Mul)) {
+            return None;
+        }
+        match graph.operands(v.node)[..] {
+            [Some(a), Some(k)] => Some((a, scalar(k)?)),
+            _ => None,
+        }
+    };
+    let normalises_by = |v: ValueId| {
+        graph.users(v).iter().any(|&(user, operand)| {
+            matches!(graph.node(user).op, Op::BatchNorm { .. }) && (operand == 3 || operand == 4)
+        })
+    };
+    let mut found = Vec::new();
+    for (id, node) in graph.nodes() {
+        if !matches!(node.op, Op::Binary(BinaryOp::Add)) {
+            continue;
+        }
+        let [Some(left), Some(right)] = graph.operands(id)[..] else { continue };
+        let (Some((c, m)), Some((s, k))) = (scaled(left), scaled(right)) else { continue };
+        // m and 1 - m were each rounded to the statistic's type.
+        if graph.constant_value(c).is_some() && normalises_by(s) && (m + k - 1.0).abs() < 1e-6 {
+            found.push(RunningStat { constant: c, update: ValueId::new(id, 0) });
+        }
+    }
+    found
 }

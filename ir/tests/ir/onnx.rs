@@ -31,14 +31,14 @@ fn tensor_type(elem: i32, dims: &[Option<i64>], params: &[&str]) -> TypeProto {
     }
 }
 
-fn value(name: &str, elem: i32, dims: &[i64]) -> ValueInfoProto {
+pub(super) fn value(name: &str, elem: i32, dims: &[i64]) -> ValueInfoProto {
     ValueInfoProto {
         name: Some(name.into()),
         r#type: Some(tensor_type(elem, &dims.iter().map(|&d| Some(d)).collect::<Vec<_>>(), &[])),
     }
 }
 
-fn node(
+pub(super) fn node(
     op: &str,
     name: &str,
     inputs: &[&str],
@@ -73,7 +73,7 @@ fn float(name: &str, v: f32) -> AttributeProto {
     }
 }
 
-fn int(name: &str, v: i64) -> AttributeProto {
+pub(super) fn int(name: &str, v: i64) -> AttributeProto {
     AttributeProto {
         name: Some(name.into()),
         r#type: Some(attribute_type::INT),
@@ -82,7 +82,7 @@ fn int(name: &str, v: i64) -> AttributeProto {
     }
 }
 
-fn f32_init(name: &str, dims: &[i64], v: &[f32]) -> TensorProto {
+pub(super) fn f32_init(name: &str, dims: &[i64], v: &[f32]) -> TensorProto {
     TensorProto {
         name: Some(name.into()),
         dims: dims.to_vec(),
@@ -119,7 +119,7 @@ fn model(
     .encode_to_vec()
 }
 
-fn load(bytes: &[u8]) -> Result<onnx::Model, IrError> {
+pub(super) fn load(bytes: &[u8]) -> Result<onnx::Model, IrError> {
     onnx::load_bytes(bytes, None)
 }
 
