@@ -280,15 +280,16 @@ pub fn partition(graph: &Graph, allowed: Views) -> Result<Partition> {
 
 /// Concats whose parts are written where they lie in the result: a Concat that is a kernel of
 /// its own, whose result is one contiguous run of bytes per part (every axis before the concat
-/// axis of extent 1: one image), is no graph output, and whose parts are each written by
-/// another kernel, are distinct, are no graph outputs, no views and viewed by nothing, start
-/// 64 bytes aligned (kernels store to them as to any buffer), and are not dynamically shaped.
-/// Each part becomes a view of the result at its offset, so the kernel writing a part writes
-/// it into the result, and the Concat's copy is gone (squeezenet's fire modules, a YOLO
-/// neck's, a text detector's FPN: 4-9% of the model's time on the CPU). Returns the kernels
-/// (indices into `kernels`) that are no longer needed. The artifact gives the result one
-/// buffer alive from the first part's writer on ([`crate::artifact`]), and readers of a part
-/// read the result's bytes.
+/// axis of extent 1: one image) and no graph output. Each part is bytes of a value some other
+/// kernel writes (itself, or the source it is a view of: a C2f block's two Split halves are
+/// both its first convolution's result); each such root must lie whole in the result over its
+/// own parts only, start 64 bytes aligned (kernels store to it as to any buffer), and be no
+/// graph input, output or constant, and no result already placed. Each root becomes a view of
+/// the result at its offset, and every view of a root a view of the result, so the kernel
+/// writing a root writes it into the result and the Concat's copy is gone (squeezenet's fire
+/// modules, a YOLO neck's C2f blocks, a text detector's FPN). Returns the kernels (indices into
+/// `kernels`) no longer needed. The artifact gives the result one buffer alive from the first
+/// writer's wave on ([`crate::artifact`]), and readers of a part read the result's bytes.
 fn concat_views(
     graph: &Graph,
     kernels: &[Vec<NodeId>],
@@ -296,7 +297,11 @@ fn concat_views(
     views: &mut HashMap<ValueId, View>,
 ) -> HashSet<usize> {
     let outputs: HashSet<ValueId> = graph.outputs().iter().map(|(_, v)| *v).collect();
-    let mut viewed: HashSet<ValueId> = views.values().map(|w| w.of).collect();
+    let bytes = |v: ValueId| -> Option<u64> {
+        let t = graph.value_type(v);
+        let dims = t.shape.as_fixed()?;
+        Some(dims.iter().map(|&d| d as u64).product::<u64>() * t.dtype.size() as u64)
+    };
     let mut taken: HashSet<ValueId> = HashSet::new();
     let mut placed = HashSet::new();
     for (k, nodes) in kernels.iter().enumerate() {
@@ -310,34 +315,52 @@ fn concat_views(
             continue;
         }
         let parts: Vec<ValueId> = graph.operands(id).into_iter().flatten().collect();
-        let size = node.outputs[0].dtype.size() as u64;
-        let inner: u64 = dims[a + 1..].iter().map(|&d| d as u64).product();
-        let mut offsets = Vec::with_capacity(parts.len());
-        let mut at = 0u64;
-        let fits = parts.iter().all(|&v| {
-            let written = kernel_of.get(&v.node).is_some_and(|&j| j != k)
-                && !matches!(graph.node(v.node).op, Op::Input | Op::Constant(_));
-            let extent = graph.value_type(v).shape.as_fixed().and_then(|d| d.get(a).copied());
-            let ok = written
-                && !outputs.contains(&v)
-                && !views.contains_key(&v)
-                && !viewed.contains(&v)
-                && !taken.contains(&v)
-                && at.is_multiple_of(64)
-                && extent.is_some_and(|e| e > 0);
-            offsets.push(at);
-            at += extent.unwrap_or(0) as u64 * inner * size;
-            ok
-        });
-        let distinct = parts.iter().collect::<HashSet<_>>().len() == parts.len();
-        if !fits || !distinct {
+        if parts.iter().collect::<HashSet<_>>().len() != parts.len() {
             continue;
         }
-        // (A concat of this result must not place it in turn: views are one level deep.)
-        viewed.insert(result);
-        for (&v, offset) in parts.iter().zip(offsets) {
-            views.insert(v, View { of: result, offset });
-            taken.insert(v);
+        // Each part's bytes in the result, and each root's start there (the same for all
+        // of its parts).
+        let mut spans: Vec<(u64, u64, ValueId)> = Vec::with_capacity(parts.len());
+        let mut roots: Vec<(ValueId, u64)> = Vec::new();
+        let mut at = 0u64;
+        let mut fits = true;
+        for &p in &parts {
+            let Some(len) = bytes(p).filter(|&b| b > 0) else {
+                fits = false;
+                break;
+            };
+            let View { of: root, offset } = resolve_view(views, p);
+            match (at.checked_sub(offset), roots.iter().find(|r| r.0 == root)) {
+                (Some(start), Some(&(_, known))) => fits &= start == known,
+                (Some(start), None) => roots.push((root, start)),
+                (None, _) => fits = false,
+            }
+            spans.push((at, at + len, root));
+            at += len;
+        }
+        fits &= roots.iter().all(|&(root, start)| {
+            let Some(end) = bytes(root).map(|len| start + len) else { return false };
+            let written =
+                kernel_of.get(&root.node).is_some_and(|&j| j != k && !placed.contains(&j))
+                    && !matches!(graph.node(root.node).op, Op::Input | Op::Constant(_));
+            let alone = spans.iter().all(|&(b, e, r)| r == root || e <= start || b >= end);
+            written
+                && alone
+                && end <= at
+                && start.is_multiple_of(64)
+                && root != result
+                && !outputs.contains(&root)
+                && !taken.contains(&root)
+        });
+        if !fits {
+            continue;
+        }
+        for (root, start) in roots {
+            for w in views.values_mut().filter(|w| w.of == root) {
+                *w = View { of: result, offset: start + w.offset };
+            }
+            views.insert(root, View { of: result, offset: start });
+            taken.insert(root);
         }
         placed.insert(k);
     }

@@ -89,9 +89,10 @@ fn contiguous_slices_are_views_at_offsets() {
 
 /// On the CPU, a Concat of one image's parts, each written by another kernel, has no kernel:
 /// the parts are views of its result, so the convolutions write where the Concat would have
-/// copied them, and a part read elsewhere too is read there. Not placed: a part that is a
-/// graph input, a concat of a placed result (views are one level deep), a batch of two, and
-/// parts that would start unaligned. Every output against the interpreter, at 1 and 2 threads.
+/// copied them, and a part read elsewhere too is read there; parts that are views of one
+/// result (a C2f block's Split halves) place that result whole. Not placed: a part that is a
+/// graph input, a concat of a placed result, a batch of two, parts that would start
+/// unaligned, and halves reversed or apart. Every output against the interpreter, at 1 and 2 threads.
 #[test]
 fn concat_parts_are_written_where_they_lie() {
     let g = GraphBuilder::new("concats");
@@ -116,6 +117,21 @@ fn concat_parts_are_written_where_they_lie() {
     let z = g.input("z", DType::F32, [1, 1, 3, 3]);
     let unaligned = g.concat(&[z.relu(), z.neg()], 1).named("unaligned");
     g.output("unaligned", unaligned.reduce_sum(&[1], true));
+    // A C2f block: both halves of the first convolution's result (views of it) lead the
+    // concat, so that result is placed whole; reversed, or split by another part, it is not.
+    let cv1 = x.conv(w("wc", &[8, 8, 1, 1], 8), None, o()).named("cv1");
+    let halves = cv1.split(1, &[4, 4]);
+    let m = halves[1].conv(w("wm", &[4, 4, 3, 3], 9), None, o().pad(1)).relu().named("m");
+    let c2f = g.concat(&[halves[0], halves[1], m], 1).named("c2f");
+    g.output("c2f", c2f.conv(w("wc2", &[8, 12, 1, 1], 10), None, o()).named("cv2"));
+    let cv3 = x.conv(w("w3b", &[8, 8, 1, 1], 11), None, o()).named("cv3");
+    let h3 = cv3.split(1, &[4, 4]);
+    let reversed = g.concat(&[h3[1], h3[0]], 1).named("reversed");
+    g.output("reversed", reversed.reduce_sum(&[1], true));
+    let cv4 = x.conv(w("w4", &[8, 8, 1, 1], 12), None, o()).named("cv4");
+    let h4 = cv4.split(1, &[4, 4]);
+    let between = g.concat(&[h4[0], m, h4[1]], 1).named("between");
+    g.output("between", between.reduce_sum(&[1], true));
     let graph = g.build().unwrap();
     let s = stages(&graph);
     insta::assert_snapshot!("concat_views_fused", s[Stage::Fused]);
