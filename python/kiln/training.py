@@ -15,6 +15,8 @@ threads=None)``: ``model`` an ONNX file or bytes; ``params`` the initializers to
 output ``loss=``, or softmax cross-entropy of the ``[batch, classes]`` output ``logits=`` against
 an added int64 input ``labels``. ``step(*batch)`` takes numpy arrays in ``batch_names`` order and
 returns the loss before the update; ``param(name)``, ``set_param(name, value)``, ``params()``,
+``running_stats()`` (each training-mode BatchNormalization's running mean and variance by
+initializer name, as each step updates them; ``save_onnx`` writes them with the parameters),
 ``lr`` (settable: no recompilation), ``steps``. Errors are ``kiln.KilnError`` naming the input,
 parameter or output at fault. Rust's ``kiln_compiler::TrainSession`` is the same session.
 """

@@ -214,6 +214,17 @@ impl PyTrainSession {
         Ok(d)
     }
 
+    /// Every running statistic of a training-mode BatchNormalization (its running mean and
+    /// variance initializers) by name, as numpy arrays: their values after the steps taken,
+    /// which each step updates itself (`running·momentum + batch·(1 - momentum)`).
+    fn running_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        for (name, t) in self.session.running_stats() {
+            d.set_item(name, array_of(py, &t)?)?;
+        }
+        Ok(d)
+    }
+
     /// Writes the model with each parameter's (and each training-mode BatchNormalization's
     /// running statistic's) initializer replaced by its value now.
     fn save_onnx(&self, path: PathBuf) -> PyResult<()> {

@@ -66,6 +66,7 @@ def test_sgd_steps_match_numpy_and_the_rate_changes_without_recompiling():
     np.testing.assert_allclose(ts.param("w"), rw, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(ts.params()["b"], rb, rtol=1e-4, atol=1e-5)
     assert ts.steps == 5 and ts.lr == 0.05
+    assert ts.running_stats() == {}  # no BatchNormalization in training mode
 
 
 def test_adam_steps_match_numpy():
@@ -131,3 +132,98 @@ def test_errors_name_what_is_wrong():
     with pytest.raises(kiln.KilnError, match="zz"):
         ts.param("zz")
     assert ts.steps == 0
+
+
+def batch_norm_model():
+    """x[4, 3, 2, 2] -> BatchNormalization (training_mode 1, momentum 0.9, running mean `rm` and
+    variance `rv` initializers, their updates as the node's second and third results) ->
+    Flatten -> Gemm(w, b) -> logits[4, 5]: tests/tests/train.rs's model."""
+    rng = np.random.default_rng(7)
+    inits = {
+        "scale": np.array([1.0, 0.5, 2.0], np.float32),
+        "shift": np.array([0.1, -0.2, 0.0], np.float32),
+        "rm": np.array([0.5, -1.0, 0.0], np.float32),
+        "rv": np.array([1.0, 2.0, 0.5], np.float32),
+        "w": (rng.standard_normal((5, 12)) * 0.3).astype(np.float32),
+        "b": (rng.standard_normal(5) * 0.1).astype(np.float32),
+    }
+    nodes = [
+        helper.make_node(
+            "BatchNormalization",
+            ["x", "scale", "shift", "rm", "rv"],
+            ["y", "rm_out", "rv_out"],
+            momentum=0.9,
+            training_mode=1,
+        ),
+        helper.make_node("Flatten", ["y"], ["flat"]),
+        helper.make_node("Gemm", ["flat", "w", "b"], ["logits"], transB=1),
+    ]
+    g = helper.make_graph(
+        nodes,
+        "bn",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 3, 2, 2])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [4, 5])],
+        initializer=[numpy_helper.from_array(v, k) for k, v in inits.items()],
+    )
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 15)])
+    onnx.checker.check_model(m)
+    return m.SerializeToString(), inits
+
+
+def bn_batch(step):
+    """Channel c's values around c - 1, each step's different; labels 0..4."""
+    rng = np.random.default_rng(200 + step)
+    x = 2 * rng.random((4, 3, 2, 2)) + np.arange(3).reshape(1, 3, 1, 1) - 1
+    y = (np.arange(4) + step) % 5
+    return x.astype(np.float32), y.astype(np.int64)
+
+
+def test_batch_norm_running_statistics_follow_onnx_and_are_saved(tmp_path):
+    model, inits = batch_norm_model()
+    src = tmp_path / "bn.onnx"
+    src.write_bytes(model)
+    params = ["scale", "shift", "w", "b"]
+    ts = kiln.training.TrainSession(str(src), params, "sgd", logits="logits", lr=0.1, momentum=0.9, threads=1)
+    # Before a step: the initializers, by name, shaped like params().
+    stats = ts.running_stats()
+    assert list(stats) == ["rm", "rv"] and list(ts.params()) == params
+    np.testing.assert_array_equal(stats["rm"], inits["rm"])
+    np.testing.assert_array_equal(stats["rv"], inits["rv"])
+    assert stats["rm"].dtype == np.float32 and stats["rm"].shape == (3,)
+    # ONNX's formulas in float64: per channel over the batch and spatial axes, the population
+    # variance, running = running * momentum + batch * (1 - momentum).
+    mean, var = inits["rm"].astype(np.float64), inits["rv"].astype(np.float64)
+    for step in range(3):
+        x, y = bn_batch(step)
+        xd = x.astype(np.float64)
+        bm, bv = xd.mean(axis=(0, 2, 3)), xd.var(axis=(0, 2, 3))
+        loss = ts.step(x, y)
+        if step == 0:
+            # The forward pass is normalised by the batch's statistics, not the running ones.
+            c = (1, 3, 1, 1)
+            z = (xd - bm.reshape(c)) / np.sqrt(bv.reshape(c) + 1e-5) * inits["scale"].reshape(c) + inits["shift"].reshape(c)
+            logits = z.reshape(4, 12) @ inits["w"].T.astype(np.float64) + inits["b"]
+            p = np.exp(logits - logits.max(1, keepdims=True))
+            p /= p.sum(1, keepdims=True)
+            want = -np.log(p[np.arange(4), y]).mean()
+            assert abs(loss - want) < 1e-5 * max(1.0, want), (loss, want)
+        mean, var = mean * 0.9 + bm * 0.1, var * 0.9 + bv * 0.1
+        stats = ts.running_stats()
+        np.testing.assert_allclose(stats["rm"], mean, rtol=1e-5, atol=1e-6, err_msg=f"step {step}")
+        np.testing.assert_allclose(stats["rv"], var, rtol=1e-5, atol=1e-6, err_msg=f"step {step}")
+    # New arrays each call: writing one changes nothing the session holds.
+    stats["rm"][:] = 0
+    np.testing.assert_allclose(ts.running_stats()["rm"], mean, rtol=1e-5, atol=1e-6)
+
+    # The saved model's initializers hold the statistics and the parameters now.
+    out = tmp_path / "bn-trained.onnx"
+    ts.save_onnx(out)
+    saved = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(out)).graph.initializer}
+    assert sorted(saved) == sorted(inits)
+    for name, value in [*ts.running_stats().items(), *ts.params().items()]:
+        np.testing.assert_array_equal(saved[name], value, err_msg=name)
+    assert not np.array_equal(saved["rm"], inits["rm"]) and not np.array_equal(saved["w"], inits["w"])
+
+    # A running statistic is updated by each step, not by the optimizer.
+    with pytest.raises(kiln.KilnError, match="`rm` is a running statistic"):
+        kiln.training.TrainSession(model, ["w", "rm"], logits="logits")
