@@ -428,7 +428,8 @@ fn grid_axis_taps(
     padding: GridPadding,
     align_corners: bool,
 ) -> Vec<(Option<usize>, f64)> {
-    let mut x = x.max(-GRID_COORD_BOUND).min(GRID_COORD_BOUND);
+    let mut x =
+        if x.is_nan() { -GRID_COORD_BOUND } else { x.clamp(-GRID_COORD_BOUND, GRID_COORD_BOUND) };
     if mode == ResizeMode::Nearest {
         x = x.round_ties_even();
     }

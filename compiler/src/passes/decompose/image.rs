@@ -159,31 +159,6 @@ fn permutations(n: usize) -> (Vec<Vec<usize>>, Vec<f64>) {
     (perms, signs)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::permutations;
-
-    /// Every permutation once, each sign its parity's (counted by inversions).
-    #[test]
-    fn permutations_are_all_and_signed() {
-        for n in 1..=4 {
-            let (perms, signs) = permutations(n);
-            assert_eq!(perms.len(), (1..=n).product::<usize>());
-            let mut sorted = perms.clone();
-            sorted.sort();
-            sorted.dedup();
-            assert_eq!(sorted.len(), perms.len());
-            for (p, s) in perms.iter().zip(&signs) {
-                let inversions = (0..n)
-                    .flat_map(|i| (i + 1..n).map(move |j| (i, j)))
-                    .filter(|&(i, j)| p[i] > p[j]);
-                let parity = if inversions.count() % 2 == 0 { 1.0 } else { -1.0 };
-                assert_eq!(*s, parity, "{p:?}");
-            }
-        }
-    }
-}
-
 /// The most pixels of AffineGrid's base grid (64 MiB of f32 rows of 4): past any real image.
 const AFFINE_GRID_PIXEL_LIMIT: usize = 1 << 22;
 
@@ -216,4 +191,29 @@ pub(super) fn affine_grid(
     let y = e.matmul("points", base, tt)?;
     let y = e.reshape("grid", y, &out)?;
     Ok(Some(vec![e.cast("result", y, dt)?]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::permutations;
+
+    /// Every permutation once, each sign its parity's (counted by inversions).
+    #[test]
+    fn permutations_are_all_and_signed() {
+        for n in 1..=4 {
+            let (perms, signs) = permutations(n);
+            assert_eq!(perms.len(), (1..=n).product::<usize>());
+            let mut sorted = perms.clone();
+            sorted.sort();
+            sorted.dedup();
+            assert_eq!(sorted.len(), perms.len());
+            for (p, s) in perms.iter().zip(&signs) {
+                let inversions = (0..n)
+                    .flat_map(|i| (i + 1..n).map(move |j| (i, j)))
+                    .filter(|&(i, j)| p[i] > p[j]);
+                let parity = if inversions.count() % 2 == 0 { 1.0 } else { -1.0 };
+                assert_eq!(*s, parity, "{p:?}");
+            }
+        }
+    }
 }
