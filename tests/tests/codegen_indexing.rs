@@ -595,6 +595,10 @@ fn grid_sample_types_workgroups_and_nan_points() {
     let x = Tensor::random(DType::F32, &[2, 8, 16, 16], 9);
     let grid = grid_points(&[2, 24, 24, 2], DType::F32, 10);
     check_op(op(ResizeMode::Linear, GridPadding::Zeros), x, vec![Input(grid)], 2, 1e-6);
+    // An image with no pixels reads zero padding everywhere.
+    let x = Tensor::zeros(DType::F32, &[1, 2, 0, 3]);
+    let grid = grid_points(&[1, 2, 2, 2], DType::F32, 12);
+    check_op(op(ResizeMode::Cubic, GridPadding::Zeros), x, vec![Input(grid)], 1, 0.0);
     // NaN coordinates read as far outside, on both.
     let x = Tensor::random(DType::F32, &[1, 1, 3, 3], 11);
     let grid =
