@@ -733,6 +733,8 @@ fn movement(n: &NodeDeps) -> Verdict {
                 return Err("expands the batch axis to a constant size".into());
             }
         }
+        // Each sample's image is read at that sample's points.
+        Op::GridSample { .. } => n.only(&[0, 1])?,
         op => return untraced(op),
     }
     n.leading_is_batch()

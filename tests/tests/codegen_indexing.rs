@@ -544,3 +544,66 @@ fn resize_large_upsample_in_workgroups() {
         0.0,
     );
 }
+
+// ----- GridSample -----
+
+/// A grid of `dims` (last axis the coordinates) spread over [-1.6, 1.6], so some points fall
+/// outside the image, with the edges (-1, 1), the centre and a pixel-centre tie placed exactly
+/// at the start.
+fn grid_points(dims: &[usize], dtype: DType, seed: u64) -> Tensor {
+    let mut v: Vec<f64> =
+        Tensor::random(DType::F64, dims, seed).to_f64s().into_iter().map(|g| g * 1.6).collect();
+    for (i, g) in [-1.0, 1.0, 0.0, -0.5, 1.0, -1.0].into_iter().enumerate() {
+        if let Some(slot) = v.get_mut(i) {
+            *slot = g;
+        }
+    }
+    Tensor::from_f64s(dtype, dims, &v).unwrap()
+}
+
+#[test]
+fn grid_sample_every_mode_padding_and_alignment() {
+    use kiln_ir::op::GridPadding;
+    for mode in [ResizeMode::Nearest, ResizeMode::Linear, ResizeMode::Cubic] {
+        for padding in [GridPadding::Zeros, GridPadding::Border, GridPadding::Reflection] {
+            for align_corners in [false, true] {
+                let op = Op::GridSample { mode, padding, align_corners };
+                let x = Tensor::random(DType::F32, &[2, 3, 5, 4], 1);
+                let grid = grid_points(&[2, 3, 6, 2], DType::F32, 2);
+                check_op(op.clone(), x, vec![Input(grid)], 1, 1e-6);
+                // Volumetric, with a 1-pixel axis (reflection folds it to its only pixel).
+                let x = Tensor::random(DType::F32, &[1, 2, 3, 1, 4], 3);
+                let grid = grid_points(&[1, 2, 3, 2, 3], DType::F32, 4);
+                check_op(op, x, vec![Input(grid)], 1, 1e-6);
+            }
+        }
+    }
+}
+
+#[test]
+fn grid_sample_types_workgroups_and_nan_points() {
+    use kiln_ir::op::GridPadding;
+    let op = |mode, padding| Op::GridSample { mode, padding, align_corners: false };
+    // f64 image and grid (coordinates in f64), f16 image with an f32 grid.
+    let x = Tensor::random(DType::F64, &[1, 2, 4, 4], 5);
+    let grid = grid_points(&[1, 3, 3, 2], DType::F64, 6);
+    check_op(op(ResizeMode::Cubic, GridPadding::Reflection), x, vec![Input(grid)], 1, 1e-12);
+    let x = Tensor::random(DType::F16, &[1, 2, 4, 4], 7);
+    let grid = grid_points(&[1, 3, 3, 2], DType::F32, 8);
+    check_op(op(ResizeMode::Linear, GridPadding::Border), x, vec![Input(grid)], 1, 1e-3);
+    // Large enough to be split into workgroups across threads.
+    let x = Tensor::random(DType::F32, &[2, 8, 16, 16], 9);
+    let grid = grid_points(&[2, 24, 24, 2], DType::F32, 10);
+    check_op(op(ResizeMode::Linear, GridPadding::Zeros), x, vec![Input(grid)], 2, 1e-6);
+    // An image with no pixels reads zero padding everywhere.
+    let x = Tensor::zeros(DType::F32, &[1, 2, 0, 3]);
+    let grid = grid_points(&[1, 2, 2, 2], DType::F32, 12);
+    check_op(op(ResizeMode::Cubic, GridPadding::Zeros), x, vec![Input(grid)], 1, 0.0);
+    // NaN coordinates read as far outside, on both.
+    let x = Tensor::random(DType::F32, &[1, 1, 3, 3], 11);
+    let grid =
+        Tensor::from_vec(&[1, 1, 3, 2], vec![f32::NAN, 0.0, 0.5, f32::NAN, 0.2, 0.3]).unwrap();
+    for padding in [GridPadding::Zeros, GridPadding::Border, GridPadding::Reflection] {
+        check_op(op(ResizeMode::Cubic, padding), x.clone(), vec![Input(grid.clone())], 1, 1e-6);
+    }
+}

@@ -22,6 +22,7 @@ fn decomposable(op: &Op) -> bool {
             | Op::CenterCropPad { .. }
             | Op::Col2Im(_)
             | Op::Det
+            | Op::AffineGrid { .. }
     )
 }
 
@@ -568,4 +569,14 @@ fn det_of_stacked_matrices_up_to_four_by_four() {
         one_node(Op::Det, DType::F32, &[2, 3, m, m], &[], 1e-4);
     }
     one_node(Op::Det, DType::F64, &[3, 3], &[], 1e-9);
+}
+
+#[test]
+fn affine_grid_2d_and_3d() {
+    for align_corners in [false, true] {
+        let op = Op::AffineGrid { align_corners };
+        one_node(op.clone(), DType::F32, &[2, 2, 3], &[Tensor::vector(&[2i64, 3, 4, 5])], 1e-6);
+        // A single-pixel axis sits at 0.
+        one_node(op, DType::F64, &[1, 3, 4], &[Tensor::vector(&[1i64, 1, 2, 1, 3])], 1e-12);
+    }
 }

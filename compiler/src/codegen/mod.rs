@@ -12,6 +12,7 @@
 mod contraction;
 pub(crate) mod elementwise;
 mod generate;
+mod grid;
 mod indexing;
 pub mod mlir;
 mod movement;
@@ -314,7 +315,11 @@ fn emit_node(em: &mut Emitter, id: NodeId) -> Result<()> {
         OpFamily::Movement => movement::emit(em, id),
         OpFamily::Indexing => indexing::emit(em, id),
         OpFamily::Generate => generate::emit(em, id),
-        OpFamily::Resize => resize::emit(em, id),
+        OpFamily::Resize => match em.graph.node(id).op {
+            kiln_ir::Op::GridSample { .. } => grid::emit(em, id),
+            // AffineGrid is decomposed; resize::emit refuses it, naming the node.
+            _ => resize::emit(em, id),
+        },
         // Elementwise nodes are emitted as chains (`emit_nodes`).
         OpFamily::Source
         | OpFamily::Elementwise

@@ -12,7 +12,8 @@
 //!   (and LogSoftmax) (`loss.rs`).
 //! - `CenterCropPad` becomes Slice and Pad, `Col2Im` (floats) a MatMul by a constant scatter
 //!   matrix, `Det` (matrices up to 4 x 4) its permutation expansion: Gather / ReduceProd /
-//!   ReduceSum (`image.rs`).
+//!   ReduceSum (`image.rs`), `AffineGrid` a MatMul of the constant base grid by the transposed
+//!   matrices (`image.rs`).
 //! - `QuantizeLinear` and `DequantizeLinear` become elementwise arithmetic with the scale shaped
 //!   to broadcast (`quantize.rs`): quantized models run, computing in f32, not yet on integer
 //!   kernels.
@@ -51,7 +52,10 @@ pub fn decompose(graph: &mut Graph, keep: fn(&Graph, NodeId) -> bool) -> Result<
         // rules for either.
         let decomposed =
             matches!(node.op.family(), OpFamily::Sequence | OpFamily::Loss | OpFamily::Quantize)
-                || matches!(node.op, Op::CenterCropPad { .. } | Op::Col2Im(_) | Op::Det);
+                || matches!(
+                    node.op,
+                    Op::CenterCropPad { .. } | Op::Col2Im(_) | Op::Det | Op::AffineGrid { .. }
+                );
         if !decomposed {
             continue;
         }
@@ -78,6 +82,7 @@ pub fn decompose(graph: &mut Graph, keep: fn(&Graph, NodeId) -> bool) -> Result<
             Op::CenterCropPad { axes } => image::center_crop_pad(&mut e, id, axes),
             Op::Col2Im(c) => image::col2im(&mut e, id, c),
             Op::Det => image::det(&mut e, id),
+            Op::AffineGrid { align_corners } => image::affine_grid(&mut e, id, *align_corners),
             _ => continue,
         };
         // A failure here is a bug in this pass, not in the model: say which node it was.

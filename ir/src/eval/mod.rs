@@ -23,7 +23,10 @@ mod window;
 
 pub use indexing::pad_axis;
 pub use quantize::{quantized_range, requant_multiplier, requantise};
-pub use resize::{resize_steps, ResizeStep};
+pub use resize::{
+    affine_grid_base, affine_grid_positions, grid_bounds, grid_cubic_weights, grid_denormalize,
+    grid_reflect, resize_steps, ResizeStep, GRID_COORD_BOUND, GRID_CUBIC_A,
+};
 
 use std::collections::HashMap;
 

@@ -1,11 +1,12 @@
 //! Resize, following ONNX's reference (onnx/reference/ops/op_resize.py): separable, one axis at a
 //! time in f64, each output coordinate mapped to the input, then a small kernel of neighbours
-//! (clamped to the edge) weighted by the mode's coefficients.
+//! (clamped to the edge) weighted by the mode's coefficients. GridSample and AffineGrid follow
+//! ONNX's definitions (and PyTorch's `grid_sample` and `affine_grid`, which they describe).
 
 use super::not_yet;
 use crate::error::{invalid, OpError};
 use crate::infer::{resize_plan, ResizePlan};
-use crate::op::{CoordinateTransform, NearestMode, Resize, ResizeMode};
+use crate::op::{CoordinateTransform, GridPadding, NearestMode, Resize, ResizeMode};
 use crate::{DType, Op, Tensor, TensorType};
 
 pub(super) fn eval(
@@ -15,6 +16,10 @@ pub(super) fn eval(
 ) -> Result<Vec<Tensor>, OpError> {
     match op {
         Op::Resize(r) => resize(r, operands, out_types),
+        Op::GridSample { mode, padding, align_corners } => {
+            grid_sample(*mode, *padding, *align_corners, operands, out_types)
+        }
+        Op::AffineGrid { align_corners } => affine_grid(*align_corners, operands, out_types),
         _ => not_yet(op),
     }
 }
@@ -326,4 +331,266 @@ fn apply_step(r: &Resize, step: &ResizeStep, data: &[f64], dims: &[usize]) -> Ve
         }
     }
     y
+}
+
+// ----- GridSample and AffineGrid -----
+
+/// Keys' cubic convolution coefficient of GridSample's cubic mode (PyTorch's, fixed by ONNX).
+pub const GRID_CUBIC_A: f64 = -0.75;
+
+/// How far from the origin (in pixels) a sampling coordinate may lie: farther ones are clamped
+/// to it, and NaN reads as its negative. Every tap's index then fits an i64, and a compiled
+/// kernel, which clamps the same way, reads the same pixels; at 2^40 pixels the clamp changes
+/// no point a real image can hold.
+pub const GRID_COORD_BOUND: f64 = (1u64 << 40) as f64;
+
+/// The pixel coordinate of normalised grid coordinate `g` along an axis of `d` pixels: -1 and 1
+/// are the outer pixels' centres with `align_corners`, their outer edges without.
+pub fn grid_denormalize(g: f64, d: usize, align_corners: bool) -> f64 {
+    let d = d as f64;
+    if align_corners {
+        (g + 1.0) / 2.0 * (d - 1.0)
+    } else {
+        ((g + 1.0) * d - 1.0) / 2.0
+    }
+}
+
+/// The range of pixel coordinates inside an axis of `d` pixels, which reflection folds into.
+pub fn grid_bounds(d: usize, align_corners: bool) -> (f64, f64) {
+    if align_corners {
+        (0.0, d as f64 - 1.0)
+    } else {
+        (-0.5, d as f64 - 0.5)
+    }
+}
+
+/// `x` reflected at `lo` and `hi` until it lies between them (an empty range folds to `lo`).
+pub fn grid_reflect(x: f64, lo: f64, hi: f64) -> f64 {
+    let span = hi - lo;
+    if span <= 0.0 {
+        return lo;
+    }
+    // An even number of whole folds leaves the point mirrored at the edge it crossed, an odd
+    // one at the other.
+    let folds = |past: f64| {
+        let n = (past / span).floor();
+        (past - n * span, n - 2.0 * (n / 2.0).floor() == 0.0)
+    };
+    if x < lo {
+        let (rest, even) = folds(lo - x);
+        if even {
+            lo + rest
+        } else {
+            hi - rest
+        }
+    } else if x > hi {
+        let (rest, even) = folds(x - hi);
+        if even {
+            hi - rest
+        } else {
+            lo + rest
+        }
+    } else {
+        x
+    }
+}
+
+/// Keys' cubic weights of the taps at `x0 - 1 .. x0 + 2` for a point `t` past `x0` (0 <= t < 1).
+pub fn grid_cubic_weights(t: f64) -> [f64; 4] {
+    let a = GRID_CUBIC_A;
+    let outer = |s: f64| ((a * s - 5.0 * a) * s + 8.0 * a) * s - 4.0 * a;
+    let inner = |s: f64| ((a + 2.0) * s - (a + 3.0)) * s * s + 1.0;
+    [outer(t + 1.0), inner(t), inner(1.0 - t), outer(2.0 - t)]
+}
+
+/// The pixel a tap at index `i` reads along an axis of `d` (> 0) pixels, `None` for zero.
+fn grid_pixel(i: f64, d: usize, padding: GridPadding, align_corners: bool) -> Option<usize> {
+    let last = d as f64 - 1.0;
+    let i = match padding {
+        GridPadding::Zeros if i < 0.0 || i > last => return None,
+        GridPadding::Zeros => i,
+        GridPadding::Border => i.clamp(0.0, last),
+        GridPadding::Reflection => {
+            let (lo, hi) = grid_bounds(d, align_corners);
+            grid_reflect(i, lo, hi).trunc().clamp(0.0, last)
+        }
+    };
+    Some(i as usize)
+}
+
+/// The taps (pixel, weight) of the point at pixel coordinate `x` along an axis of `d` (> 0)
+/// pixels: the coordinate is first brought inside by border or reflection padding (nearest
+/// rounds it half to even before), then each tap's index is padded again.
+fn grid_axis_taps(
+    x: f64,
+    d: usize,
+    mode: ResizeMode,
+    padding: GridPadding,
+    align_corners: bool,
+) -> Vec<(Option<usize>, f64)> {
+    let mut x =
+        if x.is_nan() { -GRID_COORD_BOUND } else { x.clamp(-GRID_COORD_BOUND, GRID_COORD_BOUND) };
+    if mode == ResizeMode::Nearest {
+        x = x.round_ties_even();
+    }
+    let (lo, hi) = grid_bounds(d, align_corners);
+    if x < lo || x > hi {
+        x = match padding {
+            GridPadding::Zeros => x,
+            GridPadding::Border => x.clamp(0.0, d as f64 - 1.0),
+            GridPadding::Reflection => grid_reflect(x, lo, hi),
+        };
+    }
+    let px = |i: f64| grid_pixel(i, d, padding, align_corners);
+    match mode {
+        ResizeMode::Nearest => vec![(px(x.trunc()), 1.0)],
+        ResizeMode::Linear => {
+            let x0 = x.floor();
+            let t = x - x0;
+            vec![(px(x0), 1.0 - t), (px(x0 + 1.0), t)]
+        }
+        ResizeMode::Cubic => {
+            let x0 = x.floor();
+            let w = grid_cubic_weights(x - x0);
+            (0..4).map(|k| (px(x0 + k as f64 - 1.0), w[k])).collect()
+        }
+    }
+}
+
+fn grid_sample(
+    mode: ResizeMode,
+    padding: GridPadding,
+    align_corners: bool,
+    operands: &[Option<&Tensor>],
+    out: &[TensorType],
+) -> Result<Vec<Tensor>, OpError> {
+    let x = operands.first().copied().flatten().ok_or("GridSample needs an input")?;
+    let grid = operands.get(1).copied().flatten().ok_or("GridSample needs a grid")?;
+    let out_dims = out
+        .first()
+        .and_then(|t| t.shape.as_fixed())
+        .ok_or("GridSample's result shape is unknown")?;
+    let xd = x.dims();
+    let (n, c, spatial) = (xd[0], xd[1], &xd[2..]);
+    let r = spatial.len();
+    let points: usize = grid.dims()[1..=r].iter().product();
+    let plane: usize = spatial.iter().product();
+    let total = n * c * points;
+    let mut y = vec![0.0; total];
+    if total > 0 && plane == 0 && padding != GridPadding::Zeros {
+        return Err(invalid!(
+            "cannot sample the empty input {} with {} padding",
+            x.ty(),
+            padding.name()
+        ));
+    }
+    if total > 0 && plane > 0 {
+        let xs = x.to_f64s();
+        let gs = grid.to_f64s();
+        // Coordinates are computed in the grid's precision, as PyTorch does (the reference
+        // rounds them to f32).
+        let wide = grid.dtype() == DType::F64;
+        let mut strides = vec![1usize; r];
+        for i in (0..r.saturating_sub(1)).rev() {
+            strides[i] = strides[i + 1] * spatial[i + 1];
+        }
+        for b in 0..n {
+            for p in 0..points {
+                let point = &gs[(b * points + p) * r..][..r];
+                // Axis i (outermost first) takes the point's coordinate r - 1 - i.
+                let taps: Vec<Vec<(Option<usize>, f64)>> = (0..r)
+                    .map(|i| {
+                        let mut xi = grid_denormalize(point[r - 1 - i], spatial[i], align_corners);
+                        if !wide {
+                            xi = xi as f32 as f64;
+                        }
+                        grid_axis_taps(xi, spatial[i], mode, padding, align_corners)
+                    })
+                    .collect();
+                for ch in 0..c {
+                    let image = &xs[(b * c + ch) * plane..][..plane];
+                    y[(b * c + ch) * points + p] = grid_combine(image, &taps, &strides);
+                }
+            }
+        }
+    }
+    Ok(vec![Tensor::from_f64s(x.dtype(), &out_dims, &y).map_err(OpError::from)?])
+}
+
+/// Σ over every combination of one tap per axis of the product of their weights times the
+/// pixel they address (zero where a tap reads outside with zero padding).
+fn grid_combine(image: &[f64], taps: &[Vec<(Option<usize>, f64)>], strides: &[usize]) -> f64 {
+    let Some((first, rest)) = taps.split_first() else { return 0.0 };
+    let mut sum = 0.0;
+    for &(i, w) in first {
+        let v = match (i, rest.is_empty()) {
+            (None, _) => 0.0,
+            (Some(i), true) => image[i],
+            (Some(i), false) => grid_combine(&image[i * strides[0]..], rest, &strides[1..]),
+        };
+        sum += w * v;
+    }
+    sum
+}
+
+/// The normalised positions of the pixel centres along an axis of `d` pixels, as AffineGrid
+/// lays them out: from -1 to 1 with `align_corners`, half a pixel inside them without; a
+/// single pixel sits at 0 (PyTorch's `affine_grid`).
+pub fn affine_grid_positions(d: usize, align_corners: bool) -> Vec<f64> {
+    (0..d)
+        .map(|i| match (d, align_corners) {
+            (1, _) => 0.0,
+            (_, true) => -1.0 + 2.0 * i as f64 / (d - 1) as f64,
+            (_, false) => -1.0 + (2 * i + 1) as f64 / d as f64,
+        })
+        .collect()
+}
+
+/// The homogeneous base grid of AffineGrid for the spatial `dims` (outermost first): one row
+/// `[x, y(, z), 1]` per pixel in row-major order, coordinates innermost axis first.
+pub fn affine_grid_base(dims: &[usize], align_corners: bool) -> Vec<f64> {
+    let r = dims.len();
+    let positions: Vec<Vec<f64>> =
+        dims.iter().map(|&d| affine_grid_positions(d, align_corners)).collect();
+    let pixels: usize = dims.iter().product();
+    let mut base = Vec::with_capacity(pixels * (r + 1));
+    let mut at = vec![0usize; r];
+    for _ in 0..pixels {
+        base.extend((0..r).rev().map(|i| positions[i][at[i]]));
+        base.push(1.0);
+        for i in (0..r).rev() {
+            at[i] += 1;
+            if at[i] < dims[i] {
+                break;
+            }
+            at[i] = 0;
+        }
+    }
+    base
+}
+
+fn affine_grid(
+    align_corners: bool,
+    operands: &[Option<&Tensor>],
+    out: &[TensorType],
+) -> Result<Vec<Tensor>, OpError> {
+    let theta = operands.first().copied().flatten().ok_or("AffineGrid needs theta")?;
+    let out_dims = out
+        .first()
+        .and_then(|t| t.shape.as_fixed())
+        .ok_or("AffineGrid's result shape is unknown")?;
+    let r = out_dims.len() - 2;
+    let spatial = &out_dims[1..=r];
+    let base = affine_grid_base(spatial, align_corners);
+    let th = theta.to_f64s();
+    let pixels: usize = spatial.iter().product();
+    let mut y = Vec::with_capacity(out_dims[0] * pixels * r);
+    for m in th.chunks_exact(r * (r + 1)).take(out_dims[0]) {
+        for b in base.chunks_exact(r + 1) {
+            for row in m.chunks_exact(r + 1) {
+                y.push(row.iter().zip(b).map(|(a, b)| a * b).sum());
+            }
+        }
+    }
+    Ok(vec![Tensor::from_f64s(theta.dtype(), &out_dims, &y).map_err(OpError::from)?])
 }

@@ -23,6 +23,7 @@ pub(crate) use generate::{range_count, shape_interval, window_size, Scalar};
 pub use indexing::{center_crop_pad_amounts, pad_amounts};
 pub use movement::{equal_split, slice_axis};
 pub(crate) use reduce::reduced_axes;
+pub use resize::GRID_MAX_SPATIAL;
 pub(crate) use resize::{resize_plan, ResizePlan};
 pub use window::{transpose_axis, Col2ImPlan, TransposeAxis};
 

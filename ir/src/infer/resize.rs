@@ -1,14 +1,18 @@
 //! Resize: `(x, roi?, scales?, sizes?) -> y`, following ONNX's reference implementation
 //! (onnx/reference/ops/op_resize.py) for output sizes, `axes` and `keep_aspect_ratio_policy`.
+//! GridSample `(x, grid) -> y` and AffineGrid `(theta, size) -> grid`, the resampling of spatial
+//! transformers and deformable attention.
 
 use super::{not_yet, Ctx, Infer, Operand, Operands};
 use crate::error::{invalid, OpError};
 use crate::op::{AspectRatioPolicy, CoordinateTransform, Resize, ResizeMode};
-use crate::{normalize_axis, Dim, Op, Shape, TensorType};
+use crate::{normalize_axis, Dim, Op, Shape, Tensor, TensorType};
 
 pub(super) fn infer(op: &Op, ops: &Operands, ctx: &Ctx) -> Infer {
     match op {
         Op::Resize(r) => resize(r, ops, ctx),
+        Op::GridSample { .. } => grid_sample(ops),
+        Op::AffineGrid { .. } => affine_grid(ops, ctx),
         _ => not_yet(op),
     }
 }
@@ -220,4 +224,114 @@ fn resize(r: &Resize, ops: &Operands, ctx: &Ctx) -> Infer {
         };
     }
     Ok(vec![TensorType::new(x.dtype, Shape(dims))])
+}
+
+/// The spatial ranks GridSample and AffineGrid take: 1-D to 3-D images (ONNX defines any rank;
+/// every model samples 2-D or 3-D ones, and a compiled kernel reads up to 4^r taps a point).
+pub const GRID_MAX_SPATIAL: usize = 3;
+
+/// GridSample: x `[N, C, D1..Dr]` (floats) and grid `[N, H1..Hr, r]` (floats) give
+/// `[N, C, H1..Hr]` of x's type.
+fn grid_sample(ops: &Operands) -> Infer {
+    let (x, grid) = (ops.get(0)?.ty, ops.get(1)?.ty);
+    if !x.dtype.is_float() {
+        return Err(invalid!("x must be a float tensor, got {x}"));
+    }
+    if !grid.dtype.is_float() {
+        return Err(invalid!("grid must be a float tensor, got {grid}"));
+    }
+    let r = x.rank().saturating_sub(2);
+    if !(1..=GRID_MAX_SPATIAL).contains(&r) {
+        return Err(invalid!(
+            "x must be [N, C, D1..Dr] with 1 to {GRID_MAX_SPATIAL} spatial axes, got {x}"
+        ));
+    }
+    if grid.rank() != r + 2 {
+        return Err(invalid!(
+            "grid must be [N, H1..H{r}, {r}] (rank {}) for x {x}, got {grid}",
+            r + 2
+        ));
+    }
+    let g = &grid.shape.0;
+    if let Dim::Fixed(k) = g[r + 1] {
+        if k != r {
+            return Err(invalid!(
+                "grid's last axis holds a point's {r} coordinates for x {x}, got {grid}"
+            ));
+        }
+    }
+    let n = match (&x.shape.0[0], &g[0]) {
+        (Dim::Fixed(p), Dim::Fixed(q)) if p != q => {
+            return Err(invalid!("x {x} and grid {grid} differ in batch size"));
+        }
+        (Dim::Sym(_), Dim::Fixed(_)) => g[0].clone(),
+        (a, _) => a.clone(),
+    };
+    let mut dims = vec![n, x.shape.0[1].clone()];
+    dims.extend(g[1..=r].iter().cloned());
+    Ok(vec![TensorType::new(x.dtype, Shape(dims))])
+}
+
+/// AffineGrid: theta `[N, r, r + 1]` (floats) and size `[N, C, D1..Dr]` (r = 2 or 3, its
+/// length) give `[N, D1..Dr, r]` of theta's type.
+fn affine_grid(ops: &Operands, ctx: &Ctx) -> Infer {
+    let (theta, size) = (ops.get(0)?.ty, ops.get(1)?);
+    if !theta.dtype.is_float() {
+        return Err(invalid!("theta must be a float tensor, got {theta}"));
+    }
+    if !size.ty.dtype.is_int() || size.ty.rank() != 1 {
+        return Err(invalid!("size must be a 1-D integer tensor, got {}", size.ty));
+    }
+    let r = match &size.ty.shape.0[0] {
+        Dim::Fixed(len @ (4 | 5)) => len - 2,
+        Dim::Fixed(len) => {
+            return Err(invalid!(
+                "size must be [N, C, H, W] or [N, C, D, H, W], got {len} entries"
+            ));
+        }
+        Dim::Sym(_) => match theta.shape.0.get(1) {
+            Some(Dim::Fixed(r @ (2 | 3))) => *r,
+            _ => return Err(invalid!("the grid's rank is unknown: size is {}", size.ty)),
+        },
+    };
+    let want = [r, r + 1];
+    let agrees = theta.rank() == 3
+        && theta.shape.0[1..].iter().zip(want).all(|(d, w)| d.fixed().is_none_or(|d| d == w));
+    if !agrees {
+        return Err(invalid!("theta must be [N, {}, {}] for a {r}-D grid, got {theta}", r, r + 1));
+    }
+    let mut dims = Vec::with_capacity(r + 2);
+    match size.value.map(Tensor::to_i64s) {
+        Some(v) => {
+            if v.len() != r + 2 {
+                return Err(invalid!(
+                    "size must hold {} entries for theta {theta}, got {v:?}",
+                    r + 2
+                ));
+            }
+            let mut fixed = Vec::with_capacity(r + 2);
+            for &d in &v {
+                fixed.push(
+                    usize::try_from(d)
+                        .map_err(|_| invalid!("size must not be negative, got {v:?}"))?,
+                );
+            }
+            if let Dim::Fixed(n) = theta.shape.0[0] {
+                if n != fixed[0] {
+                    return Err(invalid!("size {v:?} and theta {theta} differ in batch size"));
+                }
+            }
+            dims.push(Dim::Fixed(fixed[0]));
+            dims.extend(fixed[2..].iter().map(|&d| Dim::Fixed(d)));
+        }
+        None => {
+            dims.push(theta.shape.0[0].clone());
+            dims.extend((1..=r).map(|i| ctx.fresh(i)));
+        }
+    }
+    dims.push(Dim::Fixed(r));
+    if let Some(fixed) = Shape(dims.clone()).as_fixed() {
+        super::generate::checked_count(&fixed, theta.dtype, "the grid")?;
+    }
+    Ok(vec![TensorType::new(theta.dtype, Shape(dims))])
 }

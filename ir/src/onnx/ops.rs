@@ -298,6 +298,24 @@ pub(super) fn convert(im: &mut GraphImporter, node: &NodeProto, op_type: &str) -
         "Scatter" => generic_as(im, node, "ScatterElements", a, 1),
         "Upsample" => upsample(im, node, a, opset),
         "Resize" => resize(im, node, a, opset),
+        "GridSample" => {
+            // GridSample-16 names the modes bilinear and bicubic; 20 renamed them linear and
+            // cubic (and added 5-D inputs, which inference takes at any opset).
+            match a.remove("mode") {
+                Some(Attr::Str(m)) => {
+                    let m = match m.as_str() {
+                        "bilinear" => "linear".to_string(),
+                        "bicubic" => "cubic".to_string(),
+                        _ => m,
+                    };
+                    a.push("mode", Attr::Str(m));
+                }
+                // Anything else is left for from_attrs to refuse.
+                Some(other) => a.push("mode", other),
+                None => {}
+            }
+            generic(im, node, op_type, a, n_out)
+        }
         "RNN" | "GRU" | "LSTM" => {
             a.remove("output_sequence");
             rnn_activations(&mut a)?;

@@ -80,6 +80,7 @@ pub enum OpFamily {
     Indexing,
     /// Tensors made from shapes: Shape, Size, ConstantOfShape, Range, EyeLike.
     Generate,
+    /// Resize, GridSample, AffineGrid.
     Resize,
     /// Recurrent layers, attention, rotary embeddings.
     Sequence,
@@ -374,6 +375,18 @@ op_table! {
     SpaceToDepth { blocksize: usize = 0; "blocksize" as Size } => "SpaceToDepth", arity (1, 1), Root, Indexing;
     /// `(x, roi?, scales?, sizes?) -> y`.
     Resize(r: Resize) => "Resize", arity (1, 4), Root, Resize, shapes &[1, 2, 3];
+    /// `(x, grid) -> y`: x `[N, C, D1..Dr]` (r = 2 or 3) sampled at the normalised points of
+    /// `grid` `[N, H1..Hr, r]` (each point's coordinates innermost axis first, -1 and 1 the
+    /// edges: the outer pixels' centres with `align_corners`, else their outer borders), giving
+    /// `[N, C, H1..Hr]`. `mode` interpolates (linear, nearest rounding half to even, cubic with
+    /// Keys' a = -0.75); `padding` says what points and taps outside x read.
+    GridSample { mode: ResizeMode = ResizeMode::Linear; "mode" as Named, padding: GridPadding = GridPadding::Zeros; "padding_mode" as Named, align_corners: bool = false; "align_corners" as Flag }
+        => "GridSample", arity (2, 2), Root, Resize;
+    /// `(theta, size) -> grid`: the normalised sampling grid of GridSample for the affine maps
+    /// `theta` (`[N, 2, 3]` for `size = [N, C, H, W]`, `[N, 3, 4]` for `[N, C, D, H, W]`), each
+    /// output pixel's centre (x, y[, z]) in [-1, 1] mapped by its batch's matrix:
+    /// `[N, H, W, 2]` or `[N, D, H, W, 3]`.
+    AffineGrid { align_corners: bool = false; "align_corners" as Flag } => "AffineGrid", arity (2, 2), Root, Resize, shapes &[1];
     /// `(x) -> i64[rank, n]`, the indices of the non-zero elements.
     NonZero => "NonZero", arity (1, 1), Root, Indexing;
     /// `(x, condition) -> y`, the slices where `condition` holds (flattened without `axis`).

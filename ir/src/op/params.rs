@@ -94,6 +94,12 @@ named_enum! {
 }
 
 named_enum! {
+    /// What GridSample reads at points and taps outside its input: zeros, the nearest edge
+    /// pixel, or the input reflected at its borders.
+    GridPadding { Zeros = "zeros", Border = "border", Reflection = "reflection" }
+}
+
+named_enum! {
     /// How Resize maps an output coordinate to an input coordinate.
     CoordinateTransform {
         HalfPixel = "half_pixel",

@@ -9,6 +9,7 @@ mod ops;
 mod ops_collection;
 mod ops_control;
 mod ops_generate;
+mod ops_grid;
 mod ops_indexing;
 mod ops_sequence;
 mod ops_signal;

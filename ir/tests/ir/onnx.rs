@@ -92,7 +92,7 @@ pub(super) fn f32_init(name: &str, dims: &[i64], v: &[f32]) -> TensorProto {
     }
 }
 
-fn model(
+pub(super) fn model(
     opset: i64,
     nodes: Vec<NodeProto>,
     inputs: Vec<ValueInfoProto>,

@@ -1,5 +1,5 @@
-//! CenterCropPad as Slice and Pad, Col2Im as one MatMul by a constant 0/1 matrix, and Det as
-//! its permutation expansion: each rewrite is what `kiln_ir::eval` computes, once the shapes and
+//! CenterCropPad as Slice and Pad, Col2Im as one MatMul by a constant 0/1 matrix, Det as its
+//! permutation expansion, and AffineGrid as a MatMul of its constant base grid by the matrices: each rewrite is what `kiln_ir::eval` computes, once the shapes and
 //! the shape operands are constants (after specialisation).
 
 use kiln_ir::infer::{center_crop_pad_amounts, Col2ImPlan};
@@ -157,6 +157,40 @@ fn permutations(n: usize) -> (Vec<Vec<usize>>, Vec<f64>) {
         }
     }
     (perms, signs)
+}
+
+/// The most pixels of AffineGrid's base grid (64 MiB of f32 rows of 4): past any real image.
+const AFFINE_GRID_PIXEL_LIMIT: usize = 1 << 22;
+
+/// AffineGrid once its size is a constant: the base grid `[P, r + 1]` (one homogeneous pixel
+/// centre a row, `kiln_ir::eval::affine_grid_base`) times each `thetaᵀ` `[N, r + 1, r]` is
+/// `[N, P, r]`, viewed as `[N, D1..Dr, r]`.
+pub(super) fn affine_grid(
+    e: &mut Emit,
+    id: NodeId,
+    align_corners: bool,
+) -> Result<Option<Vec<ValueId>>> {
+    let ops = e.g.operands(id);
+    let Some(theta) = ops.first().copied().flatten() else { return Ok(None) };
+    if constant_ints(e, ops.get(1).copied().flatten()).is_none() {
+        return Ok(None);
+    }
+    let out = e.dims(ValueId::from(id))?;
+    let dt = e.dtype(theta);
+    let r = out.len().saturating_sub(2);
+    let spatial = &out[1..out.len() - 1];
+    let pixels: usize = spatial.iter().product();
+    if pixels > AFFINE_GRID_PIXEL_LIMIT {
+        return Ok(None);
+    }
+    let cd = compute_type(dt);
+    let base = kiln_ir::eval::affine_grid_base(spatial, align_corners);
+    let base = e.constant("base", Tensor::from_f64s(cd, &[pixels, r + 1], &base)?)?;
+    let th = e.cast("compute", theta, cd)?;
+    let tt = e.transpose("theta_t", th, &[0, 2, 1])?;
+    let y = e.matmul("points", base, tt)?;
+    let y = e.reshape("grid", y, &out)?;
+    Ok(Some(vec![e.cast("result", y, dt)?]))
 }
 
 #[cfg(test)]
