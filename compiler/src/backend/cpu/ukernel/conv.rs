@@ -382,8 +382,8 @@ pub(super) fn direct_split(
             return 0;
         }
         let lanes = direct_flat(shape, rows).div_ceil(cols) * cols;
-        let tiles = (channels.div_ceil(mr) * mr) as u64;
-        let macs = lanes as u64 * tiles * k * if cols == 48 { 100 } else { 106 } / 100;
+        let tile_rows = (channels.div_ceil(mr) * mr) as u64;
+        let macs = lanes as u64 * tile_rows * k * if cols == 48 { 100 } else { 106 } / 100;
         let padded = ((rows + reach) * pitch * c * phases) as u64;
         macs + 16 * padded
     };
@@ -408,7 +408,7 @@ pub(super) fn direct_split(
     }
 }
 
-/// How a convolution on the packed GEMM (pointwise, grouped) splits each image into at most
+/// How a one-group convolution on the packed GEMM (pointwise) splits each image into at most
 /// `want` work units, as (chunks, split_n): by columns (output positions: each unit packs its
 /// own columns of the input and reads every weight) or by rows (output channels: each unit packs
 /// all the input and reads its channels' weights). Weights packed at compile time are read from
@@ -428,8 +428,8 @@ pub(super) fn gemm_split(
         if rows == 0 || cols == 0 {
             return 0;
         }
-        let tiles = (rows.div_ceil(mr) * mr * cols.div_ceil(16) * 16 * k) as u64;
-        tiles + 8 * (rows * k) as u64 + 8 * (cols * k) as u64
+        let macs = (rows.div_ceil(mr) * mr * cols.div_ceil(16) * 16 * k) as u64;
+        macs + 8 * (rows * k) as u64 + 8 * (cols * k) as u64
     };
     let by_cols = want.clamp(1, n.div_ceil(NR).max(1));
     let cols_cost = busiest(
