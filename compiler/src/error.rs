@@ -155,16 +155,7 @@ impl CompileError {
 /// Any error and its causes, each once (a cause whose text is already there is not repeated),
 /// joined by `: `: what the conformance engine and Python's `KilnError` report.
 pub fn chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = e.to_string();
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        let s = c.to_string();
-        if !text.contains(&s) {
-            text.push_str(&format!(": {s}"));
-        }
-        cause = c.source();
-    }
-    text
+    kiln_ir::chain(e)
 }
 
 pub type Result<T, E = CompileError> = std::result::Result<T, E>;

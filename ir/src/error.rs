@@ -262,8 +262,9 @@ pub enum GradientOpError {
     Backward { y: String, error: crate::grad::GradError },
 }
 
-/// An error and its causes joined by `: `, each once, so a leaf shown inline keeps its causes.
-fn chain(e: &dyn std::error::Error) -> String {
+/// An error and its causes joined by `: `, each once (a cause whose text is already there is
+/// not repeated), so a leaf shown inline keeps its causes; the compiler's `chain` is this one.
+pub fn chain(e: &dyn std::error::Error) -> String {
     let mut text = e.to_string();
     let mut cause = e.source();
     while let Some(c) = cause {

@@ -63,7 +63,7 @@ pub mod text;
 pub mod train;
 
 pub use dtype::DType;
-pub use error::{AttrError, GradientOpError, IrError, OpError, Result, UnsupportedOp};
+pub use error::{chain, AttrError, GradientOpError, IrError, OpError, Result, UnsupportedOp};
 pub use graph::{Edge, Graph, Node, NodeId, ValueId};
 pub use half::{bf16, f16};
 pub use op::{BinaryOp, Op, UnaryOp};

@@ -21,7 +21,8 @@ fn strings(name: &str, v: &[&str]) -> AttributeProto {
     }
 }
 
-fn string(name: &str, v: &str) -> AttributeProto {
+/// A string attribute (the grid tests' too).
+pub(crate) fn string(name: &str, v: &str) -> AttributeProto {
     AttributeProto {
         name: Some(name.into()),
         r#type: Some(attribute_type::STRING),

@@ -3,11 +3,12 @@
 //! names; and the errors bad ranks, grids, types and modes give, naming the node.
 
 use kiln_ir::builder::GraphBuilder;
-use kiln_ir::onnx::proto::{attribute_type, data_type, AttributeProto};
+use kiln_ir::onnx::proto::data_type;
 use kiln_ir::op::{GridPadding, ResizeMode};
 use kiln_ir::{eval, DType, IrError, Op, Tensor};
 
 use super::onnx::{load, model, node, value};
+use super::onnx_training::string;
 use super::{assert_close, f32s};
 
 fn sample(mode: ResizeMode, padding: GridPadding, align_corners: bool) -> Op {
@@ -232,15 +233,6 @@ fn bad_operands_are_errors_naming_the_node() {
     )
     .unwrap();
     assert_close(&y, &[1, 1, 2, 2], &[0.0; 4], 0.0);
-}
-
-fn string(name: &str, v: &str) -> AttributeProto {
-    AttributeProto {
-        name: Some(name.into()),
-        r#type: Some(attribute_type::STRING),
-        s: Some(v.as_bytes().to_vec()),
-        ..Default::default()
-    }
 }
 
 fn grid_sample_model(opset: i64, mode: &str) -> Vec<u8> {
