@@ -356,6 +356,37 @@ fn normalisations() {
     check("layer_norm_two_axes", &[x.clone(), rand(&[3, 4], 4), rand(&[4], 5)], |_, x| {
         x[0].layer_norm(x[1], x[2], 1, 1e-3)
     });
+    // LayerNormalization's Mean and InvStdDev results read by the loss: with y, each alone
+    // (y then has no gradient), and over two axes.
+    let affine = [x.clone(), rand(&[4], 2), rand(&[4], 3)];
+    check("layer_norm_statistics", &affine, |g, x| {
+        let r = g.apply(
+            Op::LayerNorm { axis: -1, epsilon: 1e-2 },
+            &[Some(x[0]), Some(x[1]), Some(x[2])],
+            3,
+        );
+        r[0].add(r[1]).add(r[2].mul(r[2]))
+    });
+    check("layer_norm_mean", &affine, |g, x| {
+        let r = g.apply(
+            Op::LayerNorm { axis: -1, epsilon: 1e-2 },
+            &[Some(x[0]), Some(x[1]), Some(x[2])],
+            3,
+        );
+        r[1].mul(r[1])
+    });
+    check("layer_norm_inv_std", &affine, |g, x| {
+        let r = g.apply(
+            Op::LayerNorm { axis: -1, epsilon: 1e-2 },
+            &[Some(x[0]), Some(x[1]), Some(x[2])],
+            3,
+        );
+        r[2]
+    });
+    check("layer_norm_statistics_two_axes", &[x.clone(), rand(&[3, 4], 4)], |g, x| {
+        let r = g.apply(Op::LayerNorm { axis: 1, epsilon: 1e-2 }, &[Some(x[0]), Some(x[1])], 3);
+        r[0].add(r[1].mul(r[2]))
+    });
     let stats = [rand(&[3], 6), rand(&[3], 7), rand(&[3], 8), positive(&[3], 9)];
     let mut inputs = vec![rand(&[2, 3, 2, 2], 10)];
     inputs.extend(stats);
