@@ -554,6 +554,24 @@ def reduce_cases():
     cases.append(Case("ReduceSumSquare all keepdims 1", [node("ReduceSumSquare", ["x"], ["y"])],
                       {"x": g.f(2, 3)}, ["y"],
                       lambda t: (t["x"] ** 2).sum(dim=(0, 1), keepdim=True)))
+    cases.append(Case("ReduceL1 axes [2] keepdims 0", [node("ReduceL1", ["x"], ["y"],
+                                                            axes=[2], keepdims=0)],
+                      {"x": g.f(2, 3, 4)}, ["y"], lambda t: t["x"].abs().sum(dim=2)))
+    cases.append(Case("ReduceL2 axes [0,2] keepdims 1", [node("ReduceL2", ["x"], ["y"],
+                                                              axes=[0, 2])],
+                      {"x": g.f(2, 3, 4)}, ["y"],
+                      lambda t: (t["x"] ** 2).sum(dim=(0, 2), keepdim=True).sqrt()))
+    cases.append(Case("ReduceLogSum axes [1] keepdims 0", [node("ReduceLogSum", ["x"], ["y"],
+                                                                axes=[1], keepdims=0)],
+                      {"x": g.pos(2, 3, 4)}, ["y"], lambda t: t["x"].sum(dim=1).log()))
+    cases.append(Case("ReduceLogSumExp axes [-1] keepdims 0",
+                      [node("ReduceLogSumExp", ["x"], ["y"], axes=[-1], keepdims=0)],
+                      {"x": g.f(2, 3, 4)}, ["y"], lambda t: t["x"].logsumexp(dim=-1)))
+    cases.append(Case("ReduceMax axes [1] keepdims 0", [node("ReduceMax", ["x"], ["y"],
+                                                             axes=[1], keepdims=0)],
+                      {"x": g.f(2, 3, 4)}, ["y"], lambda t: t["x"].amax(dim=1)))
+    cases.append(Case("ReduceMin all keepdims 1", [node("ReduceMin", ["x"], ["y"])],
+                      {"x": g.f(3, 4)}, ["y"], lambda t: t["x"].amin(dim=(0, 1), keepdim=True)))
     return cases
 
 
