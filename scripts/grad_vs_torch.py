@@ -368,6 +368,12 @@ def window_cases():
     cases.append(Case("GlobalAveragePool", [node("GlobalAveragePool", ["x"], ["y"])],
                       {"x": g.f(2, 3, 4, 5)}, ["y"],
                       lambda t: t["x"].mean(dim=(2, 3), keepdim=True)))
+    cases.append(Case("GlobalMaxPool", [node("GlobalMaxPool", ["x"], ["y"])],
+                      {"x": g.f(2, 3, 4, 5)}, ["y"],
+                      lambda t: t["x"].amax(dim=(2, 3), keepdim=True)))
+    cases.append(Case("GlobalLpPool p 3", [node("GlobalLpPool", ["x"], ["y"], p=3)],
+                      {"x": g.f(2, 3, 4, 5)}, ["y"],
+                      lambda t: (t["x"].abs() ** 3).sum(dim=(2, 3), keepdim=True) ** (1 / 3)))
     return cases
 
 

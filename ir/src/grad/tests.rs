@@ -260,6 +260,15 @@ fn average_pools() {
         g.apply(pool(kind, 3, 2, &[0, 0, 1, 1], true), &[Some(x[0])], 1)[0]
     });
     check("global_avg_pool", &[x.clone()], |_, x| x[0].global_avg_pool());
+    check("global_max_pool", &[x.clone()], |g, x| {
+        g.apply(Op::GlobalPool(PoolKind::Max), &[Some(x[0])], 1)[0]
+    });
+    check("global_lp_pool_2", &[x.clone()], |g, x| {
+        g.apply(Op::GlobalPool(PoolKind::Lp { p: 2 }), &[Some(x[0])], 1)[0]
+    });
+    check("global_lp_pool_3", &[x.clone()], |g, x| {
+        g.apply(Op::GlobalPool(PoolKind::Lp { p: 3 }), &[Some(x[0])], 1)[0]
+    });
 }
 
 #[test]
