@@ -260,7 +260,7 @@ fn gradient_through_a_reshape_to_the_shape_of_x() {
 #[test]
 fn bad_gradient_nodes_are_errors_naming_the_node() {
     let f = |name: &str| value(name, data_type::FLOAT, &[3]);
-    // c = a + b, d = sum(c·a); e = sum(sin(a)); n = max(a) (no rules for Sin and ReduceMax)
+    // c = a + b, d = sum(c·a); e = sum(sin(a)); n = prod(a) (no rules for Sin and ReduceProd)
     let import = |grad: NodeProto| {
         let bytes = model(
             vec![
@@ -269,7 +269,7 @@ fn bad_gradient_nodes_are_errors_naming_the_node() {
                 sum("d", "ca", "d"),
                 node("Sin", "sin", &["a"], &["sin"], vec![]),
                 sum("e", "sin", "e"),
-                node("ReduceMax", "n", &["a"], &["n"], vec![int("keepdims", 0)]),
+                node("ReduceProd", "n", &["a"], &["n"], vec![int("keepdims", 0)]),
                 grad,
             ],
             vec![f("a"), f("b"), value("i", data_type::INT64, &[3])],
@@ -333,7 +333,7 @@ fn bad_gradient_nodes_are_errors_naming_the_node() {
     assert_eq!(leaf(&e), GradientOpError::OutputCount { xs: 1, got: 2 });
 
     // An op without a gradient rule on the way from an x to y: the backward graph's own error.
-    for (y, node, op) in [("e", "sin", "Sin"), ("n", "n", "ReduceMax")] {
+    for (y, node, op) in [("e", "sin", "Sin"), ("n", "n", "ReduceProd")] {
         let e = import(gradient("g", &["a"], &["out"], &["a"], &[], y));
         let GradientOpError::Backward { error, .. } = leaf(&e) else { panic!("{e:?}") };
         assert_eq!(error, GradError::NoRule { node: node.into(), op }, "{e}");
