@@ -1,0 +1,376 @@
+//! RNN, GRU and LSTM against finite differences: each direction, layout and cell option, with and
+//! without the optional operands, the loss reading each of the results; the refused cases'
+//! typed errors; and a two-GRU classifier end to end.
+
+use super::{check, ints, loss_op, positive, rand};
+use crate::builder::{GraphBuilder, Traced};
+use crate::grad::{append_backward, GradError, RuleError};
+use crate::op::{LossReduction, Rnn, RnnCell, RnnDirection};
+use crate::{eval, DType, Dim, Op, Tensor, ValueId};
+
+const SEQ: usize = 3;
+const BATCH: usize = 2;
+const INPUT: usize = 3;
+const HIDDEN: usize = 4;
+
+/// Which results the loss reads.
+#[derive(Clone, Copy, Debug)]
+enum Reads {
+    Y,
+    YH,
+    /// Y and Y_h.
+    Both,
+    /// LSTM's Y_c only.
+    YC,
+    /// Y, Y_h and, for LSTM, Y_c.
+    All,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Case {
+    cell: RnnCell,
+    direction: RnnDirection,
+    batch_first: bool,
+    bias: bool,
+    initial_h: bool,
+    /// LSTM only: initial_c and the peepholes.
+    initial_c: bool,
+    peepholes: bool,
+    reads: Reads,
+}
+
+impl Case {
+    fn new(cell: RnnCell, direction: RnnDirection) -> Case {
+        Case {
+            cell,
+            direction,
+            batch_first: false,
+            bias: true,
+            initial_h: true,
+            initial_c: false,
+            peepholes: false,
+            reads: Reads::Both,
+        }
+    }
+
+    fn op(&self) -> Op {
+        Op::Rnn(Rnn {
+            cell: self.cell,
+            direction: self.direction,
+            hidden_size: HIDDEN,
+            activations: Vec::new(),
+            clip: None,
+            batch_first: self.batch_first,
+        })
+    }
+
+    fn is_lstm(&self) -> bool {
+        matches!(self.cell, RnnCell::Lstm { .. })
+    }
+
+    fn dirs(&self) -> usize {
+        if self.direction == RnnDirection::Bidirectional {
+            2
+        } else {
+            1
+        }
+    }
+
+    fn gates(&self) -> usize {
+        match self.cell {
+            RnnCell::Simple => 1,
+            RnnCell::Gru { .. } => 3,
+            RnnCell::Lstm { .. } => 4,
+        }
+    }
+
+    /// X, W, R, then B, initial_h, initial_c and P where the case has them.
+    fn inputs(&self) -> Vec<Tensor> {
+        let (d, gh) = (self.dirs(), self.gates() * HIDDEN);
+        let x = if self.batch_first { [BATCH, SEQ, INPUT] } else { [SEQ, BATCH, INPUT] };
+        let state = if self.batch_first { [BATCH, d, HIDDEN] } else { [d, BATCH, HIDDEN] };
+        let mut v = vec![rand(&x, 31), rand(&[d, gh, INPUT], 32), rand(&[d, gh, HIDDEN], 33)];
+        if self.bias {
+            v.push(rand(&[d, 2 * gh], 34));
+        }
+        if self.initial_h {
+            v.push(rand(&state, 35));
+        }
+        if self.is_lstm() && self.initial_c {
+            v.push(rand(&state, 36));
+        }
+        if self.is_lstm() && self.peepholes {
+            v.push(rand(&[d, 3 * HIDDEN], 37));
+        }
+        v
+    }
+
+    /// The layer on `inputs` (as `inputs()` orders them) and the results the loss reads.
+    fn build<'g>(&self, g: &'g GraphBuilder, inputs: &[Traced<'g>]) -> Traced<'g> {
+        let mut next = inputs.iter().copied();
+        let (x, w, r) = (next.next(), next.next(), next.next());
+        let lstm = self.is_lstm();
+        let b = if self.bias { next.next() } else { None };
+        let h0 = if self.initial_h { next.next() } else { None };
+        let c0 = if lstm && self.initial_c { next.next() } else { None };
+        let p = if lstm && self.peepholes { next.next() } else { None };
+        let mut operands = vec![x, w, r, b, None, h0, c0, p];
+        while operands.last().is_some_and(Option::is_none) {
+            operands.pop();
+        }
+        let results = g.apply(self.op(), &operands, if lstm { 3 } else { 2 });
+        let flat = |t: Traced<'g>| t.reshape(&[-1]);
+        match self.reads {
+            Reads::Y => results[0],
+            Reads::YH => results[1],
+            Reads::YC => results[2],
+            Reads::Both => g.concat(&[flat(results[0]), flat(results[1])], 0),
+            Reads::All => g.concat(&results.iter().map(|&t| flat(t)).collect::<Vec<_>>(), 0),
+        }
+    }
+
+    fn check(self, name: &str) {
+        check(&format!("{name} {self:?}"), &self.inputs(), move |g, x| self.build(g, x));
+    }
+}
+
+const DIRECTIONS: [RnnDirection; 3] =
+    [RnnDirection::Forward, RnnDirection::Reverse, RnnDirection::Bidirectional];
+
+#[test]
+fn gru_each_direction_and_linear_before_reset() {
+    for direction in DIRECTIONS {
+        for linear_before_reset in [false, true] {
+            Case::new(RnnCell::Gru { linear_before_reset }, direction).check("gru");
+        }
+    }
+}
+
+#[test]
+fn gru_without_bias_or_initial_state_and_each_result() {
+    for linear_before_reset in [false, true] {
+        let cell = RnnCell::Gru { linear_before_reset };
+        let base = Case::new(cell, RnnDirection::Bidirectional);
+        Case { bias: false, ..base }.check("gru_no_bias");
+        Case { initial_h: false, ..base }.check("gru_no_initial_h");
+        Case { bias: false, initial_h: false, reads: Reads::Y, ..base }.check("gru_bare_y");
+        Case { reads: Reads::YH, ..base }.check("gru_y_h");
+        Case { reads: Reads::Y, direction: RnnDirection::Reverse, ..base }.check("gru_y");
+    }
+}
+
+#[test]
+fn gru_batch_first() {
+    for direction in DIRECTIONS {
+        let cell = RnnCell::Gru { linear_before_reset: true };
+        Case { batch_first: true, ..Case::new(cell, direction) }.check("gru_batch_first");
+    }
+}
+
+#[test]
+fn lstm_each_direction_with_peepholes_and_initial_cell() {
+    for direction in DIRECTIONS {
+        let base = Case::new(RnnCell::Lstm { input_forget: false }, direction);
+        Case { initial_c: true, peepholes: true, reads: Reads::All, ..base }.check("lstm");
+    }
+}
+
+#[test]
+fn lstm_options_and_each_result() {
+    let base = Case::new(RnnCell::Lstm { input_forget: false }, RnnDirection::Bidirectional);
+    let full = Case { initial_c: true, peepholes: true, reads: Reads::All, ..base };
+    Case { cell: RnnCell::Lstm { input_forget: true }, ..full }.check("lstm_input_forget");
+    Case { bias: false, initial_h: false, reads: Reads::Y, ..base }.check("lstm_bare_y");
+    Case { reads: Reads::YH, ..full }.check("lstm_y_h");
+    Case { reads: Reads::YC, direction: RnnDirection::Reverse, ..full }.check("lstm_y_c");
+    Case { batch_first: true, ..full }.check("lstm_batch_first");
+    Case { initial_c: true, ..base }.check("lstm_no_peepholes");
+}
+
+#[test]
+fn rnn_each_direction_and_option() {
+    for direction in DIRECTIONS {
+        let base = Case::new(RnnCell::Simple, direction);
+        base.check("rnn");
+        Case { bias: false, initial_h: false, reads: Reads::YH, ..base }.check("rnn_bare_y_h");
+        Case { batch_first: true, reads: Reads::Y, ..base }.check("rnn_batch_first");
+    }
+}
+
+/// The rule's error for a GRU built by `edit` from the plain forward one (X, W, R as inputs,
+/// further operands as `extra` adds them), the loss its Y_h.
+fn gru_error(
+    seq: Dim,
+    edit: impl Fn(&mut Rnn),
+    extra: impl for<'g> Fn(&'g GraphBuilder) -> Vec<Option<Traced<'g>>>,
+) -> GradError {
+    let g = GraphBuilder::new("gru_refused");
+    let x = g.input("x", DType::F64, vec![seq, BATCH.into(), INPUT.into()]);
+    let w = g.input("w", DType::F64, [1, 3 * HIDDEN, INPUT]);
+    let r = g.input("r", DType::F64, [1, 3 * HIDDEN, HIDDEN]);
+    let mut rnn = Rnn {
+        cell: RnnCell::Gru { linear_before_reset: false },
+        direction: RnnDirection::Forward,
+        hidden_size: HIDDEN,
+        activations: Vec::new(),
+        clip: None,
+        batch_first: false,
+    };
+    edit(&mut rnn);
+    let mut operands = vec![Some(x), Some(w), Some(r)];
+    operands.extend(extra(&g));
+    let y_h = g.apply(Op::Rnn(rnn), &operands, 2)[1].named("the_gru");
+    g.output("loss", y_h.reduce_sum(&[], false));
+    let mut graph = g.build().expect("builds");
+    let loss = graph.outputs()[0].1;
+    let w = ValueId::from(graph.node_by_name("w").expect("an input"));
+    append_backward(&mut graph, loss, &[w]).expect_err("refused")
+}
+
+fn rule_error(e: GradError) -> RuleError {
+    match e {
+        GradError::Rule { node, op, error } => {
+            assert_eq!((node.as_str(), op), ("the_gru", "GRU"));
+            error
+        }
+        other => panic!("not a rule's error: {other}"),
+    }
+}
+
+fn no_operands(_: &GraphBuilder) -> Vec<Option<Traced<'_>>> {
+    Vec::new()
+}
+
+/// No B, and lengths one step short for the second sequence.
+fn short_lens(g: &GraphBuilder) -> Vec<Option<Traced<'_>>> {
+    vec![None, Some(ints(g, &[BATCH], &[SEQ as i64, SEQ as i64 - 1]))]
+}
+
+#[test]
+fn unsupported_recurrent_layers_are_typed_errors() {
+    let fixed = || Dim::Fixed(SEQ);
+    let e = rule_error(gru_error(fixed(), |r| r.clip = Some(2.0), no_operands));
+    assert_eq!(e, RuleError::Unsupported { what: "a recurrent layer with clip" });
+    let e = rule_error(gru_error(
+        fixed(),
+        |r| r.activations = vec![crate::UnaryOp::Tanh, crate::UnaryOp::Tanh],
+        no_operands,
+    ));
+    assert!(matches!(e, RuleError::Unsupported { .. }), "{e}");
+    let e = rule_error(gru_error(fixed(), |_| {}, short_lens));
+    assert_eq!(
+        e,
+        RuleError::Unsupported {
+            what: "a recurrent layer's sequence_lens other than a constant of full lengths"
+        }
+    );
+    let e = rule_error(gru_error(Dim::sym("T"), |_| {}, no_operands));
+    assert!(matches!(e, RuleError::NeedsFixedShape { what: "the sequence length of X", .. }));
+}
+
+/// Constant sequence lengths that are all full change nothing, so the rule takes them.
+#[test]
+fn gru_with_full_constant_sequence_lens() {
+    let case = Case::new(RnnCell::Gru { linear_before_reset: false }, RnnDirection::Reverse);
+    check("gru_full_lens", &case.inputs(), |g, x| {
+        let lens = ints(g, &[BATCH], &[SEQ as i64; BATCH]);
+        let operands = [Some(x[0]), Some(x[1]), Some(x[2]), Some(x[3]), Some(lens), Some(x[4])];
+        let results = g.apply(case.op(), &operands, 2);
+        g.concat(&[results[0].reshape(&[-1]), results[1].reshape(&[-1])], 0)
+    });
+}
+
+/// Two GRUs in sequence, as the seed model has them: a bidirectional GRU whose two directions'
+/// states feed a second GRU, whose final state feeds a linear head and a softmax cross-entropy.
+fn two_grus<'g>(
+    g: &'g GraphBuilder,
+    x: Traced<'g>,
+    labels: Traced<'g>,
+    p: &[Traced<'g>],
+) -> Traced<'g> {
+    let gru = |direction, linear_before_reset| {
+        Op::Rnn(Rnn {
+            cell: RnnCell::Gru { linear_before_reset },
+            direction,
+            hidden_size: HIDDEN,
+            activations: Vec::new(),
+            clip: None,
+            batch_first: false,
+        })
+    };
+    let first = g.apply(
+        gru(RnnDirection::Bidirectional, false),
+        &[Some(x), Some(p[0]), Some(p[1]), Some(p[2])],
+        2,
+    )[0];
+    // [seq, 2, batch, hidden] to [seq, batch, 2 * hidden].
+    let both = first.transpose(&[0, 2, 1, 3]).reshape(&[SEQ as i64, -1, 2 * HIDDEN as i64]);
+    let second = g.apply(
+        gru(RnnDirection::Forward, true),
+        &[Some(both), Some(p[3]), Some(p[4]), Some(p[5])],
+        2,
+    )[1];
+    let logits = second.squeeze(&[0]).matmul(p[6]).add(p[7]);
+    g.apply(loss_op(true, LossReduction::Mean, None), &[Some(logits), Some(labels)], 1)[0]
+}
+
+fn two_gru_params() -> Vec<Tensor> {
+    let gh = 3 * HIDDEN;
+    vec![
+        rand(&[2, gh, INPUT], 41),
+        rand(&[2, gh, HIDDEN], 42),
+        rand(&[2, 2 * gh], 43),
+        rand(&[1, gh, 2 * HIDDEN], 44),
+        rand(&[1, gh, HIDDEN], 45),
+        rand(&[1, 2 * gh], 46),
+        rand(&[HIDDEN, 3], 47),
+        positive(&[3], 48),
+    ]
+}
+
+#[test]
+fn two_grus_and_a_classifier_end_to_end() {
+    check("two_grus", &two_gru_params(), |g, p| {
+        let x = g.anon_constant(rand(&[SEQ, BATCH, INPUT], 40));
+        let labels = ints(g, &[BATCH], &[2, 0]);
+        two_grus(g, x, labels, p)
+    });
+}
+
+/// The two GRUs with the batch as a symbol and the weights as constants: the backward graph
+/// builds, and on a concrete batch gives the fixed-batch graph's gradients.
+#[test]
+fn two_grus_with_a_symbolic_batch() {
+    let params = two_gru_params();
+    let run = |batch: Dim| {
+        let g = GraphBuilder::new("two_grus_symbolic");
+        let x = g.input("x", DType::F64, vec![SEQ.into(), batch.clone(), INPUT.into()]);
+        let labels = g.input("labels", DType::I64, vec![batch]);
+        let p: Vec<Traced> = params
+            .iter()
+            .enumerate()
+            .map(|(i, t)| g.constant(&format!("p{i}"), t.clone()))
+            .collect();
+        g.output("loss", two_grus(&g, x, labels, &p));
+        let mut graph = g.build().expect("builds");
+        let loss = graph.outputs()[0].1;
+        let wrt: Vec<ValueId> = (0..params.len())
+            .map(|i| ValueId::from(graph.node_by_name(&format!("p{i}")).expect("constant")))
+            .collect();
+        let d = append_backward(&mut graph, loss, &wrt).unwrap_or_else(|e| panic!("{e:?}"));
+        for (i, v) in d.into_iter().enumerate() {
+            graph.add_output(&format!("d{i}"), v).expect("output");
+        }
+        let x = rand(&[SEQ, BATCH, INPUT], 40);
+        let labels = Tensor::from_vec(&[BATCH], vec![2i64, 0]).expect("labels");
+        eval::run(&graph, &[x, labels]).expect("runs")
+    };
+    let (symbolic, fixed) = (run(Dim::sym("N")), run(Dim::Fixed(BATCH)));
+    assert_eq!(symbolic.len(), 1 + params.len());
+    for (s, f) in symbolic.iter().zip(&fixed) {
+        assert_eq!(s.dims(), f.dims());
+        for (a, b) in s.to_f64s().iter().zip(f.to_f64s()) {
+            assert!((a - b).abs() <= 1e-12, "{a} vs {b}");
+        }
+    }
+}
