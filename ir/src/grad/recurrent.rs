@@ -66,8 +66,8 @@ struct Bptt<'g> {
     rec_in: Vec<Vec<Traced<'g>>>,
     /// Peephole gradients i, o, f, summed over the steps and the batch: [3 * hidden].
     peepholes: Option<Traced<'g>>,
+    /// The gradients of the initial states (the cell state's for LSTM only).
     dh0: Traced<'g>,
-    /// LSTM's cell state's.
     dc0: Option<Traced<'g>>,
 }
 
@@ -108,7 +108,7 @@ fn recurrent<'g>(r: &Rnn, s: &Step<'_, 'g>) -> Result<Grads<'g>, RuleError> {
         return Err(RuleError::Unsupported { what: "a recurrent weight R that is not 3-D" });
     };
     fixed_dims(w, "W")?;
-    if seq == 0 || hidden == 0 || rows != gates * hidden {
+    if seq == 0 || hidden == 0 || num_dirs == 0 || rows != gates * hidden {
         return Err(RuleError::Unsupported {
             what: "a recurrent layer with an empty sequence or hidden state",
         });
@@ -187,20 +187,24 @@ fn recurrent<'g>(r: &Rnn, s: &Step<'_, 'g>) -> Result<Grads<'g>, RuleError> {
             }
             v
         };
-        let pre: Vec<Traced<'g>> = b.pre.into_iter().map(|g| stack(in_time(g))).collect();
-        let pre = concat(&pre, 2);
-        if s.needs(X) {
+        // Only what some needed gradient reads is stacked (initial_h's alone needs neither).
+        let pre = (s.needs(X) || s.needs(W) || s.needs(B)).then(|| {
+            let pre: Vec<Traced<'g>> = b.pre.into_iter().map(|g| stack(in_time(g))).collect();
+            concat(&pre, 2)
+        });
+        let rec = (s.needs(R) || s.needs(B))
+            .then(|| b.rec.into_iter().map(stack).collect::<Vec<Traced<'g>>>());
+        if let (true, Some(pre)) = (s.needs(X), pre) {
             let dxd = pre.matmul(wd);
             dx = Some(match dx {
                 Some(sum) => dxd.add(sum),
                 None => dxd,
             });
         }
-        if s.needs(W) {
+        if let (true, Some(pre)) = (s.needs(W), pre) {
             dw.push(pre.transpose(&[0, 2, 1]).matmul(x_tm).reduce_sum(&[0], false));
         }
-        let rec: Vec<Traced<'g>> = b.rec.into_iter().map(stack).collect();
-        if s.needs(R) {
+        if let (true, Some(rec)) = (s.needs(R), &rec) {
             let per_gate: Vec<Traced<'g>> = rec
                 .iter()
                 .zip(b.rec_in)
@@ -208,7 +212,7 @@ fn recurrent<'g>(r: &Rnn, s: &Step<'_, 'g>) -> Result<Grads<'g>, RuleError> {
                 .collect();
             dr.push(concat(&per_gate, 0));
         }
-        if s.needs(B) {
+        if let (true, Some(pre), Some(rec)) = (s.needs(B), pre, &rec) {
             let mut parts = vec![pre.reduce_sum(&[0, 1], false)];
             parts.extend(rec.iter().map(|g| g.reduce_sum(&[0, 1], false)));
             db.push(concat(&parts, 0));

@@ -132,6 +132,20 @@ impl Case {
     fn check(self, name: &str) {
         check(&format!("{name} {self:?}"), &self.inputs(), move |g, x| self.build(g, x));
     }
+
+    /// Checks the gradient of input `k` alone, the others constants: the rule builds only what
+    /// the gradients asked for need.
+    fn check_only(self, name: &str, k: usize) {
+        let all = self.inputs();
+        check(&format!("{name} {self:?}"), &all[k..=k], |g, x| {
+            let inputs: Vec<Traced> = all
+                .iter()
+                .enumerate()
+                .map(|(i, t)| if i == k { x[0] } else { g.anon_constant(t.clone()) })
+                .collect();
+            self.build(g, &inputs)
+        });
+    }
 }
 
 const DIRECTIONS: [RnnDirection; 3] =
@@ -156,6 +170,21 @@ fn gru_without_bias_or_initial_state_and_each_result() {
         Case { bias: false, initial_h: false, reads: Reads::Y, ..base }.check("gru_bare_y");
         Case { reads: Reads::YH, ..base }.check("gru_y_h");
         Case { reads: Reads::Y, direction: RnnDirection::Reverse, ..base }.check("gru_y");
+    }
+}
+
+#[test]
+fn gru_one_gradient_at_a_time() {
+    let case = Case::new(RnnCell::Gru { linear_before_reset: true }, RnnDirection::Bidirectional);
+    // X, W, R, B, initial_h.
+    for k in 0..5 {
+        case.check_only(&format!("gru_only_{k}"), k);
+    }
+    let lstm = Case::new(RnnCell::Lstm { input_forget: false }, RnnDirection::Reverse);
+    let lstm = Case { initial_c: true, peepholes: true, reads: Reads::All, ..lstm };
+    // initial_c and P.
+    for k in 5..7 {
+        lstm.check_only(&format!("lstm_only_{k}"), k);
     }
 }
 
@@ -371,6 +400,91 @@ fn two_grus_with_a_symbolic_batch() {
         assert_eq!(s.dims(), f.dims());
         for (a, b) in s.to_f64s().iter().zip(f.to_f64s()) {
             assert!((a - b).abs() <= 1e-12, "{a} vs {b}");
+        }
+    }
+}
+
+/// The seed's model in small: two GRUs (linear_before_reset, as PyTorch's) over two inputs that
+/// nothing connects, one batch-first; their final states side by side feed a linear head and a
+/// softmax cross-entropy.
+fn parallel_grus<'g>(g: &'g GraphBuilder, x: [Traced<'g>; 2], p: &[Traced<'g>]) -> Traced<'g> {
+    let mut states = Vec::new();
+    for (i, x) in x.into_iter().enumerate() {
+        let rnn = Rnn {
+            cell: RnnCell::Gru { linear_before_reset: true },
+            direction: RnnDirection::Forward,
+            hidden_size: HIDDEN,
+            activations: Vec::new(),
+            clip: None,
+            batch_first: i == 1,
+        };
+        let w = [Some(x), Some(p[3 * i]), Some(p[3 * i + 1]), Some(p[3 * i + 2])];
+        let y_h = g.apply(Op::Rnn(rnn), &w, 2)[1];
+        // [1, batch, hidden] or batch-first [batch, 1, hidden], to [batch, hidden].
+        states.push(y_h.squeeze(&[if i == 1 { 1 } else { 0 }]));
+    }
+    let logits = g.concat(&states, 1).matmul(p[6]).add(p[7]);
+    let labels = ints(g, &[BATCH], &[1, 2]);
+    g.apply(loss_op(true, LossReduction::Mean, None), &[Some(logits), Some(labels)], 1)[0]
+}
+
+fn parallel_gru_params() -> Vec<Tensor> {
+    let gh = 3 * HIDDEN;
+    let mut p = Vec::new();
+    for i in 0..2 {
+        p.push(rand(&[1, gh, INPUT], 51 + 3 * i));
+        p.push(rand(&[1, gh, HIDDEN], 52 + 3 * i));
+        p.push(rand(&[1, 2 * gh], 53 + 3 * i));
+    }
+    p.push(rand(&[2 * HIDDEN, 3], 57));
+    p.push(rand(&[3], 58));
+    p
+}
+
+fn parallel_gru_inputs() -> [Tensor; 2] {
+    [rand(&[SEQ, BATCH, INPUT], 49), rand(&[BATCH, SEQ, INPUT], 50)]
+}
+
+#[test]
+fn two_parallel_grus_as_the_seed_has_them() {
+    check("parallel_grus", &parallel_gru_params(), |g, p| {
+        let [a, b] = parallel_gru_inputs().map(|t| g.anon_constant(t));
+        parallel_grus(g, [a, b], p)
+    });
+}
+
+/// The same model in f32, as the seed runs it: f32 gradients, equal to the f64 ones to f32's
+/// precision.
+#[test]
+fn two_parallel_grus_in_f32() {
+    let run = |dtype: DType| {
+        let g = GraphBuilder::new("parallel_grus_f32");
+        let [a, b] = parallel_gru_inputs().map(|t| g.anon_constant(t.cast(dtype)));
+        let p: Vec<Traced> = parallel_gru_params()
+            .into_iter()
+            .enumerate()
+            .map(|(i, t)| g.constant(&format!("p{i}"), t.cast(dtype)))
+            .collect();
+        g.output("loss", parallel_grus(&g, [a, b], &p));
+        let count = p.len();
+        let mut graph = g.build().expect("builds");
+        let loss = graph.outputs()[0].1;
+        let wrt: Vec<ValueId> = (0..count)
+            .map(|i| ValueId::from(graph.node_by_name(&format!("p{i}")).expect("constant")))
+            .collect();
+        let d = append_backward(&mut graph, loss, &wrt).unwrap_or_else(|e| panic!("{e:?}"));
+        for (i, v) in d.into_iter().enumerate() {
+            assert_eq!(graph.value_type(v).dtype, dtype);
+            graph.add_output(&format!("d{i}"), v).expect("output");
+        }
+        eval::run(&graph, &[]).expect("runs")
+    };
+    let (single, double) = (run(DType::F32), run(DType::F64));
+    assert_eq!(single.len(), 1 + parallel_gru_params().len());
+    for (s, d) in single.iter().zip(&double) {
+        assert_eq!(s.dtype(), DType::F32);
+        for (a, b) in s.to_f64s().iter().zip(d.to_f64s()) {
+            assert!((a - b).abs() <= 1e-5 * (1.0 + b.abs()), "f32 {a} vs f64 {b}");
         }
     }
 }
