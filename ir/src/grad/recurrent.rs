@@ -271,6 +271,7 @@ fn or_zeros<'g>(d: Option<Traced<'g>>, like: Traced<'g>) -> Result<Traced<'g>, R
     }
 }
 
+/// `b` plus a gradient that may have had no contribution yet.
 fn plus<'g>(a: Option<Traced<'g>>, b: Traced<'g>) -> Traced<'g> {
     match a {
         Some(a) => a.add(b),
@@ -310,10 +311,11 @@ fn state_grad<'g>(
 
 /// RNN: h' = tanh(x Wᵀ + h Rᵀ + Wb + Rb).
 fn simple<'g>(dir: &Direction<'g>) -> Result<Bptt<'g>, RuleError> {
+    let rt = dir.r[0].transpose(&[1, 0]);
     let mut states = Vec::with_capacity(dir.order.len());
     let mut h = dir.h0;
     for &t in &dir.order {
-        let next = dir.x_proj[0][t].add(h.matmul(dir.r[0].transpose(&[1, 0]))).tanh();
+        let next = dir.x_proj[0][t].add(h.matmul(rt)).tanh();
         states.push((h, next));
         h = next;
     }
