@@ -1,12 +1,14 @@
 //! Gradients of the recurrent layers RNN, GRU and LSTM, by back-propagation through time.
 //!
-//! The node's results hold only the hidden states, so the rule unrolls the layer again over its
-//! (fixed) sequence length, recomputing each step's gates from the operands as the interpreter
-//! does (`eval/sequence.rs`; gate order GRU z, r, h and LSTM i, o, f, c), then walks the steps
-//! backwards, carrying the gradient of the state. Each step's gate pre-activation gradients are
-//! stacked over time, so the weight gradients are one batched MatMul per direction summed over
-//! time, and the input's one MatMul. The batch may be symbolic; the sequence, input and hidden
-//! sizes must be fixed.
+//! The layer is unrolled over its (fixed) sequence length. Its hidden states are its result Y, so
+//! the state before each step is the previous step's Y (or the initial state), and every step's
+//! gates are recomputed at once from them, as the interpreter computes them
+//! (`eval/sequence.rs`; gate order GRU z, r, h and LSTM i, o, f, c); only LSTM's cell state,
+//! which Y does not hold, is recomputed step by step (elementwise). Then the steps are walked
+//! backwards, carrying the gradient of the state (and cell state). Each step's gate
+//! pre-activation gradients are stacked over time, so the weight gradients are one batched
+//! MatMul per direction summed over time, and the input's one MatMul. The batch may be symbolic;
+//! the sequence, input and hidden sizes must be fixed.
 //!
 //! Refused with a typed error: `sequence_lens` other than a constant of full lengths, activations
 //! other than ONNX's defaults, and `clip`.
@@ -33,15 +35,17 @@ const INITIAL_H: usize = 5;
 const INITIAL_C: usize = 6;
 const P: usize = 7;
 
-/// What one direction's cell sees: its gates' weights and input projections, its initial state and
-/// the gradients arriving from the layer's results.
+/// What one direction's cell sees: its gates' weights and input projections, its states and the
+/// gradients arriving from the layer's results. Values over time are [seq, batch, hidden] in time
+/// order; a step's are [batch, hidden].
 struct Direction<'g> {
+    seq: usize,
     /// Time indices in the order the steps run (descending for the reverse direction).
     order: Vec<usize>,
     /// Per gate, its rows of R: [hidden, hidden].
     r: Vec<Traced<'g>>,
-    /// Per gate, by time, `x W_gᵀ` plus the biases that add to it: [batch, hidden].
-    x_proj: Vec<Vec<Traced<'g>>>,
+    /// Per gate, over time, `x W_gᵀ` plus the biases that add to it.
+    x_proj: Vec<Traced<'g>>,
     /// GRU with `linear_before_reset`: the candidate's recurrent bias, applied inside the reset
     /// product.
     candidate_r_bias: Option<Traced<'g>>,
@@ -49,21 +53,28 @@ struct Direction<'g> {
     peepholes: Option<[Traced<'g>; 3]>,
     h0: Traced<'g>,
     c0: Traced<'g>,
-    /// By time, this direction's slice of the gradient of Y: [batch, hidden].
+    /// Over time, the hidden state after each step (this direction's Y) and before it (the
+    /// previous step's, or the initial state): the forward's own results, so no step waits for
+    /// another to recompute them.
+    after: Traced<'g>,
+    before: Traced<'g>,
+    /// By time, this direction's slice of the gradient of Y.
     dy: Vec<Option<Traced<'g>>>,
     dy_h: Option<Traced<'g>>,
     dy_c: Option<Traced<'g>>,
 }
 
-/// One direction's gradients, by gate and in step order (the order `Direction::order` gives).
+/// One direction's gradients, per gate by time (stacked by the caller, only where a gradient it
+/// needs reads them).
 struct Bptt<'g> {
     /// Per gate: the gradient of its pre-activation, which is also that of `x W_gᵀ` and of the
-    /// input biases: [batch, hidden] each step.
+    /// input biases.
     pre: Vec<Vec<Traced<'g>>>,
     /// Per gate: the gradient of its recurrent product `rec_in R_gᵀ` (and recurrent bias), and
-    /// `rec_in`. The same as `pre` and the state before the step, except GRU's candidate.
+    /// `rec_in` over time. The same as `pre` and the state before the step, except GRU's
+    /// candidate.
     rec: Vec<Vec<Traced<'g>>>,
-    rec_in: Vec<Vec<Traced<'g>>>,
+    rec_in: Vec<Traced<'g>>,
     /// Peephole gradients i, o, f, summed over the steps and the batch: [3 * hidden].
     peepholes: Option<Traced<'g>>,
     /// The gradients of the initial states (the cell state's for LSTM only).
@@ -122,7 +133,8 @@ fn recurrent<'g>(r: &Rnn, s: &Step<'_, 'g>) -> Result<Grads<'g>, RuleError> {
     let x_tm = swap01(x);
     let h0 = operand(INITIAL_H).map(swap01);
     let c0 = if is_lstm { operand(INITIAL_C).map(swap01) } else { None };
-    let dy = grad(0).map(|d| if r.batch_first { d.transpose(&[1, 2, 0, 3]) } else { d });
+    let time_major = |t: Traced<'g>| if r.batch_first { t.transpose(&[1, 2, 0, 3]) } else { t };
+    let (y, dy) = (time_major(s.outputs[0]), grad(0).map(time_major));
     let (dy_h, dy_c) = (grad(1).map(swap01), if is_lstm { grad(2).map(swap01) } else { None });
     let bias = operand(B);
     let peep = if is_lstm { operand(P) } else { None };
@@ -150,13 +162,23 @@ fn recurrent<'g>(r: &Rnn, s: &Step<'_, 'g>) -> Result<Grads<'g>, RuleError> {
                     proj.add(wb.add(rb))
                 };
             }
-            let steps = if seq == 1 { vec![proj] } else { proj.split(0, &vec![1; seq]) };
-            x_proj.push(steps.into_iter().map(|t| t.squeeze(&[0])).collect::<Vec<_>>());
+            x_proj.push(proj);
         }
-        let zeros = zeros_like(x_proj[0][0])?;
         let reverse = r.direction == RnnDirection::Reverse || d == 1;
         let di = d as i64;
+        let after = y.slice(&[di], &[di + 1], &[1], &[1]).squeeze(&[1]);
+        let zeros = zeros_like(after.slice(&[0], &[1], &[0], &[1]).squeeze(&[0]))?;
+        let h0 = h0.map_or(zeros, pick);
+        // Each step starts from the state the previous step (in its direction) ended with.
+        let first = h0.unsqueeze(&[0]);
+        let last = seq as i64;
+        let before = match (seq, reverse) {
+            (1, _) => first,
+            (_, false) => s.g.concat(&[first, after.slice(&[0], &[last - 1], &[0], &[1])], 0),
+            (_, true) => s.g.concat(&[after.slice(&[1], &[last], &[0], &[1]), first], 0),
+        };
         let dir = Direction {
+            seq,
             order: if reverse { (0..seq).rev().collect() } else { (0..seq).collect() },
             r: r_gates,
             x_proj,
@@ -165,12 +187,17 @@ fn recurrent<'g>(r: &Rnn, s: &Step<'_, 'g>) -> Result<Grads<'g>, RuleError> {
                 let p = pick(p);
                 [rows_of(p, 0), rows_of(p, h), rows_of(p, 2 * h)]
             }),
-            h0: h0.map_or(zeros, pick),
+            h0,
             c0: c0.map_or(zeros, pick),
-            dy: (0..seq as i64)
-                .map(|t| dy.map(|dy| dy.slice(&[t, di], &[t + 1, di + 1], &[0, 1], &[1, 1])))
-                .map(|t| t.map(|t| t.squeeze(&[0, 1])))
-                .collect(),
+            after,
+            before,
+            dy: match dy {
+                Some(dy) => by_time(dy.slice(&[di], &[di + 1], &[1], &[1]).squeeze(&[1]), seq)
+                    .into_iter()
+                    .map(Some)
+                    .collect(),
+                None => vec![None; seq],
+            },
             dy_h: dy_h.map(pick),
             dy_c: dy_c.map(pick),
         };
@@ -180,20 +207,16 @@ fn recurrent<'g>(r: &Rnn, s: &Step<'_, 'g>) -> Result<Grads<'g>, RuleError> {
             RnnCell::Lstm { input_forget } => lstm(&dir, input_forget)?,
         };
 
-        // Pre-activation gradients in time order, [seq, batch, gates * hidden].
-        let in_time = |mut v: Vec<Traced<'g>>| {
-            if reverse {
-                v.reverse();
-            }
-            v
-        };
-        // Only what some needed gradient reads is stacked (initial_h's alone needs neither).
+        // The gates' pre-activation gradients side by side, [seq, batch, gates * hidden].
         let pre = (s.needs(X) || s.needs(W) || s.needs(B)).then(|| {
-            let pre: Vec<Traced<'g>> = b.pre.into_iter().map(|g| stack(in_time(g))).collect();
+            let pre: Vec<Traced<'g>> = b.pre.into_iter().map(stack).collect();
             concat(&pre, 2)
         });
-        let rec = (s.needs(R) || s.needs(B))
-            .then(|| b.rec.into_iter().map(stack).collect::<Vec<Traced<'g>>>());
+        let rec: Vec<Traced<'g>> = if s.needs(R) || s.needs(B) {
+            b.rec.into_iter().map(stack).collect()
+        } else {
+            Vec::new()
+        };
         if let (true, Some(pre)) = (s.needs(X), pre) {
             let dxd = pre.matmul(wd);
             dx = Some(match dx {
@@ -204,15 +227,15 @@ fn recurrent<'g>(r: &Rnn, s: &Step<'_, 'g>) -> Result<Grads<'g>, RuleError> {
         if let (true, Some(pre)) = (s.needs(W), pre) {
             dw.push(pre.transpose(&[0, 2, 1]).matmul(x_tm).reduce_sum(&[0], false));
         }
-        if let (true, Some(rec)) = (s.needs(R), &rec) {
+        if s.needs(R) {
             let per_gate: Vec<Traced<'g>> = rec
                 .iter()
                 .zip(b.rec_in)
-                .map(|(g, i)| g.transpose(&[0, 2, 1]).matmul(stack(i)).reduce_sum(&[0], false))
+                .map(|(g, i)| g.transpose(&[0, 2, 1]).matmul(i).reduce_sum(&[0], false))
                 .collect();
             dr.push(concat(&per_gate, 0));
         }
-        if let (true, Some(pre), Some(rec)) = (s.needs(B), pre, &rec) {
+        if let (true, Some(pre)) = (s.needs(B), pre) {
             let mut parts = vec![pre.reduce_sum(&[0, 1], false)];
             parts.extend(rec.iter().map(|g| g.reduce_sum(&[0, 1], false)));
             db.push(concat(&parts, 0));
@@ -309,28 +332,38 @@ fn state_grad<'g>(
     })
 }
 
-/// RNN: h' = tanh(x Wᵀ + h Rᵀ + Wb + Rb).
+/// A value over time, [seq, batch, hidden], as its steps [batch, hidden] by time.
+fn by_time(t: Traced<'_>, seq: usize) -> Vec<Traced<'_>> {
+    let parts = if seq == 1 { vec![t] } else { t.split(0, &vec![1; seq]) };
+    parts.into_iter().map(|p| p.squeeze(&[0])).collect()
+}
+
+/// Values the backward walk made, each with its time, in time order.
+fn in_time_order<T>(mut walked: Vec<(usize, T)>) -> Vec<T> {
+    walked.sort_by_key(|(t, _)| *t);
+    walked.into_iter().map(|(_, v)| v).collect()
+}
+
+/// Gate `g`'s `x W_gᵀ + h R_gᵀ` plus the biases that add to them, for every step at once from the
+/// states before each step: [seq, batch, hidden].
+fn linear_part<'g>(dir: &Direction<'g>, g: usize) -> Traced<'g> {
+    dir.x_proj[g].add(dir.before.matmul(dir.r[g].transpose(&[1, 0])))
+}
+
+/// RNN: h' = tanh(x Wᵀ + h Rᵀ + Wb + Rb), so tanh' comes from h' (Y) alone.
 fn simple<'g>(dir: &Direction<'g>) -> Result<Bptt<'g>, RuleError> {
-    let rt = dir.r[0].transpose(&[1, 0]);
-    let mut states = Vec::with_capacity(dir.order.len());
-    let mut h = dir.h0;
-    for &t in &dir.order {
-        let next = dir.x_proj[0][t].add(h.matmul(rt)).tanh();
-        states.push((h, next));
-        h = next;
-    }
-    let (mut pre, mut dh) = (Vec::new(), dir.dy_h);
-    for (&t, &(before, after)) in dir.order.iter().zip(&states).rev() {
-        let da = state_grad(dir, dh, t)?.mul(tanh_slope(after));
+    let after = by_time(dir.after, dir.seq);
+    let (mut walked, mut dh) = (Vec::with_capacity(dir.seq), dir.dy_h);
+    for &t in dir.order.iter().rev() {
+        let da = state_grad(dir, dh, t)?.mul(tanh_slope(after[t]));
         dh = Some(back_through(da, dir.r[0]));
-        pre.push((da, before));
+        walked.push((t, da));
     }
-    pre.reverse();
-    let (da, before): (Vec<_>, Vec<_>) = pre.into_iter().unzip();
+    let da = in_time_order(walked);
     Ok(Bptt {
         pre: vec![da.clone()],
         rec: vec![da],
-        rec_in: vec![before],
+        rec_in: vec![dir.before],
         peepholes: None,
         dh0: or_zeros(dh, dir.h0)?,
         dc0: None,
@@ -339,79 +372,57 @@ fn simple<'g>(dir: &Direction<'g>) -> Result<Bptt<'g>, RuleError> {
 
 /// GRU, gates z, r, h: z = σ(x W_zᵀ + h R_zᵀ + b_z), r likewise, the candidate
 /// n = tanh(x W_hᵀ + (r ⊙ h) R_hᵀ + b_h), or with `linear_before_reset`
-/// n = tanh(x W_hᵀ + Wb_h + r ⊙ (h R_hᵀ + Rb_h)); h' = (1 - z) ⊙ n + z ⊙ h.
+/// n = tanh(x W_hᵀ + Wb_h + r ⊙ (h R_hᵀ + Rb_h)); h' = (1 - z) ⊙ n + z ⊙ h. The gates of every
+/// step are computed at once from the states before each step.
 fn gru<'g>(dir: &Direction<'g>, linear_before_reset: bool) -> Result<Bptt<'g>, RuleError> {
-    struct Saved<'g> {
-        h: Traced<'g>,
-        z: Traced<'g>,
-        r: Traced<'g>,
-        n: Traced<'g>,
-        /// What multiplies R_hᵀ: r ⊙ h, or h with `linear_before_reset`.
-        rec_in: Traced<'g>,
-        /// With `linear_before_reset`: h R_hᵀ + Rb_h, which r multiplies.
-        q: Option<Traced<'g>>,
-    }
-    let rt: Vec<Traced<'g>> = dir.r.iter().map(|r| r.transpose(&[1, 0])).collect();
-    let mut saved = Vec::with_capacity(dir.order.len());
-    let mut h = dir.h0;
-    for &t in &dir.order {
-        let x = |g: usize| dir.x_proj[g][t];
-        let z = x(0).add(h.matmul(rt[0])).sigmoid();
-        let r = x(1).add(h.matmul(rt[1])).sigmoid();
-        let (n, rec_in, q) = if linear_before_reset {
-            let mut q = h.matmul(rt[2]);
-            if let Some(rb) = dir.candidate_r_bias {
-                q = q.add(rb);
-            }
-            (x(2).add(r.mul(q)).tanh(), h, Some(q))
-        } else {
-            let rh = r.mul(h);
-            (x(2).add(rh.matmul(rt[2])).tanh(), rh, None)
-        };
-        let next = z.scalar(1.0).sub(z).mul(n).add(z.mul(h));
-        saved.push(Saved { h, z, r, n, rec_in, q });
-        h = next;
-    }
-    let mut pre: Vec<Vec<Traced<'g>>> = vec![Vec::new(); 3];
-    let mut rec_h = Vec::with_capacity(saved.len());
+    let (z, r) = (linear_part(dir, 0).sigmoid(), linear_part(dir, 1).sigmoid());
+    let hb = dir.before;
+    let candidate_rt = dir.r[2].transpose(&[1, 0]);
+    // What multiplies R_hᵀ (r ⊙ h, or h with linear_before_reset), and with linear_before_reset
+    // h R_hᵀ + Rb_h, which r multiplies.
+    let (n, rec_in, q) = if linear_before_reset {
+        let mut q = hb.matmul(candidate_rt);
+        if let Some(rb) = dir.candidate_r_bias {
+            q = q.add(rb);
+        }
+        (dir.x_proj[2].add(r.mul(q)).tanh(), hb, Some(by_time(q, dir.seq)))
+    } else {
+        let rh = r.mul(hb);
+        (dir.x_proj[2].add(rh.matmul(candidate_rt)).tanh(), rh, None)
+    };
+    let [z, r, n, hb] = [z, r, n, hb].map(|v| by_time(v, dir.seq));
+    let mut walked = Vec::with_capacity(dir.seq);
     let mut dh = dir.dy_h;
-    for (&t, v) in dir.order.iter().zip(&saved).rev() {
+    for &t in dir.order.iter().rev() {
         let dnext = state_grad(dir, dh, t)?;
-        let dn = dnext.mul(v.z.scalar(1.0).sub(v.z));
-        let dz = dnext.mul(v.h.sub(v.n));
-        let mut dprev = dnext.mul(v.z);
-        let dn_pre = dn.mul(tanh_slope(v.n));
-        let (dr, drec) = match v.q {
+        let dn = dnext.mul(z[t].scalar(1.0).sub(z[t]));
+        let dz = dnext.mul(hb[t].sub(n[t]));
+        let mut dprev = dnext.mul(z[t]);
+        let dn_pre = dn.mul(tanh_slope(n[t]));
+        let (dr, drec) = match &q {
             Some(q) => {
-                let dq = dn_pre.mul(v.r);
+                let dq = dn_pre.mul(r[t]);
                 dprev = dprev.add(back_through(dq, dir.r[2]));
-                (dn_pre.mul(q), dq)
+                (dn_pre.mul(q[t]), dq)
             }
             None => {
                 let drh = back_through(dn_pre, dir.r[2]);
-                dprev = dprev.add(drh.mul(v.r));
-                (drh.mul(v.h), dn_pre)
+                dprev = dprev.add(drh.mul(r[t]));
+                (drh.mul(hb[t]), dn_pre)
             }
         };
-        let dz_pre = dz.mul(sigmoid_slope(v.z));
-        let dr_pre = dr.mul(sigmoid_slope(v.r));
+        let dz_pre = dz.mul(sigmoid_slope(z[t]));
+        let dr_pre = dr.mul(sigmoid_slope(r[t]));
         dprev = dprev.add(back_through(dz_pre, dir.r[0])).add(back_through(dr_pre, dir.r[1]));
-        for (g, p) in [dz_pre, dr_pre, dn_pre].into_iter().enumerate() {
-            pre[g].push(p);
-        }
-        rec_h.push(drec);
+        walked.push((t, [dz_pre, dr_pre, dn_pre, drec]));
         dh = Some(dprev);
     }
-    // Back to step order.
-    for g in &mut pre {
-        g.reverse();
-    }
-    rec_h.reverse();
-    let before: Vec<Traced<'g>> = saved.iter().map(|v| v.h).collect();
+    let steps = in_time_order(walked);
+    let gate = |g: usize| steps.iter().map(|s| s[g]).collect::<Vec<_>>();
     Ok(Bptt {
-        rec: vec![pre[0].clone(), pre[1].clone(), rec_h],
-        rec_in: vec![before.clone(), before, saved.iter().map(|v| v.rec_in).collect()],
-        pre,
+        pre: vec![gate(0), gate(1), gate(2)],
+        rec: vec![gate(0), gate(1), gate(3)],
+        rec_in: vec![dir.before, dir.before, rec_in],
         peepholes: None,
         dh0: or_zeros(dh, dir.h0)?,
         dc0: None,
@@ -420,14 +431,15 @@ fn gru<'g>(dir: &Direction<'g>, linear_before_reset: bool) -> Result<Bptt<'g>, R
 
 /// LSTM, gates i, o, f, c (peepholes i, o, f): i = σ(x W_iᵀ + h R_iᵀ + b_i + p_i ⊙ c),
 /// f likewise (or 1 - i with `input_forget`), g = tanh(x W_cᵀ + h R_cᵀ + b_c),
-/// c' = f ⊙ c + i ⊙ g, o = σ(x W_oᵀ + h R_oᵀ + b_o + p_o ⊙ c'), h' = o ⊙ tanh(c').
+/// c' = f ⊙ c + i ⊙ g, o = σ(x W_oᵀ + h R_oᵀ + b_o + p_o ⊙ c'), h' = o ⊙ tanh(c'). The
+/// products with R are computed for every step at once from the states before each step; the
+/// cell state, which Y does not hold, is recomputed step by step.
 fn lstm<'g>(dir: &Direction<'g>, input_forget: bool) -> Result<Bptt<'g>, RuleError> {
     const IN: usize = 0;
     const OUT: usize = 1;
     const FORGET: usize = 2;
     const CELL: usize = 3;
     struct Saved<'g> {
-        h: Traced<'g>,
         c: Traced<'g>,
         i: Traced<'g>,
         o: Traced<'g>,
@@ -436,13 +448,23 @@ fn lstm<'g>(dir: &Direction<'g>, input_forget: bool) -> Result<Bptt<'g>, RuleErr
         c_next: Traced<'g>,
         tanh_c_next: Traced<'g>,
     }
-    let rt: Vec<Traced<'g>> = dir.r.iter().map(|r| r.transpose(&[1, 0])).collect();
+    // Per gate, by time: x W_gᵀ + h R_gᵀ + biases, before the peephole term.
+    let linear: Vec<Vec<Traced<'g>>> = (0..4)
+        .map(|g| {
+            // The coupled forget gate has no weights of its own in use.
+            if input_forget && g == FORGET {
+                Vec::new()
+            } else {
+                by_time(linear_part(dir, g), dir.seq)
+            }
+        })
+        .collect();
     let peep = dir.peepholes;
-    let mut saved = Vec::with_capacity(dir.order.len());
-    let (mut h, mut c) = (dir.h0, dir.c0);
+    let mut saved = Vec::with_capacity(dir.seq);
+    let mut c = dir.c0;
     for &t in &dir.order {
         let pre = |gate: usize, peephole: Option<(usize, Traced<'g>)>| {
-            let a = dir.x_proj[gate][t].add(h.matmul(rt[gate]));
+            let a = linear[gate][t];
             match (peep, peephole) {
                 (Some(p), Some((k, state))) => a.add(p[k].mul(state)),
                 _ => a,
@@ -454,16 +476,14 @@ fn lstm<'g>(dir: &Direction<'g>, input_forget: bool) -> Result<Bptt<'g>, RuleErr
         let g = pre(CELL, None).tanh();
         let c_next = f.mul(c).add(i.mul(g));
         let o = pre(OUT, Some((1, c_next))).sigmoid();
-        let tanh_c_next = c_next.tanh();
-        saved.push(Saved { h, c, i, o, f, g, c_next, tanh_c_next });
-        h = o.mul(tanh_c_next);
+        saved.push((t, Saved { c, i, o, f, g, c_next, tanh_c_next: c_next.tanh() }));
         c = c_next;
     }
-    let mut pre: Vec<Vec<Traced<'g>>> = vec![Vec::new(); 4];
+    let mut walked = Vec::with_capacity(dir.seq);
     let mut dpeep: [Option<Traced<'g>>; 3] = [None; 3];
     let (mut dh, mut dc) = (dir.dy_h, dir.dy_c);
-    for (&t, v) in dir.order.iter().zip(&saved).rev() {
-        let dnext = state_grad(dir, dh, t)?;
+    for (t, v) in saved.iter().rev() {
+        let dnext = state_grad(dir, dh, *t)?;
         let da_o = dnext.mul(v.tanh_c_next).mul(sigmoid_slope(v.o));
         let mut dc_next = plus(dc, dnext.mul(v.o).mul(tanh_slope(v.tanh_c_next)));
         if let Some(p) = peep {
@@ -497,23 +517,19 @@ fn lstm<'g>(dir: &Direction<'g>, input_forget: bool) -> Result<Bptt<'g>, RuleErr
                 dprev = dprev.add(back_through(by_gate[g], dir.r[g]));
             }
         }
-        for (g, p) in by_gate.into_iter().enumerate() {
-            pre[g].push(p);
-        }
+        walked.push((*t, by_gate));
         dh = Some(dprev);
         dc = Some(dprev_c);
     }
-    for g in &mut pre {
-        g.reverse();
-    }
-    let before: Vec<Traced<'g>> = saved.iter().map(|v| v.h).collect();
+    let steps = in_time_order(walked);
+    let pre: Vec<Vec<Traced<'g>>> = (0..4).map(|g| steps.iter().map(|s| s[g]).collect()).collect();
     let peepholes = match dpeep {
         [Some(i), Some(o), Some(f)] => Some(i.builder().concat(&[i, o, f], 0)),
         _ => None,
     };
     Ok(Bptt {
         rec: pre.clone(),
-        rec_in: vec![before; 4],
+        rec_in: vec![dir.before; 4],
         pre,
         peepholes,
         dh0: or_zeros(dh, dir.h0)?,
