@@ -10,13 +10,14 @@
 //! MatMul per direction summed over time, and the input's one MatMul. The batch may be symbolic;
 //! the sequence, input and hidden sizes must be fixed.
 //!
-//! Refused with a typed error: `sequence_lens` other than a constant of full lengths, activations
-//! other than ONNX's defaults, and `clip`.
+//! Activations: Sigmoid, Tanh, Relu and LeakyRelu, whose derivatives come from their results.
+//! Refused with a typed error: `sequence_lens` other than a constant of full lengths, other
+//! activations, and `clip`.
 
 use super::{fixed_dims, ty, zeros_like, Grads, RuleError, Step};
 use crate::builder::Traced;
 use crate::op::{Rnn, RnnCell, RnnDirection};
-use crate::{Dim, Op};
+use crate::{Dim, Op, UnaryOp};
 
 pub(super) fn grad<'g>(s: &Step<'_, 'g>) -> Result<Grads<'g>, RuleError> {
     match s.op {
@@ -40,6 +41,8 @@ const P: usize = 7;
 /// order; a step's are [batch, hidden].
 struct Direction<'g> {
     seq: usize,
+    /// The cell's activations f, g[, h].
+    activations: Vec<Activation>,
     /// Time indices in the order the steps run (descending for the reverse direction).
     order: Vec<usize>,
     /// Per gate, its rows of R: [hidden, hidden].
@@ -86,12 +89,19 @@ fn recurrent<'g>(r: &Rnn, s: &Step<'_, 'g>) -> Result<Grads<'g>, RuleError> {
     if r.clip.is_some() {
         return Err(RuleError::Unsupported { what: "a recurrent layer with clip" });
     }
-    let defaults = Rnn { activations: Vec::new(), ..r.clone() }.effective_activations();
-    if r.effective_activations() != defaults {
-        return Err(RuleError::Unsupported {
-            what: "a recurrent layer with activations other than the defaults",
-        });
-    }
+    let activations: Vec<Activation> = r
+        .effective_activations()
+        .into_iter()
+        .map(|op| Some(Activation { op, slope: slope_from_result(op)? }))
+        .collect::<Option<_>>()
+        .ok_or(RuleError::Unsupported {
+            what: "a recurrent layer activation other than Sigmoid, Tanh, Relu or LeakyRelu",
+        })?;
+    let per_direction = match r.cell {
+        RnnCell::Simple => 1,
+        RnnCell::Gru { .. } => 2,
+        RnnCell::Lstm { .. } => 3,
+    };
     let x = s.input(X)?;
     let (w, rw) = (s.input(W)?, s.input(R)?);
     let x_ty = ty(x)?;
@@ -118,6 +128,11 @@ fn recurrent<'g>(r: &Rnn, s: &Step<'_, 'g>) -> Result<Grads<'g>, RuleError> {
     let [num_dirs, rows, hidden] = r_dims[..] else {
         return Err(RuleError::Unsupported { what: "a recurrent weight R that is not 3-D" });
     };
+    if activations.len() != num_dirs * per_direction {
+        return Err(RuleError::Unsupported {
+            what: "a recurrent layer without one list of activations per direction",
+        });
+    }
     fixed_dims(w, "W")?;
     if seq == 0 || hidden == 0 || num_dirs == 0 || rows != gates * hidden {
         return Err(RuleError::Unsupported {
@@ -179,6 +194,7 @@ fn recurrent<'g>(r: &Rnn, s: &Step<'_, 'g>) -> Result<Grads<'g>, RuleError> {
         };
         let dir = Direction {
             seq,
+            activations: activations[d * per_direction..(d + 1) * per_direction].to_vec(),
             order: if reverse { (0..seq).rev().collect() } else { (0..seq).collect() },
             r: r_gates,
             x_proj,
@@ -302,14 +318,47 @@ fn plus<'g>(a: Option<Traced<'g>>, b: Traced<'g>) -> Traced<'g> {
     }
 }
 
-/// σ'(a) from σ(a): σ (1 - σ).
-fn sigmoid_slope(s: Traced<'_>) -> Traced<'_> {
-    s.mul(s.scalar(1.0).sub(s))
+/// How the derivative of an activation is formed from its result y (which the rule has at hand,
+/// where the pre-activation would be one more value to keep): `None` where it is not.
+#[derive(Clone, Copy)]
+enum Slope {
+    /// σ' = y (1 - y).
+    Sigmoid,
+    /// tanh' = 1 - y².
+    Tanh,
+    /// 1 where y > 0, else `alpha` (Relu: 0). y > 0 exactly where x > 0, as alpha > 0.
+    Linear { alpha: f64 },
 }
 
-/// tanh'(a) from tanh(a): 1 - tanh².
-fn tanh_slope(t: Traced<'_>) -> Traced<'_> {
-    t.scalar(1.0).sub(t.mul(t))
+/// An activation of the cell and how its derivative is formed.
+#[derive(Clone, Copy)]
+struct Activation {
+    op: UnaryOp,
+    slope: Slope,
+}
+
+fn slope_from_result(a: UnaryOp) -> Option<Slope> {
+    match a {
+        UnaryOp::Sigmoid => Some(Slope::Sigmoid),
+        UnaryOp::Tanh => Some(Slope::Tanh),
+        UnaryOp::Relu => Some(Slope::Linear { alpha: 0.0 }),
+        UnaryOp::LeakyRelu { alpha } if alpha > 0.0 => {
+            Some(Slope::Linear { alpha: f64::from(alpha) })
+        }
+        _ => None,
+    }
+}
+
+/// `dy` times the derivative of activation `a` at the pre-activation that gave `y`.
+fn through<'g>(a: Activation, y: Traced<'g>, dy: Traced<'g>) -> Traced<'g> {
+    match a.slope {
+        Slope::Sigmoid => dy.mul(y.mul(y.scalar(1.0).sub(y))),
+        Slope::Tanh => dy.mul(y.scalar(1.0).sub(y.mul(y))),
+        Slope::Linear { alpha } => {
+            let zero = y.scalar(0.0);
+            y.greater(zero).select(dy, if alpha == 0.0 { zero } else { dy.mul(y.scalar(alpha)) })
+        }
+    }
 }
 
 /// `a R` for a gate's rows R [hidden, hidden]: the gradient of `h Rᵀ` with respect to h.
@@ -350,12 +399,12 @@ fn linear_part<'g>(dir: &Direction<'g>, g: usize) -> Traced<'g> {
     dir.x_proj[g].add(dir.before.matmul(dir.r[g].transpose(&[1, 0])))
 }
 
-/// RNN: h' = tanh(x Wᵀ + h Rᵀ + Wb + Rb), so tanh' comes from h' (Y) alone.
+/// RNN: h' = f(x Wᵀ + h Rᵀ + Wb + Rb), so f' comes from h' (Y) alone.
 fn simple<'g>(dir: &Direction<'g>) -> Result<Bptt<'g>, RuleError> {
     let after = by_time(dir.after, dir.seq);
     let (mut walked, mut dh) = (Vec::with_capacity(dir.seq), dir.dy_h);
     for &t in dir.order.iter().rev() {
-        let da = state_grad(dir, dh, t)?.mul(tanh_slope(after[t]));
+        let da = through(dir.activations[0], after[t], state_grad(dir, dh, t)?);
         dh = Some(back_through(da, dir.r[0]));
         walked.push((t, da));
     }
@@ -370,12 +419,13 @@ fn simple<'g>(dir: &Direction<'g>) -> Result<Bptt<'g>, RuleError> {
     })
 }
 
-/// GRU, gates z, r, h: z = σ(x W_zᵀ + h R_zᵀ + b_z), r likewise, the candidate
-/// n = tanh(x W_hᵀ + (r ⊙ h) R_hᵀ + b_h), or with `linear_before_reset`
-/// n = tanh(x W_hᵀ + Wb_h + r ⊙ (h R_hᵀ + Rb_h)); h' = (1 - z) ⊙ n + z ⊙ h. The gates of every
+/// GRU, gates z, r, h, activations f = σ and g = tanh by default: z = f(x W_zᵀ + h R_zᵀ + b_z),
+/// r likewise, the candidate n = g(x W_hᵀ + (r ⊙ h) R_hᵀ + b_h), or with `linear_before_reset`
+/// n = g(x W_hᵀ + Wb_h + r ⊙ (h R_hᵀ + Rb_h)); h' = (1 - z) ⊙ n + z ⊙ h. The gates of every
 /// step are computed at once from the states before each step.
 fn gru<'g>(dir: &Direction<'g>, linear_before_reset: bool) -> Result<Bptt<'g>, RuleError> {
-    let (z, r) = (linear_part(dir, 0).sigmoid(), linear_part(dir, 1).sigmoid());
+    let [f, g] = [dir.activations[0], dir.activations[1]];
+    let (z, r) = (linear_part(dir, 0).unary(f.op), linear_part(dir, 1).unary(f.op));
     let hb = dir.before;
     let candidate_rt = dir.r[2].transpose(&[1, 0]);
     // What multiplies R_hᵀ (r ⊙ h, or h with linear_before_reset), and with linear_before_reset
@@ -385,10 +435,10 @@ fn gru<'g>(dir: &Direction<'g>, linear_before_reset: bool) -> Result<Bptt<'g>, R
         if let Some(rb) = dir.candidate_r_bias {
             q = q.add(rb);
         }
-        (dir.x_proj[2].add(r.mul(q)).tanh(), hb, Some(by_time(q, dir.seq)))
+        (dir.x_proj[2].add(r.mul(q)).unary(g.op), hb, Some(by_time(q, dir.seq)))
     } else {
         let rh = r.mul(hb);
-        (dir.x_proj[2].add(rh.matmul(candidate_rt)).tanh(), rh, None)
+        (dir.x_proj[2].add(rh.matmul(candidate_rt)).unary(g.op), rh, None)
     };
     let [z, r, n, hb] = [z, r, n, hb].map(|v| by_time(v, dir.seq));
     let mut walked = Vec::with_capacity(dir.seq);
@@ -398,7 +448,7 @@ fn gru<'g>(dir: &Direction<'g>, linear_before_reset: bool) -> Result<Bptt<'g>, R
         let dn = dnext.mul(z[t].scalar(1.0).sub(z[t]));
         let dz = dnext.mul(hb[t].sub(n[t]));
         let mut dprev = dnext.mul(z[t]);
-        let dn_pre = dn.mul(tanh_slope(n[t]));
+        let dn_pre = through(g, n[t], dn);
         let (dr, drec) = match &q {
             Some(q) => {
                 let dq = dn_pre.mul(r[t]);
@@ -411,8 +461,8 @@ fn gru<'g>(dir: &Direction<'g>, linear_before_reset: bool) -> Result<Bptt<'g>, R
                 (drh.mul(hb[t]), dn_pre)
             }
         };
-        let dz_pre = dz.mul(sigmoid_slope(z[t]));
-        let dr_pre = dr.mul(sigmoid_slope(r[t]));
+        let dz_pre = through(f, z[t], dz);
+        let dr_pre = through(f, r[t], dr);
         dprev = dprev.add(back_through(dz_pre, dir.r[0])).add(back_through(dr_pre, dir.r[1]));
         walked.push((t, [dz_pre, dr_pre, dn_pre, drec]));
         dh = Some(dprev);
@@ -429,9 +479,10 @@ fn gru<'g>(dir: &Direction<'g>, linear_before_reset: bool) -> Result<Bptt<'g>, R
     })
 }
 
-/// LSTM, gates i, o, f, c (peepholes i, o, f): i = σ(x W_iᵀ + h R_iᵀ + b_i + p_i ⊙ c),
-/// f likewise (or 1 - i with `input_forget`), g = tanh(x W_cᵀ + h R_cᵀ + b_c),
-/// c' = f ⊙ c + i ⊙ g, o = σ(x W_oᵀ + h R_oᵀ + b_o + p_o ⊙ c'), h' = o ⊙ tanh(c'). The
+/// LSTM, gates i, o, f, c (peepholes i, o, f), activations f = σ, g = h = tanh by default:
+/// i = f(x W_iᵀ + h R_iᵀ + b_i + p_i ⊙ c), the forget gate likewise (or 1 - i with
+/// `input_forget`), c̃ = g(x W_cᵀ + h R_cᵀ + b_c), c' = forget ⊙ c + i ⊙ c̃,
+/// o = f(x W_oᵀ + h R_oᵀ + b_o + p_o ⊙ c'), h' = o ⊙ h(c'). The
 /// products with R are computed for every step at once from the states before each step; the
 /// cell state, which Y does not hold, is recomputed step by step.
 fn lstm<'g>(dir: &Direction<'g>, input_forget: bool) -> Result<Bptt<'g>, RuleError> {
@@ -446,8 +497,10 @@ fn lstm<'g>(dir: &Direction<'g>, input_forget: bool) -> Result<Bptt<'g>, RuleErr
         f: Traced<'g>,
         g: Traced<'g>,
         c_next: Traced<'g>,
-        tanh_c_next: Traced<'g>,
+        /// h(c'), which o multiplies.
+        out_c: Traced<'g>,
     }
+    let [gate_act, cell_act, out_act] = [0, 1, 2].map(|k| dir.activations[k]);
     // Per gate, by time: x W_gᵀ + h R_gᵀ + biases, before the peephole term.
     let linear: Vec<Vec<Traced<'g>>> = (0..4)
         .map(|g| {
@@ -470,13 +523,17 @@ fn lstm<'g>(dir: &Direction<'g>, input_forget: bool) -> Result<Bptt<'g>, RuleErr
                 _ => a,
             }
         };
-        let i = pre(IN, Some((0, c))).sigmoid();
-        let f =
-            if input_forget { i.scalar(1.0).sub(i) } else { pre(FORGET, Some((2, c))).sigmoid() };
-        let g = pre(CELL, None).tanh();
+        let i = pre(IN, Some((0, c))).unary(gate_act.op);
+        let f = if input_forget {
+            i.scalar(1.0).sub(i)
+        } else {
+            pre(FORGET, Some((2, c))).unary(gate_act.op)
+        };
+        let g = pre(CELL, None).unary(cell_act.op);
         let c_next = f.mul(c).add(i.mul(g));
-        let o = pre(OUT, Some((1, c_next))).sigmoid();
-        saved.push((t, Saved { c, i, o, f, g, c_next, tanh_c_next: c_next.tanh() }));
+        let o = pre(OUT, Some((1, c_next))).unary(gate_act.op);
+        let out_c = c_next.unary(out_act.op);
+        saved.push((t, Saved { c, i, o, f, g, c_next, out_c }));
         c = c_next;
     }
     let mut walked = Vec::with_capacity(dir.seq);
@@ -484,8 +541,8 @@ fn lstm<'g>(dir: &Direction<'g>, input_forget: bool) -> Result<Bptt<'g>, RuleErr
     let (mut dh, mut dc) = (dir.dy_h, dir.dy_c);
     for (t, v) in saved.iter().rev() {
         let dnext = state_grad(dir, dh, *t)?;
-        let da_o = dnext.mul(v.tanh_c_next).mul(sigmoid_slope(v.o));
-        let mut dc_next = plus(dc, dnext.mul(v.o).mul(tanh_slope(v.tanh_c_next)));
+        let da_o = through(gate_act, v.o, dnext.mul(v.out_c));
+        let mut dc_next = plus(dc, through(out_act, v.out_c, dnext.mul(v.o)));
         if let Some(p) = peep {
             dc_next = dc_next.add(da_o.mul(p[1]));
         }
@@ -496,9 +553,9 @@ fn lstm<'g>(dir: &Direction<'g>, input_forget: bool) -> Result<Bptt<'g>, RuleErr
             // f = 1 - i.
             di = di.sub(df);
         }
-        let da_i = di.mul(sigmoid_slope(v.i));
-        let da_f = if input_forget { zeros_like(da_i)? } else { df.mul(sigmoid_slope(v.f)) };
-        let da_c = dg.mul(tanh_slope(v.g));
+        let da_i = through(gate_act, v.i, di);
+        let da_f = if input_forget { zeros_like(da_i)? } else { through(gate_act, v.f, df) };
+        let da_c = through(cell_act, v.g, dg);
         if let Some(p) = peep {
             dprev_c = dprev_c.add(da_i.mul(p[0]));
             if !input_forget {

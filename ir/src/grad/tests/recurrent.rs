@@ -6,7 +6,7 @@ use super::{check, ints, loss_op, positive, rand};
 use crate::builder::{GraphBuilder, Traced};
 use crate::grad::{append_backward, GradError, RuleError};
 use crate::op::{LossReduction, Rnn, RnnCell, RnnDirection};
-use crate::{eval, DType, Dim, Op, Tensor, ValueId};
+use crate::{eval, DType, Dim, Op, Tensor, UnaryOp, ValueId};
 
 const SEQ: usize = 3;
 const BATCH: usize = 2;
@@ -37,6 +37,8 @@ struct Case {
     initial_c: bool,
     peepholes: bool,
     reads: Reads,
+    /// Empty: ONNX's defaults.
+    activations: &'static [UnaryOp],
 }
 
 impl Case {
@@ -50,6 +52,7 @@ impl Case {
             initial_c: false,
             peepholes: false,
             reads: Reads::Both,
+            activations: &[],
         }
     }
 
@@ -58,7 +61,7 @@ impl Case {
             cell: self.cell,
             direction: self.direction,
             hidden_size: HIDDEN,
-            activations: Vec::new(),
+            activations: self.activations.to_vec(),
             clip: None,
             batch_first: self.batch_first,
         })
@@ -226,6 +229,27 @@ fn rnn_each_direction_and_option() {
     }
 }
 
+/// Activations other than the defaults, per direction: PyTorch's Relu RNN, and each cell with
+/// each supported activation somewhere.
+#[test]
+fn other_activations() {
+    use UnaryOp::{LeakyRelu, Relu, Sigmoid, Tanh};
+    let relu = Case { activations: &[Relu], ..Case::new(RnnCell::Simple, RnnDirection::Forward) };
+    relu.check("rnn_relu");
+    let both = RnnDirection::Bidirectional;
+    let rnn = Case { activations: &[LeakyRelu { alpha: 0.1 }, Sigmoid], ..relu };
+    Case { direction: both, ..rnn }.check("rnn_leaky_relu_sigmoid");
+    let gru = Case::new(RnnCell::Gru { linear_before_reset: false }, both);
+    let acts = &[Sigmoid, Relu, Tanh, LeakyRelu { alpha: 0.2 }];
+    Case { activations: acts, ..gru }.check("gru_activations");
+    let gru = Case::new(RnnCell::Gru { linear_before_reset: true }, both);
+    Case { activations: acts, ..gru }.check("gru_lbr_activations");
+    let lstm = Case::new(RnnCell::Lstm { input_forget: false }, both);
+    let acts = &[Sigmoid, Tanh, Relu, Sigmoid, LeakyRelu { alpha: 0.3 }, Tanh];
+    let lstm = Case { initial_c: true, peepholes: true, reads: Reads::All, ..lstm };
+    Case { activations: acts, ..lstm }.check("lstm_activations");
+}
+
 /// The rule's error for a GRU built by `edit` from the plain forward one (X, W, R as inputs,
 /// further operands as `extra` adds them), the loss its Y_h.
 fn gru_error(
@@ -282,10 +306,15 @@ fn unsupported_recurrent_layers_are_typed_errors() {
     assert_eq!(e, RuleError::Unsupported { what: "a recurrent layer with clip" });
     let e = rule_error(gru_error(
         fixed(),
-        |r| r.activations = vec![crate::UnaryOp::Tanh, crate::UnaryOp::Tanh],
+        |r| r.activations = vec![UnaryOp::Sigmoid, UnaryOp::Softsign],
         no_operands,
     ));
-    assert!(matches!(e, RuleError::Unsupported { .. }), "{e}");
+    assert_eq!(
+        e,
+        RuleError::Unsupported {
+            what: "a recurrent layer activation other than Sigmoid, Tanh, Relu or LeakyRelu"
+        }
+    );
     let e = rule_error(gru_error(fixed(), |_| {}, short_lens));
     assert_eq!(
         e,
