@@ -10,9 +10,13 @@
 //! MatMul per direction summed over time, and the input's one MatMul. The batch may be symbolic;
 //! the sequence, input and hidden sizes must be fixed.
 //!
+//! With `sequence_lens` (a constant or a run-time value), a step past a sequence's length keeps
+//! its state and outputs zeros, as in the interpreter: its gradient passes the state's gradient
+//! on unchanged and gives the gates none (Where on `t < len`); an empty sequence's final states
+//! are zeros, so Y_h's and Y_c's gradients do not reach its initial states.
+//!
 //! Activations: Sigmoid, Tanh, Relu and LeakyRelu, whose derivatives come from their results.
-//! Refused with a typed error: `sequence_lens` other than a constant of full lengths, other
-//! activations, and `clip`.
+//! Refused with a typed error: other activations, and `clip`.
 
 use super::{fixed_dims, ty, zeros_like, Grads, RuleError, Step};
 use crate::builder::Traced;
@@ -65,6 +69,37 @@ struct Direction<'g> {
     dy: Vec<Option<Traced<'g>>>,
     dy_h: Option<Traced<'g>>,
     dy_c: Option<Traced<'g>>,
+    /// With sequence_lens: by time, where each sequence's step ran ([batch, 1] bool).
+    live: Option<Vec<Traced<'g>>>,
+    /// [batch, hidden].
+    zeros: Traced<'g>,
+}
+
+impl<'g> Direction<'g> {
+    /// The gradient of a state a step at time `t` takes in: none where the step did not run.
+    fn entering(&self, t: usize, d: Traced<'g>) -> Traced<'g> {
+        match &self.live {
+            Some(live) => live[t].select(d, self.zeros),
+            None => d,
+        }
+    }
+
+    /// The gradient of the state before the step at time `t`: through the step where it ran,
+    /// the state's after it where it did not (the state was carried over).
+    fn past_step(&self, t: usize, through: Traced<'g>, carried: Traced<'g>) -> Traced<'g> {
+        match &self.live {
+            Some(live) => live[t].select(through, carried),
+            None => through,
+        }
+    }
+
+    /// A recomputed state where the step at time `t` ran, the previous one where it did not.
+    fn step_state(&self, t: usize, new: Traced<'g>, old: Traced<'g>) -> Traced<'g> {
+        match &self.live {
+            Some(live) => live[t].select(new, old),
+            None => new,
+        }
+    }
 }
 
 /// One direction's gradients, per gate by time (stacked by the caller, only where a gradient it
@@ -114,16 +149,10 @@ fn recurrent<'g>(r: &Rnn, s: &Step<'_, 'g>) -> Result<Grads<'g>, RuleError> {
             })
         }
     };
-    if s.inputs.get(SEQUENCE_LENS).copied().flatten().is_some() {
-        // Lengths that are all full change nothing; shorter ones would need each step masked.
-        let full =
-            s.constant(SEQUENCE_LENS).is_ok_and(|t| t.to_i64s().iter().all(|&n| n == seq as i64));
-        if !full {
-            return Err(RuleError::Unsupported {
-                what: "a recurrent layer's sequence_lens other than a constant of full lengths",
-            });
-        }
-    }
+    // Lengths that are constant and all full change nothing; others mask the steps.
+    let lens = s.inputs.get(SEQUENCE_LENS).copied().flatten().filter(|_| {
+        !s.constant(SEQUENCE_LENS).is_ok_and(|t| t.to_i64s().iter().all(|&n| n == seq as i64))
+    });
     let (gates, r_dims) = (gate_count(r.cell), fixed_dims(rw, "R")?);
     let [num_dirs, rows, hidden] = r_dims[..] else {
         return Err(RuleError::Unsupported { what: "a recurrent weight R that is not 3-D" });
@@ -154,6 +183,17 @@ fn recurrent<'g>(r: &Rnn, s: &Step<'_, 'g>) -> Result<Grads<'g>, RuleError> {
     let bias = operand(B);
     let peep = if is_lstm { operand(P) } else { None };
     let lbr = matches!(r.cell, RnnCell::Gru { linear_before_reset: true });
+    // With sequence_lens: by time, whether each sequence's step there ran ([batch, 1] bool), and
+    // whether it ran at all (an empty sequence ends with zero states, not its initial ones).
+    let (live, nonempty) = match lens {
+        Some(lens) => {
+            let col = lens.cast(crate::DType::I64).unsqueeze(&[1]);
+            let live: Vec<Traced<'g>> =
+                (0..seq).map(|t| col.greater(col.scalar(t as f64))).collect();
+            (Some(live), Some(col.greater(col.scalar(0.0))))
+        }
+        None => (None, None),
+    };
     let h = hidden as i64;
     let rows_of = |t: Traced<'g>, first: i64| t.slice(&[first], &[first + h], &[0], &[1]);
 
@@ -184,13 +224,27 @@ fn recurrent<'g>(r: &Rnn, s: &Step<'_, 'g>) -> Result<Grads<'g>, RuleError> {
         let after = y.slice(&[di], &[di + 1], &[1], &[1]).squeeze(&[1]);
         let zeros = zeros_like(after.slice(&[0], &[1], &[0], &[1]).squeeze(&[0]))?;
         let h0 = h0.map_or(zeros, pick);
-        // Each step starts from the state the previous step (in its direction) ended with.
+        // Each step starts from the state the previous step (in its direction) ended with. A
+        // sequence's reverse steps start at its own last step, from the initial state: where the
+        // next time's step did not run, Y there is zeros and the state before is h0. (A step that
+        // did not run reads whatever is there, and its gradients are masked.)
         let first = h0.unsqueeze(&[0]);
         let last = seq as i64;
-        let before = match (seq, reverse) {
-            (1, _) => first,
-            (_, false) => s.g.concat(&[first, after.slice(&[0], &[last - 1], &[0], &[1])], 0),
-            (_, true) => s.g.concat(&[after.slice(&[1], &[last], &[0], &[1]), first], 0),
+        let before = match (seq, reverse, &live) {
+            (1, ..) => first,
+            (_, false, _) => s.g.concat(&[first, after.slice(&[0], &[last - 1], &[0], &[1])], 0),
+            (_, true, None) => s.g.concat(&[after.slice(&[1], &[last], &[0], &[1]), first], 0),
+            (_, true, Some(live)) => {
+                let steps = by_time(after, seq);
+                let mut v: Vec<Traced<'g>> =
+                    (1..seq).map(|t| live[t].select(steps[t], h0)).collect();
+                v.push(h0);
+                stack(v)
+            }
+        };
+        let masked = |d: Traced<'g>, by: Option<Traced<'g>>| match by {
+            Some(m) => m.select(d, zeros),
+            None => d,
         };
         let dir = Direction {
             seq,
@@ -207,15 +261,19 @@ fn recurrent<'g>(r: &Rnn, s: &Step<'_, 'g>) -> Result<Grads<'g>, RuleError> {
             c0: c0.map_or(zeros, pick),
             after,
             before,
+            // Y is zeros where a step did not run, Y_h and Y_c where a sequence is empty.
             dy: match dy {
                 Some(dy) => by_time(dy.slice(&[di], &[di + 1], &[1], &[1]).squeeze(&[1]), seq)
                     .into_iter()
-                    .map(Some)
+                    .enumerate()
+                    .map(|(t, d)| Some(masked(d, live.as_ref().map(|l| l[t]))))
                     .collect(),
                 None => vec![None; seq],
             },
-            dy_h: dy_h.map(pick),
-            dy_c: dy_c.map(pick),
+            dy_h: dy_h.map(|d| masked(pick(d), nonempty)),
+            dy_c: dy_c.map(|d| masked(pick(d), nonempty)),
+            live: live.clone(),
+            zeros,
         };
         let b = match r.cell {
             RnnCell::Simple => simple(&dir)?,
@@ -404,8 +462,9 @@ fn simple<'g>(dir: &Direction<'g>) -> Result<Bptt<'g>, RuleError> {
     let after = by_time(dir.after, dir.seq);
     let (mut walked, mut dh) = (Vec::with_capacity(dir.seq), dir.dy_h);
     for &t in dir.order.iter().rev() {
-        let da = through(dir.activations[0], after[t], state_grad(dir, dh, t)?);
-        dh = Some(back_through(da, dir.r[0]));
+        let dnext = state_grad(dir, dh, t)?;
+        let da = through(dir.activations[0], after[t], dir.entering(t, dnext));
+        dh = Some(dir.past_step(t, back_through(da, dir.r[0]), dnext));
         walked.push((t, da));
     }
     let da = in_time_order(walked);
@@ -444,7 +503,8 @@ fn gru<'g>(dir: &Direction<'g>, linear_before_reset: bool) -> Result<Bptt<'g>, R
     let mut walked = Vec::with_capacity(dir.seq);
     let mut dh = dir.dy_h;
     for &t in dir.order.iter().rev() {
-        let dnext = state_grad(dir, dh, t)?;
+        let carried = state_grad(dir, dh, t)?;
+        let dnext = dir.entering(t, carried);
         let dn = dnext.mul(z[t].scalar(1.0).sub(z[t]));
         let dz = dnext.mul(hb[t].sub(n[t]));
         let mut dprev = dnext.mul(z[t]);
@@ -465,7 +525,7 @@ fn gru<'g>(dir: &Direction<'g>, linear_before_reset: bool) -> Result<Bptt<'g>, R
         let dr_pre = through(f, r[t], dr);
         dprev = dprev.add(back_through(dz_pre, dir.r[0])).add(back_through(dr_pre, dir.r[1]));
         walked.push((t, [dz_pre, dr_pre, dn_pre, drec]));
-        dh = Some(dprev);
+        dh = Some(dir.past_step(t, dprev, carried));
     }
     let steps = in_time_order(walked);
     let gate = |g: usize| steps.iter().map(|s| s[g]).collect::<Vec<_>>();
@@ -534,15 +594,18 @@ fn lstm<'g>(dir: &Direction<'g>, input_forget: bool) -> Result<Bptt<'g>, RuleErr
         let o = pre(OUT, Some((1, c_next))).unary(gate_act.op);
         let out_c = c_next.unary(out_act.op);
         saved.push((t, Saved { c, i, o, f, g, c_next, out_c }));
-        c = c_next;
+        c = dir.step_state(t, c_next, c);
     }
     let mut walked = Vec::with_capacity(dir.seq);
     let mut dpeep: [Option<Traced<'g>>; 3] = [None; 3];
     let (mut dh, mut dc) = (dir.dy_h, dir.dy_c);
     for (t, v) in saved.iter().rev() {
-        let dnext = state_grad(dir, dh, *t)?;
+        let t = *t;
+        let carried = state_grad(dir, dh, t)?;
+        let dnext = dir.entering(t, carried);
         let da_o = through(gate_act, v.o, dnext.mul(v.out_c));
-        let mut dc_next = plus(dc, through(out_act, v.out_c, dnext.mul(v.o)));
+        let mut dc_next =
+            plus(dc.map(|d| dir.entering(t, d)), through(out_act, v.out_c, dnext.mul(v.o)));
         if let Some(p) = peep {
             dc_next = dc_next.add(da_o.mul(p[1]));
         }
@@ -574,9 +637,12 @@ fn lstm<'g>(dir: &Direction<'g>, input_forget: bool) -> Result<Bptt<'g>, RuleErr
                 dprev = dprev.add(back_through(by_gate[g], dir.r[g]));
             }
         }
-        walked.push((*t, by_gate));
-        dh = Some(dprev);
-        dc = Some(dprev_c);
+        walked.push((t, by_gate));
+        dh = Some(dir.past_step(t, dprev, carried));
+        dc = Some(match dir.live {
+            Some(_) => dir.past_step(t, dprev_c, or_zeros(dc, dir.c0)?),
+            None => dprev_c,
+        });
     }
     let steps = in_time_order(walked);
     let pre: Vec<Vec<Traced<'g>>> = (0..4).map(|g| steps.iter().map(|s| s[g]).collect()).collect();

@@ -39,6 +39,8 @@ struct Case {
     reads: Reads,
     /// Empty: ONNX's defaults.
     activations: &'static [UnaryOp],
+    /// sequence_lens, a constant.
+    lens: Option<[i64; BATCH]>,
 }
 
 impl Case {
@@ -53,6 +55,7 @@ impl Case {
             peepholes: false,
             reads: Reads::Both,
             activations: &[],
+            lens: None,
         }
     }
 
@@ -117,7 +120,8 @@ impl Case {
         let h0 = if self.initial_h { next.next() } else { None };
         let c0 = if lstm && self.initial_c { next.next() } else { None };
         let p = if lstm && self.peepholes { next.next() } else { None };
-        let mut operands = vec![x, w, r, b, None, h0, c0, p];
+        let lens = self.lens.map(|l| ints(g, &[BATCH], &l));
+        let mut operands = vec![x, w, r, b, lens, h0, c0, p];
         while operands.last().is_some_and(Option::is_none) {
             operands.pop();
         }
@@ -294,11 +298,6 @@ fn no_operands(_: &GraphBuilder) -> Vec<Option<Traced<'_>>> {
     Vec::new()
 }
 
-/// No B, and lengths one step short for the second sequence.
-fn short_lens(g: &GraphBuilder) -> Vec<Option<Traced<'_>>> {
-    vec![None, Some(ints(g, &[BATCH], &[SEQ as i64, SEQ as i64 - 1]))]
-}
-
 #[test]
 fn unsupported_recurrent_layers_are_typed_errors() {
     let fixed = || Dim::Fixed(SEQ);
@@ -315,15 +314,83 @@ fn unsupported_recurrent_layers_are_typed_errors() {
             what: "a recurrent layer activation other than Sigmoid, Tanh, Relu or LeakyRelu"
         }
     );
-    let e = rule_error(gru_error(fixed(), |_| {}, short_lens));
-    assert_eq!(
-        e,
-        RuleError::Unsupported {
-            what: "a recurrent layer's sequence_lens other than a constant of full lengths"
-        }
-    );
     let e = rule_error(gru_error(Dim::sym("T"), |_| {}, no_operands));
     assert!(matches!(e, RuleError::NeedsFixedShape { what: "the sequence length of X", .. }));
+}
+
+/// Shorter sequences (one empty): the steps past a sequence's length neither change its state
+/// nor get gradients, the reverse direction starts at each sequence's own last step, and an
+/// empty sequence's final states are zeros, whatever its initial ones.
+#[test]
+fn sequence_lens_shorter_and_empty() {
+    // Bidirectional: a forward and a reverse direction.
+    let (lens, both) = (Some([SEQ as i64 - 1, 0]), RnnDirection::Bidirectional);
+    for cell in [
+        RnnCell::Gru { linear_before_reset: false },
+        RnnCell::Gru { linear_before_reset: true },
+        RnnCell::Simple,
+    ] {
+        Case { lens, ..Case::new(cell, both) }.check("lens");
+    }
+    let lstm = Case::new(RnnCell::Lstm { input_forget: false }, both);
+    Case { initial_c: true, peepholes: true, reads: Reads::All, lens, ..lstm }.check("lstm_lens");
+    let gru = Case::new(RnnCell::Gru { linear_before_reset: true }, RnnDirection::Bidirectional);
+    Case { lens: Some([1, SEQ as i64]), batch_first: true, ..gru }.check("lens_batch_first");
+    Case { lens: Some([2, 1]), reads: Reads::Y, ..gru }.check("lens_y");
+    Case { lens: Some([2, 1]), reads: Reads::YH, initial_h: false, ..gru }.check("lens_y_h");
+    let lstm = Case::new(RnnCell::Lstm { input_forget: false }, RnnDirection::Reverse);
+    let lstm = Case { initial_c: true, reads: Reads::YC, lens: Some([2, 1]), ..lstm };
+    lstm.check("lstm_lens_y_c");
+}
+
+/// sequence_lens as a graph input: the backward graph computes its masks at run time and gives
+/// the gradients it gives for the same lengths as a constant (checked above).
+#[test]
+fn sequence_lens_at_run_time() {
+    let case = Case::new(RnnCell::Lstm { input_forget: false }, RnnDirection::Bidirectional);
+    let case = Case { initial_c: true, peepholes: true, reads: Reads::All, ..case };
+    let lens = [SEQ as i64 - 1, 0];
+    let run = |at_run_time: bool| {
+        let g = GraphBuilder::new("lens_at_run_time");
+        let lens_value = if at_run_time {
+            g.input("lens", DType::I64, [BATCH])
+        } else {
+            g.constant("lens", Tensor::from_vec(&[BATCH], lens.to_vec()).expect("lens"))
+        };
+        let p: Vec<Traced> = case
+            .inputs()
+            .into_iter()
+            .enumerate()
+            .map(|(i, t)| g.constant(&format!("p{i}"), t))
+            .collect();
+        let mut operands: Vec<Option<Traced>> = p.iter().copied().map(Some).collect();
+        operands.insert(4, Some(lens_value));
+        let y = g.apply(case.op(), &operands, 3);
+        let all: Vec<Traced> = y.iter().map(|t| t.reshape(&[-1])).collect();
+        let weights = g.anon_constant(rand(&[SEQ * 2 * BATCH * HIDDEN + 4 * BATCH * HIDDEN], 7));
+        g.output("loss", g.concat(&all, 0).mul(weights).reduce_sum(&[], false));
+        let count = p.len();
+        let mut graph = g.build().expect("builds");
+        let loss = graph.outputs()[0].1;
+        let wrt: Vec<ValueId> = (0..count)
+            .map(|i| ValueId::from(graph.node_by_name(&format!("p{i}")).expect("constant")))
+            .collect();
+        let d = append_backward(&mut graph, loss, &wrt).unwrap_or_else(|e| panic!("{e:?}"));
+        for (i, v) in d.into_iter().enumerate() {
+            graph.add_output(&format!("d{i}"), v).expect("output");
+        }
+        let inputs = if at_run_time {
+            vec![Tensor::from_vec(&[BATCH], lens.to_vec()).expect("lens")]
+        } else {
+            vec![]
+        };
+        eval::run(&graph, &inputs).expect("runs")
+    };
+    let (at_run_time, constant) = (run(true), run(false));
+    assert_eq!(at_run_time.len(), 1 + case.inputs().len());
+    for (a, c) in at_run_time.iter().zip(&constant) {
+        assert_eq!(a.to_f64s(), c.to_f64s());
+    }
 }
 
 /// Constant sequence lengths that are all full change nothing, so the rule takes them.
