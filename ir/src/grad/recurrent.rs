@@ -15,8 +15,9 @@
 //! on unchanged and gives the gates none (Where on `t < len`); an empty sequence's final states
 //! are zeros, so Y_h's and Y_c's gradients do not reach its initial states.
 //!
-//! Activations: Sigmoid, Tanh, Relu and LeakyRelu, whose derivatives come from their results.
-//! Refused with a typed error: other activations, and `clip`.
+//! Activations: Sigmoid, Tanh, Relu and LeakyRelu, whose derivatives come from their results;
+//! with `clip`, a pre-activation outside [-clip, clip] passes no gradient. Other activations are
+//! refused with a typed error.
 
 use super::{fixed_dims, ty, zeros_like, Grads, RuleError, Step};
 use crate::builder::Traced;
@@ -45,6 +46,8 @@ const P: usize = 7;
 /// order; a step's are [batch, hidden].
 struct Direction<'g> {
     seq: usize,
+    /// The layer's `clip`.
+    clip: Option<f64>,
     /// The cell's activations f, g[, h].
     activations: Vec<Activation>,
     /// Time indices in the order the steps run (descending for the reverse direction).
@@ -93,6 +96,26 @@ impl<'g> Direction<'g> {
         }
     }
 
+    /// A pre-activation as the activation sees it: clipped where the layer clips.
+    fn clipped(&self, a: Traced<'g>) -> Traced<'g> {
+        match self.clip {
+            Some(c) => a.clip(-c, c),
+            None => a,
+        }
+    }
+
+    /// The gradient `d` of a clipped pre-activation as that of `a`, the one before the clip:
+    /// none where the clip cut it (`a` is only read when the layer clips).
+    fn unclipped(&self, a: impl FnOnce() -> Traced<'g>, d: Traced<'g>) -> Traced<'g> {
+        match self.clip {
+            Some(c) => {
+                let a = a();
+                a.abs().greater(a.scalar(c)).select(d.scalar(0.0), d)
+            }
+            None => d,
+        }
+    }
+
     /// A recomputed state where the step at time `t` ran, the previous one where it did not.
     fn step_state(&self, t: usize, new: Traced<'g>, old: Traced<'g>) -> Traced<'g> {
         match &self.live {
@@ -121,9 +144,6 @@ struct Bptt<'g> {
 }
 
 fn recurrent<'g>(r: &Rnn, s: &Step<'_, 'g>) -> Result<Grads<'g>, RuleError> {
-    if r.clip.is_some() {
-        return Err(RuleError::Unsupported { what: "a recurrent layer with clip" });
-    }
     let activations: Vec<Activation> = r
         .effective_activations()
         .into_iter()
@@ -248,6 +268,7 @@ fn recurrent<'g>(r: &Rnn, s: &Step<'_, 'g>) -> Result<Grads<'g>, RuleError> {
         };
         let dir = Direction {
             seq,
+            clip: r.clip.map(f64::from),
             activations: activations[d * per_direction..(d + 1) * per_direction].to_vec(),
             order: if reverse { (0..seq).rev().collect() } else { (0..seq).collect() },
             r: r_gates,
@@ -460,10 +481,16 @@ fn linear_part<'g>(dir: &Direction<'g>, g: usize) -> Traced<'g> {
 /// RNN: h' = f(x Wᵀ + h Rᵀ + Wb + Rb), so f' comes from h' (Y) alone.
 fn simple<'g>(dir: &Direction<'g>) -> Result<Bptt<'g>, RuleError> {
     let after = by_time(dir.after, dir.seq);
+    // The pre-activations, which only a clip needs (f' comes from f's result).
+    let pre_act = dir.clip.map(|_| by_time(linear_part(dir, 0), dir.seq));
     let (mut walked, mut dh) = (Vec::with_capacity(dir.seq), dir.dy_h);
     for &t in dir.order.iter().rev() {
         let dnext = state_grad(dir, dh, t)?;
         let da = through(dir.activations[0], after[t], dir.entering(t, dnext));
+        let da = match &pre_act {
+            Some(a) => dir.unclipped(|| a[t], da),
+            None => da,
+        };
         dh = Some(dir.past_step(t, back_through(da, dir.r[0]), dnext));
         walked.push((t, da));
     }
@@ -484,7 +511,9 @@ fn simple<'g>(dir: &Direction<'g>) -> Result<Bptt<'g>, RuleError> {
 /// step are computed at once from the states before each step.
 fn gru<'g>(dir: &Direction<'g>, linear_before_reset: bool) -> Result<Bptt<'g>, RuleError> {
     let [f, g] = [dir.activations[0], dir.activations[1]];
-    let (z, r) = (linear_part(dir, 0).unary(f.op), linear_part(dir, 1).unary(f.op));
+    let (z_pre, r_pre) = (linear_part(dir, 0), linear_part(dir, 1));
+    let z = dir.clipped(z_pre).unary(f.op);
+    let r = dir.clipped(r_pre).unary(f.op);
     let hb = dir.before;
     let candidate_rt = dir.r[2].transpose(&[1, 0]);
     // What multiplies R_hᵀ (r ⊙ h, or h with linear_before_reset), and with linear_before_reset
@@ -494,10 +523,18 @@ fn gru<'g>(dir: &Direction<'g>, linear_before_reset: bool) -> Result<Bptt<'g>, R
         if let Some(rb) = dir.candidate_r_bias {
             q = q.add(rb);
         }
-        (dir.x_proj[2].add(r.mul(q)).unary(g.op), hb, Some(by_time(q, dir.seq)))
+        (dir.x_proj[2].add(r.mul(q)), hb, Some(by_time(q, dir.seq)))
     } else {
         let rh = r.mul(hb);
-        (dir.x_proj[2].add(rh.matmul(candidate_rt)).unary(g.op), rh, None)
+        (dir.x_proj[2].add(rh.matmul(candidate_rt)), rh, None)
+    };
+    let n_pre = n;
+    let n = dir.clipped(n_pre).unary(g.op);
+    // The pre-activations by time, which only a clip needs.
+    let pre_act = dir.clip.map(|_| [z_pre, r_pre, n_pre].map(|v| by_time(v, dir.seq)));
+    let unclipped = |k: usize, t: usize, d: Traced<'g>| match &pre_act {
+        Some(a) => dir.unclipped(|| a[k][t], d),
+        None => d,
     };
     let [z, r, n, hb] = [z, r, n, hb].map(|v| by_time(v, dir.seq));
     let mut walked = Vec::with_capacity(dir.seq);
@@ -508,7 +545,7 @@ fn gru<'g>(dir: &Direction<'g>, linear_before_reset: bool) -> Result<Bptt<'g>, R
         let dn = dnext.mul(z[t].scalar(1.0).sub(z[t]));
         let dz = dnext.mul(hb[t].sub(n[t]));
         let mut dprev = dnext.mul(z[t]);
-        let dn_pre = through(g, n[t], dn);
+        let dn_pre = unclipped(2, t, through(g, n[t], dn));
         let (dr, drec) = match &q {
             Some(q) => {
                 let dq = dn_pre.mul(r[t]);
@@ -521,8 +558,8 @@ fn gru<'g>(dir: &Direction<'g>, linear_before_reset: bool) -> Result<Bptt<'g>, R
                 (drh.mul(hb[t]), dn_pre)
             }
         };
-        let dz_pre = through(f, z[t], dz);
-        let dr_pre = through(f, r[t], dr);
+        let dz_pre = unclipped(0, t, through(f, z[t], dz));
+        let dr_pre = unclipped(1, t, through(f, r[t], dr));
         dprev = dprev.add(back_through(dz_pre, dir.r[0])).add(back_through(dr_pre, dir.r[1]));
         walked.push((t, [dz_pre, dr_pre, dn_pre, drec]));
         dh = Some(dir.past_step(t, dprev, carried));
@@ -559,6 +596,8 @@ fn lstm<'g>(dir: &Direction<'g>, input_forget: bool) -> Result<Bptt<'g>, RuleErr
         c_next: Traced<'g>,
         /// h(c'), which o multiplies.
         out_c: Traced<'g>,
+        /// The pre-activations of i, o, f (the coupled one's is i's) and c, before any clip.
+        pre: [Traced<'g>; 4],
     }
     let [gate_act, cell_act, out_act] = [0, 1, 2].map(|k| dir.activations[k]);
     // Per gate, by time: x W_gᵀ + h R_gᵀ + biases, before the peephole term.
@@ -583,17 +622,23 @@ fn lstm<'g>(dir: &Direction<'g>, input_forget: bool) -> Result<Bptt<'g>, RuleErr
                 _ => a,
             }
         };
-        let i = pre(IN, Some((0, c))).unary(gate_act.op);
-        let f = if input_forget {
-            i.scalar(1.0).sub(i)
+        let a_i = pre(IN, Some((0, c)));
+        let i = dir.clipped(a_i).unary(gate_act.op);
+        let (f, a_f) = if input_forget {
+            (i.scalar(1.0).sub(i), a_i)
         } else {
-            pre(FORGET, Some((2, c))).unary(gate_act.op)
+            let a_f = pre(FORGET, Some((2, c)));
+            (dir.clipped(a_f).unary(gate_act.op), a_f)
         };
-        let g = pre(CELL, None).unary(cell_act.op);
+        let a_c = pre(CELL, None);
+        let g = dir.clipped(a_c).unary(cell_act.op);
         let c_next = f.mul(c).add(i.mul(g));
-        let o = pre(OUT, Some((1, c_next))).unary(gate_act.op);
+        let a_o = pre(OUT, Some((1, c_next)));
+        let o = dir.clipped(a_o).unary(gate_act.op);
+        // h is applied to the cell state unclipped, as the interpreter does.
         let out_c = c_next.unary(out_act.op);
-        saved.push((t, Saved { c, i, o, f, g, c_next, out_c }));
+        let pre = [a_i, a_o, a_f, a_c];
+        saved.push((t, Saved { c, i, o, f, g, c_next, out_c, pre }));
         c = dir.step_state(t, c_next, c);
     }
     let mut walked = Vec::with_capacity(dir.seq);
@@ -603,7 +648,7 @@ fn lstm<'g>(dir: &Direction<'g>, input_forget: bool) -> Result<Bptt<'g>, RuleErr
         let t = *t;
         let carried = state_grad(dir, dh, t)?;
         let dnext = dir.entering(t, carried);
-        let da_o = through(gate_act, v.o, dnext.mul(v.out_c));
+        let da_o = dir.unclipped(|| v.pre[OUT], through(gate_act, v.o, dnext.mul(v.out_c)));
         let mut dc_next =
             plus(dc.map(|d| dir.entering(t, d)), through(out_act, v.out_c, dnext.mul(v.o)));
         if let Some(p) = peep {
@@ -616,9 +661,13 @@ fn lstm<'g>(dir: &Direction<'g>, input_forget: bool) -> Result<Bptt<'g>, RuleErr
             // f = 1 - i.
             di = di.sub(df);
         }
-        let da_i = through(gate_act, v.i, di);
-        let da_f = if input_forget { zeros_like(da_i)? } else { through(gate_act, v.f, df) };
-        let da_c = through(cell_act, v.g, dg);
+        let da_i = dir.unclipped(|| v.pre[IN], through(gate_act, v.i, di));
+        let da_f = if input_forget {
+            zeros_like(da_i)?
+        } else {
+            dir.unclipped(|| v.pre[FORGET], through(gate_act, v.f, df))
+        };
+        let da_c = dir.unclipped(|| v.pre[CELL], through(cell_act, v.g, dg));
         if let Some(p) = peep {
             dprev_c = dprev_c.add(da_i.mul(p[0]));
             if !input_forget {

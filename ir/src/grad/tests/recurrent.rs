@@ -41,6 +41,7 @@ struct Case {
     activations: &'static [UnaryOp],
     /// sequence_lens, a constant.
     lens: Option<[i64; BATCH]>,
+    clip: Option<f32>,
 }
 
 impl Case {
@@ -56,6 +57,7 @@ impl Case {
             reads: Reads::Both,
             activations: &[],
             lens: None,
+            clip: None,
         }
     }
 
@@ -65,7 +67,7 @@ impl Case {
             direction: self.direction,
             hidden_size: HIDDEN,
             activations: self.activations.to_vec(),
-            clip: None,
+            clip: self.clip,
             batch_first: self.batch_first,
         })
     }
@@ -254,6 +256,28 @@ fn other_activations() {
     Case { activations: acts, ..lstm }.check("lstm_activations");
 }
 
+/// A clip small enough to cut some pre-activations of every gate: those pass no gradient.
+#[test]
+fn clipped_pre_activations() {
+    let both = RnnDirection::Bidirectional;
+    let clip = Some(0.5);
+    for cell in [
+        RnnCell::Gru { linear_before_reset: false },
+        RnnCell::Gru { linear_before_reset: true },
+        RnnCell::Simple,
+    ] {
+        Case { clip, ..Case::new(cell, both) }.check("clip");
+    }
+    for input_forget in [false, true] {
+        let lstm = Case::new(RnnCell::Lstm { input_forget }, both);
+        Case { initial_c: true, peepholes: true, reads: Reads::All, clip, ..lstm }
+            .check("lstm_clip");
+    }
+    let relu = Case::new(RnnCell::Simple, both);
+    let relu = Case { activations: &[UnaryOp::Relu, UnaryOp::Tanh], lens: Some([2, 3]), ..relu };
+    Case { clip, ..relu }.check("rnn_relu_clip_lens");
+}
+
 /// The rule's error for a GRU built by `edit` from the plain forward one (X, W, R as inputs,
 /// further operands as `extra` adds them), the loss its Y_h.
 fn gru_error(
@@ -301,8 +325,6 @@ fn no_operands(_: &GraphBuilder) -> Vec<Option<Traced<'_>>> {
 #[test]
 fn unsupported_recurrent_layers_are_typed_errors() {
     let fixed = || Dim::Fixed(SEQ);
-    let e = rule_error(gru_error(fixed(), |r| r.clip = Some(2.0), no_operands));
-    assert_eq!(e, RuleError::Unsupported { what: "a recurrent layer with clip" });
     let e = rule_error(gru_error(
         fixed(),
         |r| r.activations = vec![UnaryOp::Sigmoid, UnaryOp::Softsign],
