@@ -22,7 +22,7 @@
 use super::{fixed_dims, ty, zeros_like, Grads, RuleError, Step};
 use crate::builder::Traced;
 use crate::op::{Rnn, RnnCell, RnnDirection};
-use crate::{Dim, Op, UnaryOp};
+use crate::{DType, Dim, Op, UnaryOp};
 
 pub(super) fn grad<'g>(s: &Step<'_, 'g>) -> Result<Grads<'g>, RuleError> {
     match s.op {
@@ -198,7 +198,12 @@ fn recurrent<'g>(r: &Rnn, s: &Step<'_, 'g>) -> Result<Grads<'g>, RuleError> {
     let h0 = operand(INITIAL_H).map(swap01);
     let c0 = if is_lstm { operand(INITIAL_C).map(swap01) } else { None };
     let time_major = |t: Traced<'g>| if r.batch_first { t.transpose(&[1, 2, 0, 3]) } else { t };
-    let (y, dy) = (time_major(s.outputs[0]), grad(0).map(time_major));
+    let y = s
+        .outputs
+        .first()
+        .copied()
+        .ok_or(RuleError::Unsupported { what: "a recurrent layer without its result Y" })?;
+    let (y, dy) = (time_major(y), grad(0).map(time_major));
     let (dy_h, dy_c) = (grad(1).map(swap01), if is_lstm { grad(2).map(swap01) } else { None });
     let bias = operand(B);
     let peep = if is_lstm { operand(P) } else { None };
@@ -207,7 +212,7 @@ fn recurrent<'g>(r: &Rnn, s: &Step<'_, 'g>) -> Result<Grads<'g>, RuleError> {
     // whether it ran at all (an empty sequence ends with zero states, not its initial ones).
     let (live, nonempty) = match lens {
         Some(lens) => {
-            let col = lens.cast(crate::DType::I64).unsqueeze(&[1]);
+            let col = lens.cast(DType::I64).unsqueeze(&[1]);
             let live: Vec<Traced<'g>> =
                 (0..seq).map(|t| col.greater(col.scalar(t as f64))).collect();
             (Some(live), Some(col.greater(col.scalar(0.0))))
