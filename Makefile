@@ -6,7 +6,7 @@ CARGO ?= cargo
 
 SUITES := node pytorch-converted pytorch-operator simple
 
-.PHONY: train-digits setup demo test check-runtime-deps conformance conformance-mirror ratchet bench-pool ops-doc examples bench bench-int8 bench-precision bench-ops fuzz fuzz-smoke soak python python-test python-ratchet python-overhead serve-demo install-check lint
+.PHONY: train-digits grad-vs-torch setup demo test check-runtime-deps conformance conformance-mirror ratchet bench-pool ops-doc examples bench bench-int8 bench-precision bench-ops fuzz fuzz-smoke soak python python-test python-ratchet python-overhead serve-demo install-check lint
 
 setup:
 	@./scripts/setup.sh
@@ -83,6 +83,19 @@ train-digits:
 	$$py scripts/train_digits.py prepare $(TRAIN_DIGITS_DIR) --epochs 10 && \
 	$(CARGO) run --release -q -p kiln-compiler --example train_cifar -- --data $(TRAIN_DIGITS_DIR) $(TRAIN_DIGITS_ARGS) --every 22 && \
 	$$py scripts/train_digits.py compare $(TRAIN_DIGITS_DIR) $(TRAIN_DIGITS_ARGS)
+
+# kiln's gradient rules against PyTorch's autograd (issue 37; not part of `make test`: it needs
+# the same train venv with PyTorch and onnx, and the release CLI): small ONNX models, one or a few
+# ops each with a training-domain Gradient node, run by `kiln run` on the CPU and by `kiln check`
+# on the interpreter, in f64 and f32, against torch.autograd.grad on the same forward pass
+# (scripts/grad_vs_torch.py, under a minute); fails on any gradient outside the tolerance.
+# `make grad-vs-torch CARGO=true KILN=path/to/kiln` checks a CLI already built elsewhere.
+KILN ?= target/release/kiln
+GRAD_VS_TORCH_ARGS := --device cpu,ref
+grad-vs-torch:
+	@py=$$(./scripts/setup-train.sh) && \
+	$(CARGO) build --release -q -p kiln-compiler --bin kiln && \
+	$$py scripts/grad_vs_torch.py --kiln $(KILN) $(GRAD_VS_TORCH_ARGS)
 
 # Refreshes the ratchet lists with every test that passes now.
 ratchet:

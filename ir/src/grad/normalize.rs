@@ -1,7 +1,7 @@
 //! Gradients of Softmax, LogSoftmax, LayerNormalization and BatchNormalization (its inference
 //! form: the statistics are operands, so they get gradients like the scale and bias do).
 
-use super::{rank, reduce_to, ty, Grads, RuleError, Step};
+use super::{expand_like, rank, reduce_to, ty, Grads, RuleError, Step};
 use crate::builder::Traced;
 use crate::{normalize_axis, Op};
 
@@ -31,14 +31,18 @@ pub(super) fn log_softmax_backward<'g>(y: Traced<'g>, dy: Traced<'g>, axis: i64)
 
 /// With x̂ = (x - μ)·r, r = 1/√(σ² + ε) over the normalised axes and g = dy·scale:
 /// dx = r (g - mean(g) - x̂ mean(g x̂)), dscale = Σ dy x̂, dbias = Σ dy (over the leading axes).
-/// The statistics are recomputed from x rather than read from the node's optional results.
+/// The statistics are recomputed from x rather than read from the node's optional results. When
+/// the loss reads those results (Mean μ, InvStdDev r), dx also gets dμ/n and
+/// dr·(-r³)(x - μ)/n, n the count of normalised elements (dσ²/dx = 2(x - μ)/n, dr/dσ² = -r³/2).
 fn layer_norm<'g>(axis: i64, epsilon: f32, s: &Step<'_, 'g>) -> Result<Grads<'g>, RuleError> {
-    if s.grads.iter().skip(1).any(Option::is_some) {
-        return Err(RuleError::Unsupported {
-            what: "a gradient of LayerNormalization's statistics",
-        });
-    }
-    let (x, scale, dy) = (s.input(0)?, s.input(1)?, s.dy()?);
+    let (x, scale) = (s.input(0)?, s.input(1)?);
+    let stat_grad = |i: usize| s.grads.get(i).copied().flatten();
+    let (d_mean, d_inv_std) = (stat_grad(1), stat_grad(2));
+    let dy = match s.grads.first().copied().flatten() {
+        Some(d) => Some(d),
+        None if d_mean.is_none() && d_inv_std.is_none() => Some(s.dy()?),
+        None => None,
+    };
     let r = rank(x)?;
     let a =
         normalize_axis(axis, r).ok_or(RuleError::Unsupported { what: "an axis out of range" })?;
@@ -47,14 +51,47 @@ fn layer_norm<'g>(axis: i64, epsilon: f32, s: &Step<'_, 'g>) -> Result<Grads<'g>
     let var = xc.mul(xc).reduce_mean(&axes, true);
     let inv_std = var.add(x.scalar(f64::from(epsilon))).sqrt().reciprocal();
     let x_hat = xc.mul(inv_std);
-    let dx = s.needs(0).then(|| {
-        let g = dy.mul(scale);
-        let centred = g.sub(g.reduce_mean(&axes, true));
-        inv_std.mul(centred.sub(x_hat.mul(g.mul(x_hat).reduce_mean(&axes, true))))
-    });
-    let dscale = if s.needs(1) { Some(reduce_to(dy.mul(x_hat), &ty(scale)?.shape)?) } else { None };
-    let dbias = match (s.needs(2), s.inputs.get(2).copied().flatten()) {
-        (true, Some(b)) => Some(reduce_to(dy, &ty(b)?.shape)?),
+    let mut dx = match (s.needs(0), dy) {
+        (true, Some(dy)) => {
+            let g = dy.mul(scale);
+            let centred = g.sub(g.reduce_mean(&axes, true));
+            Some(inv_std.mul(centred.sub(x_hat.mul(g.mul(x_hat).reduce_mean(&axes, true)))))
+        }
+        _ => None,
+    };
+    if s.needs(0) && (d_mean.is_some() || d_inv_std.is_some()) {
+        let t = ty(x)?;
+        let count: Option<usize> = (a..r).map(|i| t.shape.dims()[i].fixed()).product();
+        let count = count.ok_or_else(|| RuleError::NeedsFixedShape {
+            what: "the normalised axes",
+            ty: Box::new(t.clone()),
+        })?;
+        let n = x.scalar(count as f64);
+        // Each statistic's gradient has the statistic's shape ([..., 1, ...]) and broadcasts
+        // over the normalised axes.
+        let mut stats = match d_mean {
+            Some(dm) => Some(expand_like(dm.div(n), x)?),
+            None => None,
+        };
+        if let Some(dr) = d_inv_std {
+            let r3 = inv_std.mul(inv_std).mul(inv_std);
+            let term = dr.mul(r3).mul(xc).div(n).neg();
+            stats = Some(match stats {
+                Some(m) => m.add(term),
+                None => term,
+            });
+        }
+        dx = match (dx, stats) {
+            (Some(d), Some(m)) => Some(d.add(m)),
+            (d, m) => d.or(m),
+        };
+    }
+    let dscale = match (s.needs(1), dy) {
+        (true, Some(dy)) => Some(reduce_to(dy.mul(x_hat), &ty(scale)?.shape)?),
+        _ => None,
+    };
+    let dbias = match (s.needs(2), s.inputs.get(2).copied().flatten(), dy) {
+        (true, Some(b), Some(dy)) => Some(reduce_to(dy, &ty(b)?.shape)?),
         _ => None,
     };
     Ok(vec![dx, dscale, dbias])

@@ -1,13 +1,16 @@
-//! Gradients of ReduceSum, ReduceMean and ReduceSumSquare: the result gradient given back the
-//! reduced axes and broadcast over them (divided by the count for the mean).
+//! Gradients of the reductions: the result gradient given back the reduced axes and broadcast
+//! over them, then scaled per element: by 1/count for the mean, 2x for the sum of squares,
+//! sign(x) for L1, x/y for L2, 1/Σx for LogSum, exp(x - y) for LogSumExp, and for Max and Min
+//! shared equally among the elements equal to the result (PyTorch's amax/amin). ReduceProd has
+//! none: y/x is wrong where x is zero, and the exact product of the others is not built.
 
 use super::{expand_like, rank, ty, Grads, RuleError, Step};
 use crate::op::ReduceKind;
-use crate::{normalize_axis, Op};
+use crate::{normalize_axis, BinaryOp, Op, UnaryOp};
 
 pub(super) fn grad<'g>(s: &Step<'_, 'g>) -> Result<Grads<'g>, RuleError> {
     let Op::Reduce(r) = s.op else { return Err(RuleError::NoRule) };
-    if !matches!(r.kind, ReduceKind::Sum | ReduceKind::Mean | ReduceKind::SumSquare) {
+    if r.kind == ReduceKind::Prod {
         return Err(RuleError::NoRule);
     }
     let (x, dy) = (s.input(0)?, s.dy()?);
@@ -34,8 +37,12 @@ pub(super) fn grad<'g>(s: &Step<'_, 'g>) -> Result<Grads<'g>, RuleError> {
         a
     };
     let mut d = dy;
+    // The result with the reduced axes kept, for the rules that read it.
+    let mut y = s.outputs[0];
     if !r.keepdims && !axes.is_empty() {
-        d = d.unsqueeze(&axes.iter().map(|&a| a as i64).collect::<Vec<_>>());
+        let kept = axes.iter().map(|&a| a as i64).collect::<Vec<_>>();
+        d = d.unsqueeze(&kept);
+        y = y.unsqueeze(&kept);
     }
     let mut dx = expand_like(d, x)?;
     match r.kind {
@@ -49,7 +56,22 @@ pub(super) fn grad<'g>(s: &Step<'_, 'g>) -> Result<Grads<'g>, RuleError> {
             dx = dx.div(dx.scalar(count as f64));
         }
         ReduceKind::SumSquare => dx = dx.mul(x).mul(x.scalar(2.0)),
-        _ => {}
+        ReduceKind::L1 => dx = dx.mul(x.unary(UnaryOp::Sign)),
+        // A zero norm has every x zero: PyTorch gives them 0, not 0/0.
+        ReduceKind::L2 => {
+            let zero = y.binary(BinaryOp::Equal, y.scalar(0.0));
+            dx = zero.select(x.scalar(0.0), dx.mul(x).div(y));
+        }
+        ReduceKind::LogSum => dx = dx.div(y.exp()),
+        ReduceKind::LogSumExp => dx = dx.mul(x.sub(y).exp()),
+        ReduceKind::Max | ReduceKind::Min => {
+            let dt = ty(x)?.dtype;
+            let at = x.binary(BinaryOp::Equal, y).cast(dt);
+            let kept: Vec<i64> = axes.iter().map(|&a| a as i64).collect();
+            let ties = if kept.is_empty() { at } else { at.reduce_sum(&kept, true) };
+            dx = dx.mul(at).div(ties);
+        }
+        ReduceKind::Sum | ReduceKind::Prod => {}
     }
     Ok(vec![Some(dx)])
 }

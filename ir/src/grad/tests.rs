@@ -7,7 +7,7 @@ mod recurrent;
 
 use super::{append_backward, GradError};
 use crate::builder::{ConvOptions, GraphBuilder, Traced};
-use crate::op::{AutoPad, Conv, Gemm, Loss, LossReduction, Pool, PoolKind, Window};
+use crate::op::{AutoPad, Conv, Gemm, Loss, LossReduction, Pool, PoolKind, ReduceKind, Window};
 use crate::{eval, DType, Dim, Graph, Op, Tensor, UnaryOp, ValueId};
 
 /// Builds the graph under test from its differentiable inputs (the closure adds any constants:
@@ -266,6 +266,15 @@ fn average_pools() {
         g.apply(pool(kind, 3, 2, &[0, 0, 1, 1], true), &[Some(x[0])], 1)[0]
     });
     check("global_avg_pool", &[x.clone()], |_, x| x[0].global_avg_pool());
+    check("global_max_pool", &[x.clone()], |g, x| {
+        g.apply(Op::GlobalPool(PoolKind::Max), &[Some(x[0])], 1)[0]
+    });
+    check("global_lp_pool_2", &[x.clone()], |g, x| {
+        g.apply(Op::GlobalPool(PoolKind::Lp { p: 2 }), &[Some(x[0])], 1)[0]
+    });
+    check("global_lp_pool_3", &[x.clone()], |g, x| {
+        g.apply(Op::GlobalPool(PoolKind::Lp { p: 3 }), &[Some(x[0])], 1)[0]
+    });
 }
 
 #[test]
@@ -351,6 +360,44 @@ fn reductions() {
     check("reduce_sum_all", &[x.clone()], |_, x| x[0].reduce_sum(&[], false));
     check("reduce_mean", &[x.clone()], |_, x| x[0].reduce_mean(&[2, 0], false));
     check("reduce_mean_keep", &[x.clone()], |_, x| x[0].reduce_mean(&[1], true));
+    check("reduce_sum_square", &[x.clone()], |_, x| {
+        x[0].reduce(ReduceKind::SumSquare, &[1], false)
+    });
+    check("reduce_l1", &[x.clone()], |_, x| x[0].reduce(ReduceKind::L1, &[2], false));
+    check("reduce_l2", &[x.clone()], |_, x| x[0].reduce(ReduceKind::L2, &[0, 2], true));
+    check("reduce_log_sum", &[positive(&[2, 3, 4], 2)], |_, x| {
+        x[0].reduce(ReduceKind::LogSum, &[1], false)
+    });
+    check("reduce_log_sum_exp", &[x.clone()], |_, x| {
+        x[0].reduce(ReduceKind::LogSumExp, &[-1], false)
+    });
+    // Random values have no ties, so the maximum is differentiable where it is checked.
+    check("reduce_max", &[x.clone()], |_, x| x[0].reduce_max(&[1], false));
+    check("reduce_min_all", &[x.clone()], |_, x| x[0].reduce(ReduceKind::Min, &[], true));
+}
+
+/// Where the maximum is tied its gradient is shared equally (PyTorch's amax), and a zero L2
+/// norm gives its elements 0, not 0/0: both points where finite differences do not apply.
+#[test]
+fn reductions_at_ties_and_zero() {
+    let g = GraphBuilder::new("ties");
+    let x = g.input("x", DType::F64, [2, 3]);
+    let max = x.reduce_max(&[1], false);
+    let l2 = x.reduce(ReduceKind::L2, &[1], false);
+    g.output("loss", max.add(l2).reduce_sum(&[], false));
+    let mut graph = g.build().unwrap();
+    let (loss, xv) = (graph.outputs()[0].1, ValueId::from(graph.inputs()[0]));
+    let d = append_backward(&mut graph, loss, &[xv]).unwrap()[0];
+    graph.add_output("dx", d).unwrap();
+    let x = Tensor::from_f64s(DType::F64, &[2, 3], &[3.0, 1.0, 3.0, 0.0, 0.0, 0.0]).unwrap();
+    let got = eval::run(&graph, &[x]).unwrap()[1].to_f64s();
+    // Row 0: the max's 1 shared by the two 3s; L2's x/|x| with |x| = √19. Row 1: all zero, the
+    // max's 1 shared three ways and nothing from L2.
+    let n = 19f64.sqrt();
+    let want = [0.5 + 3.0 / n, 1.0 / n, 0.5 + 3.0 / n, 1.0 / 3.0, 1.0 / 3.0, 1.0 / 3.0];
+    for (g, w) in got.iter().zip(want) {
+        assert!((g - w).abs() < 1e-12, "got {got:?}, want {want:?}");
+    }
 }
 
 #[test]
@@ -361,6 +408,37 @@ fn normalisations() {
     });
     check("layer_norm_two_axes", &[x.clone(), rand(&[3, 4], 4), rand(&[4], 5)], |_, x| {
         x[0].layer_norm(x[1], x[2], 1, 1e-3)
+    });
+    // LayerNormalization's Mean and InvStdDev results read by the loss: with y, each alone
+    // (y then has no gradient), and over two axes.
+    let affine = [x.clone(), rand(&[4], 2), rand(&[4], 3)];
+    check("layer_norm_statistics", &affine, |g, x| {
+        let r = g.apply(
+            Op::LayerNorm { axis: -1, epsilon: 1e-2 },
+            &[Some(x[0]), Some(x[1]), Some(x[2])],
+            3,
+        );
+        r[0].add(r[1]).add(r[2].mul(r[2]))
+    });
+    check("layer_norm_mean", &affine, |g, x| {
+        let r = g.apply(
+            Op::LayerNorm { axis: -1, epsilon: 1e-2 },
+            &[Some(x[0]), Some(x[1]), Some(x[2])],
+            3,
+        );
+        r[1].mul(r[1])
+    });
+    check("layer_norm_inv_std", &affine, |g, x| {
+        let r = g.apply(
+            Op::LayerNorm { axis: -1, epsilon: 1e-2 },
+            &[Some(x[0]), Some(x[1]), Some(x[2])],
+            3,
+        );
+        r[2]
+    });
+    check("layer_norm_statistics_two_axes", &[x.clone(), rand(&[3, 4], 4)], |g, x| {
+        let r = g.apply(Op::LayerNorm { axis: 1, epsilon: 1e-2 }, &[Some(x[0]), Some(x[1])], 3);
+        r[0].add(r[1].mul(r[2]))
     });
     let stats = [rand(&[3], 6), rand(&[3], 7), rand(&[3], 8), positive(&[3], 9)];
     let mut inputs = vec![rand(&[2, 3, 2, 2], 10)];

@@ -10,7 +10,7 @@ use crate::builder::Traced;
 use crate::op::{
     AutoPad, Conv, ConvTranspose, Pool, PoolKind, ScatterReduction, SpatialAxis, Window,
 };
-use crate::{Dim, Op, Tensor};
+use crate::{BinaryOp, Dim, Op, Tensor, UnaryOp};
 
 pub(super) fn grad<'g>(s: &Step<'_, 'g>) -> Result<Grads<'g>, RuleError> {
     match s.op {
@@ -25,6 +25,22 @@ pub(super) fn grad<'g>(s: &Step<'_, 'g>) -> Result<Grads<'g>, RuleError> {
             let spatial = spatial_dims(x)?;
             let count: usize = spatial.iter().product();
             Ok(vec![Some(expand_like(dy.div(dy.scalar(count as f64)), x)?)])
+        }
+        Op::GlobalPool(PoolKind::Max) => {
+            // Shared equally among the elements equal to the maximum, as ReduceMax's.
+            let (x, y, dy) = (s.input(0)?, s.outputs[0], s.dy()?);
+            let axes: Vec<i64> = (2..2 + spatial_dims(x)?.len() as i64).collect();
+            let at = x.binary(BinaryOp::Equal, y).cast(ty(x)?.dtype);
+            Ok(vec![Some(dy.mul(at).div(at.reduce_sum(&axes, true)))])
+        }
+        Op::GlobalPool(PoolKind::Lp { p }) => {
+            // y = (Σ|x|^p)^(1/p): dx = dy·sign(x)·|x|^(p-1) / y^(p-1), 0 where y is 0.
+            let (x, y, dy) = (s.input(0)?, s.outputs[0], s.dy()?);
+            let e = x.scalar(f64::from(*p) - 1.0);
+            let num = x.unary(UnaryOp::Sign).mul(x.unary(UnaryOp::Abs).pow(e));
+            let zero = y.binary(BinaryOp::Equal, y.scalar(0.0));
+            let dx = dy.mul(num).div(y.pow(e));
+            Ok(vec![Some(expand_like(zero, x)?.select(x.scalar(0.0), dx))])
         }
         _ => Err(RuleError::NoRule),
     }

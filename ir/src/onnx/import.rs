@@ -418,7 +418,10 @@ impl<'a> GraphImporter<'a> {
     ) -> Result<Vec<ValueId>> {
         let name = self.name_for(node, suffix);
         let variable = |v: &ValueId| self.variables.iter().any(|n| self.values.get(n) == Some(v));
-        let folded = if operands.iter().flatten().any(variable) {
+        // Shape and Size read only their operand's type, which a derivative never changes: they
+        // fold even on a variable, so a Reshape to `Shape(x)` keeps x's fixed sizes.
+        let reads_values = !matches!(op, Op::Shape { .. } | Op::Size);
+        let folded = if reads_values && operands.iter().flatten().any(variable) {
             None
         } else {
             crate::fold::fold(&self.graph, &op, operands, num_outputs)

@@ -212,6 +212,49 @@ fn gradient_by_an_initializer_read_through_constant_ops() {
     assert_close(&out[1], &[2, 3], &want, 1e-5);
 }
 
+/// A flatten as PyTorch exports it, `Reshape(x, Concat(Shape(x)[0], -1))`: the Shape of a
+/// Gradient's x folds (it reads x's type, not its values), so the Reshape keeps fixed sizes and
+/// the backward graph broadcasts against them (it was "needs fixed sizes" on a symbolic axis).
+#[test]
+fn gradient_through_a_reshape_to_the_shape_of_x() {
+    let i64_init = |name: &str, v: &[i64]| TensorProto {
+        name: Some(name.into()),
+        dims: vec![v.len() as i64],
+        data_type: Some(data_type::INT64),
+        int64_data: v.to_vec(),
+        ..Default::default()
+    };
+    let w: Vec<f32> = (0..24).map(|i| (i as f32 - 11.5) / 8.0).collect();
+    let bytes = model_with(
+        vec![
+            node("Shape", "shape", &["x"], &["shape"], vec![]),
+            node("Gather", "batch", &["shape", "zero"], &["batch"], vec![int("axis", 0)]),
+            node("Concat", "dims", &["batch", "rest"], &["dims"], vec![int("axis", 0)]),
+            node("Reshape", "flat", &["x", "dims"], &["flat"], vec![]),
+            node("MatMul", "m", &["flat", "w"], &["m"], vec![]),
+            sum("y", "m", "y"),
+            gradient("g", &["x", "w"], &["dx", "dw"], &["x", "w"], &[], "y"),
+        ],
+        vec![value("x", data_type::FLOAT, &[2, 3, 4])],
+        vec![
+            value("y", data_type::FLOAT, &[]),
+            value("dx", data_type::FLOAT, &[2, 3, 4]),
+            value("dw", data_type::FLOAT, &[12, 2]),
+        ],
+        vec![f32_init("w", &[12, 2], &w), i64_init("zero", &[0]), i64_init("rest", &[-1])],
+    );
+    let graph = load(&bytes).unwrap().graph;
+    let x = Tensor::random(DType::F32, &[2, 3, 4], 5);
+    let out = eval::run(&graph, std::slice::from_ref(&x)).unwrap();
+    // y = sum_b sum_j sum_k flat[b, j] w[j, k]: dy/dx[b, j] = sum_k w[j, k], dy/dw[j, k] = sum_b x[b, j].
+    let dx: Vec<f64> =
+        (0..2).flat_map(|_| (0..12).map(|j| (w[2 * j] + w[2 * j + 1]) as f64)).collect();
+    let xs = x.to_f64s();
+    let dw: Vec<f64> = (0..12).flat_map(|j| [xs[j] + xs[12 + j]; 2]).collect();
+    assert_close(&out[1], &[2, 3, 4], &dx, 1e-6);
+    assert_close(&out[2], &[12, 2], &dw, 1e-6);
+}
+
 /// Gradient nodes that define no derivative kiln can build are typed errors naming the node,
 /// never panics.
 #[test]
