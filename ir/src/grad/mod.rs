@@ -14,6 +14,7 @@ mod elementwise;
 mod loss;
 mod movement;
 mod normalize;
+mod recurrent;
 mod reduce;
 mod window;
 
@@ -283,6 +284,7 @@ fn rule<'g>(step: &Step<'_, 'g>) -> Result<Grads<'g>, RuleError> {
         OpFamily::Reduce => reduce::grad(step),
         OpFamily::Movement => movement::grad(step),
         OpFamily::Loss => loss::grad(step),
+        OpFamily::Sequence => recurrent::grad(step),
         _ => Err(RuleError::NoRule),
     }
 }

@@ -3,6 +3,8 @@
 //! random tensor, so every result element weighs differently), the appended gradients evaluated
 //! and compared, element by element, with (L(x + ε) - L(x - ε)) / 2ε.
 
+mod recurrent;
+
 use super::{append_backward, GradError};
 use crate::builder::{ConvOptions, GraphBuilder, Traced};
 use crate::op::{AutoPad, Conv, Gemm, Loss, LossReduction, Pool, PoolKind, ReduceKind, Window};
@@ -10,7 +12,7 @@ use crate::{eval, DType, Dim, Graph, Op, Tensor, UnaryOp, ValueId};
 
 /// Builds the graph under test from its differentiable inputs (the closure adds any constants:
 /// labels, indices, a fixed exponent).
-type Build = for<'g> fn(&'g GraphBuilder, &[Traced<'g>]) -> Traced<'g>;
+type Build<'a> = &'a dyn for<'g> Fn(&'g GraphBuilder, &[Traced<'g>]) -> Traced<'g>;
 
 const EPS: f64 = 1e-6;
 const RTOL: f64 = 1e-5;
@@ -53,8 +55,12 @@ fn loss_at(graph: &Graph, inputs: &[Tensor]) -> f64 {
 }
 
 /// Checks the gradient of every input of `build` against finite differences.
-fn check(name: &str, inputs: &[Tensor], build: Build) {
-    let (fwd, loss) = forward(name, inputs, build);
+fn check(
+    name: &str,
+    inputs: &[Tensor],
+    build: impl for<'g> Fn(&'g GraphBuilder, &[Traced<'g>]) -> Traced<'g>,
+) {
+    let (fwd, loss) = forward(name, inputs, &build);
     let mut graph = fwd.clone();
     let wrt: Vec<ValueId> = graph.inputs().iter().map(|&n| ValueId::from(n)).collect();
     let grads = append_backward(&mut graph, loss, &wrt).unwrap_or_else(|e| panic!("{name}: {e}"));
