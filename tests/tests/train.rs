@@ -191,9 +191,12 @@ fn parameters_are_updated_in_place_in_one_buffer() {
     assert!(e.contains("updates 8 tensors in place (conv.weight, conv.bias"), "{e}");
 }
 
-/// x f32[4,1,8,8] -> conv 1->3 3x3 (pad 1) -> relu -> conv 3->4 3x3 (pad 1) -> relu -> maxpool
-/// 2 -> flatten -> fc 64->3 -> softmax cross-entropy: the second convolution's input gradient
-/// is a ConvTranspose that reads its weight, as the fc's input gradient reads the fc weight.
+/// x f32[4,1,8,8] -> conv 1->3 3x3 (pad 1) -> relu -> conv 3->4 3x3 (pad 1) -> relu -> a gate
+/// (each channel's values at or below its threshold `gate` f32[1,4,1,1] zeroed) -> maxpool 2 ->
+/// flatten -> fc 64->3 -> softmax cross-entropy. The second convolution's input gradient is a
+/// ConvTranspose that reads its weight, as the fc's input gradient reads the fc weight. The
+/// gate is read deep in the forward but has no gradient (a comparison), so its update (weight
+/// decay alone) needs nothing the forward computes: by data alone it would run first.
 fn two_conv_cnn() -> Graph {
     let g = GraphBuilder::new("two_conv_cnn");
     let scaled = |name: &str, dims: &[usize], seed: u64, k: f64| {
@@ -213,7 +216,10 @@ fn two_conv_cnn() -> Graph {
         Some(scaled("conv2.bias", &[4], 14, 0.1)),
         ConvOptions::default().pad(1),
     );
-    let p = c2.relu().max_pool(2, 2, 0).flatten(1);
+    let r2 = c2.relu();
+    let gate = g.constant("gate", Tensor::full(DType::F32, &[1, 4, 1, 1], 0.1));
+    let gated = r2.greater(gate).select(r2, r2.scalar(0.0));
+    let p = gated.max_pool(2, 2, 0).flatten(1);
     let logits = p.linear(scaled("fc.weight", &[3, 64], 15, 0.1), scaled("fc.bias", &[3], 16, 0.1));
     let loss = g.apply(
         Op::SoftmaxCrossEntropyLoss(Loss { reduction: LossReduction::Mean, ignore_index: None }),
@@ -224,17 +230,34 @@ fn two_conv_cnn() -> Graph {
     g.build().unwrap()
 }
 
-/// Weights read by the backward (conv2's ConvTranspose, the fc's input gradient) and updated in
-/// place give the interpreter's losses and parameters, SGD and Adam, 1 and 2 threads: a write
-/// of a new weight before the last read of the old would change the gradients below it.
+/// Weights read by the backward (conv2's ConvTranspose, the fc's input gradient) and a gate read
+/// deep in the forward, all updated in place, give the interpreter's losses and parameters, SGD
+/// and Adam (weight decay large enough to move the gate), 1 and 2 threads: a write of a new
+/// value before the last read of the old would change the loss or the gradients below it. (With
+/// the schedule's write-after-read edges removed, the gate's update runs before the forward
+/// reads the gate and the losses part from the interpreter's.)
 #[test]
 fn weights_read_by_the_backward_are_written_after_it() {
     let graph = two_conv_cnn();
-    let params =
-        ["conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias", "fc.weight", "fc.bias"];
+    let params = [
+        "conv1.weight",
+        "conv1.bias",
+        "conv2.weight",
+        "conv2.bias",
+        "gate",
+        "fc.weight",
+        "fc.bias",
+    ];
+    let adam = Optimizer::Adam {
+        lr: 0.02,
+        beta1: 0.9,
+        beta2: 0.999,
+        epsilon: 1e-8,
+        weight_decay: 0.5,
+    };
     let opts = [
-        (Optimizer::Sgd { lr: 0.2, momentum: 0.9, nesterov: false, weight_decay: 1e-3 }, 0.2),
-        (Optimizer::adam(0.02), 0.02),
+        (Optimizer::Sgd { lr: 0.2, momentum: 0.9, nesterov: false, weight_decay: 0.5 }, 0.2),
+        (adam, 0.02),
     ];
     for (opt, lr) in opts {
         let step = step_graph(&graph, "loss", &params, &opt).unwrap();
@@ -247,6 +270,7 @@ fn weights_read_by_the_backward_are_written_after_it() {
                 schedule.contains("`conv2.weight.new` over `conv2.weight`: read by"),
                 "{schedule}"
             );
+            let gate = session.param("gate").unwrap().to_f64s();
             for (s, want) in want_losses.iter().enumerate() {
                 let got = session.step(&batch(s as u64)).unwrap() as f64;
                 assert!(
@@ -264,6 +288,8 @@ fn weights_read_by_the_backward_are_written_after_it() {
                     );
                 }
             }
+            let moved = session.param("gate").unwrap().to_f64s();
+            assert!(moved[0] < gate[0] - 0.01, "the gate moved: {gate:?} -> {moved:?}");
         }
     }
 }
