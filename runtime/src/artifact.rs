@@ -1444,6 +1444,6 @@ mod tests {
         let mut bytes = art(Target::Cpu).to_bytes();
         bytes[8..12].copy_from_slice(&1u32.to_le_bytes());
         let e = Artifact::from_bytes(&bytes, "old.kiln").unwrap_err().to_string();
-        assert!(e.contains("artifact format version 1, this runtime reads versions 2 to 5; recompile the model"), "{e}");
+        assert!(e.contains("artifact format version 1, this runtime reads versions 2 to 6; recompile the model"), "{e}");
     }
 }
