@@ -248,13 +248,8 @@ fn weights_read_by_the_backward_are_written_after_it() {
         "fc.weight",
         "fc.bias",
     ];
-    let adam = Optimizer::Adam {
-        lr: 0.02,
-        beta1: 0.9,
-        beta2: 0.999,
-        epsilon: 1e-8,
-        weight_decay: 0.5,
-    };
+    let adam =
+        Optimizer::Adam { lr: 0.02, beta1: 0.9, beta2: 0.999, epsilon: 1e-8, weight_decay: 0.5 };
     let opts = [
         (Optimizer::Sgd { lr: 0.2, momentum: 0.9, nesterov: false, weight_decay: 0.5 }, 0.2),
         (adam, 0.02),
@@ -708,4 +703,42 @@ fn running_statistics_are_found_by_their_batch_norm_only() {
         .collect();
     let out = |i: usize| graph.outputs()[i].1;
     assert_eq!(found, [("rm".to_string(), out(1)), ("rv".to_string(), out(2))]);
+}
+
+/// On a GPU target (OpenCL here) the runtime binds no state: the session compiles without
+/// `in_place` and feeds the step's outputs back as the next step's inputs, as before, giving
+/// the interpreter's losses and parameters.
+#[test]
+fn a_gpu_session_feeds_its_outputs_back() {
+    use kiln_runtime::Target;
+    if !crate::gpu::have(Target::Opencl) {
+        return crate::gpu::skipped("no OpenCL device (run `eval \"$(scripts/setup-opencl.sh)\"`); training on OpenCL was not run");
+    }
+    let graph = small_cnn();
+    let opt = Optimizer::Sgd { lr: 0.2, momentum: 0.9, nesterov: false, weight_decay: 1e-3 };
+    let step = step_graph(&graph, "loss", &PARAMS, &opt).unwrap();
+    let (want_losses, want_params) = interpreted(&step, &opt, 3, 0.2);
+    let options = TrainOptions {
+        compile: Options {
+            target: kiln_compiler::TargetKind::Opencl,
+            cache: false,
+            ..Options::default()
+        },
+        ..Default::default()
+    };
+    let mut session = TrainSession::new(&graph, "loss", &PARAMS, opt, options).unwrap();
+    assert!(session.executable().state().is_empty());
+    assert!(session
+        .plan()
+        .to_string()
+        .contains("output 1 `conv.weight.new` -> next step's input `conv.weight`"));
+    for (s, want) in want_losses.iter().enumerate() {
+        let got = session.step(&batch(s as u64)).unwrap() as f64;
+        assert!((got - want).abs() <= 1e-4 * (1.0 + want.abs()), "step {s}: {got} vs {want}");
+    }
+    for (name, want) in PARAMS.iter().zip(&want_params) {
+        for (a, b) in session.param(name).unwrap().to_f64s().iter().zip(want.to_f64s()) {
+            assert!((a - b).abs() <= 1e-4 * (1.0 + b.abs()), "{name}: {a} vs {b}");
+        }
+    }
 }
