@@ -587,7 +587,9 @@ pub fn fused_dot(graph: &Graph, options: &Options) -> Result<String> {
 fn fused_dot_body(graph: &Graph, options: &Options, prefix: &str) -> Result<String> {
     let g = optimize(graph, options)?;
     let Some(split) = crate::control::split(&g)? else {
-        let partition = fuse::partition(&g, backend::rules(options.target).views())?;
+        let in_place = in_place_inputs(&g, options);
+        let partition =
+            fuse::partition_in_place(&g, backend::rules(options.target).views(), &in_place)?;
         return Ok(crate::dot::fused_body(&g, &partition, prefix));
     };
     let mut out = String::new();
@@ -631,7 +633,9 @@ pub fn front(graph: &Graph, options: &Options, codegen: bool) -> Result<Stages> 
         stages.set(Stage::Mlir, mlir);
         return Ok(stages);
     }
-    let partition = fuse::partition(&g, backend::rules(options.target).views())?;
+    let in_place = in_place_inputs(&g, options);
+    let partition =
+        fuse::partition_in_place(&g, backend::rules(options.target).views(), &in_place)?;
     stages.set(Stage::Fused, fuse::print(&g, &partition));
     if codegen {
         let backend = backend::for_options(options)?;

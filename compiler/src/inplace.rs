@@ -53,13 +53,6 @@ pub struct InPlacePlan {
     pub names: Vec<String>,
 }
 
-impl InPlacePlan {
-    /// The graph inputs written over, by graph input index.
-    pub fn input_indices(&self) -> Vec<usize> {
-        self.pairs.iter().map(|a| a.input_index).collect()
-    }
-}
-
 impl fmt::Display for InPlacePlan {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         for a in &self.pairs {
