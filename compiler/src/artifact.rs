@@ -8,13 +8,14 @@ use std::collections::HashMap;
 use kiln_ir::{Graph, ValueId};
 use kiln_runtime::artifact::{
     Artifact, BatchDesc, BatchProgram, Blob, BufferDesc, BufferKind, ControlDesc, KernelDesc,
-    Launch, Manifest, Target, TensorDesc,
+    Launch, Manifest, StateDesc, Target, TensorDesc,
 };
 use kiln_runtime::status::STATUS_BYTES;
 
 use crate::batch::BatchPlan;
 use crate::fuse::{self, Partition};
-use crate::Result;
+use crate::inplace::InPlacePlan;
+use crate::{CompileError, Result};
 
 pub const ALIGN: u64 = 64;
 
@@ -81,8 +82,23 @@ pub struct TargetCode {
     pub scratch: Option<kiln_runtime::artifact::ScratchDesc>,
 }
 
-/// Assembles the artifact for compiled kernels.
-pub fn assemble(graph: &Graph, partition: &Partition, code: TargetCode) -> Result<Artifact> {
+/// Assembles the artifact for compiled kernels. The outputs `in_place` writes over inputs share
+/// the input's buffer, of kind `State` (neither among the manifest's inputs nor its outputs),
+/// and its ordering edges join the schedule.
+pub fn assemble(
+    graph: &Graph,
+    partition: &Partition,
+    code: TargetCode,
+    in_place: &InPlacePlan,
+) -> Result<Artifact> {
+    if !in_place.pairs.is_empty() && code.target != Target::Cpu {
+        let a = &in_place.pairs[0];
+        return Err(CompileError::InPlace {
+            input: a.input.clone(),
+            output: a.output.clone(),
+            why: format!("state updated in place is the CPU's, not {}'s", code.target.name()),
+        });
+    }
     let mut payload = code.blob;
     let code_blob = Blob { offset: 0, len: payload.len() as u64 };
     let mut buffers: Vec<BufferDesc> = Vec::new();
@@ -91,31 +107,76 @@ pub fn assemble(graph: &Graph, partition: &Partition, code: TargetCode) -> Resul
         let t = graph.value_type(v);
         (t.shape.numel().unwrap_or(0) * t.dtype.size()) as u64
     };
-    // Inputs and outputs first, so the interface is easy to read in the manifest.
+    // Inputs and outputs first, so the interface is easy to read in the manifest; then the
+    // state, each an input whose buffer an output is written into.
     let mut inputs = Vec::new();
+    let mut state: Vec<StateDesc> = Vec::new();
+    // Each graph input's and output's buffer.
+    let mut in_buffer = vec![usize::MAX; graph.inputs().len()];
+    let mut out_buffer = vec![usize::MAX; graph.outputs().len()];
     for (i, &id) in graph.inputs().iter().enumerate() {
+        if in_place.pairs.iter().any(|a| a.input_index == i) {
+            continue;
+        }
         let v = ValueId::from(id);
-        buffer_of.insert(v, buffers.len());
-        buffers.push(BufferDesc { bytes: bytes_of(v), kind: BufferKind::Input(i) });
+        in_buffer[i] = buffers.len();
+        buffers.push(BufferDesc { bytes: bytes_of(v), kind: BufferKind::Input(inputs.len()) });
         inputs.push(desc(graph, &graph.node(id).name, v, buffers.len() - 1));
+    }
+    let mut outputs = Vec::new();
+    for (j, (name, v)) in graph.outputs().iter().enumerate() {
+        if in_place.pairs.iter().any(|a| a.output_index == j) {
+            continue;
+        }
+        out_buffer[j] = buffers.len();
+        buffers.push(BufferDesc { bytes: bytes_of(*v), kind: BufferKind::Output(outputs.len()) });
+        outputs.push(desc(graph, name, *v, buffers.len() - 1));
+    }
+    for (s, a) in in_place.pairs.iter().enumerate() {
+        let id = graph.inputs()[a.input_index];
+        let d = desc(graph, &a.input, ValueId::from(id), buffers.len());
+        in_buffer[a.input_index] = buffers.len();
+        out_buffer[a.output_index] = buffers.len();
+        buffers.push(BufferDesc { bytes: bytes_of(ValueId::from(id)), kind: BufferKind::State(s) });
+        state.push(StateDesc {
+            input: a.input.clone(),
+            output: a.output.clone(),
+            dtype: d.dtype,
+            dims: d.dims,
+            buffer: d.buffer,
+            // (Set once the launches are in order.)
+            writer: usize::MAX,
+        });
+    }
+    for (i, &id) in graph.inputs().iter().enumerate() {
+        buffer_of.insert(ValueId::from(id), in_buffer[i]);
     }
     // Outputs written by a copy kernel (inputs, constants, views, a value listed twice) keep
     // their value's own buffer as the copy's source.
     let copied: Vec<usize> = partition.kernels.iter().filter_map(|k| k.copy_to_output).collect();
-    let mut outputs = Vec::new();
-    for (j, (name, v)) in graph.outputs().iter().enumerate() {
-        let b = buffers.len();
-        buffers.push(BufferDesc { bytes: bytes_of(*v), kind: BufferKind::Output(j) });
+    for (j, (_, v)) in graph.outputs().iter().enumerate() {
         if !copied.contains(&j) {
-            buffer_of.insert(*v, b);
+            buffer_of.insert(*v, out_buffer[j]);
         }
-        outputs.push(desc(graph, name, *v, b));
     }
     // Constants, views and scratch values, on first use by a kernel. A scratch buffer's lifetime
     // is counted in the kernels' waves (`kernel_waves`), not their order: two buffers share bytes
     // only if no kernel using one can run at once with a kernel using the other, so the reuse
     // adds no hazard that would keep independent kernels apart.
-    let wave = kernel_waves(partition);
+    let wave = kernel_waves_after(partition, &in_place.edges).ok_or_else(|| {
+        // (Only the added edges can make a cycle: the partition is in a valid order.)
+        let a = in_place
+            .pairs
+            .iter()
+            .find(|a| graph_reads_new_before_old(partition, a))
+            .unwrap_or(&in_place.pairs[0]);
+        CompileError::InPlace {
+            input: a.input.clone(),
+            output: a.output.clone(),
+            why: "no order runs every reader of the old value before the new value is written"
+                .into(),
+        }
+    })?;
     let mut scratch: Vec<(usize, usize, usize)> = Vec::new(); // (buffer, first wave, last wave)
     for (k, kernel) in partition.kernels.iter().enumerate() {
         // A constant none of the kernel's launches reads (a weight it reads packed, from its own
@@ -189,13 +250,19 @@ pub fn assemble(graph: &Graph, partition: &Partition, code: TargetCode) -> Resul
     let mut launches = Vec::new();
     for k in order {
         let (kernel, plan) = (&partition.kernels[k], &code.runs[k]);
+        // A state's writer: the kernel's last launch (where it writes its outputs).
+        for (st, a) in state.iter_mut().zip(&in_place.pairs) {
+            if a.writer == k {
+                st.writer = launches.len() + plan.calls.len().saturating_sub(1);
+            }
+        }
         // (Slots no launch reads may have no buffer.)
         let mut own: Vec<usize> =
             kernel.inputs.iter().map(|v| buffer_of.get(v).copied().unwrap_or(usize::MAX)).collect();
         for &v in &kernel.outputs {
             // A copy kernel made for output j writes that output's own buffer.
             own.push(match kernel.copy_to_output {
-                Some(j) => outputs[j].buffer,
+                Some(j) => out_buffer[j],
                 None => buffer_of[&v],
             });
         }
@@ -221,6 +288,7 @@ pub fn assemble(graph: &Graph, partition: &Partition, code: TargetCode) -> Resul
         cpu_features: code.cpu_features,
         inputs,
         outputs,
+        state,
         buffers,
         kernels: code.functions,
         launches,
@@ -290,35 +358,87 @@ fn resolve(
     b
 }
 
+/// Whether a kernel that reads `a`'s old value must come after its writer by data alone.
+fn graph_reads_new_before_old(partition: &Partition, a: &crate::inplace::Aliased) -> bool {
+    let deps = data_dependencies(partition);
+    // Reachable from the writer by data: a reader there cannot run before it.
+    let mut after = vec![false; partition.kernels.len()];
+    after[a.writer] = true;
+    for k in a.writer + 1..partition.kernels.len() {
+        after[k] = deps[k].iter().any(|&d| after[d]);
+    }
+    a.readers.iter().any(|&r| after[r])
+}
+
 /// Each kernel's wave: one past the latest wave of the kernels whose results it reads (0 for
 /// those reading only inputs and constants). Kernels of one wave do not depend on each other,
 /// and a device that runs launches at once (the CPU's pool, CUDA streams) may run them so; a
 /// chain of kernels is one a wave, as in order.
 pub fn kernel_waves(partition: &Partition) -> Vec<usize> {
+    kernel_waves_after(partition, &[]).expect("the partition's data order has no cycle")
+}
+
+/// The kernels each kernel reads results of (by data), as `kernel_waves` counts them: a value
+/// several kernels write parts of (a concat's result) is ready after the latest of them.
+fn data_dependencies(partition: &Partition) -> Vec<Vec<usize>> {
     let mut producer: HashMap<ValueId, usize> = HashMap::new();
-    let mut wave = Vec::with_capacity(partition.kernels.len());
+    let mut wave: Vec<usize> = Vec::with_capacity(partition.kernels.len());
+    let mut deps = Vec::with_capacity(partition.kernels.len());
     for (k, kernel) in partition.kernels.iter().enumerate() {
-        let w = kernel
+        let d: Vec<usize> = kernel
             .inputs
             .iter()
             .filter_map(|&v| {
                 let src = fuse::resolve_view(&partition.views, v).of;
-                producer.get(&src).or_else(|| producer.get(&v)).map(|&p| wave[p] + 1)
+                producer.get(&src).or_else(|| producer.get(&v)).copied()
             })
-            .max()
-            .unwrap_or(0);
+            .collect();
+        let w = d.iter().map(|&p| wave[p] + 1).max().unwrap_or(0);
         wave.push(w);
+        deps.push(d);
         for &o in &kernel.outputs {
             producer.insert(o, k);
-            // A value several kernels write parts of (a concat's result) is ready after the
-            // latest of them.
             let of = fuse::resolve_view(&partition.views, o).of;
             if producer.get(&of).is_none_or(|&p| wave[p] <= w) {
                 producer.insert(of, k);
             }
         }
     }
-    wave
+    deps
+}
+
+/// [`kernel_waves`] with `after` edges besides the data's: (a, b) puts kernel b in a later wave
+/// than kernel a (an in-place write after the reads of the old value, `inplace::plan`). `None`
+/// when the edges make a cycle.
+pub fn kernel_waves_after(partition: &Partition, after: &[(usize, usize)]) -> Option<Vec<usize>> {
+    let n = partition.kernels.len();
+    let mut preds = data_dependencies(partition);
+    for &(a, b) in after {
+        preds[b].push(a);
+    }
+    let mut succs: Vec<Vec<usize>> = vec![Vec::new(); n];
+    let mut waiting: Vec<usize> = vec![0; n];
+    for (k, ps) in preds.iter().enumerate() {
+        for &p in ps {
+            succs[p].push(k);
+            waiting[k] += 1;
+        }
+    }
+    // Longest path from the kernels that wait for none, in any order that respects the edges.
+    let mut wave = vec![0usize; n];
+    let mut ready: Vec<usize> = (0..n).filter(|&k| waiting[k] == 0).collect();
+    let mut done = 0;
+    while let Some(k) = ready.pop() {
+        done += 1;
+        wave[k] = preds[k].iter().map(|&p| wave[p] + 1).max().unwrap_or(0);
+        for &s in &succs[k] {
+            waiting[s] -= 1;
+            if waiting[s] == 0 {
+                ready.push(s);
+            }
+        }
+    }
+    (done == n).then_some(wave)
 }
 
 /// Places scratch buffers in one arena so that buffers alive at the same time do not overlap:
@@ -412,6 +532,7 @@ fn outer_manifest(interface: &Manifest, programs: &[&Manifest]) -> Manifest {
         cpu_features,
         inputs: interface.inputs.clone(),
         outputs: interface.outputs.clone(),
+        state: Vec::new(),
         buffers: Vec::new(),
         kernels: Vec::new(),
         launches: Vec::new(),

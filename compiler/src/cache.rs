@@ -93,7 +93,7 @@ fn key_text(graph: &Graph, options: &Options, backend: &str) -> String {
         options.input_values.iter().map(|(n, t)| (n, tensor_digest(t))).collect();
     values.sort();
     format!(
-        "{} {}\n{} {:?} {:?} {:?}\n{:?}\n{:?}\n{:?}\n{}\nweights {}",
+        "{} {}\n{} {:?} {:?} {:?}\n{:?}\n{:?}\n{:?}\nin place {:?}\n{}\nweights {}",
         env!("CARGO_PKG_VERSION"),
         build(),
         backend,
@@ -113,6 +113,7 @@ fn key_text(graph: &Graph, options: &Options, backend: &str) -> String {
             options.planned_threads(),
             inkwell::targets::TargetMachine::get_host_cpu_features().to_string(),
         ),
+        options.in_place,
         text::print(graph, text::Weights::Summary),
         weights_digest(graph)
     )

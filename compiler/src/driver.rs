@@ -61,10 +61,36 @@ pub fn compile_on(
     keep_stages: bool,
     progress: &dyn Fn(Progress),
 ) -> Result<Compiled> {
+    // In place: one static CPU program (the runtime binds state there only).
+    if let Some((input, output)) = options.in_place.first() {
+        let refuse = |why: &str| {
+            Err(CompileError::InPlace {
+                input: input.clone(),
+                output: output.clone(),
+                why: why.to_string(),
+            })
+        };
+        if options.target != crate::TargetKind::Cpu {
+            return refuse(&format!(
+                "state updated in place is the CPU's, not {}'s (run it with the outputs fed back)",
+                options.target.name()
+            ));
+        }
+        if options.pad.is_some() || !options.batch_ranges.is_empty() {
+            return refuse("a padded symbol or a symbolic batch compiles several programs");
+        }
+    }
     if let Some((symbol, capacity)) = &options.pad {
         return compile_padded(graph, options, backend, symbol, *capacity, keep_stages, progress);
     }
     if let Some(plan) = crate::batch::plan(graph, options)? {
+        if let Some((input, output)) = options.in_place.first() {
+            return Err(CompileError::InPlace {
+                input: input.clone(),
+                output: output.clone(),
+                why: "a symbolic batch compiles several programs".into(),
+            });
+        }
         return compile_batched(graph, options, backend, &plan, keep_stages, progress);
     }
     let mut timings = Vec::new();
@@ -92,6 +118,13 @@ pub fn compile_on(
     let mut stages = Stages::default();
     let g = optimize_for(graph, options, rules)?;
     if let Some(split) = crate::control::split(&g)? {
+        if let Some((input, output)) = options.in_place.first() {
+            return Err(CompileError::InPlace {
+                input: input.clone(),
+                output: output.clone(),
+                why: "the graph has run-time control flow, which compiles several programs".into(),
+            });
+        }
         let compiled = compile_control(&g, options, backend, &split, keep_stages, progress)?;
         if let Some(k) = &key {
             cache::store(k, &compiled.artifact);
@@ -102,7 +135,9 @@ pub fn compile_on(
         stages.set(Stage::Graph, text::print(&g, text::Weights::Summary));
     }
     lap("passes", &mut timings);
-    let partition = fuse::partition(&g, rules.views())?;
+    let in_place_inputs = in_place_inputs(&g, options);
+    let partition = fuse::partition_in_place(&g, rules.views(), &in_place_inputs)?;
+    let in_place = crate::inplace::plan(&g, &partition, &options.in_place)?;
     if keep {
         stages.set(Stage::Fused, fuse::print(&g, &partition));
     }
@@ -126,7 +161,7 @@ pub fn compile_on(
         codegen.1 = codegen.1.saturating_sub(finish);
         timings.push((rules.finish_phase(), finish));
     }
-    let art = artifact::assemble(&g, &partition, code)?;
+    let art = artifact::assemble(&g, &partition, code, &in_place)?;
     lap("artifact", &mut timings);
     if let Some(dir) = &options.dump_dir {
         dump(dir, &stages)?;
@@ -552,7 +587,9 @@ pub fn fused_dot(graph: &Graph, options: &Options) -> Result<String> {
 fn fused_dot_body(graph: &Graph, options: &Options, prefix: &str) -> Result<String> {
     let g = optimize(graph, options)?;
     let Some(split) = crate::control::split(&g)? else {
-        let partition = fuse::partition(&g, backend::rules(options.target).views())?;
+        let in_place = in_place_inputs(&g, options);
+        let partition =
+            fuse::partition_in_place(&g, backend::rules(options.target).views(), &in_place)?;
         return Ok(crate::dot::fused_body(&g, &partition, prefix));
     };
     let mut out = String::new();
@@ -596,13 +633,25 @@ pub fn front(graph: &Graph, options: &Options, codegen: bool) -> Result<Stages> 
         stages.set(Stage::Mlir, mlir);
         return Ok(stages);
     }
-    let partition = fuse::partition(&g, backend::rules(options.target).views())?;
+    let in_place = in_place_inputs(&g, options);
+    let partition =
+        fuse::partition_in_place(&g, backend::rules(options.target).views(), &in_place)?;
     stages.set(Stage::Fused, fuse::print(&g, &partition));
     if codegen {
         let backend = backend::for_options(options)?;
         stages.set(Stage::Mlir, backend.kernel_mlir(&g, &partition.kernels)?);
     }
     Ok(stages)
+}
+
+/// The inputs of `g` that `options.in_place` writes over (those it names; `inplace::plan` refuses
+/// a name that is none).
+fn in_place_inputs(g: &Graph, options: &Options) -> std::collections::HashSet<kiln_ir::ValueId> {
+    g.inputs()
+        .iter()
+        .filter(|&&i| options.in_place.iter().any(|(name, _)| *name == g.node(i).name))
+        .map(|&i| kiln_ir::ValueId::from(i))
+        .collect()
 }
 
 /// Compiles a graph and loads it into an executable in this process.

@@ -72,6 +72,12 @@ pub enum CompileError {
         source: KernelError,
     },
 
+    /// An output cannot be written over an input (`Options::in_place`): the pair is not an
+    /// input and an output of the graph, or the graph gives no order in which every reader of
+    /// the old value runs before the new value is written (`inplace::plan`).
+    #[error("output `{output}` cannot be written in place over input `{input}`: {why}")]
+    InPlace { input: String, output: String, why: String },
+
     /// The model is valid but the code generator cannot compile part of it yet.
     #[error("kernel `{kernel}` ({label}): node `{node}` ({op}) {what}")]
     Unsupported { kernel: String, label: String, node: String, op: &'static str, what: String },

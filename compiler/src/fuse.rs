@@ -122,6 +122,22 @@ pub fn is_inline_constant(graph: &Graph, v: ValueId) -> bool {
 }
 
 pub fn partition(graph: &Graph, allowed: Views) -> Result<Partition> {
+    partition_in_place(graph, allowed, &HashSet::new())
+}
+
+/// [`partition`] of a graph whose inputs `in_place` have outputs written over them
+/// (`Options::in_place`): an elementwise node that reads one of them (directly or through a
+/// view) starts a kernel, or joins one that is elementwise alone, never a kernel with a root.
+/// A root (a matrix product, a convolution, a reduction) may store partial results into its
+/// output before its epilogue reads the elementwise operands, and its output may be the bytes
+/// of that very input (the optimizer's update fused after a weight's gradient): only a kernel
+/// that is elementwise alone reads each element before it writes it, at the same index, in
+/// the same thread (`inplace::plan` checks the writers).
+pub fn partition_in_place(
+    graph: &Graph,
+    allowed: Views,
+    in_place: &HashSet<ValueId>,
+) -> Result<Partition> {
     let order = graph.topo_order()?;
     let mut views: HashMap<ValueId, View> = HashMap::new();
     let mut kernel_of: HashMap<NodeId, usize> = HashMap::new();
@@ -177,6 +193,12 @@ pub fn partition(graph: &Graph, allowed: Views) -> Result<Partition> {
                 let takes = open[k]
                     || clips_integer_result(graph, &kernels[k], id)
                     || biases_dynamic_product(graph, &kernels[k], id);
+                let reads_in_place =
+                    operands.iter().any(|&o| in_place.contains(&resolve_view(&views, o).of));
+                let rooted = kernels[k].iter().any(|&n| !is_elementwise(&graph.node(n).op));
+                if reads_in_place && rooted {
+                    continue;
+                }
                 if takes && reads_tail && only_reader && same_shape && acyclic {
                     joined = Some(k);
                     break;

@@ -11,6 +11,7 @@ pub mod dot;
 pub mod driver;
 mod error;
 pub mod fuse;
+pub mod inplace;
 mod options;
 pub mod pad;
 pub mod passes;

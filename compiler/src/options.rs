@@ -102,6 +102,13 @@ pub struct Options {
     /// work units a thread (`kiln emit --stage schedule --threads N` shows them). `None`: this
     /// machine's cores. An artifact runs at any thread count, fastest near this one.
     pub threads: Option<usize>,
+    /// Outputs written over inputs, as (input, output) names: each output's value is written
+    /// into the input's buffer, which the caller keeps across runs (`Manifest::state`,
+    /// `Executable::run_with_state`); the artifact's inputs and outputs leave them out. A
+    /// training step's parameters, optimizer state and running statistics (`TrainSession`).
+    /// Static CPU programs only; `inplace::plan` orders every reader of an input before the
+    /// write over it, or refuses.
+    pub in_place: Vec<(String, String)>,
 }
 
 impl Default for Options {
@@ -122,6 +129,7 @@ impl Default for Options {
             precision: Precision::F32,
             target_cpu: Default::default(),
             threads: None,
+            in_place: Vec::new(),
         }
     }
 }

@@ -8,13 +8,13 @@
 //! the ordinary driver (the same passes, fusion and codegen). What the step carries from one
 //! run to the next is a pure decision, [`StepPlan`], which prints and is pinned by a snapshot.
 //!
-//! [`TrainSession`] compiles that graph once and keeps the parameters and state resident: each
-//! step's new parameters are the runtime's output buffers, passed as the next step's inputs
-//! without a copy. The CPU runtime keeps two buffers per output
-//! (`LoadOptions::double_buffer_outputs`), so a step writes one while it reads the other
-//! (ping-pong) and nothing is allocated once both exist. Only the batch goes in and the loss
-//! comes out. (A step that writes the new values over the old in one buffer, aliasing each
-//! output onto its input, is not built: see docs/training.md.)
+//! [`TrainSession`] compiles that graph once and keeps the parameters and state resident. On
+//! the CPU it updates them in place: each carried output `<x>.new` is written over its input
+//! `<x>` (`Options::in_place`: one buffer a value, which the session owns and passes to every
+//! run, `Executable::run_with_state`), the compiler ordering every kernel that reads the old
+//! value before the one that writes the new (`inplace::plan`). Only the batch goes in and the
+//! loss comes out; nothing is copied or allocated per step. GPU targets, where the runtime binds
+//! no state, feed the step's outputs back as the next step's inputs (copied each step).
 
 use std::collections::HashMap;
 use std::fmt;
@@ -99,6 +99,17 @@ pub struct StepPlan {
     /// What a step carries to the next: (output, the input it becomes), each parameter, each
     /// state, then each running statistic, in that order after the loss.
     pub carried: Vec<(String, String)>,
+    /// Whether each carried output is written over its input in place (`TrainSession` on the
+    /// CPU) rather than fed back as the next step's input; `step_graph` leaves it false.
+    pub in_place: bool,
+}
+
+impl StepPlan {
+    /// The (input, output) pairs a step writes in place (`Options::in_place`): every carried
+    /// value.
+    pub fn in_place_pairs(&self) -> Vec<(String, String)> {
+        self.carried.iter().map(|(o, i)| (i.clone(), o.clone())).collect()
+    }
 }
 
 impl fmt::Display for StepPlan {
@@ -115,7 +126,11 @@ impl fmt::Display for StepPlan {
         writeln!(f, "lr:     {}", self.lr)?;
         writeln!(f, "loss:   {} (output 0)", self.loss)?;
         for (i, (o, input)) in self.carried.iter().enumerate() {
-            writeln!(f, "output {} `{o}` -> next step's input `{input}`", i + 1)?;
+            if self.in_place {
+                writeln!(f, "`{o}` written over input `{input}` (in place)")?;
+            } else {
+                writeln!(f, "output {} `{o}` -> next step's input `{input}`", i + 1)?;
+            }
         }
         Ok(())
     }
@@ -277,6 +292,7 @@ pub fn step_graph(
         lr: lr_name,
         loss: loss.to_string(),
         carried,
+        in_place: false,
     };
     Ok(StepGraph { graph: g, plan, initial, running: running_initial })
 }
@@ -342,8 +358,9 @@ fn output_names(g: &Graph) -> String {
 #[derive(Clone, Debug)]
 pub struct TrainOptions {
     /// Compile options (the target, threads are the load's); the input shapes are the graph's.
+    /// `in_place` is set by the session (on the CPU).
     pub compile: Options,
-    /// Load options; `double_buffer_outputs` is set by the session.
+    /// Load options.
     pub load: LoadOptions,
     /// The learning rate at the first step (`TrainSession::set_lr` changes it at any step);
     /// `None`: the optimizer's.
@@ -367,9 +384,10 @@ pub struct TrainSession {
     exe: Executable,
     /// The batch inputs' types, for errors naming them.
     batch_types: Vec<TensorType>,
-    /// The step's inputs after the batch: parameters, state, running statistics (the tensors
-    /// of the last step's outputs, shared with the runtime's buffers); step and lr are added
-    /// at each step.
+    /// Parameters, optimizer state, running statistics, in the plan's order. In place (the
+    /// CPU): the step's state, each in one buffer of its own that every step reads and writes
+    /// (`Executable::run_with_state`). Else the step's inputs after the batch, replaced by its
+    /// outputs after each step. Step and lr are added at each step.
     carried: Vec<Tensor>,
     /// Where each parameter is in `plan.params`, by name.
     index: HashMap<String, usize>,
@@ -398,9 +416,14 @@ impl TrainSession {
         if !lr.is_finite() {
             return Err(TrainError::Rate { lr });
         }
-        let step = step_graph(graph, loss, params, &optimizer)?;
-        let load = LoadOptions { double_buffer_outputs: true, ..options.load };
-        let exe = crate::jit(&step.graph, &options.compile, &load).map_err(TrainError::Compile)?;
+        let mut step = step_graph(graph, loss, params, &optimizer)?;
+        // The runtime binds state in place on the CPU only; elsewhere the outputs come back.
+        step.plan.in_place = options.compile.target == crate::TargetKind::Cpu;
+        let compile = Options {
+            in_place: if step.plan.in_place { step.plan.in_place_pairs() } else { Vec::new() },
+            ..options.compile
+        };
+        let exe = crate::jit(&step.graph, &compile, &options.load).map_err(TrainError::Compile)?;
         let batch_types =
             graph.inputs().iter().map(|&i| graph.node(i).outputs[0].clone()).collect();
         let mut carried: Vec<Tensor> = step.initial.clone();
@@ -409,6 +432,10 @@ impl TrainSession {
             carried.push(Tensor::zeros(step.initial[i].dtype(), step.initial[i].dims()));
         }
         carried.extend(step.running.iter().cloned());
+        // Buffers of the session's own (not the graph's constants'), which the steps write.
+        for t in &mut carried {
+            *t = Tensor::from_bytes(t.dtype(), t.dims(), t.bytes()).map_err(TrainError::Graph)?;
+        }
         let index = step.plan.params.iter().enumerate().map(|(i, p)| (p.clone(), i)).collect();
         Ok(TrainSession {
             plan: step.plan,
@@ -431,6 +458,12 @@ impl TrainSession {
     /// The compiled step.
     pub fn executable(&self) -> &Executable {
         &self.exe
+    }
+
+    /// Each value updated in place with the launches that read its old value and the one that
+    /// writes the new, in launch order (`inplace::describe`); empty off the CPU.
+    pub fn schedule(&self) -> String {
+        crate::inplace::describe(self.exe.manifest())
     }
 
     /// The optimizer.
@@ -482,18 +515,24 @@ impl TrainSession {
         }
         let mut inputs: Vec<Tensor> = Vec::with_capacity(batch.len() + self.carried.len() + 2);
         inputs.extend(batch.iter().cloned());
-        inputs.extend(self.carried.iter().cloned());
+        if !self.plan.in_place {
+            inputs.extend(self.carried.iter().cloned());
+        }
         if self.plan.step.is_some() {
             inputs.push(Tensor::scalar(self.steps as i64 + 1));
         }
         inputs.push(Tensor::scalar(self.lr as f32));
-        let mut out = self.exe.run(&inputs).map_err(TrainError::Run)?;
-        drop(inputs);
+        let mut out = if self.plan.in_place {
+            // The kernels write the new values over the old, in the session's buffers.
+            self.exe.run_with_state(&inputs, &mut self.carried).map_err(TrainError::Run)?
+        } else {
+            self.exe.run(&inputs).map_err(TrainError::Run)?
+        };
         let loss =
             out.first().and_then(|l| l.to_f64s().first().copied()).ok_or(TrainError::LossValue)?;
-        // The new parameters and state replace the old, whose buffers the runtime writes at the
-        // step after next (they are free once these tensors drop).
-        self.carried = out.split_off(1);
+        if !self.plan.in_place {
+            self.carried = out.split_off(1);
+        }
         self.steps += 1;
         Ok(loss as f32)
     }
@@ -520,7 +559,9 @@ impl TrainSession {
                 got: Box::new(value.ty()),
             });
         }
-        self.carried[i] = value;
+        // A buffer of the session's own (the caller's tensor is not written by later steps).
+        self.carried[i] = Tensor::from_bytes(value.dtype(), value.dims(), value.bytes())
+            .map_err(TrainError::Graph)?;
         Ok(())
     }
 

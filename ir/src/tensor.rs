@@ -479,6 +479,32 @@ impl Tensor {
         self.data.bytes()
     }
 
+    /// The bytes, writable in place: copied first into words of this tensor's own where they
+    /// are shared with another tensor or owned by someone else (copy on write), so no other
+    /// tensor sees a change, and the same bytes from then on until the tensor is cloned. A
+    /// training step's parameters are written this way (`Executable::run_with_state`).
+    ///
+    /// # Safety
+    /// What is written must be values of the tensor's type in kiln's form: bools 0 or 1, 4- and
+    /// 2-bit integers sign-extended (as `from_bytes` would leave them).
+    pub unsafe fn bytes_mut(&mut self) -> &mut [u8] {
+        let len = self.data.bytes().len();
+        let unique = match &mut self.data {
+            Storage::Words { words, .. } => Arc::get_mut(words).is_some(),
+            Storage::External(_) => false,
+        };
+        if !unique {
+            self.data = Storage::from_bytes(self.data.bytes());
+        }
+        match &mut self.data {
+            Storage::Words { words, .. } => {
+                let words = Arc::get_mut(words).expect("made unique above");
+                &mut bytemuck::cast_slice_mut::<u64, u8>(words)[..len]
+            }
+            Storage::External(_) => unreachable!("copied into words above"),
+        }
+    }
+
     /// A typed view; the element type must match exactly.
     pub fn as_slice<T: Element>(&self) -> Result<&[T], IrError> {
         if T::DTYPE != self.dtype {

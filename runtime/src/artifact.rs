@@ -30,9 +30,11 @@ pub const MAGIC: &[u8; 8] = b"KILNART\0";
 /// 5: a program may have a status word (`BufferKind::Status`) that its kernels take as an
 ///    argument and set when they fail; a runtime that does not reset and read it must refuse
 ///    the artifact.
-pub const FORMAT_VERSION: u32 = 5;
-/// The oldest version this runtime reads (2 has no `batch`, 3 no `control`, 4 no status word:
-/// all are optional).
+/// 6: a CPU program may have state (`Manifest::state`, `BufferKind::State`): tensors the caller
+///    keeps across runs, which the kernels read and update in place.
+pub const FORMAT_VERSION: u32 = 6;
+/// The oldest version this runtime reads (2 has no `batch`, 3 no `control`, 4 no status word,
+/// 5 no state: all are optional).
 pub const OLDEST_FORMAT_VERSION: u32 = 2;
 const HEADER: usize = 64;
 
@@ -117,6 +119,30 @@ pub enum BufferKind {
     /// The run's status word (`crate::status`, `STATUS_BYTES`): reset before a run, written by
     /// kernels that fail, read after. At most one a program.
     Status,
+    /// The i-th state tensor (`Manifest::state`): the caller's, kept across runs, read by the
+    /// launches before the one that writes its new value over it (in place).
+    State(usize),
+}
+
+/// A tensor a program updates in place: the step graph's input `input` and output `output`
+/// share its buffer (`BufferKind::State`), which the caller keeps from run to run
+/// (`Executable::run_with_state`). Every launch that reads the old value comes before the one
+/// that writes the new (the compiler orders them; the devices keep the order, as for any read
+/// before a write of the same bytes).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StateDesc {
+    /// The graph input it is (the old value).
+    pub input: String,
+    /// The graph output whose value is written over it (the new value).
+    pub output: String,
+    /// kiln's dtype name.
+    pub dtype: String,
+    pub dims: Vec<usize>,
+    /// Its buffer (kind `State`).
+    pub buffer: usize,
+    /// The launch that writes the new value: the launches before it that take the buffer read
+    /// the old value, those after it the new.
+    pub writer: usize,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -183,6 +209,10 @@ pub struct Manifest {
     pub cpu_features: Vec<String>,
     pub inputs: Vec<TensorDesc>,
     pub outputs: Vec<TensorDesc>,
+    /// Tensors updated in place (static CPU programs only): not among `inputs` and `outputs`,
+    /// the caller passes them to every run (`Executable::run_with_state`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub state: Vec<StateDesc>,
     pub buffers: Vec<BufferDesc>,
     pub kernels: Vec<KernelDesc>,
     /// In order: a valid schedule.
@@ -470,6 +500,16 @@ impl Artifact {
 
     fn validate_manifest(&self, m: &Manifest) -> std::result::Result<(), String> {
         let programs = m.batch.is_some() || m.control.is_some() || m.padded.is_some();
+        if !m.state.is_empty() && (programs || m.target != Target::Cpu) {
+            return Err(format!(
+                "state updated in place is a static CPU program's, not {}",
+                if programs {
+                    "a manifest of programs'".to_string()
+                } else {
+                    format!("{}'s", m.target.name())
+                }
+            ));
+        }
         if programs && m.scratch.is_some() {
             return Err(
                 "a manifest of programs has no kernel scratch of its own (its programs do)".into(),
@@ -942,6 +982,9 @@ impl Artifact {
                 BufferKind::Output(k) if *k >= m.outputs.len() => {
                     return Err(format!("buffer {i} is output {k}, of {}", m.outputs.len()))
                 }
+                BufferKind::State(k) if *k >= m.state.len() => {
+                    return Err(format!("buffer {i} is state {k}, of {}", m.state.len()))
+                }
                 BufferKind::Constant(blob) if !in_payload(blob) || blob.len < b.bytes => {
                     return Err(format!("buffer {i}'s constant data lies outside the payload"))
                 }
@@ -980,9 +1023,30 @@ impl Artifact {
         if words > 1 {
             return Err(format!("{words} buffers are the status word; a program has at most one"));
         }
+        for s in &m.state {
+            let touches = m.launches.get(s.writer).is_some_and(|l| l.args.contains(&s.buffer));
+            if !touches {
+                return Err(format!(
+                    "state `{}` is written by launch {}, which does not take its buffer {}",
+                    s.input, s.writer, s.buffer
+                ));
+            }
+        }
+        let state: Vec<TensorDesc> = m
+            .state
+            .iter()
+            .map(|s| TensorDesc {
+                name: s.input.clone(),
+                dtype: s.dtype.clone(),
+                dims: s.dims.clone(),
+                buffer: s.buffer,
+            })
+            .collect();
         let tensors = m.inputs.iter().enumerate().map(|(k, t)| (t, BufferKind::Input(k)));
         let tensors =
             tensors.chain(m.outputs.iter().enumerate().map(|(k, t)| (t, BufferKind::Output(k))));
+        let tensors =
+            tensors.chain(state.iter().enumerate().map(|(k, t)| (t, BufferKind::State(k))));
         for (t, kind) in tensors {
             let b = m
                 .buffers
@@ -996,7 +1060,11 @@ impl Artifact {
                     "tensor `{}` names buffer {}, which is not its {} buffer",
                     t.name,
                     t.buffer,
-                    if matches!(kind, BufferKind::Input(_)) { "input" } else { "output" }
+                    match kind {
+                        BufferKind::Input(_) => "input",
+                        BufferKind::Output(_) => "output",
+                        _ => "state",
+                    }
                 ));
             }
             let want = kiln_ir::size::bytes(&t.dims, dtype).map(|n| n as u64);
@@ -1376,6 +1444,6 @@ mod tests {
         let mut bytes = art(Target::Cpu).to_bytes();
         bytes[8..12].copy_from_slice(&1u32.to_le_bytes());
         let e = Artifact::from_bytes(&bytes, "old.kiln").unwrap_err().to_string();
-        assert!(e.contains("artifact format version 1, this runtime reads versions 2 to 5; recompile the model"), "{e}");
+        assert!(e.contains("artifact format version 1, this runtime reads versions 2 to 6; recompile the model"), "{e}");
     }
 }

@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 use kiln_ir::{DType, Tensor};
 
 use crate::artifact::{
-    Artifact, BatchDesc, BufferKind, ControlDesc, Manifest, PaddedDesc, Scanned, Stacked, Step,
-    Target, TensorDesc, ValueDesc,
+    Artifact, BatchDesc, BufferKind, ControlDesc, Manifest, PaddedDesc, Scanned, Stacked,
+    StateDesc, Step, Target, TensorDesc, ValueDesc,
 };
 use crate::device::cpu::CpuProgram;
 use crate::device::cuda::{CudaProgram, RunMode};
@@ -36,27 +36,12 @@ pub struct LoadOptions {
     /// run, naming the node (`--max-loop-steps`). `None`, the default: no limit, as in ONNX,
     /// where a Loop with no trip count runs until its condition turns false, if ever.
     pub max_loop_steps: Option<u64>,
-    /// CPU: keep two buffers per output instead of one, so a caller that feeds a run's outputs
-    /// back as the next run's inputs (a training step's parameters and optimizer state) finds
-    /// the buffer of the run before last free: each run writes one buffer while reading the
-    /// other (ping-pong), with no copy and no allocation once both exist. The memory check
-    /// counts the outputs twice. Off by default: one buffer per output.
-    pub double_buffer_outputs: bool,
 }
 
 impl LoadOptions {
     /// The CPU worker threads a program loaded with these options runs on.
     pub fn cpu_threads(&self) -> usize {
         self.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
-    }
-
-    /// The buffers the CPU keeps per output: 2 with `double_buffer_outputs`, else 1.
-    pub fn output_buffers(&self) -> u64 {
-        if self.double_buffer_outputs {
-            2
-        } else {
-            1
-        }
     }
 }
 
@@ -254,13 +239,10 @@ struct Cpu {
     constant_offsets: Vec<Option<usize>>,
     /// One run at a time uses the arena and the status word.
     arena: Mutex<RunMemory>,
-    /// Each output's buffers of the last runs, latest first (one, or two with
-    /// `LoadOptions::double_buffer_outputs`): the tensors returned share them, and a run writes
-    /// one again once the tensors over it are all dropped (warm pages, no copy), else takes a
-    /// new one.
-    outputs: Mutex<Vec<Vec<Arc<[u64]>>>>,
-    /// How many buffers `outputs` keeps per output.
-    output_buffers: usize,
+    /// Each output's buffer of the last run: the tensors returned share it, and a run writes it
+    /// again once the tensors over it are all dropped (warm pages, no copy), else takes a new
+    /// one.
+    outputs: Mutex<Vec<Option<Arc<[u64]>>>>,
     /// The artifact's kernel scratch, for the error of an allocation it refused.
     scratch: Arc<ScratchAccount>,
     /// The launches in waves of independent ones (`Hazards::waves`), each wave run at once.
@@ -295,9 +277,9 @@ struct Needs {
 }
 
 impl Needs {
-    fn of(m: &Manifest, threads: usize, output_buffers: u64) -> Needs {
+    fn of(m: &Manifest, threads: usize) -> Needs {
         let mut n = Needs { other: Some(0), kernels: Some(0), largest: (0, String::new()) };
-        n.add(m, threads, output_buffers);
+        n.add(m, threads);
         n
     }
 
@@ -305,7 +287,7 @@ impl Needs {
         self.other?.checked_add(self.kernels?)
     }
 
-    fn add(&mut self, m: &Manifest, threads: usize, output_buffers: u64) {
+    fn add(&mut self, m: &Manifest, threads: usize) {
         let nested: Vec<&Manifest> = m
             .batch
             .iter()
@@ -314,14 +296,14 @@ impl Needs {
             .chain(m.padded.iter().map(|p| &*p.program))
             .collect();
         for n in nested {
-            self.add(n, threads, output_buffers);
+            self.add(n, threads);
         }
         self.other = self.other.and_then(|t| t.checked_add(m.arena_bytes));
         if m.arena_bytes > self.largest.0 {
             self.largest = (m.arena_bytes, "a scratch arena".to_string());
         }
+        // (State is the caller's memory, as inputs are: not counted here.)
         for b in &m.buffers {
-            let copies = if matches!(b.kind, BufferKind::Output(_)) { output_buffers } else { 1 };
             let name = match b.kind {
                 BufferKind::Constant(_) => "a constant".to_string(),
                 BufferKind::Output(i) => match m.outputs.get(i) {
@@ -333,8 +315,8 @@ impl Needs {
                 },
                 _ => continue,
             };
-            let held = (b.bytes.div_ceil(64) * 64).checked_mul(copies);
-            self.other = self.other.zip(held).and_then(|(t, h)| t.checked_add(h));
+            let held = b.bytes.div_ceil(64) * 64;
+            self.other = self.other.and_then(|t| t.checked_add(held));
             if b.bytes > self.largest.0 {
                 self.largest = (b.bytes, name);
             }
@@ -386,12 +368,7 @@ impl Executable {
         // Everything every program will hold, against the budget, before anything is allocated;
         // what is left of it caps the kernels' scratch at run time, whatever the artifact says.
         let budget = crate::memory::budget(options.max_memory);
-        let left = Executable::check_memory(
-            &artifact.manifest,
-            budget,
-            options.cpu_threads(),
-            options.output_buffers(),
-        )?;
+        let left = Executable::check_memory(&artifact.manifest, budget, options.cpu_threads())?;
         let scratch = Arc::new(ScratchAccount::new(left));
         if artifact.manifest.batch.is_none()
             && artifact.manifest.control.is_none()
@@ -500,8 +477,7 @@ impl Executable {
             constants,
             constant_offsets: offsets,
             arena,
-            outputs: Mutex::new(vec![Vec::new(); m.outputs.len()]),
-            output_buffers: options.output_buffers() as usize,
+            outputs: Mutex::new(vec![None; m.outputs.len()]),
             scratch: scratch.clone(),
             waves: crate::device::hazard::Hazards::of(m).waves(),
         })
@@ -511,8 +487,8 @@ impl Executable {
     /// outputs, per run; its kernels' scratch, per thread), all of them together, against
     /// `limit`, before any of it is: an error naming the largest. Returns what the kernels'
     /// scratch may take at run time (`memory::scratch_limit`).
-    fn check_memory(m: &Manifest, limit: u64, threads: usize, output_buffers: u64) -> Result<u64> {
-        let needs = Needs::of(m, threads, output_buffers);
+    fn check_memory(m: &Manifest, limit: u64, threads: usize) -> Result<u64> {
+        let needs = Needs::of(m, threads);
         let what = if needs.kernels == Some(0) {
             "its constants, scratch arena and outputs".to_string()
         } else {
@@ -534,7 +510,7 @@ impl Executable {
     /// artifact bounds it (`None` when that overflows a u64). `LoadOptions::max_memory` bounds
     /// it.
     pub fn memory_needed(m: &Manifest, threads: usize) -> Option<u64> {
-        Needs::of(m, threads, 1).total()
+        Needs::of(m, threads).total()
     }
 
     pub fn inputs(&self) -> &[TensorDesc] {
@@ -543,6 +519,12 @@ impl Executable {
 
     pub fn outputs(&self) -> &[TensorDesc] {
         &self.manifest.outputs
+    }
+
+    /// The tensors it updates in place (`Manifest::state`): each run takes them beside the
+    /// inputs (`run_with_state`). Empty for an artifact compiled without `Options::in_place`.
+    pub fn state(&self) -> &[StateDesc] {
+        &self.manifest.state
     }
 
     /// The symbolic batch, when the artifact was compiled for one: `inputs()` and `outputs()`
@@ -607,9 +589,30 @@ impl Executable {
     pub fn run_profiled(
         &self,
         inputs: &[Tensor],
+        profile: Option<&mut Profile>,
+    ) -> Result<Vec<Tensor>> {
+        self.run_profiled_with_state(inputs, &mut [], profile)
+    }
+
+    /// Runs a program with state (`state()`, in that order): the kernels read each state
+    /// tensor's value and write its new value over it, in its bytes (no copy; a tensor that
+    /// shares its bytes with another is first copied, so the other keeps the old value, see
+    /// `Tensor::bytes_mut`). The caller keeps them from run to run: a training step's
+    /// parameters, optimizer state and running statistics. After an error their values are
+    /// unspecified (a kernel may have updated some).
+    pub fn run_with_state(&self, inputs: &[Tensor], state: &mut [Tensor]) -> Result<Vec<Tensor>> {
+        self.run_profiled_with_state(inputs, state, None)
+    }
+
+    /// [`run_with_state`](Self::run_with_state), profiled as [`run_profiled`](Self::run_profiled).
+    pub fn run_profiled_with_state(
+        &self,
+        inputs: &[Tensor],
+        state: &mut [Tensor],
         mut profile: Option<&mut Profile>,
     ) -> Result<Vec<Tensor>> {
         let m = &self.manifest;
+        self.check_state(state)?;
         // The outermost run sets the clock every start counts from; inner runs keep it.
         if let Some(p) = profile.as_deref_mut() {
             p.origin.get_or_insert_with(Instant::now);
@@ -626,7 +629,7 @@ impl Executable {
         }
         let before = profile.as_ref().map_or(0, |p| p.launches.len());
         let outputs = match &self.program {
-            Program::Cpu(cpu) => self.run_cpu(cpu, inputs, profile.as_deref_mut())?,
+            Program::Cpu(cpu) => self.run_cpu(cpu, inputs, state, profile.as_deref_mut())?,
             Program::Cuda(p) => output_tensors(m, &p.run(m, inputs, profile.as_deref_mut())?)?,
             Program::Opencl(p) => output_tensors(m, &p.run(m, inputs, profile.as_deref_mut())?)?,
             Program::Batched(_) | Program::Control(_) | Program::Padded(_) => {
@@ -689,6 +692,7 @@ impl Executable {
         &self,
         cpu: &Cpu,
         inputs: &[Tensor],
+        state: &mut [Tensor],
         profile: Option<&mut Profile>,
     ) -> Result<Vec<Tensor>> {
         cpu.program.prepare();
@@ -700,9 +704,9 @@ impl Executable {
             .zip(pool.iter_mut())
             .map(|(o, kept)| {
                 let free =
-                    kept.iter().position(|a| Arc::strong_count(a) == 1 && Arc::weak_count(a) == 0);
+                    kept.take().filter(|a| Arc::strong_count(a) == 1 && Arc::weak_count(a) == 0);
                 match free {
-                    Some(i) => kept.remove(i),
+                    Some(a) => a,
                     None => {
                         let words = (m.buffers[o.buffer].bytes as usize).div_ceil(8).max(1);
                         // SAFETY: zeroed u64s are initialised.
@@ -718,6 +722,10 @@ impl Executable {
         let status_ptr = memory.status.as_ptr();
         let constants_ptr = cpu.constants.words.as_ptr() as *mut u8;
         let constants_base = cpu.constants.offset;
+        // SAFETY: the kernels write values of each state tensor's type (checked against the
+        // manifest), and the tensors are borrowed mutably for the whole run.
+        let state_ptrs: Vec<*mut u8> =
+            state.iter_mut().map(|t| unsafe { t.bytes_mut() }.as_mut_ptr()).collect();
         let mut ptrs: Vec<*mut u8> = vec![std::ptr::null_mut(); m.buffers.len()];
         for (i, b) in m.buffers.iter().enumerate() {
             ptrs[i] = match &b.kind {
@@ -736,6 +744,8 @@ impl Executable {
                 BufferKind::Alias { .. } => std::ptr::null_mut(),
                 // Validated at load: the word's 16 bytes, the only one.
                 BufferKind::Status => status_ptr,
+                // Checked above: the state's type, so its bytes.
+                BufferKind::State(k) => state_ptrs[*k],
             };
         }
         for (i, b) in m.buffers.iter().enumerate() {
@@ -748,7 +758,7 @@ impl Executable {
         drop(memory);
         if let Err(e) = ran {
             // The buffers go back for the next run; what they hold now is not returned.
-            keep_outputs(&mut pool, outputs, cpu.output_buffers);
+            keep_outputs(&mut pool, outputs);
             return Err(e);
         }
         let tensors = m
@@ -762,21 +772,51 @@ impl Executable {
                 })
             })
             .collect();
-        keep_outputs(&mut pool, outputs, cpu.output_buffers);
+        keep_outputs(&mut pool, outputs);
         tensors
     }
 
     /// The address of output `i`'s buffer that the last CPU run wrote (`None` before a run, off
     /// the CPU, or past the outputs): a caller can see that runs reuse buffers rather than
-    /// allocate (with `LoadOptions::double_buffer_outputs`, two addresses alternate).
+    /// allocate.
     pub fn output_address(&self, i: usize) -> Option<usize> {
         match &self.program {
             Program::Cpu(cpu) => {
                 let pool = cpu.outputs.lock().unwrap_or_else(|p| p.into_inner());
-                pool.get(i)?.first().map(|a| a.as_ptr() as usize)
+                pool.get(i)?.as_ref().map(|a| a.as_ptr() as usize)
             }
             _ => None,
         }
+    }
+
+    /// The state a run is given: one tensor per `state()` entry, of its type.
+    fn check_state(&self, state: &[Tensor]) -> Result<()> {
+        let want = &self.manifest.state;
+        if state.len() != want.len() {
+            let names: Vec<&str> = want.iter().map(|s| s.input.as_str()).collect();
+            return Err(RuntimeError::Input {
+                name: self.manifest.model.clone(),
+                msg: if want.is_empty() {
+                    format!("takes no state, {} state tensors given", state.len())
+                } else {
+                    format!(
+                        "updates {} tensors in place ({}): run it with them (`run_with_state`), {} given",
+                        want.len(),
+                        names.join(", "),
+                        state.len()
+                    )
+                },
+            });
+        }
+        for (t, d) in state.iter().zip(want) {
+            if t.dtype().name() != d.dtype || t.dims() != d.dims.as_slice() {
+                return Err(RuntimeError::Input {
+                    name: d.input.clone(),
+                    msg: format!("expected {}{:?} (state), got {}", d.dtype, d.dims, t.ty()),
+                });
+            }
+        }
+        Ok(())
     }
 
     /// A batch of `n`: split into chunks of the programs' sizes, largest first; each chunk runs
@@ -1011,12 +1051,10 @@ impl Executable {
     }
 }
 
-/// Puts the buffers a run wrote back, each first in its output's list (the latest), keeping at
-/// most `keep` a output.
-fn keep_outputs(pool: &mut [Vec<Arc<[u64]>>], outputs: Vec<Arc<[u64]>>, keep: usize) {
+/// Keeps the buffers a run wrote, one an output, for the next run.
+fn keep_outputs(pool: &mut [Option<Arc<[u64]>>], outputs: Vec<Arc<[u64]>>) {
     for (kept, buf) in pool.iter_mut().zip(outputs) {
-        kept.insert(0, buf);
-        kept.truncate(keep);
+        *kept = Some(buf);
     }
 }
 

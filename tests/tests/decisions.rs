@@ -268,7 +268,7 @@ fn fake_code(p: &Partition) -> TargetCode {
 fn launches_follow_the_partition_and_inputs_and_outputs_come_first() {
     let g = mlp();
     let p = fuse::partition(&g, Views::WithOffsets).unwrap();
-    let a = artifact::assemble(&g, &p, fake_code(&p)).unwrap();
+    let a = artifact::assemble(&g, &p, fake_code(&p), &Default::default()).unwrap();
     let m = &a.manifest;
     assert_eq!(m.launches.iter().map(|l| l.kernel).collect::<Vec<_>>(), [0, 1]);
     assert_eq!(m.buffers[0].kind, BufferKind::Input(0));
@@ -282,7 +282,7 @@ fn launches_follow_the_partition_and_inputs_and_outputs_come_first() {
 fn weights_go_into_the_payload_and_intermediates_into_the_arena() {
     let g = mlp();
     let p = fuse::partition(&g, Views::WithOffsets).unwrap();
-    let a = artifact::assemble(&g, &p, fake_code(&p)).unwrap();
+    let a = artifact::assemble(&g, &p, fake_code(&p), &Default::default()).unwrap();
     let constants: Vec<u64> = a
         .manifest
         .buffers
@@ -305,7 +305,7 @@ fn a_view_aliases_the_bytes_it_shares() {
     g.output("y", flat.sigmoid().named("s"));
     let g = g.build().unwrap();
     let p = fuse::partition(&g, Views::ShapeOnly).unwrap();
-    let a = artifact::assemble(&g, &p, fake_code(&p)).unwrap();
+    let a = artifact::assemble(&g, &p, fake_code(&p), &Default::default()).unwrap();
     let written = a.manifest.launches[0].args.last().copied().unwrap();
     let read = a.manifest.launches[1].args[0];
     assert_eq!(a.manifest.buffers[read].kind, BufferKind::Alias { of: written, offset: 0 });
@@ -324,7 +324,7 @@ fn a_weight_no_launch_reads_needs_no_buffer() {
         .unwrap();
     code.runs[0].calls[0].args[w_slot] = Arg::Constant(0);
     code.runs[0].constants = vec![vec![7u8; 100]];
-    let a = artifact::assemble(&g, &p, code).unwrap();
+    let a = artifact::assemble(&g, &p, code, &Default::default()).unwrap();
     let constants: Vec<u64> = a
         .manifest
         .buffers
@@ -346,7 +346,7 @@ fn a_copy_kernel_writes_its_own_output_from_the_value() {
     g.output("same", x);
     let g = g.build().unwrap();
     let p = fuse::partition(&g, Views::WithOffsets).unwrap();
-    let a = artifact::assemble(&g, &p, fake_code(&p)).unwrap();
+    let a = artifact::assemble(&g, &p, fake_code(&p), &Default::default()).unwrap();
     assert_eq!(a.manifest.launches[0].args, [0, 1], "input 0 copied into output buffer 1");
 }
 
@@ -562,4 +562,151 @@ fn a_kernel_signature_names_its_ops_and_types_not_its_graph() {
     };
     assert_eq!(sig("first", 4), sig("second", 4));
     assert_ne!(sig("first", 4), sig("first", 5));
+}
+
+// ----- outputs written over inputs (in place) -----
+
+/// x f32[4,4], t f32[4,4] -> y = softmax(softmax(x)) + t, and t.new = t * 0.5: the reader of
+/// the old t (the Add after two softmaxes) is two kernels deep, its writer depends on nothing.
+fn late_reader() -> Graph {
+    let g = GraphBuilder::new("late_reader");
+    let x = g.input("x", DType::F32, [4, 4]);
+    let t = g.input("t", DType::F32, [4, 4]);
+    let s = x.softmax(1).named("s1").softmax(1).named("s2");
+    g.output("y", (s + t).named("add_t"));
+    g.output("t.new", (t * t.scalar(0.5)).named("halve"));
+    g.build().unwrap()
+}
+
+fn pairs(list: &[(&str, &str)]) -> Vec<(String, String)> {
+    list.iter().map(|(i, o)| (i.to_string(), o.to_string())).collect()
+}
+
+fn in_place_partition(g: &Graph, inputs: &[&str]) -> Partition {
+    let set = g
+        .inputs()
+        .iter()
+        .filter(|&&i| inputs.contains(&g.node(i).name.as_str()))
+        .map(|&i| kiln_ir::ValueId::from(i))
+        .collect();
+    fuse::partition_in_place(g, Views::WithOffsets, &set).unwrap()
+}
+
+/// The writer of `t.new` waits for the reader of the old `t`: without the plan's edge it would
+/// be in the first wave, launched before the Add that reads `t` (which would then read the new
+/// value). The artifact binds both to one state buffer and leaves them out of its interface.
+#[test]
+fn an_in_place_write_is_scheduled_after_every_read_of_the_old_value() {
+    let g = late_reader();
+    let p = in_place_partition(&g, &["t"]);
+    let plan = kiln_compiler::inplace::plan(&g, &p, &pairs(&[("t", "t.new")])).unwrap();
+    insta::assert_snapshot!("in_place_plan_late_reader", plan.to_string());
+    let (writer, reader) = (plan.pairs[0].writer, plan.pairs[0].readers[0]);
+    assert_eq!(plan.edges, [(reader, writer)]);
+    // Data alone puts the writer first (wave 0), before its reader (wave 2).
+    let by_data = artifact::kernel_waves(&p);
+    assert!(by_data[writer] < by_data[reader], "{by_data:?}");
+    let waves = artifact::kernel_waves_after(&p, &plan.edges).unwrap();
+    assert!(waves[writer] > waves[reader], "{waves:?}");
+
+    let a = artifact::assemble(&g, &p, fake_code(&p), &plan).unwrap();
+    let m = &a.manifest;
+    let names = |ts: &[kiln_runtime::artifact::TensorDesc]| {
+        ts.iter().map(|t| t.name.clone()).collect::<Vec<_>>()
+    };
+    assert_eq!((names(&m.inputs), names(&m.outputs)), (vec!["x".into()], vec!["y".into()]));
+    let s = &m.state[0];
+    assert_eq!((s.input.as_str(), s.output.as_str()), ("t", "t.new"));
+    assert_eq!(m.buffers[s.buffer].kind, BufferKind::State(0));
+    let at = |k: usize| m.launches.iter().position(|l| l.kernel == k).unwrap();
+    assert_eq!(s.writer, at(writer));
+    assert!(at(reader) < at(writer), "the reader is launched first");
+    assert!(m.launches[at(writer)].args.contains(&s.buffer), "the writer writes the state");
+    assert!(m.launches[at(reader)].args.contains(&s.buffer), "the reader reads it");
+    insta::assert_snapshot!("in_place_describe_late_reader", kiln_compiler::inplace::describe(m));
+    a.validate().unwrap();
+}
+
+/// An update that reads the old weight (w - lr·g) stays out of the kernel of the product that
+/// makes its gradient: that kernel may store partial sums into its output, which is the
+/// weight's own bytes. Without in-place inputs it fuses as always.
+#[test]
+fn a_reader_of_an_in_place_input_joins_no_kernel_with_a_root() {
+    let g = GraphBuilder::new("sgd");
+    let a = g.input("a", DType::F32, [4, 4]);
+    let b = g.input("b", DType::F32, [4, 4]);
+    let w = g.input("w", DType::F32, [4, 4]);
+    let grad = a.matmul(b).named("grad");
+    let step = (grad * grad.scalar(0.1)).named("step");
+    g.output("w.new", (w - step).named("update"));
+    let g = g.build().unwrap();
+    let fused = fuse::partition(&g, Views::WithOffsets).unwrap();
+    assert_eq!(labels(&g, &fused), ["grad: MatMul + Mul + Sub"]);
+    let p = in_place_partition(&g, &["w"]);
+    assert_eq!(labels(&g, &p), ["grad: MatMul + Mul", "update: Sub"]);
+    let plan = kiln_compiler::inplace::plan(&g, &p, &pairs(&[("w", "w.new")])).unwrap();
+    assert_eq!(plan.to_string(), "`w.new` written over `w` by k1_update, after -\n");
+    // The fused kernel as the writer is refused, naming why.
+    let e = kiln_compiler::inplace::plan(&g, &fused, &pairs(&[("w", "w.new")])).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "output `w.new` cannot be written in place over input `w`: kernel k0_grad (grad: MatMul + Mul + Sub) reads the old value and has a root, `grad` (MatMul), which may store before it reads"
+    );
+}
+
+/// What cannot be written in place is a typed error naming the pair: a writer that reads the
+/// old value at other positions (a transpose), values swapped (no order reads both first),
+/// names that are not an input and an output, a type that differs, a name given twice.
+#[test]
+fn in_place_pairs_that_cannot_be_ordered_are_refused() {
+    let err = |g: &Graph, list: &[(&str, &str)]| {
+        let inputs: Vec<&str> = list.iter().map(|p| p.0).collect();
+        let p = in_place_partition(g, &inputs);
+        match kiln_compiler::inplace::plan(g, &p, &pairs(list)) {
+            Err(e) => e.to_string(),
+            Ok(plan) => match artifact::assemble(g, &p, fake_code(&p), &plan) {
+                Err(e) => e.to_string(),
+                Ok(_) => "accepted".into(),
+            },
+        }
+    };
+    let g = GraphBuilder::new("transposed");
+    let x = g.input("x", DType::F32, [3, 3]);
+    g.output("x.new", x.transpose(&[1, 0]).named("flip"));
+    let g = g.build().unwrap();
+    assert_eq!(
+        err(&g, &[("x", "x.new")]),
+        "output `x.new` cannot be written in place over input `x`: kernel k0_flip (flip: Transpose) reads the old value in `flip` (Transpose), which is not elementwise"
+    );
+    let g = GraphBuilder::new("swap");
+    let x = g.input("x", DType::F32, [3]);
+    let y = g.input("y", DType::F32, [3]);
+    g.output("x.new", y.relu().named("ry"));
+    g.output("y.new", x.relu().named("rx"));
+    let g = g.build().unwrap();
+    assert_eq!(
+        err(&g, &[("x", "x.new"), ("y", "y.new")]),
+        "output `x.new` cannot be written in place over input `x`: no order runs every reader of the old value before the new value is written"
+    );
+    assert_eq!(err(&g, &[("x", "y.new")]), "accepted");
+    assert_eq!(
+        err(&g, &[("z", "x.new")]),
+        "output `x.new` cannot be written in place over input `z`: the graph has no input `z`"
+    );
+    assert_eq!(
+        err(&g, &[("x", "x.old")]),
+        "output `x.old` cannot be written in place over input `x`: the graph has no output `x.old`"
+    );
+    assert_eq!(
+        err(&g, &[("x", "x.new"), ("x", "y.new")]),
+        "output `y.new` cannot be written in place over input `x`: input `x` is written over twice"
+    );
+    let g = GraphBuilder::new("typed");
+    let x = g.input("x", DType::F32, [3]);
+    g.output("x.new", x.reshape(&[1, 3]).relu().named("r"));
+    let g = g.build().unwrap();
+    assert_eq!(
+        err(&g, &[("x", "x.new")]),
+        "output `x.new` cannot be written in place over input `x`: the input is f32[3], the output f32[1,3]"
+    );
 }

@@ -1,10 +1,11 @@
 //! `TrainSession`: a training step compiled for the CPU against the interpreter running the same
-//! step graph, the parameters kept in the runtime's two buffers per output (no copy, no
-//! allocation per step), the step's plan pinned, bad input refused by name, and the trained
-//! weights written back into the ONNX model they came from.
+//! step graph, the parameters updated in place in one buffer each that the session owns (no
+//! copy, no allocation per step; every reader of an old value ordered before its write), the
+//! step's plan and schedule pinned, bad input refused by name, and the trained weights written
+//! back into the ONNX model they came from.
 
 use kiln_compiler::train::{step_graph, with_cross_entropy, StepGraph, TrainError};
-use kiln_compiler::{TrainOptions, TrainSession};
+use kiln_compiler::{Options, TrainOptions, TrainSession};
 use kiln_ir::builder::{ConvOptions, GraphBuilder};
 use kiln_ir::op::{Loss, LossReduction};
 use kiln_ir::train::Optimizer;
@@ -126,32 +127,207 @@ fn a_compiled_step_follows_the_interpreter() {
     }
 }
 
-/// Each parameter lives in the runtime's two output buffers, which alternate: step k+2 writes
-/// the buffer step k wrote (no allocation), and the parameter the session holds is that buffer
-/// (no copy).
+/// In place: each parameter and momentum lives in one buffer of the session's, the same at every
+/// step, and the step writes its new value there (the runtime binds that buffer, and nothing
+/// else, as the value's input and output): the address does not change while the value does.
+/// The step takes the batch and the rate, and gives the loss alone.
 #[test]
-fn parameters_stay_in_two_buffers_that_alternate() {
+fn parameters_are_updated_in_place_in_one_buffer() {
     let graph = small_cnn();
     let opt = Optimizer::Sgd { lr: 0.1, momentum: 0.9, nesterov: false, weight_decay: 0.0 };
     let mut session = TrainSession::new(&graph, "loss", &PARAMS, opt, options(2)).unwrap();
-    let outputs = 1 + PARAMS.len() * 2;
-    let mut seen: Vec<Vec<usize>> = Vec::new();
-    for s in 0..6 {
+    let exe = session.executable();
+    let names = |ts: &[kiln_runtime::artifact::TensorDesc]| {
+        ts.iter().map(|t| t.name.clone()).collect::<Vec<_>>()
+    };
+    assert_eq!(names(exe.inputs()), ["x", "labels", "lr"]);
+    assert_eq!(names(exe.outputs()), ["loss"]);
+    let state: Vec<(&str, &str)> =
+        exe.state().iter().map(|s| (s.input.as_str(), s.output.as_str())).collect();
+    assert_eq!(state[0], ("conv.weight", "conv.weight.new"));
+    assert_eq!(state[7], ("fc.bias.momentum", "fc.bias.momentum.new"));
+    assert_eq!(state.len(), 8);
+    let addresses = |s: &TrainSession| -> Vec<usize> {
+        PARAMS.iter().map(|n| s.param(n).unwrap().bytes().as_ptr() as usize).collect()
+    };
+    let first = addresses(&session);
+    let mut values: Vec<Vec<f64>> =
+        PARAMS.iter().map(|n| session.param(n).unwrap().to_f64s()).collect();
+    for s in 0..4 {
         session.step(&batch(s)).unwrap();
-        let exe = session.executable();
-        let addresses: Vec<usize> = (1..outputs).map(|i| exe.output_address(i).unwrap()).collect();
+        assert_eq!(addresses(&session), first, "step {s}: every parameter in the same buffer");
         for (i, name) in PARAMS.iter().enumerate() {
-            let held = session.param(name).unwrap().bytes().as_ptr() as usize;
-            assert_eq!(held, addresses[i], "step {s}: `{name}` is the output buffer itself");
-        }
-        seen.push(addresses);
-    }
-    for s in 2..6 {
-        assert_eq!(seen[s], seen[s - 2], "step {s} writes the buffers of step {}", s - 2);
-        for (a, b) in seen[s].iter().zip(&seen[s - 1]) {
-            assert_ne!(a, b, "step {s} does not write the buffer it reads");
+            let now = session.param(name).unwrap().to_f64s();
+            assert_ne!(now, values[i], "step {s} wrote `{name}` in its buffer");
+            values[i] = now;
         }
     }
+
+    // The runtime's side: `run_with_state` writes into the very bytes it is given; a state
+    // tensor shared with another is copied first (the other keeps the old value).
+    let exe = session.executable();
+    let mut state: Vec<Tensor> = exe
+        .state()
+        .iter()
+        .map(|d| {
+            let n: usize = d.dims.iter().product();
+            Tensor::from_f64s(DType::F32, &d.dims, &vec![0.01; n]).unwrap()
+        })
+        .collect();
+    let shared = state[0].clone();
+    let before: Vec<usize> = state.iter().map(|t| t.bytes().as_ptr() as usize).collect();
+    let mut inputs = batch(0);
+    inputs.push(Tensor::scalar(0.1f32));
+    let out = exe.run_with_state(&inputs, &mut state).unwrap();
+    assert_eq!(out.len(), 1);
+    let after: Vec<usize> = state.iter().map(|t| t.bytes().as_ptr() as usize).collect();
+    assert_ne!(after[0], before[0], "a shared state tensor is copied before it is written");
+    assert_eq!(after[1..], before[1..], "the others are written where they are");
+    assert_eq!(shared.to_f64s(), vec![0.01f32 as f64; 36], "the copy's other owner is unchanged");
+    assert_ne!(state[0].to_f64s(), shared.to_f64s(), "the step wrote the new weight");
+    assert_ne!(state[4].to_f64s(), vec![0.01f32 as f64; 36], "and the new momentum");
+    // A run without its state is refused, naming it.
+    let e = exe.run(&inputs).unwrap_err().to_string();
+    assert!(e.contains("updates 8 tensors in place (conv.weight, conv.bias"), "{e}");
+}
+
+/// x f32[4,1,8,8] -> conv 1->3 3x3 (pad 1) -> relu -> conv 3->4 3x3 (pad 1) -> relu -> a gate
+/// (each channel's values at or below its threshold `gate` f32[1,4,1,1] zeroed) -> maxpool 2 ->
+/// flatten -> fc 64->3 -> softmax cross-entropy. The second convolution's input gradient is a
+/// ConvTranspose that reads its weight, as the fc's input gradient reads the fc weight. The
+/// gate is read deep in the forward but has no gradient (a comparison), so its update (weight
+/// decay alone) needs nothing the forward computes: by data alone it would run first.
+fn two_conv_cnn() -> Graph {
+    let g = GraphBuilder::new("two_conv_cnn");
+    let scaled = |name: &str, dims: &[usize], seed: u64, k: f64| {
+        let t = Tensor::random(DType::F32, dims, seed);
+        let v: Vec<f64> = t.to_f64s().iter().map(|v| v * k).collect();
+        g.constant(name, Tensor::from_f64s(DType::F32, dims, &v).unwrap())
+    };
+    let x = g.input("x", DType::F32, [4, 1, 8, 8]);
+    let labels = g.input("labels", DType::I64, [4]);
+    let c1 = x.conv(
+        scaled("conv1.weight", &[3, 1, 3, 3], 11, 0.4),
+        Some(scaled("conv1.bias", &[3], 12, 0.1)),
+        ConvOptions::default().pad(1),
+    );
+    let c2 = c1.relu().conv(
+        scaled("conv2.weight", &[4, 3, 3, 3], 13, 0.3),
+        Some(scaled("conv2.bias", &[4], 14, 0.1)),
+        ConvOptions::default().pad(1),
+    );
+    let r2 = c2.relu();
+    let gate = g.constant("gate", Tensor::full(DType::F32, &[1, 4, 1, 1], 0.1));
+    let gated = r2.greater(gate).select(r2, r2.scalar(0.0));
+    let p = gated.max_pool(2, 2, 0).flatten(1);
+    let logits = p.linear(scaled("fc.weight", &[3, 64], 15, 0.1), scaled("fc.bias", &[3], 16, 0.1));
+    let loss = g.apply(
+        Op::SoftmaxCrossEntropyLoss(Loss { reduction: LossReduction::Mean, ignore_index: None }),
+        &[Some(logits), Some(labels)],
+        1,
+    )[0];
+    g.output("loss", loss);
+    g.build().unwrap()
+}
+
+/// Weights read by the backward (conv2's ConvTranspose, the fc's input gradient) and a gate read
+/// deep in the forward, all updated in place, give the interpreter's losses and parameters, SGD
+/// and Adam (weight decay large enough to move the gate), 1 and 2 threads: a write of a new
+/// value before the last read of the old would change the loss or the gradients below it. (With
+/// the schedule's write-after-read edges removed, the gate's update runs before the forward
+/// reads the gate and the losses part from the interpreter's.)
+#[test]
+fn weights_read_by_the_backward_are_written_after_it() {
+    let graph = two_conv_cnn();
+    let params = [
+        "conv1.weight",
+        "conv1.bias",
+        "conv2.weight",
+        "conv2.bias",
+        "gate",
+        "fc.weight",
+        "fc.bias",
+    ];
+    let adam =
+        Optimizer::Adam { lr: 0.02, beta1: 0.9, beta2: 0.999, epsilon: 1e-8, weight_decay: 0.5 };
+    let opts = [
+        (Optimizer::Sgd { lr: 0.2, momentum: 0.9, nesterov: false, weight_decay: 0.5 }, 0.2),
+        (adam, 0.02),
+    ];
+    for (opt, lr) in opts {
+        let step = step_graph(&graph, "loss", &params, &opt).unwrap();
+        let (want_losses, want_params) = interpreted(&step, &opt, 4, lr);
+        for threads in [1, 2] {
+            let mut session =
+                TrainSession::new(&graph, "loss", &params, opt, options(threads)).unwrap();
+            let schedule = session.schedule();
+            assert!(
+                schedule.contains("`conv2.weight.new` over `conv2.weight`: read by"),
+                "{schedule}"
+            );
+            let gate = session.param("gate").unwrap().to_f64s();
+            for (s, want) in want_losses.iter().enumerate() {
+                let got = session.step(&batch(s as u64)).unwrap() as f64;
+                assert!(
+                    (got - want).abs() <= 1e-4 * (1.0 + want.abs()),
+                    "{} step {s}: {got} vs {want}",
+                    opt.name()
+                );
+            }
+            for (name, want) in params.iter().zip(&want_params) {
+                for (a, b) in session.param(name).unwrap().to_f64s().iter().zip(want.to_f64s()) {
+                    assert!(
+                        (a - b).abs() <= 1e-4 * (1.0 + b.abs()),
+                        "{} {name}: {a} vs {b}",
+                        opt.name()
+                    );
+                }
+            }
+            let moved = session.param("gate").unwrap().to_f64s();
+            assert!(moved[0] < gate[0] - 0.01, "the gate moved: {gate:?} -> {moved:?}");
+        }
+    }
+}
+
+/// A compiled program whose in-place write has nothing to wait for by data (t.new = t / 2)
+/// while the old t is read two kernels deep (softmax(softmax(x)) + t): the write is launched
+/// after the read, so y is computed from the old t, as the interpreter computes it. (Without
+/// the ordering edge the write runs first and y reads the halved t.)
+#[test]
+fn an_in_place_write_waits_for_a_late_read() {
+    let g = GraphBuilder::new("late_reader");
+    let x = g.input("x", DType::F32, [4, 4]);
+    let t = g.input("t", DType::F32, [4, 4]);
+    let s = x.softmax(1).named("s1").softmax(1).named("s2");
+    g.output("y", (s + t).named("add_t"));
+    g.output("t.new", (t * t.scalar(0.5)).named("halve"));
+    let g = g.build().unwrap();
+    let options = Options {
+        cache: false,
+        in_place: vec![("t".into(), "t.new".into())],
+        ..Options::default()
+    };
+    let (x, t) = (Tensor::random(DType::F32, &[4, 4], 1), Tensor::random(DType::F32, &[4, 4], 2));
+    let want = eval::run(&g, &[x.clone(), t.clone()]).unwrap();
+    for threads in [1, 2] {
+        let load = LoadOptions { threads: Some(threads), ..Default::default() };
+        let exe = kiln_compiler::jit(&g, &options, &load).unwrap();
+        let mut state = vec![Tensor::from_bytes(DType::F32, &[4, 4], t.bytes()).unwrap()];
+        let at = state[0].bytes().as_ptr();
+        let y = exe.run_with_state(std::slice::from_ref(&x), &mut state).unwrap();
+        assert_eq!(state[0].bytes().as_ptr(), at, "written where it is");
+        for (a, b) in y[0].to_f64s().iter().zip(want[0].to_f64s()) {
+            assert!((a - b).abs() <= 1e-6, "y: {a} vs {b} (threads {threads})");
+        }
+        assert_eq!(state[0].to_f64s(), want[1].to_f64s(), "t.new");
+    }
+    // A GPU target refuses in place, typed, before compiling anything.
+    let gpu = Options { target: kiln_compiler::TargetKind::Opencl, ..options };
+    let e = kiln_compiler::compile(&g, &gpu, false).err().unwrap().to_string();
+    assert_eq!(
+        e,
+        "output `t.new` cannot be written in place over input `t`: state updated in place is the CPU's, not opencl's (run it with the outputs fed back)"
+    );
 }
 
 #[test]
@@ -161,6 +337,25 @@ fn the_step_plan() {
     let sgd = Optimizer::sgd(0.1);
     let step = step_graph(&small_cnn(), "loss", &["fc.weight"], &sgd).unwrap();
     insta::assert_snapshot!("train_step_plan_sgd", step.plan.to_string());
+}
+
+/// The session's plan on the CPU writes every carried value over its input, and its schedule
+/// puts each one's readers (the forward, the backward's input gradients, the update itself)
+/// before its writer.
+#[test]
+fn the_in_place_plan_and_schedule() {
+    let opt = Optimizer::Sgd { lr: 0.1, momentum: 0.9, nesterov: false, weight_decay: 1e-3 };
+    let session = TrainSession::new(&small_cnn(), "loss", &PARAMS, opt, options(1)).unwrap();
+    insta::assert_snapshot!("train_step_plan_in_place", session.plan().to_string());
+    insta::assert_snapshot!("train_in_place_schedule_sgd", session.schedule());
+    let m = session.executable().manifest();
+    for (i, s) in m.state.iter().enumerate() {
+        // Each parameter is read by the forward before its writer (a momentum only by its own
+        // writer, which reads it elementwise as it writes).
+        let readers = (0..s.writer).filter(|&l| m.launches[l].args.contains(&s.buffer)).count();
+        assert!(i >= PARAMS.len() || readers >= 1, "`{}` is read before it is written", s.input);
+        assert!(m.launches[s.writer].args.contains(&s.buffer), "`{}`'s writer", s.input);
+    }
 }
 
 #[test]
@@ -412,6 +607,7 @@ fn batch_norm_running_statistics_are_carried_and_saved() {
     carried.extend(step.initial.iter().map(|t| Tensor::zeros(DType::F32, t.dims())));
     carried.extend(step.running.iter().cloned());
     let mut session = TrainSession::new(&graph, "loss", &params, opt, options(2)).unwrap();
+    let mut stats_at: Option<Vec<usize>> = None;
     for s in 0..3 {
         let batch = bn_batch(s);
         let x = batch[0].to_f64s();
@@ -453,13 +649,15 @@ fn batch_norm_running_statistics_are_carried_and_saved() {
                 assert!((a - b).abs() <= 1e-5 * (1.0 + b.abs()), "step {s} {name}: {a} vs {b}");
             }
         }
-        // Resident like the parameters: the statistic the session holds is its output buffer
-        // (outputs: the loss, 4 parameters, 4 momenta, then rm and rv).
+        // Resident like the parameters: each statistic in one buffer, the same every step,
+        // which the step updates in place (state 8 and 9: after 4 parameters and 4 momenta).
         let exe = session.executable();
-        for (i, (name, t)) in stats.iter().enumerate() {
-            let held = t.bytes().as_ptr() as usize;
-            assert_eq!(held, exe.output_address(9 + i).unwrap(), "step {s}: `{name}`");
-        }
+        assert_eq!(exe.state()[8].input, "rm");
+        assert_eq!(exe.state()[9].output, "rv.new");
+        let held: Vec<usize> = stats.iter().map(|(_, t)| t.bytes().as_ptr() as usize).collect();
+        drop(stats);
+        let first = stats_at.get_or_insert(held.clone());
+        assert_eq!(&held, first, "step {s}: the running statistics stay in their buffers");
     }
 
     // The saved model holds the statistics now, and the trained parameters.
@@ -505,4 +703,42 @@ fn running_statistics_are_found_by_their_batch_norm_only() {
         .collect();
     let out = |i: usize| graph.outputs()[i].1;
     assert_eq!(found, [("rm".to_string(), out(1)), ("rv".to_string(), out(2))]);
+}
+
+/// On a GPU target (OpenCL here) the runtime binds no state: the session compiles without
+/// `in_place` and feeds the step's outputs back as the next step's inputs, as before, giving
+/// the interpreter's losses and parameters.
+#[test]
+fn a_gpu_session_feeds_its_outputs_back() {
+    use kiln_runtime::Target;
+    if !crate::gpu::have(Target::Opencl) {
+        return crate::gpu::skipped("no OpenCL device (run `eval \"$(scripts/setup-opencl.sh)\"`); training on OpenCL was not run");
+    }
+    let graph = small_cnn();
+    let opt = Optimizer::Sgd { lr: 0.2, momentum: 0.9, nesterov: false, weight_decay: 1e-3 };
+    let step = step_graph(&graph, "loss", &PARAMS, &opt).unwrap();
+    let (want_losses, want_params) = interpreted(&step, &opt, 3, 0.2);
+    let options = TrainOptions {
+        compile: Options {
+            target: kiln_compiler::TargetKind::Opencl,
+            cache: false,
+            ..Options::default()
+        },
+        ..Default::default()
+    };
+    let mut session = TrainSession::new(&graph, "loss", &PARAMS, opt, options).unwrap();
+    assert!(session.executable().state().is_empty());
+    assert!(session
+        .plan()
+        .to_string()
+        .contains("output 1 `conv.weight.new` -> next step's input `conv.weight`"));
+    for (s, want) in want_losses.iter().enumerate() {
+        let got = session.step(&batch(s as u64)).unwrap() as f64;
+        assert!((got - want).abs() <= 1e-4 * (1.0 + want.abs()), "step {s}: {got} vs {want}");
+    }
+    for (name, want) in PARAMS.iter().zip(&want_params) {
+        for (a, b) in session.param(name).unwrap().to_f64s().iter().zip(want.to_f64s()) {
+            assert!((a - b).abs() <= 1e-4 * (1.0 + b.abs()), "{name}: {a} vs {b}");
+        }
+    }
 }

@@ -13,6 +13,9 @@ use crate::artifact::{BufferKind, Manifest};
 enum Space {
     Input(usize),
     Output(usize),
+    /// A state tensor, read and written in place: its old value's readers and its new value's
+    /// writer touch the same bytes, so a read comes before the later write.
+    State(usize),
     /// Each constant is its own memory (keyed by its buffer index).
     Constant(usize),
     Arena,
@@ -45,6 +48,7 @@ fn range_of(m: &Manifest, b: usize) -> Range {
     let (space, start) = match desc.kind {
         BufferKind::Input(k) => (Space::Input(k), 0),
         BufferKind::Output(k) => (Space::Output(k), 0),
+        BufferKind::State(k) => (Space::State(k), 0),
         BufferKind::Constant(_) => (Space::Constant(b), 0),
         BufferKind::Scratch { offset } => (Space::Arena, offset),
         BufferKind::Alias { of, offset } => {
@@ -204,6 +208,7 @@ pub(crate) mod tests {
             cpu_features: vec![],
             inputs: vec![f32s("x", 0), f32s("y", 1)],
             outputs: vec![f32s("o0", 2), f32s("o1", 3)],
+            state: vec![],
             buffers: vec![
                 buf(BufferKind::Input(0)),
                 buf(BufferKind::Input(1)),
@@ -258,6 +263,33 @@ pub(crate) mod tests {
         let mut m = m;
         m.buffers[6].kind = BufferKind::Scratch { offset: 100 };
         assert_eq!(Hazards::of(&m).waves(), vec![vec![0], vec![1], vec![2], vec![3], vec![4]]);
+    }
+
+    /// A state buffer (an output written over an input, in place) is one memory: a launch
+    /// that writes the new value waits for the launch that read the old one, and does not run
+    /// in its wave.
+    #[test]
+    fn a_state_written_in_place_waits_for_its_readers() {
+        use crate::artifact::StateDesc;
+        let mut m =
+            diamond(Target::Cpu, 4096, Blob { offset: 0, len: 0 }, Blob { offset: 0, len: 4096 });
+        // y becomes state 0: launch 0 reads it (s0 = x + y); a sixth launch writes y.new = x * w.
+        m.inputs.truncate(1);
+        m.buffers[1].kind = BufferKind::State(0);
+        m.state = vec![StateDesc {
+            input: "y".into(),
+            output: "y.new".into(),
+            dtype: "f32".into(),
+            dims: vec![1024],
+            buffer: 1,
+            writer: 5,
+        }];
+        m.launches.push(Launch { kernel: 1, args: vec![0, 4, 1], writes: vec![2] });
+        let h = Hazards::of(&m);
+        assert_eq!(h.deps[5], vec![0], "the write waits for the read of the old value");
+        assert_eq!(h.waves(), vec![vec![0, 1], vec![2, 5], vec![3], vec![4]]);
+        let art = crate::artifact::Artifact { manifest: m, payload: vec![0; 4096] };
+        art.validate().unwrap();
     }
 
     #[test]

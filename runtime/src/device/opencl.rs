@@ -363,6 +363,10 @@ impl OpenclProgram {
                     memory.push(buf);
                 }
                 BufferKind::Alias { .. } => {}
+                // Refused by validation (state is a CPU program's): never here.
+                BufferKind::State(_) => {
+                    return Err(err("state updated in place is a CPU program's".to_string()))
+                }
                 // (At most one: validated.)
                 BufferKind::Status => {
                     let buf = create(b.bytes)?;
