@@ -6,7 +6,7 @@ CARGO ?= cargo
 
 SUITES := node pytorch-converted pytorch-operator simple
 
-.PHONY: train-digits grad-vs-torch setup demo test check-runtime-deps conformance conformance-mirror ratchet bench-pool ops-doc examples bench bench-int8 bench-precision bench-ops fuzz fuzz-smoke soak python python-test python-ratchet python-overhead serve-demo install-check lint
+.PHONY: train-digits train-digits-bf16 grad-vs-torch setup demo test check-runtime-deps conformance conformance-mirror ratchet bench-pool ops-doc examples bench bench-int8 bench-precision bench-ops fuzz fuzz-smoke soak python python-test python-ratchet python-overhead serve-demo install-check lint
 
 setup:
 	@./scripts/setup.sh
@@ -83,6 +83,13 @@ train-digits:
 	$$py scripts/train_digits.py prepare $(TRAIN_DIGITS_DIR) --epochs 10 && \
 	$(CARGO) run --release -q -p kiln-compiler --example train_cifar -- --data $(TRAIN_DIGITS_DIR) $(TRAIN_DIGITS_ARGS) --every 22 && \
 	$$py scripts/train_digits.py compare $(TRAIN_DIGITS_DIR) $(TRAIN_DIGITS_ARGS)
+
+# The same in mixed precision (bf16 products, f32 master weights) against PyTorch's CPU autocast.
+train-digits-bf16:
+	@py=$$(./scripts/setup-train.sh) && \
+	$$py scripts/train_digits.py prepare $(TRAIN_DIGITS_DIR) --epochs 10 && \
+	$(CARGO) run --release -q -p kiln-compiler --example train_cifar -- --data $(TRAIN_DIGITS_DIR) $(TRAIN_DIGITS_ARGS) --every 22 --precision bf16 && \
+	$$py scripts/train_digits.py compare $(TRAIN_DIGITS_DIR) $(TRAIN_DIGITS_ARGS) --precision bf16
 
 # kiln's gradient rules against PyTorch's autograd (issue 37; not part of `make test`: it needs
 # the same train venv with PyTorch and onnx, and the release CLI): small ONNX models, one or a few

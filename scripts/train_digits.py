@@ -9,11 +9,15 @@ in the same data order, with the same optimizer; test accuracies and per-step lo
     (then: cargo run --release -p kiln-compiler --example train_cifar -- --data DIR ...,
         which writes DIR/kiln/{init/*.npy, losses.npy, accuracy.txt})
     train_digits.py compare DIR [--batch B] [--lr X] [--momentum X] [--threads T]
+                                [--precision bf16]
         trains PyTorch's copy from DIR/kiln/init in DIR/order.npy's order, in f32 and in f64,
-        and prints both accuracies and the loss differences step by step
-    train_digits.py bench [--threads T] [--steps N]
+        and prints both accuracies and the loss differences step by step; with --precision
+        bf16, against kiln's mixed-precision run (train_cifar --precision bf16, DIR/kiln-bf16)
+        PyTorch's with torch.autocast("cpu", dtype=torch.bfloat16) around the forward pass and
+        the loss, and PyTorch f32 (the test accuracy of each evaluated in f32)
+    train_digits.py bench [--threads T] [--steps N] [--precision bf16]
         PyTorch eager's training step of the CIFAR-10 CNN, batch 64, 32x32x3, SGD with
-        momentum: the median step time
+        momentum: the median step time (with --precision bf16, under autocast to bf16)
 
 `make train-digits` runs the three steps of the check in order.
 """
@@ -83,7 +87,7 @@ def net(torch):
     return CifarNet()
 
 
-def train_torch(torch, d, init, dtype, args):
+def train_torch(torch, d, init, dtype, args, autocast=False):
     model = net(torch).to(dtype)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -99,7 +103,8 @@ def train_torch(torch, d, init, dtype, args):
             bx = torch.from_numpy(x[rows]).to(dtype)
             by = torch.from_numpy(y[rows])
             opt.zero_grad()
-            loss = loss_fn(model(bx), by)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                loss = loss_fn(model(bx), by)
             loss.backward()
             opt.step()
             losses.append(loss.item())
@@ -115,6 +120,8 @@ def compare(args):
     torch.use_deterministic_algorithms(True)
     d = {n: np.load(os.path.join(args.dir, n + ".npy"))
          for n in ["x_train", "y_train", "x_test", "y_test", "order"]}
+    if args.precision == "bf16":
+        return compare_bf16(torch, d, args)
     kdir = os.path.join(args.dir, "kiln")
     init = {n: np.load(os.path.join(kdir, "init", n + ".npy")) for n in PARAMS}
     kiln_losses = np.load(os.path.join(kdir, "losses.npy")).astype(np.float64)
@@ -150,6 +157,38 @@ def compare(args):
     print(f"ok: within {gap:.2f} points of PyTorch's accuracy")
 
 
+def compare_bf16(torch, d, args):
+    kdir = os.path.join(args.dir, "kiln-bf16")
+    init = {n: np.load(os.path.join(kdir, "init", n + ".npy")) for n in PARAMS}
+    kiln_losses = np.load(os.path.join(kdir, "losses.npy")).astype(np.float64)
+    with open(os.path.join(kdir, "accuracy.txt")) as f:
+        kiln_acc = float(f.read())
+    f32_path = os.path.join(args.dir, "kiln", "accuracy.txt")
+    kiln_f32 = float(open(f32_path).read()) if os.path.exists(f32_path) else None
+    tb, accb = train_torch(torch, d, init, torch.float32, args, autocast=True)
+    t32, acc32 = train_torch(torch, d, init, torch.float32, args)
+    if len(tb) != len(kiln_losses):
+        sys.exit(f"kiln took {len(kiln_losses)} steps, PyTorch {len(tb)}: not the same run")
+    diff = np.abs(kiln_losses - tb)
+    base = np.abs(tb - t32)
+    first = min(10, len(diff))
+    print(f"steps: {len(diff)} (batch {args.batch}, SGD lr {args.lr} momentum {args.momentum}), "
+          f"mixed precision bf16")
+    print(f"loss at step 1 / last: kiln bf16 {kiln_losses[0]:.6f} / {kiln_losses[-1]:.6f}, "
+          f"PyTorch autocast {tb[0]:.6f} / {tb[-1]:.6f}, PyTorch f32 {t32[0]:.6f} / {t32[-1]:.6f}")
+    print(f"|kiln bf16 - PyTorch autocast| per step: max {diff.max():.2e}, first {first} steps "
+          f"max {diff[:first].max():.2e}, median {np.median(diff):.2e}")
+    print(f"|PyTorch autocast - PyTorch f32| per step (bf16's own drift): max {base.max():.2e}, "
+          f"first {first} steps max {base[:first].max():.2e}, median {np.median(base):.2e}")
+    f32_text = f", kiln f32 {kiln_f32 * 100:.2f}%" if kiln_f32 is not None else ""
+    print(f"test accuracy (evaluated in f32): kiln bf16 {kiln_acc * 100:.2f}%{f32_text}, "
+          f"PyTorch autocast bf16 {accb * 100:.2f}%, PyTorch f32 {acc32 * 100:.2f}%")
+    gap = abs(kiln_acc - accb) * 100
+    if gap > 1.0:
+        sys.exit(f"FAIL: kiln bf16's accuracy is {gap:.2f} points from PyTorch autocast's")
+    print(f"ok: within {gap:.2f} points of PyTorch autocast's accuracy")
+
+
 def bench(args):
     import torch
 
@@ -164,13 +203,14 @@ def bench(args):
         y = torch.randint(0, 10, (64,), generator=g)
         t = time.perf_counter()
         opt.zero_grad()
-        loss = loss_fn(model(x), y)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.precision == "bf16"):
+            loss = loss_fn(model(x), y)
         loss.backward()
         opt.step()
         loss.item()
         times.append(time.perf_counter() - t)
     t = sorted(times[5:])
-    print(f"PyTorch {torch.__version__} eager, {args.threads} thread(s): "
+    print(f"PyTorch {torch.__version__} eager, {args.precision}, {args.threads} thread(s): "
           f"median step {t[len(t) // 2] * 1e3:.2f} ms over {len(t)} steps")
 
 
@@ -187,9 +227,11 @@ def main():
     a.add_argument("--lr", type=float, default=0.01)
     a.add_argument("--momentum", type=float, default=0.9)
     a.add_argument("--threads", type=int, default=2)
+    a.add_argument("--precision", choices=["f32", "bf16"], default="f32")
     a = sub.add_parser("bench")
     a.add_argument("--threads", type=int, default=1)
     a.add_argument("--steps", type=int, default=50)
+    a.add_argument("--precision", choices=["f32", "bf16"], default="f32")
     args = p.parse_args()
     {"prepare": prepare, "compare": compare, "bench": bench}[args.cmd](args)
 

@@ -14,13 +14,15 @@
 //! from scikit-learn's digits and trains the same network in PyTorch from the same weights.
 //!
 //! Options: --data DIR, --steps N (random data; default 100), --batch B (64), --threads T,
-//! --lr X (0.01), --momentum X (0.9), --every N (progress every N steps; 10), --seed S (1).
+//! --lr X (0.01), --momentum X (0.9), --every N (progress every N steps; 10), --seed S (1),
+//! --precision P (f32, or bf16: mixed precision, `TrainOptions::precision`; with `--data` its
+//! files go to `DIR/kiln-bf16/` instead of `DIR/kiln/`).
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use kiln_compiler::train::{with_constants, with_cross_entropy};
-use kiln_compiler::{Options, TrainOptions, TrainSession};
+use kiln_compiler::{Options, Precision, TrainOptions, TrainSession};
 use kiln_ir::train::Optimizer;
 use kiln_ir::{models, npy, DType, Tensor};
 use kiln_runtime::LoadOptions;
@@ -49,6 +51,7 @@ struct Args {
     momentum: f64,
     every: usize,
     seed: u64,
+    precision: Precision,
 }
 
 fn args() -> Result<Args, Error> {
@@ -61,6 +64,7 @@ fn args() -> Result<Args, Error> {
         momentum: 0.9,
         every: 10,
         seed: 1,
+        precision: Precision::F32,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -74,6 +78,7 @@ fn args() -> Result<Args, Error> {
             "--momentum" => a.momentum = value()?.parse()?,
             "--every" => a.every = value()?.parse::<usize>()?.max(1),
             "--seed" => a.seed = value()?.parse()?,
+            "--precision" => a.precision = value()?.parse()?,
             _ => return Err(format!("unknown option `{flag}` (see the example's header)").into()),
         }
     }
@@ -97,13 +102,14 @@ fn run() -> Result<(), Error> {
     let optimizer =
         Optimizer::Sgd { lr: a.lr, momentum: a.momentum, nesterov: false, weight_decay: 0.0 };
     let load = LoadOptions { threads: a.threads, ..Default::default() };
-    let options = TrainOptions { load: load.clone(), ..Default::default() };
+    let options = TrainOptions { load: load.clone(), precision: a.precision, ..Default::default() };
     let start = Instant::now();
     let mut session = TrainSession::new(&graph, "loss", &PARAMS, optimizer, options)?;
     println!(
-        "compiled the training step of `{}` (batch {}) in {:.1} s: {} kernels on {}",
+        "compiled the training step of `{}` (batch {}, {}) in {:.1} s: {} kernels on {}",
         forward.name,
         a.batch,
+        a.precision,
         start.elapsed().as_secs_f64(),
         session.executable().manifest().kernels.len(),
         session.executable().device()
@@ -172,7 +178,10 @@ fn train_folder(
     let read = |name: &str| npy::read(&dir.join(name));
     let (x, y, order) = (read("x_train.npy")?, read("y_train.npy")?, read("order.npy")?);
     let (xt, yt) = (read("x_test.npy")?, read("y_test.npy")?);
-    let out = dir.join("kiln");
+    let out = match a.precision {
+        Precision::F32 => dir.join("kiln"),
+        p => dir.join(format!("kiln-{p}")),
+    };
     std::fs::create_dir_all(out.join("init"))?;
     for (name, t) in session.params() {
         npy::write(&out.join("init").join(format!("{name}.npy")), &t)?;

@@ -21,12 +21,14 @@ use std::fmt;
 use std::path::Path;
 
 use kiln_ir::grad::{append_backward, GradError};
-use kiln_ir::train::{append_update_at, running_statistics, OptimError, Optimizer, Slot};
+use kiln_ir::train::{
+    append_update_at, autocast, running_statistics, Autocast, OptimError, Optimizer, Slot,
+};
 use kiln_ir::{DType, Graph, IrError, Tensor, TensorType, ValueId};
 use kiln_runtime::{Executable, LoadOptions, RuntimeError};
 use thiserror::Error;
 
-use crate::{CompileError, Options};
+use crate::{CompileError, Options, Precision, TargetKind};
 
 /// Why a training step could not be built, compiled or run.
 #[derive(Debug, Error)]
@@ -56,6 +58,9 @@ pub enum TrainError {
     BatchInput { name: String, want: Box<TensorType>, got: Box<TensorType> },
     #[error("parameter `{name}` is {want}, got {got}")]
     ParamValue { name: String, want: Box<TensorType>, got: Box<TensorType> },
+    /// A precision the training step cannot run at on this target.
+    #[error("training in {precision} on {target}: {why}")]
+    Precision { precision: Precision, target: &'static str, why: String },
     #[error("the learning rate must be finite, got {lr}")]
     Rate { lr: f64 },
     #[error("building the gradients")]
@@ -354,6 +359,41 @@ fn output_names(g: &Graph) -> String {
     }
 }
 
+/// Makes the step's arithmetic `precision` on `target`: f32 leaves it as it is (`None`); bf16 is
+/// automatic mixed precision, `kiln_ir::train::autocast` over the whole step (forward and
+/// backward): every Conv, ConvTranspose, MatMul and Gemm reads its multiplied operands rounded
+/// to bf16 and sums in f32, while the parameters (master weights), the optimizer's state and
+/// update, the loss, softmax and normalisation stay f32. bf16 keeps f32's exponent range, so no
+/// loss scale is needed. f16 would need one (its gradients underflow), which is not built, and
+/// TF32 is a GPU format: both are refused, as is bf16 off the CPU (built and tested there only).
+pub fn mixed_precision(
+    step: &mut StepGraph,
+    precision: Precision,
+    target: TargetKind,
+) -> Result<Option<Autocast>> {
+    let refuse = |why: &str| TrainError::Precision {
+        precision,
+        target: target.name(),
+        why: why.to_string(),
+    };
+    match precision {
+        Precision::F32 => Ok(None),
+        Precision::Bf16 if target == TargetKind::Cpu => {
+            Ok(Some(autocast(&mut step.graph, DType::BF16).map_err(TrainError::Graph)?))
+        }
+        Precision::Bf16 => {
+            Err(refuse("bf16 mixed precision is built and tested for the CPU's training step only"))
+        }
+        Precision::F16 => Err(refuse(
+            "f16 mixed precision needs a loss scale (small gradients underflow f16), \
+             which is not built; bf16 (f32's exponent range) needs none",
+        )),
+        Precision::Tf32 => {
+            Err(refuse("TF32 is a GPU tensor-core format, not a training precision kiln builds"))
+        }
+    }
+}
+
 /// How a [`TrainSession`] compiles and loads its step.
 #[derive(Clone, Debug)]
 pub struct TrainOptions {
@@ -365,6 +405,9 @@ pub struct TrainOptions {
     /// The learning rate at the first step (`TrainSession::set_lr` changes it at any step);
     /// `None`: the optimizer's.
     pub lr: Option<f64>,
+    /// The arithmetic of the step's contractions: f32, or bf16 mixed precision
+    /// ([`mixed_precision`]: bf16-rounded operands, f32 sums, f32 master weights).
+    pub precision: Precision,
 }
 
 impl Default for TrainOptions {
@@ -373,6 +416,7 @@ impl Default for TrainOptions {
             compile: Options { cache: false, ..Options::default() },
             load: LoadOptions::default(),
             lr: None,
+            precision: Precision::F32,
         }
     }
 }
@@ -396,6 +440,8 @@ pub struct TrainSession {
     optimizer: Optimizer,
     /// The forward graph, whose constants `trained_graph` replaces.
     forward: Graph,
+    /// What mixed precision cast (`None` in f32).
+    autocast: Option<Autocast>,
 }
 
 impl TrainSession {
@@ -417,6 +463,7 @@ impl TrainSession {
             return Err(TrainError::Rate { lr });
         }
         let mut step = step_graph(graph, loss, params, &optimizer)?;
+        let autocast = mixed_precision(&mut step, options.precision, options.compile.target)?;
         // The runtime binds state in place on the CPU only; elsewhere the outputs come back.
         step.plan.in_place = options.compile.target == crate::TargetKind::Cpu;
         let compile = Options {
@@ -447,12 +494,18 @@ impl TrainSession {
             lr,
             optimizer,
             forward: graph.clone(),
+            autocast,
         })
     }
 
     /// What the step takes and carries.
     pub fn plan(&self) -> &StepPlan {
         &self.plan
+    }
+
+    /// The contractions mixed precision cast (`None` in f32).
+    pub fn autocast(&self) -> Option<&Autocast> {
+        self.autocast.as_ref()
     }
 
     /// The compiled step.

@@ -337,6 +337,30 @@ impl Graph {
         Ok(())
     }
 
+    /// Makes operand `operand` of node `id` read `new`, which must have the type of the value it
+    /// reads now (so nothing downstream changes type).
+    pub fn set_operand(&mut self, id: NodeId, operand: usize, new: ValueId) -> Result<()> {
+        self.check_value(new)?;
+        let name = || self.graph[id].name.clone();
+        let e = self
+            .graph
+            .edges_directed(id, Direction::Incoming)
+            .find(|e| e.weight().operand == operand)
+            .map(|e| (e.id(), ValueId::new(e.source(), e.weight().output)))
+            .ok_or_else(|| IrError::Graph(format!("node `{}` has no operand {operand}", name())))?;
+        if self.value_type(e.1) != self.value_type(new) {
+            return Err(IrError::Graph(format!(
+                "operand {operand} of node `{}` is {}, not {}",
+                name(),
+                self.value_type(e.1),
+                self.value_type(new)
+            )));
+        }
+        self.graph.remove_edge(e.0);
+        self.graph.add_edge(new.node, id, Edge { output: new.output, operand });
+        Ok(())
+    }
+
     /// Copies `sub` into this graph: its inputs are `inputs` (values of this graph, in order), its
     /// nodes are added under `prefix/name`, and its outputs' values here are returned.
     pub fn inline(

@@ -10,7 +10,11 @@ parameters and optimizer state kept by the runtime between steps.
 
 ``TrainSession(model, params, optimizer="sgd", *, loss=None, logits=None, lr=0.01,
 momentum=0.0, nesterov=False, weight_decay=0.0, betas=(0.9, 0.999), eps=1e-8, device="cpu",
-threads=None)``: ``model`` an ONNX file or bytes; ``params`` the initializers to train;
+threads=None, precision="f32")``: ``model`` an ONNX file or bytes; ``params`` the initializers
+to train; ``precision="bf16"`` is mixed precision (every Conv, ConvTranspose, MatMul and Gemm of
+the step, forward and backward, multiplies bf16-rounded operands and sums in f32; parameters,
+optimizer state, loss and normalisation stay f32; CPU only; ``"f16"`` is refused: it would
+need a loss scale);
 ``optimizer`` ``"sgd"``, ``"adam"`` or ``"adamw"`` (PyTorch's meanings); the loss is the scalar
 output ``loss=``, or softmax cross-entropy of the ``[batch, classes]`` output ``logits=`` against
 an added int64 input ``labels``. ``step(*batch)`` takes numpy arrays in ``batch_names`` order and

@@ -71,7 +71,7 @@ pub(crate) struct PyTrainSession {
 #[pymethods]
 impl PyTrainSession {
     #[new]
-    #[pyo3(signature = (model, params, optimizer = "sgd", *, loss = None, logits = None, lr = 0.01, momentum = 0.0, nesterov = false, weight_decay = 0.0, betas = (0.9, 0.999), eps = 1e-8, device = "cpu", threads = None))]
+    #[pyo3(signature = (model, params, optimizer = "sgd", *, loss = None, logits = None, lr = 0.01, momentum = 0.0, nesterov = false, weight_decay = 0.0, betas = (0.9, 0.999), eps = 1e-8, device = "cpu", threads = None, precision = "f32"))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -88,7 +88,9 @@ impl PyTrainSession {
         eps: f64,
         device: &str,
         threads: Option<usize>,
+        precision: &str,
     ) -> PyResult<PyTrainSession> {
+        let precision: kiln_compiler::Precision = precision.parse().map_err(KilnError::new_err)?;
         let (source, graph) = read_onnx(model)?;
         let (graph, loss) = match (loss, logits) {
             (Some(_), Some(_)) => {
@@ -112,6 +114,7 @@ impl PyTrainSession {
             },
             load: LoadOptions { threads, ..Default::default() },
             lr: None,
+            precision,
         };
         let batch = graph
             .inputs()

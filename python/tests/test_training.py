@@ -69,6 +69,41 @@ def test_sgd_steps_match_numpy_and_the_rate_changes_without_recompiling():
     assert ts.running_stats() == {}  # no BatchNormalization in training mode
 
 
+def bf16(a):
+    """Rounds to bfloat16 (to nearest, ties to even), kept as float32."""
+    u = np.asarray(a, np.float32).view(np.uint32).astype(np.uint64)
+    u = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16
+    return u.astype(np.uint32).view(np.float32).astype(np.float64)
+
+
+def test_bf16_mixed_precision_multiplies_rounded_operands_with_f32_master_weights():
+    w, b, x, y = data(2)
+    ts = kiln.training.TrainSession(linear(w, b), ["w", "b"], "sgd", logits="logits", lr=0.1, threads=1,
+                                    precision="bf16")
+    rw, rb = w.astype(np.float64), b.astype(np.float64)
+    for step in range(3):
+        # The MatMul reads x and w rounded; its gradient's MatMul reads x and the scores' gradient
+        # rounded; the bias, softmax and the update stay f32.
+        z = bf16(x) @ bf16(rw) + rb
+        p = np.exp(z - z.max(1, keepdims=True))
+        p /= p.sum(1, keepdims=True)
+        want = -np.log(p[np.arange(B), y]).mean()
+        d = p.copy()
+        d[np.arange(B), y] -= 1
+        d /= B
+        got = ts.step(x, y)
+        # bf16 operands: a value kiln holds in f32 may round to the neighbouring bf16 (2^-8 apart).
+        assert abs(got - want) < 1e-3 * max(1.0, abs(want)), (step, got, want)
+        rw, rb = rw - 0.1 * (bf16(x).T @ bf16(d)), rb - 0.1 * d.sum(0)
+    assert ts.param("w").dtype == np.float32
+    np.testing.assert_allclose(ts.param("w"), rw, rtol=1e-3, atol=1e-4)
+    np.testing.assert_allclose(ts.param("b"), rb, rtol=1e-3, atol=1e-4)
+    with pytest.raises(kiln.KilnError, match="f16 mixed precision needs a loss scale"):
+        kiln.training.TrainSession(linear(w, b), ["w"], logits="logits", precision="f16")
+    with pytest.raises(kiln.KilnError, match="unknown precision `fp8`"):
+        kiln.training.TrainSession(linear(w, b), ["w"], logits="logits", precision="fp8")
+
+
 def test_adam_steps_match_numpy():
     w, b, x, y = data(1)
     ts = kiln.training.TrainSession(linear(w, b), ["w", "b"], "adam", logits="logits", lr=0.01)

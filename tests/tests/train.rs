@@ -4,8 +4,10 @@
 //! step's plan and schedule pinned, bad input refused by name, and the trained weights written
 //! back into the ONNX model they came from.
 
-use kiln_compiler::train::{step_graph, with_cross_entropy, StepGraph, TrainError};
-use kiln_compiler::{Options, TrainOptions, TrainSession};
+use kiln_compiler::train::{
+    mixed_precision, step_graph, with_cross_entropy, StepGraph, TrainError,
+};
+use kiln_compiler::{Options, Precision, TargetKind, TrainOptions, TrainSession};
 use kiln_ir::builder::{ConvOptions, GraphBuilder};
 use kiln_ir::op::{Loss, LossReduction, Rnn, RnnCell, RnnDirection};
 use kiln_ir::train::Optimizer;
@@ -825,4 +827,98 @@ fn a_gpu_session_feeds_its_outputs_back() {
             assert!((a - b).abs() <= 1e-4 * (1.0 + b.abs()), "{name}: {a} vs {b}");
         }
     }
+}
+
+/// The interpreter running `step` (an autocast step graph or not) from `initial` SGD state:
+/// the losses of `steps` steps.
+fn interpreted_losses(step: &StepGraph, opt: &Optimizer, steps: u64, lr: f32) -> Vec<f64> {
+    interpreted(step, opt, steps, lr).0
+}
+
+fn bf16_options(threads: usize) -> TrainOptions {
+    TrainOptions { precision: Precision::Bf16, ..options(threads) }
+}
+
+/// Mixed precision (bf16 operands, f32 sums, f32 master weights): 5 steps of the small CNN
+/// compiled for the CPU give the interpreter's losses on the same autocast step graph, and stay
+/// near the f32 session's. Tolerances: against the interpreter 1e-3 relative (the same
+/// arithmetic, but an f32 value that the compiled kernels sum in another order may round to the
+/// neighbouring bf16, 2^-8 apart, where the interpreter's does not); against f32 2e-2 (bf16 keeps
+/// 8 significant bits, a relative rounding of up to 2^-9 = 2e-3 on every operand of every
+/// product, which 5 steps of SGD carry into the loss). The parameters stay f32.
+#[test]
+fn mixed_precision_follows_the_interpreter_and_stays_near_f32() {
+    let graph = small_cnn();
+    let opt = Optimizer::Sgd { lr: 0.2, momentum: 0.9, nesterov: false, weight_decay: 1e-3 };
+    let mut step = step_graph(&graph, "loss", &PARAMS, &opt).unwrap();
+    let f32_losses = interpreted_losses(&step, &opt, 5, 0.2);
+    let cast = mixed_precision(&mut step, Precision::Bf16, TargetKind::Cpu).unwrap().unwrap();
+    assert!(!cast.cast.is_empty());
+    let want = interpreted_losses(&step, &opt, 5, 0.2);
+    assert_ne!(want, f32_losses, "the rounding changed the step");
+    for (&i, name) in step.graph.inputs()[2..].iter().zip(PARAMS) {
+        assert_eq!(step.graph.node(i).outputs[0].dtype, DType::F32, "input `{name}`");
+    }
+    for (name, v) in &step.graph.outputs()[..1 + PARAMS.len()] {
+        assert_eq!(step.graph.value_type(*v).dtype, DType::F32, "output `{name}`");
+    }
+    for threads in [1, 2] {
+        let mut session =
+            TrainSession::new(&graph, "loss", &PARAMS, opt, bf16_options(threads)).unwrap();
+        assert_eq!(session.autocast(), Some(&cast));
+        let losses: Vec<f32> = (0..5).map(|s| session.step(&batch(s)).unwrap()).collect();
+        for (s, ((a, b), f)) in losses.iter().zip(&want).zip(&f32_losses).enumerate() {
+            let (a, b, f) = (*a as f64, *b, *f);
+            assert!((a - b).abs() <= 1e-3 * (1.0 + b.abs()), "step {s}: loss {a} vs {b}");
+            assert!((a - f).abs() <= 2e-2 * (1.0 + f.abs()), "step {s}: loss {a} vs f32 {f}");
+        }
+        assert!(losses[4] < losses[0], "the loss fell: {losses:?}");
+        for name in PARAMS {
+            assert_eq!(session.param(name).unwrap().dtype(), DType::F32, "`{name}` stays f32");
+        }
+    }
+}
+
+/// Which contractions mixed precision casts, forward and backward, and the operands each reads
+/// rounded.
+#[test]
+fn the_autocast_step() {
+    let opt = Optimizer::Sgd { lr: 0.1, momentum: 0.9, nesterov: false, weight_decay: 0.0 };
+    let mut step = step_graph(&small_cnn(), "loss", &PARAMS, &opt).unwrap();
+    let cast = mixed_precision(&mut step, Precision::Bf16, TargetKind::Cpu).unwrap().unwrap();
+    insta::assert_snapshot!("train_autocast_bf16", cast.to_string());
+    // f32 casts nothing.
+    let mut step = step_graph(&small_cnn(), "loss", &PARAMS, &opt).unwrap();
+    assert!(mixed_precision(&mut step, Precision::F32, TargetKind::Cpu).unwrap().is_none());
+}
+
+/// A precision the training step cannot run at is a typed error naming it and the target.
+#[test]
+fn a_precision_the_target_cannot_do_is_refused() {
+    let graph = small_cnn();
+    let opt = Optimizer::sgd(0.1);
+    let refused = |precision: Precision, target: TargetKind| {
+        let mut o = TrainOptions { precision, ..options(1) };
+        o.compile.target = target;
+        match TrainSession::new(&graph, "loss", &PARAMS, opt, o) {
+            Err(e @ TrainError::Precision { .. }) => e.to_string(),
+            Err(e) => panic!("{precision}: another error: {e}"),
+            Ok(_) => panic!("{precision} on {}: accepted", target.name()),
+        }
+    };
+    assert_eq!(
+        refused(Precision::F16, TargetKind::Cpu),
+        "training in f16 on cpu: f16 mixed precision needs a loss scale (small gradients \
+         underflow f16), which is not built; bf16 (f32's exponent range) needs none"
+    );
+    assert_eq!(
+        refused(Precision::Tf32, TargetKind::Cpu),
+        "training in tf32 on cpu: TF32 is a GPU tensor-core format, not a training precision \
+         kiln builds"
+    );
+    assert_eq!(
+        refused(Precision::Bf16, TargetKind::Cuda),
+        "training in bf16 on cuda: bf16 mixed precision is built and tested for the CPU's \
+         training step only"
+    );
 }
