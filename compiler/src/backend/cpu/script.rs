@@ -46,7 +46,11 @@ pub fn phase_a(ctx: &melior::Context, ops: &[LinalgOp], raw: &[RawOp], sch: &Sch
         ));
         handle[a] = "%t".into();
         // Fuse producers, nearest first, each into the loop the previous fusion returned.
+        let feeds_pad = feeds_a_pad(ops);
         for (n, &i) in producers.iter().rev().enumerate() {
+            if feeds_pad[i] {
+                continue;
+            }
             s.push_str(&format!(
                 "    %f{n}, %l{} = transform.structured.fuse_into_containing_op %p{n} into %l{n} : ({ANY}, {ANY}) -> ({ANY}, {ANY})\n",
                 n + 1
@@ -126,6 +130,26 @@ pub fn phase_a(ctx: &melior::Context, ops: &[LinalgOp], raw: &[RawOp], sch: &Sch
     }
     script_footer(&mut s);
     s
+}
+
+/// Which ops a `tensor.pad` of the kernel reads, directly or through other ops: they stay out of
+/// the workgroup loop (computed whole before it; the pad itself is fused). Fusing them into the
+/// loop after the pad leaves MLIR's IR broken (printing it, or canonicalising the pad, crashes:
+/// a bf16 or f16 Conv, whose input is widened to f32 by a generic before it is padded).
+fn feeds_a_pad(ops: &[LinalgOp]) -> Vec<bool> {
+    let mut marked = vec![false; ops.len()];
+    let mut stack: Vec<usize> = ops
+        .iter()
+        .filter(|o| o.kind == linalg::OpKind::Pad)
+        .flat_map(|o| o.producers.iter().flatten().copied())
+        .collect();
+    while let Some(i) = stack.pop() {
+        if i < ops.len() && !marked[i] {
+            marked[i] = true;
+            stack.extend(ops[i].producers.iter().flatten().copied());
+        }
+    }
+    marked
 }
 
 /// Carries out a schedule on the kernel's module.
