@@ -193,24 +193,30 @@ def bench(args):
     import torch
 
     torch.set_num_threads(args.threads)
-    model = net(torch)
+    dev = torch.device(args.device)
+    # TF32 off on a GPU: kiln's f32 step is IEEE f32.
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    model = net(torch).to(dev)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     loss_fn = torch.nn.CrossEntropyLoss()
     g = torch.Generator().manual_seed(0)
     times = []
     for s in range(args.steps):
+        # The batch crosses to the device inside the step, as kiln's does.
         x = torch.rand(64, 3, 32, 32, generator=g) * 2 - 1
         y = torch.randint(0, 10, (64,), generator=g)
         t = time.perf_counter()
+        x, y = x.to(dev), y.to(dev)
         opt.zero_grad()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.precision == "bf16"):
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=args.precision == "bf16"):
             loss = loss_fn(model(x), y)
         loss.backward()
         opt.step()
-        loss.item()
+        loss.item()  # waits for the device
         times.append(time.perf_counter() - t)
     t = sorted(times[5:])
-    print(f"PyTorch {torch.__version__} eager, {args.precision}, {args.threads} thread(s): "
+    print(f"PyTorch {torch.__version__} eager, {args.precision}, {args.device}, {args.threads} thread(s): "
           f"median step {t[len(t) // 2] * 1e3:.2f} ms over {len(t)} steps")
 
 
@@ -232,6 +238,7 @@ def main():
     a.add_argument("--threads", type=int, default=1)
     a.add_argument("--steps", type=int, default=50)
     a.add_argument("--precision", choices=["f32", "bf16"], default="f32")
+    a.add_argument("--device", default="cpu", help="cpu or cuda")
     args = p.parse_args()
     {"prepare": prepare, "compare": compare, "bench": bench}[args.cmd](args)
 

@@ -25,7 +25,12 @@
 #    Each prints a summary and leaves JSON under $OUT: ops.json, node_cuda.json (every node
 #    test), models_<load>.json (kiln's match and median time per model next to PyTorch eager
 #    with TF32 off and on, and torch.compile, on the same GPU: scripts/gpu/torch_baselines.py).
-# 3. The CPU at 1, 4 and 16 threads (the machine's 16 cores; no GPU used): here
+# 3. Training (issue 37) on the GPU: here `scripts/gpu/session.sh prepare-train` (train_cifar
+#    and the digits into .gpu-session/train), then on the machine
+#      run(command="scripts/gpu/session.sh train", carry=[".gpu-session/train"])
+#    trains the digits on --device cuda and compares with PyTorch (accuracy within a point),
+#    then times the CIFAR-10 CNN's step against PyTorch eager on the GPU ($OUT/train_*.txt).
+# 4. The CPU at 1, 4 and 16 threads (the machine's 16 cores; no GPU used): here
 #      scripts/gpu/session.sh prepare-cpu        (kiln alone into .gpu-session/cpu, 35 MB)
 #    then on the machine
 #      run(command="scripts/gpu/session.sh cpu-scale", carry=[".gpu-session/cpu"], timeout_s=560)
@@ -104,6 +109,35 @@ prepare-cpu)
   cp target/release/examples/pool_cost .gpu-session/cpu/ && strip .gpu-session/cpu/pool_cost
   du -sh .gpu-session/cpu >&2
   say "ready: run(command=\"scripts/gpu/session.sh cpu-scale\", carry=[\".gpu-session/cpu\"], timeout_s=560)"
+  ;;
+prepare-train)
+  EXCLUDE=$(git rev-parse --git-path info/exclude); mkdir -p "$(dirname "$EXCLUDE")"
+  grep -qx '/.gpu-session/' "$EXCLUDE" 2>/dev/null || echo '/.gpu-session/' >> "$EXCLUDE"
+  say "building train_cifar (release) and the digits"
+  cargo build --release -q -p kiln-compiler --example train_cifar
+  rm -rf .gpu-session/train && mkdir -p .gpu-session/train
+  cp target/release/examples/train_cifar .gpu-session/train/ && strip .gpu-session/train/train_cifar && xz -T0 -6 .gpu-session/train/train_cifar
+  py=$(scripts/setup-train.sh)
+  "$py" scripts/train_digits.py prepare /tmp/kiln-digits --epochs 10 >&2
+  tar -C /tmp -cJf .gpu-session/train/digits.tar.xz kiln-digits
+  du -sh .gpu-session/train >&2
+  say "ready: run(command=\"scripts/gpu/session.sh train\", carry=[\".gpu-session/train\"])"
+  ;;
+train)
+  # Issue 37 on the GPU: the digits trained by kiln's compiled step on --device cuda against
+  # PyTorch's run of the same network, data order and weights (accuracy within a point), then
+  # the CIFAR-10 CNN's step time against PyTorch eager on the same GPU (TF32 off both sides).
+  need_gpu
+  dir=.gpu-session/train; [ -f "$dir/train_cifar.xz" ] || { say "missing $dir (run 'prepare-train' here and carry it)"; exit 2; }
+  xz -dc "$dir/train_cifar.xz" > /tmp/train_cifar && chmod +x /tmp/train_cifar
+  rm -rf /tmp/kiln-digits && tar -C /tmp -xJf "$dir/digits.tar.xz"
+  args=(--batch 64 --lr 0.01 --momentum 0.9 --threads 2)
+  /tmp/train_cifar --data /tmp/kiln-digits "${args[@]}" --every 22 --device cuda | tee "$OUT/train_digits_cuda.txt"
+  python3 scripts/train_digits.py compare /tmp/kiln-digits "${args[@]}" | tee -a "$OUT/train_digits_cuda.txt"
+  for r in 1 2 3; do
+    /tmp/train_cifar --steps 60 --device cuda | grep 'median' | sed "s/^/round $r kiln cuda: /"
+    python3 scripts/train_digits.py bench --steps 60 --device cuda | sed "s/^/round $r /"
+  done | tee "$OUT/train_step_cuda.txt"
   ;;
 cpu-scale)
   # kiln against onnxruntime on the CPU at 1, 4 and 16 threads; needs no GPU.
@@ -201,6 +235,6 @@ json.dump({"device": torch.get("device"), "torch": torch.get("torch"), "models":
 PY
   ;;
 *)
-  sed -n '2,39p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  sed -n '2,44p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac
 done
