@@ -160,6 +160,12 @@ fn parameters_are_updated_in_place_in_one_buffer() {
     assert_eq!(state[0], ("conv.weight", "conv.weight.new"));
     assert_eq!(state[7], ("fc.bias.momentum", "fc.bias.momentum.new"));
     assert_eq!(state.len(), 8);
+    // `kiln info` lists them.
+    let info = kiln_compiler::cli::artifact_lines(exe.manifest(), 0);
+    assert!(
+        info.contains(&"  conv.weight: f32[4,1,3,3] <- conv.weight.new".to_string()),
+        "{info:?}"
+    );
     let addresses = |s: &TrainSession| -> Vec<usize> {
         PARAMS.iter().map(|n| s.param(n).unwrap().bytes().as_ptr() as usize).collect()
     };

@@ -125,6 +125,14 @@ pub fn artifact_lines(m: &kiln_runtime::artifact::Manifest, size: usize) -> Vec<
     out.extend(m.inputs.iter().enumerate().map(|(i, t)| tensor(t, i, false)));
     out.push("outputs:".into());
     out.extend(m.outputs.iter().enumerate().map(|(i, t)| tensor(t, i, true)));
+    // A training step's parameters and optimizer state: the caller's tensors, written in place.
+    if !m.state.is_empty() {
+        out.push("state (the caller's tensors, each run writing its new value over it):".into());
+        out.extend(m.state.iter().map(|s| {
+            let dims: Vec<String> = s.dims.iter().map(|d| d.to_string()).collect();
+            format!("  {}: {}[{}] <- {}", s.input, s.dtype, dims.join(","), s.output)
+        }));
+    }
     let program = |m: &kiln_runtime::artifact::Manifest| {
         let constants: u64 = m
             .buffers
