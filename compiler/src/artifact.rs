@@ -379,28 +379,29 @@ pub fn kernel_waves(partition: &Partition) -> Vec<usize> {
 }
 
 /// The kernels each kernel reads results of (by data), as `kernel_waves` counts them: a value
-/// several kernels write parts of (a concat's result) is ready after the latest of them.
+/// several kernels write parts of (a concat's result) is ready after all of them.
 fn data_dependencies(partition: &Partition) -> Vec<Vec<usize>> {
-    let mut producer: HashMap<ValueId, usize> = HashMap::new();
-    let mut wave: Vec<usize> = Vec::with_capacity(partition.kernels.len());
+    // Every kernel that has written (part of) each value so far. A reader depends on all the
+    // writers of what it reads: by data alone the latest of them would do, but edges added
+    // after (`kernel_waves_after`) may move one part's writer past another's.
+    let mut writers: HashMap<ValueId, Vec<usize>> = HashMap::new();
     let mut deps = Vec::with_capacity(partition.kernels.len());
     for (k, kernel) in partition.kernels.iter().enumerate() {
-        let d: Vec<usize> = kernel
-            .inputs
-            .iter()
-            .filter_map(|&v| {
-                let src = fuse::resolve_view(&partition.views, v).of;
-                producer.get(&src).or_else(|| producer.get(&v)).copied()
-            })
-            .collect();
-        let w = d.iter().map(|&p| wave[p] + 1).max().unwrap_or(0);
-        wave.push(w);
+        let mut d: Vec<usize> = Vec::new();
+        for &v in &kernel.inputs {
+            let src = fuse::resolve_view(&partition.views, v).of;
+            if let Some(ws) = writers.get(&src).or_else(|| writers.get(&v)) {
+                d.extend(ws);
+            }
+        }
+        d.sort_unstable();
+        d.dedup();
         deps.push(d);
         for &o in &kernel.outputs {
-            producer.insert(o, k);
+            writers.entry(o).or_default().push(k);
             let of = fuse::resolve_view(&partition.views, o).of;
-            if producer.get(&of).is_none_or(|&p| wave[p] <= w) {
-                producer.insert(of, k);
+            if of != o {
+                writers.entry(of).or_default().push(k);
             }
         }
     }

@@ -422,6 +422,45 @@ fn an_in_place_write_waits_for_a_late_read() {
     );
 }
 
+/// A Concat written in place by its parts' kernels (`fuse::concat_views`), one part computed
+/// from the in-place output: the ordering edge moves that part's writer late, and the Concat's
+/// reader still waits for every part (it depended on the latest part by data alone, and was
+/// launched before the moved one). Against the interpreter at 1 and 2 threads.
+#[test]
+fn a_concat_reader_waits_for_a_part_moved_by_an_in_place_write() {
+    let g = GraphBuilder::new("concat_after_in_place");
+    let x = g.input("x", DType::F32, [1, 16]);
+    let t = g.input("t", DType::F32, [1, 16]);
+    let s = x.softmax(1).named("s1").softmax(1).named("s2");
+    g.output("y", (s + t).named("add_t"));
+    let halved = (t * t.scalar(0.5)).named("halve");
+    g.output("t.new", halved);
+    let parts = [halved.relu().named("relu_part"), s.exp().named("exp_part")];
+    // A product reads the Concat, which is then a kernel of its own and placed.
+    let w = g.constant("w", Tensor::random(DType::F32, &[32, 4], 9));
+    g.output("z", g.concat(&parts, 1).named("cat").matmul(w).named("mm"));
+    let g = g.build().unwrap();
+    let options = Options {
+        cache: false,
+        in_place: vec![("t".into(), "t.new".into())],
+        ..Options::default()
+    };
+    let (x, t) = (Tensor::random(DType::F32, &[1, 16], 3), Tensor::random(DType::F32, &[1, 16], 4));
+    let want = eval::run(&g, &[x.clone(), t.clone()]).unwrap();
+    for threads in [1, 2] {
+        let load = LoadOptions { threads: Some(threads), ..Default::default() };
+        let exe = kiln_compiler::jit(&g, &options, &load).unwrap();
+        let mut state = vec![Tensor::from_bytes(DType::F32, &[1, 16], t.bytes()).unwrap()];
+        let out = exe.run_with_state(std::slice::from_ref(&x), &mut state).unwrap();
+        for (name, got, want) in [("y", &out[0], &want[0]), ("z", &out[1], &want[2])] {
+            for (a, b) in got.to_f64s().iter().zip(want.to_f64s()) {
+                assert!((a - b).abs() <= 1e-6, "{name}: {a} vs {b} (threads {threads})");
+            }
+        }
+        assert_eq!(state[0].to_f64s(), want[1].to_f64s(), "t.new");
+    }
+}
+
 #[test]
 fn the_step_plan() {
     let step = step_graph(&small_cnn(), "loss", &PARAMS, &Optimizer::adam(1e-3)).unwrap();
