@@ -47,14 +47,17 @@ pub fn phase_a(ctx: &melior::Context, ops: &[LinalgOp], raw: &[RawOp], sch: &Sch
         handle[a] = "%t".into();
         // Fuse producers, nearest first, each into the loop the previous fusion returned.
         let feeds_pad = feeds_a_pad(ops);
+        // The loop handle the next fusion goes into: `%l{loop_at}` (a skipped op returns none).
+        let mut loop_at = 0;
         for (n, &i) in producers.iter().rev().enumerate() {
             if feeds_pad[i] {
                 continue;
             }
             s.push_str(&format!(
-                "    %f{n}, %l{} = transform.structured.fuse_into_containing_op %p{n} into %l{n} : ({ANY}, {ANY}) -> ({ANY}, {ANY})\n",
+                "    %f{n}, %l{} = transform.structured.fuse_into_containing_op %p{n} into %l{loop_at} : ({ANY}, {ANY}) -> ({ANY}, {ANY})\n",
                 n + 1
             ));
+            loop_at = n + 1;
             handle[i] = format!("%f{n}");
         }
     }
