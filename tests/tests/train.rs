@@ -918,6 +918,12 @@ fn mixed_precision_follows_the_interpreter_and_stays_near_f32() {
             assert!((a - f).abs() <= 2e-2 * (1.0 + f.abs()), "step {s}: loss {a} vs f32 {f}");
         }
         assert!(losses[4] < losses[0], "the loss fell: {losses:?}");
+        // The compiled step is the rounded one: nearer the bf16 interpreter than the f32 one (a
+        // session that compiled the step without the casts would be the other way round).
+        let off = |from: &[f64]| -> f64 {
+            losses.iter().zip(from).map(|(a, b)| (*a as f64 - b).abs()).sum()
+        };
+        assert!(off(&want) < off(&f32_losses), "{losses:?}: bf16 {want:?}, f32 {f32_losses:?}");
         for name in PARAMS {
             assert_eq!(session.param(name).unwrap().dtype(), DType::F32, "`{name}` stays f32");
         }
