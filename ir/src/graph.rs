@@ -338,9 +338,18 @@ impl Graph {
     }
 
     /// Makes operand `operand` of node `id` read `new`, which must have the type of the value it
-    /// reads now (so nothing downstream changes type).
+    /// reads now (so nothing downstream changes type) and must not depend on `id` (a cycle).
     pub fn set_operand(&mut self, id: NodeId, operand: usize, new: ValueId) -> Result<()> {
         self.check_value(new)?;
+        let Some(node) = self.try_node(id) else {
+            return Err(IrError::Graph(format!("node {id:?} is not in the graph")));
+        };
+        if petgraph::algo::has_path_connecting(&self.graph, id, new.node, None) {
+            return Err(IrError::Graph(format!(
+                "operand {operand} of node `{}` cannot read a value computed from it (a cycle)",
+                node.name
+            )));
+        }
         let name = || self.graph[id].name.clone();
         let e = self
             .graph

@@ -36,8 +36,15 @@ pub(super) fn log_softmax_backward<'g>(y: Traced<'g>, dy: Traced<'g>, axis: i64)
 /// dr·(-r³)(x - μ)/n, n the count of normalised elements (dσ²/dx = 2(x - μ)/n, dr/dσ² = -r³/2).
 fn layer_norm<'g>(axis: i64, epsilon: f32, s: &Step<'_, 'g>) -> Result<Grads<'g>, RuleError> {
     let (x, scale) = (s.input(0)?, s.input(1)?);
-    let stat_grad = |i: usize| s.grads.get(i).copied().flatten();
-    let (d_mean, d_inv_std) = (stat_grad(1), stat_grad(2));
+    // The statistics of an f16 or bf16 x are f32: their gradients are taken back to x's type.
+    let dt = ty(x)?.dtype;
+    let stat_grad = |i: usize| -> Result<Option<Traced<'g>>, RuleError> {
+        match s.grads.get(i).copied().flatten() {
+            Some(d) if ty(d)?.dtype != dt => Ok(Some(d.cast(dt))),
+            d => Ok(d),
+        }
+    };
+    let (d_mean, d_inv_std) = (stat_grad(1)?, stat_grad(2)?);
     let dy = match s.grads.first().copied().flatten() {
         Some(d) => Some(d),
         None if d_mean.is_none() && d_inv_std.is_none() => Some(s.dy()?),

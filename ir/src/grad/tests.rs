@@ -376,6 +376,27 @@ fn reductions() {
     check("reduce_min_all", &[x.clone()], |_, x| x[0].reduce(ReduceKind::Min, &[], true));
 }
 
+/// LayerNormalization of a bf16 x has f32 statistics: a loss reading them differentiates, the
+/// gradient typed as x (it was a builder type error).
+#[test]
+fn layer_norm_statistics_of_a_half_input() {
+    let g = GraphBuilder::new("half_ln");
+    let x = g.input("x", DType::BF16, [2, 4]);
+    let s = g.input("s", DType::BF16, [4]);
+    let r = g.apply(Op::LayerNorm { axis: -1, epsilon: 1e-2 }, &[Some(x), Some(s)], 3);
+    let loss = r[1].mul(r[2]).reduce_sum(&[], false);
+    g.output("loss", loss);
+    let mut graph = g.build().unwrap();
+    let (loss, xv) = (graph.outputs()[0].1, ValueId::from(graph.inputs()[0]));
+    let d = append_backward(&mut graph, loss, &[xv]).unwrap()[0];
+    assert_eq!(graph.value_type(d).dtype, DType::BF16);
+    graph.add_output("dx", d).unwrap();
+    let x = Tensor::random(DType::F32, &[2, 4], 3).cast(DType::BF16);
+    let s = Tensor::random(DType::F32, &[4], 4).cast(DType::BF16);
+    let out = eval::run(&graph, &[x, s]).unwrap();
+    assert!(out[1].to_f64s().iter().all(|v| v.is_finite()));
+}
+
 /// Where the maximum is tied its gradient is shared equally (PyTorch's amax), and a zero L2
 /// norm gives its elements 0, not 0/0: both points where finite differences do not apply.
 #[test]

@@ -171,6 +171,29 @@ mod tests {
         assert_ne!(plain[0].to_f64s(), got[0].to_f64s());
     }
 
+    /// The edit autocast makes, refused where it would break the graph: a value computed from
+    /// the node itself (a cycle), one of another type, a node that is not in the graph.
+    #[test]
+    fn set_operand_refuses_cycles_other_types_and_strangers() {
+        let g = GraphBuilder::new("g");
+        let a = g.input("a", DType::F32, [2, 2]);
+        let r = a.relu().named("r");
+        let y = r.exp().named("y");
+        g.output("y", y);
+        let i = g.input("i", DType::I64, [2, 2]);
+        g.output("i", i);
+        let mut graph = g.build().unwrap();
+        let node = |name: &str| graph.node_by_name(name).unwrap();
+        let (r, y, i) = (node("r"), node("y"), node("i"));
+        let e = graph.set_operand(r, 0, ValueId::from(y)).unwrap_err().to_string();
+        assert!(e.contains("a cycle"), "{e}");
+        let e = graph.set_operand(r, 0, ValueId::from(i)).unwrap_err().to_string();
+        assert!(e.contains("is f32[2,2], not i64[2,2]"), "{e}");
+        let stranger = crate::NodeId::new(1000);
+        assert!(graph.set_operand(stranger, 0, ValueId::from(r)).is_err());
+        graph.verify().unwrap();
+    }
+
     #[test]
     fn other_types_are_kept_or_refused() {
         let g = GraphBuilder::new("g");
