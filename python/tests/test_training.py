@@ -81,9 +81,15 @@ def test_bf16_mixed_precision_multiplies_rounded_operands_with_f32_master_weight
     ts = kiln.training.TrainSession(linear(w, b), ["w", "b"], "sgd", logits="logits", lr=0.1, threads=1,
                                     precision="bf16")
     rw, rb = w.astype(np.float64), b.astype(np.float64)
+    fw, fb = rw.copy(), rb.copy()  # the same steps without rounding
     for step in range(3):
         # The MatMul reads x and w rounded; its gradient's MatMul reads x and the scores' gradient
         # rounded; the bias, softmax and the update stay f32.
+        fz = x @ fw + fb
+        fp = np.exp(fz - fz.max(1, keepdims=True))
+        fp /= fp.sum(1, keepdims=True)
+        fp[np.arange(B), y] -= 1
+        fw, fb = fw - 0.1 * (x.T @ (fp / B)), fb - 0.1 * (fp / B).sum(0)
         z = bf16(x) @ bf16(rw) + rb
         p = np.exp(z - z.max(1, keepdims=True))
         p /= p.sum(1, keepdims=True)
@@ -98,6 +104,9 @@ def test_bf16_mixed_precision_multiplies_rounded_operands_with_f32_master_weight
     assert ts.param("w").dtype == np.float32
     np.testing.assert_allclose(ts.param("w"), rw, rtol=1e-3, atol=1e-4)
     np.testing.assert_allclose(ts.param("b"), rb, rtol=1e-3, atol=1e-4)
+    # The session rounded: its weights are nearer the rounded steps' than the unrounded ones'.
+    got_w = ts.param("w").astype(np.float64)
+    assert np.abs(got_w - rw).sum() < np.abs(got_w - fw).sum()
     with pytest.raises(kiln.KilnError, match="f16 mixed precision needs a loss scale"):
         kiln.training.TrainSession(linear(w, b), ["w"], logits="logits", precision="f16")
     with pytest.raises(kiln.KilnError, match="unknown precision `fp8`"):
