@@ -8,7 +8,7 @@ use kiln_compiler::train::{
     mixed_precision, step_graph, with_cross_entropy, StepGraph, TrainError,
 };
 use kiln_compiler::{Options, Precision, TargetKind, TrainOptions, TrainSession};
-use kiln_ir::builder::{ConvOptions, GraphBuilder};
+use kiln_ir::builder::{ConvOptions, GraphBuilder, Traced};
 use kiln_ir::op::{Loss, LossReduction, Rnn, RnnCell, RnnDirection};
 use kiln_ir::train::Optimizer;
 use kiln_ir::{eval, DType, Graph, Op, Tensor};
@@ -16,16 +16,44 @@ use kiln_runtime::LoadOptions;
 
 const PARAMS: [&str; 4] = ["conv.weight", "conv.bias", "fc.weight", "fc.bias"];
 
+/// A constant of `dims` drawn uniformly from [-k, k), seeded: a test model's weight.
+fn scaled<'g>(g: &'g GraphBuilder, name: &str, dims: &[usize], seed: u64, k: f64) -> Traced<'g> {
+    let t = Tensor::random(DType::F32, dims, seed);
+    let v: Vec<f64> = t.to_f64s().iter().map(|v| v * k).collect();
+    g.constant(name, Tensor::from_f64s(DType::F32, dims, &v).unwrap())
+}
+
+/// Mean softmax cross-entropy of `logits` against `labels`.
+fn mean_cross_entropy<'g>(
+    g: &'g GraphBuilder,
+    logits: Traced<'g>,
+    labels: Traced<'g>,
+) -> Traced<'g> {
+    let op =
+        Op::SoftmaxCrossEntropyLoss(Loss { reduction: LossReduction::Mean, ignore_index: None });
+    g.apply(op, &[Some(logits), Some(labels)], 1)[0]
+}
+
+/// f32 on both sides, the compiled kernels summing in other orders: 1e-4 relative.
+fn near(got: f64, want: f64) -> bool {
+    (got - want).abs() <= 1e-4 * (1.0 + want.abs())
+}
+
+/// Each of `names` the session holds is `want`'s (`what`: the run, for the message).
+fn assert_params(session: &TrainSession, names: &[&str], want: &[Tensor], what: &str) {
+    for (name, want) in names.iter().zip(want) {
+        for (a, b) in session.param(name).unwrap().to_f64s().iter().zip(want.to_f64s()) {
+            assert!(near(*a, b), "{what} {name}: {a} vs {b}");
+        }
+    }
+}
+
 /// A small CNN with its loss: x f32[4,1,8,8] -> conv 1->4 3x3 (pad 1) -> relu -> maxpool 2 ->
 /// flatten -> fc 64->3 -> softmax cross-entropy (mean) against labels i64[4]. Outputs the
 /// logits and the loss.
 fn small_cnn() -> Graph {
     let g = GraphBuilder::new("small_cnn");
-    let scaled = |name: &str, dims: &[usize], seed: u64, k: f64| {
-        let t = Tensor::random(DType::F32, dims, seed);
-        let v: Vec<f64> = t.to_f64s().iter().map(|v| v * k).collect();
-        g.constant(name, Tensor::from_f64s(DType::F32, dims, &v).unwrap())
-    };
+    let scaled = |name: &str, dims: &[usize], seed: u64, k: f64| scaled(&g, name, dims, seed, k);
     let x = g.input("x", DType::F32, [4, 1, 8, 8]);
     let labels = g.input("labels", DType::I64, [4]);
     let c = x.conv(
@@ -35,11 +63,7 @@ fn small_cnn() -> Graph {
     );
     let p = c.relu().max_pool(2, 2, 0).flatten(1);
     let logits = p.linear(scaled("fc.weight", &[3, 64], 3, 0.1), scaled("fc.bias", &[3], 4, 0.1));
-    let loss = g.apply(
-        Op::SoftmaxCrossEntropyLoss(Loss { reduction: LossReduction::Mean, ignore_index: None }),
-        &[Some(logits), Some(labels)],
-        1,
-    )[0];
+    let loss = mean_cross_entropy(&g, logits, labels);
     g.output("logits", logits);
     g.output("loss", loss);
     g.build().unwrap()
@@ -112,30 +136,16 @@ fn a_compiled_step_follows_the_interpreter() {
             let mut session =
                 TrainSession::new(&graph, "loss", &PARAMS, opt, options(threads)).unwrap();
             let losses: Vec<f32> = (0..5).map(|s| session.step(&batch(s)).unwrap()).collect();
-            // f32 on both sides, the compiled kernels summing in other orders: 1e-4 relative.
             for (s, (a, b)) in losses.iter().zip(&want_losses).enumerate() {
                 let (a, b) = (*a as f64, *b);
-                assert!(
-                    (a - b).abs() <= 1e-4 * (1.0 + b.abs()),
-                    "{} step {s}: loss {a} vs {b}",
-                    opt.name()
-                );
+                assert!(near(a, b), "{} step {s}: loss {a} vs {b}", opt.name());
             }
             assert!(
                 want_losses[4] < want_losses[0],
                 "{}: the loss fell: {want_losses:?}",
                 opt.name()
             );
-            for (name, want) in PARAMS.iter().zip(&want_params) {
-                let got = session.param(name).unwrap();
-                for (a, b) in got.to_f64s().iter().zip(want.to_f64s()) {
-                    assert!(
-                        (a - b).abs() <= 1e-4 * (1.0 + b.abs()),
-                        "{} {name}: {a} vs {b}",
-                        opt.name()
-                    );
-                }
-            }
+            assert_params(&session, &PARAMS, &want_params, opt.name());
         }
     }
 }
@@ -218,11 +228,7 @@ fn parameters_are_updated_in_place_in_one_buffer() {
 /// decay alone) needs nothing the forward computes: by data alone it would run first.
 fn two_conv_cnn() -> Graph {
     let g = GraphBuilder::new("two_conv_cnn");
-    let scaled = |name: &str, dims: &[usize], seed: u64, k: f64| {
-        let t = Tensor::random(DType::F32, dims, seed);
-        let v: Vec<f64> = t.to_f64s().iter().map(|v| v * k).collect();
-        g.constant(name, Tensor::from_f64s(DType::F32, dims, &v).unwrap())
-    };
+    let scaled = |name: &str, dims: &[usize], seed: u64, k: f64| scaled(&g, name, dims, seed, k);
     let x = g.input("x", DType::F32, [4, 1, 8, 8]);
     let labels = g.input("labels", DType::I64, [4]);
     let c1 = x.conv(
@@ -240,11 +246,7 @@ fn two_conv_cnn() -> Graph {
     let gated = r2.greater(gate).select(r2, r2.scalar(0.0));
     let p = gated.max_pool(2, 2, 0).flatten(1);
     let logits = p.linear(scaled("fc.weight", &[3, 64], 15, 0.1), scaled("fc.bias", &[3], 16, 0.1));
-    let loss = g.apply(
-        Op::SoftmaxCrossEntropyLoss(Loss { reduction: LossReduction::Mean, ignore_index: None }),
-        &[Some(logits), Some(labels)],
-        1,
-    )[0];
+    let loss = mean_cross_entropy(&g, logits, labels);
     g.output("loss", loss);
     g.build().unwrap()
 }
@@ -287,21 +289,9 @@ fn weights_read_by_the_backward_are_written_after_it() {
             let gate = session.param("gate").unwrap().to_f64s();
             for (s, want) in want_losses.iter().enumerate() {
                 let got = session.step(&batch(s as u64)).unwrap() as f64;
-                assert!(
-                    (got - want).abs() <= 1e-4 * (1.0 + want.abs()),
-                    "{} step {s}: {got} vs {want}",
-                    opt.name()
-                );
+                assert!(near(got, *want), "{} step {s}: {got} vs {want}", opt.name());
             }
-            for (name, want) in params.iter().zip(&want_params) {
-                for (a, b) in session.param(name).unwrap().to_f64s().iter().zip(want.to_f64s()) {
-                    assert!(
-                        (a - b).abs() <= 1e-4 * (1.0 + b.abs()),
-                        "{} {name}: {a} vs {b}",
-                        opt.name()
-                    );
-                }
-            }
+            assert_params(&session, &params, &want_params, opt.name());
             let moved = session.param("gate").unwrap().to_f64s();
             assert!(moved[0] < gate[0] - 0.01, "the gate moved: {gate:?} -> {moved:?}");
         }
@@ -313,11 +303,7 @@ fn weights_read_by_the_backward_are_written_after_it() {
 /// x f32[5, 4, 3] (sequence, batch, features), labels i64[4].
 fn two_grus() -> Graph {
     let g = GraphBuilder::new("two_grus");
-    let scaled = |name: &str, dims: &[usize], seed: u64, k: f64| {
-        let t = Tensor::random(DType::F32, dims, seed);
-        let v: Vec<f64> = t.to_f64s().iter().map(|v| v * k).collect();
-        g.constant(name, Tensor::from_f64s(DType::F32, dims, &v).unwrap())
-    };
+    let scaled = |name: &str, dims: &[usize], seed: u64, k: f64| scaled(&g, name, dims, seed, k);
     let x = g.input("x", DType::F32, [5, 4, 3]);
     let labels = g.input("labels", DType::I64, [4]);
     let gru = |prefix: &str, seed: u64, direction, linear_before_reset| {
@@ -339,11 +325,7 @@ fn two_grus() -> Graph {
     let b = gru("b", 31, RnnDirection::Reverse, true);
     let h = g.concat(&[a, b], 1);
     let logits = h.linear(scaled("fc.weight", &[3, 12], 41, 0.3), scaled("fc.bias", &[3], 42, 0.1));
-    let loss = g.apply(
-        Op::SoftmaxCrossEntropyLoss(Loss { reduction: LossReduction::Mean, ignore_index: None }),
-        &[Some(logits), Some(labels)],
-        1,
-    )[0];
+    let loss = mean_cross_entropy(&g, logits, labels);
     g.output("loss", loss);
     g.build().unwrap()
 }
@@ -371,13 +353,9 @@ fn two_grus_train_as_the_interpreter_does() {
             TrainSession::new(&graph, "loss", &params, opt, options(threads)).unwrap();
         for (s, want) in want_losses.iter().enumerate() {
             let got = session.step(&sequence_batch(0)).unwrap() as f64;
-            assert!((got - want).abs() <= 1e-4 * (1.0 + want.abs()), "step {s}: {got} vs {want}");
+            assert!(near(got, *want), "step {s}: {got} vs {want}");
         }
-        for (name, want) in params.iter().zip(&want_params) {
-            for (a, b) in session.param(name).unwrap().to_f64s().iter().zip(want.to_f64s()) {
-                assert!((a - b).abs() <= 1e-4 * (1.0 + b.abs()), "{name}: {a} vs {b}");
-            }
-        }
+        assert_params(&session, &params, &want_params, "adam");
     }
 }
 
@@ -865,13 +843,9 @@ fn a_gpu_session_feeds_its_outputs_back() {
         .contains("output 1 `conv.weight.new` -> next step's input `conv.weight`"));
     for (s, want) in want_losses.iter().enumerate() {
         let got = session.step(&batch(s as u64)).unwrap() as f64;
-        assert!((got - want).abs() <= 1e-4 * (1.0 + want.abs()), "step {s}: {got} vs {want}");
+        assert!(near(got, *want), "step {s}: {got} vs {want}");
     }
-    for (name, want) in PARAMS.iter().zip(&want_params) {
-        for (a, b) in session.param(name).unwrap().to_f64s().iter().zip(want.to_f64s()) {
-            assert!((a - b).abs() <= 1e-4 * (1.0 + b.abs()), "{name}: {a} vs {b}");
-        }
-    }
+    assert_params(&session, &PARAMS, &want_params, "sgd");
 }
 
 /// The interpreter running `step` (an autocast step graph or not) from `initial` SGD state:
