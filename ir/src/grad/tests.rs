@@ -50,6 +50,26 @@ fn forward(name: &str, inputs: &[Tensor], build: Build) -> (Graph, ValueId) {
     (graph, id)
 }
 
+/// Appends to `graph` the gradient of its first output (the loss) by each named constant, as
+/// outputs `d0`, `d1`..., and returns the gradients' element types.
+fn add_gradient_outputs(graph: &mut Graph, names: &[String]) -> Vec<DType> {
+    let loss = graph.outputs()[0].1;
+    let wrt: Vec<ValueId> =
+        names.iter().map(|n| ValueId::from(graph.node_by_name(n).expect("constant"))).collect();
+    let d = append_backward(graph, loss, &wrt).unwrap_or_else(|e| panic!("{e:?}"));
+    let mut types = Vec::with_capacity(d.len());
+    for (i, v) in d.into_iter().enumerate() {
+        types.push(graph.value_type(v).dtype);
+        graph.add_output(&format!("d{i}"), v).expect("output");
+    }
+    types
+}
+
+/// `p0`, `p1`... `p{count - 1}`: the tests' parameter names.
+fn numbered(count: usize) -> Vec<String> {
+    (0..count).map(|i| format!("p{i}")).collect()
+}
+
 fn loss_at(graph: &Graph, inputs: &[Tensor]) -> f64 {
     eval::run(graph, inputs).expect("forward runs")[0].to_f64s()[0]
 }
@@ -608,14 +628,7 @@ fn a_symbolic_batch_and_constant_parameters() {
         let loss = g.apply(op, &[Some(logits), Some(labels)], 1)[0];
         g.output("loss", loss);
         let mut graph = g.build().expect("builds");
-        let loss = graph.outputs()[0].1;
-        let wrt: Vec<ValueId> = (0..4)
-            .map(|i| ValueId::from(graph.node_by_name(&format!("p{i}")).expect("constant")))
-            .collect();
-        let d = append_backward(&mut graph, loss, &wrt).unwrap_or_else(|e| panic!("{e:?}"));
-        for (i, v) in d.into_iter().enumerate() {
-            graph.add_output(&format!("d{i}"), v).expect("output");
-        }
+        add_gradient_outputs(&mut graph, &numbered(4));
         graph
     };
     let x = rand(&[2, 2, 6, 6], 5);
@@ -657,15 +670,10 @@ fn f32_graphs_get_f32_gradients() {
             g.apply(loss_op(true, LossReduction::Mean, None), &[Some(h), Some(labels)], 1)[0];
         g.output("loss", loss);
         let mut graph = g.build().expect("builds");
-        let loss = graph.outputs()[0].1;
-        let wrt: Vec<ValueId> = ["w", "s", "fc"]
-            .iter()
-            .map(|n| ValueId::from(graph.node_by_name(n).expect("constant")))
-            .collect();
-        let d = append_backward(&mut graph, loss, &wrt).unwrap_or_else(|e| panic!("{e:?}"));
-        for (i, v) in d.into_iter().enumerate() {
-            assert_eq!(graph.value_type(v).dtype, dtype);
-            graph.add_output(&format!("d{i}"), v).expect("output");
+        for t in
+            add_gradient_outputs(&mut graph, &["w".to_string(), "s".to_string(), "fc".to_string()])
+        {
+            assert_eq!(t, dtype);
         }
         eval::run(&graph, &[]).expect("runs")
     };

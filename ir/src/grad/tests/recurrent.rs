@@ -2,7 +2,7 @@
 //! without the optional operands, the loss reading each of the results; the refused cases'
 //! typed errors; and a two-GRU classifier end to end.
 
-use super::{check, ints, loss_op, positive, rand};
+use super::{add_gradient_outputs, check, ints, loss_op, numbered, positive, rand};
 use crate::builder::{GraphBuilder, Traced};
 use crate::grad::{append_backward, GradError, RuleError};
 use crate::op::{LossReduction, Rnn, RnnCell, RnnDirection};
@@ -393,14 +393,7 @@ fn sequence_lens_at_run_time() {
         g.output("loss", g.concat(&all, 0).mul(weights).reduce_sum(&[], false));
         let count = p.len();
         let mut graph = g.build().expect("builds");
-        let loss = graph.outputs()[0].1;
-        let wrt: Vec<ValueId> = (0..count)
-            .map(|i| ValueId::from(graph.node_by_name(&format!("p{i}")).expect("constant")))
-            .collect();
-        let d = append_backward(&mut graph, loss, &wrt).unwrap_or_else(|e| panic!("{e:?}"));
-        for (i, v) in d.into_iter().enumerate() {
-            graph.add_output(&format!("d{i}"), v).expect("output");
-        }
+        add_gradient_outputs(&mut graph, &numbered(count));
         let inputs = if at_run_time {
             vec![Tensor::from_vec(&[BATCH], lens.to_vec()).expect("lens")]
         } else {
@@ -500,14 +493,7 @@ fn two_grus_with_a_symbolic_batch() {
             .collect();
         g.output("loss", two_grus(&g, x, labels, &p));
         let mut graph = g.build().expect("builds");
-        let loss = graph.outputs()[0].1;
-        let wrt: Vec<ValueId> = (0..params.len())
-            .map(|i| ValueId::from(graph.node_by_name(&format!("p{i}")).expect("constant")))
-            .collect();
-        let d = append_backward(&mut graph, loss, &wrt).unwrap_or_else(|e| panic!("{e:?}"));
-        for (i, v) in d.into_iter().enumerate() {
-            graph.add_output(&format!("d{i}"), v).expect("output");
-        }
+        add_gradient_outputs(&mut graph, &numbered(params.len()));
         let x = rand(&[SEQ, BATCH, INPUT], 40);
         let labels = Tensor::from_vec(&[BATCH], vec![2i64, 0]).expect("labels");
         eval::run(&graph, &[x, labels]).expect("runs")
@@ -586,14 +572,8 @@ fn two_parallel_grus_in_f32() {
         g.output("loss", parallel_grus(&g, [a, b], &p));
         let count = p.len();
         let mut graph = g.build().expect("builds");
-        let loss = graph.outputs()[0].1;
-        let wrt: Vec<ValueId> = (0..count)
-            .map(|i| ValueId::from(graph.node_by_name(&format!("p{i}")).expect("constant")))
-            .collect();
-        let d = append_backward(&mut graph, loss, &wrt).unwrap_or_else(|e| panic!("{e:?}"));
-        for (i, v) in d.into_iter().enumerate() {
-            assert_eq!(graph.value_type(v).dtype, dtype);
-            graph.add_output(&format!("d{i}"), v).expect("output");
+        for t in add_gradient_outputs(&mut graph, &numbered(count)) {
+            assert_eq!(t, dtype);
         }
         eval::run(&graph, &[]).expect("runs")
     };
