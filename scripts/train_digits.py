@@ -122,11 +122,7 @@ def compare(args):
          for n in ["x_train", "y_train", "x_test", "y_test", "order"]}
     if args.precision == "bf16":
         return compare_bf16(torch, d, args)
-    kdir = os.path.join(args.dir, "kiln")
-    init = {n: np.load(os.path.join(kdir, "init", n + ".npy")) for n in PARAMS}
-    kiln_losses = np.load(os.path.join(kdir, "losses.npy")).astype(np.float64)
-    with open(os.path.join(kdir, "accuracy.txt")) as f:
-        kiln_acc = float(f.read())
+    init, kiln_losses, kiln_acc = kiln_run(os.path.join(args.dir, "kiln"))
     t32, acc32 = train_torch(torch, d, init, torch.float32, args)
     t64, acc64 = train_torch(torch, d, init, torch.float64, args)
     if len(t32) != len(kiln_losses):
@@ -157,12 +153,17 @@ def compare(args):
     print(f"ok: within {gap:.2f} points of PyTorch's accuracy")
 
 
-def compare_bf16(torch, d, args):
-    kdir = os.path.join(args.dir, "kiln-bf16")
+def kiln_run(kdir):
+    """What train_cifar --data wrote into kdir: its initial weights, each step's loss and the
+    test accuracy."""
     init = {n: np.load(os.path.join(kdir, "init", n + ".npy")) for n in PARAMS}
-    kiln_losses = np.load(os.path.join(kdir, "losses.npy")).astype(np.float64)
+    losses = np.load(os.path.join(kdir, "losses.npy")).astype(np.float64)
     with open(os.path.join(kdir, "accuracy.txt")) as f:
-        kiln_acc = float(f.read())
+        return init, losses, float(f.read())
+
+
+def compare_bf16(torch, d, args):
+    init, kiln_losses, kiln_acc = kiln_run(os.path.join(args.dir, "kiln-bf16"))
     f32_path = os.path.join(args.dir, "kiln", "accuracy.txt")
     kiln_f32 = float(open(f32_path).read()) if os.path.exists(f32_path) else None
     tb, accb = train_torch(torch, d, init, torch.float32, args, autocast=True)
