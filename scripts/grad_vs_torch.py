@@ -586,19 +586,25 @@ def loss_cases():
     g = Gen("loss")
     cases = []
 
-    def sce(name, shape, reduction, weight=False, ignore=None, log_prob=False):
+    def labelled(scores, shape, reduction, weight, ignore):
+        """The labels (every third one `ignore` when given), the class weights when asked,
+        the loss node's inputs and attributes."""
         n, c = shape[0], shape[1]
         labels = g.ints(0, c, n, *shape[2:])
         if ignore is not None:
             labels.reshape(-1)[::3] = ignore
         consts = {"l": labels}
-        ins = ["s", "l"]
+        ins = [scores, "l"]
         if weight:
             consts["w"] = g.pos(c)
             ins.append("w")
         attrs = {"reduction": reduction}
         if ignore is not None:
             attrs["ignore_index"] = ignore
+        return consts, ins, attrs
+
+    def sce(name, shape, reduction, weight=False, ignore=None, log_prob=False):
+        consts, ins, attrs = labelled("s", shape, reduction, weight, ignore)
         outs = ["y", "lp"] if log_prob else ["y"]
 
         def fn(t):
@@ -622,18 +628,7 @@ def loss_cases():
     ]
 
     def nll(name, shape, reduction, weight=False, ignore=None):
-        n, c = shape[0], shape[1]
-        labels = g.ints(0, c, n, *shape[2:])
-        if ignore is not None:
-            labels.reshape(-1)[::3] = ignore
-        consts = {"l": labels}
-        ins = ["x", "l"]
-        if weight:
-            consts["w"] = g.pos(c)
-            ins.append("w")
-        attrs = {"reduction": reduction}
-        if ignore is not None:
-            attrs["ignore_index"] = ignore
+        consts, ins, attrs = labelled("x", shape, reduction, weight, ignore)
         return Case(name, [node("LogSoftmax", ["s"], ["x"], axis=1),
                            node("NegativeLogLikelihoodLoss", ins, ["y"], **attrs)],
                     {"s": g.f(*shape)}, ["y"],
