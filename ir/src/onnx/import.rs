@@ -268,6 +268,10 @@ pub(super) struct GraphImporter<'a> {
     /// zs): a node reading one is never folded into a constant, which would cut y's
     /// dependence on it (an x is often an initializer, and `Transpose(w)` would fold).
     variables: HashSet<String>,
+    /// Values of enclosing graphs the graph reads that are known constants, which it takes as
+    /// constants rather than inputs (an inlined branch's shape arithmetic then folds, and an If
+    /// nested in it whose condition they decide is inlined in turn).
+    pub(super) constant_captures: Vec<(String, crate::Tensor)>,
 }
 
 impl<'a> GraphImporter<'a> {
@@ -279,6 +283,7 @@ impl<'a> GraphImporter<'a> {
             base_dir,
             implied_input_types: Vec::new(),
             variables: HashSet::new(),
+            constant_captures: Vec::new(),
         }
     }
 
@@ -295,6 +300,11 @@ impl<'a> GraphImporter<'a> {
             let kiln_name = self.graph.unique_name(name);
             let v = self.graph.add_input(&kiln_name, ty.clone())?;
             self.values.insert(name.clone(), v);
+        }
+        for (name, t) in std::mem::take(&mut self.constant_captures) {
+            let kiln_name = self.graph.unique_name(&name);
+            let v = self.graph.add_constant(&kiln_name, t)?;
+            self.values.insert(name, v);
         }
         for t in &g.initializer {
             let name = t
@@ -483,6 +493,11 @@ impl<'a> GraphImporter<'a> {
     /// How many results the node declares (trailing omitted ones do not count).
     pub(super) fn num_outputs(node: &NodeProto) -> usize {
         node.output.iter().rposition(|o| !o.is_empty()).map_or(0, |i| i + 1)
+    }
+
+    /// Whether a Gradient node of the graph differentiates by `name` or holds it constant.
+    pub(super) fn is_variable(&self, name: &str) -> bool {
+        self.variables.contains(name)
     }
 
     /// The types of every value visible here, for the captures of a subgraph.
