@@ -83,6 +83,9 @@ pub(super) fn check_supported_list(
         if domain == super::training::DOMAIN && super::training::OPS.contains(&op_type.as_str()) {
             return;
         }
+        if domain == super::preview::DOMAIN && super::preview::OPS.contains(&op_type.as_str()) {
+            return;
+        }
         let shown_domain = if default_domain { "ai.onnx".to_string() } else { domain.clone() };
         let opset = opsets
             .iter()

@@ -13,6 +13,7 @@ mod import;
 mod inspect;
 mod nbits;
 mod ops;
+mod preview;
 pub mod proto;
 mod quantized;
 mod tensor;

@@ -88,6 +88,9 @@ pub(super) fn convert(im: &mut GraphImporter, node: &NodeProto, op_type: &str) -
     if node.domain.as_deref() == Some(super::training::DOMAIN) {
         return super::training::convert(im, node, op_type, a);
     }
+    if node.domain.as_deref() == Some(super::preview::DOMAIN) {
+        return super::preview::convert(im, node, op_type, a);
+    }
     match op_type {
         "Constant" => constant(im, node, a),
         "Dropout" => dropout(im, node, a, opset, seed),
