@@ -16,6 +16,7 @@ mod ops;
 mod preview;
 pub mod proto;
 mod quantized;
+mod scatter;
 mod tensor;
 pub mod testcase;
 mod training;

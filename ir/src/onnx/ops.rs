@@ -32,6 +32,8 @@ const IMPORTED: &[&str] = &[
     "ConvInteger",
     "QLinearMatMul",
     "QLinearConv",
+    "TensorScatter",
+    "MaxUnpool",
 ];
 
 pub(super) fn is_supported(op_type: &str) -> bool {
@@ -299,6 +301,8 @@ pub(super) fn convert(im: &mut GraphImporter, node: &NodeProto, op_type: &str) -
         }
         "GroupNormalization" => group_norm(im, node, a, opset),
         "Scatter" => generic_as(im, node, "ScatterElements", a, 1),
+        "TensorScatter" => super::scatter::tensor_scatter(im, node, a),
+        "MaxUnpool" => super::scatter::max_unpool(im, node, a),
         "Upsample" => upsample(im, node, a, opset),
         "Resize" => resize(im, node, a, opset),
         "GridSample" => {
