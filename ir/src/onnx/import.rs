@@ -86,6 +86,9 @@ pub(super) fn check_supported_list(
         if domain == super::preview::DOMAIN && super::preview::OPS.contains(&op_type.as_str()) {
             return;
         }
+        if domain == super::ml::DOMAIN && super::ml::OPS.contains(&op_type.as_str()) {
+            return;
+        }
         let shown_domain = if default_domain { "ai.onnx".to_string() } else { domain.clone() };
         let opset = opsets
             .iter()

@@ -11,6 +11,7 @@
 
 mod import;
 mod inspect;
+mod ml;
 mod nbits;
 mod ops;
 mod preview;

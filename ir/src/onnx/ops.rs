@@ -93,6 +93,9 @@ pub(super) fn convert(im: &mut GraphImporter, node: &NodeProto, op_type: &str) -
     if node.domain.as_deref() == Some(super::preview::DOMAIN) {
         return super::preview::convert(im, node, op_type, a);
     }
+    if node.domain.as_deref() == Some(super::ml::DOMAIN) {
+        return super::ml::convert(im, node, op_type, a);
+    }
     match op_type {
         "Constant" => constant(im, node, a),
         "Dropout" => dropout(im, node, a, opset, seed),

@@ -1,0 +1,543 @@
+//! ONNX's classic-ML domain (`ai.onnx.ml`), the ops on numeric tensors: Binarizer,
+//! ArrayFeatureExtractor and TreeEnsemble (opset 5), expanded at import into ordinary ops
+//! (nodes named `<node>/<part>`), so the interpreter and every target run them with no op of
+//! their own. The string ops (LabelEncoder on strings...) need a string type kiln lacks.
+
+use super::import::GraphImporter;
+use super::ops::attr;
+use super::proto::NodeProto;
+use crate::error::AttrError;
+use crate::op::{Attrs, Reduce, ReduceKind};
+use crate::{BinaryOp, DType, IrError, Op, Result, Tensor, UnaryOp, ValueId};
+
+pub(super) const DOMAIN: &str = "ai.onnx.ml";
+
+/// The ops of the domain the importer converts.
+pub(super) const OPS: &[&str] = &["Binarizer", "ArrayFeatureExtractor", "TreeEnsemble"];
+
+fn err(msg: impl Into<String>) -> IrError {
+    IrError::Onnx(msg.into())
+}
+
+pub(super) fn convert(
+    im: &mut GraphImporter,
+    node: &NodeProto,
+    op_type: &str,
+    a: Attrs,
+) -> Result<()> {
+    match op_type {
+        "Binarizer" => binarizer(im, node, a),
+        "ArrayFeatureExtractor" => array_feature_extractor(im, node, a),
+        "TreeEnsemble" => tree_ensemble(im, node, a),
+        other => Err(IrError::NotSupported(format!("{DOMAIN}.{other} is not supported"))),
+    }
+}
+
+/// Adds one node of one result for a part of `node`.
+fn one(
+    im: &mut GraphImporter,
+    node: &NodeProto,
+    part: &str,
+    op: Op,
+    operands: &[ValueId],
+) -> Result<ValueId> {
+    let operands: Vec<Option<ValueId>> = operands.iter().copied().map(Some).collect();
+    Ok(im.add(node, part, op, &operands, 1)?[0])
+}
+
+fn operand0(im: &GraphImporter, node: &NodeProto) -> Result<ValueId> {
+    im.operand(node, 0).ok_or_else(|| err("operand 0 (X) is missing"))
+}
+
+/// Binarizer: `Y = X > threshold ? 1 : 0`, in X's type (NaN gives 0).
+fn binarizer(im: &mut GraphImporter, node: &NodeProto, mut a: Attrs) -> Result<()> {
+    let threshold = a.float("threshold", 0.0).map_err(attr)?;
+    a.finish("Binarizer").map_err(attr)?;
+    let x = operand0(im, node)?;
+    let dtype = im.ty(x).dtype;
+    if !matches!(dtype, DType::F32 | DType::F64 | DType::I64 | DType::I32) {
+        return Err(err(format!("X {} must be f32, f64, i64 or i32", im.ty(x))));
+    }
+    let t = im.constant(node, "threshold", Tensor::full(dtype, &[], f64::from(threshold)))?;
+    let (on, off) = (Tensor::full(dtype, &[], 1.0), Tensor::full(dtype, &[], 0.0));
+    let (on, off) = (im.constant(node, "one", on)?, im.constant(node, "zero", off)?);
+    let above = one(im, node, "above", Op::Binary(BinaryOp::Greater), &[x, t])?;
+    let y = one(im, node, "", Op::Where, &[above, on, off])?;
+    im.bind(node, &[y])
+}
+
+/// ArrayFeatureExtractor `(X, Y) -> Z`: X's elements at the indices Y along its last axis
+/// (`X[..., Y]` with Y flattened; a 1-D X gives `[1, len(Y)]`, as onnxruntime does).
+fn array_feature_extractor(im: &mut GraphImporter, node: &NodeProto, a: Attrs) -> Result<()> {
+    a.finish("ArrayFeatureExtractor").map_err(attr)?;
+    let x = operand0(im, node)?;
+    let y = im.operand(node, 1).ok_or_else(|| err("operand 1 (Y) is missing"))?;
+    let (tx, ty) = (im.ty(x).clone(), im.ty(y).clone());
+    if tx.rank() == 0 || ty.dtype != DType::I64 {
+        return Err(err(format!("X {tx} must have an axis and Y {ty} must be i64")));
+    }
+    let flat = im.constant(node, "flat", Tensor::vector(&[-1i64]))?;
+    let reshape = Op::Reshape { allowzero: false };
+    let indices = one(im, node, "indices", reshape.clone(), &[y, flat])?;
+    let last = tx.rank() as i64 - 1;
+    if tx.rank() > 1 {
+        let z = one(im, node, "", Op::Gather { axis: last }, &[x, indices])?;
+        return im.bind(node, &[z]);
+    }
+    let z = one(im, node, "gathered", Op::Gather { axis: 0 }, &[x, indices])?;
+    let row = im.constant(node, "row", Tensor::vector(&[1i64, -1]))?;
+    let z = one(im, node, "", reshape, &[z, row])?;
+    im.bind(node, &[z])
+}
+
+/// A node's comparison (TreeEnsemble's `nodes_modes`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Leq,
+    Lt,
+    Gte,
+    Gt,
+    Eq,
+    Neq,
+    Member,
+}
+
+impl Mode {
+    const ALL: [Mode; 7] =
+        [Mode::Leq, Mode::Lt, Mode::Gte, Mode::Gt, Mode::Eq, Mode::Neq, Mode::Member];
+
+    fn compare(self) -> Option<BinaryOp> {
+        Some(match self {
+            Mode::Leq => BinaryOp::LessOrEqual,
+            Mode::Lt => BinaryOp::Less,
+            Mode::Gte => BinaryOp::GreaterOrEqual,
+            Mode::Gt => BinaryOp::Greater,
+            Mode::Eq => BinaryOp::Equal,
+            Mode::Neq => return None,
+            Mode::Member => return None,
+        })
+    }
+}
+
+/// TreeEnsemble's attributes, checked against each other.
+struct Ensemble {
+    splits: Tensor,
+    features: Vec<usize>,
+    modes: Vec<Mode>,
+    true_ids: Vec<usize>,
+    false_ids: Vec<usize>,
+    true_leafs: Vec<bool>,
+    false_leafs: Vec<bool>,
+    missing_true: Vec<bool>,
+    /// Each Member node's set (in node order), from `membership_values`.
+    sets: Vec<Vec<f64>>,
+    targets: Vec<usize>,
+    weights: Vec<f64>,
+    roots: Vec<usize>,
+    n_targets: usize,
+    aggregate: ReduceKind,
+}
+
+/// One root-to-leaf path of a tree: the conditions on it (node, the way taken) and its leaf.
+struct Path {
+    literals: Vec<(usize, bool)>,
+    leaf: usize,
+}
+
+/// The most root-to-leaf paths an ensemble may have (each becomes a column of the expansion).
+const MAX_PATHS: usize = 1 << 16;
+
+impl Ensemble {
+    fn read(mut a: Attrs, dtype: DType) -> Result<Ensemble> {
+        let tensor =
+            |a: &mut Attrs, name: &str| -> Result<Option<Tensor>> { a.tensor(name).map_err(attr) };
+        let required = |t: Option<Tensor>, name: &str| {
+            t.ok_or_else(|| attr(AttrError::Missing { name: name.into() }))
+        };
+        let sizes = |a: &mut Attrs, name: &str| -> Result<Vec<usize>> {
+            match a.ints(name).map_err(attr)? {
+                None => Err(attr(AttrError::Missing { name: name.into() })),
+                Some(v) => v
+                    .iter()
+                    .map(|&x| {
+                        usize::try_from(x).map_err(|_| {
+                            attr(AttrError::NegativeEntry { name: name.into(), value: x })
+                        })
+                    })
+                    .collect(),
+            }
+        };
+        let flags = |v: Vec<usize>| v.into_iter().map(|f| f != 0).collect::<Vec<bool>>();
+        let splits = required(tensor(&mut a, "nodes_splits")?, "nodes_splits")?;
+        let modes_t = required(tensor(&mut a, "nodes_modes")?, "nodes_modes")?;
+        let weights_t = required(tensor(&mut a, "leaf_weights")?, "leaf_weights")?;
+        let membership = tensor(&mut a, "membership_values")?;
+        let features = sizes(&mut a, "nodes_featureids")?;
+        let true_ids = sizes(&mut a, "nodes_truenodeids")?;
+        let false_ids = sizes(&mut a, "nodes_falsenodeids")?;
+        let true_leafs = flags(sizes(&mut a, "nodes_trueleafs")?);
+        let false_leafs = flags(sizes(&mut a, "nodes_falseleafs")?);
+        let targets = sizes(&mut a, "leaf_targetids")?;
+        let roots = sizes(&mut a, "tree_roots")?;
+        let missing_true = match a.ints("nodes_missing_value_tracks_true").map_err(attr)? {
+            Some(v) => v.iter().map(|&f| f != 0).collect(),
+            None => vec![false; features.len()],
+        };
+        a.remove("nodes_hitrates");
+        let n_targets = a.size("n_targets", 0).map_err(attr)?;
+        let aggregate = match a.int("aggregate_function", 1).map_err(attr)? {
+            0 => ReduceKind::Mean,
+            1 => ReduceKind::Sum,
+            2 => ReduceKind::Min,
+            3 => ReduceKind::Max,
+            other => {
+                return Err(attr(AttrError::OutOfRange {
+                    name: "aggregate_function".into(),
+                    value: other.to_string(),
+                    why: "must be 0 (average), 1 (sum), 2 (min) or 3 (max)",
+                }))
+            }
+        };
+        // ONNX's reference leaves the scores untransformed whatever post_transform says;
+        // onnxruntime applies it. Only NONE means the same to both.
+        match a.int("post_transform", 0).map_err(attr)? {
+            0 => {}
+            other => {
+                return Err(IrError::NotSupported(format!(
+                    "post_transform {other} is not supported (only 0, none)"
+                )))
+            }
+        }
+        a.finish("TreeEnsemble").map_err(attr)?;
+        if splits.dtype() != dtype || weights_t.dtype() != dtype {
+            return Err(err(format!(
+                "nodes_splits ({}) and leaf_weights ({}) must have X's type {}",
+                splits.dtype().name(),
+                weights_t.dtype().name(),
+                dtype.name()
+            )));
+        }
+        let n = features.len();
+        let modes = modes_t
+            .to_i64s()
+            .iter()
+            .map(|&m| {
+                usize::try_from(m).ok().and_then(|m| Mode::ALL.get(m).copied()).ok_or_else(|| {
+                    attr(AttrError::OutOfRange {
+                        name: "nodes_modes".into(),
+                        value: m.to_string(),
+                        why: "must hold modes 0 (<=) to 6 (member)",
+                    })
+                })
+            })
+            .collect::<Result<Vec<Mode>>>()?;
+        let lengths = [
+            ("nodes_splits", splits.len()),
+            ("nodes_modes", modes.len()),
+            ("nodes_truenodeids", true_ids.len()),
+            ("nodes_falsenodeids", false_ids.len()),
+            ("nodes_trueleafs", true_leafs.len()),
+            ("nodes_falseleafs", false_leafs.len()),
+            ("nodes_missing_value_tracks_true", missing_true.len()),
+        ];
+        if let Some((name, len)) = lengths.iter().find(|(_, len)| *len != n) {
+            return Err(err(format!("{name} has {len} entries, nodes_featureids {n}")));
+        }
+        let weights = weights_t.to_f64s();
+        if targets.len() != weights.len() {
+            return Err(err(format!(
+                "leaf_targetids has {} entries, leaf_weights {}",
+                targets.len(),
+                weights.len()
+            )));
+        }
+        if let Some(t) = targets.iter().find(|&&t| t >= n_targets) {
+            return Err(err(format!("leaf target {t} is not below n_targets {n_targets}")));
+        }
+        let sets = member_sets(&modes, membership)?;
+        let ensemble = Ensemble {
+            splits,
+            features,
+            modes,
+            true_ids,
+            false_ids,
+            true_leafs,
+            false_leafs,
+            missing_true,
+            sets,
+            targets,
+            weights,
+            roots,
+            n_targets,
+            aggregate,
+        };
+        ensemble.check_ids()?;
+        Ok(ensemble)
+    }
+
+    /// Every child id names a node or a leaf that exists, and every root a node.
+    fn check_ids(&self) -> Result<()> {
+        let (nodes, leaves) = (self.features.len(), self.weights.len());
+        for i in 0..nodes {
+            for (id, leaf) in
+                [(self.true_ids[i], self.true_leafs[i]), (self.false_ids[i], self.false_leafs[i])]
+            {
+                let (limit, what) = if leaf { (leaves, "leaf") } else { (nodes, "node") };
+                if id >= limit {
+                    return Err(err(format!("node {i} branches to {what} {id}, of {limit}")));
+                }
+            }
+        }
+        if self.roots.is_empty() {
+            return Err(err("tree_roots is empty"));
+        }
+        if let Some(r) = self.roots.iter().find(|&&r| r >= nodes) {
+            return Err(err(format!("tree root {r} is not one of the {nodes} nodes")));
+        }
+        Ok(())
+    }
+
+    /// Every root-to-leaf path of every tree, tree by tree.
+    fn paths(&self) -> Result<Vec<Path>> {
+        let mut paths = Vec::new();
+        for &root in &self.roots {
+            // A tree that is one leaf: a root whose branches are the same leaf.
+            if self.true_leafs[root]
+                && self.false_leafs[root]
+                && self.true_ids[root] == self.false_ids[root]
+            {
+                paths.push(Path { literals: Vec::new(), leaf: self.true_ids[root] });
+                continue;
+            }
+            let mut stack: Vec<(usize, Vec<(usize, bool)>)> = vec![(root, Vec::new())];
+            while let Some((at, path)) = stack.pop() {
+                // A path longer than the node count repeats a node: the ids form a cycle.
+                if path.len() >= self.features.len() {
+                    return Err(err(format!(
+                        "the tree of root {root} has a cycle through node {at}"
+                    )));
+                }
+                for (taken, id, leaf) in [
+                    (false, self.false_ids[at], self.false_leafs[at]),
+                    (true, self.true_ids[at], self.true_leafs[at]),
+                ] {
+                    let mut next = path.clone();
+                    next.push((at, taken));
+                    if leaf {
+                        paths.push(Path { literals: next, leaf: id });
+                    } else {
+                        stack.push((id, next));
+                    }
+                }
+                if paths.len() + stack.len() > MAX_PATHS {
+                    return Err(IrError::NotSupported(format!(
+                        "the ensemble has more than {MAX_PATHS} root-to-leaf paths"
+                    )));
+                }
+            }
+        }
+        Ok(paths)
+    }
+}
+
+/// The sets of the Member nodes, in node order: `membership_values` holds them one after
+/// another, each ended by a NaN.
+fn member_sets(modes: &[Mode], membership: Option<Tensor>) -> Result<Vec<Vec<f64>>> {
+    let members = modes.iter().filter(|&&m| m == Mode::Member).count();
+    let values = membership.map(|t| t.to_f64s()).unwrap_or_default();
+    let mut sets: Vec<Vec<f64>> = Vec::new();
+    let mut current = Vec::new();
+    for v in values {
+        if v.is_nan() {
+            sets.push(std::mem::take(&mut current));
+        } else {
+            current.push(v);
+        }
+    }
+    if sets.len() != members || !current.is_empty() {
+        return Err(err(format!(
+            "membership_values must hold {members} NaN-ended sets, one per member node; it holds {}",
+            sets.len()
+        )));
+    }
+    Ok(sets)
+}
+
+/// TreeEnsemble `(X [N, F]) -> Y [N, n_targets]`. Every node's condition is computed for every
+/// sample at once (X's features gathered per node, compared by each mode present); a sample
+/// reaches a leaf when all the conditions on its path go its way, counted by a MatMul of the
+/// 0/1 conditions with each path's literals; the leaves reached are aggregated per target.
+fn tree_ensemble(im: &mut GraphImporter, node: &NodeProto, a: Attrs) -> Result<()> {
+    let x = operand0(im, node)?;
+    let tx = im.ty(x).clone();
+    if tx.rank() != 2 || !matches!(tx.dtype, DType::F32 | DType::F64 | DType::F16) {
+        return Err(err(format!("X {tx} must be a float matrix [N, features]")));
+    }
+    let e = Ensemble::read(a, tx.dtype)?;
+    if let (Some(f), Some(limit)) = (e.features.iter().max(), tx.shape.dims()[1].fixed()) {
+        if *f >= limit {
+            return Err(err(format!("feature {f} is not one of X {tx}'s {limit}")));
+        }
+    }
+    let holds = conditions(im, node, x, &e)?;
+    let paths = e.paths()?;
+    let reached = reached_paths(im, node, holds, &e, &paths)?;
+    let y = aggregate(im, node, reached, &e, &paths, tx.dtype)?;
+    im.bind(node, &[y])
+}
+
+/// The condition of every node for every sample: bool `[N, nodes]`.
+fn conditions(
+    im: &mut GraphImporter,
+    node: &NodeProto,
+    x: ValueId,
+    e: &Ensemble,
+) -> Result<ValueId> {
+    let n = e.features.len();
+    let dtype = im.ty(x).dtype;
+    let features: Vec<i64> = e.features.iter().map(|&f| f as i64).collect();
+    let features = im.constant(node, "features", Tensor::vector(&features))?;
+    let xf = one(im, node, "x_features", Op::Gather { axis: 1 }, &[x, features])?;
+    let splits = im.constant(node, "splits", e.splits.reshape(&[n])?)?;
+    let mask = |mode: Mode| -> Tensor {
+        let m: Vec<bool> = e.modes.iter().map(|&m| m == mode).collect();
+        Tensor::vector(&m)
+    };
+    let mut holds: Option<ValueId> = None;
+    for mode in Mode::ALL {
+        if !e.modes.contains(&mode) {
+            continue;
+        }
+        let part = |s: &str| format!("mode{}_{s}", mode as u8);
+        let cmp = match mode.compare() {
+            Some(op) => one(im, node, &part("cmp"), Op::Binary(op), &[xf, splits])?,
+            None if mode == Mode::Neq => {
+                let eq = one(im, node, &part("eq"), Op::Binary(BinaryOp::Equal), &[xf, splits])?;
+                one(im, node, &part("cmp"), Op::Unary(UnaryOp::Not), &[eq])?
+            }
+            None => membership(im, node, xf, e, dtype)?,
+        };
+        let m = im.constant(node, &part("mask"), mask(mode))?;
+        let this = one(im, node, &part("holds"), Op::Binary(BinaryOp::And), &[cmp, m])?;
+        holds = Some(match holds {
+            None => this,
+            Some(h) => one(im, node, &part("any"), Op::Binary(BinaryOp::Or), &[h, this])?,
+        });
+    }
+    let holds = holds.ok_or_else(|| err("the ensemble has no nodes"))?;
+    if !e.missing_true.iter().any(|&m| m) {
+        return Ok(holds);
+    }
+    // A NaN feature goes the true way at the nodes that say so.
+    let nan = one(im, node, "nan", Op::Unary(UnaryOp::IsNaN), &[xf])?;
+    let tracks = im.constant(node, "missing_tracks_true", Tensor::vector(&e.missing_true))?;
+    let nan_true = one(im, node, "nan_true", Op::Binary(BinaryOp::And), &[nan, tracks])?;
+    one(im, node, "conditions", Op::Binary(BinaryOp::Or), &[holds, nan_true])
+}
+
+/// Whether each sample's feature is in each node's set (false at the other nodes): bool
+/// `[N, nodes]`, from `[N, nodes, 1] == [nodes, widest]` (sets padded with NaN, equal to
+/// nothing) reduced over the set.
+fn membership(
+    im: &mut GraphImporter,
+    node: &NodeProto,
+    xf: ValueId,
+    e: &Ensemble,
+    dtype: DType,
+) -> Result<ValueId> {
+    let n = e.features.len();
+    let widest = e.sets.iter().map(Vec::len).max().unwrap_or(0).max(1);
+    let mut table = vec![f64::NAN; n * widest];
+    let mut sets = e.sets.iter();
+    for (i, _) in e.modes.iter().enumerate().filter(|(_, &m)| m == Mode::Member) {
+        let set = sets.next().expect("member_sets gave one set per member node");
+        table[i * widest..i * widest + set.len()].copy_from_slice(set);
+    }
+    let table =
+        im.constant(node, "member_sets", Tensor::from_f64s(dtype, &[n, widest], &table)?)?;
+    let axis = im.constant(node, "set_axis", Tensor::vector(&[2i64]))?;
+    let xs = one(im, node, "member_x", Op::Unsqueeze, &[xf, axis])?;
+    let eq = one(im, node, "member_eq", Op::Binary(BinaryOp::Equal), &[xs, table])?;
+    let eq = one(im, node, "member_eq_f", Op::Cast { to: DType::F32, saturate: true }, &[eq])?;
+    let max =
+        Op::Reduce(Reduce { kind: ReduceKind::Max, keepdims: false, noop_with_empty_axes: false });
+    let any = one(im, node, "member_any", max, &[eq, axis])?;
+    let zero = im.constant(node, "member_zero", Tensor::scalar(0f32))?;
+    one(im, node, "member", Op::Binary(BinaryOp::Greater), &[any, zero])
+}
+
+/// Which path each sample takes: bool `[N, paths]`. With c the 0/1 conditions `[N, nodes]`, a
+/// path's literals in a matrix A (+1 where it needs a node true, -1 where false) and b its
+/// count of false literals, `c @ A + b` counts the literals that hold: all of them on the
+/// path taken (the counts are small integers, exact in f32).
+fn reached_paths(
+    im: &mut GraphImporter,
+    node: &NodeProto,
+    holds: ValueId,
+    e: &Ensemble,
+    paths: &[Path],
+) -> Result<ValueId> {
+    let (n, p) = (e.features.len(), paths.len());
+    let mut literals = vec![0f32; n * p];
+    let mut need = vec![0f32; p];
+    let mut falses = vec![0f32; p];
+    for (j, path) in paths.iter().enumerate() {
+        for &(at, taken) in &path.literals {
+            literals[at * p + j] = if taken { 1.0 } else { -1.0 };
+            falses[j] += f32::from(u8::from(!taken));
+        }
+        need[j] = path.literals.len() as f32;
+    }
+    let c = one(im, node, "conditions_f", Op::Cast { to: DType::F32, saturate: true }, &[holds])?;
+    let a = im.constant(node, "path_literals", Tensor::from_vec(&[n, p], literals)?)?;
+    let b = im.constant(node, "path_falses", Tensor::vector(&falses))?;
+    let need = im.constant(node, "path_lengths", Tensor::vector(&need))?;
+    let count = one(im, node, "path_literals_held", Op::MatMul, &[c, a])?;
+    let count = one(im, node, "path_held", Op::Binary(BinaryOp::Add), &[count, b])?;
+    one(im, node, "reached", Op::Binary(BinaryOp::Equal), &[count, need])
+}
+
+/// `Y [N, n_targets]`: per target, the sum (average: divided by the tree count), min or max of
+/// the weights of the leaves reached that give it; ONNX's reference starts a min at the type's
+/// largest value and a max at its lowest, so a target no leaf reached gives those.
+fn aggregate(
+    im: &mut GraphImporter,
+    node: &NodeProto,
+    reached: ValueId,
+    e: &Ensemble,
+    paths: &[Path],
+    dtype: DType,
+) -> Result<ValueId> {
+    let (p, t) = (paths.len(), e.n_targets);
+    let trees = e.roots.len() as f64;
+    let mut gives = vec![false; p * t];
+    let mut weights = vec![0f64; p];
+    for (j, &Path { leaf, .. }) in paths.iter().enumerate() {
+        gives[j * t + e.targets[leaf]] = true;
+        weights[j] = match e.aggregate {
+            ReduceKind::Mean => e.weights[leaf] / trees,
+            _ => e.weights[leaf],
+        };
+    }
+    let (largest, lowest) = match dtype {
+        DType::F64 => (f64::MAX, f64::MIN),
+        DType::F16 => (65504.0, -65504.0),
+        _ => (f64::from(f32::MAX), f64::from(f32::MIN)),
+    };
+    let (kind, neutral) = match e.aggregate {
+        ReduceKind::Min => (ReduceKind::Min, largest),
+        ReduceKind::Max => (ReduceKind::Max, lowest),
+        _ => (ReduceKind::Sum, 0.0),
+    };
+    let axis = im.constant(node, "target_axis", Tensor::vector(&[2i64]))?;
+    let reached = one(im, node, "reached_3d", Op::Unsqueeze, &[reached, axis])?;
+    let gives = im.constant(node, "path_targets", Tensor::from_vec(&[p, t], gives)?)?;
+    let counts = one(im, node, "contributes", Op::Binary(BinaryOp::And), &[reached, gives])?;
+    let weights =
+        im.constant(node, "path_weights", Tensor::from_f64s(dtype, &[p, 1], &weights)?)?;
+    let neutral = im.constant(node, "neutral", Tensor::full(dtype, &[], neutral))?;
+    let values = one(im, node, "contributions", Op::Where, &[counts, weights, neutral])?;
+    let over_paths = im.constant(node, "path_axis", Tensor::vector(&[1i64]))?;
+    let reduce = Op::Reduce(Reduce { kind, keepdims: false, noop_with_empty_axes: false });
+    one(im, node, "", reduce, &[values, over_paths])
+}
