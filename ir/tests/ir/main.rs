@@ -4,6 +4,7 @@
 mod builder;
 mod errors;
 mod onnx;
+mod onnx_expanded;
 mod onnx_training;
 mod ops;
 mod ops_collection;

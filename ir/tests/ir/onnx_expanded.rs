@@ -1,0 +1,435 @@
+//! Ops the importer expands into other ops: FlexAttention (ai.onnx.preview) with its modifier
+//! graphs inlined, TensorScatter and MaxUnpool, the ai.onnx.ml ops on numbers (Binarizer,
+//! ArrayFeatureExtractor, TreeEnsemble), and an If inlined inside an inlined branch. Values
+//! against hand-computed ones; bad input is an error naming the node.
+
+use kiln_ir::onnx::proto::*;
+use kiln_ir::{eval, Tensor};
+use prost::Message;
+
+use super::onnx::{f32_init, int, load, node, value};
+use super::{assert_close, f32s};
+
+/// A model of opset 26 and, when `domain` is not empty, that domain (version 5 for
+/// ai.onnx.ml's TreeEnsemble, 1 otherwise); every node of `nodes` without a domain takes it.
+fn model_in(
+    domain: &str,
+    nodes: Vec<NodeProto>,
+    inputs: Vec<ValueInfoProto>,
+    outputs: Vec<ValueInfoProto>,
+    initializer: Vec<TensorProto>,
+) -> Vec<u8> {
+    let opset = |domain: &str, version| OperatorSetIdProto {
+        domain: Some(domain.into()),
+        version: Some(version),
+    };
+    let mut opset_import = vec![opset("", 26)];
+    if !domain.is_empty() {
+        opset_import.push(opset(domain, if domain == "ai.onnx.ml" { 5 } else { 1 }));
+    }
+    let nodes = nodes
+        .into_iter()
+        .map(|mut n| {
+            if n.domain.is_none() && !domain.is_empty() {
+                n.domain = Some(domain.into());
+            }
+            n
+        })
+        .collect();
+    ModelProto {
+        ir_version: Some(10),
+        opset_import,
+        graph: Some(GraphProto {
+            node: nodes,
+            name: Some("g".into()),
+            input: inputs,
+            output: outputs,
+            initializer,
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+    .encode_to_vec()
+}
+
+fn f32v(name: &str, dims: &[i64]) -> ValueInfoProto {
+    value(name, data_type::FLOAT, dims)
+}
+
+fn i64v(name: &str, dims: &[i64]) -> ValueInfoProto {
+    value(name, data_type::INT64, dims)
+}
+
+fn i64_init(name: &str, dims: &[i64], v: &[i64]) -> TensorProto {
+    TensorProto {
+        name: Some(name.into()),
+        dims: dims.to_vec(),
+        data_type: Some(data_type::INT64),
+        int64_data: v.to_vec(),
+        ..Default::default()
+    }
+}
+
+fn i64s(dims: &[usize], v: &[i64]) -> Tensor {
+    Tensor::from_slice(dims, v).unwrap()
+}
+
+fn attr_of(name: &str, a: AttributeProto) -> AttributeProto {
+    AttributeProto { name: Some(name.into()), ..a }
+}
+
+fn float(name: &str, v: f32) -> AttributeProto {
+    attr_of(
+        name,
+        AttributeProto { r#type: Some(attribute_type::FLOAT), f: Some(v), ..Default::default() },
+    )
+}
+
+fn ints(name: &str, v: &[i64]) -> AttributeProto {
+    attr_of(
+        name,
+        AttributeProto {
+            r#type: Some(attribute_type::INTS),
+            ints: v.to_vec(),
+            ..Default::default()
+        },
+    )
+}
+
+fn string(name: &str, v: &str) -> AttributeProto {
+    attr_of(
+        name,
+        AttributeProto {
+            r#type: Some(attribute_type::STRING),
+            s: Some(v.as_bytes().to_vec()),
+            ..Default::default()
+        },
+    )
+}
+
+fn tensor(name: &str, t: TensorProto) -> AttributeProto {
+    attr_of(
+        name,
+        AttributeProto {
+            r#type: Some(attribute_type::TENSOR),
+            t: Some(Box::new(t)),
+            ..Default::default()
+        },
+    )
+}
+
+fn graph(name: &str, g: GraphProto) -> AttributeProto {
+    attr_of(
+        name,
+        AttributeProto {
+            r#type: Some(attribute_type::GRAPH),
+            g: Some(Box::new(g)),
+            ..Default::default()
+        },
+    )
+}
+
+/// A one-input one-output modifier graph `out = op(x, c)`, with `c` an initializer of its own
+/// (`Some`) or a value of the enclosing graph (`None`).
+fn modifier(op: &str, own: Option<f32>) -> GraphProto {
+    let unsized_f32 = ValueInfoProto {
+        name: Some("x".into()),
+        r#type: Some(TypeProto {
+            value: Some(type_proto::Value::TensorType(type_proto::Tensor {
+                elem_type: Some(data_type::FLOAT),
+                shape: None,
+            })),
+        }),
+    };
+    GraphProto {
+        name: Some(format!("{op}_mod")),
+        node: vec![node(op, "apply", &["x", "c"], &["out"], vec![])],
+        input: vec![unsized_f32],
+        output: vec![ValueInfoProto { name: Some("out".into()), r#type: None }],
+        initializer: own.map(|c| f32_init("c", &[], &[c])).into_iter().collect(),
+        ..Default::default()
+    }
+}
+
+/// Q = K = I (2x2, two query heads, one K/V head), V = [[1, 2], [3, 4]], scale 1:
+/// score_mod multiplies the scores by ln 3 (softmax rows [3/4, 1/4] and [1/4, 3/4]), prob_mod by
+/// the outer graph's `c` = 2.
+#[test]
+fn flex_attention_inlines_its_modifiers_and_shares_kv_heads() {
+    let bytes = model_in(
+        "ai.onnx.preview",
+        vec![node(
+            "FlexAttention",
+            "flex",
+            &["q", "k", "v"],
+            &["y"],
+            vec![
+                float("scale", 1.0),
+                graph("score_mod", modifier("Mul", Some(3f32.ln()))),
+                graph("prob_mod", modifier("Mul", None)),
+            ],
+        )],
+        vec![f32v("q", &[1, 2, 2, 2]), f32v("k", &[1, 1, 2, 2]), f32v("v", &[1, 1, 2, 2])],
+        vec![f32v("y", &[1, 2, 2, 2])],
+        vec![f32_init("c", &[], &[2.0])],
+    );
+    let m = load(&bytes).unwrap();
+    assert!(m.graph.to_string().contains("flex/score_mod/"), "{}", m.graph);
+    let eye = [1., 0., 0., 1.];
+    let q = f32s(&[1, 2, 2, 2], &[eye, eye].concat());
+    let k = f32s(&[1, 1, 2, 2], &eye);
+    let v = f32s(&[1, 1, 2, 2], &[1., 2., 3., 4.]);
+    let y = eval::run(&m.graph, &[q, k, v]).unwrap();
+    let head = [3., 5., 5., 7.];
+    assert_close(&y[0], &[1, 2, 2, 2], &[head, head].concat(), 1e-5);
+}
+
+#[test]
+fn flex_attention_refuses_bad_operands_naming_the_node() {
+    let flex = |q: &[i64], k: &[i64]| {
+        let bytes = model_in(
+            "ai.onnx.preview",
+            vec![node("FlexAttention", "flex", &["q", "k", "v"], &["y"], vec![])],
+            vec![f32v("q", q), f32v("k", k), f32v("v", k)],
+            vec![f32v("y", q)],
+            vec![],
+        );
+        load(&bytes).unwrap_err().to_string()
+    };
+    let e = flex(&[2, 4, 3], &[2, 4, 3, 8]);
+    assert!(e.contains("flex") && e.contains("FlexAttention") && e.contains("rank 4"), "{e}");
+    let e = flex(&[1, 3, 4, 8], &[1, 2, 4, 8]);
+    assert!(e.contains("flex") && e.contains("multiple"), "{e}");
+}
+
+/// past = 0..6 as [2, 3, 1]; the updates go to positions write_indices[b] + step along axis 1.
+#[test]
+fn tensor_scatter_writes_each_batch_entry_at_its_index() {
+    let run = |mode: &str, steps: i64, update: &[f32]| {
+        let bytes = model_in(
+            "",
+            vec![node(
+                "TensorScatter",
+                "ts",
+                &["past", "update", "at"],
+                &["present"],
+                vec![string("mode", mode), int("axis", 1)],
+            )],
+            vec![f32v("past", &[2, 3, 1]), f32v("update", &[2, steps, 1]), i64v("at", &[2])],
+            vec![f32v("present", &[2, 3, 1])],
+            vec![],
+        );
+        let g = load(&bytes).unwrap().graph;
+        let past = f32s(&[2, 3, 1], &[0., 1., 2., 3., 4., 5.]);
+        let update = f32s(&[2, steps as usize, 1], update);
+        eval::run(&g, &[past, update, i64s(&[2], &[2, 0])]).unwrap().remove(0)
+    };
+    assert_close(&run("linear", 1, &[10., 20.]), &[2, 3, 1], &[0., 1., 10., 20., 4., 5.], 0.0);
+    let wrapped = run("circular", 2, &[10., 11., 20., 21.]);
+    assert_close(&wrapped, &[2, 3, 1], &[11., 1., 10., 20., 21., 5.], 0.0);
+}
+
+#[test]
+fn tensor_scatter_refuses_the_batch_axis_and_a_longer_update() {
+    let bytes = |axis: i64, steps: i64| {
+        model_in(
+            "",
+            vec![node(
+                "TensorScatter",
+                "ts",
+                &["past", "update"],
+                &["present"],
+                vec![int("axis", axis)],
+            )],
+            vec![f32v("past", &[2, 3, 1]), f32v("update", &[2, steps, 1])],
+            vec![f32v("present", &[2, 3, 1])],
+            vec![],
+        )
+    };
+    let e = load(&bytes(0, 1)).unwrap_err().to_string();
+    assert!(e.contains("ts") && e.contains("axis"), "{e}");
+    let e = load(&bytes(1, 4)).unwrap_err().to_string();
+    assert!(e.contains("ts") && e.contains("more than"), "{e}");
+}
+
+/// ONNX's MaxUnpool example: 2x2 maxima at flat indices 5, 7, 13, 15 of a 4x4 image; with
+/// output_shape 5x5 the 4x4 result is padded at the end.
+#[test]
+fn max_unpool_scatters_to_the_flat_indices_and_pads_to_output_shape() {
+    let run = |output_shape: Option<&[i64]>| {
+        let operands: &[&str] = if output_shape.is_some() { &["x", "i", "s"] } else { &["x", "i"] };
+        let n = output_shape.map_or(4, |s| s[3]);
+        let bytes = model_in(
+            "",
+            vec![node(
+                "MaxUnpool",
+                "unpool",
+                operands,
+                &["y"],
+                vec![ints("kernel_shape", &[2, 2]), ints("strides", &[2, 2])],
+            )],
+            vec![f32v("x", &[1, 1, 2, 2]), i64v("i", &[1, 1, 2, 2])],
+            vec![f32v("y", &[1, 1, n, n])],
+            output_shape.map(|s| i64_init("s", &[4], s)).into_iter().collect(),
+        );
+        let g = load(&bytes).unwrap().graph;
+        let x = f32s(&[1, 1, 2, 2], &[1., 2., 3., 4.]);
+        eval::run(&g, &[x, i64s(&[1, 1, 2, 2], &[5, 7, 13, 15])]).unwrap().remove(0)
+    };
+    #[rustfmt::skip]
+    let four = [0., 0., 0., 0., 0., 1., 0., 2., 0., 0., 0., 0., 0., 3., 0., 4.];
+    assert_close(&run(None), &[1, 1, 4, 4], &four, 0.0);
+    #[rustfmt::skip]
+    let five = [
+        0., 0., 0., 0., 0.,
+        0., 1., 0., 2., 0.,
+        0., 0., 0., 0., 0.,
+        0., 3., 0., 4., 0.,
+        0., 0., 0., 0., 0.,
+    ];
+    assert_close(&run(Some(&[1, 1, 5, 5])), &[1, 1, 5, 5], &five, 0.0);
+}
+
+#[test]
+fn binarizer_and_array_feature_extractor() {
+    let bytes = model_in(
+        "ai.onnx.ml",
+        vec![
+            node("Binarizer", "bin", &["x"], &["b"], vec![float("threshold", 0.5)]),
+            node("ArrayFeatureExtractor", "afe", &["m", "at"], &["z"], vec![]),
+        ],
+        vec![f32v("x", &[4]), f32v("m", &[2, 3]), i64v("at", &[2])],
+        vec![f32v("b", &[4]), f32v("z", &[2, 2])],
+        vec![],
+    );
+    let g = load(&bytes).unwrap().graph;
+    let x = f32s(&[4], &[-1., 0.5, 1., f32::NAN]);
+    let m = f32s(&[2, 3], &[0., 1., 2., 3., 4., 5.]);
+    let out = eval::run(&g, &[x, m, i64s(&[2], &[2, 0])]).unwrap();
+    assert_close(&out[0], &[4], &[0., 0., 1., 0.], 0.0);
+    assert_close(&out[1], &[2, 2], &[2., 0., 5., 3.], 0.0);
+}
+
+fn f32_tensor(v: &[f32]) -> TensorProto {
+    f32_init("t", &[v.len() as i64], v)
+}
+
+/// ONNX's single tree (its first split 3, not 3.14): x0 <= 3 ? (x0 <= 1.2 ? leaf 0 : leaf 1)
+/// : (x0 <= 4.2 ? leaf 1 : leaf 3); the leaves give targets [0, 1, 0, 1] the weights
+/// [5.23, 12.12, -12.23, 7.21].
+fn single_tree(true_ids: &[i64], true_leafs: &[i64]) -> Vec<u8> {
+    let modes = TensorProto {
+        name: Some("t".into()),
+        dims: vec![3],
+        data_type: Some(data_type::UINT8),
+        int32_data: vec![0, 0, 0],
+        ..Default::default()
+    };
+    model_in(
+        "ai.onnx.ml",
+        vec![node(
+            "TreeEnsemble",
+            "trees",
+            &["x"],
+            &["y"],
+            vec![
+                int("aggregate_function", 1),
+                ints("leaf_targetids", &[0, 1, 0, 1]),
+                tensor("leaf_weights", f32_tensor(&[5.23, 12.12, -12.23, 7.21])),
+                int("n_targets", 2),
+                ints("nodes_falseleafs", &[0, 1, 1]),
+                ints("nodes_falsenodeids", &[2, 2, 3]),
+                ints("nodes_featureids", &[0, 0, 0]),
+                tensor("nodes_modes", modes),
+                tensor("nodes_splits", f32_tensor(&[3.0, 1.2, 4.2])),
+                ints("nodes_trueleafs", true_leafs),
+                ints("nodes_truenodeids", true_ids),
+                int("post_transform", 0),
+                ints("tree_roots", &[0]),
+            ],
+        )],
+        vec![f32v("x", &[4, 2])],
+        vec![f32v("y", &[4, 2])],
+        vec![],
+    )
+}
+
+#[test]
+fn tree_ensemble_follows_each_sample_to_its_leaf() {
+    let g = load(&single_tree(&[1, 0, 1], &[0, 1, 1])).unwrap().graph;
+    let x = f32s(&[4, 2], &[1.2, 3.4, -0.12, 1.66, 4.14, 1.77, 5.0, 0.0]);
+    let y = eval::run(&g, &[x]).unwrap();
+    let want = [5.23, 0., 5.23, 0., 0., 12.12, 0., 7.21];
+    assert_close(&y[0], &[4, 2], &want, 1e-6);
+}
+
+#[test]
+fn tree_ensemble_refuses_cycles_and_dangling_ids() {
+    // Node 1's true branch goes back to node 0.
+    let e = load(&single_tree(&[1, 0, 1], &[0, 0, 1])).unwrap_err().to_string();
+    assert!(e.contains("trees") && e.contains("cycle"), "{e}");
+    let e = load(&single_tree(&[1, 9, 1], &[0, 1, 1])).unwrap_err().to_string();
+    assert!(e.contains("trees") && e.contains("leaf 9"), "{e}");
+}
+
+/// An If whose condition is known inlines its branch; an If inside that branch on a value the
+/// outer graph knows is inlined too, even when its branches' results differ in shape (the
+/// expanded AffineGrid's f32[] and f32[1]).
+#[test]
+fn an_if_nested_in_an_inlined_branch_is_taken_on_outer_constants() {
+    let branch = |name: &str, nodes: Vec<NodeProto>, out: &str| GraphProto {
+        name: Some(name.into()),
+        node: nodes,
+        output: vec![ValueInfoProto { name: Some(out.into()), r#type: None }],
+        ..Default::default()
+    };
+    let inner = node(
+        "If",
+        "inner",
+        &["d_is_one"],
+        &["step"],
+        vec![
+            graph(
+                "then_branch",
+                branch("t", vec![node("Identity", "zero", &["zero"], &["s0"], vec![])], "s0"),
+            ),
+            graph(
+                "else_branch",
+                branch("e", vec![node("Div", "div", &["two", "d"], &["s1"], vec![])], "s1"),
+            ),
+        ],
+    );
+    let outer = node(
+        "If",
+        "outer",
+        &["yes"],
+        &["y"],
+        vec![
+            graph("then_branch", branch("t", vec![inner], "step")),
+            graph(
+                "else_branch",
+                branch("e", vec![node("Identity", "id", &["zero"], &["z"], vec![])], "z"),
+            ),
+        ],
+    );
+    let bytes = model_in(
+        "",
+        vec![node("Equal", "eq", &["d", "one"], &["d_is_one"], vec![]), outer],
+        vec![],
+        vec![f32v("y", &[1])],
+        vec![
+            TensorProto {
+                data_type: Some(data_type::BOOL),
+                int32_data: vec![1],
+                ..i64_init("yes", &[], &[])
+            },
+            f32_init("d", &[1], &[4.0]),
+            f32_init("one", &[1], &[1.0]),
+            f32_init("two", &[], &[2.0]),
+            f32_init("zero", &[], &[0.0]),
+        ],
+    );
+    let g = load(&bytes).unwrap().graph;
+    let y = eval::run(&g, &[]).unwrap();
+    assert_close(&y[0], &[1], &[0.5], 0.0);
+}
