@@ -230,7 +230,8 @@ fn sqrt_scale(
 
 /// `x` through the node's graph attribute `name` (`score_mod` or `prob_mod`), inlined as
 /// `<node>/<name>/...`; `x` itself when the attribute is absent. The graph takes x's type
-/// (its declared dims are names such as B, H, L, S) and must give one result of that type.
+/// (its declared dims are names such as B, H, L, S) and must give one result of that type
+/// (sizes it computes from data may be new symbols).
 fn modifier(im: &mut GraphImporter, node: &NodeProto, name: &str, x: ValueId) -> Result<ValueId> {
     let Some(g) = node.attribute.iter().find(|a| a.name.as_deref() == Some(name)) else {
         return Ok(x);
@@ -263,7 +264,12 @@ fn modifier(im: &mut GraphImporter, node: &NodeProto, name: &str, x: ValueId) ->
     let prefix = im.name_for(node, name);
     let y = im.graph.inline(&graph, &inputs, &prefix).map_err(in_context)?[0];
     let y_type = im.ty(y);
-    if y_type.dtype != x_type.dtype || y_type.shape != x_type.shape {
+    // A size the graph computes from data (a Range of the scores' own dims) is a new symbol:
+    // only sizes known on both sides must agree.
+    let (xd, yd) = (x_type.shape.dims(), y_type.shape.dims());
+    let sizes_differ = xd.len() != yd.len()
+        || xd.iter().zip(yd).any(|(a, b)| a.fixed().zip(b.fixed()).is_some_and(|(a, b)| a != b));
+    if y_type.dtype != x_type.dtype || sizes_differ {
         return Err(err(format!(
             "the {name} graph turns {x_type} into {y_type}; it must keep the type and shape"
         )));

@@ -433,3 +433,63 @@ fn an_if_nested_in_an_inlined_branch_is_taken_on_outer_constants() {
     let y = eval::run(&g, &[]).unwrap();
     assert_close(&y[0], &[1], &[0.5], 0.0);
 }
+
+/// A score_mod that builds a causal mask from the scores' own sizes (Shape, Range): with a
+/// symbolic sequence its result's sizes are new symbols, which are taken (only known sizes
+/// must agree). Q = K = 0 makes the scores equal, so row i averages V's first i + 1 rows.
+#[test]
+fn flex_attention_takes_a_modifier_whose_sizes_come_from_data() {
+    let i64_scalar = |name: &str, v: i64| i64_init(name, &[], &[v]);
+    let score_mod = GraphProto {
+        name: Some("causal".into()),
+        node: vec![
+            node("Shape", "shape", &["x"], &["dims"], vec![]),
+            node("Gather", "l", &["dims", "two"], &["l"], vec![]),
+            node("Gather", "s", &["dims", "three"], &["s"], vec![]),
+            node("Range", "rows", &["zero", "l", "one"], &["rows"], vec![]),
+            node("Range", "cols", &["zero", "s", "one"], &["cols"], vec![]),
+            node("Reshape", "row_ids", &["rows", "row_shape"], &["row_ids"], vec![]),
+            node("GreaterOrEqual", "causal", &["row_ids", "cols"], &["keep"], vec![]),
+            node("Where", "mask", &["keep", "x", "neg_inf"], &["out"], vec![]),
+        ],
+        input: vec![f32v("x", &[1, 1, 1, 1])],
+        output: vec![ValueInfoProto { name: Some("out".into()), r#type: None }],
+        initializer: vec![
+            i64_scalar("zero", 0),
+            i64_scalar("one", 1),
+            i64_scalar("two", 2),
+            i64_scalar("three", 3),
+            i64_init("row_shape", &[2], &[-1, 1]),
+            f32_init("neg_inf", &[], &[f32::NEG_INFINITY]),
+        ],
+        ..Default::default()
+    };
+    let symbolic = |name: &str, d: i64| {
+        let mut v = f32v(name, &[1, 1, 0, d]);
+        if let Some(type_proto::Value::TensorType(t)) =
+            v.r#type.as_mut().and_then(|t| t.value.as_mut())
+        {
+            t.shape.as_mut().unwrap().dim[2].value =
+                Some(tensor_shape_proto::dimension::Value::DimParam("seq".into()));
+        }
+        v
+    };
+    let bytes = model_in(
+        "ai.onnx.preview",
+        vec![node(
+            "FlexAttention",
+            "flex",
+            &["q", "k", "v"],
+            &["y"],
+            vec![graph("score_mod", score_mod)],
+        )],
+        vec![symbolic("q", 2), symbolic("k", 2), symbolic("v", 1)],
+        vec![symbolic("y", 1)],
+        vec![],
+    );
+    let g = load(&bytes).unwrap().graph;
+    let zeros = Tensor::zeros(kiln_ir::DType::F32, &[1, 1, 3, 2]);
+    let v = f32s(&[1, 1, 3, 1], &[3., 6., 9.]);
+    let y = eval::run(&g, &[zeros.clone(), zeros, v]).unwrap();
+    assert_close(&y[0], &[1, 1, 3, 1], &[3., 4.5, 6.], 1e-6);
+}
