@@ -19,6 +19,7 @@ mod filetests;
 mod fuzzed;
 mod gpu;
 mod gpu_tile;
+mod host_eval;
 mod integer;
 mod kernels;
 mod microkernel;
