@@ -61,9 +61,39 @@ pub struct ControlSplit {
     pub outputs: Vec<usize>,
 }
 
+/// The ops whose result shapes may depend on the data, which the host evaluates.
+fn data_dependent(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::NonZero | Op::Compress { .. } | Op::NonMaxSuppression { .. } | Op::Unique { .. }
+    )
+}
+
+/// The host part of a graph whose only shapes not known when it compiles come from the data:
+/// every node downstream of a data-dependent op whose result shape is not fixed (its operands'
+/// are), that op included. `None` when every shape is fixed, or when some shape is not fixed for
+/// another reason (a symbolic input, a shape computed at run time), which stays an error.
+pub fn host_tail(graph: &Graph) -> Result<Option<HashSet<NodeId>>> {
+    let order = graph.topo_order()?;
+    let dynamic = |id: NodeId| graph.node(id).outputs.iter().any(|t| t.shape.as_fixed().is_none());
+    let mut tail: HashSet<NodeId> = HashSet::new();
+    for &id in &order {
+        let reads_tail = graph.operands(id).into_iter().flatten().any(|v| tail.contains(&v.node));
+        if reads_tail || (dynamic(id) && data_dependent(&graph.node(id).op)) {
+            tail.insert(id);
+        } else if dynamic(id) {
+            return Ok(None);
+        }
+    }
+    Ok((!tail.is_empty()).then_some(tail))
+}
+
 /// Splits `graph` (optimised: static shapes, constant conditions already taken) at its first If
-/// or Scan; `None` when it has none.
+/// or Scan, or before its host part (`host_tail`); `None` when it has neither.
 pub fn split(graph: &Graph) -> Result<Option<ControlSplit>> {
+    if let Some(tail) = host_tail(graph)? {
+        return split_host(graph, &tail).map(Some);
+    }
     let order = graph.topo_order()?;
     let Some(&at) = order.iter().find(|&&id| graph.node(id).op.family() == OpFamily::Control)
     else {
@@ -392,6 +422,155 @@ pub fn split(graph: &Graph) -> Result<Option<ControlSplit>> {
     Ok(Some(ControlSplit { node: if_name, op, programs, values, steps, outputs }))
 }
 
+/// `graph` as a static program computing what the host part reads and the graph returns, then a
+/// host evaluation (`Step::Eval`) of the host part `tail` on those values.
+fn split_host(graph: &Graph, tail: &HashSet<NodeId>) -> Result<ControlSplit> {
+    let order = graph.topo_order()?;
+    let first = order.iter().find(|id| tail.contains(id)).copied();
+    let at = first.ok_or_else(|| CompileError::Internal("an empty host part".into()))?;
+    let at_name = graph.node(at).name.clone();
+    let is_constant = |v: ValueId| matches!(graph.node(v.node).op, Op::Constant(_));
+    let is_input = |v: ValueId| matches!(graph.node(v.node).op, Op::Input);
+    let mut values: Vec<(String, TensorType)> = Vec::new();
+    let mut value_of: HashMap<ValueId, usize> = HashMap::new();
+    for &id in graph.inputs() {
+        value_of.insert(id.into(), values.len());
+        values.push((graph.node(id).name.clone(), graph.node(id).outputs[0].clone()));
+    }
+    let mut programs: Vec<(Role, Graph)> = Vec::new();
+    let mut steps: Vec<Step> = Vec::new();
+
+    // The compiled program: what the host part reads (constants it copies) and the outputs
+    // computed before it.
+    let mut crossing: Vec<ValueId> = Vec::new();
+    let tail_reads = order
+        .iter()
+        .filter(|id| tail.contains(id))
+        .flat_map(|&id| graph.operands(id).into_iter().flatten());
+    let outputs_before = graph.outputs().iter().map(|&(_, v)| v);
+    let mut read_inputs: Vec<ValueId> = Vec::new();
+    for v in tail_reads.filter(|v| !is_constant(*v)).chain(outputs_before) {
+        if tail.contains(&v.node) {
+            continue;
+        }
+        let list = if is_input(v) { &mut read_inputs } else { &mut crossing };
+        if !list.contains(&v) {
+            list.push(v);
+        }
+    }
+    // An artifact has a compiled program (it gives the target): when the host part reads only
+    // inputs, the program passes them through.
+    if crossing.is_empty() {
+        crossing = read_inputs;
+    }
+    if !crossing.is_empty() {
+        let mut needed: HashSet<NodeId> = HashSet::new();
+        let mut stack: Vec<NodeId> = crossing.iter().map(|v| v.node).collect();
+        while let Some(n) = stack.pop() {
+            if needed.insert(n) {
+                stack.extend(graph.operands(n).into_iter().flatten().map(|v| v.node));
+            }
+        }
+        let mut before = Graph::new(&format!("{}.before.{at_name}", graph.name));
+        let mut map: HashMap<NodeId, NodeId> = HashMap::new();
+        let mut args = Vec::new();
+        for &id in order.iter().filter(|id| needed.contains(id)) {
+            let node = graph.node(id);
+            let new = match &node.op {
+                Op::Input => {
+                    args.push(value_of[&id.into()]);
+                    before.add_input(&node.name, node.outputs[0].clone())?.node
+                }
+                Op::Constant(t) => before.add_constant(&node.name, t.clone())?.node,
+                op => {
+                    let operands: Vec<Option<ValueId>> = graph
+                        .operands(id)
+                        .into_iter()
+                        .map(|o| o.map(|v| ValueId::new(map[&v.node], v.output)))
+                        .collect();
+                    before.add_node_with_outputs(
+                        &node.name,
+                        op.clone(),
+                        &operands,
+                        node.outputs.len(),
+                    )?
+                }
+            };
+            map.insert(id, new);
+        }
+        let mut results = Vec::new();
+        for &v in &crossing {
+            let name = graph.value_name(v);
+            before.add_output(&name, ValueId::new(map[&v.node], v.output))?;
+            value_of.insert(v, values.len());
+            results.push(values.len());
+            values.push((name, graph.value_type(v).clone()));
+        }
+        steps.push(Step::Run { program: programs.len(), args, results });
+        programs.push((Role::Before, before));
+    }
+
+    // The host part, reading host values as inputs and copying the constants it reads.
+    let mut host = Graph::new(&format!("{}.host.{at_name}", graph.name));
+    let mut map: HashMap<ValueId, ValueId> = HashMap::new();
+    let mut args = Vec::new();
+    for &id in order.iter().filter(|id| tail.contains(id)) {
+        let mut operands = Vec::new();
+        for o in graph.operands(id) {
+            let Some(v) = o else {
+                operands.push(None);
+                continue;
+            };
+            if let Some(&mine) = map.get(&v) {
+                operands.push(Some(mine));
+                continue;
+            }
+            let name = host.unique_name(&graph.value_name(v));
+            let mine = match graph.constant_value(v) {
+                Some(t) => host.add_constant(&name, t.clone())?,
+                None => {
+                    args.push(value_of[&v]);
+                    host.add_input(&name, graph.value_type(v).clone())?
+                }
+            };
+            map.insert(v, mine);
+            operands.push(Some(mine));
+        }
+        let node = graph.node(id);
+        let new =
+            host.add_node_with_outputs(&node.name, node.op.clone(), &operands, node.outputs.len())?;
+        for k in 0..node.outputs.len() {
+            map.insert(ValueId::new(id, k), ValueId::new(new, k));
+        }
+    }
+    let mut results = Vec::new();
+    for &(_, v) in graph.outputs() {
+        if tail.contains(&v.node) && !value_of.contains_key(&v) {
+            let name = graph.value_name(v);
+            host.add_output(&name, map[&v])?;
+            value_of.insert(v, values.len());
+            results.push(values.len());
+            values.push((name, graph.value_type(v).clone()));
+        }
+    }
+    steps.push(Step::Eval {
+        graph: kiln_ir::text::print(&host, kiln_ir::text::Weights::Full),
+        args,
+        results,
+    });
+    let outputs = graph
+        .outputs()
+        .iter()
+        .map(|(_, v)| {
+            value_of.get(v).copied().ok_or_else(|| {
+                CompileError::Internal(format!("output `{}` has no value", graph.value_name(*v)))
+            })
+        })
+        .collect::<Result<_>>()?;
+    let op = graph.node(at).op.name();
+    Ok(ControlSplit { node: at_name, op, programs, values, steps, outputs })
+}
+
 impl fmt::Display for ControlSplit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let names = |vs: &[usize]| {
@@ -460,6 +639,21 @@ impl fmt::Display for ControlSplit {
                         "  scan #{body} body({}) stacking {stacks} -> ({})",
                         takes.join("; "),
                         names(results)
+                    )?;
+                }
+                Step::Eval { graph, args, results } => {
+                    // The host graph's nodes, one a line, without its header and constants.
+                    let nodes: Vec<&str> = graph
+                        .lines()
+                        .map(str::trim)
+                        .filter(|l| l.starts_with('%') && !l.contains("= Constant"))
+                        .collect();
+                    writeln!(
+                        f,
+                        "  host eval({}) -> ({}): {}",
+                        names(args),
+                        names(results),
+                        nodes.join("; ")
                     )?;
                 }
                 Step::Loop { body, captured, trip_count, cond, state, results, .. } => {

@@ -259,6 +259,7 @@ fn compile_control(
             name: name.clone(),
             dtype: ty.dtype.name().to_string(),
             dims: ty.shape.as_fixed().unwrap_or_default(),
+            dynamic: ty.shape.as_fixed().is_none(),
         })
         .collect();
     let artifact =
@@ -370,7 +371,14 @@ fn optimize_traced(
     specialize::specialize(&mut g, &options.input_shapes)?;
     after("specialize", &g, true);
     passes::run_passes(&mut g, &passes, &mut *after)?;
-    if specialize::has_dynamic_shapes(&g) {
+    // Shapes that only data-dependent ops (NonZero, Unique...) and what follows them leave
+    // open: that part runs on the host (`control::host_tail`), the rest compiles.
+    let host_part = |g: &Graph| -> Result<bool> {
+        Ok(specialize::shape_inputs(g).is_empty() && crate::control::host_tail(g)?.is_some())
+    };
+    if specialize::has_dynamic_shapes(&g) && host_part(&g)? {
+        passes::sequences::check_resolved(&g)?;
+    } else if specialize::has_dynamic_shapes(&g) {
         // Shapes that depend on input values: bind those inputs when their values are known.
         let names: Vec<String> = specialize::shape_inputs(&g)
             .into_iter()
@@ -402,7 +410,7 @@ fn optimize_traced(
         after("bind-values", &g, true);
         passes::run_passes(&mut g, &passes, &mut *after)?;
         passes::sequences::check_resolved(&g)?;
-        if specialize::has_dynamic_shapes(&g) {
+        if specialize::has_dynamic_shapes(&g) && !host_part(&g)? {
             return Err(CompileError::DynamicShapes(
                 "result shapes depend on data (NonZero, Compress...), which static compilation cannot express".into(),
             ));

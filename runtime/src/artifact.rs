@@ -32,11 +32,76 @@ pub const MAGIC: &[u8; 8] = b"KILNART\0";
 ///    the artifact.
 /// 6: a CPU program may have state (`Manifest::state`, `BufferKind::State`): tensors the caller
 ///    keeps across runs, which the kernels read and update in place.
-pub const FORMAT_VERSION: u32 = 6;
+/// 7: a control step may evaluate a graph on the host with kiln's interpreter (`Step::Eval`: the
+///    ops whose result shapes depend on the data, and what follows them), and a value's dims may
+///    be known only at run time (`ValueDesc::dynamic`).
+pub const FORMAT_VERSION: u32 = 7;
 /// The oldest version this runtime reads (2 has no `batch`, 3 no `control`, 4 no status word,
-/// 5 no state: all are optional).
+/// 5 no state, 6 no host evaluation: all are optional).
 pub const OLDEST_FORMAT_VERSION: u32 = 2;
 const HEADER: usize = 64;
+
+/// Parses a host evaluation's graph (`Step::Eval`) and checks it takes `args` and gives
+/// `results`: each input of an argument's type and fixed dims, each output of its result's type,
+/// with the result's dims when they are fixed, and the result marked dynamic when they are not.
+pub fn parse_host_graph(
+    text: &str,
+    args: &[&ValueDesc],
+    results: &[&ValueDesc],
+) -> std::result::Result<kiln_ir::Graph, String> {
+    let g =
+        kiln_ir::text::parse(text).map_err(|e| format!("the host graph does not parse: {e}"))?;
+    g.verify().map_err(|e| format!("the host graph is not valid: {e}"))?;
+    if g.inputs().len() != args.len() || g.outputs().len() != results.len() {
+        return Err(format!(
+            "the host graph takes {} values and gives {}, the step passes {} and takes {}",
+            g.inputs().len(),
+            g.outputs().len(),
+            args.len(),
+            results.len()
+        ));
+    }
+    for (&id, a) in g.inputs().iter().zip(args) {
+        let ty = &g.node(id).outputs[0];
+        let fits = ty.dtype.name() == a.dtype
+            && !a.dynamic
+            && ty.shape.as_fixed().is_some_and(|d| d == a.dims);
+        if !fits {
+            return Err(format!(
+                "the host graph reads `{}` as {ty}, it is {}{:?}",
+                g.node(id).name,
+                a.dtype,
+                a.dims
+            ));
+        }
+    }
+    for ((name, v), r) in g.outputs().iter().zip(results) {
+        let ty = g.value_type(*v);
+        let fits = ty.dtype.name() == r.dtype
+            && match ty.shape.as_fixed() {
+                Some(d) => !r.dynamic && d == r.dims,
+                None => r.dynamic,
+            };
+        if !fits {
+            return Err(format!(
+                "the host graph gives `{name}` as {ty}, value `{}` is {}{:?}{}",
+                r.name,
+                r.dtype,
+                r.dims,
+                if r.dynamic { " (dims at run time)" } else { "" }
+            ));
+        }
+    }
+    Ok(g)
+}
+
+fn check_host_graph(
+    text: &str,
+    args: &[&ValueDesc],
+    results: &[&ValueDesc],
+) -> std::result::Result<(), String> {
+    parse_host_graph(text, args, results).map(|_| ())
+}
 
 /// A byte range of the payload.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -316,7 +381,12 @@ pub struct ControlDesc {
 pub struct ValueDesc {
     pub name: String,
     pub dtype: String,
+    /// Empty when `dynamic`.
     pub dims: Vec<usize>,
+    /// The dims are known only at run time: a result of a host evaluation (`Step::Eval`) whose
+    /// shape depends on the data. Only host evaluations and the outputs may read it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub dynamic: bool,
 }
 
 /// One host step of a `ControlDesc`.
@@ -358,6 +428,12 @@ pub enum Step {
         state: Vec<usize>,
         results: Vec<usize>,
     },
+    /// Evaluates `graph` (kiln's text form, constants in full) with kiln's interpreter on `args`
+    /// (its inputs, in order); its outputs become `results`. The compiler puts here the ops whose
+    /// result shapes depend on the data (NonZero, Compress, NonMaxSuppression, Unique) and
+    /// everything after them. The graph is untrusted: it is parsed and checked against the
+    /// values at load.
+    Eval { graph: String, args: Vec<usize>, results: Vec<usize> },
 }
 
 /// A value a Scan step slices: `axis` removed from each slice, read last position first when
@@ -603,10 +679,14 @@ impl Artifact {
                     .into(),
             );
         }
-        if c.programs.is_empty() {
+        // A model whose every node runs on the host has no compiled program.
+        let on_host = c.steps.iter().any(|s| matches!(s, Step::Eval { .. }));
+        if c.programs.is_empty() && !on_host {
             return Err("control flow with no programs".into());
         }
-        let same = |v: &ValueDesc, t: &TensorDesc| v.dtype == t.dtype && v.dims == t.dims;
+        // A value whose dims are known only at run time matches any dims (an output's).
+        let same =
+            |v: &ValueDesc, t: &TensorDesc| v.dtype == t.dtype && (v.dynamic || v.dims == t.dims);
         if c.values.len() < m.inputs.len() {
             return Err(format!(
                 "control flow has {} values for {} inputs",
@@ -635,14 +715,42 @@ impl Artifact {
             }
             self.validate_manifest(p).map_err(|e| format!("program {i}: {e}"))?;
         }
+        if let Some(v) = c.values[..m.inputs.len()].iter().find(|v| v.dynamic) {
+            return Err(format!("input `{}` cannot have dims known only at run time", v.name));
+        }
         let mut written = vec![false; c.values.len()];
         written[..m.inputs.len()].fill(true);
+        // Only host evaluations and the outputs read a value of run-time dims.
+        let read_by_program = |s: usize, step: &Step| {
+            let read: Vec<usize> = match step {
+                Step::Run { args, .. } => args.clone(),
+                Step::If { cond, args, .. } => [*cond].iter().chain(args).copied().collect(),
+                Step::Scan { captured, state, scanned, .. } => captured
+                    .iter()
+                    .chain(state)
+                    .copied()
+                    .chain(scanned.iter().map(|s| s.value))
+                    .collect(),
+                Step::Loop { captured, trip_count, cond, state, .. } => {
+                    captured.iter().chain(trip_count).chain(cond).chain(state).copied().collect()
+                }
+                Step::Eval { .. } => Vec::new(),
+            };
+            match read.iter().find(|&&v| c.values.get(v).is_some_and(|d| d.dynamic)) {
+                Some(&v) => Err(format!(
+                    "step {s}: value `{}` has dims known only at run time; only a host evaluation reads it",
+                    c.values[v].name
+                )),
+                None => Ok(()),
+            }
+        };
         let value = |v: usize, written: &[bool]| match c.values.get(v) {
             Some(d) if written[v] => Ok(d),
             Some(d) => Err(format!("value `{}` is read before it is written", d.name)),
             None => Err(format!("value {v} does not exist (of {})", c.values.len())),
         };
         for (s, step) in c.steps.iter().enumerate() {
+            read_by_program(s, step)?;
             let fail = |e: String| format!("step {s}: {e}");
             let program = |p: usize| {
                 c.programs.get(p).ok_or_else(|| {
@@ -750,6 +858,7 @@ impl Artifact {
                             name: d.name.clone(),
                             dtype: d.dtype.clone(),
                             dims,
+                            dynamic: false,
                         });
                     }
                     let length =
@@ -870,6 +979,24 @@ impl Artifact {
                         dims.insert(0, l);
                         gives(*body, &TensorDesc { dims, ..t.clone() }, r)?;
                     }
+                    results
+                }
+                Step::Eval { graph, args, results } => {
+                    let ins: Vec<&ValueDesc> = args
+                        .iter()
+                        .map(|&v| value(v, &written))
+                        .collect::<std::result::Result<_, _>>()
+                        .map_err(fail)?;
+                    let outs: Vec<&ValueDesc> = results
+                        .iter()
+                        .map(|&r| {
+                            c.values.get(r).ok_or_else(|| {
+                                format!("value {r} does not exist (of {})", c.values.len())
+                            })
+                        })
+                        .collect::<std::result::Result<_, _>>()
+                        .map_err(fail)?;
+                    check_host_graph(graph, &ins, &outs).map_err(fail)?;
                     results
                 }
             };
@@ -1279,13 +1406,18 @@ mod tests {
         // The diamond (x, y -> o0, o1 of f32[1]) run once, then again on its results under an If.
         let program =
             diamond(Target::Cpu, 4, Blob { offset: 0, len: 16 }, Blob { offset: 64, len: 4 });
-        let f32s = |name: &str| ValueDesc { name: name.into(), dtype: "f32".into(), dims: vec![1] };
+        let f32s = |name: &str| ValueDesc {
+            name: name.into(),
+            dtype: "f32".into(),
+            dims: vec![1],
+            dynamic: false,
+        };
         let control = ControlDesc {
             programs: vec![program.clone()],
             values: vec![
                 f32s("x"),
                 f32s("y"),
-                ValueDesc { name: "c".into(), dtype: "bool".into(), dims: vec![] },
+                ValueDesc { name: "c".into(), dtype: "bool".into(), dims: vec![], dynamic: false },
                 f32s("a"),
                 f32s("b"),
                 f32s("p"),
@@ -1342,6 +1474,96 @@ mod tests {
             "program 0: launch 0 names missing kernel 7"
         );
         assert_eq!(e(&|c| c.programs.clear()), "control flow with no programs");
+    }
+
+    /// `s = a + b` and `n = NonZero(s)` (whose count depends on the data), in the text form.
+    fn host_graph() -> String {
+        let g = kiln_ir::builder::GraphBuilder::new("host");
+        let a = g.input("a", kiln_ir::DType::F32, vec![1]);
+        let b = g.input("b", kiln_ir::DType::F32, vec![1]);
+        let s = (a + b).named("s");
+        g.output("s", s);
+        g.output("n", g.apply(kiln_ir::Op::NonZero, &[Some(s)], 1)[0]);
+        kiln_ir::text::print(&g.build().unwrap(), kiln_ir::text::Weights::Full)
+    }
+
+    #[test]
+    fn host_evaluation_graphs_are_parsed_and_checked_at_load() {
+        // The diamond's results a and b, then `s = a + b` and `n = NonZero(s)` on the host.
+        let program =
+            diamond(Target::Cpu, 4, Blob { offset: 0, len: 16 }, Blob { offset: 64, len: 4 });
+        let value = |name: &str, dtype: &str, dims: Vec<usize>, dynamic: bool| ValueDesc {
+            name: name.into(),
+            dtype: dtype.into(),
+            dims,
+            dynamic,
+        };
+        let control = ControlDesc {
+            programs: vec![program.clone()],
+            values: vec![
+                value("x", "f32", vec![1], false),
+                value("y", "f32", vec![1], false),
+                value("a", "f32", vec![1], false),
+                value("b", "f32", vec![1], false),
+                value("s", "f32", vec![1], false),
+                value("n", "i64", vec![], true),
+            ],
+            steps: vec![
+                Step::Run { program: 0, args: vec![0, 1], results: vec![2, 3] },
+                Step::Eval { graph: host_graph(), args: vec![2, 3], results: vec![4, 5] },
+            ],
+            outputs: vec![4, 5],
+        };
+        let outer = |c: ControlDesc| {
+            let mut m = program.clone();
+            (m.buffers, m.kernels, m.launches) = (vec![], vec![], vec![]);
+            // The output of run-time dims has none in the interface.
+            (m.outputs[1].dtype, m.outputs[1].dims) = ("i64".into(), vec![]);
+            m.control = Some(c);
+            Artifact { manifest: m, payload: vec![0; 128] }
+        };
+        let a = outer(control.clone());
+        assert_eq!(a.validate(), Ok(()));
+        let back = Artifact::from_bytes(&a.to_bytes(), "h.kiln").unwrap();
+        assert_eq!(back.manifest, a.manifest);
+        let e = |edit: &dyn Fn(&mut ControlDesc)| {
+            let mut c = control.clone();
+            edit(&mut c);
+            outer(c).validate().unwrap_err()
+        };
+        let graph = |text: String| {
+            move |c: &mut ControlDesc| {
+                c.steps[1] =
+                    Step::Eval { graph: text.clone(), args: vec![2, 3], results: vec![4, 5] }
+            }
+        };
+        // A graph cut short, and one naming an op that does not exist: typed errors, no panic.
+        let cut = host_graph()[..40].to_string();
+        assert!(e(&graph(cut)).starts_with("step 1: the host graph does not parse: "));
+        let bogus = host_graph().replace("NonZero", "NoSuchOp");
+        assert!(e(&graph(bogus)).starts_with("step 1: the host graph does not parse: "));
+        assert_eq!(
+            e(&|c| c.steps[1] =
+                Step::Eval { graph: host_graph(), args: vec![2], results: vec![4, 5] }),
+            "step 1: the host graph takes 2 values and gives 2, the step passes 1 and takes 2"
+        );
+        assert_eq!(
+            e(&|c| c.values[3].dims = vec![2]),
+            "step 0: program 0 gives `o1` as f32[1], value `b` is f32[2]"
+        );
+        let e_n = e(&|c| c.values[5].dynamic = false);
+        assert!(e_n.starts_with("step 1: the host graph gives `n` as i64[1,"), "{e_n}");
+        // A compiled program cannot read a value whose dims are known only at run time.
+        let reads_n =
+            e(&|c| c.steps.push(Step::Run { program: 0, args: vec![5, 4], results: vec![] }));
+        assert_eq!(
+            reads_n,
+            "step 2: value `n` has dims known only at run time; only a host evaluation reads it"
+        );
+        assert_eq!(
+            e(&|c| c.values[0].dynamic = true),
+            "input `x` cannot have dims known only at run time"
+        );
     }
 
     #[test]
@@ -1425,6 +1647,7 @@ mod tests {
                     name: t.name.clone(),
                     dtype: t.dtype.clone(),
                     dims: t.dims.clone(),
+                    dynamic: false,
                 })
                 .collect(),
             steps: vec![Step::Run { program: 0, args: vec![0, 1], results: vec![2, 3] }],
@@ -1444,6 +1667,9 @@ mod tests {
         let mut bytes = art(Target::Cpu).to_bytes();
         bytes[8..12].copy_from_slice(&1u32.to_le_bytes());
         let e = Artifact::from_bytes(&bytes, "old.kiln").unwrap_err().to_string();
-        assert!(e.contains("artifact format version 1, this runtime reads versions 2 to 6; recompile the model"), "{e}");
+        assert!(e.contains("artifact format version 1, this runtime reads versions 2 to 7; recompile the model"), "{e}");
+        // Version 6 (before host evaluation) has nothing version 7 reads otherwise.
+        bytes[8..12].copy_from_slice(&6u32.to_le_bytes());
+        assert!(Artifact::from_bytes(&bytes, "six.kiln").is_ok());
     }
 }

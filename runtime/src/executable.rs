@@ -1207,6 +1207,13 @@ fn run_control(
                 }
                 continue;
             }
+            Step::Eval { graph, args, results } => {
+                let args: Vec<Tensor> = args.iter().map(|&v| read(&values, v)).collect();
+                for (&r, t) in results.iter().zip(eval_on_host(graph, &args)?) {
+                    values[r] = Some(t);
+                }
+                continue;
+            }
         };
         let args: Vec<Tensor> = args.iter().map(|&v| read(&values, v)).collect();
         let outs = programs[program].run_profiled(&args, profile.as_deref_mut())?;
@@ -1215,6 +1222,14 @@ fn run_control(
         }
     }
     Ok(c.outputs.iter().map(|&v| read(&values, v)).collect())
+}
+
+/// A host evaluation step: the graph (checked at load) run by kiln's interpreter; an error
+/// names the node and op that failed.
+fn eval_on_host(graph: &str, args: &[Tensor]) -> Result<Vec<Tensor>> {
+    let fail = |msg: String| RuntimeError::Launch { kernel: "host evaluation".into(), msg };
+    let g = kiln_ir::text::parse(graph).map_err(|e| fail(e.to_string()))?;
+    kiln_ir::eval::run(&g, args).map_err(|e| fail(e.to_string()))
 }
 
 /// A Scan step: the body once per position of the scanned values, the state carried, the other

@@ -46,7 +46,7 @@ fn damaged_and_foreign_files_are_clear_errors() {
     assert!(err(b"\x08\x01\x12\x04onnx").starts_with("m.kiln: not a kiln artifact"));
     let mut newer = bytes.clone();
     newer[8] = 99;
-    assert!(err(&newer).contains("artifact format version 99, this runtime reads versions 2 to 6"));
+    assert!(err(&newer).contains("artifact format version 99, this runtime reads versions 2 to 7"));
     let missing =
         Executable::load_file(std::path::Path::new("/nonexistent/m.kiln"), &LoadOptions::default())
             .err()

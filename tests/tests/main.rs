@@ -19,6 +19,7 @@ mod filetests;
 mod fuzzed;
 mod gpu;
 mod gpu_tile;
+mod host_eval;
 mod import_expanded;
 mod integer;
 mod kernels;

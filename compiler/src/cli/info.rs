@@ -119,6 +119,14 @@ pub fn artifact_lines(m: &kiln_runtime::artifact::Manifest, size: usize) -> Vec<
                 }
             }
         }
+        // An output a host evaluation gives has dims known only at run time.
+        let dynamic = output
+            && m.control.as_ref().is_some_and(|c| {
+                c.outputs.get(i).and_then(|&v| c.values.get(v)).is_some_and(|v| v.dynamic)
+            });
+        if dynamic {
+            return format!("  {}: {} (dims known at run time)", t.name, t.dtype);
+        }
         format!("  {}: {}[{}]", t.name, t.dtype, dims.join(","))
     };
     out.push("inputs:".into());

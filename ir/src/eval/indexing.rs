@@ -1,4 +1,4 @@
-//! Indexing and rearranging ops: GatherElements, GatherND, ScatterElements, ScatterND, Tile, Pad, OneHot, Trilu, DepthToSpace, SpaceToDepth, NonZero, Compress, ReverseSequence.
+//! Indexing and rearranging ops: GatherElements, GatherND, ScatterElements, ScatterND, Tile, Pad, OneHot, Trilu, DepthToSpace, SpaceToDepth, NonZero, Compress, NonMaxSuppression, Unique, ReverseSequence.
 //!
 //! Most of these only move elements: they compute, for every result element, the flat offset of
 //! the operand element it copies (non-generic index arithmetic), then one small generic function
@@ -6,6 +6,7 @@
 
 use ndarray::IxDyn;
 
+use super::select::{nms_tensor, non_max_suppression, unique, NmsLimits};
 use super::{strides, tensor, typed, view};
 use crate::error::{invalid, OpError};
 use crate::infer::{center_crop_pad_amounts, pad_amounts};
@@ -111,6 +112,21 @@ pub(super) fn eval(
         Op::Compress { axis } => {
             let offs = compress(x, arg(1)?, axis.map(|a| ax(a, x.rank())).transpose()?)?;
             typed!(x.dtype(), pick(x, &offs, &dims))
+        }
+        Op::NonMaxSuppression { center_point_box } => {
+            let limits = NmsLimits::read(opt(2), opt(3), opt(4))?;
+            nms_tensor(&non_max_suppression(x, arg(1)?, limits, *center_point_box)?)
+        }
+        Op::Unique { axis, sorted } => {
+            let d = unique(x, axis.map(|a| ax(a, x.rank())).transpose()?, *sorted);
+            let indices =
+                |v: &[usize]| Tensor::vector(&v.iter().map(|&i| i as i64).collect::<Vec<_>>());
+            return Ok(vec![
+                typed!(x.dtype(), pick(x, &d.offsets(), &dims)),
+                indices(&d.first),
+                indices(&d.inverse),
+                indices(&d.counts),
+            ]);
         }
         Op::ReverseSequence { batch_axis, time_axis } => {
             let offs = reverse_sequence(x.dims(), arg(1)?, *batch_axis, *time_axis)?;

@@ -18,6 +18,7 @@ mod normalize;
 mod quantize;
 mod reduce;
 mod resize;
+pub(crate) mod select;
 mod sequence;
 mod window;
 

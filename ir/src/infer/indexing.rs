@@ -1,4 +1,4 @@
-//! Indexing and rearranging ops: GatherElements, GatherND, ScatterElements, ScatterND, Tile, Pad, CenterCropPad, OneHot, Trilu, DepthToSpace, SpaceToDepth, NonZero, Compress, ReverseSequence.
+//! Indexing and rearranging ops: GatherElements, GatherND, ScatterElements, ScatterND, Tile, Pad, CenterCropPad, OneHot, Trilu, DepthToSpace, SpaceToDepth, NonZero, Compress, NonMaxSuppression, Unique, ReverseSequence.
 
 use super::{axis, same_dtype, Ctx, Infer, Operand, Operands};
 use crate::error::{invalid, OpError};
@@ -20,6 +20,10 @@ pub(super) fn infer(op: &Op, ops: &Operands, ctx: &Ctx) -> Infer {
         Op::SpaceToDepth { blocksize } => space_to_depth(*blocksize, ops, ctx),
         Op::NonZero => non_zero(ops, ctx),
         Op::Compress { axis } => compress(*axis, ops, ctx),
+        Op::NonMaxSuppression { center_point_box } => {
+            non_max_suppression(*center_point_box, ops, ctx)
+        }
+        Op::Unique { axis, sorted } => unique(*axis, *sorted, ops, ctx),
         Op::ReverseSequence { batch_axis, time_axis } => {
             reverse_sequence(*batch_axis, *time_axis, ops)
         }
@@ -495,6 +499,82 @@ fn compress(ax: Option<i64>, ops: &Operands, ctx: &Ctx) -> Infer {
         None => vec![kept],
     };
     Ok(vec![TensorType::new(x.dtype, Shape(dims))])
+}
+
+/// NonMaxSuppression: i64 `[n, 3]`, n known only when every operand is a constant (then the
+/// selection is run here, as the interpreter runs it).
+fn non_max_suppression(center_point_box: bool, ops: &Operands, ctx: &Ctx) -> Infer {
+    let (boxes, scores) = (ops.get(0)?, ops.get(1)?);
+    if !boxes.ty.dtype.is_float() || scores.ty.dtype != boxes.ty.dtype {
+        return Err(invalid!(
+            "boxes and scores must be floats of one type, got {} and {}",
+            boxes.ty,
+            scores.ty
+        ));
+    }
+    let (b, s) = (&boxes.ty.shape.0, &scores.ty.shape.0);
+    let fits = b.len() == 3
+        && s.len() == 3
+        && unify(&b[2], &Dim::Fixed(4)).is_some()
+        && unify(&b[0], &s[0]).is_some()
+        && unify(&b[1], &s[2]).is_some();
+    if !fits {
+        return Err(invalid!(
+            "boxes must be [B, N, 4] and scores [B, C, N], got {} and {}",
+            boxes.ty,
+            scores.ty
+        ));
+    }
+    let limit = |i: usize, what: &str, int: bool| -> Result<Option<&crate::Tensor>, OpError> {
+        let Some(o) = ops.opt(i) else { return Ok(None) };
+        if o.ty.dtype.is_int() != int || (!int && !o.ty.dtype.is_float()) {
+            let want = if int { "an integer" } else { "a float" };
+            return Err(invalid!("{what} must be {want}, got {}", o.ty));
+        }
+        one_element(what, &o)?;
+        Ok(o.value)
+    };
+    let max = limit(2, "max_output_boxes_per_class", true)?;
+    let iou = limit(3, "iou_threshold", false)?;
+    let score = limit(4, "score_threshold", false)?;
+    let known = |i: usize, v: Option<&crate::Tensor>| ops.opt(i).is_none() || v.is_some();
+    let n = match (boxes.value, scores.value) {
+        (Some(bv), Some(sv)) if known(2, max) && known(3, iou) && known(4, score) => {
+            let limits = crate::eval::select::NmsLimits::read(max, iou, score)?;
+            let rows = crate::eval::select::non_max_suppression(bv, sv, limits, center_point_box)?;
+            Dim::Fixed(rows.len())
+        }
+        _ => ctx.fresh(0),
+    };
+    Ok(vec![TensorType::new(DType::I64, Shape(vec![n, Dim::Fixed(3)]))])
+}
+
+/// Unique: `y` (x's type; `[k]`, or x's shape with `k` along the axis), then the i64 `indices`
+/// `[k]`, `inverse_indices` (one per element, or per position along the axis) and `counts`
+/// `[k]`; k is known only when x is a constant.
+fn unique(ax: Option<i64>, sorted: bool, ops: &Operands, ctx: &Ctx) -> Infer {
+    let x = ops.get(0)?;
+    let a = ax.map(|ax| axis(ax, x.ty)).transpose()?;
+    let k = match x.value {
+        Some(t) => Dim::Fixed(crate::eval::select::unique(t, a, sorted).first.len()),
+        None => ctx.fresh(a.unwrap_or(0)),
+    };
+    let (y, positions) = match a {
+        Some(a) => {
+            let mut d = x.ty.shape.0.clone();
+            let along = std::mem::replace(&mut d[a], k.clone());
+            (d, along)
+        }
+        None => {
+            let n = match x.ty.shape.0.as_slice() {
+                [d] => d.clone(),
+                _ => x.ty.shape.numel().map_or_else(|| ctx.fresh(1), Dim::Fixed),
+            };
+            (vec![k.clone()], n)
+        }
+    };
+    let index = |d: Dim| TensorType::new(DType::I64, Shape(vec![d]));
+    Ok(vec![TensorType::new(x.ty.dtype, Shape(y)), index(k.clone()), index(positions), index(k)])
 }
 
 fn reverse_sequence(batch_axis: usize, time_axis: usize, ops: &Operands) -> Infer {

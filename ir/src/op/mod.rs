@@ -391,6 +391,21 @@ op_table! {
     NonZero => "NonZero", arity (1, 1), Root, Indexing;
     /// `(x, condition) -> y`, the slices where `condition` holds (flattened without `axis`).
     Compress { axis: Option<i64> = None; "axis" as OptInt } => "Compress", arity (2, 2), Root, Indexing;
+    /// `(boxes, scores, max_output_boxes_per_class?, iou_threshold?, score_threshold?) ->
+    /// i64[n, 3]`: per batch and class, the boxes greedily kept in order of falling score
+    /// (ties: the lower index first), each dropped whose IoU with one kept exceeds the threshold,
+    /// at most `max_output_boxes_per_class` of them (none when absent), each row
+    /// `[batch, class, box]`. Boxes are `[y1, x1, y2, x2]` (any two opposite corners), or
+    /// `[x_centre, y_centre, width, height]` with `center_point_box`. The row count depends on
+    /// the data.
+    NonMaxSuppression { center_point_box: bool = false; "center_point_box" as Flag }
+        => "NonMaxSuppression", arity (2, 5), Root, Indexing;
+    /// `(x) -> (y, indices, inverse_indices, counts)`: the distinct elements of `x` (flattened),
+    /// or its distinct slices along `axis`, ascending with `sorted`, else in order of first
+    /// occurrence; each one's first index, each input position's index into `y`, and each one's
+    /// count (i64). The count of distinct entries depends on the data.
+    Unique { axis: Option<i64> = None; "axis" as OptInt, sorted: bool = true; "sorted" as Flag }
+        => "Unique", arity (1, 1), Root, Indexing, outputs 4;
     /// `(x, sequence_lens) -> y`, each batch entry's first `len` steps reversed.
     ReverseSequence { batch_axis: usize = 1; "batch_axis" as Size, time_axis: usize = 0; "time_axis" as Size }
         => "ReverseSequence", arity (2, 2), Root, Indexing;

@@ -12,6 +12,7 @@ mod ops_control;
 mod ops_generate;
 mod ops_grid;
 mod ops_indexing;
+mod ops_select;
 mod ops_sequence;
 mod ops_signal;
 mod ops_windows;
