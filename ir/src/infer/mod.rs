@@ -16,6 +16,7 @@ mod quantize;
 mod reduce;
 mod resize;
 mod sequence;
+mod signal;
 mod window;
 
 pub use contraction::EinsumSpec;
@@ -25,6 +26,7 @@ pub use movement::{equal_split, slice_axis};
 pub(crate) use reduce::reduced_axes;
 pub use resize::GRID_MAX_SPATIAL;
 pub(crate) use resize::{resize_plan, ResizePlan};
+pub use signal::{dft_axis, mel_weight_matrix, DftPlan, StftPlan, DFT_MAX_LENGTH};
 pub use window::{transpose_axis, Col2ImPlan, TransposeAxis};
 
 use crate::error::{invalid, OpError};
@@ -109,6 +111,7 @@ pub fn infer(
         OpFamily::Indexing => indexing::infer(op, &ops, &ctx),
         OpFamily::Generate => generate::infer(op, &ops, &ctx),
         OpFamily::Resize => resize::infer(op, &ops, &ctx),
+        OpFamily::Signal => signal::infer(op, &ops, &ctx),
         OpFamily::Sequence => sequence::infer(op, &ops, &ctx),
         OpFamily::Loss => loss::infer(op, &ops, &ctx),
         OpFamily::Control => control::infer(op, &ops, &ctx),

@@ -82,6 +82,8 @@ pub enum OpFamily {
     Generate,
     /// Resize, GridSample, AffineGrid.
     Resize,
+    /// DFT, STFT, MelWeightMatrix.
+    Signal,
     /// Recurrent layers, attention, rotary embeddings.
     Sequence,
     Loss,
@@ -277,6 +279,29 @@ op_table! {
     Pool(p: Pool) => family, arity (1, 1), Root, Window;
     /// `(x) -> y`: pooling over every spatial dimension, kept as size 1.
     GlobalPool(k: PoolKind) => family, arity (1, 1), Root, Window;
+
+    // ----- signal processing -----
+    /// `(x, dft_length?, axis?) -> y`: the discrete Fourier transform of `x` along `axis` (a
+    /// scalar; -2 when absent; never the last axis). `x` is `[..., 1]` (real) or `[..., 2]`
+    /// (real and imaginary parts); along `axis` it is cut or zero-padded to `dft_length` (the
+    /// axis' size when absent; `2 * (size - 1)` for an inverse one-sided transform). `inverse`
+    /// gives the inverse (scaled by `1 / dft_length`); `onesided` keeps the first
+    /// `dft_length / 2 + 1` bins of a forward transform, and makes an inverse one the real
+    /// signal of a one-sided (Hermitian) spectrum, `[..., dft_length, ..., 1]`.
+    Dft { inverse: bool = false; "inverse" as Flag, onesided: bool = false; "onesided" as Flag }
+        => "DFT", arity (1, 3), Root, Signal, shapes &[1, 2];
+    /// `(signal, frame_step, window?, frame_length?) -> y`: the short-time Fourier transform of
+    /// `signal` `[batch, length, 1 or 2]`: frames of `frame_length` (the window's length, else
+    /// the signal's) every `frame_step` points, each times `window` (ones when absent), each
+    /// transformed: `[batch, frames, bins, 2]`, `frames = 1 + (length - frame_length) /
+    /// frame_step`, `bins = frame_length / 2 + 1` when `onesided`, else `frame_length`.
+    Stft { onesided: bool = true; "onesided" as Flag } => "STFT", arity (2, 4), Root, Signal, shapes &[1, 3];
+    /// `(num_mel_bins, dft_length, sample_rate, lower_edge_hertz, upper_edge_hertz) -> y`: the
+    /// `[dft_length / 2 + 1, num_mel_bins]` matrix of triangular mel filters that maps a
+    /// one-sided spectrum to mel bins, of type `dtype` (f32 when `None`). Every operand decides
+    /// the result, so it folds to a constant once they are known.
+    MelWeightMatrix { dtype: Option<DType> = None; "output_datatype" as OptType }
+        => "MelWeightMatrix", arity (5, 5), Root, Signal, shapes &[0, 1, 2, 3, 4];
 
     // ----- normalisations -----
     /// `(x) -> y`, along one axis.
