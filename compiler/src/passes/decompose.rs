@@ -17,6 +17,9 @@
 //! - `DFT` and `STFT` become MatMuls by the constant matrix of the transform (cos and sin
 //!   weights for the real and imaginary parts), STFT's frames a Gather by a constant index table
 //!   times the window (`signal.rs`).
+//! - `DeformConv` becomes its four bilinear taps per place gathered (GatherElements) where they
+//!   lie inside the image and weighed, times the mask, then a grouped MatMul by the weights
+//!   (`deform.rs`).
 //! - `QuantizeLinear` and `DequantizeLinear` become elementwise arithmetic with the scale shaped
 //!   to broadcast (`quantize.rs`): quantized models run, computing in f32, not yet on integer
 //!   kernels.
@@ -29,6 +32,7 @@
 //! A node whose shapes are not all static is left alone (codegen then reports it unsupported).
 
 mod attention;
+mod deform;
 mod image;
 mod loss;
 mod quantize;
@@ -64,6 +68,7 @@ pub fn decompose(graph: &mut Graph, keep: fn(&Graph, NodeId) -> bool) -> Result<
                         | Op::AffineGrid { .. }
                         | Op::Dft { .. }
                         | Op::Stft { .. }
+                        | Op::DeformConv(_)
                 );
         if !decomposed {
             continue;
@@ -94,6 +99,7 @@ pub fn decompose(graph: &mut Graph, keep: fn(&Graph, NodeId) -> bool) -> Result<
             Op::AffineGrid { align_corners } => image::affine_grid(&mut e, id, *align_corners),
             Op::Dft { inverse, onesided } => signal::dft(&mut e, id, *inverse, *onesided),
             Op::Stft { onesided } => signal::stft(&mut e, id, *onesided),
+            Op::DeformConv(d) => deform::deform_conv(&mut e, id, d),
             _ => continue,
         };
         // A failure here is a bug in this pass, not in the model: say which node it was.

@@ -27,7 +27,7 @@ pub(crate) use reduce::reduced_axes;
 pub use resize::GRID_MAX_SPATIAL;
 pub(crate) use resize::{resize_plan, ResizePlan};
 pub use signal::{dft_axis, mel_weight_matrix, DftPlan, StftPlan, DFT_MAX_LENGTH};
-pub use window::{transpose_axis, Col2ImPlan, TransposeAxis};
+pub use window::{transpose_axis, Col2ImPlan, DeformPlan, TransposeAxis};
 
 use crate::error::{invalid, OpError};
 use crate::op::OpFamily;

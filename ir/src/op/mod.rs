@@ -275,6 +275,11 @@ op_table! {
     /// `(x, image_shape, block_shape) -> y`: columns of blocks `[N, C * prod(block), L]` summed
     /// back into the image `[N, C, image...]` (the inverse of im2col; PyTorch's `fold`).
     Col2Im(c: Col2Im) => "Col2Im", arity (3, 3), Root, Window, shapes &[1, 2];
+    /// `(x, w, offset, b?, mask?) -> y`: 2-D convolution (`x` `[N, C, H, W]`, `w` `[M,
+    /// C/group, kH, kW]`) whose every tap reads `x` bilinearly (zero outside) at its place moved
+    /// by `offset` `[N, offset_group * kH * kW * 2, oH, oW]` (each tap's dy, dx), times `mask`
+    /// `[N, offset_group * kH * kW, oH, oW]` (ones when absent), plus `b` `[M]`.
+    DeformConv(d: DeformConv) => "DeformConv", arity (3, 5), Root, Window;
     /// `(x) -> (y, indices)`: MaxPool (indices only for Max), AveragePool, LpPool.
     Pool(p: Pool) => family, arity (1, 1), Root, Window;
     /// `(x) -> y`: pooling over every spatial dimension, kept as size 1.
