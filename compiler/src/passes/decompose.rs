@@ -20,6 +20,9 @@
 //! - `DeformConv` becomes its four bilinear taps per place gathered (GatherElements) where they
 //!   lie inside the image and weighed, times the mask, then a grouped MatMul by the weights
 //!   (`deform.rs`).
+//! - `RoiAlign` (a fixed `sampling_ratio`) becomes its samples' places computed from the boxes,
+//!   their four bilinear taps gathered (GatherElements) from each box's image and weighed, and
+//!   a ReduceSum (mean) or ReduceMax over each bin's grid (`roi.rs`).
 //! - `QuantizeLinear` and `DequantizeLinear` become elementwise arithmetic with the scale shaped
 //!   to broadcast (`quantize.rs`): quantized models run, computing in f32, not yet on integer
 //!   kernels.
@@ -37,6 +40,7 @@ mod image;
 mod loss;
 mod quantize;
 mod rnn;
+mod roi;
 mod signal;
 
 use kiln_ir::op::{Gemm, OpFamily, Reduce, ReduceKind};
@@ -69,6 +73,7 @@ pub fn decompose(graph: &mut Graph, keep: fn(&Graph, NodeId) -> bool) -> Result<
                         | Op::Dft { .. }
                         | Op::Stft { .. }
                         | Op::DeformConv(_)
+                        | Op::RoiAlign { .. }
                 );
         if !decomposed {
             continue;
@@ -100,6 +105,10 @@ pub fn decompose(graph: &mut Graph, keep: fn(&Graph, NodeId) -> bool) -> Result<
             Op::Dft { inverse, onesided } => signal::dft(&mut e, id, *inverse, *onesided),
             Op::Stft { onesided } => signal::stft(&mut e, id, *onesided),
             Op::DeformConv(d) => deform::deform_conv(&mut e, id, d),
+            op @ Op::RoiAlign { .. } => match roi::RoiAttrs::of(op) {
+                Some(a) => roi::roi_align(&mut e, id, &a),
+                None => continue,
+            },
             _ => continue,
         };
         // A failure here is a bug in this pass, not in the model: say which node it was.

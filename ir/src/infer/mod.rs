@@ -24,8 +24,8 @@ pub(crate) use generate::{range_count, shape_interval, window_size, Scalar};
 pub use indexing::{center_crop_pad_amounts, pad_amounts};
 pub use movement::{equal_split, slice_axis};
 pub(crate) use reduce::reduced_axes;
-pub use resize::GRID_MAX_SPATIAL;
 pub(crate) use resize::{resize_plan, ResizePlan};
+pub use resize::{roi_axis_taps, roi_box, RoiBox, GRID_MAX_SPATIAL, ROI_MAX_GRID};
 pub use signal::{dft_axis, mel_weight_matrix, DftPlan, StftPlan, DFT_MAX_LENGTH};
 pub use window::{transpose_axis, Col2ImPlan, DeformPlan, TransposeAxis};
 

@@ -296,6 +296,13 @@ pub(super) fn convert(im: &mut GraphImporter, node: &NodeProto, op_type: &str) -
         }
         "GroupNormalization" => group_norm(im, node, a, opset),
         "DFT" if opset < 20 => dft_v17(im, node, a),
+        "RoiAlign" if opset < 16 => {
+            // RoiAlign-10 had no coordinate_transformation_mode: its boxes are not shifted.
+            if !a.contains("coordinate_transformation_mode") {
+                a.push("coordinate_transformation_mode", Attr::Str("output_half_pixel".into()));
+            }
+            generic(im, node, op_type, a, n_out)
+        }
         "Scatter" => generic_as(im, node, "ScatterElements", a, 1),
         "Upsample" => upsample(im, node, a, opset),
         "Resize" => resize(im, node, a, opset),

@@ -417,6 +417,12 @@ op_table! {
     /// output pixel's centre (x, y[, z]) in [-1, 1] mapped by its batch's matrix:
     /// `[N, H, W, 2]` or `[N, D, H, W, 3]`.
     AffineGrid { align_corners: bool = false; "align_corners" as Flag } => "AffineGrid", arity (2, 2), Root, Resize, shapes &[1];
+    /// `(x, rois, batch_indices) -> y`: for each box of `rois` `[R, 4]` (x1, y1, x2, y2, in
+    /// input pixels times `spatial_scale`) on the image `batch_indices[r]` of `x` `[N, C, H,
+    /// W]`, `[R, C, output_height, output_width]` bins, each pooled (`mode`) from a grid of
+    /// `sampling_ratio` x `sampling_ratio` bilinear samples (`ceil(bin size)` per axis when 0).
+    RoiAlign { coordinates: RoiCoordinates = RoiCoordinates::HalfPixel; "coordinate_transformation_mode" as Named, mode: RoiPooling = RoiPooling::Avg; "mode" as Named, output_height: usize = 1; "output_height" as Size, output_width: usize = 1; "output_width" as Size, sampling_ratio: usize = 0; "sampling_ratio" as Size, spatial_scale: f32 = 1.0; "spatial_scale" as Float }
+        => "RoiAlign", arity (3, 3), Root, Resize;
     /// `(x) -> i64[rank, n]`, the indices of the non-zero elements.
     NonZero => "NonZero", arity (1, 1), Root, Indexing;
     /// `(x, condition) -> y`, the slices where `condition` holds (flattened without `axis`).

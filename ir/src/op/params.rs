@@ -100,6 +100,17 @@ named_enum! {
 }
 
 named_enum! {
+    /// How RoiAlign pools the samples of a bin: their mean, or the largest weighted tap.
+    RoiPooling { Avg = "avg", Max = "max" }
+}
+
+named_enum! {
+    /// Where RoiAlign's box corners sit: `half_pixel` shifts them by half a pixel (pixel
+    /// centres at integers + 0.5), `output_half_pixel` (opset 10's behaviour) does not.
+    RoiCoordinates { HalfPixel = "half_pixel", OutputHalfPixel = "output_half_pixel" }
+}
+
+named_enum! {
     /// How Resize maps an output coordinate to an input coordinate.
     CoordinateTransform {
         HalfPixel = "half_pixel",
