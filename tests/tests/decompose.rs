@@ -26,6 +26,7 @@ fn decomposable(op: &Op) -> bool {
             | Op::Dft { .. }
             | Op::Stft { .. }
             | Op::DeformConv(_)
+            | Op::RoiAlign { .. }
     )
 }
 
@@ -686,4 +687,37 @@ fn deform_conv_with_groups_masks_strides_and_padding() {
     let d = DeformConv { dilations: vec![2, 1], ..DeformConv::default() };
     let args = [random(&[1, 3, 6, 5], 6), random(&[2, 3, 2, 2], 7), offsets(&[1, 8, 4, 4])];
     one_node_of(Op::DeformConv(d), &args, 1e-4);
+}
+
+// ----- RoiAlign -----
+
+#[test]
+fn roi_align_both_modes_and_box_conventions() {
+    use kiln_ir::op::{RoiCoordinates, RoiPooling};
+    // Boxes inside, across the edges, smaller than a pixel and far outside, on two images.
+    let rois: [f32; 20] = [
+        0.5, 1.0, 6.0, 5.5, //
+        -2.0, -1.5, 3.0, 9.5, //
+        2.2, 2.4, 2.3, 2.5, //
+        4.0, 0.0, 30.0, 4.0, //
+        20.0, 20.0, 25.0, 25.0,
+    ];
+    for coordinates in [RoiCoordinates::HalfPixel, RoiCoordinates::OutputHalfPixel] {
+        for mode in [RoiPooling::Avg, RoiPooling::Max] {
+            let op = Op::RoiAlign {
+                coordinates,
+                mode,
+                output_height: 3,
+                output_width: 2,
+                sampling_ratio: 2,
+                spatial_scale: 0.75,
+            };
+            let args = [
+                Arg::In(Tensor::random(DType::F32, &[2, 3, 8, 7], 1)),
+                Arg::In(Tensor::from_slice(&[5, 4], &rois).unwrap()),
+                Arg::In(Tensor::vector(&[1i64, 0, 1, 0, 1])),
+            ];
+            one_node_of(op, &args, 1e-4);
+        }
+    }
 }
