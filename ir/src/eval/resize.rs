@@ -645,7 +645,17 @@ fn roi_align(
         let bx = roi_box(roi, spatial_scale, half_pixel, pooled, sampling_ratio)?;
         let [gh, gw] = bx.grid;
         let count = (gh * gw).max(1) as f64;
-        // The four (pixel, weight) taps of each sample of each bin, shared by every channel.
+        // The four (pixel, weight) taps of each sample of each bin, shared by every channel:
+        // refused before allocating when memory cannot hold them (a result with no channels
+        // passes the result's own check whatever its bins).
+        let table = [ph_n, pw_n, gh, gw];
+        if crate::memory::bytes_of(&table, 72)
+            .is_none_or(|b| b > crate::memory::available_at_start())
+        {
+            return Err(invalid!(
+                "the samples of {table:?} bins and grids need more memory than is available"
+            ));
+        }
         let mut bins = Vec::with_capacity(ph_n * pw_n);
         for ph in 0..ph_n {
             for pw in 0..pw_n {

@@ -113,8 +113,16 @@ fn deform_conv(d: &DeformConv, operands: &[Option<&Tensor>]) -> Result<Tensor, O
     let [oh, ow] = plan.output;
     let (taps, positions, pixels) = (kh * kw, oh * ow, plan.image[0] * plan.image[1]);
     let channels_per_offset = plan.channels / plan.offset_group;
-    // columns[n][c][tap][position]
-    let mut columns = vec![0.0; plan.batch * plan.channels * taps * positions];
+    // columns[n][c][tap][position], in f64: refused before allocating when memory cannot hold it.
+    let column_dims = [plan.batch, plan.channels, taps, positions];
+    if crate::memory::bytes_of(&column_dims, 8)
+        .is_none_or(|b| b > crate::memory::available_at_start())
+    {
+        return Err(invalid!(
+            "the deformed columns {column_dims:?} need more memory than is available"
+        ));
+    }
+    let mut columns = vec![0.0; column_dims.iter().product()];
     for n in 0..plan.batch {
         for g in 0..plan.offset_group {
             for (ki, kj) in (0..kh).flat_map(|i| (0..kw).map(move |j| (i, j))) {

@@ -339,8 +339,8 @@ fn affine_grid(ops: &Operands, ctx: &Ctx) -> Infer {
     Ok(vec![TensorType::new(theta.dtype, Shape(dims))])
 }
 
-/// The most samples per axis a RoiAlign bin takes when `sampling_ratio` is 0 (then the bin's
-/// size decides, from the boxes' values).
+/// The most samples per axis a RoiAlign bin takes: `sampling_ratio`, or the bin's size when
+/// that is 0 (then the boxes' values decide).
 pub const ROI_MAX_GRID: usize = 1 << 10;
 
 /// One RoiAlign box in input pixels, per axis `[h, w]`: where it starts, the size of its bins,
@@ -369,6 +369,11 @@ pub fn roi_box(
         size = size.map(|s| s.max(1.0));
     }
     let bin = [size[0] / pooled[0] as f64, size[1] / pooled[1] as f64];
+    if sampling_ratio > ROI_MAX_GRID {
+        return Err(invalid!(
+            "sampling_ratio must be at most {ROI_MAX_GRID}, got {sampling_ratio}"
+        ));
+    }
     let grid = if sampling_ratio > 0 {
         [sampling_ratio; 2]
     } else {

@@ -550,7 +550,7 @@ impl DeformPlan {
         if kernel != [kh, kw] {
             return Err(invalid!("kernel_shape {kernel:?} is not the weight's {:?}", [kh, kw]));
         }
-        if c % d.group != 0 || cg * d.group != c || m % d.group != 0 {
+        if c % d.group != 0 || c / d.group != cg || m % d.group != 0 {
             return Err(invalid!(
                 "{c} input and {m} output channels do not split into {} groups of the weight's {cg}",
                 d.group
@@ -574,13 +574,19 @@ impl DeformPlan {
             }
             output[a] = ((padded - span) / strides[a] as u128 + 1) as usize;
         }
+        // kh * kw is the size of a real weight's planes; offset_group is an attribute.
         let taps = kh * kw;
-        let want_offset = [n, d.offset_group * taps * 2, output[0], output[1]];
+        let groups_of_taps = d
+            .offset_group
+            .checked_mul(taps)
+            .filter(|g| g.checked_mul(2).is_some())
+            .ok_or_else(|| invalid!("offset_group {} is too large", d.offset_group))?;
+        let want_offset = [n, groups_of_taps * 2, output[0], output[1]];
         if [on, oc, oh, ow] != want_offset {
             return Err(invalid!("offset {offset:?} must be {want_offset:?}"));
         }
         if let Some(mask) = mask {
-            let want = [n, d.offset_group * taps, output[0], output[1]];
+            let want = [n, groups_of_taps, output[0], output[1]];
             if mask != want {
                 return Err(invalid!("mask {mask:?} must be {want:?}"));
             }

@@ -74,3 +74,12 @@ fn deform_conv_refuses_mismatched_operands() {
     let err = run(deform(1, 1), &[Some(image()), Some(w), Some(offset), None, Some(mask)]);
     assert!(err.unwrap_err().contains("mask [1, 3, 2, 2] must be [1, 4, 2, 2]"));
 }
+
+#[test]
+fn deform_conv_refuses_hostile_offset_groups() {
+    let w = f32s(&[1, 1, 2, 2], &[1.0; 4]);
+    let offset = f32s(&[1, 8, 2, 2], &[0.0; 32]);
+    let op = deform(1, usize::MAX / 2);
+    let err = run(op, &[Some(image()), Some(w), Some(offset)]).unwrap_err();
+    assert!(err.contains("(DeformConv)"), "{err}");
+}

@@ -354,4 +354,9 @@ fn roi_align_refuses_bad_boxes_and_indices() {
     )
     .unwrap_err();
     assert!(err.contains("output_height and output_width must be positive"), "{err}");
+    let [rois, batch] = boxes(&[[0.0, 0.0, 3.0, 3.0]], &[0]);
+    let err =
+        run(roi_align(false, false, [1, 1], 1 << 40), &[Some(ramps(1)), Some(rois), Some(batch)])
+            .unwrap_err();
+    assert!(err.contains("sampling_ratio must be at most 1024, got 1099511627776"), "{err}");
 }

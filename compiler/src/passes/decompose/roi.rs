@@ -12,6 +12,9 @@ use crate::Result;
 /// The most pixels of an image whose flat tap indices are computed in f32 (exact below 2^24).
 const F32_EXACT_INDEX: usize = 1 << 24;
 
+/// The most samples per box and channel the rewrite gathers (bins times their grids).
+const MAX_SAMPLES: usize = 1 << 24;
+
 /// RoiAlign's attributes, as the decomposition uses them.
 pub(super) struct RoiAttrs {
     pub half_pixel: bool,
@@ -84,7 +87,8 @@ pub(super) fn roi_align(e: &mut Emit, id: NodeId, a: &RoiAttrs) -> Result<Option
     let ops = e.g.operands(id);
     let arg = |i: usize| ops.get(i).copied().flatten();
     let (Some(x), Some(rois), Some(batch)) = (arg(0), arg(1), arg(2)) else { return Ok(None) };
-    if a.sampling_ratio == 0 {
+    // Past ROI_MAX_GRID the interpreter refuses the node; leave it to say so.
+    if a.sampling_ratio == 0 || a.sampling_ratio > kiln_ir::infer::ROI_MAX_GRID {
         return Ok(None);
     }
     let &[n, c, h, w] = &e.dims(x)?[..] else { return Ok(None) };
@@ -96,6 +100,11 @@ pub(super) fn roi_align(e: &mut Emit, id: NodeId, a: &RoiAttrs) -> Result<Option
     }
     let g = a.sampling_ratio;
     let [ph, pw] = a.pooled;
+    // The samples of one box and channel: past this the gathered taps would dwarf any image.
+    let samples = [ph, g, pw, g].iter().try_fold(1usize, |acc, &d| acc.checked_mul(d));
+    if samples.is_none_or(|s| s > MAX_SAMPLES) {
+        return Ok(None);
+    }
 
     // Each box's start and bin size per axis, [R, 1].
     let boxes = e.cast("rois_compute", rois, cd)?;

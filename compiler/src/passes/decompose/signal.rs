@@ -107,6 +107,11 @@ pub(super) fn stft(e: &mut Emit, id: NodeId, onesided: bool) -> Result<Option<Ve
     let cd = compute_type(dt);
     let Some(m) = matrix(e, &plan.dft, cd)? else { return Ok(None) };
     let (frames, fl) = (plan.frames, plan.frame_length);
+    // The frame index table: past the limit (frames overlapping many times over a long
+    // signal) the node stays unsupported rather than make a constant that large.
+    if frames.checked_mul(fl).is_none_or(|n| n > DFT_MATRIX_LIMIT) {
+        return Ok(None);
+    }
     let index: Vec<i64> =
         (0..frames).flat_map(|f| (0..fl).map(move |j| (f * plan.frame_step + j) as i64)).collect();
     let index = e.constant("frame_index", Tensor::from_vec(&[frames, fl], index)?)?;
