@@ -390,6 +390,8 @@ fn rule(g: &Graph, id: NodeId, operands: &[Option<ValueId>], deps: &[Dep]) -> Ve
         OpFamily::Resize => resize(&n),
         OpFamily::Sequence => sequence(&n),
         OpFamily::Loss => loss(&n),
+        // A transform along an axis that is not the batch's would trace; none is yet.
+        OpFamily::Signal => untraced(&node.op),
         OpFamily::Control => control(&n),
         OpFamily::Quantize => quantize(&n),
         OpFamily::Collection => collection(&n),

@@ -23,6 +23,10 @@ fn decomposable(op: &Op) -> bool {
             | Op::Col2Im(_)
             | Op::Det
             | Op::AffineGrid { .. }
+            | Op::Dft { .. }
+            | Op::Stft { .. }
+            | Op::DeformConv(_)
+            | Op::RoiAlign { .. }
     )
 }
 
@@ -578,5 +582,142 @@ fn affine_grid_2d_and_3d() {
         one_node(op.clone(), DType::F32, &[2, 2, 3], &[Tensor::vector(&[2i64, 3, 4, 5])], 1e-6);
         // A single-pixel axis sits at 0.
         one_node(op, DType::F64, &[1, 3, 4], &[Tensor::vector(&[1i64, 1, 2, 1, 3])], 1e-12);
+    }
+}
+
+// ----- DFT, STFT -----
+
+/// One operand of a node: a graph input (run-time data), a constant, or absent.
+enum Arg {
+    In(Tensor),
+    Const(Tensor),
+    Absent,
+}
+
+/// Checks one node whose operands are `args`.
+fn one_node_of(op: Op, args: &[Arg], tol: f64) {
+    let g = GraphBuilder::new("signal");
+    let mut inputs = Vec::new();
+    let operands: Vec<_> = args
+        .iter()
+        .enumerate()
+        .map(|(i, a)| match a {
+            Arg::In(t) => {
+                inputs.push(t.clone());
+                Some(g.input(&format!("x{i}"), t.dtype(), t.dims()))
+            }
+            Arg::Const(t) => Some(g.constant(&format!("c{i}"), t.clone())),
+            Arg::Absent => None,
+        })
+        .collect();
+    let y = g.apply(op, &operands, 1)[0];
+    g.output("y", y);
+    let graph = g.build().expect("the graph builds");
+    check(&graph, &inputs, tol);
+}
+
+fn signal(dtype: DType, dims: &[usize]) -> Arg {
+    Arg::In(Tensor::random(dtype, dims, 11))
+}
+
+fn int(v: i64) -> Arg {
+    Arg::Const(Tensor::scalar(v))
+}
+
+#[test]
+fn dft_forward_inverse_and_onesided_along_any_axis() {
+    use Arg::Absent;
+    let dft = |inverse, onesided| Op::Dft { inverse, onesided };
+    // Real lines along the default axis (-2) and along axis 1 of 4.
+    one_node_of(dft(false, false), &[signal(DType::F32, &[2, 6, 3, 1]), Absent, Absent], 1e-4);
+    one_node_of(dft(false, false), &[signal(DType::F32, &[2, 6, 3, 1]), Absent, int(1)], 1e-4);
+    // Complex lines along axis 0, padded to 8 points, one-sided: 5 bins.
+    one_node_of(dft(false, true), &[signal(DType::F32, &[3, 5, 2]), int(8), int(0)], 1e-4);
+    // The inverse of complex lines cut to 4 points.
+    one_node_of(dft(true, false), &[signal(DType::F32, &[2, 6, 2]), int(4), int(-2)], 1e-4);
+    // One-sided inverses: the default even length 8 from 5 bins, and an odd 7.
+    one_node_of(dft(true, true), &[signal(DType::F32, &[2, 5, 2]), Absent, int(1)], 1e-4);
+    one_node_of(dft(true, true), &[signal(DType::F32, &[2, 5, 2]), int(7), int(1)], 1e-4);
+    // f64 keeps f64's precision.
+    one_node_of(dft(false, false), &[signal(DType::F64, &[4, 16, 1]), Absent, Absent], 1e-10);
+}
+
+#[test]
+fn stft_with_and_without_a_window() {
+    use Arg::Absent;
+    // A run-time window of 6 points every 3 of 20: 5 frames of 4 bins.
+    let window = Arg::In(Tensor::random(DType::F32, &[6], 5));
+    let op = Op::Stft { onesided: true };
+    one_node_of(op, &[signal(DType::F32, &[2, 20, 1]), int(3), window, Absent], 1e-4);
+    // A complex signal in frames of 5 every 2, two-sided.
+    let op = Op::Stft { onesided: false };
+    one_node_of(op, &[signal(DType::F32, &[1, 16, 2]), int(2), Absent, int(5)], 1e-4);
+}
+
+// ----- DeformConv -----
+
+#[test]
+fn deform_conv_with_groups_masks_strides_and_padding() {
+    use kiln_ir::op::DeformConv;
+    let random = |dims: &[usize], seed| Arg::In(Tensor::random(DType::F32, dims, seed));
+    // Offsets of a few pixels either way reach outside the image from every edge.
+    let offsets = |dims: &[usize]| {
+        let t = Tensor::random(DType::F32, dims, 3);
+        let v: Vec<f64> = t.to_f64s().iter().map(|v| v * 3.0).collect();
+        Arg::In(Tensor::from_f64s(DType::F32, dims, &v).unwrap())
+    };
+    // 4 channels in 2 groups and 2 offset groups, 6 outputs, 3 x 3 kernel, stride 2, pads 1.
+    let d = DeformConv {
+        group: 2,
+        offset_group: 2,
+        strides: vec![2, 2],
+        pads: vec![1, 1, 1, 1],
+        ..DeformConv::default()
+    };
+    // 7 x 6 padded to 9 x 8: (9 - 3) / 2 + 1 = 4 by (8 - 3) / 2 + 1 = 3.
+    let args = [
+        random(&[2, 4, 7, 6], 1),
+        random(&[6, 2, 3, 3], 2),
+        offsets(&[2, 2 * 9 * 2, 4, 3]),
+        random(&[6], 4),
+        random(&[2, 2 * 9, 4, 3], 5),
+    ];
+    one_node_of(Op::DeformConv(d), &args, 1e-4);
+    // Dilation 2, no bias or mask.
+    let d = DeformConv { dilations: vec![2, 1], ..DeformConv::default() };
+    let args = [random(&[1, 3, 6, 5], 6), random(&[2, 3, 2, 2], 7), offsets(&[1, 8, 4, 4])];
+    one_node_of(Op::DeformConv(d), &args, 1e-4);
+}
+
+// ----- RoiAlign -----
+
+#[test]
+fn roi_align_both_modes_and_box_conventions() {
+    use kiln_ir::op::{RoiCoordinates, RoiPooling};
+    // Boxes inside, across the edges, smaller than a pixel and far outside, on two images.
+    let rois: [f32; 20] = [
+        0.5, 1.0, 6.0, 5.5, //
+        -2.0, -1.5, 3.0, 9.5, //
+        2.2, 2.4, 2.3, 2.5, //
+        4.0, 0.0, 30.0, 4.0, //
+        20.0, 20.0, 25.0, 25.0,
+    ];
+    for coordinates in [RoiCoordinates::HalfPixel, RoiCoordinates::OutputHalfPixel] {
+        for mode in [RoiPooling::Avg, RoiPooling::Max] {
+            let op = Op::RoiAlign {
+                coordinates,
+                mode,
+                output_height: 3,
+                output_width: 2,
+                sampling_ratio: 2,
+                spatial_scale: 0.75,
+            };
+            let args = [
+                Arg::In(Tensor::random(DType::F32, &[2, 3, 8, 7], 1)),
+                Arg::In(Tensor::from_slice(&[5, 4], &rois).unwrap()),
+                Arg::In(Tensor::vector(&[1i64, 0, 1, 0, 1])),
+            ];
+            one_node_of(op, &args, 1e-4);
+        }
     }
 }

@@ -325,6 +325,7 @@ fn emit_node(em: &mut Emitter, id: NodeId) -> Result<()> {
         | OpFamily::Elementwise
         | OpFamily::Sequence
         | OpFamily::Loss
+        | OpFamily::Signal
         | OpFamily::Control
         | OpFamily::Quantize
         | OpFamily::Collection => Err(em.not_supported(id)),

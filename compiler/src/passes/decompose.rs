@@ -14,6 +14,15 @@
 //!   matrix, `Det` (matrices up to 4 x 4) its permutation expansion: Gather / ReduceProd /
 //!   ReduceSum (`image.rs`), `AffineGrid` a MatMul of the constant base grid by the transposed
 //!   matrices (`image.rs`).
+//! - `DFT` and `STFT` become MatMuls by the constant matrix of the transform (cos and sin
+//!   weights for the real and imaginary parts), STFT's frames a Gather by a constant index table
+//!   times the window (`signal.rs`).
+//! - `DeformConv` becomes its four bilinear taps per place gathered (GatherElements) where they
+//!   lie inside the image and weighed, times the mask, then a grouped MatMul by the weights
+//!   (`deform.rs`).
+//! - `RoiAlign` (a fixed `sampling_ratio`) becomes its samples' places computed from the boxes,
+//!   their four bilinear taps gathered (GatherElements) from each box's image and weighed, and
+//!   a ReduceSum (mean) or ReduceMax over each bin's grid (`roi.rs`).
 //! - `QuantizeLinear` and `DequantizeLinear` become elementwise arithmetic with the scale shaped
 //!   to broadcast (`quantize.rs`): quantized models run, computing in f32, not yet on integer
 //!   kernels.
@@ -26,10 +35,13 @@
 //! A node whose shapes are not all static is left alone (codegen then reports it unsupported).
 
 mod attention;
+mod deform;
 mod image;
 mod loss;
 mod quantize;
 mod rnn;
+mod roi;
+mod signal;
 
 use kiln_ir::op::{Gemm, OpFamily, Reduce, ReduceKind};
 use kiln_ir::{BinaryOp, DType, Graph, NodeId, Op, Tensor, UnaryOp, ValueId};
@@ -54,7 +66,14 @@ pub fn decompose(graph: &mut Graph, keep: fn(&Graph, NodeId) -> bool) -> Result<
             matches!(node.op.family(), OpFamily::Sequence | OpFamily::Loss | OpFamily::Quantize)
                 || matches!(
                     node.op,
-                    Op::CenterCropPad { .. } | Op::Col2Im(_) | Op::Det | Op::AffineGrid { .. }
+                    Op::CenterCropPad { .. }
+                        | Op::Col2Im(_)
+                        | Op::Det
+                        | Op::AffineGrid { .. }
+                        | Op::Dft { .. }
+                        | Op::Stft { .. }
+                        | Op::DeformConv(_)
+                        | Op::RoiAlign { .. }
                 );
         if !decomposed {
             continue;
@@ -83,6 +102,13 @@ pub fn decompose(graph: &mut Graph, keep: fn(&Graph, NodeId) -> bool) -> Result<
             Op::Col2Im(c) => image::col2im(&mut e, id, c),
             Op::Det => image::det(&mut e, id),
             Op::AffineGrid { align_corners } => image::affine_grid(&mut e, id, *align_corners),
+            Op::Dft { inverse, onesided } => signal::dft(&mut e, id, *inverse, *onesided),
+            Op::Stft { onesided } => signal::stft(&mut e, id, *onesided),
+            Op::DeformConv(d) => deform::deform_conv(&mut e, id, d),
+            op @ Op::RoiAlign { .. } => match roi::RoiAttrs::of(op) {
+                Some(a) => roi::roi_align(&mut e, id, &a),
+                None => continue,
+            },
             _ => continue,
         };
         // A failure here is a bug in this pass, not in the model: say which node it was.

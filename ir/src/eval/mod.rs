@@ -20,6 +20,7 @@ mod reduce;
 mod resize;
 pub(crate) mod select;
 mod sequence;
+mod signal;
 mod window;
 
 pub use indexing::pad_axis;
@@ -310,6 +311,7 @@ pub fn eval_op(
         OpFamily::Indexing => indexing::eval(op, operands, &out_types)?,
         OpFamily::Generate => generate::eval(op, operands, &out_types, &out_dims)?,
         OpFamily::Resize => resize::eval(op, operands, &out_types)?,
+        OpFamily::Signal => signal::eval(op, operands, &out_types)?,
         OpFamily::Sequence => sequence::eval(op, operands, &out_types)?,
         OpFamily::Loss => loss::eval(op, operands, &out_types)?,
         OpFamily::Quantize => quantize::eval(op, operands, &out_types)?,

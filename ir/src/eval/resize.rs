@@ -5,8 +5,10 @@
 
 use super::not_yet;
 use crate::error::{invalid, OpError};
-use crate::infer::{resize_plan, ResizePlan};
-use crate::op::{CoordinateTransform, GridPadding, NearestMode, Resize, ResizeMode};
+use crate::infer::{resize_plan, roi_axis_taps, roi_box, ResizePlan};
+use crate::op::{
+    CoordinateTransform, GridPadding, NearestMode, Resize, ResizeMode, RoiCoordinates, RoiPooling,
+};
 use crate::{DType, Op, Tensor, TensorType};
 
 pub(super) fn eval(
@@ -20,6 +22,20 @@ pub(super) fn eval(
             grid_sample(*mode, *padding, *align_corners, operands, out_types)
         }
         Op::AffineGrid { align_corners } => affine_grid(*align_corners, operands, out_types),
+        Op::RoiAlign {
+            coordinates,
+            mode,
+            output_height,
+            output_width,
+            sampling_ratio,
+            spatial_scale,
+        } => {
+            let half_pixel = *coordinates == RoiCoordinates::HalfPixel;
+            let max = *mode == RoiPooling::Max;
+            let pooled = [*output_height, *output_width];
+            let scale = *spatial_scale as f64;
+            roi_align(half_pixel, max, pooled, *sampling_ratio, scale, operands)
+        }
         _ => not_yet(op),
     }
 }
@@ -593,4 +609,97 @@ fn affine_grid(
         }
     }
     Ok(vec![Tensor::from_f64s(theta.dtype(), &out_dims, &y).map_err(OpError::from)?])
+}
+
+/// RoiAlign: each box's bins pooled from their bilinear samples, in f64, as ONNX's reference
+/// (the mean of the samples, or the largest of every sample's four weighted taps).
+fn roi_align(
+    half_pixel: bool,
+    max: bool,
+    pooled: [usize; 2],
+    sampling_ratio: usize,
+    spatial_scale: f64,
+    operands: &[Option<&Tensor>],
+) -> Result<Vec<Tensor>, OpError> {
+    let arg =
+        |i: usize| operands.get(i).copied().flatten().ok_or(OpError::MissingOperand { index: i });
+    let (x, rois, batch) = (arg(0)?, arg(1)?, arg(2)?);
+    let &[n, c, h, w] = x.dims() else {
+        return Err(invalid!("the input must be [N, C, H, W], got {}", x.ty()));
+    };
+    let boxes = rois.to_f64s();
+    let batch = batch.to_i64s();
+    let r = batch.len();
+    if boxes.len() != 4 * r {
+        return Err(invalid!("{} rois but {r} batch indices", boxes.len() / 4));
+    }
+    let xv = x.to_f64s();
+    let [ph_n, pw_n] = pooled;
+    let mut y = vec![0.0; r * c * ph_n * pw_n];
+    for (i, &b) in batch.iter().enumerate() {
+        let b = usize::try_from(b)
+            .ok()
+            .filter(|&b| b < n)
+            .ok_or_else(|| invalid!("batch index {b} of box {i} is outside the {n} images"))?;
+        let roi = [boxes[4 * i], boxes[4 * i + 1], boxes[4 * i + 2], boxes[4 * i + 3]];
+        let bx = roi_box(roi, spatial_scale, half_pixel, pooled, sampling_ratio)?;
+        let [gh, gw] = bx.grid;
+        let count = (gh * gw).max(1) as f64;
+        // The four (pixel, weight) taps of each sample of each bin, shared by every channel:
+        // refused before allocating when memory cannot hold them (a result with no channels
+        // passes the result's own check whatever its bins).
+        let table = [ph_n, pw_n, gh, gw];
+        if crate::memory::bytes_of(&table, 72)
+            .is_none_or(|b| b > crate::memory::available_at_start())
+        {
+            return Err(invalid!(
+                "the samples of {table:?} bins and grids need more memory than is available"
+            ));
+        }
+        let mut bins = Vec::with_capacity(ph_n * pw_n);
+        for ph in 0..ph_n {
+            for pw in 0..pw_n {
+                let mut samples = Vec::with_capacity(gh * gw);
+                for iy in 0..gh {
+                    let yy = bx.start[0]
+                        + ph as f64 * bx.bin[0]
+                        + (iy as f64 + 0.5) * bx.bin[0] / gh as f64;
+                    for ix in 0..gw {
+                        let xx = bx.start[1]
+                            + pw as f64 * bx.bin[1]
+                            + (ix as f64 + 0.5) * bx.bin[1] / gw as f64;
+                        samples.push(match (roi_axis_taps(yy, h), roi_axis_taps(xx, w)) {
+                            (Some((y0, y1, hy, ly)), Some((x0, x1, hx, lx))) => Some([
+                                (y0 * w + x0, hy * hx),
+                                (y0 * w + x1, hy * lx),
+                                (y1 * w + x0, ly * hx),
+                                (y1 * w + x1, ly * lx),
+                            ]),
+                            _ => None,
+                        });
+                    }
+                }
+                bins.push(samples);
+            }
+        }
+        for ch in 0..c {
+            let plane = &xv[(b * c + ch) * h * w..][..h * w];
+            let out = &mut y[(i * c + ch) * ph_n * pw_n..][..ph_n * pw_n];
+            for (o, samples) in out.iter_mut().zip(&bins) {
+                let value = |s: &Option<[(usize, f64); 4]>| {
+                    s.map_or([0.0; 4], |taps| taps.map(|(p, wt)| wt * plane[p]))
+                };
+                *o = if max {
+                    samples
+                        .iter()
+                        .map(|s| value(s).into_iter().fold(f64::NEG_INFINITY, f64::max))
+                        .reduce(f64::max)
+                        .unwrap_or(0.0)
+                } else {
+                    samples.iter().map(|s| value(s).iter().sum::<f64>()).sum::<f64>() / count
+                };
+            }
+        }
+    }
+    Ok(vec![Tensor::from_f64s(x.dtype(), &[r, c, ph_n, pw_n], &y)?])
 }

@@ -4,8 +4,8 @@ use ndarray::{Array2, ArrayView2, Axis};
 
 use super::{first, not_yet};
 use crate::error::{invalid, OpError};
-use crate::infer::{transpose_axis, Col2ImPlan, TransposeAxis};
-use crate::op::{Col2Im, Conv, ConvTranspose, Pool, PoolKind, SpatialAxis, Window};
+use crate::infer::{transpose_axis, Col2ImPlan, DeformPlan, TransposeAxis};
+use crate::op::{Col2Im, Conv, ConvTranspose, DeformConv, Pool, PoolKind, SpatialAxis, Window};
 use crate::{DType, Op, Tensor, TensorType};
 
 pub(super) fn eval(
@@ -29,6 +29,7 @@ pub(super) fn eval(
         Op::GlobalPool(k) => vec![global_pool(*k, x())],
         Op::ConvTranspose(c) => conv_transpose(c, operands, out_types)?,
         Op::Col2Im(c) => vec![col2im(c, operands)?],
+        Op::DeformConv(d) => vec![deform_conv(d, operands)?],
         _ => return not_yet(op),
     })
 }
@@ -73,6 +74,101 @@ fn col2im(c: &Col2Im, operands: &[Option<&Tensor>]) -> Result<Tensor, OpError> {
         let t = Tensor::from_vec(&dims, out)?;
         Ok(t.cast(x.dtype()))
     }
+}
+
+/// The bilinear taps of `x`'s `[height, width]` plane at `(y, x)`: up to four (flat index,
+/// weight) pairs, the taps outside the plane left out (they read zero). Shared in spirit with
+/// the decomposition, which weighs the same four taps and zeroes the same ones.
+pub fn bilinear_taps(image: [usize; 2], y: f64, x: f64) -> impl Iterator<Item = (usize, f64)> {
+    let (y0, x0) = (y.floor(), x.floor());
+    let (ly, lx) = (y - y0, x - x0);
+    let [h, w] = image;
+    [(0.0, 0.0), (0.0, 1.0), (1.0, 0.0), (1.0, 1.0)].into_iter().filter_map(move |(a, b)| {
+        let (ty, tx) = (y0 + a, x0 + b);
+        let inside = (0.0..h as f64).contains(&ty) && (0.0..w as f64).contains(&tx);
+        let weight =
+            (if a == 0.0 { 1.0 - ly } else { ly }) * (if b == 0.0 { 1.0 - lx } else { lx });
+        inside.then(|| (ty as usize * w + tx as usize, weight))
+    })
+}
+
+/// DeformConv: the deformed columns (each tap of each output position sampled bilinearly,
+/// times its mask value), then each group's weights times its columns, in f64.
+fn deform_conv(d: &DeformConv, operands: &[Option<&Tensor>]) -> Result<Tensor, OpError> {
+    let arg = |i: usize| operands.get(i).copied().flatten();
+    let need = |i: usize| arg(i).ok_or(OpError::MissingOperand { index: i });
+    let (x, w, offset) = (need(0)?, need(1)?, need(2)?);
+    let (bias, mask) = (arg(3), arg(4));
+    let plan = DeformPlan::new(
+        d,
+        x.dims(),
+        w.dims(),
+        offset.dims(),
+        bias.map(|b| b.dims()),
+        mask.map(|m| m.dims()),
+    )?;
+    let (xv, wv, ov) = (x.to_f64s(), w.to_f64s(), offset.to_f64s());
+    let mv = mask.map(|m| m.to_f64s());
+    let [kh, kw] = plan.kernel;
+    let [oh, ow] = plan.output;
+    let (taps, positions, pixels) = (kh * kw, oh * ow, plan.image[0] * plan.image[1]);
+    let channels_per_offset = plan.channels / plan.offset_group;
+    // columns[n][c][tap][position], in f64: refused before allocating when memory cannot hold it.
+    let column_dims = [plan.batch, plan.channels, taps, positions];
+    if crate::memory::bytes_of(&column_dims, 8)
+        .is_none_or(|b| b > crate::memory::available_at_start())
+    {
+        return Err(invalid!(
+            "the deformed columns {column_dims:?} need more memory than is available"
+        ));
+    }
+    let mut columns = vec![0.0; column_dims.iter().product()];
+    for n in 0..plan.batch {
+        for g in 0..plan.offset_group {
+            for (ki, kj) in (0..kh).flat_map(|i| (0..kw).map(move |j| (i, j))) {
+                let tap = ki * kw + kj;
+                let channel = (g * taps + tap) * 2;
+                for (i, j) in (0..oh).flat_map(|i| (0..ow).map(move |j| (i, j))) {
+                    let p = i * ow + j;
+                    let at = |ch: usize| ((n * plan.offset_group * taps * 2 + ch) * positions) + p;
+                    let y = plan.base(0, i, ki) + ov[at(channel)];
+                    let xx = plan.base(1, j, kj) + ov[at(channel + 1)];
+                    let scale = mv.as_ref().map_or(1.0, |m| {
+                        m[((n * plan.offset_group + g) * taps + tap) * positions + p]
+                    });
+                    for c in g * channels_per_offset..(g + 1) * channels_per_offset {
+                        let plane = &xv[(n * plan.channels + c) * pixels..][..pixels];
+                        let v: f64 =
+                            bilinear_taps(plan.image, y, xx).map(|(t, wt)| plane[t] * wt).sum();
+                        columns[((n * plan.channels + c) * taps + tap) * positions + p] = v * scale;
+                    }
+                }
+            }
+        }
+    }
+    let bv = bias.map(|b| b.to_f64s());
+    let m = plan.out_channels;
+    let (cg, mg) = (plan.channels / plan.group, m / plan.group);
+    let mut y = vec![0.0; plan.batch * m * positions];
+    for n in 0..plan.batch {
+        for oc in 0..m {
+            let g = oc / mg;
+            let out = &mut y[(n * m + oc) * positions..][..positions];
+            out.fill(bv.as_ref().map_or(0.0, |b| b[oc]));
+            for ci in 0..cg {
+                let c = g * cg + ci;
+                for tap in 0..taps {
+                    let wt = wv[(oc * cg + ci) * taps + tap];
+                    let col =
+                        &columns[((n * plan.channels + c) * taps + tap) * positions..][..positions];
+                    for (o, v) in out.iter_mut().zip(col) {
+                        *o += wt * v;
+                    }
+                }
+            }
+        }
+    }
+    Ok(Tensor::from_f64s(x.dtype(), &[plan.batch, m, oh, ow], &y)?)
 }
 
 /// For each spatial axis, for each kernel offset, for each output position: the input position it

@@ -16,6 +16,7 @@ mod quantize;
 mod reduce;
 mod resize;
 mod sequence;
+mod signal;
 mod window;
 
 pub use contraction::EinsumSpec;
@@ -23,9 +24,10 @@ pub(crate) use generate::{range_count, shape_interval, window_size, Scalar};
 pub use indexing::{center_crop_pad_amounts, pad_amounts};
 pub use movement::{equal_split, slice_axis};
 pub(crate) use reduce::reduced_axes;
-pub use resize::GRID_MAX_SPATIAL;
 pub(crate) use resize::{resize_plan, ResizePlan};
-pub use window::{transpose_axis, Col2ImPlan, TransposeAxis};
+pub use resize::{roi_axis_taps, roi_box, RoiBox, GRID_MAX_SPATIAL, ROI_MAX_GRID};
+pub use signal::{dft_axis, mel_weight_matrix, DftPlan, StftPlan, DFT_MAX_LENGTH};
+pub use window::{transpose_axis, Col2ImPlan, DeformPlan, TransposeAxis};
 
 use crate::error::{invalid, OpError};
 use crate::op::OpFamily;
@@ -109,6 +111,7 @@ pub fn infer(
         OpFamily::Indexing => indexing::infer(op, &ops, &ctx),
         OpFamily::Generate => generate::infer(op, &ops, &ctx),
         OpFamily::Resize => resize::infer(op, &ops, &ctx),
+        OpFamily::Signal => signal::infer(op, &ops, &ctx),
         OpFamily::Sequence => sequence::infer(op, &ops, &ctx),
         OpFamily::Loss => loss::infer(op, &ops, &ctx),
         OpFamily::Control => control::infer(op, &ops, &ctx),

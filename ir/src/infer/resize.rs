@@ -13,6 +13,9 @@ pub(super) fn infer(op: &Op, ops: &Operands, ctx: &Ctx) -> Infer {
         Op::Resize(r) => resize(r, ops, ctx),
         Op::GridSample { .. } => grid_sample(ops),
         Op::AffineGrid { .. } => affine_grid(ops, ctx),
+        Op::RoiAlign { output_height, output_width, .. } => {
+            roi_align([*output_height, *output_width], ops)
+        }
         _ => not_yet(op),
     }
 }
@@ -334,4 +337,104 @@ fn affine_grid(ops: &Operands, ctx: &Ctx) -> Infer {
         super::generate::checked_count(&fixed, theta.dtype, "the grid")?;
     }
     Ok(vec![TensorType::new(theta.dtype, Shape(dims))])
+}
+
+/// The most samples per axis a RoiAlign bin takes: `sampling_ratio`, or the bin's size when
+/// that is 0 (then the boxes' values decide).
+pub const ROI_MAX_GRID: usize = 1 << 10;
+
+/// One RoiAlign box in input pixels, per axis `[h, w]`: where it starts, the size of its bins,
+/// and the samples per bin.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RoiBox {
+    pub start: [f64; 2],
+    pub bin: [f64; 2],
+    pub grid: [usize; 2],
+}
+
+/// The box `roi` (x1, y1, x2, y2) of RoiAlign: scaled by `spatial_scale`, shifted half a pixel
+/// with `half_pixel` (without it, boxes smaller than a pixel grow to one), cut into `pooled`
+/// bins, each sampled `sampling_ratio` times per axis (0: the bin's size, rounded up).
+pub fn roi_box(
+    roi: [f64; 4],
+    spatial_scale: f64,
+    half_pixel: bool,
+    pooled: [usize; 2],
+    sampling_ratio: usize,
+) -> Result<RoiBox, OpError> {
+    let shift = if half_pixel { 0.5 } else { 0.0 };
+    let [x1, y1, x2, y2] = roi.map(|v| v * spatial_scale - shift);
+    let mut size = [y2 - y1, x2 - x1];
+    if !half_pixel {
+        size = size.map(|s| s.max(1.0));
+    }
+    let bin = [size[0] / pooled[0] as f64, size[1] / pooled[1] as f64];
+    if sampling_ratio > ROI_MAX_GRID {
+        return Err(invalid!(
+            "sampling_ratio must be at most {ROI_MAX_GRID}, got {sampling_ratio}"
+        ));
+    }
+    let grid = if sampling_ratio > 0 {
+        [sampling_ratio; 2]
+    } else {
+        let per_bin = |b: f64| {
+            let g = b.ceil();
+            // A box of no or negative size (or NaN) has no samples; its bins are 0.
+            if g.is_nan() || g <= 0.0 {
+                Ok(0)
+            } else if g > ROI_MAX_GRID as f64 {
+                Err(invalid!("a box {roi:?} samples its bins {g} times, more than {ROI_MAX_GRID}"))
+            } else {
+                Ok(g as usize)
+            }
+        };
+        [per_bin(bin[0])?, per_bin(bin[1])?]
+    };
+    Ok(RoiBox { start: [y1, x1], bin, grid })
+}
+
+/// One axis of a RoiAlign sample at `coord` on an axis of `size` pixels: the low and high taps
+/// and their weights, or `None` when the sample lies outside `[-1, size]` (it reads zero). The
+/// coordinate is clamped to 0 below and to the last pixel above, as ONNX's reference does.
+pub fn roi_axis_taps(coord: f64, size: usize) -> Option<(usize, usize, f64, f64)> {
+    if !(-1.0..=size as f64).contains(&coord) || size == 0 {
+        return None;
+    }
+    let c = coord.max(0.0);
+    let low = c.floor() as usize;
+    if low >= size - 1 {
+        return Some((size - 1, size - 1, 1.0, 0.0));
+    }
+    let l = c - low as f64;
+    Some((low, low + 1, 1.0 - l, l))
+}
+
+/// RoiAlign: `[R, C, output_height, output_width]`.
+fn roi_align(pooled: [usize; 2], ops: &Operands) -> Infer {
+    let (x, rois, batch) = (ops.get(0)?.ty, ops.get(1)?.ty, ops.get(2)?.ty);
+    if !x.dtype.is_float() || x.rank() != 4 {
+        return Err(invalid!("the input must be float [N, C, H, W], got {x}"));
+    }
+    if rois.dtype != x.dtype || rois.rank() != 2 || rois.shape.0[1].fixed().is_some_and(|d| d != 4)
+    {
+        return Err(invalid!("rois must be [R, 4] of the input's type, got {rois}"));
+    }
+    if !batch.dtype.is_int() || batch.rank() != 1 {
+        return Err(invalid!("batch_indices must be an integer [R], got {batch}"));
+    }
+    if let (Dim::Fixed(a), Dim::Fixed(b)) = (&rois.shape.0[0], &batch.shape.0[0]) {
+        if a != b {
+            return Err(invalid!("{a} rois but {b} batch indices"));
+        }
+    }
+    if pooled.contains(&0) {
+        return Err(invalid!("output_height and output_width must be positive, got {pooled:?}"));
+    }
+    let dims = vec![
+        rois.shape.0[0].clone(),
+        x.shape.0[1].clone(),
+        Dim::Fixed(pooled[0]),
+        Dim::Fixed(pooled[1]),
+    ];
+    Ok(vec![TensorType::new(x.dtype, Shape(dims))])
 }

@@ -2,7 +2,7 @@
 
 use super::{not_yet, same_dtype, Ctx, Infer, Operands};
 use crate::error::{invalid, OpError};
-use crate::op::{AutoPad, Col2Im, Conv, ConvTranspose, Pool, PoolKind, Window};
+use crate::op::{AutoPad, Col2Im, Conv, ConvTranspose, DeformConv, Pool, PoolKind, Window};
 use crate::{DType, Dim, Op, Shape, TensorType};
 
 pub(super) fn infer(op: &Op, ops: &Operands, ctx: &Ctx) -> Infer {
@@ -13,6 +13,7 @@ pub(super) fn infer(op: &Op, ops: &Operands, ctx: &Ctx) -> Infer {
         Op::GlobalPool(k) => global_pool(*k, ops),
         Op::ConvTranspose(c) => conv_transpose(c, ops, ctx),
         Op::Col2Im(c) => col2im(c, ops, ctx),
+        Op::DeformConv(d) => deform_conv(d, ops),
         _ => not_yet(op),
     }
 }
@@ -490,4 +491,175 @@ fn col2im(c: &Col2Im, ops: &Operands, ctx: &Ctx) -> Infer {
     let mut dims = vec![x.shape.0[0].clone(), channels];
     dims.extend(plan.image.iter().map(|&d| Dim::Fixed(d)));
     Ok(vec![TensorType::new(x.dtype, Shape(dims))])
+}
+
+/// Where DeformConv's taps lie and how its channels group, for known operand shapes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeformPlan {
+    pub batch: usize,
+    pub channels: usize,
+    /// The input image `[height, width]`.
+    pub image: [usize; 2],
+    pub out_channels: usize,
+    pub kernel: [usize; 2],
+    pub output: [usize; 2],
+    pub strides: [usize; 2],
+    pub dilations: [usize; 2],
+    pub pads_begin: [usize; 2],
+    pub group: usize,
+    pub offset_group: usize,
+}
+
+impl DeformPlan {
+    /// Checks the operands' shapes (`[N, C, H, W]`, `[M, C / group, kH, kW]`, the offsets
+    /// `[N, offset_group * kH * kW * 2, oH, oW]`, the mask `[N, offset_group * kH * kW, oH, oW]`,
+    /// the bias `[M]`) against each other and the attributes.
+    pub fn new(
+        d: &DeformConv,
+        x: &[usize],
+        w: &[usize],
+        offset: &[usize],
+        bias: Option<&[usize]>,
+        mask: Option<&[usize]>,
+    ) -> Result<DeformPlan, OpError> {
+        let (&[n, c, h, wd], &[m, cg, kh, kw], &[on, oc, oh, ow]) = (x, w, offset) else {
+            return Err(invalid!(
+                "needs 2-D images: x [N, C, H, W], w [M, C/group, kH, kW] and offset [N, 2 * offset_group * kH * kW, oH, oW], got {x:?}, {w:?} and {offset:?}"
+            ));
+        };
+        let pair = |v: &[usize], what: &str, default: usize| match v.len() {
+            0 => Ok([default; 2]),
+            2 => Ok([v[0], v[1]]),
+            _ => Err(invalid!("{what} {v:?} must have 2 entries")),
+        };
+        let strides = pair(&d.strides, "strides", 1)?;
+        let dilations = pair(&d.dilations, "dilations", 1)?;
+        let kernel = if d.kernel_shape.is_empty() {
+            [kh, kw]
+        } else {
+            pair(&d.kernel_shape, "kernel_shape", 1)?
+        };
+        let pads = match d.pads.len() {
+            0 => [0; 4],
+            4 => [d.pads[0], d.pads[1], d.pads[2], d.pads[3]],
+            _ => return Err(invalid!("pads {:?} must have 4 entries", d.pads)),
+        };
+        if strides.contains(&0) || dilations.contains(&0) || d.group == 0 || d.offset_group == 0 {
+            return Err(invalid!("strides, dilations, group and offset_group must be positive"));
+        }
+        if kernel != [kh, kw] {
+            return Err(invalid!("kernel_shape {kernel:?} is not the weight's {:?}", [kh, kw]));
+        }
+        if c % d.group != 0 || c / d.group != cg || m % d.group != 0 {
+            return Err(invalid!(
+                "{c} input and {m} output channels do not split into {} groups of the weight's {cg}",
+                d.group
+            ));
+        }
+        if c % d.offset_group != 0 {
+            return Err(invalid!(
+                "{c} channels do not split into {} offset groups",
+                d.offset_group
+            ));
+        }
+        // Sizes of real tensors (at most 2^63 bytes): the sums below cannot overflow in u128.
+        let mut output = [0; 2];
+        for (a, (&size, &k)) in [h, wd].iter().zip(&[kh, kw]).enumerate() {
+            let padded = size as u128 + pads[a] as u128 + pads[2 + a] as u128;
+            let span = (dilations[a] as u128) * (k.max(1) as u128 - 1) + 1;
+            if k == 0 || padded < span {
+                return Err(invalid!(
+                    "a {kh} x {kw} kernel does not fit the padded {h} x {wd} image"
+                ));
+            }
+            output[a] = ((padded - span) / strides[a] as u128 + 1) as usize;
+        }
+        // kh * kw is the size of a real weight's planes; offset_group is an attribute.
+        let taps = kh * kw;
+        let groups_of_taps = d
+            .offset_group
+            .checked_mul(taps)
+            .filter(|g| g.checked_mul(2).is_some())
+            .ok_or_else(|| invalid!("offset_group {} is too large", d.offset_group))?;
+        let want_offset = [n, groups_of_taps * 2, output[0], output[1]];
+        if [on, oc, oh, ow] != want_offset {
+            return Err(invalid!("offset {offset:?} must be {want_offset:?}"));
+        }
+        if let Some(mask) = mask {
+            let want = [n, groups_of_taps, output[0], output[1]];
+            if mask != want {
+                return Err(invalid!("mask {mask:?} must be {want:?}"));
+            }
+        }
+        if let Some(b) = bias {
+            if b != [m] {
+                return Err(invalid!("bias {b:?} must be [{m}]"));
+            }
+        }
+        Ok(DeformPlan {
+            batch: n,
+            channels: c,
+            image: [h, wd],
+            out_channels: m,
+            kernel: [kh, kw],
+            output,
+            strides,
+            dilations,
+            pads_begin: [pads[0], pads[1]],
+            group: d.group,
+            offset_group: d.offset_group,
+        })
+    }
+
+    /// The undeformed place of tap `k` (of kernel axis `a`) for output position `o`.
+    pub fn base(&self, a: usize, o: usize, k: usize) -> f64 {
+        (o * self.strides[a] + k * self.dilations[a]) as f64 - self.pads_begin[a] as f64
+    }
+}
+
+/// DeformConv: `[N, M, oH, oW]`.
+fn deform_conv(d: &DeformConv, ops: &Operands) -> Infer {
+    let (x, w, offset) = (ops.get(0)?.ty, ops.get(1)?.ty, ops.get(2)?.ty);
+    let (bias, mask) = (ops.opt(3).map(|o| o.ty), ops.opt(4).map(|o| o.ty));
+    for t in [Some(x), Some(w), Some(offset), bias, mask].into_iter().flatten() {
+        if !t.dtype.is_float() {
+            return Err(OpError::NeedsType { class: "float", ty: Box::new(t.clone()) });
+        }
+        same_dtype("operands", x, t)?;
+    }
+    if x.rank() != 4 || w.rank() != 4 || offset.rank() != 4 {
+        return Err(invalid!(
+            "needs 2-D images: x [N, C, H, W], w [M, C/group, kH, kW] and offset [N, 2 * offset_group * kH * kW, oH, oW], got {x}, {w} and {offset}"
+        ));
+    }
+    let fixed = |t: Option<&TensorType>| t.map(|t| t.shape.as_fixed());
+    match (
+        x.shape.as_fixed(),
+        w.shape.as_fixed(),
+        offset.shape.as_fixed(),
+        fixed(bias),
+        fixed(mask),
+    ) {
+        (Some(xd), Some(wd), Some(od), None | Some(Some(_)), None | Some(Some(_))) => {
+            let plan = DeformPlan::new(
+                d,
+                &xd,
+                &wd,
+                &od,
+                fixed(bias).flatten().as_deref(),
+                fixed(mask).flatten().as_deref(),
+            )?;
+            let dims = [plan.batch, plan.out_channels, plan.output[0], plan.output[1]];
+            Ok(vec![TensorType::new(x.dtype, dims)])
+        }
+        _ => {
+            let dims = vec![
+                x.shape.0[0].clone(),
+                w.shape.0[0].clone(),
+                offset.shape.0[2].clone(),
+                offset.shape.0[3].clone(),
+            ];
+            Ok(vec![TensorType::new(x.dtype, Shape(dims))])
+        }
+    }
 }

@@ -154,7 +154,7 @@ pub(super) fn convert(im: &mut GraphImporter, node: &NodeProto, op_type: &str) -
         "SequenceMap" => sequence_map(im, node, a),
         // Type attributes are ONNX's integer codes; kiln's table holds types.
         "EyeLike" | "SequenceEmpty" | "BitCast" | "HannWindow" | "HammingWindow"
-        | "BlackmanWindow" => {
+        | "BlackmanWindow" | "MelWeightMatrix" => {
             let name = match op_type {
                 "BitCast" => "to",
                 "EyeLike" | "SequenceEmpty" => "dtype",
@@ -303,6 +303,14 @@ pub(super) fn convert(im: &mut GraphImporter, node: &NodeProto, op_type: &str) -
             generic(im, node, op_type, a, n_out)
         }
         "GroupNormalization" => group_norm(im, node, a, opset),
+        "DFT" if opset < 20 => dft_v17(im, node, a),
+        "RoiAlign" if opset < 16 => {
+            // RoiAlign-10 had no coordinate_transformation_mode: its boxes are not shifted.
+            if !a.contains("coordinate_transformation_mode") {
+                a.push("coordinate_transformation_mode", Attr::Str("output_half_pixel".into()));
+            }
+            generic(im, node, op_type, a, n_out)
+        }
         "Scatter" => generic_as(im, node, "ScatterElements", a, 1),
         "TensorScatter" => super::scatter::tensor_scatter(im, node, a),
         "MaxUnpool" => super::scatter::max_unpool(im, node, a),
@@ -460,6 +468,16 @@ fn legacy_broadcast(
         _ => b,
     };
     with_operands(im, node, op_type, a, vec![Some(x), Some(b)], 1)
+}
+
+/// DFT-17 gives the axis as an attribute (default 1); kiln takes it as an operand, as DFT-20
+/// does (whose default, when the operand is absent, is -2).
+fn dft_v17(im: &mut GraphImporter, node: &NodeProto, mut a: Attrs) -> Result<()> {
+    let axis = a.remove("axis").map(|v| int_of(&v)).transpose()?.unwrap_or(1);
+    let x = im.operand(node, 0);
+    let length = im.operand(node, 1);
+    let axis = im.constant(node, "axis", Tensor::scalar(axis))?;
+    with_operands(im, node, "DFT", a, vec![x, length, Some(axis)], 1)
 }
 
 /// Older opsets give axes as an attribute; kiln takes them as a constant operand.

@@ -53,6 +53,15 @@ attr_schema!(Col2Im {
     strides: Vec<usize> = Vec::new(); "strides" as Sizes,
 });
 
+attr_schema!(DeformConv {
+    dilations: Vec<usize> = Vec::new(); "dilations" as Sizes,
+    group: usize = 1; "group" as Size,
+    kernel_shape: Vec<usize> = Vec::new(); "kernel_shape" as Sizes,
+    offset_group: usize = 1; "offset_group" as Size,
+    pads: Vec<usize> = Vec::new(); "pads" as Sizes,
+    strides: Vec<usize> = Vec::new(); "strides" as Sizes,
+});
+
 attr_schema!(Lrn {
     alpha: f32 = 1e-4; "alpha" as Float,
     beta: f32 = 0.75; "beta" as Float,

@@ -82,6 +82,8 @@ pub enum OpFamily {
     Generate,
     /// Resize, GridSample, AffineGrid.
     Resize,
+    /// DFT, STFT, MelWeightMatrix.
+    Signal,
     /// Recurrent layers, attention, rotary embeddings.
     Sequence,
     Loss,
@@ -273,10 +275,38 @@ op_table! {
     /// `(x, image_shape, block_shape) -> y`: columns of blocks `[N, C * prod(block), L]` summed
     /// back into the image `[N, C, image...]` (the inverse of im2col; PyTorch's `fold`).
     Col2Im(c: Col2Im) => "Col2Im", arity (3, 3), Root, Window, shapes &[1, 2];
+    /// `(x, w, offset, b?, mask?) -> y`: 2-D convolution (`x` `[N, C, H, W]`, `w` `[M,
+    /// C/group, kH, kW]`) whose every tap reads `x` bilinearly (zero outside) at its place moved
+    /// by `offset` `[N, offset_group * kH * kW * 2, oH, oW]` (each tap's dy, dx), times `mask`
+    /// `[N, offset_group * kH * kW, oH, oW]` (ones when absent), plus `b` `[M]`.
+    DeformConv(d: DeformConv) => "DeformConv", arity (3, 5), Root, Window;
     /// `(x) -> (y, indices)`: MaxPool (indices only for Max), AveragePool, LpPool.
     Pool(p: Pool) => family, arity (1, 1), Root, Window;
     /// `(x) -> y`: pooling over every spatial dimension, kept as size 1.
     GlobalPool(k: PoolKind) => family, arity (1, 1), Root, Window;
+
+    // ----- signal processing -----
+    /// `(x, dft_length?, axis?) -> y`: the discrete Fourier transform of `x` along `axis` (a
+    /// scalar; -2 when absent; never the last axis). `x` is `[..., 1]` (real) or `[..., 2]`
+    /// (real and imaginary parts); along `axis` it is cut or zero-padded to `dft_length` (the
+    /// axis' size when absent; `2 * (size - 1)` for an inverse one-sided transform). `inverse`
+    /// gives the inverse (scaled by `1 / dft_length`); `onesided` keeps the first
+    /// `dft_length / 2 + 1` bins of a forward transform, and makes an inverse one the real
+    /// signal of a one-sided (Hermitian) spectrum, `[..., dft_length, ..., 1]`.
+    Dft { inverse: bool = false; "inverse" as Flag, onesided: bool = false; "onesided" as Flag }
+        => "DFT", arity (1, 3), Root, Signal, shapes &[1, 2];
+    /// `(signal, frame_step, window?, frame_length?) -> y`: the short-time Fourier transform of
+    /// `signal` `[batch, length, 1 or 2]`: frames of `frame_length` (the window's length, else
+    /// the signal's) every `frame_step` points, each times `window` (ones when absent), each
+    /// transformed: `[batch, frames, bins, 2]`, `frames = 1 + (length - frame_length) /
+    /// frame_step`, `bins = frame_length / 2 + 1` when `onesided`, else `frame_length`.
+    Stft { onesided: bool = true; "onesided" as Flag } => "STFT", arity (2, 4), Root, Signal, shapes &[1, 3];
+    /// `(num_mel_bins, dft_length, sample_rate, lower_edge_hertz, upper_edge_hertz) -> y`: the
+    /// `[dft_length / 2 + 1, num_mel_bins]` matrix of triangular mel filters that maps a
+    /// one-sided spectrum to mel bins, of type `dtype` (f32 when `None`). Every operand decides
+    /// the result, so it folds to a constant once they are known.
+    MelWeightMatrix { dtype: Option<DType> = None; "output_datatype" as OptType }
+        => "MelWeightMatrix", arity (5, 5), Root, Signal, shapes &[0, 1, 2, 3, 4];
 
     // ----- normalisations -----
     /// `(x) -> y`, along one axis.
@@ -387,6 +417,12 @@ op_table! {
     /// output pixel's centre (x, y[, z]) in [-1, 1] mapped by its batch's matrix:
     /// `[N, H, W, 2]` or `[N, D, H, W, 3]`.
     AffineGrid { align_corners: bool = false; "align_corners" as Flag } => "AffineGrid", arity (2, 2), Root, Resize, shapes &[1];
+    /// `(x, rois, batch_indices) -> y`: for each box of `rois` `[R, 4]` (x1, y1, x2, y2, in
+    /// input pixels times `spatial_scale`) on the image `batch_indices[r]` of `x` `[N, C, H,
+    /// W]`, `[R, C, output_height, output_width]` bins, each pooled (`mode`) from a grid of
+    /// `sampling_ratio` x `sampling_ratio` bilinear samples (`ceil(bin size)` per axis when 0).
+    RoiAlign { coordinates: RoiCoordinates = RoiCoordinates::HalfPixel; "coordinate_transformation_mode" as Named, mode: RoiPooling = RoiPooling::Avg; "mode" as Named, output_height: usize = 1; "output_height" as Size, output_width: usize = 1; "output_width" as Size, sampling_ratio: usize = 0; "sampling_ratio" as Size, spatial_scale: f32 = 1.0; "spatial_scale" as Float }
+        => "RoiAlign", arity (3, 3), Root, Resize;
     /// `(x) -> i64[rank, n]`, the indices of the non-zero elements.
     NonZero => "NonZero", arity (1, 1), Root, Indexing;
     /// `(x, condition) -> y`, the slices where `condition` holds (flattened without `axis`).

@@ -100,6 +100,17 @@ named_enum! {
 }
 
 named_enum! {
+    /// How RoiAlign pools the samples of a bin: their mean, or the largest weighted tap.
+    RoiPooling { Avg = "avg", Max = "max" }
+}
+
+named_enum! {
+    /// Where RoiAlign's box corners sit: `half_pixel` shifts them by half a pixel (pixel
+    /// centres at integers + 0.5), `output_half_pixel` (opset 10's behaviour) does not.
+    RoiCoordinates { HalfPixel = "half_pixel", OutputHalfPixel = "output_half_pixel" }
+}
+
+named_enum! {
     /// How Resize maps an output coordinate to an input coordinate.
     CoordinateTransform {
         HalfPixel = "half_pixel",
@@ -247,6 +258,35 @@ pub struct Col2Im {
     /// Begin values for every image axis, then end values.
     pub pads: Vec<usize>,
     pub strides: Vec<usize>,
+}
+
+/// `DeformConv` attributes (2-D). Empty lists mean ONNX's defaults: the weight's kernel, strides
+/// and dilations of 1, no padding.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeformConv {
+    pub dilations: Vec<usize>,
+    /// Groups of input and output channels, as Conv's.
+    pub group: usize,
+    pub kernel_shape: Vec<usize>,
+    /// Groups of input channels that share one set of offsets (and of mask values).
+    pub offset_group: usize,
+    /// Begin values for both spatial axes, then end values.
+    pub pads: Vec<usize>,
+    pub strides: Vec<usize>,
+}
+
+impl Default for DeformConv {
+    /// ONNX's defaults: one group, one offset group, the rest from the operands.
+    fn default() -> DeformConv {
+        DeformConv {
+            dilations: Vec::new(),
+            group: 1,
+            kernel_shape: Vec::new(),
+            offset_group: 1,
+            pads: Vec::new(),
+            strides: Vec::new(),
+        }
+    }
 }
 
 /// The window functions of ONNX's signal ops (opset 17), each a sum of cosines:

@@ -9,6 +9,8 @@ mod onnx_training;
 mod ops;
 mod ops_collection;
 mod ops_control;
+mod ops_deform;
+mod ops_fourier;
 mod ops_generate;
 mod ops_grid;
 mod ops_indexing;
@@ -38,6 +40,20 @@ pub fn assert_close(t: &Tensor, dims: &[usize], want: &[f64], tol: f64) {
             "element {i}: got {g}, want {w} (all: {got:?})"
         );
     }
+}
+
+/// Runs one op on constant operands (`None`: an omitted optional operand).
+pub fn run_on_constants(op: kiln_ir::Op, operands: &[Option<Tensor>]) -> Result<Tensor, String> {
+    let g = GraphBuilder::new("t");
+    let xs: Vec<_> = operands
+        .iter()
+        .enumerate()
+        .map(|(i, t)| t.as_ref().map(|t| g.constant(&format!("c{i}"), t.clone())))
+        .collect();
+    let y = g.apply(op, &xs, 1)[0];
+    g.output("y", y);
+    let graph = g.build().map_err(|e| e.to_string())?;
+    eval::run(&graph, &[]).map(|mut v| v.remove(0)).map_err(|e| e.to_string())
 }
 
 /// Traces `f` over inputs of the given tensors' types, runs the graph on them, returns output 0.

@@ -1,6 +1,8 @@
 //! GridSample and AffineGrid: the interpreter against hand-computed values for every mode,
 //! padding and `align_corners`, on 2-D and 3-D images; the ONNX import of both opsets' mode
-//! names; and the errors bad ranks, grids, types and modes give, naming the node.
+//! names; and the errors bad ranks, grids, types and modes give, naming the node. RoiAlign:
+//! bilinear samples, both pooling modes and box conventions, images picked by index, samples
+//! far outside, and bad boxes and indices.
 
 use kiln_ir::builder::GraphBuilder;
 use kiln_ir::onnx::proto::data_type;
@@ -267,4 +269,94 @@ fn onnx_import_takes_both_opsets_mode_names() {
     assert!(matches!(&err, IrError::Attr { node, .. } if node == "gs"), "{err:?}");
     let text = err.to_string();
     assert!(text.contains("gs") && text.contains("area"), "{text}");
+}
+
+// ----- RoiAlign -----
+
+fn roi_align(half_pixel: bool, max: bool, pooled: [usize; 2], sampling_ratio: usize) -> Op {
+    use kiln_ir::op::{RoiCoordinates, RoiPooling};
+    Op::RoiAlign {
+        coordinates: if half_pixel {
+            RoiCoordinates::HalfPixel
+        } else {
+            RoiCoordinates::OutputHalfPixel
+        },
+        mode: if max { RoiPooling::Max } else { RoiPooling::Avg },
+        output_height: pooled[0],
+        output_width: pooled[1],
+        sampling_ratio,
+        spatial_scale: 1.0,
+    }
+}
+
+/// Images of `v = 16 * image + 4 * y + x`, 4 x 4 pixels each.
+fn ramps(images: usize) -> Tensor {
+    let v: Vec<f32> = (0..16 * images).map(|i| i as f32).collect();
+    f32s(&[images, 1, 4, 4], &v)
+}
+
+fn boxes(rois: &[[f32; 4]], batch: &[i64]) -> [Tensor; 2] {
+    let flat: Vec<f32> = rois.iter().flatten().copied().collect();
+    [f32s(&[rois.len(), 4], &flat), Tensor::vector(batch)]
+}
+
+#[test]
+fn roi_align_samples_bilinearly_and_pools() {
+    use super::run_on_constants as run;
+    let [rois, batch] = boxes(&[[0.0, 0.0, 3.0, 3.0]], &[0]);
+    let args = |x: Tensor| [Some(x), Some(rois.clone()), Some(batch.clone())];
+    // One bin of one sample at (1.5, 1.5): 4 * 1.5 + 1.5. Half a pixel earlier: (1, 1), 5.
+    let y = run(roi_align(false, false, [1, 1], 1), &args(ramps(1))).unwrap();
+    assert_close(&y, &[1, 1, 1, 1], &[7.5], 1e-6);
+    let y = run(roi_align(true, false, [1, 1], 1), &args(ramps(1))).unwrap();
+    assert_close(&y, &[1, 1, 1, 1], &[5.0], 1e-6);
+    // Max: the largest weighted tap, 10 / 4.
+    let y = run(roi_align(false, true, [1, 1], 1), &args(ramps(1))).unwrap();
+    assert_close(&y, &[1, 1, 1, 1], &[2.5], 1e-6);
+    // 2 x 2 bins of 2 x 2 samples over [0, 4]: samples at 0.5, 1.5 | 2.5, 3.5, the last clamped
+    // to the last pixel (3); the ramp is linear, so each bin is its samples' mean place.
+    let [rois, batch] = boxes(&[[0.0, 0.0, 4.0, 4.0]], &[0]);
+    let y = run(roi_align(false, false, [2, 2], 2), &[Some(ramps(1)), Some(rois), Some(batch)])
+        .unwrap();
+    assert_close(&y, &[1, 1, 2, 2], &[5.0, 6.75, 12.0, 13.75], 1e-6);
+}
+
+#[test]
+fn roi_align_picks_images_and_reads_zero_far_outside() {
+    use super::run_on_constants as run;
+    // Box 0 on image 1 (values + 16), box 1 far past the image's right edge.
+    let [rois, batch] = boxes(&[[0.0, 0.0, 3.0, 3.0], [10.0, 0.0, 12.0, 3.0]], &[1, 0]);
+    let y = run(roi_align(false, false, [1, 1], 1), &[Some(ramps(2)), Some(rois), Some(batch)])
+        .unwrap();
+    assert_close(&y, &[2, 1, 1, 1], &[23.5, 0.0], 1e-6);
+}
+
+#[test]
+fn roi_align_refuses_bad_boxes_and_indices() {
+    use super::run_on_constants as run;
+    let [rois, _] = boxes(&[[0.0, 0.0, 3.0, 3.0]], &[0]);
+    let err = run(
+        roi_align(false, false, [1, 1], 1),
+        &[Some(ramps(1)), Some(rois.clone()), Some(Tensor::vector(&[3i64]))],
+    )
+    .unwrap_err();
+    assert!(err.contains("(RoiAlign): batch index 3 of box 0 is outside the 1 images"), "{err}");
+    let three = f32s(&[1, 3], &[0.0; 3]);
+    let err = run(
+        roi_align(false, false, [1, 1], 1),
+        &[Some(ramps(1)), Some(three), Some(Tensor::vector(&[0i64]))],
+    )
+    .unwrap_err();
+    assert!(err.contains("rois must be [R, 4] of the input's type, got f32[1,3]"), "{err}");
+    let err = run(
+        roi_align(false, false, [0, 1], 1),
+        &[Some(ramps(1)), Some(rois), Some(Tensor::vector(&[0i64]))],
+    )
+    .unwrap_err();
+    assert!(err.contains("output_height and output_width must be positive"), "{err}");
+    let [rois, batch] = boxes(&[[0.0, 0.0, 3.0, 3.0]], &[0]);
+    let err =
+        run(roi_align(false, false, [1, 1], 1 << 40), &[Some(ramps(1)), Some(rois), Some(batch)])
+            .unwrap_err();
+    assert!(err.contains("sampling_ratio must be at most 1024, got 1099511627776"), "{err}");
 }

@@ -10,12 +10,12 @@ use super::{compute_type, Emit};
 use crate::Result;
 
 /// The constants a rewrite needs (the shape operands), or `None` when one is not a constant.
-fn constant_ints(e: &Emit, v: Option<ValueId>) -> Option<Vec<i64>> {
+pub(super) fn constant_ints(e: &Emit, v: Option<ValueId>) -> Option<Vec<i64>> {
     v.and_then(|v| e.g.constant_value(v)).map(Tensor::to_i64s)
 }
 
 /// An error of the rule the interpreter shares, naming the node.
-fn node_error(e: &Emit, id: NodeId, err: OpError) -> crate::CompileError {
+pub(super) fn node_error(e: &Emit, id: NodeId, err: OpError) -> crate::CompileError {
     let n = e.g.node(id);
     IrError::shape(&n.name, n.op.name(), err).into()
 }
