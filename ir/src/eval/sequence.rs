@@ -1,11 +1,12 @@
-//! Sequence models: RNN, GRU, LSTM, Attention, RotaryEmbedding, computed in f64.
+//! Sequence models: RNN, GRU, LSTM, Attention, RotaryEmbedding, CausalConvWithState, computed
+//! in f64.
 //!
 //! Inference has checked every shape, so the index arithmetic below only reads in bounds; the
 //! remaining run-time checks are on values (sequence lengths, position ids).
 
 use super::elementwise::unary_float;
 use crate::error::{invalid, OpError};
-use crate::op::{Attention, Rnn, RnnCell, RnnDirection, RotaryEmbedding};
+use crate::op::{Attention, CausalActivation, Rnn, RnnCell, RnnDirection, RotaryEmbedding};
 use crate::{DType, Op, Tensor, TensorType};
 
 pub(super) fn eval(
@@ -17,6 +18,7 @@ pub(super) fn eval(
         Op::Rnn(r) => rnn(r, operands, out),
         Op::Attention(a) => attention(a, operands, out),
         Op::RotaryEmbedding(r) => rotary(r, operands, out),
+        Op::CausalConvWithState { activation } => causal_conv(*activation, operands, out),
         _ => Err(invalid!("{} is not a sequence op", op.name())),
     }
 }
@@ -421,4 +423,41 @@ fn rotary(
         }
     }
     Ok(vec![result(&out[0], &y)?])
+}
+
+// ----- CausalConvWithState -----
+
+fn causal_conv(
+    activation: CausalActivation,
+    operands: &[Option<&Tensor>],
+    out: &[TensorType],
+) -> Result<Vec<Tensor>, OpError> {
+    let x = get(operands, 0)?;
+    let w = get(operands, 1)?;
+    let [batch, channels, len]: [usize; 3] =
+        x.dims().try_into().map_err(|_| invalid!("input is not 3-D"))?;
+    let k = w.dims()[2];
+    let (xv, wv) = (x.to_f64s(), w.to_f64s());
+    let bias = opt(operands, 2).map(|b| b.to_f64s());
+    let past = opt(operands, 3).map(|p| p.to_f64s());
+    // Each row (b, c) is the past (or k - 1 zeros) followed by the input: len + k - 1 positions.
+    let width = len + k - 1;
+    let mut y = Vec::with_capacity(batch * channels * len);
+    let mut state = Vec::with_capacity(batch * channels * (k - 1));
+    for row in 0..batch * channels {
+        let c = row % channels;
+        let mut padded = match &past {
+            Some(p) => p[row * (k - 1)..(row + 1) * (k - 1)].to_vec(),
+            None => vec![0.0; k - 1],
+        };
+        padded.extend_from_slice(&xv[row * len..(row + 1) * len]);
+        let taps = &wv[c * k..(c + 1) * k];
+        for t in 0..len {
+            let sum: f64 = taps.iter().zip(&padded[t..t + k]).map(|(a, b)| a * b).sum();
+            let v = sum + bias.as_ref().map_or(0.0, |b| b[c]);
+            y.push(if activation.is_silu() { v / (1.0 + (-v).exp()) } else { v });
+        }
+        state.extend_from_slice(&padded[width - (k - 1)..]);
+    }
+    Ok(vec![result(&out[0], &y)?, result(&out[1], &state)?])
 }

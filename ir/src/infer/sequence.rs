@@ -1,4 +1,4 @@
-//! Sequence models: RNN, GRU, LSTM, Attention, RotaryEmbedding.
+//! Sequence models: RNN, GRU, LSTM, Attention, RotaryEmbedding, CausalConvWithState.
 
 use super::{same_dtype, Ctx, Infer, Operands};
 use crate::error::{invalid, OpError};
@@ -10,6 +10,7 @@ pub(super) fn infer(op: &Op, ops: &Operands, ctx: &Ctx) -> Infer {
         Op::Rnn(r) => rnn(r, ops),
         Op::Attention(a) => attention(a, ops, ctx),
         Op::RotaryEmbedding(r) => rotary(r, ops),
+        Op::CausalConvWithState { .. } => causal_conv(ops),
         _ => Err(invalid!("{} is not a sequence op", op.name())),
     }
 }
@@ -471,4 +472,56 @@ fn rotary(r: &RotaryEmbedding, ops: &Operands) -> Infer {
         )?;
     }
     Ok(vec![x.clone()])
+}
+
+// ----- CausalConvWithState -----
+
+fn causal_conv(ops: &Operands) -> Infer {
+    let x = ops.get(0)?.ty;
+    if !x.dtype.is_float() {
+        return Err(invalid!("input must be a float tensor, got {x}"));
+    }
+    if x.rank() != 3 {
+        return Err(invalid!("input must be 3-D [batch, channels, length], got {x}"));
+    }
+    let (batch, channels) = (&x.shape.0[0], &x.shape.0[1]);
+    let w = ops.get(1)?.ty;
+    same_dtype("input and weight", x, w)?;
+    expect_shape(
+        "weight",
+        w,
+        &[Some(channels.clone()), Some(Dim::Fixed(1)), None],
+        "channels, 1, k",
+        x,
+    )?;
+    // The state holds k - 1 positions; a kernel of no taps has none to hold.
+    let state = match &w.shape.0[2] {
+        Dim::Fixed(0) => return Err(invalid!("the kernel must have at least one tap, got {w}")),
+        Dim::Fixed(k) => Some(Dim::Fixed(k - 1)),
+        _ => None,
+    };
+    if let Some(b) = ops.opt(2) {
+        same_dtype("input and bias", x, b.ty)?;
+        expect_shape("bias", b.ty, &[Some(channels.clone())], "channels", x)?;
+    }
+    let state = match ops.opt(3) {
+        Some(p) => {
+            same_dtype("input and past_state", x, p.ty)?;
+            expect_shape(
+                "past_state",
+                p.ty,
+                &[Some(batch.clone()), Some(channels.clone()), state.clone()],
+                "batch, channels, k - 1",
+                x,
+            )?;
+            state.unwrap_or_else(|| p.ty.shape.0[2].clone())
+        }
+        None => state.ok_or_else(|| {
+            invalid!("the kernel size of {w} must be known to size present_state")
+        })?,
+    };
+    Ok(vec![
+        x.clone(),
+        TensorType::new(x.dtype, Shape(vec![batch.clone(), channels.clone(), state])),
+    ])
 }

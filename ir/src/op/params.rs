@@ -228,6 +228,19 @@ pub struct RotaryEmbedding {
 }
 
 named_enum! {
+    /// CausalConvWithState's fused activation: none, or SiLU (`x * sigmoid(x)`), which ONNX
+    /// also names swish.
+    CausalActivation { None = "none", Silu = "silu", Swish = "swish" }
+}
+
+impl CausalActivation {
+    /// Whether the activation is `x * sigmoid(x)` (silu and its alias swish).
+    pub fn is_silu(self) -> bool {
+        matches!(self, CausalActivation::Silu | CausalActivation::Swish)
+    }
+}
+
+named_enum! {
     LossReduction { None = "none", Sum = "sum", Mean = "mean" }
 }
 
