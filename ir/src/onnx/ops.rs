@@ -835,7 +835,6 @@ fn scan(im: &mut GraphImporter, node: &NodeProto, mut a: Attrs, opset: i64) -> R
             "Scan before opset 9 (with a batch axis and per-batch lengths) is not supported; export with opset 9 or later".into(),
         ));
     }
-    let (body, names) = body_of(im, node, "Scan", Vec::new())?;
     let flags = |name: &str, v: Option<Vec<i64>>| -> Result<Vec<bool>> {
         v.unwrap_or_default()
             .iter()
@@ -864,12 +863,15 @@ fn scan(im: &mut GraphImporter, node: &NodeProto, mut a: Attrs, opset: i64) -> R
             why: "must be at least 1",
         }));
     }
+    let mut given = Vec::new();
+    for i in 0..node.input.len() {
+        given.push(im.operand(node, i).ok_or_else(|| err(format!("operand {i} is missing")))?);
+    }
+    let implied = scan_implied_types(im, &given, scan_inputs, &input_axes);
+    let (body, names) = body_of(im, node, "Scan", implied)?;
     let mut operands: Vec<Option<ValueId>> =
         names.iter().map(|n| im.values.get(n).copied()).collect();
-    for i in 0..node.input.len() {
-        operands
-            .push(Some(im.operand(node, i).ok_or_else(|| err(format!("operand {i} is missing")))?));
-    }
+    operands.extend(given.into_iter().map(Some));
     let op = Op::Scan(Box::new(crate::op::Scan {
         body: Subgraph(Arc::new(body)),
         captures: names.len(),
@@ -880,6 +882,32 @@ fn scan(im: &mut GraphImporter, node: &NodeProto, mut a: Attrs, opset: i64) -> R
         output_reverse,
     }));
     emit(im, node, op, &operands, node.output.len())
+}
+
+/// The types a Scan's body inputs take when they declare none (ONNX lets a body leave them to
+/// the Scan): a state's is its initial value's, a scanned input's is its operand's without the
+/// scanned axis. An axis out of range implies nothing; inference reports it.
+fn scan_implied_types(
+    im: &GraphImporter,
+    given: &[ValueId],
+    scan_inputs: usize,
+    input_axes: &[i64],
+) -> Vec<TensorType> {
+    let states = given.len().saturating_sub(scan_inputs);
+    let mut implied: Vec<TensorType> = given[..states].iter().map(|&v| im.ty(v).clone()).collect();
+    for (j, &v) in given[states..].iter().enumerate() {
+        let ty = im.ty(v);
+        let rank = ty.rank() as i64;
+        let axis = input_axes.get(j).copied().unwrap_or(0);
+        let axis = if axis < 0 { axis + rank } else { axis };
+        if !(0..rank).contains(&axis) {
+            break;
+        }
+        let mut dims = ty.shape.0.clone();
+        dims.remove(axis as usize);
+        implied.push(TensorType::new(ty.dtype, Shape(dims)));
+    }
+    implied
 }
 
 /// Loop: the body becomes a graph whose inputs are the outer values it reads, then its own (the
