@@ -412,6 +412,13 @@ op_table! {
     /// `y * sigmoid(y)` after the bias.
     CausalConvWithState { activation: CausalActivation = CausalActivation::None; "activation" as Named }
         => "CausalConvWithState", arity (2, 4), Root, Sequence, outputs 2;
+    /// `(query, key, value, past_state?, decay?, beta?) -> (output, present_state)`: linear
+    /// attention over `[B, T, heads * size]` inputs, the recurrent state `[B, H_kv, d_k, d_v]`
+    /// (zeros when absent) updated token by token by `update_rule`, each query head reading its
+    /// KV head's state (`q_num_heads / kv_num_heads` query heads share one): output
+    /// `[B, T, H_q * d_v]`. `decay` is `[B, T, H_kv]` or `[B, T, H_kv * d_k]`, `beta` `[B, T, H_kv]`
+    /// or `[B, T, 1]`.
+    LinearAttention(a: LinearAttention) => "LinearAttention", arity (3, 6), Root, Sequence, outputs 2;
 
     // ----- losses -----
     /// `(input, target, weight?) -> loss`.
