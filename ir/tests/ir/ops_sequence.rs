@@ -783,7 +783,7 @@ fn linear_attention_every_update_rule_by_hand() {
     );
     let decay = f32s(&[1, 2, 1], &[0.0, 0.5f32.ln()]);
     let beta = f32s(&[1, 2, 1], &[0.5, 1.0]);
-    let cases: [(LinearUpdate, Option<&Tensor>, Option<&Tensor>, [f64; 2], f64); 4] = [
+    let cases = [
         // S1 = 3*5 = 15; S2 = 15 + 4*6 = 39.
         (LinearUpdate::Linear, None, None, [15.0, 78.0], 39.0),
         // S2 = 15 * 0.5 + 24 = 31.5.
