@@ -535,7 +535,7 @@ fn linear_attention_every_update_rule() {
     let past: &[usize] = &[2, 2, 4, 3];
     let per_feature: &[usize] = &[2, 3, 8];
     let (per_head, one): (&[usize], &[usize]) = (&[2, 3, 2], &[2, 3, 1]);
-    let cases: [(LinearUpdate, Option<&[usize]>, Option<&[usize]>); 5] = [
+    let cases = [
         (LinearUpdate::Linear, None, None),
         (LinearUpdate::Gated, Some(per_feature), None),
         (LinearUpdate::Gated, Some(per_head), None),
