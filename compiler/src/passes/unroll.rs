@@ -7,7 +7,7 @@
 //! cumulative loops), and no host step runs the body. Larger or data-dependent loops stay Loops
 //! for the host to run (see `control.rs`).
 
-use kiln_ir::{normalize_axis, DType, Graph, NodeId, Op, Tensor, ValueId};
+use kiln_ir::{normalize_axis, DType, Graph, NodeId, Op, Shape, Tensor, TensorType, ValueId};
 
 use crate::Result;
 
@@ -160,10 +160,10 @@ fn unroll_scan(graph: &mut Graph, id: NodeId, name: &str, s: &kiln_ir::op::Scan)
         scanned.push((v, axis, reverse));
     }
     let body = &s.body.0;
-    // A body of static shapes compiles as one program the host runs per step (`control.rs`);
-    // only one whose shapes follow from the values it captures needs the copies.
-    let static_body = body.nodes().all(|(_, n)| n.outputs.iter().all(|t| t.shape.is_fixed()));
-    if static_body {
+    // A body of static shapes (once typed by the operands) compiles as one program the host runs
+    // per step (`control.rs`); only one whose shapes follow from the values it captures needs
+    // the copies.
+    if static_once_typed(graph, body, &operands[..first_scanned], &scanned) {
         return Ok(false);
     }
     let Some(steps) = length.filter(|&l| l > 0) else { return Ok(false) };
@@ -235,4 +235,30 @@ fn unroll_scan(graph: &mut Graph, id: NodeId, name: &str, s: &kiln_ir::op::Scan)
     }
     graph.remove_node(id)?;
     Ok(true)
+}
+
+/// Whether every shape in a Scan's `body` is static once its inputs take the types of the
+/// captured and state operands `carried` and of one slice of each `scanned` operand. A body that
+/// does not type-check so is left to the Scan's own checks (true: nothing to unroll).
+fn static_once_typed(
+    graph: &Graph,
+    body: &Graph,
+    carried: &[ValueId],
+    scanned: &[(ValueId, usize, bool)],
+) -> bool {
+    let mut types: Vec<TensorType> = carried.iter().map(|&v| graph.value_type(v).clone()).collect();
+    for &(v, axis, _) in scanned {
+        let ty = graph.value_type(v);
+        let mut dims = ty.shape.dims().to_vec();
+        dims.remove(axis);
+        types.push(TensorType::new(ty.dtype, Shape(dims)));
+    }
+    let mut typed = body.clone();
+    for (i, ty) in types.into_iter().enumerate() {
+        if typed.set_input_type(i, ty).is_err() {
+            return true;
+        }
+    }
+    let fixed = typed.nodes().all(|(_, n)| n.outputs.iter().all(|t| t.shape.is_fixed()));
+    fixed
 }
