@@ -514,7 +514,9 @@ fn causal_conv_with_state_with_and_without_past() {
         2,
         1e-5,
     );
-    stateful_case(none, DType::F32, &[Some(x), Some(&[3, 1, 1])], 2, 1e-5);
+    stateful_case(none.clone(), DType::F32, &[Some(x), Some(&[3, 1, 1])], 2, 1e-5);
+    // No positions at all: an empty output, the past as the state.
+    stateful_case(none, DType::F32, &[Some(&[2, 3, 0]), Some(w), None, Some(past)], 2, 0.0);
     stateful_case(silu, DType::F16, &[Some(x), Some(w), Some(b)], 2, 2e-3);
 }
 
@@ -559,6 +561,10 @@ fn linear_attention_every_update_rule() {
             1e-4,
         );
     }
+    // No steps: an empty output, the past as the state.
+    let op = linear_attention(LinearUpdate::Linear, 4, 2);
+    let (q0, k0, v0): (&[usize], &[usize], &[usize]) = (&[2, 0, 16], &[2, 0, 8], &[2, 0, 6]);
+    stateful_case(op, DType::F32, &[Some(q0), Some(k0), Some(v0), Some(past)], 2, 0.0);
     // f16, one step.
     let op = linear_attention(LinearUpdate::GatedDelta, 2, 2);
     let (q1, d1, b1): (&[usize], &[usize], &[usize]) = (&[1, 1, 8], &[1, 1, 8], &[1, 1, 2]);

@@ -37,6 +37,12 @@ pub(super) fn causal_conv(
             e.concat("padded", &[zeros, x], 2)?
         }
     };
+    let present = e.slice("present_state", padded, 2, len, len + k - 1, 1)?;
+    // No positions: nothing to convolve (a Conv cannot give an empty result), only the state.
+    if len == 0 {
+        let y = e.full("output", dt, &[batch, channels, 0], 0.0)?;
+        return Ok(Some(vec![y, present]));
+    }
     let conv_in = e.cast("padded_compute", padded, cd)?;
     let weight = e.cast("weight_compute", w, cd)?;
     let bias = match operand(2) {
@@ -52,7 +58,6 @@ pub(super) fn causal_conv(
         y
     };
     let y = e.cast("output", y, dt)?;
-    let present = e.slice("present_state", padded, 2, len, len + k - 1, 1)?;
     Ok(Some(vec![y, present]))
 }
 
@@ -147,10 +152,15 @@ pub(super) fn linear_attention(
         let read = e.matmul(&format!("step{t}/read"), q_rows, state)?;
         outputs.push(e.reshape(&format!("step{t}/output"), read, &[batch, 1, hq * d_v])?);
     }
+    let present = e.cast("present_state", state, node_outputs[1].dtype)?;
+    // No steps: an empty output and the past state as it was.
+    if outputs.is_empty() {
+        let y = e.full("output", dt, &[batch, 0, hq * d_v], 0.0)?;
+        return Ok(Some(vec![y, present]));
+    }
     let joined = e.concat("outputs", &outputs, 1)?;
     let scale = e.scalar(a.scale_for(d_k), cd)?;
     let scaled = e.mul("scaled", joined, scale)?;
     let y = e.cast("output", scaled, dt)?;
-    let present = e.cast("present_state", state, node_outputs[1].dtype)?;
     Ok(Some(vec![y, present]))
 }
