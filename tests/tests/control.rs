@@ -241,6 +241,47 @@ fn a_scan_runs_its_body_once_per_step_on_host_slices() {
     assert!(e.to_string().contains("state 0 goes in as f32[2,4] and comes out as f32[2,8]"), "{e}");
 }
 
+/// A Scan whose body reads a captured constant as Unsqueeze's axes (as ONNX's function bodies
+/// do): the body's shapes are not static, so it cannot be one program; its 4 steps are unrolled
+/// instead, with no host step, and give what the interpreter gives.
+#[test]
+fn a_scan_whose_shapes_follow_from_captured_values_is_unrolled() {
+    let body = GraphBuilder::new("step");
+    let axes = body.input("axes", DType::I64, [1]);
+    let h = body.input("h", DType::F32, [2, 3]);
+    let x = body.input("x_t", DType::F32, [2, 3]);
+    body.output("h_next", (h + x).tanh());
+    body.output("y_t", body.apply(Op::Unsqueeze, &[Some(h * x), Some(axes)], 1)[0]);
+    let body = body.build().unwrap();
+    assert!(body.nodes().any(|(_, n)| n.outputs.iter().any(|t| !t.shape.is_fixed())));
+    let g = GraphBuilder::new("unrolled_scan");
+    let x = g.input("x", DType::F32, [4, 2, 3]);
+    let h0 = g.input("h0", DType::F32, [2, 3]);
+    let axes = g.constant("axes", Tensor::vector(&[-1i64]));
+    let scan = kiln_ir::op::Scan {
+        body: Subgraph(Arc::new(body)),
+        captures: 1,
+        scan_inputs: 1,
+        input_axes: vec![0],
+        input_reverse: vec![true],
+        output_axes: vec![1],
+        output_reverse: vec![false],
+    };
+    let out = g.apply(Op::Scan(Box::new(scan)), &[Some(axes), Some(h0), Some(x)], 2);
+    g.output("h_last", out[0]);
+    g.output("ys", out[1]);
+    let graph = g.build().unwrap();
+    let compiled = compile(&graph, &Options { cache: false, ..Options::default() }, true).unwrap();
+    let fused = &compiled.stages[kiln_compiler::Stage::Fused];
+    assert!(!fused.contains("control flow"), "{fused}");
+    let x = vec![Tensor::random(DType::F32, &[4, 2, 3], 1), Tensor::random(DType::F32, &[2, 3], 2)];
+    let want = eval::run(&graph, &x).unwrap();
+    assert_eq!(want[1].dims(), &[2, 4, 3, 1]);
+    let art = Artifact::from_bytes(&compiled.artifact.to_bytes(), "unrolled.kiln").unwrap();
+    let exe = Executable::load(art, &LoadOptions::default()).unwrap();
+    close(&exe.run(&x).unwrap(), &want, "unrolled");
+}
+
 /// A loop body over `h: f32[3,4]` that captures a weight and a value computed before the Loop:
 /// `h = tanh(h @ w + c * step)`; stacks `h * 2`. The condition is passed on, or, with `limit`,
 /// is `sum(h) < limit` (a while loop whose length the data decides).

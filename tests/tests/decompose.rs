@@ -4,7 +4,8 @@
 use kiln_compiler::passes::decompose;
 use kiln_ir::builder::GraphBuilder;
 use kiln_ir::op::{
-    Attention, Col2Im, Loss, LossReduction, Rnn, RnnCell, RnnDirection, RotaryEmbedding,
+    Attention, CausalActivation, Col2Im, LinearAttention, LinearUpdate, Loss, LossReduction, Rnn,
+    RnnCell, RnnDirection, RotaryEmbedding,
 };
 use kiln_ir::{eval, DType, Graph, Op, Shape, Tensor, UnaryOp};
 
@@ -17,6 +18,8 @@ fn decomposable(op: &Op) -> bool {
         Op::Rnn(_)
             | Op::Attention(_)
             | Op::RotaryEmbedding(_)
+            | Op::CausalConvWithState { .. }
+            | Op::LinearAttention(_)
             | Op::NllLoss(_)
             | Op::SoftmaxCrossEntropyLoss(_)
             | Op::CenterCropPad { .. }
@@ -474,6 +477,107 @@ fn rotary_without_positions() {
         &[2, 2, 3, 8],
         &[2, 3, 3],
         None,
+    );
+}
+
+// ----- CausalConvWithState, LinearAttention -----
+
+/// One node of `op` whose operands (`None`: omitted) are inputs of random values, `outputs`
+/// results.
+fn stateful_case(op: Op, dtype: DType, operands: &[Option<&[usize]>], outputs: usize, tol: f64) {
+    let g = GraphBuilder::new("stateful");
+    let mut inputs = Vec::new();
+    let mut values = Vec::new();
+    for (i, dims) in operands.iter().enumerate() {
+        values.push(dims.map(|d| {
+            inputs.push(Tensor::random(dtype, d, 11 + i as u64));
+            g.input(&format!("x{i}"), dtype, d)
+        }));
+    }
+    let ys = g.apply(op, &values, outputs);
+    for (i, y) in ys.iter().enumerate() {
+        g.output(&format!("y{i}"), *y);
+    }
+    let graph = g.build().expect("the graph builds");
+    check(&graph, &inputs, tol);
+}
+
+#[test]
+fn causal_conv_with_state_with_and_without_past() {
+    let none = Op::CausalConvWithState { activation: CausalActivation::None };
+    let silu = Op::CausalConvWithState { activation: CausalActivation::Silu };
+    let (x, w, b, past): (&[usize], &[usize], &[usize], &[usize]) =
+        (&[2, 3, 5], &[3, 1, 4], &[3], &[2, 3, 3]);
+    stateful_case(none.clone(), DType::F32, &[Some(x), Some(w)], 2, 1e-5);
+    stateful_case(silu.clone(), DType::F32, &[Some(x), Some(w), Some(b), Some(past)], 2, 1e-5);
+    // An input shorter than the state; one tap (an empty state); f16.
+    stateful_case(
+        none.clone(),
+        DType::F32,
+        &[Some(&[2, 3, 1]), Some(w), None, Some(past)],
+        2,
+        1e-5,
+    );
+    stateful_case(none.clone(), DType::F32, &[Some(x), Some(&[3, 1, 1])], 2, 1e-5);
+    // No positions at all: an empty output, the past as the state.
+    stateful_case(none, DType::F32, &[Some(&[2, 3, 0]), Some(w), None, Some(past)], 2, 0.0);
+    stateful_case(silu, DType::F16, &[Some(x), Some(w), Some(b)], 2, 2e-3);
+}
+
+fn linear_attention(update_rule: LinearUpdate, q_heads: usize, kv_heads: usize) -> Op {
+    Op::LinearAttention(LinearAttention {
+        chunk_size: 64,
+        kv_num_heads: kv_heads,
+        q_num_heads: q_heads,
+        scale: 0.0,
+        update_rule,
+    })
+}
+
+#[test]
+fn linear_attention_every_update_rule() {
+    // B = 2, T = 3, d_k = 4, d_v = 3; two KV heads, four query heads.
+    let (q, k, v): (&[usize], &[usize], &[usize]) = (&[2, 3, 16], &[2, 3, 8], &[2, 3, 6]);
+    let past: &[usize] = &[2, 2, 4, 3];
+    let per_feature: &[usize] = &[2, 3, 8];
+    let (per_head, one): (&[usize], &[usize]) = (&[2, 3, 2], &[2, 3, 1]);
+    let cases = [
+        (LinearUpdate::Linear, None, None),
+        (LinearUpdate::Gated, Some(per_feature), None),
+        (LinearUpdate::Gated, Some(per_head), None),
+        (LinearUpdate::Delta, None, Some(per_head)),
+        (LinearUpdate::GatedDelta, Some(per_feature), Some(one)),
+    ];
+    for (rule, decay, beta) in cases {
+        let op = linear_attention(rule, 4, 2);
+        stateful_case(
+            op.clone(),
+            DType::F32,
+            &[Some(q), Some(k), Some(v), None, decay, beta],
+            2,
+            1e-4,
+        );
+        stateful_case(
+            op,
+            DType::F32,
+            &[Some(q), Some(k), Some(v), Some(past), decay, beta],
+            2,
+            1e-4,
+        );
+    }
+    // No steps: an empty output, the past as the state.
+    let op = linear_attention(LinearUpdate::Linear, 4, 2);
+    let (q0, k0, v0): (&[usize], &[usize], &[usize]) = (&[2, 0, 16], &[2, 0, 8], &[2, 0, 6]);
+    stateful_case(op, DType::F32, &[Some(q0), Some(k0), Some(v0), Some(past)], 2, 0.0);
+    // f16, one step.
+    let op = linear_attention(LinearUpdate::GatedDelta, 2, 2);
+    let (q1, d1, b1): (&[usize], &[usize], &[usize]) = (&[1, 1, 8], &[1, 1, 8], &[1, 1, 2]);
+    stateful_case(
+        op,
+        DType::F16,
+        &[Some(q1), Some(q1), Some(q1), None, Some(d1), Some(b1)],
+        2,
+        2e-3,
     );
 }
 

@@ -8,6 +8,11 @@
 //! - `Attention` becomes MatMul / Softmax / elementwise (`attention.rs`). On the CPU, what its
 //!   attention kernel runs whole stays.
 //! - `RotaryEmbedding` becomes Slice / Gather / elementwise / Concat (`attention.rs`).
+//! - `CausalConvWithState` becomes Concat (the past before the input) / a depthwise Conv /
+//!   Sigmoid and Mul for SiLU / Slice (the new state) (`stateful.rs`).
+//! - `LinearAttention` is unrolled over its sequence: per step the decay (Mul by exp), the delta
+//!   rule's correction (MatMul, Sub, Mul), the outer-product write (a broadcast Mul) and the
+//!   query heads' read (MatMul of each KV head's group of query rows) (`stateful.rs`).
 //! - `NegativeLogLikelihoodLoss` and `SoftmaxCrossEntropyLoss` become Equal / Where / ReduceSum
 //!   (and LogSoftmax) (`loss.rs`).
 //! - `CenterCropPad` becomes Slice and Pad, `Col2Im` (floats) a MatMul by a constant scatter
@@ -42,6 +47,7 @@ mod quantize;
 mod rnn;
 mod roi;
 mod signal;
+mod stateful;
 
 use kiln_ir::op::{Gemm, OpFamily, Reduce, ReduceKind};
 use kiln_ir::{BinaryOp, DType, Graph, NodeId, Op, Tensor, UnaryOp, ValueId};
@@ -87,6 +93,10 @@ pub fn decompose(graph: &mut Graph, keep: fn(&Graph, NodeId) -> bool) -> Result<
             Op::Rnn(r) => rnn::decompose(&mut e, id, r),
             Op::Attention(a) => attention::attention(&mut e, id, a),
             Op::RotaryEmbedding(r) => attention::rotary(&mut e, id, r),
+            Op::LinearAttention(a) => stateful::linear_attention(&mut e, id, a),
+            Op::CausalConvWithState { activation } => {
+                stateful::causal_conv(&mut e, id, *activation)
+            }
             Op::NllLoss(l) => loss::decompose(&mut e, id, l, false),
             Op::SoftmaxCrossEntropyLoss(l) => loss::decompose(&mut e, id, l, true),
             Op::Quantize { axis, block_size, saturate, .. } => {

@@ -1,11 +1,13 @@
 //! Loop unrolling: a Loop that provably runs a small constant number of steps (a constant trip
 //! count, a condition that starts true and that the body passes on) becomes its body inlined
-//! once per step, the step number a constant in each copy. Every copy then has static shapes
+//! once per step, the step number a constant in each copy; so does a Scan of a small static
+//! length whose body's shapes depend on the values it captures, each copy reading its step's
+//! slices (a Gather at the step), its stacked results joined by Concat. Every copy then has static shapes
 //! even where the body's depend on the step (a Slice at the step, as exporters write Range and
 //! cumulative loops), and no host step runs the body. Larger or data-dependent loops stay Loops
 //! for the host to run (see `control.rs`).
 
-use kiln_ir::{DType, Graph, Op, Tensor, ValueId};
+use kiln_ir::{normalize_axis, DType, Graph, NodeId, Op, Shape, Tensor, TensorType, ValueId};
 
 use crate::Result;
 
@@ -16,6 +18,10 @@ pub fn run(graph: &mut Graph) -> Result<bool> {
     let mut changed = false;
     for id in graph.topo_order()? {
         let node = graph.node(id).clone();
+        if let Op::Scan(s) = &node.op {
+            changed |= unroll_scan(graph, id, &node.name, s)?;
+            continue;
+        }
         let Op::Loop(l) = &node.op else { continue };
         let operands = graph.operands(id);
         let c = l.captures;
@@ -125,4 +131,134 @@ pub fn run(graph: &mut Graph) -> Result<bool> {
         super::fold::run(graph)?;
     }
     Ok(changed)
+}
+
+/// Unrolls one Scan whose body has shapes it computes from values (the axes of an Unsqueeze it
+/// captures, as ONNX's function bodies write them), whose scanned inputs have a static length of
+/// at least one step and whose copies stay under [`MAX_UNROLLED_NODES`]; whether it did. The
+/// copies see the captured values as they are outside (a constant stays one), so those shapes
+/// become static.
+fn unroll_scan(graph: &mut Graph, id: NodeId, name: &str, s: &kiln_ir::op::Scan) -> Result<bool> {
+    let operands = graph.operands(id);
+    let Some(operands) = operands.into_iter().collect::<Option<Vec<ValueId>>>() else {
+        return Ok(false);
+    };
+    let states = s.states(operands.len());
+    let first_scanned = s.captures + states;
+    // Each scanned input's axis and direction, and the common length.
+    let mut scanned = Vec::with_capacity(s.scan_inputs);
+    let mut length = None;
+    for (i, &v) in operands[first_scanned..].iter().enumerate() {
+        let ty = graph.value_type(v);
+        let (axis, reverse) = s.input(i);
+        let Some(axis) = normalize_axis(axis, ty.rank()) else { return Ok(false) };
+        let Some(l) = ty.shape.dims()[axis].fixed() else { return Ok(false) };
+        if length.is_some_and(|m| m != l) {
+            return Ok(false);
+        }
+        length = Some(l);
+        scanned.push((v, axis, reverse));
+    }
+    let body = &s.body.0;
+    // A body of static shapes (once typed by the operands) compiles as one program the host runs
+    // per step (`control.rs`); only one whose shapes follow from the values it captures needs
+    // the copies.
+    if static_once_typed(graph, body, &operands[..first_scanned], &scanned) {
+        return Ok(false);
+    }
+    let Some(steps) = length.filter(|&l| l > 0) else { return Ok(false) };
+    if steps.saturating_mul(body.node_count().max(1)) > MAX_UNROLLED_NODES {
+        return Ok(false);
+    }
+    let stacked = body.outputs().len().saturating_sub(states);
+    let mut args: Vec<ValueId> = operands[..first_scanned].to_vec();
+    let mut parts: Vec<Vec<ValueId>> = vec![Vec::with_capacity(steps); stacked];
+    for step in 0..steps {
+        let prefix = format!("{name}.step{step}");
+        args.truncate(first_scanned);
+        for (i, &(v, axis, reverse)) in scanned.iter().enumerate() {
+            let at = if reverse { steps - 1 - step } else { step };
+            let index = graph.add_constant(
+                &graph.unique_name(&format!("{prefix}.at{i}")),
+                Tensor::scalar(at as i64),
+            )?;
+            let slice = graph.add_node(
+                &graph.unique_name(&format!("{prefix}.slice{i}")),
+                Op::Gather { axis: axis as i64 },
+                &[Some(v), Some(index)],
+            )?;
+            args.push(slice.into());
+        }
+        let outs = graph.inline(body, &args, &prefix)?;
+        args.splice(s.captures..first_scanned, outs[..states].iter().copied());
+        for (k, &v) in outs[states..].iter().enumerate() {
+            parts[k].push(v);
+        }
+    }
+    let mut results: Vec<ValueId> = args[s.captures..first_scanned].to_vec();
+    for (k, mut rows) in parts.into_iter().enumerate() {
+        let (axis, reverse) = s.output(k);
+        let rank = graph.value_type(rows[0]).rank();
+        let Some(axis) = normalize_axis(axis, rank + 1) else {
+            return Err(crate::CompileError::Internal(format!(
+                "Scan `{name}`: stacking axis {axis} is outside rank {}",
+                rank + 1
+            )));
+        };
+        if reverse {
+            rows.reverse();
+        }
+        let stacked_name = graph.unique_name(&format!("{name}.stacked{k}"));
+        let axes = graph.add_constant(
+            &graph.unique_name(&format!("{stacked_name}.axes")),
+            Tensor::vector(&[axis as i64]),
+        )?;
+        let rows: Vec<Option<ValueId>> = rows
+            .iter()
+            .enumerate()
+            .map(|(i, &p)| {
+                graph
+                    .add_node(
+                        &graph.unique_name(&format!("{stacked_name}.row{i}")),
+                        Op::Unsqueeze,
+                        &[Some(p), Some(axes)],
+                    )
+                    .map(|n| Some(n.into()))
+            })
+            .collect::<std::result::Result<_, _>>()?;
+        results
+            .push(graph.add_node(&stacked_name, Op::Concat { axis: axis as i64 }, &rows)?.into());
+    }
+    let used = graph.node(id).outputs.len();
+    for (k, v) in results.into_iter().enumerate().take(used) {
+        graph.replace_uses(ValueId::new(id, k), v)?;
+    }
+    graph.remove_node(id)?;
+    Ok(true)
+}
+
+/// Whether every shape in a Scan's `body` is static once its inputs take the types of the
+/// captured and state operands `carried` and of one slice of each `scanned` operand. A body that
+/// does not type-check so is left to the Scan's own checks (true: nothing to unroll).
+fn static_once_typed(
+    graph: &Graph,
+    body: &Graph,
+    carried: &[ValueId],
+    scanned: &[(ValueId, usize, bool)],
+) -> bool {
+    let mut types: Vec<TensorType> = carried.iter().map(|&v| graph.value_type(v).clone()).collect();
+    for &(v, axis, _) in scanned {
+        let ty = graph.value_type(v);
+        let mut dims = ty.shape.dims().to_vec();
+        dims.remove(axis);
+        types.push(TensorType::new(ty.dtype, Shape(dims)));
+    }
+    let mut typed = body.clone();
+    for (i, ty) in types.into_iter().enumerate() {
+        if typed.set_input_type(i, ty).is_err() {
+            return true;
+        }
+    }
+    let fixed = typed.nodes().all(|(_, n)| n.outputs.iter().all(|t| t.shape.is_fixed()));
+    fixed
 }

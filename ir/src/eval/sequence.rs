@@ -1,11 +1,14 @@
-//! Sequence models: RNN, GRU, LSTM, Attention, RotaryEmbedding, computed in f64.
+//! Sequence models: RNN, GRU, LSTM, Attention, RotaryEmbedding, CausalConvWithState,
+//! LinearAttention, computed in f64.
 //!
 //! Inference has checked every shape, so the index arithmetic below only reads in bounds; the
 //! remaining run-time checks are on values (sequence lengths, position ids).
 
 use super::elementwise::unary_float;
 use crate::error::{invalid, OpError};
-use crate::op::{Attention, Rnn, RnnCell, RnnDirection, RotaryEmbedding};
+use crate::op::{
+    Attention, CausalActivation, LinearAttention, Rnn, RnnCell, RnnDirection, RotaryEmbedding,
+};
 use crate::{DType, Op, Tensor, TensorType};
 
 pub(super) fn eval(
@@ -17,6 +20,8 @@ pub(super) fn eval(
         Op::Rnn(r) => rnn(r, operands, out),
         Op::Attention(a) => attention(a, operands, out),
         Op::RotaryEmbedding(r) => rotary(r, operands, out),
+        Op::CausalConvWithState { activation } => causal_conv(*activation, operands, out),
+        Op::LinearAttention(a) => linear_attention(a, operands, out),
         _ => Err(invalid!("{} is not a sequence op", op.name())),
     }
 }
@@ -421,4 +426,108 @@ fn rotary(
         }
     }
     Ok(vec![result(&out[0], &y)?])
+}
+
+// ----- CausalConvWithState -----
+
+fn causal_conv(
+    activation: CausalActivation,
+    operands: &[Option<&Tensor>],
+    out: &[TensorType],
+) -> Result<Vec<Tensor>, OpError> {
+    let x = get(operands, 0)?;
+    let w = get(operands, 1)?;
+    let [batch, channels, len]: [usize; 3] =
+        x.dims().try_into().map_err(|_| invalid!("input is not 3-D"))?;
+    let k = w.dims()[2];
+    let (xv, wv) = (x.to_f64s(), w.to_f64s());
+    let bias = opt(operands, 2).map(|b| b.to_f64s());
+    let past = opt(operands, 3).map(|p| p.to_f64s());
+    // Each row (b, c) is the past (or k - 1 zeros) followed by the input: len + k - 1 positions.
+    let width = len + k - 1;
+    let mut y = Vec::with_capacity(batch * channels * len);
+    let mut state = Vec::with_capacity(batch * channels * (k - 1));
+    for row in 0..batch * channels {
+        let c = row % channels;
+        let mut padded = match &past {
+            Some(p) => p[row * (k - 1)..(row + 1) * (k - 1)].to_vec(),
+            None => vec![0.0; k - 1],
+        };
+        padded.extend_from_slice(&xv[row * len..(row + 1) * len]);
+        let taps = &wv[c * k..(c + 1) * k];
+        for t in 0..len {
+            let sum: f64 = taps.iter().zip(&padded[t..t + k]).map(|(a, b)| a * b).sum();
+            let v = sum + bias.as_ref().map_or(0.0, |b| b[c]);
+            y.push(if activation.is_silu() { v / (1.0 + (-v).exp()) } else { v });
+        }
+        state.extend_from_slice(&padded[width - (k - 1)..]);
+    }
+    Ok(vec![result(&out[0], &y)?, result(&out[1], &state)?])
+}
+
+// ----- LinearAttention -----
+
+fn linear_attention(
+    a: &LinearAttention,
+    operands: &[Option<&Tensor>],
+    out: &[TensorType],
+) -> Result<Vec<Tensor>, OpError> {
+    let (q, k, v) = (get(operands, 0)?, get(operands, 1)?, get(operands, 2)?);
+    let [batch, seq, q_width]: [usize; 3] =
+        q.dims().try_into().map_err(|_| invalid!("query is not 3-D"))?;
+    let (hq, hkv) = (a.q_num_heads, a.kv_num_heads);
+    let (d_k, d_v) = (q_width / hq, v.dims()[2] / hkv);
+    let group = hq / hkv;
+    let (qv, kv, vv) = (q.to_f64s(), k.to_f64s(), v.to_f64s());
+    // Packed [B, T, heads * size]: element (b, t, h, i).
+    let packed = |x: &[f64], heads: usize, size: usize, b: usize, t: usize, h: usize, i: usize| {
+        x[((b * seq + t) * heads + h) * size + i]
+    };
+    // Decay per key feature or per head (one value for every feature); beta per head or one.
+    let decay = opt(operands, 4).map(|d| (d.dims()[2] / hkv, d.to_f64s()));
+    let beta = opt(operands, 5).map(|b| (b.dims()[2], b.to_f64s()));
+    let mut state = match opt(operands, 3) {
+        Some(p) => p.to_f64s(),
+        None => vec![0.0; batch * hkv * d_k * d_v],
+    };
+    let scale = a.scale_for(d_k);
+    let mut y = vec![0.0; batch * seq * hq * d_v];
+    for b in 0..batch {
+        for h in 0..hkv {
+            let s = &mut state[(b * hkv + h) * d_k * d_v..(b * hkv + h + 1) * d_k * d_v];
+            for t in 0..seq {
+                if let Some((per, d)) = &decay {
+                    for i in 0..d_k {
+                        let g = packed(d, hkv, *per, b, t, h, if *per == 1 { 0 } else { i }).exp();
+                        s[i * d_v..(i + 1) * d_v].iter_mut().for_each(|x| *x *= g);
+                    }
+                }
+                let key: Vec<f64> = (0..d_k).map(|i| packed(&kv, hkv, d_k, b, t, h, i)).collect();
+                let mut write: Vec<f64> =
+                    (0..d_v).map(|m| packed(&vv, hkv, d_v, b, t, h, m)).collect();
+                if let Some((heads, bv)) = &beta {
+                    let rate = packed(bv, *heads, 1, b, t, if *heads == 1 { 0 } else { h }, 0);
+                    for (m, w) in write.iter_mut().enumerate() {
+                        let retrieved: f64 = (0..d_k).map(|i| s[i * d_v + m] * key[i]).sum();
+                        *w = rate * (*w - retrieved);
+                    }
+                }
+                for (i, ki) in key.iter().enumerate() {
+                    for (m, w) in write.iter().enumerate() {
+                        s[i * d_v + m] += ki * w;
+                    }
+                }
+                // The query heads of this KV head read the updated state.
+                for qh in h * group..(h + 1) * group {
+                    for m in 0..d_v {
+                        let dot: f64 = (0..d_k)
+                            .map(|i| packed(&qv, hq, d_k, b, t, qh, i) * s[i * d_v + m])
+                            .sum();
+                        y[((b * seq + t) * hq + qh) * d_v + m] = scale * dot;
+                    }
+                }
+            }
+        }
+    }
+    Ok(vec![result(&out[0], &y)?, result(&out[1], &state)?])
 }

@@ -1,8 +1,9 @@
-//! Sequence models: RNN, GRU, LSTM, Attention, RotaryEmbedding.
+//! Sequence models: RNN, GRU, LSTM, Attention, RotaryEmbedding, CausalConvWithState,
+//! LinearAttention.
 
 use super::{same_dtype, Ctx, Infer, Operands};
 use crate::error::{invalid, OpError};
-use crate::op::{Attention, Rnn, RnnCell, RnnDirection, RotaryEmbedding};
+use crate::op::{Attention, LinearAttention, Rnn, RnnCell, RnnDirection, RotaryEmbedding};
 use crate::{broadcast, DType, Dim, Op, Shape, TensorType};
 
 pub(super) fn infer(op: &Op, ops: &Operands, ctx: &Ctx) -> Infer {
@@ -10,6 +11,8 @@ pub(super) fn infer(op: &Op, ops: &Operands, ctx: &Ctx) -> Infer {
         Op::Rnn(r) => rnn(r, ops),
         Op::Attention(a) => attention(a, ops, ctx),
         Op::RotaryEmbedding(r) => rotary(r, ops),
+        Op::CausalConvWithState { .. } => causal_conv(ops),
+        Op::LinearAttention(a) => linear_attention(a, ops),
         _ => Err(invalid!("{} is not a sequence op", op.name())),
     }
 }
@@ -471,4 +474,133 @@ fn rotary(r: &RotaryEmbedding, ops: &Operands) -> Infer {
         )?;
     }
     Ok(vec![x.clone()])
+}
+
+// ----- CausalConvWithState -----
+
+fn causal_conv(ops: &Operands) -> Infer {
+    let x = ops.get(0)?.ty;
+    if !x.dtype.is_float() {
+        return Err(invalid!("input must be a float tensor, got {x}"));
+    }
+    if x.rank() != 3 {
+        return Err(invalid!("input must be 3-D [batch, channels, length], got {x}"));
+    }
+    let (batch, channels) = (&x.shape.0[0], &x.shape.0[1]);
+    let w = ops.get(1)?.ty;
+    same_dtype("input and weight", x, w)?;
+    expect_shape(
+        "weight",
+        w,
+        &[Some(channels.clone()), Some(Dim::Fixed(1)), None],
+        "channels, 1, k",
+        x,
+    )?;
+    // The state holds k - 1 positions; a kernel of no taps has none to hold.
+    let state = match &w.shape.0[2] {
+        Dim::Fixed(0) => return Err(invalid!("the kernel must have at least one tap, got {w}")),
+        Dim::Fixed(k) => Some(Dim::Fixed(k - 1)),
+        _ => None,
+    };
+    if let Some(b) = ops.opt(2) {
+        same_dtype("input and bias", x, b.ty)?;
+        expect_shape("bias", b.ty, &[Some(channels.clone())], "channels", x)?;
+    }
+    let state = match ops.opt(3) {
+        Some(p) => {
+            same_dtype("input and past_state", x, p.ty)?;
+            expect_shape(
+                "past_state",
+                p.ty,
+                &[Some(batch.clone()), Some(channels.clone()), state.clone()],
+                "batch, channels, k - 1",
+                x,
+            )?;
+            state.unwrap_or_else(|| p.ty.shape.0[2].clone())
+        }
+        None => state.ok_or_else(|| {
+            invalid!("the kernel size of {w} must be known to size present_state")
+        })?,
+    };
+    Ok(vec![
+        x.clone(),
+        TensorType::new(x.dtype, Shape(vec![batch.clone(), channels.clone(), state])),
+    ])
+}
+
+// ----- LinearAttention -----
+
+/// The per-head size of a packed `[B, T, heads * size]` operand, which must be known.
+fn head_size(what: &str, ty: &TensorType, heads: usize) -> Result<usize, OpError> {
+    match ty.shape.0[2] {
+        Dim::Fixed(n) if n % heads == 0 => Ok(n / heads),
+        Dim::Fixed(n) => {
+            Err(invalid!("{what} {ty}: its last axis ({n}) does not split into {heads} heads"))
+        }
+        _ => Err(invalid!("{what} {ty}: the size of its last axis must be known")),
+    }
+}
+
+fn linear_attention(a: &LinearAttention, ops: &Operands) -> Infer {
+    let (q, k, v) = (ops.get(0)?.ty, ops.get(1)?.ty, ops.get(2)?.ty);
+    if !q.dtype.is_float() {
+        return Err(invalid!("query must be a float tensor, got {q}"));
+    }
+    same_dtype("query and key", q, k)?;
+    same_dtype("query and value", q, v)?;
+    if q.rank() != 3 {
+        return Err(invalid!("query must be 3-D [batch, seq, heads * size], got {q}"));
+    }
+    let (hq, hkv) = (a.q_num_heads, a.kv_num_heads);
+    if hq == 0 || hkv == 0 || hq % hkv != 0 {
+        return Err(invalid!(
+            "q_num_heads ({hq}) must be a positive multiple of kv_num_heads ({hkv})"
+        ));
+    }
+    let (batch, seq) = (q.shape.0[0].clone(), q.shape.0[1].clone());
+    let bt = |last: Option<Dim>| vec![Some(batch.clone()), Some(seq.clone()), last];
+    let d_k = head_size("query", q, hq)?;
+    expect_shape("key", k, &bt(Some(Dim::Fixed(hkv * d_k))), "batch, seq, kv heads * d_k", q)?;
+    expect_shape("value", v, &bt(None), "batch, seq, kv heads * d_v", q)?;
+    let d_v = head_size("value", v, hkv)?;
+    let state = Shape(vec![batch.clone(), Dim::Fixed(hkv), Dim::Fixed(d_k), Dim::Fixed(d_v)]);
+    let state_dtype = match ops.opt(3) {
+        Some(p) => {
+            if !p.ty.dtype.is_float() {
+                return Err(invalid!("past_state must be a float tensor, got {}", p.ty));
+            }
+            let want: Vec<Option<Dim>> = state.0.iter().cloned().map(Some).collect();
+            expect_shape("past_state", p.ty, &want, "batch, kv heads, d_k, d_v", q)?;
+            p.ty.dtype
+        }
+        None => q.dtype,
+    };
+    let rule = a.update_rule.name();
+    for (i, what, needed, sizes) in [
+        (4, "decay", a.update_rule.gated(), [hkv, hkv * d_k]),
+        (5, "beta", a.update_rule.delta(), [hkv, 1]),
+    ] {
+        match (ops.opt(i), needed) {
+            (None, true) => return Err(invalid!("update_rule {rule} needs {what}")),
+            (Some(_), false) => return Err(invalid!("update_rule {rule} takes no {what}")),
+            (None, false) => {}
+            (Some(t), true) => {
+                same_dtype(&format!("query and {what}"), q, t.ty)?;
+                expect_shape(what, t.ty, &bt(None), "batch, seq, heads or features", q)?;
+                let last = t.ty.shape.0[2].fixed();
+                if !last.is_some_and(|n| sizes.contains(&n)) {
+                    return Err(invalid!(
+                        "{what} {}: its last axis must be {} or {}",
+                        t.ty,
+                        sizes[0],
+                        sizes[1]
+                    ));
+                }
+            }
+        }
+    }
+    Ok(vec![
+        TensorType::new(q.dtype, Shape(vec![batch, seq, Dim::Fixed(hq * d_v)])),
+        TensorType::new(state_dtype, state),
+    ])
 }

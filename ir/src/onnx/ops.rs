@@ -859,11 +859,8 @@ fn body_of(
 /// then its own (the state, one slice of each scanned input); those outer values lead the operands.
 fn scan(im: &mut GraphImporter, node: &NodeProto, mut a: Attrs, opset: i64) -> Result<()> {
     if opset < 9 {
-        return Err(IrError::NotSupported(
-            "Scan before opset 9 (with a batch axis and per-batch lengths) is not supported; export with opset 9 or later".into(),
-        ));
+        return scan8(im, node, a);
     }
-    let (body, names) = body_of(im, node, "Scan", Vec::new())?;
     let flags = |name: &str, v: Option<Vec<i64>>| -> Result<Vec<bool>> {
         v.unwrap_or_default()
             .iter()
@@ -892,12 +889,15 @@ fn scan(im: &mut GraphImporter, node: &NodeProto, mut a: Attrs, opset: i64) -> R
             why: "must be at least 1",
         }));
     }
+    let mut given = Vec::new();
+    for i in 0..node.input.len() {
+        given.push(im.operand(node, i).ok_or_else(|| err(format!("operand {i} is missing")))?);
+    }
+    let implied = scan_implied_types(im, &given, scan_inputs, &input_axes);
+    let (body, names) = body_of(im, node, "Scan", implied)?;
     let mut operands: Vec<Option<ValueId>> =
         names.iter().map(|n| im.values.get(n).copied()).collect();
-    for i in 0..node.input.len() {
-        operands
-            .push(Some(im.operand(node, i).ok_or_else(|| err(format!("operand {i} is missing")))?));
-    }
+    operands.extend(given.into_iter().map(Some));
     let op = Op::Scan(Box::new(crate::op::Scan {
         body: Subgraph(Arc::new(body)),
         captures: names.len(),
@@ -908,6 +908,153 @@ fn scan(im: &mut GraphImporter, node: &NodeProto, mut a: Attrs, opset: i64) -> R
         output_reverse,
     }));
     emit(im, node, op, &operands, node.output.len())
+}
+
+/// Scan before opset 9: `(sequence_lens?, state..., scanned...)`, every operand with a leading
+/// batch axis and the scanned ones scanned along axis 1, each batch entry run on its own. Without
+/// `sequence_lens` (every entry runs the full length) and with a static batch this is one
+/// opset-9 Scan per entry on its slices (a Gather at the entry), the results stacked along a
+/// new leading axis.
+fn scan8(im: &mut GraphImporter, node: &NodeProto, mut a: Attrs) -> Result<()> {
+    if im.operand(node, 0).is_some() {
+        return Err(IrError::NotSupported(
+            "Scan before opset 9 with sequence_lens (per-batch lengths) is not supported; export with opset 9 or later".into(),
+        ));
+    }
+    let scan_inputs = a.size("num_scan_inputs", 0).map_err(attr)?;
+    let directions = a.ints("directions").map_err(attr)?.unwrap_or_default();
+    a.finish("Scan").map_err(attr)?;
+    let reverse = directions
+        .iter()
+        .map(|&d| match d {
+            0 | 1 => Ok(d == 1),
+            _ => Err(attr(AttrError::OutOfRange {
+                name: "directions".into(),
+                value: d.to_string(),
+                why: "must hold only 0 and 1",
+            })),
+        })
+        .collect::<Result<Vec<bool>>>()?;
+    let mut given = Vec::new();
+    for i in 1..node.input.len() {
+        given.push(im.operand(node, i).ok_or_else(|| err(format!("operand {i} is missing")))?);
+    }
+    if scan_inputs == 0 || scan_inputs > given.len() {
+        return Err(attr(AttrError::OutOfRange {
+            name: "num_scan_inputs".into(),
+            value: scan_inputs.to_string(),
+            why: "must be at least 1 and at most the operands after sequence_lens",
+        }));
+    }
+    let batch = given
+        .iter()
+        .map(|&v| im.ty(v).shape.0.first().and_then(|d| d.fixed()))
+        .next()
+        .flatten()
+        .ok_or_else(|| {
+            IrError::NotSupported("Scan before opset 9 needs a static batch size".into())
+        })?;
+    if batch == 0 {
+        return Err(IrError::NotSupported("Scan before opset 9 over an empty batch".into()));
+    }
+    // One batch entry's operands: each without its batch axis.
+    let mut entry_types = Vec::with_capacity(given.len());
+    for &v in &given {
+        let ty = im.ty(v);
+        if ty.shape.0.first().and_then(|d| d.fixed()) != Some(batch) {
+            return Err(err(format!("operand {ty} does not lead with the batch of {batch}")));
+        }
+        entry_types.push(TensorType::new(ty.dtype, Shape(ty.shape.0[1..].to_vec())));
+    }
+    let implied = scan_implied_types_of(&entry_types, scan_inputs, &[]);
+    let (body, names) = body_of(im, node, "Scan", implied)?;
+    let body = Subgraph(Arc::new(body));
+    let captured: Vec<Option<ValueId>> = names.iter().map(|n| im.values.get(n).copied()).collect();
+    let n_out = node.output.len();
+    let mut per_entry: Vec<Vec<ValueId>> = Vec::with_capacity(batch);
+    for b in 0..batch {
+        let at = im.constant(node, &format!("entry{b}"), crate::Tensor::scalar(b as i64))?;
+        let mut operands = captured.clone();
+        for (i, &v) in given.iter().enumerate() {
+            let slice = im.add(
+                node,
+                &format!("entry{b}/in{i}"),
+                Op::Gather { axis: 0 },
+                &[Some(v), Some(at)],
+                1,
+            )?;
+            operands.push(Some(slice[0]));
+        }
+        let op = Op::Scan(Box::new(crate::op::Scan {
+            body: body.clone(),
+            captures: names.len(),
+            scan_inputs,
+            input_axes: Vec::new(),
+            input_reverse: reverse.clone(),
+            output_axes: Vec::new(),
+            output_reverse: Vec::new(),
+        }));
+        per_entry.push(im.add(node, &format!("entry{b}"), op, &operands, n_out)?);
+    }
+    let axes = im.constant(node, "batch_axis", crate::Tensor::vector(&[0i64]))?;
+    let mut results = Vec::with_capacity(n_out);
+    for k in 0..n_out {
+        let mut rows = Vec::with_capacity(batch);
+        for (b, outs) in per_entry.iter().enumerate() {
+            let row = im.add(
+                node,
+                &format!("entry{b}/out{k}"),
+                Op::Unsqueeze,
+                &[Some(outs[k]), Some(axes)],
+                1,
+            )?;
+            rows.push(row[0]);
+        }
+        let stacked = match rows[..] {
+            [one] => one,
+            _ => {
+                let rows: Vec<Option<ValueId>> = rows.into_iter().map(Some).collect();
+                im.add(node, &format!("out{k}"), Op::Concat { axis: 0 }, &rows, 1)?[0]
+            }
+        };
+        results.push(stacked);
+    }
+    im.bind(node, &results)
+}
+
+/// The types a Scan's body inputs take when they declare none (ONNX lets a body leave them to
+/// the Scan): a state's is its initial value's, a scanned input's is its operand's without the
+/// scanned axis. An axis out of range implies nothing; inference reports it.
+fn scan_implied_types(
+    im: &GraphImporter,
+    given: &[ValueId],
+    scan_inputs: usize,
+    input_axes: &[i64],
+) -> Vec<TensorType> {
+    let types: Vec<TensorType> = given.iter().map(|&v| im.ty(v).clone()).collect();
+    scan_implied_types_of(&types, scan_inputs, input_axes)
+}
+
+/// [`scan_implied_types`] from the operands' types.
+fn scan_implied_types_of(
+    given: &[TensorType],
+    scan_inputs: usize,
+    input_axes: &[i64],
+) -> Vec<TensorType> {
+    let states = given.len().saturating_sub(scan_inputs);
+    let mut implied: Vec<TensorType> = given[..states].to_vec();
+    for (j, ty) in given[states..].iter().enumerate() {
+        let rank = ty.rank() as i64;
+        let axis = input_axes.get(j).copied().unwrap_or(0);
+        let axis = if axis < 0 { axis + rank } else { axis };
+        if !(0..rank).contains(&axis) {
+            break;
+        }
+        let mut dims = ty.shape.0.clone();
+        dims.remove(axis as usize);
+        implied.push(TensorType::new(ty.dtype, Shape(dims)));
+    }
+    implied
 }
 
 /// Loop: the body becomes a graph whose inputs are the outer values it reads, then its own (the

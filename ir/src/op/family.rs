@@ -97,6 +97,14 @@ attr_schema!(RotaryEmbedding {
     rotary_embedding_dim: usize = 0; "rotary_embedding_dim" as Size,
 });
 
+attr_schema!(LinearAttention {
+    chunk_size: i64 = 64; "chunk_size" as Int,
+    kv_num_heads: usize = 0; "kv_num_heads" as Size,
+    q_num_heads: usize = 0; "q_num_heads" as Size,
+    scale: f32 = 0.0; "scale" as Float,
+    update_rule: LinearUpdate = LinearUpdate::GatedDelta; "update_rule" as Named,
+});
+
 attr_schema!(Loss {
     ignore_index: Option<i64> = None; "ignore_index" as OptInt,
     reduction: LossReduction = LossReduction::Mean; "reduction" as Named,

@@ -84,7 +84,8 @@ pub enum OpFamily {
     Resize,
     /// DFT, STFT, MelWeightMatrix.
     Signal,
-    /// Recurrent layers, attention, rotary embeddings.
+    /// Recurrent layers, attention, rotary embeddings, and the state-carrying ops of recurrent
+    /// language models (CausalConvWithState, LinearAttention).
     Sequence,
     Loss,
     /// If, Scan, Loop.
@@ -455,6 +456,20 @@ op_table! {
     Attention(t: Attention) => "Attention", arity (3, 7), Root, Sequence;
     /// `(x, cos_cache, sin_cache, position_ids?) -> y`.
     RotaryEmbedding(r: RotaryEmbedding) => "RotaryEmbedding", arity (3, 4), Root, Sequence;
+    /// `(x, weight, bias?, past_state?) -> (y, present_state)`: a causal depthwise 1-D
+    /// convolution of x `[B, C, L]` by weight `[C, 1, k]`, reading `past_state` `[B, C, k - 1]`
+    /// (zeros when absent) before x's first position; `present_state` is the last k - 1
+    /// positions of past and x together. `activation` silu (or its alias swish) applies
+    /// `y * sigmoid(y)` after the bias.
+    CausalConvWithState { activation: CausalActivation = CausalActivation::None; "activation" as Named }
+        => "CausalConvWithState", arity (2, 4), Root, Sequence, outputs 2;
+    /// `(query, key, value, past_state?, decay?, beta?) -> (output, present_state)`: linear
+    /// attention over `[B, T, heads * size]` inputs, the recurrent state `[B, H_kv, d_k, d_v]`
+    /// (zeros when absent) updated token by token by `update_rule`, each query head reading its
+    /// KV head's state (`q_num_heads / kv_num_heads` query heads share one): output
+    /// `[B, T, H_q * d_v]`. `decay` is `[B, T, H_kv]` or `[B, T, H_kv * d_k]`, `beta` `[B, T, H_kv]`
+    /// or `[B, T, 1]`.
+    LinearAttention(a: LinearAttention) => "LinearAttention", arity (3, 6), Root, Sequence, outputs 2;
 
     // ----- losses -----
     /// `(input, target, weight?) -> loss`.

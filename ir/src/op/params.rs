@@ -239,6 +239,61 @@ pub struct RotaryEmbedding {
 }
 
 named_enum! {
+    /// CausalConvWithState's fused activation: none, or SiLU (`x * sigmoid(x)`), which ONNX
+    /// also names swish.
+    CausalActivation { None = "none", Silu = "silu", Swish = "swish" }
+}
+
+impl CausalActivation {
+    /// Whether the activation is `x * sigmoid(x)` (silu and its alias swish).
+    pub fn is_silu(self) -> bool {
+        matches!(self, CausalActivation::Silu | CausalActivation::Swish)
+    }
+}
+
+named_enum! {
+    /// LinearAttention's recurrence: the state `S` (per KV head, `[d_k, d_v]`) is decayed by
+    /// `exp(g_t)` (gated ones) and corrected toward `v_t` at `k_t` by `beta_t` (delta ones)
+    /// before `k_t ⊗ v_t` is added.
+    LinearUpdate { Linear = "linear", Gated = "gated", Delta = "delta", GatedDelta = "gated_delta" }
+}
+
+impl LinearUpdate {
+    /// Whether the state decays by `exp(decay)` each step (the decay operand is required).
+    pub fn gated(self) -> bool {
+        matches!(self, LinearUpdate::Gated | LinearUpdate::GatedDelta)
+    }
+
+    /// Whether the write is the delta rule's `beta (v - Sᵀk)` (the beta operand is required).
+    pub fn delta(self) -> bool {
+        matches!(self, LinearUpdate::Delta | LinearUpdate::GatedDelta)
+    }
+}
+
+/// `LinearAttention` (opset 27) attributes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LinearAttention {
+    /// A tuning hint of chunked implementations; the result does not depend on it.
+    pub chunk_size: i64,
+    pub kv_num_heads: usize,
+    pub q_num_heads: usize,
+    /// The output's scale; 0 means `1/sqrt(d_k)`.
+    pub scale: f32,
+    pub update_rule: LinearUpdate,
+}
+
+impl LinearAttention {
+    /// The output's scale for keys of `d_k` features.
+    pub fn scale_for(&self, d_k: usize) -> f64 {
+        if self.scale == 0.0 {
+            1.0 / (d_k as f64).sqrt()
+        } else {
+            self.scale as f64
+        }
+    }
+}
+
+named_enum! {
     LossReduction { None = "none", Sum = "sum", Mean = "mean" }
 }
 

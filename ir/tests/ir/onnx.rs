@@ -947,3 +947,87 @@ fn a_loop_of_constants_is_not_run_when_importing() {
         "the Loop stays a node"
     );
 }
+
+/// `sum_out = sum_in + next`, `scan_out = sum_out`, its inputs and outputs without types (ONNX
+/// leaves them to the Scan).
+fn running_sum_body() -> AttributeProto {
+    let untyped = |name: &str| ValueInfoProto { name: Some(name.into()), r#type: None };
+    let body = GraphProto {
+        node: vec![
+            node("Add", "add", &["sum_in", "next"], &["sum_out"], vec![]),
+            node("Identity", "id", &["sum_out"], &["scan_out"], vec![]),
+        ],
+        name: Some("body".into()),
+        input: vec![untyped("sum_in"), untyped("next")],
+        output: vec![untyped("sum_out"), untyped("scan_out")],
+        ..Default::default()
+    };
+    AttributeProto {
+        name: Some("body".into()),
+        r#type: Some(attribute_type::GRAPH),
+        g: Some(Box::new(body)),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn scan_bodies_take_untyped_inputs_from_the_scan() {
+    // Opset 9: the state is [2], the scanned input [3, 2] read along axis 0 (a slice is [2]).
+    let bytes = model(
+        11,
+        vec![node(
+            "Scan",
+            "scan",
+            &["init", "x"],
+            &["y", "z"],
+            vec![int("num_scan_inputs", 1), running_sum_body()],
+        )],
+        vec![value("init", data_type::FLOAT, &[2]), value("x", data_type::FLOAT, &[3, 2])],
+        vec![value("y", data_type::FLOAT, &[2]), value("z", data_type::FLOAT, &[3, 2])],
+        vec![],
+    );
+    let m = load(&bytes).expect("imports");
+    let x = f32s(&[3, 2], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+    let out = eval::run(&m.graph, &[f32s(&[2], &[10.0, 20.0]), x]).unwrap();
+    assert_close(&out[0], &[2], &[19.0, 32.0], 0.0);
+    assert_close(&out[1], &[3, 2], &[11.0, 22.0, 14.0, 26.0, 19.0, 32.0], 0.0);
+}
+
+#[test]
+fn opset_8_scans_run_each_batch_entry() {
+    // Opset 8: a leading batch axis of 2 on every operand, scanned along axis 1 backwards.
+    let scan = |inputs: &[&str]| {
+        node(
+            "Scan",
+            "scan",
+            inputs,
+            &["y", "z"],
+            vec![int("num_scan_inputs", 1), ints("directions", &[1]), running_sum_body()],
+        )
+    };
+    let bytes = |inputs: &[&str], extra: Vec<ValueInfoProto>| {
+        let mut values = vec![
+            value("init", data_type::FLOAT, &[2, 1]),
+            value("x", data_type::FLOAT, &[2, 2, 1]),
+        ];
+        values.extend(extra);
+        model(
+            8,
+            vec![scan(inputs)],
+            values,
+            vec![value("y", data_type::FLOAT, &[2, 1]), value("z", data_type::FLOAT, &[2, 2, 1])],
+            vec![],
+        )
+    };
+    let m = load(&bytes(&["", "init", "x"], vec![])).expect("imports");
+    let init = f32s(&[2, 1], &[0.0, 100.0]);
+    let x = f32s(&[2, 2, 1], &[1.0, 2.0, 3.0, 4.0]);
+    let out = eval::run(&m.graph, &[init, x]).unwrap();
+    assert_close(&out[0], &[2, 1], &[3.0, 107.0], 0.0);
+    // Read from the last position: entry 0 sees 2 then 1, entry 1 sees 4 then 3.
+    assert_close(&out[1], &[2, 2, 1], &[2.0, 3.0, 104.0, 107.0], 0.0);
+    let lens = value("lens", data_type::INT32, &[2]);
+    let Err(e) = load(&bytes(&["lens", "init", "x"], vec![lens])) else { panic!("refused") };
+    let e = e.to_string();
+    assert!(e.contains("Scan before opset 9 with sequence_lens"), "{e}");
+}

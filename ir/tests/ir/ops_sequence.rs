@@ -1,10 +1,13 @@
-//! RNN, GRU, LSTM, Attention, RotaryEmbedding, the losses.
+//! RNN, GRU, LSTM, Attention, RotaryEmbedding, CausalConvWithState, LinearAttention, the losses.
 //!
 //! Values are hand-computed from the ONNX formulas where a case is small enough; larger ones are
 //! literals from onnxruntime 1.31 (CPU), as each comment says.
 
 use kiln_ir::builder::{GraphBuilder, Traced};
-use kiln_ir::op::{Attention, Loss, LossReduction, Rnn, RnnCell, RnnDirection, RotaryEmbedding};
+use kiln_ir::op::{
+    Attention, CausalActivation, LinearAttention, LinearUpdate, Loss, LossReduction, Rnn, RnnCell,
+    RnnDirection, RotaryEmbedding,
+};
 use kiln_ir::{eval, DType, Dim, Op, Shape, Tensor, UnaryOp};
 
 use super::{assert_close, f32s};
@@ -692,6 +695,180 @@ fn rotary_embedding_shapes() {
     )
     .unwrap_err();
     assert!(e.contains("cos_cache must be [2,3,4]"), "{e}");
+}
+
+// ----- CausalConvWithState -----
+
+fn causal_conv(activation: CausalActivation) -> Op {
+    Op::CausalConvWithState { activation }
+}
+
+#[test]
+fn causal_conv_with_state_by_hand() {
+    // Two taps (1, 10): y[t] = padded[t] + 10 padded[t + 1], padded = past (or 0) then x.
+    let x = f32s(&[1, 1, 3], &[1.0, 2.0, 3.0]);
+    let w = f32s(&[1, 1, 2], &[1.0, 10.0]);
+    let none = causal_conv(CausalActivation::None);
+    let out = run(none.clone(), &[Some(&x), Some(&w)], 2);
+    assert_close(&out[0], &[1, 1, 3], &[10.0, 21.0, 32.0], 1e-6);
+    assert_close(&out[1], &[1, 1, 1], &[3.0], 0.0);
+    let past = f32s(&[1, 1, 1], &[5.0]);
+    let out = run(none.clone(), &[Some(&x), Some(&w), None, Some(&past)], 2);
+    assert_close(&out[0], &[1, 1, 3], &[15.0, 21.0, 32.0], 1e-6);
+    // The bias comes before SiLU (swish is its other name).
+    let bias = f32s(&[1], &[-20.0]);
+    let silu = |v: f64| v * sigmoid(v);
+    for act in [CausalActivation::Silu, CausalActivation::Swish] {
+        let out = run(causal_conv(act), &[Some(&x), Some(&w), Some(&bias), Some(&past)], 2);
+        assert_close(&out[0], &[1, 1, 3], &[silu(-5.0), silu(1.0), silu(12.0)], 1e-6);
+    }
+    // An input shorter than the state: the state keeps past positions (or zeros) and x.
+    let (x1, w3) = (f32s(&[1, 1, 1], &[4.0]), f32s(&[1, 1, 3], &[1.0, 1.0, 1.0]));
+    let past2 = f32s(&[1, 1, 2], &[7.0, 8.0]);
+    let out = run(none.clone(), &[Some(&x1), Some(&w3), None, Some(&past2)], 2);
+    assert_close(&out[0], &[1, 1, 1], &[19.0], 1e-6);
+    assert_close(&out[1], &[1, 1, 2], &[8.0, 4.0], 0.0);
+    let out = run(none.clone(), &[Some(&x1), Some(&w3)], 2);
+    assert_close(&out[1], &[1, 1, 2], &[0.0, 4.0], 0.0);
+    // Channels convolve on their own; one tap keeps no state.
+    let x2 = f32s(&[1, 2, 2], &[1.0, 2.0, 3.0, 4.0]);
+    let w1 = f32s(&[2, 1, 1], &[2.0, -1.0]);
+    let out = run(none, &[Some(&x2), Some(&w1)], 2);
+    assert_close(&out[0], &[1, 2, 2], &[2.0, 4.0, -3.0, -4.0], 1e-6);
+    assert_close(&out[1], &[1, 2, 0], &[], 0.0);
+}
+
+#[test]
+fn causal_conv_with_state_shapes() {
+    let op = causal_conv(CausalActivation::None);
+    let t = types(op.clone(), &[Some((F, "b,4,l")), Some((F, "4,1,3"))], 2);
+    assert_eq!(t.unwrap(), ["f32[b,4,l]", "f32[b,4,2]"]);
+    let e = types(op.clone(), &[Some((F, "2,4,8")), Some((F, "3,1,3"))], 2).unwrap_err();
+    assert!(
+        e.contains("weight must be [4,1,?] (channels, 1, k) for f32[2,4,8], got f32[3,1,3]"),
+        "{e}"
+    );
+    let e = types(op.clone(), &[Some((F, "2,4,8")), Some((F, "4,1,0"))], 2).unwrap_err();
+    assert!(e.contains("the kernel must have at least one tap"), "{e}");
+    let e =
+        types(op.clone(), &[Some((F, "2,4,8")), Some((F, "4,1,3")), None, Some((F, "2,4,3"))], 2)
+            .unwrap_err();
+    assert!(e.contains("past_state must be [2,4,2]"), "{e}");
+    let e = types(op.clone(), &[Some((F, "2,8")), Some((F, "4,1,3"))], 2).unwrap_err();
+    assert!(e.contains("input must be 3-D [batch, channels, length], got f32[2,8]"), "{e}");
+    let e = types(op, &[Some((DType::I32, "2,4,8")), Some((DType::I32, "4,1,3"))], 2).unwrap_err();
+    assert!(e.contains("input must be a float tensor"), "{e}");
+}
+
+// ----- LinearAttention -----
+
+fn linear(update_rule: LinearUpdate, q_num_heads: usize, kv_num_heads: usize, scale: f32) -> Op {
+    Op::LinearAttention(LinearAttention {
+        chunk_size: 64,
+        kv_num_heads,
+        q_num_heads,
+        scale,
+        update_rule,
+    })
+}
+
+#[test]
+fn linear_attention_every_update_rule_by_hand() {
+    // One head of d_k = d_v = 1 over two steps (scale 1/sqrt(1)): q = (1, 2), k = (3, 4),
+    // v = (5, 6), decay log(1), log(0.5), beta 0.5, 1.
+    let (q, k, v) = (
+        f32s(&[1, 2, 1], &[1.0, 2.0]),
+        f32s(&[1, 2, 1], &[3.0, 4.0]),
+        f32s(&[1, 2, 1], &[5.0, 6.0]),
+    );
+    let decay = f32s(&[1, 2, 1], &[0.0, 0.5f32.ln()]);
+    let beta = f32s(&[1, 2, 1], &[0.5, 1.0]);
+    let cases = [
+        // S1 = 3*5 = 15; S2 = 15 + 4*6 = 39.
+        (LinearUpdate::Linear, None, None, [15.0, 78.0], 39.0),
+        // S2 = 15 * 0.5 + 24 = 31.5.
+        (LinearUpdate::Gated, Some(&decay), None, [15.0, 63.0], 31.5),
+        // S1 = 3 * 0.5 (5 - 0) = 7.5; S2 = 7.5 + 4 * 1 (6 - 7.5*4) = -88.5.
+        (LinearUpdate::Delta, None, Some(&beta), [7.5, -177.0], -88.5),
+        // S2 = 3.75 + 4 * (6 - 3.75*4) = -32.25.
+        (LinearUpdate::GatedDelta, Some(&decay), Some(&beta), [7.5, -64.5], -32.25),
+    ];
+    for (rule, d, b, y, state) in cases {
+        let out = run(linear(rule, 1, 1, 0.0), &[Some(&q), Some(&k), Some(&v), None, d, b], 2);
+        assert_close(&out[0], &[1, 2, 1], &y, 1e-5);
+        assert_close(&out[1], &[1, 1, 1, 1], &[state], 1e-5);
+    }
+    // A past state of 10 adds to the first step's; an explicit scale replaces 1/sqrt(d_k).
+    let past = f32s(&[1, 1, 1, 1], &[10.0]);
+    let out = run(
+        linear(LinearUpdate::Linear, 1, 1, 0.5),
+        &[Some(&q), Some(&k), Some(&v), Some(&past)],
+        2,
+    );
+    assert_close(&out[0], &[1, 2, 1], &[12.5, 49.0], 1e-5);
+    assert_close(&out[1], &[1, 1, 1, 1], &[49.0], 1e-5);
+}
+
+#[test]
+fn linear_attention_query_heads_share_their_kv_head() {
+    // Two query heads read the one KV head's state (d_k = 1, so scale 1): steps S = 15, 39.
+    let q = f32s(&[1, 2, 2], &[1.0, 2.0, 3.0, 4.0]);
+    let (k, v) = (f32s(&[1, 2, 1], &[3.0, 4.0]), f32s(&[1, 2, 1], &[5.0, 6.0]));
+    let out = run(linear(LinearUpdate::Linear, 2, 1, 0.0), &[Some(&q), Some(&k), Some(&v)], 2);
+    assert_close(&out[0], &[1, 2, 2], &[15.0, 30.0, 117.0, 156.0], 1e-5);
+    // Two keys features: per-feature decay scales the state's rows, a per-head decay all of
+    // them. k = (1, 1), v = 1 at both steps; decay log(0.5) on feature 0 (per feature) or on
+    // both (per head); q = (1, 0) reads row 0; scale 1/sqrt(2).
+    let ones = f32s(&[1, 2, 2], &[1.0, 1.0, 1.0, 1.0]);
+    let (v1, q0) = (f32s(&[1, 2, 1], &[1.0, 1.0]), f32s(&[1, 2, 2], &[1.0, 0.0, 1.0, 0.0]));
+    let h = 0.5f32.ln();
+    let per_feature = f32s(&[1, 2, 2], &[h, 0.0, h, 0.0]);
+    let per_head = f32s(&[1, 2, 1], &[h, h]);
+    let r = std::f64::consts::FRAC_1_SQRT_2;
+    let gated = linear(LinearUpdate::Gated, 1, 1, 0.0);
+    let out = run(gated.clone(), &[Some(&q0), Some(&ones), Some(&v1), None, Some(&per_feature)], 2);
+    // Row 0: 1, then 0.5 + 1; row 1: 1, then 2.
+    assert_close(&out[0], &[1, 2, 1], &[r, 1.5 * r], 1e-5);
+    assert_close(&out[1], &[1, 1, 2, 1], &[1.5, 2.0], 1e-5);
+    let out = run(gated, &[Some(&q0), Some(&ones), Some(&v1), None, Some(&per_head)], 2);
+    assert_close(&out[1], &[1, 1, 2, 1], &[1.5, 1.5], 1e-5);
+}
+
+#[test]
+fn linear_attention_shapes() {
+    let qkv = |q: &'static str, k: &'static str, v: &'static str| {
+        [Some((F, q)), Some((F, k)), Some((F, v))]
+    };
+    let t = types(linear(LinearUpdate::Linear, 8, 4, 0.0), &qkv("b,t,64", "b,t,32", "b,t,16"), 2);
+    assert_eq!(t.unwrap(), ["f32[b,t,32]", "f32[b,4,8,4]"]);
+    let e = types(linear(LinearUpdate::Linear, 3, 2, 0.0), &qkv("1,2,6", "1,2,4", "1,2,4"), 2)
+        .unwrap_err();
+    assert!(e.contains("q_num_heads (3) must be a positive multiple of kv_num_heads (2)"), "{e}");
+    let e = types(linear(LinearUpdate::Linear, 2, 2, 0.0), &qkv("1,2,6", "1,2,4", "1,2,4"), 2)
+        .unwrap_err();
+    assert!(e.contains("key must be [1,2,6]"), "{e}");
+    let e = types(linear(LinearUpdate::Gated, 2, 2, 0.0), &qkv("1,2,4", "1,2,4", "1,2,4"), 2)
+        .unwrap_err();
+    assert!(e.contains("update_rule gated needs decay"), "{e}");
+    let mut ops = qkv("1,2,4", "1,2,4", "1,2,4").to_vec();
+    ops.extend([None, None, Some((F, "1,2,2"))]);
+    let e = types(linear(LinearUpdate::Linear, 2, 2, 0.0), &ops, 2).unwrap_err();
+    assert!(e.contains("update_rule linear takes no beta"), "{e}");
+    let e = types(
+        linear(LinearUpdate::Delta, 2, 2, 0.0),
+        &{
+            let mut o = ops.clone();
+            o[5] = Some((F, "1,2,3"));
+            o
+        },
+        2,
+    )
+    .unwrap_err();
+    assert!(e.contains("beta f32[1,2,3]: its last axis must be 2 or 1"), "{e}");
+    let mut past = qkv("1,2,4", "1,2,4", "1,2,4").to_vec();
+    past.push(Some((F, "1,2,2,3")));
+    let e = types(linear(LinearUpdate::Linear, 2, 2, 0.0), &past, 2).unwrap_err();
+    assert!(e.contains("past_state must be [1,2,2,2]"), "{e}");
 }
 
 // ----- losses -----
