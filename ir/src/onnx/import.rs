@@ -86,14 +86,14 @@ pub(super) fn check_supported_list(
         if domain == super::preview::DOMAIN && super::preview::OPS.contains(&op_type.as_str()) {
             return;
         }
-        if domain == super::ml::DOMAIN && super::ml::OPS.contains(&op_type.as_str()) {
-            return;
-        }
-        let shown_domain = if default_domain { "ai.onnx".to_string() } else { domain.clone() };
         let opset = opsets
             .iter()
             .find(|(d, _)| *d == domain || (default_domain && (d.is_empty() || d == "ai.onnx")))
             .map_or(0, |(_, v)| *v);
+        if domain == super::ml::DOMAIN && super::ml::supports(&op_type, opset) {
+            return;
+        }
+        let shown_domain = if default_domain { "ai.onnx".to_string() } else { domain.clone() };
         let name = node_label(node);
         match found.iter_mut().find(|u| u.op_type == op_type && u.domain == shown_domain) {
             Some(u) => u.nodes.push(name),
@@ -456,6 +456,19 @@ impl<'a> GraphImporter<'a> {
         }
         let id = self.graph.add_node_with_outputs(&name, op, operands, num_outputs)?;
         Ok((0..num_outputs).map(|i| ValueId::new(id, i)).collect())
+    }
+
+    /// Adds one node of one result for the part `part` of `node` (see `add`): the common case
+    /// of an import-time expansion.
+    pub(super) fn add1(
+        &mut self,
+        node: &NodeProto,
+        part: &str,
+        op: Op,
+        operands: &[ValueId],
+    ) -> Result<ValueId> {
+        let operands: Vec<Option<ValueId>> = operands.iter().copied().map(Some).collect();
+        Ok(self.add(node, part, op, &operands, 1)?[0])
     }
 
     /// Expands a node into ops traced with the builder on this graph (so the expansion is the

@@ -55,7 +55,8 @@ pub(super) fn supported() -> &'static [&'static str] {
     })
 }
 
-fn err(msg: impl Into<String>) -> IrError {
+/// An ONNX node that makes no sense; `GraphImporter::node` names the node and op.
+pub(super) fn err(msg: impl Into<String>) -> IrError {
     IrError::Onnx(msg.into())
 }
 
