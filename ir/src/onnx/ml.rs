@@ -93,9 +93,8 @@ fn array_feature_extractor(im: &mut GraphImporter, node: &NodeProto, a: Attrs) -
     if tx.rank() == 0 || ty.dtype != DType::I64 {
         return Err(err(format!("X {tx} must have an axis and Y {ty} must be i64")));
     }
-    let flat = im.constant(node, "flat", Tensor::vector(&[-1i64]))?;
+    let indices = im.flatten(node, "indices", y)?;
     let reshape = Op::Reshape { allowzero: false };
-    let indices = im.add1(node, "indices", reshape.clone(), &[y, flat])?;
     let last = tx.rank() as i64 - 1;
     if tx.rank() > 1 {
         let z = im.add1(node, "", Op::Gather { axis: last }, &[x, indices])?;
@@ -186,18 +185,12 @@ impl Ensemble {
         let required = |t: Option<Tensor>, name: &str| {
             t.ok_or_else(|| attr(AttrError::Missing { name: name.into() }))
         };
+        // Required lists of sizes (Attrs::sizes takes a missing one as empty).
         let sizes = |a: &mut Attrs, name: &str| -> Result<Vec<usize>> {
-            match a.ints(name).map_err(attr)? {
-                None => Err(attr(AttrError::Missing { name: name.into() })),
-                Some(v) => v
-                    .iter()
-                    .map(|&x| {
-                        usize::try_from(x).map_err(|_| {
-                            attr(AttrError::NegativeEntry { name: name.into(), value: x })
-                        })
-                    })
-                    .collect(),
+            if !a.contains(name) {
+                return Err(attr(AttrError::Missing { name: name.into() }));
             }
+            a.sizes(name).map_err(attr)
         };
         let flags = |v: Vec<usize>| v.into_iter().map(|f| f != 0).collect::<Vec<bool>>();
         let splits = required(tensor(&mut a, "nodes_splits")?, "nodes_splits")?;
@@ -429,7 +422,10 @@ impl Ensemble {
 }
 
 /// The sets of the Member nodes, in node order: `membership_values` holds them one after
-/// another, each ended by a NaN.
+/// another, each ended by a NaN. That is the order the spec states; ONNX's reference evaluator
+/// instead hands them out in the order its depth-first build of each tree meets the member
+/// nodes, which differs when a tree's member nodes are not numbered in that order (such an
+/// ensemble gives other results there; exporters number nodes depth-first, where both agree).
 fn member_sets(modes: &[Mode], membership: Option<Tensor>) -> Result<Vec<Vec<f64>>> {
     let members = modes.iter().filter(|&&m| m == Mode::Member).count();
     let values = membership.map(|t| t.to_f64s()).unwrap_or_default();

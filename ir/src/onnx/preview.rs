@@ -241,18 +241,11 @@ fn modifier(im: &mut GraphImporter, node: &NodeProto, name: &str, x: ValueId) ->
     let x_type = im.ty(x).clone();
     let mut body: GraphProto = g.clone();
     body.input[0].r#type = None;
-    let names = free_values(&body);
-    let mut captures = Vec::with_capacity(names.len());
-    for n in &names {
-        let ty = im.visible_type(n).ok_or_else(|| {
-            err(format!("the {name} graph reads `{n}`, which is not defined before the node"))
-        })?;
-        captures.push((n.clone(), ty));
-    }
     let mut sub = GraphImporter::new(name, im.opset, im.base_dir);
     sub.implied_input_types = vec![x_type.clone()];
+    let reader = format!("the {name} graph");
+    let (captures, mut inputs) = im.inline_captures(free_values(&body), &mut sub, &reader)?;
     let graph = sub.import(&body, &captures).map_err(in_context)?;
-    let mut inputs: Vec<ValueId> = names.iter().map(|n| im.values[n]).collect();
     inputs.push(x);
     let prefix = im.name_for(node, name);
     let y = im.graph.inline(&graph, &inputs, &prefix).map_err(in_context)?[0];

@@ -183,10 +183,8 @@ pub(super) fn max_unpool(im: &mut GraphImporter, node: &NodeProto, mut a: Attrs)
             "the unpooled shape {unpooled:?} needs more memory than available"
         )));
     }
-    let flat = im.constant(node, "flat", Tensor::vector(&[-1i64]))?;
-    let reshape = Op::Reshape { allowzero: false };
-    let x_flat = im.add1(node, "x_flat", reshape.clone(), &[x, flat])?;
-    let i_flat = im.add1(node, "i_flat", reshape.clone(), &[i, flat])?;
+    let x_flat = im.flatten(node, "x_flat", x)?;
+    let i_flat = im.flatten(node, "i_flat", i)?;
     let size = im.constant(node, "size", Tensor::vector(&[total as i64]))?;
     let zero = Op::ConstantOfShape { value: Tensor::zeros(tx.dtype, &[1]) };
     let zeros = im.add1(node, "zeros", zero, &[size])?;
