@@ -679,3 +679,61 @@ fn tree_ensemble_finds_a_cycle_among_many_nodes() {
     let e = load(&bytes).unwrap_err().to_string();
     assert!(names(&e, "trees", "TreeEnsemble") && e.contains("cycle"), "{e}");
 }
+
+/// TreeEnsemble is new in ai.onnx.ml opset 5: an older opset's is an unsupported op.
+#[test]
+fn tree_ensemble_needs_ai_onnx_ml_opset_5() {
+    let mut m = ModelProto::decode(&ensemble(&[0], &[1], &[1], &[1], 2, 1)[..]).unwrap();
+    for o in &mut m.opset_import {
+        if o.domain.as_deref() == Some("ai.onnx.ml") {
+            o.version = Some(4);
+        }
+    }
+    let e = load(&m.encode_to_vec()).unwrap_err().to_string();
+    assert!(e.contains("TreeEnsemble") && e.contains("unsupported"), "{e}");
+}
+
+/// 20,000 member nodes and one set of 1,000 values: a member table of 2e7 entries is refused
+/// (it was one row per node of the widest set's width).
+#[test]
+fn tree_ensemble_refuses_a_huge_member_table() {
+    let n = 20_000usize;
+    let modes = TensorProto {
+        name: Some("t".into()),
+        dims: vec![n as i64],
+        data_type: Some(data_type::UINT8),
+        int32_data: vec![6; n],
+        ..Default::default()
+    };
+    let mut sets: Vec<f32> = (0..1000).map(|v| v as f32).collect();
+    sets.extend(std::iter::repeat_n(f32::NAN, n));
+    let true_ids: Vec<i64> = (0..n as i64).collect();
+    let bytes = model_in(
+        "ai.onnx.ml",
+        vec![node(
+            "TreeEnsemble",
+            "trees",
+            &["x"],
+            &["y"],
+            vec![
+                ints("leaf_targetids", &vec![0; n]),
+                tensor("leaf_weights", f32_tensor(&vec![1.0; n])),
+                int("n_targets", 1),
+                ints("nodes_falseleafs", &vec![1; n]),
+                ints("nodes_falsenodeids", &true_ids),
+                ints("nodes_featureids", &vec![0; n]),
+                tensor("nodes_modes", modes),
+                tensor("nodes_splits", f32_tensor(&vec![0.0; n])),
+                ints("nodes_trueleafs", &vec![1; n]),
+                ints("nodes_truenodeids", &true_ids),
+                tensor("membership_values", f32_tensor(&sets)),
+                ints("tree_roots", &[0]),
+            ],
+        )],
+        vec![f32v("x", &[2, 1])],
+        vec![f32v("y", &[2, 1])],
+        vec![],
+    );
+    let e = load(&bytes).unwrap_err().to_string();
+    assert!(names(&e, "trees", "TreeEnsemble") && e.contains("member sets"), "{e}");
+}
