@@ -218,9 +218,26 @@ fn max_unpool_compiles_as_interpreted() {
 }
 
 /// Two trees over two features using every mode but <= (<, >=, >, ==, !=, set membership),
-/// NaN going the true way at one node, averaged into three targets.
+/// NaN going the true way at one node, into three targets, by each aggregate function: the
+/// interpreter gives the values ONNX's reference evaluator gives (onnx 1.23.2's
+/// `ReferenceEvaluator`, computed once; a min or max of a target no leaf reached is f32's
+/// largest or lowest), and the compiled model the interpreter's.
 #[test]
-fn tree_ensemble_of_every_mode_compiles_as_interpreted() {
+fn tree_ensemble_of_every_mode_matches_the_reference() {
+    let (big, low) = (f32::MAX, f32::MIN);
+    #[rustfmt::skip]
+    let reference: [(i64, [f32; 18]); 4] = [
+        (0, [0.5, 0., 3., 4., 0., 0., 0., 2.5, 1.5, 2., 4., 0., 0., 2.5, 1.5, 3.5, 1., 0.]),
+        (1, [1., 0., 6., 8., 0., 0., 0., 5., 3., 4., 8., 0., 0., 5., 3., 7., 2., 0.]),
+        (2, [1., big, 6., 1., big, big, big, 5., 3., 4., 8., big, big, 5., 3., 7., 2., big]),
+        (3, [1., low, 6., 7., low, low, low, 5., 3., 4., 8., low, low, 5., 3., 7., 2., low]),
+    ];
+    for (aggregate, want) in reference {
+        tree_ensemble_of_every_mode(aggregate, &want);
+    }
+}
+
+fn tree_ensemble_of_every_mode(aggregate: i64, want: &[f32]) {
     // Tree 0 (root 0): x0 < 0 ? (x1 >= 0.5 ? leaf 0 : leaf 1) : (x1 in {0.25, 1} ? leaf 2 : leaf 3).
     // Tree 1 (root 3): x1 > 0 ? (x0 == 1 ? leaf 4 : leaf 5) : (x0 != 2 ? leaf 6 : leaf 7).
     let modes = TensorProto {
@@ -236,7 +253,7 @@ fn tree_ensemble_of_every_mode_compiles_as_interpreted() {
             "ai.onnx.ml",
             &["x"],
             vec![
-                int("aggregate_function", 0),
+                int("aggregate_function", aggregate),
                 int("n_targets", 3),
                 ints("tree_roots", &[0, 3]),
                 ints("nodes_featureids", &[0, 1, 1, 1, 0, 0]),
@@ -264,5 +281,9 @@ fn tree_ensemble_of_every_mode_compiles_as_interpreted() {
         1.0, 1.0,
         -3.0, 0.0,
     ];
-    check_against_eval(&g, &[Tensor::from_slice(&[6, 2], &x).unwrap()], 2, 1e-6);
+    let x = Tensor::from_slice(&[6, 2], &x).unwrap();
+    let y = kiln_ir::eval::run(&g, std::slice::from_ref(&x)).unwrap().remove(0);
+    let want: Vec<f64> = want.iter().map(|&v| f64::from(v)).collect();
+    assert_eq!(y.to_f64s(), want, "aggregate_function {aggregate}");
+    check_against_eval(&g, &[x], 2, 1e-6);
 }

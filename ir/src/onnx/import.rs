@@ -86,14 +86,14 @@ pub(super) fn check_supported_list(
         if domain == super::preview::DOMAIN && super::preview::OPS.contains(&op_type.as_str()) {
             return;
         }
-        if domain == super::ml::DOMAIN && super::ml::OPS.contains(&op_type.as_str()) {
-            return;
-        }
-        let shown_domain = if default_domain { "ai.onnx".to_string() } else { domain.clone() };
         let opset = opsets
             .iter()
             .find(|(d, _)| *d == domain || (default_domain && (d.is_empty() || d == "ai.onnx")))
             .map_or(0, |(_, v)| *v);
+        if domain == super::ml::DOMAIN && super::ml::supports(&op_type, opset) {
+            return;
+        }
+        let shown_domain = if default_domain { "ai.onnx".to_string() } else { domain.clone() };
         let name = node_label(node);
         match found.iter_mut().find(|u| u.op_type == op_type && u.domain == shown_domain) {
             Some(u) => u.nodes.push(name),
@@ -458,6 +458,26 @@ impl<'a> GraphImporter<'a> {
         Ok((0..num_outputs).map(|i| ValueId::new(id, i)).collect())
     }
 
+    /// Adds one node of one result for the part `part` of `node` (see `add`): the common case
+    /// of an import-time expansion.
+    pub(super) fn add1(
+        &mut self,
+        node: &NodeProto,
+        part: &str,
+        op: Op,
+        operands: &[ValueId],
+    ) -> Result<ValueId> {
+        let operands: Vec<Option<ValueId>> = operands.iter().copied().map(Some).collect();
+        Ok(self.add(node, part, op, &operands, 1)?[0])
+    }
+
+    /// `x` reshaped to one axis (a Reshape to the constant `[-1]`), as the part `part` of `node`.
+    pub(super) fn flatten(&mut self, node: &NodeProto, part: &str, x: ValueId) -> Result<ValueId> {
+        let flat =
+            self.constant(node, &format!("{part}_shape"), crate::Tensor::vector(&[-1i64]))?;
+        self.add1(node, part, Op::Reshape { allowzero: false }, &[x, flat])
+    }
+
     /// Expands a node into ops traced with the builder on this graph (so the expansion is the
     /// same code a Rust user calls, as the optimizers and training-mode BatchNormalization are);
     /// returns the ids of the values `f` gives. The graph is handed to the builder and back, not
@@ -510,7 +530,44 @@ impl<'a> GraphImporter<'a> {
     pub(super) fn visible_type(&self, name: &str) -> Option<TensorType> {
         self.values.get(name).map(|v| self.ty(*v).clone())
     }
+
+    /// The values of this graph that `sub`, a graph to be inlined here, reads (`free`, its
+    /// free names; `reader` names it in the error for one not defined): small constants
+    /// (shape arithmetic, up to `SMALL_CAPTURE` elements, not a Gradient's variable) go into
+    /// `sub` as constants, so it folds as the graph around it does (an If nested in it on a
+    /// size known here is taken in turn); the others become its capture inputs, returned with
+    /// the ids to inline it on.
+    pub(super) fn inline_captures(
+        &self,
+        free: Vec<String>,
+        sub: &mut GraphImporter,
+        reader: &str,
+    ) -> Result<(Captures, Vec<ValueId>)> {
+        let mut captures = Vec::new();
+        let mut ids = Vec::new();
+        for n in free {
+            let v = *self.values.get(&n).ok_or_else(|| {
+                IrError::Onnx(format!("{reader} reads `{n}`, which is not defined before it"))
+            })?;
+            let small = self.graph.constant_value(v).filter(|t| t.len() <= SMALL_CAPTURE);
+            match small.filter(|_| !self.is_variable(&n)).cloned() {
+                Some(t) => sub.constant_captures.push((n, t)),
+                None => {
+                    captures.push((n, self.ty(v).clone()));
+                    ids.push(v);
+                }
+            }
+        }
+        Ok((captures, ids))
+    }
 }
+
+/// The most elements a constant an inlined If branch reads may have to be copied into it as a
+/// constant (weights stay inputs: the copy would double them until the import is pruned).
+pub(super) const SMALL_CAPTURE: usize = 1024;
+
+/// The outer values a subgraph takes as inputs: each one's name and type.
+pub(super) type Captures = Vec<(String, TensorType)>;
 
 /// A type kiln does not take (a map, an input without a shape...).
 fn unsupported(msg: &str) -> IrError {

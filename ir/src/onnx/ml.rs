@@ -4,7 +4,7 @@
 //! their own. The string ops (LabelEncoder on strings...) need a string type kiln lacks.
 
 use super::import::GraphImporter;
-use super::ops::attr;
+use super::ops::{attr, err};
 use super::proto::NodeProto;
 use crate::error::AttrError;
 use crate::op::{Attrs, Reduce, ReduceKind};
@@ -15,8 +15,11 @@ pub(super) const DOMAIN: &str = "ai.onnx.ml";
 /// The ops of the domain the importer converts.
 pub(super) const OPS: &[&str] = &["Binarizer", "ArrayFeatureExtractor", "TreeEnsemble"];
 
-fn err(msg: impl Into<String>) -> IrError {
-    IrError::Onnx(msg.into())
+/// Whether the importer converts `op_type` of the domain's opset `opset`: TreeEnsemble is
+/// new in opset 5 (the older TreeEnsembleRegressor/Classifier are other ops); the others
+/// have kept their meaning since opset 1.
+pub(super) fn supports(op_type: &str, opset: i64) -> bool {
+    OPS.contains(&op_type) && (op_type != "TreeEnsemble" || opset >= 5)
 }
 
 pub(super) fn convert(
@@ -33,18 +36,6 @@ pub(super) fn convert(
     }
 }
 
-/// Adds one node of one result for a part of `node`.
-fn one(
-    im: &mut GraphImporter,
-    node: &NodeProto,
-    part: &str,
-    op: Op,
-    operands: &[ValueId],
-) -> Result<ValueId> {
-    let operands: Vec<Option<ValueId>> = operands.iter().copied().map(Some).collect();
-    Ok(im.add(node, part, op, &operands, 1)?[0])
-}
-
 fn operand0(im: &GraphImporter, node: &NodeProto) -> Result<ValueId> {
     im.operand(node, 0).ok_or_else(|| err("operand 0 (X) is missing"))
 }
@@ -58,12 +49,38 @@ fn binarizer(im: &mut GraphImporter, node: &NodeProto, mut a: Attrs) -> Result<(
     if !matches!(dtype, DType::F32 | DType::F64 | DType::I64 | DType::I32) {
         return Err(err(format!("X {} must be f32, f64, i64 or i32", im.ty(x))));
     }
-    let t = im.constant(node, "threshold", Tensor::full(dtype, &[], f64::from(threshold)))?;
+    let (compare, t) = threshold_for(dtype, f64::from(threshold));
+    let t = im.constant(node, "threshold", t)?;
     let (on, off) = (Tensor::full(dtype, &[], 1.0), Tensor::full(dtype, &[], 0.0));
     let (on, off) = (im.constant(node, "one", on)?, im.constant(node, "zero", off)?);
-    let above = one(im, node, "above", Op::Binary(BinaryOp::Greater), &[x, t])?;
-    let y = one(im, node, "", Op::Where, &[above, on, off])?;
+    let above = im.add1(node, "above", Op::Binary(compare), &[x, t])?;
+    let y = im.add1(node, "", Op::Where, &[above, on, off])?;
     im.bind(node, &[y])
+}
+
+/// The comparison and the constant of X's type that give `x > threshold` as ONNX's reference
+/// computes it (in f64). An integer x is above t exactly when it is above floor(t); a t beyond
+/// the type's range (or NaN, which nothing is above) becomes a comparison that always or never
+/// holds: a plain `as` cast would truncate -0.5 to 0 (0 > -0.5 but not 0 > 0) and NaN to 0.
+fn threshold_for(dtype: DType, threshold: f64) -> (BinaryOp, Tensor) {
+    let (min, max) = match dtype {
+        DType::I64 => (i64::MIN, i64::MAX),
+        DType::I32 => (i64::from(i32::MIN), i64::from(i32::MAX)),
+        _ => return (BinaryOp::Greater, Tensor::full(dtype, &[], threshold)),
+    };
+    let constant = |v: i64| match dtype {
+        // In range by construction (clamped to i32's bounds).
+        DType::I32 => Tensor::scalar(v as i32),
+        _ => Tensor::scalar(v),
+    };
+    let floor = threshold.floor();
+    if threshold.is_nan() || floor >= max as f64 {
+        (BinaryOp::Greater, constant(max))
+    } else if floor < min as f64 {
+        (BinaryOp::GreaterOrEqual, constant(min))
+    } else {
+        (BinaryOp::Greater, constant(floor as i64))
+    }
 }
 
 /// ArrayFeatureExtractor `(X, Y) -> Z`: X's elements at the indices Y along its last axis
@@ -76,17 +93,16 @@ fn array_feature_extractor(im: &mut GraphImporter, node: &NodeProto, a: Attrs) -
     if tx.rank() == 0 || ty.dtype != DType::I64 {
         return Err(err(format!("X {tx} must have an axis and Y {ty} must be i64")));
     }
-    let flat = im.constant(node, "flat", Tensor::vector(&[-1i64]))?;
+    let indices = im.flatten(node, "indices", y)?;
     let reshape = Op::Reshape { allowzero: false };
-    let indices = one(im, node, "indices", reshape.clone(), &[y, flat])?;
     let last = tx.rank() as i64 - 1;
     if tx.rank() > 1 {
-        let z = one(im, node, "", Op::Gather { axis: last }, &[x, indices])?;
+        let z = im.add1(node, "", Op::Gather { axis: last }, &[x, indices])?;
         return im.bind(node, &[z]);
     }
-    let z = one(im, node, "gathered", Op::Gather { axis: 0 }, &[x, indices])?;
+    let z = im.add1(node, "gathered", Op::Gather { axis: 0 }, &[x, indices])?;
     let row = im.constant(node, "row", Tensor::vector(&[1i64, -1]))?;
-    let z = one(im, node, "", reshape, &[z, row])?;
+    let z = im.add1(node, "", reshape, &[z, row])?;
     im.bind(node, &[z])
 }
 
@@ -147,6 +163,21 @@ struct Path {
 /// The most root-to-leaf paths an ensemble may have (each becomes a column of the expansion).
 const MAX_PATHS: usize = 1 << 16;
 
+/// The most entries one constant table of the expansion (the paths' literals, the member sets,
+/// the paths' targets) and all the paths' literals together may have: hostile attributes
+/// (a huge n_targets, a chain of 65k nodes, one huge member set among many nodes) give a typed
+/// error instead of gigabytes.
+const MAX_TABLE: usize = crate::fold::FOLD_LIMIT;
+
+/// `rows * cols` entries for `what`, within `MAX_TABLE`.
+fn table_size(rows: usize, cols: usize, what: &str) -> Result<usize> {
+    rows.checked_mul(cols).filter(|&n| n <= MAX_TABLE).ok_or_else(|| {
+        IrError::NotSupported(format!(
+            "{what} would be a table of {rows} x {cols} entries, more than {MAX_TABLE}"
+        ))
+    })
+}
+
 impl Ensemble {
     fn read(mut a: Attrs, dtype: DType) -> Result<Ensemble> {
         let tensor =
@@ -154,18 +185,12 @@ impl Ensemble {
         let required = |t: Option<Tensor>, name: &str| {
             t.ok_or_else(|| attr(AttrError::Missing { name: name.into() }))
         };
+        // Required lists of sizes (Attrs::sizes takes a missing one as empty).
         let sizes = |a: &mut Attrs, name: &str| -> Result<Vec<usize>> {
-            match a.ints(name).map_err(attr)? {
-                None => Err(attr(AttrError::Missing { name: name.into() })),
-                Some(v) => v
-                    .iter()
-                    .map(|&x| {
-                        usize::try_from(x).map_err(|_| {
-                            attr(AttrError::NegativeEntry { name: name.into(), value: x })
-                        })
-                    })
-                    .collect(),
+            if !a.contains(name) {
+                return Err(attr(AttrError::Missing { name: name.into() }));
             }
+            a.sizes(name).map_err(attr)
         };
         let flags = |v: Vec<usize>| v.into_iter().map(|f| f != 0).collect::<Vec<bool>>();
         let splits = required(tensor(&mut a, "nodes_splits")?, "nodes_splits")?;
@@ -297,9 +322,65 @@ impl Ensemble {
         Ok(())
     }
 
-    /// Every root-to-leaf path of every tree, tree by tree.
+    /// The node a branch of node `at` goes to (`None`: a leaf).
+    fn child(&self, at: usize, taken: bool) -> Option<usize> {
+        let (id, leaf) = if taken {
+            (self.true_ids[at], self.true_leafs[at])
+        } else {
+            (self.false_ids[at], self.false_leafs[at])
+        };
+        (!leaf).then_some(id)
+    }
+
+    /// Refuses ids that form a cycle: a white/grey/black depth-first search over the nodes
+    /// reachable from the roots, O(nodes) whatever the trees' shape.
+    fn check_acyclic(&self) -> Result<()> {
+        #[derive(Clone, Copy, PartialEq)]
+        enum Colour {
+            White,
+            Grey,
+            Black,
+        }
+        let mut colour = vec![Colour::White; self.features.len()];
+        for &root in &self.roots {
+            if colour[root] != Colour::White {
+                continue;
+            }
+            // (node, branches of it visited so far)
+            let mut stack = vec![(root, 0u8)];
+            colour[root] = Colour::Grey;
+            while let Some(top) = stack.last_mut() {
+                let (at, visited) = *top;
+                if visited == 2 {
+                    colour[at] = Colour::Black;
+                    stack.pop();
+                    continue;
+                }
+                top.1 += 1;
+                let Some(next) = self.child(at, visited == 1) else { continue };
+                match colour[next] {
+                    Colour::Grey => {
+                        return Err(err(format!(
+                            "the tree of root {root} has a cycle through node {next}"
+                        )))
+                    }
+                    Colour::Black => {}
+                    Colour::White => {
+                        colour[next] = Colour::Grey;
+                        stack.push((next, 0));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Every root-to-leaf path of every tree, tree by tree, false branch first. The ids must
+    /// form no cycle (`check_acyclic`); the paths and their literals together are capped.
     fn paths(&self) -> Result<Vec<Path>> {
+        self.check_acyclic()?;
         let mut paths = Vec::new();
+        let mut literals = 0usize;
         for &root in &self.roots {
             // A tree that is one leaf: a root whose branches are the same leaf.
             if self.true_leafs[root]
@@ -309,30 +390,30 @@ impl Ensemble {
                 paths.push(Path { literals: Vec::new(), leaf: self.true_ids[root] });
                 continue;
             }
-            let mut stack: Vec<(usize, Vec<(usize, bool)>)> = vec![(root, Vec::new())];
-            while let Some((at, path)) = stack.pop() {
-                // A path longer than the node count repeats a node: the ids form a cycle.
-                if path.len() >= self.features.len() {
-                    return Err(err(format!(
-                        "the tree of root {root} has a cycle through node {at}"
-                    )));
+            // (node, branches of it taken so far): the frames below the top are the path.
+            let mut stack = vec![(root, 0u8)];
+            while let Some(top) = stack.last_mut() {
+                let (at, taken) = *top;
+                if taken == 2 {
+                    stack.pop();
+                    continue;
                 }
-                for (taken, id, leaf) in [
-                    (false, self.false_ids[at], self.false_leafs[at]),
-                    (true, self.true_ids[at], self.true_leafs[at]),
-                ] {
-                    let mut next = path.clone();
-                    next.push((at, taken));
-                    if leaf {
-                        paths.push(Path { literals: next, leaf: id });
-                    } else {
-                        stack.push((id, next));
+                top.1 += 1;
+                let way = taken == 1;
+                match self.child(at, way) {
+                    Some(next) => stack.push((next, 0)),
+                    None => {
+                        let leaf = if way { self.true_ids[at] } else { self.false_ids[at] };
+                        literals += stack.len();
+                        if paths.len() == MAX_PATHS || literals > MAX_TABLE {
+                            return Err(IrError::NotSupported(format!(
+                                "the ensemble has more than {MAX_PATHS} root-to-leaf paths or \
+                                 {MAX_TABLE} conditions on them"
+                            )));
+                        }
+                        let literals = stack.iter().map(|&(n, t)| (n, t == 2)).collect();
+                        paths.push(Path { literals, leaf });
                     }
-                }
-                if paths.len() + stack.len() > MAX_PATHS {
-                    return Err(IrError::NotSupported(format!(
-                        "the ensemble has more than {MAX_PATHS} root-to-leaf paths"
-                    )));
                 }
             }
         }
@@ -341,7 +422,10 @@ impl Ensemble {
 }
 
 /// The sets of the Member nodes, in node order: `membership_values` holds them one after
-/// another, each ended by a NaN.
+/// another, each ended by a NaN. That is the order the spec states; ONNX's reference evaluator
+/// instead hands them out in the order its depth-first build of each tree meets the member
+/// nodes, which differs when a tree's member nodes are not numbered in that order (such an
+/// ensemble gives other results there; exporters number nodes depth-first, where both agree).
 fn member_sets(modes: &[Mode], membership: Option<Tensor>) -> Result<Vec<Vec<f64>>> {
     let members = modes.iter().filter(|&&m| m == Mode::Member).count();
     let values = membership.map(|t| t.to_f64s()).unwrap_or_default();
@@ -397,7 +481,7 @@ fn conditions(
     let dtype = im.ty(x).dtype;
     let features: Vec<i64> = e.features.iter().map(|&f| f as i64).collect();
     let features = im.constant(node, "features", Tensor::vector(&features))?;
-    let xf = one(im, node, "x_features", Op::Gather { axis: 1 }, &[x, features])?;
+    let xf = im.add1(node, "x_features", Op::Gather { axis: 1 }, &[x, features])?;
     let splits = im.constant(node, "splits", e.splits.reshape(&[n])?)?;
     let mask = |mode: Mode| -> Tensor {
         let m: Vec<bool> = e.modes.iter().map(|&m| m == mode).collect();
@@ -410,18 +494,18 @@ fn conditions(
         }
         let part = |s: &str| format!("mode{}_{s}", mode as u8);
         let cmp = match mode.compare() {
-            Some(op) => one(im, node, &part("cmp"), Op::Binary(op), &[xf, splits])?,
+            Some(op) => im.add1(node, &part("cmp"), Op::Binary(op), &[xf, splits])?,
             None if mode == Mode::Neq => {
-                let eq = one(im, node, &part("eq"), Op::Binary(BinaryOp::Equal), &[xf, splits])?;
-                one(im, node, &part("cmp"), Op::Unary(UnaryOp::Not), &[eq])?
+                let eq = im.add1(node, &part("eq"), Op::Binary(BinaryOp::Equal), &[xf, splits])?;
+                im.add1(node, &part("cmp"), Op::Unary(UnaryOp::Not), &[eq])?
             }
             None => membership(im, node, xf, e, dtype)?,
         };
         let m = im.constant(node, &part("mask"), mask(mode))?;
-        let this = one(im, node, &part("holds"), Op::Binary(BinaryOp::And), &[cmp, m])?;
+        let this = im.add1(node, &part("holds"), Op::Binary(BinaryOp::And), &[cmp, m])?;
         holds = Some(match holds {
             None => this,
-            Some(h) => one(im, node, &part("any"), Op::Binary(BinaryOp::Or), &[h, this])?,
+            Some(h) => im.add1(node, &part("any"), Op::Binary(BinaryOp::Or), &[h, this])?,
         });
     }
     let holds = holds.ok_or_else(|| err("the ensemble has no nodes"))?;
@@ -429,15 +513,16 @@ fn conditions(
         return Ok(holds);
     }
     // A NaN feature goes the true way at the nodes that say so.
-    let nan = one(im, node, "nan", Op::Unary(UnaryOp::IsNaN), &[xf])?;
+    let nan = im.add1(node, "nan", Op::Unary(UnaryOp::IsNaN), &[xf])?;
     let tracks = im.constant(node, "missing_tracks_true", Tensor::vector(&e.missing_true))?;
-    let nan_true = one(im, node, "nan_true", Op::Binary(BinaryOp::And), &[nan, tracks])?;
-    one(im, node, "conditions", Op::Binary(BinaryOp::Or), &[holds, nan_true])
+    let nan_true = im.add1(node, "nan_true", Op::Binary(BinaryOp::And), &[nan, tracks])?;
+    im.add1(node, "conditions", Op::Binary(BinaryOp::Or), &[holds, nan_true])
 }
 
 /// Whether each sample's feature is in each node's set (false at the other nodes): bool
-/// `[N, nodes]`, from `[N, nodes, 1] == [nodes, widest]` (sets padded with NaN, equal to
-/// nothing) reduced over the set.
+/// `[N, nodes]`. Only the member nodes' features are compared, `[N, members, 1] ==
+/// [members, widest]` (sets padded with NaN, equal to nothing) reduced over the set; a zero
+/// column appended for the other nodes, a Gather puts each member's column at its node.
 fn membership(
     im: &mut GraphImporter,
     node: &NodeProto,
@@ -445,31 +530,43 @@ fn membership(
     e: &Ensemble,
     dtype: DType,
 ) -> Result<ValueId> {
-    let n = e.features.len();
+    let member_nodes: Vec<i64> =
+        (0..e.modes.len()).filter(|&i| e.modes[i] == Mode::Member).map(|i| i as i64).collect();
+    let members = member_nodes.len();
     let widest = e.sets.iter().map(Vec::len).max().unwrap_or(0).max(1);
-    let mut table = vec![f64::NAN; n * widest];
-    let mut sets = e.sets.iter();
-    for (i, _) in e.modes.iter().enumerate().filter(|(_, &m)| m == Mode::Member) {
-        let set = sets.next().expect("member_sets gave one set per member node");
-        table[i * widest..i * widest + set.len()].copy_from_slice(set);
+    let mut table = vec![f64::NAN; table_size(members, widest, "the member sets")?];
+    for (row, set) in e.sets.iter().enumerate() {
+        table[row * widest..row * widest + set.len()].copy_from_slice(set);
     }
-    let table =
-        im.constant(node, "member_sets", Tensor::from_f64s(dtype, &[n, widest], &table)?)?;
+    let table = Tensor::from_f64s(dtype, &[members, widest], &table)?;
+    let table = im.constant(node, "member_sets", table)?;
+    let member_nodes_c = im.constant(node, "member_nodes", Tensor::vector(&member_nodes))?;
+    let xm = im.add1(node, "member_features", Op::Gather { axis: 1 }, &[xf, member_nodes_c])?;
     let axis = im.constant(node, "set_axis", Tensor::vector(&[2i64]))?;
-    let xs = one(im, node, "member_x", Op::Unsqueeze, &[xf, axis])?;
-    let eq = one(im, node, "member_eq", Op::Binary(BinaryOp::Equal), &[xs, table])?;
-    let eq = one(im, node, "member_eq_f", Op::Cast { to: DType::F32, saturate: true }, &[eq])?;
+    let xs = im.add1(node, "member_x", Op::Unsqueeze, &[xm, axis])?;
+    let eq = im.add1(node, "member_eq", Op::Binary(BinaryOp::Equal), &[xs, table])?;
+    let eq = im.add1(node, "member_eq_f", Op::Cast { to: DType::F32, saturate: true }, &[eq])?;
     let max =
         Op::Reduce(Reduce { kind: ReduceKind::Max, keepdims: false, noop_with_empty_axes: false });
-    let any = one(im, node, "member_any", max, &[eq, axis])?;
+    let any = im.add1(node, "member_any", max, &[eq, axis])?;
+    // [N, members] -> [N, members + 1], the last column 0 (the nodes of other modes).
+    let pads = im.constant(node, "member_pads", Tensor::vector(&[0i64, 0, 0, 1]))?;
+    let pad = Op::Pad { mode: crate::op::PadMode::Constant };
+    let padded = im.add1(node, "member_padded", pad, &[any, pads])?;
+    let mut column = vec![members as i64; e.modes.len()];
+    for (k, &at) in member_nodes.iter().enumerate() {
+        column[at as usize] = k as i64;
+    }
+    let column = im.constant(node, "member_columns", Tensor::vector(&column))?;
+    let per_node = im.add1(node, "member_per_node", Op::Gather { axis: 1 }, &[padded, column])?;
     let zero = im.constant(node, "member_zero", Tensor::scalar(0f32))?;
-    one(im, node, "member", Op::Binary(BinaryOp::Greater), &[any, zero])
+    im.add1(node, "member", Op::Binary(BinaryOp::Greater), &[per_node, zero])
 }
 
-/// Which path each sample takes: bool `[N, paths]`. With c the 0/1 conditions `[N, nodes]`, a
-/// path's literals in a matrix A (+1 where it needs a node true, -1 where false) and b its
-/// count of false literals, `c @ A + b` counts the literals that hold: all of them on the
-/// path taken (the counts are small integers, exact in f32).
+/// Which path each sample takes: bool `[N, paths]`. With c the 0/1 conditions of the nodes on
+/// some path `[N, used]`, a path's literals in a matrix A (+1 where it needs a node true, -1
+/// where false) and b its count of false literals, `c @ A + b` counts the literals that hold:
+/// all of them on the path taken (the counts are small integers, exact in f32).
 fn reached_paths(
     im: &mut GraphImporter,
     node: &NodeProto,
@@ -477,24 +574,48 @@ fn reached_paths(
     e: &Ensemble,
     paths: &[Path],
 ) -> Result<ValueId> {
-    let (n, p) = (e.features.len(), paths.len());
-    let mut literals = vec![0f32; n * p];
+    // The rows of A: only nodes some path reaches (unreachable ones cost nothing).
+    let mut row_of: Vec<Option<usize>> = vec![None; e.features.len()];
+    let mut used: Vec<i64> = Vec::new();
+    for &(at, _) in paths.iter().flat_map(|p| &p.literals) {
+        if row_of[at].is_none() {
+            row_of[at] = Some(used.len());
+            used.push(at as i64);
+        }
+    }
+    if used.is_empty() {
+        // Every tree is one leaf: one row of no literals keeps the MatMul's shapes non-empty.
+        row_of[0] = Some(0);
+        used.push(0);
+    }
+    let (n, p) = (used.len(), paths.len());
+    let mut literals = vec![0f32; table_size(n, p, "the paths' conditions")?];
     let mut need = vec![0f32; p];
     let mut falses = vec![0f32; p];
     for (j, path) in paths.iter().enumerate() {
         for &(at, taken) in &path.literals {
-            literals[at * p + j] = if taken { 1.0 } else { -1.0 };
+            let row = row_of[at].expect("every node on a path has a row");
+            literals[row * p + j] = if taken { 1.0 } else { -1.0 };
             falses[j] += f32::from(u8::from(!taken));
         }
         need[j] = path.literals.len() as f32;
     }
-    let c = one(im, node, "conditions_f", Op::Cast { to: DType::F32, saturate: true }, &[holds])?;
+    let every_node =
+        used.len() == e.features.len() && used.iter().enumerate().all(|(i, &at)| at == i as i64);
+    let holds = if every_node {
+        holds
+    } else {
+        let used = im.constant(node, "path_nodes", Tensor::vector(&used))?;
+        im.add1(node, "path_conditions", Op::Gather { axis: 1 }, &[holds, used])?
+    };
+    let cast = Op::Cast { to: DType::F32, saturate: true };
+    let c = im.add1(node, "conditions_f", cast, &[holds])?;
     let a = im.constant(node, "path_literals", Tensor::from_vec(&[n, p], literals)?)?;
     let b = im.constant(node, "path_falses", Tensor::vector(&falses))?;
     let need = im.constant(node, "path_lengths", Tensor::vector(&need))?;
-    let count = one(im, node, "path_literals_held", Op::MatMul, &[c, a])?;
-    let count = one(im, node, "path_held", Op::Binary(BinaryOp::Add), &[count, b])?;
-    one(im, node, "reached", Op::Binary(BinaryOp::Equal), &[count, need])
+    let count = im.add1(node, "path_literals_held", Op::MatMul, &[c, a])?;
+    let count = im.add1(node, "path_held", Op::Binary(BinaryOp::Add), &[count, b])?;
+    im.add1(node, "reached", Op::Binary(BinaryOp::Equal), &[count, need])
 }
 
 /// `Y [N, n_targets]`: per target, the sum (average: divided by the tree count), min or max of
@@ -510,7 +631,7 @@ fn aggregate(
 ) -> Result<ValueId> {
     let (p, t) = (paths.len(), e.n_targets);
     let trees = e.roots.len() as f64;
-    let mut gives = vec![false; p * t];
+    let mut gives = vec![false; table_size(p, t, "the paths' targets")?];
     let mut weights = vec![0f64; p];
     for (j, &Path { leaf, .. }) in paths.iter().enumerate() {
         gives[j * t + e.targets[leaf]] = true;
@@ -530,14 +651,14 @@ fn aggregate(
         _ => (ReduceKind::Sum, 0.0),
     };
     let axis = im.constant(node, "target_axis", Tensor::vector(&[2i64]))?;
-    let reached = one(im, node, "reached_3d", Op::Unsqueeze, &[reached, axis])?;
+    let reached = im.add1(node, "reached_3d", Op::Unsqueeze, &[reached, axis])?;
     let gives = im.constant(node, "path_targets", Tensor::from_vec(&[p, t], gives)?)?;
-    let counts = one(im, node, "contributes", Op::Binary(BinaryOp::And), &[reached, gives])?;
+    let counts = im.add1(node, "contributes", Op::Binary(BinaryOp::And), &[reached, gives])?;
     let weights =
         im.constant(node, "path_weights", Tensor::from_f64s(dtype, &[p, 1], &weights)?)?;
     let neutral = im.constant(node, "neutral", Tensor::full(dtype, &[], neutral))?;
-    let values = one(im, node, "contributions", Op::Where, &[counts, weights, neutral])?;
+    let values = im.add1(node, "contributions", Op::Where, &[counts, weights, neutral])?;
     let over_paths = im.constant(node, "path_axis", Tensor::vector(&[1i64]))?;
     let reduce = Op::Reduce(Reduce { kind, keepdims: false, noop_with_empty_axes: false });
-    one(im, node, "", reduce, &[values, over_paths])
+    im.add1(node, "", reduce, &[values, over_paths])
 }

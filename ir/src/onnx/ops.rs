@@ -55,7 +55,8 @@ pub(super) fn supported() -> &'static [&'static str] {
     })
 }
 
-fn err(msg: impl Into<String>) -> IrError {
+/// An ONNX node that makes no sense; `GraphImporter::node` names the node and op.
+pub(super) fn err(msg: impl Into<String>) -> IrError {
     IrError::Onnx(msg.into())
 }
 
@@ -1135,10 +1136,6 @@ fn sequence_map(im: &mut GraphImporter, node: &NodeProto, a: Attrs) -> Result<()
     emit(im, node, op, &operands, node.output.len())
 }
 
-/// The most elements a constant an inlined If branch reads may have to be copied into it as a
-/// constant (weights stay inputs: the copy would double them until the import is pruned).
-const SMALL_CAPTURE: usize = 1024;
-
 /// If: each branch becomes a graph whose inputs are the outer values it reads.
 fn if_(im: &mut GraphImporter, node: &NodeProto, a: Attrs) -> Result<()> {
     a.finish("If").map_err(attr)?;
@@ -1156,27 +1153,9 @@ fn if_(im: &mut GraphImporter, node: &NodeProto, a: Attrs) -> Result<()> {
     if let Some(c) = im.graph.constant_value(cond) {
         let taken =
             if c.to_f64s().first().copied().unwrap_or(0.0) != 0.0 { then_g } else { else_g };
-        let mut names = Vec::new();
-        let mut captures = Vec::new();
         let mut branch = GraphImporter::new("branch", im.opset, im.base_dir);
-        for n in free_values(taken) {
-            let v = *im.values.get(&n).ok_or_else(|| {
-                err(format!("a branch reads `{n}`, which is not defined before the If"))
-            })?;
-            // Small constants (shape arithmetic) go in as constants, so the branch folds as the
-            // graph around it does: an If nested in it on a size known here is taken in turn
-            // (the expanded AffineGrid's step, f32[] in one branch and f32[1] in the other).
-            let small = im.graph.constant_value(v).filter(|t| t.len() <= SMALL_CAPTURE);
-            match small.filter(|_| !im.is_variable(&n)).cloned() {
-                Some(t) => branch.constant_captures.push((n, t)),
-                None => {
-                    captures.push((n.clone(), im.ty(v).clone()));
-                    names.push(n);
-                }
-            }
-        }
+        let (captures, inputs) = im.inline_captures(free_values(taken), &mut branch, "a branch")?;
         let graph = branch.import(taken, &captures)?;
-        let inputs: Vec<ValueId> = names.iter().map(|n| im.values[n]).collect();
         let prefix = im.name_for(node, "");
         let outs = im.graph.inline(&graph, &inputs, &prefix)?;
         return im.bind(node, &outs);

@@ -5,7 +5,7 @@
 //! names the FlexAttention node.
 
 use super::import::{free_values, GraphImporter};
-use super::ops::attr;
+use super::ops::{attr, err};
 use super::proto::{GraphProto, NodeProto};
 use super::tensor::dtype_of;
 use crate::error::AttrError;
@@ -16,10 +16,6 @@ pub(super) const DOMAIN: &str = "ai.onnx.preview";
 
 /// The ops of the domain the importer converts.
 pub(super) const OPS: &[&str] = &["FlexAttention"];
-
-fn err(msg: impl Into<String>) -> IrError {
-    IrError::Onnx(msg.into())
-}
 
 pub(super) fn convert(
     im: &mut GraphImporter,
@@ -47,8 +43,18 @@ impl Flex {
         let softmax = match a.remove("softmax_precision") {
             None if input == DType::F64 => DType::F64,
             None => DType::F32,
-            Some(Attr::Int(t)) => dtype_of(t as i32)
-                .map_err(|e| e.context(format_args!("attribute `softmax_precision`")))?,
+            Some(Attr::Int(t)) => i32::try_from(t)
+                .map_err(|_| {
+                    attr(AttrError::OutOfRange {
+                        name: "softmax_precision".into(),
+                        value: t.to_string(),
+                        why: "must name a data type",
+                    })
+                })
+                .and_then(|t| {
+                    dtype_of(t)
+                        .map_err(|e| e.context(format_args!("attribute `softmax_precision`")))
+                })?,
             Some(other) => {
                 return Err(err(format!(
                     "attribute `softmax_precision` must name a data type, got {other}"
@@ -80,19 +86,19 @@ fn flex_attention(im: &mut GraphImporter, node: &NodeProto, a: Attrs) -> Result<
     let k = align_heads(im, node, q, k, "K")?;
     let v = align_heads(im, node, q, v, "V")?;
     let s = sqrt_scale(im, node, q, flex.scale, dtype)?;
-    let q_scaled = one(im, node, "QScaled", Op::Binary(BinaryOp::Mul), &[q, s])?;
-    let k_scaled = one(im, node, "KScaled", Op::Binary(BinaryOp::Mul), &[k, s])?;
-    let k_t = one(im, node, "KTranspose", Op::Transpose { perm: vec![0, 1, 3, 2] }, &[k_scaled])?;
-    let score = one(im, node, "Score", Op::MatMul, &[q_scaled, k_t])?;
+    let q_scaled = im.add1(node, "QScaled", Op::Binary(BinaryOp::Mul), &[q, s])?;
+    let k_scaled = im.add1(node, "KScaled", Op::Binary(BinaryOp::Mul), &[k, s])?;
+    let k_t = im.add1(node, "KTranspose", Op::Transpose { perm: vec![0, 1, 3, 2] }, &[k_scaled])?;
+    let score = im.add1(node, "Score", Op::MatMul, &[q_scaled, k_t])?;
     let score = cast(im, node, "SoftmaxCast", score, flex.softmax)?;
     let score = modifier(im, node, "score_mod", score)?;
-    let prob = one(im, node, "Prob", Op::Softmax { axis: 3 }, &[score])?;
+    let prob = im.add1(node, "Prob", Op::Softmax { axis: 3 }, &[score])?;
     let prob = modifier(im, node, "prob_mod", prob)?;
     let y = if dtype == flex.softmax {
-        one(im, node, "", Op::MatMul, &[prob, v])?
+        im.add1(node, "", Op::MatMul, &[prob, v])?
     } else {
         let v = cast(im, node, "VSp", v, flex.softmax)?;
-        let y = one(im, node, "YSp", Op::MatMul, &[prob, v])?;
+        let y = im.add1(node, "YSp", Op::MatMul, &[prob, v])?;
         cast(im, node, "", y, dtype)?
     };
     im.bind(node, &[y])
@@ -136,18 +142,6 @@ fn check_operands(im: &GraphImporter, q: ValueId, k: ValueId, v: ValueId) -> Res
     Ok(tq.dtype)
 }
 
-/// Adds one node of one result for a part of the FlexAttention node.
-fn one(
-    im: &mut GraphImporter,
-    node: &NodeProto,
-    part: &str,
-    op: Op,
-    operands: &[ValueId],
-) -> Result<ValueId> {
-    let operands: Vec<Option<ValueId>> = operands.iter().copied().map(Some).collect();
-    Ok(im.add(node, part, op, &operands, 1)?[0])
-}
-
 /// `x` as `to` (no node when it is already).
 fn cast(
     im: &mut GraphImporter,
@@ -159,7 +153,7 @@ fn cast(
     if im.ty(x).dtype == to {
         return Ok(x);
     }
-    one(im, node, part, Op::Cast { to, saturate: true }, &[x])
+    im.add1(node, part, Op::Cast { to, saturate: true }, &[x])
 }
 
 /// K or V with each of its heads repeated for the group of query heads sharing it (query head
@@ -178,7 +172,7 @@ fn align_heads(
     }
     let shape = |im: &mut GraphImporter, of: ValueId, start: i64, part: &str| {
         let op = Op::Shape { start, end: Some(start + 1) };
-        one(im, node, &format!("{what}{part}"), op, &[of])
+        im.add1(node, &format!("{what}{part}"), op, &[of])
     };
     let batch = shape(im, x, 0, "Batch")?;
     let kv_heads = shape(im, x, 1, "Heads")?;
@@ -186,23 +180,22 @@ fn align_heads(
     let size = shape(im, x, 3, "HeadSize")?;
     let q_heads = shape(im, q, 1, "QHeads")?;
     let group =
-        one(im, node, &format!("{what}Group"), Op::Binary(BinaryOp::Div), &[q_heads, kv_heads])?;
+        im.add1(node, &format!("{what}Group"), Op::Binary(BinaryOp::Div), &[q_heads, kv_heads])?;
     let axis = im.constant(node, &format!("{what}Axis2"), Tensor::vector(&[2i64]))?;
-    let unsqueezed = one(im, node, &format!("{what}Unsqueezed"), Op::Unsqueeze, &[x, axis])?;
+    let unsqueezed = im.add1(node, &format!("{what}Unsqueezed"), Op::Unsqueeze, &[x, axis])?;
     let concat = Op::Concat { axis: 0 };
-    let expanded_shape = one(
-        im,
+    let expanded_shape = im.add1(
         node,
         &format!("{what}ExpandShape"),
         concat.clone(),
         &[batch, kv_heads, group, seq, size],
     )?;
     let expanded =
-        one(im, node, &format!("{what}Expanded"), Op::Expand, &[unsqueezed, expanded_shape])?;
+        im.add1(node, &format!("{what}Expanded"), Op::Expand, &[unsqueezed, expanded_shape])?;
     let aligned_shape =
-        one(im, node, &format!("{what}AlignedShape"), concat, &[batch, q_heads, seq, size])?;
+        im.add1(node, &format!("{what}AlignedShape"), concat, &[batch, q_heads, seq, size])?;
     let reshape = Op::Reshape { allowzero: false };
-    one(im, node, &format!("{what}Aligned"), reshape, &[expanded, aligned_shape])
+    im.add1(node, &format!("{what}Aligned"), reshape, &[expanded, aligned_shape])
 }
 
 /// sqrt(scale) in Q's type, the scale and its root computed in f32 (as the body does):
@@ -217,14 +210,14 @@ fn sqrt_scale(
     let scale = match scale {
         Some(s) => im.constant(node, "ScaleFactorF32", Tensor::scalar(s))?,
         None => {
-            let size = one(im, node, "QKHeadSize", Op::Shape { start: 3, end: None }, &[q])?;
+            let size = im.add1(node, "QKHeadSize", Op::Shape { start: 3, end: None }, &[q])?;
             let size = cast(im, node, "QKHeadSizeF", size, DType::F32)?;
-            let root = one(im, node, "SqrtHeadSize", Op::Unary(UnaryOp::Sqrt), &[size])?;
+            let root = im.add1(node, "SqrtHeadSize", Op::Unary(UnaryOp::Sqrt), &[size])?;
             let one_f = im.constant(node, "OneF", Tensor::vector(&[1f32]))?;
-            one(im, node, "CalculatedScale", Op::Binary(BinaryOp::Div), &[one_f, root])?
+            im.add1(node, "CalculatedScale", Op::Binary(BinaryOp::Div), &[one_f, root])?
         }
     };
-    let root = one(im, node, "ScaleFactorSqrtF32", Op::Unary(UnaryOp::Sqrt), &[scale])?;
+    let root = im.add1(node, "ScaleFactorSqrtF32", Op::Unary(UnaryOp::Sqrt), &[scale])?;
     cast(im, node, "ScaleFactorSqrt", root, dtype)
 }
 
@@ -248,18 +241,11 @@ fn modifier(im: &mut GraphImporter, node: &NodeProto, name: &str, x: ValueId) ->
     let x_type = im.ty(x).clone();
     let mut body: GraphProto = g.clone();
     body.input[0].r#type = None;
-    let names = free_values(&body);
-    let mut captures = Vec::with_capacity(names.len());
-    for n in &names {
-        let ty = im.visible_type(n).ok_or_else(|| {
-            err(format!("the {name} graph reads `{n}`, which is not defined before the node"))
-        })?;
-        captures.push((n.clone(), ty));
-    }
     let mut sub = GraphImporter::new(name, im.opset, im.base_dir);
     sub.implied_input_types = vec![x_type.clone()];
+    let reader = format!("the {name} graph");
+    let (captures, mut inputs) = im.inline_captures(free_values(&body), &mut sub, &reader)?;
     let graph = sub.import(&body, &captures).map_err(in_context)?;
-    let mut inputs: Vec<ValueId> = names.iter().map(|n| im.values[n]).collect();
     inputs.push(x);
     let prefix = im.name_for(node, name);
     let y = im.graph.inline(&graph, &inputs, &prefix).map_err(in_context)?[0];

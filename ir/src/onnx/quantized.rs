@@ -14,9 +14,7 @@ use crate::{BinaryOp, DType, IrError, Op, Result, Tensor, UnaryOp, ValueId};
 
 use super::ops::attr;
 
-pub(super) fn err(msg: impl Into<String>) -> IrError {
-    IrError::Onnx(msg.into())
-}
+pub(super) use super::ops::err;
 
 /// Adds one node named after the ONNX node and `what`.
 pub(super) fn op(

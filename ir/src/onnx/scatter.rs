@@ -4,27 +4,11 @@
 //! `<node>/<part>`.
 
 use super::import::GraphImporter;
-use super::ops::attr;
+use super::ops::{attr, err};
 use super::proto::NodeProto;
 use crate::error::AttrError;
 use crate::op::{Attrs, ScatterReduction};
-use crate::{BinaryOp, IrError, Op, Result, Tensor, ValueId};
-
-fn err(msg: impl Into<String>) -> IrError {
-    IrError::Onnx(msg.into())
-}
-
-/// Adds one node of one result for a part of `node`.
-fn one(
-    im: &mut GraphImporter,
-    node: &NodeProto,
-    part: &str,
-    op: Op,
-    operands: &[ValueId],
-) -> Result<ValueId> {
-    let operands: Vec<Option<ValueId>> = operands.iter().copied().map(Some).collect();
-    Ok(im.add(node, part, op, &operands, 1)?[0])
-}
+use crate::{BinaryOp, IrError, Op, Result, Tensor};
 
 fn scatter_along(axis: usize) -> Op {
     Op::ScatterElements { axis: axis as i64, reduction: ScatterReduction::None }
@@ -102,29 +86,36 @@ pub(super) fn tensor_scatter(im: &mut GraphImporter, node: &NodeProto, mut a: At
             )));
         }
     }
-    // The steps 0..len along `axis`, 1 on every other axis.
-    let mut steps_dims = vec![1; tp.rank()];
+    // The steps 0..len along `axis`, 1 on every other axis: a Range, not a literal, since len
+    // is only a declared size (it folds to a constant when small).
+    let len = i64::try_from(len)
+        .map_err(|_| err(format!("update {tu} has more steps than an i64 counts")))?;
+    let mut steps_dims = vec![1i64; tp.rank()];
     steps_dims[axis] = len;
-    let steps: Vec<i64> = (0..len as i64).collect();
-    let steps = im.constant(node, "steps", Tensor::from_vec(&steps_dims, steps)?)?;
+    let (zero, one) = (Tensor::scalar(0i64), Tensor::scalar(1i64));
+    let (zero, one) = (im.constant(node, "zero", zero)?, im.constant(node, "one", one)?);
+    let end = im.constant(node, "len", Tensor::scalar(len))?;
+    let range = im.add1(node, "range", Op::Range, &[zero, end, one])?;
+    let steps_shape = im.constant(node, "steps_shape", Tensor::vector(&steps_dims))?;
+    let steps = im.add1(node, "steps", Op::Reshape { allowzero: false }, &[range, steps_shape])?;
     let positions = match write {
         None => steps,
         Some(w) => {
             let axes: Vec<i64> = (1..tp.rank() as i64).collect();
             let axes = im.constant(node, "batch_axes", Tensor::vector(&axes))?;
-            let start = one(im, node, "start", Op::Unsqueeze, &[w, axes])?;
-            let at = one(im, node, "positions", Op::Binary(BinaryOp::Add), &[start, steps])?;
+            let start = im.add1(node, "start", Op::Unsqueeze, &[w, axes])?;
+            let at = im.add1(node, "positions", Op::Binary(BinaryOp::Add), &[start, steps])?;
             if circular {
                 let m = im.constant(node, "max_len", Tensor::scalar(max_len as i64))?;
-                one(im, node, "wrapped", Op::Binary(BinaryOp::Mod { fmod: false }), &[at, m])?
+                im.add1(node, "wrapped", Op::Binary(BinaryOp::Mod { fmod: false }), &[at, m])?
             } else {
                 at
             }
         }
     };
-    let shape = one(im, node, "update_shape", Op::Shape { start: 0, end: None }, &[update])?;
-    let indices = one(im, node, "indices", Op::Expand, &[positions, shape])?;
-    let present = one(im, node, "", scatter_along(axis), &[past, indices, update])?;
+    let shape = im.add1(node, "update_shape", Op::Shape { start: 0, end: None }, &[update])?;
+    let indices = im.add1(node, "indices", Op::Expand, &[positions, shape])?;
+    let present = im.add1(node, "", scatter_along(axis), &[past, indices, update])?;
     im.bind(node, &[present])
 }
 
@@ -153,7 +144,10 @@ pub(super) fn max_unpool(im: &mut GraphImporter, node: &NodeProto, mut a: Attrs)
     let i = im.operand(node, 1).ok_or_else(|| err("operand 1 (I) is missing"))?;
     let output_shape = im.operand(node, 2);
     let (tx, ti) = (im.ty(x).clone(), im.ty(i).clone());
-    if tx.rank() != spatial + 2 || ti.shape != tx.shape || ti.dtype != crate::DType::I64 {
+    let (xd, id) = (tx.shape.dims(), ti.shape.dims());
+    let shapes_differ = xd.len() != id.len()
+        || xd.iter().zip(id).any(|(a, b)| a.fixed().zip(b.fixed()).is_some_and(|(a, b)| a != b));
+    if tx.rank() != spatial + 2 || shapes_differ || ti.dtype != crate::DType::I64 {
         return Err(err(format!(
             "X {tx} must be [N, C] and {spatial} spatial axes (kernel_shape {kernel:?}), and I {ti} i64 of its shape"
         )));
@@ -164,16 +158,21 @@ pub(super) fn max_unpool(im: &mut GraphImporter, node: &NodeProto, mut a: Attrs)
         .ok_or_else(|| IrError::NotSupported(format!("X {tx} must have a known shape")))?;
     let mut unpooled = dims[..2].to_vec();
     for d in 0..spatial {
-        let size = (dims[d + 2].saturating_sub(1) as u128) * strides[d] as u128 + kernel[d] as u128;
-        let size = size
-            .checked_sub(pads[d] as u128 + pads[d + spatial] as u128)
-            .filter(|&s| s > 0 && s <= i64::MAX as u128)
-            .ok_or_else(|| {
-                err(format!(
-                    "spatial axis {d}: ({} - 1) * stride {} + kernel {} - pads {} and {} is no size",
-                    dims[d + 2], strides[d], kernel[d], pads[d], pads[d + spatial]
-                ))
-            })?;
+        // As the reference computes it, in i128 (no overflow for usize operands): an empty
+        // axis gives `kernel - stride - pads`, which may be 0 but not negative.
+        let size = (dims[d + 2] as i128 - 1) * strides[d] as i128 + kernel[d] as i128
+            - pads[d] as i128
+            - pads[d + spatial] as i128;
+        let size = Some(size).filter(|&s| s >= 0 && s <= i64::MAX as i128).ok_or_else(|| {
+            err(format!(
+                "spatial axis {d}: ({} - 1) * stride {} + kernel {} - pads {} and {} is no size",
+                dims[d + 2],
+                strides[d],
+                kernel[d],
+                pads[d],
+                pads[d + spatial]
+            ))
+        })?;
         unpooled.push(size as usize);
     }
     let total = unpooled.iter().try_fold(1usize, |n, &d| n.checked_mul(d)).ok_or_else(|| {
@@ -184,31 +183,41 @@ pub(super) fn max_unpool(im: &mut GraphImporter, node: &NodeProto, mut a: Attrs)
             "the unpooled shape {unpooled:?} needs more memory than available"
         )));
     }
-    let flat = im.constant(node, "flat", Tensor::vector(&[-1i64]))?;
-    let reshape = Op::Reshape { allowzero: false };
-    let x_flat = one(im, node, "x_flat", reshape.clone(), &[x, flat])?;
-    let i_flat = one(im, node, "i_flat", reshape.clone(), &[i, flat])?;
+    let x_flat = im.flatten(node, "x_flat", x)?;
+    let i_flat = im.flatten(node, "i_flat", i)?;
     let size = im.constant(node, "size", Tensor::vector(&[total as i64]))?;
     let zero = Op::ConstantOfShape { value: Tensor::zeros(tx.dtype, &[1]) };
-    let zeros = one(im, node, "zeros", zero, &[size])?;
-    let scattered = one(im, node, "scattered", scatter_along(0), &[zeros, i_flat, x_flat])?;
+    let zeros = im.add1(node, "zeros", zero, &[size])?;
+    let scattered = im.add1(node, "scattered", scatter_along(0), &[zeros, i_flat, x_flat])?;
     let unpooled_shape: Vec<i64> = unpooled.iter().map(|&d| d as i64).collect();
     let unpooled_shape = im.constant(node, "unpooled_shape", Tensor::vector(&unpooled_shape))?;
+    // allowzero: an empty axis's size 0 is a size, not "copy the operand's".
+    let reshape = Op::Reshape { allowzero: true };
     let Some(output_shape) = output_shape else {
-        let y = one(im, node, "", reshape, &[scattered, unpooled_shape])?;
+        let y = im.add1(node, "", reshape, &[scattered, unpooled_shape])?;
         return im.bind(node, &[y]);
     };
     let to = im.ty(output_shape);
     if to.dtype != crate::DType::I64 || to.shape.dims() != [crate::Dim::Fixed(tx.rank())] {
         return Err(err(format!("output_shape {to} must be i64[{}]", tx.rank())));
     }
-    let y = one(im, node, "unpooled", reshape, &[scattered, unpooled_shape])?;
+    // A known output_shape must hold the unpooled shape (the reference refuses a smaller one;
+    // Pad's negative pads would crop silently). One computed at run time is not checked.
+    if let Some(out) = im.graph.constant_value(output_shape) {
+        let out = out.to_i64s();
+        if out.iter().zip(&unpooled).any(|(&o, &u)| o < u as i64) {
+            return Err(err(format!(
+                "output_shape {out:?} is smaller than the unpooled shape {unpooled:?}"
+            )));
+        }
+    }
+    let y = im.add1(node, "unpooled", reshape, &[scattered, unpooled_shape])?;
     // Pads: none at the start of each axis, output_shape - unpooled at its end.
     let ends =
-        one(im, node, "pad_ends", Op::Binary(BinaryOp::Sub), &[output_shape, unpooled_shape])?;
+        im.add1(node, "pad_ends", Op::Binary(BinaryOp::Sub), &[output_shape, unpooled_shape])?;
     let starts = im.constant(node, "pad_starts", Tensor::vector(&vec![0i64; tx.rank()]))?;
-    let pads = one(im, node, "pads", Op::Concat { axis: 0 }, &[starts, ends])?;
+    let pads = im.add1(node, "pads", Op::Concat { axis: 0 }, &[starts, ends])?;
     let pad = Op::Pad { mode: crate::op::PadMode::Constant };
-    let y = one(im, node, "", pad, &[y, pads])?;
+    let y = im.add1(node, "", pad, &[y, pads])?;
     im.bind(node, &[y])
 }

@@ -15,7 +15,7 @@
 use std::collections::{HashMap, HashSet};
 
 use super::import::{node_label, GraphImporter};
-use super::ops::attr;
+use super::ops::{attr, err};
 use super::proto::NodeProto;
 use crate::builder::Traced;
 use crate::error::AttrError;
@@ -28,10 +28,6 @@ pub(super) const DOMAIN: &str = "ai.onnx.preview.training";
 
 /// The ops of the domain the importer converts.
 pub(super) const OPS: &[&str] = &["Momentum", "Adam", "Adagrad", "Gradient"];
-
-fn err(msg: impl Into<String>) -> IrError {
-    IrError::Onnx(msg.into())
-}
 
 /// How the node's hyperparameters read.
 enum Rule {

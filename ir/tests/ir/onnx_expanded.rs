@@ -236,7 +236,7 @@ fn tensor_scatter_refuses_the_batch_axis_and_a_longer_update() {
             "",
             vec![node(
                 "TensorScatter",
-                "ts",
+                "kv_write",
                 &["past", "update"],
                 &["present"],
                 vec![int("axis", axis)],
@@ -247,9 +247,9 @@ fn tensor_scatter_refuses_the_batch_axis_and_a_longer_update() {
         )
     };
     let e = load(&bytes(0, 1)).unwrap_err().to_string();
-    assert!(e.contains("ts") && e.contains("axis"), "{e}");
+    assert!(e.contains("`kv_write` (TensorScatter)") && e.contains("axis"), "{e}");
     let e = load(&bytes(1, 4)).unwrap_err().to_string();
-    assert!(e.contains("ts") && e.contains("more than"), "{e}");
+    assert!(e.contains("`kv_write` (TensorScatter)") && e.contains("more than"), "{e}");
 }
 
 /// ONNX's MaxUnpool example: 2x2 maxima at flat indices 5, 7, 13, 15 of a 4x4 image; with
@@ -492,4 +492,248 @@ fn flex_attention_takes_a_modifier_whose_sizes_come_from_data() {
     let v = f32s(&[1, 1, 3, 1], &[3., 6., 9.]);
     let y = eval::run(&g, &[zeros.clone(), zeros, v]).unwrap();
     assert_close(&y[0], &[1, 1, 3, 1], &[3., 4.5, 6.], 1e-6);
+}
+
+/// A named node's message: it names the node and its op.
+fn names(e: &str, node: &str, op: &str) -> bool {
+    e.contains(&format!("`{node}` ({op})"))
+}
+
+/// An integer Binarizer compares as the reference does, in f64: 0 > -0.5, and nothing is
+/// above NaN or a threshold beyond the type (a truncating cast made -0.5 a 0 and NaN a 0).
+#[test]
+fn binarizer_on_integers_compares_with_the_threshold_itself() {
+    let run = |dtype: i32, threshold: f32, x: Tensor| {
+        let bytes = model_in(
+            "ai.onnx.ml",
+            vec![node("Binarizer", "bin", &["x"], &["b"], vec![float("threshold", threshold)])],
+            vec![value("x", dtype, &[3])],
+            vec![value("b", dtype, &[3])],
+            vec![],
+        );
+        let g = load(&bytes).unwrap().graph;
+        eval::run(&g, &[x]).unwrap().remove(0).to_i64s()
+    };
+    let x64 = || i64s(&[3], &[-1, 0, 1]);
+    assert_eq!(run(data_type::INT64, -0.5, x64()), [0, 1, 1]);
+    assert_eq!(run(data_type::INT64, 0.5, x64()), [0, 0, 1]);
+    assert_eq!(run(data_type::INT64, -1.0, x64()), [0, 1, 1]);
+    assert_eq!(run(data_type::INT64, f32::NAN, x64()), [0, 0, 0]);
+    let x32 = || Tensor::from_slice(&[3], &[i32::MIN, 0, i32::MAX]).unwrap();
+    assert_eq!(run(data_type::INT32, -1e10, x32()), [1, 1, 1]);
+    assert_eq!(run(data_type::INT32, 1e10, x32()), [0, 0, 0]);
+    assert_eq!(run(data_type::INT32, f32::NAN, x32()), [0, 0, 0]);
+}
+
+/// A softmax_precision beyond i32 is an attribute error, not a truncated type code.
+#[test]
+fn flex_attention_refuses_a_softmax_precision_beyond_i32() {
+    let bytes = model_in(
+        "ai.onnx.preview",
+        vec![node(
+            "FlexAttention",
+            "flex",
+            &["q", "k", "v"],
+            &["y"],
+            vec![int("softmax_precision", (1 << 32) + 1)],
+        )],
+        vec![f32v("q", &[1, 1, 2, 2]), f32v("k", &[1, 1, 2, 2]), f32v("v", &[1, 1, 2, 2])],
+        vec![f32v("y", &[1, 1, 2, 2])],
+        vec![],
+    );
+    let e = load(&bytes).unwrap_err().to_string();
+    assert!(names(&e, "flex", "FlexAttention") && e.contains("softmax_precision"), "{e}");
+}
+
+/// A sequence axis declared 2^40 long: the steps are a Range (not folded at that size), so
+/// the import allocates nothing of that size.
+#[test]
+fn tensor_scatter_of_a_huge_declared_length_allocates_no_steps() {
+    let huge = 1i64 << 40;
+    let bytes = model_in(
+        "",
+        vec![node("TensorScatter", "kv_write", &["past", "update"], &["present"], vec![])],
+        vec![f32v("past", &[1, huge, 1]), f32v("update", &[1, huge, 1])],
+        vec![f32v("present", &[1, huge, 1])],
+        vec![],
+    );
+    let g = load(&bytes).unwrap().graph;
+    assert!(g.to_string().contains("kv_write/range"), "{g}");
+}
+
+fn max_unpool(x: &[i64], kernel: i64, stride: i64, output_shape: Option<&[i64]>) -> Vec<u8> {
+    let operands: &[&str] = if output_shape.is_some() { &["x", "i", "s"] } else { &["x", "i"] };
+    model_in(
+        "",
+        vec![node(
+            "MaxUnpool",
+            "unpool",
+            operands,
+            &["y"],
+            vec![ints("kernel_shape", &[kernel, kernel]), ints("strides", &[stride, stride])],
+        )],
+        vec![f32v("x", x), i64v("i", x)],
+        vec![f32v("y", &[1, 1, 4, 4])],
+        output_shape.map(|s| i64_init("s", &[4], s)).into_iter().collect(),
+    )
+}
+
+/// An output_shape smaller than the unpooled shape is refused (Pad would crop silently).
+#[test]
+fn max_unpool_refuses_an_output_shape_smaller_than_the_unpooled_one() {
+    let e = load(&max_unpool(&[1, 1, 2, 2], 2, 2, Some(&[1, 1, 3, 4]))).unwrap_err().to_string();
+    assert!(names(&e, "unpool", "MaxUnpool") && e.contains("smaller"), "{e}");
+}
+
+/// An empty spatial axis unpools to `(0 - 1) * stride + kernel` as the reference computes it:
+/// 0 for kernel = stride (taken), negative for kernel < stride (refused).
+#[test]
+fn max_unpool_of_an_empty_axis() {
+    let g = load(&max_unpool(&[1, 1, 0, 2], 2, 2, None)).unwrap().graph;
+    let y = g.outputs()[0].1;
+    assert_eq!(g.value_type(y).shape.as_fixed(), Some(vec![1, 1, 0, 4]), "{g}");
+    let e = load(&max_unpool(&[1, 1, 0, 2], 1, 2, None)).unwrap_err().to_string();
+    assert!(names(&e, "unpool", "MaxUnpool") && e.contains("no size"), "{e}");
+}
+
+/// A TreeEnsemble of `nodes` nodes comparing feature 0 with `<=` 0, with the given branches,
+/// one target per leaf weight (all 1).
+fn ensemble(
+    true_ids: &[i64],
+    true_leafs: &[i64],
+    false_ids: &[i64],
+    false_leafs: &[i64],
+    leaves: usize,
+    n_targets: i64,
+) -> Vec<u8> {
+    let n = true_ids.len();
+    let modes = TensorProto {
+        name: Some("t".into()),
+        dims: vec![n as i64],
+        data_type: Some(data_type::UINT8),
+        int32_data: vec![0; n],
+        ..Default::default()
+    };
+    model_in(
+        "ai.onnx.ml",
+        vec![node(
+            "TreeEnsemble",
+            "trees",
+            &["x"],
+            &["y"],
+            vec![
+                ints("leaf_targetids", &vec![0; leaves]),
+                tensor("leaf_weights", f32_tensor(&vec![1.0; leaves])),
+                int("n_targets", n_targets),
+                ints("nodes_falseleafs", false_leafs),
+                ints("nodes_falsenodeids", false_ids),
+                ints("nodes_featureids", &vec![0; n]),
+                tensor("nodes_modes", modes),
+                tensor("nodes_splits", f32_tensor(&vec![0.0; n])),
+                ints("nodes_trueleafs", true_leafs),
+                ints("nodes_truenodeids", true_ids),
+                ints("tree_roots", &[0]),
+            ],
+        )],
+        vec![f32v("x", &[2, 1])],
+        vec![f32v("y", &[2, 1])],
+        vec![],
+    )
+}
+
+/// A huge n_targets (or one whose table size overflows) is a typed error, not a huge table.
+#[test]
+fn tree_ensemble_refuses_a_huge_n_targets() {
+    for n_targets in [1 << 40, i64::MAX] {
+        let e = load(&ensemble(&[0], &[1], &[1], &[1], 2, n_targets)).unwrap_err().to_string();
+        assert!(names(&e, "trees", "TreeEnsemble") && e.contains("targets"), "{e}");
+    }
+}
+
+/// A chain of 10,000 nodes (each false branch a leaf) has only 10,001 paths but ~5e7
+/// conditions on them: refused by the cap on all the paths' lengths together.
+#[test]
+fn tree_ensemble_refuses_a_deep_chain() {
+    let n = 10_000i64;
+    let true_ids: Vec<i64> = (1..=n).map(|i| if i == n { 0 } else { i }).collect();
+    let mut true_leafs = vec![0; n as usize];
+    true_leafs[n as usize - 1] = 1;
+    let false_ids: Vec<i64> = (0..n).collect();
+    let leaves = n as usize;
+    let bytes = ensemble(&true_ids, &true_leafs, &false_ids, &vec![1; leaves], leaves, 1);
+    let e = load(&bytes).unwrap_err().to_string();
+    assert!(names(&e, "trees", "TreeEnsemble") && e.contains("conditions"), "{e}");
+}
+
+/// A cycle (0 -> 1 -> 0) padded with more unreachable nodes than the path cap is reported as
+/// a cycle, found in one pass over the reachable nodes.
+#[test]
+fn tree_ensemble_finds_a_cycle_among_many_nodes() {
+    let n = 70_000usize;
+    let mut true_ids = vec![0i64; n];
+    true_ids[0] = 1;
+    let false_ids = vec![0i64; n];
+    let mut false_leafs = vec![1i64; n];
+    false_leafs[0] = 1;
+    let bytes = ensemble(&true_ids, &vec![0; n], &false_ids, &false_leafs, 1, 1);
+    let e = load(&bytes).unwrap_err().to_string();
+    assert!(names(&e, "trees", "TreeEnsemble") && e.contains("cycle"), "{e}");
+}
+
+/// TreeEnsemble is new in ai.onnx.ml opset 5: an older opset's is an unsupported op.
+#[test]
+fn tree_ensemble_needs_ai_onnx_ml_opset_5() {
+    let mut m = ModelProto::decode(&ensemble(&[0], &[1], &[1], &[1], 2, 1)[..]).unwrap();
+    for o in &mut m.opset_import {
+        if o.domain.as_deref() == Some("ai.onnx.ml") {
+            o.version = Some(4);
+        }
+    }
+    let e = load(&m.encode_to_vec()).unwrap_err().to_string();
+    assert!(e.contains("TreeEnsemble") && e.contains("unsupported"), "{e}");
+}
+
+/// 20,000 member nodes and one set of 1,000 values: a member table of 2e7 entries is refused
+/// (it was one row per node of the widest set's width).
+#[test]
+fn tree_ensemble_refuses_a_huge_member_table() {
+    let n = 20_000usize;
+    let modes = TensorProto {
+        name: Some("t".into()),
+        dims: vec![n as i64],
+        data_type: Some(data_type::UINT8),
+        int32_data: vec![6; n],
+        ..Default::default()
+    };
+    let mut sets: Vec<f32> = (0..1000).map(|v| v as f32).collect();
+    sets.extend(std::iter::repeat_n(f32::NAN, n));
+    let true_ids: Vec<i64> = (0..n as i64).collect();
+    let bytes = model_in(
+        "ai.onnx.ml",
+        vec![node(
+            "TreeEnsemble",
+            "trees",
+            &["x"],
+            &["y"],
+            vec![
+                ints("leaf_targetids", &vec![0; n]),
+                tensor("leaf_weights", f32_tensor(&vec![1.0; n])),
+                int("n_targets", 1),
+                ints("nodes_falseleafs", &vec![1; n]),
+                ints("nodes_falsenodeids", &true_ids),
+                ints("nodes_featureids", &vec![0; n]),
+                tensor("nodes_modes", modes),
+                tensor("nodes_splits", f32_tensor(&vec![0.0; n])),
+                ints("nodes_trueleafs", &vec![1; n]),
+                ints("nodes_truenodeids", &true_ids),
+                tensor("membership_values", f32_tensor(&sets)),
+                ints("tree_roots", &[0]),
+            ],
+        )],
+        vec![f32v("x", &[2, 1])],
+        vec![f32v("y", &[2, 1])],
+        vec![],
+    );
+    let e = load(&bytes).unwrap_err().to_string();
+    assert!(names(&e, "trees", "TreeEnsemble") && e.contains("member sets"), "{e}");
 }
