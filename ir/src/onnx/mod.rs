@@ -71,6 +71,18 @@ pub fn supported_ops() -> &'static [&'static str] {
     ops::supported()
 }
 
+/// The ops of other domains the importer converts, each as `domain:op`
+/// (`ai.onnx.ml:TreeEnsemble`), the form `docs/ops.md` names them by.
+pub fn supported_domain_ops() -> Vec<String> {
+    let domains: [(&str, &[&str]); 4] = [
+        (training::DOMAIN, training::OPS),
+        (preview::DOMAIN, preview::OPS),
+        (ml::DOMAIN, ml::OPS),
+        ("com.microsoft", quantized::MICROSOFT),
+    ];
+    domains.iter().flat_map(|(d, ops)| ops.iter().map(move |o| format!("{d}:{o}"))).collect()
+}
+
 /// Loads an ONNX model from a file; external data is read from the file's directory.
 pub fn load(path: impl AsRef<Path>) -> Result<Model> {
     load_with(path, &ImportOptions::default())
