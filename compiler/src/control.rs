@@ -61,6 +61,73 @@ pub struct ControlSplit {
     pub outputs: Vec<usize>,
 }
 
+/// The host values a split starts with: the graph's inputs, in order, and where each is.
+fn input_values(graph: &Graph) -> (Vec<(String, TensorType)>, HashMap<ValueId, usize>) {
+    let mut values: Vec<(String, TensorType)> = Vec::new();
+    let mut value_of: HashMap<ValueId, usize> = HashMap::new();
+    for &id in graph.inputs() {
+        value_of.insert(id.into(), values.len());
+        values.push((graph.node(id).name.clone(), graph.node(id).outputs[0].clone()));
+    }
+    (values, value_of)
+}
+
+/// The `before` program of a split at `at_name`: every node `crossing` needs, reading the graph
+/// inputs among them as arguments and returning `crossing`, which become host values. Gives the
+/// program, its arguments and its results (host values).
+fn before_program(
+    graph: &Graph,
+    order: &[NodeId],
+    crossing: &[ValueId],
+    at_name: &str,
+    value_of: &mut HashMap<ValueId, usize>,
+    values: &mut Vec<(String, TensorType)>,
+) -> Result<(Graph, Vec<usize>, Vec<usize>)> {
+    let mut needed: HashSet<NodeId> = HashSet::new();
+    let mut stack: Vec<NodeId> = crossing.iter().map(|v| v.node).collect();
+    while let Some(n) = stack.pop() {
+        if needed.insert(n) {
+            stack.extend(graph.operands(n).into_iter().flatten().map(|v| v.node));
+        }
+    }
+    let mut before = Graph::new(&format!("{}.before.{at_name}", graph.name));
+    let mut map: HashMap<NodeId, NodeId> = HashMap::new();
+    let mut args = Vec::new();
+    for &id in order.iter().filter(|id| needed.contains(id)) {
+        let node = graph.node(id);
+        let new = match &node.op {
+            Op::Input => {
+                args.push(value_of[&id.into()]);
+                before.add_input(&node.name, node.outputs[0].clone())?.node
+            }
+            Op::Constant(t) => before.add_constant(&node.name, t.clone())?.node,
+            op => {
+                let operands: Vec<Option<ValueId>> = graph
+                    .operands(id)
+                    .into_iter()
+                    .map(|o| o.map(|v| ValueId::new(map[&v.node], v.output)))
+                    .collect();
+                before.add_node_with_outputs(
+                    &node.name,
+                    op.clone(),
+                    &operands,
+                    node.outputs.len(),
+                )?
+            }
+        };
+        map.insert(id, new);
+    }
+    let mut results = Vec::new();
+    for &v in crossing {
+        let name = graph.value_name(v);
+        before.add_output(&name, ValueId::new(map[&v.node], v.output))?;
+        value_of.insert(v, values.len());
+        results.push(values.len());
+        values.push((name, graph.value_type(v).clone()));
+    }
+    Ok((before, args, results))
+}
+
 /// The ops whose result shapes may depend on the data, which the host evaluates.
 fn data_dependent(op: &Op) -> bool {
     matches!(
@@ -125,12 +192,7 @@ pub fn split(graph: &Graph) -> Result<Option<ControlSplit>> {
             later.insert(id);
         }
     }
-    let mut values: Vec<(String, TensorType)> = Vec::new();
-    let mut value_of: HashMap<ValueId, usize> = HashMap::new();
-    for &id in graph.inputs() {
-        value_of.insert(id.into(), values.len());
-        values.push((graph.node(id).name.clone(), graph.node(id).outputs[0].clone()));
-    }
+    let (mut values, mut value_of) = input_values(graph);
     let mut programs: Vec<(Role, Graph)> = Vec::new();
     let mut steps: Vec<Step> = Vec::new();
 
@@ -156,48 +218,8 @@ pub fn split(graph: &Graph) -> Result<Option<ControlSplit>> {
         }
     }
     if !crossing.is_empty() {
-        let mut needed: HashSet<NodeId> = HashSet::new();
-        let mut stack: Vec<NodeId> = crossing.iter().map(|v| v.node).collect();
-        while let Some(n) = stack.pop() {
-            if needed.insert(n) {
-                stack.extend(graph.operands(n).into_iter().flatten().map(|v| v.node));
-            }
-        }
-        let mut before = Graph::new(&format!("{}.before.{if_name}", graph.name));
-        let mut map: HashMap<NodeId, NodeId> = HashMap::new();
-        let mut args = Vec::new();
-        for &id in order.iter().filter(|id| needed.contains(id)) {
-            let node = graph.node(id);
-            let new = match &node.op {
-                Op::Input => {
-                    args.push(value_of[&id.into()]);
-                    before.add_input(&node.name, node.outputs[0].clone())?.node
-                }
-                Op::Constant(t) => before.add_constant(&node.name, t.clone())?.node,
-                op => {
-                    let operands: Vec<Option<ValueId>> = graph
-                        .operands(id)
-                        .into_iter()
-                        .map(|o| o.map(|v| ValueId::new(map[&v.node], v.output)))
-                        .collect();
-                    before.add_node_with_outputs(
-                        &node.name,
-                        op.clone(),
-                        &operands,
-                        node.outputs.len(),
-                    )?
-                }
-            };
-            map.insert(id, new);
-        }
-        let mut results = Vec::new();
-        for &v in &crossing {
-            let name = graph.value_name(v);
-            before.add_output(&name, ValueId::new(map[&v.node], v.output))?;
-            value_of.insert(v, values.len());
-            results.push(values.len());
-            values.push((name, graph.value_type(v).clone()));
-        }
+        let (before, args, results) =
+            before_program(graph, &order, &crossing, &if_name, &mut value_of, &mut values)?;
         steps.push(Step::Run { program: programs.len(), args, results });
         programs.push((Role::Before, before));
     }
@@ -431,12 +453,7 @@ fn split_host(graph: &Graph, tail: &HashSet<NodeId>) -> Result<ControlSplit> {
     let at_name = graph.node(at).name.clone();
     let is_constant = |v: ValueId| matches!(graph.node(v.node).op, Op::Constant(_));
     let is_input = |v: ValueId| matches!(graph.node(v.node).op, Op::Input);
-    let mut values: Vec<(String, TensorType)> = Vec::new();
-    let mut value_of: HashMap<ValueId, usize> = HashMap::new();
-    for &id in graph.inputs() {
-        value_of.insert(id.into(), values.len());
-        values.push((graph.node(id).name.clone(), graph.node(id).outputs[0].clone()));
-    }
+    let (mut values, mut value_of) = input_values(graph);
     let mut programs: Vec<(Role, Graph)> = Vec::new();
     let mut steps: Vec<Step> = Vec::new();
 
@@ -464,48 +481,8 @@ fn split_host(graph: &Graph, tail: &HashSet<NodeId>) -> Result<ControlSplit> {
         crossing = read_inputs;
     }
     if !crossing.is_empty() {
-        let mut needed: HashSet<NodeId> = HashSet::new();
-        let mut stack: Vec<NodeId> = crossing.iter().map(|v| v.node).collect();
-        while let Some(n) = stack.pop() {
-            if needed.insert(n) {
-                stack.extend(graph.operands(n).into_iter().flatten().map(|v| v.node));
-            }
-        }
-        let mut before = Graph::new(&format!("{}.before.{at_name}", graph.name));
-        let mut map: HashMap<NodeId, NodeId> = HashMap::new();
-        let mut args = Vec::new();
-        for &id in order.iter().filter(|id| needed.contains(id)) {
-            let node = graph.node(id);
-            let new = match &node.op {
-                Op::Input => {
-                    args.push(value_of[&id.into()]);
-                    before.add_input(&node.name, node.outputs[0].clone())?.node
-                }
-                Op::Constant(t) => before.add_constant(&node.name, t.clone())?.node,
-                op => {
-                    let operands: Vec<Option<ValueId>> = graph
-                        .operands(id)
-                        .into_iter()
-                        .map(|o| o.map(|v| ValueId::new(map[&v.node], v.output)))
-                        .collect();
-                    before.add_node_with_outputs(
-                        &node.name,
-                        op.clone(),
-                        &operands,
-                        node.outputs.len(),
-                    )?
-                }
-            };
-            map.insert(id, new);
-        }
-        let mut results = Vec::new();
-        for &v in &crossing {
-            let name = graph.value_name(v);
-            before.add_output(&name, ValueId::new(map[&v.node], v.output))?;
-            value_of.insert(v, values.len());
-            results.push(values.len());
-            values.push((name, graph.value_type(v).clone()));
-        }
+        let (before, args, results) =
+            before_program(graph, &order, &crossing, &at_name, &mut value_of, &mut values)?;
         steps.push(Step::Run { program: programs.len(), args, results });
         programs.push((Role::Before, before));
     }
