@@ -3,6 +3,7 @@
 //! interpreter, on inputs that reach the expansions' corners (grouped heads and a mask, a write
 //! wrapping around the cache, every comparison mode, NaN features).
 
+use kiln_ir::onnx::proto::attr::{graph, int, ints, string, tensor};
 use kiln_ir::onnx::proto::tensor_shape_proto::dimension::Value as DimValue;
 use kiln_ir::onnx::proto::*;
 use kiln_ir::{DType, Graph, Tensor};
@@ -37,39 +38,6 @@ fn node(op: &str, domain: &str, inputs: &[&str], attrs: Vec<AttributeProto>) -> 
     }
 }
 
-fn attr(name: &str, a: AttributeProto) -> AttributeProto {
-    AttributeProto { name: Some(name.into()), ..a }
-}
-
-fn int(name: &str, v: i64) -> AttributeProto {
-    attr(
-        name,
-        AttributeProto { r#type: Some(attribute_type::INT), i: Some(v), ..Default::default() },
-    )
-}
-
-fn ints(name: &str, v: &[i64]) -> AttributeProto {
-    attr(
-        name,
-        AttributeProto {
-            r#type: Some(attribute_type::INTS),
-            ints: v.to_vec(),
-            ..Default::default()
-        },
-    )
-}
-
-fn string(name: &str, v: &str) -> AttributeProto {
-    attr(
-        name,
-        AttributeProto {
-            r#type: Some(attribute_type::STRING),
-            s: Some(v.as_bytes().to_vec()),
-            ..Default::default()
-        },
-    )
-}
-
 fn f32_tensor(name: &str, dims: &[i64], v: &[f32]) -> TensorProto {
     TensorProto {
         name: Some(name.into()),
@@ -78,17 +46,6 @@ fn f32_tensor(name: &str, dims: &[i64], v: &[f32]) -> TensorProto {
         float_data: v.to_vec(),
         ..Default::default()
     }
-}
-
-fn tensor(name: &str, t: TensorProto) -> AttributeProto {
-    attr(
-        name,
-        AttributeProto {
-            r#type: Some(attribute_type::TENSOR),
-            t: Some(Box::new(t)),
-            ..Default::default()
-        },
-    )
 }
 
 /// The graph of a one-node model of opset 26 (and `domain`, version 5 for ai.onnx.ml).
@@ -144,14 +101,7 @@ fn flex_attention_with_a_causal_score_mod_compiles_as_interpreted() {
         initializer: vec![causal, f32_tensor("neg_inf", &[], &[f32::NEG_INFINITY])],
         ..Default::default()
     };
-    let graph_attr = attr(
-        "score_mod",
-        AttributeProto {
-            r#type: Some(attribute_type::GRAPH),
-            g: Some(Box::new(score_mod)),
-            ..Default::default()
-        },
-    );
+    let graph_attr = graph("score_mod", score_mod);
     let g = import(
         node("FlexAttention", "ai.onnx.preview", &["q", "k", "v"], vec![graph_attr]),
         vec![

@@ -358,3 +358,41 @@ pub mod value_elem_type {
     pub const TENSOR: i32 = 1;
     pub const SEQUENCE: i32 = 3;
 }
+
+/// Attribute constructors for models built in code (kiln's tests, a generator of ONNX files).
+pub mod attr {
+    use super::{attribute_type, AttributeProto, GraphProto, TensorProto};
+
+    fn named(name: &str, kind: i32) -> AttributeProto {
+        AttributeProto { name: Some(name.into()), r#type: Some(kind), ..Default::default() }
+    }
+
+    pub fn int(name: &str, v: i64) -> AttributeProto {
+        AttributeProto { i: Some(v), ..named(name, attribute_type::INT) }
+    }
+
+    pub fn ints(name: &str, v: &[i64]) -> AttributeProto {
+        AttributeProto { ints: v.to_vec(), ..named(name, attribute_type::INTS) }
+    }
+
+    pub fn float(name: &str, v: f32) -> AttributeProto {
+        AttributeProto { f: Some(v), ..named(name, attribute_type::FLOAT) }
+    }
+
+    pub fn string(name: &str, v: &str) -> AttributeProto {
+        AttributeProto { s: Some(v.as_bytes().to_vec()), ..named(name, attribute_type::STRING) }
+    }
+
+    pub fn strings(name: &str, v: &[&str]) -> AttributeProto {
+        let strings = v.iter().map(|s| s.as_bytes().to_vec()).collect();
+        AttributeProto { strings, ..named(name, attribute_type::STRINGS) }
+    }
+
+    pub fn tensor(name: &str, t: TensorProto) -> AttributeProto {
+        AttributeProto { t: Some(Box::new(t)), ..named(name, attribute_type::TENSOR) }
+    }
+
+    pub fn graph(name: &str, g: GraphProto) -> AttributeProto {
+        AttributeProto { g: Some(Box::new(g)), ..named(name, attribute_type::GRAPH) }
+    }
+}

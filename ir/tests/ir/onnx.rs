@@ -1,6 +1,8 @@
 //! The ONNX frontend: models built here with the prost messages, imported and run; opset
 //! rewrites; and malformed input, which must give clear errors, never panics.
 
+pub(super) use kiln_ir::onnx::proto::attr::int;
+use kiln_ir::onnx::proto::attr::{float, ints};
 use kiln_ir::onnx::proto::*;
 use kiln_ir::onnx::{self, proto::tensor_shape_proto::dimension::Value as DimValue};
 use kiln_ir::{eval, AttrError, DType, IrError, OpError, Tensor};
@@ -52,33 +54,6 @@ pub(super) fn node(
         op_type: Some(op.into()),
         domain: None,
         attribute: attrs,
-    }
-}
-
-fn ints(name: &str, v: &[i64]) -> AttributeProto {
-    AttributeProto {
-        name: Some(name.into()),
-        r#type: Some(attribute_type::INTS),
-        ints: v.to_vec(),
-        ..Default::default()
-    }
-}
-
-fn float(name: &str, v: f32) -> AttributeProto {
-    AttributeProto {
-        name: Some(name.into()),
-        r#type: Some(attribute_type::FLOAT),
-        f: Some(v),
-        ..Default::default()
-    }
-}
-
-pub(super) fn int(name: &str, v: i64) -> AttributeProto {
-    AttributeProto {
-        name: Some(name.into()),
-        r#type: Some(attribute_type::INT),
-        i: Some(v),
-        ..Default::default()
     }
 }
 

@@ -3,6 +3,7 @@
 //! ArrayFeatureExtractor, TreeEnsemble), and an If inlined inside an inlined branch. Values
 //! against hand-computed ones; bad input is an error naming the node.
 
+use kiln_ir::onnx::proto::attr::{float, graph, ints, string, tensor};
 use kiln_ir::onnx::proto::*;
 use kiln_ir::{eval, Tensor};
 use prost::Message;
@@ -72,61 +73,6 @@ fn i64_init(name: &str, dims: &[i64], v: &[i64]) -> TensorProto {
 
 fn i64s(dims: &[usize], v: &[i64]) -> Tensor {
     Tensor::from_slice(dims, v).unwrap()
-}
-
-fn attr_of(name: &str, a: AttributeProto) -> AttributeProto {
-    AttributeProto { name: Some(name.into()), ..a }
-}
-
-fn float(name: &str, v: f32) -> AttributeProto {
-    attr_of(
-        name,
-        AttributeProto { r#type: Some(attribute_type::FLOAT), f: Some(v), ..Default::default() },
-    )
-}
-
-fn ints(name: &str, v: &[i64]) -> AttributeProto {
-    attr_of(
-        name,
-        AttributeProto {
-            r#type: Some(attribute_type::INTS),
-            ints: v.to_vec(),
-            ..Default::default()
-        },
-    )
-}
-
-fn string(name: &str, v: &str) -> AttributeProto {
-    attr_of(
-        name,
-        AttributeProto {
-            r#type: Some(attribute_type::STRING),
-            s: Some(v.as_bytes().to_vec()),
-            ..Default::default()
-        },
-    )
-}
-
-fn tensor(name: &str, t: TensorProto) -> AttributeProto {
-    attr_of(
-        name,
-        AttributeProto {
-            r#type: Some(attribute_type::TENSOR),
-            t: Some(Box::new(t)),
-            ..Default::default()
-        },
-    )
-}
-
-fn graph(name: &str, g: GraphProto) -> AttributeProto {
-    attr_of(
-        name,
-        AttributeProto {
-            r#type: Some(attribute_type::GRAPH),
-            g: Some(Box::new(g)),
-            ..Default::default()
-        },
-    )
 }
 
 /// A one-input one-output modifier graph `out = op(x, c)`, with `c` an initializer of its own

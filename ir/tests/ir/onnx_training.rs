@@ -3,6 +3,8 @@
 //! and the Gradient nodes that define no derivative, which are typed errors naming the node.
 
 use kiln_ir::grad::GradError;
+pub(crate) use kiln_ir::onnx::proto::attr::string;
+use kiln_ir::onnx::proto::attr::strings;
 use kiln_ir::onnx::proto::*;
 use kiln_ir::{eval, AttrError, DType, GradientOpError, IrError, Tensor};
 use prost::Message;
@@ -11,25 +13,6 @@ use super::assert_close;
 use super::onnx::{f32_init, int, load, node, value};
 
 const TRAINING: &str = "ai.onnx.preview.training";
-
-fn strings(name: &str, v: &[&str]) -> AttributeProto {
-    AttributeProto {
-        name: Some(name.into()),
-        r#type: Some(attribute_type::STRINGS),
-        strings: v.iter().map(|s| s.as_bytes().to_vec()).collect(),
-        ..Default::default()
-    }
-}
-
-/// A string attribute (the grid tests' too).
-pub(crate) fn string(name: &str, v: &str) -> AttributeProto {
-    AttributeProto {
-        name: Some(name.into()),
-        r#type: Some(attribute_type::STRING),
-        s: Some(v.as_bytes().to_vec()),
-        ..Default::default()
-    }
-}
 
 /// A Gradient node named `name` with `xs`, `zs` (left out when empty) and `y`.
 fn gradient(
