@@ -20,6 +20,7 @@ mod quantized;
 mod scatter;
 mod tensor;
 pub mod testcase;
+mod tfidf;
 mod training;
 mod wire;
 

@@ -34,6 +34,7 @@ const IMPORTED: &[&str] = &[
     "QLinearConv",
     "TensorScatter",
     "MaxUnpool",
+    "TfIdfVectorizer",
 ];
 
 pub(super) fn is_supported(op_type: &str) -> bool {
@@ -315,6 +316,7 @@ pub(super) fn convert(im: &mut GraphImporter, node: &NodeProto, op_type: &str) -
         "Scatter" => generic_as(im, node, "ScatterElements", a, 1),
         "TensorScatter" => super::scatter::tensor_scatter(im, node, a),
         "MaxUnpool" => super::scatter::max_unpool(im, node, a),
+        "TfIdfVectorizer" => super::tfidf::tfidf_vectorizer(im, node, a),
         "Upsample" => upsample(im, node, a, opset),
         "Resize" => resize(im, node, a, opset),
         "GridSample" => {
