@@ -1,9 +1,9 @@
 //! Ops the ONNX importer expands into other ops (FlexAttention with its modifier graphs,
-//! TensorScatter, MaxUnpool, TreeEnsemble): each model compiled for the CPU against the
+//! TensorScatter, MaxUnpool, TreeEnsemble, TfIdfVectorizer): each model compiled for the CPU against the
 //! interpreter, on inputs that reach the expansions' corners (grouped heads and a mask, a write
 //! wrapping around the cache, every comparison mode, NaN features).
 
-use kiln_ir::onnx::proto::attr::{graph, int, ints, string, tensor};
+use kiln_ir::onnx::proto::attr::{floats, graph, int, ints, string, tensor};
 use kiln_ir::onnx::proto::tensor_shape_proto::dimension::Value as DimValue;
 use kiln_ir::onnx::proto::*;
 use kiln_ir::{DType, Graph, Tensor};
@@ -236,4 +236,34 @@ fn tree_ensemble_of_every_mode(aggregate: i64, want: &[f32]) {
     let want: Vec<f64> = want.iter().map(|&v| f64::from(v)).collect();
     assert_eq!(y.to_f64s(), want, "aggregate_function {aggregate}");
     check_against_eval(&g, &[x], 2, 1e-6);
+}
+
+/// TfIdfVectorizer (TFIDF with weights) over uni-, bi- and trigrams with skips up to 2, on an
+/// i32 batch of tokens drawn from 0..4 so the n-grams recur: the compiled counts and weights
+/// are the interpreter's.
+#[test]
+fn tfidf_vectorizer_compiles_as_interpreted() {
+    let g = import(
+        node(
+            "TfIdfVectorizer",
+            "",
+            &["x"],
+            vec![
+                int("min_gram_length", 1),
+                int("max_gram_length", 3),
+                int("max_skip_count", 2),
+                string("mode", "TFIDF"),
+                ints("ngram_counts", &[0, 3, 9]),
+                // Unigrams 0 1 2; bigrams (0 1) (1 0) (2 3); trigrams (0 1 0) (3 3 3).
+                ints("pool_int64s", &[0, 1, 2, 0, 1, 1, 0, 2, 3, 0, 1, 0, 3, 3, 3]),
+                ints("ngram_indexes", &[0, 1, 2, 3, 4, 5, 6, 3]),
+                floats("weights", &[0.5, 1., 2., 0.25, 3., 1.5, 4.]),
+            ],
+        ),
+        vec![value("x", data_type::INT32, &[3, 10])],
+        value("y", data_type::FLOAT, &[3, 7]),
+    );
+    let tokens: Vec<i32> = (0..30u32).map(|i| ((i * 7 + i / 3) % 4) as i32).collect();
+    let inputs = [Tensor::from_slice(&[3, 10], &tokens).unwrap()];
+    check_against_eval(&g, &inputs, 2, 0.0);
 }

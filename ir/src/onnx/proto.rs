@@ -379,6 +379,10 @@ pub mod attr {
         AttributeProto { f: Some(v), ..named(name, attribute_type::FLOAT) }
     }
 
+    pub fn floats(name: &str, v: &[f32]) -> AttributeProto {
+        AttributeProto { floats: v.to_vec(), ..named(name, attribute_type::FLOATS) }
+    }
+
     pub fn string(name: &str, v: &str) -> AttributeProto {
         AttributeProto { s: Some(v.as_bytes().to_vec()), ..named(name, attribute_type::STRING) }
     }

@@ -1,9 +1,10 @@
 //! Ops the importer expands into other ops: FlexAttention (ai.onnx.preview) with its modifier
 //! graphs inlined, TensorScatter and MaxUnpool, the ai.onnx.ml ops on numbers (Binarizer,
-//! ArrayFeatureExtractor, TreeEnsemble), and an If inlined inside an inlined branch. Values
-//! against hand-computed ones; bad input is an error naming the node.
+//! ArrayFeatureExtractor, TreeEnsemble), TfIdfVectorizer on integer tokens, and an If inlined
+//! inside an inlined branch. Values against hand-computed ones; bad input is an error naming
+//! the node.
 
-use kiln_ir::onnx::proto::attr::{float, graph, ints, string, tensor};
+use kiln_ir::onnx::proto::attr::{float, floats, graph, ints, string, strings, tensor};
 use kiln_ir::onnx::proto::*;
 use kiln_ir::{eval, Tensor};
 use prost::Message;
@@ -682,4 +683,149 @@ fn tree_ensemble_refuses_a_huge_member_table() {
     );
     let e = load(&bytes).unwrap_err().to_string();
     assert!(names(&e, "trees", "TreeEnsemble") && e.contains("member sets"), "{e}");
+}
+
+/// The pool of the TfIdfVectorizer tests: unigrams 1, 2 and bigrams (1 2), (2 1), (1 3); the
+/// output columns put the bigrams first: [(1 2), (2 1), (1 3), 2, 1].
+fn tfidf(
+    dtype: i32,
+    dims: &[i64],
+    min: i64,
+    max_skip: i64,
+    mode: &str,
+    extra: Vec<AttributeProto>,
+) -> Vec<u8> {
+    let mut attrs = vec![
+        int("min_gram_length", min),
+        int("max_gram_length", 2),
+        int("max_skip_count", max_skip),
+        string("mode", mode),
+        ints("ngram_counts", &[0, 2]),
+        ints("ngram_indexes", &[4, 3, 0, 1, 2]),
+        ints("pool_int64s", &[1, 2, 1, 2, 2, 1, 1, 3]),
+    ];
+    for a in extra {
+        attrs.retain(|b| b.name != a.name);
+        attrs.push(a);
+    }
+    let out: Vec<i64> = dims[..dims.len() - 1].iter().copied().chain([5]).collect();
+    model_in(
+        "",
+        vec![node("TfIdfVectorizer", "tf", &["x"], &["y"], attrs)],
+        vec![value("x", dtype, dims)],
+        vec![f32v("y", &out)],
+        vec![],
+    )
+}
+
+/// In 1 2 1 3 2 1: unigrams 1 (3 times) and 2 (twice), counted once whatever the skips;
+/// bigrams at distance 1: (1 2) once, (2 1) twice, (1 3) once; at distance 2 (skip 1): the
+/// pairs (1 1), (2 3), (1 2), (3 1) add one (1 2).
+#[test]
+fn tfidf_vectorizer_counts_ngrams_over_skips() {
+    let x = || i64s(&[6], &[1, 2, 1, 3, 2, 1]);
+    let run = |min, skip| {
+        let g = load(&tfidf(data_type::INT64, &[6], min, skip, "TF", vec![])).unwrap().graph;
+        eval::run(&g, &[x()]).unwrap().remove(0)
+    };
+    assert_close(&run(1, 1), &[5], &[2., 2., 1., 2., 3.], 0.0);
+    assert_close(&run(1, 0), &[5], &[1., 2., 1., 2., 3.], 0.0);
+    // Only bigrams counted: the unigram columns stay 0.
+    assert_close(&run(2, 1), &[5], &[2., 2., 1., 0., 0.], 0.0);
+    // Skips up to the row's length: distance 3 adds (1 3), distance 4 (1 2) and (2 1),
+    // distance 5 (1 1) nothing; longer ones fit no bigram (ONNX's reference agrees).
+    assert_close(&run(1, 100), &[5], &[3., 3., 2., 2., 3.], 0.0);
+}
+
+/// A repeated n-gram counts for its last id only (ONNX's reference trie overwrites the id):
+/// pool 1 2 1 with columns [0, 1, 2] counts 1 in column 2, never in column 0.
+#[test]
+fn tfidf_vectorizer_counts_a_repeated_ngram_once_at_its_last_column() {
+    let attrs = vec![
+        int("min_gram_length", 1),
+        int("max_gram_length", 1),
+        int("max_skip_count", 0),
+        string("mode", "TF"),
+        ints("ngram_counts", &[0]),
+        ints("ngram_indexes", &[0, 1, 2]),
+        ints("pool_int64s", &[1, 2, 1]),
+    ];
+    let bytes = model_in(
+        "",
+        vec![node("TfIdfVectorizer", "tf", &["x"], &["y"], attrs)],
+        vec![i64v("x", &[3])],
+        vec![f32v("y", &[3])],
+        vec![],
+    );
+    let g = load(&bytes).unwrap().graph;
+    let y = eval::run(&g, &[i64s(&[3], &[1, 2, 1])]).unwrap().remove(0);
+    assert_close(&y, &[3], &[0., 1., 2.], 0.0);
+}
+
+/// Rows of an i32 batch are counted apart; IDF gives the weight where an n-gram occurs and
+/// TFIDF the count times the weight.
+#[test]
+fn tfidf_vectorizer_weighs_rows_of_a_batch() {
+    let weights = || vec![floats("weights", &[0.5, 2., 3., 4., 5.])];
+    let x = || Tensor::from_slice(&[2, 3], &[1i32, 2, 1, 3, 3, 3]).unwrap();
+    let run = |mode: &str, extra| {
+        let g = load(&tfidf(data_type::INT32, &[2, 3], 1, 0, mode, extra)).unwrap().graph;
+        eval::run(&g, &[x()]).unwrap().remove(0)
+    };
+    // Row 0 counts [(1 2), (2 1), (1 3), 2, 1] = [1, 1, 0, 1, 2]; row 1 none.
+    let zeros = [0.; 5];
+    let expect = |row0: [f64; 5]| [row0, zeros].concat();
+    assert_close(&run("TF", vec![]), &[2, 5], &expect([1., 1., 0., 1., 2.]), 0.0);
+    assert_close(&run("IDF", vec![]), &[2, 5], &expect([1., 1., 0., 1., 1.]), 0.0);
+    assert_close(&run("IDF", weights()), &[2, 5], &expect([0.5, 2., 0., 4., 5.]), 0.0);
+    assert_close(&run("TFIDF", weights()), &[2, 5], &expect([0.5, 2., 0., 4., 10.]), 0.0);
+}
+
+/// String pools, hostile lengths and offsets, and wrong index lists are errors naming the node.
+#[test]
+fn tfidf_vectorizer_refuses_strings_and_hostile_attributes() {
+    let load_err = |extra: Vec<AttributeProto>| {
+        let bytes = tfidf(data_type::INT64, &[6], 1, 0, "TF", extra);
+        load(&bytes).unwrap_err().to_string()
+    };
+    let cases: Vec<(Vec<AttributeProto>, &str)> = vec![
+        (vec![strings("pool_strings", &["a", "b"])], "pool_strings"),
+        (vec![int("min_gram_length", 3)], "max_gram_length"),
+        (vec![int("min_gram_length", 0)], "min_gram_length"),
+        (vec![int("max_skip_count", -1)], "max_skip_count"),
+        (vec![ints("ngram_counts", &[2, 0])], "ngram_counts"),
+        (vec![ints("ngram_counts", &[0, 9])], "ngram_counts"),
+        (vec![ints("ngram_indexes", &[0, 1, 2])], "ngram_indexes"),
+        (vec![ints("ngram_indexes", &[0, 1, 2, 3, -1])], "ngram_indexes"),
+        (vec![floats("weights", &[1.])], "weights"),
+        (vec![string("mode", "BM25")], "mode"),
+    ];
+    for (extra, what) in cases {
+        let e = load_err(extra);
+        assert!(names(&e, "tf", "TfIdfVectorizer") && e.contains(what), "{what}: {e}");
+    }
+    // Floats are not tokens.
+    let bytes = model_in(
+        "",
+        vec![node(
+            "TfIdfVectorizer",
+            "tf",
+            &["x"],
+            &["y"],
+            vec![
+                int("min_gram_length", 1),
+                int("max_gram_length", 1),
+                int("max_skip_count", 0),
+                string("mode", "TF"),
+                ints("ngram_counts", &[0]),
+                ints("ngram_indexes", &[0]),
+                ints("pool_int64s", &[1]),
+            ],
+        )],
+        vec![f32v("x", &[3])],
+        vec![f32v("y", &[1])],
+        vec![],
+    );
+    let e = load(&bytes).unwrap_err().to_string();
+    assert!(names(&e, "tf", "TfIdfVectorizer") && e.contains("i32 or i64"), "{e}");
 }
