@@ -128,6 +128,67 @@ fn before_program(
     Ok((before, args, results))
 }
 
+/// A program of `nodes` (in order) that runs after others: the host values it reads are its
+/// inputs (its arguments), the constants it reads are copied in, and the graph outputs among its
+/// nodes' results that no earlier step gave become its results (host values). Gives the program,
+/// its arguments and its results.
+fn later_program(
+    graph: &Graph,
+    nodes: &[NodeId],
+    name: &str,
+    value_of: &mut HashMap<ValueId, usize>,
+    values: &mut Vec<(String, TensorType)>,
+) -> Result<(Graph, Vec<usize>, Vec<usize>)> {
+    let part: HashSet<NodeId> = nodes.iter().copied().collect();
+    let mut program = Graph::new(name);
+    let mut map: HashMap<ValueId, ValueId> = HashMap::new();
+    let mut args = Vec::new();
+    for &id in nodes {
+        let mut operands = Vec::new();
+        for o in graph.operands(id) {
+            let Some(v) = o else {
+                operands.push(None);
+                continue;
+            };
+            if let Some(&mine) = map.get(&v) {
+                operands.push(Some(mine));
+                continue;
+            }
+            let name = program.unique_name(&graph.value_name(v));
+            let mine = match graph.constant_value(v) {
+                Some(t) => program.add_constant(&name, t.clone())?,
+                None => {
+                    args.push(value_of[&v]);
+                    program.add_input(&name, graph.value_type(v).clone())?
+                }
+            };
+            map.insert(v, mine);
+            operands.push(Some(mine));
+        }
+        let node = graph.node(id);
+        let new = program.add_node_with_outputs(
+            &node.name,
+            node.op.clone(),
+            &operands,
+            node.outputs.len(),
+        )?;
+        for k in 0..node.outputs.len() {
+            map.insert(ValueId::new(id, k), ValueId::new(new, k));
+        }
+    }
+    let mut results = Vec::new();
+    for &(_, v) in graph.outputs() {
+        if part.contains(&v.node) && !value_of.contains_key(&v) {
+            let name = graph.value_name(v);
+            program.add_output(&name, map[&v])?;
+            value_of.insert(v, values.len());
+            results.push(values.len());
+            values.push((name, graph.value_type(v).clone()));
+        }
+    }
+    Ok((program, args, results))
+}
+
 /// The ops whose result shapes may depend on the data, which the host evaluates.
 fn data_dependent(op: &Op) -> bool {
     matches!(
@@ -377,56 +438,13 @@ pub fn split(graph: &Graph) -> Result<Option<ControlSplit>> {
     let rest: Vec<NodeId> =
         order.iter().copied().filter(|&id| id != at && later.contains(&id)).collect();
     if !rest.is_empty() {
-        let mut after = Graph::new(&format!("{}.after.{if_name}", graph.name));
-        let mut map: HashMap<ValueId, ValueId> = HashMap::new();
-        let mut args = Vec::new();
-        for &id in &rest {
-            let mut operands = Vec::new();
-            for o in graph.operands(id) {
-                let Some(v) = o else {
-                    operands.push(None);
-                    continue;
-                };
-                if let Some(&mine) = map.get(&v) {
-                    operands.push(Some(mine));
-                    continue;
-                }
-                let mine = match graph.constant_value(v) {
-                    Some(t) => {
-                        after.add_constant(&after.unique_name(&graph.value_name(v)), t.clone())?
-                    }
-                    None => {
-                        args.push(value_of[&v]);
-                        after.add_input(
-                            &after.unique_name(&graph.value_name(v)),
-                            graph.value_type(v).clone(),
-                        )?
-                    }
-                };
-                map.insert(v, mine);
-                operands.push(Some(mine));
-            }
-            let node = graph.node(id);
-            let new = after.add_node_with_outputs(
-                &node.name,
-                node.op.clone(),
-                &operands,
-                node.outputs.len(),
-            )?;
-            for k in 0..node.outputs.len() {
-                map.insert(ValueId::new(id, k), ValueId::new(new, k));
-            }
-        }
-        let mut results = Vec::new();
-        for &(_, v) in graph.outputs() {
-            if v.node != at && later.contains(&v.node) && !value_of.contains_key(&v) {
-                let name = graph.value_name(v);
-                after.add_output(&name, map[&v])?;
-                value_of.insert(v, values.len());
-                results.push(values.len());
-                values.push((name, graph.value_type(v).clone()));
-            }
-        }
+        let (after, args, results) = later_program(
+            graph,
+            &rest,
+            &format!("{}.after.{if_name}", graph.name),
+            &mut value_of,
+            &mut values,
+        )?;
         steps.push(Step::Run { program: programs.len(), args, results });
         programs.push((Role::After, after));
     }
@@ -488,48 +506,14 @@ fn split_host(graph: &Graph, tail: &HashSet<NodeId>) -> Result<ControlSplit> {
     }
 
     // The host part, reading host values as inputs and copying the constants it reads.
-    let mut host = Graph::new(&format!("{}.host.{at_name}", graph.name));
-    let mut map: HashMap<ValueId, ValueId> = HashMap::new();
-    let mut args = Vec::new();
-    for &id in order.iter().filter(|id| tail.contains(id)) {
-        let mut operands = Vec::new();
-        for o in graph.operands(id) {
-            let Some(v) = o else {
-                operands.push(None);
-                continue;
-            };
-            if let Some(&mine) = map.get(&v) {
-                operands.push(Some(mine));
-                continue;
-            }
-            let name = host.unique_name(&graph.value_name(v));
-            let mine = match graph.constant_value(v) {
-                Some(t) => host.add_constant(&name, t.clone())?,
-                None => {
-                    args.push(value_of[&v]);
-                    host.add_input(&name, graph.value_type(v).clone())?
-                }
-            };
-            map.insert(v, mine);
-            operands.push(Some(mine));
-        }
-        let node = graph.node(id);
-        let new =
-            host.add_node_with_outputs(&node.name, node.op.clone(), &operands, node.outputs.len())?;
-        for k in 0..node.outputs.len() {
-            map.insert(ValueId::new(id, k), ValueId::new(new, k));
-        }
-    }
-    let mut results = Vec::new();
-    for &(_, v) in graph.outputs() {
-        if tail.contains(&v.node) && !value_of.contains_key(&v) {
-            let name = graph.value_name(v);
-            host.add_output(&name, map[&v])?;
-            value_of.insert(v, values.len());
-            results.push(values.len());
-            values.push((name, graph.value_type(v).clone()));
-        }
-    }
+    let part: Vec<NodeId> = order.iter().copied().filter(|id| tail.contains(id)).collect();
+    let (host, args, results) = later_program(
+        graph,
+        &part,
+        &format!("{}.host.{at_name}", graph.name),
+        &mut value_of,
+        &mut values,
+    )?;
     steps.push(Step::Eval {
         graph: kiln_ir::text::print(&host, kiln_ir::text::Weights::Full),
         args,
