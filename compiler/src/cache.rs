@@ -101,6 +101,7 @@ fn key_text(graph: &Graph, options: &Options, backend: &str) -> String {
             options.microkernel_choice(),
             overrides.iter().collect::<std::collections::BTreeMap<_, _>>(),
             options.vnni_allowed(),
+            options.amx_allowed(),
             options.precision
         ),
         options.ptx,

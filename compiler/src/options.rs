@@ -93,6 +93,11 @@ pub struct Options {
     /// `false` takes the exact widening products instead (tests, comparisons; `KILN_VNNI=0`
     /// does the same).
     pub vnni: bool,
+    /// CPU: integer convolutions multiply on AMX tiles (`tdpbsud`, 16 x 16 x 64 products an
+    /// instruction) where the host has AMX-INT8 and the OS lets the process use it, VNNI or the
+    /// widening products elsewhere; `false` keeps them on the vector units (tests, comparisons;
+    /// `KILN_AMX=0` does the same).
+    pub amx: bool,
     /// The arithmetic of contractions and convolutions (f32 unless asked).
     pub precision: Precision,
     /// CPU: the CPU the code is for (`--target-cpu`): the host by default, whose code runs only
@@ -126,6 +131,7 @@ impl Default for Options {
             microkernel: None,
             microkernel_overrides: None,
             vnni: true,
+            amx: true,
             precision: Precision::F32,
             target_cpu: Default::default(),
             threads: None,
@@ -146,6 +152,11 @@ impl Options {
     /// Whether VNNI may be used where the host has it: the option, unless `KILN_VNNI=0`.
     pub fn vnni_allowed(&self) -> bool {
         self.vnni && std::env::var("KILN_VNNI").as_deref() != Ok("0")
+    }
+
+    /// Whether AMX may be used where the host has it: the option, unless `KILN_AMX=0`.
+    pub fn amx_allowed(&self) -> bool {
+        self.amx && std::env::var("KILN_AMX").as_deref() != Ok("0")
     }
 
     /// The microkernel choice in force: the option, else `KILN_UKERNEL` (`0` or `1`).

@@ -1,6 +1,6 @@
 //! Integer convolutions on the CPU: DequantizeLinear -> Conv -> QuantizeLinear (onnxruntime's QDQ
 //! form) becomes a QConv on the integer kernel (`backend/cpu/passes/integer.rs`, `quantized.c`), with and
-//! without VNNI, against the interpreter running the float form. Each case also checks that the
+//! without VNNI and on AMX tiles, against the interpreter running the float form. Each case also checks that the
 //! integer kernel took the convolution, so a regression to the float path fails here.
 
 use kiln_compiler::{Options, Stage};
@@ -129,7 +129,8 @@ fn check(case: &Case, vnni: bool, threads: usize) {
 
 fn check_with(case: &Case, vnni: bool, threads: usize, act: Activation) {
     let (graph, x) = qdq_conv_with(case, 11, act);
-    let options = Options { cache: false, vnni, ..Options::default() };
+    // (The vector kernels: AMX has its own test, against them.)
+    let options = Options { cache: false, vnni, amx: false, ..Options::default() };
     let schedule = kiln_compiler::driver::emit(&graph, Stage::Schedule, &options).unwrap();
     assert!(
         schedule.contains("microkernel: integer conv")
@@ -333,6 +334,73 @@ fn integer_convolutions_match_the_interpreter_with_vnni() {
 fn integer_convolutions_match_the_interpreter_without_vnni() {
     for case in CASES {
         check(case, false, 1);
+    }
+}
+
+/// One-group integer convolutions on AMX tiles give the vector kernel's bytes exactly (both sum
+/// exactly in int32 and requantise alike) and the interpreter's within a step: fewer than 16
+/// channel groups (one short step), groups padded to whole steps, output channels past whole
+/// 32-channel tile pairs, strides and dilation, s8 input, pointwise planes, units split by rows
+/// and by channels, 1 and 2 threads. Without AMX (or without the OS's leave to use it) it says
+/// so and checks nothing.
+#[test]
+fn integer_convolutions_on_amx_tiles_give_the_vector_kernels_bytes() {
+    if !kiln_runtime::device::cpu::usable("amx-int8") {
+        eprintln!("SKIPPED integer_convolutions_on_amx_tiles_give_the_vector_kernels_bytes: this CPU (or its OS) has no AMX-INT8");
+        return;
+    }
+    let case = |c, hw, m, k, stride, pad, dilation, signed_in| Case {
+        batch: 1,
+        c,
+        hw,
+        m,
+        k,
+        stride,
+        pad,
+        dilation,
+        signed_out: signed_in,
+        per_channel: true,
+        signed_in,
+        group: 1,
+    };
+    let cases = [
+        case(40, [13, 17], 20, 3, 1, 1, 1, false), // 10 groups: one step of 10
+        case(72, [9, 11], 40, 3, 2, 1, 1, true),   // 18 groups padded to 2 steps of 16
+        case(64, [12, 12], 64, 3, 1, 2, 2, false), // dilated
+        case(128, [7, 7], 96, 3, 1, 1, 1, false),  // few rows: units by channels
+        case(64, [10, 30], 48, 1, 1, 0, 1, true),  // pointwise, flat positions
+        case(96, [3, 5], 136, 1, 1, 0, 1, false),  // pointwise, one strip: units by channels
+        case(32, [8, 8], 33, 5, 2, 2, 1, false),   // 5x5/2, the least channels AMX takes
+    ];
+    for (i, c) in cases.iter().enumerate() {
+        let (graph, x) = qdq_conv(c, 300 + i as u64);
+        let want = eval::run(&graph, std::slice::from_ref(&x)).unwrap().remove(0).to_f64s();
+        let run = |amx: bool, threads: usize| {
+            let options = Options { cache: false, amx, ..Options::default() };
+            let schedule = kiln_compiler::driver::emit(&graph, Stage::Schedule, &options).unwrap();
+            assert_eq!(schedule.contains("on AMX tiles"), amx, "case {i}:\n{schedule}");
+            let exe = kiln_compiler::jit(
+                &graph,
+                &options,
+                &LoadOptions { threads: Some(threads), ..Default::default() },
+            )
+            .unwrap_or_else(|e| panic!("case {i}: {e}"));
+            let got = exe.run(std::slice::from_ref(&x)).unwrap().remove(0);
+            crate::microkernel::assert_scratch_bounded(&exe, threads);
+            got.to_f64s()
+        };
+        let vector = run(false, 2);
+        for threads in [1, 2] {
+            let tiles = run(true, threads);
+            assert_eq!(
+                tiles, vector,
+                "case {i}, {threads} thread(s): AMX differs from the vector kernel"
+            );
+        }
+        let worst = vector.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+        assert!(worst <= 1.0, "case {i}: {worst} steps from the interpreter");
+        let distinct: std::collections::BTreeSet<i64> = vector.iter().map(|&v| v as i64).collect();
+        assert!(distinct.len() > 20, "case {i}: only {} distinct outputs", distinct.len());
     }
 }
 
@@ -682,8 +750,8 @@ fn integer_convolutions_at_edge_sizes() {
         };
         let (graph, x) = qdq_conv(&case, 90 + i as u64);
         let want = eval::run(&graph, std::slice::from_ref(&x)).unwrap().remove(0).to_f64s();
-        for vnni in [true, false] {
-            let options = Options { cache: false, vnni, ..Options::default() };
+        for (vnni, amx) in [(true, true), (true, false), (false, false)] {
+            let options = Options { cache: false, vnni, amx, ..Options::default() };
             let schedule = kiln_compiler::driver::emit(&graph, Stage::Schedule, &options).unwrap();
             // (A 1x1 convolution of a 1x1 plane is a matrix product: it runs as one.)
             let path = match (depthwise, hw) {

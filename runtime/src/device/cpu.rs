@@ -82,6 +82,12 @@ pub fn can_check(feature: &str) -> bool {
     host_has(feature).is_some()
 }
 
+/// Whether code using `feature` can run here: the CPU has it (and, for AMX, the OS lets this
+/// process use the tile state), and `KILN_CPU_LACKS` does not hide it.
+pub fn usable(feature: &str) -> bool {
+    host_has(feature) == Some(true)
+}
+
 /// Whether the host has a feature; `None` for names this check does not know. Features
 /// `KILN_CPU_LACKS` lists (`avx512f,avx512bw`) count as absent: a way to see, on a newer CPU,
 /// whether an artifact loads on one without them.
@@ -106,6 +112,9 @@ fn lacks() -> &'static [String] {
 fn detect(f: &str) -> Option<bool> {
     #[cfg(target_arch = "x86_64")]
     {
+        if let Some(which) = f.strip_prefix("amx-") {
+            return amx::detect(which);
+        }
         macro_rules! known {
             ($($name:tt),*) => {
                 match f {
@@ -146,6 +155,50 @@ fn detect(f: &str) -> Option<bool> {
     {
         let _ = f;
         None
+    }
+}
+
+/// AMX: the CPU says it has the tiles (cpuid leaf 7: EDX bit 24 the tile state, 25 int8
+/// products, 22 bf16 products), and Linux lets this process use them: the tile data is a
+/// dynamically enabled state (8 KiB a thread) that a process must ask for once
+/// (`arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`, Linux 5.16+); an AMX instruction
+/// without it dies of SIGILL. Asked once per process, for every thread.
+#[cfg(target_arch = "x86_64")]
+mod amx {
+    use std::sync::OnceLock;
+
+    const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
+    const XFEATURE_XTILEDATA: libc::c_long = 18;
+
+    /// `which`: `tile`, `int8` or `bf16`; `None` for another name.
+    pub fn detect(which: &str) -> Option<bool> {
+        let bit = match which {
+            "tile" => 24,
+            "int8" => 25,
+            "bf16" => 22,
+            _ => return None,
+        };
+        Some(cpu_bit(bit) && permitted())
+    }
+
+    fn cpu_bit(bit: u32) -> bool {
+        // (cpuid is in every x86-64; leaf 7 is asked only where leaf 0 says it exists.)
+        use std::arch::x86_64::__cpuid_count;
+        __cpuid_count(0, 0).eax >= 7 && __cpuid_count(7, 0).edx >> bit & 1 == 1
+    }
+
+    fn permitted() -> bool {
+        static PERMITTED: OnceLock<bool> = OnceLock::new();
+        *PERMITTED.get_or_init(|| {
+            if !cpu_bit(24) {
+                return false;
+            }
+            // SAFETY: a plain system call with integer arguments; it changes only which
+            // register states this process may use.
+            unsafe {
+                libc::syscall(libc::SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0
+            }
+        })
     }
 }
 
@@ -622,11 +675,21 @@ mod tests {
         let e = check_host_features(&["avx10.9-512".into()]).unwrap_err().to_string();
         assert!(e.contains("cannot check (avx10.9-512)"), "{e}");
         // Every feature the compiler records on this machine is one it can check.
-        let recorded = ["avxvnni", "avx512vp2intersect", "sse4.1", "sse4.2", "avx512bitalg"];
+        let recorded = [
+            "avxvnni",
+            "avx512vp2intersect",
+            "sse4.1",
+            "sse4.2",
+            "avx512bitalg",
+            "amx-tile",
+            "amx-int8",
+            "amx-bf16",
+        ];
         for f in recorded {
             assert!(host_has(f).is_some(), "{f}");
         }
-        let known = ["avx", "avx2", "fma", "avx512f", "avx512bw", "avx512fp16", "avx512vbmi2"];
+        let known =
+            ["avx", "avx2", "fma", "avx512f", "avx512bw", "avx512fp16", "avx512vbmi2", "amx-int8"];
         for f in known {
             let r = check_host_features(&[f.to_string()]);
             assert_eq!(r.is_ok(), host_has(f) == Some(true), "{f}");

@@ -91,12 +91,18 @@ const WIDE: &[(&str, &str)] = &[
     ("avxneconvert", "__AVXNECONVERT__"),
     ("avxvnniint8", "__AVXVNNIINT8__"),
     ("avxvnniint16", "__AVXVNNIINT16__"),
+    ("amx-tile", "__AMX_TILE__"),
+    ("amx-int8", "__AMX_INT8__"),
+    ("amx-bf16", "__AMX_BF16__"),
 ];
 
-/// The vector features an artifact records and the runtime checks (the SSE2 baseline every
-/// x86-64 has is not among them).
+/// The vector and matrix features an artifact records and the runtime checks (the SSE2
+/// baseline every x86-64 has is not among them).
 pub fn is_wide(feature: &str) -> bool {
-    feature.contains("avx") || feature.contains("fma") || feature.contains("sse4")
+    feature.contains("avx")
+        || feature.contains("fma")
+        || feature.contains("sse4")
+        || feature.starts_with("amx-")
 }
 
 /// A CPU the code is generated for.
@@ -144,6 +150,13 @@ pub fn resolve(target: &CpuTarget) -> Result<CpuSpec> {
                 .split(',')
                 .map(|f| match f.strip_prefix('+') {
                     Some(name) if is_wide(name) && !kiln_runtime::device::cpu::can_check(name) => {
+                        format!("-{name}")
+                    }
+                    // A CPU with AMX whose OS does not let this process use the tiles (Linux
+                    // before 5.16, or a refusal) runs the vector kernels instead.
+                    Some(name)
+                        if name.starts_with("amx-") && !kiln_runtime::device::cpu::usable(name) =>
+                    {
                         format!("-{name}")
                     }
                     _ => f.to_string(),
@@ -235,5 +248,6 @@ mod tests {
         assert_eq!(bare.wide(), Vec::<String>::new());
         assert_eq!(bare.widest(), "sse2");
         assert!(is_wide("avx512vnni") && is_wide("sse4.1") && !is_wide("sse2") && !is_wide("cx16"));
+        assert!(is_wide("amx-int8") && is_wide("amx-tile") && !is_wide("amx"));
     }
 }

@@ -62,6 +62,8 @@ pub struct CpuBackend {
     pub overrides: std::collections::HashMap<String, bool>,
     /// VNNI for integer convolutions where the host has it (`Options::vnni`).
     pub vnni: bool,
+    /// AMX tiles for integer convolutions where the host has them (`Options::amx`).
+    pub amx: bool,
     /// The arithmetic of convolutions and matrix products (`Options::precision`); `mod.rs`
     /// refused those this host has no kernels for.
     pub precision: crate::Precision,
@@ -79,6 +81,7 @@ impl CpuBackend {
             microkernel: options.microkernel_choice(),
             overrides: super::microkernel_overrides(options),
             vnni: options.vnni_allowed(),
+            amx: options.amx_allowed(),
             precision: precision(options, &cpu)?,
             cpu,
             threads: options.planned_threads(),
@@ -345,10 +348,11 @@ fn scratch_bounds(
 }
 
 impl CpuBackend {
-    /// The target CPU as the microkernels see it, VNNI left out where the options say so.
+    /// The target CPU as the microkernels see it, VNNI and AMX left out where the options say so.
     fn host(&self) -> ukernel::Host {
         let mut host = ukernel::Host::detect(&self.cpu.features);
         host.vnni &= self.vnni;
+        host.amx &= self.amx;
         host.threads = self.threads;
         host
     }

@@ -160,6 +160,84 @@ static void qconv_strips_exact(QCONV_ARGS) { QCONV_STRIPS(QTILE_EXACT); }
 
 #if defined(__AVX512F__)
 __attribute__((target("avx512vnni"))) static void qconv_strips_vnni(QCONV_ARGS) { QCONV_STRIPS(QTILE_VNNI); }
+
+/* AMX's tile configuration (palette 1): each tile's rows and bytes a row. */
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} TileConfig;
+
+/* The strips on AMX tiles (the planes as for the vectors, but the channel groups padded to gb *
+ * kb, the weights packed per 16 channels, tap and step of kb groups: qconv.rs's pack_amx). A
+ * step: tiles 6 and 7 take kb channel groups' planes (a tile row each, `gstride` words apart)
+ * at 16 positions each, 4 and 5 two 16-channel blocks' weights for them, and tdpbsud (s8
+ * weights x u8 input, four products a word summed into int32) adds their products into the
+ * four accumulator tiles 0-3: 32 channels x 32 positions. The sums go through the stack to
+ * store_row, as the vector tile's registers do. `tapoff[t]`: tap t's offset in a plane. */
+__attribute__((target("amx-tile,amx-int8"))) static void qconv_strips_amx(int64_t flat, int64_t Wq, int64_t oh0, int64_t OW, int64_t N,
+                                                                         int64_t m0, int64_t m1, const int32_t *wp, int64_t taps,
+                                                                         int64_t kb, int64_t gb, int64_t gstride, const int64_t *tapoff,
+                                                                         const int32_t *xp, const int32_t *bias, const float *mult,
+                                                                         float lo, float hi, int64_t y_zero, uint8_t *y) {
+    TileConfig cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 8; t++) {
+        cfg.rows[t] = t >= 6 ? (uint8_t)kb : 16;
+        cfg.colsb[t] = t == 4 || t == 5 ? (uint16_t)(4 * kb) : 64;
+    }
+    _tile_loadconfig(&cfg);
+    int32_t sums[32 * 32] __attribute__((aligned(64)));
+    int64_t atile = 16 * kb, ablock = taps * gb * atile;
+    for (int64_t p0 = 0; p0 < flat; p0 += 32) {
+        int64_t run_l[33], run_n[33], run_o[33], runs = 0;
+        for (int64_t l = 0; l < 32 && p0 + l < flat;) {
+            int64_t p = p0 + l, oh = p / Wq, ow = p % Wq;
+            if (ow >= OW) {
+                l += Wq - ow;
+                continue;
+            }
+            int64_t n = OW - ow < 32 - l ? OW - ow : 32 - l;
+            if (p + n > flat) n = flat - p;
+            run_l[runs] = l;
+            run_n[runs] = n;
+            run_o[runs] = (oh0 + oh) * OW + ow;
+            runs++;
+            l += n;
+        }
+        for (int64_t i = m0; i < m1; i += 32) {
+            const int32_t *a0 = wp + (i / 16) * ablock, *a1 = a0 + ablock;
+            _tile_zero(0);
+            _tile_zero(1);
+            _tile_zero(2);
+            _tile_zero(3);
+            for (int64_t t = 0; t < taps; t++) {
+                for (int64_t g = 0; g < gb; g++) {
+                    const int32_t *b = xp + g * kb * gstride + tapoff[t] + p0;
+                    int64_t at = (t * gb + g) * atile;
+                    _tile_loadd(6, b, gstride * 4);
+                    _tile_loadd(7, b + 16, gstride * 4);
+                    _tile_loadd(4, a0 + at, kb * 4);
+                    _tile_loadd(5, a1 + at, kb * 4);
+                    _tile_dpbsud(0, 4, 6);
+                    _tile_dpbsud(1, 4, 7);
+                    _tile_dpbsud(2, 5, 6);
+                    _tile_dpbsud(3, 5, 7);
+                }
+            }
+            _tile_stored(0, sums, 128);
+            _tile_stored(1, sums + 16, 128);
+            _tile_stored(2, sums + 16 * 32, 128);
+            _tile_stored(3, sums + 16 * 32 + 16, 128);
+            int64_t mr = m1 - i < 32 ? m1 - i : 32;
+            for (int64_t r = 0; r < mr; r++)
+                store_row(load16i(sums + r * 32), load16i(sums + r * 32 + 16), bias[i + r], mult[i + r], lo, hi, (int32_t)y_zero,
+                          y + (i + r) * N, runs, run_l, run_n, run_o);
+        }
+    }
+    _tile_release();
+}
 #endif
 
 /* n words of channel group g (channels 4g .. 4g + 3): word j holds their bytes at x + ch *
@@ -194,8 +272,12 @@ static void qconv_rows(const uint8_t *x, const int32_t *wp, uint8_t *y, int64_t 
                        int64_t m1) {
     int64_t Wq = OW + (KW - 1) * DW / SW;
     int64_t rows = oh1 - oh0 + (KH - 1) * DH / SH, plane = rows * Wq;
-    int64_t C4 = (C + 3) / 4, taps = KH * KW, K4 = C4 * taps, phases = SH * SW;
-    int64_t strips = (M + MR - 1) / MR;
+    int64_t C4 = (C + 3) / 4, taps = KH * KW, phases = SH * SW;
+    /* AMX (isa 2) pads the channel groups to whole steps of kb, and the channels to 32. */
+    int64_t kb = C4 < 16 ? C4 : 16, gb = (C4 + kb - 1) / kb;
+    if (vnni == 2) C4 = kb * gb;
+    int64_t K4 = C4 * taps;
+    int64_t strips = vnni == 2 ? (M + 31) / 32 * 32 / MR : (M + MR - 1) / MR;
     const int32_t *bias = wp + strips * K4 * MR;
     const float *mult = (const float *)(bias + strips * MR);
     /* The last strip may read 32 words past the last position of the last plane. */
@@ -226,14 +308,25 @@ static void qconv_rows(const uint8_t *x, const int32_t *wp, uint8_t *y, int64_t 
             }
         }
     }
+    int64_t N = OH * OW;
+    int64_t flat = (oh1 - oh0 - 1) * Wq + OW;
+    float lo = (float)(y_lo - y_zero), hi = (float)(y_hi - y_zero);
+#if defined(__AVX512F__)
+    if (vnni == 2) {
+        /* A tap's offset within a channel group's planes; the groups are phases * plane apart. */
+        for (int64_t t = 0; t < taps; t++) {
+            int64_t dy = (t / KW) * DH, dx = (t % KW) * DW;
+            offs[t] = ((dy % SH) * SW + dx % SW) * plane + dy / SH * Wq + dx / SW;
+        }
+        qconv_strips_amx(flat, Wq, oh0, OW, N, m0, m1, wp, taps, kb, gb, phases * plane, offs, xp, bias, mult, lo, hi, y_zero, y);
+        return;
+    }
+#endif
     for (int64_t k = 0; k < K4; k++) {
         int64_t g = k / taps, t = k % taps;
         int64_t dy = (t / KW) * DH, dx = (t % KW) * DW;
         offs[k] = ((g * SH + dy % SH) * SW + dx % SW) * plane + dy / SH * Wq + dx / SW;
     }
-    int64_t N = OH * OW;
-    int64_t flat = (oh1 - oh0 - 1) * Wq + OW;
-    float lo = (float)(y_lo - y_zero), hi = (float)(y_hi - y_zero);
 #if defined(__AVX512F__)
     if (vnni) {
         qconv_strips_vnni(flat, Wq, oh0, OW, N, m0, m1, wp, K4, xp, offs, bias, mult, lo, hi, y_zero, y);
@@ -250,7 +343,10 @@ static void qconv_rows(const uint8_t *x, const int32_t *wp, uint8_t *y, int64_t 
 static void qconv_pointwise(const uint8_t *x, const int32_t *wp, uint8_t *y, int64_t C, int64_t P, int64_t M, int64_t x_zero,
                             int64_t x_flip, int64_t y_zero, int64_t y_lo, int64_t y_hi, int64_t vnni, int64_t p0, int64_t p1,
                             int64_t m0, int64_t m1) {
-    int64_t n = p1 - p0, K4 = (C + 3) / 4, strips = (M + MR - 1) / MR;
+    int64_t n = p1 - p0, K4 = (C + 3) / 4;
+    int64_t kb = K4 < 16 ? K4 : 16, gb = (K4 + kb - 1) / kb;
+    if (vnni == 2) K4 = kb * gb; /* (AMX: the groups padded to whole steps, the channels to 32) */
+    int64_t strips = vnni == 2 ? (M + 31) / 32 * 32 / MR : (M + MR - 1) / MR;
     const int32_t *bias = wp + strips * K4 * MR;
     const float *mult = (const float *)(bias + strips * MR);
     /* The last strip may read 32 words past the last group's run. */
@@ -266,6 +362,11 @@ static void qconv_pointwise(const uint8_t *x, const int32_t *wp, uint8_t *y, int
     float lo = (float)(y_lo - y_zero), hi = (float)(y_hi - y_zero);
     /* One "row" of n positions: flat = Wq = OW = n, stored from y + p0 with channel stride P. */
 #if defined(__AVX512F__)
+    if (vnni == 2) {
+        offs[0] = 0;
+        qconv_strips_amx(n, n, 0, n, P, m0, m1, wp, 1, kb, gb, n, offs, xp, bias, mult, lo, hi, y_zero, y + p0);
+        return;
+    }
     if (vnni) {
         qconv_strips_vnni(n, n, 0, n, P, m0, m1, wp, K4, xp, offs, bias, mult, lo, hi, y_zero, y + p0);
         return;
@@ -288,14 +389,14 @@ void kiln_uk_qconv2d(int64_t x_, int64_t wp_, int64_t y_, int64_t C, int64_t H, 
         if (pointwise) {
             int64_t P = H * W, p0 = 0, p1 = P, m0 = 0, m1 = M;
             if (split_n) chunk_range(P, 32, chunks, q, &p0, &p1);
-            else chunk_range(M, MR, chunks, q, &m0, &m1);
+            else chunk_range(M, vnni == 2 ? 32 : MR, chunks, q, &m0, &m1);
             if (p0 < p1 && m0 < m1)
                 qconv_pointwise(x + img * C * P, wp, y + img * M * P, C, P, M, x_zero, x_flip, y_zero, y_lo, y_hi, vnni, p0, p1, m0, m1);
             continue;
         }
         int64_t oh0 = 0, oh1 = OH, m0 = 0, m1 = M;
         if (split_n) chunk_range(OH, 1, chunks, q, &oh0, &oh1);
-        else chunk_range(M, MR, chunks, q, &m0, &m1);
+        else chunk_range(M, vnni == 2 ? 32 : MR, chunks, q, &m0, &m1);
         if (oh0 < oh1 && m0 < m1)
             qconv_rows(x + img * C * H * W, wp, y + img * M * OH * OW, C, H, W, M, KH, KW, SH, SW, DH, DW, PH, PW, OH, OW, x_zero, x_flip, y_zero,
                        y_lo, y_hi, vnni, oh0, oh1, m0, m1);

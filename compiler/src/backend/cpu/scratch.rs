@@ -150,12 +150,20 @@ pub fn slots(u: &Ukernel) -> Vec<(Slot, u64)> {
                 ask(File::Pool, 1, oh + lanes + 16);
             }
         }
-        Shape::QConv { c, group, h, w, kh, kw, stride, dilation, pad, oh, ow, .. } => {
-            let [c, h, w, kh, kw, oh, ow] = [c, h, w, kh, kw, oh, ow].map(|x| x as u64);
+        Shape::QConv { c, group, h, w, kh, kw, stride, dilation, pad, oh, ow, amx, .. } => {
+            // AMX pads the channel groups to whole tile steps (their planes are read, times
+            // zero weights).
+            let groups = if amx {
+                let (kb, gb) = qconv::amx_blocks(c);
+                kb * gb
+            } else {
+                c.div_ceil(4)
+            } as u64;
+            let [h, w, kh, kw, oh, ow] = [h, w, kh, kw, oh, ow].map(|x| x as u64);
             let [sh, sw] = stride.map(|x| x as u64);
             let [dh, dw] = dilation.map(|x| x as u64);
             let [ph, pw] = pad.map(|x| x as u64);
-            let k4 = c.div_ceil(4).saturating_mul(kh * kw);
+            let k4 = groups.saturating_mul(kh * kw);
             if group > 1 {
                 let (hp, wp) = dw_plane(h, w, kh, kw, sh, sw, dh, dw, ph, pw, oh, ow);
                 ask(File::Quantized, 0, hp.saturating_mul(wp).saturating_mul(16));
@@ -172,7 +180,7 @@ pub fn slots(u: &Ukernel) -> Vec<(Slot, u64)> {
                 let rows_chunk = if u.split_n { chunk(oh, 1, chunks) } else { oh };
                 let rows = rows_chunk + (kh - 1) * dh / sh;
                 let plane = rows.saturating_mul(ow + (kw - 1) * dw / sw);
-                let words = c.div_ceil(4).saturating_mul(sh * sw).saturating_mul(plane);
+                let words = groups.saturating_mul(sh * sw).saturating_mul(plane);
                 ask(File::Quantized, 0, words.saturating_add(64));
                 ask(File::Quantized, 1, 2 * k4);
             }

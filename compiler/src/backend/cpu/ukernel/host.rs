@@ -21,6 +21,9 @@ pub struct Host {
     pub mr: usize,
     /// AVX-512 VNNI (`vpdpbusd`): the integer convolution's u8 x s8 products on it.
     pub vnni: bool,
+    /// AMX-INT8 tiles (`tdpbsud`): the integer convolution's products on them, where the
+    /// target has AMX (the runtime asks the OS for the tile state before it runs such code).
+    pub amx: bool,
     /// AVX512-BF16 (`vdpbf16ps`): `--precision bf16`'s products on it.
     pub bf16: bool,
     pub l1_bytes: usize,
@@ -47,6 +50,7 @@ impl Host {
             level,
             mr,
             vnni: level == Level::V4 && has("avx512vnni"),
+            amx: level == Level::V4 && has("amx-tile") && has("amx-int8"),
             bf16: level == Level::V4 && has("avx512bf16"),
             l1_bytes: cache_bytes(1, "Data").unwrap_or(32 << 10),
             l2_bytes: cache_bytes(2, "Unified").unwrap_or(1 << 20),

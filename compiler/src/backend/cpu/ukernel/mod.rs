@@ -148,6 +148,8 @@ pub enum Shape {
         y_range: [i32; 2],
         /// `vpdpbusd`, else the exact widening product.
         vnni: bool,
+        /// AMX tiles (`tdpbsud`), which take precedence over `vnni` (`qconv::amx_blocks`).
+        amx: bool,
     },
     /// kiln's dynamically quantized matrix product (`DynQMatMul`, `dqgemm.rs`, `quantized.c`):
     /// f32 rows `[rows, k]` quantized to u8 at run time (the scale and zero point from their

@@ -32,7 +32,7 @@ pub(super) struct QConv;
 /// Everything about a QConv node the kernel needs, when it can run it: 2-D, one group, u8 input,
 /// s8 constant weights with zero points 0, constant scales and zero points (one each for the
 /// input and the result), a constant int32 bias or none, static shapes.
-fn shape(graph: &Graph, id: NodeId, vnni: bool) -> Option<Shape> {
+fn shape(graph: &Graph, id: NodeId, vnni: bool, amx: bool) -> Option<Shape> {
     let Op::QConv(c) = &graph.node(id).op else { return None };
     let ops = graph.operands(id);
     let operand = |i: usize| ops.get(i).copied().flatten();
@@ -85,7 +85,7 @@ fn shape(graph: &Graph, id: NodeId, vnni: bool) -> Option<Shape> {
         axes.push(c.window.resolve(i, xd[2 + i], wd[2 + i], false).ok()?);
     }
     let [a, b] = [&axes[0], &axes[1]];
-    Some(Shape::QConv {
+    let mut shape = Shape::QConv {
         batch: xd[0],
         c: xd[1],
         group: c.group,
@@ -106,8 +106,32 @@ fn shape(graph: &Graph, id: NodeId, vnni: bool) -> Option<Shape> {
         y_signed: y.dtype == DType::I8,
         y_range: if y.dtype == DType::I8 { [-128, 127] } else { [0, 255] },
         vnni,
-    })
+        amx: false,
+    };
+    // AMX for a one-group convolution of at least 32 channels: a tile step then multiplies at
+    // least 8 channel groups (half a step's 64 bytes), 4x a vector unit's rate; fewer would
+    // waste most of each step. The matrix-product form keeps its own kernel (`kiln_uk_qgemm`).
+    let tiles = amx && c.group == 1 && xd[1].div_ceil(4) >= AMX_MIN_GROUPS && !gemm_form(&shape);
+    if let Shape::QConv { amx, .. } = &mut shape {
+        *amx = tiles;
+    }
+    Some(shape)
 }
+
+/// The fewest groups of 4 input channels for which a convolution takes the AMX tiles.
+const AMX_MIN_GROUPS: usize = 8;
+
+/// How an AMX convolution blocks its channel groups (of 4 input channels): `kb` groups a tile
+/// step (16, 64 bytes, or all of them when fewer), `gb` steps a tap; the groups are padded to
+/// `kb * gb` with zero weights.
+pub fn amx_blocks(c: usize) -> (usize, usize) {
+    let c4 = c.div_ceil(4);
+    let kb = c4.min(16);
+    (kb, c4.div_ceil(kb.max(1)))
+}
+
+/// The output channels an AMX tile pair covers: the weights are packed in blocks of them.
+const AMX_CHANNELS: usize = 32;
 
 /// A Clip of the 8-bit result with constant bounds (missing ones the type's), within `range`.
 /// Bounds that cross (min above max) give max everywhere, as ONNX's Clip does and as the
@@ -149,7 +173,7 @@ const GEMM_STRIP: usize = 64;
 /// The plan for a kernel whose root is a QConv (alone in its kernel, or with the one Clip fusion
 /// gives it).
 pub(super) fn plan(graph: &Graph, kernel: &Kernel, root: NodeId, host: &Host) -> Option<Ukernel> {
-    let mut shape = shape(graph, root, host.vnni)?;
+    let mut shape = shape(graph, root, host.vnni, host.amx)?;
     let ops = graph.operands(root);
     let (x, w) = (ops.first().copied().flatten()?, ops.get(3).copied().flatten()?);
     if !kernel.inputs.contains(&x) || !kernel.inputs.contains(&w) {
@@ -165,7 +189,9 @@ pub(super) fn plan(graph: &Graph, kernel: &Kernel, root: NodeId, host: &Host) ->
         }
         _ => return None,
     }
-    let Shape::QConv { batch, m, group, oh, ow, .. } = shape else { return None };
+    let Shape::QConv { batch, m, group, oh, ow, amx, .. } = shape else { return None };
+    // Output channels go to units in whole strips: MR rows, or an AMX tile pair's 32.
+    let strip = if amx { AMX_CHANNELS } else { host.mr };
     let (_, _, k) = shape.mnk();
     // About 4 work units once there is enough work; by output rows where there are enough of
     // them (each unit copies only the input rows it reads), else by output channels. A depthwise
@@ -194,14 +220,14 @@ pub(super) fn plan(graph: &Graph, kernel: &Kernel, root: NodeId, host: &Host) ->
         } else if strips >= target {
             (target.div_ceil(batch), true)
         } else {
-            (target.div_ceil(batch).min(m.div_ceil(host.mr)), false)
+            (target.div_ceil(batch).min(m.div_ceil(strip)), false)
         }
     } else if batch >= target {
         (1, true)
     } else if oh >= 2 * target {
         (target.div_ceil(batch), true)
     } else {
-        (target.div_ceil(batch).min(m.div_ceil(host.mr)), false)
+        (target.div_ceil(batch).min(m.div_ceil(strip)), false)
     };
     Some(Ukernel {
         shape,
@@ -251,6 +277,7 @@ impl KernelShape for QConv {
             y_signed,
             y_range,
             vnni,
+            amx,
             ..
         } = u.shape
         else {
@@ -260,6 +287,27 @@ impl KernelShape for QConv {
         let products = if vnni { "with vpdpbusd" } else { "by widening products (no VNNI)" };
         let flipped = if x_signed { " (s8 read as u8: x + 128)" } else { "" };
         let epilogue = format!("epilogue: requantise to {} (scale, round half to even, zero point {y_zero}, saturate{})", if y_signed { "s8" } else { "u8" }, qclamp(y_signed, y_range));
+        if amx {
+            let (kb, gb) = amx_blocks(c);
+            writeln!(
+                f,
+                "microkernel: integer conv, {batch} image(s) of M={m} N={n} K={k} ({window})"
+            )?;
+            writeln!(f, "s8 x u8 -> s32 on AMX tiles (tdpbsud); B read direct from a copy of the input{flipped} padded with its zero point {x_zero}, 4 channels interleaved a position, a tile's rows {kb} channel groups apart")?;
+            writeln!(f, "tile: 32 channels x 32 positions (4 accumulator tiles), {kb} channel groups a step, {gb} step(s) a tap; weights packed at compile time in 16-channel tiles, the zero point folded into the int32 bias")?;
+            writeln!(f, "{epilogue}")?;
+            let what = match (u.split_n, pointwise(&u.shape)) {
+                (true, true) => "32-position strip",
+                (true, false) => "output row",
+                (false, _) => "32-channel",
+            };
+            return writeln!(
+                f,
+                "workgroups: {} ({} {what} chunk(s) per image)",
+                u.workgroups(),
+                u.chunks
+            );
+        }
         if group > 1 {
             writeln!(f, "microkernel: integer depthwise conv, {batch} image(s) of {c} channels {oh}x{ow} ({window})")?;
             writeln!(f, "each 16 channels' planes less the zero point transposed into a zero-padded channel-blocked plane of floats (exact integers), vectors of 16 channels at each output, one FMA a tap, 4 outputs at a time; sums exact, transposed back")?;
@@ -354,25 +402,29 @@ fn pack(graph: &Graph, kernel: &Kernel, u: &Ukernel) -> Result<Vec<u8>> {
     if group > 1 {
         return Ok(pack_depthwise(&weights, &bias, x_scale, &w_scale, y_scale, m, kh * kw));
     }
-    // The matrix product's strips are 64 channels; the convolution's, MR.
-    let gemm = gemm_form(&u.shape);
-    let (c4, taps, mr) = (c.div_ceil(4), kh * kw, if gemm { GEMM_STRIP } else { u.mr });
-    let strips = m.div_ceil(mr);
-    let k4 = c4 * taps;
-    let mut packed = vec![0i8; strips * k4 * mr * 4];
-    let mut sums = vec![0i64; m];
-    for (i, sum) in sums.iter_mut().enumerate() {
-        for ch in 0..c {
-            for t in 0..taps {
-                let v = weights[(i * c + ch) * taps + t] as i8;
-                let quad = (ch / 4) * taps + t;
-                packed[(((i / mr) * k4 + quad) * mr + i % mr) * 4 + ch % 4] = v;
-                *sum += v as i64;
+    // Σ w per output channel, for the zero point folded into the bias.
+    let taps = kh * kw;
+    let sums: Vec<i64> = (0..m)
+        .map(|i| weights[i * c * taps..(i + 1) * c * taps].iter().map(|&v| v as i8 as i64).sum())
+        .collect();
+    let (mut out, padded) = if let Shape::QConv { amx: true, .. } = u.shape {
+        (pack_amx(&weights, c, m, taps), m.next_multiple_of(AMX_CHANNELS))
+    } else {
+        // The matrix product's strips are 64 channels; the convolution's, MR.
+        let mr = if gemm_form(&u.shape) { GEMM_STRIP } else { u.mr };
+        let (strips, k4) = (m.div_ceil(mr), c.div_ceil(4) * taps);
+        let mut packed = vec![0u8; strips * k4 * mr * 4];
+        for i in 0..m {
+            for ch in 0..c {
+                for t in 0..taps {
+                    let quad = (ch / 4) * taps + t;
+                    packed[(((i / mr) * k4 + quad) * mr + i % mr) * 4 + ch % 4] =
+                        weights[(i * c + ch) * taps + t] as i8 as u8;
+                }
             }
         }
-    }
-    let mut out: Vec<u8> = packed.iter().map(|&b| b as u8).collect();
-    let padded = strips * mr;
+        (packed, strips * mr)
+    };
     for i in 0..padded {
         let b = if i < m { bias[i] as i64 - x_zero as i64 * sums[i] } else { 0 };
         // The model's values decide this: a bias and zero point whose folded sum passes int32.
@@ -394,6 +446,26 @@ fn pack(graph: &Graph, kernel: &Kernel, u: &Ukernel) -> Result<Vec<u8>> {
         out.extend(kiln_ir::eval::requant_multiplier(x_scale, s, y_scale).to_le_bytes());
     }
     Ok(out)
+}
+
+/// The weights for AMX tiles, as bytes: per block of 16 output channels, per tap, per step of
+/// `kb` channel groups (`amx_blocks`), a 16 x `kb` tile of words, each the 4 s8 weights of one
+/// channel group (channel 4g lowest); channels past C and M zero, M padded to 32.
+fn pack_amx(weights: &[f64], c: usize, m: usize, taps: usize) -> Vec<u8> {
+    let (kb, gb) = amx_blocks(c);
+    let blocks = m.next_multiple_of(AMX_CHANNELS) / 16;
+    let mut out = vec![0u8; blocks * taps * gb * 16 * kb * 4];
+    for oc in 0..m {
+        for ch in 0..c {
+            let (g, q) = (ch / 4, ch % 4);
+            for t in 0..taps {
+                let tile = ((oc / 16) * taps + t) * gb + g / kb;
+                let word = tile * 16 * kb + (oc % 16) * kb + g % kb;
+                out[word * 4 + q] = weights[(oc * c + ch) * taps + t] as i8 as u8;
+            }
+        }
+    }
+    out
 }
 
 /// A depthwise convolution's packed constant: the weights as floats `[C/16][taps][16]`, 16
@@ -444,11 +516,14 @@ fn sizes(shape: &Shape) -> Vec<i64> {
         y_zero,
         y_range,
         vnni,
+        amx,
         ..
     } = *shape
     else {
         return Vec::new();
     };
+    // The products: 0 widening, 1 vpdpbusd, 2 AMX tiles.
+    let isa = if amx { 2 } else { vnni as i64 };
     let (lo, hi) = (y_range[0] as i64, y_range[1] as i64);
     let flip = if x_signed { 0x80 } else { 0 };
     if gemm_form(shape) {
@@ -460,11 +535,11 @@ fn sizes(shape: &Shape) -> Vec<i64> {
     [c, h, w, m, kh, kw, stride[0], stride[1], dilation[0], dilation[1], pad[0], pad[1], oh, ow]
         .iter()
         .map(|&v| v as i64)
-        .chain([x_zero as i64, flip, y_zero as i64, lo, hi, vnni as i64])
+        .chain([x_zero as i64, flip, y_zero as i64, lo, hi, isa])
         .collect()
 }
 
 /// Whether a QConv node runs on the integer kernel (the `integer` pass makes no other).
 pub(super) fn runs(graph: &Graph, id: NodeId) -> bool {
-    shape(graph, id, false).is_some()
+    shape(graph, id, false, false).is_some()
 }
