@@ -95,8 +95,9 @@ pub struct Options {
     pub vnni: bool,
     /// CPU: integer convolutions multiply on AMX tiles (`tdpbsud`, 16 x 16 x 64 products an
     /// instruction) where the host has AMX-INT8 and the OS lets the process use it, VNNI or the
-    /// widening products elsewhere; `false` keeps them on the vector units (tests, comparisons;
-    /// `KILN_AMX=0` does the same).
+    /// widening products elsewhere, and `--precision bf16`'s direct convolutions on them
+    /// (`tdpbf16ps`) where it has AMX-BF16; `false` keeps both on the vector units (tests,
+    /// comparisons; `KILN_AMX=0` does the same).
     pub amx: bool,
     /// The arithmetic of contractions and convolutions (f32 unless asked).
     pub precision: Precision,

@@ -1,5 +1,5 @@
-//! `--precision`: bf16 convolutions and GEMMs on the CPU (bf16 products with `vdpbf16ps`, f32
-//! sums) against the interpreter on operands rounded to bf16, and the precisions a target has no
+//! `--precision`: bf16 convolutions and GEMMs on the CPU (bf16 products with `vdpbf16ps`, or
+//! AMX's `tdpbf16ps` where the host has it; f32 sums) against the interpreter on operands rounded to bf16, and the precisions a target has no
 //! kernels for refused by name.
 
 use kiln_compiler::{compile, jit, CompileError, Options, Precision, TargetKind};
@@ -118,6 +118,18 @@ fn bf16_convolutions_multiply_rounded_operands_and_sum_in_f32() {
         rounded_inputs[0] = bf16(&x_in);
         let rounded = conv(&x, &bf16(&weight), o, residual);
         check_bf16(&format!("conv case {i}"), &g, &inputs, &rounded, &rounded_inputs);
+        // Where the host has AMX-BF16, the cases of 16 or more channels ran on its tiles too
+        // (check_bf16 compiles with and without them).
+        if kiln_runtime::device::cpu::usable("amx-bf16") {
+            let mut amx = options(Precision::Bf16);
+            amx.amx = true;
+            let s = compile(&g, &amx, true).expect("compiles").stages
+                [kiln_compiler::Stage::Schedule]
+                .to_string();
+            assert_eq!(s.contains("tdpbf16ps"), x[1] >= 16, "conv case {i}:\n{s}");
+        } else if i == 0 {
+            eprintln!("SKIPPED bf16 convolutions on AMX tiles: this CPU (or its OS) has no AMX-BF16; the vector kernels were checked");
+        }
     }
 }
 
@@ -132,19 +144,21 @@ fn check_bf16(
     rounded: &Graph,
     rounded_inputs: &[Tensor],
 ) {
-    let s = compile(g, &options(Precision::Bf16), true).expect("compiles at bf16").stages
-        [kiln_compiler::Stage::Schedule]
-        .to_string();
-    assert!(s.contains("vdpbf16ps"), "{case}: not on bf16 products:\n{s}");
     let want = eval::run(rounded, rounded_inputs).expect("the interpreter runs it");
     let exact = eval::run(g, inputs).expect("the interpreter runs it");
-    for threads in [1, 2] {
-        let exe = jit(
-            g,
-            &options(Precision::Bf16),
-            &LoadOptions { threads: Some(threads), ..Default::default() },
-        )
-        .expect("compiles");
+    // The vector kernels, then AMX's tiles where the host has them.
+    for (amx, threads) in [(false, 1), (false, 2), (true, 1), (true, 2)] {
+        let options = Options { amx, ..options(Precision::Bf16) };
+        let s = compile(g, &options, true).expect("compiles at bf16").stages
+            [kiln_compiler::Stage::Schedule]
+            .to_string();
+        let products = if amx { ["vdpbf16ps", "tdpbf16ps"] } else { ["vdpbf16ps"; 2] };
+        assert!(
+            products.iter().any(|p| s.contains(p)),
+            "{case}: not on bf16 products (amx {amx}):\n{s}"
+        );
+        let exe = jit(g, &options, &LoadOptions { threads: Some(threads), ..Default::default() })
+            .expect("compiles");
         let got = exe.run(inputs).expect("runs");
         crate::microkernel::assert_scratch_bounded(&exe, threads);
         let (got, want, exact) = (got[0].to_f64s(), want[0].to_f64s(), exact[0].to_f64s());
@@ -152,7 +166,7 @@ fn check_bf16(
         for (j, ((a, b), e)) in got.iter().zip(&want).zip(&exact).enumerate() {
             assert!(
                 (a - b).abs() <= 1e-4 + 1e-4 * b.abs(),
-                "{case}, element {j}: compiled {a}, bf16 reference {b} ({threads} threads)"
+                "{case}, element {j}: compiled {a}, bf16 reference {b} ({threads} threads, amx {amx})"
             );
             off_f32 = off_f32.max((a - e).abs());
         }

@@ -75,6 +75,98 @@ KILN_BF16 static void pair_bf16(const float *even, const float *odd, int64_t n, 
 }
 #endif
 
+#if MR == 8
+/* AMX's tile configuration (palette 1): each tile's rows and bytes a row. */
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} TileConfig;
+
+/* A bf16 direct convolution's strips on AMX tiles: the channel-pair planes as for vdpbf16ps (the
+ * pairs padded to gb * kb with zeroed planes), the weights packed per 16 channels, tap and step
+ * of kb pairs (conv.rs's pack_conv_bf16_amx). A step: tiles 6 and 7 take kb pairs' planes (a
+ * tile row each, `gstride` words apart) at 16 positions each, 4 and 5 two 16-channel blocks'
+ * weights, and tdpbf16ps adds their products (two bf16 a word, summed into f32) into the
+ * accumulator tiles 0-3: 32 channels x 32 positions, stored through the stack, then the bias,
+ * residual and activation as the vector tile's rows take them. */
+__attribute__((target("amx-tile,amx-bf16"))) static void direct_strips_amx(const uint32_t *xq, const uint32_t *wp, const float *bias,
+                                                                          const float *res, float *y, int64_t flat, int64_t Wq,
+                                                                          int64_t oh0, int64_t OW, int64_t N, int64_t m0, int64_t m1,
+                                                                          int64_t taps, int64_t kb, int64_t gb, int64_t gstride,
+                                                                          const int64_t *tapoff, const Epilogue *act) {
+    TileConfig cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 8; t++) {
+        cfg.rows[t] = t >= 6 ? (uint8_t)kb : 16;
+        cfg.colsb[t] = t == 4 || t == 5 ? (uint16_t)(4 * kb) : 64;
+    }
+    _tile_loadconfig(&cfg);
+    float sums[32 * 32] __attribute__((aligned(64)));
+    int64_t atile = 16 * kb, ablock = taps * gb * atile;
+    for (int64_t p0 = 0; p0 < flat; p0 += 32) {
+        int64_t run_l[33], run_n[33], run_o[33], runs = 0;
+        for (int64_t l = 0; l < 32 && p0 + l < flat;) {
+            int64_t p = p0 + l, oh = p / Wq, ow = p % Wq;
+            if (ow >= OW) {
+                l += Wq - ow;
+                continue;
+            }
+            int64_t n = OW - ow < 32 - l ? OW - ow : 32 - l;
+            if (p + n > flat) n = flat - p;
+            run_l[runs] = l;
+            run_n[runs] = n;
+            run_o[runs] = (oh0 + oh) * OW + ow;
+            runs++;
+            l += n;
+        }
+        for (int64_t i = m0; i < m1; i += 32) {
+            const uint32_t *a0 = wp + (i / 16) * ablock, *a1 = a0 + ablock;
+            _tile_zero(0);
+            _tile_zero(1);
+            _tile_zero(2);
+            _tile_zero(3);
+            for (int64_t t = 0; t < taps; t++) {
+                for (int64_t g = 0; g < gb; g++) {
+                    const uint32_t *b = xq + g * kb * gstride + tapoff[t] + p0;
+                    int64_t at = (t * gb + g) * atile;
+                    _tile_loadd(6, b, gstride * 4);
+                    _tile_loadd(7, b + 16, gstride * 4);
+                    _tile_loadd(4, a0 + at, kb * 4);
+                    _tile_loadd(5, a1 + at, kb * 4);
+                    _tile_dpbf16ps(0, 4, 6);
+                    _tile_dpbf16ps(1, 4, 7);
+                    _tile_dpbf16ps(2, 5, 6);
+                    _tile_dpbf16ps(3, 5, 7);
+                }
+            }
+            _tile_stored(0, sums, 128);
+            _tile_stored(1, sums + 16, 128);
+            _tile_stored(2, sums + 16 * 32, 128);
+            _tile_stored(3, sums + 16 * 32 + 16, 128);
+            int64_t mr = m1 - i < 32 ? m1 - i : 32;
+            for (int64_t r = 0; r < mr; r++) {
+                const float *row = sums + r * 32;
+                float b = bias ? bias[i + r] : 0.0f;
+                float *yr = y + (i + r) * N;
+                const float *rr = res ? res + (i + r) * N : NULL;
+                for (int64_t q = 0; q < runs; q++) {
+                    for (int64_t j = 0; j < run_n[q]; j += 16) {
+                        int64_t n = run_n[q] - j < 16 ? run_n[q] - j : 16;
+                        v16 v = load16_n(row + run_l[q] + j, n) + splat(b);
+                        float *yo = yr + run_o[q] + j;
+                        if (rr) v += load16_n(rr + run_o[q] + j, n);
+                        store16_n(yo, finish(v, act, 0, 0), n);
+                    }
+                }
+            }
+        }
+    }
+    _tile_release();
+}
+#endif
+
 /* Whether a tap of a window of `k` taps `d` apart falls on phase `a` of stride `s`. */
 static int phase_read(int64_t a, int64_t s, int64_t k, int64_t d) {
     for (int64_t t = 0; t < k; t++)
@@ -137,12 +229,16 @@ static void conv_direct(const float *x, const float *wp, const float *bias, cons
      * and B's rows are pairs: K2 of them. */
     uint32_t *xq __attribute__((unused)) = NULL; /* (only the AVX-512 object has bf16 kernels) */
     int64_t K2 = (C + 1) / 2 * KH * KW;
+    /* AMX (bf16 == 2) pads the pairs to whole steps of kb; their planes are zeros (a zero
+     * weight times a NaN would not be zero). */
+    int64_t pairs = (C + 1) / 2, kb = pairs < 16 ? pairs : 16, gb = (pairs + kb - 1) / kb;
+    int64_t padded_pairs = bf16 == 2 ? kb * gb : pairs;
     if (bf16) {
 #if MR == 8
-        size_t words = (size_t)((C + 1) / 2 * phases * plane + 64);
+        size_t words = (size_t)(padded_pairs * phases * plane + 64);
         xq = (uint32_t *)scratch(2, words);
         if (!xq) return; /* (recorded by scratch) */
-        memset(xq + words - 64, 0, 64 * sizeof(uint32_t));
+        memset(xq + pairs * phases * plane, 0, (size_t)((padded_pairs - pairs) * phases * plane + 64) * sizeof(uint32_t));
         for (int64_t cp = 0; cp < (C + 1) / 2; cp++) {
             for (int64_t f = 0; f < phases; f++) {
                 const float *even = xp + (2 * cp * phases + f) * plane;
@@ -155,15 +251,27 @@ static void conv_direct(const float *x, const float *wp, const float *bias, cons
         return;
 #endif
     }
+    Epilogue act_only = {NULL, NULL, NULL, 0, act, lo, hi};
+    int64_t N = OH * OW;
+    /* Flat positions of the rows (relative to row oh0): the last row ends at OW. */
+    int64_t flat = (oh1 - oh0 - 1) * Wq + OW;
+#if MR == 8
+    if (bf16 == 2) {
+        /* A tap's offset within a pair's planes; pairs are phases * plane apart. */
+        for (int64_t t = 0; t < KH * KW; t++) {
+            int64_t dy = (t / KW) * DH, dx = (t % KW) * DW;
+            offs[t] = ((dy % SH) * SW + dx % SW) * plane + dy / SH * Wq + dx / SW;
+        }
+        direct_strips_amx(xq, (const uint32_t *)wp, bias, res, y, flat, Wq, oh0, OW, N, m0, m1, KH * KW, kb, gb, phases * plane, offs,
+                          &act_only);
+        return;
+    }
+#endif
     for (int64_t k = 0; k < (bf16 ? K2 : K); k++) {
         int64_t c = k / (KH * KW), t = k % (KH * KW);
         int64_t dy = (t / KW) * DH, dx = (t % KW) * DW;
         offs[k] = ((c * SH + dy % SH) * SW + dx % SW) * plane + dy / SH * Wq + dx / SW;
     }
-    Epilogue act_only = {NULL, NULL, NULL, 0, act, lo, hi};
-    int64_t N = OH * OW;
-    /* Flat positions of the rows (relative to row oh0): the last row ends at OW. */
-    int64_t flat = (oh1 - oh0 - 1) * Wq + OW;
     for (int64_t p0 = 0; p0 < flat; p0 += cols) {
         /* The strip's valid positions as runs: (lane, count, output index). */
         int64_t run_l[49], run_n[49], run_o[49], runs = 0;
@@ -301,7 +409,7 @@ void kiln_uk_conv2d(int64_t x_, int64_t wp_, int64_t bias_, int64_t res_, int64_
         if (G == 1 && (KH * KW > 1 || SH * SW > 1)) {
             int64_t oh0 = 0, oh1 = OH, m0 = 0, m1 = M;
             if (split_n) chunk_range(OH, 1, chunks, q, &oh0, &oh1);
-            else chunk_range(M, MR, chunks, q, &m0, &m1);
+            else chunk_range(M, bf16 == 2 ? 32 : MR, chunks, q, &m0, &m1);
             if (oh0 < oh1 && m0 < m1)
                 conv_direct(x + img * C * H * W, wp, bias, res ? res + img * M * N : NULL, y + img * M * N, C, H, W, KH, KW, SH, SW, DH, DW,
                             PH, PW, OH, OW, act, lo, hi, oh0, oh1, m0, m1, (int)bf16, cols);

@@ -353,6 +353,7 @@ impl CpuBackend {
         let mut host = ukernel::Host::detect(&self.cpu.features);
         host.vnni &= self.vnni;
         host.amx &= self.amx;
+        host.amx_bf16 &= self.amx;
         host.threads = self.threads;
         host
     }

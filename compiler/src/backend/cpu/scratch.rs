@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 
 use kiln_ir::op::RnnCell;
 
-use super::ukernel::{qconv, DepthwiseForm, Shape, Ukernel};
+use super::ukernel::{conv, qconv, DepthwiseForm, Shape, Ukernel};
 
 /// The object files with scratch slots of their own (`gather.c`, `reduction.c` and `movement.c`
 /// have none).
@@ -96,7 +96,11 @@ pub fn slots(u: &Ukernel) -> Vec<(Slot, u64)> {
                     };
                     ask(File::Conv, 0, planes(c));
                     ask(File::Conv, 1, 2 * c * khw);
-                    if u.bf16 {
+                    if u.amx {
+                        // (AMX: the pairs padded to whole tile steps.)
+                        let (kb, gb) = conv::amx_pair_blocks(c as usize);
+                        ask(File::Conv, 2, planes((kb * gb) as u64));
+                    } else if u.bf16 {
                         ask(File::Conv, 2, planes(c.div_ceil(2)));
                     }
                 }

@@ -152,6 +152,8 @@ impl KernelShape for Conv {
                     (true, false, false) => "channel-blocked (NCHW16c) in: B (the input) packed at run time through 16x16 transposes",
                     _ => "channel-blocked (NCHW16c) out: C^T = x^T (packed at run time) x W^T, vectors along output channels, stored where they lie",
                 }
+            } else if u.amx {
+                "bf16 products on AMX tiles (tdpbf16ps: 16 channels x 16 positions x 32 products a step), f32 sums in 4 accumulator tiles, 32 channels x 32 positions: weights rounded to bf16 in 16-channel tiles of channel pairs, B read direct from a bf16 copy of the input in stride-phase planes, channel pairs interleaved, a tile's rows a pair's planes apart"
             } else if u.bf16 {
                 "bf16 products with vdpbf16ps, f32 sums: weights rounded to bf16 in channel pairs, B read direct from a bf16 copy of the input in stride-phase planes, channel pairs interleaved"
             } else if u.transposed {
@@ -180,6 +182,9 @@ impl KernelShape for Conv {
         let Shape::Conv { c, m: channels, group, kh, kw, .. } = u.shape else {
             return Err(other_shape(u));
         };
+        if u.amx {
+            return Ok(bf16_bytes(pack_conv_bf16_amx(&w, m, c, kh * kw), u));
+        }
         if u.bf16 {
             return Ok(bf16_bytes(pack_conv_bf16(&w, m, c, kh * kw, u.mr), u));
         }
@@ -223,7 +228,10 @@ impl KernelShape for Conv {
     fn packed_floats(&self, u: &Ukernel) -> usize {
         let (m, _, k) = u.mnk();
         let Shape::Conv { c, m: channels, group, kh, kw, .. } = u.shape else { return 0 };
-        if u.bf16 {
+        if u.amx {
+            let (kb, gb) = amx_pair_blocks(c);
+            m.next_multiple_of(AMX_CHANNELS) * kh * kw * kb * gb
+        } else if u.bf16 {
             m.div_ceil(u.mr) * c.div_ceil(2) * kh * kw * u.mr
         } else if u.depthwise_form().is_some_and(|f| f != DepthwiseForm::Rows) {
             c.div_ceil(16) * 16 * k
@@ -290,7 +298,8 @@ impl KernelShape for Conv {
             u.transposed as usize,
             u.blocked.input as usize,
             u.blocked.output as usize,
-            u.bf16 as usize,
+            // 0 f32, 1 bf16 on vdpbf16ps, 2 bf16 on AMX tiles.
+            if u.amx { 2 } else { u.bf16 as usize },
             direct_cols(u),
         ]));
         Ok(("kiln_uk_conv2d", args))
@@ -476,6 +485,41 @@ fn ranges(n: usize, step: usize, chunks: usize) -> Vec<usize> {
 /// `phase_read`: only those phases are padded).
 fn phase_read(a: usize, s: usize, k: usize, d: usize) -> bool {
     (0..k).any(|t| t * d % s.max(1) == a)
+}
+
+/// The fewest channel pairs for which a bf16 direct convolution takes the AMX tiles.
+pub(super) const AMX_MIN_PAIRS: usize = 8;
+
+/// The output channels an AMX tile pair covers: channel units and packed weights come in them.
+pub(super) const AMX_CHANNELS: usize = 32;
+
+/// How an AMX bf16 convolution blocks its channel pairs: `kb` pairs a tile step (16, or all of
+/// them when fewer), `gb` steps a tap; the pairs are padded to `kb * gb` (zero weights, and
+/// zeroed planes, which a NaN-free product needs).
+pub fn amx_pair_blocks(c: usize) -> (usize, usize) {
+    let pairs = c.div_ceil(2);
+    let kb = pairs.min(16);
+    (kb, pairs.div_ceil(kb.max(1)))
+}
+
+/// A one-group convolution's weights for `kiln_uk_conv2d`'s bf16 form on AMX tiles: per block of
+/// 16 output channels (m padded to 32), per tap, per step of `kb` channel pairs, a 16 x `kb`
+/// tile of words, each two bf16 (the even channel's in the low half), as `tdpbf16ps` pairs them
+/// with the input's channel-pair planes; channels past c and m zero.
+fn pack_conv_bf16_amx(w: &[f32], m: usize, c: usize, taps: usize) -> Vec<u32> {
+    let (kb, gb) = amx_pair_blocks(c);
+    let mut out = vec![0u32; m.next_multiple_of(AMX_CHANNELS) * taps * kb * gb];
+    for i in 0..m {
+        for ch in 0..c {
+            let pair = ch / 2;
+            for t in 0..taps {
+                let tile = ((i / 16) * taps + t) * gb + pair / kb;
+                let word = tile * 16 * kb + (i % 16) * kb + pair % kb;
+                out[word] |= bf16_bits(w[(i * c + ch) * taps + t]) << (16 * (ch % 2));
+            }
+        }
+    }
+    out
 }
 
 /// A one-group convolution's weights W[m, c, taps] for `kiln_uk_conv2d`'s bf16 form: A[i, q]

@@ -24,6 +24,8 @@ pub struct Host {
     /// AMX-INT8 tiles (`tdpbsud`): the integer convolution's products on them, where the
     /// target has AMX (the runtime asks the OS for the tile state before it runs such code).
     pub amx: bool,
+    /// AMX-BF16 tiles (`tdpbf16ps`): `--precision bf16`'s direct convolutions on them.
+    pub amx_bf16: bool,
     /// AVX512-BF16 (`vdpbf16ps`): `--precision bf16`'s products on it.
     pub bf16: bool,
     pub l1_bytes: usize,
@@ -51,6 +53,8 @@ impl Host {
             mr,
             vnni: level == Level::V4 && has("avx512vnni"),
             amx: level == Level::V4 && has("amx-tile") && has("amx-int8"),
+            // (The input is made bf16 pairs with AVX512-BF16's conversion.)
+            amx_bf16: level == Level::V4 && has("amx-tile") && has("amx-bf16") && has("avx512bf16"),
             bf16: level == Level::V4 && has("avx512bf16"),
             l1_bytes: cache_bytes(1, "Data").unwrap_or(32 << 10),
             l2_bytes: cache_bytes(2, "Unified").unwrap_or(1 << 20),

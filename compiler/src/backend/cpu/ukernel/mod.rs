@@ -48,7 +48,7 @@ use crate::fuse::Kernel;
 use crate::{CompileError, Precision, Result};
 
 mod attention;
-mod conv;
+pub(super) mod conv;
 mod dqgemm;
 mod gather;
 mod gemm;
@@ -272,6 +272,9 @@ pub struct Ukernel {
     /// (`kiln_uk_conv2d`'s stride-phase planes) only: such a convolution is neither transposed
     /// nor blocked.
     pub bf16: bool,
+    /// `bf16` on AMX tiles (`tdpbf16ps`, `Host::amx_bf16`): a direct convolution of at least
+    /// 16 channels; its weights packed as tiles (`conv::pack_conv_bf16_amx`).
+    pub amx: bool,
 }
 
 /// How a depthwise convolution's kernel holds its channels (see `Ukernel::depthwise_form`).
@@ -376,6 +379,7 @@ impl Ukernel {
             transposed: false,
             blocked: Blocked::default(),
             bf16: false,
+            amx: false,
         }
     }
 

@@ -102,6 +102,7 @@ pub(super) fn plan(graph: &Graph, kernel: &Kernel, root: NodeId, host: &Host) ->
         transposed: false,
         blocked: Blocked::default(),
         bf16: false,
+        amx: false,
     })
 }
 

@@ -151,6 +151,7 @@ pub(super) fn plan(
         transposed: false,
         blocked: Blocked::default(),
         bf16: false,
+        amx: false,
     })
 }
 

@@ -218,6 +218,12 @@ pub(super) fn plan(
     // Workgroups: whole images when there are enough, else column chunks (each packs its own
     // part of B), else row chunks (each packs all of B), for about 4 in all.
     let transposed = few_positions(&shape) && !bf16;
+    // bf16 direct convolutions on AMX tiles: a tile step multiplies 16 channel pairs (or all of
+    // them); below 8 pairs most of it would be padding. Their channel units are 32 (a tile pair).
+    let amx = bf16
+        && host.amx_bf16
+        && matches!(shape, Shape::Conv { c, .. } if c.div_ceil(2) >= conv::AMX_MIN_PAIRS)
+        && conv::direct_shape(&shape);
     // A depthwise or pooling multiply-add runs about 8x slower than a packed GEMM's (8-30% of
     // peak against 80-100%), so the same time of work is 8x fewer of them: a depthwise 3x3/2
     // with 576 channels on 7x7 (254K MACs, 0.07 ms) ran on one thread.
@@ -249,7 +255,8 @@ pub(super) fn plan(
         (target.div_ceil(images).min(channels), false)
     } else if conv::direct_shape(&shape) {
         let want = target.div_ceil(images);
-        conv::direct_split(&shape, mr, mr == 8 && !bf16, want, host.threads)
+        let strip = if amx { conv::AMX_CHANNELS } else { mr };
+        conv::direct_split(&shape, strip, mr == 8 && !bf16, want, host.threads)
     } else if matches!(shape, Shape::Conv { group: 1, .. }) {
         conv::gemm_split((m, n, k), images, mr, target.div_ceil(images), host.threads)
     } else {
@@ -286,6 +293,7 @@ pub(super) fn plan(
         transposed,
         blocked: Blocked::default(),
         bf16,
+        amx,
     })
 }
 
