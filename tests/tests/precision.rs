@@ -237,6 +237,31 @@ fn bf16_gemms_multiply_rounded_operands_and_sum_in_f32() {
     let (w, x) =
         (Tensor::random(DType::F32, &[150, 40], 16), Tensor::random(DType::F32, &[150, 9], 17));
     check_bf16("trans_a", &trans_a(&w), &[x.clone()], &trans_a(&bf16(&w)), &[bf16(&x)]);
+    // 45 tokens (AMX's tiles where the host has them: a partial second pair of 16-row tiles),
+    // K 130 (65 pairs, padded to 80), 50 columns (a partial strip), a residual.
+    let tokens = |w: &Tensor| {
+        let g = GraphBuilder::new("tokens");
+        let x = g.input("x", DType::F32, [3, 15, 130]);
+        let r = g.input("r", DType::F32, [3, 15, 50]);
+        g.output("y", (x.matmul(g.constant("w", w.clone())) + r).relu());
+        g.build().unwrap()
+    };
+    let (w, x, r) = (
+        Tensor::random(DType::F32, &[130, 50], 18),
+        Tensor::random(DType::F32, &[3, 15, 130], 19),
+        Tensor::random(DType::F32, &[3, 15, 50], 20),
+    );
+    let g = tokens(&w);
+    check_bf16("tokens", &g, &[x.clone(), r.clone()], &tokens(&bf16(&w)), &[bf16(&x), r]);
+    if kiln_runtime::device::cpu::usable("amx-bf16") {
+        let s = compile(&g, &Options { amx: true, ..options(Precision::Bf16) }, true)
+            .expect("compiles")
+            .stages[kiln_compiler::Stage::Schedule]
+            .to_string();
+        assert!(s.contains("tdpbf16ps"), "tokens: not on AMX tiles:\n{s}");
+    } else {
+        eprintln!("SKIPPED bf16 GEMMs on AMX tiles: this CPU (or its OS) has no AMX-BF16; the vector kernels were checked");
+    }
 }
 
 #[test]

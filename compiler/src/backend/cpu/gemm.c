@@ -484,12 +484,14 @@ KILN_BF16 static void micro_bf16(int64_t rows, int64_t K2, const uint32_t *a, in
 }
 
 /* Rows i0 .. i1 of A (A[i, k] = a[i * lda + k * ka]) as bf16 pairs, row-major: out[(i - i0) *
- * K2 + q] = bf16(A[i, 2q]) | bf16(A[i, 2q + 1]) << 16, an odd K's last high half zero. */
-KILN_BF16 static void rows_to_bf16(const float *a, int64_t lda, int64_t ka, int64_t i0, int64_t i1, int64_t K, uint32_t *out) {
+ * ld + q] = bf16(A[i, 2q]) | bf16(A[i, 2q + 1]) << 16, an odd K's last high half zero, words
+ * past K2 (to ld) zero. */
+KILN_BF16 static void rows_to_bf16(const float *a, int64_t lda, int64_t ka, int64_t i0, int64_t i1, int64_t K, int64_t ld, uint32_t *out) {
     int64_t K2 = (K + 1) / 2;
     for (int64_t i = i0; i < i1; i++) {
         const float *row = a + i * lda;
-        uint16_t *o = (uint16_t *)(out + (i - i0) * K2);
+        uint16_t *o = (uint16_t *)(out + (i - i0) * ld);
+        for (int64_t q = K2; q < ld; q++) out[(i - i0) * ld + q] = 0;
         /* 32 consecutive k become 32 consecutive bf16: 16 pair words in order. A strided row
          * (A transposed) is gathered 32 at a time first. */
         for (int64_t k = 0; k < K; k += 32) {
@@ -509,16 +511,91 @@ KILN_BF16 static void rows_to_bf16(const float *a, int64_t lda, int64_t ka, int6
     }
 }
 
+/* AMX's tile configuration (palette 1): each tile's rows and bytes a row. */
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} TileConfig;
+
+/* Rows a0 .. a1 (ab: their bf16 pairs, K2p words a row, the rows past a1 to a whole 32 zero) by
+ * columns b0 .. b1 on AMX tiles: per NR (32) column strip and 32 rows, tiles 4 and 5 take two
+ * 16-row blocks of A's pairs and 6 and 7 the strip's two 16-column halves (16 pair rows each,
+ * NR words apart), tdpbf16ps adds their products into the accumulator tiles 0-3, which go
+ * through the stack to the epilogue. */
+__attribute__((target("amx-tile,amx-bf16"))) static void gemm_bf16_amx(const uint32_t *ab, int64_t K2p, const uint32_t *bp, float *y,
+                                                                      int64_t N, int64_t a0, int64_t a1, int64_t b0, int64_t b1,
+                                                                      const Epilogue *epi) {
+    TileConfig cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 8; t++) {
+        cfg.rows[t] = 16;
+        cfg.colsb[t] = 64;
+    }
+    _tile_loadconfig(&cfg);
+    float sums[32 * 32] __attribute__((aligned(64)));
+    for (int64_t j = b0; j < b1; j += NR) {
+        int64_t nr = b1 - j < NR ? b1 - j : NR;
+        const uint32_t *b = bp + (j / NR) * K2p * NR;
+        for (int64_t i = a0; i < a1; i += 32) {
+            const uint32_t *a = ab + (i - a0) * K2p;
+            _tile_zero(0);
+            _tile_zero(1);
+            _tile_zero(2);
+            _tile_zero(3);
+            for (int64_t q = 0; q < K2p; q += 16) {
+                _tile_loadd(4, a + q, K2p * 4);
+                _tile_loadd(5, a + 16 * K2p + q, K2p * 4);
+                _tile_loadd(6, b + q * NR, NR * 4);
+                _tile_loadd(7, b + q * NR + 16, NR * 4);
+                _tile_dpbf16ps(0, 4, 6);
+                _tile_dpbf16ps(1, 4, 7);
+                _tile_dpbf16ps(2, 5, 6);
+                _tile_dpbf16ps(3, 5, 7);
+            }
+            _tile_stored(0, sums, 128);
+            _tile_stored(1, sums + 16, 128);
+            _tile_stored(2, sums + 16 * 32, 128);
+            _tile_stored(3, sums + 16 * 32 + 16, 128);
+            int64_t mr = a1 - i < 32 ? a1 - i : 32;
+            Epilogue e = *epi;
+            if (e.bias_col) e.bias_col += j;
+            if (e.res) e.res += i * e.ldr + j;
+            for (int64_t r = 0; r < mr; r++) {
+                float *yr = y + (i + r) * N + j;
+                v16 c0 = load16(sums + r * 32), c1 = load16(sums + r * 32 + 16);
+                if (nr == NR) {
+                    store16(yr, finish(c0, &e, r, 0));
+                    store16(yr + 16, finish(c1, &e, r, 16));
+                } else {
+                    store16_n(yr, finish_n(c0, &e, r, 0, nr < 16 ? nr : 16), nr < 16 ? nr : 16);
+                    if (nr > 16) store16_n(yr + 16, finish_n(c1, &e, r, 16, nr - 16), nr - 16);
+                }
+            }
+        }
+    }
+    _tile_release();
+}
+
 /* C = A * B in bf16 products (f32 sums), B packed at compile time as pair strips
- * ([(j / NR) * K2 + q] * NR + j % NR: B[2q, j] low, B[2q + 1, j] high), rows a0 .. a1 and columns
- * b0 .. b1, the epilogue applied as each tile is stored. A's rows are made bf16 once per call;
- * each B strip then meets every row tile while it is in cache. */
+ * ([(j / NR) * K2p + q] * NR + j % NR: B[2q, j] low, B[2q + 1, j] high; K2p the pair rows, on
+ * AMX whole steps of 16), rows a0 .. a1 and columns b0 .. b1, the epilogue applied as each tile
+ * is stored. A's rows are made bf16 once per call; each B strip then meets every row tile while
+ * it is in cache. On AMX (`amx`) with 16 or more rows, tiles; else (and fewer rows) vdpbf16ps
+ * (zero pair rows add nothing). */
 static void gemm_bf16(const float *a, int64_t lda, int64_t ka, const uint32_t *bp, float *y, int64_t N, int64_t K, int64_t a0,
-                      int64_t a1, int64_t b0, int64_t b1, const Epilogue *epi) {
-    int64_t K2 = (K + 1) / 2;
-    uint32_t *ab = (uint32_t *)scratch(1, (size_t)((a1 - a0) * K2));
+                      int64_t a1, int64_t b0, int64_t b1, const Epilogue *epi, int amx) {
+    int64_t K2 = amx ? ((K + 1) / 2 + 15) / 16 * 16 : (K + 1) / 2;
+    int64_t rows = amx ? (a1 - a0 + 31) / 32 * 32 : a1 - a0;
+    uint32_t *ab = (uint32_t *)scratch(1, (size_t)(rows * K2));
     if (!ab) return; /* out of memory, recorded by scratch */
-    rows_to_bf16(a, lda, ka, a0, a1, K, ab);
+    rows_to_bf16(a, lda, ka, a0, a1, K, K2, ab);
+    if (amx && a1 - a0 >= 16) {
+        memset(ab + (a1 - a0) * K2, 0, (size_t)((rows - (a1 - a0)) * K2) * sizeof(uint32_t));
+        gemm_bf16_amx(ab, K2, bp, y, N, a0, a1, b0, b1, epi);
+        return;
+    }
     for (int64_t j = b0; j < b1; j += NR) {
         int64_t nr = b1 - j < NR ? b1 - j : NR;
         const uint32_t *b = bp + (j / NR) * K2 * NR;
@@ -563,7 +640,7 @@ void kiln_uk_gemm(int64_t a_, int64_t bp_, int64_t bias_, int64_t res_, int64_t 
             int64_t a0 = 0, a1 = M, b0 = 0, b1 = N;
             if (split_n) chunk_range(N, NR, chunks, q, &b0, &b1);
             else chunk_range(M, MR, chunks, q, &a0, &a1);
-            if (a0 < a1 && b0 < b1) gemm_bf16(a, lda, ka, (const uint32_t *)bp, y, N, K, a0, a1, b0, b1, &e);
+            if (a0 < a1 && b0 < b1) gemm_bf16(a, lda, ka, (const uint32_t *)bp, y, N, K, a0, a1, b0, b1, &e, bf16 == 2);
         }
         return;
 #else

@@ -126,7 +126,12 @@ pub fn slots(u: &Ukernel) -> Vec<(Slot, u64)> {
         }
         Shape::Gemm { m, k, .. } => {
             let (m, k) = (m as u64, k as u64);
-            if u.bf16 {
+            if u.amx {
+                // A's rows of a chunk as bf16 pairs, rows to whole tile pairs (32) and pairs to
+                // whole steps (16).
+                let rows = if u.split_n { m } else { chunk(m, mr, chunks) };
+                ask(File::Gemm, 1, round_up(rows, 32).saturating_mul(round_up(k.div_ceil(2), 16)));
+            } else if u.bf16 {
                 // A's rows of a chunk as bf16 pairs.
                 let rows = if u.split_n { m } else { chunk(m, mr, chunks) };
                 ask(File::Gemm, 1, rows.saturating_mul(k.div_ceil(2)));

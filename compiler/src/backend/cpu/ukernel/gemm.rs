@@ -61,7 +61,9 @@ impl KernelShape for Gemm {
             if trans_a { ", A transposed" } else { "" },
             if trans_b { ", B transposed" } else { "" }
         )?;
-        let b = if u.bf16 {
+        let b = if u.amx {
+            "bf16 products on AMX tiles (tdpbf16ps: 16 rows x 16 columns x 32 products a step), f32 sums in 4 accumulator tiles, 32 rows x 32 columns: B rounded to bf16 in pairs along K (padded to whole steps of 16 pairs), A's rows made bf16 pairs at run time, each B strip against every row tile; fewer than 16 rows in a unit on vdpbf16ps"
+        } else if u.bf16 {
             "bf16 products with vdpbf16ps, f32 sums: B rounded to bf16 in pairs along K, A's rows made bf16 pairs at run time, each B strip against every row tile"
         } else if m < u.mr {
             "rows times packed B strips, up to 4 rows a pass (matrix-vector)"
@@ -84,7 +86,7 @@ impl KernelShape for Gemm {
         let (_, n, k) = u.mnk();
         let Shape::Gemm { trans_b, .. } = u.shape else { return Err(other_shape(u)) };
         if u.bf16 {
-            return Ok(bf16_bytes(pack_gemm_bf16(&w, n, k, trans_b), u));
+            return Ok(bf16_bytes(pack_gemm_bf16(&w, n, k, trans_b, pair_rows(u)), u));
         }
         // B[k, n] = W[k, n], or W[n, k] transposed, in strips of NR columns.
         let mut out = vec![0.0; n.div_ceil(NR) * k * NR];
@@ -100,7 +102,7 @@ impl KernelShape for Gemm {
     fn packed_floats(&self, u: &Ukernel) -> usize {
         let (_, n, k) = u.mnk();
         if u.bf16 {
-            n.div_ceil(NR) * k.div_ceil(2) * NR
+            n.div_ceil(NR) * pair_rows(u) * NR
         } else {
             n.div_ceil(NR) * k * NR
         }
@@ -119,16 +121,28 @@ impl KernelShape for Gemm {
         args.extend(call.ints(&[m, n, k, lda, ka]));
         args.extend(call.activation(&u.epilogue));
         args.extend(call.ints(&[u.kc, u.mc, u.nc, u.chunks, u.split_n as usize]));
-        args.extend(call.ints(&[u.bf16 as usize]));
+        // 0 f32, 1 bf16 on vdpbf16ps, 2 bf16 on AMX tiles.
+        args.extend(call.ints(&[if u.amx { 2 } else { u.bf16 as usize }]));
         Ok(("kiln_uk_gemm", args))
+    }
+}
+
+/// The pair rows a bf16 GEMM's packed B strip has: K/2 rounded up, and on AMX tiles to whole
+/// steps of 16 pairs (zero rows: a tile step reads 16).
+fn pair_rows(u: &Ukernel) -> usize {
+    let (_, _, k) = u.mnk();
+    if u.amx {
+        k.div_ceil(2).next_multiple_of(16)
+    } else {
+        k.div_ceil(2)
     }
 }
 
 /// A GEMM's constant B[k, n] (W[k, n], or W[n, k] transposed) for `kiln_uk_gemm`'s bf16 form:
 /// in strips of NR columns, a word per column and pair of rows ([(t * K2 + q) * NR + c]: B[2q, j]
-/// low, B[2q + 1, j] high, rounded to nearest even), columns past n and an odd k's last row zero.
-fn pack_gemm_bf16(w: &[f32], n: usize, k: usize, trans_b: bool) -> Vec<u32> {
-    let k2 = k.div_ceil(2);
+/// low, B[2q + 1, j] high, rounded to nearest even), columns past n, an odd k's last row and
+/// pair rows past k (to `k2`) zero.
+fn pack_gemm_bf16(w: &[f32], n: usize, k: usize, trans_b: bool, k2: usize) -> Vec<u32> {
     let mut out = vec![0u32; n.div_ceil(NR) * k2 * NR];
     for kk in 0..k {
         for j in 0..n {

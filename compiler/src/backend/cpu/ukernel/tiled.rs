@@ -220,10 +220,16 @@ pub(super) fn plan(
     let transposed = few_positions(&shape) && !bf16;
     // bf16 direct convolutions on AMX tiles: a tile step multiplies 16 channel pairs (or all of
     // them); below 8 pairs most of it would be padding. Their channel units are 32 (a tile pair).
+    // GEMMs too, of 16 or more rows (a tile's) and 8 or more pairs along K.
     let amx = bf16
         && host.amx_bf16
-        && matches!(shape, Shape::Conv { c, .. } if c.div_ceil(2) >= conv::AMX_MIN_PAIRS)
-        && conv::direct_shape(&shape);
+        && match shape {
+            Shape::Conv { c, .. } => {
+                c.div_ceil(2) >= conv::AMX_MIN_PAIRS && conv::direct_shape(&shape)
+            }
+            Shape::Gemm { m, k, .. } => m >= 16 && k.div_ceil(2) >= conv::AMX_MIN_PAIRS,
+            _ => false,
+        };
     // A depthwise or pooling multiply-add runs about 8x slower than a packed GEMM's (8-30% of
     // peak against 80-100%), so the same time of work is 8x fewer of them: a depthwise 3x3/2
     // with 576 channels on 7x7 (254K MACs, 0.07 ms) ran on one thread.
