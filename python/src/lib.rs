@@ -160,6 +160,7 @@ fn onnx_type(d: DType) -> &'static str {
         DType::U4 => "tensor(uint4)",
         DType::I2 => "tensor(int2)",
         DType::U2 => "tensor(uint2)",
+        DType::String => "tensor(string)",
     }
 }
 
@@ -458,6 +459,12 @@ fn array_of<'py>(py: Python<'py>, t: &Tensor) -> PyResult<Bound<'py, PyAny>> {
         DType::U32 => copy::<u32>(py, t),
         DType::U64 => copy::<u64>(py, t),
         DType::Bool => copy::<bool>(py, t),
+        // Strings as onnxruntime gives them: a numpy array of Python str objects.
+        DType::String => {
+            let items = PyList::new(py, t.strings().unwrap_or_default())?;
+            let flat = py.import("numpy")?.call_method1("array", (items, "O"))?;
+            flat.call_method1("reshape", (t.dims().to_vec(),))
+        }
         DType::F8E4M3FN
         | DType::F8E4M3FNUZ
         | DType::F8E5M2
