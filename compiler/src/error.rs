@@ -89,7 +89,7 @@ pub enum CompileError {
 
     /// A node on strings that the host part cannot take (the graph has shapes not known when it
     /// compiles for another reason): compiled code holds no strings.
-    #[error("node `{node}` ({op}) computes on strings, which are evaluated on the host, but this graph has no host part that can take it (the interpreter, --device ref, runs it)")]
+    #[error("node `{node}` ({op}) holds strings, which only the host evaluates, and this graph has no host part to take it (the interpreter, --device ref, runs it)")]
     Strings { node: String, op: &'static str },
 
     /// A `--precision` the target (or this machine) has no kernels for.
