@@ -1,8 +1,8 @@
 //! Strings on compiled targets: compiled code holds no strings, so the nodes that compute on
 //! them (and what follows) run on the host after the compiled part (`Step::Eval`). A classifier
 //! shipped with its labels (float compute, ArgMax, then LabelEncoder to strings) and a graph of
-//! strings only, against the interpreter on the CPU through an artifact's bytes; an artifact
-//! whose compiled buffer would hold strings is refused at load.
+//! strings only, against the interpreter on the CPU through an artifact's bytes and the facade's
+//! Session; an artifact whose compiled buffer would hold strings is refused at load.
 
 use kiln_compiler::{compile, Options, TargetKind};
 use kiln_ir::builder::GraphBuilder;
@@ -100,4 +100,15 @@ fn an_artifact_with_a_compiled_string_buffer_is_refused_at_load() {
     art.manifest.inputs[0].dtype = "string".into();
     let e = Artifact::from_bytes(&art.to_bytes(), "bad.kiln").unwrap_err().to_string();
     assert!(e.contains("tensor `x` is of strings") && e.contains("evaluated on the host"), "{e}");
+}
+
+#[test]
+fn a_session_takes_and_gives_strings() {
+    let graph = classifier();
+    let x = vec![Tensor::random(DType::F32, &[4, 3], 9)];
+    let want = eval::run(&graph, &x).unwrap();
+    let mut session = kiln::Session::new(graph, &kiln::Options::new().cache(false).threads(2));
+    let got = session.run(&x).unwrap();
+    assert_eq!(got[1], want[1]);
+    assert_eq!(session.output_names(), ["logits", "label"]);
 }
