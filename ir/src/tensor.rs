@@ -630,6 +630,13 @@ impl Tensor {
                     .iter()
                     .map(|&v| if v != 0.0 { "1" } else { "0" }.into())
                     .collect(),
+                // At f32's shortest (0.1 stays "0.1", as numpy writes a float32).
+                DType::F32 => self
+                    .as_slice::<f32>()
+                    .expect("dtype matches")
+                    .iter()
+                    .map(|&v| if v.is_finite() { format!("{v}") } else { number_text(v as f64) })
+                    .collect(),
                 _ => self.to_f64s().into_iter().map(number_text).collect(),
             };
             return Tensor::from_strings(&self.dims, text).expect("length matches");

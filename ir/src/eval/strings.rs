@@ -311,24 +311,7 @@ fn cast(x: &Tensor, to: DType) -> Result<Tensor, OpError> {
         }
         return Ok(Tensor::from_f64s(to, x.dims(), &v)?);
     }
-    if x.dtype() == DType::F32 {
-        let v = x.as_slice::<f32>()?;
-        return strings(
-            x.dims(),
-            v.iter().map(|&f| float_text(f as f64, format!("{f}"))).collect(),
-        );
-    }
     Ok(x.cast(to))
-}
-
-fn float_text(v: f64, shortest: String) -> String {
-    if v.is_nan() {
-        "NaN".into()
-    } else if v.is_infinite() {
-        if v > 0.0 { "INF" } else { "-INF" }.into()
-    } else {
-        shortest
-    }
 }
 
 /// The ops that only move (or pick) elements: on strings they run on the positions.
