@@ -535,14 +535,14 @@ impl Tensor {
     /// What is written must be values of the tensor's type in kiln's form: bools 0 or 1, 4- and
     /// 2-bit integers sign-extended (as `from_bytes` would leave them).
     pub unsafe fn bytes_mut(&mut self) -> &mut [u8] {
+        if self.dtype.is_string() {
+            return &mut []; // strings have no bytes to write
+        }
         let len = self.data.bytes().len();
         let unique = match &mut self.data {
             Storage::Words { words, .. } => Arc::get_mut(words).is_some(),
             Storage::External(_) | Storage::Strings(_) => false,
         };
-        if self.dtype.is_string() {
-            return &mut []; // no bytes to write
-        }
         if !unique {
             self.data = Storage::from_bytes(self.data.bytes());
         }
