@@ -395,6 +395,8 @@ fn rule(g: &Graph, id: NodeId, operands: &[Option<ValueId>], deps: &[Dep]) -> Ve
         OpFamily::Control => control(&n),
         OpFamily::Quantize => quantize(&n),
         OpFamily::Collection => collection(&n),
+        // Strings run on the host, never in a batched program.
+        OpFamily::Strings => untraced(&node.op),
     }
 }
 

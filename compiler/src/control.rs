@@ -197,17 +197,32 @@ fn data_dependent(op: &Op) -> bool {
     )
 }
 
-/// The host part of a graph whose only shapes not known when it compiles come from the data:
-/// every node downstream of a data-dependent op whose result shape is not fixed (its operands'
-/// are), that op included. `None` when every shape is fixed, or when some shape is not fixed for
-/// another reason (a symbolic input, a shape computed at run time), which stays an error.
+/// Whether a node computes on strings (a string operand or result, or a string op such as
+/// LabelEncoder on numbers): compiled code holds no strings, so the host evaluates it.
+pub fn holds_strings(graph: &Graph, id: NodeId) -> bool {
+    let node = graph.node(id);
+    if matches!(node.op, Op::Input | Op::Constant(_)) {
+        return false; // a host value, or copied into the host part that reads it
+    }
+    node.op.family() == OpFamily::Strings
+        || node.outputs.iter().any(|t| t.dtype.is_string())
+        || graph.operands(id).into_iter().flatten().any(|v| graph.value_type(v).dtype.is_string())
+}
+
+/// The host part of a graph: every node downstream of a data-dependent op whose result shape is
+/// not fixed (its operands' are), or of a node that holds strings (`holds_strings`), those
+/// included. `None` when there is none, or when some shape is not fixed for another reason (a
+/// symbolic input, a shape computed at run time), which stays an error.
 pub fn host_tail(graph: &Graph) -> Result<Option<HashSet<NodeId>>> {
     let order = graph.topo_order()?;
     let dynamic = |id: NodeId| graph.node(id).outputs.iter().any(|t| t.shape.as_fixed().is_none());
     let mut tail: HashSet<NodeId> = HashSet::new();
     for &id in &order {
         let reads_tail = graph.operands(id).into_iter().flatten().any(|v| tail.contains(&v.node));
-        if reads_tail || (dynamic(id) && data_dependent(&graph.node(id).op)) {
+        if reads_tail
+            || holds_strings(graph, id)
+            || (dynamic(id) && data_dependent(&graph.node(id).op))
+        {
             tail.insert(id);
         } else if dynamic(id) {
             return Ok(None);
@@ -494,11 +509,27 @@ fn split_host(graph: &Graph, tail: &HashSet<NodeId>) -> Result<ControlSplit> {
         }
     }
     // An artifact has a compiled program (it gives the target): when the host part reads only
-    // inputs, the program passes them through.
+    // inputs, the program passes them through (strings stay host values: no program holds one).
     if crossing.is_empty() {
-        crossing = read_inputs;
+        crossing =
+            read_inputs.into_iter().filter(|&v| !graph.value_type(v).dtype.is_string()).collect();
     }
-    if !crossing.is_empty() {
+    if crossing.is_empty() {
+        // Nothing to compute before the host part (a graph of strings): a program that gives
+        // one constant byte, which nothing reads, stands for the target.
+        let mut anchor = Graph::new(&format!("{}.before.{at_name}", graph.name));
+        let name = format!("{at_name}/anchor");
+        let v = anchor.add_constant(&name, kiln_ir::Tensor::scalar(0u8))?;
+        anchor.add_output(&name, v)?;
+        let ty = anchor.value_type(v).clone();
+        steps.push(Step::Run {
+            program: programs.len(),
+            args: Vec::new(),
+            results: vec![values.len()],
+        });
+        values.push((name, ty));
+        programs.push((Role::Before, anchor));
+    } else {
         let (before, args, results) =
             before_program(graph, &order, &crossing, &at_name, &mut value_of, &mut values)?;
         steps.push(Step::Run { program: programs.len(), args, results });

@@ -438,6 +438,22 @@ fn optimize_traced(
 /// from an input, a constant or a Cast, and go only to Casts and graph outputs. Anything else
 /// (an Add on f8e5m2) is refused, naming the node.
 fn refuse_storage_types(g: &Graph) -> Result<()> {
+    // Strings run on the host (`control::host_tail`); one outside it would reach codegen, and a
+    // program's string input (one nothing reads, or the graph has no host part) a buffer.
+    let tail = crate::control::host_tail(g)?;
+    for &id in g.inputs() {
+        let ty = &g.node(id).outputs[0];
+        if ty.dtype.is_string() && tail.is_none() && ty.shape.numel() != Some(0) {
+            let node = g.node(id);
+            return Err(CompileError::Strings { node: node.name.clone(), op: node.op.name() });
+        }
+    }
+    if let Some(id) = g.nodes().map(|(id, _)| id).find(|&id| crate::control::holds_strings(g, id)) {
+        if tail.as_ref().is_none_or(|tail| !tail.contains(&id)) {
+            let node = g.node(id);
+            return Err(CompileError::Strings { node: node.name.clone(), op: node.op.name() });
+        }
+    }
     let converts = |op: &Op| matches!(op, Op::Input | Op::Constant(_) | Op::Cast { .. });
     for (id, node) in g.nodes() {
         let storage_in = g

@@ -87,6 +87,11 @@ pub enum CompileError {
     #[error("node `{node}` ({op}) computes on {dtype}, which compiled code only converts to and from with Cast (the interpreter, --device ref, runs it)")]
     StorageType { node: String, op: &'static str, dtype: kiln_ir::DType },
 
+    /// A node on strings that the host part cannot take (the graph has shapes not known when it
+    /// compiles for another reason): compiled code holds no strings.
+    #[error("node `{node}` ({op}) holds strings, which only the host evaluates, and this graph has no host part to take it (the interpreter, --device ref, runs it)")]
+    Strings { node: String, op: &'static str },
+
     /// A `--precision` the target (or this machine) has no kernels for.
     #[error("--precision {precision} on {target}: {why}")]
     Precision { precision: crate::Precision, target: &'static str, why: String },

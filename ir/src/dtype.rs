@@ -2,9 +2,10 @@
 
 use std::fmt;
 
-/// The element type of a tensor: ONNX's numeric types and `bool`, and the storage types (8- and
+/// The element type of a tensor: ONNX's numeric types and `bool`, the storage types (8- and
 /// 4-bit floats, 4- and 2-bit integers: see `narrow`), which hold values but are computed on in a
-/// wider type.
+/// wider type, and `string` (ONNX's strings, held as text, not bytes: only the interpreter
+/// computes on them; a compiled program leaves them to the host).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum DType {
     F32,
@@ -30,9 +31,12 @@ pub enum DType {
     U4,
     I2,
     U2,
+    String,
 }
 
 impl DType {
+    /// The types held as bytes (every one but `String`): what a compiled buffer, a fuzzer or a
+    /// test looping over element types can hold. `from_name` knows `string` too.
     pub const ALL: [DType; 23] = [
         DType::F32,
         DType::F64,
@@ -60,10 +64,11 @@ impl DType {
     ];
 
     /// Bytes per element in memory (`bool` is one byte, 0 or 1; the storage types one byte each,
-    /// the 4- and 2-bit ones unpacked).
+    /// the 4- and 2-bit ones unpacked). A string counts as 8 (its handle; the text is extra):
+    /// what memory estimates use, never a buffer's layout (`is_string` types have none).
     pub fn size(self) -> usize {
         match self {
-            DType::F64 | DType::I64 | DType::U64 => 8,
+            DType::F64 | DType::I64 | DType::U64 | DType::String => 8,
             DType::F32 | DType::I32 | DType::U32 => 4,
             DType::F16 | DType::BF16 | DType::I16 | DType::U16 => 2,
             DType::I8 | DType::U8 | DType::Bool => 1,
@@ -123,9 +128,14 @@ impl DType {
         matches!(self, DType::U8 | DType::U16 | DType::U32 | DType::U64)
     }
 
-    /// Numeric types: everything but `bool` (the storage types included).
+    /// Numeric types: everything but `bool` and `string` (the storage types included).
     pub fn is_numeric(self) -> bool {
-        self != DType::Bool
+        !matches!(self, DType::Bool | DType::String)
+    }
+
+    /// Strings: held as text, never as bytes; only the interpreter computes on them.
+    pub fn is_string(self) -> bool {
+        self == DType::String
     }
 
     /// The short name used in kiln's text form (`f32`, `i64`, `bool`...).
@@ -154,11 +164,12 @@ impl DType {
             DType::U4 => "u4",
             DType::I2 => "i2",
             DType::U2 => "u2",
+            DType::String => "string",
         }
     }
 
     pub fn from_name(name: &str) -> Option<DType> {
-        DType::ALL.into_iter().find(|d| d.name() == name)
+        DType::ALL.into_iter().chain([DType::String]).find(|d| d.name() == name)
     }
 }
 

@@ -30,13 +30,15 @@ fn descr(d: DType) -> Option<&'static str> {
         | DType::U4
         | DType::I2
         | DType::U2 => return None,
+        // Strings are not numpy arrays of fixed width in kiln.
+        DType::String => return None,
     })
 }
 
 /// The type a tensor numpy has no type for is written as (values kept exactly): f32 for bf16 and
 /// the 8- and 4-bit floats, i8 or u8 for the 4- and 2-bit integers. `None` when numpy has `d`.
 pub fn widened(d: DType) -> Option<DType> {
-    if descr(d).is_some() {
+    if descr(d).is_some() || d.is_string() {
         return None;
     }
     Some(match d {

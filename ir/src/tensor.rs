@@ -176,11 +176,13 @@ impl Element for bool {
 }
 
 /// Immutable bytes with 8-byte alignment (enough for every element type), shared by reference
-/// count: kiln's own words, or memory another owner keeps alive (a caller's array, not copied).
+/// count: kiln's own words, or memory another owner keeps alive (a caller's array, not copied);
+/// or a string tensor's text, which has no byte form.
 #[derive(Clone)]
 enum Storage {
     Words { words: Arc<[u64]>, len: usize },
     External(Arc<External>),
+    Strings(Arc<[String]>),
 }
 
 /// Bytes that `owner` keeps alive and unchanged (see [`Tensor::from_external`]).
@@ -207,6 +209,9 @@ impl Storage {
             Storage::Words { words, len } => &bytemuck::cast_slice::<u64, u8>(words)[..*len],
             // SAFETY: `from_external`'s contract: `len` readable bytes at `ptr` while the owner lives.
             Storage::External(e) => unsafe { std::slice::from_raw_parts(e.ptr, e.len) },
+            // Strings have no bytes: callers that need bytes check the dtype first, and an
+            // empty slice reads as no data rather than as garbage.
+            Storage::Strings(_) => &[],
         }
     }
 }
@@ -235,6 +240,9 @@ impl Tensor {
         len: usize,
         owner: Box<dyn std::any::Any + Send + Sync>,
     ) -> Option<Tensor> {
+        if dtype.is_string() {
+            return None;
+        }
         let want = dims.iter().try_fold(dtype.size(), |a, &d| a.checked_mul(d))?;
         if len != want || !(ptr as usize).is_multiple_of(8) || ptr.is_null() {
             return None;
@@ -258,6 +266,7 @@ impl Tensor {
         dims: &[usize],
         words: Arc<[u64]>,
     ) -> Result<Tensor, IrError> {
+        no_bytes_for_strings(dtype)?;
         let want =
             crate::size::checked_bytes(dims, dtype).map_err(|e| IrError::Tensor(e.to_string()))?;
         if words.len().saturating_mul(8) < want {
@@ -278,6 +287,7 @@ impl Tensor {
     /// The tensor with `axis` resized to `size`: its first positions kept, zeros after them when
     /// it grows (a padded axis filled, or cut back to its valid length).
     pub fn resize_axis(&self, axis: usize, size: usize) -> Result<Tensor, IrError> {
+        no_bytes_for_strings(self.dtype)?;
         let d = &self.dims;
         if axis >= d.len() {
             return Err(IrError::Tensor(format!("no axis {axis} in {}", self.ty())));
@@ -300,6 +310,7 @@ impl Tensor {
 
     /// The tensor at position `i` of `axis`, that axis removed (a Scan's slice of one step).
     pub fn index_axis(&self, axis: usize, i: usize) -> Result<Tensor, IrError> {
+        no_bytes_for_strings(self.dtype)?;
         let d = &self.dims;
         if axis >= d.len() || i >= d[axis] {
             return Err(IrError::Tensor(format!(
@@ -326,6 +337,7 @@ impl Tensor {
         parts: &[Tensor],
         axis: usize,
     ) -> Result<Tensor, IrError> {
+        no_bytes_for_strings(dtype)?;
         if axis > dims.len() {
             return Err(IrError::Tensor(format!(
                 "cannot stack {dtype}{} along axis {axis}",
@@ -354,6 +366,7 @@ impl Tensor {
 
     /// A tensor from raw little-endian bytes; the length must match the type.
     pub fn from_bytes(dtype: DType, dims: &[usize], bytes: &[u8]) -> Result<Tensor, IrError> {
+        no_bytes_for_strings(dtype)?;
         let want =
             crate::size::checked_bytes(dims, dtype).map_err(|e| IrError::Tensor(e.to_string()))?;
         if bytes.len() != want {
@@ -402,8 +415,39 @@ impl Tensor {
         Self::from_slice(&[values.len()], values).expect("a vector holds its values")
     }
 
-    /// Zeros of a size the caller knows fits (a checked type's); panics otherwise.
+    /// A tensor of strings; `values.len()` must be the product of `dims`.
+    pub fn from_strings(dims: &[usize], values: Vec<String>) -> Result<Tensor, IrError> {
+        let n = crate::size::numel(dims)
+            .ok_or_else(|| IrError::Tensor(format!("string{} is too large", Shape::fixed(dims))))?;
+        if values.len() != n {
+            return Err(IrError::Tensor(format!(
+                "shape {} holds {n} elements, got {} strings",
+                Shape::fixed(dims),
+                values.len()
+            )));
+        }
+        Ok(Tensor {
+            dtype: DType::String,
+            dims: dims.to_vec(),
+            data: Storage::Strings(values.into()),
+        })
+    }
+
+    /// The strings of a string tensor; `None` for any other type.
+    pub fn strings(&self) -> Option<&[String]> {
+        match &self.data {
+            Storage::Strings(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// Zeros of a size the caller knows fits (a checked type's); panics otherwise. Strings are
+    /// empty.
     pub fn zeros(dtype: DType, dims: &[usize]) -> Tensor {
+        if dtype.is_string() {
+            let n = crate::size::numel(dims).expect("the dimensions of a checked tensor type");
+            return Tensor::from_strings(dims, vec![String::new(); n]).expect("length matches");
+        }
         let n = crate::size::bytes(dims, dtype).expect("the dimensions of a checked tensor type");
         Tensor {
             dtype,
@@ -440,8 +484,11 @@ impl Tensor {
         Tensor::from_f64s(dtype, dims, &values).expect("length matches")
     }
 
-    /// Values converted from f64 with `as`-cast semantics.
+    /// Values converted from f64 with `as`-cast semantics (strings: as Cast writes them).
     pub fn from_f64s(dtype: DType, dims: &[usize], values: &[f64]) -> Result<Tensor, IrError> {
+        if dtype.is_string() {
+            return Tensor::from_strings(dims, values.iter().map(|&v| number_text(v)).collect());
+        }
         macro_rules! conv {
             ($t:ty) => {
                 Tensor::from_vec::<$t>(dims, values.iter().map(|&v| <$t>::from_f64(v)).collect())
@@ -474,7 +521,7 @@ impl Tensor {
         TensorType::new(self.dtype, Shape::fixed(&self.dims))
     }
 
-    /// The raw little-endian bytes.
+    /// The raw little-endian bytes (none for a string tensor: see `strings`).
     pub fn bytes(&self) -> &[u8] {
         self.data.bytes()
     }
@@ -488,10 +535,13 @@ impl Tensor {
     /// What is written must be values of the tensor's type in kiln's form: bools 0 or 1, 4- and
     /// 2-bit integers sign-extended (as `from_bytes` would leave them).
     pub unsafe fn bytes_mut(&mut self) -> &mut [u8] {
+        if self.dtype.is_string() {
+            return &mut []; // strings have no bytes to write
+        }
         let len = self.data.bytes().len();
         let unique = match &mut self.data {
             Storage::Words { words, .. } => Arc::get_mut(words).is_some(),
-            Storage::External(_) => false,
+            Storage::External(_) | Storage::Strings(_) => false,
         };
         if !unique {
             self.data = Storage::from_bytes(self.data.bytes());
@@ -501,7 +551,9 @@ impl Tensor {
                 let words = Arc::get_mut(words).expect("made unique above");
                 &mut bytemuck::cast_slice_mut::<u64, u8>(words)[..len]
             }
-            Storage::External(_) => unreachable!("copied into words above"),
+            Storage::External(_) | Storage::Strings(_) => {
+                unreachable!("copied into words above")
+            }
         }
     }
 
@@ -528,8 +580,12 @@ impl Tensor {
         Ok(Tensor { dtype: self.dtype, dims: dims.to_vec(), data: self.data.clone() })
     }
 
-    /// Every element as f64 (exact for all types but the largest 64-bit integers).
+    /// Every element as f64 (exact for all types but the largest 64-bit integers; strings parsed
+    /// as numbers, NaN where one is not).
     pub fn to_f64s(&self) -> Vec<f64> {
+        if let Some(s) = self.strings() {
+            return s.iter().map(|s| s.trim().parse::<f64>().unwrap_or(f64::NAN)).collect();
+        }
         macro_rules! conv {
             ($t:ty) => {
                 self.as_slice::<$t>().expect("dtype matches").iter().map(|v| v.to_f64()).collect()
@@ -551,9 +607,39 @@ impl Tensor {
 
     /// Converts to another element type with ONNX `Cast` semantics for the common cases
     /// (float to int truncates toward zero and saturates, int to int wraps, to bool is `!= 0`).
+    /// Strings parse as numbers (NaN, or 0 in an integer type, where one does not: the
+    /// interpreter's Cast checks first) and numbers print as text.
     pub fn cast(&self, to: DType) -> Tensor {
         if to == self.dtype {
             return self.clone();
+        }
+        if self.dtype.is_string() {
+            return Tensor::from_f64s(to, &self.dims, &self.to_f64s()).expect("length matches");
+        }
+        if to.is_string() {
+            let text = match self.dtype {
+                DType::I64 => self.to_i64s().iter().map(|v| v.to_string()).collect(),
+                DType::U64 => self
+                    .as_slice::<u64>()
+                    .expect("dtype matches")
+                    .iter()
+                    .map(|v| v.to_string())
+                    .collect(),
+                DType::Bool => self
+                    .to_f64s()
+                    .iter()
+                    .map(|&v| if v != 0.0 { "1" } else { "0" }.into())
+                    .collect(),
+                // At f32's shortest (0.1 stays "0.1", as numpy writes a float32).
+                DType::F32 => self
+                    .as_slice::<f32>()
+                    .expect("dtype matches")
+                    .iter()
+                    .map(|&v| if v.is_finite() { format!("{v}") } else { number_text(v as f64) })
+                    .collect(),
+                _ => self.to_f64s().into_iter().map(number_text).collect(),
+            };
+            return Tensor::from_strings(&self.dims, text).expect("length matches");
         }
         macro_rules! from {
             ($src:ty) => {{
@@ -592,6 +678,11 @@ impl Tensor {
         if self.is_empty() {
             return format!("{} (empty)", self.ty());
         }
+        if let Some(s) = self.strings() {
+            let first: Vec<String> = s.iter().take(4).map(|s| format!("{s:?}")).collect();
+            let more = if s.len() > 4 { ", ..." } else { "" };
+            return format!("{}, {} strings [{}{more}]", self.ty(), s.len(), first.join(", "));
+        }
         let v = self.to_f64s();
         let (lo, hi) =
             v.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), &x| (l.min(x), h.max(x)));
@@ -606,6 +697,10 @@ impl Tensor {
             h.write(&(*d as u64).to_le_bytes());
         }
         h.write(self.bytes());
+        for s in self.strings().unwrap_or_default() {
+            h.write(&(s.len() as u64).to_le_bytes());
+            h.write(s.as_bytes());
+        }
         h.finish()
     }
 }
@@ -630,6 +725,26 @@ fn normalised(dtype: DType, bytes: &[u8]) -> Option<Vec<u8>> {
         return None;
     }
     Some(bytes.iter().map(|&b| norm(b)).collect())
+}
+
+/// Refuses a byte-level construction or view of a string tensor.
+fn no_bytes_for_strings(dtype: DType) -> Result<(), IrError> {
+    if dtype.is_string() {
+        return Err(IrError::Tensor("a string tensor has no byte form".into()));
+    }
+    Ok(())
+}
+
+/// A number as Cast to string writes it: integers without a fraction, floats as the shortest
+/// text that reads back (NaN, INF and -INF as numpy spells them).
+fn number_text(v: f64) -> String {
+    if v.is_nan() {
+        "NaN".into()
+    } else if v.is_infinite() {
+        if v > 0.0 { "INF" } else { "-INF" }.into()
+    } else {
+        format!("{v}")
+    }
 }
 
 /// One element converted: exactly through i128 between integers, through f64 otherwise.
@@ -682,13 +797,18 @@ impl SplitMix64 {
 impl PartialEq for Tensor {
     /// Same type and same bytes (so NaNs with equal bits compare equal).
     fn eq(&self, other: &Tensor) -> bool {
-        self.dtype == other.dtype && self.dims == other.dims && self.bytes() == other.bytes()
+        self.dtype == other.dtype
+            && self.dims == other.dims
+            && self.bytes() == other.bytes()
+            && self.strings() == other.strings()
     }
 }
 
 impl fmt::Debug for Tensor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.len() <= 16 {
+        if let (Some(s), true) = (self.strings(), self.len() <= 16) {
+            write!(f, "Tensor({} {s:?})", self.ty())
+        } else if self.len() <= 16 {
             write!(f, "Tensor({} {:?})", self.ty(), self.to_f64s())
         } else {
             write!(f, "Tensor({})", self.summary())

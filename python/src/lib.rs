@@ -160,6 +160,7 @@ fn onnx_type(d: DType) -> &'static str {
         DType::U4 => "tensor(uint4)",
         DType::I2 => "tensor(int2)",
         DType::U2 => "tensor(uint2)",
+        DType::String => "tensor(string)",
     }
 }
 
@@ -328,6 +329,9 @@ impl PySession {
 /// A numpy array as a tensor of its own dtype: read where it lies when C-contiguous and aligned
 /// to 8 bytes (the array stays alive as long as the tensor), else copied.
 fn tensor_of(py: Python<'_>, name: &str, want: DType, obj: &Bound<'_, PyAny>) -> PyResult<Tensor> {
+    if want.is_string() {
+        return strings_of(py, name, obj);
+    }
     let arr = match obj.cast::<PyUntypedArray>() {
         Ok(a) => a.clone(),
         Err(_) => {
@@ -405,6 +409,30 @@ fn tensor_of(py: Python<'_>, name: &str, want: DType, obj: &Bound<'_, PyAny>) ->
         .map_err(|e| KilnError::new_err(format!("input `{name}`: {e}")))
 }
 
+/// A string input as onnxruntime takes it: a numpy array of str objects (dtype object) or of
+/// fixed-width str (`<U`), or a (nested) list of str; bytes must be UTF-8.
+fn strings_of(py: Python<'_>, name: &str, obj: &Bound<'_, PyAny>) -> PyResult<Tensor> {
+    let bad = |what: String| KilnError::new_err(format!("input `{name}`: {what}"));
+    let arr = py.import("numpy")?.call_method1("asarray", (obj, "O"))?;
+    let dims: Vec<usize> = arr.getattr("shape")?.extract()?;
+    let items = arr.call_method0("ravel")?.call_method0("tolist")?;
+    let mut strings = Vec::new();
+    for item in items.try_iter()? {
+        let item = item?;
+        let s = match item.extract::<String>() {
+            Ok(s) => s,
+            Err(_) => match item.extract::<Vec<u8>>() {
+                Ok(b) if item.is_instance_of::<pyo3::types::PyBytes>() => {
+                    String::from_utf8(b).map_err(|_| bad("a bytes element is not UTF-8".into()))?
+                }
+                _ => return Err(bad(format!("expected strings, got {}", item.get_type().name()?))),
+            },
+        };
+        strings.push(s);
+    }
+    Tensor::from_strings(&dims, strings).map_err(|e| bad(e.to_string()))
+}
+
 /// numpy's name for a kiln type with a numpy type of its own.
 fn numpy_name(d: DType) -> Option<&'static str> {
     Some(match d {
@@ -458,6 +486,12 @@ fn array_of<'py>(py: Python<'py>, t: &Tensor) -> PyResult<Bound<'py, PyAny>> {
         DType::U32 => copy::<u32>(py, t),
         DType::U64 => copy::<u64>(py, t),
         DType::Bool => copy::<bool>(py, t),
+        // Strings as onnxruntime gives them: a numpy array of Python str objects.
+        DType::String => {
+            let items = PyList::new(py, t.strings().unwrap_or_default())?;
+            let flat = py.import("numpy")?.call_method1("array", (items, "O"))?;
+            flat.call_method1("reshape", (t.dims().to_vec(),))
+        }
         DType::F8E4M3FN
         | DType::F8E4M3FNUZ
         | DType::F8E5M2

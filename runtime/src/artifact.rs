@@ -1181,6 +1181,13 @@ impl Artifact {
                 .ok_or_else(|| format!("tensor `{}` names missing buffer {}", t.name, t.buffer))?;
             let dtype = kiln_ir::DType::from_name(&t.dtype)
                 .ok_or_else(|| format!("tensor `{}` has unknown type `{}`", t.name, t.dtype))?;
+            // An empty one holds nothing (an unread input of a graph whose results fold away).
+            if dtype.is_string() && t.dims.iter().product::<usize>() != 0 {
+                return Err(format!(
+                    "tensor `{}` is of strings, which no compiled buffer holds (strings are evaluated on the host)",
+                    t.name
+                ));
+            }
             // Its own buffer, of exactly its bytes: a run copies and returns that many.
             if b.kind != kind {
                 return Err(format!(

@@ -32,6 +32,7 @@ mod sequences;
 mod session;
 mod stages;
 mod status;
+mod strings;
 mod target_cpu;
 mod threads;
 mod toolchain;

@@ -201,14 +201,15 @@ pub fn order_inputs(
         )));
     }
     let mut out = Vec::with_capacity(declared.len());
-    for (name, _) in declared {
+    for (name, ty) in declared {
         match given.iter().position(|(n, _)| n == name) {
             Some(i) => out.push(given.swap_remove(i).1),
             None => {
+                let file = if ty.starts_with("string") { "FILE.pb" } else { "FILE.npy" };
                 return Err(CompileError::Usage(format!(
-                    "missing input `{name}` (give it with --input {name}=FILE.npy); the model expects:\n{}",
+                    "missing input `{name}` (give it with --input {name}={file}); the model expects:\n{}",
                     expected()
-                )))
+                )));
             }
         }
     }

@@ -191,6 +191,16 @@ pub fn run(args: &Args) -> Result<()> {
             msg: e.to_string(),
         })?;
         for (i, t) in outputs.iter().enumerate() {
+            // Strings have no .npy form kiln writes: an ONNX TensorProto instead.
+            if t.dtype().is_string() {
+                let p = dir.join(format!("output_{i}.pb"));
+                let bytes = kiln_ir::onnx::encode_tensor(t, &format!("output_{i}"));
+                std::fs::write(&p, bytes).map_err(|e| CompileError::File {
+                    path: p.display().to_string(),
+                    msg: e.to_string(),
+                })?;
+                continue;
+            }
             let p = dir.join(format!("output_{i}.npy"));
             match kiln_ir::npy::widened(t.dtype()) {
                 None => kiln_ir::npy::write(&p, t)?,
@@ -208,6 +218,12 @@ pub fn run(args: &Args) -> Result<()> {
         }
     }
     for (i, (t, d)) in outputs.iter().zip(exe.outputs()).enumerate() {
+        if let Some(s) = t.strings() {
+            let head: Vec<String> = s.iter().take(6).map(|x| format!("{x:?}")).collect();
+            let more = if s.len() > 6 { ", ..." } else { "" };
+            println!("output {i} `{}`: {}  [{}{more}]", d.name, t.ty(), head.join(", "));
+            continue;
+        }
         let v = t.to_f64s();
         let head: Vec<String> = v.iter().take(6).map(|x| format!("{x:.6}")).collect();
         println!(
@@ -409,7 +425,13 @@ fn bind_sequence_inputs(
     let mut ordered = Vec::with_capacity(declared.len());
     for (name, ty) in &declared {
         let i = given.iter().position(|(n, _)| n == name).ok_or_else(|| {
-            let file = if ty.starts_with("seq(") || ty.starts_with("opt(") { "FILE.pb, an ONNX SequenceProto or OptionalProto" } else { "FILE.npy" };
+            let file = if ty.starts_with("seq(") || ty.starts_with("opt(") {
+                "FILE.pb, an ONNX SequenceProto or OptionalProto"
+            } else if ty.starts_with("string") {
+                "FILE.pb, an ONNX TensorProto of strings"
+            } else {
+                "FILE.npy"
+            };
             CompileError::Usage(format!(
                 "missing input `{name}` (give it with --input {name}={file}); the model expects:\n{}",
                 declared.iter().map(|(n, t)| format!("  {n}: {t}")).collect::<Vec<_>>().join("\n")

@@ -38,6 +38,9 @@ pub fn storage_type(d: DType) -> &'static str {
         | DType::U4
         | DType::I2
         | DType::U2 => "i8",
+        // Never in a kernel: the driver leaves string nodes to the host and refuses any other
+        // (`refuse_storage_types`), so this handle width is never laid out.
+        DType::String => "i64",
     }
 }
 

@@ -328,6 +328,7 @@ fn emit_node(em: &mut Emitter, id: NodeId) -> Result<()> {
         | OpFamily::Signal
         | OpFamily::Control
         | OpFamily::Quantize
-        | OpFamily::Collection => Err(em.not_supported(id)),
+        | OpFamily::Collection
+        | OpFamily::Strings => Err(em.not_supported(id)),
     }
 }

@@ -21,6 +21,7 @@ mod resize;
 pub(crate) mod select;
 mod sequence;
 mod signal;
+pub(crate) mod strings;
 mod window;
 
 pub use indexing::pad_axis;
@@ -298,8 +299,17 @@ pub fn eval_op(
             }
         }
     }
+    // Strings have no typed view: the string rules take every node that holds them.
+    let holds_strings = op.family() == OpFamily::Strings
+        || operands.iter().flatten().any(|t| t.dtype().is_string())
+        || out_types.iter().any(|t| t.dtype.is_string());
+    if holds_strings {
+        let mut results = strings::eval(op, operands, &out_types, num_outputs)?;
+        results.truncate(num_outputs);
+        return Ok(results);
+    }
     let mut results = match op.family() {
-        OpFamily::Source | OpFamily::Control | OpFamily::Collection => {
+        OpFamily::Source | OpFamily::Control | OpFamily::Collection | OpFamily::Strings => {
             unreachable!("handled above")
         }
         OpFamily::Elementwise => elementwise::eval(op, operands, &out_types, &out_dims)?,
@@ -366,6 +376,8 @@ macro_rules! typed {
             $crate::DType::U4 => $f::<$crate::narrow::U4>($($arg),*),
             $crate::DType::I2 => $f::<$crate::narrow::I2>($($arg),*),
             $crate::DType::U2 => $f::<$crate::narrow::U2>($($arg),*),
+            // `eval_op` sends every node with a string operand or result to `strings::eval`.
+            $crate::DType::String => unreachable!("string tensors are evaluated by `strings`"),
         }
     };
 }

@@ -76,6 +76,9 @@ pub(super) fn where_(ops: &Operands) -> Infer {
 /// BitCast: the same shape; the types must be as wide (ONNX has no rule for other widths).
 pub(super) fn bitcast(to: DType, ops: &Operands) -> Infer {
     let x = ops.get(0)?.ty;
+    if x.dtype.is_string() || to.is_string() {
+        return Err(invalid!("cannot reinterpret {x} as {to}: strings have no bits"));
+    }
     if x.dtype.bits() != to.bits() {
         return Err(invalid!(
             "cannot reinterpret {x} as {to}: {} has {} bits, {to} has {}",

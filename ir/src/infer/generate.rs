@@ -128,6 +128,9 @@ impl Scalar {
                 None => Scalar::Float(v.to_f64()),
             }
         }
+        if t.dtype().is_string() {
+            return Scalar::Float(t.to_f64s().first().copied().unwrap_or(f64::NAN));
+        }
         crate::eval::typed!(t.dtype(), first(t))
     }
 

@@ -17,6 +17,7 @@ mod reduce;
 mod resize;
 mod sequence;
 mod signal;
+mod strings;
 mod window;
 
 pub use contraction::EinsumSpec;
@@ -117,6 +118,7 @@ pub fn infer(
         OpFamily::Control => control::infer(op, &ops, &ctx),
         OpFamily::Quantize => quantize::infer(op, &ops),
         OpFamily::Collection => collection::infer(op, &ops, &ctx),
+        OpFamily::Strings => strings::infer(op, &ops, &ctx),
     }
 }
 

@@ -1,7 +1,8 @@
 //! ONNX's classic-ML domain (`ai.onnx.ml`), the ops on numeric tensors: Binarizer,
 //! ArrayFeatureExtractor and TreeEnsemble (opset 5), expanded at import into ordinary ops
 //! (nodes named `<node>/<part>`), so the interpreter and every target run them with no op of
-//! their own. The string ops (LabelEncoder on strings...) need a string type kiln lacks.
+//! their own. LabelEncoder (opset 2 on) becomes kiln's LabelEncoder op, its key and value
+//! lists turned into tensors; it maps strings too, which only the interpreter (the host) holds.
 
 use super::import::GraphImporter;
 use super::ops::{attr, err};
@@ -13,13 +14,16 @@ use crate::{BinaryOp, DType, IrError, Op, Result, Tensor, UnaryOp, ValueId};
 pub(super) const DOMAIN: &str = "ai.onnx.ml";
 
 /// The ops of the domain the importer converts.
-pub(super) const OPS: &[&str] = &["Binarizer", "ArrayFeatureExtractor", "TreeEnsemble"];
+pub(super) const OPS: &[&str] =
+    &["Binarizer", "ArrayFeatureExtractor", "TreeEnsemble", "LabelEncoder"];
 
 /// Whether the importer converts `op_type` of the domain's opset `opset`: TreeEnsemble is
 /// new in opset 5 (the older TreeEnsembleRegressor/Classifier are other ops); the others
 /// have kept their meaning since opset 1.
 pub(super) fn supports(op_type: &str, opset: i64) -> bool {
-    OPS.contains(&op_type) && (op_type != "TreeEnsemble" || opset >= 5)
+    OPS.contains(&op_type)
+        && (op_type != "TreeEnsemble" || opset >= 5)
+        && (op_type != "LabelEncoder" || opset >= 2)
 }
 
 pub(super) fn convert(
@@ -32,7 +36,56 @@ pub(super) fn convert(
         "Binarizer" => binarizer(im, node, a),
         "ArrayFeatureExtractor" => array_feature_extractor(im, node, a),
         "TreeEnsemble" => tree_ensemble(im, node, a),
+        "LabelEncoder" => label_encoder(im, node, a),
         other => Err(IrError::NotSupported(format!("{DOMAIN}.{other} is not supported"))),
+    }
+}
+
+/// LabelEncoder (opset 2 on): exactly one of `keys_strings`/`keys_int64s`/`keys_floats`/
+/// `keys_tensor` and one of the `values_*` alike, as 1-D tensors; the default is
+/// `default_tensor`, else the `default_*` of the values' type (ONNX's defaults: "_Unused", -1,
+/// -0.0).
+fn label_encoder(im: &mut GraphImporter, node: &NodeProto, mut a: Attrs) -> Result<()> {
+    let keys = one_list(&mut a, "keys")?;
+    let values = one_list(&mut a, "values")?;
+    let default_string = a.string("default_string", "_Unused").map_err(attr)?;
+    let default_int = a.int("default_int64", -1).map_err(attr)?;
+    let default_float = a.float("default_float", -0.0).map_err(attr)?;
+    let default = match a.tensor("default_tensor").map_err(attr)? {
+        Some(t) => t.reshape(&[1]).map_err(|_| err("default_tensor must hold one value"))?,
+        None if values.dtype().is_string() => Tensor::from_strings(&[1], vec![default_string])?,
+        None if values.dtype().is_float() => {
+            Tensor::from_f64s(values.dtype(), &[1], &[f64::from(default_float)])?
+        }
+        None => Tensor::from_f64s(values.dtype(), &[1], &[default_int as f64])?,
+    };
+    a.finish("LabelEncoder").map_err(attr)?;
+    let x = operand0(im, node)?;
+    let y = im.add1(node, "", Op::LabelEncoder { keys, values, default }, &[x])?;
+    im.bind(node, &[y])
+}
+
+/// The one list of `<what>_strings`, `<what>_int64s`, `<what>_floats` or `<what>_tensor` given,
+/// as a 1-D tensor.
+fn one_list(a: &mut Attrs, what: &str) -> Result<Tensor> {
+    let mut found = Vec::new();
+    if let Some(s) = a.strings(&format!("{what}_strings")).map_err(attr)? {
+        found.push(Tensor::from_strings(&[s.len()], s)?);
+    }
+    if let Some(v) = a.ints(&format!("{what}_int64s")).map_err(attr)? {
+        found.push(Tensor::vector(&v));
+    }
+    if let Some(v) = a.floats(&format!("{what}_floats")).map_err(attr)? {
+        found.push(Tensor::vector(&v));
+    }
+    if let Some(t) = a.tensor(&format!("{what}_tensor")).map_err(attr)? {
+        found.push(t.reshape(&[t.len()])?);
+    }
+    match found.len() {
+        1 => Ok(found.remove(0)),
+        n => Err(err(format!(
+            "exactly one of {what}_strings, {what}_int64s, {what}_floats and {what}_tensor must be given, got {n}"
+        ))),
     }
 }
 

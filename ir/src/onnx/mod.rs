@@ -269,8 +269,18 @@ pub fn replace_initializers(bytes: &[u8], values: &[(String, Tensor)]) -> Result
     Ok(model.encode_to_vec())
 }
 
-/// Serializes a tensor as a TensorProto (raw data).
+/// Serializes a tensor as a TensorProto (raw data; a string tensor's in `string_data`).
 pub fn encode_tensor(t: &Tensor, name: &str) -> Vec<u8> {
+    if let Some(strings) = t.strings() {
+        return proto::TensorProto {
+            dims: t.dims().iter().map(|&d| d as i64).collect(),
+            data_type: Some(onnx_type_of(t.dtype())),
+            name: Some(name.to_string()),
+            string_data: strings.iter().map(|s| s.as_bytes().to_vec()).collect(),
+            ..Default::default()
+        }
+        .encode_to_vec();
+    }
     proto::TensorProto {
         dims: t.dims().iter().map(|&d| d as i64).collect(),
         data_type: Some(onnx_type_of(t.dtype())),

@@ -515,8 +515,17 @@ fn constant(im: &mut GraphImporter, node: &NodeProto, mut a: Attrs) -> Result<()
         }
     } else if let Some(v) = ints_attr(&mut a, "value_ints")? {
         Tensor::vector(&v)
-    } else if a.contains("value_string") || a.contains("value_strings") {
-        return Err(unsupported("string constants are not supported"));
+    } else if let Some(v) = a.remove("value_string") {
+        match v {
+            Attr::Str(s) => Tensor::from_strings(&[], vec![s])?,
+            other => return Err(err(format!("`value_string` must be a string, got {other}"))),
+        }
+    } else if let Some(v) = a.remove("value_strings") {
+        match v {
+            Attr::Strs(s) => Tensor::from_strings(&[s.len()], s)?,
+            Attr::Ints(i) if i.is_empty() => Tensor::from_strings(&[0], Vec::new())?,
+            other => return Err(err(format!("`value_strings` must be strings, got {other}"))),
+        }
     } else {
         return Err(err(
             "a Constant needs one of value, value_float(s), value_int(s), sparse_value",

@@ -35,6 +35,7 @@ pub fn dtype_of(t: i32) -> Result<DType, IrError> {
         dt::UINT4 => DType::U4,
         dt::INT2 => DType::I2,
         dt::UINT2 => DType::U2,
+        dt::STRING => DType::String,
         other => {
             return Err(IrError::NotSupported(format!(
                 "element type {} is not supported",
@@ -70,6 +71,7 @@ pub fn onnx_type_of(d: DType) -> i32 {
         DType::U4 => dt::UINT4,
         DType::I2 => dt::INT2,
         DType::U2 => dt::UINT2,
+        DType::String => dt::STRING,
     }
 }
 
@@ -99,6 +101,9 @@ fn tensor_data(
         .iter()
         .try_fold(1usize, |acc, &d| acc.checked_mul(d))
         .ok_or_else(|| bad(format!("dimensions {dims:?} overflow")))?;
+    if dtype.is_string() {
+        return strings_from_proto(t, &dims, count).map_err(bad);
+    }
     // The 4- and 2-bit types are packed in files, low bits first; kiln keeps a byte each.
     let bytes_needed = match dtype.packed_bits() {
         Some(bits) => count.div_ceil((8 / bits) as usize),
@@ -173,11 +178,35 @@ fn tensor_data(
                     .map(|t| t.cast(dtype))
                 })
             }
+            DType::String => unreachable!("strings are read above"),
         };
     tensor.map_err(|e| match e {
         IrError::Onnx(m) if m.starts_with(what) => IrError::Onnx(m),
         other => bad(other.to_string()),
     })
+}
+
+/// A string tensor's `string_data`: one entry an element, each UTF-8 (ONNX strings are bytes;
+/// kiln's are text, and refuses what is not rather than guess at it).
+fn strings_from_proto(t: &TensorProto, dims: &[usize], count: usize) -> Result<Tensor, String> {
+    if t.raw_data.is_some() || t.data_location == Some(1) {
+        return Err("a string tensor's data must be in `string_data`, not raw or external".into());
+    }
+    if t.string_data.len() != count {
+        return Err(format!(
+            "string{dims:?} needs {count} strings, the file holds {}",
+            t.string_data.len()
+        ));
+    }
+    let strings = t
+        .string_data
+        .iter()
+        .enumerate()
+        .map(|(i, b)| {
+            String::from_utf8(b.clone()).map_err(|e| format!("string {i} is not UTF-8 ({e})"))
+        })
+        .collect::<Result<Vec<String>, String>>()?;
+    Tensor::from_strings(dims, strings).map_err(|e| e.to_string())
 }
 
 fn check_len<T>(v: &[T], count: usize, wrong: impl Fn(usize) -> IrError) -> Result<&[T], IrError> {

@@ -209,10 +209,26 @@ pub fn compare_values(want: &Value, got: &Value, tol: Tolerance) -> Result<(), M
 }
 
 /// Compares an output with its reference: same dtype and shape; floats within `tol` (NaN matches
-/// NaN, infinities must be equal); integers and bools exactly.
+/// NaN, infinities must be equal); integers, bools and strings exactly.
 pub fn compare(want: &Tensor, got: &Tensor, tol: Tolerance) -> Result<(), Mismatch> {
     if want.dtype() != got.dtype() || want.dims() != got.dims() {
         return Err(Mismatch::Type { got: got.ty(), want: want.ty() });
+    }
+    if let (Some(w), Some(g)) = (want.strings(), got.strings()) {
+        let differ: Vec<usize> = (0..w.len()).filter(|&i| w[i] != g[i]).collect();
+        let Some(&i) = differ.first() else { return Ok(()) };
+        let idx = crate::eval::strides(want.dims())
+            .iter()
+            .zip(want.dims())
+            .map(|(s, d)| (i / s) % d.max(&1))
+            .collect::<Vec<usize>>();
+        return Err(Mismatch::Values {
+            at: format!("{idx:?}"),
+            got: format!("{:?}", g[i]),
+            want: format!("{:?}", w[i]),
+            bad: differ.len(),
+            total: w.len(),
+        });
     }
     let float = want.dtype().is_float();
     let (w, g) = if float || want.dtype() == DType::Bool {

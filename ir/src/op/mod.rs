@@ -26,7 +26,7 @@ use crate::error::AttrError;
 use crate::{DType, Graph, Tensor};
 use schema::{
     Count, DepthMode, Flag, Float, Graph as GraphAttr, Int, Ints, Named, OptInt, OptType,
-    RequiredInt, Size, Sizes, Str, TensorValue, Type,
+    RequiredInt, Size, Sizes, Str, Strs, TensorValue, Type,
 };
 
 /// A graph inside an op (the branches of `If`). Two subgraphs are equal when they print the same.
@@ -94,6 +94,9 @@ pub enum OpFamily {
     Quantize,
     /// The sequence and optional ops.
     Collection,
+    /// The ops on string tensors (StringConcat, StringSplit, StringNormalizer, RegexFullMatch,
+    /// LabelEncoder): only the interpreter runs them; a compiled program leaves them to the host.
+    Strings,
 }
 
 /// The op table: one row per op gives its variant and attributes (each with its type, ONNX
@@ -529,6 +532,30 @@ op_table! {
     MatMulNBits { k: usize = 0; "K" as Size, n: usize = 0; "N" as Size, bits: usize = 4; "bits" as Size, block_size: usize = 0; "block_size" as Size }
         => "MatMulNBits", arity (3, 5), Root, Quantize;
 
+    // ----- strings -----
+    /// `(x, y) -> z`, string `x[i] + y[i]`, broadcast.
+    StringConcat => "StringConcat", arity (2, 2), Root, Strings;
+    /// `(x) -> (substrings, lengths)`: each string of x split at `delimiter` (empty: at runs of
+    /// whitespace, leading and trailing ones dropped) at most `maxsplit` times; `substrings` is
+    /// x's shape plus an axis as long as the most pieces, padded with empty strings, `lengths`
+    /// (i64, x's shape) each string's count of pieces. Its result shape depends on the data.
+    StringSplit { delimiter: String = String::new(); "delimiter" as Str, maxsplit: Option<i64> = None; "maxsplit" as OptInt }
+        => "StringSplit", arity (1, 1), Root, Strings, outputs 2;
+    /// `(x) -> y`: the strings of x (1-D `[C]` or `[1, C]`) that are not `stopwords` (compared
+    /// ignoring case unless `is_case_sensitive`), changed to `case_change_action` (`LOWER`,
+    /// `UPPER` or `NONE`); none left gives one empty string. Its result shape depends on the
+    /// data.
+    StringNormalizer { case_change_action: String = "NONE".into(); "case_change_action" as Str, is_case_sensitive: bool = false; "is_case_sensitive" as Flag, locale: String = String::new(); "locale" as Str, stopwords: Vec<String> = Vec::new(); "stopwords" as Strs }
+        => "StringNormalizer", arity (1, 1), Root, Strings;
+    /// `(x) -> bool y`: whether all of each string matches `pattern` (RE2 syntax).
+    RegexFullMatch { pattern: String = String::new(); "pattern" as Str } => "RegexFullMatch", arity (1, 1), Root, Strings;
+    /// `(x) -> y`, ai.onnx.ml's LabelEncoder: each element of x looked up in `keys`, giving the
+    /// `values` entry at its position, else `default` (one value); keys and values are 1-D
+    /// tensors of one length (strings, i64, f32...), `default` of the values' type. The importer
+    /// turns the `keys_*`/`values_*`/`default_*` lists into these tensors.
+    LabelEncoder { keys: Tensor; "keys_tensor" as TensorValue, values: Tensor; "values_tensor" as TensorValue, default: Tensor; "default_tensor" as TensorValue }
+        => "LabelEncoder", arity (1, 1), Root, Strings;
+
     // ----- sequences and optionals -----
     /// The ONNX sequence ops (`SequenceAt`, `SplitToSequence`...).
     Sequence(s: SequenceOp) => family, arity s.arity(), Control, Collection, outputs s.outputs();
@@ -644,7 +671,8 @@ impl Default for Gemm {
 
 /// Rows of the op table that are kiln's own, not ONNX's: the importer does not take them
 /// (MatMulNBits is onnxruntime's com.microsoft op, which the importer reads itself).
-pub const KILN_OWN: &[&str] = &["QConv", "DynQMatMul", "MatMulNBits"];
+/// LabelEncoder is ai.onnx.ml's, which the importer reads itself too.
+pub const KILN_OWN: &[&str] = &["QConv", "DynQMatMul", "MatMulNBits", "LabelEncoder"];
 
 /// `Conv` attributes (the kernel shape is the weight's).
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -108,6 +108,8 @@ codec!(/// A list of sizes.
     Sizes: Vec<usize>, |a, n, d| if a.contains(n) { a.sizes(n) } else { Ok(d()) }, |a, n, v| a.push(n, Attr::Ints(v.iter().map(|&x| x as i64).collect())));
 codec!(/// A string.
     Str: String, |a, n, d| a.string(n, &d()), |a, n, v| a.push(n, Attr::Str(v.clone())));
+codec!(/// A list of strings.
+    Strs: Vec<String>, |a, n, d| Ok(a.strings(n)?.unwrap_or_else(d)), |a, n, v| a.push(n, Attr::Strs(v.clone())));
 codec!(/// A type ONNX requires.
     Type: DType, |a, n, _d| a.dtype(n), |a, n, v| a.push(n, Attr::Type(*v)));
 codec!(/// A type written only when present.

@@ -546,6 +546,16 @@ impl Parser {
         }
         let bad = |t: &Tok| err_at(&at, format!("{t:?} is not a {} value", ty.dtype));
         match ty.dtype {
+            DType::String => {
+                let v = items
+                    .into_iter()
+                    .map(|t| match t {
+                        Tok::Str(s) => Ok(s),
+                        t => Err(bad(&t)),
+                    })
+                    .collect::<Result<Vec<String>>>()?;
+                Tensor::from_strings(&dims, v)
+            }
             DType::Bool => {
                 let v = items
                     .iter()

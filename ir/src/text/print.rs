@@ -88,6 +88,14 @@ pub fn tensor_literal(t: &Tensor, full: bool) -> String {
 
 /// A tensor's data: its values when small, else a summary or hex bytes.
 pub fn tensor_data(t: &Tensor, weights: Weights) -> String {
+    if let Some(strings) = t.strings() {
+        // Strings have no hex form: with full weights every one prints, quoted and escaped.
+        if t.len() > INLINE_LIMIT && weights == Weights::Summary {
+            return format!("<elided: {} strings, digest {:016x}>", t.len(), t.digest());
+        }
+        let items: Vec<String> = strings.iter().map(|s| format!("{s:?}")).collect();
+        return format!("[{}]", items.join(", "));
+    }
     if t.len() <= INLINE_LIMIT {
         let items: Vec<String> = match t.dtype() {
             DType::Bool => {

@@ -17,6 +17,7 @@ mod ops_indexing;
 mod ops_select;
 mod ops_sequence;
 mod ops_signal;
+mod ops_strings;
 mod ops_windows;
 mod text;
 
