@@ -170,6 +170,13 @@ fn digest_tensor(h: &mut Sha256, node: &str, attr: &str, t: &Tensor) {
         h.update((*d as u64).to_le_bytes());
     }
     field(h, t.bytes());
+    // A string tensor has no bytes: its text, each string length-prefixed.
+    if let Some(s) = t.strings() {
+        h.update((s.len() as u64).to_le_bytes());
+        for x in s {
+            field(h, x.as_bytes());
+        }
+    }
 }
 
 fn field(h: &mut Sha256, bytes: &[u8]) {
@@ -418,5 +425,14 @@ mod tests {
         assert_ne!(tensor_digest(&zeros), tensor_digest(&Tensor::vector(&[0i32; 4])));
         assert_ne!(tensor_digest(&zeros), tensor_digest(&zeros.reshape(&[2, 2]).unwrap()));
         assert_eq!(tensor_digest(&zeros).len(), 64);
+        // Strings (which have no bytes) by their text, each string framed.
+        let s = |v: &[&str]| {
+            tensor_digest(
+                &Tensor::from_strings(&[2], v.iter().map(|x| x.to_string()).collect()).unwrap(),
+            )
+        };
+        assert_ne!(s(&["a", "b"]), s(&["a", "c"]));
+        assert_ne!(s(&["ab", ""]), s(&["a", "b"]));
+        assert_eq!(s(&["a", "b"]), s(&["a", "b"]));
     }
 }

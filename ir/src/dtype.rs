@@ -112,6 +112,25 @@ impl DType {
         self.packed_bits().unwrap_or(self.size() as u32 * 8)
     }
 
+    /// The values an integer type holds, as (least, greatest); `None` for the others.
+    pub fn int_range(self) -> Option<(i128, i128)> {
+        Some(match self {
+            DType::I8 => (i8::MIN.into(), i8::MAX.into()),
+            DType::I16 => (i16::MIN.into(), i16::MAX.into()),
+            DType::I32 => (i32::MIN.into(), i32::MAX.into()),
+            DType::I64 => (i64::MIN.into(), i64::MAX.into()),
+            DType::U8 => (0, u8::MAX.into()),
+            DType::U16 => (0, u16::MAX.into()),
+            DType::U32 => (0, u32::MAX.into()),
+            DType::U64 => (0, u64::MAX.into()),
+            DType::I4 => (-8, 7),
+            DType::U4 => (0, 15),
+            DType::I2 => (-2, 1),
+            DType::U2 => (0, 3),
+            _ => return None,
+        })
+    }
+
     pub fn is_float(self) -> bool {
         matches!(self, DType::F32 | DType::F64 | DType::F16 | DType::BF16)
     }

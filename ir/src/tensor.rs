@@ -487,7 +487,7 @@ impl Tensor {
     /// Values converted from f64 with `as`-cast semantics (strings: as Cast writes them).
     pub fn from_f64s(dtype: DType, dims: &[usize], values: &[f64]) -> Result<Tensor, IrError> {
         if dtype.is_string() {
-            return Tensor::from_strings(dims, values.iter().map(|&v| number_text(v)).collect());
+            return Tensor::from_strings(dims, values.iter().map(|&v| number_text(v, v)).collect());
         }
         macro_rules! conv {
             ($t:ty) => {
@@ -628,16 +628,15 @@ impl Tensor {
                 DType::Bool => self
                     .to_f64s()
                     .iter()
-                    .map(|&v| if v != 0.0 { "1" } else { "0" }.into())
+                    .map(|&v| if v != 0.0 { "True" } else { "False" }.into())
                     .collect(),
-                // At f32's shortest (0.1 stays "0.1", as numpy writes a float32).
-                DType::F32 => self
-                    .as_slice::<f32>()
-                    .expect("dtype matches")
-                    .iter()
-                    .map(|&v| if v.is_finite() { format!("{v}") } else { number_text(v as f64) })
-                    .collect(),
-                _ => self.to_f64s().into_iter().map(number_text).collect(),
+                // At f64's shortest; the narrower floats at f32's (0.1 stays "0.1", as numpy
+                // writes a float32).
+                DType::F64 => self.to_f64s().into_iter().map(|v| number_text(v, v)).collect(),
+                d if d.is_float() || d.is_float8() || d == DType::F4E2M1 => {
+                    self.to_f64s().into_iter().map(|v| number_text(v, v as f32)).collect()
+                }
+                _ => self.to_i64s().iter().map(|v| v.to_string()).collect(),
             };
             return Tensor::from_strings(&self.dims, text).expect("length matches");
         }
@@ -735,15 +734,29 @@ fn no_bytes_for_strings(dtype: DType) -> Result<(), IrError> {
     Ok(())
 }
 
-/// A number as Cast to string writes it: integers without a fraction, floats as the shortest
-/// text that reads back (NaN, INF and -INF as numpy spells them).
-fn number_text(v: f64) -> String {
+/// A float as Cast to string writes it, which is numpy's `astype(str)` (ONNX's reference Cast):
+/// the shortest digits that read back in its type (`shortest`, `v` as f32 or f64), positional
+/// from 1e-4 up to 1e16 with ".0" on a whole number, else scientific with a signed exponent of
+/// two digits or more ("1e+300", "1.5e-07"); "nan", "inf" and "-inf".
+fn number_text<T: std::fmt::Display + std::fmt::LowerExp>(v: f64, shortest: T) -> String {
     if v.is_nan() {
-        "NaN".into()
-    } else if v.is_infinite() {
-        if v > 0.0 { "INF" } else { "-INF" }.into()
-    } else {
-        format!("{v}")
+        return "nan".into();
+    }
+    if v.is_infinite() {
+        return if v > 0.0 { "inf" } else { "-inf" }.into();
+    }
+    let a = v.abs();
+    if a == 0.0 || (1e-4..1e16).contains(&a) {
+        let t = format!("{shortest}");
+        return if t.contains('.') { t } else { format!("{t}.0") };
+    }
+    let t = format!("{shortest:e}");
+    match t.split_once('e') {
+        Some((m, e)) => {
+            let (sign, digits) = e.strip_prefix('-').map_or(("+", e), |d| ("-", d));
+            format!("{m}e{sign}{digits:0>2}")
+        }
+        None => t,
     }
 }
 

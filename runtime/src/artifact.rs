@@ -1182,7 +1182,9 @@ impl Artifact {
             let dtype = kiln_ir::DType::from_name(&t.dtype)
                 .ok_or_else(|| format!("tensor `{}` has unknown type `{}`", t.name, t.dtype))?;
             // An empty one holds nothing (an unread input of a graph whose results fold away).
-            if dtype.is_string() && t.dims.iter().product::<usize>() != 0 {
+            // (Dims whose product overflows hold more than nothing.)
+            let empty = t.dims.iter().try_fold(1usize, |n, &d| n.checked_mul(d)) == Some(0);
+            if dtype.is_string() && !empty {
                 return Err(format!(
                     "tensor `{}` is of strings, which no compiled buffer holds (strings are evaluated on the host)",
                     t.name

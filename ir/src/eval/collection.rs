@@ -135,7 +135,16 @@ fn sequence(
                         ));
                     }
                 }
-                Value::Tensor(super::movement::concat(&items.iter().collect::<Vec<_>>(), a as i64))
+                let items: Vec<&Tensor> = items.iter().collect();
+                if first.dtype().is_string() {
+                    // (The join works on numbers: strings go by their positions.)
+                    let joined = super::strings::by_position(&items, |p| {
+                        vec![super::movement::concat(p, a as i64)]
+                    })?;
+                    Value::Tensor(joined.into_iter().next().expect("one join"))
+                } else {
+                    Value::Tensor(super::movement::concat(&items, a as i64))
+                }
             }
         }
         SequenceOp::Map { body, captures } => return map(&body.0, *captures, operands, options),
@@ -178,7 +187,11 @@ fn split_to_sequence(
             d
         })
         .collect();
-    let pieces = super::movement::split(x, a as i64, &outs);
+    let pieces = if x.dtype().is_string() {
+        super::strings::by_position(&[x], |p| super::movement::split(p[0], a as i64, &outs))?
+    } else {
+        super::movement::split(x, a as i64, &outs)
+    };
     if split.is_none() && !keepdims {
         let mut d = x.dims().to_vec();
         d.remove(a);

@@ -3,7 +3,7 @@
 //! strings by running them on the elements' positions (`moved`). Every node with a string
 //! operand or result comes here (`eval_op`); any other op on strings is an error naming it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use regex::Regex;
 
@@ -27,13 +27,20 @@ pub(super) fn eval(
             let (x, y) = (texts(arg(0)?)?, texts(arg(1)?)?);
             let dims = out_dims(0);
             let (xi, yi) = (source_index(&dims, arg(0)?.dims()), source_index(&dims, arg(1)?.dims()));
+            let text = xi.iter().zip(&yi).fold(0usize, |n, (&a, &b)| {
+                n.saturating_add(x[a].len()).saturating_add(y[b].len())
+            });
+            fits(xi.len(), text)?;
             let out = xi.iter().zip(&yi).map(|(&a, &b)| format!("{}{}", x[a], y[b])).collect();
             Ok(vec![strings(&dims, out)?])
         }
         Op::StringSplit { delimiter, maxsplit } => {
             let x = arg(0)?;
-            let pieces = split_all(texts(x)?, delimiter, *maxsplit);
             let width = *out_dims(0).last().expect("a split has its pieces' axis");
+            // The padded result before the pieces are made: its text is at most the input's.
+            let text = texts(x)?.iter().fold(0usize, |n, s| n.saturating_add(s.len()));
+            fits(x.len().saturating_mul(width), text)?;
+            let pieces = split_all(texts(x)?, delimiter, *maxsplit);
             let lengths: Vec<i64> = pieces.iter().map(|p| p.len() as i64).collect();
             let padded = pieces
                 .into_iter()
@@ -65,7 +72,10 @@ pub(super) fn eval(
             Ok(vec![Tensor::from_vec(&dims, eq)?])
         }
         Op::Cast { to, .. } => Ok(vec![cast(arg(0)?, *to)?]),
-        _ if moves_elements(op) => moved(op, operands, out_types, num_outputs),
+        // (Shape and Size read the dims only.)
+        _ if moves_elements(op) || matches!(op, Op::Shape { .. } | Op::Size) => {
+            moved(op, operands, out_types, num_outputs)
+        }
         _ => Err(invalid!("{} does not take strings (strings go to the string ops, Equal, Cast and the ops that move elements)", op.name())),
     }
 }
@@ -77,6 +87,25 @@ fn texts(t: &Tensor) -> Result<&[String], OpError> {
 
 fn strings(dims: &[usize], values: Vec<String>) -> Result<Tensor, OpError> {
     Ok(Tensor::from_strings(dims, values)?)
+}
+
+/// What a string in memory costs besides its text: the `String` itself.
+const STRING_BYTES: usize = std::mem::size_of::<String>();
+
+/// Refuses a result of `n` strings holding `text` bytes of text in all that would not fit the
+/// memory available (`eval_op` checked 8 bytes an element; a string may hold much more, and
+/// each result element copies its text).
+pub(crate) fn fits(n: usize, text: usize) -> Result<(), OpError> {
+    let limit = crate::memory::available_at_start();
+    let need = n.saturating_mul(STRING_BYTES).saturating_add(text);
+    if need as u64 > limit {
+        return Err(invalid!(
+            "the result's {n} strings need {need} bytes ({}), more than the {limit} bytes ({}) of memory available",
+            crate::memory::human(need as u64),
+            crate::memory::human(limit)
+        ));
+    }
+    Ok(())
 }
 
 /// For each position of `out` (row-major), the flat position of `dims` broadcast to it
@@ -128,6 +157,18 @@ pub(crate) fn split_all(x: &[String], delimiter: &str, maxsplit: Option<i64>) ->
             }
         })
         .collect()
+}
+
+/// How many pieces `split_all` makes of `s`, counted without making them (inference sizes the
+/// result from this before anything is allocated).
+pub(crate) fn piece_count(s: &str, delimiter: &str, maxsplit: Option<i64>) -> usize {
+    let max = maxsplit.and_then(|m| usize::try_from(m).ok());
+    let all = if delimiter.is_empty() {
+        s.split(is_space).filter(|w| !w.is_empty()).count()
+    } else {
+        s.matches(delimiter).count().saturating_add(1)
+    };
+    max.map_or(all, |m| all.min(m.saturating_add(1)))
 }
 
 fn split_whitespace(s: &str, max: Option<usize>) -> Vec<String> {
@@ -189,12 +230,17 @@ impl Normalizer {
 /// The strings of `x` that are not stopwords, their case changed; one empty string when none is
 /// left (ONNX's rule). The locale is not consulted: cases change by Unicode's default rules.
 pub(crate) fn normalized(n: &Normalizer, x: &[String]) -> Vec<String> {
+    // The stopwords as a set, lowercased once where case does not count.
+    let words: HashSet<String> = if n.case_sensitive {
+        n.stopwords.iter().cloned().collect()
+    } else {
+        n.stopwords.iter().map(|w| w.to_lowercase()).collect()
+    };
     let stop = |s: &str| {
         if n.case_sensitive {
-            n.stopwords.iter().any(|w| w == s)
+            words.contains(s)
         } else {
-            let s = s.to_lowercase();
-            n.stopwords.iter().any(|w| w.to_lowercase() == s)
+            words.contains(&s.to_lowercase())
         }
     };
     let kept: Vec<String> = x
@@ -217,10 +263,18 @@ pub(crate) fn normalized(n: &Normalizer, x: &[String]) -> Vec<String> {
 /// reads it: `\w` and `\b` are Unicode-aware here, ASCII in RE2). Its compiled size is bounded,
 /// so a hostile pattern is an error, not an exhausted memory.
 pub(crate) fn full_match_regex(pattern: &str) -> Result<Regex, OpError> {
-    regex::RegexBuilder::new(&format!(r"\A(?:{pattern})\z"))
-        .size_limit(1 << 24)
-        .build()
-        .map_err(|e| invalid!("pattern {pattern:?} is not a valid regular expression: {e}"))
+    let bad = |e: &dyn std::fmt::Display| {
+        invalid!("pattern {pattern:?} is not a valid regular expression: {e}")
+    };
+    // Parsed alone, then anchored as a whole: pasted between anchors as text, a pattern such as
+    // `a)|(?:b` or a `(?x)` comment could change what the anchors hold.
+    let hir = regex_syntax::Parser::new().parse(pattern).map_err(|e| bad(&e))?;
+    let anchored = regex_syntax::hir::Hir::concat(vec![
+        regex_syntax::hir::Hir::look(regex_syntax::hir::Look::Start),
+        hir,
+        regex_syntax::hir::Hir::look(regex_syntax::hir::Look::End),
+    ]);
+    regex::RegexBuilder::new(&anchored.to_string()).size_limit(1 << 24).build().map_err(|e| bad(&e))
 }
 
 /// A LabelEncoder key: strings and integers as they are, floats by value (NaN matching NaN,
@@ -268,6 +322,9 @@ fn label_encode(
     let picks: Vec<Option<usize>> = keys_of(x).iter().map(|k| index.get(k).copied()).collect();
     if let Some(v) = values.strings() {
         let d = &default.strings().expect("inference checked the default's type")[0];
+        let text =
+            picks.iter().fold(0usize, |n, p| n.saturating_add(p.map_or(d.len(), |i| v[i].len())));
+        fits(picks.len(), text)?;
         let out = picks.iter().map(|p| p.map_or_else(|| d.clone(), |i| v[i].clone())).collect();
         return strings(x.dims(), out);
     }
@@ -291,25 +348,36 @@ fn cast(x: &Tensor, to: DType) -> Result<Tensor, OpError> {
         if to == DType::Bool {
             return Err(invalid!("Cast from string to bool is not supported"));
         }
+        let refuse = |s: &str| invalid!("cannot cast the string {s:?} to {to}");
+        let Some((lo, hi)) = to.int_range() else {
+            // Floats as Rust (and numpy) read them: "nan", "inf", "1e999" (infinity) included.
+            let v = s
+                .iter()
+                .map(|s| s.trim().parse::<f64>().map_err(|_| refuse(s)))
+                .collect::<Result<Vec<f64>, OpError>>()?;
+            return Ok(Tensor::from_f64s(to, x.dims(), &v)?);
+        };
+        // Integers as numpy reads them: whole numbers in the type's range, nothing else ("1.5"
+        // and "1e3" are errors, as numpy's are).
         let v = s
             .iter()
             .map(|s| {
-                let t = s.trim();
-                t.parse::<i64>()
-                    .map(|i| i as f64)
-                    .or_else(|_| t.parse::<f64>())
-                    .map_err(|_| invalid!("cannot cast the string {s:?} to {to}"))
+                s.trim()
+                    .parse::<i128>()
+                    .ok()
+                    .filter(|v| (lo..=hi).contains(v))
+                    .ok_or_else(|| refuse(s))
             })
-            .collect::<Result<Vec<f64>, OpError>>()?;
-        if to == DType::I64 {
-            let ints = s
-                .iter()
-                .zip(&v)
-                .map(|(s, &f)| s.trim().parse::<i64>().unwrap_or(f as i64))
-                .collect();
-            return Ok(Tensor::from_vec(x.dims(), ints)?);
-        }
-        return Ok(Tensor::from_f64s(to, x.dims(), &v)?);
+            .collect::<Result<Vec<i128>, OpError>>()?;
+        return Ok(match to {
+            DType::I64 => Tensor::from_vec(x.dims(), v.iter().map(|&v| v as i64).collect())?,
+            DType::U64 => Tensor::from_vec(x.dims(), v.iter().map(|&v| v as u64).collect())?,
+            _ => Tensor::from_f64s(to, x.dims(), &v.iter().map(|&v| v as f64).collect::<Vec<_>>())?,
+        });
+    }
+    if to.is_string() {
+        // At most 24 bytes of text a number ("-1.7976931348623157e+308").
+        fits(x.len(), x.len().saturating_mul(24))?;
     }
     Ok(x.cast(to))
 }
@@ -338,6 +406,33 @@ fn moves_elements(op: &Op) -> bool {
             | Op::DepthToSpace { .. }
             | Op::SpaceToDepth { .. }
     )
+}
+
+/// String tensors moved by `f` on their positions (the sequence ops' joins and splits, which do
+/// not pass through `eval_op`): each of `xs` numbered after the earlier ones, `f` run on those
+/// i64 tensors, and each result's strings read back at the positions it holds.
+pub(crate) fn by_position(
+    xs: &[&Tensor],
+    f: impl FnOnce(&[&Tensor]) -> Vec<Tensor>,
+) -> Result<Vec<Tensor>, OpError> {
+    let mut pool: Vec<&String> = Vec::new();
+    let mut positions = Vec::with_capacity(xs.len());
+    for t in xs {
+        let s = texts(t)?;
+        let first = pool.len() as i64;
+        pool.extend(s);
+        positions.push(Tensor::from_vec(t.dims(), (first..first + s.len() as i64).collect())?);
+    }
+    f(&positions.iter().collect::<Vec<_>>()).iter().map(|r| read_back(&pool, r)).collect()
+}
+
+/// The strings of `pool` at the positions `r` holds, in `r`'s shape (checked against the memory
+/// available first).
+fn read_back(pool: &[&String], r: &Tensor) -> Result<Tensor, OpError> {
+    let at = r.to_i64s();
+    let text = at.iter().fold(0usize, |n, &i| n.saturating_add(pool[i as usize].len()));
+    fits(at.len(), text)?;
+    strings(r.dims(), at.into_iter().map(|i| pool[i as usize].clone()).collect())
 }
 
 /// `op` on string operands, run on their elements' positions: each string operand becomes an
@@ -371,8 +466,7 @@ fn moved(
             if !want.dtype.is_string() {
                 return Ok(r);
             }
-            let picked = r.to_i64s().into_iter().map(|i| pool[i as usize].clone()).collect();
-            strings(r.dims(), picked)
+            read_back(&pool, &r)
         })
         .collect()
 }

@@ -152,11 +152,31 @@ fn cast_between_strings_and_numbers() {
     assert_eq!(y.as_slice::<i64>().unwrap(), &[9_007_199_254_740_993], "exact past 2^53");
     let to_text = Op::Cast { to: DType::String, saturate: true };
     let y = run(to_text.clone(), &[Tensor::vector(&[0.1f32, 2.0, f32::NAN])]);
-    assert_eq!(texts(&y), ["0.1", "2", "NaN"]);
+    assert_eq!(texts(&y), ["0.1", "2.0", "nan"]);
+    // numpy's astype(str), which ONNX's reference Cast uses: scientific outside [1e-4, 1e16),
+    // a signed exponent of two digits or more; bools as True and False.
+    let y =
+        run(to_text.clone(), &[Tensor::vector(&[1e300f64, 1.5e-7, -1e16, 0.0001, f64::INFINITY])]);
+    assert_eq!(texts(&y), ["1e+300", "1.5e-07", "-1e+16", "0.0001", "inf"]);
+    let y = run(to_text.clone(), &[Tensor::vector(&[true, false])]);
+    assert_eq!(texts(&y), ["True", "False"]);
     let y = run(to_text, &[Tensor::vector(&[-4i64, 12])]);
     assert_eq!(texts(&y), ["-4", "12"]);
     let e = fails(Op::Cast { to: DType::F32, saturate: true }, &[strs(&[1], &["abc"])], 1);
     assert!(e.contains("Cast") && e.contains("cannot cast the string \"abc\" to f32"), "{e}");
+    // Integers strictly, as numpy reads them: no fraction, no exponent, in the type's range.
+    let y = run(Op::Cast { to: DType::F32, saturate: true }, &[strs(&[2], &["nan", "1e999"])]);
+    let v = y.as_slice::<f32>().unwrap();
+    assert!(v[0].is_nan() && v[1] == f32::INFINITY, "{v:?}");
+    let y =
+        run(Op::Cast { to: DType::U64, saturate: true }, &[strs(&[1], &["18446744073709551615"])]);
+    assert_eq!(y.as_slice::<u64>().unwrap(), &[u64::MAX]);
+    for (bad, to) in
+        [("1.5", DType::I64), ("1e3", DType::I32), ("300", DType::I8), ("-1", DType::U8)]
+    {
+        let e = fails(Op::Cast { to, saturate: true }, &[strs(&[1], &[bad])], 1);
+        assert!(e.contains(&format!("cannot cast the string {bad:?} to {to}")), "{e}");
+    }
 }
 
 #[test]
@@ -191,8 +211,9 @@ fn bad_string_input_is_an_error_naming_the_node() {
     );
     let e = fails(Op::RegexFullMatch { pattern: "(a".into() }, &[strs(&[1], &["a"])], 1);
     assert!(e.contains("RegexFullMatch") && e.contains("is not a valid regular expression"), "{e}");
-    let e = fails(split("", Some(-1)), &[strs(&[1], &["a"])], 2);
-    assert!(e.contains("StringSplit") && e.contains("maxsplit must be 0 or more"), "{e}");
+    // A pattern cannot reach past the anchors it is put between: `a)|(?:b` is not a pattern.
+    let e = fails(Op::RegexFullMatch { pattern: "a)|(?:b".into() }, &[strs(&[1], &["ab"])], 1);
+    assert!(e.contains("is not a valid regular expression"), "{e}");
     let e = fails(Op::Binary(BinaryOp::Equal), &[strs(&[1], &["a"]), Tensor::vector(&[1f32])], 1);
     assert!(e.contains("Equal") && e.contains("same element type"), "{e}");
     let e = fails(Op::Binary(BinaryOp::Add), &[strs(&[1], &["a"]), strs(&[1], &["b"])], 1);
@@ -203,6 +224,75 @@ fn bad_string_input_is_an_error_naming_the_node() {
     assert!(e.contains("case_change_action must be LOWER, UPPER or NONE"), "{e}");
     let e = fails(normalizer("NONE", false, &[]), &[strs(&[2, 2], &["a", "b", "c", "d"])], 1);
     assert!(e.contains("x must be [C] or [1, C]"), "{e}");
+}
+
+/// A negative maxsplit is no limit (Python's and ONNX's reference rule); the pieces are counted
+/// before any is made.
+#[test]
+fn string_split_with_a_negative_maxsplit_splits_everywhere() {
+    let y = go(split(",", Some(-1)), &[strs(&[2], &["a,b,c", "d"])], 2).unwrap();
+    assert_eq!((y[0].dims(), texts(&y[0])), (&[2, 3][..], vec!["a", "b", "c", "d", "", ""]));
+    assert_eq!(y[1].as_slice::<i64>().unwrap(), &[3, 1]);
+}
+
+/// A pattern's flags and comments stay inside it: `(?x)` with a comment still matches whole
+/// strings only.
+#[test]
+fn regex_flags_and_comments_stay_inside_the_pattern() {
+    let y = run(
+        Op::RegexFullMatch { pattern: "(?x) a b # the letters".into() },
+        &[strs(&[3], &["ab", "abc", "xab"])],
+    );
+    assert_eq!(y.as_slice::<bool>().unwrap(), &[true, false, false]);
+}
+
+/// Shape and Size read a string tensor's dims.
+#[test]
+fn shape_and_size_of_strings() {
+    let x = strs(&[2, 3], &["a", "b", "c", "d", "e", "f"]);
+    let s = run(Op::Shape { start: 0, end: None }, &[x.clone()]);
+    assert_eq!(s.as_slice::<i64>().unwrap(), &[2, 3]);
+    let n = run(Op::Size, &[x]);
+    assert_eq!(n.as_slice::<i64>().unwrap(), &[6]);
+}
+
+/// A result whose text would not fit in memory is refused before it is made: each element of an
+/// Expand or StringConcat holds its own copy of the text.
+#[test]
+fn strings_larger_than_memory_are_refused() {
+    let long = "x".repeat(1 << 20);
+    let g = GraphBuilder::new("t");
+    let x = g.input("x", DType::String, [1]);
+    let shape = g.constant("shape", Tensor::vector(&[1i64 << 20]));
+    g.output("y", g.apply(Op::Expand, &[Some(x), Some(shape)], 1)[0]);
+    let e = eval::run(&g.build().unwrap(), &[strs(&[1], &[&long])]).unwrap_err().to_string();
+    assert!(
+        e.contains("Expand") && e.contains("strings need") && e.contains("of memory available"),
+        "{e}"
+    );
+    let e = fails(
+        Op::StringConcat,
+        &[
+            strs(&[1 << 10, 1], &vec![long.as_str(); 1 << 10]),
+            strs(&[1, 1 << 10], &vec!["y"; 1 << 10]),
+        ],
+        1,
+    );
+    assert!(e.contains("StringConcat") && e.contains("of memory available"), "{e}");
+}
+
+/// SplitToSequence and ConcatFromSequence move strings as they move numbers.
+#[test]
+fn sequence_splits_and_joins_move_strings() {
+    use kiln_ir::op::SequenceOp;
+    let g = GraphBuilder::new("t");
+    let x = g.input("x", DType::String, [4]);
+    let s = g.apply(Op::Sequence(SequenceOp::Split { axis: 0, keepdims: true }), &[Some(x)], 1)[0];
+    let y =
+        g.apply(Op::Sequence(SequenceOp::Concat { axis: 0, new_axis: false }), &[Some(s)], 1)[0];
+    g.output("y", y);
+    let out = eval::run(&g.build().unwrap(), &[strs(&[4], &["a", "b", "c", "d"])]).unwrap();
+    assert_eq!(texts(&out[0]), ["a", "b", "c", "d"]);
 }
 
 #[test]
