@@ -1041,7 +1041,7 @@ const DYNAMIC: &[DynamicCase] = &[
 ];
 
 /// onnxruntime's dynamically quantized products (DynamicQuantizeLinear -> MatMulInteger -> Cast
-/// -> Mul) run on the integer kernel, with VNNI and without, at 1 and 2 threads, and give the
+/// -> Mul) run on the integer kernel, with VNNI and without and on AMX tiles, at 1 and 2 threads, and give the
 /// interpreter's results on the ops as ONNX defines them: the same bits where nothing follows
 /// the Mul (the int32 sums are exact; the conversion and the Mul round as the ops do), within an
 /// f32 rounding where the bias's Add is fused (it may be one FMA with the Mul).
@@ -1050,8 +1050,11 @@ fn dynamically_quantized_products_match_the_interpreter() {
     for (i, c) in DYNAMIC.iter().enumerate() {
         let (graph, x) = dynamic_model(c, 90 + i as u64);
         let want = eval::run(&graph, std::slice::from_ref(&x)).unwrap();
-        for (vnni, threads) in [(true, 2), (false, 1), (true, 1), (false, 2)] {
-            let options = Options { cache: false, vnni, ..Options::default() };
+        // The vector kernels, then AMX's tiles (where the host has them: products of 16 or
+        // more rows take them).
+        let forms = [(true, false, 2), (false, false, 1), (true, false, 1), (false, false, 2)];
+        for (vnni, amx, threads) in forms.into_iter().chain([(true, true, 1), (true, true, 2)]) {
+            let options = Options { cache: false, vnni, amx, ..Options::default() };
             let schedule = kiln_compiler::driver::emit(&graph, Stage::Schedule, &options).unwrap();
             assert_eq!(
                 schedule.matches("microkernel: dynamically quantized matrix product").count(),
@@ -1059,6 +1062,10 @@ fn dynamically_quantized_products_match_the_interpreter() {
                 "case {i}: not both products on the integer kernel:\n{schedule}"
             );
             assert_eq!(schedule.contains("widening"), !vnni, "case {i}:\n{schedule}");
+            let tiles = amx
+                && kiln_runtime::device::cpu::usable("amx-int8")
+                && c.rows.iter().any(|&r| r >= 16);
+            assert_eq!(schedule.contains("tdpbusd"), tiles, "case {i}:\n{schedule}");
             assert_eq!(schedule.contains("column bias"), c.bias, "case {i}:\n{schedule}");
             let exe = kiln_compiler::jit(
                 &graph,
@@ -1074,7 +1081,7 @@ fn dynamically_quantized_products_match_the_interpreter() {
                     let tol = if exact { 0.0 } else { 1e-6 * (1.0 + b.abs()) };
                     assert!(
                         (a - b).abs() <= tol,
-                        "case {i}, output {o} (vnni {vnni}, {threads} threads): {a} against {b}"
+                        "case {i}, output {o} (vnni {vnni}, amx {amx}, {threads} threads): {a} against {b}"
                     );
                 }
             }

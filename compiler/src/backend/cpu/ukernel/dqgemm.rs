@@ -8,7 +8,8 @@
 //! product is worth an integer kernel, and units that share nothing need no second launch nor a
 //! barrier). It then quantizes blocks of its rows into u8 on its stack (round half to even, as
 //! DynamicQuantizeLinear) and multiplies them by the s8 weights as `kiln_uk_qgemm` does (4 rows x
-//! 64 columns a tile, `vpdpbusd` where the CPU has VNNI). The epilogue is the Cast and the Mul:
+//! 64 columns a tile, `vpdpbusd` where the CPU has VNNI; 16 rows x 64 columns on AMX tiles,
+//! `tdpbusd`, where it has AMX-INT8 and there are 16 rows or more). The epilogue is the Cast and the Mul:
 //! `(acc - zero * Σ w) as f32 * (scale * w_scale)`, exact in int32 up to the conversion, then a
 //! fused column bias (the Add onnxruntime's quantizer leaves after the Mul).
 
@@ -129,8 +130,26 @@ pub(super) fn plan(graph: &Graph, kernel: &Kernel, root: NodeId, host: &Host) ->
         transposed: false,
         blocked: Blocked::default(),
         bf16: false,
-        amx: false,
+        // AMX tiles for 16 or more rows (a tile's) and 8 or more words of K, up to 2048 bytes a
+        // padded row (16 of them fill the stack buffer `quantized.c` quantizes into).
+        amx: host.amx
+            && rows >= 16
+            && k.div_ceil(4) >= 8
+            && k.div_ceil(4).next_multiple_of(16) * 4 <= AMX_MAX_ROW,
     })
+}
+
+/// The longest padded row, in bytes, the AMX form takes (`DQ_AMX_ROW` in `quantized.c`).
+const AMX_MAX_ROW: usize = 2048;
+
+/// The words of 4 k a strip's packed weights hold a column: K/4 rounded up, and on AMX tiles
+/// to whole steps of 16 (zeros).
+fn packed_words(k: usize, amx: bool) -> usize {
+    if amx {
+        k.div_ceil(4).next_multiple_of(16)
+    } else {
+        k.div_ceil(4)
+    }
 }
 
 /// The bias an Add of the product and a constant column bias adds, as M floats.
@@ -150,13 +169,24 @@ fn added_bias(graph: &Graph, root: NodeId, add: NodeId, m: usize) -> Option<Vec<
 impl KernelShape for DynQGemm {
     fn describe(&self, u: &Ukernel, f: &mut fmt::Formatter) -> fmt::Result {
         let Shape::DynQGemm { rows, k, m, vnni } = u.shape else { return Err(fmt::Error) };
-        let products = if vnni { "with vpdpbusd" } else { "by widening products (no VNNI)" };
+        let products = if u.amx {
+            "on AMX tiles (tdpbusd: 16 rows x 16 columns x 64 products a step; rows padded to 16, K to whole steps of 64)"
+        } else if vnni {
+            "with vpdpbusd"
+        } else {
+            "by widening products (no VNNI)"
+        };
         writeln!(
             f,
             "microkernel: dynamically quantized matrix product, {rows} row(s) of K={k} by M={m}"
         )?;
         writeln!(f, "the f32 rows' scale and zero point from their min and max in each work unit, rows quantized to u8 (round half to even) in blocks on the stack")?;
-        writeln!(f, "u8 x s8 -> s32 {products}; register tile: 4 rows x 64 columns; weights packed at compile time in strips of 64 columns, with their column sums")?;
+        let tile = if u.amx {
+            "16 rows x 64 columns (4 accumulator tiles)"
+        } else {
+            "register tile: 4 rows x 64 columns"
+        };
+        writeln!(f, "u8 x s8 -> s32 {products}; {tile}; weights packed at compile time in strips of 64 columns, with their column sums")?;
         let bias = if u.epilogue.bias.is_some() { ", column bias" } else { "" };
         writeln!(f, "epilogue: dequantize to f32 ((acc - zero point * column sum) * scale * weight scale){bias}")?;
         let what = if u.split_n { "row" } else { "64-column strip" };
@@ -179,7 +209,9 @@ impl KernelShape for DynQGemm {
         let offset = call.graph.constant_value(u.weight).is_some_and(|w| {
             column_offsets(&w.to_f64s(), k, m).is_some_and(|c| c.iter().any(|&c| c != 0))
         });
-        args.extend(call.ints(&[k, m, rows, bias as usize, offset as usize, vnni as usize]));
+        // The products: 0 widening, 1 vpdpbusd, 2 AMX tiles.
+        let isa = if u.amx { 2 } else { vnni as usize };
+        args.extend(call.ints(&[k, m, rows, bias as usize, offset as usize, isa]));
         args.extend(call.ints(&[u.chunks]));
         args.extend(call.ints(&[u.split_n as usize]));
         Ok(("kiln_uk_dqgemm", args))
@@ -187,7 +219,8 @@ impl KernelShape for DynQGemm {
 }
 
 /// The packed constant `kiln_uk_dqgemm` reads: the weights less their column's offset as
-/// `[M/64][K/4][64]` words of 4 k (s8; columns past M and k past K zero), then per column (padded
+/// `[M/64][K/4][64]` words of 4 k (s8; columns past M and k past K zero; on AMX K/4 padded to
+/// whole steps of 16 words, `packed_words`), then per column (padded
 /// to whole strips) the int32 sum of its packed weights, the int32 offset, the f32 weight scale,
 /// and the f32 bias where there is one.
 fn pack(graph: &Graph, kernel: &Kernel, u: &Ukernel) -> Result<Vec<u8>> {
@@ -208,7 +241,7 @@ fn pack(graph: &Graph, kernel: &Kernel, u: &Ukernel) -> Result<Vec<u8>> {
         .flatten()
         .ok_or_else(|| CompileError::Internal("the quantized product has no scale".into()))?;
     let (weights, scales) = (constant(u.weight)?, constant(scale_value)?);
-    let (k4, strips) = (k.div_ceil(4), m.div_ceil(STRIP));
+    let (k4, strips) = (packed_words(k, u.amx), m.div_ceil(STRIP));
     let padded = strips * STRIP;
     let offsets = column_offsets(&weights, k, m).ok_or_else(|| {
         CompileError::Internal("the quantized product's weights do not fit its kernel".into())
