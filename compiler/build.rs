@@ -33,6 +33,7 @@ fn main() {
     println!("cargo:rerun-if-changed=src/backend/cpu/depthwise.h");
     println!("cargo:rerun-if-changed=src/backend/cpu/workspace.h");
     println!("cargo:rerun-if-changed=src/backend/cpu/tile.h");
+    println!("cargo:rerun-if-changed=src/backend/cpu/amx.h");
     println!("cargo:rerun-if-changed=src/backend/cpu/ukernel.h");
     println!("cargo:rerun-if-env-changed=CC");
     let out = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));

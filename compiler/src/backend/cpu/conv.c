@@ -8,6 +8,7 @@
 
 #include "simd.h"
 #include "workspace.h"
+#include "amx.h"
 #include "tile.h"
 
 /* The register tile of a direct convolution: c[MR rows][16 * NV flat positions] = A panel (K x
@@ -76,13 +77,6 @@ KILN_BF16 static void pair_bf16(const float *even, const float *odd, int64_t n, 
 #endif
 
 #if MR == 8
-/* AMX's tile configuration (palette 1): each tile's rows and bytes a row. */
-typedef struct {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} TileConfig;
-
 /* A bf16 direct convolution's strips on AMX tiles: the channel-pair planes as for vdpbf16ps (the
  * pairs padded to gb * kb with zeroed planes), the weights packed per 16 channels, tap and step
  * of kb pairs (conv.rs's pack_conv_bf16_amx). A step: tiles 6 and 7 take kb pairs' planes (a
@@ -95,56 +89,24 @@ __attribute__((target("amx-tile,amx-bf16"))) static void direct_strips_amx(const
                                                                           int64_t oh0, int64_t OW, int64_t N, int64_t m0, int64_t m1,
                                                                           int64_t taps, int64_t kb, int64_t gb, int64_t gstride,
                                                                           const int64_t *tapoff, const Epilogue *act) {
-    TileConfig cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    for (int t = 0; t < 8; t++) {
-        cfg.rows[t] = t >= 6 ? (uint8_t)kb : 16;
-        cfg.colsb[t] = t == 4 || t == 5 ? (uint16_t)(4 * kb) : 64;
-    }
+    TileConfig cfg = amx_layout(4 * kb, kb);
     _tile_loadconfig(&cfg);
     float sums[32 * 32] __attribute__((aligned(64)));
     int64_t atile = 16 * kb, ablock = taps * gb * atile;
     for (int64_t p0 = 0; p0 < flat; p0 += 32) {
-        int64_t run_l[33], run_n[33], run_o[33], runs = 0;
-        for (int64_t l = 0; l < 32 && p0 + l < flat;) {
-            int64_t p = p0 + l, oh = p / Wq, ow = p % Wq;
-            if (ow >= OW) {
-                l += Wq - ow;
-                continue;
-            }
-            int64_t n = OW - ow < 32 - l ? OW - ow : 32 - l;
-            if (p + n > flat) n = flat - p;
-            run_l[runs] = l;
-            run_n[runs] = n;
-            run_o[runs] = (oh0 + oh) * OW + ow;
-            runs++;
-            l += n;
-        }
+        int64_t run_l[33], run_n[33], run_o[33];
+        int64_t runs = strip_runs(p0, 32, flat, Wq, OW, oh0, run_l, run_n, run_o);
         for (int64_t i = m0; i < m1; i += 32) {
             const uint32_t *a0 = wp + (i / 16) * ablock, *a1 = a0 + ablock;
-            _tile_zero(0);
-            _tile_zero(1);
-            _tile_zero(2);
-            _tile_zero(3);
+            AMX_ZERO_ACCUMULATORS();
             for (int64_t t = 0; t < taps; t++) {
                 for (int64_t g = 0; g < gb; g++) {
                     const uint32_t *b = xq + g * kb * gstride + tapoff[t] + p0;
                     int64_t at = (t * gb + g) * atile;
-                    _tile_loadd(6, b, gstride * 4);
-                    _tile_loadd(7, b + 16, gstride * 4);
-                    _tile_loadd(4, a0 + at, kb * 4);
-                    _tile_loadd(5, a1 + at, kb * 4);
-                    _tile_dpbf16ps(0, 4, 6);
-                    _tile_dpbf16ps(1, 4, 7);
-                    _tile_dpbf16ps(2, 5, 6);
-                    _tile_dpbf16ps(3, 5, 7);
+                    AMX_STEP_2X2(_tile_dpbf16ps, a0 + at, a1 + at, kb * 4, b, b + 16, gstride * 4);
                 }
             }
-            _tile_stored(0, sums, 128);
-            _tile_stored(1, sums + 16, 128);
-            _tile_stored(2, sums + 16 * 32, 128);
-            _tile_stored(3, sums + 16 * 32 + 16, 128);
+            AMX_STORE_2X2(sums);
             int64_t mr = m1 - i < 32 ? m1 - i : 32;
             for (int64_t r = 0; r < mr; r++) {
                 const float *row = sums + r * 32;
@@ -274,21 +236,8 @@ static void conv_direct(const float *x, const float *wp, const float *bias, cons
     }
     for (int64_t p0 = 0; p0 < flat; p0 += cols) {
         /* The strip's valid positions as runs: (lane, count, output index). */
-        int64_t run_l[49], run_n[49], run_o[49], runs = 0;
-        for (int64_t l = 0; l < cols && p0 + l < flat;) {
-            int64_t p = p0 + l, oh = p / Wq, ow = p % Wq;
-            if (ow >= OW) {
-                l += Wq - ow;
-                continue;
-            }
-            int64_t n = OW - ow < cols - l ? OW - ow : cols - l;
-            if (p + n > flat) n = flat - p;
-            run_l[runs] = l;
-            run_n[runs] = n;
-            run_o[runs] = (oh0 + oh) * OW + ow;
-            runs++;
-            l += n;
-        }
+        int64_t run_l[49], run_n[49], run_o[49];
+        int64_t runs = strip_runs(p0, cols, flat, Wq, OW, oh0, run_l, run_n, run_o);
         for (int64_t i = m0; i < m1; i += MR) {
             v16 c[MR][3];
 #if MR == 8

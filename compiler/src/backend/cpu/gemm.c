@@ -22,6 +22,7 @@
 
 #include "simd.h"
 #include "workspace.h"
+#include "amx.h"
 #include "tile.h"
 #include "ukernel.h"
 
@@ -511,13 +512,6 @@ KILN_BF16 static void rows_to_bf16(const float *a, int64_t lda, int64_t ka, int6
     }
 }
 
-/* AMX's tile configuration (palette 1): each tile's rows and bytes a row. */
-typedef struct {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} TileConfig;
-
 /* Rows a0 .. a1 (ab: their bf16 pairs, K2p words a row, the rows past a1 to a whole 32 zero) by
  * columns b0 .. b1 on AMX tiles: per NR (32) column strip and 32 rows, tiles 4 and 5 take two
  * 16-row blocks of A's pairs and 6 and 7 the strip's two 16-column halves (16 pair rows each,
@@ -526,13 +520,7 @@ typedef struct {
 __attribute__((target("amx-tile,amx-bf16"))) static void gemm_bf16_amx(const uint32_t *ab, int64_t K2p, const uint32_t *bp, float *y,
                                                                       int64_t N, int64_t a0, int64_t a1, int64_t b0, int64_t b1,
                                                                       const Epilogue *epi) {
-    TileConfig cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    for (int t = 0; t < 8; t++) {
-        cfg.rows[t] = 16;
-        cfg.colsb[t] = 64;
-    }
+    TileConfig cfg = amx_layout(64, 16);
     _tile_loadconfig(&cfg);
     float sums[32 * 32] __attribute__((aligned(64)));
     for (int64_t j = b0; j < b1; j += NR) {
@@ -540,24 +528,11 @@ __attribute__((target("amx-tile,amx-bf16"))) static void gemm_bf16_amx(const uin
         const uint32_t *b = bp + (j / NR) * K2p * NR;
         for (int64_t i = a0; i < a1; i += 32) {
             const uint32_t *a = ab + (i - a0) * K2p;
-            _tile_zero(0);
-            _tile_zero(1);
-            _tile_zero(2);
-            _tile_zero(3);
+            AMX_ZERO_ACCUMULATORS();
             for (int64_t q = 0; q < K2p; q += 16) {
-                _tile_loadd(4, a + q, K2p * 4);
-                _tile_loadd(5, a + 16 * K2p + q, K2p * 4);
-                _tile_loadd(6, b + q * NR, NR * 4);
-                _tile_loadd(7, b + q * NR + 16, NR * 4);
-                _tile_dpbf16ps(0, 4, 6);
-                _tile_dpbf16ps(1, 4, 7);
-                _tile_dpbf16ps(2, 5, 6);
-                _tile_dpbf16ps(3, 5, 7);
+                AMX_STEP_2X2(_tile_dpbf16ps, a + q, a + 16 * K2p + q, K2p * 4, b + q * NR, b + q * NR + 16, NR * 4);
             }
-            _tile_stored(0, sums, 128);
-            _tile_stored(1, sums + 16, 128);
-            _tile_stored(2, sums + 16 * 32, 128);
-            _tile_stored(3, sums + 16 * 32 + 16, 128);
+            AMX_STORE_2X2(sums);
             int64_t mr = a1 - i < 32 ? a1 - i : 32;
             Epilogue e = *epi;
             if (e.bias_col) e.bias_col += j;

@@ -32,6 +32,7 @@
 #include "simd.h"
 #include "depthwise.h"
 #include "workspace.h"
+#include "amx.h"
 
 typedef int32_t v16iu __attribute__((vector_size(64), aligned(4)));
 typedef uint32_t v16u32 __attribute__((vector_size(64)));
@@ -131,21 +132,8 @@ static inline __attribute__((always_inline)) void store_row(v16i c0, v16i c1, in
 #define QCONV_STRIPS(TILE)                                                                                   \
     for (int64_t p0 = 0; p0 < flat; p0 += 32) {                                                              \
         /* The strip's valid positions as runs: (lane, count, output index). */                              \
-        int64_t run_l[33], run_n[33], run_o[33], runs = 0;                                                   \
-        for (int64_t l = 0; l < 32 && p0 + l < flat;) {                                                      \
-            int64_t p = p0 + l, oh = p / Wq, ow = p % Wq;                                                    \
-            if (ow >= OW) {                                                                                  \
-                l += Wq - ow;                                                                                \
-                continue;                                                                                    \
-            }                                                                                                \
-            int64_t n = OW - ow < 32 - l ? OW - ow : 32 - l;                                                 \
-            if (p + n > flat) n = flat - p;                                                                  \
-            run_l[runs] = l;                                                                                 \
-            run_n[runs] = n;                                                                                 \
-            run_o[runs] = (oh0 + oh) * OW + ow;                                                              \
-            runs++;                                                                                          \
-            l += n;                                                                                          \
-        }                                                                                                    \
+        int64_t run_l[33], run_n[33], run_o[33];                                                             \
+        int64_t runs = strip_runs(p0, 32, flat, Wq, OW, oh0, run_l, run_n, run_o);                           \
         for (int64_t i = m0; i < m1; i += MR) {                                                              \
             v16i c0[MR], c1[MR];                                                                             \
             TILE(K4, wp + (i / MR) * K4 * MR, xp + p0, offs, c0, c1);                                        \
@@ -161,13 +149,6 @@ static void qconv_strips_exact(QCONV_ARGS) { QCONV_STRIPS(QTILE_EXACT); }
 #if defined(__AVX512F__)
 __attribute__((target("avx512vnni"))) static void qconv_strips_vnni(QCONV_ARGS) { QCONV_STRIPS(QTILE_VNNI); }
 
-/* AMX's tile configuration (palette 1): each tile's rows and bytes a row. */
-typedef struct {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} TileConfig;
-
 /* The strips on AMX tiles (the planes as for the vectors, but the channel groups padded to gb *
  * kb, the weights packed per 16 channels, tap and step of kb groups: qconv.rs's pack_amx). A
  * step: tiles 6 and 7 take kb channel groups' planes (a tile row each, `gstride` words apart)
@@ -180,56 +161,24 @@ __attribute__((target("amx-tile,amx-int8"))) static void qconv_strips_amx(int64_
                                                                          int64_t kb, int64_t gb, int64_t gstride, const int64_t *tapoff,
                                                                          const int32_t *xp, const int32_t *bias, const float *mult,
                                                                          float lo, float hi, int64_t y_zero, uint8_t *y) {
-    TileConfig cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    for (int t = 0; t < 8; t++) {
-        cfg.rows[t] = t >= 6 ? (uint8_t)kb : 16;
-        cfg.colsb[t] = t == 4 || t == 5 ? (uint16_t)(4 * kb) : 64;
-    }
+    TileConfig cfg = amx_layout(4 * kb, kb);
     _tile_loadconfig(&cfg);
     int32_t sums[32 * 32] __attribute__((aligned(64)));
     int64_t atile = 16 * kb, ablock = taps * gb * atile;
     for (int64_t p0 = 0; p0 < flat; p0 += 32) {
-        int64_t run_l[33], run_n[33], run_o[33], runs = 0;
-        for (int64_t l = 0; l < 32 && p0 + l < flat;) {
-            int64_t p = p0 + l, oh = p / Wq, ow = p % Wq;
-            if (ow >= OW) {
-                l += Wq - ow;
-                continue;
-            }
-            int64_t n = OW - ow < 32 - l ? OW - ow : 32 - l;
-            if (p + n > flat) n = flat - p;
-            run_l[runs] = l;
-            run_n[runs] = n;
-            run_o[runs] = (oh0 + oh) * OW + ow;
-            runs++;
-            l += n;
-        }
+        int64_t run_l[33], run_n[33], run_o[33];
+        int64_t runs = strip_runs(p0, 32, flat, Wq, OW, oh0, run_l, run_n, run_o);
         for (int64_t i = m0; i < m1; i += 32) {
             const int32_t *a0 = wp + (i / 16) * ablock, *a1 = a0 + ablock;
-            _tile_zero(0);
-            _tile_zero(1);
-            _tile_zero(2);
-            _tile_zero(3);
+            AMX_ZERO_ACCUMULATORS();
             for (int64_t t = 0; t < taps; t++) {
                 for (int64_t g = 0; g < gb; g++) {
                     const int32_t *b = xp + g * kb * gstride + tapoff[t] + p0;
                     int64_t at = (t * gb + g) * atile;
-                    _tile_loadd(6, b, gstride * 4);
-                    _tile_loadd(7, b + 16, gstride * 4);
-                    _tile_loadd(4, a0 + at, kb * 4);
-                    _tile_loadd(5, a1 + at, kb * 4);
-                    _tile_dpbsud(0, 4, 6);
-                    _tile_dpbsud(1, 4, 7);
-                    _tile_dpbsud(2, 5, 6);
-                    _tile_dpbsud(3, 5, 7);
+                    AMX_STEP_2X2(_tile_dpbsud, a0 + at, a1 + at, kb * 4, b, b + 16, gstride * 4);
                 }
             }
-            _tile_stored(0, sums, 128);
-            _tile_stored(1, sums + 16, 128);
-            _tile_stored(2, sums + 16 * 32, 128);
-            _tile_stored(3, sums + 16 * 32 + 16, 128);
+            AMX_STORE_2X2(sums);
             int64_t mr = m1 - i < 32 ? m1 - i : 32;
             for (int64_t r = 0; r < mr; r++)
                 store_row(load16i(sums + r * 32), load16i(sums + r * 32 + 16), bias[i + r], mult[i + r], lo, hi, (int32_t)y_zero,
@@ -853,13 +802,7 @@ __attribute__((target("amx-tile,amx-int8"))) static void dqgemm_amx(const float 
     }
     int64_t rb = DQ_BUF / Kp / 16 * 16;
     if (rb > DQ_ROWS) rb = DQ_ROWS;
-    TileConfig cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    for (int t = 0; t < 8; t++) {
-        cfg.rows[t] = 16;
-        cfg.colsb[t] = 64;
-    }
+    TileConfig cfg = amx_layout(64, 16);
     _tile_loadconfig(&cfg);
     const v16 sv = splat(scale);
     const int32_t zi = (int32_t)zero;
@@ -879,10 +822,7 @@ __attribute__((target("amx-tile,amx-int8"))) static void dqgemm_amx(const float 
             const int32_t *bp = wp + s * K4s * QG_STRIP;
             for (int64_t n = nb; n < ne; n += 16) {
                 const uint8_t *a = qb + (n - nb) * Kp;
-                _tile_zero(0);
-                _tile_zero(1);
-                _tile_zero(2);
-                _tile_zero(3);
+                AMX_ZERO_ACCUMULATORS();
                 for (int64_t q = 0; q < K4s; q += 16) {
                     const int32_t *b = bp + q * QG_STRIP;
                     _tile_loadd(4, a + 4 * q, Kp);

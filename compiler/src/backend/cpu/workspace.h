@@ -50,4 +50,28 @@ static inline void chunk_range(int64_t n, int64_t r, int64_t chunks, int64_t q, 
     *hi = (q + 1) * per < n ? (q + 1) * per : n;
 }
 
+/* A strip of `cols` (at most 48) flat positions from p0 (p = oh * Wq + ow, rows from oh0; `flat`
+ * in all; positions with ow >= OW are padding, computed and dropped), as runs of valid lanes:
+ * lanes run_l .. run_l + run_n go to output index run_o (oh * OW + ow). The direct convolutions'
+ * stores (conv.c, quantized.c) take them. Returns how many. */
+static inline int64_t strip_runs(int64_t p0, int64_t cols, int64_t flat, int64_t Wq, int64_t OW, int64_t oh0, int64_t *run_l,
+                                 int64_t *run_n, int64_t *run_o) {
+    int64_t runs = 0;
+    for (int64_t l = 0; l < cols && p0 + l < flat;) {
+        int64_t p = p0 + l, oh = p / Wq, ow = p % Wq;
+        if (ow >= OW) {
+            l += Wq - ow;
+            continue;
+        }
+        int64_t n = OW - ow < cols - l ? OW - ow : cols - l;
+        if (p + n > flat) n = flat - p;
+        run_l[runs] = l;
+        run_n[runs] = n;
+        run_o[runs] = (oh0 + oh) * OW + ow;
+        runs++;
+        l += n;
+    }
+    return runs;
+}
+
 #endif
