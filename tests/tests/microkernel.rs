@@ -141,6 +141,70 @@ fn direct_convolutions_store_rows_that_start_at_any_lane_with_a_residual() {
     assert_eq!(widths, want, "register tiles of the three convolutions");
 }
 
+/// Whether this machine has AVX-512 (the microkernel's 8-row tiles, and the channel-vector
+/// direct form).
+fn avx512() -> bool {
+    std::arch::is_x86_feature_detected!("avx512f")
+        && std::arch::is_x86_feature_detected!("avx512bw")
+        && std::arch::is_x86_feature_detected!("avx512dq")
+        && std::arch::is_x86_feature_detected!("avx512vl")
+}
+
+/// What the schedule says of a direct convolution with its vectors along output channels.
+const CHANNEL_FORM: &str = "vectors along output channels, each input float broadcast";
+
+#[test]
+fn direct_convolutions_with_vectors_along_channels() {
+    // Whole vectors of output channels (16 to 112: tiles of 1, 2, 3 and 4 vectors, and 4 then
+    // the rest), windows and strides, positions that end in part of a tile, K over several
+    // blocks (576 by 64 channels), 2 images, a residual and each activation; with AVX-512 they
+    // take the channel-vector form (elsewhere the vectors along positions, checked the same).
+    let cases: [(&[usize], usize, usize, usize, usize, usize); 8] = [
+        // (input, channels, window, stride, pad, dilation)
+        (&[1, 8, 11, 13], 16, 3, 1, 1, 1),
+        (&[2, 64, 9, 9], 32, 3, 1, 1, 1),
+        (&[1, 12, 10, 10], 48, 3, 2, 1, 1),
+        (&[1, 64, 7, 7], 64, 3, 1, 1, 1),
+        (&[1, 20, 15, 12], 80, 5, 1, 2, 1),
+        (&[2, 16, 13, 13], 96, 3, 1, 2, 2),
+        (&[1, 24, 9, 9], 112, 1, 2, 0, 1),
+        (&[1, 3, 23, 23], 64, 7, 2, 3, 1),
+    ];
+    for (i, &(x, m, k, stride, pad, dilation)) in cases.iter().enumerate() {
+        let o = ConvOptions { stride, pad, dilation, ..ConvOptions::default() };
+        let oh = (x[2] + 2 * pad - dilation * (k - 1) - 1) / stride + 1;
+        let ow = (x[3] + 2 * pad - dilation * (k - 1) - 1) / stride + 1;
+        let g = GraphBuilder::new("channels");
+        let xi = g.input("x", DType::F32, x);
+        let r = g.input("r", DType::F32, [x[0], m, oh, ow]);
+        let w = g.constant("w", Tensor::random(DType::F32, &[m, x[1], k, k], 40 + i as u64));
+        let b = g.constant("b", Tensor::random(DType::F32, &[m], 50 + i as u64));
+        let y = xi.conv(w, Some(b), o) + r;
+        g.output("y", if i % 2 == 0 { y.relu() } else { y.clip(-0.5, 0.5) });
+        let g = g.build().unwrap();
+        let s = schedule(&g, Some(true));
+        assert_eq!(s.contains(CHANNEL_FORM), avx512(), "{s}");
+        check(
+            &g,
+            &[
+                Tensor::random(DType::F32, x, 60 + i as u64),
+                Tensor::random(DType::F32, &[x[0], m, oh, ow], 70 + i as u64),
+            ],
+            1,
+        );
+    }
+    // More positions than a run whose sums stay in L2 (2048 at 64 channels with 2 MiB): runs
+    // of positions, each stored as it ends.
+    let (g, x) = conv_graph(
+        &[1, 4, 96, 96],
+        &[64, 4, 3, 3],
+        ConvOptions { pad: 1, ..ConvOptions::default() },
+        true,
+    );
+    assert_eq!(schedule(&g, Some(true)).contains(CHANNEL_FORM), avx512());
+    check(&g, &x, 1);
+}
+
 #[test]
 fn direct_convolutions_whose_taps_read_some_stride_phases() {
     // The direct form fills only the stride-phase planes a tap reads: a 1x1 stride-2 window
@@ -276,7 +340,10 @@ fn few_positions_by_many_channels_run_transposed() {
         (x.conv(w, Some(b), ConvOptions { pad: 1, ..ConvOptions::default() }) + r).relu(),
     );
     let g = g.build().unwrap();
-    assert!(schedule(&g, None).contains("transposed"));
+    // (With AVX-512, a 3x3 window over whole vectors of channels runs direct with its vectors
+    // along channels instead.)
+    let form = if avx512() { CHANNEL_FORM } else { "transposed" };
+    assert!(schedule(&g, None).contains(form));
     check(
         &g,
         &[

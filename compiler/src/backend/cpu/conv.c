@@ -47,6 +47,64 @@ static void micro_direct_48(int64_t K, const float *a, const float *xb, const in
 #endif
 
 #if MR == 8
+/* The channel-vector direct tile: c[f][j] (16 output channels f of the tile's F * 16 at position
+ * j of P) += W[k][16 f ..] times x[offs[k] + p_j], over k; the weights packed per block of
+ * channels as [K][F * 16] (conv.rs's pack_conv_channels), the positions' flat indices
+ * (oh * Wq + ow in the stride-phase planes) in pos. Each step loads F weight vectors (aligned,
+ * in order) and broadcasts P input floats from P pointers, one index: no lane computes a
+ * padding column, and no load splits a cache line. The sums start at zero (first) or at
+ * acc[j * F + f], where they are left. */
+static inline __attribute__((always_inline)) void micro_channels(int F, int P, int64_t K, const float *restrict w,
+                                                                const float *restrict x, const int64_t *restrict offs,
+                                                                const int64_t *restrict pos, v16 *restrict acc, int first) {
+    v16 c[4][16];
+    const float *xj[16];
+#pragma GCC unroll 16
+    for (int j = 0; j < P; j++) xj[j] = x + pos[j];
+#pragma GCC unroll 16
+    for (int j = 0; j < P; j++)
+#pragma GCC unroll 4
+        for (int f = 0; f < F; f++) c[f][j] = first ? splat(0.0f) : acc[j * F + f];
+    for (int64_t k = 0; k < K; k++) {
+        int64_t o = offs[k];
+        v16 wv[4];
+#pragma GCC unroll 4
+        for (int f = 0; f < F; f++) wv[f] = load16(w + 16 * f);
+#pragma GCC unroll 16
+        for (int j = 0; j < P; j++) {
+            v16 b = splat(xj[j][o]);
+#pragma GCC unroll 4
+            for (int f = 0; f < F; f++) c[f][j] += b * wv[f];
+        }
+        w += 16 * F;
+    }
+#pragma GCC unroll 16
+    for (int j = 0; j < P; j++)
+#pragma GCC unroll 4
+        for (int f = 0; f < F; f++) acc[j * F + f] = c[f][j];
+}
+
+/* The positions a tile of F channel vectors takes: 24 accumulators where that divides (4 x 6,
+ * 2 x 12; 3 x 8), 16 for one vector (a broadcast a multiply-add would leave the loads, not the
+ * multiply-adds, the limit). conv.rs's channel_tile_positions is the same table. */
+static int64_t channel_tile_positions(int64_t F) { return F == 4 ? 6 : F == 3 ? 8 : F == 2 ? 12 : 16; }
+
+typedef void (*ChannelTile)(int64_t, const float *, const float *, const int64_t *, const int64_t *, v16 *, int);
+static void channels_4(int64_t K, const float *w, const float *x, const int64_t *o, const int64_t *p, v16 *a, int first) {
+    micro_channels(4, 6, K, w, x, o, p, a, first);
+}
+static void channels_3(int64_t K, const float *w, const float *x, const int64_t *o, const int64_t *p, v16 *a, int first) {
+    micro_channels(3, 8, K, w, x, o, p, a, first);
+}
+static void channels_2(int64_t K, const float *w, const float *x, const int64_t *o, const int64_t *p, v16 *a, int first) {
+    micro_channels(2, 12, K, w, x, o, p, a, first);
+}
+static void channels_1(int64_t K, const float *w, const float *x, const int64_t *o, const int64_t *p, v16 *a, int first) {
+    micro_channels(1, 16, K, w, x, o, p, a, first);
+}
+#endif
+
+#if MR == 8
 /* A direct convolution's whole tile in bf16: the weights packed in MR-row strips of pairs, B
  * read at xb + offs[q] (the input's channel-pair planes). */
 KILN_BF16 static void micro_direct_bf16(int64_t K2, const uint32_t *restrict a, const uint32_t *restrict xb,
@@ -136,6 +194,80 @@ static int phase_read(int64_t a, int64_t s, int64_t k, int64_t d) {
     return 0;
 }
 
+/* y[m, n] = the epilogue on C^T[n, m] for channels m0 .. m1 and positions n0 .. n1 of N, where
+ * C^T[n0 + i, m0 + j] is ct[i * ldc + j]: a result computed with vectors along channels put back
+ * in NCHW, a 16 x 16 block at a time through registers. */
+static void store_transposed(const float *ct, int64_t ldc, int64_t N, int64_t m0, int64_t m1, int64_t n0, int64_t n1, float *y,
+                             const Epilogue *e) {
+    for (int64_t m = m0; m < m1; m += 16) {
+        int64_t nm = m1 - m < 16 ? m1 - m : 16;
+        for (int64_t n = n0; n < n1; n += 16) {
+            int64_t nn = n1 - n < 16 ? n1 - n : 16;
+            v16 r[16];
+            for (int64_t k = 0; k < 16; k++) r[k] = k < nn ? load16_n(ct + (n - n0 + k) * ldc + (m - m0), nm) : splat(0.0f);
+            transpose16(r);
+            for (int64_t k = 0; k < nm; k++) store16_n(y + (m + k) * N + n, finish_n(r[k], e, m + k, n, nn), nn);
+        }
+    }
+}
+
+#if MR == 8
+/* A direct convolution with vectors along output channels (`vec` = F, 1-4 vectors a tile), from
+ * the stride-phase planes xp and the offsets offs conv_direct has made: output rows oh0 .. oh1
+ * (positions n0 .. n1 of N, flat index (oh - oh0) * Wq + ow in the planes) and channels m0 .. m1
+ * (whole blocks of F * 16; M a multiple of 16, the last block of the weights as wide as what is
+ * left). K is taken in blocks whose weights (kc x F * 16 floats, conv.rs's channel_kc) stay in L1 while every
+ * tile of a run of nc positions passes over them; the sums wait in ct (the positions' rows of F * 16) between
+ * blocks, and are stored transposed, with the epilogue, after the last. */
+static void conv_direct_channels(const float *xp, const int64_t *offs, const float *wp, float *y, int64_t K,
+                                 int64_t N, int64_t Wq, int64_t OW, int64_t oh0, int64_t oh1, int64_t m0, int64_t m1, int64_t vec,
+                                 int64_t kc, int64_t nc, const Epilogue *e) {
+    int64_t n0 = oh0 * OW, n1 = oh1 * OW, count = n1 - n0, CB = 16 * vec;
+    /* Room for the last tile of any P (at most 16) past the positions (and past a run of at
+     * most nc of them); the padding repeats the last position. */
+    int64_t padded = (count + 31) / 16 * 16, runs = ((count < nc ? count : nc) + 31) / 16 * 16;
+    float *ct = scratch(3, (size_t)(runs * CB));
+    int64_t *pos = (int64_t *)scratch(2, (size_t)(2 * padded));
+    if (!ct || !pos) return; /* (recorded by scratch) */
+    for (int64_t i = 0; i < padded; i++) {
+        int64_t n = n0 + (i < count ? i : count - 1);
+        pos[i] = (n / OW - oh0) * Wq + n % OW;
+    }
+    for (int64_t mb = m0; mb < m1; mb += CB) {
+        int64_t F = (m1 - mb) / 16 < vec ? (m1 - mb) / 16 : vec, width = 16 * F, P = channel_tile_positions(F);
+        /* kc steps of a full block's weights; as many bytes of a narrower one's. */
+        int64_t kb = kc * CB / width > 0 ? kc * CB / width : 1;
+        ChannelTile tile = F == 4 ? channels_4 : F == 3 ? channels_3 : F == 2 ? channels_2 : channels_1;
+        /* Blocks before this one are CB wide; this one is `width`. */
+        const float *wb = wp + mb / CB * K * CB;
+        /* A K only a little over a block is one; positions in runs of nc tiles' worth, so that
+         * their sums stay in L2 between K blocks (a 7x7/2 stem's 12544 positions by 64 channels
+         * are 3 MiB). */
+        if (K <= kb + kb / 4) kb = K;
+        int64_t run = nc / P * P > 0 ? nc / P * P : P;
+        for (int64_t t0 = 0; t0 < count; t0 += run) {
+            int64_t t1 = t0 + run < count ? t0 + run : count;
+            for (int64_t k0 = 0; k0 < K; k0 += kb) {
+                int64_t kn = K - k0 < kb ? K - k0 : kb;
+                /* The weights of the block after next, fetched into L2 a share a tile: read in
+                 * one burst by a block's first tile, weights beyond L2 (a layer's come from
+                 * memory once the model's earlier layers have passed) stall it (resnet18's 3x3
+                 * by 512 on 7x7 in the model, 1 thread: 2.06 -> 1.80 ms). */
+                const char *next = (const char *)(wb + (k0 + 2 * kn) * width);
+                int64_t rest = K - k0 - 2 * kn, ahead = rest < kb ? rest : kb, lines = ahead > 0 ? ahead * width / 16 : 0;
+                int64_t tiles = (t1 - t0 + P - 1) / P, share = (lines + tiles - 1) / tiles;
+                for (int64_t t = t0, i = 0; t < t1; t += P, i++) {
+                    for (int64_t l = i * share; l < (i + 1) * share && l < lines; l++) __builtin_prefetch(next + 64 * l, 0, 2);
+                    tile(kn, wb + k0 * width, xp, offs + k0, pos + t, (v16 *)(ct + (t - t0) * width), k0 == 0);
+                }
+            }
+            /* The run's results while its sums are in cache. */
+            store_transposed(ct, width, N, mb, mb + width, n0 + t0, n0 + t1, y, e);
+        }
+    }
+}
+#endif
+
 /* A convolution of one image without im2col. The input is copied once into padded planes, split
  * by stride phase: phase (a, b) of channel c holds padded rows a, a + SH, ... and columns b,
  * b + SW, ... (one plane at stride 1), so that every window tap of a run of output positions is
@@ -145,9 +277,10 @@ static int phase_read(int64_t a, int64_t s, int64_t k, int64_t d) {
  * oh0 .. oh1 and channels m0 .. m1; the epilogue applied as the valid positions are stored. */
 static void conv_direct(const float *x, const float *wp, const float *bias, const float *res, float *y, int64_t C, int64_t H, int64_t W,
                         int64_t KH, int64_t KW, int64_t SH, int64_t SW, int64_t DH, int64_t DW, int64_t PH, int64_t PW, int64_t OH,
-                        int64_t OW, int64_t act, float lo, float hi, int64_t oh0, int64_t oh1, int64_t m0, int64_t m1, int bf16, int64_t cols) {
-    /* Strips of 48 positions only where the planner can have them (AVX-512, f32). */
-    if (cols != 32 && !(cols == 48 && MR == 8 && !bf16)) {
+                        int64_t OW, int64_t act, float lo, float hi, int64_t oh0, int64_t oh1, int64_t m0, int64_t m1, int bf16, int64_t cols, int64_t vec, int64_t kc, int64_t nc) {
+    /* Strips of 48 positions, and vectors along channels, only where the planner can have them
+     * (AVX-512, f32). */
+    if ((cols != 32 && !(cols == 48 && MR == 8 && !bf16)) || (vec && (MR != 8 || bf16 || vec > 4))) {
         KILN_INTERNAL_FAILURE(); /* a bug, not input */
         return;
     }
@@ -234,6 +367,13 @@ static void conv_direct(const float *x, const float *wp, const float *bias, cons
         int64_t dy = (t / KW) * DH, dx = (t % KW) * DW;
         offs[k] = ((c * SH + dy % SH) * SW + dx % SW) * plane + dy / SH * Wq + dx / SW;
     }
+#if MR == 8
+    if (vec) {
+        Epilogue e = epilogue_of(bias, NULL, res, N, act, lo, hi);
+        conv_direct_channels(xp, offs, wp, y, K, N, Wq, OW, oh0, oh1, m0, m1, vec, kc, nc, &e);
+        return;
+    }
+#endif
     for (int64_t p0 = 0; p0 < flat; p0 += cols) {
         /* The strip's valid positions as runs: (lane, count, output index). */
         int64_t run_l[49], run_n[49], run_o[49];
@@ -276,29 +416,13 @@ static void conv_direct(const float *x, const float *wp, const float *bias, cons
     }
 }
 
-/* y[m, n] = the epilogue on ct[n, m] for channels m0 .. m1 and positions n0 .. n1 of N: the
- * transposed convolution's result put back in NCHW, a 16 x 16 block at a time through registers. */
-static void store_transposed(const float *ct, int64_t M, int64_t N, int64_t m0, int64_t m1, int64_t n0, int64_t n1, float *y,
-                             const Epilogue *e) {
-    for (int64_t m = m0; m < m1; m += 16) {
-        int64_t nm = m1 - m < 16 ? m1 - m : 16;
-        for (int64_t n = n0; n < n1; n += 16) {
-            int64_t nn = n1 - n < 16 ? n1 - n : 16;
-            v16 r[16];
-            for (int64_t k = 0; k < 16; k++) r[k] = k < nn ? load16_n(ct + (n + k) * M + m, nm) : splat(0.0f);
-            transpose16(r);
-            for (int64_t k = 0; k < nm; k++) store16_n(y + (m + k) * N + n, finish_n(r[k], e, m + k, n, nn), nn);
-        }
-    }
-}
-
 /* A 2-D convolution (NCHW) as implicit GEMM, one GEMM a group: per image and group g,
  * C[Mg = M/G out channels, N = OH*OW] = W_g[Mg, K = C/G*KH*KW] (packed, groups one after another)
  * * im2col(x_g)[K, N]. Work units: images x chunks of N (split_n) or of Mg. */
 void kiln_uk_conv2d(int64_t x_, int64_t wp_, int64_t bias_, int64_t res_, int64_t y_, int64_t C, int64_t H, int64_t W, int64_t M,
                     int64_t G, int64_t KH, int64_t KW, int64_t SH, int64_t SW, int64_t DH, int64_t DW, int64_t PH, int64_t PW,
                     int64_t OH, int64_t OW, int64_t act, float lo, float hi, int64_t kc, int64_t mc, int64_t nc, int64_t chunks,
-                    int64_t split_n, int64_t transposed, int64_t in_blocked, int64_t out_blocked, int64_t bf16, int64_t cols, int64_t wg_begin,
+                    int64_t split_n, int64_t transposed, int64_t in_blocked, int64_t out_blocked, int64_t bf16, int64_t cols, int64_t vec, int64_t wg_begin,
                     int64_t wg_end) {
     const float *x = (const float *)(intptr_t)x_, *wp = (const float *)(intptr_t)wp_;
     const float *bias = (const float *)(intptr_t)bias_, *res = (const float *)(intptr_t)res_;
@@ -346,7 +470,7 @@ void kiln_uk_conv2d(int64_t x_, int64_t wp_, int64_t bias_, int64_t res_, int64_
             } else {
                 kiln_gemm_block(&A, &B, ct, M, 16, N, M, K, n0, n1, m0, m1, NULL, &bl);
                 Epilogue e = epilogue_of(bias, NULL, ri, N, act, lo, hi);
-                store_transposed(ct, M, N, m0, m1, n0, n1, y + img * M * N, &e);
+                store_transposed(ct + n0 * M + m0, M, N, m0, m1, n0, n1, y + img * M * N, &e);
             }
         }
         return;
@@ -358,10 +482,10 @@ void kiln_uk_conv2d(int64_t x_, int64_t wp_, int64_t bias_, int64_t res_, int64_
         if (G == 1 && (KH * KW > 1 || SH * SW > 1)) {
             int64_t oh0 = 0, oh1 = OH, m0 = 0, m1 = M;
             if (split_n) chunk_range(OH, 1, chunks, q, &oh0, &oh1);
-            else chunk_range(M, bf16 == 2 ? 32 : MR, chunks, q, &m0, &m1);
+            else chunk_range(M, bf16 == 2 ? 32 : vec ? 16 * vec : MR, chunks, q, &m0, &m1);
             if (oh0 < oh1 && m0 < m1)
                 conv_direct(x + img * C * H * W, wp, bias, res ? res + img * M * N : NULL, y + img * M * N, C, H, W, KH, KW, SH, SW, DH, DW,
-                            PH, PW, OH, OW, act, lo, hi, oh0, oh1, m0, m1, (int)bf16, cols);
+                            PH, PW, OH, OW, act, lo, hi, oh0, oh1, m0, m1, (int)bf16, cols, vec, kc, nc);
             continue;
         }
         for (int64_t grp = 0; grp < G; grp++) {

@@ -96,6 +96,15 @@ pub fn slots(u: &Ukernel) -> Vec<(Slot, u64)> {
                     };
                     ask(File::Conv, 0, planes(c));
                     ask(File::Conv, 1, 2 * c * khw);
+                    if u.channel_vectors > 0 {
+                        // The positions' flat indices (int64; room for a last tile of up to 16
+                        // past them), and the sums of a run of them by a block of channels.
+                        let count = rows_chunk.saturating_mul(ow);
+                        ask(File::Conv, 2, 2 * round_up(count.saturating_add(16), 16));
+                        // (The sums of a run of at most NC positions at a time.)
+                        let run = round_up(count.min(nc).saturating_add(16), 16);
+                        ask(File::Conv, 3, run.saturating_mul(16 * u.channel_vectors as u64));
+                    }
                     if u.amx {
                         // (AMX: the pairs padded to whole tile steps.)
                         let (kb, gb) = conv::amx_pair_blocks(c as usize);

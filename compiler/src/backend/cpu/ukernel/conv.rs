@@ -13,8 +13,8 @@ use super::tiled::Root;
 use super::window_text;
 use super::{
     bf16_bits, bf16_bytes, describe_channel_chunks, describe_epilogue, describe_tiles, f32_bytes,
-    operand_bias, other_shape, weight_f32s, Call, DepthwiseForm, KernelShape, Pointers, Shape,
-    Ukernel, NR,
+    operand_bias, other_shape, weight_f32s, Call, DepthwiseForm, Host, KernelShape, Pointers,
+    Shape, Ukernel, NR,
 };
 use crate::fuse::Kernel;
 use crate::{CompileError, Result};
@@ -158,6 +158,8 @@ impl KernelShape for Conv {
                 "bf16 products with vdpbf16ps, f32 sums: weights rounded to bf16 in channel pairs, B read direct from a bf16 copy of the input in stride-phase planes, channel pairs interleaved"
             } else if u.transposed {
                 "transposed: C^T = im2col^T (packed at run time) x W^T, vectors along output channels"
+            } else if u.channel_vectors > 0 {
+                "vectors along output channels, each input float broadcast from a padded copy of the input in stride-phase planes (no im2col, no padding columns computed); K in blocks of KC whose weights stay in L1 over runs of NC positions, sums kept between blocks and stored transposed"
             } else if direct(u) {
                 "B read direct from a padded copy of the input in stride-phase planes (no im2col)"
             } else if group == 1 {
@@ -171,7 +173,18 @@ impl KernelShape for Conv {
                 (false, true) => "column",
                 (false, false) => "row",
             };
-            describe_tiles(u, f, direct_cols(u), b, what, " per image")?;
+            if u.channel_vectors > 0 {
+                let v = u.channel_vectors;
+                writeln!(f, "register tile: {} channels x {} positions; blocks KC={} NC={}; weights packed at compile time, {b}", 16 * v, channel_tile_positions(v), u.kc, u.nc)?;
+                writeln!(
+                    f,
+                    "workgroups: {} ({} {what} chunk(s) per image)",
+                    u.workgroups(),
+                    u.chunks
+                )?;
+            } else {
+                describe_tiles(u, f, direct_cols(u), b, what, " per image")?;
+            }
         }
         describe_epilogue(u, f)
     }
@@ -201,6 +214,8 @@ impl KernelShape for Conv {
         } else if u.depthwise() {
             // Depthwise: the weights as they are, [C, KH*KW].
             out = w;
+        } else if u.channel_vectors > 0 {
+            out = pack_conv_channels(&w, m, k, u.channel_vectors);
         } else if u.transposed {
             // Transposed: B[k, m] = W[m, k], in strips of NR output channels.
             out.resize(channels.div_ceil(NR) * k * NR, 0.0);
@@ -237,6 +252,8 @@ impl KernelShape for Conv {
             c.div_ceil(16) * 16 * k
         } else if u.depthwise() {
             c * k
+        } else if u.channel_vectors > 0 {
+            m * k
         } else if u.transposed {
             channels.div_ceil(NR) * k * NR
         } else {
@@ -301,6 +318,7 @@ impl KernelShape for Conv {
             // 0 f32, 1 bf16 on vdpbf16ps, 2 bf16 on AMX tiles.
             if u.amx { 2 } else { u.bf16 as usize },
             direct_cols(u),
+            u.channel_vectors,
         ]));
         Ok(("kiln_uk_conv2d", args))
     }
@@ -350,6 +368,110 @@ fn direct_flat(shape: &Shape, rows: usize) -> usize {
     let Shape::Conv { kw, stride, dilation, ow, .. } = *shape else { return 0 };
     let pitch = ow + (kw - 1) * dilation[1] / stride[1].max(1);
     (rows.max(1) - 1) * pitch + ow
+}
+
+/// How many vectors of 16 output channels a direct convolution's register tile holds when its
+/// vectors run along channels (`conv_direct_channels` in conv.c), or 0 for the form with vectors
+/// along positions. In f32 on AVX-512 (32 registers: 24 accumulators, the weights' vectors) with
+/// channels in whole vectors. The form along positions computes the columns each row's window
+/// reaches past the image (2 of every 16 on 14x14, 2 of 9 on 7x7) and reads B unaligned, a split
+/// cache line a vector; this one broadcasts each input float and reads the weights aligned, in
+/// order: 3x3 convolutions on the Xeon, 1 thread, GFLOP/s positions -> channels: by 64 on 56x56
+/// 170 -> 205, by 256 on 14x14 144 -> 211, by 512 on 7x7 (which took the transposed GEMM) 98 ->
+/// 164. Four vectors a tile (64 channels by 6 positions) where there are 64 channels; fewer for
+/// the channels left.
+pub(super) fn channel_vectors(shape: &Shape, host: &Host) -> usize {
+    match *shape {
+        Shape::Conv { m, .. } if host.mr == 8 && direct_shape(shape) && m.is_multiple_of(16) => {
+            (m / 16).min(4)
+        }
+        _ => 0,
+    }
+}
+
+/// The output positions of a register tile of `vectors` channel vectors (conv.c's
+/// channel_tile_positions): 24 accumulators where that divides, 16 for one vector.
+pub(super) fn channel_tile_positions(vectors: usize) -> usize {
+    match vectors {
+        4 => 6,
+        3 => 8,
+        2 => 12,
+        _ => 16,
+    }
+}
+
+/// The channel-vector form's blocks (KC, NC): a K block's weights (KC x 16 x `vectors` floats)
+/// in three eighths of L1, so that they stay there while every tile of a run of NC positions
+/// passes (18 KiB of the Xeon's 48: KC 72 at 64 channels; 1 thread, 3x3 by 256 on 14x14, KC 72 /
+/// 144 / 576: 206 / 182 / 202 GFLOP/s, by 64 on 56x56: 203 / 193 / 183); the run's sums in a
+/// quarter of L2, so that they stay there between K blocks.
+pub(super) fn channel_blocks(host: &Host, vectors: usize) -> (usize, usize) {
+    let bytes = 64 * vectors.max(1);
+    ((host.l1_bytes * 3 / 8 / bytes).max(8), (host.l2_bytes / 4 / bytes).max(16))
+}
+
+/// The channel-vector form's weights W[m, k] (k = channel, tap): per block of 16 x `vectors`
+/// channels (the last as wide as the channels left), [k][block width], so that a K step's
+/// vectors are consecutive.
+fn pack_conv_channels(w: &[f32], m: usize, k: usize, vectors: usize) -> Vec<f32> {
+    let cb = 16 * vectors;
+    let mut out = vec![0.0; m * k];
+    for b0 in (0..m).step_by(cb) {
+        let width = cb.min(m - b0);
+        for kk in 0..k {
+            for j in 0..width {
+                out[b0 * k + kk * width + j] = w[(b0 + j) * k + kk];
+            }
+        }
+    }
+    out
+}
+
+/// How a channel-vector direct convolution splits each image into at most `want` work units, as
+/// (chunks, split_n): by output rows or by blocks of 16 x `vectors` channels, costed and dealt
+/// as in [`direct_split`] (a unit's positions in whole tiles, its channels in whole vectors, plus
+/// the floats it pads).
+pub(super) fn channel_split(
+    shape: &Shape,
+    vectors: usize,
+    want: usize,
+    threads: usize,
+) -> (usize, bool) {
+    let Shape::Conv { batch, c, m, kh, kw, stride, dilation, oh, ow, .. } = *shape else {
+        return (want, true);
+    };
+    let k = (c * kh * kw) as u64;
+    let pitch = direct_flat(shape, 2) - direct_flat(shape, 1);
+    let reach = (kh - 1) * dilation[0] / stride[0].max(1);
+    let phases = (0..stride[0]).filter(|&a| phase_read(a, stride[0], kh, dilation[0])).count()
+        * (0..stride[1]).filter(|&b| phase_read(b, stride[1], kw, dilation[1])).count();
+    let cb = 16 * vectors;
+    let unit = |rows: usize, channels: usize| -> u64 {
+        if rows == 0 || channels == 0 {
+            return 0;
+        }
+        let p = channel_tile_positions(vectors.min(channels / 16).max(1));
+        let macs = ((rows * ow).div_ceil(p) * p * channels.div_ceil(16) * 16) as u64 * k;
+        let padded = ((rows + reach) * pitch * c * phases) as u64;
+        macs + 16 * padded
+    };
+    let by_rows = want.clamp(1, oh.max(1));
+    let rows_cost = busiest(
+        &ranges(oh, 1, by_rows).iter().map(|&r| unit(r, m)).collect::<Vec<_>>(),
+        batch,
+        threads,
+    );
+    let by_channels = want.clamp(1, m.div_ceil(cb).max(1));
+    let channels_cost = busiest(
+        &ranges(m, cb, by_channels).iter().map(|&n| unit(oh, n)).collect::<Vec<_>>(),
+        batch,
+        threads,
+    );
+    if channels_cost < rows_cost {
+        (by_channels, false)
+    } else {
+        (by_rows, true)
+    }
 }
 
 /// Whether a one-group convolution takes the direct form (a window or a stride), before the
@@ -680,6 +802,53 @@ mod tests {
         assert_eq!(split(3, 64, 224, 7, 2), (4, true));
         // One unit wanted: one unit, by rows.
         assert_eq!(direct_split(&conv(256, 256, 14, 3, 1, 1).shape, 8, true, 1, 1), (1, true));
+    }
+
+    #[test]
+    fn direct_convolutions_take_vectors_along_channels_where_channels_are_whole_vectors() {
+        let host = |mr| Host {
+            level: if mr == 8 {
+                super::super::host::Level::V4
+            } else {
+                super::super::host::Level::V3
+            },
+            mr,
+            vnni: false,
+            amx: false,
+            amx_bf16: false,
+            bf16: false,
+            l1_bytes: 48 << 10,
+            l2_bytes: 2 << 20,
+            threads: 2,
+        };
+        let v =
+            |c, m, hw, k, stride| channel_vectors(&conv(c, m, hw, k, stride, 1).shape, &host(8));
+        assert_eq!(v(64, 64, 56, 3, 1), 4);
+        assert_eq!(v(512, 512, 7, 3, 1), 4);
+        assert_eq!(v(64, 48, 56, 3, 1), 3);
+        assert_eq!(v(3, 16, 224, 7, 2), 1);
+        assert_eq!(v(64, 128, 56, 1, 2), 4);
+        // Channels in part of a vector keep the vectors along positions; so do pointwise
+        // convolutions (the packed GEMM) and hosts without AVX-512.
+        assert_eq!(v(64, 24, 56, 3, 1), 0);
+        assert_eq!(v(64, 64, 56, 1, 1), 0);
+        assert_eq!(channel_vectors(&conv(64, 64, 56, 3, 1, 1).shape, &host(4)), 0);
+        // Blocks: 18 KiB of weights (72 steps by 64 channels) in 48 KiB of L1, the sums of
+        // 2048 positions in a quarter of 2 MiB; a narrower tile's blocks are as many bytes.
+        assert_eq!(channel_blocks(&host(8), 4), (72, 2048));
+        assert_eq!(channel_blocks(&host(8), 1), (288, 8192));
+        assert_eq!(
+            [1, 2, 3, 4].map(channel_tile_positions),
+            [16, 12, 8, 6],
+            "24 accumulators where that divides"
+        );
+        // Weights [k][block's channels]: 80 channels are a block of 64, then one of 16.
+        let (m, k) = (80, 3);
+        let w: Vec<f32> = (0..m * k).map(|i| i as f32).collect();
+        let p = pack_conv_channels(&w, m, k, 4);
+        assert_eq!(p[1], w[k]); // step 0, channel 1
+        assert_eq!(p[64 + 2], w[2 * k + 1]); // step 1, channel 2
+        assert_eq!(p[64 * k + 16 + 5], w[69 * k + 1]); // the 16-wide block: step 1, channel 69
     }
 
     #[test]

@@ -136,6 +136,7 @@ pub(super) fn plan(graph: &Graph, kernel: &Kernel, root: NodeId, host: &Host) ->
             && rows >= 16
             && k.div_ceil(4) >= 8
             && k.div_ceil(4).next_multiple_of(16) * 4 <= AMX_MAX_ROW,
+        channel_vectors: 0,
     })
 }
 

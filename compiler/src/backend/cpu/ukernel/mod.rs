@@ -275,6 +275,10 @@ pub struct Ukernel {
     /// `bf16` on AMX tiles (`tdpbf16ps`, `Host::amx_bf16`): a direct convolution of at least
     /// 16 channels; its weights packed as tiles (`conv::pack_conv_bf16_amx`).
     pub amx: bool,
+    /// A direct convolution in f32 with its vectors along output channels: this many vectors of
+    /// 16 channels a register tile (1-4; `conv::channel_vectors`), each input float broadcast,
+    /// K in blocks of `kc`; 0 for every other kernel.
+    pub channel_vectors: usize,
 }
 
 /// How a depthwise convolution's kernel holds its channels (see `Ukernel::depthwise_form`).
@@ -380,6 +384,7 @@ impl Ukernel {
             blocked: Blocked::default(),
             bf16: false,
             amx: false,
+            channel_vectors: 0,
         }
     }
 

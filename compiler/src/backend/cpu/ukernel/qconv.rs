@@ -244,6 +244,7 @@ pub(super) fn plan(graph: &Graph, kernel: &Kernel, root: NodeId, host: &Host) ->
         blocked: Blocked::default(),
         bf16: false,
         amx: false,
+        channel_vectors: 0,
     })
 }
 

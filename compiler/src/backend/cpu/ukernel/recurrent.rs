@@ -152,6 +152,7 @@ pub(super) fn plan(
         blocked: Blocked::default(),
         bf16: false,
         amx: false,
+        channel_vectors: 0,
     })
 }
 

@@ -214,10 +214,15 @@ pub(super) fn plan(
         cur = ValueId::from(t);
     }
     let mr = host.mr;
-    let (kc, mc, nc) = blocks(k, host);
+    let (mut kc, mc, mut nc) = blocks(k, host);
+    // A direct convolution in f32 on AVX-512 with whole vectors of channels: vectors along them.
+    let channel_vectors = if bf16 { 0 } else { conv::channel_vectors(&shape, host) };
+    if channel_vectors > 0 {
+        (kc, nc) = conv::channel_blocks(host, channel_vectors);
+    }
     // Workgroups: whole images when there are enough, else column chunks (each packs its own
     // part of B), else row chunks (each packs all of B), for about 4 in all.
-    let transposed = few_positions(&shape) && !bf16;
+    let transposed = few_positions(&shape) && !bf16 && channel_vectors == 0;
     // bf16 direct convolutions on AMX tiles: a tile step multiplies 16 channel pairs (or all of
     // them); below 8 pairs most of it would be padding. Their channel units are 32 (a tile pair).
     // GEMMs too, of 16 or more rows (a tile's) and 8 or more pairs along K.
@@ -259,6 +264,8 @@ pub(super) fn plan(
         }
     } else if matches!(shape, Shape::Pool { .. }) {
         (target.div_ceil(images).min(channels), false)
+    } else if channel_vectors > 0 {
+        conv::channel_split(&shape, channel_vectors, target.div_ceil(images), host.threads)
     } else if conv::direct_shape(&shape) {
         let want = target.div_ceil(images);
         let strip = if amx { conv::AMX_CHANNELS } else { mr };
@@ -300,6 +307,7 @@ pub(super) fn plan(
         blocked: Blocked::default(),
         bf16,
         amx,
+        channel_vectors,
     })
 }
 
