@@ -5,7 +5,7 @@
 
 use kiln_compiler::{compile, jit, Options};
 use kiln_ir::builder::{ConvOptions, GraphBuilder};
-use kiln_ir::op::{AutoPad, ConvTranspose, Gemm, Pool, PoolKind, Window};
+use kiln_ir::op::{AutoPad, ConvTranspose, Gemm, Pool, PoolKind, UnaryOp, Window};
 use kiln_ir::Op;
 use kiln_ir::{eval, DType, Graph, Tensor};
 use kiln_runtime::LoadOptions;
@@ -206,6 +206,38 @@ fn direct_convolutions_with_vectors_along_channels() {
 }
 
 #[test]
+fn hardswish_is_an_epilogue() {
+    // MobileNetV3's activation after a strided stem (16 channels: the channel-vector form with
+    // AVX-512), a direct 3x3 of 10 channels (vectors along positions), a depthwise 5x5/2, a
+    // pointwise convolution and a GEMM; sums of 25-40 products, which cross -3 and 3.
+    let convs: [(&[usize], &[usize], usize, usize, usize); 4] = [
+        (&[1, 3, 31, 31], &[16, 3, 3, 3], 2, 1, 1),
+        (&[1, 8, 12, 12], &[10, 8, 3, 3], 1, 1, 1),
+        (&[1, 24, 19, 19], &[24, 1, 5, 5], 2, 2, 24),
+        (&[1, 32, 10, 10], &[48, 32, 1, 1], 1, 0, 1),
+    ];
+    for (i, &(x, w, stride, pad, group)) in convs.iter().enumerate() {
+        let g = GraphBuilder::new("hardswish");
+        let xi = g.input("x", DType::F32, x);
+        let wt = g.constant("w", Tensor::random(DType::F32, w, 80 + i as u64));
+        let b = g.constant("b", Tensor::random(DType::F32, &[w[0]], 90 + i as u64));
+        let o = ConvOptions { stride, pad, group, ..ConvOptions::default() };
+        g.output("y", xi.conv(wt, Some(b), o).unary(UnaryOp::HardSwish));
+        let g = g.build().unwrap();
+        let s = schedule(&g, Some(true));
+        assert!(s.contains("epilogue: bias, hardswish"), "{s}");
+        check(&g, &[Tensor::random(DType::F32, x, 100 + i as u64)], 1);
+    }
+    let g = GraphBuilder::new("gemm_hardswish");
+    let a = g.input("a", DType::F32, [24, 40]);
+    let bw = g.constant("b", Tensor::random(DType::F32, &[40, 36], 110));
+    g.output("y", a.matmul(bw).unary(UnaryOp::HardSwish));
+    let g = g.build().unwrap();
+    assert!(schedule(&g, Some(true)).contains("hardswish"));
+    check(&g, &[Tensor::random(DType::F32, &[24, 40], 111)], 1);
+}
+
+#[test]
 fn direct_convolutions_whose_taps_read_some_stride_phases() {
     // The direct form fills only the stride-phase planes a tap reads: a 1x1 stride-2 window
     // reads one of four, a 2x2 stride-4 window four of sixteen, a 3x3 window dilated 2 at stride
@@ -399,9 +431,17 @@ fn conv_transpose_graph(
 #[test]
 fn transposed_convolutions_as_a_gemm_and_a_scatter() {
     // Non-overlapping 2x2 stride 2; overlapping 4x4 stride 2 with pads and output padding, 2
-    // images; an output_shape past the full result (negative padding); 1-D.
+    // images; an output_shape past the full result (negative padding); 1-D. Windows that do not
+    // overlap are written once from blocks of input rows: rows of 80 outputs interleaved from
+    // two column rows (32 at a time, then the rest) over 3 blocks of rows; a 2x2 stride 3
+    // leaving rows and columns no window reaches, with output padding; padded; one output
+    // channel (its units are input rows at 2 threads).
     for (x, w, s, p, op, os) in [
         (vec![1, 24, 7, 7], vec![24, 16, 2, 2], vec![2, 2], vec![0; 4], vec![], vec![]),
+        (vec![1, 16, 60, 40], vec![16, 64, 2, 2], vec![2, 2], vec![0; 4], vec![], vec![]),
+        (vec![1, 8, 9, 11], vec![8, 6, 2, 2], vec![3, 3], vec![0; 4], vec![1, 2], vec![]),
+        (vec![2, 8, 8, 8], vec![8, 4, 2, 2], vec![2, 2], vec![1, 1, 1, 1], vec![], vec![]),
+        (vec![1, 16, 33, 20], vec![16, 1, 2, 2], vec![2, 2], vec![0; 4], vec![], vec![]),
         (vec![2, 8, 7, 7], vec![8, 5, 4, 4], vec![2, 2], vec![1, 1, 1, 1], vec![1, 0], vec![]),
         (vec![1, 8, 5, 6], vec![8, 6, 3, 3], vec![2, 2], vec![0; 4], vec![], vec![12, 14]),
         (vec![1, 16, 20], vec![16, 12, 5], vec![3], vec![0; 2], vec![], vec![]),

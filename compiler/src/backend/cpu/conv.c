@@ -516,6 +516,79 @@ void kiln_uk_conv2d(int64_t x_, int64_t wp_, int64_t bias_, int64_t res_, int64_
     }
 }
 
+/* conv_transpose_rows where the windows do not overlap ((KH-1)*DH < SH and (KW-1)*DW < SW: a
+ * 2x2/2 upsampling): each output takes at most one column value, so it is written once, with the
+ * epilogue, from the columns of a block of input rows while they are in cache (blocks of about
+ * 1 MiB of columns): no zeroed planes, no adds, no pass over finished planes. The block of input
+ * rows [b0, b1) owns output rows [b0*SH - PH, b1*SH - PH), as a chunk does. (DBNet's 64 -> 64
+ * 2x2/2 to 320x320, 1 thread: 19.3 ms, three passes over 26 MB planes and a 26 MB column
+ * buffer.) */
+static void conv_transpose_disjoint(const float *x, const Asource *A, float *y, int64_t H, int64_t W, int64_t Cout, int64_t Cin,
+                                    int64_t KH, int64_t KW, int64_t SH, int64_t SW, int64_t DH, int64_t DW, int64_t PH, int64_t PW,
+                                    int64_t OH, int64_t OW, const Epilogue *e, const Blocking *bl, int64_t c0, int64_t c1, int64_t r0,
+                                    int64_t r1, int64_t oh0, int64_t oh1) {
+    int64_t khw = KH * KW, M = Cout * khw, N = H * W, P = OH * OW;
+    int64_t i0 = c0 * khw, i1 = c1 * khw;
+    int64_t rb = (1 << 18) / ((i1 - i0) * W > 0 ? (i1 - i0) * W : 1);
+    if (rb < 1) rb = 1;
+    if (rb > r1 - r0) rb = r1 - r0;
+    float *cols = scratch(3, (size_t)((i1 - i0) * rb * W));
+    if (!cols) return; /* (recorded by scratch) */
+    Bsource B = {NULL, x, N, 1, NULL};
+    /* An interleaving 2x2/2 window with no padding: each output row is two column rows'
+     * values, alternately. */
+    int pairs = SW == 2 && KW == 2 && DW == 1 && PW == 0 && OW == 2 * W;
+    for (int64_t b0 = r0; b0 < r1 || (b0 == r0 && r0 == r1); b0 += rb) {
+        int64_t b1 = b0 + rb < r1 ? b0 + rb : r1, n0 = b0 * W, n1 = b1 * W, ld = n1 - n0;
+        if (n0 < n1) kiln_gemm_block(A, &B, cols - i0 * ld - n0, ld, 16, M, N, Cin, i0, i1, n0, n1, NULL, bl);
+        int64_t lo_oh = b0 == r0 ? oh0 : b0 * SH - PH, hi_oh = b1 == r1 ? oh1 : b1 * SH - PH;
+        lo_oh = lo_oh < oh0 ? oh0 : lo_oh;
+        hi_oh = hi_oh > oh1 ? oh1 : hi_oh;
+        for (int64_t co = c0; co < c1; co++) {
+            for (int64_t oh = lo_oh; oh < hi_oh; oh++) {
+                float *orow = y + co * P + oh * OW;
+                /* The tap row and input row this output row reads, if any (at most one). */
+                int64_t kh = -1, ih = 0;
+                for (int64_t t = 0; t < KH; t++) {
+                    int64_t d = oh + PH - t * DH;
+                    if (d >= 0 && d % SH == 0 && d / SH >= b0 && d / SH < b1) {
+                        kh = t;
+                        ih = d / SH;
+                    }
+                }
+                if (kh < 0) {
+                    memset(orow, 0, (size_t)OW * sizeof(float));
+                } else {
+                    const float *src = cols + ((co * KH + kh) * KW - i0) * ld + (ih - b0) * W;
+                    int64_t ow = 0;
+                    if (pairs) {
+                        const float *s1 = src + ld;
+                        for (; ow + 32 <= OW; ow += 32) {
+                            v16 a = load16(src + ow / 2), b = load16(s1 + ow / 2);
+                            store16(orow + ow, __builtin_shufflevector(a, b, 0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23));
+                            store16(orow + ow + 16,
+                                    __builtin_shufflevector(a, b, 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31));
+                        }
+                    }
+                    for (; ow < OW; ow++) {
+                        float v = 0.0f;
+                        for (int64_t kw = 0; kw < KW; kw++) {
+                            int64_t d = ow + PW - kw * DW;
+                            if (d >= 0 && d % SW == 0 && d / SW < W) v = src[kw * ld + d / SW];
+                        }
+                        orow[ow] = v;
+                    }
+                }
+                /* The epilogue over the row, in L1. */
+                int64_t p = oh * OW, p1 = p + OW;
+                for (; p + 16 <= p1; p += 16) store16(y + co * P + p, finish(load16(y + co * P + p), e, co, p));
+                if (p < p1) store16_n(y + co * P + p, finish_n(load16_n(y + co * P + p, p1 - p), e, co, p, p1 - p), p1 - p);
+            }
+        }
+        if (r0 == r1) break;
+    }
+}
+
 /* A transposed convolution (NCHW, one group) as a GEMM and a scatter: per image,
  * cols[(co, kh, kw), (ih, iw)] = W[Cin, Cout*KH*KW]^T (packed) * x[Cin, H*W], then each column
  * value is added at output (ih*SH + kh*DH - PH, iw*SW + kw*DW - PW) when that lies inside (pads
@@ -530,13 +603,17 @@ static void conv_transpose_rows(const float *x, const Asource *A, const float *b
                                 int64_t DW, int64_t PH, int64_t PW, int64_t OH, int64_t OW, int64_t act, float lo, float hi,
                                 const Blocking *bl, int64_t c0, int64_t c1, int64_t r0, int64_t r1, int64_t oh0, int64_t oh1) {
     int64_t khw = KH * KW, M = Cout * khw, N = H * W, P = OH * OW;
+    Epilogue e = epilogue_of(bias, NULL, res, P, act, lo, hi);
+    if ((KH - 1) * DH < SH && (KW - 1) * DW < SW) {
+        conv_transpose_disjoint(x, A, y, H, W, Cout, Cin, KH, KW, SH, SW, DH, DW, PH, PW, OH, OW, &e, bl, c0, c1, r0, r1, oh0, oh1);
+        return;
+    }
     int64_t i0 = c0 * khw, i1 = c1 * khw, n0 = r0 * W, n1 = r1 * W, ld = n1 - n0;
     float *cols = scratch(3, (size_t)((i1 - i0) * ld));
     if (!cols) return; /* (recorded by scratch) */
     Bsource B = {NULL, x, N, 1, NULL};
     /* kiln_gemm_block writes C[i, j] (rows i0 .. i1, columns n0 .. n1) at cols + (i - i0) * ld + j - n0. */
     if (n0 < n1) kiln_gemm_block(A, &B, cols - i0 * ld - n0, ld, 16, M, N, Cin, i0, i1, n0, n1, NULL, bl);
-    Epilogue e = epilogue_of(bias, NULL, res, P, act, lo, hi);
     for (int64_t co = c0; co < c1; co++) {
         float *plane = y + co * P;
         memset(plane + oh0 * OW, 0, (size_t)((oh1 - oh0) * OW) * sizeof(float));

@@ -14,7 +14,7 @@
 
 #include "simd.h"
 
-enum { ACT_NONE = 0, ACT_RELU = 1, ACT_CLIP = 2, ACT_SIGMOID = 3 };
+enum { ACT_NONE = 0, ACT_RELU = 1, ACT_CLIP = 2, ACT_SIGMOID = 3, ACT_HARDSWISH = 4 };
 
 /* What the last K block's store adds and clamps. Pointers are at the tile's first element. */
 typedef struct {
@@ -44,6 +44,9 @@ static inline v16 finish(v16 v, const Epilogue *e, int64_t i, int64_t j) {
         v = vmin(splat(e->hi), vmax(splat(e->lo), v));
     } else if (e->act == ACT_SIGMOID) {
         v = splat(1.0f) / (splat(1.0f) + vexp(-v));
+    } else if (e->act == ACT_HARDSWISH) {
+        /* x * clamp(x / 6 + 1/2, 0, 1), as ONNX (and the interpreter) has it; NaN stays NaN. */
+        v = v * vmin(splat(1.0f), vmax(splat(0.0f), v / splat(6.0f) + splat(0.5f)));
     }
     return v;
 }
@@ -58,6 +61,9 @@ static inline float finish1(float v, const Epilogue *e, int64_t i, int64_t j) {
         v = v > e->hi ? e->hi : v;
     } else if (e->act == ACT_SIGMOID) {
         v16 s = splat(1.0f) / (splat(1.0f) + vexp(splat(-v)));
+        v = s[0];
+    } else if (e->act == ACT_HARDSWISH) {
+        v16 s = finish(splat(v), &(Epilogue){NULL, NULL, NULL, 0, ACT_HARDSWISH, 0.0f, 0.0f, 16}, 0, 0);
         v = s[0];
     }
     return v;

@@ -76,6 +76,8 @@ pub enum Activation {
     Clip(f32, f32),
     /// (Transposed convolutions only: their epilogue runs over finished planes.)
     Sigmoid,
+    /// x * clamp(x / 6 + 1/2, 0, 1): MobileNetV3's activation (DBNet's backbone).
+    HardSwish,
 }
 
 /// What the microkernel adds to each result as it stores it.
@@ -595,6 +597,7 @@ fn describe_epilogue(u: &Ukernel, f: &mut fmt::Formatter) -> fmt::Result {
         Activation::Relu => epi.push("relu".into()),
         Activation::Clip(lo, hi) => epi.push(format!("clip [{lo}, {hi}]")),
         Activation::Sigmoid => epi.push("sigmoid".into()),
+        Activation::HardSwish => epi.push("hardswish".into()),
     }
     writeln!(f, "epilogue: {}", if epi.is_empty() { "none".to_string() } else { epi.join(", ") })
 }
@@ -837,14 +840,14 @@ impl<'c, 'a> Call<'c, 'a> {
     }
 
     /// The epilogue's activation as the C code takes it: its code (0 none, 1 ReLU, 2 clip, 3
-    /// sigmoid) and
-    /// the clip's bounds.
+    /// sigmoid, 4 hardswish: tile.h's ACT_*) and the clip's bounds.
     fn activation(&self, e: &Epilogue) -> [Value<'c, 'a>; 3] {
         let (act, lo, hi) = match e.activation {
             Activation::None => (0, 0.0, 0.0),
             Activation::Relu => (1, 0.0, 0.0),
             Activation::Clip(lo, hi) => (2, lo, hi),
             Activation::Sigmoid => (3, 0.0, 0.0),
+            Activation::HardSwish => (4, 0.0, 0.0),
         };
         [self.int(act), self.float(lo), self.float(hi)]
     }

@@ -192,6 +192,9 @@ pub(super) fn plan(
                 }
             }
             Op::Unary(UnaryOp::Relu) => activation = Activation::Relu,
+            // MobileNetV3's convolutions (DBNet's backbone: 20 of them ran on the linalg path
+            // for want of it, its 3x3/2 stem 2.7x onnxruntime's time).
+            Op::Unary(UnaryOp::HardSwish) => activation = Activation::HardSwish,
             // A segmentation head's last layer (DBNet's probability map): a ConvTranspose's
             // epilogue runs over finished planes, 16 lanes at a time.
             Op::Unary(UnaryOp::Sigmoid) if matches!(shape, Shape::ConvTranspose { .. }) => {
