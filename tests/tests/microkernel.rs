@@ -159,8 +159,9 @@ fn direct_convolutions_with_vectors_along_channels() {
     // the rest), windows and strides, positions that end in part of a tile, K over several
     // blocks (576 by 64 channels), 2 images, a residual and each activation; with AVX-512 they
     // take the channel-vector form (elsewhere the vectors along positions, checked the same).
-    let cases: [(&[usize], usize, usize, usize, usize, usize); 8] = [
-        // (input, channels, window, stride, pad, dilation)
+    // (input, channels, window, stride, pad, dilation)
+    type Case = (&'static [usize], usize, usize, usize, usize, usize);
+    let cases: [Case; 8] = [
         (&[1, 8, 11, 13], 16, 3, 1, 1, 1),
         (&[2, 64, 9, 9], 32, 3, 1, 1, 1),
         (&[1, 12, 10, 10], 48, 3, 2, 1, 1),
@@ -210,7 +211,9 @@ fn hardswish_is_an_epilogue() {
     // MobileNetV3's activation after a strided stem (16 channels: the channel-vector form with
     // AVX-512), a direct 3x3 of 10 channels (vectors along positions), a depthwise 5x5/2, a
     // pointwise convolution and a GEMM; sums of 25-40 products, which cross -3 and 3.
-    let convs: [(&[usize], &[usize], usize, usize, usize); 4] = [
+    // (input, weight, stride, pad, groups)
+    type Case = (&'static [usize], &'static [usize], usize, usize, usize);
+    let convs: [Case; 4] = [
         (&[1, 3, 31, 31], &[16, 3, 3, 3], 2, 1, 1),
         (&[1, 8, 12, 12], &[10, 8, 3, 3], 1, 1, 1),
         (&[1, 24, 19, 19], &[24, 1, 5, 5], 2, 2, 24),
