@@ -437,41 +437,19 @@ pub(super) fn channel_split(
     want: usize,
     threads: usize,
 ) -> (usize, bool) {
-    let Shape::Conv { batch, c, m, kh, kw, stride, dilation, oh, ow, .. } = *shape else {
+    let Shape::Conv { c, m, kh, kw, oh, ow, .. } = *shape else {
         return (want, true);
     };
     let k = (c * kh * kw) as u64;
-    let pitch = direct_flat(shape, 2) - direct_flat(shape, 1);
-    let reach = (kh - 1) * dilation[0] / stride[0].max(1);
-    let phases = (0..stride[0]).filter(|&a| phase_read(a, stride[0], kh, dilation[0])).count()
-        * (0..stride[1]).filter(|&b| phase_read(b, stride[1], kw, dilation[1])).count();
-    let cb = 16 * vectors;
     let unit = |rows: usize, channels: usize| -> u64 {
         if rows == 0 || channels == 0 {
             return 0;
         }
         let p = channel_tile_positions(vectors.min(channels / 16).max(1));
         let macs = ((rows * ow).div_ceil(p) * p * channels.div_ceil(16) * 16) as u64 * k;
-        let padded = ((rows + reach) * pitch * c * phases) as u64;
-        macs + 16 * padded
+        macs + padding_cost(shape, rows)
     };
-    let by_rows = want.clamp(1, oh.max(1));
-    let rows_cost = busiest(
-        &ranges(oh, 1, by_rows).iter().map(|&r| unit(r, m)).collect::<Vec<_>>(),
-        batch,
-        threads,
-    );
-    let by_channels = want.clamp(1, m.div_ceil(cb).max(1));
-    let channels_cost = busiest(
-        &ranges(m, cb, by_channels).iter().map(|&n| unit(oh, n)).collect::<Vec<_>>(),
-        batch,
-        threads,
-    );
-    if channels_cost < rows_cost {
-        (by_channels, false)
-    } else {
-        (by_rows, true)
-    }
+    cheaper_split(shape, 16 * vectors, want, threads, |r| unit(r, m), |n| unit(oh, n))
 }
 
 /// Whether a one-group convolution takes the direct form (a window or a stride), before the
@@ -498,16 +476,10 @@ pub(super) fn direct_split(
     want: usize,
     threads: usize,
 ) -> (usize, bool) {
-    let Shape::Conv { batch, c, m, kh, kw, stride, dilation, oh, .. } = *shape else {
+    let Shape::Conv { c, m, kh, kw, oh, .. } = *shape else {
         return (want, true);
     };
     let k = (c * kh * kw) as u64;
-    let pitch = direct_flat(shape, 2) - direct_flat(shape, 1);
-    let reach = (kh - 1) * dilation[0] / stride[0].max(1);
-    let phases = (0..stride[0]).filter(|&a| phase_read(a, stride[0], kh, dilation[0])).count()
-        * (0..stride[1]).filter(|&b| phase_read(b, stride[1], kw, dilation[1])).count();
-    // A padded float costs about as much as 16 multiply-adds on the tiles (a copy at ~10 GB/s
-    // against ~130 GFLOP/s).
     let unit = |rows: usize, channels: usize, cols: usize| -> u64 {
         if rows == 0 || channels == 0 {
             return 0;
@@ -515,27 +487,54 @@ pub(super) fn direct_split(
         let lanes = direct_flat(shape, rows).div_ceil(cols) * cols;
         let tile_rows = (channels.div_ceil(mr) * mr) as u64;
         let macs = lanes as u64 * tile_rows * k * if cols == 48 { 100 } else { 106 } / 100;
-        let padded = ((rows + reach) * pitch * c * phases) as u64;
-        macs + 16 * padded
+        macs + padding_cost(shape, rows)
     };
     let by_rows = want.clamp(1, oh.max(1));
     let rows_cols = strip_cols(shape, oh.div_ceil(by_rows), wide);
+    let full_cols = strip_cols(shape, oh, wide);
+    cheaper_split(shape, mr, want, threads, |r| unit(r, m, rows_cols), |n| unit(oh, n, full_cols))
+}
+
+/// What padding the input planes of `rows` output rows costs a direct convolution's unit, in
+/// multiply-adds: a padded float about 16 (a copy at ~10 GB/s against ~130 GFLOP/s on the
+/// tiles).
+fn padding_cost(shape: &Shape, rows: usize) -> u64 {
+    let Shape::Conv { c, kh, kw, stride, dilation, .. } = *shape else { return 0 };
+    let pitch = direct_flat(shape, 2) - direct_flat(shape, 1);
+    let reach = (kh - 1) * dilation[0] / stride[0].max(1);
+    let phases = (0..stride[0]).filter(|&a| phase_read(a, stride[0], kh, dilation[0])).count()
+        * (0..stride[1]).filter(|&b| phase_read(b, stride[1], kw, dilation[1])).count();
+    16 * ((rows + reach) * pitch * c * phases) as u64
+}
+
+/// A direct convolution's split into at most `want` units, by output rows or by output
+/// channels in steps of `step`, whichever leaves the busiest of `threads` threads the least
+/// work (`by_rows(rows)`, `by_channels(channels)`: a unit's cost); rows on a tie.
+fn cheaper_split(
+    shape: &Shape,
+    step: usize,
+    want: usize,
+    threads: usize,
+    by_rows: impl Fn(usize) -> u64,
+    by_channels: impl Fn(usize) -> u64,
+) -> (usize, bool) {
+    let Shape::Conv { batch, m, oh, .. } = *shape else { return (want, true) };
+    let rows = want.clamp(1, oh.max(1));
     let rows_cost = busiest(
-        &ranges(oh, 1, by_rows).iter().map(|&r| unit(r, m, rows_cols)).collect::<Vec<_>>(),
+        &ranges(oh, 1, rows).iter().map(|&r| by_rows(r)).collect::<Vec<_>>(),
         batch,
         threads,
     );
-    let by_channels = want.clamp(1, m.div_ceil(mr).max(1));
-    let full_cols = strip_cols(shape, oh, wide);
+    let channels = want.clamp(1, m.div_ceil(step).max(1));
     let channels_cost = busiest(
-        &ranges(m, mr, by_channels).iter().map(|&n| unit(oh, n, full_cols)).collect::<Vec<_>>(),
+        &ranges(m, step, channels).iter().map(|&n| by_channels(n)).collect::<Vec<_>>(),
         batch,
         threads,
     );
     if channels_cost < rows_cost {
-        (by_channels, false)
+        (channels, false)
     } else {
-        (by_rows, true)
+        (rows, true)
     }
 }
 
@@ -842,6 +841,11 @@ mod tests {
             [16, 12, 8, 6],
             "24 accumulators where that divides"
         );
+        // Units: 56x56 by 64 channels (one block) by rows; 7x7 by 512 (49 positions: 4 units
+        // of rows would compute 18, 18, 18 and 12 as tiles of 6) by blocks of channels.
+        let split = |c, m, hw| channel_split(&conv(c, m, hw, 3, 1, 1).shape, 4, 4, 2);
+        assert_eq!(split(64, 64, 56), (4, true));
+        assert_eq!(split(512, 512, 7), (4, false));
         // Weights [k][block's channels]: 80 channels are a block of 64, then one of 16.
         let (m, k) = (80, 3);
         let w: Vec<f32> = (0..m * k).map(|i| i as f32).collect();
