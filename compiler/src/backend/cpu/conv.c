@@ -216,9 +216,10 @@ static void store_transposed(const float *ct, int64_t ldc, int64_t N, int64_t m0
  * the stride-phase planes xp and the offsets offs conv_direct has made: output rows oh0 .. oh1
  * (positions n0 .. n1 of N, flat index (oh - oh0) * Wq + ow in the planes) and channels m0 .. m1
  * (whole blocks of F * 16; M a multiple of 16, the last block of the weights as wide as what is
- * left). K is taken in blocks whose weights (kc x F * 16 floats, conv.rs's channel_kc) stay in L1 while every
- * tile of a run of nc positions passes over them; the sums wait in ct (the positions' rows of F * 16) between
- * blocks, and are stored transposed, with the epilogue, after the last. */
+ * left). K is taken in blocks whose weights (kc x F * 16 floats, conv.rs's channel_blocks) stay
+ * in L1 while every tile of a run of nc positions passes over them; the run's sums wait in ct
+ * (a row of F * 16 a position) between blocks, and are stored transposed, with the epilogue,
+ * after the last. */
 static void conv_direct_channels(const float *xp, const int64_t *offs, const float *wp, float *y, int64_t K,
                                  int64_t N, int64_t Wq, int64_t OW, int64_t oh0, int64_t oh1, int64_t m0, int64_t m1, int64_t vec,
                                  int64_t kc, int64_t nc, const Epilogue *e) {
@@ -531,14 +532,15 @@ static void conv_transpose_disjoint(const float *x, const Asource *A, float *y, 
     int64_t i0 = c0 * khw, i1 = c1 * khw;
     int64_t rb = (1 << 18) / ((i1 - i0) * W > 0 ? (i1 - i0) * W : 1);
     if (rb < 1) rb = 1;
-    if (rb > r1 - r0) rb = r1 - r0;
-    float *cols = scratch(3, (size_t)((i1 - i0) * rb * W));
+    float *cols = scratch(3, (size_t)((i1 - i0) * (rb < r1 - r0 ? rb : r1 - r0) * W));
     if (!cols) return; /* (recorded by scratch) */
     Bsource B = {NULL, x, N, 1, NULL};
     /* An interleaving 2x2/2 window with no padding: each output row is two column rows'
      * values, alternately. */
     int pairs = SW == 2 && KW == 2 && DW == 1 && PW == 0 && OW == 2 * W;
-    for (int64_t b0 = r0; b0 < r1 || (b0 == r0 && r0 == r1); b0 += rb) {
+    /* (A chunk of no input rows still owns its output rows: one pass, no columns.) */
+    int64_t b0 = r0;
+    do {
         int64_t b1 = b0 + rb < r1 ? b0 + rb : r1, n0 = b0 * W, n1 = b1 * W, ld = n1 - n0;
         if (n0 < n1) kiln_gemm_block(A, &B, cols - i0 * ld - n0, ld, 16, M, N, Cin, i0, i1, n0, n1, NULL, bl);
         int64_t lo_oh = b0 == r0 ? oh0 : b0 * SH - PH, hi_oh = b1 == r1 ? oh1 : b1 * SH - PH;
@@ -585,8 +587,8 @@ static void conv_transpose_disjoint(const float *x, const Asource *A, float *y, 
                 if (p < p1) store16_n(y + co * P + p, finish_n(load16_n(y + co * P + p, p1 - p), e, co, p, p1 - p), p1 - p);
             }
         }
-        if (r0 == r1) break;
-    }
+        b0 = b1;
+    } while (b0 < r1);
 }
 
 /* A transposed convolution (NCHW, one group) as a GEMM and a scatter: per image,

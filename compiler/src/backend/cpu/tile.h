@@ -63,8 +63,8 @@ static inline float finish1(float v, const Epilogue *e, int64_t i, int64_t j) {
         v16 s = splat(1.0f) / (splat(1.0f) + vexp(splat(-v)));
         v = s[0];
     } else if (e->act == ACT_HARDSWISH) {
-        v16 s = finish(splat(v), &(Epilogue){NULL, NULL, NULL, 0, ACT_HARDSWISH, 0.0f, 0.0f, 16}, 0, 0);
-        v = s[0];
+        float t = v / 6.0f + 0.5f;
+        v = v * (t < 0.0f ? 0.0f : t > 1.0f ? 1.0f : t); /* (NaN: both false, NaN stays) */
     }
     return v;
 }
