@@ -52,7 +52,7 @@ const BUFFERIZE: &str = "builtin.module(canonicalize,cse,one-shot-bufferize{buff
 /// run many times), where every allocation gets its failure test (`alloc.rs`), then to LLVM
 /// (allocations through `support.c`'s `_mlir_memref_to_llvm_alloc`; math without an LLVM
 /// intrinsic becomes libm calls).
-const LOWER_TO_CF: &str = "builtin.module(buffer-deallocation-pipeline,convert-bufferization-to-memref,func.func(convert-linalg-to-loops,lower-vector-mask,lower-vector-multi-reduction{lowering-strategy=inner-reduction}),convert-vector-to-scf{full-unroll=true},expand-strided-metadata,lower-affine,convert-scf-to-cf)";
+const LOWER_TO_CF: &str = "builtin.module(func.func(buffer-loop-hoisting),buffer-deallocation-pipeline,convert-bufferization-to-memref,func.func(convert-linalg-to-loops,lower-vector-mask,lower-vector-multi-reduction{lowering-strategy=inner-reduction}),convert-vector-to-scf{full-unroll=true},expand-strided-metadata,lower-affine,convert-scf-to-cf)";
 const LOWER_TO_LLVM: &str = "builtin.module(finalize-memref-to-llvm{use-generic-functions=1},convert-math-to-funcs,convert-math-to-llvm,convert-math-to-libm,convert-vector-to-llvm{reassociate-fp-reductions=1},convert-arith-to-llvm,convert-index-to-llvm,convert-func-to-llvm,convert-cf-to-llvm,convert-ub-to-llvm,reconcile-unrealized-casts)";
 
 /// The CPU backend: the microkernel choices in force (see `Options::microkernel` and
