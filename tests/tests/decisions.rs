@@ -368,6 +368,7 @@ fn matmul_ops(m: usize, k: usize, n: usize) -> Vec<LinalgOp> {
         n_inputs: 1,
         producers: vec![None, None],
         multiplies: false,
+        body_cost: 1,
     };
     let mm = LinalgOp {
         name: "linalg.generic".into(),
@@ -379,6 +380,7 @@ fn matmul_ops(m: usize, k: usize, n: usize) -> Vec<LinalgOp> {
         n_inputs: 2,
         producers: vec![None, None, Some(0)],
         multiplies: true,
+        body_cost: 1,
     };
     vec![fill, mm]
 }
@@ -395,6 +397,7 @@ fn elementwise_op(dims: &[usize]) -> Vec<LinalgOp> {
         n_inputs: 1,
         producers: vec![None, None],
         multiplies: false,
+        body_cost: 1,
     }]
 }
 
@@ -421,6 +424,31 @@ fn batch_one_images_split_along_rows() {
         schedule::decide(&elementwise_op(&[1, 64, 64, 64]), &[1, 64, 64, 64], false, true, Some(4))
             .unwrap();
     assert_eq!(s.split.map(|x| x.dim), Some(2), "{s:?}");
+}
+
+/// A product of few rows splits its columns: each unit then reads a part of the weights, not
+/// all of them; where rows and columns read about as much, rows, as before.
+#[test]
+fn a_product_of_few_rows_splits_where_its_units_read_least() {
+    let s = schedule::decide(&matmul_ops(32, 128, 512), &[32, 512], false, true, Some(4)).unwrap();
+    let split = s.split.expect("split");
+    assert_eq!((split.dim, split.workgroups), (1, 2), "{s:?}");
+    let s =
+        schedule::decide(&matmul_ops(128, 128, 128), &[128, 128], false, true, Some(4)).unwrap();
+    assert_eq!(s.split.map(|x| x.dim), Some(0), "{s:?}");
+}
+
+/// An elementwise body with a transcendental function (GELU's erf) counts as more work than its
+/// iterations: 128 x 512 of them split, the same count of a plain body does not.
+#[test]
+fn transcendental_bodies_count_as_more_work() {
+    let dims = [128, 512];
+    let plain = schedule::decide(&elementwise_op(&dims), &dims, false, true, Some(4)).unwrap();
+    assert_eq!(plain.workgroups(), 1, "{plain:?}");
+    let mut ops = elementwise_op(&dims);
+    ops[0].body_cost = 1 + kiln_compiler::backend::linalg::TRANSCENDENTAL_COST;
+    let erf = schedule::decide(&ops, &dims, false, true, Some(4)).unwrap();
+    assert!(erf.workgroups() >= 2, "{erf:?}");
 }
 
 #[test]

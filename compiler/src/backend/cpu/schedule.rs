@@ -304,6 +304,36 @@ fn register_plan(ops: &[LinalgOp], a: usize, local: &[usize]) -> Option<Register
     })
 }
 
+/// The fewest elements along the innermost dimension a unit may keep (a register tile's vector).
+const MIN_SPLIT_ROW: usize = 16;
+
+/// The bytes of the kernel's inputs (operands no op of it produces) that each of `w` units
+/// reads when the output's dimension `d` is split: an input indexed by the loop that makes
+/// dimension `d` of an op's output (an output of the kernel's rank) is read a part a unit, any
+/// other whole, as is every input of an op that reduces dimension `d` (each unit computes all
+/// of a softmax's sums when its reduced axis is split).
+fn unit_input_bytes(ops: &[LinalgOp], dims: &[usize], d: usize, w: usize) -> usize {
+    let mut total = 0;
+    for op in ops {
+        let out_map = op.maps.get(op.n_inputs);
+        let along =
+            out_map.filter(|m| m.len() == dims.len()).and_then(|m| m.get(d)).and_then(Expr::as_dim);
+        for i in 0..op.n_inputs {
+            if op.producers.get(i).copied().flatten().is_some() {
+                continue;
+            }
+            let Some(Some(shape)) = op.shapes.get(i) else { continue };
+            let size = op.elem.get(i).map_or(4, |e| e.bytes());
+            let bytes = shape.iter().product::<usize>() * size;
+            let divided = along.is_some_and(|l| {
+                op.maps.get(i).is_some_and(|m| m.iter().any(|e| e.dims().contains(&l)))
+            });
+            total += if divided { bytes / w.max(1) } else { bytes };
+        }
+    }
+    total
+}
+
 /// Decides a kernel's schedule from its ops and its output's dimensions; `None` runs it as it is
 /// (one workgroup, scalar loops). Without `vectorize`, only the workgroup split; `distribute`
 /// is the most workgroups it may split into (`None`: one).
@@ -319,8 +349,12 @@ pub fn decide(
         return None;
     }
     let a = ops.iter().rposition(|o| o.name.starts_with("linalg.") && o.kind != OpKind::Fill)?;
-    let work: usize =
-        ops.iter().filter_map(|o| o.ranges()).map(|r| r.iter().product::<usize>()).sum();
+    // Iterations of every op, an iteration with a transcendental function counting as several
+    // (GELU's erf on 128 x 512 floats is worth splitting; a bias add that size is not).
+    let work: usize = ops
+        .iter()
+        .filter_map(|o| o.ranges().map(|r| r.iter().product::<usize>() * o.body_cost.max(1)))
+        .sum();
     // Distribution: the dimension to split: image rows for batch-1 images (a halo of input per
     // workgroup instead of the whole input), else the first that is not tiny; evenly, so every
     // workgroup has the same static shape.
@@ -349,14 +383,37 @@ pub fn decide(
         // The first candidate that splits; past 4 units, the first giving the target, else the
         // one giving the most (a batch of 8 caps a split of it at 8 units; its rows may give
         // more). At 2 threads the first, as measured.
-        let pick = if target <= MAX_WORKGROUPS_MEASURED {
+        let first = if target <= MAX_WORKGROUPS_MEASURED {
             candidates.iter().find(|(_, w)| *w >= 2)
         } else {
             candidates.iter().find(|(_, w)| *w == target).or_else(|| {
                 candidates.iter().rev().max_by_key(|(_, w)| *w).filter(|(_, w)| *w >= 2)
             })
         };
-        split = pick.map(|&(d, w)| Split { dim: d, tile: dims[d] / w, workgroups: w });
+        // Past an image's rows, of the dimensions giving as many units, the one whose units
+        // read the fewest bytes of the kernel's inputs: a matrix product of few rows splits its
+        // columns, so that each unit reads a part of the weights, not all of them (GPT-2's
+        // 32 x 128 by 128 x 512, 2 threads: 38 -> 24 us).
+        let pick = first.map(|&(d0, w)| {
+            if rows == Some(d0) {
+                return (d0, w);
+            }
+            let fits = |&&(d, wd): &&(usize, usize)| {
+                wd == w && (d + 1 < dims.len() || dims[d] / wd >= MIN_SPLIT_ROW)
+            };
+            // Only for a clear saving (a quarter): where the bytes are about even, the first
+            // dimension (rows of a product) measured faster (BERT-tiny's 128 x 128 by 128 x 128,
+            // 2 threads: 30 us by rows, 35 by columns).
+            let first_bytes = unit_input_bytes(ops, dims, d0, w);
+            candidates
+                .iter()
+                .filter(fits)
+                .map(|&(d, wd)| (unit_input_bytes(ops, dims, d, wd), d, wd))
+                .filter(|&(bytes, _, _)| 4 * bytes < 3 * first_bytes)
+                .min_by_key(|&(bytes, _, _)| bytes)
+                .map_or((d0, w), |(_, d, wd)| (d, wd))
+        });
+        split = pick.map(|(d, w)| Split { dim: d, tile: dims[d] / w, workgroups: w });
     }
     let mut local = ops[a].output_shape().cloned().unwrap_or_default();
     if let Some(s) = split {
