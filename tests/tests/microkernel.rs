@@ -240,6 +240,43 @@ fn hardswish_is_an_epilogue() {
     check(&g, &[Tensor::random(DType::F32, &[24, 40], 111)], 1);
 }
 
+/// SiLU as exporters write it, `x * sigmoid(x)`, becomes one Swish (`passes::recognize`) that
+/// each convolution path applies as its epilogue, and a residual added after it
+/// (`x + silu(conv(x))`, YOLOv8's bottleneck) is added last, after the activation.
+#[test]
+fn silu_and_a_residual_after_it_are_epilogues() {
+    // (input, weight, stride, pad, groups): the channel-vector form (16 channels), vectors along
+    // positions (10 channels), a depthwise 5x5 and a pointwise convolution.
+    type Case = (&'static [usize], &'static [usize], usize, usize, usize);
+    let convs: [Case; 4] = [
+        (&[1, 16, 15, 15], &[16, 16, 3, 3], 1, 1, 1),
+        (&[1, 10, 12, 12], &[10, 10, 3, 3], 1, 1, 1),
+        (&[1, 24, 19, 19], &[24, 1, 5, 5], 1, 2, 24),
+        (&[1, 32, 10, 10], &[32, 32, 1, 1], 1, 0, 1),
+    ];
+    for (i, &(x, w, stride, pad, group)) in convs.iter().enumerate() {
+        for residual in [false, true] {
+            let g = GraphBuilder::new("silu");
+            let xi = g.input("x", DType::F32, x);
+            let wt = g.constant("w", Tensor::random(DType::F32, w, 180 + i as u64));
+            let b = g.constant("b", Tensor::random(DType::F32, &[w[0]], 190 + i as u64));
+            let o = ConvOptions { stride, pad, group, ..ConvOptions::default() };
+            let c = xi.conv(wt, Some(b), o);
+            let silu = c * c.unary(UnaryOp::Sigmoid);
+            g.output("y", if residual { xi + silu } else { silu });
+            let g = g.build().unwrap();
+            let s = schedule(&g, Some(true));
+            let want = if residual {
+                "epilogue: bias, silu, residual add"
+            } else {
+                "epilogue: bias, silu"
+            };
+            assert!(s.contains(want), "case {i}, residual {residual}:\n{s}");
+            check(&g, &[Tensor::random(DType::F32, x, 200 + i as u64)], 1);
+        }
+    }
+}
+
 #[test]
 fn direct_convolutions_whose_taps_read_some_stride_phases() {
     // The direct form fills only the stride-phase planes a tap reads: a 1x1 stride-2 window

@@ -8,6 +8,9 @@
 //! - **RMSNorm** (LLaMA-style exports): `x / sqrt(mean(x^2) + eps)` or
 //!   `x * reciprocal(sqrt(mean(x^2) + eps))`, `[* gamma]`, becomes `RMSNormalization(x, gamma)`.
 //!
+//! - **SiLU** (PyTorch's `SiLU` as exported before opset 24, YOLO's activation):
+//!   `x * sigmoid(x)` becomes `Swish(x)` (alpha 1), which a convolution's microkernel applies as
+//!   its epilogue.
 //! - **Softmax** (hand-written and TF-style exports): `e / sum(e)` or `e * reciprocal(sum(e))`
 //!   with `e = exp(x - max(x))` or `e = exp(x)`, becomes `Softmax(x)`; **LogSoftmax**:
 //!   `d - log(sum(exp(d)))` with `d = x - max(x)` becomes `LogSoftmax(x)`. Unfused the stable form
@@ -31,7 +34,9 @@ pub fn run(graph: &mut Graph) -> Result<bool> {
         if graph.try_node(id).is_none() {
             continue;
         }
-        if let Some((op, x)) = softmax(graph, id).or_else(|| log_softmax(graph, id)) {
+        if let Some((op, x)) =
+            softmax(graph, id).or_else(|| log_softmax(graph, id)).or_else(|| swish(graph, id))
+        {
             let name = graph.unique_name(&format!("{}/{}", graph.node(id).name, op.name()));
             let new = graph.add_node(&name, op, &[Some(x)])?;
             graph.replace_uses(ValueId::from(id), ValueId::from(new))?;
@@ -360,6 +365,30 @@ fn softmax(graph: &Graph, n: NodeId) -> Option<(Op, ValueId)> {
     let float = graph.value_type(x).dtype.is_float()
         && graph.value_type(ValueId::from(n)).shape == graph.value_type(x).shape;
     (float && max_axis.is_none_or(|a| a == axis)).then_some((Op::Softmax { axis: axis as i64 }, x))
+}
+
+/// SiLU at the Mul `n`: `x * sigmoid(x)` (either order), the sigmoid used by it alone, becomes
+/// `Swish(x)` with alpha 1: one op a convolution's microkernel applies as its results are stored
+/// (YOLOv8's 57 activations were as many kernels, each a pass over a convolution's result).
+fn swish(graph: &Graph, n: NodeId) -> Option<(Op, ValueId)> {
+    let (a, b) = binary(graph, n, BinaryOp::Mul)?;
+    let sigmoid_of = |s: ValueId, x: ValueId| -> bool {
+        producer(graph, s).is_some_and(|(p, op)| {
+            *op == Op::Unary(UnaryOp::Sigmoid)
+                && graph.operands(p).first().copied().flatten() == Some(x)
+                && used_only_by(graph, s, &[n])
+        })
+    };
+    let x = if sigmoid_of(b, a) {
+        a
+    } else if sigmoid_of(a, b) {
+        b
+    } else {
+        return None;
+    };
+    let same = graph.value_type(ValueId::from(n)) == graph.value_type(x);
+    (same && graph.value_type(x).dtype.is_float())
+        .then_some((Op::Unary(UnaryOp::Swish { alpha: 1.0 }), x))
 }
 
 /// LogSoftmax at the Sub `n`: `d - log(sum(exp(d)))` with `d = x - max(x)`.

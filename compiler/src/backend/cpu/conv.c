@@ -176,8 +176,11 @@ __attribute__((target("amx-tile,amx-bf16"))) static void direct_strips_amx(const
                         int64_t n = run_n[q] - j < 16 ? run_n[q] - j : 16;
                         v16 v = load16_n(row + run_l[q] + j, n) + splat(b);
                         float *yo = yr + run_o[q] + j;
-                        if (rr) v += load16_n(rr + run_o[q] + j, n);
-                        store16_n(yo, finish(v, act, 0, 0), n);
+                        int last = residual_last(act);
+                        if (rr && !last) v += load16_n(rr + run_o[q] + j, n);
+                        v = finish(v, act, 0, 0);
+                        if (rr && last) v += load16_n(rr + run_o[q] + j, n);
+                        store16_n(yo, v, n);
                     }
                 }
             }
@@ -403,12 +406,17 @@ static void conv_direct(const float *x, const float *wp, const float *bias, cons
                         int64_t n = run_n[q] - j < 16 ? run_n[q] - j : 16;
                         v16 v = load16_n(row + run_l[q] + j, n);
                         float *yo = yr + run_o[q] + j;
+                        int last = residual_last(&act_only);
                         if (n == 16) {
-                            if (rr) v += load16(rr + run_o[q] + j);
-                            store16(yo, finish(v, &act_only, 0, 0));
+                            if (rr && !last) v += load16(rr + run_o[q] + j);
+                            v = finish(v, &act_only, 0, 0);
+                            if (rr && last) v += load16(rr + run_o[q] + j);
+                            store16(yo, v);
                         } else {
-                            if (rr) v += load16_n(rr + run_o[q] + j, n);
-                            store16_n(yo, finish(v, &act_only, 0, 0), n);
+                            if (rr && !last) v += load16_n(rr + run_o[q] + j, n);
+                            v = finish(v, &act_only, 0, 0);
+                            if (rr && last) v += load16_n(rr + run_o[q] + j, n);
+                            store16_n(yo, v, n);
                         }
                     }
                 }

@@ -78,8 +78,10 @@ static inline __attribute__((always_inline)) void dw_blocked_block(const float *
             }
             for (int j = 0; j < n; j++) {
                 v16 v = acc[j];
-                if (rrow) v += load16(rrow + (ow + j) * 16);
-                store16(yrow + (ow + j) * 16, finish(v, e, 0, 0));
+                if (rrow && !residual_last(e)) v += load16(rrow + (ow + j) * 16);
+                v = finish(v, e, 0, 0);
+                if (rrow && residual_last(e)) v += load16(rrow + (ow + j) * 16);
+                store16(yrow + (ow + j) * 16, v);
             }
             ow += n;
         }
@@ -156,8 +158,10 @@ static void depthwise_regrouped(const float *x, const float *wb, const float *bi
             transpose16(r);
             for (int l = 0; l < nc; l++) {
                 v16 v = r[l];
-                if (rc) v += load16_n(rc + l * Q + q, n);
-                store16_n(yc + l * Q + q, finish(v, &ep, 0, 0), n);
+                if (rc && !residual_last(&ep)) v += load16_n(rc + l * Q + q, n);
+                v = finish(v, &ep, 0, 0);
+                if (rc && residual_last(&ep)) v += load16_n(rc + l * Q + q, n);
+                store16_n(yc + l * Q + q, v, n);
             }
         }
     }
@@ -262,12 +266,17 @@ void kiln_uk_depthwise(int64_t x_, int64_t w_, int64_t bias_, int64_t res_, int6
                              * lies past the row and is not stored. */
                             if (n <= 0) continue;
                             v16 v = acc[r * nv + j];
+                            int last = residual_last(&e);
                             if (n == 16) {
-                                if (rc) v += load16(rc + at);
-                                store16(yc + at, finish(v, &e, 0, 0));
+                                if (rc && !last) v += load16(rc + at);
+                                v = finish(v, &e, 0, 0);
+                                if (rc && last) v += load16(rc + at);
+                                store16(yc + at, v);
                             } else {
-                                if (rc) v += load16_n(rc + at, n);
-                                store16_n(yc + at, finish(v, &e, 0, 0), n);
+                                if (rc && !last) v += load16_n(rc + at, n);
+                                v = finish(v, &e, 0, 0);
+                                if (rc && last) v += load16_n(rc + at, n);
+                                store16_n(yc + at, v, n);
                             }
                         }
                     }

@@ -14,7 +14,9 @@
 
 #include "simd.h"
 
-enum { ACT_NONE = 0, ACT_RELU = 1, ACT_CLIP = 2, ACT_SIGMOID = 3, ACT_HARDSWISH = 4 };
+enum { ACT_NONE = 0, ACT_RELU = 1, ACT_CLIP = 2, ACT_SIGMOID = 3, ACT_HARDSWISH = 4, ACT_SWISH = 5 };
+/* Or'ed into the activation's code: the residual is added after it, not before. */
+enum { ACT_RESIDUAL_LAST = 8 };
 
 /* What the last K block's store adds and clamps. Pointers are at the tile's first element. */
 typedef struct {
@@ -33,50 +35,67 @@ typedef struct {
 static inline int64_t at(int64_t j, int64_t stride) { return j / 16 * stride + j % 16; }
 
 static inline v16 finish(v16 v, const Epilogue *e, int64_t i, int64_t j) {
+    int64_t act = e->act & ~(int64_t)ACT_RESIDUAL_LAST, last = e->act & ACT_RESIDUAL_LAST;
     if (e->bias_row) v += splat(e->bias_row[i]);
     if (e->bias_col) v += load16(e->bias_col + j);
-    if (e->res) v += load16(e->res + i * e->ldr + at(j, e->rv));
+    if (e->res && !last) v += load16(e->res + i * e->ldr + at(j, e->rv));
     /* vmax/vmin give their second operand where either is NaN: NaN passes through, as ONNX
      * has it. */
-    if (e->act == ACT_RELU) {
+    if (act == ACT_RELU) {
         v = vmax(splat(0.0f), v);
-    } else if (e->act == ACT_CLIP) {
+    } else if (act == ACT_CLIP) {
         v = vmin(splat(e->hi), vmax(splat(e->lo), v));
-    } else if (e->act == ACT_SIGMOID) {
+    } else if (act == ACT_SIGMOID) {
         v = splat(1.0f) / (splat(1.0f) + vexp(-v));
-    } else if (e->act == ACT_HARDSWISH) {
+    } else if (act == ACT_HARDSWISH) {
         /* x * clamp(x / 6 + 1/2, 0, 1), as ONNX (and the interpreter) has it; NaN stays NaN. */
         v = v * vmin(splat(1.0f), vmax(splat(0.0f), v / splat(6.0f) + splat(0.5f)));
+    } else if (act == ACT_SWISH) {
+        /* x * sigmoid(alpha x), alpha in `lo` (SiLU: 1). */
+        v = v * vrecip(splat(1.0f) + vexp(-splat(e->lo) * v));
     }
+    if (e->res && last) v += load16(e->res + i * e->ldr + at(j, e->rv));
     return v;
 }
 
 static inline float finish1(float v, const Epilogue *e, int64_t i, int64_t j) {
+    int64_t act = e->act & ~(int64_t)ACT_RESIDUAL_LAST, last = e->act & ACT_RESIDUAL_LAST;
     if (e->bias_row) v += e->bias_row[i];
     if (e->bias_col) v += e->bias_col[j];
-    if (e->res) v += e->res[i * e->ldr + at(j, e->rv)];
-    if (e->act == ACT_RELU) v = v < 0.0f ? 0.0f : v;
-    else if (e->act == ACT_CLIP) {
+    if (e->res && !last) v += e->res[i * e->ldr + at(j, e->rv)];
+    if (act == ACT_RELU) v = v < 0.0f ? 0.0f : v;
+    else if (act == ACT_CLIP) {
         v = v < e->lo ? e->lo : v;
         v = v > e->hi ? e->hi : v;
-    } else if (e->act == ACT_SIGMOID) {
+    } else if (act == ACT_SIGMOID) {
         v16 s = splat(1.0f) / (splat(1.0f) + vexp(splat(-v)));
         v = s[0];
-    } else if (e->act == ACT_HARDSWISH) {
+    } else if (act == ACT_HARDSWISH) {
         float t = v / 6.0f + 0.5f;
         v = v * (t < 0.0f ? 0.0f : t > 1.0f ? 1.0f : t); /* (NaN: both false, NaN stays) */
+    } else if (act == ACT_SWISH) {
+        v16 s = splat(v) / (splat(1.0f) + vexp(splat(-e->lo * v)));
+        v = s[0];
     }
+    if (e->res && last) v += e->res[i * e->ldr + at(j, e->rv)];
     return v;
 }
+
+/* Whether the epilogue adds its residual after the activation: code that adds a residual itself
+ * before `finish` (with an epilogue of the activation alone) adds it after instead. */
+static inline int residual_last(const Epilogue *e) { return (e->act & ACT_RESIDUAL_LAST) != 0; }
 
 /* The epilogue on the first n (1..16) lanes of a vector at (i, j); the other lanes' bias and
  * residual are not read. */
 static inline v16 finish_n(v16 v, const Epilogue *e, int64_t i, int64_t j, int64_t n) {
+    int64_t last = e->act & ACT_RESIDUAL_LAST;
     if (e->bias_row) v += splat(e->bias_row[i]);
     if (e->bias_col) v += load16_n(e->bias_col + j, n);
-    if (e->res) v += load16_n(e->res + i * e->ldr + at(j, e->rv), n);
-    Epilogue act_only = {NULL, NULL, NULL, 0, e->act, e->lo, e->hi};
-    return finish(v, &act_only, 0, 0);
+    if (e->res && !last) v += load16_n(e->res + i * e->ldr + at(j, e->rv), n);
+    Epilogue act_only = {NULL, NULL, NULL, 0, e->act & ~(int64_t)ACT_RESIDUAL_LAST, e->lo, e->hi};
+    v = finish(v, &act_only, 0, 0);
+    if (e->res && last) v += load16_n(e->res + i * e->ldr + at(j, e->rv), n);
+    return v;
 }
 
 /* An epilogue at the origin of a row-major C (ldr floats a row of the residual). */

@@ -120,7 +120,12 @@ pub(super) fn plan(graph: &Graph, kernel: &Kernel, root: NodeId, host: &Host) ->
         shape,
         input: x,
         weight: w,
-        epilogue: Epilogue { bias, residual: None, activation: Activation::None },
+        epilogue: Epilogue {
+            bias,
+            residual: None,
+            residual_last: false,
+            activation: Activation::None,
+        },
         mr: 4,
         kc: 0,
         mc: 0,

@@ -78,6 +78,8 @@ pub enum Activation {
     Sigmoid,
     /// x * clamp(x / 6 + 1/2, 0, 1): MobileNetV3's activation (DBNet's backbone).
     HardSwish,
+    /// x * sigmoid(alpha x): SiLU (alpha 1), YOLO's activation (`passes::recognize`).
+    Swish(f32),
 }
 
 /// What the microkernel adds to each result as it stores it.
@@ -87,6 +89,9 @@ pub struct Epilogue {
     pub bias: Option<Vec<f32>>,
     /// A value of the result's shape, added (a kernel input).
     pub residual: Option<ValueId>,
+    /// The residual is added after the activation, not before (YOLOv8's bottlenecks:
+    /// `x + silu(conv(...))`).
+    pub residual_last: bool,
     pub activation: Activation,
 }
 
@@ -375,7 +380,12 @@ impl Ukernel {
             shape,
             input,
             weight: input,
-            epilogue: Epilogue { bias: None, residual: None, activation: Activation::None },
+            epilogue: Epilogue {
+                bias: None,
+                residual: None,
+                residual_last: false,
+                activation: Activation::None,
+            },
             mr: 0,
             kc: 0,
             mc: 0,
@@ -589,7 +599,7 @@ fn describe_epilogue(u: &Ukernel, f: &mut fmt::Formatter) -> fmt::Result {
     if u.epilogue.bias.is_some() {
         epi.push("bias".to_string());
     }
-    if u.epilogue.residual.is_some() {
+    if u.epilogue.residual.is_some() && !u.epilogue.residual_last {
         epi.push("residual add".to_string());
     }
     match u.epilogue.activation {
@@ -598,6 +608,11 @@ fn describe_epilogue(u: &Ukernel, f: &mut fmt::Formatter) -> fmt::Result {
         Activation::Clip(lo, hi) => epi.push(format!("clip [{lo}, {hi}]")),
         Activation::Sigmoid => epi.push("sigmoid".into()),
         Activation::HardSwish => epi.push("hardswish".into()),
+        Activation::Swish(1.0) => epi.push("silu".into()),
+        Activation::Swish(a) => epi.push(format!("swish (alpha {a})")),
+    }
+    if u.epilogue.residual.is_some() && u.epilogue.residual_last {
+        epi.push("residual add".to_string());
     }
     writeln!(f, "epilogue: {}", if epi.is_empty() { "none".to_string() } else { epi.join(", ") })
 }
@@ -840,7 +855,8 @@ impl<'c, 'a> Call<'c, 'a> {
     }
 
     /// The epilogue's activation as the C code takes it: its code (0 none, 1 ReLU, 2 clip, 3
-    /// sigmoid, 4 hardswish: tile.h's ACT_*) and the clip's bounds.
+    /// sigmoid, 4 hardswish, 5 swish: tile.h's ACT_*) and the clip's bounds (swish's alpha in
+    /// the first).
     fn activation(&self, e: &Epilogue) -> [Value<'c, 'a>; 3] {
         let (act, lo, hi) = match e.activation {
             Activation::None => (0, 0.0, 0.0),
@@ -848,7 +864,10 @@ impl<'c, 'a> Call<'c, 'a> {
             Activation::Clip(lo, hi) => (2, lo, hi),
             Activation::Sigmoid => (3, 0.0, 0.0),
             Activation::HardSwish => (4, 0.0, 0.0),
+            Activation::Swish(alpha) => (5, alpha, 0.0),
         };
+        // tile.h's ACT_RESIDUAL_LAST: the residual added after the activation.
+        let act = if e.residual_last && e.residual.is_some() { act | 8 } else { act };
         [self.int(act), self.float(lo), self.float(hi)]
     }
 

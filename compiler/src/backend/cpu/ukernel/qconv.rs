@@ -233,7 +233,12 @@ pub(super) fn plan(graph: &Graph, kernel: &Kernel, root: NodeId, host: &Host) ->
         shape,
         input: x,
         weight: w,
-        epilogue: Epilogue { bias: None, residual: None, activation: Activation::None },
+        epilogue: Epilogue {
+            bias: None,
+            residual: None,
+            residual_last: false,
+            activation: Activation::None,
+        },
         mr: host.mr,
         kc: 0,
         mc: 0,

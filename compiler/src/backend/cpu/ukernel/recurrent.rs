@@ -141,7 +141,12 @@ pub(super) fn plan(
         },
         input: x,
         weight: rw,
-        epilogue: Epilogue { bias: None, residual: None, activation: Activation::None },
+        epilogue: Epilogue {
+            bias: None,
+            residual: None,
+            residual_last: false,
+            activation: Activation::None,
+        },
         mr: host.mr,
         kc,
         mc,
