@@ -78,6 +78,19 @@ fn unary<'g>(
         UnaryOp::Relu => x.greater(c(0.0)).select(dy, c(0.0)),
         UnaryOp::LeakyRelu { alpha } => x.greater(c(0.0)).select(dy, dy.mul(c(f64::from(alpha)))),
         UnaryOp::Sigmoid => dy.mul(y).mul(c(1.0).sub(y)),
+        // y = x s, s = sigmoid(a x): dy/dx = s + a x s (1 - s) (SiLU at a = 1; the compiler's
+        // `recognize` writes x * sigmoid(x) so).
+        UnaryOp::Swish { alpha } => {
+            let a = f64::from(alpha);
+            let s = x.mul(c(a)).sigmoid();
+            dy.mul(s.add(x.mul(c(a)).mul(s).mul(c(1.0).sub(s))))
+        }
+        // y = x clamp(x/6 + 1/2, 0, 1): x/3 + 1/2 on [-3, 3], 1 above, 0 below (as PyTorch).
+        UnaryOp::HardSwish => {
+            let inside = dy.mul(x.mul(c(1.0 / 3.0)).add(c(0.5)));
+            let upper = x.greater(c(3.0)).select(dy, inside);
+            x.less(c(-3.0)).select(c(0.0), upper)
+        }
         UnaryOp::Tanh => dy.mul(c(1.0).sub(y.mul(y))),
         // d erf(x) = 2/√π e^(-x²).
         UnaryOp::Erf => dy.mul(x.mul(x).neg().exp()).mul(c(FRAC_2_SQRT_PI)),

@@ -164,6 +164,9 @@ fn activations() {
     check("erf", &[x.clone()], |_, x| x[0].erf());
     check("gelu", &[x.clone()], |_, x| x[0].gelu());
     check("gelu_tanh", &[x.clone()], |_, x| x[0].gelu_tanh());
+    check("silu", &[x.clone()], |_, x| x[0].unary(UnaryOp::Swish { alpha: 1.0 }));
+    check("swish", &[x.clone()], |_, x| x[0].unary(UnaryOp::Swish { alpha: 0.7 }));
+    check("hardswish", &[x.clone()], |_, x| x[0].unary(UnaryOp::HardSwish));
     check("clip", &[x.clone()], |_, x| x[0].clip(-1.0, 1.5));
     check("clip_low_only", &[x.clone()], |g, x| {
         g.apply(Op::Clip, &[Some(x[0]), Some(x[0].scalar(-0.5))], 1)[0]
