@@ -152,8 +152,8 @@ pub(super) fn plan(
                 (Op::Binary(BinaryOp::Add), [a, b]) if *b == cur => *a,
                 _ => return None,
             };
+            // (One residual in all: one added before the activation, or a second, is refused.)
             if residual.is_some()
-                || residual_last
                 || dims(other)? != out_dims
                 || graph.value_type(other).dtype != DType::F32
                 || graph.constant_value(other).is_some()
