@@ -399,6 +399,88 @@ fn grouped_and_depthwise_convolutions() {
 }
 
 #[test]
+fn depthwise_convolutions_split_into_bands_of_rows() {
+    // Few channels on large planes (DBNet's first depthwise: 8 channels of 320x320) split their
+    // output rows into bands: planned for 16 threads, so bands give the units, and (for 1
+    // thread) on a plane whose regrouped scratch would overflow the L2 cache. Regrouped (8, 24
+    // channels) and channel-blocked (16) forms; strides, dilation, padding that clips, and a
+    // residual before and after the activation, each band's edge rows against the interpreter.
+    let planned = |threads: usize| Options { threads: Some(threads), ..options(Some(true)) };
+    let cases: [([usize; 4], usize, usize, usize, usize); 5] = [
+        ([1, 8, 40, 33], 3, 1, 1, 1),
+        ([2, 24, 37, 29], 5, 2, 2, 1),
+        ([1, 8, 35, 30], 3, 1, 2, 2),
+        ([1, 16, 48, 20], 3, 1, 1, 1),
+        ([1, 8, 121, 100], 3, 3, 0, 1),
+    ];
+    for (x, k, stride, pad, dilation) in cases {
+        for residual_last in [false, true] {
+            let g = GraphBuilder::new("dw_bands");
+            let xi = g.input("x", DType::F32, x);
+            let w = g.constant("w", Tensor::random(DType::F32, &[x[1], 1, k, k], 31));
+            let b = g.constant("b", Tensor::random(DType::F32, &[x[1]], 32));
+            let o = ConvOptions { stride, pad, dilation, group: x[1] };
+            // (A residual needs the output's shape: the stride-1 cases that keep it have one.)
+            let same = stride == 1 && 2 * pad == dilation * (k - 1);
+            let conv = xi.conv(w, Some(b), o);
+            let y = match (same, residual_last) {
+                (false, _) => conv.relu(),
+                (true, false) => (conv + xi).relu(),
+                (true, true) => conv.relu() + xi,
+            };
+            g.output("y", y);
+            let g = g.build().unwrap();
+            let s = compile(&g, &planned(16), true).expect("compiles").stages
+                [kiln_compiler::Stage::Schedule]
+                .to_string();
+            assert!(s.contains("bands of rows per image"), "{s}");
+            let inputs = [Tensor::random(DType::F32, &x, 33)];
+            let want = eval::run(&g, &inputs).expect("the interpreter runs the graph");
+            for threads in [1, 2] {
+                let exe = jit(
+                    &g,
+                    &planned(16),
+                    &LoadOptions { threads: Some(threads), ..Default::default() },
+                )
+                .expect("compiles");
+                assert_scratch_bounded(&exe, threads);
+                assert_close(&exe.run(&inputs).expect("runs")[0], &want[0], threads);
+            }
+            if !same {
+                break;
+            }
+        }
+    }
+    // One thread, a plane whose regrouped scratch (16 channels of its padded input and output
+    // planes, 7.4 MB) no cache holds: bands of rows all the same.
+    let (g, inputs) = conv_graph(
+        &[1, 8, 240, 240],
+        &[8, 1, 3, 3],
+        ConvOptions { pad: 1, group: 8, ..ConvOptions::default() },
+        true,
+    );
+    let s = compile(&g, &planned(1), true).expect("compiles").stages
+        [kiln_compiler::Stage::Schedule]
+        .to_string();
+    assert!(s.contains("regrouped") && s.contains("bands of rows per image"), "{s}");
+    let want = eval::run(&g, &inputs).expect("the interpreter runs the graph");
+    let exe = jit(&g, &planned(1), &LoadOptions { threads: Some(1), ..Default::default() })
+        .expect("compiles");
+    assert_close(&exe.run(&inputs).expect("runs")[0], &want[0], 1);
+}
+
+/// `got` within 1e-4 (absolute and relative) of the interpreter's `want`.
+fn assert_close(got: &Tensor, want: &Tensor, threads: usize) {
+    assert_eq!(got.dims(), want.dims());
+    for (j, (a, b)) in got.to_f64s().iter().zip(want.to_f64s()).enumerate() {
+        assert!(
+            (a - b).abs() <= 1e-4 + 1e-4 * b.abs(),
+            "element {j}: compiled {a}, interpreter {b} ({threads} threads)"
+        );
+    }
+}
+
+#[test]
 fn few_positions_by_many_channels_run_transposed() {
     // 5x5 and 6x6 outputs with 80 and 96 channels: vectors along channels, stored transposed;
     // a residual and a relu in the epilogue; 2 images.

@@ -36,15 +36,15 @@ static inline __attribute__((always_inline)) void dw_taps(v16 *acc, int nr, int 
     }
 }
 
-/* One block of 16 channels of a depthwise convolution between channel-blocked tensors: xb [H, W,
- * 16], the taps wv[KH*KW] (each a vector of 16 channels), yb [OH, OW, 16], rb the residual in
- * yb's layout or NULL. Each vector is one position's 16 channels, so every lane is used whatever
+/* One block of 16 channels of a depthwise convolution between channel-blocked tensors, its output
+ * rows oh_a .. oh_b: xb [H, W, 16], the taps wv[KH*KW] (each a vector of 16 channels), yb [OH,
+ * OW, 16], rb the residual in yb's layout or NULL. Each vector is one position's 16 channels, so every lane is used whatever
  * the image's width (a 7x7 plane wastes 9 of 16 lanes along rows) and every load is aligned.
  * Outputs whose window lies inside the row go 4 at a time (4 FMA chains), the others one at a
  * time with their taps clipped; rows clip their taps to the rows the input has. */
 static inline __attribute__((always_inline)) void dw_blocked_block(const float *xb, const v16 *wv, v16 bv, const float *rb, float *yb, int64_t H, int64_t W, int64_t KH,
-                             int64_t KW, int64_t SH, int64_t SW, int64_t DH, int64_t DW, int64_t PH, int64_t PW, int64_t OH, int64_t OW,
-                             const Epilogue *e) {
+                             int64_t KW, int64_t SH, int64_t SW, int64_t DH, int64_t DW, int64_t PH, int64_t PW, int64_t oh_a, int64_t oh_b,
+                             int64_t OW, const Epilogue *e) {
     /* Columns [ow_a, ow_b) read no padding: ow * SW >= PW and ow * SW - PW + (KW - 1) * DW < W. */
     int64_t ow_a = (PW + SW - 1) / SW;
     int64_t last = W - 1 + PW - (KW - 1) * DW;
@@ -52,7 +52,7 @@ static inline __attribute__((always_inline)) void dw_blocked_block(const float *
     if (ow_a > OW) ow_a = OW;
     if (ow_b > OW) ow_b = OW;
     if (ow_b < ow_a) ow_b = ow_a;
-    for (int64_t oh = 0; oh < OH; oh++) {
+    for (int64_t oh = oh_a; oh < oh_b; oh++) {
         int64_t ih0 = oh * SH - PH;
         int64_t kh0 = 0, kh1 = KH;
         while (kh0 < KH && ih0 + kh0 * DH < 0) kh0++;
@@ -89,11 +89,11 @@ static inline __attribute__((always_inline)) void dw_blocked_block(const float *
 }
 
 /* A depthwise convolution between channel-blocked (NCHW16c) tensors, for channels c0 .. c1
- * (multiples of 16): x [C/16, H, W, 16], the taps packed [C/16, KH*KW, 16], y [C/16, OH, OW, 16].
- * Nothing is copied. */
+ * (multiples of 16) and output rows oh0 .. oh1: x [C/16, H, W, 16], the taps packed [C/16,
+ * KH*KW, 16], y [C/16, OH, OW, 16]. Nothing is copied. */
 static void depthwise_blocked(const float *x, const float *wb, const float *bias, const float *res, float *y, int64_t H, int64_t W,
                               int64_t KH, int64_t KW, int64_t SH, int64_t SW, int64_t DH, int64_t DW, int64_t PH, int64_t PW,
-                              int64_t OH, int64_t OW, int64_t c0, int64_t c1, const Epilogue *e) {
+                              int64_t OH, int64_t OW, int64_t c0, int64_t c1, int64_t oh0, int64_t oh1, const Epilogue *e) {
     int64_t T = KH * KW;
     /* A local copy: stores through y cannot change it, so its fields stay in registers. */
     Epilogue ep = *e;
@@ -104,54 +104,79 @@ static void depthwise_blocked(const float *x, const float *wb, const float *bias
         const float *xb = x + cb * H * W * 16, *rb = res ? res + cb * OH * OW * 16 : NULL;
         float *yb = y + cb * OH * OW * 16;
         /* The usual windows with their sizes constant, as depthwise_regrouped has them. */
-        if (KH == 3 && KW == 3) dw_blocked_block(xb, wv, bv, rb, yb, H, W, 3, 3, SH, SW, DH, DW, PH, PW, OH, OW, &ep);
-        else if (KH == 5 && KW == 5) dw_blocked_block(xb, wv, bv, rb, yb, H, W, 5, 5, SH, SW, DH, DW, PH, PW, OH, OW, &ep);
-        else dw_blocked_block(xb, wv, bv, rb, yb, H, W, KH, KW, SH, SW, DH, DW, PH, PW, OH, OW, &ep);
+        if (KH == 3 && KW == 3) dw_blocked_block(xb, wv, bv, rb, yb, H, W, 3, 3, SH, SW, DH, DW, PH, PW, oh0, oh1, OW, &ep);
+        else if (KH == 5 && KW == 5) dw_blocked_block(xb, wv, bv, rb, yb, H, W, 5, 5, SH, SW, DH, DW, PH, PW, oh0, oh1, OW, &ep);
+        else dw_blocked_block(xb, wv, bv, rb, yb, H, W, KH, KW, SH, SW, DH, DW, PH, PW, oh0, oh1, OW, &ep);
+    }
+}
+
+/* A band of a depthwise convolution's zero-padded channel-blocked plane: Hb rows of Wp positions,
+ * the whole plane's rows r0 .. r0 + Hb. The rows that lie outside the input rows ih_a .. ih_b
+ * and the columns left and right of the input are zeros, the same for every block of channels,
+ * so cleared once a band. */
+static void dw_clear_band(float *xb, int64_t r0, int64_t Hb, int64_t Wp, int64_t W, int64_t PH, int64_t PW, int64_t ih_a, int64_t ih_b) {
+    for (int64_t r = 0; r < Hb; r++) {
+        int64_t ih = r0 + r - PH;
+        float *row = xb + r * Wp * 16;
+        if (ih < ih_a || ih >= ih_b) {
+            memset(row, 0, (size_t)(Wp * 16) * sizeof(float));
+        } else {
+            memset(row, 0, (size_t)(PW * 16) * sizeof(float));
+            memset(row + (PW + W) * 16, 0, (size_t)((Wp - PW - W) * 16) * sizeof(float));
+        }
     }
 }
 
 /* A depthwise convolution between NCHW tensors, for channels c0 .. c1 (c0 a multiple of 16; the
- * taps packed as depthwise_blocked has them, the last block padded with zeros): each 16
- * channels' planes (or the fewer left) go channel-blocked into a zero-padded scratch plane through 16x16 register transposes, so every output's window lies
- * inside it and runs 4 at a time with no clipping; the results come back the same way, adding
- * the residual and clamping on the way out. Rows of 7 used 7 of a vector's 16 lanes, and stride
- * 2 along rows discarded half of each load (1 thread: 960 channels 3x3 on 7x7, 0.103 -> 0.040
- * ms; 240 channels 5x5/2 on 14x14, 0.073 -> 0.022 ms). */
+ * taps packed as depthwise_blocked has them, the last block padded with zeros) and output rows
+ * oh0 .. oh1: each 16 channels' input rows that the band's windows read (or the fewer channels
+ * left) go channel-blocked into a zero-padded scratch band through 16x16 register transposes, so
+ * every output's window lies inside it and runs 4 at a time with no clipping; the results come
+ * back the same way, adding the residual and clamping on the way out. Rows of 7 used 7 of a
+ * vector's 16 lanes, and stride 2 along rows discarded half of each load (1 thread: 960 channels
+ * 3x3 on 7x7, 0.103 -> 0.040 ms; 240 channels 5x5/2 on 14x14, 0.073 -> 0.022 ms). The plan's
+ * bands keep the scratch within the L2 cache and give large planes of few channels their work
+ * units (DBNet's 8 channels of 320x320: 13 MB of scratch as one plane). */
 static void depthwise_regrouped(const float *x, const float *wb, const float *bias, const float *res, float *y, int64_t H, int64_t W,
                                 int64_t KH, int64_t KW, int64_t SH, int64_t SW, int64_t DH, int64_t DW, int64_t PH, int64_t PW,
-                                int64_t OH, int64_t OW, int64_t c0, int64_t c1, const Epilogue *e) {
+                                int64_t OH, int64_t OW, int64_t c0, int64_t c1, int64_t oh0, int64_t oh1, const Epilogue *e) {
     int64_t T = KH * KW, P = H * W, Q = OH * OW;
     int64_t Hp, Wp;
     dw_plane_size(H, W, KH, KW, SH, SW, DH, DW, PH, PW, OH, OW, &Hp, &Wp);
-    float *xb = scratch(0, (size_t)(Hp * Wp * 16));
-    float *yb = scratch(1, (size_t)(Q * 16));
+    /* The band: the plane's rows r0 .. r0 + Hb, which hold input rows ih_a .. ih_b. */
+    int64_t r0 = oh0 * SH, Hb = (oh1 - oh0 - 1) * SH + (KH - 1) * DH + 1, Qb = (oh1 - oh0) * OW;
+    int64_t ih_a = r0 - PH > 0 ? r0 - PH : 0, ih_b = r0 - PH + Hb < H ? r0 - PH + Hb : H;
+    if (ih_b < ih_a) ih_b = ih_a;
+    float *xb = scratch(0, (size_t)(Hb * Wp * 16));
+    float *yb = scratch(1, (size_t)(Qb * 16));
     if (!xb || !yb) return; /* (recorded by scratch) */
     /* A local copy: stores through y cannot change it, so its fields stay in registers. */
     Epilogue ep = *e;
-    dw_clear_border(xb, H, W, PH, PW, Hp, Wp);
+    dw_clear_band(xb, r0, Hb, Wp, W, PH, PW, ih_a, ih_b);
     for (int64_t cb = c0 / 16; cb * 16 < c1; cb++) {
         int64_t nc = c1 - cb * 16 < 16 ? c1 - cb * 16 : 16;
         const float *xc = x + cb * 16 * P;
-        for (int64_t p = 0; p < P; p += 16) {
-            int64_t n = P - p < 16 ? P - p : 16;
+        for (int64_t p = ih_a * W; p < ih_b * W; p += 16) {
+            int64_t n = ih_b * W - p < 16 ? ih_b * W - p : 16;
             v16 r[16];
 #pragma GCC unroll 16
             for (int l = 0; l < 16; l++) r[l] = l < nc ? load16_n(xc + l * P + p, n) : splat(0.0f);
             transpose16(r);
-            dw_scatter(xb, r, p, n, W, PH, PW, Wp);
+            /* (Row ih lands in the band's row ih + PH - r0.) */
+            dw_scatter(xb, r, p, n, W, PH - r0, PW, Wp);
         }
         v16 wv[64];
         for (int64_t t = 0; t < T; t++) wv[t] = load16(wb + (cb * T + t) * 16);
         v16 bv = bias ? load16_n(bias + cb * 16, nc) : splat(0.0f);
         /* The usual windows get copies with their sizes constant: the taps stay in registers
          * and the tap loops unroll (3x3 on 144 channels of 56x56, 1 thread: 0.37 -> 0.30 ms). */
-        if (KH == 3 && KW == 3) dw_padded_plane(xb, yb, bv, wv, 3, 3, SH, SW, DH, DW, Wp, OH, OW);
-        else if (KH == 5 && KW == 5) dw_padded_plane(xb, yb, bv, wv, 5, 5, SH, SW, DH, DW, Wp, OH, OW);
-        else dw_padded_plane(xb, yb, bv, wv, KH, KW, SH, SW, DH, DW, Wp, OH, OW);
-        float *yc = y + cb * 16 * Q;
-        const float *rc = res ? res + cb * 16 * Q : NULL;
-        for (int64_t q = 0; q < Q; q += 16) {
-            int64_t n = Q - q < 16 ? Q - q : 16;
+        if (KH == 3 && KW == 3) dw_padded_plane(xb, yb, bv, wv, 3, 3, SH, SW, DH, DW, Wp, oh1 - oh0, OW);
+        else if (KH == 5 && KW == 5) dw_padded_plane(xb, yb, bv, wv, 5, 5, SH, SW, DH, DW, Wp, oh1 - oh0, OW);
+        else dw_padded_plane(xb, yb, bv, wv, KH, KW, SH, SW, DH, DW, Wp, oh1 - oh0, OW);
+        float *yc = y + cb * 16 * Q + oh0 * OW;
+        const float *rc = res ? res + cb * 16 * Q + oh0 * OW : NULL;
+        for (int64_t q = 0; q < Qb; q += 16) {
+            int64_t n = Qb - q < 16 ? Qb - q : 16;
             v16 r[16];
 #pragma GCC unroll 16
             for (int j = 0; j < 16; j++) r[j] = j < n ? load16(yb + (q + j) * 16) : splat(0.0f);
@@ -172,23 +197,26 @@ static void depthwise_regrouped(const float *x, const float *wb, const float *bi
  * blocked scratch); or, for windows too wide to keep their taps in registers, vectorised along
  * output rows: per channel the plane is copied once into a zero-padded buffer (with slack past
  * its end), then each 16 outputs of a row take one FMA per window tap; stride 2 reads 32 inputs
- * and keeps the even ones. Work units: images x chunks of channels. */
+ * and keeps the even ones. Work units: images x chunks of channels x `bands` bands of output
+ * rows (`chunks` units an image; the rows form has one band). */
 void kiln_uk_depthwise(int64_t x_, int64_t w_, int64_t bias_, int64_t res_, int64_t y_, int64_t C, int64_t H, int64_t W, int64_t KH,
                        int64_t KW, int64_t SH, int64_t SW, int64_t DH, int64_t DW, int64_t PH, int64_t PW, int64_t OH, int64_t OW,
-                       int64_t act, float lo, float hi, int64_t chunks, int64_t form, int64_t wg_begin, int64_t wg_end) {
+                       int64_t act, float lo, float hi, int64_t chunks, int64_t bands, int64_t form, int64_t wg_begin, int64_t wg_end) {
     const float *x = (const float *)(intptr_t)x_, *w = (const float *)(intptr_t)w_;
     const float *bias = (const float *)(intptr_t)bias_, *res = (const float *)(intptr_t)res_;
     float *y = (float *)(intptr_t)y_;
     /* form: 0 NCHW rows (below), 1 channel-blocked tensors, 2 NCHW regrouped per 16 channels. */
     if (form) {
         Epilogue e = epilogue_of(NULL, NULL, NULL, 0, act, lo, hi);
+        if (bands < 1) bands = 1;
         for (int64_t u = wg_begin; u < wg_end; u++) {
-            int64_t img = u / chunks, q = u % chunks, c0, c1;
-            chunk_range(C, 16, chunks, q, &c0, &c1);
-            if (c0 < c1)
+            int64_t img = u / chunks, q = u % chunks / bands, band = u % chunks % bands, c0, c1, oh0, oh1;
+            chunk_range(C, 16, chunks / bands, q, &c0, &c1);
+            chunk_range(OH, 1, bands, band, &oh0, &oh1);
+            if (c0 < c1 && oh0 < oh1)
                 (form == 1 ? depthwise_blocked : depthwise_regrouped)(x + img * C * H * W, w, bias, res ? res + img * C * OH * OW : NULL,
                                                                          y + img * C * OH * OW, H, W, KH, KW, SH, SW, DH, DW, PH, PW, OH,
-                                                                         OW, c0, c1, &e);
+                                                                         OW, c0, c1, oh0, oh1, &e);
         }
         return;
     }

@@ -265,6 +265,10 @@ pub struct Ukernel {
     /// Work units per image (conv) or in all (GEMM), each a range of columns (`split_n`) or rows.
     pub chunks: usize,
     pub split_n: bool,
+    /// A depthwise convolution's bands of output rows: each of its `chunks` units an image is a
+    /// chunk of channels and a band of rows (`chunks / row_bands` channel chunks); 1 for every
+    /// other kernel.
+    pub row_bands: usize,
     /// A convolution with few output positions and many channels computes C^T = im2col^T W^T:
     /// its vectors run along output channels (weights packed in 32-channel strips) and the
     /// result is stored transposed; chunks are of channels, or of positions with `split_n`.
@@ -392,6 +396,7 @@ impl Ukernel {
             nc: 0,
             chunks,
             split_n: false,
+            row_bands: 1,
             transposed: false,
             blocked: Blocked::default(),
             bf16: false,
@@ -559,7 +564,17 @@ impl fmt::Display for Ukernel {
 /// The line of work units of a kernel split by channels in each image (pooling, depthwise
 /// convolutions).
 fn describe_channel_chunks(u: &Ukernel, f: &mut fmt::Formatter) -> fmt::Result {
-    writeln!(f, "workgroups: {} ({} channel chunk(s) per image)", u.workgroups(), u.chunks)
+    if u.row_bands > 1 {
+        let chunks = u.chunks / u.row_bands;
+        writeln!(
+            f,
+            "workgroups: {} ({chunks} channel chunk(s) x {} bands of rows per image)",
+            u.workgroups(),
+            u.row_bands
+        )
+    } else {
+        writeln!(f, "workgroups: {} ({} channel chunk(s) per image)", u.workgroups(), u.chunks)
+    }
 }
 
 /// A 2-D window as the descriptions of convolutions and pooling give it.

@@ -104,6 +104,7 @@ pub(super) fn plan(graph: &Graph, kernel: &Kernel, root: NodeId, host: &Host) ->
         nc: 0,
         chunks,
         split_n: true,
+        row_bands: 1,
         transposed: false,
         blocked: Blocked::default(),
         bf16: false,

@@ -245,6 +245,7 @@ pub(super) fn plan(graph: &Graph, kernel: &Kernel, root: NodeId, host: &Host) ->
         nc: 0,
         chunks,
         split_n,
+        row_bands: 1,
         transposed: false,
         blocked: Blocked::default(),
         bf16: false,

@@ -153,6 +153,7 @@ pub(super) fn plan(
         nc,
         chunks: dirs,
         split_n: false,
+        row_bands: 1,
         transposed: false,
         blocked: Blocked::default(),
         bf16: false,

@@ -264,13 +264,18 @@ pub(super) fn plan(
     // with 576 channels on 7x7 (254K MACs, 0.07 ms) ran on one thread.
     let per_mac = if per_channel { 8 } else { 1 };
     let target = host.units(work * per_mac, MIN_MACS);
-    let (chunks, split_n) = if images >= target {
-        (1, true)
-    } else if depthwise {
+    let mut row_bands = 1;
+    let (chunks, split_n) = if depthwise {
         // Whole blocks of 16 channels (as the blocked and regrouped forms take them), up to 16
         // chunks, so threads claiming them share the work evenly: 4 chunks of 6 blocks were 2,
-        // 2, 2 and none, one thread's work twice the other's at 2 threads.
-        (channels.div_ceil(16).clamp(1, 4 * host.max_units()), false)
+        // 2, 2 and none, one thread's work twice the other's at 2 threads. Bands of rows where
+        // there are fewer blocks than units wanted, or a block's plane overflows the cache.
+        let blocks =
+            if images >= target { 1 } else { channels.div_ceil(16).clamp(1, 4 * host.max_units()) };
+        row_bands = conv::depthwise_bands(&shape, blocks, target.div_ceil(images), host);
+        (blocks * row_bands, false)
+    } else if images >= target {
+        (1, true)
     } else if transposed {
         // Each chunk packs all of A (the im2col of the image) again: 2 chunks, not 4 (3x3 by 512
         // channels on 7x7, 2 threads: 1.59 -> 1.36 ms).
@@ -327,6 +332,7 @@ pub(super) fn plan(
         nc,
         chunks,
         split_n,
+        row_bands,
         transposed,
         blocked: Blocked::default(),
         bf16,
