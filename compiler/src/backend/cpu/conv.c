@@ -306,16 +306,25 @@ static void conv_direct(const float *x, const float *wp, const float *bias, cons
             for (int64_t b = 0; b < SW; b++) {
                 float *ph = xp + ((c * SH + a) * SW + b) * plane;
                 if (!bf16 && !(phase_read(a, SH, KH, DH) && phase_read(b, SW, KW, DW))) continue;
-                memset(ph, 0, (size_t)plane * sizeof(float));
                 /* Columns j of the phase read input column j * SW + b - PW. */
                 int64_t jlo = PW - b <= 0 ? 0 : (PW - b + SW - 1) / SW;
                 int64_t jhi = W - 1 + PW - b < 0 ? 0 : (W - 1 + PW - b) / SW + 1;
                 if (jhi > Wq) jhi = Wq;
+                if (jlo > jhi) jlo = jhi;
+                /* Only the padding is cleared, row by row beside the copy: clearing the whole
+                 * plane first wrote it twice (3% of DBNet's time, in its 3x3 convolutions of
+                 * 256 channels of 160x160). */
                 for (int64_t i = 0; i < rows; i++) {
                     int64_t ih = (oh0 + i) * SH + a - PH;
-                    if (ih < 0 || ih >= H || jlo >= jhi) continue;
+                    float *row = ph + i * Wq;
+                    if (ih < 0 || ih >= H || jlo >= jhi) {
+                        memset(row, 0, (size_t)Wq * sizeof(float));
+                        continue;
+                    }
+                    memset(row, 0, (size_t)jlo * sizeof(float));
+                    memset(row + jhi, 0, (size_t)(Wq - jhi) * sizeof(float));
                     const float *src = x + (c * H + ih) * W + jlo * SW + b - PW;
-                    float *dst = ph + i * Wq + jlo;
+                    float *dst = row + jlo;
                     if (SW == 1) copy_floats(dst, src, jhi - jlo);
                     else if (SW == 2) copy_floats_stride2(dst, src, jhi - jlo);
                     else
