@@ -350,11 +350,21 @@ void kiln_gemm_block(const Asource *A, const Bsource *B, float *c, int64_t ldc, 
                 int64_t mc = i1 - ic < mc_max ? i1 - ic : mc_max;
                 if (A->im2col) pack_a_im2col(A->im2col, ic, mc, M, pc, kc, abuf);
                 else if (!A->packed && !A->plane) pack_a(A->a, A->lda, A->ka, ic, mc, M, pc, kc, abuf);
-                for (int64_t jr = 0; jr < nc; jr += NR) {
-                    int64_t nr = nc - jr < NR ? nc - jr : NR;
-                    int64_t j = jc + jr;
-                    const float *bp = B->packed ? B->packed + ((j / NR) * K + pc) * NR : bbuf + jr * kc;
-                    for (int64_t ir = 0; ir < mc; ir += MR) {
+                /* Every row strip of A passes over one strip of B while it is in L1, the next
+                 * strip of B after all of them; but with K in one short block (a pointwise
+                 * convolution of few input channels) writing C is the traffic, and that order
+                 * writes every row of the block at once (256 rows, each its own stream, in DBNet's
+                 * 16 -> 256 channels on 160x160 with a residual: 13.8 ms against onnxruntime's
+                 * 3.0). Then each strip of MR rows sweeps the block's columns: MR streams. */
+                int rows_outer = first && last && kc <= 64;
+                int64_t outer = rows_outer ? mc : nc, outer_step = rows_outer ? MR : NR;
+                int64_t inner = rows_outer ? nc : mc, inner_step = rows_outer ? NR : MR;
+                for (int64_t o = 0; o < outer; o += outer_step) {
+                    for (int64_t q = 0; q < inner; q += inner_step) {
+                        int64_t jr = rows_outer ? q : o, ir = rows_outer ? o : q;
+                        int64_t nr = nc - jr < NR ? nc - jr : NR;
+                        int64_t j = jc + jr;
+                        const float *bp = B->packed ? B->packed + ((j / NR) * K + pc) * NR : bbuf + jr * kc;
                         int64_t mr = mc - ir < MR ? mc - ir : MR;
                         int64_t i = ic + ir;
                         /* (A blocked image is read where it lies: its rows are 16 floats apart.) */
