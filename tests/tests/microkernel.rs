@@ -509,6 +509,12 @@ fn few_positions_by_many_channels_run_transposed() {
     let (g, x) = conv_graph(&[1, 32, 6, 6], &[96, 32, 1, 1], ConvOptions::default(), true);
     assert!(schedule(&g, None).contains("transposed"));
     check(&g, &x, 1);
+    // A classifier head's pointwise convolution (SqueezeNet's 512 -> 1000 on 13x13): 169
+    // positions by four times as many channels, transposed, its positions' strips of 8 ending
+    // in one of 1 and its channels' in a part strip.
+    let (g, x) = conv_graph(&[1, 64, 13, 13], &[680, 64, 1, 1], ConvOptions::default(), true);
+    assert!(schedule(&g, None).contains("transposed"));
+    check(&g, &x, 1);
     // Pointwise on 7x7: 49 positions leave a strip of one row; 72 channels end in a half block
     // of the transposed store; a residual and a clip.
     let g = GraphBuilder::new("pointwise_7x7");
