@@ -110,23 +110,6 @@ static void depthwise_blocked(const float *x, const float *wb, const float *bias
     }
 }
 
-/* A band of a depthwise convolution's zero-padded channel-blocked plane: Hb rows of Wp positions,
- * the whole plane's rows r0 .. r0 + Hb. The rows that lie outside the input rows ih_a .. ih_b
- * and the columns left and right of the input are zeros, the same for every block of channels,
- * so cleared once a band. */
-static void dw_clear_band(float *xb, int64_t r0, int64_t Hb, int64_t Wp, int64_t W, int64_t PH, int64_t PW, int64_t ih_a, int64_t ih_b) {
-    for (int64_t r = 0; r < Hb; r++) {
-        int64_t ih = r0 + r - PH;
-        float *row = xb + r * Wp * 16;
-        if (ih < ih_a || ih >= ih_b) {
-            memset(row, 0, (size_t)(Wp * 16) * sizeof(float));
-        } else {
-            memset(row, 0, (size_t)(PW * 16) * sizeof(float));
-            memset(row + (PW + W) * 16, 0, (size_t)((Wp - PW - W) * 16) * sizeof(float));
-        }
-    }
-}
-
 /* A depthwise convolution between NCHW tensors, for channels c0 .. c1 (c0 a multiple of 16; the
  * taps packed as depthwise_blocked has them, the last block padded with zeros) and output rows
  * oh0 .. oh1: each 16 channels' input rows that the band's windows read (or the fewer channels

@@ -16,15 +16,21 @@ static inline void dw_plane_size(int64_t H, int64_t W, int64_t KH, int64_t KW, i
     if (*Wp < PW + W) *Wp = PW + W;
 }
 
-/* The plane's border, the same zeros for every block of channels: the rows above and below the
- * input's, and the columns left and right of it in between. */
-static inline void dw_clear_border(float *xb, int64_t H, int64_t W, int64_t PH, int64_t PW, int64_t Hp, int64_t Wp) {
-    int64_t below = (PH + H) * Wp * 16;
-    memset(xb, 0, (size_t)(PH * Wp * 16) * sizeof(float));
-    memset(xb + below, 0, (size_t)(Hp * Wp * 16 - below) * sizeof(float));
-    for (int64_t r = PH; r < PH + H; r++) {
-        memset(xb + r * Wp * 16, 0, (size_t)(PW * 16) * sizeof(float));
-        memset(xb + (r * Wp + PW + W) * 16, 0, (size_t)((Wp - PW - W) * 16) * sizeof(float));
+/* Rows r0 .. r0 + Hb of the zero-padded channel-blocked plane (Hb rows of Wp positions): its
+ * rows outside the input rows ih_a .. ih_b and its columns left and right of the input are
+ * zeros, the same for every block of channels, so cleared once. The whole plane is r0 = 0,
+ * Hb = Hp, input rows 0 .. H; a band of output rows has its own. */
+static inline void dw_clear_band(float *xb, int64_t r0, int64_t Hb, int64_t Wp, int64_t W, int64_t PH, int64_t PW, int64_t ih_a,
+                                 int64_t ih_b) {
+    for (int64_t r = 0; r < Hb; r++) {
+        int64_t ih = r0 + r - PH;
+        float *row = xb + r * Wp * 16;
+        if (ih < ih_a || ih >= ih_b) {
+            memset(row, 0, (size_t)(Wp * 16) * sizeof(float));
+        } else {
+            memset(row, 0, (size_t)(PW * 16) * sizeof(float));
+            memset(row + (PW + W) * 16, 0, (size_t)((Wp - PW - W) * 16) * sizeof(float));
+        }
     }
 }
 

@@ -473,7 +473,7 @@ void kiln_uk_qdepthwise(int64_t x_, int64_t wp_, int64_t y_, int64_t C, int64_t 
         return;
     }
     if (!xb || !yb) return; /* (recorded by scratch) */
-    dw_clear_border(xb, H, W, PH, PW, Hp, Wp);
+    dw_clear_band(xb, 0, Hp, Wp, W, PH, PW, 0, H);
     float lo = (float)(y_lo - y_zero), hi = (float)(y_hi - y_zero);
     int32_t flip = (int32_t)x_flip, zero = (int32_t)x_zero;
     for (int64_t u = wg_begin; u < wg_end; u++) {
